@@ -1,0 +1,44 @@
+# The README's commands. Everything the project needs is installed from here on a fresh machine
+# (Python 3.11 and Java 17 given): a virtualenv from requirements.txt, and Ceph's RADOS Gateway from
+# Debian's packages for the real S3 test suite.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+CEPH_BINARIES := radosgw ceph-mon ceph-osd
+DEMO_STORE := $(CURDIR)/.demo/store
+
+.PHONY: install deps test demo bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+
+$(VENV)/.installed: requirements.txt pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.txt
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+	touch $@
+
+install: $(VENV)/.installed
+
+# Ceph RGW: a real S3-compatible server for the S3 suite (installed with apt-get when missing).
+deps:
+	@missing=""; for b in $(CEPH_BINARIES); do command -v $$b >/dev/null || missing="$$missing $$b"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Ceph RGW (missing:$$missing)"; \
+	  if [ "$$(id -u)" != 0 ]; then SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq radosgw ceph-mon ceph-osd >/dev/null; \
+	fi
+
+test: install deps
+	$(BIN)/python -m pytest
+
+demo: install
+	rm -rf $(DEMO_STORE)
+	$(BIN)/logcompact --store file://$(DEMO_STORE) demo
+
+bench: install
+	$(BIN)/python bench/produce_consume.py
+
+clean:
+	rm -rf $(VENV) .demo .bench .pytest_cache .hypothesis

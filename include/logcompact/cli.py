@@ -1,0 +1,253 @@
+"""The `logcompact` command line. Other tools script against it: its arguments and JSON lines are a contract.
+
+Every command reads the store from `--store` or LOGCOMPACT_STORE and the clock from `--now` or
+LOGCOMPACT_NOW_MS (wall clock otherwise). Errors print one line to stderr and exit 1; usage errors exit 2.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import sys
+from typing import Any
+
+import click
+
+from logcompact.catalog import Catalog
+from logcompact.consume import read_records
+from logcompact.exceptions import InvalidRecordError, LogcompactError
+from logcompact.ingest import Agent, Record, wall_clock_ms
+from logcompact.store import ObjectStore, open_store
+from logcompact.topics import Topic
+
+
+class Context:
+    def __init__(self, store_uri: str | None, now_ms: int | None, aws_conn_id: str | None) -> None:
+        self._store_uri = store_uri
+        self._aws_conn_id = aws_conn_id
+        self._store: ObjectStore | None = None
+        self.now_ms = now_ms
+
+    @property
+    def store(self) -> ObjectStore:
+        if self._store is None:
+            if not self._store_uri:
+                raise click.UsageError("no store given: pass --store URI or set LOGCOMPACT_STORE")
+            self._store = open_store(self._store_uri, aws_conn_id=self._aws_conn_id)
+        return self._store
+
+    @property
+    def catalog(self) -> Catalog:
+        return Catalog(self.store)
+
+    def clock(self) -> int:
+        return self.now_ms if self.now_ms is not None else wall_clock_ms()
+
+
+pass_context = click.make_pass_decorator(Context)
+
+
+def _emit(document: Any) -> None:
+    click.echo(json.dumps(document, separators=(",", ":")))
+
+
+def _parse_settings(pairs: tuple[str, ...]) -> dict[str, str]:
+    settings = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE (for example cleanup.policy=compact)", param_hint="--config")
+        settings[name.strip()] = value.strip()
+    return settings
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("--store", envvar="LOGCOMPACT_STORE", metavar="URI", help="file:///path or s3://bucket/prefix [env LOGCOMPACT_STORE].")
+@click.option("--now", "now_ms", envvar="LOGCOMPACT_NOW_MS", type=int, metavar="MS", help="Clock in epoch ms [env LOGCOMPACT_NOW_MS].")
+@click.option("--aws-conn-id", envvar="LOGCOMPACT_AWS_CONN_ID", metavar="ID", help="Airflow AWS connection for s3:// stores.")
+@click.option("-v", "--verbose", is_flag=True, help="Log progress to stderr.")
+@click.pass_context
+def cli(ctx: click.Context, store: str | None, now_ms: int | None, aws_conn_id: str | None, verbose: bool) -> None:
+    """Key-based compaction for a Kafka-style log kept as segment files in object storage."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="logcompact: %(levelname)s: %(message)s")
+    ctx.obj = Context(store, now_ms, aws_conn_id)
+
+
+# -- topics ------------------------------------------------------------------------------------------
+
+
+@cli.group()
+def topic() -> None:
+    """Create, describe, list and alter topics."""
+
+
+@topic.command("create")
+@click.argument("name")
+@click.option("--partitions", type=int, required=True, help="Number of partitions (1 to 100000).")
+@click.option("--config", "configs", multiple=True, metavar="KEY=VALUE", help="Topic config, repeatable (cleanup.policy=compact).")
+@pass_context
+def topic_create(ctx: Context, name: str, partitions: int, configs: tuple[str, ...]) -> None:
+    """Create topic NAME; prints its description."""
+    now = ctx.clock()
+    created = Topic.create(name, partitions, _parse_settings(configs), now)
+    catalog = ctx.catalog
+    catalog.ensure_created(now)
+    catalog.commit(f"create topic {name}", lambda m: (m.with_topic(created), None), now)
+    _emit(created.to_dict())
+
+
+@topic.command("describe")
+@click.argument("name")
+@pass_context
+def topic_describe(ctx: Context, name: str) -> None:
+    """Print topic NAME as JSON, with each partition's next offset."""
+    manifest = ctx.catalog.load()
+    _emit({**manifest.topic(name).to_dict(), "next_offsets": list(manifest.next_offsets[name])})
+
+
+@topic.command("list")
+@pass_context
+def topic_list(ctx: Context) -> None:
+    """Print one JSON line per topic."""
+    for name, found in sorted(ctx.catalog.load().topics.items()):
+        _emit(found.to_dict())
+
+
+@topic.command("alter")
+@click.argument("name")
+@click.option("--config", "configs", multiple=True, required=True, metavar="KEY=VALUE", help="Config to change, repeatable.")
+@pass_context
+def topic_alter(ctx: Context, name: str, configs: tuple[str, ...]) -> None:
+    """Change configs of topic NAME (cleanup.policy is fixed at creation)."""
+    settings = _parse_settings(configs)
+    manifest, _ = ctx.catalog.commit(f"alter topic {name}", lambda m: (m.with_altered_topic(name, settings), None), ctx.clock())
+    _emit(manifest.topic(name).to_dict())
+
+
+# -- produce and consume -------------------------------------------------------------------------------
+
+
+def _bytes_field(line_number: int, document: dict, name: str) -> bytes | None:
+    encoded = f"{name}_b64"
+    if encoded in document:
+        raw = document[encoded]
+        if raw is None:
+            return None
+        try:
+            return base64.b64decode(raw, validate=True)
+        except (binascii.Error, TypeError):
+            raise InvalidRecordError(f"line {line_number}: {encoded} is not valid base64; nothing was produced") from None
+    text = document.get(name)
+    if text is None:
+        return None
+    if not isinstance(text, str):
+        raise InvalidRecordError(f"line {line_number}: {name} must be a string or null (use {encoded} for bytes); nothing was produced")
+    return text.encode()
+
+
+def _parse_record(line_number: int, line: str) -> Record:
+    try:
+        document = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise InvalidRecordError(f"line {line_number}: not JSON ({exc.msg}); nothing was produced") from None
+    if not isinstance(document, dict):
+        raise InvalidRecordError(f"line {line_number}: expected a JSON object; nothing was produced")
+    partition = document.get("partition")
+    if not isinstance(partition, int) or isinstance(partition, bool):
+        raise InvalidRecordError(f"line {line_number}: \"partition\" must be an integer; nothing was produced")
+    timestamp = document.get("timestamp")
+    if timestamp is not None and (not isinstance(timestamp, int) or isinstance(timestamp, bool)):
+        raise InvalidRecordError(f"line {line_number}: \"timestamp\" must be integer milliseconds; nothing was produced")
+    headers = document.get("headers") or {}
+    if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
+        raise InvalidRecordError(f"line {line_number}: \"headers\" must be an object of strings; nothing was produced")
+    return Record(
+        partition,
+        _bytes_field(line_number, document, "key"),
+        _bytes_field(line_number, document, "value"),
+        timestamp,
+        [(name, value.encode()) for name, value in headers.items()] or None,
+    )
+
+
+@cli.command()
+@click.argument("topic_name", metavar="TOPIC")
+@pass_context
+def produce(ctx: Context, topic_name: str) -> None:
+    """Produce JSON lines from stdin to TOPIC, all or nothing; prints each record's partition and offset.
+
+    Input lines: {"partition": int, "key": str|null, "value": str|null, "timestamp": ms, "headers": {str: str}},
+    with key_b64 / value_b64 for binary data.
+    """
+    records = [_parse_record(n, line) for n, line in enumerate(sys.stdin, start=1) if line.strip()]
+    with Agent(ctx.catalog, clock=ctx.clock, background=False) as agent:
+        offsets_future = agent.produce(topic_name, records)
+        agent.flush()
+    for record, offset in zip(records, offsets_future.result()):
+        _emit({"partition": record.partition, "offset": offset})
+
+
+def _text_or_b64(document: dict, name: str, data: bytes | None) -> None:
+    if data is None:
+        document[name] = None
+        return
+    try:
+        document[name] = data.decode()
+    except UnicodeDecodeError:
+        document[f"{name}_b64"] = base64.b64encode(data).decode()
+
+
+@cli.command()
+@click.argument("topic_name", metavar="TOPIC")
+@click.option("--partition", type=int, required=True)
+@click.option("--from-offset", type=int, default=0, show_default=True, help="First offset to read.")
+@click.option("--to-offset", type=int, default=None, help="Stop before this offset (exclusive, like Kafka's end offsets).")
+@pass_context
+def consume(ctx: Context, topic_name: str, partition: int, from_offset: int, to_offset: int | None) -> None:
+    """Print the records of one partition in offset order, one JSON line each, as of the latest manifest."""
+    manifest = ctx.catalog.load()
+    for record in read_records(ctx.store, manifest, topic_name, partition, from_offset, to_offset):
+        document: dict[str, Any] = {"offset": record.offset, "timestamp": record.timestamp}
+        _text_or_b64(document, "key", record.key)
+        _text_or_b64(document, "value", record.value)
+        headers: dict[str, Any] = {}
+        for name, value in record.headers:
+            _text_or_b64(headers, name, value)
+        document["headers"] = headers
+        _emit(document)
+
+
+@cli.command()
+@click.option("--level", type=click.IntRange(0, 4), default=None, help="Only files of this level.")
+@pass_context
+def files(ctx: Context, level: int | None) -> None:
+    """Print one JSON line per live file: key, level, size, creation time, records and sections."""
+    for data_file in ctx.catalog.load().files_at(level):
+        _emit({**data_file.to_dict(), "record_count": data_file.record_count})
+
+
+@cli.command()
+@click.option("--records", type=click.IntRange(min=3), default=1_000_000, show_default=True, help="Records to produce in all.")
+@pass_context
+def demo(ctx: Context, records: int) -> None:
+    """Create three topics (compact, delete, compact,delete), produce, consume back, verify, summarize."""
+    from logcompact.demo import run_demo
+
+    run_demo(ctx.store, records, ctx.clock, echo=click.echo)
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        cli.main(args=argv, prog_name="logcompact", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("logcompact: aborted", err=True)
+        sys.exit(1)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except LogcompactError as exc:
+        click.echo(f"logcompact: error: {exc}", err=True)
+        sys.exit(1)
+

@@ -1,0 +1,115 @@
+"""`make demo`: a cluster in a local directory, about a million records over three topics, read back and checked."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from logcompact.catalog import Catalog
+from logcompact.exceptions import TopicExistsError, VerificationError
+from logcompact.consume import latest_values, read_batches
+from logcompact.ingest import Agent, Record
+from logcompact.store import ObjectStore
+from logcompact.topics import Topic
+
+PARTITIONS = 4
+BATCH = 10_000
+
+
+@dataclass(frozen=True)
+class DemoTopic:
+    name: str
+    policy: str
+    distinct_keys: int
+
+
+TOPICS = (
+    DemoTopic("accounts", "compact", 20_000),
+    DemoTopic("clicks", "delete", 0),
+    DemoTopic("sessions", "compact,delete", 50_000),
+)
+
+
+def _record(topic: DemoTopic, sequence: int, timestamp: int) -> Record:
+    partition = sequence % PARTITIONS
+    key = b"key-%08d" % (sequence % topic.distinct_keys) if topic.distinct_keys else None
+    # Every 50th update of a compacted topic deletes its key.
+    value = None if topic.distinct_keys and sequence % 50 == 49 else b"%s-value-%010d" % (topic.name.encode(), sequence)
+    return Record(partition, key, value, timestamp)
+
+
+def run_demo(store: ObjectStore, total_records: int, clock: Callable[[], int], echo: Callable[[str], None]) -> None:
+    catalog = Catalog(store)
+    now = clock()
+    catalog.ensure_created(now)
+    existing = catalog.load().topics
+    for spec in TOPICS:
+        if spec.name in existing:
+            raise TopicExistsError(f"topic {spec.name!r} already exists in {store.uri}; run the demo on an empty store")
+        created = Topic.create(spec.name, PARTITIONS, {"cleanup.policy": spec.policy, "retention.ms": "-1"}, now)
+        catalog.commit(f"create topic {spec.name}", lambda m, t=created: (m.with_topic(t), None), now)
+    echo(f"cluster {catalog.load().cluster_id} in {store.uri}: topics " + ", ".join(f"{t.name} ({t.policy})" for t in TOPICS))
+
+    per_topic = total_records // len(TOPICS)
+    produced = {spec.name: [_record(spec, i, now + i) for i in range(per_topic)] for spec in TOPICS}
+    payload = sum(len(r.key or b"") + len(r.value or b"") for records in produced.values() for r in records)
+
+    started = time.perf_counter()
+    with Agent(catalog, clock=clock) as agent:
+        futures = []
+        for spec in TOPICS:
+            records = produced[spec.name]
+            futures += [agent.produce(spec.name, records[i : i + BATCH]) for i in range(0, per_topic, BATCH)]
+    for future in futures:
+        future.result()
+    produce_s = time.perf_counter() - started
+    echo(
+        f"produced {per_topic * len(TOPICS):,} records ({payload / 1e6:.1f} MB of keys and values) in {produce_s:.2f} s: "
+        f"{per_topic * len(TOPICS) / produce_s:,.0f} records/s, {payload / 1e6 / produce_s:.1f} MB/s, "
+        f"{agent.files_written} L0 files"
+    )
+
+    manifest = catalog.load()
+    started = time.perf_counter()
+    consumed: dict[tuple[str, int], pa.Table] = {}
+    for spec in TOPICS:
+        for partition in range(PARTITIONS):
+            consumed[(spec.name, partition)] = pa.concat_tables(list(read_batches(store, manifest, spec.name, partition)))
+    consume_s = time.perf_counter() - started
+    echo(
+        f"consumed {sum(t.num_rows for t in consumed.values()):,} records as Arrow batches in {consume_s:.2f} s: "
+        f"{sum(t.num_rows for t in consumed.values()) / consume_s:,.0f} records/s"
+    )
+
+    for spec in TOPICS:
+        for partition in range(PARTITIONS):
+            expected = produced[spec.name][partition::PARTITIONS]
+            table = consumed[(spec.name, partition)]
+            offsets = table.column("offset").to_numpy()
+            if table.num_rows != len(expected) or not (offsets == range(len(expected))).all():
+                raise VerificationError(f"demo check failed: {spec.name}/{partition} offsets are not 0..{len(expected) - 1}")
+            if table.column("value").to_pylist() != [r.value for r in expected]:
+                raise VerificationError(f"demo check failed: {spec.name}/{partition} values differ from produced")
+            if spec.distinct_keys:
+                latest: dict[bytes, bytes | None] = {}
+                for r in expected:
+                    latest[r.key] = r.value
+                view = latest_values(store, manifest, spec.name, partition)
+                found = dict(zip(view.column("key").to_pylist(), view.column("value").to_pylist()))
+                if found != {k: v for k, v in latest.items() if v is not None}:
+                    raise VerificationError(f"demo check failed: {spec.name}/{partition} latest values differ")
+    live_keys = sum(
+        latest_values(store, manifest, spec.name, p).num_rows for spec in TOPICS if spec.distinct_keys for p in range(PARTITIONS)
+    )
+    tombstones = sum(pc.sum(pc.is_null(t.column("value"))).as_py() or 0 for t in consumed.values())
+    counts = store.counters.snapshot()
+    echo(
+        f"verified: every offset, value and latest value per key matches what was produced "
+        f"({live_keys:,} live keys, {tombstones:,} tombstones); manifest version {manifest.version}, "
+        f"{len(manifest.files)} live files"
+    )
+    echo(f"store requests: {counts.put:,} PUT, {counts.get:,} GET, {counts.list:,} LIST, {counts.delete:,} DELETE")

@@ -1,0 +1,69 @@
+"""Every error a logcompact user can see. Each message is one line that names the thing and the fix."""
+
+
+class LogcompactError(Exception):
+    """Base class of every error logcompact raises on purpose."""
+
+
+class InvalidStoreUriError(LogcompactError):
+    """A store URI is neither file:///path nor s3://bucket/prefix."""
+
+
+class ObjectNotFoundError(LogcompactError):
+    """An object the caller expected in the store is not there."""
+
+
+class StoreError(LogcompactError):
+    """The object store answered a request with an error."""
+
+
+class SegmentFormatError(LogcompactError):
+    """A segment file is not a logcompact segment, has an unknown version, or is truncated."""
+
+
+class ChecksumMismatchError(SegmentFormatError):
+    """A section's bytes do not match the checksum written with them."""
+
+
+class InvalidTopicError(LogcompactError):
+    """A topic name, partition count or topic config is not allowed."""
+
+
+class TopicNotFoundError(LogcompactError):
+    """A command names a topic the catalog does not have."""
+
+
+class TopicExistsError(LogcompactError):
+    """A topic is created twice."""
+
+
+class InvalidRecordError(LogcompactError):
+    """A produced record breaks a rule of its topic (no key in a compacted topic, bad partition, bad field)."""
+
+
+class ClusterNotFoundError(LogcompactError):
+    """The store holds no logcompact catalog."""
+
+
+class ManifestFormatError(LogcompactError):
+    """A manifest object is not one this logcompact can read."""
+
+
+class ManifestVersionNotFoundError(LogcompactError):
+    """A reader asked for a manifest version that was never written or is no longer kept."""
+
+
+class CommitConflictError(LogcompactError):
+    """An optimistic commit found the catalog changed in a way that invalidates it."""
+
+
+class CommitRetriesExhaustedError(CommitConflictError):
+    """An optimistic commit lost the race to other writers more times than it is allowed to retry."""
+
+
+class IngestError(LogcompactError):
+    """The ingest agent failed to write or commit an L0 file; records buffered with it were not committed."""
+
+
+class VerificationError(LogcompactError):
+    """Data read back differs from what a check expected (the demo's and the benchmarks' own checks)."""

@@ -1,0 +1,120 @@
+"""The object store interface every backend implements, and its request counters."""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, fields
+from typing import BinaryIO, Iterator
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+
+
+@dataclass
+class RequestCounts:
+    """Requests sent to the store and bytes moved; what an S3 bill counts."""
+
+    get: int = 0
+    put: int = 0
+    list: int = 0
+    delete: int = 0
+    head: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+
+    def __sub__(self, other: RequestCounts) -> RequestCounts:
+        return RequestCounts(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)})
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+class RequestCounters:
+    """Thread-safe request counters; `snapshot()` copies them, and two snapshots subtract."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts = RequestCounts()
+
+    def add(self, **increments: int) -> None:
+        with self._lock:
+            for name, amount in increments.items():
+                setattr(self._counts, name, getattr(self._counts, name) + amount)
+
+    def snapshot(self) -> RequestCounts:
+        with self._lock:
+            return RequestCounts(**self._counts.as_dict())
+
+
+class CountingReader:
+    """A streaming GET body that counts the bytes it hands out."""
+
+    def __init__(self, raw: BinaryIO, counters: RequestCounters) -> None:
+        self._raw = raw
+        self._counters = counters
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._raw.read(size) if size is not None and size >= 0 else self._raw.read()
+        self._counters.add(bytes_read=len(data))
+        return data
+
+    def close(self) -> None:
+        self._raw.close()
+
+    def __enter__(self) -> CountingReader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class ObjectStore(ABC):
+    """Keys are '/'-separated relative paths below the store's root (its directory or bucket prefix).
+
+    Every method counts the requests it sends in `counters`, so tests and benchmarks can assert I/O costs.
+    """
+
+    uri: str
+
+    def __init__(self) -> None:
+        self.counters = RequestCounters()
+
+    @abstractmethod
+    def put(self, key: str, data: bytes) -> None:
+        """Write an object whole, replacing any object of that key."""
+
+    @abstractmethod
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        """Create-only write: True if this call created the object, False if the key already existed.
+
+        Atomic: of several racing writers of one key exactly one gets True, and readers never see a
+        partial object.
+        """
+
+    @abstractmethod
+    def get(self, key: str) -> bytes:
+        """The whole object (one GET). Raises ObjectNotFoundError."""
+
+    @abstractmethod
+    def open_stream(self, key: str) -> CountingReader:
+        """One streaming GET: a file-like object read front to back without buffering the whole object."""
+
+    @abstractmethod
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        """`length` bytes from byte `start` (one ranged GET)."""
+
+    @abstractmethod
+    def list(self, prefix: str, start_after: str | None = None) -> Iterator[ObjectInfo]:
+        """Objects whose key starts with `prefix`, in key order, after `start_after` when given."""
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove an object; removing a missing object is not an error (as in S3)."""
+
+    @abstractmethod
+    def stat(self, key: str) -> ObjectInfo | None:
+        """The object's size, or None if there is no such object (one HEAD)."""

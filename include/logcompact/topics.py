@@ -1,0 +1,135 @@
+"""Topics and their Kafka topic-level configs, validated by Kafka's rules and WarpStream's overrides."""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import asdict, dataclass, replace
+
+from logcompact.exceptions import InvalidTopicError
+
+log = logging.getLogger(__name__)
+
+LONG_MAX = 2**63 - 1
+HOUR_MS = 3_600_000
+# WarpStream's floor: a smaller max.compaction.lag.ms is raised to this, with a warning.
+MIN_MAX_COMPACTION_LAG_MS = 2 * HOUR_MS
+MAX_PARTITIONS = 100_000
+
+_TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+_POLICIES = {
+    "delete": "delete",
+    "compact": "compact",
+    "compact,delete": "compact,delete",
+    "delete,compact": "compact,delete",
+}
+
+
+def validate_topic_name(name: str) -> str:
+    if name in (".", "..") or not _TOPIC_NAME.fullmatch(name):
+        raise InvalidTopicError(
+            f"topic name {name!r} is invalid: use 1 to 249 characters of [a-zA-Z0-9._-], not '.' or '..'"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class TopicConfig:
+    cleanup_policy: str = "delete"
+    retention_ms: int = 604_800_000
+    delete_retention_ms: int = 86_400_000
+    min_compaction_lag_ms: int = 0
+    max_compaction_lag_ms: int = LONG_MAX
+
+    @property
+    def compacted(self) -> bool:
+        return "compact" in self.cleanup_policy
+
+    @property
+    def time_retention(self) -> bool:
+        """True when records expire by age: 'delete' and 'compact,delete' with a finite retention.ms."""
+        return "delete" in self.cleanup_policy and self.retention_ms >= 0
+
+    def to_kafka(self) -> dict[str, str | int]:
+        return {name.replace("_", "."): value for name, value in asdict(self).items()}
+
+    @classmethod
+    def from_kafka(cls, settings: dict[str, str | int], base: TopicConfig | None = None) -> TopicConfig:
+        """Apply Kafka-named settings ('cleanup.policy': 'compact', 'retention.ms': '3600000', ...) to `base`."""
+        changes: dict[str, str | int] = {}
+        for name, raw in settings.items():
+            field = name.replace(".", "_")
+            if field not in _RULES:
+                raise InvalidTopicError(f"unknown topic config {name!r}: supported are {', '.join(sorted(_KAFKA_NAMES))}")
+            changes[field] = _RULES[field](name, raw)
+        config = replace(base or cls(), **changes)
+        max_lag_given = config.max_compaction_lag_ms
+        if max_lag_given < config.min_compaction_lag_ms:
+            raise InvalidTopicError(
+                f"max.compaction.lag.ms={max_lag_given} is below min.compaction.lag.ms="
+                f"{config.min_compaction_lag_ms}: set max.compaction.lag.ms >= min.compaction.lag.ms"
+            )
+        if max_lag_given < MIN_MAX_COMPACTION_LAG_MS:
+            log.warning(
+                "max.compaction.lag.ms=%d is below the 2 hour minimum; using %d", max_lag_given, MIN_MAX_COMPACTION_LAG_MS
+            )
+            config = replace(config, max_compaction_lag_ms=MIN_MAX_COMPACTION_LAG_MS)
+        return config
+
+
+def _integer(name: str, raw: str | int, low: int, low_text: str) -> int:
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        raise InvalidTopicError(f"{name}={raw!r} is not an integer: use a whole number of milliseconds {low_text}") from None
+    if not low <= value <= LONG_MAX:
+        raise InvalidTopicError(f"{name}={value} is out of range: allowed {low_text} up to {LONG_MAX}")
+    return value
+
+
+def _policy(name: str, raw: str | int) -> str:
+    policy = _POLICIES.get(str(raw).replace(" ", ""))
+    if policy is None:
+        raise InvalidTopicError(f"{name}={raw!r} is invalid: use delete, compact or compact,delete")
+    return policy
+
+
+_RULES = {
+    "cleanup_policy": _policy,
+    "retention_ms": lambda name, raw: _integer(name, raw, -1, "from -1 (unlimited)"),
+    "delete_retention_ms": lambda name, raw: _integer(name, raw, 0, "from 0"),
+    "min_compaction_lag_ms": lambda name, raw: _integer(name, raw, 0, "from 0"),
+    "max_compaction_lag_ms": lambda name, raw: _integer(name, raw, 1, "from 1"),
+}
+_KAFKA_NAMES = [field.replace("_", ".") for field in _RULES]
+
+
+@dataclass(frozen=True)
+class Topic:
+    name: str
+    partitions: int
+    config: TopicConfig
+    created_ms: int
+
+    @staticmethod
+    def create(name: str, partitions: int, settings: dict[str, str | int], created_ms: int) -> Topic:
+        validate_topic_name(name)
+        if not 1 <= partitions <= MAX_PARTITIONS:
+            raise InvalidTopicError(f"topic {name!r}: --partitions {partitions} is out of range: use 1 to {MAX_PARTITIONS}")
+        return Topic(name, partitions, TopicConfig.from_kafka(settings), created_ms)
+
+    def altered(self, settings: dict[str, str | int]) -> Topic:
+        if "cleanup.policy" in settings and _policy("cleanup.policy", settings["cleanup.policy"]) != self.config.cleanup_policy:
+            raise InvalidTopicError(
+                f"topic {self.name!r}: cleanup.policy is fixed at creation ({self.config.cleanup_policy}); "
+                "create a new topic for another policy"
+            )
+        return replace(self, config=TopicConfig.from_kafka(settings, base=self.config))
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "partitions": self.partitions, "config": self.config.to_kafka(), "created_ms": self.created_ms}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Topic:
+        config = TopicConfig(**{name.replace(".", "_"): value for name, value in data["config"].items()})
+        return cls(data["name"], data["partitions"], config, data["created_ms"])

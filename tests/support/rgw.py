@@ -1,0 +1,702 @@
+"""Start and stop a real S3-compatible server for tests: Ceph's RADOS Gateway
+(radosgw) on top of a throw-away one-node Ceph cluster.
+
+The cluster is one monitor (auth disabled), one ``memstore`` OSD (all data in
+RAM) and one radosgw with the beast frontend, all bound to 127.0.0.1 on ports
+picked at runtime.  Everything the daemons write (config, mon store, OSD dump,
+logs, admin sockets, pid files) lives under the ``workdir`` given by the
+caller; nothing touches /etc/ceph, /var/lib/ceph or /var/log/ceph.
+
+Usage (e.g. from a session-scoped pytest fixture)::
+
+    from tests.support.rgw import start_rgw, rgw_missing_reason
+
+    reason = rgw_missing_reason()
+    if reason:
+        pytest.skip(reason)
+    server, stop = start_rgw(tmp_path_factory.mktemp("rgw"))
+    try:
+        yield server
+    finally:
+        stop()
+
+Run ``python -m tests.support.rgw`` (or ``python tests/support/rgw.py``) for a
+self-check with boto3.
+
+Only the standard library is needed to start the server (the readiness probe
+signs its ListBuckets request with a small built-in SigV4 signer); boto3 is
+needed only for the self-check.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import hashlib
+import hmac
+import http.client
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+__all__ = ["RgwServer", "RgwStartError", "start_rgw", "rgw_missing_reason"]
+
+# Fixed test credentials.  They are never written to any log this module
+# creates (radosgw-admin's JSON output is discarded, and command lines are
+# redacted in error messages).
+ACCESS_KEY = "LOGCOMPACTTESTACCESS"
+SECRET_KEY = "logcompact-test-secret-key-not-a-secret0"
+REGION = "us-east-1"  # rgw's default zonegroup ("default", api_name "") accepts any region in SigV4
+USER_ID = "logcompact-test"
+
+# binary -> Debian package that ships it
+_REQUIRED_BINARIES = {
+    "ceph-mon": "ceph-mon",
+    "ceph-osd": "ceph-osd",
+    "radosgw": "radosgw",
+    "radosgw-admin": "radosgw",
+    "ceph": "ceph-common",
+    "monmaptool": "ceph-base",
+}
+
+_MON_NAME = "a"
+_OSD_ID = 0
+_RGW_NAME = "client.rgw.test"
+
+_LOG_TAIL_LINES = 40
+_LOG_TAIL_BYTES = 6000
+
+
+@dataclass(frozen=True)
+class RgwServer:
+    endpoint_url: str  # "http://127.0.0.1:PORT"
+    access_key: str
+    secret_key: str
+    region: str
+    workdir: Path
+
+
+class RgwStartError(RuntimeError):
+    """Starting the cluster failed.  The message names the failing step and
+    carries the tail of the relevant log file(s)."""
+
+
+def rgw_missing_reason() -> Optional[str]:
+    """None if the Ceph binaries are installed, otherwise a one-line reason."""
+    missing = [b for b in _REQUIRED_BINARIES if shutil.which(b) is None]
+    if not missing:
+        return None
+    pkgs = sorted({_REQUIRED_BINARIES[b] for b in missing} | {"radosgw", "ceph-mon", "ceph-osd"})
+    return (
+        f"Ceph RADOS Gateway not installed (missing: {', '.join(missing)}); "
+        f"run `make deps` (apt-get install -y {' '.join(pkgs)})"
+    )
+
+
+# --------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _redact(text: str) -> str:
+    return text.replace(SECRET_KEY, "<redacted>")
+
+
+def _tail(path: Path, lines: int = _LOG_TAIL_LINES, max_bytes: int = _LOG_TAIL_BYTES) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read().decode("utf-8", "replace")
+    except OSError as e:
+        return f"(cannot read {path}: {e})"
+    out = data.splitlines()[-lines:]
+    if not out:
+        return f"(empty: {path})"
+    return _redact("\n".join(out))
+
+
+def _tails(*paths: Path) -> str:
+    parts = []
+    for p in paths:
+        if p.exists():
+            parts.append(f"--- tail of {p} ---\n{_tail(p)}")
+        else:
+            parts.append(f"--- {p}: does not exist ---")
+    return "\n".join(parts)
+
+
+def _clean_env() -> dict:
+    env = dict(os.environ)
+    # Make sure nothing from the caller's environment points the tools at a
+    # real cluster or injects extra arguments.
+    for k in ("CEPH_CONF", "CEPH_ARGS", "CEPH_KEYRING"):
+        env.pop(k, None)
+    return env
+
+
+def _sigv4_list_buckets(port: int, timeout: float = 5.0) -> tuple[int, bytes]:
+    """Signed S3 ListBuckets (GET /) using only the standard library."""
+    host = f"127.0.0.1:{port}"
+    now = datetime.datetime.now(datetime.timezone.utc)
+    amz_date = now.strftime("%Y%m%dT%H%M%SZ")
+    datestamp = now.strftime("%Y%m%d")
+    payload_hash = hashlib.sha256(b"").hexdigest()
+    canonical_headers = f"host:{host}\nx-amz-content-sha256:{payload_hash}\nx-amz-date:{amz_date}\n"
+    signed_headers = "host;x-amz-content-sha256;x-amz-date"
+    canonical_request = "\n".join(["GET", "/", "", canonical_headers, signed_headers, payload_hash])
+    scope = f"{datestamp}/{REGION}/s3/aws4_request"
+    string_to_sign = "\n".join(
+        ["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical_request.encode()).hexdigest()]
+    )
+
+    def _h(key: bytes, msg: str) -> bytes:
+        return hmac.new(key, msg.encode(), hashlib.sha256).digest()
+
+    k = _h(("AWS4" + SECRET_KEY).encode(), datestamp)
+    k = _h(k, REGION)
+    k = _h(k, "s3")
+    k = _h(k, "aws4_request")
+    signature = hmac.new(k, string_to_sign.encode(), hashlib.sha256).hexdigest()
+    auth = (
+        f"AWS4-HMAC-SHA256 Credential={ACCESS_KEY}/{scope}, "
+        f"SignedHeaders={signed_headers}, Signature={signature}"
+    )
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request(
+            "GET",
+            "/",
+            headers={
+                "Host": host,
+                "x-amz-date": amz_date,
+                "x-amz-content-sha256": payload_hash,
+                "Authorization": auth,
+            },
+        )
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def _conf_text(w: Path, fsid: str, mon_port: int) -> str:
+    # Unix socket paths are limited to 107 bytes; admin sockets are not needed
+    # by this module, so drop them rather than fail on a deep workdir.
+    asok = f"{w}/run/$cluster-$name.$pid.asok"
+    if len(str(w)) + len("/run/ceph-client.rgw.test.4194304.asok") > 100:
+        asok = ""
+    return f"""\
+# Generated by tests/support/rgw.py -- throw-away one-node test cluster.
+[global]
+fsid = {fsid}
+mon host = [v2:127.0.0.1:{mon_port}]
+public addr = 127.0.0.1
+cluster addr = 127.0.0.1
+ms bind msgr1 = false
+ms bind msgr2 = true
+ms bind ipv6 = false
+# radosgw defaults ms_mon_client_mode to "secure", which needs cephx
+ms mon client mode = crc
+
+auth cluster required = none
+auth service required = none
+auth client required = none
+keyring = {w}/keyring
+
+run dir = {w}/run
+crash dir = {w}/crash
+admin socket = {asok}
+log file = {w}/log/$name.log
+log to file = true
+log to stderr = false
+err to stderr = true
+log to syslog = false
+mon cluster log file = {w}/log/cluster.log
+mon cluster log to file = true
+
+# one OSD, pools of size 1, few PGs
+mon allow pool size one = true
+mon allow pool delete = true
+mon warn on pool no redundancy = false
+mon warn on pool no app = false
+mon warn on too few osds = false
+mon max pg per osd = 1000
+osd max pg per osd hard ratio = 10
+osd pool default size = 1
+osd pool default min size = 1
+osd pool default pg num = 8
+osd pool default pgp num = 8
+osd pool default pg autoscale mode = off
+osd crush chooseleaf type = 0
+mon osd auto mark new in = true
+
+# startup speed
+paxos propose interval = 0.05
+paxos min wait = 0.01
+mon osd prime pg temp = false
+mon data avail crit = 0
+mon data avail warn = 0
+osd mon report interval = 1
+osd beacon report interval = 60
+
+[mon]
+mon data = {w}/mon/ceph-$id
+pid file = {w}/run/$name.pid
+mon compact on trim = false
+
+[osd]
+osd data = {w}/osd/ceph-$id
+pid file = {w}/run/$name.pid
+osd objectstore = memstore
+# memstore keeps objects in RAM; this is only the size it reports (the
+# cluster turns read-only at 95% full), memory is used only for stored data.
+memstore device bytes = 2147483648
+osd memory target = 939524096
+osd op num shards = 2
+osd op num threads per shard = 1
+osd fast shutdown = true
+osd scrub auto repair = false
+osd scrub min interval = 31536000
+osd scrub max interval = 31536000
+osd deep scrub interval = 31536000
+osd heartbeat interval = 2
+osd heartbeat grace = 10
+
+[{_RGW_NAME}]
+pid file = {w}/run/$name.pid
+rgw data = {w}/rgw
+rgw init timeout = 60
+rgw enable apis = s3, admin
+rgw thread pool size = 64
+rgw dynamic resharding = false
+rgw enable usage log = false
+rgw enable ops log = false
+rgw run sync thread = false
+rgw enable lc threads = false
+rgw enable quota threads = false
+rgw data log num shards = 8
+# reclaim the tails of deleted/overwritten objects (> 4 MiB) quickly, so a
+# long test session does not fill the memstore
+rgw gc obj min wait = 60
+rgw gc processor period = 30
+"""
+
+
+class _Cluster:
+    """Processes and state of one test cluster.  stop() is idempotent."""
+
+    def __init__(self, workdir: Path):
+        self.w = workdir
+        self.conf = workdir / "ceph.conf"
+        self.logdir = workdir / "log"
+        self.procs: list[tuple[str, subprocess.Popen]] = []
+        self._outs: list = []
+        self._lock = threading.Lock()
+        self._stopped = False
+        # PR_SET_PDEATHSIG fires when the *thread* that spawned the child
+        # exits, so use it only from the main thread (pytest fixtures).
+        self._pdeathsig = (
+            threading.current_thread() is threading.main_thread() and shutil.which("setpriv") is not None
+        )
+
+    # -- process management ------------------------------------------------
+
+    def spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
+        out = open(self.logdir / f"{name}.out", "ab")
+        self._outs.append(out)
+        cmd = list(argv)
+        if self._pdeathsig:
+            # The daemons die with us even if the test process is killed.
+            cmd = ["setpriv", "--pdeathsig", "TERM", "--"] + cmd
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=self.w,
+            env=_clean_env(),
+            close_fds=True,
+        )
+        self.procs.append((name, proc))
+        return proc
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            # reverse start order: rgw, osd, mon
+            for name, proc in reversed(self.procs):
+                _stop_proc(proc, timeout=10.0)
+            for out in self._outs:
+                try:
+                    out.close()
+                except OSError:
+                    pass
+        _ACTIVE.discard(self)
+
+    def run(self, step: str, argv: list[str], timeout: float, logs: tuple[Path, ...] = ()) -> str:
+        """Run a short-lived tool; fail fast if one of our daemons dies meanwhile."""
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=self.w,
+            env=_clean_env(),
+        )
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                try:
+                    stdout, stderr = proc.communicate(timeout=0.1)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                self.check_alive(step)
+                if time.monotonic() > deadline:
+                    raise RgwStartError(
+                        f"{step}: `{_redact(' '.join(argv))}` timed out after {timeout:.0f}s\n{_tails(*logs)}"
+                    )
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        if proc.returncode != 0:
+            raise RgwStartError(
+                f"{step}: `{_redact(' '.join(argv))}` exited with {proc.returncode}\n"
+                f"{_redact(stdout + stderr)[-_LOG_TAIL_BYTES:]}\n{_tails(*logs)}"
+            )
+        return stdout
+
+    def check_alive(self, step: str) -> None:
+        for name, proc in self.procs:
+            if proc.poll() is not None:
+                raise RgwStartError(
+                    f"{step}: {name} (pid {proc.pid}) exited with {proc.returncode}\n"
+                    + _tails(*self.daemon_logs(name))
+                )
+
+    def daemon_logs(self, name: str) -> tuple[Path, ...]:
+        logname = {"mon": f"mon.{_MON_NAME}", "osd": f"osd.{_OSD_ID}", "rgw": _RGW_NAME}[name]
+        return (self.logdir / f"{name}.out", self.logdir / f"{logname}.log")
+
+
+def _stop_proc(proc: subprocess.Popen, timeout: float) -> None:
+    if proc.poll() is not None:
+        return
+    try:
+        proc.send_signal(signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            proc.kill()
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+_ACTIVE: "set[_Cluster]" = set()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for c in list(_ACTIVE):
+        c.stop()
+
+
+# --------------------------------------------------------------------------
+# start
+# --------------------------------------------------------------------------
+
+
+def start_rgw(workdir: Path, timeout_s: float = 120.0) -> tuple[RgwServer, Callable[[], None]]:
+    """Start mon + memstore osd + radosgw in workdir; create an S3 user with a
+    fixed access/secret key; wait until a signed S3 ListBuckets succeeds.
+
+    Returns the server and an idempotent stop() that stops all daemons by PID.
+    On failure everything started is stopped and RgwStartError is raised with
+    a one-line summary followed by the tail of the failing daemon's log.
+    """
+    reason = rgw_missing_reason()
+    if reason:
+        raise RgwStartError(reason)
+    workdir = Path(workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    cluster = _Cluster(workdir)
+    _ACTIVE.add(cluster)
+    try:
+        port = _start(cluster, time.monotonic() + timeout_s)
+    except BaseException:
+        cluster.stop()
+        raise
+    server = RgwServer(
+        endpoint_url=f"http://127.0.0.1:{port}",
+        access_key=ACCESS_KEY,
+        secret_key=SECRET_KEY,
+        region=REGION,
+        workdir=workdir,
+    )
+    return server, cluster.stop
+
+
+def _remaining(deadline: float, step: str) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise RgwStartError(f"{step}: overall start timeout exceeded")
+    return left
+
+
+def _start(c: _Cluster, deadline: float) -> int:
+    w = c.w
+    for sub in ("log", "run", "crash", "rgw"):
+        (w / sub).mkdir(parents=True, exist_ok=True)
+    conf = str(c.conf)
+    fsid = str(uuid.uuid4())
+
+    # ---- monitor (retry with a new port if the one we picked got taken) ----
+    for attempt in range(3):
+        mon_port = _free_port()
+        c.conf.write_text(_conf_text(w, fsid, mon_port))
+        mon_dir = w / "mon" / f"ceph-{_MON_NAME}"
+        if mon_dir.exists():
+            shutil.rmtree(mon_dir)
+        mon_dir.mkdir(parents=True)
+        monmap = w / "monmap"
+        c.run(
+            "monmaptool",
+            ["monmaptool", "-c", conf, "--create", "--clobber", "--fsid", fsid,
+             "--addv", _MON_NAME, f"[v2:127.0.0.1:{mon_port}]", str(monmap)],
+            timeout=30,
+        )
+        c.run(
+            "ceph-mon --mkfs",
+            ["ceph-mon", "-c", conf, "--mkfs", "-i", _MON_NAME, "--monmap", str(monmap)],
+            timeout=60,
+            logs=(c.logdir / f"mon.{_MON_NAME}.log",),
+        )
+        mon = c.spawn("mon", ["ceph-mon", "-c", conf, "-f", "-i", _MON_NAME])
+        while True:
+            if _port_open(mon_port):
+                break
+            if mon.poll() is not None:
+                break
+            _remaining(deadline, "waiting for ceph-mon to listen")
+            time.sleep(0.05)
+        if mon.poll() is None:
+            break
+        logs = "\n".join(_tail(p) for p in c.daemon_logs("mon"))
+        if "Address already in use" in logs and attempt < 2:
+            c.procs.remove(("mon", mon))
+            continue
+        c.check_alive("starting ceph-mon")
+
+    # ---- OSD -------------------------------------------------------------
+    osd_uuid = str(uuid.uuid4())
+    osd_dir = w / "osd" / f"ceph-{_OSD_ID}"
+    if osd_dir.exists():
+        shutil.rmtree(osd_dir)
+    osd_dir.mkdir(parents=True)
+    # mkfs needs no monitor (fsid is in the conf), so it could overlap with
+    # the mon start, but it only takes a fraction of a second.
+    c.run(
+        "ceph-osd --mkfs",
+        ["ceph-osd", "-c", conf, "--mkfs", "-i", str(_OSD_ID), "--osd-uuid", osd_uuid],
+        timeout=60,
+        logs=(c.logdir / f"osd.{_OSD_ID}.log",),
+    )
+    out = c.run(
+        "registering the OSD (ceph osd new)",
+        ["ceph", "-c", conf, "--connect-timeout", str(max(1, int(min(60, _remaining(deadline, "ceph osd new"))))),
+         "osd", "new", osd_uuid, str(_OSD_ID)],
+        timeout=min(70, _remaining(deadline, "ceph osd new")),
+        logs=c.daemon_logs("mon"),
+    )
+    if out.strip() != str(_OSD_ID):
+        raise RgwStartError(f"registering the OSD: `ceph osd new` returned {out.strip()!r}, expected {_OSD_ID}")
+    c.spawn("osd", ["ceph-osd", "-c", conf, "-f", "-i", str(_OSD_ID)])
+
+    # ---- S3 user (radosgw-admin talks to RADOS directly; it waits for the
+    # OSD and creates the default realm/zonegroup/zone and the rgw pools) ----
+    # (its JSON output, which contains the secret key, is discarded)
+    c.run(
+        "creating the S3 user (radosgw-admin user create)",
+        ["radosgw-admin", "-c", conf, "user", "create", "--uid", USER_ID,
+         "--display-name", USER_ID, "--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY],
+        timeout=_remaining(deadline, "radosgw-admin user create"),
+        logs=c.daemon_logs("osd") + (c.logdir / "client.admin.log",),
+    )
+
+    # ---- radosgw (retry with a new port if the one we picked got taken) ----
+    for attempt in range(3):
+        rgw_port = _free_port()
+        rgw = c.spawn(
+            "rgw",
+            ["radosgw", "-c", conf, "-f", "-n", _RGW_NAME,
+             "--rgw-frontends", f"beast endpoint=127.0.0.1:{rgw_port}"],
+        )
+        last = "no response yet"
+        while True:
+            if rgw.poll() is not None:
+                break
+            c.check_alive("waiting for radosgw")
+            try:
+                status, body = _sigv4_list_buckets(rgw_port, timeout=5)
+                if status == 200:
+                    return rgw_port
+                last = f"HTTP {status}: {body[:300].decode('utf-8', 'replace')}"
+            except OSError as e:
+                last = f"{type(e).__name__}: {e}"
+            if time.monotonic() > deadline:
+                raise RgwStartError(
+                    f"waiting for radosgw: no successful S3 ListBuckets on port {rgw_port} "
+                    f"before the timeout (last: {last})\n" + _tails(*c.daemon_logs("rgw"))
+                )
+            time.sleep(0.1)
+        logs = "\n".join(_tail(p) for p in c.daemon_logs("rgw"))
+        if "Address already in use" in logs and attempt < 2:
+            c.procs.remove(("rgw", rgw))
+            continue
+        c.check_alive("starting radosgw")
+    raise RgwStartError("starting radosgw: could not bind a port")  # not reached
+
+
+# --------------------------------------------------------------------------
+# self-check
+# --------------------------------------------------------------------------
+
+
+def _rss_kib(pid: int) -> Optional[int]:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _self_check() -> int:
+    import tempfile
+    import concurrent.futures
+
+    import boto3
+    import botocore.config
+    from botocore.exceptions import ClientError
+
+    reason = rgw_missing_reason()
+    if reason:
+        print("SKIP:", reason)
+        return 2
+
+    with tempfile.TemporaryDirectory(prefix="rgw-selfcheck-") as tmp:
+        t0 = time.monotonic()
+        server, stop = start_rgw(Path(tmp))
+        startup = time.monotonic() - t0
+        try:
+            print(f"endpoint: {server.endpoint_url}  (started in {startup:.1f}s, workdir {server.workdir})")
+            cfg = botocore.config.Config(
+                s3={"addressing_style": "path"},
+                request_checksum_calculation="when_required",
+                response_checksum_validation="when_required",
+                retries={"max_attempts": 3},
+            )
+            s3 = boto3.client(
+                "s3",
+                endpoint_url=server.endpoint_url,
+                region_name=server.region,
+                aws_access_key_id=server.access_key,
+                aws_secret_access_key=server.secret_key,
+                config=cfg,
+            )
+            bucket = "selfcheck"
+            s3.create_bucket(Bucket=bucket)
+            print("create_bucket: ok")
+            s3.put_object(Bucket=bucket, Key="a/b.txt", Body=b"hello")
+            got = s3.get_object(Bucket=bucket, Key="a/b.txt")["Body"].read()
+            assert got == b"hello", got
+            print("put/get: ok")
+            keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="a/").get("Contents", [])]
+            assert keys == ["a/b.txt"], keys
+            print("list_objects_v2: ok", keys)
+            s3.delete_object(Bucket=bucket, Key="a/b.txt")
+            assert s3.list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
+            print("delete: ok")
+
+            # create-only PUT race
+            n = 16
+            barrier = threading.Barrier(n)
+
+            def racer(i: int):
+                barrier.wait()
+                try:
+                    s3.put_object(Bucket=bucket, Key="race", Body=f"writer-{i}".encode(), IfNoneMatch="*")
+                    return ("ok", i)
+                except ClientError as e:
+                    return (
+                        e.response.get("Error", {}).get("Code"),
+                        e.response.get("ResponseMetadata", {}).get("HTTPStatusCode"),
+                    )
+
+            with concurrent.futures.ThreadPoolExecutor(n) as ex:
+                results = list(ex.map(racer, range(n)))
+            wins = [r for r in results if r[0] == "ok"]
+            losses = [r for r in results if r[0] != "ok"]
+            print(f"create-only race: {len(wins)} succeeded, losers: {sorted(set(map(str, losses)))}")
+            assert len(wins) == 1, results
+            assert all(r[1] in (412, 409) for r in losses), results
+            body = s3.get_object(Bucket=bucket, Key="race")["Body"].read().decode()
+            assert body == f"writer-{wins[0][1]}", (body, wins)
+            print(f"create-only race: ok (object holds {body!r})")
+            s3.delete_object(Bucket=bucket, Key="race")
+            s3.delete_bucket(Bucket=bucket)
+            print("delete_bucket: ok")
+
+            cluster = next(c for c in _ACTIVE if c.w == server.workdir)
+            total = 0
+            for name, proc in cluster.procs:
+                rss = _rss_kib(proc.pid) or 0
+                total += rss
+                print(f"rss {name:4s} pid {proc.pid}: {rss / 1024:.0f} MiB")
+            print(f"rss total: {total / 1024:.0f} MiB")
+        finally:
+            t1 = time.monotonic()
+            stop()
+            print(f"stopped in {time.monotonic() - t1:.1f}s")
+        print(f"SELF-CHECK PASSED (startup {startup:.1f}s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_self_check())
