@@ -546,6 +546,25 @@ def _start(c: _Cluster, deadline: float) -> int:
     if out.strip() != str(_OSD_ID):
         raise RgwStartError(f"registering the OSD: `ceph osd new` returned {out.strip()!r}, expected {_OSD_ID}")
     c.spawn("osd", ["ceph-osd", "-c", conf, "-f", "-i", str(_OSD_ID)])
+    # Wait until the monitor has marked the OSD up before radosgw-admin
+    # creates the rgw pools: pools created while the OSD is still booting
+    # leave their first client ops stalled for ~5 s (until an objecter tick).
+    cluster_log = c.logdir / "cluster.log"
+    boot_marker = f"osd.{_OSD_ID} "
+    while True:
+        c.check_alive("waiting for ceph-osd to boot")
+        try:
+            text = cluster_log.read_text(errors="replace")
+        except OSError:
+            text = ""
+        if any(boot_marker in line and line.rstrip().endswith(" boot") for line in text.splitlines()):
+            break
+        if time.monotonic() > deadline:
+            raise RgwStartError(
+                "waiting for ceph-osd to boot: the monitor did not mark osd.0 up before the timeout\n"
+                + _tails(*c.daemon_logs("osd"), cluster_log)
+            )
+        time.sleep(0.05)
 
     # ---- S3 user (radosgw-admin talks to RADOS directly; it waits for the
     # OSD and creates the default realm/zonegroup/zone and the rgw pools) ----

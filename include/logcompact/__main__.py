@@ -1,0 +1,3 @@
+from logcompact.cli import main
+
+main()

@@ -1,0 +1,109 @@
+"""The ingest agent: L0 files by time and size, offsets unique across agents, rejected batches leave nothing."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from logcompact.catalog import Catalog
+from logcompact.consume import read_records
+from logcompact.exceptions import IngestError, InvalidRecordError, StoreError
+from logcompact.ingest import Agent, Record
+from logcompact.store import LocalStore, ObjectStore
+from tests.helpers import NOW, create_topic
+
+
+def _catalog(store: ObjectStore) -> Catalog:
+    catalog = Catalog(store)
+    create_topic(catalog, "state", partitions=3, cleanup_policy="compact")
+    create_topic(catalog, "events", partitions=2)
+    return catalog
+
+
+def test_one_l0_file_holds_every_topic_partition_received(store: ObjectStore) -> None:
+    catalog = _catalog(store)
+    with Agent(catalog, background=False) as agent:
+        state = agent.produce("state", [Record(p, b"k%d" % p, b"v", NOW) for p in (2, 0, 1, 0)])
+        events = agent.produce("events", [Record(1, None, b"e", NOW), Record(0, b"x", None, NOW)])
+    assert state.result() == [0, 0, 0, 1] and events.result() == [0, 0]
+    (l0,) = catalog.load().files_at(0)
+    assert [(s.topic, s.partition, s.info.record_count) for s in l0.sections] == [
+        ("events", 0, 1), ("events", 1, 1), ("state", 0, 2), ("state", 1, 1), ("state", 2, 1),
+    ]
+    assert store.stat(l0.key).size == l0.size
+
+
+def test_files_are_cut_at_the_size_threshold(tmp_path) -> None:
+    catalog = _catalog(LocalStore(tmp_path))
+    with Agent(catalog, flush_bytes=10_000, background=False) as agent:
+        futures = [agent.produce("events", [Record(0, None, b"x" * 1000, NOW)] * 3) for _ in range(10)]
+        assert agent.files_written == 2  # 30 records of ~1 KiB: a file at every ~10 KB
+    assert [o for f in futures for o in f.result()] == list(range(30))
+    assert len(catalog.load().files) == 3
+
+
+def test_the_background_flusher_commits_within_the_interval(tmp_path) -> None:
+    catalog = _catalog(LocalStore(tmp_path))
+    with Agent(catalog, flush_interval_ms=50) as agent:
+        offsets = agent.produce("events", [Record(1, b"k", b"v", NOW)]).result(timeout=5)
+        assert offsets == [0] and agent.files_written == 1
+
+
+def test_a_keyless_record_in_a_compacted_topic_rejects_the_whole_batch(store: ObjectStore) -> None:
+    catalog = _catalog(store)
+    version = catalog.latest_version()
+    with Agent(catalog, background=False) as agent:
+        with pytest.raises(InvalidRecordError, match="record 1 of compacted topic 'state' has no key"):
+            agent.produce("state", [Record(0, b"a", b"1", NOW), Record(0, None, b"2", NOW)])
+        with pytest.raises(InvalidRecordError, match="partition 3 is not in 0 to 2"):
+            agent.produce("state", [Record(3, b"a", b"1", NOW)])
+        agent.flush()
+        assert agent.files_written == 0
+    assert catalog.latest_version() == version
+    assert list(store.list("data/")) == []
+
+
+def test_several_agents_never_hand_out_an_offset_twice(tmp_path) -> None:
+    create_topic(Catalog(LocalStore(tmp_path)), "t", partitions=2)
+    results: dict[int, list[int]] = {}
+    errors: list[BaseException] = []
+
+    def run_agent(n: int) -> None:
+        try:
+            with Agent(Catalog(LocalStore(tmp_path)), flush_interval_ms=5) as agent:
+                futures = [agent.produce("t", [Record(0, b"a%d" % n, b"%d-%d" % (n, i), NOW)]) for i in range(40)]
+            results[n] = [f.result()[0] for f in futures]
+        except BaseException as exc:  # surfaced by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run_agent, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for offsets in results.values():
+        assert offsets == sorted(offsets)  # each agent's records keep their order
+    assert sorted(o for offsets in results.values() for o in offsets) == list(range(160))
+    manifest = Catalog(LocalStore(tmp_path)).load()
+    by_offset = {r.offset: r.value for r in read_records(LocalStore(tmp_path), manifest, "t", 0)}
+    for n, offsets in results.items():
+        assert [by_offset[o] for o in offsets] == [b"%d-%d" % (n, i) for i in range(40)]
+
+
+class _FailingStore(LocalStore):
+    def put(self, key: str, data: bytes) -> None:
+        raise StoreError(f"PUT {key} failed (SlowDown)")
+
+
+def test_a_failed_flush_fails_its_futures_and_is_raised_again(tmp_path) -> None:
+    _catalog(LocalStore(tmp_path))
+    agent = Agent(Catalog(_FailingStore(tmp_path)), flush_interval_ms=20)
+    future = agent.produce("events", [Record(0, None, b"v", NOW)])
+    with pytest.raises(IngestError, match=r"L0 file not committed.*SlowDown"):
+        future.result(timeout=5)
+    with pytest.raises(IngestError, match="SlowDown"):
+        agent.produce("events", [Record(0, None, b"v", NOW)])
+    with pytest.raises(IngestError):
+        agent.close()

@@ -1,0 +1,106 @@
+"""The object store contract, run on both backends (local directory and real Ceph RGW)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from logcompact.exceptions import InvalidStoreUriError, ObjectNotFoundError
+from logcompact.store import ObjectStore, open_store
+
+
+def test_put_get_stat_delete(store: ObjectStore) -> None:
+    store.put("a/b/one", b"first")
+    store.put("a/b/one", b"second")  # a plain put replaces
+    assert store.get("a/b/one") == b"second"
+    assert store.stat("a/b/one").size == 6
+    assert store.stat("a/b/missing") is None
+    store.delete("a/b/one")
+    store.delete("a/b/one")  # deleting a missing object is fine, as in S3
+    assert store.stat("a/b/one") is None
+    with pytest.raises(ObjectNotFoundError, match="a/b/one"):
+        store.get("a/b/one")
+
+
+def test_streaming_get_is_one_request_read_in_pieces(store: ObjectStore) -> None:
+    payload = bytes(range(256)) * 4096
+    store.put("blob", payload)
+    before = store.counters.snapshot()
+    with store.open_stream("blob") as stream:
+        pieces = []
+        while chunk := stream.read(10_000):
+            pieces.append(chunk)
+    spent = store.counters.snapshot() - before
+    assert b"".join(pieces) == payload
+    assert (spent.get, spent.bytes_read) == (1, len(payload))
+
+
+def test_range_get(store: ObjectStore) -> None:
+    store.put("blob", b"0123456789")
+    before = store.counters.snapshot()
+    assert store.get_range("blob", 3, 4) == b"3456"
+    assert store.get_range("blob", 8, 2) == b"89"
+    assert (store.counters.snapshot() - before).get == 2
+
+
+def test_list_by_prefix_in_key_order(store: ObjectStore) -> None:
+    for key in ["m/v3", "m/v1", "m/v2", "mx/other", "n/v1"]:
+        store.put(key, b"x")
+    assert [i.key for i in store.list("m/")] == ["m/v1", "m/v2", "m/v3"]
+    assert [i.key for i in store.list("m/v", start_after="m/v1")] == ["m/v2", "m/v3"]
+    assert [i.key for i in store.list("m")] == ["m/v1", "m/v2", "m/v3", "mx/other"]
+    assert list(store.list("nothing/")) == []
+
+
+def test_create_only_put_has_exactly_one_winner_under_a_race(store: ObjectStore) -> None:
+    racers = 16
+    start = threading.Barrier(racers)
+    outcomes: list[bool] = []
+    errors: list[BaseException] = []
+
+    def race(n: int) -> None:
+        try:
+            start.wait()
+            outcomes.append(store.put_if_absent("manifest/v1", f"writer-{n}".encode()))
+        except BaseException as exc:  # re-raised below: a racer's failure must fail the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=race, args=(n,)) for n in range(racers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert sorted(outcomes) == [False] * (racers - 1) + [True]
+    winner = store.get("manifest/v1").decode()
+    assert winner.startswith("writer-")
+    assert store.put_if_absent("manifest/v1", b"late") is False
+    assert store.get("manifest/v1").decode() == winner
+
+
+def test_counters_count_every_operation(store: ObjectStore) -> None:
+    before = store.counters.snapshot()
+    store.put("k", b"abc")
+    store.get("k")
+    list(store.list("k"))
+    store.stat("k")
+    store.delete("k")
+    spent = store.counters.snapshot() - before
+    assert spent.as_dict() == {
+        "get": 1, "put": 1, "list": 1, "delete": 1, "head": 1, "bytes_read": 3, "bytes_written": 3,
+    }
+
+
+@pytest.mark.parametrize(
+    "uri, message",
+    [
+        ("relative/path", "not supported"),
+        ("file://relative/path", "absolute path"),
+        ("s3:///prefix", "names no bucket"),
+        ("gs://bucket/x", "not supported"),
+    ],
+)
+def test_bad_store_uri_is_a_clear_error(uri: str, message: str) -> None:
+    with pytest.raises(InvalidStoreUriError, match=message):
+        open_store(uri)

@@ -1,0 +1,78 @@
+"""Topic names and configs follow Kafka's rules and WarpStream's overrides."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from logcompact.exceptions import InvalidTopicError
+from logcompact.topics import LONG_MAX, Topic, TopicConfig
+
+
+@pytest.mark.parametrize("name", ["orders", "a.b-c_D9", "x" * 249, "..."])
+def test_valid_names(name: str) -> None:
+    assert Topic.create(name, 1, {}, 0).name == name
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", "x" * 250, "has space", "slash/name", "ünicode"])
+def test_invalid_names_are_rejected(name: str) -> None:
+    with pytest.raises(InvalidTopicError, match=r"\[a-zA-Z0-9\._-\]"):
+        Topic.create(name, 1, {}, 0)
+
+
+def test_defaults_are_kafkas() -> None:
+    config = Topic.create("t", 3, {}, 0).config
+    assert config == TopicConfig("delete", 604_800_000, 86_400_000, 0, LONG_MAX)
+    assert not config.compacted
+
+
+@pytest.mark.parametrize("policy, normalized", [("compact", "compact"), ("delete,compact", "compact,delete"), ("compact, delete", "compact,delete")])
+def test_cleanup_policies(policy: str, normalized: str) -> None:
+    config = Topic.create("t", 1, {"cleanup.policy": policy}, 0).config
+    assert config.cleanup_policy == normalized and config.compacted
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"cleanup.policy": "compacted"}, "cleanup.policy='compacted' is invalid: use delete, compact or compact,delete"),
+        ({"retention.ms": "-2"}, r"retention.ms=-2 is out of range: allowed from -1"),
+        ({"delete.retention.ms": "soon"}, "delete.retention.ms='soon' is not an integer"),
+        ({"min.compaction.lag.ms": "-1"}, "min.compaction.lag.ms=-1 is out of range: allowed from 0"),
+        ({"max.compaction.lag.ms": "0"}, "max.compaction.lag.ms=0 is out of range: allowed from 1"),
+        ({"segment.bytes": "1"}, "unknown topic config 'segment.bytes': supported are"),
+        (
+            {"min.compaction.lag.ms": "10800000", "max.compaction.lag.ms": "3600000"},
+            "max.compaction.lag.ms=3600000 is below min.compaction.lag.ms=10800000",
+        ),
+    ],
+)
+def test_invalid_configs_name_the_config_and_the_range(settings: dict, message: str) -> None:
+    with pytest.raises(InvalidTopicError, match=message):
+        Topic.create("t", 1, settings, 0)
+
+
+def test_partition_count_is_bounded() -> None:
+    with pytest.raises(InvalidTopicError, match="--partitions 0 is out of range"):
+        Topic.create("t", 0, {}, 0)
+
+
+def test_max_lag_under_two_hours_is_raised_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        config = Topic.create("t", 1, {"cleanup.policy": "compact", "max.compaction.lag.ms": "60000"}, 0).config
+    assert config.max_compaction_lag_ms == 7_200_000
+    assert "below the 2 hour minimum" in caplog.text
+
+
+def test_cleanup_policy_is_fixed_after_creation_but_other_configs_change() -> None:
+    topic = Topic.create("t", 1, {"cleanup.policy": "compact"}, 0)
+    with pytest.raises(InvalidTopicError, match="cleanup.policy is fixed at creation"):
+        topic.altered({"cleanup.policy": "delete"})
+    altered = topic.altered({"delete.retention.ms": "1000", "cleanup.policy": "compact"})
+    assert altered.config.delete_retention_ms == 1000 and altered.config.cleanup_policy == "compact"
+
+
+def test_round_trip_through_the_catalog_encoding() -> None:
+    topic = Topic.create("t", 4, {"cleanup.policy": "compact,delete", "retention.ms": "-1"}, 123)
+    assert Topic.from_dict(topic.to_dict()) == topic
