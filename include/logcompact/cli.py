@@ -245,7 +245,8 @@ def main(argv: list[str] | None = None) -> None:
         click.echo("logcompact: aborted", err=True)
         sys.exit(1)
     except click.ClickException as exc:
-        exc.show()
+        hint = f" (see `{exc.ctx.command_path} --help`)" if isinstance(exc, click.UsageError) and exc.ctx else ""
+        click.echo(f"logcompact: error: {exc.format_message()}{hint}", err=True)
         sys.exit(exc.exit_code)
     except LogcompactError as exc:
         click.echo(f"logcompact: error: {exc}", err=True)

@@ -57,15 +57,7 @@ SECRET_KEY = "logcompact-test-secret-key-not-a-secret0"
 REGION = "us-east-1"  # rgw's default zonegroup ("default", api_name "") accepts any region in SigV4
 USER_ID = "logcompact-test"
 
-# binary -> Debian package that ships it
-_REQUIRED_BINARIES = {
-    "ceph-mon": "ceph-mon",
-    "ceph-osd": "ceph-osd",
-    "radosgw": "radosgw",
-    "radosgw-admin": "radosgw",
-    "ceph": "ceph-common",
-    "monmaptool": "ceph-base",
-}
+_REQUIRED_BINARIES = ("ceph-mon", "ceph-osd", "radosgw", "radosgw-admin", "ceph", "monmaptool")
 
 _MON_NAME = "a"
 _OSD_ID = 0
@@ -94,10 +86,9 @@ def rgw_missing_reason() -> Optional[str]:
     missing = [b for b in _REQUIRED_BINARIES if shutil.which(b) is None]
     if not missing:
         return None
-    pkgs = sorted({_REQUIRED_BINARIES[b] for b in missing} | {"radosgw", "ceph-mon", "ceph-osd"})
     return (
         f"Ceph RADOS Gateway not installed (missing: {', '.join(missing)}); "
-        f"run `make deps` (apt-get install -y {' '.join(pkgs)})"
+        "run `make deps` (it does: apt-get install -y radosgw ceph-mon ceph-osd)"
     )
 
 
@@ -112,12 +103,30 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _port_open(port: int) -> bool:
+def _pid_listens(pid: int, port: int) -> bool:
+    """True if process `pid` owns the listening TCP socket 127.0.0.1:port.
+
+    Guards against a port picked by _free_port() being grabbed by another
+    process (e.g. a parallel test worker's cluster) before our daemon binds
+    it.  Returns True when /proc cannot tell."""
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
+        inodes = set()
+        with open("/proc/net/tcp") as f:
+            next(f)
+            for line in f:
+                fields = line.split()
+                if fields[1] == f"0100007F:{port:04X}" and fields[3] == "0A":
+                    inodes.add(f"socket:[{fields[9]}]")
+        fd_dir = f"/proc/{pid}/fd"
+        for fd in os.listdir(fd_dir):
+            try:
+                if os.readlink(f"{fd_dir}/{fd}") in inodes:
+                    return True
+            except OSError:
+                pass
         return False
+    except (OSError, StopIteration, IndexError):
+        return True
 
 
 def _redact(text: str) -> str:
@@ -265,6 +274,8 @@ osd beacon report interval = 60
 
 [mon]
 mon data = {w}/mon/ceph-$id
+# exit at once if the port was taken (start_rgw then retries another port)
+ms bind retry count = 1
 pid file = {w}/run/$name.pid
 mon compact on trim = false
 
@@ -381,7 +392,7 @@ class _Cluster:
                 self.check_alive(step)
                 if time.monotonic() > deadline:
                     raise RgwStartError(
-                        f"{step}: `{_redact(' '.join(argv))}` timed out after {timeout:.0f}s\n{_tails(*logs)}"
+                        f"{step}: `{_redact(' '.join(argv))}` timed out after {timeout:.1f}s\n{_tails(*logs)}"
                     )
         finally:
             if proc.poll() is None:
@@ -478,14 +489,30 @@ def _remaining(deadline: float, step: str) -> float:
     return left
 
 
+def _bind_failed(c: _Cluster, name: str) -> bool:
+    text = "\n".join(_tail(p, lines=200, max_bytes=40000) for p in c.daemon_logs(name))
+    return any(m in text for m in ("Address already in use", "unable to bind", "failed to bind"))
+
+
+def _forget(c: _Cluster, name: str, proc: subprocess.Popen) -> None:
+    _stop_proc(proc, timeout=5.0)
+    c.procs.remove((name, proc))
+
+
 def _start(c: _Cluster, deadline: float) -> int:
     w = c.w
     for sub in ("log", "run", "crash", "rgw"):
         (w / sub).mkdir(parents=True, exist_ok=True)
     conf = str(c.conf)
     fsid = str(uuid.uuid4())
+    mon_logs = c.daemon_logs("mon")
+    osd_logs = c.daemon_logs("osd")
+    cluster_log = c.logdir / "cluster.log"
 
-    # ---- monitor (retry with a new port if the one we picked got taken) ----
+    # ---- monitor + OSD registration.  The mon port is picked now and bound
+    # a moment later; if someone else grabbed it meanwhile, the mon exits
+    # (ms bind retry count = 1) and we retry with a fresh port. -------------
+    osd_uuid = str(uuid.uuid4())
     for attempt in range(3):
         mon_port = _free_port()
         c.conf.write_text(_conf_text(w, fsid, mon_port))
@@ -504,52 +531,52 @@ def _start(c: _Cluster, deadline: float) -> int:
             "ceph-mon --mkfs",
             ["ceph-mon", "-c", conf, "--mkfs", "-i", _MON_NAME, "--monmap", str(monmap)],
             timeout=60,
-            logs=(c.logdir / f"mon.{_MON_NAME}.log",),
+            logs=mon_logs,
         )
         mon = c.spawn("mon", ["ceph-mon", "-c", conf, "-f", "-i", _MON_NAME])
-        while True:
-            if _port_open(mon_port):
-                break
-            if mon.poll() is not None:
-                break
-            _remaining(deadline, "waiting for ceph-mon to listen")
-            time.sleep(0.05)
-        if mon.poll() is None:
-            break
-        logs = "\n".join(_tail(p) for p in c.daemon_logs("mon"))
-        if "Address already in use" in logs and attempt < 2:
-            c.procs.remove(("mon", mon))
-            continue
-        c.check_alive("starting ceph-mon")
+        try:
+            # blocks until the mon answers (fails fast if the mon exits)
+            left = _remaining(deadline, "registering the OSD")
+            out = c.run(
+                "registering the OSD (ceph osd new)",
+                ["ceph", "-c", conf, "--connect-timeout", str(max(1, int(min(60, left)))),
+                 "osd", "new", osd_uuid, str(_OSD_ID)],
+                timeout=min(70, left),
+                logs=mon_logs,
+            )
+        except RgwStartError:
+            if mon.poll() is not None and attempt < 2 and _bind_failed(c, "mon"):
+                _forget(c, "mon", mon)
+                continue
+            raise
+        if not _pid_listens(mon.pid, mon_port):
+            # we talked to someone else's monitor on our port; ours failed to bind
+            if attempt < 2:
+                _forget(c, "mon", mon)
+                continue
+            raise RgwStartError(f"starting ceph-mon: it does not listen on port {mon_port}\n" + _tails(*mon_logs))
+        if out.strip() != str(_OSD_ID):
+            raise RgwStartError(
+                f"registering the OSD: `ceph osd new` printed {out.strip()!r}, expected {_OSD_ID}\n"
+                + _tails(*mon_logs)
+            )
+        break
 
-    # ---- OSD -------------------------------------------------------------
-    osd_uuid = str(uuid.uuid4())
+    # ---- OSD (memstore: mkfs needs no monitor since the fsid is in the conf)
     osd_dir = w / "osd" / f"ceph-{_OSD_ID}"
     if osd_dir.exists():
         shutil.rmtree(osd_dir)
     osd_dir.mkdir(parents=True)
-    # mkfs needs no monitor (fsid is in the conf), so it could overlap with
-    # the mon start, but it only takes a fraction of a second.
     c.run(
         "ceph-osd --mkfs",
         ["ceph-osd", "-c", conf, "--mkfs", "-i", str(_OSD_ID), "--osd-uuid", osd_uuid],
         timeout=60,
-        logs=(c.logdir / f"osd.{_OSD_ID}.log",),
+        logs=osd_logs,
     )
-    out = c.run(
-        "registering the OSD (ceph osd new)",
-        ["ceph", "-c", conf, "--connect-timeout", str(max(1, int(min(60, _remaining(deadline, "ceph osd new"))))),
-         "osd", "new", osd_uuid, str(_OSD_ID)],
-        timeout=min(70, _remaining(deadline, "ceph osd new")),
-        logs=c.daemon_logs("mon"),
-    )
-    if out.strip() != str(_OSD_ID):
-        raise RgwStartError(f"registering the OSD: `ceph osd new` returned {out.strip()!r}, expected {_OSD_ID}")
     c.spawn("osd", ["ceph-osd", "-c", conf, "-f", "-i", str(_OSD_ID)])
     # Wait until the monitor has marked the OSD up before radosgw-admin
     # creates the rgw pools: pools created while the OSD is still booting
     # leave their first client ops stalled for ~5 s (until an objecter tick).
-    cluster_log = c.logdir / "cluster.log"
     boot_marker = f"osd.{_OSD_ID} "
     while True:
         c.check_alive("waiting for ceph-osd to boot")
@@ -562,19 +589,20 @@ def _start(c: _Cluster, deadline: float) -> int:
         if time.monotonic() > deadline:
             raise RgwStartError(
                 "waiting for ceph-osd to boot: the monitor did not mark osd.0 up before the timeout\n"
-                + _tails(*c.daemon_logs("osd"), cluster_log)
+                + _tails(*osd_logs, cluster_log)
             )
         time.sleep(0.05)
 
-    # ---- S3 user (radosgw-admin talks to RADOS directly; it waits for the
-    # OSD and creates the default realm/zonegroup/zone and the rgw pools) ----
-    # (its JSON output, which contains the secret key, is discarded)
+    # ---- S3 user.  radosgw-admin talks to RADOS directly; it creates the
+    # default realm/zonegroup/zone and the rgw pools.  Done before radosgw
+    # starts so the two do not race on creating the default zone.  Its JSON
+    # output (which contains the secret key) is discarded. ------------------
     c.run(
         "creating the S3 user (radosgw-admin user create)",
         ["radosgw-admin", "-c", conf, "user", "create", "--uid", USER_ID,
          "--display-name", USER_ID, "--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY],
-        timeout=_remaining(deadline, "radosgw-admin user create"),
-        logs=c.daemon_logs("osd") + (c.logdir / "client.admin.log",),
+        timeout=_remaining(deadline, "creating the S3 user"),
+        logs=osd_logs + (c.logdir / "client.admin.log",),
     )
 
     # ---- radosgw (retry with a new port if the one we picked got taken) ----
@@ -586,13 +614,16 @@ def _start(c: _Cluster, deadline: float) -> int:
              "--rgw-frontends", f"beast endpoint=127.0.0.1:{rgw_port}"],
         )
         last = "no response yet"
-        while True:
-            if rgw.poll() is not None:
-                break
+        rgw_log = c.logdir / f"{_RGW_NAME}.log"
+        bind_error = f"failed to bind address 127.0.0.1:{rgw_port}"
+        while rgw.poll() is None:
             c.check_alive("waiting for radosgw")
+            # radosgw does not exit promptly when beast cannot bind its port
+            if bind_error in _tail(rgw_log, lines=200, max_bytes=40000):
+                break
             try:
                 status, body = _sigv4_list_buckets(rgw_port, timeout=5)
-                if status == 200:
+                if status == 200 and rgw.poll() is None and _pid_listens(rgw.pid, rgw_port):
                     return rgw_port
                 last = f"HTTP {status}: {body[:300].decode('utf-8', 'replace')}"
             except OSError as e:
@@ -602,13 +633,13 @@ def _start(c: _Cluster, deadline: float) -> int:
                     f"waiting for radosgw: no successful S3 ListBuckets on port {rgw_port} "
                     f"before the timeout (last: {last})\n" + _tails(*c.daemon_logs("rgw"))
                 )
-            time.sleep(0.1)
-        logs = "\n".join(_tail(p) for p in c.daemon_logs("rgw"))
-        if "Address already in use" in logs and attempt < 2:
-            c.procs.remove(("rgw", rgw))
+            time.sleep(0.05)
+        if attempt < 2 and _bind_failed(c, "rgw"):
+            _forget(c, "rgw", rgw)
             continue
         c.check_alive("starting radosgw")
-    raise RgwStartError("starting radosgw: could not bind a port")  # not reached
+        raise RgwStartError(f"starting radosgw: it could not bind port {rgw_port}\n" + _tails(*c.daemon_logs("rgw")))
+    raise AssertionError("not reached")
 
 
 # --------------------------------------------------------------------------

@@ -1,0 +1,95 @@
+"""The CLI contract, exercised as users script it: a real `logcompact` process, JSON lines in and out."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+NOW = "1700000000000"
+
+
+def run(env: dict[str, str], *args: str, stdin: str = "", expect: int = 0) -> list[dict]:
+    done = subprocess.run(
+        [sys.executable, "-m", "logcompact", *args], input=stdin, capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == expect, done.stderr
+    if expect:
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1, done.stderr  # one-line errors
+        return [{"error": lines[0]}]
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+@pytest.fixture
+def env(store_uri_env) -> dict[str, str]:
+    uri, environment = store_uri_env
+    return {**environment, "LOGCOMPACT_STORE": uri, "LOGCOMPACT_NOW_MS": NOW}
+
+
+def test_topic_produce_consume_files(env: dict[str, str]) -> None:
+    (created,) = run(env, "topic", "create", "accounts", "--partitions", "2", "--config", "cleanup.policy=compact", "--config", "delete.retention.ms=1000")
+    assert created["config"]["cleanup.policy"] == "compact" and created["config"]["delete.retention.ms"] == 1000
+    assert created["created_ms"] == int(NOW)
+    run(env, "topic", "create", "clicks", "--partitions", "1")
+    assert [t["name"] for t in run(env, "topic", "list")] == ["accounts", "clicks"]
+
+    lines = [
+        {"partition": 0, "key": "a", "value": "1", "headers": {"trace": "x"}},
+        {"partition": 1, "key": "b", "value": None, "timestamp": 5},
+        {"partition": 0, "key_b64": base64.b64encode(b"\xff\x00").decode(), "value_b64": base64.b64encode(b"\x80").decode()},
+    ]
+    produced = run(env, "produce", "accounts", stdin="\n".join(json.dumps(line) for line in lines) + "\n")
+    assert produced == [{"partition": 0, "offset": 0}, {"partition": 1, "offset": 0}, {"partition": 0, "offset": 1}]
+
+    assert run(env, "consume", "accounts", "--partition", "0") == [
+        {"offset": 0, "timestamp": int(NOW), "key": "a", "value": "1", "headers": {"trace": "x"}},
+        {"offset": 1, "timestamp": int(NOW), "key_b64": "/wA=", "value_b64": "gA==", "headers": {}},
+    ]
+    assert run(env, "consume", "accounts", "--partition", "1") == [
+        {"offset": 0, "timestamp": 5, "key": "b", "value": None, "headers": {}}
+    ]
+    assert [r["offset"] for r in run(env, "consume", "accounts", "--partition", "0", "--from-offset", "1")] == [1]
+    assert run(env, "consume", "accounts", "--partition", "0", "--to-offset", "1")[-1]["offset"] == 0
+
+    (live,) = run(env, "files", "--level", "0")
+    assert live["level"] == 0 and live["record_count"] == 3 and live["created_ms"] == int(NOW)
+    assert run(env, "files", "--level", "1") == []
+    (described,) = run(env, "topic", "describe", "accounts")
+    assert described["next_offsets"] == [2, 1]
+
+
+@pytest.mark.parametrize(
+    "args, stdin, message",
+    [
+        (["produce", "accounts"], '{"partition": 0, "key": null, "value": "v"}\n', "record 0 of compacted topic 'accounts' has no key"),
+        (["produce", "accounts"], '{"partition": 0, "key": "k"}\nnot json\n', "line 2: not JSON"),
+        (["produce", "accounts"], '{"partition": 9, "key": "k"}\n', "partition 9 is not in 0 to 1"),
+        (["produce", "nope"], '{"partition": 0, "key": "k"}\n', "topic 'nope' does not exist"),
+        (["consume", "accounts", "--partition", "5"], "", "has partitions 0 to 1, not 5"),
+        (["topic", "create", "accounts", "--partitions", "1"], "", "topic 'accounts' already exists"),
+        (["topic", "create", "x", "--partitions", "1", "--config", "retention.ms=-5"], "", "retention.ms=-5 is out of range"),
+        (["topic", "alter", "accounts", "--config", "cleanup.policy=delete"], "", "cleanup.policy is fixed at creation"),
+    ],
+)
+def test_bad_input_is_one_line_and_changes_nothing(env: dict[str, str], args, stdin, message) -> None:
+    run(env, "topic", "create", "accounts", "--partitions", "2", "--config", "cleanup.policy=compact")
+    (error,) = run(env, *args, stdin=stdin, expect=1)
+    assert error["error"].startswith("logcompact: error: ") and message in error["error"]
+    assert run(env, "files") == []
+    assert run(env, "topic", "describe", "accounts")[0]["next_offsets"] == [0, 0]
+
+
+def test_usage_errors_and_help(tmp_path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "LOGCOMPACT_STORE"}
+    (error,) = run(env, "topic", "list", expect=2)
+    assert "no store given: pass --store URI or set LOGCOMPACT_STORE" in error["error"]
+    for command in (["--help"], ["topic", "create", "--help"], ["produce", "--help"], ["consume", "--help"], ["files", "--help"]):
+        done = subprocess.run([sys.executable, "-m", "logcompact", *command], capture_output=True, text=True, env=env)
+        assert done.returncode == 0 and "Usage: logcompact" in done.stdout
+    (error,) = run(env, "--store", f"file://{tmp_path}/none", "topic", "list", expect=1)
+    assert "no logcompact cluster in" in error["error"]
