@@ -495,7 +495,8 @@ def _bind_failed(c: _Cluster, name: str) -> bool:
 
 
 def _forget(c: _Cluster, name: str, proc: subprocess.Popen) -> None:
-    _stop_proc(proc, timeout=5.0)
+    """Drop a daemon that failed to bind its port (radosgw lingers after that)."""
+    _stop_proc(proc, timeout=1.0)
     c.procs.remove((name, proc))
 
 
@@ -622,7 +623,7 @@ def _start(c: _Cluster, deadline: float) -> int:
             if bind_error in _tail(rgw_log, lines=200, max_bytes=40000):
                 break
             try:
-                status, body = _sigv4_list_buckets(rgw_port, timeout=5)
+                status, body = _sigv4_list_buckets(rgw_port, timeout=2)
                 if status == 200 and rgw.poll() is None and _pid_listens(rgw.pid, rgw_port):
                     return rgw_port
                 last = f"HTTP {status}: {body[:300].decode('utf-8', 'replace')}"
