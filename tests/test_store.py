@@ -104,3 +104,32 @@ def test_counters_count_every_operation(store: ObjectStore) -> None:
 def test_bad_store_uri_is_a_clear_error(uri: str, message: str) -> None:
     with pytest.raises(InvalidStoreUriError, match=message):
         open_store(uri)
+
+
+def test_s3_store_from_an_airflow_connection_never_logs_the_secret(rgw, monkeypatch, caplog) -> None:
+    import json
+    import logging
+
+    from tests.conftest import rgw_client
+
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_LOGCOMPACT_S3",
+        json.dumps(
+            {
+                "conn_type": "aws",
+                "login": rgw.access_key,
+                "password": rgw.secret_key,
+                "extra": {"endpoint_url": rgw.endpoint_url, "region_name": rgw.region},
+            }
+        ),
+    )
+    rgw_client(rgw).create_bucket(Bucket="from-airflow-connection")
+    with caplog.at_level(logging.DEBUG):
+        store = open_store("s3://from-airflow-connection/cluster", aws_conn_id="logcompact_s3")
+        store.put("k", b"v")
+        assert store.get("k") == b"v"
+        assert store.put_if_absent("k", b"again") is False
+    assert rgw.secret_key not in caplog.text
