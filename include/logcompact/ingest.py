@@ -88,7 +88,7 @@ class Agent:
         self._buffer = _Buffer()
         self._buffer_lock = threading.Lock()
         self._flush_lock = threading.Lock()
-        self._error: BaseException | None = None
+        self._error: Exception | None = None
         self._closed = threading.Event()
         self._flusher: threading.Thread | None = None
         if background:
@@ -175,7 +175,7 @@ class Agent:
                 return
             try:
                 offsets = self._write_and_commit(buffer)
-            except BaseException as exc:
+            except Exception as exc:
                 failure = IngestError(f"L0 file not committed, its {len(buffer.batches)} produce batches failed: {exc}")
                 failure.__cause__ = exc
                 for batch in buffer.batches:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from types import MappingProxyType
 from typing import Iterable, Mapping
 
@@ -119,14 +120,17 @@ class Manifest:
 
     def sections_of(self, topic: str, partition: int) -> list[tuple[DataFile, CatalogSection]]:
         """Every live section of one partition with its file, in first-offset order."""
-        found = [
-            (data_file, section)
-            for data_file in self.files.values()
-            for section in data_file.sections
-            if section.topic == topic and section.partition == partition
-        ]
-        found.sort(key=lambda pair: pair[1].first_offset)
-        return found
+        return self._sections_by_partition.get((topic, partition), [])
+
+    @cached_property
+    def _sections_by_partition(self) -> dict[tuple[str, int], list[tuple[DataFile, CatalogSection]]]:
+        index: dict[tuple[str, int], list[tuple[DataFile, CatalogSection]]] = {}
+        for data_file in self.files.values():
+            for section in data_file.sections:
+                index.setdefault((section.topic, section.partition), []).append((data_file, section))
+        for sections in index.values():
+            sections.sort(key=lambda pair: pair[1].first_offset)
+        return index
 
     def files_at(self, level: int | None = None) -> list[DataFile]:
         files = [f for f in self.files.values() if level is None or f.level == level]
