@@ -51,14 +51,14 @@ def test_round_trip_by_range_get_and_by_stream(tmp_path_factory, partitions, dat
     store.put("f.seg", blob)
 
     assert read_footer(store, "f.seg") == infos
-    streamed = list(SectionStream(store, "f.seg"))
-    for info, section in zip(infos, streamed, strict=True):
+    streamed = [(s.info, s.offset_deltas, s.table()) for s in SectionStream(store, "f.seg")]
+    for info, from_stream in zip(infos, streamed, strict=True):
         single = read_section(store, "f.seg", info.byte_offset, info.byte_length)
-        for got in (section, single):
+        for got in (from_stream, (single.info, single.offset_deltas, single.table())):
             deltas, timestamps, keys, values, headers = written[(info.topic, info.partition)]
-            table = got.table()
-            assert got.info == info
-            assert list(got.offset_deltas) == deltas
+            got_info, got_bitmap, table = got
+            assert got_info == info
+            assert list(got_bitmap) == deltas
             assert table.column("offset_delta").to_pylist() == deltas
             assert table.column("timestamp").to_pylist() == timestamps
             assert table.column("key").to_pylist() == keys

@@ -34,6 +34,7 @@ SECTION_SCHEMA = pa.schema(
         pa.field("key_hash", pa.binary(16)),
         pa.field("value", pa.binary()),
         pa.field("headers", HEADERS_TYPE),
+        pa.field("delete_horizon", pa.int64()),
     ]
 )
 
@@ -61,6 +62,9 @@ class SectionInfo:
     crc32: int
     byte_offset: int
     byte_length: int
+    # Records with offset_delta below this have no key in common (written by a deduplicating compaction):
+    # the next compaction starts its key map here, Kafka's "first dirty offset". 0: nothing is known clean.
+    clean_below_delta: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)

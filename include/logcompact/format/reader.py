@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import zlib
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Iterator, Sequence
 
 import pyarrow as pa
@@ -19,6 +20,7 @@ from logcompact.format.layout import (
     MAGIC,
     SECTION_MARKER,
     SECTION_PREFIX,
+    SECTION_SCHEMA,
     TRAILER,
     SectionInfo,
 )
@@ -104,10 +106,89 @@ def read_footer(store: ObjectStore, key: str) -> list[SectionInfo]:
     return [SectionInfo.from_dict(s) for s in json.loads(body)["sections"]]
 
 
+class _SectionBody:
+    """The body of the section under a stream's cursor, as a bounded file-like object that checksums as it goes."""
+
+    closed = False  # pyarrow's file wrapper asks
+
+    def readable(self) -> bool:
+        return True
+
+    def __init__(self, stream: SectionStream, length: int, crc: int) -> None:
+        self._stream = stream
+        self.remaining = length
+        self.crc = crc
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0 or size > self.remaining:
+            size = self.remaining
+        data = self._stream._read_exact(size)
+        self.remaining -= len(data)
+        self.crc = zlib.crc32(data, self.crc)
+        return data
+
+    def drain(self) -> None:
+        while self.remaining:
+            if not self.read(min(self.remaining, 1 << 20)):
+                break
+
+
+class StreamedSection:
+    """A section met by a `SectionStream`: its summary and bitmap at once, its records batch by batch.
+
+    `batches()` decodes the body as it arrives, so a section of any size takes one batch of memory. The
+    checksum is verified when the body has been read; the stream skips whatever is left unread.
+    """
+
+    def __init__(self, stream: SectionStream, index: int, position: int, prefix: bytes, meta_len: int, bitmap_len: int, body_len: int) -> None:
+        self._stream = stream
+        self.index = index
+        self.position = position
+        *_lengths, self._expected_crc = SECTION_PREFIX.unpack(prefix)
+        head = stream._read_exact(meta_len + bitmap_len)
+        if len(head) != meta_len + bitmap_len:
+            raise SegmentFormatError(f"{stream.key}: truncated in section {index} (byte {position}); the file is incomplete")
+        meta = json.loads(head[:meta_len])
+        self.info = SectionInfo(
+            **meta, crc32=self._expected_crc, byte_offset=position, byte_length=SECTION_PREFIX.size + meta_len + bitmap_len + body_len
+        )
+        self._head = head
+        self._body = _SectionBody(stream, body_len, zlib.crc32(head))
+        self._bitmap_len = bitmap_len
+        self._meta_len = meta_len
+
+    @cached_property
+    def offset_deltas(self) -> BitMap:
+        return BitMap.deserialize(self._head[self._meta_len :])
+
+    def batches(self, columns: Sequence[str] | None = None) -> Iterator[pa.RecordBatch]:
+        reader = pa.ipc.open_stream(self._body)
+        for batch in reader:
+            yield batch.select(list(columns)) if columns is not None else batch
+        self.finish()
+
+    def table(self) -> pa.Table:
+        """The whole section at once (small sections; the compactor uses `batches()`)."""
+        return pa.Table.from_batches(list(self.batches()), SECTION_SCHEMA)
+
+    def finish(self) -> None:
+        """Read what is left of the body and check the section's CRC-32."""
+        self._body.drain()
+        if self._body.remaining:
+            raise SegmentFormatError(
+                f"{self._stream.key}: truncated in section {self.index} (byte {self.position}); the file is incomplete"
+            )
+        if self._body.crc != self._expected_crc:
+            raise ChecksumMismatchError(
+                f"{self._stream.key}: section {self.index} at byte {self.position} failed its CRC-32 check "
+                f"(expected {self._expected_crc:#010x}, found {self._body.crc:#010x}); the file is corrupt, restore it from a copy"
+            )
+
+
 class SectionStream:
     """Every section of one file, front to back, from a single streaming GET and without seeking.
 
-    Iterating yields `Section`s; the footer ends the stream. Two of these on one file are the two
+    Iterating yields `StreamedSection`s; the footer ends the stream. Two of these on one file are the two
     independent pointers of the two-pass compaction.
     """
 
@@ -115,7 +196,6 @@ class SectionStream:
         self.key = key
         self._stream: CountingReader = store.open_stream(key)
         self._position = 0
-        self._index = 0
         header = self._read_exact(FILE_HEADER.size)
         if len(header) != FILE_HEADER.size:
             raise SegmentFormatError(f"{key}: too short to be a logcompact segment file")
@@ -135,7 +215,8 @@ class SectionStream:
         self._position += len(data)
         return data
 
-    def __iter__(self) -> Iterator[Section]:
+    def __iter__(self) -> Iterator[StreamedSection]:
+        index = 0
         try:
             while True:
                 position = self._position
@@ -143,15 +224,11 @@ class SectionStream:
                 if marker == FOOTER_MARKER:
                     return
                 prefix = marker + self._read_exact(SECTION_PREFIX.size - 4)
-                meta_len, bitmap_len, body_len = _unpack_section_prefix(self.key, self._index, position, prefix)
-                payload_len = meta_len + bitmap_len + body_len
-                payload = self._read_exact(payload_len)
-                if len(payload) != payload_len:
-                    raise SegmentFormatError(
-                        f"{self.key}: truncated in section {self._index} (byte {position}); the file is incomplete"
-                    )
-                yield _decode_section(self.key, self._index, position, prefix, payload)
-                self._index += 1
+                meta_len, bitmap_len, body_len = _unpack_section_prefix(self.key, index, position, prefix)
+                section = StreamedSection(self, index, position, prefix, meta_len, bitmap_len, body_len)
+                yield section
+                section.finish()
+                index += 1
         finally:
             self.close()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import tempfile
 import zlib
 from typing import BinaryIO, Iterable, Sequence
 
@@ -31,6 +32,9 @@ from logcompact.format.layout import (
 
 # Rows per Arrow record batch: bounds a batch's binary buffers far below Arrow's 2 GiB offset limit.
 BATCH_ROWS = 65536
+# A section body is spooled in memory up to this size, then in a temporary file.
+SPOOL_BYTES = 16 * 1024 * 1024
+COPY_CHUNK = 1024 * 1024
 
 Header = tuple[str, bytes]
 
@@ -46,6 +50,7 @@ def section_table(
     keys: Sequence[bytes | None],
     values: Sequence[bytes | None],
     headers: Sequence[Sequence[Header] | None] | None = None,
+    delete_horizons: Sequence[int | None] | None = None,
 ) -> pa.Table:
     """A section's records as an Arrow table of SECTION_SCHEMA, from Python or numpy columns."""
     if headers is None or not any(headers):
@@ -62,9 +67,100 @@ def section_table(
             key_hashes(keys),
             pa.array(values, type=pa.binary()),
             header_column,
+            pa.nulls(len(keys), pa.int64()) if delete_horizons is None else pa.array(delete_horizons, pa.int64()),
         ],
         schema=SECTION_SCHEMA,
     )
+
+
+class SectionBuilder:
+    """One section being written, batch by batch, so a section of any size needs bounded memory.
+
+    The body is spooled (in memory up to SPOOL_BYTES, then in a temporary file) because the section
+    prefix, written first, carries the body's length and checksum.
+    """
+
+    def __init__(self, writer: SegmentWriter, topic: str, partition: int) -> None:
+        self._writer = writer
+        self.topic = topic
+        self.partition = partition
+        self._body = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)
+        self._ipc = pa.ipc.new_stream(self._body, SECTION_SCHEMA, options=writer._ipc_options)
+        self._bitmap = BitMap()
+        self.record_count = 0
+        self._last_delta = -1
+        self._min_timestamp: int | None = None
+        self._max_timestamp: int | None = None
+        self._tombstones = 0
+        self._uncompressed_bytes = 0
+
+    def append(self, batch: pa.RecordBatch | pa.Table) -> None:
+        """Records in offset order continuing the ones appended before (deltas from the section's first)."""
+        if batch.num_rows == 0:
+            return
+        if batch.schema != SECTION_SCHEMA:
+            batch = batch.cast(SECTION_SCHEMA)
+        deltas = batch.column("offset_delta").to_numpy()
+        if (self.record_count == 0 and deltas[0] != 0) or deltas[0] <= self._last_delta or (
+            len(deltas) > 1 and not np.all(deltas[1:] > deltas[:-1])
+        ):
+            raise ValueError(
+                f"section {self.topic}/{self.partition}: offset deltas must start at 0 and increase strictly"
+            )
+        contiguous = int(deltas[-1]) - int(deltas[0]) + 1 == len(deltas)
+        self._bitmap |= BitMap(range(int(deltas[0]), int(deltas[-1]) + 1)) if contiguous else BitMap(deltas)
+        self._last_delta = int(deltas[-1])
+        min_max = pc.min_max(batch.column("timestamp")).as_py()
+        if self._min_timestamp is None or min_max["min"] < self._min_timestamp:
+            self._min_timestamp = min_max["min"]
+        if self._max_timestamp is None or min_max["max"] > self._max_timestamp:
+            self._max_timestamp = min_max["max"]
+        self._tombstones += batch.column("value").null_count
+        self._uncompressed_bytes += batch.nbytes
+        self.record_count += batch.num_rows
+        if isinstance(batch, pa.Table):
+            for piece in batch.to_batches(max_chunksize=BATCH_ROWS):
+                self._ipc.write_batch(piece)
+        else:
+            self._ipc.write_batch(batch)
+
+    def finish(self, clean_below_delta: int = 0) -> SectionInfo:
+        if self.record_count == 0:
+            raise ValueError(f"section {self.topic}/{self.partition} has no records; leave empty sections out")
+        if self._last_delta > MAX_OFFSET_SPAN:
+            raise ValueError(f"section {self.topic}/{self.partition} spans more than 2**32 offsets; split it")
+        self._ipc.close()
+        bitmap_bytes = self._bitmap.serialize()
+        meta = dict(
+            topic=self.topic,
+            partition=self.partition,
+            record_count=self.record_count,
+            last_delta=self._last_delta,
+            min_timestamp=self._min_timestamp,
+            max_timestamp=self._max_timestamp,
+            tombstones=self._tombstones,
+            uncompressed_bytes=self._uncompressed_bytes,
+            compression=self._writer.compression,
+            clean_below_delta=clean_below_delta,
+        )
+        meta_bytes = json.dumps(meta, separators=(",", ":")).encode()
+        body_length = self._body.tell()
+        self._body.seek(0)
+        crc = zlib.crc32(bitmap_bytes, zlib.crc32(meta_bytes))
+        while chunk := self._body.read(COPY_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+        prefix = SECTION_PREFIX.pack(SECTION_MARKER, len(meta_bytes), len(bitmap_bytes), body_length, crc)
+        writer = self._writer
+        start = writer.position
+        for part in (prefix, meta_bytes, bitmap_bytes):
+            writer._write(part)
+        self._body.seek(0)
+        while chunk := self._body.read(COPY_CHUNK):
+            writer._write(chunk)
+        self._body.close()
+        info = SectionInfo(**meta, crc32=crc, byte_offset=start, byte_length=writer.position - start)
+        writer._section_done(info)
+        return info
 
 
 class SegmentWriter:
@@ -78,77 +174,50 @@ class SegmentWriter:
         if compression not in COMPRESSIONS:
             raise ValueError(f"compression {compression!r} is not one of {', '.join(COMPRESSIONS)}")
         self._sink = sink
-        self._compression = compression
+        self.compression = compression
         self._ipc_options = pa.ipc.IpcWriteOptions(compression=None if compression == "none" else compression)
-        self._position = 0
-        self._sections: list[SectionInfo] = []
+        self.position = 0
+        self.sections: list[SectionInfo] = []
+        self._open: SectionBuilder | None = None
         self._finished = False
         self._write(FILE_HEADER.pack(MAGIC, FORMAT_VERSION, 0, 0))
 
     def _write(self, data: bytes) -> None:
         self._sink.write(data)
-        self._position += len(data)
+        self.position += len(data)
 
-    def write_section(self, topic: str, partition: int, table: pa.Table) -> SectionInfo:
-        if self._finished:
-            raise RuntimeError("write_section after finish")
-        if self._sections and (topic, partition) <= (self._sections[-1].topic, self._sections[-1].partition):
-            last = self._sections[-1]
+    def begin_section(self, topic: str, partition: int) -> SectionBuilder:
+        if self._finished or self._open is not None:
+            raise RuntimeError("begin_section while a section is open or after finish")
+        if self.sections and (topic, partition) <= (self.sections[-1].topic, self.sections[-1].partition):
+            last = self.sections[-1]
             raise ValueError(
                 f"section {topic}/{partition} written after {last.topic}/{last.partition}: "
                 "sections must be in (topic, partition) order, one per topic-partition"
             )
-        if table.num_rows == 0:
-            raise ValueError(f"section {topic}/{partition} has no records; leave empty sections out")
-        table = table.cast(SECTION_SCHEMA) if table.schema != SECTION_SCHEMA else table
+        self._open = SectionBuilder(self, topic, partition)
+        return self._open
 
-        deltas = table.column("offset_delta").to_numpy()
-        if deltas[0] != 0 or (len(deltas) > 1 and not np.all(deltas[1:] > deltas[:-1])):
-            raise ValueError(f"section {topic}/{partition}: offset deltas must start at 0 and increase strictly")
-        last_delta = int(deltas[-1])
-        if last_delta > MAX_OFFSET_SPAN:
-            raise ValueError(f"section {topic}/{partition} spans more than 2**32 offsets; split it")
+    def _section_done(self, info: SectionInfo) -> None:
+        self.sections.append(info)
+        self._open = None
 
-        bitmap = BitMap(range(last_delta + 1)) if last_delta + 1 == len(deltas) else BitMap(deltas)
-        bitmap_bytes = bitmap.serialize()
-        body = io.BytesIO()
-        with pa.ipc.new_stream(body, SECTION_SCHEMA, options=self._ipc_options) as stream:
-            for batch in table.to_batches(max_chunksize=BATCH_ROWS):
-                stream.write_batch(batch)
-        body_bytes = body.getvalue()
-
-        timestamps = table.column("timestamp")
-        min_max = pc.min_max(timestamps).as_py()
-        info_without_position = dict(
-            topic=topic,
-            partition=partition,
-            record_count=table.num_rows,
-            last_delta=last_delta,
-            min_timestamp=min_max["min"],
-            max_timestamp=min_max["max"],
-            tombstones=table.column("value").null_count,
-            uncompressed_bytes=table.nbytes,
-            compression=self._compression,
-        )
-        meta_bytes = json.dumps(info_without_position, separators=(",", ":")).encode()
-        crc = zlib.crc32(body_bytes, zlib.crc32(bitmap_bytes, zlib.crc32(meta_bytes)))
-        prefix = SECTION_PREFIX.pack(SECTION_MARKER, len(meta_bytes), len(bitmap_bytes), len(body_bytes), crc)
-        start = self._position
-        for part in (prefix, meta_bytes, bitmap_bytes, body_bytes):
-            self._write(part)
-        info = SectionInfo(**info_without_position, crc32=crc, byte_offset=start, byte_length=self._position - start)
-        self._sections.append(info)
-        return info
+    def write_section(self, topic: str, partition: int, table: pa.Table) -> SectionInfo:
+        section = self.begin_section(topic, partition)
+        section.append(table)
+        return section.finish()
 
     def finish(self) -> list[SectionInfo]:
         """Write the footer index and trailer; returns the sections written."""
-        footer = json.dumps({"sections": [s.to_dict() for s in self._sections]}, separators=(",", ":")).encode()
-        footer_position = self._position
+        if self._open is not None:
+            raise RuntimeError(f"section {self._open.topic}/{self._open.partition} is still open")
+        footer = json.dumps({"sections": [s.to_dict() for s in self.sections]}, separators=(",", ":")).encode()
+        footer_position = self.position
         self._write(FOOTER_PREFIX.pack(FOOTER_MARKER, len(footer), zlib.crc32(footer)))
         self._write(footer)
         self._write(TRAILER.pack(footer_position, FOOTER_PREFIX.size + len(footer), FORMAT_VERSION, 0, MAGIC))
         self._finished = True
-        return list(self._sections)
+        return list(self.sections)
 
 
 def write_segment(
