@@ -61,6 +61,10 @@ class CommitRetriesExhaustedError(CommitConflictError):
     """An optimistic commit lost the race to other writers more times than it is allowed to retry."""
 
 
+class InvalidPlanError(LogcompactError):
+    """A compaction plan is malformed, inconsistent, or belongs to another cluster."""
+
+
 class IngestError(LogcompactError):
     """The ingest agent failed to write or commit an L0 file; records buffered with it were not committed."""
 

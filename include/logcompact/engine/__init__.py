@@ -1,0 +1,1 @@
+"""The compaction engine: plans in, survivors out (see `cleaner` for the algorithm's contract)."""
