@@ -17,10 +17,18 @@ import click
 
 from logcompact.catalog import Catalog
 from logcompact.consume import read_records
+from logcompact.engine.cleaner import run_plan
+from logcompact.engine.commit import DEFAULT_GC_GRACE_MS, collect_garbage, commit_plan
+from logcompact.engine.offset_map import DEFAULT_BUFFER_BYTES
+from logcompact.engine.plan import DEFAULT_TARGET_FILE_BYTES, Plan
 from logcompact.exceptions import InvalidRecordError, LogcompactError
 from logcompact.ingest import Agent, Record, wall_clock_ms
+from logcompact.planner import DEFAULT_MIN_FILES, plan_full_sweep, plan_level_merges
 from logcompact.store import ObjectStore, open_store
 from logcompact.topics import Topic
+
+
+MAX_ROUNDS = 100
 
 
 class Context:
@@ -47,6 +55,17 @@ class Context:
 
 
 pass_context = click.make_pass_decorator(Context)
+
+
+def _set_now(ctx: click.Context, _param: click.Parameter, value: int | None) -> None:
+    if value is not None:
+        ctx.find_object(Context).now_ms = value
+
+
+# Every command that depends on time takes --now itself too (`logcompact compact --now MS`).
+now_option = click.option(
+    "--now", type=int, metavar="MS", expose_value=False, callback=_set_now, help="Clock in epoch ms (overrides the global --now)."
+)
 
 
 def _emit(document: Any) -> None:
@@ -84,6 +103,7 @@ def topic() -> None:
 
 
 @topic.command("create")
+@now_option
 @click.argument("name")
 @click.option("--partitions", type=int, required=True, help="Number of partitions (1 to 100000).")
 @click.option("--config", "configs", multiple=True, metavar="KEY=VALUE", help="Topic config, repeatable (cleanup.policy=compact).")
@@ -116,6 +136,7 @@ def topic_list(ctx: Context) -> None:
 
 
 @topic.command("alter")
+@now_option
 @click.argument("name")
 @click.option("--config", "configs", multiple=True, required=True, metavar="KEY=VALUE", help="Config to change, repeatable.")
 @pass_context
@@ -174,6 +195,7 @@ def _parse_record(line_number: int, line: str) -> Record:
 
 @cli.command()
 @click.argument("topic_name", metavar="TOPIC")
+@now_option
 @pass_context
 def produce(ctx: Context, topic_name: str) -> None:
     """Produce JSON lines from stdin to TOPIC, all or nothing; prints each record's partition and offset.
@@ -228,7 +250,102 @@ def files(ctx: Context, level: int | None) -> None:
         _emit({**data_file.to_dict(), "record_count": data_file.record_count})
 
 
+# -- compaction --------------------------------------------------------------------------------------
+
+_buffer_option = click.option(
+    "--buffer-bytes", type=click.IntRange(min=40), default=DEFAULT_BUFFER_BYTES, show_default=True,
+    help="Key map size per job (pass 1's bounded buffer).",
+)
+_target_option = click.option(
+    "--target-file-bytes", type=click.IntRange(min=1), default=DEFAULT_TARGET_FILE_BYTES, show_default=True,
+    help="Output files are cut at this size, at a section boundary.",
+)
+_min_files_option = click.option(
+    "--min-files", type=click.IntRange(min=1), default=DEFAULT_MIN_FILES, show_default=True,
+    help="A level is compacted into the next once it holds this many files.",
+)
+
+
+@cli.command("plan")
+@now_option
+@_min_files_option
+@_buffer_option
+@_target_option
+@pass_context
+def plan_command(ctx: Context, min_files: int, buffer_bytes: int, target_file_bytes: int) -> None:
+    """Print one JSON plan per level that holds enough files (all of them into the next level)."""
+    manifest = ctx.catalog.load()
+    for plan in plan_level_merges(manifest, ctx.clock(), min_files, buffer_bytes=buffer_bytes, target_file_bytes=target_file_bytes):
+        click.echo(plan.to_json())
+
+
+def _run_and_commit(ctx: Context, catalog: Catalog, plan: Plan) -> None:
+    plan.check_against(catalog.load())
+    result = run_plan(ctx.store, plan)
+    _, committed = commit_plan(catalog, plan, [result], ctx.clock())
+    _emit({**result.stats.to_dict(), "committed": committed})
+
+
+def _read_plans(path: str) -> list[Plan]:
+    text = open(path, encoding="utf-8").read() if path != "-" else sys.stdin.read()
+    lines = [line for line in text.splitlines() if line.strip()]
+    if len(lines) > 1 and all(line.lstrip().startswith("{") for line in lines):
+        return [Plan.from_json(line, f"{path} line {n}") for n, line in enumerate(lines, start=1)]
+    return [Plan.from_json(text, path)]
+
+
 @cli.command()
+@now_option
+@click.option("--plan", "plan_file", metavar="FILE", help="Run the plan(s) in FILE (JSON, or JSON lines; - for stdin).")
+@click.option("--all", "run_all", is_flag=True, help="Plan now, run every plan locally, commit.")
+@click.option("--until-idle", is_flag=True, help="Repeat --all until nothing is left to plan.")
+@click.option("--full", is_flag=True, help="Full sweep: every live file of the topics, deduplicated into the top level.")
+@click.option("--topics", multiple=True, metavar="TOPIC", help="With --full: only these topics (repeatable).")
+@_min_files_option
+@_buffer_option
+@_target_option
+@pass_context
+def compact(
+    ctx: Context, plan_file: str | None, run_all: bool, until_idle: bool, full: bool, topics: tuple[str, ...],
+    min_files: int, buffer_bytes: int, target_file_bytes: int,
+) -> None:
+    """Run compaction locally and commit it; prints each job's stats as a JSON line."""
+    if sum(map(bool, (plan_file, run_all, until_idle, full))) != 1:
+        raise click.UsageError("choose exactly one of --plan FILE, --all, --until-idle, --full")
+    if topics and not full:
+        raise click.UsageError("--topics goes with --full")
+    catalog = ctx.catalog
+    options = dict(buffer_bytes=buffer_bytes, target_file_bytes=target_file_bytes)
+    if plan_file:
+        for plan in _read_plans(plan_file):
+            _run_and_commit(ctx, catalog, plan)
+    elif full:
+        plan = plan_full_sweep(catalog.load(), ctx.clock(), list(topics) or None, **options)
+        if plan is not None:
+            _run_and_commit(ctx, catalog, plan)
+    else:
+        for _ in range(MAX_ROUNDS if until_idle else 1):
+            plans = plan_level_merges(catalog.load(), ctx.clock(), min_files, **options)
+            if not plans:
+                return
+            for plan in plans:
+                _run_and_commit(ctx, catalog, plan)
+        if until_idle:
+            raise LogcompactError(f"still not idle after {MAX_ROUNDS} rounds of compaction; is ingest outpacing it?")
+
+
+@cli.command()
+@now_option
+@click.option("--grace-ms", type=click.IntRange(min=0), default=DEFAULT_GC_GRACE_MS, show_default=True,
+              help="Only files older than this are deleted (younger ones may await a commit).")
+@pass_context
+def gc(ctx: Context, grace_ms: int) -> None:
+    """Delete data files that no kept manifest version references, and stale manifest versions."""
+    _emit(collect_garbage(ctx.catalog, ctx.clock(), grace_ms).to_dict())
+
+
+@cli.command()
+@now_option
 @click.option("--records", type=click.IntRange(min=3), default=1_000_000, show_default=True, help="Records to produce in all.")
 @pass_context
 def demo(ctx: Context, records: int) -> None:

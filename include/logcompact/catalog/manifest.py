@@ -24,6 +24,7 @@ from logcompact.format.layout import SectionInfo
 from logcompact.topics import Topic
 
 MANIFEST_FORMAT = 1
+RECENT_PLANS = 1000
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,8 @@ class Manifest:
     topics: Mapping[str, Topic] = field(default_factory=lambda: _frozen({}))
     next_offsets: Mapping[str, tuple[int, ...]] = field(default_factory=lambda: _frozen({}))
     files: Mapping[str, DataFile] = field(default_factory=lambda: _frozen({}))
+    # Ids of the last RECENT_PLANS compaction plans committed: committing one again is a no-op.
+    recent_plans: tuple[str, ...] = ()
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -178,7 +181,9 @@ class Manifest:
         frozen_offsets = {name: tuple(values) for name, values in offsets.items()}
         return replace(self, files=_frozen(files), next_offsets=_frozen(frozen_offsets)), assigned
 
-    def with_replaced_files(self, removed: Iterable[str], added: Iterable[DataFile], expected_version: int) -> Manifest:
+    def with_replaced_files(
+        self, removed: Iterable[str], added: Iterable[DataFile], expected_version: int, plan_id: str | None = None
+    ) -> Manifest:
         """Swap files for others holding offsets already assigned (a compaction's outputs)."""
         removed = list(removed)
         missing = [key for key in removed if key not in self.files]
@@ -193,7 +198,8 @@ class Manifest:
             if data_file.key in files:
                 raise CommitConflictError(f"output file {data_file.key} is already live in manifest version {self.version}")
             files[data_file.key] = data_file
-        return replace(self, files=_frozen(files))
+        plans = self.recent_plans if plan_id is None else (self.recent_plans + (plan_id,))[-RECENT_PLANS:]
+        return replace(self, files=_frozen(files), recent_plans=plans)
 
     # -- encoding -----------------------------------------------------------------------------------
 
@@ -208,6 +214,7 @@ class Manifest:
             "topics": [t.to_dict() for t in self.topics.values()],
             "next_offsets": {name: list(values) for name, values in self.next_offsets.items()},
             "files": [f.to_dict() for f in self.files.values()],
+            "recent_plans": list(self.recent_plans),
         }
         return json.dumps(document, separators=(",", ":")).encode()
 
@@ -227,4 +234,5 @@ class Manifest:
             topics=_frozen({t["name"]: Topic.from_dict(t) for t in document["topics"]}),
             next_offsets=_frozen({name: tuple(v) for name, v in document["next_offsets"].items()}),
             files=_frozen({f["key"]: DataFile.from_dict(f) for f in document["files"]}),
+            recent_plans=tuple(document.get("recent_plans", ())),
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from logcompact.catalog import DataFile, Manifest
@@ -45,7 +46,7 @@ class Plan:
     def covers(self, topic: str, partition: int) -> bool:
         return self.partitions is None or (topic, partition) in self._partition_set
 
-    @property
+    @cached_property
     def _partition_set(self) -> frozenset[TopicPartition]:
         return frozenset(self.partitions or ())
 

@@ -12,6 +12,7 @@ from typing import BinaryIO, Iterator
 class ObjectInfo:
     key: str
     size: int
+    modified_ms: int = 0
 
 
 @dataclass
@@ -86,6 +87,10 @@ class ObjectStore(ABC):
     @abstractmethod
     def put(self, key: str, data: bytes) -> None:
         """Write an object whole, replacing any object of that key."""
+
+    @abstractmethod
+    def put_file(self, key: str, path: str) -> None:
+        """Write an object from a local file, streamed (one PUT), replacing any object of that key."""
 
     @abstractmethod
     def put_if_absent(self, key: str, data: bytes) -> bool:

@@ -8,6 +8,7 @@ file system, so exactly one of several racing writers wins.
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from pathlib import Path
 from typing import Iterator
@@ -40,6 +41,14 @@ class LocalStore(ObjectStore):
         path = self._path(key)
         os.replace(self._write_temp(path, data), path)
         self.counters.add(put=1, bytes_written=len(data))
+
+    def put_file(self, key: str, path: str) -> None:
+        target = self._path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temp = target.with_name(f".{target.name}.{uuid.uuid4().hex}{_TEMP_SUFFIX}")
+        shutil.copyfile(path, temp)
+        os.replace(temp, target)
+        self.counters.add(put=1, bytes_written=target.stat().st_size)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         path = self._path(key)
@@ -89,7 +98,8 @@ class LocalStore(ObjectStore):
                 if not key.startswith(prefix) or (start_after is not None and key <= start_after):
                     continue
                 try:
-                    found.append(ObjectInfo(key, full.stat().st_size))
+                    stat = full.stat()
+                    found.append(ObjectInfo(key, stat.st_size, stat.st_mtime_ns // 1_000_000))
                 except FileNotFoundError:
                     continue  # deleted between the walk and the stat: it is no longer listed, as in S3
         return iter(sorted(found, key=lambda info: info.key))
@@ -104,6 +114,7 @@ class LocalStore(ObjectStore):
     def stat(self, key: str) -> ObjectInfo | None:
         self.counters.add(head=1)
         try:
-            return ObjectInfo(key, self._path(key).stat().st_size)
+            stat = self._path(key).stat()
         except FileNotFoundError:
             return None
+        return ObjectInfo(key, stat.st_size, stat.st_mtime_ns // 1_000_000)

@@ -90,6 +90,15 @@ class S3Store(ObjectStore):
         except (ClientError, BotoCoreError) as exc:
             raise self._fail("PUT", key, exc) from exc
 
+    def put_file(self, key: str, path: str) -> None:
+        size = os.path.getsize(path)
+        self.counters.add(put=1, bytes_written=size)
+        try:
+            with open(path, "rb") as body:
+                self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=body, ContentLength=size)
+        except (ClientError, BotoCoreError) as exc:
+            raise self._fail("PUT", key, exc) from exc
+
     def put_if_absent(self, key: str, data: bytes) -> bool:
         for attempt in range(_CREATE_ONLY_ATTEMPTS):
             self.counters.add(put=1, bytes_written=len(data))
@@ -148,7 +157,7 @@ class S3Store(ObjectStore):
             except (ClientError, BotoCoreError) as exc:
                 raise self._fail("LIST", prefix, exc) from exc
             for item in page.get("Contents", []):
-                yield ObjectInfo(item["Key"][len(root):], item["Size"])
+                yield ObjectInfo(item["Key"][len(root):], item["Size"], int(item["LastModified"].timestamp() * 1000))
             if not page.get("IsTruncated"):
                 return
             kwargs["ContinuationToken"] = page["NextContinuationToken"]
@@ -170,4 +179,4 @@ class S3Store(ObjectStore):
             raise self._fail("HEAD", key, exc) from exc
         except BotoCoreError as exc:
             raise self._fail("HEAD", key, exc) from exc
-        return ObjectInfo(key, head["ContentLength"])
+        return ObjectInfo(key, head["ContentLength"], int(head["LastModified"].timestamp() * 1000))

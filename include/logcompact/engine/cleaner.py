@@ -1,0 +1,503 @@
+"""The two-pass compaction of one plan: Kafka's cleaner over object storage, the way WarpStream runs it.
+
+Contract
+--------
+Input: a validated `Plan` (files at levels <= the target level, the topic configs, the clock `now`).
+Output: new files at the target level holding, for every covered topic-partition, the records that
+survive; records keep their offsets and their bytes, in offset order; each output section's roaring
+bitmap lists exactly the offsets it holds. Nothing is committed here (see `commit.py`).
+
+Reading. Every input file is read by at most two streaming GETs: the pass-1 stream and the pass-2 stream
+are two pointers that advance independently through the file's sections, which are sorted by
+(topic, partition). Per topic-partition the sections of all inputs are merged by offset, batch by batch,
+so memory is bounded by the key map plus a few batches, whatever the size of the files.
+
+Rules, per record (a compacted topic's rules apply only when the plan deduplicates):
+* retention (`delete` and `compact,delete` topics): a record older than now - retention.ms is removed;
+  a section whose newest record is that old is skipped without decoding;
+* a record without a key in a compacted topic is removed and counted invalid (Kafka does the same);
+* min lag: a record newer than now - min.compaction.lag.ms (when that lag is set) is neither removed nor
+  used to remove others;
+* pass 1 maps each other keyed record's 128-bit key hash to the latest offset of that key; pass 2 removes
+  a record when the map holds a newer offset for its key;
+* a tombstone that is the latest of its key is kept and stamped with a delete horizon (now +
+  delete.retention.ms) the first time a deduplicating compaction keeps it; once now has passed its
+  horizon it is removed, but only below the partition's outside floor (the lowest offset of any live file
+  outside the plan), so no older value of its key can come back;
+* a partition with more than `max_partition_bytes` of uncompressed input is copied, not deduplicated;
+* compacted topics' records and the other topics' records go to separate output files, each cut at the
+  target size at a section boundary.
+
+Partial progress. The key map is bounded. When it is full, pass 1 stops at that offset; pass 2 cleans
+everything up to it; then the map is cleared and both passes continue from there (Kafka's partial
+progress). Pass 1 starts after the partition's clean prefix (records that an earlier compaction left
+with no key in common, recorded as `clean_below_delta`), while pass 2 cleans from the start, so each new
+compaction deduplicates older data against the next stretch of newer keys and the log converges.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from logcompact.catalog import CatalogSection, DataFile
+from logcompact.engine.offset_map import CompactOffsetMap, OffsetMap, hash_words
+from logcompact.engine.plan import Plan, TopicPartition
+from logcompact.engine.stats import CompactionStats
+from logcompact.format import SectionStream, SegmentWriter
+from logcompact.format.layout import SECTION_SCHEMA
+from logcompact.format.reader import StreamedSection
+from logcompact.store.base import ObjectStore
+from logcompact.topics import TopicConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class JobResult:
+    plan_id: str
+    group: int
+    outputs: list[DataFile]
+    stats: CompactionStats
+
+
+# -- reading: two pointers per file, merged per partition --------------------------------------------
+
+
+class _FileCursor:
+    """One streaming GET over a file, handing out the section of each requested partition in order."""
+
+    def __init__(self, store: ObjectStore, key: str) -> None:
+        self.key = key
+        self._sections = iter(SectionStream(store, key))
+        self._current: StreamedSection | None = None
+
+    def section(self, topic: str, partition: int) -> StreamedSection:
+        """The section of (topic, partition); sections before it are read past (drained, checksummed)."""
+        while True:
+            if self._current is None:
+                self._current = next(self._sections, None)
+                if self._current is None:
+                    raise ValueError(f"{self.key}: has no section {topic}/{partition} although the catalog lists one")
+            info = self._current.info
+            if (info.topic, info.partition) == (topic, partition):
+                found, self._current = self._current, None
+                return found
+            if (info.topic, info.partition) > (topic, partition):
+                raise ValueError(f"{self.key}: has no section {topic}/{partition} although the catalog lists one")
+            self._current.finish()
+            self._current = None
+
+    def close(self) -> None:
+        for _ in self._sections:  # drain so the stream's checksums are all verified and the GET ends
+            pass
+
+
+def _absolute_batches(section: StreamedSection, first_offset: int) -> Iterator[pa.RecordBatch]:
+    """The section's batches with an `offset` column (first offset + delta) in front."""
+    for batch in section.batches():
+        offsets = pc.add(batch.column("offset_delta").cast(pa.int64()), pa.scalar(first_offset, pa.int64()))
+        yield pa.RecordBatch.from_arrays([offsets, *batch.columns], names=["offset", *batch.schema.names])
+
+
+def _merged(sources: list[Iterator[pa.RecordBatch]]) -> Iterator[pa.RecordBatch]:
+    """K-way merge by offset of batch streams that are each in offset order, a few batches at a time."""
+    if len(sources) == 1:
+        yield from sources[0]
+        return
+    pending: list[pa.RecordBatch | None] = [next(s, None) for s in sources]
+    while any(p is not None for p in pending):
+        # Rows up to the smallest last offset among the current batches can be emitted in order now.
+        bound = min(p.column("offset")[-1].as_py() for p in pending if p is not None)
+        taken = []
+        for i, batch in enumerate(pending):
+            if batch is None:
+                continue
+            offsets = batch.column("offset").to_numpy()
+            cut = int(np.searchsorted(offsets, bound, side="right"))
+            if cut:
+                taken.append(batch.slice(0, cut))
+            rest = batch.slice(cut)
+            pending[i] = rest if rest.num_rows else next(sources[i], None)
+        merged = pa.Table.from_batches(taken).combine_chunks()
+        order = pc.sort_indices(merged.column("offset"))
+        yield from merged.take(order).to_batches()
+
+
+class _PartitionReader:
+    """One pass over a partition's records in offset order, with a push-back for partial progress."""
+
+    def __init__(self, batches: Iterator[pa.RecordBatch]) -> None:
+        self._batches = batches
+        self._pushed: pa.RecordBatch | None = None
+
+    def __iter__(self) -> _PartitionReader:
+        return self
+
+    def __next__(self) -> pa.RecordBatch:
+        if self._pushed is not None:
+            batch, self._pushed = self._pushed, None
+            return batch
+        return next(self._batches)
+
+    def push_back(self, batch: pa.RecordBatch) -> None:
+        self._pushed = batch
+
+
+# -- writing: output files per content class, cut at the target size -----------------------------------
+
+
+class _OutputFiles:
+    def __init__(self, store: ObjectStore, plan: Plan, content: str, workdir: str) -> None:
+        self._store = store
+        self._plan = plan
+        self._content = content
+        self._workdir = workdir
+        self._writer: SegmentWriter | None = None
+        self._sink = None
+        self._sections: list[tuple[int, object]] = []
+        self.files: list[DataFile] = []
+
+    def begin_section(self, topic: str, partition: int):
+        if self._writer is not None and self._writer.position >= self._plan.target_file_bytes:
+            self.close()
+        if self._writer is None:
+            self._sink = tempfile.NamedTemporaryFile(dir=self._workdir, suffix=".seg", delete=False)
+            self._writer = SegmentWriter(self._sink, self._plan.compression)
+            self._first_offsets: list[int] = []
+        return self._writer.begin_section(topic, partition)
+
+    def section_done(self, first_offset: int) -> None:
+        self._first_offsets.append(first_offset)
+
+    def close(self) -> None:
+        if self._writer is None:
+            return
+        infos = self._writer.finish()
+        self._sink.close()
+        key = self._plan.output_key(self._content, len(self.files))
+        self._store.put_file(key, self._sink.name)
+        size = os.path.getsize(self._sink.name)
+        os.unlink(self._sink.name)
+        sections = tuple(CatalogSection(info, first) for info, first in zip(infos, self._first_offsets, strict=True))
+        self.files.append(DataFile(key, self._plan.target_level, size, self._plan.now_ms, sections))
+        self._writer = None
+
+    def discard(self) -> None:
+        if self._writer is not None:
+            self._sink.close()
+            os.unlink(self._sink.name)
+            self._writer = None
+
+
+class _SectionOutput:
+    """Survivors of one partition into one output section, opened at the first survivor."""
+
+    def __init__(self, files: _OutputFiles, topic: str, partition: int) -> None:
+        self._files = files
+        self._topic = topic
+        self._partition = partition
+        self._builder = None
+        self.first_offset = -1
+        self.last_offset = -1
+        self.records = 0
+
+    def write(self, batch: pa.RecordBatch, keep: np.ndarray, horizons: pa.Array) -> None:
+        kept = int(keep.sum())
+        if not kept:
+            return
+        mask = pa.array(keep)
+        offsets = batch.column("offset").filter(mask).to_numpy()
+        if self._builder is None:
+            self._builder = self._files.begin_section(self._topic, self._partition)
+            self.first_offset = int(offsets[0])
+        deltas = pa.array(offsets - self.first_offset, pa.uint32())
+        columns = [batch.column(name).filter(mask) for name in ("timestamp", "key", "key_hash", "value", "headers")]
+        out = pa.RecordBatch.from_arrays([deltas, *columns, horizons.filter(mask)], schema=SECTION_SCHEMA)
+        self._builder.append(out)
+        self.last_offset = int(offsets[-1])
+        self.records += kept
+
+    def close(self, clean_below: int | None) -> None:
+        if self._builder is None:
+            return
+        clean_delta = 0 if clean_below is None else max(0, min(clean_below, self.last_offset + 1) - self.first_offset)
+        self._builder.finish(clean_below_delta=clean_delta)
+        self._files.section_done(self.first_offset)
+
+
+# -- the job -----------------------------------------------------------------------------------------
+
+
+def run_plan(store: ObjectStore, plan: Plan, offset_map: OffsetMap | None = None) -> JobResult:
+    """Compact the plan's inputs into new files in the store (uncommitted) and return them with stats."""
+    started = time.perf_counter()
+    requests_before = store.counters.snapshot()
+    stats = CompactionStats(plan_id=plan.plan_id, group=plan.group, target_level=plan.target_level)
+    stats.bytes_in = sum(f.size for f in plan.inputs)
+    key_map = offset_map or CompactOffsetMap(plan.buffer_bytes)
+    stats.key_capacity = key_map.capacity
+
+    by_partition: dict[TopicPartition, list[tuple[DataFile, CatalogSection]]] = {}
+    for data_file in plan.inputs:
+        for section in data_file.sections:
+            if plan.covers(section.topic, section.partition):
+                by_partition.setdefault((section.topic, section.partition), []).append((data_file, section))
+
+    with tempfile.TemporaryDirectory(prefix="logcompact-job-") as workdir:
+        outputs = {
+            content: _OutputFiles(store, plan, content, workdir) for content in ("compacted", "other")
+        }
+        pass1 = _Cursors(store)
+        pass2 = _Cursors(store)
+        try:
+            for (topic, partition), sections in sorted(by_partition.items()):
+                config = plan.topics[topic].config
+                cleaner = _PartitionCleaner(plan, topic, partition, config, sections, key_map, stats)
+                cleaner.run(pass1, pass2, outputs["compacted" if config.compacted else "other"])
+            for files in outputs.values():
+                files.close()
+        except BaseException:
+            for files in outputs.values():
+                files.discard()
+            raise
+        finally:
+            pass1.close()
+            pass2.close()
+
+    result_files = outputs["compacted"].files + outputs["other"].files
+    stats.bytes_out = sum(f.size for f in result_files)
+    stats.files_out = len(result_files)
+    requests = store.counters.snapshot() - requests_before
+    stats.gets, stats.puts = requests.get, requests.put
+    stats.seconds = round(time.perf_counter() - started, 3)
+    for warning in stats.warnings:
+        log.warning("plan %s: %s", plan.plan_id, warning)
+    return JobResult(plan.plan_id, plan.group, result_files, stats)
+
+
+class _Cursors:
+    """The streams of one pass, opened on first use: at most one GET per input file."""
+
+    def __init__(self, store: ObjectStore) -> None:
+        self._store = store
+        self._open: dict[str, _FileCursor] = {}
+
+    def section(self, key: str, topic: str, partition: int) -> StreamedSection:
+        cursor = self._open.get(key)
+        if cursor is None:
+            cursor = self._open[key] = _FileCursor(self._store, key)
+        return cursor.section(topic, partition)
+
+    def close(self) -> None:
+        for cursor in self._open.values():
+            cursor.close()
+
+
+class _PartitionCleaner:
+    def __init__(
+        self,
+        plan: Plan,
+        topic: str,
+        partition: int,
+        config: TopicConfig,
+        sections: list[tuple[DataFile, CatalogSection]],
+        key_map: OffsetMap,
+        stats: CompactionStats,
+    ) -> None:
+        self.plan = plan
+        self.topic = topic
+        self.partition = partition
+        self.config = config
+        self.sections = sorted(sections, key=lambda pair: pair[1].first_offset)
+        self.key_map = key_map
+        self.stats = stats
+        now = plan.now_ms
+        self.expire_before = now - config.retention_ms if config.time_retention else None
+        uncompressed = sum(s.info.uncompressed_bytes for _, s in self.sections)
+        self.oversized = uncompressed > plan.max_partition_bytes
+        if self.oversized and plan.deduplicate and config.compacted:
+            stats.oversized_partitions.append(f"{topic}/{partition}")
+            stats.warnings.append(
+                f"{topic}/{partition} holds {uncompressed} uncompressed bytes, over the {plan.max_partition_bytes} "
+                "byte cap: copied, not deduplicated"
+            )
+        self.deduplicate = plan.deduplicate and config.compacted and not self.oversized
+        self.young_after = now - config.min_compaction_lag_ms if config.min_compaction_lag_ms > 0 else None
+        self.horizon = now + config.delete_retention_ms
+        self.floor = plan.outside_floors.get((topic, partition))
+
+    def _records(self, cursors: _Cursors) -> _PartitionReader:
+        """This pass's reader of the partition in offset order; sections wholly past retention are skipped.
+
+        Sections whose offset ranges overlap (one spans a hole another fills) are merged by offset; the
+        others are read one after another.
+        """
+        runs: list[list[Iterator[pa.RecordBatch]]] = []
+        run_end = -1
+        for data_file, placed in self.sections:
+            section = cursors.section(data_file.key, self.topic, self.partition)
+            if self.expire_before is not None and placed.info.max_timestamp < self.expire_before:
+                continue  # every record expired: the stream reads past it, nothing is decoded
+            batches = _absolute_batches(section, placed.first_offset)
+            if runs and placed.first_offset <= run_end:
+                runs[-1].append(batches)
+            else:
+                runs.append([batches])
+            run_end = max(run_end, placed.last_offset)
+
+        def in_order() -> Iterator[pa.RecordBatch]:
+            for run in runs:
+                yield from _merged(run)
+
+        return _PartitionReader(in_order())
+
+    def _clean_prefix_end(self) -> int:
+        """Where pass 1 starts: after the first section's clean prefix, unless another section intrudes."""
+        first = self.sections[0][1]
+        end = first.first_offset + first.info.clean_below_delta
+        for _, other in self.sections[1:]:
+            end = min(end, other.first_offset)
+        return end
+
+    def run(self, pass1: _Cursors, pass2: _Cursors, files: _OutputFiles) -> None:
+        stats = self.stats
+        stats.records_in += sum(s.info.record_count for _, s in self.sections)
+        expired_sections = sum(
+            s.info.record_count
+            for _, s in self.sections
+            if self.expire_before is not None and s.info.max_timestamp < self.expire_before
+        )
+        stats.expired_removed += expired_sections
+        out = _SectionOutput(files, self.topic, self.partition)
+        second = self._records(pass2)
+        if not self.deduplicate:
+            for batch in second:
+                keep, horizons = self._retention_only(batch)
+                out.write(batch, keep, horizons)
+            out.close(clean_below=None)
+            stats.records_out += out.records
+            return
+
+        first = self._records(pass1)
+        map_from = self._clean_prefix_end()
+        clean_below: int | None = None
+        segment = 0
+        while True:
+            self.key_map.clear()
+            stop, first_young = self._fill_map(first, map_from)
+            stats.distinct_keys += self.key_map.size
+            stats.buffer_utilization = max(stats.buffer_utilization, round(self.key_map.utilization, 4))
+            self._clean_until(second, stop, out)
+            if segment == 0:
+                # Everything below the first stop is now free of duplicate keys, except young records.
+                end = stop if stop is not None else (1 << 62)
+                clean_below = min(end, first_young) if first_young is not None else end
+            if stop is None:
+                break
+            stats.overflows += 1
+            segment += 1
+            map_from = stop
+        if segment:
+            stats.warnings_once(f"key map full (capacity {self.key_map.capacity} keys): partial progress, more rounds will converge")
+        out.close(clean_below=clean_below)
+        stats.records_out += out.records
+
+    def _eligible(self, batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray]:
+        """Rows that take part in deduplication (keyed and not young), and which rows are young."""
+        keyed = np.asarray(pc.is_valid(batch.column("key")))
+        if self.young_after is None:
+            return keyed, np.zeros(len(keyed), dtype=bool)
+        young = batch.column("timestamp").to_numpy() > self.young_after
+        return keyed & ~young, young
+
+    def _fill_map(self, reader: _PartitionReader, map_from: int) -> tuple[int | None, int | None]:
+        """Pass 1 until the map is full (returns the offset where it stopped) or the partition ends."""
+        first_young: int | None = None
+        for batch in reader:
+            offsets = batch.column("offset").to_numpy()
+            eligible, young = self._eligible(batch)
+            eligible &= offsets >= map_from
+            if first_young is None and young.any():
+                first_young = int(offsets[np.argmax(young)])
+            rows = np.flatnonzero(eligible)
+            if not len(rows):
+                continue
+            hashes = hash_words(batch.column("key_hash"))[rows]
+            taken = self.key_map.put(hashes, offsets[rows])
+            if taken < len(rows):
+                stop_row = int(rows[taken])
+                reader.push_back(batch.slice(stop_row))
+                stop = int(offsets[stop_row])
+                if first_young is not None and first_young >= stop:
+                    first_young = None
+                return stop, first_young
+        return None, first_young
+
+    def _clean_until(self, reader: _PartitionReader, stop: int | None, out: _SectionOutput) -> None:
+        """Pass 2: decide every record below `stop` (all when None) against the map, and write survivors."""
+        for batch in reader:
+            if stop is not None:
+                offsets = batch.column("offset").to_numpy()
+                cut = int(np.searchsorted(offsets, stop))
+                if cut < batch.num_rows:
+                    reader.push_back(batch.slice(cut))
+                    batch = batch.slice(0, cut)
+                    if cut:
+                        keep, horizons = self._decide(batch)
+                        out.write(batch, keep, horizons)
+                    return
+            keep, horizons = self._decide(batch)
+            out.write(batch, keep, horizons)
+
+    def _retention_only(self, batch: pa.RecordBatch) -> tuple[np.ndarray, pa.Array]:
+        keep = np.ones(batch.num_rows, dtype=bool)
+        if self.expire_before is not None:
+            expired = batch.column("timestamp").to_numpy() < self.expire_before
+            self.stats.expired_removed += int(expired.sum())
+            keep &= ~expired
+        return keep, batch.column("delete_horizon")
+
+    def _decide(self, batch: pa.RecordBatch) -> tuple[np.ndarray, pa.Array]:
+        stats = self.stats
+        n = batch.num_rows
+        offsets = batch.column("offset").to_numpy()
+        keyed = np.asarray(pc.is_valid(batch.column("key")))
+        tombstone = np.asarray(pc.is_null(batch.column("value")))
+        if self.expire_before is not None:
+            expired = batch.column("timestamp").to_numpy() < self.expire_before
+        else:
+            expired = np.zeros(n, dtype=bool)
+        eligible, young = self._eligible(batch)
+        latest = self.key_map.get(hash_words(batch.column("key_hash")))
+        invalid = ~keyed & ~expired
+        duplicate = eligible & (latest > offsets) & ~expired
+        last_of_key = tombstone & eligible & ~duplicate & ~expired
+        horizon_column = batch.column("delete_horizon")
+        stamped = np.asarray(pc.is_valid(horizon_column))
+        horizons = pc.fill_null(horizon_column, 0).to_numpy()
+        to_stamp = last_of_key & ~stamped
+        passed = last_of_key & stamped & (horizons <= self.plan.now_ms)
+        below_floor = offsets < self.floor if self.floor is not None else np.ones(n, dtype=bool)
+        removed_tombstones = passed & below_floor
+        keep = ~(expired | invalid | duplicate | removed_tombstones)
+
+        stats.expired_removed += int(expired.sum())
+        stats.invalid_records += int(invalid.sum())
+        stats.duplicates_removed += int(duplicate.sum())
+        stats.tombstones_removed += int(removed_tombstones.sum())
+        stats.tombstones_stamped += int(to_stamp.sum())
+        stats.tombstones_kept += int((tombstone & keep).sum())
+        stats.young_kept += int((young & keep).sum())
+        if invalid.any():
+            stats.warnings_once(f"{self.topic}/{self.partition}: records without a key in a compacted topic were removed")
+        new_horizons = np.where(to_stamp, self.horizon, horizons)
+        return keep, pa.array(new_horizons, pa.int64(), mask=~(stamped | to_stamp))
