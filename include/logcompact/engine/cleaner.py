@@ -16,8 +16,10 @@ Rules, per record (a compacted topic's rules apply only when the plan deduplicat
 * retention (`delete` and `compact,delete` topics): a record older than now - retention.ms is removed;
   a section whose newest record is that old is skipped without decoding;
 * a record without a key in a compacted topic is removed and counted invalid (Kafka does the same);
-* min lag: a record newer than now - min.compaction.lag.ms (when that lag is set) is neither removed nor
-  used to remove others;
+* min lag, as Kafka's first uncleanable offset: from the first record newer than now -
+  min.compaction.lag.ms (when that lag is set), no record is removed as a duplicate, used to remove
+  others, or stamped; judging it by offset, not by each record's timestamp, keeps a young older value
+  from outliving a tombstone that supersedes it;
 * pass 1 maps each other keyed record's 128-bit key hash to the latest offset of that key; pass 2 removes
   a record when the map holds a newer offset for its key;
 * a tombstone that is the latest of its key is kept and stamped with a delete horizon (now +
@@ -30,7 +32,8 @@ Rules, per record (a compacted topic's rules apply only when the plan deduplicat
 
 Partial progress. The key map is bounded. When it is full, pass 1 stops at that offset; pass 2 cleans
 everything up to it; then the map is cleared and both passes continue from there (Kafka's partial
-progress). Pass 1 starts after the partition's clean prefix (records that an earlier compaction left
+progress). Tombstones past that first stop are not removed in this job: older records of their keys
+were not checked against them. Pass 1 starts after the partition's clean prefix (records that an earlier compaction left
 with no key in common, recorded as `clean_below_delta`), while pass 2 cleans from the start, so each new
 compaction deduplicates older data against the next stretch of newer keys and the log converges.
 """
@@ -334,6 +337,8 @@ class _PartitionCleaner:
         self.young_after = now - config.min_compaction_lag_ms if config.min_compaction_lag_ms > 0 else None
         self.horizon = now + config.delete_retention_ms
         self.floor = plan.outside_floors.get((topic, partition))
+        self.young_from: int | None = None  # the first uncleanable offset, found by pass 1
+        self.removes_tombstones = True  # false after a partial-progress stop
 
     def _records(self, cursors: _Cursors) -> _PartitionReader:
         """This pass's reader of the partition in offset order; sections wholly past retention are skipped.
@@ -393,54 +398,60 @@ class _PartitionCleaner:
         segment = 0
         while True:
             self.key_map.clear()
-            stop, first_young = self._fill_map(first, map_from)
+            stop = self._fill_map(first, map_from)
             stats.distinct_keys += self.key_map.size
             stats.buffer_utilization = max(stats.buffer_utilization, round(self.key_map.utilization, 4))
             self._clean_until(second, stop, out)
             if segment == 0:
-                # Everything below the first stop is now free of duplicate keys, except young records.
-                end = stop if stop is not None else (1 << 62)
-                clean_below = min(end, first_young) if first_young is not None else end
+                # Everything below the first stop (and below the young records) now has no key twice.
+                bounds = [b for b in (stop, self.young_from) if b is not None]
+                clean_below = min(bounds) if bounds else (1 << 62)
             if stop is None:
                 break
             stats.overflows += 1
             segment += 1
             map_from = stop
+            self.removes_tombstones = False
         if segment:
             stats.warnings_once(f"key map full (capacity {self.key_map.capacity} keys): partial progress, more rounds will converge")
         out.close(clean_below=clean_below)
         stats.records_out += out.records
 
     def _eligible(self, batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray]:
-        """Rows that take part in deduplication (keyed and not young), and which rows are young."""
+        """Rows that take part in deduplication (keyed, before the first young offset), and the young rows."""
         keyed = np.asarray(pc.is_valid(batch.column("key")))
-        if self.young_after is None:
+        if self.young_from is None:
             return keyed, np.zeros(len(keyed), dtype=bool)
-        young = batch.column("timestamp").to_numpy() > self.young_after
+        young = batch.column("offset").to_numpy() >= self.young_from
         return keyed & ~young, young
 
-    def _fill_map(self, reader: _PartitionReader, map_from: int) -> tuple[int | None, int | None]:
-        """Pass 1 until the map is full (returns the offset where it stopped) or the partition ends."""
-        first_young: int | None = None
+    def _fill_map(self, reader: _PartitionReader, map_from: int) -> int | None:
+        """Pass 1 until the map is full (returns the offset where it stopped) or the partition ends.
+
+        Meeting the first young record fixes the partition's first uncleanable offset; pass 1 has nothing
+        more to map after it.
+        """
         for batch in reader:
             offsets = batch.column("offset").to_numpy()
-            eligible, young = self._eligible(batch)
+            if self.young_after is not None and self.young_from is None:
+                young = batch.column("timestamp").to_numpy() > self.young_after
+                if young.any():
+                    self.young_from = int(offsets[np.argmax(young)])
+            eligible, young_rows = self._eligible(batch)
             eligible &= offsets >= map_from
-            if first_young is None and young.any():
-                first_young = int(offsets[np.argmax(young)])
             rows = np.flatnonzero(eligible)
-            if not len(rows):
-                continue
-            hashes = hash_words(batch.column("key_hash"))[rows]
-            taken = self.key_map.put(hashes, offsets[rows])
-            if taken < len(rows):
-                stop_row = int(rows[taken])
-                reader.push_back(batch.slice(stop_row))
-                stop = int(offsets[stop_row])
-                if first_young is not None and first_young >= stop:
-                    first_young = None
-                return stop, first_young
-        return None, first_young
+            if len(rows):
+                hashes = hash_words(batch.column("key_hash"))[rows]
+                taken = self.key_map.put(hashes, offsets[rows])
+                if taken < len(rows):
+                    stop_row = int(rows[taken])
+                    reader.push_back(batch.slice(stop_row))
+                    return int(offsets[stop_row])
+            if young_rows.any():
+                for _ in reader:  # the rest is young: pass 1 is done with this partition
+                    pass
+                return None
+        return None
 
     def _clean_until(self, reader: _PartitionReader, stop: int | None, out: _SectionOutput) -> None:
         """Pass 2: decide every record below `stop` (all when None) against the map, and write survivors."""
@@ -486,8 +497,13 @@ class _PartitionCleaner:
         horizons = pc.fill_null(horizon_column, 0).to_numpy()
         to_stamp = last_of_key & ~stamped
         passed = last_of_key & stamped & (horizons <= self.plan.now_ms)
-        below_floor = offsets < self.floor if self.floor is not None else np.ones(n, dtype=bool)
-        removed_tombstones = passed & below_floor
+        if not self.removes_tombstones:
+            removable = np.zeros(n, dtype=bool)
+        elif self.floor is not None:
+            removable = offsets < self.floor
+        else:
+            removable = np.ones(n, dtype=bool)
+        removed_tombstones = passed & removable
         keep = ~(expired | invalid | duplicate | removed_tombstones)
 
         stats.expired_removed += int(expired.sum())
