@@ -1,0 +1,229 @@
+"""The engine's rules one by one, its I/O costs, partial progress, commits and gc."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import replace
+
+import pytest
+
+from logcompact.catalog import Catalog, NewFile
+from logcompact.consume import read_records
+from logcompact.engine.cleaner import run_plan
+from logcompact.engine.commit import collect_garbage, commit_plan
+from logcompact.engine.plan import Plan
+from logcompact.exceptions import CommitConflictError, InvalidPlanError
+from logcompact.format import section_table, write_segment
+from logcompact.ingest import Agent, Record
+from logcompact.planner import plan_full_sweep, plan_level_merges
+from logcompact.store import LocalStore, ObjectStore
+from tests.helpers import NOW, create_topic
+
+SMALL_BUFFER = 1 << 16
+
+
+def _setup(store: ObjectStore, partitions: int = 1, **topics: dict) -> Catalog:
+    catalog = Catalog(store)
+    for name, settings in topics.items():
+        create_topic(catalog, name, partitions, **settings)
+    return catalog
+
+
+def _produce(catalog: Catalog, topic: str, records: list[Record]) -> list[int]:
+    with Agent(catalog, background=False) as agent:
+        future = agent.produce(topic, records)
+    return future.result()
+
+
+def _run(catalog: Catalog, plan: Plan):
+    result = run_plan(catalog.store, plan)
+    commit_plan(catalog, plan, [result], plan.now_ms)
+    return result
+
+
+def _full(catalog: Catalog, now: int = NOW, **options):
+    return _run(catalog, plan_full_sweep(catalog.load(), now, buffer_bytes=options.pop("buffer_bytes", SMALL_BUFFER), **options))
+
+
+def _values(catalog: Catalog, topic: str, partition: int = 0) -> list[tuple[int, bytes | None, bytes | None]]:
+    return [(r.offset, r.key, r.value) for r in read_records(catalog.store, catalog.load(), topic, partition)]
+
+
+def test_l0_to_l1_copies_and_separates_compacted_from_other_topics(store: ObjectStore) -> None:
+    catalog = _setup(store, state={"cleanup_policy": "compact"}, events={})
+    for _ in range(2):
+        _produce(catalog, "state", [Record(0, b"k", b"v", NOW)] * 3)
+        _produce(catalog, "events", [Record(0, None, b"e", NOW)] * 2)
+    (plan,) = plan_level_merges(catalog.load(), NOW, min_files=4)
+    assert (plan.target_level, plan.deduplicate) == (1, False)
+    result = _run(catalog, plan)
+    l1 = catalog.load().files_at(1)
+    assert [{s.topic for s in f.sections} for f in l1] == [{"state"}, {"events"}]
+    assert all("-compacted-" in f.key for f in l1[:1]) and "-other-" in l1[1].key
+    assert len(_values(catalog, "state")) == 6 and result.stats.duplicates_removed == 0  # copied, not deduplicated
+
+
+def test_from_l2_up_older_records_of_a_key_are_removed(store: ObjectStore) -> None:
+    catalog = _setup(store, state={"cleanup_policy": "compact"})
+    _produce(catalog, "state", [Record(0, b"a", b"1", NOW), Record(0, b"b", b"2", NOW), Record(0, b"a", b"3", NOW)])
+    _produce(catalog, "state", [Record(0, b"b", b"4", NOW)])
+    result = _full(catalog)
+    assert _values(catalog, "state") == [(2, b"a", b"3"), (3, b"b", b"4")]
+    assert (result.stats.records_in, result.stats.records_out, result.stats.duplicates_removed) == (4, 2, 2)
+    assert result.stats.distinct_keys == 2
+
+
+def test_tombstones_are_stamped_then_removed_after_their_horizon(tmp_path) -> None:
+    catalog = _setup(LocalStore(tmp_path), state={"cleanup_policy": "compact", "delete_retention_ms": "1000"})
+    _produce(catalog, "state", [Record(0, b"a", b"1", NOW), Record(0, b"a", None, NOW)])
+    first = _full(catalog, NOW + 10)
+    assert _values(catalog, "state") == [(1, b"a", None)]
+    assert (first.stats.tombstones_stamped, first.stats.tombstones_kept) == (1, 1)
+    _full(catalog, NOW + 1009)  # before the horizon (NOW + 10 + 1000)
+    assert _values(catalog, "state") == [(1, b"a", None)]
+    last = _full(catalog, NOW + 1010)
+    assert _values(catalog, "state") == [] and last.stats.tombstones_removed == 1
+
+
+def test_min_lag_leaves_young_records_untouched(tmp_path) -> None:
+    catalog = _setup(LocalStore(tmp_path), state={"cleanup_policy": "compact", "min_compaction_lag_ms": "1000"})
+    _produce(catalog, "state", [Record(0, b"a", b"old", NOW), Record(0, b"a", b"mid", NOW + 700), Record(0, b"a", b"new", NOW + 1500)])
+    result = _full(catalog, NOW + 1600)  # mid and new are within the lag: nothing from offset 1 on is touched
+    assert _values(catalog, "state") == [(0, b"a", b"old"), (1, b"a", b"mid"), (2, b"a", b"new")]
+    assert result.stats.young_kept == 2
+    _full(catalog, NOW + 2600)
+    assert _values(catalog, "state") == [(2, b"a", b"new")]
+
+
+def test_retention_removes_old_records_and_skips_whole_sections(tmp_path) -> None:
+    catalog = _setup(LocalStore(tmp_path), events={"retention_ms": "1000"}, mixed={"cleanup_policy": "compact,delete", "retention_ms": "1000"})
+    _produce(catalog, "events", [Record(0, None, b"old", NOW)] * 3)
+    _produce(catalog, "events", [Record(0, None, b"old", NOW), Record(0, None, b"new", NOW + 800)])
+    _produce(catalog, "mixed", [Record(0, b"k", b"old", NOW), Record(0, b"j", b"new", NOW + 800)])
+    result = _full(catalog, NOW + 1500)
+    assert _values(catalog, "events") == [(4, None, b"new")]
+    assert _values(catalog, "mixed") == [(1, b"j", b"new")]
+    assert result.stats.expired_removed == 5
+
+
+def test_a_keyless_record_in_a_compacted_topic_is_removed_and_counted(tmp_path) -> None:
+    store = LocalStore(tmp_path)
+    catalog = _setup(store, state={"cleanup_policy": "compact"})
+    # Data written before the rule: a file the agent would refuse, committed directly.
+    blob, infos = write_segment([("state", 0, section_table([0, 1], [NOW, NOW], [None, b"k"], [b"x", b"y"]))])
+    store.put("data/l0/legacy.seg", blob)
+    catalog.commit("append", lambda m: m.with_appended_files([NewFile("data/l0/legacy.seg", 0, len(blob), NOW, tuple(infos))]), NOW)
+    result = _full(catalog)
+    assert _values(catalog, "state") == [(1, b"k", b"y")]
+    assert result.stats.invalid_records == 1
+    assert any("without a key" in w for w in result.stats.warnings)
+
+
+def test_an_oversized_partition_is_copied_not_deduplicated(tmp_path) -> None:
+    catalog = _setup(LocalStore(tmp_path), partitions=2, state={"cleanup_policy": "compact"})
+    _produce(catalog, "state", [Record(0, b"a", b"x" * 100, NOW)] * 10 + [Record(1, b"a", b"x", NOW)] * 2)
+    plan = replace(plan_full_sweep(catalog.load(), NOW, buffer_bytes=SMALL_BUFFER), max_partition_bytes=500)
+    result = _run(catalog, plan)
+    assert len(_values(catalog, "state", 0)) == 10 and len(_values(catalog, "state", 1)) == 1
+    assert result.stats.oversized_partitions == ["state/0"]
+
+
+def test_outputs_are_cut_at_the_target_size_at_section_boundaries(tmp_path) -> None:
+    catalog = _setup(LocalStore(tmp_path), partitions=6, events={})
+    _produce(catalog, "events", [Record(p, None, os.urandom(2000), NOW) for p in range(6) for _ in range(5)])
+    result = _full(catalog, target_file_bytes=15_000)
+    assert result.stats.files_out == 3
+    assert [len(f.sections) for f in result.outputs] == [2, 2, 2]
+    assert all(len(_values(catalog, "events", p)) == 5 for p in range(6))
+
+
+def test_every_input_file_is_read_by_at_most_two_gets(store: ObjectStore) -> None:
+    catalog = _setup(store, partitions=20, state={"cleanup_policy": "compact"})
+    for round_ in range(3):
+        _produce(catalog, "state", [Record(p, b"k%d" % (i % 3), b"%d" % round_, NOW) for p in range(20) for i in range(6)])
+    result = _full(catalog)
+    assert result.stats.gets == 2 * 3  # two streaming GETs per input file, not one per partition
+    assert result.stats.puts == 1
+    copy = plan_level_merges(catalog.load(), NOW, min_files=1)[0]
+    assert copy.deduplicate is False or copy.target_level >= 2
+
+
+def test_a_full_buffer_makes_partial_progress_and_converges_over_rounds(tmp_path) -> None:
+    catalog = _setup(LocalStore(tmp_path), state={"cleanup_policy": "compact"})
+    keys = 40
+    for round_ in range(3):
+        _produce(catalog, "state", [Record(0, b"key-%02d" % k, b"%d" % round_, NOW) for k in range(keys)])
+    buffer_bytes = 20 * 12  # room for 11 keys
+    # Each round maps the next 11 keys past the clean prefix and cleans everything before them, as
+    # Kafka's cleaner advances its first dirty offset: at worst one round per map's worth of records.
+    max_rounds = math.ceil(3 * keys / 11) + 1
+    overflows, remaining = [], [3 * keys]
+    while len(_values(catalog, "state")) > keys:
+        result = _full(catalog, buffer_bytes=buffer_bytes)
+        overflows.append(result.stats.overflows)
+        remaining.append(len(_values(catalog, "state")))
+        assert len(overflows) <= max_rounds, f"no convergence after {max_rounds} rounds: {remaining}"
+        latest = {k: v for _, k, v in _values(catalog, "state")}
+        assert latest == {b"key-%02d" % k: b"2" for k in range(keys)}  # never a newer value lost
+    assert overflows[0] > 0 and len(overflows) > 1
+    assert sorted(v for _, _, v in _values(catalog, "state")) == [b"2"] * keys
+
+
+def test_plans_are_validated(tmp_path) -> None:
+    catalog = _setup(LocalStore(tmp_path), state={"cleanup_policy": "compact"})
+    _produce(catalog, "state", [Record(0, b"a", b"1", NOW)])
+    plan = plan_full_sweep(catalog.load(), NOW)
+    document = plan.to_dict()
+    assert Plan.from_json(plan.to_json()) == plan
+    with pytest.raises(InvalidPlanError, match="plan format 9 is not supported"):
+        Plan.from_dict({**document, "format": 9})
+    with pytest.raises(InvalidPlanError, match="'target_level' is 7: must be an integer, 1 to 4"):
+        Plan.from_dict({**document, "target_level": 7})
+    with pytest.raises(InvalidPlanError, match="names no input files"):
+        Plan.from_dict({**document, "inputs": []})
+    with pytest.raises(InvalidPlanError, match="is not a data file"):
+        Plan.from_dict({**document, "inputs": [{**document["inputs"][0], "key": "../etc/passwd"}]})
+    with pytest.raises(InvalidPlanError, match="not JSON"):
+        Plan.from_json("{nope")
+    foreign = Plan.from_dict({**document, "cluster_id": "another-cluster"})
+    with pytest.raises(InvalidPlanError, match="is for cluster another-cluster, but the store holds cluster"):
+        foreign.check_against(catalog.load())
+
+
+def test_commit_is_atomic_idempotent_and_conflicts_when_inputs_are_gone(tmp_path) -> None:
+    catalog = _setup(LocalStore(tmp_path), state={"cleanup_policy": "compact"})
+    _produce(catalog, "state", [Record(0, b"a", b"1", NOW), Record(0, b"a", b"2", NOW)])
+    plan = plan_full_sweep(catalog.load(), NOW)
+    rival = plan_full_sweep(catalog.load(), NOW)
+    result = run_plan(catalog.store, plan)
+    manifest, committed = commit_plan(catalog, plan, [result], NOW)
+    assert committed and [f.key for f in manifest.files.values()] == [result.outputs[0].key]
+    version = catalog.latest_version()
+    assert commit_plan(catalog, plan, [result], NOW)[1] is False  # a retried job: no-op
+    assert catalog.latest_version() == version
+    rival_result = run_plan(catalog.store, rival)
+    with pytest.raises(CommitConflictError, match="found 1 of them gone"):
+        commit_plan(catalog, rival, [rival_result], NOW)
+    assert catalog.latest_version() == version
+
+
+def test_gc_deletes_only_old_unreferenced_files(tmp_path) -> None:
+    store = LocalStore(tmp_path)
+    catalog = Catalog(store, keep_versions=2)
+    create_topic(catalog, "state", cleanup_policy="compact")
+    _produce(catalog, "state", [Record(0, b"a", b"1", NOW)])
+    l0 = catalog.load().files_at(0)[0].key
+    orphan_plan = plan_full_sweep(catalog.load(), NOW)
+    orphan = run_plan(store, orphan_plan).outputs[0].key  # written, never committed
+    _full(catalog)
+    _produce(catalog, "state", [Record(0, b"b", b"2", NOW)])  # the version that listed l0 leaves the history
+    now = store.stat(orphan).modified_ms
+    assert collect_garbage(catalog, now, grace_ms=60_000).deleted_files == []  # too young
+    report = collect_garbage(catalog, now + 60_001, grace_ms=60_000)
+    assert orphan in report.deleted_files
+    assert l0 in report.deleted_files  # replaced, and no kept version references it any more
+    for data_file in catalog.load().files.values():
+        assert store.stat(data_file.key) is not None
+    assert json.dumps(report.to_dict())
