@@ -1,0 +1,157 @@
+"""Throughput of the two-pass compaction engine on one core, against the I/O floor of the same files.
+
+    .venv/bin/python bench/engine.py                 # both cases, 3 runs each, prints medians
+    .venv/bin/python bench/engine.py --case a --repeat 1
+
+Cases (8 partitions, 10 input files, LZ4, each key always in the same partition, as Kafka partitions):
+  (a) 36-byte keys, 100-byte values, 1,000,000 distinct keys, 10 records per key: 10 million records
+  (b) 36-byte keys, 1 KiB values, 200,000 distinct keys, 10 records per key: 2 million records
+The engine runs a deduplicating plan over the files with the default 128 MiB key map (`run_plan`: both
+passes, k-way merge, bitmaps, output written and uploaded; no commit). The I/O floor reads every input
+file twice and writes the output's bytes with plain file I/O. Also printed: how many distinct keys the
+128 MiB map holds. The process is pinned to one CPU and Arrow to one thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import xxhash
+
+from logcompact.catalog import CatalogSection, DataFile
+from logcompact.engine.cleaner import run_plan
+from logcompact.engine.offset_map import CompactOffsetMap
+from logcompact.engine.plan import Plan
+from logcompact.format import write_segment
+from logcompact.format.layout import HEADERS_TYPE, SECTION_SCHEMA
+from logcompact.store import LocalStore
+from logcompact.topics import Topic
+
+PARTITIONS = 8
+FILES = 10
+NOW = 1_700_000_000_000
+CASES = {"a": (1_000_000, 10, 100), "b": (200_000, 10, 1024)}
+
+
+def generate(store: LocalStore, distinct_keys: int, per_key: int, value_bytes: int, seed: int = 7) -> tuple[list[DataFile], int]:
+    """Input files of a topic-compacted log; returns them and the records' uncompressed bytes."""
+    rng = np.random.default_rng(seed)
+    key_bytes = [b"%036d" % k for k in range(distinct_keys)]
+    keys = pa.array(key_bytes, pa.binary())
+    hashes = pa.array([xxhash.xxh3_128_digest(k) for k in key_bytes], pa.binary(16))
+    pool = pa.array([os.urandom(value_bytes) for _ in range(4096)], pa.binary())
+    order = rng.permutation(np.repeat(np.arange(distinct_keys, dtype=np.int64), per_key))
+    next_offset = np.zeros(PARTITIONS, dtype=np.int64)
+    files, payload = [], 0
+    for number, chunk in enumerate(np.array_split(order, FILES)):
+        sections, placed = [], []
+        for partition in range(PARTITIONS):
+            ids = chunk[chunk % PARTITIONS == partition]
+            n = len(ids)
+            index = pa.array(ids)
+            values = pool.take(pa.array(rng.integers(0, len(pool), n)))
+            table = pa.Table.from_arrays(
+                [
+                    pa.array(np.arange(n, dtype=np.uint32)),
+                    pa.array(NOW + next_offset[partition] + np.arange(n), pa.int64()),
+                    keys.take(index),
+                    hashes.take(index),
+                    values,
+                    pa.nulls(n, HEADERS_TYPE),
+                    pa.nulls(n, pa.int64()),
+                ],
+                schema=SECTION_SCHEMA,
+            )
+            sections.append(("bench", partition, table))
+            placed.append(int(next_offset[partition]))
+            next_offset[partition] += n
+            payload += n * (36 + value_bytes)
+        blob, infos = write_segment(sections, "lz4")
+        key = f"data/l1/bench-{number:02d}.seg"
+        store.put(key, blob)
+        files.append(DataFile(key, 1, len(blob), NOW, tuple(CatalogSection(i, f) for i, f in zip(infos, placed))))
+    return files, payload
+
+
+def io_floor(store: LocalStore, files: list[DataFile], output_bytes: int, workdir: Path) -> float:
+    """Read each input twice and write `output_bytes`, with plain file I/O and 1 MiB buffers."""
+    started = time.perf_counter()
+    for _ in range(2):
+        for data_file in files:
+            with open(store.root / data_file.key, "rb") as f:
+                while f.read(1 << 20):
+                    pass
+    chunk = b"\0" * (1 << 20)
+    with open(workdir / "floor.out", "wb") as out:
+        for _ in range(output_bytes // len(chunk) + 1):
+            out.write(chunk)
+    elapsed = time.perf_counter() - started
+    os.unlink(workdir / "floor.out")
+    return elapsed
+
+
+def keys_in_128_mib() -> tuple[int, float]:
+    key_map = CompactOffsetMap()
+    rng = np.random.default_rng(1)
+    started = time.perf_counter()
+    offset = 0
+    while True:
+        hashes = rng.integers(0, 2**63, size=(1 << 20, 2), dtype=np.uint64)
+        taken = key_map.put(hashes, np.arange(offset, offset + len(hashes), dtype=np.int64))
+        offset += len(hashes)
+        if taken < len(hashes):
+            return key_map.size, time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--case", choices=["a", "b", "all"], default="all")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    pa.set_cpu_count(1)
+    pa.set_io_thread_count(1)
+
+    held, seconds = keys_in_128_mib()
+    print(f"key map: {held:,} distinct keys held in 128 MiB ({128 * 2**20 / held:.1f} bytes a key), filled in {seconds:.1f} s")
+    topic = Topic.create("bench", PARTITIONS, {"cleanup.policy": "compact"}, NOW)
+    for case in ("a", "b") if args.case == "all" else (args.case,):
+        distinct, per_key, value_bytes = CASES[case]
+        with tempfile.TemporaryDirectory(prefix="logcompact-bench-engine-") as tmp:
+            store = LocalStore(Path(tmp) / "store")
+            files, payload = generate(store, distinct, per_key, value_bytes)
+            records = distinct * per_key
+            engine, floors = [], []
+            for _ in range(args.repeat):
+                plan = Plan(
+                    plan_id=f"bench-{uuid.uuid4().hex[:8]}", cluster_id="bench", manifest_version=1, now_ms=NOW + 10**9,
+                    target_level=2, deduplicate=True, inputs=tuple(files), topics={"bench": topic},
+                )
+                started = time.perf_counter()
+                result = run_plan(store, plan)
+                engine.append(time.perf_counter() - started)
+                assert result.stats.records_out == distinct, result.stats
+                floors.append(io_floor(store, files, result.stats.bytes_out, Path(tmp)))
+                for output in result.outputs:
+                    store.delete(output.key)
+            e, f = statistics.median(engine), statistics.median(floors)
+            size = sum(d.size for d in files)
+            print(
+                f"case ({case}): {records:,} records, {value_bytes} B values, {payload / 1e9:.2f} GB of keys and values, "
+                f"{size / 1e9:.2f} GB in files -> {distinct:,} records out\n"
+                f"  engine {e:.2f} s: {records / e / 1e6:.2f} M records/s, {payload / e / 1e9:.2f} GB/s per core; "
+                f"I/O floor {f:.2f} s; engine / floor = {e / f:.1f}x  (runs: {', '.join(f'{x:.2f}' for x in engine)})",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
