@@ -104,9 +104,13 @@ class _FileCursor:
             pass
 
 
-def _absolute_batches(section: StreamedSection, first_offset: int) -> Iterator[pa.RecordBatch]:
+# Pass 1 needs only these: the other columns' bytes stream past undecoded.
+PASS1_COLUMNS = ("offset_delta", "timestamp", "key_hash")
+
+
+def _absolute_batches(section: StreamedSection, first_offset: int, columns: tuple[str, ...] | None) -> Iterator[pa.RecordBatch]:
     """The section's batches with an `offset` column (first offset + delta) in front."""
-    for batch in section.batches():
+    for batch in section.batches(columns):
         offsets = pc.add(batch.column("offset_delta").cast(pa.int64()), pa.scalar(first_offset, pa.int64()))
         yield pa.RecordBatch.from_arrays([offsets, *batch.columns], names=["offset", *batch.schema.names])
 
@@ -340,7 +344,7 @@ class _PartitionCleaner:
         self.young_from: int | None = None  # the first uncleanable offset, found by pass 1
         self.removes_tombstones = True  # false after a partial-progress stop
 
-    def _records(self, cursors: _Cursors) -> _PartitionReader:
+    def _records(self, cursors: _Cursors, columns: tuple[str, ...] | None = None) -> _PartitionReader:
         """This pass's reader of the partition in offset order; sections wholly past retention are skipped.
 
         Sections whose offset ranges overlap (one spans a hole another fills) are merged by offset; the
@@ -352,7 +356,7 @@ class _PartitionCleaner:
             section = cursors.section(data_file.key, self.topic, self.partition)
             if self.expire_before is not None and placed.info.max_timestamp < self.expire_before:
                 continue  # every record expired: the stream reads past it, nothing is decoded
-            batches = _absolute_batches(section, placed.first_offset)
+            batches = _absolute_batches(section, placed.first_offset, columns)
             if runs and placed.first_offset <= run_end:
                 runs[-1].append(batches)
             else:
@@ -392,12 +396,13 @@ class _PartitionCleaner:
             stats.records_out += out.records
             return
 
-        first = self._records(pass1)
+        first = self._records(pass1, PASS1_COLUMNS)
+        expected_keys = sum(s.info.record_count for _, s in self.sections)
         map_from = self._clean_prefix_end()
         clean_below: int | None = None
         segment = 0
         while True:
-            self.key_map.clear()
+            self.key_map.clear(expected_keys)
             stop = self._fill_map(first, map_from)
             stats.distinct_keys += self.key_map.size
             stats.buffer_utilization = max(stats.buffer_utilization, round(self.key_map.utilization, 4))
@@ -419,7 +424,7 @@ class _PartitionCleaner:
 
     def _eligible(self, batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray]:
         """Rows that take part in deduplication (keyed, before the first young offset), and the young rows."""
-        keyed = np.asarray(pc.is_valid(batch.column("key")))
+        keyed = np.asarray(pc.is_valid(batch.column("key_hash")))  # null exactly when the key is
         if self.young_from is None:
             return keyed, np.zeros(len(keyed), dtype=bool)
         young = batch.column("offset").to_numpy() >= self.young_from

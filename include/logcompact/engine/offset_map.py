@@ -44,8 +44,11 @@ class OffsetMap(ABC):
         """Keys held now."""
 
     @abstractmethod
-    def clear(self) -> None:
-        """Forget every key (a new segment of partial progress, or the next partition)."""
+    def clear(self, expected_keys: int | None = None) -> None:
+        """Forget every key (a new segment of partial progress, or the next partition).
+
+        `expected_keys`, an upper bound on the keys to come, lets an implementation use less memory.
+        """
 
     @abstractmethod
     def put(self, hashes: np.ndarray, offsets: np.ndarray) -> int:
@@ -65,35 +68,54 @@ class OffsetMap(ABC):
 
 
 class CompactOffsetMap(OffsetMap):
+    """The bounded map. Its buffer is allocated once; each `clear` sizes the table in use to the keys
+    expected (at most the whole buffer), so small partitions touch, and clear, only a small table that
+    stays in cache."""
+
     def __init__(self, buffer_bytes: int = DEFAULT_BUFFER_BYTES) -> None:
         slots = buffer_bytes // BYTES_PER_SLOT
         if slots < 2:
             raise ValueError(f"buffer of {buffer_bytes} bytes is too small for a key map: give at least {2 * BYTES_PER_SLOT}")
         self.buffer_bytes = buffer_bytes
-        # One row of five 32-bit words a slot (hash low word, hash high word, offset delta), so a probe
-        # touches one cache line, not three arrays.
-        self._table = np.zeros((slots, 5), dtype=np.uint32)
-        self._table[:, _OFFSET] = _EMPTY
+        self._max_slots = slots
+        # One row of five 32-bit words a slot (hash words, offset delta), so a probe touches one cache
+        # line, not three arrays. np.empty: pages become resident only where a table is used.
+        self._buffer = np.empty(slots * 5, dtype=np.uint32)
         self.capacity = max(1, int(slots * MAX_LOAD))
+        self._table = self._buffer.reshape(slots, 5)
+        self._table_capacity = self.capacity
         self._size = 0
         self._base = -1
+        self._initialized = False  # np.empty: the table holds garbage until the first clear
+        self._written = False  # entries were put since the last clear
 
     @property
     def size(self) -> int:
         return self._size
 
-    def clear(self) -> None:
-        if self._size:
-            self._table[:, _OFFSET] = _EMPTY
+    def clear(self, expected_keys: int | None = None) -> None:
+        """Forget every key; `expected_keys` (an upper bound) lets a small table serve a small partition."""
+        slots = self._max_slots
+        if expected_keys is not None:
+            slots = min(slots, max(1024, 1 << int(2 * max(expected_keys, 1) - 1).bit_length()))
+        if not self._initialized or self._written or slots != len(self._table):
+            self._table = self._buffer[: slots * 5].reshape(slots, 5)
+            self._table.fill(_EMPTY)
+        self._table_capacity = max(1, int(slots * MAX_LOAD)) if slots < self._max_slots else self.capacity
         self._size = 0
         self._base = -1
+        self._initialized = True
+        self._written = False
 
     def put(self, hashes: np.ndarray, offsets: np.ndarray) -> int:
         if len(offsets) == 0:
             return 0
+        if not self._initialized:
+            self.clear()
         if self._base < 0:
             self._base = int(offsets[0])
-        self._size, taken = _put(self._table, self._size, self.capacity, self._base, hashes, offsets.astype(np.int64, copy=False))
+        self._written = True
+        self._size, taken = _put(self._table, self._size, self._table_capacity, self._base, hashes, offsets.astype(np.int64, copy=False))
         return int(taken)
 
     def get(self, hashes: np.ndarray) -> np.ndarray:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import zlib
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Iterator, Sequence
 
 import pyarrow as pa
+from isal.isal_zlib import crc32  # zlib's CRC-32, computed about 4x faster
 from pyroaring import BitMap
 
 from logcompact.exceptions import ChecksumMismatchError, SegmentFormatError
@@ -53,7 +53,7 @@ def _check_version(name: str, magic: bytes, version: int) -> None:
 
 def _decode_section(name: str, index: int, position: int, prefix: bytes, payload: memoryview | bytes) -> Section:
     marker, meta_len, bitmap_len, body_len, crc = SECTION_PREFIX.unpack(prefix)
-    found = zlib.crc32(payload)
+    found = crc32(payload)
     if found != crc:
         raise ChecksumMismatchError(
             f"{name}: section {index} at byte {position} failed its CRC-32 check "
@@ -101,7 +101,7 @@ def read_footer(store: ObjectStore, key: str) -> list[SectionInfo]:
     body = footer[FOOTER_PREFIX.size :]
     if marker != FOOTER_MARKER or len(body) != body_length:
         raise SegmentFormatError(f"{key}: footer at byte {footer_position} is damaged")
-    if zlib.crc32(body) != crc:
+    if crc32(body) != crc:
         raise ChecksumMismatchError(f"{key}: footer failed its CRC-32 check; the file is corrupt, restore it from a copy")
     return [SectionInfo.from_dict(s) for s in json.loads(body)["sections"]]
 
@@ -124,7 +124,7 @@ class _SectionBody:
             size = self.remaining
         data = self._stream._read_exact(size)
         self.remaining -= len(data)
-        self.crc = zlib.crc32(data, self.crc)
+        self.crc = crc32(data, self.crc)
         return data
 
     def drain(self) -> None:
@@ -153,7 +153,7 @@ class StreamedSection:
             **meta, crc32=self._expected_crc, byte_offset=position, byte_length=SECTION_PREFIX.size + meta_len + bitmap_len + body_len
         )
         self._head = head
-        self._body = _SectionBody(stream, body_len, zlib.crc32(head))
+        self._body = _SectionBody(stream, body_len, crc32(head))
         self._bitmap_len = bitmap_len
         self._meta_len = meta_len
 
@@ -162,9 +162,11 @@ class StreamedSection:
         return BitMap.deserialize(self._head[self._meta_len :])
 
     def batches(self, columns: Sequence[str] | None = None) -> Iterator[pa.RecordBatch]:
-        reader = pa.ipc.open_stream(self._body)
-        for batch in reader:
-            yield batch.select(list(columns)) if columns is not None else batch
+        """The records, batch by batch; `columns` decodes only those (the others' bytes are skipped)."""
+        options = None
+        if columns is not None:
+            options = pa.ipc.IpcReadOptions(included_fields=[SECTION_SCHEMA.get_field_index(c) for c in columns])
+        yield from pa.ipc.open_stream(self._body, options=options)
         self.finish()
 
     def table(self) -> pa.Table:
