@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import statistics
 import tempfile
 import time
@@ -24,61 +25,20 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import xxhash
 
-from logcompact.catalog import CatalogSection, DataFile
+from logcompact.catalog import DataFile
 from logcompact.engine.cleaner import run_plan
 from logcompact.engine.offset_map import CompactOffsetMap
 from logcompact.engine.plan import Plan
-from logcompact.format import write_segment
-from logcompact.format.layout import HEADERS_TYPE, SECTION_SCHEMA
 from logcompact.store import LocalStore
 from logcompact.topics import Topic
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.support.synthetic import NOW, write_compacted_log  # noqa: E402
+
 PARTITIONS = 8
 FILES = 10
-NOW = 1_700_000_000_000
 CASES = {"a": (1_000_000, 10, 100), "b": (200_000, 10, 1024)}
-
-
-def generate(store: LocalStore, distinct_keys: int, per_key: int, value_bytes: int, seed: int = 7) -> tuple[list[DataFile], int]:
-    """Input files of a topic-compacted log; returns them and the records' uncompressed bytes."""
-    rng = np.random.default_rng(seed)
-    key_bytes = [b"%036d" % k for k in range(distinct_keys)]
-    keys = pa.array(key_bytes, pa.binary())
-    hashes = pa.array([xxhash.xxh3_128_digest(k) for k in key_bytes], pa.binary(16))
-    pool = pa.array([os.urandom(value_bytes) for _ in range(4096)], pa.binary())
-    order = rng.permutation(np.repeat(np.arange(distinct_keys, dtype=np.int64), per_key))
-    next_offset = np.zeros(PARTITIONS, dtype=np.int64)
-    files, payload = [], 0
-    for number, chunk in enumerate(np.array_split(order, FILES)):
-        sections, placed = [], []
-        for partition in range(PARTITIONS):
-            ids = chunk[chunk % PARTITIONS == partition]
-            n = len(ids)
-            index = pa.array(ids)
-            values = pool.take(pa.array(rng.integers(0, len(pool), n)))
-            table = pa.Table.from_arrays(
-                [
-                    pa.array(np.arange(n, dtype=np.uint32)),
-                    pa.array(NOW + next_offset[partition] + np.arange(n), pa.int64()),
-                    keys.take(index),
-                    hashes.take(index),
-                    values,
-                    pa.nulls(n, HEADERS_TYPE),
-                    pa.nulls(n, pa.int64()),
-                ],
-                schema=SECTION_SCHEMA,
-            )
-            sections.append(("bench", partition, table))
-            placed.append(int(next_offset[partition]))
-            next_offset[partition] += n
-            payload += n * (36 + value_bytes)
-        blob, infos = write_segment(sections, "lz4")
-        key = f"data/l1/bench-{number:02d}.seg"
-        store.put(key, blob)
-        files.append(DataFile(key, 1, len(blob), NOW, tuple(CatalogSection(i, f) for i, f in zip(infos, placed))))
-    return files, payload
 
 
 def io_floor(store: LocalStore, files: list[DataFile], output_bytes: int, workdir: Path) -> float:
@@ -127,7 +87,7 @@ def main() -> None:
         distinct, per_key, value_bytes = CASES[case]
         with tempfile.TemporaryDirectory(prefix="logcompact-bench-engine-") as tmp:
             store = LocalStore(Path(tmp) / "store")
-            files, payload = generate(store, distinct, per_key, value_bytes)
+            files, payload = write_compacted_log(store, "bench", distinct, per_key, value_bytes, PARTITIONS, FILES)
             records = distinct * per_key
             engine, floors = [], []
             for _ in range(args.repeat):
