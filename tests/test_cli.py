@@ -93,3 +93,49 @@ def test_usage_errors_and_help(tmp_path) -> None:
         assert done.returncode == 0 and "Usage: logcompact" in done.stdout
     (error,) = run(env, "--store", f"file://{tmp_path}/none", "topic", "list", expect=1)
     assert "no logcompact cluster in" in error["error"]
+
+
+def test_plan_compact_and_gc(tmp_path) -> None:
+    env = {**os.environ, "LOGCOMPACT_STORE": f"file://{tmp_path}/store"}
+    run(env, "topic", "create", "accounts", "--partitions", "1", "--config", "cleanup.policy=compact")
+    for round_ in range(4):
+        lines = [json.dumps({"partition": 0, "key": f"k{i}", "value": f"{round_}", "timestamp": 1000}) for i in range(5)]
+        run(env, "produce", "accounts", "--now", "1000", stdin="\n".join(lines))
+    assert run(env, "plan", "--now", "2000") == []  # 4 L0 files: under the default 32
+    (plan,) = run(env, "plan", "--min-files", "4", "--now", "2000")
+    assert (plan["target_level"], plan["deduplicate"], len(plan["inputs"])) == (1, False, 4)
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    (copied,) = run(env, "compact", "--plan", str(tmp_path / "plan.json"), "--now", "2000")
+    assert copied["committed"] and copied["records_out"] == 20 and copied["gets"] == 4  # a copy: one GET a file
+    (again,) = run(env, "compact", "--plan", str(tmp_path / "plan.json"), "--now", "2000")
+    assert again == {"plan_id": plan["plan_id"], "committed": False}  # the same plan twice: a no-op
+
+    (full,) = run(env, "compact", "--full", "--topics", "accounts", "--now", "3000")
+    assert full["records_out"] == 5 and full["duplicates_removed"] == 15
+    assert [(r["key"], r["value"]) for r in run(env, "consume", "accounts", "--partition", "0")] == [
+        (f"k{i}", "3") for i in range(5)
+    ]
+    assert [f["level"] for f in run(env, "files")] == [2]
+    (report,) = run(env, "gc", "--now", "3000")
+    assert report == {"deleted_files": [], "deleted_manifests": [], "kept_unreferenced_young": 0}
+
+    (error,) = run(env, "compact", "--all", "--full", expect=2)
+    assert "choose exactly one of --plan FILE, --all, --until-idle, --full" in error["error"]
+    stale = {**plan, "plan_id": "p-stale"}  # a different plan over inputs that are gone
+    (tmp_path / "stale.json").write_text(json.dumps(stale))
+    (error,) = run(env, "compact", "--plan", str(tmp_path / "stale.json"), expect=1)
+    assert "expected input data/l0/" in error["error"] and "re-plan" in error["error"]
+    (tmp_path / "bad.json").write_text('{"format": 1}')
+    (error,) = run(env, "compact", "--plan", str(tmp_path / "bad.json"), expect=1)
+    assert "malformed plan" in error["error"]
+
+
+def test_compact_until_idle_cascades_levels(tmp_path) -> None:
+    env = {**os.environ, "LOGCOMPACT_STORE": f"file://{tmp_path}/store", "LOGCOMPACT_NOW_MS": "5000"}
+    run(env, "topic", "create", "t", "--partitions", "2", "--config", "cleanup.policy=compact")
+    for round_ in range(2):
+        run(env, "produce", "t", stdin="\n".join(json.dumps({"partition": i % 2, "key": f"k{i}", "value": f"{round_}"}) for i in range(6)))
+    jobs = run(env, "compact", "--until-idle", "--min-files", "1")
+    assert [j["target_level"] for j in jobs] == [1, 2, 3, 4]
+    assert [f["level"] for f in run(env, "files")] == [4]
+    assert sorted(r["value"] for p in (0, 1) for r in run(env, "consume", "t", "--partition", str(p))) == ["1"] * 6

@@ -17,8 +17,7 @@ import click
 
 from logcompact.catalog import Catalog
 from logcompact.consume import read_records
-from logcompact.engine.cleaner import run_plan
-from logcompact.engine.commit import DEFAULT_GC_GRACE_MS, collect_garbage, commit_plan
+from logcompact.engine.commit import DEFAULT_GC_GRACE_MS, collect_garbage, run_and_commit
 from logcompact.engine.offset_map import DEFAULT_BUFFER_BYTES
 from logcompact.engine.plan import DEFAULT_TARGET_FILE_BYTES, Plan
 from logcompact.exceptions import InvalidRecordError, LogcompactError
@@ -280,10 +279,11 @@ def plan_command(ctx: Context, min_files: int, buffer_bytes: int, target_file_by
 
 
 def _run_and_commit(ctx: Context, catalog: Catalog, plan: Plan) -> None:
-    plan.check_against(catalog.load())
-    result = run_plan(ctx.store, plan)
-    _, committed = commit_plan(catalog, plan, [result], ctx.clock())
-    _emit({**result.stats.to_dict(), "committed": committed})
+    result = run_and_commit(catalog, plan, ctx.clock())
+    if result is None:
+        _emit({"plan_id": plan.plan_id, "committed": False})
+    else:
+        _emit({**result.stats.to_dict(), "committed": True})
 
 
 def _read_plans(path: str) -> list[Plan]:

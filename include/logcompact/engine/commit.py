@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from logcompact.catalog import Catalog, Manifest
 from logcompact.catalog.catalog import manifest_key
-from logcompact.engine.cleaner import JobResult
+from logcompact.engine.cleaner import JobResult, run_plan
 from logcompact.engine.plan import Plan
 from logcompact.exceptions import CommitConflictError
 
@@ -37,6 +37,18 @@ def commit_plan(catalog: Catalog, plan: Plan, results: list[JobResult], now_ms: 
     except _AlreadyCommitted as done:
         log.info("plan %s was already committed; nothing to do", plan.plan_id)
         return done.manifest, False
+
+
+def run_and_commit(catalog: Catalog, plan: Plan, now_ms: int) -> JobResult | None:
+    """Run a plan locally and commit it; None when the plan was committed before (a retry is safe)."""
+    manifest = catalog.load()
+    if plan.plan_id in manifest.recent_plans:
+        log.info("plan %s was already committed; nothing to do", plan.plan_id)
+        return None
+    plan.check_against(manifest)
+    result = run_plan(catalog.store, plan)
+    commit_plan(catalog, plan, [result], now_ms)
+    return result
 
 
 class _AlreadyCommitted(Exception):
