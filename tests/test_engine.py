@@ -227,3 +227,26 @@ def test_gc_deletes_only_old_unreferenced_files(tmp_path) -> None:
     for data_file in catalog.load().files.values():
         assert store.stat(data_file.key) is not None
     assert json.dumps(report.to_dict())
+
+
+def test_output_sections_list_exactly_their_offsets_and_keep_record_bytes(tmp_path) -> None:
+    from logcompact.format import read_section
+
+    catalog = _setup(LocalStore(tmp_path), partitions=2, state={"cleanup_policy": "compact"})
+    produced = []
+    for round_ in range(3):
+        records = [Record(i % 2, b"k%d" % (i % 7), os.urandom(20), NOW + i, [("h", b"%d" % i)]) for i in range(30)]
+        offsets = _produce(catalog, "state", records)
+        produced += list(zip(offsets, records))
+    result = _full(catalog)
+    by_partition_offset = {(r.partition, o): r for o, r in produced}
+    for data_file in result.outputs:
+        for placed in data_file.sections:
+            section = read_section(catalog.store, data_file.key, placed.info.byte_offset, placed.info.byte_length)
+            deltas = section.table().column("offset_delta").to_pylist()
+            assert list(section.offset_deltas) == deltas and deltas[0] == 0
+            for record in read_records(catalog.store, catalog.load(), "state", placed.partition):
+                original = by_partition_offset[(placed.partition, record.offset)]
+                assert (record.key, record.value, record.timestamp, record.headers) == (
+                    original.key, original.value, original.timestamp, list(original.headers),
+                )
