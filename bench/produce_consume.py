@@ -79,25 +79,15 @@ def open_backend(backend: str, workdir: Path, s3_client) -> ObjectStore:
 
 def start_s3(workdir: Path):
     """A boto3 client for the S3 backend: AWS_ENDPOINT_URL if set, otherwise a Ceph RGW started here."""
-    import boto3
-
-    from logcompact.store.s3 import CLIENT_CONFIG
+    from logcompact.store.s3 import default_client
 
     if os.environ.get("AWS_ENDPOINT_URL"):
-        return boto3.client("s3", config=CLIENT_CONFIG), lambda: None
+        return default_client(), lambda: None
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from tests.support.rgw import start_rgw
 
     server, stop = start_rgw(workdir / "rgw")
-    client = boto3.client(
-        "s3",
-        endpoint_url=server.endpoint_url,
-        aws_access_key_id=server.access_key,
-        aws_secret_access_key=server.secret_key,
-        region_name=server.region,
-        config=CLIENT_CONFIG,
-    )
-    return client, stop
+    return server.client(), stop
 
 
 def main() -> None:

@@ -11,12 +11,11 @@ import uuid
 from pathlib import Path
 from typing import Callable, Iterator
 
-import boto3
 import pytest
 from hypothesis import HealthCheck, settings
 
 from logcompact.store import LocalStore, ObjectStore
-from logcompact.store.s3 import CLIENT_CONFIG, S3Store
+from logcompact.store.s3 import S3Store
 from tests.support.rgw import RgwServer, rgw_missing_reason, start_rgw
 
 settings.register_profile("logcompact", deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -35,17 +34,6 @@ def rgw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RgwServer]:
         yield server
     finally:
         stop()
-
-
-def rgw_client(server: RgwServer):
-    return boto3.client(
-        "s3",
-        endpoint_url=server.endpoint_url,
-        aws_access_key_id=server.access_key,
-        aws_secret_access_key=server.secret_key,
-        region_name=server.region,
-        config=CLIENT_CONFIG,
-    )
 
 
 def rgw_environment(server: RgwServer) -> dict[str, str]:
@@ -68,7 +56,7 @@ def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[str]
         if backend == "file":
             return LocalStore(tmp_path / "store")
         server = request.getfixturevalue("rgw")
-        client = rgw_client(server)
+        client = server.client()
         bucket = f"test-{uuid.uuid4().hex[:20]}"
         client.create_bucket(Bucket=bucket)
         return S3Store(bucket, "cluster", client=client)

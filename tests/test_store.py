@@ -110,8 +110,6 @@ def test_s3_store_from_an_airflow_connection_never_logs_the_secret(rgw, monkeypa
     import json
     import logging
 
-    from tests.conftest import rgw_client
-
     for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
@@ -126,7 +124,7 @@ def test_s3_store_from_an_airflow_connection_never_logs_the_secret(rgw, monkeypa
             }
         ),
     )
-    rgw_client(rgw).create_bucket(Bucket="from-airflow-connection")
+    rgw.client().create_bucket(Bucket="from-airflow-connection")
     with caplog.at_level(logging.DEBUG):
         store = open_store("s3://from-airflow-connection/cluster", aws_conn_id="logcompact_s3")
         store.put("k", b"v")

@@ -73,6 +73,19 @@ class RgwServer:
     region: str
     workdir: Path
 
+    def client(self, config: Config | None = None):
+        """A boto3 S3 client for this server (logcompact's client settings unless `config` is given)."""
+        if config is None:
+            from logcompact.store.s3 import CLIENT_CONFIG as config
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            region_name=self.region,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            config=config,
+        )
+
 
 class RgwStartError(RuntimeError):
     """Starting the cluster failed.  The message names the failing step and
@@ -641,12 +654,8 @@ def _rss_kib(pid: int) -> Optional[int]:
 
 
 def _self_check() -> int:
-    import tempfile
     import concurrent.futures
-
-    import boto3
-    import botocore.config
-    from botocore.exceptions import ClientError
+    import tempfile
 
     reason = rgw_missing_reason()
     if reason:
@@ -659,21 +668,14 @@ def _self_check() -> int:
         startup = time.monotonic() - t0
         try:
             print(f"endpoint: {server.endpoint_url}  (started in {startup:.1f}s, workdir {server.workdir})")
-            cfg = botocore.config.Config(
+            cfg = Config(
                 s3={"addressing_style": "path"},
                 request_checksum_calculation="when_required",
                 response_checksum_validation="when_required",
                 retries={"max_attempts": 3},
                 max_pool_connections=32,  # let all 16 racers hold a connection at once
             )
-            s3 = boto3.client(
-                "s3",
-                endpoint_url=server.endpoint_url,
-                region_name=server.region,
-                aws_access_key_id=server.access_key,
-                aws_secret_access_key=server.secret_key,
-                config=cfg,
-            )
+            s3 = server.client(cfg)
             bucket = "selfcheck"
             s3.create_bucket(Bucket=bucket)
             print("create_bucket: ok")

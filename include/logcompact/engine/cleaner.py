@@ -170,7 +170,7 @@ class _OutputFiles:
         self._workdir = workdir
         self._writer: SegmentWriter | None = None
         self._sink = None
-        self._sections: list[tuple[int, object]] = []
+        self._first_offsets: list[int] = []  # of the sections of the file being written
         self.files: list[DataFile] = []
 
     def begin_section(self, topic: str, partition: int):
@@ -179,7 +179,7 @@ class _OutputFiles:
         if self._writer is None:
             self._sink = tempfile.NamedTemporaryFile(dir=self._workdir, suffix=".seg", delete=False)
             self._writer = SegmentWriter(self._sink, self._plan.compression)
-            self._first_offsets: list[int] = []
+            self._first_offsets = []
         return self._writer.begin_section(topic, partition)
 
     def section_done(self, first_offset: int) -> None:
