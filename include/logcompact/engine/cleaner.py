@@ -52,11 +52,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from logcompact.catalog import CatalogSection, DataFile
-from logcompact.engine.offset_map import CompactOffsetMap, OffsetMap, hash_words
+from logcompact.engine.offset_map import CompactOffsetMap, OffsetMap
 from logcompact.engine.plan import Plan, TopicPartition
 from logcompact.engine.stats import CompactionStats
 from logcompact.format import SectionStream, SegmentWriter
-from logcompact.format.layout import SECTION_SCHEMA
+from logcompact.format.layout import SECTION_SCHEMA, key_hash_words
 from logcompact.format.reader import StreamedSection
 from logcompact.store.base import ObjectStore
 from logcompact.topics import TopicConfig
@@ -446,7 +446,7 @@ class _PartitionCleaner:
             eligible &= offsets >= map_from
             rows = np.flatnonzero(eligible)
             if len(rows):
-                hashes = hash_words(batch.column("key_hash"))[rows]
+                hashes = key_hash_words(batch.column("key_hash"))[rows]
                 taken = self.key_map.put(hashes, offsets[rows])
                 if taken < len(rows):
                     stop_row = int(rows[taken])
@@ -493,7 +493,7 @@ class _PartitionCleaner:
         else:
             expired = np.zeros(n, dtype=bool)
         eligible, young = self._eligible(batch)
-        latest = self.key_map.get(hash_words(batch.column("key_hash")))
+        latest = self.key_map.get(key_hash_words(batch.column("key_hash")))
         invalid = ~keyed & ~expired
         duplicate = eligible & (latest > offsets) & ~expired
         last_of_key = tombstone & eligible & ~duplicate & ~expired

@@ -16,21 +16,12 @@ from abc import ABC, abstractmethod
 
 import numba
 import numpy as np
-import pyarrow as pa
 
 DEFAULT_BUFFER_BYTES = 128 * 1024 * 1024
 BYTES_PER_SLOT = 20
 MAX_LOAD = 0.98
 _EMPTY = np.uint32(0xFFFFFFFF)
 MAX_OFFSET_DELTA = 0xFFFFFFFE
-
-
-def hash_words(key_hash: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """A key_hash column (fixed_size_binary(16)) as an (n, 2) uint64 array, without copying when possible."""
-    if isinstance(key_hash, pa.ChunkedArray):
-        key_hash = key_hash.combine_chunks()
-    words = np.frombuffer(key_hash.buffers()[1], dtype=np.uint64)
-    return words[key_hash.offset * 2 : (key_hash.offset + len(key_hash)) * 2].reshape(-1, 2)
 
 
 class OffsetMap(ABC):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import struct
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import pyarrow as pa
 
 MAGIC = b"LCSEGMNT"
@@ -38,6 +39,16 @@ SECTION_SCHEMA = pa.schema(
     ]
 )
 
+def key_hash_words(key_hash: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A key_hash column as an (n, 2) uint64 array (rows of null keys hold zeros), without copying."""
+    if isinstance(key_hash, pa.ChunkedArray):
+        key_hash = key_hash.combine_chunks()
+    if len(key_hash) == 0:
+        return np.zeros((0, 2), dtype=np.uint64)
+    words = np.frombuffer(key_hash.buffers()[1], dtype=np.uint64)
+    return words[key_hash.offset * 2 : (key_hash.offset + len(key_hash)) * 2].reshape(-1, 2)
+
+
 # A section spans fewer than 2**32 offsets, so its offsets fit a 32-bit roaring bitmap as deltas.
 MAX_OFFSET_SPAN = 2**32 - 1
 
@@ -65,6 +76,8 @@ class SectionInfo:
     # Records with offset_delta below this have no key in common (written by a deduplicating compaction):
     # the next compaction starts its key map here, Kafka's "first dirty offset". 0: nothing is known clean.
     clean_below_delta: int = 0
+    # HyperLogLog registers of the section's key hashes (logcompact.sketch), base64; "" for no keys.
+    key_sketch: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)

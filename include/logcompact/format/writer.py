@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 import xxhash
 from pyroaring import BitMap
 
+from logcompact import sketch
 from logcompact.format.layout import (
     COMPRESSIONS,
     FILE_HEADER,
@@ -28,6 +29,7 @@ from logcompact.format.layout import (
     SECTION_SCHEMA,
     TRAILER,
     SectionInfo,
+    key_hash_words,
 )
 
 # An Arrow record batch holds at most BATCH_ROWS rows and about BATCH_BYTES bytes, so readers decode a
@@ -95,6 +97,8 @@ class SectionBuilder:
         self._max_timestamp: int | None = None
         self._tombstones = 0
         self._uncompressed_bytes = 0
+        self._sketch = np.zeros(sketch.REGISTERS, dtype=np.uint8)
+        self._keyed = 0
 
     def append(self, batch: pa.RecordBatch | pa.Table) -> None:
         """Records in offset order continuing the ones appended before (deltas from the section's first)."""
@@ -118,6 +122,11 @@ class SectionBuilder:
         if self._max_timestamp is None or min_max["max"] > self._max_timestamp:
             self._max_timestamp = min_max["max"]
         self._tombstones += batch.column("value").null_count
+        key_hash = batch.column("key_hash")
+        if key_hash.null_count < len(key_hash):
+            valid = np.asarray(pc.is_valid(key_hash))
+            self._sketch = np.maximum(self._sketch, sketch.sketch_words(key_hash_words(key_hash)[valid, 1]))
+            self._keyed += int(valid.sum())
         self._uncompressed_bytes += batch.nbytes
         self.record_count += batch.num_rows
         rows = max(1024, min(BATCH_ROWS, BATCH_BYTES * batch.num_rows // max(1, batch.nbytes)))
@@ -143,6 +152,7 @@ class SectionBuilder:
             uncompressed_bytes=self._uncompressed_bytes,
             compression=self._writer.compression,
             clean_below_delta=clean_below_delta,
+            key_sketch=sketch.encode(self._sketch) if self._keyed else "",
         )
         meta_bytes = json.dumps(meta, separators=(",", ":")).encode()
         body_length = self._body.tell()
