@@ -14,3 +14,18 @@ def create_topic(catalog: Catalog, name: str, partitions: int = 1, now: int = NO
     catalog.commit(f"create topic {name}", lambda m: (m.with_topic(topic), None), now)
     return topic
 
+
+
+def full_sweep(manifest, now: int, **config):
+    """The full-sweep plan of a manifest, or None for an empty one (planner knobs as keyword arguments)."""
+    from logcompact.planner import PlannerConfig, plan
+
+    found = plan(manifest, now, "full", PlannerConfig(**config))
+    return found[0] if found else None
+
+
+def level_plans(manifest, now: int, min_files: int, **config):
+    """Regular plans with every level's threshold at `min_files`."""
+    from logcompact.planner import PlannerConfig, plan
+
+    return plan(manifest, now, "regular", PlannerConfig(min_files=(min_files,) * 4, **config))

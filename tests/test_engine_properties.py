@@ -18,9 +18,9 @@ from logcompact.consume import read_records
 from logcompact.engine.cleaner import run_plan
 from logcompact.engine.commit import commit_plan
 from logcompact.ingest import Agent, Record
-from logcompact.planner import plan_full_sweep, plan_level_merges
 from logcompact.store import LocalStore, ObjectStore
 from logcompact.topics import Topic
+from tests.helpers import full_sweep, level_plans
 from tests.reference_model import ModelRecord, ReferenceLog
 
 PARTITIONS = 2
@@ -89,9 +89,13 @@ class Harness:
         self.now += advance
         manifest = self.catalog.load()
         if what == "full":
-            plan = plan_full_sweep(manifest, self.now, buffer_bytes=self.buffer_bytes)
+            plan = full_sweep(manifest, self.now, buffer_bytes=self.buffer_bytes, small_cluster_top=4)
         else:
-            plans = [p for p in plan_level_merges(manifest, self.now, min_files=1, buffer_bytes=self.buffer_bytes) if p.target_level == what + 1]
+            plans = [
+                p
+                for p in level_plans(manifest, self.now, 1, buffer_bytes=self.buffer_bytes, small_cluster_top=4, tier_min_files=2)
+                if p.target_level == what + 1 and p.inputs[0].level == what
+            ]
             plan = plans[0] if plans else None
         if plan is None:
             return

@@ -18,11 +18,10 @@ import click
 from logcompact.catalog import Catalog
 from logcompact.consume import read_records
 from logcompact.engine.commit import DEFAULT_GC_GRACE_MS, collect_garbage, run_and_commit
-from logcompact.engine.offset_map import DEFAULT_BUFFER_BYTES
-from logcompact.engine.plan import DEFAULT_TARGET_FILE_BYTES, Plan
+from logcompact.engine.plan import Plan
 from logcompact.exceptions import InvalidRecordError, LogcompactError
 from logcompact.ingest import Agent, Record, wall_clock_ms
-from logcompact.planner import DEFAULT_MIN_FILES, plan_full_sweep, plan_level_merges
+from logcompact.planner import MODES, PlannerConfig, expected_effect, plan, split_into_groups
 from logcompact.store import ObjectStore, open_store
 from logcompact.topics import Topic
 
@@ -251,39 +250,55 @@ def files(ctx: Context, level: int | None) -> None:
 
 # -- compaction --------------------------------------------------------------------------------------
 
-_buffer_option = click.option(
-    "--buffer-bytes", type=click.IntRange(min=40), default=DEFAULT_BUFFER_BYTES, show_default=True,
-    help="Key map size per job (pass 1's bounded buffer).",
-)
-_target_option = click.option(
-    "--target-file-bytes", type=click.IntRange(min=1), default=DEFAULT_TARGET_FILE_BYTES, show_default=True,
-    help="Output files are cut at this size, at a section boundary.",
-)
-_min_files_option = click.option(
-    "--min-files", type=click.IntRange(min=1), default=DEFAULT_MIN_FILES, show_default=True,
-    help="A level is compacted into the next once it holds this many files.",
-)
+def _planner_options(command):
+    for option in reversed([
+        click.option("--min-files", type=click.IntRange(min=1), default=PlannerConfig.min_files[0], show_default=True,
+                     help="A level is compacted into the next once it holds this many files."),
+        click.option("--buffer-bytes", type=click.IntRange(min=40), default=PlannerConfig.buffer_bytes, show_default=True,
+                     help="Key map size per job (pass 1's bounded buffer)."),
+        click.option("--target-file-bytes", type=click.IntRange(min=1), default=PlannerConfig.target_file_bytes,
+                     show_default=True, help="Output files are cut at this size, at a section boundary."),
+        click.option("--group-bytes", type=click.IntRange(min=1), default=PlannerConfig.group_bytes, show_default=True,
+                     help="Plans with more input are split into groups of partitions of about this size."),
+    ]):
+        command = option(command)
+    return command
+
+
+def _config(min_files: int, buffer_bytes: int, target_file_bytes: int, group_bytes: int) -> PlannerConfig:
+    return PlannerConfig(
+        min_files=(min_files,) * 4, buffer_bytes=buffer_bytes, target_file_bytes=target_file_bytes, group_bytes=group_bytes
+    )
+
+
+_mode_option = click.option("--mode", type=click.Choice(MODES), default="regular", show_default=True,
+                            help="regular: levels and size tiers; max-lag: what would stay dirty too long; full: the sweep.")
+_topics_option = click.option("--topics", multiple=True, metavar="TOPIC", help="Only these topics (full and max-lag modes; repeatable).")
 
 
 @cli.command("plan")
 @now_option
-@_min_files_option
-@_buffer_option
-@_target_option
+@_mode_option
+@_topics_option
+@click.option("--dry-run", is_flag=True, help="Print each plan's expected effect instead of the plan.")
+@_planner_options
 @pass_context
-def plan_command(ctx: Context, min_files: int, buffer_bytes: int, target_file_bytes: int) -> None:
-    """Print one JSON plan per level that holds enough files (all of them into the next level)."""
-    manifest = ctx.catalog.load()
-    for plan in plan_level_merges(manifest, ctx.clock(), min_files, buffer_bytes=buffer_bytes, target_file_bytes=target_file_bytes):
-        click.echo(plan.to_json())
+def plan_command(ctx: Context, mode: str, topics: tuple[str, ...], dry_run: bool, **options: int) -> None:
+    """Print the plans a mode calls for now, one JSON line each (nothing is leased or run)."""
+    config = _config(**options)
+    for found in plan(ctx.catalog.load(), ctx.clock(), mode, config, list(topics) or None):
+        if dry_run:
+            _emit({**expected_effect(found), "groups": len(split_into_groups(found, config.group_bytes))})
+        else:
+            click.echo(found.to_json())
 
 
-def _run_and_commit(ctx: Context, catalog: Catalog, plan: Plan) -> None:
-    result = run_and_commit(catalog, plan, ctx.clock())
+def _run_and_commit(ctx: Context, catalog: Catalog, plan_to_run: Plan, config: PlannerConfig) -> None:
+    result = run_and_commit(catalog, plan_to_run, ctx.clock(), config.group_bytes, config.lease_ms)
     if result is None:
-        _emit({"plan_id": plan.plan_id, "committed": False})
+        _emit({"plan_id": plan_to_run.plan_id, "committed": False})
     else:
-        _emit({**result.stats.to_dict(), "committed": True})
+        _emit({**result.to_dict(), "committed": True})
 
 
 def _read_plans(path: str) -> list[Plan]:
@@ -297,41 +312,39 @@ def _read_plans(path: str) -> list[Plan]:
 @cli.command()
 @now_option
 @click.option("--plan", "plan_file", metavar="FILE", help="Run the plan(s) in FILE (JSON, or JSON lines; - for stdin).")
-@click.option("--all", "run_all", is_flag=True, help="Plan now, run every plan locally, commit.")
+@click.option("--all", "run_all", is_flag=True, help="Plan now (--mode), run every plan locally, commit.")
 @click.option("--until-idle", is_flag=True, help="Repeat --all until nothing is left to plan.")
 @click.option("--full", is_flag=True, help="Full sweep: every live file of the topics, deduplicated into the top level.")
-@click.option("--topics", multiple=True, metavar="TOPIC", help="With --full: only these topics (repeatable).")
-@_min_files_option
-@_buffer_option
-@_target_option
+@_mode_option
+@_topics_option
+@_planner_options
 @pass_context
 def compact(
-    ctx: Context, plan_file: str | None, run_all: bool, until_idle: bool, full: bool, topics: tuple[str, ...],
-    min_files: int, buffer_bytes: int, target_file_bytes: int,
+    ctx: Context, plan_file: str | None, run_all: bool, until_idle: bool, full: bool, mode: str, topics: tuple[str, ...],
+    **options: int,
 ) -> None:
-    """Run compaction locally and commit it; prints each job's stats as a JSON line."""
+    """Run compaction locally and commit it; prints each job's stats as a JSON line.
+
+    Plans made here lease their files in the catalog until they commit, fail or expire, so concurrent
+    schedulers never compact the same files twice.
+    """
     if sum(map(bool, (plan_file, run_all, until_idle, full))) != 1:
         raise click.UsageError("choose exactly one of --plan FILE, --all, --until-idle, --full")
-    if topics and not full:
-        raise click.UsageError("--topics goes with --full")
     catalog = ctx.catalog
-    options = dict(buffer_bytes=buffer_bytes, target_file_bytes=target_file_bytes)
+    config = _config(**options)
     if plan_file:
-        for plan in _read_plans(plan_file):
-            _run_and_commit(ctx, catalog, plan)
-    elif full:
-        plan = plan_full_sweep(catalog.load(), ctx.clock(), list(topics) or None, **options)
-        if plan is not None:
-            _run_and_commit(ctx, catalog, plan)
-    else:
-        for _ in range(MAX_ROUNDS if until_idle else 1):
-            plans = plan_level_merges(catalog.load(), ctx.clock(), min_files, **options)
-            if not plans:
-                return
-            for plan in plans:
-                _run_and_commit(ctx, catalog, plan)
-        if until_idle:
-            raise LogcompactError(f"still not idle after {MAX_ROUNDS} rounds of compaction; is ingest outpacing it?")
+        for found in _read_plans(plan_file):
+            _run_and_commit(ctx, catalog, found, config)
+        return
+    mode = "full" if full else mode
+    for _ in range(MAX_ROUNDS if until_idle else 1):
+        plans = plan(catalog.load(), ctx.clock(), mode, config, list(topics) or None)
+        if not plans:
+            return
+        for found in plans:
+            _run_and_commit(ctx, catalog, found, config)
+    if until_idle:
+        raise LogcompactError(f"still not idle after {MAX_ROUNDS} rounds of compaction; is ingest outpacing it?")
 
 
 @cli.command()

@@ -13,7 +13,7 @@ from logcompact.catalog import Catalog
 from logcompact.exceptions import TopicExistsError, VerificationError
 from logcompact.consume import latest_values, read_batches
 from logcompact.engine.commit import run_and_commit
-from logcompact.planner import plan_full_sweep
+from logcompact.planner import plan
 from logcompact.ingest import Agent, Record
 from logcompact.store import ObjectStore
 from logcompact.topics import Topic
@@ -123,11 +123,11 @@ def compact_and_verify(
     store: ObjectStore, catalog: Catalog, produced: dict[str, list[Record]], now: int, echo: Callable[[str], None]
 ) -> None:
     """A full sweep (`logcompact compact --full`), then: exactly one record per key in compacted topics."""
-    plan = plan_full_sweep(catalog.load(), now)
-    result = run_and_commit(catalog, plan, now)
-    stats = result.stats
+    (sweep,) = plan(catalog.load(), now, "full")
+    result = run_and_commit(catalog, sweep, now)
+    stats = result.groups[0]
     echo(
-        f"full sweep into L{plan.target_level}: {stats.records_in:,} records in, {stats.records_out:,} out "
+        f"full sweep into L{sweep.target_level}: {stats.records_in:,} records in, {stats.records_out:,} out "
         f"({stats.duplicates_removed:,} duplicates removed, {stats.tombstones_stamped:,} tombstones stamped) "
         f"in {stats.seconds:.2f} s: {stats.records_in / stats.seconds:,.0f} records/s, {stats.gets} GETs, {stats.puts} PUTs"
     )

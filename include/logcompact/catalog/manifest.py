@@ -110,6 +110,8 @@ class Manifest:
     files: Mapping[str, DataFile] = field(default_factory=lambda: _frozen({}))
     # Ids of the last RECENT_PLANS compaction plans committed: committing one again is a no-op.
     recent_plans: tuple[str, ...] = ()
+    # File key -> (plan id, expiry ms): files an in-flight plan holds; planners leave them alone.
+    leases: Mapping[str, tuple[str, int]] = field(default_factory=lambda: _frozen({}))
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -199,7 +201,30 @@ class Manifest:
                 raise CommitConflictError(f"output file {data_file.key} is already live in manifest version {self.version}")
             files[data_file.key] = data_file
         plans = self.recent_plans if plan_id is None else (self.recent_plans + (plan_id,))[-RECENT_PLANS:]
-        return replace(self, files=_frozen(files), recent_plans=plans)
+        leases = {key: lease for key, lease in self.leases.items() if key in files and lease[0] != plan_id}
+        return replace(self, files=_frozen(files), recent_plans=plans, leases=_frozen(leases))
+
+    def leased_files(self, now_ms: int) -> set[str]:
+        return {key for key, (_plan, expires) in self.leases.items() if expires > now_ms}
+
+    def with_lease(self, plan_id: str, keys: Iterable[str], expires_ms: int, now_ms: int) -> Manifest:
+        """Lease files to a plan; a file leased to another live plan, or gone, is a conflict."""
+        keys = list(keys)
+        gone = [key for key in keys if key not in self.files]
+        if gone:
+            raise CommitConflictError(f"plan {plan_id}: file {gone[0]} is no longer live in manifest version {self.version}; re-plan")
+        for key in keys:
+            holder = self.leases.get(key)
+            if holder and holder[0] != plan_id and holder[1] > now_ms:
+                raise CommitConflictError(
+                    f"plan {plan_id}: file {key} is leased to plan {holder[0]} until {holder[1]}; re-plan after it commits or expires"
+                )
+        leases = {k: v for k, v in self.leases.items() if v[1] > now_ms and k in self.files}
+        leases.update({key: (plan_id, expires_ms) for key in keys})
+        return replace(self, leases=_frozen(leases))
+
+    def without_lease(self, plan_id: str) -> Manifest:
+        return replace(self, leases=_frozen({k: v for k, v in self.leases.items() if v[0] != plan_id}))
 
     # -- encoding -----------------------------------------------------------------------------------
 
@@ -215,6 +240,7 @@ class Manifest:
             "next_offsets": {name: list(values) for name, values in self.next_offsets.items()},
             "files": [f.to_dict() for f in self.files.values()],
             "recent_plans": list(self.recent_plans),
+            "leases": [[key, plan, expires] for key, (plan, expires) in sorted(self.leases.items())],
         }
         return json.dumps(document, separators=(",", ":")).encode()
 
@@ -235,4 +261,5 @@ class Manifest:
             next_offsets=_frozen({name: tuple(v) for name, v in document["next_offsets"].items()}),
             files=_frozen({f["key"]: DataFile.from_dict(f) for f in document["files"]}),
             recent_plans=tuple(document.get("recent_plans", ())),
+            leases=_frozen({key: (plan, expires) for key, plan, expires in document.get("leases", ())}),
         )

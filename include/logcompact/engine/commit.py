@@ -9,6 +9,8 @@ from logcompact.catalog import Catalog, Manifest
 from logcompact.catalog.catalog import manifest_key
 from logcompact.engine.cleaner import JobResult, run_plan
 from logcompact.engine.plan import Plan
+from logcompact.engine.stats import CompactionStats
+from logcompact.planner.groups import split_into_groups
 from logcompact.exceptions import CommitConflictError
 
 log = logging.getLogger(__name__)
@@ -39,16 +41,59 @@ def commit_plan(catalog: Catalog, plan: Plan, results: list[JobResult], now_ms: 
         return done.manifest, False
 
 
-def run_and_commit(catalog: Catalog, plan: Plan, now_ms: int) -> JobResult | None:
-    """Run a plan locally and commit it; None when the plan was committed before (a retry is safe)."""
+@dataclass
+class PlanResult:
+    """A plan run and committed: the statistics of each of its groups."""
+
+    plan_id: str
+    groups: list[CompactionStats]
+
+    def to_dict(self) -> dict:
+        totals = {name: sum(getattr(g, name) for g in self.groups) for name in _ADDITIVE}
+        first = self.groups[0]
+        return {
+            **first.to_dict(),
+            **totals,
+            "buffer_utilization": max(g.buffer_utilization for g in self.groups),
+            "seconds": round(sum(g.seconds for g in self.groups), 3),
+            "oversized_partitions": [p for g in self.groups for p in g.oversized_partitions],
+            "warnings": sorted({w for g in self.groups for w in g.warnings}),
+            "groups": len(self.groups),
+        }
+
+
+_ADDITIVE = (
+    "records_in", "records_out", "bytes_out", "files_out", "distinct_keys", "overflows", "duplicates_removed",
+    "expired_removed", "tombstones_kept", "tombstones_stamped", "tombstones_removed", "invalid_records",
+    "young_kept", "gets", "puts",
+)
+
+
+def run_and_commit(
+    catalog: Catalog, plan: Plan, now_ms: int, group_bytes: int | None = None, lease_ms: int | None = None
+) -> PlanResult | None:
+    """Run a plan locally, group by group, and commit it whole; None when it was committed before.
+
+    With `lease_ms`, the plan's files are leased in the catalog first (a file leased to another live plan
+    is a conflict) and the lease goes with the commit, or is released if a group fails.
+    """
     manifest = catalog.load()
     if plan.plan_id in manifest.recent_plans:
         log.info("plan %s was already committed; nothing to do", plan.plan_id)
         return None
     plan.check_against(manifest)
-    result = run_plan(catalog.store, plan)
-    commit_plan(catalog, plan, [result], now_ms)
-    return result
+    keys = [f.key for f in plan.inputs]
+    if lease_ms is not None:
+        catalog.commit(f"lease {plan.plan_id}", lambda m: (m.with_lease(plan.plan_id, keys, now_ms + lease_ms, now_ms), None), now_ms)
+    try:
+        groups = split_into_groups(plan, group_bytes) if group_bytes else [plan]
+        results = [run_plan(catalog.store, group) for group in groups]
+        commit_plan(catalog, plan, results, now_ms)
+    except BaseException:
+        if lease_ms is not None:
+            catalog.commit(f"release {plan.plan_id}", lambda m: (m.without_lease(plan.plan_id), None), now_ms)
+        raise
+    return PlanResult(plan.plan_id, [r.stats for r in results])
 
 
 class _AlreadyCommitted(Exception):

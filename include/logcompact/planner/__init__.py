@@ -1,0 +1,49 @@
+"""Choosing what to compact: pure functions from a catalog snapshot to plans (no I/O of their own).
+
+Modes: `regular` (leveled merges L0 -> L1 -> ... -> top, then size tiers at the top), `full` (the daily
+sweep: every file of the chosen topics, across sizes, into the top level), `max-lag` (the partitions whose
+records would otherwise stay dirty past their topic's max.compaction.lag.ms). docs/planner.md explains the
+rules. Files leased to an in-flight plan are never planned again until it commits, fails or expires.
+"""
+
+from __future__ import annotations
+
+from logcompact.catalog import Manifest
+from logcompact.engine.plan import Plan
+from logcompact.planner.config import PlannerConfig
+from logcompact.planner.estimate import expected_effect
+from logcompact.planner.groups import split_into_groups
+from logcompact.planner.levels import plan_full_sweep, plan_regular, size_tiers, top_level
+from logcompact.planner.max_lag import dirty_since, plan_max_lag
+
+MODES = ("regular", "max-lag", "full")
+
+__all__ = [
+    "MODES",
+    "PlannerConfig",
+    "dirty_since",
+    "expected_effect",
+    "plan",
+    "plan_full_sweep",
+    "plan_max_lag",
+    "plan_regular",
+    "size_tiers",
+    "split_into_groups",
+    "top_level",
+]
+
+
+def plan(
+    manifest: Manifest, now_ms: int, mode: str = "regular", config: PlannerConfig = PlannerConfig(), topics: list[str] | None = None
+) -> list[Plan]:
+    """The plans a mode calls for now, leaving out files leased to in-flight plans."""
+    leased = manifest.leased_files(now_ms)
+    if mode == "regular":
+        return plan_regular(manifest, now_ms, config, leased)
+    if mode == "full":
+        found = plan_full_sweep(manifest, now_ms, config, leased, topics)
+    elif mode == "max-lag":
+        found = plan_max_lag(manifest, now_ms, config, leased, topics)
+    else:
+        raise ValueError(f"planner mode {mode!r} is not one of {', '.join(MODES)}")
+    return [found] if found is not None else []

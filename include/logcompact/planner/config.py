@@ -1,0 +1,38 @@
+"""The planner's knobs, with WarpStream's values as defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from logcompact.engine.offset_map import DEFAULT_BUFFER_BYTES
+from logcompact.engine.plan import DEFAULT_MAX_PARTITION_BYTES, DEFAULT_TARGET_FILE_BYTES
+
+MINUTE_MS = 60_000
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    # A level is compacted into the next once it holds this many files (L0, L1, L2, L3).
+    min_files: tuple[int, int, int, int] = (32, 32, 32, 32)
+    # Records are deduplicated from this level up; L0 to L1 only copies and splits.
+    dedup_from_level: int = 2
+    # A small cluster's top level is L2; a big one's is L4. A cluster is big once it holds at least
+    # `big_cluster_files` live files at L1 and above (the count grows with ingest rate and time between
+    # sweeps); a level that already holds files is never abandoned.
+    small_cluster_top: int = 2
+    big_cluster_top: int = 4
+    big_cluster_files: int = 512
+    # Size tiers at the top level: `tier_min_files` files whose sizes are within `tier_size_ratio` of
+    # the tier's smallest are merged; files of very different sizes are not, except by the full sweep.
+    tier_min_files: int = 10
+    tier_size_ratio: float = 4.0
+    # Max-lag pass: how often it runs, and how long after a record becomes dirty it must be compacted.
+    max_lag_pass_interval_ms: int = 15 * MINUTE_MS
+    max_lag_deadline_ms: int = 30 * MINUTE_MS
+    # A plan's files stay leased this long unless it commits or fails first.
+    lease_ms: int = 60 * MINUTE_MS
+    # A plan whose inputs hold more than this is split into groups of topic-partitions for parallel workers.
+    group_bytes: int = 1024**3
+    buffer_bytes: int = DEFAULT_BUFFER_BYTES
+    target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES
+    max_partition_bytes: int = DEFAULT_MAX_PARTITION_BYTES

@@ -1,0 +1,40 @@
+"""A plan's expected effect, from the catalog alone: bytes, files, and records a deduplication removes."""
+
+from __future__ import annotations
+
+from logcompact import sketch
+from logcompact.engine.plan import Plan
+
+
+def expected_effect(plan: Plan) -> dict:
+    """Input and output bytes, files replaced, and records removed estimated from the sections' key sketches
+    (a deduplicated partition keeps about as many records as it has distinct keys)."""
+    records_in = removed = 0
+    per_partition: dict[tuple[str, int], list] = {}
+    for data_file in plan.inputs:
+        for section in data_file.sections:
+            records_in += section.info.record_count
+            per_partition.setdefault((section.topic, section.partition), []).append(section.info)
+    if plan.deduplicate:
+        for (topic, _partition), infos in per_partition.items():
+            if not plan.topics[topic].config.compacted:
+                continue
+            records = sum(i.record_count for i in infos)
+            sketches = [sketch.decode(i.key_sketch) for i in infos if i.key_sketch]
+            distinct = sketch.estimate(sketch.merge(*sketches)) if sketches else records
+            removed += max(0, records - min(records, round(distinct)))
+    bytes_in = sum(f.size for f in plan.inputs)
+    kept = (records_in - removed) / records_in if records_in else 1.0
+    return {
+        "plan_id": plan.plan_id,
+        "mode": plan.mode,
+        "target_level": plan.target_level,
+        "deduplicate": plan.deduplicate,
+        "files_replaced": len(plan.inputs),
+        "input_levels": sorted({f.level for f in plan.inputs}),
+        "input_bytes": bytes_in,
+        "records_in": records_in,
+        "estimated_records_removed": removed,
+        "estimated_output_bytes": round(bytes_in * kept),
+        "groups": None,
+    }
