@@ -139,3 +139,18 @@ def test_compact_until_idle_cascades_levels(tmp_path) -> None:
     assert [j["target_level"] for j in jobs] == [1, 2]  # a small cluster's top level is L2
     assert [f["level"] for f in run(env, "files")] == [2]
     assert sorted(r["value"] for p in (0, 1) for r in run(env, "consume", "t", "--partition", str(p))) == ["1"] * 6
+
+
+def test_plan_modes_and_dry_run(tmp_path) -> None:
+    env = {**os.environ, "LOGCOMPACT_STORE": f"file://{tmp_path}/store", "LOGCOMPACT_NOW_MS": "1700000000000"}
+    run(env, "topic", "create", "t", "--partitions", "2", "--config", "cleanup.policy=compact", "--config", "max.compaction.lag.ms=7200000")
+    for round_ in range(3):
+        run(env, "produce", "t", stdin="\n".join(json.dumps({"partition": i % 2, "key": f"k{i % 10}", "value": f"{round_}"}) for i in range(100)))
+    (effect,) = run(env, "plan", "--mode", "full", "--dry-run")
+    assert effect["files_replaced"] == 3 and effect["records_in"] == 300 and effect["groups"] == 1
+    assert 260 <= effect["estimated_records_removed"] <= 300  # 280: 20 keys survive of 300 records
+    assert run(env, "plan", "--mode", "max-lag") == []  # nothing is dirty yet
+    (due,) = run(env, "plan", "--mode", "max-lag", "--now", str(1700000000000 + 7200000))
+    assert due["mode"] == "max-lag" and len(due["inputs"]) == 3
+    (error,) = run(env, "plan", "--mode", "sideways", expect=2)
+    assert "'sideways' is not one of" in error["error"]

@@ -68,6 +68,14 @@ class DataFile:
     def record_count(self) -> int:
         return sum(s.info.record_count for s in self.sections)
 
+    @cached_property
+    def partitions(self) -> frozenset[tuple[str, int]]:
+        return frozenset((s.info.topic, s.info.partition) for s in self.sections)
+
+    @cached_property
+    def topics(self) -> frozenset[str]:
+        return frozenset(s.info.topic for s in self.sections)
+
     def to_dict(self) -> dict:
         return {
             "key": self.key,
@@ -135,6 +143,22 @@ class Manifest:
                 index.setdefault((section.topic, section.partition), []).append((data_file, section))
         for sections in index.values():
             sections.sort(key=lambda pair: pair[1].first_offset)
+        return index
+
+    def partition_starts(self, topic: str, partition: int) -> list[tuple[int, str]]:
+        """(first offset, file key) of each live section of a partition, in offset order: a light index
+        for planners, which look at where data starts, not at the data."""
+        return self._partition_starts.get((topic, partition), [])
+
+    @cached_property
+    def _partition_starts(self) -> dict[tuple[str, int], list[tuple[int, str]]]:
+        index: dict[tuple[str, int], list[tuple[int, str]]] = {}
+        for key, data_file in self.files.items():
+            for section in data_file.sections:
+                info = section.info
+                index.setdefault((info.topic, info.partition), []).append((section.first_offset, key))
+        for starts in index.values():
+            starts.sort()
         return index
 
     def files_at(self, level: int | None = None) -> list[DataFile]:

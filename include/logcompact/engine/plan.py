@@ -171,11 +171,12 @@ def new_plan_id(now_ms: int) -> str:
 def outside_floors(manifest: Manifest, input_keys: set[str]) -> dict[TopicPartition, int]:
     """For each partition in the inputs, the smallest offset held by a live file outside them."""
     floors: dict[TopicPartition, int] = {}
-    partitions = {(s.topic, s.partition) for key in input_keys for s in manifest.files[key].sections}
+    partitions = frozenset().union(*(manifest.files[key].partitions for key in input_keys))
     for topic, partition in partitions:
-        for data_file, section in manifest.sections_of(topic, partition):
-            if data_file.key not in input_keys:
-                floors[(topic, partition)] = min(floors.get((topic, partition), section.first_offset), section.first_offset)
+        for first_offset, key in manifest.partition_starts(topic, partition):  # in offset order
+            if key not in input_keys:
+                floors[(topic, partition)] = first_offset
+                break
     return floors
 
 

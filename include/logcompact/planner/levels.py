@@ -11,7 +11,7 @@ from logcompact.planner.config import PlannerConfig
 
 def content_of(manifest: Manifest, data_file: DataFile) -> str:
     """'compacted' when the file holds compacted topics' records (above L0 a file holds one kind only)."""
-    return "compacted" if any(manifest.topics[s.topic].config.compacted for s in data_file.sections) else "other"
+    return "compacted" if any(manifest.topics[t].config.compacted for t in data_file.topics) else "other"
 
 
 def top_level(manifest: Manifest, config: PlannerConfig) -> int:
@@ -25,7 +25,7 @@ def make_plan(
 ) -> Plan:
     inputs = sorted(inputs, key=lambda f: f.key)
     keys = {f.key for f in inputs}
-    topics = sorted({s.topic for f in inputs for s in f.sections})
+    topics = sorted(frozenset().union(*(f.topics for f in inputs)))
     return Plan(
         plan_id=new_plan_id(now_ms),
         cluster_id=manifest.cluster_id,
@@ -81,9 +81,7 @@ def plan_full_sweep(
     for name in topics or ():
         manifest.topic(name)  # an unknown topic is an error, not an empty sweep
     chosen = set(topics) if topics else set(manifest.topics)
-    inputs = [
-        f for f in manifest.files.values() if f.key not in leased and any(s.topic in chosen for s in f.sections)
-    ]
+    inputs = [f for f in manifest.files.values() if f.key not in leased and not chosen.isdisjoint(f.topics)]
     if not inputs:
         return None
     return make_plan(manifest, inputs, min(MAX_LEVEL, top_level(manifest, config)), now_ms, config, "full")

@@ -51,9 +51,7 @@ def plan_max_lag(
                 due.add((name, partition))
     if not due:
         return None
-    inputs = [
-        f for f in manifest.files.values() if any((s.topic, s.partition) in due for s in f.sections)
-    ]
+    inputs = [f for f in manifest.files.values() if not due.isdisjoint(f.partitions)]
     if any(f.key in leased for f in inputs):
         return None  # an in-flight plan holds some of these files; its commit compacts them first
     return make_plan(manifest, inputs, max(config.dedup_from_level, top_level(manifest, config)), now_ms, config, "max-lag")
