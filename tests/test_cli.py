@@ -150,7 +150,7 @@ def test_plan_modes_and_dry_run(tmp_path) -> None:
     assert effect["files_replaced"] == 3 and effect["records_in"] == 300 and effect["groups"] == 1
     assert 260 <= effect["estimated_records_removed"] <= 300  # 280: 20 keys survive of 300 records
     assert run(env, "plan", "--mode", "max-lag") == []  # nothing is dirty yet
-    (due,) = run(env, "plan", "--mode", "max-lag", "--now", str(1700000000000 + 7200000))
+    (due,) = run(env, "plan", "--mode", "max-lag", "--now", str(1700000000000 + 7200000 + 15 * 60000))  # dirty 15 min
     assert due["mode"] == "max-lag" and len(due["inputs"]) == 3
     (error,) = run(env, "plan", "--mode", "sideways", expect=2)
     assert "'sideways' is not one of" in error["error"]
