@@ -1,0 +1,281 @@
+"""A time-compressed run of ingest, the planner and the engine's cost model over simulated hours.
+
+Agents flush an L0 file every 250 ms; every 32 L0 files (from all agents) are copied into one L1 file,
+whose key sketch is drawn from the workload (keys from a Zipf or uniform distribution, a tombstone rate).
+The real planner runs on the simulated catalog whenever a level reaches its threshold, the max-lag pass
+runs on its interval and the full sweep once a day; each plan is applied through the cost model at once.
+
+Reported: write amplification, GETs and PUTs per ingested GiB, live files per level over time, the
+fraction of duplicate records at rest, the delay from produce to first deduplication against all older
+data of the partition (percentiles), and max-lag violations (records first so deduplicated more than
+30 minutes after they became dirty, or never).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from types import MappingProxyType
+
+import numpy as np
+
+from logcompact import sketch
+from logcompact.catalog import CatalogSection, DataFile, Manifest
+from logcompact.format.layout import SectionInfo
+from logcompact.planner import PlannerConfig, plan
+from logcompact.simulate.cost import estimate_job
+from logcompact.topics import MIN_MAX_COMPACTION_LAG_MS, Topic
+
+FLUSH_MS = 250
+L0_BATCH = 32
+HOUR_MS = 3_600_000
+SAMPLE_MS = 10 * 60_000
+GIB = 1024**3
+SECTION_OVERHEAD_BYTES = 1700
+
+
+@dataclass(frozen=True)
+class Workload:
+    agents: int = 1
+    records_per_s: float = 1000.0  # per agent
+    record_bytes: int = 136
+    keys: int = 100_000
+    key_skew: float = 0.0  # Zipf exponent; 0: uniform
+    tombstone_rate: float = 0.01
+    partitions: int = 8
+    hours: float = 24.0
+    max_lag_ms: int | None = None
+    min_lag_ms: int = 0
+
+
+@dataclass
+class Cohort:
+    """Records ingested together, followed until their first deduplication."""
+
+    produced_ms: int
+    records: int
+
+
+@dataclass
+class SimulationResult:
+    name: str
+    workload: dict
+    bytes_ingested: int = 0
+    bytes_written: int = 0
+    gets: int = 0
+    puts: int = 0
+    jobs: int = 0
+    write_amplification: float = 0.0
+    gets_per_gib: float = 0.0
+    puts_per_gib: float = 0.0
+    dedup_delay_s: dict = field(default_factory=dict)
+    max_lag_violations: int = 0
+    duplicate_fraction: list = field(default_factory=list)  # (hour, fraction of records at rest that are duplicates)
+    files_per_level: list = field(default_factory=list)  # (hour, [L0, L1, L2, L3, L4])
+
+    def summary(self) -> dict:
+        last_duplicates = self.duplicate_fraction[-1][1] if self.duplicate_fraction else 0.0
+        return {
+            "planner": self.name,
+            "write_amplification": round(self.write_amplification, 3),
+            "gets_per_gib": round(self.gets_per_gib, 1),
+            "puts_per_gib": round(self.puts_per_gib, 1),
+            "jobs": self.jobs,
+            "dedup_delay_p50_s": self.dedup_delay_s.get("p50"),
+            "dedup_delay_p99_s": self.dedup_delay_s.get("p99"),
+            "max_lag_violations": self.max_lag_violations,
+            "duplicates_at_rest_end": round(last_duplicates, 4),
+            "live_files_end": sum(self.files_per_level[-1][1]) if self.files_per_level else 0,
+        }
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _older_data_outside(found) -> bool:
+    """Whether a live file outside the plan holds data older than the plan's own in one of its partitions:
+    then the plan's records were not deduplicated against all older data."""
+    for (topic, partition), floor in found.outside_floors.items():
+        starts = [s.first_offset for f in found.inputs for s in f.sections if (s.topic, s.partition) == (topic, partition)]
+        if starts and floor < min(starts):
+            return True
+    return False
+
+
+def _mix(values: np.ndarray) -> np.ndarray:
+    """splitmix64: key ids to well-spread 64-bit hashes, as the real key hashes are."""
+    z = values.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+class Simulation:
+    def __init__(self, name: str, workload: Workload, config: PlannerConfig, seed: int = 11) -> None:
+        self.name = name
+        self.workload = workload
+        self.config = config
+        self.rng = np.random.default_rng(seed)
+        settings = {"cleanup.policy": "compact", "min.compaction.lag.ms": str(workload.min_lag_ms)}
+        if workload.max_lag_ms is not None:
+            settings["max.compaction.lag.ms"] = str(workload.max_lag_ms)
+        self.topic = Topic.create("t", workload.partitions, settings, 0)
+        self.lag = max(workload.max_lag_ms, MIN_MAX_COMPACTION_LAG_MS) if workload.max_lag_ms is not None else None
+        self.files: dict[str, DataFile] = {}
+        self.cohorts: dict[str, list[Cohort]] = {}
+        self.next_offset = np.zeros(workload.partitions, dtype=np.int64)
+        self.delays: list[tuple[float, int]] = []
+        self.result = SimulationResult(name, asdict(workload))
+        self._sequence = 0
+        if workload.key_skew > 0:
+            weights = 1.0 / np.arange(1, workload.keys + 1) ** workload.key_skew
+            self._key_p = weights / weights.sum()
+        else:
+            self._key_p = None
+
+    # -- ingest ----------------------------------------------------------------------------------
+
+    def _l1_file(self, start_ms: int, end_ms: int, records: int) -> DataFile:
+        """32 L0 files' worth of records, copied into one L1 file."""
+        w = self.workload
+        keys = self.rng.choice(w.keys, size=records, p=self._key_p)
+        partitions = keys % w.partitions
+        hashes = _mix(keys)
+        sections = []
+        for partition in range(w.partitions):
+            mask = partitions == partition
+            count = int(mask.sum())
+            if not count:
+                continue
+            registers = sketch.sketch_words(hashes[mask])
+            size = count * w.record_bytes + SECTION_OVERHEAD_BYTES
+            first = int(self.next_offset[partition])
+            self.next_offset[partition] += count
+            tombstones = int(self.rng.binomial(count, w.tombstone_rate))
+            info = SectionInfo("t", partition, count, count - 1, start_ms, end_ms, tombstones, count * w.record_bytes,
+                               "lz4", 0, 0, size, 0, sketch.encode(registers))
+            sections.append(CatalogSection(info, first))
+        self._sequence += 1
+        key = f"data/l1/ingest-{self._sequence:09d}.seg"
+        return DataFile(key, 1, sum(s.info.byte_length for s in sections), end_ms, tuple(sections))
+
+    # -- planning and applying -----------------------------------------------------------------------
+
+    def _manifest(self) -> Manifest:
+        return Manifest(
+            cluster_id="sim", version=1, commit_id="sim", created_ms=0, operation="simulate",
+            topics=MappingProxyType({"t": self.topic}), next_offsets=MappingProxyType({"t": tuple(self.next_offset)}),
+            files=MappingProxyType(dict(self.files)),
+        )
+
+    def _run(self, mode: str, now: int) -> None:
+        for found in plan(self._manifest(), now, mode, self.config):
+            cost = estimate_job(found)
+            result = self.result
+            result.jobs += 1
+            result.gets += cost.gets
+            result.puts += cost.puts
+            result.bytes_written += cost.bytes_out
+            against_older = found.deduplicate and not _older_data_outside(found)
+            carried: list[Cohort] = []
+            for data_file in found.inputs:
+                for cohort in self.cohorts.pop(data_file.key):
+                    if against_older:
+                        self._deduplicated(cohort, now)
+                    else:
+                        carried.append(cohort)
+                del self.files[data_file.key]
+            for number, output in enumerate(cost.outputs):
+                self.files[output.key] = output
+                self.cohorts[output.key] = carried if number == 0 else []
+
+    def _deduplicated(self, cohort: Cohort, now: int) -> None:
+        self.delays.append(((now - cohort.produced_ms) / 1000, cohort.records))
+        if self.lag is not None and now > cohort.produced_ms + self.lag + self.config.max_lag_deadline_ms:
+            self.result.max_lag_violations += cohort.records
+
+    # -- the clock ---------------------------------------------------------------------------------
+
+    def run(self) -> SimulationResult:
+        w, result = self.workload, self.result
+        batch_ms = FLUSH_MS * L0_BATCH // w.agents  # time for all agents to write 32 L0 files
+        records_per_batch = w.records_per_s * w.agents * batch_ms / 1000
+        end = int(w.hours * HOUR_MS)
+        next_max_lag = self.config.max_lag_pass_interval_ms
+        next_sweep = 24 * HOUR_MS
+        next_sample = 0
+        regular_due = False
+        now = 0
+        while now < end:
+            start, now = now, now + batch_ms
+            records = int(self.rng.poisson(records_per_batch))
+            if records:
+                l1 = self._l1_file(start, now, records)
+                self.files[l1.key] = l1
+                self.cohorts[l1.key] = [Cohort((start + now) // 2, records)]
+                result.bytes_ingested += records * w.record_bytes
+                result.bytes_written += 2 * records * w.record_bytes  # the L0 files, then their L1 copy
+                result.puts += 2 * L0_BATCH + 2  # 32 L0 files and their commits; the L1 file and its commit
+                result.gets += L0_BATCH
+                result.jobs += 1
+                regular_due = True
+            if regular_due and sum(1 for f in self.files.values() if f.level == 1) >= self.config.min_files[1]:
+                self._run("regular", now)
+                regular_due = False
+            if self.lag is not None and now >= next_max_lag:
+                self._run("max-lag", now)
+                next_max_lag += self.config.max_lag_pass_interval_ms
+            if now >= next_sweep:
+                self._run("full", now)
+                self._run("regular", now)
+                next_sweep += 24 * HOUR_MS
+            if now >= next_sample:
+                self._sample(now)
+                next_sample += SAMPLE_MS
+        self._sample(now)
+        self._finish(end)
+        return result
+
+    def _sample(self, now: int) -> None:
+        levels = [0] * 5
+        for data_file in self.files.values():
+            levels[data_file.level] += 1
+        levels[0] = L0_BATCH // 2  # L0 files waiting for their batch: half a batch on average
+        hour = round(now / HOUR_MS, 3)
+        self.result.files_per_level.append((hour, levels))
+        records = distinct = 0
+        for partition in range(self.workload.partitions):
+            sketches, count = [], 0
+            for data_file in self.files.values():
+                for section in data_file.sections:
+                    if section.info.partition == partition:
+                        count += section.info.record_count
+                        sketches.append(sketch.decode(section.info.key_sketch))
+            if sketches:
+                records += count
+                distinct += min(count, round(sketch.estimate(sketch.merge(*sketches))))
+        self.result.duplicate_fraction.append((hour, (records - distinct) / records if records else 0.0))
+
+    def _finish(self, end: int) -> None:
+        result = self.result
+        for cohorts in self.cohorts.values():
+            for cohort in cohorts:
+                if self.lag is not None and end > cohort.produced_ms + self.lag + self.config.max_lag_deadline_ms:
+                    result.max_lag_violations += cohort.records
+        gib = result.bytes_ingested / GIB
+        result.write_amplification = result.bytes_written / result.bytes_ingested if result.bytes_ingested else 0.0
+        result.gets_per_gib = result.gets / gib if gib else 0.0
+        result.puts_per_gib = result.puts / gib if gib else 0.0
+        if self.delays:
+            delays = np.array([d for d, _ in self.delays])
+            weights = np.array([n for _, n in self.delays], dtype=np.float64)
+            order = np.argsort(delays)
+            cumulative = np.cumsum(weights[order]) / weights.sum()
+            result.dedup_delay_s = {
+                f"p{q}": round(float(delays[order][np.searchsorted(cumulative, q / 100)]), 1) for q in (50, 90, 99)
+            }
+
+
+def compare(workload: Workload, planners: dict[str, PlannerConfig]) -> list[SimulationResult]:
+    """Run each planner on the same workload (same seed, so the same records)."""
+    return [Simulation(name, workload, config).run() for name, config in planners.items()]
+
