@@ -168,10 +168,27 @@ def new_plan_id(now_ms: int) -> str:
     return f"p{now_ms}-{uuid.uuid4().hex[:12]}"
 
 
-def outside_floors(manifest: Manifest, input_keys: set[str]) -> dict[TopicPartition, int]:
-    """For each partition in the inputs, the smallest offset held by a live file outside them."""
+def outside_floors(
+    manifest: Manifest, input_keys: set[str], partitions: set[TopicPartition] | None = None
+) -> dict[TopicPartition, int]:
+    """For each partition in the inputs (`partitions`, when the caller has them), the smallest offset held
+    by a live file outside the inputs."""
+    if len(manifest.files) - len(input_keys) <= len(input_keys):
+        # Few files outside (a sweep): look at their sections, keep the partitions the inputs also hold.
+        lowest: dict[TopicPartition, int] = {}
+        outside = (f for key, f in manifest.files.items() if key not in input_keys)
+        for data_file in outside:
+            for section in data_file.sections:
+                tp = (section.info.topic, section.info.partition)
+                if section.first_offset < lowest.get(tp, 1 << 62):
+                    lowest[tp] = section.first_offset
+        return {
+            tp: floor for tp, floor in lowest.items()
+            if any(key in input_keys for _, key in manifest.partition_starts(*tp))
+        }
     floors: dict[TopicPartition, int] = {}
-    partitions = frozenset().union(*(manifest.files[key].partitions for key in input_keys))
+    if partitions is None:
+        partitions = {(s.info.topic, s.info.partition) for key in input_keys for s in manifest.files[key].sections}
     for topic, partition in partitions:
         for first_offset, key in manifest.partition_starts(topic, partition):  # in offset order
             if key not in input_keys:

@@ -10,8 +10,9 @@ from logcompact.planner.config import PlannerConfig
 
 
 def content_of(manifest: Manifest, data_file: DataFile) -> str:
-    """'compacted' when the file holds compacted topics' records (above L0 a file holds one kind only)."""
-    return "compacted" if any(manifest.topics[t].config.compacted for t in data_file.topics) else "other"
+    """'compacted' when the file holds compacted topics' records. Above L0, where this is asked, a file holds
+    one kind only (the L0 to L1 job splits them), so its first section tells."""
+    return "compacted" if manifest.topics[data_file.sections[0].info.topic].config.compacted else "other"
 
 
 def top_level(manifest: Manifest, config: PlannerConfig) -> int:
@@ -25,7 +26,8 @@ def make_plan(
 ) -> Plan:
     inputs = sorted(inputs, key=lambda f: f.key)
     keys = {f.key for f in inputs}
-    topics = sorted(frozenset().union(*(f.topics for f in inputs)))
+    partitions = {(s.info.topic, s.info.partition) for f in inputs for s in f.sections}
+    topics = sorted({topic for topic, _ in partitions})
     return Plan(
         plan_id=new_plan_id(now_ms),
         cluster_id=manifest.cluster_id,
@@ -36,7 +38,7 @@ def make_plan(
         deduplicate=target_level >= config.dedup_from_level,
         inputs=tuple(inputs),
         topics={name: manifest.topics[name] for name in topics},
-        outside_floors=outside_floors(manifest, keys),
+        outside_floors=outside_floors(manifest, keys, partitions),
         buffer_bytes=config.buffer_bytes,
         target_file_bytes=config.target_file_bytes,
         max_partition_bytes=config.max_partition_bytes,
@@ -81,7 +83,10 @@ def plan_full_sweep(
     for name in topics or ():
         manifest.topic(name)  # an unknown topic is an error, not an empty sweep
     chosen = set(topics) if topics else set(manifest.topics)
-    inputs = [f for f in manifest.files.values() if f.key not in leased and not chosen.isdisjoint(f.topics)]
+    if chosen == set(manifest.topics):
+        inputs = [f for key, f in manifest.files.items() if key not in leased]
+    else:
+        inputs = [f for f in manifest.files.values() if f.key not in leased and not chosen.isdisjoint(f.topics)]
     if not inputs:
         return None
     return make_plan(manifest, inputs, min(MAX_LEVEL, top_level(manifest, config)), now_ms, config, "full")

@@ -13,25 +13,67 @@ dirty within one interval is compacted together, so files are not rewritten over
 
 from __future__ import annotations
 
-from logcompact.catalog import CatalogSection, DataFile, Manifest
+from dataclasses import dataclass, field
+
+from logcompact.catalog import CatalogSection, Manifest
 from logcompact.engine.plan import Plan
 from logcompact.planner.config import PlannerConfig
 from logcompact.planner.levels import make_plan, top_level
 from logcompact.topics import LONG_MAX, MIN_MAX_COMPACTION_LAG_MS
 
 
+@dataclass
+class _PartitionState:
+    base_offset: int = 1 << 62  # the partition's lowest section: where its oldest data is
+    base_clean: bool = False
+    base_min_ts: int = 0
+    others_min_ts: int | None = None  # the oldest record outside the base section
+    files: list[str] = field(default_factory=list)
+
+    def add(self, key: str, level: int, section: CatalogSection, dedup_from_level: int) -> None:
+        self.files.append(key)
+        info = section.info
+        if section.first_offset < self.base_offset:
+            if self.base_offset != 1 << 62:
+                self._other(self.base_min_ts)
+            self.base_offset = section.first_offset
+            self.base_clean = level >= dedup_from_level and info.clean_below_delta > info.last_delta
+            self.base_min_ts = info.min_timestamp
+        else:
+            self._other(info.min_timestamp)
+
+    def _other(self, min_ts: int) -> None:
+        self.others_min_ts = min_ts if self.others_min_ts is None else min(self.others_min_ts, min_ts)
+
+    def dirty_since(self, lag: int) -> int | None:
+        oldest_dirty = self.others_min_ts
+        if not self.base_clean:
+            oldest_dirty = self.base_min_ts if oldest_dirty is None else min(oldest_dirty, self.base_min_ts)
+        return None if oldest_dirty is None else oldest_dirty + lag
+
+
+def _states(manifest: Manifest, topics: set[str], config: PlannerConfig) -> dict[tuple[str, int], _PartitionState]:
+    """One pass over the catalog: per partition of the chosen topics, its base section and oldest other record."""
+    states: dict[tuple[str, int], _PartitionState] = {}
+    for key, data_file in manifest.files.items():
+        for section in data_file.sections:
+            info = section.info
+            if info.topic in topics:
+                state = states.get((info.topic, info.partition))
+                if state is None:
+                    state = states[(info.topic, info.partition)] = _PartitionState()
+                state.add(key, data_file.level, section, config.dedup_from_level)
+    return states
+
+
+def _lag(manifest: Manifest, topic: str) -> int:
+    return max(manifest.topics[topic].config.max_compaction_lag_ms, MIN_MAX_COMPACTION_LAG_MS)
+
+
 def dirty_since(manifest: Manifest, topic: str, partition: int, config: PlannerConfig) -> int | None:
     """When the partition's oldest record not yet deduplicated against older data became (or becomes) dirty."""
-    lag = max(manifest.topics[topic].config.max_compaction_lag_ms, MIN_MAX_COMPACTION_LAG_MS)
-    sections: list[tuple[DataFile, CatalogSection]] = manifest.sections_of(topic, partition)
-    if not sections:
-        return None
-    base_file, base = sections[0]
-    base_is_clean = base_file.level >= config.dedup_from_level and base.info.clean_below_delta > base.info.last_delta
-    dirty = sections[1:] if base_is_clean else sections
-    if not dirty:
-        return None
-    return min(s.info.min_timestamp for _, s in dirty) + lag
+    state = _states(manifest, {topic}, config).get((topic, partition))
+    return None if state is None else state.dirty_since(_lag(manifest, topic))
 
 
 def plan_max_lag(
@@ -39,19 +81,20 @@ def plan_max_lag(
 ) -> Plan | None:
     """One plan over every file holding a partition that must be compacted in this pass, or None."""
     horizon = now_ms + config.max_lag_pass_interval_ms - config.max_lag_deadline_ms
-    due: set[tuple[str, int]] = set()
-    for name, topic in manifest.topics.items():
-        if topics and name not in topics:
-            continue
-        if not topic.config.compacted or topic.config.max_compaction_lag_ms >= LONG_MAX:
-            continue
-        for partition in range(topic.partitions):
-            since = dirty_since(manifest, name, partition, config)
-            if since is not None and since <= horizon:
-                due.add((name, partition))
-    if not due:
+    chosen = {
+        name for name, topic in manifest.topics.items()
+        if (not topics or name in topics) and topic.config.compacted and topic.config.max_compaction_lag_ms < LONG_MAX
+    }
+    if not chosen:
         return None
-    inputs = [f for f in manifest.files.values() if not due.isdisjoint(f.partitions)]
-    if any(f.key in leased for f in inputs):
+    inputs: set[str] = set()
+    for (topic, _partition), state in _states(manifest, chosen, config).items():
+        since = state.dirty_since(_lag(manifest, topic))
+        if since is not None and since <= horizon:
+            inputs.update(state.files)
+    if not inputs:
+        return None
+    if not inputs.isdisjoint(leased):
         return None  # an in-flight plan holds some of these files; its commit compacts them first
-    return make_plan(manifest, inputs, max(config.dedup_from_level, top_level(manifest, config)), now_ms, config, "max-lag")
+    files = [manifest.files[key] for key in inputs]
+    return make_plan(manifest, files, max(config.dedup_from_level, top_level(manifest, config)), now_ms, config, "max-lag")
