@@ -69,10 +69,6 @@ class DataFile:
         return sum(s.info.record_count for s in self.sections)
 
     @cached_property
-    def partitions(self) -> frozenset[tuple[str, int]]:
-        return frozenset((s.info.topic, s.info.partition) for s in self.sections)
-
-    @cached_property
     def topics(self) -> frozenset[str]:
         return frozenset(s.info.topic for s in self.sections)
 
