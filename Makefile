@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 CEPH_BINARIES := radosgw ceph-mon ceph-osd
 DEMO_STORE := $(CURDIR)/.demo/store
 
-.PHONY: install deps test demo bench clean
+.PHONY: install deps test demo bench simulate clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -37,8 +37,13 @@ demo: install
 	rm -rf $(DEMO_STORE)
 	$(BIN)/logcompact --store file://$(DEMO_STORE) demo
 
-bench: install
+bench: install deps
 	$(BIN)/python bench/produce_consume.py
+	$(BIN)/python bench/engine.py
+	$(BIN)/python bench/planner.py
+
+simulate: install
+	$(BIN)/logcompact simulate --agents 1 --agents 10 --hours 24 --out .simulate
 
 clean:
-	rm -rf $(VENV) .demo .bench .pytest_cache .hypothesis
+	rm -rf $(VENV) .demo .bench .simulate .pytest_cache .hypothesis
