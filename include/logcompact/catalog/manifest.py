@@ -144,18 +144,24 @@ class Manifest:
     def partition_starts(self, topic: str, partition: int) -> list[tuple[int, str]]:
         """(first offset, file key) of each live section of a partition, in offset order: a light index
         for planners, which look at where data starts, not at the data."""
-        return self._partition_starts.get((topic, partition), [])
+        return self._planning_index[0].get((topic, partition), [])
+
+    def file_partitions(self, key: str) -> tuple[tuple[str, int], ...]:
+        """The (topic, partition) pairs a live file holds."""
+        return self._planning_index[1][key]
 
     @cached_property
-    def _partition_starts(self) -> dict[tuple[str, int], list[tuple[int, str]]]:
-        index: dict[tuple[str, int], list[tuple[int, str]]] = {}
+    def _planning_index(self) -> tuple[dict[tuple[str, int], list[tuple[int, str]]], dict[str, tuple[tuple[str, int], ...]]]:
+        starts: dict[tuple[str, int], list[tuple[int, str]]] = {}
+        file_partitions: dict[str, tuple[tuple[str, int], ...]] = {}
         for key, data_file in self.files.items():
-            for section in data_file.sections:
-                info = section.info
-                index.setdefault((info.topic, info.partition), []).append((section.first_offset, key))
-        for starts in index.values():
-            starts.sort()
-        return index
+            held = tuple((s.info.topic, s.info.partition) for s in data_file.sections)
+            file_partitions[key] = held
+            for tp, section in zip(held, data_file.sections):
+                starts.setdefault(tp, []).append((section.first_offset, key))
+        for offsets in starts.values():
+            offsets.sort()
+        return starts, file_partitions
 
     def files_at(self, level: int | None = None) -> list[DataFile]:
         files = [f for f in self.files.values() if level is None or f.level == level]

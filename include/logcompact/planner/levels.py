@@ -26,7 +26,9 @@ def make_plan(
 ) -> Plan:
     inputs = sorted(inputs, key=lambda f: f.key)
     keys = {f.key for f in inputs}
-    partitions = {(s.info.topic, s.info.partition) for f in inputs for s in f.sections}
+    partitions: set[tuple[str, int]] = set()
+    for key in keys:
+        partitions.update(manifest.file_partitions(key))
     topics = sorted({topic for topic, _ in partitions})
     return Plan(
         plan_id=new_plan_id(now_ms),
