@@ -34,8 +34,15 @@ def compact(
     def expired(r: ModelRecord) -> bool:
         return "delete" in config.cleanup_policy and config.retention_ms >= 0 and r.timestamp < now - config.retention_ms
 
-    if not (deduplicate and config.compacted):
+    if not config.compacted:
         return [r for r in records if not expired(r)]
+    if not deduplicate:
+        return list(records)  # a copy keeps a compacted topic whole: retention needs the key map
+
+    def may_go(r: ModelRecord) -> bool:
+        """A key's record may be removed by retention or its horizon only if no older value of the key can
+        live outside the job."""
+        return lowest_offset_outside is None or r.offset < lowest_offset_outside
 
     # Kafka's first uncleanable offset: the first record within the min lag, and everything after it.
     lag_cut = now - config.min_compaction_lag_ms
@@ -52,7 +59,7 @@ def compact(
 
     survivors = []
     for r in sorted(records, key=lambda r: r.offset):
-        if expired(r) or r.key is None:
+        if r.key is None or (expired(r) and may_go(r)):
             continue
         if young(r):
             survivors.append(r)
@@ -63,8 +70,7 @@ def compact(
             if r.delete_horizon is None:
                 survivors.append(replace(r, delete_horizon=now + config.delete_retention_ms))
                 continue
-            older_may_exist_outside = lowest_offset_outside is not None and lowest_offset_outside < r.offset
-            if now >= r.delete_horizon and not older_may_exist_outside:
+            if now >= r.delete_horizon and may_go(r):
                 continue
         survivors.append(r)
     return survivors

@@ -14,7 +14,10 @@ so memory is bounded by the key map plus a few batches, whatever the size of the
 
 Rules, per record (a compacted topic's rules apply only when the plan deduplicates):
 * retention (`delete` and `compact,delete` topics): a record older than now - retention.ms is removed;
-  a section whose newest record is that old is skipped without decoding;
+  in a `delete` topic a section whose newest record is that old is skipped without decoding. In a
+  `compact,delete` topic retention applies only when the plan deduplicates, and only below the outside
+  floor: removing a record never lets an older value of its key, in the job or outside it, come back
+  (Kafka gets the same by deleting only from the start of the log);
 * a record without a key in a compacted topic is removed and counted invalid (Kafka does the same);
 * min lag, as Kafka's first uncleanable offset: from the first record newer than now -
   min.compaction.lag.ms (when that lag is set), no record is removed as a duplicate, used to remove
@@ -32,8 +35,8 @@ Rules, per record (a compacted topic's rules apply only when the plan deduplicat
 
 Partial progress. The key map is bounded. When it is full, pass 1 stops at that offset; pass 2 cleans
 everything up to it; then the map is cleared and both passes continue from there (Kafka's partial
-progress). Tombstones past that first stop are not removed in this job: older records of their keys
-were not checked against them. Pass 1 starts after the partition's clean prefix (records that an earlier compaction left
+progress). Tombstones and expired records past that first stop are not removed in this job: older
+records of their keys were not checked against them. Pass 1 starts after the partition's clean prefix (records that an earlier compaction left
 with no key in common, recorded as `clean_below_delta`), while pass 2 cleans from the start, so each new
 compaction deduplicates older data against the next stretch of newer keys and the log converges.
 """
@@ -56,7 +59,7 @@ from logcompact.engine.offset_map import CompactOffsetMap, OffsetMap
 from logcompact.engine.plan import Plan, TopicPartition
 from logcompact.engine.stats import CompactionStats
 from logcompact.format import SectionStream, SegmentWriter
-from logcompact.format.layout import SECTION_SCHEMA, key_hash_words
+from logcompact.format.layout import MAX_OFFSET_SPAN, SECTION_SCHEMA, key_hash_words
 from logcompact.format.reader import StreamedSection
 from logcompact.store.base import ObjectStore
 from logcompact.topics import TopicConfig
@@ -206,7 +209,12 @@ class _OutputFiles:
 
 
 class _SectionOutput:
-    """Survivors of one partition into one output section, opened at the first survivor."""
+    """Survivors of one partition into output sections, opened at the first survivor.
+
+    A section spans fewer than 2**32 offsets; survivors beyond that go to a new section in a new file
+    (a file holds one section per partition). `clean_below` (set before pass 2 starts) is clamped to
+    each section's own range.
+    """
 
     def __init__(self, files: _OutputFiles, topic: str, partition: int) -> None:
         self._files = files
@@ -216,29 +224,45 @@ class _SectionOutput:
         self.first_offset = -1
         self.last_offset = -1
         self.records = 0
+        self.clean_below: int | None = None
 
     def write(self, batch: pa.RecordBatch, keep: np.ndarray, horizons: pa.Array) -> None:
-        kept = int(keep.sum())
-        if not kept:
+        if not keep.any():
             return
         mask = pa.array(keep)
         offsets = batch.column("offset").filter(mask).to_numpy()
+        columns = [batch.column(name).filter(mask) for name in ("timestamp", "key", "key_hash", "value", "headers")]
+        self._append(offsets, pa.RecordBatch.from_arrays([*columns, horizons.filter(mask)], names=[*_KEPT, "delete_horizon"]))
+
+    def _append(self, offsets: np.ndarray, rows: pa.RecordBatch) -> None:
         if self._builder is None:
             self._builder = self._files.begin_section(self._topic, self._partition)
             self.first_offset = int(offsets[0])
-        deltas = pa.array(offsets - self.first_offset, pa.uint32())
-        columns = [batch.column(name).filter(mask) for name in ("timestamp", "key", "key_hash", "value", "headers")]
-        out = pa.RecordBatch.from_arrays([deltas, *columns, horizons.filter(mask)], schema=SECTION_SCHEMA)
-        self._builder.append(out)
-        self.last_offset = int(offsets[-1])
-        self.records += kept
+        beyond = int(np.searchsorted(offsets, self.first_offset + MAX_OFFSET_SPAN, side="right"))
+        here = rows.slice(0, beyond)
+        if beyond:
+            deltas = pa.array(offsets[:beyond] - self.first_offset, pa.uint32())
+            self._builder.append(pa.RecordBatch.from_arrays([deltas, *here.columns], schema=SECTION_SCHEMA))
+            self.last_offset = int(offsets[beyond - 1])
+            self.records += beyond
+        if beyond < len(offsets):
+            self._finish()
+            self._files.close()
+            self._append(offsets[beyond:], rows.slice(beyond))
 
-    def close(self, clean_below: int | None) -> None:
-        if self._builder is None:
-            return
-        clean_delta = 0 if clean_below is None else max(0, min(clean_below, self.last_offset + 1) - self.first_offset)
+    def _finish(self) -> None:
+        clean = self.clean_below
+        clean_delta = 0 if clean is None else max(0, min(clean, self.last_offset + 1) - self.first_offset)
         self._builder.finish(clean_below_delta=clean_delta)
         self._files.section_done(self.first_offset)
+        self._builder = None
+
+    def close(self) -> None:
+        if self._builder is not None:
+            self._finish()
+
+
+_KEPT = ("timestamp", "key", "key_hash", "value", "headers")
 
 
 # -- the job -----------------------------------------------------------------------------------------
@@ -342,7 +366,7 @@ class _PartitionCleaner:
         self.horizon = now + config.delete_retention_ms
         self.floor = plan.outside_floors.get((topic, partition))
         self.young_from: int | None = None  # the first uncleanable offset, found by pass 1
-        self.removes_tombstones = True  # false after a partial-progress stop
+        self.removes_latest = True  # may a key's latest record go (tombstone, expiry)? Not after a partial stop
 
     def _records(self, cursors: _Cursors, columns: tuple[str, ...] | None = None) -> _PartitionReader:
         """This pass's reader of the partition in offset order; sections wholly past retention are skipped.
@@ -354,7 +378,7 @@ class _PartitionCleaner:
         run_end = -1
         for data_file, placed in self.sections:
             section = cursors.section(data_file.key, self.topic, self.partition)
-            if self.expire_before is not None and placed.info.max_timestamp < self.expire_before:
+            if columns is None and self._expired_section(placed):
                 continue  # every record expired: the stream reads past it, nothing is decoded
             batches = _absolute_batches(section, placed.first_offset, columns)
             if runs and placed.first_offset <= run_end:
@@ -369,6 +393,15 @@ class _PartitionCleaner:
 
         return _PartitionReader(in_order())
 
+    def _expired_section(self, placed: CatalogSection) -> bool:
+        """Pass 2 skips a `delete` topic's section whose records are all past retention. Never a compacted
+        topic's: its records may be older values' only superseders, decided record by record."""
+        return (
+            self.expire_before is not None
+            and not self.config.compacted
+            and placed.info.max_timestamp < self.expire_before
+        )
+
     def _clean_prefix_end(self) -> int:
         """Where pass 1 starts: after the first section's clean prefix, unless another section intrudes."""
         first = self.sections[0][1]
@@ -380,46 +413,40 @@ class _PartitionCleaner:
     def run(self, pass1: _Cursors, pass2: _Cursors, files: _OutputFiles) -> None:
         stats = self.stats
         stats.records_in += sum(s.info.record_count for _, s in self.sections)
-        expired_sections = sum(
-            s.info.record_count
-            for _, s in self.sections
-            if self.expire_before is not None and s.info.max_timestamp < self.expire_before
-        )
-        stats.expired_removed += expired_sections
+        stats.expired_removed += sum(s.info.record_count for _, s in self.sections if self._expired_section(s))
         out = _SectionOutput(files, self.topic, self.partition)
         second = self._records(pass2)
         if not self.deduplicate:
             for batch in second:
                 keep, horizons = self._retention_only(batch)
                 out.write(batch, keep, horizons)
-            out.close(clean_below=None)
+            out.close()
             stats.records_out += out.records
             return
 
         first = self._records(pass1, PASS1_COLUMNS)
         expected_keys = sum(s.info.record_count for _, s in self.sections)
         map_from = self._clean_prefix_end()
-        clean_below: int | None = None
         segment = 0
         while True:
             self.key_map.clear(expected_keys)
             stop = self._fill_map(first, map_from)
             stats.distinct_keys += self.key_map.size
             stats.buffer_utilization = max(stats.buffer_utilization, round(self.key_map.utilization, 4))
-            self._clean_until(second, stop, out)
             if segment == 0:
-                # Everything below the first stop (and below the young records) now has no key twice.
+                # Everything below the first stop (and below the young records) will have no key twice.
                 bounds = [b for b in (stop, self.young_from) if b is not None]
-                clean_below = min(bounds) if bounds else (1 << 62)
+                out.clean_below = min(bounds) if bounds else (1 << 62)
+            self._clean_until(second, stop, out)
             if stop is None:
                 break
             stats.overflows += 1
             segment += 1
             map_from = stop
-            self.removes_tombstones = False
+            self.removes_latest = False
         if segment:
             stats.warnings_once(f"key map full (capacity {self.key_map.capacity} keys): partial progress, more rounds will converge")
-        out.close(clean_below=clean_below)
+        out.close()
         stats.records_out += out.records
 
     def _eligible(self, batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray]:
@@ -475,8 +502,10 @@ class _PartitionCleaner:
             out.write(batch, keep, horizons)
 
     def _retention_only(self, batch: pa.RecordBatch) -> tuple[np.ndarray, pa.Array]:
+        """A copy: retention for `delete` topics; a compacted topic's records are all kept (without the key
+        map, removing one could leave an older value of its key as the latest)."""
         keep = np.ones(batch.num_rows, dtype=bool)
-        if self.expire_before is not None:
+        if self.expire_before is not None and not self.config.compacted:
             expired = batch.column("timestamp").to_numpy() < self.expire_before
             self.stats.expired_removed += int(expired.sum())
             keep &= ~expired
@@ -488,8 +517,14 @@ class _PartitionCleaner:
         offsets = batch.column("offset").to_numpy()
         keyed = np.asarray(pc.is_valid(batch.column("key")))
         tombstone = np.asarray(pc.is_null(batch.column("value")))
+        if not self.removes_latest:
+            may_go = np.zeros(n, dtype=bool)
+        elif self.floor is not None:
+            may_go = offsets < self.floor  # no older value of the key can live outside the job
+        else:
+            may_go = np.ones(n, dtype=bool)
         if self.expire_before is not None:
-            expired = batch.column("timestamp").to_numpy() < self.expire_before
+            expired = (batch.column("timestamp").to_numpy() < self.expire_before) & may_go
         else:
             expired = np.zeros(n, dtype=bool)
         eligible, young = self._eligible(batch)
@@ -502,13 +537,7 @@ class _PartitionCleaner:
         horizons = pc.fill_null(horizon_column, 0).to_numpy()
         to_stamp = last_of_key & ~stamped
         passed = last_of_key & stamped & (horizons <= self.plan.now_ms)
-        if not self.removes_tombstones:
-            removable = np.zeros(n, dtype=bool)
-        elif self.floor is not None:
-            removable = offsets < self.floor
-        else:
-            removable = np.ones(n, dtype=bool)
-        removed_tombstones = passed & removable
+        removed_tombstones = passed & may_go
         keep = ~(expired | invalid | duplicate | removed_tombstones)
 
         stats.expired_removed += int(expired.sum())

@@ -26,6 +26,12 @@ def commit_plan(catalog: Catalog, plan: Plan, results: list[JobResult], now_ms: 
     """
     outputs = [data_file for result in results for data_file in result.outputs]
     inputs = [data_file.key for data_file in plan.inputs]
+    for data_file in outputs:
+        if catalog.store.stat(data_file.key) is None:
+            raise CommitConflictError(
+                f"plan {plan.plan_id}: output {data_file.key} is missing from the store (collected by gc while the "
+                "job ran?); run the plan again"
+            )
 
     def change(manifest: Manifest) -> tuple[Manifest, bool]:
         if manifest.cluster_id != plan.cluster_id:
@@ -118,7 +124,8 @@ class GcReport:
 def collect_garbage(catalog: Catalog, now_ms: int, grace_ms: int = DEFAULT_GC_GRACE_MS) -> GcReport:
     """Delete data files no kept manifest version references, once older than the grace period.
 
-    Young unreferenced files may belong to a job or an agent that has not committed yet: they stay. Manifest
+    Young unreferenced files may belong to a job or an agent that has not committed yet: they stay, and so
+    do the outputs of plans that hold a lease, whatever their age. Manifest
     versions older than the kept history (left by a writer that stopped between its commit and its cleanup)
     go too.
     """
@@ -128,9 +135,11 @@ def collect_garbage(catalog: Catalog, now_ms: int, grace_ms: int = DEFAULT_GC_GR
     referenced = set()
     for version in kept:
         referenced.update(catalog.load(version).files)
+    # Outputs of plans still holding a lease may not be committed yet, however long their job runs.
+    in_flight = {plan_id for plan_id, expires in catalog.load().leases.values() if expires > now_ms}
     deleted, young = [], 0
     for info in store.list("data/"):
-        if info.key in referenced:
+        if info.key in referenced or info.key.rsplit("/", 1)[-1].split("-g")[0] in in_flight:
             continue
         if info.modified_ms > now_ms - grace_ms:
             young += 1
