@@ -155,10 +155,16 @@ class Manifest:
         starts: dict[tuple[str, int], list[tuple[int, str]]] = {}
         file_partitions: dict[str, tuple[tuple[str, int], ...]] = {}
         for key, data_file in self.files.items():
-            held = tuple((s.info.topic, s.info.partition) for s in data_file.sections)
-            file_partitions[key] = held
-            for tp, section in zip(held, data_file.sections):
-                starts.setdefault(tp, []).append((section.first_offset, key))
+            held = []
+            for section in data_file.sections:
+                info = section.info
+                tp = (info.topic, info.partition)
+                held.append(tp)
+                offsets = starts.get(tp)
+                if offsets is None:
+                    offsets = starts[tp] = []
+                offsets.append((section.first_offset, key))
+            file_partitions[key] = tuple(held)
         for offsets in starts.values():
             offsets.sort()
         return starts, file_partitions

@@ -8,6 +8,8 @@ rules. Files leased to an in-flight plan are never planned again until it commit
 
 from __future__ import annotations
 
+import gc
+
 from logcompact.catalog import Manifest
 from logcompact.engine.plan import Plan
 from logcompact.planner.config import PlannerConfig
@@ -37,13 +39,19 @@ def plan(
     manifest: Manifest, now_ms: int, mode: str = "regular", config: PlannerConfig = PlannerConfig(), topics: list[str] | None = None
 ) -> list[Plan]:
     """The plans a mode calls for now, leaving out files leased to in-flight plans."""
-    leased = manifest.leased_files(now_ms)
-    if mode == "regular":
-        return plan_regular(manifest, now_ms, config, leased)
-    if mode == "full":
-        found = plan_full_sweep(manifest, now_ms, config, leased, topics)
-    elif mode == "max-lag":
-        found = plan_max_lag(manifest, now_ms, config, leased, topics)
-    else:
+    if mode not in MODES:
         raise ValueError(f"planner mode {mode!r} is not one of {', '.join(MODES)}")
-    return [found] if found is not None else []
+    # Planning a large catalog allocates hundreds of thousands of small acyclic objects; a full collection
+    # over the catalog in the middle of it would cost more than the planning itself.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        leased = manifest.leased_files(now_ms)
+        if mode == "regular":
+            return plan_regular(manifest, now_ms, config, leased)
+        planner = plan_full_sweep if mode == "full" else plan_max_lag
+        found = planner(manifest, now_ms, config, leased, topics)
+        return [found] if found is not None else []
+    finally:
+        if collecting:
+            gc.enable()
