@@ -51,7 +51,7 @@ class Workload:
 
 @dataclass
 class Cohort:
-    """Records ingested together, followed until their first deduplication."""
+    """Records of one partition ingested together, followed until their first deduplication."""
 
     produced_ms: int
     records: int
@@ -93,14 +93,14 @@ class SimulationResult:
         return asdict(self)
 
 
-def _older_data_outside(found) -> bool:
-    """Whether a live file outside the plan holds data older than the plan's own in one of its partitions:
-    then the plan's records were not deduplicated against all older data."""
-    for (topic, partition), floor in found.outside_floors.items():
-        starts = [s.first_offset for f in found.inputs for s in f.sections if (s.topic, s.partition) == (topic, partition)]
-        if starts and floor < min(starts):
-            return True
-    return False
+def _partitions_with_older_data_outside(found) -> set[int]:
+    """Partitions for which a live file outside the plan holds data older than the plan's: their records
+    were not deduplicated against all older data by this plan."""
+    starts: dict[int, int] = {}
+    for data_file in found.inputs:
+        for section in data_file.sections:
+            starts[section.partition] = min(starts.get(section.partition, 1 << 62), section.first_offset)
+    return {partition for (_topic, partition), floor in found.outside_floors.items() if floor < starts.get(partition, -1)}
 
 
 def _mix(values: np.ndarray) -> np.ndarray:
@@ -123,7 +123,7 @@ class Simulation:
         self.topic = Topic.create("t", workload.partitions, settings, 0)
         self.lag = max(workload.max_lag_ms, MIN_MAX_COMPACTION_LAG_MS) if workload.max_lag_ms is not None else None
         self.files: dict[str, DataFile] = {}
-        self.cohorts: dict[str, list[Cohort]] = {}
+        self.cohorts: dict[str, dict[int, list[Cohort]]] = {}  # file key -> partition -> cohorts
         self.next_offset = np.zeros(workload.partitions, dtype=np.int64)
         self.delays: list[tuple[float, int]] = []
         self.result = SimulationResult(name, asdict(workload))
@@ -177,18 +177,19 @@ class Simulation:
             result.gets += cost.gets
             result.puts += cost.puts
             result.bytes_written += cost.bytes_out
-            against_older = found.deduplicate and not _older_data_outside(found)
-            carried: list[Cohort] = []
+            incomplete = _partitions_with_older_data_outside(found) if found.deduplicate else None
+            carried: dict[int, list[Cohort]] = {}
             for data_file in found.inputs:
-                for cohort in self.cohorts.pop(data_file.key):
-                    if against_older:
-                        self._deduplicated(cohort, now)
-                    else:
-                        carried.append(cohort)
+                for partition, cohorts in self.cohorts.pop(data_file.key).items():
+                    for cohort in cohorts:
+                        if incomplete is not None and partition not in incomplete:
+                            self._deduplicated(cohort, now)
+                        else:
+                            carried.setdefault(partition, []).append(cohort)
                 del self.files[data_file.key]
-            for number, output in enumerate(cost.outputs):
+            for output in cost.outputs:
                 self.files[output.key] = output
-                self.cohorts[output.key] = carried if number == 0 else []
+                self.cohorts[output.key] = {s.partition: carried.pop(s.partition, []) for s in output.sections}
 
     def _deduplicated(self, cohort: Cohort, now: int) -> None:
         self.delays.append(((now - cohort.produced_ms) / 1000, cohort.records))
@@ -213,7 +214,7 @@ class Simulation:
             if records:
                 l1 = self._l1_file(start, now, records)
                 self.files[l1.key] = l1
-                self.cohorts[l1.key] = [Cohort((start + now) // 2, records)]
+                self.cohorts[l1.key] = {s.partition: [Cohort((start + now) // 2, s.info.record_count)] for s in l1.sections}
                 result.bytes_ingested += records * w.record_bytes
                 result.bytes_written += 2 * records * w.record_bytes  # the L0 files, then their L1 copy
                 result.puts += 2 * L0_BATCH + 2  # 32 L0 files and their commits; the L1 file and its commit
@@ -259,8 +260,8 @@ class Simulation:
 
     def _finish(self, end: int) -> None:
         result = self.result
-        for cohorts in self.cohorts.values():
-            for cohort in cohorts:
+        for by_partition in self.cohorts.values():
+            for cohort in (c for cohorts in by_partition.values() for c in cohorts):
                 if self.lag is not None and end > cohort.produced_ms + self.lag + MAX_LAG_GRACE_MS:
                     result.max_lag_violations += cohort.records
         gib = result.bytes_ingested / GIB
