@@ -74,6 +74,14 @@ class JobResult:
     outputs: list[DataFile]
     stats: CompactionStats
 
+    def to_dict(self) -> dict:
+        return {"plan_id": self.plan_id, "group": self.group, "outputs": [f.to_dict() for f in self.outputs], "stats": self.stats.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> JobResult:
+        outputs = [DataFile.from_dict(f) for f in data["outputs"]]
+        return cls(data["plan_id"], data["group"], outputs, CompactionStats(**data["stats"]))
+
 
 # -- reading: two pointers per file, merged per partition --------------------------------------------
 

@@ -37,6 +37,7 @@ class Plan:
     outside_floors: dict[TopicPartition, int] = field(default_factory=dict)
     partitions: tuple[TopicPartition, ...] | None = None  # None: every partition in the inputs
     group: int = 0
+    slice: int = 0  # a worker's share of a group (the Spark job splits a group into slices of partitions)
     mode: str = "regular"
     buffer_bytes: int = DEFAULT_BUFFER_BYTES
     target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES
@@ -51,7 +52,7 @@ class Plan:
         return frozenset(self.partitions or ())
 
     def output_key(self, content: str, sequence: int) -> str:
-        return f"data/l{self.target_level}/{self.plan_id}-g{self.group:03d}-{content}-{sequence:04d}.seg"
+        return f"data/l{self.target_level}/{self.plan_id}-g{self.group:03d}-s{self.slice:03d}-{content}-{sequence:04d}.seg"
 
     # -- encoding --------------------------------------------------------------------------------
 
@@ -70,6 +71,7 @@ class Plan:
             "max_partition_bytes": self.max_partition_bytes,
             "compression": self.compression,
             "group": self.group,
+            "slice": self.slice,
             "partitions": None if self.partitions is None else [list(tp) for tp in self.partitions],
             "topics": [t.to_dict() for t in self.topics.values()],
             "outside_floors": [[t, p, floor] for (t, p), floor in sorted(self.outside_floors.items())],
@@ -100,6 +102,7 @@ class Plan:
                 max_partition_bytes=_integer(document, "max_partition_bytes", 1),
                 compression=document.get("compression", "lz4"),
                 group=_integer(document, "group", 0),
+                slice=_integer(document, "slice", 0) if "slice" in document else 0,
                 partitions=None
                 if document.get("partitions") is None
                 else tuple((str(t), int(p)) for t, p in document["partitions"]),

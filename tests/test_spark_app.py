@@ -1,0 +1,78 @@
+"""The Spark application: its per-slice logic without Spark, then one real spark-submit with local[2]."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from logcompact.catalog import Catalog
+from logcompact.consume import read_records
+from logcompact.engine.exchange import commit_results, read_plan, write_group_result, write_plan
+from logcompact.engine.cleaner import JobResult
+from logcompact.exceptions import CommitConflictError
+from logcompact.ingest import Agent, Record
+from logcompact.planner import plan, split_into_groups
+from logcompact.store import LocalStore
+from spark_apps.compact_group import compact_slices, deal_slices, select_group
+from tests.helpers import NOW, create_topic
+
+APP = Path(__file__).resolve().parents[1] / "spark_apps" / "compact_group.py"
+
+
+def _cluster(tmp_path, partitions: int = 6) -> Catalog:
+    catalog = Catalog(LocalStore(tmp_path / "store"))
+    create_topic(catalog, "t", partitions=partitions, cleanup_policy="compact")
+    for round_ in range(3):
+        with Agent(catalog, background=False) as agent:
+            agent.produce("t", [Record(i % partitions, b"k%d" % (i % 30), b"%d" % round_, NOW) for i in range(300)])
+    return catalog
+
+
+def _latest(catalog: Catalog, partitions: int) -> dict[bytes, bytes]:
+    manifest = catalog.load()
+    return {r.key: r.value for p in range(partitions) for r in read_records(catalog.store, manifest, "t", p)}
+
+
+def test_slices_share_a_group_by_bytes_and_commit_together(tmp_path) -> None:
+    catalog = _cluster(tmp_path)
+    (sweep,) = plan(catalog.load(), NOW, "full")
+    write_plan(catalog.store, sweep)
+    group_bytes = 10**12
+    group = select_group(read_plan(catalog.store, sweep.plan_id), 0, group_bytes)
+    slices = deal_slices(group, 4)
+    assert len(slices) == 4 and sorted(tp for _, tps in slices for tp in tps) == [("t", p) for p in range(6)]
+    with pytest.raises(CommitConflictError, match="no result for group"):
+        commit_results(catalog, sweep.plan_id, group_bytes, NOW)
+    results = [JobResult.from_dict(r) for r in compact_slices(catalog.store.uri, group.to_json(), slices)]
+    assert len({f.key for r in results for f in r.outputs}) == 4  # one output a slice, named apart
+    write_group_result(catalog.store, sweep.plan_id, 0, results)
+    _, committed = commit_results(catalog, sweep.plan_id, group_bytes, NOW)
+    assert committed and _latest(catalog, 6) == {b"k%d" % k: b"2" for k in range(30)}
+    assert commit_results(catalog, sweep.plan_id, group_bytes, NOW)[1] is False  # a retried commit
+
+
+def test_spark_submit_runs_a_group_with_local_spark(tmp_path) -> None:
+    catalog = _cluster(tmp_path)
+    (sweep,) = plan(catalog.load(), NOW, "full")
+    write_plan(catalog.store, sweep)
+    assert len(split_into_groups(sweep, 10**12)) == 1
+    spark_submit = shutil.which("spark-submit", path=str(Path(sys.executable).parent))
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1",
+           "PYTHONPATH": str(APP.parents[1])}
+    done = subprocess.run(
+        [spark_submit, "--master", "local[2]", str(APP), "--store", catalog.store.uri, "--plan-id", sweep.plan_id,
+         "--group", "0", "--slices", "2"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    _, committed = commit_results(catalog, sweep.plan_id, 10**12, NOW)
+    assert committed
+    manifest = catalog.load()
+    assert {f.level for f in manifest.files.values()} == {2} and len(manifest.files) == 2  # two slices
+    assert _latest(catalog, 6) == {b"k%d" % k: b"2" for k in range(30)}
+    assert sum(1 for p in range(6) for _ in read_records(catalog.store, manifest, "t", p)) == 30
