@@ -152,5 +152,7 @@ def test_plan_modes_and_dry_run(tmp_path) -> None:
     assert run(env, "plan", "--mode", "max-lag") == []  # nothing is dirty yet
     (due,) = run(env, "plan", "--mode", "max-lag", "--now", str(1700000000000 + 7200000 + 15 * 60000))  # dirty 15 min
     assert due["mode"] == "max-lag" and len(due["inputs"]) == 3
+    (error,) = run(env, "plan", "--topics", "t", expect=2)
+    assert "--topics goes with --full, --mode full or --mode max-lag" in error["error"]
     (error,) = run(env, "plan", "--mode", "sideways", expect=2)
     assert "'sideways' is not one of" in error["error"]

@@ -15,7 +15,6 @@ import pytest
 from logcompact.catalog import Catalog
 from logcompact.consume import read_records
 from logcompact.store import open_store
-from tests.conftest import rgw_environment
 from tests.helpers import create_topic
 from tests.support import commit_writers
 

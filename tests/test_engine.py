@@ -229,7 +229,7 @@ def test_output_sections_list_exactly_their_offsets_and_keep_record_bytes(tmp_pa
 
     catalog = _setup(LocalStore(tmp_path), partitions=2, state={"cleanup_policy": "compact"})
     produced = []
-    for round_ in range(3):
+    for _ in range(3):
         records = [Record(i % 2, b"k%d" % (i % 7), os.urandom(20), NOW + i, [("h", b"%d" % i)]) for i in range(30)]
         offsets = _produce(catalog, "state", records)
         produced += list(zip(offsets, records))

@@ -67,8 +67,8 @@ class Harness:
         self.now = START
         self.buffer_bytes = buffer_bytes
         self.topics = {}
-        for name, settings in topic_settings.items():
-            topic = Topic.create(name, PARTITIONS, settings, START)
+        for name, topic_config in topic_settings.items():
+            topic = Topic.create(name, PARTITIONS, topic_config, START)
             self.catalog.commit("create", lambda m, t=topic: (m.with_topic(t), None), START)
             self.topics[name] = topic
         self.compaction_clocks: list[int] = []

@@ -164,7 +164,7 @@ def test_dry_run_estimates_records_removed_from_the_key_sketches(tmp_path) -> No
         with Agent(catalog, background=False) as agent:
             agent.produce("t", [Record(i % 2, b"key-%d" % i, b"%d" % round_, NOW) for i in range(2000)])
     (sweep,) = plan(catalog.load(), NOW, "full")
-    effect = expected_effect(sweep)
+    effect = expected_effect(sweep, PlannerConfig().group_bytes)
     assert effect["records_in"] == 10_000 and effect["files_replaced"] == 5
     actual_removed = 8_000
     assert abs(effect["estimated_records_removed"] - actual_removed) < 0.1 * actual_removed

@@ -21,7 +21,7 @@ from logcompact.engine.commit import DEFAULT_GC_GRACE_MS, collect_garbage, run_a
 from logcompact.engine.plan import Plan
 from logcompact.exceptions import InvalidRecordError, LogcompactError
 from logcompact.ingest import Agent, Record, wall_clock_ms
-from logcompact.planner import MODES, PlannerConfig, expected_effect, plan, split_into_groups
+from logcompact.planner import MODES, PlannerConfig, expected_effect, plan
 from logcompact.store import ObjectStore, open_store
 from logcompact.topics import Topic
 
@@ -129,7 +129,7 @@ def topic_describe(ctx: Context, name: str) -> None:
 @pass_context
 def topic_list(ctx: Context) -> None:
     """Print one JSON line per topic."""
-    for name, found in sorted(ctx.catalog.load().topics.items()):
+    for _name, found in sorted(ctx.catalog.load().topics.items()):
         _emit(found.to_dict())
 
 
@@ -285,10 +285,11 @@ _topics_option = click.option("--topics", multiple=True, metavar="TOPIC", help="
 @pass_context
 def plan_command(ctx: Context, mode: str, topics: tuple[str, ...], dry_run: bool, **options: int) -> None:
     """Print the plans a mode calls for now, one JSON line each (nothing is leased or run)."""
+    _check_topics_option(mode, topics)
     config = _config(**options)
     for found in plan(ctx.catalog.load(), ctx.clock(), mode, config, list(topics) or None):
         if dry_run:
-            _emit({**expected_effect(found), "groups": len(split_into_groups(found, config.group_bytes))})
+            _emit(expected_effect(found, config.group_bytes))
         else:
             click.echo(found.to_json())
 
@@ -299,6 +300,11 @@ def _run_and_commit(ctx: Context, catalog: Catalog, plan_to_run: Plan, config: P
         _emit({"plan_id": plan_to_run.plan_id, "committed": False})
     else:
         _emit({**result.to_dict(), "committed": True})
+
+
+def _check_topics_option(mode: str, topics: tuple[str, ...]) -> None:
+    if topics and mode == "regular":
+        raise click.UsageError("--topics goes with --full, --mode full or --mode max-lag (regular planning covers every topic)")
 
 
 def _read_plans(path: str) -> list[Plan]:
@@ -330,6 +336,7 @@ def compact(
     """
     if sum(map(bool, (plan_file, run_all, until_idle, full))) != 1:
         raise click.UsageError("choose exactly one of --plan FILE, --all, --until-idle, --full")
+    _check_topics_option("full" if full else mode, topics)
     catalog = ctx.catalog
     config = _config(**options)
     if plan_file:

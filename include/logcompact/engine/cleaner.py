@@ -91,7 +91,8 @@ class _FileCursor:
 
     def __init__(self, store: ObjectStore, key: str) -> None:
         self.key = key
-        self._sections = iter(SectionStream(store, key))
+        self._stream = SectionStream(store, key)
+        self._sections = iter(self._stream)
         self._current: StreamedSection | None = None
 
     def section(self, topic: str, partition: int) -> StreamedSection:
@@ -111,8 +112,8 @@ class _FileCursor:
             self._current = None
 
     def close(self) -> None:
-        for _ in self._sections:  # drain so the stream's checksums are all verified and the GET ends
-            pass
+        """End the GET. Sections past the last one used are not read: nothing of them is needed."""
+        self._stream.close()
 
 
 # Pass 1 needs only these: the other columns' bytes stream past undecoded.

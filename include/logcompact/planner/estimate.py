@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from logcompact import sketch
 from logcompact.engine.plan import Plan
+from logcompact.planner.groups import split_into_groups
 
 
-def expected_effect(plan: Plan) -> dict:
-    """Input and output bytes, files replaced, and records removed estimated from the sections' key sketches
-    (a deduplicated partition keeps about as many records as it has distinct keys)."""
+def expected_effect(plan: Plan, group_bytes: int) -> dict:
+    """Input and output bytes, files replaced, groups, and records removed estimated from the sections' key
+    sketches (a deduplicated partition keeps about as many records as it has distinct keys)."""
     records_in = removed = 0
     per_partition: dict[tuple[str, int], list] = {}
     for data_file in plan.inputs:
@@ -36,5 +37,5 @@ def expected_effect(plan: Plan) -> dict:
         "records_in": records_in,
         "estimated_records_removed": removed,
         "estimated_output_bytes": round(bytes_in * kept),
-        "groups": None,
+        "groups": len(split_into_groups(plan, group_bytes)),
     }
