@@ -8,7 +8,8 @@ partitions are dealt into `--slices` slices of about equal bytes; each Spark tas
 slice (every input file read through at most two streaming GETs per task), writes its output files to the
 store and returns only their metadata and stats. The driver writes the group's result next to the plan
 (`plans/{plan_id}/results/g{group}.json`); the commit step (`logcompact.engine.exchange.commit_results`)
-commits the plan once every group has its result. No record data is collected on the driver.
+commits the plan once every group has its result. No record data is collected on the driver. A group
+whose result is already in the store (a retried task after a success) is not run again.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import replace
 from typing import Iterable, Iterator
 
 from logcompact.engine.cleaner import JobResult, run_plan
-from logcompact.engine.exchange import read_plan, write_group_result
+from logcompact.engine.exchange import read_plan, result_key, write_group_result
 from logcompact.engine.plan import Plan, TopicPartition
 from logcompact.planner import PlannerConfig, split_into_groups
 from logcompact.store import open_store
@@ -65,12 +66,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--group-bytes", type=int, default=PlannerConfig.group_bytes, help="as the planner split the plan")
     args = parser.parse_args(argv)
 
+    store = open_store(args.store)
+    group = select_group(read_plan(store, args.plan_id), args.group, args.group_bytes)
+    if store.stat(result_key(args.plan_id, args.group)) is not None:
+        print(f"compact_group: plan {args.plan_id} group {args.group} already has its result; nothing to redo")
+        return
+
     from pyspark.sql import SparkSession
 
     spark = SparkSession.builder.appName(f"logcompact {args.plan_id} group {args.group}").getOrCreate()
     try:
-        store = open_store(args.store)
-        group = select_group(read_plan(store, args.plan_id), args.group, args.group_bytes)
         slices = deal_slices(group, args.slices or spark.sparkContext.defaultParallelism)
         plan_json, store_uri = group.to_json(), args.store
         results = (

@@ -258,6 +258,9 @@ class Manifest:
     def without_lease(self, plan_id: str) -> Manifest:
         return replace(self, leases=_frozen({k: v for k, v in self.leases.items() if v[0] != plan_id}))
 
+    def without_expired_leases(self, now_ms: int) -> Manifest:
+        return replace(self, leases=_frozen({k: v for k, v in self.leases.items() if v[1] > now_ms}))
+
     # -- encoding -----------------------------------------------------------------------------------
 
     def to_bytes(self) -> bytes:

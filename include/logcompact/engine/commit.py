@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 
 from logcompact.catalog import Catalog, Manifest
 from logcompact.catalog.catalog import manifest_key
 from logcompact.engine.cleaner import JobResult, run_plan
-from logcompact.engine.plan import Plan
+from logcompact.engine.plan import PLANS_PREFIX, Plan
 from logcompact.engine.stats import CompactionStats
 from logcompact.planner.groups import split_into_groups
 from logcompact.exceptions import CommitConflictError
@@ -112,24 +112,24 @@ class GcReport:
     deleted_files: list[str]
     deleted_manifests: list[int]
     kept_unreferenced_young: int
+    released_leases: list[str] = field(default_factory=list)
+    deleted_plans: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {
-            "deleted_files": self.deleted_files,
-            "deleted_manifests": self.deleted_manifests,
-            "kept_unreferenced_young": self.kept_unreferenced_young,
-        }
+        return asdict(self)
 
 
 def collect_garbage(catalog: Catalog, now_ms: int, grace_ms: int = DEFAULT_GC_GRACE_MS) -> GcReport:
     """Delete data files no kept manifest version references, once older than the grace period.
 
     Young unreferenced files may belong to a job or an agent that has not committed yet: they stay, and so
-    do the outputs of plans that hold a lease, whatever their age. Manifest
-    versions older than the kept history (left by a writer that stopped between its commit and its cleanup)
-    go too.
+    do the outputs of plans that hold a lease, whatever their age. Expired leases are dropped from the
+    catalog first, so an abandoned plan's outputs go once its lease has expired and the grace has passed.
+    Manifest versions older than the kept history (left by a writer that stopped between its commit and its
+    cleanup) go too, and so do plan documents and results older than the grace of plans no longer leased.
     """
     store = catalog.store
+    released = _release_expired_leases(catalog, now_ms)
     versions = catalog.versions()
     kept = versions[-catalog.keep_versions :]
     referenced = set()
@@ -149,4 +149,22 @@ def collect_garbage(catalog: Catalog, now_ms: int, grace_ms: int = DEFAULT_GC_GR
     stale = [v for v in versions if kept and v < kept[0]]
     for version in stale:
         store.delete(manifest_key(version))
-    return GcReport(deleted, stale, young)
+    old_plans = []
+    for info in store.list(PLANS_PREFIX):
+        plan_id = info.key[len(PLANS_PREFIX) :].split("/", 1)[0]
+        if plan_id not in in_flight and info.modified_ms <= now_ms - grace_ms:
+            store.delete(info.key)
+            old_plans.append(info.key)
+    return GcReport(deleted, stale, young, released, old_plans)
+
+
+def _release_expired_leases(catalog: Catalog, now_ms: int) -> list[str]:
+    """Drop expired leases from the catalog (one commit, only when there are any); the plans they named."""
+    expired = sorted({plan_id for plan_id, expires in catalog.load().leases.values() if expires <= now_ms})
+    if expired:
+        catalog.commit(
+            "release expired leases",
+            lambda m: (m.without_expired_leases(now_ms), None),
+            now_ms,
+        )
+    return expired

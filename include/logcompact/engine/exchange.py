@@ -14,12 +14,10 @@ import json
 from logcompact.catalog import Catalog, Manifest
 from logcompact.engine.cleaner import JobResult
 from logcompact.engine.commit import commit_plan
-from logcompact.engine.plan import Plan
+from logcompact.engine.plan import PLANS_PREFIX, Plan
 from logcompact.exceptions import CommitConflictError, ObjectNotFoundError
 from logcompact.planner.groups import split_into_groups
 from logcompact.store.base import ObjectStore
-
-PLANS_PREFIX = "plans/"
 
 
 def plan_key(plan_id: str) -> str:

@@ -18,6 +18,8 @@ MAX_LEVEL = 4
 DEFAULT_TARGET_FILE_BYTES = 256 * 1024 * 1024
 DEFAULT_MAX_PARTITION_BYTES = 128 * 1024**3
 MODES = ("regular", "full", "max-lag")
+# Plans and their groups' results are kept in the store under this prefix (logcompact.engine.exchange).
+PLANS_PREFIX = "plans/"
 
 TopicPartition = tuple[str, int]
 

@@ -1,0 +1,45 @@
+"""
+# logcompact_compaction
+
+Leveled and size-tiered compaction of the catalog named by the `logcompact_default` connection.
+
+**sensor** (reschedule mode, so no worker slot is held) waits until some level holds enough files
+(32 by default) → **plan** writes the JSON plans to the store and leases their files → **compact_group**
+runs one Spark job per plan group (`spark_apps/compact_group.py`, connection `logcompact_spark`) →
+**commit** swaps the manifest atomically and publishes an asset event per compacted topic with the stats.
+
+Params: `dry_run` plans and logs the estimates without writing anything; `buffer_bytes` is the key-map
+buffer of each job. Runs act on the catalog as it is now, so a backfill or re-run of an old date is safe.
+A failed group fails the run before the commit; clearing it resumes the plan (groups already done are
+not run again) until the lease expires (1 h), after which `logcompact_gc` collects the leftovers.
+"""
+
+from datetime import timedelta
+
+import pendulum
+from airflow.sdk import DAG
+
+from logcompact_airflow.pipeline import DEFAULT_ARGS, STORE_CONN_ID, compaction_params, compaction_pipeline
+from logcompact_airflow.sensors import LogcompactThresholdSensor
+
+with DAG(
+    dag_id="logcompact_compaction",
+    doc_md=__doc__,
+    schedule="*/15 * * * *",
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    default_args=DEFAULT_ARGS,
+    params=compaction_params(with_topics=False),
+    render_template_as_native_obj=True,
+    tags=["logcompact", "compaction"],
+):
+    wait = LogcompactThresholdSensor(
+        task_id="wait_for_files",
+        logcompact_conn_id=STORE_CONN_ID,
+        poke_interval=60,
+        timeout=timedelta(minutes=14).total_seconds(),
+        soft_fail=True,
+    )
+    plan, _commit = compaction_pipeline("regular")
+    wait >> plan

@@ -1,0 +1,29 @@
+"""
+# logcompact_max_lag_hourly
+
+Hourly max-lag pass: compacts the partitions whose records would otherwise stay uncompacted past their
+topic's `max.compaction.lag.ms`, through the same **plan** → mapped Spark **compact_group** → **commit**
+steps as `logcompact_compaction`.
+
+Params: `topics` (empty: every topic), `dry_run`, `buffer_bytes`. Runs act on the catalog as it is now,
+so a backfill or a re-run of an old hour is safe.
+"""
+
+import pendulum
+from airflow.sdk import DAG
+
+from logcompact_airflow.pipeline import DEFAULT_ARGS, compaction_params, compaction_pipeline
+
+with DAG(
+    dag_id="logcompact_max_lag_hourly",
+    doc_md=__doc__,
+    schedule="@hourly",
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    default_args=DEFAULT_ARGS,
+    params=compaction_params(with_topics=True),
+    render_template_as_native_obj=True,
+    tags=["logcompact", "compaction", "max-lag"],
+):
+    compaction_pipeline("max-lag")

@@ -1,0 +1,173 @@
+"""Compaction as a scheduler runs it, one retry-safe step per task, with no Airflow or Spark imported here.
+
+1. `check_thresholds`: which levels hold enough files to compact (the sensor and the plan operator share it).
+2. `prepare_plans`: plan against the catalog as it is *now* (never as of a run's logical date, so a backfill
+   or a re-run of an old date cannot undo newer work), lease the plans' files in the catalog, write each
+   plan to the store and return one `GroupJob` per group. A dry run plans and estimates, and writes nothing.
+3. Each group runs elsewhere (`spark_apps/compact_group.py`) and leaves its result next to its plan.
+4. `commit_plans`: commit every plan from its groups' results, atomically and once; a retry finds the plan
+   already committed and reports the same stats from the results kept in the store.
+
+A group that fails leaves its plan uncommitted and its files leased until the lease expires; retrying the
+group resumes the plan, and groups whose results are already in the store are not run again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+
+from logcompact.catalog import Catalog, Manifest
+from logcompact.engine.commit import PlanResult, commit_plan
+from logcompact.engine.exchange import read_plan, read_results, write_plan
+from logcompact.engine.plan import Plan
+from logcompact.exceptions import TopicNotFoundError
+from logcompact.planner import MODES, PlannerConfig, expected_effect, plan, split_into_groups
+
+
+@dataclass(frozen=True)
+class ThresholdStatus:
+    """Files per level (not leased to an in-flight plan) against the level's compaction threshold."""
+
+    counts: dict[int, int]
+    thresholds: dict[int, int]
+
+    @property
+    def due_levels(self) -> list[int]:
+        return [level for level, threshold in self.thresholds.items() if self.counts.get(level, 0) >= threshold]
+
+    @property
+    def reached(self) -> bool:
+        return bool(self.due_levels)
+
+    def describe(self) -> str:
+        levels = ", ".join(f"L{level} {self.counts.get(level, 0)}/{t}" for level, t in self.thresholds.items())
+        verdict = f"due: {', '.join(f'L{level}' for level in self.due_levels)}" if self.reached else "nothing due"
+        return f"files per level against thresholds: {levels}; {verdict}"
+
+
+def check_thresholds(manifest: Manifest, now_ms: int, config: PlannerConfig = PlannerConfig()) -> ThresholdStatus:
+    leased = manifest.leased_files(now_ms)
+    counts: dict[int, int] = {}
+    for data_file in manifest.files.values():
+        if data_file.key not in leased:
+            counts[data_file.level] = counts.get(data_file.level, 0) + 1
+    return ThresholdStatus(counts, {level: n for level, n in enumerate(config.min_files)})
+
+
+@dataclass(frozen=True)
+class GroupJob:
+    """One group of a written plan: what a Spark job needs to run it, and a label for the UI."""
+
+    store_uri: str
+    plan_id: str
+    group: int
+    group_bytes: int
+    label: str
+
+    def application_args(self) -> list[str]:
+        # One `--name=value` token each: a scheduler that renders templates as native objects would turn a
+        # lone "0" into an int.
+        return [
+            f"--store={self.store_uri}", f"--plan-id={self.plan_id}", f"--group={self.group}",
+            f"--group-bytes={self.group_bytes}",
+        ]
+
+
+@dataclass
+class PreparedRun:
+    mode: str
+    dry_run: bool
+    plan_ids: list[str]
+    groups: list[GroupJob]
+    estimates: list[dict]
+    group_bytes: int
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "groups": [asdict(g) for g in self.groups]}
+
+
+def planner_config(buffer_bytes: int | None = None, base: PlannerConfig = PlannerConfig()) -> PlannerConfig:
+    return base if buffer_bytes is None else replace(base, buffer_bytes=int(buffer_bytes))
+
+
+def check_topics(manifest: Manifest, mode: str, topics: list[str] | None) -> list[str] | None:
+    """Validated topic names for a mode (None: every topic); one-line errors name the fix."""
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r} is not one of {', '.join(MODES)}")
+    if not topics:
+        return None
+    if mode == "regular":
+        raise ValueError("topics can only be chosen for the max-lag and full modes (levels mix topics); leave topics empty")
+    unknown = sorted(set(topics) - set(manifest.topics))
+    if unknown:
+        known = ", ".join(sorted(manifest.topics)) or "none"
+        raise TopicNotFoundError(f"topic(s) {', '.join(unknown)} not in cluster {manifest.cluster_id} (topics: {known}); fix the topics param")
+    return sorted(set(topics))
+
+
+def prepare_plans(
+    catalog: Catalog,
+    mode: str,
+    now_ms: int,
+    config: PlannerConfig = PlannerConfig(),
+    topics: list[str] | None = None,
+    dry_run: bool = False,
+) -> PreparedRun:
+    manifest = catalog.load()
+    chosen = check_topics(manifest, mode, topics)
+    plans = plan(manifest, now_ms, mode, config, chosen)
+    estimates = [expected_effect(p, config.group_bytes) for p in plans]
+    if dry_run:
+        return PreparedRun(mode, True, [], [], estimates, config.group_bytes)
+    groups = []
+    for found in plans:
+        _lease(catalog, found, now_ms, config.lease_ms)
+        write_plan(catalog.store, found)
+        for group in split_into_groups(found, config.group_bytes):
+            groups.append(GroupJob(catalog.store.uri, found.plan_id, group.group, config.group_bytes, _label(group)))
+    return PreparedRun(mode, False, [p.plan_id for p in plans], groups, estimates, config.group_bytes)
+
+
+def _lease(catalog: Catalog, found: Plan, now_ms: int, lease_ms: int) -> None:
+    keys = [f.key for f in found.inputs]
+    catalog.commit(
+        f"lease {found.plan_id}", lambda m: (m.with_lease(found.plan_id, keys, now_ms + lease_ms, now_ms), None), now_ms
+    )
+
+
+def _label(group: Plan) -> str:
+    levels = "+".join(f"L{level}" for level in sorted({f.level for f in group.inputs}))
+    partitions = "all partitions" if group.partitions is None else f"{len(group.partitions)} partitions"
+    return f"{group.plan_id} g{group.group}: {levels} to L{group.target_level}, {len(group.inputs)} files, {partitions}"
+
+
+@dataclass
+class CommitSummary:
+    committed: list[str] = field(default_factory=list)
+    already_committed: list[str] = field(default_factory=list)
+    stats: dict[str, dict] = field(default_factory=dict)
+    topics: list[str] = field(default_factory=list)
+    manifest_version: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def commit_plans(catalog: Catalog, plan_ids: list[str], group_bytes: int, now_ms: int) -> CommitSummary:
+    """Commit each plan from its groups' results in the store; plans committed before are counted, not redone.
+
+    A plan with a group missing its result, or whose inputs are no longer live, raises CommitConflictError
+    and commits nothing; plans committed before it in the same call stay committed.
+    """
+    summary = CommitSummary()
+    topics: set[str] = set()
+    for plan_id in plan_ids:
+        found = read_plan(catalog.store, plan_id)
+        results = read_results(catalog.store, found, group_bytes)
+        manifest, committed = commit_plan(catalog, found, results, now_ms)
+        (summary.committed if committed else summary.already_committed).append(plan_id)
+        summary.stats[plan_id] = PlanResult(plan_id, [r.stats for r in results]).to_dict()
+        summary.manifest_version = manifest.version
+        topics.update(t for f in found.inputs for t in f.topics)
+    summary.topics = sorted(topics)
+    return summary

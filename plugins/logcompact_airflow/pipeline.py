@@ -1,0 +1,65 @@
+"""The plan, mapped Spark, commit chain every compaction DAG wires, and the settings the DAGs share."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from pathlib import Path
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import Param
+
+from logcompact.engine.offset_map import DEFAULT_BUFFER_BYTES
+from logcompact_airflow.hooks import LogcompactHook
+from logcompact_airflow.operators import MIN_BUFFER_BYTES, LogcompactCommitOperator, LogcompactPlanOperator
+
+# Every logcompact task takes a slot of this pool, so the DAGs together cap the compactions in flight
+# (the catalog's leases are what keep two plans off the same files).
+POOL = "logcompact"
+SPARK_CONN_ID = "logcompact_spark"
+STORE_CONN_ID = LogcompactHook.default_conn_name
+SPARK_APPLICATION = os.environ.get(
+    "LOGCOMPACT_SPARK_APPLICATION", str(Path(__file__).resolve().parents[2] / "spark_apps" / "compact_group.py")
+)
+DEFAULT_ARGS = {"owner": "data-platform", "retries": 2, "retry_delay": timedelta(minutes=2), "pool": POOL}
+
+
+def compaction_params(with_topics: bool) -> dict[str, Param]:
+    params = {
+        "dry_run": Param(False, type="boolean", description="Plan and report the expected effect; lease, write and run nothing."),
+        "buffer_bytes": Param(
+            DEFAULT_BUFFER_BYTES, type="integer", minimum=MIN_BUFFER_BYTES, maximum=64 * 1024**3,
+            description="Key-map buffer of each deduplicating job (bytes); more keys per pass, more memory per task.",
+        ),
+    }
+    if with_topics:
+        params["topics"] = Param(
+            [], type="array", items={"type": "string", "minLength": 1},
+            description="Topics to compact (empty: every topic).",
+        )
+    return params
+
+
+def _spark_job(job: dict) -> dict:
+    return {"application_args": job["application_args"], "name": job["label"]}
+
+
+def compaction_pipeline(mode: str) -> tuple[LogcompactPlanOperator, LogcompactCommitOperator]:
+    """plan >> compact_group (one mapped Spark job per group) >> commit; returns the first and last task."""
+    plan = LogcompactPlanOperator(
+        task_id="plan",
+        mode=mode,
+        logcompact_conn_id=STORE_CONN_ID,
+        topics=None if mode == "regular" else "{{ params.topics }}",
+        dry_run="{{ params.dry_run }}",
+        buffer_bytes="{{ params.buffer_bytes }}",
+    )
+    compact = SparkSubmitOperator.partial(
+        task_id="compact_group",
+        conn_id=SPARK_CONN_ID,
+        application=SPARK_APPLICATION,
+        map_index_template="{{ task.name }}",
+    ).expand_kwargs(plan.output.map(_spark_job))
+    commit = LogcompactCommitOperator(task_id="commit", group_jobs=plan.output, logcompact_conn_id=STORE_CONN_ID)
+    compact >> commit
+    return plan, commit
