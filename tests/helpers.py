@@ -29,3 +29,20 @@ def level_plans(manifest, now: int, min_files: int, **config):
     from logcompact.planner import PlannerConfig, plan
 
     return plan(manifest, now, "regular", PlannerConfig(min_files=(min_files,) * 4, **config))
+
+
+def produce_l0_files(catalog: Catalog, topic: str, files: int, records: int, keys: int, partitions: int, now: int = NOW,
+                     tombstone_every: int = 0) -> None:
+    """`files` L0 files, each holding `records` records of `topic` over `keys` keys (every `tombstone_every`th a delete)."""
+    from logcompact.ingest import Agent, Record
+
+    with Agent(catalog, background=False, clock=lambda: now) as agent:
+        sequence = 0
+        for _ in range(files):
+            batch = []
+            for _ in range(records):
+                value = None if tombstone_every and sequence % tombstone_every == tombstone_every - 1 else b"v%d" % sequence
+                batch.append(Record(sequence % partitions, b"k%d" % (sequence % keys), value, now))
+                sequence += 1
+            agent.produce(topic, batch)
+            agent.flush()

@@ -1,0 +1,127 @@
+"""The scheduler's steps without Airflow: thresholds, plan-lease-write, groups run elsewhere, commit once."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from logcompact.catalog import Catalog
+from logcompact.consume import latest_values
+from logcompact.engine.cleaner import JobResult
+from logcompact.engine.commit import collect_garbage
+from logcompact.engine.exchange import plan_key, read_plan, write_group_result
+from logcompact.exceptions import CommitConflictError, TopicNotFoundError
+from logcompact.orchestration import check_thresholds, commit_plans, planner_config, prepare_plans
+from logcompact.planner import PlannerConfig, split_into_groups
+from logcompact.store import LocalStore
+from spark_apps.compact_group import compact_slices, deal_slices
+from tests.helpers import NOW, create_topic, produce_l0_files
+
+CONFIG = PlannerConfig(min_files=(4, 4, 4, 4))
+
+
+@pytest.fixture
+def catalog(tmp_path) -> Catalog:
+    catalog = Catalog(LocalStore(tmp_path / "store"))
+    create_topic(catalog, "accounts", partitions=3, cleanup_policy="compact")
+    produce_l0_files(catalog, "accounts", files=5, records=60, keys=20, partitions=3, tombstone_every=7)
+    return catalog
+
+
+def _run_groups(catalog: Catalog, plan_id: str, group_bytes: int, only: set[int] | None = None) -> None:
+    """What the Spark job does for each group, through the same per-slice generator."""
+    for group in split_into_groups(read_plan(catalog.store, plan_id), group_bytes):
+        if only is None or group.group in only:
+            results = [JobResult.from_dict(r) for r in compact_slices(catalog.store.uri, group.to_json(), deal_slices(group, 2))]
+            write_group_result(catalog.store, plan_id, group.group, results)
+
+
+def _objects(catalog: Catalog) -> list[str]:
+    return sorted(info.key for info in catalog.store.list(""))
+
+
+def _latest(catalog: Catalog) -> dict[bytes, bytes]:
+    manifest = catalog.load()
+    found = {}
+    for partition in range(3):
+        view = latest_values(catalog.store, manifest, "accounts", partition)
+        found.update(zip(view.column("key").to_pylist(), view.column("value").to_pylist()))
+    return found
+
+
+def test_thresholds_count_unleased_files_per_level(catalog: Catalog) -> None:
+    status = check_thresholds(catalog.load(), NOW, CONFIG)
+    assert status.counts == {0: 5} and status.due_levels == [0] and "L0 5/4" in status.describe()
+    assert not check_thresholds(catalog.load(), NOW, PlannerConfig()).reached  # 5 files < 32
+    prepare_plans(catalog, "regular", NOW, CONFIG)
+    assert not check_thresholds(catalog.load(), NOW, CONFIG).reached  # leased to the plan now
+
+
+def test_dry_run_writes_nothing(catalog: Catalog) -> None:
+    before, version = _objects(catalog), catalog.load().version
+    prepared = prepare_plans(catalog, "full", NOW, CONFIG, dry_run=True)
+    assert prepared.groups == [] and prepared.plan_ids == []
+    assert prepared.estimates[0]["files_replaced"] == 5 and prepared.estimates[0]["estimated_records_removed"] > 0
+    assert _objects(catalog) == before and catalog.load().version == version
+
+
+def test_plan_run_commit_and_a_retried_commit(catalog: Catalog) -> None:
+    expected = _latest(catalog)
+    config = planner_config(buffer_bytes=2 * 1024**2, base=PlannerConfig(group_bytes=1))  # a group per partition
+    prepared = prepare_plans(catalog, "full", NOW, config)
+    (plan_id,) = prepared.plan_ids
+    assert len(prepared.groups) == 3 and read_plan(catalog.store, plan_id).buffer_bytes == 2 * 1024**2
+    assert catalog.load().leased_files(NOW) == set(catalog.load().files)
+    assert [f"--plan-id={plan_id}", "--group=2"] == prepared.groups[2].application_args()[1:3]
+
+    _run_groups(catalog, plan_id, config.group_bytes, only={0, 1})
+    with pytest.raises(CommitConflictError, match=r"no result for group\(s\) 2"):  # a failed group: no commit
+        commit_plans(catalog, [plan_id], config.group_bytes, NOW)
+    assert catalog.load().leased_files(NOW)  # still leased: a retry of group 2 resumes the plan
+
+    _run_groups(catalog, plan_id, config.group_bytes, only={2})
+    first = commit_plans(catalog, [plan_id], config.group_bytes, NOW)
+    retried = commit_plans(catalog, [plan_id], config.group_bytes, NOW)
+    assert first.committed == [plan_id] and retried.already_committed == [plan_id] and retried.committed == []
+    assert retried.stats == first.stats and first.stats[plan_id]["records_in"] == 300
+    assert retried.manifest_version == first.manifest_version and first.topics == ["accounts"]
+    assert {f.level for f in catalog.load().files.values()} == {2} and not catalog.load().leases
+    assert _latest(catalog) == expected
+
+
+def test_inputs_changed_before_commit_is_a_clean_conflict(catalog: Catalog) -> None:
+    expected = _latest(catalog)
+    stale = prepare_plans(catalog, "full", NOW, CONFIG)
+    _run_groups(catalog, stale.plan_ids[0], CONFIG.group_bytes)
+    # Another scheduler compacts the same files after the lease expired.
+    later = NOW + CONFIG.lease_ms + 1
+    newer = prepare_plans(catalog, "full", later, CONFIG)
+    _run_groups(catalog, newer.plan_ids[0], CONFIG.group_bytes)
+    commit_plans(catalog, newer.plan_ids, CONFIG.group_bytes, later)
+    version = catalog.load().version
+    with pytest.raises(CommitConflictError, match="expected 5 input files live"):
+        commit_plans(catalog, stale.plan_ids, CONFIG.group_bytes, later)
+    assert catalog.load().version == version and _latest(catalog) == expected
+
+
+def test_topics_are_checked_against_the_catalog_and_the_mode(catalog: Catalog) -> None:
+    with pytest.raises(TopicNotFoundError, match=r"topic\(s\) nope not in cluster \S+ \(topics: accounts\)"):
+        prepare_plans(catalog, "full", NOW, CONFIG, topics=["nope"])
+    with pytest.raises(ValueError, match="only be chosen for the max-lag and full modes"):
+        prepare_plans(catalog, "regular", NOW, CONFIG, topics=["accounts"])
+    assert prepare_plans(catalog, "full", NOW, CONFIG, topics=["accounts"], dry_run=True).estimates
+
+
+def test_gc_releases_expired_leases_then_collects_an_abandoned_plan(catalog: Catalog) -> None:
+    abandoned = prepare_plans(catalog, "full", NOW, CONFIG)
+    (plan_id,) = abandoned.plan_ids
+    _run_groups(catalog, plan_id, CONFIG.group_bytes)  # outputs written, never committed
+    outputs = [k for k in _objects(catalog) if k.startswith(f"data/l2/{plan_id}")]
+    assert outputs
+    during = collect_garbage(catalog, NOW + 1, grace_ms=0)
+    assert during.released_leases == [] and during.deleted_files == [] and during.deleted_plans == []
+    after = collect_garbage(catalog, int(time.time() * 1000) + 1, grace_ms=0)  # objects carry wall-clock times
+    assert after.released_leases == [plan_id] and not catalog.load().leases
+    assert sorted(after.deleted_files) == outputs and plan_key(plan_id) in after.deleted_plans
+    assert len(catalog.load().files) == 5  # the inputs stay live
