@@ -6,13 +6,27 @@ never skipped.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+REPO = Path(__file__).resolve().parents[1]
+# Airflow reads its configuration once, when first imported: a private home for the session, set before any
+# test module imports it. The DAG tests migrate its SQLite database (the `airflow_db` fixture).
+os.environ.update(
+    AIRFLOW_HOME=tempfile.mkdtemp(prefix="logcompact-airflow-"),
+    AIRFLOW__CORE__LOAD_EXAMPLES="False",
+    AIRFLOW__CORE__DAGS_FOLDER=str(REPO / "dags"),
+    AIRFLOW__CORE__PLUGINS_FOLDER=str(REPO / "plugins"),
+)
 
 from logcompact.store import LocalStore, ObjectStore
 from logcompact.store.s3 import S3Store
@@ -75,3 +89,27 @@ def store_uri_env(request: pytest.FixtureRequest, make_store: Callable[[str], Ob
     made = make_store(request.param)
     env = dict(os.environ) if request.param == "file" else rgw_environment(request.getfixturevalue("rgw"))
     return made.uri, env
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> None:
+    """Airflow's metadata database migrated, with the pool the DAGs share (the way `make airflow` sets it up)."""
+    airflow = str(Path(sys.executable).parent / "airflow")
+    for command in (["db", "migrate"], ["pools", "set", "logcompact", "4", "logcompact compactions"]):
+        done = subprocess.run([airflow, *command], capture_output=True, text=True)
+        if done.returncode:
+            pytest.fail(f"airflow {' '.join(command)} failed:\n{done.stderr[-3000:]}", pytrace=False)
+
+
+@pytest.fixture
+def airflow_store(airflow_db: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> LocalStore:
+    """An empty local store behind the DAGs' connections, with Spark in local mode as the Spark connection."""
+    store = LocalStore(tmp_path / "store")
+    monkeypatch.setenv("AIRFLOW_CONN_LOGCOMPACT_DEFAULT", json.dumps({"conn_type": "generic", "extra": {"store": store.uri}}))
+    monkeypatch.setenv("AIRFLOW_CONN_LOGCOMPACT_SPARK", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    # The Spark provider runs a bare `spark-submit` from PATH; its Python workers run this interpreter.
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
+    monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    return store

@@ -1,0 +1,197 @@
+"""The DAGs as Airflow runs them: integrity, then `dag.test()` runs with Spark in local mode on small data.
+
+Each compaction run submits real Spark jobs (about 10 s each here), so there are few of them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from logcompact.catalog import Catalog
+from logcompact.consume import latest_values
+from logcompact.store import LocalStore
+from tests.helpers import create_topic, produce_l0_files
+
+DAGS = Path(__file__).resolve().parents[1] / "dags"
+EXPECTED_TASKS = {
+    "logcompact_compaction": {"wait_for_files": set(), "plan": {"wait_for_files"}, "compact_group": {"plan"}, "commit": {"plan", "compact_group"}},
+    "logcompact_max_lag_hourly": {"plan": set(), "compact_group": {"plan"}, "commit": {"plan", "compact_group"}},
+    "logcompact_full_sweep_daily": {"plan": set(), "compact_group": {"plan"}, "commit": {"plan", "compact_group"}},
+    "logcompact_gc": {"collect_garbage": set()},
+}
+HOUR_MS = 3_600_000
+
+
+def _load_dags():
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(DAGS))
+
+
+@pytest.fixture(scope="module")
+def dagbag():
+    return _load_dags()
+
+
+def _dag(dagbag, dag_id: str):
+    dag = dagbag.dags[dag_id]
+    for task in dag.tasks:
+        task.retries = 0  # a failure shows at once instead of after the retry delay
+    return dag
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _task_instances(dag_id: str, run_id: str) -> dict[tuple[str, int], object]:
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        rows = session.query(TaskInstance).filter_by(dag_id=dag_id, run_id=run_id).all()
+        session.expunge_all()
+    return {(ti.task_id, ti.map_index): ti for ti in rows}
+
+
+def _states(dag_id: str, run_id: str) -> dict[str, str]:
+    return {f"{task}[{index}]" if index >= 0 else task: str(ti.state) for (task, index), ti in _task_instances(dag_id, run_id).items()}
+
+
+def _asset_events(uri: str) -> list[dict]:
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        return [
+            event.extra
+            for event in session.query(AssetEvent).join(AssetModel, AssetModel.id == AssetEvent.asset_id).filter(AssetModel.uri == uri)
+        ]
+
+
+def _latest(store: LocalStore, topic: str, partitions: int) -> dict[bytes, bytes]:
+    manifest = Catalog(store).load()
+    found = {}
+    for partition in range(partitions):
+        view = latest_values(store, manifest, topic, partition)
+        found.update(zip(view.column("key").to_pylist(), view.column("value").to_pylist()))
+    return found
+
+
+def _objects(store: LocalStore) -> list[str]:
+    return sorted(info.key for info in store.list(""))
+
+
+def test_dags_import_with_the_expected_structure() -> None:
+    dagbag = _load_dags()  # as written, before any test lowers retries
+    assert dagbag.import_errors == {}
+    assert sorted(dagbag.dags) == sorted(EXPECTED_TASKS)
+    for dag_id, tasks in EXPECTED_TASKS.items():
+        dag = dagbag.dags[dag_id]
+        assert {t.task_id: set(t.upstream_task_ids) for t in dag.tasks} == tasks
+        assert dag.max_active_runs == 1 and "logcompact" in dag.tags and dag.doc_md.lstrip().startswith(f"# {dag_id}")
+        assert dag.catchup is False
+        for task in dag.tasks:
+            assert (task.owner, task.retries, task.pool) == ("data-platform", 2, "logcompact")
+    compaction = dagbag.dags["logcompact_compaction"]
+    assert compaction.get_task("wait_for_files").mode == "reschedule"
+    assert compaction.get_task("compact_group").map_index_template == "{{ task.name }}"
+    assert set(compaction.params) == {"dry_run", "buffer_bytes"}
+    assert set(dagbag.dags["logcompact_full_sweep_daily"].params) == {"dry_run", "buffer_bytes", "topics"}
+
+
+def test_compaction_dag_compacts_l0_through_spark_and_publishes_asset_events(dagbag, airflow_store: LocalStore) -> None:
+    catalog = Catalog(airflow_store)
+    create_topic(catalog, "accounts", partitions=2, now=_now_ms(), cleanup_policy="compact")
+    produce_l0_files(catalog, "accounts", files=33, records=20, keys=40, partitions=2, now=_now_ms())
+    expected = _latest(airflow_store, "accounts", 2)
+
+    run = _dag(dagbag, "logcompact_compaction").test()
+
+    assert str(run.state) == "success", _states("logcompact_compaction", run.run_id)
+    instances = _task_instances("logcompact_compaction", run.run_id)
+    assert instances[("compact_group", 0)].rendered_map_index.endswith("L0 to L1, 33 files, all partitions")
+    manifest = catalog.load()
+    assert {f.level for f in manifest.files.values()} == {1} and not manifest.leases
+    assert _latest(airflow_store, "accounts", 2) == expected
+    (event,) = _asset_events(f"logcompact://{manifest.cluster_id}/accounts")
+    (stats,) = event["plans"].values()
+    assert stats["records_in"] == stats["records_out"] == 660 and stats["target_level"] == 1
+
+
+def test_max_lag_dag_compacts_what_became_dirty(dagbag, airflow_store: LocalStore) -> None:
+    catalog = Catalog(airflow_store)
+    three_hours_ago = _now_ms() - 3 * HOUR_MS
+    create_topic(catalog, "orders", partitions=2, now=three_hours_ago, cleanup_policy="compact", max_compaction_lag_ms=str(2 * HOUR_MS))
+    produce_l0_files(catalog, "orders", files=3, records=40, keys=10, partitions=2, now=three_hours_ago)
+
+    run = _dag(dagbag, "logcompact_max_lag_hourly").test(run_conf={"topics": ["orders"]})
+
+    assert str(run.state) == "success", _states("logcompact_max_lag_hourly", run.run_id)
+    manifest = catalog.load()
+    assert {f.level for f in manifest.files.values()} == {2}
+    assert sum(f.record_count for f in manifest.files.values()) == 10  # one record per key
+
+
+def test_full_sweep_dry_run_changes_nothing_then_a_run_deduplicates(dagbag, airflow_store: LocalStore) -> None:
+    catalog = Catalog(airflow_store)
+    create_topic(catalog, "accounts", partitions=2, now=_now_ms(), cleanup_policy="compact")
+    produce_l0_files(catalog, "accounts", files=4, records=50, keys=25, partitions=2, now=_now_ms(), tombstone_every=9)
+    expected, before, version = _latest(airflow_store, "accounts", 2), _objects(airflow_store), catalog.load().version
+    dag = _dag(dagbag, "logcompact_full_sweep_daily")
+
+    dry = dag.test(run_conf={"dry_run": True, "topics": ["accounts"]})
+    assert str(dry.state) == "success"
+    assert _states(dag.dag_id, dry.run_id) == {"plan": "success", "compact_group": "skipped", "commit": "skipped"}
+    assert _objects(airflow_store) == before and catalog.load().version == version
+
+    # dag.test() keeps a run's conf in the DAG object's params: every key is given again.
+    run = dag.test(run_conf={"dry_run": False, "topics": [], "buffer_bytes": 4 * 1024**2})
+    assert str(run.state) == "success", _states(dag.dag_id, run.run_id)
+    manifest = catalog.load()
+    assert {f.level for f in manifest.files.values()} == {2} and _latest(airflow_store, "accounts", 2) == expected
+
+
+def test_bad_params_are_refused_before_anything_runs(dagbag, airflow_store: LocalStore) -> None:
+    from airflow.exceptions import ParamValidationError
+
+    dag = _dag(dagbag, "logcompact_full_sweep_daily")
+    with pytest.raises(ParamValidationError, match="buffer_bytes"):
+        dag.test(run_conf={"buffer_bytes": 5})
+    with pytest.raises(ParamValidationError, match="topics"):
+        dag.test(run_conf={"topics": "accounts"})
+
+
+def test_a_failed_group_fails_the_run_without_a_commit(dagbag, airflow_store: LocalStore) -> None:
+    catalog = Catalog(airflow_store)
+    create_topic(catalog, "accounts", partitions=1, now=_now_ms(), cleanup_policy="compact")
+    produce_l0_files(catalog, "accounts", files=2, records=10, keys=5, partitions=1, now=_now_ms())
+    victim = sorted(catalog.load().files)[0]
+    (airflow_store.root / victim).write_bytes(b"not a segment")
+    version = catalog.load().version
+
+    run = _dag(dagbag, "logcompact_full_sweep_daily").test()
+
+    assert str(run.state) == "failed"
+    assert _states("logcompact_full_sweep_daily", run.run_id) == {"plan": "success", "compact_group[0]": "failed", "commit": "upstream_failed"}
+    manifest = catalog.load()
+    assert manifest.version == version + 1 and manifest.leases  # only the plan's lease was committed
+    assert {f.level for f in manifest.files.values()} == {0}
+
+
+def test_gc_dag_collects(dagbag, airflow_store: LocalStore) -> None:
+    catalog = Catalog(airflow_store)
+    create_topic(catalog, "accounts", partitions=1, now=_now_ms(), cleanup_policy="compact")
+    leftover = "data/l2/p1-abandoned-g000-s000-compacted-0000.seg"
+    airflow_store.put(leftover, b"left by a job that never committed")
+    two_hours_ago = time.time() - 2 * 3600  # past the 1 h grace
+    os.utime(airflow_store.root / leftover, (two_hours_ago, two_hours_ago))
+
+    run = _dag(dagbag, "logcompact_gc").test()
+
+    assert str(run.state) == "success"
+    assert not [k for k in _objects(airflow_store) if k.startswith("data/")]
