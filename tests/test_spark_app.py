@@ -1,4 +1,5 @@
-"""The Spark application: its per-slice logic without Spark, then one real spark-submit with local[2]."""
+"""The Spark application: its per-slice logic without Spark, then real spark-submits: local[2], and a
+standalone cluster (a master and a worker on 127.0.0.1:7077)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ from logcompact.engine.exchange import commit_results, read_plan, write_group_re
 from logcompact.engine.cleaner import JobResult
 from logcompact.exceptions import CommitConflictError
 from logcompact.ingest import Agent, Record
-from logcompact.planner import plan, split_into_groups
+from logcompact.planner import PlannerConfig, plan, split_into_groups
 from logcompact.store import LocalStore
 from spark_apps.compact_group import compact_slices, deal_slices, select_group
 from tests.helpers import NOW, create_topic
+from tests.support.spark_cluster import spark_environment, standalone_cluster
 
 APP = Path(__file__).resolve().parents[1] / "spark_apps" / "compact_group.py"
 
@@ -76,3 +78,21 @@ def test_spark_submit_runs_a_group_with_local_spark(tmp_path) -> None:
     assert {f.level for f in manifest.files.values()} == {2} and len(manifest.files) == 2  # two slices
     assert _latest(catalog, 6) == {b"k%d" % k: b"2" for k in range(30)}
     assert sum(1 for p in range(6) for _ in read_records(catalog.store, manifest, "t", p)) == 30
+
+
+def test_spark_submit_runs_a_group_on_a_standalone_cluster(tmp_path) -> None:
+    catalog = _cluster(tmp_path)
+    (sweep,) = plan(catalog.load(), NOW, "full")
+    write_plan(catalog.store, sweep)
+    spark_submit = shutil.which("spark-submit", path=str(Path(sys.executable).parent))
+    with standalone_cluster(tmp_path) as master:
+        done = subprocess.run(
+            [spark_submit, "--master", master, str(APP), f"--store={catalog.store.uri}", f"--plan-id={sweep.plan_id}",
+             "--group=0", "--slices=3"],
+            capture_output=True, text=True, env=spark_environment(), timeout=300,
+        )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"Connecting to master {master}" in done.stderr or "StandaloneAppClient" in done.stderr
+    _, committed = commit_results(catalog, sweep.plan_id, PlannerConfig.group_bytes, NOW)
+    assert committed and len(catalog.load().files) == 3  # three slices, each on an executor of the cluster
+    assert _latest(catalog, 6) == {b"k%d" % k: b"2" for k in range(30)}
