@@ -6,9 +6,8 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 CEPH_BINARIES := radosgw ceph-mon ceph-osd
-DEMO_STORE := $(CURDIR)/.demo/store
 
-.PHONY: install deps test demo bench simulate clean
+.PHONY: install deps test demo airflow bench simulate clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -33,9 +32,13 @@ deps:
 test: install deps
 	$(BIN)/python -m pytest
 
+# The whole product on a local store: data, the four DAGs through dag.test() with Spark local, a report.
 demo: install
-	rm -rf $(DEMO_STORE)
-	$(BIN)/logcompact --store file://$(DEMO_STORE) demo
+	$(BIN)/python scripts/demo.py
+
+# airflow standalone on http://127.0.0.1:8080 with the DAGs, their connections and pool.
+airflow: install
+	scripts/airflow.sh
 
 bench: install deps
 	$(BIN)/python bench/produce_consume.py
@@ -46,4 +49,4 @@ simulate: install
 	$(BIN)/logcompact simulate --agents 1 --agents 10 --hours 24 --out .simulate
 
 clean:
-	rm -rf $(VENV) .demo .bench .simulate .pytest_cache .hypothesis
+	rm -rf $(VENV) .demo .airflow .bench .simulate .pytest_cache .hypothesis
