@@ -16,23 +16,18 @@ not run again) until the lease expires (1 h), after which `logcompact_gc` collec
 
 from datetime import timedelta
 
-import pendulum
 from airflow.sdk import DAG
 
-from logcompact_airflow.pipeline import DEFAULT_ARGS, STORE_CONN_ID, compaction_params, compaction_pipeline
+from logcompact_airflow.pipeline import DAG_SETTINGS, STORE_CONN_ID, compaction_params, compaction_pipeline
 from logcompact_airflow.sensors import LogcompactThresholdSensor
 
 with DAG(
     dag_id="logcompact_compaction",
     doc_md=__doc__,
     schedule="*/15 * * * *",
-    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
-    catchup=False,
-    max_active_runs=1,
-    default_args=DEFAULT_ARGS,
     params=compaction_params(with_topics=False),
-    render_template_as_native_obj=True,
     tags=["logcompact", "compaction"],
+    **DAG_SETTINGS,
 ):
     wait = LogcompactThresholdSensor(
         task_id="wait_for_files",

@@ -9,21 +9,16 @@ Params: `topics` (empty: every topic), `dry_run`, `buffer_bytes`. Runs act on th
 so a backfill or a re-run of an old day is safe.
 """
 
-import pendulum
 from airflow.sdk import DAG
 
-from logcompact_airflow.pipeline import DEFAULT_ARGS, compaction_params, compaction_pipeline
+from logcompact_airflow.pipeline import DAG_SETTINGS, compaction_params, compaction_pipeline
 
 with DAG(
     dag_id="logcompact_full_sweep_daily",
     doc_md=__doc__,
     schedule="@daily",
-    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
-    catchup=False,
-    max_active_runs=1,
-    default_args=DEFAULT_ARGS,
     params=compaction_params(with_topics=True),
-    render_template_as_native_obj=True,
     tags=["logcompact", "compaction", "full-sweep"],
+    **DAG_SETTINGS,
 ):
     compaction_pipeline("full")

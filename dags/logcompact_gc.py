@@ -7,20 +7,16 @@ compactions), plan documents of finished plans, and manifest versions past the k
 once older than the grace period (1 h), so a job still running or an agent about to commit is never hurt.
 """
 
-import pendulum
 from airflow.sdk import DAG
 
 from logcompact_airflow.operators import LogcompactGcOperator
-from logcompact_airflow.pipeline import DEFAULT_ARGS, STORE_CONN_ID
+from logcompact_airflow.pipeline import DAG_SETTINGS, STORE_CONN_ID
 
 with DAG(
     dag_id="logcompact_gc",
     doc_md=__doc__,
     schedule="0 */6 * * *",
-    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
-    catchup=False,
-    max_active_runs=1,
-    default_args=DEFAULT_ARGS,
     tags=["logcompact", "gc"],
+    **DAG_SETTINGS,
 ):
     LogcompactGcOperator(task_id="collect_garbage", logcompact_conn_id=STORE_CONN_ID)

@@ -6,6 +6,8 @@ import os
 from datetime import timedelta
 from pathlib import Path
 
+import pendulum
+
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Param
 
@@ -21,7 +23,15 @@ STORE_CONN_ID = LogcompactHook.default_conn_name
 SPARK_APPLICATION = os.environ.get(
     "LOGCOMPACT_SPARK_APPLICATION", str(Path(__file__).resolve().parents[2] / "spark_apps" / "compact_group.py")
 )
-DEFAULT_ARGS = {"owner": "data-platform", "retries": 2, "retry_delay": timedelta(minutes=2), "pool": POOL}
+# What every logcompact DAG shares: one run at a time, no catch-up (a run acts on the catalog as it is now,
+# so missed intervals have nothing of their own to do), native params, and the tasks' owner, retries, pool.
+DAG_SETTINGS = {
+    "start_date": pendulum.datetime(2026, 1, 1, tz="UTC"),
+    "catchup": False,
+    "max_active_runs": 1,
+    "render_template_as_native_obj": True,
+    "default_args": {"owner": "data-platform", "retries": 2, "retry_delay": timedelta(minutes=2), "pool": POOL},
+}
 
 
 def compaction_params(with_topics: bool) -> dict[str, Param]:
