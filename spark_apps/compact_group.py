@@ -72,20 +72,21 @@ def main(argv: list[str] | None = None) -> None:
         print(f"compact_group: plan {args.plan_id} group {args.group} already has its result; nothing to redo")
         return
 
-    from pyspark.sql import SparkSession
+    # A plain SparkContext: the job uses no SQL, and a SparkSession would only add to start-up.
+    from pyspark import SparkConf, SparkContext
 
-    spark = SparkSession.builder.appName(f"logcompact {args.plan_id} group {args.group}").getOrCreate()
+    context = SparkContext.getOrCreate(SparkConf().setAppName(f"logcompact {args.plan_id} group {args.group}"))
     try:
-        slices = deal_slices(group, args.slices or spark.sparkContext.defaultParallelism)
+        slices = deal_slices(group, args.slices or context.defaultParallelism)
         plan_json, store_uri = group.to_json(), args.store
         results = (
-            spark.sparkContext.parallelize(slices, len(slices))
+            context.parallelize(slices, len(slices))
             .mapPartitions(lambda part: compact_slices(store_uri, plan_json, part))
             .collect()
         )
         write_group_result(store, group.plan_id, group.group, [JobResult.from_dict(r) for r in results])
     finally:
-        spark.stop()
+        context.stop()
 
 
 if __name__ == "__main__":

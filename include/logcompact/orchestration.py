@@ -82,9 +82,6 @@ class PreparedRun:
     estimates: list[dict]
     group_bytes: int
 
-    def to_dict(self) -> dict:
-        return {**asdict(self), "groups": [asdict(g) for g in self.groups]}
-
 
 def planner_config(buffer_bytes: int | None = None, base: PlannerConfig = PlannerConfig()) -> PlannerConfig:
     return base if buffer_bytes is None else replace(base, buffer_bytes=int(buffer_bytes))
