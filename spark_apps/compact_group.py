@@ -72,21 +72,20 @@ def main(argv: list[str] | None = None) -> None:
         print(f"compact_group: plan {args.plan_id} group {args.group} already has its result; nothing to redo")
         return
 
-    # A plain SparkContext: the job uses no SQL, and a SparkSession would only add to start-up.
+    # A plain SparkContext: the job uses no SQL, and a SparkSession would only add to start-up. It is not
+    # stopped here: spark-submit's JVM stops it as it exits (Spark's shutdown hook), whereas PySpark's
+    # stop() first waits about a second for its accumulator server to notice.
     from pyspark import SparkConf, SparkContext
 
     context = SparkContext.getOrCreate(SparkConf().setAppName(f"logcompact {args.plan_id} group {args.group}"))
-    try:
-        slices = deal_slices(group, args.slices or context.defaultParallelism)
-        plan_json, store_uri = group.to_json(), args.store
-        results = (
-            context.parallelize(slices, len(slices))
-            .mapPartitions(lambda part: compact_slices(store_uri, plan_json, part))
-            .collect()
-        )
-        write_group_result(store, group.plan_id, group.group, [JobResult.from_dict(r) for r in results])
-    finally:
-        context.stop()
+    slices = deal_slices(group, args.slices or context.defaultParallelism)
+    plan_json, store_uri = group.to_json(), args.store
+    results = (
+        context.parallelize(slices, len(slices))
+        .mapPartitions(lambda part: compact_slices(store_uri, plan_json, part))
+        .collect()
+    )
+    write_group_result(store, group.plan_id, group.group, [JobResult.from_dict(r) for r in results])
 
 
 if __name__ == "__main__":
