@@ -44,6 +44,7 @@ bench: install deps
 	$(BIN)/python bench/produce_consume.py
 	$(BIN)/python bench/engine.py
 	$(BIN)/python bench/planner.py
+	$(BIN)/python bench/spark_dedup.py
 
 simulate: install
 	$(BIN)/logcompact simulate --agents 1 --agents 10 --hours 24 --out .simulate
