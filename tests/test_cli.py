@@ -117,7 +117,8 @@ def test_plan_compact_and_gc(tmp_path) -> None:
     ]
     assert [f["level"] for f in run(env, "files")] == [2]
     (report,) = run(env, "gc", "--now", "3000")
-    assert report == {"deleted_files": [], "deleted_manifests": [], "kept_unreferenced_young": 0}
+    assert report == {"deleted_files": [], "deleted_manifests": [], "kept_unreferenced_young": 0, "released_leases": [],
+                      "deleted_plans": []}
 
     (error,) = run(env, "compact", "--all", "--full", expect=2)
     assert "choose exactly one of --plan FILE, --all, --until-idle, --full" in error["error"]

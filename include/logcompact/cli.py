@@ -360,7 +360,7 @@ def compact(
               help="Only files older than this are deleted (younger ones may await a commit).")
 @pass_context
 def gc(ctx: Context, grace_ms: int) -> None:
-    """Delete data files that no kept manifest version references, and stale manifest versions."""
+    """Release expired leases; delete unreferenced data files, finished plans and stale manifest versions past the grace."""
     _emit(collect_garbage(ctx.catalog, ctx.clock(), grace_ms).to_dict())
 
 
