@@ -7,7 +7,7 @@ The plan is read from the store (`plans/{plan_id}/plan.json`, written by the pla
 partitions are dealt into `--slices` slices of about equal bytes; each Spark task runs the engine on one
 slice (every input file read through at most two streaming GETs per task), writes its output files to the
 store and returns only their metadata and stats. The driver writes the group's result next to the plan
-(`plans/{plan_id}/results/g{group}.json`); the commit step (`logcompact.engine.exchange.commit_results`)
+(`plans/{plan_id}/results/g{group}.json`); the commit step (`logcompact.engine.commit.commit_results`)
 commits the plan once every group has its result. No record data is collected on the driver. A group
 whose result is already in the store (a retried task after a success) is not run again.
 """
@@ -18,9 +18,9 @@ import argparse
 from dataclasses import replace
 from typing import Iterable, Iterator
 
-from logcompact.engine.cleaner import JobResult, run_plan
 from logcompact.engine.exchange import read_plan, result_key, write_group_result
 from logcompact.engine.plan import Plan, TopicPartition
+from logcompact.engine.stats import JobResult
 from logcompact.planner import PlannerConfig, split_into_groups
 from logcompact.store import open_store
 
@@ -43,6 +43,8 @@ def deal_slices(group: Plan, slices: int) -> list[tuple[int, list[TopicPartition
 
 def compact_slices(store_uri: str, plan_json: str, slices: Iterable[tuple[int, list[TopicPartition]]]) -> Iterator[dict]:
     """The per-task logic, plain Python: run the engine on each slice and yield its result (metadata only)."""
+    from logcompact.engine.cleaner import run_plan  # the engine (numba) loads in the tasks, never in the driver
+
     store = open_store(store_uri)
     group = Plan.from_json(plan_json)
     for number, partitions in slices:

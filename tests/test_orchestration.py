@@ -8,9 +8,9 @@ import pytest
 
 from logcompact.catalog import Catalog
 from logcompact.consume import latest_values
-from logcompact.engine.cleaner import JobResult
 from logcompact.engine.commit import collect_garbage
 from logcompact.engine.exchange import plan_key, read_plan, write_group_result
+from logcompact.engine.stats import JobResult
 from logcompact.exceptions import CommitConflictError, TopicNotFoundError
 from logcompact.orchestration import check_thresholds, commit_plans, planner_config, prepare_plans
 from logcompact.planner import PlannerConfig, split_into_groups

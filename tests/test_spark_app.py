@@ -13,8 +13,9 @@ import pytest
 
 from logcompact.catalog import Catalog
 from logcompact.consume import read_records
-from logcompact.engine.exchange import commit_results, read_plan, write_group_result, write_plan
-from logcompact.engine.cleaner import JobResult
+from logcompact.engine.commit import commit_results
+from logcompact.engine.exchange import read_plan, write_group_result, write_plan
+from logcompact.engine.stats import JobResult
 from logcompact.exceptions import CommitConflictError
 from logcompact.ingest import Agent, Record
 from logcompact.planner import PlannerConfig, plan, split_into_groups

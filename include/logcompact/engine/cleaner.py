@@ -57,7 +57,7 @@ import pyarrow.compute as pc
 from logcompact.catalog import CatalogSection, DataFile
 from logcompact.engine.offset_map import CompactOffsetMap, OffsetMap
 from logcompact.engine.plan import Plan, TopicPartition
-from logcompact.engine.stats import CompactionStats
+from logcompact.engine.stats import CompactionStats, JobResult
 from logcompact.format import SectionStream, SegmentWriter
 from logcompact.format.layout import MAX_OFFSET_SPAN, SECTION_SCHEMA, key_hash_words
 from logcompact.format.reader import StreamedSection
@@ -65,22 +65,6 @@ from logcompact.store.base import ObjectStore
 from logcompact.topics import TopicConfig
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class JobResult:
-    plan_id: str
-    group: int
-    outputs: list[DataFile]
-    stats: CompactionStats
-
-    def to_dict(self) -> dict:
-        return {"plan_id": self.plan_id, "group": self.group, "outputs": [f.to_dict() for f in self.outputs], "stats": self.stats.to_dict()}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> JobResult:
-        outputs = [DataFile.from_dict(f) for f in data["outputs"]]
-        return cls(data["plan_id"], data["group"], outputs, CompactionStats(**data["stats"]))
 
 
 # -- reading: two pointers per file, merged per partition --------------------------------------------

@@ -7,9 +7,10 @@ from dataclasses import asdict, dataclass, field
 
 from logcompact.catalog import Catalog, Manifest
 from logcompact.catalog.catalog import manifest_key
-from logcompact.engine.cleaner import JobResult, run_plan
+from logcompact.engine.cleaner import run_plan
+from logcompact.engine.exchange import read_plan, read_results
 from logcompact.engine.plan import PLANS_PREFIX, Plan
-from logcompact.engine.stats import CompactionStats
+from logcompact.engine.stats import CompactionStats, JobResult
 from logcompact.planner.groups import split_into_groups
 from logcompact.exceptions import CommitConflictError
 
@@ -45,6 +46,12 @@ def commit_plan(catalog: Catalog, plan: Plan, results: list[JobResult], now_ms: 
     except _AlreadyCommitted as done:
         log.info("plan %s was already committed; nothing to do", plan.plan_id)
         return done.manifest, False
+
+
+def commit_results(catalog: Catalog, plan_id: str, group_bytes: int, now_ms: int) -> tuple[Manifest, bool]:
+    """Commit a plan from the results its workers left in the store (a no-op when already committed)."""
+    plan = read_plan(catalog.store, plan_id)
+    return commit_plan(catalog, plan, read_results(catalog.store, plan, group_bytes), now_ms)
 
 
 @dataclass

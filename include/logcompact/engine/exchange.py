@@ -3,7 +3,7 @@
 A scheduler writes a plan to `plans/{plan_id}/plan.json`; the job of each group runs its slices and then
 writes one object, `plans/{plan_id}/results/g{group}.json`, holding every slice's outputs and stats (never
 record data): a group's result exists whole or not at all. The commit reads the results, checks that
-every group of the plan has one, and commits the plan once. A retried group writes the same outputs and
+every group of the plan has one, and commits the plan once (`logcompact.engine.commit.commit_results`). A retried group writes the same outputs and
 result again.
 """
 
@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import json
 
-from logcompact.catalog import Catalog, Manifest
-from logcompact.engine.cleaner import JobResult
-from logcompact.engine.commit import commit_plan
 from logcompact.engine.plan import PLANS_PREFIX, Plan
+from logcompact.engine.stats import JobResult
 from logcompact.exceptions import CommitConflictError, ObjectNotFoundError
 from logcompact.planner.groups import split_into_groups
 from logcompact.store.base import ObjectStore
@@ -64,9 +62,3 @@ def read_results(store: ObjectStore, plan: Plan, group_bytes: int) -> list[JobRe
             f"plan {plan.plan_id}: no result for group(s) {', '.join(map(str, missing))}; run those groups, then commit"
         )
     return results
-
-
-def commit_results(catalog: Catalog, plan_id: str, group_bytes: int, now_ms: int) -> tuple[Manifest, bool]:
-    """Commit a plan from the results its workers left in the store (a no-op when already committed)."""
-    plan = read_plan(catalog.store, plan_id)
-    return commit_plan(catalog, plan, read_results(catalog.store, plan, group_bytes), now_ms)

@@ -17,7 +17,8 @@ from abc import ABC, abstractmethod
 import numba
 import numpy as np
 
-DEFAULT_BUFFER_BYTES = 128 * 1024 * 1024
+from logcompact.engine.plan import DEFAULT_BUFFER_BYTES
+
 BYTES_PER_SLOT = 20
 MAX_LOAD = 0.98
 _EMPTY = np.uint32(0xFFFFFFFF)

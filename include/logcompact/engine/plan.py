@@ -9,13 +9,14 @@ from functools import cached_property
 from typing import Any
 
 from logcompact.catalog import DataFile, Manifest
-from logcompact.engine.offset_map import DEFAULT_BUFFER_BYTES
 from logcompact.exceptions import CommitConflictError, InvalidPlanError
 from logcompact.topics import Topic
 
 PLAN_FORMAT = 1
 MAX_LEVEL = 4
 DEFAULT_TARGET_FILE_BYTES = 256 * 1024 * 1024
+# The key map's buffer of each job: WarpStream's 128 MiB.
+DEFAULT_BUFFER_BYTES = 128 * 1024 * 1024
 DEFAULT_MAX_PARTITION_BYTES = 128 * 1024**3
 MODES = ("regular", "full", "max-lag")
 # Plans and their groups' results are kept in the store under this prefix (logcompact.engine.exchange).

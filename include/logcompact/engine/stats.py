@@ -1,9 +1,13 @@
-"""What one compaction job did, as JSON: records and bytes in and out, the key map, tombstones, requests."""
+"""What one compaction job did, as JSON: records and bytes in and out, the key map, tombstones, requests;
+and its result, the output files with those stats (light to import: a Spark driver reads results without
+loading the engine)."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+
+from logcompact.catalog import DataFile
 
 
 @dataclass
@@ -42,3 +46,19 @@ class CompactionStats:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), separators=(",", ":"))
+
+
+@dataclass
+class JobResult:
+    plan_id: str
+    group: int
+    outputs: list[DataFile]
+    stats: CompactionStats
+
+    def to_dict(self) -> dict:
+        return {"plan_id": self.plan_id, "group": self.group, "outputs": [f.to_dict() for f in self.outputs], "stats": self.stats.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> JobResult:
+        outputs = [DataFile.from_dict(f) for f in data["outputs"]]
+        return cls(data["plan_id"], data["group"], outputs, CompactionStats(**data["stats"]))

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from logcompact.engine.offset_map import DEFAULT_BUFFER_BYTES
-from logcompact.engine.plan import DEFAULT_MAX_PARTITION_BYTES, DEFAULT_TARGET_FILE_BYTES
+from logcompact.engine.plan import DEFAULT_BUFFER_BYTES, DEFAULT_MAX_PARTITION_BYTES, DEFAULT_TARGET_FILE_BYTES
 
 MINUTE_MS = 60_000
 
