@@ -9,7 +9,7 @@ slice (every input file read through at most two streaming GETs per task), write
 store and returns only their metadata and stats. The driver writes the group's result next to the plan
 (`plans/{plan_id}/results/g{group}.json`); the commit step (`logcompact.engine.commit.commit_results`)
 commits the plan once every group has its result. No record data is collected on the driver. A group
-whose result is already in the store (a retried task after a success) is not run again.
+whose result and outputs are already in the store (a retried task after a success) is not run again.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import argparse
 from dataclasses import replace
 from typing import Iterable, Iterator
 
-from logcompact.engine.exchange import read_plan, result_key, write_group_result
+from logcompact.engine.exchange import group_done, read_plan, write_group_result
 from logcompact.engine.plan import Plan, TopicPartition
 from logcompact.engine.stats import JobResult
 from logcompact.planner import PlannerConfig, split_into_groups
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
 
     store = open_store(args.store)
     group = select_group(read_plan(store, args.plan_id), args.group, args.group_bytes)
-    if store.stat(result_key(args.plan_id, args.group)) is not None:
+    if group_done(store, args.plan_id, args.group):
         print(f"compact_group: plan {args.plan_id} group {args.group} already has its result; nothing to redo")
         return
 

@@ -125,3 +125,32 @@ def test_gc_releases_expired_leases_then_collects_an_abandoned_plan(catalog: Cat
     assert after.released_leases == [plan_id] and not catalog.load().leases
     assert sorted(after.deleted_files) == outputs and plan_key(plan_id) in after.deleted_plans
     assert len(catalog.load().files) == 5  # the inputs stay live
+
+
+def test_a_commit_after_the_lease_expired_is_refused(catalog: Catalog) -> None:
+    prepared = prepare_plans(catalog, "full", NOW, CONFIG)
+    _run_groups(catalog, prepared.plan_ids[0], CONFIG.group_bytes)
+    version = catalog.load().version
+    with pytest.raises(CommitConflictError, match="lease on .* expired or was released before the commit; .* plan again"):
+        commit_plans(catalog, prepared.plan_ids, CONFIG.group_bytes, NOW + CONFIG.lease_ms)
+    assert catalog.load().version == version  # gc may now collect the outputs: nothing may point at them
+
+
+def test_a_retried_commit_after_gc_collected_the_plan_is_still_a_no_op(catalog: Catalog) -> None:
+    prepared = prepare_plans(catalog, "full", NOW, CONFIG)
+    _run_groups(catalog, prepared.plan_ids[0], CONFIG.group_bytes)
+    commit_plans(catalog, prepared.plan_ids, CONFIG.group_bytes, NOW)
+    report = collect_garbage(catalog, int(time.time() * 1000) + 1, grace_ms=0)
+    assert plan_key(prepared.plan_ids[0]) in report.deleted_plans
+    retried = commit_plans(catalog, prepared.plan_ids, CONFIG.group_bytes, NOW)
+    assert retried.already_committed == prepared.plan_ids and retried.committed == []
+
+
+def test_plans_that_cannot_be_written_leave_nothing_leased(catalog: Catalog, monkeypatch) -> None:
+    def failing_write(store, plan):
+        raise OSError("disk full")
+
+    monkeypatch.setattr("logcompact.orchestration.write_plan", failing_write)
+    with pytest.raises(OSError, match="disk full"):
+        prepare_plans(catalog, "full", NOW, CONFIG)
+    assert not catalog.load().leases

@@ -14,7 +14,7 @@ import pytest
 from logcompact.catalog import Catalog
 from logcompact.consume import read_records
 from logcompact.engine.commit import commit_results
-from logcompact.engine.exchange import read_plan, write_group_result, write_plan
+from logcompact.engine.exchange import group_done, read_plan, write_group_result, write_plan
 from logcompact.engine.stats import JobResult
 from logcompact.exceptions import CommitConflictError
 from logcompact.ingest import Agent, Record
@@ -57,6 +57,19 @@ def test_slices_share_a_group_by_bytes_and_commit_together(tmp_path) -> None:
     _, committed = commit_results(catalog, sweep.plan_id, group_bytes, NOW)
     assert committed and _latest(catalog, 6) == {b"k%d" % k: b"2" for k in range(30)}
     assert commit_results(catalog, sweep.plan_id, group_bytes, NOW)[1] is False  # a retried commit
+
+
+def test_a_group_counts_as_done_only_with_all_its_outputs(tmp_path) -> None:
+    catalog = _cluster(tmp_path)
+    (sweep,) = plan(catalog.load(), NOW, "full")
+    write_plan(catalog.store, sweep)
+    group = select_group(sweep, 0, 10**12)
+    assert not group_done(catalog.store, sweep.plan_id, 0)
+    results = [JobResult.from_dict(r) for r in compact_slices(catalog.store.uri, group.to_json(), deal_slices(group, 2))]
+    write_group_result(catalog.store, sweep.plan_id, 0, results)
+    assert group_done(catalog.store, sweep.plan_id, 0)
+    catalog.store.delete(results[1].outputs[0].key)  # collected by gc after an expired lease
+    assert not group_done(catalog.store, sweep.plan_id, 0)  # so a retried task runs the group again
 
 
 def test_spark_submit_runs_a_group_with_local_spark(tmp_path) -> None:

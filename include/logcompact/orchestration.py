@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from logcompact.catalog import Catalog, Manifest
 from logcompact.engine.commit import PlanResult, commit_plan
-from logcompact.engine.exchange import read_plan, read_results, write_plan
+from logcompact.engine.exchange import plan_key, read_plan, read_results, write_plan
 from logcompact.engine.plan import Plan
 from logcompact.exceptions import TopicNotFoundError
 from logcompact.planner import MODES, PlannerConfig, expected_effect, plan, split_into_groups
@@ -116,20 +116,38 @@ def prepare_plans(
     estimates = [expected_effect(p, config.group_bytes) for p in plans]
     if dry_run:
         return PreparedRun(mode, True, [], [], estimates, config.group_bytes)
-    groups = []
-    for found in plans:
-        _lease(catalog, found, now_ms, config.lease_ms)
-        write_plan(catalog.store, found)
-        for group in split_into_groups(found, config.group_bytes):
-            groups.append(GroupJob(catalog.store.uri, found.plan_id, group.group, config.group_bytes, _label(group)))
+    if not plans:
+        return PreparedRun(mode, False, [], [], estimates, config.group_bytes)
+    _lease_all(catalog, plans, now_ms, config.lease_ms)
+    try:
+        for found in plans:
+            write_plan(catalog.store, found)
+    except BaseException:
+        catalog.commit("release unwritten plans", lambda m: (_without_leases(m, plans), None), now_ms)
+        raise
+    groups = [
+        GroupJob(catalog.store.uri, found.plan_id, group.group, config.group_bytes, _label(group))
+        for found in plans
+        for group in split_into_groups(found, config.group_bytes)
+    ]
     return PreparedRun(mode, False, [p.plan_id for p in plans], groups, estimates, config.group_bytes)
 
 
-def _lease(catalog: Catalog, found: Plan, now_ms: int, lease_ms: int) -> None:
-    keys = [f.key for f in found.inputs]
-    catalog.commit(
-        f"lease {found.plan_id}", lambda m: (m.with_lease(found.plan_id, keys, now_ms + lease_ms, now_ms), None), now_ms
-    )
+def _lease_all(catalog: Catalog, plans: list[Plan], now_ms: int, lease_ms: int) -> None:
+    """Lease every plan's files in one commit: all the plans, or none (a conflict leaves nothing leased)."""
+
+    def lease(manifest: Manifest) -> tuple[Manifest, None]:
+        for found in plans:
+            manifest = manifest.with_lease(found.plan_id, [f.key for f in found.inputs], now_ms + lease_ms, now_ms)
+        return manifest, None
+
+    catalog.commit(f"lease {', '.join(p.plan_id for p in plans)}", lease, now_ms)
+
+
+def _without_leases(manifest: Manifest, plans: list[Plan]) -> Manifest:
+    for found in plans:
+        manifest = manifest.without_lease(found.plan_id)
+    return manifest
 
 
 def _label(group: Plan) -> str:
@@ -153,15 +171,21 @@ class CommitSummary:
 def commit_plans(catalog: Catalog, plan_ids: list[str], group_bytes: int, now_ms: int) -> CommitSummary:
     """Commit each plan from its groups' results in the store; plans committed before are counted, not redone.
 
-    A plan with a group missing its result, or whose inputs are no longer live, raises CommitConflictError
-    and commits nothing; plans committed before it in the same call stay committed.
+    A plan with a group missing its result, whose inputs are no longer live, or whose lease has expired
+    raises CommitConflictError and commits nothing; plans committed before it in the same call stay committed.
     """
     summary = CommitSummary()
     topics: set[str] = set()
     for plan_id in plan_ids:
+        manifest = catalog.load()
+        if plan_id in manifest.recent_plans and not catalog.store.stat(plan_key(plan_id)):
+            # Committed long ago and its documents collected since: nothing to redo, no stats to report.
+            summary.already_committed.append(plan_id)
+            summary.manifest_version = manifest.version
+            continue
         found = read_plan(catalog.store, plan_id)
         results = read_results(catalog.store, found, group_bytes)
-        manifest, committed = commit_plan(catalog, found, results, now_ms)
+        manifest, committed = commit_plan(catalog, found, results, now_ms, leased=True)
         (summary.committed if committed else summary.already_committed).append(plan_id)
         summary.stats[plan_id] = PlanResult(plan_id, [r.stats for r in results]).to_dict()
         summary.manifest_version = manifest.version

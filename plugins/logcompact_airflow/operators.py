@@ -71,7 +71,7 @@ def _checked_params(topics: Any, dry_run: Any, buffer_bytes: Any) -> tuple[list[
     elif not isinstance(topics, list) or not all(isinstance(t, str) and t for t in topics):
         raise ValueError(f"topics must be a list of topic names, not {topics!r}; e.g. [\"orders\"]")
     if not isinstance(dry_run, bool):
-        raise ValueError(f"dry_run must be true or false, not {dry_run!r}")
+        raise ValueError(f"dry_run must be true or false, not {dry_run!r}; pass a bool (with templates, set the DAG's render_template_as_native_obj=True)")
     if buffer_bytes is not None and (isinstance(buffer_bytes, bool) or not isinstance(buffer_bytes, int) or buffer_bytes < MIN_BUFFER_BYTES):
         raise ValueError(f"buffer_bytes must be an integer of at least {MIN_BUFFER_BYTES} (1 MiB), not {buffer_bytes!r}")
     return topics, dry_run, buffer_bytes

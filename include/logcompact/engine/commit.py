@@ -19,19 +19,27 @@ log = logging.getLogger(__name__)
 DEFAULT_GC_GRACE_MS = 3_600_000
 
 
-def commit_plan(catalog: Catalog, plan: Plan, results: list[JobResult], now_ms: int) -> tuple[Manifest, bool]:
+def commit_plan(
+    catalog: Catalog, plan: Plan, results: list[JobResult], now_ms: int, leased: bool = False
+) -> tuple[Manifest, bool]:
     """Replace the plan's inputs by the outputs of all its groups, atomically.
 
     Returns the manifest and whether this call committed: a plan already committed (a retried job) is a
-    no-op. An input that is no longer live is a CommitConflictError and nothing changes.
+    no-op. An input that is no longer live is a CommitConflictError and nothing changes. With `leased`, the
+    plan's lease must still hold at the commit: once it has expired, gc may collect the outputs, so the
+    commit is refused and the plan must be made again.
     """
+    manifest = catalog.load()
+    if plan.plan_id in manifest.recent_plans:
+        log.info("plan %s was already committed; nothing to do", plan.plan_id)
+        return manifest, False
     outputs = [data_file for result in results for data_file in result.outputs]
     inputs = [data_file.key for data_file in plan.inputs]
     for data_file in outputs:
         if catalog.store.stat(data_file.key) is None:
             raise CommitConflictError(
-                f"plan {plan.plan_id}: output {data_file.key} is missing from the store (collected by gc while the "
-                "job ran?); run the plan again"
+                f"plan {plan.plan_id}: output {data_file.key} is missing from the store (collected by gc after the "
+                "plan's lease expired?); plan again"
             )
 
     def change(manifest: Manifest) -> tuple[Manifest, bool]:
@@ -39,6 +47,15 @@ def commit_plan(catalog: Catalog, plan: Plan, results: list[JobResult], now_ms: 
             raise CommitConflictError(f"plan {plan.plan_id} is for cluster {plan.cluster_id}, not {manifest.cluster_id}")
         if plan.plan_id in manifest.recent_plans:
             raise _AlreadyCommitted(manifest)
+        if leased:
+            # Inputs no longer live are with_replaced_files' conflict, which says more.
+            lost = [key for key in inputs if key in manifest.files and (manifest.leases.get(key, ("", 0))[0] != plan.plan_id
+                    or manifest.leases[key][1] <= now_ms)]
+            if lost:
+                raise CommitConflictError(
+                    f"plan {plan.plan_id}: its lease on {lost[0]} (and {len(lost) - 1} more) expired or was released "
+                    "before the commit; its outputs may be collected, plan again"
+                )
         return manifest.with_replaced_files(inputs, outputs, plan.manifest_version, plan.plan_id), True
 
     try:
@@ -101,7 +118,7 @@ def run_and_commit(
     try:
         groups = split_into_groups(plan, group_bytes) if group_bytes else [plan]
         results = [run_plan(catalog.store, group) for group in groups]
-        commit_plan(catalog, plan, results, now_ms)
+        commit_plan(catalog, plan, results, now_ms, leased=lease_ms is not None)
     except BaseException:
         if lease_ms is not None:
             catalog.commit(f"release {plan.plan_id}", lambda m: (m.without_lease(plan.plan_id), None), now_ms)
@@ -137,13 +154,14 @@ def collect_garbage(catalog: Catalog, now_ms: int, grace_ms: int = DEFAULT_GC_GR
     """
     store = catalog.store
     released = _release_expired_leases(catalog, now_ms)
+    # Outputs of plans still holding a lease may not be committed yet, however long their job runs. Read
+    # before the referenced files: a plan that commits in between is then in one set or the other.
+    in_flight = {plan_id for plan_id, expires in catalog.load().leases.values() if expires > now_ms}
     versions = catalog.versions()
     kept = versions[-catalog.keep_versions :]
     referenced = set()
     for version in kept:
         referenced.update(catalog.load(version).files)
-    # Outputs of plans still holding a lease may not be committed yet, however long their job runs.
-    in_flight = {plan_id for plan_id, expires in catalog.load().leases.values() if expires > now_ms}
     deleted, young = [], 0
     for info in store.list("data/"):
         if info.key in referenced or info.key.rsplit("/", 1)[-1].split("-g")[0] in in_flight:
@@ -156,12 +174,16 @@ def collect_garbage(catalog: Catalog, now_ms: int, grace_ms: int = DEFAULT_GC_GR
     stale = [v for v in versions if kept and v < kept[0]]
     for version in stale:
         store.delete(manifest_key(version))
-    old_plans = []
+    # A plan's documents go together, once its newest one (the last group's result) is past the grace.
+    documents: dict[str, list] = {}
     for info in store.list(PLANS_PREFIX):
-        plan_id = info.key[len(PLANS_PREFIX) :].split("/", 1)[0]
-        if plan_id not in in_flight and info.modified_ms <= now_ms - grace_ms:
-            store.delete(info.key)
-            old_plans.append(info.key)
+        documents.setdefault(info.key[len(PLANS_PREFIX) :].split("/", 1)[0], []).append(info)
+    old_plans = []
+    for plan_id, infos in documents.items():
+        if plan_id not in in_flight and max(info.modified_ms for info in infos) <= now_ms - grace_ms:
+            for info in infos:
+                store.delete(info.key)
+                old_plans.append(info.key)
     return GcReport(deleted, stale, young, released, old_plans)
 
 

@@ -62,3 +62,12 @@ def read_results(store: ObjectStore, plan: Plan, group_bytes: int) -> list[JobRe
             f"plan {plan.plan_id}: no result for group(s) {', '.join(map(str, missing))}; run those groups, then commit"
         )
     return results
+
+
+def group_done(store: ObjectStore, plan_id: str, group: int) -> bool:
+    """Whether a group's result is in the store with every output it names (gc may have taken them since)."""
+    try:
+        document = json.loads(store.get(result_key(plan_id, group)))
+    except ObjectNotFoundError:
+        return False
+    return all(store.stat(f["key"]) is not None for r in document["slices"] for f in r["outputs"])
