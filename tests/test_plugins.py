@@ -75,3 +75,16 @@ def test_plan_operator_refuses_bad_params(topics, dry_run, buffer_bytes, message
 def test_plan_operator_refuses_an_unknown_mode() -> None:
     with pytest.raises(ValueError, match="mode 'weekly' is not one of regular, max-lag, full"):
         LogcompactPlanOperator(task_id="plan", mode="weekly")
+
+
+def test_plan_operator_plans_with_the_thresholds_the_sensor_waited_for(tmp_path, monkeypatch) -> None:
+    store = LocalStore(tmp_path / "store")
+    monkeypatch.setenv("AIRFLOW_CONN_PLANNED", json.dumps({"conn_type": "generic", "extra": {"store": store.uri}}))
+    catalog = Catalog(store)
+    now = int(time.time() * 1000)
+    create_topic(catalog, "accounts", now=now, cleanup_policy="compact")
+    produce_l0_files(catalog, "accounts", files=3, records=5, keys=5, partitions=1, now=now)
+    operator = LogcompactPlanOperator(task_id="plan", mode="regular", logcompact_conn_id="planned", min_files=(3, 3, 3, 3))
+    (job,) = operator.execute({})
+    assert job["application_args"][0] == f"--store={store.uri}" and job["label"].endswith("L0 to L1, 3 files, all partitions")
+    assert catalog.load().leased_files(now) == set(catalog.load().files)

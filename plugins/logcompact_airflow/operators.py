@@ -12,7 +12,7 @@ from airflow.sdk import Asset, AssetAlias, BaseOperator
 
 from logcompact.engine.commit import DEFAULT_GC_GRACE_MS, collect_garbage
 from logcompact.orchestration import check_thresholds, commit_plans, planner_config, prepare_plans
-from logcompact.planner import MODES
+from logcompact.planner import MODES, PlannerConfig
 from logcompact_airflow.hooks import LogcompactHook
 
 # Commits announce the topics they compacted as events of assets `logcompact://{cluster}/{topic}`.
@@ -41,6 +41,7 @@ class LogcompactPlanOperator(BaseOperator):
         topics: Any = None,
         dry_run: Any = False,
         buffer_bytes: Any = None,
+        min_files: tuple[int, int, int, int] = PlannerConfig.min_files,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -51,13 +52,15 @@ class LogcompactPlanOperator(BaseOperator):
         self.topics = topics
         self.dry_run = dry_run
         self.buffer_bytes = buffer_bytes
+        self.min_files = tuple(min_files)  # as the sensor waiting upstream was given
 
     def execute(self, context: Any) -> list[dict]:
         topics, dry_run, buffer_bytes = _checked_params(self.topics, self.dry_run, self.buffer_bytes)
         catalog = LogcompactHook(self.logcompact_conn_id).get_catalog()
         now_ms = _now_ms()
-        self.log.info("%s", check_thresholds(catalog.load(), now_ms).describe())
-        prepared = prepare_plans(catalog, self.mode, now_ms, planner_config(buffer_bytes), topics, dry_run)
+        config = planner_config(buffer_bytes, base=PlannerConfig(min_files=self.min_files))
+        self.log.info("%s", check_thresholds(catalog.load(), now_ms, config).describe())
+        prepared = prepare_plans(catalog, self.mode, now_ms, config, topics, dry_run)
         for estimate in prepared.estimates:
             self.log.info("%s plan: %s", "dry-run" if dry_run else "leased", json.dumps(estimate))
         self.log.info("%d plan(s), %d group job(s)%s", len(prepared.estimates), len(prepared.groups), " (dry run: nothing written)" if dry_run else "")
