@@ -7,7 +7,7 @@ The plan is read from the store (`plans/{plan_id}/plan.json`, written by the pla
 partitions are dealt into `--slices` slices of about equal bytes; each Spark task runs the engine on one
 slice (every input file read through at most two streaming GETs per task), writes its output files to the
 store and returns only their metadata and stats. The driver writes the group's result next to the plan
-(`plans/{plan_id}/results/g{group}.json`); the commit step (`logcompact.engine.commit.commit_results`)
+(`plans/{plan_id}/results/g{group}.json`); the commit step (`logcompact.orchestration.commit_plans`)
 commits the plan once every group has its result. No record data is collected on the driver. A group
 whose result and outputs are already in the store (a retried task after a success) is not run again.
 """

@@ -12,7 +12,7 @@ from logcompact.engine.commit import collect_garbage
 from logcompact.engine.exchange import plan_key, read_plan, write_group_result
 from logcompact.engine.stats import JobResult
 from logcompact.exceptions import CommitConflictError, TopicNotFoundError
-from logcompact.orchestration import check_thresholds, commit_plans, planner_config, prepare_plans
+from logcompact.orchestration import check_thresholds, commit_plans, prepare_plans
 from logcompact.planner import PlannerConfig, split_into_groups
 from logcompact.store import LocalStore
 from spark_apps.compact_group import compact_slices, deal_slices
@@ -54,7 +54,7 @@ def test_thresholds_count_unleased_files_per_level(catalog: Catalog) -> None:
     status = check_thresholds(catalog.load(), NOW, CONFIG)
     assert status.counts == {0: 5} and status.due_levels == [0] and "L0 5/4" in status.describe()
     assert not check_thresholds(catalog.load(), NOW, PlannerConfig()).reached  # 5 files < 32
-    prepare_plans(catalog, "regular", NOW, CONFIG)
+    assert prepare_plans(catalog, "regular", NOW, CONFIG).thresholds == status  # what the plans were made from
     assert not check_thresholds(catalog.load(), NOW, CONFIG).reached  # leased to the plan now
 
 
@@ -68,7 +68,7 @@ def test_dry_run_writes_nothing(catalog: Catalog) -> None:
 
 def test_plan_run_commit_and_a_retried_commit(catalog: Catalog) -> None:
     expected = _latest(catalog)
-    config = planner_config(buffer_bytes=2 * 1024**2, base=PlannerConfig(group_bytes=1))  # a group per partition
+    config = PlannerConfig(group_bytes=1, buffer_bytes=2 * 1024**2)  # a group per partition
     prepared = prepare_plans(catalog, "full", NOW, config)
     (plan_id,) = prepared.plan_ids
     assert len(prepared.groups) == 3 and read_plan(catalog.store, plan_id).buffer_bytes == 2 * 1024**2
@@ -86,6 +86,7 @@ def test_plan_run_commit_and_a_retried_commit(catalog: Catalog) -> None:
     assert first.committed == [plan_id] and retried.already_committed == [plan_id] and retried.committed == []
     assert retried.stats == first.stats and first.stats[plan_id]["records_in"] == 300
     assert retried.manifest_version == first.manifest_version and first.topics == ["accounts"]
+    assert first.cluster_id == catalog.load().cluster_id
     assert {f.level for f in catalog.load().files.values()} == {2} and not catalog.load().leases
     assert _latest(catalog) == expected
 

@@ -44,13 +44,19 @@ def test_hook_without_a_store_says_what_to_set(monkeypatch) -> None:
         LogcompactHook("no_store").get_store()
 
 
-def test_sensor_pokes_until_a_level_reaches_its_threshold(tmp_path, monkeypatch) -> None:
+@pytest.fixture
+def connected_catalog(tmp_path, monkeypatch) -> Catalog:
+    """A cluster with one compacted topic behind the connection `connected`."""
     store = LocalStore(tmp_path / "store")
-    monkeypatch.setenv("AIRFLOW_CONN_SENSED", json.dumps({"conn_type": "generic", "extra": {"store": store.uri}}))
+    monkeypatch.setenv("AIRFLOW_CONN_CONNECTED", json.dumps({"conn_type": "generic", "extra": {"store": store.uri}}))
     catalog = Catalog(store)
-    now = int(time.time() * 1000)
-    create_topic(catalog, "accounts", now=now, cleanup_policy="compact")
-    sensor = LogcompactThresholdSensor(task_id="wait", logcompact_conn_id="sensed", min_files=(3, 3, 3, 3))
+    create_topic(catalog, "accounts", now=int(time.time() * 1000), cleanup_policy="compact")
+    return catalog
+
+
+def test_sensor_pokes_until_a_level_reaches_its_threshold(connected_catalog: Catalog) -> None:
+    catalog, now = connected_catalog, int(time.time() * 1000)
+    sensor = LogcompactThresholdSensor(task_id="wait", logcompact_conn_id="connected", min_files=(3, 3, 3, 3))
     produce_l0_files(catalog, "accounts", files=2, records=5, keys=5, partitions=1, now=now)
     assert sensor.mode == "reschedule" and not sensor.poke({}).is_done
     produce_l0_files(catalog, "accounts", files=1, records=5, keys=5, partitions=1, now=now)
@@ -77,14 +83,10 @@ def test_plan_operator_refuses_an_unknown_mode() -> None:
         LogcompactPlanOperator(task_id="plan", mode="weekly")
 
 
-def test_plan_operator_plans_with_the_thresholds_the_sensor_waited_for(tmp_path, monkeypatch) -> None:
-    store = LocalStore(tmp_path / "store")
-    monkeypatch.setenv("AIRFLOW_CONN_PLANNED", json.dumps({"conn_type": "generic", "extra": {"store": store.uri}}))
-    catalog = Catalog(store)
-    now = int(time.time() * 1000)
-    create_topic(catalog, "accounts", now=now, cleanup_policy="compact")
+def test_plan_operator_plans_with_the_thresholds_the_sensor_waited_for(connected_catalog: Catalog) -> None:
+    catalog, now = connected_catalog, int(time.time() * 1000)
     produce_l0_files(catalog, "accounts", files=3, records=5, keys=5, partitions=1, now=now)
-    operator = LogcompactPlanOperator(task_id="plan", mode="regular", logcompact_conn_id="planned", min_files=(3, 3, 3, 3))
+    operator = LogcompactPlanOperator(task_id="plan", mode="regular", logcompact_conn_id="connected", min_files=(3, 3, 3, 3))
     (job,) = operator.execute({})
-    assert job["application_args"][0] == f"--store={store.uri}" and job["label"].endswith("L0 to L1, 3 files, all partitions")
+    assert job["application_args"][0] == f"--store={catalog.store.uri}" and job["label"].endswith("L0 to L1, 3 files, all partitions")
     assert catalog.load().leased_files(now) == set(catalog.load().files)

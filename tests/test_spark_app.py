@@ -3,7 +3,6 @@ standalone cluster (a master and a worker on 127.0.0.1:7077)."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -13,12 +12,13 @@ import pytest
 
 from logcompact.catalog import Catalog
 from logcompact.consume import read_records
-from logcompact.engine.commit import commit_results
-from logcompact.engine.exchange import group_done, read_plan, write_group_result, write_plan
+from logcompact.engine.exchange import group_done, read_plan, write_group_result
+from logcompact.engine.plan import Plan
 from logcompact.engine.stats import JobResult
 from logcompact.exceptions import CommitConflictError
 from logcompact.ingest import Agent, Record
-from logcompact.planner import PlannerConfig, plan, split_into_groups
+from logcompact.orchestration import commit_plans, prepare_plans
+from logcompact.planner import PlannerConfig, split_into_groups
 from logcompact.store import LocalStore
 from spark_apps.compact_group import compact_slices, deal_slices, select_group
 from tests.helpers import NOW, create_topic
@@ -41,29 +41,33 @@ def _latest(catalog: Catalog, partitions: int) -> dict[bytes, bytes]:
     return {r.key: r.value for p in range(partitions) for r in read_records(catalog.store, manifest, "t", p)}
 
 
+def _leased_sweep(catalog: Catalog, group_bytes: int = PlannerConfig.group_bytes) -> Plan:
+    """A full sweep planned as the DAGs plan it: files leased, plan written to the store."""
+    (plan_id,) = prepare_plans(catalog, "full", NOW, PlannerConfig(group_bytes=group_bytes)).plan_ids
+    return read_plan(catalog.store, plan_id)
+
+
 def test_slices_share_a_group_by_bytes_and_commit_together(tmp_path) -> None:
     catalog = _cluster(tmp_path)
-    (sweep,) = plan(catalog.load(), NOW, "full")
-    write_plan(catalog.store, sweep)
     group_bytes = 10**12
-    group = select_group(read_plan(catalog.store, sweep.plan_id), 0, group_bytes)
+    sweep = _leased_sweep(catalog, group_bytes)
+    group = select_group(sweep, 0, group_bytes)
     slices = deal_slices(group, 4)
     assert len(slices) == 4 and sorted(tp for _, tps in slices for tp in tps) == [("t", p) for p in range(6)]
     with pytest.raises(CommitConflictError, match="no result for group"):
-        commit_results(catalog, sweep.plan_id, group_bytes, NOW)
+        commit_plans(catalog, [sweep.plan_id], group_bytes, NOW)
     results = [JobResult.from_dict(r) for r in compact_slices(catalog.store.uri, group.to_json(), slices)]
     assert len({f.key for r in results for f in r.outputs}) == 4  # one output a slice, named apart
     write_group_result(catalog.store, sweep.plan_id, 0, results)
-    _, committed = commit_results(catalog, sweep.plan_id, group_bytes, NOW)
-    assert committed and _latest(catalog, 6) == {b"k%d" % k: b"2" for k in range(30)}
-    assert commit_results(catalog, sweep.plan_id, group_bytes, NOW)[1] is False  # a retried commit
+    assert commit_plans(catalog, [sweep.plan_id], group_bytes, NOW).committed == [sweep.plan_id]
+    assert _latest(catalog, 6) == {b"k%d" % k: b"2" for k in range(30)}
+    assert commit_plans(catalog, [sweep.plan_id], group_bytes, NOW).already_committed == [sweep.plan_id]  # a retry
 
 
 def test_a_group_counts_as_done_only_with_all_its_outputs(tmp_path) -> None:
     catalog = _cluster(tmp_path)
-    (sweep,) = plan(catalog.load(), NOW, "full")
-    write_plan(catalog.store, sweep)
-    group = select_group(sweep, 0, 10**12)
+    sweep = _leased_sweep(catalog)
+    group = select_group(sweep, 0, PlannerConfig.group_bytes)
     assert not group_done(catalog.store, sweep.plan_id, 0)
     results = [JobResult.from_dict(r) for r in compact_slices(catalog.store.uri, group.to_json(), deal_slices(group, 2))]
     write_group_result(catalog.store, sweep.plan_id, 0, results)
@@ -74,20 +78,16 @@ def test_a_group_counts_as_done_only_with_all_its_outputs(tmp_path) -> None:
 
 def test_spark_submit_runs_a_group_with_local_spark(tmp_path) -> None:
     catalog = _cluster(tmp_path)
-    (sweep,) = plan(catalog.load(), NOW, "full")
-    write_plan(catalog.store, sweep)
-    assert len(split_into_groups(sweep, 10**12)) == 1
+    sweep = _leased_sweep(catalog)
+    assert len(split_into_groups(sweep, PlannerConfig.group_bytes)) == 1
     spark_submit = shutil.which("spark-submit", path=str(Path(sys.executable).parent))
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1",
-           "PYTHONPATH": str(APP.parents[1])}
     done = subprocess.run(
         [spark_submit, "--master", "local[2]", str(APP), "--store", catalog.store.uri, "--plan-id", sweep.plan_id,
          "--group", "0", "--slices", "2"],
-        capture_output=True, text=True, env=env, timeout=300,
+        capture_output=True, text=True, env=spark_environment(), timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    _, committed = commit_results(catalog, sweep.plan_id, 10**12, NOW)
-    assert committed
+    assert commit_plans(catalog, [sweep.plan_id], PlannerConfig.group_bytes, NOW).committed == [sweep.plan_id]
     manifest = catalog.load()
     assert {f.level for f in manifest.files.values()} == {2} and len(manifest.files) == 2  # two slices
     assert _latest(catalog, 6) == {b"k%d" % k: b"2" for k in range(30)}
@@ -96,8 +96,7 @@ def test_spark_submit_runs_a_group_with_local_spark(tmp_path) -> None:
 
 def test_spark_submit_runs_a_group_on_a_standalone_cluster(tmp_path) -> None:
     catalog = _cluster(tmp_path)
-    (sweep,) = plan(catalog.load(), NOW, "full")
-    write_plan(catalog.store, sweep)
+    sweep = _leased_sweep(catalog)
     spark_submit = shutil.which("spark-submit", path=str(Path(sys.executable).parent))
     with standalone_cluster(tmp_path) as master:
         done = subprocess.run(
@@ -107,6 +106,6 @@ def test_spark_submit_runs_a_group_on_a_standalone_cluster(tmp_path) -> None:
         )
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"Connecting to master {master}" in done.stderr or "StandaloneAppClient" in done.stderr
-    _, committed = commit_results(catalog, sweep.plan_id, PlannerConfig.group_bytes, NOW)
-    assert committed and len(catalog.load().files) == 3  # three slices, each on an executor of the cluster
+    assert commit_plans(catalog, [sweep.plan_id], PlannerConfig.group_bytes, NOW).committed == [sweep.plan_id]
+    assert len(catalog.load().files) == 3  # three slices, each on an executor of the cluster
     assert _latest(catalog, 6) == {b"k%d" % k: b"2" for k in range(30)}

@@ -14,14 +14,14 @@ group resumes the plan, and groups whose results are already in the store are no
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 
 from logcompact.catalog import Catalog, Manifest
 from logcompact.engine.commit import PlanResult, commit_plan
-from logcompact.engine.exchange import plan_key, read_plan, read_results, write_plan
+from logcompact.engine.exchange import read_plan, read_results, write_plan
 from logcompact.engine.plan import Plan
-from logcompact.exceptions import TopicNotFoundError
-from logcompact.planner import MODES, PlannerConfig, expected_effect, plan, split_into_groups
+from logcompact.exceptions import ObjectNotFoundError, TopicNotFoundError
+from logcompact.planner import PlannerConfig, expected_effect, plan, split_into_groups
 
 
 @dataclass(frozen=True)
@@ -75,22 +75,14 @@ class GroupJob:
 
 @dataclass
 class PreparedRun:
-    mode: str
-    dry_run: bool
+    thresholds: ThresholdStatus  # of the manifest the plans were made from
     plan_ids: list[str]
     groups: list[GroupJob]
     estimates: list[dict]
-    group_bytes: int
-
-
-def planner_config(buffer_bytes: int | None = None, base: PlannerConfig = PlannerConfig()) -> PlannerConfig:
-    return base if buffer_bytes is None else replace(base, buffer_bytes=int(buffer_bytes))
 
 
 def check_topics(manifest: Manifest, mode: str, topics: list[str] | None) -> list[str] | None:
     """Validated topic names for a mode (None: every topic); one-line errors name the fix."""
-    if mode not in MODES:
-        raise ValueError(f"mode {mode!r} is not one of {', '.join(MODES)}")
     if not topics:
         return None
     if mode == "regular":
@@ -111,13 +103,11 @@ def prepare_plans(
     dry_run: bool = False,
 ) -> PreparedRun:
     manifest = catalog.load()
-    chosen = check_topics(manifest, mode, topics)
-    plans = plan(manifest, now_ms, mode, config, chosen)
+    thresholds = check_thresholds(manifest, now_ms, config)
+    plans = plan(manifest, now_ms, mode, config, check_topics(manifest, mode, topics))
     estimates = [expected_effect(p, config.group_bytes) for p in plans]
-    if dry_run:
-        return PreparedRun(mode, True, [], [], estimates, config.group_bytes)
-    if not plans:
-        return PreparedRun(mode, False, [], [], estimates, config.group_bytes)
+    if dry_run or not plans:
+        return PreparedRun(thresholds, [], [], estimates)
     _lease_all(catalog, plans, now_ms, config.lease_ms)
     try:
         for found in plans:
@@ -130,7 +120,7 @@ def prepare_plans(
         for found in plans
         for group in split_into_groups(found, config.group_bytes)
     ]
-    return PreparedRun(mode, False, [p.plan_id for p in plans], groups, estimates, config.group_bytes)
+    return PreparedRun(thresholds, [p.plan_id for p in plans], groups, estimates)
 
 
 def _lease_all(catalog: Catalog, plans: list[Plan], now_ms: int, lease_ms: int) -> None:
@@ -162,6 +152,7 @@ class CommitSummary:
     already_committed: list[str] = field(default_factory=list)
     stats: dict[str, dict] = field(default_factory=dict)
     topics: list[str] = field(default_factory=list)
+    cluster_id: str = ""
     manifest_version: int = 0
 
     def to_dict(self) -> dict:
@@ -177,18 +168,21 @@ def commit_plans(catalog: Catalog, plan_ids: list[str], group_bytes: int, now_ms
     summary = CommitSummary()
     topics: set[str] = set()
     for plan_id in plan_ids:
-        manifest = catalog.load()
-        if plan_id in manifest.recent_plans and not catalog.store.stat(plan_key(plan_id)):
+        try:
+            found = read_plan(catalog.store, plan_id)
+        except ObjectNotFoundError:
+            manifest = catalog.load()
+            if plan_id not in manifest.recent_plans:
+                raise
             # Committed long ago and its documents collected since: nothing to redo, no stats to report.
             summary.already_committed.append(plan_id)
-            summary.manifest_version = manifest.version
+            summary.cluster_id, summary.manifest_version = manifest.cluster_id, manifest.version
             continue
-        found = read_plan(catalog.store, plan_id)
         results = read_results(catalog.store, found, group_bytes)
         manifest, committed = commit_plan(catalog, found, results, now_ms, leased=True)
         (summary.committed if committed else summary.already_committed).append(plan_id)
         summary.stats[plan_id] = PlanResult(plan_id, [r.stats for r in results]).to_dict()
-        summary.manifest_version = manifest.version
+        summary.cluster_id, summary.manifest_version = manifest.cluster_id, manifest.version
         topics.update(t for f in found.inputs for t in f.topics)
     summary.topics = sorted(topics)
     return summary

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from airflow.sdk import Asset, AssetAlias, BaseOperator
 
 from logcompact.engine.commit import DEFAULT_GC_GRACE_MS, collect_garbage
-from logcompact.orchestration import check_thresholds, commit_plans, planner_config, prepare_plans
+from logcompact.orchestration import commit_plans, prepare_plans
 from logcompact.planner import MODES, PlannerConfig
 from logcompact_airflow.hooks import LogcompactHook
 
@@ -57,10 +57,11 @@ class LogcompactPlanOperator(BaseOperator):
     def execute(self, context: Any) -> list[dict]:
         topics, dry_run, buffer_bytes = _checked_params(self.topics, self.dry_run, self.buffer_bytes)
         catalog = LogcompactHook(self.logcompact_conn_id).get_catalog()
-        now_ms = _now_ms()
-        config = planner_config(buffer_bytes, base=PlannerConfig(min_files=self.min_files))
-        self.log.info("%s", check_thresholds(catalog.load(), now_ms, config).describe())
-        prepared = prepare_plans(catalog, self.mode, now_ms, config, topics, dry_run)
+        config = PlannerConfig(min_files=self.min_files)
+        if buffer_bytes is not None:
+            config = replace(config, buffer_bytes=buffer_bytes)
+        prepared = prepare_plans(catalog, self.mode, _now_ms(), config, topics, dry_run)
+        self.log.info("%s", prepared.thresholds.describe())
         for estimate in prepared.estimates:
             self.log.info("%s plan: %s", "dry-run" if dry_run else "leased", json.dumps(estimate))
         self.log.info("%d plan(s), %d group job(s)%s", len(prepared.estimates), len(prepared.groups), " (dry run: nothing written)" if dry_run else "")
@@ -102,10 +103,9 @@ class LogcompactCommitOperator(BaseOperator):
         catalog = LogcompactHook(self.logcompact_conn_id).get_catalog()
         summary = commit_plans(catalog, plan_ids, group_bytes.pop(), _now_ms())
         self.log.info("committed %s; already committed %s; manifest version %d", summary.committed, summary.already_committed, summary.manifest_version)
-        cluster_id = catalog.load().cluster_id
         events = context["outlet_events"][COMPACTED_TOPICS]
         for topic in summary.topics:
-            events.add(_topic_asset(cluster_id, topic), extra={"plans": summary.stats})
+            events.add(_topic_asset(summary.cluster_id, topic), extra={"plans": summary.stats})
         return summary.to_dict()
 
 

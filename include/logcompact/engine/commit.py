@@ -7,8 +7,6 @@ from dataclasses import asdict, dataclass, field
 
 from logcompact.catalog import Catalog, Manifest
 from logcompact.catalog.catalog import manifest_key
-from logcompact.engine.cleaner import run_plan
-from logcompact.engine.exchange import read_plan, read_results
 from logcompact.engine.plan import PLANS_PREFIX, Plan
 from logcompact.engine.stats import CompactionStats, JobResult
 from logcompact.planner.groups import split_into_groups
@@ -48,9 +46,9 @@ def commit_plan(
         if plan.plan_id in manifest.recent_plans:
             raise _AlreadyCommitted(manifest)
         if leased:
+            held = {key for key, (holder, expires) in manifest.leases.items() if holder == plan.plan_id and expires > now_ms}
             # Inputs no longer live are with_replaced_files' conflict, which says more.
-            lost = [key for key in inputs if key in manifest.files and (manifest.leases.get(key, ("", 0))[0] != plan.plan_id
-                    or manifest.leases[key][1] <= now_ms)]
+            lost = [key for key in inputs if key in manifest.files and key not in held]
             if lost:
                 raise CommitConflictError(
                     f"plan {plan.plan_id}: its lease on {lost[0]} (and {len(lost) - 1} more) expired or was released "
@@ -63,12 +61,6 @@ def commit_plan(
     except _AlreadyCommitted as done:
         log.info("plan %s was already committed; nothing to do", plan.plan_id)
         return done.manifest, False
-
-
-def commit_results(catalog: Catalog, plan_id: str, group_bytes: int, now_ms: int) -> tuple[Manifest, bool]:
-    """Commit a plan from the results its workers left in the store (a no-op when already committed)."""
-    plan = read_plan(catalog.store, plan_id)
-    return commit_plan(catalog, plan, read_results(catalog.store, plan, group_bytes), now_ms)
 
 
 @dataclass
@@ -107,6 +99,10 @@ def run_and_commit(
     With `lease_ms`, the plan's files are leased in the catalog first (a file leased to another live plan
     is a conflict) and the lease goes with the commit, or is released if a group fails.
     """
+    # The engine (numba) loads only to run plans here: committing and gc need none of it, and schedulers
+    # import this module when they parse their DAGs.
+    from logcompact.engine.cleaner import run_plan
+
     manifest = catalog.load()
     if plan.plan_id in manifest.recent_plans:
         log.info("plan %s was already committed; nothing to do", plan.plan_id)

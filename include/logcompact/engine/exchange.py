@@ -3,7 +3,7 @@
 A scheduler writes a plan to `plans/{plan_id}/plan.json`; the job of each group runs its slices and then
 writes one object, `plans/{plan_id}/results/g{group}.json`, holding every slice's outputs and stats (never
 record data): a group's result exists whole or not at all. The commit reads the results, checks that
-every group of the plan has one, and commits the plan once (`logcompact.engine.commit.commit_results`). A retried group writes the same outputs and
+every group of the plan has one, and commits the plan once (`logcompact.orchestration.commit_plans`). A retried group writes the same outputs and
 result again.
 """
 
