@@ -1,7 +1,10 @@
-"""Fixtures: every store test runs on both backends, the local directory and a real Ceph RGW on 127.0.0.1.
+"""Fixtures: every store test runs on both backends, the local directory and a real Ceph RGW on 127.0.0.1,
+and every catalog test on both databases, the embedded SQLite and a real PostgreSQL server on 127.0.0.1.
 
-The RGW cluster starts once per session. If it cannot start, the S3 tests fail with the reason; they are
-never skipped.
+The RGW cluster and the PostgreSQL server start once per session, PostgreSQL as the `postgres` user. If
+either cannot start, its tests fail with the reason; they are never skipped. Each test gets a database of
+its own. An s3:// store's catalog is on PostgreSQL (a cluster on S3 spans machines); a local store's is
+on either.
 """
 
 from __future__ import annotations
@@ -28,14 +31,17 @@ os.environ.update(
     AIRFLOW__CORE__PLUGINS_FOLDER=str(REPO / "plugins"),
 )
 
+from logcompact.catalog import Catalog
 from logcompact.store import LocalStore, ObjectStore
 from logcompact.store.s3 import S3Store
+from tests.support.postgres import PostgresServer, postgres_missing_reason, start_postgres
 from tests.support.rgw import RgwServer, rgw_missing_reason, start_rgw
 
 settings.register_profile("logcompact", deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 settings.load_profile("logcompact")
 
 BACKENDS = ["file", "s3"]
+DATABASES = ["sqlite", "postgresql"]
 
 
 @pytest.fixture(scope="session")
@@ -48,6 +54,56 @@ def rgw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RgwServer]:
         yield server
     finally:
         stop()
+
+
+@pytest.fixture(scope="session")
+def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresServer]:
+    missing = postgres_missing_reason()
+    if missing:
+        pytest.fail(f"the PostgreSQL suite needs a PostgreSQL server: {missing}", pytrace=False)
+    server, stop = start_postgres(tmp_path_factory.mktemp("postgres"))
+    try:
+        yield server
+    finally:
+        stop()
+
+
+@pytest.fixture
+def make_catalog_url(request: pytest.FixtureRequest) -> Callable[[str], str | None]:
+    """A factory of catalog URLs: None for SQLite (the embedded default, beside a local store's data), a
+    fresh database on the session's PostgreSQL server otherwise."""
+
+    def make(database: str) -> str | None:
+        if database == "sqlite":
+            return None
+        return request.getfixturevalue("postgres").create_database()
+
+    return make
+
+
+@pytest.fixture(params=DATABASES)
+def catalog_url(request: pytest.FixtureRequest, make_catalog_url: Callable[[str], str | None]) -> str | None:
+    return make_catalog_url(request.param)
+
+
+@pytest.fixture
+def catalog(tmp_path: Path, catalog_url: str | None) -> Catalog:
+    """An empty cluster on a local store, its catalog on each database in turn (not created yet: see
+    `tests.helpers.create_topic`)."""
+    return Catalog(LocalStore(tmp_path / "store"), catalog_url)
+
+
+@pytest.fixture
+def catalog_of(make_catalog_url: Callable[[str], str | None]) -> Callable[[ObjectStore], Catalog]:
+    """The catalog of a store from the `store` fixture: SQLite beside a local store, PostgreSQL for S3."""
+    urls: dict[str, str | None] = {}
+
+    def make(store: ObjectStore) -> Catalog:
+        if store.uri not in urls:
+            urls[store.uri] = make_catalog_url("sqlite" if isinstance(store, LocalStore) else "postgresql")
+        return Catalog(store, urls[store.uri])
+
+    return make
 
 
 def rgw_environment(server: RgwServer) -> dict[str, str]:

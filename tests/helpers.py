@@ -11,24 +11,24 @@ NOW = 1_700_000_000_000
 def create_topic(catalog: Catalog, name: str, partitions: int = 1, now: int = NOW, **settings: str) -> Topic:
     topic = Topic.create(name, partitions, {k.replace("_", "."): v for k, v in settings.items()}, now)
     catalog.ensure_created(now)
-    catalog.commit(f"create topic {name}", lambda m: (m.with_topic(topic), None), now)
+    catalog.create_topic(topic, now)
     return topic
 
 
 
-def full_sweep(manifest, now: int, **config):
-    """The full-sweep plan of a manifest, or None for an empty one (planner knobs as keyword arguments)."""
+def full_sweep(snapshot, now: int, **config):
+    """The full-sweep plan of a catalog snapshot, or None for an empty one (planner knobs as keyword arguments)."""
     from logcompact.planner import PlannerConfig, plan
 
-    found = plan(manifest, now, "full", PlannerConfig(**config))
+    found = plan(snapshot, now, "full", PlannerConfig(**config))
     return found[0] if found else None
 
 
-def level_plans(manifest, now: int, min_files: int, **config):
+def level_plans(snapshot, now: int, min_files: int, **config):
     """Regular plans with every level's threshold at `min_files`."""
     from logcompact.planner import PlannerConfig, plan
 
-    return plan(manifest, now, "regular", PlannerConfig(min_files=(min_files,) * 4, **config))
+    return plan(snapshot, now, "regular", PlannerConfig(min_files=(min_files,) * 4, **config))
 
 
 def produce_l0_files(catalog: Catalog, topic: str, files: int, records: int, keys: int, partitions: int, now: int = NOW,

@@ -45,8 +45,12 @@ class ClusterNotFoundError(LogcompactError):
     """The store holds no logcompact catalog."""
 
 
-class ManifestFormatError(LogcompactError):
-    """A manifest object is not one this logcompact can read."""
+class CatalogConfigError(LogcompactError):
+    """No catalog database is given where one is needed, or its URL is not one logcompact can use."""
+
+
+class CatalogSchemaError(LogcompactError):
+    """The catalog database holds another schema version than this logcompact's."""
 
 
 class ManifestVersionNotFoundError(LogcompactError):
@@ -55,10 +59,6 @@ class ManifestVersionNotFoundError(LogcompactError):
 
 class CommitConflictError(LogcompactError):
     """An optimistic commit found the catalog changed in a way that invalidates it."""
-
-
-class CommitRetriesExhaustedError(CommitConflictError):
-    """An optimistic commit lost the race to other writers more times than it is allowed to retry."""
 
 
 class InvalidPlanError(LogcompactError):

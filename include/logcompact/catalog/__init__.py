@@ -1,6 +1,18 @@
-"""The catalog: which files are live, the topics and their next offsets, committed optimistically."""
+"""The catalog: which files are live, the topics and their next offsets, in SQLite or PostgreSQL."""
 
-from logcompact.catalog.catalog import Catalog, manifest_key
-from logcompact.catalog.manifest import CatalogSection, DataFile, Manifest, NewFile
+from logcompact.catalog.catalog import DEFAULT_KEEP_VERSIONS, Catalog
+from logcompact.catalog.model import CatalogSection, CommitResult, DataFile, FileSummary, Lease, NewFile, PartitionSection
+from logcompact.catalog.snapshot import Snapshot
 
-__all__ = ["Catalog", "CatalogSection", "DataFile", "Manifest", "NewFile", "manifest_key"]
+__all__ = [
+    "DEFAULT_KEEP_VERSIONS",
+    "Catalog",
+    "CatalogSection",
+    "CommitResult",
+    "DataFile",
+    "FileSummary",
+    "Lease",
+    "NewFile",
+    "PartitionSection",
+    "Snapshot",
+]

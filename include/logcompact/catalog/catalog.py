@@ -1,124 +1,509 @@
-"""The catalog: numbered manifest versions in the object store, committed optimistically.
+"""The catalog: which files are live, the topics and their next offsets, kept in a SQL database.
 
-Version N lives at `catalog/manifests/v{N:020d}.json` and is written with a create-only PUT, so of several
-writers racing for N exactly one wins; the store's atomic create is the whole commit protocol. A writer
-that loses re-reads the winner and re-applies its change (a pure function of the manifest); a change that
-is no longer valid raises CommitConflictError saying what it expected and what it found.
+Every change is one transaction that creates manifest version N+1 and costs what it changes, never what
+the catalog holds:
 
-Every commit deletes the version `keep_versions` below it, so the last `keep_versions` versions stay
-readable for readers that started on an older one.
+* an L0 append inserts its file and sections and assigns their offsets from the partitions' next
+  offsets, in the same transaction, so appends never conflict with compactions and no offset is given
+  twice;
+* a compaction replaces its inputs by its outputs only if every input is still live (and, for a leased
+  plan, still leased to it); otherwise CommitConflictError says what it expected and what it found, and
+  nothing changes. Committing a plan again is a no-op;
+* leases are rows, taken all or none and released in transactions.
+
+Every write transaction first increments the newest version in `catalog_info`, which serializes writers
+(the row lock on PostgreSQL, BEGIN IMMEDIATE on SQLite): each waits a few milliseconds at most, instead of
+re-applying its change after a lost race. Readers never wait: `snapshot()` pins a version and reads what
+it holds (`logcompact.catalog.snapshot`). `docs/catalog.md` describes the schema and the protocol.
 """
 
 from __future__ import annotations
 
-import random
-import time
+import json
 import uuid
-from dataclasses import replace
-from typing import Callable, TypeVar
+from collections import defaultdict
+from contextlib import contextmanager
+from typing import Iterable, Iterator, Sequence
 
-from logcompact.catalog.manifest import Manifest
+from sqlalchemy import Connection, bindparam, delete, func, insert, select, update
+from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+
+from logcompact.catalog import schema as s
+from logcompact.catalog.database import WRITE, catalog_url_for, engine_for, sqlite_path
+from logcompact.catalog.model import CONTENTS, CatalogSection, CommitRecord, CommitResult, DataFile, NewFile
+from logcompact.catalog.snapshot import Snapshot, chunks
 from logcompact.exceptions import (
+    CatalogConfigError,
+    CatalogSchemaError,
     ClusterNotFoundError,
-    CommitRetriesExhaustedError,
+    CommitConflictError,
+    InvalidRecordError,
     ManifestVersionNotFoundError,
-    ObjectNotFoundError,
+    TopicExistsError,
+    TopicNotFoundError,
 )
+from logcompact.format.layout import COMPRESSIONS
 from logcompact.store.base import ObjectStore
+from logcompact.store.local import LocalStore
+from logcompact.topics import Topic
 
-MANIFEST_PREFIX = "catalog/manifests/v"
+# Manifest versions a reader may pin: gc keeps files removed since the oldest of them.
 DEFAULT_KEEP_VERSIONS = 100
-DEFAULT_MAX_ATTEMPTS = 200
-
-Result = TypeVar("Result")
-
-
-def manifest_key(version: int) -> str:
-    return f"{MANIFEST_PREFIX}{version:020d}.json"
-
-
-def _version_of(key: str) -> int:
-    return int(key[len(MANIFEST_PREFIX) : -len(".json")])
 
 
 class Catalog:
-    def __init__(
-        self, store: ObjectStore, keep_versions: int = DEFAULT_KEEP_VERSIONS, max_attempts: int = DEFAULT_MAX_ATTEMPTS
-    ) -> None:
+    """A cluster: its object store (data, plans) and its catalog database (everything that says what is live).
+
+    `url` names the database (`sqlite:////path/catalog.db`, `postgresql+psycopg://...`); without one, a local
+    store keeps its catalog in `catalog.db` beside its data.
+    """
+
+    def __init__(self, store: ObjectStore, url: str | None = None, keep_versions: int = DEFAULT_KEEP_VERSIONS) -> None:
         if keep_versions < 1:
             raise ValueError("keep_versions must be at least 1")
         self.store = store
+        self.url = catalog_url_for(store, url)
         self.keep_versions = keep_versions
-        self.max_attempts = max_attempts
-        self._known_version = 0
+        self.engine = engine_for(self.url)
+        self._cluster_id: str | None = None
+        # Per topic name: (topic id, partitions) and whether it is compacted. Topics are never deleted or
+        # repartitioned and cleanup.policy is fixed at creation, so neither goes stale.
+        self._topic_ids: dict[str, tuple[int, int]] = {}
+        self._compacted: dict[str, bool] = {}
 
-    def latest_version(self) -> int:
-        """The newest committed version (one LIST), or 0 when the store has no catalog."""
-        start_after = manifest_key(self._known_version) if self._known_version else None
-        newest = self._known_version
-        for info in self.store.list(MANIFEST_PREFIX, start_after=start_after):
-            newest = max(newest, _version_of(info.key))
-        self._known_version = newest
-        return newest
+    def __repr__(self) -> str:
+        return f"Catalog({self.store.uri}, {self.engine.url.render_as_string()})"
 
-    def load(self, version: int | None = None) -> Manifest:
-        """A manifest version (default: the latest)."""
-        if version is None:
-            version = self.latest_version()
-            if version == 0:
-                raise ClusterNotFoundError(
-                    f"no logcompact cluster in {self.store.uri}: create a topic there first (`logcompact topic create`)"
-                )
-        key = manifest_key(version)
-        try:
-            return Manifest.from_bytes(self.store.get(key), key)
-        except ObjectNotFoundError:
-            versions = self.versions()
-            kept = f"kept versions are {versions[0]} to {versions[-1]}" if versions else "no version is kept"
-            raise ManifestVersionNotFoundError(
-                f"manifest version {version} is not in {self.store.uri} ({kept}); read the latest version instead"
-            ) from None
+    # -- connections ---------------------------------------------------------------------------------
 
-    def versions(self) -> list[int]:
-        return [_version_of(info.key) for info in self.store.list(MANIFEST_PREFIX)]
+    @contextmanager
+    def _reading(self) -> Iterator[Connection]:
+        self._check_exists()
+        with self.engine.connect() as connection:
+            yield connection
 
-    def ensure_created(self, now_ms: int) -> Manifest:
-        """The latest manifest, creating version 1 of an empty cluster first if the store has none."""
-        if self.latest_version() == 0:
-            empty = Manifest(
-                cluster_id=str(uuid.uuid4()), version=1, commit_id=str(uuid.uuid4()), created_ms=now_ms, operation="create"
+    @contextmanager
+    def _writing(self) -> Iterator[Connection]:
+        self._check_exists()
+        with self.engine.connect() as connection:
+            connection.execution_options(**{WRITE: True})
+            with connection.begin():
+                yield connection
+
+    def _check_exists(self) -> None:
+        """A cluster's schema is checked once per Catalog; a missing one is ClusterNotFoundError."""
+        if self._cluster_id is not None:
+            return
+        path = sqlite_path(self.url)
+        if path is not None and not path.exists():
+            raise self._not_found()
+        with self.engine.connect() as connection:
+            try:
+                row = connection.execute(select(s.catalog_info.c.schema_version, s.catalog_info.c.cluster_id)).first()
+            except (OperationalError, ProgrammingError):
+                row = None
+        if row is None:
+            raise self._not_found()
+        if row.schema_version != s.SCHEMA_VERSION:
+            raise CatalogSchemaError(
+                f"catalog {self.engine.url.render_as_string()} has schema version {row.schema_version}, this logcompact "
+                f"uses {s.SCHEMA_VERSION}; run the logcompact release that created it, or start a new catalog"
             )
-            self.store.put_if_absent(manifest_key(1), empty.to_bytes())  # a racing creator may win; both are empty
-        return self.load()
+        self._cluster_id = row.cluster_id
 
-    def commit(
-        self, operation: str, change: Callable[[Manifest], tuple[Manifest, Result]], now_ms: int
-    ) -> tuple[Manifest, Result]:
-        """Apply `change` to the latest manifest and write the result as the next version.
-
-        `change` must be pure: it is re-applied to the newer manifest after every lost race. It raises
-        (typically CommitConflictError) when the change no longer makes sense; nothing is written then.
-        """
-        commit_id = str(uuid.uuid4())
-        base = self.load()
-        for attempt in range(self.max_attempts):
-            changed, result = change(base)
-            candidate = replace(changed, version=base.version + 1, commit_id=commit_id, created_ms=now_ms, operation=operation)
-            key = manifest_key(candidate.version)
-            if self.store.put_if_absent(key, candidate.to_bytes()) or self._written_by(candidate.version, commit_id):
-                self._known_version = max(self._known_version, candidate.version)
-                if candidate.version > self.keep_versions:
-                    self.store.delete(manifest_key(candidate.version - self.keep_versions))
-                return candidate, result
-            # Lost the race for this version: back off a little (jittered, so losers spread out) and retry
-            # on top of whatever is newest now.
-            time.sleep(random.uniform(0, min(0.05, 0.002 * (attempt + 1))))
-            base = self.load()
-        raise CommitRetriesExhaustedError(
-            f"commit {operation!r} lost the race for a new manifest version {self.max_attempts} times "
-            f"(last tried version {base.version + 1}); too many concurrent writers, retry later"
+    def _not_found(self) -> ClusterNotFoundError:
+        return ClusterNotFoundError(
+            f"no logcompact cluster in {self.store.uri} (catalog {self.engine.url.render_as_string()}): "
+            "create a topic there first (`logcompact topic create`)"
         )
 
-    def _written_by(self, version: int, commit_id: str) -> bool:
-        """True when `version` holds our commit: the create-only PUT succeeded but its answer was lost."""
-        return self.load(version).commit_id == commit_id
+    # -- the cluster ---------------------------------------------------------------------------------
+
+    @property
+    def cluster_id(self) -> str:
+        self._check_exists()
+        assert self._cluster_id is not None
+        return self._cluster_id
+
+    def ensure_created(self, now_ms: int) -> str:
+        """The cluster id, creating the schema and version 1 of an empty cluster first if there is none."""
+        if isinstance(self.store, LocalStore):
+            self.store.root.mkdir(parents=True, exist_ok=True)
+        path = sqlite_path(self.url)
+        if path is not None and not path.parent.is_dir():
+            raise CatalogConfigError(f"catalog {self.url}: directory {path.parent} does not exist; create it or fix the path")
+        with self.engine.connect() as connection:
+            connection.execution_options(**{WRITE: True})
+            with connection.begin():
+                if connection.dialect.name == "postgresql":
+                    # Creators racing on a new database wait here rather than fail on the system catalogs.
+                    connection.exec_driver_sql("SELECT pg_advisory_xact_lock(7236089)")
+                s.metadata.create_all(connection, checkfirst=True)
+                if connection.execute(select(s.catalog_info.c.id)).first() is None:
+                    connection.execute(
+                        insert(s.catalog_info).values(
+                            id=1, schema_version=s.SCHEMA_VERSION, cluster_id=str(uuid.uuid4()), created_ms=now_ms, version=1
+                        )
+                    )
+                    connection.execute(insert(s.versions).values(version=1, commit_id=str(uuid.uuid4()), created_ms=now_ms, operation="create"))
+        self._cluster_id = None
+        return self.cluster_id
+
+    def latest_version(self) -> int:
+        with self._reading() as connection:
+            return connection.execute(select(s.catalog_info.c.version)).scalar_one()
+
+    def snapshot(self, version: int | None = None) -> Snapshot:
+        """A reader pinned to a manifest version (default: the newest)."""
+        with self._reading() as connection:
+            latest = connection.execute(select(s.catalog_info.c.version)).scalar_one()
+            if version is not None and version != latest:
+                oldest = connection.execute(select(func.min(s.versions.c.version))).scalar_one()
+                if not oldest <= version <= latest:
+                    raise ManifestVersionNotFoundError(
+                        f"manifest version {version} is not in the catalog of {self.store.uri} (kept versions are "
+                        f"{oldest} to {latest}); read the latest version instead"
+                    )
+            topics = self._topics(connection)
+            ids = {name: self._topic_ids[name][0] for name in topics}
+            return Snapshot(self.engine, self.cluster_id, latest if version is None else version, topics, ids)
+
+    def oldest_kept_version(self) -> int:
+        return max(1, self.latest_version() - self.keep_versions + 1)
+
+    def commit_log(self, limit: int = 100) -> list[CommitRecord]:
+        """The newest commits, newest first."""
+        with self._reading() as connection:
+            rows = connection.execute(select(s.versions).order_by(s.versions.c.version.desc()).limit(limit))
+            return [CommitRecord(r.version, r.commit_id, r.created_ms, r.operation) for r in rows]
+
+    # -- topics --------------------------------------------------------------------------------------
+
+    def create_topic(self, topic: Topic, now_ms: int) -> int:
+        """Create a topic with its partitions at offset 0; returns the version created."""
+        with self._writing() as connection:
+            version = self._next_version(connection, f"create topic {topic.name}", now_ms)
+            if connection.execute(select(s.topics.c.topic_id).where(s.topics.c.name == topic.name)).first():
+                raise TopicExistsError(f"topic {topic.name!r} already exists; describe it with `logcompact topic describe`")
+            topic_id = connection.execute(
+                insert(s.topics)
+                .values(
+                    name=topic.name, partitions=topic.partitions, config=json.dumps(topic.config.to_kafka()),
+                    created_ms=topic.created_ms, created_version=version,
+                )
+                .returning(s.topics.c.topic_id)
+            ).scalar_one()
+            for chunk in chunks(range(topic.partitions), 10_000):
+                connection.execute(insert(s.partitions), [{"topic_id": topic_id, "partition": p, "next_offset": 0} for p in chunk])
+        return version
+
+    def alter_topic(self, name: str, settings: dict[str, str | int], now_ms: int) -> Topic:
+        with self._writing() as connection:
+            self._next_version(connection, f"alter topic {name}", now_ms)
+            current = self._topics(connection).get(name)
+            if current is None:
+                raise _topic_not_found(name)
+            altered = current.altered(settings)
+            connection.execute(
+                update(s.topics).where(s.topics.c.name == name).values(config=json.dumps(altered.config.to_kafka()))
+            )
+        return altered
+
+    def next_offsets(self, topic: str) -> list[int]:
+        """Each partition's next offset, as of now."""
+        with self._reading() as connection:
+            topic_id = self._topic_id(connection, topic)
+            rows = connection.execute(
+                select(s.partitions.c.next_offset).where(s.partitions.c.topic_id == topic_id).order_by(s.partitions.c.partition)
+            )
+            return [r.next_offset for r in rows]
+
+    # -- appends ---------------------------------------------------------------------------------------
+
+    def append_files(self, new_files: Sequence[NewFile], now_ms: int) -> tuple[int, list[list[int]]]:
+        """Add freshly ingested files, giving each section the next offsets of its partition.
+
+        Returns the version created and the first offset assigned to each section of each file.
+        """
+        with self._writing() as connection:
+            version = self._next_version(connection, "append", now_ms)
+            topic_rows = self._topic_rows(connection, {info.topic for new in new_files for info in new.sections})
+            wanted = defaultdict(list)
+            for new in new_files:
+                for info in new.sections:
+                    topic_id, partitions = topic_rows[info.topic]
+                    if not 0 <= info.partition < partitions:
+                        raise InvalidRecordError(f"topic {info.topic!r} has partitions 0 to {partitions - 1}, not {info.partition}")
+                    wanted[topic_id].append(info.partition)
+            next_offsets = {}
+            for topic_id, numbers in wanted.items():
+                for chunk in chunks(sorted(set(numbers)), 5_000):
+                    rows = connection.execute(
+                        select(s.partitions.c.partition, s.partitions.c.next_offset).where(
+                            s.partitions.c.topic_id == topic_id, s.partitions.c.partition.in_(chunk)
+                        )
+                    )
+                    next_offsets.update({(topic_id, r.partition): r.next_offset for r in rows})
+            assigned, placed_files = [], []
+            for new in new_files:
+                placed = []
+                for info in new.sections:
+                    slot = (topic_rows[info.topic][0], info.partition)
+                    first = next_offsets[slot]
+                    next_offsets[slot] = first + info.last_delta + 1
+                    placed.append(CatalogSection(info, first))
+                placed_files.append(DataFile(new.key, new.level, new.size, new.created_ms, tuple(placed)))
+                assigned.append([section.first_offset for section in placed])
+            connection.execute(
+                update(s.partitions)
+                .where(s.partitions.c.topic_id == bindparam("b_topic"), s.partitions.c.partition == bindparam("b_partition"))
+                .values(next_offset=bindparam("b_next")),
+                [{"b_topic": t, "b_partition": p, "b_next": n} for (t, p), n in next_offsets.items()],
+            )
+            self._insert_files(connection, placed_files, version, topic_rows)
+        return version, assigned
+
+    # -- compactions -----------------------------------------------------------------------------------
+
+    def replace_files(
+        self,
+        removed: Sequence[str],
+        added: Sequence[DataFile],
+        now_ms: int,
+        *,
+        plan_id: str | None = None,
+        expected_version: int | None = None,
+        leased: bool = False,
+    ) -> CommitResult:
+        """Swap live files for others holding offsets already assigned (a compaction's outputs).
+
+        With a `plan_id`, a plan committed before is a no-op (`committed` False), and with `leased` each input
+        must still be leased to the plan. An input no longer live is a CommitConflictError; nothing changes.
+        """
+        operation = f"compact {plan_id}" if plan_id else "replace files"
+        try:
+            with self._writing() as connection:
+                version = self._next_version(connection, operation, now_ms)
+                if plan_id is not None:
+                    done = connection.execute(
+                        select(s.committed_plans.c.version).where(s.committed_plans.c.plan_id == plan_id)
+                    ).scalar_one_or_none()
+                    if done is not None:
+                        raise _AlreadyCommitted(done)
+                removed = list(removed)
+                live = self._live_file_ids(connection, removed)
+                missing = [key for key in removed if key not in live]
+                if missing:
+                    as_of = f"as in manifest version {expected_version}" if expected_version else "live"
+                    raise CommitConflictError(
+                        f"expected {len(removed)} input files {as_of}, found {len(missing)} of them gone in version "
+                        f"{version - 1} (first: {missing[0]}); re-plan and retry"
+                    )
+                if leased:
+                    held = set()
+                    for chunk in chunks([live[key] for key in removed], 5_000):
+                        held.update(connection.execute(
+                            select(s.leases.c.file_id).where(
+                                s.leases.c.file_id.in_(chunk), s.leases.c.plan_id == plan_id, s.leases.c.expires_ms > now_ms
+                            )
+                        ).scalars())
+                    lost = [key for key in removed if live[key] not in held]
+                    if lost:
+                        raise CommitConflictError(
+                            f"plan {plan_id}: its lease on {lost[0]} (and {len(lost) - 1} more) expired or was released "
+                            "before the commit; its outputs may be collected, plan again"
+                        )
+                for chunk in chunks([live[key] for key in removed], 5_000):
+                    connection.execute(
+                        update(s.files).where(s.files.c.file_id.in_(chunk)).values(removed_version=version, removed_ms=now_ms)
+                    )
+                    connection.execute(delete(s.leases).where(s.leases.c.file_id.in_(chunk)))
+                if plan_id is not None:
+                    connection.execute(delete(s.leases).where(s.leases.c.plan_id == plan_id))
+                    connection.execute(insert(s.committed_plans).values(plan_id=plan_id, version=version, committed_ms=now_ms))
+                topic_rows = self._topic_rows(connection, {sec.topic for f in added for sec in f.sections})
+                self._insert_files(connection, added, version, topic_rows)
+        except _AlreadyCommitted as done:
+            return CommitResult(done.version, False)
+        except IntegrityError as exc:
+            raise CommitConflictError(f"{operation}: an output file is already in the catalog ({_first_line(exc)}); plan again") from None
+        return CommitResult(version, True)
+
+    def is_committed(self, plan_id: str) -> bool:
+        with self._reading() as connection:
+            found = connection.execute(select(s.committed_plans.c.plan_id).where(s.committed_plans.c.plan_id == plan_id))
+            return found.first() is not None
+
+    # -- leases ----------------------------------------------------------------------------------------
+
+    def lease(self, plan_id: str, keys: Iterable[str], expires_ms: int, now_ms: int) -> None:
+        """Lease live files to a plan, all or none; a file gone, or leased to another live plan, is a conflict."""
+        keys = list(keys)
+        with self._writing() as connection:
+            self._lock(connection)
+            live = self._live_file_ids(connection, keys)
+            gone = [key for key in keys if key not in live]
+            if gone:
+                raise CommitConflictError(f"plan {plan_id}: file {gone[0]} is no longer live; re-plan")
+            ids = [live[key] for key in keys]
+            for chunk in chunks(ids, 5_000):
+                holder = connection.execute(
+                    select(s.leases.c.file_id, s.leases.c.plan_id, s.leases.c.expires_ms).where(
+                        s.leases.c.file_id.in_(chunk), s.leases.c.plan_id != plan_id, s.leases.c.expires_ms > now_ms
+                    )
+                ).first()
+                if holder is not None:
+                    key = next(k for k, i in live.items() if i == holder.file_id)
+                    raise CommitConflictError(
+                        f"plan {plan_id}: file {key} is leased to plan {holder.plan_id} until {holder.expires_ms}; "
+                        "re-plan after it commits or expires"
+                    )
+                connection.execute(delete(s.leases).where(s.leases.c.file_id.in_(chunk)))
+            connection.execute(
+                insert(s.leases), [{"file_id": i, "plan_id": plan_id, "expires_ms": expires_ms} for i in ids]
+            )
+
+    def release(self, plan_id: str) -> None:
+        with self._writing() as connection:
+            connection.execute(delete(s.leases).where(s.leases.c.plan_id == plan_id))
+
+    def release_expired_leases(self, now_ms: int) -> list[str]:
+        """Drop expired leases; the plans they named."""
+        with self._writing() as connection:
+            expired = connection.execute(
+                select(s.leases.c.plan_id).where(s.leases.c.expires_ms <= now_ms).distinct()
+            ).scalars().all()
+            if expired:
+                connection.execute(delete(s.leases).where(s.leases.c.expires_ms <= now_ms))
+        return sorted(expired)
+
+    def leased_plans(self, now_ms: int) -> set[str]:
+        """Plans holding a lease that has not expired."""
+        with self._reading() as connection:
+            return set(connection.execute(select(s.leases.c.plan_id).where(s.leases.c.expires_ms > now_ms).distinct()).scalars())
+
+    # -- garbage -------------------------------------------------------------------------------------
+
+    def collectable_files(self, before_version: int, removed_before_ms: int) -> list[str]:
+        """Files removed before `before_version` and before `removed_before_ms`: no kept version holds them."""
+        with self._reading() as connection:
+            return list(connection.execute(
+                select(s.files.c.key).where(
+                    s.files.c.removed_version < before_version, s.files.c.removed_ms < removed_before_ms
+                ).order_by(s.files.c.file_id)
+            ).scalars())
+
+    def forget_files(self, keys: Sequence[str]) -> None:
+        """Delete removed files' rows (their objects are gone); a live file is never forgotten."""
+        with self._writing() as connection:
+            for chunk in chunks(list(keys), 5_000):
+                ids = connection.execute(
+                    select(s.files.c.file_id).where(s.files.c.key.in_(chunk), s.files.c.removed_version.is_not(None))
+                ).scalars().all()
+                connection.execute(delete(s.sections).where(s.sections.c.file_id.in_(ids)))
+                connection.execute(delete(s.leases).where(s.leases.c.file_id.in_(ids)))
+                connection.execute(delete(s.files).where(s.files.c.file_id.in_(ids)))
+
+    def known_files(self, keys: Sequence[str]) -> set[str]:
+        """Which of `keys` the catalog has a row for, live or removed."""
+        found: set[str] = set()
+        with self._reading() as connection:
+            for chunk in chunks(list(keys), 5_000):
+                found.update(connection.execute(select(s.files.c.key).where(s.files.c.key.in_(chunk))).scalars())
+        return found
+
+    def trim_versions(self, before_version: int) -> int:
+        """Drop commit-log rows older than `before_version` (readers can no longer pin them); how many."""
+        with self._writing() as connection:
+            return connection.execute(delete(s.versions).where(s.versions.c.version < before_version)).rowcount
+
+    # -- inside transactions -------------------------------------------------------------------------
+
+    def _lock(self, connection: Connection) -> int:
+        """Serialize with every other writer (SQLite's BEGIN IMMEDIATE already has); the newest version."""
+        return connection.execute(select(s.catalog_info.c.version).with_for_update()).scalar_one()
+
+    def _next_version(self, connection: Connection, operation: str, now_ms: int) -> int:
+        version = connection.execute(
+            update(s.catalog_info).values(version=s.catalog_info.c.version + 1).returning(s.catalog_info.c.version)
+        ).scalar_one()
+        connection.execute(insert(s.versions).values(version=version, commit_id=str(uuid.uuid4()), created_ms=now_ms, operation=operation))
+        return version
+
+    def _topics(self, connection: Connection) -> dict[str, Topic]:
+        found = {}
+        for row in connection.execute(select(s.topics)):
+            topic = found[row.name] = Topic.from_dict(
+                {"name": row.name, "partitions": row.partitions, "config": json.loads(row.config), "created_ms": row.created_ms}
+            )
+            self._topic_ids[row.name] = (row.topic_id, row.partitions)
+            self._compacted[row.name] = topic.config.compacted
+        return found
+
+    def _topic_id(self, connection: Connection, name: str) -> int:
+        return self._topic_rows(connection, {name})[name][0]
+
+    def _topic_rows(self, connection: Connection, names: set[str]) -> dict[str, tuple[int, int]]:
+        """(topic id, partitions) of each named topic; an unknown one is TopicNotFoundError."""
+        if not names <= self._topic_ids.keys():
+            self._topics(connection)
+        for name in sorted(names - self._topic_ids.keys()):
+            raise _topic_not_found(name)
+        return {name: self._topic_ids[name] for name in names}
+
+    def _live_file_ids(self, connection: Connection, keys: Sequence[str]) -> dict[str, int]:
+        live = {}
+        for chunk in chunks(list(keys), 5_000):
+            rows = connection.execute(
+                select(s.files.c.key, s.files.c.file_id).where(s.files.c.key.in_(chunk), s.files.c.removed_version.is_(None))
+            )
+            live.update({r.key: r.file_id for r in rows})
+        return live
+
+    def _insert_files(
+        self, connection: Connection, data_files: Sequence[DataFile], version: int, topic_rows: dict[str, tuple[int, int]]
+    ) -> None:
+        if not data_files:
+            return
+        file_rows = []
+        for data_file in data_files:
+            kinds = {self._compacted[sec.topic] for sec in data_file.sections}
+            content = CONTENTS.index("mixed") if len(kinds) > 1 else int(kinds == {True})
+            file_rows.append({
+                "key": data_file.key, "level": data_file.level, "size": data_file.size, "created_ms": data_file.created_ms,
+                "record_count": data_file.record_count, "content": content, "added_version": version,
+            })
+        ids = connection.execute(insert(s.files).returning(s.files.c.file_id, sort_by_parameter_order=True), file_rows).scalars().all()
+        section_rows = [
+            _section_row(file_id, sec, topic_rows[sec.topic][0])
+            for file_id, data_file in zip(ids, data_files, strict=True)
+            for sec in data_file.sections
+        ]
+        for chunk in chunks(section_rows, 10_000):
+            connection.execute(insert(s.sections), chunk)
+
+
+def _section_row(file_id: int, section: CatalogSection, topic_id: int) -> dict:
+    info = section.info
+    return {
+        "file_id": file_id, "byte_offset": info.byte_offset, "byte_length": info.byte_length, "topic_id": topic_id,
+        "partition": info.partition, "first_offset": section.first_offset, "last_offset": section.last_offset,
+        "record_count": info.record_count, "min_timestamp": info.min_timestamp, "max_timestamp": info.max_timestamp,
+        "tombstones": info.tombstones, "uncompressed_bytes": info.uncompressed_bytes,
+        "compression": COMPRESSIONS.index(info.compression), "crc32": info.crc32,
+        "clean_below_delta": info.clean_below_delta, "key_sketch": s.pack_sketch(info.key_sketch),
+    }
+
+
+def _topic_not_found(name: str) -> TopicNotFoundError:
+    return TopicNotFoundError(f"topic {name!r} does not exist: create it with `logcompact topic create`")
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).splitlines()[0]
+
+
+class _AlreadyCommitted(Exception):
+    def __init__(self, version: int) -> None:
+        self.version = version
+

@@ -1,0 +1,134 @@
+"""What the catalog says about files: value types shared by the catalog, plans, the planner and the engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from logcompact.format.layout import SectionInfo
+
+
+@dataclass(frozen=True)
+class CatalogSection:
+    """A section of a live file, placed in its partition's offsets: `first_offset` is assigned by the catalog."""
+
+    info: SectionInfo
+    first_offset: int
+
+    @property
+    def topic(self) -> str:
+        return self.info.topic
+
+    @property
+    def partition(self) -> int:
+        return self.info.partition
+
+    @property
+    def last_offset(self) -> int:
+        return self.first_offset + self.info.last_delta
+
+    def to_dict(self) -> dict:
+        return {**self.info.to_dict(), "first_offset": self.first_offset}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CatalogSection:
+        fields = dict(data)
+        first_offset = fields.pop("first_offset")
+        return cls(SectionInfo(**fields), first_offset)
+
+
+@dataclass(frozen=True)
+class DataFile:
+    key: str
+    level: int
+    size: int
+    created_ms: int
+    sections: tuple[CatalogSection, ...]
+
+    @property
+    def record_count(self) -> int:
+        return sum(s.info.record_count for s in self.sections)
+
+    @cached_property
+    def topics(self) -> frozenset[str]:
+        return frozenset(s.info.topic for s in self.sections)
+
+    def to_dict(self) -> dict:
+        return {
+            "key": self.key,
+            "level": self.level,
+            "size": self.size,
+            "created_ms": self.created_ms,
+            "sections": [s.to_dict() for s in self.sections],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> DataFile:
+        sections = tuple(CatalogSection.from_dict(s) for s in data["sections"])
+        return cls(data["key"], data["level"], data["size"], data["created_ms"], sections)
+
+
+@dataclass(frozen=True)
+class NewFile:
+    """A file written but not yet committed: its sections' offsets are still deltas."""
+
+    key: str
+    level: int
+    size: int
+    created_ms: int
+    sections: tuple[SectionInfo, ...]
+
+
+# What a file holds, as planners ask it: above L0 a file holds compacted topics' records or the others', never
+# both (the L0 to L1 job splits them).
+CONTENTS = ("other", "compacted", "mixed")
+
+
+@dataclass(frozen=True)
+class FileSummary:
+    """A live file without its sections: what planners and threshold checks read for every file."""
+
+    key: str
+    level: int
+    size: int
+    created_ms: int
+    record_count: int
+    content: str  # one of CONTENTS
+
+
+@dataclass(frozen=True)
+class PartitionSection:
+    """The few facts of one live section the max-lag pass needs, for every section of the chosen topics."""
+
+    key: str
+    level: int
+    topic: str
+    partition: int
+    first_offset: int
+    last_delta: int
+    clean_below_delta: int
+    min_timestamp: int
+
+
+@dataclass(frozen=True)
+class Lease:
+    plan_id: str
+    expires_ms: int
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """A commit's outcome: the manifest version it created (or found), and whether this call made it."""
+
+    version: int
+    committed: bool
+
+
+@dataclass(frozen=True)
+class CommitRecord:
+    """One line of the commit log: version N was created by this operation."""
+
+    version: int
+    commit_id: str
+    created_ms: int
+    operation: str

@@ -1,0 +1,209 @@
+"""Reading the catalog as of one manifest version: each query asks only for what its caller needs.
+
+A file belongs to version V when it was added at or before V and not removed at or before V, so a
+snapshot sees exactly the manifest of its version however many commits land meanwhile (gc never deletes
+the rows of a version it keeps). Topics, leases and next offsets are read as they are now.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator, Sequence, TypeVar
+
+from sqlalchemy import ColumnElement, Engine, and_, func, or_, select
+
+from logcompact.catalog import schema as s
+from logcompact.catalog.model import CONTENTS, CatalogSection, DataFile, FileSummary, Lease, PartitionSection
+from logcompact.exceptions import TopicNotFoundError
+from logcompact.format.layout import COMPRESSIONS, SectionInfo
+from logcompact.topics import Topic
+
+Item = TypeVar("Item")
+TopicPartition = tuple[str, int]
+
+
+def chunks(items: Sequence[Item], size: int) -> Iterator[Sequence[Item]]:
+    """Slices of at most `size`: bound parameter lists stay within every database's limits."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+class Snapshot:
+    """The catalog as of manifest version `version`."""
+
+    def __init__(self, engine: Engine, cluster_id: str, version: int, topics: dict[str, Topic], topic_ids: dict[str, int]) -> None:
+        self.engine = engine
+        self.cluster_id = cluster_id
+        self.version = version
+        self.topics = topics
+        self.topic_ids = topic_ids
+
+    def __repr__(self) -> str:
+        return f"Snapshot(cluster {self.cluster_id}, version {self.version})"
+
+    def topic(self, name: str) -> Topic:
+        try:
+            return self.topics[name]
+        except KeyError:
+            raise TopicNotFoundError(
+                f"topic {name!r} does not exist in manifest version {self.version}: create it with `logcompact topic create`"
+            ) from None
+
+    # -- files ----------------------------------------------------------------------------------------
+
+    def _live(self) -> ColumnElement[bool]:
+        files = s.files.c
+        return and_(files.added_version <= self.version, or_(files.removed_version.is_(None), files.removed_version > self.version))
+
+    def file_summaries(self, level: int | None = None) -> list[FileSummary]:
+        """Every live file (of a level) without its sections, ordered by level, creation time and key."""
+        files = s.files.c
+        query = select(files.key, files.level, files.size, files.created_ms, files.record_count, files.content).where(self._live())
+        if level is not None:
+            query = query.where(files.level == level)
+        with self.engine.connect() as connection:
+            rows = connection.execute(query.order_by(files.level, files.created_ms, files.key)).all()
+        return [FileSummary(r[0], r[1], r[2], r[3], r[4], CONTENTS[r[5]]) for r in rows]
+
+    def files(self, level: int | None = None, topics: Iterable[str] | None = None) -> list[DataFile]:
+        """Every live file (of a level, holding any of `topics`) with its sections, ordered as file_summaries."""
+        query = select(s.files.c.file_id).where(self._live())
+        if level is not None:
+            query = query.where(s.files.c.level == level)
+        if topics is not None:
+            ids = [self.topic_ids[name] for name in topics]
+            query = query.where(
+                s.files.c.file_id.in_(select(s.sections.c.file_id).where(s.sections.c.topic_id.in_(ids)).distinct())
+            )
+        with self.engine.connect() as connection:
+            file_ids = list(connection.execute(query).scalars())
+        return self._load(s.files.c.file_id, file_ids)
+
+    def get_files(self, keys: Sequence[str]) -> dict[str, DataFile]:
+        """The live files among `keys`, with their sections, by key."""
+        return {f.key: f for f in self._load(s.files.c.key, list(keys))}
+
+    def _load(self, column, values: list) -> list[DataFile]:  # noqa: ANN001 (a column of s.files)
+        names = {topic_id: name for name, topic_id in self.topic_ids.items()}
+        files = s.files.c
+        found: dict[int, tuple] = {}
+        placed: dict[int, list[CatalogSection]] = {}
+        with self.engine.connect() as connection:
+            for chunk in chunks(values, 5_000):
+                query = select(files.file_id, files.key, files.level, files.size, files.created_ms).where(column.in_(chunk), self._live())
+                for row in connection.execute(query):
+                    found[row.file_id] = row
+                    placed[row.file_id] = []
+            for chunk in chunks(list(found), 5_000):
+                query = select(s.sections).where(s.sections.c.file_id.in_(chunk)).order_by(s.sections.c.file_id, s.sections.c.byte_offset)
+                for row in connection.execute(query):
+                    placed[row.file_id].append(_section(row, names))
+        loaded = [DataFile(row.key, row.level, row.size, row.created_ms, tuple(placed[file_id])) for file_id, row in found.items()]
+        return sorted(loaded, key=lambda f: (f.level, f.created_ms, f.key))
+
+    # -- partitions -------------------------------------------------------------------------------------
+
+    def sections_of(
+        self, topic: str, partition: int, from_offset: int = 0, to_offset: int | None = None
+    ) -> list[tuple[str, CatalogSection]]:
+        """(file key, section) of each live section of a partition holding offsets in [from_offset, to_offset),
+        in first-offset order: one indexed query, whatever the catalog holds elsewhere."""
+        topic_id = self.topic_ids[self.topic(topic).name]
+        names = {topic_id: topic}
+        query = (
+            select(s.sections, s.files.c.key)
+            .join(s.files, s.files.c.file_id == s.sections.c.file_id)
+            .where(
+                s.sections.c.topic_id == topic_id,
+                s.sections.c.partition == partition,
+                s.sections.c.last_offset >= from_offset,
+                self._live(),
+            )
+            .order_by(s.sections.c.first_offset, s.sections.c.file_id)
+        )
+        if to_offset is not None:
+            query = query.where(s.sections.c.first_offset < to_offset)
+        with self.engine.connect() as connection:
+            return [(row.key, _section(row, names)) for row in connection.execute(query)]
+
+    def partition_sections(self, topics: Iterable[str]) -> list[PartitionSection]:
+        """The max-lag pass's few facts of every live section of `topics`."""
+        ids = {self.topic_ids[name]: name for name in topics}
+        sec, files = s.sections.c, s.files.c
+        query = (
+            select(files.key, files.level, sec.topic_id, sec.partition, sec.first_offset, sec.last_offset,
+                   sec.clean_below_delta, sec.min_timestamp)
+            .join(s.files, files.file_id == sec.file_id)
+            .where(sec.topic_id.in_(list(ids)), self._live())
+        )
+        with self.engine.connect() as connection:
+            return [
+                PartitionSection(key, level, ids[topic_id], partition, first, last - first, clean, min_ts)
+                for key, level, topic_id, partition, first, last, clean, min_ts in connection.execute(query)
+            ]
+
+    def outside_floors(self, input_keys: Sequence[str], partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """For each of `partitions`, the smallest first offset of a live section in a file outside `input_keys`
+        (partitions with none are left out)."""
+        ids = self.topic_ids
+        by_topic: dict[int, list[int]] = {}
+        for topic, partition in partitions:
+            by_topic.setdefault(ids[topic], []).append(partition)
+        names = {topic_id: name for name, topic_id in ids.items()}
+        inputs = set(input_keys)
+        floors: dict[TopicPartition, int] = {}
+        sec, files = s.sections.c, s.files.c
+        with self.engine.connect() as connection:
+            for topic_id, numbers in by_topic.items():
+                for chunk in chunks(sorted(numbers), 2_000):
+                    rows = connection.execute(
+                        select(sec.partition, files.key, sec.first_offset)
+                        .join(s.files, files.file_id == sec.file_id)
+                        .where(sec.topic_id == topic_id, sec.partition.in_(chunk), self._live())
+                    )
+                    for partition, key, first in rows:
+                        if key not in inputs:
+                            tp = (names[topic_id], partition)
+                            if first < floors.get(tp, 1 << 62):
+                                floors[tp] = first
+        return floors
+
+    # -- leases and counts -----------------------------------------------------------------------------------
+
+    def leases(self, now_ms: int) -> dict[str, Lease]:
+        """Live files leased to a plan whose lease has not expired, by key (as of now, not of the version)."""
+        query = (
+            select(s.files.c.key, s.leases.c.plan_id, s.leases.c.expires_ms)
+            .join(s.files, s.files.c.file_id == s.leases.c.file_id)
+            .where(s.leases.c.expires_ms > now_ms, s.files.c.removed_version.is_(None))
+        )
+        with self.engine.connect() as connection:
+            return {key: Lease(plan_id, expires) for key, plan_id, expires in connection.execute(query)}
+
+    def leased_files(self, now_ms: int) -> set[str]:
+        return set(self.leases(now_ms))
+
+    def level_counts(self) -> dict[int, int]:
+        """Live files per level."""
+        query = select(s.files.c.level, func.count()).where(self._live()).group_by(s.files.c.level)
+        with self.engine.connect() as connection:
+            return dict(connection.execute(query).all())
+
+
+def _section(row, names: dict[int, str]) -> CatalogSection:  # noqa: ANN001 (a sections row)
+    info = SectionInfo(
+        topic=names[row.topic_id],
+        partition=row.partition,
+        record_count=row.record_count,
+        last_delta=row.last_offset - row.first_offset,
+        min_timestamp=row.min_timestamp,
+        max_timestamp=row.max_timestamp,
+        tombstones=row.tombstones,
+        uncompressed_bytes=row.uncompressed_bytes,
+        compression=COMPRESSIONS[row.compression],
+        crc32=row.crc32,
+        byte_offset=row.byte_offset,
+        byte_length=row.byte_length,
+        clean_below_delta=row.clean_below_delta,
+        key_sketch=s.unpack_sketch(row.key_sketch),
+    )
+    return CatalogSection(info, row.first_offset)
