@@ -1,21 +1,35 @@
-"""A logcompact store from an Airflow connection.
+"""A logcompact cluster from an Airflow connection: its object store, and the database of its catalog.
 
 The connection's extra names the store; anything of the connection type goes:
 
     {"conn_type": "generic", "extra": {"store": "file:///var/lib/logcompact"}}
     {"conn_type": "aws", "login": "KEY", "password": "SECRET",
-     "extra": {"store": "s3://bucket/prefix", "endpoint_url": "http://127.0.0.1:9000", "region_name": "us-east-1"}}
+     "extra": {"store": "s3://bucket/prefix", "endpoint_url": "http://127.0.0.1:9000", "region_name": "us-east-1",
+               "catalog_conn_id": "logcompact_catalog"}}
 
 An `s3://` store gets its client from the Amazon provider's AWS connection: this connection when it is of
 type `aws`, or the one named by the extra `aws_conn_id`. Spark jobs reach the store by its URI alone: on a
-cluster, give the workers S3 credentials and `AWS_ENDPOINT_URL` the way Spark jobs usually get them.
+cluster, give the workers S3 credentials and `AWS_ENDPOINT_URL` the way Spark jobs usually get them. They
+never need the catalog: plans and results pass through the store.
+
+The catalog database is named by one of the extra's keys:
+
+- `catalog`: a SQLAlchemy URL, `postgresql+psycopg://USER:PASSWORD@HOST:PORT/DB` or `sqlite:////path/catalog.db`;
+- `catalog_conn_id`: the id of an Airflow `postgres` connection (host, port, login, password, and the
+  database as its `schema`), so the password lives in a connection rather than in this extra.
+
+Without either, a `file://` store keeps its catalog in the SQLite file `catalog.db` beside its data; an
+`s3://` store needs one (`CatalogConfigError` says so).
 """
 
 from __future__ import annotations
 
+from sqlalchemy.engine import URL
+
 from airflow.sdk import BaseHook
 
 from logcompact.catalog import Catalog
+from logcompact.exceptions import CatalogConfigError
 from logcompact.store import ObjectStore, open_store
 
 
@@ -30,14 +44,13 @@ class LogcompactHook(BaseHook):
         self.logcompact_conn_id = logcompact_conn_id
 
     def get_store(self) -> ObjectStore:
-        uri, aws_conn_id = self._settings()
-        return open_store(uri, aws_conn_id=aws_conn_id)
+        return self._open_store(self.get_connection(self.logcompact_conn_id))
 
     def get_catalog(self) -> Catalog:
-        return Catalog(self.get_store())
-
-    def _settings(self) -> tuple[str, str | None]:
         conn = self.get_connection(self.logcompact_conn_id)
+        return Catalog(self._open_store(conn), self._catalog_url(conn.extra_dejson))
+
+    def _open_store(self, conn) -> ObjectStore:  # noqa: ANN001 (an Airflow Connection)
         extra = conn.extra_dejson
         uri = extra.get("store")
         if not uri:
@@ -48,4 +61,34 @@ class LogcompactHook(BaseHook):
         aws_conn_id = None
         if uri.startswith("s3://"):
             aws_conn_id = extra.get("aws_conn_id") or (self.logcompact_conn_id if conn.conn_type == "aws" else None)
-        return uri, aws_conn_id
+        return open_store(uri, aws_conn_id=aws_conn_id)
+
+    def _catalog_url(self, extra: dict) -> str | None:
+        """The catalog URL the extra names, None for the store's embedded default."""
+        url, catalog_conn_id = extra.get("catalog"), extra.get("catalog_conn_id")
+        if url and catalog_conn_id:
+            raise CatalogConfigError(
+                f"connection {self.logcompact_conn_id!r} names its catalog twice (catalog and catalog_conn_id); keep one"
+            )
+        if catalog_conn_id:
+            return self._postgres_url(catalog_conn_id)
+        return url or None
+
+    def _postgres_url(self, conn_id: str) -> str:
+        """`postgresql+psycopg://login:password@host:port/schema` of an Airflow `postgres` connection."""
+        conn = self.get_connection(conn_id)
+        if conn.conn_type != "postgres":
+            raise CatalogConfigError(
+                f"connection {conn_id!r} (catalog_conn_id of {self.logcompact_conn_id!r}) is of type {conn.conn_type!r}; "
+                "make it a postgres connection"
+            )
+        if not conn.host or not conn.schema:
+            raise CatalogConfigError(
+                f"connection {conn_id!r} (catalog_conn_id of {self.logcompact_conn_id!r}) needs a host and, as its "
+                "schema, the catalog's database; set both"
+            )
+        # URL.create quotes what the URL syntax reserves (a password with '@' or '/' stays one password).
+        return URL.create(
+            "postgresql+psycopg", username=conn.login or None, password=conn.password or None,
+            host=conn.host, port=conn.port or None, database=conn.schema,
+        ).render_as_string(hide_password=False)

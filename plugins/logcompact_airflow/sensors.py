@@ -28,7 +28,7 @@ class LogcompactThresholdSensor(BaseSensorOperator):
         self.min_files = tuple(min_files)
 
     def poke(self, context: Any) -> PokeReturnValue:
-        manifest = LogcompactHook(self.logcompact_conn_id).get_catalog().load()
-        status = check_thresholds(manifest, int(time.time() * 1000), PlannerConfig(min_files=self.min_files))
+        snapshot = LogcompactHook(self.logcompact_conn_id).get_catalog().snapshot()
+        status = check_thresholds(snapshot, int(time.time() * 1000), PlannerConfig(min_files=self.min_files))
         self.log.info("%s", status.describe())
         return PokeReturnValue(is_done=status.reached, xcom_value={f"L{k}": v for k, v in status.counts.items()})
