@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make airflow`: `airflow standalone` on http://127.0.0.1:8080 serving logcompact's DAGs, with the store
-# connection (the demo's local store, given data on first use), Spark in local mode and the shared pool.
+# connection (the demo's local store, given data on first use, its catalog the embedded SQLite beside it),
+# Spark in local mode and the shared pool.
 # A local trial: every UI user is an admin, and the API server listens on 127.0.0.1 only.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
@@ -22,7 +23,7 @@ export PATH="$bin:$PATH"  # the Spark provider runs a bare spark-submit
 export PYSPARK_PYTHON="$bin/python"
 export SPARK_LOCAL_IP=127.0.0.1
 
-if [ ! -d "$store/catalog" ]; then
+if [ ! -f "$store/catalog.db" ]; then
   "$bin/python" "$repo/scripts/demo.py" --data-only
 fi
 "$bin/airflow" db migrate >/dev/null

@@ -10,6 +10,8 @@ store and returns only their metadata and stats. The driver writes the group's r
 (`plans/{plan_id}/results/g{group}.json`); the commit step (`logcompact.orchestration.commit_plans`)
 commits the plan once every group has its result. No record data is collected on the driver. A group
 whose result and outputs are already in the store (a retried task after a success) is not run again.
+Neither the driver nor the tasks open the catalog database: the plan carries its input files' sections,
+so the store is all they need (on a cluster, only its credentials).
 """
 
 from __future__ import annotations
