@@ -1,17 +1,21 @@
-"""Consumption as of one manifest version: by offset across files and levels, holes skipped; latest per key."""
+"""Consumption as of one manifest version: by offset across files and levels, holes skipped; latest per key.
+
+On both catalog databases; a read asks the catalog for its one partition's sections only.
+"""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pyarrow as pa
 import pyarrow.compute as pc
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sqlalchemy import event
 
 from logcompact.catalog import Catalog, CatalogSection, DataFile
-from logcompact.consume import latest_values, read_batches, read_records
+from logcompact.consume import latest_values, read_batches, read_records, read_sections
 from logcompact.format import section_table, write_segment
+from logcompact.exceptions import InvalidRecordError
 from logcompact.ingest import Agent, Record
 from logcompact.store import LocalStore, ObjectStore
 from tests.helpers import NOW, create_topic
@@ -25,11 +29,12 @@ def _produce(catalog: Catalog, topic: str, records: list[Record]) -> list[int]:
 
 def _rewrite_without(store: ObjectStore, catalog: Catalog, keys: list[str], drop_offsets: set[int], level: int) -> None:
     """A stand-in compaction: merge files into one whose section keeps offsets but leaves holes."""
-    manifest = catalog.load()
-    inputs_only = replace(manifest, files={key: manifest.files[key] for key in keys})
+    snapshot = catalog.snapshot()
+    inputs = snapshot.get_files(keys)
+    sections = sorted(((key, s) for key, f in inputs.items() for s in f.sections), key=lambda pair: pair[1].first_offset)
     dropped = pa.array(sorted(drop_offsets), pa.int64())
     merged = pa.concat_tables(
-        [t.filter(pc.invert(pc.is_in(t.column("offset"), dropped))) for t in read_batches(store, inputs_only, "t", 0)]
+        [t.filter(pc.invert(pc.is_in(t.column("offset"), dropped))) for t in read_sections(store, sections)]
     )
     first = merged.column("offset")[0].as_py()
     deltas = pc.subtract(merged.column("offset"), first).cast(pa.uint32())
@@ -37,43 +42,67 @@ def _rewrite_without(store: ObjectStore, catalog: Catalog, keys: list[str], drop
     blob, (info,) = write_segment([("t", 0, table)])
     store.put(f"data/l{level}/merged.seg", blob)
     output = DataFile(f"data/l{level}/merged.seg", level, len(blob), NOW, (CatalogSection(info, first),))
-    catalog.commit("compact", lambda m: (m.with_replaced_files(keys, [output], manifest.version), None), NOW)
+    assert catalog.replace_files(keys, [output], NOW).committed
 
 
-def test_read_by_offset_across_levels_skipping_holes(store: ObjectStore) -> None:
-    catalog = Catalog(store)
+def test_read_by_offset_across_levels_skipping_holes(store: ObjectStore, catalog_of) -> None:
+    catalog = catalog_of(store)
     create_topic(catalog, "t", cleanup_policy="compact")
     for batch in range(3):
         _produce(catalog, "t", [Record(0, b"k%d" % (i % 3), b"%d" % (batch * 4 + i), NOW + i) for i in range(4)])
-    l0 = [f.key for f in catalog.load().files_at(0)]
+    l0 = [f.key for f in catalog.snapshot().file_summaries(0)]
     _rewrite_without(store, catalog, l0[:2], drop_offsets={1, 2, 5}, level=1)
     _produce(catalog, "t", [Record(0, b"k9", b"12", NOW)])
-    manifest = catalog.load()
-    assert sorted(f.level for f in manifest.files.values()) == [0, 0, 1]
+    snapshot = catalog.snapshot()
+    assert [f.level for f in snapshot.file_summaries()] == [0, 0, 1]
 
-    offsets = [r.offset for r in read_records(store, manifest, "t", 0)]
+    offsets = [r.offset for r in read_records(store, snapshot, "t", 0)]
     assert offsets == [0, 3, 4, 6, 7, 8, 9, 10, 11, 12]
-    assert [r.value for r in read_records(store, manifest, "t", 0, from_offset=1, to_offset=7)] == [b"3", b"4", b"6"]
-    assert [r.offset for r in read_records(store, manifest, "t", 0, from_offset=12)] == [12]
-    assert list(read_records(store, manifest, "t", 0, from_offset=13)) == []
+    assert [r.value for r in read_records(store, snapshot, "t", 0, from_offset=1, to_offset=7)] == [b"3", b"4", b"6"]
+    assert [r.offset for r in read_records(store, snapshot, "t", 0, from_offset=12)] == [12]
+    assert list(read_records(store, snapshot, "t", 0, from_offset=13)) == []
 
 
-def test_sections_whose_ranges_overlap_are_merged_by_offset(tmp_path) -> None:
-    store = LocalStore(tmp_path)
-    catalog = Catalog(store)
+def test_sections_whose_ranges_overlap_are_merged_by_offset(catalog: Catalog) -> None:
+    store = catalog.store
     create_topic(catalog, "t")
     for batch in range(3):
         _produce(catalog, "t", [Record(0, None, b"%d" % (batch * 3 + i), NOW) for i in range(3)])
-    first, middle, last = catalog.load().files_at(0)
+    first, middle, last = catalog.snapshot().file_summaries(0)
     # Compacting the first and last files without the middle one gives a section spanning 0..8 with a
     # hole at 3..5, which the middle file still fills.
     _rewrite_without(store, catalog, [first.key, last.key], drop_offsets=set(range(3, 6)), level=1)
-    manifest = catalog.load()
-    spans = [(s.first_offset, s.last_offset) for _, s in manifest.sections_of("t", 0)]
+    snapshot = catalog.snapshot()
+    spans = [(s.first_offset, s.last_offset) for _, s in snapshot.sections_of("t", 0)]
     assert spans == [(0, 8), (3, 5)]
-    records = list(read_records(store, manifest, "t", 0))
+    records = list(read_records(store, snapshot, "t", 0))
     assert [(r.offset, r.value) for r in records] == [(i, b"%d" % i) for i in range(9)]
-    assert [r.offset for r in read_records(store, manifest, "t", 0, from_offset=2, to_offset=7)] == [2, 3, 4, 5, 6]
+    assert [r.offset for r in read_records(store, snapshot, "t", 0, from_offset=2, to_offset=7)] == [2, 3, 4, 5, 6]
+
+
+def test_a_read_asks_the_catalog_for_its_partition_only(catalog: Catalog) -> None:
+    store = catalog.store
+    create_topic(catalog, "t", partitions=4)
+    create_topic(catalog, "other", partitions=2)
+    for batch in range(5):
+        _produce(catalog, "t", [Record(p, None, b"%d-%d" % (batch, p), NOW) for p in range(4)])
+        _produce(catalog, "other", [Record(p, None, b"x", NOW) for p in range(2)])
+    snapshot = catalog.snapshot()
+    statements: list[str] = []
+
+    def record(_conn, _cursor, statement, _parameters, _context, _executemany) -> None:  # noqa: ANN001
+        statements.append(statement)
+
+    event.listen(catalog.engine, "before_cursor_execute", record)
+    try:
+        values = [r.value for r in read_records(store, snapshot, "t", 2, from_offset=1, to_offset=4)]
+    finally:
+        event.remove(catalog.engine, "before_cursor_execute", record)
+    assert values == [b"1-2", b"2-2", b"3-2"]
+    reads = [s for s in statements if s.lstrip().upper().startswith("SELECT")]
+    assert len(reads) == 1 and "partition" in reads[0] and "first_offset" in reads[0], statements
+    with pytest.raises(InvalidRecordError, match="topic 't' has partitions 0 to 3, not 4"):
+        list(read_records(store, snapshot, "t", 4))
 
 
 def _reference_latest(records: list[Record]) -> dict[bytes, bytes]:
@@ -84,6 +113,7 @@ def _reference_latest(records: list[Record]) -> dict[bytes, bytes]:
     return {k: v for k, v in latest.items() if v is not None}
 
 
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
 @settings(max_examples=25)
 @given(
     st.lists(
@@ -96,26 +126,28 @@ def _reference_latest(records: list[Record]) -> dict[bytes, bytes]:
         max_size=4,
     )
 )
-def test_latest_values_match_a_reference_model(tmp_path_factory, batches) -> None:
-    store = LocalStore(tmp_path_factory.mktemp("latest"))
-    catalog = Catalog(store)
+def test_latest_values_match_a_reference_model(tmp_path_factory, make_catalog_url, database, batches) -> None:
+    catalog = Catalog(LocalStore(tmp_path_factory.mktemp("latest")), make_catalog_url(database))
+    store = catalog.store
     create_topic(catalog, "t")
     produced = []
     for batch in batches:
         records = [Record(0, key, value, NOW) for key, value in batch]
         _produce(catalog, "t", records)
         produced += records
-    view = latest_values(store, catalog.load(), "t", 0)
+    view = latest_values(store, catalog.snapshot(), "t", 0)
     assert dict(zip(view.column("key").to_pylist(), view.column("value").to_pylist())) == _reference_latest(produced)
     assert view.column("offset").to_pylist() == sorted(view.column("offset").to_pylist())
 
 
-def test_an_old_manifest_version_reads_what_it_listed(tmp_path) -> None:
-    store = LocalStore(tmp_path)
-    catalog = Catalog(store)
+def test_an_old_manifest_version_reads_what_it_listed(catalog: Catalog) -> None:
+    store = catalog.store
     create_topic(catalog, "t")
     _produce(catalog, "t", [Record(0, None, b"a", NOW)])
-    old = catalog.load()
     _produce(catalog, "t", [Record(0, None, b"b", NOW)])
-    assert [r.value for r in read_records(store, old, "t", 0)] == [b"a"]
-    assert [r.value for r in read_records(store, catalog.load(), "t", 0)] == [b"a", b"b"]
+    old = catalog.snapshot()
+    _rewrite_without(store, catalog, [f.key for f in old.file_summaries(0)], drop_offsets={0}, level=1)
+    _produce(catalog, "t", [Record(0, None, b"c", NOW)])
+    assert [r.value for r in read_records(store, old, "t", 0)] == [b"a", b"b"]
+    assert [r.value for r in read_records(store, catalog.snapshot(old.version), "t", 0)] == [b"a", b"b"]
+    assert [r.value for r in read_records(store, catalog.snapshot(), "t", 0)] == [b"b", b"c"]

@@ -1,57 +1,76 @@
-"""The ingest agent: L0 files by time and size, offsets unique across agents, rejected batches leave nothing."""
+"""The ingest agent: L0 files by time and size, offsets unique across agents, rejected batches leave nothing.
+
+Every test runs on both catalog databases: on the `catalog` fixture (SQLite, PostgreSQL), or on the `store`
+fixture (file with SQLite, s3 on RGW with PostgreSQL).
+"""
 
 from __future__ import annotations
 
 import threading
 
 import pytest
+from sqlalchemy.exc import OperationalError
 
 from logcompact.catalog import Catalog
 from logcompact.consume import read_records
-from logcompact.exceptions import IngestError, InvalidRecordError, StoreError
+from logcompact.exceptions import IngestError, InvalidRecordError, StoreError, TopicNotFoundError
 from logcompact.ingest import Agent, Record
 from logcompact.store import LocalStore, ObjectStore
 from tests.helpers import NOW, create_topic
 
 
-def _catalog(store: ObjectStore) -> Catalog:
-    catalog = Catalog(store)
+def _with_topics(catalog: Catalog) -> Catalog:
     create_topic(catalog, "state", partitions=3, cleanup_policy="compact")
     create_topic(catalog, "events", partitions=2)
     return catalog
 
 
-def test_one_l0_file_holds_every_topic_partition_received(store: ObjectStore) -> None:
-    catalog = _catalog(store)
+def test_one_l0_file_holds_every_topic_partition_received(store: ObjectStore, catalog_of) -> None:
+    catalog = _with_topics(catalog_of(store))
     with Agent(catalog, background=False) as agent:
         state = agent.produce("state", [Record(p, b"k%d" % p, b"v", NOW) for p in (2, 0, 1, 0)])
         events = agent.produce("events", [Record(1, None, b"e", NOW), Record(0, b"x", None, NOW)])
     assert state.result() == [0, 0, 0, 1] and events.result() == [0, 0]
-    (l0,) = catalog.load().files_at(0)
+    snapshot = catalog.snapshot()
+    (l0,) = snapshot.files(0)
     assert [(s.topic, s.partition, s.info.record_count) for s in l0.sections] == [
         ("events", 0, 1), ("events", 1, 1), ("state", 0, 2), ("state", 1, 1), ("state", 2, 1),
     ]
     assert store.stat(l0.key).size == l0.size
+    assert [key for key, _ in snapshot.sections_of("state", 0)] == [l0.key]
+    assert catalog.next_offsets("state") == [2, 1, 1] and catalog.next_offsets("events") == [1, 1]
 
 
-def test_files_are_cut_at_the_size_threshold(tmp_path) -> None:
-    catalog = _catalog(LocalStore(tmp_path))
+def test_files_are_cut_at_the_size_threshold(catalog: Catalog) -> None:
+    _with_topics(catalog)
     with Agent(catalog, flush_bytes=10_000, background=False) as agent:
         futures = [agent.produce("events", [Record(0, None, b"x" * 1000, NOW)] * 3) for _ in range(10)]
         assert agent.files_written == 2  # 30 records of ~1 KiB: a file at every ~10 KB
     assert [o for f in futures for o in f.result()] == list(range(30))
-    assert len(catalog.load().files) == 3
+    assert len(catalog.snapshot().file_summaries(0)) == 3
 
 
-def test_the_background_flusher_commits_within_the_interval(tmp_path) -> None:
-    catalog = _catalog(LocalStore(tmp_path))
+def test_the_background_flusher_commits_within_the_interval(catalog: Catalog) -> None:
+    _with_topics(catalog)
     with Agent(catalog, flush_interval_ms=50) as agent:
         offsets = agent.produce("events", [Record(1, b"k", b"v", NOW)]).result(timeout=5)
         assert offsets == [0] and agent.files_written == 1
 
 
-def test_a_keyless_record_in_a_compacted_topic_rejects_the_whole_batch(store: ObjectStore) -> None:
-    catalog = _catalog(store)
+def test_a_topic_created_after_the_agent_started_is_found(catalog: Catalog) -> None:
+    _with_topics(catalog)
+    with Agent(catalog, background=False) as agent:
+        create_topic(Catalog(catalog.store, catalog.url), "later", partitions=1)
+        future = agent.produce("later", [Record(0, None, b"v", NOW)])
+        agent.flush()
+    assert future.result() == [0]
+    with pytest.raises(TopicNotFoundError, match="topic 'never' does not exist"):
+        Agent(catalog, background=False).produce("never", [Record(0, None, b"v", NOW)])
+    assert catalog.next_offsets("later") == [1]
+
+
+def test_a_keyless_record_in_a_compacted_topic_rejects_the_whole_batch(store: ObjectStore, catalog_of) -> None:
+    catalog = _with_topics(catalog_of(store))
     version = catalog.latest_version()
     with Agent(catalog, background=False) as agent:
         with pytest.raises(InvalidRecordError, match="record 1 of compacted topic 'state' has no key"):
@@ -64,14 +83,14 @@ def test_a_keyless_record_in_a_compacted_topic_rejects_the_whole_batch(store: Ob
     assert list(store.list("data/")) == []
 
 
-def test_several_agents_never_hand_out_an_offset_twice(tmp_path) -> None:
-    create_topic(Catalog(LocalStore(tmp_path)), "t", partitions=2)
+def test_several_agents_never_hand_out_an_offset_twice(catalog: Catalog) -> None:
+    create_topic(catalog, "t", partitions=2)
     results: dict[int, list[int]] = {}
     errors: list[BaseException] = []
 
     def run_agent(n: int) -> None:
         try:
-            with Agent(Catalog(LocalStore(tmp_path)), flush_interval_ms=5) as agent:
+            with Agent(Catalog(catalog.store, catalog.url), flush_interval_ms=5) as agent:
                 futures = [agent.produce("t", [Record(0, b"a%d" % n, b"%d-%d" % (n, i), NOW)]) for i in range(40)]
             results[n] = [f.result()[0] for f in futures]
         except BaseException as exc:  # surfaced by the assertion below
@@ -86,8 +105,7 @@ def test_several_agents_never_hand_out_an_offset_twice(tmp_path) -> None:
     for offsets in results.values():
         assert offsets == sorted(offsets)  # each agent's records keep their order
     assert sorted(o for offsets in results.values() for o in offsets) == list(range(160))
-    manifest = Catalog(LocalStore(tmp_path)).load()
-    by_offset = {r.offset: r.value for r in read_records(LocalStore(tmp_path), manifest, "t", 0)}
+    by_offset = {r.offset: r.value for r in read_records(catalog.store, catalog.snapshot(), "t", 0)}
     for n, offsets in results.items():
         assert [by_offset[o] for o in offsets] == [b"%d-%d" % (n, i) for i in range(40)]
 
@@ -97,9 +115,9 @@ class _FailingStore(LocalStore):
         raise StoreError(f"PUT {key} failed (SlowDown)")
 
 
-def test_a_failed_flush_fails_its_futures_and_is_raised_again(tmp_path) -> None:
-    _catalog(LocalStore(tmp_path))
-    agent = Agent(Catalog(_FailingStore(tmp_path)), flush_interval_ms=20)
+def test_a_failed_flush_fails_its_futures_and_is_raised_again(catalog: Catalog) -> None:
+    _with_topics(catalog)
+    agent = Agent(Catalog(_FailingStore(catalog.store.root), catalog.url), flush_interval_ms=20)
     future = agent.produce("events", [Record(0, None, b"v", NOW)])
     with pytest.raises(IngestError, match=r"L0 file not committed.*SlowDown"):
         future.result(timeout=5)
@@ -107,3 +125,20 @@ def test_a_failed_flush_fails_its_futures_and_is_raised_again(tmp_path) -> None:
         agent.produce("events", [Record(0, None, b"v", NOW)])
     with pytest.raises(IngestError):
         agent.close()
+    assert catalog.next_offsets("events") == [0, 0]
+
+
+class _UnreachableCatalog(Catalog):
+    def append_files(self, new_files, now_ms):  # noqa: ANN001, ANN201 (Catalog's signature)
+        raise OperationalError("INSERT INTO files", {}, ConnectionRefusedError("connection refused"))
+
+
+def test_a_failed_commit_fails_its_futures_and_assigns_no_offset(catalog: Catalog) -> None:
+    _with_topics(catalog)
+    agent = Agent(_UnreachableCatalog(catalog.store, catalog.url), background=False)
+    future = agent.produce("events", [Record(0, None, b"v", NOW)])
+    with pytest.raises(IngestError, match="L0 file not committed, its 1 produce batches failed.*connection refused"):
+        agent.flush()
+    with pytest.raises(IngestError, match="connection refused"):
+        future.result()
+    assert catalog.next_offsets("events") == [0, 0] and catalog.snapshot().file_summaries() == []

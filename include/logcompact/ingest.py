@@ -2,9 +2,11 @@
 
 An agent accepts records for any topics and partitions. Every `flush_interval_ms` (250 ms by default) or
 once `flush_bytes` (8 MiB) are buffered, it writes one L0 file holding a section per topic-partition it
-received, and commits it. The commit assigns the offsets: each section gets the next offsets of its
-partition in the manifest version the commit lands in, so several agents can never hand out one offset
-twice. Flushes of one agent are serialized, so an agent's records keep their produce order.
+received, and commits it with one catalog transaction that also assigns the offsets: each section gets the
+next offsets of its partition as that transaction reads and advances them, so several agents (threads,
+processes or machines on one catalog database) can never hand out one offset twice. Flushes of one agent
+are serialized, so an agent's records keep their produce order. The agent reads only the topics from the
+catalog (partitions, whether compacted), never its files.
 
 A batch is validated whole before any of it is buffered: a rejected batch leaves nothing behind. A failed
 write or commit fails the futures of every record in that file, and the error is raised again by the
@@ -20,9 +22,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple, Sequence
 
-from logcompact.catalog import Catalog, Manifest, NewFile
+from logcompact.catalog import Catalog, NewFile
 from logcompact.exceptions import IngestError, InvalidRecordError
 from logcompact.format import section_table, write_segment
+from logcompact.topics import Topic
 
 DEFAULT_FLUSH_INTERVAL_MS = 250
 DEFAULT_FLUSH_BYTES = 8 * 1024 * 1024
@@ -84,7 +87,7 @@ class Agent:
         self.clock = clock
         self.compression = compression
         self.files_written = 0
-        self._manifest: Manifest = catalog.load()
+        self._topics: dict[str, Topic] = catalog.snapshot().topics
         self._buffer = _Buffer()
         self._buffer_lock = threading.Lock()
         self._flush_lock = threading.Lock()
@@ -102,8 +105,9 @@ class Agent:
         self._raise_background_error()
         if self._closed.is_set():
             raise IngestError("produce on a closed agent: create a new Agent")
-        partitions = self._partitions_of(topic)
-        requires_key = self._manifest.topics[topic].config.compacted
+        described = self._topic(topic)
+        partitions = described.partitions
+        requires_key = described.config.compacted
         now = self.clock()
         checked = []
         size = 0
@@ -155,10 +159,14 @@ class Agent:
             self.flush()
         return future
 
-    def _partitions_of(self, topic: str) -> int:
-        if topic not in self._manifest.topics:
-            self._manifest = self.catalog.load()  # created after this agent started?
-        return self._manifest.topic(topic).partitions
+    def _topic(self, name: str) -> Topic:
+        """A topic as the catalog describes it; its partitions and cleanup.policy never change, so the
+        agent reads the catalog again only for a topic it does not know (created after it started?)."""
+        if name not in self._topics:
+            snapshot = self.catalog.snapshot()
+            self._topics = snapshot.topics
+            return snapshot.topic(name)
+        return self._topics[name]
 
     # -- flushing ----------------------------------------------------------------------------------
 
@@ -197,8 +205,7 @@ class Agent:
         key = f"data/l0/{now:013d}-{uuid.uuid4().hex}.seg"
         self.store.put(key, data)
         new_file = NewFile(key=key, level=0, size=len(data), created_ms=now, sections=tuple(sections))
-        manifest, assigned = self.catalog.commit("append", lambda m: m.with_appended_files([new_file]), now)
-        self._manifest = manifest
+        _version, assigned = self.catalog.append_files([new_file], now)
         self.files_written += 1
         return dict(zip(slots, assigned[0]))
 
