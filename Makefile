@@ -1,6 +1,6 @@
 # The README's commands. Everything the project needs is installed from here on a fresh machine
-# (Python 3.11 and Java 17 given): a virtualenv from requirements.txt, and Ceph's RADOS Gateway from
-# Debian's packages for the real S3 test suite.
+# (Python 3.11 and Java 17 given): a virtualenv from requirements.txt, and from Debian's packages Ceph's
+# RADOS Gateway for the real S3 test suite and PostgreSQL for the catalog's PostgreSQL tests.
 SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
@@ -20,13 +20,18 @@ $(VENV)/.installed: requirements.txt pyproject.toml | $(BIN)/python
 
 install: $(VENV)/.installed
 
-# Ceph RGW: a real S3-compatible server for the S3 suite (installed with apt-get when missing).
+# Installed with apt-get when missing: Ceph RGW, a real S3-compatible server for the S3 suite, and the
+# PostgreSQL server binaries (/usr/lib/postgresql/VERSION/bin) for the catalog's PostgreSQL tests. Nothing
+# is started here: the tests start their own servers (tests/support/rgw.py, tests/support/postgres.py).
 deps:
-	@missing=""; for b in $(CEPH_BINARIES); do command -v $$b >/dev/null || missing="$$missing $$b"; done; \
-	if [ -n "$$missing" ]; then \
-	  echo "installing Ceph RGW (missing:$$missing)"; \
+	@pkgs=""; missing=""; for b in $(CEPH_BINARIES); do command -v $$b >/dev/null || missing="$$missing $$b"; done; \
+	if [ -n "$$missing" ]; then echo "installing Ceph RGW (missing:$$missing)"; pkgs="radosgw ceph-mon ceph-osd"; fi; \
+	if ! compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null; then \
+	  echo "installing PostgreSQL (no /usr/lib/postgresql/*/bin/postgres)"; pkgs="$$pkgs postgresql"; \
+	fi; \
+	if [ -n "$$pkgs" ]; then \
 	  if [ "$$(id -u)" != 0 ]; then SUDO=sudo; fi; \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq radosgw ceph-mon ceph-osd >/dev/null; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$pkgs >/dev/null; \
 	fi
 
 test: install deps
