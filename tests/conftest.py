@@ -76,7 +76,10 @@ def make_catalog_url(request: pytest.FixtureRequest) -> Callable[[str], str | No
     def make(database: str) -> str | None:
         if database == "sqlite":
             return None
-        return request.getfixturevalue("postgres").create_database()
+        server = request.getfixturevalue("postgres")
+        url = server.create_database()
+        request.addfinalizer(lambda: server.drop_database(url))  # each holds ~8 MB of the server's RAM
+        return url
 
     return make
 
@@ -158,14 +161,21 @@ def airflow_db() -> None:
 
 
 @pytest.fixture
-def airflow_store(airflow_db: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> LocalStore:
-    """An empty local store behind the DAGs' connections, with Spark in local mode as the Spark connection."""
+def airflow_catalog(
+    request: pytest.FixtureRequest, airflow_db: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    make_catalog_url: Callable[[str], str | None],
+) -> Catalog:
+    """The empty cluster behind the DAGs' `logcompact_default` connection, with Spark in local mode as the
+    Spark connection. Its catalog is the local store's embedded SQLite, or a fresh PostgreSQL database named
+    in the connection's extra for a test parametrized with `("airflow_catalog", ["postgresql"], indirect=True)`."""
     store = LocalStore(tmp_path / "store")
-    monkeypatch.setenv("AIRFLOW_CONN_LOGCOMPACT_DEFAULT", json.dumps({"conn_type": "generic", "extra": {"store": store.uri}}))
+    url = make_catalog_url(getattr(request, "param", "sqlite"))
+    extra = {"store": store.uri, **({"catalog": url} if url else {})}
+    monkeypatch.setenv("AIRFLOW_CONN_LOGCOMPACT_DEFAULT", json.dumps({"conn_type": "generic", "extra": extra}))
     monkeypatch.setenv("AIRFLOW_CONN_LOGCOMPACT_SPARK", json.dumps({"conn_type": "spark", "host": "local[2]"}))
     # The Spark provider runs a bare `spark-submit` from PATH; its Python workers run this interpreter.
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
     monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
     monkeypatch.setenv("PYTHONPATH", str(REPO))
-    return store
+    return Catalog(store, url)

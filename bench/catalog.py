@@ -1,0 +1,240 @@
+"""The catalog at scale, on SQLite and on PostgreSQL: what a commit, a reader and the storage cost.
+
+    .venv/bin/python bench/catalog.py [--database sqlite|postgresql ...] [--agents-seconds 60]
+                                      [--sizes 1000 10000 100000] [--skip-agents]
+
+For each database (by default both: SQLite in a temporary store directory, and PostgreSQL on a throw-away
+server started from Debian's packages, as the tests do) it prints:
+
+* append: the median time of one L0 append commit (4 sections, offsets assigned in the transaction)
+  against catalogs of 1k, 10k and 100k live files, 4 sections each;
+* consume: time to the first record of one partition, reading through the 100k-file catalog;
+* storage: catalog bytes per section at 100k files (tables and indexes);
+* agents: 10 agent processes, each writing and committing 4 L0 files a second (a real Agent, a real
+  segment written to the store), for --agents-seconds against a 10k-file catalog: commits/s, latency
+  of a flush (write + commit) p50/p99, failures.
+
+The catalogs are built through the catalog's own API (`append_files`) in batches. Their filler files are
+catalog rows only (their objects are never written): the figures are the catalog's costs. The partition
+that is consumed holds real files. The throw-away PostgreSQL server runs in RAM with fsync off, so its
+figures are the database's CPU and round trips, not a disk's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import random
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+from sqlalchemy import text
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from logcompact.catalog import Catalog, NewFile  # noqa: E402
+from logcompact.consume import read_batches  # noqa: E402
+from logcompact.format import section_table, write_segment  # noqa: E402
+from logcompact.ingest import Agent, Record  # noqa: E402
+from logcompact.store import LocalStore  # noqa: E402
+from logcompact.topics import Topic  # noqa: E402
+
+NOW = 1_700_000_000_000
+TOPICS = 64
+PARTITIONS = 16
+SECTIONS_PER_FILE = 4
+AGENTS = 10
+WARM_UP_S = 2
+FILES_PER_SECOND = 4
+
+
+def _segment(sections: list[tuple[str, int]], records: int = 3) -> tuple[bytes, list]:
+    tables = []
+    for topic, partition in sections:
+        keys = [b"k%d" % n for n in range(records)]
+        tables.append((topic, partition, section_table(range(records), [NOW] * records, keys, [b"v" * 100] * records, [None] * records)))
+    return write_segment(tables)
+
+
+class Cluster:
+    """A catalog on one database, with its topics, grown to a number of live files."""
+
+    def __init__(self, url: str | None, root: Path) -> None:
+        self.store = LocalStore(root / "store")
+        self.catalog = Catalog(self.store, url)
+        self.catalog.ensure_created(NOW)
+        for n in range(TOPICS):
+            self.catalog.create_topic(Topic.create(f"t{n}", PARTITIONS, {"cleanup.policy": "compact"}, NOW), NOW)
+        self.files = 0
+        # One real segment's sections, re-labelled per filler file: the catalog never reads the object.
+        _data, self._infos = _segment([(f"t{n + 1}", 0) for n in range(SECTIONS_PER_FILE)])
+
+    def grow_to(self, files: int, batch: int = 2_000) -> None:
+        rng = random.Random(files)
+        while self.files < files:
+            count = min(batch, files - self.files)
+            new_files = []
+            for n in range(count):
+                slots = sorted({(rng.randrange(1, TOPICS), rng.randrange(PARTITIONS)) for _ in range(SECTIONS_PER_FILE)})
+                infos = tuple(replace(info, topic=f"t{t}", partition=p) for info, (t, p) in zip(self._infos, slots))
+                new_files.append(NewFile(f"data/l0/filler-{self.files + n:09d}.seg", 0, 10_000, NOW, infos))
+            self.catalog.append_files(new_files, NOW)
+            self.files += count
+
+    def append_latency(self, commits: int = 200) -> float:
+        """Median seconds of one append commit of a 4-section L0 file (rows only, as an agent commits them)."""
+        timings = []
+        for n in range(commits):
+            infos = tuple(self._infos)
+            new = NewFile(f"data/l0/probe-{uuid.uuid4().hex}.seg", 0, 10_000, NOW, infos)
+            started = time.perf_counter()
+            self.catalog.append_files([new], NOW)
+            timings.append(time.perf_counter() - started)
+        self.files += commits
+        return statistics.median(timings)
+
+    def storage_bytes(self) -> int:
+        engine = self.catalog.engine
+        with engine.connect() as connection:
+            if engine.dialect.name == "sqlite":
+                connection.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+                pages = connection.exec_driver_sql("PRAGMA page_count").scalar()
+                free = connection.exec_driver_sql("PRAGMA freelist_count").scalar()
+                return (pages - free) * connection.exec_driver_sql("PRAGMA page_size").scalar()
+            return connection.execute(
+                text("SELECT pg_total_relation_size('sections') + pg_total_relation_size('files')")
+            ).scalar()
+
+    def sections(self) -> int:
+        with self.catalog.engine.connect() as connection:
+            return connection.execute(text("SELECT count(*) FROM sections")).scalar()
+
+
+def consume_first_record(cluster: Cluster, runs: int = 20) -> tuple[float, int]:
+    """Median seconds to the first record of partition t0/0, which holds real files, and its section count."""
+    with Agent(cluster.catalog, background=False, clock=lambda: NOW) as agent:
+        for batch in range(20):
+            agent.produce("t0", [Record(0, b"key-%d" % n, b"value-%d" % batch, NOW) for n in range(100)])
+            agent.flush()
+    timings = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        snapshot = cluster.catalog.snapshot()
+        first = next(read_batches(cluster.store, snapshot, "t0", 0, from_offset=1_000))
+        timings.append(time.perf_counter() - started)
+        assert first.column("offset")[0].as_py() == 1_000
+    return statistics.median(timings), len(cluster.catalog.snapshot().sections_of("t0", 0))
+
+
+def _agent_process(store_root: str, url: str | None, agent: int, seconds: float, start_at: float, out) -> None:  # noqa: ANN001
+    catalog = Catalog(LocalStore(store_root), url)
+    latencies, failures = [], 0
+    time.sleep(max(0.0, start_at - time.time()))
+    interval = 1 / FILES_PER_SECOND
+    with Agent(catalog, background=False) as producer:
+        tick = time.monotonic()
+        end = tick + seconds
+        sequence = 0
+        while tick < end:
+            records = [Record(p, b"a%d-%d" % (agent, sequence + p), b"v" * 100) for p in range(SECTIONS_PER_FILE)]
+            producer.produce(f"t{agent % TOPICS}", records)
+            sequence += SECTIONS_PER_FILE
+            started = time.perf_counter()
+            try:
+                producer.flush()
+                latencies.append((time.time() - start_at, time.perf_counter() - started))
+            except Exception as exc:  # counted and reported: the figure is how many commits failed
+                failures += 1
+                print(f"agent {agent}: {exc}", file=sys.stderr)
+                break
+            tick += interval
+            time.sleep(max(0.0, tick - time.monotonic()))
+    out.put((latencies, failures))
+
+
+def agents_run(cluster: Cluster, seconds: float) -> dict:
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    start_at = time.time() + 5  # spawned interpreters need a moment to import pyarrow
+    processes = [
+        context.Process(target=_agent_process, args=(str(cluster.store.root), cluster.catalog.url, n, seconds, start_at, out))
+        for n in range(AGENTS)
+    ]
+    for process in processes:
+        process.start()
+    results = [out.get(timeout=seconds + 120) for _ in processes]
+    for process in processes:
+        process.join()
+    commits = sum(len(found) for found, _ in results)
+    # Each process's first flushes open its connections and warm its caches: the steady state starts after.
+    latencies = sorted(latency for found, _ in results for at, latency in found if at >= WARM_UP_S)
+    return {
+        "commits": commits,
+        "commits_per_s": commits / seconds,
+        "warm_up_max_ms": 1000 * max(latency for found, _ in results for at, latency in found if at < WARM_UP_S),
+        "p50_ms": 1000 * latencies[len(latencies) // 2],
+        "p99_ms": 1000 * latencies[int(len(latencies) * 0.99)],
+        "failures": sum(failed for _, failed in results),
+    }
+
+
+def bench(name: str, new_url: Callable[[], str | None], sizes: list[int], agents_seconds: float, skip_agents: bool) -> None:
+    with tempfile.TemporaryDirectory(prefix="logcompact-bench-") as tmp:
+        cluster = Cluster(new_url(), Path(tmp))
+        print(f"\n{name}: {cluster.catalog.engine.url.render_as_string()}")
+        appends = {}
+        for size in sizes:
+            started = time.perf_counter()
+            cluster.grow_to(size)
+            built = time.perf_counter() - started
+            appends[size] = cluster.append_latency()
+            print(f"  append commit (4 sections), {size:>7,} live files: {1000 * appends[size]:6.2f} ms median"
+                  f"   (catalog grown in {built:.1f} s)")
+        if len(sizes) > 1:
+            print(f"  append at {sizes[-1]:,} / at {sizes[0]:,} files: {appends[sizes[-1]] / appends[sizes[0]]:.2f}x")
+        first, sections = consume_first_record(cluster)
+        print(f"  consume one partition ({sections} sections) from offset 1000, {cluster.files:,}-file catalog: "
+              f"first record in {1000 * first:.1f} ms median")
+        total, count = cluster.storage_bytes(), cluster.sections()
+        print(f"  storage: {total / 1e6:.1f} MB for {count:,} sections and their files: {total / count:.0f} B per section")
+    if skip_agents:
+        return
+    with tempfile.TemporaryDirectory(prefix="logcompact-bench-") as tmp:
+        cluster = Cluster(new_url(), Path(tmp))
+        cluster.grow_to(10_000)
+        figures = agents_run(cluster, agents_seconds)
+        print(f"  {AGENTS} agents x {FILES_PER_SECOND} files/s for {agents_seconds:.0f} s, 10k-file catalog: "
+              f"{figures['commits_per_s']:.1f} commits/s, flush p50 {figures['p50_ms']:.1f} ms, "
+              f"p99 {figures['p99_ms']:.1f} ms (after the first {WARM_UP_S} s; slowest before: {figures['warm_up_max_ms']:.0f} ms), "
+              f"{figures['failures']} failures")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--database", choices=["sqlite", "postgresql"], action="append", help="repeatable; default both")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 100_000])
+    parser.add_argument("--agents-seconds", type=float, default=60)
+    parser.add_argument("--skip-agents", action="store_true")
+    args = parser.parse_args()
+    for database in args.database or ["sqlite", "postgresql"]:
+        if database == "sqlite":
+            bench("SQLite", lambda: None, args.sizes, args.agents_seconds, args.skip_agents)
+            continue
+        from tests.support.postgres import start_postgres
+
+        server, stop = start_postgres(Path(tempfile.mkdtemp(prefix="logcompact-bench-pg-")))
+        try:
+            bench("PostgreSQL", server.create_database, args.sizes, args.agents_seconds, args.skip_agents)
+        finally:
+            stop()
+
+
+if __name__ == "__main__":
+    main()
