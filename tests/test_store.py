@@ -62,7 +62,7 @@ def test_create_only_put_has_exactly_one_winner_under_a_race(store: ObjectStore)
     def race(n: int) -> None:
         try:
             start.wait()
-            outcomes.append(store.put_if_absent("manifest/v1", f"writer-{n}".encode()))
+            outcomes.append(store.put_if_absent("race/winner", f"writer-{n}".encode()))
         except BaseException as exc:  # re-raised below: a racer's failure must fail the test
             errors.append(exc)
 
@@ -73,10 +73,10 @@ def test_create_only_put_has_exactly_one_winner_under_a_race(store: ObjectStore)
         t.join()
     assert not errors, errors
     assert sorted(outcomes) == [False] * (racers - 1) + [True]
-    winner = store.get("manifest/v1").decode()
+    winner = store.get("race/winner").decode()
     assert winner.startswith("writer-")
-    assert store.put_if_absent("manifest/v1", b"late") is False
-    assert store.get("manifest/v1").decode() == winner
+    assert store.put_if_absent("race/winner", b"late") is False
+    assert store.get("race/winner").decode() == winner
 
 
 def test_counters_count_every_operation(store: ObjectStore) -> None:

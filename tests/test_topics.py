@@ -1,4 +1,4 @@
-"""Topic names and configs follow Kafka's rules and WarpStream's overrides."""
+"""Topic names and configs follow Kafka's rules and WarpStream's overrides; the catalog keeps them exactly."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import logging
 
 import pytest
 
-from logcompact.exceptions import InvalidTopicError
+from logcompact.catalog import Catalog
+from logcompact.exceptions import InvalidTopicError, TopicNotFoundError
 from logcompact.topics import LONG_MAX, Topic, TopicConfig
 
 
@@ -73,6 +74,20 @@ def test_cleanup_policy_is_fixed_after_creation_but_other_configs_change() -> No
     assert altered.config.delete_retention_ms == 1000 and altered.config.cleanup_policy == "compact"
 
 
-def test_round_trip_through_the_catalog_encoding() -> None:
-    topic = Topic.create("t", 4, {"cleanup.policy": "compact,delete", "retention.ms": "-1"}, 123)
+def test_round_trip_through_the_catalog(catalog: Catalog) -> None:
+    topic = Topic.create(
+        "t", 4,
+        {"cleanup.policy": "compact,delete", "retention.ms": "-1", "delete.retention.ms": "1000",
+         "min.compaction.lag.ms": "60000", "max.compaction.lag.ms": str(LONG_MAX)},
+        123,
+    )
     assert Topic.from_dict(topic.to_dict()) == topic
+    catalog.ensure_created(123)
+    catalog.create_topic(topic, 123)
+    reopened = Catalog(catalog.store, catalog.url)
+    assert reopened.snapshot().topic("t") == topic and reopened.next_offsets("t") == [0, 0, 0, 0]
+    altered = catalog.alter_topic("t", {"delete.retention.ms": "5"}, 456)
+    assert altered == topic.altered({"delete.retention.ms": "5"})
+    assert Catalog(catalog.store, catalog.url).snapshot().topic("t") == altered
+    with pytest.raises(TopicNotFoundError, match="topic 'u' does not exist"):
+        catalog.alter_topic("u", {"delete.retention.ms": "5"}, 456)

@@ -1,6 +1,7 @@
 """Writer processes for the concurrent-commit test: appending agents and copying compactors.
 
-They run in separate processes (spawned), each with its own store client, and all start at one instant.
+They run in separate processes (spawned), each with its own store client and catalog connections, and all
+start at one instant. Each gets the store URI and the catalog URL (None: a local store's embedded SQLite).
 """
 
 from __future__ import annotations
@@ -8,13 +9,12 @@ from __future__ import annotations
 import random
 import time
 import uuid
-from dataclasses import replace
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from logcompact.catalog import Catalog, CatalogSection, DataFile
-from logcompact.consume import read_batches
+from logcompact.consume import read_sections
 from logcompact.exceptions import CommitConflictError
 from logcompact.format import section_table, write_segment
 from logcompact.ingest import Agent, Record
@@ -28,10 +28,10 @@ def _wait_until(start_at: float) -> None:
     time.sleep(max(0.0, start_at - time.time()))
 
 
-def append(store_uri: str, writer: int, commits: int, start_at: float) -> dict[str, tuple[int, int]]:
+def append(store_uri: str, catalog_url: str | None, writer: int, commits: int, start_at: float) -> dict[str, tuple[int, int]]:
     """Commit `commits` L0 files of 1 to 3 records; returns each produced value's (partition, offset)."""
     rng = random.Random(writer)
-    catalog = Catalog(open_store(store_uri))
+    catalog = Catalog(open_store(store_uri), catalog_url)
     placed: dict[str, tuple[int, int]] = {}
     _wait_until(start_at)
     with Agent(catalog, background=False) as agent:
@@ -47,28 +47,32 @@ def append(store_uri: str, writer: int, commits: int, start_at: float) -> dict[s
     return placed
 
 
-def compact(store_uri: str, writer: int, rounds: int, start_at: float, give_up_s: float = 120) -> dict[str, int]:
+def compact(
+    store_uri: str, catalog_url: str | None, writer: int, rounds: int, start_at: float, give_up_s: float = 120
+) -> dict[str, int]:
     """`rounds` times, replace two live L0 files by one L1 file holding the same records.
 
     Returns how many of those commits landed and how many met a conflict (another compactor was first).
     """
     rng = random.Random(1000 + writer)
     store = open_store(store_uri)
-    catalog = Catalog(store)
+    catalog = Catalog(store, catalog_url)
     outcome = {"committed": 0, "conflicts": 0}
     _wait_until(start_at)
     give_up_at = time.time() + give_up_s
     while outcome["committed"] + outcome["conflicts"] < rounds and time.time() < give_up_at:
-        manifest = catalog.load()
-        l0 = sorted(manifest.files_at(0), key=lambda f: f.key)
+        snapshot = catalog.snapshot()
+        l0 = sorted(f.key for f in snapshot.file_summaries(0))
         if len(l0) < 2:
             time.sleep(0.01)
             continue
-        inputs = rng.sample(l0, 2)
-        view = replace(manifest, files={f.key: f for f in inputs})
+        inputs = list(snapshot.get_files(rng.sample(l0, 2)).values())
         sections = []
         for partition in range(PARTITIONS):
-            tables = list(read_batches(store, view, TOPIC, partition))
+            mine = sorted(
+                ((f.key, s) for f in inputs for s in f.sections if s.partition == partition), key=lambda pair: pair[1].first_offset
+            )
+            tables = list(read_sections(store, mine))
             if not tables:
                 continue
             merged = pa.concat_tables(tables)
@@ -82,11 +86,9 @@ def compact(store_uri: str, writer: int, rounds: int, start_at: float, give_up_s
         placed = tuple(CatalogSection(info, first) for info, (_, first, _) in zip(infos, sections))
         output = DataFile(key, 1, len(blob), int(time.time() * 1000), placed)
         try:
-            catalog.commit(
-                "compact", lambda m: (m.with_replaced_files([f.key for f in inputs], [output], manifest.version), None), 1
-            )
+            catalog.replace_files([f.key for f in inputs], [output], 1, expected_version=snapshot.version)
             outcome["committed"] += 1
         except CommitConflictError:
-            store.delete(key)  # never referenced by any manifest
+            store.delete(key)  # never referenced by any manifest version
             outcome["conflicts"] += 1
     return outcome
