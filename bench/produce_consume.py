@@ -6,8 +6,10 @@
 Runs on one core (the process is pinned to CPU 0 and Arrow to one thread). Each case repeats `--repeat`
 times on a fresh cluster and prints the median. Produce: Python `Record`s through an `Agent` into L0 files
 (Arrow building, key hashing, LZ4, PUT and catalog commit included). Consume: every partition read back
-as Arrow batches, and record by record. Targets on the local store: consume as Arrow at least 5 million
-records/s, produce at least 500,000 records/s.
+as Arrow batches, and record by record. The local store keeps its catalog in its embedded SQLite; the S3
+store's catalog is a fresh database on a throw-away PostgreSQL server started here (as the tests start
+it). Targets on the local store: consume as Arrow at least 5 million records/s, produce at least 500,000
+records/s.
 """
 
 from __future__ import annotations
@@ -23,14 +25,17 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from logcompact.catalog import Catalog
-from logcompact.consume import read_batches, read_records
-from logcompact.ingest import Agent, Record
-from logcompact.store import LocalStore, ObjectStore
-from logcompact.topics import Topic
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from logcompact.catalog import Catalog  # noqa: E402
+from logcompact.consume import read_batches, read_records  # noqa: E402
+from logcompact.ingest import Agent, Record  # noqa: E402
+from logcompact.store import LocalStore  # noqa: E402
+from logcompact.topics import Topic  # noqa: E402
 
 PARTITIONS = 8
 KEY_BYTES = 36
+CATALOG_OF = {"file": "file+sqlite", "s3": "s3+postgres"}
 NOW = 1_700_000_000_000
 
 
@@ -40,11 +45,9 @@ def make_records(count: int, value_bytes: int) -> list[Record]:
     return [Record(i % PARTITIONS, b"%036d" % (i % 1_000_000), values[i % 1024], NOW + i) for i in range(count)]
 
 
-def produce(store: ObjectStore, records: list[Record]) -> float:
-    catalog = Catalog(store)
+def produce(catalog: Catalog, records: list[Record]) -> float:
     catalog.ensure_created(NOW)
-    topic = Topic.create("bench", PARTITIONS, {"cleanup.policy": "compact"}, NOW)
-    catalog.commit("create topic", lambda m: (m.with_topic(topic), None), NOW)
+    catalog.create_topic(Topic.create("bench", PARTITIONS, {"cleanup.policy": "compact"}, NOW), NOW)
     started = time.perf_counter()
     with Agent(catalog, background=False) as agent:
         futures = [agent.produce("bench", records[i : i + 10_000]) for i in range(0, len(records), 10_000)]
@@ -53,41 +56,49 @@ def produce(store: ObjectStore, records: list[Record]) -> float:
     return time.perf_counter() - started
 
 
-def consume_arrow(store: ObjectStore) -> tuple[float, int]:
+def consume_arrow(catalog: Catalog) -> tuple[float, int]:
     started = time.perf_counter()
-    manifest = Catalog(store).load()
-    rows = sum(t.num_rows for p in range(PARTITIONS) for t in read_batches(store, manifest, "bench", p))
+    snapshot = catalog.snapshot()
+    rows = sum(t.num_rows for p in range(PARTITIONS) for t in read_batches(catalog.store, snapshot, "bench", p))
     return time.perf_counter() - started, rows
 
 
-def consume_records(store: ObjectStore) -> tuple[float, int]:
+def consume_records(catalog: Catalog) -> tuple[float, int]:
     started = time.perf_counter()
-    manifest = Catalog(store).load()
-    rows = sum(1 for p in range(PARTITIONS) for _ in read_records(store, manifest, "bench", p))
+    snapshot = catalog.snapshot()
+    rows = sum(1 for p in range(PARTITIONS) for _ in read_records(catalog.store, snapshot, "bench", p))
     return time.perf_counter() - started, rows
 
 
-def open_backend(backend: str, workdir: Path, s3_client) -> ObjectStore:
+def open_backend(backend: str, workdir: Path, s3_client, postgres) -> Catalog:  # noqa: ANN001
+    """A fresh cluster: a local store with its embedded catalog, or a bucket with a new PostgreSQL database."""
     if backend == "file":
-        return LocalStore(workdir / uuid.uuid4().hex)
+        return Catalog(LocalStore(workdir / uuid.uuid4().hex))
     from logcompact.store.s3 import S3Store
 
     bucket = f"bench-{uuid.uuid4().hex[:16]}"
     s3_client.create_bucket(Bucket=bucket)
-    return S3Store(bucket, "cluster", client=s3_client)
+    return Catalog(S3Store(bucket, "cluster", client=s3_client), postgres.create_database())
 
 
 def start_s3(workdir: Path):
-    """A boto3 client for the S3 backend: AWS_ENDPOINT_URL if set, otherwise a Ceph RGW started here."""
+    """A boto3 client for the S3 backend (AWS_ENDPOINT_URL if set, otherwise a Ceph RGW started here) and a
+    PostgreSQL server for its catalogs."""
     from logcompact.store.s3 import default_client
+    from tests.support.postgres import start_postgres
 
+    postgres, stop_postgres = start_postgres(workdir / "postgres")
     if os.environ.get("AWS_ENDPOINT_URL"):
-        return default_client(), lambda: None
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        return default_client(), postgres, stop_postgres
     from tests.support.rgw import start_rgw
 
-    server, stop = start_rgw(workdir / "rgw")
-    return server.client(), stop
+    server, stop_rgw = start_rgw(workdir / "rgw")
+
+    def stop() -> None:
+        stop_rgw()
+        stop_postgres()
+
+    return server.client(), postgres, stop
 
 
 def main() -> None:
@@ -100,13 +111,13 @@ def main() -> None:
     cases = [(100, args.records), (1024, max(args.records // 5, 1))]
     with tempfile.TemporaryDirectory(prefix="logcompact-bench-") as tmp:
         workdir = Path(tmp)
-        # The S3 server starts before the pinning, so its daemons keep the other core.
-        s3_client, stop_s3 = start_s3(workdir) if "s3" in args.backends.split(",") else (None, lambda: None)
+        # The servers start before the pinning, so their daemons keep the other core.
+        s3_client, postgres, stop_s3 = start_s3(workdir) if "s3" in args.backends.split(",") else (None, None, lambda: None)
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
         pa.set_cpu_count(1)
         pa.set_io_thread_count(1)
         try:
-            print(f"{'backend':8} {'value':>6} {'records':>9} | {'produce rec/s':>14} {'MB/s':>7} | "
+            print(f"{'store+catalog':13} {'value':>6} {'records':>9} | {'produce rec/s':>14} {'MB/s':>7} | "
                   f"{'consume Arrow rec/s':>20} {'MB/s':>7} | {'consume records rec/s':>22}")
             for backend in args.backends.split(","):
                 for value_bytes, count in cases:
@@ -114,14 +125,14 @@ def main() -> None:
                     megabytes = count * (KEY_BYTES + value_bytes) / 1e6
                     produce_s, arrow_s, record_s = [], [], []
                     for _ in range(args.repeat):
-                        store = open_backend(backend, workdir, s3_client)
-                        produce_s.append(produce(store, records))
-                        seconds, rows = consume_arrow(store)
+                        catalog = open_backend(backend, workdir, s3_client, postgres)
+                        produce_s.append(produce(catalog, records))
+                        seconds, rows = consume_arrow(catalog)
                         assert rows == count, f"read {rows} records, produced {count}"
                         arrow_s.append(seconds)
-                        record_s.append(consume_records(store)[0])
+                        record_s.append(consume_records(catalog)[0])
                     p, a, r = (statistics.median(x) for x in (produce_s, arrow_s, record_s))
-                    print(f"{backend:8} {value_bytes:>5}B {count:>9,} | {count / p:>14,.0f} {megabytes / p:>7.1f} | "
+                    print(f"{CATALOG_OF[backend]:13} {value_bytes:>5}B {count:>9,} | {count / p:>14,.0f} {megabytes / p:>7.1f} | "
                           f"{count / a:>20,.0f} {megabytes / a:>7.1f} | {count / r:>22,.0f}", flush=True)
         finally:
             stop_s3()
