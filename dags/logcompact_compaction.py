@@ -6,7 +6,8 @@ Leveled and size-tiered compaction of the catalog named by the `logcompact_defau
 **sensor** (reschedule mode, so no worker slot is held) waits until some level holds enough files
 (32 by default) → **plan** writes the JSON plans to the store and leases their files → **compact_group**
 runs one Spark job per plan group (`spark_apps/compact_group.py`, connection `logcompact_spark`) →
-**commit** swaps the manifest atomically and publishes an asset event per compacted topic with the stats.
+**commit** replaces the inputs by the outputs in one catalog transaction and publishes an asset event per
+compacted topic with the stats.
 
 Params: `dry_run` plans and logs the estimates without writing anything; `buffer_bytes` is the key-map
 buffer of each job. Runs act on the catalog as it is now, so a backfill or re-run of an old date is safe.

@@ -1,10 +1,12 @@
 """
 # logcompact_gc
 
-Garbage collection of the store behind `logcompact_default`: releases expired leases, then deletes data
-files no kept manifest version references (outputs of failed or abandoned jobs, inputs replaced by
-compactions), plan documents of finished plans, and manifest versions past the kept history, each only
-once older than the grace period (1 h), so a job still running or an agent about to commit is never hurt.
+Garbage collection of the cluster behind `logcompact_default`: releases expired leases, then deletes the
+data files no kept manifest version holds (inputs replaced by compactions, with their catalog rows;
+outputs of failed or abandoned jobs the catalog never listed) and the plan documents of finished plans,
+each only once older than the grace period (1 h), so a job still running, an agent about to commit or a
+reader of a kept version is never hurt; and trims the catalog's commit log to the kept versions. Each step
+is a few catalog queries, so a run completes under steady ingest.
 """
 
 from airflow.sdk import DAG

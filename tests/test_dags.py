@@ -1,5 +1,8 @@
 """The DAGs as Airflow runs them: integrity, then `dag.test()` runs with Spark in local mode on small data.
 
+Every run is made on the embedded SQLite catalog. The compaction DAG end to end, a failed group and gc run on
+PostgreSQL too (the catalog named in the connection's extra); the max-lag and full-sweep DAGs differ from the
+compaction DAG only in their planner mode, which the planner and orchestration tests run on both databases.
 Each compaction run submits real Spark jobs (about 10 s each here), so there are few of them.
 """
 
@@ -13,7 +16,6 @@ import pytest
 
 from logcompact.catalog import Catalog
 from logcompact.consume import latest_values
-from logcompact.store import LocalStore
 from tests.helpers import create_topic, produce_l0_files
 
 DAGS = Path(__file__).resolve().parents[1] / "dags"
@@ -24,6 +26,8 @@ EXPECTED_TASKS = {
     "logcompact_gc": {"collect_garbage": set()},
 }
 HOUR_MS = 3_600_000
+# The runs that also go through a PostgreSQL catalog (the `airflow_catalog` fixture's default is SQLite).
+ON_BOTH_DATABASES = pytest.mark.parametrize("airflow_catalog", ["sqlite", "postgresql"], indirect=True)
 
 
 def _load_dags():
@@ -73,17 +77,22 @@ def _asset_events(uri: str) -> list[dict]:
         ]
 
 
-def _latest(store: LocalStore, topic: str, partitions: int) -> dict[bytes, bytes]:
-    manifest = Catalog(store).load()
+def _latest(catalog: Catalog, topic: str, partitions: int) -> dict[bytes, bytes]:
+    snapshot = catalog.snapshot()
     found = {}
     for partition in range(partitions):
-        view = latest_values(store, manifest, topic, partition)
+        view = latest_values(catalog.store, snapshot, topic, partition)
         found.update(zip(view.column("key").to_pylist(), view.column("value").to_pylist()))
     return found
 
 
-def _objects(store: LocalStore) -> list[str]:
-    return sorted(info.key for info in store.list(""))
+def _levels(catalog: Catalog) -> set[int]:
+    return {f.level for f in catalog.snapshot().file_summaries()}
+
+
+def _objects(catalog: Catalog) -> list[str]:
+    """The store's data files and plan documents (a SQLite catalog's own files sit beside them)."""
+    return sorted(info.key for prefix in ("data/", "plans/") for info in catalog.store.list(prefix))
 
 
 def test_dags_import_with_the_expected_structure() -> None:
@@ -104,27 +113,27 @@ def test_dags_import_with_the_expected_structure() -> None:
     assert set(dagbag.dags["logcompact_full_sweep_daily"].params) == {"dry_run", "buffer_bytes", "topics"}
 
 
-def test_compaction_dag_compacts_l0_through_spark_and_publishes_asset_events(dagbag, airflow_store: LocalStore) -> None:
-    catalog = Catalog(airflow_store)
+@ON_BOTH_DATABASES
+def test_compaction_dag_compacts_l0_through_spark_and_publishes_asset_events(dagbag, airflow_catalog: Catalog) -> None:
+    catalog = airflow_catalog
     create_topic(catalog, "accounts", partitions=2, now=_now_ms(), cleanup_policy="compact")
     produce_l0_files(catalog, "accounts", files=33, records=20, keys=40, partitions=2, now=_now_ms())
-    expected = _latest(airflow_store, "accounts", 2)
+    expected = _latest(catalog, "accounts", 2)
 
     run = _dag(dagbag, "logcompact_compaction").test()
 
     assert str(run.state) == "success", _states("logcompact_compaction", run.run_id)
     instances = _task_instances("logcompact_compaction", run.run_id)
     assert instances[("compact_group", 0)].rendered_map_index.endswith("L0 to L1, 33 files, all partitions")
-    manifest = catalog.load()
-    assert {f.level for f in manifest.files.values()} == {1} and not manifest.leases
-    assert _latest(airflow_store, "accounts", 2) == expected
-    (event,) = _asset_events(f"logcompact://{manifest.cluster_id}/accounts")
+    assert _levels(catalog) == {1} and not catalog.snapshot().leases(_now_ms())
+    assert _latest(catalog, "accounts", 2) == expected
+    (event,) = _asset_events(f"logcompact://{catalog.cluster_id}/accounts")
     (stats,) = event["plans"].values()
     assert stats["records_in"] == stats["records_out"] == 660 and stats["target_level"] == 1
 
 
-def test_max_lag_dag_compacts_what_became_dirty(dagbag, airflow_store: LocalStore) -> None:
-    catalog = Catalog(airflow_store)
+def test_max_lag_dag_compacts_what_became_dirty(dagbag, airflow_catalog: Catalog) -> None:
+    catalog = airflow_catalog
     three_hours_ago = _now_ms() - 3 * HOUR_MS
     create_topic(catalog, "orders", partitions=2, now=three_hours_ago, cleanup_policy="compact", max_compaction_lag_ms=str(2 * HOUR_MS))
     produce_l0_files(catalog, "orders", files=3, records=40, keys=10, partitions=2, now=three_hours_ago)
@@ -132,31 +141,30 @@ def test_max_lag_dag_compacts_what_became_dirty(dagbag, airflow_store: LocalStor
     run = _dag(dagbag, "logcompact_max_lag_hourly").test(run_conf={"topics": ["orders"]})
 
     assert str(run.state) == "success", _states("logcompact_max_lag_hourly", run.run_id)
-    manifest = catalog.load()
-    assert {f.level for f in manifest.files.values()} == {2}
-    assert sum(f.record_count for f in manifest.files.values()) == 10  # one record per key
+    summaries = catalog.snapshot().file_summaries()
+    assert {f.level for f in summaries} == {2}
+    assert sum(f.record_count for f in summaries) == 10  # one record per key
 
 
-def test_full_sweep_dry_run_changes_nothing_then_a_run_deduplicates(dagbag, airflow_store: LocalStore) -> None:
-    catalog = Catalog(airflow_store)
+def test_full_sweep_dry_run_changes_nothing_then_a_run_deduplicates(dagbag, airflow_catalog: Catalog) -> None:
+    catalog = airflow_catalog
     create_topic(catalog, "accounts", partitions=2, now=_now_ms(), cleanup_policy="compact")
     produce_l0_files(catalog, "accounts", files=4, records=50, keys=25, partitions=2, now=_now_ms(), tombstone_every=9)
-    expected, before, version = _latest(airflow_store, "accounts", 2), _objects(airflow_store), catalog.load().version
+    expected, before, version = _latest(catalog, "accounts", 2), _objects(catalog), catalog.latest_version()
     dag = _dag(dagbag, "logcompact_full_sweep_daily")
 
     dry = dag.test(run_conf={"dry_run": True, "topics": ["accounts"]})
     assert str(dry.state) == "success"
     assert _states(dag.dag_id, dry.run_id) == {"plan": "success", "compact_group": "skipped", "commit": "skipped"}
-    assert _objects(airflow_store) == before and catalog.load().version == version
+    assert _objects(catalog) == before and catalog.latest_version() == version and not catalog.snapshot().leases(_now_ms())
 
     # dag.test() keeps a run's conf in the DAG object's params: every key is given again.
     run = dag.test(run_conf={"dry_run": False, "topics": [], "buffer_bytes": 4 * 1024**2})
     assert str(run.state) == "success", _states(dag.dag_id, run.run_id)
-    manifest = catalog.load()
-    assert {f.level for f in manifest.files.values()} == {2} and _latest(airflow_store, "accounts", 2) == expected
+    assert _levels(catalog) == {2} and _latest(catalog, "accounts", 2) == expected
 
 
-def test_bad_params_are_refused_before_anything_runs(dagbag, airflow_store: LocalStore) -> None:
+def test_bad_params_are_refused_before_anything_runs(dagbag, airflow_catalog: Catalog) -> None:
     from airflow.exceptions import ParamValidationError
 
     dag = _dag(dagbag, "logcompact_full_sweep_daily")
@@ -166,32 +174,34 @@ def test_bad_params_are_refused_before_anything_runs(dagbag, airflow_store: Loca
         dag.test(run_conf={"topics": "accounts"})
 
 
-def test_a_failed_group_fails_the_run_without_a_commit(dagbag, airflow_store: LocalStore) -> None:
-    catalog = Catalog(airflow_store)
+@ON_BOTH_DATABASES
+def test_a_failed_group_fails_the_run_without_a_commit(dagbag, airflow_catalog: Catalog) -> None:
+    catalog = airflow_catalog
     create_topic(catalog, "accounts", partitions=1, now=_now_ms(), cleanup_policy="compact")
     produce_l0_files(catalog, "accounts", files=2, records=10, keys=5, partitions=1, now=_now_ms())
-    victim = sorted(catalog.load().files)[0]
-    (airflow_store.root / victim).write_bytes(b"not a segment")
-    version = catalog.load().version
+    keys = {f.key for f in catalog.snapshot().file_summaries()}
+    (catalog.store.root / min(keys)).write_bytes(b"not a segment")
+    version = catalog.latest_version()
 
     run = _dag(dagbag, "logcompact_full_sweep_daily").test()
 
     assert str(run.state) == "failed"
     assert _states("logcompact_full_sweep_daily", run.run_id) == {"plan": "success", "compact_group[0]": "failed", "commit": "upstream_failed"}
-    manifest = catalog.load()
-    assert manifest.version == version + 1 and manifest.leases  # only the plan's lease was committed
-    assert {f.level for f in manifest.files.values()} == {0}
+    # Nothing committed: the files stay live on L0, leased to the plan until its lease expires.
+    assert catalog.latest_version() == version and _levels(catalog) == {0}
+    assert catalog.snapshot().leased_files(_now_ms()) == keys
 
 
-def test_gc_dag_collects(dagbag, airflow_store: LocalStore) -> None:
-    catalog = Catalog(airflow_store)
+@ON_BOTH_DATABASES
+def test_gc_dag_collects(dagbag, airflow_catalog: Catalog) -> None:
+    catalog = airflow_catalog
     create_topic(catalog, "accounts", partitions=1, now=_now_ms(), cleanup_policy="compact")
     leftover = "data/l2/p1-abandoned-g000-s000-compacted-0000.seg"
-    airflow_store.put(leftover, b"left by a job that never committed")
+    catalog.store.put(leftover, b"left by a job that never committed")
     two_hours_ago = time.time() - 2 * 3600  # past the 1 h grace
-    os.utime(airflow_store.root / leftover, (two_hours_ago, two_hours_ago))
+    os.utime(catalog.store.root / leftover, (two_hours_ago, two_hours_ago))
 
     run = _dag(dagbag, "logcompact_gc").test()
 
     assert str(run.state) == "success"
-    assert not [k for k in _objects(airflow_store) if k.startswith("data/")]
+    assert _objects(catalog) == []

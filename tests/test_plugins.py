@@ -1,67 +1,163 @@
-"""The Airflow plugin classes on their own: the hook's connections (a local store, and S3 through an AWS
-connection to the real RGW), the sensor's poke, and the operators' parameter checks."""
+"""The Airflow plugin classes on their own: the hook's connections (a local store with its embedded SQLite
+catalog, a catalog URL in the extra, a `postgres` connection on the real PostgreSQL server, S3 through an
+AWS connection to the real RGW), then the sensor's poke and the plan, commit and gc operators on both
+databases."""
 
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 
 import pytest
+from sqlalchemy.engine import make_url
 
 from logcompact.catalog import Catalog
+from logcompact.engine.exchange import read_plan, write_group_result
+from logcompact.engine.stats import JobResult
+from logcompact.exceptions import CatalogConfigError
 from logcompact.store import LocalStore
 from logcompact.store.s3 import S3Store
 from logcompact_airflow.hooks import LogcompactHook
-from logcompact_airflow.operators import LogcompactPlanOperator, _checked_params
+from logcompact_airflow.operators import (
+    COMPACTED_TOPICS,
+    LogcompactCommitOperator,
+    LogcompactGcOperator,
+    LogcompactPlanOperator,
+    _checked_params,
+)
 from logcompact_airflow.sensors import LogcompactThresholdSensor
+from spark_apps.compact_group import compact_slices, deal_slices, select_group
 from tests.helpers import create_topic, produce_l0_files
 
 
-def test_hook_opens_a_local_store(tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv("AIRFLOW_CONN_LOCAL_STORE", json.dumps({"conn_type": "generic", "extra": {"store": f"file://{tmp_path}"}}))
-    store = LogcompactHook("local_store").get_store()
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _connection(monkeypatch: pytest.MonkeyPatch, conn_id: str, **fields) -> None:
+    """An Airflow connection in its JSON environment form."""
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(fields))
+
+
+def test_hook_opens_a_local_store_with_its_embedded_catalog(tmp_path, monkeypatch) -> None:
+    _connection(monkeypatch, "local_store", conn_type="generic", extra={"store": f"file://{tmp_path}"})
+    hook = LogcompactHook("local_store")
+    store = hook.get_store()
     assert isinstance(store, LocalStore) and store.uri == f"file://{tmp_path}"
+    catalog = hook.get_catalog()
+    assert catalog.url == f"sqlite:///{tmp_path}/catalog.db"
+    create_topic(catalog, "accounts", now=_now_ms())
+    assert (tmp_path / "catalog.db").is_file() and set(Catalog(store).snapshot().topics) == {"accounts"}
 
 
-def test_hook_opens_s3_through_an_aws_connection_with_its_endpoint(rgw, monkeypatch) -> None:
-    bucket = f"hook-{uuid.uuid4().hex[:12]}"
+def test_hook_takes_the_catalog_url_from_its_extra(tmp_path, monkeypatch, postgres) -> None:
+    url = postgres.create_database()
+    store = LocalStore(tmp_path / "store")
+    _connection(monkeypatch, "on_postgres", conn_type="generic", extra={"store": store.uri, "catalog": url})
+    catalog = LogcompactHook("on_postgres").get_catalog()
+    assert catalog.url == url and catalog.store.uri == store.uri
+    create_topic(catalog, "accounts", now=_now_ms())
+    assert set(Catalog(store, url).snapshot().topics) == {"accounts"}
+    assert not (tmp_path / "store" / "catalog.db").exists()  # nothing embedded beside the store
+
+
+def test_hook_builds_the_catalog_url_from_a_postgres_connection(tmp_path, monkeypatch, postgres) -> None:
+    database = make_url(postgres.create_database()).database
+    password = "p@ss:w/rd %#?"  # every character the URL syntax reserves (the server trusts 127.0.0.1 anyway)
+    _connection(
+        monkeypatch, "logcompact_catalog", conn_type="postgres", host=postgres.host, port=postgres.port,
+        login=postgres.user, password=password, schema=database,
+    )
+    store = LocalStore(tmp_path / "store")
+    _connection(monkeypatch, "by_conn_id", conn_type="generic", extra={"store": store.uri, "catalog_conn_id": "logcompact_catalog"})
+    catalog = LogcompactHook("by_conn_id").get_catalog()
+    url = catalog.engine.url
+    assert (url.drivername, url.username, url.password, url.host, url.port, url.database) == (
+        "postgresql+psycopg", postgres.user, password, postgres.host, postgres.port, database,
+    )
+    create_topic(catalog, "accounts", now=_now_ms())
+    assert set(Catalog(store, postgres.url_for(database)).snapshot().topics) == {"accounts"}
+
+
+@pytest.mark.parametrize(
+    "extra, catalog_conn, message",
+    [
+        ({"catalog": "sqlite:////tmp/x.db", "catalog_conn_id": "cat"}, None, r"connection 'bad' names its catalog twice \(catalog and catalog_conn_id\); keep one"),
+        ({"catalog_conn_id": "cat"}, {"conn_type": "mysql", "host": "db", "schema": "logcompact"}, r"connection 'cat' \(catalog_conn_id of 'bad'\) is of type 'mysql'; make it a postgres connection"),
+        ({"catalog_conn_id": "cat"}, {"conn_type": "postgres", "host": "db"}, r"connection 'cat' .* needs a host and, as its schema, the catalog's database"),
+    ],
+)
+def test_hook_refuses_a_catalog_it_cannot_use(tmp_path, monkeypatch, extra, catalog_conn, message) -> None:
+    if catalog_conn:
+        _connection(monkeypatch, "cat", **catalog_conn)
+    _connection(monkeypatch, "bad", conn_type="generic", extra={"store": f"file://{tmp_path}", **extra})
+    with pytest.raises(CatalogConfigError, match=message):
+        LogcompactHook("bad").get_catalog()
+
+
+def test_hook_on_s3_without_a_catalog_says_what_to_pass(monkeypatch) -> None:
+    _connection(monkeypatch, "s3_alone", conn_type="aws", login="KEY", password="SECRET",
+                extra={"store": "s3://bucket/logs", "endpoint_url": "http://127.0.0.1:9", "region_name": "us-east-1"})
+    with pytest.raises(CatalogConfigError) as raised:
+        LogcompactHook("s3_alone").get_catalog()
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith("store s3://bucket/logs needs a catalog database")
+    assert "`catalog` in the Airflow connection's extra" in message
+
+
+def test_hook_opens_s3_through_an_aws_connection_with_its_catalog_on_postgres(rgw, postgres, monkeypatch) -> None:
+    bucket, url = f"hook-{uuid.uuid4().hex[:12]}", postgres.create_database()
     rgw.client().create_bucket(Bucket=bucket)
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    monkeypatch.setenv("AIRFLOW_CONN_TRIAL_S3", json.dumps({
-        "conn_type": "aws", "login": rgw.access_key, "password": rgw.secret_key,
-        "extra": {"store": f"s3://{bucket}/logs", "endpoint_url": rgw.endpoint_url, "region_name": rgw.region},
-    }))
-    store = LogcompactHook("trial_s3").get_store()
+    _connection(monkeypatch, "trial_s3", conn_type="aws", login=rgw.access_key, password=rgw.secret_key,
+                extra={"store": f"s3://{bucket}/logs", "endpoint_url": rgw.endpoint_url, "region_name": rgw.region, "catalog": url})
+    hook = LogcompactHook("trial_s3")
+    store = hook.get_store()
     assert isinstance(store, S3Store) and store.uri == f"s3://{bucket}/logs"
     store.put("probe", b"through the AWS connection")
     assert rgw.client().get_object(Bucket=bucket, Key="logs/probe")["Body"].read() == b"through the AWS connection"
+    catalog = hook.get_catalog()
+    create_topic(catalog, "accounts", now=_now_ms(), cleanup_policy="compact")
+    produce_l0_files(catalog, "accounts", files=1, records=5, keys=5, partitions=1, now=_now_ms())
+    (summary,) = catalog.snapshot().file_summaries()
+    assert store.stat(summary.key).size == summary.size  # the data in the bucket, its metadata on PostgreSQL
 
 
 def test_hook_without_a_store_says_what_to_set(monkeypatch) -> None:
-    monkeypatch.setenv("AIRFLOW_CONN_NO_STORE", json.dumps({"conn_type": "generic", "extra": {}}))
+    _connection(monkeypatch, "no_store", conn_type="generic", extra={})
     with pytest.raises(ValueError, match=r"connection 'no_store' has no store; set its extra to"):
         LogcompactHook("no_store").get_store()
 
 
 @pytest.fixture
-def connected_catalog(tmp_path, monkeypatch) -> Catalog:
-    """A cluster with one compacted topic behind the connection `connected`."""
+def connected_catalog(tmp_path, monkeypatch, catalog_url) -> Catalog:
+    """A cluster with one compacted topic behind the connection `connected`, on each database in turn."""
     store = LocalStore(tmp_path / "store")
-    monkeypatch.setenv("AIRFLOW_CONN_CONNECTED", json.dumps({"conn_type": "generic", "extra": {"store": store.uri}}))
-    catalog = Catalog(store)
-    create_topic(catalog, "accounts", now=int(time.time() * 1000), cleanup_policy="compact")
+    extra = {"store": store.uri, **({"catalog": catalog_url} if catalog_url else {})}
+    _connection(monkeypatch, "connected", conn_type="generic", extra=extra)
+    catalog = Catalog(store, catalog_url)
+    create_topic(catalog, "accounts", now=_now_ms(), cleanup_policy="compact")
     return catalog
 
 
 def test_sensor_pokes_until_a_level_reaches_its_threshold(connected_catalog: Catalog) -> None:
-    catalog, now = connected_catalog, int(time.time() * 1000)
+    catalog, now = connected_catalog, _now_ms()
     sensor = LogcompactThresholdSensor(task_id="wait", logcompact_conn_id="connected", min_files=(3, 3, 3, 3))
     produce_l0_files(catalog, "accounts", files=2, records=5, keys=5, partitions=1, now=now)
     assert sensor.mode == "reschedule" and not sensor.poke({}).is_done
     produce_l0_files(catalog, "accounts", files=1, records=5, keys=5, partitions=1, now=now)
     answer = sensor.poke({})
     assert answer.is_done and answer.xcom_value == {"L0": 3}
+
+
+def test_sensor_does_not_count_files_leased_to_a_plan(connected_catalog: Catalog) -> None:
+    catalog, now = connected_catalog, _now_ms()
+    produce_l0_files(catalog, "accounts", files=3, records=5, keys=5, partitions=1, now=now)
+    catalog.lease("p-in-flight", [f.key for f in catalog.snapshot().file_summaries()][:2], now + 3_600_000, now)
+    answer = LogcompactThresholdSensor(task_id="wait", logcompact_conn_id="connected", min_files=(3, 3, 3, 3)).poke({})
+    assert not answer.is_done and answer.xcom_value == {"L0": 1}
 
 
 @pytest.mark.parametrize(
@@ -83,10 +179,58 @@ def test_plan_operator_refuses_an_unknown_mode() -> None:
         LogcompactPlanOperator(task_id="plan", mode="weekly")
 
 
-def test_plan_operator_plans_with_the_thresholds_the_sensor_waited_for(connected_catalog: Catalog) -> None:
-    catalog, now = connected_catalog, int(time.time() * 1000)
+class _OutletEvents:
+    """The part of Airflow's outlet-event accessors the commit operator uses: `[alias].add(asset, extra)`."""
+
+    def __init__(self) -> None:
+        self.added: list[tuple[str, dict]] = []
+
+    def __getitem__(self, alias):  # noqa: ANN001
+        assert alias == COMPACTED_TOPICS
+        return self
+
+    def add(self, asset, extra: dict) -> None:  # noqa: ANN001
+        self.added.append((asset.uri, extra))
+
+
+def test_plan_then_commit_operators_compact_with_asset_events(connected_catalog: Catalog) -> None:
+    catalog, now = connected_catalog, _now_ms()
     produce_l0_files(catalog, "accounts", files=3, records=5, keys=5, partitions=1, now=now)
-    operator = LogcompactPlanOperator(task_id="plan", mode="regular", logcompact_conn_id="connected", min_files=(3, 3, 3, 3))
-    (job,) = operator.execute({})
+    inputs = {f.key for f in catalog.snapshot().file_summaries()}
+    plan = LogcompactPlanOperator(task_id="plan", mode="regular", logcompact_conn_id="connected", min_files=(3, 3, 3, 3))
+    (job,) = plan.execute({})
     assert job["application_args"][0] == f"--store={catalog.store.uri}" and job["label"].endswith("L0 to L1, 3 files, all partitions")
-    assert catalog.load().leased_files(now) == set(catalog.load().files)
+    assert set(catalog.snapshot().leased_files(_now_ms())) == inputs
+
+    # What the Spark job does for the group, without Spark.
+    group = select_group(read_plan(catalog.store, job["plan_id"]), job["group"], job["group_bytes"])
+    results = [JobResult.from_dict(r) for r in compact_slices(catalog.store.uri, group.to_json(), deal_slices(group, 1))]
+    write_group_result(catalog.store, job["plan_id"], job["group"], results)
+
+    events = _OutletEvents()
+    commit = LogcompactCommitOperator(task_id="commit", group_jobs=[job], logcompact_conn_id="connected")
+    summary = commit.execute({"outlet_events": events})
+    snapshot = catalog.snapshot()
+    assert summary["committed"] == [job["plan_id"]] and summary["manifest_version"] == snapshot.version
+    assert {f.level for f in snapshot.file_summaries()} == {1} and not snapshot.leased_files(_now_ms())
+    ((uri, extra),) = events.added
+    assert uri == f"logcompact://{snapshot.cluster_id}/accounts"
+    assert extra["plans"][job["plan_id"]]["records_in"] == 15
+
+    again = commit.execute({"outlet_events": _OutletEvents()})  # a retried task
+    assert again["already_committed"] == [job["plan_id"]] and again["manifest_version"] == snapshot.version
+
+
+def test_gc_operator_deletes_an_abandoned_output_past_its_grace(connected_catalog: Catalog) -> None:
+    catalog = connected_catalog
+    produce_l0_files(catalog, "accounts", files=1, records=5, keys=5, partitions=1, now=_now_ms())
+    leftover = "data/l1/p1-abandoned-g000-s000-compacted-0000.seg"
+    catalog.store.put(leftover, b"left by a job that never committed")
+    two_hours_ago = time.time() - 2 * 3600  # past the 1 h grace
+    os.utime(catalog.store.root / leftover, (two_hours_ago, two_hours_ago))
+
+    report = LogcompactGcOperator(task_id="gc", logcompact_conn_id="connected").execute({})
+
+    assert report["deleted_files"] == [leftover] and catalog.store.stat(leftover) is None
+    (live,) = catalog.snapshot().file_summaries()
+    assert catalog.store.stat(live.key) is not None

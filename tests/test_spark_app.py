@@ -1,5 +1,7 @@
-"""The Spark application: its per-slice logic without Spark, then real spark-submits: local[2], and a
-standalone cluster (a master and a worker on 127.0.0.1:7077)."""
+"""The Spark application: its per-slice logic without Spark (on both catalog databases), then real
+spark-submits: local[2] with the catalog on PostgreSQL, and a standalone cluster (a master and a worker on
+127.0.0.1:7077) with the embedded SQLite. The application is given the store alone: it never opens the
+catalog."""
 
 from __future__ import annotations
 
@@ -27,8 +29,7 @@ from tests.support.spark_cluster import spark_environment, standalone_cluster
 APP = Path(__file__).resolve().parents[1] / "spark_apps" / "compact_group.py"
 
 
-def _cluster(tmp_path, partitions: int = 6) -> Catalog:
-    catalog = Catalog(LocalStore(tmp_path / "store"))
+def _cluster(catalog: Catalog, partitions: int = 6) -> Catalog:
     create_topic(catalog, "t", partitions=partitions, cleanup_policy="compact")
     for round_ in range(3):
         with Agent(catalog, background=False) as agent:
@@ -37,8 +38,8 @@ def _cluster(tmp_path, partitions: int = 6) -> Catalog:
 
 
 def _latest(catalog: Catalog, partitions: int) -> dict[bytes, bytes]:
-    manifest = catalog.load()
-    return {r.key: r.value for p in range(partitions) for r in read_records(catalog.store, manifest, "t", p)}
+    snapshot = catalog.snapshot()
+    return {r.key: r.value for p in range(partitions) for r in read_records(catalog.store, snapshot, "t", p)}
 
 
 def _leased_sweep(catalog: Catalog, group_bytes: int = PlannerConfig.group_bytes) -> Plan:
@@ -47,8 +48,8 @@ def _leased_sweep(catalog: Catalog, group_bytes: int = PlannerConfig.group_bytes
     return read_plan(catalog.store, plan_id)
 
 
-def test_slices_share_a_group_by_bytes_and_commit_together(tmp_path) -> None:
-    catalog = _cluster(tmp_path)
+def test_slices_share_a_group_by_bytes_and_commit_together(catalog: Catalog) -> None:
+    catalog = _cluster(catalog)
     group_bytes = 10**12
     sweep = _leased_sweep(catalog, group_bytes)
     group = select_group(sweep, 0, group_bytes)
@@ -64,8 +65,8 @@ def test_slices_share_a_group_by_bytes_and_commit_together(tmp_path) -> None:
     assert commit_plans(catalog, [sweep.plan_id], group_bytes, NOW).already_committed == [sweep.plan_id]  # a retry
 
 
-def test_a_group_counts_as_done_only_with_all_its_outputs(tmp_path) -> None:
-    catalog = _cluster(tmp_path)
+def test_a_group_counts_as_done_only_with_all_its_outputs(catalog: Catalog) -> None:
+    catalog = _cluster(catalog)
     sweep = _leased_sweep(catalog)
     group = select_group(sweep, 0, PlannerConfig.group_bytes)
     assert not group_done(catalog.store, sweep.plan_id, 0)
@@ -76,8 +77,8 @@ def test_a_group_counts_as_done_only_with_all_its_outputs(tmp_path) -> None:
     assert not group_done(catalog.store, sweep.plan_id, 0)  # so a retried task runs the group again
 
 
-def test_spark_submit_runs_a_group_with_local_spark(tmp_path) -> None:
-    catalog = _cluster(tmp_path)
+def test_spark_submit_runs_a_group_with_local_spark(tmp_path, make_catalog_url) -> None:
+    catalog = _cluster(Catalog(LocalStore(tmp_path / "store"), make_catalog_url("postgresql")))
     sweep = _leased_sweep(catalog)
     assert len(split_into_groups(sweep, PlannerConfig.group_bytes)) == 1
     spark_submit = shutil.which("spark-submit", path=str(Path(sys.executable).parent))
@@ -87,15 +88,16 @@ def test_spark_submit_runs_a_group_with_local_spark(tmp_path) -> None:
         capture_output=True, text=True, env=spark_environment(), timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    assert not (tmp_path / "store" / "catalog.db").exists()  # the application made no catalog of its own
     assert commit_plans(catalog, [sweep.plan_id], PlannerConfig.group_bytes, NOW).committed == [sweep.plan_id]
-    manifest = catalog.load()
-    assert {f.level for f in manifest.files.values()} == {2} and len(manifest.files) == 2  # two slices
+    snapshot = catalog.snapshot()
+    assert [f.level for f in snapshot.file_summaries()] == [2, 2]  # two slices
     assert _latest(catalog, 6) == {b"k%d" % k: b"2" for k in range(30)}
-    assert sum(1 for p in range(6) for _ in read_records(catalog.store, manifest, "t", p)) == 30
+    assert sum(1 for p in range(6) for _ in read_records(catalog.store, snapshot, "t", p)) == 30
 
 
 def test_spark_submit_runs_a_group_on_a_standalone_cluster(tmp_path) -> None:
-    catalog = _cluster(tmp_path)
+    catalog = _cluster(Catalog(LocalStore(tmp_path / "store")))
     sweep = _leased_sweep(catalog)
     spark_submit = shutil.which("spark-submit", path=str(Path(sys.executable).parent))
     with standalone_cluster(tmp_path) as master:
@@ -107,5 +109,5 @@ def test_spark_submit_runs_a_group_on_a_standalone_cluster(tmp_path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"Connecting to master {master}" in done.stderr or "StandaloneAppClient" in done.stderr
     assert commit_plans(catalog, [sweep.plan_id], PlannerConfig.group_bytes, NOW).committed == [sweep.plan_id]
-    assert len(catalog.load().files) == 3  # three slices, each on an executor of the cluster
+    assert len(catalog.snapshot().file_summaries()) == 3  # three slices, each on an executor of the cluster
     assert _latest(catalog, 6) == {b"k%d" % k: b"2" for k in range(30)}

@@ -114,7 +114,8 @@ def _topic_asset(cluster_id: str, topic: str) -> Asset:
 
 
 class LogcompactGcOperator(BaseOperator):
-    """Delete uncommitted outputs, expired leases, old plans and old manifest versions past their grace."""
+    """Release expired leases; delete replaced files no kept version holds, uncommitted outputs and old plans
+    past their grace; trim the commit log to the kept versions."""
 
     def __init__(self, *, grace_ms: int = DEFAULT_GC_GRACE_MS, logcompact_conn_id: str = LogcompactHook.default_conn_name, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -124,8 +125,9 @@ class LogcompactGcOperator(BaseOperator):
     def execute(self, context: Any) -> dict:
         report = collect_garbage(LogcompactHook(self.logcompact_conn_id).get_catalog(), _now_ms(), self.grace_ms)
         self.log.info(
-            "gc: %d data files, %d manifest versions, %d plan objects deleted; %d expired leases released; %d young files kept",
-            len(report.deleted_files), len(report.deleted_manifests), len(report.deleted_plans),
+            "gc: %d data files, %d plan objects deleted; %d commit-log versions trimmed; %d expired leases released; "
+            "%d young files kept",
+            len(report.deleted_files), len(report.deleted_plans), report.trimmed_versions,
             len(report.released_leases), report.kept_unreferenced_young,
         )
         return report.to_dict()
