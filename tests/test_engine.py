@@ -1,4 +1,5 @@
-"""The engine's rules one by one, its I/O costs, partial progress, commits and gc."""
+"""The engine's rules one by one, its I/O costs, partial progress, commits and gc, on both databases (a local
+store's tests on each, the S3 store's on PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -16,14 +17,13 @@ from logcompact.engine.plan import Plan
 from logcompact.exceptions import CommitConflictError, InvalidPlanError
 from logcompact.format import section_table, write_segment
 from logcompact.ingest import Agent, Record
-from logcompact.store import LocalStore, ObjectStore
+from logcompact.store import ObjectStore
 from tests.helpers import NOW, create_topic, full_sweep, level_plans
 
 SMALL_BUFFER = 1 << 16
 
 
-def _setup(store: ObjectStore, partitions: int = 1, **topics: dict) -> Catalog:
-    catalog = Catalog(store)
+def _setup(catalog: Catalog, partitions: int = 1, **topics: dict) -> Catalog:
     for name, settings in topics.items():
         create_topic(catalog, name, partitions, **settings)
     return catalog
@@ -42,29 +42,29 @@ def _run(catalog: Catalog, plan: Plan):
 
 
 def _full(catalog: Catalog, now: int = NOW, **options):
-    return _run(catalog, full_sweep(catalog.load(), now, buffer_bytes=options.pop("buffer_bytes", SMALL_BUFFER), **options))
+    return _run(catalog, full_sweep(catalog.snapshot(), now, buffer_bytes=options.pop("buffer_bytes", SMALL_BUFFER), **options))
 
 
 def _values(catalog: Catalog, topic: str, partition: int = 0) -> list[tuple[int, bytes | None, bytes | None]]:
-    return [(r.offset, r.key, r.value) for r in read_records(catalog.store, catalog.load(), topic, partition)]
+    return [(r.offset, r.key, r.value) for r in read_records(catalog.store, catalog.snapshot(), topic, partition)]
 
 
-def test_l0_to_l1_copies_and_separates_compacted_from_other_topics(store: ObjectStore) -> None:
-    catalog = _setup(store, state={"cleanup_policy": "compact"}, events={})
+def test_l0_to_l1_copies_and_separates_compacted_from_other_topics(store: ObjectStore, catalog_of) -> None:
+    catalog = _setup(catalog_of(store), state={"cleanup_policy": "compact"}, events={})
     for _ in range(2):
         _produce(catalog, "state", [Record(0, b"k", b"v", NOW)] * 3)
         _produce(catalog, "events", [Record(0, None, b"e", NOW)] * 2)
-    (plan,) = level_plans(catalog.load(), NOW, min_files=4)
+    (plan,) = level_plans(catalog.snapshot(), NOW, min_files=4)
     assert (plan.target_level, plan.deduplicate) == (1, False)
     result = _run(catalog, plan)
-    l1 = catalog.load().files_at(1)
+    l1 = catalog.snapshot().files(level=1)
     assert [{s.topic for s in f.sections} for f in l1] == [{"state"}, {"events"}]
     assert all("-compacted-" in f.key for f in l1[:1]) and "-other-" in l1[1].key
     assert len(_values(catalog, "state")) == 6 and result.stats.duplicates_removed == 0  # copied, not deduplicated
 
 
-def test_from_l2_up_older_records_of_a_key_are_removed(store: ObjectStore) -> None:
-    catalog = _setup(store, state={"cleanup_policy": "compact"})
+def test_from_l2_up_older_records_of_a_key_are_removed(store: ObjectStore, catalog_of) -> None:
+    catalog = _setup(catalog_of(store), state={"cleanup_policy": "compact"})
     _produce(catalog, "state", [Record(0, b"a", b"1", NOW), Record(0, b"b", b"2", NOW), Record(0, b"a", b"3", NOW)])
     _produce(catalog, "state", [Record(0, b"b", b"4", NOW)])
     result = _full(catalog)
@@ -73,8 +73,8 @@ def test_from_l2_up_older_records_of_a_key_are_removed(store: ObjectStore) -> No
     assert result.stats.distinct_keys == 2
 
 
-def test_tombstones_are_stamped_then_removed_after_their_horizon(tmp_path) -> None:
-    catalog = _setup(LocalStore(tmp_path), state={"cleanup_policy": "compact", "delete_retention_ms": "1000"})
+def test_tombstones_are_stamped_then_removed_after_their_horizon(catalog: Catalog) -> None:
+    catalog = _setup(catalog, state={"cleanup_policy": "compact", "delete_retention_ms": "1000"})
     _produce(catalog, "state", [Record(0, b"a", b"1", NOW), Record(0, b"a", None, NOW)])
     first = _full(catalog, NOW + 10)
     assert _values(catalog, "state") == [(1, b"a", None)]
@@ -85,8 +85,8 @@ def test_tombstones_are_stamped_then_removed_after_their_horizon(tmp_path) -> No
     assert _values(catalog, "state") == [] and last.stats.tombstones_removed == 1
 
 
-def test_min_lag_leaves_young_records_untouched(tmp_path) -> None:
-    catalog = _setup(LocalStore(tmp_path), state={"cleanup_policy": "compact", "min_compaction_lag_ms": "1000"})
+def test_min_lag_leaves_young_records_untouched(catalog: Catalog) -> None:
+    catalog = _setup(catalog, state={"cleanup_policy": "compact", "min_compaction_lag_ms": "1000"})
     _produce(catalog, "state", [Record(0, b"a", b"old", NOW), Record(0, b"a", b"mid", NOW + 700), Record(0, b"a", b"new", NOW + 1500)])
     result = _full(catalog, NOW + 1600)  # mid and new are within the lag: nothing from offset 1 on is touched
     assert _values(catalog, "state") == [(0, b"a", b"old"), (1, b"a", b"mid"), (2, b"a", b"new")]
@@ -95,8 +95,8 @@ def test_min_lag_leaves_young_records_untouched(tmp_path) -> None:
     assert _values(catalog, "state") == [(2, b"a", b"new")]
 
 
-def test_retention_removes_old_records_and_skips_whole_sections(tmp_path) -> None:
-    catalog = _setup(LocalStore(tmp_path), events={"retention_ms": "1000"}, mixed={"cleanup_policy": "compact,delete", "retention_ms": "1000"})
+def test_retention_removes_old_records_and_skips_whole_sections(catalog: Catalog) -> None:
+    catalog = _setup(catalog, events={"retention_ms": "1000"}, mixed={"cleanup_policy": "compact,delete", "retention_ms": "1000"})
     _produce(catalog, "events", [Record(0, None, b"old", NOW)] * 3)
     _produce(catalog, "events", [Record(0, None, b"old", NOW), Record(0, None, b"new", NOW + 800)])
     _produce(catalog, "mixed", [Record(0, b"k", b"old", NOW), Record(0, b"j", b"new", NOW + 800)])
@@ -106,30 +106,30 @@ def test_retention_removes_old_records_and_skips_whole_sections(tmp_path) -> Non
     assert result.stats.expired_removed == 5
 
 
-def test_a_keyless_record_in_a_compacted_topic_is_removed_and_counted(tmp_path) -> None:
-    store = LocalStore(tmp_path)
-    catalog = _setup(store, state={"cleanup_policy": "compact"})
+def test_a_keyless_record_in_a_compacted_topic_is_removed_and_counted(catalog: Catalog) -> None:
+    store = catalog.store
+    catalog = _setup(catalog, state={"cleanup_policy": "compact"})
     # Data written before the rule: a file the agent would refuse, committed directly.
     blob, infos = write_segment([("state", 0, section_table([0, 1], [NOW, NOW], [None, b"k"], [b"x", b"y"]))])
     store.put("data/l0/legacy.seg", blob)
-    catalog.commit("append", lambda m: m.with_appended_files([NewFile("data/l0/legacy.seg", 0, len(blob), NOW, tuple(infos))]), NOW)
+    catalog.append_files([NewFile("data/l0/legacy.seg", 0, len(blob), NOW, tuple(infos))], NOW)
     result = _full(catalog)
     assert _values(catalog, "state") == [(1, b"k", b"y")]
     assert result.stats.invalid_records == 1
     assert any("without a key" in w for w in result.stats.warnings)
 
 
-def test_an_oversized_partition_is_copied_not_deduplicated(tmp_path) -> None:
-    catalog = _setup(LocalStore(tmp_path), partitions=2, state={"cleanup_policy": "compact"})
+def test_an_oversized_partition_is_copied_not_deduplicated(catalog: Catalog) -> None:
+    catalog = _setup(catalog, partitions=2, state={"cleanup_policy": "compact"})
     _produce(catalog, "state", [Record(0, b"a", b"x" * 100, NOW)] * 10 + [Record(1, b"a", b"x", NOW)] * 2)
-    plan = replace(full_sweep(catalog.load(), NOW, buffer_bytes=SMALL_BUFFER), max_partition_bytes=500)
+    plan = replace(full_sweep(catalog.snapshot(), NOW, buffer_bytes=SMALL_BUFFER), max_partition_bytes=500)
     result = _run(catalog, plan)
     assert len(_values(catalog, "state", 0)) == 10 and len(_values(catalog, "state", 1)) == 1
     assert result.stats.oversized_partitions == ["state/0"]
 
 
-def test_outputs_are_cut_at_the_target_size_at_section_boundaries(tmp_path) -> None:
-    catalog = _setup(LocalStore(tmp_path), partitions=6, events={})
+def test_outputs_are_cut_at_the_target_size_at_section_boundaries(catalog: Catalog) -> None:
+    catalog = _setup(catalog, partitions=6, events={})
     _produce(catalog, "events", [Record(p, None, os.urandom(2000), NOW) for p in range(6) for _ in range(5)])
     result = _full(catalog, target_file_bytes=15_000)
     assert result.stats.files_out == 3
@@ -137,8 +137,8 @@ def test_outputs_are_cut_at_the_target_size_at_section_boundaries(tmp_path) -> N
     assert all(len(_values(catalog, "events", p)) == 5 for p in range(6))
 
 
-def test_every_input_file_is_read_by_at_most_two_gets(store: ObjectStore) -> None:
-    catalog = _setup(store, partitions=20, state={"cleanup_policy": "compact"})
+def test_every_input_file_is_read_by_at_most_two_gets(store: ObjectStore, catalog_of) -> None:
+    catalog = _setup(catalog_of(store), partitions=20, state={"cleanup_policy": "compact"})
     for round_ in range(3):
         _produce(catalog, "state", [Record(p, b"k%d" % (i % 3), b"%d" % round_, NOW) for p in range(20) for i in range(6)])
     result = _full(catalog)
@@ -146,8 +146,8 @@ def test_every_input_file_is_read_by_at_most_two_gets(store: ObjectStore) -> Non
     assert result.stats.puts == 1
 
 
-def test_a_full_buffer_makes_partial_progress_and_converges_over_rounds(tmp_path) -> None:
-    catalog = _setup(LocalStore(tmp_path), state={"cleanup_policy": "compact"})
+def test_a_full_buffer_makes_partial_progress_and_converges_over_rounds(catalog: Catalog) -> None:
+    catalog = _setup(catalog, state={"cleanup_policy": "compact"})
     keys = 40
     for round_ in range(3):
         _produce(catalog, "state", [Record(0, b"key-%02d" % k, b"%d" % round_, NOW) for k in range(keys)])
@@ -167,10 +167,10 @@ def test_a_full_buffer_makes_partial_progress_and_converges_over_rounds(tmp_path
     assert sorted(v for _, _, v in _values(catalog, "state")) == [b"2"] * keys
 
 
-def test_plans_are_validated(tmp_path) -> None:
-    catalog = _setup(LocalStore(tmp_path), state={"cleanup_policy": "compact"})
+def test_plans_are_validated(catalog: Catalog) -> None:
+    catalog = _setup(catalog, state={"cleanup_policy": "compact"})
     _produce(catalog, "state", [Record(0, b"a", b"1", NOW)])
-    plan = full_sweep(catalog.load(), NOW)
+    plan = full_sweep(catalog.snapshot(), NOW)
     document = plan.to_dict()
     assert Plan.from_json(plan.to_json()) == plan
     with pytest.raises(InvalidPlanError, match="plan format 9 is not supported"):
@@ -185,19 +185,24 @@ def test_plans_are_validated(tmp_path) -> None:
         Plan.from_json("{nope")
     foreign = Plan.from_dict({**document, "cluster_id": "another-cluster"})
     with pytest.raises(InvalidPlanError, match="is for cluster another-cluster, but the store holds cluster"):
-        foreign.check_against(catalog.load())
+        foreign.check_against(catalog.snapshot())
+    _produce(catalog, "state", [Record(0, b"b", b"2", NOW)])  # a later version: the inputs still check
+    plan.check_against(catalog.snapshot())
+    changed = Plan.from_dict({**document, "inputs": [{**document["inputs"][0], "size": 1}]})
+    with pytest.raises(InvalidPlanError, match="differs from the catalog's record of it"):
+        changed.check_against(catalog.snapshot())
 
 
-def test_commit_is_atomic_idempotent_and_conflicts_when_inputs_are_gone(tmp_path) -> None:
-    catalog = _setup(LocalStore(tmp_path), state={"cleanup_policy": "compact"})
+def test_commit_is_atomic_idempotent_and_conflicts_when_inputs_are_gone(catalog: Catalog) -> None:
+    catalog = _setup(catalog, state={"cleanup_policy": "compact"})
     _produce(catalog, "state", [Record(0, b"a", b"1", NOW), Record(0, b"a", b"2", NOW)])
-    plan = full_sweep(catalog.load(), NOW)
-    rival = full_sweep(catalog.load(), NOW)
+    plan = full_sweep(catalog.snapshot(), NOW)
+    rival = full_sweep(catalog.snapshot(), NOW)
     result = run_plan(catalog.store, plan)
-    manifest, committed = commit_plan(catalog, plan, [result], NOW)
-    assert committed and [f.key for f in manifest.files.values()] == [result.outputs[0].key]
+    assert commit_plan(catalog, plan, [result], NOW) is True
+    assert [f.key for f in catalog.snapshot().file_summaries()] == [result.outputs[0].key]
     version = catalog.latest_version()
-    assert commit_plan(catalog, plan, [result], NOW)[1] is False  # a retried job: no-op
+    assert commit_plan(catalog, plan, [result], NOW) is False  # a retried job: no-op
     assert catalog.latest_version() == version
     rival_result = run_plan(catalog.store, rival)
     with pytest.raises(CommitConflictError, match="found 1 of them gone"):
@@ -205,29 +210,33 @@ def test_commit_is_atomic_idempotent_and_conflicts_when_inputs_are_gone(tmp_path
     assert catalog.latest_version() == version
 
 
-def test_gc_deletes_only_old_unreferenced_files(tmp_path) -> None:
-    store = LocalStore(tmp_path)
-    catalog = Catalog(store, keep_versions=2)
-    create_topic(catalog, "state", cleanup_policy="compact")
+def test_gc_deletes_only_old_unreferenced_files(catalog: Catalog) -> None:
+    store = catalog.store
+    catalog = _setup(Catalog(store, catalog.url, keep_versions=2), state={"cleanup_policy": "compact"})
     _produce(catalog, "state", [Record(0, b"a", b"1", NOW)])
-    l0 = catalog.load().files_at(0)[0].key
-    orphan_plan = full_sweep(catalog.load(), NOW)
+    l0 = catalog.snapshot().files(level=0)[0].key
+    orphan_plan = full_sweep(catalog.snapshot(), NOW)
     orphan = run_plan(store, orphan_plan).outputs[0].key  # written, never committed
-    _full(catalog)
-    _produce(catalog, "state", [Record(0, b"b", b"2", NOW)])  # the version that listed l0 leaves the history
-    now = store.stat(orphan).modified_ms
-    assert collect_garbage(catalog, now, grace_ms=60_000).deleted_files == []  # too young
-    report = collect_garbage(catalog, now + 60_001, grace_ms=60_000)
-    assert orphan in report.deleted_files
-    assert l0 in report.deleted_files  # replaced, and no kept version references it any more
-    for data_file in catalog.load().files.values():
-        assert store.stat(data_file.key) is not None
+    _full(catalog)  # removes l0 at NOW
+    pinned = catalog.snapshot(catalog.latest_version() - 1)  # a reader of the version that still lists l0
+    _produce(catalog, "state", [Record(0, b"b", b"2", NOW)])  # that version leaves the kept history
+    young = collect_garbage(catalog, NOW + 1, grace_ms=60_000)
+    assert young.deleted_files == [] and young.kept_unreferenced_young == 1  # the orphan, and l0's removal, are too young
+    assert young.trimmed_versions == catalog.oldest_kept_version() - 1  # the commit log keeps 2 versions
+    assert [r.value for r in read_records(store, pinned, "state", 0)] == [b"1"]  # the pinned reader still reads l0
+    later = store.stat(orphan).modified_ms + 60_001
+    report = collect_garbage(catalog, later, grace_ms=60_000)
+    assert sorted(report.deleted_files) == sorted([l0, orphan])  # replaced and out of every kept version; never committed
+    assert catalog.known_files([l0, orphan]) == set()  # l0's rows are gone with its object
+    for summary in catalog.snapshot().file_summaries():
+        assert store.stat(summary.key) is not None
+    assert collect_garbage(catalog, later, grace_ms=60_000).deleted_files == []
 
 
-def test_output_sections_list_exactly_their_offsets_and_keep_record_bytes(tmp_path) -> None:
+def test_output_sections_list_exactly_their_offsets_and_keep_record_bytes(catalog: Catalog) -> None:
     from logcompact.format import read_section
 
-    catalog = _setup(LocalStore(tmp_path), partitions=2, state={"cleanup_policy": "compact"})
+    catalog = _setup(catalog, partitions=2, state={"cleanup_policy": "compact"})
     produced = []
     for _ in range(3):
         records = [Record(i % 2, b"k%d" % (i % 7), os.urandom(20), NOW + i, [("h", b"%d" % i)]) for i in range(30)]
@@ -240,54 +249,54 @@ def test_output_sections_list_exactly_their_offsets_and_keep_record_bytes(tmp_pa
             section = read_section(catalog.store, data_file.key, placed.info.byte_offset, placed.info.byte_length)
             deltas = section.table().column("offset_delta").to_pylist()
             assert list(section.offset_deltas) == deltas and deltas[0] == 0
-            for record in read_records(catalog.store, catalog.load(), "state", placed.partition):
+            for record in read_records(catalog.store, catalog.snapshot(), "state", placed.partition):
                 original = by_partition_offset[(placed.partition, record.offset)]
                 assert (record.key, record.value, record.timestamp, record.headers) == (
                     original.key, original.value, original.timestamp, list(original.headers),
                 )
 
 
-def test_an_expired_tombstone_in_its_own_file_still_supersedes_older_values(tmp_path) -> None:
+def test_an_expired_tombstone_in_its_own_file_still_supersedes_older_values(catalog: Catalog) -> None:
     # Found in review: pass 1 once skipped wholly expired sections, so their keys never reached the map.
-    catalog = _setup(LocalStore(tmp_path), mixed={"cleanup_policy": "compact,delete", "retention_ms": "1500"})
+    catalog = _setup(catalog, mixed={"cleanup_policy": "compact,delete", "retention_ms": "1500"})
     _produce(catalog, "mixed", [Record(0, b"user-1", b"alice", NOW)])
     _produce(catalog, "mixed", [Record(0, b"user-1", None, NOW - 600)])  # newer offset, older timestamp
     _full(catalog, NOW + 1000)  # only the tombstone is past retention
     assert _values(catalog, "mixed") == []
 
 
-def test_retention_never_lets_an_older_value_outside_the_job_come_back(tmp_path) -> None:
-    catalog = _setup(LocalStore(tmp_path), mixed={"cleanup_policy": "compact,delete", "retention_ms": "1500"})
+def test_retention_never_lets_an_older_value_outside_the_job_come_back(catalog: Catalog) -> None:
+    catalog = _setup(catalog, mixed={"cleanup_policy": "compact,delete", "retention_ms": "1500"})
     _produce(catalog, "mixed", [Record(0, b"k", b"old", NOW + 5000)])  # an older offset, a recent timestamp
     _full(catalog, NOW)
     for _ in range(32):
         _produce(catalog, "mixed", [Record(0, b"k", b"new", NOW)])
-    (copy,) = level_plans(catalog.load(), NOW + 2000, min_files=32)
+    (copy,) = level_plans(catalog.snapshot(), NOW + 2000, min_files=32)
     _run(catalog, copy)  # L0 -> L1 copies a compacted topic whole: no retention without the key map
-    (merge,) = level_plans(catalog.load(), NOW + 2000, min_files=1, dedup_from_level=1)
+    (merge,) = level_plans(catalog.snapshot(), NOW + 2000, min_files=1, dedup_from_level=1)
     assert merge.outside_floors  # the old value sits in a file outside this job
     _run(catalog, merge)
     assert _values(catalog, "mixed")[-1] == (32, b"k", b"new")  # expired, but removing it would revive "old"
 
 
-def test_a_partition_spanning_more_than_2_pow_32_offsets_is_split_across_files(tmp_path) -> None:
-    store = LocalStore(tmp_path)
-    catalog = _setup(store, state={"cleanup_policy": "compact"})
+def test_a_partition_spanning_more_than_2_pow_32_offsets_is_split_across_files(catalog: Catalog) -> None:
+    store = catalog.store
+    catalog = _setup(catalog, state={"cleanup_policy": "compact"})
     blob, infos = write_segment([("state", 0, section_table([0, 2**32 - 2], [NOW] * 2, [b"a", b"b"], [b"1", b"2"]))])
     store.put("data/l0/big.seg", blob)
-    catalog.commit("append", lambda m: m.with_appended_files([NewFile("data/l0/big.seg", 0, len(blob), NOW, tuple(infos))]), NOW)
+    catalog.append_files([NewFile("data/l0/big.seg", 0, len(blob), NOW, tuple(infos))], NOW)
     _produce(catalog, "state", [Record(0, b"c", b"3", NOW), Record(0, b"d", b"4", NOW)])
     result = _full(catalog)
     assert [len(f.sections) for f in result.outputs] == [1, 1]
     assert [(o, k) for o, k, _ in _values(catalog, "state")] == [(0, b"a"), (2**32 - 2, b"b"), (2**32 - 1, b"c"), (2**32, b"d")]
 
 
-def test_gc_spares_the_outputs_of_a_leased_plan_and_a_commit_checks_its_outputs(tmp_path) -> None:
-    store = LocalStore(tmp_path)
-    catalog = _setup(store, state={"cleanup_policy": "compact"})
+def test_gc_spares_the_outputs_of_a_leased_plan_and_a_commit_checks_its_outputs(catalog: Catalog) -> None:
+    store = catalog.store
+    catalog = _setup(catalog, state={"cleanup_policy": "compact"})
     _produce(catalog, "state", [Record(0, b"a", b"1", NOW)])
-    plan = full_sweep(catalog.load(), NOW)
-    catalog.commit("lease", lambda m: (m.with_lease(plan.plan_id, [f.key for f in plan.inputs], NOW + 10**12, NOW), None), NOW)
+    plan = full_sweep(catalog.snapshot(), NOW)
+    catalog.lease(plan.plan_id, [f.key for f in plan.inputs], NOW + 10**12, NOW)
     result = run_plan(store, plan)
     far_future = NOW + 10**11
     assert collect_garbage(catalog, far_future, grace_ms=0).deleted_files == []  # a long job, still leased

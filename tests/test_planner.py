@@ -1,39 +1,46 @@
-"""The planner on catalog snapshots: thresholds, top level, size tiers, sweep, max-lag timing, leases, groups."""
+"""The planner on catalog snapshots, on both databases: thresholds, top level, size tiers, sweep, max-lag timing,
+leases, outside floors, groups."""
 
 from __future__ import annotations
 
-from types import MappingProxyType
-
 import pytest
 
-from logcompact.catalog import Catalog, CatalogSection, DataFile, Manifest
+from logcompact.catalog import Catalog, CatalogSection, DataFile, Snapshot
 from logcompact.engine.commit import run_and_commit
 from logcompact.exceptions import CommitConflictError
 from logcompact.format.layout import SectionInfo
 from logcompact.ingest import Agent, Record
 from logcompact.planner import PlannerConfig, dirty_since, expected_effect, plan, split_into_groups
 from logcompact.store import LocalStore
-from logcompact.topics import HOUR_MS, Topic
+from logcompact.topics import HOUR_MS
 from tests.helpers import NOW, create_topic
 
 MINUTE = 60_000
 
 
-def _section(topic: str, partition: int, first: int, count: int, min_ts: int = NOW, clean: int = 0, size: int = 1000) -> CatalogSection:
-    info = SectionInfo(topic, partition, count, count - 1, min_ts, min_ts, 0, size, "lz4", 0, 16, size, clean)
+def _section(
+    topic: str, partition: int, first: int, count: int, min_ts: int = NOW, clean: int = 0, size: int = 1000, byte_offset: int = 16
+) -> CatalogSection:
+    info = SectionInfo(topic, partition, count, count - 1, min_ts, min_ts, 0, size, "lz4", 0, byte_offset, size, clean)
     return CatalogSection(info, first)
 
 
-def _manifest(files: list[DataFile], **topic_settings: dict) -> Manifest:
-    topics = {
-        name: Topic.create(name, 4, settings, NOW)
-        for name, settings in (topic_settings or {"t": {"cleanup.policy": "compact"}}).items()
-    }
-    return Manifest(
-        cluster_id="c", version=7, commit_id="x", created_ms=NOW, operation="test",
-        topics=MappingProxyType(topics), next_offsets=MappingProxyType({n: (10**6,) * 4 for n in topics}),
-        files=MappingProxyType({f.key: f for f in files}),
-    )
+@pytest.fixture
+def snapshot_of(tmp_path, catalog_url, make_catalog_url):
+    """A snapshot of a fresh cluster (on the test's database) holding exactly `files`, offsets as given, with
+    topics of 4 partitions."""
+    database = "sqlite" if catalog_url is None else "postgresql"
+    made = []
+
+    def make(files: list[DataFile], **topic_settings: dict) -> Snapshot:
+        catalog = Catalog(LocalStore(tmp_path / f"cluster-{len(made)}"), catalog_url if not made else make_catalog_url(database))
+        made.append(catalog)
+        for name, settings in (topic_settings or {"t": {"cleanup.policy": "compact"}}).items():
+            create_topic(catalog, name, 4, **{k.replace(".", "_"): v for k, v in settings.items()})
+        catalog.replace_files([], files, NOW)
+        return catalog.snapshot()
+
+    return make
 
 
 def _files(level: int, count: int, size: int = 1000, topic: str = "t", first: int = 0, min_ts: int = NOW) -> list[DataFile]:
@@ -43,127 +50,174 @@ def _files(level: int, count: int, size: int = 1000, topic: str = "t", first: in
     ]
 
 
-def test_a_level_is_compacted_into_the_next_at_its_threshold() -> None:
-    assert plan(_manifest(_files(0, 31)), NOW) == []
-    (found,) = plan(_manifest(_files(0, 32)), NOW)
+def test_a_level_is_compacted_into_the_next_at_its_threshold(snapshot_of) -> None:
+    assert plan(snapshot_of(_files(0, 31)), NOW) == []
+    (found,) = plan(snapshot_of(_files(0, 32)), NOW)
     assert (found.target_level, found.deduplicate, len(found.inputs)) == (1, False, 32)
-    (found,) = plan(_manifest(_files(1, 32)), NOW)
+    (found,) = plan(snapshot_of(_files(1, 32)), NOW)
     assert (found.target_level, found.deduplicate) == (2, True)
     config = PlannerConfig(min_files=(4, 8, 32, 32))
-    assert [p.target_level for p in plan(_manifest(_files(0, 4) + _files(1, 8, first=100)), NOW, config=config)] == [1, 2]
+    assert [p.target_level for p in plan(snapshot_of(_files(0, 4) + _files(1, 8, first=100)), NOW, config=config)] == [1, 2]
 
 
-def test_a_small_cluster_stops_at_l2_and_a_big_one_goes_to_l4() -> None:
-    small = _manifest(_files(2, 40))
+def test_a_small_cluster_stops_at_l2_and_a_big_one_goes_to_l4(snapshot_of) -> None:
+    small = snapshot_of(_files(2, 40))
     assert [p.target_level for p in plan(small, NOW)] == [2]  # 40 files of one size at the top: a size tier, not L3
-    big = _manifest(_files(2, 40) + _files(1, 600, first=1000))
+    big = snapshot_of(_files(2, 40) + _files(1, 600, first=1000))
     assert sorted(p.target_level for p in plan(big, NOW)) == [2, 3]
 
 
-def test_size_tiers_merge_similar_sizes_only() -> None:
+def test_size_tiers_merge_similar_sizes_only(snapshot_of) -> None:
     files = _files(2, 10, size=1_000) + _files(2, 9, size=100_000, first=100) + _files(2, 3, size=30_000_000, first=200)
-    (found,) = plan(_manifest(files), NOW)
+    snapshot = snapshot_of(files)
+    (found,) = plan(snapshot, NOW)
     assert {f.size for f in found.inputs} == {1_000} and found.target_level == 2
     ratio = PlannerConfig(tier_size_ratio=200)
-    (merged,) = plan(_manifest(files), NOW, config=ratio)
+    (merged,) = plan(snapshot, NOW, config=ratio)
     assert {f.size for f in merged.inputs} == {1_000, 100_000}  # within 200x of the smallest
 
 
-def test_compacted_and_other_topics_are_never_merged_together_above_l0() -> None:
+def test_compacted_and_other_topics_are_never_merged_together_above_l0(snapshot_of) -> None:
     files = _files(1, 32, topic="t") + _files(1, 32, topic="e", first=100)
-    plans = plan(_manifest(files, t={"cleanup.policy": "compact"}, e={}), NOW)
+    plans = plan(snapshot_of(files, t={"cleanup.policy": "compact"}, e={}), NOW)
     assert sorted(sorted({s.topic for f in p.inputs for s in f.sections}) for p in plans) == [["e"], ["t"]]
-    mixed_l0 = plan(_manifest(_files(0, 16, topic="t") + _files(0, 16, topic="e", first=100), t={"cleanup.policy": "compact"}, e={}), NOW)
+    mixed = snapshot_of(_files(0, 16, topic="t") + _files(0, 16, topic="e", first=100), t={"cleanup.policy": "compact"}, e={})
+    mixed_l0 = plan(mixed, NOW)
     assert len(mixed_l0) == 1 and len(mixed_l0[0].inputs) == 32  # L0 -> L1 splits them itself
 
 
-def test_the_full_sweep_takes_every_size_of_the_chosen_topics() -> None:
+def test_the_full_sweep_takes_every_size_of_the_chosen_topics(snapshot_of) -> None:
     files = _files(2, 3, size=10) + _files(2, 2, size=10**9, first=100) + _files(0, 2, topic="e", first=500)
-    manifest = _manifest(files, t={"cleanup.policy": "compact"}, e={})
-    (sweep,) = plan(manifest, NOW, "full", topics=["t"])
+    snapshot = snapshot_of(files, t={"cleanup.policy": "compact"}, e={})
+    (sweep,) = plan(snapshot, NOW, "full", topics=["t"])
     assert len(sweep.inputs) == 5 and sweep.target_level == 2 and sweep.deduplicate
     assert sweep.max_partition_bytes == PlannerConfig().max_partition_bytes
+    assert sweep.inputs == tuple(sorted(snapshot.get_files([f.key for f in files[:5]]).values(), key=lambda f: f.key))
+    (everything,) = plan(snapshot, NOW, "full")
+    assert len(everything.inputs) == 7 and everything.outside_floors == {} and set(everything.topics) == {"e", "t"}
 
 
-def test_max_lag_compacts_within_30_minutes_of_dirty_and_batches() -> None:
+def test_max_lag_compacts_within_30_minutes_of_dirty_and_batches(snapshot_of) -> None:
     lag = 2 * HOUR_MS
     clean_l2 = DataFile("data/l2/base.seg", 2, 1000, NOW, (_section("t", 0, 0, 10, NOW - 5 * HOUR_MS, clean=10),))
     newer = DataFile("data/l0/new.seg", 0, 100, NOW, (_section("t", 0, 10, 5, NOW),))
-    manifest = _manifest([clean_l2, newer], t={"cleanup.policy": "compact", "max.compaction.lag.ms": str(lag)})
-    assert dirty_since(manifest, "t", 0, PlannerConfig()) == NOW + lag  # the base section is clean already
-    assert dirty_since(manifest, "t", 1, PlannerConfig()) is None
+    snapshot = snapshot_of([clean_l2, newer], t={"cleanup.policy": "compact", "max.compaction.lag.ms": str(lag)})
+    assert dirty_since(snapshot, "t", 0, PlannerConfig()) == NOW + lag  # the base section is clean already
+    assert dirty_since(snapshot, "t", 1, PlannerConfig()) is None
     config = PlannerConfig(max_lag_pass_interval_ms=15 * MINUTE, max_lag_deadline_ms=30 * MINUTE)
     # Passes every 15 minutes: the pass at which the record has been dirty 15 to 30 minutes compacts it.
     for now, due in [(NOW + lag - 1, False), (NOW + lag + 14 * MINUTE, False), (NOW + lag + 15 * MINUTE, True)]:
-        found = plan(manifest, now, "max-lag", config)
+        found = plan(snapshot, now, "max-lag", config)
         assert bool(found) is due, now - NOW - lag
-    (found,) = plan(manifest, NOW + lag + 15 * MINUTE, "max-lag", config)
+    (found,) = plan(snapshot, NOW + lag + 15 * MINUTE, "max-lag", config)
     assert {f.key for f in found.inputs} == {"data/l2/base.seg", "data/l0/new.seg"}  # against the older data
+    assert found.target_level == 2 and found.mode == "max-lag"
     # An hourly pass compacts up to 30 minutes early rather than later than 30 minutes after.
     hourly = PlannerConfig(max_lag_pass_interval_ms=60 * MINUTE)
-    assert plan(manifest, NOW + lag - 31 * MINUTE, "max-lag", hourly) == []
-    assert plan(manifest, NOW + lag - 30 * MINUTE, "max-lag", hourly) != []
+    assert plan(snapshot, NOW + lag - 31 * MINUTE, "max-lag", hourly) == []
+    assert plan(snapshot, NOW + lag - 30 * MINUTE, "max-lag", hourly) != []
 
 
-def test_max_lag_under_two_hours_counts_as_two_hours() -> None:
-    manifest = _manifest(_files(0, 1), t={"cleanup.policy": "compact", "max.compaction.lag.ms": "60000"})
-    assert dirty_since(manifest, "t", 0, PlannerConfig()) == NOW + 2 * HOUR_MS
+def test_max_lag_under_two_hours_counts_as_two_hours(snapshot_of) -> None:
+    snapshot = snapshot_of(_files(0, 1), t={"cleanup.policy": "compact", "max.compaction.lag.ms": "60000"})
+    assert dirty_since(snapshot, "t", 0, PlannerConfig()) == NOW + 2 * HOUR_MS
 
 
-def test_leased_files_are_not_planned_until_the_lease_ends() -> None:
-    manifest = _manifest(_files(0, 40))
-    leased = manifest.with_lease("p-1", [f"data/l0/t-{n:05d}.seg" for n in range(10)], NOW + HOUR_MS, NOW)
-    assert plan(leased, NOW) == []  # 30 unleased files: under the threshold
-    assert len(plan(leased, NOW + HOUR_MS)[0].inputs) == 40  # expired
-    with pytest.raises(CommitConflictError, match="is leased to plan p-1 until"):
-        leased.with_lease("p-2", ["data/l0/t-00003.seg"], NOW + HOUR_MS, NOW)
+def test_leased_files_are_not_planned_until_the_lease_ends(catalog: Catalog) -> None:
+    create_topic(catalog, "t", 4, cleanup_policy="compact")
+    catalog.replace_files([], _files(0, 40), NOW)
+    catalog.lease("p-1", [f"data/l0/t-{n:05d}.seg" for n in range(10)], NOW + HOUR_MS, NOW)
+    assert plan(catalog.snapshot(), NOW) == []  # 30 unleased files: under the threshold
+    assert len(plan(catalog.snapshot(), NOW + HOUR_MS)[0].inputs) == 40  # expired
+    with pytest.raises(CommitConflictError, match="file data/l0/t-00003.seg is leased to plan p-1 until"):
+        catalog.lease("p-2", ["data/l0/t-00003.seg"], NOW + HOUR_MS, NOW)
 
 
-def test_two_schedulers_cannot_lease_the_same_files(tmp_path) -> None:
-    store = LocalStore(tmp_path)
-    catalog = Catalog(store)
+def _brute_force_floors(snapshot: Snapshot, input_keys: set[str]) -> dict[tuple[str, int], int]:
+    """Per partition of the inputs, the lowest offset of any live file outside them, from every file's sections."""
+    files = snapshot.files()
+    held = {(s.topic, s.partition) for f in files if f.key in input_keys for s in f.sections}
+    floors: dict[tuple[str, int], int] = {}
+    for data_file in files:
+        if data_file.key not in input_keys:
+            for section in data_file.sections:
+                tp = (section.topic, section.partition)
+                if tp in held:
+                    floors[tp] = min(floors.get(tp, section.first_offset), section.first_offset)
+    return floors
+
+
+def _spread(level: int, count: int, partitions: int, first: int, step: int = 1) -> list[DataFile]:
+    """Files each holding a section of every one of `partitions` partitions, at offsets interleaved with other levels'."""
+    return [
+        DataFile(
+            f"data/l{level}/spread-{first + n:06d}.seg", level, 1000, NOW,
+            tuple(_section("t", p, first + n * 1000 + p * step, 10, byte_offset=16 + 100 * p) for p in range(partitions)),
+        )
+        for n in range(count)
+    ]
+
+
+@pytest.mark.parametrize("spread_partitions", [1, 64])
+def test_outside_floors_hold_every_live_file_outside_each_plan(catalog: Catalog, spread_partitions: int) -> None:
+    # Two plans of one pass (L0 and L1), files no plan takes (L2, the top, without a tier; a leased L0 file)
+    # and, with 1 spread partition, many files elsewhere: each plan's floors come from the other plan's inputs
+    # and from the unplanned files, read by partition (1) or by file (64: the planner picks the narrower read).
+    create_topic(catalog, "t", 64, cleanup_policy="compact")
+    files = _spread(0, 5, spread_partitions, first=500) + _spread(1, 5, spread_partitions, first=0, step=3)
+    files += _spread(2, 3, spread_partitions, first=100, step=7) + _spread(0, 1, spread_partitions, first=900)
+    files += [DataFile(f"data/l2/other-{p:02d}.seg", 2, 1000, NOW, (_section("t", p, 0, 10),)) for p in range(8, 8 + 40 // spread_partitions)]
+    catalog.replace_files([], files, NOW)
+    catalog.lease("p-elsewhere", ["data/l0/spread-000900.seg"], NOW + HOUR_MS, NOW)
+    snapshot = catalog.snapshot()
+    plans = plan(snapshot, NOW, config=PlannerConfig(min_files=(5, 5, 32, 32), tier_min_files=1000))
+    assert [(p.target_level, len(p.inputs)) for p in plans] == [(1, 5), (2, 5)]
+    for found in plans:
+        expected = _brute_force_floors(snapshot, {f.key for f in found.inputs})
+        assert found.outside_floors == expected and len(expected) == spread_partitions
+
+
+def test_two_schedulers_cannot_lease_the_same_files(catalog: Catalog) -> None:
     create_topic(catalog, "t", cleanup_policy="compact")
     for _ in range(3):
         with Agent(catalog, background=False) as agent:
             agent.produce("t", [Record(0, b"k", b"v", NOW)])
     config = PlannerConfig(min_files=(3, 32, 32, 32))
-    first, second = plan(catalog.load(), NOW, config=config), plan(Catalog(store).load(), NOW, config=config)
-    keys = [f.key for f in first[0].inputs]
-    catalog.commit("lease", lambda m: (m.with_lease(first[0].plan_id, keys, NOW + HOUR_MS, NOW), None), NOW)
+    other = Catalog(catalog.store, catalog.url)
+    first, second = plan(catalog.snapshot(), NOW, config=config), plan(other.snapshot(), NOW, config=config)
+    catalog.lease(first[0].plan_id, [f.key for f in first[0].inputs], NOW + HOUR_MS, NOW)
     with pytest.raises(CommitConflictError, match="is leased to plan"):
-        run_and_commit(Catalog(store), second[0], NOW, lease_ms=HOUR_MS)
-    assert plan(catalog.load(), NOW, config=config) == []
+        run_and_commit(other, second[0], NOW, lease_ms=HOUR_MS)
+    assert plan(catalog.snapshot(), NOW, config=config) == []
     result = run_and_commit(catalog, first[0], NOW)
-    assert result is not None and catalog.load().leases == {}
+    assert result is not None and catalog.snapshot().leases(NOW) == {}
 
 
-def test_large_plans_split_into_groups_of_partitions_committed_together(tmp_path) -> None:
-    store = LocalStore(tmp_path)
-    catalog = Catalog(store)
+def test_large_plans_split_into_groups_of_partitions_committed_together(catalog: Catalog) -> None:
     create_topic(catalog, "t", partitions=8, cleanup_policy="compact")
     for _ in range(3):
         with Agent(catalog, background=False) as agent:
             agent.produce("t", [Record(p, b"k%d" % i, b"v" * 100, NOW) for p in range(8) for i in range(20)])
-    (sweep,) = plan(catalog.load(), NOW, "full")
+    (sweep,) = plan(catalog.snapshot(), NOW, "full")
     partition_bytes = sum(s.info.byte_length for f in sweep.inputs for s in f.sections) // 8
     groups = split_into_groups(sweep, group_bytes=2 * partition_bytes + 1)
     assert len(groups) == 4
     assert [g.partitions for g in groups][0] == (("t", 0), ("t", 1))
     assert sorted(tp for g in groups for tp in g.partitions) == [("t", p) for p in range(8)]
+    version = catalog.latest_version()
     result = run_and_commit(catalog, sweep, NOW, group_bytes=2 * partition_bytes + 1)
     assert len(result.groups) == 4 and result.to_dict()["records_out"] == 8 * 20
-    manifest = catalog.load()
-    assert {f.level for f in manifest.files.values()} == {2} and len(manifest.files) == 4  # one commit, all groups
+    files = catalog.snapshot().files()
+    assert {f.level for f in files} == {2} and len(files) == 4  # all groups' outputs...
+    assert catalog.latest_version() == version + 1  # ...in one commit
 
 
-def test_dry_run_estimates_records_removed_from_the_key_sketches(tmp_path) -> None:
-    store = LocalStore(tmp_path)
-    catalog = Catalog(store)
+def test_dry_run_estimates_records_removed_from_the_key_sketches(catalog: Catalog) -> None:
     create_topic(catalog, "t", partitions=2, cleanup_policy="compact")
     for round_ in range(5):
         with Agent(catalog, background=False) as agent:
             agent.produce("t", [Record(i % 2, b"key-%d" % i, b"%d" % round_, NOW) for i in range(2000)])
-    (sweep,) = plan(catalog.load(), NOW, "full")
+    (sweep,) = plan(catalog.snapshot(), NOW, "full")
     effect = expected_effect(sweep, PlannerConfig().group_bytes)
     assert effect["records_in"] == 10_000 and effect["files_replaced"] == 5
     actual_removed = 8_000

@@ -2,8 +2,9 @@
 
 1. `check_thresholds`: which levels hold enough files to compact (the sensor and the plan operator share it).
 2. `prepare_plans`: plan against the catalog as it is *now* (never as of a run's logical date, so a backfill
-   or a re-run of an old date cannot undo newer work), lease the plans' files in the catalog, write each
-   plan to the store and return one `GroupJob` per group. A dry run plans and estimates, and writes nothing.
+   or a re-run of an old date cannot undo newer work), lease the plans' files in the catalog (all the plans
+   or none), write each plan to the store and return one `GroupJob` per group. A dry run plans and
+   estimates, and writes nothing.
 3. Each group runs elsewhere (`spark_apps/compact_group.py`) and leaves its result next to its plan.
 4. `commit_plans`: commit every plan from its groups' results, atomically and once; a retry finds the plan
    already committed and reports the same stats from the results kept in the store.
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from logcompact.catalog import Catalog, Manifest
+from logcompact.catalog import Catalog, Snapshot
 from logcompact.engine.commit import PlanResult, commit_plan
 from logcompact.engine.exchange import read_plan, read_results, write_plan
 from logcompact.engine.plan import Plan
@@ -45,12 +46,13 @@ class ThresholdStatus:
         return f"files per level against thresholds: {levels}; {verdict}"
 
 
-def check_thresholds(manifest: Manifest, now_ms: int, config: PlannerConfig = PlannerConfig()) -> ThresholdStatus:
-    leased = manifest.leased_files(now_ms)
+def check_thresholds(snapshot: Snapshot, now_ms: int, config: PlannerConfig = PlannerConfig()) -> ThresholdStatus:
+    """Files per level not leased to an in-flight plan, from the files' summaries (no sections read)."""
+    leased = snapshot.leased_files(now_ms)
     counts: dict[int, int] = {}
-    for data_file in manifest.files.values():
-        if data_file.key not in leased:
-            counts[data_file.level] = counts.get(data_file.level, 0) + 1
+    for summary in snapshot.file_summaries():
+        if summary.key not in leased:
+            counts[summary.level] = counts.get(summary.level, 0) + 1
     return ThresholdStatus(counts, {level: n for level, n in enumerate(config.min_files)})
 
 
@@ -75,22 +77,22 @@ class GroupJob:
 
 @dataclass
 class PreparedRun:
-    thresholds: ThresholdStatus  # of the manifest the plans were made from
+    thresholds: ThresholdStatus  # of the snapshot the plans were made from
     plan_ids: list[str]
     groups: list[GroupJob]
     estimates: list[dict]
 
 
-def check_topics(manifest: Manifest, mode: str, topics: list[str] | None) -> list[str] | None:
+def check_topics(snapshot: Snapshot, mode: str, topics: list[str] | None) -> list[str] | None:
     """Validated topic names for a mode (None: every topic); one-line errors name the fix."""
     if not topics:
         return None
     if mode == "regular":
         raise ValueError("topics can only be chosen for the max-lag and full modes (levels mix topics); leave topics empty")
-    unknown = sorted(set(topics) - set(manifest.topics))
+    unknown = sorted(set(topics) - set(snapshot.topics))
     if unknown:
-        known = ", ".join(sorted(manifest.topics)) or "none"
-        raise TopicNotFoundError(f"topic(s) {', '.join(unknown)} not in cluster {manifest.cluster_id} (topics: {known}); fix the topics param")
+        known = ", ".join(sorted(snapshot.topics)) or "none"
+        raise TopicNotFoundError(f"topic(s) {', '.join(unknown)} not in cluster {snapshot.cluster_id} (topics: {known}); fix the topics param")
     return sorted(set(topics))
 
 
@@ -102,9 +104,9 @@ def prepare_plans(
     topics: list[str] | None = None,
     dry_run: bool = False,
 ) -> PreparedRun:
-    manifest = catalog.load()
-    thresholds = check_thresholds(manifest, now_ms, config)
-    plans = plan(manifest, now_ms, mode, config, check_topics(manifest, mode, topics))
+    snapshot = catalog.snapshot()
+    thresholds = check_thresholds(snapshot, now_ms, config)
+    plans = plan(snapshot, now_ms, mode, config, check_topics(snapshot, mode, topics))
     estimates = [expected_effect(p, config.group_bytes) for p in plans]
     if dry_run or not plans:
         return PreparedRun(thresholds, [], [], estimates)
@@ -113,7 +115,7 @@ def prepare_plans(
         for found in plans:
             write_plan(catalog.store, found)
     except BaseException:
-        catalog.commit("release unwritten plans", lambda m: (_without_leases(m, plans), None), now_ms)
+        _release_all(catalog, plans)
         raise
     groups = [
         GroupJob(catalog.store.uri, found.plan_id, group.group, config.group_bytes, _label(group))
@@ -124,20 +126,20 @@ def prepare_plans(
 
 
 def _lease_all(catalog: Catalog, plans: list[Plan], now_ms: int, lease_ms: int) -> None:
-    """Lease every plan's files in one commit: all the plans, or none (a conflict leaves nothing leased)."""
-
-    def lease(manifest: Manifest) -> tuple[Manifest, None]:
+    """Lease every plan's files: all the plans, or none (a conflict releases the plans leased before it)."""
+    leased = []
+    try:
         for found in plans:
-            manifest = manifest.with_lease(found.plan_id, [f.key for f in found.inputs], now_ms + lease_ms, now_ms)
-        return manifest, None
+            catalog.lease(found.plan_id, [f.key for f in found.inputs], now_ms + lease_ms, now_ms)
+            leased.append(found)
+    except BaseException:
+        _release_all(catalog, leased)
+        raise
 
-    catalog.commit(f"lease {', '.join(p.plan_id for p in plans)}", lease, now_ms)
 
-
-def _without_leases(manifest: Manifest, plans: list[Plan]) -> Manifest:
+def _release_all(catalog: Catalog, plans: list[Plan]) -> None:
     for found in plans:
-        manifest = manifest.without_lease(found.plan_id)
-    return manifest
+        catalog.release(found.plan_id)
 
 
 def _label(group: Plan) -> str:
@@ -153,7 +155,7 @@ class CommitSummary:
     stats: dict[str, dict] = field(default_factory=dict)
     topics: list[str] = field(default_factory=list)
     cluster_id: str = ""
-    manifest_version: int = 0
+    manifest_version: int = 0  # the catalog's newest version once the plans are committed
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -171,18 +173,17 @@ def commit_plans(catalog: Catalog, plan_ids: list[str], group_bytes: int, now_ms
         try:
             found = read_plan(catalog.store, plan_id)
         except ObjectNotFoundError:
-            manifest = catalog.load()
-            if plan_id not in manifest.recent_plans:
+            if not catalog.is_committed(plan_id):
                 raise
             # Committed long ago and its documents collected since: nothing to redo, no stats to report.
             summary.already_committed.append(plan_id)
-            summary.cluster_id, summary.manifest_version = manifest.cluster_id, manifest.version
-            continue
-        results = read_results(catalog.store, found, group_bytes)
-        manifest, committed = commit_plan(catalog, found, results, now_ms, leased=True)
-        (summary.committed if committed else summary.already_committed).append(plan_id)
-        summary.stats[plan_id] = PlanResult(plan_id, [r.stats for r in results]).to_dict()
-        summary.cluster_id, summary.manifest_version = manifest.cluster_id, manifest.version
-        topics.update(t for f in found.inputs for t in f.topics)
+        else:
+            results = read_results(catalog.store, found, group_bytes)
+            committed = commit_plan(catalog, found, results, now_ms, leased=True)
+            (summary.committed if committed else summary.already_committed).append(plan_id)
+            summary.stats[plan_id] = PlanResult(plan_id, [r.stats for r in results]).to_dict()
+            topics.update(t for f in found.inputs for t in f.topics)
+    if plan_ids:
+        summary.cluster_id, summary.manifest_version = catalog.cluster_id, catalog.latest_version()
     summary.topics = sorted(topics)
     return summary

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Iterable, Iterator, Sequence, TypeVar
 
-from sqlalchemy import ColumnElement, Engine, and_, func, or_, select
+from sqlalchemy import ColumnElement, Connection, Engine, and_, bindparam, func, or_, select, tuple_
 
 from logcompact.catalog import schema as s
 from logcompact.catalog.model import CONTENTS, CatalogSection, DataFile, FileSummary, Lease, PartitionSection
@@ -19,6 +19,8 @@ from logcompact.topics import Topic
 
 Item = TypeVar("Item")
 TopicPartition = tuple[str, int]
+# Input files one statement excludes by key (within SQLite's and PostgreSQL's limits on bound parameters).
+_MAX_EXCLUDED = 20_000
 
 
 def chunks(items: Sequence[Item], size: int) -> Iterator[Sequence[Item]]:
@@ -66,38 +68,44 @@ class Snapshot:
 
     def files(self, level: int | None = None, topics: Iterable[str] | None = None) -> list[DataFile]:
         """Every live file (of a level, holding any of `topics`) with its sections, ordered as file_summaries."""
-        query = select(s.files.c.file_id).where(self._live())
+        conditions = [self._live()]
         if level is not None:
-            query = query.where(s.files.c.level == level)
+            conditions.append(s.files.c.level == level)
         if topics is not None:
             ids = [self.topic_ids[name] for name in topics]
-            query = query.where(
-                s.files.c.file_id.in_(select(s.sections.c.file_id).where(s.sections.c.topic_id.in_(ids)).distinct())
-            )
+            conditions.append(s.files.c.file_id.in_(select(s.sections.c.file_id).where(s.sections.c.topic_id.in_(ids))))
         with self.engine.connect() as connection:
-            file_ids = list(connection.execute(query).scalars())
-        return self._load(s.files.c.file_id, file_ids)
+            return self._load(connection, conditions, {})
 
     def get_files(self, keys: Sequence[str]) -> dict[str, DataFile]:
         """The live files among `keys`, with their sections, by key."""
-        return {f.key: f for f in self._load(s.files.c.key, list(keys))}
-
-    def _load(self, column, values: list) -> list[DataFile]:  # noqa: ANN001 (a column of s.files)
-        names = {topic_id: name for name, topic_id in self.topic_ids.items()}
-        files = s.files.c
-        found: dict[int, tuple] = {}
-        placed: dict[int, list[CatalogSection]] = {}
+        conditions = [self._live(), s.files.c.key.in_(bindparam("keys", expanding=True))]
+        loaded: list[DataFile] = []
         with self.engine.connect() as connection:
-            for chunk in chunks(values, 5_000):
-                query = select(files.file_id, files.key, files.level, files.size, files.created_ms).where(column.in_(chunk), self._live())
-                for row in connection.execute(query):
-                    found[row.file_id] = row
-                    placed[row.file_id] = []
-            for chunk in chunks(list(found), 5_000):
-                query = select(s.sections).where(s.sections.c.file_id.in_(chunk)).order_by(s.sections.c.file_id, s.sections.c.byte_offset)
-                for row in connection.execute(query):
-                    placed[row.file_id].append(_section(row, names))
-        loaded = [DataFile(row.key, row.level, row.size, row.created_ms, tuple(placed[file_id])) for file_id, row in found.items()]
+            for chunk in chunks(list(keys), 5_000):
+                loaded += self._load(connection, conditions, {"keys": list(chunk)})
+        return {f.key: f for f in loaded}
+
+    def _load(self, connection: Connection, conditions: list[ColumnElement[bool]], parameters: dict) -> list[DataFile]:
+        """The files meeting `conditions` with their sections, ordered as file_summaries. A planner loads hundreds of
+        thousands of sections here: two queries in file order, rows fetched whole and read by position."""
+        files, sec = s.files.c, s.sections.c
+        file_rows = connection.execute(
+            select(files.file_id, files.key, files.level, files.size, files.created_ms).where(*conditions).order_by(files.file_id),
+            parameters,
+        ).all()
+        section_rows = connection.execute(
+            select(s.sections).join(s.files, files.file_id == sec.file_id).where(*conditions).order_by(sec.file_id, sec.byte_offset),
+            parameters,
+        ).all()
+        names = {topic_id: name for name, topic_id in self.topic_ids.items()}
+        loaded, position, count = [], 0, len(section_rows)
+        for file_id, key, level, size, created_ms in file_rows:
+            placed = []
+            while position < count and section_rows[position][0] == file_id:
+                placed.append(_section(section_rows[position], names))
+                position += 1
+            loaded.append(DataFile(key, level, size, created_ms, tuple(placed)))
         return sorted(loaded, key=lambda f: (f.level, f.created_ms, f.key))
 
     # -- partitions -------------------------------------------------------------------------------------
@@ -138,34 +146,63 @@ class Snapshot:
         with self.engine.connect() as connection:
             return [
                 PartitionSection(key, level, ids[topic_id], partition, first, last - first, clean, min_ts)
-                for key, level, topic_id, partition, first, last, clean, min_ts in connection.execute(query)
+                for key, level, topic_id, partition, first, last, clean, min_ts in connection.execute(query).all()
             ]
 
     def outside_floors(self, input_keys: Sequence[str], partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         """For each of `partitions`, the smallest first offset of a live section in a file outside `input_keys`
-        (partitions with none are left out)."""
-        ids = self.topic_ids
-        by_topic: dict[int, list[int]] = {}
-        for topic, partition in partitions:
-            by_topic.setdefault(ids[topic], []).append(partition)
-        names = {topic_id: name for name, topic_id in ids.items()}
-        inputs = set(input_keys)
-        floors: dict[TopicPartition, int] = {}
+        (partitions with none are left out). The database takes the minimums over those partitions' sections;
+        more inputs than one statement can exclude are excluded here instead."""
+        wanted = sorted({(self.topic_ids[topic], partition) for topic, partition in partitions})
+        inputs = list(set(input_keys))
+        names = {topic_id: name for name, topic_id in self.topic_ids.items()}
         sec, files = s.sections.c, s.files.c
+        in_partitions = tuple_(sec.topic_id, sec.partition).in_(bindparam("partitions", expanding=True))
+        floors: dict[TopicPartition, int] = {}
         with self.engine.connect() as connection:
-            for topic_id, numbers in by_topic.items():
-                for chunk in chunks(sorted(numbers), 2_000):
-                    rows = connection.execute(
-                        select(sec.partition, files.key, sec.first_offset)
-                        .join(s.files, files.file_id == sec.file_id)
-                        .where(sec.topic_id == topic_id, sec.partition.in_(chunk), self._live())
-                    )
-                    for partition, key, first in rows:
-                        if key not in inputs:
-                            tp = (names[topic_id], partition)
-                            if first < floors.get(tp, 1 << 62):
-                                floors[tp] = first
+            if len(inputs) <= _MAX_EXCLUDED:
+                query = (
+                    select(sec.topic_id, sec.partition, func.min(sec.first_offset))
+                    .join(s.files, files.file_id == sec.file_id)
+                    .where(in_partitions, self._live(), files.key.not_in(bindparam("inputs", expanding=True)))
+                    .group_by(sec.topic_id, sec.partition)
+                )
+                for chunk in chunks(wanted, 2_000):
+                    for topic_id, partition, first in connection.execute(query, {"partitions": list(chunk), "inputs": inputs}).all():
+                        floors[(names[topic_id], partition)] = first
+                return floors
+            excluded = set(inputs)
+            query = (
+                select(sec.topic_id, sec.partition, files.key, sec.first_offset)
+                .join(s.files, files.file_id == sec.file_id)
+                .where(in_partitions, self._live())
+            )
+            for chunk in chunks(wanted, 2_000):
+                for topic_id, partition, key, first in connection.execute(query, {"partitions": list(chunk)}).all():
+                    tp = (names[topic_id], partition)
+                    if key not in excluded and first < floors.get(tp, 1 << 62):
+                        floors[tp] = first
         return floors
+
+    def lowest_offsets(self, keys: Sequence[str]) -> dict[TopicPartition, int]:
+        """Per partition, the smallest first offset of a section of the live files among `keys` (the database
+        takes the minimums: only one row per partition comes back)."""
+        names = {topic_id: name for name, topic_id in self.topic_ids.items()}
+        sec, files = s.sections.c, s.files.c
+        query = (
+            select(sec.topic_id, sec.partition, func.min(sec.first_offset))
+            .join(s.files, files.file_id == sec.file_id)
+            .where(files.key.in_(bindparam("keys", expanding=True)), self._live())
+            .group_by(sec.topic_id, sec.partition)
+        )
+        lowest: dict[TopicPartition, int] = {}
+        with self.engine.connect() as connection:
+            for chunk in chunks(list(keys), 5_000):
+                for topic_id, partition, first in connection.execute(query, {"keys": list(chunk)}).all():
+                    tp = (names[topic_id], partition)
+                    if first < lowest.get(tp, 1 << 62):
+                        lowest[tp] = first
+        return lowest
 
     # -- leases and counts -----------------------------------------------------------------------------------
 
@@ -190,20 +227,12 @@ class Snapshot:
 
 
 def _section(row, names: dict[int, str]) -> CatalogSection:  # noqa: ANN001 (a sections row)
+    # Positional: a row of s.sections, in its column order.
+    (_file_id, byte_offset, byte_length, topic_id, partition, first_offset, last_offset, record_count, min_timestamp,
+     max_timestamp, tombstones, uncompressed_bytes, compression, crc32, clean_below_delta, key_sketch) = row[:16]
     info = SectionInfo(
-        topic=names[row.topic_id],
-        partition=row.partition,
-        record_count=row.record_count,
-        last_delta=row.last_offset - row.first_offset,
-        min_timestamp=row.min_timestamp,
-        max_timestamp=row.max_timestamp,
-        tombstones=row.tombstones,
-        uncompressed_bytes=row.uncompressed_bytes,
-        compression=COMPRESSIONS[row.compression],
-        crc32=row.crc32,
-        byte_offset=row.byte_offset,
-        byte_length=row.byte_length,
-        clean_below_delta=row.clean_below_delta,
-        key_sketch=s.unpack_sketch(row.key_sketch),
+        names[topic_id], partition, record_count, last_offset - first_offset, min_timestamp, max_timestamp, tombstones,
+        uncompressed_bytes, COMPRESSIONS[compression], crc32, byte_offset, byte_length, clean_below_delta,
+        s.unpack_sketch(key_sketch),
     )
-    return CatalogSection(info, row.first_offset)
+    return CatalogSection(info, first_offset)

@@ -1,66 +1,48 @@
-"""Committing a plan's outputs in one catalog commit, and collecting files no kept manifest references."""
+"""Committing a plan's outputs in one catalog transaction, and collecting what no kept version references."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass, field
 
-from logcompact.catalog import Catalog, Manifest
-from logcompact.catalog.catalog import manifest_key
+from logcompact.catalog import Catalog
 from logcompact.engine.plan import PLANS_PREFIX, Plan
 from logcompact.engine.stats import CompactionStats, JobResult
-from logcompact.planner.groups import split_into_groups
 from logcompact.exceptions import CommitConflictError
+from logcompact.planner.groups import split_into_groups
 
 log = logging.getLogger(__name__)
 
 DEFAULT_GC_GRACE_MS = 3_600_000
 
 
-def commit_plan(
-    catalog: Catalog, plan: Plan, results: list[JobResult], now_ms: int, leased: bool = False
-) -> tuple[Manifest, bool]:
-    """Replace the plan's inputs by the outputs of all its groups, atomically.
+def commit_plan(catalog: Catalog, plan: Plan, results: list[JobResult], now_ms: int, leased: bool = False) -> bool:
+    """Replace the plan's inputs by the outputs of all its groups, in one transaction; whether this call committed.
 
-    Returns the manifest and whether this call committed: a plan already committed (a retried job) is a
-    no-op. An input that is no longer live is a CommitConflictError and nothing changes. With `leased`, the
-    plan's lease must still hold at the commit: once it has expired, gc may collect the outputs, so the
-    commit is refused and the plan must be made again.
+    A plan already committed (a retried job) is a no-op. An input that is no longer live is a
+    CommitConflictError and nothing changes. With `leased`, the plan's lease must still hold at the commit:
+    once it has expired, gc may collect the outputs, so the commit is refused and the plan must be made again.
     """
-    manifest = catalog.load()
-    if plan.plan_id in manifest.recent_plans:
+    if catalog.is_committed(plan.plan_id):  # first: after gc, a committed plan's outputs may be gone
         log.info("plan %s was already committed; nothing to do", plan.plan_id)
-        return manifest, False
+        return False
+    if plan.cluster_id != catalog.cluster_id:
+        raise CommitConflictError(
+            f"plan {plan.plan_id} is for cluster {plan.cluster_id}, not {catalog.cluster_id}; commit it to its own catalog"
+        )
     outputs = [data_file for result in results for data_file in result.outputs]
-    inputs = [data_file.key for data_file in plan.inputs]
     for data_file in outputs:
         if catalog.store.stat(data_file.key) is None:
             raise CommitConflictError(
                 f"plan {plan.plan_id}: output {data_file.key} is missing from the store (collected by gc after the "
                 "plan's lease expired?); plan again"
             )
-
-    def change(manifest: Manifest) -> tuple[Manifest, bool]:
-        if manifest.cluster_id != plan.cluster_id:
-            raise CommitConflictError(f"plan {plan.plan_id} is for cluster {plan.cluster_id}, not {manifest.cluster_id}")
-        if plan.plan_id in manifest.recent_plans:
-            raise _AlreadyCommitted(manifest)
-        if leased:
-            held = {key for key, (holder, expires) in manifest.leases.items() if holder == plan.plan_id and expires > now_ms}
-            # Inputs no longer live are with_replaced_files' conflict, which says more.
-            lost = [key for key in inputs if key in manifest.files and key not in held]
-            if lost:
-                raise CommitConflictError(
-                    f"plan {plan.plan_id}: its lease on {lost[0]} (and {len(lost) - 1} more) expired or was released "
-                    "before the commit; its outputs may be collected, plan again"
-                )
-        return manifest.with_replaced_files(inputs, outputs, plan.manifest_version, plan.plan_id), True
-
-    try:
-        return catalog.commit(f"compact {plan.plan_id}", change, now_ms)
-    except _AlreadyCommitted as done:
+    committed = catalog.replace_files(
+        [f.key for f in plan.inputs], outputs, now_ms, plan_id=plan.plan_id, expected_version=plan.manifest_version, leased=leased
+    ).committed
+    if not committed:
         log.info("plan %s was already committed; nothing to do", plan.plan_id)
-        return done.manifest, False
+    return committed
 
 
 @dataclass
@@ -103,34 +85,27 @@ def run_and_commit(
     # import this module when they parse their DAGs.
     from logcompact.engine.cleaner import run_plan
 
-    manifest = catalog.load()
-    if plan.plan_id in manifest.recent_plans:
+    if catalog.is_committed(plan.plan_id):
         log.info("plan %s was already committed; nothing to do", plan.plan_id)
         return None
-    plan.check_against(manifest)
-    keys = [f.key for f in plan.inputs]
+    plan.check_against(catalog.snapshot())
     if lease_ms is not None:
-        catalog.commit(f"lease {plan.plan_id}", lambda m: (m.with_lease(plan.plan_id, keys, now_ms + lease_ms, now_ms), None), now_ms)
+        catalog.lease(plan.plan_id, [f.key for f in plan.inputs], now_ms + lease_ms, now_ms)
     try:
         groups = split_into_groups(plan, group_bytes) if group_bytes else [plan]
         results = [run_plan(catalog.store, group) for group in groups]
         commit_plan(catalog, plan, results, now_ms, leased=lease_ms is not None)
     except BaseException:
         if lease_ms is not None:
-            catalog.commit(f"release {plan.plan_id}", lambda m: (m.without_lease(plan.plan_id), None), now_ms)
+            catalog.release(plan.plan_id)
         raise
     return PlanResult(plan.plan_id, [r.stats for r in results])
-
-
-class _AlreadyCommitted(Exception):
-    def __init__(self, manifest: Manifest) -> None:
-        self.manifest = manifest
 
 
 @dataclass
 class GcReport:
     deleted_files: list[str]
-    deleted_manifests: list[int]
+    trimmed_versions: int  # commit-log rows dropped: versions older than the kept history
     kept_unreferenced_young: int
     released_leases: list[str] = field(default_factory=list)
     deleted_plans: list[str] = field(default_factory=list)
@@ -140,36 +115,41 @@ class GcReport:
 
 
 def collect_garbage(catalog: Catalog, now_ms: int, grace_ms: int = DEFAULT_GC_GRACE_MS) -> GcReport:
-    """Delete data files no kept manifest version references, once older than the grace period.
+    """Delete data files no kept manifest version holds, once older than the grace period.
 
-    Young unreferenced files may belong to a job or an agent that has not committed yet: they stay, and so
-    do the outputs of plans that hold a lease, whatever their age. Expired leases are dropped from the
-    catalog first, so an abandoned plan's outputs go once its lease has expired and the grace has passed.
-    Manifest versions older than the kept history (left by a writer that stopped between its commit and its
-    cleanup) go too, and so do plan documents and results older than the grace of plans no longer leased.
+    Every step is a few catalog queries, never a read of whole versions, so gc completes however many
+    commits land meanwhile:
+
+    1. expired leases are released, so an abandoned plan's outputs go once its lease has expired;
+    2. files removed before the oldest kept version, and longer than the grace ago (a reader that pinned a
+       version may still read them for that long), lose their object and then their rows;
+    3. objects under `data/` the catalog has no row for (outputs never committed, files of a crashed agent)
+       are deleted once older than the grace, except the outputs of plans still holding a lease, however
+       long their job runs;
+    4. the commit log is trimmed to the kept history, and plan documents go once past the grace.
     """
     store = catalog.store
-    released = _release_expired_leases(catalog, now_ms)
-    # Outputs of plans still holding a lease may not be committed yet, however long their job runs. Read
-    # before the referenced files: a plan that commits in between is then in one set or the other.
-    in_flight = {plan_id for plan_id, expires in catalog.load().leases.values() if expires > now_ms}
-    versions = catalog.versions()
-    kept = versions[-catalog.keep_versions :]
-    referenced = set()
-    for version in kept:
-        referenced.update(catalog.load(version).files)
-    deleted, young = [], 0
-    for info in store.list("data/"):
-        if info.key in referenced or info.key.rsplit("/", 1)[-1].split("-g")[0] in in_flight:
+    released = catalog.release_expired_leases(now_ms)
+    # Read before the catalog's rows: a plan that commits in between has its outputs among them.
+    in_flight = catalog.leased_plans(now_ms)
+    oldest = catalog.oldest_kept_version()
+    # A file removed at version R is in the versions below R only: at R = oldest, no kept version holds it.
+    removed = catalog.collectable_files(oldest + 1, now_ms - grace_ms)
+    for key in removed:
+        store.delete(key)
+    catalog.forget_files(removed)
+    deleted, young = list(removed), 0
+    listed = list(store.list("data/"))
+    known = catalog.known_files([info.key for info in listed])
+    for info in listed:
+        if info.key in known or _plan_of(info.key) in in_flight:
             continue
         if info.modified_ms > now_ms - grace_ms:
             young += 1
             continue
         store.delete(info.key)
         deleted.append(info.key)
-    stale = [v for v in versions if kept and v < kept[0]]
-    for version in stale:
-        store.delete(manifest_key(version))
+    trimmed = catalog.trim_versions(oldest)
     # A plan's documents go together, once its newest one (the last group's result) is past the grace.
     documents: dict[str, list] = {}
     for info in store.list(PLANS_PREFIX):
@@ -180,16 +160,9 @@ def collect_garbage(catalog: Catalog, now_ms: int, grace_ms: int = DEFAULT_GC_GR
             for info in infos:
                 store.delete(info.key)
                 old_plans.append(info.key)
-    return GcReport(deleted, stale, young, released, old_plans)
+    return GcReport(deleted, trimmed, young, released, old_plans)
 
 
-def _release_expired_leases(catalog: Catalog, now_ms: int) -> list[str]:
-    """Drop expired leases from the catalog (one commit, only when there are any); the plans they named."""
-    expired = sorted({plan_id for plan_id, expires in catalog.load().leases.values() if expires <= now_ms})
-    if expired:
-        catalog.commit(
-            "release expired leases",
-            lambda m: (m.without_expired_leases(now_ms), None),
-            now_ms,
-        )
-    return expired
+def _plan_of(key: str) -> str:
+    """The plan id an output's name starts with (`data/l2/{plan_id}-g000-...`)."""
+    return key.rsplit("/", 1)[-1].split("-g")[0]

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from logcompact.catalog import DataFile, Manifest
+from logcompact.catalog import DataFile, Snapshot
 from logcompact.exceptions import CommitConflictError, InvalidPlanError
 from logcompact.topics import Topic
 
@@ -152,55 +152,27 @@ class Plan:
                 if section.topic not in self.topics:
                     raise InvalidPlanError(f"{source}: input {data_file.key} holds topic {section.topic!r}, which the plan does not describe")
 
-    def check_against(self, manifest: Manifest) -> None:
-        """The plan belongs to this cluster and its inputs are still live as planned."""
-        if manifest.cluster_id != self.cluster_id:
+    def check_against(self, snapshot: Snapshot) -> None:
+        """The plan belongs to this cluster and its inputs are still live as planned (only they are read)."""
+        if snapshot.cluster_id != self.cluster_id:
             raise InvalidPlanError(
-                f"plan {self.plan_id} is for cluster {self.cluster_id}, but the store holds cluster {manifest.cluster_id}; "
+                f"plan {self.plan_id} is for cluster {self.cluster_id}, but the store holds cluster {snapshot.cluster_id}; "
                 "run it against its own store"
             )
+        live = snapshot.get_files([f.key for f in self.inputs])
         for data_file in self.inputs:
-            live = manifest.files.get(data_file.key)
-            if live is None:
+            found = live.get(data_file.key)
+            if found is None:
                 raise CommitConflictError(
                     f"plan {self.plan_id} expected input {data_file.key} live as in manifest version {self.manifest_version}, "
-                    f"found it gone in version {manifest.version}; re-plan"
+                    f"found it gone in version {snapshot.version}; re-plan"
                 )
-            if live != data_file:
+            if found != data_file:
                 raise InvalidPlanError(f"plan {self.plan_id}: input {data_file.key} differs from the catalog's record of it")
 
 
 def new_plan_id(now_ms: int) -> str:
     return f"p{now_ms}-{uuid.uuid4().hex[:12]}"
-
-
-def outside_floors(
-    manifest: Manifest, input_keys: set[str], partitions: set[TopicPartition] | None = None
-) -> dict[TopicPartition, int]:
-    """For each partition in the inputs (`partitions`, when the caller has them), the smallest offset held
-    by a live file outside the inputs."""
-    if len(manifest.files) - len(input_keys) <= len(input_keys):
-        # Few files outside (a sweep): look at their sections, keep the partitions the inputs also hold.
-        lowest: dict[TopicPartition, int] = {}
-        outside = (f for key, f in manifest.files.items() if key not in input_keys)
-        for data_file in outside:
-            for section in data_file.sections:
-                tp = (section.info.topic, section.info.partition)
-                if section.first_offset < lowest.get(tp, 1 << 62):
-                    lowest[tp] = section.first_offset
-        return {
-            tp: floor for tp, floor in lowest.items()
-            if any(key in input_keys for _, key in manifest.partition_starts(*tp))
-        }
-    floors: dict[TopicPartition, int] = {}
-    if partitions is None:
-        partitions = {(s.info.topic, s.info.partition) for key in input_keys for s in manifest.files[key].sections}
-    for topic, partition in partitions:
-        for first_offset, key in manifest.partition_starts(topic, partition):  # in offset order
-            if key not in input_keys:
-                floors[(topic, partition)] = first_offset
-                break
-    return floors
 
 
 def _text(document: dict, name: str) -> str:

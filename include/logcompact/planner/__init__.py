@@ -1,16 +1,20 @@
-"""Choosing what to compact: pure functions from a catalog snapshot to plans (no I/O of their own).
+"""Choosing what to compact: functions from a catalog snapshot to plans, reading only the catalog.
 
 Modes: `regular` (leveled merges L0 -> L1 -> ... -> top, then size tiers at the top), `full` (the daily
 sweep: every file of the chosen topics, across sizes, into the top level), `max-lag` (the partitions whose
 records would otherwise stay dirty past their topic's max.compaction.lag.ms). docs/planner.md explains the
 rules. Files leased to an in-flight plan are never planned again until it commits, fails or expires.
+
+Each mode asks the snapshot for the least it needs: the regular mode chooses from file summaries (level,
+size, content) and the max-lag pass from a few facts per section of its topics; sections are loaded only
+for the files a plan takes, in one read (the full sweep takes every file of its topics).
 """
 
 from __future__ import annotations
 
 import gc
 
-from logcompact.catalog import Manifest
+from logcompact.catalog import Snapshot
 from logcompact.engine.plan import Plan
 from logcompact.planner.config import PlannerConfig
 from logcompact.planner.estimate import expected_effect
@@ -36,21 +40,21 @@ __all__ = [
 
 
 def plan(
-    manifest: Manifest, now_ms: int, mode: str = "regular", config: PlannerConfig = PlannerConfig(), topics: list[str] | None = None
+    snapshot: Snapshot, now_ms: int, mode: str = "regular", config: PlannerConfig = PlannerConfig(), topics: list[str] | None = None
 ) -> list[Plan]:
     """The plans a mode calls for now, leaving out files leased to in-flight plans."""
     if mode not in MODES:
         raise ValueError(f"planner mode {mode!r} is not one of {', '.join(MODES)}")
-    # Planning a large catalog allocates hundreds of thousands of small acyclic objects; a full collection
-    # over the catalog in the middle of it would cost more than the planning itself.
+    # Planning a large catalog loads hundreds of thousands of small acyclic objects; a full collection over
+    # them in the middle of it would cost more than the planning itself.
     collecting = gc.isenabled()
     gc.disable()
     try:
-        leased = manifest.leased_files(now_ms)
+        leased = snapshot.leased_files(now_ms)
         if mode == "regular":
-            return plan_regular(manifest, now_ms, config, leased)
+            return plan_regular(snapshot, now_ms, config, leased)
         planner = plan_full_sweep if mode == "full" else plan_max_lag
-        found = planner(manifest, now_ms, config, leased, topics)
+        found = planner(snapshot, now_ms, config, leased, topics)
         return [found] if found is not None else []
     finally:
         if collecting:

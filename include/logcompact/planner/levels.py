@@ -1,53 +1,30 @@
-"""Regular planning: leveled merges up to the top level, then size tiers; and the full sweep."""
+"""Regular planning: leveled merges up to the top level, then size tiers; the full sweep; and making plans.
+
+Plans are chosen from file summaries (key, level, size, content: no sections); only the chosen files are
+loaded with their sections, in one read for all the plans of a pass.
+"""
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections import Counter
+from typing import Iterable, Sequence, TypeVar
 
-from logcompact.catalog import DataFile, Manifest
-from logcompact.engine.plan import MAX_LEVEL, Plan, new_plan_id, outside_floors
+from logcompact.catalog import DataFile, FileSummary, Snapshot
+from logcompact.engine.plan import MAX_LEVEL, Plan, TopicPartition, new_plan_id
 from logcompact.planner.config import PlannerConfig
 
-
-def content_of(manifest: Manifest, data_file: DataFile) -> str:
-    """'compacted' when the file holds compacted topics' records. Above L0, where this is asked, a file holds
-    one kind only (the L0 to L1 job splits them), so its first section tells."""
-    return "compacted" if manifest.topics[data_file.sections[0].info.topic].config.compacted else "other"
+Sized = TypeVar("Sized", FileSummary, DataFile)
+_NO_OFFSET = 1 << 62
 
 
-def top_level(manifest: Manifest, config: PlannerConfig) -> int:
-    upper = sum(1 for f in manifest.files.values() if f.level >= 1)
+def top_level(level_counts: dict[int, int], config: PlannerConfig) -> int:
+    """The top level from the live files per level (`Snapshot.level_counts`)."""
+    upper = sum(count for level, count in level_counts.items() if level >= 1)
     rule = config.big_cluster_top if upper >= config.big_cluster_files else config.small_cluster_top
-    return max([rule] + [f.level for f in manifest.files.values()])
+    return max([rule, *level_counts])
 
 
-def make_plan(
-    manifest: Manifest, inputs: Iterable[DataFile], target_level: int, now_ms: int, config: PlannerConfig, mode: str
-) -> Plan:
-    inputs = sorted(inputs, key=lambda f: f.key)
-    keys = {f.key for f in inputs}
-    partitions: set[tuple[str, int]] = set()
-    for key in keys:
-        partitions.update(manifest.file_partitions(key))
-    topics = sorted({topic for topic, _ in partitions})
-    return Plan(
-        plan_id=new_plan_id(now_ms),
-        cluster_id=manifest.cluster_id,
-        manifest_version=manifest.version,
-        now_ms=now_ms,
-        mode=mode,
-        target_level=target_level,
-        deduplicate=target_level >= config.dedup_from_level,
-        inputs=tuple(inputs),
-        topics={name: manifest.topics[name] for name in topics},
-        outside_floors=outside_floors(manifest, keys, partitions),
-        buffer_bytes=config.buffer_bytes,
-        target_file_bytes=config.target_file_bytes,
-        max_partition_bytes=config.max_partition_bytes,
-    )
-
-
-def size_tiers(files: list[DataFile], config: PlannerConfig) -> list[list[DataFile]]:
+def size_tiers(files: list[Sized], config: PlannerConfig) -> list[list[Sized]]:
     """Runs of files of similar size (within the ratio of the run's smallest) with enough files to merge."""
     tiers, run = [], []
     for data_file in sorted(files, key=lambda f: (f.size, f.key)):
@@ -61,41 +38,138 @@ def size_tiers(files: list[DataFile], config: PlannerConfig) -> list[list[DataFi
     return tiers
 
 
-def plan_regular(manifest: Manifest, now_ms: int, config: PlannerConfig, leased: set[str]) -> list[Plan]:
-    top = top_level(manifest, config)
-    available = [f for f in manifest.files.values() if f.key not in leased]
-    plans = []
+def plan_regular(snapshot: Snapshot, now_ms: int, config: PlannerConfig, leased: set[str]) -> list[Plan]:
+    summaries = snapshot.file_summaries()
+    top = top_level(Counter(f.level for f in summaries), config)
+    by_level: dict[int, list[FileSummary]] = {}
+    for summary in summaries:
+        if summary.key not in leased:
+            by_level.setdefault(summary.level, []).append(summary)
+    chosen: list[tuple[list[str], int]] = []
     for level in range(top):
-        at_level = [f for f in available if f.level == level]
+        at_level = by_level.get(level, [])
         # L0 files mix both kinds (the L0 -> L1 job separates them); above, each kind is merged apart.
-        kinds = [at_level] if level == 0 else _by_content(manifest, at_level)
+        kinds = [at_level] if level == 0 else _by_content(at_level)
         for files in kinds:
             if len(files) >= config.min_files[min(level, len(config.min_files) - 1)]:
-                plans.append(make_plan(manifest, files, level + 1, now_ms, config, "regular"))
-    for files in _by_content(manifest, [f for f in available if f.level == top]):
+                chosen.append(([f.key for f in files], level + 1))
+    for files in _by_content(by_level.get(top, [])):
         for tier in size_tiers(files, config):
-            plans.append(make_plan(manifest, tier, top, now_ms, config, "regular"))
-    return plans
+            chosen.append(([f.key for f in tier], top))
+    if not chosen:
+        return []
+    return make_plans(snapshot, chosen, now_ms, config, "regular", [f.key for f in summaries])
 
 
 def plan_full_sweep(
-    manifest: Manifest, now_ms: int, config: PlannerConfig, leased: set[str], topics: list[str] | None = None
+    snapshot: Snapshot, now_ms: int, config: PlannerConfig, leased: set[str], topics: list[str] | None = None
 ) -> Plan | None:
     """Every live file holding the chosen topics (all by default), across sizes, into the top level."""
     for name in topics or ():
-        manifest.topic(name)  # an unknown topic is an error, not an empty sweep
-    chosen = set(topics) if topics else set(manifest.topics)
-    if chosen == set(manifest.topics):
-        inputs = [f for key, f in manifest.files.items() if key not in leased]
+        snapshot.topic(name)  # an unknown topic is an error, not an empty sweep
+    chosen = set(topics) if topics else set(snapshot.topics)
+    if chosen == set(snapshot.topics):
+        # The sweep's plan holds every live file: loading them all is the narrowest read there is.
+        files = snapshot.files()
+        live = [f.key for f in files]
+        counts = Counter(f.level for f in files)
     else:
-        inputs = [f for f in manifest.files.values() if f.key not in leased and not chosen.isdisjoint(f.topics)]
+        files = snapshot.files(topics=sorted(chosen))
+        summaries = snapshot.file_summaries()
+        live = [f.key for f in summaries]
+        counts = Counter(f.level for f in summaries)
+    inputs = {f.key: f for f in files if f.key not in leased}
     if not inputs:
         return None
-    return make_plan(manifest, inputs, min(MAX_LEVEL, top_level(manifest, config)), now_ms, config, "full")
+    target = min(MAX_LEVEL, top_level(counts, config))
+    (found,) = make_plans(snapshot, [(list(inputs), target)], now_ms, config, "full", live, inputs)
+    return found
 
 
-def _by_content(manifest: Manifest, files: list[DataFile]) -> list[list[DataFile]]:
-    kinds: dict[str, list[DataFile]] = {}
+def make_plans(
+    snapshot: Snapshot,
+    chosen: Sequence[tuple[list[str], int]],
+    now_ms: int,
+    config: PlannerConfig,
+    mode: str,
+    live: Sequence[str],
+    loaded: dict[str, DataFile] | None = None,
+) -> list[Plan]:
+    """One plan per (input keys, target level), the inputs of all of them loaded in one read (unless the caller
+    has them). `live` is every live file of the snapshot: a plan's outside floors come from the other plans'
+    inputs, which are in hand, and from the files no plan takes, which are asked of the catalog."""
+    planned = [key for keys, _ in chosen for key in keys]
+    files = loaded if loaded is not None else snapshot.get_files(planned)
+    lowest = [_lowest_offsets(files[key] for key in keys) for keys, _ in chosen]
+    outside = _lowest_outside_plans(snapshot, live, planned, set().union(*lowest))
+    # Per partition, the two lowest offsets among the plans' inputs (with the plan holding the lowest): a plan's
+    # own inputs are never outside it, the next plan's are.
+    first: dict[TopicPartition, tuple[int, int]] = {}
+    second: dict[TopicPartition, int] = {}
+    for number, offsets in enumerate(lowest):
+        for tp, offset in offsets.items():
+            held = first.get(tp)
+            if held is None or offset < held[0]:
+                if held is not None:
+                    second[tp] = held[0]
+                first[tp] = (offset, number)
+            elif offset < second.get(tp, _NO_OFFSET):
+                second[tp] = offset
+    plans = []
+    for number, ((keys, target_level), offsets) in enumerate(zip(chosen, lowest)):
+        floors = {}
+        for tp in offsets:
+            lowest_offset, holder = first[tp]
+            other_plans = second.get(tp, _NO_OFFSET) if holder == number else lowest_offset
+            floor = min(other_plans, outside.get(tp, _NO_OFFSET))
+            if floor != _NO_OFFSET:
+                floors[tp] = floor
+        topics = sorted({topic for topic, _ in offsets})
+        plans.append(Plan(
+            plan_id=new_plan_id(now_ms),
+            cluster_id=snapshot.cluster_id,
+            manifest_version=snapshot.version,
+            now_ms=now_ms,
+            mode=mode,
+            target_level=target_level,
+            deduplicate=target_level >= config.dedup_from_level,
+            inputs=tuple(sorted((files[key] for key in keys), key=lambda f: f.key)),
+            topics={name: snapshot.topics[name] for name in topics},
+            outside_floors=floors,
+            buffer_bytes=config.buffer_bytes,
+            target_file_bytes=config.target_file_bytes,
+            max_partition_bytes=config.max_partition_bytes,
+        ))
+    return plans
+
+
+def _lowest_offsets(files: Iterable[DataFile]) -> dict[TopicPartition, int]:
+    lowest: dict[TopicPartition, int] = {}
     for data_file in files:
-        kinds.setdefault(content_of(manifest, data_file), []).append(data_file)
+        for section in data_file.sections:
+            info, first = section.info, section.first_offset
+            tp = (info.topic, info.partition)
+            if first < lowest.get(tp, _NO_OFFSET):
+                lowest[tp] = first
+    return lowest
+
+
+def _lowest_outside_plans(
+    snapshot: Snapshot, live: Sequence[str], planned: Sequence[str], partitions: set[TopicPartition]
+) -> dict[TopicPartition, int]:
+    """Per partition of the plans, the lowest offset held by a live file no plan takes. The database reads
+    either the sections of those files or the sections of those partitions, whichever are expected fewer."""
+    unplanned = set(live).difference(planned)
+    if not unplanned or not partitions:
+        return {}
+    total_partitions = sum(topic.partitions for topic in snapshot.topics.values())
+    if len(live) * len(partitions) < len(unplanned) * total_partitions:
+        return snapshot.outside_floors(planned, partitions)
+    return {tp: offset for tp, offset in snapshot.lowest_offsets(sorted(unplanned)).items() if tp in partitions}
+
+
+def _by_content(files: list[FileSummary]) -> list[list[FileSummary]]:
+    kinds: dict[str, list[FileSummary]] = {}
+    for summary in files:
+        kinds.setdefault(summary.content, []).append(summary)
     return [kinds[k] for k in sorted(kinds)]

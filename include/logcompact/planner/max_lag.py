@@ -13,12 +13,14 @@ dirty within one interval is compacted together, so files are not rewritten over
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
+from typing import Iterable
 
-from logcompact.catalog import CatalogSection, Manifest
+from logcompact.catalog import PartitionSection, Snapshot
 from logcompact.engine.plan import Plan
 from logcompact.planner.config import PlannerConfig
-from logcompact.planner.levels import make_plan, top_level
+from logcompact.planner.levels import make_plans, top_level
 from logcompact.topics import LONG_MAX, MIN_MAX_COMPACTION_LAG_MS
 
 
@@ -30,17 +32,16 @@ class _PartitionState:
     others_min_ts: int | None = None  # the oldest record outside the base section
     files: list[str] = field(default_factory=list)
 
-    def add(self, key: str, level: int, section: CatalogSection, dedup_from_level: int) -> None:
-        self.files.append(key)
-        info = section.info
+    def add(self, section: PartitionSection, dedup_from_level: int) -> None:
+        self.files.append(section.key)
         if section.first_offset < self.base_offset:
             if self.base_offset != 1 << 62:
                 self._other(self.base_min_ts)
             self.base_offset = section.first_offset
-            self.base_clean = level >= dedup_from_level and info.clean_below_delta > info.last_delta
-            self.base_min_ts = info.min_timestamp
+            self.base_clean = section.level >= dedup_from_level and section.clean_below_delta > section.last_delta
+            self.base_min_ts = section.min_timestamp
         else:
-            self._other(info.min_timestamp)
+            self._other(section.min_timestamp)
 
     def _other(self, min_ts: int) -> None:
         self.others_min_ts = min_ts if self.others_min_ts is None else min(self.others_min_ts, min_ts)
@@ -52,49 +53,49 @@ class _PartitionState:
         return None if oldest_dirty is None else oldest_dirty + lag
 
 
-def _states(manifest: Manifest, topics: set[str], config: PlannerConfig) -> dict[tuple[str, int], _PartitionState]:
-    """One pass over the catalog: per partition of the chosen topics, its base section and oldest other record."""
+def _states(sections: Iterable[PartitionSection], config: PlannerConfig) -> dict[tuple[str, int], _PartitionState]:
+    """One pass over the sections: per partition, its base section and oldest other record."""
     states: dict[tuple[str, int], _PartitionState] = {}
-    for key, data_file in manifest.files.items():
-        for section in data_file.sections:
-            info = section.info
-            if info.topic in topics:
-                state = states.get((info.topic, info.partition))
-                if state is None:
-                    state = states[(info.topic, info.partition)] = _PartitionState()
-                state.add(key, data_file.level, section, config.dedup_from_level)
+    for section in sections:
+        state = states.get((section.topic, section.partition))
+        if state is None:
+            state = states[(section.topic, section.partition)] = _PartitionState()
+        state.add(section, config.dedup_from_level)
     return states
 
 
-def _lag(manifest: Manifest, topic: str) -> int:
-    return max(manifest.topics[topic].config.max_compaction_lag_ms, MIN_MAX_COMPACTION_LAG_MS)
+def _lag(snapshot: Snapshot, topic: str) -> int:
+    return max(snapshot.topics[topic].config.max_compaction_lag_ms, MIN_MAX_COMPACTION_LAG_MS)
 
 
-def dirty_since(manifest: Manifest, topic: str, partition: int, config: PlannerConfig) -> int | None:
+def dirty_since(snapshot: Snapshot, topic: str, partition: int, config: PlannerConfig) -> int | None:
     """When the partition's oldest record not yet deduplicated against older data became (or becomes) dirty."""
-    state = _states(manifest, {topic}, config).get((topic, partition))
-    return None if state is None else state.dirty_since(_lag(manifest, topic))
+    sections = (s for s in snapshot.partition_sections([snapshot.topic(topic).name]) if s.partition == partition)
+    state = _states(sections, config).get((topic, partition))
+    return None if state is None else state.dirty_since(_lag(snapshot, topic))
 
 
 def plan_max_lag(
-    manifest: Manifest, now_ms: int, config: PlannerConfig, leased: set[str], topics: list[str] | None = None
+    snapshot: Snapshot, now_ms: int, config: PlannerConfig, leased: set[str], topics: list[str] | None = None
 ) -> Plan | None:
     """One plan over every file holding a partition that must be compacted in this pass, or None."""
     horizon = now_ms + config.max_lag_pass_interval_ms - config.max_lag_deadline_ms
-    chosen = {
-        name for name, topic in manifest.topics.items()
+    chosen = sorted(
+        name for name, topic in snapshot.topics.items()
         if (not topics or name in topics) and topic.config.compacted and topic.config.max_compaction_lag_ms < LONG_MAX
-    }
+    )
     if not chosen:
         return None
     inputs: set[str] = set()
-    for (topic, _partition), state in _states(manifest, chosen, config).items():
-        since = state.dirty_since(_lag(manifest, topic))
+    for (topic, _partition), state in _states(snapshot.partition_sections(chosen), config).items():
+        since = state.dirty_since(_lag(snapshot, topic))
         if since is not None and since <= horizon:
             inputs.update(state.files)
     if not inputs:
         return None
     if not inputs.isdisjoint(leased):
         return None  # an in-flight plan holds some of these files; its commit compacts them first
-    files = [manifest.files[key] for key in inputs]
-    return make_plan(manifest, files, max(config.dedup_from_level, top_level(manifest, config)), now_ms, config, "max-lag")
+    summaries = snapshot.file_summaries()
+    target = max(config.dedup_from_level, top_level(Counter(f.level for f in summaries), config))
+    (found,) = make_plans(snapshot, [(sorted(inputs), target)], now_ms, config, "max-lag", [f.key for f in summaries])
+    return found
