@@ -1,4 +1,8 @@
-"""The CLI contract, exercised as users script it: a real `logcompact` process, JSON lines in and out."""
+"""The CLI contract, exercised as users script it: a real `logcompact` process, JSON lines in and out.
+
+The store-parametrized tests run on a file:// store with its embedded SQLite catalog and on an s3:// store
+(RGW) with its catalog on PostgreSQL, named by LOGCOMPACT_CATALOG.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,9 @@ import subprocess
 import sys
 
 import pytest
+
+from logcompact.catalog import Catalog
+from logcompact.store import LocalStore
 
 NOW = "1700000000000"
 
@@ -26,9 +33,25 @@ def run(env: dict[str, str], *args: str, stdin: str = "", expect: int = 0) -> li
 
 
 @pytest.fixture
-def env(store_uri_env) -> dict[str, str]:
+def env(request, store_uri_env) -> dict[str, str]:
     uri, environment = store_uri_env
+    environment = {k: v for k, v in environment.items() if k != "LOGCOMPACT_CATALOG"}
+    if uri.startswith("s3://"):
+        environment["LOGCOMPACT_CATALOG"] = request.getfixturevalue("postgres").create_database()
     return {**environment, "LOGCOMPACT_STORE": uri, "LOGCOMPACT_NOW_MS": NOW}
+
+
+def _without_catalog() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in ("LOGCOMPACT_STORE", "LOGCOMPACT_CATALOG")}
+
+
+@pytest.fixture
+def local_env(tmp_path, catalog_url: str | None) -> dict[str, str]:
+    """A file:// store, its catalog the embedded SQLite or (LOGCOMPACT_CATALOG) a PostgreSQL database."""
+    env = {**_without_catalog(), "LOGCOMPACT_STORE": f"file://{tmp_path}/store"}
+    if catalog_url:
+        env["LOGCOMPACT_CATALOG"] = catalog_url
+    return env
 
 
 def test_topic_produce_consume_files(env: dict[str, str]) -> None:
@@ -85,18 +108,63 @@ def test_bad_input_is_one_line_and_changes_nothing(env: dict[str, str], args, st
 
 
 def test_usage_errors_and_help(tmp_path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "LOGCOMPACT_STORE"}
+    env = _without_catalog()
     (error,) = run(env, "topic", "list", expect=2)
     assert "no store given: pass --store URI or set LOGCOMPACT_STORE" in error["error"]
     for command in (["--help"], ["topic", "create", "--help"], ["produce", "--help"], ["consume", "--help"], ["files", "--help"]):
         done = subprocess.run([sys.executable, "-m", "logcompact", *command], capture_output=True, text=True, env=env)
         assert done.returncode == 0 and "Usage: logcompact" in done.stdout
+    top = subprocess.run([sys.executable, "-m", "logcompact", "--help"], capture_output=True, text=True, env=env).stdout
+    assert "--catalog URL" in top and "LOGCOMPACT_CATALOG" in top and "postgresql+psycopg://" in top
     (error,) = run(env, "--store", f"file://{tmp_path}/none", "topic", "list", expect=1)
     assert "no logcompact cluster in" in error["error"]
 
 
-def test_plan_compact_and_gc(tmp_path) -> None:
-    env = {**os.environ, "LOGCOMPACT_STORE": f"file://{tmp_path}/store"}
+def test_catalog_option_puts_the_catalog_on_postgresql(tmp_path, postgres) -> None:
+    url = postgres.create_database()
+    env = {**_without_catalog(), "LOGCOMPACT_NOW_MS": NOW}
+    store = ["--store", f"file://{tmp_path}/store", "--catalog", url]
+    run(env, *store, "topic", "create", "t", "--partitions", "2")
+    produced = run(env, *store, "produce", "t", stdin='{"partition": 1, "key": "k", "value": "v"}\n{"partition": 1, "value": "w"}\n')
+    assert produced == [{"partition": 1, "offset": 0}, {"partition": 1, "offset": 1}]
+    assert [(r["offset"], r["value"]) for r in run(env, *store, "consume", "t", "--partition", "1")] == [(0, "v"), (1, "w")]
+    assert run(env, *store, "topic", "describe", "t")[0]["next_offsets"] == [0, 2]
+    assert not (tmp_path / "store" / "catalog.db").exists()  # the store holds data only: the catalog is on PostgreSQL
+    (live,) = Catalog(LocalStore(tmp_path / "store"), url).snapshot().file_summaries()
+    assert (tmp_path / "store" / live.key).exists()
+    # Without --catalog the same store has no cluster: its embedded catalog is another one.
+    (error,) = run(env, "--store", f"file://{tmp_path}/store", "topic", "list", expect=1)
+    assert "no logcompact cluster in" in error["error"]
+
+
+def test_catalog_from_the_environment(tmp_path) -> None:
+    catalog_db = tmp_path / "elsewhere" / "catalog.db"
+    catalog_db.parent.mkdir()
+    env = {**_without_catalog(), "LOGCOMPACT_STORE": f"file://{tmp_path}/store", "LOGCOMPACT_CATALOG": f"sqlite:///{catalog_db}"}
+    run(env, "topic", "create", "t", "--partitions", "1")
+    run(env, "produce", "t", stdin='{"partition": 0, "value": "v"}\n')
+    assert [r["value"] for r in run(env, "consume", "t", "--partition", "0")] == ["v"]
+    assert catalog_db.exists() and not (tmp_path / "store" / "catalog.db").exists()
+    # --catalog overrides the environment.
+    (error,) = run(env, "--catalog", f"sqlite:///{tmp_path}/other.db", "topic", "list", expect=1)
+    assert "no logcompact cluster in" in error["error"]
+
+
+def test_a_missing_or_bad_catalog_is_one_line(tmp_path) -> None:
+    env = _without_catalog()
+    (error,) = run(env, "--store", "s3://bucket/cluster", "topic", "create", "t", "--partitions", "1", expect=1)
+    assert error["error"].startswith("logcompact: error: store s3://bucket/cluster needs a catalog database: pass --catalog")
+    assert "LOGCOMPACT_CATALOG" in error["error"]
+    (error,) = run(env, "--store", f"file://{tmp_path}", "--catalog", "mysql://x/y", "topic", "list", expect=1)
+    assert "the catalog runs on sqlite or postgresql+psycopg, not mysql" in error["error"]
+    unreachable = "postgresql+psycopg://user:s3cret@127.0.0.1:1/catalog"
+    (error,) = run(env, "--store", f"file://{tmp_path}", "--catalog", unreachable, "topic", "create", "t", "--partitions", "1", expect=1)
+    assert "catalog database: connection failed" in error["error"] and "check --catalog" in error["error"]
+    assert "s3cret" not in error["error"]
+
+
+def test_plan_compact_and_gc(tmp_path, local_env: dict[str, str]) -> None:
+    env = local_env
     run(env, "topic", "create", "accounts", "--partitions", "1", "--config", "cleanup.policy=compact")
     for round_ in range(4):
         lines = [json.dumps({"partition": 0, "key": f"k{i}", "value": f"{round_}", "timestamp": 1000}) for i in range(5)]
@@ -117,7 +185,7 @@ def test_plan_compact_and_gc(tmp_path) -> None:
     ]
     assert [f["level"] for f in run(env, "files")] == [2]
     (report,) = run(env, "gc", "--now", "3000")
-    assert report == {"deleted_files": [], "deleted_manifests": [], "kept_unreferenced_young": 0, "released_leases": [],
+    assert report == {"deleted_files": [], "trimmed_versions": 0, "kept_unreferenced_young": 0, "released_leases": [],
                       "deleted_plans": []}
 
     (error,) = run(env, "compact", "--all", "--full", expect=2)
@@ -131,8 +199,8 @@ def test_plan_compact_and_gc(tmp_path) -> None:
     assert "malformed plan" in error["error"]
 
 
-def test_compact_until_idle_cascades_levels(tmp_path) -> None:
-    env = {**os.environ, "LOGCOMPACT_STORE": f"file://{tmp_path}/store", "LOGCOMPACT_NOW_MS": "5000"}
+def test_compact_until_idle_cascades_levels(local_env: dict[str, str]) -> None:
+    env = {**local_env, "LOGCOMPACT_NOW_MS": "5000"}
     run(env, "topic", "create", "t", "--partitions", "2", "--config", "cleanup.policy=compact")
     for round_ in range(2):
         run(env, "produce", "t", stdin="\n".join(json.dumps({"partition": i % 2, "key": f"k{i}", "value": f"{round_}"}) for i in range(6)))
@@ -142,8 +210,8 @@ def test_compact_until_idle_cascades_levels(tmp_path) -> None:
     assert sorted(r["value"] for p in (0, 1) for r in run(env, "consume", "t", "--partition", str(p))) == ["1"] * 6
 
 
-def test_plan_modes_and_dry_run(tmp_path) -> None:
-    env = {**os.environ, "LOGCOMPACT_STORE": f"file://{tmp_path}/store", "LOGCOMPACT_NOW_MS": "1700000000000"}
+def test_plan_modes_and_dry_run(local_env: dict[str, str]) -> None:
+    env = {**local_env, "LOGCOMPACT_NOW_MS": "1700000000000"}
     run(env, "topic", "create", "t", "--partitions", "2", "--config", "cleanup.policy=compact", "--config", "max.compaction.lag.ms=7200000")
     for round_ in range(3):
         run(env, "produce", "t", stdin="\n".join(json.dumps({"partition": i % 2, "key": f"k{i % 10}", "value": f"{round_}"}) for i in range(100)))
@@ -157,3 +225,17 @@ def test_plan_modes_and_dry_run(tmp_path) -> None:
     assert "--topics goes with --full, --mode full or --mode max-lag" in error["error"]
     (error,) = run(env, "plan", "--mode", "sideways", expect=2)
     assert "'sideways' is not one of" in error["error"]
+
+
+def test_demo_produces_consumes_and_sweeps(local_env: dict[str, str]) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "logcompact", "demo", "--records", "3000"], capture_output=True, text=True, env=local_env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("cluster ") and "topics accounts (compact), clicks (delete), sessions (compact,delete)" in lines[0]
+    assert "produced 3,000 records" in lines[1]
+    assert sum(line.startswith("verified: ") for line in lines) == 2
+    assert any(line.startswith("full sweep into L2: 3,000 records in") for line in lines)
+    (error,) = run(local_env, "demo", "--records", "3000", expect=1)  # its topics exist now
+    assert "topic 'accounts' already exists" in error["error"] and "run the demo on an empty store" in error["error"]

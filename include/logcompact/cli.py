@@ -1,7 +1,9 @@
 """The `logcompact` command line. Other tools script against it: its arguments and JSON lines are a contract.
 
-Every command reads the store from `--store` or LOGCOMPACT_STORE and the clock from `--now` or
-LOGCOMPACT_NOW_MS (wall clock otherwise). Errors print one line to stderr and exit 1; usage errors exit 2.
+Every command reads the store from `--store` or LOGCOMPACT_STORE, the catalog database from `--catalog` or
+LOGCOMPACT_CATALOG (a file:// store has its own SQLite catalog without one; an s3:// store needs one) and
+the clock from `--now` or LOGCOMPACT_NOW_MS (wall clock otherwise). Errors print one line to stderr and
+exit 1; usage errors exit 2.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import sys
 from typing import Any
 
 import click
+from sqlalchemy.exc import SQLAlchemyError
 
 from logcompact.catalog import Catalog
 from logcompact.consume import read_records
@@ -30,10 +33,12 @@ MAX_ROUNDS = 100
 
 
 class Context:
-    def __init__(self, store_uri: str | None, now_ms: int | None, aws_conn_id: str | None) -> None:
+    def __init__(self, store_uri: str | None, catalog_url: str | None, now_ms: int | None, aws_conn_id: str | None) -> None:
         self._store_uri = store_uri
+        self._catalog_url = catalog_url
         self._aws_conn_id = aws_conn_id
         self._store: ObjectStore | None = None
+        self._catalog: Catalog | None = None
         self.now_ms = now_ms
 
     @property
@@ -46,7 +51,9 @@ class Context:
 
     @property
     def catalog(self) -> Catalog:
-        return Catalog(self.store)
+        if self._catalog is None:
+            self._catalog = Catalog(self.store, self._catalog_url)
+        return self._catalog
 
     def clock(self) -> int:
         return self.now_ms if self.now_ms is not None else wall_clock_ms()
@@ -82,14 +89,21 @@ def _parse_settings(pairs: tuple[str, ...]) -> dict[str, str]:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("--store", envvar="LOGCOMPACT_STORE", metavar="URI", help="file:///path or s3://bucket/prefix [env LOGCOMPACT_STORE].")
+@click.option("--catalog", "catalog_url", envvar="LOGCOMPACT_CATALOG", metavar="URL",
+              help="Catalog database: postgresql+psycopg://USER:PASSWORD@HOST/DB or sqlite:////path/catalog.db; "
+                   "needed for an s3:// store, a file:// store defaults to its own catalog.db [env LOGCOMPACT_CATALOG].")
 @click.option("--now", "now_ms", envvar="LOGCOMPACT_NOW_MS", type=int, metavar="MS", help="Clock in epoch ms [env LOGCOMPACT_NOW_MS].")
 @click.option("--aws-conn-id", envvar="LOGCOMPACT_AWS_CONN_ID", metavar="ID", help="Airflow AWS connection for s3:// stores.")
 @click.option("-v", "--verbose", is_flag=True, help="Log progress to stderr.")
 @click.pass_context
-def cli(ctx: click.Context, store: str | None, now_ms: int | None, aws_conn_id: str | None, verbose: bool) -> None:
-    """Key-based compaction for a Kafka-style log kept as segment files in object storage."""
+def cli(ctx: click.Context, store: str | None, catalog_url: str | None, now_ms: int | None, aws_conn_id: str | None,
+        verbose: bool) -> None:
+    """Key-based compaction for a Kafka-style log kept as segment files in object storage.
+
+    A cluster is its store (data files, plans) and its catalog database (topics, offsets, live files).
+    """
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="logcompact: %(levelname)s: %(message)s")
-    ctx.obj = Context(store, now_ms, aws_conn_id)
+    ctx.obj = Context(store, catalog_url or None, now_ms, aws_conn_id)
 
 
 # -- topics ------------------------------------------------------------------------------------------
@@ -97,7 +111,7 @@ def cli(ctx: click.Context, store: str | None, now_ms: int | None, aws_conn_id: 
 
 @cli.group()
 def topic() -> None:
-    """Create, describe, list and alter topics."""
+    """Create, describe, list and alter topics (kept in the catalog)."""
 
 
 @topic.command("create")
@@ -107,12 +121,12 @@ def topic() -> None:
 @click.option("--config", "configs", multiple=True, metavar="KEY=VALUE", help="Topic config, repeatable (cleanup.policy=compact).")
 @pass_context
 def topic_create(ctx: Context, name: str, partitions: int, configs: tuple[str, ...]) -> None:
-    """Create topic NAME; prints its description."""
+    """Create topic NAME (and the catalog's schema on first use); prints its description."""
     now = ctx.clock()
     created = Topic.create(name, partitions, _parse_settings(configs), now)
     catalog = ctx.catalog
     catalog.ensure_created(now)
-    catalog.commit(f"create topic {name}", lambda m: (m.with_topic(created), None), now)
+    catalog.create_topic(created, now)
     _emit(created.to_dict())
 
 
@@ -121,15 +135,16 @@ def topic_create(ctx: Context, name: str, partitions: int, configs: tuple[str, .
 @pass_context
 def topic_describe(ctx: Context, name: str) -> None:
     """Print topic NAME as JSON, with each partition's next offset."""
-    manifest = ctx.catalog.load()
-    _emit({**manifest.topic(name).to_dict(), "next_offsets": list(manifest.next_offsets[name])})
+    catalog = ctx.catalog
+    described = catalog.snapshot().topic(name)
+    _emit({**described.to_dict(), "next_offsets": catalog.next_offsets(name)})
 
 
 @topic.command("list")
 @pass_context
 def topic_list(ctx: Context) -> None:
     """Print one JSON line per topic."""
-    for _name, found in sorted(ctx.catalog.load().topics.items()):
+    for _name, found in sorted(ctx.catalog.snapshot().topics.items()):
         _emit(found.to_dict())
 
 
@@ -140,9 +155,7 @@ def topic_list(ctx: Context) -> None:
 @pass_context
 def topic_alter(ctx: Context, name: str, configs: tuple[str, ...]) -> None:
     """Change configs of topic NAME (cleanup.policy is fixed at creation)."""
-    settings = _parse_settings(configs)
-    manifest, _ = ctx.catalog.commit(f"alter topic {name}", lambda m: (m.with_altered_topic(name, settings), None), ctx.clock())
-    _emit(manifest.topic(name).to_dict())
+    _emit(ctx.catalog.alter_topic(name, _parse_settings(configs), ctx.clock()).to_dict())
 
 
 # -- produce and consume -------------------------------------------------------------------------------
@@ -226,9 +239,10 @@ def _text_or_b64(document: dict, name: str, data: bytes | None) -> None:
 @click.option("--to-offset", type=int, default=None, help="Stop before this offset (exclusive, like Kafka's end offsets).")
 @pass_context
 def consume(ctx: Context, topic_name: str, partition: int, from_offset: int, to_offset: int | None) -> None:
-    """Print the records of one partition in offset order, one JSON line each, as of the latest manifest."""
-    manifest = ctx.catalog.load()
-    for record in read_records(ctx.store, manifest, topic_name, partition, from_offset, to_offset):
+    """Print the records of one partition in offset order, one JSON line each, as of the latest manifest
+    version (the catalog is asked for that partition's sections only)."""
+    snapshot = ctx.catalog.snapshot()
+    for record in read_records(ctx.store, snapshot, topic_name, partition, from_offset, to_offset):
         document: dict[str, Any] = {"offset": record.offset, "timestamp": record.timestamp}
         _text_or_b64(document, "key", record.key)
         _text_or_b64(document, "value", record.value)
@@ -243,8 +257,8 @@ def consume(ctx: Context, topic_name: str, partition: int, from_offset: int, to_
 @click.option("--level", type=click.IntRange(0, 4), default=None, help="Only files of this level.")
 @pass_context
 def files(ctx: Context, level: int | None) -> None:
-    """Print one JSON line per live file: key, level, size, creation time, records and sections."""
-    for data_file in ctx.catalog.load().files_at(level):
+    """Print one JSON line per live file in the catalog: key, level, size, creation time, records and sections."""
+    for data_file in ctx.catalog.snapshot().files(level):
         _emit({**data_file.to_dict(), "record_count": data_file.record_count})
 
 
@@ -287,7 +301,7 @@ def plan_command(ctx: Context, mode: str, topics: tuple[str, ...], dry_run: bool
     """Print the plans a mode calls for now, one JSON line each (nothing is leased or run)."""
     _check_topics_option(mode, topics)
     config = _config(**options)
-    for found in plan(ctx.catalog.load(), ctx.clock(), mode, config, list(topics) or None):
+    for found in plan(ctx.catalog.snapshot(), ctx.clock(), mode, config, list(topics) or None):
         if dry_run:
             _emit(expected_effect(found, config.group_bytes))
         else:
@@ -345,7 +359,7 @@ def compact(
         return
     mode = "full" if full else mode
     for _ in range(MAX_ROUNDS if until_idle else 1):
-        plans = plan(catalog.load(), ctx.clock(), mode, config, list(topics) or None)
+        plans = plan(catalog.snapshot(), ctx.clock(), mode, config, list(topics) or None)
         if not plans:
             return
         for found in plans:
@@ -360,7 +374,8 @@ def compact(
               help="Only files older than this are deleted (younger ones may await a commit).")
 @pass_context
 def gc(ctx: Context, grace_ms: int) -> None:
-    """Release expired leases; delete unreferenced data files, finished plans and stale manifest versions past the grace."""
+    """Release expired leases; delete data files no kept manifest version holds and finished plans, past the
+    grace; trim the catalog's commit log to the kept versions."""
     _emit(collect_garbage(ctx.catalog, ctx.clock(), grace_ms).to_dict())
 
 
@@ -404,7 +419,7 @@ def demo(ctx: Context, records: int) -> None:
     """Create three topics (compact, delete, compact,delete), produce, consume back, verify, summarize."""
     from logcompact.demo import run_demo
 
-    run_demo(ctx.store, records, ctx.clock, echo=click.echo)
+    run_demo(ctx.catalog, records, ctx.clock, echo=click.echo)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -419,5 +434,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except LogcompactError as exc:
         click.echo(f"logcompact: error: {exc}", err=True)
+        sys.exit(1)
+    except SQLAlchemyError as exc:  # the catalog database is down, unreachable or refuses us
+        reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+        click.echo(f"logcompact: error: catalog database: {reason}; check --catalog (LOGCOMPACT_CATALOG) and the database", err=True)
         sys.exit(1)
 

@@ -1,4 +1,6 @@
-"""`make demo`: a cluster in a local directory, about a million records over three topics, read back and checked."""
+"""The demos' library: `logcompact demo` (about a million records over three topics, read back, checked, swept)
+and the pieces of `make demo` (scripts/demo.py: skewed data for the DAGs, the per-level report, the check
+through consume). Everything goes through the catalog's API, on whichever database the cluster uses."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from typing import Callable
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from logcompact.catalog import Catalog, Manifest
+from logcompact.catalog import Catalog, Snapshot
 from logcompact.exceptions import TopicExistsError, VerificationError
 from logcompact.consume import latest_values, read_batches
 from logcompact.engine.commit import run_and_commit
@@ -44,17 +46,16 @@ def _record(topic: DemoTopic, sequence: int, timestamp: int) -> Record:
     return Record(partition, key, value, timestamp)
 
 
-def run_demo(store: ObjectStore, total_records: int, clock: Callable[[], int], echo: Callable[[str], None]) -> None:
-    catalog = Catalog(store)
+def run_demo(catalog: Catalog, total_records: int, clock: Callable[[], int], echo: Callable[[str], None]) -> None:
+    store = catalog.store
     now = clock()
     catalog.ensure_created(now)
-    existing = catalog.load().topics
+    existing = catalog.snapshot().topics
     for spec in TOPICS:
         if spec.name in existing:
             raise TopicExistsError(f"topic {spec.name!r} already exists in {store.uri}; run the demo on an empty store")
-        created = Topic.create(spec.name, PARTITIONS, {"cleanup.policy": spec.policy, "retention.ms": "-1"}, now)
-        catalog.commit(f"create topic {spec.name}", lambda m, t=created: (m.with_topic(t), None), now)
-    echo(f"cluster {catalog.load().cluster_id} in {store.uri}: topics " + ", ".join(f"{t.name} ({t.policy})" for t in TOPICS))
+        catalog.create_topic(Topic.create(spec.name, PARTITIONS, {"cleanup.policy": spec.policy, "retention.ms": "-1"}, now), now)
+    echo(f"cluster {catalog.cluster_id} in {store.uri}: topics " + ", ".join(f"{t.name} ({t.policy})" for t in TOPICS))
 
     per_topic = total_records // len(TOPICS)
     produced = {spec.name: [_record(spec, i, now + i) for i in range(per_topic)] for spec in TOPICS}
@@ -75,12 +76,12 @@ def run_demo(store: ObjectStore, total_records: int, clock: Callable[[], int], e
         f"{agent.files_written} L0 files"
     )
 
-    manifest = catalog.load()
+    snapshot = catalog.snapshot()
     started = time.perf_counter()
     consumed: dict[tuple[str, int], pa.Table] = {}
     for spec in TOPICS:
         for partition in range(PARTITIONS):
-            consumed[(spec.name, partition)] = pa.concat_tables(list(read_batches(store, manifest, spec.name, partition)))
+            consumed[(spec.name, partition)] = pa.concat_tables(list(read_batches(store, snapshot, spec.name, partition)))
     consume_s = time.perf_counter() - started
     echo(
         f"consumed {sum(t.num_rows for t in consumed.values()):,} records as Arrow batches in {consume_s:.2f} s: "
@@ -100,30 +101,29 @@ def run_demo(store: ObjectStore, total_records: int, clock: Callable[[], int], e
                 latest: dict[bytes, bytes | None] = {}
                 for r in expected:
                     latest[r.key] = r.value
-                view = latest_values(store, manifest, spec.name, partition)
+                view = latest_values(store, snapshot, spec.name, partition)
                 found = dict(zip(view.column("key").to_pylist(), view.column("value").to_pylist()))
                 if found != {k: v for k, v in latest.items() if v is not None}:
                     raise VerificationError(f"demo check failed: {spec.name}/{partition} latest values differ")
     live_keys = sum(
-        latest_values(store, manifest, spec.name, p).num_rows for spec in TOPICS if spec.distinct_keys for p in range(PARTITIONS)
+        latest_values(store, snapshot, spec.name, p).num_rows for spec in TOPICS if spec.distinct_keys for p in range(PARTITIONS)
     )
     tombstones = sum(pc.sum(pc.is_null(t.column("value"))).as_py() or 0 for t in consumed.values())
     counts = store.counters.snapshot()
     echo(
         f"verified: every offset, value and latest value per key matches what was produced "
-        f"({live_keys:,} live keys, {tombstones:,} tombstones); manifest version {manifest.version}, "
-        f"{len(manifest.files)} live files"
+        f"({live_keys:,} live keys, {tombstones:,} tombstones); manifest version {snapshot.version}, "
+        f"{sum(snapshot.level_counts().values())} live files"
     )
     echo(f"store requests: {counts.put:,} PUT, {counts.get:,} GET, {counts.list:,} LIST, {counts.delete:,} DELETE")
 
-    compact_and_verify(store, catalog, produced, clock(), echo)
+    compact_and_verify(catalog, produced, clock(), echo)
 
 
-def compact_and_verify(
-    store: ObjectStore, catalog: Catalog, produced: dict[str, list[Record]], now: int, echo: Callable[[str], None]
-) -> None:
+def compact_and_verify(catalog: Catalog, produced: dict[str, list[Record]], now: int, echo: Callable[[str], None]) -> None:
     """A full sweep (`logcompact compact --full`), then: exactly one record per key in compacted topics."""
-    (sweep,) = plan(catalog.load(), now, "full")
+    store = catalog.store
+    (sweep,) = plan(catalog.snapshot(), now, "full")
     result = run_and_commit(catalog, sweep, now)
     stats = result.groups[0]
     echo(
@@ -131,10 +131,10 @@ def compact_and_verify(
         f"({stats.duplicates_removed:,} duplicates removed, {stats.tombstones_stamped:,} tombstones stamped) "
         f"in {stats.seconds:.2f} s: {stats.records_in / stats.seconds:,.0f} records/s, {stats.gets} GETs, {stats.puts} PUTs"
     )
-    manifest = catalog.load()
+    snapshot = catalog.snapshot()
     for spec in TOPICS:
         for partition in range(PARTITIONS):
-            table = pa.concat_tables(list(read_batches(store, manifest, spec.name, partition)))
+            table = pa.concat_tables(list(read_batches(store, snapshot, spec.name, partition)))
             expected = produced[spec.name][partition::PARTITIONS]
             if not spec.distinct_keys:
                 if table.num_rows != len(expected):
@@ -169,8 +169,7 @@ def create_skewed_topics(catalog: Catalog, now: int) -> None:
         configs = {"cleanup.policy": spec.policy, "retention.ms": "-1"}
         if spec.distinct_keys:
             configs["max.compaction.lag.ms"] = str(2 * HOUR_MS)
-        created = Topic.create(spec.name, PARTITIONS, configs, now)
-        catalog.commit(f"create topic {spec.name}", lambda m, t=created: (m.with_topic(t), None), now)
+        catalog.create_topic(Topic.create(spec.name, PARTITIONS, configs, now), now)
 
 
 def produce_skewed(catalog: Catalog, records: int, files: int, first_timestamp: int, last_timestamp: int,
@@ -202,22 +201,22 @@ def produce_skewed(catalog: Catalog, records: int, files: int, first_timestamp: 
     return latest
 
 
-def level_table(manifest: Manifest) -> dict[int, tuple[int, int, int]]:
-    """Files, bytes and records per level."""
+def level_table(snapshot: Snapshot) -> dict[int, tuple[int, int, int]]:
+    """Files, bytes and records per level (from the files' summaries: no sections are read)."""
     table: dict[int, tuple[int, int, int]] = {}
-    for data_file in manifest.files.values():
-        files, size, records = table.get(data_file.level, (0, 0, 0))
-        table[data_file.level] = (files + 1, size + data_file.size, records + data_file.record_count)
+    for summary in snapshot.file_summaries():
+        files, size, records = table.get(summary.level, (0, 0, 0))
+        table[summary.level] = (files + 1, size + summary.size, records + summary.record_count)
     return dict(sorted(table.items()))
 
 
-def describe_levels(manifest: Manifest) -> str:
+def describe_levels(snapshot: Snapshot) -> str:
     return "; ".join(
-        f"L{level} {files} files {size / 1e6:.1f} MB {records:,} records" for level, (files, size, records) in level_table(manifest).items()
+        f"L{level} {files} files {size / 1e6:.1f} MB {records:,} records" for level, (files, size, records) in level_table(snapshot).items()
     ) or "no files"
 
 
-def verify_latest(store: ObjectStore, manifest: Manifest, latest: dict[str, dict[int, dict[bytes, bytes | None]]],
+def verify_latest(store: ObjectStore, snapshot: Snapshot, latest: dict[str, dict[int, dict[bytes, bytes | None]]],
                   clicks: int) -> int:
     """Through consume: every key's latest value survived, deleted keys stay deleted, the delete-policy topic
     kept all its records. Returns the live keys checked."""
@@ -226,7 +225,7 @@ def verify_latest(store: ObjectStore, manifest: Manifest, latest: dict[str, dict
         for partition in range(PARTITIONS):
             if not spec.distinct_keys:
                 continue
-            view = latest_values(store, manifest, spec.name, partition)
+            view = latest_values(store, snapshot, spec.name, partition)
             found = dict(zip(view.column("key").to_pylist(), view.column("value").to_pylist()))
             expected = {k: v for k, v in latest[spec.name][partition].items() if v is not None}
             if found != expected:
@@ -236,7 +235,7 @@ def verify_latest(store: ObjectStore, manifest: Manifest, latest: dict[str, dict
                 )
             checked += len(found)
     kept = sum(
-        batch.num_rows for partition in range(PARTITIONS) for batch in read_batches(store, manifest, "clicks", partition)
+        batch.num_rows for partition in range(PARTITIONS) for batch in read_batches(store, snapshot, "clicks", partition)
     )
     if kept != clicks:
         raise VerificationError(f"demo check failed: clicks holds {kept:,} records, produced {clicks:,}")
