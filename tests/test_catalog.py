@@ -1,11 +1,22 @@
-"""The catalog's optimistic commits, conflicts and bounded history, on both backends."""
+"""The SQL catalog on both databases: appends and their offsets, compaction swaps and their conflicts, leases,
+pinned snapshots and the kept history, the reads planners make, and the errors a user sees."""
 
 from __future__ import annotations
 
-import pytest
+import random
+import threading
+from dataclasses import replace
+from pathlib import Path
 
-from logcompact.catalog import Catalog, DataFile, NewFile, manifest_key
+import pytest
+from sqlalchemy import update
+
+from logcompact.catalog import Catalog, CatalogSection, DataFile, NewFile
+from logcompact.catalog import schema
+from logcompact.catalog import snapshot as snapshot_module
 from logcompact.exceptions import (
+    CatalogConfigError,
+    CatalogSchemaError,
     ClusterNotFoundError,
     CommitConflictError,
     ManifestVersionNotFoundError,
@@ -13,119 +24,243 @@ from logcompact.exceptions import (
     TopicNotFoundError,
 )
 from logcompact.format.layout import SectionInfo
-from logcompact.store import LocalStore, ObjectStore
+from logcompact.store import LocalStore
+from logcompact.store.s3 import S3Store
 from tests.helpers import NOW, create_topic
 
+HOUR = 3_600_000
 
-def _new_file(key: str, *sections: tuple[str, int, int]) -> NewFile:
+
+def _new_file(key: str, *sections: tuple[str, int, int], level: int = 0) -> NewFile:
     infos = tuple(
-        SectionInfo(topic, partition, count, count - 1, 0, 0, 0, 0, "none", 0, 16, 1) for topic, partition, count in sections
+        SectionInfo(topic, partition, count, count - 1, 0, 0, 0, 0, "none", 0, 16 + 100 * n, 1)
+        for n, (topic, partition, count) in enumerate(sections)
     )
-    return NewFile(key, 0, 100, NOW, infos)
+    return NewFile(key, level, 100, NOW, infos)
 
 
-def _append(catalog: Catalog, new_file: NewFile):
-    return catalog.commit("append", lambda m: m.with_appended_files([new_file]), NOW)
+def _append(catalog: Catalog, new_file: NewFile) -> list[int]:
+    _, (assigned,) = catalog.append_files([new_file], NOW)
+    return assigned
 
 
-def test_an_empty_store_has_no_cluster(store: ObjectStore) -> None:
-    with pytest.raises(ClusterNotFoundError, match="no logcompact cluster in"):
-        Catalog(store).load()
+def _output(catalog: Catalog, key: str, *inputs: str) -> DataFile:
+    """A compaction output holding the sections of `inputs` as they are now."""
+    files = catalog.snapshot().get_files(list(inputs))
+    sections = [section for name in inputs for section in files[name].sections]
+    placed = tuple(CatalogSection(replace(s.info, byte_offset=16 + 100 * n), s.first_offset) for n, s in enumerate(sections))
+    return DataFile(key, 1, 50, NOW, placed)
 
 
-def test_appends_get_consecutive_offsets_per_partition(store: ObjectStore) -> None:
-    catalog = Catalog(store)
+def test_appends_get_consecutive_offsets_per_partition(catalog: Catalog) -> None:
     create_topic(catalog, "t", partitions=2)
-    _, first = _append(catalog, _new_file("f1", ("t", 0, 5), ("t", 1, 2)))
-    _, second = _append(catalog, _new_file("f2", ("t", 0, 3)))
-    manifest = catalog.load()
-    assert (first, second) == ([[0, 0]], [[5]])
-    assert manifest.next_offsets["t"] == (8, 2)
-    assert [(f.key, s.first_offset, s.last_offset) for f, s in manifest.sections_of("t", 0)] == [("f1", 0, 4), ("f2", 5, 7)]
+    assert _append(catalog, _new_file("f1", ("t", 0, 5), ("t", 1, 2))) == [0, 0]
+    assert _append(catalog, _new_file("f2", ("t", 0, 3))) == [5]
+    assert catalog.next_offsets("t") == [8, 2]
+    snapshot = catalog.snapshot()
+    assert [(key, s.first_offset, s.last_offset) for key, s in snapshot.sections_of("t", 0)] == [("f1", 0, 4), ("f2", 5, 7)]
+    assert [(key, s.first_offset) for key, s in snapshot.sections_of("t", 0, from_offset=5)] == [("f2", 5)]
 
 
-def test_a_writer_that_lost_the_race_reapplies_its_change_on_the_winner(store: ObjectStore) -> None:
-    create_topic(Catalog(store), "t")
-    slow, fast = Catalog(store), Catalog(store)
-    applied_to = []
+def test_concurrent_appenders_never_share_an_offset_nor_leave_a_gap(catalog: Catalog) -> None:
+    create_topic(catalog, "t", partitions=3)
+    writers, files_each = 6, 15
+    assigned: dict[str, list[int]] = {}
+    sections: dict[str, tuple] = {}
+    errors: list[BaseException] = []
+    start = threading.Barrier(writers)
 
-    def append_after_being_overtaken(manifest):
-        applied_to.append(manifest.version)
-        if len(applied_to) == 1:  # while we were busy, another writer committed
-            _append(fast, _new_file("fast", ("t", 0, 10)))
-        return manifest.with_appended_files([_new_file("slow", ("t", 0, 1))])
+    def append(writer: int) -> None:
+        rng = random.Random(writer)
+        own = Catalog(catalog.store, catalog.url)  # each writer its own catalog, as agents have
+        try:
+            start.wait()
+            for n in range(files_each):
+                new = _new_file(f"w{writer}-{n}", *((("t", p, rng.randint(1, 4)) for p in rng.sample(range(3), rng.randint(1, 3)))))
+                sections[new.key] = new.sections
+                assigned[new.key] = _append(own, new)
+        except BaseException as exc:  # noqa: BLE001 (reported by the test thread)
+            errors.append(exc)
 
-    manifest, assigned = slow.commit("append", append_after_being_overtaken, NOW)
-    assert applied_to == [applied_to[0], applied_to[0] + 1]
-    assert assigned == [[10]] and manifest.version == applied_to[0] + 2
-    assert sorted(manifest.files) == ["fast", "slow"]
+    threads = [threading.Thread(target=append, args=(w,)) for w in range(writers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    ranges: dict[int, list[tuple[int, int]]] = {0: [], 1: [], 2: []}
+    for key, infos in sections.items():
+        for info, first in zip(infos, assigned[key], strict=True):
+            ranges[info.partition].append((first, first + info.record_count))
+    snapshot = catalog.snapshot()
+    for partition, taken in ranges.items():
+        taken.sort()
+        assert [end for _, end in taken[:-1]] == [start for start, _ in taken[1:]] and taken[0][0] == 0  # no gap, no overlap
+        assert catalog.next_offsets("t")[partition] == taken[-1][1]
+        assert [(s.first_offset, s.last_offset + 1) for _, s in snapshot.sections_of("t", partition)] == taken
+    assert len(snapshot.file_summaries()) == writers * files_each
 
 
-def test_replacing_files_that_are_gone_is_a_conflict_that_writes_nothing(store: ObjectStore) -> None:
-    catalog = Catalog(store)
+def test_a_compaction_swaps_its_inputs_and_a_conflict_says_what_it_expected_and_found(catalog: Catalog) -> None:
     create_topic(catalog, "t")
     _append(catalog, _new_file("f1", ("t", 0, 5)))
-    planned = catalog.load()
-    output = DataFile("l1", 1, 50, NOW, planned.files["f1"].sections)
-    catalog.commit("compact", lambda m: (m.with_replaced_files(["f1"], [output], planned.version), None), NOW)
+    planned = catalog.latest_version()
+    output = _output(catalog, "l1", "f1")
+    done = catalog.replace_files(["f1"], [output], NOW, plan_id="p-1", expected_version=planned)
+    assert done.committed and [f.key for f in catalog.snapshot().file_summaries()] == ["l1"]
     version = catalog.latest_version()
-    with pytest.raises(CommitConflictError, match=rf"expected 1 input files live as in manifest version {planned.version}, found 1 of them gone in version {version} \(first: f1\)"):
-        catalog.commit("compact again", lambda m: (m.with_replaced_files(["f1"], [output], planned.version), None), NOW)
-    assert catalog.latest_version() == version
+    with pytest.raises(
+        CommitConflictError,
+        match=rf"expected 1 input files as in manifest version {planned}, found 1 of them gone in version {version} "
+        r"\(first: f1\); re-plan and retry",
+    ):
+        catalog.replace_files(["f1"], [replace(output, key="l1-again")], NOW, plan_id="p-2", expected_version=planned)
+    assert catalog.latest_version() == version and [f.key for f in catalog.snapshot().file_summaries()] == ["l1"]
+    _append(catalog, _new_file("f2", ("t", 0, 1)))
+    with pytest.raises(CommitConflictError, match="an output file is already in the catalog"):
+        catalog.replace_files(["f2"], [output], NOW, plan_id="p-3")
+    assert [f.key for f in catalog.snapshot().file_summaries()] == ["f2", "l1"]
 
 
-def test_appends_never_conflict_with_a_compaction_of_other_files(store: ObjectStore) -> None:
-    catalog = Catalog(store)
+def test_committing_a_plan_again_is_a_no_op(catalog: Catalog) -> None:
     create_topic(catalog, "t")
     _append(catalog, _new_file("f1", ("t", 0, 5)))
-    planned = catalog.load()
-    output = DataFile("l1", 1, 50, NOW, planned.files["f1"].sections)
-    _append(Catalog(store), _new_file("f2", ("t", 0, 5)))  # lands between planning and committing
-    manifest, _ = catalog.commit("compact", lambda m: (m.with_replaced_files(["f1"], [output], planned.version), None), NOW)
-    assert sorted(manifest.files) == ["f2", "l1"]
-    assert [s.first_offset for _, s in manifest.sections_of("t", 0)] == [0, 5]
+    output = _output(catalog, "l1", "f1")
+    first = catalog.replace_files(["f1"], [output], NOW, plan_id="p-1")
+    again = catalog.replace_files(["f1"], [output], NOW, plan_id="p-1")
+    assert (first.committed, again.committed, again.version) == (True, False, first.version)
+    assert catalog.latest_version() == first.version and catalog.is_committed("p-1") and not catalog.is_committed("p-2")
 
 
-def test_topic_rules_in_commits(store: ObjectStore) -> None:
-    catalog = Catalog(store)
+def test_appends_never_conflict_with_a_compaction_of_other_files(catalog: Catalog) -> None:
+    create_topic(catalog, "t")
+    _append(catalog, _new_file("f1", ("t", 0, 5)))
+    planned = catalog.latest_version()
+    output = _output(catalog, "l1", "f1")
+    _append(Catalog(catalog.store, catalog.url), _new_file("f2", ("t", 0, 5)))  # lands between planning and committing
+    assert catalog.replace_files(["f1"], [output], NOW, plan_id="p-1", expected_version=planned).committed
+    snapshot = catalog.snapshot()
+    assert sorted(f.key for f in snapshot.file_summaries()) == ["f2", "l1"]
+    assert [(key, s.first_offset) for key, s in snapshot.sections_of("t", 0)] == [("l1", 0), ("f2", 5)]
+
+
+def test_leases_are_all_or_none_and_a_leased_commit_needs_its_lease(catalog: Catalog) -> None:
+    create_topic(catalog, "t")
+    for name in ("a", "b", "c"):
+        _append(catalog, _new_file(name, ("t", 0, 1)))
+    catalog.lease("p-1", ["a", "b"], NOW + HOUR, NOW)
+    with pytest.raises(CommitConflictError, match=r"plan p-2: file b is leased to plan p-1 until \d+; re-plan after it commits or expires"):
+        catalog.lease("p-2", ["c", "b"], NOW + HOUR, NOW)
+    assert {key: lease.plan_id for key, lease in catalog.snapshot().leases(NOW).items()} == {"a": "p-1", "b": "p-1"}  # not c
+    with pytest.raises(CommitConflictError, match="plan p-2: file gone is no longer live; re-plan"):
+        catalog.lease("p-2", ["c", "gone"], NOW + HOUR, NOW)
+    catalog.lease("p-2", ["c"], NOW + HOUR, NOW)
+    assert catalog.leased_plans(NOW) == {"p-1", "p-2"}
+    # A leased commit needs every input still leased to it: c is p-2's.
+    with pytest.raises(CommitConflictError, match=r"plan p-1: its lease on c \(and 0 more\) expired or was released before the commit"):
+        catalog.replace_files(["a", "c"], [_output(catalog, "l1", "a", "c")], NOW, plan_id="p-1", leased=True)
+    catalog.release("p-2")
+    assert catalog.snapshot().leased_files(NOW) == {"a", "b"}
+    assert catalog.release_expired_leases(NOW + HOUR) == ["p-1"] and catalog.snapshot().leases(NOW) == {}
+    catalog.lease("p-3", ["a"], NOW + HOUR, NOW)
+    assert catalog.replace_files(["a"], [_output(catalog, "l1", "a")], NOW, plan_id="p-3", leased=True).committed
+    assert catalog.leased_plans(NOW) == set()  # the commit took its leases with it
+
+
+def test_a_pinned_snapshot_sees_its_version_after_later_commits(catalog: Catalog) -> None:
+    create_topic(catalog, "t", partitions=2)
+    _append(catalog, _new_file("f1", ("t", 0, 5), ("t", 1, 1)))
+    pinned = catalog.snapshot()
+    before = (pinned.file_summaries(), pinned.files(), pinned.sections_of("t", 0), pinned.level_counts())
+    catalog.replace_files(["f1"], [_output(catalog, "l1", "f1")], NOW, plan_id="p-1")
+    _append(catalog, _new_file("f2", ("t", 0, 3)))
+    assert (pinned.file_summaries(), pinned.files(), pinned.sections_of("t", 0), pinned.level_counts()) == before
+    assert [f.key for f in catalog.snapshot(pinned.version).files()] == ["f1"]
+    assert [f.key for f in catalog.snapshot().file_summaries()] == ["f2", "l1"]
+
+
+def test_a_version_older_than_the_kept_history_is_a_clear_error(catalog: Catalog) -> None:
+    catalog = Catalog(catalog.store, catalog.url, keep_versions=3)
+    create_topic(catalog, "t")
+    for n in range(6):
+        _append(catalog, _new_file(f"f{n}", ("t", 0, 1)))
+    latest, oldest = catalog.latest_version(), catalog.oldest_kept_version()
+    assert oldest == latest - 2 and catalog.trim_versions(oldest) == oldest - 1
+    assert len(catalog.snapshot(oldest).file_summaries()) == 4  # an older kept version still reads whole
+    assert [r.version for r in catalog.commit_log()] == [latest, latest - 1, oldest]
+    with pytest.raises(ManifestVersionNotFoundError, match=rf"manifest version 2 is not in .* \(kept versions are {oldest} to {latest}\)"):
+        catalog.snapshot(2)
+    with pytest.raises(ManifestVersionNotFoundError, match=rf"manifest version {latest + 1} is not in"):
+        catalog.snapshot(latest + 1)
+
+
+def test_topic_rules(catalog: Catalog) -> None:
     create_topic(catalog, "t")
     with pytest.raises(TopicExistsError, match="topic 't' already exists"):
         create_topic(catalog, "t")
     with pytest.raises(TopicNotFoundError, match="topic 'nope' does not exist"):
         _append(catalog, _new_file("f", ("nope", 0, 1)))
+    with pytest.raises(TopicNotFoundError, match="topic 'nope' does not exist in manifest version"):
+        catalog.snapshot().topic("nope")
 
 
-def test_history_is_bounded_and_old_readers_get_a_clear_error(store: ObjectStore) -> None:
-    catalog = Catalog(store, keep_versions=3)
+def test_file_reads_ask_for_what_they_need(catalog: Catalog) -> None:
+    create_topic(catalog, "state", partitions=2, cleanup_policy="compact")
+    create_topic(catalog, "events", partitions=2)
+    _append(catalog, _new_file("mixed", ("state", 0, 3), ("events", 1, 2)))
+    _append(catalog, _new_file("events-only", ("events", 0, 4)))
+    catalog.replace_files(["mixed"], [_output(catalog, "data/l1/state", "mixed")], NOW, plan_id="p-1")
+    snapshot = catalog.snapshot()
+    summaries = {f.key: (f.level, f.record_count, f.content) for f in snapshot.file_summaries()}
+    assert summaries == {"events-only": (0, 4, "other"), "data/l1/state": (1, 5, "mixed")}
+    assert [f.key for f in snapshot.files(level=1)] == ["data/l1/state"]
+    assert [f.key for f in snapshot.files(topics=["events"])] == ["events-only", "data/l1/state"]
+    assert set(snapshot.get_files(["events-only", "mixed", "unknown"])) == {"events-only"}  # live ones only
+    assert snapshot.level_counts() == {0: 1, 1: 1}
+    facts = {(p.key, p.topic, p.partition, p.first_offset, p.last_delta) for p in snapshot.partition_sections(["state"])}
+    assert facts == {("data/l1/state", "state", 0, 0, 2)}
+
+
+@pytest.mark.parametrize("excluded_in_database", [True, False])
+def test_outside_floors_and_lowest_offsets(catalog: Catalog, monkeypatch, excluded_in_database: bool) -> None:
+    if not excluded_in_database:  # more inputs than one statement excludes: excluded while reading instead
+        monkeypatch.setattr(snapshot_module, "_MAX_EXCLUDED", 1)
+    create_topic(catalog, "t", partitions=3)
+    _append(catalog, _new_file("a", ("t", 0, 5), ("t", 1, 5)))  # t/0 0-4, t/1 0-4
+    _append(catalog, _new_file("b", ("t", 0, 5), ("t", 2, 5)))  # t/0 5-9, t/2 0-4
+    _append(catalog, _new_file("c", ("t", 0, 5), ("t", 1, 5)))  # t/0 10-14, t/1 5-9
+    snapshot = catalog.snapshot()
+    partitions = [("t", 0), ("t", 1), ("t", 2)]
+    assert snapshot.outside_floors(["a", "c"], partitions) == {("t", 0): 5, ("t", 2): 0}
+    assert snapshot.outside_floors(["b"], partitions[:2]) == {("t", 0): 0, ("t", 1): 0}
+    assert snapshot.outside_floors(["a", "b", "c"], partitions) == {}
+    assert snapshot.lowest_offsets(["b", "c", "gone"]) == {("t", 0): 5, ("t", 1): 5, ("t", 2): 0}
+
+
+def test_a_database_of_another_schema_version_is_refused(catalog: Catalog) -> None:
     create_topic(catalog, "t")
-    for n in range(6):
-        _append(catalog, _new_file(f"f{n}", ("t", 0, 1)))
-    latest = catalog.latest_version()
-    assert catalog.versions() == [latest - 2, latest - 1, latest]
-    assert len(catalog.load(latest - 2).files) == 4  # an older kept version still reads whole
-    with pytest.raises(ManifestVersionNotFoundError, match=rf"manifest version 2 is not in .* \(kept versions are {latest - 2} to {latest}\)"):
-        catalog.load(2)
+    with catalog.engine.begin() as connection:
+        connection.execute(update(schema.catalog_info).values(schema_version=schema.SCHEMA_VERSION + 1))
+    with pytest.raises(CatalogSchemaError) as raised:
+        Catalog(catalog.store, catalog.url).snapshot()
+    message = str(raised.value)
+    assert f"has schema version {schema.SCHEMA_VERSION + 1}, this logcompact uses {schema.SCHEMA_VERSION}" in message
+    assert "\n" not in message
 
 
-class _LostAnswerStore(LocalStore):
-    """A store whose first create-only PUT succeeds but answers as if it lost (a dropped response)."""
-
-    dropped = False
-
-    def put_if_absent(self, key: str, data: bytes) -> bool:
-        created = super().put_if_absent(key, data)
-        if created and not self.dropped and "manifests" in key:
-            self.dropped = True
-            return False
-        return created
+def test_an_s3_store_needs_a_catalog_url() -> None:
+    with pytest.raises(CatalogConfigError) as raised:
+        Catalog(S3Store("bucket", "cluster", client=object()))
+    message = str(raised.value)
+    assert message.startswith("store s3://bucket/cluster needs a catalog database: pass --catalog postgresql+psycopg://")
+    assert "\n" not in message
 
 
-def test_a_commit_whose_answer_was_lost_is_not_applied_twice(tmp_path) -> None:
-    store = LocalStore(tmp_path)
-    create_topic(Catalog(store), "t")
-    catalog = Catalog(_LostAnswerStore(tmp_path))
-    manifest, assigned = _append(catalog, _new_file("f1", ("t", 0, 5)))
-    assert assigned == [[0]] and catalog.store.dropped
-    assert catalog.latest_version() == manifest.version
-    assert catalog.load().next_offsets["t"] == (5,)
-    assert store.stat(manifest_key(manifest.version + 1)) is None
+def test_a_missing_cluster_is_not_found_and_creates_nothing(tmp_path: Path, catalog: Catalog) -> None:
+    local = Catalog(LocalStore(tmp_path / "empty"))
+    for read in (local.snapshot, local.latest_version, lambda: local.next_offsets("t")):
+        with pytest.raises(ClusterNotFoundError, match=r"no logcompact cluster in file://.*/empty .*create a topic there first"):
+            read()
+    assert not (tmp_path / "empty").exists()  # no database file (nor directory) was made
+    with pytest.raises(ClusterNotFoundError, match="no logcompact cluster in"):
+        catalog.snapshot()  # the fixture's database, on each backend, before anything was created

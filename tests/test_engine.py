@@ -3,20 +3,24 @@ store's tests on each, the S3 store's on PostgreSQL)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
+import threading
+import time
 from dataclasses import replace
 
 import pytest
 
 from logcompact.catalog import Catalog, NewFile
-from logcompact.consume import read_records
+from logcompact.consume import latest_values, read_records
 from logcompact.engine.cleaner import run_plan
-from logcompact.engine.commit import collect_garbage, commit_plan
+from logcompact.engine.commit import collect_garbage, commit_plan, run_and_commit
 from logcompact.engine.plan import Plan
 from logcompact.exceptions import CommitConflictError, InvalidPlanError
 from logcompact.format import section_table, write_segment
 from logcompact.ingest import Agent, Record
+from logcompact.planner import PlannerConfig, plan
 from logcompact.store import ObjectStore
 from tests.helpers import NOW, create_topic, full_sweep, level_plans
 
@@ -303,3 +307,77 @@ def test_gc_spares_the_outputs_of_a_leased_plan_and_a_commit_checks_its_outputs(
     store.delete(result.outputs[0].key)
     with pytest.raises(CommitConflictError, match="is missing from the store"):
         commit_plan(catalog, plan, [result], NOW)
+
+
+def test_gc_completes_under_steady_ingest_and_never_deletes_a_live_file(catalog: Catalog) -> None:
+    # Four producers append L0 files and two compactors lease, run and commit regular plans while gc runs
+    # over and over with a short grace; everything on the wall clock, as in production.
+    store, url, grace_ms = catalog.store, catalog.url, 3_000
+    create_topic(catalog, "t", partitions=4, cleanup_policy="compact")
+    config = PlannerConfig(min_files=(4, 4, 4, 4), tier_min_files=4, buffer_bytes=SMALL_BUFFER)
+    stop, errors = threading.Event(), []
+    produced: dict[bytes, tuple[bytes, int, int]] = {}  # value -> (key, partition, offset)
+    compactions, reports = [0], []
+
+    def wall_clock() -> int:
+        return int(time.time() * 1000)
+
+    def guarded(work):
+        def run(*args) -> None:
+            try:
+                work(*args)
+            except BaseException as exc:  # noqa: BLE001 (reported by the test thread)
+                errors.append(exc)
+                stop.set()
+        return run
+
+    @guarded
+    def produce(writer: int) -> None:
+        with Agent(Catalog(store, url), background=False, clock=wall_clock) as agent:
+            for n in itertools.count():
+                if stop.is_set():
+                    return
+                records = [Record(p, b"k%d" % (n % 5), b"w%d-%d-%d" % (writer, n, p), wall_clock()) for p in range(4)]
+                future = agent.produce("t", records)
+                agent.flush()
+                for record, offset in zip(records, future.result()):
+                    produced[record.value] = (record.key, record.partition, offset)
+
+    @guarded
+    def compact() -> None:
+        own = Catalog(store, url)
+        while not stop.is_set():
+            for found in plan(own.snapshot(), wall_clock(), "regular", config):
+                try:
+                    run_and_commit(own, found, found.now_ms, lease_ms=60_000)
+                    compactions[0] += 1
+                except CommitConflictError:
+                    pass  # the other compactor took (some of) these files first
+
+    @guarded
+    def collect() -> None:
+        collector = Catalog(store, url, keep_versions=5)
+        while not stop.is_set():
+            reports.append(collect_garbage(collector, wall_clock(), grace_ms))
+            for summary in collector.snapshot().file_summaries():  # every live file still has its object
+                assert store.stat(summary.key) is not None, f"gc deleted live file {summary.key}"
+
+    threads = [threading.Thread(target=produce, args=(w,)) for w in range(4)]
+    threads += [threading.Thread(target=compact) for _ in range(2)] + [threading.Thread(target=collect)]
+    for thread in threads:
+        thread.start()
+    time.sleep(10)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    assert len(reports) >= 5 and compactions[0] >= 5  # every gc run completed, while compactions committed
+    assert any(r.deleted_files for r in reports) and sum(r.trimmed_versions for r in reports) > 0
+    latest: dict[tuple[bytes, int], tuple[int, bytes]] = {}
+    for value, (key, partition, offset) in produced.items():
+        latest[(key, partition)] = max(latest.get((key, partition), (-1, b"")), (offset, value))
+    snapshot = catalog.snapshot()
+    for partition in range(4):  # every live file reads back, with every key's latest value
+        view = latest_values(store, snapshot, "t", partition)
+        found = dict(zip(view.column("key").to_pylist(), view.column("value").to_pylist()))
+        assert found == {key: value for (key, p), (_, value) in latest.items() if p == partition}

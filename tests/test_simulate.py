@@ -13,19 +13,17 @@ from logcompact.planner import PlannerConfig, plan
 from logcompact.simulate import LITERAL_RULES, LOGCOMPACT, Workload, compare
 from logcompact.simulate.cost import estimate_job
 from logcompact.simulate.report import table, write
-from logcompact.store import LocalStore
 from tests.helpers import NOW, create_topic
 
 
 @pytest.mark.parametrize("keys, rounds", [(300, 4), (3000, 3), (20_000, 2)])
-def test_the_cost_model_predicts_real_output_sizes(tmp_path, keys: int, rounds: int) -> None:
-    catalog = Catalog(LocalStore(tmp_path))
+def test_the_cost_model_predicts_real_output_sizes(catalog: Catalog, keys: int, rounds: int) -> None:
     create_topic(catalog, "t", partitions=4, cleanup_policy="compact")
     values = [os.urandom(100) for _ in range(512)]
     for round_ in range(rounds):
         with Agent(catalog, background=False) as agent:
             agent.produce("t", [Record(k % 4, b"key-%08d" % k, values[(k + round_) % 512], NOW) for k in range(keys)])
-    (sweep,) = plan(catalog.load(), NOW, "full", PlannerConfig())
+    (sweep,) = plan(catalog.snapshot(), NOW, "full", PlannerConfig())
     predicted = estimate_job(sweep)
     actual = run_and_commit(catalog, sweep, NOW).to_dict()
     # The stated error of the model: 15% on records and bytes out (a 128-register HyperLogLog has 9%).

@@ -54,16 +54,16 @@ def estimate_job(plan: Plan) -> JobCost:
         bytes_out += out_bytes
         first = min(s.first_offset for s in sections)
         last = max(s.last_offset for s in sections)
-        info = SectionInfo(
-            topic, partition, kept, last - first, min(i.min_timestamp for i in infos), max(i.max_timestamp for i in infos),
-            0, round(sum(i.uncompressed_bytes for i in infos) * kept / records) if records else 0, plan.compression, 0,
-            0, out_bytes, (last - first + 1) if plan.deduplicate and compacted else 0,
-            sketch.encode(merged) if sketches else "",
-        )
         content = "compacted" if compacted else "other"
         if sizes[content] >= plan.target_file_bytes:
             files[content].append([])
             sizes[content] = 0
+        info = SectionInfo(
+            topic, partition, kept, last - first, min(i.min_timestamp for i in infos), max(i.max_timestamp for i in infos),
+            0, round(sum(i.uncompressed_bytes for i in infos) * kept / records) if records else 0, plan.compression, 0,
+            sizes[content], out_bytes, (last - first + 1) if plan.deduplicate and compacted else 0,
+            sketch.encode(merged) if sketches else "",
+        )
         files[content][-1].append(CatalogSection(info, first))
         sizes[content] += out_bytes
     outputs = []

@@ -2,8 +2,10 @@
 
 Agents flush an L0 file every 250 ms; every 32 L0 files (from all agents) are copied into one L1 file,
 whose key sketch is drawn from the workload (keys from a Zipf or uniform distribution, a tombstone rate).
-The real planner runs on the simulated catalog whenever a level reaches its threshold, the max-lag pass
-runs on its interval and the full sweep once a day; each plan is applied through the cost model at once.
+Files live in a real catalog (SQLite in a temporary directory; no data is written): L1 files are appended
+as agents append theirs, and the real planner reads its snapshots as in production whenever a level
+reaches its threshold, the max-lag pass runs on its interval and the full sweep once a day; each plan's
+outputs come from the cost model and are committed at once.
 
 Reported: write amplification, GETs and PUTs per ingested GiB, live files per level over time, the
 fraction of duplicate records at rest, the delay from produce to first deduplication against all older
@@ -13,16 +15,18 @@ data of the partition (percentiles), and max-lag violations (records first so de
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import asdict, dataclass, field
-from types import MappingProxyType
+from pathlib import Path
 
 import numpy as np
 
 from logcompact import sketch
-from logcompact.catalog import CatalogSection, DataFile, Manifest
+from logcompact.catalog import Catalog, NewFile
 from logcompact.format.layout import SectionInfo
 from logcompact.planner import PlannerConfig, plan
 from logcompact.simulate.cost import estimate_job
+from logcompact.store import LocalStore
 from logcompact.topics import MIN_MAX_COMPACTION_LAG_MS, Topic
 
 FLUSH_MS = 250
@@ -122,9 +126,8 @@ class Simulation:
             settings["max.compaction.lag.ms"] = str(workload.max_lag_ms)
         self.topic = Topic.create("t", workload.partitions, settings, 0)
         self.lag = max(workload.max_lag_ms, MIN_MAX_COMPACTION_LAG_MS) if workload.max_lag_ms is not None else None
-        self.files: dict[str, DataFile] = {}
+        self.catalog: Catalog | None = None  # made by run()
         self.cohorts: dict[str, dict[int, list[Cohort]]] = {}  # file key -> partition -> cohorts
-        self.next_offset = np.zeros(workload.partitions, dtype=np.int64)
         self.delays: list[tuple[float, int]] = []
         self.result = SimulationResult(name, asdict(workload))
         self._sequence = 0
@@ -136,8 +139,8 @@ class Simulation:
 
     # -- ingest ----------------------------------------------------------------------------------
 
-    def _l1_file(self, start_ms: int, end_ms: int, records: int) -> DataFile:
-        """32 L0 files' worth of records, copied into one L1 file."""
+    def _l1_file(self, start_ms: int, end_ms: int, records: int) -> NewFile:
+        """32 L0 files' worth of records, copied into one L1 file (the catalog places its offsets)."""
         w = self.workload
         keys = self.rng.choice(w.keys, size=records, p=self._key_p)
         partitions = keys % w.partitions
@@ -150,27 +153,18 @@ class Simulation:
                 continue
             registers = sketch.sketch_words(hashes[mask])
             size = count * w.record_bytes + SECTION_OVERHEAD_BYTES
-            first = int(self.next_offset[partition])
-            self.next_offset[partition] += count
             tombstones = int(self.rng.binomial(count, w.tombstone_rate))
-            info = SectionInfo("t", partition, count, count - 1, start_ms, end_ms, tombstones, count * w.record_bytes,
-                               "lz4", 0, 0, size, 0, sketch.encode(registers))
-            sections.append(CatalogSection(info, first))
+            byte_offset = sum(s.byte_length for s in sections)
+            sections.append(SectionInfo("t", partition, count, count - 1, start_ms, end_ms, tombstones, count * w.record_bytes,
+                                        "lz4", 0, byte_offset, size, 0, sketch.encode(registers)))
         self._sequence += 1
         key = f"data/l1/ingest-{self._sequence:09d}.seg"
-        return DataFile(key, 1, sum(s.info.byte_length for s in sections), end_ms, tuple(sections))
+        return NewFile(key, 1, sum(s.byte_length for s in sections), end_ms, tuple(sections))
 
     # -- planning and applying -----------------------------------------------------------------------
 
-    def _manifest(self) -> Manifest:
-        return Manifest(
-            cluster_id="sim", version=1, commit_id="sim", created_ms=0, operation="simulate",
-            topics=MappingProxyType({"t": self.topic}), next_offsets=MappingProxyType({"t": tuple(self.next_offset)}),
-            files=MappingProxyType(dict(self.files)),
-        )
-
     def _run(self, mode: str, now: int) -> None:
-        for found in plan(self._manifest(), now, mode, self.config):
+        for found in plan(self.catalog.snapshot(), now, mode, self.config):
             cost = estimate_job(found)
             result = self.result
             result.jobs += 1
@@ -186,9 +180,8 @@ class Simulation:
                             self._deduplicated(cohort, now)
                         else:
                             carried.setdefault(partition, []).append(cohort)
-                del self.files[data_file.key]
+            self.catalog.replace_files([f.key for f in found.inputs], cost.outputs, now, plan_id=found.plan_id)
             for output in cost.outputs:
-                self.files[output.key] = output
                 self.cohorts[output.key] = {s.partition: carried.pop(s.partition, []) for s in output.sections}
 
     def _deduplicated(self, cohort: Cohort, now: int) -> None:
@@ -199,6 +192,16 @@ class Simulation:
     # -- the clock ---------------------------------------------------------------------------------
 
     def run(self) -> SimulationResult:
+        with tempfile.TemporaryDirectory(prefix="logcompact-simulate-") as directory:
+            self.catalog = Catalog(LocalStore(Path(directory)))
+            self.catalog.ensure_created(0)
+            self.catalog.create_topic(self.topic, 0)
+            try:
+                return self._simulate()
+            finally:
+                self.catalog.engine.dispose()
+
+    def _simulate(self) -> SimulationResult:
         w, result = self.workload, self.result
         batch_ms = FLUSH_MS * L0_BATCH // w.agents  # time for all agents to write 32 L0 files
         records_per_batch = w.records_per_s * w.agents * batch_ms / 1000
@@ -213,15 +216,15 @@ class Simulation:
             records = int(self.rng.poisson(records_per_batch))
             if records:
                 l1 = self._l1_file(start, now, records)
-                self.files[l1.key] = l1
-                self.cohorts[l1.key] = {s.partition: [Cohort((start + now) // 2, s.info.record_count)] for s in l1.sections}
+                self.catalog.append_files([l1], now)
+                self.cohorts[l1.key] = {s.partition: [Cohort((start + now) // 2, s.record_count)] for s in l1.sections}
                 result.bytes_ingested += records * w.record_bytes
                 result.bytes_written += 2 * records * w.record_bytes  # the L0 files, then their L1 copy
                 result.puts += 2 * L0_BATCH + 2  # 32 L0 files and their commits; the L1 file and its commit
                 result.gets += L0_BATCH
                 result.jobs += 1
                 regular_due = True
-            if regular_due and sum(1 for f in self.files.values() if f.level == 1) >= self.config.min_files[1]:
+            if regular_due and self.catalog.snapshot().level_counts().get(1, 0) >= self.config.min_files[1]:
                 self._run("regular", now)
                 regular_due = False
             if self.lag is not None and now >= next_max_lag:
@@ -239,8 +242,9 @@ class Simulation:
         return result
 
     def _sample(self, now: int) -> None:
+        files = self.catalog.snapshot().files()
         levels = [0] * 5
-        for data_file in self.files.values():
+        for data_file in files:
             levels[data_file.level] += 1
         levels[0] = L0_BATCH // 2  # L0 files waiting for their batch: half a batch on average
         hour = round(now / HOUR_MS, 3)
@@ -248,7 +252,7 @@ class Simulation:
         records = distinct = 0
         for partition in range(self.workload.partitions):
             sketches, count = [], 0
-            for data_file in self.files.values():
+            for data_file in files:
                 for section in data_file.sections:
                     if section.info.partition == partition:
                         count += section.info.record_count
