@@ -1,4 +1,5 @@
-"""`make demo`: the whole product on the embedded default, through the DAGs as Airflow runs them.
+"""`make demo`: the whole product on the embedded default (a local store, its catalog in SQLite beside the
+data), through the DAGs as Airflow runs them.
 
 A local store gets three topics (accounts: compact, clicks: delete, sessions: compact,delete) with skewed
 keys and tombstones, written by agents as 40 L0 files over the last three hours. Then `dag.test()` runs
@@ -77,15 +78,16 @@ def main() -> None:
     from logcompact.store import LocalStore
 
     store = LocalStore(work / "store")
-    catalog = Catalog(store)
+    catalog = Catalog(store)  # the embedded default: catalog.db in the store directory
     now = int(time.time() * 1000)
     create_skewed_topics(catalog, now - 3 * HOUR_MS)
     latest = produce_skewed(catalog, args.records, files=40, first_timestamp=now - 3 * HOUR_MS, last_timestamp=now)
-    start = catalog.load()
-    ingested_bytes = sum(f.size for f in start.files.values())
-    records_in = sum(f.record_count for f in start.files.values())
-    clicks = sum(s.info.record_count for f in start.files.values() for s in f.sections if s.info.topic == "clicks")
-    print(f"store {store.uri}: produced {records_in:,} records in {len(start.files)} L0 files ({ingested_bytes / 1e6:.1f} MB)")
+    start = catalog.snapshot()
+    start_files = start.file_summaries()
+    ingested_bytes = sum(f.size for f in start_files)
+    records_in = sum(f.record_count for f in start_files)
+    clicks = sum(catalog.next_offsets("clicks"))  # nothing compacted yet: every offset given is a record
+    print(f"store {store.uri}: produced {records_in:,} records in {len(start_files)} L0 files ({ingested_bytes / 1e6:.1f} MB)")
     print(f"  before: {describe_levels(start)}")
     if args.data_only:
         return
@@ -94,19 +96,20 @@ def main() -> None:
     dags = load_dags()
     written_bytes = 0
     for dag_id in DAG_RUNS:
-        before = catalog.load()
+        before = {f.key for f in catalog.snapshot().file_summaries()}
         started = time.perf_counter()
         run = dags[dag_id].test()
-        after = catalog.load()
-        added = [f for key, f in after.files.items() if key not in before.files]
+        after = catalog.snapshot()
+        live = after.file_summaries()
+        added = [f for f in live if f.key not in before]
         written_bytes += sum(f.size for f in added)
-        print(f"{dag_id}: {run.state} in {time.perf_counter() - started:.1f} s; {len(before.files) - len(set(before.files) & set(after.files))} "
-              f"files replaced by {len(added)}")
+        replaced = len(before - {f.key for f in live})
+        print(f"{dag_id}: {run.state} in {time.perf_counter() - started:.1f} s; {replaced} files replaced by {len(added)}")
         print(f"  after: {describe_levels(after)}")
         if str(run.state) != "success":
             raise SystemExit(f"demo: {dag_id} ended {run.state}; its task logs are above")
 
-    end = catalog.load()
+    end = catalog.snapshot()
     records_out = sum(records for _files, _size, records in level_table(end).values())
     checked = verify_latest(store, end, latest, clicks)
     if records_out >= records_in:
