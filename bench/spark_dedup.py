@@ -7,9 +7,9 @@
 The records (default: 10 million; 36-byte keys, each of 1 million distinct keys about 10 times in random
 order; random 100-byte values; 8 partitions, a key always in the same one, as Kafka partitions by key) are
 made once and written twice: as Parquet files (columns topic, partition, offset, key, value, timestamp)
-and as level-1 logcompact segment files (LZ4) committed to a catalog in a `file://` store, 10 files each.
-Then each side runs as a whole `spark-submit --master local[2]` process, the two alternately, each timed
-by the wall clock from the start of spark-submit to its exit:
+and as level-1 logcompact segment files (LZ4) committed to the embedded SQLite catalog of a `file://`
+store, 10 files each. Then each side runs as a whole `spark-submit --master local[2]` process, the two
+alternately, each timed by the wall clock from the start of spark-submit to its exit:
 
   naive       NAIVE_JOB below: read the Parquet files, keep row_number() == 1 over a window partitioned
               by (topic, partition, key) ordered by offset descending, write the result as Parquet.
@@ -127,8 +127,7 @@ def make_dataset(workdir: Path, records: int, keys: int, value_bytes: int, parti
     store = open_store((workdir / "store").as_uri())
     catalog = Catalog(store)
     catalog.ensure_created(NOW)
-    topic = Topic.create(TOPIC, partitions, {"cleanup.policy": "compact"}, NOW)
-    catalog.commit(f"create topic {TOPIC}", lambda m: (m.with_topic(topic), None), NOW)
+    catalog.create_topic(Topic.create(TOPIC, partitions, {"cleanup.policy": "compact"}, NOW), NOW)
     parquet_dir = workdir / "parquet"
     parquet_dir.mkdir()
     new_files, first_offsets, parquet_bytes = [], [], 0
@@ -178,11 +177,11 @@ def make_dataset(workdir: Path, records: int, keys: int, value_bytes: int, parti
         path = parquet_dir / f"part-{number:03d}.parquet"
         pq.write_table(pa.concat_tables(tables), path)
         parquet_bytes += path.stat().st_size
-    _, assigned = catalog.commit("append bench files", lambda m: m.with_appended_files(new_files), NOW)
+    _, assigned = catalog.append_files(new_files, NOW)
     if assigned != first_offsets:
         raise SystemExit("spark_dedup: the catalog placed the segment files at other offsets than the Parquet files hold")
 
-    (sweep,) = plan(catalog.load(), NOW + 1, "full")
+    (sweep,) = plan(catalog.snapshot(), NOW + 1, "full")
     if not sweep.deduplicate or len(split_into_groups(sweep, ONE_GROUP)) != 1:
         raise SystemExit(f"spark_dedup: expected a deduplicating plan of one group, planned {sweep}")
     write_plan(store, sweep)
@@ -303,7 +302,7 @@ class Logcompact(Side):
 
     def clear(self) -> None:
         store, plan_id = self.data.store, self.data.plan_id
-        live = set(Catalog(store).load().files)
+        live = {f.key for f in Catalog(store).snapshot().file_summaries()}
         store.delete(result_key(plan_id, 0))
         for info in list(store.list("data/")):
             if f"/{plan_id}-" in info.key and info.key not in live:
