@@ -15,7 +15,6 @@ def create_topic(catalog: Catalog, name: str, partitions: int = 1, now: int = NO
     return topic
 
 
-
 def full_sweep(snapshot, now: int, **config):
     """The full-sweep plan of a catalog snapshot, or None for an empty one (planner knobs as keyword arguments)."""
     from logcompact.planner import PlannerConfig, plan
