@@ -7,9 +7,11 @@ the rows of a version it keeps). Topics, leases and next offsets are read as the
 
 from __future__ import annotations
 
+import json
 from typing import Iterable, Iterator, Sequence, TypeVar
 
-from sqlalchemy import ColumnElement, Connection, Engine, and_, bindparam, func, or_, select, tuple_
+from sqlalchemy import ColumnElement, Connection, Engine, Text, and_, any_, bindparam, func, or_, select, tuple_
+from sqlalchemy.dialects.postgresql import ARRAY
 
 from logcompact.catalog import schema as s
 from logcompact.catalog.model import CONTENTS, CatalogSection, DataFile, FileSummary, Lease, PartitionSection
@@ -19,8 +21,6 @@ from logcompact.topics import Topic
 
 Item = TypeVar("Item")
 TopicPartition = tuple[str, int]
-# Input files one statement excludes by key (within SQLite's and PostgreSQL's limits on bound parameters).
-_MAX_EXCLUDED = 20_000
 
 
 def chunks(items: Sequence[Item], size: int) -> Iterator[Sequence[Item]]:
@@ -75,20 +75,18 @@ class Snapshot:
             ids = [self.topic_ids[name] for name in topics]
             conditions.append(s.files.c.file_id.in_(select(s.sections.c.file_id).where(s.sections.c.topic_id.in_(ids))))
         with self.engine.connect() as connection:
-            return self._load(connection, conditions, {})
+            loaded = self._load(connection, conditions, {})
+        return sorted(loaded, key=lambda f: (f.level, f.created_ms, f.key))
 
     def get_files(self, keys: Sequence[str]) -> dict[str, DataFile]:
         """The live files among `keys`, with their sections, by key."""
-        conditions = [self._live(), s.files.c.key.in_(bindparam("keys", expanding=True))]
-        loaded: list[DataFile] = []
         with self.engine.connect() as connection:
-            for chunk in chunks(list(keys), 5_000):
-                loaded += self._load(connection, conditions, {"keys": list(chunk)})
+            loaded = self._load(connection, [self._live(), self._key_in("keys")], {"keys": self._key_list(keys)})
         return {f.key: f for f in loaded}
 
     def _load(self, connection: Connection, conditions: list[ColumnElement[bool]], parameters: dict) -> list[DataFile]:
-        """The files meeting `conditions` with their sections, ordered as file_summaries. A planner loads hundreds of
-        thousands of sections here: two queries in file order, rows fetched whole and read by position."""
+        """The files meeting `conditions` with their sections. A planner loads hundreds of thousands of sections
+        here: two queries in file order, rows fetched whole and read by position."""
         files, sec = s.files.c, s.sections.c
         file_rows = connection.execute(
             select(files.file_id, files.key, files.level, files.size, files.created_ms).where(*conditions).order_by(files.file_id),
@@ -106,7 +104,7 @@ class Snapshot:
                 placed.append(_section(section_rows[position], names))
                 position += 1
             loaded.append(DataFile(key, level, size, created_ms, tuple(placed)))
-        return sorted(loaded, key=lambda f: (f.level, f.created_ms, f.key))
+        return loaded
 
     # -- partitions -------------------------------------------------------------------------------------
 
@@ -151,58 +149,52 @@ class Snapshot:
 
     def outside_floors(self, input_keys: Sequence[str], partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         """For each of `partitions`, the smallest first offset of a live section in a file outside `input_keys`
-        (partitions with none are left out). The database takes the minimums over those partitions' sections;
-        more inputs than one statement can exclude are excluded here instead."""
+        (partitions with none are left out). The database takes the minimums over those partitions' sections."""
         wanted = sorted({(self.topic_ids[topic], partition) for topic, partition in partitions})
-        inputs = list(set(input_keys))
-        names = {topic_id: name for name, topic_id in self.topic_ids.items()}
-        sec, files = s.sections.c, s.files.c
-        in_partitions = tuple_(sec.topic_id, sec.partition).in_(bindparam("partitions", expanding=True))
-        floors: dict[TopicPartition, int] = {}
-        with self.engine.connect() as connection:
-            if len(inputs) <= _MAX_EXCLUDED:
-                query = (
-                    select(sec.topic_id, sec.partition, func.min(sec.first_offset))
-                    .join(s.files, files.file_id == sec.file_id)
-                    .where(in_partitions, self._live(), files.key.not_in(bindparam("inputs", expanding=True)))
-                    .group_by(sec.topic_id, sec.partition)
-                )
-                for chunk in chunks(wanted, 2_000):
-                    for topic_id, partition, first in connection.execute(query, {"partitions": list(chunk), "inputs": inputs}).all():
-                        floors[(names[topic_id], partition)] = first
-                return floors
-            excluded = set(inputs)
-            query = (
-                select(sec.topic_id, sec.partition, files.key, sec.first_offset)
-                .join(s.files, files.file_id == sec.file_id)
-                .where(in_partitions, self._live())
-            )
-            for chunk in chunks(wanted, 2_000):
-                for topic_id, partition, key, first in connection.execute(query, {"partitions": list(chunk)}).all():
-                    tp = (names[topic_id], partition)
-                    if key not in excluded and first < floors.get(tp, 1 << 62):
-                        floors[tp] = first
-        return floors
-
-    def lowest_offsets(self, keys: Sequence[str]) -> dict[TopicPartition, int]:
-        """Per partition, the smallest first offset of a section of the live files among `keys` (the database
-        takes the minimums: only one row per partition comes back)."""
         names = {topic_id: name for name, topic_id in self.topic_ids.items()}
         sec, files = s.sections.c, s.files.c
         query = (
             select(sec.topic_id, sec.partition, func.min(sec.first_offset))
             .join(s.files, files.file_id == sec.file_id)
-            .where(files.key.in_(bindparam("keys", expanding=True)), self._live())
+            .where(
+                tuple_(sec.topic_id, sec.partition).in_(bindparam("partitions", expanding=True)),
+                self._live(),
+                ~self._key_in("inputs"),
+            )
             .group_by(sec.topic_id, sec.partition)
         )
-        lowest: dict[TopicPartition, int] = {}
+        inputs = self._key_list(input_keys)
+        floors: dict[TopicPartition, int] = {}
         with self.engine.connect() as connection:
-            for chunk in chunks(list(keys), 5_000):
-                for topic_id, partition, first in connection.execute(query, {"keys": list(chunk)}).all():
-                    tp = (names[topic_id], partition)
-                    if first < lowest.get(tp, 1 << 62):
-                        lowest[tp] = first
-        return lowest
+            for chunk in chunks(wanted, 2_000):
+                for topic_id, partition, first in connection.execute(query, {"partitions": list(chunk), "inputs": inputs}).all():
+                    floors[(names[topic_id], partition)] = first
+        return floors
+
+    def lowest_offsets(self, keys: Sequence[str]) -> dict[TopicPartition, int]:
+        """Per partition, the smallest first offset of a section of the live files among `keys` (the database
+        takes the minimums: one row per partition comes back)."""
+        names = {topic_id: name for name, topic_id in self.topic_ids.items()}
+        sec, files = s.sections.c, s.files.c
+        query = (
+            select(sec.topic_id, sec.partition, func.min(sec.first_offset))
+            .join(s.files, files.file_id == sec.file_id)
+            .where(self._key_in("keys"), self._live())
+            .group_by(sec.topic_id, sec.partition)
+        )
+        with self.engine.connect() as connection:
+            rows = connection.execute(query, {"keys": self._key_list(keys)}).all()
+        return {(names[topic_id], partition): first for topic_id, partition, first in rows}
+
+    def _key_in(self, name: str) -> ColumnElement[bool]:
+        """A file's key is one of a list bound whole to parameter `name` (`_key_list`): one parameter however
+        long the list, where an IN list would need one per key (and chunks within the databases' limits)."""
+        if self.engine.dialect.name == "postgresql":
+            return s.files.c.key == any_(bindparam(name, type_=ARRAY(Text)))
+        return s.files.c.key.in_(select(func.json_each(bindparam(name)).table_valued("value").c.value))
+
+    def _key_list(self, keys: Iterable[str]) -> list[str] | str:
+        return list(keys) if self.engine.dialect.name == "postgresql" else json.dumps(list(keys))
 
     # -- leases and counts -----------------------------------------------------------------------------------
 
