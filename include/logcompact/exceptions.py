@@ -49,6 +49,10 @@ class CatalogConfigError(LogcompactError):
     """No catalog database is given where one is needed, or its URL is not one logcompact can use."""
 
 
+class CatalogUnavailableError(LogcompactError):
+    """The catalog database cannot be reached or refuses the connection."""
+
+
 class CatalogSchemaError(LogcompactError):
     """The catalog database holds another schema version than this logcompact's."""
 

@@ -25,8 +25,8 @@ from collections import defaultdict
 from contextlib import contextmanager
 from typing import Iterable, Iterator, Sequence
 
-from sqlalchemy import Connection, bindparam, delete, func, insert, select, update
-from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+from sqlalchemy import Connection, bindparam, delete, func, insert, inspect, select, update
+from sqlalchemy.exc import IntegrityError, OperationalError
 
 from logcompact.catalog import schema as s
 from logcompact.catalog.database import WRITE, catalog_url_for, engine_for, sqlite_path
@@ -35,6 +35,7 @@ from logcompact.catalog.snapshot import Snapshot, chunks
 from logcompact.exceptions import (
     CatalogConfigError,
     CatalogSchemaError,
+    CatalogUnavailableError,
     ClusterNotFoundError,
     CommitConflictError,
     InvalidRecordError,
@@ -97,11 +98,15 @@ class Catalog:
         path = sqlite_path(self.url)
         if path is not None and not path.exists():
             raise self._not_found()
-        with self.engine.connect() as connection:
-            try:
-                row = connection.execute(select(s.catalog_info.c.schema_version, s.catalog_info.c.cluster_id)).first()
-            except (OperationalError, ProgrammingError):
-                row = None
+        try:
+            with self.engine.connect() as connection:
+                exists = inspect(connection).has_table(s.catalog_info.name)
+                row = connection.execute(select(s.catalog_info.c.schema_version, s.catalog_info.c.cluster_id)).first() if exists else None
+        except OperationalError as exc:
+            raise CatalogUnavailableError(
+                f"catalog {self.engine.url.render_as_string()} cannot be reached ({_first_line(exc.orig or exc)}); "
+                "check --catalog (LOGCOMPACT_CATALOG) and that the database is up"
+            ) from None
         if row is None:
             raise self._not_found()
         if row.schema_version != s.SCHEMA_VERSION:
