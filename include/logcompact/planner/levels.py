@@ -165,7 +165,7 @@ def _lowest_outside_plans(
     total_partitions = sum(topic.partitions for topic in snapshot.topics.values())
     if len(live) * len(partitions) < len(unplanned) * total_partitions:
         return snapshot.outside_floors(planned, partitions)
-    return {tp: offset for tp, offset in snapshot.lowest_offsets(sorted(unplanned)).items() if tp in partitions}
+    return {tp: offset for tp, offset in snapshot.lowest_offsets(list(unplanned)).items() if tp in partitions}
 
 
 def _by_content(files: list[FileSummary]) -> list[list[FileSummary]]:
