@@ -230,6 +230,10 @@ def test_outside_floors_and_lowest_offsets(catalog: Catalog) -> None:
     assert snapshot.outside_floors(["a", "c"], partitions) == {("t", 0): 5, ("t", 2): 0}
     assert snapshot.outside_floors(["b"], partitions[:2]) == {("t", 0): 0, ("t", 1): 0}
     assert snapshot.outside_floors(["a", "b", "c"], partitions) == {}
+    create_topic(catalog, "u", partitions=3)
+    _append(catalog, _new_file("d", ("u", 0, 2), ("u", 1, 2)))
+    snapshot = catalog.snapshot()  # only the pairs asked for, not every topic with every partition number
+    assert snapshot.outside_floors(["a"], [("t", 1), ("u", 0)]) == {("t", 1): 5, ("u", 0): 0}
     assert snapshot.lowest_offsets(["b", "c", "gone"]) == {("t", 0): 5, ("t", 1): 5, ("t", 2): 0}
     # More keys than either database takes parameters in one statement: a key list is one parameter.
     many = [f"data/l0/absent-{n:06d}.seg" for n in range(70_000)]

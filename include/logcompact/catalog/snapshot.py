@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Iterable, Iterator, Sequence, TypeVar
 
-from sqlalchemy import ColumnElement, Connection, Engine, Text, and_, any_, bindparam, func, or_, select, tuple_
+from sqlalchemy import ColumnElement, Connection, Engine, Text, and_, any_, bindparam, func, or_, select
 from sqlalchemy.dialects.postgresql import ARRAY
 
 from logcompact.catalog import schema as s
@@ -149,27 +149,28 @@ class Snapshot:
 
     def outside_floors(self, input_keys: Sequence[str], partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         """For each of `partitions`, the smallest first offset of a live section in a file outside `input_keys`
-        (partitions with none are left out). The database takes the minimums over those partitions' sections."""
-        wanted = sorted({(self.topic_ids[topic], partition) for topic, partition in partitions})
+        (partitions with none are left out). The database takes the minimums over those partitions' sections,
+        found through their index by topic and partition number (the pairs asked for are picked out here: a
+        list of pairs would be compared row by row)."""
+        wanted = {(self.topic_ids[topic], partition) for topic, partition in partitions}
+        if not wanted:
+            return {}
         names = {topic_id: name for name, topic_id in self.topic_ids.items()}
         sec, files = s.sections.c, s.files.c
         query = (
             select(sec.topic_id, sec.partition, func.min(sec.first_offset))
             .join(s.files, files.file_id == sec.file_id)
             .where(
-                tuple_(sec.topic_id, sec.partition).in_(bindparam("partitions", expanding=True)),
+                sec.topic_id.in_(sorted({topic_id for topic_id, _ in wanted})),
+                sec.partition.in_(sorted({partition for _, partition in wanted})),
                 self._live(),
                 ~self._key_in("inputs"),
             )
             .group_by(sec.topic_id, sec.partition)
         )
-        inputs = self._key_list(input_keys)
-        floors: dict[TopicPartition, int] = {}
         with self.engine.connect() as connection:
-            for chunk in chunks(wanted, 2_000):
-                for topic_id, partition, first in connection.execute(query, {"partitions": list(chunk), "inputs": inputs}).all():
-                    floors[(names[topic_id], partition)] = first
-        return floors
+            rows = connection.execute(query, {"inputs": self._key_list(input_keys)}).all()
+        return {(names[topic_id], partition): first for topic_id, partition, first in rows if (topic_id, partition) in wanted}
 
     def lowest_offsets(self, keys: Sequence[str]) -> dict[TopicPartition, int]:
         """Per partition, the smallest first offset of a section of the live files among `keys` (the database

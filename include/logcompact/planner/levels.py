@@ -158,12 +158,14 @@ def _lowest_outside_plans(
     snapshot: Snapshot, live: Sequence[str], planned: Sequence[str], partitions: set[TopicPartition]
 ) -> dict[TopicPartition, int]:
     """Per partition of the plans, the lowest offset held by a live file no plan takes. The database reads
-    either the sections of those files or the sections of those partitions, whichever are expected fewer."""
+    either the sections of those files or the sections of those partitions, whichever costs less: a
+    partition's sections are found through an index, about four times the cost of a file's (measured on
+    SQLite; PostgreSQL is cheaper either way), so a few plans over many partitions read by file."""
     unplanned = set(live).difference(planned)
     if not unplanned or not partitions:
         return {}
     total_partitions = sum(topic.partitions for topic in snapshot.topics.values())
-    if len(live) * len(partitions) < len(unplanned) * total_partitions:
+    if 4 * len(live) * len(partitions) < len(unplanned) * total_partitions:
         return snapshot.outside_floors(planned, partitions)
     return {tp: offset for tp, offset in snapshot.lowest_offsets(list(unplanned)).items() if tp in partitions}
 
