@@ -121,8 +121,9 @@ def collect_garbage(catalog: Catalog, now_ms: int, grace_ms: int = DEFAULT_GC_GR
     commits land meanwhile:
 
     1. expired leases are released, so an abandoned plan's outputs go once its lease has expired;
-    2. files removed before the oldest kept version, and longer than the grace ago (a reader that pinned a
-       version may still read them for that long), lose their object and then their rows;
+    2. files no kept version holds (removed at or before the oldest kept version), removed longer than the
+       grace ago (a reader that pinned a version may still read them for that long), lose their object and
+       then their rows;
     3. objects under `data/` the catalog has no row for (outputs never committed, files of a crashed agent)
        are deleted once older than the grace, except the outputs of plans still holding a lease, however
        long their job runs;
