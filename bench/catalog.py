@@ -83,7 +83,7 @@ class Cluster:
             new_files = []
             for n in range(count):
                 slots = sorted({(rng.randrange(1, TOPICS), rng.randrange(PARTITIONS)) for _ in range(SECTIONS_PER_FILE)})
-                infos = tuple(replace(info, topic=f"t{t}", partition=p) for info, (t, p) in zip(self._infos, slots))
+                infos = tuple(info._replace(topic=f"t{t}", partition=p) for info, (t, p) in zip(self._infos, slots))
                 new_files.append(NewFile(f"data/l0/filler-{self.files + n:09d}.seg", 0, 10_000, NOW, infos))
             self.catalog.append_files(new_files, NOW)
             self.files += count

@@ -47,7 +47,7 @@ def _output(catalog: Catalog, key: str, *inputs: str) -> DataFile:
     """A compaction output holding the sections of `inputs` as they are now."""
     files = catalog.snapshot().get_files(list(inputs))
     sections = [section for name in inputs for section in files[name].sections]
-    placed = tuple(CatalogSection(replace(s.info, byte_offset=16 + 100 * n), s.first_offset) for n, s in enumerate(sections))
+    placed = tuple(CatalogSection(s.info._replace(byte_offset=16 + 100 * n), s.first_offset) for n, s in enumerate(sections))
     return DataFile(key, 1, 50, NOW, placed)
 
 

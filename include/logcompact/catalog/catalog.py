@@ -259,12 +259,13 @@ class Catalog:
                     placed.append(CatalogSection(info, first))
                 placed_files.append(DataFile(new.key, new.level, new.size, new.created_ms, tuple(placed)))
                 assigned.append([section.first_offset for section in placed])
-            connection.execute(
-                update(s.partitions)
-                .where(s.partitions.c.topic_id == bindparam("b_topic"), s.partitions.c.partition == bindparam("b_partition"))
-                .values(next_offset=bindparam("b_next")),
-                [{"b_topic": t, "b_partition": p, "b_next": n} for (t, p), n in next_offsets.items()],
-            )
+            if next_offsets:  # a file of no sections assigns nothing
+                connection.execute(
+                    update(s.partitions)
+                    .where(s.partitions.c.topic_id == bindparam("b_topic"), s.partitions.c.partition == bindparam("b_partition"))
+                    .values(next_offset=bindparam("b_next")),
+                    [{"b_topic": t, "b_partition": p, "b_next": n} for (t, p), n in next_offsets.items()],
+                )
             self._insert_files(connection, placed_files, version, topic_rows)
         return version, assigned
 

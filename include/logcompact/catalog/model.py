@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import NamedTuple
 
 from logcompact.format.layout import SectionInfo
 
 
-@dataclass(frozen=True)
-class CatalogSection:
-    """A section of a live file, placed in its partition's offsets: `first_offset` is assigned by the catalog."""
+class CatalogSection(NamedTuple):
+    """A section of a live file, placed in its partition's offsets: `first_offset` is assigned by the catalog.
+
+    A named tuple, as SectionInfo: planners build one per section of every file they plan."""
 
     info: SectionInfo
     first_offset: int

@@ -7,7 +7,8 @@ also serializes commits (a row lock on PostgreSQL, the write lock on SQLite).
 
 from __future__ import annotations
 
-import numpy as np
+import base64
+
 from sqlalchemy import (
     BigInteger,
     Column,
@@ -147,19 +148,21 @@ committed_plans = Table(
 def pack_sketch(encoded: str) -> bytes | None:
     if not encoded:
         return None
-    registers = sketch.decode(encoded)
-    used = np.flatnonzero(registers)
+    registers = base64.b64decode(encoded)
+    used = [(index, rank) for index, rank in enumerate(registers) if rank]
     if 2 * len(used) < len(registers):
-        return np.column_stack([used.astype(np.uint8), registers[used]]).tobytes()
-    return registers.tobytes()
+        return bytes(byte for pair in used for byte in pair)
+    return registers
 
 
 def unpack_sketch(packed: bytes | None) -> str:
+    """The sketch as SectionInfo holds it (sketch.encode's base64 of the registers); plain Python, as it runs
+    once per section a planner or a reader loads."""
     if not packed:
         return ""
     if len(packed) == sketch.REGISTERS:
-        return sketch.encode(np.frombuffer(packed, dtype=np.uint8))
-    pairs = np.frombuffer(packed, dtype=np.uint8).reshape(-1, 2)
-    registers = np.zeros(sketch.REGISTERS, dtype=np.uint8)
-    registers[pairs[:, 0]] = pairs[:, 1]
-    return sketch.encode(registers)
+        return base64.b64encode(packed).decode()
+    registers = bytearray(sketch.REGISTERS)
+    for at in range(0, len(packed), 2):
+        registers[packed[at]] = packed[at + 1]
+    return base64.b64encode(registers).decode()
