@@ -1,7 +1,7 @@
 """The catalog at scale, on SQLite and on PostgreSQL: what a commit, a reader and the storage cost.
 
-    .venv/bin/python bench/catalog.py [--database sqlite|postgresql ...] [--agents-seconds 60]
-                                      [--sizes 1000 10000 100000] [--skip-agents]
+    .venv/bin/python bench/catalog.py [--database sqlite|postgresql ...] [--sizes 1000 10000 100000]
+                                      [--agents-seconds 60] [--gc-seconds 30]
 
 For each database (by default both: SQLite in a temporary store directory, and PostgreSQL on a throw-away
 server started from Debian's packages, as the tests do) it prints:
@@ -12,7 +12,12 @@ server started from Debian's packages, as the tests do) it prints:
 * storage: catalog bytes per section at 100k files (tables and indexes);
 * agents: 10 agent processes, each writing and committing 4 L0 files a second (a real Agent, a real
   segment written to the store), for --agents-seconds against a 10k-file catalog: commits/s, latency
-  of a flush (write + commit) p50/p99, failures.
+  of a flush (write + commit) p50/p99, failures;
+* gc under steady ingest: 4 producer processes and 2 compactor processes (plan, lease, run, commit) for
+  --gc-seconds while gc runs back to back with a 2 s grace and 5 kept versions: gc runs completed and
+  failed, files and objects deleted, and a check that every live file still has its object.
+
+Planning time over 100k and 300k files is `bench/planner.py`.
 
 The catalogs are built through the catalog's own API (`append_files`) in batches. Their filler files are
 catalog rows only (their objects are never written): the figures are the catalog's costs. The partition
@@ -185,7 +190,78 @@ def agents_run(cluster: Cluster, seconds: float) -> dict:
     }
 
 
-def bench(name: str, new_url: Callable[[], str | None], sizes: list[int], agents_seconds: float, skip_agents: bool) -> None:
+def _producer_process(store_root: str, url: str | None, writer: int, seconds: float, start_at: float) -> None:
+    catalog = Catalog(LocalStore(store_root), url)
+    time.sleep(max(0.0, start_at - time.time()))
+    end = time.monotonic() + seconds
+    with Agent(catalog, background=False) as agent:
+        sequence = 0
+        while time.monotonic() < end:
+            agent.produce("t1", [Record(p, b"k%d" % (sequence % 50), b"w%d-%d" % (writer, sequence)) for p in range(PARTITIONS)])
+            agent.flush()
+            sequence += 1
+            time.sleep(1 / FILES_PER_SECOND)
+
+
+def _compactor_process(store_root: str, url: str | None, seconds: float, start_at: float, out) -> None:  # noqa: ANN001
+    from logcompact.engine.commit import run_and_commit
+    from logcompact.exceptions import CommitConflictError
+    from logcompact.planner import PlannerConfig, plan
+
+    catalog = Catalog(LocalStore(store_root), url)
+    config = PlannerConfig(min_files=(8, 8, 8, 8), tier_min_files=4, buffer_bytes=1 << 20)
+    committed = conflicts = 0
+    time.sleep(max(0.0, start_at - time.time()))
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        found = plan(catalog.snapshot(), int(time.time() * 1000), "regular", config)
+        for candidate in found:
+            try:
+                run_and_commit(catalog, candidate, candidate.now_ms, lease_ms=60_000)
+                committed += 1
+            except CommitConflictError:
+                conflicts += 1  # the other compactor leased or replaced these files first
+        if not found:
+            time.sleep(0.2)
+    out.put((committed, conflicts))
+
+
+def gc_under_ingest(cluster: Cluster, seconds: float) -> dict:
+    from logcompact.engine.commit import collect_garbage
+
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    start_at = time.time() + 5
+    root, url = str(cluster.store.root), cluster.catalog.url
+    processes = [context.Process(target=_producer_process, args=(root, url, n, seconds, start_at)) for n in range(4)]
+    processes += [context.Process(target=_compactor_process, args=(root, url, seconds, start_at, out)) for _ in range(2)]
+    for process in processes:
+        process.start()
+    collector = Catalog(cluster.store, url, keep_versions=5)
+    completed, failed, deleted, missing = 0, 0, 0, 0
+    time.sleep(max(0.0, start_at - time.time()))
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            report = collect_garbage(collector, int(time.time() * 1000), grace_ms=2_000)
+            completed += 1
+            deleted += len(report.deleted_files)
+        except Exception as exc:  # counted and reported: the figure is how many gc runs failed
+            failed += 1
+            print(f"gc: {exc}", file=sys.stderr)
+        missing += sum(1 for f in collector.snapshot().file_summaries() if cluster.store.stat(f.key) is None)
+        time.sleep(0.5)
+    compactions = [out.get(timeout=300) for _ in range(2)]
+    for process in processes:
+        process.join()
+        if process.exitcode:
+            failed += 1
+            print(f"a producer or compactor exited with {process.exitcode}", file=sys.stderr)
+    return {"completed": completed, "failed": failed, "deleted": deleted, "missing": missing,
+            "compactions": sum(c for c, _ in compactions)}
+
+
+def bench(name: str, new_url: Callable[[], str | None], sizes: list[int], agents_seconds: float, gc_seconds: float) -> None:
     with tempfile.TemporaryDirectory(prefix="logcompact-bench-") as tmp:
         cluster = Cluster(new_url(), Path(tmp))
         print(f"\n{name}: {cluster.catalog.engine.url.render_as_string()}")
@@ -204,34 +280,40 @@ def bench(name: str, new_url: Callable[[], str | None], sizes: list[int], agents
               f"first record in {1000 * first:.1f} ms median")
         total, count = cluster.storage_bytes(), cluster.sections()
         print(f"  storage: {total / 1e6:.1f} MB for {count:,} sections and their files: {total / count:.0f} B per section")
-    if skip_agents:
-        return
-    with tempfile.TemporaryDirectory(prefix="logcompact-bench-") as tmp:
-        cluster = Cluster(new_url(), Path(tmp))
-        cluster.grow_to(10_000)
-        figures = agents_run(cluster, agents_seconds)
+    if agents_seconds:
+        with tempfile.TemporaryDirectory(prefix="logcompact-bench-") as tmp:
+            cluster = Cluster(new_url(), Path(tmp))
+            cluster.grow_to(10_000)
+            figures = agents_run(cluster, agents_seconds)
         print(f"  {AGENTS} agents x {FILES_PER_SECOND} files/s for {agents_seconds:.0f} s, 10k-file catalog: "
               f"{figures['commits_per_s']:.1f} commits/s, flush p50 {figures['p50_ms']:.1f} ms, "
               f"p99 {figures['p99_ms']:.1f} ms (after the first {WARM_UP_S} s; slowest before: {figures['warm_up_max_ms']:.0f} ms), "
               f"{figures['failures']} failures")
+    if gc_seconds:
+        with tempfile.TemporaryDirectory(prefix="logcompact-bench-") as tmp:
+            cluster = Cluster(new_url(), Path(tmp))
+            figures = gc_under_ingest(cluster, gc_seconds)
+        print(f"  gc under steady ingest (4 producers, 2 compactors, {gc_seconds:.0f} s): {figures['completed']} gc runs "
+              f"completed, {figures['failed']} failed; {figures['deleted']} files deleted, {figures['compactions']} "
+              f"compactions committed; live files without their object: {figures['missing']}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--database", choices=["sqlite", "postgresql"], action="append", help="repeatable; default both")
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 100_000])
-    parser.add_argument("--agents-seconds", type=float, default=60)
-    parser.add_argument("--skip-agents", action="store_true")
+    parser.add_argument("--agents-seconds", type=float, default=60, help="0 skips the agents run")
+    parser.add_argument("--gc-seconds", type=float, default=30, help="0 skips the gc run")
     args = parser.parse_args()
     for database in args.database or ["sqlite", "postgresql"]:
         if database == "sqlite":
-            bench("SQLite", lambda: None, args.sizes, args.agents_seconds, args.skip_agents)
+            bench("SQLite", lambda: None, args.sizes, args.agents_seconds, args.gc_seconds)
             continue
         from tests.support.postgres import start_postgres
 
         server, stop = start_postgres(Path(tempfile.mkdtemp(prefix="logcompact-bench-pg-")))
         try:
-            bench("PostgreSQL", server.create_database, args.sizes, args.agents_seconds, args.skip_agents)
+            bench("PostgreSQL", server.create_database, args.sizes, args.agents_seconds, args.gc_seconds)
         finally:
             stop()
 
