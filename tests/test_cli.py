@@ -84,6 +84,9 @@ def test_topic_produce_consume_files(env: dict[str, str]) -> None:
     assert run(env, "files", "--level", "1") == []
     (described,) = run(env, "topic", "describe", "accounts")
     assert described["next_offsets"] == [2, 1]
+    # The commit log, newest first: the cluster, two topics, one append.
+    assert [c["operation"] for c in run(env, "log")] == ["append", "create topic clicks", "create topic accounts", "create"]
+    assert [c["version"] for c in run(env, "log", "--limit", "2")] == [4, 3]
 
 
 @pytest.mark.parametrize(

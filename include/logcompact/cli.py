@@ -262,6 +262,15 @@ def files(ctx: Context, level: int | None) -> None:
         _emit({**data_file.to_dict(), "record_count": data_file.record_count})
 
 
+@cli.command()
+@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True, help="How many commits, newest first.")
+@pass_context
+def log(ctx: Context, limit: int) -> None:
+    """Print the catalog's newest commits, one JSON line each: manifest version, commit id, time, operation."""
+    for record in ctx.catalog.commit_log(limit):
+        _emit({"version": record.version, "commit_id": record.commit_id, "created_ms": record.created_ms, "operation": record.operation})
+
+
 # -- compaction --------------------------------------------------------------------------------------
 
 def _planner_options(command):

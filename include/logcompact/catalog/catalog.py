@@ -23,7 +23,7 @@ import json
 import uuid
 from collections import defaultdict
 from contextlib import contextmanager
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Sequence, TypeVar
 
 from sqlalchemy import Connection, bindparam, delete, func, insert, inspect, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
@@ -31,7 +31,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from logcompact.catalog import schema as s
 from logcompact.catalog.database import WRITE, catalog_url_for, engine_for, sqlite_path
 from logcompact.catalog.model import CONTENTS, CatalogSection, CommitRecord, CommitResult, DataFile, NewFile
-from logcompact.catalog.snapshot import Snapshot, chunks
+from logcompact.catalog.snapshot import Snapshot
 from logcompact.exceptions import (
     CatalogConfigError,
     CatalogSchemaError,
@@ -50,6 +50,14 @@ from logcompact.topics import Topic
 
 # Manifest versions a reader may pin: gc keeps files removed since the oldest of them.
 DEFAULT_KEEP_VERSIONS = 100
+
+Item = TypeVar("Item")
+
+
+def chunks(items: Sequence[Item], size: int) -> Iterator[Sequence[Item]]:
+    """Slices of at most `size`: bound parameter lists stay within every database's limits."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
 
 
 class Catalog:

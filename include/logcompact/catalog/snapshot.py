@@ -8,7 +8,7 @@ the rows of a version it keeps). Topics, leases and next offsets are read as the
 from __future__ import annotations
 
 import json
-from typing import Iterable, Iterator, Sequence, TypeVar
+from typing import Iterable, Sequence
 
 from sqlalchemy import ColumnElement, Connection, Engine, Text, and_, any_, bindparam, func, or_, select
 from sqlalchemy.dialects.postgresql import ARRAY
@@ -19,14 +19,7 @@ from logcompact.exceptions import TopicNotFoundError
 from logcompact.format.layout import COMPRESSIONS, SectionInfo
 from logcompact.topics import Topic
 
-Item = TypeVar("Item")
 TopicPartition = tuple[str, int]
-
-
-def chunks(items: Sequence[Item], size: int) -> Iterator[Sequence[Item]]:
-    """Slices of at most `size`: bound parameter lists stay within every database's limits."""
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
 
 
 class Snapshot:
