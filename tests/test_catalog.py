@@ -166,6 +166,28 @@ def test_leases_are_all_or_none_and_a_leased_commit_needs_its_lease(catalog: Cat
     assert catalog.leased_plans(NOW) == set()  # the commit took its leases with it
 
 
+def test_lists_longer_than_an_in_list_are_one_parameter(catalog: Catalog) -> None:
+    # Past database.SHORT_LIST values, a list is bound as one array (PostgreSQL) or JSON text (SQLite).
+    create_topic(catalog, "t", partitions=700)
+    keys = [f"f{n:04d}" for n in range(700)]
+    catalog.append_files([_new_file(key, ("t", n, 1)) for n, key in enumerate(keys)], NOW)
+    wide = _new_file("wide", *[("t", p, 2) for p in range(700)])  # 700 partitions in one append
+    assert _append(catalog, wide) == [1] * 700
+    snapshot = catalog.snapshot()
+    assert sorted(snapshot.get_files(keys + ["gone"])) == keys
+    assert catalog.known_files(keys + ["gone"]) == set(keys)
+    catalog.lease("p-1", keys, NOW + HOUR, NOW)
+    with pytest.raises(CommitConflictError, match="is leased to plan p-1"):
+        catalog.lease("p-2", keys[-1:], NOW + HOUR, NOW)
+    output = DataFile("l1", 1, 50, NOW, tuple(
+        CatalogSection(f.sections[0].info._replace(byte_offset=16 + n), f.sections[0].first_offset)
+        for n, f in enumerate(snapshot.get_files(keys).values())
+    ))
+    assert catalog.replace_files(keys, [output], NOW, plan_id="p-1", leased=True).committed
+    assert [f.key for f in catalog.snapshot().file_summaries()] == ["wide", "l1"]
+    assert catalog.snapshot().outside_floors(["l1"], [("t", p) for p in range(700)]) == {("t", p): 1 for p in range(700)}
+
+
 def test_a_pinned_snapshot_sees_its_version_after_later_commits(catalog: Catalog) -> None:
     create_topic(catalog, "t", partitions=2)
     _append(catalog, _new_file("f1", ("t", 0, 5), ("t", 1, 1)))

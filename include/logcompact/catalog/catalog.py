@@ -23,13 +23,13 @@ import json
 import uuid
 from collections import defaultdict
 from contextlib import contextmanager
-from typing import Iterable, Iterator, Sequence, TypeVar
+from typing import Iterable, Iterator, Sequence
 
-from sqlalchemy import Connection, bindparam, delete, func, insert, inspect, select, update
+from sqlalchemy import ColumnElement, Connection, bindparam, delete, func, insert, inspect, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from logcompact.catalog import schema as s
-from logcompact.catalog.database import WRITE, catalog_url_for, engine_for, sqlite_path
+from logcompact.catalog.database import WRITE, catalog_url_for, engine_for, one_of, sqlite_path
 from logcompact.catalog.model import CONTENTS, CatalogSection, CommitRecord, CommitResult, DataFile, NewFile
 from logcompact.catalog.snapshot import Snapshot
 from logcompact.exceptions import (
@@ -50,15 +50,6 @@ from logcompact.topics import Topic
 
 # Manifest versions a reader may pin: gc keeps files removed since the oldest of them.
 DEFAULT_KEEP_VERSIONS = 100
-
-Item = TypeVar("Item")
-
-
-def chunks(items: Sequence[Item], size: int) -> Iterator[Sequence[Item]]:
-    """Slices of at most `size`: bound parameter lists stay within every database's limits."""
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
-
 
 class Catalog:
     """A cluster: its object store (data, plans) and its catalog database (everything that says what is live).
@@ -206,8 +197,9 @@ class Catalog:
                 )
                 .returning(s.topics.c.topic_id)
             ).scalar_one()
-            for chunk in chunks(range(topic.partitions), 10_000):
-                connection.execute(insert(s.partitions), [{"topic_id": topic_id, "partition": p, "next_offset": 0} for p in chunk])
+            connection.execute(
+                insert(s.partitions), [{"topic_id": topic_id, "partition": p, "next_offset": 0} for p in range(topic.partitions)]
+            )
         return version
 
     def alter_topic(self, name: str, settings: dict[str, str | int], now_ms: int) -> Topic:
@@ -250,13 +242,12 @@ class Catalog:
                     wanted[topic_id].append(info.partition)
             next_offsets = {}
             for topic_id, numbers in wanted.items():
-                for chunk in chunks(sorted(set(numbers)), 5_000):
-                    rows = connection.execute(
-                        select(s.partitions.c.partition, s.partitions.c.next_offset).where(
-                            s.partitions.c.topic_id == topic_id, s.partitions.c.partition.in_(chunk)
-                        )
+                rows = connection.execute(
+                    select(s.partitions.c.partition, s.partitions.c.next_offset).where(
+                        s.partitions.c.topic_id == topic_id, self._one_of(s.partitions.c.partition, set(numbers))
                     )
-                    next_offsets.update({(topic_id, r.partition): r.next_offset for r in rows})
+                )
+                next_offsets.update({(topic_id, r.partition): r.next_offset for r in rows})
             assigned, placed_files = [], []
             for new in new_files:
                 placed = []
@@ -314,24 +305,21 @@ class Catalog:
                         f"{version - 1} (first: {missing[0]}); re-plan and retry"
                     )
                 if leased:
-                    held = set()
-                    for chunk in chunks([live[key] for key in removed], 5_000):
-                        held.update(connection.execute(
-                            select(s.leases.c.file_id).where(
-                                s.leases.c.file_id.in_(chunk), s.leases.c.plan_id == plan_id, s.leases.c.expires_ms > now_ms
-                            )
-                        ).scalars())
+                    held = set(connection.execute(
+                        select(s.leases.c.file_id).where(
+                            self._one_of(s.leases.c.file_id, live.values()), s.leases.c.plan_id == plan_id, s.leases.c.expires_ms > now_ms
+                        )
+                    ).scalars())
                     lost = [key for key in removed if live[key] not in held]
                     if lost:
                         raise CommitConflictError(
                             f"plan {plan_id}: its lease on {lost[0]} (and {len(lost) - 1} more) expired or was released "
                             "before the commit; its outputs may be collected, plan again"
                         )
-                for chunk in chunks([live[key] for key in removed], 5_000):
-                    connection.execute(
-                        update(s.files).where(s.files.c.file_id.in_(chunk)).values(removed_version=version, removed_ms=now_ms)
-                    )
-                    connection.execute(delete(s.leases).where(s.leases.c.file_id.in_(chunk)))
+                connection.execute(
+                    update(s.files).where(self._one_of(s.files.c.file_id, live.values())).values(removed_version=version, removed_ms=now_ms)
+                )
+                connection.execute(delete(s.leases).where(self._one_of(s.leases.c.file_id, live.values())))
                 if plan_id is not None:
                     connection.execute(delete(s.leases).where(s.leases.c.plan_id == plan_id))
                     connection.execute(insert(s.committed_plans).values(plan_id=plan_id, version=version, committed_ms=now_ms))
@@ -360,19 +348,19 @@ class Catalog:
             if gone:
                 raise CommitConflictError(f"plan {plan_id}: file {gone[0]} is no longer live; re-plan")
             ids = [live[key] for key in keys]
-            for chunk in chunks(ids, 5_000):
-                holder = connection.execute(
-                    select(s.leases.c.file_id, s.leases.c.plan_id, s.leases.c.expires_ms).where(
-                        s.leases.c.file_id.in_(chunk), s.leases.c.plan_id != plan_id, s.leases.c.expires_ms > now_ms
-                    )
-                ).first()
-                if holder is not None:
-                    key = next(k for k, i in live.items() if i == holder.file_id)
-                    raise CommitConflictError(
-                        f"plan {plan_id}: file {key} is leased to plan {holder.plan_id} until {holder.expires_ms}; "
-                        "re-plan after it commits or expires"
-                    )
-                connection.execute(delete(s.leases).where(s.leases.c.file_id.in_(chunk)))
+            leased = self._one_of(s.leases.c.file_id, ids)
+            holder = connection.execute(
+                select(s.leases.c.file_id, s.leases.c.plan_id, s.leases.c.expires_ms).where(
+                    leased, s.leases.c.plan_id != plan_id, s.leases.c.expires_ms > now_ms
+                )
+            ).first()
+            if holder is not None:
+                key = next(k for k, i in live.items() if i == holder.file_id)
+                raise CommitConflictError(
+                    f"plan {plan_id}: file {key} is leased to plan {holder.plan_id} until {holder.expires_ms}; "
+                    "re-plan after it commits or expires"
+                )
+            connection.execute(delete(s.leases).where(leased))  # expired leases, or this plan's own
             connection.execute(
                 insert(s.leases), [{"file_id": i, "plan_id": plan_id, "expires_ms": expires_ms} for i in ids]
             )
@@ -410,21 +398,17 @@ class Catalog:
     def forget_files(self, keys: Sequence[str]) -> None:
         """Delete removed files' rows (their objects are gone); a live file is never forgotten."""
         with self._writing() as connection:
-            for chunk in chunks(list(keys), 5_000):
-                ids = connection.execute(
-                    select(s.files.c.file_id).where(s.files.c.key.in_(chunk), s.files.c.removed_version.is_not(None))
-                ).scalars().all()
-                connection.execute(delete(s.sections).where(s.sections.c.file_id.in_(ids)))
-                connection.execute(delete(s.leases).where(s.leases.c.file_id.in_(ids)))
-                connection.execute(delete(s.files).where(s.files.c.file_id.in_(ids)))
+            ids = connection.execute(
+                select(s.files.c.file_id).where(self._one_of(s.files.c.key, keys), s.files.c.removed_version.is_not(None))
+            ).scalars().all()
+            connection.execute(delete(s.sections).where(self._one_of(s.sections.c.file_id, ids)))
+            connection.execute(delete(s.leases).where(self._one_of(s.leases.c.file_id, ids)))
+            connection.execute(delete(s.files).where(self._one_of(s.files.c.file_id, ids)))
 
     def known_files(self, keys: Sequence[str]) -> set[str]:
         """Which of `keys` the catalog has a row for, live or removed."""
-        found: set[str] = set()
         with self._reading() as connection:
-            for chunk in chunks(list(keys), 5_000):
-                found.update(connection.execute(select(s.files.c.key).where(s.files.c.key.in_(chunk))).scalars())
-        return found
+            return set(connection.execute(select(s.files.c.key).where(self._one_of(s.files.c.key, keys))).scalars())
 
     def trim_versions(self, before_version: int) -> int:
         """Drop commit-log rows older than `before_version` (readers can no longer pin them); how many."""
@@ -466,13 +450,13 @@ class Catalog:
         return {name: self._topic_ids[name] for name in names}
 
     def _live_file_ids(self, connection: Connection, keys: Sequence[str]) -> dict[str, int]:
-        live = {}
-        for chunk in chunks(list(keys), 5_000):
-            rows = connection.execute(
-                select(s.files.c.key, s.files.c.file_id).where(s.files.c.key.in_(chunk), s.files.c.removed_version.is_(None))
-            )
-            live.update({r.key: r.file_id for r in rows})
-        return live
+        rows = connection.execute(
+            select(s.files.c.key, s.files.c.file_id).where(self._one_of(s.files.c.key, keys), s.files.c.removed_version.is_(None))
+        )
+        return {r.key: r.file_id for r in rows}
+
+    def _one_of(self, column, values: Iterable) -> ColumnElement[bool]:  # noqa: ANN001 (a table column)
+        return one_of(column, values, self.engine.dialect.name)
 
     def _insert_files(
         self, connection: Connection, data_files: Sequence[DataFile], version: int, topic_rows: dict[str, tuple[int, int]]
@@ -493,8 +477,8 @@ class Catalog:
             for file_id, data_file in zip(ids, data_files, strict=True)
             for sec in data_file.sections
         ]
-        for chunk in chunks(section_rows, 10_000):
-            connection.execute(insert(s.sections), chunk)
+        if section_rows:
+            connection.execute(insert(s.sections), section_rows)
 
 
 def _section_row(file_id: int, section: CatalogSection, topic_id: int) -> dict:

@@ -9,11 +9,14 @@ whose agents and compactors run on many machines; an `s3://` store needs one.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from pathlib import Path
+from typing import Iterable
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Column, ColumnElement, Engine, any_, bindparam, create_engine, event, func, select
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
@@ -45,6 +48,21 @@ def sqlite_path(url: str) -> Path | None:
     if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
         return None
     return Path(parsed.database)
+
+
+# Up to this many values, a plain IN list (cheapest for the few partitions or files of one commit).
+SHORT_LIST = 500
+
+
+def one_of(column: Column, values: Iterable, dialect: str) -> ColumnElement[bool]:
+    """`column` is one of `values`. A long list is bound as one parameter (`= ANY(array)` on PostgreSQL,
+    `IN json_each(...)` on SQLite): an IN list needs a parameter per value, and each database limits them."""
+    values = list(values)
+    if len(values) <= SHORT_LIST:
+        return column.in_(values)
+    if dialect == "postgresql":
+        return column == any_(bindparam(None, values, type_=ARRAY(column.type)))
+    return column.in_(select(func.json_each(json.dumps(values)).table_valued("value").c.value))
 
 
 _engines: dict[tuple[int, str], Engine] = {}

@@ -7,13 +7,12 @@ the rows of a version it keeps). Topics, leases and next offsets are read as the
 
 from __future__ import annotations
 
-import json
 from typing import Iterable, Sequence
 
-from sqlalchemy import ColumnElement, Connection, Engine, Text, and_, any_, bindparam, func, or_, select
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy import ColumnElement, Connection, Engine, and_, func, or_, select
 
 from logcompact.catalog import schema as s
+from logcompact.catalog.database import one_of
 from logcompact.catalog.model import CONTENTS, CatalogSection, DataFile, FileSummary, Lease, PartitionSection
 from logcompact.exceptions import TopicNotFoundError
 from logcompact.format.layout import COMPRESSIONS, SectionInfo
@@ -68,26 +67,24 @@ class Snapshot:
             ids = [self.topic_ids[name] for name in topics]
             conditions.append(s.files.c.file_id.in_(select(s.sections.c.file_id).where(s.sections.c.topic_id.in_(ids))))
         with self.engine.connect() as connection:
-            loaded = self._load(connection, conditions, {})
+            loaded = self._load(connection, conditions)
         return sorted(loaded, key=lambda f: (f.level, f.created_ms, f.key))
 
     def get_files(self, keys: Sequence[str]) -> dict[str, DataFile]:
         """The live files among `keys`, with their sections, by key."""
         with self.engine.connect() as connection:
-            loaded = self._load(connection, [self._live(), self._key_in("keys")], {"keys": self._key_list(keys)})
+            loaded = self._load(connection, [self._live(), self._key_in(keys)])
         return {f.key: f for f in loaded}
 
-    def _load(self, connection: Connection, conditions: list[ColumnElement[bool]], parameters: dict) -> list[DataFile]:
+    def _load(self, connection: Connection, conditions: list[ColumnElement[bool]]) -> list[DataFile]:
         """The files meeting `conditions` with their sections. A planner loads hundreds of thousands of sections
         here: two queries in file order, rows fetched whole and read by position."""
         files, sec = s.files.c, s.sections.c
         file_rows = connection.execute(
-            select(files.file_id, files.key, files.level, files.size, files.created_ms).where(*conditions).order_by(files.file_id),
-            parameters,
+            select(files.file_id, files.key, files.level, files.size, files.created_ms).where(*conditions).order_by(files.file_id)
         ).all()
         section_rows = connection.execute(
-            select(s.sections).join(s.files, files.file_id == sec.file_id).where(*conditions).order_by(sec.file_id, sec.byte_offset),
-            parameters,
+            select(s.sections).join(s.files, files.file_id == sec.file_id).where(*conditions).order_by(sec.file_id, sec.byte_offset)
         ).all()
         names = {topic_id: name for name, topic_id in self.topic_ids.items()}
         loaded, position, count = [], 0, len(section_rows)
@@ -157,12 +154,12 @@ class Snapshot:
                 sec.topic_id.in_(sorted({topic_id for topic_id, _ in wanted})),
                 sec.partition.in_(sorted({partition for _, partition in wanted})),
                 self._live(),
-                ~self._key_in("inputs"),
+                ~self._key_in(input_keys),
             )
             .group_by(sec.topic_id, sec.partition)
         )
         with self.engine.connect() as connection:
-            rows = connection.execute(query, {"inputs": self._key_list(input_keys)}).all()
+            rows = connection.execute(query).all()
         return {(names[topic_id], partition): first for topic_id, partition, first in rows if (topic_id, partition) in wanted}
 
     def lowest_offsets(self, keys: Sequence[str]) -> dict[TopicPartition, int]:
@@ -173,22 +170,15 @@ class Snapshot:
         query = (
             select(sec.topic_id, sec.partition, func.min(sec.first_offset))
             .join(s.files, files.file_id == sec.file_id)
-            .where(self._key_in("keys"), self._live())
+            .where(self._key_in(keys), self._live())
             .group_by(sec.topic_id, sec.partition)
         )
         with self.engine.connect() as connection:
-            rows = connection.execute(query, {"keys": self._key_list(keys)}).all()
+            rows = connection.execute(query).all()
         return {(names[topic_id], partition): first for topic_id, partition, first in rows}
 
-    def _key_in(self, name: str) -> ColumnElement[bool]:
-        """A file's key is one of a list bound whole to parameter `name` (`_key_list`): one parameter however
-        long the list, where an IN list would need one per key (and chunks within the databases' limits)."""
-        if self.engine.dialect.name == "postgresql":
-            return s.files.c.key == any_(bindparam(name, type_=ARRAY(Text)))
-        return s.files.c.key.in_(select(func.json_each(bindparam(name)).table_valued("value").c.value))
-
-    def _key_list(self, keys: Iterable[str]) -> list[str] | str:
-        return list(keys) if self.engine.dialect.name == "postgresql" else json.dumps(list(keys))
+    def _key_in(self, keys: Iterable[str]) -> ColumnElement[bool]:
+        return one_of(s.files.c.key, keys, self.engine.dialect.name)
 
     # -- leases and counts -----------------------------------------------------------------------------------
 
