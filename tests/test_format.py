@@ -1,17 +1,21 @@
-"""The segment file format: round trips, one GET per section or per file, and clear errors on bad bytes."""
+"""The segment file format: round trips, one GET per section or per file, packing, and clear errors on bad bytes."""
 
 from __future__ import annotations
 
 import io
 import struct
 
+import numpy as np
+import pyarrow as pa
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
+from pyroaring import BitMap
 
 from logcompact.exceptions import ChecksumMismatchError, SegmentFormatError
-from logcompact.format import SectionStream, SegmentWriter, read_footer, read_section, section_table, write_segment
-from logcompact.format.layout import FILE_HEADER, MAGIC, SECTION_PREFIX
+from logcompact.format import BlockStream, SegmentWriter, read_footer, read_section, section_table, write_segment
+from logcompact.format.layout import FILE_HEADER, MAGIC
+from logcompact.format.reader import iter_blocks, section_rows
 from logcompact.store import LocalStore, ObjectStore
 
 records = st.lists(
@@ -26,7 +30,7 @@ records = st.lists(
     max_size=60,
 )
 topic_partitions = st.lists(
-    st.tuples(st.sampled_from(["a", "b", "orders", "z.9"]), st.integers(0, 7)), min_size=1, max_size=6, unique=True
+    st.tuples(st.sampled_from(["a", "b", "orders", "z.9"]), st.integers(0, 300)), min_size=1, max_size=40, unique=True
 ).map(sorted)
 
 
@@ -38,39 +42,58 @@ def _columns(rows):
     return deltas, [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows], [r[4] or None for r in rows]
 
 
-@given(topic_partitions, st.data(), st.sampled_from(["none", "lz4", "zstd"]))
-def test_round_trip_by_range_get_and_by_stream(tmp_path_factory, partitions, data, compression) -> None:
+def _bulk(partitions, tables, compression):
+    """The same sections through write_sections, as an ingest agent writes them."""
+    sink = io.BytesIO()
+    writer = SegmentWriter(sink, compression)
+    writer.write_sections(partitions, pa.concat_tables(tables), [t.num_rows for t in tables])
+    infos = writer.finish()
+    return sink.getvalue(), infos
+
+
+@settings(max_examples=60, deadline=None)
+@given(topic_partitions, st.data(), st.sampled_from(["none", "lz4", "zstd"]), st.booleans())
+def test_round_trip_by_range_get_footer_and_stream(tmp_path_factory, partitions, data, compression, bulk) -> None:
     store = LocalStore(tmp_path_factory.mktemp("fmt"))
     written = {}
     tables = []
     for topic, partition in partitions:
         columns = _columns(data.draw(records))
         written[(topic, partition)] = columns
-        tables.append((topic, partition, section_table(*columns)))
-    blob, infos = write_segment(tables, compression)
+        tables.append(section_table(*columns))
+    if bulk:
+        blob, infos = _bulk(partitions, tables, compression)
+    else:
+        blob, infos = write_segment([(t, p, table) for (t, p), table in zip(partitions, tables)], compression)
     store.put("f.seg", blob)
 
-    assert read_footer(store, "f.seg") == infos
-    streamed = [(s.info, s.offset_deltas, s.table()) for s in SectionStream(store, "f.seg")]
-    for info, from_stream in zip(infos, streamed, strict=True):
-        single = read_section(store, "f.seg", info.byte_offset, info.byte_length)
-        for got in (from_stream, (single.info, single.offset_deltas, single.table())):
-            deltas, timestamps, keys, values, headers = written[(info.topic, info.partition)]
-            got_info, got_bitmap, table = got
-            assert got_info == info
-            assert list(got_bitmap) == deltas
-            assert table.column("offset_delta").to_pylist() == deltas
-            assert table.column("timestamp").to_pylist() == timestamps
-            assert table.column("key").to_pylist() == keys
-            assert table.column("value").to_pylist() == values
-            assert [[(h["key"], h["value"]) for h in hs] if hs else None for hs in table.column("headers").to_pylist()] == headers
-            assert info.record_count == len(deltas) and info.last_delta == deltas[-1]
-            assert info.tombstones == sum(v is None for v in values)
-            assert (info.min_timestamp, info.max_timestamp) == (min(timestamps), max(timestamps))
+    footer = read_footer(store, "f.seg")
+    assert footer.sections == infos
+    for info, bitmap in zip(infos, footer.offset_bitmaps, strict=True):
+        deltas = written[(info.topic, info.partition)][0]
+        assert (list(BitMap.deserialize(bitmap)) if bitmap else list(range(info.last_delta + 1))) == deltas
+
+    stream = BlockStream(store, "f.seg")
+    streamed = pa.Table.from_batches([stream.next_batch() for _ in footer.block_offsets])
+    assert streamed.equals(pa.concat_tables(tables))
+    for info, table in zip(infos, tables, strict=True):
+        single = read_section(store, "f.seg", info)
+        deltas, timestamps, keys, values, headers = written[(info.topic, info.partition)]
+        got = single.table()
+        assert got.equals(table)
+        assert list(single.offset_deltas) == deltas
+        assert [[(h["key"], h["value"]) for h in hs] if hs else None for hs in got.column("headers").to_pylist()] == headers
+        assert info.record_count == len(deltas) and info.last_delta == deltas[-1]
+        assert info.tombstones == sum(v is None for v in values)
+        assert (info.min_timestamp, info.max_timestamp) == (min(timestamps), max(timestamps))
+        assert info.compression == compression
 
 
-def _sample_file(store: ObjectStore, sections: int = 30) -> list:
-    tables = [("t", p, section_table(range(100), [1] * 100, [b"k%d" % i for i in range(100)], [b"v"] * 100)) for p in range(sections)]
+def _sample_file(store: ObjectStore, sections: int = 30, records: int = 100) -> list:
+    tables = [
+        ("t", p, section_table(range(records), [1] * records, [b"k%d" % i for i in range(records)], [b"v"] * records))
+        for p in range(sections)
+    ]
     blob, infos = write_segment(tables)
     store.put("f.seg", blob)
     return infos
@@ -78,26 +101,76 @@ def _sample_file(store: ObjectStore, sections: int = 30) -> list:
 
 def test_a_whole_file_streams_from_one_get_and_a_section_costs_one_ranged_get(store: ObjectStore) -> None:
     infos = _sample_file(store)
+    footer = read_footer(store, "f.seg")
     before = store.counters.snapshot()
-    assert len(list(SectionStream(store, "f.seg"))) == 30
+    stream = BlockStream(store, "f.seg")
+    assert sum(stream.next_batch().num_rows for _ in footer.block_offsets) == 3000
+    stream.close()
     assert (store.counters.snapshot() - before).get == 1
 
     before = store.counters.snapshot()
-    section = read_section(store, "f.seg", infos[17].byte_offset, infos[17].byte_length)
+    section = read_section(store, "f.seg", infos[17])
     spent = store.counters.snapshot() - before
-    assert section.info.partition == 17 and spent.get == 1 and spent.bytes_read == infos[17].byte_length
+    assert section.info.partition == 17 and section.table().num_rows == 100
+    assert spent.get == 1 and spent.bytes_read == infos[17].byte_length
 
 
-def test_checksum_mismatch_names_file_and_section(tmp_path) -> None:
+def test_small_sections_share_blocks_and_cost_little() -> None:
+    """One schema per file and packed blocks: 1,000 sections of 3 records with incompressible values."""
+    rng = np.random.default_rng(7)
+    tables = [
+        ("t", p, section_table(range(3), [1_700_000_000_000] * 3, [b"key-%012d" % (3 * p + i) for i in range(3)],
+                               [rng.bytes(120) for _ in range(3)]))
+        for p in range(1000)
+    ]
+    payload = sum(len(k) + len(v) for _, _, t in tables for k, v in zip(t.column("key").to_pylist(), t.column("value").to_pylist()))
+    blob, infos = write_segment(tables)
+    assert len({info.byte_offset for info in infos}) < 20  # blocks, not sections
+    assert (len(blob) - payload) / len(infos) < 100
+
+
+def test_a_big_section_spans_blocks_indexed_by_offset(tmp_path) -> None:
     store = LocalStore(tmp_path)
-    infos = _sample_file(store, sections=3)
+    n = 200_000
+    big = section_table(np.arange(n) * 2, np.arange(n), [b"key%d" % i for i in range(n)], [b"v" * 40] * n)
+    small = section_table([0], [1], [b"k"], [b"v"])
+    blob, infos = write_segment([("a", 0, small), ("a", 1, big), ("a", 2, small)])
+    store.put("f.seg", blob)
+    footer = read_footer(store, "f.seg")
+    blocks = footer.blocks_of(infos[1])
+    assert len(blocks) > 5
+    # A reader seeking offset delta D starts at the last block whose first delta is <= D.
+    wanted = 2 * 150_001
+    first_deltas = footer.block_first_deltas[blocks.start + 1 : blocks.stop]
+    start = blocks.start + 1 + int(np.searchsorted(first_deltas, wanted, side="right")) - 1
+    data = store.get_range("f.seg", int(footer.block_offsets[start]), int(footer.block_lengths[start]))
+    (_, batch), = list(iter_blocks("f.seg", data, int(footer.block_offsets[start])))
+    deltas = batch.column("offset_delta").to_numpy()
+    assert deltas[0] <= wanted <= deltas[-1]
+    assert read_section(store, "f.seg", infos[2]).table().equals(small)
+
+
+def test_a_flipped_byte_fails_the_block_checksum_before_decoding(tmp_path) -> None:
+    store = LocalStore(tmp_path)
+    infos = _sample_file(store, sections=3, records=3000)
     blob = bytearray(store.get("f.seg"))
     blob[infos[1].byte_offset + infos[1].byte_length - 5] ^= 0xFF
     store.put("bad.seg", bytes(blob))
-    with pytest.raises(ChecksumMismatchError, match=r"bad\.seg: section 1 at byte \d+ failed its CRC-32"):
-        list(SectionStream(store, "bad.seg"))
-    with pytest.raises(ChecksumMismatchError, match=r"bad\.seg: section 1"):
-        read_section(store, "bad.seg", infos[1].byte_offset, infos[1].byte_length, index=1)
+    with pytest.raises(ChecksumMismatchError, match=r"bad\.seg: block at byte \d+ failed its CRC-32 check"):
+        read_section(store, "bad.seg", infos[1])
+    stream = BlockStream(store, "bad.seg")
+    with pytest.raises(ChecksumMismatchError, match=r"bad\.seg: block at byte \d+ failed its CRC-32"):
+        for _ in infos:
+            stream.next_batch()
+
+
+def test_a_file_swapped_for_another_is_caught_by_the_catalogs_checksum(tmp_path) -> None:
+    store = LocalStore(tmp_path)
+    infos = _sample_file(store, sections=2)
+    other = section_table(range(100), [2] * 100, [b"x%d" % i for i in range(100)], [b"w"] * 100)
+    store.put("f.seg", write_segment([("t", 0, other), ("t", 1, other)])[0])
+    with pytest.raises(ChecksumMismatchError, match=r"f\.seg: section t/0 at byte \d+ is not the block the catalog records"):
+        read_section(store, "f.seg", infos[0])
 
 
 def test_unknown_version_and_foreign_files_are_rejected(tmp_path) -> None:
@@ -106,20 +179,30 @@ def test_unknown_version_and_foreign_files_are_rejected(tmp_path) -> None:
     blob = store.get("f.seg")
     store.put("v9.seg", FILE_HEADER.pack(MAGIC, 9, 0, 0) + blob[FILE_HEADER.size :])
     with pytest.raises(SegmentFormatError, match=r"v9\.seg: segment format version 9 is not supported"):
-        list(SectionStream(store, "v9.seg"))
+        BlockStream(store, "v9.seg")
     store.put("other.bin", b"PK\x03\x04" + b"\0" * 100)
     with pytest.raises(SegmentFormatError, match=r"other\.bin: not a logcompact segment file"):
-        list(SectionStream(store, "other.bin"))
+        BlockStream(store, "other.bin")
     with pytest.raises(SegmentFormatError, match=r"other\.bin: not a logcompact segment file"):
         read_footer(store, "other.bin")
 
 
 def test_truncated_file_is_reported(tmp_path) -> None:
     store = LocalStore(tmp_path)
-    infos = _sample_file(store, sections=2)
-    store.put("cut.seg", store.get("f.seg")[: infos[1].byte_offset + SECTION_PREFIX.size + 10])
-    with pytest.raises(SegmentFormatError, match=r"cut\.seg: truncated in section 1"):
-        list(SectionStream(store, "cut.seg"))
+    infos = _sample_file(store, sections=2, records=30_000)
+    store.put("cut.seg", store.get("f.seg")[: infos[1].byte_offset + infos[1].byte_length // 2])
+    stream = BlockStream(store, "cut.seg")
+    with pytest.raises(SegmentFormatError, match=r"cut\.seg: truncated"):
+        for _ in range(100):
+            stream.next_batch()
+    with pytest.raises(SegmentFormatError, match=r"cut\.seg: section t/1 at byte \d+ is cut short"):
+        read_section(store, "cut.seg", infos[1])
+
+
+def test_section_rows_reports_missing_rows() -> None:
+    batch = section_table([0, 1], [1, 1], [b"a", b"b"], [b"x", b"y"]).to_batches()[0]
+    with pytest.raises(SegmentFormatError, match="hold 1 of its 3 records"):
+        list(section_rows(iter([batch]), 1, 3))
 
 
 def test_writer_enforces_section_order_and_offsets() -> None:
@@ -130,12 +213,15 @@ def test_writer_enforces_section_order_and_offsets() -> None:
         writer.write_section("a", 5, one)
     with pytest.raises(ValueError, match="increase strictly"):
         writer.write_section("c", 0, section_table([0, 0], [1, 1], [b"k", b"k"], [b"v", b"v"]))
+    bulk = SegmentWriter(io.BytesIO())
+    with pytest.raises(ValueError, match=r"section t/1: offset deltas must start at 0"):
+        bulk.write_sections([("t", 0), ("t", 1)], section_table([0, 1, 1], [1] * 3, [b"k"] * 3, [b"v"] * 3), [1, 2])
 
 
 def test_trailer_points_at_footer() -> None:
-    blob, infos = write_segment([("t", 0, section_table([0, 5], [1, 2], [b"a", b"b"], [b"x", None]))])
-    footer_position, footer_length, version, _, magic = struct.unpack("<QIHH8s", blob[-24:])
-    assert magic == MAGIC and version == 1
+    blob, infos = write_segment([("t", 0, section_table([0, 5], [1, 2], [b"a", b"b"], [b"x", None]))], "zstd")
+    footer_position, footer_length, version, compression, magic = struct.unpack("<QIHH8s", blob[-24:])
+    assert magic == MAGIC and version == 2 and compression == 2
     assert blob[footer_position : footer_position + 4] == b"FOOT"
     assert footer_position + footer_length + 24 == len(blob)
     assert infos[0].tombstones == 1 and infos[0].last_delta == 5

@@ -15,6 +15,7 @@ agent's next `produce`, `flush` or `close`; the background flusher never dies si
 
 from __future__ import annotations
 
+import io
 import threading
 import time
 import uuid
@@ -22,9 +23,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple, Sequence
 
+import numpy as np
+
 from logcompact.catalog import Catalog, NewFile
 from logcompact.exceptions import IngestError, InvalidRecordError
-from logcompact.format import section_table, write_segment
+from logcompact.format import SegmentWriter, section_table
 from logcompact.topics import Topic
 
 DEFAULT_FLUSH_INTERVAL_MS = 250
@@ -194,13 +197,23 @@ class Agent:
                 batch.future.set_result([offsets[slot] + index for slot, index in batch.placements])
 
     def _write_and_commit(self, buffer: _Buffer) -> dict[tuple[str, int], int]:
+        # One table for every section, so a file of thousands of partitions costs a few Arrow calls, not
+        # thousands.
         slots = sorted(buffer.partitions)
-        tables = []
-        for topic, partition in slots:
-            part = buffer.partitions[(topic, partition)]
-            table = section_table(range(len(part.keys)), part.timestamps, part.keys, part.values, part.headers)
-            tables.append((topic, partition, table))
-        data, sections = write_segment(tables, compression=self.compression)
+        parts = [buffer.partitions[slot] for slot in slots]
+        counts = [len(part.keys) for part in parts]
+        table = section_table(
+            np.concatenate([np.arange(count, dtype=np.uint32) for count in counts]),
+            [t for part in parts for t in part.timestamps],
+            [k for part in parts for k in part.keys],
+            [v for part in parts for v in part.values],
+            [h for part in parts for h in part.headers],
+        )
+        sink = io.BytesIO()
+        writer = SegmentWriter(sink, self.compression)
+        writer.write_sections(slots, table, counts)
+        sections = writer.finish()
+        data = sink.getvalue()
         now = self.clock()
         key = f"data/l0/{now:013d}-{uuid.uuid4().hex}.seg"
         self.store.put(key, data)

@@ -2,11 +2,12 @@
 
 128 registers of one byte (about 9% standard error), built vectorized from the key hashes the file
 already holds; sketches of several sections merge by taking the larger register.
+
+Packed form (in files and the catalog): a small section sets few registers, so its sketch is stored as
+(register, rank) byte pairs when that is shorter than the 128 registers themselves.
 """
 
 from __future__ import annotations
-
-import base64
 
 import numpy as np
 
@@ -15,16 +16,49 @@ REGISTERS = 1 << PRECISION
 _ALPHA = 0.7213 / (1 + 1.079 / REGISTERS)
 
 
+def register_ranks(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per 64-bit hash word: its register (the first PRECISION bits) and rank (leading zeros of the rest, + 1)."""
+    index = (words >> np.uint64(64 - PRECISION)).astype(np.intp)
+    rest = (words << np.uint64(PRECISION)) | np.uint64(1 << (PRECISION - 1))  # a set bit bounds the rank
+    _mantissa, exponent = np.frexp(rest.astype(np.float64))
+    return index, np.maximum(65 - exponent, 1).astype(np.uint8)
+
+
 def sketch_words(words: np.ndarray) -> np.ndarray:
-    """Registers for 64-bit hash words: the first PRECISION bits pick a register, the rest give a rank."""
+    """Registers for 64-bit hash words."""
     registers = np.zeros(REGISTERS, dtype=np.uint8)
     if len(words):
-        index = (words >> np.uint64(64 - PRECISION)).astype(np.intp)
-        rest = (words << np.uint64(PRECISION)) | np.uint64(1 << (PRECISION - 1))  # a set bit bounds the rank
-        _mantissa, exponent = np.frexp(rest.astype(np.float64))
-        rank = np.maximum(65 - exponent, 1).astype(np.uint8)  # leading zeros of `rest`, plus one
+        index, rank = register_ranks(words)
         np.maximum.at(registers, index, rank)
     return registers
+
+
+def encode_many(groups: np.ndarray, words: np.ndarray, count: int) -> list[bytes]:
+    """Packed sketches of `count` groups at once (a file's sections): `groups[i]` is the group of `words[i]`,
+    in non-decreasing order. One vectorized pass however many groups; b"" for a group without words."""
+    packed = [b""] * count
+    if not len(words):
+        return packed
+    index, rank = register_ranks(words)
+    cell = groups.astype(np.int64) * REGISTERS + index
+    order = np.lexsort((rank, cell))  # by cell, the highest rank last
+    cell, rank = cell[order], rank[order]
+    last = np.flatnonzero(np.append(cell[1:] != cell[:-1], True))
+    cell, rank = cell[last], rank[last]
+    owner = cell // REGISTERS
+    pairs = np.empty((len(cell), 2), dtype=np.uint8)
+    pairs[:, 0], pairs[:, 1] = cell % REGISTERS, rank
+    blob = pairs.tobytes()
+    bounds = np.searchsorted(owner, np.arange(count + 1))
+    for group in np.flatnonzero(bounds[1:] > bounds[:-1]).tolist():
+        start, end = int(bounds[group]), int(bounds[group + 1])
+        if 2 * (end - start) < REGISTERS:
+            packed[group] = blob[2 * start : 2 * end]
+        else:
+            registers = np.zeros(REGISTERS, dtype=np.uint8)
+            registers[pairs[start:end, 0]] = pairs[start:end, 1]
+            packed[group] = registers.tobytes()
+    return packed
 
 
 def merge(*sketches: np.ndarray) -> np.ndarray:
@@ -40,9 +74,23 @@ def estimate(registers: np.ndarray) -> float:
     return raw
 
 
-def encode(registers: np.ndarray) -> str:
-    return base64.b64encode(registers.tobytes()).decode()
+def encode(registers: np.ndarray) -> bytes:
+    """The packed form: (register, rank) pairs when shorter, else the registers; b"" when none is set."""
+    used = np.flatnonzero(registers)
+    if not len(used):
+        return b""
+    if 2 * len(used) < REGISTERS:
+        pairs = np.empty((len(used), 2), dtype=np.uint8)
+        pairs[:, 0], pairs[:, 1] = used, registers[used]
+        return pairs.tobytes()
+    return registers.astype(np.uint8).tobytes()
 
 
-def decode(text: str) -> np.ndarray:
-    return np.frombuffer(base64.b64decode(text), dtype=np.uint8)
+def decode(packed: bytes) -> np.ndarray:
+    registers = np.zeros(REGISTERS, dtype=np.uint8)
+    if len(packed) == REGISTERS:
+        registers[:] = np.frombuffer(packed, dtype=np.uint8)
+    elif packed:
+        pairs = np.frombuffer(packed, dtype=np.uint8).reshape(-1, 2)
+        registers[pairs[:, 0]] = pairs[:, 1]
+    return registers

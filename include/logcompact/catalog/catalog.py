@@ -484,12 +484,12 @@ class Catalog:
 def _section_row(file_id: int, section: CatalogSection, topic_id: int) -> dict:
     info = section.info
     return {
-        "file_id": file_id, "byte_offset": info.byte_offset, "byte_length": info.byte_length, "topic_id": topic_id,
-        "partition": info.partition, "first_offset": section.first_offset, "last_offset": section.last_offset,
+        "file_id": file_id, "topic_id": topic_id, "partition": info.partition, "byte_offset": info.byte_offset,
+        "byte_length": info.byte_length, "first_row": info.first_row, "first_offset": section.first_offset, "last_offset": section.last_offset,
         "record_count": info.record_count, "min_timestamp": info.min_timestamp, "max_timestamp": info.max_timestamp,
         "tombstones": info.tombstones, "uncompressed_bytes": info.uncompressed_bytes,
         "compression": COMPRESSIONS.index(info.compression), "crc32": info.crc32,
-        "clean_below_delta": info.clean_below_delta, "key_sketch": s.pack_sketch(info.key_sketch),
+        "clean_below_delta": info.clean_below_delta, "key_sketch": info.key_sketch or None,
     }
 
 

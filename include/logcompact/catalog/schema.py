@@ -7,8 +7,6 @@ also serializes commits (a row lock on PostgreSQL, the write lock on SQLite).
 
 from __future__ import annotations
 
-import base64
-
 from sqlalchemy import (
     BigInteger,
     Column,
@@ -22,10 +20,8 @@ from sqlalchemy import (
     Text,
 )
 
-from logcompact import sketch
-
 # Bump on any change to the tables below; a database of another version is refused (CatalogSchemaError).
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # SQLite gives auto-numbered keys only to INTEGER PRIMARY KEY (the rowid); PostgreSQL wants BIGINT.
 Identity64 = BigInteger().with_variant(Integer(), "sqlite")
@@ -96,15 +92,17 @@ Index(
 )
 Index("files_removed", files.c.removed_version)
 
-# One row per section: the footer's summary of it plus the offsets the catalog assigned.
+# One row per section (a file holds one per topic-partition): the footer's summary of it plus the offsets the
+# catalog assigned. Small sections share a block, so several may have one byte range.
 sections = Table(
     "sections",
     metadata,
     Column("file_id", BigInteger, primary_key=True, autoincrement=False),
-    Column("byte_offset", BigInteger, primary_key=True, autoincrement=False),
+    Column("topic_id", Integer, primary_key=True, autoincrement=False),
+    Column("partition", Integer, primary_key=True, autoincrement=False),
+    Column("byte_offset", BigInteger, nullable=False),
     Column("byte_length", BigInteger, nullable=False),
-    Column("topic_id", Integer, nullable=False),
-    Column("partition", Integer, nullable=False),
+    Column("first_row", Integer, nullable=False),
     Column("first_offset", BigInteger, nullable=False),
     Column("last_offset", BigInteger, nullable=False),
     Column("record_count", BigInteger, nullable=False),
@@ -115,7 +113,7 @@ sections = Table(
     Column("compression", SmallInteger, nullable=False),  # index into format.layout.COMPRESSIONS
     Column("crc32", BigInteger, nullable=False),
     Column("clean_below_delta", BigInteger, nullable=False),
-    Column("key_sketch", LargeBinary),  # see pack_sketch; NULL for a section without keys
+    Column("key_sketch", LargeBinary),  # sketch.encode's packed registers; NULL for a section without keys
     sqlite_with_rowid=False,
 )
 # The sections of one partition from an offset (consume), and of a set of partitions (planners).
@@ -138,31 +136,3 @@ committed_plans = Table(
     Column("version", BigInteger, nullable=False),
     Column("committed_ms", BigInteger, nullable=False),
 )
-
-
-# -- key sketches ----------------------------------------------------------------------------------
-# A section's HyperLogLog registers (sketch.REGISTERS bytes) are mostly zero in small sections: stored as
-# (register, rank) byte pairs when that is shorter, else as the registers themselves.
-
-
-def pack_sketch(encoded: str) -> bytes | None:
-    if not encoded:
-        return None
-    registers = base64.b64decode(encoded)
-    used = [(index, rank) for index, rank in enumerate(registers) if rank]
-    if 2 * len(used) < len(registers):
-        return bytes(byte for pair in used for byte in pair)
-    return registers
-
-
-def unpack_sketch(packed: bytes | None) -> str:
-    """The sketch as SectionInfo holds it (sketch.encode's base64 of the registers); plain Python, as it runs
-    once per section a planner or a reader loads."""
-    if not packed:
-        return ""
-    if len(packed) == sketch.REGISTERS:
-        return base64.b64encode(packed).decode()
-    registers = bytearray(sketch.REGISTERS)
-    for at in range(0, len(packed), 2):
-        registers[packed[at]] = packed[at + 1]
-    return base64.b64encode(registers).decode()

@@ -84,7 +84,7 @@ class Snapshot:
             select(files.file_id, files.key, files.level, files.size, files.created_ms).where(*conditions).order_by(files.file_id)
         ).all()
         section_rows = connection.execute(
-            select(s.sections).join(s.files, files.file_id == sec.file_id).where(*conditions).order_by(sec.file_id, sec.byte_offset)
+            select(s.sections).join(s.files, files.file_id == sec.file_id).where(*conditions).order_by(sec.file_id, sec.byte_offset, sec.first_row)
         ).all()
         names = {topic_id: name for name, topic_id in self.topic_ids.items()}
         loaded, position, count = [], 0, len(section_rows)
@@ -204,11 +204,12 @@ class Snapshot:
 
 def _section(row, names: dict[int, str]) -> CatalogSection:  # noqa: ANN001 (a sections row)
     # Positional: a row of s.sections, in its column order.
-    (_file_id, byte_offset, byte_length, topic_id, partition, first_offset, last_offset, record_count, min_timestamp,
-     max_timestamp, tombstones, uncompressed_bytes, compression, crc32, clean_below_delta, key_sketch) = row[:16]
+    (_file_id, topic_id, partition, byte_offset, byte_length, first_row, first_offset, last_offset, record_count,
+     min_timestamp, max_timestamp, tombstones, uncompressed_bytes, compression, crc32, clean_below_delta,
+     key_sketch) = row[:17]
     info = SectionInfo(
         names[topic_id], partition, record_count, last_offset - first_offset, min_timestamp, max_timestamp, tombstones,
         uncompressed_bytes, COMPRESSIONS[compression], crc32, byte_offset, byte_length, clean_below_delta,
-        s.unpack_sketch(key_sketch),
+        bytes(key_sketch or b""), first_row,
     )
     return CatalogSection(info, first_offset)

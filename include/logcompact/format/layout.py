@@ -1,4 +1,4 @@
-"""Constants, schema and summaries of the segment file format; `docs/format.md` is the specification."""
+"""Constants, schemas and summaries of the segment file format; `docs/format.md` is the specification."""
 
 from __future__ import annotations
 
@@ -9,24 +9,25 @@ import numpy as np
 import pyarrow as pa
 
 MAGIC = b"LCSEGMNT"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
-# magic, version, flags (none defined), reserved
+# magic, version, compression (index into COMPRESSIONS), length of the Arrow schema message that follows
 FILE_HEADER = struct.Struct("<8sHHI")
-# marker, meta length, bitmap length, body length, CRC-32 of meta + bitmap + body
-SECTION_PREFIX = struct.Struct("<4sIIQI")
-SECTION_MARKER = b"SECT"
-# marker, footer length, CRC-32 of the footer
+# length of the Arrow record batch message that follows, CRC-32 of that message
+BLOCK_PREFIX = struct.Struct("<II")
+# marker, footer length (after this prefix), CRC-32 of the footer
 FOOTER_PREFIX = struct.Struct("<4sII")
 FOOTER_MARKER = b"FOOT"
-# footer position, footer length, version, reserved, magic
+# footer position, footer length including its prefix, version, compression (index into COMPRESSIONS), magic
 TRAILER = struct.Struct("<QIHH8s")
+# A block message is at most this long, so a block prefix never reads as the footer marker.
+MAX_BLOCK_BYTES = 1 << 30
 
 COMPRESSIONS = ("none", "lz4", "zstd")
 
 HEADERS_TYPE = pa.list_(pa.struct([pa.field("key", pa.string(), nullable=False), pa.field("value", pa.binary())]))
 
-# What a section's Arrow IPC stream holds, one row per record, in offset order.
+# The file's one record schema: every block is a record batch of it, one row per record.
 SECTION_SCHEMA = pa.schema(
     [
         pa.field("offset_delta", pa.uint32(), nullable=False),
@@ -38,6 +39,37 @@ SECTION_SCHEMA = pa.schema(
         pa.field("delete_horizon", pa.int64()),
     ]
 )
+
+# The footer's index: one row per section, in file order ((topic, partition) order).
+FOOTER_SECTIONS_SCHEMA = pa.schema(
+    [
+        pa.field("topic", pa.string(), nullable=False),
+        pa.field("partition", pa.uint32(), nullable=False),
+        pa.field("first_block", pa.uint32(), nullable=False),
+        pa.field("first_row", pa.uint32(), nullable=False),
+        pa.field("record_count", pa.uint32(), nullable=False),
+        pa.field("last_delta", pa.uint32(), nullable=False),
+        pa.field("min_timestamp", pa.int64(), nullable=False),
+        pa.field("max_timestamp", pa.int64(), nullable=False),
+        pa.field("tombstones", pa.uint32(), nullable=False),
+        pa.field("uncompressed_bytes", pa.uint64(), nullable=False),
+        pa.field("clean_below_delta", pa.uint32(), nullable=False),
+        pa.field("key_sketch", pa.binary(), nullable=False),
+        pa.field("offset_bitmap", pa.binary(), nullable=False),
+    ]
+)
+
+# The footer's block index: one row per block, in file order.
+FOOTER_BLOCKS_SCHEMA = pa.schema(
+    [
+        pa.field("byte_offset", pa.uint64(), nullable=False),
+        pa.field("byte_length", pa.uint32(), nullable=False),
+        pa.field("rows", pa.uint32(), nullable=False),
+        pa.field("crc32", pa.uint32(), nullable=False),
+        pa.field("first_delta", pa.uint32(), nullable=False),
+    ]
+)
+
 
 def key_hash_words(key_hash: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """A key_hash column as an (n, 2) uint64 array (rows of null keys hold zeros), without copying."""
@@ -59,6 +91,12 @@ class SectionInfo(NamedTuple):
     A named tuple, not a dataclass: catalogs and plans hold hundreds of thousands, and a tuple is built
     several times faster.
 
+    A section's records are rows `first_row` to `first_row + record_count` of the consecutive blocks that
+    start at `byte_offset` and end at `byte_offset + byte_length`; small sections share a block, so several
+    sections may have one byte range. `crc32` is the CRC-32 of the section's first block message: each block
+    carries its own checksum, checked before it is decoded, and this one ties the catalog's record to the
+    file it names.
+
     The absolute first offset is not in the file: the catalog assigns it when the file is committed
     (see `logcompact.catalog`), which is what lets an agent write its file before offsets are assigned.
     """
@@ -78,8 +116,9 @@ class SectionInfo(NamedTuple):
     # Records with offset_delta below this have no key in common (written by a deduplicating compaction):
     # the next compaction starts its key map here, Kafka's "first dirty offset". 0: nothing is known clean.
     clean_below_delta: int = 0
-    # HyperLogLog registers of the section's key hashes (logcompact.sketch), base64; "" for no keys.
-    key_sketch: str = ""
+    # HyperLogLog registers of the section's key hashes, packed (logcompact.sketch.encode); b"" for no keys.
+    key_sketch: bytes = b""
+    first_row: int = 0
 
     def to_dict(self) -> dict:
         return self._asdict()

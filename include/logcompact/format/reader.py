@@ -1,44 +1,45 @@
-"""Reads segment files: one section by one ranged GET, or every section front to back from one streaming GET."""
+"""Reads segment files: a section by one ranged GET, a file's blocks front to back from one streaming GET,
+and the footer's index. Every block's CRC-32 is checked before any of its bytes are decoded."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Iterator, Sequence
 
+import numpy as np
 import pyarrow as pa
 from isal.isal_zlib import crc32  # zlib's CRC-32, computed about 4x faster
 from pyroaring import BitMap
 
 from logcompact.exceptions import ChecksumMismatchError, SegmentFormatError
 from logcompact.format.layout import (
+    BLOCK_PREFIX,
+    COMPRESSIONS,
     FILE_HEADER,
     FOOTER_MARKER,
     FOOTER_PREFIX,
     FORMAT_VERSION,
     MAGIC,
-    SECTION_MARKER,
-    SECTION_PREFIX,
+    MAX_BLOCK_BYTES,
     SECTION_SCHEMA,
     TRAILER,
     SectionInfo,
 )
 from logcompact.store.base import CountingReader, ObjectStore
 
+_SCHEMA_MESSAGE = SECTION_SCHEMA.serialize().to_pybytes()
+# The tail read first for the footer: the trailer and, in most files, the whole footer.
+_TAIL_BYTES = 64 * 1024
 
-@dataclass
-class Section:
-    """A section read from a file: its summary, the bitmap of offset deltas present, and its records."""
 
-    info: SectionInfo
-    offset_deltas: BitMap
-    body: pa.Buffer
-
-    def table(self, columns: Sequence[str] | None = None) -> pa.Table:
-        """The records as Arrow (SECTION_SCHEMA), decompressed by Arrow; `columns` selects some."""
-        table = pa.ipc.open_stream(self.body).read_all()
-        return table.select(list(columns)) if columns is not None else table
+def _check_header(name: str, header: bytes) -> int:
+    """The length of the schema message after a valid header."""
+    if len(header) != FILE_HEADER.size:
+        raise SegmentFormatError(f"{name}: too short to be a logcompact segment file")
+    magic, version, _compression, schema_length = FILE_HEADER.unpack(header)
+    _check_version(name, magic, version)
+    return schema_length
 
 
 def _check_version(name: str, magic: bytes, version: int) -> None:
@@ -51,158 +52,188 @@ def _check_version(name: str, magic: bytes, version: int) -> None:
         )
 
 
-def _decode_section(name: str, index: int, position: int, prefix: bytes, payload: memoryview | bytes) -> Section:
-    marker, meta_len, bitmap_len, body_len, crc = SECTION_PREFIX.unpack(prefix)
-    found = crc32(payload)
-    if found != crc:
+def _check_schema(name: str, message: bytes) -> None:
+    if message != _SCHEMA_MESSAGE:
+        raise SegmentFormatError(f"{name}: its record schema is not the one of format version {FORMAT_VERSION}; the file is corrupt")
+
+
+def decode_block(name: str, position: int, message: memoryview | bytes, expected_crc: int) -> pa.RecordBatch:
+    """One block's record batch, once its message has passed its CRC-32 check."""
+    found = crc32(message)
+    if found != expected_crc:
         raise ChecksumMismatchError(
-            f"{name}: section {index} at byte {position} failed its CRC-32 check "
-            f"(expected {crc:#010x}, found {found:#010x}); the file is corrupt, restore it from a copy"
+            f"{name}: block at byte {position} failed its CRC-32 check (expected {expected_crc:#010x}, "
+            f"found {found:#010x}); the file is corrupt, restore it from a copy"
         )
-    payload = memoryview(payload)
-    meta = json.loads(bytes(payload[:meta_len]))
-    bitmap = BitMap.deserialize(bytes(payload[meta_len : meta_len + bitmap_len]))
-    body = pa.py_buffer(payload[meta_len + bitmap_len :])
-    info = SectionInfo(
-        **meta, crc32=crc, byte_offset=position, byte_length=SECTION_PREFIX.size + meta_len + bitmap_len + body_len
-    )
-    return Section(info, bitmap, body)
+    try:
+        return pa.ipc.read_record_batch(pa.ipc.read_message(pa.py_buffer(message)), SECTION_SCHEMA)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise SegmentFormatError(f"{name}: block at byte {position} passed its checksum but is not a record batch ({exc})") from None
 
 
-def _unpack_section_prefix(name: str, index: int, position: int, prefix: bytes) -> tuple[int, int, int]:
-    if len(prefix) != SECTION_PREFIX.size:
-        raise SegmentFormatError(f"{name}: truncated at section {index} (byte {position}); the file is incomplete")
-    marker, meta_len, bitmap_len, body_len, _crc = SECTION_PREFIX.unpack(prefix)
-    if marker != SECTION_MARKER:
-        raise SegmentFormatError(f"{name}: no section marker at byte {position} (found {marker!r}); the file is corrupt")
-    return meta_len, bitmap_len, body_len
+def iter_blocks(name: str, data: memoryview | bytes, position: int) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """(byte position, batch) of every block in `data`, the bytes of whole blocks from file byte `position`."""
+    view = memoryview(data)
+    at = 0
+    while at < len(view):
+        if len(view) - at < BLOCK_PREFIX.size:
+            raise SegmentFormatError(f"{name}: truncated block at byte {position + at}; the file is incomplete")
+        length, crc = BLOCK_PREFIX.unpack_from(view, at)
+        end = at + BLOCK_PREFIX.size + length
+        if end > len(view):
+            raise SegmentFormatError(f"{name}: block at byte {position + at} runs past the bytes read; the file is incomplete or the catalog is wrong")
+        yield position + at, decode_block(name, position + at, view[at + BLOCK_PREFIX.size : end], crc)
+        at = end
 
 
-def read_section(store: ObjectStore, key: str, byte_offset: int, byte_length: int, index: int = 0) -> Section:
-    """One section by one ranged GET, located by the catalog's or the footer's summary."""
-    data = store.get_range(key, byte_offset, byte_length)
-    prefix = data[: SECTION_PREFIX.size]
-    meta_len, bitmap_len, body_len = _unpack_section_prefix(key, index, byte_offset, prefix)
-    if SECTION_PREFIX.size + meta_len + bitmap_len + body_len != len(data):
-        raise SegmentFormatError(f"{key}: section {index} at byte {byte_offset} is not {byte_length} bytes long")
-    return _decode_section(key, index, byte_offset, prefix, memoryview(data)[SECTION_PREFIX.size :])
+def section_rows(batches: Iterator[pa.RecordBatch], first_row: int, count: int) -> Iterator[pa.RecordBatch]:
+    """The `count` rows from row `first_row` of consecutive blocks' batches: one section's records."""
+    skip, left = first_row, count
+    for batch in batches:
+        if left <= 0:
+            return
+        if skip >= batch.num_rows:
+            skip -= batch.num_rows
+            continue
+        piece = batch.slice(skip, left)
+        skip = 0
+        left -= piece.num_rows
+        yield piece
+    if left > 0:
+        raise SegmentFormatError(f"a section's blocks hold {count - left} of its {count} records; the file or the catalog is corrupt")
 
 
-def read_footer(store: ObjectStore, key: str) -> list[SectionInfo]:
-    """The footer index of a file, by two ranged GETs (the trailer, then the footer)."""
-    info = store.stat(key)
-    if info is None or info.size < FILE_HEADER.size + TRAILER.size:
-        raise SegmentFormatError(f"{key}: too short to be a logcompact segment file")
-    trailer = store.get_range(key, info.size - TRAILER.size, TRAILER.size)
-    footer_position, footer_length, version, _reserved, magic = TRAILER.unpack(trailer)
-    _check_version(key, magic, version)
-    footer = store.get_range(key, footer_position, footer_length)
-    marker, body_length, crc = FOOTER_PREFIX.unpack(footer[: FOOTER_PREFIX.size])
-    body = footer[FOOTER_PREFIX.size :]
-    if marker != FOOTER_MARKER or len(body) != body_length:
-        raise SegmentFormatError(f"{key}: footer at byte {footer_position} is damaged")
-    if crc32(body) != crc:
-        raise ChecksumMismatchError(f"{key}: footer failed its CRC-32 check; the file is corrupt, restore it from a copy")
-    return [SectionInfo.from_dict(s) for s in json.loads(body)["sections"]]
+@dataclass
+class Section:
+    """A section read whole by one ranged GET: its summary and its records."""
 
+    info: SectionInfo
+    batches: list[pa.RecordBatch]
 
-class _SectionBody:
-    """The body of the section under a stream's cursor, as a bounded file-like object that checksums as it goes."""
-
-    closed = False  # pyarrow's file wrapper asks
-
-    def readable(self) -> bool:
-        return True
-
-    def __init__(self, stream: SectionStream, length: int, crc: int) -> None:
-        self._stream = stream
-        self.remaining = length
-        self.crc = crc
-
-    def read(self, size: int = -1) -> bytes:
-        if size is None or size < 0 or size > self.remaining:
-            size = self.remaining
-        data = self._stream._read_exact(size)
-        self.remaining -= len(data)
-        self.crc = crc32(data, self.crc)
-        return data
-
-    def drain(self) -> None:
-        while self.remaining:
-            if not self.read(min(self.remaining, 1 << 20)):
-                break
-
-
-class StreamedSection:
-    """A section met by a `SectionStream`: its summary and bitmap at once, its records batch by batch.
-
-    `batches()` decodes the body as it arrives, so a section of any size takes one batch of memory. The
-    checksum is verified when the body has been read; the stream skips whatever is left unread.
-    """
-
-    def __init__(self, stream: SectionStream, index: int, position: int, prefix: bytes, meta_len: int, bitmap_len: int, body_len: int) -> None:
-        self._stream = stream
-        self.index = index
-        self.position = position
-        *_lengths, self._expected_crc = SECTION_PREFIX.unpack(prefix)
-        head = stream._read_exact(meta_len + bitmap_len)
-        if len(head) != meta_len + bitmap_len:
-            raise SegmentFormatError(f"{stream.key}: truncated in section {index} (byte {position}); the file is incomplete")
-        meta = json.loads(head[:meta_len])
-        self.info = SectionInfo(
-            **meta, crc32=self._expected_crc, byte_offset=position, byte_length=SECTION_PREFIX.size + meta_len + bitmap_len + body_len
-        )
-        self._head = head
-        self._body = _SectionBody(stream, body_len, crc32(head))
-        self._bitmap_len = bitmap_len
-        self._meta_len = meta_len
+    def table(self, columns: Sequence[str] | None = None) -> pa.Table:
+        table = pa.Table.from_batches(self.batches, SECTION_SCHEMA)
+        return table.select(list(columns)) if columns is not None else table
 
     @cached_property
     def offset_deltas(self) -> BitMap:
-        return BitMap.deserialize(self._head[self._meta_len :])
+        deltas = self.table(["offset_delta"]).column(0).to_numpy()
+        return BitMap(deltas.astype(np.uint32).tolist())
 
-    def batches(self, columns: Sequence[str] | None = None) -> Iterator[pa.RecordBatch]:
-        """The records, batch by batch; `columns` decodes only those (the others' bytes are skipped)."""
-        options = None
-        if columns is not None:
-            options = pa.ipc.IpcReadOptions(included_fields=[SECTION_SCHEMA.get_field_index(c) for c in columns])
-        yield from pa.ipc.open_stream(self._body, options=options)
-        self.finish()
 
-    def table(self) -> pa.Table:
-        """The whole section at once (small sections; the compactor uses `batches()`)."""
-        return pa.Table.from_batches(list(self.batches()), SECTION_SCHEMA)
+def read_section(store: ObjectStore, key: str, info: SectionInfo) -> Section:
+    """One section by one ranged GET of its blocks, every block checked before it is decoded."""
+    data = store.get_range(key, info.byte_offset, info.byte_length)
+    if len(data) != info.byte_length:
+        raise SegmentFormatError(f"{key}: section {info.topic}/{info.partition} at byte {info.byte_offset} is cut short; the file is incomplete")
+    first_crc = BLOCK_PREFIX.unpack_from(data, 0)[1] if len(data) >= BLOCK_PREFIX.size else None
+    if first_crc != info.crc32:
+        raise ChecksumMismatchError(
+            f"{key}: section {info.topic}/{info.partition} at byte {info.byte_offset} is not the block the catalog "
+            f"records (CRC-32 {info.crc32:#010x}, found {first_crc!r}); the file was replaced or is corrupt"
+        )
+    batches = (batch for _, batch in iter_blocks(key, data, info.byte_offset))
+    return Section(info, list(section_rows(batches, info.first_row, info.record_count)))
 
-    def finish(self) -> None:
-        """Read what is left of the body and check the section's CRC-32."""
-        self._body.drain()
-        if self._body.remaining:
-            raise SegmentFormatError(
-                f"{self._stream.key}: truncated in section {self.index} (byte {self.position}); the file is incomplete"
+
+# -- the footer ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Footer:
+    """A file's index: its sections (as the catalog records them, without offsets) and its blocks."""
+
+    sections: list[SectionInfo]
+    offset_bitmaps: list[bytes]  # per section; b"" when its deltas are 0 to last_delta without holes
+    block_offsets: np.ndarray
+    block_lengths: np.ndarray
+    block_rows: np.ndarray
+    block_crcs: np.ndarray
+    block_first_deltas: np.ndarray
+
+    def blocks_of(self, info: SectionInfo) -> range:
+        first = int(np.searchsorted(self.block_offsets, info.byte_offset))
+        last = int(np.searchsorted(self.block_offsets, info.byte_offset + info.byte_length))
+        return range(first, last)
+
+
+def read_footer(store: ObjectStore, key: str, size: int | None = None) -> Footer:
+    """The footer by ranged GETs of the file's end: one when the footer fits the last 64 KiB, else two."""
+    if size is None:
+        stat = store.stat(key)
+        if stat is None:
+            raise SegmentFormatError(f"{key}: no such file in {store.uri}")
+        size = stat.size
+    if size < FILE_HEADER.size + TRAILER.size:
+        raise SegmentFormatError(f"{key}: too short to be a logcompact segment file")
+    tail_start = max(0, size - _TAIL_BYTES)
+    tail = store.get_range(key, tail_start, size - tail_start)
+    footer_position, footer_length, version, compression, magic = TRAILER.unpack(tail[-TRAILER.size :])
+    _check_version(key, magic, version)
+    if compression >= len(COMPRESSIONS):
+        raise SegmentFormatError(f"{key}: its trailer names compression {compression}, which format {FORMAT_VERSION} does not define; the file is corrupt")
+    if footer_position + footer_length + TRAILER.size != size or footer_length < FOOTER_PREFIX.size:
+        raise SegmentFormatError(f"{key}: its trailer places the footer outside the file; the file is corrupt")
+    if footer_position >= tail_start:
+        footer = tail[footer_position - tail_start : footer_position - tail_start + footer_length]
+    else:
+        footer = store.get_range(key, footer_position, footer_length)
+    return parse_footer(key, footer, COMPRESSIONS[compression])
+
+
+def parse_footer(name: str, footer: bytes, compression: str) -> Footer:
+    marker, length, crc = FOOTER_PREFIX.unpack_from(footer, 0)
+    body = memoryview(footer)[FOOTER_PREFIX.size : FOOTER_PREFIX.size + length]
+    if marker != FOOTER_MARKER or len(body) != length:
+        raise SegmentFormatError(f"{name}: no footer where its trailer says; the file is corrupt")
+    if crc32(body) != crc:
+        raise ChecksumMismatchError(f"{name}: its footer failed its CRC-32 check; the file is corrupt, restore it from a copy")
+    sections_length = int.from_bytes(body[:4], "little")
+    sections = pa.ipc.open_stream(pa.py_buffer(body[4 : 4 + sections_length])).read_all()
+    blocks = pa.ipc.open_stream(pa.py_buffer(body[4 + sections_length :])).read_all()
+    block = {name: blocks.column(name).to_numpy() for name in blocks.column_names}
+    columns = sections.to_pydict()
+    infos = []
+    for i in range(sections.num_rows):
+        first = columns["first_block"][i]
+        last = _last_block(block["rows"], first, columns["first_row"][i], columns["record_count"][i])
+        start = int(block["byte_offset"][first])
+        infos.append(
+            SectionInfo(
+                columns["topic"][i], columns["partition"][i], columns["record_count"][i], columns["last_delta"][i],
+                columns["min_timestamp"][i], columns["max_timestamp"][i], columns["tombstones"][i],
+                columns["uncompressed_bytes"][i], compression, int(block["crc32"][first]), start,
+                int(block["byte_offset"][last] + block["byte_length"][last]) - start, columns["clean_below_delta"][i],
+                columns["key_sketch"][i], columns["first_row"][i],
             )
-        if self._body.crc != self._expected_crc:
-            raise ChecksumMismatchError(
-                f"{self._stream.key}: section {self.index} at byte {self.position} failed its CRC-32 check "
-                f"(expected {self._expected_crc:#010x}, found {self._body.crc:#010x}); the file is corrupt, restore it from a copy"
-            )
+        )
+    return Footer(infos, columns["offset_bitmap"], block["byte_offset"], block["byte_length"], block["rows"], block["crc32"], block["first_delta"])
 
 
-class SectionStream:
-    """Every section of one file, front to back, from a single streaming GET and without seeking.
+def _last_block(rows: np.ndarray, first: int, first_row: int, count: int) -> int:
+    block, need = first, first_row + count
+    while need > int(rows[block]):
+        need -= int(rows[block])
+        block += 1
+    return block
 
-    Iterating yields `StreamedSection`s; the footer ends the stream. Two of these on one file are the two
-    independent pointers of the two-pass compaction.
+
+# -- streaming -------------------------------------------------------------------------------------------
+
+
+class BlockStream:
+    """A file's blocks front to back from a single streaming GET, without seeking: the compactor's pointer.
+
+    `advance_to(position)` reads past (without decoding or checking) the blocks before `position`; `next_batch()`
+    checks the next block's CRC and decodes it. Two of these on one file are the two independent pointers
+    of the two-pass compaction.
     """
 
     def __init__(self, store: ObjectStore, key: str) -> None:
         self.key = key
         self._stream: CountingReader = store.open_stream(key)
-        self._position = 0
-        header = self._read_exact(FILE_HEADER.size)
-        if len(header) != FILE_HEADER.size:
-            raise SegmentFormatError(f"{key}: too short to be a logcompact segment file")
-        magic, version, _flags, _reserved = FILE_HEADER.unpack(header)
-        _check_version(key, magic, version)
+        self.position = 0
+        schema_length = _check_header(key, self._read_exact(FILE_HEADER.size))
+        _check_schema(key, self._read_exact(schema_length))
 
     def _read_exact(self, size: int) -> bytes:
         chunks = []
@@ -214,25 +245,35 @@ class SectionStream:
             chunks.append(chunk)
             remaining -= len(chunk)
         data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        self._position += len(data)
+        self.position += len(data)
         return data
 
-    def __iter__(self) -> Iterator[StreamedSection]:
-        index = 0
-        try:
-            while True:
-                position = self._position
-                marker = self._read_exact(4)
-                if marker == FOOTER_MARKER:
-                    return
-                prefix = marker + self._read_exact(SECTION_PREFIX.size - 4)
-                meta_len, bitmap_len, body_len = _unpack_section_prefix(self.key, index, position, prefix)
-                section = StreamedSection(self, index, position, prefix, meta_len, bitmap_len, body_len)
-                yield section
-                section.finish()
-                index += 1
-        finally:
-            self.close()
+    def _prefix(self) -> tuple[int, int]:
+        prefix = self._read_exact(BLOCK_PREFIX.size)
+        if prefix[:4] == FOOTER_MARKER or len(prefix) != BLOCK_PREFIX.size:
+            raise SegmentFormatError(f"{self.key}: no block at byte {self.position - len(prefix)} although the catalog lists one; the file is corrupt or not the one the catalog records")
+        length, crc = BLOCK_PREFIX.unpack(prefix)
+        if length > MAX_BLOCK_BYTES:
+            raise SegmentFormatError(f"{self.key}: block at byte {self.position - BLOCK_PREFIX.size} claims {length} bytes; the file is corrupt")
+        return length, crc
+
+    def advance_to(self, position: int) -> None:
+        """Read past whole blocks up to byte `position`, the start of a block."""
+        while self.position < position:
+            length, _crc = self._prefix()
+            skipped = self._read_exact(length)
+            if len(skipped) != length:
+                raise SegmentFormatError(f"{self.key}: truncated at byte {self.position}; the file is incomplete")
+        if self.position != position:
+            raise SegmentFormatError(f"{self.key}: no block starts at byte {position}; the catalog does not match the file")
+
+    def next_batch(self) -> pa.RecordBatch:
+        at = self.position
+        length, crc = self._prefix()
+        message = self._read_exact(length)
+        if len(message) != length:
+            raise SegmentFormatError(f"{self.key}: truncated in the block at byte {at}; the file is incomplete")
+        return decode_block(self.key, at, message, crc)
 
     def close(self) -> None:
         self._stream.close()

@@ -1,51 +1,55 @@
-"""Writes segment files: a header, one section per topic-partition in (topic, partition) order, a footer."""
+"""Writes segment files: a header with the file's one Arrow schema, CRC-framed record-batch blocks holding the
+sections in (topic, partition) order, and a footer indexing sections and blocks (docs/format.md)."""
 
 from __future__ import annotations
 
+import array
 import io
-import json
-import tempfile
 from typing import BinaryIO, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
-from isal.isal_zlib import crc32  # zlib's CRC-32, computed about 4x faster
 import pyarrow.compute as pc
 import xxhash
+from isal.isal_zlib import crc32  # zlib's CRC-32, computed about 4x faster
 from pyroaring import BitMap
 
 from logcompact import sketch
 from logcompact.format.layout import (
+    BLOCK_PREFIX,
     COMPRESSIONS,
     FILE_HEADER,
+    FOOTER_BLOCKS_SCHEMA,
     FOOTER_MARKER,
     FOOTER_PREFIX,
+    FOOTER_SECTIONS_SCHEMA,
     FORMAT_VERSION,
     HEADERS_TYPE,
     MAGIC,
     MAX_OFFSET_SPAN,
-    SECTION_MARKER,
-    SECTION_PREFIX,
     SECTION_SCHEMA,
     TRAILER,
     SectionInfo,
     key_hash_words,
 )
 
-# An Arrow record batch holds at most BATCH_ROWS rows and about BATCH_BYTES bytes, so readers decode a
-# file in pieces of bounded memory.
-BATCH_ROWS = 65536
-BATCH_BYTES = 4 * 1024 * 1024
-# A section body is spooled in memory up to this size, then in a temporary file.
-SPOOL_BYTES = 16 * 1024 * 1024
-COPY_CHUNK = 1024 * 1024
+# A block is cut at a section boundary once it holds PACK_BYTES (so many small sections share one block and
+# one set of Arrow buffers), and inside a section at BLOCK_BYTES or BLOCK_ROWS (so a reader decodes a big
+# section, or seeks into it, one bounded block at a time). Sizes are uncompressed Arrow bytes.
+PACK_BYTES = 64 * 1024
+BLOCK_BYTES = 1024 * 1024
+BLOCK_ROWS = 65536
+# Arrow's fixed buffers per row (offset delta, timestamp, key hash, two binary offsets, list offset, horizon),
+# for splitting rows into blocks before they are Arrow batches.
+_FIXED_ROW_BYTES = 4 + 8 + 16 + 4 + 4 + 4 + 8
 
 Header = tuple[str, bytes]
 
 
 def key_hashes(keys: Sequence[bytes | None]) -> pa.Array:
     """128-bit XXH3 of each key (null for a null key), kept in the file so compaction never rehashes."""
-    return pa.array([None if k is None else xxhash.xxh3_128_digest(k) for k in keys], type=pa.binary(16))
+    digest = xxhash.xxh3_128_digest
+    return pa.array([None if k is None else digest(k) for k in keys], type=pa.binary(16))
 
 
 def section_table(
@@ -56,7 +60,7 @@ def section_table(
     headers: Sequence[Sequence[Header] | None] | None = None,
     delete_horizons: Sequence[int | None] | None = None,
 ) -> pa.Table:
-    """A section's records as an Arrow table of SECTION_SCHEMA, from Python or numpy columns."""
+    """Records as an Arrow table of SECTION_SCHEMA, from Python or numpy columns."""
     if headers is None or not any(headers):
         header_column = pa.nulls(len(keys), HEADERS_TYPE)
     else:
@@ -77,28 +81,52 @@ def section_table(
     )
 
 
-class SectionBuilder:
-    """One section being written, batch by batch, so a section of any size needs bounded memory.
+def _offset_bitmap(deltas: np.ndarray) -> bytes:
+    """The portable roaring bitmap of a section's deltas; b"" when they are exactly 0 to last (no holes)."""
+    if len(deltas) == 0 or int(deltas[-1]) + 1 == len(deltas):
+        return b""
+    return BitMap(array.array("I", deltas.astype(np.uint32, copy=False).tobytes())).serialize()
 
-    The body is spooled (in memory up to SPOOL_BYTES, then in a temporary file) because the section
-    prefix, written first, carries the body's length and checksum.
-    """
+
+class _Section:
+    """A section's place and summary while its file is written; its byte range is known once its blocks are."""
+
+    __slots__ = ("topic", "partition", "first_block", "first_row", "last_block", "record_count", "last_delta",
+                 "min_timestamp", "max_timestamp", "tombstones", "uncompressed_bytes", "clean_below_delta",
+                 "key_sketch", "offset_bitmap")
+
+    def __init__(self, topic: str, partition: int, first_block: int, first_row: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.first_block = first_block
+        self.first_row = first_row
+        self.last_block = first_block
+        self.record_count = 0
+        self.last_delta = -1
+        self.min_timestamp = 0
+        self.max_timestamp = 0
+        self.tombstones = 0
+        self.uncompressed_bytes = 0
+        self.clean_below_delta = 0
+        self.key_sketch = b""
+        self.offset_bitmap = b""
+
+
+class SectionBuilder:
+    """One section being written batch by batch (a compaction's output), so a section of any size takes
+    bounded memory: its rows go to the writer's blocks as they come."""
 
     def __init__(self, writer: SegmentWriter, topic: str, partition: int) -> None:
         self._writer = writer
-        self.topic = topic
-        self.partition = partition
-        self._body = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)
-        self._ipc = pa.ipc.new_stream(self._body, SECTION_SCHEMA, options=writer._ipc_options)
-        self._bitmap = BitMap()
-        self.record_count = 0
-        self._last_delta = -1
-        self._min_timestamp: int | None = None
-        self._max_timestamp: int | None = None
-        self._tombstones = 0
-        self._uncompressed_bytes = 0
-        self._sketch = np.zeros(sketch.REGISTERS, dtype=np.uint8)
-        self._keyed = 0
+        self._section = writer._new_section(topic, partition)
+        self._registers = np.zeros(sketch.REGISTERS, dtype=np.uint8)
+        self._keyed = False
+        self._deltas: list[np.ndarray] = []
+        self._contiguous = True
+
+    @property
+    def record_count(self) -> int:
+        return self._section.record_count
 
     def append(self, batch: pa.RecordBatch | pa.Table) -> None:
         """Records in offset order continuing the ones appended before (deltas from the section's first)."""
@@ -106,76 +134,52 @@ class SectionBuilder:
             return
         if batch.schema != SECTION_SCHEMA:
             batch = batch.cast(SECTION_SCHEMA)
+        section = self._section
         deltas = batch.column("offset_delta").to_numpy()
-        if (self.record_count == 0 and deltas[0] != 0) or deltas[0] <= self._last_delta or (
+        if (section.record_count == 0 and deltas[0] != 0) or deltas[0] <= section.last_delta or (
             len(deltas) > 1 and not np.all(deltas[1:] > deltas[:-1])
         ):
-            raise ValueError(
-                f"section {self.topic}/{self.partition}: offset deltas must start at 0 and increase strictly"
-            )
-        contiguous = int(deltas[-1]) - int(deltas[0]) + 1 == len(deltas)
-        self._bitmap |= BitMap(range(int(deltas[0]), int(deltas[-1]) + 1)) if contiguous else BitMap(deltas)
-        self._last_delta = int(deltas[-1])
-        min_max = pc.min_max(batch.column("timestamp")).as_py()
-        if self._min_timestamp is None or min_max["min"] < self._min_timestamp:
-            self._min_timestamp = min_max["min"]
-        if self._max_timestamp is None or min_max["max"] > self._max_timestamp:
-            self._max_timestamp = min_max["max"]
-        self._tombstones += batch.column("value").null_count
+            raise ValueError(f"section {section.topic}/{section.partition}: offset deltas must start at 0 and increase strictly")
+        self._contiguous = self._contiguous and int(deltas[-1]) - section.last_delta == len(deltas)
+        self._deltas.append(deltas)
+        timestamps = batch.column("timestamp").to_numpy()
+        low, high = int(timestamps.min()), int(timestamps.max())
+        if section.record_count == 0:
+            section.min_timestamp, section.max_timestamp = low, high
+        else:
+            section.min_timestamp, section.max_timestamp = min(low, section.min_timestamp), max(high, section.max_timestamp)
+        section.last_delta = int(deltas[-1])
+        section.tombstones += batch.column("value").null_count
         key_hash = batch.column("key_hash")
         if key_hash.null_count < len(key_hash):
-            valid = np.asarray(pc.is_valid(key_hash))
-            self._sketch = np.maximum(self._sketch, sketch.sketch_words(key_hash_words(key_hash)[valid, 1]))
-            self._keyed += int(valid.sum())
-        self._uncompressed_bytes += batch.nbytes
-        self.record_count += batch.num_rows
-        rows = max(1024, min(BATCH_ROWS, BATCH_BYTES * batch.num_rows // max(1, batch.nbytes)))
-        pieces = batch.to_batches(max_chunksize=rows) if isinstance(batch, pa.Table) else [batch]
-        for piece in pieces:
-            self._ipc.write_batch(piece)
+            words = key_hash_words(key_hash)[:, 1]
+            if key_hash.null_count:
+                words = words[np.asarray(pc.is_valid(key_hash))]
+            np.maximum(self._registers, sketch.sketch_words(words), out=self._registers)
+            self._keyed = True
+        section.uncompressed_bytes += batch.nbytes
+        section.record_count += batch.num_rows
+        tables = batch.to_batches() if isinstance(batch, pa.Table) else [batch]
+        for piece in tables:
+            self._writer._add_rows(piece)
 
-    def finish(self, clean_below_delta: int = 0) -> SectionInfo:
-        if self.record_count == 0:
-            raise ValueError(f"section {self.topic}/{self.partition} has no records; leave empty sections out")
-        if self._last_delta > MAX_OFFSET_SPAN:
-            raise ValueError(f"section {self.topic}/{self.partition} spans more than 2**32 offsets; split it")
-        self._ipc.close()
-        bitmap_bytes = self._bitmap.serialize()
-        meta = dict(
-            topic=self.topic,
-            partition=self.partition,
-            record_count=self.record_count,
-            last_delta=self._last_delta,
-            min_timestamp=self._min_timestamp,
-            max_timestamp=self._max_timestamp,
-            tombstones=self._tombstones,
-            uncompressed_bytes=self._uncompressed_bytes,
-            compression=self._writer.compression,
-            clean_below_delta=clean_below_delta,
-            key_sketch=sketch.encode(self._sketch) if self._keyed else "",
-        )
-        meta_bytes = json.dumps(meta, separators=(",", ":")).encode()
-        body_length = self._body.tell()
-        self._body.seek(0)
-        crc = crc32(bitmap_bytes, crc32(meta_bytes))
-        while chunk := self._body.read(COPY_CHUNK):
-            crc = crc32(chunk, crc)
-        prefix = SECTION_PREFIX.pack(SECTION_MARKER, len(meta_bytes), len(bitmap_bytes), body_length, crc)
-        writer = self._writer
-        start = writer.position
-        for part in (prefix, meta_bytes, bitmap_bytes):
-            writer._write(part)
-        self._body.seek(0)
-        while chunk := self._body.read(COPY_CHUNK):
-            writer._write(chunk)
-        self._body.close()
-        info = SectionInfo(**meta, crc32=crc, byte_offset=start, byte_length=writer.position - start)
-        writer._section_done(info)
-        return info
+    def finish(self, clean_below_delta: int = 0) -> None:
+        section = self._section
+        if section.record_count == 0:
+            raise ValueError(f"section {section.topic}/{section.partition} has no records; leave empty sections out")
+        if section.last_delta > MAX_OFFSET_SPAN:
+            raise ValueError(f"section {section.topic}/{section.partition} spans more than 2**32 offsets; split it")
+        section.clean_below_delta = clean_below_delta
+        section.key_sketch = sketch.encode(self._registers) if self._keyed else b""
+        if not self._contiguous:
+            section.offset_bitmap = _offset_bitmap(np.concatenate(self._deltas))
+        self._deltas = []
+        self._writer._section_done()
 
 
 class SegmentWriter:
-    """Streams a segment file into `sink`. Sections must come in (topic, partition) order, one each.
+    """Streams a segment file into `sink`. Sections come in (topic, partition) order, one each, either one at a
+    time (`begin_section`) or many at once from one table (`write_sections`, what an ingest agent does).
 
     `compression` is applied per Arrow buffer by the IPC writer (LZ4 frame or Zstandard), so readers
     decompress with Arrow's vectorized codecs.
@@ -186,49 +190,240 @@ class SegmentWriter:
             raise ValueError(f"compression {compression!r} is not one of {', '.join(COMPRESSIONS)}")
         self._sink = sink
         self.compression = compression
-        self._ipc_options = pa.ipc.IpcWriteOptions(compression=None if compression == "none" else compression)
         self.position = 0
-        self.sections: list[SectionInfo] = []
-        self._open: SectionBuilder | None = None
         self._finished = False
-        self._write(FILE_HEADER.pack(MAGIC, FORMAT_VERSION, 0, 0))
+        self._open: SectionBuilder | None = None
+        self._sections: list[_Section] = []
+        # Blocks: each is one record batch message of an Arrow IPC stream whose schema message is the header's.
+        self._ipc_sink = io.BytesIO()
+        self._ipc = pa.ipc.new_stream(
+            self._ipc_sink, SECTION_SCHEMA, options=pa.ipc.IpcWriteOptions(compression=None if compression == "none" else compression)
+        )
+        schema_message = SECTION_SCHEMA.serialize().to_pybytes()
+        self._skip = len(schema_message)  # the IPC writer's first output starts with the schema message
+        self._pending: list[pa.RecordBatch] = []
+        self._pending_rows = 0
+        self._pending_bytes = 0
+        self._blocks: dict[str, list[int]] = {name: [] for name in FOOTER_BLOCKS_SCHEMA.names}
+        self._write(FILE_HEADER.pack(MAGIC, FORMAT_VERSION, COMPRESSIONS.index(compression), len(schema_message)))
+        self._write(schema_message)
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: bytes | memoryview) -> None:
         self._sink.write(data)
         self.position += len(data)
 
-    def begin_section(self, topic: str, partition: int) -> SectionBuilder:
+    # -- sections -------------------------------------------------------------------------------------
+
+    def _check_order(self, topic: str, partition: int) -> None:
         if self._finished or self._open is not None:
-            raise RuntimeError("begin_section while a section is open or after finish")
-        if self.sections and (topic, partition) <= (self.sections[-1].topic, self.sections[-1].partition):
-            last = self.sections[-1]
-            raise ValueError(
-                f"section {topic}/{partition} written after {last.topic}/{last.partition}: "
-                "sections must be in (topic, partition) order, one per topic-partition"
-            )
+            raise RuntimeError("a section begun while another is open or after finish")
+        if self._sections:
+            last = self._sections[-1]
+            if (topic, partition) <= (last.topic, last.partition):
+                raise ValueError(
+                    f"section {topic}/{partition} written after {last.topic}/{last.partition}: "
+                    "sections must be in (topic, partition) order, one per topic-partition"
+                )
+
+    def _new_section(self, topic: str, partition: int) -> _Section:
+        self._check_order(topic, partition)
+        section = _Section(topic, partition, len(self._blocks["byte_offset"]), self._pending_rows)
+        self._sections.append(section)
+        return section
+
+    def begin_section(self, topic: str, partition: int) -> SectionBuilder:
         self._open = SectionBuilder(self, topic, partition)
         return self._open
 
-    def _section_done(self, info: SectionInfo) -> None:
-        self.sections.append(info)
+    def _section_done(self) -> None:
+        # The section's last row is in the pending block, or ended the block just written.
+        self._sections[-1].last_block = len(self._blocks["byte_offset"]) - (0 if self._pending_rows else 1)
         self._open = None
+        if self._pending_bytes >= PACK_BYTES:
+            self._flush_block()
 
-    def write_section(self, topic: str, partition: int, table: pa.Table) -> SectionInfo:
+    def write_section(self, topic: str, partition: int, table: pa.Table) -> None:
         section = self.begin_section(topic, partition)
         section.append(table)
-        return section.finish()
+        section.finish()
+
+    def write_sections(self, slots: Sequence[tuple[str, int]], table: pa.Table, counts: Sequence[int]) -> None:
+        """Many sections at once: `table` holds their rows one section after another, `counts[i]` rows for
+        `slots[i]`, each section's deltas starting at 0 and increasing. Summaries are computed for all sections
+        in a few vectorized passes, so a file of 10,000 small sections costs no per-section Arrow work."""
+        if self._pending_rows or self._open is not None:
+            raise RuntimeError("write_sections after rows of another section: write the many sections first")
+        counts_array = np.asarray(counts, dtype=np.int64)
+        if len(counts_array) != len(slots) or (counts_array <= 0).any() or int(counts_array.sum()) != table.num_rows:
+            raise ValueError("write_sections: counts must be one positive count per section, summing to the table's rows")
+        if table.schema != SECTION_SCHEMA:
+            table = table.cast(SECTION_SCHEMA)
+        table = table.combine_chunks()
+        starts = np.concatenate(([0], np.cumsum(counts_array)[:-1]))
+        ends = starts + counts_array
+        deltas = table.column("offset_delta").to_numpy()
+        rising = np.ones(len(deltas), dtype=bool)
+        rising[1:] = deltas[1:] > deltas[:-1]
+        rising[starts] = deltas[starts] == 0
+        if not rising.all():
+            bad = int(np.searchsorted(ends, int(np.argmin(rising)), side="right"))
+            raise ValueError(f"section {slots[bad][0]}/{slots[bad][1]}: offset deltas must start at 0 and increase strictly")
+        timestamps = table.column("timestamp").to_numpy()
+        min_ts = np.minimum.reduceat(timestamps, starts)
+        max_ts = np.maximum.reduceat(timestamps, starts)
+        tombstone_rows = np.asarray(pc.is_null(table.column("value")), dtype=np.int64)
+        tombstones = np.add.reduceat(tombstone_rows, starts)
+        row_bytes = _row_bytes(table)
+        section_bytes = np.add.reduceat(row_bytes, starts)
+        key_hash = table.column("key_hash").chunk(0) if table.num_rows else pa.array([], pa.binary(16))
+        keyed = np.asarray(pc.is_valid(key_hash)) if key_hash.null_count else None
+        owner = np.repeat(np.arange(len(slots)), counts_array)
+        words = key_hash_words(key_hash)[:, 1]
+        sketches = sketch.encode_many(owner if keyed is None else owner[keyed], words if keyed is None else words[keyed], len(slots))
+
+        batch_start = 0
+        pending_bytes = 0
+        for number, (topic, partition) in enumerate(slots):
+            section = self._new_section(topic, partition)
+            section.first_block = len(self._blocks["byte_offset"])
+            section.first_row = int(starts[number]) - batch_start
+            count = int(counts_array[number])
+            section.record_count = count
+            section.last_delta = int(deltas[ends[number] - 1])
+            section.min_timestamp = int(min_ts[number])
+            section.max_timestamp = int(max_ts[number])
+            section.tombstones = int(tombstones[number])
+            section.uncompressed_bytes = int(section_bytes[number])
+            section.key_sketch = sketches[number]
+            if section.last_delta + 1 != count:
+                section.offset_bitmap = _offset_bitmap(deltas[starts[number] : ends[number]])
+            # Blocks inside a big section, then one at the section's end once the block is full enough.
+            pending_bytes += int(section_bytes[number])
+            end = int(ends[number])
+            while pending_bytes > BLOCK_BYTES or end - batch_start > BLOCK_ROWS:
+                cut = _cut_row(row_bytes, batch_start, end)
+                self._emit_block(table.slice(batch_start, cut - batch_start))
+                pending_bytes -= int(row_bytes[batch_start:cut].sum())
+                if cut <= starts[number]:  # the block filled before this section's first row
+                    section.first_block, section.first_row = len(self._blocks["byte_offset"]), int(starts[number]) - cut
+                batch_start = cut
+            section.last_block = len(self._blocks["byte_offset"]) - (0 if end > batch_start else 1)
+            if pending_bytes >= PACK_BYTES:
+                self._emit_block(table.slice(batch_start, end - batch_start))
+                batch_start, pending_bytes = end, 0
+        if batch_start < table.num_rows:
+            self._pending = [table.slice(batch_start).combine_chunks().to_batches()[0]]
+            self._pending_rows, self._pending_bytes = table.num_rows - batch_start, pending_bytes
+
+    # -- blocks ---------------------------------------------------------------------------------------
+
+    def _add_rows(self, batch: pa.RecordBatch | None) -> None:
+        """Rows of the open section into the pending block; blocks are cut inside a section when full."""
+        if batch is None or batch.num_rows == 0:
+            return
+        size = batch.nbytes
+        while self._pending_bytes + size > BLOCK_BYTES or self._pending_rows + batch.num_rows > BLOCK_ROWS:
+            room_rows = BLOCK_ROWS - self._pending_rows
+            room_bytes = BLOCK_BYTES - self._pending_bytes
+            take = min(room_rows, max(1, room_bytes * batch.num_rows // max(1, size)))
+            if take >= batch.num_rows:
+                break
+            head = batch.slice(0, take)
+            self._pending.append(head)
+            self._pending_rows += take
+            self._pending_bytes += head.nbytes
+            self._flush_block()
+            batch = batch.slice(take)
+            size = batch.nbytes
+        self._pending.append(batch)
+        self._pending_rows += batch.num_rows
+        self._pending_bytes += size
+
+    def _flush_block(self) -> None:
+        if not self._pending:
+            return
+        batch = self._pending[0] if len(self._pending) == 1 else pa.concat_batches(self._pending)
+        self._pending, self._pending_rows, self._pending_bytes = [], 0, 0
+        self._emit_block(batch)
+
+    def _emit_block(self, rows: pa.RecordBatch | pa.Table) -> None:
+        batch = rows if isinstance(rows, pa.RecordBatch) else rows.combine_chunks().to_batches()[0]
+        self._ipc.write_batch(batch)
+        with self._ipc_sink.getbuffer() as written:
+            message = written[self._skip :]
+            crc = crc32(message)
+            blocks = self._blocks
+            blocks["byte_offset"].append(self.position)
+            blocks["byte_length"].append(BLOCK_PREFIX.size + len(message))
+            blocks["rows"].append(batch.num_rows)
+            blocks["crc32"].append(crc)
+            blocks["first_delta"].append(int(batch.column(0)[0].as_py()))
+            self._write(BLOCK_PREFIX.pack(len(message), crc))
+            self._write(message)
+            del message
+        self._ipc_sink.seek(0)
+        self._ipc_sink.truncate()
+        self._skip = 0
+
+    # -- the end --------------------------------------------------------------------------------------
 
     def finish(self) -> list[SectionInfo]:
-        """Write the footer index and trailer; returns the sections written."""
+        """Write the last block, the footer and the trailer; returns the sections written."""
         if self._open is not None:
-            raise RuntimeError(f"section {self._open.topic}/{self._open.partition} is still open")
-        footer = json.dumps({"sections": [s.to_dict() for s in self.sections]}, separators=(",", ":")).encode()
+            raise RuntimeError(f"section {self._sections[-1].topic}/{self._sections[-1].partition} is still open")
+        self._flush_block()
+        blocks = self._blocks
+        infos = []
+        block_offsets, block_lengths, block_crcs = blocks["byte_offset"], blocks["byte_length"], blocks["crc32"]
+        for section in self._sections:
+            last = section.last_block
+            start = block_offsets[section.first_block]
+            infos.append(
+                SectionInfo(
+                    section.topic, section.partition, section.record_count, section.last_delta, section.min_timestamp,
+                    section.max_timestamp, section.tombstones, section.uncompressed_bytes, self.compression,
+                    block_crcs[section.first_block], start, block_offsets[last] + block_lengths[last] - start,
+                    section.clean_below_delta, section.key_sketch, section.first_row,
+                )
+            )
+        footer = _footer(self._sections, blocks)
         footer_position = self.position
         self._write(FOOTER_PREFIX.pack(FOOTER_MARKER, len(footer), crc32(footer)))
         self._write(footer)
-        self._write(TRAILER.pack(footer_position, FOOTER_PREFIX.size + len(footer), FORMAT_VERSION, 0, MAGIC))
+        self._write(TRAILER.pack(footer_position, FOOTER_PREFIX.size + len(footer), FORMAT_VERSION, COMPRESSIONS.index(self.compression), MAGIC))
         self._finished = True
-        return list(self.sections)
+        self._ipc.close()
+        self.sections = infos
+        return infos
+
+
+def _row_bytes(table: pa.Table) -> np.ndarray:
+    """Approximate Arrow bytes of each row, to cut blocks before building them."""
+    sizes = np.full(table.num_rows, _FIXED_ROW_BYTES, dtype=np.int64)
+    for name in ("key", "value"):
+        column = table.column(name).chunk(0) if table.num_rows else None
+        if column is not None:
+            sizes += pc.binary_length(column).fill_null(0).to_numpy()
+    return sizes
+
+
+def _cut_row(row_bytes: np.ndarray, start: int, end: int) -> int:
+    """The row where a block starting at `start` fills up (BLOCK_BYTES or BLOCK_ROWS), before `end`."""
+    limit = min(end, start + BLOCK_ROWS)
+    filled = np.cumsum(row_bytes[start:limit])
+    return start + max(1, int(np.searchsorted(filled, BLOCK_BYTES, side="right")))
+
+
+def _footer(sections: list[_Section], blocks: dict[str, list[int]]) -> bytes:
+    """The footer: the section index and the block index, each an Arrow IPC stream compressed with zstd."""
+    section_columns = {name: [getattr(s, name) for s in sections] for name in FOOTER_SECTIONS_SCHEMA.names}
+    parts = []
+    for schema, columns in ((FOOTER_SECTIONS_SCHEMA, section_columns), (FOOTER_BLOCKS_SCHEMA, blocks)):
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as writer:
+            writer.write_batch(pa.record_batch([pa.array(columns[f.name], f.type) for f in schema], schema=schema))
+        parts.append(sink.getvalue().to_pybytes())
+    return len(parts[0]).to_bytes(4, "little") + parts[0] + parts[1]
 
 
 def write_segment(
