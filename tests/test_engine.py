@@ -11,6 +11,7 @@ import time
 from dataclasses import replace
 
 import pytest
+from pyroaring import BitMap
 
 from logcompact.catalog import Catalog, NewFile
 from logcompact.consume import latest_values, read_records
@@ -238,7 +239,7 @@ def test_gc_deletes_only_old_unreferenced_files(catalog: Catalog) -> None:
 
 
 def test_output_sections_list_exactly_their_offsets_and_keep_record_bytes(catalog: Catalog) -> None:
-    from logcompact.format import read_section
+    from logcompact.format import read_footer, read_section
 
     catalog = _setup(catalog, partitions=2, state={"cleanup_policy": "compact"})
     produced = []
@@ -249,10 +250,12 @@ def test_output_sections_list_exactly_their_offsets_and_keep_record_bytes(catalo
     result = _full(catalog)
     by_partition_offset = {(r.partition, o): r for o, r in produced}
     for data_file in result.outputs:
-        for placed in data_file.sections:
-            section = read_section(catalog.store, data_file.key, placed.info.byte_offset, placed.info.byte_length)
+        footer = read_footer(catalog.store, data_file.key)
+        for placed, bitmap in zip(data_file.sections, footer.offset_bitmaps, strict=True):
+            section = read_section(catalog.store, data_file.key, placed.info)
             deltas = section.table().column("offset_delta").to_pylist()
             assert list(section.offset_deltas) == deltas and deltas[0] == 0
+            assert (list(BitMap.deserialize(bitmap)) if bitmap else list(range(len(deltas)))) == deltas
             for record in read_records(catalog.store, catalog.snapshot(), "state", placed.partition):
                 original = by_partition_offset[(placed.partition, record.offset)]
                 assert (record.key, record.value, record.timestamp, record.headers) == (

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 from typing import Iterable, Iterator, NamedTuple
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from logcompact.catalog import CatalogSection, Snapshot
 from logcompact.exceptions import InvalidRecordError
-from logcompact.format import read_section
-from logcompact.format.layout import HEADERS_TYPE
+from logcompact.format import read_footer, read_section
+from logcompact.format.layout import HEADERS_TYPE, key_hash_words
+from logcompact.format.reader import iter_blocks
 from logcompact.store.base import ObjectStore
 
 RECORD_SCHEMA = pa.schema(
@@ -41,6 +43,13 @@ class ConsumedRecord(NamedTuple):
 
 SectionRef = tuple[str, CatalogSection]  # (file key, section)
 
+# A section longer than this is read block by block through its file's footer (its index of blocks by
+# offset), so a read from an offset inside it starts at the block holding that offset and memory stays
+# bounded; shorter ones take one ranged GET.
+SEEK_BYTES = 4 * 1024 * 1024
+# Blocks fetched per ranged GET when reading a long section.
+CHUNK_BYTES = 8 * 1024 * 1024
+
 
 def _overlapping_runs(sections: Iterable[SectionRef]) -> Iterator[list[SectionRef]]:
     """Group sections (sorted by first offset) into runs whose offset ranges overlap."""
@@ -56,14 +65,42 @@ def _overlapping_runs(sections: Iterable[SectionRef]) -> Iterator[list[SectionRe
         yield run
 
 
-def _section_records(store: ObjectStore, key: str, section: CatalogSection) -> pa.Table:
+def _section_batches(store: ObjectStore, key: str, section: CatalogSection, from_offset: int) -> Iterator[pa.RecordBatch]:
+    """A section's records (SECTION_SCHEMA), from the block holding `from_offset` when the section is long."""
     info = section.info
-    table = read_section(store, key, info.byte_offset, info.byte_length).table()
-    offsets = pc.add(table.column("offset_delta").cast(pa.int64()), pa.scalar(section.first_offset, pa.int64()))
-    return pa.Table.from_arrays(
-        [offsets, table.column("timestamp"), table.column("key"), table.column("value"), table.column("headers")],
-        schema=RECORD_SCHEMA,
-    )
+    if info.byte_length <= SEEK_BYTES:
+        yield from read_section(store, key, info).batches
+        return
+    footer = read_footer(store, key)
+    blocks = footer.blocks_of(info)
+    # The section's rows before each of its blocks, and each block's first delta: where `from_offset` starts.
+    rows_before = np.concatenate(([0], np.cumsum(footer.block_rows[blocks.start : blocks.stop]) - info.first_row))
+    first = blocks.start
+    wanted = from_offset - section.first_offset
+    if wanted > 0:
+        later = footer.block_first_deltas[blocks.start + 1 : blocks.stop]
+        first = blocks.start + int(np.searchsorted(later, wanted, side="right"))
+    skip = info.first_row if first == blocks.start else 0
+    left = info.record_count - max(0, int(rows_before[first - blocks.start]))
+    block = first
+    while block < blocks.stop and left > 0:
+        start = int(footer.block_offsets[block])
+        end = block + 1  # one block first (the first record soon), then chunks
+        while end < blocks.stop and block != first and footer.block_offsets[end] + footer.block_lengths[end] - start <= CHUNK_BYTES:
+            end += 1
+        length = int(footer.block_offsets[end - 1] + footer.block_lengths[end - 1]) - start
+        for _, batch in iter_blocks(key, store.get_range(key, start, length), start):
+            piece = batch.slice(skip, left)
+            skip, left = 0, left - piece.num_rows
+            if piece.num_rows:
+                yield piece
+        block = end
+
+
+def _records_table(batches: Iterable[pa.RecordBatch], first_offset: int, columns: tuple[str, ...]) -> Iterator[pa.Table]:
+    for batch in batches:
+        offsets = pc.add(batch.column("offset_delta").cast(pa.int64()), pa.scalar(first_offset, pa.int64()))
+        yield pa.Table.from_arrays([offsets, *(batch.column(name) for name in columns)], names=["offset", *columns])
 
 
 def read_batches(
@@ -87,18 +124,32 @@ def read_sections(
     """The records of given sections of one partition, (file key, section) pairs in first-offset order,
     with from_offset <= offset < to_offset: what read_batches reads, for a caller that chose the files
     (a compaction's inputs)."""
+    for table in _read(store, sections, from_offset, to_offset, _RECORD_COLUMNS):
+        yield table.cast(RECORD_SCHEMA)
+
+
+_RECORD_COLUMNS = ("timestamp", "key", "value", "headers")
+
+
+def _read(
+    store: ObjectStore, sections: Iterable[SectionRef], from_offset: int, to_offset: int | None, columns: tuple[str, ...]
+) -> Iterator[pa.Table]:
     for run in _overlapping_runs(sections):
-        tables = [_section_records(store, key, section) for key, section in run]
-        table = tables[0] if len(tables) == 1 else pa.concat_tables(tables).sort_by("offset")
-        first, last = table.column("offset")[0].as_py(), table.column("offset")[-1].as_py()
-        if first < from_offset or (to_offset is not None and last >= to_offset):
+        if len(run) == 1:
+            key, section = run[0]
+            tables: Iterable[pa.Table] = _records_table(_section_batches(store, key, section, from_offset), section.first_offset, columns)
+        else:
+            whole = [t for key, section in run for t in _records_table(_section_batches(store, key, section, 0), section.first_offset, columns)]
+            tables = [pa.concat_tables(whole).sort_by("offset")]
+        for table in tables:
             offsets = table.column("offset")
-            keep = pc.greater_equal(offsets, from_offset)
-            if to_offset is not None:
-                keep = pc.and_(keep, pc.less(offsets, to_offset))
-            table = table.filter(keep)
-        if table.num_rows:
-            yield table
+            if offsets[0].as_py() < from_offset or (to_offset is not None and offsets[-1].as_py() >= to_offset):
+                keep = pc.greater_equal(offsets, from_offset)
+                if to_offset is not None:
+                    keep = pc.and_(keep, pc.less(offsets, to_offset))
+                table = table.filter(keep)
+            if table.num_rows:
+                yield table
 
 
 def read_records(
@@ -120,11 +171,34 @@ def read_records(
 def latest_values(store: ObjectStore, snapshot: Snapshot, topic: str, partition: int) -> pa.Table:
     """The materialized view of a partition: each key's latest record, unless that record is a tombstone.
 
-    Columns offset, timestamp, key, value, headers, in offset order; keyless records are left out.
+    Columns offset, timestamp, key, value, headers, in offset order; keyless records are left out. Memory
+    stays near the view's own size: records are read block by block, and whenever the rows held reach twice
+    what the last reduction kept, they are reduced again to the latest row of each key hash.
     """
-    tables = list(read_batches(store, snapshot, topic, partition))
-    records = pa.concat_tables(tables) if tables else RECORD_SCHEMA.empty_table()
-    keyed = records.filter(pc.is_valid(records.column("key")))
-    latest = keyed.group_by("key", use_threads=False).aggregate([("offset", "max")])
-    is_latest = pc.is_in(keyed.column("offset"), value_set=latest.column("offset_max"))
-    return keyed.filter(pc.and_(is_latest, pc.is_valid(keyed.column("value"))))
+    partitions = snapshot.topic(topic).partitions
+    if not 0 <= partition < partitions:
+        raise InvalidRecordError(f"topic {topic!r} has partitions 0 to {partitions - 1}, not {partition}")
+    held: list[pa.Table] = []
+    rows, kept = 0, 0
+    for table in _read(store, snapshot.sections_of(topic, partition), 0, None, (*_RECORD_COLUMNS, "key_hash")):
+        table = table.filter(pc.is_valid(table.column("key")))
+        held.append(table)
+        rows += table.num_rows
+        if rows >= max(2 * kept, 1 << 20):
+            held = [_latest_per_key(held)]
+            rows = kept = held[0].num_rows
+    view = _latest_per_key(held) if held else pa.Table.from_arrays([pa.array([], f.type) for f in RECORD_SCHEMA], schema=RECORD_SCHEMA)
+    view = view.filter(pc.is_valid(view.column("value")))
+    return view.select(list(RECORD_SCHEMA.names)).cast(RECORD_SCHEMA)
+
+
+def _latest_per_key(tables: list[pa.Table]) -> pa.Table:
+    """Of rows in offset order, the last of each key hash, in offset order."""
+    table = pa.concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0]
+    words = key_hash_words(table.column("key_hash"))
+    offsets = table.column("offset").to_numpy()
+    order = np.lexsort((offsets, words[:, 1], words[:, 0]))
+    high, low = words[order, 0], words[order, 1]
+    last = np.ones(len(order), dtype=bool)
+    last[:-1] = (high[1:] != high[:-1]) | (low[1:] != low[:-1])
+    return table.take(np.sort(order[last]))

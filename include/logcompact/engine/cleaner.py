@@ -58,9 +58,9 @@ from logcompact.catalog import CatalogSection, DataFile
 from logcompact.engine.offset_map import CompactOffsetMap, OffsetMap
 from logcompact.engine.plan import Plan, TopicPartition
 from logcompact.engine.stats import CompactionStats, JobResult
-from logcompact.format import SectionStream, SegmentWriter
+from logcompact.format import BlockStream, SegmentWriter
 from logcompact.format.layout import MAX_OFFSET_SPAN, SECTION_SCHEMA, key_hash_words
-from logcompact.format.reader import StreamedSection
+from logcompact.format.reader import section_rows
 from logcompact.store.base import ObjectStore
 from logcompact.topics import TopicConfig
 
@@ -71,44 +71,73 @@ log = logging.getLogger(__name__)
 
 
 class _FileCursor:
-    """One streaming GET over a file, handing out the section of each requested partition in order."""
+    """One streaming GET over a file, handing out the rows of each requested section in file order.
+
+    Small sections share a block: the block decoded last is kept, so the next section in it costs no read.
+    Blocks holding no requested section are read past without being decoded."""
 
     def __init__(self, store: ObjectStore, key: str) -> None:
         self.key = key
-        self._stream = SectionStream(store, key)
-        self._sections = iter(self._stream)
-        self._current: StreamedSection | None = None
+        self._stream = BlockStream(store, key)
+        self._batch: pa.RecordBatch | None = None
+        self._batch_position = -1
 
-    def section(self, topic: str, partition: int) -> StreamedSection:
-        """The section of (topic, partition); sections before it are read past (drained, checksummed)."""
+    def rows(self, placed: CatalogSection) -> Iterator[pa.RecordBatch]:
+        """The section's records, batch by batch; sections must be asked for in file order."""
+        return section_rows(self._blocks_from(placed.info.byte_offset), placed.info.first_row, placed.info.record_count)
+
+    def _blocks_from(self, position: int) -> Iterator[pa.RecordBatch]:
+        if position == self._batch_position:
+            yield self._batch
+        else:
+            self._stream.advance_to(position)
         while True:
-            if self._current is None:
-                self._current = next(self._sections, None)
-                if self._current is None:
-                    raise ValueError(f"{self.key}: has no section {topic}/{partition} although the catalog lists one")
-            info = self._current.info
-            if (info.topic, info.partition) == (topic, partition):
-                found, self._current = self._current, None
-                return found
-            if (info.topic, info.partition) > (topic, partition):
-                raise ValueError(f"{self.key}: has no section {topic}/{partition} although the catalog lists one")
-            self._current.finish()
-            self._current = None
+            self._batch_position = self._stream.position
+            self._batch = self._stream.next_batch()
+            yield self._batch
 
     def close(self) -> None:
-        """End the GET. Sections past the last one used are not read: nothing of them is needed."""
+        """End the GET. Blocks past the last one used are not read: nothing of them is needed."""
         self._stream.close()
 
 
-# Pass 1 needs only these: the other columns' bytes stream past undecoded.
+# Pass 1 needs only these of each batch.
 PASS1_COLUMNS = ("offset_delta", "timestamp", "key_hash")
+# Consecutive sections of a partition are processed as one batch of up to this many rows and bytes, so a
+# partition of many small sections costs a few vectorized steps, not a few per section.
+COALESCE_ROWS = 65536
+COALESCE_BYTES = 4 * 1024 * 1024
 
 
-def _absolute_batches(section: StreamedSection, first_offset: int, columns: tuple[str, ...] | None) -> Iterator[pa.RecordBatch]:
-    """The section's batches with an `offset` column (first offset + delta) in front."""
-    for batch in section.batches(columns):
-        offsets = pc.add(batch.column("offset_delta").cast(pa.int64()), pa.scalar(first_offset, pa.int64()))
-        yield pa.RecordBatch.from_arrays([offsets, *batch.columns], names=["offset", *batch.schema.names])
+def _with_offsets(batches: list[pa.RecordBatch], first_offsets: list[int], columns: tuple[str, ...] | None) -> pa.RecordBatch:
+    """Batches of consecutive sections as one batch with an `offset` column (first offset + delta) in front."""
+    if columns is not None:
+        batches = [b.select(list(columns)) for b in batches]
+    batch = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+    deltas = batch.column("offset_delta").to_numpy().astype(np.int64)
+    if len(batches) == 1:
+        offsets = deltas + first_offsets[0]
+    else:
+        offsets = deltas + np.repeat(np.asarray(first_offsets, dtype=np.int64), [b.num_rows for b in batches])
+    return pa.RecordBatch.from_arrays([pa.array(offsets), *batch.columns], names=["offset", *batch.schema.names])
+
+
+def _coalesced(sections: list[tuple[Iterator[pa.RecordBatch], int]], columns: tuple[str, ...] | None) -> Iterator[pa.RecordBatch]:
+    """The batches of sections that follow each other in offsets, joined up to COALESCE_ROWS rows."""
+    pending: list[pa.RecordBatch] = []
+    firsts: list[int] = []
+    rows = size = 0
+    for batches, first_offset in sections:
+        for batch in batches:
+            pending.append(batch)
+            firsts.append(first_offset)
+            rows += batch.num_rows
+            size += batch.nbytes
+            if rows >= COALESCE_ROWS or size >= COALESCE_BYTES:
+                yield _with_offsets(pending, firsts, columns)
+                pending, firsts, rows, size = [], [], 0, 0
+    if pending:
+        yield _with_offsets(pending, firsts, columns)
 
 
 def _merged(sources: list[Iterator[pa.RecordBatch]]) -> Iterator[pa.RecordBatch]:
@@ -170,7 +199,7 @@ class _OutputFiles:
         self.files: list[DataFile] = []
 
     def begin_section(self, topic: str, partition: int):
-        if self._writer is not None and self._writer.position >= self._plan.target_file_bytes:
+        if self._writer is not None and self._writer.size >= self._plan.target_file_bytes:
             self.close()
         if self._writer is None:
             self._sink = tempfile.NamedTemporaryFile(dir=self._workdir, suffix=".seg", delete=False)
@@ -273,8 +302,7 @@ def run_plan(store: ObjectStore, plan: Plan, offset_map: OffsetMap | None = None
     by_partition: dict[TopicPartition, list[tuple[DataFile, CatalogSection]]] = {}
     for data_file in plan.inputs:
         for section in data_file.sections:
-            if plan.covers(section.topic, section.partition):
-                by_partition.setdefault((section.topic, section.partition), []).append((data_file, section))
+            by_partition.setdefault((section.topic, section.partition), []).append((data_file, section))
 
     with tempfile.TemporaryDirectory(prefix="logcompact-job-") as workdir:
         outputs = {
@@ -315,11 +343,11 @@ class _Cursors:
         self._store = store
         self._open: dict[str, _FileCursor] = {}
 
-    def section(self, key: str, topic: str, partition: int) -> StreamedSection:
+    def rows(self, key: str, placed: CatalogSection) -> Iterator[pa.RecordBatch]:
         cursor = self._open.get(key)
         if cursor is None:
             cursor = self._open[key] = _FileCursor(self._store, key)
-        return cursor.section(topic, partition)
+        return cursor.rows(placed)
 
     def close(self) -> None:
         for cursor in self._open.values():
@@ -365,24 +393,32 @@ class _PartitionCleaner:
         """This pass's reader of the partition in offset order; sections wholly past retention are skipped.
 
         Sections whose offset ranges overlap (one spans a hole another fills) are merged by offset; the
-        others are read one after another.
+        others are read one after another, coalesced into few batches.
         """
-        runs: list[list[Iterator[pa.RecordBatch]]] = []
+        runs: list[list[tuple[DataFile, CatalogSection]]] = []
         run_end = -1
         for data_file, placed in self.sections:
-            section = cursors.section(data_file.key, self.topic, self.partition)
             if columns is None and self._expired_section(placed):
                 continue  # every record expired: the stream reads past it, nothing is decoded
-            batches = _absolute_batches(section, placed.first_offset, columns)
             if runs and placed.first_offset <= run_end:
-                runs[-1].append(batches)
+                runs[-1].append((data_file, placed))
             else:
-                runs.append([batches])
+                runs.append([(data_file, placed)])
             run_end = max(run_end, placed.last_offset)
 
         def in_order() -> Iterator[pa.RecordBatch]:
+            plain: list[tuple[Iterator[pa.RecordBatch], int]] = []
             for run in runs:
-                yield from _merged(run)
+                if len(run) == 1:
+                    data_file, placed = run[0]
+                    plain.append((cursors.rows(data_file.key, placed), placed.first_offset))
+                    continue
+                yield from _coalesced(plain, columns)
+                plain = []
+                yield from _merged(
+                    [_coalesced([(cursors.rows(f.key, placed), placed.first_offset)], columns) for f, placed in run]
+                )
+            yield from _coalesced(plain, columns)
 
         return _PartitionReader(in_order())
 

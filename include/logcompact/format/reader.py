@@ -87,11 +87,10 @@ def iter_blocks(name: str, data: memoryview | bytes, position: int) -> Iterator[
 
 
 def section_rows(batches: Iterator[pa.RecordBatch], first_row: int, count: int) -> Iterator[pa.RecordBatch]:
-    """The `count` rows from row `first_row` of consecutive blocks' batches: one section's records."""
+    """The `count` rows from row `first_row` of consecutive blocks' batches: one section's records. No batch
+    is asked for beyond the one holding the last row (a streaming reader would read past the section)."""
     skip, left = first_row, count
     for batch in batches:
-        if left <= 0:
-            return
         if skip >= batch.num_rows:
             skip -= batch.num_rows
             continue
@@ -99,8 +98,9 @@ def section_rows(batches: Iterator[pa.RecordBatch], first_row: int, count: int) 
         skip = 0
         left -= piece.num_rows
         yield piece
-    if left > 0:
-        raise SegmentFormatError(f"a section's blocks hold {count - left} of its {count} records; the file or the catalog is corrupt")
+        if left == 0:
+            return
+    raise SegmentFormatError(f"a section's blocks hold {count - left} of its {count} records; the file or the catalog is corrupt")
 
 
 @dataclass

@@ -208,6 +208,11 @@ class SegmentWriter:
         self._write(FILE_HEADER.pack(MAGIC, FORMAT_VERSION, COMPRESSIONS.index(compression), len(schema_message)))
         self._write(schema_message)
 
+    @property
+    def size(self) -> int:
+        """Bytes written so far plus the rows waiting for their block (uncompressed): where to cut files."""
+        return self.position + self._pending_bytes
+
     def _write(self, data: bytes | memoryview) -> None:
         self._sink.write(data)
         self.position += len(data)
