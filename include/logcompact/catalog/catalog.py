@@ -29,7 +29,7 @@ from sqlalchemy import ColumnElement, Connection, bindparam, delete, func, inser
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from logcompact.catalog import schema as s
-from logcompact.catalog.database import WRITE, catalog_url_for, engine_for, one_of, sqlite_path
+from logcompact.catalog.database import WRITE, catalog_url_for, engine_for, execute_many, one_of, sqlite_path
 from logcompact.catalog.model import CONTENTS, CatalogSection, CommitRecord, CommitResult, DataFile, NewFile
 from logcompact.catalog.snapshot import Snapshot
 from logcompact.exceptions import (
@@ -259,7 +259,8 @@ class Catalog:
                 placed_files.append(DataFile(new.key, new.level, new.size, new.created_ms, tuple(placed)))
                 assigned.append([section.first_offset for section in placed])
             if next_offsets:  # a file of no sections assigns nothing
-                connection.execute(
+                execute_many(
+                    connection,
                     update(s.partitions)
                     .where(s.partitions.c.topic_id == bindparam("b_topic"), s.partitions.c.partition == bindparam("b_partition"))
                     .values(next_offset=bindparam("b_next")),
@@ -477,8 +478,7 @@ class Catalog:
             for file_id, data_file in zip(ids, data_files, strict=True)
             for sec in data_file.sections
         ]
-        if section_rows:
-            connection.execute(insert(s.sections), section_rows)
+        execute_many(connection, insert(s.sections), section_rows)
 
 
 def _section_row(file_id: int, section: CatalogSection, topic_id: int) -> dict:

@@ -13,9 +13,9 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
-from sqlalchemy import Column, ColumnElement, Engine, any_, bindparam, create_engine, event, func, select
+from sqlalchemy import Column, ColumnElement, Connection, Engine, Executable, any_, bindparam, create_engine, event, func, select
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
@@ -67,6 +67,21 @@ def one_of(column: Column, values: Iterable, dialect: str) -> ColumnElement[bool
 
 _engines: dict[tuple[int, str], Engine] = {}
 _engines_lock = threading.Lock()
+
+
+def execute_many(connection: Connection, statement: Executable, rows: Sequence[dict]) -> None:
+    """One statement for many rows, compiled once and handed to the driver's executemany: SQLAlchemy's own
+    executemany builds a parameter set per row in Python, which costs more than the database's work when an
+    agent's file holds 10,000 sections."""
+    if not rows:
+        return
+    compiled = statement.compile(dialect=connection.dialect)
+    if compiled.positional:
+        names = compiled.positiontup
+        parameters: Sequence = [tuple(row[name] for name in names) for row in rows]
+    else:
+        parameters = rows
+    connection.exec_driver_sql(str(compiled), parameters)
 
 
 def engine_for(url: str) -> Engine:

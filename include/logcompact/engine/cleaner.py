@@ -122,17 +122,19 @@ def _with_offsets(batches: list[pa.RecordBatch], first_offsets: list[int], colum
     return pa.RecordBatch.from_arrays([pa.array(offsets), *batch.columns], names=["offset", *batch.schema.names])
 
 
-def _coalesced(sections: list[tuple[Iterator[pa.RecordBatch], int]], columns: tuple[str, ...] | None) -> Iterator[pa.RecordBatch]:
-    """The batches of sections that follow each other in offsets, joined up to COALESCE_ROWS rows."""
+def _coalesced(sections: list[tuple[Iterator[pa.RecordBatch], CatalogSection]], columns: tuple[str, ...] | None) -> Iterator[pa.RecordBatch]:
+    """The batches of sections that follow each other in offsets, joined up to COALESCE_ROWS rows and
+    COALESCE_BYTES (sized by the catalog's record of each section: no Arrow call per batch)."""
     pending: list[pa.RecordBatch] = []
     firsts: list[int] = []
     rows = size = 0
-    for batches, first_offset in sections:
+    for batches, placed in sections:
+        row_bytes = placed.info.uncompressed_bytes // max(1, placed.info.record_count)
         for batch in batches:
             pending.append(batch)
-            firsts.append(first_offset)
+            firsts.append(placed.first_offset)
             rows += batch.num_rows
-            size += batch.nbytes
+            size += batch.num_rows * row_bytes
             if rows >= COALESCE_ROWS or size >= COALESCE_BYTES:
                 yield _with_offsets(pending, firsts, columns)
                 pending, firsts, rows, size = [], [], 0, 0
@@ -407,17 +409,15 @@ class _PartitionCleaner:
             run_end = max(run_end, placed.last_offset)
 
         def in_order() -> Iterator[pa.RecordBatch]:
-            plain: list[tuple[Iterator[pa.RecordBatch], int]] = []
+            plain: list[tuple[Iterator[pa.RecordBatch], CatalogSection]] = []
             for run in runs:
                 if len(run) == 1:
                     data_file, placed = run[0]
-                    plain.append((cursors.rows(data_file.key, placed), placed.first_offset))
+                    plain.append((cursors.rows(data_file.key, placed), placed))
                     continue
                 yield from _coalesced(plain, columns)
                 plain = []
-                yield from _merged(
-                    [_coalesced([(cursors.rows(f.key, placed), placed.first_offset)], columns) for f, placed in run]
-                )
+                yield from _merged([_coalesced([(cursors.rows(f.key, placed), placed)], columns) for f, placed in run])
             yield from _coalesced(plain, columns)
 
         return _PartitionReader(in_order())

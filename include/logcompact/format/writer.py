@@ -19,6 +19,7 @@ from logcompact.format.layout import (
     BLOCK_PREFIX,
     COMPRESSIONS,
     FILE_HEADER,
+    FIXED_ROW_BYTES,
     FOOTER_BLOCKS_SCHEMA,
     FOOTER_MARKER,
     FOOTER_PREFIX,
@@ -31,6 +32,7 @@ from logcompact.format.layout import (
     TRAILER,
     SectionInfo,
     key_hash_words,
+    record_bytes,
 )
 
 # A block is cut at a section boundary once it holds PACK_BYTES (so many small sections share one block and
@@ -39,9 +41,6 @@ from logcompact.format.layout import (
 PACK_BYTES = 64 * 1024
 BLOCK_BYTES = 1024 * 1024
 BLOCK_ROWS = 65536
-# Arrow's fixed buffers per row (offset delta, timestamp, key hash, two binary offsets, list offset, horizon),
-# for splitting rows into blocks before they are Arrow batches.
-_FIXED_ROW_BYTES = 4 + 8 + 16 + 4 + 4 + 4 + 8
 
 Header = tuple[str, bytes]
 
@@ -157,11 +156,9 @@ class SectionBuilder:
                 words = words[np.asarray(pc.is_valid(key_hash))]
             np.maximum(self._registers, sketch.sketch_words(words), out=self._registers)
             self._keyed = True
-        section.uncompressed_bytes += batch.nbytes
         section.record_count += batch.num_rows
-        tables = batch.to_batches() if isinstance(batch, pa.Table) else [batch]
-        for piece in tables:
-            self._writer._add_rows(piece)
+        for piece in batch.to_batches() if isinstance(batch, pa.Table) else [batch]:
+            section.uncompressed_bytes += self._writer._add_rows(piece)
 
     def finish(self, clean_below_delta: int = 0) -> None:
         section = self._section
@@ -322,11 +319,11 @@ class SegmentWriter:
 
     # -- blocks ---------------------------------------------------------------------------------------
 
-    def _add_rows(self, batch: pa.RecordBatch | None) -> None:
-        """Rows of the open section into the pending block; blocks are cut inside a section when full."""
-        if batch is None or batch.num_rows == 0:
-            return
-        size = batch.nbytes
+    def _add_rows(self, batch: pa.RecordBatch) -> int:
+        """Rows of the open section into the pending block, cut into blocks when full; returns their size."""
+        if batch.num_rows == 0:
+            return 0
+        size = total = record_bytes(batch)
         while self._pending_bytes + size > BLOCK_BYTES or self._pending_rows + batch.num_rows > BLOCK_ROWS:
             room_rows = BLOCK_ROWS - self._pending_rows
             room_bytes = BLOCK_BYTES - self._pending_bytes
@@ -336,13 +333,14 @@ class SegmentWriter:
             head = batch.slice(0, take)
             self._pending.append(head)
             self._pending_rows += take
-            self._pending_bytes += head.nbytes
+            self._pending_bytes += record_bytes(head)
             self._flush_block()
             batch = batch.slice(take)
-            size = batch.nbytes
+            size = record_bytes(batch)
         self._pending.append(batch)
         self._pending_rows += batch.num_rows
         self._pending_bytes += size
+        return total
 
     def _flush_block(self) -> None:
         if not self._pending:
@@ -404,7 +402,7 @@ class SegmentWriter:
 
 def _row_bytes(table: pa.Table) -> np.ndarray:
     """Approximate Arrow bytes of each row, to cut blocks before building them."""
-    sizes = np.full(table.num_rows, _FIXED_ROW_BYTES, dtype=np.int64)
+    sizes = np.full(table.num_rows, FIXED_ROW_BYTES, dtype=np.int64)
     for name in ("key", "value"):
         column = table.column(name).chunk(0) if table.num_rows else None
         if column is not None:
