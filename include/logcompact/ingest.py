@@ -49,24 +49,20 @@ def wall_clock_ms() -> int:
 
 
 @dataclass
-class _PartitionBuffer:
-    timestamps: list[int] = field(default_factory=list)
-    keys: list[bytes | None] = field(default_factory=list)
-    values: list[bytes | None] = field(default_factory=list)
-    headers: list[Sequence[tuple[str, bytes]] | None] = field(default_factory=list)
-
-
-@dataclass
 class _PendingBatch:
-    """One produce() call: where its records sit in the buffers, to map assigned offsets back to it."""
+    """One produce() call, validated, as columns: its records keep their order within each partition."""
 
     future: Future
-    placements: list[tuple[tuple[str, int], int]]  # per record: (topic, partition), index in that buffer
+    topic: str
+    partitions: list[int]
+    keys: list[bytes | None]
+    values: list[bytes | None]
+    timestamps: list[int]
+    headers: list[Sequence[tuple[str, bytes]] | None]
 
 
 @dataclass
 class _Buffer:
-    partitions: dict[tuple[str, int], _PartitionBuffer] = field(default_factory=dict)
     batches: list[_PendingBatch] = field(default_factory=list)
     size_bytes: int = 0
     started_ms: float = 0.0
@@ -109,53 +105,47 @@ class Agent:
         if self._closed.is_set():
             raise IngestError("produce on a closed agent: create a new Agent")
         described = self._topic(topic)
-        partitions = described.partitions
-        requires_key = described.config.compacted
         now = self.clock()
-        checked = []
-        size = 0
-        for index, record in enumerate(records):
-            partition, key, value, timestamp, headers = record
-            if not isinstance(partition, int) or not 0 <= partition < partitions:
+        # Column by column, so a batch of thousands of records costs a few passes, not thousands of steps.
+        partitions, keys, values, timestamps, headers = (list(column) for column in zip(*records)) if records else ([],) * 5
+        count = described.partitions
+        bad = next((i for i, p in enumerate(partitions) if type(p) is not int or not 0 <= p < count), None)
+        if bad is not None:
+            raise InvalidRecordError(
+                f"record {bad} of topic {topic!r}: partition {partitions[bad]!r} is not in 0 to {count - 1}; batch rejected"
+            )
+        if described.config.compacted:
+            bad = next((i for i, k in enumerate(keys) if type(k) is not bytes), None)
+            if bad is not None and keys[bad] is None:
                 raise InvalidRecordError(
-                    f"record {index} of topic {topic!r}: partition {partition!r} is not in 0 to {partitions - 1}; batch rejected"
+                    f"record {bad} of compacted topic {topic!r} has no key; every record of a compacted topic "
+                    "needs one; batch rejected"
                 )
-            if key is None:
-                if requires_key:
-                    raise InvalidRecordError(
-                        f"record {index} of compacted topic {topic!r} has no key; every record of a compacted topic "
-                        "needs one; batch rejected"
-                    )
-            elif not isinstance(key, bytes):
-                raise InvalidRecordError(f"record {index} of topic {topic!r}: key must be bytes or None; batch rejected")
-            if value is not None and not isinstance(value, bytes):
-                raise InvalidRecordError(f"record {index} of topic {topic!r}: value must be bytes or None; batch rejected")
-            if timestamp is None:
-                timestamp = now
-            elif not isinstance(timestamp, int) or timestamp < 0:
-                raise InvalidRecordError(
-                    f"record {index} of topic {topic!r}: timestamp {timestamp!r} must be milliseconds >= 0; batch rejected"
-                )
-            size += len(key or b"") + len(value or b"") + RECORD_OVERHEAD_BYTES
-            checked.append((partition, key, value, timestamp, headers or None))
+        else:
+            bad = next((i for i, k in enumerate(keys) if k is not None and type(k) is not bytes), None)
+        if bad is not None:
+            raise InvalidRecordError(f"record {bad} of topic {topic!r}: key must be bytes or None; batch rejected")
+        bad = next((i for i, v in enumerate(values) if v is not None and type(v) is not bytes), None)
+        if bad is not None:
+            raise InvalidRecordError(f"record {bad} of topic {topic!r}: value must be bytes or None; batch rejected")
+        timestamps = [now if t is None else t for t in timestamps]
+        bad = next((i for i, t in enumerate(timestamps) if type(t) is not int or t < 0), None)
+        if bad is not None:
+            raise InvalidRecordError(
+                f"record {bad} of topic {topic!r}: timestamp {timestamps[bad]!r} must be milliseconds >= 0; batch rejected"
+            )
+        headers = [h or None for h in headers]
+        size = sum(map(len, filter(None, keys))) + sum(map(len, filter(None, values))) + RECORD_OVERHEAD_BYTES * len(keys)
 
         future: Future = Future()
+        if not keys:  # nothing to write: an empty L0 file would only count toward compaction thresholds
+            future.set_result([])
+            return future
         with self._buffer_lock:
             buffer = self._buffer
-            if not buffer.partitions:
+            if not buffer.batches:
                 buffer.started_ms = time.monotonic() * 1000
-            placements = []
-            for partition, key, value, timestamp, headers in checked:
-                slot = (topic, partition)
-                target = buffer.partitions.get(slot)
-                if target is None:
-                    target = buffer.partitions[slot] = _PartitionBuffer()
-                placements.append((slot, len(target.keys)))
-                target.timestamps.append(timestamp)
-                target.keys.append(key)
-                target.values.append(value)
-                target.headers.append(headers)
-            buffer.batches.append(_PendingBatch(future, placements))
+            buffer.batches.append(_PendingBatch(future, topic, partitions, keys, values, timestamps, headers))
             buffer.size_bytes += size
             full = buffer.size_bytes >= self.flush_bytes
         if full:
@@ -193,25 +183,35 @@ class Agent:
                     batch.future.set_exception(failure)
                 self._error = self._error or failure
                 return
+            start = 0
             for batch in buffer.batches:
-                batch.future.set_result([offsets[slot] + index for slot, index in batch.placements])
+                end = start + len(batch.keys)
+                batch.future.set_result(offsets[start:end].tolist())
+                start = end
 
-    def _write_and_commit(self, buffer: _Buffer) -> dict[tuple[str, int], int]:
-        # One table for every section, so a file of thousands of partitions costs a few Arrow calls, not
-        # thousands.
-        slots = sorted(buffer.partitions)
-        parts = [buffer.partitions[slot] for slot in slots]
-        counts = [len(part.keys) for part in parts]
-        table = section_table(
-            np.concatenate([np.arange(count, dtype=np.uint32) for count in counts]),
-            [t for part in parts for t in part.timestamps],
-            [k for part in parts for k in part.keys],
-            [v for part in parts for v in part.values],
-            [h for part in parts for h in part.headers],
-        )
+    def _write_and_commit(self, buffer: _Buffer) -> np.ndarray:
+        """Write and commit one L0 file of everything buffered; returns each buffered record's offset, in
+        buffer order. One table for every section, so a file of thousands of partitions costs a few Arrow calls."""
+        batches = buffer.batches
+        names = sorted({batch.topic for batch in batches})
+        rank = {name: number for number, name in enumerate(names)}
+        partitions = np.concatenate([np.asarray(batch.partitions, dtype=np.int64) for batch in batches])
+        topic_ranks = np.concatenate([np.full(len(batch.keys), rank[batch.topic], dtype=np.int64) for batch in batches])
+        slot_of_record = (topic_ranks << 32) | partitions
+        order = np.argsort(slot_of_record, kind="stable")  # by (topic, partition), produce order kept within
+        slot_ids, starts, counts = np.unique(slot_of_record[order], return_index=True, return_counts=True)
+        deltas = np.arange(len(order), dtype=np.int64) - np.repeat(starts, counts)
+        slots = [(names[int(slot) >> 32], int(slot) & 0xFFFFFFFF) for slot in slot_ids.tolist()]
+        picked = order.tolist()
+
+        def column(name: str) -> list:
+            values = [item for batch in batches for item in getattr(batch, name)]
+            return [values[i] for i in picked]
+
+        table = section_table(deltas, column("timestamps"), column("keys"), column("values"), column("headers"))
         sink = io.BytesIO()
         writer = SegmentWriter(sink, self.compression)
-        writer.write_sections(slots, table, counts)
+        writer.write_sections(slots, table, counts.tolist())
         sections = writer.finish()
         data = sink.getvalue()
         now = self.clock()
@@ -220,7 +220,9 @@ class Agent:
         new_file = NewFile(key=key, level=0, size=len(data), created_ms=now, sections=tuple(sections))
         _version, assigned = self.catalog.append_files([new_file], now)
         self.files_written += 1
-        return dict(zip(slots, assigned[0]))
+        offsets = np.empty(len(order), dtype=np.int64)
+        offsets[order] = np.repeat(np.asarray(assigned[0], dtype=np.int64), counts) + deltas
+        return offsets
 
     def _flush_periodically(self) -> None:
         interval_s = self.flush_interval_ms / 1000
