@@ -4,8 +4,9 @@
 Leveled and size-tiered compaction of the catalog named by the `logcompact_default` connection.
 
 **sensor** (reschedule mode, so no worker slot is held) waits until some level holds enough files
-(32 by default) → **plan** writes the JSON plans to the store and leases their files → **compact_group**
-runs one Spark job per plan group (`spark_apps/compact_group.py`, connection `logcompact_spark`) →
+(32 by default) → **plan** writes the plans to the store (a header and a document per group) and leases
+their files → **compact_group** runs one Spark job per plan group, given the plan id and the group number
+(`spark_apps/compact_group.py`, connection `logcompact_spark`) →
 **commit** replaces the inputs by the outputs in one catalog transaction and publishes an asset event per
 compacted topic with the stats.
 

@@ -197,9 +197,40 @@ def test_plan_compact_and_gc(tmp_path, local_env: dict[str, str]) -> None:
     (tmp_path / "stale.json").write_text(json.dumps(stale))
     (error,) = run(env, "compact", "--plan", str(tmp_path / "stale.json"), expect=1)
     assert "expected input data/l0/" in error["error"] and "re-plan" in error["error"]
-    (tmp_path / "bad.json").write_text('{"format": 1}')
+    (tmp_path / "bad.json").write_text('{"format": 2}')
     (error,) = run(env, "compact", "--plan", str(tmp_path / "bad.json"), expect=1)
-    assert "malformed plan" in error["error"]
+    assert "malformed plan (KeyError: 'inputs')" in error["error"]
+    (tmp_path / "old.json").write_text('{"format": 1}')
+    (error,) = run(env, "compact", "--plan", str(tmp_path / "old.json"), expect=1)
+    assert "plan format 1 is not supported (expected 2); plan again" in error["error"]
+
+
+def test_plans_written_to_a_directory_as_stored_and_run_from_it(tmp_path, local_env: dict[str, str]) -> None:
+    env = local_env
+    run(env, "topic", "create", "t", "--partitions", "4", "--config", "cleanup.policy=compact")
+    for round_ in range(3):
+        lines = [json.dumps({"partition": i % 4, "key": f"k{i}", "value": f"{round_}", "timestamp": 1000}) for i in range(8)]
+        run(env, "produce", "t", "--now", "1000", stdin="\n".join(lines))
+    out = tmp_path / "plans"
+    (written,) = run(env, "plan", "--mode", "full", "--group-bytes", "1", "--out", str(out), "--now", "2000")  # a group a partition
+    directory = out / written["plan_id"]
+    documents = sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file())
+    assert documents == ["groups/g000.arrow", "groups/g001.arrow", "groups/g002.arrow", "groups/g003.arrow", "plan.json"]
+    assert written == {"plan_id": written["plan_id"], "plan": str(directory), "groups": 4, "inputs": 3,
+                       "bytes": sum((directory / name).stat().st_size for name in documents)}
+    (error,) = run(env, "compact", "--plan", str(directory / "plan.json"), expect=1)
+    assert "this is the header of a stored plan" in error["error"] and "pass the plan's directory" in error["error"]
+    (error,) = run(env, "compact", "--plan", str(tmp_path), expect=2)
+    assert "holds no plan" in error["error"]
+    (error,) = run(env, "plan", "--dry-run", "--out", str(out), expect=2)
+    assert "--dry-run writes nothing and --out writes plans: choose one" in error["error"]
+
+    inputs = run(env, "files")
+    (job,) = run(env, "compact", "--plan", str(out), "--now", "2000")  # every plan of the directory
+    assert job["plan_id"] == written["plan_id"] and job["committed"] and job["groups"] == 4 and job["records_out"] == 8
+    assert job["bytes_in"] == sum(f["size"] for f in inputs)  # each file once, though every group read it
+    (again,) = run(env, "compact", "--plan", str(directory), "--now", "2000")  # one plan's directory
+    assert again == {"plan_id": written["plan_id"], "committed": False}
 
 
 def test_compact_until_idle_cascades_levels(local_env: dict[str, str]) -> None:

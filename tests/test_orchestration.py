@@ -11,11 +11,11 @@ import pytest
 from logcompact.catalog import Catalog
 from logcompact.consume import latest_values
 from logcompact.engine.commit import collect_garbage
-from logcompact.engine.exchange import plan_key, read_plan, write_group_result
+from logcompact.engine.exchange import plan_key, read_header, read_partition_bytes, write_group_result
 from logcompact.engine.stats import JobResult
 from logcompact.exceptions import CommitConflictError, TopicNotFoundError
 from logcompact.orchestration import check_thresholds, commit_plans, prepare_plans
-from logcompact.planner import PlannerConfig, plan, split_into_groups
+from logcompact.planner import PlannerConfig, plan
 from spark_apps.compact_group import compact_slices, deal_slices
 from tests.helpers import NOW, create_topic, produce_l0_files
 
@@ -30,11 +30,13 @@ def catalog(catalog: Catalog) -> Catalog:
     return catalog
 
 
-def _run_groups(catalog: Catalog, plan_id: str, group_bytes: int, only: set[int] | None = None) -> None:
-    """What the Spark job does for each group, through the same per-slice generator."""
-    for group in split_into_groups(read_plan(catalog.store, plan_id), group_bytes):
+def _run_groups(catalog: Catalog, plan_id: str, only: set[int] | None = None) -> None:
+    """What the Spark job does for each group, given the plan id and the group number, through the same per-slice
+    generator."""
+    for group in read_header(catalog.store, plan_id).groups:
         if only is None or group.group in only:
-            results = [JobResult.from_dict(r) for r in compact_slices(catalog.store.uri, group.to_json(), deal_slices(group, 2))]
+            slices = deal_slices(read_partition_bytes(catalog.store, plan_id, group.group), 2)
+            results = [JobResult.from_dict(r) for r in compact_slices(catalog.store.uri, plan_id, group.group, slices)]
             write_group_result(catalog.store, plan_id, group.group, results)
 
 
@@ -73,19 +75,20 @@ def test_plan_run_commit_and_a_retried_commit(catalog: Catalog) -> None:
     config = PlannerConfig(group_bytes=1, buffer_bytes=2 * 1024**2)  # a group per partition
     prepared = prepare_plans(catalog, "full", NOW, config)
     (plan_id,) = prepared.plan_ids
-    assert len(prepared.groups) == 3 and read_plan(catalog.store, plan_id).buffer_bytes == 2 * 1024**2
+    assert len(prepared.groups) == 3 and read_header(catalog.store, plan_id).buffer_bytes == 2 * 1024**2
     snapshot = catalog.snapshot()
     assert snapshot.leased_files(NOW) == {f.key for f in snapshot.file_summaries()}
-    assert [f"--plan-id={plan_id}", "--group=2"] == prepared.groups[2].application_args()[1:3]
+    assert prepared.groups[2].application_args() == [f"--store={catalog.store.uri}", f"--plan-id={plan_id}", "--group=2"]
+    assert prepared.groups[2].label == f"{plan_id} g2: L0 to L2, 5 files, 1 partition"
 
-    _run_groups(catalog, plan_id, config.group_bytes, only={0, 1})
+    _run_groups(catalog, plan_id, only={0, 1})
     with pytest.raises(CommitConflictError, match=r"no result for group\(s\) 2"):  # a failed group: no commit
-        commit_plans(catalog, [plan_id], config.group_bytes, NOW)
+        commit_plans(catalog, [plan_id], NOW)
     assert catalog.snapshot().leased_files(NOW)  # still leased: a retry of group 2 resumes the plan
 
-    _run_groups(catalog, plan_id, config.group_bytes, only={2})
-    first = commit_plans(catalog, [plan_id], config.group_bytes, NOW)
-    retried = commit_plans(catalog, [plan_id], config.group_bytes, NOW)
+    _run_groups(catalog, plan_id, only={2})
+    first = commit_plans(catalog, [plan_id], NOW)
+    retried = commit_plans(catalog, [plan_id], NOW)
     assert first.committed == [plan_id] and retried.already_committed == [plan_id] and retried.committed == []
     assert retried.stats == first.stats and first.stats[plan_id]["records_in"] == 300
     assert retried.manifest_version == first.manifest_version and first.topics == ["accounts"]
@@ -97,15 +100,15 @@ def test_plan_run_commit_and_a_retried_commit(catalog: Catalog) -> None:
 def test_inputs_changed_before_commit_is_a_clean_conflict(catalog: Catalog) -> None:
     expected = _latest(catalog)
     stale = prepare_plans(catalog, "full", NOW, CONFIG)
-    _run_groups(catalog, stale.plan_ids[0], CONFIG.group_bytes)
+    _run_groups(catalog, stale.plan_ids[0])
     # Another scheduler compacts the same files after the lease expired.
     later = NOW + CONFIG.lease_ms + 1
     newer = prepare_plans(catalog, "full", later, CONFIG)
-    _run_groups(catalog, newer.plan_ids[0], CONFIG.group_bytes)
-    commit_plans(catalog, newer.plan_ids, CONFIG.group_bytes, later)
+    _run_groups(catalog, newer.plan_ids[0])
+    commit_plans(catalog, newer.plan_ids, later)
     version = catalog.latest_version()
     with pytest.raises(CommitConflictError, match="expected 5 input files as in manifest version .*, found 5 of them gone"):
-        commit_plans(catalog, stale.plan_ids, CONFIG.group_bytes, later)
+        commit_plans(catalog, stale.plan_ids, later)
     assert catalog.latest_version() == version and _latest(catalog) == expected
 
 
@@ -120,7 +123,7 @@ def test_topics_are_checked_against_the_catalog_and_the_mode(catalog: Catalog) -
 def test_gc_releases_expired_leases_then_collects_an_abandoned_plan(catalog: Catalog) -> None:
     abandoned = prepare_plans(catalog, "full", NOW, CONFIG)
     (plan_id,) = abandoned.plan_ids
-    _run_groups(catalog, plan_id, CONFIG.group_bytes)  # outputs written, never committed
+    _run_groups(catalog, plan_id)  # outputs written, never committed
     outputs = [k for k in _objects(catalog) if k.startswith(f"data/l2/{plan_id}")]
     assert outputs
     during = collect_garbage(catalog, NOW + 1, grace_ms=0)
@@ -133,20 +136,20 @@ def test_gc_releases_expired_leases_then_collects_an_abandoned_plan(catalog: Cat
 
 def test_a_commit_after_the_lease_expired_is_refused(catalog: Catalog) -> None:
     prepared = prepare_plans(catalog, "full", NOW, CONFIG)
-    _run_groups(catalog, prepared.plan_ids[0], CONFIG.group_bytes)
+    _run_groups(catalog, prepared.plan_ids[0])
     version = catalog.latest_version()
     with pytest.raises(CommitConflictError, match="lease on .* expired or was released before the commit; .* plan again"):
-        commit_plans(catalog, prepared.plan_ids, CONFIG.group_bytes, NOW + CONFIG.lease_ms)
+        commit_plans(catalog, prepared.plan_ids, NOW + CONFIG.lease_ms)
     assert catalog.latest_version() == version  # gc may now collect the outputs: nothing may point at them
 
 
 def test_a_retried_commit_after_gc_collected_the_plan_is_still_a_no_op(catalog: Catalog) -> None:
     prepared = prepare_plans(catalog, "full", NOW, CONFIG)
-    _run_groups(catalog, prepared.plan_ids[0], CONFIG.group_bytes)
-    commit_plans(catalog, prepared.plan_ids, CONFIG.group_bytes, NOW)
+    _run_groups(catalog, prepared.plan_ids[0])
+    commit_plans(catalog, prepared.plan_ids, NOW)
     report = collect_garbage(catalog, int(time.time() * 1000) + 1, grace_ms=0)
     assert plan_key(prepared.plan_ids[0]) in report.deleted_plans
-    retried = commit_plans(catalog, prepared.plan_ids, CONFIG.group_bytes, NOW)
+    retried = commit_plans(catalog, prepared.plan_ids, NOW)
     assert retried.already_committed == prepared.plan_ids and retried.committed == []
 
 

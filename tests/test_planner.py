@@ -10,7 +10,8 @@ from logcompact.engine.commit import run_and_commit
 from logcompact.exceptions import CommitConflictError
 from logcompact.format.layout import SectionInfo
 from logcompact.ingest import Agent, Record
-from logcompact.planner import PlannerConfig, dirty_since, expected_effect, plan, split_into_groups
+from logcompact.engine.plan import PlanGroup
+from logcompact.planner import PlannerConfig, dirty_since, expected_effect, plan
 from logcompact.store import LocalStore
 from logcompact.topics import HOUR_MS
 from tests.helpers import NOW, create_topic
@@ -198,18 +199,44 @@ def test_large_plans_split_into_groups_of_partitions_committed_together(catalog:
     for _ in range(3):
         with Agent(catalog, background=False) as agent:
             agent.produce("t", [Record(p, b"k%d" % i, b"v" * 100, NOW) for p in range(8) for i in range(20)])
-    (sweep,) = plan(catalog.snapshot(), NOW, "full")
-    partition_bytes = sum(s.info.byte_length for f in sweep.inputs for s in f.sections) // 8
-    groups = split_into_groups(sweep, group_bytes=2 * partition_bytes + 1)
-    assert len(groups) == 4
-    assert [g.partitions for g in groups][0] == (("t", 0), ("t", 1))
-    assert sorted(tp for g in groups for tp in g.partitions) == [("t", p) for p in range(8)]
+    (whole,) = plan(catalog.snapshot(), NOW, "full")
+    sizes: dict[int, int] = {}
+    for data_file in whole.inputs:
+        for section in data_file.sections:
+            sizes[section.partition] = sizes.get(section.partition, 0) + section.info.uncompressed_bytes
+    assert whole.groups == (PlanGroup(0, ("t", 0), ("t", 7), 8, 3, sum(sizes.values())),) and whole.piece(0) is whole
+    # Groups of whole partitions in order, each within group_bytes: the planner splits the plan when it makes it.
+    config = PlannerConfig(group_bytes=max(sizes[p] + sizes[p + 1] for p in range(0, 8, 2)))
+    (sweep,) = plan(catalog.snapshot(), NOW, "full", config)
+    assert sweep.groups == tuple(
+        PlanGroup(n, ("t", 2 * n), ("t", 2 * n + 1), 2, 3, sizes[2 * n] + sizes[2 * n + 1]) for n in range(4)
+    )
+    assert expected_effect(sweep)["groups"] == 4
+    for group in sweep.groups:  # a group's job reads only its own sections
+        piece = sweep.piece(group.group)
+        assert piece.group == group.group and piece.groups == (group,) and len(piece.inputs) == 3
+        assert sorted({s.partition for f in piece.inputs for s in f.sections}) == [2 * group.group, 2 * group.group + 1]
     version = catalog.latest_version()
-    result = run_and_commit(catalog, sweep, NOW, group_bytes=2 * partition_bytes + 1)
+    result = run_and_commit(catalog, sweep, NOW)
     assert len(result.groups) == 4 and result.to_dict()["records_out"] == 8 * 20
+    assert result.to_dict()["bytes_in"] == sum(f.size for f in sweep.inputs)
     files = catalog.snapshot().files()
     assert {f.level for f in files} == {2} and len(files) == 4  # all groups' outputs...
     assert catalog.latest_version() == version + 1  # ...in one commit
+
+
+def test_groups_count_the_files_each_reads(snapshot_of) -> None:
+    # Partitions 0 and 1 in every file, partition 2 in the last one only: the group of partition 2 reads one file.
+    files = [
+        DataFile(f"data/l0/f{n}.seg", 0, 1000, NOW, tuple(_section("t", p, 100 * n + 10 * p, 10, byte_offset=16 + 100 * p) for p in range(2 + (n == 3))))
+        for n in range(4)
+    ]
+    snapshot = snapshot_of(files)
+    (sweep,) = plan(snapshot, NOW, "full", PlannerConfig(group_bytes=1000))
+    assert [(g.first, g.last, g.files, g.bytes) for g in sweep.groups] == [
+        (("t", 0), ("t", 0), 4, 4000), (("t", 1), ("t", 1), 4, 4000), (("t", 2), ("t", 2), 1, 1000),
+    ]
+    assert [f.key for f in sweep.piece(2).inputs] == ["data/l0/f3.seg"]
 
 
 def test_dry_run_estimates_records_removed_from_the_key_sketches(catalog: Catalog) -> None:
@@ -218,7 +245,7 @@ def test_dry_run_estimates_records_removed_from_the_key_sketches(catalog: Catalo
         with Agent(catalog, background=False) as agent:
             agent.produce("t", [Record(i % 2, b"key-%d" % i, b"%d" % round_, NOW) for i in range(2000)])
     (sweep,) = plan(catalog.snapshot(), NOW, "full")
-    effect = expected_effect(sweep, PlannerConfig().group_bytes)
+    effect = expected_effect(sweep)
     assert effect["records_in"] == 10_000 and effect["files_replaced"] == 5
     actual_removed = 8_000
     assert abs(effect["estimated_records_removed"] - actual_removed) < 0.1 * actual_removed

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from logcompact.catalog import Catalog
-from logcompact.engine.exchange import read_plan, write_group_result
+from logcompact.engine.exchange import read_partition_bytes, write_group_result
 from logcompact.engine.stats import JobResult
 from logcompact.exceptions import CatalogConfigError
 from logcompact.store import LocalStore
@@ -28,7 +28,7 @@ from logcompact_airflow.operators import (
     _checked_params,
 )
 from logcompact_airflow.sensors import LogcompactThresholdSensor
-from spark_apps.compact_group import compact_slices, deal_slices, select_group
+from spark_apps.compact_group import compact_slices, deal_slices
 from tests.helpers import create_topic, produce_l0_files
 
 
@@ -199,12 +199,16 @@ def test_plan_then_commit_operators_compact_with_asset_events(connected_catalog:
     inputs = {f.key for f in catalog.snapshot().file_summaries()}
     plan = LogcompactPlanOperator(task_id="plan", mode="regular", logcompact_conn_id="connected", min_files=(3, 3, 3, 3))
     (job,) = plan.execute({})
-    assert job["application_args"][0] == f"--store={catalog.store.uri}" and job["label"].endswith("L0 to L1, 3 files, all partitions")
+    assert job == {
+        "store_uri": catalog.store.uri, "plan_id": job["plan_id"], "group": 0,
+        "label": f"{job['plan_id']} g0: L0 to L1, 3 files, 1 partition",
+        "application_args": [f"--store={catalog.store.uri}", f"--plan-id={job['plan_id']}", "--group=0"],
+    }
     assert set(catalog.snapshot().leased_files(_now_ms())) == inputs
 
-    # What the Spark job does for the group, without Spark.
-    group = select_group(read_plan(catalog.store, job["plan_id"]), job["group"], job["group_bytes"])
-    results = [JobResult.from_dict(r) for r in compact_slices(catalog.store.uri, group.to_json(), deal_slices(group, 1))]
+    # What the Spark job does for the group, without Spark: it is given the plan id and the group number.
+    slices = deal_slices(read_partition_bytes(catalog.store, job["plan_id"], job["group"]), 1)
+    results = [JobResult.from_dict(r) for r in compact_slices(catalog.store.uri, job["plan_id"], job["group"], slices)]
     write_group_result(catalog.store, job["plan_id"], job["group"], results)
 
     events = _OutletEvents()

@@ -14,15 +14,15 @@ import pytest
 
 from logcompact.catalog import Catalog
 from logcompact.consume import read_records
-from logcompact.engine.exchange import group_done, read_plan, write_group_result
+from logcompact.engine.exchange import group_done, read_partition_bytes, read_plan, write_group_result
 from logcompact.engine.plan import Plan
 from logcompact.engine.stats import JobResult
 from logcompact.exceptions import CommitConflictError
 from logcompact.ingest import Agent, Record
 from logcompact.orchestration import commit_plans, prepare_plans
-from logcompact.planner import PlannerConfig, split_into_groups
+from logcompact.planner import PlannerConfig
 from logcompact.store import LocalStore
-from spark_apps.compact_group import compact_slices, deal_slices, select_group
+from spark_apps.compact_group import compact_slices, deal_slices, main
 from tests.helpers import NOW, create_topic
 from tests.support.spark_cluster import spark_environment, standalone_cluster
 
@@ -42,35 +42,50 @@ def _latest(catalog: Catalog, partitions: int) -> dict[bytes, bytes]:
     return {r.key: r.value for p in range(partitions) for r in read_records(catalog.store, snapshot, "t", p)}
 
 
-def _leased_sweep(catalog: Catalog, group_bytes: int = PlannerConfig.group_bytes) -> Plan:
+def _leased_sweep(catalog: Catalog) -> Plan:
     """A full sweep planned as the DAGs plan it: files leased, plan written to the store."""
-    (plan_id,) = prepare_plans(catalog, "full", NOW, PlannerConfig(group_bytes=group_bytes)).plan_ids
+    (plan_id,) = prepare_plans(catalog, "full", NOW, PlannerConfig()).plan_ids
     return read_plan(catalog.store, plan_id)
 
 
 def test_slices_share_a_group_by_bytes_and_commit_together(catalog: Catalog) -> None:
     catalog = _cluster(catalog)
-    group_bytes = 10**12
-    sweep = _leased_sweep(catalog, group_bytes)
-    group = select_group(sweep, 0, group_bytes)
-    slices = deal_slices(group, 4)
-    assert len(slices) == 4 and sorted(tp for _, tps in slices for tp in tps) == [("t", p) for p in range(6)]
+    sweep = _leased_sweep(catalog)
+    sizes = read_partition_bytes(catalog.store, sweep.plan_id, 0)
+    assert sorted(sizes) == [("t", p) for p in range(6)] and sum(sizes.values()) == sweep.groups[0].bytes
+    slices = deal_slices(sizes, 4)
+    assert [n for n, _ in slices] == [0, 1, 2, 3] and sorted(tp for _, tps in slices for tp in tps) == sorted(sizes)
     with pytest.raises(CommitConflictError, match="no result for group"):
-        commit_plans(catalog, [sweep.plan_id], group_bytes, NOW)
-    results = [JobResult.from_dict(r) for r in compact_slices(catalog.store.uri, group.to_json(), slices)]
+        commit_plans(catalog, [sweep.plan_id], NOW)
+    results = [JobResult.from_dict(r) for r in compact_slices(catalog.store.uri, sweep.plan_id, 0, slices)]
     assert len({f.key for r in results for f in r.outputs}) == 4  # one output a slice, named apart
+    assert {f.key.split("-")[-3] for r in results for f in r.outputs} == {"s000", "s001", "s002", "s003"}
     write_group_result(catalog.store, sweep.plan_id, 0, results)
-    assert commit_plans(catalog, [sweep.plan_id], group_bytes, NOW).committed == [sweep.plan_id]
+    assert commit_plans(catalog, [sweep.plan_id], NOW).committed == [sweep.plan_id]
     assert _latest(catalog, 6) == {b"k%d" % k: b"2" for k in range(30)}
-    assert commit_plans(catalog, [sweep.plan_id], group_bytes, NOW).already_committed == [sweep.plan_id]  # a retry
+    assert commit_plans(catalog, [sweep.plan_id], NOW).already_committed == [sweep.plan_id]  # a retry
+
+
+def test_slices_are_dealt_by_bytes_biggest_first() -> None:
+    sizes = {("t", 0): 50, ("t", 1): 40, ("t", 2): 30, ("t", 3): 20, ("u", 0): 10}
+    assert deal_slices(sizes, 2) == [(0, [("t", 0), ("t", 3), ("u", 0)]), (1, [("t", 1), ("t", 2)])]
+    assert deal_slices(sizes, 9) == [(n, [tp]) for n, tp in enumerate(sorted(sizes, key=lambda tp: -sizes[tp]))]
+    assert deal_slices({("t", 0): 1}, 0) == [(0, [("t", 0)])]
+
+
+def test_a_missing_group_is_a_one_line_exit(catalog: Catalog) -> None:
+    catalog = _cluster(catalog)
+    sweep = _leased_sweep(catalog)
+    with pytest.raises(SystemExit, match=rf"compact_group: plan {sweep.plan_id} has no group 1 in \S+ \(expected plans/{sweep.plan_id}/groups/g001.arrow\); plan again"):
+        main([f"--store={catalog.store.uri}", f"--plan-id={sweep.plan_id}", "--group=1"])
 
 
 def test_a_group_counts_as_done_only_with_all_its_outputs(catalog: Catalog) -> None:
     catalog = _cluster(catalog)
     sweep = _leased_sweep(catalog)
-    group = select_group(sweep, 0, PlannerConfig.group_bytes)
     assert not group_done(catalog.store, sweep.plan_id, 0)
-    results = [JobResult.from_dict(r) for r in compact_slices(catalog.store.uri, group.to_json(), deal_slices(group, 2))]
+    slices = deal_slices(read_partition_bytes(catalog.store, sweep.plan_id, 0), 2)
+    results = [JobResult.from_dict(r) for r in compact_slices(catalog.store.uri, sweep.plan_id, 0, slices)]
     write_group_result(catalog.store, sweep.plan_id, 0, results)
     assert group_done(catalog.store, sweep.plan_id, 0)
     catalog.store.delete(results[1].outputs[0].key)  # collected by gc after an expired lease
@@ -80,7 +95,7 @@ def test_a_group_counts_as_done_only_with_all_its_outputs(catalog: Catalog) -> N
 def test_spark_submit_runs_a_group_with_local_spark(tmp_path, make_catalog_url) -> None:
     catalog = _cluster(Catalog(LocalStore(tmp_path / "store"), make_catalog_url("postgresql")))
     sweep = _leased_sweep(catalog)
-    assert len(split_into_groups(sweep, PlannerConfig.group_bytes)) == 1
+    assert len(sweep.groups) == 1
     spark_submit = shutil.which("spark-submit", path=str(Path(sys.executable).parent))
     done = subprocess.run(
         [spark_submit, "--master", "local[2]", str(APP), "--store", catalog.store.uri, "--plan-id", sweep.plan_id,
@@ -89,7 +104,7 @@ def test_spark_submit_runs_a_group_with_local_spark(tmp_path, make_catalog_url) 
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert not (tmp_path / "store" / "catalog.db").exists()  # the application made no catalog of its own
-    assert commit_plans(catalog, [sweep.plan_id], PlannerConfig.group_bytes, NOW).committed == [sweep.plan_id]
+    assert commit_plans(catalog, [sweep.plan_id], NOW).committed == [sweep.plan_id]
     snapshot = catalog.snapshot()
     assert [f.level for f in snapshot.file_summaries()] == [2, 2]  # two slices
     assert _latest(catalog, 6) == {b"k%d" % k: b"2" for k in range(30)}
@@ -108,6 +123,6 @@ def test_spark_submit_runs_a_group_on_a_standalone_cluster(tmp_path) -> None:
         )
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"Connecting to master {master}" in done.stderr or "StandaloneAppClient" in done.stderr
-    assert commit_plans(catalog, [sweep.plan_id], PlannerConfig.group_bytes, NOW).committed == [sweep.plan_id]
+    assert commit_plans(catalog, [sweep.plan_id], NOW).committed == [sweep.plan_id]
     assert len(catalog.snapshot().file_summaries()) == 3  # three slices, each on an executor of the cluster
     assert _latest(catalog, 6) == {b"k%d" % k: b"2" for k in range(30)}

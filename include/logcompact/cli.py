@@ -13,6 +13,7 @@ import binascii
 import json
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -21,11 +22,12 @@ from sqlalchemy.exc import SQLAlchemyError
 from logcompact.catalog import Catalog
 from logcompact.consume import read_records
 from logcompact.engine.commit import DEFAULT_GC_GRACE_MS, collect_garbage, run_and_commit
-from logcompact.engine.plan import Plan
+from logcompact.engine.exchange import HEADER_NAME, read_plan, write_plan
+from logcompact.engine.plan import Plan, file_to_json
 from logcompact.exceptions import InvalidRecordError, LogcompactError
 from logcompact.ingest import Agent, Record, wall_clock_ms
 from logcompact.planner import MODES, PlannerConfig, expected_effect, plan
-from logcompact.store import ObjectStore, open_store
+from logcompact.store import LocalStore, ObjectStore, open_store
 from logcompact.topics import Topic
 
 
@@ -259,7 +261,7 @@ def consume(ctx: Context, topic_name: str, partition: int, from_offset: int, to_
 def files(ctx: Context, level: int | None) -> None:
     """Print one JSON line per live file in the catalog: key, level, size, creation time, records and sections."""
     for data_file in ctx.catalog.snapshot().files(level):
-        _emit({**data_file.to_dict(), "record_count": data_file.record_count})
+        _emit({**file_to_json(data_file), "record_count": data_file.record_count})
 
 
 @cli.command()
@@ -304,21 +306,31 @@ _topics_option = click.option("--topics", multiple=True, metavar="TOPIC", help="
 @_mode_option
 @_topics_option
 @click.option("--dry-run", is_flag=True, help="Print each plan's expected effect instead of the plan.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), metavar="DIR",
+              help="Write each plan to DIR/PLAN_ID/ as it is stored (plan.json and a document per group) and print "
+                   "where, instead of printing the plan; for large plans.")
 @_planner_options
 @pass_context
-def plan_command(ctx: Context, mode: str, topics: tuple[str, ...], dry_run: bool, **options: int) -> None:
+def plan_command(ctx: Context, mode: str, topics: tuple[str, ...], dry_run: bool, out_dir: str | None, **options: int) -> None:
     """Print the plans a mode calls for now, one JSON line each (nothing is leased or run)."""
     _check_topics_option(mode, topics)
+    if dry_run and out_dir:
+        raise click.UsageError("--dry-run writes nothing and --out writes plans: choose one")
     config = _config(**options)
+    out = LocalStore(out_dir) if out_dir else None
     for found in plan(ctx.catalog.snapshot(), ctx.clock(), mode, config, list(topics) or None):
         if dry_run:
-            _emit(expected_effect(found, config.group_bytes))
+            _emit(expected_effect(found))
+        elif out is not None:
+            written = write_plan(out, found, prefix="")
+            directory = str(Path(out_dir, found.plan_id))
+            _emit({"plan_id": found.plan_id, "plan": directory, "groups": len(found.groups), "inputs": len(found.inputs), "bytes": written})
         else:
             click.echo(found.to_json())
 
 
 def _run_and_commit(ctx: Context, catalog: Catalog, plan_to_run: Plan, config: PlannerConfig) -> None:
-    result = run_and_commit(catalog, plan_to_run, ctx.clock(), config.group_bytes, config.lease_ms)
+    result = run_and_commit(catalog, plan_to_run, ctx.clock(), config.lease_ms)
     if result is None:
         _emit({"plan_id": plan_to_run.plan_id, "committed": False})
     else:
@@ -331,6 +343,17 @@ def _check_topics_option(mode: str, topics: tuple[str, ...]) -> None:
 
 
 def _read_plans(path: str) -> list[Plan]:
+    """The plans at `path`: a plan's directory or a directory of them (`plan --out`), or a JSON document, or
+    JSON lines (`-`: stdin)."""
+    if Path(path).is_dir():
+        directory = Path(path)
+        if (directory / HEADER_NAME).is_file():
+            return [read_plan(LocalStore(directory.parent), directory.name, prefix="")]
+        found = sorted(p.parent.name for p in directory.glob(f"*/{HEADER_NAME}"))
+        if not found:
+            raise click.BadParameter(f"{path} holds no plan (no {HEADER_NAME} in it or in its directories); write plans with `plan --out`",
+                                     param_hint="--plan")
+        return [read_plan(LocalStore(directory), plan_id, prefix="") for plan_id in found]
     text = open(path, encoding="utf-8").read() if path != "-" else sys.stdin.read()
     lines = [line for line in text.splitlines() if line.strip()]
     if len(lines) > 1 and all(line.lstrip().startswith("{") for line in lines):
@@ -340,7 +363,8 @@ def _read_plans(path: str) -> list[Plan]:
 
 @cli.command()
 @now_option
-@click.option("--plan", "plan_file", metavar="FILE", help="Run the plan(s) in FILE (JSON, or JSON lines; - for stdin).")
+@click.option("--plan", "plan_file", metavar="PATH",
+              help="Run the plan(s) at PATH: a JSON document or JSON lines (- for stdin), or a directory `plan --out` wrote.")
 @click.option("--all", "run_all", is_flag=True, help="Plan now (--mode), run every plan locally, commit.")
 @click.option("--until-idle", is_flag=True, help="Repeat --all until nothing is left to plan.")
 @click.option("--full", is_flag=True, help="Full sweep: every live file of the topics, deduplicated into the top level.")

@@ -3,11 +3,12 @@
 1. `check_thresholds`: which levels hold enough files to compact (the sensor and the plan operator share it).
 2. `prepare_plans`: plan against the catalog as it is *now* (never as of a run's logical date, so a backfill
    or a re-run of an old date cannot undo newer work), lease the plans' files in the catalog (all the plans
-   or none), write each plan to the store and return one `GroupJob` per group. A dry run plans and
-   estimates, and writes nothing.
-3. Each group runs elsewhere (`spark_apps/compact_group.py`) and leaves its result next to its plan.
-4. `commit_plans`: commit every plan from its groups' results, atomically and once; a retry finds the plan
-   already committed and reports the same stats from the results kept in the store.
+   or none), write each plan to the store and return one `GroupJob` per group the plan records. A dry run
+   plans and estimates, and writes nothing.
+3. Each group runs elsewhere (`spark_apps/compact_group.py`), given the plan id and the group number only,
+   and leaves its result next to its plan.
+4. `commit_plans`: commit every plan from its header and its groups' results, atomically and once; a retry
+   finds the plan already committed and reports the same stats from the results kept in the store.
 
 A group that fails leaves its plan uncommitted and its files leased until the lease expires; retrying the
 group resumes the plan, and groups whose results are already in the store are not run again.
@@ -19,10 +20,10 @@ from dataclasses import asdict, dataclass, field
 
 from logcompact.catalog import Catalog, Snapshot
 from logcompact.engine.commit import PlanResult, commit_plan
-from logcompact.engine.exchange import read_plan, read_results, write_plan
-from logcompact.engine.plan import Plan
+from logcompact.engine.exchange import read_header, read_results, write_plan
+from logcompact.engine.plan import Plan, PlanGroup
 from logcompact.exceptions import ObjectNotFoundError, TopicNotFoundError
-from logcompact.planner import PlannerConfig, expected_effect, plan, split_into_groups
+from logcompact.planner import PlannerConfig, expected_effect, plan
 
 
 @dataclass(frozen=True)
@@ -63,16 +64,12 @@ class GroupJob:
     store_uri: str
     plan_id: str
     group: int
-    group_bytes: int
     label: str
 
     def application_args(self) -> list[str]:
         # One `--name=value` token each: a scheduler that renders templates as native objects would turn a
         # lone "0" into an int.
-        return [
-            f"--store={self.store_uri}", f"--plan-id={self.plan_id}", f"--group={self.group}",
-            f"--group-bytes={self.group_bytes}",
-        ]
+        return [f"--store={self.store_uri}", f"--plan-id={self.plan_id}", f"--group={self.group}"]
 
 
 @dataclass
@@ -107,7 +104,7 @@ def prepare_plans(
     snapshot = catalog.snapshot()
     thresholds = check_thresholds(snapshot, now_ms, config)
     plans = plan(snapshot, now_ms, mode, config, check_topics(snapshot, mode, topics))
-    estimates = [expected_effect(p, config.group_bytes) for p in plans]
+    estimates = [expected_effect(p) for p in plans]
     if dry_run or not plans:
         return PreparedRun(thresholds, [], [], estimates)
     _lease_all(catalog, plans, now_ms, config.lease_ms)
@@ -118,9 +115,7 @@ def prepare_plans(
         _release_all(catalog, plans)
         raise
     groups = [
-        GroupJob(catalog.store.uri, found.plan_id, group.group, config.group_bytes, _label(group))
-        for found in plans
-        for group in split_into_groups(found, config.group_bytes)
+        GroupJob(catalog.store.uri, found.plan_id, group.group, _label(found, group)) for found in plans for group in found.groups
     ]
     return PreparedRun(thresholds, [p.plan_id for p in plans], groups, estimates)
 
@@ -142,10 +137,10 @@ def _release_all(catalog: Catalog, plans: list[Plan]) -> None:
         catalog.release(found.plan_id)
 
 
-def _label(group: Plan) -> str:
-    levels = "+".join(f"L{level}" for level in sorted({f.level for f in group.inputs}))
-    partitions = "all partitions" if group.partitions is None else f"{len(group.partitions)} partitions"
-    return f"{group.plan_id} g{group.group}: {levels} to L{group.target_level}, {len(group.inputs)} files, {partitions}"
+def _label(found: Plan, group: PlanGroup) -> str:
+    levels = "+".join(f"L{level}" for level in sorted({f.level for f in found.inputs}))
+    files, partitions = (f"{n} {noun}{'' if n == 1 else 's'}" for n, noun in ((group.files, "file"), (group.partitions, "partition")))
+    return f"{found.plan_id} g{group.group}: {levels} to L{found.target_level}, {files}, {partitions}"
 
 
 @dataclass
@@ -161,8 +156,9 @@ class CommitSummary:
         return asdict(self)
 
 
-def commit_plans(catalog: Catalog, plan_ids: list[str], group_bytes: int, now_ms: int) -> CommitSummary:
-    """Commit each plan from its groups' results in the store; plans committed before are counted, not redone.
+def commit_plans(catalog: Catalog, plan_ids: list[str], now_ms: int) -> CommitSummary:
+    """Commit each plan from its header and its groups' results in the store; plans committed before are counted,
+    not redone.
 
     A plan with a group missing its result, whose inputs are no longer live, or whose lease has expired
     raises CommitConflictError and commits nothing; plans committed before it in the same call stay committed.
@@ -171,18 +167,18 @@ def commit_plans(catalog: Catalog, plan_ids: list[str], group_bytes: int, now_ms
     topics: set[str] = set()
     for plan_id in plan_ids:
         try:
-            found = read_plan(catalog.store, plan_id)
+            header = read_header(catalog.store, plan_id)
         except ObjectNotFoundError:
             if not catalog.is_committed(plan_id):
                 raise
             # Committed long ago and its documents collected since: nothing to redo, no stats to report.
             summary.already_committed.append(plan_id)
         else:
-            results = read_results(catalog.store, found, group_bytes)
-            committed = commit_plan(catalog, found, results, now_ms, leased=True)
+            results = read_results(catalog.store, header)
+            committed = commit_plan(catalog, header, results, now_ms, leased=True)
             (summary.committed if committed else summary.already_committed).append(plan_id)
-            summary.stats[plan_id] = PlanResult(plan_id, [r.stats for r in results]).to_dict()
-            topics.update(t for f in found.inputs for t in f.topics)
+            summary.stats[plan_id] = PlanResult(plan_id, [r.stats for r in results], sum(f.size for f in header.inputs)).to_dict()
+            topics.update(header.topics)
     if plan_ids:
         summary.cluster_id, summary.manifest_version = catalog.cluster_id, catalog.latest_version()
     summary.topics = sorted(topics)

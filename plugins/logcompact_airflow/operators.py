@@ -27,8 +27,9 @@ def _now_ms() -> int:
 class LogcompactPlanOperator(BaseOperator):
     """Plan a mode's compactions, lease their files, write the plans to the store; return one job per group.
 
-    The return value (XCom) holds one job per group, `{"plan_id", "group", "group_bytes", "application_args",
-    "label"}`, for a mapped SparkSubmitOperator. A dry run logs the plans' estimates and returns no jobs.
+    The return value (XCom) holds one job per group the plans record, `{"store_uri", "plan_id", "group",
+    "label", "application_args"}`, for a mapped SparkSubmitOperator: a few names per group, however large the
+    plan. A dry run logs the plans' estimates and returns no jobs.
     """
 
     template_fields = ("topics", "dry_run", "buffer_bytes")
@@ -97,11 +98,8 @@ class LogcompactCommitOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict:
         plan_ids = sorted({job["plan_id"] for job in self.group_jobs})
-        group_bytes = {job["group_bytes"] for job in self.group_jobs}
-        if len(group_bytes) != 1:
-            raise ValueError(f"group jobs name {len(group_bytes)} group sizes ({sorted(group_bytes)}), not one; plan again")
         catalog = LogcompactHook(self.logcompact_conn_id).get_catalog()
-        summary = commit_plans(catalog, plan_ids, group_bytes.pop(), _now_ms())
+        summary = commit_plans(catalog, plan_ids, _now_ms())
         self.log.info("committed %s; already committed %s; manifest version %d", summary.committed, summary.already_committed, summary.manifest_version)
         events = context["outlet_events"][COMPACTED_TOPICS]
         for topic in summary.topics:

@@ -6,18 +6,18 @@ import logging
 from dataclasses import asdict, dataclass, field
 
 from logcompact.catalog import Catalog
-from logcompact.engine.plan import PLANS_PREFIX, Plan
+from logcompact.engine.plan import PLANS_PREFIX, Plan, PlanHeader
 from logcompact.engine.stats import CompactionStats, JobResult
 from logcompact.exceptions import CommitConflictError
-from logcompact.planner.groups import split_into_groups
 
 log = logging.getLogger(__name__)
 
 DEFAULT_GC_GRACE_MS = 3_600_000
 
 
-def commit_plan(catalog: Catalog, plan: Plan, results: list[JobResult], now_ms: int, leased: bool = False) -> bool:
+def commit_plan(catalog: Catalog, plan: Plan | PlanHeader, results: list[JobResult], now_ms: int, leased: bool = False) -> bool:
     """Replace the plan's inputs by the outputs of all its groups, in one transaction; whether this call committed.
+    The plan's header is enough (its ids and input files).
 
     A plan already committed (a retried job) is a no-op. An input that is no longer live is a
     CommitConflictError and nothing changes. With `leased`, the plan's lease must still hold at the commit:
@@ -47,10 +47,11 @@ def commit_plan(catalog: Catalog, plan: Plan, results: list[JobResult], now_ms: 
 
 @dataclass
 class PlanResult:
-    """A plan run and committed: the statistics of each of its groups."""
+    """A plan run and committed: the statistics of each of its jobs (groups, or their slices)."""
 
     plan_id: str
     groups: list[CompactionStats]
+    bytes_in: int  # the plan's input files (a file read by several jobs counts once)
 
     def to_dict(self) -> dict:
         totals = {name: sum(getattr(g, name) for g in self.groups) for name in _ADDITIVE}
@@ -58,6 +59,7 @@ class PlanResult:
         return {
             **first.to_dict(),
             **totals,
+            "bytes_in": self.bytes_in,
             "buffer_utilization": max(g.buffer_utilization for g in self.groups),
             "seconds": round(sum(g.seconds for g in self.groups), 3),
             "oversized_partitions": [p for g in self.groups for p in g.oversized_partitions],
@@ -73,9 +75,7 @@ _ADDITIVE = (
 )
 
 
-def run_and_commit(
-    catalog: Catalog, plan: Plan, now_ms: int, group_bytes: int | None = None, lease_ms: int | None = None
-) -> PlanResult | None:
+def run_and_commit(catalog: Catalog, plan: Plan, now_ms: int, lease_ms: int | None = None) -> PlanResult | None:
     """Run a plan locally, group by group, and commit it whole; None when it was committed before.
 
     With `lease_ms`, the plan's files are leased in the catalog first (a file leased to another live plan
@@ -92,14 +92,13 @@ def run_and_commit(
     if lease_ms is not None:
         catalog.lease(plan.plan_id, [f.key for f in plan.inputs], now_ms + lease_ms, now_ms)
     try:
-        groups = split_into_groups(plan, group_bytes) if group_bytes else [plan]
-        results = [run_plan(catalog.store, group) for group in groups]
+        results = [run_plan(catalog.store, plan.piece(group.group)) for group in plan.groups]
         commit_plan(catalog, plan, results, now_ms, leased=lease_ms is not None)
     except BaseException:
         if lease_ms is not None:
             catalog.release(plan.plan_id)
         raise
-    return PlanResult(plan.plan_id, [r.stats for r in results])
+    return PlanResult(plan.plan_id, [r.stats for r in results], sum(f.size for f in plan.inputs))
 
 
 @dataclass

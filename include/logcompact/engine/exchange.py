@@ -1,43 +1,90 @@
 """Plans and job results kept in the store, so a scheduler and remote workers share nothing else.
 
-A scheduler writes a plan to `plans/{plan_id}/plan.json`; the job of each group runs its slices and then
-writes one object, `plans/{plan_id}/results/g{group}.json`, holding every slice's outputs and stats (never
-record data): a group's result exists whole or not at all. The commit reads the results, checks that
-every group of the plan has one, and commits the plan once (`logcompact.orchestration.commit_plans`). A retried group writes the same outputs and
-result again.
+A scheduler writes a plan under `plans/{plan_id}/`: one Arrow document per group, `groups/g{group}.arrow`,
+then the header, `plan.json` (docs/plan.md). The job of a group reads its group document alone, runs its
+slices and then writes one object, `results/g{group}.json`, holding every slice's outputs and stats (never
+record data): a group's result exists whole or not at all. The commit reads the header and the results,
+checks that every group of the plan has one, and commits the plan once
+(`logcompact.orchestration.commit_plans`). A retried group writes the same outputs and result again.
 """
 
 from __future__ import annotations
 
 import json
+from typing import Collection
 
-from logcompact.engine.plan import PLANS_PREFIX, Plan
+from logcompact.engine.plan import (
+    PLANS_PREFIX,
+    Plan,
+    PlanHeader,
+    TopicPartition,
+    decode_group,
+    encode_groups,
+    group_partition_bytes,
+)
 from logcompact.engine.stats import JobResult
 from logcompact.exceptions import CommitConflictError, ObjectNotFoundError
-from logcompact.planner.groups import split_into_groups
 from logcompact.store.base import ObjectStore
 
 
-def plan_key(plan_id: str) -> str:
-    return f"{PLANS_PREFIX}{plan_id}/plan.json"
+# A stored plan is a directory of objects: this header, groups/ and, once its groups have run, results/.
+HEADER_NAME = "plan.json"
+
+
+def plan_key(plan_id: str, prefix: str = PLANS_PREFIX) -> str:
+    return f"{prefix}{plan_id}/{HEADER_NAME}"
+
+
+def group_key(plan_id: str, group: int, prefix: str = PLANS_PREFIX) -> str:
+    return f"{prefix}{plan_id}/groups/g{group:03d}.arrow"
 
 
 def result_key(plan_id: str, group: int) -> str:
     return f"{PLANS_PREFIX}{plan_id}/results/g{group:03d}.json"
 
 
-def write_plan(store: ObjectStore, plan: Plan) -> str:
-    key = plan_key(plan.plan_id)
-    store.put(key, plan.to_json().encode())
-    return key
+def write_plan(store: ObjectStore, plan: Plan, prefix: str = PLANS_PREFIX) -> int:
+    """Write the plan's group documents, then its header (so a header in the store has all its groups); returns
+    the bytes written. `prefix` places the plan elsewhere than the cluster's plans (`logcompact plan --out`)."""
+    written = 0
+    for group, document in zip(plan.groups, encode_groups(plan)):
+        store.put(group_key(plan.plan_id, group.group, prefix), document)
+        written += len(document)
+    header = plan.header().to_json().encode()
+    store.put(plan_key(plan.plan_id, prefix), header)
+    return written + len(header)
 
 
-def read_plan(store: ObjectStore, plan_id: str) -> Plan:
-    key = plan_key(plan_id)
-    try:
-        return Plan.from_json(store.get(key).decode(), key)
-    except ObjectNotFoundError:
-        raise ObjectNotFoundError(f"no plan {plan_id} in {store.uri} (expected {key}); plan again") from None
+def read_header(store: ObjectStore, plan_id: str, prefix: str = PLANS_PREFIX) -> PlanHeader:
+    key = plan_key(plan_id, prefix)
+    return PlanHeader.from_json(_get(store, key, f"no plan {plan_id}").decode(), key)
+
+
+def read_group(
+    store: ObjectStore,
+    plan_id: str,
+    group: int,
+    partitions: Collection[TopicPartition] | None = None,
+    slice: int = 0,
+    prefix: str = PLANS_PREFIX,
+) -> Plan:
+    """The piece of the plan that group `group` runs (or slice `slice` of it: the sections of `partitions`), from
+    its group document alone."""
+    key = group_key(plan_id, group, prefix)
+    return decode_group(_get(store, key, f"plan {plan_id} has no group {group}"), key, partitions, slice)
+
+
+def read_partition_bytes(store: ObjectStore, plan_id: str, group: int) -> dict[TopicPartition, int]:
+    """Per topic-partition of a group, the uncompressed bytes of its sections: what a job deals its slices by."""
+    key = group_key(plan_id, group)
+    return group_partition_bytes(_get(store, key, f"plan {plan_id} has no group {group}"), key)
+
+
+def read_plan(store: ObjectStore, plan_id: str, prefix: str = PLANS_PREFIX) -> Plan:
+    """The whole plan: its header with every group's sections and floors put back together."""
+    header = read_header(store, plan_id, prefix)
+    pieces = [read_group(store, plan_id, group.group, prefix=prefix) for group in header.groups]
+    return Plan.from_pieces(header, pieces, plan_key(plan_id, prefix))
 
 
 def write_group_result(store: ObjectStore, plan_id: str, group: int, slices: list[JobResult]) -> str:
@@ -48,18 +95,19 @@ def write_group_result(store: ObjectStore, plan_id: str, group: int, slices: lis
     return key
 
 
-def read_results(store: ObjectStore, plan: Plan, group_bytes: int) -> list[JobResult]:
-    """Every result of the plan; a group with no result is a CommitConflictError naming it."""
-    results, groups = [], set()
-    for info in store.list(f"{PLANS_PREFIX}{plan.plan_id}/results/"):
-        document = json.loads(store.get(info.key))
-        groups.add(document["group"])
+def read_results(store: ObjectStore, header: PlanHeader) -> list[JobResult]:
+    """The results of every group of the plan; a group with no result is a CommitConflictError naming it."""
+    results, missing = [], []
+    for group in header.groups:
+        try:
+            document = json.loads(store.get(result_key(header.plan_id, group.group)))
+        except ObjectNotFoundError:
+            missing.append(group.group)
+            continue
         results += [JobResult.from_dict(r) for r in document["slices"]]
-    expected = {group.group for group in split_into_groups(plan, group_bytes)}
-    missing = sorted(expected - groups)
     if missing:
         raise CommitConflictError(
-            f"plan {plan.plan_id}: no result for group(s) {', '.join(map(str, missing))}; run those groups, then commit"
+            f"plan {header.plan_id}: no result for group(s) {', '.join(map(str, missing))}; run those groups, then commit"
         )
     return results
 
@@ -71,3 +119,10 @@ def group_done(store: ObjectStore, plan_id: str, group: int) -> bool:
     except ObjectNotFoundError:
         return False
     return all(store.stat(f["key"]) is not None for r in document["slices"] for f in r["outputs"])
+
+
+def _get(store: ObjectStore, key: str, missing: str) -> bytes:
+    try:
+        return store.get(key)
+    except ObjectNotFoundError:
+        raise ObjectNotFoundError(f"{missing} in {store.uri} (expected {key}); plan again") from None

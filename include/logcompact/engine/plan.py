@@ -1,28 +1,98 @@
-"""Compaction plans: the engine's input, a versioned JSON document specified in docs/plan.md."""
+"""Compaction plans: the engine's input, specified in docs/plan.md.
+
+A `Plan` is one object in memory, split into groups once, by the planner that makes it: a group is a run of
+whole topic-partitions in (topic, partition) order, and what a job runs is a `Plan.piece`, a plan whose inputs
+hold only the sections of its group (or of its slice of a group). Written, a plan takes one of two forms:
+
+- one JSON document (`Plan.to_json`, `Plan.from_json`): what `logcompact plan` prints and `compact --plan` reads;
+- stored: a small JSON header (`PlanHeader`: settings, topics, groups, the input files without their sections)
+  and one Arrow document per group with that group's sections and outside floors (`encode_groups`,
+  `decode_group`), so a group's workers read their own part and the commit reads the header alone
+  (`logcompact.engine.exchange` keeps them in the store).
+"""
 
 from __future__ import annotations
 
+import base64
+import binascii
+import bisect
 import json
 import uuid
-from dataclasses import dataclass, field
-from functools import cached_property
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Collection, Iterable, NamedTuple, Sequence, get_type_hints
 
-from logcompact.catalog import DataFile, Snapshot
+import pyarrow as pa
+
+from logcompact.catalog import CatalogSection, DataFile
 from logcompact.exceptions import CommitConflictError, InvalidPlanError
+from logcompact.format.layout import SectionInfo
 from logcompact.topics import Topic
 
-PLAN_FORMAT = 1
+if TYPE_CHECKING:  # a Spark task reads plans without loading the catalog's database layer
+    from logcompact.catalog import Snapshot
+
+PLAN_FORMAT = 2
 MAX_LEVEL = 4
 DEFAULT_TARGET_FILE_BYTES = 256 * 1024 * 1024
 # The key map's buffer of each job: WarpStream's 128 MiB.
 DEFAULT_BUFFER_BYTES = 128 * 1024 * 1024
 DEFAULT_MAX_PARTITION_BYTES = 128 * 1024**3
 MODES = ("regular", "full", "max-lag")
+OUTPUT_COMPRESSIONS = ("none", "lz4", "zstd")
 # Plans and their groups' results are kept in the store under this prefix (logcompact.engine.exchange).
 PLANS_PREFIX = "plans/"
 
 TopicPartition = tuple[str, int]
+
+
+class PlanGroup(NamedTuple):
+    """A group of a plan: its whole topic-partitions from `first` to `last` in (topic, partition) order, and
+    how many partitions, files and bytes it holds (its sections' uncompressed bytes: what a job decodes; small
+    sections share their compressed blocks). Only a plan without sections has a group without partitions
+    (`first` and `last` None)."""
+
+    group: int
+    first: TopicPartition | None
+    last: TopicPartition | None
+    partitions: int
+    files: int
+    bytes: int
+
+    def holds(self, tp: TopicPartition) -> bool:
+        return self.first is not None and self.first <= tp <= self.last
+
+    def to_dict(self) -> dict:
+        return {
+            "group": self.group,
+            "first": None if self.first is None else list(self.first),
+            "last": None if self.last is None else list(self.last),
+            "partitions": self.partitions,
+            "files": self.files,
+            "bytes": self.bytes,
+        }
+
+    @classmethod
+    def from_dict(cls, document: Any, source: str) -> PlanGroup:
+        if not isinstance(document, dict):
+            raise InvalidPlanError(f"{source}: a group is an object {{group, first, last, partitions, files, bytes}}")
+        name = f"group {document.get('group')!r}"
+        return cls(
+            _integer(document, "group", 0, source=source),
+            _topic_partition(document, "first", f"{source}: {name}"),
+            _topic_partition(document, "last", f"{source}: {name}"),
+            _integer(document, "partitions", 0, source=f"{source}: {name}"),
+            _integer(document, "files", 0, source=f"{source}: {name}"),
+            _integer(document, "bytes", 0, source=f"{source}: {name}"),
+        )
+
+
+class InputFile(NamedTuple):
+    """An input file as a plan's header lists it: what leasing, checking and committing the plan need."""
+
+    key: str
+    level: int
+    size: int
+    created_ms: int
 
 
 @dataclass(frozen=True)
@@ -38,8 +108,9 @@ class Plan:
     # Per partition: the smallest offset held by a live file outside this plan. A tombstone at or above
     # it may have older values of its key elsewhere, so it is never removed by this plan.
     outside_floors: dict[TopicPartition, int] = field(default_factory=dict)
-    partitions: tuple[TopicPartition, ...] | None = None  # None: every partition in the inputs
-    group: int = 0
+    # Made by the planner (`split_into_groups`); a plan made without them is one group of all its partitions.
+    groups: tuple[PlanGroup, ...] = ()
+    group: int = 0  # which group this piece is (names its outputs)
     slice: int = 0  # a worker's share of a group (the Spark job splits a group into slices of partitions)
     mode: str = "regular"
     buffer_bytes: int = DEFAULT_BUFFER_BYTES
@@ -47,38 +118,53 @@ class Plan:
     max_partition_bytes: int = DEFAULT_MAX_PARTITION_BYTES
     compression: str = "lz4"
 
-    def covers(self, topic: str, partition: int) -> bool:
-        return self.partitions is None or (topic, partition) in self._partition_set
-
-    @cached_property
-    def _partition_set(self) -> frozenset[TopicPartition]:
-        return frozenset(self.partitions or ())
+    def __post_init__(self) -> None:
+        if not self.groups:
+            object.__setattr__(self, "groups", split_into_groups(self.inputs, partition_bytes(self.inputs), None))
 
     def output_key(self, content: str, sequence: int) -> str:
         return f"data/l{self.target_level}/{self.plan_id}-g{self.group:03d}-s{self.slice:03d}-{content}-{sequence:04d}.seg"
 
-    # -- encoding --------------------------------------------------------------------------------
+    def piece(self, group: int) -> Plan:
+        """What the job of group `group` runs: the plan restricted to that group's sections, its outputs named
+        after the group. Files holding none of them are left out."""
+        if not 0 <= group < len(self.groups):
+            raise InvalidPlanError(f"plan {self.plan_id} has groups 0 to {len(self.groups) - 1}, not {group}")
+        if len(self.groups) == 1:
+            return self
+        chosen = self.groups[group]
+        inputs = []
+        for data_file in self.inputs:
+            sections = tuple(s for s in data_file.sections if chosen.holds((s.info.topic, s.info.partition)))
+            if sections:
+                inputs.append(data_file if len(sections) == len(data_file.sections) else replace(data_file, sections=sections))
+        topics = {s.info.topic for f in inputs for s in f.sections}
+        return replace(
+            self,
+            inputs=tuple(inputs),
+            topics={name: self.topics[name] for name in sorted(topics)},
+            outside_floors={tp: floor for tp, floor in self.outside_floors.items() if chosen.holds(tp)},
+            groups=(chosen,),
+            group=group,
+        )
+
+    def header(self) -> PlanHeader:
+        return PlanHeader(
+            **{name: getattr(self, name) for name in _SETTINGS},
+            topics=self.topics,
+            inputs=tuple(InputFile(f.key, f.level, f.size, f.created_ms) for f in self.inputs),
+            groups=self.groups,
+        )
+
+    # -- the single JSON document ------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "format": PLAN_FORMAT,
-            "plan_id": self.plan_id,
-            "cluster_id": self.cluster_id,
-            "manifest_version": self.manifest_version,
-            "now_ms": self.now_ms,
-            "mode": self.mode,
-            "target_level": self.target_level,
-            "deduplicate": self.deduplicate,
-            "buffer_bytes": self.buffer_bytes,
-            "target_file_bytes": self.target_file_bytes,
-            "max_partition_bytes": self.max_partition_bytes,
-            "compression": self.compression,
-            "group": self.group,
-            "slice": self.slice,
-            "partitions": None if self.partitions is None else [list(tp) for tp in self.partitions],
+            **_settings_dict(self),
             "topics": [t.to_dict() for t in self.topics.values()],
+            "groups": [g.to_dict() for g in self.groups],
+            "inputs": [file_to_json(f) for f in self.inputs],
             "outside_floors": [[t, p, floor] for (t, p), floor in sorted(self.outside_floors.items())],
-            "inputs": [f.to_dict() for f in self.inputs],
         }
 
     def to_json(self) -> str:
@@ -87,70 +173,71 @@ class Plan:
     @classmethod
     def from_dict(cls, document: Any, source: str = "plan") -> Plan:
         """A validated plan; anything malformed is an InvalidPlanError naming the field."""
-        if not isinstance(document, dict):
-            raise InvalidPlanError(f"{source}: a plan is a JSON object")
-        if document.get("format") != PLAN_FORMAT:
-            raise InvalidPlanError(f"{source}: plan format {document.get('format')!r} is not supported (expected {PLAN_FORMAT})")
+        _check_format(document, source)
         try:
+            inputs = []
+            for entry in _list(document, "inputs", source):
+                if isinstance(entry, dict) and "sections" not in entry:
+                    raise InvalidPlanError(
+                        f"{source}: input {entry.get('key')!r} lists no sections: this is the header of a stored plan, "
+                        "whose sections are in its group documents; pass the plan's directory (plan.json and groups/)"
+                    )
+                inputs.append(file_from_json(entry, source))
             plan = cls(
-                plan_id=_text(document, "plan_id"),
-                cluster_id=_text(document, "cluster_id"),
-                manifest_version=_integer(document, "manifest_version", 1),
-                now_ms=_integer(document, "now_ms", 0),
-                mode=document.get("mode", "regular"),
-                target_level=_integer(document, "target_level", 1, MAX_LEVEL),
-                deduplicate=_boolean(document, "deduplicate"),
-                buffer_bytes=_integer(document, "buffer_bytes", 40),
-                target_file_bytes=_integer(document, "target_file_bytes", 1),
-                max_partition_bytes=_integer(document, "max_partition_bytes", 1),
-                compression=document.get("compression", "lz4"),
-                group=_integer(document, "group", 0),
-                slice=_integer(document, "slice", 0) if "slice" in document else 0,
-                partitions=None
-                if document.get("partitions") is None
-                else tuple((str(t), int(p)) for t, p in document["partitions"]),
-                topics={t["name"]: Topic.from_dict(t) for t in document["topics"]},
-                outside_floors={(str(t), int(p)): int(floor) for t, p, floor in document.get("outside_floors", [])},
-                inputs=tuple(DataFile.from_dict(f) for f in document["inputs"]),
+                **_settings_from_dict(document, source),
+                topics=_topics_from_dict(document, source),
+                groups=tuple(PlanGroup.from_dict(g, source) for g in _list(document, "groups", source)),
+                outside_floors=_floors_from_dict(document, source),
+                inputs=tuple(inputs),
             )
         except InvalidPlanError:
             raise
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise InvalidPlanError(f"{source}: malformed plan ({type(exc).__name__}: {exc}); regenerate it with `logcompact plan`") from None
         plan.validate(source)
         return plan
 
     @classmethod
     def from_json(cls, text: str, source: str = "plan") -> Plan:
-        try:
-            document = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InvalidPlanError(f"{source}: not JSON ({exc.msg} at line {exc.lineno})") from None
-        return cls.from_dict(document, source)
+        return cls.from_dict(_parse_json(text, source), source)
+
+    @classmethod
+    def from_pieces(cls, header: PlanHeader, pieces: Sequence[Plan], source: str) -> Plan:
+        """The whole plan from its header and the pieces of its groups (`decode_group`), in group order."""
+        sections: dict[str, list[CatalogSection]] = {f.key: [] for f in header.inputs}
+        floors: dict[TopicPartition, int] = {}
+        for group, piece in zip(header.groups, pieces, strict=True):
+            if piece.plan_id != header.plan_id or piece.groups != (group,):
+                raise InvalidPlanError(f"{source}: the document of group {group.group} is not that group of this plan; plan again")
+            for data_file in piece.inputs:
+                if data_file.key not in sections:
+                    raise InvalidPlanError(f"{source}: group {group.group} reads {data_file.key}, which the header does not list; plan again")
+                sections[data_file.key].extend(data_file.sections)  # groups follow (topic, partition) order, as files do
+            floors.update(piece.outside_floors)
+        plan = cls(
+            **{name: getattr(header, name) for name in _SETTINGS},
+            topics=header.topics,
+            inputs=tuple(DataFile(f.key, f.level, f.size, f.created_ms, tuple(sections[f.key])) for f in header.inputs),
+            outside_floors=floors,
+            groups=header.groups,
+        )
+        plan.validate(source)
+        return plan
 
     # -- validation ------------------------------------------------------------------------------
 
-    def validate(self, source: str = "plan") -> None:
-        """Rules that need no catalog: shapes, ranges, and that the inputs make sense together."""
-        if self.mode not in MODES:
-            raise InvalidPlanError(f"{source}: mode {self.mode!r} is not one of {', '.join(MODES)}")
-        if self.compression not in ("none", "lz4", "zstd"):
-            raise InvalidPlanError(f"{source}: compression {self.compression!r} is not none, lz4 or zstd")
-        if not self.inputs:
-            raise InvalidPlanError(f"{source}: plan {self.plan_id} names no input files")
-        keys = [f.key for f in self.inputs]
-        if len(set(keys)) != len(keys):
-            raise InvalidPlanError(f"{source}: plan {self.plan_id} names an input file twice")
+    def validate(self, source: str = "plan", whole: bool = True) -> None:
+        """Rules that need no catalog: shapes, ranges, and that the inputs and groups make sense together. A piece
+        (`whole` False) holds one group, and no input when its plan has no sections."""
+        _check_plan(self, source, whole)
+        starts = [g.first for g in self.groups[1:]]
         for data_file in self.inputs:
-            if not data_file.key.startswith("data/"):
-                raise InvalidPlanError(f"{source}: input {data_file.key!r} is not a data file of a logcompact cluster")
-            if data_file.level > self.target_level:
-                raise InvalidPlanError(
-                    f"{source}: input {data_file.key} is at level {data_file.level}, above the target level {self.target_level}"
-                )
             for section in data_file.sections:
-                if section.topic not in self.topics:
-                    raise InvalidPlanError(f"{source}: input {data_file.key} holds topic {section.topic!r}, which the plan does not describe")
+                tp = (section.info.topic, section.info.partition)
+                if tp[0] not in self.topics:
+                    raise InvalidPlanError(f"{source}: input {data_file.key} holds topic {tp[0]!r}, which the plan does not describe")
+                if not self.groups[bisect.bisect_right(starts, tp)].holds(tp):
+                    raise InvalidPlanError(f"{source}: input {data_file.key} holds {tp[0]}/{tp[1]}, which no group of the plan holds")
 
     def check_against(self, snapshot: Snapshot) -> None:
         """The plan belongs to this cluster and its inputs are still live as planned (only they are read)."""
@@ -171,27 +258,415 @@ class Plan:
                 raise InvalidPlanError(f"plan {self.plan_id}: input {data_file.key} differs from the catalog's record of it")
 
 
+@dataclass(frozen=True)
+class PlanHeader:
+    """A plan without its sections and outside floors: what leasing, scheduling and committing it need. A
+    stored plan's `plan.json`."""
+
+    plan_id: str
+    cluster_id: str
+    manifest_version: int
+    now_ms: int
+    mode: str
+    target_level: int
+    deduplicate: bool
+    buffer_bytes: int
+    target_file_bytes: int
+    max_partition_bytes: int
+    compression: str
+    topics: dict[str, Topic]
+    inputs: tuple[InputFile, ...]
+    groups: tuple[PlanGroup, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **_settings_dict(self),
+            "topics": [t.to_dict() for t in self.topics.values()],
+            "groups": [g.to_dict() for g in self.groups],
+            "inputs": [_input_dict(f) for f in self.inputs],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "plan header") -> PlanHeader:
+        document = _parse_json(text, source)
+        _check_format(document, source)
+        try:
+            header = cls(
+                **_settings_from_dict(document, source),
+                topics=_topics_from_dict(document, source),
+                inputs=tuple(InputFile(*_input_from_dict(f, source)) for f in _list(document, "inputs", source)),
+                groups=tuple(PlanGroup.from_dict(g, source) for g in _list(document, "groups", source)),
+            )
+        except InvalidPlanError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise InvalidPlanError(f"{source}: malformed plan header ({type(exc).__name__}: {exc}); plan again") from None
+        _check_plan(header, source, whole=True)
+        return header
+
+
 def new_plan_id(now_ms: int) -> str:
     return f"p{now_ms}-{uuid.uuid4().hex[:12]}"
 
 
-def _text(document: dict, name: str) -> str:
+# -- groups ----------------------------------------------------------------------------------------------
+
+
+def partition_bytes(inputs: Iterable[DataFile]) -> dict[TopicPartition, int]:
+    """Per topic-partition, the uncompressed bytes of its sections in `inputs`."""
+    sizes: dict[TopicPartition, int] = {}
+    for data_file in inputs:
+        for section in data_file.sections:
+            info = section.info
+            tp = (info.topic, info.partition)
+            sizes[tp] = sizes.get(tp, 0) + info.uncompressed_bytes
+    return sizes
+
+
+def split_into_groups(
+    inputs: Sequence[DataFile], sizes: dict[TopicPartition, int], group_bytes: int | None
+) -> tuple[PlanGroup, ...]:
+    """Groups of whole partitions in (topic, partition) order, each holding at most about `group_bytes` of the
+    inputs' sections, uncompressed (`sizes`, from `partition_bytes`; a partition larger than that is a group of
+    its own). None: one group of every partition."""
+    runs: list[list[TopicPartition]] = []
+    total = 0
+    for tp in sorted(sizes):
+        if not runs or (group_bytes is not None and total + sizes[tp] > group_bytes):
+            runs.append([])
+            total = 0
+        runs[-1].append(tp)
+        total += sizes[tp]
+    if not runs:
+        return (PlanGroup(0, None, None, 0, 0, 0),)
+    if len(runs) == 1:
+        files = [sum(1 for f in inputs if f.sections)]
+    else:
+        # A file counts in every group one of its sections falls in.
+        starts, files = [run[0] for run in runs[1:]], [0] * len(runs)
+        for data_file in inputs:
+            for number in {bisect.bisect_right(starts, (s.info.topic, s.info.partition)) for s in data_file.sections}:
+                files[number] += 1
+    return tuple(
+        PlanGroup(number, run[0], run[-1], len(run), files[number], sum(sizes[tp] for tp in run)) for number, run in enumerate(runs)
+    )
+
+
+# -- the group documents of a stored plan -------------------------------------------------------------------
+
+# Every SectionInfo field is a column, typed from its annotation, so fields the format adds flow through.
+_ARROW_TYPES = {str: pa.dictionary(pa.int32(), pa.string()), int: pa.int64(), bytes: pa.binary()}
+_SECTION_TYPES = get_type_hints(SectionInfo)
+_FILE_COLUMNS = ("file_key", "file_level", "file_size", "file_created_ms")
+GROUP_SCHEMA = pa.schema(
+    [
+        pa.field("file_key", _ARROW_TYPES[str], nullable=False),
+        pa.field("file_level", pa.int64(), nullable=False),
+        pa.field("file_size", pa.int64(), nullable=False),
+        pa.field("file_created_ms", pa.int64(), nullable=False),
+        pa.field("first_offset", pa.int64(), nullable=False),
+        *(pa.field(name, _ARROW_TYPES[_SECTION_TYPES[name]], nullable=False) for name in SectionInfo._fields),
+        pa.field("outside_floor", pa.int64()),
+    ]
+)
+# The schema's metadata key holding the group's settings, topics and PlanGroup as JSON.
+GROUP_METADATA_KEY = b"logcompact.plan"
+_IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
+
+
+def encode_groups(plan: Plan) -> list[bytes]:
+    """The plan's group documents, one per group in order: Arrow IPC files (zstd), one row per section."""
+    rows: list[tuple[list[int], list[CatalogSection]]] = [([], []) for _ in plan.groups]
+    if len(plan.groups) == 1:
+        indices, sections = rows[0]
+        for index, data_file in enumerate(plan.inputs):
+            indices.extend([index] * len(data_file.sections))
+            sections.extend(data_file.sections)
+    else:
+        starts = [g.first for g in plan.groups[1:]]
+        for index, data_file in enumerate(plan.inputs):
+            for section in data_file.sections:
+                indices, sections = rows[bisect.bisect_right(starts, (section.info.topic, section.info.partition))]
+                indices.append(index)
+                sections.append(section)
+    return [_encode_group(plan, group, *found) for group, found in zip(plan.groups, rows)]
+
+
+def _encode_group(plan: Plan, group: PlanGroup, file_indices: list[int], sections: list[CatalogSection]) -> bytes:
+    infos = [s.info for s in sections]
+    used = list(dict.fromkeys(file_indices))  # the group's files, in the plan's order
+    position = {index: n for n, index in enumerate(used)}
+    rows = pa.array([position[i] for i in file_indices], pa.int32())
+    files = [plan.inputs[i] for i in used]
+    columns = {
+        "file_key": pa.DictionaryArray.from_arrays(rows, pa.array([f.key for f in files], pa.string())),
+        "file_level": pa.array([f.level for f in files], pa.int64()).take(rows),
+        "file_size": pa.array([f.size for f in files], pa.int64()).take(rows),
+        "file_created_ms": pa.array([f.created_ms for f in files], pa.int64()).take(rows),
+        "first_offset": pa.array([s.first_offset for s in sections], pa.int64()),
+    }
+    for name, values in zip(SectionInfo._fields, zip(*infos) if infos else [()] * len(SectionInfo._fields)):
+        kind = _SECTION_TYPES[name]
+        columns[name] = pa.array(values, pa.string()).dictionary_encode() if kind is str else pa.array(values, _ARROW_TYPES[kind])
+    floors = plan.outside_floors
+    columns["outside_floor"] = pa.array([floors.get((i.topic, i.partition)) for i in infos], pa.int64())
+    topics = sorted({i.topic for i in infos})
+    metadata = {**_settings_dict(plan), "topics": [plan.topics[t].to_dict() for t in topics], "group": group.to_dict()}
+    table = pa.table(columns, schema=GROUP_SCHEMA.with_metadata({GROUP_METADATA_KEY: json.dumps(metadata, separators=(",", ":"))}))
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema, options=_IPC_OPTIONS) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def _read_group_table(data: bytes, source: str) -> pa.Table:
+    try:
+        table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InvalidPlanError(f"{source}: not a plan group document ({str(exc).splitlines()[0]}); plan again") from None
+    for expected in GROUP_SCHEMA:
+        index = table.schema.get_field_index(expected.name)
+        if index < 0 or table.schema.field(index).type != expected.type:
+            found = "missing" if index < 0 else f"of type {table.schema.field(index).type}"
+            raise InvalidPlanError(f"{source}: column {expected.name!r} is {found}, expected {expected.type}; plan again")
+    return table
+
+
+def group_partition_bytes(data: bytes, source: str) -> dict[TopicPartition, int]:
+    """Per topic-partition of a group document, the uncompressed bytes of its sections (what slices are dealt by),
+    without building its sections."""
+    table = _read_group_table(data, source)
+    sizes: dict[TopicPartition, int] = {}
+    for tp, length in zip(zip(_column(table, "topic"), _column(table, "partition")), _column(table, "uncompressed_bytes")):
+        sizes[tp] = sizes.get(tp, 0) + length
+    return sizes
+
+
+def decode_group(data: bytes, source: str, partitions: Collection[TopicPartition] | None = None, slice: int = 0) -> Plan:
+    """The piece of a plan a group document holds, validated; or slice `slice` of it: the sections of `partitions`."""
+    table = _read_group_table(data, source)
+    metadata = (table.schema.metadata or {}).get(GROUP_METADATA_KEY)
+    if metadata is None:
+        raise InvalidPlanError(f"{source}: the group document has no {GROUP_METADATA_KEY.decode()} metadata; plan again")
+    document = _parse_json(metadata.decode(), source)
+    _check_format(document, source)
+    try:
+        settings = _settings_from_dict(document, source)
+        topics = _topics_from_dict(document, source)
+        group = PlanGroup.from_dict(document["group"], source)
+    except InvalidPlanError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise InvalidPlanError(f"{source}: malformed group metadata ({type(exc).__name__}: {exc}); plan again") from None
+    if partitions is not None:
+        wanted = set(partitions)
+        keep = [tp in wanted for tp in zip(_column(table, "topic"), _column(table, "partition"))]
+        table = table.filter(pa.array(keep, pa.bool_()))
+    infos = list(map(SectionInfo._make, zip(*(_column(table, name) for name in SectionInfo._fields))))
+    sections = list(map(CatalogSection, infos, _column(table, "first_offset")))
+    # Rows are in file order: each run of one file key is a file.
+    file_columns = [_column(table, name) for name in _FILE_COLUMNS]
+    keys, inputs, start = file_columns[0], [], 0
+    for end in [n for n in range(1, len(keys)) if keys[n] != keys[n - 1]] + ([len(keys)] if keys else []):
+        inputs.append(DataFile(*(column[start] for column in file_columns), tuple(sections[start:end])))
+        start = end
+    floors = {
+        (info.topic, info.partition): floor for info, floor in zip(infos, _column(table, "outside_floor")) if floor is not None
+    }
+    piece = Plan(
+        **settings, topics=topics, inputs=tuple(inputs), outside_floors=floors, groups=(group,), group=group.group, slice=slice
+    )
+    piece.validate(source, whole=False)
+    return piece
+
+
+def _column(table: pa.Table, name: str) -> list:
+    column = table.column(name).combine_chunks()
+    if pa.types.is_dictionary(column.type):
+        names = column.dictionary.to_pylist()
+        return [names[i] for i in column.indices.to_numpy(zero_copy_only=False).tolist()]
+    if pa.types.is_integer(column.type) and column.null_count == 0:
+        return column.to_numpy().tolist()
+    return column.to_pylist()
+
+
+# -- JSON fields, shared by the single document, the header and the group documents' metadata -----------------
+
+_SETTINGS = (
+    "plan_id", "cluster_id", "manifest_version", "now_ms", "mode", "target_level", "deduplicate", "buffer_bytes",
+    "target_file_bytes", "max_partition_bytes", "compression",
+)
+_BYTES_FIELDS = [name for name in SectionInfo._fields if _SECTION_TYPES[name] is bytes]
+
+
+def _settings_dict(plan: Plan | PlanHeader) -> dict[str, Any]:
+    return {"format": PLAN_FORMAT, **{name: getattr(plan, name) for name in _SETTINGS}}
+
+
+def _settings_from_dict(document: dict, source: str) -> dict[str, Any]:
+    return {
+        "plan_id": _text(document, "plan_id", source),
+        "cluster_id": _text(document, "cluster_id", source),
+        "manifest_version": _integer(document, "manifest_version", 1, source=source),
+        "now_ms": _integer(document, "now_ms", 0, source=source),
+        "mode": _text(document, "mode", source, "regular"),
+        "target_level": _integer(document, "target_level", 1, MAX_LEVEL, source=source),
+        "deduplicate": _boolean(document, "deduplicate", source),
+        "buffer_bytes": _integer(document, "buffer_bytes", 40, source=source),
+        "target_file_bytes": _integer(document, "target_file_bytes", 1, source=source),
+        "max_partition_bytes": _integer(document, "max_partition_bytes", 1, source=source),
+        "compression": _text(document, "compression", source, "lz4"),
+    }
+
+
+def _check_format(document: Any, source: str) -> None:
+    if not isinstance(document, dict):
+        raise InvalidPlanError(f"{source}: a plan is a JSON object")
+    if document.get("format") != PLAN_FORMAT:
+        raise InvalidPlanError(f"{source}: plan format {document.get('format')!r} is not supported (expected {PLAN_FORMAT}); plan again")
+
+
+def _check_plan(plan: Plan | PlanHeader, source: str, whole: bool) -> None:
+    """What a plan, its header and its pieces share: settings, input files and groups."""
+    if plan.mode not in MODES:
+        raise InvalidPlanError(f"{source}: mode {plan.mode!r} is not one of {', '.join(MODES)}")
+    if plan.compression not in OUTPUT_COMPRESSIONS:
+        raise InvalidPlanError(f"{source}: compression {plan.compression!r} is not none, lz4 or zstd")
+    if whole and not plan.inputs:
+        raise InvalidPlanError(f"{source}: plan {plan.plan_id} names no input files")
+    keys = [f.key for f in plan.inputs]
+    if len(set(keys)) != len(keys):
+        raise InvalidPlanError(f"{source}: plan {plan.plan_id} names an input file twice")
+    for data_file in plan.inputs:
+        if not data_file.key.startswith("data/"):
+            raise InvalidPlanError(f"{source}: input {data_file.key!r} is not a data file of a logcompact cluster")
+        if data_file.level > plan.target_level:
+            raise InvalidPlanError(
+                f"{source}: input {data_file.key} is at level {data_file.level}, above the target level {plan.target_level}"
+            )
+    if not plan.groups or (not whole and len(plan.groups) > 1):
+        raise InvalidPlanError(f"{source}: plan {plan.plan_id} lists {len(plan.groups)} groups; a plan has at least one, a piece one")
+    for number, group in enumerate(plan.groups):
+        if whole and group.group != number:
+            raise InvalidPlanError(f"{source}: group {group.group} is listed as group {number}: number the groups 0, 1, ... in order")
+        if group.first is None or group.last is None:
+            if len(plan.groups) > 1 or group.partitions:
+                raise InvalidPlanError(f"{source}: group {group.group} has no first or last partition; only a plan without sections has such a group")
+        elif group.first > group.last:
+            raise InvalidPlanError(f"{source}: group {group.group} ends at {group.last} before its first partition {group.first}")
+        if number and plan.groups[number - 1].last >= group.first:
+            raise InvalidPlanError(f"{source}: group {group.group} starts at {group.first}, within group {number - 1}")
+
+
+def _input_dict(data_file: DataFile | InputFile) -> dict[str, Any]:
+    return {"key": data_file.key, "level": data_file.level, "size": data_file.size, "created_ms": data_file.created_ms}
+
+
+def _input_from_dict(document: Any, source: str) -> tuple[str, int, int, int]:
+    if not isinstance(document, dict):
+        raise InvalidPlanError(f"{source}: an input is an object {{key, level, size, created_ms}}")
+    key = _text(document, "key", source)
+    where = f"{source}: input {key}"
+    return key, _integer(document, "level", 0, source=where), _integer(document, "size", 0, source=where), _integer(document, "created_ms", 0, source=where)
+
+
+def file_to_json(data_file: DataFile) -> dict[str, Any]:
+    """A file with its sections as JSON values (plans, job results, `logcompact files`): every SectionInfo field,
+    bytes in base64, and the section's first offset."""
+    return {**_input_dict(data_file), "sections": [_section_to_json(s) for s in data_file.sections]}
+
+
+def file_from_json(document: Any, source: str) -> DataFile:
+    """The file `file_to_json` wrote, checked field by field."""
+    sections = tuple(_section_from_json(s, source) for s in _list(document, "sections", source))
+    return DataFile(*_input_from_dict(document, source), sections)
+
+
+def _section_to_json(section: CatalogSection) -> dict[str, Any]:
+    fields = section.info._asdict()
+    for name in _BYTES_FIELDS:
+        fields[name] = base64.b64encode(fields[name]).decode()
+    return {**fields, "first_offset": section.first_offset}
+
+
+def _section_from_json(document: Any, source: str) -> CatalogSection:
+    if not isinstance(document, dict):
+        raise InvalidPlanError(f"{source}: a section is an object of the SectionInfo fields and first_offset")
+    fields = dict(document)
+    first_offset = fields.pop("first_offset")
+    unknown = set(fields) - set(SectionInfo._fields)
+    if unknown:
+        raise InvalidPlanError(f"{source}: section field(s) {', '.join(sorted(unknown))} unknown; plan again")
+    for name, value in fields.items():
+        kind = _SECTION_TYPES[name]
+        if kind is bytes:
+            try:
+                fields[name] = base64.b64decode(value, validate=True)
+            except (binascii.Error, TypeError, ValueError):
+                raise InvalidPlanError(f"{source}: section field {name!r} is not base64") from None
+        elif not isinstance(value, kind) or isinstance(value, bool):
+            raise InvalidPlanError(f"{source}: section field {name!r} is {value!r}, not a {kind.__name__}")
+    if not isinstance(first_offset, int) or isinstance(first_offset, bool):
+        raise InvalidPlanError(f"{source}: section field 'first_offset' is {first_offset!r}, not an int")
+    return CatalogSection(SectionInfo(**fields), first_offset)
+
+
+def _topics_from_dict(document: dict, source: str) -> dict[str, Topic]:
+    return {t["name"]: Topic.from_dict(t) for t in _list(document, "topics", source)}
+
+
+def _floors_from_dict(document: dict, source: str) -> dict[TopicPartition, int]:
+    floors = {}
+    for entry in _list(document, "outside_floors", source):
+        if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str) and all(isinstance(v, int) for v in entry[1:])):
+            raise InvalidPlanError(f"{source}: outside floor {entry!r} is not [topic, partition, offset]")
+        floors[(entry[0], entry[1])] = entry[2]
+    return floors
+
+
+def _parse_json(text: str, source: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidPlanError(f"{source}: not JSON ({exc.msg} at line {exc.lineno})") from None
+
+
+def _list(document: dict, name: str, source: str) -> list:
     value = document[name]
-    if not isinstance(value, str) or not value:
-        raise InvalidPlanError(f"plan field {name!r} must be a non-empty string")
+    if not isinstance(value, list):
+        raise InvalidPlanError(f"{source}: plan field {name!r} must be a list")
     return value
 
 
-def _integer(document: dict, name: str, low: int, high: int | None = None) -> int:
+def _topic_partition(document: dict, name: str, source: str) -> TopicPartition | None:
+    value = document[name]
+    if value is None:
+        return None
+    if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) and isinstance(value[1], int)):
+        raise InvalidPlanError(f"{source}: field {name!r} is {value!r}, not [topic, partition] or null")
+    return value[0], value[1]
+
+
+def _text(document: dict, name: str, source: str, default: str | None = None) -> str:
+    value = document.get(name, default) if default is not None else document[name]
+    if not isinstance(value, str) or not value:
+        raise InvalidPlanError(f"{source}: plan field {name!r} must be a non-empty string")
+    return value
+
+
+def _integer(document: dict, name: str, low: int, high: int | None = None, *, source: str) -> int:
     value = document[name]
     if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
         allowed = f"{low} to {high}" if high is not None else f"at least {low}"
-        raise InvalidPlanError(f"plan field {name!r} is {value!r}: must be an integer, {allowed}")
+        raise InvalidPlanError(f"{source}: plan field {name!r} is {value!r}: must be an integer, {allowed}")
     return value
 
 
-def _boolean(document: dict, name: str) -> bool:
+def _boolean(document: dict, name: str, source: str) -> bool:
     value = document[name]
     if not isinstance(value, bool):
-        raise InvalidPlanError(f"plan field {name!r} must be true or false")
+        raise InvalidPlanError(f"{source}: plan field {name!r} must be true or false")
     return value

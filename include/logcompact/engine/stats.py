@@ -8,6 +8,7 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from logcompact.catalog import DataFile
+from logcompact.engine.plan import file_from_json, file_to_json
 
 
 @dataclass
@@ -56,9 +57,9 @@ class JobResult:
     stats: CompactionStats
 
     def to_dict(self) -> dict:
-        return {"plan_id": self.plan_id, "group": self.group, "outputs": [f.to_dict() for f in self.outputs], "stats": self.stats.to_dict()}
+        return {"plan_id": self.plan_id, "group": self.group, "outputs": [file_to_json(f) for f in self.outputs], "stats": self.stats.to_dict()}
 
     @classmethod
     def from_dict(cls, data: dict) -> JobResult:
-        outputs = [DataFile.from_dict(f) for f in data["outputs"]]
+        outputs = [file_from_json(f, f"result of plan {data['plan_id']} group {data['group']}") for f in data["outputs"]]
         return cls(data["plan_id"], data["group"], outputs, CompactionStats(**data["stats"]))

@@ -18,7 +18,6 @@ from logcompact.catalog import Snapshot
 from logcompact.engine.plan import Plan
 from logcompact.planner.config import PlannerConfig
 from logcompact.planner.estimate import expected_effect
-from logcompact.planner.groups import split_into_groups
 from logcompact.planner.levels import plan_full_sweep, plan_regular, size_tiers, top_level
 from logcompact.planner.max_lag import dirty_since, plan_max_lag
 
@@ -34,7 +33,6 @@ __all__ = [
     "plan_max_lag",
     "plan_regular",
     "size_tiers",
-    "split_into_groups",
     "top_level",
 ]
 

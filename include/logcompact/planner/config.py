@@ -31,7 +31,8 @@ class PlannerConfig:
     max_lag_deadline_ms: int = 30 * MINUTE_MS
     # A plan's files stay leased this long unless it commits or fails first.
     lease_ms: int = 60 * MINUTE_MS
-    # A plan whose inputs hold more than this is split into groups of topic-partitions for parallel workers.
+    # A plan whose inputs hold more than this (uncompressed) is split into groups of topic-partitions for
+    # parallel workers, once, when it is made.
     group_bytes: int = 1024**3
     buffer_bytes: int = DEFAULT_BUFFER_BYTES
     target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES

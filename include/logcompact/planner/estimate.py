@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from logcompact import sketch
 from logcompact.engine.plan import Plan
-from logcompact.planner.groups import split_into_groups
 
 
-def expected_effect(plan: Plan, group_bytes: int) -> dict:
+def expected_effect(plan: Plan) -> dict:
     """Input and output bytes, files replaced, groups, and records removed estimated from the sections' key
     sketches (a deduplicated partition keeps about as many records as it has distinct keys)."""
     records_in = removed = 0
@@ -37,5 +36,5 @@ def expected_effect(plan: Plan, group_bytes: int) -> dict:
         "records_in": records_in,
         "estimated_records_removed": removed,
         "estimated_output_bytes": round(bytes_in * kept),
-        "groups": len(split_into_groups(plan, group_bytes)),
+        "groups": len(plan.groups),
     }

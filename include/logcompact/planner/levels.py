@@ -10,7 +10,7 @@ from collections import Counter
 from typing import Iterable, Sequence, TypeVar
 
 from logcompact.catalog import DataFile, FileSummary, Snapshot
-from logcompact.engine.plan import MAX_LEVEL, Plan, TopicPartition, new_plan_id
+from logcompact.engine.plan import MAX_LEVEL, Plan, TopicPartition, new_plan_id, split_into_groups
 from logcompact.planner.config import PlannerConfig
 
 Sized = TypeVar("Sized", FileSummary, DataFile)
@@ -95,12 +95,13 @@ def make_plans(
     live: Sequence[str],
     loaded: dict[str, DataFile] | None = None,
 ) -> list[Plan]:
-    """One plan per (input keys, target level), the inputs of all of them loaded in one read (unless the caller
-    has them). `live` is every live file of the snapshot: a plan's outside floors come from the other plans'
-    inputs, which are in hand, and from the files no plan takes, which are asked of the catalog."""
+    """One plan per (input keys, target level), split into groups, the inputs of all of them loaded in one read
+    (unless the caller has them). `live` is every live file of the snapshot: a plan's outside floors come from
+    the other plans' inputs, which are in hand, and from the files no plan takes, which are asked of the catalog."""
     planned = [key for keys, _ in chosen for key in keys]
     files = loaded if loaded is not None else snapshot.get_files(planned)
-    lowest = [_lowest_offsets(files[key] for key in keys) for keys, _ in chosen]
+    inputs = [tuple(sorted((files[key] for key in keys), key=lambda f: f.key)) for keys, _ in chosen]
+    lowest, sizes = zip(*map(_lowest_offsets_and_bytes, inputs))
     outside = _lowest_outside_plans(snapshot, live, planned, set().union(*lowest))
     # Per partition, the two lowest offsets among the plans' inputs (with the plan holding the lowest): a plan's
     # own inputs are never outside it, the next plan's are.
@@ -116,7 +117,7 @@ def make_plans(
             elif offset < second.get(tp, _NO_OFFSET):
                 second[tp] = offset
     plans = []
-    for number, ((keys, target_level), offsets) in enumerate(zip(chosen, lowest)):
+    for number, ((_keys, target_level), offsets) in enumerate(zip(chosen, lowest)):
         floors = {}
         for tp in offsets:
             lowest_offset, holder = first[tp]
@@ -133,9 +134,10 @@ def make_plans(
             mode=mode,
             target_level=target_level,
             deduplicate=target_level >= config.dedup_from_level,
-            inputs=tuple(sorted((files[key] for key in keys), key=lambda f: f.key)),
+            inputs=inputs[number],
             topics={name: snapshot.topics[name] for name in topics},
             outside_floors=floors,
+            groups=split_into_groups(inputs[number], sizes[number], config.group_bytes),
             buffer_bytes=config.buffer_bytes,
             target_file_bytes=config.target_file_bytes,
             max_partition_bytes=config.max_partition_bytes,
@@ -143,15 +145,22 @@ def make_plans(
     return plans
 
 
-def _lowest_offsets(files: Iterable[DataFile]) -> dict[TopicPartition, int]:
+def _lowest_offsets_and_bytes(files: Iterable[DataFile]) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
+    """Per partition of the files, the lowest first offset and the sections' uncompressed bytes (one pass)."""
     lowest: dict[TopicPartition, int] = {}
+    sizes: dict[TopicPartition, int] = {}
     for data_file in files:
         for section in data_file.sections:
             info, first = section.info, section.first_offset
             tp = (info.topic, info.partition)
-            if first < lowest.get(tp, _NO_OFFSET):
-                lowest[tp] = first
-    return lowest
+            held = lowest.get(tp)
+            if held is None:
+                lowest[tp], sizes[tp] = first, info.uncompressed_bytes
+            else:
+                if first < held:
+                    lowest[tp] = first
+                sizes[tp] += info.uncompressed_bytes
+    return lowest, sizes
 
 
 def _lowest_outside_plans(
