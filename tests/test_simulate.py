@@ -3,26 +3,29 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from logcompact.catalog import Catalog
 from logcompact.engine.commit import run_and_commit
 from logcompact.ingest import Agent, Record
 from logcompact.planner import PlannerConfig, plan
-from logcompact.simulate import LITERAL_RULES, LOGCOMPACT, Workload, compare
+from logcompact.simulate import LITERAL_RULES, LOGCOMPACT, WARPSTREAM_LIKE, Simulation, Workload, compare
 from logcompact.simulate.cost import estimate_job
 from logcompact.simulate.report import table, write
 from tests.helpers import NOW, create_topic
 
 
-@pytest.mark.parametrize("keys, rounds", [(300, 4), (3000, 3), (20_000, 2)])
-def test_the_cost_model_predicts_real_output_sizes(catalog: Catalog, keys: int, rounds: int) -> None:
-    create_topic(catalog, "t", partitions=4, cleanup_policy="compact")
+# Few partitions with many records each, and files of many partitions with a few records each.
+@pytest.mark.parametrize("partitions, keys, rounds", [(4, 300, 4), (4, 3000, 3), (4, 20_000, 2), (300, 3000, 4), (1000, 2000, 3)])
+def test_the_cost_model_predicts_real_output_sizes(catalog: Catalog, partitions: int, keys: int, rounds: int) -> None:
+    create_topic(catalog, "t", partitions=partitions, cleanup_policy="compact")
     values = [os.urandom(100) for _ in range(512)]
     for round_ in range(rounds):
         with Agent(catalog, background=False) as agent:
-            agent.produce("t", [Record(k % 4, b"key-%08d" % k, values[(k + round_) % 512], NOW) for k in range(keys)])
+            agent.produce("t", [Record(k % partitions, b"key-%08d" % k, values[(k + round_) % 512], NOW) for k in range(keys)])
     (sweep,) = plan(catalog.snapshot(), NOW, "full", PlannerConfig())
     predicted = estimate_job(sweep)
     actual = run_and_commit(catalog, sweep, NOW).to_dict()
@@ -46,3 +49,19 @@ def test_a_short_simulation_reports_every_figure(tmp_path) -> None:
     assert "literal rules" in text and "logcompact" in text and "write ampl." in text
     written = write(tmp_path, "two-agents", results)
     assert [p.suffix for p in written] == [".json", ".png", ".png"] and all(p.stat().st_size > 1000 for p in written)
+
+
+def test_a_warpstream_like_cluster_follows_every_record_of_its_1000_partitions() -> None:
+    workload = replace(WARPSTREAM_LIKE, hours=0.05)  # 225 L1 files of about 1,000 sections, 7 regular plans
+    assert (workload.agents, workload.topics * workload.partitions) == (10, 1000)
+    simulation = Simulation("logcompact", workload, LOGCOMPACT)
+    summary = simulation.run().summary()
+    assert summary["jobs"] >= 225 + 7 and summary["write_amplification"] >= 2.0
+    assert summary["dedup_delay_p50_s"] is not None and summary["live_files_end"] < 32 + 7
+    # Every ingested record is either deduplicated (its delay counted once) or still followed in a live file.
+    deduplicated = sum(int(records.sum()) for _, records in simulation.delays)
+    followed = sum(int(c.records.sum()) for c in simulation.cohorts.values())
+    assert deduplicated + followed == simulation.result.bytes_ingested // workload.record_bytes
+    # The live files hold records of every partition of every topic, each followed as its own partition.
+    live_slots = np.unique(np.concatenate([c.slots for c in simulation.cohorts.values()]))
+    assert live_slots.tolist() == list(range(1000))

@@ -1,8 +1,10 @@
 """The engine's cost model: what a plan would write and request, computed from the catalog alone.
 
 Per partition, a deduplicating plan keeps about as many records as its inputs have distinct keys (the
-sections' key sketches, merged); a copy keeps them all. Bytes scale with records. Outputs are cut at the
-target file size at section boundaries, as the engine cuts them. Requests: two GETs per input file for a
+sections' key sketches, merged); a copy keeps them all. A section's share of its file's bytes is its share
+of the file's uncompressed bytes (small sections share blocks, so their byte ranges overlap); a partition's
+output keeps its records' share of those bytes, plus one section's overhead. Outputs are cut at the target
+file size at section boundaries, as the engine cuts them. Requests: two GETs per input file for a
 deduplicating plan (the two passes' streams), one for a copy; one PUT per output file and one for the
 commit. `tests/test_simulate.py` checks this model against real engine runs.
 """
@@ -18,6 +20,10 @@ from logcompact.catalog import CatalogSection, DataFile
 from logcompact.engine.plan import Plan
 from logcompact.format.layout import SectionInfo
 
+# What a section costs in a file beyond its records' bytes: its footer entry and its share of a block's framing
+# (bench/partitions.py, "file overhead per section", 3-record sections).
+SECTION_OVERHEAD_BYTES = 60
+
 
 @dataclass
 class JobCost:
@@ -30,47 +36,77 @@ class JobCost:
     puts: int
 
 
+@dataclass
+class _Partition:
+    """What a plan's inputs hold of one partition."""
+
+    records: int = 0
+    bytes: float = 0.0
+    sections: int = 0
+    uncompressed_bytes: int = 0
+    first: int = 1 << 62
+    last: int = -1
+    min_timestamp: int = 1 << 62
+    max_timestamp: int = -(1 << 62)
+    registers: np.ndarray | None = None
+
+    def add(self, section: CatalogSection, share_bytes: float) -> None:
+        info = section.info
+        self.records += info.record_count
+        self.bytes += share_bytes
+        self.sections += 1
+        self.uncompressed_bytes += info.uncompressed_bytes
+        self.first = min(self.first, section.first_offset)
+        self.last = max(self.last, section.last_offset)
+        self.min_timestamp = min(self.min_timestamp, info.min_timestamp)
+        self.max_timestamp = max(self.max_timestamp, info.max_timestamp)
+        if info.key_sketch:
+            registers = sketch.decode(info.key_sketch)
+            self.registers = registers if self.registers is None else np.maximum(self.registers, registers)
+
+
 def estimate_job(plan: Plan) -> JobCost:
-    by_partition: dict[tuple[str, int], list[CatalogSection]] = {}
+    by_partition: dict[tuple[str, int], _Partition] = {}
     for data_file in plan.inputs:
+        uncompressed = sum(s.info.uncompressed_bytes for s in data_file.sections)
         for section in data_file.sections:
-            by_partition.setdefault((section.topic, section.partition), []).append(section)
+            share = data_file.size * section.info.uncompressed_bytes / uncompressed if uncompressed else data_file.size / len(data_file.sections)
+            found = by_partition.get((section.topic, section.partition))
+            if found is None:
+                found = by_partition[(section.topic, section.partition)] = _Partition()
+            found.add(section, share)
     files: dict[str, list[list[CatalogSection]]] = {"compacted": [[]], "other": [[]]}
     sizes = {"compacted": 0, "other": 0}
-    records_in = records_out = bytes_out = 0
-    for (topic, partition), sections in sorted(by_partition.items()):
+    records_out = bytes_out = 0
+    for (topic, partition), held in sorted(by_partition.items()):
         compacted = plan.topics[topic].config.compacted
-        infos = [s.info for s in sections]
-        records = sum(i.record_count for i in infos)
-        length = sum(i.byte_length for i in infos)
-        sketches = [sketch.decode(i.key_sketch) for i in infos if i.key_sketch]
-        merged = sketch.merge(*sketches) if sketches else np.zeros(sketch.REGISTERS, dtype=np.uint8)
-        kept = records
-        if plan.deduplicate and compacted and sketches:
-            kept = max(1, min(records, round(sketch.estimate(merged))))
-        out_bytes = round(length * kept / records) if records else 0
-        records_in += records
+        kept = held.records
+        if plan.deduplicate and compacted and held.registers is not None:
+            kept = max(1, min(held.records, round(sketch.estimate(held.registers))))
+        fraction = kept / held.records if held.records else 0.0
+        payload = max(0.0, held.bytes - held.sections * SECTION_OVERHEAD_BYTES)
+        out_bytes = round(payload * fraction) + SECTION_OVERHEAD_BYTES
         records_out += kept
         bytes_out += out_bytes
-        first = min(s.first_offset for s in sections)
-        last = max(s.last_offset for s in sections)
         content = "compacted" if compacted else "other"
         if sizes[content] >= plan.target_file_bytes:
             files[content].append([])
             sizes[content] = 0
+        span = held.last - held.first
         info = SectionInfo(
-            topic, partition, kept, last - first, min(i.min_timestamp for i in infos), max(i.max_timestamp for i in infos),
-            0, round(sum(i.uncompressed_bytes for i in infos) * kept / records) if records else 0, plan.compression, 0,
-            sizes[content], out_bytes, (last - first + 1) if plan.deduplicate and compacted else 0,
-            sketch.encode(merged) if sketches else "",
+            topic=topic, partition=partition, record_count=kept, last_delta=span, min_timestamp=held.min_timestamp,
+            max_timestamp=held.max_timestamp, tombstones=0, uncompressed_bytes=round(held.uncompressed_bytes * fraction),
+            compression=plan.compression, crc32=0, byte_offset=sizes[content], byte_length=out_bytes,
+            clean_below_delta=span + 1 if plan.deduplicate and compacted else 0,
+            key_sketch=sketch.encode(held.registers) if held.registers is not None else b"",
         )
-        files[content][-1].append(CatalogSection(info, first))
+        files[content][-1].append(CatalogSection(info, held.first))
         sizes[content] += out_bytes
     outputs = []
     for content, groups in files.items():
         for number, group in enumerate(g for g in groups if g):
             key = plan.output_key(content, number)
             outputs.append(DataFile(key, plan.target_level, sum(s.info.byte_length for s in group), plan.now_ms, tuple(group)))
+    records_in = sum(p.records for p in by_partition.values())
     gets = len(plan.inputs) * (2 if plan.deduplicate else 1)
     return JobCost(outputs, records_in, records_out, sum(f.size for f in plan.inputs), bytes_out, gets, len(outputs) + 1)
-

@@ -1,11 +1,13 @@
 """A time-compressed run of ingest, the planner and the engine's cost model over simulated hours.
 
-Agents flush an L0 file every 250 ms; every 32 L0 files (from all agents) are copied into one L1 file,
-whose key sketch is drawn from the workload (keys from a Zipf or uniform distribution, a tombstone rate).
-Files live in a real catalog (SQLite in a temporary directory; no data is written): L1 files are appended
-as agents append theirs, and the real planner reads its snapshots as in production whenever a level
-reaches its threshold, the max-lag pass runs on its interval and the full sweep once a day; each plan's
-outputs come from the cost model and are committed at once.
+Agents flush an L0 file every 250 ms; every 32 L0 files (from all agents) are copied into one L1 file
+holding a section per topic-partition that received records, whose key sketches are drawn from the workload
+(keys from a Zipf or uniform distribution over all partitions of all topics, a tombstone rate). Files live in
+a real catalog (SQLite in a temporary directory; no data is written): L1 files are appended as agents append
+theirs (together, just before the catalog is next read, which changes nothing it returns), and the real
+planner reads its snapshots as in production whenever a level reaches its threshold, the max-lag pass runs
+on its interval and the full sweep once a day; each plan's outputs come from the cost model and are
+committed at once.
 
 Reported: write amplification, GETs and PUTs per ingested GiB, live files per level over time, the
 fraction of duplicate records at rest, the delay from produce to first deduplication against all older
@@ -15,6 +17,7 @@ data of the partition (percentiles), and max-lag violations (records first so de
 
 from __future__ import annotations
 
+import gc
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,10 +25,11 @@ from pathlib import Path
 import numpy as np
 
 from logcompact import sketch
-from logcompact.catalog import Catalog, NewFile
+from logcompact.catalog import Catalog, NewFile, Snapshot
+from logcompact.engine.plan import TopicPartition
 from logcompact.format.layout import SectionInfo
 from logcompact.planner import PlannerConfig, plan
-from logcompact.simulate.cost import estimate_job
+from logcompact.simulate.cost import SECTION_OVERHEAD_BYTES, estimate_job
 from logcompact.store import LocalStore
 from logcompact.topics import MIN_MAX_COMPACTION_LAG_MS, Topic
 
@@ -34,7 +38,6 @@ L0_BATCH = 32
 HOUR_MS = 3_600_000
 SAMPLE_MS = 10 * 60_000
 GIB = 1024**3
-SECTION_OVERHEAD_BYTES = 1700
 # WarpStream's promise: a record is compacted within 30 minutes of becoming dirty. Every planner is held to it.
 MAX_LAG_GRACE_MS = 30 * 60_000
 
@@ -47,18 +50,28 @@ class Workload:
     keys: int = 100_000
     key_skew: float = 0.0  # Zipf exponent; 0: uniform
     tombstone_rate: float = 0.01
-    partitions: int = 8
+    partitions: int = 8  # per topic
+    topics: int = 1
     hours: float = 24.0
     max_lag_ms: int | None = None
     min_lag_ms: int = 0
 
 
 @dataclass
-class Cohort:
-    """Records of one partition ingested together, followed until their first deduplication."""
+class Cohorts:
+    """Records followed until their first deduplication, one entry per partition and L1 file they were ingested in:
+    the partition's slot (see `Simulation._slot`), when they were produced (on average), how many."""
 
-    produced_ms: int
-    records: int
+    slots: np.ndarray
+    produced_ms: np.ndarray
+    records: np.ndarray
+
+    @classmethod
+    def concat(cls, parts: list[Cohorts]) -> Cohorts:
+        return cls(*(np.concatenate([getattr(p, name) for p in parts]) for name in ("slots", "produced_ms", "records")))
+
+    def take(self, mask: np.ndarray) -> Cohorts:
+        return Cohorts(self.slots[mask], self.produced_ms[mask], self.records[mask])
 
 
 @dataclass
@@ -97,14 +110,15 @@ class SimulationResult:
         return asdict(self)
 
 
-def _partitions_with_older_data_outside(found) -> set[int]:
+def _partitions_with_older_data_outside(found) -> set[TopicPartition]:
     """Partitions for which a live file outside the plan holds data older than the plan's: their records
     were not deduplicated against all older data by this plan."""
-    starts: dict[int, int] = {}
+    starts: dict[TopicPartition, int] = {}
     for data_file in found.inputs:
         for section in data_file.sections:
-            starts[section.partition] = min(starts.get(section.partition, 1 << 62), section.first_offset)
-    return {partition for (_topic, partition), floor in found.outside_floors.items() if floor < starts.get(partition, -1)}
+            tp = (section.topic, section.partition)
+            starts[tp] = min(starts.get(tp, 1 << 62), section.first_offset)
+    return {tp for tp, floor in found.outside_floors.items() if floor < starts.get(tp, -1)}
 
 
 def _mix(values: np.ndarray) -> np.ndarray:
@@ -124,13 +138,17 @@ class Simulation:
         settings = {"cleanup.policy": "compact", "min.compaction.lag.ms": str(workload.min_lag_ms)}
         if workload.max_lag_ms is not None:
             settings["max.compaction.lag.ms"] = str(workload.max_lag_ms)
-        self.topic = Topic.create("t", workload.partitions, settings, 0)
+        width = len(str(workload.topics - 1))  # names sort as their numbers, as sections are ordered
+        self.topics = [Topic.create(f"t{number:0{width}d}", workload.partitions, settings, 0) for number in range(workload.topics)]
+        self._topic_numbers = {topic.name: number for number, topic in enumerate(self.topics)}
         self.lag = max(workload.max_lag_ms, MIN_MAX_COMPACTION_LAG_MS) if workload.max_lag_ms is not None else None
         self.catalog: Catalog | None = None  # made by run()
-        self.cohorts: dict[str, dict[int, list[Cohort]]] = {}  # file key -> partition -> cohorts
-        self.delays: list[tuple[float, int]] = []
+        self.cohorts: dict[str, Cohorts] = {}  # by the key of the live file that holds them
+        self.delays: list[tuple[np.ndarray, np.ndarray]] = []  # (seconds to deduplication, records)
         self.result = SimulationResult(name, asdict(workload))
         self._sequence = 0
+        self._unappended: list[NewFile] = []  # L1 files made since the catalog was last read
+        self._l1_appended = 0  # live L1 files in the catalog (the unappended ones are live too)
         if workload.key_skew > 0:
             weights = 1.0 / np.arange(1, workload.keys + 1) ** workload.key_skew
             self._key_p = weights / weights.sum()
@@ -139,67 +157,93 @@ class Simulation:
 
     # -- ingest ----------------------------------------------------------------------------------
 
-    def _l1_file(self, start_ms: int, end_ms: int, records: int) -> NewFile:
-        """32 L0 files' worth of records, copied into one L1 file (the catalog places its offsets)."""
+    def _slot(self, tp: TopicPartition) -> int:
+        """A partition's number among all partitions of all topics, topic-major."""
+        return self._topic_numbers[tp[0]] * self.workload.partitions + tp[1]
+
+    def _ingest(self, start_ms: int, end_ms: int, records: int) -> None:
+        """32 L0 files' worth of records, copied into one L1 file (appended with the next catalog read, which
+        places its offsets), and followed as cohorts. Key k belongs to slot k mod (topics x partitions)."""
         w = self.workload
         keys = self.rng.choice(w.keys, size=records, p=self._key_p)
-        partitions = keys % w.partitions
-        hashes = _mix(keys)
-        sections = []
-        for partition in range(w.partitions):
-            mask = partitions == partition
-            count = int(mask.sum())
-            if not count:
-                continue
-            registers = sketch.sketch_words(hashes[mask])
+        slots = keys % (w.topics * w.partitions)
+        order = np.argsort(slots, kind="stable")
+        present, counts = np.unique(slots[order], return_counts=True)
+        sketches = sketch.encode_many(np.repeat(np.arange(len(present)), counts), _mix(keys[order]), len(present))
+        tombstones = self.rng.binomial(counts, w.tombstone_rate)
+        sections, byte_offset = [], 0
+        for slot, count, deleted, packed in zip(present.tolist(), counts.tolist(), tombstones.tolist(), sketches):
             size = count * w.record_bytes + SECTION_OVERHEAD_BYTES
-            tombstones = int(self.rng.binomial(count, w.tombstone_rate))
-            byte_offset = sum(s.byte_length for s in sections)
-            sections.append(SectionInfo("t", partition, count, count - 1, start_ms, end_ms, tombstones, count * w.record_bytes,
-                                        "lz4", 0, byte_offset, size, 0, sketch.encode(registers)))
+            sections.append(SectionInfo(
+                topic=self.topics[slot // w.partitions].name, partition=slot % w.partitions, record_count=count,
+                last_delta=count - 1, min_timestamp=start_ms, max_timestamp=end_ms, tombstones=deleted,
+                uncompressed_bytes=count * w.record_bytes, compression="lz4", crc32=0, byte_offset=byte_offset,
+                byte_length=size, key_sketch=packed,
+            ))
+            byte_offset += size
         self._sequence += 1
         key = f"data/l1/ingest-{self._sequence:09d}.seg"
-        return NewFile(key, 1, sum(s.byte_length for s in sections), end_ms, tuple(sections))
+        self._unappended.append(NewFile(key, 1, byte_offset, end_ms, tuple(sections)))
+        self.cohorts[key] = Cohorts(present, np.full(len(present), (start_ms + end_ms) // 2), counts)
+
+    def _snapshot(self, now: int) -> Snapshot:
+        """The catalog as of now: the L1 files made since it was last read are appended first, in one commit."""
+        if self._unappended:
+            self.catalog.append_files(self._unappended, now)
+            self._l1_appended += len(self._unappended)
+            self._unappended = []
+        return self.catalog.snapshot()
 
     # -- planning and applying -----------------------------------------------------------------------
 
     def _run(self, mode: str, now: int) -> None:
-        for found in plan(self.catalog.snapshot(), now, mode, self.config):
+        for found in plan(self._snapshot(now), now, mode, self.config):
             cost = estimate_job(found)
             result = self.result
             result.jobs += 1
             result.gets += cost.gets
             result.puts += cost.puts
             result.bytes_written += cost.bytes_out
-            incomplete = _partitions_with_older_data_outside(found) if found.deduplicate else None
-            carried: dict[int, list[Cohort]] = {}
-            for data_file in found.inputs:
-                for partition, cohorts in self.cohorts.pop(data_file.key).items():
-                    for cohort in cohorts:
-                        if incomplete is not None and partition not in incomplete:
-                            self._deduplicated(cohort, now)
-                        else:
-                            carried.setdefault(partition, []).append(cohort)
+            carried = Cohorts.concat([self.cohorts.pop(f.key) for f in found.inputs])
+            if found.deduplicate:
+                incomplete = [self._slot(tp) for tp in _partitions_with_older_data_outside(found)]
+                done = ~np.isin(carried.slots, incomplete)
+                self._deduplicated(carried.take(done), now)
+                carried = carried.take(~done)
             self.catalog.replace_files([f.key for f in found.inputs], cost.outputs, now, plan_id=found.plan_id)
             for output in cost.outputs:
-                self.cohorts[output.key] = {s.partition: carried.pop(s.partition, []) for s in output.sections}
+                held = [self._slot((s.topic, s.partition)) for s in output.sections]
+                self.cohorts[output.key] = carried.take(np.isin(carried.slots, held))
+        self._l1_appended = self.catalog.snapshot().level_counts().get(1, 0)
 
-    def _deduplicated(self, cohort: Cohort, now: int) -> None:
-        self.delays.append(((now - cohort.produced_ms) / 1000, cohort.records))
-        if self.lag is not None and now > cohort.produced_ms + self.lag + MAX_LAG_GRACE_MS:
-            self.result.max_lag_violations += cohort.records
+    def _deduplicated(self, cohorts: Cohorts, now: int) -> None:
+        self.delays.append(((now - cohorts.produced_ms) / 1000, cohorts.records))
+        self.result.max_lag_violations += self._late(cohorts, now)
+
+    def _late(self, cohorts: Cohorts, now: int) -> int:
+        """Records of `cohorts` that are past their max lag and its grace at `now`."""
+        if self.lag is None:
+            return 0
+        return int(cohorts.records[now > cohorts.produced_ms + self.lag + MAX_LAG_GRACE_MS].sum())
 
     # -- the clock ---------------------------------------------------------------------------------
 
     def run(self) -> SimulationResult:
+        # A run holds millions of small acyclic objects (sections, plans); collections over them would cost
+        # more than the run, as in the planner.
+        collecting = gc.isenabled()
+        gc.disable()
         with tempfile.TemporaryDirectory(prefix="logcompact-simulate-") as directory:
             self.catalog = Catalog(LocalStore(Path(directory)))
             self.catalog.ensure_created(0)
-            self.catalog.create_topic(self.topic, 0)
+            for topic in self.topics:
+                self.catalog.create_topic(topic, 0)
             try:
                 return self._simulate()
             finally:
                 self.catalog.engine.dispose()
+                if collecting:
+                    gc.enable()
 
     def _simulate(self) -> SimulationResult:
         w, result = self.workload, self.result
@@ -215,16 +259,14 @@ class Simulation:
             start, now = now, now + batch_ms
             records = int(self.rng.poisson(records_per_batch))
             if records:
-                l1 = self._l1_file(start, now, records)
-                self.catalog.append_files([l1], now)
-                self.cohorts[l1.key] = {s.partition: [Cohort((start + now) // 2, s.record_count)] for s in l1.sections}
+                self._ingest(start, now, records)
                 result.bytes_ingested += records * w.record_bytes
                 result.bytes_written += 2 * records * w.record_bytes  # the L0 files, then their L1 copy
                 result.puts += 2 * L0_BATCH + 2  # 32 L0 files and their commits; the L1 file and its commit
                 result.gets += L0_BATCH
                 result.jobs += 1
                 regular_due = True
-            if regular_due and self.catalog.snapshot().level_counts().get(1, 0) >= self.config.min_files[1]:
+            if regular_due and self._l1_appended + len(self._unappended) >= self.config.min_files[1]:
                 self._run("regular", now)
                 regular_due = False
             if self.lag is not None and now >= next_max_lag:
@@ -242,39 +284,34 @@ class Simulation:
         return result
 
     def _sample(self, now: int) -> None:
-        files = self.catalog.snapshot().files()
+        files = self._snapshot(now).files()
         levels = [0] * 5
         for data_file in files:
             levels[data_file.level] += 1
         levels[0] = L0_BATCH // 2  # L0 files waiting for their batch: half a batch on average
         hour = round(now / HOUR_MS, 3)
         self.result.files_per_level.append((hour, levels))
-        records = distinct = 0
-        for partition in range(self.workload.partitions):
-            sketches, count = [], 0
-            for data_file in files:
-                for section in data_file.sections:
-                    if section.info.partition == partition:
-                        count += section.info.record_count
-                        sketches.append(sketch.decode(section.info.key_sketch))
-            if sketches:
-                records += count
-                distinct += min(count, round(sketch.estimate(sketch.merge(*sketches))))
+        by_partition: dict[TopicPartition, tuple[int, np.ndarray]] = {}
+        for data_file in files:
+            for section in data_file.sections:
+                tp = (section.topic, section.partition)
+                count, registers = by_partition.get(tp, (0, None))
+                found = sketch.decode(section.info.key_sketch)
+                by_partition[tp] = (count + section.info.record_count, found if registers is None else np.maximum(registers, found))
+        records = sum(count for count, _ in by_partition.values())
+        distinct = sum(min(count, round(sketch.estimate(registers))) for count, registers in by_partition.values())
         self.result.duplicate_fraction.append((hour, (records - distinct) / records if records else 0.0))
 
     def _finish(self, end: int) -> None:
         result = self.result
-        for by_partition in self.cohorts.values():
-            for cohort in (c for cohorts in by_partition.values() for c in cohorts):
-                if self.lag is not None and end > cohort.produced_ms + self.lag + MAX_LAG_GRACE_MS:
-                    result.max_lag_violations += cohort.records
+        result.max_lag_violations += sum(self._late(cohorts, end) for cohorts in self.cohorts.values())
         gib = result.bytes_ingested / GIB
         result.write_amplification = result.bytes_written / result.bytes_ingested if result.bytes_ingested else 0.0
         result.gets_per_gib = result.gets / gib if gib else 0.0
         result.puts_per_gib = result.puts / gib if gib else 0.0
-        if self.delays:
-            delays = np.array([d for d, _ in self.delays])
-            weights = np.array([n for _, n in self.delays], dtype=np.float64)
+        delays = np.concatenate([d for d, _ in self.delays]) if self.delays else np.zeros(0)
+        if len(delays):
+            weights = np.concatenate([n for _, n in self.delays]).astype(np.float64)
             order = np.argsort(delays)
             cumulative = np.cumsum(weights[order]) / weights.sum()
             result.dedup_delay_s = {
