@@ -131,6 +131,9 @@ def _coalesced(sections: list[tuple[Iterator[pa.RecordBatch], CatalogSection]], 
     for batches, placed in sections:
         row_bytes = placed.info.uncompressed_bytes // max(1, placed.info.record_count)
         for batch in batches:
+            if not pending and (batch.num_rows >= COALESCE_ROWS // 16 or batch.num_rows * row_bytes >= COALESCE_BYTES // 16):
+                yield _with_offsets([batch], [placed.first_offset], columns)  # big enough alone: no copy
+                continue
             pending.append(batch)
             firsts.append(placed.first_offset)
             rows += batch.num_rows

@@ -39,6 +39,9 @@ from logcompact.format.layout import (
 # one set of Arrow buffers), and inside a section at BLOCK_BYTES or BLOCK_ROWS (so a reader decodes a big
 # section, or seeks into it, one bounded block at a time). Sizes are uncompressed Arrow bytes.
 PACK_BYTES = 64 * 1024
+# A block is stored compressed only when that saves at least a tenth of its size.
+MIN_COMPRESSED_RATIO = 0.9
+RETRY_COMPRESSION_EVERY = 16
 BLOCK_BYTES = 1024 * 1024
 BLOCK_ROWS = 65536
 
@@ -109,6 +112,25 @@ class _Section:
         self.clean_below_delta = 0
         self.key_sketch = b""
         self.offset_bitmap = b""
+
+
+class _MessageEncoder:
+    """Record batches as Arrow IPC record batch messages (the blocks' contents), with one compression."""
+
+    def __init__(self, compression: str) -> None:
+        self._sink = io.BytesIO()
+        options = pa.ipc.IpcWriteOptions(compression=None if compression == "none" else compression)
+        self._writer = pa.ipc.new_stream(self._sink, SECTION_SCHEMA, options=options)
+        self._skip = len(SECTION_SCHEMA.serialize())  # the stream's first output starts with the schema message
+
+    def encode(self, batch: pa.RecordBatch) -> bytes:
+        self._writer.write_batch(batch)
+        with self._sink.getbuffer() as written:
+            message = bytes(written[self._skip :])
+        self._sink.seek(0)
+        self._sink.truncate()
+        self._skip = 0
+        return message
 
 
 class SectionBuilder:
@@ -192,12 +214,10 @@ class SegmentWriter:
         self._open: SectionBuilder | None = None
         self._sections: list[_Section] = []
         # Blocks: each is one record batch message of an Arrow IPC stream whose schema message is the header's.
-        self._ipc_sink = io.BytesIO()
-        self._ipc = pa.ipc.new_stream(
-            self._ipc_sink, SECTION_SCHEMA, options=pa.ipc.IpcWriteOptions(compression=None if compression == "none" else compression)
-        )
+        self._compressed = _MessageEncoder(compression)
+        self._compressible = True
+        self._plain = _MessageEncoder("none")
         schema_message = SECTION_SCHEMA.serialize().to_pybytes()
-        self._skip = len(schema_message)  # the IPC writer's first output starts with the schema message
         self._pending: list[pa.RecordBatch] = []
         self._pending_rows = 0
         self._pending_bytes = 0
@@ -351,22 +371,26 @@ class SegmentWriter:
 
     def _emit_block(self, rows: pa.RecordBatch | pa.Table) -> None:
         batch = rows if isinstance(rows, pa.RecordBatch) else rows.combine_chunks().to_batches()[0]
-        self._ipc.write_batch(batch)
-        with self._ipc_sink.getbuffer() as written:
-            message = written[self._skip :]
-            crc = crc32(message)
-            blocks = self._blocks
-            blocks["byte_offset"].append(self.position)
-            blocks["byte_length"].append(BLOCK_PREFIX.size + len(message))
-            blocks["rows"].append(batch.num_rows)
-            blocks["crc32"].append(crc)
-            blocks["first_delta"].append(int(batch.column(0)[0].as_py()))
-            self._write(BLOCK_PREFIX.pack(len(message), crc))
-            self._write(message)
-            del message
-        self._ipc_sink.seek(0)
-        self._ipc_sink.truncate()
-        self._skip = 0
+        # Incompressible records (random or already compressed values) are stored plain: that costs a little
+        # space and saves every reader a decompression pass. After a block that did not compress, the next
+        # ones are tried only now and then, so such a file is not compressed twice over.
+        message = None
+        if self.compression != "none" and (self._compressible or len(self._blocks["rows"]) % RETRY_COMPRESSION_EVERY == 0):
+            message = self._compressed.encode(batch)
+            self._compressible = len(message) <= MIN_COMPRESSED_RATIO * record_bytes(batch)
+            if not self._compressible:
+                message = None
+        if message is None:
+            message = self._plain.encode(batch)
+        crc = crc32(message)
+        blocks = self._blocks
+        blocks["byte_offset"].append(self.position)
+        blocks["byte_length"].append(BLOCK_PREFIX.size + len(message))
+        blocks["rows"].append(batch.num_rows)
+        blocks["crc32"].append(crc)
+        blocks["first_delta"].append(int(batch.column(0)[0].as_py()))
+        self._write(BLOCK_PREFIX.pack(len(message), crc))
+        self._write(message)
 
     # -- the end --------------------------------------------------------------------------------------
 
@@ -395,7 +419,6 @@ class SegmentWriter:
         self._write(footer)
         self._write(TRAILER.pack(footer_position, FOOTER_PREFIX.size + len(footer), FORMAT_VERSION, COMPRESSIONS.index(self.compression), MAGIC))
         self._finished = True
-        self._ipc.close()
         self.sections = infos
         return infos
 
