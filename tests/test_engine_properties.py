@@ -1,12 +1,15 @@
 """The engine against the reference model: random histories, several compaction rounds, advancing clocks.
 
-Each example creates three topics (compact, compact,delete, delete) with drawn configs, then runs a
-random program of produce steps and compaction steps (one level into the next, or a full sweep) while
-the clock moves forward. After every step, what `consume` reads must equal the model's log exactly, and
-the Kafka guarantees are checked against the produced history directly: surviving records are the
-produced ones at their offsets, every key's latest record survives (until its tombstone's horizon has
-passed), and no older value of a key ever comes back. Every example runs on a fresh catalog, half of them on
-SQLite and half on PostgreSQL.
+Each example creates three topics (compact, compact,delete, delete) with drawn configs and a drawn number
+of partitions (1 to 50), then runs a random program of produce steps and compaction steps (one level into
+the next, or a full sweep) while the clock moves forward. A produce step writes one L0 file: a few drawn
+records, and when drawn, one more record in every other partition of the topic, so files hold from one
+section to one per partition. After every step, what `consume` reads of each partition the step touched
+(the produced ones, or those of the compaction's input files) must equal the model's log exactly, and
+every partition is read after the last step; the Kafka guarantees are checked against the produced
+history directly: surviving records are the produced ones at their offsets, every key's latest record
+survives (until its tombstone's horizon has passed), and no older value of a key ever comes back. Every
+example runs on a fresh catalog, half of them on SQLite and half on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from logcompact.topics import Topic
 from tests.helpers import full_sweep, level_plans
 from tests.reference_model import ModelRecord, ReferenceLog
 
-PARTITIONS = 2
+MAX_PARTITIONS = 50
 START = 10_000_000
 BUFFER = 1 << 20
 
@@ -49,33 +52,44 @@ configs = st.fixed_dictionaries(
         "d": st.fixed_dictionaries({"cleanup.policy": st.just("delete"), "retention.ms": st.sampled_from(["-1", "2500"])}),
     }
 )
-keys = st.sampled_from([b"a", b"b", b"c", b"d", b"e", b"f"])
+KEYS = [b"a", b"b", b"c", b"d", b"e", b"f"]
+keys = st.sampled_from(KEYS)
 values = st.one_of(st.none(), st.binary(min_size=1, max_size=4))
+partition_counts = st.integers(1, MAX_PARTITIONS)
+# Partitions are drawn below MAX_PARTITIONS and taken modulo the example's count. The last element: whether
+# the file also gets one record in every other partition of the topic.
 produce_step = st.tuples(
     st.just("produce"),
     st.sampled_from(["c", "cd", "d"]),
-    st.lists(st.tuples(st.integers(0, PARTITIONS - 1), keys, values, st.integers(0, 600)), min_size=1, max_size=8),
+    st.lists(st.tuples(st.integers(0, MAX_PARTITIONS - 1), keys, values, st.integers(0, 600)), min_size=1, max_size=8),
+    st.booleans(),
 )
 compact_step = st.tuples(st.just("compact"), st.sampled_from([0, 1, 2, 3, "full"]), st.integers(0, 2500))
 programs = st.lists(st.one_of(produce_step, compact_step), min_size=2, max_size=24)
 
 
 class Harness:
-    def __init__(self, catalog: Catalog, topic_settings: dict[str, dict[str, str]], buffer_bytes: int = BUFFER) -> None:
+    def __init__(self, catalog: Catalog, topic_settings: dict[str, dict[str, str]], partitions: int, buffer_bytes: int = BUFFER) -> None:
         self.store = catalog.store
         self.catalog = catalog
         self.catalog.ensure_created(START)
         self.model = ReferenceLog()
         self.now = START
+        self.partitions = partitions
         self.buffer_bytes = buffer_bytes
         self.topics = {}
         for name, topic_config in topic_settings.items():
-            topic = Topic.create(name, PARTITIONS, topic_config, START)
+            topic = Topic.create(name, partitions, topic_config, START)
             self.catalog.create_topic(topic, START)
             self.topics[name] = topic
         self.compaction_clocks: list[int] = []
+        self.touched: set[tuple[str, int]] = set()  # the partitions the last step may have changed
 
-    def produce(self, topic: str, rows: list[tuple]) -> None:
+    def produce(self, topic: str, rows: list[tuple], every_partition: bool = False) -> None:
+        rows = [(p % self.partitions, key, value, back) for p, key, value, back in rows]
+        if every_partition:
+            drawn = {p for p, *_ in rows}
+            rows += [(p, KEYS[p % len(KEYS)], b"all-%d" % p, 0) for p in range(self.partitions) if p not in drawn]
         compacted = self.topics[topic].config.compacted
         records = [
             Record(p, key if compacted or key != b"f" else None, value if compacted else (value or b"-"), self.now - back)
@@ -86,6 +100,7 @@ class Harness:
         for record, offset in zip(records, future.result()):
             model_record = ModelRecord(offset, record.key, record.value, record.timestamp)
             self.model.produce(topic, record.partition, [model_record])
+        self.touched = {(topic, record.partition) for record in records}
 
     def compact(self, what, advance: int) -> None:
         self.now += advance
@@ -99,6 +114,7 @@ class Harness:
                 if p.target_level == what + 1 and p.inputs[0].level == what
             ]
             plan = plans[0] if plans else None
+        self.touched = set()
         if plan is None:
             return
         job: dict[tuple[str, int], set[int]] = {}
@@ -111,11 +127,15 @@ class Harness:
         commit_plan(self.catalog, plan, [result], self.now)
         self.model.compact(job, {n: t.config for n, t in self.topics.items()}, self.now, plan.deduplicate)
         self.compaction_clocks.append(self.now)
+        self.touched = set(job)
 
-    def check(self) -> None:
+    def check(self, everything: bool = False) -> None:
+        """Consume against the model: the partitions the last step touched, or `everything`."""
         snapshot = self.catalog.snapshot()
         for name, topic in self.topics.items():
-            for partition in range(PARTITIONS):
+            for partition in range(self.partitions):
+                if not everything and (name, partition) not in self.touched:
+                    continue
                 consumed = [
                     (r.offset, r.key, r.value, r.timestamp) for r in read_records(self.store, snapshot, name, partition)
                 ]
@@ -153,30 +173,33 @@ _SETTINGS = {
 
 @pytest.mark.parametrize("database", ["sqlite", "postgresql"])
 @settings(max_examples=75)
-@given(configs, programs)
+@given(configs, partition_counts, programs)
 # Found in review: a record wholly past retention still supersedes older values of its key.
-@example(_SETTINGS, [("produce", "cd", [(0, b"a", b"old", 0)]), ("produce", "cd", [(0, b"a", b"new", 600)]), ("compact", "full", 1000)])
+@example(_SETTINGS, 2, [("produce", "cd", [(0, b"a", b"old", 0)], False), ("produce", "cd", [(0, b"a", b"new", 600)], False), ("compact", "full", 1000)])
 # Found by this test: a young older value must not outlive the tombstone that supersedes it.
-@example(_SETTINGS, [("produce", "c", [(1, b"b", b"v", 0), (1, b"b", None, 331)]), ("compact", "full", 69), ("compact", "full", 0)])
+@example(_SETTINGS, 2, [("produce", "c", [(1, b"b", b"v", 0), (1, b"b", None, 331)], False), ("compact", "full", 69), ("compact", "full", 0)])
 # A tombstone whose horizon has passed stays while an older value of its key lives outside the job.
 @example(
     _SETTINGS,
+    2,
     [
-        ("produce", "c", [(0, b"a", b"old", 600)]),
+        ("produce", "c", [(0, b"a", b"old", 600)], False),
         ("compact", 0, 0), ("compact", 1, 0), ("compact", 2, 0),  # the old value reaches L3
-        ("produce", "c", [(0, b"a", None, 600)]),
+        ("produce", "c", [(0, b"a", None, 600)], False),
         ("compact", 0, 0), ("compact", 1, 0),  # the tombstone reaches L2, stamped
         ("compact", 2, 1000),  # horizon passed, but the old value lives in L3, outside this L2->L3 job
     ],
 )
-def test_engine_matches_the_reference_model(tmp_path_factory, make_catalog_url, database, topic_settings, program) -> None:
+def test_engine_matches_the_reference_model(
+    tmp_path_factory, make_catalog_url, database, topic_settings, partitions, program
+) -> None:
     catalog = Catalog(LocalStore(tmp_path_factory.mktemp("prop")), make_catalog_url(database))
-    harness = Harness(catalog, topic_settings)
+    harness = Harness(catalog, topic_settings, partitions)
     for step in program:
         if step[0] == "produce":
-            harness.produce(step[1], step[2])
+            harness.produce(step[1], step[2], step[3])
         else:
             harness.compact(step[1], step[2])
         harness.check()
     harness.compact("full", 10_000)  # a late sweep: horizons and retention have passed
-    harness.check()
+    harness.check(everything=True)
