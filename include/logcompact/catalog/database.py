@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from operator import itemgetter
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -77,8 +78,8 @@ def execute_many(connection: Connection, statement: Executable, rows: Sequence[d
         return
     compiled = statement.compile(dialect=connection.dialect)
     if compiled.positional:
-        names = compiled.positiontup
-        parameters: Sequence = [tuple(row[name] for name in names) for row in rows]
+        pick = itemgetter(*compiled.positiontup)
+        parameters: Sequence = [pick(row) for row in rows]
     else:
         parameters = rows
     connection.exec_driver_sql(str(compiled), parameters)
