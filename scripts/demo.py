@@ -1,8 +1,9 @@
 """`make demo`: the whole product on the embedded default (a local store, its catalog in SQLite beside the
 data), through the DAGs as Airflow runs them.
 
-A local store gets three topics (accounts: compact, clicks: delete, sessions: compact,delete) with skewed
-keys and tombstones, written by agents as 40 L0 files over the last three hours. Then `dag.test()` runs
+A local store gets three topics (accounts: compact, clicks: delete, sessions: compact,delete) of 100
+partitions each, with skewed keys and tombstones, written by agents as 40 L0 files over the last three
+hours, each file holding all 300 topic-partitions. Then `dag.test()` runs
 logcompact_compaction (the sensor sees 40 L0 files, L0 is split into L1), logcompact_max_lag_hourly (the
 oldest records are past their 2 h max lag: deduplicated into L2), logcompact_full_sweep_daily and
 logcompact_gc, each compaction through spark-submit with Spark in local mode. The report gives files and

@@ -1,6 +1,9 @@
 """The demos' library: `logcompact demo` (about a million records over three topics, read back, checked, swept)
 and the pieces of `make demo` (scripts/demo.py: skewed data for the DAGs, the per-level report, the check
-through consume). Everything goes through the catalog's API, on whichever database the cluster uses."""
+through consume). Everything goes through the catalog's API, on whichever database the cluster uses.
+
+Both demos' topics have 100 partitions each: every L0 file an agent writes holds a few hundred
+topic-partitions, as a WarpStream agent's files do."""
 
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from logcompact.ingest import Agent, Record
 from logcompact.store import ObjectStore
 from logcompact.topics import Topic
 
-PARTITIONS = 4
+PARTITIONS = 100
 BATCH = 10_000
 
 
