@@ -156,7 +156,7 @@ def test_a_flipped_byte_fails_the_block_checksum_before_decoding(tmp_path) -> No
     blob = bytearray(store.get("f.seg"))
     blob[infos[1].byte_offset + infos[1].byte_length - 5] ^= 0xFF
     store.put("bad.seg", bytes(blob))
-    with pytest.raises(ChecksumMismatchError, match=r"bad\.seg: block at byte \d+ failed its CRC-32 check"):
+    with pytest.raises(ChecksumMismatchError, match=r"bad\.seg: block at byte \d+ failed its CRC-32 check \(payload"):
         read_section(store, "bad.seg", infos[1])
     stream = BlockStream(store, "bad.seg")
     with pytest.raises(ChecksumMismatchError, match=r"bad\.seg: block at byte \d+ failed its CRC-32"):
@@ -225,3 +225,20 @@ def test_trailer_points_at_footer() -> None:
     assert blob[footer_position : footer_position + 4] == b"FOOT"
     assert footer_position + footer_length + 24 == len(blob)
     assert infos[0].tombstones == 1 and infos[0].last_delta == 5
+
+
+def test_pass_one_reads_a_blocks_index_and_skips_its_payload_unchecked(tmp_path) -> None:
+    store = LocalStore(tmp_path)
+    infos = _sample_file(store, sections=1, records=3000)
+    blob = bytearray(store.get("f.seg"))
+    blob[infos[0].byte_offset + infos[0].byte_length - 5] ^= 0xFF  # in the payload, at the end of the block
+    store.put("payload.seg", bytes(blob))
+    index = BlockStream(store, "payload.seg").next_batch(index_only=True)
+    assert index.schema.names == ["offset_delta", "timestamp", "key_hash"] and index.num_rows == 3000
+    with pytest.raises(ChecksumMismatchError, match=r"\(payload: expected"):
+        BlockStream(store, "payload.seg").next_batch()
+    blob = bytearray(store.get("f.seg"))
+    blob[infos[0].byte_offset + 40] ^= 0xFF  # in the index message
+    store.put("index.seg", bytes(blob))
+    with pytest.raises(ChecksumMismatchError, match=r"\(index: expected"):
+        BlockStream(store, "index.seg").next_batch(index_only=True)

@@ -59,7 +59,7 @@ from logcompact.engine.offset_map import CompactOffsetMap, OffsetMap
 from logcompact.engine.plan import Plan, TopicPartition
 from logcompact.engine.stats import CompactionStats, JobResult
 from logcompact.format import BlockStream, SegmentWriter
-from logcompact.format.layout import MAX_OFFSET_SPAN, SECTION_SCHEMA, key_hash_words
+from logcompact.format.layout import INDEX_COLUMNS, MAX_OFFSET_SPAN, SECTION_SCHEMA, key_hash_words
 from logcompact.format.reader import section_rows
 from logcompact.store.base import ObjectStore
 from logcompact.topics import TopicConfig
@@ -76,9 +76,10 @@ class _FileCursor:
     Small sections share a block: the block decoded last is kept, so the next section in it costs no read.
     Blocks holding no requested section are read past without being decoded."""
 
-    def __init__(self, store: ObjectStore, key: str) -> None:
+    def __init__(self, store: ObjectStore, key: str, index_only: bool) -> None:
         self.key = key
         self._stream = BlockStream(store, key)
+        self._index_only = index_only
         self._batch: pa.RecordBatch | None = None
         self._batch_position = -1
 
@@ -93,7 +94,7 @@ class _FileCursor:
             self._stream.advance_to(position)
         while True:
             self._batch_position = self._stream.position
-            self._batch = self._stream.next_batch()
+            self._batch = self._stream.next_batch(self._index_only)
             yield self._batch
 
     def close(self) -> None:
@@ -101,8 +102,8 @@ class _FileCursor:
         self._stream.close()
 
 
-# Pass 1 needs only these of each batch.
-PASS1_COLUMNS = ("offset_delta", "timestamp", "key_hash")
+# Pass 1 needs only these of each batch: a block's index part.
+PASS1_COLUMNS = INDEX_COLUMNS
 # Consecutive sections of a partition are processed as one batch of up to this many rows and bytes, so a
 # partition of many small sections costs a few vectorized steps, not a few per section.
 COALESCE_ROWS = 65536
@@ -313,8 +314,8 @@ def run_plan(store: ObjectStore, plan: Plan, offset_map: OffsetMap | None = None
         outputs = {
             content: _OutputFiles(store, plan, content, workdir) for content in ("compacted", "other")
         }
-        pass1 = _Cursors(store)
-        pass2 = _Cursors(store)
+        pass1 = _Cursors(store, index_only=True)
+        pass2 = _Cursors(store, index_only=False)
         try:
             for (topic, partition), sections in sorted(by_partition.items()):
                 config = plan.topics[topic].config
@@ -344,14 +345,15 @@ def run_plan(store: ObjectStore, plan: Plan, offset_map: OffsetMap | None = None
 class _Cursors:
     """The streams of one pass, opened on first use: at most one GET per input file."""
 
-    def __init__(self, store: ObjectStore) -> None:
+    def __init__(self, store: ObjectStore, index_only: bool) -> None:
         self._store = store
+        self._index_only = index_only
         self._open: dict[str, _FileCursor] = {}
 
     def rows(self, key: str, placed: CatalogSection) -> Iterator[pa.RecordBatch]:
         cursor = self._open.get(key)
         if cursor is None:
-            cursor = self._open[key] = _FileCursor(self._store, key)
+            cursor = self._open[key] = _FileCursor(self._store, key, self._index_only)
         return cursor.rows(placed)
 
     def close(self) -> None:

@@ -13,8 +13,8 @@ FORMAT_VERSION = 2
 
 # magic, version, compression (index into COMPRESSIONS), length of the Arrow schema message that follows
 FILE_HEADER = struct.Struct("<8sHHI")
-# length of the Arrow record batch message that follows, CRC-32 of that message
-BLOCK_PREFIX = struct.Struct("<II")
+# index message length and CRC-32, payload message length and CRC-32 (the two messages follow, in that order)
+BLOCK_PREFIX = struct.Struct("<IIII")
 # marker, footer length (after this prefix), CRC-32 of the footer
 FOOTER_PREFIX = struct.Struct("<4sII")
 FOOTER_MARKER = b"FOOT"
@@ -39,6 +39,13 @@ SECTION_SCHEMA = pa.schema(
         pa.field("delete_horizon", pa.int64()),
     ]
 )
+
+# A block stores the record schema's columns as two record batch messages: the index part, all that pass 1
+# of a compaction reads (it skips the payload's bytes unchecked and undecoded), and the payload part.
+INDEX_COLUMNS = ("offset_delta", "timestamp", "key_hash")
+PAYLOAD_COLUMNS = ("key", "value", "headers", "delete_horizon")
+INDEX_SCHEMA = pa.schema([SECTION_SCHEMA.field(name) for name in INDEX_COLUMNS])
+PAYLOAD_SCHEMA = pa.schema([SECTION_SCHEMA.field(name) for name in PAYLOAD_COLUMNS])
 
 # The footer's index: one row per section, in file order ((topic, partition) order).
 FOOTER_SECTIONS_SCHEMA = pa.schema(
@@ -65,7 +72,8 @@ FOOTER_BLOCKS_SCHEMA = pa.schema(
         pa.field("byte_offset", pa.uint64(), nullable=False),
         pa.field("byte_length", pa.uint32(), nullable=False),
         pa.field("rows", pa.uint32(), nullable=False),
-        pa.field("crc32", pa.uint32(), nullable=False),
+        pa.field("index_crc32", pa.uint32(), nullable=False),
+        pa.field("payload_crc32", pa.uint32(), nullable=False),
         pa.field("first_delta", pa.uint32(), nullable=False),
     ]
 )
@@ -114,9 +122,9 @@ class SectionInfo(NamedTuple):
 
     A section's records are rows `first_row` to `first_row + record_count` of the consecutive blocks that
     start at `byte_offset` and end at `byte_offset + byte_length`; small sections share a block, so several
-    sections may have one byte range. `crc32` is the CRC-32 of the section's first block message: each block
-    carries its own checksum, checked before it is decoded, and this one ties the catalog's record to the
-    file it names.
+    sections may have one byte range. `crc32` is the CRC-32 of the index message of the section's first block:
+    each block carries its own checksums, checked before it is decoded, and this one ties the catalog's
+    record to the file it names.
 
     The absolute first offset is not in the file: the catalog assigns it when the file is committed
     (see `logcompact.catalog`), which is what lets an agent write its file before offsets are assigned.

@@ -19,9 +19,11 @@ from logcompact.format.layout import (
     FILE_HEADER,
     FOOTER_MARKER,
     FOOTER_PREFIX,
+    INDEX_SCHEMA,
     FORMAT_VERSION,
     MAGIC,
     MAX_BLOCK_BYTES,
+    PAYLOAD_SCHEMA,
     SECTION_SCHEMA,
     TRAILER,
     SectionInfo,
@@ -57,18 +59,37 @@ def _check_schema(name: str, message: bytes) -> None:
         raise SegmentFormatError(f"{name}: its record schema is not the one of format version {FORMAT_VERSION}; the file is corrupt")
 
 
-def decode_block(name: str, position: int, message: memoryview | bytes, expected_crc: int) -> pa.RecordBatch:
-    """One block's record batch, once its message has passed its CRC-32 check."""
+def _check_crc(name: str, position: int, part: str, message: memoryview | bytes, expected: int) -> None:
     found = crc32(message)
-    if found != expected_crc:
+    if found != expected:
         raise ChecksumMismatchError(
-            f"{name}: block at byte {position} failed its CRC-32 check (expected {expected_crc:#010x}, "
+            f"{name}: block at byte {position} failed its CRC-32 check ({part}: expected {expected:#010x}, "
             f"found {found:#010x}); the file is corrupt, restore it from a copy"
         )
+
+
+def _decode(name: str, position: int, message: memoryview | bytes, schema: pa.Schema) -> pa.RecordBatch:
     try:
-        return pa.ipc.read_record_batch(pa.ipc.read_message(pa.py_buffer(message)), SECTION_SCHEMA)
+        return pa.ipc.read_record_batch(pa.ipc.read_message(pa.py_buffer(message)), schema)
     except (pa.ArrowInvalid, OSError) as exc:
-        raise SegmentFormatError(f"{name}: block at byte {position} passed its checksum but is not a record batch ({exc})") from None
+        raise SegmentFormatError(f"{name}: block at byte {position} passed its checksums but is not a record batch ({exc})") from None
+
+
+def decode_block(
+    name: str, position: int, index: memoryview | bytes, index_crc: int, payload: memoryview | bytes | None, payload_crc: int
+) -> pa.RecordBatch:
+    """A block's records once its messages have passed their CRC-32 checks: every column (SECTION_SCHEMA), or
+    only the index columns (INDEX_SCHEMA) when `payload` is None."""
+    _check_crc(name, position, "index", index, index_crc)
+    index_batch = _decode(name, position, index, INDEX_SCHEMA)
+    if payload is None:
+        return index_batch
+    _check_crc(name, position, "payload", payload, payload_crc)
+    payload_batch = _decode(name, position, payload, PAYLOAD_SCHEMA)
+    if payload_batch.num_rows != index_batch.num_rows:
+        raise SegmentFormatError(f"{name}: block at byte {position} holds {index_batch.num_rows} index rows but {payload_batch.num_rows} payload rows; the file is corrupt")
+    columns = {**dict(zip(INDEX_SCHEMA.names, index_batch.columns)), **dict(zip(PAYLOAD_SCHEMA.names, payload_batch.columns))}
+    return pa.RecordBatch.from_arrays([columns[name] for name in SECTION_SCHEMA.names], schema=SECTION_SCHEMA)
 
 
 def iter_blocks(name: str, data: memoryview | bytes, position: int) -> Iterator[tuple[int, pa.RecordBatch]]:
@@ -78,11 +99,15 @@ def iter_blocks(name: str, data: memoryview | bytes, position: int) -> Iterator[
     while at < len(view):
         if len(view) - at < BLOCK_PREFIX.size:
             raise SegmentFormatError(f"{name}: truncated block at byte {position + at}; the file is incomplete")
-        length, crc = BLOCK_PREFIX.unpack_from(view, at)
-        end = at + BLOCK_PREFIX.size + length
+        index_length, index_crc, payload_length, payload_crc = BLOCK_PREFIX.unpack_from(view, at)
+        index_start = at + BLOCK_PREFIX.size
+        end = index_start + index_length + payload_length
         if end > len(view):
             raise SegmentFormatError(f"{name}: block at byte {position + at} runs past the bytes read; the file is incomplete or the catalog is wrong")
-        yield position + at, decode_block(name, position + at, view[at + BLOCK_PREFIX.size : end], crc)
+        payload_start = index_start + index_length
+        yield position + at, decode_block(
+            name, position + at, view[index_start:payload_start], index_crc, view[payload_start:end], payload_crc
+        )
         at = end
 
 
@@ -125,7 +150,7 @@ def read_section(store: ObjectStore, key: str, info: SectionInfo) -> Section:
     data = store.get_range(key, info.byte_offset, info.byte_length)
     if len(data) != info.byte_length:
         raise SegmentFormatError(f"{key}: section {info.topic}/{info.partition} at byte {info.byte_offset} is cut short; the file is incomplete")
-    first_crc = BLOCK_PREFIX.unpack_from(data, 0)[1] if len(data) >= BLOCK_PREFIX.size else None
+    first_crc = BLOCK_PREFIX.unpack_from(data, 0)[1] if len(data) >= BLOCK_PREFIX.size else None  # its index CRC
     if first_crc != info.crc32:
         raise ChecksumMismatchError(
             f"{key}: section {info.topic}/{info.partition} at byte {info.byte_offset} is not the block the catalog "
@@ -147,7 +172,8 @@ class Footer:
     block_offsets: np.ndarray
     block_lengths: np.ndarray
     block_rows: np.ndarray
-    block_crcs: np.ndarray
+    block_index_crcs: np.ndarray
+    block_payload_crcs: np.ndarray
     block_first_deltas: np.ndarray
 
     def blocks_of(self, info: SectionInfo) -> range:
@@ -201,12 +227,15 @@ def parse_footer(name: str, footer: bytes, compression: str) -> Footer:
             SectionInfo(
                 columns["topic"][i], columns["partition"][i], columns["record_count"][i], columns["last_delta"][i],
                 columns["min_timestamp"][i], columns["max_timestamp"][i], columns["tombstones"][i],
-                columns["uncompressed_bytes"][i], compression, int(block["crc32"][first]), start,
+                columns["uncompressed_bytes"][i], compression, int(block["index_crc32"][first]), start,
                 int(block["byte_offset"][last] + block["byte_length"][last]) - start, columns["clean_below_delta"][i],
                 columns["key_sketch"][i], columns["first_row"][i],
             )
         )
-    return Footer(infos, columns["offset_bitmap"], block["byte_offset"], block["byte_length"], block["rows"], block["crc32"], block["first_delta"])
+    return Footer(
+        infos, columns["offset_bitmap"], block["byte_offset"], block["byte_length"], block["rows"], block["index_crc32"],
+        block["payload_crc32"], block["first_delta"],
+    )
 
 
 def _last_block(rows: np.ndarray, first: int, first_row: int, count: int) -> int:
@@ -248,32 +277,38 @@ class BlockStream:
         self.position += len(data)
         return data
 
-    def _prefix(self) -> tuple[int, int]:
+    def _prefix(self) -> tuple[int, int, int, int]:
         prefix = self._read_exact(BLOCK_PREFIX.size)
         if prefix[:4] == FOOTER_MARKER or len(prefix) != BLOCK_PREFIX.size:
             raise SegmentFormatError(f"{self.key}: no block at byte {self.position - len(prefix)} although the catalog lists one; the file is corrupt or not the one the catalog records")
-        length, crc = BLOCK_PREFIX.unpack(prefix)
-        if length > MAX_BLOCK_BYTES:
-            raise SegmentFormatError(f"{self.key}: block at byte {self.position - BLOCK_PREFIX.size} claims {length} bytes; the file is corrupt")
-        return length, crc
+        index_length, index_crc, payload_length, payload_crc = BLOCK_PREFIX.unpack(prefix)
+        if index_length + payload_length > MAX_BLOCK_BYTES:
+            raise SegmentFormatError(f"{self.key}: block at byte {self.position - BLOCK_PREFIX.size} claims {index_length + payload_length} bytes; the file is corrupt")
+        return index_length, index_crc, payload_length, payload_crc
+
+    def _read_part(self, length: int, at: int) -> bytes:
+        data = self._read_exact(length)
+        if len(data) != length:
+            raise SegmentFormatError(f"{self.key}: truncated in the block at byte {at}; the file is incomplete")
+        return data
 
     def advance_to(self, position: int) -> None:
         """Read past whole blocks up to byte `position`, the start of a block."""
         while self.position < position:
-            length, _crc = self._prefix()
-            skipped = self._read_exact(length)
-            if len(skipped) != length:
-                raise SegmentFormatError(f"{self.key}: truncated at byte {self.position}; the file is incomplete")
+            at = self.position
+            index_length, _, payload_length, _ = self._prefix()
+            self._read_part(index_length + payload_length, at)
         if self.position != position:
             raise SegmentFormatError(f"{self.key}: no block starts at byte {position}; the catalog does not match the file")
 
-    def next_batch(self) -> pa.RecordBatch:
+    def next_batch(self, index_only: bool = False) -> pa.RecordBatch:
+        """The next block's records; with `index_only`, only its index columns, and its payload's bytes are
+        read past without being checked or decoded (pass 1 of a compaction needs nothing else)."""
         at = self.position
-        length, crc = self._prefix()
-        message = self._read_exact(length)
-        if len(message) != length:
-            raise SegmentFormatError(f"{self.key}: truncated in the block at byte {at}; the file is incomplete")
-        return decode_block(self.key, at, message, crc)
+        index_length, index_crc, payload_length, payload_crc = self._prefix()
+        index = self._read_part(index_length, at)
+        payload = self._read_part(payload_length, at)
+        return decode_block(self.key, at, index, index_crc, None if index_only else payload, payload_crc)
 
     def close(self) -> None:
         self._stream.close()

@@ -26,8 +26,10 @@ from logcompact.format.layout import (
     FOOTER_SECTIONS_SCHEMA,
     FORMAT_VERSION,
     HEADERS_TYPE,
+    INDEX_SCHEMA,
     MAGIC,
     MAX_OFFSET_SPAN,
+    PAYLOAD_SCHEMA,
     SECTION_SCHEMA,
     TRAILER,
     SectionInfo,
@@ -41,6 +43,8 @@ from logcompact.format.layout import (
 PACK_BYTES = 64 * 1024
 # A block is stored compressed only when that saves at least a tenth of its size.
 MIN_COMPRESSED_RATIO = 0.9
+# Arrow bytes per row of a block's index part (offset delta, timestamp, key hash).
+INDEX_ROW_BYTES = 4 + 8 + 16
 RETRY_COMPRESSION_EVERY = 16
 BLOCK_BYTES = 1024 * 1024
 BLOCK_ROWS = 65536
@@ -115,13 +119,13 @@ class _Section:
 
 
 class _MessageEncoder:
-    """Record batches as Arrow IPC record batch messages (the blocks' contents), with one compression."""
+    """Record batches of one schema as Arrow IPC record batch messages, with one compression."""
 
-    def __init__(self, compression: str) -> None:
+    def __init__(self, schema: pa.Schema, compression: str) -> None:
         self._sink = io.BytesIO()
         options = pa.ipc.IpcWriteOptions(compression=None if compression == "none" else compression)
-        self._writer = pa.ipc.new_stream(self._sink, SECTION_SCHEMA, options=options)
-        self._skip = len(SECTION_SCHEMA.serialize())  # the stream's first output starts with the schema message
+        self._writer = pa.ipc.new_stream(self._sink, schema, options=options)
+        self._skip = len(schema.serialize())  # the stream's first output starts with the schema message
 
     def encode(self, batch: pa.RecordBatch) -> bytes:
         self._writer.write_batch(batch)
@@ -131,6 +135,30 @@ class _MessageEncoder:
         self._sink.truncate()
         self._skip = 0
         return message
+
+
+class _PartEncoder:
+    """One part of every block (index or payload), compressed only where that pays: incompressible records
+    (random or already compressed values) are stored plain, which costs a little space and saves every
+    reader a decompression pass. After a block that did not compress, the next ones are tried only now
+    and then, so such a file is not compressed twice over."""
+
+    def __init__(self, schema: pa.Schema, compression: str) -> None:
+        self._names = schema.names
+        self._compressed = _MessageEncoder(schema, compression) if compression != "none" else None
+        self._plain = _MessageEncoder(schema, "none")
+        self._compressible = True
+        self._tries = 0
+
+    def encode(self, batch: pa.RecordBatch, size: int) -> bytes:
+        part = batch.select(self._names)
+        if self._compressed is not None and (self._compressible or self._tries % RETRY_COMPRESSION_EVERY == 0):
+            message = self._compressed.encode(part)
+            self._compressible = len(message) <= MIN_COMPRESSED_RATIO * size
+            if self._compressible:
+                return message
+        self._tries += 1
+        return self._plain.encode(part)
 
 
 class SectionBuilder:
@@ -213,10 +241,9 @@ class SegmentWriter:
         self._finished = False
         self._open: SectionBuilder | None = None
         self._sections: list[_Section] = []
-        # Blocks: each is one record batch message of an Arrow IPC stream whose schema message is the header's.
-        self._compressed = _MessageEncoder(compression)
-        self._compressible = True
-        self._plain = _MessageEncoder("none")
+        # Blocks: each holds its rows' index columns and payload columns as two record batch messages.
+        self._index = _PartEncoder(INDEX_SCHEMA, compression)
+        self._payload = _PartEncoder(PAYLOAD_SCHEMA, compression)
         schema_message = SECTION_SCHEMA.serialize().to_pybytes()
         self._pending: list[pa.RecordBatch] = []
         self._pending_rows = 0
@@ -371,26 +398,20 @@ class SegmentWriter:
 
     def _emit_block(self, rows: pa.RecordBatch | pa.Table) -> None:
         batch = rows if isinstance(rows, pa.RecordBatch) else rows.combine_chunks().to_batches()[0]
-        # Incompressible records (random or already compressed values) are stored plain: that costs a little
-        # space and saves every reader a decompression pass. After a block that did not compress, the next
-        # ones are tried only now and then, so such a file is not compressed twice over.
-        message = None
-        if self.compression != "none" and (self._compressible or len(self._blocks["rows"]) % RETRY_COMPRESSION_EVERY == 0):
-            message = self._compressed.encode(batch)
-            self._compressible = len(message) <= MIN_COMPRESSED_RATIO * record_bytes(batch)
-            if not self._compressible:
-                message = None
-        if message is None:
-            message = self._plain.encode(batch)
-        crc = crc32(message)
+        index_size = batch.num_rows * INDEX_ROW_BYTES
+        index = self._index.encode(batch, index_size)
+        payload = self._payload.encode(batch, record_bytes(batch) - index_size)
+        index_crc, payload_crc = crc32(index), crc32(payload)
         blocks = self._blocks
         blocks["byte_offset"].append(self.position)
-        blocks["byte_length"].append(BLOCK_PREFIX.size + len(message))
+        blocks["byte_length"].append(BLOCK_PREFIX.size + len(index) + len(payload))
         blocks["rows"].append(batch.num_rows)
-        blocks["crc32"].append(crc)
+        blocks["index_crc32"].append(index_crc)
+        blocks["payload_crc32"].append(payload_crc)
         blocks["first_delta"].append(int(batch.column(0)[0].as_py()))
-        self._write(BLOCK_PREFIX.pack(len(message), crc))
-        self._write(message)
+        self._write(BLOCK_PREFIX.pack(len(index), index_crc, len(payload), payload_crc))
+        self._write(index)
+        self._write(payload)
 
     # -- the end --------------------------------------------------------------------------------------
 
@@ -401,7 +422,7 @@ class SegmentWriter:
         self._flush_block()
         blocks = self._blocks
         infos = []
-        block_offsets, block_lengths, block_crcs = blocks["byte_offset"], blocks["byte_length"], blocks["crc32"]
+        block_offsets, block_lengths, block_crcs = blocks["byte_offset"], blocks["byte_length"], blocks["index_crc32"]
         for section in self._sections:
             last = section.last_block
             start = block_offsets[section.first_block]
