@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import array
 import io
+from itertools import repeat
 from typing import BinaryIO, Iterable, Sequence
 
 import numpy as np
@@ -95,7 +96,7 @@ def _offset_bitmap(deltas: np.ndarray) -> bytes:
 
 
 class _Section:
-    """A section's place and summary while its file is written; its byte range is known once its blocks are."""
+    """The section a builder is writing; once finished, its fields join the writer's columns."""
 
     __slots__ = ("topic", "partition", "first_block", "first_row", "last_block", "record_count", "last_delta",
                  "min_timestamp", "max_timestamp", "tombstones", "uncompressed_bytes", "clean_below_delta",
@@ -221,7 +222,7 @@ class SectionBuilder:
         if not self._contiguous:
             section.offset_bitmap = _offset_bitmap(np.concatenate(self._deltas))
         self._deltas = []
-        self._writer._section_done()
+        self._writer._section_done(section)
 
 
 class SegmentWriter:
@@ -240,7 +241,8 @@ class SegmentWriter:
         self.position = 0
         self._finished = False
         self._open: SectionBuilder | None = None
-        self._sections: list[_Section] = []
+        # The sections written, as columns (a file may hold 10,000: no object per section).
+        self._written: dict[str, list] = {name: [] for name in _Section.__slots__}
         # Blocks: each holds its rows' index columns and payload columns as two record batch messages.
         self._index = _PartEncoder(INDEX_SCHEMA, compression)
         self._payload = _PartEncoder(PAYLOAD_SCHEMA, compression)
@@ -263,30 +265,32 @@ class SegmentWriter:
 
     # -- sections -------------------------------------------------------------------------------------
 
-    def _check_order(self, topic: str, partition: int) -> None:
+    def _check_order(self, slots: Sequence[tuple[str, int]]) -> None:
         if self._finished or self._open is not None:
             raise RuntimeError("a section begun while another is open or after finish")
-        if self._sections:
-            last = self._sections[-1]
-            if (topic, partition) <= (last.topic, last.partition):
+        index = self._written
+        previous = (index["topic"][-1], index["partition"][-1]) if index["topic"] else None
+        for slot in slots:
+            if previous is not None and slot <= previous:
                 raise ValueError(
-                    f"section {topic}/{partition} written after {last.topic}/{last.partition}: "
+                    f"section {slot[0]}/{slot[1]} written after {previous[0]}/{previous[1]}: "
                     "sections must be in (topic, partition) order, one per topic-partition"
                 )
+            previous = slot
 
     def _new_section(self, topic: str, partition: int) -> _Section:
-        self._check_order(topic, partition)
-        section = _Section(topic, partition, len(self._blocks["byte_offset"]), self._pending_rows)
-        self._sections.append(section)
-        return section
+        self._check_order([(topic, partition)])
+        return _Section(topic, partition, len(self._blocks["byte_offset"]), self._pending_rows)
 
     def begin_section(self, topic: str, partition: int) -> SectionBuilder:
         self._open = SectionBuilder(self, topic, partition)
         return self._open
 
-    def _section_done(self) -> None:
+    def _section_done(self, section: _Section) -> None:
         # The section's last row is in the pending block, or ended the block just written.
-        self._sections[-1].last_block = len(self._blocks["byte_offset"]) - (0 if self._pending_rows else 1)
+        section.last_block = len(self._blocks["byte_offset"]) - (0 if self._pending_rows else 1)
+        for name, column in self._written.items():
+            column.append(getattr(section, name))
         self._open = None
         if self._pending_bytes >= PACK_BYTES:
             self._flush_block()
@@ -330,36 +334,47 @@ class SegmentWriter:
         words = key_hash_words(key_hash)[:, 1]
         sketches = sketch.encode_many(owner if keyed is None else owner[keyed], words if keyed is None else words[keyed], len(slots))
 
+        self._check_order(slots)
+        first_blocks, first_rows, last_blocks = [], [], []
+        starts_list, ends_list, bytes_list = starts.tolist(), ends.tolist(), section_bytes.tolist()
+        blocks_written = self._blocks["byte_offset"]
         batch_start = 0
         pending_bytes = 0
-        for number, (topic, partition) in enumerate(slots):
-            section = self._new_section(topic, partition)
-            section.first_block = len(self._blocks["byte_offset"])
-            section.first_row = int(starts[number]) - batch_start
-            count = int(counts_array[number])
-            section.record_count = count
-            section.last_delta = int(deltas[ends[number] - 1])
-            section.min_timestamp = int(min_ts[number])
-            section.max_timestamp = int(max_ts[number])
-            section.tombstones = int(tombstones[number])
-            section.uncompressed_bytes = int(section_bytes[number])
-            section.key_sketch = sketches[number]
-            if section.last_delta + 1 != count:
-                section.offset_bitmap = _offset_bitmap(deltas[starts[number] : ends[number]])
+        for start, end, size in zip(starts_list, ends_list, bytes_list):
+            first_block, first_row = len(blocks_written), start - batch_start
             # Blocks inside a big section, then one at the section's end once the block is full enough.
-            pending_bytes += int(section_bytes[number])
-            end = int(ends[number])
+            pending_bytes += size
             while pending_bytes > BLOCK_BYTES or end - batch_start > BLOCK_ROWS:
                 cut = _cut_row(row_bytes, batch_start, end)
                 self._emit_block(table.slice(batch_start, cut - batch_start))
                 pending_bytes -= int(row_bytes[batch_start:cut].sum())
-                if cut <= starts[number]:  # the block filled before this section's first row
-                    section.first_block, section.first_row = len(self._blocks["byte_offset"]), int(starts[number]) - cut
+                if cut <= start:  # the block filled before this section's first row
+                    first_block, first_row = len(blocks_written), start - cut
                 batch_start = cut
-            section.last_block = len(self._blocks["byte_offset"]) - (0 if end > batch_start else 1)
+            first_blocks.append(first_block)
+            first_rows.append(first_row)
+            last_blocks.append(len(blocks_written) - (0 if end > batch_start else 1))
             if pending_bytes >= PACK_BYTES:
                 self._emit_block(table.slice(batch_start, end - batch_start))
                 batch_start, pending_bytes = end, 0
+        index = self._written
+        index["topic"] += [topic for topic, _ in slots]
+        index["partition"] += [partition for _, partition in slots]
+        index["first_block"] += first_blocks
+        index["first_row"] += first_rows
+        index["last_block"] += last_blocks
+        index["record_count"] += counts_array.tolist()
+        index["last_delta"] += deltas[ends - 1].tolist()
+        index["min_timestamp"] += min_ts.tolist()
+        index["max_timestamp"] += max_ts.tolist()
+        index["tombstones"] += tombstones.tolist()
+        index["uncompressed_bytes"] += bytes_list
+        index["clean_below_delta"] += [0] * len(slots)
+        index["key_sketch"] += sketches
+        index["offset_bitmap"] += [
+            b"" if last + 1 == count else _offset_bitmap(deltas[start:end])
+            for last, count, start, end in zip(index["last_delta"][-len(slots):], counts_array.tolist(), starts_list, ends_list)
+        ]
         if batch_start < table.num_rows:
             self._pending = [table.slice(batch_start).combine_chunks().to_batches()[0]]
             self._pending_rows, self._pending_bytes = table.num_rows - batch_start, pending_bytes
@@ -418,23 +433,21 @@ class SegmentWriter:
     def finish(self) -> list[SectionInfo]:
         """Write the last block, the footer and the trailer; returns the sections written."""
         if self._open is not None:
-            raise RuntimeError(f"section {self._sections[-1].topic}/{self._sections[-1].partition} is still open")
+            raise RuntimeError(f"section {self._open._section.topic}/{self._open._section.partition} is still open")
         self._flush_block()
-        blocks = self._blocks
-        infos = []
-        block_offsets, block_lengths, block_crcs = blocks["byte_offset"], blocks["byte_length"], blocks["index_crc32"]
-        for section in self._sections:
-            last = section.last_block
-            start = block_offsets[section.first_block]
-            infos.append(
-                SectionInfo(
-                    section.topic, section.partition, section.record_count, section.last_delta, section.min_timestamp,
-                    section.max_timestamp, section.tombstones, section.uncompressed_bytes, self.compression,
-                    block_crcs[section.first_block], start, block_offsets[last] + block_lengths[last] - start,
-                    section.clean_below_delta, section.key_sketch, section.first_row,
-                )
-            )
-        footer = _footer(self._sections, blocks)
+        blocks, index = self._blocks, self._written
+        offsets, lengths = np.asarray(blocks["byte_offset"], dtype=np.int64), np.asarray(blocks["byte_length"], dtype=np.int64)
+        first, last = np.asarray(index["first_block"], dtype=np.intp), np.asarray(index["last_block"], dtype=np.intp)
+        starts = offsets[first] if len(offsets) else np.zeros(0, dtype=np.int64)
+        spans = offsets[last] + lengths[last] - starts if len(offsets) else np.zeros(0, dtype=np.int64)
+        crcs = np.asarray(blocks["index_crc32"], dtype=np.int64)[first] if len(offsets) else np.zeros(0, dtype=np.int64)
+        infos = list(map(SectionInfo._make, zip(
+            index["topic"], index["partition"], index["record_count"], index["last_delta"], index["min_timestamp"],
+            index["max_timestamp"], index["tombstones"], index["uncompressed_bytes"], repeat(self.compression),
+            crcs.tolist(), starts.tolist(), spans.tolist(), index["clean_below_delta"], index["key_sketch"],
+            index["first_row"],
+        )))
+        footer = _footer(index, blocks)
         footer_position = self.position
         self._write(FOOTER_PREFIX.pack(FOOTER_MARKER, len(footer), crc32(footer)))
         self._write(footer)
@@ -461,11 +474,10 @@ def _cut_row(row_bytes: np.ndarray, start: int, end: int) -> int:
     return start + max(1, int(np.searchsorted(filled, BLOCK_BYTES, side="right")))
 
 
-def _footer(sections: list[_Section], blocks: dict[str, list[int]]) -> bytes:
+def _footer(sections: dict[str, list], blocks: dict[str, list[int]]) -> bytes:
     """The footer: the section index and the block index, each an Arrow IPC stream compressed with zstd."""
-    section_columns = {name: [getattr(s, name) for s in sections] for name in FOOTER_SECTIONS_SCHEMA.names}
     parts = []
-    for schema, columns in ((FOOTER_SECTIONS_SCHEMA, section_columns), (FOOTER_BLOCKS_SCHEMA, blocks)):
+    for schema, columns in ((FOOTER_SECTIONS_SCHEMA, sections), (FOOTER_BLOCKS_SCHEMA, blocks)):
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as writer:
             writer.write_batch(pa.record_batch([pa.array(columns[f.name], f.type) for f in schema], schema=schema))
