@@ -171,34 +171,59 @@ def read_records(
 def latest_values(store: ObjectStore, snapshot: Snapshot, topic: str, partition: int) -> pa.Table:
     """The materialized view of a partition: each key's latest record, unless that record is a tombstone.
 
-    Columns offset, timestamp, key, value, headers, in offset order; keyless records are left out. Memory
-    stays near the view's own size: records are read block by block, and whenever the rows held reach twice
-    what the last reduction kept, they are reduced again to the latest row of each key hash.
+    Columns offset, timestamp, key, value, headers, in offset order; keyless records are left out. Two reads,
+    as the compactor does, so memory stays near the view's own size: the first keeps only each key hash's
+    latest offset (24 bytes a key), the second keeps only the records at those offsets.
     """
     partitions = snapshot.topic(topic).partitions
     if not 0 <= partition < partitions:
         raise InvalidRecordError(f"topic {topic!r} has partitions 0 to {partitions - 1}, not {partition}")
-    held: list[pa.Table] = []
-    rows, kept = 0, 0
-    for table in _read(store, snapshot.sections_of(topic, partition), 0, None, (*_RECORD_COLUMNS, "key_hash")):
-        table = table.filter(pc.is_valid(table.column("key")))
-        held.append(table)
-        rows += table.num_rows
-        if rows >= max(2 * kept, 1 << 20):
-            held = [_latest_per_key(held)]
-            rows = kept = held[0].num_rows
-    view = _latest_per_key(held) if held else pa.Table.from_arrays([pa.array([], f.type) for f in RECORD_SCHEMA], schema=RECORD_SCHEMA)
-    view = view.filter(pc.is_valid(view.column("value")))
-    return view.select(list(RECORD_SCHEMA.names)).cast(RECORD_SCHEMA)
+    sections = snapshot.sections_of(topic, partition)
+    latest = _LatestOffsets()
+    for table in _read(store, sections, 0, None, ("key_hash",)):
+        keyed = table.filter(pc.is_valid(table.column("key_hash")))
+        latest.add(key_hash_words(keyed.column("key_hash")), keyed.column("offset").to_numpy())
+    wanted = latest.offsets()
+    kept = []
+    for table in _read(store, sections, 0, None, _RECORD_COLUMNS):
+        offsets = table.column("offset").to_numpy()
+        at = np.minimum(np.searchsorted(wanted, offsets), max(len(wanted) - 1, 0))
+        is_latest = wanted[at] == offsets if len(wanted) else np.zeros(len(offsets), dtype=bool)
+        kept.append(table.filter(pc.and_(pa.array(is_latest), pc.is_valid(table.column("value")))))
+    if not kept:
+        return RECORD_SCHEMA.empty_table()
+    return pa.concat_tables(kept).cast(RECORD_SCHEMA)
 
 
-def _latest_per_key(tables: list[pa.Table]) -> pa.Table:
-    """Of rows in offset order, the last of each key hash, in offset order."""
-    table = pa.concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0]
-    words = key_hash_words(table.column("key_hash"))
-    offsets = table.column("offset").to_numpy()
-    order = np.lexsort((offsets, words[:, 1], words[:, 0]))
-    high, low = words[order, 0], words[order, 1]
-    last = np.ones(len(order), dtype=bool)
-    last[:-1] = (high[1:] != high[:-1]) | (low[1:] != low[:-1])
-    return table.take(np.sort(order[last]))
+class _LatestOffsets:
+    """Each key hash's latest offset, from (hash words, offset) chunks in offset order, reduced whenever what
+    is held doubles."""
+
+    def __init__(self) -> None:
+        self._chunks: list[np.ndarray] = []  # rows of (high word, low word, offset)
+        self._held = 0
+        self._kept = 0
+
+    def add(self, words: np.ndarray, offsets: np.ndarray) -> None:
+        if not len(offsets):
+            return
+        self._chunks.append(np.column_stack((words.view(np.int64), offsets.astype(np.int64))))
+        self._held += len(offsets)
+        if self._held >= max(2 * self._kept, 1 << 20):
+            self._reduce()
+
+    def _reduce(self) -> None:
+        rows = np.concatenate(self._chunks) if len(self._chunks) > 1 else self._chunks[0]
+        order = np.lexsort((rows[:, 2], rows[:, 1], rows[:, 0]))
+        rows = rows[order]
+        last = np.ones(len(rows), dtype=bool)
+        last[:-1] = (rows[1:, 0] != rows[:-1, 0]) | (rows[1:, 1] != rows[:-1, 1])
+        self._chunks = [rows[last]]
+        self._held = self._kept = len(self._chunks[0])
+
+    def offsets(self) -> np.ndarray:
+        """The latest offsets, sorted."""
+        if not self._chunks:
+            return np.zeros(0, dtype=np.int64)
+        self._reduce()
+        return np.sort(self._chunks[0][:, 2])
