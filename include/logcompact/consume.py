@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from logcompact.catalog import CatalogSection, Snapshot
 from logcompact.exceptions import InvalidRecordError
 from logcompact.format import read_footer, read_section
-from logcompact.format.layout import HEADERS_TYPE, key_hash_words
+from logcompact.format.layout import HEADERS_TYPE, INDEX_COLUMNS, key_hash_words
 from logcompact.format.reader import iter_blocks
 from logcompact.store.base import ObjectStore
 
@@ -65,11 +65,14 @@ def _overlapping_runs(sections: Iterable[SectionRef]) -> Iterator[list[SectionRe
         yield run
 
 
-def _section_batches(store: ObjectStore, key: str, section: CatalogSection, from_offset: int) -> Iterator[pa.RecordBatch]:
-    """A section's records (SECTION_SCHEMA), from the block holding `from_offset` when the section is long."""
+def _section_batches(
+    store: ObjectStore, key: str, section: CatalogSection, from_offset: int, index_only: bool
+) -> Iterator[pa.RecordBatch]:
+    """A section's records (SECTION_SCHEMA, or its index columns), from the block holding `from_offset` when
+    the section is long."""
     info = section.info
     if info.byte_length <= SEEK_BYTES:
-        yield from read_section(store, key, info).batches
+        yield from read_section(store, key, info, index_only).batches
         return
     footer = read_footer(store, key)
     blocks = footer.blocks_of(info)
@@ -89,7 +92,7 @@ def _section_batches(store: ObjectStore, key: str, section: CatalogSection, from
         while end < blocks.stop and block != first and footer.block_offsets[end] + footer.block_lengths[end] - start <= CHUNK_BYTES:
             end += 1
         length = int(footer.block_offsets[end - 1] + footer.block_lengths[end - 1]) - start
-        for _, batch in iter_blocks(key, store.get_range(key, start, length), start):
+        for _, batch in iter_blocks(key, store.get_range(key, start, length), start, index_only):
             piece = batch.slice(skip, left)
             skip, left = 0, left - piece.num_rows
             if piece.num_rows:
@@ -134,12 +137,18 @@ _RECORD_COLUMNS = ("timestamp", "key", "value", "headers")
 def _read(
     store: ObjectStore, sections: Iterable[SectionRef], from_offset: int, to_offset: int | None, columns: tuple[str, ...]
 ) -> Iterator[pa.Table]:
+    index_only = set(columns) <= set(INDEX_COLUMNS)
     for run in _overlapping_runs(sections):
         if len(run) == 1:
             key, section = run[0]
-            tables: Iterable[pa.Table] = _records_table(_section_batches(store, key, section, from_offset), section.first_offset, columns)
+            batches = _section_batches(store, key, section, from_offset, index_only)
+            tables: Iterable[pa.Table] = _records_table(batches, section.first_offset, columns)
         else:
-            whole = [t for key, section in run for t in _records_table(_section_batches(store, key, section, 0), section.first_offset, columns)]
+            whole = [
+                table
+                for key, section in run
+                for table in _records_table(_section_batches(store, key, section, 0, index_only), section.first_offset, columns)
+            ]
             tables = [pa.concat_tables(whole).sort_by("offset")]
         for table in tables:
             offsets = table.column("offset")

@@ -92,8 +92,9 @@ def decode_block(
     return pa.RecordBatch.from_arrays([columns[name] for name in SECTION_SCHEMA.names], schema=SECTION_SCHEMA)
 
 
-def iter_blocks(name: str, data: memoryview | bytes, position: int) -> Iterator[tuple[int, pa.RecordBatch]]:
-    """(byte position, batch) of every block in `data`, the bytes of whole blocks from file byte `position`."""
+def iter_blocks(name: str, data: memoryview | bytes, position: int, index_only: bool = False) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """(byte position, batch) of every block in `data`, the bytes of whole blocks from file byte `position`;
+    with `index_only`, the index columns only (payloads neither checked nor decoded)."""
     view = memoryview(data)
     at = 0
     while at < len(view):
@@ -106,7 +107,7 @@ def iter_blocks(name: str, data: memoryview | bytes, position: int) -> Iterator[
             raise SegmentFormatError(f"{name}: block at byte {position + at} runs past the bytes read; the file is incomplete or the catalog is wrong")
         payload_start = index_start + index_length
         yield position + at, decode_block(
-            name, position + at, view[index_start:payload_start], index_crc, view[payload_start:end], payload_crc
+            name, position + at, view[index_start:payload_start], index_crc, None if index_only else view[payload_start:end], payload_crc
         )
         at = end
 
@@ -145,8 +146,9 @@ class Section:
         return BitMap(deltas.astype(np.uint32).tolist())
 
 
-def read_section(store: ObjectStore, key: str, info: SectionInfo) -> Section:
-    """One section by one ranged GET of its blocks, every block checked before it is decoded."""
+def read_section(store: ObjectStore, key: str, info: SectionInfo, index_only: bool = False) -> Section:
+    """One section by one ranged GET of its blocks, every block checked before it is decoded; with
+    `index_only`, only the index columns."""
     data = store.get_range(key, info.byte_offset, info.byte_length)
     if len(data) != info.byte_length:
         raise SegmentFormatError(f"{key}: section {info.topic}/{info.partition} at byte {info.byte_offset} is cut short; the file is incomplete")
@@ -156,7 +158,7 @@ def read_section(store: ObjectStore, key: str, info: SectionInfo) -> Section:
             f"{key}: section {info.topic}/{info.partition} at byte {info.byte_offset} is not the block the catalog "
             f"records (CRC-32 {info.crc32:#010x}, found {first_crc!r}); the file was replaced or is corrupt"
         )
-    batches = (batch for _, batch in iter_blocks(key, data, info.byte_offset))
+    batches = (batch for _, batch in iter_blocks(key, data, info.byte_offset, index_only))
     return Section(info, list(section_rows(batches, info.first_row, info.record_count)))
 
 
