@@ -48,6 +48,7 @@ airflow: install
 bench: install deps
 	$(BIN)/python bench/produce_consume.py
 	$(BIN)/python bench/engine.py
+	$(BIN)/python bench/partitions.py
 	$(BIN)/python bench/planner.py
 	$(BIN)/python bench/catalog.py
 	$(BIN)/python bench/spark_dedup.py

@@ -52,7 +52,8 @@ from logcompact.catalog import Catalog, NewFile
 from logcompact.engine.exchange import result_key, write_plan
 from logcompact.format import key_hashes, read_section, write_segment
 from logcompact.format.layout import HEADERS_TYPE, SECTION_SCHEMA
-from logcompact.planner import plan, split_into_groups
+from logcompact.engine.stats import JobResult
+from logcompact.planner import PlannerConfig, plan
 from logcompact.store import ObjectStore, open_store
 from logcompact.topics import Topic
 
@@ -61,7 +62,7 @@ APP = ROOT / "spark_apps" / "compact_group.py"
 VENV_BIN = Path(sys.executable).parent
 TOPIC = "bench"
 NOW = 1_700_000_000_000
-ONE_GROUP = 1 << 40  # compact_group's --group-bytes: the whole plan is its group 0
+ONE_GROUP = 1 << 40  # the planner's group size: the whole plan is its group 0
 
 # The naive job, as a user would write it; written to the work directory and run by spark-submit.
 NAIVE_JOB = '''\
@@ -181,8 +182,8 @@ def make_dataset(workdir: Path, records: int, keys: int, value_bytes: int, parti
     if assigned != first_offsets:
         raise SystemExit("spark_dedup: the catalog placed the segment files at other offsets than the Parquet files hold")
 
-    (sweep,) = plan(catalog.snapshot(), NOW + 1, "full")
-    if not sweep.deduplicate or len(split_into_groups(sweep, ONE_GROUP)) != 1:
+    (sweep,) = plan(catalog.snapshot(), NOW + 1, "full", PlannerConfig(group_bytes=ONE_GROUP))
+    if not sweep.deduplicate or len(sweep.groups) != 1:
         raise SystemExit(f"spark_dedup: expected a deduplicating plan of one group, planned {sweep}")
     write_plan(store, sweep)
     return Dataset(
@@ -298,7 +299,7 @@ class Logcompact(Side):
 
     def arguments(self) -> list[str]:
         plan_id, store_uri = self.data.plan_id, self.data.store.uri
-        return [str(APP), "--store", store_uri, "--plan-id", plan_id, "--group", "0", "--group-bytes", str(ONE_GROUP)]
+        return [str(APP), "--store", store_uri, "--plan-id", plan_id, "--group", "0"]
 
     def clear(self) -> None:
         store, plan_id = self.data.store, self.data.plan_id
@@ -313,11 +314,11 @@ class Logcompact(Side):
         store = self.data.store
         slices = json.loads(store.get(result_key(self.data.plan_id, 0)))["slices"]
         kept = [np.zeros(0, dtype=np.int64)]
-        for output in (f for s in slices for f in s["outputs"]):
-            for section in output["sections"]:
-                read = read_section(store, output["key"], section["byte_offset"], section["byte_length"])
+        for output in (f for s in slices for f in JobResult.from_dict(s).outputs):
+            for section in output.sections:
+                read = read_section(store, output.key, section.info, index_only=True)
                 deltas = read.table(["offset_delta"]).column(0).to_numpy().astype(np.int64)
-                kept.append(section["partition"] << 40 | (section["first_offset"] + deltas))
+                kept.append(section.partition << 40 | (section.first_offset + deltas))
         records_in = sum(s["stats"]["records_in"] for s in slices)
         records_out = sum(s["stats"]["records_out"] for s in slices)
         return records_in, records_out, np.sort(np.concatenate(kept))
