@@ -42,8 +42,9 @@ from logcompact.format.layout import (
 # one set of Arrow buffers), and inside a section at BLOCK_BYTES or BLOCK_ROWS (so a reader decodes a big
 # section, or seeks into it, one bounded block at a time). Sizes are uncompressed Arrow bytes.
 PACK_BYTES = 64 * 1024
-# A block is stored compressed only when that saves at least a tenth of its size.
-MIN_COMPRESSED_RATIO = 0.9
+# A block part is stored compressed only when that saves at least a fifth of its size: decompressing costs
+# every reader more than the few bytes a weaker ratio saves (a part of random key hashes saves about 15%).
+MIN_COMPRESSED_RATIO = 0.8
 # Arrow bytes per row of a block's index part (offset delta, timestamp, key hash).
 INDEX_ROW_BYTES = 4 + 8 + 16
 RETRY_COMPRESSION_EVERY = 16
