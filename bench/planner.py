@@ -1,28 +1,42 @@
-"""Planning time over a large catalog in a real database: 100,000 live files, each with sections of several partitions.
+"""Planning over a large catalog in a real database, and the plans' stored documents: 100,000 live files, each
+with sections of several partitions.
 
-    .venv/bin/python bench/planner.py [--files 100000] [--sections 4] [--database URL] [--store DIR] [--runs 5]
+    .venv/bin/python bench/planner.py [--files 100000] [--sections 4] [--mode all|regular|max-lag|full|l0]
+                                      [--database URL] [--store DIR] [--runs 5]
 
 Builds a catalog (levels L0 to L4, sizes spread over six orders of magnitude, 64 topics of 16 partitions, a
-max lag on half of them) in SQLite beside a local store (a temporary one unless --store names a directory;
-a catalog already there with as many files is reused), or in the database --database names
-(postgresql+psycopg://...), inserting files in batches of 20,000 through `Catalog.replace_files`. Then times
-`plan(catalog.snapshot(), ...)` for each mode, catalog reads included, and prints the medians. In this
-catalog every mode plans nearly every file; the last line is a regular pass in which only L0 is due (1% of
-the files), what most passes of a running cluster are. Targets: 1 s at 100,000 files, 3 s at 300,000.
+max lag on half of them, file names and section fields as varied as real ones) in SQLite beside a local store
+(a temporary one unless --store names a directory; a catalog already there with as many files is reused), or
+in the database --database names (postgresql+psycopg://...), inserting files in batches of 20,000 through
+`Catalog.replace_files`. Then, for each mode:
+
+- times `plan(catalog.snapshot(), ...)`, catalog reads included (target: 1 s at 100,000 files, 3 s at 300,000);
+- writes its plans as a scheduler does (`exchange.write_plan`: a JSON header and an Arrow document per group)
+  and prints their size and the time to write them (target for the full plan over 100,000 files: 20 MB, 2 s);
+  then what each reader pays: the commit reads the header, a Spark driver a group's bytes per partition, a
+  task its slice of the group (and what a task is sent, pickled as Spark sends it: independent of the plan).
+
+Medians over --runs. In this catalog every mode plans nearly every file; `l0` is a regular pass in which only
+L0 is due (1% of the files), what most passes of a running cluster are. Key sketches are left empty: stored
+plans do not carry them, and the planner's figures stay comparable with earlier ones.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import pickle
 import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from logcompact.catalog import Catalog, CatalogSection, DataFile
+from logcompact.engine.exchange import inputs_key, plan_key, read_group, read_header, read_partition_bytes, write_plan
+from logcompact.engine.plan import Plan
 from logcompact.exceptions import ClusterNotFoundError
 from logcompact.format.layout import SectionInfo
 from logcompact.planner import PlannerConfig, plan
@@ -31,16 +45,20 @@ from logcompact.topics import Topic
 
 NOW = 1_700_000_000_000
 BATCH = 20_000
-PASSES = [
-    ("regular", "regular", PlannerConfig()),
-    ("max-lag", "max-lag", PlannerConfig()),
-    ("full", "full", PlannerConfig()),
-    ("L0 only", "regular", PlannerConfig(min_files=(32, 10**9, 10**9, 10**9), tier_min_files=10**9)),
-]
+PASSES = {
+    "regular": ("regular", PlannerConfig()),
+    "max-lag": ("max-lag", PlannerConfig()),
+    "full": ("full", PlannerConfig()),
+    "l0": ("regular", PlannerConfig(min_files=(32, 10**9, 10**9, 10**9), tier_min_files=10**9)),
+}
+# What a compact_group task is sent besides its slice's partitions (spark_apps/compact_group.py).
+SLICES_PER_GROUP = 8
 
 
 def build(catalog: Catalog, files: int, sections: int) -> None:
     rng = np.random.default_rng(5)
+    # The section fields, from a generator of their own: levels, sizes and partitions are drawn as before.
+    details = np.random.default_rng(6)
     catalog.ensure_created(NOW)
     for n in range(64):
         settings = {"cleanup.policy": "compact", **({"max.compaction.lag.ms": "86400000"} if n % 2 else {})}
@@ -51,22 +69,82 @@ def build(catalog: Catalog, files: int, sections: int) -> None:
     for n in range(files):
         placed = []
         chosen = {(int(t), int(p)) for t, p in zip(rng.integers(0, 64, sections), rng.integers(0, 16, sections))}
-        for number, (topic, partition) in enumerate(sorted(chosen)):
+        created = NOW - 10**8 - int(details.integers(0, 10**9))
+        position = 16
+        for topic, partition in sorted(chosen):
+            # As a real section's: a skewed record count, offsets with holes above L1 (compacted away), the
+            # timestamps of a few hours, some tombstones, its own block (and CRC) at the next byte position.
+            records = int(10 ** details.uniform(0, 5))
+            holes = int(details.integers(0, records)) if levels[n] >= 2 else 0
+            newest = created - int(details.integers(0, 10**6))
+            tombstones = int(details.integers(0, records // 10 + 1)) if details.random() < 0.2 else 0
+            length = int(details.integers(500, 1500))
             info = SectionInfo(
-                f"t{topic}", partition, 100, 99, NOW - 10**8, NOW - 10**7, 0, 10_000, "lz4", 0, 16 + 1000 * number, 1000, 0
+                f"t{topic}", partition, records, records - 1 + holes, newest - int(details.integers(0, 10**7)), newest,
+                tombstones, length * int(details.integers(5, 15)), "lz4", int(details.integers(0, 2**32)), position, length, 0,
             )
-            placed.append(CatalogSection(info, n * 100))
-        key = f"data/l{levels[n]}/f{n:07d}.seg"
-        batch.append(DataFile(key, int(levels[n]), int(sizes[n]), NOW, tuple(placed)))
+            position += length
+            placed.append(CatalogSection(info, n * 100_000 + int(details.integers(0, 100_000))))
+        # Named as real files are: an agent's L0 file, or a compaction's output.
+        suffix = details.bytes(16).hex()
+        key = f"data/l0/{created}-{suffix}.seg" if levels[n] == 0 else f"data/l{levels[n]}/p{created}-{suffix[:12]}-g000-s000-compacted-0000.seg"
+        batch.append(DataFile(key, int(levels[n]), int(sizes[n]), created, tuple(placed)))
         if len(batch) == BATCH or n == files - 1:
             catalog.replace_files([], batch, NOW)
             batch = []
+
+
+def median_seconds(runs: int, action: Callable[[], object]) -> float:
+    timings = []
+    for _ in range(runs):
+        gc.collect()  # a previous run's objects leave the collector a backlog that is not this run's
+        started = time.perf_counter()
+        action()
+        timings.append(time.perf_counter() - started)
+    return statistics.median(timings)
+
+
+def report_documents(plans: list[Plan], runs: int, scratch: Path) -> None:
+    """Write the plans as a scheduler does, print their size and what writing and reading them costs."""
+    from pyspark import cloudpickle  # how Spark pickles a task's function and data
+
+    store = LocalStore(scratch / "documents")
+    sizes = {}
+
+    def write() -> None:
+        for found in plans:
+            sizes[found.plan_id] = write_plan(store, found)
+
+    write_s = median_seconds(runs, write)
+    header_bytes = sum(store.stat(key(p.plan_id)).size for p in plans for key in (plan_key, inputs_key))
+    groups = sum(len(p.groups) for p in plans)
+    total = sum(sizes.values())
+    print(f"  stored: {len(plans)} plans, {groups} groups, {total / 1e6:.1f} MB (headers and input lists "
+          f"{header_bytes / 1e6:.1f} MB, groups {(total - header_bytes) / 1e6:.1f} MB), written in {write_s:.3f} s")
+    largest = max(plans, key=lambda p: max(g.partitions for g in p.groups))
+    group = max(largest.groups, key=lambda g: g.partitions).group
+    header_s = median_seconds(runs, lambda: read_header(store, largest.plan_id))
+    by_partition = read_partition_bytes(store, largest.plan_id, group)
+    driver_s = median_seconds(runs, lambda: read_partition_bytes(store, largest.plan_id, group))
+    partitions = sorted(by_partition)
+    slice_partitions = partitions[: max(1, len(partitions) // SLICES_PER_GROUP)]
+    task_s = median_seconds(runs, lambda: read_group(store, largest.plan_id, group, partitions=slice_partitions, slice=0))
+    store_uri, plan_id = store.uri, largest.plan_id
+
+    def task(part):  # noqa: ANN001, ANN202 (what compact_group.main maps over its slices)
+        return (store_uri, plan_id, group, part)
+
+    sent = len(cloudpickle.dumps(task)) + len(pickle.dumps([(0, slice_partitions)]))
+    print(f"  largest plan {plan_id}: header read in {header_s:.3f} s (the commit); group {group} of "
+          f"{len(partitions):,} partitions: bytes per partition read in {driver_s:.3f} s (a Spark driver), a slice "
+          f"of {len(slice_partitions):,} partitions in {task_s:.3f} s (a task, sent {sent:,} bytes)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--files", type=int, default=100_000)
     parser.add_argument("--sections", type=int, default=4)
+    parser.add_argument("--mode", choices=["all", *PASSES], default="all", help="which pass to time (default: all)")
     parser.add_argument("--database", help="catalog URL (default: SQLite beside the store)")
     parser.add_argument("--store", type=Path, help="store directory (default: a temporary one)")
     parser.add_argument("--runs", type=int, default=5)
@@ -83,17 +161,18 @@ def main() -> None:
             started = time.perf_counter()
             build(catalog, args.files, args.sections)
             print(f"built in {time.perf_counter() - started:.1f} s")
-        print(f"{catalog}: {args.files:,} live files, {args.runs} runs per mode")
-        for label, mode, config in PASSES:
-            timings, plans = [], []
-            for _ in range(args.runs):
-                gc.collect()  # the previous run's plans leave the collector a backlog that is not this run's
-                started = time.perf_counter()
-                plans = plan(catalog.snapshot(), NOW, mode, config)
-                timings.append(time.perf_counter() - started)
-            inputs = sum(len(p.inputs) for p in plans)
-            print(f"{label:8} {statistics.median(timings):.3f} s median (min {min(timings):.3f}, max {max(timings):.3f}): "
-                  f"{len(plans)} plans over {inputs:,} files")
+        print(f"{catalog}: {args.files:,} live files, {args.runs} runs per mode, medians")
+        for label, (mode, config) in PASSES.items():
+            if args.mode not in ("all", label):
+                continue
+            plans: list[Plan] = []
+
+            def planned(mode: str = mode, config: PlannerConfig = config) -> None:
+                plans[:] = plan(catalog.snapshot(), NOW, mode, config)
+
+            seconds = median_seconds(args.runs, planned)
+            print(f"{label:8} planned in {seconds:.3f} s: {len(plans)} plans over {sum(len(p.inputs) for p in plans):,} files")
+            report_documents(plans, args.runs, Path(scratch))
         catalog.engine.dispose()
 
 

@@ -201,7 +201,7 @@ def test_plan_then_commit_operators_compact_with_asset_events(connected_catalog:
     (job,) = plan.execute({})
     assert job == {
         "store_uri": catalog.store.uri, "plan_id": job["plan_id"], "group": 0,
-        "label": f"{job['plan_id']} g0: L0 to L1, 3 files, 1 partition",
+        "label": f"{job['plan_id']} g0 of 1: L0 to L1, 1 partition, 0.0 MB",
         "application_args": [f"--store={catalog.store.uri}", f"--plan-id={job['plan_id']}", "--group=0"],
     }
     assert set(catalog.snapshot().leased_files(_now_ms())) == inputs

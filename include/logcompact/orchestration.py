@@ -139,8 +139,11 @@ def _release_all(catalog: Catalog, plans: list[Plan]) -> None:
 
 def _label(found: Plan, group: PlanGroup) -> str:
     levels = "+".join(f"L{level}" for level in sorted({f.level for f in found.inputs}))
-    files, partitions = (f"{n} {noun}{'' if n == 1 else 's'}" for n, noun in ((group.files, "file"), (group.partitions, "partition")))
-    return f"{found.plan_id} g{group.group}: {levels} to L{found.target_level}, {files}, {partitions}"
+    partitions = f"{group.partitions} partition{'' if group.partitions == 1 else 's'}"
+    return (
+        f"{found.plan_id} g{group.group} of {len(found.groups)}: {levels} to L{found.target_level}, {partitions}, "
+        f"{group.bytes / 1e6:,.1f} MB"
+    )
 
 
 @dataclass

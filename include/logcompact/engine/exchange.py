@@ -1,7 +1,9 @@
 """Plans and job results kept in the store, so a scheduler and remote workers share nothing else.
 
 A scheduler writes a plan under `plans/{plan_id}/`: one Arrow document per group, `groups/g{group}.arrow`,
-then the header, `plan.json` (docs/plan.md). The job of a group reads its group document alone, runs its
+then its header, the input files `inputs.arrow` and last `plan.json` (docs/plan.md), so a plan whose
+`plan.json` is there has all its documents. The job of a group reads its group document and the input
+files (never the other groups' sections), runs its
 slices and then writes one object, `results/g{group}.json`, holding every slice's outputs and stats (never
 record data): a group's result exists whole or not at all. The commit reads the header and the results,
 checks that every group of the plan has one, and commits the plan once
@@ -18,6 +20,7 @@ from logcompact.engine.plan import (
     Plan,
     PlanHeader,
     TopicPartition,
+    collector_paused,
     decode_group,
     encode_groups,
     group_partition_bytes,
@@ -27,12 +30,17 @@ from logcompact.exceptions import CommitConflictError, ObjectNotFoundError
 from logcompact.store.base import ObjectStore
 
 
-# A stored plan is a directory of objects: this header, groups/ and, once its groups have run, results/.
+# A stored plan is a directory of objects: its header (these two), groups/ and, once its groups have run, results/.
 HEADER_NAME = "plan.json"
+INPUTS_NAME = "inputs.arrow"
 
 
 def plan_key(plan_id: str, prefix: str = PLANS_PREFIX) -> str:
     return f"{prefix}{plan_id}/{HEADER_NAME}"
+
+
+def inputs_key(plan_id: str, prefix: str = PLANS_PREFIX) -> str:
+    return f"{prefix}{plan_id}/{INPUTS_NAME}"
 
 
 def group_key(plan_id: str, group: int, prefix: str = PLANS_PREFIX) -> str:
@@ -44,20 +52,21 @@ def result_key(plan_id: str, group: int) -> str:
 
 
 def write_plan(store: ObjectStore, plan: Plan, prefix: str = PLANS_PREFIX) -> int:
-    """Write the plan's group documents, then its header (so a header in the store has all its groups); returns
-    the bytes written. `prefix` places the plan elsewhere than the cluster's plans (`logcompact plan --out`)."""
-    written = 0
-    for group, document in zip(plan.groups, encode_groups(plan)):
-        store.put(group_key(plan.plan_id, group.group, prefix), document)
-        written += len(document)
-    header = plan.header().to_json().encode()
-    store.put(plan_key(plan.plan_id, prefix), header)
-    return written + len(header)
+    """Write the plan's group documents, then its header, `plan.json` last; returns the bytes written. `prefix`
+    places the plan elsewhere than the cluster's plans (`logcompact plan --out`)."""
+    with collector_paused():
+        header, inputs = plan.header().documents()
+        documents = [(group_key(plan.plan_id, g.group, prefix), d) for g, d in zip(plan.groups, encode_groups(plan))]
+    documents += [(inputs_key(plan.plan_id, prefix), inputs), (plan_key(plan.plan_id, prefix), header)]
+    for key, document in documents:
+        store.put(key, document)
+    return sum(len(document) for _, document in documents)
 
 
 def read_header(store: ObjectStore, plan_id: str, prefix: str = PLANS_PREFIX) -> PlanHeader:
     key = plan_key(plan_id, prefix)
-    return PlanHeader.from_json(_get(store, key, f"no plan {plan_id}").decode(), key)
+    header = _get(store, key, f"no plan {plan_id}")
+    return PlanHeader.from_documents(header, _get(store, inputs_key(plan_id, prefix), f"plan {plan_id} lists no inputs"), key)
 
 
 def read_group(
@@ -69,9 +78,10 @@ def read_group(
     prefix: str = PLANS_PREFIX,
 ) -> Plan:
     """The piece of the plan that group `group` runs (or slice `slice` of it: the sections of `partitions`), from
-    its group document alone."""
+    its group document and the plan's input files."""
     key = group_key(plan_id, group, prefix)
-    return decode_group(_get(store, key, f"plan {plan_id} has no group {group}"), key, partitions, slice)
+    document = _get(store, key, f"plan {plan_id} has no group {group}")
+    return decode_group(document, _get(store, inputs_key(plan_id, prefix), f"plan {plan_id} lists no inputs"), key, partitions, slice)
 
 
 def read_partition_bytes(store: ObjectStore, plan_id: str, group: int) -> dict[TopicPartition, int]:

@@ -5,10 +5,11 @@ whole topic-partitions in (topic, partition) order, and what a job runs is a `Pl
 hold only the sections of its group (or of its slice of a group). Written, a plan takes one of two forms:
 
 - one JSON document (`Plan.to_json`, `Plan.from_json`): what `logcompact plan` prints and `compact --plan` reads;
-- stored: a small JSON header (`PlanHeader`: settings, topics, groups, the input files without their sections)
-  and one Arrow document per group with that group's sections and outside floors (`encode_groups`,
-  `decode_group`), so a group's workers read their own part and the commit reads the header alone
-  (`logcompact.engine.exchange` keeps them in the store).
+- stored: a header (`PlanHeader`: a small JSON document of settings, topics and groups, and an Arrow document
+  listing the input files without their sections) and one Arrow document per group with that group's sections
+  and outside floors (`encode_groups`, `decode_group`), so a group's workers read their own part and the
+  commit reads the header alone (`logcompact.engine.exchange` keeps them in the store). Stored sections leave
+  out the key sketches, which only the planner reads.
 """
 
 from __future__ import annotations
@@ -16,12 +17,17 @@ from __future__ import annotations
 import base64
 import binascii
 import bisect
+import gc
 import json
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Collection, Iterable, NamedTuple, Sequence, get_type_hints
+from itertools import repeat
+from typing import TYPE_CHECKING, Any, Collection, Iterable, Iterator, NamedTuple, Sequence, get_type_hints
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from logcompact.catalog import CatalogSection, DataFile
 from logcompact.exceptions import CommitConflictError, InvalidPlanError
@@ -46,16 +52,15 @@ TopicPartition = tuple[str, int]
 
 
 class PlanGroup(NamedTuple):
-    """A group of a plan: its whole topic-partitions from `first` to `last` in (topic, partition) order, and
-    how many partitions, files and bytes it holds (its sections' uncompressed bytes: what a job decodes; small
-    sections share their compressed blocks). Only a plan without sections has a group without partitions
-    (`first` and `last` None)."""
+    """A group of a plan: its whole topic-partitions from `first` to `last` in (topic, partition) order, and how
+    many partitions and bytes it holds (its sections' uncompressed bytes: what a job decodes; small sections
+    share their compressed blocks). Only a plan without sections has a group without partitions (`first` and
+    `last` None)."""
 
     group: int
     first: TopicPartition | None
     last: TopicPartition | None
     partitions: int
-    files: int
     bytes: int
 
     def holds(self, tp: TopicPartition) -> bool:
@@ -67,21 +72,19 @@ class PlanGroup(NamedTuple):
             "first": None if self.first is None else list(self.first),
             "last": None if self.last is None else list(self.last),
             "partitions": self.partitions,
-            "files": self.files,
             "bytes": self.bytes,
         }
 
     @classmethod
     def from_dict(cls, document: Any, source: str) -> PlanGroup:
         if not isinstance(document, dict):
-            raise InvalidPlanError(f"{source}: a group is an object {{group, first, last, partitions, files, bytes}}")
+            raise InvalidPlanError(f"{source}: a group is an object {{group, first, last, partitions, bytes}}")
         name = f"group {document.get('group')!r}"
         return cls(
             _integer(document, "group", 0, source=source),
             _topic_partition(document, "first", f"{source}: {name}"),
             _topic_partition(document, "last", f"{source}: {name}"),
             _integer(document, "partitions", 0, source=f"{source}: {name}"),
-            _integer(document, "files", 0, source=f"{source}: {name}"),
             _integer(document, "bytes", 0, source=f"{source}: {name}"),
         )
 
@@ -120,7 +123,7 @@ class Plan:
 
     def __post_init__(self) -> None:
         if not self.groups:
-            object.__setattr__(self, "groups", split_into_groups(self.inputs, partition_bytes(self.inputs), None))
+            object.__setattr__(self, "groups", split_into_groups(partition_bytes(self.inputs), None))
 
     def output_key(self, content: str, sequence: int) -> str:
         return f"data/l{self.target_level}/{self.plan_id}-g{self.group:03d}-s{self.slice:03d}-{content}-{sequence:04d}.seg"
@@ -168,12 +171,18 @@ class Plan:
         }
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), separators=(",", ":"))
+        with collector_paused():
+            return json.dumps(self.to_dict(), separators=(",", ":"))
 
     @classmethod
     def from_dict(cls, document: Any, source: str = "plan") -> Plan:
         """A validated plan; anything malformed is an InvalidPlanError naming the field."""
         _check_format(document, source)
+        with collector_paused():
+            return cls._from_dict(document, source)
+
+    @classmethod
+    def _from_dict(cls, document: dict, source: str) -> Plan:
         try:
             inputs = []
             for entry in _list(document, "inputs", source):
@@ -199,11 +208,17 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str, source: str = "plan") -> Plan:
-        return cls.from_dict(_parse_json(text, source), source)
+        with collector_paused():
+            return cls.from_dict(_parse_json(text, source), source)
 
     @classmethod
     def from_pieces(cls, header: PlanHeader, pieces: Sequence[Plan], source: str) -> Plan:
         """The whole plan from its header and the pieces of its groups (`decode_group`), in group order."""
+        with collector_paused():
+            return cls._from_pieces(header, pieces, source)
+
+    @classmethod
+    def _from_pieces(cls, header: PlanHeader, pieces: Sequence[Plan], source: str) -> Plan:
         sections: dict[str, list[CatalogSection]] = {f.key: [] for f in header.inputs}
         floors: dict[TopicPartition, int] = {}
         for group, piece in zip(header.groups, pieces, strict=True):
@@ -254,7 +269,7 @@ class Plan:
                     f"plan {self.plan_id} expected input {data_file.key} live as in manifest version {self.manifest_version}, "
                     f"found it gone in version {snapshot.version}; re-plan"
                 )
-            if found != data_file:
+            if _as_engine_reads(found) != _as_engine_reads(data_file):
                 raise InvalidPlanError(f"plan {self.plan_id}: input {data_file.key} differs from the catalog's record of it")
 
 
@@ -278,26 +293,25 @@ class PlanHeader:
     inputs: tuple[InputFile, ...]
     groups: tuple[PlanGroup, ...]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            **_settings_dict(self),
-            "topics": [t.to_dict() for t in self.topics.values()],
-            "groups": [g.to_dict() for g in self.groups],
-            "inputs": [_input_dict(f) for f in self.inputs],
-        }
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), separators=(",", ":"))
+    def documents(self) -> tuple[bytes, bytes]:
+        """`plan.json` (settings, topics, groups) and `inputs.arrow` (the input files, one row each)."""
+        document = {**_settings_dict(self), "topics": [t.to_dict() for t in self.topics.values()], "groups": [g.to_dict() for g in self.groups]}
+        columns = list(zip(*self.inputs)) if self.inputs else [()] * len(InputFile._fields)
+        inputs = pa.table([pa.array(c, f.type) for c, f in zip(columns, INPUTS_SCHEMA)], schema=INPUTS_SCHEMA)
+        return json.dumps(document, separators=(",", ":")).encode(), _arrow_file(inputs)
 
     @classmethod
-    def from_json(cls, text: str, source: str = "plan header") -> PlanHeader:
+    def from_documents(cls, text: bytes, inputs: bytes, source: str) -> PlanHeader:
         document = _parse_json(text, source)
         _check_format(document, source)
+        table = _arrow_table(inputs, INPUTS_SCHEMA, f"{source} inputs")
         try:
+            with collector_paused():
+                files = tuple(map(InputFile._make, zip(*(_column(table, name) for name in InputFile._fields))))
             header = cls(
                 **_settings_from_dict(document, source),
                 topics=_topics_from_dict(document, source),
-                inputs=tuple(InputFile(*_input_from_dict(f, source)) for f in _list(document, "inputs", source)),
+                inputs=files,
                 groups=tuple(PlanGroup.from_dict(g, source) for g in _list(document, "groups", source)),
             )
         except InvalidPlanError:
@@ -306,6 +320,12 @@ class PlanHeader:
             raise InvalidPlanError(f"{source}: malformed plan header ({type(exc).__name__}: {exc}); plan again") from None
         _check_plan(header, source, whole=True)
         return header
+
+
+def _as_engine_reads(data_file: DataFile) -> DataFile:
+    """The file without what only the planner reads (a stored plan's sections have no key sketches)."""
+    sections = tuple(CatalogSection(s.info._replace(**_PLANNER_ONLY), s.first_offset) for s in data_file.sections)
+    return replace(data_file, sections=sections)
 
 
 def new_plan_id(now_ms: int) -> str:
@@ -326,9 +346,7 @@ def partition_bytes(inputs: Iterable[DataFile]) -> dict[TopicPartition, int]:
     return sizes
 
 
-def split_into_groups(
-    inputs: Sequence[DataFile], sizes: dict[TopicPartition, int], group_bytes: int | None
-) -> tuple[PlanGroup, ...]:
+def split_into_groups(sizes: dict[TopicPartition, int], group_bytes: int | None) -> tuple[PlanGroup, ...]:
     """Groups of whole partitions in (topic, partition) order, each holding at most about `group_bytes` of the
     inputs' sections, uncompressed (`sizes`, from `partition_bytes`; a partition larger than that is a group of
     its own). None: one group of every partition."""
@@ -341,117 +359,122 @@ def split_into_groups(
         runs[-1].append(tp)
         total += sizes[tp]
     if not runs:
-        return (PlanGroup(0, None, None, 0, 0, 0),)
-    if len(runs) == 1:
-        files = [sum(1 for f in inputs if f.sections)]
-    else:
-        # A file counts in every group one of its sections falls in.
-        starts, files = [run[0] for run in runs[1:]], [0] * len(runs)
-        for data_file in inputs:
-            for number in {bisect.bisect_right(starts, (s.info.topic, s.info.partition)) for s in data_file.sections}:
-                files[number] += 1
-    return tuple(
-        PlanGroup(number, run[0], run[-1], len(run), files[number], sum(sizes[tp] for tp in run)) for number, run in enumerate(runs)
-    )
+        return (PlanGroup(0, None, None, 0, 0),)
+    return tuple(PlanGroup(number, run[0], run[-1], len(run), sum(sizes[tp] for tp in run)) for number, run in enumerate(runs))
 
 
-# -- the group documents of a stored plan -------------------------------------------------------------------
+# -- the Arrow documents of a stored plan ---------------------------------------------------------------------
 
-# Every SectionInfo field is a column, typed from its annotation, so fields the format adds flow through.
-_ARROW_TYPES = {str: pa.dictionary(pa.int32(), pa.string()), int: pa.int64(), bytes: pa.binary()}
+# Every SectionInfo field the engine reads is a column, typed from its annotation, so fields the format adds flow
+# through. The key sketch is the planner's alone (its estimates): a stored plan's sections go without it.
+_ARROW_TYPES = {str: pa.string(), int: pa.int64(), bytes: pa.binary()}
 _SECTION_TYPES = get_type_hints(SectionInfo)
-_FILE_COLUMNS = ("file_key", "file_level", "file_size", "file_created_ms")
+_PLANNER_ONLY = {"key_sketch": SectionInfo._field_defaults["key_sketch"]}
+_PLACED_STRUCT = pa.struct(
+    [
+        pa.field("info", pa.struct([pa.field(name, _ARROW_TYPES[kind]) for name, kind in _SECTION_TYPES.items()])),
+        pa.field("first_offset", pa.int64()),
+    ]
+)
+
+
+def _column_type(kind: type) -> pa.DataType:
+    # Strings (topics, compressions) repeat: stored once each, as a dictionary.
+    return pa.dictionary(pa.int32(), pa.string()) if kind is str else _ARROW_TYPES[kind]
+
+
+INPUTS_SCHEMA = pa.schema([pa.field(name, _ARROW_TYPES[kind], nullable=False) for name, kind in get_type_hints(InputFile).items()])
 GROUP_SCHEMA = pa.schema(
     [
-        pa.field("file_key", _ARROW_TYPES[str], nullable=False),
-        pa.field("file_level", pa.int64(), nullable=False),
-        pa.field("file_size", pa.int64(), nullable=False),
-        pa.field("file_created_ms", pa.int64(), nullable=False),
+        pa.field("file", pa.int32(), nullable=False),  # the section's file: its row in the plan's inputs
         pa.field("first_offset", pa.int64(), nullable=False),
-        *(pa.field(name, _ARROW_TYPES[_SECTION_TYPES[name]], nullable=False) for name in SectionInfo._fields),
+        *(pa.field(name, _column_type(kind), nullable=False) for name, kind in _SECTION_TYPES.items() if name not in _PLANNER_ONLY),
         pa.field("outside_floor", pa.int64()),
     ]
 )
-# The schema's metadata key holding the group's settings, topics and PlanGroup as JSON.
+# The group document's schema metadata: the group's settings, topics and PlanGroup, as JSON.
 GROUP_METADATA_KEY = b"logcompact.plan"
 _IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
 
 
-def encode_groups(plan: Plan) -> list[bytes]:
-    """The plan's group documents, one per group in order: Arrow IPC files (zstd), one row per section."""
-    rows: list[tuple[list[int], list[CatalogSection]]] = [([], []) for _ in plan.groups]
-    if len(plan.groups) == 1:
-        indices, sections = rows[0]
-        for index, data_file in enumerate(plan.inputs):
-            indices.extend([index] * len(data_file.sections))
-            sections.extend(data_file.sections)
-    else:
-        starts = [g.first for g in plan.groups[1:]]
-        for index, data_file in enumerate(plan.inputs):
-            for section in data_file.sections:
-                indices, sections = rows[bisect.bisect_right(starts, (section.info.topic, section.info.partition))]
-                indices.append(index)
-                sections.append(section)
-    return [_encode_group(plan, group, *found) for group, found in zip(plan.groups, rows)]
-
-
-def _encode_group(plan: Plan, group: PlanGroup, file_indices: list[int], sections: list[CatalogSection]) -> bytes:
-    infos = [s.info for s in sections]
-    used = list(dict.fromkeys(file_indices))  # the group's files, in the plan's order
-    position = {index: n for n, index in enumerate(used)}
-    rows = pa.array([position[i] for i in file_indices], pa.int32())
-    files = [plan.inputs[i] for i in used]
-    columns = {
-        "file_key": pa.DictionaryArray.from_arrays(rows, pa.array([f.key for f in files], pa.string())),
-        "file_level": pa.array([f.level for f in files], pa.int64()).take(rows),
-        "file_size": pa.array([f.size for f in files], pa.int64()).take(rows),
-        "file_created_ms": pa.array([f.created_ms for f in files], pa.int64()).take(rows),
-        "first_offset": pa.array([s.first_offset for s in sections], pa.int64()),
-    }
-    for name, values in zip(SectionInfo._fields, zip(*infos) if infos else [()] * len(SectionInfo._fields)):
-        kind = _SECTION_TYPES[name]
-        columns[name] = pa.array(values, pa.string()).dictionary_encode() if kind is str else pa.array(values, _ARROW_TYPES[kind])
-    floors = plan.outside_floors
-    columns["outside_floor"] = pa.array([floors.get((i.topic, i.partition)) for i in infos], pa.int64())
-    topics = sorted({i.topic for i in infos})
-    metadata = {**_settings_dict(plan), "topics": [plan.topics[t].to_dict() for t in topics], "group": group.to_dict()}
-    table = pa.table(columns, schema=GROUP_SCHEMA.with_metadata({GROUP_METADATA_KEY: json.dumps(metadata, separators=(",", ":"))}))
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, table.schema, options=_IPC_OPTIONS) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
-def _read_group_table(data: bytes, source: str) -> pa.Table:
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic collector paused while hundreds of thousands of small acyclic objects (sections, rows) are
+    built or taken apart: the full collections they would set off cost more than the work itself."""
+    enabled = gc.isenabled()
+    gc.disable()
     try:
-        table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise InvalidPlanError(f"{source}: not a plan group document ({str(exc).splitlines()[0]}); plan again") from None
-    for expected in GROUP_SCHEMA:
-        index = table.schema.get_field_index(expected.name)
-        if index < 0 or table.schema.field(index).type != expected.type:
-            found = "missing" if index < 0 else f"of type {table.schema.field(index).type}"
-            raise InvalidPlanError(f"{source}: column {expected.name!r} is {found}, expected {expected.type}; plan again")
-    return table
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def encode_groups(plan: Plan) -> list[bytes]:
+    """The plan's group documents, one per group in order: Arrow IPC files (zstd), one row per section, in the
+    plan's file order. The sections are converted to Arrow once, then dealt to their groups by their
+    (topic, partition) codes."""
+    with collector_paused():
+        counts = [len(f.sections) for f in plan.inputs]
+        placed = pa.array([s for f in plan.inputs for s in f.sections], _PLACED_STRUCT)
+    info, first_offsets = placed.flatten()
+    columns = {"file": pa.array(np.repeat(np.arange(len(counts), dtype=np.int32), counts)), "first_offset": first_offsets}
+    for name, values in zip(_SECTION_TYPES, info.flatten()):
+        if name not in _PLANNER_ONLY:
+            columns[name] = values.dictionary_encode() if _SECTION_TYPES[name] is str else values
+    codes = _partition_codes(columns["topic"], columns["partition"], plan.topics)
+    floors = plan.outside_floors
+    floor_codes = _partition_codes(pa.array([t for t, _ in floors], pa.string()), pa.array([p for _, p in floors], pa.int64()), plan.topics)
+    columns["outside_floor"] = _lookup(codes, floor_codes, np.fromiter(floors.values(), np.int64, len(floors)))
+    table = pa.table(columns, schema=GROUP_SCHEMA)
+    starts = _partition_codes(pa.array([g.first[0] for g in plan.groups[1:]], pa.string()),
+                              pa.array([g.first[1] for g in plan.groups[1:]], pa.int64()), plan.topics)
+    numbers = np.searchsorted(starts, codes, side="right")
+    documents = []
+    for group in plan.groups:
+        rows = table if len(plan.groups) == 1 else table.filter(pa.array(numbers == group.group))
+        topics = pc.unique(rows.column("topic").combine_chunks().dictionary_decode()).to_pylist() if rows.num_rows else []
+        metadata = {**_settings_dict(plan), "topics": [plan.topics[t].to_dict() for t in sorted(topics)], "group": group.to_dict()}
+        documents.append(_arrow_file(rows.replace_schema_metadata({GROUP_METADATA_KEY: json.dumps(metadata, separators=(",", ":"))})))
+    return documents
+
+
+def _partition_codes(topics: pa.Array, partitions: pa.Array, described: dict[str, Topic]) -> np.ndarray:
+    """(topic, partition) pairs as int64 codes that sort as the pairs do: the topic's rank among the plan's topic
+    names, then the partition number."""
+    ranks = pc.fill_null(pc.index_in(topics, value_set=pa.array(sorted(described), pa.string())), -1)  # -1: not described
+    return (ranks.to_numpy().astype(np.int64) << 32) | partitions.to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _lookup(codes: np.ndarray, keys: np.ndarray, values: np.ndarray) -> pa.Array:
+    """Per code, the value of its key (null where none): a vectorized dictionary lookup."""
+    if not len(keys):
+        return pa.nulls(len(codes), pa.int64())
+    order = np.argsort(keys)
+    keys, values = keys[order], values[order]
+    at = np.minimum(np.searchsorted(keys, codes), len(keys) - 1)
+    return pa.array(values[at], pa.int64(), mask=keys[at] != codes)
 
 
 def group_partition_bytes(data: bytes, source: str) -> dict[TopicPartition, int]:
     """Per topic-partition of a group document, the uncompressed bytes of its sections (what slices are dealt by),
     without building its sections."""
-    table = _read_group_table(data, source)
-    sizes: dict[TopicPartition, int] = {}
-    for tp, length in zip(zip(_column(table, "topic"), _column(table, "partition")), _column(table, "uncompressed_bytes")):
-        sizes[tp] = sizes.get(tp, 0) + length
-    return sizes
+    table = _arrow_table(data, GROUP_SCHEMA, source)
+    sums = table.group_by(["topic", "partition"]).aggregate([("uncompressed_bytes", "sum")])
+    return dict(zip(zip(_column(sums, "topic"), _column(sums, "partition")), _column(sums, "uncompressed_bytes_sum")))
 
 
-def decode_group(data: bytes, source: str, partitions: Collection[TopicPartition] | None = None, slice: int = 0) -> Plan:
-    """The piece of a plan a group document holds, validated; or slice `slice` of it: the sections of `partitions`."""
-    table = _read_group_table(data, source)
+def decode_group(
+    data: bytes, inputs: bytes, source: str, partitions: Collection[TopicPartition] | None = None, slice: int = 0
+) -> Plan:
+    """The piece of a plan a group document holds, its files from the plan's `inputs.arrow`, validated; or slice
+    `slice` of it: the sections of `partitions`."""
+    table = _arrow_table(data, GROUP_SCHEMA, source)
+    files = _arrow_table(inputs, INPUTS_SCHEMA, f"{source}: the plan's inputs")
     metadata = (table.schema.metadata or {}).get(GROUP_METADATA_KEY)
     if metadata is None:
         raise InvalidPlanError(f"{source}: the group document has no {GROUP_METADATA_KEY.decode()} metadata; plan again")
-    document = _parse_json(metadata.decode(), source)
+    document = _parse_json(metadata, source)
     _check_format(document, source)
     try:
         settings = _settings_from_dict(document, source)
@@ -462,25 +485,55 @@ def decode_group(data: bytes, source: str, partitions: Collection[TopicPartition
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise InvalidPlanError(f"{source}: malformed group metadata ({type(exc).__name__}: {exc}); plan again") from None
     if partitions is not None:
-        wanted = set(partitions)
-        keep = [tp in wanted for tp in zip(_column(table, "topic"), _column(table, "partition"))]
-        table = table.filter(pa.array(keep, pa.bool_()))
-    infos = list(map(SectionInfo._make, zip(*(_column(table, name) for name in SectionInfo._fields))))
-    sections = list(map(CatalogSection, infos, _column(table, "first_offset")))
-    # Rows are in file order: each run of one file key is a file.
-    file_columns = [_column(table, name) for name in _FILE_COLUMNS]
-    keys, inputs, start = file_columns[0], [], 0
-    for end in [n for n in range(1, len(keys)) if keys[n] != keys[n - 1]] + ([len(keys)] if keys else []):
-        inputs.append(DataFile(*(column[start] for column in file_columns), tuple(sections[start:end])))
-        start = end
-    floors = {
-        (info.topic, info.partition): floor for info, floor in zip(infos, _column(table, "outside_floor")) if floor is not None
-    }
-    piece = Plan(
-        **settings, topics=topics, inputs=tuple(inputs), outside_floors=floors, groups=(group,), group=group.group, slice=slice
-    )
-    piece.validate(source, whole=False)
+        wanted = list(partitions)
+        wanted_codes = _partition_codes(pa.array([t for t, _ in wanted], pa.string()), pa.array([p for _, p in wanted], pa.int64()), topics)
+        codes = _partition_codes(table.column("topic").combine_chunks().dictionary_decode(), table.column("partition").combine_chunks(), topics)
+        table = table.filter(pa.array(np.isin(codes, wanted_codes)))
+    bounds = pc.min_max(table.column("file")).as_py()
+    if table.num_rows and (bounds["min"] < 0 or bounds["max"] >= files.num_rows):
+        raise InvalidPlanError(f"{source}: a section names file {bounds['max']}, beyond the plan's {files.num_rows} inputs; plan again")
+    with collector_paused():
+        columns = (repeat(_PLANNER_ONLY[name]) if name in _PLANNER_ONLY else _column(table, name) for name in SectionInfo._fields)
+        infos = list(map(SectionInfo._make, zip(*columns)))
+        sections = list(map(CatalogSection, infos, _column(table, "first_offset")))
+        # Rows are in the plan's file order: each run of one file is that file's sections.
+        rows = _column(table, "file")
+        used = sorted(set(rows))
+        described = dict(zip(used, map(InputFile._make, zip(*(_column(files.take(used), name) for name in InputFile._fields)))))
+        inputs_of_piece, start = [], 0
+        for end in [n for n in range(1, len(rows)) if rows[n] != rows[n - 1]] + ([len(rows)] if rows else []):
+            inputs_of_piece.append(DataFile(*described[rows[start]], tuple(sections[start:end])))
+            start = end
+        floors = {(i.topic, i.partition): floor for i, floor in zip(infos, _column(table, "outside_floor")) if floor is not None}
+        piece = Plan(
+            **settings, topics=topics, inputs=tuple(inputs_of_piece), outside_floors=floors, groups=(group,), group=group.group,
+            slice=slice,
+        )
+        piece.validate(source, whole=False)
     return piece
+
+
+def _arrow_file(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema, options=_IPC_OPTIONS) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def _arrow_table(data: bytes, schema: pa.Schema, source: str) -> pa.Table:
+    """The table of an Arrow document, with every column of `schema` (named in the error when one is not)."""
+    try:
+        table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InvalidPlanError(f"{source}: not an Arrow document of a plan ({str(exc).splitlines()[0]}); plan again") from None
+    for expected in schema:
+        index = table.schema.get_field_index(expected.name)
+        if index < 0 or table.schema.field(index).type != expected.type:
+            found = "missing" if index < 0 else f"of type {table.schema.field(index).type}"
+            raise InvalidPlanError(f"{source}: column {expected.name!r} is {found}, expected {expected.type}; plan again")
+        if not expected.nullable and table.column(index).null_count:
+            raise InvalidPlanError(f"{source}: column {expected.name!r} has nulls; plan again")
+    return table
 
 
 def _column(table: pa.Table, name: str) -> list:

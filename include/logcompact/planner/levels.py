@@ -100,7 +100,7 @@ def make_plans(
     the other plans' inputs, which are in hand, and from the files no plan takes, which are asked of the catalog."""
     planned = [key for keys, _ in chosen for key in keys]
     files = loaded if loaded is not None else snapshot.get_files(planned)
-    inputs = [tuple(sorted((files[key] for key in keys), key=lambda f: f.key)) for keys, _ in chosen]
+    inputs = [tuple(files[key] for key in keys) for keys, _ in chosen]
     lowest, sizes = zip(*map(_lowest_offsets_and_bytes, inputs))
     outside = _lowest_outside_plans(snapshot, live, planned, set().union(*lowest))
     # Per partition, the two lowest offsets among the plans' inputs (with the plan holding the lowest): a plan's
@@ -137,7 +137,7 @@ def make_plans(
             inputs=inputs[number],
             topics={name: snapshot.topics[name] for name in topics},
             outside_floors=floors,
-            groups=split_into_groups(inputs[number], sizes[number], config.group_bytes),
+            groups=split_into_groups(sizes[number], config.group_bytes),
             buffer_bytes=config.buffer_bytes,
             target_file_bytes=config.target_file_bytes,
             max_partition_bytes=config.max_partition_bytes,
@@ -149,15 +149,16 @@ def _lowest_offsets_and_bytes(files: Iterable[DataFile]) -> tuple[dict[TopicPart
     """Per partition of the files, the lowest first offset and the sections' uncompressed bytes (one pass)."""
     lowest: dict[TopicPartition, int] = {}
     sizes: dict[TopicPartition, int] = {}
+    held = lowest.get
     for data_file in files:
         for section in data_file.sections:
             info, first = section.info, section.first_offset
             tp = (info.topic, info.partition)
-            held = lowest.get(tp)
-            if held is None:
+            low = held(tp)
+            if low is None:
                 lowest[tp], sizes[tp] = first, info.uncompressed_bytes
             else:
-                if first < held:
+                if first < low:
                     lowest[tp] = first
                 sizes[tp] += info.uncompressed_bytes
     return lowest, sizes
