@@ -215,7 +215,7 @@ def test_plans_written_to_a_directory_as_stored_and_run_from_it(tmp_path, local_
     (written,) = run(env, "plan", "--mode", "full", "--group-bytes", "1", "--out", str(out), "--now", "2000")  # a group a partition
     directory = out / written["plan_id"]
     documents = sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file())
-    assert documents == ["groups/g000.arrow", "groups/g001.arrow", "groups/g002.arrow", "groups/g003.arrow", "plan.json"]
+    assert documents == ["groups/g000.arrow", "groups/g001.arrow", "groups/g002.arrow", "groups/g003.arrow", "inputs.arrow", "plan.json"]
     assert written == {"plan_id": written["plan_id"], "plan": str(directory), "groups": 4, "inputs": 3,
                        "bytes": sum((directory / name).stat().st_size for name in documents)}
     (error,) = run(env, "compact", "--plan", str(directory / "plan.json"), expect=1)

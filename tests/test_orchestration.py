@@ -3,17 +3,30 @@ commit once, gc."""
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import replace
 
+import pyarrow as pa
 import pytest
 
 from logcompact.catalog import Catalog
 from logcompact.consume import latest_values
 from logcompact.engine.commit import collect_garbage
-from logcompact.engine.exchange import plan_key, read_header, read_partition_bytes, write_group_result
+from logcompact.engine.exchange import (
+    group_key,
+    inputs_key,
+    plan_key,
+    read_group,
+    read_header,
+    read_partition_bytes,
+    read_plan,
+    write_group_result,
+    write_plan,
+)
+from logcompact.engine.plan import GROUP_METADATA_KEY, Plan
 from logcompact.engine.stats import JobResult
-from logcompact.exceptions import CommitConflictError, TopicNotFoundError
+from logcompact.exceptions import CommitConflictError, InvalidPlanError, ObjectNotFoundError, TopicNotFoundError
 from logcompact.orchestration import check_thresholds, commit_plans, prepare_plans
 from logcompact.planner import PlannerConfig, plan
 from spark_apps.compact_group import compact_slices, deal_slices
@@ -174,3 +187,81 @@ def test_a_run_leases_all_its_plans_or_none(catalog: Catalog, monkeypatch) -> No
         prepare_plans(catalog, "full", NOW, CONFIG)
     assert {lease.plan_id for lease in catalog.snapshot().leases(NOW).values()} == {"p-other"}
     assert not list(catalog.store.list("plans/"))  # no plan written
+
+
+def _without_sketches(found: Plan) -> Plan:
+    """The plan as stored: sections without the key sketches only the planner reads."""
+    inputs = tuple(replace(f, sections=tuple(s._replace(info=s.info._replace(key_sketch=b"")) for s in f.sections)) for f in found.inputs)
+    return replace(found, inputs=inputs)
+
+
+def test_a_stored_plan_is_a_header_and_a_document_per_group(catalog: Catalog) -> None:
+    (sweep,) = plan(catalog.snapshot(), NOW, "full", replace(CONFIG, group_bytes=1))  # a group per partition
+    assert len(sweep.groups) == 3 and any(s.info.key_sketch for f in sweep.inputs for s in f.sections)
+    written = write_plan(catalog.store, sweep)
+    keys = [plan_key(sweep.plan_id), inputs_key(sweep.plan_id), *(group_key(sweep.plan_id, g) for g in range(3))]
+    assert sorted(info.key for info in catalog.store.list("plans/")) == sorted(keys)
+    assert written == sum(catalog.store.stat(key).size for key in keys)
+    header = read_header(catalog.store, sweep.plan_id)
+    assert header == sweep.header() and [f.key for f in header.inputs] == [f.key for f in sweep.inputs]
+    assert read_plan(catalog.store, sweep.plan_id) == _without_sketches(sweep)  # the whole plan put back together
+    for group in sweep.groups:  # each group's document holds that group's sections only
+        assert read_group(catalog.store, sweep.plan_id, group.group) == _without_sketches(sweep.piece(group.group))
+    (tp,) = read_partition_bytes(catalog.store, sweep.plan_id, 1)
+    assert tp == sweep.groups[1].first == ("accounts", 1)
+    sliced = read_group(catalog.store, sweep.plan_id, 1, partitions=[tp, ("accounts", 0)], slice=4)  # ("accounts", 0) is group 0's
+    assert sliced.slice == 4 and {(s.topic, s.partition) for f in sliced.inputs for s in f.sections} == {tp}
+    assert sliced.outside_floors == {} and sliced.output_key("compacted", 0).endswith("-g001-s004-compacted-0000.seg")
+    read_plan(catalog.store, sweep.plan_id).check_against(catalog.snapshot())  # as the catalog lists them, sketches aside
+
+
+def test_stored_plan_documents_that_do_not_check_out_are_one_line_errors(catalog: Catalog) -> None:
+    (sweep,) = plan(catalog.snapshot(), NOW, "full", CONFIG)
+    store, plan_id = catalog.store, sweep.plan_id
+    write_plan(store, sweep)
+    header = json.loads(store.get(plan_key(plan_id)))
+
+    def fails(key: str, data: bytes, reader, message: str) -> None:  # noqa: ANN001
+        good = store.get(key)
+        store.put(key, data)
+        with pytest.raises(InvalidPlanError, match=message) as failure:
+            reader()
+        assert "\n" not in str(failure.value)
+        store.put(key, good)
+
+    def as_json(document: dict) -> bytes:
+        return json.dumps(document).encode()
+
+    def arrow(table: pa.Table) -> bytes:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        return sink.getvalue().to_pybytes()
+
+    header_of = lambda: read_header(store, plan_id)  # noqa: E731
+    fails(plan_key(plan_id), as_json({**header, "format": 1}), header_of, "plan format 1 is not supported")
+    fails(plan_key(plan_id), as_json({**header, "target_level": 9}), header_of, "'target_level' is 9: must be an integer, 1 to 4")
+    fails(plan_key(plan_id), as_json({**header, "mode": "weekly"}), header_of, "mode 'weekly' is not one of")
+    two = [{**header["groups"][0], "last": ["accounts", 0]}, {**header["groups"][0], "group": 1, "first": ["accounts", 0]}]
+    fails(plan_key(plan_id), as_json({**header, "groups": two}), header_of, r"group 1 starts at \('accounts', 0\), within group 0")
+    fails(plan_key(plan_id), b"{nope", header_of, "not JSON")
+    inputs = pa.ipc.open_file(store.get(inputs_key(plan_id))).read_all()
+    fails(inputs_key(plan_id), b"not arrow", header_of, "not an Arrow document of a plan")
+    fails(inputs_key(plan_id), arrow(inputs.drop_columns(["size"])), header_of, "column 'size' is missing")
+    moved = inputs.set_column(0, "key", pa.array(["../etc/passwd", *inputs.column("key").to_pylist()[1:]]))
+    fails(inputs_key(plan_id), arrow(moved), header_of, "input '../etc/passwd' is not a data file of a logcompact cluster")
+
+    group_of = lambda: read_group(store, plan_id, 0)  # noqa: E731
+    document = pa.ipc.open_file(store.get(group_key(plan_id, 0))).read_all()
+    retyped = document.set_column(document.schema.get_field_index("record_count"), "record_count", document.column("record_count").cast(pa.string()))
+    fails(group_key(plan_id, 0), arrow(retyped), group_of, "column 'record_count' is of type string, expected int64")
+    fails(group_key(plan_id, 0), arrow(document.replace_schema_metadata({})), group_of, "has no logcompact.plan metadata")
+    metadata = json.loads(document.schema.metadata[GROUP_METADATA_KEY])
+    unknown = document.replace_schema_metadata({GROUP_METADATA_KEY: json.dumps({**metadata, "topics": []})})
+    fails(group_key(plan_id, 0), arrow(unknown), group_of, "holds topic 'accounts', which the plan does not describe")
+    beyond = document.set_column(0, "file", pa.array([99] * document.num_rows, pa.int32()))
+    fails(group_key(plan_id, 0), arrow(beyond), group_of, "a section names file 99, beyond the plan's 5 inputs")
+    with pytest.raises(ObjectNotFoundError, match=f"plan {plan_id} has no group 1 in .* \\(expected plans/{plan_id}/groups/g001.arrow\\)"):
+        read_group(store, plan_id, 1)
+    with pytest.raises(ObjectNotFoundError, match="no plan p-none"):
+        read_header(store, "p-none")

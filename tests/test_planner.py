@@ -7,10 +7,10 @@ import pytest
 
 from logcompact.catalog import Catalog, CatalogSection, DataFile, Snapshot
 from logcompact.engine.commit import run_and_commit
-from logcompact.exceptions import CommitConflictError
+from logcompact.exceptions import CommitConflictError, InvalidPlanError
 from logcompact.format.layout import SectionInfo
 from logcompact.ingest import Agent, Record
-from logcompact.engine.plan import PlanGroup
+from logcompact.engine.plan import Plan, PlanGroup
 from logcompact.planner import PlannerConfig, dirty_since, expected_effect, plan
 from logcompact.store import LocalStore
 from logcompact.topics import HOUR_MS
@@ -253,3 +253,27 @@ def test_dry_run_estimates_records_removed_from_the_key_sketches(catalog: Catalo
     assert abs(effect["estimated_records_removed"] - actual_removed) < 0.1 * actual_removed
     result = run_and_commit(catalog, sweep, NOW)
     assert result.to_dict()["duplicates_removed"] == actual_removed
+
+
+def test_a_plan_as_one_json_document_keeps_its_groups_and_is_checked(catalog: Catalog) -> None:
+    create_topic(catalog, "t", partitions=3, cleanup_policy="compact")
+    with Agent(catalog, background=False) as agent:
+        agent.produce("t", [Record(p, b"k%d" % i, b"v", NOW) for p in range(3) for i in range(10)])
+    (sweep,) = plan(catalog.snapshot(), NOW, "full", PlannerConfig(group_bytes=1))
+    document = sweep.to_dict()
+    assert Plan.from_json(sweep.to_json()) == sweep and len(sweep.groups) == 3  # key sketches and all
+    section = document["inputs"][0]["sections"][0]
+    assert isinstance(section["key_sketch"], str) and section["first_offset"] == 0  # bytes in base64
+    cases = [
+        ({**document, "groups": document["groups"][:2]}, r"holds t/2, which no group of the plan holds"),
+        ({**document, "groups": [document["groups"][1], document["groups"][0], document["groups"][2]]}, "number the groups 0, 1, ... in order"),
+        ({**document, "inputs": [{**document["inputs"][0], "sections": [{**section, "key_sketch": "%%"}]}]}, "'key_sketch' is not base64"),
+        ({**document, "inputs": [{**document["inputs"][0], "sections": [{**section, "nope": 1}]}]}, r"section field\(s\) nope unknown"),
+        ({**document, "inputs": [{**document["inputs"][0], "sections": [{**section, "partition": "0"}]}]}, "'partition' is '0': must be an integer"),
+        ({k: v for k, v in document.items() if k != "inputs"}, "this is the header of a stored plan"),
+        ({**document, "inputs": [{k: v for k, v in document["inputs"][0].items() if k != "sections"}]}, r"malformed plan \(KeyError: 'sections'\)"),
+        ({**document, "outside_floors": [["t", 0]]}, r"outside floor \['t', 0\] is not \[topic, partition, offset\]"),
+    ]
+    for broken, message in cases:
+        with pytest.raises(InvalidPlanError, match=message):
+            Plan.from_dict(broken)

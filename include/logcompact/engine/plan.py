@@ -1,8 +1,9 @@
 """Compaction plans: the engine's input, specified in docs/plan.md.
 
 A `Plan` is one object in memory, split into groups once, by the planner that makes it: a group is a run of
-whole topic-partitions in (topic, partition) order, and what a job runs is a `Plan.piece`, a plan whose inputs
-hold only the sections of its group (or of its slice of a group). Written, a plan takes one of two forms:
+whole topic-partitions in (topic, partition) order. What a job runs is a plan whose inputs hold only the
+sections of its group (`Plan.piece`) or of its slice of a group (`decode_group`). Written, a plan takes one of
+two forms:
 
 - one JSON document (`Plan.to_json`, `Plan.from_json`): what `logcompact plan` prints and `compact --plan` reads;
 - stored: a header (`PlanHeader`: a small JSON document of settings, topics and groups, and an Arrow document
@@ -178,20 +179,14 @@ class Plan:
     def from_dict(cls, document: Any, source: str = "plan") -> Plan:
         """A validated plan; anything malformed is an InvalidPlanError naming the field."""
         _check_format(document, source)
-        with collector_paused():
-            return cls._from_dict(document, source)
-
-    @classmethod
-    def _from_dict(cls, document: dict, source: str) -> Plan:
+        if "inputs" not in document and "groups" in document:
+            raise InvalidPlanError(
+                f"{source}: this is the header of a stored plan, whose inputs and sections are in the documents beside it; "
+                "pass the plan's directory"
+            )
         try:
-            inputs = []
-            for entry in _list(document, "inputs", source):
-                if isinstance(entry, dict) and "sections" not in entry:
-                    raise InvalidPlanError(
-                        f"{source}: input {entry.get('key')!r} lists no sections: this is the header of a stored plan, "
-                        "whose sections are in its group documents; pass the plan's directory (plan.json and groups/)"
-                    )
-                inputs.append(file_from_json(entry, source))
+            with collector_paused():
+                inputs = [file_from_json(entry, source) for entry in _list(document, "inputs", source)]
             plan = cls(
                 **_settings_from_dict(document, source),
                 topics=_topics_from_dict(document, source),
@@ -214,11 +209,6 @@ class Plan:
     @classmethod
     def from_pieces(cls, header: PlanHeader, pieces: Sequence[Plan], source: str) -> Plan:
         """The whole plan from its header and the pieces of its groups (`decode_group`), in group order."""
-        with collector_paused():
-            return cls._from_pieces(header, pieces, source)
-
-    @classmethod
-    def _from_pieces(cls, header: PlanHeader, pieces: Sequence[Plan], source: str) -> Plan:
         sections: dict[str, list[CatalogSection]] = {f.key: [] for f in header.inputs}
         floors: dict[TopicPartition, int] = {}
         for group, piece in zip(header.groups, pieces, strict=True):
@@ -229,11 +219,10 @@ class Plan:
                     raise InvalidPlanError(f"{source}: group {group.group} reads {data_file.key}, which the header does not list; plan again")
                 sections[data_file.key].extend(data_file.sections)  # groups follow (topic, partition) order, as files do
             floors.update(piece.outside_floors)
+        with collector_paused():
+            inputs = tuple(DataFile(f.key, f.level, f.size, f.created_ms, tuple(sections[f.key])) for f in header.inputs)
         plan = cls(
-            **{name: getattr(header, name) for name in _SETTINGS},
-            topics=header.topics,
-            inputs=tuple(DataFile(f.key, f.level, f.size, f.created_ms, tuple(sections[f.key])) for f in header.inputs),
-            outside_floors=floors,
+            **{name: getattr(header, name) for name in _SETTINGS}, topics=header.topics, inputs=inputs, outside_floors=floors,
             groups=header.groups,
         )
         plan.validate(source)
@@ -276,7 +265,7 @@ class Plan:
 @dataclass(frozen=True)
 class PlanHeader:
     """A plan without its sections and outside floors: what leasing, scheduling and committing it need. A
-    stored plan's `plan.json`."""
+    stored plan's `plan.json` and `inputs.arrow`."""
 
     plan_id: str
     cluster_id: str
@@ -553,6 +542,7 @@ _SETTINGS = (
     "target_file_bytes", "max_partition_bytes", "compression",
 )
 _BYTES_FIELDS = [name for name in SectionInfo._fields if _SECTION_TYPES[name] is bytes]
+_KIND_NAMES = {int: "an integer", str: "a string"}
 
 
 def _settings_dict(plan: Plan | PlanHeader) -> dict[str, Any]:
@@ -661,9 +651,9 @@ def _section_from_json(document: Any, source: str) -> CatalogSection:
             except (binascii.Error, TypeError, ValueError):
                 raise InvalidPlanError(f"{source}: section field {name!r} is not base64") from None
         elif not isinstance(value, kind) or isinstance(value, bool):
-            raise InvalidPlanError(f"{source}: section field {name!r} is {value!r}, not a {kind.__name__}")
+            raise InvalidPlanError(f"{source}: section field {name!r} is {value!r}: must be {_KIND_NAMES[kind]}")
     if not isinstance(first_offset, int) or isinstance(first_offset, bool):
-        raise InvalidPlanError(f"{source}: section field 'first_offset' is {first_offset!r}, not an int")
+        raise InvalidPlanError(f"{source}: section field 'first_offset' is {first_offset!r}: must be an integer")
     return CatalogSection(SectionInfo(**fields), first_offset)
 
 
