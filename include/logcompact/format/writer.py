@@ -42,9 +42,11 @@ from logcompact.format.layout import (
 # one set of Arrow buffers), and inside a section at BLOCK_BYTES or BLOCK_ROWS (so a reader decodes a big
 # section, or seeks into it, one bounded block at a time). Sizes are uncompressed Arrow bytes.
 PACK_BYTES = 64 * 1024
-# A block part is stored compressed only when that saves at least a fifth of its size: decompressing costs
-# every reader more than the few bytes a weaker ratio saves (a part of random key hashes saves about 15%).
-MIN_COMPRESSED_RATIO = 0.8
+# A block part is stored compressed only when that makes it this much smaller. Every read of a block
+# decompresses its index part, whose random key hashes leave little to gain (about 15%), so it must save a
+# fifth; the payload a tenth.
+INDEX_COMPRESSED_RATIO = 0.8
+PAYLOAD_COMPRESSED_RATIO = 0.9
 # Arrow bytes per row of a block's index part (offset delta, timestamp, key hash).
 INDEX_ROW_BYTES = 4 + 8 + 16
 RETRY_COMPRESSION_EVERY = 16
@@ -145,18 +147,24 @@ class _PartEncoder:
     reader a decompression pass. After a block that did not compress, the next ones are tried only now
     and then, so such a file is not compressed twice over."""
 
-    def __init__(self, schema: pa.Schema, compression: str) -> None:
-        self._names = schema.names
+    def __init__(self, schema: pa.Schema, compression: str, min_ratio: float) -> None:
+        self._schema = schema
+        self._min_ratio = min_ratio
         self._compressed = _MessageEncoder(schema, compression) if compression != "none" else None
         self._plain = _MessageEncoder(schema, "none")
         self._compressible = True
         self._tries = 0
 
     def encode(self, batch: pa.RecordBatch, size: int) -> bytes:
-        part = batch.select(self._names)
+        # A slice's all-null column would carry the whole of its parent's buffers into the message.
+        part = pa.RecordBatch.from_arrays(
+            [pa.nulls(len(column), column.type) if column.null_count == len(column) else column
+             for column in batch.select(self._schema.names).columns],
+            schema=self._schema,
+        )
         if self._compressed is not None and (self._compressible or self._tries % RETRY_COMPRESSION_EVERY == 0):
             message = self._compressed.encode(part)
-            self._compressible = len(message) <= MIN_COMPRESSED_RATIO * size
+            self._compressible = len(message) <= self._min_ratio * size
             if self._compressible:
                 return message
         self._tries += 1
@@ -245,8 +253,8 @@ class SegmentWriter:
         # The sections written, as columns (a file may hold 10,000: no object per section).
         self._written: dict[str, list] = {name: [] for name in _Section.__slots__}
         # Blocks: each holds its rows' index columns and payload columns as two record batch messages.
-        self._index = _PartEncoder(INDEX_SCHEMA, compression)
-        self._payload = _PartEncoder(PAYLOAD_SCHEMA, compression)
+        self._index = _PartEncoder(INDEX_SCHEMA, compression, INDEX_COMPRESSED_RATIO)
+        self._payload = _PartEncoder(PAYLOAD_SCHEMA, compression, PAYLOAD_COMPRESSED_RATIO)
         schema_message = SECTION_SCHEMA.serialize().to_pybytes()
         self._pending: list[pa.RecordBatch] = []
         self._pending_rows = 0
