@@ -264,7 +264,8 @@ class Catalog:
                     update(s.partitions)
                     .where(s.partitions.c.topic_id == bindparam("b_topic"), s.partitions.c.partition == bindparam("b_partition"))
                     .values(next_offset=bindparam("b_next")),
-                    [{"b_topic": t, "b_partition": p, "b_next": n} for (t, p), n in next_offsets.items()],
+                    ("b_topic", "b_partition", "b_next"),
+                    [(t, p, n) for (t, p), n in next_offsets.items()],
                 )
             self._insert_files(connection, placed_files, version, topic_rows)
         return version, assigned
@@ -478,19 +479,21 @@ class Catalog:
             for file_id, data_file in zip(ids, data_files, strict=True)
             for sec in data_file.sections
         ]
-        execute_many(connection, insert(s.sections), section_rows)
+        execute_many(connection, insert(s.sections), _SECTION_COLUMNS, section_rows)
 
 
-def _section_row(file_id: int, section: CatalogSection, topic_id: int) -> dict:
+_SECTION_COLUMNS = tuple(column.name for column in s.sections.columns)
+
+
+def _section_row(file_id: int, section: CatalogSection, topic_id: int) -> tuple:
+    """A sections row, in the table's column order."""
     info = section.info
-    return {
-        "file_id": file_id, "topic_id": topic_id, "partition": info.partition, "byte_offset": info.byte_offset,
-        "byte_length": info.byte_length, "first_row": info.first_row, "first_offset": section.first_offset, "last_offset": section.last_offset,
-        "record_count": info.record_count, "min_timestamp": info.min_timestamp, "max_timestamp": info.max_timestamp,
-        "tombstones": info.tombstones, "uncompressed_bytes": info.uncompressed_bytes,
-        "compression": COMPRESSIONS.index(info.compression), "crc32": info.crc32,
-        "clean_below_delta": info.clean_below_delta, "key_sketch": info.key_sketch or None,
-    }
+    return (
+        file_id, topic_id, info.partition, info.byte_offset, info.byte_length, info.first_row, section.first_offset,
+        section.last_offset, info.record_count, info.min_timestamp, info.max_timestamp, info.tombstones,
+        info.uncompressed_bytes, COMPRESSIONS.index(info.compression), info.crc32, info.clean_below_delta,
+        info.key_sketch or None,
+    )
 
 
 def _topic_not_found(name: str) -> TopicNotFoundError:

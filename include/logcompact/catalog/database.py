@@ -70,18 +70,20 @@ _engines: dict[tuple[int, str], Engine] = {}
 _engines_lock = threading.Lock()
 
 
-def execute_many(connection: Connection, statement: Executable, rows: Sequence[dict]) -> None:
-    """One statement for many rows, compiled once and handed to the driver's executemany: SQLAlchemy's own
-    executemany builds a parameter set per row in Python, which costs more than the database's work when an
-    agent's file holds 10,000 sections."""
+def execute_many(connection: Connection, statement: Executable, names: Sequence[str], rows: Sequence[tuple]) -> None:
+    """One statement for many rows (tuples of the parameters `names`), compiled once and handed to the driver's
+    executemany: SQLAlchemy's own executemany builds a parameter set per row in Python, which costs more than
+    the database's work when an agent's file holds 10,000 sections."""
     if not rows:
         return
     compiled = statement.compile(dialect=connection.dialect)
-    if compiled.positional:
-        pick = itemgetter(*compiled.positiontup)
-        parameters: Sequence = [pick(row) for row in rows]
-    else:
+    if not compiled.positional:
+        parameters: Sequence = [dict(zip(names, row)) for row in rows]
+    elif tuple(compiled.positiontup) == tuple(names):
         parameters = rows
+    else:
+        pick = itemgetter(*(names.index(name) for name in compiled.positiontup))
+        parameters = [pick(row) for row in rows]
     connection.exec_driver_sql(str(compiled), parameters)
 
 
