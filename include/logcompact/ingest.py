@@ -26,6 +26,7 @@ from typing import Callable, NamedTuple, Sequence
 import numpy as np
 
 from logcompact.catalog import Catalog, NewFile
+from logcompact.collector import collector_paused
 from logcompact.exceptions import IngestError, InvalidRecordError
 from logcompact.format import SegmentWriter, section_table
 from logcompact.topics import Topic
@@ -175,7 +176,8 @@ class Agent:
             if not buffer.batches:
                 return
             try:
-                offsets = self._write_and_commit(buffer)
+                with collector_paused():  # a file of 10,000 sections makes tens of thousands of small objects
+                    offsets = self._write_and_commit(buffer)
             except Exception as exc:
                 failure = IngestError(f"L0 file not committed, its {len(buffer.batches)} produce batches failed: {exc}")
                 failure.__cause__ = exc
