@@ -312,7 +312,8 @@ _topics_option = click.option("--topics", multiple=True, metavar="TOPIC", help="
 @_planner_options
 @pass_context
 def plan_command(ctx: Context, mode: str, topics: tuple[str, ...], dry_run: bool, out_dir: str | None, **options: int) -> None:
-    """Print the plans a mode calls for now, one JSON line each (nothing is leased or run)."""
+    """Print the plans a mode calls for now, one JSON line each, or write them to a directory as they are stored
+    (--out); nothing is leased or run."""
     _check_topics_option(mode, topics)
     if dry_run and out_dir:
         raise click.UsageError("--dry-run writes nothing and --out writes plans: choose one")

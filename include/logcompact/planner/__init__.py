@@ -7,15 +7,14 @@ rules. Files leased to an in-flight plan are never planned again until it commit
 
 Each mode asks the snapshot for the least it needs: the regular mode chooses from file summaries (level,
 size, content) and the max-lag pass from a few facts per section of its topics; sections are loaded only
-for the files a plan takes, in one read (the full sweep takes every file of its topics).
+for the files a plan takes, in one read (the full sweep takes every file of its topics). Each plan comes split
+into groups of topic-partitions (`PlannerConfig.group_bytes`), once: the plan records them.
 """
 
 from __future__ import annotations
 
-import gc
-
 from logcompact.catalog import Snapshot
-from logcompact.engine.plan import Plan
+from logcompact.engine.plan import Plan, collector_paused
 from logcompact.planner.config import PlannerConfig
 from logcompact.planner.estimate import expected_effect
 from logcompact.planner.levels import plan_full_sweep, plan_regular, size_tiers, top_level
@@ -43,17 +42,11 @@ def plan(
     """The plans a mode calls for now, leaving out files leased to in-flight plans."""
     if mode not in MODES:
         raise ValueError(f"planner mode {mode!r} is not one of {', '.join(MODES)}")
-    # Planning a large catalog loads hundreds of thousands of small acyclic objects; a full collection over
-    # them in the middle of it would cost more than the planning itself.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    # Planning a large catalog loads hundreds of thousands of sections.
+    with collector_paused():
         leased = snapshot.leased_files(now_ms)
         if mode == "regular":
             return plan_regular(snapshot, now_ms, config, leased)
         planner = plan_full_sweep if mode == "full" else plan_max_lag
         found = planner(snapshot, now_ms, config, leased, topics)
         return [found] if found is not None else []
-    finally:
-        if collecting:
-            gc.enable()
