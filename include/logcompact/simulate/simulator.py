@@ -17,7 +17,6 @@ data of the partition (percentiles), and max-lag violations (records first so de
 
 from __future__ import annotations
 
-import gc
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ import numpy as np
 
 from logcompact import sketch
 from logcompact.catalog import Catalog, NewFile, Snapshot
+from logcompact.collector import collector_paused
 from logcompact.engine.plan import TopicPartition
 from logcompact.format.layout import SectionInfo
 from logcompact.planner import PlannerConfig, plan
@@ -229,11 +229,8 @@ class Simulation:
     # -- the clock ---------------------------------------------------------------------------------
 
     def run(self) -> SimulationResult:
-        # A run holds millions of small acyclic objects (sections, plans); collections over them would cost
-        # more than the run, as in the planner.
-        collecting = gc.isenabled()
-        gc.disable()
-        with tempfile.TemporaryDirectory(prefix="logcompact-simulate-") as directory:
+        # A run builds millions of sections, plans and cohorts: the collector stays paused, as in the planner.
+        with collector_paused(), tempfile.TemporaryDirectory(prefix="logcompact-simulate-") as directory:
             self.catalog = Catalog(LocalStore(Path(directory)))
             self.catalog.ensure_created(0)
             for topic in self.topics:
@@ -242,8 +239,6 @@ class Simulation:
                 return self._simulate()
             finally:
                 self.catalog.engine.dispose()
-                if collecting:
-                    gc.enable()
 
     def _simulate(self) -> SimulationResult:
         w, result = self.workload, self.result
