@@ -21,7 +21,7 @@ from logcompact.engine.plan import Plan
 from logcompact.format.layout import SectionInfo
 
 # What a section costs in a file beyond its records' bytes: its footer entry and its share of a block's framing
-# (bench/partitions.py, "file overhead per section", 3-record sections).
+# (bench/partitions.py measures 63 to 68 bytes for 3-record sections in files of 1,000 and 10,000 partitions).
 SECTION_OVERHEAD_BYTES = 60
 
 
