@@ -223,8 +223,12 @@ class _LatestOffsets:
 
     def _reduce(self) -> None:
         rows = np.concatenate(self._chunks) if len(self._chunks) > 1 else self._chunks[0]
-        order = np.lexsort((rows[:, 2], rows[:, 1], rows[:, 0]))
-        rows = rows[order]
+        # Rows are held in offset order, so a stable sort by the high hash word leaves each key's rows in offset
+        # order. Two keys sharing a high word (rare) need the low word too.
+        rows = rows[np.argsort(rows[:, 0], kind="stable")]
+        same_high = rows[1:, 0] == rows[:-1, 0]
+        if (same_high & (rows[1:, 1] != rows[:-1, 1])).any():
+            rows = rows[np.lexsort((rows[:, 2], rows[:, 1], rows[:, 0]))]
         last = np.ones(len(rows), dtype=bool)
         last[:-1] = (rows[1:, 0] != rows[:-1, 0]) | (rows[1:, 1] != rows[:-1, 1])
         self._chunks = [rows[last]]
