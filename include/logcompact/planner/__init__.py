@@ -13,8 +13,10 @@ into groups of topic-partitions (`PlannerConfig.group_bytes`), once: the plan re
 
 from __future__ import annotations
 
+import gc
+
 from logcompact.catalog import Snapshot
-from logcompact.engine.plan import Plan, collector_paused
+from logcompact.engine.plan import Plan
 from logcompact.planner.config import PlannerConfig
 from logcompact.planner.estimate import expected_effect
 from logcompact.planner.levels import plan_full_sweep, plan_regular, size_tiers, top_level
@@ -42,11 +44,17 @@ def plan(
     """The plans a mode calls for now, leaving out files leased to in-flight plans."""
     if mode not in MODES:
         raise ValueError(f"planner mode {mode!r} is not one of {', '.join(MODES)}")
-    # Planning a large catalog loads hundreds of thousands of sections.
-    with collector_paused():
+    # Planning a large catalog loads hundreds of thousands of small acyclic objects; a full collection over
+    # them in the middle of it would cost more than the planning itself.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
         leased = snapshot.leased_files(now_ms)
         if mode == "regular":
             return plan_regular(snapshot, now_ms, config, leased)
         planner = plan_full_sweep if mode == "full" else plan_max_lag
         found = planner(snapshot, now_ms, config, leased, topics)
         return [found] if found is not None else []
+    finally:
+        if collecting:
+            gc.enable()
