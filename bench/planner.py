@@ -27,6 +27,7 @@ import argparse
 import gc
 import pickle
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -42,6 +43,9 @@ from logcompact.format.layout import SectionInfo
 from logcompact.planner import PlannerConfig, plan
 from logcompact.store import LocalStore
 from logcompact.topics import Topic
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from spark_apps.compact_group import slice_task  # noqa: E402
 
 NOW = 1_700_000_000_000
 BATCH = 20_000
@@ -136,12 +140,8 @@ def report_documents(plans: list[Plan], runs: int, scratch: Path) -> None:
     partitions = sorted(by_partition)
     slice_partitions = partitions[: max(1, len(partitions) // SLICES_PER_GROUP)]
     task_s, _ = medians(runs, lambda: read_group(store, largest.plan_id, group, partitions=slice_partitions, slice=0))
-    store_uri, plan_id = store.uri, largest.plan_id
-
-    def task(part):  # noqa: ANN001, ANN202 (what compact_group.main maps over its slices)
-        return (store_uri, plan_id, group, part)
-
-    sent = len(cloudpickle.dumps(task)) + len(pickle.dumps([(0, slice_partitions)]))
+    plan_id = largest.plan_id
+    sent = len(cloudpickle.dumps(slice_task(store.uri, plan_id, group))) + len(pickle.dumps([(0, slice_partitions)]))
     print(f"  largest plan {plan_id}: header read in {header_s:.3f} s (the commit); group {group} of "
           f"{len(partitions):,} partitions: bytes per partition read in {driver_s:.3f} s (a Spark driver), a slice "
           f"of {len(slice_partitions):,} partitions in {task_s:.3f} s (a task, sent {sent:,} bytes)")

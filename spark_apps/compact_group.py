@@ -20,7 +20,7 @@ they need (on a cluster, only its credentials).
 from __future__ import annotations
 
 import argparse
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from logcompact.engine.exchange import group_done, read_group, read_partition_bytes, write_group_result
 from logcompact.engine.plan import TopicPartition
@@ -50,6 +50,12 @@ def compact_slices(store_uri: str, plan_id: str, group: int, slices: Iterable[tu
         yield run_plan(store, piece).to_dict()
 
 
+def slice_task(store_uri: str, plan_id: str, group: int) -> Callable[[Iterable[tuple[int, list[TopicPartition]]]], Iterator[dict]]:
+    """The function every Spark task of the group runs over its slices: it carries the store, the plan id and the
+    group number, nothing of the plan itself."""
+    return lambda slices: compact_slices(store_uri, plan_id, group, slices)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--store", required=True, help="file:///path or s3://bucket/prefix")
@@ -74,13 +80,8 @@ def main(argv: list[str] | None = None) -> None:
 
     context = SparkContext.getOrCreate(SparkConf().setAppName(f"logcompact {args.plan_id} group {args.group}"))
     slices = deal_slices(sizes, args.slices or context.defaultParallelism)
-    store_uri, plan_id, group = args.store, args.plan_id, args.group
-    results = (
-        context.parallelize(slices, len(slices))
-        .mapPartitions(lambda part: compact_slices(store_uri, plan_id, group, part))
-        .collect()
-    )
-    write_group_result(store, plan_id, group, [JobResult.from_dict(r) for r in results])
+    results = context.parallelize(slices, len(slices)).mapPartitions(slice_task(args.store, args.plan_id, args.group)).collect()
+    write_group_result(store, args.plan_id, args.group, [JobResult.from_dict(r) for r in results])
 
 
 if __name__ == "__main__":

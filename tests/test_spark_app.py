@@ -22,7 +22,7 @@ from logcompact.ingest import Agent, Record
 from logcompact.orchestration import commit_plans, prepare_plans
 from logcompact.planner import PlannerConfig
 from logcompact.store import LocalStore
-from spark_apps.compact_group import compact_slices, deal_slices, main
+from spark_apps.compact_group import compact_slices, deal_slices, main, slice_task
 from tests.helpers import NOW, create_topic
 from tests.support.spark_cluster import spark_environment, standalone_cluster
 
@@ -126,3 +126,16 @@ def test_spark_submit_runs_a_group_on_a_standalone_cluster(tmp_path) -> None:
     assert commit_plans(catalog, [sweep.plan_id], NOW).committed == [sweep.plan_id]
     assert len(catalog.snapshot().file_summaries()) == 3  # three slices, each on an executor of the cluster
     assert _latest(catalog, 6) == {b"k%d" % k: b"2" for k in range(30)}
+
+
+def test_what_a_task_is_sent_does_not_grow_with_the_plan(catalog: Catalog) -> None:
+    from pyspark import cloudpickle  # how Spark sends a task its function
+
+    small = _leased_sweep(_cluster(catalog, partitions=2))
+    create_topic(catalog, "u", partitions=60, cleanup_policy="compact")
+    with Agent(catalog, background=False) as agent:
+        agent.produce("u", [Record(i % 60, b"k%d" % i, b"v", NOW) for i in range(6000)])
+    large = _leased_sweep(catalog)  # the small plan's files are leased to it: this plan takes the others
+    assert sum(len(f.sections) for f in large.inputs) == 10 * sum(len(f.sections) for f in small.inputs)
+    sent = [len(cloudpickle.dumps(slice_task(catalog.store.uri, p.plan_id, 0))) for p in (small, large)]
+    assert sent[0] == sent[1] < 2000
