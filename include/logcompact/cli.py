@@ -284,7 +284,7 @@ def _planner_options(command):
         click.option("--target-file-bytes", type=click.IntRange(min=1), default=PlannerConfig.target_file_bytes,
                      show_default=True, help="Output files are cut at this size, at a section boundary."),
         click.option("--group-bytes", type=click.IntRange(min=1), default=PlannerConfig.group_bytes, show_default=True,
-                     help="Plans with more input are split into groups of partitions of about this size."),
+                     help="Plans with more input (uncompressed) are split into groups of partitions of about this size."),
     ]):
         command = option(command)
     return command
