@@ -15,12 +15,12 @@ from __future__ import annotations
 import json
 from typing import Collection
 
+from logcompact.collector import collector_paused
 from logcompact.engine.plan import (
     PLANS_PREFIX,
     Plan,
     PlanHeader,
     TopicPartition,
-    collector_paused,
     decode_group,
     encode_groups,
     group_partition_bytes,

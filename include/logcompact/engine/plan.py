@@ -18,19 +18,18 @@ from __future__ import annotations
 import base64
 import binascii
 import bisect
-import gc
 import json
 import uuid
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from itertools import repeat
-from typing import TYPE_CHECKING, Any, Collection, Iterable, Iterator, NamedTuple, Sequence, get_type_hints
+from typing import TYPE_CHECKING, Any, Collection, Iterable, NamedTuple, Sequence, get_type_hints
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from logcompact.catalog import CatalogSection, DataFile
+from logcompact.collector import collector_paused
 from logcompact.exceptions import CommitConflictError, InvalidPlanError
 from logcompact.format.layout import SectionInfo
 from logcompact.topics import Topic
@@ -384,19 +383,6 @@ GROUP_SCHEMA = pa.schema(
 # The group document's schema metadata: the group's settings, topics and PlanGroup, as JSON.
 GROUP_METADATA_KEY = b"logcompact.plan"
 _IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
-
-
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """Python's cyclic collector paused while hundreds of thousands of small acyclic objects (sections, rows) are
-    built or taken apart: the full collections they would set off cost more than the work itself."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def encode_groups(plan: Plan) -> list[bytes]:
