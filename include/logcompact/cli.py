@@ -422,12 +422,13 @@ def gc(ctx: Context, grace_ms: int) -> None:
 @click.option("--keys", type=click.IntRange(min=1), default=100_000, show_default=True, help="Key cardinality.")
 @click.option("--skew", type=click.FloatRange(min=0), default=0.0, show_default=True, help="Zipf exponent of key popularity (0: uniform).")
 @click.option("--tombstone-rate", type=click.FloatRange(0, 1), default=0.01, show_default=True)
-@click.option("--partitions", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--topics", type=click.IntRange(min=1), default=1, show_default=True, help="Compacted topics.")
+@click.option("--partitions", type=click.IntRange(min=1), default=8, show_default=True, help="Partitions per topic.")
 @click.option("--max-lag-ms", type=click.IntRange(min=1), default=2 * 3_600_000, show_default=True)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=".simulate", show_default=True,
               help="Where the JSON summaries and PNG plots go.")
 def simulate(agents: tuple[int, ...], hours: float, rate: float, record_bytes: int, keys: int, skew: float,
-             tombstone_rate: float, partitions: int, max_lag_ms: int, out_dir: str) -> None:
+             tombstone_rate: float, topics: int, partitions: int, max_lag_ms: int, out_dir: str) -> None:
     """Simulate ingest, the planner and the engine's cost model; compare logcompact's planner with the
     reference's literal rules on the same workload."""
     from pathlib import Path
@@ -437,7 +438,8 @@ def simulate(agents: tuple[int, ...], hours: float, rate: float, record_bytes: i
 
     for count in agents:
         workload = Workload(agents=count, records_per_s=rate, record_bytes=record_bytes, keys=keys, key_skew=skew,
-                            tombstone_rate=tombstone_rate, partitions=partitions, hours=hours, max_lag_ms=max_lag_ms)
+                            tombstone_rate=tombstone_rate, topics=topics, partitions=partitions, hours=hours,
+                            max_lag_ms=max_lag_ms)
         results = compare(workload, {"literal rules": LITERAL_RULES, "logcompact": LOGCOMPACT})
         name = f"{count}-agent{'s' if count > 1 else ''}"
         click.echo(table(f"{name}, {hours:g} simulated hours, {rate:g} records/s per agent, {keys:,} keys:", results))
