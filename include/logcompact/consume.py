@@ -2,8 +2,9 @@
 
 Offsets live in the catalog: a section's records carry offset deltas, and the catalog gives each
 section's first offset. A read asks the snapshot for the sections of its one partition and offset range
-(one indexed query, whatever else the catalog holds), then reads them in offset order with one ranged GET
-each; sections whose offset ranges overlap (a compaction output spans a hole that another file fills) are
+(one indexed query, whatever else the catalog holds), then reads them in offset order: a section with one
+ranged GET, or, past SEEK_BYTES, block by block from the one holding the first offset wanted, found in its
+file's footer; sections whose offset ranges overlap (a compaction output spans a hole that another file fills) are
 merged by offset. Holes left by compaction are simply absent, as Kafka consumers expect.
 """
 

@@ -102,8 +102,6 @@ class _FileCursor:
         self._stream.close()
 
 
-# Pass 1 needs only these of each batch: a block's index part.
-PASS1_COLUMNS = INDEX_COLUMNS
 # Consecutive sections of a partition are processed as one batch of up to this many rows and bytes, so a
 # partition of many small sections costs a few vectorized steps, not a few per section.
 COALESCE_ROWS = 65536
@@ -458,7 +456,7 @@ class _PartitionCleaner:
             stats.records_out += out.records
             return
 
-        first = self._records(pass1, PASS1_COLUMNS)
+        first = self._records(pass1, INDEX_COLUMNS)
         expected_keys = sum(s.info.record_count for _, s in self.sections)
         map_from = self._clean_prefix_end()
         segment = 0
