@@ -43,6 +43,12 @@ DEFAULT_TARGET_FILE_BYTES = 256 * 1024 * 1024
 # The key map's buffer of each job: WarpStream's 128 MiB.
 DEFAULT_BUFFER_BYTES = 128 * 1024 * 1024
 DEFAULT_MAX_PARTITION_BYTES = 128 * 1024**3
+# Bounds a plan's sizes must keep (docs/plan.md). Kafka caps each cleaner thread's dedupe buffer at 2 GiB; an
+# output file is written whole to local disk before its PUT; no byte count may overflow an int64 sum.
+MIN_BUFFER_BYTES = 40
+MAX_BUFFER_BYTES = 2 * 1024**3
+MAX_TARGET_FILE_BYTES = 16 * 1024**3
+MAX_BYTE_COUNT = 1 << 50
 MODES = ("regular", "full", "max-lag")
 OUTPUT_COMPRESSIONS = ("none", "lz4", "zstd")
 # Plans and their groups' results are kept in the store under this prefix (logcompact.engine.exchange).
