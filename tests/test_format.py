@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyroaring import BitMap
 
-from logcompact.exceptions import ChecksumMismatchError, SegmentFormatError
+from logcompact.exceptions import CorruptDataError
 from logcompact.format import BlockStream, SegmentWriter, read_footer, read_section, section_table, write_segment
-from logcompact.format.layout import FILE_HEADER, MAGIC
+from logcompact.format.layout import FILE_HEADER, MAGIC, SectionInfo
 from logcompact.format.reader import iter_blocks, section_rows
 from logcompact.store import LocalStore, ObjectStore
 
@@ -161,10 +161,10 @@ def test_a_flipped_byte_fails_the_block_checksum_before_decoding(tmp_path) -> No
     blob = bytearray(store.get("f.seg"))
     blob[infos[1].byte_offset + infos[1].byte_length - 5] ^= 0xFF
     store.put("bad.seg", bytes(blob))
-    with pytest.raises(ChecksumMismatchError, match=r"bad\.seg: block at byte \d+ failed its CRC-32 check \(payload"):
+    with pytest.raises(CorruptDataError, match=r"bad\.seg: block at byte \d+ failed its CRC-32 check \(payload"):
         read_section(store, "bad.seg", infos[1])
     stream = BlockStream(store, "bad.seg")
-    with pytest.raises(ChecksumMismatchError, match=r"bad\.seg: block at byte \d+ failed its CRC-32"):
+    with pytest.raises(CorruptDataError, match=r"bad\.seg: block at byte \d+ failed its CRC-32"):
         for _ in infos:
             stream.next_batch()
 
@@ -174,7 +174,7 @@ def test_a_file_swapped_for_another_is_caught_by_the_catalogs_checksum(tmp_path)
     infos = _sample_file(store, sections=2)
     other = section_table(range(100), [2] * 100, [b"x%d" % i for i in range(100)], [b"w"] * 100)
     store.put("f.seg", write_segment([("t", 0, other), ("t", 1, other)])[0])
-    with pytest.raises(ChecksumMismatchError, match=r"f\.seg: section t/0 at byte \d+ is not the block the catalog records"):
+    with pytest.raises(CorruptDataError, match=r"f\.seg: section t/0 at byte \d+ is not the block the catalog records"):
         read_section(store, "f.seg", infos[0])
 
 
@@ -183,12 +183,12 @@ def test_unknown_version_and_foreign_files_are_rejected(tmp_path) -> None:
     _sample_file(store, sections=1)
     blob = store.get("f.seg")
     store.put("v9.seg", FILE_HEADER.pack(MAGIC, 9, 0, 0) + blob[FILE_HEADER.size :])
-    with pytest.raises(SegmentFormatError, match=r"v9\.seg: segment format version 9 is not supported"):
+    with pytest.raises(CorruptDataError, match=r"v9\.seg: segment format version 9 is not supported"):
         BlockStream(store, "v9.seg")
     store.put("other.bin", b"PK\x03\x04" + b"\0" * 100)
-    with pytest.raises(SegmentFormatError, match=r"other\.bin: not a logcompact segment file"):
+    with pytest.raises(CorruptDataError, match=r"other\.bin: not a logcompact segment file"):
         BlockStream(store, "other.bin")
-    with pytest.raises(SegmentFormatError, match=r"other\.bin: not a logcompact segment file"):
+    with pytest.raises(CorruptDataError, match=r"other\.bin: not a logcompact segment file"):
         read_footer(store, "other.bin")
 
 
@@ -197,17 +197,27 @@ def test_truncated_file_is_reported(tmp_path) -> None:
     infos = _sample_file(store, sections=2, records=30_000)
     store.put("cut.seg", store.get("f.seg")[: infos[1].byte_offset + infos[1].byte_length // 2])
     stream = BlockStream(store, "cut.seg")
-    with pytest.raises(SegmentFormatError, match=r"cut\.seg: truncated"):
+    with pytest.raises(CorruptDataError, match=r"cut\.seg: truncated"):
         for _ in range(100):
             stream.next_batch()
-    with pytest.raises(SegmentFormatError, match=r"cut\.seg: section t/1 at byte \d+ is cut short"):
+    with pytest.raises(CorruptDataError, match=r"cut\.seg: section t/1 at byte \d+ is cut short"):
         read_section(store, "cut.seg", infos[1])
 
 
-def test_section_rows_reports_missing_rows() -> None:
-    batch = section_table([0, 1], [1, 1], [b"a", b"b"], [b"x", b"y"]).to_batches()[0]
-    with pytest.raises(SegmentFormatError, match="hold 1 of its 3 records"):
-        list(section_rows(iter([batch]), 1, 3))
+def _claimed(record_count: int, last_delta: int, first_row: int = 0) -> SectionInfo:
+    """What a catalog row might claim of a section."""
+    return SectionInfo("t", 0, record_count, last_delta, 1, 1, 0, 0, "none", 0, 0, 0, 0, b"", first_row)
+
+
+def test_section_rows_are_checked_against_the_catalogs_record() -> None:
+    batch = section_table([0, 1, 2], [1, 1, 1], [b"a", b"b", b"c"], [b"x", b"y", b"z"]).to_batches()[0]
+    assert [b.num_rows for b in section_rows("f.seg", _claimed(3, 2), iter([batch]))] == [3]
+    with pytest.raises(CorruptDataError, match="hold 3 of the 4 records"):
+        list(section_rows("f.seg", _claimed(4, 2), iter([batch])))
+    # A record count edited smaller, a first row or last delta pointing elsewhere: no row is handed out.
+    for claimed in (_claimed(2, 2), _claimed(2, 1, first_row=1), _claimed(3, 5)):
+        with pytest.raises(CorruptDataError, match=r"f\.seg: section t/0 at byte 0: expected offset deltas increasing"):
+            list(section_rows("f.seg", claimed, iter([batch])))
 
 
 def test_writer_enforces_section_order_and_offsets() -> None:
@@ -240,10 +250,10 @@ def test_pass_one_reads_a_blocks_index_and_skips_its_payload_unchecked(tmp_path)
     store.put("payload.seg", bytes(blob))
     index = BlockStream(store, "payload.seg").next_batch(index_only=True)
     assert index.schema.names == ["offset_delta", "timestamp", "key_hash"] and index.num_rows == 3000
-    with pytest.raises(ChecksumMismatchError, match=r"\(payload: expected"):
+    with pytest.raises(CorruptDataError, match=r"\(payload: expected"):
         BlockStream(store, "payload.seg").next_batch()
     blob = bytearray(store.get("f.seg"))
     blob[infos[0].byte_offset + 40] ^= 0xFF  # in the index message
     store.put("index.seg", bytes(blob))
-    with pytest.raises(ChecksumMismatchError, match=r"\(index: expected"):
+    with pytest.raises(CorruptDataError, match=r"\(index: expected"):
         BlockStream(store, "index.seg").next_batch(index_only=True)

@@ -17,12 +17,12 @@ class StoreError(LogcompactError):
     """The object store answered a request with an error."""
 
 
-class SegmentFormatError(LogcompactError):
-    """A segment file is not a logcompact segment, has an unknown version, or is truncated."""
+class CorruptDataError(LogcompactError):
+    """A data file is not what its checks or the catalog's record of it say: a failed CRC-32, a truncated or
+    replaced file, a section whose rows differ from the catalog's record, an unknown format version. The
+    message names the file, the section when known, and what was expected and found."""
 
-
-class ChecksumMismatchError(SegmentFormatError):
-    """A section's bytes do not match the checksum written with them."""
+    key: str | None = None  # the damaged file, set by the reader that met it (a compaction sets its partition aside)
 
 
 class InvalidTopicError(LogcompactError):

@@ -6,7 +6,17 @@ Spark task that only reads a plan's files never pays for the database layer it d
 
 from typing import TYPE_CHECKING, Any
 
-from logcompact.catalog.model import CatalogSection, CommitResult, DataFile, FileSummary, Lease, NewFile, PartitionSection
+from logcompact.catalog.model import (
+    CatalogSection,
+    CommitResult,
+    DataFile,
+    FileSummary,
+    Lease,
+    NewFile,
+    PartitionSection,
+    SetAside,
+    Uncleanable,
+)
 
 if TYPE_CHECKING:
     from logcompact.catalog.catalog import DEFAULT_KEEP_VERSIONS, Catalog
@@ -37,5 +47,7 @@ __all__ = [
     "Lease",
     "NewFile",
     "PartitionSection",
+    "SetAside",
     "Snapshot",
+    "Uncleanable",
 ]

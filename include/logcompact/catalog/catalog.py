@@ -23,14 +23,24 @@ import json
 import uuid
 from collections import defaultdict
 from contextlib import contextmanager
-from typing import Iterable, Iterator, Sequence
+from typing import Collection, Iterable, Iterator, Sequence
 
 from sqlalchemy import ColumnElement, Connection, bindparam, delete, func, insert, inspect, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from logcompact.catalog import schema as s
 from logcompact.catalog.database import WRITE, catalog_url_for, engine_for, execute_many, one_of, sqlite_path
-from logcompact.catalog.model import CONTENTS, CatalogSection, CommitRecord, CommitResult, DataFile, NewFile
+from logcompact.catalog.model import (
+    CONTENTS,
+    CatalogSection,
+    CommitRecord,
+    CommitResult,
+    DataFile,
+    NewFile,
+    SetAside,
+    TopicPartition,
+    Uncleanable,
+)
 from logcompact.catalog.snapshot import Snapshot
 from logcompact.exceptions import (
     CatalogConfigError,
@@ -50,6 +60,10 @@ from logcompact.topics import Topic
 
 # Manifest versions a reader may pin: gc keeps files removed since the oldest of them.
 DEFAULT_KEEP_VERSIONS = 100
+# An uncleanable partition is left out of plans this long after its first failure, twice as long after each
+# further one, at most a day (or until its damaged file changes, or the mark is cleared).
+UNCLEANABLE_BACKOFF_MS = 15 * 60_000
+UNCLEANABLE_MAX_BACKOFF_MS = 24 * 3_600_000
 
 class Catalog:
     """A cluster: its object store (data, plans) and its catalog database (everything that says what is live).
@@ -157,8 +171,9 @@ class Catalog:
         with self._reading() as connection:
             return connection.execute(select(s.catalog_info.c.version)).scalar_one()
 
-    def snapshot(self, version: int | None = None) -> Snapshot:
-        """A reader pinned to a manifest version (default: the newest)."""
+    def snapshot(self, version: int | None = None, set_aside: frozenset[TopicPartition] = frozenset()) -> Snapshot:
+        """A reader pinned to a manifest version (default: the newest); planners leave out the sections of
+        `set_aside` partitions (`planning_snapshot`)."""
         with self._reading() as connection:
             latest = connection.execute(select(s.catalog_info.c.version)).scalar_one()
             if version is not None and version != latest:
@@ -170,7 +185,11 @@ class Catalog:
                     )
             topics = self._topics(connection)
             ids = {name: self._topic_ids[name][0] for name in topics}
-            return Snapshot(self.engine, self.cluster_id, latest if version is None else version, topics, ids)
+            return Snapshot(self.engine, self.cluster_id, latest if version is None else version, topics, ids, set_aside)
+
+    def planning_snapshot(self, now_ms: int) -> Snapshot:
+        """The newest version as planners see it: without the partitions held back as uncleanable."""
+        return self.snapshot(set_aside=self.held_uncleanable(now_ms))
 
     def oldest_kept_version(self) -> int:
         return max(1, self.latest_version() - self.keep_versions + 1)
@@ -281,11 +300,16 @@ class Catalog:
         plan_id: str | None = None,
         expected_version: int | None = None,
         leased: bool = False,
+        kept: Collection[TopicPartition] = (),
+        marks: Sequence[SetAside] = (),
     ) -> CommitResult:
         """Swap live files for others holding offsets already assigned (a compaction's outputs).
 
         With a `plan_id`, a plan committed before is a no-op (`committed` False), and with `leased` each input
         must still be leased to the plan. An input no longer live is a CommitConflictError; nothing changes.
+        The sections of `kept` partitions (set aside: not compacted) stay live in their files, which stay live
+        with them; `marks` are the partitions this commit marks uncleanable, and the other partitions of the
+        inputs lose any mark they had.
         """
         operation = f"compact {plan_id}" if plan_id else "replace files"
         try:
@@ -318,10 +342,14 @@ class Catalog:
                             f"plan {plan_id}: its lease on {lost[0]} (and {len(lost) - 1} more) expired or was released "
                             "before the commit; its outputs may be collected, plan again"
                         )
+                keeping = self._retire_sections(connection, live.values(), kept, version) if kept else set()
                 connection.execute(
-                    update(s.files).where(self._one_of(s.files.c.file_id, live.values())).values(removed_version=version, removed_ms=now_ms)
+                    update(s.files)
+                    .where(self._one_of(s.files.c.file_id, [i for i in live.values() if i not in keeping]))
+                    .values(removed_version=version, removed_ms=now_ms)
                 )
                 connection.execute(delete(s.leases).where(self._one_of(s.leases.c.file_id, live.values())))
+                self._update_marks(connection, live.values(), kept, marks, plan_id or operation, now_ms)
                 if plan_id is not None:
                     connection.execute(delete(s.leases).where(s.leases.c.plan_id == plan_id))
                     connection.execute(insert(s.committed_plans).values(plan_id=plan_id, version=version, committed_ms=now_ms))
@@ -333,10 +361,130 @@ class Catalog:
             raise CommitConflictError(f"{operation}: an output file is already in the catalog ({_first_line(exc)}); plan again") from None
         return CommitResult(version, True)
 
+    def _retire_sections(self, connection: Connection, file_ids: Iterable[int], kept: Collection[TopicPartition], version: int) -> set[int]:
+        """Retire the live sections of `file_ids` except those of `kept` partitions; returns the files that keep
+        a section (they stay live)."""
+        sec = s.sections.c
+        kept_ids = {(self._topic_id(connection, topic), partition) for topic, partition in kept}
+        rows = connection.execute(
+            select(sec.file_id, sec.topic_id, sec.partition).where(
+                self._one_of(sec.file_id, file_ids), sec.removed_version.is_(None),
+                sec.topic_id.in_(sorted({t for t, _ in kept_ids})), sec.partition.in_(sorted({p for _, p in kept_ids})),
+            )
+        ).all()
+        keeping = {file_id for file_id, topic_id, partition in rows if (topic_id, partition) in kept_ids}
+        if keeping:
+            retired = [
+                (version, file_id, topic_id, partition)
+                for file_id, topic_id, partition in connection.execute(
+                    select(sec.file_id, sec.topic_id, sec.partition).where(self._one_of(sec.file_id, keeping), sec.removed_version.is_(None))
+                ).all()
+                if (topic_id, partition) not in kept_ids
+            ]
+            statement = (
+                update(s.sections)
+                .where(sec.file_id == bindparam("f"), sec.topic_id == bindparam("t"), sec.partition == bindparam("p"))
+                .values(removed_version=bindparam("v"))
+            )
+            if retired:
+                execute_many(connection, statement, ("v", "f", "t", "p"), retired)
+        return keeping
+
+    def _update_marks(
+        self, connection: Connection, file_ids: Iterable[int], kept: Collection[TopicPartition], marks: Sequence[SetAside],
+        plan_id: str, now_ms: int,
+    ) -> None:
+        """Mark the partitions set aside by this commit; partitions it compacted lose their old marks."""
+        marked = connection.execute(select(s.uncleanable.c.topic_id, s.uncleanable.c.partition)).all()
+        if marked:
+            # The marked partitions with a section among the inputs, not kept: this commit compacted them.
+            sec = s.sections.c
+            names = {topic_id: name for name, (topic_id, _) in self._topic_ids.items()}
+            compacted = connection.execute(
+                select(sec.topic_id, sec.partition).distinct().where(
+                    self._one_of(sec.file_id, file_ids),
+                    sec.topic_id.in_(sorted({t for t, _ in marked})), sec.partition.in_(sorted({p for _, p in marked})),
+                )
+            ).all()
+            done = {(names[t], p) for t, p in compacted if (t, p) in set(marked)} - set(kept)
+            self._clear_marks(connection, sorted(done))
+        self._mark_uncleanable(connection, marks, plan_id, now_ms)
+
     def is_committed(self, plan_id: str) -> bool:
         with self._reading() as connection:
             found = connection.execute(select(s.committed_plans.c.plan_id).where(s.committed_plans.c.plan_id == plan_id))
             return found.first() is not None
+
+    # -- uncleanable partitions ---------------------------------------------------------------------------
+
+    def uncleanable(self) -> list[Uncleanable]:
+        """Every partition marked uncleanable, in (topic, partition) order, with its live sections' bytes."""
+        unc, sec, files = s.uncleanable.c, s.sections.c, s.files.c
+        live_bytes = (
+            select(func.coalesce(func.sum(sec.uncompressed_bytes), 0))
+            .join(s.files, files.file_id == sec.file_id)
+            .where(sec.topic_id == unc.topic_id, sec.partition == unc.partition, files.removed_version.is_(None),
+                   sec.removed_version.is_(None))
+            .scalar_subquery()
+        )
+        with self._reading() as connection:
+            self._topics(connection)
+            names = {topic_id: name for name, (topic_id, _) in self._topic_ids.items()}
+            rows = connection.execute(
+                select(unc.topic_id, unc.partition, unc.reason, unc.file_key, unc.marked_ms, unc.retry_ms, unc.failures, unc.plan_id, live_bytes)
+            ).all()
+        return sorted(Uncleanable(names[r[0]], *r[1:]) for r in rows)
+
+    def held_uncleanable(self, now_ms: int) -> frozenset[TopicPartition]:
+        """Uncleanable partitions planners leave out now: before their retry time, unless the damaged file is no
+        longer live or its object was replaced since the mark (restored from a copy)."""
+        held = set()
+        live = {}
+        marks = self.uncleanable()
+        if marks:
+            with self._reading() as connection:
+                live = self._live_file_ids(connection, sorted({m.file_key for m in marks}))
+        for mark in marks:
+            if mark.retry_ms <= now_ms or mark.file_key not in live:
+                continue
+            found = self.store.stat(mark.file_key)
+            if found is not None and found.modified_ms <= mark.marked_ms:
+                held.add((mark.topic, mark.partition))
+        return frozenset(held)
+
+    def clear_uncleanable(self, partitions: Iterable[TopicPartition] | None = None) -> list[TopicPartition]:
+        """Remove the uncleanable marks of `partitions` (None: all); returns those that were marked."""
+        marked = [(m.topic, m.partition) for m in self.uncleanable()]
+        chosen = marked if partitions is None else [tp for tp in marked if tp in set(partitions)]
+        if chosen:
+            with self._writing() as connection:
+                for topic, partition in chosen:
+                    topic_id = self._topic_id(connection, topic)
+                    connection.execute(
+                        delete(s.uncleanable).where(s.uncleanable.c.topic_id == topic_id, s.uncleanable.c.partition == partition)
+                    )
+        return chosen
+
+    def _mark_uncleanable(self, connection: Connection, marks: Sequence[SetAside], plan_id: str, now_ms: int) -> None:
+        """Mark partitions uncleanable, or mark them again: the backoff doubles with each failure in a row."""
+        unc = s.uncleanable.c
+        for mark in marks:
+            topic_id = self._topic_id(connection, mark.topic)
+            where = (unc.topic_id == topic_id, unc.partition == mark.partition)
+            failures = (connection.execute(select(unc.failures).where(*where)).scalar_one_or_none() or 0) + 1
+            backoff = min(UNCLEANABLE_MAX_BACKOFF_MS, UNCLEANABLE_BACKOFF_MS << min(failures - 1, 20))
+            connection.execute(delete(s.uncleanable).where(*where))
+            connection.execute(insert(s.uncleanable).values(
+                topic_id=topic_id, partition=mark.partition, reason=mark.reason, file_key=mark.file_key, marked_ms=now_ms,
+                retry_ms=now_ms + backoff, failures=failures, plan_id=plan_id,
+            ))
+
+    def _clear_marks(self, connection: Connection, partitions: Iterable[TopicPartition]) -> None:
+        """Partitions a commit compacted are cleanable again."""
+        for topic, partition in partitions:
+            connection.execute(delete(s.uncleanable).where(
+                s.uncleanable.c.topic_id == self._topic_id(connection, topic), s.uncleanable.c.partition == partition
+            ))
 
     # -- leases ----------------------------------------------------------------------------------------
 
@@ -492,7 +640,7 @@ def _section_row(file_id: int, section: CatalogSection, topic_id: int) -> tuple:
         file_id, topic_id, info.partition, info.byte_offset, info.byte_length, info.first_row, section.first_offset,
         section.last_offset, info.record_count, info.min_timestamp, info.max_timestamp, info.tombstones,
         info.uncompressed_bytes, COMPRESSIONS.index(info.compression), info.crc32, info.clean_below_delta,
-        info.key_sketch or None,
+        info.key_sketch or None, None,
     )
 
 

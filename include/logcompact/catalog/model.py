@@ -134,3 +134,35 @@ class CommitRecord:
     commit_id: str
     created_ms: int
     operation: str
+
+
+TopicPartition = tuple[str, int]
+
+
+class SetAside(NamedTuple):
+    """A partition a job could not compact because its data is damaged: what the commit marks uncleanable."""
+
+    topic: str
+    partition: int
+    reason: str  # the CorruptDataError's message
+    file_key: str  # the damaged file
+
+    def to_dict(self) -> dict:
+        return self._asdict()
+
+
+class Uncleanable(NamedTuple):
+    """A partition marked uncleanable in the catalog (Kafka's uncleanable partitions), with its live bytes."""
+
+    topic: str
+    partition: int
+    reason: str
+    file_key: str
+    marked_ms: int
+    retry_ms: int
+    failures: int
+    plan_id: str
+    bytes: int  # uncompressed bytes of its live sections: Kafka's uncleanable-bytes
+
+    def to_dict(self) -> dict:
+        return self._asdict()

@@ -21,7 +21,7 @@ from sqlalchemy import (
 )
 
 # Bump on any change to the tables below; a database of another version is refused (CatalogSchemaError).
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # SQLite gives auto-numbered keys only to INTEGER PRIMARY KEY (the rowid); PostgreSQL wants BIGINT.
 Identity64 = BigInteger().with_variant(Integer(), "sqlite")
@@ -114,6 +114,9 @@ sections = Table(
     Column("crc32", BigInteger, nullable=False),
     Column("clean_below_delta", BigInteger, nullable=False),
     Column("key_sketch", LargeBinary),  # sketch.encode's packed registers; NULL for a section without keys
+    # Set when a compaction replaced the rest of its file but not this section (its partition was set aside as
+    # uncleanable): the file stays live with the sections whose removed_version is null.
+    Column("removed_version", BigInteger),
     sqlite_with_rowid=False,
 )
 # The sections of one partition from an offset (consume), and of a set of partitions (planners).
@@ -135,4 +138,20 @@ committed_plans = Table(
     Column("plan_id", String(64), primary_key=True),
     Column("version", BigInteger, nullable=False),
     Column("committed_ms", BigInteger, nullable=False),
+)
+
+# Partitions set aside as uncleanable (Kafka's term): their compaction failed on damaged data. Their sections stay
+# live where they are; planners leave them out until `retry_ms`, or until the damaged file is no longer live or
+# its object was replaced, and `logcompact uncleanable clear` removes the mark.
+uncleanable = Table(
+    "uncleanable",
+    metadata,
+    Column("topic_id", Integer, primary_key=True, autoincrement=False),
+    Column("partition", Integer, primary_key=True, autoincrement=False),
+    Column("reason", Text, nullable=False),
+    Column("file_key", Text, nullable=False),  # the damaged file the reason names
+    Column("marked_ms", BigInteger, nullable=False),
+    Column("retry_ms", BigInteger, nullable=False),
+    Column("failures", Integer, nullable=False),  # in a row: the backoff doubles with each
+    Column("plan_id", String(64), nullable=False),
 )

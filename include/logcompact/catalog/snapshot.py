@@ -24,12 +24,17 @@ TopicPartition = tuple[str, int]
 class Snapshot:
     """The catalog as of manifest version `version`."""
 
-    def __init__(self, engine: Engine, cluster_id: str, version: int, topics: dict[str, Topic], topic_ids: dict[str, int]) -> None:
+    def __init__(
+        self, engine: Engine, cluster_id: str, version: int, topics: dict[str, Topic], topic_ids: dict[str, int],
+        set_aside: frozenset[TopicPartition] = frozenset(),
+    ) -> None:
         self.engine = engine
         self.cluster_id = cluster_id
         self.version = version
         self.topics = topics
         self.topic_ids = topic_ids
+        # Partitions held back as uncleanable: what planners read leaves their sections out (consumers see them).
+        self.set_aside = set_aside
 
     def __repr__(self) -> str:
         return f"Snapshot(cluster {self.cluster_id}, version {self.version})"
@@ -48,6 +53,36 @@ class Snapshot:
         files = s.files.c
         return and_(files.added_version <= self.version, or_(files.removed_version.is_(None), files.removed_version > self.version))
 
+    def _live_section(self) -> ColumnElement[bool]:
+        """A section of a live file is live unless a commit retired it alone (its file kept a set-aside section)."""
+        sections = s.sections.c
+        return and_(self._live(), or_(sections.removed_version.is_(None), sections.removed_version > self.version))
+
+    def _planned_section(self) -> ColumnElement[bool]:
+        """A live section planners may take: not of a set-aside partition."""
+        if not self.set_aside:
+            return self._live_section()
+        sections = s.sections.c
+        held = [and_(sections.topic_id == self.topic_ids[t], sections.partition == p) for t, p in sorted(self.set_aside)]
+        return and_(self._live_section(), ~or_(*held))
+
+    def _held_files(self, connection: Connection) -> list[int]:
+        """Live files whose every live section is of a set-aside partition: planners leave them out whole."""
+        if not self.set_aside:
+            return []
+        sections = s.sections.c
+        holding = select(sections.file_id).join(s.files, s.files.c.file_id == sections.file_id).where(self._live_section()).where(
+            ~self._planned_section()
+        )
+        candidates = set(connection.execute(holding).scalars())
+        if not candidates:
+            return []
+        planned = connection.execute(
+            select(sections.file_id).distinct().join(s.files, s.files.c.file_id == sections.file_id)
+            .where(self._planned_section(), one_of(sections.file_id, candidates, self.engine.dialect.name))
+        ).scalars()
+        return sorted(candidates - set(planned))
+
     def file_summaries(self, level: int | None = None) -> list[FileSummary]:
         """Every live file (of a level) without its sections, ordered by level, creation time and key."""
         files = s.files.c
@@ -55,6 +90,9 @@ class Snapshot:
         if level is not None:
             query = query.where(files.level == level)
         with self.engine.connect() as connection:
+            held = self._held_files(connection)
+            if held:
+                query = query.where(~one_of(files.file_id, held, self.engine.dialect.name))
             rows = connection.execute(query.order_by(files.level, files.created_ms, files.key)).all()
         return [FileSummary(r[0], r[1], r[2], r[3], r[4], CONTENTS[r[5]]) for r in rows]
 
@@ -65,13 +103,18 @@ class Snapshot:
             conditions.append(s.files.c.level == level)
         if topics is not None:
             ids = [self.topic_ids[name] for name in topics]
-            conditions.append(s.files.c.file_id.in_(select(s.sections.c.file_id).where(s.sections.c.topic_id.in_(ids))))
+            conditions.append(s.files.c.file_id.in_(
+                select(s.sections.c.file_id).where(s.sections.c.topic_id.in_(ids), s.sections.c.removed_version.is_(None))
+            ))
         with self.engine.connect() as connection:
+            held = self._held_files(connection)
+            if held:
+                conditions.append(~one_of(s.files.c.file_id, held, self.engine.dialect.name))
             loaded = self._load(connection, conditions)
         return sorted(loaded, key=lambda f: (f.level, f.created_ms, f.key))
 
     def get_files(self, keys: Sequence[str]) -> dict[str, DataFile]:
-        """The live files among `keys`, with their sections, by key."""
+        """The live files among `keys`, with their live sections (but those of set-aside partitions), by key."""
         with self.engine.connect() as connection:
             loaded = self._load(connection, [self._live(), self._key_in(keys)])
         return {f.key: f for f in loaded}
@@ -84,7 +127,8 @@ class Snapshot:
             select(files.file_id, files.key, files.level, files.size, files.created_ms).where(*conditions).order_by(files.file_id)
         ).all()
         section_rows = connection.execute(
-            select(s.sections).join(s.files, files.file_id == sec.file_id).where(*conditions).order_by(sec.file_id, sec.byte_offset, sec.first_row)
+            select(s.sections).join(s.files, files.file_id == sec.file_id).where(*conditions, self._planned_section())
+            .order_by(sec.file_id, sec.byte_offset, sec.first_row)
         ).all()
         names = {topic_id: name for name, topic_id in self.topic_ids.items()}
         loaded, position, count = [], 0, len(section_rows)
@@ -112,7 +156,7 @@ class Snapshot:
                 s.sections.c.topic_id == topic_id,
                 s.sections.c.partition == partition,
                 s.sections.c.last_offset >= from_offset,
-                self._live(),
+                self._live_section(),
             )
             .order_by(s.sections.c.first_offset, s.sections.c.file_id)
         )
@@ -129,7 +173,7 @@ class Snapshot:
             select(files.key, files.level, sec.topic_id, sec.partition, sec.first_offset, sec.last_offset,
                    sec.clean_below_delta, sec.min_timestamp)
             .join(s.files, files.file_id == sec.file_id)
-            .where(sec.topic_id.in_(list(ids)), self._live())
+            .where(sec.topic_id.in_(list(ids)), self._planned_section())
         )
         with self.engine.connect() as connection:
             return [
@@ -153,7 +197,7 @@ class Snapshot:
             .where(
                 sec.topic_id.in_(sorted({topic_id for topic_id, _ in wanted})),
                 sec.partition.in_(sorted({partition for _, partition in wanted})),
-                self._live(),
+                self._live_section(),
                 ~self._key_in(input_keys),
             )
             .group_by(sec.topic_id, sec.partition)
@@ -170,7 +214,7 @@ class Snapshot:
         query = (
             select(sec.topic_id, sec.partition, func.min(sec.first_offset))
             .join(s.files, files.file_id == sec.file_id)
-            .where(self._key_in(keys), self._live())
+            .where(self._key_in(keys), self._live_section())
             .group_by(sec.topic_id, sec.partition)
         )
         with self.engine.connect() as connection:

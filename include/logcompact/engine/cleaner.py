@@ -54,12 +54,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from logcompact.catalog import CatalogSection, DataFile
+from logcompact.catalog import CatalogSection, DataFile, SetAside
 from logcompact.engine.offset_map import CompactOffsetMap, OffsetMap
 from logcompact.engine.plan import Plan, TopicPartition
 from logcompact.engine.stats import CompactionStats, JobResult
 from logcompact.format import BlockStream, SegmentWriter
-from logcompact.format.layout import INDEX_COLUMNS, MAX_OFFSET_SPAN, SECTION_SCHEMA, key_hash_words
+from logcompact.exceptions import CorruptDataError
+from logcompact.format.layout import INDEX_COLUMNS, MAX_OFFSET_SPAN, SECTION_SCHEMA, SectionInfo, key_hash_words
 from logcompact.format.reader import section_rows
 from logcompact.store.base import ObjectStore
 from logcompact.topics import TopicConfig
@@ -74,32 +75,63 @@ class _FileCursor:
     """One streaming GET over a file, handing out the rows of each requested section in file order.
 
     Small sections share a block: the block decoded last is kept, so the next section in it costs no read.
-    Blocks holding no requested section are read past without being decoded."""
+    Blocks holding no requested section are read past without being decoded. Each section's first block must
+    be the one the catalog records (its index CRC-32), and the store's object the catalog's size. After damage
+    the stream's place is unknown: the next section is read by a new GET from its own block."""
 
-    def __init__(self, store: ObjectStore, key: str, index_only: bool) -> None:
-        self.key = key
-        self._stream = BlockStream(store, key)
+    def __init__(self, store: ObjectStore, data_file: DataFile, index_only: bool) -> None:
+        self.key = data_file.key
+        self._store = store
+        self._size = data_file.size
         self._index_only = index_only
+        self._stream: BlockStream | None = None
+        self._resume = False  # after damage: reopen at the next section's block, past the header checked before
         self._batch: pa.RecordBatch | None = None
         self._batch_position = -1
+        self._batch_crc = -1
 
     def rows(self, placed: CatalogSection) -> Iterator[pa.RecordBatch]:
-        """The section's records, batch by batch; sections must be asked for in file order."""
-        return section_rows(self._blocks_from(placed.info.byte_offset), placed.info.first_row, placed.info.record_count)
+        """The section's records, batch by batch, checked against the catalog's record of it; sections must be
+        asked for in file order. Damage is a CorruptDataError whose `key` names this file."""
+        try:
+            yield from section_rows(self.key, placed.info, self._blocks_from(placed.info))
+        except CorruptDataError as damage:
+            self._batch_position = -1
+            if self._stream is not None:
+                self._stream.close()
+                self._stream = None
+            self._resume = True
+            damage.key = self.key
+            raise
 
-    def _blocks_from(self, position: int) -> Iterator[pa.RecordBatch]:
-        if position == self._batch_position:
-            yield self._batch
-        else:
-            self._stream.advance_to(position)
+    def _blocks_from(self, info: SectionInfo) -> Iterator[pa.RecordBatch]:
+        if info.byte_offset != self._batch_position:
+            self._read_block(info.byte_offset)
+        if self._batch_crc != info.crc32:
+            raise CorruptDataError(
+                f"{self.key}: section {info.topic}/{info.partition} at byte {info.byte_offset}: the catalog records a "
+                f"block of index CRC-32 {info.crc32:#010x}, the file holds {self._batch_crc:#010x}; the file was "
+                "replaced or is corrupt, restore it from a copy"
+            )
         while True:
-            self._batch_position = self._stream.position
-            self._batch = self._stream.next_batch(self._index_only)
             yield self._batch
+            self._read_block(None)
+
+    def _read_block(self, position: int | None) -> None:
+        """Decode the block at `position` (None: the next one), reading past the blocks before it."""
+        if self._stream is None:
+            start = position if self._resume and position is not None else 0
+            self._stream = BlockStream(self._store, self.key, self._size, start)
+        if position is not None:
+            self._stream.advance_to(position)
+        self._batch_position = self._stream.position
+        self._batch = self._stream.next_batch(self._index_only)
+        self._batch_crc = self._stream.index_crc
 
     def close(self) -> None:
         """End the GET. Blocks past the last one used are not read: nothing of them is needed."""
-        self._stream.close()
+        if self._stream is not None:
+            self._stream.close()
 
 
 # Consecutive sections of a partition are processed as one batch of up to this many rows and bytes, so a
@@ -250,6 +282,7 @@ class _SectionOutput:
         self.first_offset = -1
         self.last_offset = -1
         self.records = 0
+        self.finished = 0  # sections finished (a partition spanning 2**32 offsets has several)
         self.clean_below: int | None = None
 
     def write(self, batch: pa.RecordBatch, keep: np.ndarray, horizons: pa.Array) -> None:
@@ -282,10 +315,20 @@ class _SectionOutput:
         self._builder.finish(clean_below_delta=clean_delta)
         self._files.section_done(self.first_offset)
         self._builder = None
+        self.finished += 1
 
     def close(self) -> None:
         if self._builder is not None:
             self._finish()
+
+    def abandon(self, damage: CorruptDataError) -> None:
+        """Take back what was written of the partition. Sections already finished (in files cut at 2**32
+        offsets) cannot be taken back: then the job fails with the damage."""
+        if self.finished:
+            raise damage
+        if self._builder is not None:
+            self._builder.abandon()
+            self._builder = None
 
 
 _KEPT = ("timestamp", "key", "key_hash", "value", "headers")
@@ -318,7 +361,16 @@ def run_plan(store: ObjectStore, plan: Plan, offset_map: OffsetMap | None = None
             for (topic, partition), sections in sorted(by_partition.items()):
                 config = plan.topics[topic].config
                 cleaner = _PartitionCleaner(plan, topic, partition, config, sections, key_map, stats)
-                cleaner.run(pass1, pass2, outputs["compacted" if config.compacted else "other"])
+                out = _SectionOutput(outputs["compacted" if config.compacted else "other"], topic, partition)
+                counts = stats.checkpoint()
+                try:
+                    cleaner.run(pass1, pass2, out)
+                except CorruptDataError as damage:
+                    # Kafka's uncleanable partition: its records stay where they are, the others go on.
+                    out.abandon(damage)
+                    stats.rewind(counts)
+                    stats.set_aside(SetAside(topic, partition, str(damage), damage.key or ""))
+                    log.warning("plan %s: %s/%d set aside as uncleanable: %s", plan.plan_id, topic, partition, damage)
             for files in outputs.values():
                 files.close()
         except BaseException:
@@ -348,10 +400,10 @@ class _Cursors:
         self._index_only = index_only
         self._open: dict[str, _FileCursor] = {}
 
-    def rows(self, key: str, placed: CatalogSection) -> Iterator[pa.RecordBatch]:
-        cursor = self._open.get(key)
+    def rows(self, data_file: DataFile, placed: CatalogSection) -> Iterator[pa.RecordBatch]:
+        cursor = self._open.get(data_file.key)
         if cursor is None:
-            cursor = self._open[key] = _FileCursor(self._store, key, self._index_only)
+            cursor = self._open[data_file.key] = _FileCursor(self._store, data_file, self._index_only)
         return cursor.rows(placed)
 
     def close(self) -> None:
@@ -416,11 +468,11 @@ class _PartitionCleaner:
             for run in runs:
                 if len(run) == 1:
                     data_file, placed = run[0]
-                    plain.append((cursors.rows(data_file.key, placed), placed))
+                    plain.append((cursors.rows(data_file, placed), placed))
                     continue
                 yield from _coalesced(plain, columns)
                 plain = []
-                yield from _merged([_coalesced([(cursors.rows(f.key, placed), placed)], columns) for f, placed in run])
+                yield from _merged([_coalesced([(cursors.rows(f, placed), placed)], columns) for f, placed in run])
             yield from _coalesced(plain, columns)
 
         return _PartitionReader(in_order())
@@ -442,11 +494,10 @@ class _PartitionCleaner:
             end = min(end, other.first_offset)
         return end
 
-    def run(self, pass1: _Cursors, pass2: _Cursors, files: _OutputFiles) -> None:
+    def run(self, pass1: _Cursors, pass2: _Cursors, out: _SectionOutput) -> None:
         stats = self.stats
         stats.records_in += sum(s.info.record_count for _, s in self.sections)
         stats.expired_removed += sum(s.info.record_count for _, s in self.sections if self._expired_section(s))
-        out = _SectionOutput(files, self.topic, self.partition)
         second = self._records(pass2)
         if not self.deduplicate:
             for batch in second:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass, field
 
-from logcompact.catalog import Catalog
+from logcompact.catalog import Catalog, SetAside
 from logcompact.engine.plan import PLANS_PREFIX, Plan, PlanHeader
 from logcompact.engine.stats import CompactionStats, JobResult
 from logcompact.exceptions import CommitConflictError
@@ -37,8 +37,11 @@ def commit_plan(catalog: Catalog, plan: Plan | PlanHeader, results: list[JobResu
                 f"plan {plan.plan_id}: output {data_file.key} is missing from the store (collected by gc after the "
                 "plan's lease expired?); plan again"
             )
+    # Partitions a job set aside keep their sections where they are, and are marked uncleanable.
+    marks = [SetAside(**mark) for result in results for mark in result.stats.uncleanable]
     committed = catalog.replace_files(
-        [f.key for f in plan.inputs], outputs, now_ms, plan_id=plan.plan_id, expected_version=plan.manifest_version, leased=leased
+        [f.key for f in plan.inputs], outputs, now_ms, plan_id=plan.plan_id, expected_version=plan.manifest_version,
+        leased=leased, kept={(m.topic, m.partition) for m in marks}, marks=marks,
     ).committed
     if not committed:
         log.info("plan %s was already committed; nothing to do", plan.plan_id)
@@ -64,6 +67,7 @@ class PlanResult:
             "seconds": round(sum(g.seconds for g in self.groups), 3),
             "oversized_partitions": [p for g in self.groups for p in g.oversized_partitions],
             "warnings": sorted({w for g in self.groups for w in g.warnings}),
+            "uncleanable": [p for g in self.groups for p in g.uncleanable],
             "groups": len(self.groups),
         }
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from operator import attrgetter
 
-from logcompact.catalog import DataFile
+from logcompact.catalog import DataFile, SetAside
 from logcompact.engine.plan import file_from_json, file_to_json
 
 
@@ -37,10 +38,26 @@ class CompactionStats:
     puts: int = 0
     seconds: float = 0.0
     warnings: list[str] = field(default_factory=list)
+    # Partitions set aside as uncleanable (SetAside as dicts): their sections stay where they are.
+    uncleanable: list[dict] = field(default_factory=list)
 
     def warnings_once(self, message: str) -> None:
         if message not in self.warnings:
             self.warnings.append(message)
+
+    def checkpoint(self) -> tuple:
+        """The counts before a partition, to `rewind` to if it is set aside (its partial counts would mislead)."""
+        return _COUNTS(self), len(self.oversized_partitions), len(self.warnings)
+
+    def rewind(self, checkpoint: tuple) -> None:
+        counts, oversized, warnings = checkpoint
+        for name, value in zip(_COUNTED, counts):
+            setattr(self, name, value)
+        del self.oversized_partitions[oversized:]
+        del self.warnings[warnings:]
+
+    def set_aside(self, partition: SetAside) -> None:
+        self.uncleanable.append(partition.to_dict())
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -63,3 +80,10 @@ class JobResult:
     def from_dict(cls, data: dict) -> JobResult:
         outputs = [file_from_json(f, f"result of plan {data['plan_id']} group {data['group']}") for f in data["outputs"]]
         return cls(data["plan_id"], data["group"], outputs, CompactionStats(**data["stats"]))
+
+
+_COUNTED = (
+    "records_in", "records_out", "distinct_keys", "buffer_utilization", "overflows", "duplicates_removed", "expired_removed",
+    "tombstones_kept", "tombstones_stamped", "tombstones_removed", "invalid_records", "young_kept",
+)
+_COUNTS = attrgetter(*_COUNTED)

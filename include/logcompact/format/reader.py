@@ -12,7 +12,7 @@ import pyarrow as pa
 from isal.isal_zlib import crc32  # zlib's CRC-32, computed about 4x faster
 from pyroaring import BitMap
 
-from logcompact.exceptions import ChecksumMismatchError, SegmentFormatError
+from logcompact.exceptions import CorruptDataError
 from logcompact.format.layout import (
     BLOCK_PREFIX,
     COMPRESSIONS,
@@ -38,7 +38,7 @@ _TAIL_BYTES = 64 * 1024
 def _check_header(name: str, header: bytes) -> int:
     """The length of the schema message after a valid header."""
     if len(header) != FILE_HEADER.size:
-        raise SegmentFormatError(f"{name}: too short to be a logcompact segment file")
+        raise CorruptDataError(f"{name}: too short to be a logcompact segment file")
     magic, version, _compression, schema_length = FILE_HEADER.unpack(header)
     _check_version(name, magic, version)
     return schema_length
@@ -46,9 +46,9 @@ def _check_header(name: str, header: bytes) -> int:
 
 def _check_version(name: str, magic: bytes, version: int) -> None:
     if magic != MAGIC:
-        raise SegmentFormatError(f"{name}: not a logcompact segment file (magic {magic!r}, expected {MAGIC!r})")
+        raise CorruptDataError(f"{name}: not a logcompact segment file (magic {magic!r}, expected {MAGIC!r})")
     if version != FORMAT_VERSION:
-        raise SegmentFormatError(
+        raise CorruptDataError(
             f"{name}: segment format version {version} is not supported by this logcompact "
             f"(reads version {FORMAT_VERSION}); upgrade logcompact"
         )
@@ -56,13 +56,13 @@ def _check_version(name: str, magic: bytes, version: int) -> None:
 
 def _check_schema(name: str, message: bytes) -> None:
     if message != _SCHEMA_MESSAGE:
-        raise SegmentFormatError(f"{name}: its record schema is not the one of format version {FORMAT_VERSION}; the file is corrupt")
+        raise CorruptDataError(f"{name}: its record schema is not the one of format version {FORMAT_VERSION}; the file is corrupt")
 
 
 def _check_crc(name: str, position: int, part: str, message: memoryview | bytes, expected: int) -> None:
     found = crc32(message)
     if found != expected:
-        raise ChecksumMismatchError(
+        raise CorruptDataError(
             f"{name}: block at byte {position} failed its CRC-32 check ({part}: expected {expected:#010x}, "
             f"found {found:#010x}); the file is corrupt, restore it from a copy"
         )
@@ -72,7 +72,7 @@ def _decode(name: str, position: int, message: memoryview | bytes, schema: pa.Sc
     try:
         return pa.ipc.read_record_batch(pa.ipc.read_message(pa.py_buffer(message)), schema)
     except (pa.ArrowInvalid, OSError) as exc:
-        raise SegmentFormatError(f"{name}: block at byte {position} passed its checksums but is not a record batch ({exc})") from None
+        raise CorruptDataError(f"{name}: block at byte {position} passed its checksums but is not a record batch ({exc})") from None
 
 
 def decode_block(
@@ -87,7 +87,7 @@ def decode_block(
     _check_crc(name, position, "payload", payload, payload_crc)
     payload_batch = _decode(name, position, payload, PAYLOAD_SCHEMA)
     if payload_batch.num_rows != index_batch.num_rows:
-        raise SegmentFormatError(f"{name}: block at byte {position} holds {index_batch.num_rows} index rows but {payload_batch.num_rows} payload rows; the file is corrupt")
+        raise CorruptDataError(f"{name}: block at byte {position} holds {index_batch.num_rows} index rows but {payload_batch.num_rows} payload rows; the file is corrupt")
     columns = {**dict(zip(INDEX_SCHEMA.names, index_batch.columns)), **dict(zip(PAYLOAD_SCHEMA.names, payload_batch.columns))}
     return pa.RecordBatch.from_arrays([columns[name] for name in SECTION_SCHEMA.names], schema=SECTION_SCHEMA)
 
@@ -99,12 +99,12 @@ def iter_blocks(name: str, data: memoryview | bytes, position: int, index_only: 
     at = 0
     while at < len(view):
         if len(view) - at < BLOCK_PREFIX.size:
-            raise SegmentFormatError(f"{name}: truncated block at byte {position + at}; the file is incomplete")
+            raise CorruptDataError(f"{name}: truncated block at byte {position + at}; the file is incomplete")
         index_length, index_crc, payload_length, payload_crc = BLOCK_PREFIX.unpack_from(view, at)
         index_start = at + BLOCK_PREFIX.size
         end = index_start + index_length + payload_length
         if end > len(view):
-            raise SegmentFormatError(f"{name}: block at byte {position + at} runs past the bytes read; the file is incomplete or the catalog is wrong")
+            raise CorruptDataError(f"{name}: block at byte {position + at} runs past the bytes read; the file is incomplete or the catalog is wrong")
         payload_start = index_start + index_length
         yield position + at, decode_block(
             name, position + at, view[index_start:payload_start], index_crc, None if index_only else view[payload_start:end], payload_crc
@@ -112,10 +112,12 @@ def iter_blocks(name: str, data: memoryview | bytes, position: int, index_only: 
         at = end
 
 
-def section_rows(batches: Iterator[pa.RecordBatch], first_row: int, count: int) -> Iterator[pa.RecordBatch]:
-    """The `count` rows from row `first_row` of consecutive blocks' batches: one section's records. No batch
-    is asked for beyond the one holding the last row (a streaming reader would read past the section)."""
-    skip, left = first_row, count
+def section_rows(name: str, info: SectionInfo, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The section's `record_count` rows from row `first_row` of consecutive blocks' batches, checked against the
+    catalog's record as they pass: offset deltas from 0, increasing, ending at `last_delta`. No batch is asked for
+    beyond the one holding the last row (a streaming reader would read past the section)."""
+    skip, left = info.first_row, info.record_count
+    previous = -1
     for batch in batches:
         if skip >= batch.num_rows:
             skip -= batch.num_rows
@@ -123,10 +125,38 @@ def section_rows(batches: Iterator[pa.RecordBatch], first_row: int, count: int) 
         piece = batch.slice(skip, left)
         skip = 0
         left -= piece.num_rows
+        previous = check_deltas(name, info, piece, previous, complete=left == 0)
         yield piece
         if left == 0:
             return
-    raise SegmentFormatError(f"a section's blocks hold {count - left} of its {count} records; the file or the catalog is corrupt")
+    raise CorruptDataError(
+        f"{name}: section {info.topic}/{info.partition}: its blocks hold {info.record_count - left} of the "
+        f"{info.record_count} records the catalog records; the file or the catalog is corrupt"
+    )
+
+
+def check_deltas(name: str, info: SectionInfo, piece: pa.RecordBatch, previous: int, complete: bool) -> int:
+    """Check the next piece of a section read in order (`previous`: the last delta before it, -1 at the start):
+    its offset deltas increase and stay within the catalog's range, starting at 0 and ending at `last_delta`
+    when the piece starts or completes the section. Returns its last delta. A file swapped for another, or a
+    catalog row pointing at other rows, fails here before any record is used."""
+    if not piece.num_rows:
+        return previous
+    deltas = piece.column("offset_delta").to_numpy().astype(np.int64)
+    first, last = int(deltas[0]), int(deltas[-1])
+    if (
+        (previous < 0 and first != 0)
+        or first <= previous
+        or last > info.last_delta
+        or (complete and last != info.last_delta)
+        or (len(deltas) > 1 and int(np.diff(deltas).min()) <= 0)
+    ):
+        raise CorruptDataError(
+            f"{name}: section {info.topic}/{info.partition} at byte {info.byte_offset}: expected offset deltas increasing "
+            f"from 0 to {info.last_delta} as the catalog records, found {first} to {last} after {previous}; the file or "
+            "the catalog is corrupt"
+        )
+    return last
 
 
 @dataclass
@@ -151,15 +181,15 @@ def read_section(store: ObjectStore, key: str, info: SectionInfo, index_only: bo
     `index_only`, only the index columns."""
     data = store.get_range(key, info.byte_offset, info.byte_length)
     if len(data) != info.byte_length:
-        raise SegmentFormatError(f"{key}: section {info.topic}/{info.partition} at byte {info.byte_offset} is cut short; the file is incomplete")
+        raise CorruptDataError(f"{key}: section {info.topic}/{info.partition} at byte {info.byte_offset} is cut short; the file is incomplete")
     first_crc = BLOCK_PREFIX.unpack_from(data, 0)[1] if len(data) >= BLOCK_PREFIX.size else None  # its index CRC
     if first_crc != info.crc32:
-        raise ChecksumMismatchError(
+        raise CorruptDataError(
             f"{key}: section {info.topic}/{info.partition} at byte {info.byte_offset} is not the block the catalog "
             f"records (CRC-32 {info.crc32:#010x}, found {first_crc!r}); the file was replaced or is corrupt"
         )
     batches = (batch for _, batch in iter_blocks(key, data, info.byte_offset, index_only))
-    return Section(info, list(section_rows(batches, info.first_row, info.record_count)))
+    return Section(info, list(section_rows(key, info, batches)))
 
 
 # -- the footer ------------------------------------------------------------------------------------------
@@ -189,18 +219,18 @@ def read_footer(store: ObjectStore, key: str, size: int | None = None) -> Footer
     if size is None:
         stat = store.stat(key)
         if stat is None:
-            raise SegmentFormatError(f"{key}: no such file in {store.uri}")
+            raise CorruptDataError(f"{key}: no such file in {store.uri}")
         size = stat.size
     if size < FILE_HEADER.size + TRAILER.size:
-        raise SegmentFormatError(f"{key}: too short to be a logcompact segment file")
+        raise CorruptDataError(f"{key}: too short to be a logcompact segment file")
     tail_start = max(0, size - _TAIL_BYTES)
     tail = store.get_range(key, tail_start, size - tail_start)
     footer_position, footer_length, version, compression, magic = TRAILER.unpack(tail[-TRAILER.size :])
     _check_version(key, magic, version)
     if compression >= len(COMPRESSIONS):
-        raise SegmentFormatError(f"{key}: its trailer names compression {compression}, which format {FORMAT_VERSION} does not define; the file is corrupt")
+        raise CorruptDataError(f"{key}: its trailer names compression {compression}, which format {FORMAT_VERSION} does not define; the file is corrupt")
     if footer_position + footer_length + TRAILER.size != size or footer_length < FOOTER_PREFIX.size:
-        raise SegmentFormatError(f"{key}: its trailer places the footer outside the file; the file is corrupt")
+        raise CorruptDataError(f"{key}: its trailer places the footer outside the file; the file is corrupt")
     if footer_position >= tail_start:
         footer = tail[footer_position - tail_start : footer_position - tail_start + footer_length]
     else:
@@ -212,9 +242,9 @@ def parse_footer(name: str, footer: bytes, compression: str) -> Footer:
     marker, length, crc = FOOTER_PREFIX.unpack_from(footer, 0)
     body = memoryview(footer)[FOOTER_PREFIX.size : FOOTER_PREFIX.size + length]
     if marker != FOOTER_MARKER or len(body) != length:
-        raise SegmentFormatError(f"{name}: no footer where its trailer says; the file is corrupt")
+        raise CorruptDataError(f"{name}: no footer where its trailer says; the file is corrupt")
     if crc32(body) != crc:
-        raise ChecksumMismatchError(f"{name}: its footer failed its CRC-32 check; the file is corrupt, restore it from a copy")
+        raise CorruptDataError(f"{name}: its footer failed its CRC-32 check; the file is corrupt, restore it from a copy")
     sections_length = int.from_bytes(body[:4], "little")
     sections = pa.ipc.open_stream(pa.py_buffer(body[4 : 4 + sections_length])).read_all()
     blocks = pa.ipc.open_stream(pa.py_buffer(body[4 + sections_length :])).read_all()
@@ -256,15 +286,24 @@ class BlockStream:
 
     `advance_to(position)` reads past (without decoding or checking) the blocks before `position`; `next_batch()`
     checks the next block's CRC and decodes it. Two of these on one file are the two independent pointers
-    of the two-pass compaction.
+    of the two-pass compaction. With `size` (the catalog's record), a store answering another size is refused
+    before a byte is read; `start` resumes at a block past damage (the header was checked by the first stream).
     """
 
-    def __init__(self, store: ObjectStore, key: str) -> None:
+    def __init__(self, store: ObjectStore, key: str, size: int | None = None, start: int = 0) -> None:
         self.key = key
-        self._stream: CountingReader = store.open_stream(key)
-        self.position = 0
-        schema_length = _check_header(key, self._read_exact(FILE_HEADER.size))
-        _check_schema(key, self._read_exact(schema_length))
+        self._stream: CountingReader = store.open_stream(key, start)
+        self.position = start
+        self.index_crc = -1  # the index CRC-32 of the block `next_batch` returned last
+        if size is not None and self._stream.object_size != size:
+            self._stream.close()
+            raise CorruptDataError(
+                f"{key}: the store holds {self._stream.object_size} bytes, the catalog records {size}; the file was "
+                "replaced or truncated, restore it from a copy"
+            )
+        if not start:
+            schema_length = _check_header(key, self._read_exact(FILE_HEADER.size))
+            _check_schema(key, self._read_exact(schema_length))
 
     def _read_exact(self, size: int) -> bytes:
         chunks = []
@@ -282,16 +321,16 @@ class BlockStream:
     def _prefix(self) -> tuple[int, int, int, int]:
         prefix = self._read_exact(BLOCK_PREFIX.size)
         if prefix[:4] == FOOTER_MARKER or len(prefix) != BLOCK_PREFIX.size:
-            raise SegmentFormatError(f"{self.key}: no block at byte {self.position - len(prefix)} although the catalog lists one; the file is corrupt or not the one the catalog records")
+            raise CorruptDataError(f"{self.key}: no block at byte {self.position - len(prefix)} although the catalog lists one; the file is corrupt or not the one the catalog records")
         index_length, index_crc, payload_length, payload_crc = BLOCK_PREFIX.unpack(prefix)
         if index_length + payload_length > MAX_BLOCK_BYTES:
-            raise SegmentFormatError(f"{self.key}: block at byte {self.position - BLOCK_PREFIX.size} claims {index_length + payload_length} bytes; the file is corrupt")
+            raise CorruptDataError(f"{self.key}: block at byte {self.position - BLOCK_PREFIX.size} claims {index_length + payload_length} bytes; the file is corrupt")
         return index_length, index_crc, payload_length, payload_crc
 
     def _read_part(self, length: int, at: int) -> bytes:
         data = self._read_exact(length)
         if len(data) != length:
-            raise SegmentFormatError(f"{self.key}: truncated in the block at byte {at}; the file is incomplete")
+            raise CorruptDataError(f"{self.key}: truncated in the block at byte {at}; the file is incomplete")
         return data
 
     def advance_to(self, position: int) -> None:
@@ -301,7 +340,7 @@ class BlockStream:
             index_length, _, payload_length, _ = self._prefix()
             self._read_part(index_length + payload_length, at)
         if self.position != position:
-            raise SegmentFormatError(f"{self.key}: no block starts at byte {position}; the catalog does not match the file")
+            raise CorruptDataError(f"{self.key}: no block starts at byte {position}; the catalog does not match the file")
 
     def next_batch(self, index_only: bool = False) -> pa.RecordBatch:
         """The next block's records; with `index_only`, only its index columns, and its payload's bytes are
@@ -310,7 +349,9 @@ class BlockStream:
         index_length, index_crc, payload_length, payload_crc = self._prefix()
         index = self._read_part(index_length, at)
         payload = self._read_part(payload_length, at)
-        return decode_block(self.key, at, index, index_crc, None if index_only else payload, payload_crc)
+        batch = decode_block(self.key, at, index, index_crc, None if index_only else payload, payload_crc)
+        self.index_crc = index_crc
+        return batch
 
     def close(self) -> None:
         self._stream.close()

@@ -178,6 +178,7 @@ class SectionBuilder:
     def __init__(self, writer: SegmentWriter, topic: str, partition: int) -> None:
         self._writer = writer
         self._section = writer._new_section(topic, partition)
+        self._start = writer._mark()
         self._registers = np.zeros(sketch.REGISTERS, dtype=np.uint8)
         self._keyed = False
         self._deltas: list[np.ndarray] = []
@@ -219,6 +220,10 @@ class SectionBuilder:
         section.record_count += batch.num_rows
         for piece in batch.to_batches() if isinstance(batch, pa.Table) else [batch]:
             section.uncompressed_bytes += self._writer._add_rows(piece)
+
+    def abandon(self) -> None:
+        """Take back every row appended, as if the section had never begun (its partition was set aside)."""
+        self._writer._rewind(self._start)
 
     def finish(self, clean_below_delta: int = 0) -> None:
         section = self._section
@@ -303,6 +308,22 @@ class SegmentWriter:
         self._open = None
         if self._pending_bytes >= PACK_BYTES:
             self._flush_block()
+
+    def _mark(self) -> tuple:
+        """Where the file stands: its length, its blocks, and the rows waiting for the next block."""
+        return self.position, len(self._blocks["byte_offset"]), list(self._pending), self._pending_rows, self._pending_bytes
+
+    def _rewind(self, mark: tuple) -> None:
+        """Back to `mark`, the open section's start: the blocks written since are cut off the sink (which must be
+        seekable, as a compaction's temporary file is) and the rows pending then are pending again."""
+        position, blocks, self._pending, self._pending_rows, self._pending_bytes = mark
+        if self.position != position:
+            self._sink.seek(position)
+            self._sink.truncate()
+            self.position = position
+            for column in self._blocks.values():
+                del column[blocks:]
+        self._open = None
 
     def write_section(self, topic: str, partition: int, table: pa.Table) -> None:
         section = self.begin_section(topic, partition)

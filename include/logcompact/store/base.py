@@ -52,11 +52,13 @@ class RequestCounters:
 
 
 class CountingReader:
-    """A streaming GET body that counts the bytes it hands out."""
+    """A streaming GET body that counts the bytes it hands out; `object_size` is the whole object's size as the
+    store answered it (checked against the catalog's record before a byte is decoded)."""
 
-    def __init__(self, raw: BinaryIO, counters: RequestCounters) -> None:
+    def __init__(self, raw: BinaryIO, counters: RequestCounters, object_size: int) -> None:
         self._raw = raw
         self._counters = counters
+        self.object_size = object_size
 
     def read(self, size: int = -1) -> bytes:
         data = self._raw.read(size) if size is not None and size >= 0 else self._raw.read()
@@ -105,8 +107,9 @@ class ObjectStore(ABC):
         """The whole object (one GET). Raises ObjectNotFoundError."""
 
     @abstractmethod
-    def open_stream(self, key: str) -> CountingReader:
-        """One streaming GET: a file-like object read front to back without buffering the whole object."""
+    def open_stream(self, key: str, start: int = 0) -> CountingReader:
+        """One streaming GET from byte `start`: a file-like object read front to back without buffering the whole
+        object."""
 
     @abstractmethod
     def get_range(self, key: str, start: int, length: int) -> bytes:

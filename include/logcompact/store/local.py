@@ -66,13 +66,14 @@ class LocalStore(ObjectStore):
         with self.open_stream(key) as stream:
             return stream.read()
 
-    def open_stream(self, key: str) -> CountingReader:
+    def open_stream(self, key: str, start: int = 0) -> CountingReader:
         try:
             raw = open(self._path(key), "rb")
         except FileNotFoundError:
             raise ObjectNotFoundError(f"no object {key!r} in {self.uri}") from None
+        raw.seek(start)
         self.counters.add(get=1)
-        return CountingReader(raw, self.counters)
+        return CountingReader(raw, self.counters, os.fstat(raw.fileno()).st_size)
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
         try:

@@ -119,9 +119,10 @@ class S3Store(ObjectStore):
         )
 
     def _get_object(self, key: str, **extra: Any) -> Any:
+        """The GetObject response (its Body streams the object)."""
         self.counters.add(get=1)
         try:
-            return self.client.get_object(Bucket=self.bucket, Key=self._key(key), **extra)["Body"]
+            return self.client.get_object(Bucket=self.bucket, Key=self._key(key), **extra)
         except ClientError as exc:
             if _error_code(exc) in _NOT_FOUND_CODES:
                 raise ObjectNotFoundError(f"no object {key!r} in {self.uri}") from None
@@ -133,13 +134,18 @@ class S3Store(ObjectStore):
         with self.open_stream(key) as stream:
             return stream.read()
 
-    def open_stream(self, key: str) -> CountingReader:
-        return CountingReader(self._get_object(key), self.counters)
+    def open_stream(self, key: str, start: int = 0) -> CountingReader:
+        if not start:
+            response = self._get_object(key)
+            return CountingReader(response["Body"], self.counters, response["ContentLength"])
+        response = self._get_object(key, Range=f"bytes={start}-")
+        # "bytes START-END/TOTAL": the whole object's size is after the slash.
+        return CountingReader(response["Body"], self.counters, int(response["ContentRange"].rsplit("/", 1)[1]))
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
         if length <= 0:
             return b""
-        body = self._get_object(key, Range=f"bytes={start}-{start + length - 1}")
+        body = self._get_object(key, Range=f"bytes={start}-{start + length - 1}")["Body"]
         with body:
             data = body.read()
         self.counters.add(bytes_read=len(data))
