@@ -101,7 +101,7 @@ def prepare_plans(
     topics: list[str] | None = None,
     dry_run: bool = False,
 ) -> PreparedRun:
-    snapshot = catalog.snapshot()
+    snapshot = catalog.planning_snapshot(now_ms)
     thresholds = check_thresholds(snapshot, now_ms, config)
     plans = plan(snapshot, now_ms, mode, config, check_topics(snapshot, mode, topics))
     estimates = [expected_effect(p) for p in plans]

@@ -431,13 +431,14 @@ class Catalog:
             self._topics(connection)
             names = {topic_id: name for name, (topic_id, _) in self._topic_ids.items()}
             rows = connection.execute(
-                select(unc.topic_id, unc.partition, unc.reason, unc.file_key, unc.marked_ms, unc.retry_ms, unc.failures, unc.plan_id, live_bytes)
+                select(unc.topic_id, unc.partition, unc.reason, unc.file_key, unc.file_stamp, unc.marked_ms, unc.retry_ms, unc.failures,
+                       unc.plan_id, live_bytes)
             ).all()
         return sorted(Uncleanable(names[r[0]], *r[1:]) for r in rows)
 
     def held_uncleanable(self, now_ms: int) -> frozenset[TopicPartition]:
         """Uncleanable partitions planners leave out now: before their retry time, unless the damaged file is no
-        longer live or its object was replaced since the mark (restored from a copy)."""
+        longer live or its object changed since the mark (restored from a copy: another size or modification time)."""
         held = set()
         live = {}
         marks = self.uncleanable()
@@ -445,12 +446,13 @@ class Catalog:
             with self._reading() as connection:
                 live = self._live_file_ids(connection, sorted({m.file_key for m in marks}))
         for mark in marks:
-            if mark.retry_ms <= now_ms or mark.file_key not in live:
-                continue
-            found = self.store.stat(mark.file_key)
-            if found is not None and found.modified_ms <= mark.marked_ms:
+            if mark.retry_ms > now_ms and mark.file_key in live and self._file_stamp(mark.file_key) == mark.file_stamp:
                 held.add((mark.topic, mark.partition))
         return frozenset(held)
+
+    def _file_stamp(self, key: str) -> str:
+        found = self.store.stat(key)
+        return "gone" if found is None else f"{found.size}@{found.modified_ms}"
 
     def clear_uncleanable(self, partitions: Iterable[TopicPartition] | None = None) -> list[TopicPartition]:
         """Remove the uncleanable marks of `partitions` (None: all); returns those that were marked."""
@@ -468,6 +470,7 @@ class Catalog:
     def _mark_uncleanable(self, connection: Connection, marks: Sequence[SetAside], plan_id: str, now_ms: int) -> None:
         """Mark partitions uncleanable, or mark them again: the backoff doubles with each failure in a row."""
         unc = s.uncleanable.c
+        stamps = {key: self._file_stamp(key) for key in {mark.file_key for mark in marks}}
         for mark in marks:
             topic_id = self._topic_id(connection, mark.topic)
             where = (unc.topic_id == topic_id, unc.partition == mark.partition)
@@ -475,7 +478,8 @@ class Catalog:
             backoff = min(UNCLEANABLE_MAX_BACKOFF_MS, UNCLEANABLE_BACKOFF_MS << min(failures - 1, 20))
             connection.execute(delete(s.uncleanable).where(*where))
             connection.execute(insert(s.uncleanable).values(
-                topic_id=topic_id, partition=mark.partition, reason=mark.reason, file_key=mark.file_key, marked_ms=now_ms,
+                topic_id=topic_id, partition=mark.partition, reason=mark.reason, file_key=mark.file_key,
+                file_stamp=stamps[mark.file_key], marked_ms=now_ms,
                 retry_ms=now_ms + backoff, failures=failures, plan_id=plan_id,
             ))
 

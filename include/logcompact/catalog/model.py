@@ -158,6 +158,7 @@ class Uncleanable(NamedTuple):
     partition: int
     reason: str
     file_key: str
+    file_stamp: str  # the damaged object's size and modification time when marked
     marked_ms: int
     retry_ms: int
     failures: int

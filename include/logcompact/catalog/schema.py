@@ -150,6 +150,7 @@ uncleanable = Table(
     Column("partition", Integer, primary_key=True, autoincrement=False),
     Column("reason", Text, nullable=False),
     Column("file_key", Text, nullable=False),  # the damaged file the reason names
+    Column("file_stamp", Text, nullable=False),  # its object's size and modification time then: a restore changes it
     Column("marked_ms", BigInteger, nullable=False),
     Column("retry_ms", BigInteger, nullable=False),
     Column("failures", Integer, nullable=False),  # in a row: the backoff doubles with each

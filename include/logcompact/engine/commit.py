@@ -41,7 +41,7 @@ def commit_plan(catalog: Catalog, plan: Plan | PlanHeader, results: list[JobResu
     marks = [SetAside(**mark) for result in results for mark in result.stats.uncleanable]
     committed = catalog.replace_files(
         [f.key for f in plan.inputs], outputs, now_ms, plan_id=plan.plan_id, expected_version=plan.manifest_version,
-        leased=leased, kept={(m.topic, m.partition) for m in marks}, marks=marks,
+        leased=leased, kept={(m.topic, m.partition) for m in marks} | set(plan.set_aside), marks=marks,
     ).committed
     if not committed:
         log.info("plan %s was already committed; nothing to do", plan.plan_id)
@@ -92,7 +92,7 @@ def run_and_commit(catalog: Catalog, plan: Plan, now_ms: int, lease_ms: int | No
     if catalog.is_committed(plan.plan_id):
         log.info("plan %s was already committed; nothing to do", plan.plan_id)
         return None
-    plan.check_against(catalog.snapshot())
+    plan.check_against(catalog.snapshot(set_aside=frozenset(plan.set_aside)))
     if lease_ms is not None:
         catalog.lease(plan.plan_id, [f.key for f in plan.inputs], now_ms + lease_ms, now_ms)
     try:

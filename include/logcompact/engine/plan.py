@@ -117,6 +117,9 @@ class Plan:
     # Per partition: the smallest offset held by a live file outside this plan. A tombstone at or above
     # it may have older values of its key elsewhere, so it is never removed by this plan.
     outside_floors: dict[TopicPartition, int] = field(default_factory=dict)
+    # Partitions held back as uncleanable when the plan was made: their sections are not in the inputs, and the
+    # commit leaves them live in the input files.
+    set_aside: tuple[TopicPartition, ...] = ()
     # Made by the planner (`split_into_groups`); a plan made without them is one group of all its partitions.
     groups: tuple[PlanGroup, ...] = ()
     group: int = 0  # which group this piece is (names its outputs)
@@ -163,6 +166,7 @@ class Plan:
             topics=self.topics,
             inputs=tuple(InputFile(f.key, f.level, f.size, f.created_ms) for f in self.inputs),
             groups=self.groups,
+            set_aside=self.set_aside,
         )
 
     # -- the single JSON document ------------------------------------------------------------------
@@ -174,6 +178,7 @@ class Plan:
             "groups": [g.to_dict() for g in self.groups],
             "inputs": [file_to_json(f) for f in self.inputs],
             "outside_floors": [[t, p, floor] for (t, p), floor in sorted(self.outside_floors.items())],
+            "set_aside": [list(tp) for tp in self.set_aside],
         }
 
     def to_json(self) -> str:
@@ -197,6 +202,7 @@ class Plan:
                 topics=_topics_from_dict(document, source),
                 groups=tuple(PlanGroup.from_dict(g, source) for g in _list(document, "groups", source)),
                 outside_floors=_floors_from_dict(document, source),
+                set_aside=_set_aside_from_dict(document, source),
                 inputs=tuple(inputs),
             )
         except InvalidPlanError:
@@ -228,7 +234,7 @@ class Plan:
             inputs = tuple(DataFile(f.key, f.level, f.size, f.created_ms, tuple(sections[f.key])) for f in header.inputs)
         plan = cls(
             **{name: getattr(header, name) for name in _SETTINGS}, topics=header.topics, inputs=inputs, outside_floors=floors,
-            groups=header.groups,
+            groups=header.groups, set_aside=header.set_aside,
         )
         plan.validate(source)
         return plan
@@ -240,9 +246,12 @@ class Plan:
         (`whole` False) holds one group, and no input when its plan has no sections."""
         _check_plan(self, source, whole)
         starts = [g.first for g in self.groups[1:]]
+        set_aside = set(self.set_aside)
         for data_file in self.inputs:
             for section in data_file.sections:
                 tp = (section.info.topic, section.info.partition)
+                if set_aside and tp in set_aside:
+                    raise InvalidPlanError(f"{source}: input {data_file.key} holds {tp[0]}/{tp[1]}, which the plan sets aside as uncleanable")
                 if tp[0] not in self.topics:
                     raise InvalidPlanError(f"{source}: input {data_file.key} holds topic {tp[0]!r}, which the plan does not describe")
                 if not self.groups[bisect.bisect_right(starts, tp)].holds(tp):
@@ -286,10 +295,14 @@ class PlanHeader:
     topics: dict[str, Topic]
     inputs: tuple[InputFile, ...]
     groups: tuple[PlanGroup, ...]
+    set_aside: tuple[TopicPartition, ...] = ()
 
     def documents(self) -> tuple[bytes, bytes]:
         """`plan.json` (settings, topics, groups) and `inputs.arrow` (the input files, one row each)."""
-        document = {**_settings_dict(self), "topics": [t.to_dict() for t in self.topics.values()], "groups": [g.to_dict() for g in self.groups]}
+        document = {
+            **_settings_dict(self), "topics": [t.to_dict() for t in self.topics.values()], "groups": [g.to_dict() for g in self.groups],
+            "set_aside": [list(tp) for tp in self.set_aside],
+        }
         columns = list(zip(*self.inputs)) if self.inputs else [()] * len(InputFile._fields)
         inputs = pa.table([pa.array(c, f.type) for c, f in zip(columns, INPUTS_SCHEMA)], schema=INPUTS_SCHEMA)
         return json.dumps(document, separators=(",", ":")).encode(), _arrow_file(inputs)
@@ -307,6 +320,7 @@ class PlanHeader:
                 topics=_topics_from_dict(document, source),
                 inputs=files,
                 groups=tuple(PlanGroup.from_dict(g, source) for g in _list(document, "groups", source)),
+                set_aside=_set_aside_from_dict(document, source),
             )
         except InvalidPlanError:
             raise
@@ -660,6 +674,16 @@ def _floors_from_dict(document: dict, source: str) -> dict[TopicPartition, int]:
             raise InvalidPlanError(f"{source}: outside floor {entry!r} is not [topic, partition, offset]")
         floors[(entry[0], entry[1])] = entry[2]
     return floors
+
+
+def _set_aside_from_dict(document: dict, source: str) -> tuple[TopicPartition, ...]:
+    entries = document.get("set_aside", [])
+    if not isinstance(entries, list) or not all(
+        isinstance(e, list) and len(e) == 2 and isinstance(e[0], str) and isinstance(e[1], int) and not isinstance(e[1], bool)
+        for e in entries
+    ):
+        raise InvalidPlanError(f"{source}: plan field 'set_aside' must be a list of [topic, partition]")
+    return tuple(sorted((e[0], e[1]) for e in entries))
 
 
 def _parse_json(text: str, source: str) -> Any:

@@ -14,6 +14,7 @@ into groups of topic-partitions (`PlannerConfig.group_bytes`), once: the plan re
 from __future__ import annotations
 
 import gc
+from dataclasses import replace
 
 from logcompact.catalog import Snapshot
 from logcompact.engine.plan import Plan
@@ -41,7 +42,8 @@ __all__ = [
 def plan(
     snapshot: Snapshot, now_ms: int, mode: str = "regular", config: PlannerConfig = PlannerConfig(), topics: list[str] | None = None
 ) -> list[Plan]:
-    """The plans a mode calls for now, leaving out files leased to in-flight plans."""
+    """The plans a mode calls for now, leaving out files leased to in-flight plans and the partitions the snapshot
+    sets aside (`Catalog.planning_snapshot`)."""
     if mode not in MODES:
         raise ValueError(f"planner mode {mode!r} is not one of {', '.join(MODES)}")
     # Planning a large catalog loads hundreds of thousands of small acyclic objects; a full collection over
@@ -51,10 +53,14 @@ def plan(
     try:
         leased = snapshot.leased_files(now_ms)
         if mode == "regular":
-            return plan_regular(snapshot, now_ms, config, leased)
-        planner = plan_full_sweep if mode == "full" else plan_max_lag
-        found = planner(snapshot, now_ms, config, leased, topics)
-        return [found] if found is not None else []
+            plans = plan_regular(snapshot, now_ms, config, leased)
+        else:
+            planner = plan_full_sweep if mode == "full" else plan_max_lag
+            found = planner(snapshot, now_ms, config, leased, topics)
+            plans = [found] if found is not None else []
+        # The snapshot left the held-back uncleanable partitions out: each plan says so, for its commit.
+        set_aside = tuple(sorted(snapshot.set_aside))
+        return [replace(p, set_aside=set_aside) for p in plans] if set_aside else plans
     finally:
         if collecting:
             gc.enable()
