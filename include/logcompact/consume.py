@@ -17,10 +17,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from logcompact.catalog import CatalogSection, Snapshot
-from logcompact.exceptions import InvalidRecordError
+from logcompact.exceptions import CorruptDataError, InvalidRecordError
 from logcompact.format import read_footer, read_section
-from logcompact.format.layout import HEADERS_TYPE, INDEX_COLUMNS, key_hash_words
-from logcompact.format.reader import iter_blocks
+from logcompact.format.layout import HEADERS_TYPE, INDEX_COLUMNS, SectionInfo, key_hash_words
+from logcompact.format.reader import Footer, check_deltas, iter_blocks
 from logcompact.store.base import ObjectStore
 
 RECORD_SCHEMA = pa.schema(
@@ -76,6 +76,7 @@ def _section_batches(
         yield from read_section(store, key, info, index_only).batches
         return
     footer = read_footer(store, key)
+    _check_footer_section(key, footer, info)
     blocks = footer.blocks_of(info)
     # The section's rows before each of its blocks, and each block's first delta: where `from_offset` starts.
     rows_before = np.concatenate(([0], np.cumsum(footer.block_rows[blocks.start : blocks.stop]) - info.first_row))
@@ -85,6 +86,8 @@ def _section_batches(
         later = footer.block_first_deltas[blocks.start + 1 : blocks.stop]
         first = blocks.start + int(np.searchsorted(later, wanted, side="right"))
     skip = info.first_row if first == blocks.start else 0
+    # Deltas are checked from where the read starts: the first from 0 only when that is the section's start.
+    previous = -1 if first == blocks.start else int(footer.block_first_deltas[first]) - 1
     left = info.record_count - max(0, int(rows_before[first - blocks.start]))
     block = first
     while block < blocks.stop and left > 0:
@@ -97,8 +100,24 @@ def _section_batches(
             piece = batch.slice(skip, left)
             skip, left = 0, left - piece.num_rows
             if piece.num_rows:
+                previous = check_deltas(key, info, piece, previous, complete=left == 0)
                 yield piece
         block = end
+
+
+def _check_footer_section(key: str, footer: Footer, info: SectionInfo) -> None:
+    """A long section is read through its file's footer: the footer must record it as the catalog does."""
+    for found in footer.sections:
+        if (found.topic, found.partition) == (info.topic, info.partition):
+            fields = ("record_count", "last_delta", "byte_offset", "byte_length", "first_row", "crc32")
+            differ = [f"{name} {getattr(info, name)} (found {getattr(found, name)})" for name in fields if getattr(found, name) != getattr(info, name)]
+            if not differ:
+                return
+            raise CorruptDataError(
+                f"{key}: section {info.topic}/{info.partition}: the catalog records {', '.join(differ)} in the file's "
+                "footer; the file was replaced or the catalog is corrupt"
+            )
+    raise CorruptDataError(f"{key}: section {info.topic}/{info.partition}: the file's footer has no such section; the file was replaced or the catalog is corrupt")
 
 
 def _records_table(batches: Iterable[pa.RecordBatch], first_offset: int, columns: tuple[str, ...]) -> Iterator[pa.Table]:
