@@ -164,3 +164,21 @@ def test_latest_offsets_keep_keys_apart_when_their_high_hash_words_match() -> No
     latest.add(words[:3], np.array([10, 11, 12]))
     latest.add(words[3:], np.array([13, 14, 15]))
     assert latest.offsets().tolist() == [13, 14, 15]
+
+
+def test_a_long_section_is_read_through_its_footer_only_as_the_catalog_records_it(catalog: Catalog, monkeypatch) -> None:
+    import logcompact.consume as consume
+    from sqlalchemy import update
+
+    from logcompact.catalog import schema
+    from logcompact.exceptions import CorruptDataError
+
+    create_topic(catalog, "t", cleanup_policy="compact")
+    _produce(catalog, "t", [Record(0, b"k%d" % (n % 50), b"v" * 200, NOW) for n in range(20_000)])
+    monkeypatch.setattr(consume, "SEEK_BYTES", 1024)  # every section is "long": read through the footer's blocks
+    offsets = [r.offset for r in read_records(catalog.store, catalog.snapshot(), "t", 0, 12_345, 12_400)]
+    assert offsets == list(range(12_345, 12_400))
+    with catalog.engine.begin() as connection:
+        connection.execute(update(schema.sections).values(record_count=19_999))
+    with pytest.raises(CorruptDataError, match=r"section t/0: the catalog records record_count 19999 \(found 20000\)"):
+        list(read_records(catalog.store, catalog.snapshot(), "t", 0, 12_345))
