@@ -20,9 +20,16 @@ from tests.helpers import create_topic, produce_l0_files
 
 DAGS = Path(__file__).resolve().parents[1] / "dags"
 EXPECTED_TASKS = {
-    "logcompact_compaction": {"wait_for_files": set(), "plan": {"wait_for_files"}, "compact_group": {"plan"}, "commit": {"plan", "compact_group"}},
-    "logcompact_max_lag_hourly": {"plan": set(), "compact_group": {"plan"}, "commit": {"plan", "compact_group"}},
-    "logcompact_full_sweep_daily": {"plan": set(), "compact_group": {"plan"}, "commit": {"plan", "compact_group"}},
+    "logcompact_compaction": {
+        "wait_for_files": set(), "plan": {"wait_for_files"}, "compact_group": {"plan"}, "commit": {"plan", "compact_group"},
+        "uncleanable_partitions": {"commit"},
+    },
+    "logcompact_max_lag_hourly": {
+        "plan": set(), "compact_group": {"plan"}, "commit": {"plan", "compact_group"}, "uncleanable_partitions": {"commit"},
+    },
+    "logcompact_full_sweep_daily": {
+        "plan": set(), "compact_group": {"plan"}, "commit": {"plan", "compact_group"}, "uncleanable_partitions": {"commit"},
+    },
     "logcompact_gc": {"collect_garbage": set()},
 }
 HOUR_MS = 3_600_000
@@ -105,7 +112,9 @@ def test_dags_import_with_the_expected_structure() -> None:
         assert dag.max_active_runs == 1 and "logcompact" in dag.tags and dag.doc_md.lstrip().startswith(f"# {dag_id}")
         assert dag.catchup is False
         for task in dag.tasks:
-            assert (task.owner, task.retries, task.pool) == ("data-platform", 2, "logcompact")
+            # A check that reports the catalog's state has nothing to gain from a retry.
+            retries = 0 if task.task_id == "uncleanable_partitions" else 2
+            assert (task.owner, task.retries, task.pool) == ("data-platform", retries, "logcompact")
     compaction = dagbag.dags["logcompact_compaction"]
     assert compaction.get_task("wait_for_files").mode == "reschedule"
     assert compaction.get_task("compact_group").map_index_template == "{{ task.name }}"
@@ -155,7 +164,9 @@ def test_full_sweep_dry_run_changes_nothing_then_a_run_deduplicates(dagbag, airf
 
     dry = dag.test(run_conf={"dry_run": True, "topics": ["accounts"]})
     assert str(dry.state) == "success"
-    assert _states(dag.dag_id, dry.run_id) == {"plan": "success", "compact_group": "skipped", "commit": "skipped"}
+    assert _states(dag.dag_id, dry.run_id) == {
+        "plan": "success", "compact_group": "skipped", "commit": "skipped", "uncleanable_partitions": "success",
+    }
     assert _objects(catalog) == before and catalog.latest_version() == version and not catalog.snapshot().leases(_now_ms())
 
     # dag.test() keeps a run's conf in the DAG object's params: every key is given again.
@@ -180,16 +191,40 @@ def test_a_failed_group_fails_the_run_without_a_commit(dagbag, airflow_catalog: 
     create_topic(catalog, "accounts", partitions=1, now=_now_ms(), cleanup_policy="compact")
     produce_l0_files(catalog, "accounts", files=2, records=10, keys=5, partitions=1, now=_now_ms())
     keys = {f.key for f in catalog.snapshot().file_summaries()}
-    (catalog.store.root / min(keys)).write_bytes(b"not a segment")
+    (catalog.store.root / min(keys)).unlink()  # not damage a partition can be set aside for: the object is gone
     version = catalog.latest_version()
 
     run = _dag(dagbag, "logcompact_full_sweep_daily").test()
 
     assert str(run.state) == "failed"
-    assert _states("logcompact_full_sweep_daily", run.run_id) == {"plan": "success", "compact_group[0]": "failed", "commit": "upstream_failed"}
+    assert _states("logcompact_full_sweep_daily", run.run_id) == {
+        "plan": "success", "compact_group[0]": "failed", "commit": "upstream_failed", "uncleanable_partitions": "upstream_failed",
+    }
     # Nothing committed: the files stay live on L0, leased to the plan until its lease expires.
     assert catalog.latest_version() == version and _levels(catalog) == {0}
     assert catalog.snapshot().leased_files(_now_ms()) == keys
+
+
+def test_a_damaged_partition_is_set_aside_the_rest_commits_and_the_run_shows_it(dagbag, airflow_catalog: Catalog) -> None:
+    from sqlalchemy import update
+
+    from logcompact.catalog import schema
+
+    catalog = airflow_catalog
+    create_topic(catalog, "accounts", partitions=2, now=_now_ms(), cleanup_policy="compact")
+    produce_l0_files(catalog, "accounts", files=3, records=40, keys=10, partitions=2, now=_now_ms())
+    expected = _latest(catalog, "accounts", 1)  # partition 0's
+    with catalog.engine.begin() as connection:  # the catalog's record of one section of partition 1 no longer matches
+        connection.execute(update(schema.sections).where(schema.sections.c.partition == 1).values(crc32=0))
+
+    run = _dag(dagbag, "logcompact_full_sweep_daily").test()
+
+    assert _states("logcompact_full_sweep_daily", run.run_id) == {
+        "plan": "success", "compact_group[0]": "success", "commit": "success", "uncleanable_partitions": "failed",
+    }
+    assert [(m.topic, m.partition) for m in catalog.uncleanable()] == [("accounts", 1)]
+    assert _latest(catalog, "accounts", 1) == expected
+    assert {f.level for f in catalog.snapshot().file_summaries()} == {0, 2}  # partition 1 stays in its L0 files
 
 
 @ON_BOTH_DATABASES

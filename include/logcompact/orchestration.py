@@ -154,6 +154,7 @@ class CommitSummary:
     topics: list[str] = field(default_factory=list)
     cluster_id: str = ""
     manifest_version: int = 0  # the catalog's newest version once the plans are committed
+    uncleanable: list[dict] = field(default_factory=list)  # partitions these plans set aside (SetAside as dicts)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -181,8 +182,23 @@ def commit_plans(catalog: Catalog, plan_ids: list[str], now_ms: int) -> CommitSu
             committed = commit_plan(catalog, header, results, now_ms, leased=True)
             (summary.committed if committed else summary.already_committed).append(plan_id)
             summary.stats[plan_id] = PlanResult(plan_id, [r.stats for r in results], sum(f.size for f in header.inputs)).to_dict()
+            summary.uncleanable += summary.stats[plan_id]["uncleanable"]
             topics.update(header.topics)
     if plan_ids:
         summary.cluster_id, summary.manifest_version = catalog.cluster_id, catalog.latest_version()
     summary.topics = sorted(topics)
     return summary
+
+
+def uncleanable_report(catalog: Catalog) -> tuple[int, str]:
+    """Kafka's uncleanable-partitions-count for the cluster, and one line saying which partitions and what to do."""
+    marks = catalog.uncleanable()
+    if not marks:
+        return 0, "no uncleanable partitions"
+    listed = "; ".join(f"{m.topic}/{m.partition} ({m.bytes:,} bytes, {m.failures} failure(s)): {m.reason}" for m in marks[:5])
+    more = f"; and {len(marks) - 5} more" if len(marks) > 5 else ""
+    return len(marks), (
+        f"{len(marks)} uncleanable partition(s), set aside while the rest compacted: {listed}{more}. Restore the damaged "
+        "files from a copy (planners retry once a file changes, or after the backoff), then `logcompact uncleanable "
+        "clear`; `logcompact uncleanable` lists them"
+    )

@@ -8,10 +8,11 @@ import time
 from dataclasses import asdict, replace
 from typing import Any
 
+from airflow.sdk.exceptions import AirflowFailException
 from airflow.sdk import Asset, AssetAlias, BaseOperator
 
 from logcompact.engine.commit import DEFAULT_GC_GRACE_MS, collect_garbage
-from logcompact.orchestration import commit_plans, prepare_plans
+from logcompact.orchestration import commit_plans, prepare_plans, uncleanable_report
 from logcompact.planner import MODES, PlannerConfig
 from logcompact_airflow.hooks import LogcompactHook
 
@@ -101,10 +102,30 @@ class LogcompactCommitOperator(BaseOperator):
         catalog = LogcompactHook(self.logcompact_conn_id).get_catalog()
         summary = commit_plans(catalog, plan_ids, _now_ms())
         self.log.info("committed %s; already committed %s; manifest version %d", summary.committed, summary.already_committed, summary.manifest_version)
+        for partition in summary.uncleanable:
+            self.log.warning("set aside as uncleanable: %s/%d: %s", partition["topic"], partition["partition"], partition["reason"])
         events = context["outlet_events"][COMPACTED_TOPICS]
         for topic in summary.topics:
             events.add(_topic_asset(summary.cluster_id, topic), extra={"plans": summary.stats})
         return summary.to_dict()
+
+
+class LogcompactUncleanableOperator(BaseOperator):
+    """Fail, visibly (give it no retries), while the cluster has uncleanable partitions (Kafka's
+    uncleanable-partitions-count above 0): they were set aside so the rest could commit, and stay so until their
+    damaged files are restored or the marks cleared. Runs after the commit, whatever it committed."""
+
+    def __init__(self, *, logcompact_conn_id: str = LogcompactHook.default_conn_name, **kwargs: Any) -> None:
+        kwargs.setdefault("trigger_rule", "none_failed")
+        super().__init__(**kwargs)
+        self.logcompact_conn_id = logcompact_conn_id
+
+    def execute(self, context: Any) -> int:
+        count, message = uncleanable_report(LogcompactHook(self.logcompact_conn_id).get_catalog())
+        if count:
+            raise AirflowFailException(message)
+        self.log.info("%s", message)
+        return count
 
 
 def _topic_asset(cluster_id: str, topic: str) -> Asset:

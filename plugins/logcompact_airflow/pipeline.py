@@ -13,7 +13,12 @@ from airflow.sdk import Param
 
 from logcompact.engine.plan import DEFAULT_BUFFER_BYTES
 from logcompact_airflow.hooks import LogcompactHook
-from logcompact_airflow.operators import MIN_BUFFER_BYTES, LogcompactCommitOperator, LogcompactPlanOperator
+from logcompact_airflow.operators import (
+    MIN_BUFFER_BYTES,
+    LogcompactCommitOperator,
+    LogcompactPlanOperator,
+    LogcompactUncleanableOperator,
+)
 
 # Every logcompact task takes a slot of this pool, so the DAGs together cap the compactions in flight
 # (the catalog's leases are what keep two plans off the same files).
@@ -54,8 +59,9 @@ def _spark_job(job: dict) -> dict:
     return {"application_args": job["application_args"], "name": job["label"]}
 
 
-def compaction_pipeline(mode: str) -> tuple[LogcompactPlanOperator, LogcompactCommitOperator]:
-    """plan >> compact_group (one mapped Spark job per group) >> commit; returns the first and last task."""
+def compaction_pipeline(mode: str) -> tuple[LogcompactPlanOperator, LogcompactUncleanableOperator]:
+    """plan >> compact_group (one mapped Spark job per group) >> commit >> uncleanable_partitions; returns the first
+    and last task."""
     plan = LogcompactPlanOperator(
         task_id="plan",
         mode=mode,
@@ -71,5 +77,6 @@ def compaction_pipeline(mode: str) -> tuple[LogcompactPlanOperator, LogcompactCo
         map_index_template="{{ task.name }}",
     ).expand_kwargs(plan.output.map(_spark_job))
     commit = LogcompactCommitOperator(task_id="commit", group_jobs=plan.output, logcompact_conn_id=STORE_CONN_ID)
-    compact >> commit
-    return plan, commit
+    uncleanable = LogcompactUncleanableOperator(task_id="uncleanable_partitions", logcompact_conn_id=STORE_CONN_ID, retries=0)
+    compact >> commit >> uncleanable
+    return plan, uncleanable
