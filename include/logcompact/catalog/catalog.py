@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from typing import Collection, Iterable, Iterator, Sequence
 
 from sqlalchemy import ColumnElement, Connection, bindparam, delete, func, insert, inspect, select, update
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import DatabaseError, IntegrityError
 
 from logcompact.catalog import schema as s
 from logcompact.catalog.database import WRITE, catalog_url_for, engine_for, execute_many, one_of, sqlite_path
@@ -115,10 +115,10 @@ class Catalog:
             with self.engine.connect() as connection:
                 exists = inspect(connection).has_table(s.catalog_info.name)
                 row = connection.execute(select(s.catalog_info.c.schema_version, s.catalog_info.c.cluster_id)).first() if exists else None
-        except OperationalError as exc:
+        except DatabaseError as exc:  # unreachable, refused, or not a database at all (a damaged SQLite file)
             raise CatalogUnavailableError(
-                f"catalog {self.engine.url.render_as_string()} cannot be reached ({_first_line(exc.orig or exc)}); "
-                "check --catalog (LOGCOMPACT_CATALOG) and that the database is up"
+                f"catalog {self.engine.url.render_as_string()} cannot be reached or read ({_first_line(exc.orig or exc)}); "
+                "check --catalog (LOGCOMPACT_CATALOG) and that the database is up and intact"
             ) from None
         if row is None:
             raise self._not_found()
