@@ -145,8 +145,8 @@ class LogcompactGcOperator(BaseOperator):
         report = collect_garbage(LogcompactHook(self.logcompact_conn_id).get_catalog(), _now_ms(), self.grace_ms)
         self.log.info(
             "gc: %d data files, %d plan objects deleted; %d commit-log versions trimmed; %d expired leases released; "
-            "%d young files kept",
+            "%d young files kept; %d work directories of dead jobs removed",
             len(report.deleted_files), len(report.deleted_plans), report.trimmed_versions,
-            len(report.released_leases), report.kept_unreferenced_young,
+            len(report.released_leases), report.kept_unreferenced_young, len(report.reclaimed_workdirs),
         )
         return report.to_dict()

@@ -58,6 +58,7 @@ from logcompact.catalog import CatalogSection, DataFile, SetAside
 from logcompact.engine.offset_map import CompactOffsetMap, OffsetMap
 from logcompact.engine.plan import Plan, TopicPartition
 from logcompact.engine.stats import CompactionStats, JobResult
+from logcompact.engine.workdir import job_workdir
 from logcompact.format import BlockStream, SegmentWriter
 from logcompact.exceptions import CorruptDataError
 from logcompact.format.layout import INDEX_COLUMNS, MAX_OFFSET_SPAN, SECTION_SCHEMA, SectionInfo, key_hash_words
@@ -351,7 +352,7 @@ def run_plan(store: ObjectStore, plan: Plan, offset_map: OffsetMap | None = None
         for section in data_file.sections:
             by_partition.setdefault((section.topic, section.partition), []).append((data_file, section))
 
-    with tempfile.TemporaryDirectory(prefix="logcompact-job-") as workdir:
+    with job_workdir() as workdir:
         outputs = {
             content: _OutputFiles(store, plan, content, workdir) for content in ("compacted", "other")
         }

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from logcompact.catalog import Catalog, SetAside
 from logcompact.engine.plan import PLANS_PREFIX, Plan, PlanHeader
 from logcompact.engine.stats import CompactionStats, JobResult
+from logcompact.engine.workdir import reclaim_workdirs
 from logcompact.exceptions import CommitConflictError
 
 log = logging.getLogger(__name__)
@@ -112,6 +113,7 @@ class GcReport:
     kept_unreferenced_young: int
     released_leases: list[str] = field(default_factory=list)
     deleted_plans: list[str] = field(default_factory=list)
+    reclaimed_workdirs: list[str] = field(default_factory=list)  # of dead jobs, on the machine gc runs on
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -130,7 +132,8 @@ def collect_garbage(catalog: Catalog, now_ms: int, grace_ms: int = DEFAULT_GC_GR
     3. objects under `data/` the catalog has no row for (outputs never committed, files of a crashed agent)
        are deleted once older than the grace, except the outputs of plans still holding a lease, however
        long their job runs;
-    4. the commit log is trimmed to the kept history, and plan documents go once past the grace.
+    4. the commit log is trimmed to the kept history, and plan documents go once past the grace;
+    5. the local work directories of jobs that died on this machine are removed (each job also does so).
     """
     store = catalog.store
     released = catalog.release_expired_leases(now_ms)
@@ -164,7 +167,7 @@ def collect_garbage(catalog: Catalog, now_ms: int, grace_ms: int = DEFAULT_GC_GR
             for info in infos:
                 store.delete(info.key)
                 old_plans.append(info.key)
-    return GcReport(deleted, trimmed, young, released, old_plans)
+    return GcReport(deleted, trimmed, young, released, old_plans, reclaim_workdirs())
 
 
 def _plan_of(key: str) -> str:
