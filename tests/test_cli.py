@@ -140,6 +140,28 @@ def test_catalog_option_puts_the_catalog_on_postgresql(tmp_path, postgres) -> No
     assert "no logcompact cluster in" in error["error"]
 
 
+def test_an_empty_produce_writes_nothing(tmp_path) -> None:
+    env = {**_without_catalog(), "LOGCOMPACT_STORE": f"file://{tmp_path}/store", "LOGCOMPACT_NOW_MS": NOW}
+    run(env, "topic", "create", "t", "--partitions", "1")
+    versions = run(env, "log")
+    for stdin in ("", "\n", "  \r\n\t\n"):  # no lines, or blank ones only
+        assert run(env, "produce", "t", stdin=stdin) == []
+    assert run(env, "log") == versions and run(env, "files") == []
+    assert not (tmp_path / "store" / "data").exists()
+
+
+def test_produce_reads_utf8_lines(tmp_path) -> None:
+    """Input is read as bytes and decoded line by line: UTF-8 text, escaped surrogate pairs and CRLF endings
+    are accepted as before."""
+    env = {**_without_catalog(), "LOGCOMPACT_STORE": f"file://{tmp_path}/store", "LOGCOMPACT_NOW_MS": NOW}
+    run(env, "topic", "create", "t", "--partitions", "1")
+    lines = '{"partition": 0, "key": "café", "value": "\\ud83d\\ude00", "headers": {"ключ": "值"}}\r\n{"partition": 0, "key": "k"}\r\n'
+    assert run(env, "produce", "t", stdin=lines) == [{"partition": 0, "offset": 0}, {"partition": 0, "offset": 1}]
+    first, second = run(env, "consume", "t", "--partition", "0")
+    assert (first["key"], first["value"], first["headers"]) == ("café", "\U0001f600", {"ключ": "值"})
+    assert (second["key"], second["value"]) == ("k", None)
+
+
 def test_catalog_from_the_environment(tmp_path) -> None:
     catalog_db = tmp_path / "elsewhere" / "catalog.db"
     catalog_db.parent.mkdir()

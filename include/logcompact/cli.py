@@ -9,9 +9,10 @@ exit 1; usage errors exit 2.
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 import logging
+import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,12 +24,12 @@ from logcompact.catalog import Catalog
 from logcompact.consume import read_records
 from logcompact.engine.commit import DEFAULT_GC_GRACE_MS, collect_garbage, run_and_commit
 from logcompact.engine.exchange import HEADER_NAME, read_plan, write_plan
-from logcompact.engine.plan import Plan, file_to_json
-from logcompact.exceptions import InvalidRecordError, LogcompactError
+from logcompact.engine.plan import MAX_BUFFER_BYTES, MAX_BYTE_COUNT, MAX_TARGET_FILE_BYTES, MIN_BUFFER_BYTES, Plan, file_to_json
+from logcompact.exceptions import InvalidPlanError, InvalidRecordError, InvalidStoreUriError, LogcompactError
 from logcompact.ingest import Agent, Record, wall_clock_ms
 from logcompact.planner import MODES, PlannerConfig, expected_effect, plan
 from logcompact.store import LocalStore, ObjectStore, open_store
-from logcompact.topics import Topic
+from logcompact.topics import LONG_MAX, Topic
 
 
 MAX_ROUNDS = 100
@@ -48,7 +49,10 @@ class Context:
         if self._store is None:
             if not self._store_uri:
                 raise click.UsageError("no store given: pass --store URI or set LOGCOMPACT_STORE")
-            self._store = open_store(self._store_uri, aws_conn_id=self._aws_conn_id)
+            store = open_store(self._store_uri, aws_conn_id=self._aws_conn_id)
+            if isinstance(store, LocalStore) and (problem := _directory_problem(store.root)):
+                raise InvalidStoreUriError(f"store {self._store_uri}: {problem}; pass the directory of a store (file:///path/to/store)")
+            self._store = store
         return self._store
 
     @property
@@ -62,6 +66,21 @@ class Context:
 
 
 pass_context = click.make_pass_decorator(Context)
+# Times in ms and offsets: the catalog keeps them as 64-bit integers, never negative.
+NON_NEGATIVE_INT64 = click.IntRange(0, LONG_MAX)
+
+
+def _directory_problem(directory: Path) -> str | None:
+    """Why `directory` cannot be used or created (a file at it or above it, a name too long), or None."""
+    for path in (directory, *directory.parents):
+        try:
+            found = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):  # look further up, for the file in the way
+            continue
+        except OSError as exc:
+            return f"{exc.strerror}: {path}"
+        return None if stat.S_ISDIR(found.st_mode) else f"{path} is a file, not a directory"
+    return None
 
 
 def _set_now(ctx: click.Context, _param: click.Parameter, value: int | None) -> None:
@@ -71,7 +90,8 @@ def _set_now(ctx: click.Context, _param: click.Parameter, value: int | None) -> 
 
 # Every command that depends on time takes --now itself too (`logcompact compact --now MS`).
 now_option = click.option(
-    "--now", type=int, metavar="MS", expose_value=False, callback=_set_now, help="Clock in epoch ms (overrides the global --now)."
+    "--now", type=NON_NEGATIVE_INT64, metavar="MS", expose_value=False, callback=_set_now,
+    help="Clock in epoch ms (overrides the global --now).",
 )
 
 
@@ -94,7 +114,8 @@ def _parse_settings(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--catalog", "catalog_url", envvar="LOGCOMPACT_CATALOG", metavar="URL",
               help="Catalog database: postgresql+psycopg://USER:PASSWORD@HOST/DB or sqlite:////path/catalog.db; "
                    "needed for an s3:// store, a file:// store defaults to its own catalog.db [env LOGCOMPACT_CATALOG].")
-@click.option("--now", "now_ms", envvar="LOGCOMPACT_NOW_MS", type=int, metavar="MS", help="Clock in epoch ms [env LOGCOMPACT_NOW_MS].")
+@click.option("--now", "now_ms", envvar="LOGCOMPACT_NOW_MS", type=NON_NEGATIVE_INT64, metavar="MS",
+              help="Clock in epoch ms [env LOGCOMPACT_NOW_MS].")
 @click.option("--aws-conn-id", envvar="LOGCOMPACT_AWS_CONN_ID", metavar="ID", help="Airflow AWS connection for s3:// stores.")
 @click.option("-v", "--verbose", is_flag=True, help="Log progress to stderr.")
 @click.pass_context
@@ -163,6 +184,17 @@ def topic_alter(ctx: Context, name: str, configs: tuple[str, ...]) -> None:
 # -- produce and consume -------------------------------------------------------------------------------
 
 
+def _utf8(line_number: int, field: str, text: str) -> bytes:
+    """`text` as UTF-8: json.loads accepts escapes of lone surrogates ("\\ud800"), which have no UTF-8 form."""
+    try:
+        return text.encode()
+    except UnicodeEncodeError as exc:
+        raise InvalidRecordError(
+            f"line {line_number}: {field} holds a lone surrogate \\u{ord(exc.object[exc.start]):04x}, which UTF-8 cannot "
+            "encode: pair it (\\ud83d\\ude00 is one character) or drop it; nothing was produced"
+        ) from None
+
+
 def _bytes_field(line_number: int, document: dict, name: str) -> bytes | None:
     encoded = f"{name}_b64"
     if encoded in document:
@@ -171,38 +203,53 @@ def _bytes_field(line_number: int, document: dict, name: str) -> bytes | None:
             return None
         try:
             return base64.b64decode(raw, validate=True)
-        except (binascii.Error, TypeError):
+        except (ValueError, TypeError):  # binascii.Error is a ValueError, and so is a str beyond ASCII
             raise InvalidRecordError(f"line {line_number}: {encoded} is not valid base64; nothing was produced") from None
     text = document.get(name)
     if text is None:
         return None
     if not isinstance(text, str):
         raise InvalidRecordError(f"line {line_number}: {name} must be a string or null (use {encoded} for bytes); nothing was produced")
-    return text.encode()
+    return _utf8(line_number, name, text)
 
 
-def _parse_record(line_number: int, line: str) -> Record:
+def _parse_json(line_number: int, line: bytes) -> Any:
     try:
-        document = json.loads(line)
+        return json.loads(line.decode())
+    except UnicodeDecodeError as exc:
+        raise InvalidRecordError(
+            f"line {line_number}: not UTF-8 (byte {exc.start + 1}: {exc.reason}); input lines are JSON in UTF-8, "
+            "with key_b64 / value_b64 for binary data; nothing was produced"
+        ) from None
     except json.JSONDecodeError as exc:
         raise InvalidRecordError(f"line {line_number}: not JSON ({exc.msg}); nothing was produced") from None
+    except ValueError as exc:  # the other error json.loads raises: an integer of more digits than Python converts
+        raise InvalidRecordError(f"line {line_number}: a number too long ({str(exc).partition(':')[0]}); nothing was produced") from None
+    except RecursionError:
+        raise InvalidRecordError(f"line {line_number}: JSON nested too deep; a record is one flat object; nothing was produced") from None
+
+
+def _parse_record(line_number: int, line: bytes) -> Record:
+    document = _parse_json(line_number, line)
     if not isinstance(document, dict):
         raise InvalidRecordError(f"line {line_number}: expected a JSON object; nothing was produced")
     partition = document.get("partition")
     if not isinstance(partition, int) or isinstance(partition, bool):
         raise InvalidRecordError(f"line {line_number}: \"partition\" must be an integer; nothing was produced")
     timestamp = document.get("timestamp")
-    if timestamp is not None and (not isinstance(timestamp, int) or isinstance(timestamp, bool)):
-        raise InvalidRecordError(f"line {line_number}: \"timestamp\" must be integer milliseconds; nothing was produced")
+    if timestamp is not None and (not isinstance(timestamp, int) or isinstance(timestamp, bool) or not 0 <= timestamp <= LONG_MAX):
+        raise InvalidRecordError(f"line {line_number}: \"timestamp\" must be integer milliseconds from 0 to {LONG_MAX}; nothing was produced")
     headers = document.get("headers") or {}
     if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
         raise InvalidRecordError(f"line {line_number}: \"headers\" must be an object of strings; nothing was produced")
+    for name in headers:
+        _utf8(line_number, f"header name {name!r}", name)
     return Record(
         partition,
         _bytes_field(line_number, document, "key"),
         _bytes_field(line_number, document, "value"),
         timestamp,
-        [(name, value.encode()) for name, value in headers.items()] or None,
+        [(name, _utf8(line_number, f"header {name!r}", value)) for name, value in headers.items()] or None,
     )
 
 
@@ -216,7 +263,8 @@ def produce(ctx: Context, topic_name: str) -> None:
     Input lines: {"partition": int, "key": str|null, "value": str|null, "timestamp": ms, "headers": {str: str}},
     with key_b64 / value_b64 for binary data.
     """
-    records = [_parse_record(n, line) for n, line in enumerate(sys.stdin, start=1) if line.strip()]
+    # Bytes, decoded line by line: an undecodable line is named, not a traceback of the stream's decoder.
+    records = [_parse_record(n, line) for n, line in enumerate(sys.stdin.buffer, start=1) if line.strip()]
     with Agent(ctx.catalog, clock=ctx.clock, background=False) as agent:
         offsets_future = agent.produce(topic_name, records)
         agent.flush()
@@ -237,8 +285,8 @@ def _text_or_b64(document: dict, name: str, data: bytes | None) -> None:
 @cli.command()
 @click.argument("topic_name", metavar="TOPIC")
 @click.option("--partition", type=int, required=True)
-@click.option("--from-offset", type=int, default=0, show_default=True, help="First offset to read.")
-@click.option("--to-offset", type=int, default=None, help="Stop before this offset (exclusive, like Kafka's end offsets).")
+@click.option("--from-offset", type=NON_NEGATIVE_INT64, default=0, show_default=True, help="First offset to read.")
+@click.option("--to-offset", type=NON_NEGATIVE_INT64, default=None, help="Stop before this offset (exclusive, like Kafka's end offsets).")
 @pass_context
 def consume(ctx: Context, topic_name: str, partition: int, from_offset: int, to_offset: int | None) -> None:
     """Print the records of one partition in offset order, one JSON line each, as of the latest manifest
@@ -265,7 +313,7 @@ def files(ctx: Context, level: int | None) -> None:
 
 
 @cli.command()
-@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True, help="How many commits, newest first.")
+@click.option("--limit", type=click.IntRange(1, LONG_MAX), default=20, show_default=True, help="How many commits, newest first.")
 @pass_context
 def log(ctx: Context, limit: int) -> None:
     """Print the catalog's newest commits, one JSON line each: manifest version, commit id, time, operation."""
@@ -279,11 +327,11 @@ def _planner_options(command):
     for option in reversed([
         click.option("--min-files", type=click.IntRange(min=1), default=PlannerConfig.min_files[0], show_default=True,
                      help="A level is compacted into the next once it holds this many files."),
-        click.option("--buffer-bytes", type=click.IntRange(min=40), default=PlannerConfig.buffer_bytes, show_default=True,
-                     help="Key map size per job (pass 1's bounded buffer)."),
-        click.option("--target-file-bytes", type=click.IntRange(min=1), default=PlannerConfig.target_file_bytes,
+        click.option("--buffer-bytes", type=click.IntRange(MIN_BUFFER_BYTES, MAX_BUFFER_BYTES), default=PlannerConfig.buffer_bytes,
+                     show_default=True, help="Key map size per job (pass 1's bounded buffer)."),
+        click.option("--target-file-bytes", type=click.IntRange(1, MAX_TARGET_FILE_BYTES), default=PlannerConfig.target_file_bytes,
                      show_default=True, help="Output files are cut at this size, at a section boundary."),
-        click.option("--group-bytes", type=click.IntRange(min=1), default=PlannerConfig.group_bytes, show_default=True,
+        click.option("--group-bytes", type=click.IntRange(1, MAX_BYTE_COUNT), default=PlannerConfig.group_bytes, show_default=True,
                      help="Plans with more input (uncompressed) are split into groups of partitions of about this size."),
     ]):
         command = option(command)
@@ -318,6 +366,8 @@ def plan_command(ctx: Context, mode: str, topics: tuple[str, ...], dry_run: bool
     if dry_run and out_dir:
         raise click.UsageError("--dry-run writes nothing and --out writes plans: choose one")
     config = _config(**options)
+    if out_dir and (problem := _directory_problem(Path(out_dir).absolute())):
+        raise click.BadParameter(f"{problem}; pass a directory for the plans", param_hint="--out")
     out = LocalStore(out_dir) if out_dir else None
     for found in plan(ctx.catalog.snapshot(), ctx.clock(), mode, config, list(topics) or None):
         if dry_run:
@@ -343,23 +393,40 @@ def _check_topics_option(mode: str, topics: tuple[str, ...]) -> None:
         raise click.UsageError("--topics goes with --full, --mode full or --mode max-lag (regular planning covers every topic)")
 
 
+_PLAN_SOURCES = "a plan `logcompact plan` printed (JSON or JSON lines, - for stdin) or a directory `plan --out` wrote"
+
+
 def _read_plans(path: str) -> list[Plan]:
     """The plans at `path`: a plan's directory or a directory of them (`plan --out`), or a JSON document, or
     JSON lines (`-`: stdin)."""
-    if Path(path).is_dir():
-        directory = Path(path)
-        if (directory / HEADER_NAME).is_file():
-            return [read_plan(LocalStore(directory.parent), directory.name, prefix="")]
-        found = sorted(p.parent.name for p in directory.glob(f"*/{HEADER_NAME}"))
-        if not found:
-            raise click.BadParameter(f"{path} holds no plan (no {HEADER_NAME} in it or in its directories); write plans with `plan --out`",
-                                     param_hint="--plan")
-        return [read_plan(LocalStore(directory), plan_id, prefix="") for plan_id in found]
-    text = open(path, encoding="utf-8").read() if path != "-" else sys.stdin.read()
+    if path == "-":
+        return _plans_of_text(sys.stdin.buffer.read(), "stdin")
+    location = Path(path)
+    try:
+        if not location.is_dir():
+            return _plans_of_text(location.read_bytes(), path)
+    except FileNotFoundError:
+        raise click.BadParameter(f"{path} does not exist; pass {_PLAN_SOURCES}", param_hint="--plan") from None
+    except OSError as exc:  # a name too long, a loop of links, no permission: the path itself is wrong
+        raise click.BadParameter(f"cannot read {path} ({exc.strerror}); pass {_PLAN_SOURCES}", param_hint="--plan") from None
+    if (location / HEADER_NAME).is_file():
+        return [read_plan(LocalStore(location.parent), location.name, prefix="")]
+    found = sorted(p.parent.name for p in location.glob(f"*/{HEADER_NAME}"))
+    if not found:
+        raise click.BadParameter(f"{path} holds no plan (no {HEADER_NAME} in it or in its directories); write plans with `plan --out`",
+                                 param_hint="--plan")
+    return [read_plan(LocalStore(location), plan_id, prefix="") for plan_id in found]
+
+
+def _plans_of_text(data: bytes, source: str) -> list[Plan]:
+    try:
+        text = data.decode()
+    except UnicodeDecodeError as exc:
+        raise InvalidPlanError(f"{source}: not UTF-8 text (byte {exc.start + 1}: {exc.reason}); pass {_PLAN_SOURCES}") from None
     lines = [line for line in text.splitlines() if line.strip()]
     if len(lines) > 1 and all(line.lstrip().startswith("{") for line in lines):
-        return [Plan.from_json(line, f"{path} line {n}") for n, line in enumerate(lines, start=1)]
-    return [Plan.from_json(text, path)]
+        return [Plan.from_json(line, f"{source} line {n}") for n, line in enumerate(lines, start=1)]
+    return [Plan.from_json(text, source)]
 
 
 @cli.command()
@@ -404,7 +471,7 @@ def compact(
 
 @cli.command()
 @now_option
-@click.option("--grace-ms", type=click.IntRange(min=0), default=DEFAULT_GC_GRACE_MS, show_default=True,
+@click.option("--grace-ms", type=NON_NEGATIVE_INT64, default=DEFAULT_GC_GRACE_MS, show_default=True,
               help="Only files older than this are deleted (younger ones may await a commit).")
 @pass_context
 def gc(ctx: Context, grace_ms: int) -> None:
