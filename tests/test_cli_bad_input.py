@@ -27,7 +27,7 @@ GOOD_LINE = b'{"partition": 0, "key": "k", "value": "v"}\n'
 
 class Case(NamedTuple):
     name: str
-    argv: list[str]  # {store} and {work} stand for the cluster's store and the test's working directory
+    argv: list[str]  # {store}, {work}: the cluster's store, the working directory; {stored_plan_id}: the plan in {work}/plans
     code: int  # 1 for an error, 2 for a usage error
     says: str  # a fragment the one line must hold: what is wrong, or the fix
     stdin: bytes = b""
@@ -132,16 +132,16 @@ CLOCK = [
     case("--now not a number", 2, "'abc' is not a valid integer", "--now", "abc", "topic", "list", cluster=False),
     case("--now a fraction", 2, "is not a valid integer", "--store", "file://{store}", "--now", "1.5", "files", cluster=False),
     case("--now empty", 2, "is not a valid integer", "--store", "file://{store}", "--now", "", "files", cluster=False),
-    case("--now negative", 2, "--now", "--store", "file://{store}", "--now", "-1", "topic", "create", "t", "--partitions", "1", cluster=False),
-    case("--now beyond int64", 2, "--now", "--store", "file://{store}", "--now", str(2**63), "topic", "create", "t", "--partitions", "1",
+    case("--now negative", 2, "is not in the range 0<=x<=9223372036854775807", "--store", "file://{store}", "--now", "-1", "topic", "create", "t", "--partitions", "1", cluster=False),
+    case("--now beyond int64", 2, "is not in the range 0<=x<=9223372036854775807", "--store", "file://{store}", "--now", str(2**63), "topic", "create", "t", "--partitions", "1",
          cluster=False),
-    case("--now beyond int64, produce", 2, "--now", "--store", "file://{store}", "--now", str(10**30), "produce", "accounts",
+    case("--now beyond int64, produce", 2, "is not in the range 0<=x<=9223372036854775807", "--store", "file://{store}", "--now", str(10**30), "produce", "accounts",
          cluster=False, stdin=GOOD_LINE),
     case("LOGCOMPACT_NOW_MS not a number", 2, "is not a valid integer", "--store", "file://{store}", "files", cluster=False,
          env={"LOGCOMPACT_NOW_MS": "soon"}),
     case("command --now not a number", 2, "is not a valid integer", "gc", "--now", "later"),
-    case("command --now beyond int64", 2, "--now", "compact", "--all", "--now", str(2**64)),
-    case("command --now negative", 2, "--now", "plan", "--now", "-5"),
+    case("command --now beyond int64", 2, "is not in the range 0<=x<=9223372036854775807", "compact", "--all", "--now", str(2**64)),
+    case("command --now negative", 2, "is not in the range 0<=x<=9223372036854775807", "plan", "--now", "-5"),
     case("unknown global option", 2, "No such option '--bogus'", "--bogus", "topic", "list", cluster=False),
     case("unknown command", 2, "No such command 'frobnicate'", "frobnicate"),
     case("no command after options", 2, "Missing command", "--verbose"),
@@ -161,7 +161,7 @@ TOPICS = [
     case("topic create: exists, other policy", 1, "already exists", "topic", "create", "clicks", "--partitions", "3", "--config",
          "cleanup.policy=compact"),
     case("topic create: partitions not a number", 2, "'two' is not a valid integer", "topic", "create", "t", "--partitions", "two"),
-    case("topic create: config without a value", 2, "--config", "topic", "create", "t", "--partitions", "1", "--config"),
+    case("topic create: config without a value", 2, "Option '--config' requires an argument", "topic", "create", "t", "--partitions", "1", "--config"),
     case("topic create: lone surrogate in the name", 1, "topic name '\\udcff' is invalid", "topic", "create", "\udcff", "--partitions", "1"),
 ]
 for name in ("", ".", "..", "a/b", "a b", "x" * 250, "bad\x00name", "ünïcode", "t*", "../escape", "a\nb"):
@@ -293,10 +293,10 @@ READS = [
     case("consume: partition out of range", 1, "has partitions 0 to 1, not 2", "consume", "accounts", "--partition", "2"),
     case("consume: partition beyond int64", 1, "has partitions 0 to 1", "consume", "accounts", "--partition", str(2**70)),
     case("consume: from-offset not a number", 2, "is not a valid integer", "consume", "accounts", "--partition", "0", "--from-offset", "x"),
-    case("consume: from-offset negative", 2, "--from-offset", "consume", "accounts", "--partition", "0", "--from-offset", "-1"),
-    case("consume: from-offset beyond int64", 2, "--from-offset", "consume", "accounts", "--partition", "0", "--from-offset", str(2**64)),
-    case("consume: to-offset negative", 2, "--to-offset", "consume", "accounts", "--partition", "0", "--to-offset", "-5"),
-    case("consume: to-offset beyond int64", 2, "--to-offset", "consume", "accounts", "--partition", "0", "--to-offset", str(10**25)),
+    case("consume: from-offset negative", 2, "is not in the range 0<=x<=9223372036854775807", "consume", "accounts", "--partition", "0", "--from-offset", "-1"),
+    case("consume: from-offset beyond int64", 2, "is not in the range 0<=x<=9223372036854775807", "consume", "accounts", "--partition", "0", "--from-offset", str(2**64)),
+    case("consume: to-offset negative", 2, "is not in the range 0<=x<=9223372036854775807", "consume", "accounts", "--partition", "0", "--to-offset", "-5"),
+    case("consume: to-offset beyond int64", 2, "is not in the range 0<=x<=9223372036854775807", "consume", "accounts", "--partition", "0", "--to-offset", str(10**25)),
     case("consume: to-offset a fraction", 2, "is not a valid integer", "consume", "accounts", "--partition", "0", "--to-offset", "2.5"),
     case("files: level 5", 2, "5 is not in the range 0<=x<=4", "files", "--level", "5"),
     case("files: level negative", 2, "is not in the range", "files", "--level", "-1"),
@@ -304,10 +304,10 @@ READS = [
     case("files: extra argument", 2, "Got unexpected extra argument", "files", "accounts"),
     case("log: limit 0", 2, "0 is not in the range 1<=x<=9223372036854775807", "log", "--limit", "0"),
     case("log: limit negative", 2, "is not in the range 1<=x<=", "log", "--limit", "-3"),
-    case("log: limit beyond int64", 2, "--limit", "log", "--limit", str(2**64)),
+    case("log: limit beyond int64", 2, "is not in the range 1<=x<=9223372036854775807", "log", "--limit", str(2**64)),
     case("log: limit not a number", 2, "is not a valid integer", "log", "--limit", "all"),
     case("gc: grace negative", 2, "is not in the range 0<=x<=", "gc", "--grace-ms", "-1"),
-    case("gc: grace beyond int64", 2, "--grace-ms", "gc", "--grace-ms", str(2**63)),
+    case("gc: grace beyond int64", 2, "is not in the range 0<=x<=9223372036854775807", "gc", "--grace-ms", str(2**63)),
     case("gc: grace not a number", 2, "is not a valid integer", "gc", "--grace-ms", "1h"),
     case("gc: unknown option", 2, "No such option '--force'", "gc", "--force"),
 ]
@@ -319,14 +319,14 @@ SIZES = [
     ("--min-files", "many", "is not a valid integer"),
     ("--buffer-bytes", "39", "39 is not in the range 40<=x<="),
     ("--buffer-bytes", str(MAX_BUFFER_BYTES + 1), f"is not in the range 40<=x<={MAX_BUFFER_BYTES}"),
-    ("--buffer-bytes", str(10**15), "--buffer-bytes"),
+    ("--buffer-bytes", str(10**15), "is not in the range 40<=x<="),
     ("--buffer-bytes", "1GB", "is not a valid integer"),
     ("--target-file-bytes", "0", "is not in the range 1<=x<="),
     ("--target-file-bytes", str(MAX_TARGET_FILE_BYTES + 1), f"1<=x<={MAX_TARGET_FILE_BYTES}"),
-    ("--target-file-bytes", str(10**15), "--target-file-bytes"),
+    ("--target-file-bytes", str(10**15), "is not in the range 1<=x<="),
     ("--group-bytes", "0", "is not in the range 1<=x<="),
     ("--group-bytes", str(MAX_BYTE_COUNT + 1), f"1<=x<={MAX_BYTE_COUNT}"),
-    ("--group-bytes", str(10**19), "--group-bytes"),
+    ("--group-bytes", str(10**19), "is not in the range 1<=x<="),
 ]
 PLANNING = []
 for option, value, says in SIZES:
@@ -377,8 +377,8 @@ BAD_PLANS: dict[str, tuple[bytes, str]] = {
     "format 1": (b'{"format": 1}', "plan format 1 is not supported (expected 2); plan again"),
     "format 3": (b'{"format": 3}', "plan format 3 is not supported"),
     "format a string": (b'{"format": "2"}', "plan format '2' is not supported"),
-    "no inputs": (b'{"format": 2}', "malformed plan"),
-    "JSON lines, one bad": (b'{"format": 2}\n{"format": 1}\n', "line 1"),
+    "no inputs": (b'{"format": 2}', "'inputs'"),
+    "JSON lines, one bad": (b'{"format": 2}\n{"format": 1}\n', "line 1: "),
 }
 PLAN_FILES = [
     case(f"compact --plan: {name}", 1, says, "compact", "--plan", f"{{work}}/bad/{index}.json")
@@ -390,16 +390,16 @@ PLAN_FILES = [
 ]
 # Plans edited from one the cluster made: fields of the wrong type, another cluster, inputs that are gone.
 EDITS: dict[str, tuple[dict, str]] = {
-    "plan_id an integer": ({"plan_id": 7}, "plan_id"),
-    "inputs not a list": ({"inputs": "all"}, "inputs"),
-    "input key an integer": ({"inputs": [{"key": 5}]}, "key"),
-    "target_level 9": ({"target_level": 9}, "target_level"),
-    "target_level a string": ({"target_level": "1"}, "target_level"),
-    "deduplicate a string": ({"deduplicate": "yes"}, "deduplicate"),
+    "plan_id an integer": ({"plan_id": 7}, "'plan_id'"),
+    "inputs not a list": ({"inputs": "all"}, "'inputs'"),
+    "input key an integer": ({"inputs": [{"key": 5}]}, "'key'"),
+    "target_level 9": ({"target_level": 9}, "'target_level'"),
+    "target_level a string": ({"target_level": "1"}, "'target_level'"),
+    "deduplicate a string": ({"deduplicate": "yes"}, "'deduplicate'"),
     "mode sideways": ({"mode": "sideways"}, "mode 'sideways' is not one of"),
     "compression brotli": ({"compression": "brotli"}, "compression 'brotli' is not none, lz4 or zstd"),
-    "another cluster": ({"cluster_id": "00000000-0000-0000-0000-000000000000"}, "cluster"),
-    "an input that is gone": ({"replace_input_key": "data/l0/0000000000000-gone.seg"}, "re-plan"),
+    "another cluster": ({"cluster_id": "00000000-0000-0000-0000-000000000000"}, "is for cluster 00000000-0000-0000-0000-000000000000"),
+    "an input that is gone": ({"replace_input_key": "data/l0/0000000000000-gone.seg"}, "data/l0/0000000000000-gone.seg"),
     "topics not an object": ({"topics": []}, "which the plan does not describe"),
 }
 EDITED = [
@@ -407,7 +407,24 @@ EDITED = [
     for index, (name, (_edit, says)) in enumerate(EDITS.items())
 ]
 
-CASES = GLOBAL + CATALOG + DAMAGED + CLOCK + TOPICS + PRODUCE + READS + PLANNING + PLAN_PATHS + PLAN_FILES + EDITED
+# A plan `plan --out` wrote, its documents damaged (`_damage_stored_plan`).
+STORED_DAMAGES = {
+    "header not JSON": "plan.json: not JSON",
+    "header empty": "plan.json: not JSON",
+    "header a directory": "holds no plan",
+    "inputs not Arrow": "inputs: not an Arrow document of a plan",
+    "inputs missing": "lists no inputs",
+    "group missing": "has no group 0",
+    "group not Arrow": "groups/g000.arrow: not an Arrow document of a plan",
+    "group truncated": "groups/g000.arrow: not an Arrow document of a plan",
+}
+STORED = [
+    case(f"compact --plan: stored, {name}", 2 if says == "holds no plan" else 1, says, "compact", "--plan",
+         f"{{work}}/stored/{index}/{{stored_plan_id}}")
+    for index, (name, says) in enumerate(STORED_DAMAGES.items())
+]
+
+CASES = GLOBAL + CATALOG + DAMAGED + CLOCK + TOPICS + PRODUCE + READS + PLANNING + PLAN_PATHS + PLAN_FILES + EDITED + STORED
 
 
 # -- the cluster -------------------------------------------------------------------------------------------------
@@ -460,8 +477,35 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (work / "edited").mkdir()
     for index, (edit, _says) in enumerate(EDITS.values()):
         (work / "edited" / f"{index}.json").write_text(json.dumps(_edited(plan, edit)))
+    for index, damage in enumerate(STORED_DAMAGES):
+        copy = work / "stored" / str(index)
+        shutil.copytree(work / "plans", copy)
+        _damage_stored_plan(next(copy.iterdir()), damage)
     (work / "damaged").mkdir()
     return work
+
+
+def _damage_stored_plan(directory: Path, damage: str) -> None:
+    header, inputs, group = directory / "plan.json", directory / "inputs.arrow", directory / "groups" / "g000.arrow"
+    if damage == "header not JSON":
+        header.write_text("a plan")
+    elif damage == "header empty":
+        header.write_bytes(b"")
+    elif damage == "header a directory":
+        header.unlink()
+        header.mkdir()
+    elif damage == "inputs not Arrow":
+        inputs.write_bytes(b"ARROW1 but not")
+    elif damage == "inputs missing":
+        inputs.unlink()
+    elif damage == "group missing":
+        group.unlink()
+    elif damage == "group not Arrow":
+        group.write_bytes(b"garbage")
+    elif damage == "group truncated":
+        group.write_bytes(group.read_bytes()[:100])
+    else:
+        raise AssertionError(f"no damage {damage!r}")
 
 
 def _damage(store: Path, damage: str) -> None:
