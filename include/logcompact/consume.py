@@ -20,7 +20,7 @@ from logcompact.catalog import CatalogSection, Snapshot
 from logcompact.exceptions import CorruptDataError, InvalidRecordError
 from logcompact.format import read_footer, read_section
 from logcompact.format.layout import HEADERS_TYPE, INDEX_COLUMNS, SectionInfo, key_hash_words
-from logcompact.format.reader import Footer, check_deltas, iter_blocks
+from logcompact.format.reader import Footer, check_section_piece, iter_blocks
 from logcompact.store.base import ObjectStore
 
 RECORD_SCHEMA = pa.schema(
@@ -100,7 +100,7 @@ def _section_batches(
             piece = batch.slice(skip, left)
             skip, left = 0, left - piece.num_rows
             if piece.num_rows:
-                previous = check_deltas(key, info, piece, previous, complete=left == 0)
+                previous = check_section_piece(key, info, piece, previous, complete=left == 0)
                 yield piece
         block = end
 

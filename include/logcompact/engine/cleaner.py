@@ -95,7 +95,12 @@ class _FileCursor:
         """The section's records, batch by batch, checked against the catalog's record of it; sections must be
         asked for in file order. Damage is a CorruptDataError whose `key` names this file."""
         try:
-            yield from section_rows(self.key, placed.info, self._blocks_from(placed.info))
+            # The order of offsets is checked once per coalesced batch (`_with_offsets`), not per section. Pass 1
+            # only fills the key map: pass 2 reads every section again with every check before a record is written,
+            # and a partition failing there is taken back whole.
+            yield from section_rows(
+                self.key, placed.info, self._blocks_from(placed.info), check_order=False, check_deltas=not self._index_only
+            )
         except CorruptDataError as damage:
             self._batch_position = -1
             if self._stream is not None:
@@ -141,40 +146,45 @@ COALESCE_ROWS = 65536
 COALESCE_BYTES = 4 * 1024 * 1024
 
 
-def _with_offsets(batches: list[pa.RecordBatch], first_offsets: list[int], columns: tuple[str, ...] | None) -> pa.RecordBatch:
-    """Batches of consecutive sections as one batch with an `offset` column (first offset + delta) in front."""
-    if columns is not None:
-        batches = [b.select(list(columns)) for b in batches]
+def _with_offsets(pieces: list[tuple[pa.RecordBatch, CatalogSection]], columns: tuple[str, ...] | None) -> pa.RecordBatch:
+    """Batches of consecutive sections as one batch with an `offset` column (first offset + delta) in front,
+    checked to increase strictly (each piece's deltas were checked against its catalog row at its ends only)."""
+    batches = [b for b, _ in pieces] if columns is None else [b.select(list(columns)) for b, _ in pieces]
     batch = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
     deltas = batch.column("offset_delta").to_numpy().astype(np.int64)
     if len(batches) == 1:
-        offsets = deltas + first_offsets[0]
+        offsets = deltas + pieces[0][1].first_offset
     else:
-        offsets = deltas + np.repeat(np.asarray(first_offsets, dtype=np.int64), [b.num_rows for b in batches])
+        offsets = deltas + np.repeat(np.asarray([placed.first_offset for _, placed in pieces], dtype=np.int64), [b.num_rows for b in batches])
+    if len(offsets) > 1 and not (offsets[1:] > offsets[:-1]).all():
+        at = int(np.argmin(offsets[1:] > offsets[:-1])) + 1
+        placed = pieces[int(np.searchsorted(np.cumsum([b.num_rows for b in batches]), at, side="right"))][1]
+        raise CorruptDataError(
+            f"section {placed.topic}/{placed.partition} from offset {placed.first_offset}: expected offsets increasing as "
+            f"the catalog records, found offset {int(offsets[at])} after {int(offsets[at - 1])}; the file or the catalog is corrupt"
+        )
     return pa.RecordBatch.from_arrays([pa.array(offsets), *batch.columns], names=["offset", *batch.schema.names])
 
 
 def _coalesced(sections: list[tuple[Iterator[pa.RecordBatch], CatalogSection]], columns: tuple[str, ...] | None) -> Iterator[pa.RecordBatch]:
     """The batches of sections that follow each other in offsets, joined up to COALESCE_ROWS rows and
     COALESCE_BYTES (sized by the catalog's record of each section: no Arrow call per batch)."""
-    pending: list[pa.RecordBatch] = []
-    firsts: list[int] = []
+    pending: list[tuple[pa.RecordBatch, CatalogSection]] = []
     rows = size = 0
     for batches, placed in sections:
         row_bytes = placed.info.uncompressed_bytes // max(1, placed.info.record_count)
         for batch in batches:
             if not pending and (batch.num_rows >= COALESCE_ROWS // 16 or batch.num_rows * row_bytes >= COALESCE_BYTES // 16):
-                yield _with_offsets([batch], [placed.first_offset], columns)  # big enough alone: no copy
+                yield _with_offsets([(batch, placed)], columns)  # big enough alone: no copy
                 continue
-            pending.append(batch)
-            firsts.append(placed.first_offset)
+            pending.append((batch, placed))
             rows += batch.num_rows
             size += batch.num_rows * row_bytes
             if rows >= COALESCE_ROWS or size >= COALESCE_BYTES:
-                yield _with_offsets(pending, firsts, columns)
-                pending, firsts, rows, size = [], [], 0, 0
+                yield _with_offsets(pending, columns)
+                pending, rows, size = [], 0, 0
     if pending:
-        yield _with_offsets(pending, firsts, columns)
+        yield _with_offsets(pending, columns)
 
 
 def _merged(sources: list[Iterator[pa.RecordBatch]]) -> Iterator[pa.RecordBatch]:

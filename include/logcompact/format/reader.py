@@ -112,10 +112,14 @@ def iter_blocks(name: str, data: memoryview | bytes, position: int, index_only: 
         at = end
 
 
-def section_rows(name: str, info: SectionInfo, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def section_rows(
+    name: str, info: SectionInfo, batches: Iterator[pa.RecordBatch], check_order: bool = True, check_deltas: bool = True
+) -> Iterator[pa.RecordBatch]:
     """The section's `record_count` rows from row `first_row` of consecutive blocks' batches, checked against the
-    catalog's record as they pass: offset deltas from 0, increasing, ending at `last_delta`. No batch is asked for
-    beyond the one holding the last row (a streaming reader would read past the section)."""
+    catalog's record as they pass: offset deltas from 0, increasing (unless the caller checks the order of many
+    sections at once, `check_order` False), ending at `last_delta` (unless the caller reads every row again with
+    these checks before using any, `check_deltas` False). No batch is asked for beyond the one holding the last
+    row (a streaming reader would read past the section)."""
     skip, left = info.first_row, info.record_count
     previous = -1
     for batch in batches:
@@ -125,7 +129,8 @@ def section_rows(name: str, info: SectionInfo, batches: Iterator[pa.RecordBatch]
         piece = batch.slice(skip, left)
         skip = 0
         left -= piece.num_rows
-        previous = check_deltas(name, info, piece, previous, complete=left == 0)
+        if check_deltas:
+            previous = check_section_piece(name, info, piece, previous, left == 0, check_order)
         yield piece
         if left == 0:
             return
@@ -135,21 +140,21 @@ def section_rows(name: str, info: SectionInfo, batches: Iterator[pa.RecordBatch]
     )
 
 
-def check_deltas(name: str, info: SectionInfo, piece: pa.RecordBatch, previous: int, complete: bool) -> int:
+def check_section_piece(name: str, info: SectionInfo, piece: pa.RecordBatch, previous: int, complete: bool, check_order: bool = True) -> int:
     """Check the next piece of a section read in order (`previous`: the last delta before it, -1 at the start):
-    its offset deltas increase and stay within the catalog's range, starting at 0 and ending at `last_delta`
-    when the piece starts or completes the section. Returns its last delta. A file swapped for another, or a
-    catalog row pointing at other rows, fails here before any record is used."""
+    its offset deltas start at 0 when it starts the section, end at `last_delta` when it completes it, and
+    increase within the catalog's range. Returns its last delta. A file swapped for another, or a catalog row
+    pointing at other rows, fails here before any record is used."""
     if not piece.num_rows:
         return previous
-    deltas = piece.column("offset_delta").to_numpy().astype(np.int64)
+    deltas = piece.column(0).to_numpy()  # offset_delta: the first column of every block's schema
     first, last = int(deltas[0]), int(deltas[-1])
     if (
         (previous < 0 and first != 0)
         or first <= previous
         or last > info.last_delta
         or (complete and last != info.last_delta)
-        or (len(deltas) > 1 and int(np.diff(deltas).min()) <= 0)
+        or (check_order and len(deltas) > 1 and not (deltas[1:] > deltas[:-1]).all())
     ):
         raise CorruptDataError(
             f"{name}: section {info.topic}/{info.partition} at byte {info.byte_offset}: expected offset deltas increasing "
