@@ -211,7 +211,7 @@ def test_plan_compact_and_gc(tmp_path, local_env: dict[str, str]) -> None:
     assert [f["level"] for f in run(env, "files")] == [2]
     (report,) = run(env, "gc", "--now", "3000")
     assert report == {"deleted_files": [], "trimmed_versions": 0, "kept_unreferenced_young": 0, "released_leases": [],
-                      "deleted_plans": []}
+                      "deleted_plans": [], "reclaimed_workdirs": []}
 
     (error,) = run(env, "compact", "--all", "--full", expect=2)
     assert "choose exactly one of --plan FILE, --all, --until-idle, --full" in error["error"]
@@ -295,3 +295,25 @@ def test_demo_produces_consumes_and_sweeps(local_env: dict[str, str]) -> None:
     assert any(line.startswith("full sweep into L2: 3,000 records in") for line in lines)
     (error,) = run(local_env, "demo", "--records", "3000", expect=1)  # its topics exist now
     assert "topic 'accounts' already exists" in error["error"] and "run the demo on an empty store" in error["error"]
+
+
+def test_uncleanable_partitions_are_listed_and_cleared(tmp_path) -> None:
+    import sqlite3
+
+    env = {**_without_catalog(), "LOGCOMPACT_STORE": f"file://{tmp_path}/store", "LOGCOMPACT_NOW_MS": "1700000000000"}
+    run(env, "topic", "create", "t", "--partitions", "3", "--config", "cleanup.policy=compact")
+    for _ in range(2):
+        lines = "".join(json.dumps({"partition": n % 3, "key": f"k{n % 7}", "value": f"v{n}"}) + "\n" for n in range(30))
+        run(env, "produce", "t", stdin=lines)
+    with sqlite3.connect(tmp_path / "store" / "catalog.db") as database:  # one section's catalog row goes wrong
+        database.execute("UPDATE sections SET crc32 = crc32 + 1 WHERE partition = 1 AND file_id = 2")
+
+    (stats,) = run(env, "compact", "--full")
+    assert stats["committed"] and [(u["topic"], u["partition"]) for u in stats["uncleanable"]] == [("t", 1)]
+    *marks, totals = run(env, "uncleanable", "list")
+    assert [(m["topic"], m["partition"], m["failures"], m["held"]) for m in marks] == [("t", 1, 1, True)]
+    assert totals["uncleanable_partitions_count"] == 1 and totals["uncleanable_bytes"] > 0
+    (error,) = run(env, "uncleanable", "clear", "t/2", expect=1)
+    assert "t/2 not marked uncleanable (nothing cleared)" in error["error"]
+    assert run(env, "uncleanable", "clear", "t/1") == [{"cleared": ["t/1"]}]
+    assert run(env, "uncleanable", "list") == [{"uncleanable_partitions_count": 0, "uncleanable_bytes": 0}]

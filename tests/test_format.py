@@ -174,7 +174,7 @@ def test_a_file_swapped_for_another_is_caught_by_the_catalogs_checksum(tmp_path)
     infos = _sample_file(store, sections=2)
     other = section_table(range(100), [2] * 100, [b"x%d" % i for i in range(100)], [b"w"] * 100)
     store.put("f.seg", write_segment([("t", 0, other), ("t", 1, other)])[0])
-    with pytest.raises(CorruptDataError, match=r"f\.seg: section t/0 at byte \d+ is not the block the catalog records"):
+    with pytest.raises(CorruptDataError, match=r"f\.seg: section t/0 at byte \d+: the catalog records a block of index CRC-32"):
         read_section(store, "f.seg", infos[0])
 
 

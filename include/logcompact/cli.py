@@ -369,7 +369,8 @@ def plan_command(ctx: Context, mode: str, topics: tuple[str, ...], dry_run: bool
     if out_dir and (problem := _directory_problem(Path(out_dir).absolute())):
         raise click.BadParameter(f"{problem}; pass a directory for the plans", param_hint="--out")
     out = LocalStore(out_dir) if out_dir else None
-    for found in plan(ctx.catalog.snapshot(), ctx.clock(), mode, config, list(topics) or None):
+    now = ctx.clock()
+    for found in plan(ctx.catalog.planning_snapshot(now), now, mode, config, list(topics) or None):
         if dry_run:
             _emit(expected_effect(found))
         elif out is not None:
@@ -384,8 +385,8 @@ def _run_and_commit(ctx: Context, catalog: Catalog, plan_to_run: Plan, config: P
     result = run_and_commit(catalog, plan_to_run, ctx.clock(), config.lease_ms)
     if result is None:
         _emit({"plan_id": plan_to_run.plan_id, "committed": False})
-    else:
-        _emit({**result.to_dict(), "committed": True})
+        return
+    _emit({**result.to_dict(), "committed": True})  # a partition set aside is in its "uncleanable", and logged
 
 
 def _check_topics_option(mode: str, topics: tuple[str, ...]) -> None:
@@ -460,13 +461,60 @@ def compact(
         return
     mode = "full" if full else mode
     for _ in range(MAX_ROUNDS if until_idle else 1):
-        plans = plan(catalog.snapshot(), ctx.clock(), mode, config, list(topics) or None)
+        now = ctx.clock()
+        plans = plan(catalog.planning_snapshot(now), now, mode, config, list(topics) or None)
         if not plans:
             return
         for found in plans:
             _run_and_commit(ctx, catalog, found, config)
     if until_idle:
         raise LogcompactError(f"still not idle after {MAX_ROUNDS} rounds of compaction; is ingest outpacing it?")
+
+
+@cli.group()
+def uncleanable() -> None:
+    """Partitions set aside because their data is damaged (Kafka's uncleanable partitions)."""
+
+
+@uncleanable.command("list")
+@now_option
+@pass_context
+def uncleanable_list(ctx: Context) -> None:
+    """Print one JSON line per uncleanable partition (reason, damaged file, failures in a row, live bytes, when
+    it is retried, whether planners hold it back now), then a line with the count and bytes."""
+    catalog = ctx.catalog
+    marks = catalog.uncleanable()
+    held = catalog.held_uncleanable(ctx.clock())
+    for mark in marks:
+        _emit({**mark.to_dict(), "held": (mark.topic, mark.partition) in held})
+    _emit({"uncleanable_partitions_count": len(marks), "uncleanable_bytes": sum(m.bytes for m in marks)})
+
+
+def _topic_partition(text: str) -> tuple[str, int]:
+    topic_name, sep, number = text.rpartition("/")
+    if not sep or not topic_name or not number.isdigit():
+        raise click.BadParameter(f"{text!r} is not TOPIC/PARTITION (for example orders/3)", param_hint="PARTITIONS")
+    return topic_name, int(number)
+
+
+@uncleanable.command("clear")
+@click.argument("partitions", nargs=-1, metavar="TOPIC/PARTITION...")
+@click.option("--all", "clear_all", is_flag=True, help="Clear every mark.")
+@pass_context
+def uncleanable_clear(ctx: Context, partitions: tuple[str, ...], clear_all: bool) -> None:
+    """Clear the marks of the partitions named (or --all), so the next compaction tries them again; prints
+    those cleared. Restore their damaged files first, or they are set aside again."""
+    if clear_all == bool(partitions):
+        raise click.UsageError("name the partitions to clear (TOPIC/PARTITION ...) or pass --all")
+    chosen = None if clear_all else [_topic_partition(text) for text in partitions]
+    if chosen is not None:
+        missing = sorted(set(chosen) - {(m.topic, m.partition) for m in ctx.catalog.uncleanable()})
+        if missing:
+            raise LogcompactError(
+                f"{', '.join(f'{t}/{p}' for t, p in missing)} not marked uncleanable (nothing cleared); see `logcompact uncleanable list`"
+            )
+    cleared = ctx.catalog.clear_uncleanable(chosen)
+    _emit({"cleared": [f"{t}/{p}" for t, p in cleared]})
 
 
 @cli.command()

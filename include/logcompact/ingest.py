@@ -33,6 +33,8 @@ from logcompact.topics import Topic
 
 DEFAULT_FLUSH_INTERVAL_MS = 250
 DEFAULT_FLUSH_BYTES = 8 * 1024 * 1024
+# Timestamps are int64 milliseconds in the file and the catalog.
+_MAX_TIMESTAMP = 2**63 - 1
 # Bytes counted per record beyond key and value, for the size trigger (offset, timestamp, hash, framing).
 RECORD_OVERHEAD_BYTES = 32
 
@@ -130,10 +132,10 @@ class Agent:
         if bad is not None:
             raise InvalidRecordError(f"record {bad} of topic {topic!r}: value must be bytes or None; batch rejected")
         timestamps = [now if t is None else t for t in timestamps]
-        bad = next((i for i, t in enumerate(timestamps) if type(t) is not int or t < 0), None)
+        bad = next((i for i, t in enumerate(timestamps) if type(t) is not int or not 0 <= t <= _MAX_TIMESTAMP), None)
         if bad is not None:
             raise InvalidRecordError(
-                f"record {bad} of topic {topic!r}: timestamp {timestamps[bad]!r} must be milliseconds >= 0; batch rejected"
+                f"record {bad} of topic {topic!r}: timestamp {timestamps[bad]!r} must be milliseconds from 0 to 2**63-1; batch rejected"
             )
         headers = [h or None for h in headers]
         size = sum(map(len, filter(None, keys))) + sum(map(len, filter(None, values))) + RECORD_OVERHEAD_BYTES * len(keys)
@@ -179,7 +181,9 @@ class Agent:
                 with collector_paused():  # a file of 10,000 sections makes tens of thousands of small objects
                     offsets = self._write_and_commit(buffer)
             except Exception as exc:
-                failure = IngestError(f"L0 file not committed, its {len(buffer.batches)} produce batches failed: {exc}")
+                # One line: a database error's text goes on with its SQL and parameters.
+                reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+                failure = IngestError(f"L0 file not committed, its {len(buffer.batches)} produce batches failed: {reason}")
                 failure.__cause__ = exc
                 for batch in buffer.batches:
                     batch.future.set_exception(failure)

@@ -158,6 +158,7 @@ class Catalog:
                     connection.exec_driver_sql("SELECT pg_advisory_xact_lock(7236089)")
                 s.metadata.create_all(connection, checkfirst=True)
                 if connection.execute(select(s.catalog_info.c.id)).first() is None:
+                    self._refuse_orphaned_data()
                     connection.execute(
                         insert(s.catalog_info).values(
                             id=1, schema_version=s.SCHEMA_VERSION, cluster_id=str(uuid.uuid4()), created_ms=now_ms, version=1
@@ -166,6 +167,16 @@ class Catalog:
                     connection.execute(insert(s.versions).values(version=1, commit_id=str(uuid.uuid4()), created_ms=now_ms, operation="create"))
         self._cluster_id = None
         return self.cluster_id
+
+    def _refuse_orphaned_data(self) -> None:
+        """A new cluster is never made over a store that already holds data files: their catalog was lost or
+        emptied, and a new one would hand out their offsets again."""
+        found = next(iter(self.store.list("data/")), None)
+        if found is not None:
+            raise CatalogConfigError(
+                f"catalog {self.engine.url.render_as_string()} holds no cluster but {self.store.uri} holds data files "
+                f"({found.key}, ...): restore the catalog database from a backup, or use an empty store"
+            )
 
     def latest_version(self) -> int:
         with self._reading() as connection:

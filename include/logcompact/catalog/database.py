@@ -100,13 +100,16 @@ def engine_for(url: str) -> Engine:
 def _create_engine(url: str) -> Engine:
     try:
         parsed = make_url(url)
-    except ArgumentError:
+        parsed.port  # noqa: B018 (a port that is not a number is only found when read)
+    except (ArgumentError, ValueError):
         raise CatalogConfigError(
             f"catalog URL {url!r} is not a database URL: use sqlite:////absolute/path.db or "
             "postgresql+psycopg://USER:PASSWORD@HOST:PORT/DB"
         ) from None
     backend = parsed.get_backend_name()
     if backend == "sqlite":
+        if sqlite_path(url) is None:
+            raise CatalogConfigError(f"catalog URL {url!r} names an in-memory database, lost at exit: use sqlite:////absolute/path.db")
         return _sqlite_engine(url)
     if backend == "postgresql":
         if parsed.get_driver_name() != "psycopg":

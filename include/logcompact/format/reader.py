@@ -187,11 +187,12 @@ def read_section(store: ObjectStore, key: str, info: SectionInfo, index_only: bo
     data = store.get_range(key, info.byte_offset, info.byte_length)
     if len(data) != info.byte_length:
         raise CorruptDataError(f"{key}: section {info.topic}/{info.partition} at byte {info.byte_offset} is cut short; the file is incomplete")
-    first_crc = BLOCK_PREFIX.unpack_from(data, 0)[1] if len(data) >= BLOCK_PREFIX.size else None  # its index CRC
+    first_crc = BLOCK_PREFIX.unpack_from(data, 0)[1] if len(data) >= BLOCK_PREFIX.size else -1  # its index CRC
     if first_crc != info.crc32:
         raise CorruptDataError(
-            f"{key}: section {info.topic}/{info.partition} at byte {info.byte_offset} is not the block the catalog "
-            f"records (CRC-32 {info.crc32:#010x}, found {first_crc!r}); the file was replaced or is corrupt"
+            f"{key}: section {info.topic}/{info.partition} at byte {info.byte_offset}: the catalog records a block of "
+            f"index CRC-32 {info.crc32:#010x}, the file holds {first_crc:#010x}; the file was replaced or is corrupt, "
+            "restore it from a copy"
         )
     batches = (batch for _, batch in iter_blocks(key, data, info.byte_offset, index_only))
     return Section(info, list(section_rows(key, info, batches)))

@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 from typing import Iterator
 
-from logcompact.exceptions import ObjectNotFoundError
+from logcompact.exceptions import InvalidStoreUriError, ObjectNotFoundError
 from logcompact.store.base import CountingReader, ObjectInfo, ObjectStore
 
 _TEMP_SUFFIX = ".tmp-logcompact"
@@ -22,7 +22,10 @@ _TEMP_SUFFIX = ".tmp-logcompact"
 class LocalStore(ObjectStore):
     def __init__(self, root: str | Path) -> None:
         super().__init__()
-        self.root = Path(root).resolve()
+        try:
+            self.root = Path(root).resolve()
+        except RuntimeError:  # a loop of symbolic links
+            raise InvalidStoreUriError(f"store path {root} is a loop of symbolic links: give a directory") from None
         self.uri = f"file://{self.root}"
 
     def _path(self, key: str) -> Path:
@@ -69,7 +72,7 @@ class LocalStore(ObjectStore):
     def open_stream(self, key: str, start: int = 0) -> CountingReader:
         try:
             raw = open(self._path(key), "rb")
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             raise ObjectNotFoundError(f"no object {key!r} in {self.uri}") from None
         raw.seek(start)
         self.counters.add(get=1)
@@ -80,7 +83,7 @@ class LocalStore(ObjectStore):
             with open(self._path(key), "rb") as f:
                 f.seek(start)
                 data = f.read(length)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             raise ObjectNotFoundError(f"no object {key!r} in {self.uri}") from None
         self.counters.add(get=1, bytes_read=len(data))
         return data
