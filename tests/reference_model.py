@@ -28,8 +28,10 @@ def compact(
     now: int,
     deduplicate: bool,
     lowest_offset_outside: int | None,
+    segments: list[tuple[int, int]] = (),
 ) -> list[ModelRecord]:
-    """The records of one partition that survive one compaction job covering exactly `records`."""
+    """The records of one partition that survive one compaction job covering exactly `records`; `segments` are
+    the partition's live segments (first offset, newest timestamp), in the job or not."""
 
     def expired(r: ModelRecord) -> bool:
         return "delete" in config.cleanup_policy and config.retention_ms >= 0 and r.timestamp < now - config.retention_ms
@@ -44,9 +46,10 @@ def compact(
         live outside the job."""
         return lowest_offset_outside is None or r.offset < lowest_offset_outside
 
-    # Kafka's first uncleanable offset: the first record within the min lag, and everything after it.
+    # Kafka's first uncleanable offset: the base offset of the first segment whose newest record is within the
+    # min lag (LogCleanerManager.cleanableOffsets), wherever that segment is; everything from it on.
     lag_cut = now - config.min_compaction_lag_ms
-    young_offsets = [r.offset for r in records if config.min_compaction_lag_ms > 0 and r.timestamp > lag_cut]
+    young_offsets = [first for first, newest in segments if config.min_compaction_lag_ms > 0 and newest > lag_cut]
     first_uncleanable = min(young_offsets) if young_offsets else None
 
     def young(r: ModelRecord) -> bool:
@@ -91,14 +94,17 @@ class ReferenceLog:
             history.append(r)
 
     def compact(
-        self, job: dict[tuple[str, int], set[int]], configs: dict[str, TopicConfig], now: int, deduplicate: bool
+        self, job: dict[tuple[str, int], set[int]], configs: dict[str, TopicConfig], now: int, deduplicate: bool,
+        segments: dict[tuple[str, int], list[tuple[int, int]]] | None = None,
     ) -> None:
-        """Apply one job: `job` says which live offsets of which partitions the job's input files hold."""
+        """Apply one job: `job` says which live offsets of which partitions the job's input files hold;
+        `segments`, each partition's live segments (first offset, newest timestamp), all of them."""
         for (topic, partition), offsets in job.items():
             live = self.partitions[(topic, partition)]
             outside = [o for o in live if o not in offsets]
             survivors = compact(
-                [live[o] for o in offsets], configs[topic], now, deduplicate, min(outside) if outside else None
+                [live[o] for o in offsets], configs[topic], now, deduplicate, min(outside) if outside else None,
+                (segments or {}).get((topic, partition), []),
             )
             for o in offsets:
                 del live[o]

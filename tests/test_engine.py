@@ -92,8 +92,11 @@ def test_tombstones_are_stamped_then_removed_after_their_horizon(catalog: Catalo
 
 def test_min_lag_leaves_young_records_untouched(catalog: Catalog) -> None:
     catalog = _setup(catalog, state={"cleanup_policy": "compact", "min_compaction_lag_ms": "1000"})
-    _produce(catalog, "state", [Record(0, b"a", b"old", NOW), Record(0, b"a", b"mid", NOW + 700), Record(0, b"a", b"new", NOW + 1500)])
-    result = _full(catalog, NOW + 1600)  # mid and new are within the lag: nothing from offset 1 on is touched
+    _produce(catalog, "state", [Record(0, b"a", b"old", NOW)])
+    _produce(catalog, "state", [Record(0, b"a", b"mid", NOW + 700), Record(0, b"a", b"new", NOW + 1500)])
+    # The second file's section holds records within the lag: as Kafka does with segments, nothing from its
+    # first offset on is touched, and the old value stays (no cleanable newer value of its key).
+    result = _full(catalog, NOW + 1600)
     assert _values(catalog, "state") == [(0, b"a", b"old"), (1, b"a", b"mid"), (2, b"a", b"new")]
     assert result.stats.young_kept == 2
     _full(catalog, NOW + 2600)
@@ -384,3 +387,34 @@ def test_gc_completes_under_steady_ingest_and_never_deletes_a_live_file(catalog:
         view = latest_values(store, snapshot, "t", partition)
         found = dict(zip(view.column("key").to_pylist(), view.column("value").to_pylist()))
         assert found == {key: value for (key, p), (_, value) in latest.items() if p == partition}
+
+
+def _level_plans_until_idle(catalog: Catalog, now: int) -> None:
+    while plans := level_plans(catalog.planning_snapshot(now), now, 1):
+        for found in plans:
+            run_and_commit(catalog, found, now)
+
+
+def _min_lag_scenario(catalog: Catalog) -> None:
+    """A young record (timestamps out of order) sits in an L2 file that the next L1 to L2 plan does not take."""
+    catalog = _setup(catalog, state={"cleanup_policy": "compact", "min_compaction_lag_ms": "1000"})
+    _produce(catalog, "state", [Record(0, b"a", b"old", NOW - 10_000), Record(0, b"y", b"young", NOW)])
+    _level_plans_until_idle(catalog, NOW - 10_000)  # to L2, the top level of a small cluster
+    _produce(catalog, "state", [Record(0, b"a", b"mid", NOW - 10_000), Record(0, b"a", b"new", NOW - 10_000)])
+
+
+def test_min_lag_keeps_the_same_records_whichever_files_a_plan_takes(tmp_path_factory, make_catalog_url) -> None:
+    from logcompact.store import LocalStore
+
+    survivors = []
+    for sweep in (False, True):
+        catalog = Catalog(LocalStore(tmp_path_factory.mktemp("minlag")), make_catalog_url("sqlite"))
+        _min_lag_scenario(catalog)
+        if sweep:
+            _full(catalog, NOW + 500)
+        else:
+            _level_plans_until_idle(catalog, NOW + 500)  # its L1 to L2 plan takes only the new file
+            assert {f.level for f in catalog.snapshot().files()} == {2}
+        survivors.append(_values(catalog, "state"))
+    # From the young record's section on (offset 0: its first), nothing is deduplicated, in both.
+    assert survivors[0] == survivors[1] == [(0, b"a", b"old"), (1, b"y", b"young"), (2, b"a", b"mid"), (3, b"a", b"new")]

@@ -118,6 +118,11 @@ class Harness:
         if plan is None:
             return
         job: dict[tuple[str, int], set[int]] = {}
+        # Every live segment of the job's partitions, in its files or not: Kafka's min lag looks at them all.
+        segments = {
+            tp: [(placed.first_offset, placed.info.max_timestamp) for _, placed in snapshot.sections_of(*tp)]
+            for tp in {(s.topic, s.partition) for f in plan.inputs for s in f.sections}
+        }
         for data_file in plan.inputs:
             for section in data_file.sections:
                 tables = read_sections(self.store, [(data_file.key, section)])
@@ -125,7 +130,7 @@ class Harness:
                 job.setdefault((section.topic, section.partition), set()).update(offsets)
         result = run_plan(self.store, plan)
         commit_plan(self.catalog, plan, [result], self.now)
-        self.model.compact(job, {n: t.config for n, t in self.topics.items()}, self.now, plan.deduplicate)
+        self.model.compact(job, {n: t.config for n, t in self.topics.items()}, self.now, plan.deduplicate, segments)
         self.compaction_clocks.append(self.now)
         self.touched = set(job)
 

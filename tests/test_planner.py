@@ -272,7 +272,7 @@ def test_a_plan_as_one_json_document_keeps_its_groups_and_is_checked(catalog: Ca
         ({**document, "inputs": [{**document["inputs"][0], "sections": [{**section, "partition": "0"}]}]}, "'partition' is '0': must be an integer"),
         ({k: v for k, v in document.items() if k != "inputs"}, "this is the header of a stored plan"),
         ({**document, "inputs": [{k: v for k, v in document["inputs"][0].items() if k != "sections"}]}, r"malformed plan \(KeyError: 'sections'\)"),
-        ({**document, "outside_floors": [["t", 0]]}, r"outside floor \['t', 0\] is not \[topic, partition, offset\]"),
+        ({**document, "outside_floors": [["t", 0]]}, r"outside_floors entry \['t', 0\] is not \[topic, partition, offset\]"),
     ]
     for broken, message in cases:
         with pytest.raises(InvalidPlanError, match=message):

@@ -19,10 +19,11 @@ Rules, per record (a compacted topic's rules apply only when the plan deduplicat
   floor: removing a record never lets an older value of its key, in the job or outside it, come back
   (Kafka gets the same by deleting only from the start of the log);
 * a record without a key in a compacted topic is removed and counted invalid (Kafka does the same);
-* min lag, as Kafka's first uncleanable offset: from the first record newer than now -
-  min.compaction.lag.ms (when that lag is set), no record is removed as a duplicate, used to remove
-  others, or stamped; judging it by offset, not by each record's timestamp, keeps a young older value
-  from outliving a tombstone that supersedes it;
+* min lag, as Kafka's first uncleanable offset (the plan's `first_uncleanable`: the first offset of the
+  first live section holding a record newer than now - min.compaction.lag.ms, in any file, as Kafka takes
+  the first such segment): from there on no record is removed as a duplicate, used to remove others, or
+  stamped; judging it by offset, not by each record's timestamp, keeps a young older value from outliving
+  a tombstone that supersedes it;
 * pass 1 maps each other keyed record's 128-bit key hash to the latest offset of that key; pass 2 removes
   a record when the map holds a newer offset for its key;
 * a tombstone that is the latest of its key is kept and stamped with a delete horizon (now +
@@ -451,10 +452,11 @@ class _PartitionCleaner:
                 "byte cap: copied, not deduplicated"
             )
         self.deduplicate = plan.deduplicate and config.compacted and not self.oversized
-        self.young_after = now - config.min_compaction_lag_ms if config.min_compaction_lag_ms > 0 else None
         self.horizon = now + config.delete_retention_ms
         self.floor = plan.outside_floors.get((topic, partition))
-        self.young_from: int | None = None  # the first uncleanable offset, found by pass 1
+        # Kafka's first uncleanable offset, from the catalog's every live section (not only this plan's inputs),
+        # so min lag keeps the same records whichever files a plan takes.
+        self.young_from = plan.first_uncleanable.get((topic, partition)) if config.min_compaction_lag_ms > 0 else None
         self.removes_latest = True  # may a key's latest record go (tombstone, expiry)? Not after a partial stop
 
     def _records(self, cursors: _Cursors, columns: tuple[str, ...] | None = None) -> _PartitionReader:
@@ -552,17 +554,10 @@ class _PartitionCleaner:
         return keyed & ~young, young
 
     def _fill_map(self, reader: _PartitionReader, map_from: int) -> int | None:
-        """Pass 1 until the map is full (returns the offset where it stopped) or the partition ends.
-
-        Meeting the first young record fixes the partition's first uncleanable offset; pass 1 has nothing
-        more to map after it.
-        """
+        """Pass 1 until the map is full (returns the offset where it stopped) or the partition ends; from the
+        first uncleanable offset on there is nothing more to map."""
         for batch in reader:
             offsets = batch.column("offset").to_numpy()
-            if self.young_after is not None and self.young_from is None:
-                young = batch.column("timestamp").to_numpy() > self.young_after
-                if young.any():
-                    self.young_from = int(offsets[np.argmax(young)])
             eligible, young_rows = self._eligible(batch)
             eligible &= offsets >= map_from
             rows = np.flatnonzero(eligible)

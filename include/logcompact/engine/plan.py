@@ -117,6 +117,9 @@ class Plan:
     # Per partition: the smallest offset held by a live file outside this plan. A tombstone at or above
     # it may have older values of its key elsewhere, so it is never removed by this plan.
     outside_floors: dict[TopicPartition, int] = field(default_factory=dict)
+    # Per partition whose topic sets min.compaction.lag.ms: Kafka's first uncleanable offset, from every live
+    # section (`Snapshot.first_uncleanable_offsets`), so min lag is the same whichever files the plan takes.
+    first_uncleanable: dict[TopicPartition, int] = field(default_factory=dict)
     # Partitions held back as uncleanable when the plan was made: their sections are not in the inputs, and the
     # commit leaves them live in the input files.
     set_aside: tuple[TopicPartition, ...] = ()
@@ -156,6 +159,7 @@ class Plan:
             inputs=tuple(inputs),
             topics={name: self.topics[name] for name in sorted(topics)},
             outside_floors={tp: floor for tp, floor in self.outside_floors.items() if chosen.holds(tp)},
+            first_uncleanable={tp: offset for tp, offset in self.first_uncleanable.items() if chosen.holds(tp)},
             groups=(chosen,),
             group=group,
         )
@@ -178,6 +182,7 @@ class Plan:
             "groups": [g.to_dict() for g in self.groups],
             "inputs": [file_to_json(f) for f in self.inputs],
             "outside_floors": [[t, p, floor] for (t, p), floor in sorted(self.outside_floors.items())],
+            "first_uncleanable": [[t, p, offset] for (t, p), offset in sorted(self.first_uncleanable.items())],
             "set_aside": [list(tp) for tp in self.set_aside],
         }
 
@@ -201,7 +206,8 @@ class Plan:
                 **_settings_from_dict(document, source),
                 topics=_topics_from_dict(document, source),
                 groups=tuple(PlanGroup.from_dict(g, source) for g in _list(document, "groups", source)),
-                outside_floors=_floors_from_dict(document, source),
+                outside_floors=_offsets_from_dict(document, "outside_floors", source),
+                first_uncleanable=_offsets_from_dict(document, "first_uncleanable", source),
                 set_aside=_set_aside_from_dict(document, source),
                 inputs=tuple(inputs),
             )
@@ -222,6 +228,7 @@ class Plan:
         """The whole plan from its header and the pieces of its groups (`decode_group`), in group order."""
         sections: dict[str, list[CatalogSection]] = {f.key: [] for f in header.inputs}
         floors: dict[TopicPartition, int] = {}
+        young: dict[TopicPartition, int] = {}
         for group, piece in zip(header.groups, pieces, strict=True):
             if piece.plan_id != header.plan_id or piece.groups != (group,):
                 raise InvalidPlanError(f"{source}: the document of group {group.group} is not that group of this plan; plan again")
@@ -230,11 +237,12 @@ class Plan:
                     raise InvalidPlanError(f"{source}: group {group.group} reads {data_file.key}, which the header does not list; plan again")
                 sections[data_file.key].extend(data_file.sections)  # groups follow (topic, partition) order, as files do
             floors.update(piece.outside_floors)
+            young.update(piece.first_uncleanable)
         with collector_paused():
             inputs = tuple(DataFile(f.key, f.level, f.size, f.created_ms, tuple(sections[f.key])) for f in header.inputs)
         plan = cls(
             **{name: getattr(header, name) for name in _SETTINGS}, topics=header.topics, inputs=inputs, outside_floors=floors,
-            groups=header.groups, set_aside=header.set_aside,
+            first_uncleanable=young, groups=header.groups, set_aside=header.set_aside,
         )
         plan.validate(source)
         return plan
@@ -398,6 +406,7 @@ GROUP_SCHEMA = pa.schema(
         pa.field("first_offset", pa.int64(), nullable=False),
         *(pa.field(name, _column_type(kind), nullable=False) for name, kind in _SECTION_TYPES.items() if name not in _PLANNER_ONLY),
         pa.field("outside_floor", pa.int64()),
+        pa.field("first_uncleanable", pa.int64()),
     ]
 )
 # The group document's schema metadata: the group's settings, topics and PlanGroup, as JSON.
@@ -418,9 +427,11 @@ def encode_groups(plan: Plan) -> list[bytes]:
         if name not in _PLANNER_ONLY:
             columns[name] = values.dictionary_encode() if _SECTION_TYPES[name] is str else values
     codes = _partition_codes(columns["topic"], columns["partition"], plan.topics)
-    floors = plan.outside_floors
-    floor_codes = _partition_codes(pa.array([t for t, _ in floors], pa.string()), pa.array([p for _, p in floors], pa.int64()), plan.topics)
-    columns["outside_floor"] = _lookup(codes, floor_codes, np.fromiter(floors.values(), np.int64, len(floors)))
+    for column, per_partition in (("outside_floor", plan.outside_floors), ("first_uncleanable", plan.first_uncleanable)):
+        keys = _partition_codes(
+            pa.array([t for t, _ in per_partition], pa.string()), pa.array([p for _, p in per_partition], pa.int64()), plan.topics
+        )
+        columns[column] = _lookup(codes, keys, np.fromiter(per_partition.values(), np.int64, len(per_partition)))
     table = pa.table(columns, schema=GROUP_SCHEMA)
     starts = _partition_codes(pa.array([g.first[0] for g in plan.groups[1:]], pa.string()),
                               pa.array([g.first[1] for g in plan.groups[1:]], pa.int64()), plan.topics)
@@ -500,8 +511,10 @@ def decode_group(
             inputs_of_piece.append(DataFile(*described[rows[start]], tuple(sections[start:end])))
             start = end
         floors = {(i.topic, i.partition): floor for i, floor in zip(infos, _column(table, "outside_floor")) if floor is not None}
+        young = {(i.topic, i.partition): offset for i, offset in zip(infos, _column(table, "first_uncleanable")) if offset is not None}
         piece = Plan(
-            **settings, topics=topics, inputs=tuple(inputs_of_piece), outside_floors=floors, groups=(group,), group=group.group,
+            **settings, topics=topics, inputs=tuple(inputs_of_piece), outside_floors=floors, first_uncleanable=young, groups=(group,),
+            group=group.group,
             slice=slice,
         )
         piece.validate(source, whole=False)
@@ -667,13 +680,14 @@ def _topics_from_dict(document: dict, source: str) -> dict[str, Topic]:
     return {t["name"]: Topic.from_dict(t) for t in _list(document, "topics", source)}
 
 
-def _floors_from_dict(document: dict, source: str) -> dict[TopicPartition, int]:
-    floors = {}
-    for entry in _list(document, "outside_floors", source):
+def _offsets_from_dict(document: dict, name: str, source: str) -> dict[TopicPartition, int]:
+    """A per-partition offset field, [[topic, partition, offset], ...]; a plan without it has none."""
+    offsets = {}
+    for entry in _list(document, name, source) if name in document else []:
         if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str) and all(isinstance(v, int) for v in entry[1:])):
-            raise InvalidPlanError(f"{source}: outside floor {entry!r} is not [topic, partition, offset]")
-        floors[(entry[0], entry[1])] = entry[2]
-    return floors
+            raise InvalidPlanError(f"{source}: {name} entry {entry!r} is not [topic, partition, offset]")
+        offsets[(entry[0], entry[1])] = entry[2]
+    return offsets
 
 
 def _set_aside_from_dict(document: dict, source: str) -> tuple[TopicPartition, ...]:

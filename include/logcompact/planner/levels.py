@@ -117,6 +117,7 @@ def make_plans(
             elif offset < second.get(tp, _NO_OFFSET):
                 second[tp] = offset
     plans = []
+    young = snapshot.first_uncleanable_offsets({tp for offsets in lowest for tp in offsets}, now_ms)
     for number, ((_keys, target_level), offsets) in enumerate(zip(chosen, lowest)):
         floors = {}
         for tp in offsets:
@@ -137,6 +138,7 @@ def make_plans(
             inputs=inputs[number],
             topics={name: snapshot.topics[name] for name in topics},
             outside_floors=floors,
+            first_uncleanable={tp: young[tp] for tp in offsets if tp in young},
             groups=split_into_groups(sizes[number], config.group_bytes),
             buffer_bytes=config.buffer_bytes,
             target_file_bytes=config.target_file_bytes,
