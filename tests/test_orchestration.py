@@ -212,7 +212,7 @@ def test_a_stored_plan_is_a_header_and_a_document_per_group(catalog: Catalog) ->
     sliced = read_group(catalog.store, sweep.plan_id, 1, partitions=[tp, ("accounts", 0)], slice=4)  # ("accounts", 0) is group 0's
     assert sliced.slice == 4 and {(s.topic, s.partition) for f in sliced.inputs for s in f.sections} == {tp}
     assert sliced.outside_floors == {} and sliced.output_key("compacted", 0).endswith("-g001-s004-compacted-0000.seg")
-    read_plan(catalog.store, sweep.plan_id).check_against(catalog.snapshot())  # as the catalog lists them, sketches aside
+    read_plan(catalog.store, sweep.plan_id).check_against(catalog.snapshot(), NOW)  # as the catalog lists them, sketches aside
 
 
 def test_stored_plan_documents_that_do_not_check_out_are_one_line_errors(catalog: Catalog) -> None:

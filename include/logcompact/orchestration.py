@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 
 from logcompact.catalog import Catalog, Snapshot
 from logcompact.engine.commit import PlanResult, commit_plan
-from logcompact.engine.exchange import read_header, read_results, write_plan
+from logcompact.engine.exchange import read_header, read_plan, read_results, write_plan
 from logcompact.engine.plan import Plan, PlanGroup
 from logcompact.exceptions import ObjectNotFoundError, TopicNotFoundError
 from logcompact.planner import PlannerConfig, expected_effect, plan
@@ -179,6 +179,9 @@ def commit_plans(catalog: Catalog, plan_ids: list[str], now_ms: int) -> CommitSu
             summary.already_committed.append(plan_id)
         else:
             results = read_results(catalog.store, header)
+            if not catalog.is_committed(plan_id):
+                # Never trusted: the stored plan, every group of it, is checked against the catalog first.
+                read_plan(catalog.store, plan_id).check_against(catalog.snapshot(set_aside=frozenset(header.set_aside)), now_ms)
             committed = commit_plan(catalog, header, results, now_ms, leased=True)
             (summary.committed if committed else summary.already_committed).append(plan_id)
             summary.stats[plan_id] = PlanResult(plan_id, [r.stats for r in results], sum(f.size for f in header.inputs)).to_dict()

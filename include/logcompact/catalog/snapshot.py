@@ -96,6 +96,15 @@ class Snapshot:
             rows = connection.execute(query.order_by(files.level, files.created_ms, files.key)).all()
         return [FileSummary(r[0], r[1], r[2], r[3], r[4], CONTENTS[r[5]]) for r in rows]
 
+    def file_summaries_of(self, keys: Sequence[str]) -> list[FileSummary]:
+        """The live files among `keys`, without their sections."""
+        files = s.files.c
+        query = select(files.key, files.level, files.size, files.created_ms, files.record_count, files.content).where(
+            self._live(), self._key_in(keys)
+        )
+        with self.engine.connect() as connection:
+            return [FileSummary(r[0], r[1], r[2], r[3], r[4], CONTENTS[r[5]]) for r in connection.execute(query).all()]
+
     def files(self, level: int | None = None, topics: Iterable[str] | None = None) -> list[DataFile]:
         """Every live file (of a level, holding any of `topics`) with its sections, ordered as file_summaries."""
         conditions = [self._live()]

@@ -93,7 +93,7 @@ def run_and_commit(catalog: Catalog, plan: Plan, now_ms: int, lease_ms: int | No
     if catalog.is_committed(plan.plan_id):
         log.info("plan %s was already committed; nothing to do", plan.plan_id)
         return None
-    plan.check_against(catalog.snapshot(set_aside=frozenset(plan.set_aside)))
+    plan.check_against(catalog.snapshot(set_aside=frozenset(plan.set_aside)), now_ms)
     if lease_ms is not None:
         catalog.lease(plan.plan_id, [f.key for f in plan.inputs], now_ms + lease_ms, now_ms)
     try:

@@ -19,6 +19,7 @@ import base64
 import binascii
 import bisect
 import json
+import re
 import uuid
 from dataclasses import dataclass, field, replace
 from itertools import repeat
@@ -49,6 +50,13 @@ MIN_BUFFER_BYTES = 40
 MAX_BUFFER_BYTES = 2 * 1024**3
 MAX_TARGET_FILE_BYTES = 16 * 1024**3
 MAX_BYTE_COUNT = 1 << 50
+# A plan's clock is the caller's within these bounds (docs/plan.md): no older than a plan's lease lasts by
+# default (a plan's min lag, retention and horizons are judged at its clock), and no later than clocks drift.
+MAX_PLAN_AGE_MS = 60 * 60_000
+MAX_CLOCK_SKEW_MS = 5 * 60_000
+# What `new_plan_id` makes, and what data files are called (`data/l{level}/{name}.seg`); docs/plan.md.
+PLAN_ID_PATTERN = re.compile(r"p[0-9]{1,19}-[0-9a-f]{12}")
+DATA_KEY_PATTERN = re.compile(r"data/l([0-4])/[A-Za-z0-9][A-Za-z0-9._-]{0,199}\.seg")
 MODES = ("regular", "full", "max-lag")
 OUTPUT_COMPRESSIONS = ("none", "lz4", "zstd")
 # Plans and their groups' results are kept in the store under this prefix (logcompact.engine.exchange).
@@ -265,13 +273,12 @@ class Plan:
                 if not self.groups[bisect.bisect_right(starts, tp)].holds(tp):
                     raise InvalidPlanError(f"{source}: input {data_file.key} holds {tp[0]}/{tp[1]}, which no group of the plan holds")
 
-    def check_against(self, snapshot: Snapshot) -> None:
-        """The plan belongs to this cluster and its inputs are still live as planned (only they are read)."""
-        if snapshot.cluster_id != self.cluster_id:
-            raise InvalidPlanError(
-                f"plan {self.plan_id} is for cluster {self.cluster_id}, but the store holds cluster {snapshot.cluster_id}; "
-                "run it against its own store"
-            )
+    def check_against(self, snapshot: Snapshot, now_ms: int) -> None:
+        """Every field the catalog can vouch for, checked before the plan runs or commits: its cluster, clock and
+        topics (`PlanHeader.check_against`); its inputs live and equal to the catalog's record of them, every
+        section of each (but of the partitions it sets aside: pass a snapshot setting them aside); its outside
+        floors and first uncleanable offsets no higher than the catalog's (lower only keeps more)."""
+        self.header().check_against(snapshot, now_ms)
         live = snapshot.get_files([f.key for f in self.inputs])
         for data_file in self.inputs:
             found = live.get(data_file.key)
@@ -281,7 +288,30 @@ class Plan:
                     f"found it gone in version {snapshot.version}; re-plan"
                 )
             if _as_engine_reads(found) != _as_engine_reads(data_file):
-                raise InvalidPlanError(f"plan {self.plan_id}: input {data_file.key} differs from the catalog's record of it")
+                raise InvalidPlanError(
+                    f"plan {self.plan_id}: input {data_file.key} differs from the catalog's record of it (its sections: "
+                    f"{len(data_file.sections)} in the plan, {len(found.sections)} in the catalog); plan again"
+                )
+        # Per partition, the offset past the plan's last: files that arrived since hold only offsets from there
+        # on, and a floor or an uncleanable offset beyond the plan's records changes nothing it decides.
+        ends: dict[TopicPartition, int] = {}
+        for data_file in self.inputs:
+            for section in data_file.sections:
+                tp = (section.info.topic, section.info.partition)
+                ends[tp] = max(ends.get(tp, 0), section.last_offset + 1)
+        for name, planned, catalogs in (
+            ("outside floor", self.outside_floors, snapshot.outside_floors([f.key for f in self.inputs], ends)),
+            ("first uncleanable offset", self.first_uncleanable, snapshot.first_uncleanable_offsets(ends, self.now_ms)),
+        ):
+            for tp, end in sorted(ends.items()):
+                if min(planned.get(tp, end), end) > min(catalogs.get(tp, end), end):
+                    raise InvalidPlanError(
+                        f"plan {self.plan_id}: the {name} of {tp[0]}/{tp[1]} is {planned.get(tp, 'none')}, the catalog's "
+                        f"{catalogs.get(tp, 'none')}: a plan may not go below what the catalog protects; plan again"
+                    )
+
+
+_NO_OFFSET = 1 << 63  # a partition without an outside floor or a first uncleanable offset
 
 
 @dataclass(frozen=True)
@@ -304,6 +334,45 @@ class PlanHeader:
     inputs: tuple[InputFile, ...]
     groups: tuple[PlanGroup, ...]
     set_aside: tuple[TopicPartition, ...] = ()
+
+    def check_against(self, snapshot: Snapshot, now_ms: int) -> None:
+        """What the header says, against the catalog and the caller's clock: the cluster, the clock within
+        MAX_PLAN_AGE_MS before and MAX_CLOCK_SKEW_MS after `now_ms`, the topics as the catalog has them now, and
+        every input live at its level, size and creation time. One-line errors say what was expected and found."""
+        if snapshot.cluster_id != self.cluster_id:
+            raise InvalidPlanError(
+                f"plan {self.plan_id} is for cluster {self.cluster_id}, but the store holds cluster {snapshot.cluster_id}; "
+                "run it against its own store"
+            )
+        if not now_ms - MAX_PLAN_AGE_MS <= self.now_ms <= now_ms + MAX_CLOCK_SKEW_MS:
+            raise InvalidPlanError(
+                f"plan {self.plan_id} is made at {self.now_ms} ms, the clock is {now_ms} ms: a plan runs and commits within "
+                f"{MAX_PLAN_AGE_MS // 60_000} minutes after its clock and never before it ({MAX_CLOCK_SKEW_MS // 60_000} "
+                "minutes of skew); plan again"
+            )
+        for name, topic in self.topics.items():
+            found = snapshot.topics.get(name)
+            if found is None:
+                raise InvalidPlanError(f"plan {self.plan_id} names topic {name!r}, which cluster {self.cluster_id} does not have; plan again")
+            if (topic.partitions, topic.config) != (found.partitions, found.config):
+                raise CommitConflictError(
+                    f"plan {self.plan_id} expected topic {name} with {topic.partitions} partitions and {topic.config.to_kafka()}, "
+                    f"found {found.partitions} and {found.config.to_kafka()} in the catalog; plan again"
+                )
+        recorded = {f.key: f for f in snapshot.file_summaries_of([f.key for f in self.inputs])}
+        for data_file in self.inputs:
+            found = recorded.get(data_file.key)
+            if found is None:
+                raise CommitConflictError(
+                    f"plan {self.plan_id} expected input {data_file.key} live as in manifest version {self.manifest_version}, "
+                    f"found it gone in version {snapshot.version}; plan again"
+                )
+            if (found.level, found.size, found.created_ms) != (data_file.level, data_file.size, data_file.created_ms):
+                raise InvalidPlanError(
+                    f"plan {self.plan_id}: input {data_file.key} is at level {data_file.level}, {data_file.size} bytes, made at "
+                    f"{data_file.created_ms} in the plan; the catalog records level {found.level}, {found.size} bytes, made at "
+                    f"{found.created_ms}; plan again"
+                )
 
     def documents(self) -> tuple[bytes, bytes]:
         """`plan.json` (settings, topics, groups) and `inputs.arrow` (the input files, one row each)."""
@@ -570,16 +639,16 @@ def _settings_dict(plan: Plan | PlanHeader) -> dict[str, Any]:
 
 def _settings_from_dict(document: dict, source: str) -> dict[str, Any]:
     return {
-        "plan_id": _text(document, "plan_id", source),
+        "plan_id": _plan_id(document, source),
         "cluster_id": _text(document, "cluster_id", source),
         "manifest_version": _integer(document, "manifest_version", 1, source=source),
-        "now_ms": _integer(document, "now_ms", 0, source=source),
+        "now_ms": _integer(document, "now_ms", 0, 2**63 - 1, source=source),
         "mode": _text(document, "mode", source, "regular"),
         "target_level": _integer(document, "target_level", 1, MAX_LEVEL, source=source),
         "deduplicate": _boolean(document, "deduplicate", source),
-        "buffer_bytes": _integer(document, "buffer_bytes", 40, source=source),
-        "target_file_bytes": _integer(document, "target_file_bytes", 1, source=source),
-        "max_partition_bytes": _integer(document, "max_partition_bytes", 1, source=source),
+        "buffer_bytes": _integer(document, "buffer_bytes", MIN_BUFFER_BYTES, MAX_BUFFER_BYTES, source=source),
+        "target_file_bytes": _integer(document, "target_file_bytes", 1, MAX_TARGET_FILE_BYTES, source=source),
+        "max_partition_bytes": _integer(document, "max_partition_bytes", 1, MAX_BYTE_COUNT, source=source),
         "compression": _text(document, "compression", source, "lz4"),
     }
 
@@ -603,8 +672,12 @@ def _check_plan(plan: Plan | PlanHeader, source: str, whole: bool) -> None:
     if len(set(keys)) != len(keys):
         raise InvalidPlanError(f"{source}: plan {plan.plan_id} names an input file twice")
     for data_file in plan.inputs:
-        if not data_file.key.startswith("data/"):
-            raise InvalidPlanError(f"{source}: input {data_file.key!r} is not a data file of a logcompact cluster")
+        named = DATA_KEY_PATTERN.fullmatch(data_file.key)
+        if named is None or int(named.group(1)) != data_file.level:
+            raise InvalidPlanError(
+                f"{source}: input {data_file.key[:120]!r} is not a data file of level {data_file.level} "
+                f"(data/l{data_file.level}/NAME.seg); plan again"
+            )
         if data_file.level > plan.target_level:
             raise InvalidPlanError(
                 f"{source}: input {data_file.key} is at level {data_file.level}, above the target level {plan.target_level}"
@@ -690,6 +763,13 @@ def _offsets_from_dict(document: dict, name: str, source: str) -> dict[TopicPart
     return offsets
 
 
+def _plan_id(document: dict, source: str) -> str:
+    plan_id = _text(document, "plan_id", source)
+    if not PLAN_ID_PATTERN.fullmatch(plan_id):
+        raise InvalidPlanError(f"{source}: plan_id {plan_id[:80]!r} is not p<clock ms>-<12 hex digits>, as the planner names plans; plan again")
+    return plan_id
+
+
 def _set_aside_from_dict(document: dict, source: str) -> tuple[TopicPartition, ...]:
     entries = document.get("set_aside", [])
     if not isinstance(entries, list) or not all(
@@ -700,11 +780,17 @@ def _set_aside_from_dict(document: dict, source: str) -> tuple[TopicPartition, .
     return tuple(sorted((e[0], e[1]) for e in entries))
 
 
-def _parse_json(text: str, source: str) -> Any:
+def _parse_json(text: str | bytes, source: str) -> Any:
     try:
-        return json.loads(text)
+        return json.loads(text.decode("utf-8") if isinstance(text, bytes) else text)
+    except UnicodeDecodeError as exc:
+        raise InvalidPlanError(f"{source}: not UTF-8 text (byte {exc.start}); plan again") from None
     except json.JSONDecodeError as exc:
         raise InvalidPlanError(f"{source}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    except RecursionError:
+        raise InvalidPlanError(f"{source}: JSON nested too deep to be a plan; plan again") from None
+    except ValueError as exc:  # an integer of more digits than Python converts
+        raise InvalidPlanError(f"{source}: not a plan ({str(exc).splitlines()[0]}); plan again") from None
 
 
 def _list(document: dict, name: str, source: str) -> list:
