@@ -288,16 +288,18 @@ def run_case(base: BaseStore, case: Case, directory: Path) -> CaseResult:
     pairs = [(base.spec.name, p) for p in range(base.spec.partitions)]
     listed, *consumed = cli.run_many([["uncleanable", "list"], *(["consume", t, "--partition", str(p)] for t, p in pairs)], now)
 
-    for done in (compaction, listed, *consumed):
-        _count_errors(result, done)
-    if compaction.returncode != 0:
-        result.plan_failures = 1
-    result.first_error = next((d.first_error_line() for d in (compaction, listed, *consumed) if d.returncode != 0), "")
-    if listed.returncode == 2 and "No such command" in listed.stderr:
+    listing_missing = listed.returncode == 2 and "No such command" in listed.stderr
+    commands = [compaction, *([] if listing_missing else [listed]), *consumed]
+    if listing_missing:
         # Before `logcompact uncleanable` exists: the partitions the compaction's stats list as set aside.
         result.set_aside = sum(len(json.loads(line).get("uncleanable", [])) for line in compaction.stdout.splitlines())
     elif listed.returncode == 0:  # a line per partition, then one with the count
         result.set_aside = sum("partition" in json.loads(line) for line in listed.stdout.splitlines() if line.strip())
+    for done in commands:
+        _count_errors(result, done)
+    if compaction.returncode != 0:
+        result.plan_failures = 1
+    result.first_error = next((d.first_error_line() for d in commands if d.returncode != 0), "")
 
     for (topic, partition), done in zip(pairs, consumed):
         if done.returncode != 0:
