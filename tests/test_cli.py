@@ -215,10 +215,10 @@ def test_plan_compact_and_gc(tmp_path, local_env: dict[str, str]) -> None:
 
     (error,) = run(env, "compact", "--all", "--full", expect=2)
     assert "choose exactly one of --plan FILE, --all, --until-idle, --full" in error["error"]
-    stale = {**plan, "plan_id": "p-stale"}  # a different plan over inputs that are gone
+    stale = {**plan, "plan_id": "p2000-00000000abcd"}  # a different plan over inputs that are gone
     (tmp_path / "stale.json").write_text(json.dumps(stale))
-    (error,) = run(env, "compact", "--plan", str(tmp_path / "stale.json"), expect=1)
-    assert "expected input data/l0/" in error["error"] and "re-plan" in error["error"]
+    (error,) = run(env, "compact", "--plan", str(tmp_path / "stale.json"), "--now", "2000", expect=1)
+    assert "expected input data/l0/" in error["error"] and "plan again" in error["error"]
     (tmp_path / "bad.json").write_text('{"format": 2}')
     (error,) = run(env, "compact", "--plan", str(tmp_path / "bad.json"), expect=1)
     assert "malformed plan (KeyError: 'inputs')" in error["error"]
