@@ -457,8 +457,10 @@ class Catalog:
             with self._reading() as connection:
                 live = self._live_file_ids(connection, sorted({m.file_key for m in marks}))
         for mark in marks:
-            if mark.retry_ms > now_ms and mark.file_key in live and self._file_stamp(mark.file_key) == mark.file_stamp:
-                held.add((mark.topic, mark.partition))
+            if mark.retry_ms <= now_ms:
+                continue
+            if not mark.file_key or (mark.file_key in live and self._file_stamp(mark.file_key) == mark.file_stamp):
+                held.add((mark.topic, mark.partition))  # (damage no file was named for waits out its backoff)
         return frozenset(held)
 
     def _file_stamp(self, key: str) -> str:
@@ -481,7 +483,7 @@ class Catalog:
     def _mark_uncleanable(self, connection: Connection, marks: Sequence[SetAside], plan_id: str, now_ms: int) -> None:
         """Mark partitions uncleanable, or mark them again: the backoff doubles with each failure in a row."""
         unc = s.uncleanable.c
-        stamps = {key: self._file_stamp(key) for key in {mark.file_key for mark in marks}}
+        stamps = {key: self._file_stamp(key) for key in {mark.file_key for mark in marks} if key}
         for mark in marks:
             topic_id = self._topic_id(connection, mark.topic)
             where = (unc.topic_id == topic_id, unc.partition == mark.partition)
@@ -490,7 +492,7 @@ class Catalog:
             connection.execute(delete(s.uncleanable).where(*where))
             connection.execute(insert(s.uncleanable).values(
                 topic_id=topic_id, partition=mark.partition, reason=mark.reason, file_key=mark.file_key,
-                file_stamp=stamps[mark.file_key], marked_ms=now_ms,
+                file_stamp=stamps.get(mark.file_key, ""), marked_ms=now_ms,
                 retry_ms=now_ms + backoff, failures=failures, plan_id=plan_id,
             ))
 

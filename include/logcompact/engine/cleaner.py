@@ -147,38 +147,45 @@ COALESCE_ROWS = 65536
 COALESCE_BYTES = 4 * 1024 * 1024
 
 
-def _with_offsets(pieces: list[tuple[pa.RecordBatch, CatalogSection]], columns: tuple[str, ...] | None) -> pa.RecordBatch:
+# A piece of a section, batch by batch: its rows, the catalog's section and the file holding it.
+_Piece = tuple[pa.RecordBatch, CatalogSection, str]
+
+
+def _with_offsets(pieces: list[_Piece], columns: tuple[str, ...] | None) -> pa.RecordBatch:
     """Batches of consecutive sections as one batch with an `offset` column (first offset + delta) in front,
     checked to increase strictly (each piece's deltas were checked against its catalog row at its ends only)."""
-    batches = [b for b, _ in pieces] if columns is None else [b.select(list(columns)) for b, _ in pieces]
+    batches = [b for b, _, _ in pieces] if columns is None else [b.select(list(columns)) for b, _, _ in pieces]
     batch = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
     deltas = batch.column("offset_delta").to_numpy().astype(np.int64)
     if len(batches) == 1:
         offsets = deltas + pieces[0][1].first_offset
     else:
-        offsets = deltas + np.repeat(np.asarray([placed.first_offset for _, placed in pieces], dtype=np.int64), [b.num_rows for b in batches])
+        offsets = deltas + np.repeat(np.asarray([placed.first_offset for _, placed, _ in pieces], dtype=np.int64), [b.num_rows for b in batches])
     if len(offsets) > 1 and not (offsets[1:] > offsets[:-1]).all():
         at = int(np.argmin(offsets[1:] > offsets[:-1])) + 1
-        placed = pieces[int(np.searchsorted(np.cumsum([b.num_rows for b in batches]), at, side="right"))][1]
-        raise CorruptDataError(
-            f"section {placed.topic}/{placed.partition} from offset {placed.first_offset}: expected offsets increasing as "
-            f"the catalog records, found offset {int(offsets[at])} after {int(offsets[at - 1])}; the file or the catalog is corrupt"
+        _, placed, key = pieces[int(np.searchsorted(np.cumsum([b.num_rows for b in batches]), at, side="right"))]
+        damage = CorruptDataError(
+            f"{key}: section {placed.topic}/{placed.partition} from offset {placed.first_offset}: expected offsets increasing "
+            f"as the catalog records, found offset {int(offsets[at])} after {int(offsets[at - 1])}; the file or the catalog "
+            "is corrupt"
         )
+        damage.key = key
+        raise damage
     return pa.RecordBatch.from_arrays([pa.array(offsets), *batch.columns], names=["offset", *batch.schema.names])
 
 
-def _coalesced(sections: list[tuple[Iterator[pa.RecordBatch], CatalogSection]], columns: tuple[str, ...] | None) -> Iterator[pa.RecordBatch]:
+def _coalesced(sections: list[tuple[Iterator[pa.RecordBatch], CatalogSection, str]], columns: tuple[str, ...] | None) -> Iterator[pa.RecordBatch]:
     """The batches of sections that follow each other in offsets, joined up to COALESCE_ROWS rows and
     COALESCE_BYTES (sized by the catalog's record of each section: no Arrow call per batch)."""
-    pending: list[tuple[pa.RecordBatch, CatalogSection]] = []
+    pending: list[_Piece] = []
     rows = size = 0
-    for batches, placed in sections:
+    for batches, placed, key in sections:
         row_bytes = placed.info.uncompressed_bytes // max(1, placed.info.record_count)
         for batch in batches:
             if not pending and (batch.num_rows >= COALESCE_ROWS // 16 or batch.num_rows * row_bytes >= COALESCE_BYTES // 16):
-                yield _with_offsets([(batch, placed)], columns)  # big enough alone: no copy
+                yield _with_offsets([(batch, placed, key)], columns)  # big enough alone: no copy
                 continue
-            pending.append((batch, placed))
+            pending.append((batch, placed, key))
             rows += batch.num_rows
             size += batch.num_rows * row_bytes
             if rows >= COALESCE_ROWS or size >= COALESCE_BYTES:
@@ -477,15 +484,15 @@ class _PartitionCleaner:
             run_end = max(run_end, placed.last_offset)
 
         def in_order() -> Iterator[pa.RecordBatch]:
-            plain: list[tuple[Iterator[pa.RecordBatch], CatalogSection]] = []
+            plain: list[tuple[Iterator[pa.RecordBatch], CatalogSection, str]] = []
             for run in runs:
                 if len(run) == 1:
                     data_file, placed = run[0]
-                    plain.append((cursors.rows(data_file, placed), placed))
+                    plain.append((cursors.rows(data_file, placed), placed, data_file.key))
                     continue
                 yield from _coalesced(plain, columns)
                 plain = []
-                yield from _merged([_coalesced([(cursors.rows(f, placed), placed)], columns) for f, placed in run])
+                yield from _merged([_coalesced([(cursors.rows(f, placed), placed, f.key)], columns) for f, placed in run])
             yield from _coalesced(plain, columns)
 
         return _PartitionReader(in_order())
