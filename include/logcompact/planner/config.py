@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from logcompact.engine.plan import DEFAULT_BUFFER_BYTES, DEFAULT_MAX_PARTITION_BYTES, DEFAULT_TARGET_FILE_BYTES
+from logcompact.engine.plan import (
+    DEFAULT_BUFFER_BYTES,
+    DEFAULT_MAX_PARTITION_BYTES,
+    DEFAULT_TARGET_FILE_BYTES,
+    MAX_BUFFER_BYTES,
+    MAX_BYTE_COUNT,
+    MAX_PLAN_AGE_MS,
+    MAX_TARGET_FILE_BYTES,
+    MIN_BUFFER_BYTES,
+)
+from logcompact.exceptions import InvalidPlanError
 
 MINUTE_MS = 60_000
 
@@ -37,3 +47,17 @@ class PlannerConfig:
     buffer_bytes: int = DEFAULT_BUFFER_BYTES
     target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES
     max_partition_bytes: int = DEFAULT_MAX_PARTITION_BYTES
+
+    def __post_init__(self) -> None:
+        # The bounds every plan is checked against (docs/plan.md): a planner never makes a plan its engine refuses,
+        # nor leases files for longer than its plans may run and commit.
+        for name, low, high in (
+            ("lease_ms", 1, MAX_PLAN_AGE_MS),
+            ("buffer_bytes", MIN_BUFFER_BYTES, MAX_BUFFER_BYTES),
+            ("target_file_bytes", 1, MAX_TARGET_FILE_BYTES),
+            ("max_partition_bytes", 1, MAX_BYTE_COUNT),
+            ("group_bytes", 1, MAX_BYTE_COUNT),
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                raise InvalidPlanError(f"planner setting {name} is {value!r}: must be an integer, {low} to {high}")
