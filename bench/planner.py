@@ -36,7 +36,7 @@ from typing import Callable
 import numpy as np
 
 from logcompact.catalog import Catalog, CatalogSection, DataFile
-from logcompact.engine.exchange import inputs_key, plan_key, read_group, read_header, read_partition_bytes, write_plan
+from logcompact.engine.exchange import inputs_key, plan_key, read_group, read_header, read_partition_bytes, read_plan, write_plan
 from logcompact.engine.plan import Plan
 from logcompact.exceptions import ClusterNotFoundError
 from logcompact.format.layout import SectionInfo
@@ -115,8 +115,8 @@ def seconds(runs: int, action: Callable[[], object]) -> str:
     return f"{wall:.3f} s (CPU {cpu:.3f} s)"
 
 
-def report_documents(plans: list[Plan], runs: int, scratch: Path) -> None:
-    """Write the plans as a scheduler does, print their size and what writing and reading them costs."""
+def report_documents(catalog: Catalog, plans: list[Plan], runs: int, scratch: Path) -> None:
+    """Write the plans as a scheduler does, print their size and what writing, reading and checking them costs."""
     from pyspark import cloudpickle  # how Spark pickles a task's function and data
 
     store = LocalStore(scratch / "documents")
@@ -145,6 +145,11 @@ def report_documents(plans: list[Plan], runs: int, scratch: Path) -> None:
     print(f"  largest plan {plan_id}: header read in {header_s:.3f} s (the commit); group {group} of "
           f"{len(partitions):,} partitions: bytes per partition read in {driver_s:.3f} s (a Spark driver), a slice "
           f"of {len(slice_partitions):,} partitions in {task_s:.3f} s (a task, sent {sent:,} bytes)")
+    # What the commit does before committing a stored plan: read every group back and check it against the catalog.
+    snapshot = catalog.snapshot(set_aside=frozenset(largest.set_aside))
+    check_s, _ = medians(runs, lambda: read_plan(store, plan_id).check_against(snapshot, NOW))
+    print(f"  largest plan checked against the catalog before its commit in {check_s:.3f} s "
+          f"({sizes[plan_id] / 1e6:.1f} MB of documents read, {len(largest.inputs):,} files)")
 
 
 def main() -> None:
@@ -179,7 +184,7 @@ def main() -> None:
 
             took = seconds(args.runs, planned)
             print(f"{label:8} planned in {took}: {len(plans)} plans over {sum(len(p.inputs) for p in plans):,} files")
-            report_documents(plans, args.runs, Path(scratch))
+            report_documents(catalog, plans, args.runs, Path(scratch))
         catalog.engine.dispose()
 
 

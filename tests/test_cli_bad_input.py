@@ -103,6 +103,10 @@ CATALOG = [
     case("catalog: SQLite file that is not a database, create", 1, "file is not a database", "--catalog", "sqlite:///{work}/a-file",
          "topic", "create", "t", "--partitions", "1"),
     case("catalog: a directory", 1, "unable to open database file", "--catalog", "sqlite:///{work}/empty", "topic", "list"),
+    case("catalog: a port that is not a number", 1, "is not a database URL", "--catalog", "postgresql+psycopg://u:p@127.0.0.1:port/db",
+         "topic", "list"),
+    case("catalog: SQLite in memory", 1, "names an in-memory database, lost at exit", "--catalog", "sqlite://", "topic", "create", "t",
+         "--partitions", "1"),
 ]
 
 # An unreadable manifest: the catalog database of a file:// store, damaged.
@@ -124,9 +128,11 @@ DAMAGED = [
          process=command == ["files"])
     for damage, says in DAMAGES.items()
     for command in CATALOG_COMMANDS
-    # An empty file is an empty SQLite database: creating a topic there starts a new cluster (reported).
     if not (damage == "zero-length" and command[0:2] == ["topic", "create"])
 ]
+# An emptied catalog beside data files: a new cluster there would hand out the files' offsets again.
+DAMAGED.append(case("catalog.db zero-length: topic create", 1, "restore the catalog database from a backup", "topic", "create", "new",
+                    "--partitions", "1", damage="zero-length"))
 
 CLOCK = [
     case("--now not a number", 2, "'abc' is not a valid integer", "--now", "abc", "topic", "list", cluster=False),

@@ -418,3 +418,20 @@ def test_min_lag_keeps_the_same_records_whichever_files_a_plan_takes(tmp_path_fa
         survivors.append(_values(catalog, "state"))
     # From the young record's section on (offset 0: its first), nothing is deduplicated, in both.
     assert survivors[0] == survivors[1] == [(0, b"a", b"old"), (1, b"y", b"young"), (2, b"a", b"mid"), (3, b"a", b"new")]
+
+
+def test_gc_removes_what_a_writer_killed_mid_write_left_once_past_the_grace(catalog: Catalog) -> None:
+    import time as clock
+
+    _setup(catalog, state={"cleanup_policy": "compact"})
+    store = catalog.store
+    old = store.root / "data" / "l0" / ".x.seg.0123.tmp-logcompact"
+    young = store.root / "plans" / "p1-0123456789ab" / ".plan.json.4567.tmp-logcompact"
+    for path in (old, young):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"half an object")
+    now = int(clock.time() * 1000)
+    os.utime(old, (now / 1000 - 7200, now / 1000 - 7200))
+    report = collect_garbage(catalog, now, grace_ms=3_600_000)
+    assert report.abandoned_writes == ["data/l0/.x.seg.0123.tmp-logcompact"]
+    assert not old.exists() and young.exists()

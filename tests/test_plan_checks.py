@@ -73,8 +73,8 @@ REFUSED_AT_READ = [
     (lambda d: d.update(plan_id="p1/../../x"), "plan_id 'p1/../../x' is not p<clock ms>-<12 hex digits>"),
     (lambda d: d.update(buffer_bytes=10**15), "'buffer_bytes' is 1000000000000000: must be an integer, 40 to 2147483648"),
     (lambda d: d.update(target_file_bytes=0), "'target_file_bytes' is 0: must be an integer, 1 to"),
-    (lambda d: d["inputs"][0].update(key="data/l3/" + d["inputs"][0]["key"].rsplit("/", 1)[1]), "is not a data file of a logcompact cluster at level 0"),
-    (lambda d: d["inputs"][0].update(key="data/l0/../../etc.seg"), "is not a data file of a logcompact cluster at level 0"),
+    (lambda d: d["inputs"][0].update(key="data/l3/" + d["inputs"][0]["key"].rsplit("/", 1)[1]), "is not a data file of level 0"),
+    (lambda d: d["inputs"][0].update(key="data/l0/../../etc.seg"), "is not a data file of level 0"),
 ]
 
 

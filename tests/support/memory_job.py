@@ -26,7 +26,7 @@ def main() -> None:
     if command == "write":
         files, _ = write_compacted_log(store, "t", 20_000, int(sys.argv[3]), 1000, partitions=1, files=4)
         plan = Plan(
-            plan_id="memory", cluster_id="c", manifest_version=1, now_ms=NOW + 10**9, target_level=2, deduplicate=True,
+            plan_id="p1-00000000cafe", cluster_id="c", manifest_version=1, now_ms=NOW + 10**9, target_level=2, deduplicate=True,
             inputs=tuple(files), topics={"t": Topic.create("t", 1, {"cleanup.policy": "compact"}, NOW)},
             buffer_bytes=8 << 20,
         )

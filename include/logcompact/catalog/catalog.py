@@ -150,6 +150,10 @@ class Catalog:
         path = sqlite_path(self.url)
         if path is not None and not path.parent.is_dir():
             raise CatalogConfigError(f"catalog {self.url}: directory {path.parent} does not exist; create it or fix the path")
+        try:
+            return self.cluster_id
+        except ClusterNotFoundError:
+            self._refuse_orphaned_data()  # before a write: SQLite would give an empty file its first page
         with self.engine.connect() as connection:
             connection.execution_options(**{WRITE: True})
             with connection.begin():
@@ -158,7 +162,6 @@ class Catalog:
                     connection.exec_driver_sql("SELECT pg_advisory_xact_lock(7236089)")
                 s.metadata.create_all(connection, checkfirst=True)
                 if connection.execute(select(s.catalog_info.c.id)).first() is None:
-                    self._refuse_orphaned_data()
                     connection.execute(
                         insert(s.catalog_info).values(
                             id=1, schema_version=s.SCHEMA_VERSION, cluster_id=str(uuid.uuid4()), created_ms=now_ms, version=1

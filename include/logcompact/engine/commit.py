@@ -114,6 +114,7 @@ class GcReport:
     released_leases: list[str] = field(default_factory=list)
     deleted_plans: list[str] = field(default_factory=list)
     reclaimed_workdirs: list[str] = field(default_factory=list)  # of dead jobs, on the machine gc runs on
+    abandoned_writes: list[str] = field(default_factory=list)  # temporary files of writers killed mid-write
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -133,7 +134,8 @@ def collect_garbage(catalog: Catalog, now_ms: int, grace_ms: int = DEFAULT_GC_GR
        are deleted once older than the grace, except the outputs of plans still holding a lease, however
        long their job runs;
     4. the commit log is trimmed to the kept history, and plan documents go once past the grace;
-    5. the local work directories of jobs that died on this machine are removed (each job also does so).
+    5. the local work directories of jobs that died on this machine are removed (each job also does so), and
+       what writers killed mid-write left in a local store, once past the grace.
     """
     store = catalog.store
     released = catalog.release_expired_leases(now_ms)
@@ -167,7 +169,8 @@ def collect_garbage(catalog: Catalog, now_ms: int, grace_ms: int = DEFAULT_GC_GR
             for info in infos:
                 store.delete(info.key)
                 old_plans.append(info.key)
-    return GcReport(deleted, trimmed, young, released, old_plans, reclaim_workdirs())
+    abandoned = [path for prefix in ("data/", PLANS_PREFIX) for path in store.delete_abandoned_writes(prefix, now_ms - grace_ms)]
+    return GcReport(deleted, trimmed, young, released, old_plans, reclaim_workdirs(), abandoned)
 
 
 def _plan_of(key: str) -> str:

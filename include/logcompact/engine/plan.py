@@ -279,7 +279,7 @@ class Plan:
         section of each (but of the partitions it sets aside: pass a snapshot setting them aside); its outside
         floors and first uncleanable offsets no higher than the catalog's (lower only keeps more)."""
         self.header().check_against(snapshot, now_ms)
-        live = snapshot.get_files([f.key for f in self.inputs])  # every one of them: the header's check found them all
+        live = snapshot.get_files([f.key for f in self.inputs])  # all of them: the header's check found every one
         for data_file in self.inputs:
             found = live[data_file.key]
             if _as_engine_reads(found) != _as_engine_reads(data_file):
@@ -331,22 +331,28 @@ class PlanHeader:
     set_aside: tuple[TopicPartition, ...] = ()
 
     def check_against(self, snapshot: Snapshot, now_ms: int) -> None:
-        """What the header says, against the catalog and the caller's clock: the cluster, every input live, the
-        clock within MAX_PLAN_AGE_MS before and MAX_CLOCK_SKEW_MS after `now_ms`, the topics as the catalog has
-        them now, and every input at its level, size and creation time. One-line errors say what was expected and found."""
+        """What the header says, against the catalog and the caller's clock: the cluster, every input live at its
+        level, size and creation time, the clock within MAX_PLAN_AGE_MS before and MAX_CLOCK_SKEW_MS after
+        `now_ms`, the topics as the catalog has them now. One-line errors say what was expected and found."""
         if snapshot.cluster_id != self.cluster_id:
             raise InvalidPlanError(
                 f"plan {self.plan_id} is for cluster {self.cluster_id}, but the store holds cluster {snapshot.cluster_id}; "
                 "run it against its own store"
             )
-        # Inputs first: a plan whose files another plan has compacted since is a conflict, whatever its clock.
         recorded = {f.key: f for f in snapshot.file_summaries_of([f.key for f in self.inputs])}
-        missing = [f.key for f in self.inputs if f.key not in recorded]
-        if missing:
-            raise CommitConflictError(
-                f"plan {self.plan_id} expected {len(self.inputs)} input files as in manifest version {self.manifest_version}, "
-                f"found {len(missing)} of them gone in version {snapshot.version} (first: {missing[0]}); plan again"
-            )
+        for data_file in self.inputs:
+            found = recorded.get(data_file.key)
+            if found is None:
+                raise CommitConflictError(
+                    f"plan {self.plan_id} expected input {data_file.key} live as in manifest version {self.manifest_version}, "
+                    f"found it gone in version {snapshot.version}; plan again"
+                )
+            if (found.level, found.size, found.created_ms) != (data_file.level, data_file.size, data_file.created_ms):
+                raise InvalidPlanError(
+                    f"plan {self.plan_id}: input {data_file.key} is at level {data_file.level}, {data_file.size} bytes, made at "
+                    f"{data_file.created_ms} in the plan; the catalog records level {found.level}, {found.size} bytes, made at "
+                    f"{found.created_ms}; plan again"
+                )
         if not now_ms - MAX_PLAN_AGE_MS <= self.now_ms <= now_ms + MAX_CLOCK_SKEW_MS:
             raise InvalidPlanError(
                 f"plan {self.plan_id} is made at {self.now_ms} ms, the clock is {now_ms} ms: a plan runs and commits within "
@@ -361,14 +367,6 @@ class PlanHeader:
                 raise CommitConflictError(
                     f"plan {self.plan_id} expected topic {name} with {topic.partitions} partitions and {topic.config.to_kafka()}, "
                     f"found {found.partitions} and {found.config.to_kafka()} in the catalog; plan again"
-                )
-        for data_file in self.inputs:
-            found = recorded[data_file.key]
-            if (found.level, found.size, found.created_ms) != (data_file.level, data_file.size, data_file.created_ms):
-                raise InvalidPlanError(
-                    f"plan {self.plan_id}: input {data_file.key} is at level {data_file.level}, {data_file.size} bytes, made at "
-                    f"{data_file.created_ms} in the plan; the catalog records level {found.level}, {found.size} bytes, made at "
-                    f"{found.created_ms}; plan again"
                 )
 
     def documents(self) -> tuple[bytes, bytes]:
@@ -672,7 +670,7 @@ def _check_plan(plan: Plan | PlanHeader, source: str, whole: bool) -> None:
         named = DATA_KEY_PATTERN.fullmatch(data_file.key)
         if named is None or int(named.group(1)) != data_file.level:
             raise InvalidPlanError(
-                f"{source}: input {data_file.key[:120]!r} is not a data file of a logcompact cluster at level {data_file.level} "
+                f"{source}: input {data_file.key[:120]!r} is not a data file of level {data_file.level} "
                 f"(data/l{data_file.level}/NAME.seg); plan again"
             )
         if data_file.level > plan.target_level:

@@ -123,6 +123,12 @@ class ObjectStore(ABC):
     def delete(self, key: str) -> None:
         """Remove an object; removing a missing object is not an error (as in S3)."""
 
+    def delete_abandoned_writes(self, prefix: str, before_ms: int) -> list[str]:
+        """Remove what writers killed mid-write left under `prefix`, untouched since `before_ms`; the paths removed.
+        An object store keeps nothing of a PUT that did not complete (abandoned multipart uploads are a bucket
+        lifecycle rule's job), so by default there is nothing to do."""
+        return []
+
     @abstractmethod
     def stat(self, key: str) -> ObjectInfo | None:
         """The object's size, or None if there is no such object (one HEAD)."""

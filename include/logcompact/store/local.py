@@ -88,6 +88,18 @@ class LocalStore(ObjectStore):
         self.counters.add(get=1, bytes_read=len(data))
         return data
 
+    def delete_abandoned_writes(self, prefix: str, before_ms: int) -> list[str]:
+        """The temporary files of writes killed before their rename (a finished write leaves none)."""
+        removed = []
+        for path in self._path(prefix.rstrip("/") or ".").rglob(f"*{_TEMP_SUFFIX}"):
+            try:
+                if path.stat().st_mtime * 1000 < before_ms:
+                    path.unlink()
+                    removed.append(str(path.relative_to(self.root)))
+            except FileNotFoundError:
+                continue  # its writer finished or another gc took it meanwhile
+        return removed
+
     def list(self, prefix: str, start_after: str | None = None) -> Iterator[ObjectInfo]:
         self.counters.add(list=1)
         # Walk only the directory the prefix names, not the whole store.
