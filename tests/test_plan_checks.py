@@ -1,6 +1,8 @@
 """Plans are checked, never trusted: an edited plan is refused before it runs or commits, and nothing is written.
 
-The first three are the edits the fault campaign committed before these checks (docs/plan.md lists every rule)."""
+The first three are the edits the fault campaign committed before these checks (docs/plan.md lists every rule);
+each is refused with one line, and the store and the catalog are as they were. A plan may be more conservative
+than the catalog (a lower outside floor or first uncleanable offset keeps more), never less."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from logcompact.engine.plan import Plan
 from logcompact.exceptions import CommitConflictError, InvalidPlanError
 from logcompact.ingest import Agent, Record
 from logcompact.orchestration import commit_plans
-from tests.helpers import NOW, create_topic, full_sweep
+from tests.helpers import NOW, create_topic, full_sweep, level_plans
 
 HOUR = 3_600_000
 
@@ -55,7 +57,7 @@ def _far_clock(document: dict) -> None:
 
 
 def _old_clock(document: dict) -> None:
-    document["now_ms"] -= 2 * HOUR
+    document["now_ms"] -= HOUR + 1
 
 
 def _no_uncleanable(document: dict) -> None:
@@ -68,6 +70,8 @@ EDITS = [
     (_far_clock, InvalidPlanError, "a plan runs and commits within 60 minutes after its clock"),
     (_old_clock, InvalidPlanError, "a plan runs and commits within 60 minutes after its clock"),
     (_no_uncleanable, InvalidPlanError, "the first uncleanable offset of state/0 is none, the catalog's 0"),
+    (lambda d: d.update(first_uncleanable=[[t, p, o + 5] for t, p, o in d["first_uncleanable"]]), InvalidPlanError,
+     "the first uncleanable offset of state/0 is 5, the catalog's 0: a plan may not go below what the catalog protects"),
 ]
 REFUSED_AT_READ = [
     (lambda d: d.update(plan_id="p1/../../x"), "plan_id 'p1/../../x' is not p<clock ms>-<12 hex digits>"),
@@ -75,6 +79,8 @@ REFUSED_AT_READ = [
     (lambda d: d.update(target_file_bytes=0), "'target_file_bytes' is 0: must be an integer, 1 to"),
     (lambda d: d["inputs"][0].update(key="data/l3/" + d["inputs"][0]["key"].rsplit("/", 1)[1]), "is not a data file of level 0"),
     (lambda d: d["inputs"][0].update(key="data/l0/../../etc.seg"), "is not a data file of level 0"),
+    (lambda d: d["inputs"][0].update(key="secrets/" + d["inputs"][0]["key"].rsplit("/", 1)[1]), "is not a data file of level 0"),
+    (lambda d: d["inputs"][0].update(key="data//l0/x.seg"), "is not a data file of level 0"),
 ]
 
 
@@ -82,7 +88,7 @@ def _state(catalog: Catalog) -> tuple:
     return catalog.latest_version(), sorted(info.key for info in catalog.store.list(""))
 
 
-@pytest.mark.parametrize(("edit", "error", "message"), EDITS, ids=[e[0].__name__ for e in EDITS])
+@pytest.mark.parametrize(("edit", "error", "message"), EDITS, ids=[e[0].__name__ for e in EDITS[:-1]] + ["_uncleanable_raised"])
 def test_an_edited_plan_is_refused_and_nothing_is_written(catalog: Catalog, edit, error, message) -> None:
     document = _cluster(catalog)
     plan = _edited(document, edit)
@@ -102,6 +108,50 @@ def test_a_malformed_plan_field_is_refused_when_read(catalog: Catalog, edit, mes
         Plan.from_dict(edited)
 
 
+def test_json_nested_deep_is_one_line(catalog: Catalog) -> None:
+    for text in ("[" * 100_000 + "]" * 100_000, '{"a":' * 100_000 + "1" + "}" * 100_000):
+        with pytest.raises(InvalidPlanError, match="^plan: JSON nested too deep to be a plan; plan again$"):
+            Plan.from_json(text)
+
+
+def _level_plan(catalog: Catalog) -> dict:
+    """An L1 to L2 plan that leaves an older L2 file out: its outside floors are that file's first offsets (0)."""
+    create_topic(catalog, "state", partitions=2, cleanup_policy="compact", min_compaction_lag_ms="1000")
+    for steps in (2, 1):  # the first file to L2 (L0 to L1, L1 to L2), the second to L1
+        with Agent(catalog, background=False, clock=lambda: NOW) as agent:
+            agent.produce("state", [Record(p, b"k%d" % k, b"v%d" % k, NOW - HOUR) for p in range(2) for k in range(6)])
+        for _ in range(steps):
+            (step,) = level_plans(catalog.planning_snapshot(NOW), NOW, 1)
+            run_and_commit(catalog, step, NOW)
+    (plan,) = level_plans(catalog.planning_snapshot(NOW), NOW, 1)
+    assert plan.target_level == 2 and plan.deduplicate and plan.outside_floors == {("state", 0): 0, ("state", 1): 0}
+    assert plan.first_uncleanable == {}  # every record is older than the lag
+    return plan.to_dict()
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d.update(outside_floors=[]), "the outside floor of state/0 is none, the catalog's 0"),
+        (lambda d: d.update(outside_floors=[[t, p, o + 3] for t, p, o in d["outside_floors"]]), "the outside floor of state/0 is 3, the catalog's 0"),
+    ],
+    ids=["floors_removed", "floors_raised"],
+)
+def test_edited_outside_floors_are_refused_and_nothing_is_written(catalog: Catalog, edit, message) -> None:
+    document = _level_plan(catalog)
+    before = _state(catalog)
+    with pytest.raises(InvalidPlanError, match=message):
+        run_and_commit(catalog, _edited(document, edit), NOW)
+    assert _state(catalog) == before
+
+
+def test_a_plan_more_conservative_than_the_catalog_runs(catalog: Catalog) -> None:
+    """A first uncleanable offset the catalog does not ask for only keeps more: from it on, nothing is deduplicated."""
+    document = _level_plan(catalog)
+    result = run_and_commit(catalog, _edited(document, lambda d: d.update(first_uncleanable=[["state", 0, 0]])), NOW)
+    assert result is not None and result.to_dict()["young_kept"] == 6  # partition 0's records in the plan
+
+
 def test_an_edited_stored_plan_commits_nothing(catalog: Catalog) -> None:
     """The Spark path: the stored plan's groups are checked against the catalog before the commit."""
     from logcompact.engine.cleaner import run_plan
@@ -117,3 +167,21 @@ def test_an_edited_stored_plan_commits_nothing(catalog: Catalog) -> None:
         commit_plans(catalog, [plan.plan_id], NOW + 500)
     assert catalog.latest_version() == version and catalog.store.stat(plan_key(plan.plan_id)) is not None
     assert len(latest_values(catalog.store, catalog.snapshot(), "state", 1)) == 12  # nothing of it was lost
+
+
+def test_a_stored_plan_edited_to_cover_one_partition_commits_nothing(catalog: Catalog) -> None:
+    """The campaign's first edit on the Spark path: the stored group documents hold partition 0 only; the job ran
+    them, and the commit (which alone would replace the whole input files) refuses, having read every group."""
+    from logcompact.engine.cleaner import run_plan
+    from logcompact.engine.exchange import write_group_result
+
+    document = _cluster(catalog)
+    plan = _edited(document, _drop_partitions)
+    catalog.lease(plan.plan_id, [f.key for f in plan.inputs], NOW + 500 + HOUR, NOW + 500)
+    write_plan(catalog.store, plan)
+    write_group_result(catalog.store, plan.plan_id, 0, [run_plan(catalog.store, plan)])
+    before = _state(catalog)
+    with pytest.raises(InvalidPlanError, match="differs from the catalog's record of it"):
+        commit_plans(catalog, [plan.plan_id], NOW + 500)
+    assert _state(catalog) == before
+    assert all(len(latest_values(catalog.store, catalog.snapshot(), "state", p)) == 12 for p in range(4))
