@@ -277,3 +277,21 @@ def test_a_plan_as_one_json_document_keeps_its_groups_and_is_checked(catalog: Ca
     for broken, message in cases:
         with pytest.raises(InvalidPlanError, match=message):
             Plan.from_dict(broken)
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "message"),
+    [
+        ("buffer_bytes", 10**15, "buffer_bytes is 1000000000000000: must be an integer, 40 to 2147483648"),
+        ("buffer_bytes", 39, "buffer_bytes is 39: must be an integer, 40 to"),
+        ("target_file_bytes", 0, "target_file_bytes is 0: must be an integer, 1 to 17179869184"),
+        ("max_partition_bytes", 2**51, "max_partition_bytes is 2251799813685248: must be an integer, 1 to 1125899906842624"),
+        ("group_bytes", 2**51, "group_bytes is 2251799813685248: must be an integer, 1 to 1125899906842624"),
+        ("group_bytes", 1.5, "group_bytes is 1.5: must be an integer"),
+        ("lease_ms", HOUR_MS + 1, "lease_ms is 3600001: must be an integer, 1 to 3600000"),
+    ],
+)
+def test_planner_settings_outside_a_plans_bounds_are_refused(setting: str, value, message: str) -> None:
+    with pytest.raises(InvalidPlanError, match=f"^planner setting {message}"):
+        PlannerConfig(**{setting: value})
+    assert PlannerConfig(buffer_bytes=40, target_file_bytes=1, group_bytes=2**50, lease_ms=HOUR_MS).group_bytes == 2**50
