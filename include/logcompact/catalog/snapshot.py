@@ -128,6 +128,23 @@ class Snapshot:
             loaded = self._load(connection, [self._live(), self._key_in(keys)])
         return {f.key: f for f in loaded}
 
+    def section_rows(self, keys: Sequence[str]) -> dict[str, list[tuple]]:
+        """By key, the planned sections of the live files among `keys` as the catalog records them, as plain rows
+        of the sections table's columns from topic_id to clean_below_delta (no key sketch), in file order: what
+        a plan's inputs are checked against, 400,000 sections at a time, without building a section object."""
+        sec, files = s.sections.c, s.files.c
+        columns = [c for c in s.sections.columns if c.name not in ("file_id", "key_sketch", "removed_version")]
+        query = (
+            select(files.key, *columns).join(s.files, files.file_id == sec.file_id)
+            .where(self._live(), self._key_in(keys), self._planned_section())
+            .order_by(sec.file_id, sec.byte_offset, sec.first_row)
+        )
+        found: dict[str, list[tuple]] = {key: [] for key in keys}
+        with self.engine.connect() as connection:
+            for row in connection.execute(query).all():
+                found[row[0]].append(row[1:])
+        return found
+
     def _load(self, connection: Connection, conditions: list[ColumnElement[bool]]) -> list[DataFile]:
         """The files meeting `conditions` with their sections. A planner loads hundreds of thousands of sections
         here: two queries in file order, rows fetched whole and read by position."""

@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 from logcompact.catalog import CatalogSection, DataFile
 from logcompact.collector import collector_paused
 from logcompact.exceptions import CommitConflictError, InvalidPlanError
-from logcompact.format.layout import SectionInfo
+from logcompact.format.layout import COMPRESSIONS, SectionInfo
 from logcompact.topics import Topic
 
 if TYPE_CHECKING:  # a Spark task reads plans without loading the catalog's database layer
@@ -276,26 +276,46 @@ class Plan:
     def check_against(self, snapshot: Snapshot, now_ms: int) -> None:
         """Every field the catalog can vouch for, checked before the plan runs or commits: its cluster, clock and
         topics (`PlanHeader.check_against`); its inputs live and equal to the catalog's record of them, every
-        section of each (but of the partitions it sets aside: pass a snapshot setting them aside); its outside
-        floors and first uncleanable offsets no higher than the catalog's (lower only keeps more)."""
+        section of each (but of the partitions it sets aside: pass a snapshot setting them aside); and, when it
+        deduplicates, its outside floors and first uncleanable offsets no higher than the catalog's (lower only
+        keeps more)."""
         self.header().check_against(snapshot, now_ms)
-        live = snapshot.get_files([f.key for f in self.inputs])  # all of them: the header's check found every one
+        with collector_paused():
+            self._check_sections(snapshot)
+            if self.deduplicate:  # a copy reads neither (engine/cleaner.py): they rule deduplication only
+                self._check_floors(snapshot)
+
+    def _check_sections(self, snapshot: Snapshot) -> None:
+        recorded = snapshot.section_rows([f.key for f in self.inputs])
+        topic_ids, codes = snapshot.topic_ids, {name: code for code, name in enumerate(COMPRESSIONS)}
         for data_file in self.inputs:
-            found = live[data_file.key]
-            if _as_engine_reads(found) != _as_engine_reads(data_file):
+            # As the catalog's rows: topic_id, partition, byte_offset, byte_length, first_row, first_offset,
+            # last_offset, record_count, min and max timestamp, tombstones, uncompressed_bytes, compression, crc32,
+            # clean_below_delta (key sketches aside: stored plans leave them out).
+            planned = [
+                (topic_ids[i.topic], i.partition, i.byte_offset, i.byte_length, i.first_row, first, first + i.last_delta,
+                 i.record_count, i.min_timestamp, i.max_timestamp, i.tombstones, i.uncompressed_bytes, codes[i.compression],
+                 i.crc32, i.clean_below_delta)
+                for i, first in data_file.sections
+            ]
+            if planned != recorded[data_file.key]:
                 raise InvalidPlanError(
                     f"plan {self.plan_id}: input {data_file.key} differs from the catalog's record of it (its sections: "
-                    f"{len(data_file.sections)} in the plan, {len(found.sections)} in the catalog); plan again"
+                    f"{len(planned)} in the plan, {len(recorded[data_file.key])} in the catalog); plan again"
                 )
-        # Per partition, the offset past the plan's last: files that arrived since hold only offsets from there
-        # on, and a floor or an uncleanable offset beyond the plan's records changes nothing it decides.
+
+    def _check_floors(self, snapshot: Snapshot) -> None:
+        # Per partition of a compacted topic, the offset past the plan's last: files that arrived since hold only
+        # offsets from there on, and a floor or an uncleanable offset beyond the plan's records changes nothing.
         ends: dict[TopicPartition, int] = {}
+        compacted = {name for name, topic in self.topics.items() if topic.config.compacted}
         for data_file in self.inputs:
-            for section in data_file.sections:
-                tp = (section.info.topic, section.info.partition)
-                ends[tp] = max(ends.get(tp, 0), section.last_offset + 1)
+            for info, first in data_file.sections:
+                if info.topic in compacted:
+                    tp = (info.topic, info.partition)
+                    ends[tp] = max(ends.get(tp, 0), first + info.last_delta + 1)
         for name, planned, catalogs in (
-            ("outside floor", self.outside_floors, snapshot.outside_floors([f.key for f in self.inputs], ends)),
+            ("outside floor", self.outside_floors, lowest_outside(snapshot, [f.key for f in self.inputs], set(ends))),
             ("first uncleanable offset", self.first_uncleanable, snapshot.first_uncleanable_offsets(ends, self.now_ms)),
         ):
             for tp, end in sorted(ends.items()):
@@ -307,6 +327,27 @@ class Plan:
 
 
 _NO_OFFSET = 1 << 63  # a partition without an outside floor or a first uncleanable offset
+
+
+def lowest_outside(
+    snapshot: Snapshot, planned: Sequence[str], partitions: set[TopicPartition], live: Sequence[str] | None = None
+) -> dict[TopicPartition, int]:
+    """Per partition of `partitions`, the lowest offset held by a live file outside `planned` (all live): the
+    outside floors of a plan, or of the plans, taking `planned`. `live`, every live key, when the caller has
+    them. The database reads either the sections of the files outside or the sections of those partitions,
+    whichever costs less: a partition's sections are found through an index, about four times the cost of a
+    file's (measured on SQLite; PostgreSQL is cheaper either way), so a few plans over many partitions, or a
+    plan of nearly every file, read by file."""
+    live_count = len(live) if live is not None else sum(snapshot.level_counts().values())
+    outside = live_count - len(planned)
+    if not outside or not partitions:
+        return {}
+    total_partitions = sum(topic.partitions for topic in snapshot.topics.values())
+    if 4 * live_count * len(partitions) < outside * total_partitions:
+        return snapshot.outside_floors(planned, partitions)
+    taken = set(planned)
+    unplanned = [key for key in (live if live is not None else (f.key for f in snapshot.file_summaries())) if key not in taken]
+    return {tp: offset for tp, offset in snapshot.lowest_offsets(unplanned).items() if tp in partitions}
 
 
 @dataclass(frozen=True)
@@ -400,12 +441,6 @@ class PlanHeader:
             raise InvalidPlanError(f"{source}: malformed plan header ({type(exc).__name__}: {exc}); plan again") from None
         _check_plan(header, source, whole=True)
         return header
-
-
-def _as_engine_reads(data_file: DataFile) -> DataFile:
-    """The file without what only the planner reads (a stored plan's sections have no key sketches)."""
-    sections = tuple(CatalogSection(s.info._replace(**_PLANNER_ONLY), s.first_offset) for s in data_file.sections)
-    return replace(data_file, sections=sections)
 
 
 def new_plan_id(now_ms: int) -> str:

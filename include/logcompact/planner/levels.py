@@ -10,7 +10,7 @@ from collections import Counter
 from typing import Iterable, Sequence, TypeVar
 
 from logcompact.catalog import DataFile, FileSummary, Snapshot
-from logcompact.engine.plan import MAX_LEVEL, Plan, TopicPartition, new_plan_id, split_into_groups
+from logcompact.engine.plan import MAX_LEVEL, Plan, TopicPartition, lowest_outside, new_plan_id, split_into_groups
 from logcompact.planner.config import PlannerConfig
 
 Sized = TypeVar("Sized", FileSummary, DataFile)
@@ -102,7 +102,7 @@ def make_plans(
     files = loaded if loaded is not None else snapshot.get_files(planned)
     inputs = [tuple(files[key] for key in keys) for keys, _ in chosen]
     lowest, sizes = zip(*map(_lowest_offsets_and_bytes, inputs))
-    outside = _lowest_outside_plans(snapshot, live, planned, set().union(*lowest))
+    outside = lowest_outside(snapshot, planned, set().union(*lowest), live)
     # Per partition, the two lowest offsets among the plans' inputs (with the plan holding the lowest): a plan's
     # own inputs are never outside it, the next plan's are.
     first: dict[TopicPartition, tuple[int, int]] = {}
@@ -164,22 +164,6 @@ def _lowest_offsets_and_bytes(files: Iterable[DataFile]) -> tuple[dict[TopicPart
                     lowest[tp] = first
                 sizes[tp] += info.uncompressed_bytes
     return lowest, sizes
-
-
-def _lowest_outside_plans(
-    snapshot: Snapshot, live: Sequence[str], planned: Sequence[str], partitions: set[TopicPartition]
-) -> dict[TopicPartition, int]:
-    """Per partition of the plans, the lowest offset held by a live file no plan takes. The database reads
-    either the sections of those files or the sections of those partitions, whichever costs less: a
-    partition's sections are found through an index, about four times the cost of a file's (measured on
-    SQLite; PostgreSQL is cheaper either way), so a few plans over many partitions read by file."""
-    unplanned = set(live).difference(planned)
-    if not unplanned or not partitions:
-        return {}
-    total_partitions = sum(topic.partitions for topic in snapshot.topics.values())
-    if 4 * len(live) * len(partitions) < len(unplanned) * total_partitions:
-        return snapshot.outside_floors(planned, partitions)
-    return {tp: offset for tp, offset in snapshot.lowest_offsets(list(unplanned)).items() if tp in partitions}
 
 
 def _by_content(files: list[FileSummary]) -> list[list[FileSummary]]:
