@@ -408,9 +408,13 @@ class PlanHeader:
 
 
 def _as_engine_reads(data_file: DataFile) -> DataFile:
-    """The file without what only the planner reads (a stored plan's sections have no key sketches)."""
-    sections = tuple(CatalogSection(s.info._replace(**_PLANNER_ONLY), s.first_offset) for s in data_file.sections)
-    return replace(data_file, sections=sections)
+    """The file without what only the planner reads (a stored plan's sections have no key sketches), its sections
+    in (topic, partition) order: a stored plan puts them back together group by group."""
+    sections = sorted(
+        (CatalogSection(s.info._replace(**_PLANNER_ONLY), s.first_offset) for s in data_file.sections),
+        key=lambda s: (s.info.topic, s.info.partition),
+    )
+    return replace(data_file, sections=tuple(sections))
 
 
 def new_plan_id(now_ms: int) -> str:
