@@ -9,8 +9,10 @@ from dataclasses import replace
 
 import pyarrow as pa
 import pytest
+from sqlalchemy import select
 
 from logcompact.catalog import Catalog
+from logcompact.catalog import schema
 from logcompact.consume import latest_values
 from logcompact.engine.commit import collect_garbage
 from logcompact.engine.exchange import (
@@ -167,13 +169,15 @@ def test_a_retried_commit_after_gc_collected_the_plan_is_still_a_no_op(catalog: 
 
 
 def test_plans_that_cannot_be_written_leave_nothing_leased(catalog: Catalog, monkeypatch) -> None:
-    def failing_write(store, plan):
+    def failing_write(store, documents):
         raise OSError("disk full")
 
-    monkeypatch.setattr("logcompact.orchestration.write_plan", failing_write)
+    monkeypatch.setattr("logcompact.orchestration.write_documents", failing_write)
     with pytest.raises(OSError, match="disk full"):
         prepare_plans(catalog, "full", NOW, CONFIG)
     assert not catalog.snapshot().leases(NOW)
+    with catalog.engine.connect() as connection:  # nor a seal
+        assert connection.execute(select(schema.plan_seals)).all() == []
 
 
 def test_a_run_leases_all_its_plans_or_none(catalog: Catalog, monkeypatch) -> None:

@@ -13,7 +13,7 @@ import pytest
 from logcompact.catalog import Catalog
 from logcompact.consume import latest_values
 from logcompact.engine.commit import run_and_commit
-from logcompact.engine.exchange import plan_key, write_plan
+from logcompact.engine.exchange import plan_key
 from logcompact.engine.plan import Plan
 from logcompact.exceptions import CommitConflictError, InvalidPlanError
 from logcompact.ingest import Agent, Record
@@ -153,35 +153,48 @@ def test_a_plan_more_conservative_than_the_catalog_runs(catalog: Catalog) -> Non
 
 
 def test_an_edited_stored_plan_commits_nothing(catalog: Catalog) -> None:
-    """The Spark path: the stored plan's groups are checked against the catalog before the commit."""
-    from logcompact.engine.cleaner import run_plan
-    from logcompact.engine.exchange import write_group_result
+    """The Spark path: the planner seals the stored documents with the plan's lease; an edit breaks the seal."""
+    import json
 
-    document = _cluster(catalog)
-    plan = _edited(document, _delete_policy)
-    catalog.lease(plan.plan_id, [f.key for f in plan.inputs], NOW + 500 + HOUR, NOW + 500)
-    write_plan(catalog.store, plan)
-    write_group_result(catalog.store, plan.plan_id, 0, [run_plan(catalog.store, plan)])  # the job ran what it was given
+    from logcompact.engine.cleaner import run_plan
+    from logcompact.engine.exchange import group_key, read_group, write_group_result
+    from logcompact.orchestration import prepare_plans
+    from logcompact.planner import PlannerConfig
+
+    _cluster(catalog)
+    (plan_id,) = prepare_plans(catalog, "full", NOW + 500, PlannerConfig()).plan_ids
+    write_group_result(catalog.store, plan_id, 0, [run_plan(catalog.store, read_group(catalog.store, plan_id, 0))])
+    header = catalog.store.get(plan_key(plan_id))
+    edited = json.loads(header)
+    for topic in edited["topics"]:
+        topic["config"].update({"cleanup.policy": "delete", "retention.ms": 1})
+    group = catalog.store.get(group_key(plan_id, 0))
     version = catalog.latest_version()
-    with pytest.raises(CommitConflictError, match="expected topic state"):
-        commit_plans(catalog, [plan.plan_id], NOW + 500)
-    assert catalog.latest_version() == version and catalog.store.stat(plan_key(plan.plan_id)) is not None
-    assert len(latest_values(catalog.store, catalog.snapshot(), "state", 1)) == 12  # nothing of it was lost
+    for key, document in ((plan_key(plan_id), json.dumps(edited).encode()), (group_key(plan_id, 0), group[:-1] + b"\0")):
+        catalog.store.put(key, document)
+        with pytest.raises(InvalidPlanError, match=f"plan {plan_id}: its documents in .* were changed since; plan again"):
+            commit_plans(catalog, [plan_id], NOW + 500)
+        assert catalog.latest_version() == version
+    catalog.store.put(plan_key(plan_id), header)
+    catalog.store.put(group_key(plan_id, 0), group)
+    assert commit_plans(catalog, [plan_id], NOW + 500).committed == [plan_id]  # the plan as sealed commits
+    assert len(latest_values(catalog.store, catalog.snapshot(), "state", 1)) == 12
 
 
 def test_a_stored_plan_edited_to_cover_one_partition_commits_nothing(catalog: Catalog) -> None:
-    """The campaign's first edit on the Spark path: the stored group documents hold partition 0 only; the job ran
-    them, and the commit (which alone would replace the whole input files) refuses, having read every group."""
+    """The campaign's first edit on the Spark path: the stored documents rewritten, well formed, to hold partition
+    0 only, and the job run on them; the commit (which alone would replace the whole input files) refuses."""
     from logcompact.engine.cleaner import run_plan
-    from logcompact.engine.exchange import write_group_result
+    from logcompact.engine.exchange import read_group, read_plan, write_group_result
+    from logcompact.orchestration import prepare_plans
+    from logcompact.planner import PlannerConfig
 
-    document = _cluster(catalog)
-    plan = _edited(document, _drop_partitions)
-    catalog.lease(plan.plan_id, [f.key for f in plan.inputs], NOW + 500 + HOUR, NOW + 500)
-    write_plan(catalog.store, plan)
-    write_group_result(catalog.store, plan.plan_id, 0, [run_plan(catalog.store, plan)])
+    _cluster(catalog)
+    (plan_id,) = prepare_plans(catalog, "full", NOW + 500, PlannerConfig()).plan_ids
+    write_plan(catalog.store, _edited(read_plan(catalog.store, plan_id).to_dict(), _drop_partitions))
+    write_group_result(catalog.store, plan_id, 0, [run_plan(catalog.store, read_group(catalog.store, plan_id, 0))])
     before = _state(catalog)
-    with pytest.raises(InvalidPlanError, match="differs from the catalog's record of it"):
-        commit_plans(catalog, [plan.plan_id], NOW + 500)
+    with pytest.raises(InvalidPlanError, match=f"plan {plan_id}: its documents in .* were changed since; plan again"):
+        commit_plans(catalog, [plan_id], NOW + 500)
     assert _state(catalog) == before
     assert all(len(latest_values(catalog.store, catalog.snapshot(), "state", p)) == 12 for p in range(4))

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 
 from logcompact.catalog import Catalog, Snapshot
 from logcompact.engine.commit import PlanResult, commit_plan
-from logcompact.engine.exchange import read_header, read_plan, read_results, write_plan
+from logcompact.engine.exchange import check_seal, plan_documents, read_header, read_results, seal, write_documents
 from logcompact.engine.plan import Plan, PlanGroup
 from logcompact.exceptions import ObjectNotFoundError, TopicNotFoundError
 from logcompact.planner import PlannerConfig, expected_effect, plan
@@ -107,10 +107,11 @@ def prepare_plans(
     estimates = [expected_effect(p) for p in plans]
     if dry_run or not plans:
         return PreparedRun(thresholds, [], [], estimates)
-    _lease_all(catalog, plans, now_ms, config.lease_ms)
+    documents = [plan_documents(found) for found in plans]
+    _lease_all(catalog, plans, [seal(d) for d in documents], now_ms, config.lease_ms)
     try:
-        for found in plans:
-            write_plan(catalog.store, found)
+        for written in documents:
+            write_documents(catalog.store, written)
     except BaseException:
         _release_all(catalog, plans)
         raise
@@ -120,12 +121,13 @@ def prepare_plans(
     return PreparedRun(thresholds, [p.plan_id for p in plans], groups, estimates)
 
 
-def _lease_all(catalog: Catalog, plans: list[Plan], now_ms: int, lease_ms: int) -> None:
-    """Lease every plan's files: all the plans, or none (a conflict releases the plans leased before it)."""
+def _lease_all(catalog: Catalog, plans: list[Plan], seals: list[str], now_ms: int, lease_ms: int) -> None:
+    """Lease every plan's files with its documents' seal: all the plans, or none (a conflict releases the plans
+    leased before it)."""
     leased = []
     try:
-        for found in plans:
-            catalog.lease(found.plan_id, [f.key for f in found.inputs], now_ms + lease_ms, now_ms)
+        for found, sealed in zip(plans, seals, strict=True):
+            catalog.lease(found.plan_id, [f.key for f in found.inputs], now_ms + lease_ms, now_ms, seal=sealed)
             leased.append(found)
     except BaseException:
         _release_all(catalog, leased)
@@ -180,8 +182,10 @@ def commit_plans(catalog: Catalog, plan_ids: list[str], now_ms: int) -> CommitSu
         else:
             results = read_results(catalog.store, header)
             if not catalog.is_committed(plan_id):
-                # Never trusted: the stored plan, every group of it, is checked against the catalog first.
-                read_plan(catalog.store, plan_id).check_against(catalog.snapshot(set_aside=frozenset(header.set_aside)), now_ms)
+                # Never trusted: the stored documents must be those the planner sealed with the lease (the planner
+                # made them from the catalog, and Spark jobs never open it), and the header must still check out.
+                check_seal(catalog.store, header, catalog.plan_seal(plan_id))
+                header.check_against(catalog.snapshot(), now_ms)
             committed = commit_plan(catalog, header, results, now_ms, leased=True)
             (summary.committed if committed else summary.already_committed).append(plan_id)
             summary.stats[plan_id] = PlanResult(plan_id, [r.stats for r in results], sum(f.size for f in header.inputs)).to_dict()

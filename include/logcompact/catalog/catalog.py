@@ -366,6 +366,7 @@ class Catalog:
                 self._update_marks(connection, live.values(), kept, marks, plan_id or operation, now_ms)
                 if plan_id is not None:
                     connection.execute(delete(s.leases).where(s.leases.c.plan_id == plan_id))
+                    connection.execute(delete(s.plan_seals).where(s.plan_seals.c.plan_id == plan_id))
                     connection.execute(insert(s.committed_plans).values(plan_id=plan_id, version=version, committed_ms=now_ms))
                 topic_rows = self._topic_rows(connection, {sec.topic for f in added for sec in f.sections})
                 self._insert_files(connection, added, version, topic_rows)
@@ -508,8 +509,9 @@ class Catalog:
 
     # -- leases ----------------------------------------------------------------------------------------
 
-    def lease(self, plan_id: str, keys: Iterable[str], expires_ms: int, now_ms: int) -> None:
-        """Lease live files to a plan, all or none; a file gone, or leased to another live plan, is a conflict."""
+    def lease(self, plan_id: str, keys: Iterable[str], expires_ms: int, now_ms: int, seal: str | None = None) -> None:
+        """Lease live files to a plan, all or none; a file gone, or leased to another live plan, is a conflict.
+        `seal`: the SHA-256 of the plan's stored documents, which its commit checks (`plan_seal`)."""
         keys = list(keys)
         with self._writing() as connection:
             self._lock(connection)
@@ -534,10 +536,20 @@ class Catalog:
             connection.execute(
                 insert(s.leases), [{"file_id": i, "plan_id": plan_id, "expires_ms": expires_ms} for i in ids]
             )
+            if seal is not None:
+                connection.execute(delete(s.plan_seals).where(s.plan_seals.c.plan_id == plan_id))
+                connection.execute(insert(s.plan_seals).values(plan_id=plan_id, sha256=seal))
+
+    def plan_seal(self, plan_id: str) -> str | None:
+        """The SHA-256 its stored documents had when the plan was leased; None for a plan never sealed, or whose
+        lease is over."""
+        with self._reading() as connection:
+            return connection.execute(select(s.plan_seals.c.sha256).where(s.plan_seals.c.plan_id == plan_id)).scalar_one_or_none()
 
     def release(self, plan_id: str) -> None:
         with self._writing() as connection:
             connection.execute(delete(s.leases).where(s.leases.c.plan_id == plan_id))
+            connection.execute(delete(s.plan_seals).where(s.plan_seals.c.plan_id == plan_id))
 
     def release_expired_leases(self, now_ms: int) -> list[str]:
         """Drop expired leases; the plans they named."""
@@ -547,6 +559,9 @@ class Catalog:
             ).scalars().all()
             if expired:
                 connection.execute(delete(s.leases).where(s.leases.c.expires_ms <= now_ms))
+                # A plan's seal goes with its last lease.
+                held = select(s.leases.c.plan_id)
+                connection.execute(delete(s.plan_seals).where(s.plan_seals.c.plan_id.in_(expired), s.plan_seals.c.plan_id.not_in(held)))
         return sorted(expired)
 
     def leased_plans(self, now_ms: int) -> set[str]:

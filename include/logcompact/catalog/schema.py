@@ -156,3 +156,12 @@ uncleanable = Table(
     Column("failures", Integer, nullable=False),  # in a row: the backoff doubles with each
     Column("plan_id", String(64), nullable=False),
 )
+
+# The SHA-256 of each leased plan's stored documents, written with its lease: the commit checks the documents it
+# reads against it, so an edited stored plan never commits (its Spark jobs never open the catalog).
+plan_seals = Table(
+    "plan_seals",
+    metadata,
+    Column("plan_id", String(64), primary_key=True),
+    Column("sha256", String(64), nullable=False),
+)

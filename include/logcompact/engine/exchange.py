@@ -12,6 +12,7 @@ checks that every group of the plan has one, and commits the plan once
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Collection
 
@@ -26,7 +27,7 @@ from logcompact.engine.plan import (
     group_partition_bytes,
 )
 from logcompact.engine.stats import JobResult
-from logcompact.exceptions import CommitConflictError, ObjectNotFoundError
+from logcompact.exceptions import CommitConflictError, InvalidPlanError, ObjectNotFoundError
 from logcompact.store.base import ObjectStore
 
 
@@ -51,16 +52,49 @@ def result_key(plan_id: str, group: int) -> str:
     return f"{PLANS_PREFIX}{plan_id}/results/g{group:03d}.json"
 
 
-def write_plan(store: ObjectStore, plan: Plan, prefix: str = PLANS_PREFIX) -> int:
-    """Write the plan's group documents, then its header, `plan.json` last; returns the bytes written. `prefix`
-    places the plan elsewhere than the cluster's plans (`logcompact plan --out`)."""
+def plan_documents(plan: Plan, prefix: str = PLANS_PREFIX) -> list[tuple[str, bytes]]:
+    """The plan's stored documents, (key, bytes), in the order they are written: its groups, then its inputs, and
+    `plan.json` last, so a plan whose `plan.json` is there has all its documents."""
     with collector_paused():
         header, inputs = plan.header().documents()
         documents = [(group_key(plan.plan_id, g.group, prefix), d) for g, d in zip(plan.groups, encode_groups(plan))]
-    documents += [(inputs_key(plan.plan_id, prefix), inputs), (plan_key(plan.plan_id, prefix), header)]
+    return documents + [(inputs_key(plan.plan_id, prefix), inputs), (plan_key(plan.plan_id, prefix), header)]
+
+
+def write_documents(store: ObjectStore, documents: list[tuple[str, bytes]]) -> int:
+    """Write a plan's documents (`plan_documents`) in order; returns the bytes written."""
     for key, document in documents:
         store.put(key, document)
     return sum(len(document) for _, document in documents)
+
+
+def write_plan(store: ObjectStore, plan: Plan, prefix: str = PLANS_PREFIX) -> int:
+    """Write the plan's documents; returns the bytes written. `prefix` places the plan elsewhere than the
+    cluster's plans (`logcompact plan --out`)."""
+    return write_documents(store, plan_documents(plan, prefix))
+
+
+def seal(documents: list[tuple[str, bytes]]) -> str:
+    """The SHA-256 of a plan's documents (keys, lengths and bytes, in key order): what the catalog keeps with
+    the plan's lease."""
+    digest = hashlib.sha256()
+    for key, document in sorted(documents):
+        digest.update(f"{key}\n{len(document)}\n".encode())
+        digest.update(document)
+    return digest.hexdigest()
+
+
+def check_seal(store: ObjectStore, header: PlanHeader, expected: str | None) -> None:
+    """The stored plan's documents are those sealed when it was leased (its header names them all)."""
+    if expected is None:
+        raise CommitConflictError(f"plan {header.plan_id} holds no lease with a seal of its documents (expired or never leased); plan again")
+    keys = [group_key(header.plan_id, g.group) for g in header.groups] + [inputs_key(header.plan_id), plan_key(header.plan_id)]
+    found = seal([(key, _get(store, key, f"plan {header.plan_id} lost a document")) for key in keys])
+    if found != expected:
+        raise InvalidPlanError(
+            f"plan {header.plan_id}: its documents in {store.uri} have SHA-256 {found[:16]}..., the catalog sealed "
+            f"{expected[:16]}... when it was leased: they were changed since; plan again"
+        )
 
 
 def read_header(store: ObjectStore, plan_id: str, prefix: str = PLANS_PREFIX) -> PlanHeader:

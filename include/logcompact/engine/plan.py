@@ -291,14 +291,15 @@ class Plan:
         for data_file in self.inputs:
             # As the catalog's rows: topic_id, partition, byte_offset, byte_length, first_row, first_offset,
             # last_offset, record_count, min and max timestamp, tombstones, uncompressed_bytes, compression, crc32,
-            # clean_below_delta (key sketches aside: stored plans leave them out).
-            planned = [
+            # clean_below_delta (key sketches aside: stored plans leave them out). Both sorted by (topic_id,
+            # partition), one section each: a stored plan puts a file's sections back together group by group.
+            planned = sorted(
                 (topic_ids[i.topic], i.partition, i.byte_offset, i.byte_length, i.first_row, first, first + i.last_delta,
                  i.record_count, i.min_timestamp, i.max_timestamp, i.tombstones, i.uncompressed_bytes, codes[i.compression],
                  i.crc32, i.clean_below_delta)
                 for i, first in data_file.sections
-            ]
-            if planned != recorded[data_file.key]:
+            )
+            if planned != sorted(recorded[data_file.key]):
                 raise InvalidPlanError(
                     f"plan {self.plan_id}: input {data_file.key} differs from the catalog's record of it (its sections: "
                     f"{len(planned)} in the plan, {len(recorded[data_file.key])} in the catalog); plan again"
