@@ -185,7 +185,7 @@ def test_a_stored_plan_edited_to_cover_one_partition_commits_nothing(catalog: Ca
     """The campaign's first edit on the Spark path: the stored documents rewritten, well formed, to hold partition
     0 only, and the job run on them; the commit (which alone would replace the whole input files) refuses."""
     from logcompact.engine.cleaner import run_plan
-    from logcompact.engine.exchange import read_group, read_plan, write_group_result
+    from logcompact.engine.exchange import read_group, read_plan, write_group_result, write_plan
     from logcompact.orchestration import prepare_plans
     from logcompact.planner import PlannerConfig
 
