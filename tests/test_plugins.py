@@ -165,7 +165,8 @@ def test_sensor_does_not_count_files_leased_to_a_plan(connected_catalog: Catalog
     [
         ("orders", False, None, "topics must be a list of topic names"),
         (["orders"], "yes", None, "dry_run must be true or false"),
-        (None, False, 1024, "buffer_bytes must be an integer of at least 1048576"),
+        (None, False, 1024, "buffer_bytes must be an integer from 1048576 \\(1 MiB\\) to 2147483648"),
+        (None, False, 4 * 1024**3, "buffer_bytes must be an integer from 1048576 \\(1 MiB\\) to 2147483648"),
         (None, False, True, "buffer_bytes must be an integer"),
     ],
 )

@@ -12,6 +12,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from airflow.sdk import Asset, AssetAlias, BaseOperator
 
 from logcompact.engine.commit import DEFAULT_GC_GRACE_MS, collect_garbage
+from logcompact.engine.plan import MAX_BUFFER_BYTES
 from logcompact.orchestration import commit_plans, prepare_plans, uncleanable_report
 from logcompact.planner import MODES, PlannerConfig
 from logcompact_airflow.hooks import LogcompactHook
@@ -78,8 +79,10 @@ def _checked_params(topics: Any, dry_run: Any, buffer_bytes: Any) -> tuple[list[
         raise ValueError(f"topics must be a list of topic names, not {topics!r}; e.g. [\"orders\"]")
     if not isinstance(dry_run, bool):
         raise ValueError(f"dry_run must be true or false, not {dry_run!r}; pass a bool (with templates, set the DAG's render_template_as_native_obj=True)")
-    if buffer_bytes is not None and (isinstance(buffer_bytes, bool) or not isinstance(buffer_bytes, int) or buffer_bytes < MIN_BUFFER_BYTES):
-        raise ValueError(f"buffer_bytes must be an integer of at least {MIN_BUFFER_BYTES} (1 MiB), not {buffer_bytes!r}")
+    if buffer_bytes is not None and (
+        isinstance(buffer_bytes, bool) or not isinstance(buffer_bytes, int) or not MIN_BUFFER_BYTES <= buffer_bytes <= MAX_BUFFER_BYTES
+    ):
+        raise ValueError(f"buffer_bytes must be an integer from {MIN_BUFFER_BYTES} (1 MiB) to {MAX_BUFFER_BYTES} (2 GiB), not {buffer_bytes!r}")
     return topics, dry_run, buffer_bytes
 
 

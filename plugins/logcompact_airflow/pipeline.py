@@ -11,7 +11,7 @@ import pendulum
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Param
 
-from logcompact.engine.plan import DEFAULT_BUFFER_BYTES
+from logcompact.engine.plan import DEFAULT_BUFFER_BYTES, MAX_BUFFER_BYTES
 from logcompact_airflow.hooks import LogcompactHook
 from logcompact_airflow.operators import (
     MIN_BUFFER_BYTES,
@@ -43,7 +43,7 @@ def compaction_params(with_topics: bool) -> dict[str, Param]:
     params = {
         "dry_run": Param(False, type="boolean", description="Plan and report the expected effect; lease, write and run nothing."),
         "buffer_bytes": Param(
-            DEFAULT_BUFFER_BYTES, type="integer", minimum=MIN_BUFFER_BYTES, maximum=64 * 1024**3,
+            DEFAULT_BUFFER_BYTES, type="integer", minimum=MIN_BUFFER_BYTES, maximum=MAX_BUFFER_BYTES,
             description="Key-map buffer of each deduplicating job (bytes); more keys per pass, more memory per task.",
         ),
     }
