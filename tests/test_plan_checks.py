@@ -49,7 +49,8 @@ def _drop_partitions(document: dict) -> None:
 
 def _delete_policy(document: dict) -> None:
     for topic in document["topics"]:
-        topic["config"].update({"cleanup.policy": "delete", "retention.ms": 1}) if topic["name"] == "state" else None
+        if topic["name"] == "state":
+            topic["config"].update({"cleanup.policy": "delete", "retention.ms": 1})
 
 
 def _far_clock(document: dict) -> None:

@@ -477,11 +477,7 @@ class Catalog:
         chosen = marked if partitions is None else [tp for tp in marked if tp in set(partitions)]
         if chosen:
             with self._writing() as connection:
-                for topic, partition in chosen:
-                    topic_id = self._topic_id(connection, topic)
-                    connection.execute(
-                        delete(s.uncleanable).where(s.uncleanable.c.topic_id == topic_id, s.uncleanable.c.partition == partition)
-                    )
+                self._clear_marks(connection, chosen)
         return chosen
 
     def _mark_uncleanable(self, connection: Connection, marks: Sequence[SetAside], plan_id: str, now_ms: int) -> None:
