@@ -204,9 +204,9 @@ def _producer_process(store_root: str, url: str | None, writer: int, seconds: fl
 
 
 def _compactor_process(store_root: str, url: str | None, seconds: float, start_at: float, out) -> None:  # noqa: ANN001
-    from logcompact.engine.commit import run_and_commit
+    from logcompact.jobs import run_and_commit
     from logcompact.exceptions import CommitConflictError
-    from logcompact.planner import PlannerConfig, plan
+    from logcompact.planner import PlannerConfig, choose_plans
 
     catalog = Catalog(LocalStore(store_root), url)
     config = PlannerConfig(min_files=(8, 8, 8, 8), tier_min_files=4, buffer_bytes=1 << 20)
@@ -214,7 +214,7 @@ def _compactor_process(store_root: str, url: str | None, seconds: float, start_a
     time.sleep(max(0.0, start_at - time.time()))
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        found = plan(catalog.snapshot(), int(time.time() * 1000), "regular", config)
+        found = choose_plans(catalog.snapshot(), int(time.time() * 1000), "regular", config)
         for candidate in found:
             try:
                 run_and_commit(catalog, candidate, candidate.now_ms, lease_ms=60_000)
@@ -227,7 +227,7 @@ def _compactor_process(store_root: str, url: str | None, seconds: float, start_a
 
 
 def gc_under_ingest(cluster: Cluster, seconds: float) -> dict:
-    from logcompact.engine.commit import collect_garbage
+    from logcompact.jobs import collect_garbage
 
     context = multiprocessing.get_context("spawn")
     out = context.Queue()

@@ -29,7 +29,7 @@ import pyarrow as pa
 from logcompact.catalog import DataFile
 from logcompact.engine.cleaner import run_plan
 from logcompact.engine.offset_map import CompactOffsetMap
-from logcompact.engine.plan import Plan
+from logcompact.plan import Plan
 from logcompact.store import LocalStore
 from logcompact.topics import Topic
 

@@ -51,10 +51,10 @@ import pyarrow as pa
 from logcompact.catalog import Catalog, DataFile
 from logcompact.consume import latest_values, read_batches
 from logcompact.engine.cleaner import run_plan
-from logcompact.engine.commit import run_and_commit
-from logcompact.engine.plan import Plan
+from logcompact.jobs import run_and_commit
+from logcompact.plan import Plan
 from logcompact.ingest import Agent, Record
-from logcompact.planner import plan as make_plans
+from logcompact.planner import choose_plans as make_plans
 from logcompact.store import LocalStore
 from logcompact.topics import Topic
 

@@ -10,7 +10,7 @@ max lag on half of them, file names and section fields as varied as real ones) i
 in the database --database names (postgresql+psycopg://...), inserting files in batches of 20,000 through
 `Catalog.replace_files`. Then, for each mode:
 
-- times `plan(catalog.snapshot(), ...)`, catalog reads included (target: 1 s at 100,000 files, 3 s at 300,000);
+- times `choose_plans(catalog.snapshot(), ...)`, catalog reads included (target: 1 s at 100,000 files, 3 s at 300,000);
 - writes its plans as a scheduler does (`exchange.write_plan`: a JSON header and an Arrow document per group)
   and prints their size and the time to write them (target for the full plan over 100,000 files: 20 MB, 2 s);
   then what each reader pays: the commit reads the header, a Spark driver a group's bytes per partition, a
@@ -36,7 +36,7 @@ from typing import Callable
 import numpy as np
 
 from logcompact.catalog import Catalog, CatalogSection, DataFile
-from logcompact.engine.exchange import (
+from logcompact.jobs.documents import (
     check_seal,
     inputs_key,
     plan_documents,
@@ -48,10 +48,10 @@ from logcompact.engine.exchange import (
     seal,
     write_plan,
 )
-from logcompact.engine.plan import Plan
+from logcompact.plan import Plan
 from logcompact.exceptions import ClusterNotFoundError
 from logcompact.format.layout import SectionInfo
-from logcompact.planner import PlannerConfig, plan
+from logcompact.planner import PlannerConfig, choose_plans
 from logcompact.store import LocalStore
 from logcompact.topics import Topic
 
@@ -201,7 +201,7 @@ def main() -> None:
             plans: list[Plan] = []
 
             def planned(mode: str = mode, config: PlannerConfig = config) -> None:
-                plans[:] = plan(catalog.snapshot(), NOW, mode, config)
+                plans[:] = choose_plans(catalog.snapshot(), NOW, mode, config)
 
             took = seconds(args.runs, planned)
             print(f"{label:8} planned in {took}: {len(plans)} plans over {sum(len(p.inputs) for p in plans):,} files")

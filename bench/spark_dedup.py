@@ -49,11 +49,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from logcompact.catalog import Catalog, NewFile
-from logcompact.engine.exchange import result_key, write_plan
+from logcompact.jobs.documents import result_key, write_plan
 from logcompact.format import key_hashes, read_section, write_segment
 from logcompact.format.layout import HEADERS_TYPE, SECTION_SCHEMA
 from logcompact.engine.stats import JobResult
-from logcompact.planner import PlannerConfig, plan
+from logcompact.planner import PlannerConfig, choose_plans
 from logcompact.store import ObjectStore, open_store
 from logcompact.topics import Topic
 
@@ -182,7 +182,7 @@ def make_dataset(workdir: Path, records: int, keys: int, value_bytes: int, parti
     if assigned != first_offsets:
         raise SystemExit("spark_dedup: the catalog placed the segment files at other offsets than the Parquet files hold")
 
-    (sweep,) = plan(catalog.snapshot(), NOW + 1, "full", PlannerConfig(group_bytes=ONE_GROUP))
+    (sweep,) = choose_plans(catalog.snapshot(), NOW + 1, "full", PlannerConfig(group_bytes=ONE_GROUP))
     if not sweep.deduplicate or len(sweep.groups) != 1:
         raise SystemExit(f"spark_dedup: expected a deduplicating plan of one group, planned {sweep}")
     write_plan(store, sweep)

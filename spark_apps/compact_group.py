@@ -10,7 +10,7 @@ sent the store, the plan id, the group, its slice number and its partitions (wha
 grow with the plan), reads its slice of the group document itself, runs the engine on it (every input file
 read through at most two streaming GETs per task), writes its output files to the store and returns only
 their metadata and stats. The driver writes the group's result next to the plan
-(`plans/{plan_id}/results/g{group}.json`); the commit step (`logcompact.orchestration.commit_plans`) commits
+(`plans/{plan_id}/results/g{group}.json`); the commit step (`logcompact.jobs.prepare.commit_plans`) commits
 the plan once every group has its result. No record data is collected on the driver. A group whose result
 and outputs are already in the store (a retried task after a success) is not run again. Neither the driver
 nor the tasks open the catalog database: the plan carries its input files' sections, so the store is all
@@ -22,32 +22,20 @@ from __future__ import annotations
 import argparse
 from typing import Callable, Iterable, Iterator
 
-from logcompact.engine.exchange import group_done, read_group, read_partition_bytes, write_group_result
-from logcompact.engine.plan import TopicPartition
 from logcompact.engine.stats import JobResult
 from logcompact.exceptions import LogcompactError
+from logcompact.jobs import deal_slices, run_slice
+from logcompact.jobs.documents import group_done, read_partition_bytes, write_group_result
+from logcompact.plan import TopicPartition
 from logcompact.store import open_store
 
 
-def deal_slices(sizes: dict[TopicPartition, int], slices: int) -> list[tuple[int, list[TopicPartition]]]:
-    """Partitions, by their bytes, dealt into at most `slices` slices of about equal bytes."""
-    loads = [[0, number, []] for number in range(max(1, min(slices, len(sizes))))]
-    for tp in sorted(sizes, key=lambda tp: (-sizes[tp], tp)):  # biggest first, onto the lightest slice
-        lightest = min(loads)
-        lightest[0] += sizes[tp]
-        lightest[2].append(tp)
-    return [(number, sorted(tps)) for _, number, tps in sorted(loads, key=lambda load: load[1]) if tps]
-
-
 def compact_slices(store_uri: str, plan_id: str, group: int, slices: Iterable[tuple[int, list[TopicPartition]]]) -> Iterator[dict]:
-    """The per-task logic, plain Python: read each slice's part of the group document, run the engine on it and
-    yield its result (metadata only)."""
-    from logcompact.engine.cleaner import run_plan  # the engine (numba) loads in the tasks, never in the driver
-
+    """The per-task logic, plain Python: run each slice of the group (`logcompact.jobs.run_slice`) and yield its
+    result (metadata only)."""
     store = open_store(store_uri)
     for number, partitions in slices:
-        piece = read_group(store, plan_id, group, partitions=[tuple(tp) for tp in partitions], slice=number)
-        yield run_plan(store, piece).to_dict()
+        yield run_slice(store, plan_id, group, number, partitions).to_dict()
 
 
 def slice_task(store_uri: str, plan_id: str, group: int) -> Callable[[Iterable[tuple[int, list[TopicPartition]]]], Iterator[dict]]:

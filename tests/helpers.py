@@ -17,17 +17,17 @@ def create_topic(catalog: Catalog, name: str, partitions: int = 1, now: int = NO
 
 def full_sweep(snapshot, now: int, **config):
     """The full-sweep plan of a catalog snapshot, or None for an empty one (planner knobs as keyword arguments)."""
-    from logcompact.planner import PlannerConfig, plan
+    from logcompact.planner import PlannerConfig, choose_plans
 
-    found = plan(snapshot, now, "full", PlannerConfig(**config))
-    return found[0] if found else None
+    plans = choose_plans(snapshot, now, "full", PlannerConfig(**config))
+    return plans[0] if plans else None
 
 
 def level_plans(snapshot, now: int, min_files: int, **config):
     """Regular plans with every level's threshold at `min_files`."""
-    from logcompact.planner import PlannerConfig, plan
+    from logcompact.planner import PlannerConfig, choose_plans
 
-    return plan(snapshot, now, "regular", PlannerConfig(min_files=(min_files,) * 4, **config))
+    return choose_plans(snapshot, now, "regular", PlannerConfig(min_files=(min_files,) * 4, **config))
 
 
 def produce_l0_files(catalog: Catalog, topic: str, files: int, records: int, keys: int, partitions: int, now: int = NOW,

@@ -97,7 +97,7 @@ def test_where_a_kill_landed_is_read_from_the_stack_sampled_before_it() -> None:
     boot = ("<string>", "<module>")
     cli = ("/x/logcompact/cli.py", "compact")
     cleaner = ("/x/logcompact/engine/cleaner.py", "run")
-    committing = sample(("/x/logcompact/catalog/catalog.py", "replace_files"), ("/x/logcompact/engine/commit.py", "commit_plan"), cli, boot)
+    committing = sample(("/x/logcompact/catalog/catalog.py", "replace_files"), ("/x/logcompact/jobs/commit.py", "commit_plan"), cli, boot)
     assert phase_of(committing) == "committing"
     assert phase_of(sample(("/x/logcompact/format/writer.py", "_emit_block"), cleaner, cli, boot)) == "writing"
     assert phase_of(sample(("/x/logcompact/format/reader.py", "next_batch"), cleaner, cli, boot)) == "reading"

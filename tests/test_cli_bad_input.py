@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import pytest
 
-from logcompact.engine.plan import MAX_BUFFER_BYTES, MAX_BYTE_COUNT, MAX_TARGET_FILE_BYTES
+from logcompact.plan import MAX_BUFFER_BYTES, MAX_BYTE_COUNT, MAX_TARGET_FILE_BYTES
 from tests.support.cli_cases import Outcome, changes, run_in_process, run_process, tree_state
 
 NOW = "1700000000000"
@@ -340,19 +340,19 @@ for option, value, says in SIZES:
         PLANNING.append(case(f"{' '.join(command)}: {option} {value[:14]}", 2, says, *command, option, value))
 PLANNING += [
     case("plan: unknown mode", 2, "'sideways' is not one of", "plan", "--mode", "sideways"),
-    case("plan: topics with the regular mode", 2, "--topics goes with --full", "plan", "--topics", "accounts"),
+    case("plan: topics with the regular mode", 2, "topics can only be chosen for the max-lag and full modes", "plan", "--topics", "accounts"),
     case("plan: dry run and out", 2, "--dry-run writes nothing and --out writes plans: choose one", "plan", "--dry-run", "--out", "{work}/out"),
     case("plan: out is a file", 2, "is a file", "plan", "--min-files", "1", "--out", "{work}/a-file"),
     case("plan: out under a file", 2, "{work}/a-file is a file, not a directory", "plan", "--min-files", "1", "--out", "{work}/a-file/plans"),
     case("plan: out a name too long", 2, "File name too long", "plan", "--min-files", "1", "--out", "{work}/" + "o" * 300),
-    case("plan: unknown topic", 1, "topic 'nope' does not exist", "plan", "--mode", "full", "--topics", "nope"),
+    case("plan: unknown topic", 1, "topic(s) nope not in cluster", "plan", "--mode", "full", "--topics", "nope"),
     case("plan: extra argument", 2, "Got unexpected extra argument", "plan", "accounts"),
     case("compact: no mode", 2, "choose exactly one of --plan FILE, --all, --until-idle, --full", "compact"),
     case("compact: two modes", 2, "choose exactly one of", "compact", "--all", "--full"),
     case("compact: three modes", 2, "choose exactly one of", "compact", "--all", "--until-idle", "--plan", "{work}/plan.json"),
     case("compact: unknown mode", 2, "'sideways' is not one of", "compact", "--all", "--mode", "sideways"),
-    case("compact: topics with the regular mode", 2, "--topics goes with --full", "compact", "--all", "--topics", "accounts"),
-    case("compact: full sweep of an unknown topic", 1, "topic 'nope' does not exist", "compact", "--full", "--topics", "nope"),
+    case("compact: topics with the regular mode", 2, "topics can only be chosen for the max-lag and full modes", "compact", "--all", "--topics", "accounts"),
+    case("compact: full sweep of an unknown topic", 1, "topic(s) nope not in cluster", "compact", "--full", "--topics", "nope"),
     case("compact: plan option without a path", 2, "requires an argument", "compact", "--plan"),
 ]
 
@@ -403,7 +403,7 @@ EDITS: dict[str, tuple[dict, str]] = {
     "target_level a string": ({"target_level": "1"}, "'target_level'"),
     "deduplicate a string": ({"deduplicate": "yes"}, "'deduplicate'"),
     "mode sideways": ({"mode": "sideways"}, "mode 'sideways' is not one of"),
-    "compression brotli": ({"compression": "brotli"}, "compression 'brotli' is not none, lz4 or zstd"),
+    "compression brotli": ({"compression": "brotli"}, "compression 'brotli' is not one of none, lz4, zstd"),
     "another cluster": ({"cluster_id": "00000000-0000-0000-0000-000000000000"}, "is for cluster 00000000-0000-0000-0000-000000000000"),
     "an input that is gone": ({"replace_input_key": "data/l0/0000000000000-gone.seg"}, "data/l0/0000000000000-gone.seg"),
     "topics not an object": ({"topics": []}, "which the plan does not describe"),

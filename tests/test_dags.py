@@ -2,7 +2,7 @@
 
 Every run is made on the embedded SQLite catalog. The compaction DAG end to end, a failed group and gc run on
 PostgreSQL too (the catalog named in the connection's extra); the max-lag and full-sweep DAGs differ from the
-compaction DAG only in their planner mode, which the planner and orchestration tests run on both databases.
+compaction DAG only in their planner mode, which the planner and job tests run on both databases.
 Each compaction run submits real Spark jobs (about 10 s each here), so there are few of them.
 """
 

@@ -16,12 +16,12 @@ from pyroaring import BitMap
 from logcompact.catalog import Catalog, NewFile
 from logcompact.consume import latest_values, read_records
 from logcompact.engine.cleaner import run_plan
-from logcompact.engine.commit import collect_garbage, commit_plan, run_and_commit
-from logcompact.engine.plan import Plan
+from logcompact.jobs import collect_garbage, commit_plan, run_and_commit
+from logcompact.plan import Plan
 from logcompact.exceptions import CommitConflictError, InvalidPlanError
 from logcompact.format import section_table, write_segment
 from logcompact.ingest import Agent, Record
-from logcompact.planner import PlannerConfig, plan
+from logcompact.planner import PlannerConfig, choose_plans
 from logcompact.store import ObjectStore
 from tests.helpers import NOW, create_topic, full_sweep, level_plans
 
@@ -353,7 +353,7 @@ def test_gc_completes_under_steady_ingest_and_never_deletes_a_live_file(catalog:
     def compact() -> None:
         own = Catalog(store, url)
         while not stop.is_set():
-            for found in plan(own.snapshot(), wall_clock(), "regular", config):
+            for found in choose_plans(own.snapshot(), wall_clock(), "regular", config):
                 try:
                     run_and_commit(own, found, found.now_ms, lease_ms=60_000)
                     compactions[0] += 1

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from logcompact.catalog import Catalog
 from logcompact.consume import read_records, read_sections
 from logcompact.engine.cleaner import run_plan
-from logcompact.engine.commit import commit_plan
+from logcompact.jobs import commit_plan
 from logcompact.ingest import Agent, Record
 from logcompact.store import LocalStore
 from logcompact.topics import Topic

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from logcompact.catalog import Catalog
 from logcompact.consume import read_records
-from logcompact.engine.commit import run_and_commit
+from logcompact.jobs import run_and_commit
 from logcompact.ingest import Agent, Record
 from logcompact.store import LocalStore
 from tests.helpers import NOW, create_topic, full_sweep, level_plans
@@ -61,8 +61,8 @@ def _catalog(tmp_path_factory, partitions: int) -> Catalog:
 
 
 def _until_idle(catalog: Catalog, now: int) -> None:
-    while found := level_plans(catalog.planning_snapshot(now), now, 1):
-        for plan in found:
+    while due := level_plans(catalog.planning_snapshot(now), now, 1):
+        for plan in due:
             run_and_commit(catalog, plan, now)
 
 

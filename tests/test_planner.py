@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 
 from logcompact.catalog import Catalog, CatalogSection, DataFile, Snapshot
-from logcompact.engine.commit import run_and_commit
+from logcompact.jobs import run_and_commit
 from logcompact.exceptions import CommitConflictError, InvalidPlanError
 from logcompact.format.layout import SectionInfo
 from logcompact.ingest import Agent, Record
-from logcompact.engine.plan import Plan, PlanGroup
-from logcompact.planner import PlannerConfig, dirty_since, expected_effect, plan
+from logcompact.plan import Plan, PlanGroup
+from logcompact.planner import PlannerConfig, dirty_since, expected_effect, choose_plans
 from logcompact.store import LocalStore
 from logcompact.topics import HOUR_MS
 from tests.helpers import NOW, create_topic
@@ -52,49 +52,49 @@ def _files(level: int, count: int, size: int = 1000, topic: str = "t", first: in
 
 
 def test_a_level_is_compacted_into_the_next_at_its_threshold(snapshot_of) -> None:
-    assert plan(snapshot_of(_files(0, 31)), NOW) == []
-    (found,) = plan(snapshot_of(_files(0, 32)), NOW)
-    assert (found.target_level, found.deduplicate, len(found.inputs)) == (1, False, 32)
-    (found,) = plan(snapshot_of(_files(1, 32)), NOW)
-    assert (found.target_level, found.deduplicate) == (2, True)
+    assert choose_plans(snapshot_of(_files(0, 31)), NOW) == []
+    (plan,) = choose_plans(snapshot_of(_files(0, 32)), NOW)
+    assert (plan.target_level, plan.deduplicate, len(plan.inputs)) == (1, False, 32)
+    (plan,) = choose_plans(snapshot_of(_files(1, 32)), NOW)
+    assert (plan.target_level, plan.deduplicate) == (2, True)
     config = PlannerConfig(min_files=(4, 8, 32, 32))
-    assert [p.target_level for p in plan(snapshot_of(_files(0, 4) + _files(1, 8, first=100)), NOW, config=config)] == [1, 2]
+    assert [p.target_level for p in choose_plans(snapshot_of(_files(0, 4) + _files(1, 8, first=100)), NOW, config=config)] == [1, 2]
 
 
 def test_a_small_cluster_stops_at_l2_and_a_big_one_goes_to_l4(snapshot_of) -> None:
     small = snapshot_of(_files(2, 40))
-    assert [p.target_level for p in plan(small, NOW)] == [2]  # 40 files of one size at the top: a size tier, not L3
+    assert [p.target_level for p in choose_plans(small, NOW)] == [2]  # 40 files of one size at the top: a size tier, not L3
     big = snapshot_of(_files(2, 40) + _files(1, 600, first=1000))
-    assert sorted(p.target_level for p in plan(big, NOW)) == [2, 3]
+    assert sorted(p.target_level for p in choose_plans(big, NOW)) == [2, 3]
 
 
 def test_size_tiers_merge_similar_sizes_only(snapshot_of) -> None:
     files = _files(2, 10, size=1_000) + _files(2, 9, size=100_000, first=100) + _files(2, 3, size=30_000_000, first=200)
     snapshot = snapshot_of(files)
-    (found,) = plan(snapshot, NOW)
-    assert {f.size for f in found.inputs} == {1_000} and found.target_level == 2
+    (plan,) = choose_plans(snapshot, NOW)
+    assert {f.size for f in plan.inputs} == {1_000} and plan.target_level == 2
     ratio = PlannerConfig(tier_size_ratio=200)
-    (merged,) = plan(snapshot, NOW, config=ratio)
+    (merged,) = choose_plans(snapshot, NOW, config=ratio)
     assert {f.size for f in merged.inputs} == {1_000, 100_000}  # within 200x of the smallest
 
 
 def test_compacted_and_other_topics_are_never_merged_together_above_l0(snapshot_of) -> None:
     files = _files(1, 32, topic="t") + _files(1, 32, topic="e", first=100)
-    plans = plan(snapshot_of(files, t={"cleanup.policy": "compact"}, e={}), NOW)
+    plans = choose_plans(snapshot_of(files, t={"cleanup.policy": "compact"}, e={}), NOW)
     assert sorted(sorted({s.topic for f in p.inputs for s in f.sections}) for p in plans) == [["e"], ["t"]]
     mixed = snapshot_of(_files(0, 16, topic="t") + _files(0, 16, topic="e", first=100), t={"cleanup.policy": "compact"}, e={})
-    mixed_l0 = plan(mixed, NOW)
+    mixed_l0 = choose_plans(mixed, NOW)
     assert len(mixed_l0) == 1 and len(mixed_l0[0].inputs) == 32  # L0 -> L1 splits them itself
 
 
 def test_the_full_sweep_takes_every_size_of_the_chosen_topics(snapshot_of) -> None:
     files = _files(2, 3, size=10) + _files(2, 2, size=10**9, first=100) + _files(0, 2, topic="e", first=500)
     snapshot = snapshot_of(files, t={"cleanup.policy": "compact"}, e={})
-    (sweep,) = plan(snapshot, NOW, "full", topics=["t"])
+    (sweep,) = choose_plans(snapshot, NOW, "full", topics=["t"])
     assert len(sweep.inputs) == 5 and sweep.target_level == 2 and sweep.deduplicate
     assert sweep.max_partition_bytes == PlannerConfig().max_partition_bytes
     assert sorted(sweep.inputs, key=lambda f: f.key) == sorted(snapshot.get_files([f.key for f in files[:5]]).values(), key=lambda f: f.key)
-    (everything,) = plan(snapshot, NOW, "full")
+    (everything,) = choose_plans(snapshot, NOW, "full")
     assert len(everything.inputs) == 7 and everything.outside_floors == {} and set(everything.topics) == {"e", "t"}
 
 
@@ -108,15 +108,15 @@ def test_max_lag_compacts_within_30_minutes_of_dirty_and_batches(snapshot_of) ->
     config = PlannerConfig(max_lag_pass_interval_ms=15 * MINUTE, max_lag_deadline_ms=30 * MINUTE)
     # Passes every 15 minutes: the pass at which the record has been dirty 15 to 30 minutes compacts it.
     for now, due in [(NOW + lag - 1, False), (NOW + lag + 14 * MINUTE, False), (NOW + lag + 15 * MINUTE, True)]:
-        found = plan(snapshot, now, "max-lag", config)
-        assert bool(found) is due, now - NOW - lag
-    (found,) = plan(snapshot, NOW + lag + 15 * MINUTE, "max-lag", config)
-    assert {f.key for f in found.inputs} == {"data/l2/base.seg", "data/l0/new.seg"}  # against the older data
-    assert found.target_level == 2 and found.mode == "max-lag"
+        plans = choose_plans(snapshot, now, "max-lag", config)
+        assert bool(plans) is due, now - NOW - lag
+    (plan,) = choose_plans(snapshot, NOW + lag + 15 * MINUTE, "max-lag", config)
+    assert {f.key for f in plan.inputs} == {"data/l2/base.seg", "data/l0/new.seg"}  # against the older data
+    assert plan.target_level == 2 and plan.mode == "max-lag"
     # An hourly pass compacts up to 30 minutes early rather than later than 30 minutes after.
     hourly = PlannerConfig(max_lag_pass_interval_ms=60 * MINUTE)
-    assert plan(snapshot, NOW + lag - 31 * MINUTE, "max-lag", hourly) == []
-    assert plan(snapshot, NOW + lag - 30 * MINUTE, "max-lag", hourly) != []
+    assert choose_plans(snapshot, NOW + lag - 31 * MINUTE, "max-lag", hourly) == []
+    assert choose_plans(snapshot, NOW + lag - 30 * MINUTE, "max-lag", hourly) != []
 
 
 def test_max_lag_under_two_hours_counts_as_two_hours(snapshot_of) -> None:
@@ -128,8 +128,8 @@ def test_leased_files_are_not_planned_until_the_lease_ends(catalog: Catalog) -> 
     create_topic(catalog, "t", 4, cleanup_policy="compact")
     catalog.replace_files([], _files(0, 40), NOW)
     catalog.lease("p-1", [f"data/l0/t-{n:05d}.seg" for n in range(10)], NOW + HOUR_MS, NOW)
-    assert plan(catalog.snapshot(), NOW) == []  # 30 unleased files: under the threshold
-    assert len(plan(catalog.snapshot(), NOW + HOUR_MS)[0].inputs) == 40  # expired
+    assert choose_plans(catalog.snapshot(), NOW) == []  # 30 unleased files: under the threshold
+    assert len(choose_plans(catalog.snapshot(), NOW + HOUR_MS)[0].inputs) == 40  # expired
     with pytest.raises(CommitConflictError, match="file data/l0/t-00003.seg is leased to plan p-1 until"):
         catalog.lease("p-2", ["data/l0/t-00003.seg"], NOW + HOUR_MS, NOW)
 
@@ -171,11 +171,11 @@ def test_outside_floors_hold_every_live_file_outside_each_plan(catalog: Catalog,
     catalog.replace_files([], files, NOW)
     catalog.lease("p-elsewhere", ["data/l0/spread-000900.seg"], NOW + HOUR_MS, NOW)
     snapshot = catalog.snapshot()
-    plans = plan(snapshot, NOW, config=PlannerConfig(min_files=(5, 5, 32, 32), tier_min_files=1000))
+    plans = choose_plans(snapshot, NOW, config=PlannerConfig(min_files=(5, 5, 32, 32), tier_min_files=1000))
     assert [(p.target_level, len(p.inputs)) for p in plans] == [(1, 5), (2, 5)]
-    for found in plans:
-        expected = _brute_force_floors(snapshot, {f.key for f in found.inputs})
-        assert found.outside_floors == expected and len(expected) == spread_partitions
+    for plan in plans:
+        expected = _brute_force_floors(snapshot, {f.key for f in plan.inputs})
+        assert plan.outside_floors == expected and len(expected) == spread_partitions
 
 
 def test_two_schedulers_cannot_lease_the_same_files(catalog: Catalog) -> None:
@@ -185,11 +185,11 @@ def test_two_schedulers_cannot_lease_the_same_files(catalog: Catalog) -> None:
             agent.produce("t", [Record(0, b"k", b"v", NOW)])
     config = PlannerConfig(min_files=(3, 32, 32, 32))
     other = Catalog(catalog.store, catalog.url)
-    first, second = plan(catalog.snapshot(), NOW, config=config), plan(other.snapshot(), NOW, config=config)
+    first, second = choose_plans(catalog.snapshot(), NOW, config=config), choose_plans(other.snapshot(), NOW, config=config)
     catalog.lease(first[0].plan_id, [f.key for f in first[0].inputs], NOW + HOUR_MS, NOW)
     with pytest.raises(CommitConflictError, match="is leased to plan"):
         run_and_commit(other, second[0], NOW, lease_ms=HOUR_MS)
-    assert plan(catalog.snapshot(), NOW, config=config) == []
+    assert choose_plans(catalog.snapshot(), NOW, config=config) == []
     result = run_and_commit(catalog, first[0], NOW)
     assert result is not None and catalog.snapshot().leases(NOW) == {}
 
@@ -199,7 +199,7 @@ def test_large_plans_split_into_groups_of_partitions_committed_together(catalog:
     for _ in range(3):
         with Agent(catalog, background=False) as agent:
             agent.produce("t", [Record(p, b"k%d" % i, b"v" * 100, NOW) for p in range(8) for i in range(20)])
-    (whole,) = plan(catalog.snapshot(), NOW, "full")
+    (whole,) = choose_plans(catalog.snapshot(), NOW, "full")
     sizes: dict[int, int] = {}
     for data_file in whole.inputs:
         for section in data_file.sections:
@@ -207,7 +207,7 @@ def test_large_plans_split_into_groups_of_partitions_committed_together(catalog:
     assert whole.groups == (PlanGroup(0, ("t", 0), ("t", 7), 8, sum(sizes.values())),) and whole.piece(0) is whole
     # Groups of whole partitions in order, each within group_bytes: the planner splits the plan when it makes it.
     config = PlannerConfig(group_bytes=max(sizes[p] + sizes[p + 1] for p in range(0, 8, 2)))
-    (sweep,) = plan(catalog.snapshot(), NOW, "full", config)
+    (sweep,) = choose_plans(catalog.snapshot(), NOW, "full", config)
     assert sweep.groups == tuple(
         PlanGroup(n, ("t", 2 * n), ("t", 2 * n + 1), 2, sizes[2 * n] + sizes[2 * n + 1]) for n in range(4)
     )
@@ -218,7 +218,7 @@ def test_large_plans_split_into_groups_of_partitions_committed_together(catalog:
         assert sorted({s.partition for f in piece.inputs for s in f.sections}) == [2 * group.group, 2 * group.group + 1]
     version = catalog.latest_version()
     result = run_and_commit(catalog, sweep, NOW)
-    assert len(result.groups) == 4 and result.to_dict()["records_out"] == 8 * 20
+    assert len(result.jobs) == 4 and result.to_dict()["records_out"] == 8 * 20
     assert result.to_dict()["bytes_in"] == sum(f.size for f in sweep.inputs)
     files = catalog.snapshot().files()
     assert {f.level for f in files} == {2} and len(files) == 4  # all groups' outputs...
@@ -232,7 +232,7 @@ def test_a_group_reads_only_the_files_holding_its_partitions(snapshot_of) -> Non
         for n in range(4)
     ]
     snapshot = snapshot_of(files)
-    (sweep,) = plan(snapshot, NOW, "full", PlannerConfig(group_bytes=1000))
+    (sweep,) = choose_plans(snapshot, NOW, "full", PlannerConfig(group_bytes=1000))
     assert [(g.first, g.last, g.partitions, g.bytes) for g in sweep.groups] == [
         (("t", 0), ("t", 0), 1, 4000), (("t", 1), ("t", 1), 1, 4000), (("t", 2), ("t", 2), 1, 1000),
     ]
@@ -246,7 +246,7 @@ def test_dry_run_estimates_records_removed_from_the_key_sketches(catalog: Catalo
     for round_ in range(5):
         with Agent(catalog, background=False) as agent:
             agent.produce("t", [Record(i % 2, b"key-%d" % i, b"%d" % round_, NOW) for i in range(2000)])
-    (sweep,) = plan(catalog.snapshot(), NOW, "full")
+    (sweep,) = choose_plans(catalog.snapshot(), NOW, "full")
     effect = expected_effect(sweep)
     assert effect["records_in"] == 10_000 and effect["files_replaced"] == 5
     actual_removed = 8_000
@@ -259,7 +259,7 @@ def test_a_plan_as_one_json_document_keeps_its_groups_and_is_checked(catalog: Ca
     create_topic(catalog, "t", partitions=3, cleanup_policy="compact")
     with Agent(catalog, background=False) as agent:
         agent.produce("t", [Record(p, b"k%d" % i, b"v", NOW) for p in range(3) for i in range(10)])
-    (sweep,) = plan(catalog.snapshot(), NOW, "full", PlannerConfig(group_bytes=1))
+    (sweep,) = choose_plans(catalog.snapshot(), NOW, "full", PlannerConfig(group_bytes=1))
     document = sweep.to_dict()
     assert Plan.from_json(sweep.to_json()) == sweep and len(sweep.groups) == 3  # key sketches and all
     section = document["inputs"][0]["sections"][0]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import uuid
 
@@ -14,7 +15,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from logcompact.catalog import Catalog
-from logcompact.engine.exchange import read_partition_bytes, write_group_result
+from logcompact.jobs.documents import read_partition_bytes, write_group_result
 from logcompact.engine.stats import JobResult
 from logcompact.exceptions import CatalogConfigError
 from logcompact.store import LocalStore
@@ -28,7 +29,8 @@ from logcompact_airflow.operators import (
     _checked_params,
 )
 from logcompact_airflow.sensors import LogcompactThresholdSensor
-from spark_apps.compact_group import compact_slices, deal_slices
+from logcompact.jobs import deal_slices
+from spark_apps.compact_group import compact_slices
 from tests.helpers import create_topic, produce_l0_files
 
 
@@ -200,9 +202,9 @@ def test_plan_then_commit_operators_compact_with_asset_events(connected_catalog:
     inputs = {f.key for f in catalog.snapshot().file_summaries()}
     plan = LogcompactPlanOperator(task_id="plan", mode="regular", logcompact_conn_id="connected", min_files=(3, 3, 3, 3))
     (job,) = plan.execute({})
+    assert re.fullmatch(r"g0 L0>L1 \d+ B", job.pop("label"))  # a short map-index label
     assert job == {
         "store_uri": catalog.store.uri, "plan_id": job["plan_id"], "group": 0,
-        "label": f"{job['plan_id']} g0 of 1: L0 to L1, 1 partition, 0.0 MB",
         "application_args": [f"--store={catalog.store.uri}", f"--plan-id={job['plan_id']}", "--group=0"],
     }
     assert set(catalog.snapshot().leased_files(_now_ms())) == inputs

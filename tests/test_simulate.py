@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from logcompact.catalog import Catalog
-from logcompact.engine.commit import run_and_commit
+from logcompact.jobs import run_and_commit
 from logcompact.ingest import Agent, Record
-from logcompact.planner import PlannerConfig, plan
+from logcompact.planner import PlannerConfig, choose_plans
 from logcompact.simulate import LITERAL_RULES, LOGCOMPACT, WARPSTREAM_LIKE, Simulation, Workload, compare
 from logcompact.simulate.cost import estimate_job
 from logcompact.simulate.report import table, write
@@ -26,7 +26,7 @@ def test_the_cost_model_predicts_real_output_sizes(catalog: Catalog, partitions:
     for round_ in range(rounds):
         with Agent(catalog, background=False) as agent:
             agent.produce("t", [Record(k % partitions, b"key-%08d" % k, values[(k + round_) % 512], NOW) for k in range(keys)])
-    (sweep,) = plan(catalog.snapshot(), NOW, "full", PlannerConfig())
+    (sweep,) = choose_plans(catalog.snapshot(), NOW, "full", PlannerConfig())
     predicted = estimate_job(sweep)
     actual = run_and_commit(catalog, sweep, NOW).to_dict()
     # The stated error of the model: 15% on records and bytes out (a 128-register HyperLogLog has 9%).

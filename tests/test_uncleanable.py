@@ -11,7 +11,7 @@ from sqlalchemy import update
 from logcompact.catalog import Catalog
 from logcompact.catalog import schema as s
 from logcompact.consume import latest_values, read_records
-from logcompact.engine.commit import run_and_commit
+from logcompact.jobs import run_and_commit
 from logcompact.exceptions import CorruptDataError
 from tests.helpers import NOW, create_topic, full_sweep, produce_l0_files
 

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from logcompact.engine.workdir import LOCK_NAME, UNLOCKED_MAX_AGE_S, WORKDIR_PREFIX, job_workdir, reclaim_workdirs
+from logcompact.jobs.workdir import LOCK_NAME, UNLOCKED_MAX_AGE_S, WORKDIR_PREFIX, job_workdir, reclaim_workdirs
 
 # A job in a child process: it holds a work directory with a partial output in it, prints the directory, and
 # leaves the block (removing it) when its stdin closes.
 JOB = """
 import os, sys
-from logcompact.engine.workdir import job_workdir
+from logcompact.jobs.workdir import job_workdir
 with job_workdir() as path:
     with open(os.path.join(path, "partial.seg"), "wb") as out:
         out.write(b"half an output file")
@@ -142,7 +142,7 @@ def test_links_and_other_names_are_left_alone(tmpdir_of_jobs: Path, tmp_path: Pa
 def test_concurrent_reclaimers_remove_each_dead_directory_once_and_no_live_one(tmpdir_of_jobs: Path) -> None:
     live, live_path = start_job()
     dead = [str(path) for path in dead_jobs(6)]
-    reclaimer = "from logcompact.engine.workdir import reclaim_workdirs\nfor path in reclaim_workdirs(): print(path)"
+    reclaimer = "from logcompact.jobs.workdir import reclaim_workdirs\nfor path in reclaim_workdirs(): print(path)"
     try:
         runs = [subprocess.Popen([sys.executable, "-c", reclaimer], stdout=subprocess.PIPE, text=True) for _ in range(4)]
         outputs = [run.communicate()[0] for run in runs]

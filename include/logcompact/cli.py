@@ -20,14 +20,14 @@ from typing import Any
 import click
 from sqlalchemy.exc import SQLAlchemyError
 
-from logcompact.catalog import Catalog
+from logcompact.catalog import Catalog, Snapshot
 from logcompact.consume import read_records
-from logcompact.engine.commit import DEFAULT_GC_GRACE_MS, collect_garbage, run_and_commit
-from logcompact.engine.exchange import HEADER_NAME, read_plan, write_plan
-from logcompact.engine.plan import MAX_BUFFER_BYTES, MAX_BYTE_COUNT, MAX_TARGET_FILE_BYTES, MIN_BUFFER_BYTES, Plan, file_to_json
+from logcompact.jobs import DEFAULT_GC_GRACE_MS, collect_garbage, prepare_plans, run_and_commit, run_here
+from logcompact.jobs.documents import HEADER_NAME, read_plan, write_plan
+from logcompact.plan import MAX_BUFFER_BYTES, MAX_BYTE_COUNT, MAX_TARGET_FILE_BYTES, MIN_BUFFER_BYTES, Plan, file_to_json
 from logcompact.exceptions import InvalidPlanError, InvalidRecordError, InvalidStoreUriError, LogcompactError
 from logcompact.ingest import Agent, Record, wall_clock_ms
-from logcompact.planner import MODES, PlannerConfig, expected_effect, plan
+from logcompact.planner import MODES, PlannerConfig, check_topics, choose_plans, expected_effect
 from logcompact.store import LocalStore, ObjectStore, open_store
 from logcompact.topics import LONG_MAX, Topic
 
@@ -362,7 +362,6 @@ _topics_option = click.option("--topics", multiple=True, metavar="TOPIC", help="
 def plan_command(ctx: Context, mode: str, topics: tuple[str, ...], dry_run: bool, out_dir: str | None, **options: int) -> None:
     """Print the plans a mode calls for now, one JSON line each, or write them to a directory as they are stored
     (--out); nothing is leased or run."""
-    _check_topics_option(mode, topics)
     if dry_run and out_dir:
         raise click.UsageError("--dry-run writes nothing and --out writes plans: choose one")
     config = _config(**options)
@@ -370,28 +369,24 @@ def plan_command(ctx: Context, mode: str, topics: tuple[str, ...], dry_run: bool
         raise click.BadParameter(f"{problem}; pass a directory for the plans", param_hint="--out")
     out = LocalStore(out_dir) if out_dir else None
     now = ctx.clock()
-    for found in plan(ctx.catalog.planning_snapshot(now), now, mode, config, list(topics) or None):
+    snapshot = ctx.catalog.planning_snapshot(now)
+    for plan in choose_plans(snapshot, now, mode, config, _topics(snapshot, mode, topics)):
         if dry_run:
-            _emit(expected_effect(found))
+            _emit(expected_effect(plan))
         elif out is not None:
-            written = write_plan(out, found, prefix="")
-            directory = str(Path(out_dir, found.plan_id))
-            _emit({"plan_id": found.plan_id, "plan": directory, "groups": len(found.groups), "inputs": len(found.inputs), "bytes": written})
+            written = write_plan(out, plan, prefix="")
+            directory = str(Path(out_dir, plan.plan_id))
+            _emit({"plan_id": plan.plan_id, "plan": directory, "groups": len(plan.groups), "inputs": len(plan.inputs), "bytes": written})
         else:
-            click.echo(found.to_json())
+            click.echo(plan.to_json())
 
 
-def _run_and_commit(ctx: Context, catalog: Catalog, plan_to_run: Plan, config: PlannerConfig) -> None:
-    result = run_and_commit(catalog, plan_to_run, ctx.clock(), config.lease_ms)
-    if result is None:
-        _emit({"plan_id": plan_to_run.plan_id, "committed": False})
-        return
-    _emit({**result.to_dict(), "committed": True})  # a partition set aside is in its "uncleanable", and logged
-
-
-def _check_topics_option(mode: str, topics: tuple[str, ...]) -> None:
-    if topics and mode == "regular":
-        raise click.UsageError("--topics goes with --full, --mode full or --mode max-lag (regular planning covers every topic)")
+def _topics(snapshot: Snapshot, mode: str, topics: tuple[str, ...]) -> list[str] | None:
+    """--topics checked by the planner's own rule, as a usage error."""
+    try:
+        return check_topics(snapshot, mode, list(topics))
+    except ValueError as exc:
+        raise click.UsageError(f"--topics: {exc}") from None
 
 
 _PLAN_SOURCES = "a plan `logcompact plan` printed (JSON or JSON lines, - for stdin) or a directory `plan --out` wrote"
@@ -412,11 +407,11 @@ def _read_plans(path: str) -> list[Plan]:
         raise click.BadParameter(f"cannot read {path} ({exc.strerror}); pass {_PLAN_SOURCES}", param_hint="--plan") from None
     if (location / HEADER_NAME).is_file():
         return [read_plan(LocalStore(location.parent), location.name, prefix="")]
-    found = sorted(p.parent.name for p in location.glob(f"*/{HEADER_NAME}"))
-    if not found:
+    plan_ids = sorted(p.parent.name for p in location.glob(f"*/{HEADER_NAME}"))
+    if not plan_ids:
         raise click.BadParameter(f"{path} holds no plan (no {HEADER_NAME} in it or in its directories); write plans with `plan --out`",
                                  param_hint="--plan")
-    return [read_plan(LocalStore(location), plan_id, prefix="") for plan_id in found]
+    return [read_plan(LocalStore(location), plan_id, prefix="") for plan_id in plan_ids]
 
 
 def _plans_of_text(data: bytes, source: str) -> list[Plan]:
@@ -445,28 +440,34 @@ def compact(
     ctx: Context, plan_file: str | None, run_all: bool, until_idle: bool, full: bool, mode: str, topics: tuple[str, ...],
     **options: int,
 ) -> None:
-    """Run compaction locally and commit it; prints each job's stats as a JSON line.
+    """Run compaction locally and commit it, by the steps the Airflow DAGs run (lease and write the plans, run each
+    group, commit); prints each plan's stats as a JSON line.
 
     Plans made here lease their files in the catalog until they commit, fail or expire, so concurrent
     schedulers never compact the same files twice.
     """
     if sum(map(bool, (plan_file, run_all, until_idle, full))) != 1:
         raise click.UsageError("choose exactly one of --plan FILE, --all, --until-idle, --full")
-    _check_topics_option("full" if full else mode, topics)
     catalog = ctx.catalog
     config = _config(**options)
     if plan_file:
-        for found in _read_plans(plan_file):
-            _run_and_commit(ctx, catalog, found, config)
+        if topics:
+            raise click.UsageError("--topics goes with --all, --until-idle or --full (a plan file names its own files)")
+        for plan in _read_plans(plan_file):
+            result = run_and_commit(catalog, plan, ctx.clock(), config.lease_ms)
+            # A partition set aside is in the stats' "uncleanable", and logged.
+            _emit({**result.to_dict(), "committed": True} if result else {"plan_id": plan.plan_id, "committed": False})
         return
     mode = "full" if full else mode
     for _ in range(MAX_ROUNDS if until_idle else 1):
         now = ctx.clock()
-        plans = plan(catalog.planning_snapshot(now), now, mode, config, list(topics) or None)
-        if not plans:
+        chosen = _topics(catalog.snapshot(), mode, topics)
+        prepared = prepare_plans(catalog, mode, now, config, chosen)
+        if not prepared.plan_ids:
             return
-        for found in plans:
-            _run_and_commit(ctx, catalog, found, config)
+        summary = run_here(catalog, prepared.plan_ids, prepared.groups, now)
+        for plan_id in prepared.plan_ids:
+            _emit({**summary.stats[plan_id], "committed": plan_id in summary.committed})
     if until_idle:
         raise LogcompactError(f"still not idle after {MAX_ROUNDS} rounds of compaction; is ingest outpacing it?")
 

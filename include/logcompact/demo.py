@@ -17,8 +17,8 @@ import pyarrow.compute as pc
 from logcompact.catalog import Catalog, Snapshot
 from logcompact.exceptions import TopicExistsError, VerificationError
 from logcompact.consume import RECORD_SCHEMA, latest_values, read_batches
-from logcompact.engine.commit import run_and_commit
-from logcompact.planner import plan
+from logcompact.jobs import run_and_commit
+from logcompact.planner import choose_plans
 from logcompact.ingest import Agent, Record
 from logcompact.store import ObjectStore
 from logcompact.topics import Topic
@@ -131,9 +131,9 @@ def run_demo(catalog: Catalog, total_records: int, clock: Callable[[], int], ech
 def compact_and_verify(catalog: Catalog, produced: dict[str, list[Record]], now: int, echo: Callable[[str], None]) -> None:
     """A full sweep (`logcompact compact --full`), then: exactly one record per key in compacted topics."""
     store = catalog.store
-    (sweep,) = plan(catalog.snapshot(), now, "full")
+    (sweep,) = choose_plans(catalog.snapshot(), now, "full")
     result = run_and_commit(catalog, sweep, now)
-    stats = result.groups[0]
+    stats = result.jobs[0]
     echo(
         f"full sweep into L{sweep.target_level}: {stats.records_in:,} records in, {stats.records_out:,} out "
         f"({stats.duplicates_removed:,} duplicates removed, {stats.tombstones_stamped:,} tombstones stamped) "

@@ -11,9 +11,8 @@ from typing import Any
 from airflow.sdk.exceptions import AirflowFailException
 from airflow.sdk import Asset, AssetAlias, BaseOperator
 
-from logcompact.engine.commit import DEFAULT_GC_GRACE_MS, collect_garbage
-from logcompact.engine.plan import MAX_BUFFER_BYTES
-from logcompact.orchestration import commit_plans, prepare_plans, uncleanable_report
+from logcompact.jobs import DEFAULT_GC_GRACE_MS, collect_garbage, commit_plans, prepare_plans, uncleanable_report
+from logcompact.plan import MAX_BUFFER_BYTES
 from logcompact.planner import MODES, PlannerConfig
 from logcompact_airflow.hooks import LogcompactHook
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
-from logcompact.orchestration import check_thresholds
+from logcompact.jobs import check_thresholds
 from logcompact.planner import PlannerConfig
 from logcompact_airflow.hooks import LogcompactHook
 

@@ -40,6 +40,7 @@ import atexit, faulthandler, os, signal, sys, time
 faulthandler.register(signal.SIGUSR1, all_threads=True)
 atexit.register(faulthandler.unregister, signal.SIGUSR1)
 from logcompact import cli
+from logcompact.jobs import prepare
 from logcompact.catalog.catalog import Catalog
 from logcompact.format.reader import BlockStream
 from logcompact.format.writer import SegmentWriter
@@ -54,7 +55,7 @@ def around(owner, name, phase, then=None):
             mark(then)
         return result
     setattr(owner, name, wrapped)
-around(cli, "plan", "planning")
+around(prepare, "choose_plans", "planning")
 around(BlockStream, "__init__", "reading")
 around(SegmentWriter, "__init__", "writing")
 around(Catalog, "replace_files", "committing", then="exiting")

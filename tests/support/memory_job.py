@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from logcompact.engine.cleaner import run_plan
-from logcompact.engine.plan import Plan
+from logcompact.plan import Plan
 from logcompact.store import LocalStore
 from logcompact.topics import Topic
 from tests.support.synthetic import NOW, write_compacted_log

@@ -48,6 +48,7 @@ import logging
 import os
 import tempfile
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -57,9 +58,8 @@ import pyarrow.compute as pc
 
 from logcompact.catalog import CatalogSection, DataFile, SetAside
 from logcompact.engine.offset_map import CompactOffsetMap, OffsetMap
-from logcompact.engine.plan import Plan, TopicPartition
+from logcompact.plan import Plan, TopicPartition
 from logcompact.engine.stats import CompactionStats, JobResult
-from logcompact.engine.workdir import job_workdir
 from logcompact.format import BlockStream, SegmentWriter
 from logcompact.exceptions import CorruptDataError
 from logcompact.format.layout import INDEX_COLUMNS, MAX_OFFSET_SPAN, SECTION_SCHEMA, SectionInfo, key_hash_words
@@ -356,8 +356,11 @@ _KEPT = ("timestamp", "key", "key_hash", "value", "headers")
 # -- the job -----------------------------------------------------------------------------------------
 
 
-def run_plan(store: ObjectStore, plan: Plan, offset_map: OffsetMap | None = None) -> JobResult:
-    """Compact the plan's inputs into new files in the store (uncommitted) and return them with stats."""
+def run_plan(store: ObjectStore, plan: Plan, offset_map: OffsetMap | None = None, workdir: str | None = None) -> JobResult:
+    """Compact the plan's inputs into new files in the store (uncommitted) and return them with stats.
+
+    Output files are staged in `workdir` before upload (jobs pass one that is reclaimed if the job dies,
+    `logcompact.jobs.workdir`); without it, in a temporary directory removed on return."""
     started = time.perf_counter()
     requests_before = store.counters.snapshot()
     stats = CompactionStats(plan_id=plan.plan_id, group=plan.group, target_level=plan.target_level)
@@ -370,9 +373,9 @@ def run_plan(store: ObjectStore, plan: Plan, offset_map: OffsetMap | None = None
         for section in data_file.sections:
             by_partition.setdefault((section.topic, section.partition), []).append((data_file, section))
 
-    with job_workdir() as workdir:
+    with (nullcontext(workdir) if workdir else tempfile.TemporaryDirectory(prefix="logcompact-")) as scratch:
         outputs = {
-            content: _OutputFiles(store, plan, content, workdir) for content in ("compacted", "other")
+            content: _OutputFiles(store, plan, content, scratch) for content in ("compacted", "other")
         }
         pass1 = _Cursors(store, index_only=True)
         pass2 = _Cursors(store, index_only=False)

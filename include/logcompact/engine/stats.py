@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from operator import attrgetter
 
 from logcompact.catalog import DataFile, SetAside
-from logcompact.engine.plan import file_from_json, file_to_json
+from logcompact.plan import file_from_json, file_to_json
 
 
 @dataclass
@@ -47,11 +47,11 @@ class CompactionStats:
 
     def checkpoint(self) -> tuple:
         """The counts before a partition, to `rewind` to if it is set aside (its partial counts would mislead)."""
-        return _COUNTS(self), len(self.oversized_partitions), len(self.warnings)
+        return _PARTITION_COUNTS(self), self.buffer_utilization, len(self.oversized_partitions), len(self.warnings)
 
     def rewind(self, checkpoint: tuple) -> None:
-        counts, oversized, warnings = checkpoint
-        for name, value in zip(_COUNTED, counts):
+        counts, self.buffer_utilization, oversized, warnings = checkpoint
+        for name, value in zip(PARTITION_COUNTS, counts):
             setattr(self, name, value)
         del self.oversized_partitions[oversized:]
         del self.warnings[warnings:]
@@ -82,8 +82,35 @@ class JobResult:
         return cls(data["plan_id"], data["group"], outputs, CompactionStats(**data["stats"]))
 
 
-_COUNTED = (
-    "records_in", "records_out", "distinct_keys", "buffer_utilization", "overflows", "duplicates_removed", "expired_removed",
+# What each partition a job cleans adds to (rewound when it is set aside), and what the job as a whole adds:
+# together, the counts that add up across the jobs of a plan.
+PARTITION_COUNTS = (
+    "records_in", "records_out", "distinct_keys", "overflows", "duplicates_removed", "expired_removed",
     "tombstones_kept", "tombstones_stamped", "tombstones_removed", "invalid_records", "young_kept",
 )
-_COUNTS = attrgetter(*_COUNTED)
+JOB_COUNTS = ("bytes_out", "files_out", "gets", "puts")
+_PARTITION_COUNTS = attrgetter(*PARTITION_COUNTS)
+
+
+def summarize(jobs: list[CompactionStats], bytes_in: int) -> dict:
+    """One plan's figures from its jobs' (groups' or their slices'): counts added up, `bytes_in` the plan's input
+    files (a file read by several jobs counts once), and Kafka's per-run cleaner figures: the key map's fullest
+    buffer (max-buffer-utilization-percent) and the bytes written per byte read (cleaner-recopy-percent)."""
+    first = jobs[0]
+    totals = {name: sum(getattr(job, name) for job in jobs) for name in PARTITION_COUNTS + JOB_COUNTS}
+    utilization = max(job.buffer_utilization for job in jobs)
+    return {
+        **first.to_dict(),
+        **totals,
+        "bytes_in": bytes_in,
+        "buffer_utilization": utilization,
+        "buffer_utilization_percent": round(100 * utilization, 1),
+        "recopy_percent": round(100 * totals["bytes_out"] / max(bytes_in, 1), 1),
+        "seconds": round(sum(job.seconds for job in jobs), 3),
+        "max_job_seconds": max(job.seconds for job in jobs),
+        "oversized_partitions": [p for job in jobs for p in job.oversized_partitions],
+        "warnings": sorted({w for job in jobs for w in job.warnings}),
+        "uncleanable": [p for job in jobs for p in job.uncleanable],
+        "groups": len({job.group for job in jobs}),
+        "jobs": len(jobs),
+    }

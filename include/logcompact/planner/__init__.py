@@ -17,20 +17,20 @@ import gc
 from dataclasses import replace
 
 from logcompact.catalog import Snapshot
-from logcompact.engine.plan import Plan
+from logcompact.exceptions import TopicNotFoundError
+from logcompact.plan import MODES, Plan
 from logcompact.planner.config import PlannerConfig
 from logcompact.planner.estimate import expected_effect
 from logcompact.planner.levels import plan_full_sweep, plan_regular, size_tiers, top_level
 from logcompact.planner.max_lag import dirty_since, plan_max_lag
 
-MODES = ("regular", "max-lag", "full")
-
 __all__ = [
     "MODES",
     "PlannerConfig",
+    "check_topics",
+    "choose_plans",
     "dirty_since",
     "expected_effect",
-    "plan",
     "plan_full_sweep",
     "plan_max_lag",
     "plan_regular",
@@ -39,13 +39,27 @@ __all__ = [
 ]
 
 
-def plan(
+def check_topics(snapshot: Snapshot, mode: str, topics: list[str] | None) -> list[str] | None:
+    """The topics a mode is asked to plan, checked (None: every topic); one-line errors name the fix."""
+    if mode not in MODES:
+        raise ValueError(f"planner mode {mode!r} is not one of {', '.join(MODES)}")
+    if not topics:
+        return None
+    if mode == "regular":
+        raise ValueError("topics can only be chosen for the max-lag and full modes (levels mix topics); leave topics empty")
+    unknown = sorted(set(topics) - set(snapshot.topics))
+    if unknown:
+        known = ", ".join(sorted(snapshot.topics)) or "none"
+        raise TopicNotFoundError(f"topic(s) {', '.join(unknown)} not in cluster {snapshot.cluster_id} (topics: {known}); fix the topics")
+    return sorted(set(topics))
+
+
+def choose_plans(
     snapshot: Snapshot, now_ms: int, mode: str = "regular", config: PlannerConfig = PlannerConfig(), topics: list[str] | None = None
 ) -> list[Plan]:
     """The plans a mode calls for now, leaving out files leased to in-flight plans and the partitions the snapshot
     sets aside (`Catalog.planning_snapshot`)."""
-    if mode not in MODES:
-        raise ValueError(f"planner mode {mode!r} is not one of {', '.join(MODES)}")
+    topics = check_topics(snapshot, mode, topics)
     # Planning a large catalog loads hundreds of thousands of small acyclic objects; a full collection over
     # them in the middle of it would cost more than the planning itself.
     collecting = gc.isenabled()
@@ -56,8 +70,8 @@ def plan(
             plans = plan_regular(snapshot, now_ms, config, leased)
         else:
             planner = plan_full_sweep if mode == "full" else plan_max_lag
-            found = planner(snapshot, now_ms, config, leased, topics)
-            plans = [found] if found is not None else []
+            chosen = planner(snapshot, now_ms, config, leased, topics)
+            plans = [chosen] if chosen is not None else []
         # The snapshot left the held-back uncleanable partitions out: each plan says so, for its commit.
         set_aside = tuple(sorted(snapshot.set_aside))
         return [replace(p, set_aside=set_aside) for p in plans] if set_aside else plans

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from logcompact.engine.plan import (
+from logcompact.plan import (
     DEFAULT_BUFFER_BYTES,
     DEFAULT_MAX_PARTITION_BYTES,
     DEFAULT_TARGET_FILE_BYTES,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from logcompact import sketch
-from logcompact.engine.plan import Plan
+from logcompact.plan import Plan
 
 
 def expected_effect(plan: Plan) -> dict:

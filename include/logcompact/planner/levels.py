@@ -10,7 +10,7 @@ from collections import Counter
 from typing import Iterable, Sequence, TypeVar
 
 from logcompact.catalog import DataFile, FileSummary, Snapshot
-from logcompact.engine.plan import MAX_LEVEL, Plan, TopicPartition, lowest_outside, new_plan_id, split_into_groups
+from logcompact.plan import MAX_LEVEL, Plan, TopicPartition, lowest_outside, new_plan_id, split_into_groups
 from logcompact.planner.config import PlannerConfig
 
 Sized = TypeVar("Sized", FileSummary, DataFile)
@@ -82,8 +82,8 @@ def plan_full_sweep(
     if not inputs:
         return None
     target = min(MAX_LEVEL, top_level(counts, config))
-    (found,) = make_plans(snapshot, [(list(inputs), target)], now_ms, config, "full", live, inputs)
-    return found
+    (sweep,) = make_plans(snapshot, [(list(inputs), target)], now_ms, config, "full", live, inputs)
+    return sweep
 
 
 def make_plans(

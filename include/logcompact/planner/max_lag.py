@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from logcompact.catalog import PartitionSection, Snapshot
-from logcompact.engine.plan import Plan
+from logcompact.plan import Plan
 from logcompact.planner.config import PlannerConfig
 from logcompact.planner.levels import make_plans, top_level
 from logcompact.topics import LONG_MAX, MIN_MAX_COMPACTION_LAG_MS

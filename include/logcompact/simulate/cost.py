@@ -17,7 +17,7 @@ import numpy as np
 
 from logcompact import sketch
 from logcompact.catalog import CatalogSection, DataFile
-from logcompact.engine.plan import Plan
+from logcompact.plan import Plan
 from logcompact.format.layout import SectionInfo
 
 # What a section costs in a file beyond its records' bytes: its footer entry and its share of a block's framing

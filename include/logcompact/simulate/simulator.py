@@ -26,9 +26,9 @@ import numpy as np
 from logcompact import sketch
 from logcompact.catalog import Catalog, NewFile, Snapshot
 from logcompact.collector import collector_paused
-from logcompact.engine.plan import TopicPartition
+from logcompact.plan import TopicPartition
 from logcompact.format.layout import SectionInfo
-from logcompact.planner import PlannerConfig, plan
+from logcompact.planner import PlannerConfig, choose_plans
 from logcompact.simulate.cost import SECTION_OVERHEAD_BYTES, estimate_job
 from logcompact.store import LocalStore
 from logcompact.topics import MIN_MAX_COMPACTION_LAG_MS, Topic
@@ -197,7 +197,7 @@ class Simulation:
     # -- planning and applying -----------------------------------------------------------------------
 
     def _run(self, mode: str, now: int) -> None:
-        for found in plan(self._snapshot(now), now, mode, self.config):
+        for found in choose_plans(self._snapshot(now), now, mode, self.config):
             cost = estimate_job(found)
             result = self.result
             result.jobs += 1

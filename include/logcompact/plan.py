@@ -9,7 +9,7 @@ two forms:
 - stored: a header (`PlanHeader`: a small JSON document of settings, topics and groups, and an Arrow document
   listing the input files without their sections) and one Arrow document per group with that group's sections
   and outside floors (`encode_groups`, `decode_group`), so a group's workers read their own part and the
-  commit reads the header alone (`logcompact.engine.exchange` keeps them in the store). Stored sections leave
+  commit reads the header alone (`logcompact.jobs.documents` keeps them in the store). Stored sections leave
   out the key sketches, which only the planner reads.
 """
 
@@ -57,9 +57,9 @@ MAX_CLOCK_SKEW_MS = 5 * 60_000
 # What `new_plan_id` makes, and what data files are called (`data/l{level}/{name}.seg`); docs/plan.md.
 PLAN_ID_PATTERN = re.compile(r"p[0-9]{1,19}-[0-9a-f]{12}")
 DATA_KEY_PATTERN = re.compile(r"data/l([0-4])/[A-Za-z0-9][A-Za-z0-9._-]{0,199}\.seg")
-MODES = ("regular", "full", "max-lag")
-OUTPUT_COMPRESSIONS = ("none", "lz4", "zstd")
-# Plans and their groups' results are kept in the store under this prefix (logcompact.engine.exchange).
+# What the planner makes: levels and size tiers, the max-lag pass, the daily full sweep (docs/planner.md).
+MODES = ("regular", "max-lag", "full")
+# Plans and their groups' results are kept in the store under this prefix (logcompact.jobs.documents).
 PLANS_PREFIX = "plans/"
 
 TopicPartition = tuple[str, int]
@@ -695,8 +695,8 @@ def _check_plan(plan: Plan | PlanHeader, source: str, whole: bool) -> None:
     """What a plan, its header and its pieces share: settings, input files and groups."""
     if plan.mode not in MODES:
         raise InvalidPlanError(f"{source}: mode {plan.mode!r} is not one of {', '.join(MODES)}")
-    if plan.compression not in OUTPUT_COMPRESSIONS:
-        raise InvalidPlanError(f"{source}: compression {plan.compression!r} is not none, lz4 or zstd")
+    if plan.compression not in COMPRESSIONS:
+        raise InvalidPlanError(f"{source}: compression {plan.compression!r} is not one of {', '.join(COMPRESSIONS)}")
     if whole and not plan.inputs:
         raise InvalidPlanError(f"{source}: plan {plan.plan_id} names no input files")
     keys = [f.key for f in plan.inputs]

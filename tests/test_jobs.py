@@ -4,6 +4,7 @@ commit once, gc."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import replace
 
@@ -14,8 +15,8 @@ from sqlalchemy import select
 from logcompact.catalog import Catalog
 from logcompact.catalog import schema
 from logcompact.consume import latest_values
-from logcompact.engine.commit import collect_garbage
-from logcompact.engine.exchange import (
+from logcompact.jobs import collect_garbage
+from logcompact.jobs.documents import (
     group_key,
     inputs_key,
     plan_key,
@@ -26,12 +27,13 @@ from logcompact.engine.exchange import (
     write_group_result,
     write_plan,
 )
-from logcompact.engine.plan import GROUP_METADATA_KEY, Plan
+from logcompact.plan import GROUP_METADATA_KEY, Plan
 from logcompact.engine.stats import JobResult
 from logcompact.exceptions import CommitConflictError, InvalidPlanError, ObjectNotFoundError, TopicNotFoundError
-from logcompact.orchestration import check_thresholds, commit_plans, prepare_plans
-from logcompact.planner import PlannerConfig, plan
-from spark_apps.compact_group import compact_slices, deal_slices
+from logcompact.jobs import check_thresholds, commit_plans, prepare_plans
+from logcompact.planner import PlannerConfig, choose_plans
+from logcompact.jobs import deal_slices
+from spark_apps.compact_group import compact_slices
 from tests.helpers import NOW, create_topic, produce_l0_files
 
 CONFIG = PlannerConfig(min_files=(4, 4, 4, 4))
@@ -94,7 +96,7 @@ def test_plan_run_commit_and_a_retried_commit(catalog: Catalog) -> None:
     snapshot = catalog.snapshot()
     assert snapshot.leased_files(NOW) == {f.key for f in snapshot.file_summaries()}
     assert prepared.groups[2].application_args() == [f"--store={catalog.store.uri}", f"--plan-id={plan_id}", "--group=2"]
-    assert prepared.groups[2].label.startswith(f"{plan_id} g2 of 3: L0 to L2, 1 partition, ")
+    assert re.fullmatch(r"g2 L0>L2 [0-9.]+ KB", prepared.groups[2].label)
 
     _run_groups(catalog, plan_id, only={0, 1})
     with pytest.raises(CommitConflictError, match=r"no result for group\(s\) 2"):  # a failed group: no commit
@@ -172,7 +174,7 @@ def test_plans_that_cannot_be_written_leave_nothing_leased(catalog: Catalog, mon
     def failing_write(store, documents):
         raise OSError("disk full")
 
-    monkeypatch.setattr("logcompact.orchestration.write_documents", failing_write)
+    monkeypatch.setattr("logcompact.jobs.prepare.write_documents", failing_write)
     with pytest.raises(OSError, match="disk full"):
         prepare_plans(catalog, "full", NOW, CONFIG)
     assert not catalog.snapshot().leases(NOW)
@@ -182,10 +184,10 @@ def test_plans_that_cannot_be_written_leave_nothing_leased(catalog: Catalog, mon
 
 def test_a_run_leases_all_its_plans_or_none(catalog: Catalog, monkeypatch) -> None:
     # Two plans of one run; another scheduler leases a file of the second between planning and leasing.
-    (sweep,) = plan(catalog.snapshot(), NOW, "full", CONFIG)
+    (sweep,) = choose_plans(catalog.snapshot(), NOW, "full", CONFIG)
     first = replace(sweep, plan_id="p-first", inputs=sweep.inputs[:2])
     second = replace(sweep, plan_id="p-second", inputs=sweep.inputs[2:])
-    monkeypatch.setattr("logcompact.orchestration.plan", lambda *args: [first, second])
+    monkeypatch.setattr("logcompact.jobs.prepare.choose_plans", lambda *args: [first, second])
     catalog.lease("p-other", [sweep.inputs[4].key], NOW + CONFIG.lease_ms, NOW)
     with pytest.raises(CommitConflictError, match=f"file {sweep.inputs[4].key} is leased to plan p-other"):
         prepare_plans(catalog, "full", NOW, CONFIG)
@@ -200,7 +202,7 @@ def _without_sketches(found: Plan) -> Plan:
 
 
 def test_a_stored_plan_is_a_header_and_a_document_per_group(catalog: Catalog) -> None:
-    (sweep,) = plan(catalog.snapshot(), NOW, "full", replace(CONFIG, group_bytes=1))  # a group per partition
+    (sweep,) = choose_plans(catalog.snapshot(), NOW, "full", replace(CONFIG, group_bytes=1))  # a group per partition
     assert len(sweep.groups) == 3 and any(s.info.key_sketch for f in sweep.inputs for s in f.sections)
     written = write_plan(catalog.store, sweep)
     keys = [plan_key(sweep.plan_id), inputs_key(sweep.plan_id), *(group_key(sweep.plan_id, g) for g in range(3))]
@@ -220,7 +222,7 @@ def test_a_stored_plan_is_a_header_and_a_document_per_group(catalog: Catalog) ->
 
 
 def test_stored_plan_documents_that_do_not_check_out_are_one_line_errors(catalog: Catalog) -> None:
-    (sweep,) = plan(catalog.snapshot(), NOW, "full", CONFIG)
+    (sweep,) = choose_plans(catalog.snapshot(), NOW, "full", CONFIG)
     store, plan_id = catalog.store, sweep.plan_id
     write_plan(store, sweep)
     header = json.loads(store.get(plan_key(plan_id)))

@@ -1,0 +1,121 @@
+"""The commit step: a plan's outputs replace its inputs in one catalog transaction, once, from its groups' results."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field
+
+from logcompact.catalog import Catalog, SetAside
+from logcompact.plan import Plan, PlanHeader
+from logcompact.engine.stats import CompactionStats, JobResult, summarize
+from logcompact.exceptions import CommitConflictError, ObjectNotFoundError
+from logcompact.jobs.documents import check_seal, read_header, read_results
+
+log = logging.getLogger(__name__)
+
+def commit_plan(catalog: Catalog, plan: Plan | PlanHeader, results: list[JobResult], now_ms: int, leased: bool = False) -> bool:
+    """Replace the plan's inputs by the outputs of all its groups, in one transaction; whether this call committed.
+    The plan's header is enough (its ids and input files).
+
+    A plan already committed (a retried job) is a no-op. An input that is no longer live is a
+    CommitConflictError and nothing changes. With `leased`, the plan's lease must still hold at the commit:
+    once it has expired, gc may collect the outputs, so the commit is refused and the plan must be made again.
+    """
+    if catalog.is_committed(plan.plan_id):  # first: after gc, a committed plan's outputs may be gone
+        log.info("plan %s was already committed; nothing to do", plan.plan_id)
+        return False
+    if plan.cluster_id != catalog.cluster_id:
+        raise CommitConflictError(
+            f"plan {plan.plan_id} is for cluster {plan.cluster_id}, not {catalog.cluster_id}; commit it to its own catalog"
+        )
+    outputs = [data_file for result in results for data_file in result.outputs]
+    for data_file in outputs:
+        if catalog.store.stat(data_file.key) is None:
+            raise CommitConflictError(
+                f"plan {plan.plan_id}: output {data_file.key} is missing from the store (collected by gc after the "
+                "plan's lease expired?); plan again"
+            )
+    # Partitions a job set aside keep their sections where they are, and are marked uncleanable.
+    marks = [SetAside(**mark) for result in results for mark in result.stats.uncleanable]
+    committed = catalog.replace_files(
+        [f.key for f in plan.inputs], outputs, now_ms, plan_id=plan.plan_id, expected_version=plan.manifest_version,
+        leased=leased, kept={(m.topic, m.partition) for m in marks} | set(plan.set_aside), marks=marks,
+    ).committed
+    if not committed:
+        log.info("plan %s was already committed; nothing to do", plan.plan_id)
+    return committed
+
+
+@dataclass
+class PlanResult:
+    """A plan run and committed: the statistics of each of its jobs (groups, or their slices)."""
+
+    plan_id: str
+    jobs: list[CompactionStats]
+    bytes_in: int  # the plan's input files (a file read by several jobs counts once)
+
+    def to_dict(self) -> dict:
+        return summarize(self.jobs, self.bytes_in)
+
+
+@dataclass
+class CommitSummary:
+    committed: list[str] = field(default_factory=list)
+    already_committed: list[str] = field(default_factory=list)
+    stats: dict[str, dict] = field(default_factory=dict)
+    topics: list[str] = field(default_factory=list)
+    cluster_id: str = ""
+    manifest_version: int = 0  # the catalog's newest version once the plans are committed
+    uncleanable: list[dict] = field(default_factory=list)  # partitions these plans set aside (SetAside as dicts)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def commit_plans(catalog: Catalog, plan_ids: list[str], now_ms: int) -> CommitSummary:
+    """Commit each plan from its header and its groups' results in the store; plans committed before are counted,
+    not redone.
+
+    A plan with a group missing its result, whose inputs are no longer live, or whose lease has expired
+    raises CommitConflictError and commits nothing; plans committed before it in the same call stay committed.
+    """
+    summary = CommitSummary()
+    topics: set[str] = set()
+    for plan_id in plan_ids:
+        try:
+            header = read_header(catalog.store, plan_id)
+        except ObjectNotFoundError:
+            if not catalog.is_committed(plan_id):
+                raise
+            # Committed long ago and its documents collected since: nothing to redo, no stats to report.
+            summary.already_committed.append(plan_id)
+        else:
+            results = read_results(catalog.store, header)
+            if not catalog.is_committed(plan_id):
+                # Never trusted: the stored documents must be those the planner sealed with the lease (the planner
+                # made them from the catalog, and Spark jobs never open it), and the header must still check out.
+                check_seal(catalog.store, header, catalog.plan_seal(plan_id))
+                header.check_against(catalog.snapshot(), now_ms)
+            committed = commit_plan(catalog, header, results, now_ms, leased=True)
+            (summary.committed if committed else summary.already_committed).append(plan_id)
+            summary.stats[plan_id] = PlanResult(plan_id, [r.stats for r in results], sum(f.size for f in header.inputs)).to_dict()
+            summary.uncleanable += summary.stats[plan_id]["uncleanable"]
+            topics.update(header.topics)
+    if plan_ids:
+        summary.cluster_id, summary.manifest_version = catalog.cluster_id, catalog.latest_version()
+    summary.topics = sorted(topics)
+    return summary
+
+
+def uncleanable_report(catalog: Catalog) -> tuple[int, str]:
+    """Kafka's uncleanable-partitions-count for the cluster, and one line saying which partitions and what to do."""
+    marks = catalog.uncleanable()
+    if not marks:
+        return 0, "no uncleanable partitions"
+    listed = "; ".join(f"{m.topic}/{m.partition} ({m.bytes:,} bytes, {m.failures} failure(s)): {m.reason}" for m in marks[:5])
+    more = f"; and {len(marks) - 5} more" if len(marks) > 5 else ""
+    return len(marks), (
+        f"{len(marks)} uncleanable partition(s), set aside while the rest compacted: {listed}{more}. Restore the damaged "
+        "files from a copy (planners retry once a file changes, or after the backoff), then `logcompact uncleanable "
+        "clear`; `logcompact uncleanable` lists them"
+    )

@@ -1,0 +1,123 @@
+"""The lease-and-write step: plans made now, their files leased in the catalog, their documents in the store."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from logcompact.catalog import Catalog, Snapshot
+from logcompact.jobs.documents import plan_documents, seal, write_documents
+from logcompact.plan import Plan, PlanGroup
+from logcompact.planner import PlannerConfig, choose_plans, expected_effect
+
+
+@dataclass(frozen=True)
+class ThresholdStatus:
+    """Files per level (not leased to an in-flight plan) against the level's compaction threshold."""
+
+    counts: dict[int, int]
+    thresholds: dict[int, int]
+
+    @property
+    def due_levels(self) -> list[int]:
+        return [level for level, threshold in self.thresholds.items() if self.counts.get(level, 0) >= threshold]
+
+    @property
+    def reached(self) -> bool:
+        return bool(self.due_levels)
+
+    def describe(self) -> str:
+        levels = ", ".join(f"L{level} {self.counts.get(level, 0)}/{t}" for level, t in self.thresholds.items())
+        verdict = f"due: {', '.join(f'L{level}' for level in self.due_levels)}" if self.reached else "nothing due"
+        return f"files per level against thresholds: {levels}; {verdict}"
+
+
+def check_thresholds(snapshot: Snapshot, now_ms: int, config: PlannerConfig = PlannerConfig()) -> ThresholdStatus:
+    """Files per level not leased to an in-flight plan, from the files' summaries (no sections read)."""
+    leased = snapshot.leased_files(now_ms)
+    counts: dict[int, int] = {}
+    for summary in snapshot.file_summaries():
+        if summary.key not in leased:
+            counts[summary.level] = counts.get(summary.level, 0) + 1
+    return ThresholdStatus(counts, {level: n for level, n in enumerate(config.min_files)})
+
+
+@dataclass(frozen=True)
+class GroupJob:
+    """One group of a written plan: what a Spark job needs to run it, and a label for the UI."""
+
+    store_uri: str
+    plan_id: str
+    group: int
+    label: str
+
+    def application_args(self) -> list[str]:
+        # One `--name=value` token each: a scheduler that renders templates as native objects would turn a
+        # lone "0" into an int.
+        return [f"--store={self.store_uri}", f"--plan-id={self.plan_id}", f"--group={self.group}"]
+
+
+@dataclass
+class PreparedRun:
+    thresholds: ThresholdStatus  # of the snapshot the plans were made from
+    plan_ids: list[str]
+    groups: list[GroupJob]
+    estimates: list[dict]
+
+
+def prepare_plans(
+    catalog: Catalog,
+    mode: str,
+    now_ms: int,
+    config: PlannerConfig = PlannerConfig(),
+    topics: list[str] | None = None,
+    dry_run: bool = False,
+) -> PreparedRun:
+    """Plan a mode against the catalog as it is *now* (never as of a run's logical date, so a backfill or a re-run
+    of an old date cannot undo newer work), then `lease_and_write` the plans; a dry run plans and estimates, and
+    writes nothing."""
+    snapshot = catalog.planning_snapshot(now_ms)
+    thresholds = check_thresholds(snapshot, now_ms, config)
+    plans = choose_plans(snapshot, now_ms, mode, config, topics)
+    estimates = [expected_effect(p) for p in plans]
+    if dry_run or not plans:
+        return PreparedRun(thresholds, [], [], estimates)
+    groups = lease_and_write(catalog, plans, now_ms, config.lease_ms)
+    return PreparedRun(thresholds, [p.plan_id for p in plans], groups, estimates)
+
+
+def lease_and_write(catalog: Catalog, plans: list[Plan], now_ms: int, lease_ms: int) -> list[GroupJob]:
+    """Lease every plan's files with its documents' seal (all the plans or none: a conflict releases the plans
+    leased before it), then write the documents to the store; one `GroupJob` per group the plans record."""
+    documents = [plan_documents(p) for p in plans]
+    leased: list[Plan] = []
+    try:
+        for leasing, sealed in zip(plans, [seal(d) for d in documents], strict=True):
+            catalog.lease(leasing.plan_id, [f.key for f in leasing.inputs], now_ms + lease_ms, now_ms, seal=sealed)
+            leased.append(leasing)
+        for written in documents:
+            write_documents(catalog.store, written)
+    except BaseException:
+        _release_all(catalog, leased)
+        raise
+    return [GroupJob(catalog.store.uri, p.plan_id, group.group, _label(p, group)) for p in plans for group in p.groups]
+
+
+def _release_all(catalog: Catalog, plans: list[Plan]) -> None:
+    for leased in plans:
+        catalog.release(leased.plan_id)
+
+
+def _label(plan: Plan, group: PlanGroup) -> str:
+    """A map-index label short enough for one line of the grid, `g2 L0>L1 52 MB` (the run knows its plan)."""
+    levels = "+".join(f"L{level}" for level in sorted({f.level for f in plan.inputs}))
+    return f"g{group.group} {levels}>L{plan.target_level} {_size(group.bytes)}"
+
+
+def _size(count: float) -> str:
+    if count < 1000:
+        return f"{count:.0f} B"
+    for unit in ("KB", "MB"):
+        count /= 1000
+        if count < 1000:
+            return f"{count:.1f} {unit}"
+    return f"{count / 1000:,.1f} GB"
