@@ -10,7 +10,7 @@ sent the store, the plan id, the group, its slice number and its partitions (wha
 grow with the plan), reads its slice of the group document itself, runs the engine on it (every input file
 read through at most two streaming GETs per task), writes its output files to the store and returns only
 their metadata and stats. The driver writes the group's result next to the plan
-(`plans/{plan_id}/results/g{group}.json`); the commit step (`logcompact.jobs.prepare.commit_plans`) commits
+(`plans/{plan_id}/results/g{group}.json`); the commit step (`logcompact.jobs.commit_plans`) commits
 the plan once every group has its result. No record data is collected on the driver. A group whose result
 and outputs are already in the store (a retried task after a success) is not run again. Neither the driver
 nor the tasks open the catalog database: the plan carries its input files' sections, so the store is all
