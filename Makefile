@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 CEPH_BINARIES := radosgw ceph-mon ceph-osd
 
-.PHONY: install deps test demo airflow bench simulate clean
+.PHONY: install deps lint test demo airflow bench simulate clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -33,6 +33,11 @@ deps:
 	  if [ "$$(id -u)" != 0 ]; then SUDO=sudo; fi; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$pkgs >/dev/null; \
 	fi
+
+# Configured in pyproject.toml: the rules and paths are there.
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 test: install deps
 	$(BIN)/python -m pytest
