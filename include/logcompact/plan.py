@@ -78,7 +78,7 @@ class PlanGroup(NamedTuple):
     bytes: int
 
     def holds(self, tp: TopicPartition) -> bool:
-        return self.first is not None and self.first <= tp <= self.last
+        return self.first is not None and self.last is not None and self.first <= tp <= self.last
 
     def to_dict(self) -> dict:
         return {
@@ -261,7 +261,7 @@ class Plan:
         """Rules that need no catalog: shapes, ranges, and that the inputs and groups make sense together. A piece
         (`whole` False) holds one group, and no input when its plan has no sections."""
         _check_plan(self, source, whole)
-        starts = [g.first for g in self.groups[1:]]
+        starts = [g.first for g in self.groups[1:] if g.first is not None]  # all of them: _check_plan checked
         set_aside = set(self.set_aside)
         for data_file in self.inputs:
             for section in data_file.sections:
@@ -402,13 +402,13 @@ class PlanHeader:
                 "minutes of skew); plan again"
             )
         for name, topic in self.topics.items():
-            found = snapshot.topics.get(name)
-            if found is None:
+            current = snapshot.topics.get(name)
+            if current is None:
                 raise InvalidPlanError(f"plan {self.plan_id} names topic {name!r}, which cluster {self.cluster_id} does not have; plan again")
-            if (topic.partitions, topic.config) != (found.partitions, found.config):
+            if (topic.partitions, topic.config) != (current.partitions, current.config):
                 raise CommitConflictError(
                     f"plan {self.plan_id} expected topic {name} with {topic.partitions} partitions and {topic.config.to_kafka()}, "
-                    f"found {found.partitions} and {found.config.to_kafka()} in the catalog; plan again"
+                    f"found {current.partitions} and {current.config.to_kafka()} in the catalog; plan again"
                 )
 
     def documents(self) -> tuple[bytes, bytes]:
@@ -533,8 +533,8 @@ def encode_groups(plan: Plan) -> list[bytes]:
         )
         columns[column] = _lookup(codes, keys, np.fromiter(per_partition.values(), np.int64, len(per_partition)))
     table = pa.table(columns, schema=GROUP_SCHEMA)
-    starts = _partition_codes(pa.array([g.first[0] for g in plan.groups[1:]], pa.string()),
-                              pa.array([g.first[1] for g in plan.groups[1:]], pa.int64()), plan.topics)
+    firsts = [g.first for g in plan.groups[1:] if g.first is not None]  # all of them in a checked plan
+    starts = _partition_codes(pa.array([t for t, _ in firsts], pa.string()), pa.array([p for _, p in firsts], pa.int64()), plan.topics)
     numbers = np.searchsorted(starts, codes, side="right")
     documents = []
     for group in plan.groups:
@@ -608,7 +608,8 @@ def decode_group(
         described = dict(zip(used, map(InputFile._make, zip(*(_column(files.take(used), name) for name in InputFile._fields)))))
         inputs_of_piece, start = [], 0
         for end in [n for n in range(1, len(rows)) if rows[n] != rows[n - 1]] + ([len(rows)] if rows else []):
-            inputs_of_piece.append(DataFile(*described[rows[start]], tuple(sections[start:end])))
+            key, level, size, created_ms = described[rows[start]]
+            inputs_of_piece.append(DataFile(key, level, size, created_ms, tuple(sections[start:end])))
             start = end
         floors = {(i.topic, i.partition): floor for i, floor in zip(infos, _column(table, "outside_floor")) if floor is not None}
         young = {(i.topic, i.partition): offset for i, offset in zip(infos, _column(table, "first_uncleanable")) if offset is not None}
@@ -723,7 +724,8 @@ def _check_plan(plan: Plan | PlanHeader, source: str, whole: bool) -> None:
                 raise InvalidPlanError(f"{source}: group {group.group} has no first or last partition; only a plan without sections has such a group")
         elif group.first > group.last:
             raise InvalidPlanError(f"{source}: group {group.group} ends at {group.last} before its first partition {group.first}")
-        if number and plan.groups[number - 1].last >= group.first:
+        previous_last = plan.groups[number - 1].last if number else None
+        if previous_last is not None and group.first is not None and previous_last >= group.first:
             raise InvalidPlanError(f"{source}: group {group.group} starts at {group.first}, within group {number - 1}")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 from logcompact.exceptions import InvalidTopicError
 
@@ -56,7 +57,7 @@ class TopicConfig:
     @classmethod
     def from_kafka(cls, settings: dict[str, str | int], base: TopicConfig | None = None) -> TopicConfig:
         """Apply Kafka-named settings ('cleanup.policy': 'compact', 'retention.ms': '3600000', ...) to `base`."""
-        changes: dict[str, str | int] = {}
+        changes: dict[str, Any] = {}  # each value of its field's type, as its rule made it
         for name, raw in settings.items():
             field = name.replace(".", "_")
             if field not in _RULES:

@@ -449,7 +449,7 @@ class Catalog:
                 select(unc.topic_id, unc.partition, unc.reason, unc.file_key, unc.file_stamp, unc.marked_ms, unc.retry_ms, unc.failures,
                        unc.plan_id, live_bytes)
             ).all()
-        return sorted(Uncleanable(names[r[0]], *r[1:]) for r in rows)
+        return sorted(Uncleanable._make((names[r[0]], *r[1:])) for r in rows)
 
     def held_uncleanable(self, now_ms: int) -> frozenset[TopicPartition]:
         """Uncleanable partitions planners leave out now: before their retry time, unless the damaged file is no

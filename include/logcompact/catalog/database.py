@@ -16,9 +16,10 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from sqlalchemy import Column, ColumnElement, Connection, Engine, Executable, any_, bindparam, create_engine, event, func, select
+from sqlalchemy import Column, ColumnElement, Connection, Engine, any_, bindparam, create_engine, event, func, select
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import make_url
+from sqlalchemy.sql.dml import UpdateBase
 from sqlalchemy.exc import ArgumentError
 
 from logcompact.exceptions import CatalogConfigError
@@ -70,19 +71,20 @@ _engines: dict[tuple[int, str], Engine] = {}
 _engines_lock = threading.Lock()
 
 
-def execute_many(connection: Connection, statement: Executable, names: Sequence[str], rows: Sequence[tuple]) -> None:
+def execute_many(connection: Connection, statement: UpdateBase, names: Sequence[str], rows: Sequence[tuple]) -> None:
     """One statement for many rows (tuples of the parameters `names`), compiled once and handed to the driver's
     executemany: SQLAlchemy's own executemany builds a parameter set per row in Python, which costs more than
     the database's work when an agent's file holds 10,000 sections."""
     if not rows:
         return
     compiled = statement.compile(dialect=connection.dialect)
-    if not compiled.positional:
+    order = compiled.positiontup
+    if not compiled.positional or order is None:
         parameters: Sequence = [dict(zip(names, row)) for row in rows]
-    elif tuple(compiled.positiontup) == tuple(names):
+    elif tuple(order) == tuple(names):
         parameters = rows
     else:
-        pick = itemgetter(*(names.index(name) for name in compiled.positiontup))
+        pick = itemgetter(*(names.index(name) for name in order))
         parameters = [pick(row) for row in rows]
     connection.exec_driver_sql(str(compiled), parameters)
 

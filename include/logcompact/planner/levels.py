@@ -26,7 +26,8 @@ def top_level(level_counts: dict[int, int], config: PlannerConfig) -> int:
 
 def size_tiers(files: list[Sized], config: PlannerConfig) -> list[list[Sized]]:
     """Runs of files of similar size (within the ratio of the run's smallest) with enough files to merge."""
-    tiers, run = [], []
+    tiers: list[list[Sized]] = []
+    run: list[Sized] = []
     for data_file in sorted(files, key=lambda f: (f.size, f.key)):
         if run and data_file.size > run[0].size * config.tier_size_ratio:
             if len(run) >= config.tier_min_files:

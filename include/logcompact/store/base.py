@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields
@@ -123,7 +124,7 @@ class ObjectStore(ABC):
     def delete(self, key: str) -> None:
         """Remove an object; removing a missing object is not an error (as in S3)."""
 
-    def delete_abandoned_writes(self, prefix: str, before_ms: int) -> list[str]:
+    def delete_abandoned_writes(self, prefix: str, before_ms: int) -> builtins.list[str]:  # `list` is a method here
         """Remove what writers killed mid-write left under `prefix`, untouched since `before_ms`; the paths removed.
         An object store keeps nothing of a PUT that did not complete (abandoned multipart uploads are a bucket
         lifecycle rule's job), so by default there is nothing to do."""
