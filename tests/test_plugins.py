@@ -332,7 +332,7 @@ def test_plan_operator_forced_compacts_below_the_thresholds(connected_catalog: C
     # A second plan finds the files held by the first, and says by whom.
     assert LogcompactPlanOperator(task_id="plan", mode="regular", logcompact_conn_id="connected", force=True).execute({}) == []
     log = capfd.readouterr().out
-    assert re.search(rf"held by in-flight plan {job['plan_id']} \(not planned again until it commits or its lease expires in 60 min\): 2 files", log)
+    assert re.search(rf"held by in-flight plan {job['plan_id']} \(not planned again until it commits or its lease expires in 60 min\): 2 files \(L0 2\)", log)
     assert "L0 has 0 files, needs 2" in log and "files leased to in-flight plans are not counted" in log
 
 

@@ -149,12 +149,16 @@ class LogcompactPlanOperator(BaseOperator):
                 f"{estimate['records_in']:,} records removed; {estimate['groups']} group(s)"
                 + (f": {'; '.join(labels[plan_id])}" if plan_id in labels else "")
             )
-        others = Counter(lease.plan_id for key, lease in leases.items() if lease.plan_id not in prepared.plan_ids)
-        for plan_id, count in sorted(others.items()):
+        others: dict[str, Counter] = {}
+        for key, lease in leases.items():
+            if lease.plan_id not in prepared.plan_ids and key in levels:
+                others.setdefault(lease.plan_id, Counter())[levels[key]] += 1
+        for plan_id, held_levels in sorted(others.items()):
             expires = max(lease.expires_ms for lease in leases.values() if lease.plan_id == plan_id)
             lines.append(
                 f"held by in-flight plan {plan_id} (not planned again until it commits or its lease expires in "
-                f"{_minutes(expires - now_ms)}): {count} files"
+                f"{_minutes(expires - now_ms)}): {held_levels.total()} files "
+                f"({', '.join(f'L{level} {n}' for level, n in sorted(held_levels.items()))})"
             )
         if not prepared.estimates:
             lines.append(f"nothing due: {self._why_nothing(snapshot, prepared, now_ms, config, topics, bool(others))}")
