@@ -235,15 +235,12 @@ def test_errors_no_retry_can_fix_fail_the_task_at_once(connected_catalog: Catalo
     with pytest.raises(AirflowFailException):  # no such plan in the store: only a new plan helps
         commit.execute({"outlet_events": _OutletEvents()})
     # What a retry may fix passes as it is: the store or the catalog not answering, and, where given, conflicts.
-    with pytest.raises(CatalogUnavailableError):
-        with failing_at_once():
-            raise CatalogUnavailableError("catalog down")
-    with pytest.raises(CommitConflictError):
-        with failing_at_once(retried=(CommitConflictError,)):
-            raise CommitConflictError("leased to another plan")
-    with pytest.raises(AirflowFailException, match="^leased to another plan$"):
-        with failing_at_once():
-            raise CommitConflictError("leased to another plan")
+    with pytest.raises(CatalogUnavailableError), failing_at_once():
+        raise CatalogUnavailableError("catalog down")
+    with pytest.raises(CommitConflictError), failing_at_once(retried=(CommitConflictError,)):
+        raise CommitConflictError("leased to another plan")
+    with pytest.raises(AirflowFailException, match="^leased to another plan$"), failing_at_once():
+        raise CommitConflictError("leased to another plan")
 
 
 def test_plan_operator_refuses_an_unknown_mode() -> None:

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, replace
-from typing import Any, Iterator
+from typing import Any
 
 from airflow.sdk import Asset, AssetAlias, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
