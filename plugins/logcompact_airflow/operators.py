@@ -101,7 +101,7 @@ class LogcompactPlanOperator(BaseOperator):
         self.min_files = None if min_files is None else tuple(min_files)
 
     def execute(self, context: Any) -> list[dict]:
-        # A lease conflict is retried: the next try plans again, around the other plan's files.
+        # A lease conflict is planned again: here at once, then by the task's retries.
         with failing_at_once(retried=(*TRANSIENT_ERRORS, CommitConflictError)):
             topics, dry_run, buffer_bytes, force = _checked_params(self.topics, self.dry_run, self.buffer_bytes, self.force)
             hook = LogcompactHook(self.logcompact_conn_id)
