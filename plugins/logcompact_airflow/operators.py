@@ -182,7 +182,7 @@ class LogcompactPlanOperator(BaseOperator):
                 f"of each other's size{held}"
             )
         if self.mode == "full":
-            return f"no live file of topics {', '.join(topics) if topics else 'all'} outside in-flight plans{held}"
+            return f"no live file{' of topics ' + ', '.join(topics) if topics else ''} outside in-flight plans{held}"
         return _why_no_max_lag(snapshot, now_ms, config, topics, others)
 
 
