@@ -16,6 +16,7 @@ the grid shows which runs were dry.
 Params:
 - `force`: run now whatever the thresholds: the sensor is done at once and any level of 2 files or more
   is compacted. An unforced manual run waits (up to 14 min) like a scheduled one, and its sensor says so.
+  Two runs may be active at once, so a manual run never queues behind a scheduled run's waiting sensor.
 - `dry_run`: plan and log the estimates; lease, write and run nothing.
 - `buffer_bytes` (optional): the key-map buffer of each job; empty takes the connection's planner setting.
 
@@ -38,7 +39,9 @@ with DAG(
     schedule="*/15 * * * *",
     params=compaction_params(with_topics=False, with_force=True),
     tags=["logcompact", "compaction"],
-    **DAG_SETTINGS,
+    # Two runs at once, so that a manual (forced) run does not queue behind a scheduled run whose sensor
+    # waits (it holds no slot while it waits); the catalog's leases keep their plans off each other's files.
+    **{**DAG_SETTINGS, "max_active_runs": 2},
 ):
     wait = LogcompactThresholdSensor(
         task_id="wait_for_files",

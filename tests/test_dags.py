@@ -111,7 +111,9 @@ def test_dags_import_with_the_expected_structure() -> None:
     for dag_id, tasks in EXPECTED_TASKS.items():
         dag = dagbag.dags[dag_id]
         assert {t.task_id: set(t.upstream_task_ids) for t in dag.tasks} == tasks
-        assert dag.max_active_runs == 1 and "logcompact" in dag.tags and dag.doc_md.lstrip().startswith(f"# {dag_id}")
+        # The compaction DAG lets a manual run start beside a scheduled run whose sensor waits.
+        assert dag.max_active_runs == (2 if dag_id == "logcompact_compaction" else 1)
+        assert "logcompact" in dag.tags and dag.doc_md.lstrip().startswith(f"# {dag_id}")
         assert dag.catchup is False
         for task in dag.tasks:
             # A check that reports the catalog's state has nothing to gain from a retry.
