@@ -5,8 +5,10 @@ Daily full sweep: every file of the chosen topics, across levels and sizes, comp
 so that size tiers that never meet are merged and tombstones past `delete.retention.ms` are removed.
 Same **plan** → mapped Spark **compact_group** → **commit** steps as `logcompact_compaction`.
 
-Params: `topics` (empty: every topic), `dry_run`, `buffer_bytes`. Runs act on the catalog as it is now,
-so a backfill or a re-run of an old day is safe.
+Params: `topics` (optional; empty: every topic), `dry_run` (plan and log the estimates; the **dry_run**
+task marks the run in the grid), `buffer_bytes` (optional; empty: the connection's planner setting). Runs
+act on the catalog as it is now, so a backfill or a re-run of an old day is safe. An unknown topic fails
+the plan at once.
 """
 
 from airflow.sdk import DAG

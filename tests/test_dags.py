@@ -22,13 +22,15 @@ DAGS = Path(__file__).resolve().parents[1] / "dags"
 EXPECTED_TASKS = {
     "logcompact_compaction": {
         "wait_for_files": set(), "plan": {"wait_for_files"}, "compact_group": {"plan"}, "commit": {"plan", "compact_group"},
-        "uncleanable_partitions": {"commit"},
+        "uncleanable_partitions": {"commit"}, "dry_run": {"plan"},
     },
     "logcompact_max_lag_hourly": {
         "plan": set(), "compact_group": {"plan"}, "commit": {"plan", "compact_group"}, "uncleanable_partitions": {"commit"},
+        "dry_run": {"plan"},
     },
     "logcompact_full_sweep_daily": {
         "plan": set(), "compact_group": {"plan"}, "commit": {"plan", "compact_group"}, "uncleanable_partitions": {"commit"},
+        "dry_run": {"plan"},
     },
     "logcompact_gc": {"collect_garbage": set()},
 }
@@ -109,7 +111,9 @@ def test_dags_import_with_the_expected_structure() -> None:
     for dag_id, tasks in EXPECTED_TASKS.items():
         dag = dagbag.dags[dag_id]
         assert {t.task_id: set(t.upstream_task_ids) for t in dag.tasks} == tasks
-        assert dag.max_active_runs == 1 and "logcompact" in dag.tags and dag.doc_md.lstrip().startswith(f"# {dag_id}")
+        # The compaction DAG lets a manual run start beside a scheduled run whose sensor waits.
+        assert dag.max_active_runs == (2 if dag_id == "logcompact_compaction" else 1)
+        assert "logcompact" in dag.tags and dag.doc_md.lstrip().startswith(f"# {dag_id}")
         assert dag.catchup is False
         for task in dag.tasks:
             # A check that reports the catalog's state has nothing to gain from a retry.
@@ -118,8 +122,12 @@ def test_dags_import_with_the_expected_structure() -> None:
     compaction = dagbag.dags["logcompact_compaction"]
     assert compaction.get_task("wait_for_files").mode == "reschedule"
     assert compaction.get_task("compact_group").map_index_template == "{{ task.name }}"
-    assert set(compaction.params) == {"dry_run", "buffer_bytes"}
-    assert set(dagbag.dags["logcompact_full_sweep_daily"].params) == {"dry_run", "buffer_bytes", "topics"}
+    assert set(compaction.params) == {"dry_run", "buffer_bytes", "force"}
+    sweep_params = dagbag.dags["logcompact_full_sweep_daily"].params
+    assert set(sweep_params) == {"dry_run", "buffer_bytes", "topics"}
+    # The trigger form marks a param required unless its type allows null.
+    for name in ("topics", "buffer_bytes"):
+        assert "null" in sweep_params.get_param(name).schema["type"] and sweep_params[name] is None
 
 
 @ON_BOTH_DATABASES
@@ -133,12 +141,27 @@ def test_compaction_dag_compacts_l0_through_spark_and_publishes_asset_events(dag
 
     assert str(run.state) == "success", _states("logcompact_compaction", run.run_id)
     instances = _task_instances("logcompact_compaction", run.run_id)
-    assert instances[("compact_group", 0)].rendered_map_index.split(": ", 1)[1].startswith("L0 to L1, 2 partitions, ")
+    assert instances[("compact_group", 0)].rendered_map_index.startswith("g0 L0>L1 ")
+    assert str(instances[("dry_run", -1)].state) == "skipped"
     assert _levels(catalog) == {1} and not catalog.snapshot().leases(_now_ms())
     assert _latest(catalog, "accounts", 2) == expected
     (event,) = _asset_events(f"logcompact://{catalog.cluster_id}/accounts")
-    (stats,) = event["plans"].values()
-    assert stats["records_in"] == stats["records_out"] == 660 and stats["target_level"] == 1
+    assert event["records_in"] == event["records_out"] == 660 and event["partitions"] == 2 and len(event["plans"]) == 1
+
+
+def test_a_forced_compaction_runs_at_once_below_the_thresholds(dagbag, airflow_catalog: Catalog) -> None:
+    catalog = airflow_catalog
+    create_topic(catalog, "accounts", partitions=1, now=_now_ms(), cleanup_policy="compact")
+    produce_l0_files(catalog, "accounts", files=2, records=10, keys=5, partitions=1, now=_now_ms())
+    expected = _latest(catalog, "accounts", 1)
+
+    started = time.monotonic()
+    run = _dag(dagbag, "logcompact_compaction").test(run_conf={"force": True})
+
+    assert str(run.state) == "success", _states("logcompact_compaction", run.run_id)
+    assert time.monotonic() - started < 60  # the sensor did not wait out its poke interval
+    assert _states("logcompact_compaction", run.run_id)["compact_group[0]"] == "success"
+    assert _levels(catalog) == {1} and _latest(catalog, "accounts", 1) == expected
 
 
 def test_max_lag_dag_compacts_what_became_dirty(dagbag, airflow_catalog: Catalog) -> None:
@@ -164,14 +187,15 @@ def test_full_sweep_dry_run_changes_nothing_then_a_run_deduplicates(dagbag, airf
 
     dry = dag.test(run_conf={"dry_run": True, "topics": ["accounts"]})
     assert str(dry.state) == "success"
-    assert _states(dag.dag_id, dry.run_id) == {
-        "plan": "success", "compact_group": "skipped", "commit": "skipped", "uncleanable_partitions": "success",
+    assert _states(dag.dag_id, dry.run_id) == {  # the dry_run task marks the run in the grid
+        "plan": "success", "dry_run": "success", "compact_group": "skipped", "commit": "skipped", "uncleanable_partitions": "success",
     }
     assert _objects(catalog) == before and catalog.latest_version() == version and not catalog.snapshot().leases(_now_ms())
 
     # dag.test() keeps a run's conf in the DAG object's params: every key is given again.
-    run = dag.test(run_conf={"dry_run": False, "topics": [], "buffer_bytes": 4 * 1024**2})
+    run = dag.test(run_conf={"dry_run": False, "topics": None, "buffer_bytes": 4 * 1024**2})
     assert str(run.state) == "success", _states(dag.dag_id, run.run_id)
+    assert _states(dag.dag_id, run.run_id)["dry_run"] == "skipped"
     assert _levels(catalog) == {2} and _latest(catalog, "accounts", 2) == expected
 
 
@@ -198,7 +222,8 @@ def test_a_failed_group_fails_the_run_without_a_commit(dagbag, airflow_catalog: 
 
     assert str(run.state) == "failed"
     assert _states("logcompact_full_sweep_daily", run.run_id) == {
-        "plan": "success", "compact_group[0]": "failed", "commit": "upstream_failed", "uncleanable_partitions": "upstream_failed",
+        "plan": "success", "dry_run": "skipped", "compact_group[0]": "failed", "commit": "upstream_failed",
+        "uncleanable_partitions": "upstream_failed",
     }
     # Nothing committed: the files stay live on L0, leased to the plan until its lease expires.
     assert catalog.latest_version() == version and _levels(catalog) == {0}
@@ -220,7 +245,7 @@ def test_a_damaged_partition_is_set_aside_the_rest_commits_and_the_run_shows_it(
     run = _dag(dagbag, "logcompact_full_sweep_daily").test()
 
     assert _states("logcompact_full_sweep_daily", run.run_id) == {
-        "plan": "success", "compact_group[0]": "success", "commit": "success", "uncleanable_partitions": "failed",
+        "plan": "success", "dry_run": "skipped", "compact_group[0]": "success", "commit": "success", "uncleanable_partitions": "failed",
     }
     assert [(m.topic, m.partition) for m in catalog.uncleanable()] == [("accounts", 1)]
     assert _latest(catalog, "accounts", 1) == expected

@@ -17,16 +17,21 @@ from sqlalchemy.engine import make_url
 from logcompact.catalog import Catalog
 from logcompact.jobs.documents import read_partition_bytes, write_group_result
 from logcompact.engine.stats import JobResult
-from logcompact.exceptions import CatalogConfigError
+from logcompact.exceptions import CatalogConfigError, CatalogUnavailableError, CommitConflictError, InvalidPlanError, TopicNotFoundError
+from logcompact.planner import PlannerConfig
 from logcompact.store import LocalStore
 from logcompact.store.s3 import S3Store
 from logcompact_airflow.hooks import LogcompactHook
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
 from logcompact_airflow.operators import (
     COMPACTED_TOPICS,
     LogcompactCommitOperator,
+    LogcompactDryRunOperator,
     LogcompactGcOperator,
     LogcompactPlanOperator,
     _checked_params,
+    failing_at_once,
 )
 from logcompact_airflow.sensors import LogcompactThresholdSensor
 from logcompact.jobs import deal_slices
@@ -133,6 +138,30 @@ def test_hook_without_a_store_says_what_to_set(monkeypatch) -> None:
         LogcompactHook("no_store").get_store()
 
 
+def test_hook_reads_planner_settings_from_its_extra(tmp_path, monkeypatch) -> None:
+    _connection(monkeypatch, "tuned", conn_type="generic",
+                extra={"store": f"file://{tmp_path}", "planner": {"group_bytes": 8 * 1024**2, "min_files": [4, 8, 8, 8]}})
+    assert LogcompactHook("tuned").get_planner_config() == PlannerConfig(group_bytes=8 * 1024**2, min_files=(4, 8, 8, 8))
+    _connection(monkeypatch, "plain", conn_type="generic", extra={"store": f"file://{tmp_path}"})
+    assert LogcompactHook("plain").get_planner_config() == PlannerConfig()
+
+
+@pytest.mark.parametrize(
+    "planner, error, message",
+    [
+        ({"group_size": 5}, ValueError, r"connection 'tuned': extra planner has no setting 'group_size'; the settings are min_files, .*group_bytes"),
+        ({"group_bytes": 0}, InvalidPlanError, r"connection 'tuned': extra planner: planner setting group_bytes is 0: must be an integer, 1 to"),
+        ({"min_files": [4, 8]}, ValueError, r"extra planner min_files must be 4 file counts of at least 1 \(L0 to L3\), not \[4, 8\]"),
+        ([8], ValueError, r"extra planner must be an object"),
+    ],
+)
+def test_hook_refuses_planner_settings_it_cannot_use(tmp_path, monkeypatch, planner, error, message) -> None:
+    _connection(monkeypatch, "tuned", conn_type="generic", extra={"store": f"file://{tmp_path}", "planner": planner})
+    with pytest.raises(error, match=message) as raised:
+        LogcompactHook("tuned").get_planner_config()
+    assert "\n" not in str(raised.value)
+
+
 @pytest.fixture
 def connected_catalog(tmp_path, monkeypatch, catalog_url) -> Catalog:
     """A cluster with one compacted topic behind the connection `connected`, on each database in turn."""
@@ -162,6 +191,21 @@ def test_sensor_does_not_count_files_leased_to_a_plan(connected_catalog: Catalog
     assert not answer.is_done and answer.xcom_value == {"L0": 1}
 
 
+def test_sensor_says_how_to_run_now_while_it_waits_and_is_done_at_once_when_forced(connected_catalog: Catalog, capfd) -> None:
+    produce_l0_files(connected_catalog, "accounts", files=2, records=5, keys=5, partitions=1, now=_now_ms())
+    waiting = LogcompactThresholdSensor(task_id="wait", logcompact_conn_id="connected", poke_interval=60, timeout=840)
+    assert not waiting.poke({}).is_done
+    log = capfd.readouterr().out
+    assert "waiting for a level to reach its threshold (poked every 60 s, for up to 840 s); trigger with force=true to run now" in log
+    assert "files per level against thresholds: L0 2/32, L1 0/32, L2 0/32, L3 0/32; nothing due" in log
+
+    forced = LogcompactThresholdSensor(task_id="wait", logcompact_conn_id="connected", force=True)
+    assert forced.poke({}).is_done
+    assert "forced (force=true): not waiting for any threshold" in capfd.readouterr().out
+    with pytest.raises(AirflowFailException, match="force must be true or false, not 'yes'"):
+        LogcompactThresholdSensor(task_id="wait", logcompact_conn_id="connected", force="yes").poke({})
+
+
 @pytest.mark.parametrize(
     "topics, dry_run, buffer_bytes, message",
     [
@@ -175,6 +219,28 @@ def test_sensor_does_not_count_files_leased_to_a_plan(connected_catalog: Catalog
 def test_plan_operator_refuses_bad_params(topics, dry_run, buffer_bytes, message) -> None:
     with pytest.raises(ValueError, match=message):
         _checked_params(topics, dry_run, buffer_bytes)
+    with pytest.raises(ValueError, match="force must be true or false, not 1"):
+        _checked_params(None, False, None, 1)
+
+
+def test_errors_no_retry_can_fix_fail_the_task_at_once(connected_catalog: Catalog) -> None:
+    plan = LogcompactPlanOperator(task_id="plan", mode="full", logcompact_conn_id="connected", topics="accounts")
+    with pytest.raises(AirflowFailException, match=r"^topics must be a list of topic names, not 'accounts'"):
+        plan.execute({})
+    unknown = LogcompactPlanOperator(task_id="plan", mode="full", logcompact_conn_id="connected", topics=["acounts"])
+    with pytest.raises(AirflowFailException, match=r"^topic\(s\) acounts not in cluster .* \(topics: accounts\); fix the topics$") as raised:
+        unknown.execute({})
+    assert isinstance(raised.value.__cause__, TopicNotFoundError)
+    commit = LogcompactCommitOperator(task_id="commit", group_jobs=[{"plan_id": "p1-never-leased"}], logcompact_conn_id="connected")
+    with pytest.raises(AirflowFailException):  # no such plan in the store: only a new plan helps
+        commit.execute({"outlet_events": _OutletEvents()})
+    # What a retry may fix passes as it is: the store or the catalog not answering, and, where given, conflicts.
+    with pytest.raises(CatalogUnavailableError), failing_at_once():
+        raise CatalogUnavailableError("catalog down")
+    with pytest.raises(CommitConflictError), failing_at_once(retried=(CommitConflictError,)):
+        raise CommitConflictError("leased to another plan")
+    with pytest.raises(AirflowFailException, match="^leased to another plan$"), failing_at_once():
+        raise CommitConflictError("leased to another plan")
 
 
 def test_plan_operator_refuses_an_unknown_mode() -> None:
@@ -196,18 +262,23 @@ class _OutletEvents:
         self.added.append((asset.uri, extra))
 
 
-def test_plan_then_commit_operators_compact_with_asset_events(connected_catalog: Catalog) -> None:
+def test_plan_then_commit_operators_compact_with_asset_events(connected_catalog: Catalog, capfd) -> None:
     catalog, now = connected_catalog, _now_ms()
-    produce_l0_files(catalog, "accounts", files=3, records=5, keys=5, partitions=1, now=now)
+    create_topic(catalog, "clicks", now=now, cleanup_policy="delete")
+    produce_l0_files(catalog, "accounts", files=2, records=5, keys=5, partitions=1, now=now)
+    produce_l0_files(catalog, "clicks", files=2, records=7, keys=7, partitions=1, now=now)
     inputs = {f.key for f in catalog.snapshot().file_summaries()}
     plan = LogcompactPlanOperator(task_id="plan", mode="regular", logcompact_conn_id="connected", min_files=(3, 3, 3, 3))
     (job,) = plan.execute({})
-    assert re.fullmatch(r"g0 L0>L1 \d+ B", job.pop("label"))  # a short map-index label
+    assert re.fullmatch(r"g0 L0>L1 [\d.]+ KB", job.pop("label"))  # a short map-index label
     assert job == {
         "store_uri": catalog.store.uri, "plan_id": job["plan_id"], "group": 0,
         "application_args": [f"--store={catalog.store.uri}", f"--plan-id={job['plan_id']}", "--group=0"],
     }
     assert set(catalog.snapshot().leased_files(_now_ms())) == inputs
+    log = capfd.readouterr().out
+    assert "regular: files per level against thresholds: L0 4/3, L1 0/3, L2 0/3, L3 0/3; due: L0" in log
+    assert re.search(rf"leased plan {job['plan_id']}: 4 files \(L0 4\) > L1; [\d.]+ KB in, .*of 24 records removed; 1 group\(s\): g0 L0>L1 ", log)
 
     # What the Spark job does for the group, without Spark: it is given the plan id and the group number.
     slices = deal_slices(read_partition_bytes(catalog.store, job["plan_id"], job["group"]), 1)
@@ -220,12 +291,61 @@ def test_plan_then_commit_operators_compact_with_asset_events(connected_catalog:
     snapshot = catalog.snapshot()
     assert summary["committed"] == [job["plan_id"]] and summary["manifest_version"] == snapshot.version
     assert {f.level for f in snapshot.file_summaries()} == {1} and not snapshot.leased_files(_now_ms())
-    ((uri, extra),) = events.added
-    assert uri == f"logcompact://{snapshot.cluster_id}/accounts"
-    assert extra["plans"][job["plan_id"]]["records_in"] == 15
+    # Each topic's event carries its own figures, not the plan's totals.
+    extras = dict(events.added)
+    assert set(extras) == {f"logcompact://{snapshot.cluster_id}/{topic}" for topic in ("accounts", "clicks")}
+    accounts, clicks = extras[f"logcompact://{snapshot.cluster_id}/accounts"], extras[f"logcompact://{snapshot.cluster_id}/clicks"]
+    assert (accounts["records_in"], accounts["records_out"], accounts["partitions"]) == (10, 10, 1)
+    assert (clicks["records_in"], clicks["records_out"], clicks["duplicates_removed"]) == (14, 14, 0)
+    assert accounts["plans"] == clicks["plans"] == [job["plan_id"]]
+    # The commit's log holds CommitSummary's per-topic table: a row for each topic.
+    rows = [line for line in capfd.readouterr().out.splitlines() if "accounts" in line or "clicks" in line]
+    assert any("accounts" in row for row in rows) and any("clicks" in row for row in rows)
 
     again = commit.execute({"outlet_events": _OutletEvents()})  # a retried task
     assert again["already_committed"] == [job["plan_id"]] and again["manifest_version"] == snapshot.version
+
+
+def test_plan_operator_forced_compacts_below_the_thresholds(connected_catalog: Catalog, capfd) -> None:
+    catalog = connected_catalog
+    produce_l0_files(catalog, "accounts", files=2, records=5, keys=5, partitions=1, now=_now_ms())
+    assert LogcompactPlanOperator(task_id="plan", mode="regular", logcompact_conn_id="connected").execute({}) == []
+    log = capfd.readouterr().out
+    assert "nothing due: L0 has 2 files, needs 32, L1 has 0 files, needs 32; the top level L2 has no 10 files within 2x" in log
+
+    (job,) = LogcompactPlanOperator(task_id="plan", mode="regular", logcompact_conn_id="connected", force=True).execute({})
+    assert job["label"].startswith("g0 L0>L1 ")
+    log = capfd.readouterr().out
+    assert "forced (force=true): any level of 2 files or more is compacted" in log
+    assert "L0 2/2, L1 0/2, L2 0/2, L3 0/2; due: L0" in log
+
+    # A second plan finds the files held by the first, and says by whom.
+    assert LogcompactPlanOperator(task_id="plan", mode="regular", logcompact_conn_id="connected", force=True).execute({}) == []
+    log = capfd.readouterr().out
+    assert re.search(rf"held by in-flight plan {job['plan_id']} \(not planned again until it commits or its lease expires in 60 min\): 2 files \(L0 2\)", log)
+    assert "L0 has 0 files, needs 2" in log and "files leased to in-flight plans are not counted" in log
+
+
+def test_plan_operator_says_when_the_max_lag_pass_is_due_next(connected_catalog: Catalog, capfd) -> None:
+    catalog, now = connected_catalog, _now_ms()
+    create_topic(catalog, "orders", partitions=2, now=now, cleanup_policy="compact", max_compaction_lag_ms=str(2 * 3_600_000))
+    produce_l0_files(catalog, "orders", files=2, records=10, keys=5, partitions=2, now=now - 3_600_000)
+    plan = LogcompactPlanOperator(task_id="plan", mode="max-lag", logcompact_conn_id="connected", topics=["orders"])
+    assert plan.execute({}) == []
+    log = capfd.readouterr().out
+    # Records an hour old under a 2 h lag: dirty in 60 min, planned by the pass 15 min before they are 30 min late.
+    assert re.search(r"nothing due: max-lag: no partition dirty past its max.compaction.lag.ms by 15 min yet; the next "
+                     r"deadline is orders/[01], which becomes dirty in (59|60) min and is planned in (74|75) min", log), log
+    accounts_only = LogcompactPlanOperator(task_id="plan", mode="max-lag", logcompact_conn_id="connected", topics=["accounts"])
+    assert accounts_only.execute({}) == []
+    assert "max-lag: no compacted topic among accounts sets a finite max.compaction.lag.ms" in capfd.readouterr().out
+
+
+def test_dry_run_task_runs_only_in_dry_runs(capfd) -> None:
+    LogcompactDryRunOperator(task_id="dry_run", dry_run=True).execute({})
+    assert "dry run: planned and estimated only; nothing was leased, written or run" in capfd.readouterr().out
+    with pytest.raises(AirflowSkipException, match="not a dry run"):
+        LogcompactDryRunOperator(task_id="dry_run", dry_run=False).execute({})
 
 
 def test_gc_operator_deletes_an_abandoned_output_past_its_grace(connected_catalog: Catalog) -> None:

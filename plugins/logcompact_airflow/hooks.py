@@ -20,16 +20,23 @@ The catalog database is named by one of the extra's keys:
 
 Without either, a `file://` store keeps its catalog in the SQLite file `catalog.db` beside its data; an
 `s3://` store needs one (`CatalogConfigError` says so).
+
+The extra's `planner` sets the planner's knobs for every DAG on this connection (`PlannerConfig`'s fields,
+checked as the planner checks them), e.g. groups of 8 MiB so that a small cluster's plans run as several
+Spark jobs: `"planner": {"group_bytes": 8388608, "min_files": [16, 32, 32, 32]}`.
 """
 
 from __future__ import annotations
+
+from dataclasses import fields
 
 from sqlalchemy.engine import URL
 
 from airflow.sdk import BaseHook
 
 from logcompact.catalog import Catalog
-from logcompact.exceptions import CatalogConfigError
+from logcompact.exceptions import CatalogConfigError, InvalidPlanError
+from logcompact.planner import PlannerConfig
 from logcompact.store import ObjectStore, open_store
 
 
@@ -49,6 +56,28 @@ class LogcompactHook(BaseHook):
     def get_catalog(self) -> Catalog:
         conn = self.get_connection(self.logcompact_conn_id)
         return Catalog(self._open_store(conn), self._catalog_url(conn.extra_dejson))
+
+    def get_planner_config(self) -> PlannerConfig:
+        """The planner's settings: the defaults, with those the extra's `planner` gives."""
+        settings = self.get_connection(self.logcompact_conn_id).extra_dejson.get("planner") or {}
+        where = f"connection {self.logcompact_conn_id!r}: extra planner"
+        if not isinstance(settings, dict):
+            raise ValueError(f'{where} must be an object such as {{"group_bytes": 8388608}}, not {settings!r}')
+        allowed = [f.name for f in fields(PlannerConfig)]
+        for name in settings:
+            if name not in allowed:
+                raise ValueError(f"{where} has no setting {name!r}; the settings are {', '.join(allowed)}")
+        if "min_files" in settings:
+            min_files = settings["min_files"]
+            if not isinstance(min_files, list) or len(min_files) != 4 or not all(
+                isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in min_files
+            ):
+                raise ValueError(f"{where} min_files must be 4 file counts of at least 1 (L0 to L3), not {min_files!r}")
+            settings = {**settings, "min_files": tuple(min_files)}
+        try:
+            return PlannerConfig(**settings)
+        except InvalidPlanError as exc:
+            raise InvalidPlanError(f"{where}: {exc}") from None
 
     def _open_store(self, conn) -> ObjectStore:  # noqa: ANN001 (an Airflow Connection)
         extra = conn.extra_dejson

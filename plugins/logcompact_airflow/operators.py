@@ -1,28 +1,68 @@
 """Plan, commit and gc as Airflow operators. Each acts on the catalog as it is when it runs (wall-clock now,
-never the run's logical date), so a backfill or a re-run of an old date cannot undo newer work."""
+never the run's logical date), so a backfill or a re-run of an old date cannot undo newer work.
+
+Which errors are retried: a retry runs the same task again, so only an error that the world may have fixed by
+then is worth one. Those are `TRANSIENT_ERRORS`, the store or the catalog database not answering. Every other
+`LogcompactError` (unknown topic, bad plan or connection settings, damaged data, a schema mismatch) and every
+`ValueError` (bad params) fails the task at once, as `AirflowFailException` with the same one-line message.
+One class depends on the task: a `CommitConflictError` (files no longer live, or leased to another plan)
+makes the plan task plan again (at once, then through its retries), but fails the commit task at once,
+since only a new plan can fix it.
+"""
 
 from __future__ import annotations
 
-import json
 import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, replace
 from typing import Any
 
-from airflow.sdk.exceptions import AirflowFailException
 from airflow.sdk import Asset, AssetAlias, BaseOperator
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from logcompact.jobs import DEFAULT_GC_GRACE_MS, collect_garbage, commit_plans, prepare_plans, uncleanable_report
+from logcompact.catalog import Snapshot
+from logcompact.exceptions import CatalogUnavailableError, CommitConflictError, LogcompactError, StoreError
+from logcompact.jobs import DEFAULT_GC_GRACE_MS, PreparedRun, collect_garbage, commit_plans, prepare_plans, uncleanable_report
 from logcompact.plan import MAX_BUFFER_BYTES
-from logcompact.planner import MODES, PlannerConfig
+from logcompact.planner import MODES, PlannerConfig, dirty_since, top_level
+from logcompact.topics import LONG_MAX
 from logcompact_airflow.hooks import LogcompactHook
 
 # Commits announce the topics they compacted as events of assets `logcompact://{cluster}/{topic}`.
 COMPACTED_TOPICS = AssetAlias("logcompact-compacted-topics")
 MIN_BUFFER_BYTES = 1024**2
+TRANSIENT_ERRORS: tuple[type[Exception], ...] = (StoreError, CatalogUnavailableError)
+# A forced run compacts any level holding this many files (or a top-level size tier of as many).
+FORCED_MIN_FILES = 2
+MINUTE_MS = 60_000
+# Plans made at once by two DAGs can race for the same files; the loser plans again around the winner's.
+PLAN_ATTEMPTS = 3
 
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+@contextmanager
+def failing_at_once(retried: tuple[type[Exception], ...] = TRANSIENT_ERRORS) -> Iterator[None]:
+    """Errors no retry can fix raise AirflowFailException (the task fails without its retries); `retried` pass."""
+    try:
+        yield
+    except retried:
+        raise
+    except (ValueError, LogcompactError) as exc:
+        raise AirflowFailException(str(exc)) from exc
+
+
+def forced_config(config: PlannerConfig) -> PlannerConfig:
+    """The thresholds a forced run plans with: any level of at least FORCED_MIN_FILES files is due."""
+    return replace(
+        config,
+        min_files=tuple(min(n, FORCED_MIN_FILES) for n in config.min_files),
+        tier_min_files=min(config.tier_min_files, FORCED_MIN_FILES),
+    )
 
 
 class LogcompactPlanOperator(BaseOperator):
@@ -30,10 +70,12 @@ class LogcompactPlanOperator(BaseOperator):
 
     The return value (XCom) holds one job per group the plans record, `{"store_uri", "plan_id", "group",
     "label", "application_args"}`, for a mapped SparkSubmitOperator: a few names per group, however large the
-    plan. A dry run logs the plans' estimates and returns no jobs.
+    plan. A dry run logs the plans' estimates and returns no jobs. `force` (regular mode) plans with every
+    level's threshold lowered to 2 files. The planner's settings come from the connection's extra `planner`;
+    `min_files`, when given, overrides its thresholds (as the sensor waiting upstream was given).
     """
 
-    template_fields = ("topics", "dry_run", "buffer_bytes")
+    template_fields = ("topics", "dry_run", "buffer_bytes", "force")
 
     def __init__(
         self,
@@ -43,7 +85,8 @@ class LogcompactPlanOperator(BaseOperator):
         topics: Any = None,
         dry_run: Any = False,
         buffer_bytes: Any = None,
-        min_files: tuple[int, int, int, int] = PlannerConfig.min_files,
+        force: Any = False,
+        min_files: tuple[int, int, int, int] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -54,41 +97,175 @@ class LogcompactPlanOperator(BaseOperator):
         self.topics = topics
         self.dry_run = dry_run
         self.buffer_bytes = buffer_bytes
-        self.min_files = tuple(min_files)  # as the sensor waiting upstream was given
+        self.force = force
+        self.min_files = None if min_files is None else tuple(min_files)
 
     def execute(self, context: Any) -> list[dict]:
-        topics, dry_run, buffer_bytes = _checked_params(self.topics, self.dry_run, self.buffer_bytes)
-        catalog = LogcompactHook(self.logcompact_conn_id).get_catalog()
-        config = PlannerConfig(min_files=self.min_files)
-        if buffer_bytes is not None:
-            config = replace(config, buffer_bytes=buffer_bytes)
-        prepared = prepare_plans(catalog, self.mode, _now_ms(), config, topics, dry_run)
-        self.log.info("%s", prepared.thresholds.describe())
-        for estimate in prepared.estimates:
-            self.log.info("%s plan: %s", "dry-run" if dry_run else "leased", json.dumps(estimate))
-        self.log.info("%d plan(s), %d group job(s)%s", len(prepared.estimates), len(prepared.groups), " (dry run: nothing written)" if dry_run else "")
+        # A lease conflict is planned again: here at once, then by the task's retries.
+        with failing_at_once(retried=(*TRANSIENT_ERRORS, CommitConflictError)):
+            topics, dry_run, buffer_bytes, force = _checked_params(self.topics, self.dry_run, self.buffer_bytes, self.force)
+            hook = LogcompactHook(self.logcompact_conn_id)
+            catalog = hook.get_catalog()
+            config = hook.get_planner_config()
+            if self.min_files is not None:
+                config = replace(config, min_files=self.min_files)
+            if buffer_bytes is not None:
+                config = replace(config, buffer_bytes=buffer_bytes)
+            if force:
+                config = forced_config(config)
+                self.log.info("forced (force=true): any level of %d files or more is compacted, whatever its threshold", FORCED_MIN_FILES)
+            for attempt in range(1, PLAN_ATTEMPTS + 1):
+                now_ms = _now_ms()
+                try:
+                    prepared = prepare_plans(catalog, self.mode, now_ms, config, topics, dry_run)
+                    break
+                except CommitConflictError as conflict:
+                    if attempt == PLAN_ATTEMPTS:
+                        raise
+                    # Another DAG's plan leased some of these files between this plan's snapshot and its lease.
+                    self.log.warning("planning again (%d of %d): %s", attempt + 1, PLAN_ATTEMPTS, conflict)
+            for line in self._report(catalog.planning_snapshot(now_ms), prepared, now_ms, config, topics, dry_run):
+                self.log.info("%s", line)
         return [{**asdict(job), "application_args": job.application_args()} for job in prepared.groups]
 
+    def _report(
+        self, snapshot: Snapshot, prepared: PreparedRun, now_ms: int, config: PlannerConfig, topics: list[str] | None, dry_run: bool
+    ) -> list[str]:
+        """What the plan did and why, in a few lines: thresholds, each plan with its groups, other plans' leases,
+        and when nothing is due, the reason."""
+        lines = [f"{self.mode}: {prepared.thresholds.describe()}" if self.mode == "regular" else f"{self.mode}: topics {', '.join(topics) if topics else 'all'}"]
+        leases = snapshot.leases(now_ms)
+        levels = {f.key: f.level for f in snapshot.file_summaries()}
+        labels: dict[str, list[str]] = {}
+        for job in prepared.groups:
+            labels.setdefault(job.plan_id, []).append(job.label)
+        for estimate in prepared.estimates:
+            plan_id = estimate["plan_id"]
+            held = Counter(levels[key] for key, lease in leases.items() if lease.plan_id == plan_id and key in levels)
+            per_level = ", ".join(f"L{level} {n}" for level, n in sorted(held.items())) or ", ".join(f"L{level}" for level in estimate["input_levels"])
+            lines.append(
+                f"{'dry run, would lease' if dry_run else 'leased'} plan {plan_id}: {estimate['files_replaced']} files ({per_level}) "
+                f"> L{estimate['target_level']}{' deduplicated' if estimate['deduplicate'] else ''}; {_mb(estimate['input_bytes'])} in, "
+                f"~{_mb(estimate['estimated_output_bytes'])} out, ~{estimate['estimated_records_removed']:,} of "
+                f"{estimate['records_in']:,} records removed; {estimate['groups']} group(s)"
+                + (f": {'; '.join(labels[plan_id])}" if plan_id in labels else "")
+            )
+        others: dict[str, Counter] = {}
+        for key, lease in leases.items():
+            if lease.plan_id not in prepared.plan_ids and key in levels:
+                others.setdefault(lease.plan_id, Counter())[levels[key]] += 1
+        for plan_id, held_levels in sorted(others.items()):
+            expires = max(lease.expires_ms for lease in leases.values() if lease.plan_id == plan_id)
+            lines.append(
+                f"held by in-flight plan {plan_id} (not planned again until it commits or its lease expires in "
+                f"{_minutes(expires - now_ms)}): {held_levels.total()} files "
+                f"({', '.join(f'L{level} {n}' for level, n in sorted(held_levels.items()))})"
+            )
+        if not prepared.estimates:
+            lines.append(f"nothing due: {self._why_nothing(snapshot, prepared, now_ms, config, topics, bool(others))}")
+        elif dry_run:
+            lines.append(f"dry run: {len(prepared.estimates)} plan(s); nothing leased, written or run")
+        else:
+            lines.append(f"{len(prepared.estimates)} plan(s), {len(prepared.groups)} group job(s)")
+        return lines
 
-def _checked_params(topics: Any, dry_run: Any, buffer_bytes: Any) -> tuple[list[str] | None, bool, int | None]:
-    """The UI's params, checked again here because operators are also called from users' own DAGs."""
+    def _why_nothing(
+        self, snapshot: Snapshot, prepared: PreparedRun, now_ms: int, config: PlannerConfig, topics: list[str] | None, others: bool
+    ) -> str:
+        held = "; files leased to in-flight plans are not counted" if others else ""
+        if self.mode == "regular":
+            counts, thresholds = prepared.thresholds.counts, prepared.thresholds.thresholds
+            top = top_level(snapshot.level_counts(), config)
+            below = ", ".join(f"L{level} has {counts.get(level, 0)} files, needs {thresholds[level]}" for level in range(min(top, len(thresholds))))
+            return (
+                f"{below}; the top level L{top} has no {config.tier_min_files} files within {config.tier_size_ratio:g}x "
+                f"of each other's size{held}"
+            )
+        if self.mode == "full":
+            return f"no live file{' of topics ' + ', '.join(topics) if topics else ''} outside in-flight plans{held}"
+        return _why_no_max_lag(snapshot, now_ms, config, topics, others)
+
+
+def _why_no_max_lag(snapshot: Snapshot, now_ms: int, config: PlannerConfig, topics: list[str] | None, others: bool) -> str:
+    """The max-lag pass planned nothing: which partition comes due next, and when."""
+    chosen = [
+        name for name, topic in sorted(snapshot.topics.items())
+        if (not topics or name in topics) and topic.config.compacted and topic.config.max_compaction_lag_ms < LONG_MAX
+    ]
+    if not chosen:
+        return f"max-lag: no compacted topic {'among ' + ', '.join(topics) + ' ' if topics else ''}sets a finite max.compaction.lag.ms"
+    # A partition is planned by the last pass before it has been dirty for max_lag_deadline_ms.
+    horizon = now_ms + config.max_lag_pass_interval_ms - config.max_lag_deadline_ms
+    dirty = [
+        (since, topic, partition)
+        for topic in chosen
+        for partition in range(snapshot.topics[topic].partitions)
+        if (since := dirty_since(snapshot, topic, partition, config)) is not None
+    ]
+    if not dirty:
+        return f"max-lag: every partition of {', '.join(chosen)} is clean"
+    since, topic, partition = min(dirty)
+    if since <= horizon and others:
+        return f"max-lag: {topic}/{partition} is due but an in-flight plan holds some of its files; its commit compacts them first"
+    when = "is dirty since" if since <= now_ms else "becomes dirty in"
+    return (
+        f"max-lag: no partition dirty past its max.compaction.lag.ms by {_minutes(config.max_lag_deadline_ms - config.max_lag_pass_interval_ms)} "
+        f"yet; the next deadline is {topic}/{partition}, which {when} {_minutes(abs(since - now_ms))} and is planned "
+        f"in {_minutes(since - horizon)}"
+    )
+
+
+def _mb(count: int) -> str:
+    return f"{count / 1e6:,.1f} MB" if count >= 100_000 else f"{count / 1e3:,.1f} KB"
+
+
+def _minutes(ms: int) -> str:
+    return f"{max(0, ms) / MINUTE_MS:,.0f} min"
+
+
+def _checked_params(topics: Any, dry_run: Any, buffer_bytes: Any, force: Any = False) -> tuple[list[str] | None, bool, int | None, bool]:
+    """The UI's params, checked again here because operators are also called from users' own DAGs. None, what an
+    optional param left empty gives, is its default."""
     if topics in (None, "", []):
         topics = None
     elif not isinstance(topics, list) or not all(isinstance(t, str) and t for t in topics):
         raise ValueError(f"topics must be a list of topic names, not {topics!r}; e.g. [\"orders\"]")
-    if not isinstance(dry_run, bool):
-        raise ValueError(f"dry_run must be true or false, not {dry_run!r}; pass a bool (with templates, set the DAG's render_template_as_native_obj=True)")
+    checked_flag("dry_run", dry_run)
+    checked_flag("force", force)
     if buffer_bytes is not None and (
         isinstance(buffer_bytes, bool) or not isinstance(buffer_bytes, int) or not MIN_BUFFER_BYTES <= buffer_bytes <= MAX_BUFFER_BYTES
     ):
         raise ValueError(f"buffer_bytes must be an integer from {MIN_BUFFER_BYTES} (1 MiB) to {MAX_BUFFER_BYTES} (2 GiB), not {buffer_bytes!r}")
-    return topics, dry_run, buffer_bytes
+    return topics, dry_run, buffer_bytes, force
+
+
+def checked_flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false, not {value!r}; pass a bool (with templates, set the DAG's render_template_as_native_obj=True)")
+    return value
+
+
+class LogcompactDryRunOperator(BaseOperator):
+    """Succeeds in a dry run and is skipped in any other, so that the grid shows which runs were dry (a task
+    cannot set its run's note through the Task SDK)."""
+
+    template_fields = ("dry_run",)
+
+    def __init__(self, *, dry_run: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.dry_run = dry_run
+
+    def execute(self, context: Any) -> None:
+        if self.dry_run is not True:
+            raise AirflowSkipException("not a dry run")
+        self.log.info("dry run: planned and estimated only; nothing was leased, written or run (the plan task's log lists the plans)")
 
 
 class LogcompactCommitOperator(BaseOperator):
     """Commit every plan its group jobs ran, atomically and once (a retry is a no-op that reports the same stats).
 
-    Emits one asset event per compacted topic through `COMPACTED_TOPICS`, with the plans' stats as metadata.
+    Logs a per-topic table, and emits one asset event per compacted topic through `COMPACTED_TOPICS` with that
+    topic's own figures (records and bytes in and out, records removed, partitions) and the plan ids as metadata.
     """
 
     template_fields = ("group_jobs",)
@@ -101,14 +278,13 @@ class LogcompactCommitOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict:
         plan_ids = sorted({job["plan_id"] for job in self.group_jobs})
-        catalog = LogcompactHook(self.logcompact_conn_id).get_catalog()
-        summary = commit_plans(catalog, plan_ids, _now_ms())
-        self.log.info("committed %s; already committed %s; manifest version %d", summary.committed, summary.already_committed, summary.manifest_version)
-        for partition in summary.uncleanable:
-            self.log.warning("set aside as uncleanable: %s/%d: %s", partition["topic"], partition["partition"], partition["reason"])
+        with failing_at_once():  # a conflict here needs a new plan, which no retry of the commit makes
+            summary = commit_plans(LogcompactHook(self.logcompact_conn_id).get_catalog(), plan_ids, _now_ms())
+        for line in summary.describe():
+            self.log.info("%s", line)
         events = context["outlet_events"][COMPACTED_TOPICS]
         for topic in summary.topics:
-            events.add(_topic_asset(summary.cluster_id, topic), extra={"plans": summary.stats})
+            events.add(_topic_asset(summary.cluster_id, topic), extra={**summary.topic_stats.get(topic, {}), "plans": plan_ids})
         return summary.to_dict()
 
 
@@ -123,7 +299,8 @@ class LogcompactUncleanableOperator(BaseOperator):
         self.logcompact_conn_id = logcompact_conn_id
 
     def execute(self, context: Any) -> int:
-        count, message = uncleanable_report(LogcompactHook(self.logcompact_conn_id).get_catalog())
+        with failing_at_once():
+            count, message = uncleanable_report(LogcompactHook(self.logcompact_conn_id).get_catalog())
         if count:
             raise AirflowFailException(message)
         self.log.info("%s", message)
@@ -144,7 +321,8 @@ class LogcompactGcOperator(BaseOperator):
         self.logcompact_conn_id = logcompact_conn_id
 
     def execute(self, context: Any) -> dict:
-        report = collect_garbage(LogcompactHook(self.logcompact_conn_id).get_catalog(), _now_ms(), self.grace_ms)
+        with failing_at_once():
+            report = collect_garbage(LogcompactHook(self.logcompact_conn_id).get_catalog(), _now_ms(), self.grace_ms)
         self.log.info(
             "gc: %d data files, %d plan objects deleted; %d commit-log versions trimmed; %d expired leases released; "
             "%d young files kept; %d work directories of dead jobs removed",

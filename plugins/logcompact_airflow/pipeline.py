@@ -16,6 +16,7 @@ from logcompact_airflow.hooks import LogcompactHook
 from logcompact_airflow.operators import (
     MIN_BUFFER_BYTES,
     LogcompactCommitOperator,
+    LogcompactDryRunOperator,
     LogcompactPlanOperator,
     LogcompactUncleanableOperator,
 )
@@ -39,18 +40,28 @@ DAG_SETTINGS = {
 }
 
 
-def compaction_params(with_topics: bool) -> dict[str, Param]:
+def compaction_params(with_topics: bool, with_force: bool = False) -> dict[str, Param]:
+    """The trigger form's params. The form marks a param required unless its type allows null, so the optional
+    ones take null (their default) when left empty."""
     params = {
         "dry_run": Param(False, type="boolean", description="Plan and report the expected effect; lease, write and run nothing."),
         "buffer_bytes": Param(
-            DEFAULT_BUFFER_BYTES, type="integer", minimum=MIN_BUFFER_BYTES, maximum=MAX_BUFFER_BYTES,
-            description="Key-map buffer of each deduplicating job (bytes); more keys per pass, more memory per task.",
+            None, type=["null", "integer"], minimum=MIN_BUFFER_BYTES, maximum=MAX_BUFFER_BYTES,
+            description=(
+                "Key-map buffer of each deduplicating job (bytes); more keys per pass, more memory per task. "
+                f"Empty: the connection's planner setting, else {DEFAULT_BUFFER_BYTES // 1024**2} MiB."
+            ),
         ),
     }
     if with_topics:
         params["topics"] = Param(
-            [], type="array", items={"type": "string", "minLength": 1},
-            description="Topics to compact (empty: every topic).",
+            None, type=["null", "array"], items={"type": "string", "minLength": 1},
+            description="Topics to compact, one per line (empty: every topic).",
+        )
+    if with_force:
+        params["force"] = Param(
+            False, type="boolean",
+            description="Run now whatever the thresholds: no waiting, and any level of 2 files or more is compacted.",
         )
     return params
 
@@ -59,9 +70,10 @@ def _spark_job(job: dict) -> dict:
     return {"application_args": job["application_args"], "name": job["label"]}
 
 
-def compaction_pipeline(mode: str) -> tuple[LogcompactPlanOperator, LogcompactUncleanableOperator]:
-    """plan >> compact_group (one mapped Spark job per group) >> commit >> uncleanable_partitions; returns the first
-    and last task."""
+def compaction_pipeline(mode: str, with_force: bool = False) -> tuple[LogcompactPlanOperator, LogcompactUncleanableOperator]:
+    """plan >> compact_group (one mapped Spark job per group, labelled `g0 L0>L1 12.3 MB`) >> commit >>
+    uncleanable_partitions, and plan >> dry_run (done in a dry run, skipped in any other, so the grid shows
+    which runs were dry); returns the first and last task. `with_force`: the DAG has the `force` param."""
     plan = LogcompactPlanOperator(
         task_id="plan",
         mode=mode,
@@ -69,6 +81,7 @@ def compaction_pipeline(mode: str) -> tuple[LogcompactPlanOperator, LogcompactUn
         topics=None if mode == "regular" else "{{ params.topics }}",
         dry_run="{{ params.dry_run }}",
         buffer_bytes="{{ params.buffer_bytes }}",
+        force="{{ params.force }}" if with_force else False,
     )
     compact = SparkSubmitOperator.partial(
         task_id="compact_group",
@@ -78,5 +91,6 @@ def compaction_pipeline(mode: str) -> tuple[LogcompactPlanOperator, LogcompactUn
     ).expand_kwargs(plan.output.map(_spark_job))
     commit = LogcompactCommitOperator(task_id="commit", group_jobs=plan.output, logcompact_conn_id=STORE_CONN_ID)
     uncleanable = LogcompactUncleanableOperator(task_id="uncleanable_partitions", logcompact_conn_id=STORE_CONN_ID, retries=0)
+    plan >> LogcompactDryRunOperator(task_id="dry_run", dry_run="{{ params.dry_run }}")
     compact >> commit >> uncleanable
     return plan, uncleanable

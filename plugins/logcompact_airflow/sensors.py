@@ -3,32 +3,50 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
 from logcompact.jobs import check_thresholds
-from logcompact.planner import PlannerConfig
 from logcompact_airflow.hooks import LogcompactHook
+from logcompact_airflow.operators import checked_flag, failing_at_once
 
 
 class LogcompactThresholdSensor(BaseSensorOperator):
-    """Done when some level L0..L3 holds at least its `min_files` files not leased to an in-flight plan."""
+    """Done when some level L0..L3 holds at least its `min_files` files not leased to an in-flight plan, or at
+    once when `force` is true. `min_files` defaults to the connection's planner settings (32 per level)."""
+
+    template_fields = ("force",)
 
     def __init__(
         self,
         *,
         logcompact_conn_id: str = LogcompactHook.default_conn_name,
-        min_files: tuple[int, int, int, int] = PlannerConfig.min_files,
+        min_files: tuple[int, int, int, int] | None = None,
+        force: Any = False,
         mode: str = "reschedule",
         **kwargs: Any,
     ) -> None:
         super().__init__(mode=mode, **kwargs)
         self.logcompact_conn_id = logcompact_conn_id
-        self.min_files = tuple(min_files)
+        self.min_files = None if min_files is None else tuple(min_files)
+        self.force = force
 
     def poke(self, context: Any) -> PokeReturnValue:
-        snapshot = LogcompactHook(self.logcompact_conn_id).get_catalog().snapshot()
-        status = check_thresholds(snapshot, int(time.time() * 1000), PlannerConfig(min_files=self.min_files))
+        with failing_at_once():
+            if checked_flag("force", self.force):
+                self.log.info("forced (force=true): not waiting for any threshold; the plan compacts what it can now")
+                return PokeReturnValue(is_done=True)
+            hook = LogcompactHook(self.logcompact_conn_id)
+            config = hook.get_planner_config()
+            if self.min_files is not None:
+                config = replace(config, min_files=self.min_files)
+            status = check_thresholds(hook.get_catalog().snapshot(), int(time.time() * 1000), config)
+        if not status.reached:
+            self.log.info(
+                "waiting for a level to reach its threshold (poked every %d s, for up to %d s); trigger with force=true to run now",
+                self.poke_interval, self.timeout,
+            )
         self.log.info("%s", status.describe())
         return PokeReturnValue(is_done=status.reached, xcom_value={f"L{k}": v for k, v in status.counts.items()})
