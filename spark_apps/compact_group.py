@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 from typing import Callable, Iterable, Iterator
 
-from logcompact.engine.stats import JobResult
+from logcompact.engine.stats import JobResult, summarize
 from logcompact.exceptions import LogcompactError
 from logcompact.jobs import deal_slices, run_slice
 from logcompact.jobs.documents import group_done, read_partition_bytes, write_group_result
@@ -66,10 +66,29 @@ def main(argv: list[str] | None = None) -> None:
     # stop() first waits about a second for its accumulator server to notice.
     from pyspark import SparkConf, SparkContext
 
-    context = SparkContext.getOrCreate(SparkConf().setAppName(f"logcompact {args.plan_id} group {args.group}"))
+    # Spark's own INFO lines would bury the job's (the task log of an Airflow run is this process's output).
+    conf = SparkConf().setAppName(f"logcompact {args.plan_id} group {args.group}")
+    conf.setIfMissing("spark.log.level", "WARN").setIfMissing("spark.ui.showConsoleProgress", "false")
+    context = SparkContext.getOrCreate(conf)
     slices = deal_slices(sizes, args.slices or context.defaultParallelism)
-    results = context.parallelize(slices, len(slices)).mapPartitions(slice_task(args.store, args.plan_id, args.group)).collect()
-    write_group_result(store, args.plan_id, args.group, [JobResult.from_dict(r) for r in results])
+    results = [JobResult.from_dict(r) for r in context.parallelize(slices, len(slices)).mapPartitions(slice_task(args.store, args.plan_id, args.group)).collect()]
+    write_group_result(store, args.plan_id, args.group, results)
+    report(results)
+
+
+def report(results: list[JobResult]) -> None:
+    """The group's figures on the driver's output, which is the Airflow task's log: a line per slice, then the
+    group's totals."""
+    for result in results:
+        print(f"compact_group: {result.stats.describe()}", flush=True)
+    total = summarize([r.stats for r in results], sum(r.stats.bytes_in for r in results))
+    print(
+        f"compact_group: group {results[0].group} done in {len(results)} slice(s): {total['records_in']:,} records in, "
+        f"{total['records_out']:,} out; {total['bytes_in'] / 1e6:,.1f} MB read, {total['bytes_out'] / 1e6:,.1f} MB written "
+        f"({total['recopy_percent']}% recopied); key map at most {total['buffer_utilization_percent']}% full; "
+        f"{total['gets']} GETs, {total['puts']} PUTs; slowest slice {total['max_job_seconds']:.1f} s",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -271,3 +271,26 @@ def test_stored_plan_documents_that_do_not_check_out_are_one_line_errors(catalog
         read_group(store, plan_id, 1)
     with pytest.raises(ObjectNotFoundError, match="no plan p-none"):
         read_header(store, "p-none")
+
+
+def test_each_topic_reports_its_own_figures_and_they_add_up_to_the_plan(catalog: Catalog) -> None:
+    create_topic(catalog, "clicks", partitions=2, cleanup_policy="delete")
+    produce_l0_files(catalog, "clicks", files=4, records=40, keys=5, partitions=2)
+    prepared = prepare_plans(catalog, "full", NOW, PlannerConfig(group_bytes=1))
+    (plan_id,) = prepared.plan_ids
+    _run_groups(catalog, plan_id)
+    summary = commit_plans(catalog, [plan_id], NOW)
+
+    accounts, clicks = summary.topic_stats["accounts"], summary.topic_stats["clicks"]
+    assert (accounts["partitions"], accounts["records_in"]) == (3, 300) and accounts["duplicates_removed"] > 0
+    # A delete topic keeps every record: nothing of the compacted topic's removals is put down to it.
+    assert (clicks["partitions"], clicks["records_in"], clicks["records_out"], clicks["duplicates_removed"]) == (2, 160, 160, 0)
+    plan = summary.stats[plan_id]
+    for name in ("records_in", "records_out", "duplicates_removed", "tombstones_removed", "expired_removed"):
+        assert accounts[name] + clicks[name] == plan[name], name
+    assert 0 < accounts["uncompressed_bytes_out"] < accounts["uncompressed_bytes_in"]
+    lines = summary.describe()
+    assert lines[0].startswith(f"committed 1 plan(s) {plan_id}; already committed 0 -;")
+    header = next(n for n, line in enumerate(lines) if line.startswith("topic "))
+    assert lines[header + 1].split()[:5] == ["accounts", "3", "300", f"{accounts['records_out']:,}", f"{accounts['duplicates_removed']:,}"]
+    assert lines[header + 2].split()[:5] == ["clicks", "2", "160", "160", "0"]

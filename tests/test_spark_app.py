@@ -6,6 +6,7 @@ catalog."""
 from __future__ import annotations
 
 import shutil
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -104,6 +105,11 @@ def test_spark_submit_runs_a_group_with_local_spark(tmp_path, make_catalog_url) 
         capture_output=True, text=True, env=spark_environment(), timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    # The log says what the job did, a line per slice and the group's totals, and Spark's INFO lines are gone.
+    lines = [line for line in done.stdout.splitlines() if line.startswith("compact_group: ")]
+    assert len(lines) == 3 and all(re.search(rf"plan {sweep.plan_id} group 0 > L2: [\d,]+ records in", line) for line in lines[:2])
+    assert re.match(r"compact_group: group 0 done in 2 slice\(s\): 900 records in, 30 out; .* GETs", lines[2]), lines[2]
+    assert done.stderr.count(" INFO ") <= 3, done.stderr[:3000]  # those before the SparkContext applies the level
     assert not (tmp_path / "store" / "catalog.db").exists()  # the application made no catalog of its own
     assert commit_plans(catalog, [sweep.plan_id], NOW).committed == [sweep.plan_id]
     snapshot = catalog.snapshot()
@@ -123,7 +129,7 @@ def test_spark_submit_runs_a_group_on_a_standalone_cluster(tmp_path) -> None:
             capture_output=True, text=True, env=spark_environment(), timeout=300,
         )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert f"Connecting to master {master}" in done.stderr or "StandaloneAppClient" in done.stderr
+    assert f"Registering app logcompact {sweep.plan_id} group 0" in (tmp_path / "spark-master.log").read_text()
     assert commit_plans(catalog, [sweep.plan_id], NOW).committed == [sweep.plan_id]
     assert len(catalog.snapshot().file_summaries()) == 3  # three slices, each on an executor of the cluster
     assert _latest(catalog, 6) == {b"k%d" % k: b"2" for k in range(30)}

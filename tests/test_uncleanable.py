@@ -69,6 +69,9 @@ def test_a_damaged_section_sets_one_partition_aside_and_the_other_99_commit(cata
     marks = catalog.uncleanable()
     assert [(m.topic, m.partition, m.file_key, m.failures) for m in marks] == [("t", 37, damaged_key, 1)]
     assert marks[0].bytes > 0
+    # The topic's figures leave the set-aside partition out, as the job's totals do.
+    assert stats["topics"]["t"]["partitions"] == PARTITIONS - 1
+    assert stats["topics"]["t"]["records_in"] == stats["records_in"] == FILES * RECORDS * (PARTITIONS - 1) // PARTITIONS
     expected = _expected()
     for partition in range(PARTITIONS):
         if partition != 37:

@@ -393,6 +393,8 @@ def run_plan(store: ObjectStore, plan: Plan, offset_map: OffsetMap | None = None
                     stats.rewind(counts)
                     stats.set_aside(SetAside(topic, partition, str(damage), damage.key or ""))
                     log.warning("plan %s: %s/%d set aside as uncleanable: %s", plan.plan_id, topic, partition, damage)
+                else:
+                    stats.partition_done(topic, counts, sum(s.info.uncompressed_bytes for _, s in sections))
             for files in outputs.values():
                 files.close()
         except BaseException:
@@ -404,8 +406,7 @@ def run_plan(store: ObjectStore, plan: Plan, offset_map: OffsetMap | None = None
             pass2.close()
 
     result_files = outputs["compacted"].files + outputs["other"].files
-    stats.bytes_out = sum(f.size for f in result_files)
-    stats.files_out = len(result_files)
+    stats.outputs_written(result_files)
     requests = store.counters.snapshot() - requests_before
     stats.gets, stats.puts = requests.get, requests.put
     stats.seconds = round(time.perf_counter() - started, 3)

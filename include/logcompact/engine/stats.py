@@ -4,6 +4,7 @@ loading the engine)."""
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import asdict, dataclass, field
 from operator import attrgetter
@@ -40,6 +41,8 @@ class CompactionStats:
     warnings: list[str] = field(default_factory=list)
     # Partitions set aside as uncleanable (SetAside as dicts): their sections stay where they are.
     uncleanable: list[dict] = field(default_factory=list)
+    # Each topic's own figures (TOPIC_FIGURES): what a topic's asset event and the commit's table report.
+    topics: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def warnings_once(self, message: str) -> None:
         if message not in self.warnings:
@@ -58,6 +61,32 @@ class CompactionStats:
 
     def set_aside(self, partition: SetAside) -> None:
         self.uncleanable.append(partition.to_dict())
+
+    def partition_done(self, topic: str, checkpoint: tuple, uncompressed_bytes_in: int) -> None:
+        """Credit `topic` with what its partition added since `checkpoint` (a partition set aside is rewound instead)."""
+        figures = self.topics.setdefault(topic, dict.fromkeys(TOPIC_FIGURES, 0))
+        for name, before, after in zip(PARTITION_COUNTS, checkpoint[0], _PARTITION_COUNTS(self)):
+            figures[name] += after - before
+        figures["partitions"] += 1
+        figures["uncompressed_bytes_in"] += uncompressed_bytes_in
+
+    def outputs_written(self, outputs: list[DataFile]) -> None:
+        self.bytes_out = sum(f.size for f in outputs)
+        self.files_out = len(outputs)
+        for data_file in outputs:
+            for section in data_file.sections:
+                self.topics[section.topic]["uncompressed_bytes_out"] += section.info.uncompressed_bytes
+
+    def describe(self) -> str:
+        """One line for a job's log."""
+        return (
+            f"plan {self.plan_id} group {self.group} > L{self.target_level}: {self.records_in:,} records in, "
+            f"{self.records_out:,} out ({self.duplicates_removed:,} duplicates, {self.tombstones_removed:,} tombstones, "
+            f"{self.expired_removed:,} expired removed); {_megabytes(self.bytes_in)} in, {_megabytes(self.bytes_out)} out "
+            f"in {self.files_out} file(s); {self.gets} GETs, {self.puts} PUTs; key map {100 * self.buffer_utilization:.0f}% "
+            f"full ({self.distinct_keys:,} keys, room for {self.key_capacity:,}); {self.seconds:.1f} s"
+            + (f"; {len(self.uncleanable)} partition(s) set aside as uncleanable" if self.uncleanable else "")
+        )
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -89,7 +118,23 @@ PARTITION_COUNTS = (
     "tombstones_kept", "tombstones_stamped", "tombstones_removed", "invalid_records", "young_kept",
 )
 JOB_COUNTS = ("bytes_out", "files_out", "gets", "puts")
+# A topic's figures: its partitions' counts, how many it had, and their sections' uncompressed bytes (a file's
+# bytes are not split by topic).
+TOPIC_FIGURES = (*PARTITION_COUNTS, "partitions", "uncompressed_bytes_in", "uncompressed_bytes_out")
 _PARTITION_COUNTS = attrgetter(*PARTITION_COUNTS)
+
+
+def add_topic_figures(into: dict[str, dict[str, int]], topics: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """`into` with each topic's figures in `topics` added."""
+    for topic, figures in topics.items():
+        total = into.setdefault(topic, dict.fromkeys(TOPIC_FIGURES, 0))
+        for name in TOPIC_FIGURES:
+            total[name] += figures.get(name, 0)
+    return into
+
+
+def _megabytes(count: int) -> str:
+    return f"{count / 1e6:,.1f} MB"
 
 
 def summarize(jobs: list[CompactionStats], bytes_in: int) -> dict:
@@ -111,6 +156,7 @@ def summarize(jobs: list[CompactionStats], bytes_in: int) -> dict:
         "oversized_partitions": [p for job in jobs for p in job.oversized_partitions],
         "warnings": sorted({w for job in jobs for w in job.warnings}),
         "uncleanable": [p for job in jobs for p in job.uncleanable],
+        "topics": functools.reduce(add_topic_figures, (job.topics for job in jobs), {}),
         "groups": len({job.group for job in jobs}),
         "jobs": len(jobs),
     }

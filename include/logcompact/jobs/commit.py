@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 
 from logcompact.catalog import Catalog, SetAside
 from logcompact.plan import Plan, PlanHeader
-from logcompact.engine.stats import CompactionStats, JobResult, summarize
+from logcompact.engine.stats import CompactionStats, JobResult, add_topic_figures, summarize
 from logcompact.exceptions import CommitConflictError, ObjectNotFoundError
 from logcompact.jobs.documents import check_seal, read_header, read_results
 
@@ -67,9 +67,30 @@ class CommitSummary:
     cluster_id: str = ""
     manifest_version: int = 0  # the catalog's newest version once the plans are committed
     uncleanable: list[dict] = field(default_factory=list)  # partitions these plans set aside (SetAside as dicts)
+    topic_stats: dict[str, dict[str, int]] = field(default_factory=dict)  # each topic's figures over these plans
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def describe(self) -> list[str]:
+        """What the commit did, for a log: the plans, then a table of each topic's figures, then what was set aside."""
+        lines = [
+            f"committed {len(self.committed)} plan(s) {', '.join(self.committed) or '-'}; already committed "
+            f"{len(self.already_committed)} {', '.join(self.already_committed) or '-'}; manifest version {self.manifest_version}"
+        ]
+        if self.topic_stats:
+            rows = [("topic", "partitions", "records in", "records out", "duplicates", "tombstones", "expired", "MB in", "MB out")]
+            for topic, f in sorted(self.topic_stats.items()):
+                rows.append((
+                    topic, f"{f['partitions']:,}", f"{f['records_in']:,}", f"{f['records_out']:,}", f"{f['duplicates_removed']:,}",
+                    f"{f['tombstones_removed']:,}", f"{f['expired_removed']:,}",
+                    f"{f['uncompressed_bytes_in'] / 1e6:,.1f}", f"{f['uncompressed_bytes_out'] / 1e6:,.1f}",
+                ))
+            widths = [max(len(row[n]) for row in rows) for n in range(len(rows[0]))]
+            lines += ["  ".join(cell.ljust(w) if n == 0 else cell.rjust(w) for n, (cell, w) in enumerate(zip(row, widths))) for row in rows]
+            lines.append("(duplicates, tombstones, expired: records removed; MB: uncompressed bytes of the topic's sections)")
+        lines += [f"set aside as uncleanable: {p['topic']}/{p['partition']}: {p['reason']}" for p in self.uncleanable]
+        return lines
 
 
 def commit_plans(catalog: Catalog, plan_ids: list[str], now_ms: int) -> CommitSummary:
@@ -100,6 +121,7 @@ def commit_plans(catalog: Catalog, plan_ids: list[str], now_ms: int) -> CommitSu
             (summary.committed if committed else summary.already_committed).append(plan_id)
             summary.stats[plan_id] = PlanResult(plan_id, [r.stats for r in results], sum(f.size for f in header.inputs)).to_dict()
             summary.uncleanable += summary.stats[plan_id]["uncleanable"]
+            add_topic_figures(summary.topic_stats, summary.stats[plan_id]["topics"])
             topics.update(header.topics)
     if plan_ids:
         summary.cluster_id, summary.manifest_version = catalog.cluster_id, catalog.latest_version()
