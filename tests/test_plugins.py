@@ -22,6 +22,7 @@ from logcompact.planner import PlannerConfig
 from logcompact.store import LocalStore
 from logcompact.store.s3 import S3Store
 from logcompact_airflow.hooks import LogcompactHook
+from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from logcompact_airflow.operators import (
@@ -336,6 +337,13 @@ def test_plan_operator_says_when_the_max_lag_pass_is_due_next(connected_catalog:
     # Records an hour old under a 2 h lag: dirty in 60 min, planned by the pass 15 min before they are 30 min late.
     assert re.search(r"nothing due: max-lag: no partition dirty past its max.compaction.lag.ms by 15 min yet; the next "
                      r"deadline is orders/[01], which becomes dirty in (59|60) min and is planned in (74|75) min", log), log
+    # In an hourly DAG the planner assumes hourly passes: planned by the pass 30 min before they are 30 min late.
+    with DAG(dag_id="hourly_max_lag", schedule="@hourly"):
+        hourly = LogcompactPlanOperator(task_id="plan", mode="max-lag", logcompact_conn_id="connected", topics=["orders"])
+    assert hourly.execute({}) == []
+    log = capfd.readouterr().out
+    assert "max-lag pass every 60 min (the DAG's schedule): a partition is planned when, by the next pass, it would be dirty longer than 30 min" in log
+    assert re.search(r"the next deadline is orders/[01], which becomes dirty in (59|60) min and is planned in (29|30) min", log), log
     accounts_only = LogcompactPlanOperator(task_id="plan", mode="max-lag", logcompact_conn_id="connected", topics=["accounts"])
     assert accounts_only.execute({}) == []
     assert "max-lag: no compacted topic among accounts sets a finite max.compaction.lag.ms" in capfd.readouterr().out

@@ -333,14 +333,18 @@ def _planner_options(command):
                      show_default=True, help="Output files are cut at this size, at a section boundary."),
         click.option("--group-bytes", type=click.IntRange(1, MAX_BYTE_COUNT), default=PlannerConfig.group_bytes, show_default=True,
                      help="Plans with more input (uncompressed) are split into groups of partitions of about this size."),
+        click.option("--pass-interval-minutes", type=click.IntRange(1, 7 * 24 * 60), default=PlannerConfig.max_lag_pass_interval_ms // 60_000,
+                     show_default=True, help="max-lag mode: minutes until your next max-lag pass (your cron's interval); what is "
+                     "dirty past its max lag by then is compacted now."),
     ]):
         command = option(command)
     return command
 
 
-def _config(min_files: int, buffer_bytes: int, target_file_bytes: int, group_bytes: int) -> PlannerConfig:
+def _config(min_files: int, buffer_bytes: int, target_file_bytes: int, group_bytes: int, pass_interval_minutes: int) -> PlannerConfig:
     return PlannerConfig(
-        min_files=(min_files,) * 4, buffer_bytes=buffer_bytes, target_file_bytes=target_file_bytes, group_bytes=group_bytes
+        min_files=(min_files,) * 4, buffer_bytes=buffer_bytes, target_file_bytes=target_file_bytes, group_bytes=group_bytes,
+        max_lag_pass_interval_ms=pass_interval_minutes * 60_000,
     )
 
 

@@ -29,6 +29,7 @@ from logcompact.plan import MAX_BUFFER_BYTES
 from logcompact.planner import MODES, PlannerConfig, dirty_since, top_level
 from logcompact.topics import LONG_MAX
 from logcompact_airflow.hooks import LogcompactHook
+from logcompact_airflow.schedule import pass_interval_ms
 
 # Commits announce the topics they compacted as events of assets `logcompact://{cluster}/{topic}`.
 COMPACTED_TOPICS = AssetAlias("logcompact-compacted-topics")
@@ -111,6 +112,13 @@ class LogcompactPlanOperator(BaseOperator):
                 config = replace(config, min_files=self.min_files)
             if buffer_bytes is not None:
                 config = replace(config, buffer_bytes=buffer_bytes)
+            if self.mode == "max-lag" and self.has_dag():
+                # The planner's pass interval is the DAG's: otherwise records stay dirty past the deadline.
+                config = replace(config, max_lag_pass_interval_ms=pass_interval_ms(self.dag.timetable))
+                self.log.info(
+                    "max-lag pass every %s (the DAG's schedule): a partition is planned when, by the next pass, it would be "
+                    "dirty longer than %s", _minutes(config.max_lag_pass_interval_ms), _minutes(config.max_lag_deadline_ms),
+                )
             if force:
                 config = forced_config(config)
                 self.log.info("forced (force=true): any level of %d files or more is compacted, whatever its threshold", FORCED_MIN_FILES)

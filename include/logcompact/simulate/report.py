@@ -15,6 +15,7 @@ COLUMNS = [
     ("dedup_delay_p50_s", "dedup p50 s", "{}"),
     ("dedup_delay_p99_s", "dedup p99 s", "{}"),
     ("max_lag_violations", "max-lag viol.", "{:,}"),
+    ("max_minutes_past_lag", "max min past lag", "{:,.1f}"),
     ("duplicates_at_rest_end", "dup. at rest", "{:.1%}"),
     ("live_files_end", "live files", "{}"),
 ]

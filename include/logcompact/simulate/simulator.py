@@ -88,6 +88,7 @@ class SimulationResult:
     puts_per_gib: float = 0.0
     dedup_delay_s: dict = field(default_factory=dict)
     max_lag_violations: int = 0
+    max_minutes_past_lag: float = 0.0  # the most a deduplication came after a record's max lag
     duplicate_fraction: list = field(default_factory=list)  # (hour, fraction of records at rest that are duplicates)
     files_per_level: list = field(default_factory=list)  # (hour, [L0, L1, L2, L3, L4])
 
@@ -102,6 +103,7 @@ class SimulationResult:
             "dedup_delay_p50_s": self.dedup_delay_s.get("p50"),
             "dedup_delay_p99_s": self.dedup_delay_s.get("p99"),
             "max_lag_violations": self.max_lag_violations,
+            "max_minutes_past_lag": self.max_minutes_past_lag,
             "duplicates_at_rest_end": round(last_duplicates, 4),
             "live_files_end": sum(self.files_per_level[-1][1]) if self.files_per_level else 0,
         }
@@ -130,10 +132,13 @@ def _mix(values: np.ndarray) -> np.ndarray:
 
 
 class Simulation:
-    def __init__(self, name: str, workload: Workload, config: PlannerConfig, seed: int = 11) -> None:
+    def __init__(self, name: str, workload: Workload, config: PlannerConfig, seed: int = 11, max_lag_every_ms: int | None = None) -> None:
+        """`max_lag_every_ms`: how often the max-lag pass really runs (its DAG's schedule); by default the interval
+        the planner is told, `config.max_lag_pass_interval_ms`."""
         self.name = name
         self.workload = workload
         self.config = config
+        self.max_lag_every_ms = max_lag_every_ms or config.max_lag_pass_interval_ms
         self.rng = np.random.default_rng(seed)
         settings = {"cleanup.policy": "compact", "min.compaction.lag.ms": str(workload.min_lag_ms)}
         if workload.max_lag_ms is not None:
@@ -219,6 +224,9 @@ class Simulation:
     def _deduplicated(self, cohorts: Cohorts, now: int) -> None:
         self.delays.append(((now - cohorts.produced_ms) / 1000, cohorts.records))
         self.result.max_lag_violations += self._late(cohorts, now)
+        if self.lag is not None and cohorts.records.any():
+            past_lag = (now - cohorts.produced_ms[cohorts.records > 0] - self.lag).max() / 60_000
+            self.result.max_minutes_past_lag = max(self.result.max_minutes_past_lag, round(float(past_lag), 1))
 
     def _late(self, cohorts: Cohorts, now: int) -> int:
         """Records of `cohorts` that are past their max lag and its grace at `now`."""
@@ -245,7 +253,7 @@ class Simulation:
         batch_ms = FLUSH_MS * L0_BATCH // w.agents  # time for all agents to write 32 L0 files
         records_per_batch = w.records_per_s * w.agents * batch_ms / 1000
         end = int(w.hours * HOUR_MS)
-        next_max_lag = self.config.max_lag_pass_interval_ms
+        next_max_lag = self.max_lag_every_ms
         next_sweep = 24 * HOUR_MS
         next_sample = 0
         regular_due = False
@@ -266,7 +274,7 @@ class Simulation:
                 regular_due = False
             if self.lag is not None and now >= next_max_lag:
                 self._run("max-lag", now)
-                next_max_lag += self.config.max_lag_pass_interval_ms
+                next_max_lag += self.max_lag_every_ms
             if now >= next_sweep:
                 self._run("full", now)
                 self._run("regular", now)

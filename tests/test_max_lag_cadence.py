@@ -1,0 +1,70 @@
+"""The max-lag pass's interval is its DAG's schedule, and at that cadence no record stays dirty more than 30 minutes
+past its topic's max.compaction.lag.ms (the simulator follows every record to its deduplication).
+
+The planner plans a partition when, by the next pass, it would be dirty longer than the deadline; told a shorter
+interval than the real one (the bug this guards: an hourly DAG planning as if passes came every 15 minutes),
+records wait up to an hour."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from logcompact.planner import PlannerConfig
+from logcompact.simulate import Simulation, Workload
+from logcompact_airflow.schedule import pass_interval_ms
+
+MINUTE_MS = 60_000
+DAGS = Path(__file__).resolve().parents[1] / "dags"
+# Few records over many partitions: levels fill slowly, so partitions reach their 2 h max lag with data not yet
+# deduplicated against their older data, and the max-lag pass is what compacts them.
+SLOW_LEVELS = Workload(agents=1, records_per_s=50, partitions=32, keys=20_000, hours=6.0, max_lag_ms=2 * 60 * MINUTE_MS)
+
+
+def _timetable(schedule):
+    from airflow.sdk import DAG
+
+    return DAG(dag_id="cadence", schedule=schedule).timetable
+
+
+@pytest.mark.parametrize(
+    ("schedule", "minutes"),
+    [("@hourly", 60), ("*/20 * * * *", 20), (timedelta(minutes=45), 45), ("@daily", 24 * 60),
+     ("0 9,17 * * *", 16 * 60), ("0 0 * * 1-5", 3 * 24 * 60)],  # the longest gap: 17:00 to 9:00, Friday to Monday
+)
+def test_the_pass_interval_is_the_longest_gap_of_the_schedule(schedule, minutes: int) -> None:
+    now = datetime(2026, 11, 25, 10, 7, tzinfo=timezone.utc)
+    assert pass_interval_ms(_timetable(schedule), now) == minutes * MINUTE_MS
+
+
+def test_a_schedule_without_a_regular_interval_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"schedule \(NullTimetable\) has no regular interval; give it a cron or timedelta schedule"):
+        pass_interval_ms(_timetable(None))
+
+
+def _simulate(every_minutes: int, planner_told_minutes: int) -> dict:
+    config = PlannerConfig(max_lag_pass_interval_ms=planner_told_minutes * MINUTE_MS)
+    return Simulation("cadence", SLOW_LEVELS, config, max_lag_every_ms=every_minutes * MINUTE_MS).run().summary()
+
+
+@pytest.mark.parametrize("minutes", [15, 60, 20])
+def test_passes_at_the_interval_the_planner_assumes_keep_every_record_within_30_minutes_of_its_lag(minutes: int) -> None:
+    summary = _simulate(minutes, minutes)
+    assert summary["max_lag_violations"] == 0 and summary["max_minutes_past_lag"] <= 30
+
+
+def test_an_hourly_pass_planned_as_if_every_15_minutes_leaves_records_dirty_an_hour() -> None:
+    summary = _simulate(60, 15)
+    assert summary["max_lag_violations"] > 0 and summary["max_minutes_past_lag"] > 30
+
+
+def test_the_max_lag_dag_tells_its_planner_its_own_schedule_and_holds_the_deadline(airflow_db) -> None:
+    from airflow.dag_processing.dagbag import DagBag
+
+    dag = DagBag(dag_folder=str(DAGS / "logcompact_max_lag_hourly.py")).dags["logcompact_max_lag_hourly"]
+    interval = pass_interval_ms(dag.timetable)
+    assert interval == 60 * MINUTE_MS
+    summary = _simulate(interval // MINUTE_MS, interval // MINUTE_MS)
+    assert summary["max_lag_violations"] == 0 and summary["max_minutes_past_lag"] <= 30
