@@ -39,7 +39,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-test: install deps
+test: install deps lint
 	$(BIN)/python -m pytest
 
 # The whole product on a local store: data, the four DAGs through dag.test() with Spark local, a report.

@@ -35,21 +35,20 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import replace
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from sqlalchemy import text
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from logcompact.catalog import Catalog, NewFile  # noqa: E402
-from logcompact.consume import read_batches  # noqa: E402
-from logcompact.format import section_table, write_segment  # noqa: E402
-from logcompact.ingest import Agent, Record  # noqa: E402
-from logcompact.store import LocalStore  # noqa: E402
-from logcompact.topics import Topic  # noqa: E402
+from logcompact.catalog import Catalog, NewFile
+from logcompact.consume import read_batches
+from logcompact.format import section_table, write_segment
+from logcompact.ingest import Agent, Record
+from logcompact.store import LocalStore
+from logcompact.topics import Topic
 
 NOW = 1_700_000_000_000
 TOPICS = 64
@@ -96,7 +95,7 @@ class Cluster:
     def append_latency(self, commits: int = 200) -> float:
         """Median seconds of one append commit of a 4-section L0 file (rows only, as an agent commits them)."""
         timings = []
-        for n in range(commits):
+        for _ in range(commits):
             infos = tuple(self._infos)
             new = NewFile(f"data/l0/probe-{uuid.uuid4().hex}.seg", 0, 10_000, NOW, infos)
             started = time.perf_counter()
@@ -138,7 +137,7 @@ def consume_first_record(cluster: Cluster, runs: int = 20) -> tuple[float, int]:
     return statistics.median(timings), len(cluster.catalog.snapshot().sections_of("t0", 0))
 
 
-def _agent_process(store_root: str, url: str | None, agent: int, seconds: float, start_at: float, out) -> None:  # noqa: ANN001
+def _agent_process(store_root: str, url: str | None, agent: int, seconds: float, start_at: float, out) -> None:
     catalog = Catalog(LocalStore(store_root), url)
     latencies, failures = [], 0
     time.sleep(max(0.0, start_at - time.time()))
@@ -203,9 +202,9 @@ def _producer_process(store_root: str, url: str | None, writer: int, seconds: fl
             time.sleep(1 / FILES_PER_SECOND)
 
 
-def _compactor_process(store_root: str, url: str | None, seconds: float, start_at: float, out) -> None:  # noqa: ANN001
-    from logcompact.jobs import run_and_commit
+def _compactor_process(store_root: str, url: str | None, seconds: float, start_at: float, out) -> None:
     from logcompact.exceptions import CommitConflictError
+    from logcompact.jobs import run_and_commit
     from logcompact.planner import PlannerConfig, choose_plans
 
     catalog = Catalog(LocalStore(store_root), url)

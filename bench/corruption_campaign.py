@@ -48,16 +48,16 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from logcompact.exceptions import LogcompactError  # noqa: E402
-from logcompact.format.reader import read_footer, read_section  # noqa: E402
-from logcompact.store import LocalStore  # noqa: E402
-from tests.support.campaign import (  # noqa: E402
+from logcompact.exceptions import LogcompactError
+from logcompact.format.reader import read_footer, read_section
+from logcompact.store import LocalStore
+from tests.support.campaign import (
     Cli,
     Done,
     Sent,

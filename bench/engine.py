@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -34,7 +34,7 @@ from logcompact.store import LocalStore
 from logcompact.topics import Topic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.support.synthetic import NOW, write_compacted_log  # noqa: E402
+from tests.support.synthetic import NOW, write_compacted_log
 
 PARTITIONS = 8
 FILES = 10

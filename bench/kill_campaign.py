@@ -52,11 +52,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from logcompact.catalog import DEFAULT_KEEP_VERSIONS  # noqa: E402
-from logcompact.jobs import DEFAULT_GC_GRACE_MS  # noqa: E402
-from logcompact.jobs.workdir import WORKDIR_PREFIX  # noqa: E402
-from logcompact.planner import PlannerConfig  # noqa: E402
-from tests.support.campaign import (  # noqa: E402
+from logcompact.catalog import DEFAULT_KEEP_VERSIONS
+from logcompact.jobs import DEFAULT_GC_GRACE_MS
+from logcompact.jobs.workdir import WORKDIR_PREFIX
+from logcompact.planner import PlannerConfig
+from tests.support.campaign import (
     PHASES,
     Cli,
     Done,

@@ -36,14 +36,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -51,9 +50,9 @@ import pyarrow as pa
 from logcompact.catalog import Catalog, DataFile
 from logcompact.consume import latest_values, read_batches
 from logcompact.engine.cleaner import run_plan
+from logcompact.ingest import Agent, Record
 from logcompact.jobs import run_and_commit
 from logcompact.plan import Plan
-from logcompact.ingest import Agent, Record
 from logcompact.planner import choose_plans as make_plans
 from logcompact.store import LocalStore
 from logcompact.topics import Topic

@@ -30,12 +30,14 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 from logcompact.catalog import Catalog, CatalogSection, DataFile
+from logcompact.exceptions import ClusterNotFoundError
+from logcompact.format.layout import SectionInfo
 from logcompact.jobs.documents import (
     check_seal,
     inputs_key,
@@ -49,14 +51,12 @@ from logcompact.jobs.documents import (
     write_plan,
 )
 from logcompact.plan import Plan
-from logcompact.exceptions import ClusterNotFoundError
-from logcompact.format.layout import SectionInfo
 from logcompact.planner import PlannerConfig, choose_plans
 from logcompact.store import LocalStore
 from logcompact.topics import Topic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from spark_apps.compact_group import slice_task  # noqa: E402
+from spark_apps.compact_group import slice_task
 
 NOW = 1_700_000_000_000
 BATCH = 20_000
@@ -200,7 +200,7 @@ def main() -> None:
                 continue
             plans: list[Plan] = []
 
-            def planned(mode: str = mode, config: PlannerConfig = config) -> None:
+            def planned(mode: str = mode, config: PlannerConfig = config, plans: list[Plan] = plans) -> None:
                 plans[:] = choose_plans(catalog.snapshot(), NOW, mode, config)
 
             took = seconds(args.runs, planned)

@@ -27,11 +27,11 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from logcompact.catalog import Catalog  # noqa: E402
-from logcompact.consume import read_batches, read_records  # noqa: E402
-from logcompact.ingest import Agent, Record  # noqa: E402
-from logcompact.store import LocalStore  # noqa: E402
-from logcompact.topics import Topic  # noqa: E402
+from logcompact.catalog import Catalog
+from logcompact.consume import read_batches, read_records
+from logcompact.ingest import Agent, Record
+from logcompact.store import LocalStore
+from logcompact.topics import Topic
 
 PARTITIONS = 8
 KEY_BYTES = 36
@@ -70,7 +70,7 @@ def consume_records(catalog: Catalog) -> tuple[float, int]:
     return time.perf_counter() - started, rows
 
 
-def open_backend(backend: str, workdir: Path, s3_client, postgres) -> Catalog:  # noqa: ANN001
+def open_backend(backend: str, workdir: Path, s3_client, postgres) -> Catalog:
     """A fresh cluster: a local store with its embedded catalog, or a bucket with a new PostgreSQL database."""
     if backend == "file":
         return Catalog(LocalStore(workdir / uuid.uuid4().hex))

@@ -20,7 +20,7 @@ they need (on a cluster, only its credentials).
 from __future__ import annotations
 
 import argparse
-from typing import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from logcompact.engine.stats import JobResult, summarize
 from logcompact.exceptions import LogcompactError

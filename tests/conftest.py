@@ -15,8 +15,8 @@ import subprocess
 import sys
 import tempfile
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import update
 
-from logcompact.catalog import Catalog, CatalogSection, DataFile, NewFile
-from logcompact.catalog import schema
+from logcompact.catalog import Catalog, CatalogSection, DataFile, NewFile, schema
 from logcompact.exceptions import (
     CatalogConfigError,
     CatalogSchemaError,
@@ -75,10 +74,10 @@ def test_concurrent_appenders_never_share_an_offset_nor_leave_a_gap(catalog: Cat
         try:
             start.wait()
             for n in range(files_each):
-                new = _new_file(f"w{writer}-{n}", *((("t", p, rng.randint(1, 4)) for p in rng.sample(range(3), rng.randint(1, 3)))))
+                new = _new_file(f"w{writer}-{n}", *(("t", p, rng.randint(1, 4)) for p in rng.sample(range(3), rng.randint(1, 3))))
                 sections[new.key] = new.sections
                 assigned[new.key] = _append(own, new)
-        except BaseException as exc:  # noqa: BLE001 (reported by the test thread)
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=append, args=(w,)) for w in range(writers)]

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from sqlalchemy import event
 
 from logcompact.catalog import Catalog, CatalogSection, DataFile
-from logcompact.consume import latest_values, read_batches, read_records, read_sections
-from logcompact.format import section_table, write_segment
+from logcompact.consume import latest_values, read_records, read_sections
 from logcompact.exceptions import InvalidRecordError
+from logcompact.format import section_table, write_segment
 from logcompact.ingest import Agent, Record
 from logcompact.store import LocalStore, ObjectStore
 from tests.helpers import NOW, create_topic
@@ -90,7 +90,7 @@ def test_a_read_asks_the_catalog_for_its_partition_only(catalog: Catalog) -> Non
     snapshot = catalog.snapshot()
     statements: list[str] = []
 
-    def record(_conn, _cursor, statement, _parameters, _context, _executemany) -> None:  # noqa: ANN001
+    def record(_conn, _cursor, statement, _parameters, _context, _executemany) -> None:
         statements.append(statement)
 
     event.listen(catalog.engine, "before_cursor_execute", record)
@@ -167,9 +167,9 @@ def test_latest_offsets_keep_keys_apart_when_their_high_hash_words_match() -> No
 
 
 def test_a_long_section_is_read_through_its_footer_only_as_the_catalog_records_it(catalog: Catalog, monkeypatch) -> None:
-    import logcompact.consume as consume
     from sqlalchemy import update
 
+    import logcompact.consume as consume
     from logcompact.catalog import schema
     from logcompact.exceptions import CorruptDataError
 

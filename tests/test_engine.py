@@ -16,11 +16,11 @@ from pyroaring import BitMap
 from logcompact.catalog import Catalog, NewFile
 from logcompact.consume import latest_values, read_records
 from logcompact.engine.cleaner import run_plan
-from logcompact.jobs import collect_garbage, commit_plan, run_and_commit
-from logcompact.plan import Plan
 from logcompact.exceptions import CommitConflictError, InvalidPlanError
 from logcompact.format import section_table, write_segment
 from logcompact.ingest import Agent, Record
+from logcompact.jobs import collect_garbage, commit_plan, run_and_commit
+from logcompact.plan import Plan
 from logcompact.planner import PlannerConfig, choose_plans
 from logcompact.store import ObjectStore
 from tests.helpers import NOW, create_topic, full_sweep, level_plans
@@ -332,7 +332,7 @@ def test_gc_completes_under_steady_ingest_and_never_deletes_a_live_file(catalog:
         def run(*args) -> None:
             try:
                 work(*args)
-            except BaseException as exc:  # noqa: BLE001 (reported by the test thread)
+            except BaseException as exc:
                 errors.append(exc)
                 stop.set()
         return run

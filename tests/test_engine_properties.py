@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from logcompact.catalog import Catalog
 from logcompact.consume import read_records, read_sections
 from logcompact.engine.cleaner import run_plan
-from logcompact.jobs import commit_plan
 from logcompact.ingest import Agent, Record
+from logcompact.jobs import commit_plan
 from logcompact.store import LocalStore
 from logcompact.topics import Topic
 from tests.helpers import full_sweep, level_plans

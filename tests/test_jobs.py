@@ -12,10 +12,11 @@ import pyarrow as pa
 import pytest
 from sqlalchemy import select
 
-from logcompact.catalog import Catalog
-from logcompact.catalog import schema
+from logcompact.catalog import Catalog, schema
 from logcompact.consume import latest_values
-from logcompact.jobs import collect_garbage
+from logcompact.engine.stats import JobResult
+from logcompact.exceptions import CommitConflictError, InvalidPlanError, ObjectNotFoundError, TopicNotFoundError
+from logcompact.jobs import check_thresholds, collect_garbage, commit_plans, deal_slices, prepare_plans
 from logcompact.jobs.documents import (
     group_key,
     inputs_key,
@@ -28,11 +29,7 @@ from logcompact.jobs.documents import (
     write_plan,
 )
 from logcompact.plan import GROUP_METADATA_KEY, Plan
-from logcompact.engine.stats import JobResult
-from logcompact.exceptions import CommitConflictError, InvalidPlanError, ObjectNotFoundError, TopicNotFoundError
-from logcompact.jobs import check_thresholds, commit_plans, prepare_plans
 from logcompact.planner import PlannerConfig, choose_plans
-from logcompact.jobs import deal_slices
 from spark_apps.compact_group import compact_slices
 from tests.helpers import NOW, create_topic, produce_l0_files
 
@@ -227,7 +224,7 @@ def test_stored_plan_documents_that_do_not_check_out_are_one_line_errors(catalog
     write_plan(store, sweep)
     header = json.loads(store.get(plan_key(plan_id)))
 
-    def fails(key: str, data: bytes, reader, message: str) -> None:  # noqa: ANN001
+    def fails(key: str, data: bytes, reader, message: str) -> None:
         good = store.get(key)
         store.put(key, data)
         with pytest.raises(InvalidPlanError, match=message) as failure:

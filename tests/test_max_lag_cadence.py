@@ -7,7 +7,7 @@ records wait up to an hour."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -35,7 +35,7 @@ def _timetable(schedule):
      ("0 9,17 * * *", 16 * 60), ("0 0 * * 1-5", 3 * 24 * 60)],  # the longest gap: 17:00 to 9:00, Friday to Monday
 )
 def test_the_pass_interval_is_the_longest_gap_of_the_schedule(schedule, minutes: int) -> None:
-    now = datetime(2026, 11, 25, 10, 7, tzinfo=timezone.utc)
+    now = datetime(2026, 11, 25, 10, 7, tzinfo=UTC)
     assert pass_interval_ms(_timetable(schedule), now) == minutes * MINUTE_MS
 
 

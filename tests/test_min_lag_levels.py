@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 
 from logcompact.catalog import Catalog
 from logcompact.consume import read_records
-from logcompact.jobs import run_and_commit
 from logcompact.ingest import Agent, Record
+from logcompact.jobs import run_and_commit
 from logcompact.store import LocalStore
 from tests.helpers import NOW, create_topic, full_sweep, level_plans
 from tests.reference_model import ModelRecord, ReferenceLog

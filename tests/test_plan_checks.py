@@ -12,12 +12,11 @@ import pytest
 
 from logcompact.catalog import Catalog
 from logcompact.consume import latest_values
-from logcompact.jobs import run_and_commit
-from logcompact.jobs.documents import plan_key
-from logcompact.plan import Plan
 from logcompact.exceptions import CommitConflictError, InvalidPlanError
 from logcompact.ingest import Agent, Record
-from logcompact.jobs import commit_plans
+from logcompact.jobs import commit_plans, run_and_commit
+from logcompact.jobs.documents import plan_key
+from logcompact.plan import Plan
 from tests.helpers import NOW, create_topic, full_sweep, level_plans
 
 HOUR = 3_600_000
@@ -158,8 +157,8 @@ def test_an_edited_stored_plan_commits_nothing(catalog: Catalog) -> None:
     import json
 
     from logcompact.engine.cleaner import run_plan
-    from logcompact.jobs.documents import group_key, read_group, write_group_result
     from logcompact.jobs import prepare_plans
+    from logcompact.jobs.documents import group_key, read_group, write_group_result
     from logcompact.planner import PlannerConfig
 
     _cluster(catalog)
@@ -186,8 +185,8 @@ def test_a_stored_plan_edited_to_cover_one_partition_commits_nothing(catalog: Ca
     """The campaign's first edit on the Spark path: the stored documents rewritten, well formed, to hold partition
     0 only, and the job run on them; the commit (which alone would replace the whole input files) refuses."""
     from logcompact.engine.cleaner import run_plan
-    from logcompact.jobs.documents import read_group, read_plan, write_group_result, write_plan
     from logcompact.jobs import prepare_plans
+    from logcompact.jobs.documents import read_group, read_plan, write_group_result, write_plan
     from logcompact.planner import PlannerConfig
 
     _cluster(catalog)

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 
 from logcompact.catalog import Catalog, CatalogSection, DataFile, Snapshot
-from logcompact.jobs import run_and_commit
 from logcompact.exceptions import CommitConflictError, InvalidPlanError
 from logcompact.format.layout import SectionInfo
 from logcompact.ingest import Agent, Record
+from logcompact.jobs import run_and_commit
 from logcompact.plan import Plan, PlanGroup
-from logcompact.planner import PlannerConfig, dirty_since, expected_effect, choose_plans
+from logcompact.planner import PlannerConfig, choose_plans, dirty_since, expected_effect
 from logcompact.store import LocalStore
 from logcompact.topics import HOUR_MS
 from tests.helpers import NOW, create_topic

@@ -12,19 +12,19 @@ import time
 import uuid
 
 import pytest
+from airflow.sdk import DAG
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from sqlalchemy.engine import make_url
 
 from logcompact.catalog import Catalog
-from logcompact.jobs.documents import read_partition_bytes, write_group_result
 from logcompact.engine.stats import JobResult
 from logcompact.exceptions import CatalogConfigError, CatalogUnavailableError, CommitConflictError, InvalidPlanError, TopicNotFoundError
+from logcompact.jobs import deal_slices
+from logcompact.jobs.documents import read_partition_bytes, write_group_result
 from logcompact.planner import PlannerConfig
 from logcompact.store import LocalStore
 from logcompact.store.s3 import S3Store
 from logcompact_airflow.hooks import LogcompactHook
-from airflow.sdk import DAG
-from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
-
 from logcompact_airflow.operators import (
     COMPACTED_TOPICS,
     LogcompactCommitOperator,
@@ -35,7 +35,6 @@ from logcompact_airflow.operators import (
     failing_at_once,
 )
 from logcompact_airflow.sensors import LogcompactThresholdSensor
-from logcompact.jobs import deal_slices
 from spark_apps.compact_group import compact_slices
 from tests.helpers import create_topic, produce_l0_files
 
@@ -255,11 +254,11 @@ class _OutletEvents:
     def __init__(self) -> None:
         self.added: list[tuple[str, dict]] = []
 
-    def __getitem__(self, alias):  # noqa: ANN001
+    def __getitem__(self, alias):
         assert alias == COMPACTED_TOPICS
         return self
 
-    def add(self, asset, extra: dict) -> None:  # noqa: ANN001
+    def add(self, asset, extra: dict) -> None:
         self.added.append((asset.uri, extra))
 
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from logcompact.catalog import Catalog
-from logcompact.jobs import run_and_commit
 from logcompact.ingest import Agent, Record
+from logcompact.jobs import run_and_commit
 from logcompact.planner import PlannerConfig, choose_plans
 from logcompact.simulate import LITERAL_RULES, LOGCOMPACT, WARPSTREAM_LIKE, Simulation, Workload, compare
 from logcompact.simulate.cost import estimate_job

@@ -5,8 +5,8 @@ catalog."""
 
 from __future__ import annotations
 
-import shutil
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,15 +15,14 @@ import pytest
 
 from logcompact.catalog import Catalog
 from logcompact.consume import read_records
-from logcompact.jobs.documents import group_done, read_partition_bytes, read_plan, write_group_result
-from logcompact.plan import Plan
 from logcompact.engine.stats import JobResult
 from logcompact.exceptions import CommitConflictError
 from logcompact.ingest import Agent, Record
-from logcompact.jobs import commit_plans, prepare_plans
+from logcompact.jobs import commit_plans, deal_slices, prepare_plans
+from logcompact.jobs.documents import group_done, read_partition_bytes, read_plan, write_group_result
+from logcompact.plan import Plan
 from logcompact.planner import PlannerConfig
 from logcompact.store import LocalStore
-from logcompact.jobs import deal_slices
 from spark_apps.compact_group import compact_slices, main, slice_task
 from tests.helpers import NOW, create_topic
 from tests.support.spark_cluster import spark_environment, standalone_cluster

@@ -11,8 +11,8 @@ from sqlalchemy import update
 from logcompact.catalog import Catalog
 from logcompact.catalog import schema as s
 from logcompact.consume import latest_values, read_records
-from logcompact.jobs import run_and_commit
 from logcompact.exceptions import CorruptDataError
+from logcompact.jobs import run_and_commit
 from tests.helpers import NOW, create_topic, full_sweep, produce_l0_files
 
 PARTITIONS = 100

@@ -22,15 +22,14 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from logcompact.catalog import Catalog, Snapshot
 from logcompact.consume import read_records
+from logcompact.exceptions import InvalidPlanError, InvalidRecordError, InvalidStoreUriError, LogcompactError
+from logcompact.ingest import Agent, Record, wall_clock_ms
 from logcompact.jobs import DEFAULT_GC_GRACE_MS, collect_garbage, prepare_plans, run_and_commit, run_here
 from logcompact.jobs.documents import HEADER_NAME, read_plan, write_plan
 from logcompact.plan import MAX_BUFFER_BYTES, MAX_BYTE_COUNT, MAX_TARGET_FILE_BYTES, MIN_BUFFER_BYTES, Plan, file_to_json
-from logcompact.exceptions import InvalidPlanError, InvalidRecordError, InvalidStoreUriError, LogcompactError
-from logcompact.ingest import Agent, Record, wall_clock_ms
 from logcompact.planner import MODES, PlannerConfig, check_topics, choose_plans, expected_effect
 from logcompact.store import LocalStore, ObjectStore, open_store
 from logcompact.topics import LONG_MAX, Topic
-
 
 MAX_ROUNDS = 100
 

@@ -10,7 +10,8 @@ merged by offset. Holes left by compaction are simply absent, as Kafka consumers
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator, NamedTuple
+from collections.abc import Iterable, Iterator
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa

@@ -8,18 +8,18 @@ topic-partitions, as a WarpStream agent's files do."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from logcompact.catalog import Catalog, Snapshot
-from logcompact.exceptions import TopicExistsError, VerificationError
 from logcompact.consume import RECORD_SCHEMA, latest_values, read_batches
+from logcompact.exceptions import TopicExistsError, VerificationError
+from logcompact.ingest import Agent, Record
 from logcompact.jobs import run_and_commit
 from logcompact.planner import choose_plans
-from logcompact.ingest import Agent, Record
 from logcompact.store import ObjectStore
 from logcompact.topics import Topic
 

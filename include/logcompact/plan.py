@@ -21,9 +21,10 @@ import bisect
 import json
 import re
 import uuid
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import repeat
-from typing import TYPE_CHECKING, Any, Collection, Iterable, NamedTuple, Sequence, get_type_hints
+from typing import TYPE_CHECKING, Any, NamedTuple, get_type_hints
 
 import numpy as np
 import pyarrow as pa

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import asdict, dataclass, replace
+from collections.abc import Mapping
 from typing import Any
 
 from logcompact.exceptions import InvalidTopicError
@@ -55,7 +56,7 @@ class TopicConfig:
         return {name.replace("_", "."): value for name, value in asdict(self).items()}
 
     @classmethod
-    def from_kafka(cls, settings: dict[str, str | int], base: TopicConfig | None = None) -> TopicConfig:
+    def from_kafka(cls, settings: Mapping[str, str | int], base: TopicConfig | None = None) -> TopicConfig:
         """Apply Kafka-named settings ('cleanup.policy': 'compact', 'retention.ms': '3600000', ...) to `base`."""
         changes: dict[str, Any] = {}  # each value of its field's type, as its rule made it
         for name, raw in settings.items():
@@ -113,13 +114,13 @@ class Topic:
     created_ms: int
 
     @staticmethod
-    def create(name: str, partitions: int, settings: dict[str, str | int], created_ms: int) -> Topic:
+    def create(name: str, partitions: int, settings: Mapping[str, str | int], created_ms: int) -> Topic:
         validate_topic_name(name)
         if not 1 <= partitions <= MAX_PARTITIONS:
             raise InvalidTopicError(f"topic {name!r}: --partitions {partitions} is out of range: use 1 to {MAX_PARTITIONS}")
         return Topic(name, partitions, TopicConfig.from_kafka(settings), created_ms)
 
-    def altered(self, settings: dict[str, str | int]) -> Topic:
+    def altered(self, settings: Mapping[str, str | int]) -> Topic:
         if "cleanup.policy" in settings and _policy("cleanup.policy", settings["cleanup.policy"]) != self.config.cleanup_policy:
             raise InvalidTopicError(
                 f"topic {self.name!r}: cleanup.policy is fixed at creation ({self.config.cleanup_policy}); "

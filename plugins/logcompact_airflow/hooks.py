@@ -30,9 +30,8 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from sqlalchemy.engine import URL
-
 from airflow.sdk import BaseHook
+from sqlalchemy.engine import URL
 
 from logcompact.catalog import Catalog
 from logcompact.exceptions import CatalogConfigError, InvalidPlanError
@@ -79,7 +78,7 @@ class LogcompactHook(BaseHook):
         except InvalidPlanError as exc:
             raise InvalidPlanError(f"{where}: {exc}") from None
 
-    def _open_store(self, conn) -> ObjectStore:  # noqa: ANN001 (an Airflow Connection)
+    def _open_store(self, conn) -> ObjectStore:
         extra = conn.extra_dejson
         uri = extra.get("store")
         if not uri:

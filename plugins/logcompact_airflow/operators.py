@@ -76,7 +76,7 @@ class LogcompactPlanOperator(BaseOperator):
     `min_files`, when given, overrides its thresholds (as the sensor waiting upstream was given).
     """
 
-    template_fields = ("topics", "dry_run", "buffer_bytes", "force")
+    template_fields = ("topics", "plan_only", "buffer_bytes", "force")
 
     def __init__(
         self,
@@ -96,7 +96,7 @@ class LogcompactPlanOperator(BaseOperator):
         self.mode = mode
         self.logcompact_conn_id = logcompact_conn_id
         self.topics = topics
-        self.dry_run = dry_run
+        self.plan_only = dry_run  # not `dry_run`: that is BaseOperator's method
         self.buffer_bytes = buffer_bytes
         self.force = force
         self.min_files = None if min_files is None else tuple(min_files)
@@ -104,7 +104,7 @@ class LogcompactPlanOperator(BaseOperator):
     def execute(self, context: Any) -> list[dict]:
         # A lease conflict is planned again: here at once, then by the task's retries.
         with failing_at_once(retried=(*TRANSIENT_ERRORS, CommitConflictError)):
-            topics, dry_run, buffer_bytes, force = _checked_params(self.topics, self.dry_run, self.buffer_bytes, self.force)
+            topics, dry_run, buffer_bytes, force = _checked_params(self.topics, self.plan_only, self.buffer_bytes, self.force)
             hook = LogcompactHook(self.logcompact_conn_id)
             catalog = hook.get_catalog()
             config = hook.get_planner_config()
@@ -257,14 +257,14 @@ class LogcompactDryRunOperator(BaseOperator):
     """Succeeds in a dry run and is skipped in any other, so that the grid shows which runs were dry (a task
     cannot set its run's note through the Task SDK)."""
 
-    template_fields = ("dry_run",)
+    template_fields = ("plan_only",)
 
     def __init__(self, *, dry_run: Any, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.dry_run = dry_run
+        self.plan_only = dry_run  # not `dry_run`: that is BaseOperator's method
 
     def execute(self, context: Any) -> None:
-        if self.dry_run is not True:
+        if self.plan_only is not True:
             raise AirflowSkipException("not a dry run")
         self.log.info("dry run: planned and estimated only; nothing was leased, written or run (the plan task's log lists the plans)")
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pendulum
-
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Param
 
@@ -31,7 +31,7 @@ SPARK_APPLICATION = os.environ.get(
 )
 # What every logcompact DAG shares: one run at a time, no catch-up (a run acts on the catalog as it is now,
 # so missed intervals have nothing of their own to do), native params, and the tasks' owner, retries, pool.
-DAG_SETTINGS = {
+DAG_SETTINGS: dict[str, Any] = {
     "start_date": pendulum.datetime(2026, 1, 1, tz="UTC"),
     "catchup": False,
     "max_active_runs": 1,

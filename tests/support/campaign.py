@@ -23,9 +23,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 PYTHON = sys.executable
 MARKER = "Campaign phase "

@@ -13,9 +13,10 @@ import sqlite3
 import subprocess
 import sys
 import traceback
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import NamedTuple
 
 from logcompact.cli import main
 
@@ -55,7 +56,7 @@ def run_in_process(argv: list[str], stdin: bytes = b"", env: dict[str, str] | No
             main(argv)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
-    except Exception:  # noqa: BLE001 (what escapes main() is the finding: reported as the traceback it would print)
+    except Exception:
         err.write(traceback.format_exc())
         code = 1
     finally:

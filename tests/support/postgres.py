@@ -64,9 +64,9 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
 
 import psycopg
 from psycopg import sql
@@ -139,17 +139,17 @@ class PostgresServer:
             "postgresql+psycopg", username=self.user, host=self.host, port=self.port, database=dbname
         ).render_as_string(hide_password=False)
 
-    def conninfo(self, dbname: Optional[str] = None) -> str:
+    def conninfo(self, dbname: str | None = None) -> str:
         """libpq connection string, for psycopg.connect() or psql."""
         return psycopg.conninfo.make_conninfo(
             host=self.host, port=self.port, user=self.user, dbname=dbname or self.dbname
         )
 
-    def connect(self, dbname: Optional[str] = None, autocommit: bool = True, **kwargs) -> psycopg.Connection:
+    def connect(self, dbname: str | None = None, autocommit: bool = True, **kwargs) -> psycopg.Connection:
         """A new psycopg connection (autocommit by default) to `dbname` (default ``logcompact``)."""
         return _connect(self.port, dbname or self.dbname, autocommit=autocommit, **kwargs)
 
-    def create_database(self, name: Optional[str] = None) -> str:
+    def create_database(self, name: str | None = None) -> str:
         """Create a new, empty database (a copy of template0) and return its SQLAlchemy URL.
 
         Without a name, a unique one (``test_<hex>``) is chosen.  Raises
@@ -186,7 +186,7 @@ def _version_key(bindir: str) -> tuple:
     return tuple(int(p) for p in parts) if parts else (-1,)
 
 
-def _find_binaries() -> Optional[dict[str, str]]:
+def _find_binaries() -> dict[str, str] | None:
     """Paths of initdb, pg_ctl and postgres, all from one directory when possible."""
     candidates = [str(_PREFERRED_BINDIR)]
     candidates += sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=_version_key, reverse=True)
@@ -204,7 +204,7 @@ def _is_root() -> bool:
     return os.geteuid() == 0
 
 
-def postgres_missing_reason() -> Optional[str]:
+def postgres_missing_reason() -> str | None:
     """None if a PostgreSQL server can be started here, otherwise a one-line reason."""
     if _find_binaries() is None:
         return (
@@ -259,7 +259,7 @@ def _create_database(conn: psycopg.Connection, name: str, version_num: int) -> N
     conn.execute(sql.SQL(query).format(sql.Identifier(name), sql.Identifier(DB_USER)))
 
 
-def _tmp_parent() -> Optional[str]:
+def _tmp_parent() -> str | None:
     """/dev/shm when it is a writable tmpfs with room, else None (the default temporary directory)."""
     try:
         st = os.statvfs(_SHM)
@@ -329,7 +329,7 @@ def _runuser(argv: list[str]) -> list[str]:
     return ["runuser", "-u", OS_USER, "--"] + argv if _is_root() else argv
 
 
-def _read_pidfile(datadir: Path) -> Optional[int]:
+def _read_pidfile(datadir: Path) -> int | None:
     try:
         return int((datadir / "postmaster.pid").read_text().split("\n", 1)[0])
     except (OSError, ValueError):
@@ -350,7 +350,7 @@ class _Cluster:
         self.workdir = workdir
         self.bin = binaries
         self.owner_pid = os.getpid()
-        self.proc: Optional[subprocess.Popen] = None
+        self.proc: subprocess.Popen | None = None
         self.logfile = workdir / "postgres.log"
         self._log = None
         self._lock = threading.Lock()
@@ -381,7 +381,7 @@ class _Cluster:
             for p in (self.base, self.socket_dir):
                 os.chown(p, pw.pw_uid, pw.pw_gid)
 
-    def run(self, step: str, argv: list[str], timeout: float, output: Optional[Path] = None) -> str:
+    def run(self, step: str, argv: list[str], timeout: float, output: Path | None = None) -> str:
         try:
             r = subprocess.run(
                 argv,
@@ -395,7 +395,7 @@ class _Cluster:
             )
         except subprocess.TimeoutExpired as e:
             out = e.output.decode("utf-8", "replace") if isinstance(e.output, bytes) else (e.output or "")
-            raise PostgresStartError(f"{step}: `{' '.join(argv)}` timed out after {timeout:.0f}s\n{out[-_LOG_TAIL_BYTES:]}")
+            raise PostgresStartError(f"{step}: `{' '.join(argv)}` timed out after {timeout:.0f}s\n{out[-_LOG_TAIL_BYTES:]}") from None
         if output is not None:
             try:
                 output.write_text(r.stdout)
@@ -498,7 +498,7 @@ class _Cluster:
                 continue
 
 
-_ACTIVE: "set[_Cluster]" = set()
+_ACTIVE: set[_Cluster] = set()
 
 
 @atexit.register
@@ -617,7 +617,7 @@ def _log_since(path: Path, offset: int) -> str:
 # --------------------------------------------------------------------------
 
 
-def _proc_user(pid: int) -> Optional[str]:
+def _proc_user(pid: int) -> str | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("Uid:"):

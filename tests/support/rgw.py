@@ -37,9 +37,9 @@ import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
 
 import boto3
 from botocore.config import Config
@@ -92,7 +92,7 @@ class RgwStartError(RuntimeError):
     carries the tail of the relevant log file(s)."""
 
 
-def rgw_missing_reason() -> Optional[str]:
+def rgw_missing_reason() -> str | None:
     """None if the Ceph binaries are installed, otherwise a one-line reason."""
     missing = [b for b in _REQUIRED_BINARIES if shutil.which(b) is None]
     if not missing:
@@ -345,7 +345,7 @@ class _Cluster:
                 return
             self._stopped = True
             # reverse start order: rgw, osd, mon
-            for name, proc in reversed(self.procs):
+            for _name, proc in reversed(self.procs):
                 _stop_proc(proc, timeout=10.0)
             for out in self._outs:
                 try:
@@ -422,7 +422,7 @@ def _stop_proc(proc: subprocess.Popen, timeout: float) -> None:
             pass
 
 
-_ACTIVE: "set[_Cluster]" = set()
+_ACTIVE: set[_Cluster] = set()
 
 
 @atexit.register
@@ -643,7 +643,7 @@ def _start(c: _Cluster, deadline: float) -> int:
 # --------------------------------------------------------------------------
 
 
-def _rss_kib(pid: int) -> Optional[int]:
+def _rss_kib(pid: int) -> int | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):

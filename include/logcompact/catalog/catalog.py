@@ -22,8 +22,8 @@ from __future__ import annotations
 import json
 import uuid
 from collections import defaultdict
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Collection, Iterable, Iterator, Sequence
 
 from sqlalchemy import ColumnElement, Connection, bindparam, delete, func, insert, inspect, select, update
 from sqlalchemy.exc import DatabaseError, IntegrityError
@@ -235,7 +235,7 @@ class Catalog:
             )
         return version
 
-    def alter_topic(self, name: str, settings: dict[str, str | int], now_ms: int) -> Topic:
+    def alter_topic(self, name: str, settings: Mapping[str, str | int], now_ms: int) -> Topic:
         with self._writing() as connection:
             self._next_version(connection, f"alter topic {name}", now_ms)
             current = self._topics(connection).get(name)
@@ -636,7 +636,7 @@ class Catalog:
         )
         return {r.key: r.file_id for r in rows}
 
-    def _one_of(self, column, values: Iterable) -> ColumnElement[bool]:  # noqa: ANN001 (a table column)
+    def _one_of(self, column, values: Iterable) -> ColumnElement[bool]:
         return one_of(column, values, self.engine.dialect.name)
 
     def _insert_files(

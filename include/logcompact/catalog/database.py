@@ -12,15 +12,15 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Iterable, Sequence
 from operator import itemgetter
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from sqlalchemy import Column, ColumnElement, Connection, Engine, any_, bindparam, create_engine, event, func, select
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import make_url
-from sqlalchemy.sql.dml import UpdateBase
 from sqlalchemy.exc import ArgumentError
+from sqlalchemy.sql.dml import UpdateBase
 
 from logcompact.exceptions import CatalogConfigError
 from logcompact.store.base import ObjectStore
@@ -125,7 +125,7 @@ def _sqlite_engine(url: str) -> Engine:
     engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "check_same_thread": False})
 
     @event.listens_for(engine, "connect")
-    def _configure(dbapi_connection, _record) -> None:  # noqa: ANN001 (DB-API objects)
+    def _configure(dbapi_connection, _record) -> None:
         # The driver's own transaction handling is off: the "begin" hook below says how each one starts.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
@@ -138,7 +138,7 @@ def _sqlite_engine(url: str) -> Engine:
         cursor.close()
 
     @event.listens_for(engine, "begin")
-    def _begin(connection) -> None:  # noqa: ANN001
+    def _begin(connection) -> None:
         connection.exec_driver_sql("BEGIN IMMEDIATE" if connection.get_execution_options().get(WRITE) else "BEGIN")
 
     return engine

@@ -7,7 +7,7 @@ the rows of a version it keeps). Topics, leases and next offsets are read as the
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from sqlalchemy import ColumnElement, Connection, Engine, and_, func, or_, select
 
@@ -296,7 +296,7 @@ class Snapshot:
             return dict(connection.execute(query).all())
 
 
-def _section(row, names: dict[int, str]) -> CatalogSection:  # noqa: ANN001 (a sections row)
+def _section(row, names: dict[int, str]) -> CatalogSection:
     # Positional: a row of s.sections, in its column order.
     (_file_id, topic_id, partition, byte_offset, byte_length, first_row, first_offset, last_offset, record_count,
      min_timestamp, max_timestamp, tombstones, uncompressed_bytes, compression, crc32, clean_below_delta,

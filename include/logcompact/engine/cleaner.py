@@ -48,9 +48,8 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import nullcontext
-from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -58,12 +57,12 @@ import pyarrow.compute as pc
 
 from logcompact.catalog import CatalogSection, DataFile, SetAside
 from logcompact.engine.offset_map import CompactOffsetMap, OffsetMap
-from logcompact.plan import Plan, TopicPartition
 from logcompact.engine.stats import CompactionStats, JobResult
-from logcompact.format import BlockStream, SegmentWriter
 from logcompact.exceptions import CorruptDataError
+from logcompact.format import BlockStream, SegmentWriter
 from logcompact.format.layout import INDEX_COLUMNS, MAX_OFFSET_SPAN, SECTION_SCHEMA, SectionInfo, key_hash_words
 from logcompact.format.reader import section_rows
+from logcompact.plan import Plan, TopicPartition
 from logcompact.store.base import ObjectStore
 from logcompact.topics import TopicConfig
 

@@ -4,7 +4,6 @@ loading the engine)."""
 
 from __future__ import annotations
 
-import functools
 import json
 from dataclasses import asdict, dataclass, field
 from operator import attrgetter
@@ -133,6 +132,13 @@ def add_topic_figures(into: dict[str, dict[str, int]], topics: dict[str, dict[st
     return into
 
 
+def _topic_totals(jobs: list[CompactionStats]) -> dict[str, dict[str, int]]:
+    totals: dict[str, dict[str, int]] = {}
+    for job in jobs:
+        add_topic_figures(totals, job.topics)
+    return totals
+
+
 def _megabytes(count: int) -> str:
     return f"{count / 1e6:,.1f} MB"
 
@@ -156,7 +162,7 @@ def summarize(jobs: list[CompactionStats], bytes_in: int) -> dict:
         "oversized_partitions": [p for job in jobs for p in job.oversized_partitions],
         "warnings": sorted({w for job in jobs for w in job.warnings}),
         "uncleanable": [p for job in jobs for p in job.uncleanable],
-        "topics": functools.reduce(add_topic_figures, (job.topics for job in jobs), {}),
+        "topics": _topic_totals(jobs),
         "groups": len({job.group for job in jobs}),
         "jobs": len(jobs),
     }

@@ -3,9 +3,9 @@ and the footer's index. Every block's CRC-32 is checked before any of its bytes 
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -19,8 +19,8 @@ from logcompact.format.layout import (
     FILE_HEADER,
     FOOTER_MARKER,
     FOOTER_PREFIX,
-    INDEX_SCHEMA,
     FORMAT_VERSION,
+    INDEX_SCHEMA,
     MAGIC,
     MAX_BLOCK_BYTES,
     PAYLOAD_SCHEMA,

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import array
 import io
+from collections.abc import Iterable, Sequence
 from itertools import repeat
-from typing import BinaryIO, Iterable, Sequence
+from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa

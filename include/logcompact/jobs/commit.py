@@ -6,10 +6,10 @@ import logging
 from dataclasses import asdict, dataclass, field
 
 from logcompact.catalog import Catalog, SetAside
-from logcompact.plan import Plan, PlanHeader
 from logcompact.engine.stats import CompactionStats, JobResult, add_topic_figures, summarize
 from logcompact.exceptions import CommitConflictError, ObjectNotFoundError
 from logcompact.jobs.documents import check_seal, read_header, read_results
+from logcompact.plan import Plan, PlanHeader
 
 log = logging.getLogger(__name__)
 

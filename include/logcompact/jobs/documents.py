@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Collection
+from collections.abc import Collection
 
 from logcompact.collector import collector_paused
+from logcompact.engine.stats import JobResult
+from logcompact.exceptions import CommitConflictError, InvalidPlanError, ObjectNotFoundError
 from logcompact.plan import (
     PLANS_PREFIX,
     Plan,
@@ -26,10 +28,7 @@ from logcompact.plan import (
     encode_groups,
     group_partition_bytes,
 )
-from logcompact.engine.stats import JobResult
-from logcompact.exceptions import CommitConflictError, InvalidPlanError, ObjectNotFoundError
 from logcompact.store.base import ObjectStore
-
 
 # A stored plan is a directory of objects: its header (these two), groups/ and, once its groups have run, results/.
 HEADER_NAME = "plan.json"

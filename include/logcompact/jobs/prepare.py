@@ -38,7 +38,7 @@ def check_thresholds(snapshot: Snapshot, now_ms: int, config: PlannerConfig = Pl
     for summary in snapshot.file_summaries():
         if summary.key not in leased:
             counts[summary.level] = counts.get(summary.level, 0) + 1
-    return ThresholdStatus(counts, {level: n for level, n in enumerate(config.min_files)})
+    return ThresholdStatus(counts, dict(enumerate(config.min_files)))
 
 
 @dataclass(frozen=True)

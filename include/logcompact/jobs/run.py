@@ -30,7 +30,7 @@ def run_slice(store: ObjectStore, plan_id: str, group: int, number: int, partiti
     its outputs go to the store, uncommitted."""
     from logcompact.engine.cleaner import run_plan  # the engine (numba) loads where slices run, never in schedulers
 
-    piece = read_group(store, plan_id, group, partitions=[tuple(tp) for tp in partitions], slice=number)
+    piece = read_group(store, plan_id, group, partitions=[(topic, partition) for topic, partition in partitions], slice=number)
     with job_workdir() as workdir:
         return run_plan(store, piece, workdir=workdir)
 

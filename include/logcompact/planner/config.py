@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from logcompact.exceptions import InvalidPlanError
 from logcompact.plan import (
     DEFAULT_BUFFER_BYTES,
     DEFAULT_MAX_PARTITION_BYTES,
@@ -14,7 +15,6 @@ from logcompact.plan import (
     MAX_TARGET_FILE_BYTES,
     MIN_BUFFER_BYTES,
 )
-from logcompact.exceptions import InvalidPlanError
 
 MINUTE_MS = 60_000
 

@@ -7,7 +7,8 @@ loaded with their sections, in one read for all the plans of a pass.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Iterable, Sequence, TypeVar
+from collections.abc import Iterable, Sequence
+from typing import TypeVar
 
 from logcompact.catalog import DataFile, FileSummary, Snapshot
 from logcompact.plan import MAX_LEVEL, Plan, TopicPartition, lowest_outside, new_plan_id, split_into_groups

@@ -14,8 +14,8 @@ dirty within one interval is compacted together, so files are not rewritten over
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from logcompact.catalog import PartitionSection, Snapshot
 from logcompact.plan import Plan

@@ -26,8 +26,8 @@ import numpy as np
 from logcompact import sketch
 from logcompact.catalog import Catalog, NewFile, Snapshot
 from logcompact.collector import collector_paused
-from logcompact.plan import TopicPartition
 from logcompact.format.layout import SectionInfo
+from logcompact.plan import TopicPartition
 from logcompact.planner import PlannerConfig, choose_plans
 from logcompact.simulate.cost import SECTION_OVERHEAD_BYTES, estimate_job
 from logcompact.store import LocalStore

@@ -5,8 +5,9 @@ from __future__ import annotations
 import builtins
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass, fields
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from logcompact.exceptions import InvalidStoreUriError, ObjectNotFoundError
 from logcompact.store.base import CountingReader, ObjectInfo, ObjectStore
