@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import asdict, dataclass, replace
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from logcompact.exceptions import InvalidTopicError
