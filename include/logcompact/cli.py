@@ -533,6 +533,28 @@ def gc(ctx: Context, grace_ms: int) -> None:
 
 
 @cli.command()
+@now_option
+@click.option("--json", "as_json", is_flag=True, help="One JSON document instead of the table.")
+@click.option("--plot", type=click.Path(dir_okay=False, writable=True), metavar="FILE.png",
+              help="Also draw files and bytes per level, and bytes and dirty ratio per topic, into a PNG.")
+@pass_context
+def status(ctx: Context, as_json: bool, plot: str | None) -> None:
+    """The cleaner's figures as Kafka's log cleaner names them: per partition of each compacted topic the dirty
+    ratio, the delay past max.compaction.lag.ms, the time since its last compaction, the estimated duplicates
+    and uncleanable marks; files and bytes per level (docs/metrics.md)."""
+    from logcompact.status import cluster_status, draw_status
+
+    report = cluster_status(ctx.catalog, ctx.clock())
+    if plot:
+        draw_status(report, Path(plot))
+    if as_json:
+        _emit(report.to_dict())
+    else:
+        for line in report.describe():
+            click.echo(line)
+
+
+@cli.command()
 @click.option("--agents", type=click.IntRange(min=1), multiple=True, default=(1, 10), show_default=True,
               help="Agent counts to simulate, one workload each (repeatable).")
 @click.option("--hours", type=click.FloatRange(min=0.1), default=24.0, show_default=True, help="Simulated hours.")

@@ -14,6 +14,7 @@ from logcompact.catalog.model import (
     Lease,
     NewFile,
     PartitionSection,
+    SectionFigures,
     SetAside,
     Uncleanable,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "Lease",
     "NewFile",
     "PartitionSection",
+    "SectionFigures",
     "SetAside",
     "Snapshot",
     "Uncleanable",

@@ -112,6 +112,16 @@ class PartitionSection:
     min_timestamp: int
 
 
+class SectionFigures(NamedTuple):
+    """A live section as `logcompact status` weighs it: the max-lag pass's facts, and its size, keys and age."""
+
+    section: PartitionSection
+    record_count: int
+    uncompressed_bytes: int
+    key_sketch: bytes | None
+    created_ms: int  # its file's: a compaction's output is made at its plan's clock
+
+
 @dataclass(frozen=True)
 class Lease:
     plan_id: str

@@ -25,7 +25,7 @@ from logcompact.topics import LONG_MAX, MIN_MAX_COMPACTION_LAG_MS
 
 
 @dataclass
-class _PartitionState:
+class PartitionState:
     base_offset: int = 1 << 62  # the partition's lowest section: where its oldest data is
     base_clean: bool = False
     base_min_ts: int = 0
@@ -53,26 +53,26 @@ class _PartitionState:
         return None if oldest_dirty is None else oldest_dirty + lag
 
 
-def _states(sections: Iterable[PartitionSection], config: PlannerConfig) -> dict[tuple[str, int], _PartitionState]:
+def partition_states(sections: Iterable[PartitionSection], config: PlannerConfig) -> dict[tuple[str, int], PartitionState]:
     """One pass over the sections: per partition, its base section and oldest other record."""
-    states: dict[tuple[str, int], _PartitionState] = {}
+    states: dict[tuple[str, int], PartitionState] = {}
     for section in sections:
         state = states.get((section.topic, section.partition))
         if state is None:
-            state = states[(section.topic, section.partition)] = _PartitionState()
+            state = states[(section.topic, section.partition)] = PartitionState()
         state.add(section, config.dedup_from_level)
     return states
 
 
-def _lag(snapshot: Snapshot, topic: str) -> int:
+def effective_max_lag(snapshot: Snapshot, topic: str) -> int:
     return max(snapshot.topics[topic].config.max_compaction_lag_ms, MIN_MAX_COMPACTION_LAG_MS)
 
 
 def dirty_since(snapshot: Snapshot, topic: str, partition: int, config: PlannerConfig) -> int | None:
     """When the partition's oldest record not yet deduplicated against older data became (or becomes) dirty."""
     sections = (s for s in snapshot.partition_sections([snapshot.topic(topic).name]) if s.partition == partition)
-    state = _states(sections, config).get((topic, partition))
-    return None if state is None else state.dirty_since(_lag(snapshot, topic))
+    state = partition_states(sections, config).get((topic, partition))
+    return None if state is None else state.dirty_since(effective_max_lag(snapshot, topic))
 
 
 def plan_max_lag(
@@ -87,8 +87,8 @@ def plan_max_lag(
     if not chosen:
         return None
     inputs: set[str] = set()
-    for (topic, _partition), state in _states(snapshot.partition_sections(chosen), config).items():
-        since = state.dirty_since(_lag(snapshot, topic))
+    for (topic, _partition), state in partition_states(snapshot.partition_sections(chosen), config).items():
+        since = state.dirty_since(effective_max_lag(snapshot, topic))
         if since is not None and since <= horizon:
             inputs.update(state.files)
     if not inputs:

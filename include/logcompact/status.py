@@ -1,0 +1,193 @@
+"""`logcompact status`: the cleaner's figures, as Kafka's log cleaner reports them (docs/metrics.md).
+
+Per partition of each compacted topic, from one query over its live sections (`Snapshot.section_figures`):
+the dirty ratio (Kafka's cleanable ratio: bytes not yet deduplicated against all older data of the partition
+over all its bytes), how far the oldest dirty record is past `max.compaction.lag.ms`, the time since a
+compaction last wrote it, the duplicates its key sketches estimate, and whether it is set aside as uncleanable.
+Per level: files and bytes. And the cluster's gauges under Kafka's MBean names. A partition is clean where the
+max-lag planner finds it clean (`planner.max_lag.PartitionState`): its base section deduplicated at a
+deduplicating level, `clean_below_delta` covering it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from logcompact import sketch
+from logcompact.catalog import Catalog, SectionFigures
+from logcompact.planner import PlannerConfig
+from logcompact.planner.max_lag import effective_max_lag, partition_states
+from logcompact.topics import LONG_MAX
+
+
+@dataclass
+class PartitionStatus:
+    topic: str
+    partition: int
+    bytes: int  # uncompressed bytes of its live sections
+    dirty_bytes: int
+    dirty_percent: float
+    compaction_delay_s: float | None  # how far its oldest dirty record is past max.compaction.lag.ms (None: no finite lag)
+    since_last_compaction_s: float | None  # None: no compaction has written it yet
+    estimated_duplicates: int
+    sections: int
+    uncleanable: bool
+
+
+@dataclass
+class LevelStatus:
+    level: int
+    files: int
+    bytes: int  # file bytes in the store
+
+
+@dataclass
+class ClusterStatus:
+    now_ms: int
+    partitions: list[PartitionStatus] = field(default_factory=list)
+    levels: list[LevelStatus] = field(default_factory=list)
+    # Kafka's names (kafka.log:type=LogCleanerManager / LogCleaner) for the cluster's figures.
+    gauges: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def topics(self) -> dict[str, dict[str, float]]:
+        """Per topic: bytes, dirty bytes and ratio, estimated duplicates, partitions."""
+        totals: dict[str, dict[str, float]] = {}
+        for p in self.partitions:
+            topic = totals.setdefault(p.topic, {"partitions": 0, "bytes": 0, "dirty_bytes": 0, "estimated_duplicates": 0})
+            topic["partitions"] += 1
+            topic["bytes"] += p.bytes
+            topic["dirty_bytes"] += p.dirty_bytes
+            topic["estimated_duplicates"] += p.estimated_duplicates
+        for topic in totals.values():
+            topic["dirty_percent"] = _percent(topic["dirty_bytes"], topic["bytes"])
+        return totals
+
+    def describe(self) -> list[str]:
+        """The readable table: the gauges, the levels, then a row per partition."""
+        lines = [f"{name}: {value:,}" for name, value in self.gauges.items()]
+        lines.append("")
+        lines += _table(
+            ("level", "files", "MB"), [(f"L{lv.level}", f"{lv.files:,}", f"{lv.bytes / 1e6:,.1f}") for lv in self.levels]
+        )
+        lines.append("")
+        rows = [
+            (p.topic, str(p.partition), f"{p.bytes / 1e6:,.2f}", f"{p.dirty_percent:.1f}",
+             "-" if p.compaction_delay_s is None else f"{p.compaction_delay_s:,.0f}",
+             "-" if p.since_last_compaction_s is None else f"{p.since_last_compaction_s:,.0f}",
+             f"{p.estimated_duplicates:,}", "uncleanable" if p.uncleanable else "")
+            for p in self.partitions
+        ]
+        lines += _table(("topic", "partition", "MB", "dirty %", "delay s", "since compaction s", "est. duplicates", ""), rows)
+        return lines
+
+
+def cluster_status(catalog: Catalog, now_ms: int, config: PlannerConfig | None = None) -> ClusterStatus:
+    """The cleaner's figures for every compacted topic, as the catalog holds them at `now_ms`."""
+    config = config or PlannerConfig()
+    snapshot = catalog.snapshot()
+    status = ClusterStatus(now_ms)
+    per_level: dict[int, LevelStatus] = {}
+    last_compaction_ms = None
+    for summary in snapshot.file_summaries():
+        level = per_level.setdefault(summary.level, LevelStatus(summary.level, 0, 0))
+        level.files += 1
+        level.bytes += summary.size
+        if summary.level > 0:  # only compactions write above L0
+            last_compaction_ms = max(last_compaction_ms or 0, summary.created_ms)
+    status.levels = [per_level[level] for level in sorted(per_level)]
+
+    marks = catalog.uncleanable()
+    set_aside = {(m.topic, m.partition) for m in marks}
+    compacted = sorted(name for name, topic in snapshot.topics.items() if topic.config.compacted)
+    figures = snapshot.section_figures(compacted)
+    by_partition: dict[tuple[str, int], list[SectionFigures]] = {}
+    for row in figures:
+        by_partition.setdefault((row.section.topic, row.section.partition), []).append(row)
+    states = partition_states((row.section for row in figures), config)
+    for (topic, partition), rows in sorted(by_partition.items()):
+        state = states[(topic, partition)]
+        total = sum(r.uncompressed_bytes for r in rows)
+        clean = sum(r.uncompressed_bytes for r in rows if r.section.first_offset == state.base_offset) if state.base_clean else 0
+        lag = snapshot.topics[topic].config.max_compaction_lag_ms
+        since = state.dirty_since(effective_max_lag(snapshot, topic))
+        compacted_ms = [r.created_ms for r in rows if r.section.level > 0]
+        status.partitions.append(PartitionStatus(
+            topic, partition, total, total - clean, _percent(total - clean, total),
+            None if lag == LONG_MAX or since is None else max(0.0, (now_ms - since) / 1000),
+            (now_ms - max(compacted_ms)) / 1000 if compacted_ms else None,
+            _estimated_duplicates(rows), len(rows), (topic, partition) in set_aside,
+        ))
+
+    delays = [p.compaction_delay_s for p in status.partitions if p.compaction_delay_s is not None]
+    status.gauges = {
+        "max-dirty-percent": max((p.dirty_percent for p in status.partitions), default=0.0),
+        "max-compaction-delay-secs": round(max(delays, default=0.0), 1),
+        "time-since-last-run-ms": 0 if last_compaction_ms is None else now_ms - last_compaction_ms,
+        "uncleanable-partitions-count": len(marks),
+        "uncleanable-bytes": sum(m.bytes for m in marks),
+    }
+    return status
+
+
+def job_gauges(plan_stats: list[dict]) -> dict[str, float]:
+    """Kafka's per-run cleaner gauges over the plans of one commit (`logcompact.engine.stats.summarize` dicts):
+    the fullest key map, the bytes written per byte read, the longest job."""
+    if not plan_stats:
+        return {}
+    bytes_in = sum(s["bytes_in"] for s in plan_stats)
+    return {
+        "max-buffer-utilization-percent": max(s["buffer_utilization_percent"] for s in plan_stats),
+        "cleaner-recopy-percent": round(100 * sum(s["bytes_out"] for s in plan_stats) / max(bytes_in, 1), 1),
+        "max-clean-time-secs": max(s["max_job_seconds"] for s in plan_stats),
+    }
+
+
+def _estimated_duplicates(rows: list[SectionFigures]) -> int:
+    records = sum(r.record_count for r in rows)
+    sketches = [sketch.decode(r.key_sketch) for r in rows if r.key_sketch]
+    if not sketches:
+        return 0
+    return max(0, records - round(sketch.estimate(sketch.merge(*sketches))))
+
+
+def _percent(part: float, whole: float) -> float:
+    return round(100 * part / whole, 1) if whole else 0.0
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(row[n]) for row in [header, *rows]) for n in range(len(header))]
+    return ["  ".join(cell.ljust(w) if n == 0 else cell.rjust(w) for n, (cell, w) in enumerate(zip(row, widths))).rstrip()
+            for row in [header, *rows]]
+
+
+def draw_status(status: ClusterStatus, path: Path) -> None:
+    """A PNG of three panels: files and bytes per level, bytes per topic, dirty ratio per topic."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    topics = status.topics()
+    names = sorted(topics)
+    figure, (levels, sizes, dirty) = plt.subplots(1, 3, figsize=(15, 4))
+    labels = [f"L{lv.level}" for lv in status.levels]
+    levels.bar(labels, [lv.files for lv in status.levels], color="tab:blue")
+    levels.set_title("live files per level (MB above the bars)")
+    levels.set_ylabel("files")
+    for n, lv in enumerate(status.levels):
+        levels.annotate(f"{lv.bytes / 1e6:,.1f}", (n, lv.files), ha="center", va="bottom")
+    sizes.bar(names, [topics[t]["bytes"] / 1e6 for t in names], color="tab:green", label="all")
+    sizes.bar(names, [topics[t]["dirty_bytes"] / 1e6 for t in names], color="tab:red", label="dirty")
+    sizes.set_title("uncompressed MB per compacted topic")
+    sizes.legend()
+    dirty.bar(names, [topics[t]["dirty_percent"] for t in names], color="tab:red")
+    dirty.set_ylim(0, 100)
+    dirty.set_title("dirty ratio per topic (%)")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=80)
+    plt.close(figure)

@@ -1,0 +1,77 @@
+"""`logcompact status`: the cleaner's figures against numbers worked out here from what the test produced."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from logcompact.catalog import Catalog
+from logcompact.jobs import run_and_commit
+from logcompact.status import cluster_status, job_gauges
+from logcompact.store import LocalStore
+from tests.helpers import NOW, create_topic, full_sweep, produce_l0_files
+
+HOUR_MS = 3_600_000
+FILES, RECORDS, KEYS, PARTITIONS = 4, 100, 10, 2
+
+
+def _cluster(catalog: Catalog) -> Catalog:
+    create_topic(catalog, "orders", partitions=PARTITIONS, cleanup_policy="compact", max_compaction_lag_ms=str(2 * HOUR_MS))
+    create_topic(catalog, "clicks", partitions=1, cleanup_policy="delete")
+    produce_l0_files(catalog, "orders", files=FILES, records=RECORDS, keys=KEYS, partitions=PARTITIONS)
+    produce_l0_files(catalog, "clicks", files=1, records=10, keys=10, partitions=1)
+    return catalog
+
+
+def test_status_before_and_after_a_sweep(catalog: Catalog) -> None:
+    _cluster(catalog)
+    later = NOW + 3 * HOUR_MS  # an hour past the 2 h max lag
+    before = cluster_status(catalog, later)
+    # Only the compacted topic, every partition all dirty: nothing was ever deduplicated.
+    assert [(p.topic, p.partition) for p in before.partitions] == [("orders", 0), ("orders", 1)]
+    for p in before.partitions:
+        assert (p.dirty_percent, p.dirty_bytes, p.sections, p.since_last_compaction_s) == (100.0, p.bytes, FILES, None)
+        assert p.compaction_delay_s == 3600.0
+        # 200 records of 5 keys each: about 195 duplicates (the sketch's error is a few keys at most).
+        assert abs(p.estimated_duplicates - (FILES * RECORDS // PARTITIONS - KEYS // PARTITIONS)) <= 3
+    assert [(lv.level, lv.files) for lv in before.levels] == [(0, FILES + 1)]
+    assert before.gauges == {
+        "max-dirty-percent": 100.0, "max-compaction-delay-secs": 3600.0, "time-since-last-run-ms": 0,
+        "uncleanable-partitions-count": 0, "uncleanable-bytes": 0,
+    }
+
+    plan = full_sweep(catalog.planning_snapshot(later), later)
+    result = run_and_commit(catalog, plan, later).to_dict()
+    after = cluster_status(catalog, later + 60_000)
+    for p in after.partitions:
+        assert (p.dirty_percent, p.dirty_bytes, p.compaction_delay_s, p.since_last_compaction_s, p.sections) == (0.0, 0, None, 60.0, 1)
+        assert p.estimated_duplicates <= 1
+    assert after.gauges["max-dirty-percent"] == 0.0 and after.gauges["time-since-last-run-ms"] == 60_000
+    assert {lv.level for lv in after.levels} == {2}
+    assert after.topics()["orders"]["dirty_percent"] == 0.0
+    gauges = job_gauges([result])
+    assert gauges["cleaner-recopy-percent"] == round(100 * result["bytes_out"] / result["bytes_in"], 1) < 100
+    assert gauges["max-buffer-utilization-percent"] == result["buffer_utilization_percent"] and gauges["max-clean-time-secs"] == result["max_job_seconds"]
+
+
+def test_the_cli_prints_a_table_json_and_a_plot(tmp_path) -> None:
+    _cluster(Catalog(LocalStore(tmp_path / "store")))
+    env = {**os.environ, "LOGCOMPACT_STORE": f"file://{tmp_path}/store", "LOGCOMPACT_NOW_MS": str(NOW + 3 * HOUR_MS)}
+    env.pop("LOGCOMPACT_CATALOG", None)
+
+    def status(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "logcompact", "status", *args], capture_output=True, text=True, env=env, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    document = json.loads(status("--json"))
+    assert document["gauges"]["max-compaction-delay-secs"] == 3600.0
+    assert [(p["topic"], p["partition"], p["dirty_percent"]) for p in document["partitions"]] == [("orders", 0, 100.0), ("orders", 1, 100.0)]
+    table = status("--plot", str(tmp_path / "status.png")).splitlines()
+    assert "max-dirty-percent: 100.0" in table and "uncleanable-partitions-count: 0" in table
+    assert table[table.index("") + 1].split() == ["level", "files", "MB"]
+    rows = [line.split() for line in table if line.startswith("orders")]
+    assert [row[:2] + row[3:5] for row in rows] == [["orders", "0", "100.0", "3,600"], ["orders", "1", "100.0", "3,600"]]
+    assert (tmp_path / "status.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (tmp_path / "status.png").stat().st_size > 10_000
