@@ -11,6 +11,7 @@ deduplicating level, `clean_below_delta` covering it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -158,7 +159,7 @@ def _percent(part: float, whole: float) -> float:
     return round(100 * part / whole, 1) if whole else 0.0
 
 
-def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:
     widths = [max(len(row[n]) for row in [header, *rows]) for n in range(len(header))]
     return ["  ".join(cell.ljust(w) if n == 0 else cell.rjust(w) for n, (cell, w) in enumerate(zip(row, widths))).rstrip()
             for row in [header, *rows]]
