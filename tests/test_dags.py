@@ -33,6 +33,7 @@ EXPECTED_TASKS = {
         "dry_run": {"plan"},
     },
     "logcompact_gc": {"collect_garbage": set()},
+    "logcompact_metrics": {"cleaner_metrics": set()},
 }
 HOUR_MS = 3_600_000
 # The runs that also go through a PostgreSQL catalog (the `airflow_catalog` fixture's default is SQLite).

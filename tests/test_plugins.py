@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import time
 import uuid
 
@@ -25,6 +26,7 @@ from logcompact.planner import PlannerConfig
 from logcompact.store import LocalStore
 from logcompact.store.s3 import S3Store
 from logcompact_airflow.hooks import LogcompactHook
+from logcompact_airflow.metrics import LogcompactMetricsOperator
 from logcompact_airflow.operators import (
     COMPACTED_TOPICS,
     LogcompactCommitOperator,
@@ -368,3 +370,31 @@ def test_gc_operator_deletes_an_abandoned_output_past_its_grace(connected_catalo
     assert report["deleted_files"] == [leftover] and catalog.store.stat(leftover) is None
     (live,) = catalog.snapshot().file_summaries()
     assert catalog.store.stat(live.key) is not None
+
+
+def test_cleaner_gauges_reach_a_statsd_server_under_kafkas_names(connected_catalog: Catalog, monkeypatch) -> None:
+    """Through Airflow's own metrics setup (what the task runner does at start), to a real UDP StatsD receiver."""
+    from airflow.sdk.observability.metrics.stats_utils import get_stats_factory
+    from airflow.sdk.observability.stats import Stats
+
+    produce_l0_files(connected_catalog, "accounts", files=2, records=20, keys=5, partitions=1, now=_now_ms() - 3 * 3_600_000)
+    receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    receiver.bind(("127.0.0.1", 0))
+    receiver.settimeout(5)
+    for name, value in {"STATSD_ON": "True", "STATSD_HOST": "127.0.0.1", "STATSD_PORT": str(receiver.getsockname()[1]),
+                        "STATSD_PREFIX": "airflow"}.items():
+        monkeypatch.setenv(f"AIRFLOW__METRICS__{name}", value)
+    Stats.initialize(factory=get_stats_factory(), export_legacy_names=False)
+    try:
+        gauges = LogcompactMetricsOperator(task_id="cleaner_metrics", logcompact_conn_id="connected").execute({})
+        packets = {}
+        while len(packets) < len(gauges):
+            name, value = receiver.recv(1024).decode().split("|")[0].split(":")
+            packets[name] = float(value)
+    finally:
+        monkeypatch.undo()
+        Stats.initialize(factory=get_stats_factory(), export_legacy_names=False)
+        receiver.close()
+    assert packets == {f"airflow.logcompact.{name}": float(value) for name, value in gauges.items()}
+    # Nothing of accounts (no finite max lag) was ever deduplicated: all of it is dirty.
+    assert packets["airflow.logcompact.max-dirty-percent"] == 100.0 and packets["airflow.logcompact.uncleanable-partitions-count"] == 0

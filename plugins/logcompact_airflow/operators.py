@@ -27,8 +27,10 @@ from logcompact.exceptions import CatalogUnavailableError, CommitConflictError, 
 from logcompact.jobs import DEFAULT_GC_GRACE_MS, PreparedRun, collect_garbage, commit_plans, prepare_plans, uncleanable_report
 from logcompact.plan import MAX_BUFFER_BYTES
 from logcompact.planner import MODES, PlannerConfig, dirty_since, top_level
+from logcompact.status import job_gauges
 from logcompact.topics import LONG_MAX
 from logcompact_airflow.hooks import LogcompactHook
+from logcompact_airflow.metrics import emit_gauges
 from logcompact_airflow.schedule import pass_interval_ms
 
 # Commits announce the topics they compacted as events of assets `logcompact://{cluster}/{topic}`.
@@ -290,6 +292,7 @@ class LogcompactCommitOperator(BaseOperator):
             summary = commit_plans(LogcompactHook(self.logcompact_conn_id).get_catalog(), plan_ids, _now_ms())
         for line in summary.describe():
             self.log.info("%s", line)
+        emit_gauges(job_gauges([summary.stats[plan_id] for plan_id in summary.committed]))
         events = context["outlet_events"][COMPACTED_TOPICS]
         for topic in summary.topics:
             events.add(_topic_asset(summary.cluster_id, topic), extra={**summary.topic_stats.get(topic, {}), "plans": plan_ids})
