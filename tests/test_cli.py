@@ -283,9 +283,9 @@ def test_plan_modes_and_dry_run(local_env: dict[str, str]) -> None:
     assert "'sideways' is not one of" in error["error"]
 
 
-def test_demo_produces_consumes_and_sweeps(local_env: dict[str, str]) -> None:
+def test_tour_produces_consumes_and_sweeps(local_env: dict[str, str]) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "logcompact", "demo", "--records", "3000"], capture_output=True, text=True, env=local_env, timeout=120
+        [sys.executable, "-m", "logcompact", "tour", "--records", "3000"], capture_output=True, text=True, env=local_env, timeout=120
     )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
@@ -293,8 +293,8 @@ def test_demo_produces_consumes_and_sweeps(local_env: dict[str, str]) -> None:
     assert "produced 3,000 records" in lines[1]
     assert sum(line.startswith("verified: ") for line in lines) == 2
     assert any(line.startswith("full sweep into L2: 3,000 records in") for line in lines)
-    (error,) = run(local_env, "demo", "--records", "3000", expect=1)  # its topics exist now
-    assert "topic 'accounts' already exists" in error["error"] and "run the demo on an empty store" in error["error"]
+    (error,) = run(local_env, "tour", "--records", "3000", expect=1)  # its topics exist now
+    assert "topic 'accounts' already exists" in error["error"] and "run the tour on an empty store" in error["error"]
 
 
 def test_uncleanable_partitions_are_listed_and_cleared(tmp_path) -> None:

@@ -592,11 +592,12 @@ def simulate(agents: tuple[int, ...], hours: float, rate: float, record_bytes: i
 @now_option
 @click.option("--records", type=click.IntRange(min=3), default=1_000_000, show_default=True, help="Records to produce in all.")
 @pass_context
-def demo(ctx: Context, records: int) -> None:
-    """Create three topics (compact, delete, compact,delete), produce, consume back, verify, summarize."""
-    from logcompact.demo import run_demo
+def tour(ctx: Context, records: int) -> None:
+    """The library without Airflow or Spark: create three topics (compact, delete, compact,delete), produce,
+    consume back, sweep, verify, summarize."""
+    from logcompact.tour import run_tour
 
-    run_demo(ctx.catalog, records, ctx.clock, echo=click.echo)
+    run_tour(ctx.catalog, records, ctx.clock, echo=click.echo)
 
 
 def main(argv: list[str] | None = None) -> None:
