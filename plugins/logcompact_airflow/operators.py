@@ -13,7 +13,6 @@ since only a new plan can fix it.
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, replace
@@ -22,13 +21,12 @@ from typing import Any
 from airflow.sdk import Asset, AssetAlias, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from logcompact.catalog import Snapshot
 from logcompact.exceptions import CatalogUnavailableError, CommitConflictError, LogcompactError, StoreError
-from logcompact.jobs import DEFAULT_GC_GRACE_MS, PreparedRun, collect_garbage, commit_plans, prepare_plans, uncleanable_report
+from logcompact.jobs import DEFAULT_GC_GRACE_MS, collect_garbage, commit_plans, prepare_plans, uncleanable_report
+from logcompact.jobs.explain import explain_run, minutes
 from logcompact.plan import MAX_BUFFER_BYTES
-from logcompact.planner import MODES, PlannerConfig, dirty_since, top_level
+from logcompact.planner import MODES, PlannerConfig
 from logcompact.status import job_gauges
-from logcompact.topics import LONG_MAX
 from logcompact_airflow.hooks import LogcompactHook
 from logcompact_airflow.metrics import emit_gauges
 from logcompact_airflow.schedule import pass_interval_ms
@@ -119,7 +117,7 @@ class LogcompactPlanOperator(BaseOperator):
                 config = replace(config, max_lag_pass_interval_ms=pass_interval_ms(self.dag.timetable))
                 self.log.info(
                     "max-lag pass every %s (the DAG's schedule): a partition is planned when, by the next pass, it would be "
-                    "dirty longer than %s", _minutes(config.max_lag_pass_interval_ms), _minutes(config.max_lag_deadline_ms),
+                    "dirty longer than %s", minutes(config.max_lag_pass_interval_ms), minutes(config.max_lag_deadline_ms),
                 )
             if force:
                 config = forced_config(config)
@@ -134,103 +132,9 @@ class LogcompactPlanOperator(BaseOperator):
                         raise
                     # Another DAG's plan leased some of these files between this plan's snapshot and its lease.
                     self.log.warning("planning again (%d of %d): %s", attempt + 1, PLAN_ATTEMPTS, conflict)
-            for line in self._report(catalog.planning_snapshot(now_ms), prepared, now_ms, config, topics, dry_run):
+            for line in explain_run(self.mode, catalog.planning_snapshot(now_ms), prepared, now_ms, config, topics, dry_run):
                 self.log.info("%s", line)
         return [{**asdict(job), "application_args": job.application_args()} for job in prepared.groups]
-
-    def _report(
-        self, snapshot: Snapshot, prepared: PreparedRun, now_ms: int, config: PlannerConfig, topics: list[str] | None, dry_run: bool
-    ) -> list[str]:
-        """What the plan did and why, in a few lines: thresholds, each plan with its groups, other plans' leases,
-        and when nothing is due, the reason."""
-        lines = [f"{self.mode}: {prepared.thresholds.describe()}" if self.mode == "regular" else f"{self.mode}: topics {', '.join(topics) if topics else 'all'}"]
-        leases = snapshot.leases(now_ms)
-        levels = {f.key: f.level for f in snapshot.file_summaries()}
-        labels: dict[str, list[str]] = {}
-        for job in prepared.groups:
-            labels.setdefault(job.plan_id, []).append(job.label)
-        for estimate in prepared.estimates:
-            plan_id = estimate["plan_id"]
-            held = Counter(levels[key] for key, lease in leases.items() if lease.plan_id == plan_id and key in levels)
-            per_level = ", ".join(f"L{level} {n}" for level, n in sorted(held.items())) or ", ".join(f"L{level}" for level in estimate["input_levels"])
-            lines.append(
-                f"{'dry run, would lease' if dry_run else 'leased'} plan {plan_id}: {estimate['files_replaced']} files ({per_level}) "
-                f"> L{estimate['target_level']}{' deduplicated' if estimate['deduplicate'] else ''}; {_mb(estimate['input_bytes'])} in, "
-                f"~{_mb(estimate['estimated_output_bytes'])} out, ~{estimate['estimated_records_removed']:,} of "
-                f"{estimate['records_in']:,} records removed; {estimate['groups']} group(s)"
-                + (f": {'; '.join(labels[plan_id])}" if plan_id in labels else "")
-            )
-        others: dict[str, Counter] = {}
-        for key, lease in leases.items():
-            if lease.plan_id not in prepared.plan_ids and key in levels:
-                others.setdefault(lease.plan_id, Counter())[levels[key]] += 1
-        for plan_id, held_levels in sorted(others.items()):
-            expires = max(lease.expires_ms for lease in leases.values() if lease.plan_id == plan_id)
-            lines.append(
-                f"held by in-flight plan {plan_id} (not planned again until it commits or its lease expires in "
-                f"{_minutes(expires - now_ms)}): {held_levels.total()} files "
-                f"({', '.join(f'L{level} {n}' for level, n in sorted(held_levels.items()))})"
-            )
-        if not prepared.estimates:
-            lines.append(f"nothing due: {self._why_nothing(snapshot, prepared, now_ms, config, topics, bool(others))}")
-        elif dry_run:
-            lines.append(f"dry run: {len(prepared.estimates)} plan(s); nothing leased, written or run")
-        else:
-            lines.append(f"{len(prepared.estimates)} plan(s), {len(prepared.groups)} group job(s)")
-        return lines
-
-    def _why_nothing(
-        self, snapshot: Snapshot, prepared: PreparedRun, now_ms: int, config: PlannerConfig, topics: list[str] | None, others: bool
-    ) -> str:
-        held = "; files leased to in-flight plans are not counted" if others else ""
-        if self.mode == "regular":
-            counts, thresholds = prepared.thresholds.counts, prepared.thresholds.thresholds
-            top = top_level(snapshot.level_counts(), config)
-            below = ", ".join(f"L{level} has {counts.get(level, 0)} files, needs {thresholds[level]}" for level in range(min(top, len(thresholds))))
-            return (
-                f"{below}; the top level L{top} has no {config.tier_min_files} files within {config.tier_size_ratio:g}x "
-                f"of each other's size{held}"
-            )
-        if self.mode == "full":
-            return f"no live file{' of topics ' + ', '.join(topics) if topics else ''} outside in-flight plans{held}"
-        return _why_no_max_lag(snapshot, now_ms, config, topics, others)
-
-
-def _why_no_max_lag(snapshot: Snapshot, now_ms: int, config: PlannerConfig, topics: list[str] | None, others: bool) -> str:
-    """The max-lag pass planned nothing: which partition comes due next, and when."""
-    chosen = [
-        name for name, topic in sorted(snapshot.topics.items())
-        if (not topics or name in topics) and topic.config.compacted and topic.config.max_compaction_lag_ms < LONG_MAX
-    ]
-    if not chosen:
-        return f"max-lag: no compacted topic {'among ' + ', '.join(topics) + ' ' if topics else ''}sets a finite max.compaction.lag.ms"
-    # A partition is planned by the last pass before it has been dirty for max_lag_deadline_ms.
-    horizon = now_ms + config.max_lag_pass_interval_ms - config.max_lag_deadline_ms
-    dirty = [
-        (since, topic, partition)
-        for topic in chosen
-        for partition in range(snapshot.topics[topic].partitions)
-        if (since := dirty_since(snapshot, topic, partition, config)) is not None
-    ]
-    if not dirty:
-        return f"max-lag: every partition of {', '.join(chosen)} is clean"
-    since, topic, partition = min(dirty)
-    if since <= horizon and others:
-        return f"max-lag: {topic}/{partition} is due but an in-flight plan holds some of its files; its commit compacts them first"
-    when = "is dirty since" if since <= now_ms else "becomes dirty in"
-    return (
-        f"max-lag: no partition dirty past its max.compaction.lag.ms by {_minutes(config.max_lag_deadline_ms - config.max_lag_pass_interval_ms)} "
-        f"yet; the next deadline is {topic}/{partition}, which {when} {_minutes(abs(since - now_ms))} and is planned "
-        f"in {_minutes(since - horizon)}"
-    )
-
-
-def _mb(count: int) -> str:
-    return f"{count / 1e6:,.1f} MB" if count >= 100_000 else f"{count / 1e3:,.1f} KB"
-
-
-def _minutes(ms: int) -> str:
-    return f"{max(0, ms) / MINUTE_MS:,.0f} min"
 
 
 def _checked_params(topics: Any, dry_run: Any, buffer_bytes: Any, force: Any = False) -> tuple[list[str] | None, bool, int | None, bool]:

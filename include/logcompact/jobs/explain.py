@@ -1,0 +1,109 @@
+"""What a scheduled plan step did and why, in a few lines for its log: the thresholds, each plan leased (files
+per level, groups with their labels, estimated effect), the files other in-flight plans hold, and when nothing is
+due, the reason (which level lacks files, or which partition comes due next under its max lag, and when)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from logcompact.catalog import Snapshot
+from logcompact.jobs.prepare import PreparedRun
+from logcompact.planner import PlannerConfig, dirty_since, top_level
+from logcompact.topics import LONG_MAX
+
+MINUTE_MS = 60_000
+
+
+def explain_run(
+    mode: str, snapshot: Snapshot, prepared: PreparedRun, now_ms: int, config: PlannerConfig, topics: list[str] | None, dry_run: bool
+) -> list[str]:
+    """What the plan did and why, in a few lines: thresholds, each plan with its groups, other plans' leases,
+    and when nothing is due, the reason."""
+    lines = [f"{mode}: {prepared.thresholds.describe()}" if mode == "regular" else f"{mode}: topics {', '.join(topics) if topics else 'all'}"]
+    leases = snapshot.leases(now_ms)
+    levels = {f.key: f.level for f in snapshot.file_summaries()}
+    labels: dict[str, list[str]] = {}
+    for job in prepared.groups:
+        labels.setdefault(job.plan_id, []).append(job.label)
+    for estimate in prepared.estimates:
+        plan_id = estimate["plan_id"]
+        held = Counter(levels[key] for key, lease in leases.items() if lease.plan_id == plan_id and key in levels)
+        per_level = ", ".join(f"L{level} {n}" for level, n in sorted(held.items())) or ", ".join(f"L{level}" for level in estimate["input_levels"])
+        lines.append(
+            f"{'dry run, would lease' if dry_run else 'leased'} plan {plan_id}: {estimate['files_replaced']} files ({per_level}) "
+            f"> L{estimate['target_level']}{' deduplicated' if estimate['deduplicate'] else ''}; {_mb(estimate['input_bytes'])} in, "
+            f"~{_mb(estimate['estimated_output_bytes'])} out, ~{estimate['estimated_records_removed']:,} of "
+            f"{estimate['records_in']:,} records removed; {estimate['groups']} group(s)"
+            + (f": {'; '.join(labels[plan_id])}" if plan_id in labels else "")
+        )
+    others: dict[str, Counter] = {}
+    for key, lease in leases.items():
+        if lease.plan_id not in prepared.plan_ids and key in levels:
+            others.setdefault(lease.plan_id, Counter())[levels[key]] += 1
+    for plan_id, held_levels in sorted(others.items()):
+        expires = max(lease.expires_ms for lease in leases.values() if lease.plan_id == plan_id)
+        lines.append(
+            f"held by in-flight plan {plan_id} (not planned again until it commits or its lease expires in "
+            f"{minutes(expires - now_ms)}): {held_levels.total()} files "
+            f"({', '.join(f'L{level} {n}' for level, n in sorted(held_levels.items()))})"
+        )
+    if not prepared.estimates:
+        lines.append(f"nothing due: {_why_nothing(mode, snapshot, prepared, now_ms, config, topics, bool(others))}")
+    elif dry_run:
+        lines.append(f"dry run: {len(prepared.estimates)} plan(s); nothing leased, written or run")
+    else:
+        lines.append(f"{len(prepared.estimates)} plan(s), {len(prepared.groups)} group job(s)")
+    return lines
+
+def _why_nothing(
+    mode: str, snapshot: Snapshot, prepared: PreparedRun, now_ms: int, config: PlannerConfig, topics: list[str] | None, others: bool
+) -> str:
+    held = "; files leased to in-flight plans are not counted" if others else ""
+    if mode == "regular":
+        counts, thresholds = prepared.thresholds.counts, prepared.thresholds.thresholds
+        top = top_level(snapshot.level_counts(), config)
+        below = ", ".join(f"L{level} has {counts.get(level, 0)} files, needs {thresholds[level]}" for level in range(min(top, len(thresholds))))
+        return (
+            f"{below}; the top level L{top} has no {config.tier_min_files} files within {config.tier_size_ratio:g}x "
+            f"of each other's size{held}"
+        )
+    if mode == "full":
+        return f"no live file{' of topics ' + ', '.join(topics) if topics else ''} outside in-flight plans{held}"
+    return _why_no_max_lag(snapshot, now_ms, config, topics, others)
+
+
+def _why_no_max_lag(snapshot: Snapshot, now_ms: int, config: PlannerConfig, topics: list[str] | None, others: bool) -> str:
+    """The max-lag pass planned nothing: which partition comes due next, and when."""
+    chosen = [
+        name for name, topic in sorted(snapshot.topics.items())
+        if (not topics or name in topics) and topic.config.compacted and topic.config.max_compaction_lag_ms < LONG_MAX
+    ]
+    if not chosen:
+        return f"max-lag: no compacted topic {'among ' + ', '.join(topics) + ' ' if topics else ''}sets a finite max.compaction.lag.ms"
+    # A partition is planned by the last pass before it has been dirty for max_lag_deadline_ms.
+    horizon = now_ms + config.max_lag_pass_interval_ms - config.max_lag_deadline_ms
+    dirty = [
+        (since, topic, partition)
+        for topic in chosen
+        for partition in range(snapshot.topics[topic].partitions)
+        if (since := dirty_since(snapshot, topic, partition, config)) is not None
+    ]
+    if not dirty:
+        return f"max-lag: every partition of {', '.join(chosen)} is clean"
+    since, topic, partition = min(dirty)
+    if since <= horizon and others:
+        return f"max-lag: {topic}/{partition} is due but an in-flight plan holds some of its files; its commit compacts them first"
+    when = "is dirty since" if since <= now_ms else "becomes dirty in"
+    return (
+        f"max-lag: no partition dirty past its max.compaction.lag.ms by {minutes(config.max_lag_deadline_ms - config.max_lag_pass_interval_ms)} "
+        f"yet; the next deadline is {topic}/{partition}, which {when} {minutes(abs(since - now_ms))} and is planned "
+        f"in {minutes(since - horizon)}"
+    )
+
+
+def _mb(count: int) -> str:
+    return f"{count / 1e6:,.1f} MB" if count >= 100_000 else f"{count / 1e3:,.1f} KB"
+
+
+def minutes(ms: int) -> str:
+    return f"{max(0, ms) / MINUTE_MS:,.0f} min"
