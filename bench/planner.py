@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from logcompact import sketch
 from logcompact.catalog import Catalog, CatalogSection, DataFile
 from logcompact.exceptions import ClusterNotFoundError
 from logcompact.format.layout import SectionInfo
@@ -70,8 +71,11 @@ PASSES = {
 SLICES_PER_GROUP = 8
 
 
-def build(catalog: Catalog, files: int, sections: int) -> None:
+def build(catalog: Catalog, files: int, sections: int, sketches: bool = False) -> None:
+    """The catalog described above; with `sketches`, each section carries the key sketch of up to 1,000 keys
+    drawn from its partition's 100,000 (what `logcompact status` merges)."""
     rng = np.random.default_rng(5)
+    keys = np.random.default_rng(7)
     # The section fields, from a generator of their own: levels, sizes and partitions are drawn as before.
     details = np.random.default_rng(6)
     catalog.ensure_created(NOW)
@@ -94,9 +98,14 @@ def build(catalog: Catalog, files: int, sections: int) -> None:
             newest = created - int(details.integers(0, 10**6))
             tombstones = int(details.integers(0, records // 10 + 1)) if details.random() < 0.2 else 0
             length = int(details.integers(500, 1500))
+            drawn = b""
+            if sketches:
+                ids = keys.integers(0, 100_000, min(records, 1_000), dtype=np.uint64) + np.uint64((topic * 16 + partition) << 20)
+                drawn = sketch.encode(sketch.sketch_words(ids * np.uint64(0x9E3779B97F4A7C15)))
             info = SectionInfo(
                 f"t{topic}", partition, records, records - 1 + holes, newest - int(details.integers(0, 10**7)), newest,
                 tombstones, length * int(details.integers(5, 15)), "lz4", int(details.integers(0, 2**32)), position, length, 0,
+                drawn,
             )
             position += length
             placed.append(CatalogSection(info, n * 100_000 + int(details.integers(0, 100_000))))

@@ -9,6 +9,8 @@ Packed form (in files and the catalog): a small section sets few registers, so i
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import numpy as np
 
 PRECISION = 7
@@ -61,8 +63,27 @@ def encode_many(groups: np.ndarray, words: np.ndarray, count: int) -> list[bytes
     return packed
 
 
-def merge(*sketches: np.ndarray) -> np.ndarray:
-    return np.maximum.reduce(sketches) if sketches else np.zeros(REGISTERS, dtype=np.uint8)
+def estimated_duplicates(records: int, packed: Collection[bytes]) -> int:
+    """Of `records` held by sections with these packed sketches, how many a deduplication would remove: the
+    records beyond the distinct keys of the merged sketches (0 when no section has keys)."""
+    packed = [p for p in packed if p]
+    if not packed:
+        return 0
+    return max(0, records - round(estimate(merge_packed(packed))))
+
+
+def merge_packed(packed: Collection[bytes]) -> np.ndarray:
+    """The registers of many packed sketches merged, in two vectorized steps however many there are: the full
+    ones by a maximum over their rows, the (register, rank) pairs by a maximum at their registers."""
+    registers = np.zeros(REGISTERS, dtype=np.uint8)
+    full = b"".join(p for p in packed if len(p) == REGISTERS)
+    if full:
+        registers[:] = np.frombuffer(full, dtype=np.uint8).reshape(-1, REGISTERS).max(axis=0)
+    pairs = b"".join(p for p in packed if len(p) != REGISTERS)
+    if pairs:
+        pair = np.frombuffer(pairs, dtype=np.uint8).reshape(-1, 2)
+        np.maximum.at(registers, pair[:, 0], pair[:, 1])
+    return registers
 
 
 def estimate(registers: np.ndarray) -> float:

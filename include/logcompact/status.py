@@ -17,6 +17,7 @@ from pathlib import Path
 
 from logcompact import sketch
 from logcompact.catalog import Catalog, SectionFigures
+from logcompact.collector import collector_paused
 from logcompact.planner import PlannerConfig
 from logcompact.planner.max_lag import effective_max_lag, partition_states
 from logcompact.topics import LONG_MAX
@@ -86,6 +87,7 @@ class ClusterStatus:
         return lines
 
 
+@collector_paused()  # it builds a few small acyclic objects per live section
 def cluster_status(catalog: Catalog, now_ms: int, config: PlannerConfig | None = None) -> ClusterStatus:
     """The cleaner's figures for every compacted topic, as the catalog holds them at `now_ms`."""
     config = config or PlannerConfig()
@@ -120,7 +122,8 @@ def cluster_status(catalog: Catalog, now_ms: int, config: PlannerConfig | None =
             topic, partition, total, total - clean, _percent(total - clean, total),
             None if lag == LONG_MAX or since is None else max(0.0, (now_ms - since) / 1000),
             (now_ms - max(compacted_ms)) / 1000 if compacted_ms else None,
-            _estimated_duplicates(rows), len(rows), (topic, partition) in set_aside,
+            sketch.estimated_duplicates(sum(r.record_count for r in rows), [r.key_sketch or b"" for r in rows]),
+            len(rows), (topic, partition) in set_aside,
         ))
 
     delays = [p.compaction_delay_s for p in status.partitions if p.compaction_delay_s is not None]
@@ -145,14 +148,6 @@ def job_gauges(plan_stats: list[dict]) -> dict[str, float]:
         "cleaner-recopy-percent": round(100 * sum(s["bytes_out"] for s in plan_stats) / max(bytes_in, 1), 1),
         "max-clean-time-secs": max(s["max_job_seconds"] for s in plan_stats),
     }
-
-
-def _estimated_duplicates(rows: list[SectionFigures]) -> int:
-    records = sum(r.record_count for r in rows)
-    sketches = [sketch.decode(r.key_sketch) for r in rows if r.key_sketch]
-    if not sketches:
-        return 0
-    return max(0, records - round(sketch.estimate(sketch.merge(*sketches))))
 
 
 def _percent(part: float, whole: float) -> float:

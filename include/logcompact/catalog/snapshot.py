@@ -208,19 +208,22 @@ class Snapshot:
             ]
 
     def section_figures(self, topics: Iterable[str]) -> list[SectionFigures]:
-        """Every live section of `topics` (set-aside partitions included), in one query, for `logcompact status`."""
+        """Every live section of `topics` (set-aside partitions included), in one query, for `logcompact status`.
+        Every live section is read and the topics are picked out here: asked for by topic, SQLite reads them
+        through the partition index in random order, three times slower than in file order (bench/status.py)."""
         ids = {self.topic_ids[name]: name for name in topics}
         sec, files = s.sections.c, s.files.c
         query = (
             select(files.key, files.level, sec.topic_id, sec.partition, sec.first_offset, sec.last_offset, sec.clean_below_delta,
                    sec.min_timestamp, sec.record_count, sec.uncompressed_bytes, sec.key_sketch, files.created_ms)
             .join(s.files, files.file_id == sec.file_id)
-            .where(sec.topic_id.in_(list(ids)), self._live_section())
+            .where(self._live_section())
         )
         with self.engine.connect() as connection:
             return [
                 SectionFigures(PartitionSection(key, level, ids[topic_id], partition, first, last - first, clean, min_ts), records, size, keys, created)
                 for key, level, topic_id, partition, first, last, clean, min_ts, records, size, keys, created in connection.execute(query).all()
+                if topic_id in ids
             ]
 
     def outside_floors(self, input_keys: Sequence[str], partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:

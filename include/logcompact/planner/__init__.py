@@ -13,10 +13,10 @@ into groups of topic-partitions (`PlannerConfig.group_bytes`), once: the plan re
 
 from __future__ import annotations
 
-import gc
 from dataclasses import replace
 
 from logcompact.catalog import Snapshot
+from logcompact.collector import collector_paused
 from logcompact.exceptions import TopicNotFoundError
 from logcompact.plan import MODES, Plan
 from logcompact.planner.config import PlannerConfig
@@ -60,11 +60,7 @@ def choose_plans(
     """The plans a mode calls for now, leaving out files leased to in-flight plans and the partitions the snapshot
     sets aside (`Catalog.planning_snapshot`)."""
     topics = check_topics(snapshot, mode, topics)
-    # Planning a large catalog loads hundreds of thousands of small acyclic objects; a full collection over
-    # them in the middle of it would cost more than the planning itself.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused():
         leased = snapshot.leased_files(now_ms)
         if mode == "regular":
             plans = plan_regular(snapshot, now_ms, config, leased)
@@ -75,6 +71,3 @@ def choose_plans(
         # The snapshot left the held-back uncleanable partitions out: each plan says so, for its commit.
         set_aside = tuple(sorted(snapshot.set_aside))
         return [replace(p, set_aside=set_aside) for p in plans] if set_aside else plans
-    finally:
-        if collecting:
-            gc.enable()

@@ -19,10 +19,7 @@ def expected_effect(plan: Plan) -> dict:
         for (topic, _partition), infos in per_partition.items():
             if not plan.topics[topic].config.compacted:
                 continue
-            records = sum(i.record_count for i in infos)
-            sketches = [sketch.decode(i.key_sketch) for i in infos if i.key_sketch]
-            distinct = sketch.estimate(sketch.merge(*sketches)) if sketches else records
-            removed += max(0, records - min(records, round(distinct)))
+            removed += sketch.estimated_duplicates(sum(i.record_count for i in infos), [i.key_sketch for i in infos])
     bytes_in = sum(f.size for f in plan.inputs)
     kept = (records_in - removed) / records_in if records_in else 1.0
     return {
