@@ -153,7 +153,7 @@ def test_hook_reads_planner_settings_from_its_extra(tmp_path, monkeypatch) -> No
     [
         ({"group_size": 5}, ValueError, r"connection 'tuned': extra planner has no setting 'group_size'; the settings are min_files, .*group_bytes"),
         ({"group_bytes": 0}, InvalidPlanError, r"connection 'tuned': extra planner: planner setting group_bytes is 0: must be an integer, 1 to"),
-        ({"min_files": [4, 8]}, ValueError, r"extra planner min_files must be 4 file counts of at least 1 \(L0 to L3\), not \[4, 8\]"),
+        ({"min_files": [4, 8]}, InvalidPlanError, r"extra planner: planner setting min_files is \[4, 8\]: must be 4 file counts of at least 1 \(L0 to L3\)"),
         ([8], ValueError, r"extra planner must be an object"),
     ],
 )

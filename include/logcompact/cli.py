@@ -84,7 +84,7 @@ def _directory_problem(directory: Path) -> str | None:
 
 def _set_now(ctx: click.Context, _param: click.Parameter, value: int | None) -> None:
     if value is not None:
-        ctx.find_object(Context).now_ms = value
+        ctx.ensure_object(Context).now_ms = value
 
 
 # Every command that depends on time takes --now itself too (`logcompact compact --now MS`).
@@ -378,7 +378,7 @@ def plan_command(ctx: Context, mode: str, topics: tuple[str, ...], dry_run: bool
             _emit(expected_effect(plan))
         elif out is not None:
             written = write_plan(out, plan, prefix="")
-            directory = str(Path(out_dir, plan.plan_id))
+            directory = str(out.root / plan.plan_id)
             _emit({"plan_id": plan.plan_id, "plan": directory, "groups": len(plan.groups), "inputs": len(plan.inputs), "bytes": written})
         else:
             click.echo(plan.to_json())

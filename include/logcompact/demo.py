@@ -57,7 +57,10 @@ def produce_skewed(catalog: Catalog, records: int, files: int, first_timestamp: 
     sequence = 0
     for number in range(files):
         timestamp = first_timestamp + (last_timestamp - first_timestamp) * number // max(1, files - 1)
-        with Agent(catalog, background=False, clock=lambda t=timestamp: t) as agent:
+        def clock(at: int = timestamp) -> int:
+            return at
+
+        with Agent(catalog, background=False, clock=clock) as agent:
             for spec in TOPICS:
                 draws = (rng.zipf(1.2, per_file) - 1) % spec.distinct_keys if spec.distinct_keys else range(per_file)
                 batch = []

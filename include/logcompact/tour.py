@@ -88,7 +88,7 @@ def run_tour(catalog: Catalog, total_records: int, clock: Callable[[], int], ech
             if table.column("value").to_pylist() != [r.value for r in expected]:
                 raise VerificationError(f"tour check failed: {spec.name}/{partition} values differ from produced")
             if spec.distinct_keys:
-                latest: dict[bytes, bytes | None] = {}
+                latest: dict[bytes | None, bytes | None] = {}
                 for r in expected:
                     latest[r.key] = r.value
                 view = latest_values(store, snapshot, spec.name, partition)
@@ -115,6 +115,8 @@ def compact_and_verify(catalog: Catalog, produced: dict[str, list[Record]], now:
     store = catalog.store
     (sweep,) = choose_plans(catalog.snapshot(), now, "full")
     result = run_and_commit(catalog, sweep, now)
+    if result is None:
+        raise VerificationError(f"tour check failed: the full sweep {sweep.plan_id} was committed before it ran")
     stats = result.jobs[0]
     echo(
         f"full sweep into L{sweep.target_level}: {stats.records_in:,} records in, {stats.records_out:,} out "
@@ -130,7 +132,7 @@ def compact_and_verify(catalog: Catalog, produced: dict[str, list[Record]], now:
                 if table.num_rows != len(expected):
                     raise VerificationError(f"tour check failed: {spec.name}/{partition} lost records in the sweep")
                 continue
-            latest: dict[bytes, Record] = {}
+            latest: dict[bytes | None, Record] = {}
             for r in expected:
                 latest[r.key] = r
             found = list(zip(table.column("key").to_pylist(), table.column("value").to_pylist()))

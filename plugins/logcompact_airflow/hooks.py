@@ -66,13 +66,6 @@ class LogcompactHook(BaseHook):
         for name in settings:
             if name not in allowed:
                 raise ValueError(f"{where} has no setting {name!r}; the settings are {', '.join(allowed)}")
-        if "min_files" in settings:
-            min_files = settings["min_files"]
-            if not isinstance(min_files, list) or len(min_files) != 4 or not all(
-                isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in min_files
-            ):
-                raise ValueError(f"{where} min_files must be 4 file counts of at least 1 (L0 to L3), not {min_files!r}")
-            settings = {**settings, "min_files": tuple(min_files)}
         try:
             return PlannerConfig(**settings)
         except InvalidPlanError as exc:

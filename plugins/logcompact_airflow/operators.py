@@ -87,7 +87,7 @@ class LogcompactPlanOperator(BaseOperator):
         dry_run: Any = False,
         buffer_bytes: Any = None,
         force: Any = False,
-        min_files: tuple[int, int, int, int] | None = None,
+        min_files: tuple[int, ...] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -99,7 +99,7 @@ class LogcompactPlanOperator(BaseOperator):
         self.plan_only = dry_run  # not `dry_run`: that is BaseOperator's method
         self.buffer_bytes = buffer_bytes
         self.force = force
-        self.min_files = None if min_files is None else tuple(min_files)
+        self.min_files = min_files
 
     def execute(self, context: Any) -> list[dict]:
         # A lease conflict is planned again: here at once, then by the task's retries.

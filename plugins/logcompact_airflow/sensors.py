@@ -23,14 +23,14 @@ class LogcompactThresholdSensor(BaseSensorOperator):
         self,
         *,
         logcompact_conn_id: str = LogcompactHook.default_conn_name,
-        min_files: tuple[int, int, int, int] | None = None,
+        min_files: tuple[int, ...] | None = None,
         force: Any = False,
         mode: str = "reschedule",
         **kwargs: Any,
     ) -> None:
         super().__init__(mode=mode, **kwargs)
         self.logcompact_conn_id = logcompact_conn_id
-        self.min_files = None if min_files is None else tuple(min_files)
+        self.min_files = min_files
         self.force = force
 
     def poke(self, context: Any) -> PokeReturnValue:

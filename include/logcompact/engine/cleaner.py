@@ -50,6 +50,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import nullcontext
+from typing import IO
 
 import numpy as np
 import pyarrow as pa
@@ -62,6 +63,7 @@ from logcompact.exceptions import CorruptDataError
 from logcompact.format import BlockStream, SegmentWriter
 from logcompact.format.layout import INDEX_COLUMNS, MAX_OFFSET_SPAN, SECTION_SCHEMA, SectionInfo, key_hash_words
 from logcompact.format.reader import section_rows
+from logcompact.format.writer import SectionBuilder
 from logcompact.plan import Plan, TopicPartition
 from logcompact.store.base import ObjectStore
 from logcompact.topics import TopicConfig
@@ -248,11 +250,11 @@ class _OutputFiles:
         self._content = content
         self._workdir = workdir
         self._writer: SegmentWriter | None = None
-        self._sink = None
+        self._sink: IO[bytes] | None = None  # the file the writer writes: both are set, or neither
         self._first_offsets: list[int] = []  # of the sections of the file being written
         self.files: list[DataFile] = []
 
-    def begin_section(self, topic: str, partition: int):
+    def begin_section(self, topic: str, partition: int) -> SectionBuilder:
         if self._writer is not None and self._writer.size >= self._plan.target_file_bytes:
             self.close()
         if self._writer is None:
@@ -265,7 +267,7 @@ class _OutputFiles:
         self._first_offsets.append(first_offset)
 
     def close(self) -> None:
-        if self._writer is None:
+        if self._writer is None or self._sink is None:
             return
         infos = self._writer.finish()
         self._sink.close()
@@ -278,7 +280,7 @@ class _OutputFiles:
         self._writer = None
 
     def discard(self) -> None:
-        if self._writer is not None:
+        if self._writer is not None and self._sink is not None:
             self._sink.close()
             os.unlink(self._sink.name)
             self._writer = None
@@ -296,7 +298,7 @@ class _SectionOutput:
         self._files = files
         self._topic = topic
         self._partition = partition
-        self._builder = None
+        self._builder: SectionBuilder | None = None
         self.first_offset = -1
         self.last_offset = -1
         self.records = 0
@@ -312,32 +314,33 @@ class _SectionOutput:
         self._append(offsets, pa.RecordBatch.from_arrays([*columns, horizons.filter(mask)], names=[*_KEPT, "delete_horizon"]))
 
     def _append(self, offsets: np.ndarray, rows: pa.RecordBatch) -> None:
-        if self._builder is None:
-            self._builder = self._files.begin_section(self._topic, self._partition)
+        builder = self._builder
+        if builder is None:
+            builder = self._builder = self._files.begin_section(self._topic, self._partition)
             self.first_offset = int(offsets[0])
         beyond = int(np.searchsorted(offsets, self.first_offset + MAX_OFFSET_SPAN, side="right"))
         here = rows.slice(0, beyond)
         if beyond:
             deltas = pa.array(offsets[:beyond] - self.first_offset, pa.uint32())
-            self._builder.append(pa.RecordBatch.from_arrays([deltas, *here.columns], schema=SECTION_SCHEMA))
+            builder.append(pa.RecordBatch.from_arrays([deltas, *here.columns], schema=SECTION_SCHEMA))
             self.last_offset = int(offsets[beyond - 1])
             self.records += beyond
         if beyond < len(offsets):
-            self._finish()
+            self._finish(builder)
             self._files.close()
             self._append(offsets[beyond:], rows.slice(beyond))
 
-    def _finish(self) -> None:
+    def _finish(self, builder: SectionBuilder) -> None:
         clean = self.clean_below
         clean_delta = 0 if clean is None else max(0, min(clean, self.last_offset + 1) - self.first_offset)
-        self._builder.finish(clean_below_delta=clean_delta)
+        builder.finish(clean_below_delta=clean_delta)
         self._files.section_done(self.first_offset)
         self._builder = None
         self.finished += 1
 
     def close(self) -> None:
         if self._builder is not None:
-            self._finish()
+            self._finish(self._builder)
 
     def abandon(self, damage: CorruptDataError) -> None:
         """Take back what was written of the partition. Sections already finished (in files cut at 2**32

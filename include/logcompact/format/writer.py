@@ -7,7 +7,7 @@ import array
 import io
 from collections.abc import Iterable, Sequence
 from itertools import repeat
-from typing import BinaryIO
+from typing import IO
 
 import numpy as np
 import pyarrow as pa
@@ -248,7 +248,7 @@ class SegmentWriter:
     decompress with Arrow's vectorized codecs.
     """
 
-    def __init__(self, sink: BinaryIO, compression: str = "lz4") -> None:
+    def __init__(self, sink: IO[bytes], compression: str = "lz4") -> None:
         if compression not in COMPRESSIONS:
             raise ValueError(f"compression {compression!r} is not one of {', '.join(COMPRESSIONS)}")
         self._sink = sink

@@ -21,8 +21,9 @@ MINUTE_MS = 60_000
 
 @dataclass(frozen=True)
 class PlannerConfig:
-    # A level is compacted into the next once it holds this many files (L0, L1, L2, L3).
-    min_files: tuple[int, int, int, int] = (32, 32, 32, 32)
+    # A level is compacted into the next once it holds this many files (L0, L1, L2, L3): four counts of at
+    # least 1, given as a tuple or a list (as Airflow renders them and JSON holds them).
+    min_files: tuple[int, ...] = (32, 32, 32, 32)
     # Records are deduplicated from this level up; L0 to L1 only copies and splits.
     dedup_from_level: int = 2
     # A small cluster's top level is L2; a big one's is L4. A cluster is big once it holds at least
@@ -61,3 +62,9 @@ class PlannerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
                 raise InvalidPlanError(f"planner setting {name} is {value!r}: must be an integer, {low} to {high}")
+        counts = self.min_files
+        if not isinstance(counts, tuple | list) or len(counts) != 4 or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in counts
+        ):
+            raise InvalidPlanError(f"planner setting min_files is {counts!r}: must be 4 file counts of at least 1 (L0 to L3)")
+        object.__setattr__(self, "min_files", tuple(counts))

@@ -194,10 +194,16 @@ class Simulation:
     def _snapshot(self, now: int) -> Snapshot:
         """The catalog as of now: the L1 files made since it was last read are appended first, in one commit."""
         if self._unappended:
-            self.catalog.append_files(self._unappended, now)
+            self._catalog.append_files(self._unappended, now)
             self._l1_appended += len(self._unappended)
             self._unappended = []
-        return self.catalog.snapshot()
+        return self._catalog.snapshot()
+
+    @property
+    def _catalog(self) -> Catalog:
+        if self.catalog is None:
+            raise RuntimeError("the simulator's catalog exists only while run() runs")
+        return self.catalog
 
     # -- planning and applying -----------------------------------------------------------------------
 
@@ -215,11 +221,11 @@ class Simulation:
                 done = ~np.isin(carried.slots, incomplete)
                 self._deduplicated(carried.take(done), now)
                 carried = carried.take(~done)
-            self.catalog.replace_files([f.key for f in found.inputs], cost.outputs, now, plan_id=found.plan_id)
+            self._catalog.replace_files([f.key for f in found.inputs], cost.outputs, now, plan_id=found.plan_id)
             for output in cost.outputs:
                 held = [self._slot((s.topic, s.partition)) for s in output.sections]
                 self.cohorts[output.key] = carried.take(np.isin(carried.slots, held))
-        self._l1_appended = self.catalog.snapshot().level_counts().get(1, 0)
+        self._l1_appended = self._catalog.snapshot().level_counts().get(1, 0)
 
     def _deduplicated(self, cohorts: Cohorts, now: int) -> None:
         self.delays.append(((now - cohorts.produced_ms) / 1000, cohorts.records))
