@@ -55,6 +55,7 @@ bench: install deps
 	$(BIN)/python bench/engine.py
 	$(BIN)/python bench/partitions.py
 	$(BIN)/python bench/planner.py
+	$(BIN)/python bench/status.py
 	$(BIN)/python bench/catalog.py
 	$(BIN)/python bench/spark_dedup.py
 
