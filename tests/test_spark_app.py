@@ -5,6 +5,7 @@ catalog."""
 
 from __future__ import annotations
 
+import random
 import re
 import shutil
 import subprocess
@@ -65,6 +66,19 @@ def test_slices_share_a_group_by_bytes_and_commit_together(catalog: Catalog) -> 
     assert commit_plans(catalog, [sweep.plan_id], NOW).committed == [sweep.plan_id]
     assert _latest(catalog, 6) == {b"k%d" % k: b"2" for k in range(30)}
     assert commit_plans(catalog, [sweep.plan_id], NOW).already_committed == [sweep.plan_id]  # a retry
+
+
+def test_a_slice_reports_the_bytes_of_its_own_partitions(catalog: Catalog) -> None:
+    # Two partitions of 2 MB of incompressible values in one file: each slice reads its half, not the file.
+    create_topic(catalog, "t", partitions=2, cleanup_policy="compact")
+    values = random.Random(1)
+    with Agent(catalog, background=False) as agent:
+        agent.produce("t", [Record(i % 2, b"k%d" % i, values.randbytes(100_000), NOW) for i in range(40)])
+    sweep = _leased_sweep(catalog)
+    file_bytes = sum(f.size for f in sweep.inputs)
+    slices = deal_slices(read_partition_bytes(catalog.store, sweep.plan_id, 0), 2)
+    read = [JobResult.from_dict(r).stats.bytes_in for r in compact_slices(catalog.store.uri, sweep.plan_id, 0, slices)]
+    assert len(read) == 2 and all(0.45 * file_bytes < n < 0.55 * file_bytes for n in read), (read, file_bytes)
 
 
 def test_slices_are_dealt_by_bytes_biggest_first() -> None:

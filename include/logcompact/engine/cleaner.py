@@ -48,7 +48,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
 from typing import IO
 
@@ -366,7 +366,7 @@ def run_plan(store: ObjectStore, plan: Plan, offset_map: OffsetMap | None = None
     started = time.perf_counter()
     requests_before = store.counters.snapshot()
     stats = CompactionStats(plan_id=plan.plan_id, group=plan.group, target_level=plan.target_level)
-    stats.bytes_in = sum(f.size for f in plan.inputs)
+    stats.bytes_in = _stored_bytes(plan.inputs)
     key_map = offset_map or CompactOffsetMap(plan.buffer_bytes)
     stats.key_capacity = key_map.capacity
 
@@ -415,6 +415,12 @@ def run_plan(store: ObjectStore, plan: Plan, offset_map: OffsetMap | None = None
     for warning in stats.warnings:
         log.warning("plan %s: %s", plan.plan_id, warning)
     return JobResult(plan.plan_id, plan.group, result_files, stats)
+
+
+def _stored_bytes(inputs: Iterable[DataFile]) -> int:
+    """The stored bytes of the inputs' sections, what pass 2 reads: a job given a slice of a file's partitions
+    reads only theirs (sections sharing a block count it once)."""
+    return sum(sum(length for _, length in {(s.info.byte_offset, s.info.byte_length) for s in f.sections}) for f in inputs)
 
 
 class _Cursors:

@@ -19,8 +19,8 @@ class CompactionStats:
     target_level: int = 0
     records_in: int = 0
     records_out: int = 0
-    bytes_in: int = 0
-    bytes_out: int = 0
+    bytes_in: int = 0  # stored bytes of the job's input sections (a plan's summary counts its whole input files)
+    bytes_out: int = 0  # bytes of the files it wrote
     files_out: int = 0
     distinct_keys: int = 0
     key_capacity: int = 0
