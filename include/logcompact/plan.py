@@ -144,7 +144,7 @@ class Plan:
 
     def __post_init__(self) -> None:
         if not self.groups:
-            object.__setattr__(self, "groups", split_into_groups(partition_bytes(self.inputs), None))
+            object.__setattr__(self, "groups", split_into_groups(lowest_offsets_and_bytes(self.inputs)[1], None))
 
     def output_key(self, content: str, sequence: int) -> str:
         return f"data/l{self.target_level}/{self.plan_id}-g{self.group:03d}-s{self.slice:03d}-{content}-{sequence:04d}.seg"
@@ -452,20 +452,29 @@ def new_plan_id(now_ms: int) -> str:
 # -- groups ----------------------------------------------------------------------------------------------
 
 
-def partition_bytes(inputs: Iterable[DataFile]) -> dict[TopicPartition, int]:
-    """Per topic-partition, the uncompressed bytes of its sections in `inputs`."""
+def lowest_offsets_and_bytes(inputs: Iterable[DataFile]) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
+    """Per topic-partition of `inputs`, its lowest first offset and the uncompressed bytes of its sections (what
+    groups are split by), in one pass: planners walk hundreds of thousands of sections."""
+    lowest: dict[TopicPartition, int] = {}
     sizes: dict[TopicPartition, int] = {}
+    held = lowest.get
     for data_file in inputs:
         for section in data_file.sections:
-            info = section.info
+            info, first = section.info, section.first_offset
             tp = (info.topic, info.partition)
-            sizes[tp] = sizes.get(tp, 0) + info.uncompressed_bytes
-    return sizes
+            low = held(tp)
+            if low is None:
+                lowest[tp], sizes[tp] = first, info.uncompressed_bytes
+            else:
+                if first < low:
+                    lowest[tp] = first
+                sizes[tp] += info.uncompressed_bytes
+    return lowest, sizes
 
 
 def split_into_groups(sizes: dict[TopicPartition, int], group_bytes: int | None) -> tuple[PlanGroup, ...]:
     """Groups of whole partitions in (topic, partition) order, each holding at most about `group_bytes` of the
-    inputs' sections, uncompressed (`sizes`, from `partition_bytes`; a partition larger than that is a group of
+    inputs' sections, uncompressed (`sizes`, from `lowest_offsets_and_bytes`; a partition larger than that is a group of
     its own). None: one group of every partition."""
     runs: list[list[TopicPartition]] = []
     total = 0

@@ -7,11 +7,11 @@ loaded with their sections, in one read for all the plans of a pass.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import TypeVar
 
 from logcompact.catalog import DataFile, FileSummary, Snapshot
-from logcompact.plan import MAX_LEVEL, Plan, TopicPartition, lowest_outside, new_plan_id, split_into_groups
+from logcompact.plan import MAX_LEVEL, Plan, TopicPartition, lowest_offsets_and_bytes, lowest_outside, new_plan_id, split_into_groups
 from logcompact.planner.config import PlannerConfig
 
 Sized = TypeVar("Sized", FileSummary, DataFile)
@@ -103,7 +103,7 @@ def make_plans(
     planned = [key for keys, _ in chosen for key in keys]
     files = loaded if loaded is not None else snapshot.get_files(planned)
     inputs = [tuple(files[key] for key in keys) for keys, _ in chosen]
-    lowest, sizes = zip(*map(_lowest_offsets_and_bytes, inputs))
+    lowest, sizes = zip(*map(lowest_offsets_and_bytes, inputs))
     outside = lowest_outside(snapshot, planned, set().union(*lowest), live)
     # Per partition, the two lowest offsets among the plans' inputs (with the plan holding the lowest): a plan's
     # own inputs are never outside it, the next plan's are.
@@ -147,25 +147,6 @@ def make_plans(
             max_partition_bytes=config.max_partition_bytes,
         ))
     return plans
-
-
-def _lowest_offsets_and_bytes(files: Iterable[DataFile]) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
-    """Per partition of the files, the lowest first offset and the sections' uncompressed bytes (one pass)."""
-    lowest: dict[TopicPartition, int] = {}
-    sizes: dict[TopicPartition, int] = {}
-    held = lowest.get
-    for data_file in files:
-        for section in data_file.sections:
-            info, first = section.info, section.first_offset
-            tp = (info.topic, info.partition)
-            low = held(tp)
-            if low is None:
-                lowest[tp], sizes[tp] = first, info.uncompressed_bytes
-            else:
-                if first < low:
-                    lowest[tp] = first
-                sizes[tp] += info.uncompressed_bytes
-    return lowest, sizes
 
 
 def _by_content(files: list[FileSummary]) -> list[list[FileSummary]]:
