@@ -17,7 +17,7 @@ from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from sqlalchemy.engine import make_url
 
-from logcompact.catalog import Catalog
+from logcompact.catalog import Catalog, SetAside
 from logcompact.engine.stats import JobResult
 from logcompact.exceptions import CatalogConfigError, CatalogUnavailableError, CommitConflictError, InvalidPlanError, TopicNotFoundError
 from logcompact.jobs import deal_slices
@@ -206,6 +206,27 @@ def test_sensor_says_how_to_run_now_while_it_waits_and_is_done_at_once_when_forc
     assert "forced (force=true): not waiting for any threshold" in capfd.readouterr().out
     with pytest.raises(AirflowFailException, match="force must be true or false, not 'yes'"):
         LogcompactThresholdSensor(task_id="wait", logcompact_conn_id="connected", force="yes").poke({})
+
+
+def test_sensor_skips_a_run_that_waited_out_its_timeout_but_fails_on_what_no_wait_fixes(connected_catalog: Catalog) -> None:
+    produce_l0_files(connected_catalog, "accounts", files=2, records=5, keys=5, partitions=1, now=_now_ms())
+    waiting = LogcompactThresholdSensor(task_id="wait", logcompact_conn_id="connected", mode="poke", timeout=0, skip_on_timeout=True)
+    with pytest.raises(AirflowSkipException, match="no level reached its threshold within 0 s; nothing to compact this run"):
+        waiting.execute({})
+    # Airflow's soft_fail would have skipped these too, every run, in silence.
+    broken = LogcompactThresholdSensor(task_id="wait", logcompact_conn_id="connected", mode="poke", timeout=0, skip_on_timeout=True, force="yes")
+    with pytest.raises(AirflowFailException, match="force must be true or false, not 'yes'"):
+        broken.execute({})
+
+
+def test_sensor_leaves_out_files_held_by_uncleanable_partitions_as_the_planner_does(connected_catalog: Catalog) -> None:
+    catalog, now = connected_catalog, _now_ms()
+    produce_l0_files(catalog, "accounts", files=3, records=5, keys=5, partitions=1, now=now)
+    sensor = LogcompactThresholdSensor(task_id="wait", logcompact_conn_id="connected", min_files=(3, 3, 3, 3))
+    assert sensor.poke({}).is_done
+    damaged = catalog.snapshot().file_summaries()[0].key
+    catalog.replace_files([], [], now, marks=[SetAside("accounts", 0, "a damaged file", damaged)])  # as a job's commit marks it
+    assert not sensor.poke({}).is_done  # the planner would find nothing to plan
 
 
 @pytest.mark.parametrize(

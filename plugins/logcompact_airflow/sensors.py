@@ -7,6 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowSkipException
 
 from logcompact.jobs import check_thresholds
 from logcompact_airflow.hooks import LogcompactHook
@@ -15,7 +16,11 @@ from logcompact_airflow.operators import checked_flag, failing_at_once
 
 class LogcompactThresholdSensor(BaseSensorOperator):
     """Done when some level L0..L3 holds at least its `min_files` files not leased to an in-flight plan, or at
-    once when `force` is true. `min_files` defaults to the connection's planner settings (32 per level)."""
+    once when `force` is true. `min_files` defaults to the connection's planner settings (32 per level).
+
+    With `skip_on_timeout`, a wait that reaches `timeout` skips the run (nothing was due) instead of failing it.
+    Not Airflow's `soft_fail`: that skips on every failure, so a bad param or a broken connection would skip
+    every run in silence."""
 
     template_fields = ("force",)
 
@@ -25,6 +30,7 @@ class LogcompactThresholdSensor(BaseSensorOperator):
         logcompact_conn_id: str = LogcompactHook.default_conn_name,
         min_files: tuple[int, ...] | None = None,
         force: Any = False,
+        skip_on_timeout: bool = False,
         mode: str = "reschedule",
         **kwargs: Any,
     ) -> None:
@@ -32,6 +38,15 @@ class LogcompactThresholdSensor(BaseSensorOperator):
         self.logcompact_conn_id = logcompact_conn_id
         self.min_files = min_files
         self.force = force
+        self.skip_on_timeout = skip_on_timeout
+
+    def execute(self, context: Any) -> Any:
+        try:
+            return super().execute(context)
+        except AirflowSensorTimeout as timeout:
+            if not self.skip_on_timeout:
+                raise
+            raise AirflowSkipException(f"no level reached its threshold within {self.timeout:.0f} s; nothing to compact this run") from timeout
 
     def poke(self, context: Any) -> PokeReturnValue:
         with failing_at_once():
@@ -42,7 +57,9 @@ class LogcompactThresholdSensor(BaseSensorOperator):
             config = hook.get_planner_config()
             if self.min_files is not None:
                 config = replace(config, min_files=self.min_files)
-            status = check_thresholds(hook.get_catalog().snapshot(), int(time.time() * 1000), config)
+            now = int(time.time() * 1000)
+            # As the planner counts: files held only by set-aside (uncleanable) partitions are left out.
+            status = check_thresholds(hook.get_catalog().planning_snapshot(now), now, config)
         if not status.reached:
             self.log.info(
                 "waiting for a level to reach its threshold (poked every %d s, for up to %d s); trigger with force=true to run now",
