@@ -1,4 +1,4 @@
-"""The max-lag pass's interval is its DAG's schedule, and at that cadence no record stays dirty more than 30 minutes
+"""The max-lag pass's interval is the time to its DAG's next run, and at that cadence no record stays dirty more than 30 minutes
 past its topic's max.compaction.lag.ms (the simulator follows every record to its deduplication).
 
 The planner plans a partition when, by the next pass, it would be dirty longer than the deadline; told a shorter
@@ -14,7 +14,7 @@ import pytest
 
 from logcompact.planner import PlannerConfig
 from logcompact.simulate import Simulation, Workload
-from logcompact_airflow.schedule import pass_interval_ms
+from logcompact_airflow.schedule import next_pass_in_ms
 
 MINUTE_MS = 60_000
 DAGS = Path(__file__).resolve().parents[1] / "dags"
@@ -29,19 +29,32 @@ def _timetable(schedule):
     return DAG(dag_id="cadence", schedule=schedule).timetable
 
 
+WEDNESDAY = datetime(2026, 11, 25, 10, 7, tzinfo=UTC)
+
+
 @pytest.mark.parametrize(
-    ("schedule", "minutes"),
-    [("@hourly", 60), ("*/20 * * * *", 20), (timedelta(minutes=45), 45), ("@daily", 24 * 60),
-     ("0 9,17 * * *", 16 * 60), ("0 0 * * 1-5", 3 * 24 * 60)],  # the longest gap: 17:00 to 9:00, Friday to Monday
+    ("schedule", "now", "minutes"),
+    [("@hourly", WEDNESDAY, 53), ("*/20 * * * *", WEDNESDAY, 13), (timedelta(minutes=45), WEDNESDAY, 45),
+     ("@daily", WEDNESDAY, 13 * 60 + 53), ("0 9,17 * * *", WEDNESDAY, 6 * 60 + 53),
+     ("0 9-17 * * 1-5", WEDNESDAY, 53), ("0 9-17 * * 1-5", datetime(2026, 11, 27, 17, 30, tzinfo=UTC), 63 * 60 + 30),
+     ("@yearly", WEDNESDAY, 36 * 24 * 60 + 13 * 60 + 53)],  # the weekend gap only on Friday evening
 )
-def test_the_pass_interval_is_the_longest_gap_of_the_schedule(schedule, minutes: int) -> None:
-    now = datetime(2026, 11, 25, 10, 7, tzinfo=UTC)
-    assert pass_interval_ms(_timetable(schedule), now) == minutes * MINUTE_MS
+def test_the_pass_interval_is_the_time_to_the_next_run(schedule, now: datetime, minutes: int) -> None:
+    assert next_pass_in_ms(_timetable(schedule), now) == minutes * MINUTE_MS
 
 
-def test_a_schedule_without_a_regular_interval_is_refused() -> None:
-    with pytest.raises(ValueError, match=r"schedule \(NullTimetable\) has no regular interval; give it a cron or timedelta schedule"):
-        pass_interval_ms(_timetable(None))
+def test_the_schedulers_own_timetables_are_read_too() -> None:
+    from airflow.timetables.interval import CronDataIntervalTimetable
+    from airflow.timetables.trigger import CronTriggerTimetable, DeltaTriggerTimetable
+
+    assert next_pass_in_ms(CronTriggerTimetable("0 * * * *", timezone="UTC"), WEDNESDAY) == 53 * MINUTE_MS
+    assert next_pass_in_ms(CronDataIntervalTimetable("*/20 * * * *", timezone="UTC"), WEDNESDAY) == 13 * MINUTE_MS
+    assert next_pass_in_ms(DeltaTriggerTimetable(timedelta(minutes=45)), WEDNESDAY) == 45 * MINUTE_MS
+
+
+@pytest.mark.parametrize("schedule", [None, "@once"])
+def test_a_schedule_without_runs_of_its_own_leaves_the_interval_to_the_connection(schedule) -> None:
+    assert next_pass_in_ms(_timetable(schedule), WEDNESDAY) is None
 
 
 def _simulate(every_minutes: int, planner_told_minutes: int) -> dict:
@@ -64,7 +77,7 @@ def test_the_max_lag_dag_tells_its_planner_its_own_schedule_and_holds_the_deadli
     from airflow.dag_processing.dagbag import DagBag
 
     dag = DagBag(dag_folder=str(DAGS / "logcompact_max_lag_hourly.py")).dags["logcompact_max_lag_hourly"]
-    interval = pass_interval_ms(dag.timetable)
+    interval = next_pass_in_ms(dag.timetable, datetime(2026, 11, 25, 10, 0, tzinfo=UTC))  # a pass on the hour
     assert interval == 60 * MINUTE_MS
     summary = _simulate(interval // MINUTE_MS, interval // MINUTE_MS)
     assert summary["max_lag_violations"] == 0 and summary["max_minutes_past_lag"] <= 30

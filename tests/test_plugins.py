@@ -357,15 +357,18 @@ def test_plan_operator_says_when_the_max_lag_pass_is_due_next(connected_catalog:
     assert plan.execute({}) == []
     log = capfd.readouterr().out
     # Records an hour old under a 2 h lag: dirty in 60 min, planned by the pass 15 min before they are 30 min late.
-    assert re.search(r"nothing due: max-lag: no partition dirty past its max.compaction.lag.ms by 15 min yet; the next "
-                     r"deadline is orders/[01], which becomes dirty in (59|60) min and is planned in (74|75) min", log), log
-    # In an hourly DAG the planner assumes hourly passes: planned by the pass 30 min before they are 30 min late.
+    assert re.search(r"nothing due: max-lag: nothing would be dirty longer than 30 min by the next pass \(in 15 min\); the first "
+                     r"due is orders/[01], which becomes dirty in (59|60) min and is planned in (74|75) min", log), log
+    # In an hourly DAG the planner assumes the next pass at the DAG's next run: planned by the last pass before
+    # they would be 30 min late, that is 90 min from now less the time to the next run.
     with DAG(dag_id="hourly_max_lag", schedule="@hourly"):
         hourly = LogcompactPlanOperator(task_id="plan", mode="max-lag", logcompact_conn_id="connected", topics=["orders"])
     assert hourly.execute({}) == []
     log = capfd.readouterr().out
-    assert "max-lag pass every 60 min (the DAG's schedule): a partition is planned when, by the next pass, it would be dirty longer than 30 min" in log
-    assert re.search(r"the next deadline is orders/[01], which becomes dirty in (59|60) min and is planned in (29|30) min", log), log
+    next_run = re.search(r"max-lag pass: the DAG runs next in (\d+) min; a partition is planned when by then it would be dirty longer than 30 min", log)
+    planned = re.search(r"the first due is orders/[01], which becomes dirty in (59|60) min and is planned in (\d+) min", log)
+    assert next_run and planned, log
+    assert abs(int(planned[2]) - (90 - int(next_run[1]))) <= 1
     accounts_only = LogcompactPlanOperator(task_id="plan", mode="max-lag", logcompact_conn_id="connected", topics=["accounts"])
     assert accounts_only.execute({}) == []
     assert "max-lag: no compacted topic among accounts sets a finite max.compaction.lag.ms" in capfd.readouterr().out

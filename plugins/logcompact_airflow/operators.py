@@ -29,7 +29,7 @@ from logcompact.planner import MODES, PlannerConfig
 from logcompact.status import job_gauges
 from logcompact_airflow.hooks import LogcompactHook
 from logcompact_airflow.metrics import emit_gauges
-from logcompact_airflow.schedule import pass_interval_ms
+from logcompact_airflow.schedule import next_pass_in_ms
 
 # Commits announce the topics they compacted as events of assets `logcompact://{cluster}/{topic}`.
 COMPACTED_TOPICS = AssetAlias("logcompact-compacted-topics")
@@ -113,12 +113,19 @@ class LogcompactPlanOperator(BaseOperator):
             if buffer_bytes is not None:
                 config = replace(config, buffer_bytes=buffer_bytes)
             if self.mode == "max-lag" and self.has_dag():
-                # The planner's pass interval is the DAG's: otherwise records stay dirty past the deadline.
-                config = replace(config, max_lag_pass_interval_ms=pass_interval_ms(self.dag.timetable))
-                self.log.info(
-                    "max-lag pass every %s (the DAG's schedule): a partition is planned when, by the next pass, it would be "
-                    "dirty longer than %s", minutes(config.max_lag_pass_interval_ms), minutes(config.max_lag_deadline_ms),
-                )
+                # The planner's pass interval is the time to the DAG's next run: otherwise records stay dirty past the deadline.
+                next_pass_ms = next_pass_in_ms(self.dag.timetable)
+                if next_pass_ms is None:
+                    self.log.info(
+                        "max-lag pass: the DAG's schedule has no next run of its own; the next pass is assumed in %s "
+                        "(the connection's max_lag_pass_interval_ms)", minutes(config.max_lag_pass_interval_ms),
+                    )
+                else:
+                    config = replace(config, max_lag_pass_interval_ms=next_pass_ms)
+                    self.log.info(
+                        "max-lag pass: the DAG runs next in %s; a partition is planned when by then it would be dirty longer than %s",
+                        minutes(next_pass_ms), minutes(config.max_lag_deadline_ms),
+                    )
             if force:
                 config = forced_config(config)
                 self.log.info("forced (force=true): any level of %d files or more is compacted, whatever its threshold", FORCED_MIN_FILES)

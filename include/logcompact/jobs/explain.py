@@ -8,8 +8,8 @@ from collections import Counter
 
 from logcompact.catalog import Snapshot
 from logcompact.jobs.prepare import PreparedRun
-from logcompact.planner import PlannerConfig, dirty_since, top_level
-from logcompact.topics import LONG_MAX
+from logcompact.planner import PlannerConfig, top_level
+from logcompact.planner.max_lag import dirty_partitions, due_by, max_lag_topics
 
 MINUTE_MS = 60_000
 
@@ -73,31 +73,22 @@ def _why_nothing(
 
 
 def _why_no_max_lag(snapshot: Snapshot, now_ms: int, config: PlannerConfig, topics: list[str] | None, others: bool) -> str:
-    """The max-lag pass planned nothing: which partition comes due next, and when."""
-    chosen = [
-        name for name, topic in sorted(snapshot.topics.items())
-        if (not topics or name in topics) and topic.config.compacted and topic.config.max_compaction_lag_ms < LONG_MAX
-    ]
+    """The max-lag pass planned nothing: which partition comes due next, and when (the planner's own rule)."""
+    chosen = max_lag_topics(snapshot, topics)
     if not chosen:
         return f"max-lag: no compacted topic {'among ' + ', '.join(topics) + ' ' if topics else ''}sets a finite max.compaction.lag.ms"
-    # A partition is planned by the last pass before it has been dirty for max_lag_deadline_ms.
-    horizon = now_ms + config.max_lag_pass_interval_ms - config.max_lag_deadline_ms
-    dirty = [
-        (since, topic, partition)
-        for topic in chosen
-        for partition in range(snapshot.topics[topic].partitions)
-        if (since := dirty_since(snapshot, topic, partition, config)) is not None
-    ]
+    dirty = dirty_partitions(snapshot, chosen, config)
     if not dirty:
         return f"max-lag: every partition of {', '.join(chosen)} is clean"
-    since, topic, partition = min(dirty)
-    if since <= horizon and others:
-        return f"max-lag: {topic}/{partition} is due but an in-flight plan holds some of its files; its commit compacts them first"
-    when = "is dirty since" if since <= now_ms else "becomes dirty in"
+    first, horizon = dirty[0], due_by(now_ms, config)
+    name = f"{first.topic}/{first.partition}"
+    if first.dirty_since <= horizon and others:
+        return f"max-lag: {name} is due but an in-flight plan holds some of its files; its commit compacts them first"
+    when = f"is dirty since {minutes(now_ms - first.dirty_since)} ago" if first.dirty_since <= now_ms else f"becomes dirty in {minutes(first.dirty_since - now_ms)}"
     return (
-        f"max-lag: no partition dirty past its max.compaction.lag.ms by {minutes(config.max_lag_deadline_ms - config.max_lag_pass_interval_ms)} "
-        f"yet; the next deadline is {topic}/{partition}, which {when} {minutes(abs(since - now_ms))} and is planned "
-        f"in {minutes(since - horizon)}"
+        f"max-lag: nothing would be dirty longer than {minutes(config.max_lag_deadline_ms)} by the next pass (in "
+        f"{minutes(config.max_lag_pass_interval_ms)}); the first due is {name}, which {when} and is planned in "
+        f"{minutes(first.dirty_since - horizon)}"
     )
 
 

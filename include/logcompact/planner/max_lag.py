@@ -75,22 +75,47 @@ def dirty_since(snapshot: Snapshot, topic: str, partition: int, config: PlannerC
     return None if state is None else state.dirty_since(effective_max_lag(snapshot, topic))
 
 
+def max_lag_topics(snapshot: Snapshot, topics: list[str] | None = None) -> list[str]:
+    """The compacted topics (of `topics`, when given) with a finite max.compaction.lag.ms: what the pass looks at."""
+    return sorted(
+        name for name, topic in snapshot.topics.items()
+        if (not topics or name in topics) and topic.config.compacted and topic.config.max_compaction_lag_ms < LONG_MAX
+    )
+
+
+@dataclass(frozen=True)
+class DirtyPartition:
+    topic: str
+    partition: int
+    dirty_since: int  # when its oldest record not yet deduplicated against older data became (or becomes) dirty
+    files: list[str]
+
+
+def dirty_partitions(snapshot: Snapshot, chosen: list[str], config: PlannerConfig) -> list[DirtyPartition]:
+    """The partitions of `chosen` topics holding data not deduplicated against their older data, soonest due
+    first: one pass over their sections."""
+    dirty = []
+    for (topic, partition), state in partition_states(snapshot.partition_sections(chosen), config).items():
+        since = state.dirty_since(effective_max_lag(snapshot, topic))
+        if since is not None:
+            dirty.append(DirtyPartition(topic, partition, since, state.files))
+    return sorted(dirty, key=lambda d: (d.dirty_since, d.topic, d.partition))
+
+
+def due_by(now_ms: int, config: PlannerConfig) -> int:
+    """A partition dirty since this time or earlier is due: by the next pass it would be dirty past the deadline."""
+    return now_ms + config.max_lag_pass_interval_ms - config.max_lag_deadline_ms
+
+
 def plan_max_lag(
     snapshot: Snapshot, now_ms: int, config: PlannerConfig, leased: set[str], topics: list[str] | None = None
 ) -> Plan | None:
     """One plan over every file holding a partition that must be compacted in this pass, or None."""
-    horizon = now_ms + config.max_lag_pass_interval_ms - config.max_lag_deadline_ms
-    chosen = sorted(
-        name for name, topic in snapshot.topics.items()
-        if (not topics or name in topics) and topic.config.compacted and topic.config.max_compaction_lag_ms < LONG_MAX
-    )
+    chosen = max_lag_topics(snapshot, topics)
     if not chosen:
         return None
-    inputs: set[str] = set()
-    for (topic, _partition), state in partition_states(snapshot.partition_sections(chosen), config).items():
-        since = state.dirty_since(effective_max_lag(snapshot, topic))
-        if since is not None and since <= horizon:
-            inputs.update(state.files)
+    horizon = due_by(now_ms, config)
+    inputs = {key for dirty in dirty_partitions(snapshot, chosen, config) if dirty.dirty_since <= horizon for key in dirty.files}
     if not inputs:
         return None
     if not inputs.isdisjoint(leased):
