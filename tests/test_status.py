@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from logcompact.catalog import Catalog
+from logcompact.catalog import Catalog, SetAside
 from logcompact.jobs import run_and_commit
 from logcompact.status import cluster_status, job_gauges
 from logcompact.store import LocalStore
@@ -38,7 +38,7 @@ def test_status_before_and_after_a_sweep(catalog: Catalog) -> None:
         assert abs(p.estimated_duplicates - (FILES * RECORDS // PARTITIONS - KEYS // PARTITIONS)) <= 3
     assert [(lv.level, lv.files) for lv in before.levels] == [(0, FILES + 1)]
     assert before.gauges == {
-        "max-dirty-percent": 100.0, "max-compaction-delay-secs": 3600.0, "time-since-last-run-ms": 0,
+        "max-dirty-percent": 100.0, "max-compaction-delay-secs": 3600.0, "time-since-last-run-ms": None,
         "uncleanable-partitions-count": 0, "uncleanable-bytes": 0,
     }
 
@@ -47,13 +47,26 @@ def test_status_before_and_after_a_sweep(catalog: Catalog) -> None:
     after = cluster_status(catalog, later + 60_000)
     for p in after.partitions:
         assert (p.dirty_percent, p.dirty_bytes, p.compaction_delay_s, p.since_last_compaction_s, p.sections) == (0.0, 0, None, 60.0, 1)
-        assert p.estimated_duplicates <= 1
+        assert p.estimated_duplicates == 0  # clean: the sketches' error does not count
     assert after.gauges["max-dirty-percent"] == 0.0 and after.gauges["time-since-last-run-ms"] == 60_000
     assert {lv.level for lv in after.levels} == {2}
     assert after.topics()["orders"]["dirty_percent"] == 0.0
     gauges = job_gauges([result])
     assert gauges["cleaner-recopy-percent"] == round(100 * result["bytes_out"] / result["bytes_in"], 1) < 100
     assert gauges["max-buffer-utilization-percent"] == result["buffer_utilization_percent"] and gauges["max-clean-time-secs"] == result["max_job_seconds"]
+
+
+def test_the_cleaners_maxima_leave_out_uncleanable_partitions_as_kafkas_do(catalog: Catalog) -> None:
+    _cluster(catalog)
+    damaged = catalog.snapshot().file_summaries()[0].key
+    catalog.replace_files([], [], NOW, marks=[SetAside("orders", 0, "a damaged file", damaged)])
+    status = cluster_status(catalog, NOW + 3 * HOUR_MS)
+    assert [(p.partition, p.dirty_percent, p.uncleanable) for p in status.partitions] == [(0, 100.0, True), (1, 100.0, False)]
+    assert status.gauges["uncleanable-partitions-count"] == 1 and status.gauges["max-dirty-percent"] == 100.0  # orders/1
+    catalog.replace_files([], [], NOW, marks=[SetAside("orders", 1, "a damaged file", damaged)])
+    both = cluster_status(catalog, NOW + 3 * HOUR_MS)
+    assert both.gauges["uncleanable-partitions-count"] == 2
+    assert (both.gauges["max-dirty-percent"], both.gauges["max-compaction-delay-secs"]) == (0.0, 0.0)
 
 
 def test_the_cli_prints_a_table_json_and_a_plot(tmp_path) -> None:
@@ -67,10 +80,11 @@ def test_the_cli_prints_a_table_json_and_a_plot(tmp_path) -> None:
         return done.stdout
 
     document = json.loads(status("--json"))
-    assert document["gauges"]["max-compaction-delay-secs"] == 3600.0
+    assert document["gauges"]["max-compaction-delay-secs"] == 3600.0 and document["gauges"]["time-since-last-run-ms"] is None
     assert [(p["topic"], p["partition"], p["dirty_percent"]) for p in document["partitions"]] == [("orders", 0, 100.0), ("orders", 1, 100.0)]
     table = status("--plot", str(tmp_path / "status.png")).splitlines()
     assert "max-dirty-percent: 100.0" in table and "uncleanable-partitions-count: 0" in table
+    assert "time-since-last-run-ms: -" in table  # no compaction yet
     assert table[table.index("") + 1].split() == ["level", "files", "MB"]
     rows = [line.split() for line in table if line.startswith("orders")]
     assert [row[:2] + row[3:5] for row in rows] == [["orders", "0", "100.0", "3,600"], ["orders", "1", "100.0", "3,600"]]

@@ -50,7 +50,7 @@ class ClusterStatus:
     partitions: list[PartitionStatus] = field(default_factory=list)
     levels: list[LevelStatus] = field(default_factory=list)
     # Kafka's names (kafka.log:type=LogCleanerManager / LogCleaner) for the cluster's figures.
-    gauges: dict[str, float] = field(default_factory=dict)
+    gauges: dict[str, float | None] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -70,7 +70,7 @@ class ClusterStatus:
 
     def describe(self) -> list[str]:
         """The readable table: the gauges, the levels, then a row per partition."""
-        lines = [f"{name}: {value:,}" for name, value in self.gauges.items()]
+        lines = [f"{name}: {'-' if value is None else f'{value:,}'}" for name, value in self.gauges.items()]
         lines.append("")
         lines += _table(
             ("level", "files", "MB"), [(f"L{lv.level}", f"{lv.files:,}", f"{lv.bytes / 1e6:,.1f}") for lv in self.levels]
@@ -122,15 +122,19 @@ def cluster_status(catalog: Catalog, now_ms: int, config: PlannerConfig | None =
             topic, partition, total, total - clean, _percent(total - clean, total),
             None if lag == LONG_MAX or since is None else max(0.0, (now_ms - since) / 1000),
             (now_ms - max(compacted_ms)) / 1000 if compacted_ms else None,
-            sketch.estimated_duplicates(sum(r.record_count for r in rows), [r.key_sketch or b"" for r in rows]),
+            # A clean partition holds no duplicates: its sketch's error (about 9%) would make some up.
+            sketch.estimated_duplicates(sum(r.record_count for r in rows), [r.key_sketch or b"" for r in rows]) if clean < total else 0,
             len(rows), (topic, partition) in set_aside,
         ))
 
-    delays = [p.compaction_delay_s for p in status.partitions if p.compaction_delay_s is not None]
+    # As Kafka's cleaner manager, the maxima leave out uncleanable partitions: they have gauges of their own.
+    cleanable = [p for p in status.partitions if not p.uncleanable]
+    delays = [p.compaction_delay_s for p in cleanable if p.compaction_delay_s is not None]
     status.gauges = {
-        "max-dirty-percent": max((p.dirty_percent for p in status.partitions), default=0.0),
+        "max-dirty-percent": max((p.dirty_percent for p in cleanable), default=0.0),
         "max-compaction-delay-secs": round(max(delays, default=0.0), 1),
-        "time-since-last-run-ms": 0 if last_compaction_ms is None else now_ms - last_compaction_ms,
+        # None (not sent) until a compaction has written a file: 0 would read as "just ran".
+        "time-since-last-run-ms": None if last_compaction_ms is None else now_ms - last_compaction_ms,
         "uncleanable-partitions-count": len(marks),
         "uncleanable-bytes": sum(m.bytes for m in marks),
     }

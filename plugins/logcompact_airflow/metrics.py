@@ -11,6 +11,7 @@ and `logcompact.max-buffer-utilization-percent`, `logcompact.cleaner-recopy-perc
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from airflow.sdk import BaseOperator
@@ -22,9 +23,11 @@ from logcompact_airflow.hooks import LogcompactHook
 PREFIX = "logcompact."
 
 
-def emit_gauges(gauges: dict[str, float]) -> None:
+def emit_gauges(gauges: Mapping[str, float | None]) -> None:
+    """Each gauge with a value (None: nothing to measure yet, as `time-since-last-run-ms` before any compaction)."""
     for name, value in gauges.items():
-        Stats.gauge(PREFIX + name, value)
+        if value is not None:
+            Stats.gauge(PREFIX + name, value)
 
 
 class LogcompactMetricsOperator(BaseOperator):
@@ -34,8 +37,10 @@ class LogcompactMetricsOperator(BaseOperator):
         super().__init__(**kwargs)
         self.logcompact_conn_id = logcompact_conn_id
 
-    def execute(self, context: Any) -> dict[str, float]:
-        status = cluster_status(LogcompactHook(self.logcompact_conn_id).get_catalog(), int(time.time() * 1000))
+    def execute(self, context: Any) -> dict[str, float | None]:
+        hook = LogcompactHook(self.logcompact_conn_id)
+        # The connection's planner settings: status's notion of clean is the planner's (dedup_from_level).
+        status = cluster_status(hook.get_catalog(), int(time.time() * 1000), hook.get_planner_config())
         for line in status.describe():
             self.log.info("%s", line)
         emit_gauges(status.gauges)
