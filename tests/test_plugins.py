@@ -25,6 +25,7 @@ from logcompact.jobs.documents import read_partition_bytes, write_group_result
 from logcompact.planner import PlannerConfig
 from logcompact.store import LocalStore
 from logcompact.store.s3 import S3Store
+from logcompact_airflow import operators
 from logcompact_airflow.hooks import LogcompactHook
 from logcompact_airflow.metrics import LogcompactMetricsOperator
 from logcompact_airflow.operators import (
@@ -347,6 +348,23 @@ def test_plan_operator_forced_compacts_below_the_thresholds(connected_catalog: C
     log = capfd.readouterr().out
     assert re.search(rf"held by in-flight plan {job['plan_id']} \(not planned again until it commits or its lease expires in 60 min\): 2 files \(L0 2\)", log)
     assert "L0 has 0 files, needs 2" in log and "files leased to in-flight plans are not counted" in log
+
+
+def test_a_plan_step_that_fails_after_leasing_releases_its_plans_for_the_retry(connected_catalog: Catalog, monkeypatch) -> None:
+    catalog, now = connected_catalog, _now_ms()
+    produce_l0_files(catalog, "accounts", files=2, records=5, keys=5, partitions=1, now=now)
+
+    def broken(*args, **kwargs):
+        raise ConnectionError("the catalog database went away")
+
+    explain_run = operators.explain_run
+    monkeypatch.setattr(operators, "explain_run", broken)
+    with pytest.raises(ConnectionError, match="went away"):
+        LogcompactPlanOperator(task_id="plan", mode="regular", logcompact_conn_id="connected", force=True).execute({})
+    assert catalog.snapshot().leases(_now_ms()) == {}
+    monkeypatch.setattr(operators, "explain_run", explain_run)
+    (job,) = LogcompactPlanOperator(task_id="plan", mode="regular", logcompact_conn_id="connected", force=True).execute({})
+    assert job["label"].startswith("g0 L0>L1 ")  # the retry plans the same files
 
 
 def test_plan_operator_says_when_the_max_lag_pass_is_due_next(connected_catalog: Catalog, capfd) -> None:

@@ -22,7 +22,7 @@ from airflow.sdk import Asset, AssetAlias, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from logcompact.exceptions import CatalogUnavailableError, CommitConflictError, LogcompactError, StoreError
-from logcompact.jobs import DEFAULT_GC_GRACE_MS, collect_garbage, commit_plans, prepare_plans, uncleanable_report
+from logcompact.jobs import DEFAULT_GC_GRACE_MS, collect_garbage, commit_plans, prepare_plans, release_plans, uncleanable_report
 from logcompact.jobs.explain import explain_run, minutes
 from logcompact.plan import MAX_BUFFER_BYTES
 from logcompact.planner import MODES, PlannerConfig
@@ -139,8 +139,13 @@ class LogcompactPlanOperator(BaseOperator):
                         raise
                     # Another DAG's plan leased some of these files between this plan's snapshot and its lease.
                     self.log.warning("planning again (%d of %d): %s", attempt + 1, PLAN_ATTEMPTS, conflict)
-            for line in explain_run(self.mode, catalog.planning_snapshot(now_ms), prepared, now_ms, config, topics, dry_run):
-                self.log.info("%s", line)
+            try:
+                for line in explain_run(self.mode, catalog.planning_snapshot(now_ms), prepared, now_ms, config, topics, dry_run):
+                    self.log.info("%s", line)
+            except BaseException:
+                # A retry plans again: these plans' leases would hold their files from it until they expire.
+                release_plans(catalog, prepared.plan_ids)
+                raise
         return [{**asdict(job), "application_args": job.application_args()} for job in prepared.groups]
 
 

@@ -16,7 +16,7 @@ group resumes the plan, and groups whose results are already in the store are no
 
 from logcompact.jobs.commit import CommitSummary, PlanResult, commit_plan, commit_plans, uncleanable_report
 from logcompact.jobs.gc import DEFAULT_GC_GRACE_MS, GcReport, collect_garbage
-from logcompact.jobs.prepare import GroupJob, PreparedRun, ThresholdStatus, check_thresholds, lease_and_write, prepare_plans
+from logcompact.jobs.prepare import GroupJob, PreparedRun, ThresholdStatus, check_thresholds, lease_and_write, prepare_plans, release_plans
 from logcompact.jobs.run import deal_slices, run_and_commit, run_group, run_here, run_slice
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "deal_slices",
     "lease_and_write",
     "prepare_plans",
+    "release_plans",
     "run_and_commit",
     "run_group",
     "run_here",

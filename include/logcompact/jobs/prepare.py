@@ -97,14 +97,16 @@ def lease_and_write(catalog: Catalog, plans: list[Plan], now_ms: int, lease_ms: 
         for written in documents:
             write_documents(catalog.store, written)
     except BaseException:
-        _release_all(catalog, leased)
+        release_plans(catalog, [p.plan_id for p in leased])
         raise
     return [GroupJob(catalog.store.uri, p.plan_id, group.group, _label(p, group)) for p in plans for group in p.groups]
 
 
-def _release_all(catalog: Catalog, plans: list[Plan]) -> None:
-    for leased in plans:
-        catalog.release(leased.plan_id)
+def release_plans(catalog: Catalog, plan_ids: list[str]) -> None:
+    """Give up leased plans before any of their groups ran: their files are free for the next plan at once
+    (their written documents are gc's once older than its grace)."""
+    for plan_id in plan_ids:
+        catalog.release(plan_id)
 
 
 def _label(plan: Plan, group: PlanGroup) -> str:
