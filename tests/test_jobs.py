@@ -111,6 +111,23 @@ def test_plan_run_commit_and_a_retried_commit(catalog: Catalog) -> None:
     assert _latest(catalog) == expected
 
 
+def test_a_plan_that_cannot_commit_does_not_hold_back_the_others_of_its_run(catalog: Catalog) -> None:
+    (first,) = prepare_plans(catalog, "regular", NOW, CONFIG).plan_ids
+    produce_l0_files(catalog, "accounts", files=4, records=60, keys=20, partitions=3, now=NOW + 1_000)
+    (second,) = prepare_plans(catalog, "regular", NOW + 1_000, CONFIG).plan_ids  # the first plan's files are leased
+    _run_groups(catalog, second)  # the first plan's groups never ran
+    summary = commit_plans(catalog, [first, second], NOW + 2_000, keep_going=True)
+    assert summary.committed == [second] and summary.conflicts == [
+        f"plan {first}: no result for group(s) 0; run those groups, then commit"
+    ]
+    assert summary.describe()[-1] == f"not committed: {summary.conflicts[0]}"
+    with pytest.raises(CommitConflictError, match=f"plan {first}: no result for group"):  # without keep_going
+        commit_plans(catalog, [first], NOW + 2_000)
+    _run_groups(catalog, first)
+    again = commit_plans(catalog, [first, second], NOW + 3_000)
+    assert (again.committed, again.already_committed, again.conflicts) == ([first], [second], [])
+
+
 def test_inputs_changed_before_commit_is_a_clean_conflict(catalog: Catalog) -> None:
     expected = _latest(catalog)
     stale = prepare_plans(catalog, "full", NOW, CONFIG)

@@ -204,14 +204,19 @@ class LogcompactCommitOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict:
         plan_ids = sorted({job["plan_id"] for job in self.group_jobs})
-        with failing_at_once():  # a conflict here needs a new plan, which no retry of the commit makes
-            summary = commit_plans(LogcompactHook(self.logcompact_conn_id).get_catalog(), plan_ids, _now_ms())
+        with failing_at_once():
+            summary = commit_plans(LogcompactHook(self.logcompact_conn_id).get_catalog(), plan_ids, _now_ms(), keep_going=True)
         for line in summary.describe():
             self.log.info("%s", line)
         emit_gauges(job_gauges([summary.stats[plan_id] for plan_id in summary.committed]))
+        if summary.conflicts:
+            # The other plans committed, and the log and gauges above say so; Airflow records asset events only of
+            # a task that succeeds. A conflict needs a new plan, which no retry of the commit makes.
+            raise AirflowFailException(f"{len(summary.conflicts)} of {len(plan_ids)} plan(s) not committed: {'; '.join(summary.conflicts)}")
         events = context["outlet_events"][COMPACTED_TOPICS]
         for topic in summary.topics:
-            events.add(_topic_asset(summary.cluster_id, topic), extra={**summary.topic_stats.get(topic, {}), "plans": plan_ids})
+            plans = [plan_id for plan_id, stats in summary.stats.items() if topic in stats["topics"]]
+            events.add(_topic_asset(summary.cluster_id, topic), extra={**summary.topic_stats.get(topic, {}), "plans": plans})
         return summary.to_dict()
 
 

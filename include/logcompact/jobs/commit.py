@@ -68,6 +68,7 @@ class CommitSummary:
     manifest_version: int = 0  # the catalog's newest version once the plans are committed
     uncleanable: list[dict] = field(default_factory=list)  # partitions these plans set aside (SetAside as dicts)
     topic_stats: dict[str, dict[str, int]] = field(default_factory=dict)  # each topic's figures over these plans
+    conflicts: list[str] = field(default_factory=list)  # why plans did not commit (`commit_plans(keep_going=True)`)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -90,15 +91,18 @@ class CommitSummary:
             lines += ["  ".join(cell.ljust(w) if n == 0 else cell.rjust(w) for n, (cell, w) in enumerate(zip(row, widths))) for row in rows]
             lines.append("(duplicates, tombstones, expired: records removed; MB: uncompressed bytes of the topic's sections)")
         lines += [f"set aside as uncleanable: {p['topic']}/{p['partition']}: {p['reason']}" for p in self.uncleanable]
+        lines += [f"not committed: {conflict}" for conflict in self.conflicts]
         return lines
 
 
-def commit_plans(catalog: Catalog, plan_ids: list[str], now_ms: int) -> CommitSummary:
+def commit_plans(catalog: Catalog, plan_ids: list[str], now_ms: int, keep_going: bool = False) -> CommitSummary:
     """Commit each plan from its header and its groups' results in the store; plans committed before are counted,
     not redone.
 
-    A plan with a group missing its result, whose inputs are no longer live, or whose lease has expired
-    raises CommitConflictError and commits nothing; plans committed before it in the same call stay committed.
+    A plan with a group missing its result, whose inputs are no longer live, or whose lease has expired is a
+    CommitConflictError and commits nothing. The call's other plans commit regardless (each is its own transaction
+    over files leased to it alone); then the conflicts are raised as one CommitConflictError, or with
+    `keep_going` listed in the summary's `conflicts`, for a caller that reports what did commit first.
     """
     summary = CommitSummary()
     topics: set[str] = set()
@@ -110,7 +114,8 @@ def commit_plans(catalog: Catalog, plan_ids: list[str], now_ms: int) -> CommitSu
                 raise
             # Committed long ago and its documents collected since: nothing to redo, no stats to report.
             summary.already_committed.append(plan_id)
-        else:
+            continue
+        try:
             results = read_results(catalog.store, header)
             if not catalog.is_committed(plan_id):
                 # Never trusted: the stored documents must be those the planner sealed with the lease (the planner
@@ -118,14 +123,19 @@ def commit_plans(catalog: Catalog, plan_ids: list[str], now_ms: int) -> CommitSu
                 check_seal(catalog.store, header, catalog.plan_seal(plan_id))
                 header.check_against(catalog.snapshot(), now_ms)
             committed = commit_plan(catalog, header, results, now_ms, leased=True)
-            (summary.committed if committed else summary.already_committed).append(plan_id)
-            summary.stats[plan_id] = PlanResult(plan_id, [r.stats for r in results], sum(f.size for f in header.inputs)).to_dict()
-            summary.uncleanable += summary.stats[plan_id]["uncleanable"]
-            add_topic_figures(summary.topic_stats, summary.stats[plan_id]["topics"])
-            topics.update(header.topics)
+        except CommitConflictError as conflict:
+            summary.conflicts.append(str(conflict))
+            continue
+        (summary.committed if committed else summary.already_committed).append(plan_id)
+        summary.stats[plan_id] = PlanResult(plan_id, [r.stats for r in results], sum(f.size for f in header.inputs)).to_dict()
+        summary.uncleanable += summary.stats[plan_id]["uncleanable"]
+        add_topic_figures(summary.topic_stats, summary.stats[plan_id]["topics"])
+        topics.update(header.topics)
     if plan_ids:
         summary.cluster_id, summary.manifest_version = catalog.cluster_id, catalog.latest_version()
     summary.topics = sorted(topics)
+    if summary.conflicts and not keep_going:
+        raise CommitConflictError("; ".join(summary.conflicts))
     return summary
 
 
