@@ -4,7 +4,8 @@
 Leveled and size-tiered compaction of the catalog named by the `logcompact_default` connection.
 
 **wait_for_files** (reschedule mode, so no worker slot is held) waits until some level holds enough files
-(32 by default, or the connection's `planner.min_files`) → **plan** writes the plans to the store (a header
+(32 by default, or the connection's `planner.min_files`), and skips the run when none does within 14 minutes
+(a bad param or a broken connection fails it) → **plan** writes the plans to the store (a header
 and a document per group) and leases their files, and logs the thresholds, each plan with its groups, the
 files other plans hold, and when nothing is due, why → **compact_group** runs one Spark job per plan group,
 labelled like `g0 L0>L1 12.3 MB` (`spark_apps/compact_group.py`, connection `logcompact_spark`) →
@@ -22,7 +23,8 @@ Params:
 
 Runs act on the catalog as it is now, so a backfill or re-run of an old date is safe. Bad params, unknown
 topics and plans that need redoing fail at once; only store and catalog outages are retried. A failed group
-fails the run before the commit; clearing it resumes the plan (groups already done are not run again) until
+fails the run before the commit; a plan that cannot commit fails the commit after the others of the run
+have committed; clearing a failed group resumes the plan (groups already done are not run again) until
 the lease expires (1 h), after which `logcompact_gc` collects the leftovers.
 """
 
