@@ -3,9 +3,10 @@
 
 Hourly max-lag pass: compacts the partitions whose records would otherwise stay uncompacted past their
 topic's `max.compaction.lag.ms`, through the same **plan** → mapped Spark **compact_group** → **commit**
-steps as `logcompact_compaction`. The planner assumes a pass every interval of this DAG's schedule (read
-from it when the plan runs): change the schedule and the planner follows, so no record stays dirty more than
-30 minutes past its lag.
+steps as `logcompact_compaction`. The planner assumes the next pass at this DAG's next run, read from its
+schedule at each pass (`logcompact_airflow.schedule.next_pass_in_ms`): change the schedule and the planner
+follows, so no record stays dirty more than 30 minutes past its lag. A schedule without runs of its own
+(None) leaves the interval to the connection's `planner.max_lag_pass_interval_ms`.
 
 Params: `topics` (empty: every topic), `dry_run`, `buffer_bytes`. Runs act on the catalog as it is now,
 so a backfill or a re-run of an old hour is safe.

@@ -7,7 +7,7 @@ files (never the other groups' sections), runs its
 slices and then writes one object, `results/g{group}.json`, holding every slice's outputs and stats (never
 record data): a group's result exists whole or not at all. The commit reads the header and the results,
 checks that every group of the plan has one, and commits the plan once
-(`logcompact.jobs.prepare.commit_plans`). A retried group writes the same outputs and result again.
+(`logcompact.jobs.commit.commit_plans`). A retried group writes the same outputs and result again.
 """
 
 from __future__ import annotations
