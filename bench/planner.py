@@ -182,27 +182,39 @@ def report_documents(catalog: Catalog, plans: list[Plan], runs: int, scratch: Pa
           f"does, in {full_s:.3f} s ({len(largest.inputs):,} files)")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def catalog_arguments(description: str | None) -> argparse.ArgumentParser:
+    """The options of the benchmarks over this catalog (this one and bench/status.py)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--files", type=int, default=100_000)
     parser.add_argument("--sections", type=int, default=4)
-    parser.add_argument("--mode", choices=["all", *PASSES], default="all", help="which pass to time (default: all)")
     parser.add_argument("--database", help="catalog URL (default: SQLite beside the store)")
     parser.add_argument("--store", type=Path, help="store directory (default: a temporary one)")
     parser.add_argument("--runs", type=int, default=5)
+    return parser
+
+
+def open_catalog(args: argparse.Namespace, scratch: str, sketches: bool = False) -> Catalog:
+    """The catalog of --store (or `scratch`) and --database, built unless it already holds --files files."""
+    catalog = Catalog(LocalStore(args.store or Path(scratch)), args.database)
+    try:
+        existing = sum(catalog.snapshot().level_counts().values())
+    except ClusterNotFoundError:
+        existing = None
+    if existing != args.files:
+        if existing is not None:
+            raise SystemExit(f"{catalog} holds {existing:,} files, not {args.files:,}: use an empty --store or database")
+        started = time.perf_counter()
+        build(catalog, args.files, args.sections, sketches)
+        print(f"built in {time.perf_counter() - started:.1f} s")
+    return catalog
+
+
+def main() -> None:
+    parser = catalog_arguments(__doc__)
+    parser.add_argument("--mode", choices=["all", *PASSES], default="all", help="which pass to time (default: all)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-planner-") as scratch:
-        catalog = Catalog(LocalStore(args.store or Path(scratch)), args.database)
-        try:
-            existing = sum(catalog.snapshot().level_counts().values())
-        except ClusterNotFoundError:
-            existing = None
-        if existing != args.files:
-            if existing is not None:
-                raise SystemExit(f"{catalog} holds {existing:,} files, not {args.files:,}: use an empty --store or database")
-            started = time.perf_counter()
-            build(catalog, args.files, args.sections)
-            print(f"built in {time.perf_counter() - started:.1f} s")
+        catalog = open_catalog(args, scratch)
         print(f"{catalog}: {args.files:,} live files, {args.runs} runs per mode, medians")
         for label, (mode, config) in PASSES.items():
             if args.mode not in ("all", label):

@@ -4,7 +4,8 @@
 
 Builds the planner benchmark's catalog (bench/planner.py: 64 compacted topics of 16 partitions, levels L0 to
 L4, a max lag on half the topics), here with a key sketch in every section, in SQLite beside a local store (a
-temporary one unless --store names a directory; a catalog already there with as many files is reused) or in
+temporary one unless --store names a directory; a catalog already there with as many files is reused, so give
+this benchmark a --store of its own: the planner benchmark's has no sketches) or in
 the database --database names. Then times, as medians of the wall clock and the process's CPU time:
 
 - `cluster_status`, catalog reads included (what `logcompact status --json` and the metrics DAG run);
@@ -14,42 +15,21 @@ the database --database names. Then times, as medians of the wall clock and the 
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from planner import NOW, build, seconds
+from planner import NOW, catalog_arguments, open_catalog, seconds
 
-from logcompact.catalog import Catalog
 from logcompact.collector import collector_paused
-from logcompact.exceptions import ClusterNotFoundError
 from logcompact.status import cluster_status
-from logcompact.store import LocalStore
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--files", type=int, default=100_000)
-    parser.add_argument("--sections", type=int, default=4)
-    parser.add_argument("--database", help="catalog URL (default: SQLite beside the store)")
-    parser.add_argument("--store", type=Path, help="store directory (default: a temporary one)")
-    parser.add_argument("--runs", type=int, default=5)
-    args = parser.parse_args()
+    args = catalog_arguments(__doc__).parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-status-") as scratch:
-        catalog = Catalog(LocalStore(args.store or Path(scratch)), args.database)
-        try:
-            existing = sum(catalog.snapshot().level_counts().values())
-        except ClusterNotFoundError:
-            existing = None
-        if existing != args.files:
-            if existing is not None:
-                raise SystemExit(f"{catalog} holds {existing:,} files, not {args.files:,}: use an empty --store or database")
-            started = time.perf_counter()
-            build(catalog, args.files, args.sections, sketches=True)
-            print(f"built in {time.perf_counter() - started:.1f} s")
+        catalog = open_catalog(args, scratch, sketches=True)
         status = cluster_status(catalog, NOW)
         sections = sum(p.sections for p in status.partitions)
         print(f"{catalog}: {args.files:,} live files, {sections:,} sections of {len(status.partitions):,} partitions, "

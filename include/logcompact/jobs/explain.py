@@ -80,7 +80,7 @@ def _why_no_max_lag(snapshot: Snapshot, now_ms: int, config: PlannerConfig, topi
     dirty = dirty_partitions(snapshot, chosen, config)
     if not dirty:
         return f"max-lag: every partition of {', '.join(chosen)} is clean"
-    first, horizon = dirty[0], due_by(now_ms, config)
+    first, horizon = min(dirty, key=lambda d: (d.dirty_since, d.topic, d.partition)), due_by(now_ms, config)
     name = f"{first.topic}/{first.partition}"
     if first.dirty_since <= horizon and others:
         return f"max-lag: {name} is due but an in-flight plan holds some of its files; its commit compacts them first"

@@ -92,14 +92,14 @@ class DirtyPartition:
 
 
 def dirty_partitions(snapshot: Snapshot, chosen: list[str], config: PlannerConfig) -> list[DirtyPartition]:
-    """The partitions of `chosen` topics holding data not deduplicated against their older data, soonest due
-    first: one pass over their sections."""
+    """The partitions of `chosen` topics holding data not deduplicated against their older data: one pass over
+    their sections."""
     dirty = []
     for (topic, partition), state in partition_states(snapshot.partition_sections(chosen), config).items():
         since = state.dirty_since(effective_max_lag(snapshot, topic))
         if since is not None:
             dirty.append(DirtyPartition(topic, partition, since, state.files))
-    return sorted(dirty, key=lambda d: (d.dirty_since, d.topic, d.partition))
+    return dirty
 
 
 def due_by(now_ms: int, config: PlannerConfig) -> int:
