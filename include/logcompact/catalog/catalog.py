@@ -20,6 +20,8 @@ it holds (`logcompact.catalog.snapshot`). `docs/catalog.md` describes the schema
 from __future__ import annotations
 
 import json
+import logging
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
@@ -30,6 +32,14 @@ from sqlalchemy.exc import DatabaseError, IntegrityError
 
 from logcompact.catalog import schema as s
 from logcompact.catalog.database import WRITE, catalog_url_for, engine_for, execute_many, one_of, sqlite_path
+from logcompact.catalog.identity import (
+    MARKER_KEY,
+    RECORD_APPEND_EVERY_MS,
+    ClusterMarker,
+    create_marker,
+    read_marker,
+    record_version,
+)
 from logcompact.catalog.model import (
     CONTENTS,
     CatalogSection,
@@ -46,10 +56,14 @@ from logcompact.exceptions import (
     CatalogConfigError,
     CatalogSchemaError,
     CatalogUnavailableError,
+    ClusterMismatchError,
     ClusterNotFoundError,
     CommitConflictError,
+    CorruptDataError,
     InvalidRecordError,
+    LogcompactError,
     ManifestVersionNotFoundError,
+    StaleCatalogError,
     TopicExistsError,
     TopicNotFoundError,
 )
@@ -64,6 +78,10 @@ DEFAULT_KEEP_VERSIONS = 100
 # further one, at most a day (or until its damaged file changes, or the mark is cleared).
 UNCLEANABLE_BACKOFF_MS = 15 * 60_000
 UNCLEANABLE_MAX_BACKOFF_MS = 24 * 3_600_000
+# Where a write transaction leaves the version it committed, for `_writing` to record in the store's marker.
+_COMMITTED = "logcompact_committed_version"
+
+log = logging.getLogger(__name__)
 
 class Catalog:
     """A cluster: its object store (data, plans) and its catalog database (everything that says what is live).
@@ -80,13 +98,20 @@ class Catalog:
         self.keep_versions = keep_versions
         self.engine = engine_for(self.url)
         self._cluster_id: str | None = None
+        self._marker: ClusterMarker | None = None  # the store's, checked against the catalog with the cluster id
+        self._recorded_ms = 0  # when this Catalog last recorded a version in the marker
         # Per topic name: (topic id, partitions) and whether it is compacted. Topics are never deleted or
         # repartitioned and cleanup.policy is fixed at creation, so neither goes stale.
         self._topic_ids: dict[str, tuple[int, int]] = {}
         self._compacted: dict[str, bool] = {}
 
     def __repr__(self) -> str:
-        return f"Catalog({self.store.uri}, {self.engine.url.render_as_string()})"
+        return f"Catalog({self.store.uri}, {self._shown_url})"
+
+    @property
+    def _shown_url(self) -> str:
+        """The database URL as messages print it: without its password."""
+        return self.engine.url.render_as_string(hide_password=True)
 
     # -- connections ---------------------------------------------------------------------------------
 
@@ -98,36 +123,108 @@ class Catalog:
 
     @contextmanager
     def _writing(self) -> Iterator[Connection]:
+        """A write transaction; once it committed a version, the store's marker records it (`_record_version`)."""
         self._check_exists()
         with self.engine.connect() as connection:
+            connection.info.pop(_COMMITTED, None)
             connection.execution_options(**{WRITE: True})
             with connection.begin():
                 yield connection
+            committed = connection.info.pop(_COMMITTED, None)
+        if committed is not None:
+            self._record_version(*committed)
+
+    def _record_version(self, version: int, operation: str) -> None:
+        """Record a committed version in the store's marker: after every commit but appends, which record at most
+        every RECORD_APPEND_EVERY_MS (a PUT per append would double an agent's PUTs). The commit stands whatever
+        happens here, so a failure is logged, not raised: the marker only lags."""
+        now = _now_ms()
+        if operation == "append" and now - self._recorded_ms < RECORD_APPEND_EVERY_MS:
+            return
+        assert self._marker is not None  # set with the cluster id
+        try:
+            self._marker = record_version(self.store, self._marker, version, now)
+            self._recorded_ms = now
+        except LogcompactError as exc:
+            log.warning("version %d committed, but the store's cluster marker could not record it: %s", version, exc)
 
     def _check_exists(self) -> None:
-        """A cluster's schema is checked once per Catalog; a missing one is ClusterNotFoundError."""
+        """A cluster's schema and its store's marker are checked once per Catalog; a missing cluster is
+        ClusterNotFoundError, a store of another cluster ClusterMismatchError, a catalog older than its store has
+        seen StaleCatalogError."""
         if self._cluster_id is not None:
             return
         path = sqlite_path(self.url)
         if path is not None and not path.exists():
             raise self._not_found()
+        marker = read_marker(self.store)  # before the catalog's version: the marker never runs ahead of it
         try:
             with self.engine.connect() as connection:
                 exists = inspect(connection).has_table(s.catalog_info.name)
-                row = connection.execute(select(s.catalog_info.c.schema_version, s.catalog_info.c.cluster_id)).first() if exists else None
+                row = connection.execute(
+                    select(s.catalog_info.c.schema_version, s.catalog_info.c.cluster_id, s.catalog_info.c.version)
+                ).first() if exists else None
         except DatabaseError as exc:  # unreachable, refused, or not a database at all (a damaged SQLite file)
             raise CatalogUnavailableError(
-                f"catalog {self.engine.url.render_as_string()} cannot be reached or read ({_first_line(exc.orig or exc)}); "
+                f"catalog {self._shown_url} cannot be reached or read ({_first_line(exc.orig or exc)}); "
                 "check --catalog (LOGCOMPACT_CATALOG) and that the database is up and intact"
             ) from None
         if row is None:
             raise self._not_found()
         if row.schema_version != s.SCHEMA_VERSION:
             raise CatalogSchemaError(
-                f"catalog {self.engine.url.render_as_string()} has schema version {row.schema_version}, this logcompact "
+                f"catalog {self._shown_url} has schema version {row.schema_version}, this logcompact "
                 f"uses {s.SCHEMA_VERSION}; run the logcompact release that created it, or start a new catalog"
             )
+        self._marker = self._checked_marker(marker, row.cluster_id, row.version)
         self._cluster_id = row.cluster_id
+
+    def _checked_marker(self, marker: ClusterMarker | None, cluster_id: str, version: int) -> ClusterMarker:
+        """The store's marker, once it agrees with the catalog: same cluster, a version the catalog has reached."""
+        if marker is None:
+            return self._adopt_store(cluster_id, version)
+        if marker.cluster_id != cluster_id:
+            raise ClusterMismatchError(
+                f"store {self.store.uri} belongs to cluster {marker.cluster_id} but catalog {self._shown_url} holds "
+                f"cluster {cluster_id}: point --catalog (LOGCOMPACT_CATALOG, the Airflow connection) at the store's own "
+                "catalog; nothing was written or deleted"
+            )
+        if version < marker.seen_version:
+            raise StaleCatalogError(
+                f"catalog {self._shown_url} of cluster {cluster_id} is at version {version} but its store {self.store.uri} "
+                f"has seen version {marker.seen_version}: the catalog was restored from an older copy. Restore the newest "
+                "copy; or, to go on from this one (files written after it become orphans), run `logcompact cluster "
+                "accept-catalog`"
+            )
+        return marker
+
+    def _adopt_store(self, cluster_id: str, version: int) -> ClusterMarker:
+        """Mark a store that has no marker (a cluster made before markers, or its creator died before writing one),
+        only when the catalog agrees: its newest live files are in the store, or it has none and the store no data."""
+        live = s.files.c.removed_version.is_(None)
+        with self.engine.connect() as connection:
+            newest = connection.execute(
+                select(s.files.c.key, s.files.c.size).where(live).order_by(s.files.c.file_id.desc()).limit(3)
+            ).all()
+        how_to_fix = (
+            "point --catalog at the store's own catalog; or, if this catalog is the store's, run `logcompact cluster "
+            "accept-catalog`"
+        )
+        for key, size in newest:
+            found = self.store.stat(key)
+            if found is None or found.size != size:
+                raise ClusterMismatchError(
+                    f"store {self.store.uri} has no cluster marker and does not hold file {key} ({size} bytes) of catalog "
+                    f"{self._shown_url} (cluster {cluster_id}): {how_to_fix}"
+                )
+        if not newest:
+            stray = next(iter(self.store.list("data/")), None)
+            if stray is not None:
+                raise ClusterMismatchError(
+                    f"store {self.store.uri} has no cluster marker and holds data files ({stray.key}, ...) that catalog "
+                    f"{self._shown_url} (cluster {cluster_id}) has none of: {how_to_fix}"
+                )
+        return create_marker(self.store, cluster_id, version, _now_ms())
 
     def _not_found(self) -> ClusterNotFoundError:
         return ClusterNotFoundError(
@@ -149,11 +246,11 @@ class Catalog:
             self.store.root.mkdir(parents=True, exist_ok=True)
         path = sqlite_path(self.url)
         if path is not None and not path.parent.is_dir():
-            raise CatalogConfigError(f"catalog {self.url}: directory {path.parent} does not exist; create it or fix the path")
+            raise CatalogConfigError(f"catalog {self._shown_url}: directory {path.parent} does not exist; create it or fix the path")
         try:
             return self.cluster_id
         except ClusterNotFoundError:
-            self._refuse_orphaned_data()  # before a write: SQLite would give an empty file its first page
+            self._refuse_marked_store()  # before a write: SQLite would give an empty file its first page
         with self.engine.connect() as connection:
             connection.execution_options(**{WRITE: True})
             with connection.begin():
@@ -168,28 +265,73 @@ class Catalog:
                         )
                     )
                     connection.execute(insert(s.versions).values(version=1, commit_id=str(uuid.uuid4()), created_ms=now_ms, operation="create"))
+                cluster_id, version = connection.execute(select(s.catalog_info.c.cluster_id, s.catalog_info.c.version)).one()
+        create_marker(self.store, cluster_id, version, now_ms)  # a creator that dies first leaves it to `_adopt_store`
         self._cluster_id = None
         return self.cluster_id
 
-    def _refuse_orphaned_data(self) -> None:
-        """A new cluster is never made over a store that already holds data files: their catalog was lost or
-        emptied, and a new one would hand out their offsets again."""
+    def _refuse_marked_store(self) -> None:
+        """A new cluster is never made over a store that already belongs to one or holds data files: their catalog
+        was lost, emptied or is elsewhere, and a new one would hand out their offsets again."""
+        marker = read_marker(self.store)
+        if marker is not None:
+            raise ClusterMismatchError(
+                f"catalog {self._shown_url} holds no cluster but store {self.store.uri} belongs to cluster "
+                f"{marker.cluster_id}: point --catalog (LOGCOMPACT_CATALOG) at that cluster's catalog, or use an empty store"
+            )
         found = next(iter(self.store.list("data/")), None)
         if found is not None:
             raise CatalogConfigError(
-                f"catalog {self.engine.url.render_as_string()} holds no cluster but {self.store.uri} holds data files "
+                f"catalog {self._shown_url} holds no cluster but {self.store.uri} holds data files "
                 f"({found.key}, ...): restore the catalog database from a backup, or use an empty store"
             )
 
+    def check_store(self, now_ms: int) -> ClusterMarker:
+        """Check the store's marker against the catalog again, now, and record the catalog's version in it: what a
+        command that deletes (gc) does first, however long this Catalog has been open."""
+        self._check_exists()
+        marker = read_marker(self.store)
+        version = self.latest_version()
+        if marker is None:
+            raise ClusterMismatchError(
+                f"store {self.store.uri} lost its cluster marker {MARKER_KEY} since it was checked: restore it, or run "
+                f"`logcompact cluster accept-catalog` if catalog {self._shown_url} is the store's"
+            )
+        self._marker = record_version(self.store, self._checked_marker(marker, self.cluster_id, version), version, now_ms)
+        return self._marker
+
+    def accept_catalog(self, now_ms: int) -> ClusterMarker:
+        """The operator's word that this catalog is the store's: mark a store without a marker (or with a damaged
+        one) as this catalog's cluster, or go on from a catalog restored from an older copy by lowering the marker's
+        version to the catalog's. A store of another cluster is still refused."""
+        try:
+            self._check_exists()
+            return self._marker  # type: ignore[return-value]  # set with the cluster id
+        except (StaleCatalogError, ClusterMismatchError, CorruptDataError) as refused:
+            try:
+                marker = read_marker(self.store)
+            except CorruptDataError:
+                marker = None
+            with self.engine.connect() as connection:
+                cluster_id, version = connection.execute(select(s.catalog_info.c.cluster_id, s.catalog_info.c.version)).one()
+            if marker is not None and marker.cluster_id != cluster_id:
+                raise refused
+            accepted = ClusterMarker(cluster_id, marker.created_ms if marker else now_ms, version, now_ms)
+            self.store.put(MARKER_KEY, accepted.encode())
+            log.warning("store %s accepts catalog %s of cluster %s at version %d", self.store.uri, self._shown_url, cluster_id, version)
+            self._cluster_id = None
+            self._check_exists()
+            return accepted
+
     def latest_version(self) -> int:
         with self._reading() as connection:
-            return connection.execute(select(s.catalog_info.c.version)).scalar_one()
+            return _newest_version(connection)
 
     def snapshot(self, version: int | None = None, set_aside: frozenset[TopicPartition] = frozenset()) -> Snapshot:
         """A reader pinned to a manifest version (default: the newest); planners leave out the sections of
         `set_aside` partitions (`planning_snapshot`)."""
         with self._reading() as connection:
-            latest = connection.execute(select(s.catalog_info.c.version)).scalar_one()
+            latest = _newest_version(connection)
             if version is not None and version != latest:
                 oldest = connection.execute(select(func.min(s.versions.c.version))).scalar_one()
                 if not oldest <= version <= latest:
@@ -274,13 +416,28 @@ class Catalog:
                         raise InvalidRecordError(f"topic {info.topic!r} has partitions 0 to {partitions - 1}, not {info.partition}")
                     wanted[topic_id].append(info.partition)
             next_offsets = {}
+            part, sec = s.partitions.c, s.sections.c
+            # The highest offset any section of the partition holds, live or not: one index seek each (the max of
+            # `sections_by_partition`'s last column), so a lowered next_offset never hands an offset out twice.
+            reached = (
+                select(func.max(sec.last_offset)).where(sec.topic_id == part.topic_id, sec.partition == part.partition)
+            ).scalar_subquery()
             for topic_id, numbers in wanted.items():
                 rows = connection.execute(
-                    select(s.partitions.c.partition, s.partitions.c.next_offset).where(
-                        s.partitions.c.topic_id == topic_id, self._one_of(s.partitions.c.partition, set(numbers))
+                    select(part.partition, part.next_offset, reached).where(
+                        part.topic_id == topic_id, self._one_of(part.partition, set(numbers))
                     )
                 )
-                next_offsets.update({(topic_id, r.partition): r.next_offset for r in rows})
+                for partition, next_offset, highest in rows:
+                    if highest is not None and next_offset <= highest:
+                        name = next(n for n, (t, _) in topic_rows.items() if t == topic_id)
+                        raise CorruptDataError(
+                            f"catalog row partitions ({name!r}, partition {partition}) has next_offset {next_offset} but "
+                            f"the partition's sections hold offsets up to {highest}: the row was lowered, and appending "
+                            f"would hand offsets out twice; restore the catalog from a backup or set next_offset to "
+                            f"{highest + 1}; nothing was written"
+                        )
+                    next_offsets[(topic_id, partition)] = next_offset
             assigned, placed_files = [], []
             for new in new_files:
                 placed = []
@@ -535,6 +692,7 @@ class Catalog:
             if seal is not None:
                 connection.execute(delete(s.plan_seals).where(s.plan_seals.c.plan_id == plan_id))
                 connection.execute(insert(s.plan_seals).values(plan_id=plan_id, sha256=seal))
+            _drop_unleased_seals(connection)  # of the expired plans this one took files from
 
     def plan_seal(self, plan_id: str) -> str | None:
         """The SHA-256 its stored documents had when the plan was leased; None for a plan never sealed, or whose
@@ -555,9 +713,7 @@ class Catalog:
             ).scalars().all()
             if expired:
                 connection.execute(delete(s.leases).where(s.leases.c.expires_ms <= now_ms))
-                # A plan's seal goes with its last lease.
-                held = select(s.leases.c.plan_id)
-                connection.execute(delete(s.plan_seals).where(s.plan_seals.c.plan_id.in_(expired), s.plan_seals.c.plan_id.not_in(held)))
+            _drop_unleased_seals(connection)
         return sorted(expired)
 
     def leased_plans(self, now_ms: int) -> set[str]:
@@ -606,15 +762,17 @@ class Catalog:
         version = connection.execute(
             update(s.catalog_info).values(version=s.catalog_info.c.version + 1).returning(s.catalog_info.c.version)
         ).scalar_one()
+        logged = connection.execute(select(func.max(s.versions.c.version))).scalar_one()
+        if logged is not None and logged >= version:
+            raise _version_behind_log(version - 1, logged)
+        connection.info[_COMMITTED] = (version, operation)
         connection.execute(insert(s.versions).values(version=version, commit_id=str(uuid.uuid4()), created_ms=now_ms, operation=operation))
         return version
 
     def _topics(self, connection: Connection) -> dict[str, Topic]:
         found = {}
         for row in connection.execute(select(s.topics)):
-            topic = found[row.name] = Topic.from_dict(
-                {"name": row.name, "partitions": row.partitions, "config": json.loads(row.config), "created_ms": row.created_ms}
-            )
+            topic = found[row.name] = _topic_of_row(row)
             self._topic_ids[row.name] = (row.topic_id, row.partitions)
             self._compacted[row.name] = topic.config.compacted
         return found
@@ -677,6 +835,50 @@ def _section_row(file_id: int, section: CatalogSection, topic_id: int) -> tuple:
 
 def _topic_not_found(name: str) -> TopicNotFoundError:
     return TopicNotFoundError(f"topic {name!r} does not exist: create it with `logcompact topic create`")
+
+
+def _drop_unleased_seals(connection: Connection) -> None:
+    """A plan's seal goes with its last lease, however that lease ended (released, expired, taken over by another
+    plan): a plan is sealed in the transaction that leases its files, so a seal without a lease is a leftover."""
+    seals = s.plan_seals.c
+    connection.execute(delete(s.plan_seals).where(seals.plan_id.not_in(select(s.leases.c.plan_id))))
+
+
+def _topic_of_row(row) -> Topic:
+    """A topics row as a Topic; a damaged one (config not JSON, or not configs Kafka allows) is CorruptDataError."""
+    try:
+        config = json.loads(row.config)
+        if not isinstance(config, dict):
+            raise ValueError(f"a JSON {type(config).__name__}, not an object")
+        return Topic.from_dict({"name": row.name, "partitions": row.partitions, "config": config, "created_ms": row.created_ms})
+    except (ValueError, TypeError, RecursionError, LogcompactError) as exc:  # JSONDecodeError is a ValueError
+        raise CorruptDataError(
+            f"catalog row topics {row.name!r} (topic_id {row.topic_id}) is damaged: its config {str(row.config)[:80]!r} "
+            f"is not a topic config ({_first_line(exc)}); restore the row from a backup, or write the topic's configs "
+            "back as a JSON object of Kafka names"
+        ) from None
+
+
+def _newest_version(connection: Connection) -> int:
+    """The newest version, checked against the commit log: a lowered `catalog_info.version` would hide newer files."""
+    version, logged = connection.execute(
+        select(s.catalog_info.c.version, select(func.max(s.versions.c.version)).scalar_subquery())
+    ).one()
+    if logged is not None and logged > version:
+        raise _version_behind_log(version, logged)
+    return version
+
+
+def _version_behind_log(version: int, logged: int) -> CorruptDataError:
+    return CorruptDataError(
+        f"catalog row catalog_info.version is {version} but the commit log (versions) holds version {logged}: the row was "
+        "lowered, and reading or writing at it would hide newer files and hand out versions again; restore the catalog "
+        "from a backup, or set catalog_info.version to the newest logged version; nothing was written"
+    )
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 def _first_line(exc: Exception) -> str:
