@@ -53,6 +53,15 @@ class CatalogUnavailableError(LogcompactError):
     """The catalog database cannot be reached or refuses the connection."""
 
 
+class ClusterMismatchError(LogcompactError):
+    """The object store and the catalog database belong to different clusters, or a store without a marker holds
+    data the catalog does not account for."""
+
+
+class StaleCatalogError(LogcompactError):
+    """The catalog is older than its store has seen: it was restored from an older copy."""
+
+
 class CatalogSchemaError(LogcompactError):
     """The catalog database holds another schema version than this logcompact's."""
 
