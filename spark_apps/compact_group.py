@@ -22,10 +22,11 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Iterable, Iterator
 
+from logcompact.catalog.identity import check_store_cluster
 from logcompact.engine.stats import JobResult, summarize
 from logcompact.exceptions import LogcompactError
 from logcompact.jobs import deal_slices, run_slice
-from logcompact.jobs.documents import group_done, read_partition_bytes, write_group_result
+from logcompact.jobs.documents import group_done, read_header, read_partition_bytes, write_group_result
 from logcompact.plan import TopicPartition
 from logcompact.store import open_store
 
@@ -54,6 +55,7 @@ def main(argv: list[str] | None = None) -> None:
 
     store = open_store(args.store)
     try:
+        check_store_cluster(store, read_header(store, args.plan_id).cluster_id, f"plan {args.plan_id}")
         sizes = read_partition_bytes(store, args.plan_id, args.group)
     except LogcompactError as exc:
         raise SystemExit(f"compact_group: {exc}") from None

@@ -402,7 +402,7 @@ def test_dry_run_task_runs_only_in_dry_runs(capfd) -> None:
 def test_gc_operator_deletes_an_abandoned_output_past_its_grace(connected_catalog: Catalog) -> None:
     catalog = connected_catalog
     produce_l0_files(catalog, "accounts", files=1, records=5, keys=5, partitions=1, now=_now_ms())
-    leftover = "data/l1/p1-abandoned-g000-s000-compacted-0000.seg"
+    leftover = "data/l1/p1700000000000-0123456789ab-g000-s000-compacted-0000.seg"  # a plan that never committed
     catalog.store.put(leftover, b"left by a job that never committed")
     two_hours_ago = time.time() - 2 * 3600  # past the 1 h grace
     os.utime(catalog.store.root / leftover, (two_hours_ago, two_hours_ago))

@@ -22,10 +22,11 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from logcompact.catalog import Catalog, Snapshot
 from logcompact.consume import read_records
-from logcompact.exceptions import InvalidPlanError, InvalidRecordError, InvalidStoreUriError, LogcompactError
+from logcompact.exceptions import CorruptDataError, InvalidPlanError, InvalidRecordError, InvalidStoreUriError, LogcompactError
 from logcompact.ingest import Agent, Record, wall_clock_ms
 from logcompact.jobs import DEFAULT_GC_GRACE_MS, collect_garbage, prepare_plans, run_and_commit, run_here
 from logcompact.jobs.documents import HEADER_NAME, read_plan, write_plan
+from logcompact.jobs.gc import DEFAULT_MAX_ORPHAN_SHARE
 from logcompact.plan import MAX_BUFFER_BYTES, MAX_BYTE_COUNT, MAX_TARGET_FILE_BYTES, MIN_BUFFER_BYTES, Plan, file_to_json
 from logcompact.planner import MODES, PlannerConfig, check_topics, choose_plans, expected_effect
 from logcompact.store import LocalStore, ObjectStore, open_store
@@ -525,11 +526,46 @@ def uncleanable_clear(ctx: Context, partitions: tuple[str, ...], clear_all: bool
 @now_option
 @click.option("--grace-ms", type=NON_NEGATIVE_INT64, default=DEFAULT_GC_GRACE_MS, show_default=True,
               help="Only files older than this are deleted (younger ones may await a commit).")
+@click.option("--max-orphan-share", type=click.FloatRange(0, 1), default=DEFAULT_MAX_ORPHAN_SHARE, show_default=True,
+              help="Delete no unreferenced object when more than this share of the store's data objects would go "
+                   "(the catalog looks like another cluster's); 1 lifts the check.")
 @pass_context
-def gc(ctx: Context, grace_ms: int) -> None:
+def gc(ctx: Context, grace_ms: int, max_orphan_share: float) -> None:
     """Release expired leases; delete data files no kept manifest version holds and finished plans, past the
-    grace; trim the catalog's commit log to the kept versions."""
-    _emit(collect_garbage(ctx.catalog, ctx.clock(), grace_ms).to_dict())
+    grace; trim the catalog's commit log to the kept versions. Objects the catalog cannot account for are kept
+    and listed; a catalog of another cluster or an older copy is refused before anything is deleted."""
+    report = collect_garbage(ctx.catalog, ctx.clock(), grace_ms, max_orphan_share)
+    _emit(report.to_dict())
+    if report.damaged_rows:
+        raise CorruptDataError(
+            f"catalog rows of removed files name no data file ({report.damaged_rows[0]!r}, {len(report.damaged_rows)} "
+            "in all): gc left them and collected the rest; restore those rows of table files from a backup, or delete them"
+        )
+
+
+@cli.group()
+def cluster() -> None:
+    """The cluster a store and its catalog belong to (the store's cluster.json marker)."""
+
+
+@cluster.command("describe")
+@pass_context
+def cluster_describe(ctx: Context) -> None:
+    """The cluster id, the catalog's newest version and what the store's marker recorded, as JSON."""
+    catalog = ctx.catalog
+    marker = catalog.marker
+    _emit({"cluster_id": catalog.cluster_id, "catalog_version": catalog.latest_version(), "marker": marker.__dict__})
+
+
+@cluster.command("accept-catalog")
+@now_option
+@pass_context
+def cluster_accept_catalog(ctx: Context) -> None:
+    """Take the catalog as the store's: mark a store that lost its marker, or go on from a catalog restored from an
+    older copy (files written after that copy then count as orphans for gc). A catalog of another cluster is
+    still refused."""
+    marker = ctx.catalog.accept_catalog(ctx.clock())
+    _emit({"accepted": True, "cluster_id": marker.cluster_id, "seen_version": marker.seen_version})
 
 
 @cli.command()

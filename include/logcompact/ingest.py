@@ -18,7 +18,6 @@ from __future__ import annotations
 import io
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from logcompact.catalog import Catalog, NewFile
 from logcompact.collector import collector_paused
 from logcompact.exceptions import IngestError, InvalidRecordError
 from logcompact.format import SegmentWriter, section_table
+from logcompact.plan import l0_key
 from logcompact.topics import Topic
 
 DEFAULT_FLUSH_INTERVAL_MS = 250
@@ -222,7 +222,7 @@ class Agent:
         sections = writer.finish()
         data = sink.getvalue()
         now = self.clock()
-        key = f"data/l0/{now:013d}-{uuid.uuid4().hex}.seg"
+        key = l0_key(now)
         self.store.put(key, data)
         new_file = NewFile(key=key, level=0, size=len(data), created_ms=now, sections=tuple(sections))
         _version, assigned = self.catalog.append_files([new_file], now)

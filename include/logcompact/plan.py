@@ -58,12 +58,19 @@ MAX_CLOCK_SKEW_MS = 5 * 60_000
 # What `new_plan_id` makes, and what data files are called (`data/l{level}/{name}.seg`); docs/plan.md.
 PLAN_ID_PATTERN = re.compile(r"p[0-9]{1,19}-[0-9a-f]{12}")
 DATA_KEY_PATTERN = re.compile(r"data/l([0-4])/[A-Za-z0-9][A-Za-z0-9._-]{0,199}\.seg")
+# An agent's L0 file: `l0_key`'s names, its clock first (gc tells a dead agent's file by it).
+L0_NAME_PATTERN = re.compile(r"[0-9]{13,19}-[0-9a-f]{32}\.seg")
 # What the planner makes: levels and size tiers, the max-lag pass, the daily full sweep (docs/planner.md).
 MODES = ("regular", "max-lag", "full")
 # Plans and their groups' results are kept in the store under this prefix (logcompact.jobs.documents).
 PLANS_PREFIX = "plans/"
 
 TopicPartition = tuple[str, int]
+
+
+def l0_key(now_ms: int) -> str:
+    """A new L0 file's key: unique whoever writes it, and sorted by when."""
+    return f"data/l0/{now_ms:013d}-{uuid.uuid4().hex}.seg"
 
 
 class PlanGroup(NamedTuple):

@@ -240,6 +240,13 @@ class Catalog:
         assert self._cluster_id is not None
         return self._cluster_id
 
+    @property
+    def marker(self) -> ClusterMarker:
+        """The store's cluster marker, as checked against the catalog when this Catalog was first used."""
+        self._check_exists()
+        assert self._marker is not None
+        return self._marker
+
     def ensure_created(self, now_ms: int) -> str:
         """The cluster id, creating the schema and version 1 of an empty cluster first if there is none."""
         if isinstance(self.store, LocalStore):
@@ -305,8 +312,7 @@ class Catalog:
         one) as this catalog's cluster, or go on from a catalog restored from an older copy by lowering the marker's
         version to the catalog's. A store of another cluster is still refused."""
         try:
-            self._check_exists()
-            return self._marker  # type: ignore[return-value]  # set with the cluster id
+            return self.marker
         except (StaleCatalogError, ClusterMismatchError, CorruptDataError) as refused:
             try:
                 marker = read_marker(self.store)

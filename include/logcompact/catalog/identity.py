@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-from logcompact.exceptions import CorruptDataError, ObjectNotFoundError
+from logcompact.exceptions import ClusterMismatchError, CorruptDataError, ObjectNotFoundError
 from logcompact.store.base import ObjectStore
 
 MARKER_KEY = "cluster.json"
@@ -69,3 +69,15 @@ def record_version(store: ObjectStore, marker: ClusterMarker, version: int, now_
     updated = ClusterMarker(marker.cluster_id, marker.created_ms, version, now_ms)
     store.put(MARKER_KEY, updated.encode())
     return updated
+
+
+def check_store_cluster(store: ObjectStore, cluster_id: str, what: str) -> None:
+    """Refuse to write `what` (of cluster `cluster_id`) into a store of another cluster: the check of a writer that
+    never opens the catalog (a Spark job of a plan)."""
+    marker = read_marker(store)
+    if marker is None or marker.cluster_id != cluster_id:
+        found = f"belongs to cluster {marker.cluster_id}" if marker else f"has no cluster marker {MARKER_KEY}"
+        raise ClusterMismatchError(
+            f"{what} is of cluster {cluster_id} but store {store.uri} {found}: run it against its own cluster's store; "
+            "nothing was written"
+        )

@@ -5,10 +5,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from logcompact.catalog import Catalog
+from logcompact.exceptions import ClusterMismatchError
+from logcompact.jobs.documents import release_abandoned
 from logcompact.jobs.workdir import reclaim_workdirs
-from logcompact.plan import PLANS_PREFIX
+from logcompact.plan import DATA_KEY_PATTERN, L0_NAME_PATTERN, PLAN_ID_PATTERN, PLANS_PREFIX
+from logcompact.store.base import ObjectInfo
 
 DEFAULT_GC_GRACE_MS = 3_600_000
+# gc deletes no unreferenced object when more than this share of the store's data objects would go.
+DEFAULT_MAX_ORPHAN_SHARE = 0.5
 
 
 @dataclass
@@ -20,49 +25,74 @@ class GcReport:
     deleted_plans: list[str] = field(default_factory=list)
     reclaimed_workdirs: list[str] = field(default_factory=list)  # of dead jobs, on the machine gc runs on
     abandoned_writes: list[str] = field(default_factory=list)  # temporary files of writers killed mid-write
+    released_abandoned: list[str] = field(default_factory=list)  # plans a failed run could not release itself
+    # Objects under data/ the catalog neither references nor accounts for: kept, for a person to look at.
+    unexplained: list[str] = field(default_factory=list)
+    damaged_rows: list[str] = field(default_factory=list)  # removed files whose catalog key is not a data file's
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def collect_garbage(catalog: Catalog, now_ms: int, grace_ms: int = DEFAULT_GC_GRACE_MS) -> GcReport:
-    """Delete data files no kept manifest version holds, once older than the grace period.
+def collect_garbage(
+    catalog: Catalog, now_ms: int, grace_ms: int = DEFAULT_GC_GRACE_MS, max_orphan_share: float = DEFAULT_MAX_ORPHAN_SHARE
+) -> GcReport:
+    """Delete data files no kept manifest version holds, once older than the grace period; never what the catalog
+    cannot account for.
 
-    Every step is a few catalog queries, never a read of whole versions, so gc completes however many
-    commits land meanwhile:
+    First the store's cluster marker is checked against the catalog (`Catalog.check_store`): a catalog of
+    another cluster, or one restored from an older copy, would take the store's newer files for garbage, so gc
+    stops there with one line. Then every step is a few catalog queries, never a read of whole versions, so gc
+    completes however many commits land meanwhile:
 
-    1. expired leases are released, so an abandoned plan's outputs go once its lease has expired;
+    1. expired leases are released, and the plans failed runs left abandoned, so their outputs can go;
     2. files no kept version holds (removed at or before the oldest kept version), removed longer than the
        grace ago (a reader that pinned a version may still read them for that long), lose their object and
-       then their rows;
-    3. objects under `data/` the catalog has no row for (outputs never committed, files of a crashed agent)
-       are deleted once older than the grace, except the outputs of plans still holding a lease, however
-       long their job runs;
+       then their rows; a row whose key is not a data file's is left and reported (`damaged_rows`);
+    3. objects under `data/` the catalog has no row for go once older than the grace, and only when the
+       catalog's history accounts for them (`_orphan_reason`): the output of a plan no longer in flight, or an
+       agent's L0 file written before the catalog's newest commit (its agent died before committing it). What
+       it cannot account for stays (`unexplained`); and when the objects to delete would be more than
+       `max_orphan_share` of all under `data/`, the catalog looks like another cluster's and gc deletes none;
     4. the commit log is trimmed to the kept history, and plan documents go once past the grace;
     5. the local work directories of jobs that died on this machine are removed (each job also does so), and
        what writers killed mid-write left in a local store, once past the grace.
     """
     store = catalog.store
+    catalog.check_store(now_ms)
     released = catalog.release_expired_leases(now_ms)
+    released_abandoned = release_abandoned(catalog)
     # Read before the catalog's rows: a plan that commits in between has its outputs among them.
     in_flight = catalog.leased_plans(now_ms)
     oldest = catalog.oldest_kept_version()
     # A file removed at version R is in the versions below R only: at R = oldest, no kept version holds it.
     removed = catalog.collectable_files(oldest + 1, now_ms - grace_ms)
+    damaged = [key for key in removed if not DATA_KEY_PATTERN.fullmatch(key)]
+    removed = [key for key in removed if key not in set(damaged)]
     for key in removed:
         store.delete(key)
     catalog.forget_files(removed)
-    deleted, young = list(removed), 0
     listed = list(store.list("data/"))
     known = catalog.known_files([info.key for info in listed])
+    newest_commit_ms = catalog.commit_log(limit=1)[0].created_ms
+    orphans, unexplained, young = [], [], 0
     for info in listed:
         if info.key in known or _plan_of(info.key) in in_flight:
             continue
         if info.modified_ms > now_ms - grace_ms:
             young += 1
-            continue
-        store.delete(info.key)
-        deleted.append(info.key)
+        elif _orphan_reason(info, newest_commit_ms) is None:
+            unexplained.append(info.key)
+        else:
+            orphans.append(info.key)
+    if orphans and len(orphans) > max_orphan_share * len(listed):
+        raise ClusterMismatchError(
+            f"{len(orphans)} of the {len(listed)} objects under data/ in {store.uri} are unknown to catalog {catalog!r} "
+            f"(first: {orphans[0]}): it looks like another cluster's catalog or an older copy, so gc deleted none; if "
+            f"they are garbage, run gc with --max-orphan-share 1"
+        )
+    for key in orphans:
+        store.delete(key)
     trimmed = catalog.trim_versions(oldest)
     # A plan's documents go together, once its newest one (the last group's result) is past the grace.
     documents: dict[str, list] = {}
@@ -75,7 +105,23 @@ def collect_garbage(catalog: Catalog, now_ms: int, grace_ms: int = DEFAULT_GC_GR
                 store.delete(info.key)
                 old_plans.append(info.key)
     abandoned = [path for prefix in ("data/", PLANS_PREFIX) for path in store.delete_abandoned_writes(prefix, now_ms - grace_ms)]
-    return GcReport(deleted, trimmed, young, released, old_plans, reclaim_workdirs(), abandoned)
+    return GcReport(
+        removed + orphans, trimmed, young, released, old_plans, reclaim_workdirs(), abandoned, released_abandoned, unexplained, damaged
+    )
+
+
+def _orphan_reason(info: ObjectInfo, newest_commit_ms: int) -> str | None:
+    """Why an object the catalog has no row for is garbage, or None when the catalog cannot account for it: an
+    L0 file written after the catalog's newest commit may belong to commits the catalog does not have (a restored
+    copy), and a name no writer of logcompact makes is nobody's to delete."""
+    name = info.key.rsplit("/", 1)[-1]
+    if DATA_KEY_PATTERN.fullmatch(info.key) is None:
+        return None
+    if PLAN_ID_PATTERN.fullmatch(_plan_of(info.key)):
+        return "output of a plan that is no longer in flight and never committed it"
+    if info.key.startswith("data/l0/") and L0_NAME_PATTERN.fullmatch(name) and info.modified_ms < newest_commit_ms:
+        return "L0 file of an agent that died before committing it"
+    return None
 
 
 def _plan_of(key: str) -> str:
