@@ -19,7 +19,9 @@ The catalog database is named by one of the extra's keys:
   database as its `schema`), so the password lives in a connection rather than in this extra.
 
 Without either, a `file://` store keeps its catalog in the SQLite file `catalog.db` beside its data; an
-`s3://` store needs one (`CatalogConfigError` says so).
+`s3://` store needs one (`CatalogConfigError` says so). The catalog URL's password is never printed: messages show
+the URL masked (`logcompact.catalog.database.redact_url`), and the hook hands the password (and what may be pieces of
+it) to Airflow's secrets masker, which masks it in the task's log whatever prints it.
 
 The extra's `planner` sets the planner's knobs for every DAG on this connection (`PlannerConfig`'s fields,
 checked as the planner checks them), e.g. groups of 8 MiB so that a small cluster's plans run as several
@@ -31,9 +33,11 @@ from __future__ import annotations
 from dataclasses import fields
 
 from airflow.sdk import BaseHook
+from airflow.sdk.log import mask_secret
 from sqlalchemy.engine import URL
 
 from logcompact.catalog import Catalog
+from logcompact.catalog.database import url_secrets
 from logcompact.exceptions import CatalogConfigError, InvalidPlanError
 from logcompact.planner import PlannerConfig
 from logcompact.store import ObjectStore, open_store
@@ -54,7 +58,11 @@ class LogcompactHook(BaseHook):
 
     def get_catalog(self) -> Catalog:
         conn = self.get_connection(self.logcompact_conn_id)
-        return Catalog(self._open_store(conn), self._catalog_url(conn.extra_dejson))
+        url = self._catalog_url(conn.extra_dejson)
+        if url:
+            for secret in url_secrets(url):  # before anything may print it
+                mask_secret(secret)
+        return Catalog(self._open_store(conn), url)
 
     def get_planner_config(self) -> PlannerConfig:
         """The planner's settings: the defaults, with those the extra's `planner` gives."""
@@ -87,6 +95,11 @@ class LogcompactHook(BaseHook):
     def _catalog_url(self, extra: dict) -> str | None:
         """The catalog URL the extra names, None for the store's embedded default."""
         url, catalog_conn_id = extra.get("catalog"), extra.get("catalog_conn_id")
+        if url and not isinstance(url, str):  # (its value is not printed: it may hold a password)
+            raise CatalogConfigError(
+                f"connection {self.logcompact_conn_id!r}: extra catalog must be a URL string such as "
+                f"postgresql+psycopg://USER:PASSWORD@HOST:PORT/DB, not a {type(url).__name__}"
+            )
         if url and catalog_conn_id:
             raise CatalogConfigError(
                 f"connection {self.logcompact_conn_id!r} names its catalog twice (catalog and catalog_conn_id); keep one"

@@ -5,24 +5,32 @@ directory, so the store URI alone names the whole cluster. It runs in WAL mode (
 writer) with a busy timeout, and every write transaction starts with BEGIN IMMEDIATE, so writers of several
 processes queue for the lock instead of failing. PostgreSQL (`postgresql+psycopg://...`) is for clusters
 whose agents and compactors run on many machines; an `s3://` store needs one.
+
+A catalog URL is printed only through `redact_url`, which masks its password whether the URL parses or not, and a
+database's own message about it through `redact_text`. `catalog_errors` turns the database going away (refused,
+lost, closed, a SQLite file that is no longer a database) into one-line CatalogUnavailableError, wherever the
+catalog is read or written after its first connection.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from operator import itemgetter
 from pathlib import Path
 
 from sqlalchemy import Column, ColumnElement, Connection, Engine, any_, bindparam, create_engine, event, func, select
 from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, DatabaseError, DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.sql.dml import UpdateBase
 
-from logcompact.exceptions import CatalogConfigError
+from logcompact.exceptions import CatalogConfigError, CatalogUnavailableError
 from logcompact.store.base import ObjectStore
 from logcompact.store.local import LocalStore
 
@@ -30,6 +38,98 @@ SQLITE_FILE = "catalog.db"
 SQLITE_BUSY_TIMEOUT_MS = 60_000
 # Execution option that marks a connection's transactions as writes (BEGIN IMMEDIATE on SQLite).
 WRITE = "logcompact_write"
+
+
+# What stands for a password in a printed URL.
+MASK = "***"
+# `scheme://user:` and everything up to the last '@' (a password may hold '@', '/', '[' ... when not quoted).
+_USER_AND_PASSWORD = re.compile(r"(://[^:/?#]*:)(.*)@", re.DOTALL)
+# An unparsed `scheme://user:secret` without any '@': what follows the colon may be a port or a password.
+_COLON_WITHOUT_AT = re.compile(r"(://[^:/?#@]*:)([^/?#@]+)")
+# A password passed as a query parameter (`?password=...`, as libpq takes it) or in a key=value string.
+_PASSWORD_PARAMETER = re.compile(r"((?:^|[?&;\s])(?:password|sslpassword|passwd|pwd)=)([^&;\s#]*)", re.IGNORECASE)
+
+
+def redact_url(url: str | URL) -> str:
+    """`url` fit to print: its password, and anything that may be one, replaced by `***`, whether it parses or not.
+
+    A URL that parses is rendered by SQLAlchemy with its password hidden; in any case whatever sits between
+    `://user:` and the last '@' is masked (a password holding an unquoted '@' parses as part of the host), and so
+    is a `password=` parameter. An unparsed URL without '@' (`scheme://user:secret`) has what follows its colon
+    masked too: a port that is not a number cannot be told from a password."""
+    text = url.render_as_string(hide_password=True) if isinstance(url, URL) else str(url)
+    parsed = True
+    try:
+        found = make_url(text)
+        found.port  # noqa: B018 (a port that is not a number is only found when read)
+        text = found.render_as_string(hide_password=True)
+    except (ArgumentError, ValueError, TypeError):
+        parsed = False
+    masked = _USER_AND_PASSWORD.sub(lambda m: f"{m.group(1)}{MASK}@", text, count=1)
+    if not parsed and "@" not in masked:
+        masked = _COLON_WITHOUT_AT.sub(lambda m: f"{m.group(1)}{MASK}", masked, count=1)
+    return _PASSWORD_PARAMETER.sub(lambda m: f"{m.group(1)}{MASK}", masked)
+
+
+def url_secrets(url: str | URL) -> list[str]:
+    """What may be `url`'s password, longest first: the password as SQLAlchemy parses it, whatever sits between
+    `://user:` and the last '@', a `password=` parameter, and their pieces between '@'s (an unquoted '@' leaves
+    the end of a password in what parses as the host). Pieces shorter than 3 characters are left out."""
+    raw = url.render_as_string(hide_password=False) if isinstance(url, URL) else str(url)
+    secrets: set[str] = set()
+    for pattern in (_USER_AND_PASSWORD, _COLON_WITHOUT_AT):
+        found = pattern.search(raw)
+        if found:
+            secrets.update((found.group(2), *found.group(2).split("@")))
+    secrets.update(found.group(2) for found in _PASSWORD_PARAMETER.finditer(raw))
+    try:
+        password = make_url(raw).password
+    except (ArgumentError, ValueError, TypeError):
+        password = None
+    if password:
+        secrets.update((str(password), *str(password).split("@")))
+    return sorted((secret for secret in secrets if len(secret) >= 3), key=lambda secret: (-len(secret), secret))
+
+
+def redact_text(text: str, url: str | URL) -> str:
+    """`text` (a database's error message about `url`) with any piece of `url`'s password masked (`url_secrets`):
+    a driver names the host it could not resolve, which holds the end of a password with an unquoted '@'."""
+    for secret in url_secrets(url):
+        text = text.replace(secret, MASK)
+    return text
+
+
+def unavailable(exc: BaseException) -> bool:
+    """Whether a database error means the catalog cannot be reached or read (connection refused or lost, the
+    server gone, a timeout, a SQLite file that is not a database), rather than a statement's own failure (a
+    constraint, a programming error), which stays as it is."""
+    if isinstance(exc, PoolTimeoutError):
+        return True
+    if not isinstance(exc, DBAPIError):
+        return False
+    return exc.connection_invalidated or isinstance(exc, OperationalError | InterfaceError) or type(exc) is DatabaseError
+
+
+@contextmanager
+def catalog_errors(url: str | URL) -> Iterator[None]:
+    """Turn the connection-level failures of the catalog database met inside (`unavailable`) into one-line
+    CatalogUnavailableError naming the catalog, its password masked; other errors pass unchanged."""
+    try:
+        yield
+    except (DBAPIError, PoolTimeoutError) as exc:
+        if not unavailable(exc):
+            raise
+        raise unavailable_error(url, exc) from exc
+
+
+def unavailable_error(url: str | URL, exc: BaseException) -> CatalogUnavailableError:
+    """The one-line error of a catalog that cannot be reached or read, with the database's first line of why."""
+    reason = getattr(exc, "orig", None) or exc
+    lines = str(reason).strip().splitlines() or [type(reason).__name__]
+    return CatalogUnavailableError(
+        f"catalog {redact_url(url)} cannot be reached or read ({redact_text(lines[0], url)}); check --catalog "
+        "(LOGCOMPACT_CATALOG) and that the database is up and intact"
+    )
 
 
 def catalog_url_for(store: ObjectStore, url: str | None) -> str:
@@ -105,19 +205,21 @@ def _create_engine(url: str) -> Engine:
         parsed.port  # noqa: B018 (a port that is not a number is only found when read)
     except (ArgumentError, ValueError):
         raise CatalogConfigError(
-            f"catalog URL {url!r} is not a database URL: use sqlite:////absolute/path.db or "
+            f"catalog URL {redact_url(url)!r} is not a database URL: use sqlite:////absolute/path.db or "
             "postgresql+psycopg://USER:PASSWORD@HOST:PORT/DB"
         ) from None
     backend = parsed.get_backend_name()
     if backend == "sqlite":
         if sqlite_path(url) is None:
-            raise CatalogConfigError(f"catalog URL {url!r} names an in-memory database, lost at exit: use sqlite:////absolute/path.db")
+            raise CatalogConfigError(
+                f"catalog URL {redact_url(url)!r} names an in-memory database, lost at exit: use sqlite:////absolute/path.db"
+            )
         return _sqlite_engine(url)
     if backend == "postgresql":
         if parsed.get_driver_name() != "psycopg":
-            raise CatalogConfigError(f"catalog URL {parsed.render_as_string()!r}: use the psycopg 3 driver, postgresql+psycopg://...")
+            raise CatalogConfigError(f"catalog URL {redact_url(parsed)!r}: use the psycopg 3 driver, postgresql+psycopg://...")
         return create_engine(parsed, pool_pre_ping=True, pool_size=2, max_overflow=8)
-    raise CatalogConfigError(f"catalog URL {parsed.render_as_string()!r}: the catalog runs on sqlite or postgresql+psycopg, not {backend}")
+    raise CatalogConfigError(f"catalog URL {redact_url(parsed)!r}: the catalog runs on sqlite or postgresql+psycopg, not {backend}")
 
 
 def _sqlite_engine(url: str) -> Engine:
