@@ -170,8 +170,10 @@ def _read(
                 for key, section in run
                 for table in _records_table(_section_batches(store, key, section, 0, index_only), section.first_offset, columns)
             ]
-            tables = [pa.concat_tables(whole).sort_by("offset")]
+            tables = [_merged(run, whole)]
         for table in tables:
+            if not table.num_rows:
+                continue
             offsets = table.column("offset")
             if offsets[0].as_py() < from_offset or (to_offset is not None and offsets[-1].as_py() >= to_offset):
                 keep = pc.greater_equal(offsets, from_offset)
@@ -180,6 +182,25 @@ def _read(
                 table = table.filter(keep)
             if table.num_rows:
                 yield table
+
+
+def _merged(run: list[SectionRef], tables: list[pa.Table]) -> pa.Table:
+    """The records of sections whose offset ranges overlap, merged by offset. Offsets never repeat among a
+    partition's live sections: one that does means a damaged catalog row placed a section over another."""
+    merged = pa.concat_tables(tables).sort_by("offset")
+    offsets = merged.column("offset").to_numpy()
+    repeated = np.flatnonzero(offsets[1:] == offsets[:-1])
+    if len(repeated):
+        offset = int(offsets[repeated[0]])
+        holding = [f"{key} (offsets {s.first_offset} to {s.last_offset})" for key, s in run if s.first_offset <= offset <= s.last_offset]
+        key, section = run[0]
+        error = CorruptDataError(
+            f"catalog rows of section {section.topic}/{section.partition} place offset {offset} in {' and '.join(holding)}: "
+            "an offset is never in two live sections, so a row is damaged; restore the catalog database from a backup"
+        )
+        error.key = key
+        raise error
+    return merged
 
 
 def read_records(

@@ -3,18 +3,23 @@
 A file belongs to version V when it was added at or before V and not removed at or before V, so a
 snapshot sees exactly the manifest of its version however many commits land meanwhile (gc never deletes
 the rows of a version it keeps). Topics, leases and next offsets are read as they are now.
+
+A database that goes away while a snapshot reads is a CatalogUnavailableError (`database.catalog_errors`), and
+the sections of a partition handed to a consumer are checked against each other on the way
+(`check_partition_sections`), so a damaged row is a CorruptDataError rather than records shown twice.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 
 from sqlalchemy import ColumnElement, Connection, Engine, and_, func, or_, select
 
 from logcompact.catalog import schema as s
-from logcompact.catalog.database import one_of
+from logcompact.catalog.database import catalog_errors, one_of
 from logcompact.catalog.model import CONTENTS, CatalogSection, DataFile, FileSummary, Lease, PartitionSection, SectionFigures
-from logcompact.exceptions import TopicNotFoundError
+from logcompact.exceptions import CorruptDataError, TopicNotFoundError
 from logcompact.format.layout import COMPRESSIONS, SectionInfo
 from logcompact.topics import Topic
 
@@ -38,6 +43,12 @@ class Snapshot:
 
     def __repr__(self) -> str:
         return f"Snapshot(cluster {self.cluster_id}, version {self.version})"
+
+    @contextmanager
+    def _connect(self) -> Iterator[Connection]:
+        """A connection for one read; the database failing meanwhile is CatalogUnavailableError."""
+        with catalog_errors(self.engine.url), self.engine.connect() as connection:
+            yield connection
 
     def topic(self, name: str) -> Topic:
         try:
@@ -89,7 +100,7 @@ class Snapshot:
         query = select(files.key, files.level, files.size, files.created_ms, files.record_count, files.content).where(self._live())
         if level is not None:
             query = query.where(files.level == level)
-        with self.engine.connect() as connection:
+        with self._connect() as connection:
             held = self._held_files(connection)
             if held:
                 query = query.where(~one_of(files.file_id, held, self.engine.dialect.name))
@@ -102,7 +113,7 @@ class Snapshot:
         query = select(files.key, files.level, files.size, files.created_ms, files.record_count, files.content).where(
             self._live(), self._key_in(keys)
         )
-        with self.engine.connect() as connection:
+        with self._connect() as connection:
             return [FileSummary(r[0], r[1], r[2], r[3], r[4], CONTENTS[r[5]]) for r in connection.execute(query).all()]
 
     def files(self, level: int | None = None, topics: Iterable[str] | None = None) -> list[DataFile]:
@@ -115,7 +126,7 @@ class Snapshot:
             conditions.append(s.files.c.file_id.in_(
                 select(s.sections.c.file_id).where(s.sections.c.topic_id.in_(ids), s.sections.c.removed_version.is_(None))
             ))
-        with self.engine.connect() as connection:
+        with self._connect() as connection:
             held = self._held_files(connection)
             if held:
                 conditions.append(~one_of(s.files.c.file_id, held, self.engine.dialect.name))
@@ -124,7 +135,7 @@ class Snapshot:
 
     def get_files(self, keys: Sequence[str]) -> dict[str, DataFile]:
         """The live files among `keys`, with their live sections (but those of set-aside partitions), by key."""
-        with self.engine.connect() as connection:
+        with self._connect() as connection:
             loaded = self._load(connection, [self._live(), self._key_in(keys)])
         return {f.key: f for f in loaded}
 
@@ -140,7 +151,7 @@ class Snapshot:
             .order_by(sec.file_id, sec.byte_offset, sec.first_row)
         )
         found: dict[str, list[tuple]] = {key: [] for key in keys}
-        with self.engine.connect() as connection:
+        with self._connect() as connection:
             for row in connection.execute(query).all():
                 found[row[0]].append(row[1:])
         return found
@@ -175,21 +186,27 @@ class Snapshot:
         in first-offset order: one indexed query, whatever the catalog holds elsewhere."""
         topic_id = self.topic_ids[self.topic(topic).name]
         names = {topic_id: topic}
+        sec, partitions = s.sections.c, s.partitions.c
+        # The partition's next offset comes along (its primary key: one row), as a bound for the sections' offsets.
         query = (
-            select(s.sections, s.files.c.key)
-            .join(s.files, s.files.c.file_id == s.sections.c.file_id)
+            select(s.sections, s.files.c.key, partitions.next_offset)
+            .join(s.files, s.files.c.file_id == sec.file_id)
+            .join(s.partitions, and_(partitions.topic_id == sec.topic_id, partitions.partition == sec.partition), isouter=True)
             .where(
-                s.sections.c.topic_id == topic_id,
-                s.sections.c.partition == partition,
-                s.sections.c.last_offset >= from_offset,
+                sec.topic_id == topic_id,
+                sec.partition == partition,
+                sec.last_offset >= from_offset,
                 self._live_section(),
             )
-            .order_by(s.sections.c.first_offset, s.sections.c.file_id)
+            .order_by(sec.first_offset, sec.file_id)
         )
         if to_offset is not None:
-            query = query.where(s.sections.c.first_offset < to_offset)
-        with self.engine.connect() as connection:
-            return [(row.key, _section(row, names)) for row in connection.execute(query)]
+            query = query.where(sec.first_offset < to_offset)
+        with self._connect() as connection:
+            rows = connection.execute(query).all()
+        found = [(row.key, _section(row, names)) for row in rows]
+        check_partition_sections(topic, partition, found, rows[0].next_offset if rows else None)
+        return found
 
     def partition_sections(self, topics: Iterable[str]) -> list[PartitionSection]:
         """The max-lag pass's few facts of every live section of `topics`."""
@@ -201,7 +218,7 @@ class Snapshot:
             .join(s.files, files.file_id == sec.file_id)
             .where(sec.topic_id.in_(list(ids)), self._planned_section())
         )
-        with self.engine.connect() as connection:
+        with self._connect() as connection:
             return [
                 PartitionSection(key, level, ids[topic_id], partition, first, last - first, clean, min_ts)
                 for key, level, topic_id, partition, first, last, clean, min_ts in connection.execute(query).all()
@@ -219,7 +236,7 @@ class Snapshot:
             .join(s.files, files.file_id == sec.file_id)
             .where(self._live_section())
         )
-        with self.engine.connect() as connection:
+        with self._connect() as connection:
             return [
                 SectionFigures(PartitionSection(key, level, ids[topic_id], partition, first, last - first, clean, min_ts), records, size, keys, created)
                 for key, level, topic_id, partition, first, last, clean, min_ts, records, size, keys, created in connection.execute(query).all()
@@ -247,7 +264,7 @@ class Snapshot:
             )
             .group_by(sec.topic_id, sec.partition)
         )
-        with self.engine.connect() as connection:
+        with self._connect() as connection:
             rows = connection.execute(query).all()
         return {(names[topic_id], partition): first for topic_id, partition, first in rows if (topic_id, partition) in wanted}
 
@@ -262,7 +279,7 @@ class Snapshot:
                 by_topic.setdefault(topic, set()).add(partition)
         sec, files = s.sections.c, s.files.c
         found: dict[TopicPartition, int] = {}
-        with self.engine.connect() as connection:
+        with self._connect() as connection:
             for topic, numbers in sorted(by_topic.items()):
                 cut = now_ms - self.topics[topic].config.min_compaction_lag_ms
                 query = (
@@ -286,7 +303,7 @@ class Snapshot:
             .where(self._key_in(keys), self._live_section())
             .group_by(sec.topic_id, sec.partition)
         )
-        with self.engine.connect() as connection:
+        with self._connect() as connection:
             rows = connection.execute(query).all()
         return {(names[topic_id], partition): first for topic_id, partition, first in rows}
 
@@ -302,7 +319,7 @@ class Snapshot:
             .join(s.files, s.files.c.file_id == s.leases.c.file_id)
             .where(s.leases.c.expires_ms > now_ms, s.files.c.removed_version.is_(None))
         )
-        with self.engine.connect() as connection:
+        with self._connect() as connection:
             return {key: Lease(plan_id, expires) for key, plan_id, expires in connection.execute(query)}
 
     def leased_files(self, now_ms: int) -> set[str]:
@@ -311,8 +328,55 @@ class Snapshot:
     def level_counts(self) -> dict[int, int]:
         """Live files per level."""
         query = select(s.files.c.level, func.count()).where(self._live()).group_by(s.files.c.level)
-        with self.engine.connect() as connection:
+        with self._connect() as connection:
             return dict(connection.execute(query).all())
+
+
+def check_partition_sections(
+    topic: str, partition: int, sections: Sequence[tuple[str, CatalogSection]], next_offset: int | None = None
+) -> None:
+    """Check the catalog rows of a partition's live sections, (file key, section) in first-offset order, against
+    each other in one pass, as a damaged row (offsets shifted, partition or topic relabelled, counts changed) would
+    otherwise show records twice or under another partition: each section's offsets run forwards and hold its
+    records (1 to last - first + 1 of them), end below the partition's `next_offset`, and sections whose offset
+    ranges overlap (legitimately: a compaction's output spans a hole another live file fills, offsets never
+    repeat) hold together no more records than the offsets they span. A CorruptDataError names the row."""
+    run_first = run_last = -1
+    run_records = 0
+    run: list[tuple[str, CatalogSection]] = []
+    previous_first = -1
+    for key, section in sections:
+        first, last, records = section.first_offset, section.last_offset, section.info.record_count
+        if first < 0 or first > last or not 1 <= records <= last - first + 1:
+            raise _damaged_row(topic, partition, key, section, f"{records} record(s) cannot sit in offsets {first} to {last}")
+        if first < previous_first:
+            raise _damaged_row(topic, partition, key, section, f"it comes after a section starting at offset {previous_first}")
+        if next_offset is not None and last >= next_offset:
+            raise _damaged_row(
+                topic, partition, key, section, f"it ends past the partition's next offset {next_offset} (no offset there was given out)"
+            )
+        previous_first = first
+        if first > run_last:
+            run_first, run_last, run_records, run = first, last, 0, []
+        run_last = max(run_last, last)
+        run_records += records
+        run.append((key, section))
+        if run_records > run_last - run_first + 1:
+            others = "; ".join(f"{k} offsets {s.first_offset} to {s.last_offset}, {s.info.record_count} record(s)" for k, s in run[:-1][-3:])
+            raise _damaged_row(
+                topic, partition, key, section,
+                f"it overlaps {others}: together {run_records} records in offsets {run_first} to {run_last}, which hold "
+                f"{run_last - run_first + 1}, so an offset would be shown twice",
+            )
+
+
+def _damaged_row(topic: str, partition: int, key: str, section: CatalogSection, why: str) -> CorruptDataError:
+    error = CorruptDataError(
+        f"catalog row of section {topic}/{partition} of {key} (offsets {section.first_offset} to {section.last_offset}, "
+        f"{section.info.record_count} record(s)) is damaged: {why}; restore the catalog database from a backup"
+    )
+    error.key = key
+    return error
 
 
 def _section(row, names: dict[int, str]) -> CatalogSection:
