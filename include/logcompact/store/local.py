@@ -3,17 +3,23 @@
 Writes go to a temporary file first, so a reader never sees a partial object. A create-only write
 publishes its temporary file with `link()`, which fails if the name exists: that is atomic on every POSIX
 file system, so exactly one of several racing writers wins.
+
+As on S3, a directory is not an object: a directory where an object's name is (someone's `mkdir`, a restore gone
+wrong) reads as no object there (ObjectNotFoundError, and `stat` None), and is not deleted. Any other failure of
+the file system (permissions, I/O errors, a full disk) is a one-line StoreError naming the object.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import stat
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
-from logcompact.exceptions import InvalidStoreUriError, ObjectNotFoundError
+from logcompact.exceptions import InvalidStoreUriError, ObjectNotFoundError, StoreError
 from logcompact.store.base import CountingReader, ObjectInfo, ObjectStore
 
 _TEMP_SUFFIX = ".tmp-logcompact"
@@ -40,51 +46,97 @@ class LocalStore(ObjectStore):
             out.write(data)
         return temp
 
+    def _not_found(self, key: str) -> ObjectNotFoundError:
+        if self._path(key).is_dir():
+            return ObjectNotFoundError(
+                f"no object {key!r} in {self.uri}: a directory is in its place; move it away and restore the object from a copy"
+            )
+        return ObjectNotFoundError(f"no object {key!r} in {self.uri}")
+
+    def _failed(self, operation: str, key: str, exc: OSError) -> StoreError:
+        if isinstance(exc, IsADirectoryError) or (operation != "read" and self._path(key).is_dir()):
+            return StoreError(f"{operation} {self.uri}/{key} failed: a directory is in its place; move it away")
+        return StoreError(
+            f"{operation} {self.uri}/{key} failed ({exc.strerror or exc}); check the store directory's permissions, disk and space"
+        )
+
     def put(self, key: str, data: bytes) -> None:
         path = self._path(key)
-        os.replace(self._write_temp(path, data), path)
+        temp = None
+        try:
+            temp = self._write_temp(path, data)
+            os.replace(temp, path)
+        except OSError as exc:
+            if temp is not None:
+                _discard(temp)
+            raise self._failed("write", key, exc) from None
         self.counters.add(put=1, bytes_written=len(data))
 
     def put_file(self, key: str, path: str) -> None:
         target = self._path(key)
-        target.parent.mkdir(parents=True, exist_ok=True)
         temp = target.with_name(f".{target.name}.{uuid.uuid4().hex}{_TEMP_SUFFIX}")
-        shutil.copyfile(path, temp)
-        os.replace(temp, target)
-        self.counters.add(put=1, bytes_written=target.stat().st_size)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, temp)
+            os.replace(temp, target)
+            size = target.stat().st_size
+        except OSError as exc:
+            _discard(temp)
+            raise self._failed("write", key, exc) from None
+        self.counters.add(put=1, bytes_written=size)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         path = self._path(key)
-        temp = self._write_temp(path, data)
+        try:
+            temp = self._write_temp(path, data)
+        except OSError as exc:
+            raise self._failed("write", key, exc) from None
         self.counters.add(put=1, bytes_written=len(data))
         try:
             os.link(temp, path)
             return True
         except FileExistsError:
+            if path.is_dir():  # not an object that another writer created
+                raise self._failed("write", key, IsADirectoryError(path)) from None
             return False
+        except OSError as exc:
+            raise self._failed("write", key, exc) from None
         finally:
             os.unlink(temp)
 
     def get(self, key: str) -> bytes:
         with self.open_stream(key) as stream:
-            return stream.read()
+            try:
+                return stream.read()
+            except OSError as exc:
+                raise self._failed("read", key, exc) from None
+
+    def _open(self, key: str) -> BinaryIO:
+        try:
+            return open(self._path(key), "rb")
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            raise self._not_found(key) from None
+        except OSError as exc:
+            raise self._failed("read", key, exc) from None
 
     def open_stream(self, key: str, start: int = 0) -> CountingReader:
+        raw = self._open(key)
         try:
-            raw = open(self._path(key), "rb")
-        except (FileNotFoundError, NotADirectoryError):
-            raise ObjectNotFoundError(f"no object {key!r} in {self.uri}") from None
-        raw.seek(start)
+            raw.seek(start)
+            size = os.fstat(raw.fileno()).st_size
+        except OSError as exc:
+            raw.close()
+            raise self._failed("read", key, exc) from None
         self.counters.add(get=1)
-        return CountingReader(raw, self.counters, os.fstat(raw.fileno()).st_size)
+        return CountingReader(raw, self.counters, size)
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
-        try:
-            with open(self._path(key), "rb") as f:
+        with self._open(key) as f:
+            try:
                 f.seek(start)
                 data = f.read(length)
-        except (FileNotFoundError, NotADirectoryError):
-            raise ObjectNotFoundError(f"no object {key!r} in {self.uri}") from None
+            except OSError as exc:
+                raise self._failed("read", key, exc) from None
         self.counters.add(get=1, bytes_read=len(data))
         return data
 
@@ -122,15 +174,32 @@ class LocalStore(ObjectStore):
 
     def delete(self, key: str) -> None:
         self.counters.add(delete=1)
+        path = self._path(key)
         try:
-            os.unlink(self._path(key))
-        except FileNotFoundError:
+            os.unlink(path)
+        except (FileNotFoundError, NotADirectoryError):
             pass
+        except OSError as exc:
+            if path.is_dir():
+                return  # no object there, as on S3: the directory is not the store's to delete
+            raise self._failed("delete", key, exc) from None
 
     def stat(self, key: str) -> ObjectInfo | None:
         self.counters.add(head=1)
         try:
-            stat = self._path(key).stat()
-        except FileNotFoundError:
+            found = os.stat(self._path(key))
+        except (FileNotFoundError, NotADirectoryError):
             return None
-        return ObjectInfo(key, stat.st_size, stat.st_mtime_ns // 1_000_000)
+        except OSError as exc:
+            raise self._failed("stat", key, exc) from None
+        if stat.S_ISDIR(found.st_mode):
+            return None  # a directory is not an object
+        return ObjectInfo(key, found.st_size, found.st_mtime_ns // 1_000_000)
+
+
+def _discard(temp: Path) -> None:
+    """Remove a failed write's temporary file, if it was made."""
+    try:
+        temp.unlink()
+    except OSError:
+        pass
