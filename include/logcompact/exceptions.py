@@ -74,6 +74,11 @@ class CommitConflictError(LogcompactError):
     """An optimistic commit found the catalog changed in a way that invalidates it."""
 
 
+class PlansNotCommittedError(LogcompactError):
+    """Plans of one commit failed for different causes (a conflict, a changed document, damaged data, the store or
+    the catalog failing): the call's other plans committed, and the message lists each failure."""
+
+
 class InvalidPlanError(LogcompactError):
     """A compaction plan is malformed, inconsistent, or belongs to another cluster."""
 

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 
 from logcompact.catalog import Catalog, SetAside
 from logcompact.engine.stats import CompactionStats, JobResult, add_topic_figures, summarize
-from logcompact.exceptions import CommitConflictError, ObjectNotFoundError
+from logcompact.exceptions import CommitConflictError, CorruptDataError, LogcompactError, ObjectNotFoundError, PlansNotCommittedError
 from logcompact.jobs.documents import check_seal, read_header, read_results
 from logcompact.plan import Plan, PlanHeader
 
@@ -101,21 +101,25 @@ def commit_plans(catalog: Catalog, plan_ids: list[str], now_ms: int, keep_going:
 
     A plan with a group missing its result, whose inputs are no longer live, or whose lease has expired is a
     CommitConflictError and commits nothing. The call's other plans commit regardless (each is its own transaction
-    over files leased to it alone); then the conflicts are raised as one CommitConflictError, or with
-    `keep_going` listed in the summary's `conflicts`, for a caller that reports what did commit first.
+    over files leased to it alone), whatever stopped one plan: a conflict, a document changed since it was sealed,
+    a missing or damaged document, the store or the catalog failing. Then the failures are raised together as one
+    error whose message gives each plan's on one line (`failed_together`: CommitConflictError when they are all
+    conflicts), or with `keep_going` listed in the summary's `conflicts`, for a caller that reports what did commit
+    first.
     """
     summary = CommitSummary()
     topics: set[str] = set()
+    failures: list[tuple[str, Exception]] = []
     for plan_id in plan_ids:
         try:
-            header = read_header(catalog.store, plan_id)
-        except ObjectNotFoundError:
-            if not catalog.is_committed(plan_id):
-                raise
-            # Committed long ago and its documents collected since: nothing to redo, no stats to report.
-            summary.already_committed.append(plan_id)
-            continue
-        try:
+            try:
+                header = read_header(catalog.store, plan_id)
+            except ObjectNotFoundError:
+                if not catalog.is_committed(plan_id):
+                    raise
+                # Committed long ago and its documents collected since: nothing to redo, no stats to report.
+                summary.already_committed.append(plan_id)
+                continue
             results = read_results(catalog.store, header)
             if not catalog.is_committed(plan_id):
                 # Never trusted: the stored documents must be those the planner sealed with the lease (the planner
@@ -123,8 +127,10 @@ def commit_plans(catalog: Catalog, plan_ids: list[str], now_ms: int, keep_going:
                 check_seal(catalog.store, header, catalog.plan_seal(plan_id))
                 header.check_against(catalog.snapshot(), now_ms)
             committed = commit_plan(catalog, header, results, now_ms, leased=True)
-        except CommitConflictError as conflict:
-            summary.conflicts.append(str(conflict))
+        except Exception as failure:  # each plan's failure is reported with the others', after they commit
+            log.warning("plan %s not committed: %s", plan_id, _one_line(failure))
+            failures.append((plan_id, failure))
+            summary.conflicts.append(_failure_line(plan_id, failure))
             continue
         (summary.committed if committed else summary.already_committed).append(plan_id)
         summary.stats[plan_id] = PlanResult(plan_id, [r.stats for r in results], sum(f.size for f in header.inputs)).to_dict()
@@ -132,11 +138,52 @@ def commit_plans(catalog: Catalog, plan_ids: list[str], now_ms: int, keep_going:
         add_topic_figures(summary.topic_stats, summary.stats[plan_id]["topics"])
         topics.update(header.topics)
     if plan_ids:
-        summary.cluster_id, summary.manifest_version = catalog.cluster_id, catalog.latest_version()
+        try:
+            summary.cluster_id, summary.manifest_version = catalog.cluster_id, catalog.latest_version()
+        except Exception:
+            if not failures:
+                raise  # (else the plans' failures say more: most likely the same database gone)
     summary.topics = sorted(topics)
-    if summary.conflicts and not keep_going:
-        raise CommitConflictError("; ".join(summary.conflicts))
+    if failures and not keep_going:
+        raise failed_together(failures)
     return summary
+
+
+def failed_together(failures: list[tuple[str, Exception]]) -> LogcompactError:
+    """One error for the failures of several plans, (plan id, error), each on one line of its message, joined by
+    '; ' (the CLI prints one line): of their common type when they are all of one LogcompactError type (all
+    conflicts: CommitConflictError, which a new plan fixes; the catalog down: CatalogUnavailableError, which a
+    retry may), PlansNotCommittedError otherwise. The first failure that is not a LogcompactError (a bug) is its
+    cause, for its traceback."""
+    kinds = {type(failure) for _, failure in failures}
+    message = "; ".join(_failure_line(plan_id, failure) for plan_id, failure in failures)
+    if len(failures) > 1:
+        message = f"{len(failures)} plans not committed: {message}"
+    kind = kinds.pop() if len(kinds) == 1 else None
+    error: LogcompactError
+    if kind is not None and issubclass(kind, LogcompactError):
+        try:
+            error = kind(message)
+        except TypeError:  # an error type of another signature
+            error = PlansNotCommittedError(message)
+        if isinstance(error, CorruptDataError):
+            error.key = getattr(failures[0][1], "key", None)
+    else:
+        error = PlansNotCommittedError(message)
+    error.__cause__ = next((failure for _, failure in failures if not isinstance(failure, LogcompactError)), None)
+    return error
+
+
+def _failure_line(plan_id: str, failure: Exception) -> str:
+    """A plan's failure on one line, naming the plan."""
+    line = _one_line(failure)
+    if not isinstance(failure, LogcompactError):
+        line = f"{type(failure).__name__}: {line}"
+    return line if plan_id in line else f"plan {plan_id}: {line}"
+
+
+def _one_line(failure: BaseException) -> str:
+    return " ".join(str(failure).split()) or type(failure).__name__
 
 
 def uncleanable_report(catalog: Catalog) -> tuple[int, str]:
