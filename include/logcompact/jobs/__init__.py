@@ -11,13 +11,16 @@
 4. `collect_garbage`: what no kept version references, abandoned outputs and finished plans, past a grace.
 
 A group that fails leaves its plan uncommitted and its files leased until the lease expires; retrying the
-group resumes the plan, and groups whose results are already in the store are not run again.
+group resumes the plan, and groups whose results are already in the store are not run again. A run that fails
+where nothing resumes it (`run_here`) releases its plans, or, when the catalog cannot be reached to do so, records
+them as abandoned in the store for `release_abandoned` to release once it answers.
 """
 
 from logcompact.jobs.commit import CommitSummary, PlanResult, commit_plan, commit_plans, uncleanable_report
+from logcompact.jobs.documents import release_abandoned
 from logcompact.jobs.gc import DEFAULT_GC_GRACE_MS, GcReport, collect_garbage
 from logcompact.jobs.prepare import GroupJob, PreparedRun, ThresholdStatus, check_thresholds, lease_and_write, prepare_plans, release_plans
-from logcompact.jobs.run import deal_slices, run_and_commit, run_group, run_here, run_slice
+from logcompact.jobs.run import deal_slices, give_up, run_and_commit, run_group, run_here, run_slice
 
 __all__ = [
     "DEFAULT_GC_GRACE_MS",
@@ -32,8 +35,10 @@ __all__ = [
     "commit_plan",
     "commit_plans",
     "deal_slices",
+    "give_up",
     "lease_and_write",
     "prepare_plans",
+    "release_abandoned",
     "release_plans",
     "run_and_commit",
     "run_group",

@@ -8,13 +8,20 @@ slices and then writes one object, `results/g{group}.json`, holding every slice'
 record data): a group's result exists whole or not at all. The commit reads the header and the results,
 checks that every group of the plan has one, and commits the plan once
 (`logcompact.jobs.commit.commit_plans`). A retried group writes the same outputs and result again.
+
+A run that fails after leasing releases its plans in the catalog; when the catalog cannot be reached then (the
+database went away during the commit), it writes `abandoned.json` beside the plan instead, and
+`release_abandoned` releases those plans once the catalog answers again (gc and the plan step call it), rather
+than leaving their files leased until the lease expires.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Collection
+from typing import TYPE_CHECKING
 
 from logcompact.collector import collector_paused
 from logcompact.engine.stats import JobResult
@@ -30,9 +37,16 @@ from logcompact.plan import (
 )
 from logcompact.store.base import ObjectStore
 
+if TYPE_CHECKING:
+    from logcompact.catalog import Catalog
+
+log = logging.getLogger(__name__)
+
 # A stored plan is a directory of objects: its header (these two), groups/ and, once its groups have run, results/.
 HEADER_NAME = "plan.json"
 INPUTS_NAME = "inputs.arrow"
+# Written beside a plan whose run failed and could not release it in the catalog (`release_abandoned`).
+ABANDONED_NAME = "abandoned.json"
 
 
 def plan_key(plan_id: str, prefix: str = PLANS_PREFIX) -> str:
@@ -49,6 +63,10 @@ def group_key(plan_id: str, group: int, prefix: str = PLANS_PREFIX) -> str:
 
 def result_key(plan_id: str, group: int) -> str:
     return f"{PLANS_PREFIX}{plan_id}/results/g{group:03d}.json"
+
+
+def abandoned_key(plan_id: str) -> str:
+    return f"{PLANS_PREFIX}{plan_id}/{ABANDONED_NAME}"
 
 
 def plan_documents(plan: Plan, prefix: str = PLANS_PREFIX) -> list[tuple[str, bytes]]:
@@ -162,6 +180,39 @@ def group_done(store: ObjectStore, plan_id: str, group: int) -> bool:
     except ObjectNotFoundError:
         return False
     return all(store.stat(f["key"]) is not None for r in document["slices"] for f in r["outputs"])
+
+
+def write_abandoned(store: ObjectStore, plan_id: str, now_ms: int, reason: str) -> str:
+    """Record in the store that a failed run gave up plan `plan_id` without releasing it in the catalog; the key."""
+    key = abandoned_key(plan_id)
+    store.put(key, json.dumps({"plan_id": plan_id, "abandoned_ms": now_ms, "reason": reason}, separators=(",", ":")).encode())
+    return key
+
+
+def abandoned_plans(store: ObjectStore) -> list[str]:
+    """The plans recorded as abandoned (`write_abandoned`) and not released since, in id order."""
+    suffix = f"/{ABANDONED_NAME}"
+    return sorted(
+        info.key[len(PLANS_PREFIX) : -len(suffix)] for info in store.list(PLANS_PREFIX)
+        if info.key.endswith(suffix) and info.key.count("/") == 2
+    )
+
+
+def release_abandoned(catalog: Catalog) -> list[str]:
+    """Release in the catalog the leases and seal of every plan a failed run abandoned (`write_abandoned`), unless
+    it committed after all, and drop its record; returns those plans' ids. A plan abandoned when the catalog was
+    unreachable frees its files here, once the catalog answers, instead of when its lease expires. Call it where the
+    catalog is in use anyway: gc and the plan step."""
+    released = []
+    for plan_id in abandoned_plans(catalog.store):
+        if catalog.is_committed(plan_id):
+            log.info("plan %s, recorded as abandoned, committed after all: nothing to release", plan_id)
+        else:
+            catalog.release(plan_id)
+            log.warning("released plan %s, abandoned by a run that failed and could not release it then", plan_id)
+        catalog.store.delete(abandoned_key(plan_id))
+        released.append(plan_id)
+    return released
 
 
 def _get(store: ObjectStore, key: str, missing: str) -> bytes:
