@@ -1,0 +1,610 @@
+"""Issue 19, damage and outages: secrets never printed, damaged catalog rows and objects as one-line errors of one
+type per cause, the catalog database going away under a reader or a commit, and a run's plans that fail apart.
+
+* every catalog URL a command is given, parsed or not, is printed with its password masked: a planted password is
+  looked for in every output of the bad-input suite's catalog cases and of a generated set of bad URLs;
+* a section row whose record count is 0, whose offsets were shifted over another section's, or whose partition was
+  relabelled is a CorruptDataError naming the row, never an IndexError or records shown twice; an object replaced
+  by a directory is no object (ObjectNotFoundError) on every read path of a local store;
+* a snapshot whose database goes away (a real PostgreSQL database closed to connections, a SQLite file replaced
+  by garbage) raises CatalogUnavailableError naming the catalog, its password masked;
+* `commit_plans` commits every plan it can and raises the others' failures together, whatever their type;
+* a compaction whose database goes away during its commit exits 1 with the commit's error, logs that it could not
+  release its plan, records the plan as abandoned in the store, and `release_abandoned` frees its files once the
+  database is back (without it, the next compaction finds every file leased and does nothing, with exit 0).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import update
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+
+from logcompact.catalog import Catalog, schema
+from logcompact.catalog.database import catalog_errors, redact_url
+from logcompact.consume import latest_values, read_records
+from logcompact.exceptions import (
+    CatalogUnavailableError,
+    CommitConflictError,
+    CorruptDataError,
+    InvalidPlanError,
+    ObjectNotFoundError,
+    PlansNotCommittedError,
+    StoreError,
+)
+from logcompact.ingest import Agent, Record
+from logcompact.jobs import commit_plans, prepare_plans, release_abandoned, run_group, run_here
+from logcompact.jobs.documents import abandoned_key, abandoned_plans, group_key, read_header
+from logcompact.planner import PlannerConfig
+from logcompact.store import LocalStore
+from tests.helpers import NOW, create_topic, produce_l0_files
+from tests.support.cli_cases import Outcome, run_in_process, run_process
+from tests.support.postgres import PostgresServer
+from tests.test_cli_bad_input import CATALOG, CATALOG_COMMANDS, GOOD_LINE
+
+PLANTED = "s3cr3tPLANTED"
+CONFIG = PlannerConfig(min_files=(4, 4, 4, 4))
+
+
+# -- 1. secrets never printed -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"postgresql+psycopg://u:{PLANTED}@127.0.0.1:5432/db",
+        f"postgresql+psycopg://u:{PLANTED}@127.0.0.1:port/db",  # a port that is not a number: does not parse
+        f"postgresql+psycopg://u:{PLANTED}@[::1/db",  # an unclosed IPv6 address
+        f"postgresql+psycopg://u:{PLANTED}@[::1]:5432/db",
+        f"postgresql+psycopg://u:x@{PLANTED}@127.0.0.1/db",  # an unquoted '@' in the password
+        f"postgresql+psycopg://u:{PLANTED}@host/db@x",
+        f"postgresql+psycopg://u:ab/{PLANTED}@127.0.0.1/db",  # an unquoted '/'
+        f"postgresql+psycopg://u:{PLANTED}",  # no host: what follows the colon may be a password
+        f"postgresql+psycopg://:{PLANTED}@127.0.0.1/db",
+        f"postgresql+psycopg://u@x:{PLANTED}@127.0.0.1/db",
+        f"postgresql+psycopg://u:p%40{PLANTED}@127.0.0.1/db",
+        f"postgresql+psycopg://u@127.0.0.1/db?password={PLANTED}",
+        f"postgresql+psycopg://u@127.0.0.1/db?sslmode=require&PASSWORD={PLANTED}",
+        f"mysql://u:{PLANTED}@h/d",
+        f"sqlite://u:{PLANTED}@/x.db",
+        f"host=127.0.0.1 password={PLANTED} dbname=x",
+    ],
+)
+def test_redact_url_masks_the_password_of_any_url(url: str) -> None:
+    shown = redact_url(url)
+    assert PLANTED not in shown and "***" in shown
+    assert redact_url(shown) == shown  # masking a masked URL changes nothing
+
+
+def test_redact_url_leaves_a_url_without_password_as_it_is() -> None:
+    for url in ("sqlite:////var/lib/logcompact/catalog.db", "postgresql+psycopg://u@127.0.0.1:5432/db", "postgresql+psycopg://h/db"):
+        assert redact_url(url) == url
+    assert redact_url(make_url(f"postgresql+psycopg://u:{PLANTED}@h/db")) == "postgresql+psycopg://u:***@h/db"
+
+
+def _planted_urls(postgres_port: int) -> list[str]:
+    """Bad catalog URLs with the planted password, each failing in its own place: the URL's parse, its driver, the
+    connection, the database, the cluster."""
+    return [
+        "not-a-url",
+        f"postgresql+psycopg://u:{PLANTED}@127.0.0.1:1/catalog",  # refused
+        f"postgresql+psycopg://u:{PLANTED}@127.0.0.1:port/db",
+        f"postgresql+psycopg://u:{PLANTED}@[::1/db",
+        f"postgresql+psycopg://u:{PLANTED}@127.0.0.1:99999/db",
+        f"postgresql+psycopg://u:{PLANTED}",
+        f"postgresql+psycopg://u:{PLANTED}@no-such-host.invalid/db",
+        f"postgresql+psycopg://u:{PLANTED}@127.0.0.1:1/db?sslmode=bogus",
+        f"postgresql://u:{PLANTED}@127.0.0.1:1/db",  # psycopg2, the dialect's default driver
+        f"postgresql+psycopg2://u:{PLANTED}@127.0.0.1:1/db",
+        f"mysql://u:{PLANTED}@127.0.0.1/db",
+        f"sqlite://u:{PLANTED}@",
+        f"postgresql+psycopg://postgres:{PLANTED}@127.0.0.1:{postgres_port}/no_such_database",  # the server answers
+        f"postgresql+psycopg://postgres:{PLANTED}@127.0.0.1:{postgres_port}/postgres",  # a database without a cluster
+    ]
+
+
+# URLs whose password SQLAlchemy's own rendering keeps in part (a query parameter; the text after an unquoted '@',
+# which parses as the host, and which the driver names when it cannot resolve it). catalog.py prints the catalog it
+# cannot reach with that rendering (`Catalog._shown_url`, `_check_exists`) until it uses `database.redact_url` and
+# `database.unavailable_error` (issue 19: the other half of the work); this test then passes and its mark goes.
+LEAKED_BY_CATALOG_PY = [
+    f"postgresql+psycopg://u@127.0.0.1:1/db?password={PLANTED}",
+    f"postgresql+psycopg://u:x@{PLANTED}@127.0.0.1:1/db",
+]
+
+
+@pytest.fixture(scope="module")
+def bad_input_work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small cluster (`store/`) and the bad-input suite's other paths: a plain file, an empty directory."""
+    work = tmp_path_factory.mktemp("planted")
+    base = ["--store", f"file://{work}/store", "--now", str(NOW)]
+    for argv, stdin in [
+        (["topic", "create", "accounts", "--partitions", "2", "--config", "cleanup.policy=compact"], b""),
+        (["produce", "accounts"], GOOD_LINE),
+    ]:
+        done = run_in_process(base + argv, stdin)
+        assert done.code == 0, done.stderr
+    (work / "a-file").write_text("not a store, a catalog or a plan\n")
+    (work / "empty").mkdir()
+    return work
+
+
+def _plant(text: str) -> str:
+    """A URL of the bad-input suite with the planted password in it (its own, or one added); not a SQLite file's."""
+    if "://" not in text or text.startswith("sqlite:///"):
+        return text
+    scheme, _, rest = text.partition("://")
+    netloc_end = min([rest.index(c) for c in "/?" if c in rest] or [len(rest)])
+    netloc = rest[:netloc_end]
+    if "@" in netloc:
+        user = netloc.split("@", 1)[0].split(":", 1)[0]
+        netloc = f"{user}:{PLANTED}@{netloc.split('@', 1)[1]}"
+    else:
+        netloc = f"u:{PLANTED}@{netloc}"
+    return f"{scheme}://{netloc}{rest[netloc_end:]}"
+
+
+def _leaks(outcome: Outcome) -> list[str]:
+    problems = []
+    if PLANTED in outcome.stdout or PLANTED in outcome.stderr:
+        problems.append("the password is printed")
+    if "Traceback" in outcome.stderr:
+        problems.append("a traceback")
+    return problems
+
+
+def test_no_output_of_a_bad_catalog_holds_its_password(
+    bad_input_work: Path, postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every command of the bad-input suite's damaged-catalog table, given each planted URL through --catalog and
+    through LOGCOMPACT_CATALOG (a few with -v, a few as real processes), and the suite's own catalog cases with the
+    password planted in their URLs: the password is in no stdout or stderr, and nothing is a traceback."""
+    for name in ("LOGCOMPACT_STORE", "LOGCOMPACT_CATALOG", "LOGCOMPACT_NOW_MS"):
+        monkeypatch.delenv(name, raising=False)
+    work = bad_input_work
+    base = ["--store", f"file://{work}/store", "--now", str(NOW)]
+    runs: list[tuple[str, list[str], dict[str, str], bool]] = []  # (name, argv, env, as a process)
+    commands = [*CATALOG_COMMANDS, ["status"], ["uncleanable", "list"]]
+    urls = _planted_urls(postgres.port)
+    for url in urls:
+        for command in commands:
+            runs.append((f"--catalog {url} {command[0]}", [*base, "--catalog", url, *command], {}, False))
+            runs.append((f"env {url} {command[0]}", [*base, *command], {"LOGCOMPACT_CATALOG": url}, False))
+        runs.append((f"-v {url}", [*base, "-v", "--catalog", url, "compact", "--all"], {}, False))
+    for url in urls[1:4]:
+        runs.append((f"process {url}", [*base, "--catalog", url, "files"], {}, True))
+    for case in CATALOG:
+        argv = [_plant(arg.replace("{work}", str(work))) for arg in case.argv]
+        env = {name: _plant(value) for name, value in case.env.items()}
+        runs.append((f"bad-input case {case.name}", [*base, *argv], env, case.process))
+    planted = sum(PLANTED in " ".join([*argv, *env.values()]) for _, argv, env, _ in runs)
+    assert planted >= 0.9 * len(runs), (planted, len(runs))
+    missed = []
+    exits = set()
+    for name, argv, env, as_process in runs:
+        stdin = GOOD_LINE if "produce" in argv else b""
+        outcome = (run_process if as_process else run_in_process)(argv, stdin, env)
+        exits.add(outcome.code)
+        problems = _leaks(outcome)
+        if problems:
+            missed.append(f"{name}: {'; '.join(problems)}: {outcome.stderr.strip().splitlines()[-1:]}")
+    print(f"\nplanted password: {len(runs)} runs, exit codes {sorted(exits)}, {len(missed)} leaks")
+    assert not missed, "\n".join(missed)
+
+
+@pytest.mark.xfail(strict=True, reason="catalog.py prints Catalog._shown_url and the driver's reason unmasked (see LEAKED_BY_CATALOG_PY)")
+@pytest.mark.parametrize("url", LEAKED_BY_CATALOG_PY)
+def test_no_output_of_an_unreachable_catalog_holds_a_password_sqlalchemy_keeps(
+    url: str, bad_input_work: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("LOGCOMPACT_CATALOG", raising=False)
+    base = ["--store", f"file://{bad_input_work}/store", "--now", str(NOW)]
+    for command in CATALOG_COMMANDS:
+        outcome = run_in_process([*base, "--catalog", url, *command], GOOD_LINE if "produce" in command else b"")
+        assert outcome.code == 1 and not _leaks(outcome), (command, outcome)
+
+
+# -- 2. damaged rows and objects -------------------------------------------------------------------------------------
+
+
+def _produce(catalog: Catalog, topic: str, records: list[Record]) -> None:
+    with Agent(catalog, background=False, clock=lambda: NOW) as agent:
+        agent.produce(topic, records)
+        agent.flush()
+
+
+@pytest.fixture
+def two_partitions(tmp_path: Path) -> Catalog:
+    """A SQLite cluster made by the CLI's library: topic `t` of 2 partitions, three files of 4 records per
+    partition (offsets 0-3, 4-7, 8-11 in each), then a file of partition 0 alone (offsets 12-14)."""
+    catalog = Catalog(LocalStore(tmp_path / "store"))
+    create_topic(catalog, "t", partitions=2, cleanup_policy="compact")
+    produce_l0_files(catalog, "t", files=3, records=8, keys=6, partitions=2)
+    _produce(catalog, "t", [Record(0, b"k%d" % i, b"alone", NOW) for i in range(3)])
+    return catalog
+
+
+def _key_at(catalog: Catalog, partition: int, first_offset: int) -> str:
+    """The file holding the section of `t`'s partition that starts at `first_offset`."""
+    return next(key for key, section in catalog.snapshot().sections_of("t", partition) if section.first_offset == first_offset)
+
+
+def _damage_section(catalog: Catalog, key: str, in_partition: int, **values: int) -> str:
+    """Change the catalog row of a file's section behind the library's back, as a damaged database would hold it."""
+    sec, files = schema.sections.c, schema.files.c
+    with catalog.engine.begin() as connection:
+        file_id = connection.execute(schema.files.select().with_only_columns(files.file_id).where(files.key == key)).scalar_one()
+        changed = connection.execute(
+            update(schema.sections).where(sec.file_id == file_id, sec.partition == in_partition).values(**values)
+        ).rowcount
+    assert changed == 1
+    return key
+
+
+def _cli(catalog: Catalog, *argv: str) -> Outcome:
+    return run_in_process(["--store", catalog.store.uri, "--now", str(NOW), *argv])
+
+
+def _one_line_error(outcome: Outcome, *says: str) -> None:
+    assert outcome.code == 1 and not outcome.stdout, outcome
+    assert "Traceback" not in outcome.stderr and len(outcome.stderr.splitlines()) == 1, outcome.stderr
+    assert outcome.stderr.startswith("logcompact: error: "), outcome.stderr
+    for fragment in says:
+        assert fragment in outcome.stderr, (fragment, outcome.stderr)
+
+
+def test_a_section_row_of_no_records_is_corrupt_data_not_an_index_error(two_partitions: Catalog) -> None:
+    catalog = two_partitions
+    key = _damage_section(catalog, _key_at(catalog, 0, 4), 0, record_count=0)
+    for read in (
+        lambda: list(read_records(catalog.store, catalog.snapshot(), "t", 0)),
+        lambda: latest_values(catalog.store, catalog.snapshot(), "t", 0),
+        lambda: catalog.snapshot().sections_of("t", 0),
+    ):
+        with pytest.raises(CorruptDataError, match=f"section t/0 of {key} \\(offsets 4 to 7, 0 record\\(s\\)\\) is damaged") as raised:
+            read()
+        assert raised.value.key == key
+    _one_line_error(_cli(catalog, "consume", "t", "--partition", "0"), key, "restore the catalog database from a backup")
+    assert [r.offset for r in read_records(catalog.store, catalog.snapshot(), "t", 1)] == list(range(12))  # the other is fine
+
+
+@pytest.mark.parametrize("damage", ["shifted over its neighbour", "shifted past the next offset", "more records than offsets",
+                                    "ends before it starts"])
+def test_a_shifted_section_row_is_corrupt_data_not_records_shown_twice(two_partitions: Catalog, damage: str) -> None:
+    catalog = two_partitions
+    values = {
+        "shifted over its neighbour": {"first_offset": 2, "last_offset": 5},  # 4-7 moved over 0-3
+        "shifted past the next offset": {"first_offset": 14, "last_offset": 17},  # beyond what was given out (15)
+        "more records than offsets": {"record_count": 5},
+        "ends before it starts": {"first_offset": 7, "last_offset": 4},
+    }[damage]
+    key = _damage_section(catalog, _key_at(catalog, 0, 4), 0, **values)
+    with pytest.raises(CorruptDataError, match=f"catalog row of section t/0 of {key}"):
+        catalog.snapshot().sections_of("t", 0)
+    with pytest.raises(CorruptDataError, match="restore the catalog database from a backup"):
+        list(read_records(catalog.store, catalog.snapshot(), "t", 0))
+    _one_line_error(_cli(catalog, "consume", "t", "--partition", "0"), key, "is damaged")
+
+
+def test_a_relabelled_section_row_is_corrupt_data_not_records_under_another_partition(two_partitions: Catalog) -> None:
+    """The last file holds partition 0 alone: relabelled as partition 1, its offsets 12-14 lie past partition 1's
+    next offset (12); relabelled back over partition 1's own offsets, they would show offsets twice."""
+    catalog = two_partitions
+    key = _damage_section(catalog, _key_at(catalog, 0, 12), 0, partition=1)
+    with pytest.raises(CorruptDataError, match=f"section t/1 of {key} .* ends past the partition's next offset 12"):
+        list(read_records(catalog.store, catalog.snapshot(), "t", 1))
+    _damage_section(catalog, key, 1, first_offset=8, last_offset=10)
+    with pytest.raises(CorruptDataError, match=f"section t/1 of {key} \\(offsets 8 to 10, 3 record\\(s\\)\\) is damaged: it overlaps"):
+        latest_values(catalog.store, catalog.snapshot(), "t", 1)
+    _one_line_error(_cli(catalog, "consume", "t", "--partition", "1"), key, "so an offset would be shown twice")
+
+
+def test_an_offset_in_two_overlapping_sections_is_corrupt_data(tmp_path: Path) -> None:
+    """A shifted row over a compacted section with holes may hold no more records than the offsets they span
+    together, and pass the rows' check; the merge by offset finds the offsets held twice."""
+    catalog = Catalog(LocalStore(tmp_path / "store"))
+    create_topic(catalog, "t", cleanup_policy="compact")
+    _produce(catalog, "t", [Record(0, b"k%d" % i, b"first", NOW) for i in range(10)])
+    _produce(catalog, "t", [Record(0, b"k%d" % i, b"second", NOW) for i in range(1, 10, 2)])
+    prepared = prepare_plans(catalog, "full", NOW, PlannerConfig())
+    run_here(catalog, prepared.plan_ids, prepared.groups, NOW)
+    ((swept, section),) = catalog.snapshot().sections_of("t", 0)
+    assert (section.first_offset, section.last_offset, section.info.record_count) == (0, 14, 10)  # holes at 1, 3, 5, 7, 9
+    _produce(catalog, "t", [Record(0, b"n%d" % i, b"new", NOW) for i in range(3)])  # offsets 15 to 17
+    key = _damage_section(catalog, _key_at(catalog, 0, 15), 0, first_offset=2, last_offset=4)
+    with pytest.raises(CorruptDataError, match=f"place offset 2 in {swept} \\(offsets 0 to 14\\) and {key} \\(offsets 2 to 4\\)"):
+        list(read_records(catalog.store, catalog.snapshot(), "t", 0))
+    _one_line_error(_cli(catalog, "consume", "t", "--partition", "0"), "an offset is never in two live sections")
+
+
+def test_sections_whose_ranges_overlap_legitimately_still_read(two_partitions: Catalog) -> None:
+    """The rows' check passes a partition whose sections' ranges overlap without sharing an offset."""
+    from logcompact.catalog.snapshot import check_partition_sections
+
+    catalog = two_partitions
+    (key, first), (other, second), *_ = catalog.snapshot().sections_of("t", 0)
+    spanning = first._replace(info=first.info._replace(last_delta=7, record_count=4))  # 0-7 with a hole at 4-7
+    check_partition_sections("t", 0, [(key, spanning), (other, second)], next_offset=15)
+    with pytest.raises(CorruptDataError, match="9 records in offsets 0 to 7"):
+        check_partition_sections("t", 0, [(key, spanning._replace(info=spanning.info._replace(record_count=5))), (other, second)])
+
+
+@pytest.fixture
+def directory_object(tmp_path: Path) -> Iterator[tuple[LocalStore, str]]:
+    store = LocalStore(tmp_path / "store")
+    store.put("data/l0/a.seg", b"0123456789")
+    (tmp_path / "store" / "data" / "l0" / "a.seg").unlink()
+    (tmp_path / "store" / "data" / "l0" / "a.seg").mkdir()
+    yield store, "data/l0/a.seg"
+
+
+def test_an_object_replaced_by_a_directory_is_no_object_on_every_read_path(directory_object: tuple[LocalStore, str]) -> None:
+    store, key = directory_object
+    for read in (lambda: store.get(key), lambda: store.open_stream(key), lambda: store.open_stream(key, 4),
+                 lambda: store.get_range(key, 2, 3)):
+        with pytest.raises(ObjectNotFoundError, match=f"no object '{key}' in {store.uri}: a directory is in its place"):
+            read()
+    assert store.stat(key) is None  # as S3 answers a HEAD of a "directory"
+    assert [info.key for info in store.list("data/")] == []
+    store.delete(key)  # nothing to delete, as on S3; the directory is not the store's
+    assert (store.root / key).is_dir()
+    with pytest.raises(StoreError, match=f"write {store.uri}/{key} failed: a directory is in its place"):
+        store.put(key, b"x")
+    with pytest.raises(StoreError, match="a directory is in its place"):
+        store.put_if_absent(key, b"x")
+    assert not [p for p in (store.root / "data" / "l0").iterdir() if p.name != "a.seg"]  # no temporary file left
+
+
+def test_a_data_file_replaced_by_a_directory_is_one_line_for_consume(two_partitions: Catalog) -> None:
+    catalog = two_partitions
+    key = _key_at(catalog, 0, 0)  # the first read: nothing is printed before the error
+    path = catalog.store.root / key
+    path.unlink()
+    path.mkdir()
+    with pytest.raises(ObjectNotFoundError, match="a directory is in its place"):
+        list(read_records(catalog.store, catalog.snapshot(), "t", 0))
+    _one_line_error(_cli(catalog, "consume", "t", "--partition", "0"), key, "a directory is in its place")
+
+
+# -- 3. the database going away after the first connection -------------------------------------------------------
+
+
+def _accepting(server: PostgresServer, url: str, accepting: bool) -> None:
+    """Open or close a database to connections; closing it also ends the sessions it has (a database going away)."""
+    name = make_url(url).database
+    with server.connect("postgres") as connection:
+        connection.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {str(accepting).lower()}')
+        if not accepting:
+            connection.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
+
+
+@pytest.fixture
+def postgres_catalog(tmp_path: Path, postgres: PostgresServer) -> Iterator[tuple[Catalog, PostgresServer, str]]:
+    """A cluster on its own PostgreSQL database, its URL with a password (the server trusts, so any will do)."""
+    url = make_url(postgres.create_database()).set(password=PLANTED).render_as_string(hide_password=False)
+    catalog = Catalog(LocalStore(tmp_path / "store"), url)
+    create_topic(catalog, "accounts", partitions=3, cleanup_policy="compact")
+    produce_l0_files(catalog, "accounts", files=5, records=60, keys=20, partitions=3)
+    try:
+        yield catalog, postgres, url
+    finally:
+        _accepting(postgres, url, True)
+        catalog.engine.dispose()
+        postgres.drop_database(url)
+
+
+def test_a_snapshot_whose_database_goes_away_raises_catalog_unavailable(postgres_catalog: tuple[Catalog, PostgresServer, str]) -> None:
+    catalog, server, url = postgres_catalog
+    snapshot = catalog.snapshot()
+    before = snapshot.sections_of("accounts", 0)
+    assert before and snapshot.file_summaries()
+    _accepting(server, url, False)
+    for read in (
+        lambda: snapshot.sections_of("accounts", 0),
+        lambda: snapshot.file_summaries(),
+        lambda: snapshot.files(),
+        lambda: snapshot.leases(NOW),
+        lambda: list(read_records(catalog.store, snapshot, "accounts", 1)),
+    ):
+        with pytest.raises(CatalogUnavailableError, match="cannot be reached or read .*; check --catalog") as raised:
+            read()
+        message = str(raised.value)
+        assert PLANTED not in message and redact_url(url) in message and "\n" not in message
+        assert "is not currently accepting connections" in message
+    _accepting(server, url, True)
+    assert snapshot.sections_of("accounts", 0) == before  # once it is back, the same snapshot reads again
+
+
+def test_a_snapshot_whose_sqlite_file_turns_to_garbage_raises_catalog_unavailable(two_partitions: Catalog) -> None:
+    catalog = two_partitions
+    snapshot = catalog.snapshot()
+    assert snapshot.sections_of("t", 0)
+    database = Path(make_url(catalog.url).database or "")
+    catalog.engine.dispose()  # the pool's connections hold the old file open
+    for side in ("-wal", "-shm"):
+        Path(f"{database}{side}").unlink(missing_ok=True)
+    database.write_bytes(bytes((n * 131 + 7) % 256 for n in range(8192)))
+    with pytest.raises(CatalogUnavailableError, match=f"catalog sqlite:///{database} cannot be reached or read \\(file is not a database\\)"):
+        snapshot.sections_of("t", 0)
+
+
+def test_catalog_errors_converts_only_connection_failures() -> None:
+    url = f"postgresql+psycopg://u:{PLANTED}@127.0.0.1/db"
+    with pytest.raises(CatalogUnavailableError, match=r"catalog postgresql\+psycopg://u:\*\*\*@127.0.0.1/db cannot be reached or read \(refused\)"):
+        with catalog_errors(url):
+            raise OperationalError("SELECT 1", {}, ConnectionRefusedError("refused"))
+    for kept in (IntegrityError("INSERT", {}, ValueError("duplicate key")), ProgrammingError("SELECT", {}, ValueError("syntax"))):
+        with pytest.raises(type(kept)):
+            with catalog_errors(url):
+                raise kept
+    invalidated = ProgrammingError("SELECT", {}, ValueError("lost"), connection_invalidated=True)
+    with pytest.raises(CatalogUnavailableError, match="lost"):
+        with catalog_errors(url):
+            raise invalidated
+
+
+# -- 4. commit_plans: every plan it can, then the failures together ----------------------------------------------
+
+
+@pytest.fixture
+def three_plans(catalog: Catalog) -> tuple[Catalog, list[str]]:
+    """Three leased plans of one topic (on each database), their groups run."""
+    create_topic(catalog, "accounts", partitions=3, cleanup_policy="compact")
+    plan_ids = []
+    for number in range(3):
+        now = NOW + number * 1_000
+        produce_l0_files(catalog, "accounts", files=4, records=30, keys=20, partitions=3, now=now)
+        (plan_id,) = prepare_plans(catalog, "regular", now, CONFIG).plan_ids  # the earlier plans' files are leased
+        for group in read_header(catalog.store, plan_id).groups:
+            run_group(catalog.store, plan_id, group.group)
+        plan_ids.append(plan_id)
+    return catalog, plan_ids
+
+
+def _tamper(catalog: Catalog, plan_id: str) -> None:
+    """Change a stored document of the plan after it was sealed."""
+    key = group_key(plan_id, 0)
+    catalog.store.put(key, catalog.store.get(key) + b"\x00")
+
+
+def test_a_changed_document_does_not_hold_back_the_other_plans(three_plans: tuple[Catalog, list[str]]) -> None:
+    catalog, (first, second, _third) = three_plans
+    _tamper(catalog, first)
+    with pytest.raises(InvalidPlanError, match=f"plan {first}: its documents in .* were changed since; plan again") as raised:
+        commit_plans(catalog, [first, second], NOW + 5_000)
+    assert "\n" not in str(raised.value)
+    assert catalog.is_committed(second) and not catalog.is_committed(first)
+
+
+def test_failures_of_several_kinds_are_raised_together_after_the_others_commit(three_plans: tuple[Catalog, list[str]]) -> None:
+    catalog, (first, second, third) = three_plans
+    _tamper(catalog, first)
+    catalog.store.delete(f"plans/{second}/results/g000.json")  # a missing result: a conflict
+    with pytest.raises(PlansNotCommittedError) as raised:
+        commit_plans(catalog, [first, second, third], NOW + 5_000)
+    message = str(raised.value)
+    assert message.startswith(f"2 plans not committed: plan {first}: its documents") and "\n" not in message
+    assert f"; plan {second}: no result for group(s) 0" in message
+    assert catalog.is_committed(third) and not catalog.is_committed(first) and not catalog.is_committed(second)
+    summary = commit_plans(catalog, [first, second, third], NOW + 6_000, keep_going=True)
+    assert summary.already_committed == [third] and len(summary.conflicts) == 2
+    assert summary.conflicts[0].startswith(f"plan {first}: its documents") and summary.conflicts[1].startswith(f"plan {second}: no result")
+
+
+def test_conflicts_alone_stay_a_commit_conflict(three_plans: tuple[Catalog, list[str]]) -> None:
+    catalog, (first, second, third) = three_plans
+    for plan_id in (first, second):
+        catalog.store.delete(f"plans/{plan_id}/results/g000.json")
+    with pytest.raises(CommitConflictError, match=f"^2 plans not committed: plan {first}: no result .*; plan {second}: no result"):
+        commit_plans(catalog, [first, second, third], NOW + 5_000)
+    assert catalog.is_committed(third)
+
+
+def test_an_error_that_is_not_logcompact_s_is_reported_with_the_others(
+    three_plans: tuple[Catalog, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    catalog, (first, second, third) = three_plans
+    import logcompact.jobs.commit as commit_module
+
+    real = commit_module.read_results
+
+    def broken(store, header):
+        if header.plan_id == second:
+            raise KeyError("slices")
+        return real(store, header)
+
+    monkeypatch.setattr(commit_module, "read_results", broken)
+    with pytest.raises(PlansNotCommittedError, match=f"plan {second}: KeyError: 'slices'") as raised:
+        commit_plans(catalog, [first, second, third], NOW + 5_000)
+    assert isinstance(raised.value.__cause__, KeyError)
+    assert catalog.is_committed(first) and catalog.is_committed(third)
+
+
+# -- 5. a commit whose database goes away ---------------------------------------------------------------------------
+
+
+def test_a_compaction_whose_database_dies_in_its_commit_fails_and_its_plan_is_released_once_it_returns(
+    postgres_catalog: tuple[Catalog, PostgresServer, str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    catalog, server, url = postgres_catalog
+    real = Catalog.replace_files
+
+    def dying(self, *args, **kwargs):
+        _accepting(server, url, False)  # the database goes away as the commit starts, and stays away
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Catalog, "replace_files", dying)
+    base = ["--store", catalog.store.uri, "--catalog", url, "--now", str(NOW)]
+    with caplog.at_level(logging.WARNING, logger="logcompact"):
+        outcome = run_in_process([*base, "compact", "--all", "--min-files", "4"])
+    monkeypatch.setattr(Catalog, "replace_files", real)
+    # The commit's own failure, on one line, and a non-zero exit.
+    errors = [line for line in outcome.stderr.splitlines() if line.startswith("logcompact: error: ")]
+    assert outcome.code == 1 and len(errors) == 1 and "Traceback" not in outcome.stderr and not outcome.stdout, outcome
+    assert "is not currently accepting connections" in errors[0] and PLANTED not in outcome.stderr
+    (plan_id,) = abandoned_plans(catalog.store)
+    assert plan_id in errors[0]
+    # The release that failed too is logged, not swallowed.
+    assert any(f"plan {plan_id}: could not be released" in r.getMessage() and abandoned_key(plan_id) in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
+    assert json.loads(catalog.store.get(abandoned_key(plan_id)))["plan_id"] == plan_id
+
+    _accepting(server, url, True)
+    # Back, the plan still holds its files: a compaction finds nothing to do, exits 0 and prints nothing (what the
+    # campaign saw), for the lease's hour.
+    assert catalog.snapshot().leases(NOW + 1)
+    assert run_in_process([*base, "compact", "--all", "--min-files", "4"]) == Outcome(0, "", "")
+    assert release_abandoned(catalog) == [plan_id]
+    assert not catalog.snapshot().leases(NOW + 1) and catalog.plan_seal(plan_id) is None and abandoned_plans(catalog.store) == []
+    assert release_abandoned(catalog) == []
+    again = run_in_process([*base, "compact", "--all", "--min-files", "4"])
+    assert again.code == 0 and json.loads(again.stdout.splitlines()[0])["committed"], again
+
+
+def test_release_abandoned_leaves_a_plan_that_committed_after_all(three_plans: tuple[Catalog, list[str]]) -> None:
+    from logcompact.jobs.documents import write_abandoned
+
+    catalog, (first, second, _third) = three_plans
+    commit_plans(catalog, [first], NOW + 5_000)
+    write_abandoned(catalog.store, first, NOW + 5_000, "the database went away")
+    write_abandoned(catalog.store, second, NOW + 5_000, "the database went away")
+    assert catalog.plan_seal(second) is not None
+    assert release_abandoned(catalog) == [first, second]
+    assert catalog.is_committed(first) and catalog.plan_seal(second) is None
+    assert not any(lease.plan_id == second for lease in catalog.snapshot().leases(NOW + 5_000).values())
+
+
+# -- the Airflow hook -----------------------------------------------------------------------------------------------
+
+
+def test_the_hook_hands_its_catalog_password_to_airflow_s_masker_and_prints_it_nowhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow.sdk._shared.secrets_masker import redact
+
+    from logcompact.exceptions import CatalogConfigError
+    from logcompact_airflow.hooks import LogcompactHook
+
+    def connection(catalog: object) -> LogcompactHook:
+        extra = {"store": f"file://{tmp_path}/store", "catalog": catalog}
+        monkeypatch.setenv("AIRFLOW_CONN_PLANTED", json.dumps({"conn_type": "generic", "extra": extra}))
+        return LogcompactHook("planted")
+
+    for url in (f"postgresql+psycopg://u:{PLANTED}@127.0.0.1:1/db", f"postgresql+psycopg://u:x@{PLANTED}@127.0.0.1:1/db"):
+        connection(url).get_catalog()
+        assert PLANTED not in str(redact(f"a task logs {url} and {make_url(url).host}"))  # whatever prints it
+    with pytest.raises(CatalogUnavailableError) as raised:
+        connection(f"postgresql+psycopg://u:{PLANTED}@127.0.0.1:1/db").get_catalog().snapshot()
+    assert PLANTED not in str(raised.value)
+    for unparsed in (f"postgresql+psycopg://u:{PLANTED}@127.0.0.1:port/db", f"postgresql+psycopg://u:{PLANTED}@[::1/db"):
+        with pytest.raises(CatalogConfigError, match="is not a database URL") as refused:
+            connection(unparsed).get_catalog()
+        assert PLANTED not in str(refused.value)
+    with pytest.raises(CatalogConfigError, match="connection 'planted': extra catalog must be a URL string .*, not a dict"):
+        connection({"url": f"postgresql+psycopg://u:{PLANTED}@h/db"}).get_catalog()
