@@ -50,8 +50,8 @@ def collect_garbage(
        grace ago (a reader that pinned a version may still read them for that long), lose their object and
        then their rows; a row whose key is not a data file's is left and reported (`damaged_rows`);
     3. objects under `data/` the catalog has no row for go once older than the grace, and only when the
-       catalog's history accounts for them (`_orphan_reason`): the output of a plan no longer in flight, or an
-       agent's L0 file written before the catalog's newest commit (its agent died before committing it). What
+       catalog's history accounts for them (`_orphan_reason`): written before the catalog's newest commit, as
+       the output of a plan no longer in flight or an agent's L0 file (its agent died before committing it). What
        it cannot account for stays (`unexplained`); and when the objects to delete would be more than
        `max_orphan_share` of all under `data/`, the catalog looks like another cluster's and gc deletes none;
     4. the commit log is trimmed to the kept history, and plan documents go once past the grace;
@@ -111,15 +111,14 @@ def collect_garbage(
 
 
 def _orphan_reason(info: ObjectInfo, newest_commit_ms: int) -> str | None:
-    """Why an object the catalog has no row for is garbage, or None when the catalog cannot account for it: an
-    L0 file written after the catalog's newest commit may belong to commits the catalog does not have (a restored
-    copy), and a name no writer of logcompact makes is nobody's to delete."""
-    name = info.key.rsplit("/", 1)[-1]
-    if DATA_KEY_PATTERN.fullmatch(info.key) is None:
+    """Why an object the catalog has no row for is garbage, or None when the catalog cannot account for it. Only
+    what was written before the catalog's newest commit can be judged: a later object may belong to commits the
+    catalog does not have (a copy restored and accepted). A name no logcompact writer makes is nobody's to delete."""
+    if DATA_KEY_PATTERN.fullmatch(info.key) is None or info.modified_ms >= newest_commit_ms:
         return None
     if PLAN_ID_PATTERN.fullmatch(_plan_of(info.key)):
         return "output of a plan that is no longer in flight and never committed it"
-    if info.key.startswith("data/l0/") and L0_NAME_PATTERN.fullmatch(name) and info.modified_ms < newest_commit_ms:
+    if info.key.startswith("data/l0/") and L0_NAME_PATTERN.fullmatch(info.key.rsplit("/", 1)[-1]):
         return "L0 file of an agent that died before committing it"
     return None
 

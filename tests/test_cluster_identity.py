@@ -1,0 +1,258 @@
+"""A store and its catalog bound together (issue 19): the store's cluster marker against the catalog's cluster id
+and version, gc that deletes only what the catalog accounts for, and cross-checks of damaged catalog rows.
+
+Each case is run as an operator runs it: real `logcompact` processes on a file:// store with its SQLite catalog,
+then the catalog's rows damaged with plain SQL. Every refusal is one line on stderr, a non-zero exit, and every
+object of the store survives it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from logcompact.catalog import Catalog
+from logcompact.catalog.identity import MARKER_KEY, check_store_cluster, read_marker
+from logcompact.exceptions import ClusterMismatchError
+from logcompact.jobs import collect_garbage
+from logcompact.store import LocalStore
+
+
+def logcompact(store: Path, *args: str, catalog: str | None = None, stdin: str = "", env: dict | None = None,
+               expect: int = 0) -> list[dict] | str:
+    """Run the CLI; its JSON lines, or (expect != 0) its one-line error."""
+    environment = {k: v for k, v in os.environ.items() if k not in ("LOGCOMPACT_STORE", "LOGCOMPACT_CATALOG", "LOGCOMPACT_NOW_MS")}
+    environment.update(env or {})
+    command = [sys.executable, "-m", "logcompact", "--store", f"file://{store}"]
+    if catalog:
+        command += ["--catalog", catalog]
+    done = subprocess.run([*command, *args], input=stdin, capture_output=True, text=True, env=environment, timeout=120)
+    assert done.returncode == expect, (done.stdout, done.stderr)
+    if expect:
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+        return lines[0]
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def objects(store: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(store)): p.read_bytes() for p in store.rglob("*") if p.is_file() and not p.name.startswith("catalog.db")}
+
+
+def make_cluster(store: Path, records: int = 1) -> None:
+    logcompact(store, "topic", "create", "t", "--partitions", "1", "--config", "cleanup.policy=compact")
+    lines = "".join(json.dumps({"partition": 0, "key": f"k{n}", "value": str(n)}) + "\n" for n in range(records))
+    logcompact(store, "produce", "t", stdin=lines)
+
+
+@pytest.fixture
+def two_clusters(tmp_path: Path) -> tuple[Path, Path]:
+    this, other = tmp_path / "S", tmp_path / "O"
+    make_cluster(this)
+    logcompact(other, "topic", "create", "t", "--partitions", "1", "--config", "cleanup.policy=compact")
+    return this, other
+
+
+def test_gc_with_another_cluster_s_catalog_deletes_nothing(two_clusters: tuple[Path, Path]) -> None:
+    """The issue's repro: gc pointed at another cluster's catalog took every object for an orphan."""
+    this, other = two_clusters
+    before = objects(this)
+    error = logcompact(this, "gc", "--grace-ms", "0", catalog=f"sqlite:///{other}/catalog.db", expect=1)
+    assert "belongs to cluster" in error and "holds cluster" in error and "nothing was written or deleted" in error
+    error = logcompact(this, "gc", "--grace-ms", "0", env={"LOGCOMPACT_CATALOG": f"sqlite:///{other}/catalog.db"}, expect=1)
+    assert "belongs to cluster" in error
+    assert objects(this) == before
+    assert [r["value"] for r in logcompact(this, "consume", "t", "--partition", "0")] == ["0"]
+
+
+def test_every_writer_refuses_another_cluster_s_catalog(two_clusters: tuple[Path, Path]) -> None:
+    this, other = two_clusters
+    wrong = f"sqlite:///{other}/catalog.db"
+    before, other_before = objects(this), objects(other)
+    record = json.dumps({"partition": 0, "key": "x", "value": "y"}) + "\n"
+    for args, stdin in [
+        (("produce", "t"), record), (("compact", "--full"), ""), (("topic", "create", "u", "--partitions", "1"), ""),
+        (("topic", "alter", "t", "--config", "retention.ms=1000"), ""), (("uncleanable", "clear", "--all"), ""),
+    ]:
+        error = logcompact(this, *args, catalog=wrong, stdin=stdin, expect=1)
+        assert "belongs to cluster" in error, args
+    assert objects(this) == before and objects(other) == other_before
+    assert logcompact(other, "files") == []  # nothing of this store reached the other cluster's catalog
+
+
+def test_a_swapped_catalog_db_is_refused(two_clusters: tuple[Path, Path]) -> None:
+    this, other = two_clusters
+    before = objects(this)
+    shutil.copy(other / "catalog.db", this / "catalog.db")
+    error = logcompact(this, "gc", "--grace-ms", "0", expect=1)
+    assert "belongs to cluster" in error
+    assert objects(this) == before
+
+
+def test_a_restored_older_catalog_is_refused_until_the_operator_accepts_it(tmp_path: Path) -> None:
+    store = tmp_path / "S"
+    make_cluster(store)
+    shutil.copy(store / "catalog.db", tmp_path / "backup.db")
+    logcompact(store, "produce", "t", stdin=json.dumps({"partition": 0, "key": "new", "value": "v"}) + "\n")
+    logcompact(store, "compact", "--full")
+    before = objects(store)
+    shutil.copy(tmp_path / "backup.db", store / "catalog.db")
+    for args in (("gc", "--grace-ms", "0"), ("produce", "t"), ("consume", "t", "--partition", "0")):
+        error = logcompact(store, *args, stdin='{"partition": 0, "key": "a", "value": "b"}\n', expect=1)
+        assert "restored from an older copy" in error and "accept-catalog" in error, args
+    assert objects(store) == before
+
+    (accepted,) = logcompact(store, "cluster", "accept-catalog")
+    assert accepted["accepted"] is True
+    report = logcompact(store, "gc", "--grace-ms", "0")[0]
+    # The files of the newer commits were written after the restored catalog's newest commit: it cannot account
+    # for them, so they stay, listed.
+    assert report["deleted_files"] == [] and len(report["unexplained"]) == 2  # the newer L0 file, the sweep's output
+    assert {k for k in objects(store) if k.startswith("data/")} == {k for k in before if k.startswith("data/")}
+
+
+def test_a_store_without_a_marker_is_marked_only_when_the_catalog_agrees(tmp_path: Path) -> None:
+    store, other = tmp_path / "S", tmp_path / "O"
+    make_cluster(store)
+    make_cluster(other)
+    (store / MARKER_KEY).unlink()  # a store made before markers
+    (marked,) = logcompact(store, "cluster", "describe")
+    assert json.loads((store / MARKER_KEY).read_text())["cluster_id"] == marked["cluster_id"]
+
+    (store / MARKER_KEY).unlink()
+    error = logcompact(store, "files", catalog=f"sqlite:///{other}/catalog.db", expect=1)
+    assert "has no cluster marker and does not hold file" in error
+    assert not (store / MARKER_KEY).exists()
+
+
+def test_a_damaged_marker_is_one_line(tmp_path: Path) -> None:
+    store = tmp_path / "S"
+    make_cluster(store)
+    (store / MARKER_KEY).write_text("{not json")
+    assert "cluster marker cluster.json" in logcompact(store, "files", expect=1)
+    logcompact(store, "cluster", "accept-catalog")
+    assert logcompact(store, "consume", "t", "--partition", "0")[0]["value"] == "0"
+
+
+def test_a_lowered_next_offset_never_hands_an_offset_out_twice(tmp_path: Path) -> None:
+    store = tmp_path / "S"
+    make_cluster(store, records=3)
+    with sqlite3.connect(store / "catalog.db") as db:
+        db.execute("UPDATE partitions SET next_offset = 1")
+    error = logcompact(store, "produce", "t", stdin='{"partition": 0, "key": "a", "value": "again"}\n', expect=1)
+    assert "catalog row partitions ('t', partition 0) has next_offset 1" in error and "up to 2" in error
+    error = logcompact(store, "consume", "t", "--partition", "0", expect=1)  # readers do not trust the row either
+    assert "ends past the partition's next offset 1" in error
+    with sqlite3.connect(store / "catalog.db") as db:
+        assert db.execute("SELECT count(*) FROM files").fetchone() == (1,)  # the refused append wrote no row
+
+
+def test_a_lowered_catalog_version_is_refused_by_readers_and_writers(tmp_path: Path) -> None:
+    store = tmp_path / "S"
+    make_cluster(store)
+    logcompact(store, "produce", "t", stdin='{"partition": 0, "key": "k0", "value": "newer"}\n')
+    logcompact(store, "compact", "--full")
+    version = logcompact(store, "cluster", "describe")[0]["catalog_version"]
+    with sqlite3.connect(store / "catalog.db") as db:
+        db.execute("UPDATE catalog_info SET version = ?", (version - 2,))
+    (store / MARKER_KEY).unlink()  # so that only the commit log can tell
+    for args in (("consume", "t", "--partition", "0"), ("produce", "t"), ("files",)):
+        error = logcompact(store, *args, stdin='{"partition": 0, "key": "a", "value": "b"}\n', expect=1)
+        assert f"catalog_info.version is {version - 2} but the commit log (versions) holds version {version}" in error, args
+
+
+def test_a_topics_row_that_is_not_json_is_one_line_for_every_command(tmp_path: Path) -> None:
+    store = tmp_path / "S"
+    make_cluster(store)
+    with sqlite3.connect(store / "catalog.db") as db:
+        db.execute("UPDATE topics SET config = '{broken'")
+    for args in (("topic", "list"), ("consume", "t", "--partition", "0"), ("compact", "--full"), ("status",)):
+        error = logcompact(store, *args, expect=1)
+        assert "catalog row topics 't'" in error and "is not a topic config" in error, args
+
+
+def test_gc_leaves_a_removed_row_whose_key_is_not_a_data_file_and_collects_the_rest(tmp_path: Path) -> None:
+    store = tmp_path / "S"
+    make_cluster(store)
+    logcompact(store, "produce", "t", stdin='{"partition": 0, "key": "k0", "value": "newer"}\n')
+    logcompact(store, "compact", "--full")
+    with sqlite3.connect(store / "catalog.db") as db:
+        removed = [key for (key,) in db.execute("SELECT key FROM files WHERE removed_version IS NOT NULL ORDER BY key")]
+        db.execute("UPDATE files SET removed_version = 1 WHERE removed_version IS NOT NULL")  # out of the kept versions
+        db.execute("UPDATE files SET key = '../../outside.seg' WHERE key = ?", (removed[0],))
+    (store.parent / "outside.seg").write_bytes(b"not the store's")
+    now = str(int(time.time() * 1000) + 7_200_000)
+    for _ in range(2):  # gc is not blocked for good
+        error = logcompact(store, "gc", "--grace-ms", "0", env={"LOGCOMPACT_NOW_MS": now}, expect=1)
+        assert "'../../outside.seg'" in error and "gc left them and collected the rest" in error
+    assert (store.parent / "outside.seg").exists()
+    assert not (store / removed[1]).exists()  # the other removed file went
+
+
+def test_gc_deletes_no_orphan_when_most_of_the_store_looks_orphaned(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "S")
+    make_cluster(store.root)
+    catalog = Catalog(store)
+    leftovers = [f"data/l0/{1700000000000 + n:013d}-{n:032x}.seg" for n in range(3)]
+    for key in leftovers:
+        store.put(key, b"an agent died before committing this")
+    logcompact(store.root, "produce", "t", stdin='{"partition": 0, "key": "k", "value": "v"}\n')  # a commit after them
+    later = int(time.time() * 1000) + 10_000
+    with pytest.raises(ClusterMismatchError, match=r"3 of the 5 objects under data/ .* gc deleted none"):
+        collect_garbage(catalog, later, grace_ms=0)
+    assert all(store.stat(key) for key in leftovers)
+    report = collect_garbage(catalog, later, grace_ms=0, max_orphan_share=1)
+    assert sorted(report.deleted_files) == leftovers
+
+
+def test_an_l0_object_newer_than_the_catalog_s_newest_commit_is_kept(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "S")
+    make_cluster(store.root, records=2)
+    time.sleep(0.01)
+    unknown = f"data/l0/{int(time.time() * 1000):013d}-{7:032x}.seg"
+    store.put(unknown, b"written after the catalog's newest commit")
+    odd = "data/l1/not-a-plan-output.bin"
+    store.put(odd, b"no logcompact writer names a file so")
+    report = collect_garbage(Catalog(store), int(time.time() * 1000) + 10_000, grace_ms=0)
+    assert report.deleted_files == [] and sorted(report.unexplained) == [unknown, odd]
+    assert store.stat(unknown) and store.stat(odd)
+
+
+def test_a_spark_job_refuses_a_store_of_another_cluster(two_clusters: tuple[Path, Path]) -> None:
+    this, other = two_clusters
+    store = LocalStore(this)
+    marker = read_marker(store)
+    assert marker is not None
+    check_store_cluster(store, marker.cluster_id, "plan p1")
+    with pytest.raises(ClusterMismatchError, match=r"plan p1 is of cluster .* but store .* belongs to cluster"):
+        check_store_cluster(store, read_marker(LocalStore(other)).cluster_id, "plan p1")  # type: ignore[union-attr]
+
+
+def test_a_new_cluster_is_never_made_over_a_store_that_has_one(tmp_path: Path) -> None:
+    store = tmp_path / "S"
+    logcompact(store, "topic", "create", "t", "--partitions", "1")
+    (store / "catalog.db").unlink()
+    error = logcompact(store, "topic", "create", "u", "--partitions", "1", expect=1)
+    assert "holds no cluster but store" in error and "belongs to cluster" in error
+
+
+def test_a_re_lease_of_an_expired_plan_s_files_drops_its_seal(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "S")
+    make_cluster(store.root)
+    catalog = Catalog(store)
+    (key,) = [f.key for f in catalog.snapshot().file_summaries()]
+    catalog.lease("p1-000000000001", [key], expires_ms=1_000, now_ms=0, seal="a" * 64)
+    catalog.lease("p2-000000000002", [key], expires_ms=10**13, now_ms=2_000, seal="b" * 64)  # p1's lease expired
+    assert catalog.plan_seal("p1-000000000001") is None and catalog.plan_seal("p2-000000000002") == "b" * 64
+    with sqlite3.connect(store.root / "catalog.db") as db:
+        db.execute("INSERT INTO plan_seals VALUES ('p3-000000000003', ?)", ("c" * 64,))  # leaked by an older release
+    catalog.release_expired_leases(now_ms=3_000)
+    assert catalog.plan_seal("p3-000000000003") is None and catalog.plan_seal("p2-000000000002") == "b" * 64
