@@ -31,7 +31,7 @@ from sqlalchemy import ColumnElement, Connection, bindparam, delete, func, inser
 from sqlalchemy.exc import DatabaseError, IntegrityError
 
 from logcompact.catalog import schema as s
-from logcompact.catalog.database import WRITE, catalog_url_for, engine_for, execute_many, one_of, sqlite_path
+from logcompact.catalog.database import WRITE, catalog_errors, catalog_url_for, engine_for, execute_many, one_of, sqlite_path, unavailable_error
 from logcompact.catalog.identity import (
     MARKER_KEY,
     RECORD_APPEND_EVERY_MS,
@@ -55,7 +55,6 @@ from logcompact.catalog.snapshot import Snapshot
 from logcompact.exceptions import (
     CatalogConfigError,
     CatalogSchemaError,
-    CatalogUnavailableError,
     ClusterMismatchError,
     ClusterNotFoundError,
     CommitConflictError,
@@ -118,14 +117,14 @@ class Catalog:
     @contextmanager
     def _reading(self) -> Iterator[Connection]:
         self._check_exists()
-        with self.engine.connect() as connection:
+        with catalog_errors(self.engine.url), self.engine.connect() as connection:
             yield connection
 
     @contextmanager
     def _writing(self) -> Iterator[Connection]:
         """A write transaction; once it committed a version, the store's marker records it (`_record_version`)."""
         self._check_exists()
-        with self.engine.connect() as connection:
+        with catalog_errors(self.engine.url), self.engine.connect() as connection:
             connection.info.pop(_COMMITTED, None)
             connection.execution_options(**{WRITE: True})
             with connection.begin():
@@ -165,10 +164,7 @@ class Catalog:
                     select(s.catalog_info.c.schema_version, s.catalog_info.c.cluster_id, s.catalog_info.c.version)
                 ).first() if exists else None
         except DatabaseError as exc:  # unreachable, refused, or not a database at all (a damaged SQLite file)
-            raise CatalogUnavailableError(
-                f"catalog {self._shown_url} cannot be reached or read ({_first_line(exc.orig or exc)}); "
-                "check --catalog (LOGCOMPACT_CATALOG) and that the database is up and intact"
-            ) from None
+            raise unavailable_error(self.engine.url, exc) from None
         if row is None:
             raise self._not_found()
         if row.schema_version != s.SCHEMA_VERSION:
@@ -202,7 +198,7 @@ class Catalog:
         """Mark a store that has no marker (a cluster made before markers, or its creator died before writing one),
         only when the catalog agrees: its newest live files are in the store, or it has none and the store no data."""
         live = s.files.c.removed_version.is_(None)
-        with self.engine.connect() as connection:
+        with catalog_errors(self.engine.url), self.engine.connect() as connection:
             newest = connection.execute(
                 select(s.files.c.key, s.files.c.size).where(live).order_by(s.files.c.file_id.desc()).limit(3)
             ).all()
@@ -258,7 +254,7 @@ class Catalog:
             return self.cluster_id
         except ClusterNotFoundError:
             self._refuse_marked_store()  # before a write: SQLite would give an empty file its first page
-        with self.engine.connect() as connection:
+        with catalog_errors(self.engine.url), self.engine.connect() as connection:
             connection.execution_options(**{WRITE: True})
             with connection.begin():
                 if connection.dialect.name == "postgresql":
@@ -318,7 +314,7 @@ class Catalog:
                 marker = read_marker(self.store)
             except CorruptDataError:
                 marker = None
-            with self.engine.connect() as connection:
+            with catalog_errors(self.engine.url), self.engine.connect() as connection:
                 cluster_id, version = connection.execute(select(s.catalog_info.c.cluster_id, s.catalog_info.c.version)).one()
             if marker is not None and marker.cluster_id != cluster_id:
                 raise refused

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from logcompact.catalog import Catalog, Snapshot
-from logcompact.jobs.documents import plan_documents, seal, write_documents
+from logcompact.jobs.documents import plan_documents, release_abandoned, seal, write_documents
 from logcompact.plan import Plan, PlanGroup
 from logcompact.planner import PlannerConfig, choose_plans, expected_effect
 
@@ -74,7 +74,9 @@ def prepare_plans(
 ) -> PreparedRun:
     """Plan a mode against the catalog as it is *now* (never as of a run's logical date, so a backfill or a re-run
     of an old date cannot undo newer work), then `lease_and_write` the plans; a dry run plans and estimates, and
-    writes nothing."""
+    writes nothing. Plans a failed run abandoned are released first, so their files can be planned again now."""
+    if not dry_run:
+        release_abandoned(catalog)
     snapshot = catalog.planning_snapshot(now_ms)
     thresholds = check_thresholds(snapshot, now_ms, config)
     plans = choose_plans(snapshot, now_ms, mode, config, topics)
