@@ -89,7 +89,7 @@ def test_redact_url_leaves_a_url_without_password_as_it_is() -> None:
     assert redact_url(make_url(f"postgresql+psycopg://u:{PLANTED}@h/db")) == "postgresql+psycopg://u:***@h/db"
 
 
-def _planted_urls(postgres_port: int) -> list[str]:
+def _planted_urls(postgres_port: int, empty_database: str) -> list[str]:
     """Bad catalog URLs with the planted password, each failing in its own place: the URL's parse, its driver, the
     connection, the database, the cluster."""
     return [
@@ -108,7 +108,7 @@ def _planted_urls(postgres_port: int) -> list[str]:
         f"mysql://u:{PLANTED}@127.0.0.1/db",
         f"sqlite://u:{PLANTED}@",
         f"postgresql+psycopg://postgres:{PLANTED}@127.0.0.1:{postgres_port}/no_such_database",  # the server answers
-        f"postgresql+psycopg://postgres:{PLANTED}@127.0.0.1:{postgres_port}/postgres",  # a database without a cluster
+        f"postgresql+psycopg://postgres:{PLANTED}@127.0.0.1:{postgres_port}/{empty_database}",  # no cluster (topic create makes one)
     ]
 
 
@@ -164,7 +164,8 @@ def test_no_output_of_a_bad_catalog_holds_its_password(
     base = ["--store", f"file://{work}/store", "--now", str(NOW)]
     runs: list[tuple[str, list[str], dict[str, str], bool]] = []  # (name, argv, env, as a process)
     commands = [*CATALOG_COMMANDS, ["status"], ["uncleanable", "list"]]
-    urls = _planted_urls(postgres.port)
+    empty = postgres.create_database()
+    urls = _planted_urls(postgres.port, make_url(empty).database or "")
     for url in urls:
         for command in commands:
             runs.append((f"--catalog {url} {command[0]}", [*base, "--catalog", url, *command], {}, False))
@@ -187,8 +188,25 @@ def test_no_output_of_a_bad_catalog_holds_its_password(
         problems = _leaks(outcome)
         if problems:
             missed.append(f"{name}: {'; '.join(problems)}: {outcome.stderr.strip().splitlines()[-1:]}")
+    postgres.drop_database(empty)
     print(f"\nplanted password: {len(runs)} runs, exit codes {sorted(exits)}, {len(missed)} leaks")
     assert not missed, "\n".join(missed)
+
+
+@pytest.mark.xfail(strict=True, reason="catalog.py prints the URL through SQLAlchemy's rendering, which keeps a password= "
+                   "query parameter (Catalog._not_found, Catalog._shown_url): they must use database.redact_url")
+def test_no_output_of_a_catalog_without_a_cluster_holds_a_query_password(
+    bad_input_work: Path, postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("LOGCOMPACT_CATALOG", raising=False)
+    empty = postgres.create_database()
+    url = f"{empty}?password={PLANTED}"
+    try:
+        outcome = run_in_process(["--store", f"file://{bad_input_work}/store", "--catalog", url, "files"])
+    finally:
+        postgres.drop_database(empty)
+    assert outcome.code == 1 and "no logcompact cluster in" in outcome.stderr
+    assert not _leaks(outcome), outcome.stderr
 
 
 # -- 2. damaged rows and objects -------------------------------------------------------------------------------------
