@@ -606,3 +606,40 @@ def test_the_hook_hands_its_catalog_password_to_airflow_s_masker_and_prints_it_n
         assert PLANTED not in str(refused.value)
     with pytest.raises(CatalogConfigError, match="connection 'planted': extra catalog must be a URL string .*, not a dict"):
         connection({"url": f"postgresql+psycopg://u:{PLANTED}@h/db"}).get_catalog()
+
+
+def test_a_plan_step_whose_catalog_dies_after_leasing_fails_with_its_own_error_and_abandons_its_plans(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan task fails after leasing (explaining itself) and its catalog is gone: the release fails too. The
+    task fails with its own error, not the release's, and the plans are recorded as abandoned, so the retry plans
+    the same files at once (the plan step releases abandoned plans first) instead of an hour later."""
+    import time
+
+    from logcompact_airflow import operators
+    from logcompact_airflow.operators import LogcompactPlanOperator
+
+    store = LocalStore(tmp_path / "store")
+    monkeypatch.setenv("AIRFLOW_CONN_DYING", json.dumps({"conn_type": "generic", "extra": {"store": store.uri}}))
+    catalog = Catalog(store)
+    now = int(time.time() * 1000)
+    create_topic(catalog, "accounts", now=now, cleanup_policy="compact")
+    produce_l0_files(catalog, "accounts", files=2, records=5, keys=5, partitions=1, now=now)
+
+    def broken(*args, **kwargs):
+        raise ConnectionError("the catalog database went away while explaining")
+
+    def release_fails(self, plan_id: str) -> None:
+        raise CatalogUnavailableError(f"catalog {self.url} cannot be reached or read (gone)")
+
+    explain_run, release = operators.explain_run, Catalog.release
+    monkeypatch.setattr(operators, "explain_run", broken)
+    monkeypatch.setattr(Catalog, "release", release_fails)
+    with pytest.raises(ConnectionError, match="went away while explaining"):
+        LogcompactPlanOperator(task_id="plan", mode="regular", logcompact_conn_id="dying", force=True).execute({})
+    (plan_id,) = abandoned_plans(store)
+    assert {lease.plan_id for lease in catalog.snapshot().leases(now + 1).values()} == {plan_id}
+    monkeypatch.setattr(operators, "explain_run", explain_run)
+    monkeypatch.setattr(Catalog, "release", release)
+    (job,) = LogcompactPlanOperator(task_id="plan", mode="regular", logcompact_conn_id="dying", force=True).execute({})
+    assert job["plan_id"] != plan_id and job["label"].startswith("g0 L0>L1 ") and abandoned_plans(store) == []

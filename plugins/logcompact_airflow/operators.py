@@ -22,7 +22,7 @@ from airflow.sdk import Asset, AssetAlias, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from logcompact.exceptions import CatalogUnavailableError, CommitConflictError, LogcompactError, StoreError
-from logcompact.jobs import DEFAULT_GC_GRACE_MS, collect_garbage, commit_plans, prepare_plans, release_plans, uncleanable_report
+from logcompact.jobs import DEFAULT_GC_GRACE_MS, collect_garbage, commit_plans, give_up, prepare_plans, uncleanable_report
 from logcompact.jobs.explain import explain_run, minutes
 from logcompact.plan import MAX_BUFFER_BYTES
 from logcompact.planner import MODES, PlannerConfig
@@ -142,9 +142,11 @@ class LogcompactPlanOperator(BaseOperator):
             try:
                 for line in explain_run(self.mode, catalog.planning_snapshot(now_ms), prepared, now_ms, config, topics, dry_run):
                     self.log.info("%s", line)
-            except BaseException:
-                # A retry plans again: these plans' leases would hold their files from it until they expire.
-                release_plans(catalog, prepared.plan_ids)
+            except BaseException as failure:
+                # A retry plans again: these plans' leases would hold their files from it until they expire. A catalog
+                # gone meanwhile cannot release them: they are recorded as abandoned, and the task fails with its own
+                # error rather than the release's.
+                give_up(catalog, prepared.plan_ids, now_ms, failure)
                 raise
         return [{**asdict(job), "application_args": job.application_args()} for job in prepared.groups]
 
