@@ -31,7 +31,7 @@ from sqlalchemy import ColumnElement, Connection, bindparam, delete, func, inser
 from sqlalchemy.exc import DatabaseError, IntegrityError
 
 from logcompact.catalog import schema as s
-from logcompact.catalog.database import WRITE, catalog_errors, catalog_url_for, engine_for, execute_many, one_of, sqlite_path, unavailable_error
+from logcompact.catalog.database import WRITE, catalog_errors, catalog_url_for, engine_for, execute_many, one_of, redact_url, sqlite_path, unavailable_error
 from logcompact.catalog.identity import (
     MARKER_KEY,
     RECORD_APPEND_EVERY_MS,
@@ -110,7 +110,7 @@ class Catalog:
     @property
     def _shown_url(self) -> str:
         """The database URL as messages print it: without its password."""
-        return self.engine.url.render_as_string(hide_password=True)
+        return redact_url(self.engine.url)
 
     # -- connections ---------------------------------------------------------------------------------
 
@@ -224,7 +224,7 @@ class Catalog:
 
     def _not_found(self) -> ClusterNotFoundError:
         return ClusterNotFoundError(
-            f"no logcompact cluster in {self.store.uri} (catalog {self.engine.url.render_as_string()}): "
+            f"no logcompact cluster in {self.store.uri} (catalog {self._shown_url}): "
             "create a topic there first (`logcompact topic create`)"
         )
 
