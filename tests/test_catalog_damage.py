@@ -193,8 +193,6 @@ def test_no_output_of_a_bad_catalog_holds_its_password(
     assert not missed, "\n".join(missed)
 
 
-@pytest.mark.xfail(strict=True, reason="catalog.py prints the URL through SQLAlchemy's rendering, which keeps a password= "
-                   "query parameter (Catalog._not_found, Catalog._shown_url): they must use database.redact_url")
 def test_no_output_of_a_catalog_without_a_cluster_holds_a_query_password(
     bad_input_work: Path, postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:

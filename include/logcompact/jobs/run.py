@@ -4,19 +4,15 @@ engine, the group's result written next to the plan. Spark runs the slices as ta
 
 from __future__ import annotations
 
-import logging
-
 from logcompact.catalog import Catalog
 from logcompact.engine.stats import JobResult
 from logcompact.jobs.commit import CommitSummary, PlanResult, commit_plans
-from logcompact.jobs.documents import group_done, read_group, read_partition_bytes, read_results, write_abandoned, write_group_result
+from logcompact.jobs.documents import give_up, group_done, read_group, read_partition_bytes, read_results, write_group_result
 from logcompact.jobs.prepare import GroupJob, lease_and_write
 from logcompact.jobs.workdir import job_workdir
 from logcompact.plan import Plan, TopicPartition
 from logcompact.planner import PlannerConfig
 from logcompact.store import ObjectStore
-
-log = logging.getLogger(__name__)
 
 
 def deal_slices(sizes: dict[TopicPartition, int], slices: int) -> list[tuple[int, list[TopicPartition]]]:
@@ -60,37 +56,6 @@ def run_here(catalog: Catalog, plan_ids: list[str], groups: list[GroupJob], now_
     except BaseException as failure:
         give_up(catalog, plan_ids, now_ms, failure)
         raise
-
-
-def give_up(catalog: Catalog, plan_ids: list[str], now_ms: int, failure: BaseException) -> list[str]:
-    """Release the plans a failed run leased and did not commit, so their files can be planned again at once. A plan
-    the catalog cannot release now (the database that failed the run is still gone) is logged and recorded as
-    abandoned in the store, and `release_abandoned` releases it once the catalog answers; a plan that cannot be
-    recorded either keeps its files leased until its lease expires, which is logged too. Never raises: the run's
-    own failure is what its caller reports. Returns the plans recorded as abandoned."""
-    reason = " ".join(str(failure).split()) or type(failure).__name__
-    abandoned = []
-    for plan_id in plan_ids:
-        try:
-            if not catalog.is_committed(plan_id):
-                catalog.release(plan_id)
-            continue
-        except Exception as release_failure:  # logged; the run's failure is what is raised
-            why = " ".join(str(release_failure).split()) or type(release_failure).__name__
-        try:
-            key = write_abandoned(catalog.store, plan_id, now_ms, reason)
-        except Exception as record_failure:
-            log.error(
-                "plan %s: could not be released after the run failed (%s), nor recorded as abandoned (%s): its files stay "
-                "leased until its lease expires", plan_id, why, " ".join(str(record_failure).split()),
-            )
-            continue
-        abandoned.append(plan_id)
-        log.warning(
-            "plan %s: could not be released after the run failed (%s); recorded as abandoned in %s, so gc or the next "
-            "plan step releases it once the catalog answers", plan_id, why, key,
-        )
-    return abandoned
 
 
 def run_and_commit(catalog: Catalog, plan: Plan, now_ms: int, lease_ms: int = PlannerConfig.lease_ms) -> PlanResult | None:
