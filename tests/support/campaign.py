@@ -9,9 +9,11 @@
 * `Cli.run_many` runs several commands in one subprocess through the CLI's `main()` (`consume_all`: every
   partition);
 * `check_partition` compares what a consumer sees with the records produced, by Kafka's rules, independently
-  of the engine: every visible record sits at its original offset unchanged; a compacted topic's key shows
-  its latest record last or, when that is a tombstone or expired, nothing; a delete topic keeps every record
-  within retention.
+  of the engine: every visible record sits at its original offset unchanged, once, in offset order; a
+  compacted topic's key shows its latest record last or, when that is a tombstone or expired, nothing; a
+  delete topic keeps every record within retention;
+* `store_objects`, `catalog_dump` and `leaked_seals` read a local store and its SQLite catalog behind the
+  product's back: what is stored byte for byte, a catalog's whole content, seals whose plan holds no lease.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterable
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -165,23 +169,25 @@ class Cli:
     def _argv(self, args: Iterable[str], now: int, boot: list[str]) -> list[str]:
         return [PYTHON, *boot, "--store", self.uri, "--now", str(now), *args]
 
-    def run(self, *args: str, now: int, stdin: str | None = None, timeout: float = 600) -> Done:
+    def run(self, *args: str, now: int, stdin: str | None = None, timeout: float = 600, env: dict[str, str] | None = None) -> Done:
+        """One `logcompact` process; `args` may start with global options (`--catalog URL`), `env` adds to the
+        environment (`LOGCOMPACT_CATALOG`)."""
         argv = self._argv(args, now, ["-m", "logcompact"])
         started = time.monotonic()
-        done = subprocess.run(argv, input=stdin, capture_output=True, text=True, env=self.env, timeout=timeout)
+        done = subprocess.run(argv, input=stdin, capture_output=True, text=True, env={**self.env, **(env or {})}, timeout=timeout)
         return Done(list(args), done.returncode, done.stdout, done.stderr, time.monotonic() - started)
 
     def start(self, *args: str, now: int, stdin: str | None = None) -> Running:
         return Running(self._argv(args, now, ["-c", KILLABLE_BOOT]), list(args), self.env, stdin)
 
-    def run_many(self, commands: list[list[str]], now: int, timeout: float = 600) -> list[Done]:
+    def run_many(self, commands: list[list[str]], now: int, timeout: float = 600, env: dict[str, str] | None = None) -> list[Done]:
         """Commands run one after another in one process (the CLI's main() each, as `logcompact` would run it),
         which saves an interpreter start per command. Commands the process did not reach, because it died, get
         its exit status and stderr."""
         argvs = [["--store", self.uri, "--now", str(now), *command] for command in commands]
         started = time.monotonic()
         done = subprocess.run([PYTHON, "-c", RUN_MANY], input="".join(json.dumps(a) + "\n" for a in argvs), capture_output=True,
-                              text=True, env=self.env, timeout=timeout)
+                              text=True, env={**self.env, **(env or {})}, timeout=timeout)
         seconds = time.monotonic() - started
         results = []
         for command, line in zip(commands, done.stdout.splitlines()):
@@ -388,6 +394,7 @@ def consumed_records(done: Done) -> list[tuple[int, Sent]]:
 @dataclass
 class PartitionCheck:
     changed: int = 0  # visible records that differ from the record produced at that offset, or sit where none was
+    repeated: int = 0  # visible records at an offset already shown, or below one (offsets must only increase)
     lost: int = 0  # records that must be visible and are not
     resurrected: int = 0  # keys whose last visible record is not their latest (an older value, or a deleted key)
     duplicate_keys: int = 0  # keys visible more than once
@@ -414,7 +421,12 @@ def check_partition(spec: TopicSpec, produced: dict[int, Sent], visible: list[tu
         return expire_before is not None and record.timestamp < expire_before
 
     seen: dict[int, Sent] = {}
+    highest = -1
     for offset, record in visible:
+        if offset <= highest:
+            check.repeated += 1
+            check.note(f"offset {offset}: shown again, after offset {highest}")
+        highest = max(highest, offset)
         original = produced.get(offset)
         if original is None or (original.key, original.value, original.timestamp) != (record.key, record.value, record.timestamp):
             check.changed += 1
@@ -451,3 +463,31 @@ def check_partition(spec: TopicSpec, produced: dict[int, Sent], visible: list[tu
             check.lost += 1
             check.note(f"key {key}: latest value at offset {offset} ({record.value}) is missing")
     return check
+
+
+# -- the store and its catalog, read behind the product's back --------------------------------------------------
+
+# The SQLite catalog's files in a file:// store's directory: the database and its WAL, not objects of the store.
+CATALOG_FILES = ("catalog.db", "catalog.db-wal", "catalog.db-shm", "catalog.db-journal")
+
+
+def store_objects(store_dir: Path) -> dict[str, bytes]:
+    """Every object of a local store (its catalog.db aside), byte for byte, by key."""
+    return {
+        path.relative_to(store_dir).as_posix(): path.read_bytes()
+        for path in sorted(store_dir.rglob("*")) if path.is_file() and path.name not in CATALOG_FILES
+    }
+
+
+def catalog_dump(database: Path) -> list[str]:
+    """A SQLite catalog's whole content as SQL statements, to tell whether anything wrote to it."""
+    if not database.exists():
+        return []
+    with closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as connection:
+        return list(connection.iterdump())
+
+
+def leaked_seals(database: Path) -> int:
+    """Rows of `plan_seals` whose plan holds no lease: a seal goes with its plan's last lease (docs/catalog.md)."""
+    with closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as connection:
+        return connection.execute("SELECT count(*) FROM plan_seals WHERE plan_id NOT IN (SELECT plan_id FROM leases)").fetchone()[0]
