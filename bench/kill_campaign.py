@@ -15,7 +15,10 @@ of the phases that kind of command went through when it last ran to the end (loa
 writing outputs, committing, exiting), and kills it a random delay after it enters that phase, within the
 phase's length then (the commands mark on stderr when they enter each phase); so short phases such as a
 commit get their share. A stack sampled just before each kill says where it really landed (faulthandler).
-Every fourth round runs `gc`.
+Every fourth round runs `gc`, and then `gc --grace-ms 0` at a clock past every object's time pointed
+(`--catalog`) at another cluster's catalog (a second store with the same topic names, made at the start): it
+must refuse with one line and leave every object of the store as it was, byte for byte, whatever the kills
+left in flight; the same once more after the convergence below.
 
 A produce is acknowledged when it exited 0 and printed its offsets. A killed produce either committed (its
 partitions' next offsets moved by exactly its records, `topic describe`) or left no trace; both are fine, and a
@@ -32,7 +35,14 @@ After the kills: `compact --until-idle` past the killed plans' leases, `compact 
   data/ without a catalog row, catalog rows gc should have collected, plan documents, the store's temporary
   files, `logcompact-job-*` work directories in the jobs' TMPDIR; or keys still visible twice, tombstones or
   expired records after the final sweeps;
+* leaked seals: after the convergence, rows of the catalog's `plan_seals` whose plan holds no lease (a seal goes
+  with its plan's last lease, however the lease ended; issue 19 saw 10 of 48 kill trials leak one);
+* wrong-catalog gc: a gc pointed at the other cluster's catalog that did not refuse with one line (exit 1), and
+  objects lost: objects of the store it deleted or changed;
 * unexpected failures: a command the campaign did not kill that exited non-zero, with its first stderr line.
+
+Targets (issue 19): 0 lost (records and objects), 0 silent wrong reads (resurrected, changed offsets), 0
+tracebacks, 0 leaked seals; and every wrong-catalog gc refused.
 """
 
 from __future__ import annotations
@@ -65,8 +75,10 @@ from tests.support.campaign import (
     acknowledged_offsets,
     check_partition,
     consumed_records,
+    leaked_seals,
     phase_durations,
     produce_input,
+    store_objects,
 )
 
 TOPICS = (
@@ -89,7 +101,12 @@ class RunResult:
     lost: int = 0
     resurrected: int = 0
     changed: int = 0
+    repeated: int = 0  # records shown twice, or out of offset order
     not_converged: list[str] = field(default_factory=list)  # the reasons
+    leaked_seals: int = 0
+    wrong_catalog_gcs: int = 0
+    wrong_catalog_not_refused: int = 0  # gcs pointed at another cluster's catalog that did not refuse with one line
+    objects_lost: int = 0  # objects of the store those gcs deleted or changed
     leftover_workdirs: int = 0
     failures: list[str] = field(default_factory=list)
     tracebacks: int = 0
@@ -107,6 +124,8 @@ class KillRun:
         self.rng = random.Random(seed)
         self.result = RunResult(seed)
         self.cli = Cli(directory / "store", directory / "tmp")
+        # Another cluster with the same topic names, whose catalog a wrong-catalog gc is pointed at.
+        self.other = Cli(directory / "other", directory / "other-tmp")
         self.clock = time.time_ns() // 1_000_000
         self.compacted_at = self.clock  # the newest clock a compaction ran at: what may have expired
         self.produced: dict[tuple[str, int], dict[int, Sent]] = {(t.name, p): {} for t in TOPICS for p in range(t.partitions)}
@@ -236,6 +255,9 @@ class KillRun:
     def run(self, kills: int) -> RunResult:
         for spec in TOPICS:
             self._expect_success(self.cli.run(*spec.create_args(), now=self.clock))
+            self._expect_success(self.other.run(*spec.create_args(), now=self.clock))
+        self._expect_success(self.other.run("produce", TOPICS[0].name, now=self.clock,
+                                            stdin=produce_input([Sent(0, "other-cluster", "o1", self.clock)])))
         for _ in range(3):
             self.produce()
         rounds = 0
@@ -244,8 +266,29 @@ class KillRun:
             self.kill_round()
             if rounds % 4 == 0:
                 self._expect_success(self.cli.run("gc", now=self.clock))
+                self.wrong_catalog_gc()
         self.converge_and_check()
         return self.result
+
+    def wrong_catalog_gc(self) -> None:
+        """gc pointed at the other cluster's catalog, at a clock past every object's time: one line, nothing
+        deleted or changed (the issue's repro, with whatever the kills left in flight in the store)."""
+        before = store_objects(self.cli.store_dir)
+        later = max(self.clock, time.time_ns() // 1_000_000) + PlannerConfig.lease_ms + DEFAULT_GC_GRACE_MS
+        done = self.cli.run("--catalog", f"sqlite:///{self.other.store_dir / 'catalog.db'}", "gc", "--grace-ms", "0", "--now", str(later),
+                            now=later)
+        after = store_objects(self.cli.store_dir)
+        self.result.wrong_catalog_gcs += 1
+        if done.traceback:
+            self.result.tracebacks += 1
+        if done.returncode != 1 or len(done.error_lines()) != 1:
+            self.result.wrong_catalog_not_refused += 1
+            self.result.failures.append(f"gc with another cluster's catalog exited {done.returncode}: {done.first_error_line()} "
+                                        f"({len(done.error_lines())} stderr lines)")
+        lost = sorted(key for key, data in before.items() if after.get(key) != data)
+        self.result.objects_lost += len(lost)
+        if lost:
+            self.result.failures.append(f"gc with another cluster's catalog deleted or changed {len(lost)} objects, first {lost[0]}")
 
     def converge_and_check(self) -> None:
         # Past the leases of the plans killed in flight, so their files are planned again.
@@ -262,7 +305,11 @@ class KillRun:
             self.result.not_converged.append(f"not idle: plan still finds {len(planned.stdout.splitlines())} plans")
         collected = max(swept, time.time_ns() // 1_000_000) + DEFAULT_GC_GRACE_MS + MINUTE_MS
         self._expect_success(self.cli.run("gc", now=collected))
+        self.wrong_catalog_gc()  # and once more on the converged store, so every run has one
         self._check_leftovers(collected)
+        self.result.leaked_seals = leaked_seals(self.cli.store_dir / "catalog.db")
+        if self.result.leaked_seals:
+            self.result.not_converged.append(f"{self.result.leaked_seals} leaked seals (plan_seals rows of plans holding no lease)")
         self._check_records()
 
     def _check_leftovers(self, collected_at: int) -> None:
@@ -300,6 +347,7 @@ class KillRun:
                 self.result.lost += check.lost
                 self.result.resurrected += check.resurrected
                 self.result.changed += check.changed
+                self.result.repeated += check.repeated
                 left.update(duplicate_keys=check.duplicate_keys, tombstones=check.tombstones, expired=check.expired)
                 self.result.examples.extend(f"{spec.name}/{partition}: {e}" for e in check.examples)
         for what, count in sorted(left.items()):
@@ -320,7 +368,9 @@ def run_kill_campaign(directory: Path, runs: int, kills: int, seed: int, echo=pr
         state = "converged" if not result.not_converged else "NOT converged: " + "; ".join(result.not_converged)
         echo(f"run {number} (seed {run_seed}): {result.kills} kills ({sum(result.compaction_kills.values())} compaction, "
              f"{sum(result.produce_kills.values())} produce), lost {result.lost}, resurrected {result.resurrected}, "
-             f"changed {result.changed}, {state}")
+             f"changed {result.changed}, repeated {result.repeated}, leaked seals {result.leaked_seals}, "
+             f"wrong-catalog gcs {result.wrong_catalog_gcs} ({result.wrong_catalog_not_refused} not refused, "
+             f"{result.objects_lost} objects lost), {state}")
         for line in result.failures + result.examples:
             echo(f"  {line}")
     return results
@@ -334,10 +384,25 @@ def summary(results: list[RunResult]) -> dict[str, int]:
         "lost": sum(r.lost for r in results),
         "resurrected": sum(r.resurrected for r in results),
         "changed offsets": sum(r.changed for r in results),
+        "repeated offsets": sum(r.repeated for r in results),
         "not converged": sum(1 for r in results if r.not_converged),
         "leftover workdirs": sum(r.leftover_workdirs for r in results),
+        "leaked seals": sum(r.leaked_seals for r in results),
+        "wrong-catalog gcs": sum(r.wrong_catalog_gcs for r in results),
+        "wrong-catalog gcs not refused": sum(r.wrong_catalog_not_refused for r in results),
+        "objects lost": sum(r.objects_lost for r in results),
         "unexpected failures": sum(len(r.failures) for r in results),
         "tracebacks": sum(r.tracebacks for r in results),
+    }
+
+
+def targets(totals: dict[str, int]) -> dict[str, int]:
+    """Issue 19's targets, each to be 0: lost (records and objects), silent wrong reads, tracebacks, leaked seals."""
+    return {
+        "lost": totals["lost"] + totals["objects lost"],
+        "silent wrong reads": totals["resurrected"] + totals["changed offsets"] + totals["repeated offsets"],
+        "tracebacks": totals["tracebacks"],
+        "leaked seals": totals["leaked seals"],
     }
 
 
@@ -364,6 +429,9 @@ def main() -> None:
     for name, value in totals.items():
         detail = {"kills during compaction": _phases(compaction), "kills during produce": _phases(produce)}.get(name)
         print(f"{name}: {value}" + (f" ({detail})" if detail else ""))
+    found = targets(totals)
+    print("targets: " + ", ".join(f"0 {name}" for name in found) + " | found: " + ", ".join(f"{value} {name}" for name, value in found.items())
+          + (" | met" if not any(found.values()) else " | NOT met"))
 
 
 if __name__ == "__main__":
