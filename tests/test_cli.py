@@ -211,7 +211,8 @@ def test_plan_compact_and_gc(tmp_path, local_env: dict[str, str]) -> None:
     assert [f["level"] for f in run(env, "files")] == [2]
     (report,) = run(env, "gc", "--now", "3000")
     assert report == {"deleted_files": [], "trimmed_versions": 0, "kept_unreferenced_young": 0, "released_leases": [],
-                      "deleted_plans": [], "reclaimed_workdirs": [], "abandoned_writes": []}
+                      "deleted_plans": [], "reclaimed_workdirs": [], "abandoned_writes": [], "released_abandoned": [],
+                      "awaiting_commit": [], "unexplained": [], "damaged_rows": []}
 
     (error,) = run(env, "compact", "--all", "--full", expect=2)
     assert "choose exactly one of --plan FILE, --all, --until-idle, --full" in error["error"]

@@ -227,7 +227,10 @@ def test_gc_deletes_only_old_unreferenced_files(catalog: Catalog) -> None:
     orphan = run_plan(store, orphan_plan).outputs[0].key  # written, never committed
     _full(catalog)  # removes l0 at NOW
     pinned = catalog.snapshot(catalog.latest_version() - 1)  # a reader of the version that still lists l0
-    _produce(catalog, "state", [Record(0, b"b", b"2", NOW)])  # that version leaves the kept history
+    # That version leaves the kept history; this commit comes later than the orphan by more than clocks may differ,
+    # so gc may judge the orphan.
+    with Agent(catalog, background=False, clock=lambda: store.stat(orphan).modified_ms + 600_000) as agent:
+        agent.produce("state", [Record(0, b"b", b"2", NOW)]).result()
     young = collect_garbage(catalog, NOW + 1, grace_ms=60_000)
     assert young.deleted_files == [] and young.kept_unreferenced_young == 1  # the orphan, and l0's removal, are too young
     assert young.trimmed_versions == catalog.oldest_kept_version() - 1  # the commit log keeps 2 versions

@@ -138,7 +138,8 @@ def test_inputs_changed_before_commit_is_a_clean_conflict(catalog: Catalog) -> N
     _run_groups(catalog, newer.plan_ids[0])
     commit_plans(catalog, newer.plan_ids, later)
     version = catalog.latest_version()
-    with pytest.raises(CommitConflictError, match=r"expected input data/l0/\S+ live as in manifest version \d+, found it gone"):
+    # Its seal went with its lease, when the newer plan took its files over.
+    with pytest.raises(CommitConflictError, match=r"plan \S+ holds no lease with a seal of its documents \(expired or never leased\)"):
         commit_plans(catalog, stale.plan_ids, later)
     assert catalog.latest_version() == version and _latest(catalog) == expected
 
@@ -159,10 +160,13 @@ def test_gc_releases_expired_leases_then_collects_an_abandoned_plan(catalog: Cat
     assert outputs
     during = collect_garbage(catalog, NOW + 1, grace_ms=0)
     assert during.released_leases == [] and during.deleted_files == [] and during.deleted_plans == []
-    after = collect_garbage(catalog, int(time.time() * 1000) + 1, grace_ms=0)  # objects carry wall-clock times
+    # The outputs are judged only after a commit the catalog made later than them (by more than clocks may differ).
+    wall_clock = int(time.time() * 1000)
+    produce_l0_files(catalog, "accounts", files=1, records=1, keys=1, partitions=1, now=wall_clock + 600_000)
+    after = collect_garbage(catalog, wall_clock + 600_001, grace_ms=0)  # objects carry wall-clock times
     assert after.released_leases == [plan_id] and not catalog.snapshot().leases(NOW)
     assert sorted(after.deleted_files) == outputs and plan_key(plan_id) in after.deleted_plans
-    assert len(catalog.snapshot().file_summaries()) == 5  # the inputs stay live
+    assert len(catalog.snapshot().file_summaries()) == 6  # the inputs stay live, beside the later L0 file
 
 
 def test_a_commit_after_the_lease_expired_is_refused(catalog: Catalog) -> None:

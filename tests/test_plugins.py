@@ -414,6 +414,25 @@ def test_gc_operator_deletes_an_abandoned_output_past_its_grace(connected_catalo
     assert catalog.store.stat(live.key) is not None
 
 
+def test_a_connection_to_another_cluster_s_catalog_fails_every_task_and_deletes_nothing(
+    connected_catalog: Catalog, tmp_path, monkeypatch
+) -> None:
+    catalog = connected_catalog
+    produce_l0_files(catalog, "accounts", files=3, records=5, keys=5, partitions=1, now=_now_ms() - 3 * 3_600_000)
+    other = Catalog(LocalStore(tmp_path / "other"))
+    create_topic(other, "accounts", now=_now_ms(), cleanup_policy="compact")
+    _connection(monkeypatch, "crossed", conn_type="generic", extra={"store": catalog.store.uri, "catalog": other.url})
+    before = {info.key: info.size for info in catalog.store.list("")}
+
+    for task in (
+        LogcompactGcOperator(task_id="gc", logcompact_conn_id="crossed"),
+        LogcompactPlanOperator(task_id="plan", mode="full", logcompact_conn_id="crossed"),
+    ):
+        with pytest.raises(AirflowFailException, match=r"belongs to cluster .* but catalog .* holds cluster"):
+            task.execute({})
+    assert {info.key: info.size for info in catalog.store.list("")} == before
+
+
 def test_cleaner_gauges_reach_a_statsd_server_under_kafkas_names(connected_catalog: Catalog, monkeypatch) -> None:
     """Through Airflow's own metrics setup (what the task runner does at start), to a real UDP StatsD receiver."""
     from airflow.sdk.observability.metrics.stats_utils import get_stats_factory

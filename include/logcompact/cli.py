@@ -21,6 +21,7 @@ import click
 from sqlalchemy.exc import SQLAlchemyError
 
 from logcompact.catalog import Catalog, Snapshot
+from logcompact.catalog.database import redact_text
 from logcompact.consume import read_records
 from logcompact.exceptions import CorruptDataError, InvalidPlanError, InvalidRecordError, InvalidStoreUriError, LogcompactError
 from logcompact.ingest import Agent, Record, wall_clock_ms
@@ -650,7 +651,18 @@ def main(argv: list[str] | None = None) -> None:
         click.echo(f"logcompact: error: {exc}", err=True)
         sys.exit(1)
     except SQLAlchemyError as exc:  # the catalog database is down, unreachable or refuses us
-        reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+        reason = redact_text(str(getattr(exc, "orig", None) or exc).splitlines()[0], _catalog_argument(argv or sys.argv[1:]))
         click.echo(f"logcompact: error: catalog database: {reason}; check --catalog (LOGCOMPACT_CATALOG) and the database", err=True)
         sys.exit(1)
+
+
+def _catalog_argument(argv: list[str]) -> str:
+    """The catalog URL a command line names (`--catalog URL`, `--catalog=URL` or LOGCOMPACT_CATALOG), to mask in a
+    message the database wrote."""
+    for n, argument in enumerate(argv):
+        if argument == "--catalog" and n + 1 < len(argv):
+            return argv[n + 1]
+        if argument.startswith("--catalog="):
+            return argument.split("=", 1)[1]
+    return os.environ.get("LOGCOMPACT_CATALOG", "")
 

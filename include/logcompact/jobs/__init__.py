@@ -19,7 +19,7 @@ them as abandoned in the store for `release_abandoned` to release once it answer
 from logcompact.jobs.commit import CommitSummary, PlanResult, commit_plan, commit_plans, uncleanable_report
 from logcompact.jobs.documents import give_up, release_abandoned
 from logcompact.jobs.gc import DEFAULT_GC_GRACE_MS, GcReport, collect_garbage
-from logcompact.jobs.prepare import GroupJob, PreparedRun, ThresholdStatus, check_thresholds, lease_and_write, prepare_plans, release_plans
+from logcompact.jobs.prepare import GroupJob, PreparedRun, ThresholdStatus, check_thresholds, lease_and_write, prepare_plans
 from logcompact.jobs.run import deal_slices, run_and_commit, run_group, run_here, run_slice
 
 __all__ = [
@@ -39,7 +39,6 @@ __all__ = [
     "lease_and_write",
     "prepare_plans",
     "release_abandoned",
-    "release_plans",
     "run_and_commit",
     "run_group",
     "run_here",

@@ -8,7 +8,7 @@ from logcompact.catalog import Catalog
 from logcompact.exceptions import ClusterMismatchError
 from logcompact.jobs.documents import release_abandoned
 from logcompact.jobs.workdir import reclaim_workdirs
-from logcompact.plan import DATA_KEY_PATTERN, L0_NAME_PATTERN, PLAN_ID_PATTERN, PLANS_PREFIX
+from logcompact.plan import DATA_KEY_PATTERN, L0_NAME_PATTERN, MAX_CLOCK_SKEW_MS, PLAN_ID_PATTERN, PLANS_PREFIX
 from logcompact.store.base import ObjectInfo
 
 DEFAULT_GC_GRACE_MS = 3_600_000
@@ -26,7 +26,9 @@ class GcReport:
     reclaimed_workdirs: list[str] = field(default_factory=list)  # of dead jobs, on the machine gc runs on
     abandoned_writes: list[str] = field(default_factory=list)  # temporary files of writers killed mid-write
     released_abandoned: list[str] = field(default_factory=list)  # plans a failed run could not release itself
-    # Objects under data/ the catalog neither references nor accounts for: kept, for a person to look at.
+    # Unreferenced objects written after the catalog's newest commit: judged once a later commit lands.
+    awaiting_commit: list[str] = field(default_factory=list)
+    # Objects under data/ no logcompact writer names so: kept, for a person to look at.
     unexplained: list[str] = field(default_factory=list)
     damaged_rows: list[str] = field(default_factory=list)  # removed files whose catalog key is not a data file's
 
@@ -50,9 +52,10 @@ def collect_garbage(
        grace ago (a reader that pinned a version may still read them for that long), lose their object and
        then their rows; a row whose key is not a data file's is left and reported (`damaged_rows`);
     3. objects under `data/` the catalog has no row for go once older than the grace, and only when the
-       catalog's history accounts for them (`_orphan_reason`): written before the catalog's newest commit, as
+       catalog's history accounts for them (`_orphan_reason`): written before the catalog's newest commit (by more
+       than the clocks of the store and the committers may differ), as
        the output of a plan no longer in flight or an agent's L0 file (its agent died before committing it). What
-       it cannot account for stays (`unexplained`); and when the objects to delete would be more than
+       it cannot account for stays: `awaiting_commit` if written after the newest commit, else `unexplained`; and when the objects to delete would be more than
        `max_orphan_share` of all under `data/`, the catalog looks like another cluster's and gc deletes none;
     4. the commit log is trimmed to the kept history, and plan documents go once past the grace;
     5. the local work directories of jobs that died on this machine are removed (each job also does so), and
@@ -75,14 +78,16 @@ def collect_garbage(
     listed = list(store.list("data/"))
     known = catalog.known_files([info.key for info in listed])
     newest_commit_ms = catalog.commit_log(limit=1)[0].created_ms
-    orphans, unexplained, young = [], [], 0
+    orphans, awaiting, unexplained, young = [], [], [], 0
     for info in listed:
         if info.key in known or _plan_of(info.key) in in_flight:
             continue
         if info.modified_ms > now_ms - grace_ms:
             young += 1
-        elif _orphan_reason(info, newest_commit_ms) is None:
+        elif _orphan_reason(info) is None:
             unexplained.append(info.key)
+        elif info.modified_ms >= newest_commit_ms - MAX_CLOCK_SKEW_MS:  # it may belong to commits this catalog lacks
+            awaiting.append(info.key)
         else:
             orphans.append(info.key)
     if orphans and len(orphans) > max_orphan_share * len(listed):
@@ -106,15 +111,15 @@ def collect_garbage(
                 old_plans.append(info.key)
     abandoned = [path for prefix in ("data/", PLANS_PREFIX) for path in store.delete_abandoned_writes(prefix, now_ms - grace_ms)]
     return GcReport(
-        removed + orphans, trimmed, young, released, old_plans, reclaim_workdirs(), abandoned, released_abandoned, unexplained, damaged
+        removed + orphans, trimmed, young, released, old_plans, reclaim_workdirs(), abandoned, released_abandoned, awaiting,
+        unexplained, damaged,
     )
 
 
-def _orphan_reason(info: ObjectInfo, newest_commit_ms: int) -> str | None:
-    """Why an object the catalog has no row for is garbage, or None when the catalog cannot account for it. Only
-    what was written before the catalog's newest commit can be judged: a later object may belong to commits the
-    catalog does not have (a copy restored and accepted). A name no logcompact writer makes is nobody's to delete."""
-    if DATA_KEY_PATTERN.fullmatch(info.key) is None or info.modified_ms >= newest_commit_ms:
+def _orphan_reason(info: ObjectInfo) -> str | None:
+    """Why an object the catalog has no row for is garbage once the catalog has committed after it; None for a name
+    no logcompact writer makes, which is nobody's to delete."""
+    if DATA_KEY_PATTERN.fullmatch(info.key) is None:
         return None
     if PLAN_ID_PATTERN.fullmatch(_plan_of(info.key)):
         return "output of a plan that is no longer in flight and never committed it"

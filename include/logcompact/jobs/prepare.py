@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from logcompact.catalog import Catalog, Snapshot
-from logcompact.jobs.documents import plan_documents, release_abandoned, seal, write_documents
+from logcompact.jobs.documents import give_up, plan_documents, release_abandoned, seal, write_documents
 from logcompact.plan import Plan, PlanGroup
 from logcompact.planner import PlannerConfig, choose_plans, expected_effect
 
@@ -98,17 +98,10 @@ def lease_and_write(catalog: Catalog, plans: list[Plan], now_ms: int, lease_ms: 
             leased.append(leasing)
         for written in documents:
             write_documents(catalog.store, written)
-    except BaseException:
-        release_plans(catalog, [p.plan_id for p in leased])
+    except BaseException as failure:
+        give_up(catalog, [p.plan_id for p in leased], now_ms, failure)  # a catalog gone meanwhile: released later
         raise
     return [GroupJob(catalog.store.uri, p.plan_id, group.group, _label(p, group)) for p in plans for group in p.groups]
-
-
-def release_plans(catalog: Catalog, plan_ids: list[str]) -> None:
-    """Give up leased plans before any of their groups ran: their files are free for the next plan at once
-    (their written documents are gc's once older than its grace)."""
-    for plan_id in plan_ids:
-        catalog.release(plan_id)
 
 
 def _label(plan: Plan, group: PlanGroup) -> str:
