@@ -280,7 +280,8 @@ class Catalog:
         if marker is not None:
             raise ClusterMismatchError(
                 f"catalog {self._shown_url} holds no cluster but store {self.store.uri} belongs to cluster "
-                f"{marker.cluster_id}: point --catalog (LOGCOMPACT_CATALOG) at that cluster's catalog, or use an empty store"
+                f"{marker.cluster_id}: point --catalog (LOGCOMPACT_CATALOG) at that cluster's catalog, restore the catalog "
+                "database from a backup, or use an empty store"
             )
         found = next(iter(self.store.list("data/")), None)
         if found is not None:
