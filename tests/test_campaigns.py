@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.corruption_campaign import run_corruption_campaign, totals
+import pytest
+
+from bench.corruption_campaign import BaseStore, Case, build_store, run_corruption_campaign, targets, totals
 from bench.kill_campaign import run_kill_campaign, summary
+from bench.kill_campaign import targets as kill_targets
 from tests.support.campaign import Sent, TopicSpec, check_partition, phase_of
 
 SEED = 11
@@ -26,19 +29,49 @@ def test_a_subset_of_the_kill_campaign_loses_nothing_and_converges(tmp_path: Pat
     report = "\n".join([*lines, *(f"{name}: {value}" for name, value in counts.items())])
     print(report)
     assert counts["kills during compaction"] + counts["kills during produce"] >= 5, report
-    wrong = {name: counts[name] for name in ("lost", "resurrected", "changed offsets", "not converged", "leftover workdirs",
-                                             "unexpected failures", "tracebacks")}
+    assert counts["wrong-catalog gcs"] >= 2, report  # one every fourth round, one after the convergence
+    wrong = {name: counts[name] for name in ("lost", "resurrected", "changed offsets", "repeated offsets", "not converged", "leftover workdirs",
+                                             "leaked seals", "wrong-catalog gcs not refused", "objects lost", "unexpected failures", "tracebacks")}
     assert wrong == dict.fromkeys(wrong, 0), report
+    assert kill_targets(counts) == {"lost": 0, "silent wrong reads": 0, "tracebacks": 0, "leaked seals": 0}, report
 
 
-def test_targeted_corruptions_and_a_few_flips_give_clear_errors_and_no_wrong_rows(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def corruption_base(tmp_path_factory: pytest.TempPathFactory) -> BaseStore:
+    """The corruption campaign's store, 20 partitions, built once for the tests that damage copies of it."""
+    return build_store(tmp_path_factory.mktemp("corruption") / "base", partitions=20, seed=SEED)
+
+
+def test_targeted_corruptions_and_a_few_flips_give_clear_errors_and_no_wrong_rows(tmp_path: Path, corruption_base: BaseStore) -> None:
     lines: list[str] = []
-    results = run_corruption_campaign(tmp_path, partitions=20, flips=3, seed=SEED, levels=("L0",), echo=lines.append)
+    results = run_corruption_campaign(tmp_path, partitions=20, flips=3, seed=SEED, levels=("L0",), echo=lines.append,
+                                      select=lambda case: isinstance(case, Case), base=corruption_base)
     total = totals(results)["total"]
     report = "\n".join([*lines, str(total)])
     print(report)
     assert total["cases"] == 25
     assert (total["tracebacks"], total["corrupt_rows"], total["silent_losses"]) == (0, 0, 0), report
+
+
+def test_another_cluster_s_catalog_and_a_lowered_next_offset_are_refused_in_one_line_losing_nothing(
+    tmp_path: Path, corruption_base: BaseStore
+) -> None:
+    """Issue 19's cases, one of each class: `--catalog` naming another cluster's catalog (the issue's repro: every
+    command refuses, nothing written or deleted in the store or either catalog), and a lowered
+    `partitions.next_offset` (produce refuses and commits nothing, consume of that partition refuses)."""
+    lines: list[str] = []
+    chosen = ("partitions.next_offset of 10 lowered", "--catalog names another cluster's catalog")
+    results = run_corruption_campaign(tmp_path, partitions=20, flips=0, seed=SEED, levels=("L0",), echo=lines.append,
+                                      select=lambda case: case.name.startswith(chosen), base=corruption_base)
+    total = totals(results)["total"]
+    found = targets(results)
+    report = "\n".join([*lines, str(total), str(found)])
+    print(report)
+    assert [(r.case.kind, r.case.name.startswith(name)) for r, name in zip(results, chosen)] == [("catalog check", True), ("wrong catalog", True)]
+    assert found == {"lost": 0, "silent wrong reads": 0, "tracebacks": 0, "leaked seals": 0}, report
+    assert (total["unmet"], total["multiline_errors"], total["corrupt_rows"]) == (0, 0, 0), report
+    lowered, wrong = results
+    assert lowered.unreadable == 1 and wrong.unreadable == 20, report  # what refused at the end: the one partition, then all
 
 
 # -- the check itself ------------------------------------------------------------------------------------------
