@@ -257,7 +257,7 @@ def test_a_damaged_partition_is_set_aside_the_rest_commits_and_the_run_shows_it(
 def test_gc_dag_collects(dagbag, airflow_catalog: Catalog) -> None:
     catalog = airflow_catalog
     create_topic(catalog, "accounts", partitions=1, now=_now_ms(), cleanup_policy="compact")
-    leftover = "data/l2/p1-abandoned-g000-s000-compacted-0000.seg"
+    leftover = "data/l2/p1700000000000-0123456789ab-g000-s000-compacted-0000.seg"  # of a plan that never committed
     catalog.store.put(leftover, b"left by a job that never committed")
     two_hours_ago = time.time() - 2 * 3600  # past the 1 h grace
     os.utime(catalog.store.root / leftover, (two_hours_ago, two_hours_ago))

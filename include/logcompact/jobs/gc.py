@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from logcompact.catalog import Catalog
+from logcompact.catalog.database import redact_url
 from logcompact.exceptions import ClusterMismatchError
 from logcompact.jobs.documents import release_abandoned
 from logcompact.jobs.workdir import reclaim_workdirs
@@ -12,8 +13,10 @@ from logcompact.plan import DATA_KEY_PATTERN, L0_NAME_PATTERN, MAX_CLOCK_SKEW_MS
 from logcompact.store.base import ObjectInfo
 
 DEFAULT_GC_GRACE_MS = 3_600_000
-# gc deletes no unreferenced object when more than this share of the store's data objects would go.
+# gc deletes no unreferenced object when more than this share of the store's data objects would go, and at least
+# MIN_ORPHANS_CHECKED of them (a small cluster's one aborted output is no sign of another cluster's catalog).
 DEFAULT_MAX_ORPHAN_SHARE = 0.5
+MIN_ORPHANS_CHECKED = 10
 
 
 @dataclass
@@ -56,7 +59,8 @@ def collect_garbage(
        than the clocks of the store and the committers may differ), as
        the output of a plan no longer in flight or an agent's L0 file (its agent died before committing it). What
        it cannot account for stays: `awaiting_commit` if written after the newest commit, else `unexplained`; and when the objects to delete would be more than
-       `max_orphan_share` of all under `data/`, the catalog looks like another cluster's and gc deletes none;
+       `max_orphan_share` of all under `data/` (and at least MIN_ORPHANS_CHECKED), the catalog looks like another
+       cluster's and gc deletes none;
     4. the commit log is trimmed to the kept history, and plan documents go once past the grace;
     5. the local work directories of jobs that died on this machine are removed (each job also does so), and
        what writers killed mid-write left in a local store, once past the grace.
@@ -90,9 +94,10 @@ def collect_garbage(
             awaiting.append(info.key)
         else:
             orphans.append(info.key)
-    if orphans and len(orphans) > max_orphan_share * len(listed):
+    if len(orphans) >= MIN_ORPHANS_CHECKED and len(orphans) > max_orphan_share * len(listed):
         raise ClusterMismatchError(
-            f"{len(orphans)} of the {len(listed)} objects under data/ in {store.uri} are unknown to catalog {catalog!r} "
+            f"{len(orphans)} of the {len(listed)} objects under data/ in {store.uri} are unknown to catalog "
+            f"{redact_url(catalog.engine.url)} "
             f"(first: {orphans[0]}): it looks like another cluster's catalog or an older copy, so gc deleted none; if "
             f"they are garbage, run gc with --max-orphan-share 1"
         )
