@@ -56,11 +56,11 @@ def collect_garbage(
        then their rows; a row whose key is not a data file's is left and reported (`damaged_rows`);
     3. objects under `data/` the catalog has no row for go once older than the grace, and only when the
        catalog's history accounts for them (`_orphan_reason`): written before the catalog's newest commit (by more
-       than the clocks of the store and the committers may differ), as
-       the output of a plan no longer in flight or an agent's L0 file (its agent died before committing it). What
-       it cannot account for stays: `awaiting_commit` if written after the newest commit, else `unexplained`; and when the objects to delete would be more than
-       `max_orphan_share` of all under `data/` (and at least MIN_ORPHANS_CHECKED), the catalog looks like another
-       cluster's and gc deletes none;
+       than the clocks of the store and the committers may differ), as the output of a plan no longer in flight
+       or an agent's L0 file (its agent died before committing it). What it cannot account for stays:
+       `awaiting_commit` if written after the newest commit, else `unexplained`. And when the objects to delete
+       would be more than `max_orphan_share` of all under `data/` (and at least MIN_ORPHANS_CHECKED), the catalog
+       looks like another cluster's and gc deletes none;
     4. the commit log is trimmed to the kept history, and plan documents go once past the grace;
     5. the local work directories of jobs that died on this machine are removed (each job also does so), and
        what writers killed mid-write left in a local store, once past the grace.
