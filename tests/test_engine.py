@@ -230,7 +230,8 @@ def test_gc_deletes_only_old_unreferenced_files(catalog: Catalog) -> None:
     # That version leaves the kept history; this commit comes later than the orphan by more than clocks may differ,
     # so gc may judge the orphan.
     with Agent(catalog, background=False, clock=lambda: store.stat(orphan).modified_ms + 600_000) as agent:
-        agent.produce("state", [Record(0, b"b", b"2", NOW)]).result()
+        produced = agent.produce("state", [Record(0, b"b", b"2", NOW)])
+    produced.result()
     young = collect_garbage(catalog, NOW + 1, grace_ms=60_000)
     assert young.deleted_files == [] and young.kept_unreferenced_young == 1  # the orphan, and l0's removal, are too young
     assert young.trimmed_versions == catalog.oldest_kept_version() - 1  # the commit log keeps 2 versions
