@@ -1,7 +1,7 @@
 """Kill -9 campaign: compactions and produces killed with SIGKILL at random points, then convergence and gc,
 checked against an independent model of Kafka's semantics.
 
-    .venv/bin/python bench/kill_campaign.py                        # 10 runs of 12 kills: 120 kills, about 10 minutes
+    .venv/bin/python bench/kill_campaign.py                        # 10 runs of 12 kills: 120 kills, 15 to 25 minutes on 2 busy cores
     .venv/bin/python bench/kill_campaign.py --runs 1 --kills 5 --seed 7
 
 Each run is a fresh local store (SQLite catalog) with three topics: `accounts` (compact, 4 partitions, min lag
