@@ -256,3 +256,46 @@ def test_a_re_lease_of_an_expired_plan_s_files_drops_its_seal(tmp_path: Path) ->
         db.execute("INSERT INTO plan_seals VALUES ('p3-000000000003', ?)", ("c" * 64,))  # leaked by an older release
     catalog.release_expired_leases(now_ms=3_000)
     assert catalog.plan_seal("p3-000000000003") is None and catalog.plan_seal("p2-000000000002") == "b" * 64
+
+
+def test_a_lowered_version_with_the_marker_gone_writes_no_marker(tmp_path: Path) -> None:
+    store = tmp_path / "S"
+    make_cluster(store)
+    logcompact(store, "produce", "t", stdin='{"partition": 0, "key": "k0", "value": "newer"}\n')
+    with sqlite3.connect(store / "catalog.db") as db:
+        db.execute("UPDATE catalog_info SET version = version - 2")
+    (store / MARKER_KEY).unlink()
+    for args in (("files",), ("log",), ("uncleanable", "list"), ("uncleanable", "clear", "--all")):
+        assert "catalog row catalog_info.version is" in logcompact(store, *args, expect=1), args
+    assert not (store / MARKER_KEY).exists()
+
+
+def _three_l0_files(store: Path) -> None:
+    logcompact(store, "topic", "create", "t", "--partitions", "2", "--config", "cleanup.policy=compact")
+    for n in range(3):
+        lines = "".join(json.dumps({"partition": p, "key": f"k{r}", "value": f"{n}.{r}"}) + "\n" for p in (0, 1) for r in range(3))
+        logcompact(store, "produce", "t", stdin=lines)
+
+
+@pytest.mark.parametrize("damage", [
+    "UPDATE sections SET record_count = 0 WHERE partition = 0 AND file_id = (SELECT max(file_id) FROM files)",
+    "UPDATE sections SET first_offset = first_offset - 1, last_offset = last_offset - 1 "
+    "WHERE partition = 0 AND file_id = (SELECT min(file_id) + 1 FROM files)",
+], ids=["record_count 0", "shifted over another section"])
+def test_a_compaction_sets_a_partition_with_an_impossible_row_aside_and_loses_nothing(tmp_path: Path, damage: str) -> None:
+    store = tmp_path / "S"
+    _three_l0_files(store)
+    with sqlite3.connect(store / "catalog.db") as db:
+        db.execute(damage)
+    logcompact(store, "compact", "--until-idle", "--min-files", "3")
+    marks = logcompact(store, "uncleanable", "list")
+    assert [(m["topic"], m["partition"]) for m in marks[:-1]] == [("t", 0)]
+    assert "catalog row of section t/0" in logcompact(store, "consume", "t", "--partition", "0", expect=1)
+    with sqlite3.connect(store / "catalog.db") as db:  # partition 0's rows all stay live where they were
+        live = db.execute(
+            "SELECT count(*) FROM sections JOIN files USING (file_id) WHERE partition = 0 AND files.removed_version IS NULL "
+            "AND sections.removed_version IS NULL"
+        ).fetchone()
+    assert live == (3,)
+    # Partition 1 was compacted (copied to L1) with every record where it was.
+    assert [r["value"] for r in logcompact(store, "consume", "t", "--partition", "1")] == [f"{n}.{r}" for n in range(3) for r in range(3)]

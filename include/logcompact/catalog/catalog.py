@@ -160,8 +160,9 @@ class Catalog:
         try:
             with self.engine.connect() as connection:
                 exists = inspect(connection).has_table(s.catalog_info.name)
+                logged = select(func.max(s.versions.c.version)).scalar_subquery()
                 row = connection.execute(
-                    select(s.catalog_info.c.schema_version, s.catalog_info.c.cluster_id, s.catalog_info.c.version)
+                    select(s.catalog_info.c.schema_version, s.catalog_info.c.cluster_id, s.catalog_info.c.version, logged)
                 ).first() if exists else None
         except DatabaseError as exc:  # unreachable, refused, or not a database at all (a damaged SQLite file)
             raise unavailable_error(self.engine.url, exc) from None
@@ -172,6 +173,8 @@ class Catalog:
                 f"catalog {self._shown_url} has schema version {row.schema_version}, this logcompact "
                 f"uses {s.SCHEMA_VERSION}; run the logcompact release that created it, or start a new catalog"
             )
+        if row[3] is not None and row[3] > row.version:  # before the marker may be written at a lowered version
+            raise _version_behind_log(row.version, row[3])
         self._marker = self._checked_marker(marker, row.cluster_id, row.version)
         self._cluster_id = row.cluster_id
 

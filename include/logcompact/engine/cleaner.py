@@ -314,6 +314,14 @@ class _SectionOutput:
         self._append(offsets, pa.RecordBatch.from_arrays([*columns, horizons.filter(mask)], names=[*_KEPT, "delete_horizon"]))
 
     def _append(self, offsets: np.ndarray, rows: pa.RecordBatch) -> None:
+        if (self._builder is not None and offsets[0] <= self.last_offset) or (
+            len(offsets) > 1 and not (offsets[1:] > offsets[:-1]).all()
+        ):
+            raise CorruptDataError(
+                f"{self._topic}/{self._partition}: the plan's input sections hold offsets out of order or twice (from "
+                f"{int(offsets[0])}): their catalog rows overlap, so one was shifted or relabelled; restore the catalog "
+                "from a backup"
+            )
         builder = self._builder
         if builder is None:
             builder = self._builder = self._files.begin_section(self._topic, self._partition)

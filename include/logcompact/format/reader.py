@@ -120,6 +120,11 @@ def section_rows(
     sections at once, `check_order` False), ending at `last_delta` (unless the caller reads every row again with
     these checks before using any, `check_deltas` False). No batch is asked for beyond the one holding the last
     row (a streaming reader would read past the section)."""
+    if not 1 <= info.record_count <= info.last_delta + 1:
+        raise CorruptDataError(
+            f"{name}: section {info.topic}/{info.partition} at byte {info.byte_offset}: the catalog records "
+            f"{info.record_count} record(s) in offset deltas 0 to {info.last_delta}, which cannot be; the catalog is corrupt"
+        )
     skip, left = info.first_row, info.record_count
     previous = -1
     for batch in batches:
