@@ -213,7 +213,11 @@ def test_section_rows_are_checked_against_the_catalogs_record() -> None:
     batch = section_table([0, 1, 2], [1, 1, 1], [b"a", b"b", b"c"], [b"x", b"y", b"z"]).to_batches()[0]
     assert [b.num_rows for b in section_rows("f.seg", _claimed(3, 2), iter([batch]))] == [3]
     with pytest.raises(CorruptDataError, match="hold 3 of the 4 records"):
-        list(section_rows("f.seg", _claimed(4, 2), iter([batch])))
+        list(section_rows("f.seg", _claimed(4, 3), iter([batch])))
+    # Counts no offsets could hold are refused before a row is read: 0 records, or more than the deltas span.
+    for impossible in (_claimed(0, 2), _claimed(4, 2)):
+        with pytest.raises(CorruptDataError, match=r"the catalog records \d record\(s\) in offset deltas 0 to 2, which cannot be"):
+            list(section_rows("f.seg", impossible, iter([batch])))
     # A record count edited smaller, a first row or last delta pointing elsewhere: no row is handed out.
     for claimed in (_claimed(2, 2), _claimed(2, 1, first_row=1), _claimed(3, 5)):
         with pytest.raises(CorruptDataError, match=r"f\.seg: section t/0 at byte 0: expected offset deltas increasing"):
