@@ -51,6 +51,11 @@ SectionRef = tuple[str, CatalogSection]  # (file key, section)
 SEEK_BYTES = 4 * 1024 * 1024
 # Blocks fetched per ranged GET when reading a long section.
 CHUNK_BYTES = 8 * 1024 * 1024
+# Why a section's catalog row and its file disagree, and what to do: one line, both causes.
+_REPLACED_OR_CHANGED = (
+    "the file was replaced or is corrupt, or the catalog's row of the section was changed; restore the file from a copy "
+    "or the catalog database from a backup"
+)
 
 
 def _overlapping_runs(sections: Iterable[SectionRef]) -> Iterator[list[SectionRef]]:
@@ -116,9 +121,9 @@ def _check_footer_section(key: str, footer: Footer, info: SectionInfo) -> None:
                 return
             raise CorruptDataError(
                 f"{key}: section {info.topic}/{info.partition}: the catalog records {', '.join(differ)} in the file's "
-                "footer; the file was replaced or the catalog is corrupt"
+                f"footer: {_REPLACED_OR_CHANGED}"
             )
-    raise CorruptDataError(f"{key}: section {info.topic}/{info.partition}: the file's footer has no such section; the file was replaced or the catalog is corrupt")
+    raise CorruptDataError(f"{key}: section {info.topic}/{info.partition}: the file's footer has no such section: {_REPLACED_OR_CHANGED}")
 
 
 def _records_table(batches: Iterable[pa.RecordBatch], first_offset: int, columns: tuple[str, ...]) -> Iterator[pa.Table]:

@@ -196,8 +196,8 @@ def read_section(store: ObjectStore, key: str, info: SectionInfo, index_only: bo
     if first_crc != info.crc32:
         raise CorruptDataError(
             f"{key}: section {info.topic}/{info.partition} at byte {info.byte_offset}: the catalog records a block of "
-            f"index CRC-32 {info.crc32:#010x}, the file holds {first_crc:#010x}; the file was replaced or is corrupt, "
-            "restore it from a copy"
+            f"index CRC-32 {info.crc32:#010x}, the file holds {first_crc:#010x}: the file was replaced or is corrupt, or "
+            "the catalog's row of the section was changed; restore the file from a copy or the catalog database from a backup"
         )
     batches = (batch for _, batch in iter_blocks(key, data, info.byte_offset, index_only))
     return Section(info, list(section_rows(key, info, batches)))
