@@ -1,9 +1,13 @@
 """An independent reference model of Kafka's compaction semantics, written for clarity, not speed.
 
-It knows nothing of files, sections, bitmaps or key maps: a log is a dict from offset to record, and one
-compaction job is a function of the records it covers, the clock and the topic's configs, applied
-literally as Kafka's documentation and KIP-534 state the rules (see the cleaner's docstring for the
-engine's version of the same contract).
+It knows nothing of files, bitmaps or key maps: a log is a dict from offset to record plus its segments
+(Kafka's unit of min lag), and one compaction job is a function of the records it covers, the clock, the
+topic's configs and the segments outside it, applied literally as Kafka's documentation and KIP-534 state the
+rules (see the cleaner's docstring for the engine's version of the same contract).
+
+Segments: each produce call makes one per partition, as a producer's batch lands in one file. A job replaces
+the segments it covers with its survivors, cut before its first record within min lag: Kafka never rewrites
+the segment holding the first uncleanable offset, so that offset stays a segment boundary and never moves down.
 """
 
 from __future__ import annotations
@@ -22,16 +26,25 @@ class ModelRecord:
     delete_horizon: int | None = None
 
 
+def first_young(records: list[ModelRecord], config: TopicConfig, now: int) -> int | None:
+    """The offset of the first record within min lag (newer than now minus the lag), None without one or without
+    a min lag; Kafka's guard `minCompactionLagMs > 0` (LogCleanerManager.cleanableOffsets)."""
+    if not config.compacted or config.min_compaction_lag_ms <= 0:
+        return None
+    young = [r.offset for r in records if r.timestamp > now - config.min_compaction_lag_ms]
+    return min(young) if young else None
+
+
 def compact(
     records: list[ModelRecord],
     config: TopicConfig,
     now: int,
     deduplicate: bool,
     lowest_offset_outside: int | None,
-    segments: list[tuple[int, int]] = (),
+    young_outside: int | None = None,
 ) -> list[ModelRecord]:
-    """The records of one partition that survive one compaction job covering exactly `records`; `segments` are
-    the partition's live segments (first offset, newest timestamp), in the job or not."""
+    """The records of one partition that survive one compaction job covering exactly `records`. `young_outside`:
+    the first offset of the first segment outside the job holding a record within min lag."""
 
     def expired(r: ModelRecord) -> bool:
         return "delete" in config.cleanup_policy and config.retention_ms >= 0 and r.timestamp < now - config.retention_ms
@@ -46,11 +59,11 @@ def compact(
         live outside the job."""
         return lowest_offset_outside is None or r.offset < lowest_offset_outside
 
-    # Kafka's first uncleanable offset: the base offset of the first segment whose newest record is within the
-    # min lag (LogCleanerManager.cleanableOffsets), wherever that segment is; everything from it on.
-    lag_cut = now - config.min_compaction_lag_ms
-    young_offsets = [first for first, newest in segments if config.min_compaction_lag_ms > 0 and newest > lag_cut]
-    first_uncleanable = min(young_offsets) if young_offsets else None
+    # Kafka's first uncleanable offset: the base of the first segment whose newest record is within the min lag
+    # (LogCleanerManager.cleanableOffsets), wherever it is. Within the job that is its first young record: the
+    # job cuts its output there, so that record's segment starts at it.
+    bounds = [b for b in (young_outside, first_young(records, config, now)) if b is not None]
+    first_uncleanable = min(bounds) if bounds else None
 
     def young(r: ModelRecord) -> bool:
         return first_uncleanable is not None and r.offset >= first_uncleanable
@@ -80,36 +93,55 @@ def compact(
 
 
 class ReferenceLog:
-    """Live records per partition, produced and compacted by the model's rules."""
+    """Live records and segments per partition, produced and compacted by the model's rules."""
 
     def __init__(self) -> None:
         self.partitions: dict[tuple[str, int], dict[int, ModelRecord]] = {}
         self.produced: dict[tuple[str, int], list[ModelRecord]] = {}
+        self._segments: dict[tuple[str, int], list[frozenset[int]]] = {}  # the offsets of each live segment
 
     def produce(self, topic: str, partition: int, records: list[ModelRecord]) -> None:
+        """One produce call's records of a partition: one segment."""
         live = self.partitions.setdefault((topic, partition), {})
         history = self.produced.setdefault((topic, partition), [])
         for r in records:
             live[r.offset] = r
             history.append(r)
+        if records:
+            self._segments.setdefault((topic, partition), []).append(frozenset(r.offset for r in records))
 
-    def compact(
-        self, job: dict[tuple[str, int], set[int]], configs: dict[str, TopicConfig], now: int, deduplicate: bool,
-        segments: dict[tuple[str, int], list[tuple[int, int]]] | None = None,
-    ) -> None:
-        """Apply one job: `job` says which live offsets of which partitions the job's input files hold;
-        `segments`, each partition's live segments (first offset, newest timestamp), all of them."""
+    def compact(self, job: dict[tuple[str, int], set[int]], configs: dict[str, TopicConfig], now: int, deduplicate: bool) -> None:
+        """Apply one job: `job` says which live offsets of which partitions the job's input files hold, whole
+        segments of them."""
         for (topic, partition), offsets in job.items():
-            live = self.partitions[(topic, partition)]
+            config = configs[topic]
+            live = self.partitions.setdefault((topic, partition), {})
+            segments = self._segments.get((topic, partition), [])
+            taken = [segment for segment in segments if segment & offsets]
+            assert set().union(*taken) == offsets, f"{topic}/{partition}: a job covers whole segments"
+            rest = [segment for segment in segments if not segment & offsets]
             outside = [o for o in live if o not in offsets]
+            young_outside = [min(segment) for segment in rest if first_young([live[o] for o in segment], config, now) is not None]
+            records = [live[o] for o in sorted(offsets)]
             survivors = compact(
-                [live[o] for o in offsets], configs[topic], now, deduplicate, min(outside) if outside else None,
-                (segments or {}).get((topic, partition), []),
+                records, config, now, deduplicate, min(outside) if outside else None, min(young_outside, default=None)
             )
             for o in offsets:
                 del live[o]
             for r in survivors:
                 live[r.offset] = r
+            cut = first_young(records, config, now)
+            below = frozenset(r.offset for r in survivors if cut is None or r.offset < cut)
+            young = frozenset(r.offset for r in survivors if cut is not None and r.offset >= cut)
+            self._segments[(topic, partition)] = rest + [segment for segment in (below, young) if segment]
 
     def records(self, topic: str, partition: int) -> list[ModelRecord]:
         return [r for _, r in sorted(self.partitions.get((topic, partition), {}).items())]
+
+    def segments(self, topic: str, partition: int) -> list[tuple[int, int, int, int]]:
+        """Each live segment as (first offset, last offset, records, newest timestamp), in offset order."""
+        live = self.partitions.get((topic, partition), {})
+        return sorted(
+            (min(segment), max(segment), len(segment), max(live[o].timestamp for o in segment))
+            for segment in self._segments.get((topic, partition), [])
+        )

@@ -220,12 +220,12 @@ def test_plan_compact_and_gc(tmp_path, local_env: dict[str, str]) -> None:
     (tmp_path / "stale.json").write_text(json.dumps(stale))
     (error,) = run(env, "compact", "--plan", str(tmp_path / "stale.json"), "--now", "2000", expect=1)
     assert "expected input data/l0/" in error["error"] and "plan again" in error["error"]
-    (tmp_path / "bad.json").write_text('{"format": 2}')
+    (tmp_path / "bad.json").write_text('{"format": 3}')
     (error,) = run(env, "compact", "--plan", str(tmp_path / "bad.json"), expect=1)
     assert "malformed plan (KeyError: 'inputs')" in error["error"]
     (tmp_path / "old.json").write_text('{"format": 1}')
     (error,) = run(env, "compact", "--plan", str(tmp_path / "old.json"), expect=1)
-    assert "plan format 1 is not supported (expected 2); plan again" in error["error"]
+    assert "plan format 1 is not supported (expected 3); plan again" in error["error"]
 
 
 def test_plans_written_to_a_directory_as_stored_and_run_from_it(tmp_path, local_env: dict[str, str]) -> None:

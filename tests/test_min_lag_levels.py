@@ -1,23 +1,27 @@
-"""Min lag is Kafka's first uncleanable offset, taken from the catalog: whichever files a plan takes, nothing
-from that offset on is deduplicated.
+"""Min lag is Kafka's first uncleanable offset: the catalog's sections outside a plan and the first young record
+among its own inputs set it, so whichever files a plan takes, nothing from that offset on is deduplicated, and
+every compaction ends its output section there.
 
 Each history is produced twice, into two fresh catalogs, with timestamps out of order and files settled into
 levels at an earlier clock on the way (so young records sit in files a later level plan does not take). Then,
 at one clock, one catalog is compacted by level plans until idle (`compact --until-idle`: the planner's
 regular mode, again and again) and the other by the full sweep:
 
-* the sweep keeps what the reference model keeps for one job over every live record, the model judging min
-  lag by the catalog's live sections (Kafka's segments);
+* the sweep keeps what the reference model keeps for one job over every live record: record-precise, the
+  first uncleanable offset is the first young record's;
 * both keep every record from each partition's first uncleanable offset on, as produced;
 * level plans never remove a record the sweep keeps: they may keep more (a top level's size tiers leave
-  duplicates across files until the sweep, and merging a young section with older ones moves the first
-  uncleanable offset down, as a segment grows), never less.
+  duplicates across files until the sweep), never less.
 
 Before plans carried the catalog's first uncleanable offset, level plans found it in their own inputs only and
 removed records after a young record they did not take (issue 11); the crafted case below is that report.
+Before compactions cut their output at the first young record, level passes merged a young record's section
+with older ones, moving the first uncleanable offset down to their start (issue 23); its table is the last test.
 """
 
 from __future__ import annotations
+
+import json
 
 import pytest
 from hypothesis import example, given, settings
@@ -29,7 +33,7 @@ from logcompact.ingest import Agent, Record
 from logcompact.jobs import run_and_commit
 from logcompact.store import LocalStore
 from tests.helpers import NOW, create_topic, full_sweep, level_plans
-from tests.reference_model import ModelRecord, ReferenceLog
+from tests.reference_model import ModelRecord, ReferenceLog, first_young
 
 LAG_MS = 1_000
 SETTLED = NOW - 10 * LAG_MS  # the clock of the level plans run while the history is produced
@@ -85,18 +89,19 @@ def _survivors(catalog: Catalog, partitions: int) -> dict[int, list[tuple]]:
 
 def _model_of_the_sweep(catalog: Catalog, partitions: int) -> tuple[dict[int, list[tuple]], dict[int, int]]:
     """What the reference model keeps of one job over every live record at NOW, and each partition's first
-    uncleanable offset as the catalog says (a partition without one: past its last record)."""
+    uncleanable offset: its first young record's (a partition without one: past its last record)."""
     snapshot = catalog.snapshot()
-    model, job, segments = ReferenceLog(), {}, {}
+    config = snapshot.topics["state"].config
+    model, job, first = ReferenceLog(), {}, {}
     for p in range(partitions):
         live = [ModelRecord(r.offset, r.key, r.value, r.timestamp) for r in read_records(catalog.store, snapshot, "state", p)]
         model.produce("state", p, live)
         job[("state", p)] = {r.offset for r in live}
-        segments[("state", p)] = [(section.first_offset, section.info.max_timestamp) for _, section in snapshot.sections_of("state", p)]
-    model.compact(job, {"state": snapshot.topics["state"].config}, NOW, deduplicate=True, segments=segments)
-    first = snapshot.first_uncleanable_offsets([("state", p) for p in range(partitions)], NOW)
+        young = first_young(live, config, NOW)
+        first[p] = young if young is not None else 1 << 62
+    model.compact(job, {"state": config}, NOW, deduplicate=True)
     kept = {p: [(r.offset, r.key, r.value, r.timestamp) for r in model.records("state", p)] for p in range(partitions)}
-    return kept, {p: first.get(("state", p), 1 << 62) for p in range(partitions)}
+    return kept, first
 
 
 @settings(max_examples=40)
@@ -127,24 +132,50 @@ def test_the_reported_case_keeps_the_same_records_either_way_as_the_model_does(t
     for catalog in (levels, sweep):
         _replay(catalog, ISSUE_CASE, 1)
     modelled, first_uncleanable = _model_of_the_sweep(sweep, 1)
-    assert first_uncleanable == {0: 0}  # the young record's section starts at offset 0
+    assert first_uncleanable == {0: 1}  # the young record's: settling cut its section there
 
     run_and_commit(sweep, full_sweep(sweep.planning_snapshot(NOW), NOW), NOW)
     _until_idle(levels, NOW)  # the last file's L1 to L2 plan leaves the young record's L2 file out
-    assert [f.level for f in levels.snapshot().files()] == [2, 2]
+    assert [f.level for f in levels.snapshot().files()] == [2, 2, 2]  # settled: a@0, y@1 (young, cut apart); then a@2-3
     expected = [(0, b"a", b"1", NOW - 20_000), (1, b"y", b"2", NOW - 300), (2, b"a", b"2", NOW - 20_000), (3, b"a", b"3", NOW - 20_000)]
     assert _survivors(levels, 1)[0] == _survivors(sweep, 1)[0] == modelled[0] == expected
 
 
 @pytest.mark.parametrize("age", [LAG_MS + 1, LAG_MS - 1])
 def test_a_young_record_in_a_file_no_plan_takes_still_protects_the_partition(tmp_path_factory, age: int) -> None:
-    """The catalog's first uncleanable offset comes from every live section, in the plan's files or not."""
+    """The catalog's first uncleanable offset comes from every live section outside a plan. Settled while y was
+    young, its record sits in a section of its own: the boundary is y's offset, not its file's first."""
     catalog = _catalog(tmp_path_factory, 1)
     _replay(catalog, [("produce", [(0, b"a", b"1", 20_000), (0, b"y", b"2", age)]), ("settle",)], 1)
     snapshot = catalog.snapshot()
-    ((key, section),) = snapshot.sections_of("state", 0)
-    assert snapshot.first_uncleanable_offsets([("state", 0)], NOW) == ({} if age > LAG_MS else {("state", 0): section.first_offset})
+    (_, old), (key, young) = snapshot.sections_of("state", 0)
+    assert [(old.first_offset, old.last_offset), (young.first_offset, young.last_offset)] == [(0, 0), (1, 1)]
+    assert snapshot.first_uncleanable_offsets([("state", 0)], NOW) == ({} if age > LAG_MS else {("state", 0): 1})
     _replay(catalog, [("produce", [(0, b"a", b"2", 20_000), (0, b"a", b"3", 20_000)])], 1)
     (plan,) = level_plans(catalog.planning_snapshot(NOW), NOW, 1)
     assert key not in {f.key for f in plan.inputs}
-    assert plan.first_uncleanable == ({} if age > LAG_MS else {("state", 0): 0})
+    assert plan.first_uncleanable == ({} if age > LAG_MS else {("state", 0): 1})
+
+
+@pytest.mark.parametrize("compactions", [["--full"], ["--until-idle --min-files 1"], ["--until-idle --min-files 1", "--full"]])
+def test_the_table_of_issue_23_reads_1_2_in_every_row(tmp_path, compactions: list[str]) -> None:
+    """Three produce calls at T under a 60 s min lag: k=old1 and k=old2 ten minutes old, z=young at T. At T+1 s,
+    whether level passes copy the young file up with the old ones first or not, k@0 goes: its section ends
+    before the young record."""
+    from click.testing import CliRunner
+
+    from logcompact.cli import cli
+
+    def logcompact(now: int, *args: str, stdin: str = "") -> str:
+        done = CliRunner().invoke(cli, ["--store", f"file://{tmp_path}", "--now", str(now), *args], input=stdin)
+        assert done.exit_code == 0, done.output
+        return done.output
+
+    logcompact(NOW, "topic", "create", "t", "--partitions", "1", "--config", "cleanup.policy=compact",
+               "--config", "min.compaction.lag.ms=60000")
+    for key, value, timestamp in (("k", "old1", NOW - 600_000), ("k", "old2", NOW - 600_000), ("z", "young", NOW)):
+        logcompact(NOW, "produce", "t", stdin=json.dumps({"partition": 0, "key": key, "value": value, "timestamp": timestamp}))
+    for compaction in compactions:
+        logcompact(NOW + 1_000, "compact", *compaction.split())
+    consumed = [json.loads(line) for line in logcompact(NOW + 1_000, "consume", "t", "--partition", "0").splitlines()]
+    assert [(r["offset"], r["key"], r["value"]) for r in consumed] == [(1, "k", "old2"), (2, "z", "young")]

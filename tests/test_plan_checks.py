@@ -31,7 +31,7 @@ def _cluster(catalog: Catalog) -> dict:
             agent.produce("events", [Record(0, None, b"e%d" % round_number, NOW)])
     with Agent(catalog, background=False, clock=lambda: NOW) as agent:  # a stamped tombstone's key, outside later plans
         agent.produce("state", [Record(0, b"gone", None, NOW)])
-    # Within state's min lag: every partition's first uncleanable offset is 0.
+    # Within state's min lag: the sweep takes every file, so the engine finds each partition's first young record.
     return full_sweep(catalog.planning_snapshot(NOW + 500), NOW + 500).to_dict()
 
 
@@ -60,18 +60,11 @@ def _old_clock(document: dict) -> None:
     document["now_ms"] -= HOUR + 1
 
 
-def _no_uncleanable(document: dict) -> None:
-    document["first_uncleanable"] = []
-
-
 EDITS = [
     (_drop_partitions, InvalidPlanError, "differs from the catalog's record of it"),
     (_delete_policy, CommitConflictError, "expected topic state with 4 partitions and .*'cleanup.policy': 'delete'"),
     (_far_clock, InvalidPlanError, "a plan runs and commits within 60 minutes after its clock"),
     (_old_clock, InvalidPlanError, "a plan runs and commits within 60 minutes after its clock"),
-    (_no_uncleanable, InvalidPlanError, "the first uncleanable offset of state/0 is none, the catalog's 0"),
-    (lambda d: d.update(first_uncleanable=[[t, p, o + 5] for t, p, o in d["first_uncleanable"]]), InvalidPlanError,
-     "the first uncleanable offset of state/0 is 5, the catalog's 0: a plan may not go below what the catalog protects"),
 ]
 REFUSED_AT_READ = [
     (lambda d: d.update(plan_id="p1/../../x"), "plan_id 'p1/../../x' is not p<clock ms>-<12 hex digits>"),
@@ -88,7 +81,7 @@ def _state(catalog: Catalog) -> tuple:
     return catalog.latest_version(), sorted(info.key for info in catalog.store.list(""))
 
 
-@pytest.mark.parametrize(("edit", "error", "message"), EDITS, ids=[e[0].__name__ for e in EDITS[:-1]] + ["_uncleanable_raised"])
+@pytest.mark.parametrize(("edit", "error", "message"), EDITS, ids=[e[0].__name__ for e in EDITS])
 def test_an_edited_plan_is_refused_and_nothing_is_written(catalog: Catalog, edit, error, message) -> None:
     document = _cluster(catalog)
     plan = _edited(document, edit)
@@ -114,18 +107,20 @@ def test_json_nested_deep_is_one_line(catalog: Catalog) -> None:
             Plan.from_json(text)
 
 
-def _level_plan(catalog: Catalog) -> dict:
-    """An L1 to L2 plan that leaves an older L2 file out: its outside floors are that file's first offsets (0)."""
+def _level_plan(catalog: Catalog, first_age: int = HOUR) -> dict:
+    """An L1 to L2 plan that leaves an older L2 file out: its outside floors are that file's first offsets (0).
+    The records of that file are `first_age` old, the plan's an hour."""
     create_topic(catalog, "state", partitions=2, cleanup_policy="compact", min_compaction_lag_ms="1000")
-    for steps in (2, 1):  # the first file to L2 (L0 to L1, L1 to L2), the second to L1
+    for steps, age in ((2, first_age), (1, HOUR)):  # the first file to L2 (L0 to L1, L1 to L2), the second to L1
         with Agent(catalog, background=False, clock=lambda: NOW) as agent:
-            agent.produce("state", [Record(p, b"k%d" % k, b"v%d" % k, NOW - HOUR) for p in range(2) for k in range(6)])
+            agent.produce("state", [Record(p, b"k%d" % k, b"v%d" % k, NOW - age) for p in range(2) for k in range(6)])
         for _ in range(steps):
             (step,) = level_plans(catalog.planning_snapshot(NOW), NOW, 1)
             run_and_commit(catalog, step, NOW)
     (plan,) = level_plans(catalog.planning_snapshot(NOW), NOW, 1)
     assert plan.target_level == 2 and plan.deduplicate and plan.outside_floors == {("state", 0): 0, ("state", 1): 0}
-    assert plan.first_uncleanable == {}  # every record is older than the lag
+    # The plan's own records are older than the lag: only a young file outside it sets a first uncleanable offset.
+    assert plan.first_uncleanable == ({} if first_age > 1000 else {("state", 0): 0, ("state", 1): 0})
     return plan.to_dict()
 
 
@@ -143,6 +138,24 @@ def test_edited_outside_floors_are_refused_and_nothing_is_written(catalog: Catal
     with pytest.raises(InvalidPlanError, match=message):
         run_and_commit(catalog, _edited(document, edit), NOW)
     assert _state(catalog) == before
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d.update(first_uncleanable=[]), "the first uncleanable offset of state/0 is none, the catalog's 0"),
+        (lambda d: d.update(first_uncleanable=[[t, p, o + 5] for t, p, o in d["first_uncleanable"]]),
+         "the first uncleanable offset of state/0 is 5, the catalog's 0: a plan may not go below what the catalog protects"),
+    ],
+    ids=["uncleanable_removed", "uncleanable_raised"],
+)
+def test_edited_first_uncleanable_offsets_are_refused_and_nothing_is_written(catalog: Catalog, edit, message) -> None:
+    document = _level_plan(catalog, first_age=0)  # the L2 file outside the plan is young
+    before = _state(catalog)
+    with pytest.raises(InvalidPlanError, match=message):
+        run_and_commit(catalog, _edited(document, edit), NOW)
+    assert _state(catalog) == before
+    assert run_and_commit(catalog, Plan.from_dict(document), NOW).to_dict()["young_kept"] == 12  # the plan as made runs
 
 
 def test_a_plan_more_conservative_than_the_catalog_runs(catalog: Catalog) -> None:

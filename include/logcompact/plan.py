@@ -39,7 +39,9 @@ from logcompact.topics import Topic
 if TYPE_CHECKING:  # a Spark task reads plans without loading the catalog's database layer
     from logcompact.catalog import Snapshot
 
-PLAN_FORMAT = 2
+# 3: `first_uncleanable` leaves out the plan's own inputs, whose first young record the engine finds (an
+# engine reading format 2 would deduplicate them).
+PLAN_FORMAT = 3
 MAX_LEVEL = 4
 DEFAULT_TARGET_FILE_BYTES = 256 * 1024 * 1024
 # The key map's buffer of each job: WarpStream's 128 MiB.
@@ -133,8 +135,10 @@ class Plan:
     # Per partition: the smallest offset held by a live file outside this plan. A tombstone at or above
     # it may have older values of its key elsewhere, so it is never removed by this plan.
     outside_floors: dict[TopicPartition, int] = field(default_factory=dict)
-    # Per partition whose topic sets min.compaction.lag.ms: Kafka's first uncleanable offset, from every live
-    # section (`Snapshot.first_uncleanable_offsets`), so min lag is the same whichever files the plan takes.
+    # Per partition whose topic sets min.compaction.lag.ms: Kafka's first uncleanable offset as the sections
+    # outside this plan set it (`Snapshot.first_uncleanable_offsets`, the other plans' inputs included), so min
+    # lag is the same whichever files the plan takes; the engine lowers it to the first record within the lag
+    # among the plan's own inputs, and ends each output section there.
     first_uncleanable: dict[TopicPartition, int] = field(default_factory=dict)
     # Partitions held back as uncleanable when the plan was made: their sections are not in the inputs, and the
     # commit leaves them live in the input files.
@@ -323,9 +327,10 @@ class Plan:
                 if info.topic in compacted:
                     tp = (info.topic, info.partition)
                     ends[tp] = max(ends.get(tp, 0), first + info.last_delta + 1)
+        keys = [f.key for f in self.inputs]
         for name, planned, catalogs in (
-            ("outside floor", self.outside_floors, lowest_outside(snapshot, [f.key for f in self.inputs], set(ends))),
-            ("first uncleanable offset", self.first_uncleanable, snapshot.first_uncleanable_offsets(ends, self.now_ms)),
+            ("outside floor", self.outside_floors, lowest_outside(snapshot, keys, set(ends))),
+            ("first uncleanable offset", self.first_uncleanable, snapshot.first_uncleanable_offsets(ends, self.now_ms, keys)),
         ):
             for tp, end in sorted(ends.items()):
                 if min(planned.get(tp, end), end) > min(catalogs.get(tp, end), end):

@@ -268,16 +268,20 @@ class Snapshot:
             rows = connection.execute(query).all()
         return {(names[topic_id], partition): first for topic_id, partition, first in rows if (topic_id, partition) in wanted}
 
-    def first_uncleanable_offsets(self, partitions: Iterable[TopicPartition], now_ms: int) -> dict[TopicPartition, int]:
-        """Kafka's first uncleanable offset of each of `partitions` whose topic sets min.compaction.lag.ms: the
-        first offset of the first live section (Kafka: segment) holding a record newer than now minus the lag,
-        in any file (partitions with none are left out). From there on nothing is deduplicated, whichever files
-        a plan takes. One grouped query per such topic, through the index by topic and partition."""
+    def first_uncleanable_offsets(
+        self, partitions: Iterable[TopicPartition], now_ms: int, excluding: Sequence[str] = ()
+    ) -> dict[TopicPartition, int]:
+        """Kafka's first uncleanable offset of each of `partitions` whose topic sets min.compaction.lag.ms, as
+        the catalog can tell it: the first offset of the first live section (Kafka: segment) holding a record
+        newer than now minus the lag, in any file but those `excluding` (a plan's inputs, whose first such
+        record the engine finds); partitions with none are left out. One grouped query per such topic, through
+        the index by topic and partition."""
         by_topic: dict[str, set[int]] = {}
         for topic, partition in partitions:
             if self.topics[topic].config.min_compaction_lag_ms > 0:
                 by_topic.setdefault(topic, set()).add(partition)
         sec, files = s.sections.c, s.files.c
+        outside = [~self._key_in(excluding)] if excluding else []
         found: dict[TopicPartition, int] = {}
         with self._connect() as connection:
             for topic, numbers in sorted(by_topic.items()):
@@ -286,7 +290,7 @@ class Snapshot:
                     select(sec.partition, func.min(sec.first_offset))
                     .join(s.files, files.file_id == sec.file_id)
                     .where(sec.topic_id == self.topic_ids[topic], sec.partition.in_(sorted(numbers)), sec.max_timestamp > cut,
-                           self._live_section())
+                           self._live_section(), *outside)
                     .group_by(sec.partition)
                 )
                 found.update(((topic, partition), first) for partition, first in connection.execute(query).all())

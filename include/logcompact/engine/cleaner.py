@@ -19,11 +19,15 @@ Rules, per record (a compacted topic's rules apply only when the plan deduplicat
   floor: removing a record never lets an older value of its key, in the job or outside it, come back
   (Kafka gets the same by deleting only from the start of the log);
 * a record without a key in a compacted topic is removed and counted invalid (Kafka does the same);
-* min lag, as Kafka's first uncleanable offset (the plan's `first_uncleanable`: the first offset of the
-  first live section holding a record newer than now - min.compaction.lag.ms, in any file, as Kafka takes
-  the first such segment): from there on no record is removed as a duplicate, used to remove others, or
-  stamped; judging it by offset, not by each record's timestamp, keeps a young older value from outliving
-  a tombstone that supersedes it;
+* min lag, as Kafka's first uncleanable offset: the lower of the plan's `first_uncleanable` (the first
+  offset of the first section outside the plan holding a record newer than now - min.compaction.lag.ms, as
+  Kafka takes the first such segment) and the offset of the first such record among the plan's inputs (pass
+  1, or the copy, sees every timestamp). From there on no record is removed as a duplicate, used to remove
+  others, or stamped; judging it by offset, not by each record's timestamp, keeps a young older value from
+  outliving a tombstone that supersedes it. The output ends the partition's section before that first young
+  record and puts the survivors from it on in a section of their own (the plan's `young` files), copies
+  included: the boundary stays a section boundary, as Kafka never rewrites the segment holding it, so it
+  never moves down;
 * pass 1 maps each other keyed record's 128-bit key hash to the latest offset of that key; pass 2 removes
   a record when the map holds a newer offset for its key;
 * a tombstone that is the latest of its key is kept and stamped with a delete horizon (now +
@@ -360,6 +364,41 @@ class _SectionOutput:
             self._builder = None
 
 
+class _PartitionOutput:
+    """A partition's survivors: those below its first input record within min lag (`split_at`, set before pass
+    2 reaches it) in one section, the rest in a section of their own in the plan's young files (a file holds
+    one section per partition). Both stay open until the partition ends, so damage found late takes back both."""
+
+    def __init__(self, files: _OutputFiles, young_files: _OutputFiles, topic: str, partition: int) -> None:
+        self._below = _SectionOutput(files, topic, partition)
+        self._young = _SectionOutput(young_files, topic, partition)
+        self.split_at: int | None = None
+
+    @property
+    def records(self) -> int:
+        return self._below.records + self._young.records
+
+    def clean_below(self, offset: int) -> None:
+        self._below.clean_below = self._young.clean_below = offset
+
+    def write(self, batch: pa.RecordBatch, keep: np.ndarray, horizons: pa.Array) -> None:
+        cut = batch.num_rows if self.split_at is None else int(np.searchsorted(batch.column("offset").to_numpy(), self.split_at))
+        if cut == batch.num_rows:
+            self._below.write(batch, keep, horizons)
+            return
+        if cut:
+            self._below.write(batch.slice(0, cut), keep[:cut], horizons.slice(0, cut))
+        self._young.write(batch.slice(cut), keep[cut:], horizons.slice(cut))
+
+    def close(self) -> None:
+        self._below.close()
+        self._young.close()
+
+    def abandon(self, damage: CorruptDataError) -> None:
+        self._below.abandon(damage)
+        self._young.abandon(damage)
+
+
 _KEPT = ("timestamp", "key", "key_hash", "value", "headers")
 
 
@@ -385,7 +424,7 @@ def run_plan(store: ObjectStore, plan: Plan, offset_map: OffsetMap | None = None
 
     with (nullcontext(workdir) if workdir else tempfile.TemporaryDirectory(prefix="logcompact-")) as scratch:
         outputs = {
-            content: _OutputFiles(store, plan, content, scratch) for content in ("compacted", "other")
+            content: _OutputFiles(store, plan, content, scratch) for content in ("compacted", "other", "young")
         }
         pass1 = _Cursors(store, index_only=True)
         pass2 = _Cursors(store, index_only=False)
@@ -393,7 +432,7 @@ def run_plan(store: ObjectStore, plan: Plan, offset_map: OffsetMap | None = None
             for (topic, partition), sections in sorted(by_partition.items()):
                 config = plan.topics[topic].config
                 cleaner = _PartitionCleaner(plan, topic, partition, config, sections, key_map, stats)
-                out = _SectionOutput(outputs["compacted" if config.compacted else "other"], topic, partition)
+                out = _PartitionOutput(outputs["compacted" if config.compacted else "other"], outputs["young"], topic, partition)
                 counts = stats.checkpoint()
                 try:
                     cleaner.run(pass1, pass2, out)
@@ -415,7 +454,7 @@ def run_plan(store: ObjectStore, plan: Plan, offset_map: OffsetMap | None = None
             pass1.close()
             pass2.close()
 
-    result_files = outputs["compacted"].files + outputs["other"].files
+    result_files = [data_file for files in outputs.values() for data_file in files.files]
     stats.outputs_written(result_files)
     requests = store.counters.snapshot() - requests_before
     stats.gets, stats.puts = requests.get, requests.put
@@ -481,9 +520,13 @@ class _PartitionCleaner:
         self.deduplicate = plan.deduplicate and config.compacted and not self.oversized
         self.horizon = now + config.delete_retention_ms
         self.floor = plan.outside_floors.get((topic, partition))
-        # Kafka's first uncleanable offset, from the catalog's every live section (not only this plan's inputs),
-        # so min lag keeps the same records whichever files a plan takes.
-        self.young_from = plan.first_uncleanable.get((topic, partition)) if config.min_compaction_lag_ms > 0 else None
+        # Kafka's first uncleanable offset: from the sections outside the plan, lowered to the inputs' first record
+        # within the lag once a pass reaches it (`_find_young`), so min lag keeps the same records whichever files
+        # a plan takes, and a full sweep is record-precise.
+        lag = config.min_compaction_lag_ms if config.compacted else 0
+        self.lag_cut = now - lag if lag > 0 else None
+        self.young_from = plan.first_uncleanable.get((topic, partition)) if lag > 0 else None
+        self.first_young: int | None = None  # the offset of the inputs' first record within the lag
         self.removes_latest = True  # may a key's latest record go (tombstone, expiry)? Not after a partial stop
 
     def _records(self, cursors: _Cursors, columns: tuple[str, ...] | None = None) -> _PartitionReader:
@@ -534,13 +577,15 @@ class _PartitionCleaner:
             end = min(end, other.first_offset)
         return end
 
-    def run(self, pass1: _Cursors, pass2: _Cursors, out: _SectionOutput) -> None:
+    def run(self, pass1: _Cursors, pass2: _Cursors, out: _PartitionOutput) -> None:
         stats = self.stats
         stats.records_in += sum(s.info.record_count for _, s in self.sections)
         stats.expired_removed += sum(s.info.record_count for _, s in self.sections if self._expired_section(s))
         second = self._records(pass2)
         if not self.deduplicate:
             for batch in second:
+                self._find_young(batch)
+                out.split_at = self.first_young
                 keep, horizons = self._retention_only(batch)
                 out.write(batch, keep, horizons)
             out.close()
@@ -554,12 +599,13 @@ class _PartitionCleaner:
         while True:
             self.key_map.clear(expected_keys)
             stop = self._fill_map(first, map_from)
+            out.split_at = self.first_young  # pass 1 is past it, or pass 2 stops before it
             stats.distinct_keys += self.key_map.size
             stats.buffer_utilization = max(stats.buffer_utilization, round(self.key_map.utilization, 4))
             if segment == 0:
                 # Everything below the first stop (and below the young records) will have no key twice.
                 bounds = [b for b in (stop, self.young_from) if b is not None]
-                out.clean_below = min(bounds) if bounds else (1 << 62)
+                out.clean_below(min(bounds) if bounds else (1 << 62))
             self._clean_until(second, stop, out)
             if stop is None:
                 break
@@ -571,6 +617,16 @@ class _PartitionCleaner:
             stats.warnings_once(f"key map full (capacity {self.key_map.capacity} keys): partial progress, more rounds will converge")
         out.close()
         stats.records_out += out.records
+
+    def _find_young(self, batch: pa.RecordBatch) -> None:
+        """Note the first record within the lag in the inputs (they come in offset order): the first uncleanable
+        offset is no higher, and the output's young section starts there."""
+        if self.lag_cut is None or self.first_young is not None:
+            return
+        young = batch.column("timestamp").to_numpy() > self.lag_cut
+        if young.any():
+            self.first_young = int(batch.column("offset").to_numpy()[int(np.argmax(young))])
+            self.young_from = self.first_young if self.young_from is None else min(self.young_from, self.first_young)
 
     def _eligible(self, batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray]:
         """Rows that take part in deduplication (keyed, before the first young offset), and the young rows."""
@@ -585,6 +641,7 @@ class _PartitionCleaner:
         first uncleanable offset on there is nothing more to map."""
         for batch in reader:
             offsets = batch.column("offset").to_numpy()
+            self._find_young(batch)
             eligible, young_rows = self._eligible(batch)
             eligible &= offsets >= map_from
             rows = np.flatnonzero(eligible)
@@ -601,7 +658,7 @@ class _PartitionCleaner:
                 return None
         return None
 
-    def _clean_until(self, reader: _PartitionReader, stop: int | None, out: _SectionOutput) -> None:
+    def _clean_until(self, reader: _PartitionReader, stop: int | None, out: _PartitionOutput) -> None:
         """Pass 2: decide every record below `stop` (all when None) against the map, and write survivors."""
         for batch in reader:
             if stop is not None:

@@ -7,7 +7,7 @@ loaded with their sections, in one read for all the plans of a pass.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TypeVar
 
 from logcompact.catalog import DataFile, FileSummary, Snapshot
@@ -104,30 +104,17 @@ def make_plans(
     files = loaded if loaded is not None else snapshot.get_files(planned)
     inputs = [tuple(files[key] for key in keys) for keys, _ in chosen]
     lowest, sizes = zip(*map(lowest_offsets_and_bytes, inputs))
-    outside = lowest_outside(snapshot, planned, set().union(*lowest), live)
-    # Per partition, the two lowest offsets among the plans' inputs (with the plan holding the lowest): a plan's
-    # own inputs are never outside it, the next plan's are.
-    first: dict[TopicPartition, tuple[int, int]] = {}
-    second: dict[TopicPartition, int] = {}
-    for number, offsets in enumerate(lowest):
-        for tp, offset in offsets.items():
-            held = first.get(tp)
-            if held is None or offset < held[0]:
-                if held is not None:
-                    second[tp] = held[0]
-                first[tp] = (offset, number)
-            elif offset < second.get(tp, _NO_OFFSET):
-                second[tp] = offset
+    partitions = set().union(*lowest)
+    outside = lowest_outside(snapshot, planned, partitions, live)
+    # A plan's own inputs are never outside it; the other plans' inputs are: what their lowest offsets (floors)
+    # and young sections (Kafka's first uncleanable offset) say counts for it, as the files no plan takes do.
+    floors_elsewhere = _lowest_elsewhere(lowest, lowest)
+    young_outside = snapshot.first_uncleanable_offsets(partitions, now_ms, excluding=planned)
+    young_elsewhere = _lowest_elsewhere([_young_sections(snapshot, plan_inputs, now_ms) for plan_inputs in inputs], lowest)
     plans = []
-    young = snapshot.first_uncleanable_offsets({tp for offsets in lowest for tp in offsets}, now_ms)
     for number, ((_keys, target_level), offsets) in enumerate(zip(chosen, lowest)):
-        floors = {}
-        for tp in offsets:
-            lowest_offset, holder = first[tp]
-            other_plans = second.get(tp, _NO_OFFSET) if holder == number else lowest_offset
-            floor = min(other_plans, outside.get(tp, _NO_OFFSET))
-            if floor != _NO_OFFSET:
-                floors[tp] = floor
+        floors = _lowest_of(offsets, floors_elsewhere[number], outside)
+        young = _lowest_of(offsets, young_elsewhere[number], young_outside)
         topics = sorted({topic for topic, _ in offsets})
         plans.append(Plan(
             plan_id=new_plan_id(now_ms),
@@ -140,13 +127,64 @@ def make_plans(
             inputs=inputs[number],
             topics={name: snapshot.topics[name] for name in topics},
             outside_floors=floors,
-            first_uncleanable={tp: young[tp] for tp in offsets if tp in young},
+            first_uncleanable=young,
             groups=split_into_groups(sizes[number], config.group_bytes),
             buffer_bytes=config.buffer_bytes,
             target_file_bytes=config.target_file_bytes,
             max_partition_bytes=config.max_partition_bytes,
         ))
     return plans
+
+
+def _lowest_elsewhere(per_plan: Sequence[dict[TopicPartition, int]], wanted: Sequence[Iterable[TopicPartition]]) -> list[dict[TopicPartition, int]]:
+    """For each plan, per partition of its `wanted` ones, the lowest offset among the other plans' `per_plan`
+    offsets. The two lowest per partition and which plan holds the lowest keep a pass over many plans linear."""
+    first: dict[TopicPartition, tuple[int, int]] = {}
+    second: dict[TopicPartition, int] = {}
+    for number, offsets in enumerate(per_plan):
+        for tp, offset in offsets.items():
+            held = first.get(tp)
+            if held is None or offset < held[0]:
+                if held is not None:
+                    second[tp] = held[0]
+                first[tp] = (offset, number)
+            elif offset < second.get(tp, _NO_OFFSET):
+                second[tp] = offset
+    elsewhere: list[dict[TopicPartition, int]] = []
+    for number, partitions in enumerate(wanted):
+        found = {}
+        for tp in partitions:
+            held = first.get(tp)
+            if held is not None and held[1] != number:
+                found[tp] = held[0]
+            elif tp in second:
+                found[tp] = second[tp]
+        elsewhere.append(found)
+    return elsewhere
+
+
+def _lowest_of(partitions: dict[TopicPartition, int], *sources: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+    """Per partition of `partitions`, the lowest offset any of `sources` holds (partitions none holds are left out)."""
+    found = {}
+    for tp in partitions:
+        lowest = min((source[tp] for source in sources if tp in source), default=None)
+        if lowest is not None:
+            found[tp] = lowest
+    return found
+
+
+def _young_sections(snapshot: Snapshot, inputs: Sequence[DataFile], now_ms: int) -> dict[TopicPartition, int]:
+    """Per partition whose topic sets min.compaction.lag.ms, the first offset of the first of `inputs`' sections
+    holding a record within the lag: what another plan's inputs protect, judged by section as the catalog's
+    (`Snapshot.first_uncleanable_offsets`); within its own inputs the engine finds the first such record."""
+    found: dict[TopicPartition, int] = {}
+    for data_file in inputs:
+        for section in data_file.sections:
+            lag = snapshot.topics[section.topic].config.min_compaction_lag_ms
+            if lag > 0 and section.info.max_timestamp > now_ms - lag:
+                tp = (section.topic, section.partition)
+                found[tp] = min(found.get(tp, _NO_OFFSET), section.first_offset)
+    return found
 
 
 def _by_content(files: list[FileSummary]) -> list[list[FileSummary]]:
