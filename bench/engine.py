@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/engine.py                 # both cases, 3 runs each, prints medians
     .venv/bin/python bench/engine.py --case a --repeat 1
+    .venv/bin/python bench/engine.py --case b --min-lag none,0,0.1   # min lag's cost, runs alternating
 
 Cases (8 partitions, 10 input files, LZ4, each key always in the same partition, as Kafka partitions):
   (a) 36-byte keys, 100-byte values, 1,000,000 distinct keys, 10 records per key: 10 million records
@@ -10,6 +11,11 @@ The engine runs a deduplicating plan over the files with the default 128 MiB key
 passes, k-way merge, bitmaps, output written and uploaded; no commit). The I/O floor reads every input
 file twice and writes the output's bytes with plain file I/O. Also printed: how many distinct keys the
 128 MiB map holds. The process is pinned to one CPU and Arrow to one thread.
+
+--min-lag compares variants of the topic side by side, their runs alternating: `none` (no min lag), or a
+share of each partition's newest records within min.compaction.lag.ms (records' timestamps follow their
+offsets): `0` costs the engine only its search for a young record, `0.1` also cuts each partition's output
+before its young tenth and keeps that tenth as it is.
 """
 
 from __future__ import annotations
@@ -75,6 +81,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--case", choices=["a", "b", "all"], default="all")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--min-lag", default="none", metavar="VARIANTS",
+                        help="comma-separated: none, or the share (0 to 1) of each partition's newest records within the lag")
     args = parser.parse_args()
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     pa.set_cpu_count(1)
@@ -82,35 +90,58 @@ def main() -> None:
 
     held, seconds = keys_in_128_mib()
     print(f"key map: {held:,} distinct keys held in 128 MiB ({128 * 2**20 / held:.1f} bytes a key), filled in {seconds:.1f} s")
-    topic = Topic.create("bench", PARTITIONS, {"cleanup.policy": "compact"}, NOW)
+    variants = args.min_lag.split(",")
+    plan_now = NOW + 10**9
     for case in ("a", "b") if args.case == "all" else (args.case,):
         distinct, per_key, value_bytes = CASES[case]
+        records = distinct * per_key
+        topics = {variant: _topic(variant, records // PARTITIONS, plan_now) for variant in variants}
         with tempfile.TemporaryDirectory(prefix="logcompact-bench-engine-") as tmp:
             store = LocalStore(Path(tmp) / "store")
             files, payload = write_compacted_log(store, "bench", distinct, per_key, value_bytes, PARTITIONS, FILES)
-            records = distinct * per_key
-            engine, floors = [], []
+            engine: dict[str, list[float]] = {variant: [] for variant in variants}
+            floors, young_kept, outputs = [], {}, {}
             for _ in range(args.repeat):
-                plan = Plan(
-                    plan_id=f"bench-{uuid.uuid4().hex[:8]}", cluster_id="bench", manifest_version=1, now_ms=NOW + 10**9,
-                    target_level=2, deduplicate=True, inputs=tuple(files), topics={"bench": topic},
-                )
-                started = time.perf_counter()
-                result = run_plan(store, plan)
-                engine.append(time.perf_counter() - started)
-                assert result.stats.records_out == distinct, result.stats
-                floors.append(io_floor(store, files, result.stats.bytes_out, Path(tmp)))
-                for output in result.outputs:
-                    store.delete(output.key)
-            e, f = statistics.median(engine), statistics.median(floors)
+                for variant in variants:
+                    plan = Plan(
+                        plan_id=f"bench-{uuid.uuid4().hex[:8]}", cluster_id="bench", manifest_version=1, now_ms=plan_now,
+                        target_level=2, deduplicate=True, inputs=tuple(files), topics={"bench": topics[variant]},
+                    )
+                    started = time.perf_counter()
+                    result = run_plan(store, plan)
+                    engine[variant].append(time.perf_counter() - started)
+                    young_kept[variant], outputs[variant] = result.stats.young_kept, len(result.outputs)
+                    if variant == "none":
+                        assert result.stats.records_out == distinct, result.stats
+                        floors.append(io_floor(store, files, result.stats.bytes_out, Path(tmp)))
+                    for output in result.outputs:
+                        store.delete(output.key)
             size = sum(d.size for d in files)
             print(
                 f"case ({case}): {records:,} records, {value_bytes} B values, {payload / 1e9:.2f} GB of keys and values, "
-                f"{size / 1e9:.2f} GB in files -> {distinct:,} records out\n"
-                f"  engine {e:.2f} s: {records / e / 1e6:.2f} M records/s, {payload / e / 1e9:.2f} GB/s per core; "
-                f"I/O floor {f:.2f} s; engine / floor = {e / f:.1f}x  (runs: {', '.join(f'{x:.2f}' for x in engine)})",
+                f"{size / 1e9:.2f} GB in files -> {distinct:,} records out without min lag",
                 flush=True,
             )
+            f = statistics.median(floors) if floors else None
+            for variant in variants:
+                e = statistics.median(engine[variant])
+                against = f"; I/O floor {f:.2f} s; engine / floor = {e / f:.1f}x" if f else ""
+                lag = "no min lag" if variant == "none" else f"{float(variant):.0%} of records within min lag ({young_kept[variant]:,} kept young)"
+                print(
+                    f"  {lag}: engine {e:.2f} s: {records / e / 1e6:.2f} M records/s, {payload / e / 1e9:.2f} GB/s per core{against}; "
+                    f"{outputs[variant]} output file(s)  (runs: {', '.join(f'{x:.2f}' for x in engine[variant])})",
+                    flush=True,
+                )
+
+
+def _topic(variant: str, per_partition: int, plan_now: int) -> Topic:
+    """The bench topic, with a min lag taking in the newest `variant` share of each partition's records: their
+    timestamps are NOW plus their offset (`write_compacted_log`)."""
+    if variant == "none":
+        return Topic.create("bench", PARTITIONS, {"cleanup.policy": "compact"}, NOW)
+    young_from = NOW + round(per_partition * (1 - float(variant)))
+    lag = plan_now - young_from + 1
+    return Topic.create("bench", PARTITIONS, {"cleanup.policy": "compact", "min.compaction.lag.ms": str(lag)}, NOW)
 
 
 if __name__ == "__main__":
