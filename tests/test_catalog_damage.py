@@ -6,6 +6,10 @@ type per cause, the catalog database going away under a reader or a commit, and 
 * a section row whose record count is 0, whose offsets were shifted over another section's, or whose partition was
   relabelled is a CorruptDataError naming the row, never an IndexError or records shown twice; an object replaced
   by a directory is no object (ObjectNotFoundError) on every read path of a local store;
+* a section row's crc32 is bound to its locating fields: two rows of one file swapped by partition (same offsets),
+  a row shifted onto offsets outside a compaction's plan, a row changed in any one of those fields, are refused
+  where their blocks are read (consume in one line; a compaction sets the partition aside, copying nothing of it);
+  a schema-3 catalog (raw CRCs) is refused until `logcompact cluster upgrade-catalog` binds them, on each database;
 * a snapshot whose database goes away (a real PostgreSQL database closed to connections, a SQLite file replaced
   by garbage) raises CatalogUnavailableError naming the catalog, its password masked;
 * `commit_plans` commits every plan it can and raises the others' failures together, whatever their type;
@@ -19,11 +23,13 @@ from __future__ import annotations
 
 import json
 import logging
+import struct
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import select, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
@@ -31,6 +37,7 @@ from logcompact.catalog import Catalog, schema
 from logcompact.catalog.database import catalog_errors, redact_url
 from logcompact.consume import latest_values, read_records
 from logcompact.exceptions import (
+    CatalogSchemaError,
     CatalogUnavailableError,
     CommitConflictError,
     CorruptDataError,
@@ -39,6 +46,7 @@ from logcompact.exceptions import (
     PlansNotCommittedError,
     StoreError,
 )
+from logcompact.format import read_section
 from logcompact.ingest import Agent, Record
 from logcompact.jobs import commit_plans, prepare_plans, release_abandoned, run_group, run_here
 from logcompact.jobs.documents import abandoned_key, abandoned_plans, group_key, read_header
@@ -232,14 +240,34 @@ def _key_at(catalog: Catalog, partition: int, first_offset: int) -> str:
     return next(key for key, section in catalog.snapshot().sections_of("t", partition) if section.first_offset == first_offset)
 
 
-def _damage_section(catalog: Catalog, key: str, in_partition: int, **values: int) -> str:
-    """Change the catalog row of a file's section behind the library's back, as a damaged database would hold it."""
+# A sections row's fields its stored crc32 is bound to (`schema.section_crc_binding`), in that function's order.
+BOUND = ("topic_id", "partition", "byte_offset", "byte_length", "first_row", "first_offset", "last_offset", "record_count")
+
+
+def _bound_fields(connection, file_id: int, partition: int) -> tuple[tuple[int, ...], int]:
+    """A sections row's bound fields and its stored crc32."""
+    sec = schema.sections.c
+    row = connection.execute(
+        select(*(sec[name] for name in BOUND), sec.crc32).where(sec.file_id == file_id, sec.partition == partition)
+    ).one()
+    return tuple(row[:-1]), row[-1]
+
+
+def _damage_section(catalog: Catalog, key: str, in_partition: int, rebind: bool = False, **values: int) -> str:
+    """Change the catalog row of a file's section behind the library's back, as a damaged database would hold it;
+    with `rebind`, its crc32 bound again to the changed row, as only an edit that knows the binding would."""
     sec, files = schema.sections.c, schema.files.c
     with catalog.engine.begin() as connection:
         file_id = connection.execute(schema.files.select().with_only_columns(files.file_id).where(files.key == key)).scalar_one()
+        before, stored = _bound_fields(connection, file_id, in_partition)
         changed = connection.execute(
             update(schema.sections).where(sec.file_id == file_id, sec.partition == in_partition).values(**values)
         ).rowcount
+        if rebind:
+            now_in = values.get("partition", in_partition)
+            after, _ = _bound_fields(connection, file_id, now_in)
+            crc = stored ^ schema.section_crc_binding(*before) ^ schema.section_crc_binding(*after)
+            connection.execute(update(schema.sections).where(sec.file_id == file_id, sec.partition == now_in).values(crc32=crc))
     assert changed == 1
     return key
 
@@ -314,10 +342,17 @@ def test_an_offset_in_two_overlapping_sections_is_corrupt_data(tmp_path: Path) -
     ((swept, section),) = catalog.snapshot().sections_of("t", 0)
     assert (section.first_offset, section.last_offset, section.info.record_count) == (0, 14, 10)  # holes at 1, 3, 5, 7, 9
     _produce(catalog, "t", [Record(0, b"n%d" % i, b"new", NOW) for i in range(3)])  # offsets 15 to 17
-    key = _damage_section(catalog, _key_at(catalog, 0, 15), 0, first_offset=2, last_offset=4)
+    # Shifted with its crc32 bound again (else its first block's CRC refuses it first, as the next test shows).
+    key = _damage_section(catalog, _key_at(catalog, 0, 15), 0, rebind=True, first_offset=2, last_offset=4)
     with pytest.raises(CorruptDataError, match=f"place offset 2 in {swept} \\(offsets 0 to 14\\) and {key} \\(offsets 2 to 4\\)"):
         list(read_records(catalog.store, catalog.snapshot(), "t", 0))
     _one_line_error(_cli(catalog, "consume", "t", "--partition", "0"), "an offset is never in two live sections")
+    # As a damaged database holds it, the shift is refused where the row's first block is read.
+    _damage_section(catalog, key, 0, rebind=True, first_offset=15, last_offset=17)
+    assert [r.offset for r in read_records(catalog.store, catalog.snapshot(), "t", 0)][-3:] == [15, 16, 17]
+    _damage_section(catalog, key, 0, first_offset=2, last_offset=4)
+    with pytest.raises(CorruptDataError, match=f"{key}: section t/0 at byte \\d+: .* the catalog's row of the section was changed"):
+        list(read_records(catalog.store, catalog.snapshot(), "t", 0))
 
 
 def test_sections_whose_ranges_overlap_legitimately_still_read(two_partitions: Catalog) -> None:
@@ -330,6 +365,217 @@ def test_sections_whose_ranges_overlap_legitimately_still_read(two_partitions: C
     check_partition_sections("t", 0, [(key, spanning), (other, second)], next_offset=15)
     with pytest.raises(CorruptDataError, match="9 records in offsets 0 to 7"):
         check_partition_sections("t", 0, [(key, spanning._replace(info=spanning.info._replace(record_count=5))), (other, second)])
+
+
+# -- 2b. a section row's crc32 bound to the row: no row changed in a locating field reads as truth --------------------
+
+CHANGED = "the catalog's row of the section was changed; restore the file from a copy or the catalog database from a backup"
+
+
+def _file_id(catalog: Catalog, key: str) -> int:
+    with catalog.engine.connect() as connection:
+        return connection.execute(select(schema.files.c.file_id).where(schema.files.c.key == key)).scalar_one()
+
+
+def _swap_partitions(catalog: Catalog, key: str, a: int, b: int) -> None:
+    """The rows of a file's sections of partitions a and b relabelled as each other (the primary key allows it)."""
+    sec = schema.sections.c
+    file_id = _file_id(catalog, key)
+    with catalog.engine.begin() as connection:
+        for old, new in ((a, -1), (b, a), (-1, b)):
+            assert connection.execute(update(schema.sections).where(sec.file_id == file_id, sec.partition == old).values(partition=new)).rowcount == 1
+
+
+def _records_until_refused(catalog: Catalog, partition: int) -> tuple[list, CorruptDataError | None]:
+    """What a reader of the partition is shown before it is refused, and the refusal (None: read whole)."""
+    shown: list = []
+    try:
+        for record in read_records(catalog.store, catalog.snapshot(), "t", partition):
+            shown.append(record)
+    except CorruptDataError as refused:
+        return shown, refused
+    return shown, None
+
+
+def test_two_sections_of_a_file_swapped_by_partition_are_refused_never_read_as_each_other(two_partitions: Catalog) -> None:
+    """Both sections of the first file hold offsets 0 to 3 (in one block, so one first-block CRC): swapped, every check
+    of offsets passes; bound to its row, each one's crc32 no longer matches the file. Consume of either partition is
+    refused in one line with nothing of the other shown, and a compaction sets both aside: their data survive."""
+    catalog = two_partitions
+    before = {p: list(read_records(catalog.store, catalog.snapshot(), "t", p)) for p in (0, 1)}
+    # produce_l0_files puts key k<n> in partition n % 2 (the last file's, of values "alone", are partition 0's).
+    assert all(int(r.key[1:]) % 2 == p for p in (0, 1) for r in before[p] if r.value != b"alone")
+    key = _key_at(catalog, 0, 0)
+    assert _key_at(catalog, 1, 0) == key
+    _swap_partitions(catalog, key, 0, 1)
+    for partition in (0, 1):
+        shown, refused = _records_until_refused(catalog, partition)
+        assert refused is not None and shown == [], (partition, shown)
+        message = str(refused)
+        assert message.startswith(f"{key}: section t/{partition} at byte ") and CHANGED in message and "\n" not in message
+        with pytest.raises(CorruptDataError, match="the catalog's row of the section was changed"):
+            latest_values(catalog.store, catalog.snapshot(), "t", partition)
+        _one_line_error(_cli(catalog, "consume", "t", "--partition", str(partition)), key, CHANGED)
+
+    prepared = prepare_plans(catalog, "regular", NOW, CONFIG)
+    assert prepared.plan_ids  # the four L0 files, the swapped one among them
+    summary = run_here(catalog, prepared.plan_ids, prepared.groups, NOW)
+    assert sorted((u["topic"], u["partition"]) for u in summary.uncleanable) == [("t", 0), ("t", 1)]
+    assert all(u["reason"].startswith(f"{key}: section t/{u['partition']} at byte ") and "index CRC-32" in u["reason"]
+               for u in summary.uncleanable)
+    assert sorted((m.topic, m.partition, m.file_key) for m in catalog.uncleanable()) == [("t", 0, key), ("t", 1, key)]
+    assert {f.level for f in catalog.snapshot().files()} == {0}  # nothing written over the damage, nothing removed
+    for partition in (0, 1):
+        _one_line_error(_cli(catalog, "consume", "t", "--partition", str(partition)), key, CHANGED)
+    # The rows put back (as a restored catalog holds them), every record is where it was.
+    _swap_partitions(catalog, key, 0, 1)
+    assert {p: list(read_records(catalog.store, catalog.snapshot(), "t", p)) for p in (0, 1)} == before
+
+
+def test_a_section_row_shifted_onto_offsets_outside_its_plan_is_not_copied(tmp_path: Path) -> None:
+    """Issue 19's finding E: an L1 file holds offsets 0 to 11 of each partition; four newer L0 files 12 to 27. The
+    first L0 file's section of partition 0 (12 to 15) shifted by half its length, onto 10 to 13, overlaps the L1
+    file's, which the L0 plan does not read: no check of the plan's own sections can tell. Its CRC bound to its row,
+    the compaction refuses it where it reads it: partition 0 is set aside with nothing of it written, partition 1
+    is compacted, and consume of partition 0 is refused in one line until the row is restored."""
+    catalog = Catalog(LocalStore(tmp_path / "store"))
+    create_topic(catalog, "t", partitions=2, cleanup_policy="compact")
+    produce_l0_files(catalog, "t", files=4, records=6, keys=6, partitions=2)
+    prepared = prepare_plans(catalog, "regular", NOW, CONFIG)
+    run_here(catalog, prepared.plan_ids, prepared.groups, NOW)
+    (l1,) = catalog.snapshot().files()
+    assert l1.level == 1 and [(s.partition, s.first_offset, s.last_offset) for s in l1.sections] == [(0, 0, 11), (1, 0, 11)]
+    produce_l0_files(catalog, "t", files=4, records=8, keys=6, partitions=2, now=NOW + 1_000)
+    before = {p: list(read_records(catalog.store, catalog.snapshot(), "t", p)) for p in (0, 1)}
+    assert [r.offset for r in before[0]] == list(range(28))
+    key = _key_at(catalog, 0, 12)
+    _damage_section(catalog, key, 0, first_offset=10, last_offset=13)
+
+    prepared = prepare_plans(catalog, "regular", NOW + 2_000, CONFIG)
+    (plan_id,) = prepared.plan_ids
+    planned = read_header(catalog.store, plan_id)
+    assert l1.key not in {f.key for f in planned.inputs} and key in {f.key for f in planned.inputs}
+    summary = run_here(catalog, prepared.plan_ids, prepared.groups, NOW + 2_000)
+    assert summary.committed == [plan_id]
+    ((topic, partition, reason),) = [(u["topic"], u["partition"], u["reason"]) for u in summary.uncleanable]
+    assert (topic, partition) == ("t", 0) and reason.startswith(f"{key}: section t/0 at byte ")
+    # Nothing of partition 0 was written: the new L1 file holds partition 1 alone; partition 0's four L0 sections are
+    # live where they were, the shifted one included.
+    (output,) = [f for f in catalog.snapshot().files(level=1) if f.key != l1.key]
+    assert [s.partition for s in output.sections] == [1]
+    assert [k for k, s in catalog.snapshot().sections_of("t", 1)] == [l1.key, output.key]
+    zero = sorted((s.first_offset, f.key) for f in catalog.snapshot().files() for s in f.sections if s.partition == 0)
+    assert [first for first, _ in zero] == [0, 10, 16, 20, 24] and zero[:2] == [(0, l1.key), (10, key)]
+    _one_line_error(_cli(catalog, "consume", "t", "--partition", "0"), key)
+    with pytest.raises(CorruptDataError):
+        list(read_records(catalog.store, catalog.snapshot(), "t", 0))
+    assert list(read_records(catalog.store, catalog.snapshot(), "t", 1)) == before[1]  # L0 to L1 copies
+    _damage_section(catalog, key, 0, first_offset=12, last_offset=15)  # the row restored
+    assert list(read_records(catalog.store, catalog.snapshot(), "t", 0)) == before[0]
+
+
+@pytest.mark.parametrize("field", BOUND)
+def test_a_section_row_changed_in_any_locating_field_is_refused_where_its_blocks_are_read(tmp_path: Path, field: str) -> None:
+    """Each field the crc32 is bound to, changed alone in the row of section t/1 (topic_id to another topic's,
+    partition to one the file has no section of): the loaded section's CRC is no longer the file's, and
+    `read_section` refuses it in one line, whichever checks of offsets and counts would pass."""
+    catalog = Catalog(LocalStore(tmp_path / "store"))
+    create_topic(catalog, "t", partitions=2, cleanup_policy="compact")
+    create_topic(catalog, "u", partitions=2, cleanup_policy="compact")
+    produce_l0_files(catalog, "t", files=1, records=40, keys=10, partitions=2)
+    ((key, placed),) = catalog.snapshot().sections_of("t", 1)
+    assert read_section(catalog.store, key, placed.info).info == placed.info  # as written, it reads
+    sec = schema.sections.c
+    with catalog.engine.connect() as connection:
+        current = connection.execute(select(sec[field]).where(sec.file_id == _file_id(catalog, key), sec.partition == 1)).scalar_one()
+    changed = {"topic_id": catalog.snapshot().topic_ids["u"], "partition": 7, "record_count": current - 1}.get(field, current + 1)
+    _damage_section(catalog, key, 1, **{field: changed})
+    (loaded,) = [s for f in catalog.snapshot().files() if f.key == key for s in f.sections if (s.info.topic, s.info.partition) != ("t", 0)]
+    assert loaded.info.topic == ("u" if field == "topic_id" else "t")
+    assert loaded.info.crc32 != placed.info.crc32
+    with pytest.raises(CorruptDataError, match=f"^{key}: section [tu]/[17] at byte \\d+: .*, or {CHANGED}$") as refused:
+        read_section(catalog.store, key, loaded.info)
+    assert "\n" not in str(refused.value)
+
+
+def test_the_binding_is_zlib_s_crc_of_the_eight_fields_and_each_one_changes_it() -> None:
+    """What `sections.crc32` holds is part of the schema: a change here needs a new schema version and an upgrade."""
+    fields = (3, 17, 4096, 1500, 2, 1_000_000, 1_000_099, 80)
+    assert schema.section_crc_binding(*fields) == zlib.crc32(struct.pack("<8q", *fields)) == 0x7662FFB9
+    for n in range(len(fields)):
+        for delta in (1, -1):
+            changed = list(fields)
+            changed[n] += delta
+            assert schema.section_crc_binding(*changed) != schema.section_crc_binding(*fields), (BOUND[n], delta)
+
+
+def _stored_crcs(catalog: Catalog) -> dict[tuple[int, int, int], int]:
+    sec = schema.sections.c
+    with catalog.engine.connect() as connection:
+        return {(f, t, p): crc for f, t, p, crc in connection.execute(select(sec.file_id, sec.topic_id, sec.partition, sec.crc32))}
+
+
+def _as_schema_3(catalog: Catalog) -> None:
+    """The catalog as schema 3 held it: each sections row's crc32 raw (unbound), schema_version 3."""
+    sec = schema.sections.c
+    with catalog.engine.begin() as connection:
+        rows = connection.execute(select(sec.file_id, sec.topic_id, sec.partition, *(sec[n] for n in BOUND[2:]), sec.crc32)).all()
+        for row in rows:
+            connection.execute(
+                update(schema.sections).where(sec.file_id == row[0], sec.topic_id == row[1], sec.partition == row[2])
+                .values(crc32=row[-1] ^ schema.section_crc_binding(*row[1:-1]))
+            )
+        connection.execute(update(schema.catalog_info).values(schema_version=3))
+
+
+def test_a_schema_3_catalog_is_refused_until_upgrade_catalog_binds_its_rows(catalog: Catalog) -> None:
+    """On each database: a catalog of schema 3 (raw CRCs) is refused by every command with one line naming
+    `logcompact cluster upgrade-catalog`, which rewrites every sections row (live and removed, in batches) in one
+    transaction; then it reads as before, and upgrading again has nothing to do. Other versions are refused."""
+    create_topic(catalog, "t", partitions=3, cleanup_policy="compact")
+    produce_l0_files(catalog, "t", files=5, records=30, keys=10, partitions=3)
+    prepared = prepare_plans(catalog, "regular", NOW, CONFIG)
+    run_here(catalog, prepared.plan_ids, prepared.groups, NOW)  # removed rows, kept for the versions, are upgraded too
+    produce_l0_files(catalog, "t", files=2, records=30, keys=10, partitions=3)
+    before = {p: list(read_records(catalog.store, catalog.snapshot(), "t", p)) for p in range(3)}
+    bound = _stored_crcs(catalog)
+    assert len(bound) == 3 * 8  # 7 L0 files (5 removed) and an L1 file, every one holding each partition
+    cli = ["--store", catalog.store.uri, "--catalog", catalog.url, "--now", str(NOW)]
+
+    _as_schema_3(catalog)
+    assert all(crc != bound[row] for row, crc in _stored_crcs(catalog).items())
+    with pytest.raises(CatalogSchemaError, match="has schema version 3, this logcompact uses 4: .*run `logcompact cluster upgrade-catalog`"):
+        Catalog(catalog.store, catalog.url).snapshot()
+    for argv in (["consume", "t", "--partition", "0"], ["files"], ["compact", "--all"], ["cluster", "describe"]):
+        _one_line_error(run_in_process([*cli, *argv]), "has schema version 3", "logcompact cluster upgrade-catalog")
+    upgraded = run_in_process([*cli, "cluster", "upgrade-catalog"])
+    assert upgraded.code == 0 and not upgraded.stderr, upgraded
+    assert json.loads(upgraded.stdout) == {"upgraded": True, "from_schema_version": 3, "schema_version": 4, "sections_rewritten": 24}
+    assert _stored_crcs(catalog) == bound
+    reopened = Catalog(catalog.store, catalog.url)
+    assert {p: list(read_records(reopened.store, reopened.snapshot(), "t", p)) for p in range(3)} == before
+    again = run_in_process([*cli, "cluster", "upgrade-catalog"])
+    assert again.code == 0 and json.loads(again.stdout)["upgraded"] is False and "nothing to do" in again.stdout, again
+    assert _stored_crcs(catalog) == bound
+
+    # The library's method, in batches smaller than the table.
+    _as_schema_3(catalog)
+    assert Catalog(catalog.store, catalog.url).upgrade_catalog(batch=5) == 24
+    assert _stored_crcs(catalog) == bound
+    assert Catalog(catalog.store, catalog.url).upgrade_catalog() is None
+
+    for other in (2, 5):
+        with catalog.engine.begin() as connection:
+            connection.execute(update(schema.catalog_info).values(schema_version=other))
+        _one_line_error(run_in_process([*cli, "cluster", "upgrade-catalog"]), f"has schema version {other}",
+                        "upgrades schema 3 to 4 only")
+        assert _stored_crcs(catalog) == bound
+
+
+def test_upgrade_catalog_of_no_cluster_is_refused(tmp_path: Path) -> None:
+    outcome = run_in_process(["--store", f"file://{tmp_path}/store", "cluster", "upgrade-catalog"])
+    _one_line_error(outcome, "no logcompact cluster in")
+    assert not (tmp_path / "store" / "catalog.db").exists()
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ passes, its damaged file changes, or the mark is cleared; then it compacts like 
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 from logcompact.catalog import Catalog
 from logcompact.catalog import schema as s
@@ -54,12 +54,10 @@ def test_a_damaged_section_sets_one_partition_aside_and_the_other_99_commit(cata
     _cluster(catalog)
     damaged_key, placed = _section_of(catalog, 37, 1)
     # The catalog's record of one section no longer matches its file (its block's CRC-32 edited).
+    row = (s.sections.c.partition == 37, s.sections.c.first_offset == placed.first_offset)
     with catalog.engine.begin() as connection:
-        connection.execute(
-            update(s.sections)
-            .where(s.sections.c.partition == 37, s.sections.c.first_offset == placed.first_offset)
-            .values(crc32=placed.info.crc32 ^ 1)
-        )
+        stored = connection.execute(select(s.sections.c.crc32).where(*row)).scalar_one()  # bound to the row
+        connection.execute(update(s.sections).where(*row).values(crc32=stored ^ 1))
     before = {tp: list(read_records(catalog.store, catalog.snapshot(), "t", tp)) for tp in (36, 38)}
 
     stats = _sweep(catalog)
@@ -94,11 +92,7 @@ def test_a_damaged_section_sets_one_partition_aside_and_the_other_99_commit(cata
 
     # The operator repairs the catalog row (or restores the file) and clears the mark: the next sweep cleans it.
     with catalog.engine.begin() as connection:
-        connection.execute(
-            update(s.sections)
-            .where(s.sections.c.partition == 37, s.sections.c.first_offset == placed.first_offset)
-            .values(crc32=placed.info.crc32)
-        )
+        connection.execute(update(s.sections).where(*row).values(crc32=stored))
     assert catalog.clear_uncleanable() == [("t", 37)]
     stats = _sweep(catalog, NOW + 2000)
     assert stats["uncleanable"] == [] and catalog.uncleanable() == []

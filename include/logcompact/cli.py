@@ -22,6 +22,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from logcompact.catalog import Catalog, Snapshot
 from logcompact.catalog.database import redact_text
+from logcompact.catalog.schema import SCHEMA_VERSION, UPGRADABLE_FROM
 from logcompact.consume import read_records
 from logcompact.exceptions import CorruptDataError, InvalidPlanError, InvalidRecordError, InvalidStoreUriError, LogcompactError
 from logcompact.ingest import Agent, Record, wall_clock_ms
@@ -567,6 +568,19 @@ def cluster_accept_catalog(ctx: Context) -> None:
     still refused."""
     marker = ctx.catalog.accept_catalog(ctx.clock())
     _emit({"accepted": True, "cluster_id": marker.cluster_id, "seen_version": marker.seen_version})
+
+
+@cluster.command("upgrade-catalog")
+@pass_context
+def cluster_upgrade_catalog(ctx: Context) -> None:
+    """Upgrade a catalog of schema 3 to schema 4 in one transaction (its sections rows' crc32 bound to their rows,
+    docs/catalog.md). Stop the older release's agents and compactions and back the database up first. On a catalog
+    at schema 4 there is nothing to do; another schema is refused."""
+    rewritten = ctx.catalog.upgrade_catalog()
+    if rewritten is None:
+        _emit({"upgraded": False, "schema_version": SCHEMA_VERSION, "note": f"the catalog is at schema version {SCHEMA_VERSION}: nothing to do"})
+    else:
+        _emit({"upgraded": True, "from_schema_version": UPGRADABLE_FROM, "schema_version": SCHEMA_VERSION, "sections_rewritten": rewritten})
 
 
 @cli.command()

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import json
 import logging
+import struct
 import time
 import uuid
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
-from sqlalchemy import ColumnElement, Connection, bindparam, delete, func, insert, inspect, select, update
+from sqlalchemy import ColumnElement, Connection, bindparam, delete, func, insert, inspect, select, tuple_, update
 from sqlalchemy.exc import DatabaseError, IntegrityError
 
 from logcompact.catalog import schema as s
@@ -169,14 +170,91 @@ class Catalog:
         if row is None:
             raise self._not_found()
         if row.schema_version != s.SCHEMA_VERSION:
-            raise CatalogSchemaError(
-                f"catalog {self._shown_url} has schema version {row.schema_version}, this logcompact "
-                f"uses {s.SCHEMA_VERSION}; run the logcompact release that created it, or start a new catalog"
-            )
+            raise self._schema_error(row.schema_version)
         if row[3] is not None and row[3] > row.version:  # before the marker may be written at a lowered version
             raise _version_behind_log(row.version, row[3])
         self._marker = self._checked_marker(marker, row.cluster_id, row.version)
         self._cluster_id = row.cluster_id
+
+    def _schema_error(self, found: int) -> CatalogSchemaError:
+        """The one line refusing a catalog of schema `found`: the command that upgrades it, when there is one."""
+        if found == s.UPGRADABLE_FROM:
+            return CatalogSchemaError(
+                f"catalog {self._shown_url} has schema version {found}, this logcompact uses {s.SCHEMA_VERSION}: stop its "
+                "agents and compactions, back the database up, and run `logcompact cluster upgrade-catalog` (it rewrites "
+                "the sections rows' crc32 in one transaction)"
+            )
+        return CatalogSchemaError(
+            f"catalog {self._shown_url} has schema version {found}, this logcompact uses {s.SCHEMA_VERSION}; run the "
+            "logcompact release that created it, or start a new catalog"
+        )
+
+    def upgrade_catalog(self, batch: int = 10_000) -> int | None:
+        """Bring a catalog of schema UPGRADABLE_FROM (3) to SCHEMA_VERSION (4), in one transaction: every sections
+        row's crc32, stored raw until then, is bound to its row (`schema.section_crc_binding`), `batch` rows at a
+        time in primary-key order, and `catalog_info.schema_version` is set. Nothing else changes: no manifest
+        version is made, the store is not touched. Returns the rows rewritten; None when the catalog is at
+        SCHEMA_VERSION already (nothing to do). Another version is a CatalogSchemaError, and no cluster
+        ClusterNotFoundError. Writers of the older release must be stopped first: they would go on writing raw
+        CRCs, which readers then refuse."""
+        path = sqlite_path(self.url)
+        if path is not None and not path.exists():
+            raise self._not_found()
+        sec = s.sections.c
+        key = (sec.file_id, sec.topic_id, sec.partition)
+        # The key, then the bound fields from topic_id on (section_crc_binding's order), then crc32.
+        columns = (*key, sec.byte_offset, sec.byte_length, sec.first_row, sec.first_offset, sec.last_offset, sec.record_count, sec.crc32)
+        rewrite = (
+            update(s.sections)
+            .where(sec.file_id == bindparam("b_file"), sec.topic_id == bindparam("b_topic"), sec.partition == bindparam("b_partition"))
+            .values(crc32=bindparam("b_crc"))
+        )
+        rewritten = 0
+        with catalog_errors(self.engine.url):
+            with self.engine.connect() as connection:
+                if not inspect(connection).has_table(s.catalog_info.name):
+                    raise self._not_found()
+            with self.engine.connect() as connection, connection.execution_options(**{WRITE: True}).begin():
+                found = connection.execute(select(s.catalog_info.c.schema_version).with_for_update()).scalar_one_or_none()
+                if found is None:
+                    raise self._not_found()
+                if found == s.SCHEMA_VERSION:
+                    return None
+                if found != s.UPGRADABLE_FROM:
+                    raise CatalogSchemaError(
+                        f"catalog {self._shown_url} has schema version {found}: `logcompact cluster upgrade-catalog` "
+                        f"upgrades schema {s.UPGRADABLE_FROM} to {s.SCHEMA_VERSION} only; run the logcompact release that "
+                        "created it, or start a new catalog"
+                    )
+                after = None
+                while True:
+                    query = select(*columns).order_by(*key).limit(batch)
+                    if after is not None:
+                        query = query.where(tuple_(*key) > tuple_(*after))
+                    rows = connection.execute(query).all()
+                    if not rows:
+                        break
+                    execute_many(connection, rewrite, ("b_crc", "b_file", "b_topic", "b_partition"), [
+                        (row[9] ^ self._upgraded_binding(row), row[0], row[1], row[2]) for row in rows
+                    ])
+                    rewritten += len(rows)
+                    after = tuple(rows[-1][:3])
+                connection.execute(update(s.catalog_info).values(schema_version=s.SCHEMA_VERSION))
+        log.info("catalog %s upgraded from schema %d to %d: %d section rows rewritten", self._shown_url, s.UPGRADABLE_FROM,
+                 s.SCHEMA_VERSION, rewritten)
+        self._cluster_id = None
+        return rewritten
+
+    def _upgraded_binding(self, row) -> int:
+        """`upgrade_catalog`'s binding of a row (file_id, topic_id, partition, ..., record_count, crc32)."""
+        try:
+            return s.section_crc_binding(*row[1:9])
+        except struct.error:
+            raise CorruptDataError(
+                f"catalog {self._shown_url}: the sections row of file_id {row[0]!r}, topic_id {row[1]!r}, partition {row[2]!r} "
+                f"holds locating fields {tuple(row[1:9])!r:.200} that are not all 64-bit integers; restore the catalog "
+                "database from a backup and upgrade again; nothing was changed"
+            ) from None
 
     def _checked_marker(self, marker: ClusterMarker | None, cluster_id: str, version: int) -> ClusterMarker:
         """The store's marker, once it agrees with the catalog: same cluster, a version the catalog has reached."""
@@ -829,13 +907,16 @@ _SECTION_COLUMNS = tuple(column.name for column in s.sections.columns)
 
 
 def _section_row(file_id: int, section: CatalogSection, topic_id: int) -> tuple:
-    """A sections row, in the table's column order."""
+    """A sections row, in the table's column order; its crc32 bound to the row (`schema.section_crc_binding`)."""
     info = section.info
+    first, last = section.first_offset, section.last_offset
+    bound = info.crc32 ^ s.section_crc_binding(
+        topic_id, info.partition, info.byte_offset, info.byte_length, info.first_row, first, last, info.record_count
+    )
     return (
-        file_id, topic_id, info.partition, info.byte_offset, info.byte_length, info.first_row, section.first_offset,
-        section.last_offset, info.record_count, info.min_timestamp, info.max_timestamp, info.tombstones,
-        info.uncompressed_bytes, COMPRESSIONS.index(info.compression), info.crc32, info.clean_below_delta,
-        info.key_sketch or None, None,
+        file_id, topic_id, info.partition, info.byte_offset, info.byte_length, info.first_row, first, last,
+        info.record_count, info.min_timestamp, info.max_timestamp, info.tombstones, info.uncompressed_bytes,
+        COMPRESSIONS.index(info.compression), bound, info.clean_below_delta, info.key_sketch or None, None,
     )
 
 

@@ -3,10 +3,15 @@
 A manifest version is not stored as a document: version N is every file with added_version <= N and
 no removed_version <= N. `catalog_info` holds the newest version; every commit increments it first, which
 also serializes commits (a row lock on PostgreSQL, the write lock on SQLite).
+
+`sections.crc32` is stored bound to its row's locating fields (`section_crc_binding`).
 """
 
 from __future__ import annotations
 
+import struct
+
+from isal.isal_zlib import crc32  # zlib's CRC-32, computed faster
 from sqlalchemy import (
     BigInteger,
     Column,
@@ -20,8 +25,11 @@ from sqlalchemy import (
     Text,
 )
 
-# Bump on any change to the tables below; a database of another version is refused (CatalogSchemaError).
-SCHEMA_VERSION = 3
+# Bump on any change to the tables below or to what their columns hold; a database of another version is refused
+# (CatalogSchemaError), but for UPGRADABLE_FROM, which `Catalog.upgrade_catalog` brings to this one.
+SCHEMA_VERSION = 4
+# Schema 3 stored `sections.crc32` raw (the format's CRC, unbound): upgrading rewrites that column alone.
+UPGRADABLE_FROM = 3
 
 # SQLite gives auto-numbered keys only to INTEGER PRIMARY KEY (the rowid); PostgreSQL wants BIGINT.
 Identity64 = BigInteger().with_variant(Integer(), "sqlite")
@@ -121,6 +129,33 @@ sections = Table(
 )
 # The sections of one partition from an offset (consume), and of a set of partitions (planners).
 Index("sections_by_partition", sections.c.topic_id, sections.c.partition, sections.c.last_offset)
+
+# The fields of a sections row that say which records it names and where they are, as `section_crc_binding` packs them.
+_SECTION_PLACE = struct.Struct("<8q")
+
+
+def section_crc_binding(
+    topic_id: int, partition: int, byte_offset: int, byte_length: int, first_row: int, first_offset: int, last_offset: int,
+    record_count: int,
+) -> int:
+    """What `sections.crc32` is XORed with: the CRC-32 of the row's locating fields. The column holds the section's
+    CRC (`SectionInfo.crc32`, the index CRC of its first block, as in the file's footer and in plans) XOR this, so
+    the one writer of section rows (`Catalog._insert_files`) and their readers (`Snapshot`) apply it alike, and what
+    a reader gets back is the file's CRC only while none of these fields changed since the row was written.
+
+    Why: readers check a section's first block against its row's CRC, which catches a replaced or damaged file but
+    not a damaged row whose blocks are still the file's. Two rows of one file swapped by partition (the same
+    offsets, so every check of offsets passes) would show one partition's records under the other, and a row
+    shifted onto offsets of a section outside a compaction's plan would be copied there as if true. Bound, each
+    is a CRC mismatch where its blocks are read (`format.reader.read_section`, `consume`, the engine's cursor):
+    one CorruptDataError, and a compaction sets the partition aside. Timestamps, counts of bytes and tombstones,
+    the sketch are not bound: a change there misplaces no record.
+
+    One pack and one CRC per row (zlib's CRC-32 of the eight fields as little-endian 64-bit integers): a planner
+    loads hundreds of thousands of rows per pass. A value that is no 64-bit integer (a damaged SQLite row) raises
+    struct.error."""
+    return crc32(_SECTION_PLACE.pack(topic_id, partition, byte_offset, byte_length, first_row, first_offset, last_offset, record_count))
+
 
 leases = Table(
     "leases",

@@ -6,11 +6,14 @@ the rows of a version it keeps). Topics, leases and next offsets are read as the
 
 A database that goes away while a snapshot reads is a CatalogUnavailableError (`database.catalog_errors`), and
 the sections of a partition handed to a consumer are checked against each other on the way
-(`check_partition_sections`), so a damaged row is a CorruptDataError rather than records shown twice.
+(`check_partition_sections`), so a damaged row is a CorruptDataError rather than records shown twice. A row's
+CRC is read unbound from its locating fields (`schema.section_crc_binding`): a row changed in any of them (swapped
+with another partition's, shifted) no longer matches its file's blocks where they are read.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
@@ -141,8 +144,9 @@ class Snapshot:
 
     def section_rows(self, keys: Sequence[str]) -> dict[str, list[tuple]]:
         """By key, the planned sections of the live files among `keys` as the catalog records them, as plain rows
-        of the sections table's columns from topic_id to clean_below_delta (no key sketch), in file order: what
-        a plan's inputs are checked against, 400,000 sections at a time, without building a section object."""
+        of the sections table's columns from topic_id to clean_below_delta (no key sketch; crc32 unbound, as
+        `SectionInfo.crc32` holds it), in file order: what a plan's inputs are checked against, 400,000 sections at
+        a time, without building a section object."""
         sec, files = s.sections.c, s.files.c
         columns = [c for c in s.sections.columns if c.name not in ("file_id", "key_sketch", "removed_version")]
         query = (
@@ -153,7 +157,7 @@ class Snapshot:
         found: dict[str, list[tuple]] = {key: [] for key in keys}
         with self._connect() as connection:
             for row in connection.execute(query).all():
-                found[row[0]].append(row[1:])
+                found[row[0]].append(_unbound_row(row[1:]))
         return found
 
     def _load(self, connection: Connection, conditions: list[ColumnElement[bool]]) -> list[DataFile]:
@@ -384,13 +388,37 @@ def _damaged_row(topic: str, partition: int, key: str, section: CatalogSection, 
 
 
 def _section(row, names: dict[int, str]) -> CatalogSection:
-    # Positional: a row of s.sections, in its column order.
-    (_file_id, topic_id, partition, byte_offset, byte_length, first_row, first_offset, last_offset, record_count,
+    """A row of s.sections (positional, in its column order) as a section, its CRC unbound from the row: the file's
+    CRC only while the row's locating fields are as written (`schema.section_crc_binding`)."""
+    (file_id, topic_id, partition, byte_offset, byte_length, first_row, first_offset, last_offset, record_count,
      min_timestamp, max_timestamp, tombstones, uncompressed_bytes, compression, crc32, clean_below_delta,
      key_sketch) = row[:17]
+    try:
+        crc32 ^= s.section_crc_binding(topic_id, partition, byte_offset, byte_length, first_row, first_offset, last_offset, record_count)
+    except struct.error:
+        raise _unreadable_row(file_id, row[1:9]) from None
     info = SectionInfo(
         names[topic_id], partition, record_count, last_offset - first_offset, min_timestamp, max_timestamp, tombstones,
         uncompressed_bytes, COMPRESSIONS[compression], crc32, byte_offset, byte_length, clean_below_delta,
         bytes(key_sketch or b""), first_row,
     )
     return CatalogSection(info, first_offset)
+
+
+def _unbound_row(row: tuple) -> tuple:
+    """A `section_rows` row (the sections table's columns from topic_id to clean_below_delta) with its CRC unbound."""
+    try:
+        crc32 = row[13] ^ s.section_crc_binding(*row[:8])
+    except struct.error:
+        raise _unreadable_row(None, row[:8]) from None
+    return (*row[:13], crc32, row[14])
+
+
+def _unreadable_row(file_id: int | None, fields: Sequence) -> CorruptDataError:
+    """A sections row whose locating fields are not 64-bit integers (SQLite keeps whatever a column is set to)."""
+    of_file = f" of file_id {file_id}" if file_id is not None else ""
+    return CorruptDataError(
+        f"catalog row of section topic_id {fields[0]!r}, partition {fields[1]!r}{of_file} is damaged: its fields (topic_id, "
+        f"partition, byte_offset, byte_length, first_row, first_offset, last_offset, record_count) {tuple(fields)!r:.200} are "
+        "not all 64-bit integers; restore the catalog database from a backup"
+    )
