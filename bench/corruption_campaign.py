@@ -39,10 +39,11 @@ each command pointed at the case's catalog: `consume` of every partition, `produ
   that partition and produce refuse); the middle partition's section shifted by half its length over the
   section before it, of the second L0 file over the first's, of the first L0 file over an L1 file's (outside
   the L0 plan), of the second L1 file over the first's; on the second L0 and L1 file, the middle
-  partition's section relabelled as the next partition's and that one as it (both hold the same offsets: only
-  a wrong read can tell); on the newest L0 and L1 file, `record_count = 0` (for the shifts and these, consume
-  right after the damage must refuse, the swap aside; compaction and the final consume must not lose or change
-  a record);
+  partition's section relabelled as the next partition's and that one as it (both hold the same offsets: every
+  check of offsets passes, and the rows' crc32, bound to their partitions, no longer match the file: consume of
+  both partitions must refuse, right after the damage and at the end); on the newest L0 and L1 file,
+  `record_count = 0` (for the shifts and these, consume right after the damage must refuse; compaction and the
+  final consume must not lose or change a record);
 * wrong catalogs: `--catalog` or `LOGCOMPACT_CATALOG` naming another cluster's catalog, another cluster's
   catalog.db copied over the store's, an older catalog.db restored (copied before a produce and a compaction),
   the store's cluster.json deleted with another cluster's catalog.db copied over, or named by `--catalog`, or
@@ -580,8 +581,10 @@ def catalog_check_cases(base: BaseStore, levels: tuple[str, ...] = ("L0", "L1"))
         ]
         cases += [
             # Both sections hold the same offsets (every batch gives each partition as many records): the rows pass
-            # every check of offsets; only a wrong read can tell.
-            ClusterCase(kind, f"{level} sections of {middle} and {neighbour} relabelled as each other", relabel(key), lambda run: []),
+            # every check of offsets; each row's crc32, bound to its partition, no longer matches the file, so both
+            # partitions' consumes refuse (and the compaction sets both aside: they still refuse at the end).
+            ClusterCase(kind, f"{level} sections of {middle} and {neighbour} relabelled as each other", relabel(key),
+                        lambda run: _consumes_refused(run, [middle, neighbour], early=True) + _consumes_refused(run, [middle, neighbour])),
             # On the level's newest file, whose records hold keys' latest values: records lost there show.
             ClusterCase(kind, f"{level} section of {middle} in its newest file: record_count = 0", no_records(files[level][-1]),
                         lambda run: _consumes_refused(run, [middle], early=True)),
