@@ -113,27 +113,38 @@ class ReferenceLog:
     def compact(self, job: dict[tuple[str, int], set[int]], configs: dict[str, TopicConfig], now: int, deduplicate: bool) -> None:
         """Apply one job: `job` says which live offsets of which partitions the job's input files hold, whole
         segments of them."""
-        for (topic, partition), offsets in job.items():
-            config = configs[topic]
-            live = self.partitions.setdefault((topic, partition), {})
-            segments = self._segments.get((topic, partition), [])
-            taken = [segment for segment in segments if segment & offsets]
-            assert set().union(*taken) == offsets, f"{topic}/{partition}: a job covers whole segments"
-            rest = [segment for segment in segments if not segment & offsets]
-            outside = [o for o in live if o not in offsets]
-            young_outside = [min(segment) for segment in rest if first_young([live[o] for o in segment], config, now) is not None]
-            records = [live[o] for o in sorted(offsets)]
-            survivors = compact(
-                records, config, now, deduplicate, min(outside) if outside else None, min(young_outside, default=None)
-            )
-            for o in offsets:
-                del live[o]
+        self.compact_pass([(job, deduplicate)], configs, now)
+
+    def compact_pass(self, jobs: list[tuple[dict[tuple[str, int], set[int]], bool]], configs: dict[str, TopicConfig], now: int) -> None:
+        """Apply the jobs of one planning pass, each (job, deduplicate) as in `compact`, covering different segments:
+        each sees the log as the pass found it, the other jobs' segments outside it as they were then."""
+        decided = []
+        for job, deduplicate in jobs:
+            for (topic, partition), offsets in job.items():
+                config = configs[topic]
+                live = self.partitions.setdefault((topic, partition), {})
+                segments = self._segments.get((topic, partition), [])
+                taken = [segment for segment in segments if segment & offsets]
+                assert set().union(*taken) == offsets, f"{topic}/{partition}: a job covers whole segments"
+                rest = [segment for segment in segments if not segment & offsets]
+                outside = [o for o in live if o not in offsets]
+                young_outside = [min(segment) for segment in rest if first_young([live[o] for o in segment], config, now) is not None]
+                records = [live[o] for o in sorted(offsets)]
+                survivors = compact(
+                    records, config, now, deduplicate, min(outside) if outside else None, min(young_outside, default=None)
+                )
+                decided.append(((topic, partition), taken, records, survivors, first_young(records, config, now)))
+        for tp, taken, records, survivors, cut in decided:
+            live = self.partitions[tp]
+            for r in records:
+                del live[r.offset]
             for r in survivors:
                 live[r.offset] = r
-            cut = first_young(records, config, now)
             below = frozenset(r.offset for r in survivors if cut is None or r.offset < cut)
             young = frozenset(r.offset for r in survivors if cut is not None and r.offset >= cut)
-            self._segments[(topic, partition)] = rest + [segment for segment in (below, young) if segment]
+            replaced = {id(segment) for segment in taken}
+            self._segments[tp] = [segment for segment in self._segments.get(tp, []) if id(segment) not in replaced]
+            self._segments[tp] += [segment for segment in (below, young) if segment]
 
     def records(self, topic: str, partition: int) -> list[ModelRecord]:
         return [r for _, r in sorted(self.partitions.get((topic, partition), {}).items())]
