@@ -122,8 +122,9 @@ class _FileCursor:
         if self._batch_crc != info.crc32:
             raise CorruptDataError(
                 f"{self.key}: section {info.topic}/{info.partition} at byte {info.byte_offset}: the catalog records a "
-                f"block of index CRC-32 {info.crc32:#010x}, the file holds {self._batch_crc:#010x}; the file was "
-                "replaced or is corrupt, restore it from a copy"
+                f"block of index CRC-32 {info.crc32:#010x}, the file holds {self._batch_crc:#010x}: the file was "
+                "replaced or is corrupt, or the catalog's row of the section was changed; restore the file from a copy "
+                "or the catalog database from a backup"
             )
         while True:
             yield self._batch
