@@ -21,7 +21,8 @@ $(VENV)/.installed: requirements.txt pyproject.toml | $(BIN)/python
 install: $(VENV)/.installed
 
 # Installed with apt-get when missing: Ceph RGW, a real S3-compatible server for the S3 suite, and the
-# PostgreSQL server binaries (/usr/lib/postgresql/VERSION/bin) for the catalog's PostgreSQL tests. Nothing
+# PostgreSQL server binaries (/usr/lib/postgresql/VERSION/bin) for the catalog's PostgreSQL tests, and kcat
+# (librdkafka's command-line client) for the Kafka agent's tests. Nothing
 # is started here: the tests start their own servers (tests/support/rgw.py, tests/support/postgres.py).
 deps:
 	@pkgs=""; missing=""; for b in $(CEPH_BINARIES); do command -v $$b >/dev/null || missing="$$missing $$b"; done; \
@@ -29,6 +30,7 @@ deps:
 	if ! compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null; then \
 	  echo "installing PostgreSQL (no /usr/lib/postgresql/*/bin/postgres)"; pkgs="$$pkgs postgresql"; \
 	fi; \
+	if ! command -v kcat >/dev/null; then echo "installing kcat (missing)"; pkgs="$$pkgs kcat"; fi; \
 	if [ -n "$$pkgs" ]; then \
 	  if [ "$$(id -u)" != 0 ]; then SUDO=sudo; fi; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$pkgs >/dev/null; \

@@ -651,6 +651,25 @@ def tour(ctx: Context, records: int) -> None:
     run_tour(ctx.catalog, records, ctx.clock, echo=click.echo)
 
 
+@cli.command()
+@click.option("--listen", default="127.0.0.1:9092", show_default=True, metavar="HOST:PORT", help="Address to accept Kafka clients on (port 0: any free port).")
+@click.option("--advertise", default=None, metavar="HOST:PORT", help="Address clients are told to connect to [default: the listen address].")
+@pass_context
+def agent(ctx: Context, listen: str, advertise: str | None) -> None:
+    """Serve Kafka's protocol over this cluster (ApiVersions and Metadata so far; docs/agent.md) until SIGTERM or
+    SIGINT. Prints one JSON line once listening: its address, advertised address and cluster id."""
+    from logcompact.kafka.broker import Address
+    from logcompact.kafka.server import AgentSettings, run_agent
+
+    try:
+        settings = AgentSettings(Address.parse(listen, "--listen"), Address.parse(advertise, "--advertise") if advertise else None)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    run_agent(ctx.catalog, settings, lambda broker, bound: _emit(
+        {"listening": str(bound), "advertised": str(broker.advertised), "node_id": broker.node_id, "cluster_id": broker.cluster_id}
+    ))
+
+
 def main(argv: list[str] | None = None) -> None:
     try:
         cli.main(args=argv, prog_name="logcompact", standalone_mode=False)

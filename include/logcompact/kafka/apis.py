@@ -1,0 +1,38 @@
+"""The one table of served APIs and their versions (as librdkafka's mock cluster keeps it): requests are
+dispatched from it and ApiVersions advertises exactly it. A range kio cannot decode fails at import."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from logcompact.kafka import api_versions, codec, metadata
+from logcompact.kafka.broker import Broker
+
+Handler = Callable[[Broker, codec.Request], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class Api:
+    key: int
+    min_version: int
+    max_version: int
+    handle: Handler
+
+    def __post_init__(self) -> None:
+        known = codec.kio_versions(self.key)
+        if not (known and known.start <= self.min_version <= self.max_version < known.stop):
+            raise ValueError(
+                f"{codec.api_name(self.key)} v{self.min_version}-{self.max_version}: the codec decodes "
+                f"v{known.start}-{known.stop - 1}; serve only versions within it"
+            )
+
+
+APIS: dict[int, Api] = {
+    api.key: api
+    for api in (
+        Api(api_versions.API_KEY, 0, 4, api_versions.handle),
+        Api(metadata.API_KEY, 0, 13, metadata.handle),
+    )
+}

@@ -1,0 +1,160 @@
+"""Kafka's wire format, through kio (typed messages generated from Kafka's JSON schemas): the only module of
+the package that imports kio, so a change of codec library stays here.
+
+A request frame is a request header (v1, or v2 when the API version is flexible) and a body; a response frame
+is a response header (chosen by kio per API and version: ApiVersions always takes v0) and a body. Handlers
+build responses with `build`, from plain values and dicts, so one handler serves every version: fields a
+version lacks are dropped, fields it has but were not given take the schema's default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import io
+import typing
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from kio.index import UnknownAPIKey, UnknownEntity, load_request_schema, load_response_schema
+from kio.schema.errors import ErrorCode
+from kio.schema.index import api_key_map, schema_name_map
+from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
+from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
+from kio.serial import entity_reader, entity_writer
+from kio.serial.errors import SerialError
+from kio.static.constants import EntityType
+
+__all__ = [
+    "ErrorCode",
+    "MalformedRequestError",
+    "Request",
+    "build",
+    "decode_request",
+    "encode_response",
+    "kio_versions",
+    "response_class",
+]
+
+# Fields a frame body may carry whose kio type is not an int, str, bool, bytes or entity: given as ints (ms).
+_TIMEDELTA_KAFKA_TYPES = {"timedelta_i32", "timedelta_i64"}
+
+
+class MalformedRequestError(Exception):
+    """A frame that is not a request of the API and version its header names."""
+
+
+@dataclass(frozen=True)
+class Request:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    body: Any  # the kio request entity, None when the API or version is not one kio knows
+
+
+def kio_versions(api_key: int) -> range:
+    """The versions kio has schemas for, as one range (Kafka's are contiguous); empty for an unknown API key."""
+    name = api_key_map.get(api_key)
+    if name is None:
+        return range(0)
+    versions = sorted(schema_name_map[name])
+    return range(versions[0], versions[-1] + 1)
+
+
+def api_name(api_key: int) -> str:
+    return api_key_map.get(api_key, f"api key {api_key}")
+
+
+@cache
+def _request_class(api_key: int, version: int) -> Any:
+    try:
+        return load_request_schema(api_key, version)
+    except (UnknownAPIKey, UnknownEntity):
+        return None
+
+
+@cache
+def response_class(api_key: int, version: int) -> Any:
+    return load_response_schema(api_key, version)
+
+
+def decode_request(frame: bytes, served: typing.Callable[[int, int], bool]) -> Request:
+    """The header and, when `served(api_key, version)`, the body of one frame (its size prefix removed).
+
+    A request that is not served keeps body None: its header alone is enough to answer UNSUPPORTED_VERSION.
+    Raises MalformedRequestError when the bytes do not parse. Bytes left after the body are ignored, as Kafka's
+    brokers do: librdkafka 2.16 sends Metadata v10+ asking for all topics with three bytes over.
+    """
+    try:
+        # Header v1 is a prefix of v2 (v2 only adds tagged fields), so v1 tells which API and version this is.
+        header, size = entity_reader(RequestHeaderV1)(frame, 0)
+        api_key, version = int(header.request_api_key), int(header.request_api_version)
+        schema = _request_class(api_key, version) if served(api_key, version) else None
+        if schema is None:
+            return Request(api_key, version, int(header.correlation_id), header.client_id, None)
+        if schema.__flexible__:
+            size = entity_reader(RequestHeaderV2)(frame, 0)[1]
+        body = entity_reader(schema)(frame, size)[0]
+    except (SerialError, ValueError, UnicodeError, OverflowError) as exc:
+        raise MalformedRequestError(f"{type(exc).__name__}: {exc}") from None
+    return Request(api_key, version, int(header.correlation_id), header.client_id, body)
+
+
+def encode_response(correlation_id: int, response: Any) -> bytes:
+    """One response frame, its 4-byte size prefix included."""
+    header_class = type(response).__header_schema__
+    buffer = io.BytesIO()
+    buffer.write(b"\0\0\0\0")
+    entity_writer(header_class)(buffer, header_class(correlation_id=correlation_id))
+    entity_writer(type(response))(buffer, response)
+    frame = buffer.getbuffer()
+    frame[:4] = (len(frame) - 4).to_bytes(4, "big", signed=True)
+    return bytes(frame)
+
+
+def build(entity_class: Any, values: Mapping[str, Any]) -> Any:
+    """An instance of a kio entity from plain values: nested entities as dicts, sequences of them as lists of
+    dicts, error codes as ints, durations as ints (ms). Keys the version does not have are dropped."""
+    hints = _hints(entity_class)
+    arguments = {}
+    for field in dataclasses.fields(entity_class):
+        if field.name in values:
+            arguments[field.name] = _convert(hints[field.name], field, values[field.name])
+    return entity_class(**arguments)
+
+
+@cache
+def _hints(entity_class: Any) -> dict[str, Any]:
+    return typing.get_type_hints(entity_class)
+
+
+def _convert(hint: Any, field: dataclasses.Field, value: Any) -> Any:
+    if value is None:
+        return None
+    kafka_type = field.metadata.get("kafka_type")
+    if kafka_type in _TIMEDELTA_KAFKA_TYPES:
+        return datetime.timedelta(milliseconds=value)
+    if kafka_type == "error_code":
+        return ErrorCode(value)
+    if kafka_type == "uuid":
+        return value if isinstance(value, uuid.UUID) else uuid.UUID(value)
+    entity = _entity_in(hint)
+    if entity is None:
+        return tuple(value) if isinstance(value, list) else value
+    if isinstance(value, Mapping):
+        return build(entity, value)
+    return tuple(build(entity, item) for item in value)
+
+
+def _entity_in(hint: Any) -> Any:
+    """The kio entity class a field holds (alone, in a tuple or optional), or None for a primitive."""
+    if dataclasses.is_dataclass(hint) and getattr(hint, "__type__", None) == EntityType.nested:
+        return hint
+    for argument in typing.get_args(hint):
+        if argument is not Ellipsis and (found := _entity_in(argument)) is not None:
+            return found
+    return None

@@ -1,0 +1,82 @@
+"""Metadata (key 3): the topics and partitions in the catalog, every partition led by this agent.
+
+The leader epoch is -1 everywhere: clients then skip leader-epoch validation (OffsetForLeaderEpoch), which
+an agent that shares every partition's log through the catalog has no use for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from logcompact.kafka import codec
+from logcompact.kafka.broker import Broker
+from logcompact.topics import Topic
+
+API_KEY = 3
+NO_LEADER_EPOCH = -1
+
+
+async def handle(broker: Broker, request: codec.Request) -> Any:
+    topics = await asyncio.to_thread(lambda: broker.catalog.snapshot().topics)
+    wanted = request.body.topics
+    if wanted is None or (request.api_version == 0 and not wanted):  # v0 asks for all with an empty list
+        described = [_topic(broker, topic) for _, topic in sorted(topics.items())]
+    else:
+        by_id = {broker.topic_id(name): topic for name, topic in topics.items()} if request.api_version >= 10 else {}
+        described = [_requested(broker, topics, by_id, entry) for entry in _unique(wanted)]
+    return codec.build(codec.response_class(API_KEY, request.api_version), {
+        "error_code": codec.ErrorCode.none,
+        "throttle_time": 0,
+        "brokers": [broker.describe()],
+        "cluster_id": broker.cluster_id,
+        "controller_id": broker.node_id,
+        "topics": described,
+    })
+
+
+def _unique(entries: Any) -> list[Any]:
+    """The requested topics without repeats (a client may name one twice), in their order."""
+    seen: dict[tuple[str | None, Any], Any] = {}
+    for entry in entries:
+        seen.setdefault((entry.name, getattr(entry, "topic_id", None)), entry)
+    return list(seen.values())
+
+
+def _requested(broker: Broker, topics: dict[str, Topic], by_id: dict[Any, Topic], entry: Any) -> dict[str, Any]:
+    if entry.name is None:  # v10 on: by topic id alone
+        topic = by_id.get(entry.topic_id)
+        if topic is None:
+            return _missing(None, entry.topic_id, codec.ErrorCode.unknown_topic_id)
+        return _topic(broker, topic)
+    topic = topics.get(entry.name)
+    if topic is None:
+        return _missing(entry.name, None, codec.ErrorCode.unknown_topic_or_partition)
+    return _topic(broker, topic)
+
+
+def _missing(name: str | None, topic_id: Any, error: codec.ErrorCode) -> dict[str, Any]:
+    return {"error_code": error, "name": name, "topic_id": topic_id, "is_internal": False, "partitions": []}
+
+
+def _topic(broker: Broker, topic: Topic) -> dict[str, Any]:
+    node = broker.node_id
+    partitions = [
+        {
+            "error_code": codec.ErrorCode.none,
+            "partition_index": index,
+            "leader_id": node,
+            "leader_epoch": NO_LEADER_EPOCH,
+            "replica_nodes": [node],
+            "isr_nodes": [node],
+            "offline_replicas": [],
+        }
+        for index in range(topic.partitions)
+    ]
+    return {
+        "error_code": codec.ErrorCode.none,
+        "name": topic.name,
+        "topic_id": broker.topic_id(topic.name),
+        "is_internal": False,
+        "partitions": partitions,
+    }

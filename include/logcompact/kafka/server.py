@@ -1,0 +1,187 @@
+"""The agent's listener and connection loop.
+
+Each connection reads size-prefixed frames, at most `max_in_flight` ahead of their responses, and answers them
+in request order (Kafka's per-connection contract) while the handlers of pipelined requests run concurrently.
+A frame over `max_frame_bytes`, or one that does not decode, closes its connection with one log line, after
+the responses to the requests before it; it never stops the server. So a connection holds at most
+`max_in_flight` requests being read or answered.
+
+Stopping closes the listener, stops reading, lets every request already read be answered, then closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from logcompact.catalog import Catalog
+from logcompact.exceptions import LogcompactError
+from logcompact.kafka import api_versions, codec
+from logcompact.kafka.apis import APIS
+from logcompact.kafka.broker import Address, Broker
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LISTEN = Address("127.0.0.1", 9092)
+DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024
+DEFAULT_MAX_IN_FLIGHT = 16  # librdkafka pipelines up to 1,000,000 by default; 16 keeps memory bounded
+STOP_GRACE_SECONDS = 30  # how long a stop waits for requests already read
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    listen: Address = DEFAULT_LISTEN
+    advertise: Address | None = None  # the listen address (with its bound port) when None
+    node_id: int = 0
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+
+
+class FrameError(Exception):
+    """A frame size the connection cannot take."""
+
+
+class AgentServer:
+    def __init__(self, catalog: Catalog, settings: AgentSettings) -> None:
+        self.catalog = catalog
+        self.settings = settings
+        self._server: asyncio.Server | None = None
+        self._broker: Broker | None = None
+        self._readers: set[asyncio.Task] = set()
+        self._connections: set[asyncio.Task] = set()
+
+    @property
+    def broker(self) -> Broker:
+        assert self._broker is not None, "start() first"
+        return self._broker
+
+    @property
+    def address(self) -> Address:
+        """The bound listen address (its real port when --listen asked for port 0)."""
+        assert self._server is not None, "start() first"
+        host, port = self._server.sockets[0].getsockname()[:2]
+        return Address(host, port)
+
+    async def start(self) -> None:
+        # The cluster must exist before clients are told its id: ClusterNotFoundError otherwise.
+        cluster_id = await asyncio.to_thread(lambda: self.catalog.cluster_id)
+        listen = self.settings.listen
+        try:
+            self._server = await asyncio.start_server(self._connection, listen.host, listen.port)
+        except OSError as exc:
+            raise LogcompactError(f"agent cannot listen on {listen}: {exc.strerror or exc}; pass another --listen HOST:PORT") from None
+        self._broker = Broker(self.catalog, cluster_id, self.settings.node_id, self.settings.advertise or self.address, APIS)
+
+    async def stop(self) -> None:
+        assert self._server is not None, "start() first"
+        self._server.close()
+        for reader in self._readers:
+            reader.cancel()
+        if self._connections:
+            _, late = await asyncio.wait(self._connections, timeout=STOP_GRACE_SECONDS)
+            for connection in late:
+                connection.cancel()
+        await self._server.wait_closed()
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        this = asyncio.current_task()
+        assert this is not None
+        self._connections.add(this)
+        peer = _peer(writer)
+        # The reader takes a slot per request, the sender gives it back once the response is written.
+        in_flight = asyncio.Semaphore(self.settings.max_in_flight)
+        responses: asyncio.Queue[asyncio.Task[bytes] | None] = asyncio.Queue()
+        reading = asyncio.create_task(self._read(reader, responses, in_flight, peer))
+        self._readers.add(reading)
+        try:
+            await self._send(writer, responses, in_flight, peer)
+        finally:
+            reading.cancel()
+            self._readers.discard(reading)
+            self._connections.discard(this)
+            writer.close()
+
+    async def _read(self, reader: asyncio.StreamReader, responses: asyncio.Queue, in_flight: asyncio.Semaphore, peer: str) -> None:
+        """Frames into answering tasks, in order; None queued last however reading ends (a stop cancels it)."""
+        try:
+            while True:
+                await in_flight.acquire()
+                frame = await self._frame(reader)
+                if frame is None:
+                    return
+                request = codec.decode_request(frame, self.broker.serves)
+                responses.put_nowait(asyncio.create_task(self._answer(request)))
+        except (FrameError, codec.MalformedRequestError) as exc:
+            log.warning("connection from %s closed: %s", peer, exc)
+        except asyncio.IncompleteReadError as exc:
+            log.warning("connection from %s closed by the client in the middle of a frame (%d bytes read)", peer, len(exc.partial))
+        except ConnectionError as exc:
+            log.warning("connection from %s lost: %s", peer, exc)
+        finally:
+            responses.put_nowait(None)
+
+    async def _frame(self, reader: asyncio.StreamReader) -> bytes | None:
+        """The next frame without its size prefix, or None when the client closed between frames."""
+        prefix = await reader.read(4)
+        if not prefix:
+            return None
+        if len(prefix) < 4:
+            prefix += await reader.readexactly(4 - len(prefix))
+        size = int.from_bytes(prefix, "big", signed=True)
+        if not 0 <= size <= self.settings.max_frame_bytes:
+            raise FrameError(f"frame size {size} is outside 0 to {self.settings.max_frame_bytes} bytes (the agent's max frame size)")
+        return await reader.readexactly(size)
+
+    async def _answer(self, request: codec.Request) -> bytes:
+        if request.body is None:
+            response = api_versions.unsupported(self.broker)
+        else:
+            response = await self.broker.apis[request.api_key].handle(self.broker, request)
+        return codec.encode_response(request.correlation_id, response)
+
+    async def _send(self, writer: asyncio.StreamWriter, responses: asyncio.Queue, in_flight: asyncio.Semaphore, peer: str) -> None:
+        while (answering := await responses.get()) is not None:
+            try:
+                frame = await answering
+                writer.write(frame)
+                await writer.drain()
+            except ConnectionError as exc:
+                log.warning("connection from %s lost: %s", peer, exc)
+                break
+            except Exception as exc:  # a failed handler: the client reconnects and retries; the agent goes on
+                log.warning("connection from %s closed: its request failed: %s: %s", peer, type(exc).__name__, exc)
+                break
+            in_flight.release()
+        _cancel_queued(responses)
+
+
+def _cancel_queued(responses: asyncio.Queue) -> None:
+    while not responses.empty():
+        answering = responses.get_nowait()
+        if answering is not None:
+            answering.cancel()
+
+
+def _peer(writer: asyncio.StreamWriter) -> str:
+    peer = writer.get_extra_info("peername")
+    return str(Address(peer[0], peer[1])) if peer else "an unknown peer"
+
+
+async def serve(catalog: Catalog, settings: AgentSettings, on_listening: Callable[[Broker, Address], None]) -> None:
+    """Serve until SIGTERM or SIGINT, then stop as `AgentServer.stop` does."""
+    server = AgentServer(catalog, settings)
+    await server.start()
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for number in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(number, stopping.set)
+    on_listening(server.broker, server.address)
+    await stopping.wait()
+    await server.stop()
+
+
+def run_agent(catalog: Catalog, settings: AgentSettings, on_listening: Callable[[Broker, Address], None]) -> None:
+    asyncio.run(serve(catalog, settings, on_listening))

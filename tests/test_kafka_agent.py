@@ -1,0 +1,271 @@
+"""`logcompact agent` with real Kafka clients: confluent-kafka (librdkafka), kafka-python and Debian's kcat.
+
+The agent runs in-process on 127.0.0.1 with a free port (its own asyncio loop in a thread), over a file://
+store with a SQLite catalog; the raw-socket tests check the server's own contract (bad frames, unserved APIs,
+order of responses), and one test runs `python -m logcompact agent` to stop it with a signal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, Producer
+from confluent_kafka.admin import AdminClient
+
+from logcompact.catalog import Catalog
+from logcompact.kafka.apis import APIS
+from logcompact.kafka.broker import Address
+from logcompact.kafka.codec import kio_versions
+from logcompact.kafka.server import AgentServer, AgentSettings
+from logcompact.store import open_store
+from tests.helpers import create_topic
+
+TOPICS = {"orders": 3, "clicks": 1}
+MAX_FRAME_BYTES = 1024 * 1024
+UNSUPPORTED_VERSION = 35
+FAST_CLIENT = {"socket.timeout.ms": 5000, "socket.connection.setup.timeout.ms": 5000}
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def catalog(tmp_path: Path) -> Catalog:
+    catalog = Catalog(open_store(f"file://{tmp_path / 'store'}"))
+    create_topic(catalog, "orders", TOPICS["orders"], cleanup_policy="compact")
+    create_topic(catalog, "clicks", TOPICS["clicks"])
+    return catalog
+
+
+@pytest.fixture
+def agent(catalog: Catalog) -> Iterator[AgentServer]:
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="agent", daemon=True)
+    thread.start()
+    server = AgentServer(catalog, AgentSettings(Address("127.0.0.1", 0), max_frame_bytes=MAX_FRAME_BYTES))
+    asyncio.run_coroutine_threadsafe(server.start(), loop).result(timeout=10)
+    try:
+        yield server
+    finally:
+        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(timeout=10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        loop.close()
+
+
+def bootstrap(agent: AgentServer) -> str:
+    return str(agent.address)
+
+
+def list_topics_with_librdkafka(agent: AgentServer) -> dict[str, int]:
+    metadata = AdminClient({"bootstrap.servers": bootstrap(agent), **FAST_CLIENT}).list_topics(timeout=10)
+    return {name: len(topic.partitions) for name, topic in metadata.topics.items()}
+
+
+# -- real clients ------------------------------------------------------------------------------------
+
+
+def test_confluent_admin_client_lists_topics_partitions_and_the_broker(agent: AgentServer, catalog: Catalog) -> None:
+    metadata = AdminClient({"bootstrap.servers": bootstrap(agent), **FAST_CLIENT}).list_topics(timeout=10)
+
+    assert {name: len(topic.partitions) for name, topic in metadata.topics.items()} == TOPICS
+    assert metadata.cluster_id == catalog.cluster_id
+    assert metadata.controller_id == 0
+    assert {node: (broker.host, broker.port) for node, broker in metadata.brokers.items()} == {0: ("127.0.0.1", agent.address.port)}
+    for topic in metadata.topics.values():
+        assert topic.error is None
+        for partition in topic.partitions.values():
+            assert (partition.leader, partition.replicas, partition.isrs) == (0, [0], [0])
+
+
+def test_confluent_producer_and_consumer_see_the_topics(agent: AgentServer) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap(agent), **FAST_CLIENT})
+    assert set(producer.list_topics(timeout=10).topics) == set(TOPICS)
+
+    consumer = Consumer({"bootstrap.servers": bootstrap(agent), "group.id": "metadata-only", **FAST_CLIENT})
+    try:
+        orders = consumer.list_topics("orders", timeout=10).topics["orders"]
+        assert sorted(orders.partitions) == [0, 1, 2]
+        # Consumers never create topics: an unknown one comes back with Kafka's error.
+        missing = consumer.list_topics("no-such-topic", timeout=10).topics["no-such-topic"]
+        assert missing.error is not None and missing.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+    finally:
+        consumer.close()
+
+
+def test_kafka_python_consumer_infers_a_version_and_lists_topics(agent: AgentServer, caplog: pytest.LogCaptureFixture) -> None:
+    from kafka import KafkaConsumer
+
+    caplog.set_level(logging.WARNING, logger="logcompact.kafka")
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap(agent), request_timeout_ms=5000)
+    try:
+        assert consumer.topics() == set(TOPICS)
+        assert consumer.partitions_for_topic("orders") == {0, 1, 2}
+        assert consumer.partitions_for_topic("clicks") == {0}
+        assert consumer.config["api_version"] is not None  # inferred from our ApiVersions answer
+    finally:
+        consumer.close()
+    assert not [r for r in caplog.records if r.name.startswith("logcompact.kafka")], "the agent logged a connection error"
+
+
+def test_kcat_lists_the_topics(agent: AgentServer) -> None:
+    if shutil.which("kcat") is None:
+        pytest.skip("kcat is not installed: `make deps` installs Debian's kcat")
+    listing = subprocess.run(
+        ["kcat", "-b", bootstrap(agent), "-L", "-J", "-m", "10"], capture_output=True, text=True, timeout=30, check=True
+    )
+    document = json.loads(listing.stdout)
+    assert {topic["topic"]: len(topic["partitions"]) for topic in document["topics"]} == TOPICS
+    assert document["brokers"] == [{"id": 0, "name": bootstrap(agent)}]
+    assert document["controllerid"] == 0
+
+
+# -- the server's own contract, on raw sockets ---------------------------------------------------------
+
+
+def request_frame(api_key: int, version: int, correlation_id: int, body: bytes = b"") -> bytes:
+    """A non-flexible request (header v1, null client id)."""
+    message = struct.pack(">hhih", api_key, version, correlation_id, -1) + body
+    return struct.pack(">i", len(message)) + message
+
+
+def receive_frame(connection: socket.socket) -> bytes:
+    size = struct.unpack(">i", receive_exactly(connection, 4))[0]
+    return receive_exactly(connection, size)
+
+
+def receive_exactly(connection: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = connection.recv(size - len(data))
+        assert chunk, f"connection closed after {len(data)} of {size} bytes"
+        data += chunk
+    return data
+
+
+def connect(agent: AgentServer) -> socket.socket:
+    return socket.create_connection((agent.address.host, agent.address.port), timeout=5)
+
+
+def closed_by_peer(connection: socket.socket) -> bool:
+    try:
+        return connection.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def advertised_ranges(response: bytes) -> dict[int, tuple[int, int]]:
+    """The ranges of an ApiVersions v0 response body (after its correlation id)."""
+    count = struct.unpack_from(">i", response, 2)[0]
+    entries = [struct.unpack_from(">hhh", response, 6 + 6 * n) for n in range(count)]
+    return {key: (low, high) for key, low, high in entries}
+
+
+def test_api_versions_advertises_exactly_the_table_within_the_codec(agent: AgentServer) -> None:
+    with connect(agent) as connection:
+        connection.sendall(request_frame(18, 0, 7))
+        response = receive_frame(connection)
+    correlation_id, error = struct.unpack_from(">ih", response)
+    assert (correlation_id, error) == (7, 0)
+    assert advertised_ranges(response[4:]) == {api.key: (api.min_version, api.max_version) for api in APIS.values()}
+    for api in APIS.values():
+        assert api.min_version in kio_versions(api.key) and api.max_version in kio_versions(api.key)
+
+
+@pytest.mark.parametrize(("api_key", "version"), [(999, 0), (18, 99), (3, 99), (0, 9)], ids=["unknown key", "ApiVersions v99", "Metadata v99", "Produce not served yet"])
+def test_an_unserved_api_or_version_is_answered_with_unsupported_version(agent: AgentServer, api_key: int, version: int) -> None:
+    with connect(agent) as connection:
+        connection.sendall(request_frame(api_key, version, 41))
+        response = receive_frame(connection)
+        correlation_id, error = struct.unpack_from(">ih", response)
+        assert (correlation_id, error) == (41, UNSUPPORTED_VERSION)
+        assert advertised_ranges(response[4:])[18] == (APIS[18].min_version, APIS[18].max_version)
+        # The connection stays usable: the client retries with a version both know.
+        connection.sendall(request_frame(18, 0, 42))
+        assert struct.unpack_from(">ih", receive_frame(connection)) == (42, 0)
+
+
+def test_pipelined_requests_are_answered_in_request_order(agent: AgentServer) -> None:
+    all_topics_v1 = struct.pack(">i", -1)
+    frames = b"".join(
+        request_frame(3, 1, n, all_topics_v1) if n % 2 else request_frame(18, 0, n) for n in range(1, 21)
+    )
+    with connect(agent) as connection:
+        connection.sendall(frames)
+        assert [struct.unpack_from(">i", receive_frame(connection))[0] for _ in range(20)] == list(range(1, 21))
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [
+        b"GET / HTTP/1.1\r\nHost: agent\r\n\r\n",  # a size of 1.2 GB
+        struct.pack(">i", MAX_FRAME_BYTES + 1),
+        struct.pack(">i", -4),
+        struct.pack(">i", 6) + b"\x00\x03\x00\x01\xff\xff",  # a header cut short
+        request_frame(3, 1, 5, struct.pack(">i", 2) + b"\x00\x09ab"),  # a topic name running past the frame
+    ],
+    ids=["http", "oversized", "negative size", "short header", "truncated body"],
+)
+def test_a_bad_frame_closes_its_connection_and_the_agent_serves_others(
+    agent: AgentServer, sent: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="logcompact.kafka")
+    with connect(agent) as connection:
+        connection.sendall(sent)
+        assert closed_by_peer(connection)
+    closing = [r.getMessage() for r in caplog.records if r.name.startswith("logcompact.kafka")]
+    assert len(closing) == 1 and "closed" in closing[0], closing
+    assert list_topics_with_librdkafka(agent) == TOPICS
+
+
+def test_a_frame_after_good_requests_closes_only_after_their_answers(agent: AgentServer) -> None:
+    with connect(agent) as connection:
+        connection.sendall(request_frame(18, 0, 1) + request_frame(18, 0, 2) + struct.pack(">i", MAX_FRAME_BYTES + 1))
+        assert [struct.unpack_from(">i", receive_frame(connection))[0] for _ in range(2)] == [1, 2]
+        assert closed_by_peer(connection)
+
+
+# -- the command --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_the_agent_command_serves_until_a_signal_and_stops_cleanly(catalog: Catalog, stop_signal: signal.Signals) -> None:
+    environment = {**os.environ, "LOGCOMPACT_STORE": catalog.store.uri}
+    command = [sys.executable, "-m", "logcompact", "agent", "--listen", "127.0.0.1:0", "--advertise", "agent.example:9092"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
+    try:
+        assert process.stdout is not None
+        started = json.loads(process.stdout.readline())
+        assert started["advertised"] == "agent.example:9092" and started["cluster_id"] == catalog.cluster_id
+        host, port = started["listening"].rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=5) as connection:
+            connection.sendall(request_frame(18, 0, 3))
+            assert struct.unpack_from(">ih", receive_frame(connection)) == (3, 0)
+            process.send_signal(stop_signal)
+            assert process.wait(timeout=15) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.stderr is not None and process.stderr.read() == ""
+
+
+def test_the_agent_command_refuses_a_bad_address(catalog: Catalog) -> None:
+    environment = {**os.environ, "LOGCOMPACT_STORE": catalog.store.uri}
+    result = subprocess.run(
+        [sys.executable, "-m", "logcompact", "agent", "--listen", "localhost"], capture_output=True, text=True, env=environment, timeout=60
+    )
+    assert result.returncode == 2
+    assert "--listen 'localhost' is not HOST:PORT" in result.stderr
