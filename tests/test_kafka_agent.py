@@ -230,6 +230,30 @@ def test_a_bad_frame_closes_its_connection_and_the_agent_serves_others(
     assert list_topics_with_librdkafka(agent) == TOPICS
 
 
+def test_connections_beyond_the_maximum_are_closed_and_the_others_served(catalog: Catalog, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="logcompact.kafka")
+
+    async def scenario() -> None:
+        server = AgentServer(catalog, AgentSettings(Address("127.0.0.1", 0), max_connections=2))
+        await server.start()
+        try:
+            held = [await asyncio.open_connection(server.address.host, server.address.port) for _ in range(2)]
+            await asyncio.sleep(0.1)  # both accepted before the third arrives
+            reader, _ = await asyncio.open_connection(server.address.host, server.address.port)
+            assert await reader.read(1) == b""
+            for reader, writer in held:
+                writer.write(request_frame(18, 0, 9))
+                size = int.from_bytes(await reader.readexactly(4), "big")
+                assert int.from_bytes((await reader.readexactly(size))[:4], "big") == 9
+                writer.close()
+        finally:
+            await server.stop()
+
+    asyncio.run(scenario())
+    logged = [r.getMessage() for r in caplog.records if r.name.startswith("logcompact.kafka")]
+    assert len(logged) == 1 and logged[0].endswith("refused: the agent holds its maximum of 2 connections"), logged
+
+
 def test_a_frame_after_good_requests_closes_only_after_their_answers(agent: AgentServer) -> None:
     with connect(agent) as connection:
         connection.sendall(request_frame(18, 0, 1) + request_frame(18, 0, 2) + struct.pack(">i", MAX_FRAME_BYTES + 1))

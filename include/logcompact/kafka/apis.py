@@ -22,7 +22,9 @@ class Api:
 
     def __post_init__(self) -> None:
         known = codec.kio_versions(self.key)
-        if not (known and known.start <= self.min_version <= self.max_version < known.stop):
+        if not known:
+            raise ValueError(f"API key {self.key}: the codec has no schema for it; serve only APIs it knows")
+        if not known.start <= self.min_version <= self.max_version < known.stop:
             raise ValueError(
                 f"{codec.api_name(self.key)} v{self.min_version}-{self.max_version}: the codec decodes "
                 f"v{known.start}-{known.stop - 1}; serve only versions within it"

@@ -4,7 +4,8 @@ Each connection reads size-prefixed frames, at most `max_in_flight` ahead of the
 in request order (Kafka's per-connection contract) while the handlers of pipelined requests run concurrently.
 A frame over `max_frame_bytes`, or one that does not decode, closes its connection with one log line, after
 the responses to the requests before it; it never stops the server. So a connection holds at most
-`max_in_flight` requests being read or answered.
+`max_in_flight` requests being read or answered, and the agent at most `max_connections` connections (one more
+is closed as soon as it is accepted, with one log line).
 
 Stopping closes the listener, stops reading, lets every request already read be answered, then closes.
 """
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 DEFAULT_LISTEN = Address("127.0.0.1", 9092)
 DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024
 DEFAULT_MAX_IN_FLIGHT = 16  # librdkafka pipelines up to 1,000,000 by default; 16 keeps memory bounded
+DEFAULT_MAX_CONNECTIONS = 1000
 STOP_GRACE_SECONDS = 30  # how long a stop waits for requests already read
 
 
@@ -38,6 +40,7 @@ class AgentSettings:
     node_id: int = 0
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
 
 
 class FrameError(Exception):
@@ -89,8 +92,12 @@ class AgentServer:
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         this = asyncio.current_task()
         assert this is not None
-        self._connections.add(this)
         peer = _peer(writer)
+        if len(self._connections) >= self.settings.max_connections:
+            log.warning("connection from %s refused: the agent holds its maximum of %d connections", peer, self.settings.max_connections)
+            writer.close()
+            return
+        self._connections.add(this)
         # The reader takes a slot per request, the sender gives it back once the response is written.
         in_flight = asyncio.Semaphore(self.settings.max_in_flight)
         responses: asyncio.Queue[asyncio.Task[bytes] | None] = asyncio.Queue()
