@@ -8,6 +8,7 @@ order of responses), and one test runs `python -m logcompact agent` to stop it w
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import os
@@ -22,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicCollection
 from confluent_kafka.admin import AdminClient
 
 from logcompact.catalog import Catalog
@@ -88,6 +89,19 @@ def test_confluent_admin_client_lists_topics_partitions_and_the_broker(agent: Ag
         assert topic.error is None
         for partition in topic.partitions.values():
             assert (partition.leader, partition.replicas, partition.isrs) == (0, [0], [0])
+
+
+def test_confluent_describe_topics_gives_stable_topic_ids_and_kafkas_error_for_an_unknown_topic(agent: AgentServer) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap(agent), **FAST_CLIENT})
+    described = admin.describe_topics(TopicCollection(["orders", "no-such-topic"]), request_timeout=10)  # Metadata v10+
+
+    orders = described["orders"].result()
+    assert [(p.id, p.leader.id) for p in orders.partitions] == [(0, 0), (1, 0), (2, 0)]
+    topic_id = base64.b64encode(agent.broker.topic_id("orders").bytes).rstrip(b"=").decode()
+    assert str(orders.topic_id) == topic_id
+    with pytest.raises(KafkaException) as unknown:
+        described["no-such-topic"].result()
+    assert unknown.value.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART
 
 
 def test_confluent_producer_and_consumer_see_the_topics(agent: AgentServer) -> None:
