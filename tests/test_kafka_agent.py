@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import json
 import logging
 import os
@@ -21,6 +22,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicCollection
@@ -29,7 +31,7 @@ from confluent_kafka.admin import AdminClient
 from logcompact.catalog import Catalog
 from logcompact.kafka.apis import APIS
 from logcompact.kafka.broker import Address
-from logcompact.kafka.codec import kio_versions
+from logcompact.kafka.codec import build, kio_versions
 from logcompact.kafka.server import AgentServer, AgentSettings
 from logcompact.store import open_store
 from tests.helpers import create_topic
@@ -196,6 +198,46 @@ def test_api_versions_advertises_exactly_the_table_within_the_codec(agent: Agent
     assert advertised_ranges(response[4:]) == {api.key: (api.min_version, api.max_version) for api in APIS.values()}
     for api in APIS.values():
         assert api.min_version in kio_versions(api.key) and api.max_version in kio_versions(api.key)
+
+
+def kio_exchange(agent: AgentServer, api_key: int, version: int, body: dict) -> Any:
+    """One request of any version encoded by kio, and its response decoded by kio: checks, for the versions real
+    clients do not send here, the agent's framing, header versions and the fields each version has."""
+    from kio.index import load_request_schema, load_response_schema
+    from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
+    from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
+    from kio.serial import entity_reader, entity_writer
+
+    request_class = load_request_schema(api_key, version)
+    header_class = RequestHeaderV2 if request_class.__flexible__ else RequestHeaderV1
+    message = io.BytesIO()
+    entity_writer(header_class)(message, header_class(request_api_key=api_key, request_api_version=version, correlation_id=version, client_id="test"))
+    entity_writer(request_class)(message, build(request_class, body))
+    with connect(agent) as connection:
+        connection.sendall(struct.pack(">i", len(message.getvalue())) + message.getvalue())
+        frame = receive_frame(connection)
+    response_class = load_response_schema(api_key, version)
+    header, size = entity_reader(response_class.__header_schema__)(frame, 0)
+    assert header.correlation_id == version
+    response, body_size = entity_reader(response_class)(frame, size)
+    assert size + body_size == len(frame)
+    return response
+
+
+@pytest.mark.parametrize("version", range(APIS[3].min_version, APIS[3].max_version + 1))
+def test_every_metadata_version_decodes_with_the_topics_and_kafkas_error(agent: AgentServer, version: int) -> None:
+    topics = [{"name": "orders", "topic_id": None}, {"name": "no-such-topic", "topic_id": None}]
+    flags = {"allow_auto_topic_creation": False, "include_cluster_authorized_operations": False, "include_topic_authorized_operations": False}
+    response = kio_exchange(agent, 3, version, {"topics": topics, **flags})
+    assert [(t.name, int(t.error_code), len(t.partitions)) for t in response.topics] == [("orders", 0, 3), ("no-such-topic", 3, 0)]
+    assert [(b.node_id, b.host, b.port) for b in response.brokers] == [(0, "127.0.0.1", agent.address.port)]
+
+
+@pytest.mark.parametrize("version", range(APIS[18].min_version, APIS[18].max_version + 1))
+def test_every_api_versions_version_decodes_with_the_table(agent: AgentServer, version: int) -> None:
+    response = kio_exchange(agent, 18, version, {"client_software_name": "test", "client_software_version": "1"})
+    assert int(response.error_code) == 0
+    assert {k.api_key: (k.min_version, k.max_version) for k in response.api_keys} == {a.key: (a.min_version, a.max_version) for a in APIS.values()}
 
 
 @pytest.mark.parametrize(("api_key", "version"), [(999, 0), (18, 99), (3, 99), (0, 9)], ids=["unknown key", "ApiVersions v99", "Metadata v99", "Produce not served yet"])
