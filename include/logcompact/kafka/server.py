@@ -7,6 +7,10 @@ the responses to the requests before it; it never stops the server. So a connect
 `max_in_flight` requests being read or answered, and the agent at most `max_connections` connections (one more
 is closed as soon as it is accepted, with one log line).
 
+Handlers of one connection start in request order: each runs as its own task, and asyncio runs new tasks
+first-in first-out up to their first await. So what a handler does before its first await (a Produce handing
+its batch to the ingest agent) happens in request order, as Kafka's one-request-at-a-time connections would.
+
 Stopping closes the listener, stops reading, lets every request already read be answered, then closes.
 """
 
