@@ -271,8 +271,10 @@ def test_pipelined_requests_are_answered_in_request_order(agent: AgentServer) ->
         struct.pack(">i", -4),
         struct.pack(">i", 6) + b"\x00\x03\x00\x01\xff\xff",  # a header cut short
         request_frame(3, 1, 5, struct.pack(">i", 2) + b"\x00\x09ab"),  # a topic name running past the frame
+        # Metadata v12 (flexible: header v2) declaring 2^32 - 2 topics in 25 bytes: kio 0.6 aborted the process.
+        struct.pack(">ihhih", 19, 3, 12, 6, -1) + b"\x00" + bytes.fromhex("ffffffff0f") + b"\x00\x00\x00",
     ],
-    ids=["http", "oversized", "negative size", "short header", "truncated body"],
+    ids=["http", "oversized", "negative size", "short header", "truncated body", "huge array"],
 )
 def test_a_bad_frame_closes_its_connection_and_the_agent_serves_others(
     agent: AgentServer, sent: bytes, caplog: pytest.LogCaptureFixture

@@ -35,6 +35,6 @@ APIS: dict[int, Api] = {
     api.key: api
     for api in (
         Api(api_versions.API_KEY, 0, 4, api_versions.handle),
-        Api(metadata.API_KEY, 0, 13, metadata.handle),
+        Api(metadata.API_KEY, 0, 12, metadata.handle),
     )
 }

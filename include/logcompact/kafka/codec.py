@@ -5,6 +5,13 @@ A request frame is a request header (v1, or v2 when the API version is flexible)
 is a response header (chosen by kio per API and version: ApiVersions always takes v0) and a body. Handlers
 build responses with `build`, from plain values and dicts, so one handler serves every version: fields a
 version lacks are dropped, fields it has but were not given take the schema's default.
+
+kio is pinned below 0.6: 0.6's native (Rust) decoder allocates an array's declared length up front, so a
+25-byte flexible request declaring 2^32 topics aborts the whole process ("memory allocation of 34359738352
+bytes failed"), which no except clause can catch; 0.5 decodes in Python, item by item, and fails such a frame
+with BufferUnderflow. 0.5 also has Kafka 3's schemas, with the old versions Kafka 4.0 removed (ListOffsets v0,
+OffsetCommit v0-1, ...) that older clients still send. One gap: a tagged field 0.5 does not know is a KeyError
+rather than skipped, so such a request is refused as malformed.
 """
 
 from __future__ import annotations
@@ -99,7 +106,7 @@ def decode_request(frame: bytes, served: typing.Callable[[int, int], bool]) -> R
         if schema.__flexible__:
             size = entity_reader(RequestHeaderV2)(frame, 0)[1]
         body = entity_reader(schema)(frame, size)[0]
-    except (SerialError, ValueError, UnicodeError, OverflowError) as exc:
+    except (SerialError, ValueError, KeyError, UnicodeError, OverflowError) as exc:  # KeyError: a tagged field kio does not know
         raise MalformedRequestError(f"{type(exc).__name__}: {exc}") from None
     return Request(api_key, version, int(header.correlation_id), header.client_id, body)
 
