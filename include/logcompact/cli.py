@@ -25,7 +25,7 @@ from logcompact.catalog.database import redact_text
 from logcompact.catalog.schema import SCHEMA_VERSION, UPGRADABLE_FROM
 from logcompact.consume import read_records
 from logcompact.exceptions import CorruptDataError, InvalidPlanError, InvalidRecordError, InvalidStoreUriError, LogcompactError
-from logcompact.ingest import Agent, Record, wall_clock_ms
+from logcompact.ingest import DEFAULT_FLUSH_BYTES, DEFAULT_FLUSH_INTERVAL_MS, Agent, Record, wall_clock_ms
 from logcompact.jobs import DEFAULT_GC_GRACE_MS, collect_garbage, prepare_plans, run_and_commit, run_here
 from logcompact.jobs.documents import HEADER_NAME, read_plan, write_plan
 from logcompact.jobs.gc import DEFAULT_MAX_ORPHAN_SHARE
@@ -654,15 +654,25 @@ def tour(ctx: Context, records: int) -> None:
 @cli.command()
 @click.option("--listen", default="127.0.0.1:9092", show_default=True, metavar="HOST:PORT", help="Address to accept Kafka clients on (port 0: any free port).")
 @click.option("--advertise", default=None, metavar="HOST:PORT", help="Address clients are told to connect to [default: the listen address].")
+@click.option("--flush-ms", type=click.IntRange(min=1), default=DEFAULT_FLUSH_INTERVAL_MS, show_default=True,
+              help="Write and commit an L0 file of what producers sent at least this often; acks wait for it.")
+@click.option("--flush-bytes", type=click.IntRange(min=1), default=DEFAULT_FLUSH_BYTES, show_default=True,
+              help="Or as soon as this many bytes are buffered.")
+@click.option("--max-message-bytes", type=click.IntRange(min=1), default=1_048_588, show_default=True,
+              help="Largest record batch taken (Kafka's message.max.bytes; for every topic).")
 @pass_context
-def agent(ctx: Context, listen: str, advertise: str | None) -> None:
-    """Serve Kafka's protocol over this cluster (ApiVersions and Metadata so far; docs/agent.md) until SIGTERM or
-    SIGINT. Prints one JSON line once listening: its address, advertised address and cluster id."""
+def agent(ctx: Context, listen: str, advertise: str | None, flush_ms: int, flush_bytes: int, max_message_bytes: int) -> None:
+    """Serve Kafka's protocol over this cluster (ApiVersions, Metadata and Produce so far; docs/agent.md) until
+    SIGTERM or SIGINT, then commit what producers sent. Prints one JSON line once listening: its address,
+    advertised address and cluster id."""
     from logcompact.kafka.broker import Address
     from logcompact.kafka.server import AgentSettings, run_agent
 
     try:
-        settings = AgentSettings(Address.parse(listen, "--listen"), Address.parse(advertise, "--advertise") if advertise else None)
+        settings = AgentSettings(
+            Address.parse(listen, "--listen"), Address.parse(advertise, "--advertise") if advertise else None,
+            flush_interval_ms=flush_ms, flush_bytes=flush_bytes, max_message_bytes=max_message_bytes,
+        )
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
     run_agent(ctx.catalog, settings, lambda broker, bound: _emit(

@@ -1,8 +1,9 @@
 """`logcompact agent`: a server that speaks Kafka's protocol over the catalog (issue 20).
 
 Layers, each importing only the ones below it: `codec` (the wire format, the one module that imports kio),
-`broker` (what the handlers share: the catalog, this agent's node id and address), one module per API
-family (`api_versions`, `metadata`), `apis` (the table of handlers and versions that ApiVersions advertises)
-and `server` (the asyncio connection loop, the listener and its shutdown). The catalog, ingest and consume
-never import this package.
+`records` (record batches, the one module that imports kafka-python), `broker` (what the handlers share: the
+catalog, this agent's node id and address, its ingest agent), one module per API family (`api_versions`,
+`metadata`, `produce`), `apis` (the table of handlers and versions that ApiVersions advertises)
+and `server` (the asyncio connection loop, the listener and its shutdown). The catalog, ingest and
+consume never import this package.
 """

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from logcompact.kafka import api_versions, codec, metadata
+from logcompact.kafka import api_versions, codec, metadata, produce
 from logcompact.kafka.broker import Broker
 
 Handler = Callable[[Broker, codec.Request], Awaitable[Any]]
@@ -36,5 +36,6 @@ APIS: dict[int, Api] = {
     for api in (
         Api(api_versions.API_KEY, 0, 4, api_versions.handle),
         Api(metadata.API_KEY, 0, 12, metadata.handle),
+        Api(produce.API_KEY, 3, 9, produce.handle),
     )
 }

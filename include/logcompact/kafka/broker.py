@@ -1,16 +1,23 @@
-"""What every handler shares: the catalog and this agent's identity in the cluster it serves."""
+"""What every handler shares: the catalog, this agent's identity in the cluster it serves, and its ingest agent."""
 
 from __future__ import annotations
 
+import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from logcompact.catalog import Catalog
+from logcompact.exceptions import IngestError
+from logcompact.ingest import Agent, Record
+from logcompact.topics import Topic
 
 if TYPE_CHECKING:
     from logcompact.kafka.apis import Api
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,8 @@ class Broker:
     node_id: int
     advertised: Address
     apis: Mapping[int, Api] = field(repr=False)
+    ingest: Ingest = field(repr=False)
+    max_message_bytes: int
 
     def topic_id(self, topic: str) -> uuid.UUID:
         """Kafka's topic id (Metadata v10 on): the catalog numbers topics, so derive a UUID stable per cluster."""
@@ -51,3 +60,54 @@ class Broker:
 
     def describe(self) -> dict[str, Any]:
         return {"node_id": self.node_id, "host": self.advertised.host, "port": self.advertised.port, "rack": None}
+
+
+class Ingest:
+    """The server's one ingest agent, fed by one thread: what a handler submits to `thread` before its first
+    await reaches the agent in request order, and the agent's inline flush of a full buffer blocks that thread
+    (backpressure on every producer) instead of the event loop. `topic` and `produce` run on that thread only."""
+
+    def __init__(self, catalog: Catalog, flush_interval_ms: int, flush_bytes: int) -> None:
+        self.catalog = catalog
+        self.flush_interval_ms = flush_interval_ms
+        self.flush_bytes = flush_bytes
+        self.thread = ThreadPoolExecutor(1, thread_name_prefix="logcompact-kafka-ingest")
+        self._agent = self._new_agent()
+        self._topics: dict[str, Topic] = {}
+
+    def _new_agent(self) -> Agent:
+        return Agent(self.catalog, flush_interval_ms=self.flush_interval_ms, flush_bytes=self.flush_bytes)
+
+    def topic(self, name: str) -> Topic | None:
+        """The topic as the catalog describes it, or None; partitions and cleanup.policy never change, so the
+        catalog is read again only for a name not seen yet (a topic created since)."""
+        if name not in self._topics:
+            self._topics = self.catalog.snapshot().topics
+        return self._topics.get(name)
+
+    def produce(self, topic: str, records: Sequence[Record]) -> Future:
+        """The records' offsets once their L0 file is committed. An ingest agent whose flush failed refuses every
+        later batch (its error raised again), so it is closed and replaced: the failed flush's batches were
+        answered with its error, and the next ones get a fresh agent."""
+        try:
+            return self._agent.produce(topic, records)
+        except IngestError as exc:
+            log.warning("ingest agent replaced after a failed flush: %s", exc)
+            failed, self._agent = self._agent, self._new_agent()
+            try:
+                failed.close()
+            except IngestError:
+                pass  # the same failure, already answered to its batches
+            return self._agent.produce(topic, records)
+
+    def flush(self) -> None:
+        """Commit what is buffered now. A failure is not raised: it was answered to the batches it failed."""
+        try:
+            self._agent.flush()
+        except IngestError as exc:
+            log.warning("ingest agent flush failed: %s", exc)
+
+    def close(self) -> None:
+        """Hand over what was submitted, then flush and commit everything buffered."""
+        self.thread.shutdown(wait=True)
+        self._agent.close()

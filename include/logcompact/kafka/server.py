@@ -11,7 +11,8 @@ Handlers of one connection start in request order: each runs as its own task, an
 first-in first-out up to their first await. So what a handler does before its first await (a Produce handing
 its batch to the ingest agent) happens in request order, as Kafka's one-request-at-a-time connections would.
 
-Stopping closes the listener, stops reading, lets every request already read be answered, then closes.
+Stopping closes the listener, stops reading, commits what the ingest agent holds (so acks come at once, and
+acks=0 batches are kept), lets every request already read be answered, then closes.
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ from dataclasses import dataclass
 
 from logcompact.catalog import Catalog
 from logcompact.exceptions import LogcompactError
+from logcompact.ingest import DEFAULT_FLUSH_BYTES, DEFAULT_FLUSH_INTERVAL_MS
 from logcompact.kafka import api_versions, codec
 from logcompact.kafka.apis import APIS
-from logcompact.kafka.broker import Address, Broker
+from logcompact.kafka.broker import Address, Broker, Ingest
+from logcompact.kafka.produce import DEFAULT_MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +48,9 @@ class AgentSettings:
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    flush_interval_ms: int = DEFAULT_FLUSH_INTERVAL_MS
+    flush_bytes: int = DEFAULT_FLUSH_BYTES
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # of every topic (TopicConfig has no max.message.bytes)
 
 
 class FrameError(Exception):
@@ -80,18 +86,26 @@ class AgentServer:
             self._server = await asyncio.start_server(self._connection, listen.host, listen.port)
         except OSError as exc:
             raise LogcompactError(f"agent cannot listen on {listen}: {exc.strerror or exc}; pass another --listen HOST:PORT") from None
-        self._broker = Broker(self.catalog, cluster_id, self.settings.node_id, self.settings.advertise or self.address, APIS)
+        settings = self.settings
+        ingest = await asyncio.to_thread(Ingest, self.catalog, settings.flush_interval_ms, settings.flush_bytes)
+        self._broker = Broker(self.catalog, cluster_id, settings.node_id, settings.advertise or self.address, APIS, ingest, settings.max_message_bytes)
 
     async def stop(self) -> None:
         assert self._server is not None, "start() first"
         self._server.close()
         for reader in self._readers:
             reader.cancel()
+        # One turn of the loop lets every request already read reach its first await (a Produce its submission
+        # to the ingest thread); the flush queued behind them commits those batches now, not a flush interval later.
+        await asyncio.sleep(0)
+        flushing = asyncio.get_running_loop().run_in_executor(self.broker.ingest.thread, self.broker.ingest.flush)
         if self._connections:
             _, late = await asyncio.wait(self._connections, timeout=STOP_GRACE_SECONDS)
             for connection in late:
                 connection.cancel()
         await self._server.wait_closed()
+        await flushing
+        await asyncio.to_thread(self.broker.ingest.close)
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         this = asyncio.current_task()
@@ -104,7 +118,7 @@ class AgentServer:
         self._connections.add(this)
         # The reader takes a slot per request, the sender gives it back once the response is written.
         in_flight = asyncio.Semaphore(self.settings.max_in_flight)
-        responses: asyncio.Queue[asyncio.Task[bytes] | None] = asyncio.Queue()
+        responses: asyncio.Queue[asyncio.Task[bytes | None] | None] = asyncio.Queue()
         reading = asyncio.create_task(self._read(reader, responses, in_flight, peer))
         self._readers.add(reading)
         try:
@@ -146,19 +160,21 @@ class AgentServer:
             raise FrameError(f"frame size {size} is outside 0 to {self.settings.max_frame_bytes} bytes (the agent's max frame size)")
         return await reader.readexactly(size)
 
-    async def _answer(self, request: codec.Request) -> bytes:
+    async def _answer(self, request: codec.Request) -> bytes | None:
+        """The response frame, or None for a request answered with none (Produce with acks=0)."""
         if request.body is None:
             response = api_versions.unsupported(self.broker)
         else:
             response = await self.broker.apis[request.api_key].handle(self.broker, request)
-        return codec.encode_response(request.correlation_id, response)
+        return None if response is None else codec.encode_response(request.correlation_id, response)
 
     async def _send(self, writer: asyncio.StreamWriter, responses: asyncio.Queue, in_flight: asyncio.Semaphore, peer: str) -> None:
         while (answering := await responses.get()) is not None:
             try:
                 frame = await answering
-                writer.write(frame)
-                await writer.drain()
+                if frame is not None:
+                    writer.write(frame)
+                    await writer.drain()
             except ConnectionError as exc:
                 log.warning("connection from %s lost: %s", peer, exc)
                 break

@@ -1,0 +1,125 @@
+"""Produce (key 0), v3-9: record batches (magic 2) into the ingest agent, acknowledged once durable.
+
+Each partition's one batch is checked as Kafka's broker checks it (framing and magic, CRC-32C, compression
+allowed by the version, `max.message.bytes`, producer id, keys of a compacted topic) and then decompressed and
+handed to the ingest agent whole, or refused whole with Kafka's error for that partition; the other partitions
+of the request go on. acks=1 and acks=-1 (all) are answered once the L0 file holding the batch is committed to
+the catalog; acks=0 gets no response, and a refused batch closes the connection (Kafka's way of telling a
+client that reads no responses).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import Future
+from typing import Any, cast
+
+from logcompact.exceptions import InvalidRecordError
+from logcompact.ingest import Record
+from logcompact.kafka import codec, records
+from logcompact.kafka.broker import Broker
+
+API_KEY = 0
+# Kafka's broker default for message.max.bytes, the max.message.bytes of a topic that sets none.
+DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
+FIRST_VERSION_WITH_ZSTD = 7
+ACKS = (0, 1, -1)
+NO_TIMESTAMP = -1
+
+Outcome = Future | dict[str, Any]  # the ingest agent's future of offsets, or a refused partition's response
+
+
+class AcksZeroRefusedError(Exception):
+    """A batch refused at acks=0: Kafka closes the connection, the one signal a client reading no responses gets."""
+
+
+async def handle(broker: Broker, request: codec.Request) -> Any:
+    body = request.body
+    # Submitted before the first await: the ingest thread takes requests in the order they were read.
+    accepting = asyncio.get_running_loop().run_in_executor(broker.ingest.thread, _accept, broker, request.api_version, body)
+    accepted = await accepting
+    if body.acks == 0:
+        refused = [f"{name}[{index}]: {outcome['error_code'].name}" for name, partitions in accepted for index, outcome in partitions if isinstance(outcome, dict)]
+        if refused:
+            raise AcksZeroRefusedError(f"acks=0 produce refused, connection closed as Kafka does: {', '.join(refused)}")
+        return None
+    responses = [
+        {"name": name, "partition_responses": [await _answer(index, outcome) for index, outcome in partitions]}
+        for name, partitions in accepted
+    ]
+    return codec.build(codec.response_class(API_KEY, request.api_version), {"responses": responses, "throttle_time": 0})
+
+
+def _accept(broker: Broker, version: int, body: Any) -> list[tuple[str, list[tuple[int, Outcome]]]]:
+    """On the ingest thread: every partition's batch checked, and handed to the ingest agent or refused."""
+    return [
+        (topic.name, [(partition.index, _accept_partition(broker, version, body.acks, topic.name, partition)) for partition in topic.partition_data])
+        for topic in body.topic_data
+    ]
+
+
+def _accept_partition(broker: Broker, version: int, acks: int, name: str, partition: Any) -> Outcome:
+    if acks not in ACKS:
+        return _refused(codec.ErrorCode.invalid_required_acks, f"acks={acks}: use 0, 1 or -1 (all)")
+    topic = broker.ingest.topic(name)
+    if topic is None or not 0 <= partition.index < topic.partitions:
+        return _refused(codec.ErrorCode.unknown_topic_or_partition, f"no partition {partition.index} of topic {name!r} in the catalog")
+    try:
+        batch = records.read_batch(partition.records or b"")
+    except records.CorruptBatchError as exc:
+        return _refused(codec.ErrorCode.corrupt_message, str(exc))
+    except records.InvalidBatchError as exc:
+        return _refused(codec.ErrorCode.invalid_record, str(exc))
+    if batch.codec == records.ZSTD and version < FIRST_VERSION_WITH_ZSTD:
+        return _refused(codec.ErrorCode.unsupported_compression_type, f"zstd batches need Produce v{FIRST_VERSION_WITH_ZSTD}+, this is v{version}")
+    if batch.size_bytes > broker.max_message_bytes:
+        return _refused(codec.ErrorCode.message_too_large, f"batch of {batch.size_bytes} bytes is over max.message.bytes {broker.max_message_bytes}")
+    if batch.producer_id >= 0 or batch.transactional:
+        # No InitProducerId yet, so no producer state: every producer id is one this agent does not know.
+        return _refused(codec.ErrorCode.unknown_producer_id, f"producer id {batch.producer_id}: idempotent and transactional producers are not served yet; set enable.idempotence=false")
+    if batch.control:
+        return _refused(codec.ErrorCode.invalid_record, "clients may not write control batches")
+    try:
+        decoded = batch.records()
+    except records.CorruptBatchError as exc:
+        return _refused(codec.ErrorCode.corrupt_message, str(exc))
+    if not decoded:
+        return _refused(codec.ErrorCode.invalid_record, "record batch holds no records")
+    if topic.config.compacted:
+        keyless = [index for index, record in enumerate(decoded) if record.key is None]
+        if keyless:
+            message = f"Compacted topic cannot accept message without key in topic partition {name}-{partition.index}."
+            return _refused(codec.ErrorCode.invalid_record, message, keyless)
+    # A Kafka header's value may be null: the store's headers column keeps it (its values are nullable), though
+    # Record's annotation says bytes.
+    produced = [
+        Record(partition.index, record.key, record.value, None if record.timestamp == NO_TIMESTAMP else record.timestamp, cast(Any, record.headers) or None)
+        for record in decoded
+    ]
+    try:
+        return broker.ingest.produce(name, produced)
+    except InvalidRecordError as exc:  # a timestamp the store cannot keep (negative, other than -1)
+        return _refused(codec.ErrorCode.invalid_timestamp, str(exc))
+
+
+def _refused(error: codec.ErrorCode, message: str, record_indexes: list[int] | None = None) -> dict[str, Any]:
+    return {
+        "error_code": error,
+        "base_offset": -1,
+        "log_append_time": None,
+        "log_start_offset": -1,
+        "record_errors": [{"batch_index": index, "batch_index_error_message": message} for index in record_indexes or []],
+        "error_message": message,
+    }
+
+
+async def _answer(index: int, outcome: Outcome) -> dict[str, Any]:
+    if isinstance(outcome, dict):
+        return {"index": index, **outcome}
+    try:
+        offsets = await asyncio.wrap_future(outcome)
+    except Exception as exc:  # the L0 file was not committed: retriable, the client sends the batch again
+        return {"index": index, **_refused(codec.ErrorCode.kafka_storage_error, str(exc))}
+    # CreateTime (TopicConfig has no message.timestamp.type): log_append_time -1; log_start_offset unknown (-1)
+    # without a catalog read per response.
+    return {"index": index, "error_code": codec.ErrorCode.none, "base_offset": offsets[0], "log_append_time": None, "log_start_offset": -1, "record_errors": []}

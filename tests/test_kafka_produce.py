@@ -1,0 +1,355 @@
+"""Produce through `logcompact agent` (issue 20): real clients and raw requests, read back with the library.
+
+kafka-python 3 produces record batches v2 with every codec. librdkafka (confluent-kafka, kcat) sends them only
+once the broker also serves Fetch v4+ (its MsgVer2 feature needs Produce v3 and Fetch v4); until then it sends
+old message sets, which Produce v3+ refuses as Kafka does, and that is tested here too. Raw requests are encoded
+by kio and carry batches built by kafka-python's record builder, so every served version and each error is
+exercised exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, Producer
+from kafka import KafkaProducer
+from kafka.errors import InvalidRecordError as KafkaInvalidRecordError
+from kafka.errors import KafkaError as KafkaPythonError
+from kafka.record.default_records import DefaultRecordBatchBuilder
+from kafka.record.legacy_records import LegacyRecordBatchBuilder
+from kio.index import load_request_schema, load_response_schema
+from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
+from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
+from kio.serial import entity_reader, entity_writer
+
+from logcompact.catalog import Catalog
+from logcompact.consume import ConsumedRecord, read_records
+from logcompact.kafka.broker import Address
+from logcompact.kafka.codec import build
+from logcompact.kafka.server import AgentServer, AgentSettings
+from logcompact.store import open_store
+from tests.helpers import create_topic
+from tests.test_kafka_agent import closed_by_peer, connect, receive_frame, request_frame
+
+pytestmark = pytest.mark.timeout(60)
+
+FLUSH_MS = 50
+MAX_MESSAGE_BYTES = 64 * 1024
+TIMESTAMP = 1_700_000_000_000
+CODECS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
+ATTRIBUTES_AT = struct.calcsize(">qiibI")  # a record batch's attributes: the codec in their low 3 bits
+PADDING = b"." * 200
+# Kafka's error codes
+NONE, CORRUPT_MESSAGE, UNKNOWN_TOPIC_OR_PARTITION, MESSAGE_TOO_LARGE = 0, 2, 3, 10
+INVALID_REQUIRED_ACKS, UNKNOWN_PRODUCER_ID, UNSUPPORTED_COMPRESSION_TYPE, INVALID_RECORD = 21, 59, 76, 87
+
+
+@pytest.fixture
+def catalog(tmp_path: Path) -> Catalog:
+    catalog = Catalog(open_store(f"file://{tmp_path / 'store'}"))
+    create_topic(catalog, "orders", 2, cleanup_policy="compact")
+    create_topic(catalog, "clicks", 1)
+    return catalog
+
+
+class RunningAgent:
+    """An AgentServer on its own event loop thread, as `logcompact agent` runs it."""
+
+    def __init__(self, catalog: Catalog, **settings: Any) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="agent", daemon=True)
+        self.thread.start()
+        self.server = AgentServer(catalog, AgentSettings(Address("127.0.0.1", 0), **settings))
+        self.call(self.server.start())
+
+    def call(self, coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=30)
+
+    @property
+    def bootstrap(self) -> str:
+        return str(self.server.address)
+
+    def stop(self) -> None:
+        self.call(self.server.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        self.loop.close()
+
+
+@pytest.fixture
+def agent(catalog: Catalog) -> Iterator[RunningAgent]:
+    running = RunningAgent(catalog, flush_interval_ms=FLUSH_MS, max_message_bytes=MAX_MESSAGE_BYTES)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def stored(catalog: Catalog, topic: str, partition: int) -> list[ConsumedRecord]:
+    return list(read_records(catalog.store, catalog.snapshot(), topic, partition))
+
+
+# -- batches and requests, built as clients build them ----------------------------------------------
+
+
+def record_batch(records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]], codec: str = "none", producer_id: int = -1) -> bytes:
+    """One record batch v2 as kafka-python's producer builds it: timestamps TIMESTAMP + index."""
+    idempotent = producer_id >= 0
+    builder = DefaultRecordBatchBuilder(magic=2, compression_type=CODECS[codec], is_transactional=False, producer_id=producer_id,
+                                        producer_epoch=0 if idempotent else -1, base_sequence=0 if idempotent else -1, batch_size=1 << 24)
+    for index, (key, value, headers) in enumerate(records):
+        builder.append(index, timestamp=TIMESTAMP + index, key=key, value=value, headers=headers)
+    batch = bytes(builder.build())
+    # kafka-python sends a batch uncompressed when compressing does not make it smaller
+    assert struct.unpack_from(">h", batch, ATTRIBUTES_AT)[0] & 7 == CODECS[codec], f"{codec} did not shrink the batch: give it more records"
+    return batch
+
+
+def keyed_batch(count: int, codec: str = "none", prefix: str = "v") -> bytes:
+    return record_batch([(f"k{i}".encode(), value(prefix, i), [("n", str(i).encode())]) for i in range(count)], codec)
+
+
+def value(prefix: str, index: int) -> bytes:
+    """Compressible: every codec shrinks a batch of these."""
+    return f"{prefix}{index}".encode() + PADDING
+
+
+def produce_request(version: int, correlation_id: int, partitions: dict[tuple[str, int], bytes | None], acks: int = -1) -> bytes:
+    topics: dict[str, list[dict]] = {}
+    for (topic, index), records in partitions.items():
+        topics.setdefault(topic, []).append({"index": index, "records": records})
+    request_class = load_request_schema(0, version)
+    header_class = RequestHeaderV2 if request_class.__flexible__ else RequestHeaderV1
+    message = io.BytesIO()
+    entity_writer(header_class)(message, header_class(request_api_key=0, request_api_version=version, correlation_id=correlation_id, client_id="test"))
+    body = {"transactional_id": None, "acks": acks, "timeout": 5000, "topic_data": [{"name": name, "partition_data": data} for name, data in topics.items()]}
+    entity_writer(request_class)(message, build(request_class, body))
+    return struct.pack(">i", len(message.getvalue())) + message.getvalue()
+
+
+def produce_response(frame: bytes, version: int) -> tuple[int, dict[tuple[str, int], Any]]:
+    response_class = load_response_schema(0, version)
+    header, size = entity_reader(response_class.__header_schema__)(frame, 0)
+    response, body_size = entity_reader(response_class)(frame, size)
+    assert size + body_size == len(frame)
+    partitions = {(topic.name, int(p.index)): p for topic in response.responses for p in topic.partition_responses}
+    return int(header.correlation_id), partitions
+
+
+def produce(agent: RunningAgent, partitions: dict[tuple[str, int], bytes | None], version: int = 9, acks: int = -1) -> dict[tuple[str, int], Any]:
+    with connect(agent.server) as connection:
+        connection.sendall(produce_request(version, 5, partitions, acks))
+        correlation_id, answered = produce_response(receive_frame(connection), version)
+    assert correlation_id == 5
+    return answered
+
+
+# -- real clients ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("acks", ["1", "all"])
+@pytest.mark.parametrize("codec", list(CODECS))
+def test_kafka_python_produces_with_every_codec_and_reads_back_exactly(agent: RunningAgent, catalog: Catalog, codec: str, acks: str) -> None:
+    # kafka-python 3 enables idempotence by default, which needs InitProducerId, not served yet.
+    producer = KafkaProducer(bootstrap_servers=agent.bootstrap, compression_type=None if codec == "none" else codec, acks=acks if acks == "all" else 1,
+                             enable_idempotence=False, linger_ms=5)
+    try:
+        sent = [
+            producer.send("orders", key=b"k%d" % i, value=None if i == 3 else value("value-", i), partition=1,
+                          headers=[("trace", b"t%d" % i), ("empty", b"")], timestamp_ms=TIMESTAMP + 1000 * i)
+            for i in range(5)
+        ]
+        offsets = [future.get(timeout=10).offset for future in sent]
+    finally:
+        producer.close(timeout=5)
+    assert offsets == [0, 1, 2, 3, 4]
+    # acknowledged means committed: a fresh snapshot has every record
+    assert stored(catalog, "orders", 1) == [
+        ConsumedRecord(i, TIMESTAMP + 1000 * i, b"k%d" % i, None if i == 3 else value("value-", i), [("trace", b"t%d" % i), ("empty", b"")]) for i in range(5)
+    ]
+    assert stored(catalog, "orders", 0) == []
+
+
+def test_kafka_python_keyless_record_on_a_compacted_topic_is_refused(agent: RunningAgent, catalog: Catalog) -> None:
+    producer = KafkaProducer(bootstrap_servers=agent.bootstrap, enable_idempotence=False, linger_ms=50, retries=0)
+    try:
+        keyed = producer.send("orders", key=b"a", value=b"1", partition=0)
+        keyless = producer.send("orders", key=None, value=b"2", partition=0)
+        with pytest.raises(KafkaInvalidRecordError):
+            keyless.get(timeout=10)
+        # the same batch, refused whole: kafka-python names the keyed record's failure as Java's client does
+        with pytest.raises(KafkaPythonError, match="part of a batch which had one more more invalid records"):
+            keyed.get(timeout=10)
+    finally:
+        producer.close(timeout=5)
+    assert stored(catalog, "orders", 0) == []
+
+
+def test_librdkafka_sends_old_message_sets_until_fetch_is_served_and_they_are_refused(agent: RunningAgent, catalog: Catalog) -> None:
+    """librdkafka's MsgVer2 feature needs Produce v3 and Fetch v4 advertised; without Fetch it sends magic 0
+    message sets in Produce v3+, which Kafka refuses with INVALID_RECORD. When Fetch is served this becomes the
+    confluent-kafka codec matrix."""
+    reports: list[KafkaError | None] = []
+    producer = Producer({"bootstrap.servers": agent.bootstrap, "enable.idempotence": False, "message.timeout.ms": 5000, "linger.ms": 5})
+    producer.produce("orders", key=b"k", value=b"v", partition=0, on_delivery=lambda error, message: reports.append(error))
+    assert producer.flush(10) == 0
+    assert reports and reports[0] is not None and reports[0].code() == KafkaError.INVALID_RECORD
+    assert stored(catalog, "orders", 0) == []
+
+
+# -- every version and each error, on raw requests ------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", range(3, 10))
+def test_every_produce_version_stores_the_batch_and_answers_its_first_offset(agent: RunningAgent, catalog: Catalog, version: int) -> None:
+    codec = "zstd" if version >= 7 else "lz4"
+    first = produce(agent, {("clicks", 0): keyed_batch(3, codec)}, version)[("clicks", 0)]
+    second = produce(agent, {("clicks", 0): keyed_batch(2, codec, prefix="w")}, version)[("clicks", 0)]
+    assert (int(first.error_code), first.base_offset, second.base_offset) == (NONE, 0, 3)
+    if version >= 2:
+        assert first.log_append_time is None  # -1 on the wire: CreateTime
+    if version >= 5:
+        assert first.log_start_offset == -1
+    assert [(r.offset, r.timestamp, r.key, r.value, r.headers) for r in stored(catalog, "clicks", 0)] == [
+        (0, TIMESTAMP, b"k0", value("v", 0), [("n", b"0")]), (1, TIMESTAMP + 1, b"k1", value("v", 1), [("n", b"1")]),
+        (2, TIMESTAMP + 2, b"k2", value("v", 2), [("n", b"2")]), (3, TIMESTAMP, b"k0", value("w", 0), [("n", b"0")]),
+        (4, TIMESTAMP + 1, b"k1", value("w", 1), [("n", b"1")]),
+    ]
+
+
+def test_null_values_and_null_header_values_are_kept(agent: RunningAgent, catalog: Catalog) -> None:
+    records = [(None, None, [("h", None)]), (b"k", None, []), (None, PADDING, [("a", b"1"), ("a", b"2")])]
+    assert int(produce(agent, {("clicks", 0): record_batch(records, "gzip")})[("clicks", 0)].error_code) == NONE
+    assert [(r.key, r.value, r.headers) for r in stored(catalog, "clicks", 0)] == records
+
+
+def test_a_keyless_record_on_a_compacted_topic_refuses_its_batch_with_the_record_indexes(agent: RunningAgent, catalog: Catalog) -> None:
+    keyless = record_batch([(b"a", b"1", []), (None, b"2", []), (b"c", b"3", []), (None, b"4", [])])
+    answered = produce(agent, {("orders", 0): keyless, ("orders", 1): keyed_batch(2)})
+    refused = answered[("orders", 0)]
+    assert (int(refused.error_code), refused.base_offset) == (INVALID_RECORD, -1)
+    assert [int(error.batch_index) for error in refused.record_errors] == [1, 3]
+    assert refused.error_message == "Compacted topic cannot accept message without key in topic partition orders-0."
+    assert int(answered[("orders", 1)].error_code) == NONE  # the other partition of the request goes on
+    assert stored(catalog, "orders", 0) == []
+    assert len(stored(catalog, "orders", 1)) == 2
+
+
+def test_a_corrupt_crc_is_refused_and_the_connection_serves_on(agent: RunningAgent, catalog: Catalog) -> None:
+    batch = bytearray(keyed_batch(3))
+    batch[-1] ^= 0xFF  # a byte of the last record's value
+    with connect(agent.server) as connection:
+        connection.sendall(produce_request(9, 1, {("clicks", 0): bytes(batch)}))
+        refused = produce_response(receive_frame(connection), 9)[1][("clicks", 0)]
+        assert int(refused.error_code) == CORRUPT_MESSAGE and "CRC-32C" in refused.error_message
+        connection.sendall(produce_request(9, 2, {("clicks", 0): keyed_batch(1)}))
+        correlation_id, answered = produce_response(receive_frame(connection), 9)
+    assert (correlation_id, int(answered[("clicks", 0)].error_code), answered[("clicks", 0)].base_offset) == (2, NONE, 0)
+    assert [r.value for r in stored(catalog, "clicks", 0)] == [value("v", 0)]
+
+
+@pytest.mark.parametrize(
+    ("case", "partitions", "version", "error"),
+    [
+        ("unknown topic", {("no-such-topic", 0): "batch"}, 9, UNKNOWN_TOPIC_OR_PARTITION),
+        ("partition out of range", {("orders", 2): "batch"}, 9, UNKNOWN_TOPIC_OR_PARTITION),
+        ("over max.message.bytes", {("clicks", 0): "large"}, 9, MESSAGE_TOO_LARGE),
+        ("magic 1 message set", {("clicks", 0): "magic 1"}, 9, INVALID_RECORD),
+        ("two batches", {("clicks", 0): "two"}, 9, INVALID_RECORD),
+        ("no records", {("clicks", 0): None}, 9, INVALID_RECORD),
+        ("zstd before v7", {("clicks", 0): "zstd"}, 6, UNSUPPORTED_COMPRESSION_TYPE),
+        ("idempotent producer", {("clicks", 0): "idempotent"}, 9, UNKNOWN_PRODUCER_ID),
+        ("truncated batch", {("clicks", 0): "truncated"}, 9, CORRUPT_MESSAGE),
+    ],
+)
+def test_refused_batches_get_kafkas_error_and_write_nothing(agent: RunningAgent, catalog: Catalog, case: str, partitions: dict, version: int, error: int) -> None:
+    legacy = LegacyRecordBatchBuilder(magic=1, compression_type=0, batch_size=1 << 20)
+    legacy.append(0, timestamp=TIMESTAMP, key=b"k", value=b"v")
+    batches: dict[str | None, bytes | None] = {
+        "batch": keyed_batch(1),
+        "large": record_batch([(b"k", os.urandom(MAX_MESSAGE_BYTES), [])]),
+        "magic 1": bytes(legacy.build()),
+        "two": keyed_batch(1) + keyed_batch(1),
+        None: None,
+        "zstd": keyed_batch(1, "zstd"),
+        "idempotent": record_batch([(b"k", b"v", [])], producer_id=7),
+        "truncated": keyed_batch(3)[:-5],
+    }
+    answered = produce(agent, {where: batches[name] for where, name in partitions.items()}, version)
+    assert [int(p.error_code) for p in answered.values()] == [error]
+    assert all(p.base_offset == -1 for p in answered.values())
+    assert stored(catalog, "clicks", 0) == []
+
+
+def test_acks_other_than_0_1_all_are_refused(agent: RunningAgent) -> None:
+    assert int(produce(agent, {("clicks", 0): keyed_batch(1)}, acks=2)[("clicks", 0)].error_code) == INVALID_REQUIRED_ACKS
+
+
+def test_acks_0_gets_no_response_and_is_stored(agent: RunningAgent, catalog: Catalog) -> None:
+    with connect(agent.server) as connection:
+        connection.sendall(produce_request(9, 1, {("clicks", 0): keyed_batch(2)}, acks=0) + request_frame(18, 0, 2))
+        assert struct.unpack_from(">ih", receive_frame(connection)) == (2, 0)  # the ApiVersions after it, first
+    deadline = time.monotonic() + 5
+    while not stored(catalog, "clicks", 0) and time.monotonic() < deadline:
+        time.sleep(FLUSH_MS / 1000)
+    assert [r.value for r in stored(catalog, "clicks", 0)] == [value("v", 0), value("v", 1)]
+
+
+def test_acks_0_with_a_refused_batch_closes_the_connection(agent: RunningAgent, caplog: pytest.LogCaptureFixture) -> None:
+    with connect(agent.server) as connection:
+        connection.sendall(produce_request(9, 1, {("orders", 0): record_batch([(None, b"v", [])])}, acks=0))
+        assert closed_by_peer(connection)
+    assert "acks=0 produce refused, connection closed as Kafka does: orders[0]: invalid_record" in caplog.text
+    with connect(agent.server) as connection:  # the agent serves on
+        connection.sendall(request_frame(18, 0, 3))
+        assert struct.unpack_from(">ih", receive_frame(connection)) == (3, 0)
+
+
+def test_stopping_commits_what_the_agent_holds_and_answers_it(catalog: Catalog) -> None:
+    running = RunningAgent(catalog, flush_interval_ms=60_000)  # nothing would be committed for a minute
+    with connect(running.server) as connection:
+        connection.sendall(produce_request(9, 1, {("clicks", 0): keyed_batch(2)}, acks=0) + produce_request(9, 2, {("clicks", 0): keyed_batch(1, prefix="w")}))
+        time.sleep(0.2)  # both read
+        started = time.monotonic()
+        stopping = threading.Thread(target=running.stop)
+        stopping.start()
+        correlation_id, answered = produce_response(receive_frame(connection), 9)
+        stopping.join(timeout=30)
+    assert time.monotonic() - started < 10
+    assert (correlation_id, int(answered[("clicks", 0)].error_code), answered[("clicks", 0)].base_offset) == (2, NONE, 2)
+    assert [r.value for r in stored(catalog, "clicks", 0)] == [value("v", 0), value("v", 1), value("w", 0)]
+
+
+def test_the_agent_command_commits_acked_batches_on_sigterm(catalog: Catalog) -> None:
+    environment = {**os.environ, "LOGCOMPACT_STORE": catalog.store.uri}
+    command = [sys.executable, "-m", "logcompact", "agent", "--listen", "127.0.0.1:0", "--flush-ms", "60000", "--flush-bytes", "100000000"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
+    try:
+        assert process.stdout is not None
+        host, port = json.loads(process.stdout.readline())["listening"].rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as connection:
+            connection.sendall(produce_request(9, 4, {("clicks", 0): keyed_batch(3)}))
+            time.sleep(0.2)
+            process.send_signal(signal.SIGTERM)
+            correlation_id, answered = produce_response(receive_frame(connection), 9)
+        assert (correlation_id, int(answered[("clicks", 0)].error_code), answered[("clicks", 0)].base_offset) == (4, NONE, 0)
+        assert process.wait(timeout=15) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert [r.value for r in stored(catalog, "clicks", 0)] == [value("v", i) for i in range(3)]
