@@ -1,0 +1,98 @@
+"""ListOffsets (key 2), v0-7: a partition's earliest, latest, by-timestamp and max-timestamp offsets, from the
+catalog (one snapshot per request) and, for timestamps, the records of the sections that may hold the answer.
+
+Without transactions the last stable offset is the high watermark, so `isolation_level` changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from logcompact.catalog import CatalogSection, Snapshot
+from logcompact.consume import read_batches
+from logcompact.kafka import codec
+from logcompact.kafka.broker import Broker
+from logcompact.store.base import ObjectStore
+
+API_KEY = 2
+LATEST = -1
+EARLIEST = -2
+MAX_TIMESTAMP = -3  # v7 (KIP-734)
+NOT_FOUND = -1
+NO_LEADER_EPOCH = -1
+
+
+async def handle(broker: Broker, request: codec.Request) -> Any:
+    topics = await asyncio.to_thread(_list, broker, request.body)
+    version = request.api_version
+    return codec.build(codec.response_class(API_KEY, version), {
+        "throttle_time": 0,
+        "topics": [
+            {"name": name, "partitions": [_answer(version, index, found) for index, found in partitions]}
+            for name, partitions in topics
+        ],
+    })
+
+
+Found = tuple[int, int] | codec.ErrorCode  # (offset, timestamp), or the partition's error
+
+
+def _list(broker: Broker, body: Any) -> list[tuple[str, list[tuple[int, Found]]]]:
+    snapshot = broker.catalog.snapshot()
+    answered = []
+    for topic in body.topics:
+        known = snapshot.topics.get(topic.name)
+        next_offsets = broker.catalog.next_offsets(topic.name) if known else []
+        indexes = [int(entry.partition_index) for entry in topic.partitions]
+        partitions: list[tuple[int, Found]] = []
+        for entry, index in zip(topic.partitions, indexes):
+            if indexes.count(index) > 1:  # as Kafka: a partition asked twice is answered with an error, twice
+                partitions.append((index, codec.ErrorCode.invalid_request))
+            elif known is None or not 0 <= index < known.partitions:
+                partitions.append((index, codec.ErrorCode.unknown_topic_or_partition))
+            else:
+                partitions.append((index, _find(broker.catalog.store, snapshot, topic.name, index, next_offsets[index], int(entry.timestamp))))
+        answered.append((topic.name, partitions))
+    return answered
+
+
+def _find(store: ObjectStore, snapshot: Snapshot, topic: str, partition: int, next_offset: int, target: int) -> tuple[int, int]:
+    if target == LATEST:
+        return next_offset, NOT_FOUND
+    sections = [section for _, section in snapshot.sections_of(topic, partition)]
+    if target == EARLIEST:  # the first live offset; the next offset when nothing is left
+        return (sections[0].first_offset if sections else next_offset), NOT_FOUND
+    if target == MAX_TIMESTAMP:
+        if not sections:
+            return NOT_FOUND, NOT_FOUND
+        target = max(section.info.max_timestamp for section in sections)
+    return _first_at_or_after(store, snapshot, topic, partition, sections, target)
+
+
+def _first_at_or_after(store: ObjectStore, snapshot: Snapshot, topic: str, partition: int, sections: list[CatalogSection], timestamp: int) -> tuple[int, int]:
+    """The first record in offset order whose timestamp is >= `timestamp`, as Kafka's time index finds it.
+
+    Sections are in first-offset order; every record before the first section whose max_timestamp reaches the
+    target lies in an earlier section, all of whose records are older, so the records are read from there on."""
+    start = next((section for section in sections if section.info.max_timestamp >= timestamp), None)
+    if start is None:
+        return NOT_FOUND, NOT_FOUND
+    for table in read_batches(store, snapshot, topic, partition, start.first_offset):
+        timestamps = table.column("timestamp").to_numpy()
+        hits = (timestamps >= timestamp).nonzero()[0]
+        if len(hits):
+            return int(table.column("offset")[int(hits[0])].as_py()), int(timestamps[hits[0]])
+    return NOT_FOUND, NOT_FOUND
+
+
+def _answer(version: int, index: int, found: Found) -> dict[str, Any]:
+    if isinstance(found, codec.ErrorCode):
+        return {"partition_index": index, "error_code": found, "old_style_offsets": [], "offset": NOT_FOUND, "timestamp": NOT_FOUND, "leader_epoch": NO_LEADER_EPOCH}
+    offset, timestamp = found
+    answer: dict[str, Any] = {"partition_index": index, "error_code": codec.ErrorCode.none, "leader_epoch": NO_LEADER_EPOCH}
+    if version == 0:  # a list of offsets (Kafka's segment starts); here the one offset found, or none
+        answer["old_style_offsets"] = [] if offset == NOT_FOUND else [offset]
+    else:
+        answer.update(offset=offset, timestamp=timestamp)
+    return answer
