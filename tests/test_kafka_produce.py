@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, Producer
+from crc32c import crc32c
 from kafka import KafkaProducer
 from kafka.errors import InvalidRecordError as KafkaInvalidRecordError
 from kafka.errors import KafkaError as KafkaPythonError
@@ -38,6 +39,7 @@ from kio.serial import entity_reader, entity_writer
 
 from logcompact.catalog import Catalog
 from logcompact.consume import ConsumedRecord, read_records
+from logcompact.kafka import produce as produce_module
 from logcompact.kafka.broker import Address
 from logcompact.kafka.codec import build
 from logcompact.kafka.server import AgentServer, AgentSettings
@@ -52,6 +54,8 @@ MAX_MESSAGE_BYTES = 64 * 1024
 TIMESTAMP = 1_700_000_000_000
 CODECS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 ATTRIBUTES_AT = struct.calcsize(">qiibI")  # a record batch's attributes: the codec in their low 3 bits
+CRC_AT = struct.calcsize(">qiib")  # its CRC-32C, of every byte from the attributes on
+HEADER_BYTES = 61
 PADDING = b"." * 200
 # Kafka's error codes
 NONE, CORRUPT_MESSAGE, UNKNOWN_TOPIC_OR_PARTITION, MESSAGE_TOO_LARGE = 0, 2, 3, 10
@@ -292,6 +296,35 @@ def test_refused_batches_get_kafkas_error_and_write_nothing(agent: RunningAgent,
     answered = produce(agent, {where: batches[name] for where, name in partitions.items()}, version)
     assert [int(p.error_code) for p in answered.values()] == [error]
     assert all(p.base_offset == -1 for p in answered.values())
+    assert stored(catalog, "clicks", 0) == []
+
+
+def with_payload(batch: bytes, payload: bytes) -> bytes:
+    """The batch with other record bytes, its length and CRC-32C made right for them: only decoding can tell."""
+    framed = bytearray(batch[:HEADER_BYTES] + payload)
+    struct.pack_into(">i", framed, 8, len(framed) - 12)
+    struct.pack_into(">I", framed, CRC_AT, crc32c(bytes(framed[ATTRIBUTES_AT:])))
+    return bytes(framed)
+
+
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+def test_a_compressed_payload_that_does_not_decompress_is_corrupt(agent: RunningAgent, catalog: Catalog, codec: str) -> None:
+    batch = keyed_batch(3, codec)
+    damaged = with_payload(batch, batch[HEADER_BYTES:-8])  # its end cut off, framing and CRC fixed
+    answered = produce(agent, {("clicks", 0): damaged})[("clicks", 0)]
+    assert int(answered.error_code) == CORRUPT_MESSAGE
+    assert stored(catalog, "clicks", 0) == []
+
+
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+def test_a_batch_that_decompresses_past_the_limit_is_refused_without_inflating_it(
+    agent: RunningAgent, catalog: Catalog, codec: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(produce_module, "MAX_DECOMPRESSED_BATCH_BYTES", 64 * 1024)
+    bomb = record_batch([(b"k", bytes(256 * 1024), [])], codec)  # a few hundred bytes compressed
+    assert len(bomb) < 16 * 1024
+    answered = produce(agent, {("clicks", 0): bomb})[("clicks", 0)]
+    assert int(answered.error_code) == MESSAGE_TOO_LARGE and "decompresses to more than 65536 bytes" in answered.error_message
     assert stored(catalog, "clicks", 0) == []
 
 

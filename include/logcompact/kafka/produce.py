@@ -23,6 +23,9 @@ API_KEY = 0
 # Kafka's broker default for message.max.bytes, the max.message.bytes of a topic that sets none.
 DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
 FIRST_VERSION_WITH_ZSTD = 7
+# The most a batch's records may decompress to: what one batch can take of the agent's memory (its records are
+# then Python objects, a few times that), far above real batches (max.message.bytes compressed ~10x at most).
+MAX_DECOMPRESSED_BATCH_BYTES = 64 * 1024 * 1024
 ACKS = (0, 1, -1)
 NO_TIMESTAMP = -1
 
@@ -80,9 +83,11 @@ def _accept_partition(broker: Broker, version: int, acks: int, name: str, partit
     if batch.control:
         return _refused(codec.ErrorCode.invalid_record, "clients may not write control batches")
     try:
-        decoded = batch.records()
+        decoded = batch.records(MAX_DECOMPRESSED_BATCH_BYTES)
     except records.CorruptBatchError as exc:
         return _refused(codec.ErrorCode.corrupt_message, str(exc))
+    except records.BatchTooLargeError as exc:
+        return _refused(codec.ErrorCode.message_too_large, str(exc))
     if not decoded:
         return _refused(codec.ErrorCode.invalid_record, "record batch holds no records")
     if topic.config.compacted:

@@ -4,28 +4,44 @@ imports it, so handlers never see the library.
 A batch is read in two steps, as a broker validates it: `read_batch` checks its framing, magic and CRC-32C and
 gives the header fields (size, producer id, compression) without decompressing, so a batch refused for its size
 or producer costs no decompression; `Batch.records` then decompresses (gzip, snappy, lz4, zstd) and decodes
-every record. The compressed size is what `max.message.bytes` limits, as in Kafka.
+every record. The compressed size is what `max.message.bytes` limits, as in Kafka; the decompressed size is
+bounded here (kafka-python's own decompression is not), so a small batch that inflates to gigabytes is refused
+after at most `limit` bytes instead of taking the agent's memory.
 """
 
 from __future__ import annotations
 
+import io
 import struct
+import zlib
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import lz4.frame
+import snappy
+import zstandard
 from kafka.errors import CorruptRecordError, UnsupportedCodecError
 from kafka.record.default_records import DefaultRecordBatch
 
 _HEADER = DefaultRecordBatch.HEADER_STRUCT
 _LOG_OVERHEAD = struct.calcsize(">qi")  # base offset and length: the length counts the bytes after them
 _MAGIC_OFFSET = struct.calcsize(">qii")
+_ATTRIBUTES_OFFSET = DefaultRecordBatch.ATTRIBUTES_OFFSET
 CODEC_NAMES = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
-ZSTD = 4
+NONE, GZIP, SNAPPY, LZ4, ZSTD = range(5)
+_CODEC_BITS = 0x07
+_XERIAL_MAGIC = b"\x82SNAPPY\x00"  # the block framing Kafka's Java client writes snappy in
+_XERIAL_HEADER_BYTES = 16
+_GZIP_WBITS = 16 + zlib.MAX_WBITS
 
 
 class CorruptBatchError(Exception):
     """Bytes that are not the record batch they declare (CRC mismatch, truncated, bad record structure): Kafka's
     CORRUPT_MESSAGE."""
+
+
+class BatchTooLargeError(Exception):
+    """A batch whose records decompress to more than the agent takes."""
 
 
 class InvalidBatchError(Exception):
@@ -47,19 +63,95 @@ class Batch:
     producer_id: int
     transactional: bool
     control: bool
-    _batch: Any
+    _batch: Any  # kafka-python's DefaultRecordBatch of the bytes as sent
+    _header: bytes
+    _payload: bytes  # the records, compressed when the codec is not none
 
     @property
     def codec_name(self) -> str:
         return CODEC_NAMES.get(self.codec, f"codec {self.codec}")
 
-    def records(self) -> list[BatchRecord]:
-        """Every record, decompressed; CorruptBatchError when they do not decode or do not fill the batch."""
+    def records(self, limit: int) -> list[BatchRecord]:
+        """Every record, decompressed into at most `limit` bytes (BatchTooLargeError past it); CorruptBatchError
+        when they do not decompress or decode, or do not fill the batch."""
+        batch = self._batch
         try:
-            return [BatchRecord(record.timestamp, record.key, record.value, record.headers) for record in self._batch]
-        except (CorruptRecordError, UnsupportedCodecError, UnicodeDecodeError, OSError, EOFError, ValueError, RuntimeError) as exc:
-            # gzip raises OSError/EOFError, lz4 RuntimeError, zstd and snappy their own ValueError subclasses
+            if self.codec != NONE:
+                batch = _decompressed(self._header, self.codec, self._payload, limit)
+            return [BatchRecord(record.timestamp, record.key, record.value, record.headers) for record in batch]
+        except (CorruptRecordError, UnsupportedCodecError, UnicodeDecodeError, zlib.error, zstandard.ZstdError, snappy.UncompressError, ValueError, RuntimeError) as exc:
+            # lz4 raises RuntimeError; UnsupportedCodecError: codec ids 5-7
             raise CorruptBatchError(f"{self.codec_name} batch of {self.record_count} records does not decode: {type(exc).__name__}: {exc}") from None
+
+
+def _decompressed(header: bytes, codec: int, payload: bytes, limit: int) -> DefaultRecordBatch:
+    """The batch with its records decompressed (and the codec bits of its attributes cleared), for kafka-python
+    to decode; its CRC was checked on the compressed bytes."""
+    records = _decompress(codec, payload, limit)
+    attributes = struct.unpack_from(">h", header, _ATTRIBUTES_OFFSET)[0] & ~_CODEC_BITS
+    plain = bytearray(header)
+    struct.pack_into(">h", plain, _ATTRIBUTES_OFFSET, attributes)
+    return DefaultRecordBatch(bytes(plain) + records)
+
+
+def _decompress(codec: int, payload: bytes, limit: int) -> bytes:
+    too_large = BatchTooLargeError(f"{CODEC_NAMES[codec]} batch decompresses to more than {limit} bytes, the most the agent takes")
+    if codec == GZIP:
+        inflater = zlib.decompressobj(_GZIP_WBITS)
+        inflated = inflater.decompress(payload, limit + 1)
+        if len(inflated) > limit:
+            raise too_large
+        if not inflater.eof or inflater.unused_data:
+            raise CorruptRecordError("gzip data is truncated or followed by other bytes")
+        return inflated
+    if codec == LZ4:
+        decompressor = lz4.frame.LZ4FrameDecompressor()
+        inflated = decompressor.decompress(payload, max_length=limit + 1)
+        if len(inflated) > limit:
+            raise too_large
+        if not decompressor.eof:
+            raise CorruptRecordError("lz4 frame is truncated")
+        return inflated
+    if codec == ZSTD:
+        with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(payload), read_across_frames=True) as reader:
+            inflated = reader.read(limit + 1)
+        if len(inflated) > limit:
+            raise too_large
+        return inflated
+    if codec == SNAPPY:
+        blocks = _snappy_blocks(payload)
+        # Each snappy block starts with its uncompressed length: checked before anything is decompressed.
+        if sum(_snappy_length(block) for block in blocks) > limit:
+            raise too_large
+        return b"".join(snappy.decompress(block) for block in blocks)
+    raise UnsupportedCodecError(f"compression codec id {codec} is not one of Kafka's")
+
+
+def _snappy_blocks(payload: bytes) -> list[bytes]:
+    """The raw snappy blocks of a batch's payload: xerial-framed ([length][block]...) or one raw block."""
+    if not payload.startswith(_XERIAL_MAGIC):
+        return [payload]
+    blocks, cursor = [], _XERIAL_HEADER_BYTES
+    while cursor < len(payload):
+        if cursor + 4 > len(payload):
+            raise CorruptRecordError("snappy block length is truncated")
+        size = struct.unpack_from(">i", payload, cursor)[0]
+        cursor += 4
+        if size < 0 or cursor + size > len(payload):
+            raise CorruptRecordError(f"snappy block of {size} bytes runs past the batch")
+        blocks.append(payload[cursor : cursor + size])
+        cursor += size
+    return blocks
+
+
+def _snappy_length(block: bytes) -> int:
+    """A raw snappy block's uncompressed length: its leading little-endian base-128 varint (at most 32 bits)."""
+    length = 0
+    for position, byte in enumerate(block[:5]):
+        length |= (byte & 0x7F) << (7 * position)
+        if not byte & 0x80:
+            return length
+    raise CorruptRecordError("snappy block has no uncompressed length")
 
 
 def read_batch(data: bytes) -> Batch:
@@ -89,4 +181,6 @@ def read_batch(data: bytes) -> Batch:
         transactional=batch.is_transactional,
         control=batch.is_control_batch,
         _batch=batch,
+        _header=data[: _HEADER.size],
+        _payload=data[_HEADER.size :],
     )
