@@ -13,6 +13,7 @@ import asyncio
 import io
 import json
 import os
+import shutil
 import signal
 import socket
 import struct
@@ -212,6 +213,16 @@ def test_librdkafka_sends_old_message_sets_until_fetch_is_served_and_they_are_re
     producer.produce("orders", key=b"k", value=b"v", partition=0, on_delivery=lambda error, message: reports.append(error))
     assert producer.flush(10) == 0
     assert reports and reports[0] is not None and reports[0].code() == KafkaError.INVALID_RECORD
+    assert stored(catalog, "orders", 0) == []
+
+
+def test_kcat_produce_is_refused_the_same_way_until_fetch_is_served(agent: RunningAgent, catalog: Catalog) -> None:
+    """Debian's kcat (librdkafka 2.0.2) likewise: `kcat -P -K:` works once Fetch v4+ is advertised."""
+    if shutil.which("kcat") is None:
+        pytest.skip("kcat is not installed: `make deps` installs Debian's kcat")
+    command = ["kcat", "-b", agent.bootstrap, "-P", "-t", "orders", "-p", "0", "-K:", "-X", "message.timeout.ms=5000"]
+    result = subprocess.run(command, input="a:1\nb:2\n", capture_output=True, text=True, timeout=30)
+    assert result.returncode == 1 and "Delivery failed for message: Broker: Broker failed to validate record" in result.stderr
     assert stored(catalog, "orders", 0) == []
 
 
