@@ -21,7 +21,7 @@ import lz4.frame
 import snappy
 import zstandard
 from kafka.errors import CorruptRecordError, UnsupportedCodecError
-from kafka.record.default_records import DefaultRecordBatch
+from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
 _HEADER = DefaultRecordBatch.HEADER_STRUCT
 _LOG_OVERHEAD = struct.calcsize(">qi")  # base offset and length: the length counts the bytes after them
@@ -33,6 +33,10 @@ _CODEC_BITS = 0x07
 _XERIAL_MAGIC = b"\x82SNAPPY\x00"  # the block framing Kafka's Java client writes snappy in
 _XERIAL_HEADER_BYTES = 16
 _GZIP_WBITS = 16 + zlib.MAX_WBITS
+_MAX_OFFSET_DELTA = 2**31 - 1  # a batch's last_offset_delta is an int32
+NO_PRODUCER = -1
+NO_LEADER_EPOCH = -1  # as Metadata says: clients then never validate offsets by leader epoch
+_LEADER_EPOCH_OFFSET = _LOG_OVERHEAD
 
 
 class CorruptBatchError(Exception):
@@ -184,3 +188,38 @@ def read_batch(data: bytes) -> Batch:
         _header=data[: _HEADER.size],
         _payload=data[_HEADER.size :],
     )
+
+
+class BatchBuilder:
+    """One uncompressed record batch v2 of records in offset order, for Fetch: each record keeps its own offset
+    (base offset + offset delta), so offsets a compaction removed are gaps in the deltas, as in Kafka's compacted
+    batches. The first record is always taken, however large: a fetch must return at least one whole record."""
+
+    def __init__(self, base_offset: int, max_bytes: int) -> None:
+        self.base_offset = base_offset
+        self._builder = DefaultRecordBatchBuilder(
+            magic=2, compression_type=NONE, is_transactional=False, producer_id=NO_PRODUCER,
+            producer_epoch=-1, base_sequence=-1, batch_size=max_bytes,
+        )
+        self.record_count = 0
+
+    def append(self, offset: int, timestamp: int, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes | None]]) -> bool:
+        """Whether the record was taken: False when it would take the batch past its max_bytes."""
+        delta = offset - self.base_offset
+        if delta > _MAX_OFFSET_DELTA:
+            return False
+        if self._builder.append(delta, timestamp=timestamp, key=key, value=value, headers=headers) is None:
+            return False
+        self.record_count += 1
+        return True
+
+    @property
+    def size_bytes(self) -> int:
+        return self._builder.size()
+
+    def build(self) -> bytes:
+        """The batch's bytes, its base offset and leader epoch set (outside the CRC, as a broker sets them)."""
+        batch = self._builder.build()
+        struct.pack_into(">q", batch, 0, self.base_offset)
+        struct.pack_into(">i", batch, _LEADER_EPOCH_OFFSET, NO_LEADER_EPOCH)
+        return bytes(batch)

@@ -1,0 +1,169 @@
+"""Fetch (key 1), v4-12: a partition's records from an offset, as uncompressed record batches v2, read from the
+catalog's sections at one snapshot through consume's read path.
+
+Each record keeps its offset; holes left by compaction are gaps in a batch's offset deltas, and a fetch offset in
+a hole gets the next record that exists, so no client stalls. The log start offset is the first live record's
+offset (as ListOffsets' earliest), the high watermark the partition's next offset, and, without transactions,
+the last stable offset is the high watermark whatever the `isolation_level`.
+
+`max_bytes` and each `partition_max_bytes` hold, except that the first batch of the first partition with records
+is returned whole (it then holds one record), as in Kafka, so a record larger than the limits never stalls a
+consumer. Long polling: while fewer than `min_bytes` of records are found, the request waits up to `max_wait_ms`,
+reading again whenever the catalog's version changes (polled every POLL_SECONDS), then answers with what there
+is. Fetch sessions (KIP-227) are not kept: every response has session id 0, which clients take as "no session",
+so each request is a full fetch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from logcompact.catalog import Snapshot
+from logcompact.consume import SectionRef, read_sections
+from logcompact.kafka import codec, records
+from logcompact.kafka.broker import Broker
+from logcompact.store.base import ObjectStore
+
+API_KEY = 1
+POLL_SECONDS = 0.05  # how often a waiting fetch looks for a new catalog version
+BATCH_BYTES = 1024 * 1024  # the largest batch built (one larger record makes a batch of its own)
+ROWS_PER_STEP = 1024  # records converted from Arrow at a time, so a small budget converts few
+NO_SESSION = 0
+READ_COMMITTED = 1
+NO_PREFERRED_REPLICA = -1
+
+
+@dataclass
+class _Budget:
+    """The bytes of records a response may still take (`max_bytes`); the first batch is taken whole."""
+
+    left: int
+    first_taken: bool = False
+
+
+@dataclass(frozen=True)
+class _Partition:
+    index: int
+    error: codec.ErrorCode
+    high_watermark: int = -1
+    log_start_offset: int = -1
+    records: bytes = b""
+
+
+async def handle(broker: Broker, request: codec.Request) -> Any:
+    body = request.body
+    if body.session_id != NO_SESSION:  # this agent never hands out a session, so any id is one it does not know
+        return _response(request.api_version, body, [], codec.ErrorCode.fetch_session_id_not_found)
+    deadline = time.monotonic() + body.max_wait.total_seconds()
+    while True:
+        version = await asyncio.to_thread(broker.catalog.latest_version)
+        topics = await asyncio.to_thread(_fetch, broker, body)
+        found = sum(len(partition.records) for _, partitions in topics for partition in partitions)
+        failed = any(partition.error != codec.ErrorCode.none for _, partitions in topics for partition in partitions)
+        if found >= body.min_bytes or failed or not await _committed_since(broker, version, deadline):
+            return _response(request.api_version, body, topics, codec.ErrorCode.none)
+
+
+async def _committed_since(broker: Broker, version: int, deadline: float) -> bool:
+    """Whether the catalog's version moves past `version` before the deadline."""
+    while time.monotonic() < deadline:
+        await asyncio.sleep(min(POLL_SECONDS, max(0.0, deadline - time.monotonic())))
+        if await asyncio.to_thread(broker.catalog.latest_version) != version:
+            return True
+    return False
+
+
+def _fetch(broker: Broker, body: Any) -> list[tuple[str, list[_Partition]]]:
+    if body.replica_id >= 0:  # a follower's fetch: this agent has no replicas, every partition's log is the catalog's
+        return [(topic.topic, [_Partition(int(p.partition), codec.ErrorCode.not_leader_or_follower) for p in topic.partitions]) for topic in body.topics]
+    snapshot = broker.catalog.snapshot()
+    budget = _Budget(int(body.max_bytes))
+    answered = []
+    for topic in body.topics:
+        known = snapshot.topics.get(topic.topic)
+        # Read after the snapshot: never below what it holds, so no record returned is past the high watermark.
+        next_offsets = broker.catalog.next_offsets(topic.topic) if known else []
+        partitions = []
+        for entry in topic.partitions:
+            index = int(entry.partition)
+            if known is None or not 0 <= index < known.partitions:
+                partitions.append(_Partition(index, codec.ErrorCode.unknown_topic_or_partition))
+            else:
+                partitions.append(_read_partition(broker.catalog.store, snapshot, topic.topic, index, next_offsets[index], int(entry.fetch_offset), int(entry.partition_max_bytes), budget))
+        answered.append((topic.topic, partitions))
+    return answered
+
+
+def _read_partition(store: ObjectStore, snapshot: Snapshot, topic: str, partition: int, high_watermark: int, fetch_offset: int, partition_max_bytes: int, budget: _Budget) -> _Partition:
+    sections = snapshot.sections_of(topic, partition)
+    log_start = sections[0][1].first_offset if sections else high_watermark
+    if not log_start <= fetch_offset <= high_watermark:
+        return _Partition(partition, codec.ErrorCode.offset_out_of_range, high_watermark, log_start)
+    wanted = [pair for pair in sections if pair[1].last_offset >= fetch_offset]
+    batches = _batches(store, wanted, fetch_offset, min(partition_max_bytes, budget.left), budget)
+    return _Partition(partition, codec.ErrorCode.none, high_watermark, log_start, batches)
+
+
+def _batches(store: ObjectStore, sections: list[SectionRef], fetch_offset: int, limit: int, budget: _Budget) -> bytes:
+    """Record batches of the records from `fetch_offset` within `limit` bytes, or one whole batch of one record
+    when it is the response's first (Kafka's rule, so a large record never stalls a consumer)."""
+    out = bytearray()
+    builder: records.BatchBuilder | None = None
+    for offset, timestamp, key, value, headers in _records(store, sections, fetch_offset):
+        if builder is not None and builder.append(offset, timestamp, key, value, headers):
+            continue
+        if builder is not None:
+            out += builder.build()
+        room = limit - len(out)
+        builder = records.BatchBuilder(offset, max(0, min(BATCH_BYTES, room)))
+        builder.append(offset, timestamp, key, value, headers)  # a new batch always takes its first record
+        if builder.size_bytes > room and (budget.first_taken or out):
+            builder = None
+            break
+        budget.first_taken = True
+    if builder is not None:
+        out += builder.build()
+    budget.left -= len(out)
+    return bytes(out)
+
+
+def _records(store: ObjectStore, sections: list[SectionRef], fetch_offset: int) -> Iterator[tuple[int, int, bytes | None, bytes | None, list[tuple[str, bytes | None]]]]:
+    for table in read_sections(store, sections, fetch_offset):
+        for start in range(0, table.num_rows, ROWS_PER_STEP):
+            piece = table.slice(start, ROWS_PER_STEP)
+            columns = [piece.column(name).to_pylist() for name in ("offset", "timestamp", "key", "value", "headers")]
+            for offset, timestamp, key, value, headers in zip(*columns):
+                yield offset, timestamp, key, value, [(header["key"], header["value"]) for header in headers or ()]
+
+
+def _response(version: int, body: Any, topics: list[tuple[str, list[_Partition]]], error: codec.ErrorCode) -> Any:
+    # Kafka sends aborted transactions (none here) only to read_committed consumers, null to the others.
+    aborted: list | None = [] if body.isolation_level == READ_COMMITTED else None
+    return codec.build(codec.response_class(API_KEY, version), {
+        "throttle_time": 0,
+        "error_code": error,
+        "session_id": NO_SESSION,
+        "responses": [
+            {
+                "topic": name,
+                "partitions": [
+                    {
+                        "partition_index": partition.index,
+                        "error_code": partition.error,
+                        "high_watermark": partition.high_watermark,
+                        "last_stable_offset": partition.high_watermark,
+                        "log_start_offset": partition.log_start_offset,
+                        "aborted_transactions": aborted,
+                        "preferred_read_replica": NO_PREFERRED_REPLICA,
+                        "records": partition.records,
+                    }
+                    for partition in partitions
+                ],
+            }
+            for name, partitions in topics
+        ],
+    })
