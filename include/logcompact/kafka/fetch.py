@@ -56,7 +56,8 @@ class _Partition:
 
 async def handle(broker: Broker, request: codec.Request) -> Any:
     body = request.body
-    if body.session_id != NO_SESSION:  # this agent never hands out a session, so any id is one it does not know
+    # Sessions came in v7; this agent never hands out one, so any session id is one it does not know.
+    if getattr(body, "session_id", NO_SESSION) != NO_SESSION:
         return _response(request.api_version, body, [], codec.ErrorCode.fetch_session_id_not_found)
     deadline = time.monotonic() + body.max_wait.total_seconds()
     while True:

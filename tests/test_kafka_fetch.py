@@ -1,0 +1,313 @@
+"""Fetch through `logcompact agent` (issue 20): confluent-kafka, kcat and kafka-python consumers, and raw requests
+of every version (4-12) decoded by kio, over produced and compacted partitions."""
+
+from __future__ import annotations
+
+import io
+import shutil
+import struct
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from kafka import KafkaConsumer
+from kafka import TopicPartition as KafkaPythonTopicPartition
+from kafka.record import MemoryRecords
+from kio.index import load_request_schema, load_response_schema
+from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
+from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
+from kio.serial import entity_reader, entity_writer
+
+from logcompact.catalog import Catalog
+from logcompact.consume import ConsumedRecord, read_records
+from logcompact.ingest import Agent, Record
+from logcompact.jobs import run_and_commit
+from logcompact.kafka.codec import build
+from logcompact.store import open_store
+from tests.helpers import NOW, create_topic, full_sweep
+from tests.test_kafka_agent import connect, receive_frame
+from tests.test_kafka_produce import RunningAgent
+
+pytestmark = pytest.mark.timeout(60)
+
+FLUSH_MS = 50
+TIMESTAMP = 1_700_000_000_000
+FAST_CLIENT = {"socket.timeout.ms": 5000, "socket.connection.setup.timeout.ms": 5000}
+NONE, OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION, NOT_LEADER_OR_FOLLOWER, FETCH_SESSION_ID_NOT_FOUND = 0, 1, 3, 6, 70
+# "state", partition 0: keys written in this order at offsets 0-9, then compacted: each key's latest survives.
+HISTORY = [b"a", b"b", b"c", b"b", b"d", b"c", b"c", b"e", b"b", b"f"]
+SURVIVORS = [0, 4, 6, 7, 8, 9]  # a (0), d (4), c (6), e (7), b (8), f (9)
+
+
+@pytest.fixture
+def catalog(tmp_path: Path) -> Catalog:
+    catalog = Catalog(open_store(f"file://{tmp_path / 'store'}"))
+    create_topic(catalog, "orders", 2, cleanup_policy="compact")
+    create_topic(catalog, "state", 1, cleanup_policy="compact")
+    return catalog
+
+
+@pytest.fixture
+def agent(catalog: Catalog) -> Iterator[RunningAgent]:
+    running = RunningAgent(catalog, flush_interval_ms=FLUSH_MS)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def produce(catalog: Catalog, topic: str, records: list[Record]) -> list[int]:
+    with Agent(catalog, background=False) as ingest:
+        future = ingest.produce(topic, records)
+    return future.result()
+
+
+def compacted_state(catalog: Catalog, first_key: bytes = b"a") -> list[ConsumedRecord]:
+    """HISTORY produced to "state" (`first_key` at offset 0) in two files, compacted by a full sweep."""
+    keys = [first_key, *HISTORY[1:]]
+    produce(catalog, "state", [Record(0, key, b"%s@%d" % (key, offset), NOW - 60_000 + offset, [("n", b"%d" % offset)]) for offset, key in enumerate(keys[:5])])
+    produce(catalog, "state", [Record(0, key, b"%s@%d" % (key, offset), NOW - 60_000 + offset, [("n", b"%d" % offset)]) for offset, key in enumerate(keys[5:], 5)])
+    plan = full_sweep(catalog.planning_snapshot(NOW), NOW)
+    assert plan is not None
+    run_and_commit(catalog, plan, NOW)
+    return list(read_records(catalog.store, catalog.snapshot(), "state", 0))
+
+
+def consume(consumer: Consumer, count: int, timeout: float = 10) -> list[Message]:
+    """`count` messages, then the partition end (enable.partition.eof): a consumer that stalls fails here."""
+    messages: list[Message] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        message = consumer.poll(0.2)
+        if message is None:
+            continue
+        if message.error():
+            assert message.error().code() == KafkaError._PARTITION_EOF, message.error()
+            if len(messages) >= count:
+                return messages
+            continue
+        messages.append(message)
+    raise AssertionError(f"{len(messages)} of {count} messages and no end of partition within {timeout} s")
+
+
+def confluent_consumer(agent: RunningAgent, **config: Any) -> Consumer:
+    # assign() with no offset commits: no group coordinator needed (FindCoordinator is not served yet)
+    return Consumer({"bootstrap.servers": agent.bootstrap, "group.id": "fetch-tests", "enable.auto.commit": False,
+                     "enable.partition.eof": True, **FAST_CLIENT, **config})
+
+
+def as_consumed(message: Message) -> ConsumedRecord:
+    return ConsumedRecord(message.offset(), message.timestamp()[1], message.key(), message.value(), message.headers() or [])
+
+
+# -- raw requests -----------------------------------------------------------------------------------------
+
+
+def fetch(agent: RunningAgent, version: int, partitions: dict[tuple[str, int], int], **fields: Any) -> tuple[Any, dict[tuple[str, int], Any]]:
+    """One Fetch of `version` from each (topic, partition)'s offset: the response and its partitions."""
+    topics: dict[str, list[dict]] = {}
+    for (topic, index), offset in partitions.items():
+        topics.setdefault(topic, []).append({"partition": index, "fetch_offset": offset, "partition_max_bytes": fields.pop(f"max_{topic}_{index}", 1 << 20)})
+    request_class = load_request_schema(1, version)
+    header_class = RequestHeaderV2 if request_class.__flexible__ else RequestHeaderV1
+    message = io.BytesIO()
+    entity_writer(header_class)(message, header_class(request_api_key=1, request_api_version=version, correlation_id=7, client_id="test"))
+    body = {"replica_id": -1, "max_wait": 0, "min_bytes": 0, "max_bytes": 1 << 24, "isolation_level": 0, "session_id": 0, "session_epoch": -1,
+            "topics": [{"topic": name, "partitions": entries} for name, entries in topics.items()], "forgotten_topics_data": [], "rack_id": "", **fields}
+    entity_writer(request_class)(message, build(request_class, body))
+    with connect(agent.server) as connection:
+        connection.settimeout(30)
+        connection.sendall(struct.pack(">i", len(message.getvalue())) + message.getvalue())
+        frame = receive_frame(connection)
+    response_class = load_response_schema(1, version)
+    header, size = entity_reader(response_class.__header_schema__)(frame, 0)
+    response, body_size = entity_reader(response_class)(frame, size)
+    assert int(header.correlation_id) == 7 and size + body_size == len(frame)
+    return response, {(topic.topic, int(p.partition_index)): p for topic in response.responses for p in topic.partitions}
+
+
+def batches(records: bytes | None) -> list[list[ConsumedRecord]]:
+    """The record batches of a Fetch response, each as its records."""
+    found, memory = [], MemoryRecords(records or b"")
+    while (batch := memory.next_batch()) is not None:
+        found.append([ConsumedRecord(r.offset, r.timestamp, r.key, r.value, list(r.headers)) for r in batch])
+    return found
+
+
+def offsets(records: bytes | None) -> list[int]:
+    return [record.offset for batch in batches(records) for record in batch]
+
+
+# -- real clients -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("acks", ["1", "all"])
+@pytest.mark.parametrize("codec", ["none", "gzip", "snappy", "lz4", "zstd"])
+def test_confluent_kafka_consumer_reads_what_its_producer_wrote(agent: RunningAgent, catalog: Catalog, codec: str, acks: str) -> None:
+    producer = Producer({"bootstrap.servers": agent.bootstrap, "enable.idempotence": False, "compression.type": codec, "acks": acks, "linger.ms": 5})
+    sent = [ConsumedRecord(i, TIMESTAMP + 1000 * i, b"k%d" % i, None if i == 3 else b"value-%d" % i * 20, [("trace", b"t%d" % i), ("empty", b"")]) for i in range(5)]
+    for record in sent:
+        producer.produce("orders", key=record.key, value=record.value, partition=1, headers=record.headers, timestamp=record.timestamp)
+    assert producer.flush(10) == 0
+    assert list(read_records(catalog.store, catalog.snapshot(), "orders", 1)) == sent
+    consumer = confluent_consumer(agent)
+    try:
+        consumer.assign([TopicPartition("orders", 1, 0)])
+        assert [as_consumed(message) for message in consume(consumer, 5)] == sent
+    finally:
+        consumer.close()
+
+
+def test_kcat_consumes_what_kcat_produced(agent: RunningAgent) -> None:
+    if shutil.which("kcat") is None:
+        pytest.skip("kcat is not installed: `make deps` installs Debian's kcat")
+    lines = "a:1\nb:2\na:3\n"
+    produced = subprocess.run(["kcat", "-b", agent.bootstrap, "-P", "-t", "orders", "-p", "0", "-K:"], input=lines, capture_output=True, text=True, timeout=30)
+    assert produced.returncode == 0, produced.stderr
+    consumed = subprocess.run(["kcat", "-b", agent.bootstrap, "-C", "-t", "orders", "-p", "0", "-o", "beginning", "-e", "-K:", "-f", "%k:%s:%o\n"],
+                              capture_output=True, text=True, timeout=30)
+    assert consumed.returncode == 0, consumed.stderr
+    assert consumed.stdout == "a:1:0\nb:2:1\na:3:2\n"
+
+
+def test_kafka_python_consumer_assign_and_seek(agent: RunningAgent, catalog: Catalog) -> None:
+    produce(catalog, "orders", [Record(0, b"k%d" % i, b"v%d" % i, TIMESTAMP + i, [("h", b"%d" % i)]) for i in range(6)])
+    consumer = KafkaConsumer(bootstrap_servers=agent.bootstrap, enable_auto_commit=False, consumer_timeout_ms=3000)
+    try:
+        partition = KafkaPythonTopicPartition("orders", 0)
+        consumer.assign([partition])
+        consumer.seek(partition, 2)
+        read = [(message.offset, message.key, message.value, message.timestamp, list(message.headers)) for message in consumer]
+    finally:
+        consumer.close()
+    assert read == [(i, b"k%d" % i, b"v%d" % i, TIMESTAMP + i, [("h", b"%d" % i)]) for i in range(2, 6)]
+
+
+def test_a_compacted_partition_is_consumed_with_its_gaps_to_the_end(agent: RunningAgent, catalog: Catalog) -> None:
+    survivors = compacted_state(catalog)
+    assert [record.offset for record in survivors] == SURVIVORS
+    consumer = confluent_consumer(agent)
+    try:
+        consumer.assign([TopicPartition("state", 0, 0)])
+        assert [as_consumed(message) for message in consume(consumer, len(survivors))] == survivors
+        consumer.assign([TopicPartition("state", 0, 1)])  # in a hole: the next record that exists
+        assert [message.offset() for message in consume(consumer, 4)] == SURVIVORS[1:]
+    finally:
+        consumer.close()
+    python_consumer = KafkaConsumer(bootstrap_servers=agent.bootstrap, enable_auto_commit=False, consumer_timeout_ms=3000)
+    try:
+        python_consumer.assign([KafkaPythonTopicPartition("state", 0)])
+        python_consumer.seek(KafkaPythonTopicPartition("state", 0), 2)
+        assert [message.offset for message in python_consumer] == SURVIVORS[1:]
+    finally:
+        python_consumer.close()
+
+
+@pytest.mark.parametrize(("reset", "expected"), [("earliest", [4, 6, 7, 8, 9]), ("latest", [])])
+def test_an_offset_below_the_log_start_is_out_of_range_and_auto_offset_reset_applies(agent: RunningAgent, catalog: Catalog, reset: str, expected: list[int]) -> None:
+    # offset 0 overwritten by a later "b": the first live record is at 4, the log start
+    assert [record.offset for record in compacted_state(catalog, first_key=b"b")] == [4, 6, 7, 8, 9]
+    consumer = confluent_consumer(agent, **{"auto.offset.reset": reset})
+    try:
+        consumer.assign([TopicPartition("state", 0, 0)])
+        assert [message.offset() for message in consume(consumer, len(expected))] == expected
+    finally:
+        consumer.close()
+
+
+def test_a_consumer_waiting_at_the_end_gets_a_new_record_at_once(agent: RunningAgent) -> None:
+    """Long polling: librdkafka's fetch waits (fetch.wait.max.ms) wake on the commit of the new record."""
+    consumer = confluent_consumer(agent, **{"fetch.wait.max.ms": 5000})
+    producer = Producer({"bootstrap.servers": agent.bootstrap, "enable.idempotence": False, "linger.ms": 0})
+    try:
+        consumer.assign([TopicPartition("orders", 0, 0)])
+        assert consume(consumer, 0) == []
+        produced_at: list[float] = []
+
+        def produce_later() -> None:
+            time.sleep(1)
+            produced_at.append(time.monotonic())
+            producer.produce("orders", key=b"late", value=b"1", partition=0)
+            producer.flush(10)
+
+        producing = threading.Thread(target=produce_later)
+        producing.start()
+        message = None
+        while message is None or message.error():
+            message = consumer.poll(5)
+        received_at = time.monotonic()
+        producing.join()
+        assert message.key() == b"late"
+        assert received_at - produced_at[0] < 1.5
+    finally:
+        consumer.close()
+
+
+# -- raw requests -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", range(4, 13))
+def test_every_fetch_version_answers_records_offsets_and_watermarks(agent: RunningAgent, catalog: Catalog, version: int) -> None:
+    survivors = compacted_state(catalog)
+    response, partitions = fetch(agent, version, {("state", 0): 0, ("state", 5): 0, ("missing", 0): 0})
+    state = partitions[("state", 0)]
+    assert (int(state.error_code), state.high_watermark) == (NONE, 10)
+    assert state.last_stable_offset == 10  # no transactions: the high watermark
+    assert [record for batch in batches(state.records) for record in batch] == survivors
+    if version >= 5:
+        assert state.log_start_offset == 0
+    if version >= 7:
+        assert (int(response.error_code), response.session_id) == (NONE, 0)
+    if version >= 11:
+        assert state.preferred_read_replica == -1
+    assert state.aborted_transactions is None  # read_uncommitted
+    assert int(partitions[("state", 5)].error_code) == UNKNOWN_TOPIC_OR_PARTITION
+    assert int(partitions[("missing", 0)].error_code) == UNKNOWN_TOPIC_OR_PARTITION
+
+
+def test_offsets_in_holes_at_the_end_and_out_of_range(agent: RunningAgent, catalog: Catalog) -> None:
+    compacted_state(catalog, first_key=b"b")  # live: 4, 6, 7, 8, 9; high watermark 10
+    for asked, error, found in [(5, NONE, [6, 7, 8, 9]), (9, NONE, [9]), (10, NONE, []), (3, OFFSET_OUT_OF_RANGE, []), (11, OFFSET_OUT_OF_RANGE, [])]:
+        _, partitions = fetch(agent, 12, {("state", 0): asked})
+        state = partitions[("state", 0)]
+        assert (asked, int(state.error_code), offsets(state.records), state.high_watermark, state.log_start_offset) == (asked, error, found, 10, 4)
+    _, partitions = fetch(agent, 12, {("orders", 1): 0})
+    assert (int(partitions[("orders", 1)].error_code), partitions[("orders", 1)].high_watermark) == (NONE, 0)  # empty partition: at its end
+
+
+def test_byte_limits_hold_but_the_first_batch_comes_whole(agent: RunningAgent, catalog: Catalog) -> None:
+    big = b"x" * 1000
+    for partition in (0, 1):
+        produce(catalog, "orders", [Record(partition, b"k%d" % i, big, TIMESTAMP) for i in range(10)])
+    # max_bytes below one record: the first partition's first record whole, nothing more
+    _, partitions = fetch(agent, 12, {("orders", 0): 0, ("orders", 1): 0}, max_bytes=100)
+    assert (offsets(partitions[("orders", 0)].records), offsets(partitions[("orders", 1)].records)) == ([0], [])
+    # per partition limits: about 2.5 records each, within the limit
+    _, partitions = fetch(agent, 12, {("orders", 0): 3, ("orders", 1): 0}, max_orders_0=2500, max_orders_1=2500)
+    assert (offsets(partitions[("orders", 0)].records), offsets(partitions[("orders", 1)].records)) == ([3, 4], [0, 1])
+    assert all(len(partitions[("orders", p)].records) <= 2500 for p in (0, 1))
+    # the response's limit across partitions
+    _, partitions = fetch(agent, 12, {("orders", 0): 0, ("orders", 1): 0}, max_bytes=5000)
+    assert len(offsets(partitions[("orders", 0)].records)) + len(offsets(partitions[("orders", 1)].records)) == 4
+
+
+def test_a_fetch_waits_for_min_bytes_up_to_max_wait(agent: RunningAgent, catalog: Catalog) -> None:
+    started = time.monotonic()
+    _, partitions = fetch(agent, 12, {("orders", 0): 0}, max_wait=400, min_bytes=1)
+    assert partitions[("orders", 0)].records in (b"", None) and 0.35 < time.monotonic() - started < 3
+    threading.Timer(0.5, produce, (catalog, "orders", [Record(0, b"k", b"v", TIMESTAMP)])).start()
+    started = time.monotonic()
+    _, partitions = fetch(agent, 12, {("orders", 0): 0}, max_wait=10_000, min_bytes=1)
+    assert offsets(partitions[("orders", 0)].records) == [0] and time.monotonic() - started < 3
+
+
+def test_followers_and_unknown_sessions_get_kafkas_errors(agent: RunningAgent) -> None:
+    _, partitions = fetch(agent, 12, {("orders", 0): 0}, replica_id=1)
+    assert int(partitions[("orders", 0)].error_code) == NOT_LEADER_OR_FOLLOWER
+    response, partitions = fetch(agent, 12, {("orders", 0): 0}, session_id=12, session_epoch=1)
+    assert (int(response.error_code), partitions) == (FETCH_SESSION_ID_NOT_FOUND, {})
