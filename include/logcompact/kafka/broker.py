@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import Mapping, Sequence
@@ -49,6 +50,7 @@ class Broker:
     apis: Mapping[int, Api] = field(repr=False)
     ingest: Ingest = field(repr=False)
     max_message_bytes: int
+    commits: CommitWatch = field(repr=False)
 
     def topic_id(self, topic: str) -> uuid.UUID:
         """Kafka's topic id (Metadata v10 on): the catalog numbers topics, so derive a UUID stable per cluster."""
@@ -60,6 +62,59 @@ class Broker:
 
     def describe(self) -> dict[str, Any]:
         return {"node_id": self.node_id, "host": self.advertised.host, "port": self.advertised.port, "rack": None}
+
+
+class CommitWatch:
+    """The catalog's newest version, polled every `interval_seconds` by one task while any fetch waits for a
+    commit: a thousand long-polling consumers cost one catalog read per interval, not a thousand. Runs on the
+    server's event loop."""
+
+    def __init__(self, catalog: Catalog, interval_seconds: float) -> None:
+        self._catalog = catalog
+        self._interval = interval_seconds
+        self._version = -1
+        self._waiters = 0
+        self._changed = asyncio.Event()
+        self._poller: asyncio.Task | None = None
+
+    async def wait_past(self, version: int, timeout_seconds: float) -> bool:
+        """Whether a version newer than `version` is committed within the timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_seconds
+        self._waiters += 1
+        if self._poller is None or self._poller.done():
+            self._poller = asyncio.create_task(self._poll())
+        try:
+            while self._version <= version:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return False
+                try:
+                    await asyncio.wait_for(self._changed.wait(), remaining)
+                except TimeoutError:
+                    return False
+            return True
+        finally:
+            self._waiters -= 1
+
+    async def _poll(self) -> None:
+        while self._waiters:
+            try:
+                version = await asyncio.to_thread(self._catalog.latest_version)
+            except Exception as exc:  # the catalog down: waiting fetches time out, their next read fails
+                log.warning("cannot read the catalog's version for waiting fetches: %s", exc)
+            else:
+                if version != self._version:
+                    self._version = version
+                    self._changed.set()
+                    self._changed = asyncio.Event()
+            await asyncio.sleep(self._interval)
+
+    async def close(self) -> None:
+        """Stop polling (the server stops once its connections are answered)."""
+        if self._poller is not None:
+            self._poller.cancel()
+            await asyncio.gather(self._poller, return_exceptions=True)
 
 
 class Ingest:

@@ -9,8 +9,8 @@ the last stable offset is the high watermark whatever the `isolation_level`.
 `max_bytes` and each `partition_max_bytes` hold, except that the first batch of the first partition with records
 is returned whole (it then holds one record), as in Kafka, so a record larger than the limits never stalls a
 consumer. Long polling: while fewer than `min_bytes` of records are found, the request waits up to `max_wait_ms`,
-reading again whenever the catalog's version changes (polled every POLL_SECONDS), then answers with what there
-is. Fetch sessions (KIP-227) are not kept: every response has session id 0, which clients take as "no session",
+reading again whenever a newer catalog version is committed (`Broker.commits` polls it for every waiting fetch
+at once), then answers with what there is. Fetch sessions (KIP-227) are not kept: every response has session id 0, which clients take as "no session",
 so each request is a full fetch.
 """
 
@@ -29,7 +29,6 @@ from logcompact.kafka.broker import Broker
 from logcompact.store.base import ObjectStore
 
 API_KEY = 1
-POLL_SECONDS = 0.05  # how often a waiting fetch looks for a new catalog version
 BATCH_BYTES = 1024 * 1024  # the largest batch built (one larger record makes a batch of its own)
 ROWS_PER_STEP = 1024  # records converted from Arrow at a time, so a small budget converts few
 NO_SESSION = 0
@@ -61,27 +60,18 @@ async def handle(broker: Broker, request: codec.Request) -> Any:
         return _response(request.api_version, body, [], codec.ErrorCode.fetch_session_id_not_found)
     deadline = time.monotonic() + body.max_wait.total_seconds()
     while True:
-        version = await asyncio.to_thread(broker.catalog.latest_version)
-        topics = await asyncio.to_thread(_fetch, broker, body)
+        version, topics = await asyncio.to_thread(_fetch, broker, body)
         found = sum(len(partition.records) for _, partitions in topics for partition in partitions)
         failed = any(partition.error != codec.ErrorCode.none for _, partitions in topics for partition in partitions)
-        if found >= body.min_bytes or failed or not await _committed_since(broker, version, deadline):
+        if found >= body.min_bytes or failed or not await broker.commits.wait_past(version, deadline - time.monotonic()):
             return _response(request.api_version, body, topics, codec.ErrorCode.none)
 
 
-async def _committed_since(broker: Broker, version: int, deadline: float) -> bool:
-    """Whether the catalog's version moves past `version` before the deadline."""
-    while time.monotonic() < deadline:
-        await asyncio.sleep(min(POLL_SECONDS, max(0.0, deadline - time.monotonic())))
-        if await asyncio.to_thread(broker.catalog.latest_version) != version:
-            return True
-    return False
-
-
-def _fetch(broker: Broker, body: Any) -> list[tuple[str, list[_Partition]]]:
-    if body.replica_id >= 0:  # a follower's fetch: this agent has no replicas, every partition's log is the catalog's
-        return [(topic.topic, [_Partition(int(p.partition), codec.ErrorCode.not_leader_or_follower) for p in topic.partitions]) for topic in body.topics]
+def _fetch(broker: Broker, body: Any) -> tuple[int, list[tuple[str, list[_Partition]]]]:
+    """The catalog version read and each partition's answer."""
     snapshot = broker.catalog.snapshot()
+    if body.replica_id >= 0:  # a follower's fetch: this agent has no replicas, every partition's log is the catalog's
+        return snapshot.version, [(topic.topic, [_Partition(int(p.partition), codec.ErrorCode.not_leader_or_follower) for p in topic.partitions]) for topic in body.topics]
     budget = _Budget(int(body.max_bytes))
     answered = []
     for topic in body.topics:
@@ -96,7 +86,7 @@ def _fetch(broker: Broker, body: Any) -> list[tuple[str, list[_Partition]]]:
             else:
                 partitions.append(_read_partition(broker.catalog.store, snapshot, topic.topic, index, next_offsets[index], int(entry.fetch_offset), int(entry.partition_max_bytes), budget))
         answered.append((topic.topic, partitions))
-    return answered
+    return snapshot.version, answered
 
 
 def _read_partition(store: ObjectStore, snapshot: Snapshot, topic: str, partition: int, high_watermark: int, fetch_offset: int, partition_max_bytes: int, budget: _Budget) -> _Partition:

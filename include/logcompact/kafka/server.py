@@ -28,7 +28,7 @@ from logcompact.exceptions import LogcompactError
 from logcompact.ingest import DEFAULT_FLUSH_BYTES, DEFAULT_FLUSH_INTERVAL_MS
 from logcompact.kafka import api_versions, codec
 from logcompact.kafka.apis import APIS
-from logcompact.kafka.broker import Address, Broker, Ingest
+from logcompact.kafka.broker import Address, Broker, CommitWatch, Ingest
 from logcompact.kafka.produce import DEFAULT_MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,7 @@ DEFAULT_LISTEN = Address("127.0.0.1", 9092)
 DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024
 DEFAULT_MAX_IN_FLIGHT = 16  # librdkafka pipelines up to 1,000,000 by default; 16 keeps memory bounded
 DEFAULT_MAX_CONNECTIONS = 1000
+COMMIT_POLL_SECONDS = 0.05  # how often fetches waiting for records look for a new catalog version
 STOP_GRACE_SECONDS = 30  # how long a stop waits for requests already read
 
 
@@ -88,7 +89,8 @@ class AgentServer:
             raise LogcompactError(f"agent cannot listen on {listen}: {exc.strerror or exc}; pass another --listen HOST:PORT") from None
         settings = self.settings
         ingest = await asyncio.to_thread(Ingest, self.catalog, settings.flush_interval_ms, settings.flush_bytes)
-        self._broker = Broker(self.catalog, cluster_id, settings.node_id, settings.advertise or self.address, APIS, ingest, settings.max_message_bytes)
+        commits = CommitWatch(self.catalog, COMMIT_POLL_SECONDS)
+        self._broker = Broker(self.catalog, cluster_id, settings.node_id, settings.advertise or self.address, APIS, ingest, settings.max_message_bytes, commits)
 
     async def stop(self) -> None:
         assert self._server is not None, "start() first"
@@ -104,6 +106,7 @@ class AgentServer:
             for connection in late:
                 connection.cancel()
         await self._server.wait_closed()
+        await self.broker.commits.close()
         await flushing
         await asyncio.to_thread(self.broker.ingest.close)
 
