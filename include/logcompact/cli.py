@@ -662,7 +662,7 @@ def tour(ctx: Context, records: int) -> None:
               help="Largest record batch taken (Kafka's message.max.bytes; for every topic).")
 @pass_context
 def agent(ctx: Context, listen: str, advertise: str | None, flush_ms: int, flush_bytes: int, max_message_bytes: int) -> None:
-    """Serve Kafka's protocol over this cluster (ApiVersions, Metadata, Produce, ListOffsets so far; docs/agent.md) until
+    """Serve Kafka's protocol over this cluster (ApiVersions, Metadata, Produce, Fetch, ListOffsets so far; docs/agent.md) until
     SIGTERM or SIGINT, then commit what producers sent. Prints one JSON line once listening: its address,
     advertised address and cluster id."""
     from logcompact.kafka.broker import Address
