@@ -24,6 +24,7 @@ from typing import Any
 
 from logcompact.catalog import Snapshot
 from logcompact.consume import SectionRef, read_sections
+from logcompact.exceptions import TopicNotFoundError
 from logcompact.kafka import codec, records
 from logcompact.kafka.broker import Broker
 from logcompact.store.base import ObjectStore
@@ -69,19 +70,20 @@ async def handle(broker: Broker, request: codec.Request) -> Any:
 
 def _fetch(broker: Broker, body: Any) -> tuple[int, list[tuple[str, list[_Partition]]]]:
     """The catalog version read and each partition's answer."""
+    # High watermarks read before the snapshot: every offset below one was committed before it, so an offset the
+    # snapshot does not hold there is one compaction removed, which a batch may cover; records are read below it.
+    high_watermarks = {topic.topic: _next_offsets(broker, topic.topic) for topic in body.topics}
     snapshot = broker.catalog.snapshot()
     if body.replica_id >= 0:  # a follower's fetch: this agent has no replicas, every partition's log is the catalog's
         return snapshot.version, [(topic.topic, [_Partition(int(p.partition), codec.ErrorCode.not_leader_or_follower) for p in topic.partitions]) for topic in body.topics]
     budget = _Budget(int(body.max_bytes))
     answered = []
     for topic in body.topics:
-        known = snapshot.topics.get(topic.topic)
-        # Read after the snapshot: never below what it holds, so no record returned is past the high watermark.
-        next_offsets = broker.catalog.next_offsets(topic.topic) if known else []
+        next_offsets = high_watermarks[topic.topic]
         partitions = []
         for entry in topic.partitions:
             index = int(entry.partition)
-            if known is None or not 0 <= index < known.partitions:
+            if next_offsets is None or not 0 <= index < len(next_offsets):
                 partitions.append(_Partition(index, codec.ErrorCode.unknown_topic_or_partition))
             else:
                 partitions.append(_read_partition(broker.catalog.store, snapshot, topic.topic, index, next_offsets[index], int(entry.fetch_offset), int(entry.partition_max_bytes), budget))
@@ -89,22 +91,33 @@ def _fetch(broker: Broker, body: Any) -> tuple[int, list[tuple[str, list[_Partit
     return snapshot.version, answered
 
 
+def _next_offsets(broker: Broker, topic: str) -> list[int] | None:
+    try:
+        return broker.catalog.next_offsets(topic)
+    except TopicNotFoundError:
+        return None
+
+
 def _read_partition(store: ObjectStore, snapshot: Snapshot, topic: str, partition: int, high_watermark: int, fetch_offset: int, partition_max_bytes: int, budget: _Budget) -> _Partition:
-    sections = snapshot.sections_of(topic, partition)
+    sections = snapshot.sections_of(topic, partition, 0, high_watermark)
     log_start = sections[0][1].first_offset if sections else high_watermark
     if not log_start <= fetch_offset <= high_watermark:
         return _Partition(partition, codec.ErrorCode.offset_out_of_range, high_watermark, log_start)
     wanted = [pair for pair in sections if pair[1].last_offset >= fetch_offset]
-    batches = _batches(store, wanted, fetch_offset, min(partition_max_bytes, budget.left), budget)
+    batches = _batches(store, wanted, fetch_offset, high_watermark, min(partition_max_bytes, budget.left), budget)
     return _Partition(partition, codec.ErrorCode.none, high_watermark, log_start, batches)
 
 
-def _batches(store: ObjectStore, sections: list[SectionRef], fetch_offset: int, limit: int, budget: _Budget) -> bytes:
-    """Record batches of the records from `fetch_offset` within `limit` bytes, or one whole batch of one record
-    when it is the response's first (Kafka's rule, so a large record never stalls a consumer)."""
+def _batches(store: ObjectStore, sections: list[SectionRef], fetch_offset: int, high_watermark: int, limit: int, budget: _Budget) -> bytes:
+    """Record batches of the records in [fetch_offset, high_watermark) within `limit` bytes, or one whole batch of
+    one record when it is the response's first (Kafka's rule, so a large record never stalls a consumer).
+
+    When every record up to the high watermark fits, the last batch covers the offsets after its last record
+    (compacted away), or one batch of no records covers them all: the consumer's next fetch starts at the high
+    watermark instead of asking for that trailing hole forever."""
     out = bytearray()
     builder: records.BatchBuilder | None = None
-    for offset, timestamp, key, value, headers in _records(store, sections, fetch_offset):
+    for offset, timestamp, key, value, headers in _records(store, sections, fetch_offset, high_watermark):
         if builder is not None and builder.append(offset, timestamp, key, value, headers):
             continue
         if builder is not None:
@@ -116,14 +129,20 @@ def _batches(store: ObjectStore, sections: list[SectionRef], fetch_offset: int, 
             builder = None
             break
         budget.first_taken = True
+    else:  # every record to the high watermark taken
+        if builder is None and fetch_offset < high_watermark and (limit >= records.EMPTY_BATCH_BYTES or not budget.first_taken):
+            builder = records.BatchBuilder(fetch_offset, records.EMPTY_BATCH_BYTES)
+        if builder is not None:
+            out += builder.build(last_offset=high_watermark - 1)
+            builder = None
     if builder is not None:
         out += builder.build()
     budget.left -= len(out)
     return bytes(out)
 
 
-def _records(store: ObjectStore, sections: list[SectionRef], fetch_offset: int) -> Iterator[tuple[int, int, bytes | None, bytes | None, list[tuple[str, bytes | None]]]]:
-    for table in read_sections(store, sections, fetch_offset):
+def _records(store: ObjectStore, sections: list[SectionRef], fetch_offset: int, high_watermark: int) -> Iterator[tuple[int, int, bytes | None, bytes | None, list[tuple[str, bytes | None]]]]:
+    for table in read_sections(store, sections, fetch_offset, high_watermark):
         for start in range(0, table.num_rows, ROWS_PER_STEP):
             piece = table.slice(start, ROWS_PER_STEP)
             columns = [piece.column(name).to_pylist() for name in ("offset", "timestamp", "key", "value", "headers")]

@@ -22,6 +22,7 @@ import snappy
 import zstandard
 from kafka.errors import CorruptRecordError, UnsupportedCodecError
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+from kafka.record.util import calc_crc32c
 
 _HEADER = DefaultRecordBatch.HEADER_STRUCT
 _LOG_OVERHEAD = struct.calcsize(">qi")  # base offset and length: the length counts the bytes after them
@@ -37,6 +38,8 @@ _MAX_OFFSET_DELTA = 2**31 - 1  # a batch's last_offset_delta is an int32
 NO_PRODUCER = -1
 NO_LEADER_EPOCH = -1  # as Metadata says: clients then never validate offsets by leader epoch
 _LEADER_EPOCH_OFFSET = _LOG_OVERHEAD
+_LAST_OFFSET_DELTA_OFFSET = struct.calcsize(">qiibIh")
+EMPTY_BATCH_BYTES = _HEADER.size
 
 
 class CorruptBatchError(Exception):
@@ -217,9 +220,16 @@ class BatchBuilder:
     def size_bytes(self) -> int:
         return self._builder.size()
 
-    def build(self) -> bytes:
-        """The batch's bytes, its base offset and leader epoch set (outside the CRC, as a broker sets them)."""
+    def build(self, last_offset: int | None = None) -> bytes:
+        """The batch's bytes, its base offset and leader epoch set (outside the CRC, as a broker sets them).
+
+        `last_offset`, past the last record's: offsets after it that compaction removed, which the batch then
+        covers (as Kafka's compacted batches keep their last offset), so a consumer's next fetch starts after
+        them. A batch of no records is how Kafka's cleaner keeps an offset range whose records are all gone."""
         batch = self._builder.build()
         struct.pack_into(">q", batch, 0, self.base_offset)
         struct.pack_into(">i", batch, _LEADER_EPOCH_OFFSET, NO_LEADER_EPOCH)
+        if last_offset is not None:
+            struct.pack_into(">i", batch, _LAST_OFFSET_DELTA_OFFSET, min(last_offset - self.base_offset, _MAX_OFFSET_DELTA))
+            struct.pack_into(">I", batch, DefaultRecordBatch.CRC_OFFSET, calc_crc32c(memoryview(batch)[_ATTRIBUTES_OFFSET:]))
         return bytes(batch)
