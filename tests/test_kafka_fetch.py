@@ -309,8 +309,11 @@ def test_a_fetch_waits_for_min_bytes_up_to_max_wait(agent: RunningAgent, catalog
 def test_followers_and_unknown_sessions_get_kafkas_errors(agent: RunningAgent) -> None:
     _, partitions = fetch(agent, 12, {("orders", 0): 0}, replica_id=1)
     assert int(partitions[("orders", 0)].error_code) == NOT_LEADER_OR_FOLLOWER
-    response, partitions = fetch(agent, 12, {("orders", 0): 0}, session_id=12, session_epoch=1)
+    response, partitions = fetch(agent, 12, {("orders", 0): 0}, session_id=12, session_epoch=1)  # incremental
     assert (int(response.error_code), partitions) == (FETCH_SESSION_ID_NOT_FOUND, {})
+    for session_id, epoch in [(0, 0), (12, 0), (12, -1)]:  # full fetches, opening or closing a session: sessionless
+        response, partitions = fetch(agent, 12, {("orders", 0): 0}, session_id=session_id, session_epoch=epoch)
+        assert (int(response.error_code), response.session_id, int(partitions[("orders", 0)].error_code)) == (NONE, 0, NONE)
 
 
 def test_a_trailing_hole_is_covered_so_consumers_reach_the_end(agent: RunningAgent, catalog: Catalog) -> None:

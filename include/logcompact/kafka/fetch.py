@@ -33,6 +33,7 @@ API_KEY = 1
 BATCH_BYTES = 1024 * 1024  # the largest batch built (one larger record makes a batch of its own)
 ROWS_PER_STEP = 1024  # records converted from Arrow at a time, so a small budget converts few
 NO_SESSION = 0
+FULL_FETCH_EPOCHS = (-1, 0)
 READ_COMMITTED = 1
 NO_PREFERRED_REPLICA = -1
 
@@ -56,8 +57,9 @@ class _Partition:
 
 async def handle(broker: Broker, request: codec.Request) -> Any:
     body = request.body
-    # Sessions came in v7; this agent never hands out one, so any session id is one it does not know.
-    if getattr(body, "session_id", NO_SESSION) != NO_SESSION:
+    # Sessions came in v7. An epoch of 0 (open) or -1 (close) asks for a full fetch, served sessionless as Kafka
+    # does without a free session slot; a later epoch is an incremental fetch of a session this agent never opened.
+    if getattr(body, "session_epoch", FULL_FETCH_EPOCHS[0]) not in FULL_FETCH_EPOCHS:
         return _response(request.api_version, body, [], codec.ErrorCode.fetch_session_id_not_found)
     deadline = time.monotonic() + body.max_wait.total_seconds()
     while True:
