@@ -225,8 +225,7 @@ def test_a_consumer_waiting_at_the_end_gets_a_new_record_at_once(agent: RunningA
     consumer = confluent_consumer(agent, **{"fetch.wait.max.ms": 5000})
     producer = Producer({"bootstrap.servers": agent.bootstrap, "enable.idempotence": False, "linger.ms": 0})
     try:
-        consumer.assign([TopicPartition("orders", 0, 0)])
-        assert consume(consumer, 0) == []
+        consumer.assign([TopicPartition("orders", 0, 0)])  # its first fetch, of an empty partition, waits up to 5 s
         produced_at: list[float] = []
 
         def produce_later() -> None:
@@ -349,3 +348,21 @@ def test_a_trailing_hole_is_covered_so_consumers_reach_the_end(agent: RunningAge
         assert python_consumer.position(KafkaPythonTopicPartition("gone", 0)) == 3
     finally:
         python_consumer.close()
+
+
+def test_stopping_answers_waiting_fetches_at_once(catalog: Catalog) -> None:
+    running = RunningAgent(catalog, flush_interval_ms=FLUSH_MS)
+    answered: list[tuple[float, Any]] = []
+
+    def wait_long() -> None:
+        _, partitions = fetch(running, 12, {("orders", 0): 0}, max_wait=20_000, min_bytes=1)
+        answered.append((time.monotonic(), partitions[("orders", 0)]))
+
+    waiting = threading.Thread(target=wait_long)
+    waiting.start()
+    time.sleep(0.5)
+    stopping = time.monotonic()
+    running.stop()
+    waiting.join(timeout=10)
+    ((at, partition),) = answered
+    assert at - stopping < 2 and (int(partition.error_code), partition.high_watermark) == (NONE, 0)

@@ -76,9 +76,10 @@ class CommitWatch:
         self._waiters = 0
         self._changed = asyncio.Event()
         self._poller: asyncio.Task | None = None
+        self._released = False
 
     async def wait_past(self, version: int, timeout_seconds: float) -> bool:
-        """Whether a version newer than `version` is committed within the timeout."""
+        """Whether a version newer than `version` is committed within the timeout (False at once once released)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_seconds
         self._waiters += 1
@@ -86,6 +87,8 @@ class CommitWatch:
             self._poller = asyncio.create_task(self._poll())
         try:
             while self._version <= version:
+                if self._released:
+                    return False
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     return False
@@ -109,6 +112,11 @@ class CommitWatch:
                     self._changed.set()
                     self._changed = asyncio.Event()
             await asyncio.sleep(self._interval)
+
+    def release(self) -> None:
+        """Stop every wait now and for good (the server is stopping): waiting fetches answer with what they have."""
+        self._released = True
+        self._changed.set()
 
     async def close(self) -> None:
         """Stop polling (the server stops once its connections are answered)."""

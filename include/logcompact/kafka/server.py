@@ -12,7 +12,8 @@ first-in first-out up to their first await. So what a handler does before its fi
 its batch to the ingest agent) happens in request order, as Kafka's one-request-at-a-time connections would.
 
 Stopping closes the listener, stops reading, commits what the ingest agent holds (so acks come at once, and
-acks=0 batches are kept), lets every request already read be answered, then closes.
+acks=0 batches are kept), answers waiting fetches with what they have, lets every request already read be
+answered, then closes.
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ class AgentServer:
         # to the ingest thread); the flush queued behind them commits those batches now, not a flush interval later.
         await asyncio.sleep(0)
         flushing = asyncio.get_running_loop().run_in_executor(self.broker.ingest.thread, self.broker.ingest.flush)
+        self.broker.commits.release()  # long-polling fetches answer now, not at their max_wait
         if self._connections:
             _, late = await asyncio.wait(self._connections, timeout=STOP_GRACE_SECONDS)
             for connection in late:
