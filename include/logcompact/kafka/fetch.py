@@ -1,8 +1,9 @@
 """Fetch (key 1), v4-12: a partition's records from an offset, as uncompressed record batches v2, read from the
 catalog's sections at one snapshot through consume's read path.
 
-Each record keeps its offset; holes left by compaction are gaps in a batch's offset deltas, and a fetch offset in
-a hole gets the next record that exists, so no client stalls. The log start offset is the first live record's
+Each record keeps its offset; holes left by compaction are gaps in a batch's offset deltas, a fetch offset in a
+hole gets the next record that exists, and a hole at the end is covered by the last batch's last offset (or a
+batch of no records), so no client stalls. The log start offset is the first live record's
 offset (as ListOffsets' earliest), the high watermark the partition's next offset, and, without transactions,
 the last stable offset is the high watermark whatever the `isolation_level`.
 
@@ -10,8 +11,8 @@ the last stable offset is the high watermark whatever the `isolation_level`.
 is returned whole (it then holds one record), as in Kafka, so a record larger than the limits never stalls a
 consumer. Long polling: while fewer than `min_bytes` of records are found, the request waits up to `max_wait_ms`,
 reading again whenever a newer catalog version is committed (`Broker.commits` polls it for every waiting fetch
-at once), then answers with what there is. Fetch sessions (KIP-227) are not kept: every response has session id 0, which clients take as "no session",
-so each request is a full fetch.
+at once), then answers with what there is. Fetch sessions (KIP-227) are not kept: every response has session
+id 0, which clients take as "no session", so each request is a full fetch.
 """
 
 from __future__ import annotations
@@ -74,10 +75,11 @@ def _fetch(broker: Broker, body: Any) -> tuple[int, list[tuple[str, list[_Partit
     """The catalog version read and each partition's answer."""
     # High watermarks read before the snapshot: every offset below one was committed before it, so an offset the
     # snapshot does not hold there is one compaction removed, which a batch may cover; records are read below it.
+    if body.replica_id >= 0:  # a follower's fetch: this agent has no replicas, every partition's log is the catalog's
+        refused = [(topic.topic, [_Partition(int(p.partition), codec.ErrorCode.not_leader_or_follower) for p in topic.partitions]) for topic in body.topics]
+        return broker.catalog.latest_version(), refused
     high_watermarks = {topic.topic: _next_offsets(broker, topic.topic) for topic in body.topics}
     snapshot = broker.catalog.snapshot()
-    if body.replica_id >= 0:  # a follower's fetch: this agent has no replicas, every partition's log is the catalog's
-        return snapshot.version, [(topic.topic, [_Partition(int(p.partition), codec.ErrorCode.not_leader_or_follower) for p in topic.partitions]) for topic in body.topics]
     budget = _Budget(int(body.max_bytes))
     answered = []
     for topic in body.topics:
@@ -85,7 +87,8 @@ def _fetch(broker: Broker, body: Any) -> tuple[int, list[tuple[str, list[_Partit
         partitions = []
         for entry in topic.partitions:
             index = int(entry.partition)
-            if next_offsets is None or not 0 <= index < len(next_offsets):
+            # A topic created between the two reads is not in the snapshot yet: unknown this time.
+            if next_offsets is None or topic.topic not in snapshot.topics or not 0 <= index < len(next_offsets):
                 partitions.append(_Partition(index, codec.ErrorCode.unknown_topic_or_partition))
             else:
                 partitions.append(_read_partition(broker.catalog.store, snapshot, topic.topic, index, next_offsets[index], int(entry.fetch_offset), int(entry.partition_max_bytes), budget))
@@ -136,9 +139,6 @@ def _batches(store: ObjectStore, sections: list[SectionRef], fetch_offset: int, 
             builder = records.BatchBuilder(fetch_offset, records.EMPTY_BATCH_BYTES)
         if builder is not None:
             out += builder.build(last_offset=high_watermark - 1)
-            builder = None
-    if builder is not None:
-        out += builder.build()
     budget.left -= len(out)
     return bytes(out)
 
