@@ -34,6 +34,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
 from logcompact.catalog import Catalog, schema
+from logcompact.catalog.model import CatalogUpgrade
 from logcompact.catalog.database import catalog_errors, redact_url
 from logcompact.consume import latest_values, read_records
 from logcompact.exceptions import (
@@ -515,8 +516,32 @@ def _stored_crcs(catalog: Catalog) -> dict[tuple[int, int, int], int]:
         return {(f, t, p): crc for f, t, p, crc in connection.execute(select(sec.file_id, sec.topic_id, sec.partition, sec.crc32))}
 
 
+def _as_schema_4(catalog: Catalog) -> None:
+    """The catalog as schema 4 held it: without the Kafka agents' tables, partitions.log_start_offset and
+    topics.deleted_version, its topics' names unique by a constraint, schema_version 4."""
+    with catalog.engine.begin() as connection:
+        for table in (schema.agents, schema.producers, schema.producer_batches, schema.consumer_groups, schema.group_offsets):
+            table.drop(connection)
+        connection.exec_driver_sql("ALTER TABLE partitions DROP COLUMN log_start_offset")
+        connection.exec_driver_sql("DROP INDEX topics_live_name")
+        connection.exec_driver_sql("ALTER TABLE topics DROP COLUMN deleted_version")
+        if connection.dialect.name == "postgresql":
+            connection.exec_driver_sql("ALTER TABLE topics ADD CONSTRAINT topics_name_key UNIQUE (name)")
+        else:  # SQLite adds no constraint to a table: built again as schema 4 created it
+            connection.exec_driver_sql("ALTER TABLE topics RENAME TO topics_schema_5")
+            connection.exec_driver_sql(
+                "CREATE TABLE topics (topic_id INTEGER NOT NULL, name VARCHAR(249) NOT NULL, partitions INTEGER NOT NULL, "
+                "config TEXT NOT NULL, created_ms BIGINT NOT NULL, created_version BIGINT NOT NULL, PRIMARY KEY (topic_id), "
+                "UNIQUE (name))"
+            )
+            connection.exec_driver_sql("INSERT INTO topics SELECT * FROM topics_schema_5")
+            connection.exec_driver_sql("DROP TABLE topics_schema_5")
+        connection.execute(update(schema.catalog_info).values(schema_version=4))
+
+
 def _as_schema_3(catalog: Catalog) -> None:
-    """The catalog as schema 3 held it: each sections row's crc32 raw (unbound), schema_version 3."""
+    """The catalog as schema 3 held it: schema 4's tables with each sections row's crc32 raw (unbound)."""
+    _as_schema_4(catalog)
     sec = schema.sections.c
     with catalog.engine.begin() as connection:
         rows = connection.execute(select(sec.file_id, sec.topic_id, sec.partition, *(sec[n] for n in BOUND[2:]), sec.crc32)).all()
@@ -544,13 +569,13 @@ def test_a_schema_3_catalog_is_refused_until_upgrade_catalog_binds_its_rows(cata
 
     _as_schema_3(catalog)
     assert all(crc != bound[row] for row, crc in _stored_crcs(catalog).items())
-    with pytest.raises(CatalogSchemaError, match="has schema version 3, this logcompact uses 4: .*run `logcompact cluster upgrade-catalog`"):
+    with pytest.raises(CatalogSchemaError, match="has schema version 3, this logcompact uses 5: .*run `logcompact cluster upgrade-catalog`"):
         Catalog(catalog.store, catalog.url).snapshot()
     for argv in (["consume", "t", "--partition", "0"], ["files"], ["compact", "--all"], ["cluster", "describe"]):
         _one_line_error(run_in_process([*cli, *argv]), "has schema version 3", "logcompact cluster upgrade-catalog")
     upgraded = run_in_process([*cli, "cluster", "upgrade-catalog"])
     assert upgraded.code == 0 and not upgraded.stderr, upgraded
-    assert json.loads(upgraded.stdout) == {"upgraded": True, "from_schema_version": 3, "schema_version": 4, "sections_rewritten": 24}
+    assert json.loads(upgraded.stdout) == {"upgraded": True, "from_schema_version": 3, "schema_version": 5, "sections_rewritten": 24}
     assert _stored_crcs(catalog) == bound
     reopened = Catalog(catalog.store, catalog.url)
     assert {p: list(read_records(reopened.store, reopened.snapshot(), "t", p)) for p in range(3)} == before
@@ -560,16 +585,53 @@ def test_a_schema_3_catalog_is_refused_until_upgrade_catalog_binds_its_rows(cata
 
     # The library's method, in batches smaller than the table.
     _as_schema_3(catalog)
-    assert Catalog(catalog.store, catalog.url).upgrade_catalog(batch=5) == 24
+    assert Catalog(catalog.store, catalog.url).upgrade_catalog(batch=5) == CatalogUpgrade(3, 24)
     assert _stored_crcs(catalog) == bound
     assert Catalog(catalog.store, catalog.url).upgrade_catalog() is None
 
-    for other in (2, 5):
+    for other in (2, 6):
         with catalog.engine.begin() as connection:
             connection.execute(update(schema.catalog_info).values(schema_version=other))
         _one_line_error(run_in_process([*cli, "cluster", "upgrade-catalog"]), f"has schema version {other}",
-                        "upgrades schema 3 to 4 only")
+                        "upgrades schemas 3, 4 to 5 only")
         assert _stored_crcs(catalog) == bound
+
+
+def test_a_schema_4_catalog_upgrades_to_the_kafka_tables_and_keeps_its_topics(catalog: Catalog) -> None:
+    """On each database: a schema-4 catalog is refused until upgraded; the upgrade keeps topics (their ids, so new
+    ones never reuse one), offsets and records, starts every log at offset 0, and a deleted topic's name can then be
+    taken again by a new topic (topics' names are unique among live topics only)."""
+    create_topic(catalog, "t", partitions=2, cleanup_policy="compact")
+    create_topic(catalog, "u", partitions=1, cleanup_policy="delete")
+    produce_l0_files(catalog, "t", files=2, records=20, keys=5, partitions=2)
+    before = {p: list(read_records(catalog.store, catalog.snapshot(), "t", p)) for p in range(2)}
+    ids = {name: topic_id for name, topic_id in _topic_ids(catalog).items()}
+    _as_schema_4(catalog)
+    with pytest.raises(CatalogSchemaError, match="has schema version 4, this logcompact uses 5: .*upgrade-catalog"):
+        Catalog(catalog.store, catalog.url).snapshot()
+    assert Catalog(catalog.store, catalog.url).upgrade_catalog() == CatalogUpgrade(4, 0)
+    reopened = Catalog(catalog.store, catalog.url)
+    assert {p: list(read_records(reopened.store, reopened.snapshot(), "t", p)) for p in range(2)} == before
+    assert _topic_ids(reopened) == ids
+    with reopened.engine.connect() as connection:
+        starts = connection.execute(select(schema.partitions.c.log_start_offset)).scalars().all()
+        assert starts == [0, 0, 0]
+        for table in (schema.agents, schema.producers, schema.producer_batches, schema.consumer_groups, schema.group_offsets):
+            assert connection.execute(select(table)).all() == []
+    with reopened.engine.begin() as connection:  # a deleted topic frees its name; a live one keeps it unique
+        connection.execute(update(schema.topics).where(schema.topics.c.name == "u").values(deleted_version=99))
+    create_topic(reopened, "u", partitions=1, cleanup_policy="compact")
+    assert _topic_ids(reopened)["u"] > max(ids.values())
+    with pytest.raises(IntegrityError), reopened.engine.begin() as connection:
+        connection.execute(schema.topics.insert().values(
+            name="t", partitions=1, config="{}", created_ms=NOW, created_version=1))
+
+
+def _topic_ids(catalog: Catalog) -> dict[str, int]:
+    """Live topics' ids by name."""
+    top = schema.topics.c
+    with catalog.engine.connect() as connection:
+        return dict(connection.execute(select(top.name, top.topic_id).where(top.deleted_version.is_(None))).all())
 
 
 def test_upgrade_catalog_of_no_cluster_is_refused(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from logcompact.catalog import Catalog, Snapshot
 from logcompact.catalog.database import redact_text
-from logcompact.catalog.schema import SCHEMA_VERSION, UPGRADABLE_FROM
+from logcompact.catalog.schema import SCHEMA_VERSION
 from logcompact.consume import read_records
 from logcompact.exceptions import CorruptDataError, InvalidPlanError, InvalidRecordError, InvalidStoreUriError, LogcompactError
 from logcompact.ingest import DEFAULT_FLUSH_BYTES, DEFAULT_FLUSH_INTERVAL_MS, Agent, Record, wall_clock_ms
@@ -573,14 +573,15 @@ def cluster_accept_catalog(ctx: Context) -> None:
 @cluster.command("upgrade-catalog")
 @pass_context
 def cluster_upgrade_catalog(ctx: Context) -> None:
-    """Upgrade a catalog of schema 3 to schema 4 in one transaction (its sections rows' crc32 bound to their rows,
-    docs/catalog.md). Stop the older release's agents and compactions and back the database up first. On a catalog
-    at schema 4 there is nothing to do; another schema is refused."""
-    rewritten = ctx.catalog.upgrade_catalog()
-    if rewritten is None:
+    """Upgrade a catalog of schema 3 or 4 to schema 5 in one transaction (docs/catalog.md says what each step
+    changes). Stop the older release's agents and compactions and back the database up first. On a catalog at
+    schema 5 there is nothing to do; another schema is refused."""
+    upgrade = ctx.catalog.upgrade_catalog()
+    if upgrade is None:
         _emit({"upgraded": False, "schema_version": SCHEMA_VERSION, "note": f"the catalog is at schema version {SCHEMA_VERSION}: nothing to do"})
     else:
-        _emit({"upgraded": True, "from_schema_version": UPGRADABLE_FROM, "schema_version": SCHEMA_VERSION, "sections_rewritten": rewritten})
+        _emit({"upgraded": True, "from_schema_version": upgrade.from_schema_version, "schema_version": SCHEMA_VERSION,
+               "sections_rewritten": upgrade.sections_rewritten})
 
 
 @cli.command()

@@ -44,6 +44,7 @@ from logcompact.catalog.identity import (
 from logcompact.catalog.model import (
     CONTENTS,
     CatalogSection,
+    CatalogUpgrade,
     CommitRecord,
     CommitResult,
     DataFile,
@@ -178,38 +179,28 @@ class Catalog:
 
     def _schema_error(self, found: int) -> CatalogSchemaError:
         """The one line refusing a catalog of schema `found`: the command that upgrades it, when there is one."""
-        if found == s.UPGRADABLE_FROM:
+        if found in s.UPGRADABLE_FROM:
             return CatalogSchemaError(
                 f"catalog {self._shown_url} has schema version {found}, this logcompact uses {s.SCHEMA_VERSION}: stop its "
-                "agents and compactions, back the database up, and run `logcompact cluster upgrade-catalog` (it rewrites "
-                "the sections rows' crc32 in one transaction)"
+                "agents and compactions, back the database up, and run `logcompact cluster upgrade-catalog` (one "
+                "transaction)"
             )
         return CatalogSchemaError(
             f"catalog {self._shown_url} has schema version {found}, this logcompact uses {s.SCHEMA_VERSION}; run the "
             "logcompact release that created it, or start a new catalog"
         )
 
-    def upgrade_catalog(self, batch: int = 10_000) -> int | None:
-        """Bring a catalog of schema UPGRADABLE_FROM (3) to SCHEMA_VERSION (4), in one transaction: every sections
-        row's crc32, stored raw until then, is bound to its row (`schema.section_crc_binding`), `batch` rows at a
-        time in primary-key order, and `catalog_info.schema_version` is set. Nothing else changes: no manifest
-        version is made, the store is not touched. Returns the rows rewritten; None when the catalog is at
-        SCHEMA_VERSION already (nothing to do). Another version is a CatalogSchemaError, and no cluster
-        ClusterNotFoundError. Writers of the older release must be stopped first: they would go on writing raw
-        CRCs, which readers then refuse."""
+    def upgrade_catalog(self, batch: int = 10_000) -> CatalogUpgrade | None:
+        """Bring a catalog of a schema in UPGRADABLE_FROM to SCHEMA_VERSION, in one transaction, step by step:
+        from 3, every sections row's crc32, stored raw until then, is bound to its row (`schema.section_crc_binding`),
+        `batch` rows at a time in primary-key order; from 4, the Kafka agents' tables are created, partitions get
+        their log start offset (0: retention had no record of raising it) and topics their deleted_version. No
+        manifest version is made, the store is not touched. Returns what was done; None when the catalog is at
+        SCHEMA_VERSION already. Another version is a CatalogSchemaError, and no cluster ClusterNotFoundError.
+        Writers of the older release must be stopped first: they would go on writing what readers then refuse."""
         path = sqlite_path(self.url)
         if path is not None and not path.exists():
             raise self._not_found()
-        sec = s.sections.c
-        key = (sec.file_id, sec.topic_id, sec.partition)
-        # The key, then the bound fields from topic_id on (section_crc_binding's order), then crc32.
-        columns = (*key, sec.byte_offset, sec.byte_length, sec.first_row, sec.first_offset, sec.last_offset, sec.record_count, sec.crc32)
-        rewrite = (
-            update(s.sections)
-            .where(sec.file_id == bindparam("b_file"), sec.topic_id == bindparam("b_topic"), sec.partition == bindparam("b_partition"))
-            .values(crc32=bindparam("b_crc"))
-        )
-        rewritten = 0
         with catalog_errors(self.engine.url):
             with self.engine.connect() as connection:
                 if not inspect(connection).has_table(s.catalog_info.name):
@@ -220,30 +211,44 @@ class Catalog:
                     raise self._not_found()
                 if found == s.SCHEMA_VERSION:
                     return None
-                if found != s.UPGRADABLE_FROM:
+                if found not in s.UPGRADABLE_FROM:
                     raise CatalogSchemaError(
                         f"catalog {self._shown_url} has schema version {found}: `logcompact cluster upgrade-catalog` "
-                        f"upgrades schema {s.UPGRADABLE_FROM} to {s.SCHEMA_VERSION} only; run the logcompact release that "
-                        "created it, or start a new catalog"
+                        f"upgrades schemas {', '.join(map(str, s.UPGRADABLE_FROM))} to {s.SCHEMA_VERSION} only; run the "
+                        "logcompact release that created it, or start a new catalog"
                     )
-                after = None
-                while True:
-                    query = select(*columns).order_by(*key).limit(batch)
-                    if after is not None:
-                        query = query.where(tuple_(*key) > tuple_(*after))
-                    rows = connection.execute(query).all()
-                    if not rows:
-                        break
-                    execute_many(connection, rewrite, ("b_crc", "b_file", "b_topic", "b_partition"), [
-                        (row[9] ^ self._upgraded_binding(row), row[0], row[1], row[2]) for row in rows
-                    ])
-                    rewritten += len(rows)
-                    after = tuple(rows[-1][:3])
+                rewritten = self._bind_section_crcs(connection, batch) if found == 3 else 0
+                _add_kafka_tables(connection)
                 connection.execute(update(s.catalog_info).values(schema_version=s.SCHEMA_VERSION))
-        log.info("catalog %s upgraded from schema %d to %d: %d section rows rewritten", self._shown_url, s.UPGRADABLE_FROM,
+        log.info("catalog %s upgraded from schema %d to %d: %d section rows rewritten", self._shown_url, found,
                  s.SCHEMA_VERSION, rewritten)
         self._cluster_id = None
-        return rewritten
+        return CatalogUpgrade(found, rewritten)
+
+    def _bind_section_crcs(self, connection: Connection, batch: int) -> int:
+        """Schema 3 to 4: bind every sections row's crc32 to its row; returns the rows rewritten."""
+        sec = s.sections.c
+        key = (sec.file_id, sec.topic_id, sec.partition)
+        # The key, then the bound fields from topic_id on (section_crc_binding's order), then crc32.
+        columns = (*key, sec.byte_offset, sec.byte_length, sec.first_row, sec.first_offset, sec.last_offset, sec.record_count, sec.crc32)
+        rewrite = (
+            update(s.sections)
+            .where(sec.file_id == bindparam("b_file"), sec.topic_id == bindparam("b_topic"), sec.partition == bindparam("b_partition"))
+            .values(crc32=bindparam("b_crc"))
+        )
+        rewritten, after = 0, None
+        while True:
+            query = select(*columns).order_by(*key).limit(batch)
+            if after is not None:
+                query = query.where(tuple_(*key) > tuple_(*after))
+            rows = connection.execute(query).all()
+            if not rows:
+                return rewritten
+            execute_many(connection, rewrite, ("b_crc", "b_file", "b_topic", "b_partition"), [
+                (row[9] ^ self._upgraded_binding(row), row[0], row[1], row[2]) for row in rows
+            ])
+            rewritten += len(rows)
+            after = tuple(rows[-1][:3])
 
     def _upgraded_binding(self, row) -> int:
         """`upgrade_catalog`'s binding of a row (file_id, topic_id, partition, ..., record_count, crc32)."""
@@ -446,7 +451,8 @@ class Catalog:
         """Create a topic with its partitions at offset 0; returns the version created."""
         with self._writing() as connection:
             version = self._next_version(connection, f"create topic {topic.name}", now_ms)
-            if connection.execute(select(s.topics.c.topic_id).where(s.topics.c.name == topic.name)).first():
+            live = s.topics.c.deleted_version.is_(None)
+            if connection.execute(select(s.topics.c.topic_id).where(s.topics.c.name == topic.name, live)).first():
                 raise TopicExistsError(f"topic {topic.name!r} already exists; describe it with `logcompact topic describe`")
             topic_id = connection.execute(
                 insert(s.topics)
@@ -469,7 +475,7 @@ class Catalog:
                 raise _topic_not_found(name)
             altered = current.altered(settings)
             connection.execute(
-                update(s.topics).where(s.topics.c.name == name).values(config=json.dumps(altered.config.to_kafka()))
+                update(s.topics).where(s.topics.c.name == name, s.topics.c.deleted_version.is_(None)).values(config=json.dumps(altered.config.to_kafka()))
             )
         return altered
 
@@ -855,7 +861,7 @@ class Catalog:
 
     def _topics(self, connection: Connection) -> dict[str, Topic]:
         found = {}
-        for row in connection.execute(select(s.topics)):
+        for row in connection.execute(select(s.topics).where(s.topics.c.deleted_version.is_(None))):
             topic = found[row.name] = _topic_of_row(row)
             self._topic_ids[row.name] = (row.topic_id, row.partitions)
             self._compacted[row.name] = topic.config.compacted
@@ -904,6 +910,25 @@ class Catalog:
 
 
 _SECTION_COLUMNS = tuple(column.name for column in s.sections.columns)
+
+
+def _add_kafka_tables(connection: Connection) -> None:
+    """Schema 4 to 5: the Kafka agents' tables, partitions.log_start_offset, and topics.deleted_version with the
+    topics' names unique among live topics only."""
+    s.metadata.create_all(connection, checkfirst=True)  # the tables schema 4 lacks, with their indexes
+    connection.exec_driver_sql("ALTER TABLE partitions ADD COLUMN log_start_offset BIGINT NOT NULL DEFAULT 0")
+    if connection.dialect.name == "postgresql":
+        connection.exec_driver_sql("ALTER TABLE topics ADD COLUMN deleted_version BIGINT")
+        connection.exec_driver_sql("ALTER TABLE topics DROP CONSTRAINT topics_name_key")
+    else:  # SQLite drops no constraint: the table is built again, its topic ids (rowids) kept
+        connection.exec_driver_sql("ALTER TABLE topics RENAME TO topics_schema_4")
+        s.topics.create(connection)
+        columns = ", ".join(c.name for c in s.topics.c if c.name != "deleted_version")
+        connection.exec_driver_sql(f"INSERT INTO topics ({columns}) SELECT {columns} FROM topics_schema_4")
+        connection.exec_driver_sql("DROP TABLE topics_schema_4")
+        return  # create() made topics_live_name with the table
+    for index in s.topics.indexes:
+        index.create(connection)
 
 
 def _section_row(file_id: int, section: CatalogSection, topic_id: int) -> tuple:

@@ -137,6 +137,14 @@ class CommitResult:
 
 
 @dataclass(frozen=True)
+class CatalogUpgrade:
+    """What `Catalog.upgrade_catalog` did: the schema it found, and the sections rows it rewrote on the way."""
+
+    from_schema_version: int
+    sections_rewritten: int
+
+
+@dataclass(frozen=True)
 class CommitRecord:
     """One line of the commit log: version N was created by this operation."""
 

@@ -27,9 +27,10 @@ from sqlalchemy import (
 
 # Bump on any change to the tables below or to what their columns hold; a database of another version is refused
 # (CatalogSchemaError), but for UPGRADABLE_FROM, which `Catalog.upgrade_catalog` brings to this one.
-SCHEMA_VERSION = 4
-# Schema 3 stored `sections.crc32` raw (the format's CRC, unbound): upgrading rewrites that column alone.
-UPGRADABLE_FROM = 3
+SCHEMA_VERSION = 5
+# What `Catalog.upgrade_catalog` brings to SCHEMA_VERSION, step by step. Schema 3 stored `sections.crc32` raw (the
+# format's CRC, unbound); schema 4 had no log start offsets, no deleted topics and none of the Kafka agents' tables.
+UPGRADABLE_FROM = (3, 4)
 
 # SQLite gives auto-numbered keys only to INTEGER PRIMARY KEY (the rowid); PostgreSQL wants BIGINT.
 Identity64 = BigInteger().with_variant(Integer(), "sqlite")
@@ -60,11 +61,21 @@ topics = Table(
     "topics",
     metadata,
     Column("topic_id", Integer, primary_key=True),
-    Column("name", String(249), nullable=False, unique=True),
+    Column("name", String(249), nullable=False),
     Column("partitions", Integer, nullable=False),
     Column("config", Text, nullable=False),  # Kafka names to values, JSON
     Column("created_ms", BigInteger, nullable=False),
     Column("created_version", BigInteger, nullable=False),
+    # Set by DeleteTopics. The row stays, so its topic_id is never handed out again (SQLite reuses the highest
+    # rowid) while retired sections and older versions still name it; its name is free for a new topic.
+    Column("deleted_version", BigInteger),
+)
+Index(
+    "topics_live_name",
+    topics.c.name,
+    unique=True,
+    sqlite_where=topics.c.deleted_version.is_(None),
+    postgresql_where=topics.c.deleted_version.is_(None),
 )
 
 partitions = Table(
@@ -73,6 +84,9 @@ partitions = Table(
     Column("topic_id", Integer, primary_key=True, autoincrement=False),
     Column("partition", Integer, primary_key=True, autoincrement=False),
     Column("next_offset", BigInteger, nullable=False),
+    # Kafka's log start offset: raised only by retention (records expired by retention.ms), never by compaction,
+    # so a consumer positioned in a compacted-away head reads on from the next record instead of being reset.
+    Column("log_start_offset", BigInteger, nullable=False, server_default="0"),
     sqlite_with_rowid=False,
 )
 
@@ -199,4 +213,74 @@ plan_seals = Table(
     metadata,
     Column("plan_id", String(64), primary_key=True),
     Column("sha256", String(64), nullable=False),
+)
+
+
+# -- Kafka's protocol (`logcompact agent`) --------------------------------------------------------------------------
+
+# The agents serving the cluster: each registers at start and heartbeats; Metadata lists those heard from lately
+# and spreads partition leadership over them.
+agents = Table(
+    "agents",
+    metadata,
+    Column("node_id", Integer, primary_key=True, autoincrement=False),
+    Column("host", String(255), nullable=False),
+    Column("port", Integer, nullable=False),
+    Column("rack", String(255)),
+    Column("started_ms", BigInteger, nullable=False),
+    Column("heartbeat_ms", BigInteger, nullable=False),
+)
+
+# Producer ids handed out by InitProducerId, with their current epoch (a transactional id keeps its producer id
+# and bumps the epoch).
+producers = Table(
+    "producers",
+    metadata,
+    Column("producer_id", Identity64, primary_key=True),
+    Column("epoch", Integer, nullable=False),
+    Column("transactional_id", String(255), unique=True),
+    Column("updated_ms", BigInteger, nullable=False),
+)
+
+# An idempotent producer's newest batches per partition (Kafka keeps 5, its max in-flight requests), written in
+# the append's transaction: a retried batch is answered with its first offset and never stored twice, on any agent.
+producer_batches = Table(
+    "producer_batches",
+    metadata,
+    Column("producer_id", BigInteger, primary_key=True, autoincrement=False),
+    Column("topic_id", Integer, primary_key=True, autoincrement=False),
+    Column("partition", Integer, primary_key=True, autoincrement=False),
+    Column("epoch", Integer, nullable=False),
+    Column("batches", Text, nullable=False),  # JSON [[first_sequence, last_sequence, first_offset], ...], oldest first
+    Column("updated_ms", BigInteger, nullable=False),
+    sqlite_with_rowid=False,
+)
+
+# Consumer groups as their coordinator last described them (DescribeGroups and ListGroups on any agent, and the
+# generation a new coordinator continues from).
+consumer_groups = Table(
+    "consumer_groups",
+    metadata,
+    Column("group_id", String(255), primary_key=True),
+    Column("coordinator", Integer, nullable=False),  # the node id of the agent coordinating it
+    Column("generation", Integer, nullable=False),
+    Column("protocol_type", String(255), nullable=False),
+    Column("protocol", String(255), nullable=False),
+    Column("state", String(32), nullable=False),  # Kafka's: Empty, PreparingRebalance, CompletingRebalance, Stable, Dead
+    Column("members", Text, nullable=False),  # JSON, as DescribeGroups shows them
+    Column("updated_ms", BigInteger, nullable=False),
+)
+
+# Consumer groups' committed offsets (OffsetCommit), by topic name as Kafka keeps them; served by every agent.
+group_offsets = Table(
+    "group_offsets",
+    metadata,
+    Column("group_id", String(255), primary_key=True),
+    Column("topic", String(249), primary_key=True),
+    Column("partition", Integer, primary_key=True, autoincrement=False),
+    Column("committed_offset", BigInteger, nullable=False),
+    Column("leader_epoch", Integer, nullable=False),
+    Column("metadata", Text, nullable=False),
+    Column("commit_ms", BigInteger, nullable=False),
+    sqlite_with_rowid=False,
 )
