@@ -30,6 +30,7 @@ from logcompact.ingest import DEFAULT_FLUSH_BYTES, DEFAULT_FLUSH_INTERVAL_MS
 from logcompact.kafka import api_versions, codec
 from logcompact.kafka.apis import APIS
 from logcompact.kafka.broker import Address, Broker, CommitWatch, Ingest
+from logcompact.kafka.cluster import AgentDirectory
 from logcompact.kafka.produce import DEFAULT_MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,8 @@ STOP_GRACE_SECONDS = 30  # how long a stop waits for requests already read
 class AgentSettings:
     listen: Address = DEFAULT_LISTEN
     advertise: Address | None = None  # the listen address (with its bound port) when None
-    node_id: int = 0
+    node_id: int | None = None  # the one registered for the advertised address before, or the lowest free one
+    rack: str | None = None
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     max_connections: int = DEFAULT_MAX_CONNECTIONS
@@ -91,11 +93,15 @@ class AgentServer:
         settings = self.settings
         ingest = await asyncio.to_thread(Ingest, self.catalog, settings.flush_interval_ms, settings.flush_bytes)
         commits = CommitWatch(self.catalog, COMMIT_POLL_SECONDS)
-        self._broker = Broker(self.catalog, cluster_id, settings.node_id, settings.advertise or self.address, APIS, ingest, settings.max_message_bytes, commits)
+        advertised = settings.advertise or self.address
+        agents = await asyncio.to_thread(AgentDirectory.register, self.catalog, advertised.host, advertised.port, settings.rack, settings.node_id)
+        agents.start()
+        self._broker = Broker(self.catalog, cluster_id, agents, advertised, APIS, ingest, settings.max_message_bytes, commits)
 
     async def stop(self) -> None:
         assert self._server is not None, "start() first"
         self._server.close()
+        await self.broker.agents.stop()
         for reader in self._readers:
             reader.cancel()
         # One turn of the loop lets every request already read reach its first await (a Produce its submission
