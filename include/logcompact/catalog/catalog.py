@@ -480,6 +480,16 @@ class Catalog:
             )
         return altered
 
+    def log_offsets(self, topic: str) -> list[tuple[int, int]]:
+        """Each partition's log start offset and next offset (its high watermark), as of now: one row each."""
+        part = s.partitions.c
+        with self._reading() as connection:
+            topic_id = self._topic_id(connection, topic)
+            rows = connection.execute(
+                select(part.log_start_offset, part.next_offset).where(part.topic_id == topic_id).order_by(part.partition)
+            )
+            return [(r.log_start_offset, r.next_offset) for r in rows]
+
     def next_offsets(self, topic: str) -> list[int]:
         """Each partition's next offset, as of now."""
         with self._reading() as connection:
@@ -667,11 +677,44 @@ class Catalog:
                     connection.execute(insert(s.committed_plans).values(plan_id=plan_id, version=version, committed_ms=now_ms))
                 topic_rows = self._topic_rows(connection, {sec.topic for f in added for sec in f.sections})
                 self._insert_files(connection, added, version, topic_rows)
+                self._raise_log_starts(connection, live.values())
         except _AlreadyCommitted as done:
             return CommitResult(done.version, False)
         except IntegrityError as exc:
             raise CommitConflictError(f"{operation}: an output file is already in the catalog ({_first_line(exc)}); plan again") from None
         return CommitResult(version, True)
+
+    def _raise_log_starts(self, connection: Connection, removed_file_ids: Collection[int]) -> None:
+        """Retention moves a log's start, compaction never does (Kafka's rule): for the partitions of topics with
+        time retention whose sections this commit removed, the log start rises to the first live offset, or to
+        the next offset when none is left. A compact-only topic keeps its start where it was, so a consumer in a
+        compacted-away head reads on from the next record there is. (`compact,delete` topics rise to the first
+        live record whichever removed the records before it: the engine does not tell the two apart per record.)"""
+        if not removed_file_ids:
+            return
+        # Read in this transaction: retention.ms may have been altered since any cache of it.
+        expiring = [self._topic_ids[name][0] for name, topic in self._topics(connection).items() if topic.config.time_retention]
+        if not expiring:
+            return
+        sec, fil, part = s.sections.c, s.files.c, s.partitions.c
+        touched = connection.execute(
+            select(sec.topic_id, sec.partition).distinct().where(
+                self._one_of(sec.file_id, removed_file_ids), self._one_of(sec.topic_id, expiring)
+            )
+        ).all()
+        first_live = (
+            select(func.min(sec.first_offset))
+            .select_from(s.sections.join(s.files, fil.file_id == sec.file_id))
+            .where(sec.topic_id == part.topic_id, sec.partition == part.partition, sec.removed_version.is_(None), fil.removed_version.is_(None))
+            .scalar_subquery()
+        )
+        start = func.coalesce(first_live, part.next_offset)
+        for topic_id, partition in touched:
+            connection.execute(
+                update(s.partitions)
+                .where(part.topic_id == topic_id, part.partition == partition, start > part.log_start_offset)
+                .values(log_start_offset=start)
+            )
 
     def _retire_sections(self, connection: Connection, file_ids: Iterable[int], kept: Collection[TopicPartition], version: int) -> set[int]:
         """Retire the live sections of `file_ids` except those of `kept` partitions; returns the files that keep
