@@ -104,7 +104,10 @@ def _log_offsets(broker: Broker, topic: str) -> list[tuple[int, int]] | None:
         return None
 
 
-def _read_partition(store: ObjectStore, snapshot: Snapshot, topic: str, partition: int, log_start: int, high_watermark: int, fetch_offset: int, partition_max_bytes: int, budget: _Budget) -> _Partition:
+def _read_partition(
+    store: ObjectStore, snapshot: Snapshot, topic: str, partition: int, log_start: int, high_watermark: int, fetch_offset: int,
+    partition_max_bytes: int, budget: _Budget,
+) -> _Partition:
     """The log start is the catalog's (raised by retention only): an offset from it on is served from the next
     record there is, however much of the head compaction removed."""
     if not log_start <= fetch_offset <= high_watermark:
