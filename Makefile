@@ -48,7 +48,7 @@ test: install deps lint
 demo: install
 	$(BIN)/python scripts/demo.py
 
-# airflow standalone on http://127.0.0.1:8080 with the DAGs, their connections and pool.
+# airflow standalone on http://127.0.0.1:8080 with the DAGs, their connections and pool; a Kafka agent on 127.0.0.1:9092.
 airflow: install
 	scripts/airflow.sh
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make airflow`: `airflow standalone` on http://127.0.0.1:8080 serving logcompact's DAGs, with the store
 # connection (the demo's local store, given data on first use, its catalog the embedded SQLite beside it),
-# Spark in local mode and the shared pool.
+# Spark in local mode and the shared pool; and a Kafka agent (`logcompact agent`) on the same store for Kafka
+# clients, at LOGCOMPACT_AGENT_LISTEN (127.0.0.1:9092 by default), stopped with Airflow.
 # A local trial: every UI user is an admin, and the API server listens on 127.0.0.1 only.
 # The DAGs start paused and a background step unpauses them once the API server answers its health check:
 # a task started before it answers fails (its worker reports to the API server), and Airflow 3.3 has no
@@ -38,7 +39,7 @@ done
 startup_wait_s=300
 
 # Unpause every logcompact DAG once the API server answers and the DAG processor has stored the DAGs; says on
-# the terminal what it did, or why not. Ends with `airflow standalone` (this script's PID once exec'd).
+# the terminal what it did, or why not. Ends with this script.
 unpause_when_ready() {
   local deadline=$((SECONDS + startup_wait_s)) unpaused="" dag_id missing
   until curl --silent --fail --max-time 5 "$health" >/dev/null; do
@@ -68,10 +69,30 @@ unpause_when_ready() {
   echo "logcompact: unpaused ${dag_ids[*]}; their schedules run from now"
 }
 
+# The Kafka agent: up before Airflow, or the script stops with its error (a port in use, say).
+agent_listen="${LOGCOMPACT_AGENT_LISTEN:-127.0.0.1:9092}"
+agent_log="$AIRFLOW_HOME/agent.log"
+mkdir -p "$AIRFLOW_HOME"
+"$bin/logcompact" --store "file://$store" agent --listen "$agent_listen" >"$agent_log" 2>&1 &
+agent_pid=$!
+trap 'kill -TERM "$agent_pid" 2>/dev/null; wait "$agent_pid" 2>/dev/null || true' EXIT
+until grep -q '"listening"' "$agent_log" 2>/dev/null; do
+  if ! kill -0 "$agent_pid" 2>/dev/null; then
+    echo "logcompact: the Kafka agent did not start (LOGCOMPACT_AGENT_LISTEN=$agent_listen): $(tail -n 1 "$agent_log")" >&2
+    exit 1
+  fi
+  sleep 0.2
+done
+echo "Kafka agent: bootstrap.servers=$agent_listen (log: $agent_log), e.g. kcat -b $agent_listen -L"
+
 "$bin/airflow" db migrate >/dev/null
 "$bin/airflow" pools set logcompact 4 "logcompact compactions" >/dev/null
 # A home kept from an earlier run has its DAGs unpaused: pause them until the API server answers again.
 "$bin/airflow" dags pause --treat-dag-id-as-regex --yes --output plain '^logcompact_' >/dev/null
 echo "Airflow UI: http://127.0.0.1:8080 (DAGs: ${dag_ids[*]}; unpaused once the API server answers)"
 unpause_when_ready &
-exec "$bin/airflow" standalone
+# Airflow in the background so that a TERM or INT of this script reaches it and the agent alike.
+"$bin/airflow" standalone &
+airflow_pid=$!
+trap 'kill -TERM "$airflow_pid" 2>/dev/null' TERM INT
+wait "$airflow_pid" || wait "$airflow_pid" || true  # a trapped signal ends the first wait early
