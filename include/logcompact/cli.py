@@ -24,7 +24,7 @@ from logcompact.catalog import Catalog, Snapshot
 from logcompact.catalog.database import redact_text
 from logcompact.catalog.schema import SCHEMA_VERSION
 from logcompact.consume import read_records
-from logcompact.exceptions import CorruptDataError, InvalidPlanError, InvalidRecordError, InvalidStoreUriError, LogcompactError
+from logcompact.exceptions import ClusterNotFoundError, CorruptDataError, InvalidPlanError, InvalidRecordError, InvalidStoreUriError, LogcompactError
 from logcompact.ingest import DEFAULT_FLUSH_BYTES, DEFAULT_FLUSH_INTERVAL_MS, Agent, Record, wall_clock_ms
 from logcompact.jobs import DEFAULT_GC_GRACE_MS, collect_garbage, prepare_plans, run_and_commit, run_here
 from logcompact.jobs.documents import HEADER_NAME, read_plan, write_plan
@@ -548,6 +548,20 @@ def gc(ctx: Context, grace_ms: int, max_orphan_share: float) -> None:
 @cli.group()
 def cluster() -> None:
     """The cluster a store and its catalog belong to (the store's cluster.json marker)."""
+
+
+@cluster.command("create")
+@now_option
+@pass_context
+def cluster_create(ctx: Context) -> None:
+    """Create an empty cluster in the store and catalog (its schema and version 1), or do nothing if one is there:
+    what deployments run once before their first agent (`logcompact agent` serves an existing cluster only, so
+    a mistyped --catalog never starts an empty one). Prints the cluster id and whether it was created."""
+    catalog = ctx.catalog
+    try:
+        _emit({"cluster_id": catalog.cluster_id, "created": False})
+    except ClusterNotFoundError:
+        _emit({"cluster_id": catalog.ensure_created(ctx.clock()), "created": True})
 
 
 @cluster.command("describe")
