@@ -299,3 +299,14 @@ def test_a_compaction_sets_a_partition_with_an_impossible_row_aside_and_loses_no
     assert live == (3,)
     # Partition 1 was compacted (copied to L1) with every record where it was.
     assert [r["value"] for r in logcompact(store, "consume", "t", "--partition", "1")] == [f"{n}.{r}" for n in range(3) for r in range(3)]
+
+
+def test_cluster_create_makes_an_empty_cluster_once_that_an_agent_then_serves(tmp_path: Path) -> None:
+    """`logcompact cluster create`: the cluster and no topic; run again, the same cluster, nothing changed."""
+    store = tmp_path / "store"
+    assert "no logcompact cluster in" in logcompact(store, "cluster", "describe", expect=1)
+    ((created,),) = [logcompact(store, "cluster", "create")]
+    assert created["created"] is True
+    assert logcompact(store, "cluster", "create") == [{"cluster_id": created["cluster_id"], "created": False}]
+    assert logcompact(store, "cluster", "describe")[0]["cluster_id"] == created["cluster_id"]
+    assert logcompact(store, "topic", "list") == []
