@@ -7,6 +7,7 @@ WarpStream agent's files do."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from logcompact.catalog import Catalog, Snapshot
@@ -34,6 +35,8 @@ TOPICS = (
 
 
 HOUR_MS = 3_600_000
+
+
 def create_skewed_topics(catalog: Catalog, now: int) -> None:
     """The three demo topics; the compacted ones promise compaction within 2 h (the max-lag pass's floor)."""
     catalog.ensure_created(now)
@@ -44,35 +47,50 @@ def create_skewed_topics(catalog: Catalog, now: int) -> None:
         catalog.create_topic(Topic.create(spec.name, PARTITIONS, configs, now), now)
 
 
-def produce_skewed(catalog: Catalog, records: int, files: int, first_timestamp: int, last_timestamp: int,
-                   seed: int = 7) -> dict[str, dict[int, dict[bytes, bytes | None]]]:
-    """`records` records over the three topics in `files` L0 files (one agent flush each, every file holding
-    every topic, as agents write them), keys drawn from a Zipf law, every 20th record of a compacted topic a tombstone,
-    timestamps spread from `first_timestamp` to `last_timestamp`. Returns each partition's latest value per key."""
+Latest = dict[str, dict[int, dict[bytes, bytes | None]]]  # per topic and partition, each key's latest value
+
+
+def skewed_rounds(records: int, files: int, first_timestamp: int, last_timestamp: int, latest: Latest,
+                  seed: int = 7) -> Iterator[tuple[int, dict[str, list[Record]]]]:
+    """`records` records over the three topics in `files` rounds (each one agent flush: an L0 file holding every
+    topic), keys drawn from a Zipf law, every 20th record of a compacted topic a tombstone, timestamps spread from
+    `first_timestamp` to `last_timestamp`: each round's timestamp and its records per topic. Fills `latest` with
+    each partition's latest value per key as the rounds are produced."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    latest: dict[str, dict[int, dict[bytes, bytes | None]]] = {t.name: {p: {} for p in range(PARTITIONS)} for t in TOPICS}
+    latest.update({t.name: {p: {} for p in range(PARTITIONS)} for t in TOPICS})
     per_file = records // files // len(TOPICS)
     sequence = 0
     for number in range(files):
         timestamp = first_timestamp + (last_timestamp - first_timestamp) * number // max(1, files - 1)
+        batches: dict[str, list[Record]] = {}
+        for spec in TOPICS:
+            draws = (rng.zipf(1.2, per_file) - 1) % spec.distinct_keys if spec.distinct_keys else range(per_file)
+            batch = batches[spec.name] = []
+            for draw in draws:
+                sequence += 1
+                key = b"%s-%07d" % (spec.name.encode(), draw) if spec.distinct_keys else None
+                value = None if key and sequence % 20 == 0 else b"%s-v%09d-%s" % (spec.name.encode(), sequence, b"x" * 60)
+                partition = int(draw) % PARTITIONS
+                batch.append(Record(partition, key, value, timestamp))
+                if key:
+                    latest[spec.name][partition][key] = value
+        yield timestamp, batches
+
+
+def produce_skewed(catalog: Catalog, records: int, files: int, first_timestamp: int, last_timestamp: int,
+                   seed: int = 7) -> Latest:
+    """`skewed_rounds` through the library: one ingest agent flush per round, on the round's clock. Returns each
+    partition's latest value per key."""
+    latest: Latest = {}
+    for timestamp, batches in skewed_rounds(records, files, first_timestamp, last_timestamp, latest, seed):
         def clock(at: int = timestamp) -> int:
             return at
 
         with Agent(catalog, background=False, clock=clock) as agent:
-            for spec in TOPICS:
-                draws = (rng.zipf(1.2, per_file) - 1) % spec.distinct_keys if spec.distinct_keys else range(per_file)
-                batch = []
-                for draw in draws:
-                    sequence += 1
-                    key = b"%s-%07d" % (spec.name.encode(), draw) if spec.distinct_keys else None
-                    value = None if key and sequence % 20 == 0 else b"%s-v%09d-%s" % (spec.name.encode(), sequence, b"x" * 60)
-                    partition = int(draw) % PARTITIONS
-                    batch.append(Record(partition, key, value, timestamp))
-                    if key:
-                        latest[spec.name][partition][key] = value
-                agent.produce(spec.name, batch)
+            for topic, batch in batches.items():
+                agent.produce(topic, batch)
     return latest
 
 
@@ -91,8 +109,7 @@ def describe_levels(snapshot: Snapshot) -> str:
     ) or "no files"
 
 
-def verify_latest(store: ObjectStore, snapshot: Snapshot, latest: dict[str, dict[int, dict[bytes, bytes | None]]],
-                  clicks: int) -> int:
+def verify_latest(store: ObjectStore, snapshot: Snapshot, latest: Latest, clicks: int) -> int:
     """Through consume: every key's latest value survived, deleted keys stay deleted, the delete-policy topic
     kept all its records. Returns the live keys checked."""
     checked = 0
