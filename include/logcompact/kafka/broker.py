@@ -17,6 +17,7 @@ from logcompact.topics import Topic
 
 if TYPE_CHECKING:
     from logcompact.kafka.apis import Api
+    from logcompact.kafka.coordinator import GroupCoordinator
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ class Broker:
     ingest: Ingest = field(repr=False)
     max_message_bytes: int
     commits: CommitWatch = field(repr=False)
+    groups: GroupCoordinator = field(repr=False)
 
     def topic_id(self, topic: str) -> uuid.UUID:
         """Kafka's topic id (Metadata v10 on): the catalog numbers topics, so derive a UUID stable per cluster."""

@@ -25,11 +25,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from logcompact.catalog import Catalog
+from logcompact.catalog.groups import GroupCatalog
 from logcompact.exceptions import LogcompactError
 from logcompact.ingest import DEFAULT_FLUSH_BYTES, DEFAULT_FLUSH_INTERVAL_MS
 from logcompact.kafka import api_versions, codec
 from logcompact.kafka.apis import APIS
 from logcompact.kafka.broker import Address, Broker, CommitWatch, Ingest
+from logcompact.kafka.coordinator import GroupCoordinator
 from logcompact.kafka.produce import DEFAULT_MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
@@ -91,7 +93,8 @@ class AgentServer:
         settings = self.settings
         ingest = await asyncio.to_thread(Ingest, self.catalog, settings.flush_interval_ms, settings.flush_bytes)
         commits = CommitWatch(self.catalog, COMMIT_POLL_SECONDS)
-        self._broker = Broker(self.catalog, cluster_id, settings.node_id, settings.advertise or self.address, APIS, ingest, settings.max_message_bytes, commits)
+        groups = GroupCoordinator(GroupCatalog(self.catalog.engine), settings.node_id)
+        self._broker = Broker(self.catalog, cluster_id, settings.node_id, settings.advertise or self.address, APIS, ingest, settings.max_message_bytes, commits, groups)
 
     async def stop(self) -> None:
         assert self._server is not None, "start() first"
@@ -103,12 +106,14 @@ class AgentServer:
         await asyncio.sleep(0)
         flushing = asyncio.get_running_loop().run_in_executor(self.broker.ingest.thread, self.broker.ingest.flush)
         self.broker.commits.release()  # long-polling fetches answer now, not at their max_wait
+        groups_closing = asyncio.create_task(self.broker.groups.close())  # waiting JoinGroups answer now
         if self._connections:
             _, late = await asyncio.wait(self._connections, timeout=STOP_GRACE_SECONDS)
             for connection in late:
                 connection.cancel()
         await self._server.wait_closed()
         await self.broker.commits.close()
+        await groups_closing
         await flushing
         await asyncio.to_thread(self.broker.ingest.close)
 
