@@ -31,7 +31,7 @@ from logcompact.ingest import DEFAULT_FLUSH_BYTES, DEFAULT_FLUSH_INTERVAL_MS
 from logcompact.kafka import api_versions, codec
 from logcompact.kafka.apis import APIS
 from logcompact.kafka.broker import Address, Broker, CommitWatch, Ingest
-from logcompact.kafka.coordinator import GroupCoordinator
+from logcompact.kafka.coordinator import INITIAL_REBALANCE_DELAY_MS, GroupCoordinator
 from logcompact.kafka.produce import DEFAULT_MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,7 @@ class AgentSettings:
     flush_interval_ms: int = DEFAULT_FLUSH_INTERVAL_MS
     flush_bytes: int = DEFAULT_FLUSH_BYTES
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # of every topic (TopicConfig has no max.message.bytes)
+    group_initial_rebalance_delay_ms: int = INITIAL_REBALANCE_DELAY_MS
 
 
 class FrameError(Exception):
@@ -93,7 +94,7 @@ class AgentServer:
         settings = self.settings
         ingest = await asyncio.to_thread(Ingest, self.catalog, settings.flush_interval_ms, settings.flush_bytes)
         commits = CommitWatch(self.catalog, COMMIT_POLL_SECONDS)
-        groups = GroupCoordinator(GroupCatalog(self.catalog.engine), settings.node_id)
+        groups = GroupCoordinator(GroupCatalog(self.catalog.engine), settings.node_id, settings.group_initial_rebalance_delay_ms)
         self._broker = Broker(self.catalog, cluster_id, settings.node_id, settings.advertise or self.address, APIS, ingest, settings.max_message_bytes, commits, groups)
 
     async def stop(self) -> None:
