@@ -34,8 +34,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
 from logcompact.catalog import Catalog, schema
-from logcompact.catalog.model import CatalogUpgrade
 from logcompact.catalog.database import catalog_errors, redact_url
+from logcompact.catalog.model import CatalogUpgrade
 from logcompact.consume import latest_values, read_records
 from logcompact.exceptions import (
     CatalogSchemaError,
@@ -605,7 +605,7 @@ def test_a_schema_4_catalog_upgrades_to_the_kafka_tables_and_keeps_its_topics(ca
     create_topic(catalog, "u", partitions=1, cleanup_policy="delete")
     produce_l0_files(catalog, "t", files=2, records=20, keys=5, partitions=2)
     before = {p: list(read_records(catalog.store, catalog.snapshot(), "t", p)) for p in range(2)}
-    ids = {name: topic_id for name, topic_id in _topic_ids(catalog).items()}
+    ids = _topic_ids(catalog)
     _as_schema_4(catalog)
     with pytest.raises(CatalogSchemaError, match="has schema version 4, this logcompact uses 5: .*upgrade-catalog"):
         Catalog(catalog.store, catalog.url).snapshot()

@@ -208,13 +208,35 @@ def test_a_compacted_partition_is_consumed_with_its_gaps_to_the_end(agent: Runni
         python_consumer.close()
 
 
-@pytest.mark.parametrize(("reset", "expected"), [("earliest", [4, 6, 7, 8, 9]), ("latest", [])])
-def test_an_offset_below_the_log_start_is_out_of_range_and_auto_offset_reset_applies(agent: RunningAgent, catalog: Catalog, reset: str, expected: list[int]) -> None:
-    # offset 0 overwritten by a later "b": the first live record is at 4, the log start
+@pytest.mark.parametrize("reset", ["earliest", "latest"])
+def test_a_compacted_away_head_is_read_on_from_the_next_record_whatever_auto_offset_reset(agent: RunningAgent, catalog: Catalog, reset: str) -> None:
+    """Compaction never moves the log start (Kafka's rule): offset 0, overwritten by a later "b", is gone, and a
+    consumer there reads on from 4 instead of being reset (to the end, with `latest`, it would skip them all)."""
     assert [record.offset for record in compacted_state(catalog, first_key=b"b")] == [4, 6, 7, 8, 9]
     consumer = confluent_consumer(agent, **{"auto.offset.reset": reset})
     try:
+        assert consumer.get_watermark_offsets(TopicPartition("state", 0), timeout=10, cached=False) == (0, 10)
         consumer.assign([TopicPartition("state", 0, 0)])
+        assert [message.offset() for message in consume(consumer, 5)] == [4, 6, 7, 8, 9]
+    finally:
+        consumer.close()
+
+
+@pytest.mark.parametrize(("reset", "expected"), [("earliest", [3, 4]), ("latest", [])])
+def test_an_offset_below_a_log_start_raised_by_retention_is_out_of_range_and_auto_offset_reset_applies(
+    agent: RunningAgent, catalog: Catalog, reset: str, expected: list[int],
+) -> None:
+    """A delete topic's records past retention.ms are removed by a compaction, which raises its log start."""
+    create_topic(catalog, "expiring", 1, cleanup_policy="delete", retention_ms="60000")
+    produce(catalog, "expiring", [Record(0, b"k", b"%d" % n, NOW - 120_000 + n) for n in range(3)])
+    produce(catalog, "expiring", [Record(0, b"k", b"%d" % n, NOW - 1_000 + n) for n in range(3, 5)])
+    plan = full_sweep(catalog.planning_snapshot(NOW), NOW)
+    assert plan is not None
+    run_and_commit(catalog, plan, NOW)
+    assert catalog.log_offsets("expiring") == [(3, 5)]
+    consumer = confluent_consumer(agent, **{"auto.offset.reset": reset})
+    try:
+        consumer.assign([TopicPartition("expiring", 0, 1)])
         assert [message.offset() for message in consume(consumer, len(expected))] == expected
     finally:
         consumer.close()
@@ -271,10 +293,10 @@ def test_every_fetch_version_answers_records_offsets_and_watermarks(agent: Runni
 
 def test_offsets_in_holes_at_the_end_and_out_of_range(agent: RunningAgent, catalog: Catalog) -> None:
     compacted_state(catalog, first_key=b"b")  # live: 4, 6, 7, 8, 9; high watermark 10
-    for asked, error, found in [(5, NONE, [6, 7, 8, 9]), (9, NONE, [9]), (10, NONE, []), (3, OFFSET_OUT_OF_RANGE, []), (11, OFFSET_OUT_OF_RANGE, [])]:
+    for asked, error, found in [(0, NONE, [4, 6, 7, 8, 9]), (5, NONE, [6, 7, 8, 9]), (9, NONE, [9]), (10, NONE, []), (11, OFFSET_OUT_OF_RANGE, [])]:
         _, partitions = fetch(agent, 12, {("state", 0): asked})
         state = partitions[("state", 0)]
-        assert (asked, int(state.error_code), offsets(state.records), state.high_watermark, state.log_start_offset) == (asked, error, found, 10, 4)
+        assert (asked, int(state.error_code), offsets(state.records), state.high_watermark, state.log_start_offset) == (asked, error, found, 10, 0)
     _, partitions = fetch(agent, 12, {("orders", 1): 0})
     assert (int(partitions[("orders", 1)].error_code), partitions[("orders", 1)].high_watermark) == (NONE, 0)  # empty partition: at its end
 

@@ -655,6 +655,9 @@ def tour(ctx: Context, records: int) -> None:
 @cli.command()
 @click.option("--listen", default="127.0.0.1:9092", show_default=True, metavar="HOST:PORT", help="Address to accept Kafka clients on (port 0: any free port).")
 @click.option("--advertise", default=None, metavar="HOST:PORT", help="Address clients are told to connect to [default: the listen address].")
+@click.option("--node-id", type=click.IntRange(min=0), default=None,
+              help="Broker id clients see [default: the one this advertised address had before, else the lowest free one].")
+@click.option("--rack", default=None, help="Rack (availability zone) clients see, for their rack-aware choices.")
 @click.option("--flush-ms", type=click.IntRange(min=1), default=DEFAULT_FLUSH_INTERVAL_MS, show_default=True,
               help="Write and commit an L0 file of what producers sent at least this often; acks wait for it.")
 @click.option("--flush-bytes", type=click.IntRange(min=1), default=DEFAULT_FLUSH_BYTES, show_default=True,
@@ -662,7 +665,10 @@ def tour(ctx: Context, records: int) -> None:
 @click.option("--max-message-bytes", type=click.IntRange(min=1), default=1_048_588, show_default=True,
               help="Largest record batch taken (Kafka's message.max.bytes; for every topic).")
 @pass_context
-def agent(ctx: Context, listen: str, advertise: str | None, flush_ms: int, flush_bytes: int, max_message_bytes: int) -> None:
+def agent(
+    ctx: Context, listen: str, advertise: str | None, node_id: int | None, rack: str | None, flush_ms: int, flush_bytes: int,
+    max_message_bytes: int,
+) -> None:
     """Serve Kafka's protocol over this cluster (ApiVersions, Metadata, Produce, Fetch, ListOffsets so far; docs/agent.md) until
     SIGTERM or SIGINT, then commit what producers sent. Prints one JSON line once listening: its address,
     advertised address and cluster id."""
@@ -671,7 +677,7 @@ def agent(ctx: Context, listen: str, advertise: str | None, flush_ms: int, flush
 
     try:
         settings = AgentSettings(
-            Address.parse(listen, "--listen"), Address.parse(advertise, "--advertise") if advertise else None,
+            Address.parse(listen, "--listen"), Address.parse(advertise, "--advertise") if advertise else None, node_id, rack,
             flush_interval_ms=flush_ms, flush_bytes=flush_bytes, max_message_bytes=max_message_bytes,
         )
     except ValueError as exc:

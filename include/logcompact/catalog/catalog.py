@@ -43,6 +43,7 @@ from logcompact.catalog.identity import (
 )
 from logcompact.catalog.model import (
     CONTENTS,
+    AgentRecord,
     CatalogSection,
     CatalogUpgrade,
     CommitRecord,
@@ -479,6 +480,16 @@ class Catalog:
             )
         return altered
 
+    def log_offsets(self, topic: str) -> list[tuple[int, int]]:
+        """Each partition's log start offset and next offset (its high watermark), as of now: one row each."""
+        part = s.partitions.c
+        with self._reading() as connection:
+            topic_id = self._topic_id(connection, topic)
+            rows = connection.execute(
+                select(part.log_start_offset, part.next_offset).where(part.topic_id == topic_id).order_by(part.partition)
+            )
+            return [(r.log_start_offset, r.next_offset) for r in rows]
+
     def next_offsets(self, topic: str) -> list[int]:
         """Each partition's next offset, as of now."""
         with self._reading() as connection:
@@ -487,6 +498,55 @@ class Catalog:
                 select(s.partitions.c.next_offset).where(s.partitions.c.topic_id == topic_id).order_by(s.partitions.c.partition)
             )
             return [r.next_offset for r in rows]
+
+    # -- Kafka agents ----------------------------------------------------------------------------------
+
+    def register_agent(self, host: str, port: int, rack: str | None, node_id: int | None, now_ms: int, alive_ms: int) -> int:
+        """Register an agent serving clients at host:port; returns its node id. Without `node_id`, the agent keeps
+        the id registered for its address before (a restart), or takes the lowest id no agent holds. An id held by
+        an agent of another address heard from within `alive_ms` is refused: two live agents never share one."""
+        ag = s.agents.c
+        with self._writing() as connection:
+            rows = connection.execute(select(s.agents).with_for_update()).all()
+            if node_id is None:
+                same = [row.node_id for row in rows if (row.host, row.port) == (host, port)]
+                taken = {row.node_id for row in rows}
+                node_id = same[0] if same else next(n for n in range(len(taken) + 1) if n not in taken)
+            holder = next((row for row in rows if row.node_id == node_id), None)
+            if holder is not None and (holder.host, holder.port) != (host, port) and now_ms - holder.heartbeat_ms < alive_ms:
+                raise LogcompactError(
+                    f"node id {node_id} is held by the live agent at {holder.host}:{holder.port} (heard from "
+                    f"{now_ms - holder.heartbeat_ms} ms ago); pass another --node-id, or none to take a free one"
+                )
+            connection.execute(delete(s.agents).where(ag.node_id == node_id))
+            connection.execute(insert(s.agents).values(
+                node_id=node_id, host=host, port=port, rack=rack, started_ms=now_ms, heartbeat_ms=now_ms
+            ))
+        return node_id
+
+    def agent_heartbeat(self, node_id: int, host: str, port: int, now_ms: int, alive_ms: int) -> list[AgentRecord]:
+        """Record that agent `node_id` at host:port is alive; returns the agents heard from within `alive_ms`, by
+        node id. An agent whose row is gone (deregistered, or its id taken by another after it fell silent) is
+        CommitConflictError."""
+        ag = s.agents.c
+        with self._writing() as connection:
+            mine = (ag.node_id == node_id, ag.host == host, ag.port == port)
+            if not connection.execute(update(s.agents).where(*mine).values(heartbeat_ms=now_ms)).rowcount:
+                raise CommitConflictError(
+                    f"agent node id {node_id} at {host}:{port} is no longer registered in the catalog (expected its row, "
+                    "found none: another agent took the id after this one fell silent); restart this agent"
+                )
+            return _live_agents(connection, now_ms, alive_ms)
+
+    def live_agents(self, now_ms: int, alive_ms: int) -> list[AgentRecord]:
+        """The agents heard from within `alive_ms`, by node id."""
+        with self._reading() as connection:
+            return _live_agents(connection, now_ms, alive_ms)
+
+    def deregister_agent(self, node_id: int) -> None:
+        """An agent stopping: clients are no longer sent to it."""
+        with self._writing() as connection:
+            connection.execute(delete(s.agents).where(s.agents.c.node_id == node_id))
 
     # -- appends ---------------------------------------------------------------------------------------
 
@@ -617,11 +677,44 @@ class Catalog:
                     connection.execute(insert(s.committed_plans).values(plan_id=plan_id, version=version, committed_ms=now_ms))
                 topic_rows = self._topic_rows(connection, {sec.topic for f in added for sec in f.sections})
                 self._insert_files(connection, added, version, topic_rows)
+                self._raise_log_starts(connection, live.values())
         except _AlreadyCommitted as done:
             return CommitResult(done.version, False)
         except IntegrityError as exc:
             raise CommitConflictError(f"{operation}: an output file is already in the catalog ({_first_line(exc)}); plan again") from None
         return CommitResult(version, True)
+
+    def _raise_log_starts(self, connection: Connection, removed_file_ids: Collection[int]) -> None:
+        """Retention moves a log's start, compaction never does (Kafka's rule): for the partitions of topics with
+        time retention whose sections this commit removed, the log start rises to the first live offset, or to
+        the next offset when none is left. A compact-only topic keeps its start where it was, so a consumer in a
+        compacted-away head reads on from the next record there is. (`compact,delete` topics rise to the first
+        live record whichever removed the records before it: the engine does not tell the two apart per record.)"""
+        if not removed_file_ids:
+            return
+        # Read in this transaction: retention.ms may have been altered since any cache of it.
+        expiring = [self._topic_ids[name][0] for name, topic in self._topics(connection).items() if topic.config.time_retention]
+        if not expiring:
+            return
+        sec, fil, part = s.sections.c, s.files.c, s.partitions.c
+        touched = connection.execute(
+            select(sec.topic_id, sec.partition).distinct().where(
+                self._one_of(sec.file_id, removed_file_ids), self._one_of(sec.topic_id, expiring)
+            )
+        ).all()
+        first_live = (
+            select(func.min(sec.first_offset))
+            .select_from(s.sections.join(s.files, fil.file_id == sec.file_id))
+            .where(sec.topic_id == part.topic_id, sec.partition == part.partition, sec.removed_version.is_(None), fil.removed_version.is_(None))
+            .scalar_subquery()
+        )
+        start = func.coalesce(first_live, part.next_offset)
+        for topic_id, partition in touched:
+            connection.execute(
+                update(s.partitions)
+                .where(part.topic_id == topic_id, part.partition == partition, start > part.log_start_offset)
+                .values(log_start_offset=start)
+            )
 
     def _retire_sections(self, connection: Connection, file_ids: Iterable[int], kept: Collection[TopicPartition], version: int) -> set[int]:
         """Retire the live sections of `file_ids` except those of `kept` partitions; returns the files that keep
@@ -910,6 +1003,12 @@ class Catalog:
 
 
 _SECTION_COLUMNS = tuple(column.name for column in s.sections.columns)
+
+
+def _live_agents(connection: Connection, now_ms: int, alive_ms: int) -> list[AgentRecord]:
+    ag = s.agents.c
+    rows = connection.execute(select(s.agents).where(ag.heartbeat_ms > now_ms - alive_ms).order_by(ag.node_id))
+    return [AgentRecord(r.node_id, r.host, r.port, r.rack, r.started_ms, r.heartbeat_ms) for r in rows]
 
 
 def _add_kafka_tables(connection: Connection) -> None:

@@ -137,6 +137,18 @@ class CommitResult:
 
 
 @dataclass(frozen=True)
+class AgentRecord:
+    """A Kafka agent (`logcompact agent`) as registered in the catalog: what Metadata tells clients of it."""
+
+    node_id: int
+    host: str
+    port: int
+    rack: str | None
+    started_ms: int
+    heartbeat_ms: int
+
+
+@dataclass(frozen=True)
 class CatalogUpgrade:
     """What `Catalog.upgrade_catalog` did: the schema it found, and the sections rows it rewrote on the way."""
 

@@ -11,8 +11,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from logcompact.catalog import Catalog
+from logcompact.catalog.model import AgentRecord
 from logcompact.exceptions import IngestError
 from logcompact.ingest import Agent, Record
+from logcompact.kafka.cluster import AgentDirectory
 from logcompact.topics import Topic
 
 if TYPE_CHECKING:
@@ -42,17 +44,21 @@ class Address:
 
 @dataclass(frozen=True)
 class Broker:
-    """This agent as the clients see it: one broker that leads every partition and coordinates the cluster."""
+    """This agent as the clients see it: one of the cluster's brokers (`agents`), each serving every partition."""
 
     catalog: Catalog
     cluster_id: str
-    node_id: int
+    agents: AgentDirectory = field(repr=False)
     advertised: Address
     apis: Mapping[int, Api] = field(repr=False)
     ingest: Ingest = field(repr=False)
     max_message_bytes: int
     commits: CommitWatch = field(repr=False)
     groups: GroupCoordinator = field(repr=False)
+
+    @property
+    def node_id(self) -> int:
+        return self.agents.me.node_id
 
     def topic_id(self, topic: str) -> uuid.UUID:
         """Kafka's topic id (Metadata v10 on): the catalog numbers topics, so derive a UUID stable per cluster."""
@@ -63,7 +69,12 @@ class Broker:
         return api is not None and api.min_version <= version <= api.max_version
 
     def describe(self) -> dict[str, Any]:
-        return {"node_id": self.node_id, "host": self.advertised.host, "port": self.advertised.port, "rack": None}
+        return describe(self.agents.me)
+
+
+def describe(agent: AgentRecord) -> dict[str, Any]:
+    """An agent as Metadata and DescribeCluster list brokers."""
+    return {"node_id": agent.node_id, "host": agent.host, "port": agent.port, "rack": agent.rack}
 
 
 class CommitWatch:

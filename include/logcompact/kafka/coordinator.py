@@ -1,8 +1,10 @@
 """Consumer groups' coordination, Kafka's classic rebalance protocol (GroupCoordinator), in this agent's memory
 on the server's event loop.
 
-One agent of the cluster coordinates a group: the live agent that the group id hashes to (rendezvous hashing,
-so adding or losing an agent moves only the groups it wins or held). Its state machine is Kafka's:
+One agent of the cluster coordinates a group: the live agent that the group id hashes to
+(`AgentDirectory.coordinator_for`, the same answer on every agent); when the live agents change, a group may move,
+and the agent that no longer coordinates it drops it from its memory and answers NOT_COORDINATOR, so its members
+find the new coordinator. Its state machine is Kafka's:
 
 * Empty (no members) -> PreparingRebalance when a member joins. Members rejoin (JoinGroup) within the rebalance
   timeout; each JoinGroup waits, parked as a future, until every known member has rejoined or the timeout drops
@@ -27,7 +29,6 @@ unknown and join again.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 import uuid
@@ -52,21 +53,9 @@ MIN_SESSION_TIMEOUT_MS = 1000
 MAX_SESSION_TIMEOUT_MS = 1_800_000  # Kafka's group.max.session.timeout.ms
 
 
-def live_agents(broker: Broker) -> list[dict[str, Any]]:
-    """The agents that may coordinate groups: this one alone until the cluster's agents registry lands."""
-    return [broker.describe()]
-
-
-def coordinator_node(agents: Sequence[Mapping[str, Any]], key: str) -> Mapping[str, Any]:
-    """The agent coordinating `key`: the highest hash of (key, node id), the same on every agent."""
-    def weight(agent: Mapping[str, Any]) -> bytes:
-        return hashlib.blake2b(f"{agent['node_id']}\0{key}".encode(), digest_size=8).digest()
-    return max(agents, key=weight)
-
-
 def coordinates(broker: Broker, group_id: str) -> bool:
     """Whether this agent coordinates the group; a group it no longer coordinates is dropped from its memory."""
-    if coordinator_node(live_agents(broker), group_id)["node_id"] == broker.node_id:
+    if broker.agents.coordinator_for(group_id).node_id == broker.node_id:
         return True
     broker.groups.forget(group_id)
     return False

@@ -3,8 +3,8 @@ catalog's sections at one snapshot through consume's read path.
 
 Each record keeps its offset; holes left by compaction are gaps in a batch's offset deltas, a fetch offset in a
 hole gets the next record that exists, and a hole at the end is covered by the last batch's last offset (or a
-batch of no records), so no client stalls. The log start offset is the first live record's
-offset (as ListOffsets' earliest), the high watermark the partition's next offset, and, without transactions,
+batch of no records), so no client stalls. The log start offset is the catalog's, raised by retention only
+(compaction never moves it, as in Kafka), the high watermark the partition's next offset, and, without transactions,
 the last stable offset is the high watermark whatever the `isolation_level`.
 
 `max_bytes` and each `partition_max_bytes` hold, except that the first batch of the first partition with records
@@ -78,36 +78,41 @@ def _fetch(broker: Broker, body: Any) -> tuple[int, list[tuple[str, list[_Partit
     if body.replica_id >= 0:  # a follower's fetch: this agent has no replicas, every partition's log is the catalog's
         refused = [(topic.topic, [_Partition(int(p.partition), codec.ErrorCode.not_leader_or_follower) for p in topic.partitions]) for topic in body.topics]
         return broker.catalog.latest_version(), refused
-    high_watermarks = {topic.topic: _next_offsets(broker, topic.topic) for topic in body.topics}
+    log_offsets = {topic.topic: _log_offsets(broker, topic.topic) for topic in body.topics}
     snapshot = broker.catalog.snapshot()
     budget = _Budget(int(body.max_bytes))
     answered = []
     for topic in body.topics:
-        next_offsets = high_watermarks[topic.topic]
+        offsets = log_offsets[topic.topic]
         partitions = []
         for entry in topic.partitions:
             index = int(entry.partition)
             # A topic created between the two reads is not in the snapshot yet: unknown this time.
-            if next_offsets is None or topic.topic not in snapshot.topics or not 0 <= index < len(next_offsets):
+            if offsets is None or topic.topic not in snapshot.topics or not 0 <= index < len(offsets):
                 partitions.append(_Partition(index, codec.ErrorCode.unknown_topic_or_partition))
             else:
-                partitions.append(_read_partition(broker.catalog.store, snapshot, topic.topic, index, next_offsets[index], int(entry.fetch_offset), int(entry.partition_max_bytes), budget))
+                log_start, high_watermark = offsets[index]
+                partitions.append(_read_partition(broker.catalog.store, snapshot, topic.topic, index, log_start, high_watermark, int(entry.fetch_offset), int(entry.partition_max_bytes), budget))
         answered.append((topic.topic, partitions))
     return snapshot.version, answered
 
 
-def _next_offsets(broker: Broker, topic: str) -> list[int] | None:
+def _log_offsets(broker: Broker, topic: str) -> list[tuple[int, int]] | None:
     try:
-        return broker.catalog.next_offsets(topic)
+        return broker.catalog.log_offsets(topic)
     except TopicNotFoundError:
         return None
 
 
-def _read_partition(store: ObjectStore, snapshot: Snapshot, topic: str, partition: int, high_watermark: int, fetch_offset: int, partition_max_bytes: int, budget: _Budget) -> _Partition:
-    sections = snapshot.sections_of(topic, partition, 0, high_watermark)
-    log_start = sections[0][1].first_offset if sections else high_watermark
+def _read_partition(
+    store: ObjectStore, snapshot: Snapshot, topic: str, partition: int, log_start: int, high_watermark: int, fetch_offset: int,
+    partition_max_bytes: int, budget: _Budget,
+) -> _Partition:
+    """The log start is the catalog's (raised by retention only): an offset from it on is served from the next
+    record there is, however much of the head compaction removed."""
     if not log_start <= fetch_offset <= high_watermark:
         return _Partition(partition, codec.ErrorCode.offset_out_of_range, high_watermark, log_start)
+    sections = snapshot.sections_of(topic, partition, 0, high_watermark)
     wanted = [pair for pair in sections if pair[1].last_offset >= fetch_offset]
     batches = _batches(store, wanted, fetch_offset, high_watermark, min(partition_max_bytes, budget.left), budget)
     return _Partition(partition, codec.ErrorCode.none, high_watermark, log_start, batches)

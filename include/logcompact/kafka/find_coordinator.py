@@ -10,8 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from logcompact.kafka import codec
-from logcompact.kafka.broker import Broker
-from logcompact.kafka.coordinator import coordinator_node, live_agents
+from logcompact.kafka.broker import Broker, describe
 
 API_KEY = 10
 GROUP_KEY = 0
@@ -30,5 +29,4 @@ def _find(broker: Broker, key: str, key_type: int) -> dict[str, Any]:
     if key_type != GROUP_KEY:
         message = "transactional ids have no coordinator here: the agent does not serve transactions" if key_type == 1 else f"unknown key type {key_type}"
         return {"key": key, "error_code": codec.ErrorCode.invalid_request, "error_message": message, "node_id": -1, "host": "", "port": -1}
-    node = coordinator_node(live_agents(broker), key)
-    return {"key": key, "error_code": codec.ErrorCode.none, "error_message": None, "node_id": node["node_id"], "host": node["host"], "port": node["port"]}
+    return {"key": key, "error_code": codec.ErrorCode.none, "error_message": None, **describe(broker.agents.coordinator_for(key))}

@@ -43,7 +43,7 @@ def _list(broker: Broker, body: Any) -> list[tuple[str, list[tuple[int, Found]]]
     answered = []
     for topic in body.topics:
         known = snapshot.topics.get(topic.name)
-        next_offsets = broker.catalog.next_offsets(topic.name) if known else []
+        log_offsets = broker.catalog.log_offsets(topic.name) if known else []
         indexes = [int(entry.partition_index) for entry in topic.partitions]
         partitions: list[tuple[int, Found]] = []
         for entry, index in zip(topic.partitions, indexes):
@@ -52,17 +52,17 @@ def _list(broker: Broker, body: Any) -> list[tuple[str, list[tuple[int, Found]]]
             elif known is None or not 0 <= index < known.partitions:
                 partitions.append((index, codec.ErrorCode.unknown_topic_or_partition))
             else:
-                partitions.append((index, _find(broker.catalog.store, snapshot, topic.name, index, next_offsets[index], int(entry.timestamp))))
+                partitions.append((index, _find(broker.catalog.store, snapshot, topic.name, index, *log_offsets[index], int(entry.timestamp))))
         answered.append((topic.name, partitions))
     return answered
 
 
-def _find(store: ObjectStore, snapshot: Snapshot, topic: str, partition: int, next_offset: int, target: int) -> tuple[int, int]:
+def _find(store: ObjectStore, snapshot: Snapshot, topic: str, partition: int, log_start: int, next_offset: int, target: int) -> tuple[int, int]:
     if target == LATEST:
         return next_offset, NOT_FOUND
+    if target == EARLIEST:  # the log start: raised by retention only, so compaction never moves it
+        return log_start, NOT_FOUND
     sections = [section for _, section in snapshot.sections_of(topic, partition)]
-    if target == EARLIEST:  # the first live offset; the next offset when nothing is left
-        return (sections[0].first_offset if sections else next_offset), NOT_FOUND
     if target == MAX_TIMESTAMP:
         if not sections:
             return NOT_FOUND, NOT_FOUND

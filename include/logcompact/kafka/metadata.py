@@ -1,4 +1,5 @@
-"""Metadata (key 3): the topics and partitions in the catalog, every partition led by this agent.
+"""Metadata (key 3): the topics and partitions in the catalog, and the live agents as brokers; each partition's
+leader is the agent `AgentDirectory.leader_of` names (every agent serves every partition all the same).
 
 The leader epoch is -1 everywhere: clients then skip leader-epoch validation (OffsetForLeaderEpoch), which
 an agent that shares every partition's log through the catalog has no use for.
@@ -10,7 +11,7 @@ import asyncio
 from typing import Any
 
 from logcompact.kafka import codec
-from logcompact.kafka.broker import Broker
+from logcompact.kafka.broker import Broker, describe
 from logcompact.topics import Topic
 
 API_KEY = 3
@@ -18,7 +19,7 @@ NO_LEADER_EPOCH = -1
 
 
 async def handle(broker: Broker, request: codec.Request) -> Any:
-    topics = await asyncio.to_thread(lambda: broker.catalog.snapshot().topics)
+    topics, agents = await asyncio.to_thread(lambda: (broker.catalog.snapshot().topics, broker.agents.refresh()))
     wanted = request.body.topics
     if wanted is None or (request.api_version == 0 and not wanted):  # v0 asks for all with an empty list
         described = [_topic(broker, topic) for _, topic in sorted(topics.items())]
@@ -28,9 +29,9 @@ async def handle(broker: Broker, request: codec.Request) -> Any:
     return codec.build(codec.response_class(API_KEY, request.api_version), {
         "error_code": codec.ErrorCode.none,
         "throttle_time": 0,
-        "brokers": [broker.describe()],
+        "brokers": [describe(agent) for agent in agents],
         "cluster_id": broker.cluster_id,
-        "controller_id": broker.node_id,
+        "controller_id": agents[0].node_id,
         "topics": described,
     })
 
@@ -60,19 +61,18 @@ def _missing(name: str | None, topic_id: Any, error: codec.ErrorCode) -> dict[st
 
 
 def _topic(broker: Broker, topic: Topic) -> dict[str, Any]:
-    node = broker.node_id
-    partitions = [
-        {
+    partitions = []
+    for index in range(topic.partitions):
+        leader = broker.agents.leader_of(topic.name, index).node_id
+        partitions.append({
             "error_code": codec.ErrorCode.none,
             "partition_index": index,
-            "leader_id": node,
+            "leader_id": leader,
             "leader_epoch": NO_LEADER_EPOCH,
-            "replica_nodes": [node],
-            "isr_nodes": [node],
+            "replica_nodes": [leader],
+            "isr_nodes": [leader],
             "offline_replicas": [],
-        }
-        for index in range(topic.partitions)
-    ]
+        })
     return {
         "error_code": codec.ErrorCode.none,
         "name": topic.name,

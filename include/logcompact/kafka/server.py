@@ -31,6 +31,7 @@ from logcompact.ingest import DEFAULT_FLUSH_BYTES, DEFAULT_FLUSH_INTERVAL_MS
 from logcompact.kafka import api_versions, codec
 from logcompact.kafka.apis import APIS
 from logcompact.kafka.broker import Address, Broker, CommitWatch, Ingest
+from logcompact.kafka.cluster import AgentDirectory
 from logcompact.kafka.coordinator import INITIAL_REBALANCE_DELAY_MS, GroupCoordinator
 from logcompact.kafka.produce import DEFAULT_MAX_MESSAGE_BYTES
 
@@ -48,7 +49,8 @@ STOP_GRACE_SECONDS = 30  # how long a stop waits for requests already read
 class AgentSettings:
     listen: Address = DEFAULT_LISTEN
     advertise: Address | None = None  # the listen address (with its bound port) when None
-    node_id: int = 0
+    node_id: int | None = None  # the one registered for the advertised address before, or the lowest free one
+    rack: str | None = None
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     max_connections: int = DEFAULT_MAX_CONNECTIONS
@@ -94,12 +96,16 @@ class AgentServer:
         settings = self.settings
         ingest = await asyncio.to_thread(Ingest, self.catalog, settings.flush_interval_ms, settings.flush_bytes)
         commits = CommitWatch(self.catalog, COMMIT_POLL_SECONDS)
-        groups = GroupCoordinator(GroupCatalog(self.catalog.engine), settings.node_id, settings.group_initial_rebalance_delay_ms)
-        self._broker = Broker(self.catalog, cluster_id, settings.node_id, settings.advertise or self.address, APIS, ingest, settings.max_message_bytes, commits, groups)
+        advertised = settings.advertise or self.address
+        agents = await asyncio.to_thread(AgentDirectory.register, self.catalog, advertised.host, advertised.port, settings.rack, settings.node_id)
+        agents.start()
+        groups = GroupCoordinator(GroupCatalog(self.catalog.engine), agents.me.node_id, settings.group_initial_rebalance_delay_ms)
+        self._broker = Broker(self.catalog, cluster_id, agents, advertised, APIS, ingest, settings.max_message_bytes, commits, groups)
 
     async def stop(self) -> None:
         assert self._server is not None, "start() first"
         self._server.close()
+        await self.broker.agents.stop()
         for reader in self._readers:
             reader.cancel()
         # One turn of the loop lets every request already read reach its first await (a Produce its submission

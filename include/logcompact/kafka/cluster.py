@@ -1,0 +1,97 @@
+"""The agents serving one catalog, as each agent sees them: registered at start, heartbeating, listed by Metadata.
+
+Agents are stateless (WarpStream's model): every agent serves every partition from the shared catalog and store,
+so leadership is only where Metadata sends a client first. It is spread over the live agents by a stable hash of
+the topic and partition, so producers of many partitions use every agent, and it moves when an agent joins or
+falls silent. A request that reaches another agent than the one named is served all the same: no client ever
+sees NOT_LEADER_OR_FOLLOWER because another agent wrote a file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import zlib
+
+from logcompact.catalog import Catalog
+from logcompact.catalog.model import AgentRecord
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_SECONDS = 2.0
+# An agent not heard from for this long is left out of Metadata: a few missed heartbeats, then clients move on.
+ALIVE_MS = 10_000
+
+
+class AgentDirectory:
+    """This agent's registration and its view of the live agents, refreshed by every heartbeat."""
+
+    def __init__(self, catalog: Catalog, me: AgentRecord) -> None:
+        self._catalog = catalog
+        self.me = me
+        self._live: list[AgentRecord] = [me]
+        self._beating: asyncio.Task | None = None
+
+    @classmethod
+    def register(cls, catalog: Catalog, host: str, port: int, rack: str | None, node_id: int | None) -> AgentDirectory:
+        """Register in the catalog (blocking): see `Catalog.register_agent`."""
+        now = _now_ms()
+        node_id = catalog.register_agent(host, port, rack, node_id, now, ALIVE_MS)
+        directory = cls(catalog, AgentRecord(node_id, host, port, rack, now, now))
+        directory._live = directory._heartbeat()
+        return directory
+
+    def live(self) -> list[AgentRecord]:
+        """The agents heard from lately by node id, this one always among them, as of the last heartbeat (a catalog
+        that cannot be reached leaves the last list standing: clients keep the agents they know)."""
+        return self._live
+
+    def refresh(self) -> list[AgentRecord]:
+        """The live agents read from the catalog now (blocking): Metadata and DescribeCluster show an agent that
+        joined or stopped a moment ago, not a heartbeat later."""
+        self._live = _with(self.me, self._catalog.live_agents(_now_ms(), ALIVE_MS))
+        return self._live
+
+    def leader_of(self, topic: str, partition: int) -> AgentRecord:
+        live = self._live
+        return live[(zlib.crc32(topic.encode()) + partition) % len(live)]
+
+    def coordinator_for(self, key: str) -> AgentRecord:
+        """The agent coordinating a consumer group (or any keyed coordinator), by a stable hash of its key."""
+        live = self._live
+        return live[zlib.crc32(key.encode()) % len(live)]
+
+    def start(self) -> None:
+        self._beating = asyncio.create_task(self._beat())
+
+    async def stop(self) -> None:
+        """Stop heartbeating and leave the catalog's list at once, so clients are sent elsewhere now."""
+        if self._beating is not None:
+            self._beating.cancel()
+            await asyncio.gather(self._beating, return_exceptions=True)
+        try:
+            await asyncio.to_thread(self._catalog.deregister_agent, self.me.node_id)
+        except Exception as exc:  # stopping anyway: the row ages out of Metadata within ALIVE_MS
+            log.warning("agent %d could not deregister from the catalog: %s", self.me.node_id, exc)
+
+    async def _beat(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_SECONDS)
+            try:
+                self._live = await asyncio.to_thread(self._heartbeat)
+            except Exception as exc:  # the catalog down: keep serving; the next beat tries again
+                log.warning("agent %d heartbeat to the catalog failed: %s", self.me.node_id, exc)
+
+    def _heartbeat(self) -> list[AgentRecord]:
+        me = self.me
+        return _with(me, self._catalog.agent_heartbeat(me.node_id, me.host, me.port, _now_ms(), ALIVE_MS))
+
+
+def _with(me: AgentRecord, live: list[AgentRecord]) -> list[AgentRecord]:
+    """`live` with this agent in it: it serves, whatever the catalog last said of it."""
+    return live if any(agent.node_id == me.node_id for agent in live) else sorted([*live, me], key=lambda a: a.node_id)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)

@@ -1,0 +1,30 @@
+"""DescribeCluster (key 60), v0-1: the cluster id and the live agents, the lowest node id as controller (the
+catalog is the one controller there is; AdminClient's describe_cluster shows it)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from logcompact.kafka import codec
+from logcompact.kafka.broker import Broker
+
+API_KEY = 60
+BROKERS_ENDPOINT = 1  # v1's endpoint_type: brokers; 2 asks for KRaft controllers, which agents have none of
+
+
+async def handle(broker: Broker, request: codec.Request) -> Any:
+    body = request.body
+    live = await asyncio.to_thread(broker.agents.refresh)
+    endpoint = getattr(body, "endpoint_type", BROKERS_ENDPOINT)
+    answer: dict[str, Any] = {
+        "throttle_time": 0, "cluster_id": broker.cluster_id, "controller_id": live[0].node_id, "brokers": [], "endpoint_type": endpoint,
+    }
+    if endpoint != BROKERS_ENDPOINT:
+        answer.update(error_code=codec.ErrorCode.unsupported_endpoint_type,
+                      error_message=f"endpoint type {endpoint} is not served: agents are brokers (1), none is a controller")
+    else:
+        answer.update(error_code=codec.ErrorCode.none, brokers=[
+            {"broker_id": a.node_id, "host": a.host, "port": a.port, "rack": a.rack} for a in live
+        ])
+    return codec.build(codec.response_class(API_KEY, request.api_version), answer)

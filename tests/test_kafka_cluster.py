@@ -1,0 +1,101 @@
+"""Several `logcompact agent`s on one catalog (SQLite and PostgreSQL): each registers, Metadata and DescribeCluster
+list the live ones and spread partition leadership over them, and clients bootstrapped on one are served by all."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from logcompact.catalog import Catalog
+from logcompact.exceptions import CommitConflictError, LogcompactError
+from logcompact.kafka.broker import Address
+from logcompact.kafka.cluster import ALIVE_MS
+from logcompact.kafka.server import AgentServer, AgentSettings
+from tests.helpers import NOW, create_topic
+
+FAST_CLIENT = {"socket.timeout.ms": 5000, "socket.connection.setup.timeout.ms": 5000}
+PARTITIONS = 6
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@contextmanager
+def running_agent(catalog: Catalog, node_id: int | None = None) -> Iterator[AgentServer]:
+    """An agent on its own event loop thread, on 127.0.0.1 and a free port, stopped on exit."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="agent", daemon=True)
+    thread.start()
+    server = AgentServer(catalog, AgentSettings(Address("127.0.0.1", 0), node_id=node_id, flush_interval_ms=50))
+    asyncio.run_coroutine_threadsafe(server.start(), loop).result(timeout=20)
+    try:
+        yield server
+    finally:
+        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(timeout=20)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        loop.close()
+
+
+def test_two_agents_on_one_catalog_list_each_other_lead_partitions_and_both_serve(catalog: Catalog) -> None:
+    create_topic(catalog, "orders", PARTITIONS, cleanup_policy="compact")
+    # Each agent opens the catalog as a process of its own would.
+    with running_agent(Catalog(catalog.store, catalog.url)) as first, running_agent(Catalog(catalog.store, catalog.url)) as second:
+        nodes = {first.broker.node_id: first.address.port, second.broker.node_id: second.address.port}
+        assert sorted(nodes) == [0, 1]
+        admin = AdminClient({"bootstrap.servers": str(first.address), **FAST_CLIENT})
+        metadata = admin.list_topics(timeout=10)
+        assert {b.id: b.port for b in metadata.brokers.values()} == nodes
+        leaders = [p.leader for p in metadata.topics["orders"].partitions.values()]
+        assert set(leaders) == {0, 1}, leaders  # leadership spread over both
+        cluster = admin.describe_cluster(request_timeout=10).result()
+        assert (cluster.controller.id, sorted(n.id for n in cluster.nodes)) == (0, [0, 1])
+
+        # Bootstrapped on the first, the producer sends each partition to its leader: both agents take writes.
+        producer = Producer({"bootstrap.servers": str(first.address), "acks": "all", "linger.ms": 5, **FAST_CLIENT})
+        delivered: list[tuple[int, int]] = []
+        for n in range(600):
+            producer.produce("orders", key=f"k{n}".encode(), value=f"v{n}".encode(), partition=n % PARTITIONS,
+                             on_delivery=lambda err, msg: delivered.append((msg.partition(), msg.offset())) if err is None else None)
+        assert producer.flush(30) == 0
+        assert sorted(delivered) == sorted((p, o) for p in range(PARTITIONS) for o in range(100))
+
+        # Bootstrapped on the second, a consumer reads every partition, whichever agent leads it.
+        consumer = Consumer({"bootstrap.servers": str(second.address), "group.id": "unused", "enable.auto.commit": False, **FAST_CLIENT})
+        consumer.assign([TopicPartition("orders", p, 0) for p in range(PARTITIONS)])
+        seen: set[tuple[int, int]] = set()
+        while len(seen) < 600:
+            message = consumer.poll(10)
+            assert message is not None and message.error() is None, message and message.error()
+            assert message.value() == f"v{int(message.key()[1:])}".encode()
+            seen.add((message.partition(), message.offset()))
+        consumer.close()
+
+        # A stopped agent leaves the list at once.
+    with running_agent(Catalog(catalog.store, catalog.url)) as alone:
+        metadata = AdminClient({"bootstrap.servers": str(alone.address), **FAST_CLIENT}).list_topics(timeout=10)
+        assert [b.id for b in metadata.brokers.values()] == [alone.broker.node_id]
+        assert {p.leader for p in metadata.topics["orders"].partitions.values()} == {alone.broker.node_id}
+
+
+def test_node_ids_are_kept_per_address_never_shared_by_live_agents_and_freed_by_silence(catalog: Catalog) -> None:
+    create_topic(catalog, "orders", 1)
+    assert catalog.register_agent("10.0.0.1", 9092, None, None, NOW, ALIVE_MS) == 0
+    assert catalog.register_agent("10.0.0.2", 9092, "az-b", None, NOW, ALIVE_MS) == 1
+    assert catalog.register_agent("10.0.0.1", 9092, None, None, NOW + 5, ALIVE_MS) == 0  # a restart keeps its id
+    with pytest.raises(LogcompactError, match=r"node id 1 is held by the live agent at 10.0.0.2:9092 .*pass another --node-id"):
+        catalog.register_agent("10.0.0.3", 9092, None, 1, NOW + 5, ALIVE_MS)
+    live = catalog.agent_heartbeat(0, "10.0.0.1", 9092, NOW + 6, ALIVE_MS)
+    assert [(a.node_id, a.host, a.rack) for a in live] == [(0, "10.0.0.1", None), (1, "10.0.0.2", "az-b")]
+    later = NOW + ALIVE_MS + 10  # agent 1 fell silent: it is out of the list, and its id may be taken
+    assert [a.node_id for a in catalog.agent_heartbeat(0, "10.0.0.1", 9092, later, ALIVE_MS)] == [0]
+    assert catalog.register_agent("10.0.0.3", 9092, None, 1, later, ALIVE_MS) == 1
+    with pytest.raises(CommitConflictError, match=r"node id 1 at 10.0.0.2:9092 is no longer registered"):
+        catalog.agent_heartbeat(1, "10.0.0.2", 9092, later, ALIVE_MS)  # the silent one wakes: told to restart
+    catalog.deregister_agent(0)
+    assert [a.node_id for a in catalog.agent_heartbeat(1, "10.0.0.3", 9092, later + 1, ALIVE_MS)] == [1]
