@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from logcompact.kafka import api_versions, codec, describe_cluster, fetch, list_offsets, metadata, produce
+from logcompact.kafka import api_versions, codec, describe_cluster, fetch, find_coordinator, groups, list_offsets, metadata, offsets, produce
 from logcompact.kafka.broker import Broker
 
 Handler = Callable[[Broker, codec.Request], Awaitable[Any]]
@@ -39,6 +39,15 @@ APIS: dict[int, Api] = {
         Api(produce.API_KEY, 3, 9, produce.handle),
         Api(fetch.API_KEY, 4, 12, fetch.handle),
         Api(list_offsets.API_KEY, 0, 7, list_offsets.handle),
+        Api(find_coordinator.API_KEY, 0, 4, find_coordinator.handle),
+        Api(groups.JOIN_GROUP, 0, 9, groups.join_group),
+        Api(groups.SYNC_GROUP, 0, 5, groups.sync_group),
+        Api(groups.HEARTBEAT, 0, 4, groups.heartbeat),
+        Api(groups.LEAVE_GROUP, 0, 5, groups.leave_group),
+        Api(groups.DESCRIBE_GROUPS, 0, 5, groups.describe_groups),
+        Api(groups.LIST_GROUPS, 0, 4, groups.list_groups),
+        Api(offsets.OFFSET_COMMIT, 0, 8, offsets.offset_commit),
+        Api(offsets.OFFSET_FETCH, 0, 8, offsets.offset_fetch),
         Api(describe_cluster.API_KEY, 0, 1, describe_cluster.handle),
     )
 }

@@ -19,6 +19,7 @@ from logcompact.topics import Topic
 
 if TYPE_CHECKING:
     from logcompact.kafka.apis import Api
+    from logcompact.kafka.coordinator import GroupCoordinator
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ class Broker:
     ingest: Ingest = field(repr=False)
     max_message_bytes: int
     commits: CommitWatch = field(repr=False)
+    groups: GroupCoordinator = field(repr=False)
 
     @property
     def node_id(self) -> int:

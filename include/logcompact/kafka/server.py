@@ -25,12 +25,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from logcompact.catalog import Catalog
+from logcompact.catalog.groups import GroupCatalog
 from logcompact.exceptions import LogcompactError
 from logcompact.ingest import DEFAULT_FLUSH_BYTES, DEFAULT_FLUSH_INTERVAL_MS
 from logcompact.kafka import api_versions, codec
 from logcompact.kafka.apis import APIS
 from logcompact.kafka.broker import Address, Broker, CommitWatch, Ingest
 from logcompact.kafka.cluster import AgentDirectory
+from logcompact.kafka.coordinator import INITIAL_REBALANCE_DELAY_MS, GroupCoordinator
 from logcompact.kafka.produce import DEFAULT_MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
@@ -55,6 +57,7 @@ class AgentSettings:
     flush_interval_ms: int = DEFAULT_FLUSH_INTERVAL_MS
     flush_bytes: int = DEFAULT_FLUSH_BYTES
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # of every topic (TopicConfig has no max.message.bytes)
+    group_initial_rebalance_delay_ms: int = INITIAL_REBALANCE_DELAY_MS
 
 
 class FrameError(Exception):
@@ -96,7 +99,8 @@ class AgentServer:
         advertised = settings.advertise or self.address
         agents = await asyncio.to_thread(AgentDirectory.register, self.catalog, advertised.host, advertised.port, settings.rack, settings.node_id)
         agents.start()
-        self._broker = Broker(self.catalog, cluster_id, agents, advertised, APIS, ingest, settings.max_message_bytes, commits)
+        groups = GroupCoordinator(GroupCatalog(self.catalog.engine), agents.me.node_id, settings.group_initial_rebalance_delay_ms)
+        self._broker = Broker(self.catalog, cluster_id, agents, advertised, APIS, ingest, settings.max_message_bytes, commits, groups)
 
     async def stop(self) -> None:
         assert self._server is not None, "start() first"
@@ -109,12 +113,14 @@ class AgentServer:
         await asyncio.sleep(0)
         flushing = asyncio.get_running_loop().run_in_executor(self.broker.ingest.thread, self.broker.ingest.flush)
         self.broker.commits.release()  # long-polling fetches answer now, not at their max_wait
+        groups_closing = asyncio.create_task(self.broker.groups.close())  # waiting JoinGroups answer now
         if self._connections:
             _, late = await asyncio.wait(self._connections, timeout=STOP_GRACE_SECONDS)
             for connection in late:
                 connection.cancel()
         await self._server.wait_closed()
         await self.broker.commits.close()
+        await groups_closing
         await flushing
         await asyncio.to_thread(self.broker.ingest.close)
 

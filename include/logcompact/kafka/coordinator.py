@@ -1,0 +1,547 @@
+"""Consumer groups' coordination, Kafka's classic rebalance protocol (GroupCoordinator), in this agent's memory
+on the server's event loop.
+
+One agent of the cluster coordinates a group: the live agent that the group id hashes to
+(`AgentDirectory.coordinator_for`, the same answer on every agent); when the live agents change, a group may move,
+and the agent that no longer coordinates it drops it from its memory and answers NOT_COORDINATOR, so its members
+find the new coordinator. Its state machine is Kafka's:
+
+* Empty (no members) -> PreparingRebalance when a member joins. Members rejoin (JoinGroup) within the rebalance
+  timeout; each JoinGroup waits, parked as a future, until every known member has rejoined or the timeout drops
+  those that did not. A group leaving Empty first waits `initial_rebalance_delay_ms`, extended while new members
+  keep arriving (Kafka's group.initial.rebalance.delay.ms), so members starting together form one generation.
+* -> CompletingRebalance: the generation is incremented, a protocol chosen by the members' votes, and every
+  JoinGroup answered (the leader with the members' metadata). SyncGroups wait for the leader's assignments.
+* -> Stable once the leader's SyncGroup brings them. A member whose heartbeats stop for its session timeout is
+  removed; a member leaving, joining or changing its protocols sends the group back to PreparingRebalance.
+
+JoinGroup v4+ without a member id gets MEMBER_ID_REQUIRED and an id to join with (KIP-394). Static members
+(group.instance.id, KIP-345) keep their place across restarts: a rejoin with the same instance id takes a new
+member id, fences the old one (FENCED_INSTANCE_ID) and, in a Stable group whose protocols did not change, gets
+its assignment back without a rebalance.
+
+Each state change writes the group's description row (catalog `consumer_groups`), behind the answers, one write
+at a time and newest last, so ListGroups on any agent lists every group and a coordinator that restarts (or takes
+the group over) continues its generations. Members are not restored from the row: they find their member id
+unknown and join again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from logcompact.catalog.groups import GroupCatalog, GroupRow
+from logcompact.kafka.codec import ErrorCode
+
+if TYPE_CHECKING:
+    from logcompact.kafka.broker import Broker
+
+log = logging.getLogger(__name__)
+
+EMPTY, PREPARING_REBALANCE, COMPLETING_REBALANCE, STABLE, DEAD = "Empty", "PreparingRebalance", "CompletingRebalance", "Stable", "Dead"
+# Kafka's group.initial.rebalance.delay.ms is 3 s; 1 s still gathers members started together into one
+# generation, and keeps a group of 3 within issue 20's 5 s from join to first record.
+INITIAL_REBALANCE_DELAY_MS = 1000
+# Kafka's group.min.session.timeout.ms is 6 s; 1 s lets a client detect failures faster if it asks to.
+MIN_SESSION_TIMEOUT_MS = 1000
+MAX_SESSION_TIMEOUT_MS = 1_800_000  # Kafka's group.max.session.timeout.ms
+
+
+def coordinates(broker: Broker, group_id: str) -> bool:
+    """Whether this agent coordinates the group; a group it no longer coordinates is dropped from its memory."""
+    if broker.agents.coordinator_for(group_id).node_id == broker.node_id:
+        return True
+    broker.groups.forget(group_id)
+    return False
+
+
+@dataclass
+class Joined:
+    """A JoinGroup's answer; `members` only for the leader, with each member's metadata for the chosen protocol."""
+
+    error: ErrorCode
+    member_id: str
+    generation: int = -1
+    protocol_type: str | None = None
+    protocol: str | None = None
+    leader: str = ""
+    members: list[tuple[str, str | None, bytes]] = field(default_factory=list)
+    skip_assignment: bool = False
+
+
+@dataclass
+class Synced:
+    error: ErrorCode
+    protocol_type: str | None = None
+    protocol: str | None = None
+    assignment: bytes = b""
+
+
+@dataclass
+class Member:
+    member_id: str
+    instance_id: str | None
+    client_id: str
+    session_ms: int
+    rebalance_ms: int
+    protocol_type: str
+    protocols: list[tuple[str, bytes]]
+    assignment: bytes = b""
+    joining: asyncio.Future[Joined] | None = None
+    syncing: asyncio.Future[Synced] | None = None
+    expiry: asyncio.TimerHandle | None = None
+
+    def metadata(self, protocol: str | None) -> bytes:
+        return next((data for name, data in self.protocols if name == protocol), b"")
+
+
+@dataclass
+class Group:
+    group_id: str
+    state: str = EMPTY
+    generation: int = 0
+    protocol_type: str | None = None
+    protocol: str | None = None
+    leader: str | None = None
+    members: dict[str, Member] = field(default_factory=dict)
+    pending: dict[str, asyncio.TimerHandle] = field(default_factory=dict)  # ids given with MEMBER_ID_REQUIRED
+    static: dict[str, str] = field(default_factory=dict)  # group.instance.id -> member id
+    rebalance_timer: asyncio.TimerHandle | None = None
+    initial_delay: bool = False  # waiting out the initial rebalance delay
+    new_member_added: bool = False
+
+    def candidate_protocols(self) -> set[str]:
+        """The protocols every member supports."""
+        names = [{name for name, _ in member.protocols} for member in self.members.values()]
+        return set.intersection(*names) if names else set()
+
+    def supports(self, protocol_type: str, protocols: Sequence[tuple[str, bytes]]) -> bool:
+        if self.state == EMPTY or not self.members:
+            return bool(protocol_type) and bool(protocols)
+        return self.protocol_type == protocol_type and bool({name for name, _ in protocols} & self.candidate_protocols())
+
+    def choose_protocol(self) -> str:
+        """Each member votes for its first protocol that all support; the most votes win, ties to the earlier."""
+        candidates = self.candidate_protocols()
+        votes: dict[str, int] = {}
+        for member in self.members.values():
+            vote = next(name for name, _ in member.protocols if name in candidates)
+            votes[vote] = votes.get(vote, 0) + 1
+        return max(votes, key=lambda name: votes[name])
+
+    def row(self, coordinator: int) -> GroupRow:
+        members = tuple({"member_id": m.member_id, "group_instance_id": m.instance_id, "client_id": m.client_id} for m in self.members.values())
+        return GroupRow(self.group_id, coordinator, self.generation, self.protocol_type or "", self.protocol or "", self.state, members, int(time.time() * 1000))
+
+
+class GroupCoordinator:
+    """The groups this agent coordinates. Every method runs on the server's event loop."""
+
+    def __init__(self, catalog: GroupCatalog, node_id: int, initial_rebalance_delay_ms: int = INITIAL_REBALANCE_DELAY_MS) -> None:
+        self.catalog = catalog
+        self.node_id = node_id
+        self.initial_rebalance_delay_ms = initial_rebalance_delay_ms
+        self._groups: dict[str, Group] = {}
+        self._unsaved: dict[str, GroupRow] = {}
+        self._wake_writer = asyncio.Event()
+        self._writer: asyncio.Task | None = None
+        self._writer_stopping = False
+        self._closed = False
+
+    # -- groups in memory ------------------------------------------------------------------------------------
+
+    async def group(self, group_id: str, create: bool) -> Group | None:
+        """The group, loaded from its row (its generation) when this agent has not coordinated it since its
+        start; a new Empty group when there is none and `create`."""
+        group = self._groups.get(group_id)
+        if group is not None:
+            return group
+        row = await asyncio.to_thread(self.catalog.group, group_id)
+        group = self._groups.get(group_id)  # loaded by another request meanwhile
+        if group is not None:
+            return group
+        if row is None and not create:
+            return None
+        group = Group(group_id)
+        if row is not None:
+            group.generation, group.protocol_type = row.generation, row.protocol_type or None
+        self._groups[group_id] = group
+        if row is None or row.state != EMPTY or row.coordinator != self.node_id:
+            self._save(group)
+        return group
+
+    def known(self, group_id: str) -> Group | None:
+        return self._groups.get(group_id)
+
+    def all_groups(self) -> list[Group]:
+        return list(self._groups.values())
+
+    def forget(self, group_id: str) -> None:
+        """Drop a group this agent no longer coordinates: its waiting members are told NOT_COORDINATOR."""
+        group = self._groups.pop(group_id, None)
+        if group is not None:
+            self._abandon(group, ErrorCode.not_coordinator)
+
+    async def close(self) -> None:
+        """The agent stops: waiting JoinGroups and SyncGroups answer NOT_COORDINATOR (clients look for the
+        coordinator again), then the descriptions not yet written are."""
+        self._closed = True
+        for group in self._groups.values():
+            self._abandon(group, ErrorCode.not_coordinator)
+        self._groups.clear()
+        if self._writer is not None:
+            self._writer_stopping = True
+            self._wake_writer.set()
+            await self._writer
+
+    def _abandon(self, group: Group, error: ErrorCode) -> None:
+        if group.rebalance_timer is not None:
+            group.rebalance_timer.cancel()
+        for timer in group.pending.values():
+            timer.cancel()
+        for member in group.members.values():
+            if member.expiry is not None:
+                member.expiry.cancel()
+            _answer(member.joining, Joined(error, member.member_id))
+            _answer(member.syncing, Synced(error))
+
+    # -- JoinGroup -------------------------------------------------------------------------------------------
+
+    async def join(
+        self, group: Group, member_id: str, instance_id: str | None, client_id: str, session_ms: int, rebalance_ms: int,
+        protocol_type: str, protocols: list[tuple[str, bytes]], require_known_member_id: bool, skip_assignment_allowed: bool,
+    ) -> Joined:
+        if not group.supports(protocol_type, protocols):
+            return Joined(ErrorCode.inconsistent_group_protocol, member_id)
+        member = Member(member_id, instance_id, client_id, session_ms, rebalance_ms, protocol_type, protocols)
+        if not member_id:
+            member.member_id = f"{instance_id or client_id}-{uuid.uuid4()}"
+            if instance_id is not None:
+                return await self._join_static(group, member, skip_assignment_allowed)
+            if require_known_member_id:  # KIP-394: the id comes back with MEMBER_ID_REQUIRED, the member joins with it
+                loop = asyncio.get_running_loop()
+                group.pending[member.member_id] = loop.call_later(session_ms / 1000, self._expire_pending, group, member.member_id)
+                return Joined(ErrorCode.member_id_required, member.member_id)
+            return await self._add_and_rebalance(group, member)
+        if instance_id is not None and group.static.get(instance_id, member_id) != member_id:
+            return Joined(ErrorCode.fenced_instance_id, member_id)
+        if member_id in group.pending:
+            group.pending.pop(member_id).cancel()
+            return await self._add_and_rebalance(group, member)
+        known = group.members.get(member_id)
+        if known is None:
+            return Joined(ErrorCode.unknown_member_id, member_id)
+        changed = known.protocols != protocols
+        _update(known, member)
+        if group.state == COMPLETING_REBALANCE and not changed:  # its JoinGroup answer was lost: the same again
+            return self._joined(group, known)
+        if group.state == STABLE and not changed and group.leader != member_id:
+            return self._joined(group, known)
+        return await self._rejoin(group, known)
+
+    async def _join_static(self, group: Group, member: Member, skip_assignment_allowed: bool) -> Joined:
+        assert member.instance_id is not None
+        old_id = group.static.get(member.instance_id)
+        if old_id is None:
+            group.static[member.instance_id] = member.member_id
+            return await self._add_and_rebalance(group, member)
+        # The instance restarted (or a second process took its id): the newcomer takes the old member's place.
+        old = group.members.pop(old_id)
+        _answer(old.joining, Joined(ErrorCode.fenced_instance_id, old_id))
+        _answer(old.syncing, Synced(ErrorCode.fenced_instance_id))
+        if old.expiry is not None:
+            old.expiry.cancel()
+        changed = old.protocols != member.protocols
+        member.assignment = old.assignment
+        group.members[member.member_id] = member
+        group.static[member.instance_id] = member.member_id
+        if group.leader == old_id:
+            group.leader = member.member_id
+        self._save(group)
+        if group.state == STABLE and not changed:
+            self._schedule_expiry(group, member)
+            joined = self._joined(group, member)
+            leader = group.leader == member.member_id
+            # KIP-814: a leader told to skip the assignment keeps the current one; before v9 it gets no members
+            joined.skip_assignment = leader and skip_assignment_allowed
+            if leader and not skip_assignment_allowed:
+                joined.members = []
+            return joined
+        return await self._rejoin(group, member)
+
+    async def _add_and_rebalance(self, group: Group, member: Member) -> Joined:
+        if not group.members:  # the first member sets the group's protocol type, the others must share it
+            group.protocol_type = member.protocol_type
+        group.members[member.member_id] = member
+        if group.leader is None:
+            group.leader = member.member_id
+        if group.initial_delay:
+            group.new_member_added = True
+        return await self._rejoin(group, member)
+
+    async def _rejoin(self, group: Group, member: Member) -> Joined:
+        if member.expiry is not None:  # a member waiting for its JoinGroup answer is kept by the rebalance timeout
+            member.expiry.cancel()
+            member.expiry = None
+        if self._closed:
+            return Joined(ErrorCode.not_coordinator, member.member_id)
+        _answer(member.joining, Joined(ErrorCode.rebalance_in_progress, member.member_id))  # a JoinGroup sent again
+        member.joining = asyncio.get_running_loop().create_future()
+        waiting = member.joining
+        if group.state == PREPARING_REBALANCE:
+            self._maybe_complete_join(group)
+        else:
+            self._prepare_rebalance(group)
+        return await waiting
+
+    def _joined(self, group: Group, member: Member) -> Joined:
+        leader = group.leader == member.member_id
+        members = [(m.member_id, m.instance_id, m.metadata(group.protocol)) for m in group.members.values()] if leader else []
+        return Joined(ErrorCode.none, member.member_id, group.generation, group.protocol_type, group.protocol, group.leader or "", members)
+
+    # -- rebalancing -----------------------------------------------------------------------------------------
+
+    def _prepare_rebalance(self, group: Group) -> None:
+        if group.state == COMPLETING_REBALANCE:  # the assignments of this generation will never come
+            for member in group.members.values():
+                member.assignment = b""
+                _answer(member.syncing, Synced(ErrorCode.rebalance_in_progress))
+                member.syncing = None
+        loop = asyncio.get_running_loop()
+        if group.rebalance_timer is not None:
+            group.rebalance_timer.cancel()
+        if group.state == EMPTY and self.initial_rebalance_delay_ms > 0:
+            group.initial_delay, group.new_member_added = True, False
+            delay = self.initial_rebalance_delay_ms
+            remaining = max(self._rebalance_ms(group) - delay, 0)
+            group.rebalance_timer = loop.call_later(delay / 1000, self._initial_delay_over, group, remaining)
+        else:
+            group.rebalance_timer = loop.call_later(self._rebalance_ms(group) / 1000, self._complete_join, group)
+        group.state = PREPARING_REBALANCE
+        self._save(group)
+        self._maybe_complete_join(group)
+
+    def _rebalance_ms(self, group: Group) -> int:
+        return max((member.rebalance_ms for member in group.members.values()), default=0)
+
+    def _initial_delay_over(self, group: Group, remaining_ms: int) -> None:
+        """Kafka's InitialDelayedJoin: while members keep arriving, wait another delay, up to the rebalance timeout."""
+        if group.new_member_added and remaining_ms > 0:
+            group.new_member_added = False
+            delay = min(self.initial_rebalance_delay_ms, remaining_ms)
+            group.rebalance_timer = asyncio.get_running_loop().call_later(delay / 1000, self._initial_delay_over, group, remaining_ms - delay)
+            return
+        group.initial_delay = False
+        self._complete_join(group)
+
+    def _maybe_complete_join(self, group: Group) -> None:
+        if group.state != PREPARING_REBALANCE or group.initial_delay or group.pending:
+            return
+        if all(member.joining is not None for member in group.members.values()):
+            self._complete_join(group)
+
+    def _complete_join(self, group: Group) -> None:
+        """Every member rejoined, or the rebalance timeout passed: those that did not are dropped and a new
+        generation starts."""
+        if group.state != PREPARING_REBALANCE or self._groups.get(group.group_id) is not group:
+            return
+        if group.rebalance_timer is not None:
+            group.rebalance_timer.cancel()
+            group.rebalance_timer = None
+        group.initial_delay = False
+        for timer in group.pending.values():
+            timer.cancel()
+        group.pending.clear()
+        for member in [m for m in group.members.values() if m.joining is None]:
+            self._drop(group, member)
+        group.generation += 1
+        if not group.members:
+            group.state, group.protocol, group.leader = EMPTY, None, None
+            self._save(group)
+            return
+        group.state = COMPLETING_REBALANCE
+        group.protocol = group.choose_protocol()
+        if group.leader not in group.members:
+            group.leader = next(iter(group.members))
+        for member in group.members.values():
+            _answer(member.joining, self._joined(group, member))
+            member.joining = None
+            self._schedule_expiry(group, member)
+        self._save(group)
+
+    # -- SyncGroup, Heartbeat, LeaveGroup --------------------------------------------------------------------
+
+    def member_error(self, group: Group | None, member_id: str, instance_id: str | None) -> ErrorCode | None:
+        """Kafka's check of a request's member: UNKNOWN_MEMBER_ID, or FENCED_INSTANCE_ID for a static member
+        whose id another instance took."""
+        if group is None:
+            return ErrorCode.unknown_member_id
+        if instance_id is not None and instance_id in group.static and group.static[instance_id] != member_id:
+            return ErrorCode.fenced_instance_id
+        if member_id not in group.members:
+            return ErrorCode.unknown_member_id
+        return None
+
+    async def sync(self, group: Group | None, generation: int, member_id: str, instance_id: str | None,
+                   protocol_type: str | None, protocol: str | None, assignments: Mapping[str, bytes]) -> Synced:
+        error = self.member_error(group, member_id, instance_id)
+        if error is not None:
+            return Synced(error)
+        assert group is not None
+        if generation != group.generation:
+            return Synced(ErrorCode.illegal_generation)
+        if (protocol_type is not None and protocol_type != group.protocol_type) or (protocol is not None and protocol != group.protocol):
+            return Synced(ErrorCode.inconsistent_group_protocol)
+        member = group.members[member_id]
+        if group.state == PREPARING_REBALANCE:
+            return Synced(ErrorCode.rebalance_in_progress)
+        self._schedule_expiry(group, member)
+        if group.state == STABLE:
+            return Synced(ErrorCode.none, group.protocol_type, group.protocol, member.assignment)
+        if self._closed:
+            return Synced(ErrorCode.not_coordinator)
+        _answer(member.syncing, Synced(ErrorCode.rebalance_in_progress))
+        member.syncing = asyncio.get_running_loop().create_future()
+        waiting = member.syncing
+        if member_id == group.leader:
+            for each in group.members.values():
+                each.assignment = assignments.get(each.member_id, b"")
+            group.state = STABLE
+            for each in group.members.values():
+                _answer(each.syncing, Synced(ErrorCode.none, group.protocol_type, group.protocol, each.assignment))
+                each.syncing = None
+            self._save(group)
+        return await waiting
+
+    def heartbeat(self, group: Group | None, generation: int, member_id: str, instance_id: str | None) -> ErrorCode:
+        error = self.member_error(group, member_id, instance_id)
+        if error is not None:
+            return error
+        assert group is not None
+        if generation != group.generation:
+            return ErrorCode.illegal_generation
+        self._schedule_expiry(group, group.members[member_id])
+        return ErrorCode.rebalance_in_progress if group.state == PREPARING_REBALANCE else ErrorCode.none
+
+    def leave(self, group: Group | None, member_id: str, instance_id: str | None) -> ErrorCode:
+        if group is None:
+            return ErrorCode.unknown_member_id
+        if instance_id is not None:  # by instance id; an admin's removal names no member id
+            found = group.static.get(instance_id)
+            if found is None:
+                return ErrorCode.unknown_member_id
+            if member_id and found != member_id:
+                return ErrorCode.fenced_instance_id
+            member_id = found
+        if member_id in group.pending:
+            group.pending.pop(member_id).cancel()
+            self._maybe_complete_join(group)
+            return ErrorCode.none
+        member = group.members.get(member_id)
+        if member is None:
+            return ErrorCode.unknown_member_id
+        self._remove(group, member)
+        return ErrorCode.none
+
+    # -- offsets ---------------------------------------------------------------------------------------------
+
+    def commit_error(self, group: Group | None, generation: int, member_id: str, instance_id: str | None) -> ErrorCode | None:
+        """Whether an OffsetCommit may write, as Kafka decides: a commit naming a generation or member must come
+        from a current member of the current generation; one naming neither (a consumer that assigns its own
+        partitions) only to a group without members."""
+        if generation >= 0 or member_id or instance_id is not None:
+            if group is None:
+                return ErrorCode.illegal_generation
+            error = self.member_error(group, member_id, instance_id)
+            if error is not None:
+                return error
+            if generation != group.generation:
+                return ErrorCode.illegal_generation
+            if group.state == COMPLETING_REBALANCE:
+                return ErrorCode.rebalance_in_progress
+            self._schedule_expiry(group, group.members[member_id])
+            return None
+        if group is not None and group.state != EMPTY:
+            return ErrorCode.unknown_member_id
+        return None
+
+    # -- members' sessions -----------------------------------------------------------------------------------
+
+    def _schedule_expiry(self, group: Group, member: Member) -> None:
+        if member.expiry is not None:
+            member.expiry.cancel()
+        member.expiry = asyncio.get_running_loop().call_later(member.session_ms / 1000, self._expire, group, member.member_id)
+
+    def _expire(self, group: Group, member_id: str) -> None:
+        member = group.members.get(member_id)
+        if member is None or self._groups.get(group.group_id) is not group:
+            return
+        member.expiry = None
+        if member.joining is not None or member.syncing is not None:
+            return  # waiting for the group: the rebalance decides its fate
+        log.info("group %s: member %s removed, no heartbeat for %d ms", group.group_id, member_id, member.session_ms)
+        self._remove(group, member)
+
+    def _expire_pending(self, group: Group, member_id: str) -> None:
+        if group.pending.pop(member_id, None) is not None:
+            self._maybe_complete_join(group)
+
+    def _drop(self, group: Group, member: Member) -> None:
+        """Take a member out: its waiting requests answer UNKNOWN_MEMBER_ID."""
+        if member.expiry is not None:
+            member.expiry.cancel()
+        _answer(member.joining, Joined(ErrorCode.unknown_member_id, member.member_id))
+        _answer(member.syncing, Synced(ErrorCode.unknown_member_id))
+        del group.members[member.member_id]
+        if member.instance_id is not None and group.static.get(member.instance_id) == member.member_id:
+            del group.static[member.instance_id]
+        if group.leader == member.member_id:
+            group.leader = next(iter(group.members), None)
+
+    def _remove(self, group: Group, member: Member) -> None:
+        self._drop(group, member)
+        if group.state in (STABLE, COMPLETING_REBALANCE):
+            self._prepare_rebalance(group)
+        elif group.state == PREPARING_REBALANCE:
+            self._maybe_complete_join(group)
+
+    # -- description rows ------------------------------------------------------------------------------------
+
+    def _save(self, group: Group) -> None:
+        """Queue the group's description for the catalog; the writer writes the newest of each group, in order."""
+        self._unsaved[group.group_id] = group.row(self.node_id)
+        self._wake_writer.set()
+        if self._writer is None:
+            self._writer = asyncio.create_task(self._write_rows())
+
+    async def _write_rows(self) -> None:
+        while True:
+            await self._wake_writer.wait()
+            self._wake_writer.clear()
+            while self._unsaved:
+                group_id = next(iter(self._unsaved))
+                row = self._unsaved.pop(group_id)
+                try:
+                    await asyncio.to_thread(self.catalog.save_group, row)
+                except Exception as exc:  # the catalog down: the next change writes the group again
+                    log.warning("group %s: its description was not written to the catalog: %s", group_id, exc)
+            if self._writer_stopping:
+                return
+
+
+def _update(member: Member, joining: Member) -> None:
+    member.client_id, member.session_ms, member.rebalance_ms = joining.client_id, joining.session_ms, joining.rebalance_ms
+    member.protocol_type, member.protocols = joining.protocol_type, joining.protocols
+
+
+def _answer(waiting: asyncio.Future | None, result: Any) -> None:
+    """Answer a parked request unless it is answered already or its connection went away (cancelled)."""
+    if waiting is not None and not waiting.done():
+        waiting.set_result(result)
+

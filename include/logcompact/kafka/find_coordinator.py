@@ -1,0 +1,32 @@
+"""FindCoordinator (key 10), v0-4: the agent that coordinates a consumer group (v4 answers several keys at once).
+
+Every agent answers for every group from the same list of live agents, so clients reach the group's coordinator
+from any bootstrap agent. Transactional ids (key type 1) are refused with INVALID_REQUEST, Kafka's answer to a
+key type it does not serve: this agent has no transaction coordinator.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from logcompact.kafka import codec
+from logcompact.kafka.broker import Broker, describe
+
+API_KEY = 10
+GROUP_KEY = 0
+
+
+async def handle(broker: Broker, request: codec.Request) -> Any:
+    body, version = request.body, request.api_version
+    response_class = codec.response_class(API_KEY, version)
+    if version >= 4:
+        coordinators = [_find(broker, key, int(body.key_type)) for key in body.coordinator_keys]
+        return codec.build(response_class, {"throttle_time": 0, "coordinators": coordinators})
+    return codec.build(response_class, {"throttle_time": 0, **_find(broker, body.key, int(getattr(body, "key_type", GROUP_KEY)))})
+
+
+def _find(broker: Broker, key: str, key_type: int) -> dict[str, Any]:
+    if key_type != GROUP_KEY:
+        message = "transactional ids have no coordinator here: the agent does not serve transactions" if key_type == 1 else f"unknown key type {key_type}"
+        return {"key": key, "error_code": codec.ErrorCode.invalid_request, "error_message": message, "node_id": -1, "host": "", "port": -1}
+    return {"key": key, "error_code": codec.ErrorCode.none, "error_message": None, **describe(broker.agents.coordinator_for(key))}

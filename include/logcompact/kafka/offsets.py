@@ -1,0 +1,131 @@
+"""OffsetCommit (key 8) v0-8 and OffsetFetch (key 9) v0-8: consumer groups' committed offsets, rows of the
+catalog's `group_offsets`.
+
+A commit is checked by the group's coordinator as Kafka checks it (`GroupCoordinator.commit_error`), then
+written in one small transaction of its own, all of its partitions or none; it is answered once written. Reads
+come from the catalog, so a coordinator that takes a group over, or restarts, serves what was committed before.
+Kafka's rule is kept that only the coordinator answers both APIs (NOT_COORDINATOR elsewhere).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from logcompact.catalog.groups import CommittedOffset
+from logcompact.exceptions import CatalogUnavailableError
+from logcompact.kafka import codec
+from logcompact.kafka.broker import Broker
+from logcompact.kafka.coordinator import coordinates
+
+OFFSET_COMMIT, OFFSET_FETCH = 8, 9
+MAX_METADATA_BYTES = 4096  # Kafka's offset.metadata.max.bytes
+NO_OFFSET = -1
+NO_LEADER_EPOCH = -1
+
+Partitions = list[tuple[str, list[tuple[int, Any]]]]  # per topic, per partition: what is answered
+
+
+async def offset_commit(broker: Broker, request: codec.Request) -> Any:
+    body, version = request.body, request.api_version
+    requested = [(topic.name, list(topic.partitions)) for topic in body.topics]
+    error = await _commit_error(broker, body)
+    if error is None:
+        try:
+            answered = await asyncio.to_thread(_commit, broker, body.group_id, requested)
+        except CatalogUnavailableError:  # retriable: the client commits again
+            error = codec.ErrorCode.coordinator_not_available
+    if error is not None:
+        answered = [(name, [(int(p.partition_index), error) for p in partitions]) for name, partitions in requested]
+    return codec.build(codec.response_class(OFFSET_COMMIT, version), {
+        "throttle_time": 0,
+        "topics": [{"name": name, "partitions": [{"partition_index": index, "error_code": answer} for index, answer in partitions]} for name, partitions in answered],
+    })
+
+
+async def _commit_error(broker: Broker, body: Any) -> codec.ErrorCode | None:
+    if not coordinates(broker, body.group_id):
+        return codec.ErrorCode.not_coordinator
+    generation = int(getattr(body, "generation_id_or_member_epoch", -1))  # v0 has none: a commit outside group management
+    member_id, instance_id = getattr(body, "member_id", ""), getattr(body, "group_instance_id", None)
+    group = await broker.groups.group(body.group_id, create=False)
+    error = broker.groups.commit_error(group, generation, member_id, instance_id)
+    if error is None and group is None:  # the first commit of a consumer that assigns itself: an Empty group, as Kafka
+        await broker.groups.group(body.group_id, create=True)
+    return error
+
+
+def _commit(broker: Broker, group_id: str, requested: Sequence[tuple[str, Sequence[Any]]]) -> Partitions:
+    topics = broker.catalog.snapshot().topics
+    now_ms = int(time.time() * 1000)
+    offsets: dict[tuple[str, int], CommittedOffset] = {}
+    answered: Partitions = []
+    for name, partitions in requested:
+        topic = topics.get(name)
+        answers = []
+        for entry in partitions:
+            index = int(entry.partition_index)
+            metadata = entry.committed_metadata or ""
+            if topic is None or not 0 <= index < topic.partitions:
+                answers.append((index, codec.ErrorCode.unknown_topic_or_partition))
+            elif len(metadata.encode()) > MAX_METADATA_BYTES:
+                answers.append((index, codec.ErrorCode.offset_metadata_too_large))
+            else:
+                epoch = int(getattr(entry, "committed_leader_epoch", NO_LEADER_EPOCH))
+                offsets[(name, index)] = CommittedOffset(int(entry.committed_offset), epoch, metadata, now_ms)
+                answers.append((index, codec.ErrorCode.none))
+        answered.append((name, answers))
+    broker.groups.catalog.commit_offsets(group_id, offsets)
+    return answered
+
+
+async def offset_fetch(broker: Broker, request: codec.Request) -> Any:
+    body, version = request.body, request.api_version
+    response_class = codec.response_class(OFFSET_FETCH, version)
+    if version >= 8:
+        groups = [await _fetch(broker, group.group_id, group.topics) for group in body.groups]
+        return codec.build(response_class, {"throttle_time": 0, "groups": [
+            {"group_id": group.group_id, "error_code": error, "topics": topics if error == codec.ErrorCode.none else []}
+            for group, (error, topics) in zip(body.groups, groups)
+        ]})
+    error, topics = await _fetch(broker, body.group_id, body.topics)
+    if version < 2 and error != codec.ErrorCode.none:  # no request-level error before v2: on every partition
+        for topic in topics:
+            for partition in topic["partitions"]:
+                partition["error_code"] = error
+    elif error != codec.ErrorCode.none:  # from v2 the request's error, and no partitions, as Kafka
+        topics = []
+    return codec.build(response_class, {"throttle_time": 0, "error_code": error, "topics": topics})
+
+
+async def _fetch(broker: Broker, group_id: str, wanted: Sequence[Any] | None) -> tuple[codec.ErrorCode, list[dict[str, Any]]]:
+    """The group's committed offsets: of the partitions asked (-1 for those never committed), or all (topics null)."""
+    names = None if wanted is None else [topic.name for topic in wanted]
+    error = codec.ErrorCode.none
+    committed: dict[tuple[str, int], CommittedOffset] = {}
+    if not coordinates(broker, group_id):
+        error = codec.ErrorCode.not_coordinator
+    else:
+        try:
+            committed = await asyncio.to_thread(broker.groups.catalog.committed_offsets, group_id, names)
+        except CatalogUnavailableError:
+            error = codec.ErrorCode.coordinator_not_available
+    if wanted is None:
+        asked: dict[str, list[int]] = {}
+        for topic, partition in sorted(committed):
+            asked.setdefault(topic, []).append(partition)
+    else:
+        asked = {}
+        for topic in wanted:
+            asked.setdefault(topic.name, []).extend(int(index) for index in topic.partition_indexes)
+    topics = [{"name": name, "partitions": [_partition(index, committed.get((name, index))) for index in indexes]} for name, indexes in asked.items()]
+    return error, topics
+
+
+def _partition(index: int, committed: CommittedOffset | None) -> dict[str, Any]:
+    if committed is None:
+        return {"partition_index": index, "committed_offset": NO_OFFSET, "committed_leader_epoch": NO_LEADER_EPOCH, "metadata": "", "error_code": codec.ErrorCode.none}
+    return {"partition_index": index, "committed_offset": committed.offset, "committed_leader_epoch": committed.leader_epoch,
+            "metadata": committed.metadata, "error_code": codec.ErrorCode.none}
