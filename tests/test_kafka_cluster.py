@@ -99,3 +99,37 @@ def test_node_ids_are_kept_per_address_never_shared_by_live_agents_and_freed_by_
         catalog.agent_heartbeat(1, "10.0.0.2", 9092, later, ALIVE_MS)  # the silent one wakes: told to restart
     catalog.deregister_agent(0)
     assert [a.node_id for a in catalog.agent_heartbeat(1, "10.0.0.3", 9092, later + 1, ALIVE_MS)] == [1]
+
+
+def test_a_consumer_group_bootstrapped_on_either_agent_is_coordinated_by_one_and_listed_once(catalog: Catalog) -> None:
+    """The group's coordinator is one of the live agents; a consumer bootstrapped on the other finds it, consumes
+    and commits; the other agent refuses group requests with NOT_COORDINATOR (the client follows FindCoordinator);
+    AdminClient asks every agent and lists the group once; committed offsets are served by the coordinator."""
+    create_topic(catalog, "orders", PARTITIONS, cleanup_policy="compact")
+    with running_agent(Catalog(catalog.store, catalog.url)) as first, running_agent(Catalog(catalog.store, catalog.url)) as second:
+        by_node = {first.broker.node_id: first, second.broker.node_id: second}
+        first.broker.agents.refresh()  # as its next heartbeat would: the second agent started after it
+        group = next(g for g in (f"group-{n}" for n in range(100)) if first.broker.agents.coordinator_for(g).node_id == second.broker.node_id)
+        assert second.broker.agents.coordinator_for(group).node_id == second.broker.node_id  # both agents agree
+        producer = Producer({"bootstrap.servers": str(first.address), "acks": "all", **FAST_CLIENT})
+        for n in range(60):
+            producer.produce("orders", key=b"k%d" % n, value=b"v", partition=n % PARTITIONS)
+        assert producer.flush(30) == 0
+        consumer = Consumer({"bootstrap.servers": str(first.address), "group.id": group, "auto.offset.reset": "earliest",
+                             "enable.auto.commit": False, "session.timeout.ms": 6000, **FAST_CLIENT})
+        consumer.subscribe(["orders"])
+        read = 0
+        while read < 60:
+            message = consumer.poll(10)
+            assert message is not None and message.error() is None, message and message.error()
+            read += 1
+        consumer.commit(asynchronous=False)
+        admin = AdminClient({"bootstrap.servers": str(first.address), **FAST_CLIENT})
+        described = admin.describe_consumer_groups([group])[group].result(timeout=10)
+        assert described.coordinator.id == second.broker.node_id
+        listed = admin.list_consumer_groups().result(timeout=10)
+        assert [g.group_id for g in listed.valid].count(group) == 1, listed.valid
+        committed = consumer.committed([TopicPartition("orders", p) for p in range(PARTITIONS)], timeout=10)
+        assert sorted(tp.offset for tp in committed) == [10] * PARTITIONS
+        consumer.close()
+        assert by_node[described.coordinator.id] is second

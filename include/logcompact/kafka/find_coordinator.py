@@ -1,12 +1,15 @@
 """FindCoordinator (key 10), v0-4: the agent that coordinates a consumer group (v4 answers several keys at once).
 
-Every agent answers for every group from the same list of live agents, so clients reach the group's coordinator
-from any bootstrap agent. Transactional ids (key type 1) are refused with INVALID_REQUEST, Kafka's answer to a
+Every agent answers for every group from the same list of live agents (read from the catalog for each request;
+group requests check against the list as of the agent's last heartbeat, so for up to a heartbeat after an agent
+joins or leaves two agents may both take a group's requests, and its members then rejoin at the one that stays),
+so clients reach the group's coordinator from any bootstrap agent. Transactional ids (key type 1) are refused with INVALID_REQUEST, Kafka's answer to a
 key type it does not serve: this agent has no transaction coordinator.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from logcompact.kafka import codec
@@ -18,6 +21,8 @@ GROUP_KEY = 0
 
 async def handle(broker: Broker, request: codec.Request) -> Any:
     body, version = request.body, request.api_version
+    # The live agents read now, as Metadata does: a client is sent to the coordinator the cluster has this moment.
+    await asyncio.to_thread(broker.agents.refresh)
     response_class = codec.response_class(API_KEY, version)
     if version >= 4:
         coordinators = [_find(broker, key, int(body.key_type)) for key in body.coordinator_keys]

@@ -1,6 +1,6 @@
 """The classic group membership APIs, answered by the group's coordinator (`coordinator.GroupCoordinator`):
 JoinGroup (11) v0-9, SyncGroup (14) v0-5, Heartbeat (12) v0-4, LeaveGroup (13) v0-5, DescribeGroups (15) v0-5,
-and ListGroups (16) v0-4, which any agent answers for every group from the catalog's rows.
+and ListGroups (16) v0-4, which each agent answers for the groups it coordinates, from the catalog's rows.
 
 A JoinGroup or SyncGroup that has to wait for the rest of the group is parked (a future on the event loop): its
 connection's later requests are still read and handled meanwhile, only their answers queue behind it (Kafka's
@@ -134,9 +134,12 @@ async def describe_groups(broker: Broker, request: codec.Request) -> Any:
 
 
 async def list_groups(broker: Broker, request: codec.Request) -> Any:
-    """Every group of the cluster, from the catalog's rows, those this agent coordinates as its memory has them."""
+    """The groups this agent coordinates, as Kafka's brokers list theirs (admin clients ask every broker and join
+    the answers, so each group is listed once): from the catalog's rows, which any coordinator before wrote, and
+    from memory for those it holds."""
     rows = await asyncio.to_thread(broker.groups.catalog.groups)
-    listed = {row.group_id: (row.protocol_type, row.state) for row in rows}
+    mine = broker.node_id
+    listed = {row.group_id: (row.protocol_type, row.state) for row in rows if broker.agents.coordinator_for(row.group_id).node_id == mine}
     for group in broker.groups.all_groups():
         listed[group.group_id] = (group.protocol_type or "", group.state)
     wanted = {state.lower() for state in getattr(request.body, "states_filter", ())}
