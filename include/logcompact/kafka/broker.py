@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from logcompact.catalog import Catalog
 from logcompact.exceptions import IngestError
 from logcompact.ingest import Agent, Record
+from logcompact.store.cache import CachedStore
 from logcompact.topics import Topic
 
 if TYPE_CHECKING:
@@ -51,6 +52,7 @@ class Broker:
     ingest: Ingest = field(repr=False)
     max_message_bytes: int
     commits: CommitWatch = field(repr=False)
+    file_cache: CachedStore = field(repr=False)  # the catalog's store behind Fetch's bounded cache of file ranges
 
     def topic_id(self, topic: str) -> uuid.UUID:
         """Kafka's topic id (Metadata v10 on): the catalog numbers topics, so derive a UUID stable per cluster."""

@@ -27,10 +27,12 @@ from dataclasses import dataclass
 from logcompact.catalog import Catalog
 from logcompact.exceptions import LogcompactError
 from logcompact.ingest import DEFAULT_FLUSH_BYTES, DEFAULT_FLUSH_INTERVAL_MS
-from logcompact.kafka import api_versions, codec
+from logcompact.kafka import api_versions, codec, records
 from logcompact.kafka.apis import APIS
 from logcompact.kafka.broker import Address, Broker, CommitWatch, Ingest
 from logcompact.kafka.produce import DEFAULT_MAX_MESSAGE_BYTES
+from logcompact.store.cache import DEFAULT_MAX_BYTES as DEFAULT_FETCH_CACHE_BYTES
+from logcompact.store.cache import CachedStore
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,7 @@ class AgentSettings:
     flush_interval_ms: int = DEFAULT_FLUSH_INTERVAL_MS
     flush_bytes: int = DEFAULT_FLUSH_BYTES
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # of every topic (TopicConfig has no max.message.bytes)
+    fetch_cache_bytes: int = DEFAULT_FETCH_CACHE_BYTES  # file ranges Fetch keeps for consumers reading them again
 
 
 class FrameError(Exception):
@@ -83,6 +86,7 @@ class AgentServer:
     async def start(self) -> None:
         # The cluster must exist before clients are told its id: ClusterNotFoundError otherwise.
         cluster_id = await asyncio.to_thread(lambda: self.catalog.cluster_id)
+        await asyncio.to_thread(records.compile_encoder)  # seconds on a fresh install: before clients, not in a Fetch
         listen = self.settings.listen
         try:
             self._server = await asyncio.start_server(self._connection, listen.host, listen.port)
@@ -91,7 +95,8 @@ class AgentServer:
         settings = self.settings
         ingest = await asyncio.to_thread(Ingest, self.catalog, settings.flush_interval_ms, settings.flush_bytes)
         commits = CommitWatch(self.catalog, COMMIT_POLL_SECONDS)
-        self._broker = Broker(self.catalog, cluster_id, settings.node_id, settings.advertise or self.address, APIS, ingest, settings.max_message_bytes, commits)
+        file_cache = CachedStore(self.catalog.store, settings.fetch_cache_bytes)
+        self._broker = Broker(self.catalog, cluster_id, settings.node_id, settings.advertise or self.address, APIS, ingest, settings.max_message_bytes, commits, file_cache)
 
     async def stop(self) -> None:
         assert self._server is not None, "start() first"
