@@ -169,13 +169,13 @@ def test_latest_offsets_keep_keys_apart_when_their_high_hash_words_match() -> No
 def test_a_long_section_is_read_through_its_footer_only_as_the_catalog_records_it(catalog: Catalog, monkeypatch) -> None:
     from sqlalchemy import update
 
-    import logcompact.consume as consume
+    import logcompact.format.reader as reader
     from logcompact.catalog import schema
     from logcompact.exceptions import CorruptDataError
 
     create_topic(catalog, "t", cleanup_policy="compact")
     _produce(catalog, "t", [Record(0, b"k%d" % (n % 50), b"v" * 200, NOW) for n in range(20_000)])
-    monkeypatch.setattr(consume, "SEEK_BYTES", 1024)  # every section is "long": read through the footer's blocks
+    monkeypatch.setattr(reader, "SEEK_BYTES", 1024)  # every section is "long": read through the footer's blocks
     offsets = [r.offset for r in read_records(catalog.store, catalog.snapshot(), "t", 0, 12_345, 12_400)]
     assert offsets == list(range(12_345, 12_400))
     with catalog.engine.begin() as connection:

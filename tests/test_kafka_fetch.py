@@ -4,6 +4,7 @@ of every version (4-12) decoded by kio, over produced and compacted partitions."
 from __future__ import annotations
 
 import io
+import random
 import shutil
 import struct
 import subprocess
@@ -388,3 +389,107 @@ def test_stopping_answers_waiting_fetches_at_once(catalog: Catalog) -> None:
     waiting.join(timeout=10)
     ((at, partition),) = answered
     assert at - stopping < 2 and (int(partition.error_code), partition.high_watermark) == (NONE, 0)
+
+
+# -- batches encoded from columns, the cache of file ranges ------------------------------------------------
+
+
+def varied_records(count: int) -> list[Record]:
+    """Records whose fields cross the varint size boundaries (63/64, 8191/8192 bytes), with null and empty keys, null
+    and empty values, null header values and timestamps going backwards (negative deltas)."""
+    lengths = [0, 1, 63, 64, 127, 128, 8191, 8192, 20_000]
+    found = []
+    for n in range(count):
+        key = None if n % 7 == 3 else b"" if n % 11 == 5 else b"k%d" % n
+        value = None if n % 5 == 2 else bytes([n % 251]) * lengths[n % len(lengths)]
+        headers = [] if n % 3 else [("trace", b"t%d" % n), ("none", None), ("", b"")]
+        found.append(Record(0, key, value, TIMESTAMP + (n * 7919) % 5000 - 2500, headers))
+    return found
+
+
+def python_consumed(agent: RunningAgent, topic: str, count: int) -> list[ConsumedRecord]:
+    consumer = KafkaConsumer(bootstrap_servers=agent.bootstrap, enable_auto_commit=False, consumer_timeout_ms=3000)
+    try:
+        consumer.assign([KafkaPythonTopicPartition(topic, 0)])
+        consumer.seek_to_beginning(KafkaPythonTopicPartition(topic, 0))
+        read = [ConsumedRecord(m.offset, m.timestamp, m.key, m.value, list(m.headers)) for m in consumer]
+    finally:
+        consumer.close()
+    assert len(read) == count
+    return read
+
+
+def test_batches_from_columns_keep_every_field_as_stored(agent: RunningAgent, catalog: Catalog) -> None:
+    create_topic(catalog, "varied", 1, cleanup_policy="delete")  # keyless records allowed
+    produce(catalog, "varied", varied_records(600))
+    produce(catalog, "varied", [Record(0, b"big", b"b" * (1_500_000), TIMESTAMP)])  # larger than a batch (1 MiB)
+    produce(catalog, "varied", varied_records(50))
+    stored = list(read_records(catalog.store, catalog.snapshot(), "varied", 0))
+    assert len(stored) == 651
+    consumer = confluent_consumer(agent)
+    try:
+        consumer.assign([TopicPartition("varied", 0, 0)])
+        assert [as_consumed(message) for message in consume(consumer, 651)] == stored
+    finally:
+        consumer.close()
+    assert python_consumed(agent, "varied", 651) == stored
+    _, partitions = fetch(agent, 12, {("varied", 0): 0}, max_varied_0=1 << 24)
+    memory, sizes = MemoryRecords(partitions[("varied", 0)].records), []
+    while (batch := memory.next_batch()) is not None:
+        assert batch.validate_crc()
+        sizes.append(batch.size_in_bytes)
+    assert max(sizes) < 1_600_000 and sorted(sizes)[-2] <= 1 << 20  # the big record alone in its batch, others within 1 MiB
+
+
+def test_a_compacted_partition_of_many_records_reads_with_its_holes_from_files(agent: RunningAgent, catalog: Catalog) -> None:
+    """Thousands of records across two files, compacted (the survivors spread over holes), read by both clients from
+    the beginning and from inside holes, in responses cut by partition_max_bytes."""
+    chosen = random.Random(20)
+    keys = [b"key-%d" % chosen.randrange(1500) for _ in range(5000)]  # each key's last write anywhere: holes everywhere
+    produce(catalog, "state", [Record(0, key, b"v%d" % n * 10, TIMESTAMP + n, [("n", b"%d" % n)]) for n, key in enumerate(keys[:2500])])
+    produce(catalog, "state", [Record(0, key, None if n % 13 == 0 else b"v%d" % n * 10, TIMESTAMP + n) for n, key in enumerate(keys[2500:], 2500)])
+    plan = full_sweep(catalog.planning_snapshot(NOW), NOW)
+    assert plan is not None
+    run_and_commit(catalog, plan, NOW)
+    stored = list(read_records(catalog.store, catalog.snapshot(), "state", 0))
+    survivors = len(set(keys))
+    assert len(stored) == survivors and stored[-1].offset == 4999 and any(r.value is None for r in stored)  # tombstones kept
+    limits = {"max.partition.fetch.bytes": 4096, "fetch.max.bytes": 8192, "message.max.bytes": 8192}
+    consumer = confluent_consumer(agent, **limits, **{"auto.offset.reset": "earliest"})
+    try:
+        consumer.assign([TopicPartition("state", 0, 0)])  # below the log start (offset 0 was overwritten): from the earliest
+        assert [as_consumed(message) for message in consume(consumer, survivors, timeout=30)] == stored
+    finally:
+        consumer.close()
+    assert python_consumed(agent, "state", survivors) == stored
+    assert stored[1].offset > stored[0].offset + 1
+    position, read = stored[0].offset + 1, [stored[0].offset]  # the first fetch from inside the hole after the first record
+    while position < 5000:  # raw fetches of at most 3,000 bytes each, each answering at least one record
+        _, partitions = fetch(agent, 12, {("state", 0): position}, max_state_0=3000)
+        records = partitions[("state", 0)].records
+        assert 0 < len(records) <= 3000
+        memory = MemoryRecords(records)
+        while (batch := memory.next_batch()) is not None:
+            read.extend(record.offset for record in batch)
+            position = batch.last_offset + 1
+    assert read == [record.offset for record in stored]
+
+
+def test_a_second_read_of_the_tail_sends_no_get_and_the_cache_stays_within_its_setting(catalog: Catalog) -> None:
+    running = RunningAgent(catalog, flush_interval_ms=FLUSH_MS, fetch_cache_bytes=20_000)
+    try:
+        produce(catalog, "orders", [Record(0, b"k%d" % i, b"v" * 100, TIMESTAMP) for i in range(20)])
+        store, cache = catalog.store, running.server.broker.file_cache
+        before = store.counters.snapshot().get
+        _, first = fetch(running, 12, {("orders", 0): 10})
+        after_first = store.counters.snapshot().get
+        _, second = fetch(running, 12, {("orders", 0): 10})
+        assert after_first > before and store.counters.snapshot().get == after_first  # the tail again: no GET
+        assert offsets(second[("orders", 0)].records) == offsets(first[("orders", 0)].records) == list(range(10, 20))
+        for round_ in range(6):  # new files, each read twice: held while they fit, the oldest evicted past 20,000 bytes
+            produce(catalog, "orders", [Record(round_ % 2, b"k%d" % i, b"w" * 2000, TIMESTAMP) for i in range(3)])
+            for _ in range(2):
+                fetch(running, 12, {("orders", 0): 0, ("orders", 1): 0})
+                assert 0 < cache.cached_bytes <= 20_000
+    finally:
+        running.stop()

@@ -678,10 +678,12 @@ def tour(ctx: Context, records: int) -> None:
               help="Or as soon as this many bytes are buffered.")
 @click.option("--max-message-bytes", type=click.IntRange(min=1), default=1_048_588, show_default=True,
               help="Largest record batch taken (Kafka's message.max.bytes; for every topic).")
+@click.option("--fetch-cache-bytes", type=click.IntRange(min=0), default=256 * 1024 * 1024, show_default=True,
+              help="Bytes of file ranges kept for consumers that read them again (the tail); 0: no cache.")
 @pass_context
 def agent(
     ctx: Context, listen: str, advertise: str | None, node_id: int | None, rack: str | None, flush_ms: int, flush_bytes: int,
-    max_message_bytes: int,
+    max_message_bytes: int, fetch_cache_bytes: int,
 ) -> None:
     """Serve Kafka's protocol over this cluster (ApiVersions, Metadata, Produce, Fetch, ListOffsets so far; docs/agent.md) until
     SIGTERM or SIGINT, then commit what producers sent. Prints one JSON line once listening: its address,
@@ -693,6 +695,7 @@ def agent(
         settings = AgentSettings(
             Address.parse(listen, "--listen"), Address.parse(advertise, "--advertise") if advertise else None, node_id, rack,
             flush_interval_ms=flush_ms, flush_bytes=flush_bytes, max_message_bytes=max_message_bytes,
+            fetch_cache_bytes=fetch_cache_bytes,
         )
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None

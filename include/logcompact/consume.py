@@ -2,10 +2,10 @@
 
 Offsets live in the catalog: a section's records carry offset deltas, and the catalog gives each
 section's first offset. A read asks the snapshot for the sections of its one partition and offset range
-(one indexed query, whatever else the catalog holds), then reads them in offset order: a section with one
-ranged GET, or, past SEEK_BYTES, block by block from the one holding the first offset wanted, found in its
-file's footer; sections whose offset ranges overlap (a compaction output spans a hole that another file fills) are
-merged by offset. Holes left by compaction are simply absent, as Kafka consumers expect.
+(one indexed query, whatever else the catalog holds), then reads each in offset order through the format's one
+read path of a section from an offset (`format.read_section_from`: one ranged GET, or, for a long section, block
+by block from the one holding the first offset wanted); sections whose offset ranges overlap (a compaction output
+spans a hole that another file fills) are merged by offset. Holes left by compaction are simply absent, as Kafka consumers expect.
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ import pyarrow.compute as pc
 
 from logcompact.catalog import CatalogSection, Snapshot
 from logcompact.exceptions import CorruptDataError, InvalidRecordError
-from logcompact.format import read_footer, read_section
-from logcompact.format.layout import HEADERS_TYPE, INDEX_COLUMNS, SectionInfo, key_hash_words
-from logcompact.format.reader import Footer, check_section_piece, iter_blocks
+from logcompact.format import read_section_from
+from logcompact.format.layout import HEADERS_TYPE, INDEX_COLUMNS, key_hash_words
 from logcompact.store.base import ObjectStore
 
 RECORD_SCHEMA = pa.schema(
@@ -45,18 +44,6 @@ class ConsumedRecord(NamedTuple):
 
 SectionRef = tuple[str, CatalogSection]  # (file key, section)
 
-# A section longer than this is read block by block through its file's footer (its index of blocks by
-# offset), so a read from an offset inside it starts at the block holding that offset and memory stays
-# bounded; shorter ones take one ranged GET.
-SEEK_BYTES = 4 * 1024 * 1024
-# Blocks fetched per ranged GET when reading a long section.
-CHUNK_BYTES = 8 * 1024 * 1024
-# Why a section's catalog row and its file disagree, and what to do: one line, both causes.
-_REPLACED_OR_CHANGED = (
-    "the file was replaced or is corrupt, or the catalog's row of the section was changed; restore the file from a copy "
-    "or the catalog database from a backup"
-)
-
 
 def _overlapping_runs(sections: Iterable[SectionRef]) -> Iterator[list[SectionRef]]:
     """Group sections (sorted by first offset) into runs whose offset ranges overlap."""
@@ -70,60 +57,6 @@ def _overlapping_runs(sections: Iterable[SectionRef]) -> Iterator[list[SectionRe
         run_end = max(run_end, pair[1].last_offset)
     if run:
         yield run
-
-
-def _section_batches(
-    store: ObjectStore, key: str, section: CatalogSection, from_offset: int, index_only: bool
-) -> Iterator[pa.RecordBatch]:
-    """A section's records (SECTION_SCHEMA, or its index columns), from the block holding `from_offset` when
-    the section is long."""
-    info = section.info
-    if info.byte_length <= SEEK_BYTES:
-        yield from read_section(store, key, info, index_only).batches
-        return
-    footer = read_footer(store, key)
-    _check_footer_section(key, footer, info)
-    blocks = footer.blocks_of(info)
-    # The section's rows before each of its blocks, and each block's first delta: where `from_offset` starts.
-    rows_before = np.concatenate(([0], np.cumsum(footer.block_rows[blocks.start : blocks.stop]) - info.first_row))
-    first = blocks.start
-    wanted = from_offset - section.first_offset
-    if wanted > 0:
-        later = footer.block_first_deltas[blocks.start + 1 : blocks.stop]
-        first = blocks.start + int(np.searchsorted(later, wanted, side="right"))
-    skip = info.first_row if first == blocks.start else 0
-    # Deltas are checked from where the read starts: the first from 0 only when that is the section's start.
-    previous = -1 if first == blocks.start else int(footer.block_first_deltas[first]) - 1
-    left = info.record_count - max(0, int(rows_before[first - blocks.start]))
-    block = first
-    while block < blocks.stop and left > 0:
-        start = int(footer.block_offsets[block])
-        end = block + 1  # one block first (the first record soon), then chunks
-        while end < blocks.stop and block != first and footer.block_offsets[end] + footer.block_lengths[end] - start <= CHUNK_BYTES:
-            end += 1
-        length = int(footer.block_offsets[end - 1] + footer.block_lengths[end - 1]) - start
-        for _, batch in iter_blocks(key, store.get_range(key, start, length), start, index_only):
-            piece = batch.slice(skip, left)
-            skip, left = 0, left - piece.num_rows
-            if piece.num_rows:
-                previous = check_section_piece(key, info, piece, previous, complete=left == 0)
-                yield piece
-        block = end
-
-
-def _check_footer_section(key: str, footer: Footer, info: SectionInfo) -> None:
-    """A long section is read through its file's footer: the footer must record it as the catalog does."""
-    for found in footer.sections:
-        if (found.topic, found.partition) == (info.topic, info.partition):
-            fields = ("record_count", "last_delta", "byte_offset", "byte_length", "first_row", "crc32")
-            differ = [f"{name} {getattr(info, name)} (found {getattr(found, name)})" for name in fields if getattr(found, name) != getattr(info, name)]
-            if not differ:
-                return
-            raise CorruptDataError(
-                f"{key}: section {info.topic}/{info.partition}: the catalog records {', '.join(differ)} in the file's "
-                f"footer: {_REPLACED_OR_CHANGED}"
-            )
-    raise CorruptDataError(f"{key}: section {info.topic}/{info.partition}: the file's footer has no such section: {_REPLACED_OR_CHANGED}")
 
 
 def _records_table(batches: Iterable[pa.RecordBatch], first_offset: int, columns: tuple[str, ...]) -> Iterator[pa.Table]:
@@ -167,13 +100,13 @@ def _read(
     for run in _overlapping_runs(sections):
         if len(run) == 1:
             key, section = run[0]
-            batches = _section_batches(store, key, section, from_offset, index_only)
+            batches = read_section_from(store, key, section.info, max(0, from_offset - section.first_offset), index_only)
             tables: Iterable[pa.Table] = _records_table(batches, section.first_offset, columns)
         else:
             whole = [
                 table
                 for key, section in run
-                for table in _records_table(_section_batches(store, key, section, 0, index_only), section.first_offset, columns)
+                for table in _records_table(read_section_from(store, key, section.info, 0, index_only), section.first_offset, columns)
             ]
             tables = [_merged(run, whole)]
         for table in tables:

@@ -3,7 +3,7 @@ and the footer's index. Every block's CRC-32 is checked before any of its bytes 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -33,6 +33,11 @@ from logcompact.store.base import CountingReader, ObjectStore
 _SCHEMA_MESSAGE = SECTION_SCHEMA.serialize().to_pybytes()
 # The tail read first for the footer: the trailer and, in most files, the whole footer.
 _TAIL_BYTES = 64 * 1024
+# Why a section's catalog row and its file disagree, and what to do: one line, both causes.
+_REPLACED_OR_CHANGED = (
+    "the file was replaced or is corrupt, or the catalog's row of the section was changed; restore the file from a copy "
+    "or the catalog database from a backup"
+)
 
 
 def _check_header(name: str, header: bytes) -> int:
@@ -196,11 +201,86 @@ def read_section(store: ObjectStore, key: str, info: SectionInfo, index_only: bo
     if first_crc != info.crc32:
         raise CorruptDataError(
             f"{key}: section {info.topic}/{info.partition} at byte {info.byte_offset}: the catalog records a block of "
-            f"index CRC-32 {info.crc32:#010x}, the file holds {first_crc:#010x}: the file was replaced or is corrupt, or "
-            "the catalog's row of the section was changed; restore the file from a copy or the catalog database from a backup"
+            f"index CRC-32 {info.crc32:#010x}, the file holds {first_crc:#010x}: {_REPLACED_OR_CHANGED}"
         )
     batches = (batch for _, batch in iter_blocks(key, data, info.byte_offset, index_only))
     return Section(info, list(section_rows(key, info, batches)))
+
+
+# -- a section from an offset ----------------------------------------------------------------------------
+
+# A section longer than this is read block by block through its file's footer (its index of blocks by offset),
+# so a read from an offset inside it starts at the block holding that offset and memory stays bounded; shorter
+# ones take one ranged GET.
+SEEK_BYTES = 4 * 1024 * 1024
+# Blocks fetched per ranged GET when reading a long section.
+CHUNK_BYTES = 8 * 1024 * 1024
+
+
+def read_section_from(store: ObjectStore, key: str, info: SectionInfo, from_delta: int = 0, index_only: bool = False) -> Iterator[pa.RecordBatch]:
+    """The section's rows whose offset delta is `from_delta` or more, in order (SECTION_SCHEMA, or the index columns
+    with `index_only`), checked against the catalog's record as they pass: the one read path of a section from an
+    offset, for consumers (`logcompact consume`, Fetch).
+
+    A section up to SEEK_BYTES is one ranged GET. A longer one is read through its file's footer from the block
+    holding `from_delta`: that block alone first (the first record soon), then CHUNK_BYTES of blocks per ranged GET,
+    so memory stays bounded whatever the section's size."""
+    if info.byte_length <= SEEK_BYTES:
+        pieces: Iterable[pa.RecordBatch] = read_section(store, key, info, index_only).batches
+    else:
+        pieces = _long_section_from(store, key, info, from_delta, index_only)
+    for piece in pieces:
+        if from_delta:
+            deltas = piece.column(0).to_numpy()  # offset_delta, increasing (checked)
+            if deltas[-1] < from_delta:
+                continue
+            piece = piece.slice(int(np.searchsorted(deltas, from_delta)))
+        yield piece
+
+
+def _long_section_from(store: ObjectStore, key: str, info: SectionInfo, from_delta: int, index_only: bool) -> Iterator[pa.RecordBatch]:
+    footer = read_footer(store, key)
+    _check_footer_section(key, footer, info)
+    blocks = footer.blocks_of(info)
+    # The section's rows before each of its blocks, and each block's first delta: where `from_delta` starts.
+    rows_before = np.concatenate(([0], np.cumsum(footer.block_rows[blocks.start : blocks.stop]) - info.first_row))
+    first = blocks.start
+    if from_delta > 0:
+        later = footer.block_first_deltas[blocks.start + 1 : blocks.stop]
+        first = blocks.start + int(np.searchsorted(later, from_delta, side="right"))
+    skip = info.first_row if first == blocks.start else 0
+    # Deltas are checked from where the read starts: the first from 0 only when that is the section's start.
+    previous = -1 if first == blocks.start else int(footer.block_first_deltas[first]) - 1
+    left = info.record_count - max(0, int(rows_before[first - blocks.start]))
+    block = first
+    while block < blocks.stop and left > 0:
+        start = int(footer.block_offsets[block])
+        end = block + 1  # one block first (the first record soon), then chunks
+        while end < blocks.stop and block != first and footer.block_offsets[end] + footer.block_lengths[end] - start <= CHUNK_BYTES:
+            end += 1
+        length = int(footer.block_offsets[end - 1] + footer.block_lengths[end - 1]) - start
+        for _, batch in iter_blocks(key, store.get_range(key, start, length), start, index_only):
+            piece = batch.slice(skip, left)
+            skip, left = 0, left - piece.num_rows
+            if piece.num_rows:
+                previous = check_section_piece(key, info, piece, previous, complete=left == 0)
+                yield piece
+        block = end
+
+
+def _check_footer_section(key: str, footer: Footer, info: SectionInfo) -> None:
+    """A long section is read through its file's footer: the footer must record it as the catalog does."""
+    for found in footer.sections:
+        if (found.topic, found.partition) == (info.topic, info.partition):
+            fields = ("record_count", "last_delta", "byte_offset", "byte_length", "first_row", "crc32")
+            differ = [f"{name} {getattr(info, name)} (found {getattr(found, name)})" for name in fields if getattr(found, name) != getattr(info, name)]
+            if not differ:
+                return
+            raise CorruptDataError(
+                f"{key}: section {info.topic}/{info.partition}: the catalog records {', '.join(differ)} in the file's "
+                f"footer: {_REPLACED_OR_CHANGED}"
+            )
+    raise CorruptDataError(f"{key}: section {info.topic}/{info.partition}: the file's footer has no such section: {_REPLACED_OR_CHANGED}")
 
 
 # -- the footer ------------------------------------------------------------------------------------------

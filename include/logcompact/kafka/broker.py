@@ -15,6 +15,7 @@ from logcompact.catalog.model import AgentRecord
 from logcompact.exceptions import IngestError
 from logcompact.ingest import Agent, Record
 from logcompact.kafka.cluster import AgentDirectory
+from logcompact.store.cache import CachedStore
 from logcompact.topics import Topic
 
 if TYPE_CHECKING:
@@ -55,6 +56,7 @@ class Broker:
     max_message_bytes: int
     commits: CommitWatch = field(repr=False)
     groups: GroupCoordinator = field(repr=False)
+    file_cache: CachedStore = field(repr=False)  # the catalog's store behind Fetch's bounded cache of file ranges
 
     @property
     def node_id(self) -> int:

@@ -1,5 +1,6 @@
 """Fetch (key 1), v4-12: a partition's records from an offset, as uncompressed record batches v2, read from the
-catalog's sections at one snapshot through consume's read path.
+catalog's sections at one snapshot through consume's read path, behind the agent's bounded cache of file ranges
+(`Broker.file_cache`), and encoded from their Arrow columns a batch at a time (`records.encode_batch`).
 
 Each record keeps its offset; holes left by compaction are gaps in a batch's offset deltas, a fetch offset in a
 hole gets the next record that exists, and a hole at the end is covered by the last batch's last offset (or a
@@ -19,9 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from logcompact.catalog import Snapshot
 from logcompact.consume import SectionRef, read_sections
@@ -32,7 +34,6 @@ from logcompact.store.base import ObjectStore
 
 API_KEY = 1
 BATCH_BYTES = 1024 * 1024  # the largest batch built (one larger record makes a batch of its own)
-ROWS_PER_STEP = 1024  # records converted from Arrow at a time, so a small budget converts few
 NO_SESSION = 0
 FULL_FETCH_EPOCHS = (-1, 0)
 READ_COMMITTED = 1
@@ -92,7 +93,9 @@ def _fetch(broker: Broker, body: Any) -> tuple[int, list[tuple[str, list[_Partit
                 partitions.append(_Partition(index, codec.ErrorCode.unknown_topic_or_partition))
             else:
                 log_start, high_watermark = offsets[index]
-                partitions.append(_read_partition(broker.catalog.store, snapshot, topic.topic, index, log_start, high_watermark, int(entry.fetch_offset), int(entry.partition_max_bytes), budget))
+                partitions.append(_read_partition(
+                    broker.file_cache, snapshot, topic.topic, index, log_start, high_watermark, int(entry.fetch_offset), int(entry.partition_max_bytes), budget,
+                ))
         answered.append((topic.topic, partitions))
     return snapshot.version, answered
 
@@ -112,8 +115,7 @@ def _read_partition(
     record there is, however much of the head compaction removed."""
     if not log_start <= fetch_offset <= high_watermark:
         return _Partition(partition, codec.ErrorCode.offset_out_of_range, high_watermark, log_start)
-    sections = snapshot.sections_of(topic, partition, 0, high_watermark)
-    wanted = [pair for pair in sections if pair[1].last_offset >= fetch_offset]
+    wanted = snapshot.sections_of(topic, partition, fetch_offset, high_watermark)  # the sections from the offset on
     batches = _batches(store, wanted, fetch_offset, high_watermark, min(partition_max_bytes, budget.left), budget)
     return _Partition(partition, codec.ErrorCode.none, high_watermark, log_start, batches)
 
@@ -125,36 +127,29 @@ def _batches(store: ObjectStore, sections: list[SectionRef], fetch_offset: int, 
     When every record up to the high watermark fits, the last batch covers the offsets after its last record
     (compacted away), or one batch of no records covers them all: the consumer's next fetch starts at the high
     watermark instead of asking for that trailing hole forever."""
-    out = bytearray()
-    builder: records.BatchBuilder | None = None
-    for offset, timestamp, key, value, headers in _records(store, sections, fetch_offset, high_watermark):
-        if builder is not None and builder.append(offset, timestamp, key, value, headers):
-            continue
-        if builder is not None:
-            out += builder.build()
-        room = limit - len(out)
-        builder = records.BatchBuilder(offset, max(0, min(BATCH_BYTES, room)))
-        builder.append(offset, timestamp, key, value, headers)  # a new batch always takes its first record
-        if builder.size_bytes > room and (budget.first_taken or out):
-            builder = None
-            break
-        budget.first_taken = True
-    else:  # every record to the high watermark taken
-        if builder is None and fetch_offset < high_watermark and (limit >= records.EMPTY_BATCH_BYTES or not budget.first_taken):
-            builder = records.BatchBuilder(fetch_offset, records.EMPTY_BATCH_BYTES)
-        if builder is not None:
-            out += builder.build(last_offset=high_watermark - 1)
-    budget.left -= len(out)
-    return bytes(out)
-
-
-def _records(store: ObjectStore, sections: list[SectionRef], fetch_offset: int, high_watermark: int) -> Iterator[tuple[int, int, bytes | None, bytes | None, list[tuple[str, bytes | None]]]]:
+    built: list[np.ndarray] = []
+    size = 0
     for table in read_sections(store, sections, fetch_offset, high_watermark):
-        for start in range(0, table.num_rows, ROWS_PER_STEP):
-            piece = table.slice(start, ROWS_PER_STEP)
-            columns = [piece.column(name).to_pylist() for name in ("offset", "timestamp", "key", "value", "headers")]
-            for offset, timestamp, key, value, headers in zip(*columns):
-                yield offset, timestamp, key, value, [(header["key"], header["value"]) for header in headers or ()]
+        for chunk in table.to_batches():
+            columns = records.RecordColumns.of(chunk)
+            start = 0
+            while start < len(columns):
+                room = limit - size
+                batch, start = records.encode_batch(columns, start, max(0, min(BATCH_BYTES, room)))
+                if len(batch) > room and (budget.first_taken or built):
+                    budget.left -= size
+                    return b"".join(batch.data for batch in built)
+                budget.first_taken = True
+                built.append(batch)
+                size += len(batch)
+    # every record to the high watermark taken
+    if built:
+        records.cover_to(built[-1], high_watermark - 1)
+    elif fetch_offset < high_watermark and (limit >= records.EMPTY_BATCH_BYTES or not budget.first_taken):
+        built.append(records.empty_batch(fetch_offset, high_watermark - 1))
+        size += records.EMPTY_BATCH_BYTES
+    budget.left -= size
+    return b"".join(batch.data for batch in built)
 
 
 def _response(version: int, body: Any, topics: list[tuple[str, list[_Partition]]], error: codec.ErrorCode) -> Any:

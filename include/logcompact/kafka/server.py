@@ -28,12 +28,14 @@ from logcompact.catalog import Catalog
 from logcompact.catalog.groups import GroupCatalog
 from logcompact.exceptions import LogcompactError
 from logcompact.ingest import DEFAULT_FLUSH_BYTES, DEFAULT_FLUSH_INTERVAL_MS
-from logcompact.kafka import api_versions, codec
+from logcompact.kafka import api_versions, codec, records
 from logcompact.kafka.apis import APIS
 from logcompact.kafka.broker import Address, Broker, CommitWatch, Ingest
 from logcompact.kafka.cluster import AgentDirectory
 from logcompact.kafka.coordinator import INITIAL_REBALANCE_DELAY_MS, GroupCoordinator
 from logcompact.kafka.produce import DEFAULT_MAX_MESSAGE_BYTES
+from logcompact.store.cache import DEFAULT_MAX_BYTES as DEFAULT_FETCH_CACHE_BYTES
+from logcompact.store.cache import CachedStore
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,7 @@ class AgentSettings:
     flush_bytes: int = DEFAULT_FLUSH_BYTES
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # of every topic (TopicConfig has no max.message.bytes)
     group_initial_rebalance_delay_ms: int = INITIAL_REBALANCE_DELAY_MS
+    fetch_cache_bytes: int = DEFAULT_FETCH_CACHE_BYTES  # file ranges Fetch keeps for consumers reading them again
 
 
 class FrameError(Exception):
@@ -88,6 +91,7 @@ class AgentServer:
     async def start(self) -> None:
         # The cluster must exist before clients are told its id: ClusterNotFoundError otherwise.
         cluster_id = await asyncio.to_thread(lambda: self.catalog.cluster_id)
+        await asyncio.to_thread(records.compile_encoder)  # seconds on a fresh install: before clients, not in a Fetch
         listen = self.settings.listen
         try:
             self._server = await asyncio.start_server(self._connection, listen.host, listen.port)
@@ -100,7 +104,10 @@ class AgentServer:
         agents = await asyncio.to_thread(AgentDirectory.register, self.catalog, advertised.host, advertised.port, settings.rack, settings.node_id)
         agents.start()
         groups = GroupCoordinator(GroupCatalog(self.catalog.engine), agents.me.node_id, settings.group_initial_rebalance_delay_ms)
-        self._broker = Broker(self.catalog, cluster_id, agents, advertised, APIS, ingest, settings.max_message_bytes, commits, groups)
+        file_cache = CachedStore(self.catalog.store, settings.fetch_cache_bytes)
+        self._broker = Broker(
+            self.catalog, cluster_id, agents, advertised, APIS, ingest, settings.max_message_bytes, commits, groups, file_cache,
+        )
 
     async def stop(self) -> None:
         assert self._server is not None, "start() first"

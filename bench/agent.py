@@ -1,0 +1,288 @@
+"""Issue 20's targets for `logcompact agent`, measured with confluent-kafka (librdkafka) against one agent process,
+side by side with librdkafka's built-in mock cluster (`test.mock.num.brokers: 1`), the client's own ceiling here.
+
+    .venv/bin/python bench/agent.py                  # every measure, 3 repetitions, medians
+    .venv/bin/python bench/agent.py --quick          # fewer records, 1 repetition
+    .venv/bin/python bench/agent.py --records 200000 --repeat 5
+
+The agent runs as `logcompact agent` in its own process on 127.0.0.1 (a free port, --flush-ms 250), over a SQLite
+catalog and a local store in a temporary directory. Measures (targets from issue 20):
+
+* produce, 100 B values, lz4, acks=all: records/s (>= 500k);
+* produce, 1 KiB values (random, uncompressed), acks=all: MB/s of values (>= 150 MB/s);
+* ack latency at acks=all with the agent's 250 ms flush: p50 and p99 of produce-to-delivery-report at a steady
+  5,000 records/s (p99 <= 400 ms);
+* fetch of a compacted topic from files: records produced with repeated keys, compacted by a full sweep through
+  the library (the engine, as `logcompact compact` runs it) so every record is read from L1+ files, then consumed
+  from the beginning by one consumer: records/s and MB/s of keys and values (>= 1M records/s, >= 300 MB/s); the
+  mock cluster consumes as many records of the same sizes;
+* the agent's resident memory after each measure (printed).
+
+Figures are printed, never asserted. The CPU model and load average are printed beside them: this machine is
+shared, and the figures move with its load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from logcompact.catalog import Catalog
+from logcompact.jobs import run_and_commit
+from logcompact.planner import PlannerConfig, choose_plans
+from logcompact.store import open_store
+from logcompact.topics import Topic
+
+PARTITIONS = 4
+FLUSH_MS = 250
+LATENCY_RATE = 5_000  # records/s while ack latency is measured
+PRODUCER = {"linger.ms": 5, "batch.size": 1_000_000, "queue.buffering.max.messages": 1_000_000, "queue.buffering.max.kbytes": 1_048_576,
+            "enable.idempotence": False, "acks": "all"}
+CONSUMER = {"group.id": "bench", "enable.auto.commit": False, "enable.partition.eof": True, "fetch.max.bytes": 52_428_800,
+            "max.partition.fetch.bytes": 4_194_304, "queued.max.messages.kbytes": 262_144}
+
+
+@dataclass
+class Cluster:
+    """Where a measure runs: the agent (with its store, for compaction) or the mock cluster."""
+
+    name: str
+    bootstrap: str
+    catalog: Catalog | None = None
+
+    def create_topic(self, name: str, cleanup_policy: str) -> None:
+        if self.catalog is not None:
+            now = int(time.time() * 1000)
+            self.catalog.create_topic(Topic.create(name, PARTITIONS, {"cleanup.policy": cleanup_policy}, now), now)
+        else:  # the mock cluster creates a topic when a client first asks for it, with 4 partitions
+            found = Producer({"bootstrap.servers": self.bootstrap}).list_topics(name, timeout=10).topics[name]
+            if len(found.partitions) != PARTITIONS:
+                raise SystemExit(f"the mock cluster created {name} with {len(found.partitions)} partitions, not {PARTITIONS}")
+
+
+@contextmanager
+def agent_process(directory: Path) -> Iterator[tuple[Cluster, psutil.Process]]:
+    store = f"file://{directory / 'store'}"
+    catalog = Catalog(open_store(store))
+    catalog.ensure_created(int(time.time() * 1000))
+    command = [sys.executable, "-m", "logcompact", "--store", store, "agent", "--listen", "127.0.0.1:0", "--flush-ms", str(FLUSH_MS)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        if not line:
+            raise SystemExit(f"the agent did not start: {' '.join(command)} exited with {process.wait()}")
+        yield Cluster("agent", json.loads(line)["listening"], catalog), psutil.Process(process.pid)
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+
+
+@contextmanager
+def mock_cluster() -> Iterator[Cluster]:
+    """librdkafka's mock cluster lives in a client: an idle producer holds it, and its broker's address serves the
+    measuring clients."""
+    holder = Producer({"test.mock.num.brokers": 1})
+    broker = next(iter(holder.list_topics(timeout=10).brokers.values()))
+    try:
+        yield Cluster("mock", f"{broker.host}:{broker.port}")
+    finally:
+        holder.flush(10)
+
+
+# -- measures ---------------------------------------------------------------------------------------------
+
+
+def produce(cluster: Cluster, topic: str, count: int, value_bytes: int, compression: str, keys: int) -> float:
+    """Seconds to produce `count` records with acks=all until every delivery report is in."""
+    values = [os.urandom(value_bytes // 2).hex().encode()[:value_bytes] if compression != "none" else os.urandom(value_bytes) for _ in range(256)]
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "compression.type": compression, **PRODUCER})
+    failed: list[KafkaError] = []
+
+    def report(error: KafkaError | None, _message: object) -> None:
+        if error is not None:
+            failed.append(error)
+
+    producer.list_topics(topic, timeout=10)
+    started = time.perf_counter()
+    for n in range(count):
+        while True:
+            try:
+                producer.produce(topic, values[n % 256], b"key-%d" % (n % keys), partition=n % PARTITIONS, on_delivery=report)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        if n % 10_000 == 0:
+            producer.poll(0)
+    if producer.flush(120):
+        raise SystemExit(f"{cluster.name}: records left undelivered after 120 s")
+    elapsed = time.perf_counter() - started
+    if failed:
+        raise SystemExit(f"{cluster.name}: {len(failed)} deliveries failed, the first: {failed[0]}")
+    return elapsed
+
+
+def ack_latencies(cluster: Cluster, topic: str, seconds: float) -> list[float]:
+    """Milliseconds from produce() to each delivery report, at LATENCY_RATE records/s with acks=all."""
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "compression.type": "lz4", **PRODUCER})
+    latencies: list[float] = []
+    producer.list_topics(topic, timeout=10)
+    started = time.perf_counter()
+    total = int(seconds * LATENCY_RATE)
+    for n in range(total):
+        due = started + n / LATENCY_RATE
+        while (now := time.perf_counter()) < due:
+            producer.poll(min(due - now, 0.001))
+        sent = time.perf_counter()
+        producer.produce(topic, b"v" * 100, b"key-%d" % n, partition=n % PARTITIONS,
+                         on_delivery=lambda error, _m, sent=sent: latencies.append((time.perf_counter() - sent) * 1000) if error is None else None)
+    producer.flush(60)
+    return latencies
+
+
+def consume_all(cluster: Cluster, topic: str, expected: int) -> tuple[float, int, int]:
+    """(seconds from the first record to every partition's end, records, bytes of keys and values) reading every
+    partition from the beginning."""
+    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, **CONSUMER})
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+    records = size = 0
+    ended: set[int] = set()
+    started = None  # at the first record: connecting and the first metadata are not the fetch's throughput
+    deadline = time.perf_counter() + 300
+    while len(ended) < PARTITIONS and time.perf_counter() < deadline:
+        for message in consumer.consume(10_000, 1.0):
+            error = message.error()
+            if error is None:
+                started = started or time.perf_counter()
+                records += 1
+                size += len(message.value() or b"") + len(message.key() or b"")
+            elif error.code() == KafkaError._PARTITION_EOF:
+                ended.add(message.partition())
+            else:
+                raise SystemExit(f"{cluster.name}: consume failed: {error}")
+    elapsed = time.perf_counter() - (started or 0)
+    consumer.close()
+    if records != expected:
+        raise SystemExit(f"{cluster.name}: consumed {records} records, expected {expected}")
+    return elapsed, records, size
+
+
+def compact(catalog: Catalog, topic: str) -> int:
+    """A full sweep of the topic through the library, as `logcompact compact --mode full` runs it: the records left,
+    every one of them in L1+ files."""
+    now = int(time.time() * 1000) + 60_000
+    for plan in choose_plans(catalog.planning_snapshot(now), now, "full", PlannerConfig(), topics=[topic]):
+        run_and_commit(catalog, plan, now)
+    files = catalog.snapshot().files(topics=[topic])
+    if any(data_file.level == 0 for data_file in files):
+        raise SystemExit(f"the full sweep left L0 files of {topic}: the fetch measure would not read from L1+ files")
+    return sum(section.info.record_count for data_file in files for section in data_file.sections if section.topic == topic)
+
+
+# -- the run ----------------------------------------------------------------------------------------------
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def machine() -> str:
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), "unknown CPU")
+    return f"{model}, {os.cpu_count()} cores, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+
+
+def row(measure: str, agent: float, mock: float, unit: str, target: str) -> str:
+    ratio = f"{agent / mock:6.2f}" if mock else "     -"
+    return f"{measure:<44} {agent:>12,.1f} {mock:>12,.1f}  {ratio}  {unit:<10} {target}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=1_000_000, help="records of 100 B per produce measure (1 KiB: a fifth)")
+    parser.add_argument("--repeat", type=int, default=3, help="repetitions of each measure; medians are printed")
+    parser.add_argument("--latency-seconds", type=float, default=10.0)
+    parser.add_argument("--quick", action="store_true", help="200,000 records, one repetition, 5 s of latency")
+    parser.add_argument("--measures", default="produce,latency,fetch", help="which to run, comma-separated")
+    args = parser.parse_args()
+    if args.quick:
+        args.records, args.repeat, args.latency_seconds = min(args.records, 200_000), 1, 5.0
+    small, large = args.records, max(1, args.records // 5)
+    measures = set(args.measures.split(","))
+    figures: dict[str, dict[str, list[float]]] = {"agent": {}, "mock": {}}
+    rss: dict[str, int] = {}
+
+    def note(cluster: Cluster, name: str, value: float) -> None:
+        figures[cluster.name].setdefault(name, []).append(value)
+
+    print(f"machine: {machine()}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="logcompact-bench-agent-") as directory, agent_process(Path(directory)) as (agent, process), mock_cluster() as mock:
+        for repetition in range(args.repeat):
+            for cluster in (agent, mock) if "produce" in measures else ():
+                topic = f"small-{repetition}"
+                cluster.create_topic(topic, "delete")
+                note(cluster, "produce_small", small / produce(cluster, topic, small, 100, "lz4", keys=small))
+                topic = f"large-{repetition}"
+                cluster.create_topic(topic, "delete")
+                note(cluster, "produce_large", large * 1024 / produce(cluster, topic, large, 1024, "none", keys=large) / 1e6)
+            for cluster in (agent, mock) if "latency" in measures else ():
+                topic = f"latency-{repetition}"
+                cluster.create_topic(topic, "delete")
+                latencies = ack_latencies(cluster, topic, args.latency_seconds)
+                note(cluster, "latency_p50", percentile(latencies, 0.5))
+                note(cluster, "latency_p99", percentile(latencies, 0.99))
+            rss["after produce"] = max(rss.get("after produce", 0), process.memory_info().rss)
+            if "fetch" not in measures:
+                continue
+            # Fetch from files: half the keys written twice, compacted away once.
+            topic = f"compacted-{repetition}"
+            agent.create_topic(topic, "compact")
+            produce(agent, topic, small, 100, "lz4", keys=small // 2)
+            assert agent.catalog is not None
+            survivors = compact(agent.catalog, topic)
+            mock.create_topic(topic, "compact")
+            produce(mock, topic, survivors, 100, "lz4", keys=survivors)
+            for cluster in (agent, mock):
+                elapsed, records, size = consume_all(cluster, topic, survivors)
+                note(cluster, "fetch_records", records / elapsed)
+                note(cluster, "fetch_mb", size / elapsed / 1e6)
+            rss["after fetch"] = max(rss.get("after fetch", 0), process.memory_info().rss)
+            print(f"repetition {repetition + 1} of {args.repeat} done; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+
+    agent_of = {name: median(values) for name, values in figures["agent"].items()}
+    mock_of = {name: median(values) for name, values in figures["mock"].items()}
+    nan = float("nan")
+    agent_of, mock_of = defaultdict(lambda: nan, agent_of), defaultdict(lambda: nan, mock_of)
+    print(f"\nmedians of {args.repeat}; machine: {machine()}")
+    print(f"{'measure':<44} {'agent':>12} {'mock':>12}  {'ratio':>6}  {'unit':<10} target")
+    print(row(f"produce {small:,} x 100 B, lz4, acks=all", agent_of["produce_small"], mock_of["produce_small"], "records/s", ">= 500,000"))
+    print(row(f"produce {large:,} x 1 KiB, acks=all", agent_of["produce_large"], mock_of["produce_large"], "MB/s", ">= 150"))
+    print(row(f"ack latency p50, acks=all, {FLUSH_MS} ms flush", agent_of["latency_p50"], mock_of["latency_p50"], "ms", ""))
+    print(row(f"ack latency p99, acks=all, {FLUSH_MS} ms flush", agent_of["latency_p99"], mock_of["latency_p99"], "ms", "<= 400"))
+    print(row("fetch of a compacted topic from files", agent_of["fetch_records"], mock_of["fetch_records"], "records/s", ">= 1,000,000"))
+    print(row("fetch of a compacted topic from files", agent_of["fetch_mb"], mock_of["fetch_mb"], "MB/s", ">= 300"))
+    print("agent resident memory (max): " + ", ".join(f"{rss[name] / 2**20:,.0f} MiB {name}" for name in rss))
+
+
+if __name__ == "__main__":
+    main()
