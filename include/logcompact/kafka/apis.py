@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from logcompact.kafka import api_versions, codec, fetch, list_offsets, metadata, produce
+from logcompact.kafka import api_versions, codec, fetch, init_producer_id, list_offsets, metadata, produce
 from logcompact.kafka.broker import Broker
 
 Handler = Callable[[Broker, codec.Request], Awaitable[Any]]
@@ -39,5 +39,6 @@ APIS: dict[int, Api] = {
         Api(produce.API_KEY, 3, 9, produce.handle),
         Api(fetch.API_KEY, 4, 12, fetch.handle),
         Api(list_offsets.API_KEY, 0, 7, list_offsets.handle),
+        Api(init_producer_id.API_KEY, 0, 4, init_producer_id.handle),
     )
 }
