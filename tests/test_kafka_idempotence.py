@@ -155,6 +155,30 @@ def test_confluent_kafka_idempotent_producer_writes_each_record_once(agent: Runn
     assert len({row[0] for row in rows}) == 1
 
 
+def test_a_failed_file_is_retried_by_the_idempotent_producer_and_written_once(agent: RunningAgent, catalog: Catalog, monkeypatch: pytest.MonkeyPatch) -> None:
+    put, puts = catalog.store.put, []
+
+    def second_put_fails(key: str, data: bytes) -> None:
+        puts.append(key)
+        if len(puts) == 2:
+            raise OSError("disk full, once")
+        put(key, data)
+
+    monkeypatch.setattr(catalog.store, "put", second_put_fails)
+    producer = Producer({"bootstrap.servers": agent.bootstrap, **IDEMPOTENT_LIBRDKAFKA, "retry.backoff.ms": 20})
+    errors: list[Any] = []
+    for i in range(600):
+        producer.produce("orders", key=b"k%d" % i, value=b"v%d" % i, partition=0, on_delivery=lambda error, _: errors.append(error) if error else None)
+        if i == 0:
+            assert producer.flush(10) == 0  # the first file, once the producer has its id
+        elif i % 20 == 0:
+            producer.poll(0.02)
+    assert producer.flush(20) == 0
+    assert errors == [] and len(puts) > 3
+    # the failed file's batches were answered with a retriable error and sent again: every record once, in order
+    assert values_of(catalog) == [b"v%d" % i for i in range(600)]
+
+
 def test_kafka_python_produces_with_its_default_idempotence(agent: RunningAgent, catalog: Catalog) -> None:
     producer = KafkaProducer(bootstrap_servers=agent.bootstrap, linger_ms=5)  # enable_idempotence defaults to True
     try:
@@ -210,6 +234,42 @@ def test_a_sequence_gap_is_out_of_order_and_writes_nothing(agent: RunningAgent, 
         assert answer(agent, sequenced_batch(producer_id, 0, sequence, [b"n%d" % sequence])) == (NONE, sequence)
     assert answer(agent, sequenced_batch(producer_id, 0, 0, [b"a"])) == (OUT_OF_ORDER_SEQUENCE_NUMBER, -1)
     assert values_of(catalog) == [b"a"] + [b"n%d" % s for s in range(1, 7)]
+
+
+def test_batches_following_a_failed_file_are_not_written_and_their_retries_are(agent: RunningAgent, catalog: Catalog, monkeypatch: pytest.MonkeyPatch) -> None:
+    put, puts = catalog.store.put, []
+
+    def second_put_fails_slowly(key: str, data: bytes) -> None:
+        puts.append(key)
+        if len(puts) == 2:
+            time.sleep(0.5)  # the next batch is accepted meanwhile, following this file's
+            raise OSError("disk full, once")
+        put(key, data)
+
+    monkeypatch.setattr(catalog.store, "put", second_put_fails_slowly)
+    producer_id = int(init_producer_id(agent).producer_id)
+    assert answer(agent, sequenced_batch(producer_id, 0, 0, [b"a"])) == (NONE, 0)
+    address = (agent.server.address.host, agent.server.address.port)
+    with socket.create_connection(address, timeout=10) as first, socket.create_connection(address, timeout=10) as second:
+        first.sendall(produce_request(9, 1, {("orders", 0): sequenced_batch(producer_id, 0, 1, [b"b"])}))
+        time.sleep(0.25)  # its file is being written
+        second.sendall(produce_request(9, 2, {("orders", 0): sequenced_batch(producer_id, 0, 2, [b"c"])}))
+        answers = [produce_response(receive_frame(connection), 9)[1][("orders", 0)] for connection in (first, second)]
+    assert [(int(a.error_code), int(a.base_offset)) for a in answers] == [(KAFKA_STORAGE_ERROR, -1), (KAFKA_STORAGE_ERROR, -1)]
+    assert len(puts) == 2 and values_of(catalog) == [b"a"]  # the second batch was not written over the gap
+    assert answer(agent, sequenced_batch(producer_id, 0, 1, [b"b"])) == (NONE, 1)
+    assert answer(agent, sequenced_batch(producer_id, 0, 2, [b"c"])) == (NONE, 2)
+    assert values_of(catalog) == [b"a", b"b", b"c"]
+
+
+def test_sequences_wrap_past_2_31_minus_1_to_0(agent: RunningAgent, catalog: Catalog) -> None:
+    producer_id, top = int(init_producer_id(agent).producer_id), 2**31 - 1
+    # a producer's first batch on a partition may start anywhere: this one ends at sequence 0
+    assert answer(agent, sequenced_batch(producer_id, 0, top - 1, [b"a", b"b", b"c"])) == (NONE, 0)
+    assert answer(agent, sequenced_batch(producer_id, 0, top - 1, [b"a", b"b", b"c"])) == (NONE, 0)  # its retry
+    assert answer(agent, sequenced_batch(producer_id, 0, top, [b"x"])) == (OUT_OF_ORDER_SEQUENCE_NUMBER, -1)
+    assert answer(agent, sequenced_batch(producer_id, 0, 1, [b"d"])) == (NONE, 3)
+    assert values_of(catalog) == [b"a", b"b", b"c", b"d"]
 
 
 def test_epochs_unknown_producers_and_transactional_batches(agent: RunningAgent, catalog: Catalog) -> None:
