@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -14,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from logcompact.catalog import Catalog
 from logcompact.catalog.producers import BATCHES_KEPT, SEQUENCE_WRAP, PartitionState, SequencedBatch, UnknownProducerError, last_sequence
-from logcompact.exceptions import IngestError
+from logcompact.exceptions import CatalogUnavailableError, IngestError, TopicNotFoundError
 from logcompact.ingest import Agent, Record
 from logcompact.kafka import codec
 from logcompact.topics import Topic
@@ -70,22 +69,22 @@ class Broker:
 
 def _retried(view: _ProducerView, key: tuple[int, str, int], epoch: int, first_sequence: int, last: int) -> Future | None:
     """Kafka's checks of a batch against its producer's state on the partition: the future of the original's offsets
-    for a retry of one of the newest batches, None for a batch to write, SequenceError for one to refuse."""
+    for a retry of one of the newest batches, None for a batch to write, ProducerStateError for one to refuse."""
     if view.epoch is None:  # no state: any epoch and sequence starts it
         return None
     where = f"producer {key[0]} on {key[1]}-{key[2]}"
     if epoch < view.epoch:
-        raise SequenceError(codec.ErrorCode.invalid_producer_epoch, f"{where}: epoch {epoch} is older than its epoch {view.epoch}")
+        raise ProducerStateError(codec.ErrorCode.invalid_producer_epoch, f"{where}: epoch {epoch} is older than its epoch {view.epoch}")
     if epoch > view.epoch:
         if first_sequence != 0:
-            raise SequenceError(codec.ErrorCode.out_of_order_sequence_number, f"{where}: new epoch {epoch} starts at sequence {first_sequence}, not 0")
+            raise ProducerStateError(codec.ErrorCode.out_of_order_sequence_number, f"{where}: new epoch {epoch} starts at sequence {first_sequence}, not 0")
         return None
     for first, final, placed in view.batches:
         if (first, final) == (first_sequence, last):
             return placed if isinstance(placed, Future) else _offsets_future(placed)
     expected = (view.batches[-1][1] + 1) % SEQUENCE_WRAP
     if first_sequence != expected:
-        raise SequenceError(codec.ErrorCode.out_of_order_sequence_number, f"{where}: sequence {first_sequence} where {expected} was expected")
+        raise ProducerStateError(codec.ErrorCode.out_of_order_sequence_number, f"{where}: sequence {first_sequence} where {expected} was expected")
     return None
 
 
@@ -162,8 +161,9 @@ class CommitWatch:
 MAX_PRODUCER_VIEWS = 100_000
 
 
-class SequenceError(Exception):
-    """An idempotent producer's batch refused for its producer id, epoch or sequence: Kafka's error for it."""
+class ProducerStateError(Exception):
+    """An idempotent producer's batch refused for its producer id, epoch or sequence, or because its producer's
+    state could not be read: Kafka's error for it."""
 
     def __init__(self, error: codec.ErrorCode, message: str) -> None:
         super().__init__(message)
@@ -188,6 +188,11 @@ class _ProducerView:
     def pending(self) -> bool:
         return any(isinstance(placed, Future) and not placed.done() for _, _, placed in self.batches)
 
+    @property
+    def failed(self) -> bool:
+        """Whether a batch it counts as written failed to commit: then it no longer says what the catalog holds."""
+        return any(isinstance(placed, Future) and placed.done() and placed.exception() is not None for _, _, placed in self.batches)
+
 
 class Ingest:
     """The server's one ingest agent, fed by one thread: what a handler submits to `thread` before its first
@@ -197,8 +202,8 @@ class Ingest:
 
     Idempotent producers' batches are checked here as Kafka's ProducerStateManager checks them, against a view of
     each producer-partition loaded from the catalog on its first batch plus the batches accepted since; each batch
-    records the state it assumed, which its append checks in the catalog (`logcompact.catalog.producers`). A batch
-    that fails to commit marks its view stale, so the producer's retry is checked against the catalog again."""
+    records the state it assumed, which its append checks in the catalog (`logcompact.catalog.producers`). A view
+    holding a batch that failed to commit is read from the catalog again, so the producer's retry is checked there."""
 
     def __init__(self, catalog: Catalog, flush_interval_ms: int, flush_bytes: int) -> None:
         self.catalog = catalog
@@ -208,8 +213,6 @@ class Ingest:
         self._agent = self._new_agent()
         self._topics: dict[str, Topic] = {}
         self._views: OrderedDict[tuple[int, str, int], _ProducerView] = OrderedDict()
-        self._stale: set[tuple[int, str, int]] = set()  # views whose batch failed: set by whichever thread failed it
-        self._stale_lock = threading.Lock()
 
     def _new_agent(self) -> Agent:
         return Agent(self.catalog, flush_interval_ms=self.flush_interval_ms, flush_bytes=self.flush_bytes)
@@ -239,7 +242,7 @@ class Ingest:
     def produce_sequenced(self, topic: str, records: Sequence[Record], producer_id: int, epoch: int, first_sequence: int) -> Future:
         """An idempotent producer's batch (its records all of one partition): the future of its offsets, or for a
         retry of one of the producer's newest 5 batches on the partition, that batch's (nothing written again).
-        SequenceError for an unknown producer id, an epoch older than the producer's, or a sequence that does not
+        ProducerStateError for an unknown producer id, an epoch older than the producer's, or a sequence that does not
         follow its last one (a new epoch starts at 0). A view that refuses a batch while nothing of it is pending
         is read from the catalog again first: another agent may have written for the producer since."""
         key = (producer_id, topic, records[0].partition)
@@ -247,7 +250,7 @@ class Ingest:
         view, loaded = self._view(key)
         try:
             retried = _retried(view, key, epoch, first_sequence, last)
-        except SequenceError:
+        except ProducerStateError:
             if loaded or view.pending:
                 raise
             del self._views[key]
@@ -258,7 +261,6 @@ class Ingest:
         follows = None if view.epoch is None else (view.epoch, view.batches[-1][1])
         previous = view.batches[-1][2] if view.batches else None
         future = self.produce(topic, records, SequencedBatch(producer_id, epoch, first_sequence, last, follows), previous if isinstance(previous, Future) else None)
-        future.add_done_callback(lambda done: self._forget_if_failed(key, done))
         if view.epoch != epoch:
             view.epoch, view.batches = epoch, []
         view.batches.append((first_sequence, last, future))
@@ -266,32 +268,27 @@ class Ingest:
         return future
 
     def _view(self, key: tuple[int, str, int]) -> tuple[_ProducerView, bool]:
-        """The producer-partition's view, and whether it was just read from the catalog."""
-        with self._stale_lock:
-            stale, self._stale = self._stale, set()
-        for dropped in stale:
-            self._views.pop(dropped, None)
+        """The producer-partition's view, and whether it was just read from the catalog (first batch, or a batch of
+        the view failed: the batches accepted after it fail too, unwritten, as they follow it)."""
         view = self._views.get(key)
-        if view is not None:
+        if view is not None and not view.failed:
             self._views.move_to_end(key)
             return view, False
         producer_id, topic, partition = key
         try:
             view = _ProducerView.of(self.catalog.producer_state(producer_id, topic, partition))
         except UnknownProducerError as exc:
-            raise SequenceError(codec.ErrorCode.unknown_producer_id, str(exc)) from None
+            raise ProducerStateError(codec.ErrorCode.unknown_producer_id, str(exc)) from None
+        except TopicNotFoundError as exc:  # deleted since the request's topic was looked up
+            raise ProducerStateError(codec.ErrorCode.unknown_topic_or_partition, str(exc)) from None
+        except CatalogUnavailableError as exc:  # retriable: the client sends the batch again
+            raise ProducerStateError(codec.ErrorCode.kafka_storage_error, f"producer state not readable: {exc}") from None
         self._views[key] = view
         if len(self._views) > MAX_PRODUCER_VIEWS:
             idle = next((old for old, known in self._views.items() if old != key and not known.pending), None)
             if idle is not None:
                 del self._views[idle]
         return view, True
-
-    def _forget_if_failed(self, key: tuple[int, str, int], done: Future) -> None:
-        """A batch's future is done (on the thread that finished it): if it failed, its view is read again."""
-        if done.exception() is not None:
-            with self._stale_lock:
-                self._stale.add(key)
 
     def flush(self) -> None:
         """Commit what is buffered now. A failure is not raised: it was answered to the batches it failed."""

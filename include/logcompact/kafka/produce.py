@@ -18,7 +18,7 @@ from typing import Any, cast
 from logcompact.exceptions import InvalidRecordError
 from logcompact.ingest import Record
 from logcompact.kafka import codec, records
-from logcompact.kafka.broker import Broker, SequenceError
+from logcompact.kafka.broker import Broker, ProducerStateError
 
 API_KEY = 0
 # Kafka's broker default for message.max.bytes, the max.message.bytes of a topic that sets none.
@@ -110,7 +110,7 @@ def _accept_partition(broker: Broker, version: int, acks: int, name: str, partit
         if batch.producer_id >= 0:
             return broker.ingest.produce_sequenced(name, produced, batch.producer_id, epoch, first_sequence)
         return broker.ingest.produce(name, produced)
-    except SequenceError as exc:
+    except ProducerStateError as exc:
         return _refused(exc.error, str(exc))
     except InvalidRecordError as exc:  # a timestamp the store cannot keep (negative, other than -1)
         return _refused(codec.ErrorCode.invalid_timestamp, str(exc))
