@@ -129,7 +129,7 @@ def test_a_failed_flush_fails_its_futures_and_is_raised_again(catalog: Catalog) 
 
 
 class _UnreachableCatalog(Catalog):
-    def append_files(self, new_files, now_ms):
+    def append_files(self, new_files, now_ms, sequenced=()):
         raise OperationalError("INSERT INTO files", {}, ConnectionRefusedError("connection refused"))
 
 

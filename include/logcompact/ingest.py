@@ -11,6 +11,11 @@ catalog (partitions, whether compacted), never its files.
 A batch is validated whole before any of it is buffered: a rejected batch leaves nothing behind. A failed
 write or commit fails the futures of every record in that file, and the error is raised again by the
 agent's next `produce`, `flush` or `close`; the background flusher never dies silently.
+
+An idempotent producer's batch (`sequenced`) is recorded in the catalog by the append that writes it
+(`logcompact.catalog.producers`). A batch may name the batch it must follow (`after`): it is written only if
+that one was committed, else failed unwritten, so a failed file never leaves a gap in a producer's sequences
+for the next file to commit over.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import NamedTuple
 import numpy as np
 
 from logcompact.catalog import Catalog, NewFile
+from logcompact.catalog.producers import PlacedBatch, SequencedBatch
 from logcompact.collector import collector_paused
 from logcompact.exceptions import IngestError, InvalidRecordError
 from logcompact.format import SegmentWriter, section_table
@@ -63,6 +69,8 @@ class _PendingBatch:
     values: list[bytes | None]
     timestamps: list[int]
     headers: list[Sequence[tuple[str, bytes]] | None]
+    sequenced: SequencedBatch | None = None
+    after: Future | None = None
 
 
 @dataclass
@@ -70,6 +78,17 @@ class _Buffer:
     batches: list[_PendingBatch] = field(default_factory=list)
     size_bytes: int = 0
     started_ms: float = 0.0
+
+
+def _follows_a_commit(batch: _PendingBatch) -> bool:
+    """Whether a batch may be written: it follows no batch, or one committed or in the same file before it. One
+    that may not is failed here; a batch following it then fails in turn (in buffer order)."""
+    after = batch.after
+    if after is None or not after.done() or after.exception() is None:
+        return True
+    failure = IngestError(f"batch not written: the batch it follows was not committed ({after.exception()})")
+    batch.future.set_exception(failure)
+    return False
 
 
 class Agent:
@@ -103,8 +122,12 @@ class Agent:
 
     # -- producing ---------------------------------------------------------------------------------
 
-    def produce(self, topic: str, records: Sequence[Record]) -> Future:
-        """Buffer a batch for one topic; the future resolves to the records' offsets once committed."""
+    def produce(self, topic: str, records: Sequence[Record], sequenced: SequencedBatch | None = None, after: Future | None = None) -> Future:
+        """Buffer a batch for one topic; the future resolves to the records' offsets once committed.
+
+        `sequenced`: the batch is an idempotent producer's, all of one partition, recorded with the append that
+        writes it. `after`: the future of a batch produced earlier that this one must follow; if that one is not
+        committed, this one is failed unwritten."""
         self._raise_background_error()
         if self._closed.is_set():
             raise IngestError("produce on a closed agent: create a new Agent")
@@ -145,11 +168,13 @@ class Agent:
         if not keys:  # nothing to write: an empty L0 file would only count toward compaction thresholds
             future.set_result([])
             return future
+        if sequenced is not None and len(set(partitions)) != 1:
+            raise InvalidRecordError(f"an idempotent producer's batch of topic {topic!r} is of one partition; batch rejected")
         with self._buffer_lock:
             buffer = self._buffer
             if not buffer.batches:
                 buffer.started_ms = time.monotonic() * 1000
-            buffer.batches.append(_PendingBatch(future, topic, partitions, keys, values, timestamps, headers))
+            buffer.batches.append(_PendingBatch(future, topic, partitions, keys, values, timestamps, headers, sequenced, after))
             buffer.size_bytes += size
             full = buffer.size_bytes >= self.flush_bytes
         if full:
@@ -176,6 +201,7 @@ class Agent:
         with self._flush_lock:
             with self._buffer_lock:
                 buffer, self._buffer = self._buffer, _Buffer()
+            buffer.batches = [batch for batch in buffer.batches if _follows_a_commit(batch)]
             if not buffer.batches:
                 return
             try:
@@ -225,7 +251,14 @@ class Agent:
         key = l0_key(now)
         self.store.put(key, data)
         new_file = NewFile(key=key, level=0, size=len(data), created_ms=now, sections=tuple(sections))
-        _version, assigned = self.catalog.append_files([new_file], now)
+        record_deltas = np.empty(len(order), dtype=np.int64)  # each record's offset within its section, buffer order
+        record_deltas[order] = deltas
+        sequenced, start = [], 0
+        for batch in batches:
+            if batch.sequenced is not None:
+                sequenced.append(PlacedBatch(batch.topic, batch.partitions[0], int(record_deltas[start]), batch.sequenced))
+            start += len(batch.keys)
+        _version, assigned = self.catalog.append_files([new_file], now, [sequenced])
         self.files_written += 1
         offsets = np.empty(len(order), dtype=np.int64)
         offsets[order] = np.repeat(np.asarray(assigned[0], dtype=np.int64), counts) + deltas

@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from sqlalchemy import ColumnElement, Connection, bindparam, delete, func, insert, inspect, select, tuple_, update
 from sqlalchemy.exc import DatabaseError, IntegrityError
 
+from logcompact.catalog import producers
 from logcompact.catalog import schema as s
 from logcompact.catalog.database import WRITE, catalog_errors, catalog_url_for, engine_for, execute_many, one_of, redact_url, sqlite_path, unavailable_error
 from logcompact.catalog.identity import (
@@ -54,6 +55,7 @@ from logcompact.catalog.model import (
     TopicPartition,
     Uncleanable,
 )
+from logcompact.catalog.producers import PartitionState, PlacedBatch
 from logcompact.catalog.snapshot import Snapshot
 from logcompact.exceptions import (
     CatalogConfigError,
@@ -80,6 +82,8 @@ DEFAULT_KEEP_VERSIONS = 100
 # further one, at most a day (or until its damaged file changes, or the mark is cleared).
 UNCLEANABLE_BACKOFF_MS = 15 * 60_000
 UNCLEANABLE_MAX_BACKOFF_MS = 24 * 3_600_000
+# How often appends drop idle producers' state (`producers.expire`: one scan of producer_batches).
+PRODUCER_EXPIRY_EVERY_MS = 60_000
 # Where a write transaction leaves the version it committed, for `_writing` to record in the store's marker.
 _COMMITTED = "logcompact_committed_version"
 
@@ -106,6 +110,7 @@ class Catalog:
         # repartitioned and cleanup.policy is fixed at creation, so neither goes stale.
         self._topic_ids: dict[str, tuple[int, int]] = {}
         self._compacted: dict[str, bool] = {}
+        self._producers_expired_ms = 0  # when an append of this Catalog last expired idle producers' state
 
     def __repr__(self) -> str:
         return f"Catalog({self.store.uri}, {self._shown_url})"
@@ -550,10 +555,15 @@ class Catalog:
 
     # -- appends ---------------------------------------------------------------------------------------
 
-    def append_files(self, new_files: Sequence[NewFile], now_ms: int) -> tuple[int, list[list[int]]]:
+    def append_files(
+        self, new_files: Sequence[NewFile], now_ms: int, sequenced: Sequence[Sequence[PlacedBatch]] = ()
+    ) -> tuple[int, list[list[int]]]:
         """Add freshly ingested files, giving each section the next offsets of its partition.
 
-        Returns the version created and the first offset assigned to each section of each file.
+        `sequenced`, one list per file: its idempotent producers' batches, recorded with their first offsets in this
+        transaction (`producers.record`); one that does not follow the state its agent assumed refuses the whole
+        append with CommitConflictError. Returns the version created and the first offset assigned to each section
+        of each file.
         """
         with self._writing() as connection:
             version = self._next_version(connection, "append", now_ms)
@@ -598,6 +608,15 @@ class Catalog:
                     placed.append(CatalogSection(info, first))
                 placed_files.append(DataFile(new.key, new.level, new.size, new.created_ms, tuple(placed)))
                 assigned.append([section.first_offset for section in placed])
+            if any(sequenced):
+                firsts = [{(sec.topic, sec.partition): sec.first_offset for sec in data_file.sections} for data_file in placed_files]
+                producers.record(connection, [
+                    (topic_rows[b.topic][0], b.partition, firsts[index][(b.topic, b.partition)] + b.offset_delta, b.batch)
+                    for index, batches in enumerate(sequenced) for b in batches
+                ], now_ms)
+            if now_ms - self._producers_expired_ms >= PRODUCER_EXPIRY_EVERY_MS:
+                producers.expire(connection, now_ms - producers.EXPIRATION_MS)
+                self._producers_expired_ms = now_ms
             if next_offsets:  # a file of no sections assigns nothing
                 execute_many(
                     connection,
@@ -609,6 +628,19 @@ class Catalog:
                 )
             self._insert_files(connection, placed_files, version, topic_rows)
         return version, assigned
+
+    # -- idempotent producers ------------------------------------------------------------------------------
+
+    def allocate_producer_id(self, now_ms: int) -> int:
+        """A producer id never handed out before (InitProducerId), at epoch 0."""
+        with self._writing() as connection:
+            return producers.allocate(connection, now_ms)
+
+    def producer_state(self, producer_id: int, topic: str, partition: int) -> PartitionState | None:
+        """A producer's state on a partition as committed: None when it has none there; UnknownProducerError for a
+        producer id never handed out, or forgotten after EXPIRATION_MS idle."""
+        with self._reading() as connection:
+            return producers.load(connection, producer_id, self._topic_id(connection, topic), partition)
 
     # -- compactions -----------------------------------------------------------------------------------
 

@@ -7,7 +7,19 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from logcompact.kafka import api_versions, codec, describe_cluster, fetch, find_coordinator, groups, list_offsets, metadata, offsets, produce
+from logcompact.kafka import (
+    api_versions,
+    codec,
+    describe_cluster,
+    fetch,
+    find_coordinator,
+    groups,
+    init_producer_id,
+    list_offsets,
+    metadata,
+    offsets,
+    produce,
+)
 from logcompact.kafka.broker import Broker
 
 Handler = Callable[[Broker, codec.Request], Awaitable[Any]]
@@ -49,5 +61,6 @@ APIS: dict[int, Api] = {
         Api(offsets.OFFSET_COMMIT, 0, 8, offsets.offset_commit),
         Api(offsets.OFFSET_FETCH, 0, 8, offsets.offset_fetch),
         Api(describe_cluster.API_KEY, 0, 1, describe_cluster.handle),
+        Api(init_producer_id.API_KEY, 0, 4, init_producer_id.handle),
     )
 }

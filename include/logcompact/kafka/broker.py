@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -12,8 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from logcompact.catalog import Catalog
 from logcompact.catalog.model import AgentRecord
-from logcompact.exceptions import IngestError
+from logcompact.catalog.producers import BATCHES_KEPT, SEQUENCE_WRAP, PartitionState, SequencedBatch, UnknownProducerError, last_sequence
+from logcompact.exceptions import CatalogUnavailableError, IngestError, TopicNotFoundError
 from logcompact.ingest import Agent, Record
+from logcompact.kafka import codec
 from logcompact.kafka.cluster import AgentDirectory
 from logcompact.store.cache import CachedStore
 from logcompact.topics import Topic
@@ -79,6 +82,34 @@ def describe(agent: AgentRecord) -> dict[str, Any]:
     return {"node_id": agent.node_id, "host": agent.host, "port": agent.port, "rack": agent.rack}
 
 
+def _retried(view: _ProducerView, key: tuple[int, str, int], epoch: int, first_sequence: int, last: int) -> Future | None:
+    """Kafka's checks of a batch against its producer's state on the partition: the future of the original's offsets
+    for a retry of one of the newest batches, None for a batch to write, ProducerStateError for one to refuse."""
+    if view.epoch is None:  # no state: any epoch and sequence starts it
+        return None
+    where = f"producer {key[0]} on {key[1]}-{key[2]}"
+    if epoch < view.epoch:
+        raise ProducerStateError(codec.ErrorCode.invalid_producer_epoch, f"{where}: epoch {epoch} is older than its epoch {view.epoch}")
+    if epoch > view.epoch:
+        if first_sequence != 0:
+            raise ProducerStateError(codec.ErrorCode.out_of_order_sequence_number, f"{where}: new epoch {epoch} starts at sequence {first_sequence}, not 0")
+        return None
+    for first, final, placed in view.batches:
+        if (first, final) == (first_sequence, last):
+            return placed if isinstance(placed, Future) else _offsets_future(placed)
+    expected = (view.batches[-1][1] + 1) % SEQUENCE_WRAP
+    if first_sequence != expected:
+        raise ProducerStateError(codec.ErrorCode.out_of_order_sequence_number, f"{where}: sequence {first_sequence} where {expected} was expected")
+    return None
+
+
+def _offsets_future(first_offset: int) -> Future:
+    """A retried batch's answer when its original is committed: only the first offset is answered."""
+    future: Future = Future()
+    future.set_result([first_offset])
+    return future
+
+
 class CommitWatch:
     """The catalog's newest version, polled every `interval_seconds` by one task while any fetch waits for a
     commit: a thousand long-polling consumers cost one catalog read per interval, not a thousand. Runs on the
@@ -140,10 +171,54 @@ class CommitWatch:
             await asyncio.gather(self._poller, return_exceptions=True)
 
 
+# The producer-partitions whose state an agent keeps in memory; past it, the least recently used one with nothing
+# pending is dropped (its next batch reads its state from the catalog again): at most a few hundred bytes each.
+MAX_PRODUCER_VIEWS = 100_000
+
+
+class ProducerStateError(Exception):
+    """An idempotent producer's batch refused for its producer id, epoch or sequence, or because its producer's
+    state could not be read: Kafka's error for it."""
+
+    def __init__(self, error: codec.ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.error = error
+
+
+@dataclass
+class _ProducerView:
+    """A producer's state on a partition as this agent sees it: as committed when loaded, then every batch the agent
+    accepted since, each with its first offset, or while pending the future of its offsets."""
+
+    epoch: int | None  # None: the catalog holds no state, so any sequence starts it (as Kafka)
+    batches: list[tuple[int, int, int | Future]]  # (first sequence, last sequence, offset or future), oldest first
+
+    @staticmethod
+    def of(state: PartitionState | None) -> _ProducerView:
+        if state is None:
+            return _ProducerView(None, [])
+        return _ProducerView(state.epoch, [(b.first_sequence, b.last_sequence, b.first_offset) for b in state.batches])
+
+    @property
+    def pending(self) -> bool:
+        return any(isinstance(placed, Future) and not placed.done() for _, _, placed in self.batches)
+
+    @property
+    def failed(self) -> bool:
+        """Whether a batch it counts as written failed to commit: then it no longer says what the catalog holds."""
+        return any(isinstance(placed, Future) and placed.done() and placed.exception() is not None for _, _, placed in self.batches)
+
+
 class Ingest:
     """The server's one ingest agent, fed by one thread: what a handler submits to `thread` before its first
     await reaches the agent in request order, and the agent's inline flush of a full buffer blocks that thread
-    (backpressure on every producer) instead of the event loop. `topic` and `produce` run on that thread only."""
+    (backpressure on every producer) instead of the event loop. `topic`, `produce` and `produce_sequenced` run on
+    that thread only.
+
+    Idempotent producers' batches are checked here as Kafka's ProducerStateManager checks them, against a view of
+    each producer-partition loaded from the catalog on its first batch plus the batches accepted since; each batch
+    records the state it assumed, which its append checks in the catalog (`logcompact.catalog.producers`). A view
+    holding a batch that failed to commit is read from the catalog again, so the producer's retry is checked there."""
 
     def __init__(self, catalog: Catalog, flush_interval_ms: int, flush_bytes: int) -> None:
         self.catalog = catalog
@@ -152,6 +227,7 @@ class Ingest:
         self.thread = ThreadPoolExecutor(1, thread_name_prefix="logcompact-kafka-ingest")
         self._agent = self._new_agent()
         self._topics: dict[str, Topic] = {}
+        self._views: OrderedDict[tuple[int, str, int], _ProducerView] = OrderedDict()
 
     def _new_agent(self) -> Agent:
         return Agent(self.catalog, flush_interval_ms=self.flush_interval_ms, flush_bytes=self.flush_bytes)
@@ -163,12 +239,12 @@ class Ingest:
             self._topics = self.catalog.snapshot().topics
         return self._topics.get(name)
 
-    def produce(self, topic: str, records: Sequence[Record]) -> Future:
+    def produce(self, topic: str, records: Sequence[Record], sequenced: SequencedBatch | None = None, after: Future | None = None) -> Future:
         """The records' offsets once their L0 file is committed. An ingest agent whose flush failed refuses every
         later batch (its error raised again), so it is closed and replaced: the failed flush's batches were
         answered with its error, and the next ones get a fresh agent."""
         try:
-            return self._agent.produce(topic, records)
+            return self._agent.produce(topic, records, sequenced, after)
         except IngestError as exc:
             log.warning("ingest agent replaced after a failed flush: %s", exc)
             failed, self._agent = self._agent, self._new_agent()
@@ -176,7 +252,58 @@ class Ingest:
                 failed.close()
             except IngestError:
                 pass  # the same failure, already answered to its batches
-            return self._agent.produce(topic, records)
+            return self._agent.produce(topic, records, sequenced, after)
+
+    def produce_sequenced(self, topic: str, records: Sequence[Record], producer_id: int, epoch: int, first_sequence: int) -> Future:
+        """An idempotent producer's batch (its records all of one partition): the future of its offsets, or for a
+        retry of one of the producer's newest 5 batches on the partition, that batch's (nothing written again).
+        ProducerStateError for an unknown producer id, an epoch older than the producer's, or a sequence that does not
+        follow its last one (a new epoch starts at 0). A view that refuses a batch while nothing of it is pending
+        is read from the catalog again first: another agent may have written for the producer since."""
+        key = (producer_id, topic, records[0].partition)
+        last = last_sequence(first_sequence, len(records))
+        view, loaded = self._view(key)
+        try:
+            retried = _retried(view, key, epoch, first_sequence, last)
+        except ProducerStateError:
+            if loaded or view.pending:
+                raise
+            del self._views[key]
+            view, _ = self._view(key)
+            retried = _retried(view, key, epoch, first_sequence, last)
+        if retried is not None:
+            return retried
+        follows = None if view.epoch is None else (view.epoch, view.batches[-1][1])
+        previous = view.batches[-1][2] if view.batches else None
+        future = self.produce(topic, records, SequencedBatch(producer_id, epoch, first_sequence, last, follows), previous if isinstance(previous, Future) else None)
+        if view.epoch != epoch:
+            view.epoch, view.batches = epoch, []
+        view.batches.append((first_sequence, last, future))
+        del view.batches[:-BATCHES_KEPT]
+        return future
+
+    def _view(self, key: tuple[int, str, int]) -> tuple[_ProducerView, bool]:
+        """The producer-partition's view, and whether it was just read from the catalog (first batch, or a batch of
+        the view failed: the batches accepted after it fail too, unwritten, as they follow it)."""
+        view = self._views.get(key)
+        if view is not None and not view.failed:
+            self._views.move_to_end(key)
+            return view, False
+        producer_id, topic, partition = key
+        try:
+            view = _ProducerView.of(self.catalog.producer_state(producer_id, topic, partition))
+        except UnknownProducerError as exc:
+            raise ProducerStateError(codec.ErrorCode.unknown_producer_id, str(exc)) from None
+        except TopicNotFoundError as exc:  # deleted since the request's topic was looked up
+            raise ProducerStateError(codec.ErrorCode.unknown_topic_or_partition, str(exc)) from None
+        except CatalogUnavailableError as exc:  # retriable: the client sends the batch again
+            raise ProducerStateError(codec.ErrorCode.kafka_storage_error, f"producer state not readable: {exc}") from None
+        self._views[key] = view
+        if len(self._views) > MAX_PRODUCER_VIEWS:
+            idle = next((old for old, known in self._views.items() if old != key and not known.pending), None)
+            if idle is not None:
+                del self._views[idle]
+        return view, True
 
     def flush(self) -> None:
         """Commit what is buffered now. A failure is not raised: it was answered to the batches it failed."""

@@ -1,9 +1,10 @@
 """Produce (key 0), v3-9: record batches (magic 2) into the ingest agent, acknowledged once durable.
 
 Each partition's one batch is checked as Kafka's broker checks it (framing and magic, CRC-32C, compression
-allowed by the version, `max.message.bytes`, producer id, keys of a compacted topic) and then decompressed and
-handed to the ingest agent whole, or refused whole with Kafka's error for that partition; the other partitions
-of the request go on. acks=1 and acks=-1 (all) are answered once the L0 file holding the batch is committed to
+allowed by the version, `max.message.bytes`, keys of a compacted topic, and an idempotent producer's id, epoch and
+sequence) and then decompressed and handed to the ingest agent whole, or refused whole with Kafka's error for that
+partition; the other partitions of the request go on. A retry of one of an idempotent producer's newest 5 batches
+on the partition is answered with that batch's base offset, and nothing is written again. acks=1 and acks=-1 (all) are answered once the L0 file holding the batch is committed to
 the catalog; acks=0 gets no response, and a refused batch closes the connection (Kafka's way of telling a
 client that reads no responses).
 """
@@ -17,7 +18,7 @@ from typing import Any, cast
 from logcompact.exceptions import InvalidRecordError
 from logcompact.ingest import Record
 from logcompact.kafka import codec, records
-from logcompact.kafka.broker import Broker
+from logcompact.kafka.broker import Broker, ProducerStateError
 
 API_KEY = 0
 # Kafka's broker default for message.max.bytes, the max.message.bytes of a topic that sets none.
@@ -77,9 +78,13 @@ def _accept_partition(broker: Broker, version: int, acks: int, name: str, partit
         return _refused(codec.ErrorCode.unsupported_compression_type, f"zstd batches need Produce v{FIRST_VERSION_WITH_ZSTD}+, this is v{version}")
     if batch.size_bytes > broker.max_message_bytes:
         return _refused(codec.ErrorCode.message_too_large, f"batch of {batch.size_bytes} bytes is over max.message.bytes {broker.max_message_bytes}")
-    if batch.producer_id >= 0 or batch.transactional:
-        # No InitProducerId yet, so no producer state: every producer id is one this agent does not know.
-        return _refused(codec.ErrorCode.unknown_producer_id, f"producer id {batch.producer_id}: idempotent and transactional producers are not served yet; set enable.idempotence=false")
+    if batch.transactional:
+        # InitProducerId refuses transactional ids, so no transaction was begun here (Kafka's verification of a
+        # partition not added to a transaction answers this too).
+        return _refused(codec.ErrorCode.invalid_txn_state, "transactional batch: the agent serves no transactions; use an idempotent producer without transactional.id")
+    epoch, first_sequence = records.producer_epoch_and_sequence(batch)
+    if batch.producer_id >= 0 and (epoch < 0 or first_sequence < 0):
+        return _refused(codec.ErrorCode.invalid_record, f"producer id {batch.producer_id} with epoch {epoch} and base sequence {first_sequence}: both must be >= 0")
     if batch.control:
         return _refused(codec.ErrorCode.invalid_record, "clients may not write control batches")
     try:
@@ -102,7 +107,11 @@ def _accept_partition(broker: Broker, version: int, acks: int, name: str, partit
         for record in decoded
     ]
     try:
+        if batch.producer_id >= 0:
+            return broker.ingest.produce_sequenced(name, produced, batch.producer_id, epoch, first_sequence)
         return broker.ingest.produce(name, produced)
+    except ProducerStateError as exc:
+        return _refused(exc.error, str(exc))
     except InvalidRecordError as exc:  # a timestamp the store cannot keep (negative, other than -1)
         return _refused(codec.ErrorCode.invalid_timestamp, str(exc))
 

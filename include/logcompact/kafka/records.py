@@ -170,6 +170,11 @@ def _snappy_length(block: bytes) -> int:
     raise CorruptRecordError("snappy block has no uncompressed length")
 
 
+def producer_epoch_and_sequence(batch: Batch) -> tuple[int, int]:
+    """An idempotent producer's epoch and the sequence of the batch's first record (-1 and -1 without a producer)."""
+    return batch._batch.producer_epoch, batch._batch.base_sequence
+
+
 def read_batch(data: bytes) -> Batch:
     """The one batch a Produce (v3+) carries for a partition, its CRC-32C checked; records not yet decoded."""
     if len(data) <= _MAGIC_OFFSET:
