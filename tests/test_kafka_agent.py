@@ -93,13 +93,13 @@ def test_confluent_admin_client_lists_topics_partitions_and_the_broker(agent: Ag
             assert (partition.leader, partition.replicas, partition.isrs) == (0, [0], [0])
 
 
-def test_confluent_describe_topics_gives_stable_topic_ids_and_kafkas_error_for_an_unknown_topic(agent: AgentServer) -> None:
+def test_confluent_describe_topics_gives_stable_topic_ids_and_kafkas_error_for_an_unknown_topic(agent: AgentServer, catalog: Catalog) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap(agent), **FAST_CLIENT})
     described = admin.describe_topics(TopicCollection(["orders", "no-such-topic"]), request_timeout=10)  # Metadata v10+
 
     orders = described["orders"].result()
     assert [(p.id, p.leader.id) for p in orders.partitions] == [(0, 0), (1, 0), (2, 0)]
-    topic_id = base64.b64encode(agent.broker.topic_id("orders").bytes).rstrip(b"=").decode()
+    topic_id = base64.b64encode(agent.broker.topic_id("orders", catalog.snapshot().topic_ids["orders"]).bytes).rstrip(b"=").decode()
     assert str(orders.topic_id) == topic_id
     with pytest.raises(KafkaException) as unknown:
         described["no-such-topic"].result()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -58,6 +58,15 @@ class TopicConfig:
         """True when records expire by age: 'delete' and 'compact,delete' with a finite retention.ms."""
         return "delete" in self.cleanup_policy and self.retention_ms >= 0
 
+    def reverted(self, names: Sequence[str]) -> TopicConfig:
+        """The configs with `names` (Kafka names) back to their defaults; an unknown name is InvalidTopicError."""
+        fields = [name.replace(".", "_") for name in names]
+        for name, field in zip(names, fields, strict=True):
+            if field not in _RULES:
+                raise InvalidTopicError(f"unknown topic config {name!r}: supported are {', '.join(sorted(_KAFKA_NAMES))}")
+        defaults = TopicConfig()
+        return replace(self, **{field: getattr(defaults, field) for field in fields})
+
     def to_kafka(self) -> dict[str, str | int]:
         """The configs by Kafka name; one left to the agent (None) is not named."""
         return {name.replace("_", "."): value for name, value in asdict(self).items() if value is not None}
@@ -84,6 +93,11 @@ class TopicConfig:
             )
             config = replace(config, max_compaction_lag_ms=MIN_MAX_COMPACTION_LAG_MS)
         return config
+
+
+def kafka_config_names() -> list[str]:
+    """The topic configs a topic takes, by Kafka name, in TopicConfig's order."""
+    return list(_KAFKA_NAMES)
 
 
 def _integer(name: str, raw: str | int, low: int, low_text: str, unit: str = "milliseconds", high: int = LONG_MAX) -> int:

@@ -493,16 +493,20 @@ class Catalog:
             )
         return grown
 
-    def delete_topic(self, name: str, now_ms: int) -> int:
+    def delete_topic(self, name: str, now_ms: int, topic_id: int | None = None) -> int:
         """Delete a topic in one version: its row marked deleted (its name free for a new topic, its topic id never
         given again), its sections retired and the files left with no live section removed (gc collects them), its
         producers' batches, uncleanable marks and consumer groups' committed offsets dropped. Returns the version.
 
         A compaction planned before that names the topic's files is refused at its commit: its inputs are gone,
-        or, for a file shared with other topics, hold a section of a deleted topic (`_refuse_deleted_topics`)."""
+        or, for a file shared with other topics, hold a section of a deleted topic (`_refuse_deleted_topics`).
+        With `topic_id`, only the topic of that id: one made again under the name since is TopicNotFoundError."""
         with self._writing() as connection:
             version = self._next_version(connection, f"delete topic {name}", now_ms)
-            topic_id = self._topic_id(connection, name)
+            found = self._topic_id(connection, name)
+            if topic_id is not None and found != topic_id:
+                raise TopicNotFoundError(f"topic {name!r} of topic id {topic_id} was deleted already; the topic of that name now is another")
+            topic_id = found
             sec, files = s.sections.c, s.files.c
             connection.execute(update(s.topics).where(s.topics.c.topic_id == topic_id).values(deleted_version=version))
             connection.execute(

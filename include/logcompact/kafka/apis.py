@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from logcompact.kafka import api_versions, codec, fetch, list_offsets, metadata, produce
+from logcompact.kafka import api_versions, codec, configs, fetch, list_offsets, metadata, produce, topics_admin
 from logcompact.kafka.broker import Broker
 
 Handler = Callable[[Broker, codec.Request], Awaitable[Any]]
@@ -39,5 +39,11 @@ APIS: dict[int, Api] = {
         Api(produce.API_KEY, 3, 9, produce.handle),
         Api(fetch.API_KEY, 4, 12, fetch.handle),
         Api(list_offsets.API_KEY, 0, 7, list_offsets.handle),
+        Api(topics_admin.CREATE_TOPICS, 0, 7, topics_admin.create_topics),
+        Api(topics_admin.DELETE_TOPICS, 0, 6, topics_admin.delete_topics),
+        Api(topics_admin.CREATE_PARTITIONS, 0, 3, topics_admin.create_partitions),
+        Api(configs.DESCRIBE_CONFIGS, 0, 4, configs.describe_configs),
+        Api(configs.ALTER_CONFIGS, 0, 2, configs.alter_configs),
+        Api(configs.INCREMENTAL_ALTER_CONFIGS, 0, 1, configs.incremental_alter_configs),
     )
 }

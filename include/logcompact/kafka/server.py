@@ -52,7 +52,9 @@ class AgentSettings:
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     flush_interval_ms: int = DEFAULT_FLUSH_INTERVAL_MS
     flush_bytes: int = DEFAULT_FLUSH_BYTES
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # of every topic (TopicConfig has no max.message.bytes)
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # of a topic that sets no max.message.bytes
+    auto_create_topics: bool = True  # Kafka's auto.create.topics.enable
+    num_partitions: int = 1  # Kafka's num.partitions: of a topic created without a count
 
 
 class FrameError(Exception):
@@ -91,7 +93,10 @@ class AgentServer:
         settings = self.settings
         ingest = await asyncio.to_thread(Ingest, self.catalog, settings.flush_interval_ms, settings.flush_bytes)
         commits = CommitWatch(self.catalog, COMMIT_POLL_SECONDS)
-        self._broker = Broker(self.catalog, cluster_id, settings.node_id, settings.advertise or self.address, APIS, ingest, settings.max_message_bytes, commits)
+        self._broker = Broker(
+            self.catalog, cluster_id, settings.node_id, settings.advertise or self.address, APIS, ingest, settings.max_message_bytes, commits,
+            settings.auto_create_topics, settings.num_partitions,
+        )
 
     async def stop(self) -> None:
         assert self._server is not None, "start() first"
