@@ -156,7 +156,7 @@ CLOCK = [
 # -- topics ------------------------------------------------------------------------------------------------
 
 TOPICS = [
-    case("topic: unknown subcommand", 2, "No such command 'delete'", "topic", "delete", "accounts"),
+    case("topic: unknown subcommand", 2, "No such command 'rename'", "topic", "rename", "accounts"),
     case("topic list: extra argument", 2, "Got unexpected extra argument", "topic", "list", "accounts"),
     case("topic describe: no name", 2, "Missing argument 'NAME'", "topic", "describe"),
     case("topic describe: unknown", 1, "topic 'nope' does not exist", "topic", "describe", "nope"),
