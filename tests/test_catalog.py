@@ -17,6 +17,7 @@ from logcompact.exceptions import (
     CatalogSchemaError,
     ClusterNotFoundError,
     CommitConflictError,
+    InvalidTopicError,
     ManifestVersionNotFoundError,
     TopicExistsError,
     TopicNotFoundError,
@@ -290,3 +291,90 @@ def test_a_missing_cluster_is_not_found_and_creates_nothing(tmp_path: Path, cata
     assert not (tmp_path / "empty").exists()  # no database file (nor directory) was made
     with pytest.raises(ClusterNotFoundError, match="no logcompact cluster in"):
         catalog.snapshot()  # the fixture's database, on each backend, before anything was created
+
+
+# -- deleting, growing and altering topics ---------------------------------------------------------------------
+
+
+def _rows(catalog: Catalog, table) -> list[tuple]:
+    with catalog.engine.connect() as connection:
+        return sorted(tuple(row) for row in connection.execute(table.select()))
+
+
+def test_deleting_a_topic_retires_its_sections_files_and_state_in_one_version(catalog: Catalog) -> None:
+    create_topic(catalog, "gone", partitions=2, cleanup_policy="compact")
+    create_topic(catalog, "kept")
+    _append(catalog, _new_file("own", ("gone", 0, 3), ("gone", 1, 2)))
+    _append(catalog, _new_file("mixed", ("gone", 0, 2), ("kept", 0, 4)))
+    old_id = catalog.snapshot().topic_ids["gone"]
+    with catalog.engine.begin() as connection:  # as an idempotent producer and a consumer group leave them
+        for topic_id in (old_id, catalog.snapshot().topic_ids["kept"]):
+            connection.execute(schema.producer_batches.insert().values(producer_id=7, topic_id=topic_id, partition=0, epoch=0, batches="[]", updated_ms=NOW))
+        for topic in ("gone", "kept"):
+            connection.execute(schema.group_offsets.insert().values(group_id="g", topic=topic, partition=0, committed_offset=1, leader_epoch=-1, metadata="", commit_ms=NOW))
+    before = catalog.snapshot()
+
+    version = catalog.delete_topic("gone", NOW)
+
+    assert catalog.latest_version() == version == before.version + 1
+    after = catalog.snapshot()
+    assert set(after.topics) == {"kept"}
+    assert [(f.key, [(s.topic, s.partition) for s in f.sections]) for f in after.files()] == [("mixed", [("kept", 0)])]
+    assert catalog.collectable_files(version + 1, NOW + 1) == ["own"]  # gc takes the file left with no live section
+    assert [row[1] for row in _rows(catalog, schema.producer_batches)] == [after.topic_ids["kept"]]
+    assert [row[1] for row in _rows(catalog, schema.group_offsets)] == ["kept"]
+    # A snapshot pinned before the deletion still reads the topic whole.
+    assert [key for key, _ in before.sections_of("gone", 0)] == ["own", "mixed"]
+    assert set(catalog.snapshot(before.version).topics) == {"gone", "kept"}
+    with pytest.raises(TopicNotFoundError, match="topic 'gone' does not exist"):
+        catalog.delete_topic("gone", NOW)
+    with pytest.raises(TopicNotFoundError, match="topic 'gone' does not exist"):
+        _append(catalog, _new_file("late", ("gone", 0, 1)))
+
+    create_topic(catalog, "gone", partitions=1)  # the name is free: a new topic, empty, with a new id and policy
+    again = catalog.snapshot()
+    assert again.topic_ids["gone"] != old_id and catalog.next_offsets("gone") == [0]
+    assert not again.topic("gone").config.compacted and again.sections_of("gone", 0) == []
+    assert _append(catalog, _new_file("new", ("gone", 0, 2))) == [0]
+
+
+def test_a_compaction_planned_before_a_topic_was_deleted_is_a_conflict(catalog: Catalog) -> None:
+    create_topic(catalog, "gone")
+    create_topic(catalog, "kept")
+    _append(catalog, _new_file("mixed", ("gone", 0, 2), ("kept", 0, 4)))
+    planned = catalog.latest_version()
+    output = _output(catalog, "l1", "mixed")  # holds gone's records too
+    catalog.delete_topic("gone", NOW)
+    create_topic(catalog, "gone")  # the outputs' sections would land in this new topic
+    version = catalog.latest_version()
+
+    with pytest.raises(CommitConflictError, match=rf"topic 'gone' was deleted in version {version - 1}, after the plan read its files; plan again"):
+        catalog.replace_files(["mixed"], [output], NOW, plan_id="p-1", expected_version=planned)
+
+    assert catalog.latest_version() == version and catalog.snapshot().sections_of("gone", 0) == []
+    # Planned again, the file holds only kept's live section: that plan commits.
+    assert catalog.replace_files(["mixed"], [_output(catalog, "l1", "mixed")], NOW, plan_id="p-2", expected_version=version).committed
+    assert [(f.key, [s.topic for s in f.sections]) for f in catalog.snapshot().files()] == [("l1", ["kept"])]
+
+
+def test_partitions_are_added_at_offset_zero_and_never_removed(catalog: Catalog) -> None:
+    create_topic(catalog, "t", partitions=2)
+    _append(catalog, _new_file("f1", ("t", 0, 5)))
+    grown = catalog.add_partitions("t", 4, NOW)
+    assert grown.partitions == 4 and catalog.snapshot().topic("t").partitions == 4
+    assert catalog.next_offsets("t") == [5, 0, 0, 0]
+    assert _append(catalog, _new_file("f2", ("t", 3, 2))) == [0]
+    with pytest.raises(InvalidTopicError, match="has 4 partitions: a topic's partitions can only grow"):
+        catalog.add_partitions("t", 3, NOW)
+    with pytest.raises(TopicNotFoundError):
+        catalog.add_partitions("nope", 3, NOW)
+    assert catalog.next_offsets("t") == [5, 0, 0, 2]
+
+
+def test_altering_a_topic_reads_it_in_the_same_transaction(catalog: Catalog) -> None:
+    create_topic(catalog, "t", cleanup_policy="delete")
+    _append(catalog, _new_file("before", ("t", 0, 1)))
+    altered = catalog.alter_topic("t", lambda topic: topic.altered({"cleanup.policy": "compact"}), NOW)
+    assert altered.config.compacted and catalog.snapshot().topic("t").config.compacted
+    _append(catalog, _new_file("after", ("t", 0, 1)))  # files written since are of compacted content
+    assert {f.key: f.content for f in catalog.snapshot().file_summaries()} == {"before": "other", "after": "compacted"}

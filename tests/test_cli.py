@@ -88,6 +88,14 @@ def test_topic_produce_consume_files(env: dict[str, str]) -> None:
     assert [c["operation"] for c in run(env, "log")] == ["append", "create topic clicks", "create topic accounts", "create"]
     assert [c["version"] for c in run(env, "log", "--limit", "2")] == [4, 3]
 
+    # cleanup.policy changes as in Kafka; a deleted topic's name is free again.
+    (altered,) = run(env, "topic", "alter", "clicks", "--config", "cleanup.policy=compact")
+    assert altered["config"]["cleanup.policy"] == "compact"
+    assert run(env, "topic", "delete", "clicks") == [{"deleted": "clicks", "version": 6}]
+    assert [t["name"] for t in run(env, "topic", "list")] == ["accounts"]
+    run(env, "topic", "create", "clicks", "--partitions", "3")
+    assert run(env, "topic", "describe", "clicks")[0]["next_offsets"] == [0, 0, 0]
+
 
 @pytest.mark.parametrize(
     "args, stdin, message",
@@ -99,7 +107,7 @@ def test_topic_produce_consume_files(env: dict[str, str]) -> None:
         (["consume", "accounts", "--partition", "5"], "", "has partitions 0 to 1, not 5"),
         (["topic", "create", "accounts", "--partitions", "1"], "", "topic 'accounts' already exists"),
         (["topic", "create", "x", "--partitions", "1", "--config", "retention.ms=-5"], "", "retention.ms=-5 is out of range"),
-        (["topic", "alter", "accounts", "--config", "cleanup.policy=delete"], "", "cleanup.policy is fixed at creation"),
+        (["topic", "delete", "nope"], "", "topic 'nope' does not exist"),
     ],
 )
 def test_bad_input_is_one_line_and_changes_nothing(env: dict[str, str], args, stdin, message) -> None:

@@ -156,7 +156,7 @@ CLOCK = [
 # -- topics ------------------------------------------------------------------------------------------------
 
 TOPICS = [
-    case("topic: unknown subcommand", 2, "No such command 'delete'", "topic", "delete", "accounts"),
+    case("topic: unknown subcommand", 2, "No such command 'rename'", "topic", "rename", "accounts"),
     case("topic list: extra argument", 2, "Got unexpected extra argument", "topic", "list", "accounts"),
     case("topic describe: no name", 2, "Missing argument 'NAME'", "topic", "describe"),
     case("topic describe: unknown", 1, "topic 'nope' does not exist", "topic", "describe", "nope"),
@@ -200,10 +200,8 @@ for config, says in BAD_CONFIGS:
 TOPICS += [
     case("topic alter: no config", 2, "Missing option '--config'", "topic", "alter", "accounts"),
     case("topic alter: unknown topic", 1, "topic 'nope' does not exist", "topic", "alter", "nope", "--config", "retention.ms=5"),
-    case("topic alter: change the policy", 1, "cleanup.policy is fixed at creation", "topic", "alter", "accounts", "--config",
-         "cleanup.policy=delete"),
-    case("topic alter: change the policy, delete topic", 1, "cleanup.policy is fixed at creation", "topic", "alter", "clicks",
-         "--config", "cleanup.policy=compact"),
+    case("topic delete: unknown topic", 1, "topic 'nope' does not exist", "topic", "delete", "nope"),
+    case("topic delete: no name", 2, "Missing argument 'NAME'", "topic", "delete"),
 ]
 
 # -- produce -----------------------------------------------------------------------------------------------

@@ -66,12 +66,31 @@ def test_max_lag_under_two_hours_is_raised_with_a_warning(caplog: pytest.LogCapt
     assert "below the 2 hour minimum" in caplog.text
 
 
-def test_cleanup_policy_is_fixed_after_creation_but_other_configs_change() -> None:
-    topic = Topic.create("t", 1, {"cleanup.policy": "compact"}, 0)
-    with pytest.raises(InvalidTopicError, match="cleanup.policy is fixed at creation"):
-        topic.altered({"cleanup.policy": "delete"})
-    altered = topic.altered({"delete.retention.ms": "1000", "cleanup.policy": "compact"})
+def test_cleanup_policy_changes_as_in_kafka_and_other_configs_keep() -> None:
+    topic = Topic.create("t", 1, {"cleanup.policy": "delete", "retention.ms": "5000"}, 0)
+    compacted = topic.altered({"cleanup.policy": "compact"})
+    assert compacted.config.compacted and compacted.config.retention_ms == 5000
+    altered = compacted.altered({"delete.retention.ms": "1000"})
     assert altered.config.delete_retention_ms == 1000 and altered.config.cleanup_policy == "compact"
+    assert altered.altered({"cleanup.policy": "delete"}).config.cleanup_policy == "delete"
+
+
+def test_timestamp_type_and_max_message_bytes() -> None:
+    config = Topic.create("t", 1, {"message.timestamp.type": "LogAppendTime", "max.message.bytes": "1000"}, 0).config
+    assert (config.message_timestamp_type, config.max_message_bytes) == ("LogAppendTime", 1000)
+    assert TopicConfig().to_kafka().keys() == {"cleanup.policy", "retention.ms", "delete.retention.ms", "min.compaction.lag.ms",
+                                               "max.compaction.lag.ms", "message.timestamp.type"}  # max.message.bytes: the agent's
+    with pytest.raises(InvalidTopicError, match="message.timestamp.type='Now' is invalid: use CreateTime or LogAppendTime"):
+        Topic.create("t", 1, {"message.timestamp.type": "Now"}, 0)
+    with pytest.raises(InvalidTopicError, match="max.message.bytes=2147483648 is out of range: allowed from 0 up to 2147483647"):
+        Topic.create("t", 1, {"max.message.bytes": str(2**31)}, 0)
+
+
+def test_partitions_only_grow() -> None:
+    topic = Topic.create("t", 2, {}, 0)
+    assert topic.with_partitions(3).partitions == 3
+    with pytest.raises(InvalidTopicError, match="has 2 partitions: a topic's partitions can only grow"):
+        topic.with_partitions(2)
 
 
 def test_round_trip_through_the_catalog(catalog: Catalog) -> None:

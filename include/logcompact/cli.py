@@ -32,7 +32,7 @@ from logcompact.jobs.gc import DEFAULT_MAX_ORPHAN_SHARE
 from logcompact.plan import MAX_BUFFER_BYTES, MAX_BYTE_COUNT, MAX_TARGET_FILE_BYTES, MIN_BUFFER_BYTES, Plan, file_to_json
 from logcompact.planner import MODES, PlannerConfig, check_topics, choose_plans, expected_effect
 from logcompact.store import LocalStore, ObjectStore, open_store
-from logcompact.topics import LONG_MAX, Topic
+from logcompact.topics import LONG_MAX, MAX_PARTITIONS, Topic
 
 MAX_ROUNDS = 100
 
@@ -136,7 +136,7 @@ def cli(ctx: click.Context, store: str | None, catalog_url: str | None, now_ms: 
 
 @cli.group()
 def topic() -> None:
-    """Create, describe, list and alter topics (kept in the catalog)."""
+    """Create, describe, list, alter and delete topics (kept in the catalog)."""
 
 
 @topic.command("create")
@@ -179,8 +179,19 @@ def topic_list(ctx: Context) -> None:
 @click.option("--config", "configs", multiple=True, required=True, metavar="KEY=VALUE", help="Config to change, repeatable.")
 @pass_context
 def topic_alter(ctx: Context, name: str, configs: tuple[str, ...]) -> None:
-    """Change configs of topic NAME (cleanup.policy is fixed at creation)."""
+    """Change configs of topic NAME. cleanup.policy may change as in Kafka: a topic made compacted has its older
+    records compacted too, keyless ones dropped as invalid."""
     _emit(ctx.catalog.alter_topic(name, _parse_settings(configs), ctx.clock()).to_dict())
+
+
+@topic.command("delete")
+@now_option
+@click.argument("name")
+@pass_context
+def topic_delete(ctx: Context, name: str) -> None:
+    """Delete topic NAME: its records go (gc removes its files), its name is free for a new topic, consumer groups'
+    offsets of it are dropped. Prints the version that deleted it."""
+    _emit({"deleted": name, "version": ctx.catalog.delete_topic(name, ctx.clock())})
 
 
 # -- produce and consume -------------------------------------------------------------------------------
@@ -677,13 +688,17 @@ def tour(ctx: Context, records: int) -> None:
 @click.option("--flush-bytes", type=click.IntRange(min=1), default=DEFAULT_FLUSH_BYTES, show_default=True,
               help="Or as soon as this many bytes are buffered.")
 @click.option("--max-message-bytes", type=click.IntRange(min=1), default=1_048_588, show_default=True,
-              help="Largest record batch taken (Kafka's message.max.bytes; for every topic).")
+              help="Largest record batch taken (Kafka's message.max.bytes; a topic's max.message.bytes overrides it).")
 @click.option("--fetch-cache-bytes", type=click.IntRange(min=0), default=256 * 1024 * 1024, show_default=True,
               help="Bytes of file ranges kept for consumers that read them again (the tail); 0: no cache.")
+@click.option("--auto-create-topics/--no-auto-create-topics", default=True, show_default=True,
+              help="Create a topic a producer or a Metadata request names that does not exist (Kafka's auto.create.topics.enable).")
+@click.option("--num-partitions", type=click.IntRange(1, MAX_PARTITIONS), default=1, show_default=True,
+              help="Partitions of a topic auto-created or created without a count (Kafka's num.partitions).")
 @pass_context
 def agent(
     ctx: Context, listen: str, advertise: str | None, node_id: int | None, rack: str | None, flush_ms: int, flush_bytes: int,
-    max_message_bytes: int, fetch_cache_bytes: int,
+    max_message_bytes: int, fetch_cache_bytes: int, auto_create_topics: bool, num_partitions: int,
 ) -> None:
     """Serve Kafka's protocol over this cluster (ApiVersions, Metadata, Produce, Fetch, ListOffsets so far; docs/agent.md) until
     SIGTERM or SIGINT, then commit what producers sent. Prints one JSON line once listening: its address,
@@ -696,6 +711,7 @@ def agent(
             Address.parse(listen, "--listen"), Address.parse(advertise, "--advertise") if advertise else None, node_id, rack,
             flush_interval_ms=flush_ms, flush_bytes=flush_bytes, max_message_bytes=max_message_bytes,
             fetch_cache_bytes=fetch_cache_bytes,
+            auto_create_topics=auto_create_topics, num_partitions=num_partitions,
         )
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None

@@ -131,10 +131,10 @@ class Agent:
         self._raise_background_error()
         if self._closed.is_set():
             raise IngestError("produce on a closed agent: create a new Agent")
-        described = self._topic(topic)
-        now = self.clock()
         # Column by column, so a batch of thousands of records costs a few passes, not thousands of steps.
         partitions, keys, values, timestamps, headers = (list(column) for column in zip(*records)) if records else ([],) * 5
+        described = self._topic(topic, partitions)
+        now = self.clock()
         count = described.partitions
         bad = next((i for i, p in enumerate(partitions) if type(p) is not int or not 0 <= p < count), None)
         if bad is not None:
@@ -181,14 +181,20 @@ class Agent:
             self.flush()
         return future
 
-    def _topic(self, name: str) -> Topic:
-        """A topic as the catalog describes it; its partitions and cleanup.policy never change, so the
-        agent reads the catalog again only for a topic it does not know (created after it started?)."""
-        if name not in self._topics:
+    def _topic(self, name: str, partitions: Sequence[object]) -> Topic:
+        """A topic as the catalog describes it, read again for a topic or a partition the agent does not know
+        (created or added since it read them)."""
+        known = self._topics.get(name)
+        if known is None or any(type(p) is int and p >= known.partitions for p in partitions):
             snapshot = self.catalog.snapshot()
             self._topics = snapshot.topics
             return snapshot.topic(name)
-        return self._topics[name]
+        return known
+
+    def use_topics(self, topics: dict[str, Topic]) -> None:
+        """Describe the topics as a newer read of the catalog does (a server re-reads them as they are deleted,
+        re-created, altered)."""
+        self._topics = topics
 
     # -- flushing ----------------------------------------------------------------------------------
 

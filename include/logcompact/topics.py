@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -13,6 +13,7 @@ from logcompact.exceptions import InvalidTopicError
 log = logging.getLogger(__name__)
 
 LONG_MAX = 2**63 - 1
+INT_MAX = 2**31 - 1
 HOUR_MS = 3_600_000
 # WarpStream's floor: a smaller max.compaction.lag.ms is raised to this, with a warning.
 MIN_MAX_COMPACTION_LAG_MS = 2 * HOUR_MS
@@ -25,6 +26,7 @@ _POLICIES = {
     "compact,delete": "compact,delete",
     "delete,compact": "compact,delete",
 }
+TIMESTAMP_TYPES = ("CreateTime", "LogAppendTime")
 
 
 def validate_topic_name(name: str) -> str:
@@ -42,6 +44,10 @@ class TopicConfig:
     delete_retention_ms: int = 86_400_000
     min_compaction_lag_ms: int = 0
     max_compaction_lag_ms: int = LONG_MAX
+    # LogAppendTime: the agent stamps every record with the time it takes the batch, whatever the producer set.
+    message_timestamp_type: str = "CreateTime"
+    # The largest record batch a producer may send to the topic; None: the agent's --max-message-bytes.
+    max_message_bytes: int | None = None
 
     @property
     def compacted(self) -> bool:
@@ -52,8 +58,18 @@ class TopicConfig:
         """True when records expire by age: 'delete' and 'compact,delete' with a finite retention.ms."""
         return "delete" in self.cleanup_policy and self.retention_ms >= 0
 
+    def reverted(self, names: Sequence[str]) -> TopicConfig:
+        """The configs with `names` (Kafka names) back to their defaults; an unknown name is InvalidTopicError."""
+        fields = [name.replace(".", "_") for name in names]
+        for name, field in zip(names, fields, strict=True):
+            if field not in _RULES:
+                raise InvalidTopicError(f"unknown topic config {name!r}: supported are {', '.join(sorted(_KAFKA_NAMES))}")
+        defaults = TopicConfig()
+        return replace(self, **{field: getattr(defaults, field) for field in fields})
+
     def to_kafka(self) -> dict[str, str | int]:
-        return {name.replace("_", "."): value for name, value in asdict(self).items()}
+        """The configs by Kafka name; one left to the agent (None) is not named."""
+        return {name.replace("_", "."): value for name, value in asdict(self).items() if value is not None}
 
     @classmethod
     def from_kafka(cls, settings: Mapping[str, str | int], base: TopicConfig | None = None) -> TopicConfig:
@@ -79,13 +95,18 @@ class TopicConfig:
         return config
 
 
-def _integer(name: str, raw: str | int, low: int, low_text: str) -> int:
+def kafka_config_names() -> list[str]:
+    """The topic configs a topic takes, by Kafka name, in TopicConfig's order."""
+    return list(_KAFKA_NAMES)
+
+
+def _integer(name: str, raw: str | int, low: int, low_text: str, unit: str = "milliseconds", high: int = LONG_MAX) -> int:
     try:
         value = int(raw)
     except (TypeError, ValueError):
-        raise InvalidTopicError(f"{name}={raw!r} is not an integer: use a whole number of milliseconds {low_text}") from None
-    if not low <= value <= LONG_MAX:
-        raise InvalidTopicError(f"{name}={value} is out of range: allowed {low_text} up to {LONG_MAX}")
+        raise InvalidTopicError(f"{name}={raw!r} is not an integer: use a whole number of {unit} {low_text}") from None
+    if not low <= value <= high:
+        raise InvalidTopicError(f"{name}={value} is out of range: allowed {low_text} up to {high}")
     return value
 
 
@@ -96,12 +117,20 @@ def _policy(name: str, raw: str | int) -> str:
     return policy
 
 
+def _timestamp_type(name: str, raw: str | int) -> str:
+    if raw not in TIMESTAMP_TYPES:
+        raise InvalidTopicError(f"{name}={raw!r} is invalid: use {' or '.join(TIMESTAMP_TYPES)}")
+    return str(raw)
+
+
 _RULES = {
     "cleanup_policy": _policy,
     "retention_ms": lambda name, raw: _integer(name, raw, -1, "from -1 (unlimited)"),
     "delete_retention_ms": lambda name, raw: _integer(name, raw, 0, "from 0"),
     "min_compaction_lag_ms": lambda name, raw: _integer(name, raw, 0, "from 0"),
     "max_compaction_lag_ms": lambda name, raw: _integer(name, raw, 1, "from 1"),
+    "message_timestamp_type": _timestamp_type,
+    "max_message_bytes": lambda name, raw: _integer(name, raw, 0, "from 0", "bytes", INT_MAX),
 }
 _KAFKA_NAMES = [field.replace("_", ".") for field in _RULES]
 
@@ -121,12 +150,23 @@ class Topic:
         return Topic(name, partitions, TopicConfig.from_kafka(settings), created_ms)
 
     def altered(self, settings: Mapping[str, str | int]) -> Topic:
-        if "cleanup.policy" in settings and _policy("cleanup.policy", settings["cleanup.policy"]) != self.config.cleanup_policy:
-            raise InvalidTopicError(
-                f"topic {self.name!r}: cleanup.policy is fixed at creation ({self.config.cleanup_policy}); "
-                "create a new topic for another policy"
-            )
+        """The topic with `settings` changed. cleanup.policy may change as in Kafka: a topic made compacted has its
+        older records compacted too (the engine drops keyless ones as invalid, as Kafka's cleaner does); one made
+        `delete` keeps its records until retention.ms."""
         return replace(self, config=TopicConfig.from_kafka(settings, base=self.config))
+
+    def with_config(self, config: TopicConfig) -> Topic:
+        return replace(self, config=config)
+
+    def with_partitions(self, count: int) -> Topic:
+        """The topic grown to `count` partitions (Kafka's CreatePartitions: never fewer)."""
+        if count <= self.partitions:
+            raise InvalidTopicError(
+                f"topic {self.name!r} has {self.partitions} partitions: a topic's partitions can only grow, ask for more than {self.partitions}"
+            )
+        if count > MAX_PARTITIONS:
+            raise InvalidTopicError(f"topic {self.name!r}: {count} partitions is out of range: use at most {MAX_PARTITIONS}")
+        return replace(self, partitions=count)
 
     def to_dict(self) -> dict:
         return {"name": self.name, "partitions": self.partitions, "config": self.config.to_kafka(), "created_ms": self.created_ms}

@@ -25,10 +25,10 @@ import struct
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
-from sqlalchemy import ColumnElement, Connection, bindparam, delete, func, insert, inspect, select, tuple_, update
+from sqlalchemy import ColumnElement, Connection, bindparam, delete, func, insert, inspect, or_, select, tuple_, update
 from sqlalchemy.exc import DatabaseError, IntegrityError
 
 from logcompact.catalog import producers
@@ -86,6 +86,8 @@ UNCLEANABLE_MAX_BACKOFF_MS = 24 * 3_600_000
 PRODUCER_EXPIRY_EVERY_MS = 60_000
 # Where a write transaction leaves the version it committed, for `_writing` to record in the store's marker.
 _COMMITTED = "logcompact_committed_version"
+# Where `_topic_rows` leaves whether each topic it read is compacted, for `_insert_files` in the same transaction.
+_COMPACTED = "logcompact_compacted_topics"
 
 log = logging.getLogger(__name__)
 
@@ -106,10 +108,8 @@ class Catalog:
         self._cluster_id: str | None = None
         self._marker: ClusterMarker | None = None  # the store's, checked against the catalog with the cluster id
         self._recorded_ms = 0  # when this Catalog last recorded a version in the marker
-        # Per topic name: (topic id, partitions) and whether it is compacted. Topics are never deleted or
-        # repartitioned and cleanup.policy is fixed at creation, so neither goes stale.
-        self._topic_ids: dict[str, tuple[int, int]] = {}
-        self._compacted: dict[str, bool] = {}
+        # No topic facts are cached: topics are deleted, re-created under their name, given partitions and
+        # altered (cleanup.policy too), so each transaction reads those it names (`_topic_rows`).
         self._producers_expired_ms = 0  # when an append of this Catalog last expired idle producers' state
 
     def __repr__(self) -> str:
@@ -134,6 +134,7 @@ class Catalog:
         self._check_exists()
         with catalog_errors(self.engine.url), self.engine.connect() as connection:
             connection.info.pop(_COMMITTED, None)
+            connection.info.pop(_COMPACTED, None)
             connection.execution_options(**{WRITE: True})
             with connection.begin():
                 yield connection
@@ -434,9 +435,9 @@ class Catalog:
                         f"manifest version {version} is not in the catalog of {self.store.uri} (kept versions are "
                         f"{oldest} to {latest}); read the latest version instead"
                     )
-            topics = self._topics(connection)
-            ids = {name: self._topic_ids[name][0] for name in topics}
-            return Snapshot(self.engine, self.cluster_id, latest if version is None else version, topics, ids, set_aside)
+            pinned = latest if version is None else version
+            topics, ids = self._topics(connection, pinned)
+            return Snapshot(self.engine, self.cluster_id, pinned, topics, ids, set_aside)
 
     def planning_snapshot(self, now_ms: int) -> Snapshot:
         """The newest version as planners see it: without the partitions held back as uncleanable."""
@@ -473,13 +474,13 @@ class Catalog:
             )
         return version
 
-    def alter_topic(self, name: str, settings: Mapping[str, str | int], now_ms: int) -> Topic:
+    def alter_topic(self, name: str, change: Mapping[str, str | int] | Callable[[Topic], Topic], now_ms: int) -> Topic:
+        """Change a topic's configs: Kafka-named `settings`, or a function of the topic as it is now (in the same
+        transaction, so concurrent changes are not lost); returns the topic altered."""
         with self._writing() as connection:
             self._next_version(connection, f"alter topic {name}", now_ms)
-            current = self._topics(connection).get(name)
-            if current is None:
-                raise _topic_not_found(name)
-            altered = current.altered(settings)
+            current = self._live_topic(connection, name)
+            altered = change(current) if callable(change) else current.altered(change)
             connection.execute(
                 update(s.topics).where(s.topics.c.name == name, s.topics.c.deleted_version.is_(None)).values(config=json.dumps(altered.config.to_kafka()))
             )
@@ -494,6 +495,49 @@ class Catalog:
                 select(part.log_start_offset, part.next_offset).where(part.topic_id == topic_id).order_by(part.partition)
             )
             return [(r.log_start_offset, r.next_offset) for r in rows]
+
+    def add_partitions(self, name: str, count: int, now_ms: int) -> Topic:
+        """Grow a topic to `count` partitions, the new ones at offset 0 (Kafka's CreatePartitions); returns it."""
+        with self._writing() as connection:
+            self._next_version(connection, f"add partitions to topic {name}", now_ms)
+            current = self._live_topic(connection, name)
+            grown = current.with_partitions(count)
+            topic_id = self._topic_id(connection, name)
+            connection.execute(update(s.topics).where(s.topics.c.topic_id == topic_id).values(partitions=count))
+            connection.execute(
+                insert(s.partitions), [{"topic_id": topic_id, "partition": p, "next_offset": 0} for p in range(current.partitions, count)]
+            )
+        return grown
+
+    def delete_topic(self, name: str, now_ms: int, topic_id: int | None = None) -> int:
+        """Delete a topic in one version: its row marked deleted (its name free for a new topic, its topic id never
+        given again), its sections retired and the files left with no live section removed (gc collects them), its
+        producers' batches, uncleanable marks and consumer groups' committed offsets dropped. Returns the version.
+
+        A compaction planned before that names the topic's files is refused at its commit: its inputs are gone,
+        or, for a file shared with other topics, hold a section of a deleted topic (`_refuse_deleted_topics`).
+        With `topic_id`, only the topic of that id: one made again under the name since is TopicNotFoundError."""
+        with self._writing() as connection:
+            version = self._next_version(connection, f"delete topic {name}", now_ms)
+            found = self._topic_id(connection, name)
+            if topic_id is not None and found != topic_id:
+                raise TopicNotFoundError(f"topic {name!r} of topic id {topic_id} was deleted already; the topic of that name now is another")
+            topic_id = found
+            sec, files = s.sections.c, s.files.c
+            connection.execute(update(s.topics).where(s.topics.c.topic_id == topic_id).values(deleted_version=version))
+            connection.execute(
+                update(s.sections).where(sec.topic_id == topic_id, sec.removed_version.is_(None)).values(removed_version=version)
+            )
+            holding = select(sec.file_id).where(sec.topic_id == topic_id)
+            still_live = select(sec.file_id).where(sec.file_id == files.file_id, sec.removed_version.is_(None)).exists()
+            connection.execute(
+                update(s.files).where(files.file_id.in_(holding), files.removed_version.is_(None), ~still_live)
+                .values(removed_version=version, removed_ms=now_ms)
+            )
+            connection.execute(delete(s.producer_batches).where(s.producer_batches.c.topic_id == topic_id))
+            connection.execute(delete(s.uncleanable).where(s.uncleanable.c.topic_id == topic_id))
+            connection.execute(delete(s.group_offsets).where(s.group_offsets.c.topic == name))
+        return version
 
     def next_offsets(self, topic: str) -> list[int]:
         """Each partition's next offset, as of now."""
@@ -683,6 +727,7 @@ class Catalog:
                         f"expected {len(removed)} input files {as_of}, found {len(missing)} of them gone in version "
                         f"{version - 1} (first: {missing[0]}); re-plan and retry"
                     )
+                self._refuse_deleted_topics(connection, list(live.values()), added, expected_version, operation)
                 if leased:
                     held = set(connection.execute(
                         select(s.leases.c.file_id).where(
@@ -709,14 +754,14 @@ class Catalog:
                     connection.execute(insert(s.committed_plans).values(plan_id=plan_id, version=version, committed_ms=now_ms))
                 topic_rows = self._topic_rows(connection, {sec.topic for f in added for sec in f.sections})
                 self._insert_files(connection, added, version, topic_rows)
-                self._raise_log_starts(connection, live.values())
+                self._raise_log_starts(connection, live.values(), version)
         except _AlreadyCommitted as done:
             return CommitResult(done.version, False)
         except IntegrityError as exc:
             raise CommitConflictError(f"{operation}: an output file is already in the catalog ({_first_line(exc)}); plan again") from None
         return CommitResult(version, True)
 
-    def _raise_log_starts(self, connection: Connection, removed_file_ids: Collection[int]) -> None:
+    def _raise_log_starts(self, connection: Connection, removed_file_ids: Collection[int], version: int) -> None:
         """Retention moves a log's start, compaction never does (Kafka's rule): for the partitions of topics with
         time retention whose sections this commit removed, the log start rises to the first live offset, or to
         the next offset when none is left. A compact-only topic keeps its start where it was, so a consumer in a
@@ -725,7 +770,8 @@ class Catalog:
         if not removed_file_ids:
             return
         # Read in this transaction: retention.ms may have been altered since any cache of it.
-        expiring = [self._topic_ids[name][0] for name, topic in self._topics(connection).items() if topic.config.time_retention]
+        topics, ids = self._topics(connection, version)
+        expiring = [ids[name] for name, topic in topics.items() if topic.config.time_retention]
         if not expiring:
             return
         sec, fil, part = s.sections.c, s.files.c, s.partitions.c
@@ -786,7 +832,7 @@ class Catalog:
         if marked:
             # The marked partitions with a section among the inputs, not kept: this commit compacted them.
             sec = s.sections.c
-            names = {topic_id: name for name, (topic_id, _) in self._topic_ids.items()}
+            names = self._topic_names(connection)
             compacted = connection.execute(
                 select(sec.topic_id, sec.partition).distinct().where(
                     self._one_of(sec.file_id, file_ids),
@@ -815,8 +861,7 @@ class Catalog:
             .scalar_subquery()
         )
         with self._reading() as connection:
-            self._topics(connection)
-            names = {topic_id: name for name, (topic_id, _) in self._topic_ids.items()}
+            names = self._topic_names(connection)
             rows = connection.execute(
                 select(unc.topic_id, unc.partition, unc.reason, unc.file_key, unc.file_stamp, unc.marked_ms, unc.retry_ms, unc.failures,
                        unc.plan_id, live_bytes)
@@ -984,24 +1029,69 @@ class Catalog:
         connection.execute(insert(s.versions).values(version=version, commit_id=str(uuid.uuid4()), created_ms=now_ms, operation=operation))
         return version
 
-    def _topics(self, connection: Connection) -> dict[str, Topic]:
-        found = {}
-        for row in connection.execute(select(s.topics).where(s.topics.c.deleted_version.is_(None))):
-            topic = found[row.name] = _topic_of_row(row)
-            self._topic_ids[row.name] = (row.topic_id, row.partitions)
-            self._compacted[row.name] = topic.config.compacted
-        return found
+    def _topics(self, connection: Connection, version: int) -> tuple[dict[str, Topic], dict[str, int]]:
+        """The topics of manifest version `version` (created at or before it, not deleted at or before it), as they
+        are now (configs and partitions), and their topic ids, by name."""
+        topics = s.topics.c
+        rows = connection.execute(
+            select(s.topics).where(topics.created_version <= version, or_(topics.deleted_version.is_(None), topics.deleted_version > version))
+        ).all()
+        return {row.name: _topic_of_row(row) for row in rows}, {row.name: row.topic_id for row in rows}
+
+    def _live_topic(self, connection: Connection, name: str) -> Topic:
+        row = connection.execute(select(s.topics).where(s.topics.c.name == name, s.topics.c.deleted_version.is_(None))).first()
+        if row is None:
+            raise _topic_not_found(name)
+        return _topic_of_row(row)
+
+    def _topic_names(self, connection: Connection) -> dict[int, str]:
+        """Every topic's name by topic id, deleted topics' too (rows that name them may outlive them for a while)."""
+        return dict(connection.execute(select(s.topics.c.topic_id, s.topics.c.name)).tuples().all())
 
     def _topic_id(self, connection: Connection, name: str) -> int:
         return self._topic_rows(connection, {name})[name][0]
 
     def _topic_rows(self, connection: Connection, names: set[str]) -> dict[str, tuple[int, int]]:
-        """(topic id, partitions) of each named topic; an unknown one is TopicNotFoundError."""
-        if not names <= self._topic_ids.keys():
-            self._topics(connection)
-        for name in sorted(names - self._topic_ids.keys()):
+        """(topic id, partitions) of each named live topic, read in the caller's transaction (a writer's, after its
+        lock: as of its commit); an unknown one is TopicNotFoundError. Whether each is compacted is left in the
+        connection's info for `_insert_files` of the same transaction."""
+        if not names:
+            return {}
+        topics = s.topics.c
+        rows = connection.execute(
+            select(topics.name, topics.topic_id, topics.partitions, topics.config, topics.created_ms)
+            .where(self._one_of(topics.name, sorted(names)), topics.deleted_version.is_(None))
+        ).all()
+        found = {row.name: (row.topic_id, row.partitions) for row in rows}
+        for name in sorted(names - found.keys()):
             raise _topic_not_found(name)
-        return {name: self._topic_ids[name] for name in names}
+        compacted = connection.info.setdefault(_COMPACTED, {})
+        compacted.update({row.name: _topic_of_row(row).config.compacted for row in rows})
+        return found
+
+    def _refuse_deleted_topics(
+        self, connection: Connection, file_ids: Collection[int], added: Sequence[DataFile], expected_version: int | None, operation: str
+    ) -> None:
+        """A commit is refused when its inputs hold a section of a topic deleted since its plan read them (after
+        `expected_version`, when given) and its outputs name that topic: they would bring the deleted records back,
+        under a topic made since with the same name, or a deleted topic id. A plan made after the deletion never
+        names it (the retired sections are not live), and one whose outputs lost every record of it changes nothing."""
+        named = {section.topic for data_file in added for section in data_file.sections}
+        if not named or not file_ids:
+            return
+        sec, topics = s.sections.c, s.topics.c
+        query = (
+            select(topics.name, topics.deleted_version).join(s.sections, sec.topic_id == topics.topic_id)
+            .where(self._one_of(sec.file_id, file_ids), topics.deleted_version.is_not(None), self._one_of(topics.name, sorted(named)))
+        )
+        if expected_version is not None:
+            query = query.where(topics.deleted_version > expected_version)
+        deleted = connection.execute(query.limit(1)).first()
+        if deleted is not None:
+            raise CommitConflictError(
+                f"{operation}: topic {deleted.name!r} was deleted in version {deleted.deleted_version}, after the plan "
+                "read its files; plan again"
+            )
 
     def _live_file_ids(self, connection: Connection, keys: Sequence[str]) -> dict[str, int]:
         rows = connection.execute(
@@ -1017,9 +1107,10 @@ class Catalog:
     ) -> None:
         if not data_files:
             return
+        compacted = connection.info[_COMPACTED]  # set by `_topic_rows` for these topics in this transaction
         file_rows = []
         for data_file in data_files:
-            kinds = {self._compacted[sec.topic] for sec in data_file.sections}
+            kinds = {compacted[sec.topic] for sec in data_file.sections}
             content = CONTENTS.index("mixed") if len(kinds) > 1 else int(kinds == {True})
             file_rows.append({
                 "key": data_file.key, "level": data_file.level, "size": data_file.size, "created_ms": data_file.created_ms,

@@ -10,6 +10,7 @@ from typing import Any
 from logcompact.kafka import (
     api_versions,
     codec,
+    configs,
     describe_cluster,
     fetch,
     find_coordinator,
@@ -19,6 +20,7 @@ from logcompact.kafka import (
     metadata,
     offsets,
     produce,
+    topics_admin,
 )
 from logcompact.kafka.broker import Broker
 
@@ -62,5 +64,11 @@ APIS: dict[int, Api] = {
         Api(offsets.OFFSET_FETCH, 0, 8, offsets.offset_fetch),
         Api(describe_cluster.API_KEY, 0, 1, describe_cluster.handle),
         Api(init_producer_id.API_KEY, 0, 4, init_producer_id.handle),
+        Api(topics_admin.CREATE_TOPICS, 0, 7, topics_admin.create_topics),
+        Api(topics_admin.DELETE_TOPICS, 0, 6, topics_admin.delete_topics),
+        Api(topics_admin.CREATE_PARTITIONS, 0, 3, topics_admin.create_partitions),
+        Api(configs.DESCRIBE_CONFIGS, 0, 4, configs.describe_configs),
+        Api(configs.ALTER_CONFIGS, 0, 2, configs.alter_configs),
+        Api(configs.INCREMENTAL_ALTER_CONFIGS, 0, 1, configs.incremental_alter_configs),
     )
 }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -20,6 +21,11 @@ from logcompact.kafka import codec
 from logcompact.kafka.cluster import AgentDirectory
 from logcompact.store.cache import CachedStore
 from logcompact.topics import Topic
+
+# How long an agent trusts what it read of the topics before reading them again for a produce: topics are
+# created, deleted, given partitions and altered by any agent or the CLI (this agent's own admin requests
+# refresh at once).
+TOPICS_MAX_AGE_SECONDS = 1.0
 
 if TYPE_CHECKING:
     from logcompact.kafka.apis import Api
@@ -56,18 +62,34 @@ class Broker:
     advertised: Address
     apis: Mapping[int, Api] = field(repr=False)
     ingest: Ingest = field(repr=False)
-    max_message_bytes: int
+    max_message_bytes: int  # of a topic that sets no max.message.bytes
     commits: CommitWatch = field(repr=False)
     groups: GroupCoordinator = field(repr=False)
     file_cache: CachedStore = field(repr=False)  # the catalog's store behind Fetch's bounded cache of file ranges
+    # Kafka's auto.create.topics.enable and num.partitions: Metadata asking for an unknown topic (when the client
+    # allows it) creates it with this many partitions and the default configs.
+    auto_create_topics: bool = True
+    num_partitions: int = 1
 
     @property
     def node_id(self) -> int:
         return self.agents.me.node_id
 
-    def topic_id(self, topic: str) -> uuid.UUID:
-        """Kafka's topic id (Metadata v10 on): the catalog numbers topics, so derive a UUID stable per cluster."""
-        return uuid.uuid5(uuid.UUID(self.cluster_id), topic)
+    def topic_id(self, topic: str, catalog_topic_id: int) -> uuid.UUID:
+        """Kafka's topic id (Metadata v10 on), a UUID stable per cluster, derived from the name and the catalog's
+        number for the topic: a topic deleted and made again under its name gets another id, as in Kafka."""
+        return uuid.uuid5(uuid.UUID(self.cluster_id), f"{topic}/{catalog_topic_id}")
+
+    def max_message_bytes_of(self, topic: Topic) -> int:
+        """The largest record batch the topic takes: its max.message.bytes, or this agent's."""
+        limit = topic.config.max_message_bytes
+        return self.max_message_bytes if limit is None else limit
+
+    @staticmethod
+    def log_append_time(topic: Topic) -> int | None:
+        """Now, in ms, for a topic whose message.timestamp.type is LogAppendTime (the time every record of a batch
+        taken now gets); None for CreateTime (records keep the producer's timestamps)."""
+        return time.time_ns() // 1_000_000 if topic.config.message_timestamp_type == "LogAppendTime" else None
 
     def serves(self, api_key: int, version: int) -> bool:
         api = self.apis.get(api_key)
@@ -228,16 +250,26 @@ class Ingest:
         self._agent = self._new_agent()
         self._topics: dict[str, Topic] = {}
         self._views: OrderedDict[tuple[int, str, int], _ProducerView] = OrderedDict()
+        self._read_at = float("-inf")  # time.monotonic() of the last read of the topics
 
     def _new_agent(self) -> Agent:
         return Agent(self.catalog, flush_interval_ms=self.flush_interval_ms, flush_bytes=self.flush_bytes)
 
     def topic(self, name: str) -> Topic | None:
-        """The topic as the catalog describes it, or None; partitions and cleanup.policy never change, so the
-        catalog is read again only for a name not seen yet (a topic created since)."""
-        if name not in self._topics:
-            self._topics = self.catalog.snapshot().topics
+        """The topic as the catalog describes it, read at most TOPICS_MAX_AGE_SECONDS ago (at once for a name not
+        seen then), or None."""
+        if name not in self._topics or time.monotonic() - self._read_at > TOPICS_MAX_AGE_SECONDS:
+            self._read_topics()
         return self._topics.get(name)
+
+    def forget_topics(self) -> None:
+        """Read the topics again at the next produce (this agent just changed one)."""
+        self._read_at = float("-inf")
+
+    def _read_topics(self) -> None:
+        self._topics = self.catalog.snapshot().topics
+        self._read_at = time.monotonic()
+        self._agent.use_topics(self._topics)  # the ingest agent checks partitions and keys by the same view
 
     def produce(self, topic: str, records: Sequence[Record], sequenced: SequencedBatch | None = None, after: Future | None = None) -> Future:
         """The records' offsets once their L0 file is committed. An ingest agent whose flush failed refuses every

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from logcompact.kafka import codec
+from logcompact.kafka import codec, topics_admin
 from logcompact.kafka.broker import Broker, describe
 from logcompact.topics import Topic
 
@@ -19,13 +19,15 @@ NO_LEADER_EPOCH = -1
 
 
 async def handle(broker: Broker, request: codec.Request) -> Any:
-    topics, agents = await asyncio.to_thread(lambda: (broker.catalog.snapshot().topics, broker.agents.refresh()))
+    snapshot, agents = await asyncio.to_thread(lambda: (broker.catalog.snapshot(), broker.agents.refresh()))
+    topics, ids = snapshot.topics, snapshot.topic_ids
     wanted = request.body.topics
     if wanted is None or (request.api_version == 0 and not wanted):  # v0 asks for all with an empty list
-        described = [_topic(broker, topic) for _, topic in sorted(topics.items())]
+        described = [_topic(broker, topic, ids[name]) for name, topic in sorted(topics.items())]
     else:
-        by_id = {broker.topic_id(name): topic for name, topic in topics.items()} if request.api_version >= 10 else {}
-        described = [_requested(broker, topics, by_id, entry) for entry in _unique(wanted)]
+        created = await topics_admin.auto_create(broker, request, topics)
+        by_id = {broker.topic_id(name, ids[name]): topic for name, topic in topics.items()} if request.api_version >= 10 else {}
+        described = [_requested(broker, topics, ids, by_id, entry, created) for entry in _unique(wanted)]
     return codec.build(codec.response_class(API_KEY, request.api_version), {
         "error_code": codec.ErrorCode.none,
         "throttle_time": 0,
@@ -44,23 +46,25 @@ def _unique(entries: Any) -> list[Any]:
     return list(seen.values())
 
 
-def _requested(broker: Broker, topics: dict[str, Topic], by_id: dict[Any, Topic], entry: Any) -> dict[str, Any]:
+def _requested(
+    broker: Broker, topics: dict[str, Topic], ids: dict[str, int], by_id: dict[Any, Topic], entry: Any, created: dict[str, codec.ErrorCode]
+) -> dict[str, Any]:
     if entry.name is None:  # v10 on: by topic id alone
         topic = by_id.get(entry.topic_id)
         if topic is None:
             return _missing(None, entry.topic_id, codec.ErrorCode.unknown_topic_id)
-        return _topic(broker, topic)
+        return _topic(broker, topic, ids[topic.name])
     topic = topics.get(entry.name)
-    if topic is None:
-        return _missing(entry.name, None, codec.ErrorCode.unknown_topic_or_partition)
-    return _topic(broker, topic)
+    if topic is None:  # a topic auto-created just now is LEADER_NOT_AVAILABLE this time, as in Kafka
+        return _missing(entry.name, None, created.get(entry.name, codec.ErrorCode.unknown_topic_or_partition))
+    return _topic(broker, topic, ids[topic.name])
 
 
 def _missing(name: str | None, topic_id: Any, error: codec.ErrorCode) -> dict[str, Any]:
     return {"error_code": error, "name": name, "topic_id": topic_id, "is_internal": False, "partitions": []}
 
 
-def _topic(broker: Broker, topic: Topic) -> dict[str, Any]:
+def _topic(broker: Broker, topic: Topic, catalog_topic_id: int) -> dict[str, Any]:
     partitions = []
     for index in range(topic.partitions):
         leader = broker.agents.leader_of(topic.name, index).node_id
@@ -76,7 +80,7 @@ def _topic(broker: Broker, topic: Topic) -> dict[str, Any]:
     return {
         "error_code": codec.ErrorCode.none,
         "name": topic.name,
-        "topic_id": broker.topic_id(topic.name),
+        "topic_id": broker.topic_id(topic.name, catalog_topic_id),
         "is_internal": False,
         "partitions": partitions,
     }

@@ -12,6 +12,7 @@ client that reads no responses).
 from __future__ import annotations
 
 import asyncio
+import datetime
 from concurrent.futures import Future
 from typing import Any, cast
 
@@ -29,8 +30,10 @@ FIRST_VERSION_WITH_ZSTD = 7
 MAX_DECOMPRESSED_BATCH_BYTES = 64 * 1024 * 1024
 ACKS = (0, 1, -1)
 NO_TIMESTAMP = -1
+EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)  # log_append_time is a datetime in the codec
 
-Outcome = Future | dict[str, Any]  # the ingest agent's future of offsets, or a refused partition's response
+# The ingest agent's future of offsets with the log append time (None: CreateTime), or a refused partition's response.
+Outcome = tuple[Future, int | None] | dict[str, Any]
 
 
 class AcksZeroRefusedError(Exception):
@@ -76,8 +79,8 @@ def _accept_partition(broker: Broker, version: int, acks: int, name: str, partit
         return _refused(codec.ErrorCode.invalid_record, str(exc))
     if batch.codec == records.ZSTD and version < FIRST_VERSION_WITH_ZSTD:
         return _refused(codec.ErrorCode.unsupported_compression_type, f"zstd batches need Produce v{FIRST_VERSION_WITH_ZSTD}+, this is v{version}")
-    if batch.size_bytes > broker.max_message_bytes:
-        return _refused(codec.ErrorCode.message_too_large, f"batch of {batch.size_bytes} bytes is over max.message.bytes {broker.max_message_bytes}")
+    if batch.size_bytes > (limit := broker.max_message_bytes_of(topic)):
+        return _refused(codec.ErrorCode.message_too_large, f"batch of {batch.size_bytes} bytes is over max.message.bytes {limit}")
     if batch.transactional:
         # InitProducerId refuses transactional ids, so no transaction was begun here (Kafka's verification of a
         # partition not added to a transaction answers this too).
@@ -101,15 +104,16 @@ def _accept_partition(broker: Broker, version: int, acks: int, name: str, partit
             message = f"Compacted topic cannot accept message without key in topic partition {name}-{partition.index}."
             return _refused(codec.ErrorCode.invalid_record, message, keyless)
     # A Kafka header's value may be null: the store's headers column keeps it (its values are nullable), though
-    # Record's annotation says bytes.
+    # Record's annotation says bytes. A LogAppendTime topic's records all take the time the batch is taken.
+    append_time = broker.log_append_time(topic)
     produced = [
-        Record(partition.index, record.key, record.value, None if record.timestamp == NO_TIMESTAMP else record.timestamp, cast(Any, record.headers) or None)
+        Record(partition.index, record.key, record.value, append_time if append_time is not None else None if record.timestamp == NO_TIMESTAMP else record.timestamp, cast(Any, record.headers) or None)
         for record in decoded
     ]
     try:
         if batch.producer_id >= 0:
-            return broker.ingest.produce_sequenced(name, produced, batch.producer_id, epoch, first_sequence)
-        return broker.ingest.produce(name, produced)
+            return broker.ingest.produce_sequenced(name, produced, batch.producer_id, epoch, first_sequence), append_time
+        return broker.ingest.produce(name, produced), append_time
     except ProducerStateError as exc:
         return _refused(exc.error, str(exc))
     except InvalidRecordError as exc:  # a timestamp the store cannot keep (negative, other than -1)
@@ -130,10 +134,11 @@ def _refused(error: codec.ErrorCode, message: str, record_indexes: list[int] | N
 async def _answer(index: int, outcome: Outcome) -> dict[str, Any]:
     if isinstance(outcome, dict):
         return {"index": index, **outcome}
+    accepted, append_time = outcome
     try:
-        offsets = await asyncio.wrap_future(outcome)
+        offsets = await asyncio.wrap_future(accepted)
     except Exception as exc:  # the L0 file was not committed: retriable, the client sends the batch again
         return {"index": index, **_refused(codec.ErrorCode.kafka_storage_error, str(exc))}
-    # CreateTime (TopicConfig has no message.timestamp.type): log_append_time -1; log_start_offset unknown (-1)
-    # without a catalog read per response.
-    return {"index": index, "error_code": codec.ErrorCode.none, "base_offset": offsets[0], "log_append_time": None, "log_start_offset": -1, "record_errors": []}
+    # log_append_time -1 (None) for CreateTime; log_start_offset unknown (-1) without a catalog read per response.
+    appended = None if append_time is None else EPOCH + datetime.timedelta(milliseconds=append_time)
+    return {"index": index, "error_code": codec.ErrorCode.none, "base_offset": offsets[0], "log_append_time": appended, "log_start_offset": -1, "record_errors": []}

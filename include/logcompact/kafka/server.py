@@ -58,9 +58,11 @@ class AgentSettings:
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     flush_interval_ms: int = DEFAULT_FLUSH_INTERVAL_MS
     flush_bytes: int = DEFAULT_FLUSH_BYTES
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # of every topic (TopicConfig has no max.message.bytes)
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # of a topic that sets no max.message.bytes
     group_initial_rebalance_delay_ms: int = INITIAL_REBALANCE_DELAY_MS
     fetch_cache_bytes: int = DEFAULT_FETCH_CACHE_BYTES  # file ranges Fetch keeps for consumers reading them again
+    auto_create_topics: bool = True  # Kafka's auto.create.topics.enable
+    num_partitions: int = 1  # Kafka's num.partitions: of a topic created without a count
 
 
 class FrameError(Exception):
@@ -107,6 +109,7 @@ class AgentServer:
         file_cache = CachedStore(self.catalog.store, settings.fetch_cache_bytes)
         self._broker = Broker(
             self.catalog, cluster_id, agents, advertised, APIS, ingest, settings.max_message_bytes, commits, groups, file_cache,
+            settings.auto_create_topics, settings.num_partitions,
         )
 
     async def stop(self) -> None:

@@ -1,0 +1,228 @@
+"""DescribeConfigs (key 32) v0-4, AlterConfigs (key 33) v0-2 and IncrementalAlterConfigs (key 44) v0-1.
+
+Topics take the configs the CLI knows (`logcompact.topics`), checked by the same rules with the same one-line
+messages: an unknown name or a bad value is INVALID_CONFIG, an unknown topic UNKNOWN_TOPIC_OR_PARTITION. A
+config is described as DEFAULT_CONFIG while it holds Kafka's default, DYNAMIC_TOPIC_CONFIG otherwise (the
+catalog keeps values, not whether one was given). AlterConfigs sets the whole set (what it leaves out goes back
+to its default, as in Kafka); IncrementalAlterConfigs sets, deletes (back to the default), or appends to and
+subtracts from cleanup.policy, the one list config.
+
+A broker (this agent, by its node id or "") is described read-only: its command-line settings and the topics'
+defaults. Altering one is INVALID_REQUEST, as Kafka answers a config it cannot change dynamically.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from dataclasses import asdict
+from typing import Any
+
+from logcompact.exceptions import InvalidTopicError, TopicNotFoundError
+from logcompact.kafka import codec
+from logcompact.kafka.broker import Broker
+from logcompact.topics import Topic, TopicConfig, kafka_config_names, validate_topic_name
+
+DESCRIBE_CONFIGS = 32
+ALTER_CONFIGS = 33
+INCREMENTAL_ALTER_CONFIGS = 44
+
+# Kafka's ConfigResource.Type, ConfigSource and ConfigType (DescribeConfigs v3+) codes.
+TOPIC = 2
+BROKER = 4
+RESOURCE_TYPES = {0: "UNKNOWN", 2: "TOPIC", 4: "BROKER", 8: "BROKER_LOGGER", 16: "CLIENT_METRICS", 32: "GROUP"}
+DYNAMIC_TOPIC_CONFIG = 1
+STATIC_BROKER_CONFIG = 4
+DEFAULT_CONFIG = 5
+BOOLEAN, STRING, INT, LONG, LIST = 1, 2, 3, 5, 7
+_TOPIC_CONFIG_TYPES = {
+    "cleanup.policy": LIST, "retention.ms": LONG, "delete.retention.ms": LONG, "min.compaction.lag.ms": LONG,
+    "max.compaction.lag.ms": LONG, "message.timestamp.type": STRING, "max.message.bytes": INT,
+}
+# IncrementalAlterConfigs' operations.
+SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
+LIST_CONFIGS = {"cleanup.policy"}
+
+
+class Refused(Exception):
+    """One topic or resource of a request refused with Kafka's error; the request's others go on."""
+
+    def __init__(self, error: codec.ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.error = error
+
+
+# -- describing -------------------------------------------------------------------------------------------
+
+
+def topic_configs(broker: Broker, config: TopicConfig, keys: Any) -> list[dict[str, Any]]:
+    """A topic's configs as DescribeConfigs (and CreateTopics v5+) lists them; only `keys` unless None."""
+    values, defaults = asdict(config), asdict(TopicConfig())
+    described = []
+    for name in kafka_config_names():
+        if keys is not None and name not in keys:
+            continue
+        field = name.replace(".", "_")
+        value, default = values[field], defaults[field]
+        if field == "max_message_bytes" and value is None:
+            value = broker.max_message_bytes  # the agent's, as Kafka's topics take the broker's message.max.bytes
+        described.append(_entry(name, value, False, DEFAULT_CONFIG if values[field] == default else DYNAMIC_TOPIC_CONFIG, _TOPIC_CONFIG_TYPES[name]))
+    return described
+
+
+def broker_configs(broker: Broker, keys: Any) -> list[dict[str, Any]]:
+    """This agent's settings, read-only: what its command line set, and the topics' defaults."""
+    defaults = TopicConfig()
+    settings = [
+        ("broker.id", broker.node_id, STATIC_BROKER_CONFIG, INT),
+        ("advertised.listeners", f"PLAINTEXT://{broker.advertised}", STATIC_BROKER_CONFIG, LIST),
+        ("auto.create.topics.enable", str(broker.auto_create_topics).lower(), STATIC_BROKER_CONFIG, BOOLEAN),
+        ("num.partitions", broker.num_partitions, STATIC_BROKER_CONFIG, INT),
+        ("message.max.bytes", broker.max_message_bytes, STATIC_BROKER_CONFIG, INT),
+        ("default.replication.factor", 1, DEFAULT_CONFIG, INT),
+        ("log.cleanup.policy", defaults.cleanup_policy, DEFAULT_CONFIG, LIST),
+        ("log.retention.ms", defaults.retention_ms, DEFAULT_CONFIG, LONG),
+        ("log.cleaner.delete.retention.ms", defaults.delete_retention_ms, DEFAULT_CONFIG, LONG),
+        ("log.cleaner.min.compaction.lag.ms", defaults.min_compaction_lag_ms, DEFAULT_CONFIG, LONG),
+        ("log.cleaner.max.compaction.lag.ms", defaults.max_compaction_lag_ms, DEFAULT_CONFIG, LONG),
+        ("log.message.timestamp.type", defaults.message_timestamp_type, DEFAULT_CONFIG, STRING),
+    ]
+    return [_entry(name, value, True, source, kind) for name, value, source, kind in settings if keys is None or name in keys]
+
+
+def _entry(name: str, value: Any, read_only: bool, source: int, kind: int) -> dict[str, Any]:
+    return {
+        "name": name, "value": str(value), "read_only": read_only, "is_default": source == DEFAULT_CONFIG, "config_source": source,
+        "is_sensitive": False, "synonyms": [], "config_type": kind, "documentation": None,
+    }
+
+
+async def describe_configs(broker: Broker, request: codec.Request) -> Any:
+    results = await asyncio.to_thread(lambda: [_describe(broker, resource) for resource in request.body.resources])
+    return codec.build(codec.response_class(DESCRIBE_CONFIGS, request.api_version), {"throttle_time": 0, "results": results})
+
+
+def _describe(broker: Broker, resource: Any) -> dict[str, Any]:
+    result = {"resource_type": resource.resource_type, "resource_name": resource.resource_name, "error_code": codec.ErrorCode.none, "error_message": None, "configs": []}
+    try:
+        if resource.resource_type == TOPIC:
+            topic = _topic(broker, resource.resource_name)
+            result["configs"] = topic_configs(broker, topic.config, resource.configuration_keys)
+        else:
+            _check_broker(broker, resource)
+            result["configs"] = broker_configs(broker, resource.configuration_keys)
+    except Refused as refused:
+        result.update(error_code=refused.error, error_message=str(refused))
+    return result
+
+
+def _topic(broker: Broker, name: str) -> Topic:
+    try:
+        validate_topic_name(name)
+    except InvalidTopicError as exc:
+        raise Refused(codec.ErrorCode.invalid_topic_exception, str(exc)) from None
+    topic = broker.catalog.snapshot().topics.get(name)
+    if topic is None:
+        raise Refused(codec.ErrorCode.unknown_topic_or_partition, f"topic {name!r} does not exist")
+    return topic
+
+
+def _check_broker(broker: Broker, resource: Any) -> None:
+    if resource.resource_type != BROKER:
+        kind = RESOURCE_TYPES.get(resource.resource_type, f"type {resource.resource_type}")
+        raise Refused(codec.ErrorCode.invalid_request, f"resources of {kind} are not served: describe or alter a TOPIC, or describe a BROKER")
+    if resource.resource_name not in ("", str(broker.node_id)):
+        raise Refused(codec.ErrorCode.invalid_request, f"unexpected broker id {resource.resource_name!r}: this agent is broker {broker.node_id} (or \"\")")
+
+
+# -- altering ---------------------------------------------------------------------------------------------
+
+
+def settings_of(entries: Any, null_error: codec.ErrorCode) -> dict[str, str]:
+    """A request's configs as {name: value}; a null value or a name given twice is refused with `null_error`
+    (Kafka's for the API) or INVALID_REQUEST."""
+    named = Counter(entry.name for entry in entries)
+    settings = {}
+    for entry in entries:
+        if named[entry.name] > 1:
+            raise Refused(codec.ErrorCode.invalid_request, f"config {entry.name!r} is given {named[entry.name]} times")
+        if entry.value is None:
+            raise Refused(null_error, f"config {entry.name!r} has a null value: give a value (IncrementalAlterConfigs DELETE reverts one to its default)")
+        settings[entry.name] = entry.value
+    return settings
+
+
+async def alter_configs(broker: Broker, request: codec.Request) -> Any:
+    """Each topic's configs replaced by those given: the others go back to their defaults, as in Kafka."""
+    def change(resource: Any) -> Any:
+        settings = settings_of(resource.configs, codec.ErrorCode.invalid_request)
+        return lambda topic: topic.with_config(TopicConfig.from_kafka(settings))
+
+    return await _alter(broker, request, ALTER_CONFIGS, change)
+
+
+async def incremental_alter_configs(broker: Broker, request: codec.Request) -> Any:
+    return await _alter(broker, request, INCREMENTAL_ALTER_CONFIGS, _incremental_change)
+
+
+def _incremental_change(resource: Any) -> Any:
+    named = Counter(entry.name for entry in resource.configs)
+    for entry in resource.configs:
+        if named[entry.name] > 1:
+            raise Refused(codec.ErrorCode.invalid_request, f"config {entry.name!r} is given {named[entry.name]} times")
+        if entry.config_operation not in (SET, DELETE, APPEND, SUBTRACT):
+            raise Refused(codec.ErrorCode.invalid_request, f"config {entry.name!r}: operation {entry.config_operation} is not SET (0), DELETE (1), APPEND (2) or SUBTRACT (3)")
+        if entry.config_operation in (APPEND, SUBTRACT) and entry.name not in LIST_CONFIGS and entry.name in _TOPIC_CONFIG_TYPES:
+            raise Refused(codec.ErrorCode.invalid_config, f"config {entry.name!r} is not a list: APPEND and SUBTRACT apply to cleanup.policy only")
+        if entry.config_operation != DELETE and entry.value is None:
+            raise Refused(codec.ErrorCode.invalid_request, f"config {entry.name!r} has a null value: give a value, or DELETE it")
+
+    def change(topic: Topic) -> Topic:
+        config = topic.config.reverted([entry.name for entry in resource.configs if entry.config_operation == DELETE])
+        settings = {}
+        for entry in resource.configs:
+            if entry.config_operation == SET:
+                settings[entry.name] = entry.value
+            elif entry.config_operation in (APPEND, SUBTRACT):
+                current = [item for item in str(config.to_kafka().get(entry.name, "")).split(",") if item]
+                given = [item.strip() for item in entry.value.split(",") if item.strip()]
+                items = current + [i for i in given if i not in current] if entry.config_operation == APPEND else [i for i in current if i not in given]
+                settings[entry.name] = ",".join(items)
+        return topic.with_config(TopicConfig.from_kafka(settings, base=config))
+
+    return change
+
+
+async def _alter(broker: Broker, request: codec.Request, api_key: int, change_of: Any) -> Any:
+    body = request.body
+    named = Counter((resource.resource_type, resource.resource_name) for resource in body.resources)
+    responses = []
+    for resource in body.resources:
+        result = {"resource_type": resource.resource_type, "resource_name": resource.resource_name, "error_code": codec.ErrorCode.none, "error_message": None}
+        try:
+            if named[(resource.resource_type, resource.resource_name)] > 1:
+                raise Refused(codec.ErrorCode.invalid_request, f"resource {resource.resource_name!r} is named twice in the request")
+            if resource.resource_type != TOPIC:
+                _check_broker(broker, resource)
+                raise Refused(codec.ErrorCode.invalid_request, f"broker {broker.node_id}'s configs are its command line's: they cannot be changed dynamically")
+            await asyncio.to_thread(_alter_topic, broker, resource.resource_name, change_of(resource), body.validate_only)
+        except Refused as refused:
+            result.update(error_code=refused.error, error_message=str(refused))
+        responses.append(result)
+    if not body.validate_only:
+        broker.ingest.forget_topics()
+    return codec.build(codec.response_class(api_key, request.api_version), {"throttle_time": 0, "responses": responses})
+
+
+def _alter_topic(broker: Broker, name: str, change: Any, validate_only: bool) -> None:
+    try:
+        if validate_only:
+            change(_topic(broker, name))
+        else:
+            _topic(broker, name)  # its name checked, and an unknown topic refused before a version is written
+            broker.catalog.alter_topic(name, change, time.time_ns() // 1_000_000)
+    except TopicNotFoundError as exc:
+        raise Refused(codec.ErrorCode.unknown_topic_or_partition, str(exc)) from None
+    except InvalidTopicError as exc:
+        raise Refused(codec.ErrorCode.invalid_config, str(exc)) from None
