@@ -1046,7 +1046,7 @@ class Catalog:
 
     def _topic_names(self, connection: Connection) -> dict[int, str]:
         """Every topic's name by topic id, deleted topics' too (rows that name them may outlive them for a while)."""
-        return dict(connection.execute(select(s.topics.c.topic_id, s.topics.c.name)).tuples().all())
+        return {row.topic_id: row.name for row in connection.execute(select(s.topics.c.topic_id, s.topics.c.name))}
 
     def _topic_id(self, connection: Connection, name: str) -> int:
         return self._topic_rows(connection, {name})[name][0]
