@@ -1,5 +1,6 @@
 """aiokafka (asyncio, its own protocol code) through `logcompact agent`: produce with every codec at acks 1 and
-all, then consume from the beginning and from a timestamp; and kcat's consumer from a timestamp."""
+all (idempotent at all), then consume from the beginning and from a timestamp; and kcat's consumer from a
+timestamp."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ pytestmark = pytest.mark.timeout(60)
 
 
 async def produce(bootstrap: str, codec: str | None, acks: int | str) -> list[tuple[int, int]]:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks=acks, compression_type=codec, linger_ms=5)
+    # aiokafka's idempotent producer needs acks=all: on with it, as Kafka clients default to now
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks=acks, compression_type=codec, linger_ms=5, enable_idempotence=acks == "all")
     await producer.start()
     try:
         sent = [
