@@ -1,18 +1,22 @@
 """`make demo`: the whole product on the embedded default (a local store, its catalog in SQLite beside the
-data), through the DAGs as Airflow runs them.
+data), from a Kafka producer through the DAGs as Airflow runs them to a Kafka consumer group.
 
 A local store gets three topics (accounts: compact, clicks: delete, sessions: compact,delete) of 100
-partitions each, with skewed keys and tombstones, written by agents as 40 L0 files over the last three
-hours, each file holding all 300 topic-partitions. Then `dag.test()` runs
-logcompact_compaction (the sensor sees 40 L0 files, L0 is split into L1), logcompact_max_lag_hourly (the
+partitions each, with skewed keys and tombstones, produced by a Kafka producer (confluent-kafka, acks=all,
+lz4) through `logcompact agent` in 40 rounds with timestamps over the last three hours, each round acknowledged
+(committed as L0 files) before the next. Then `dag.test()` runs logcompact_compaction (the sensor sees the L0
+files, L0 is split into L1), logcompact_max_lag_hourly (the
 oldest records are past their 2 h max lag: deduplicated into L2), logcompact_full_sweep_daily and
 logcompact_gc, each compaction through spark-submit with Spark in local mode. The report gives files and
-bytes per level after each run, records removed and write amplification, and the consume check that every
-key's latest value survived.
+bytes per level after each run, records removed and write amplification, and two checks that every key's latest
+value survived: through the library's consume, and through a Kafka consumer group reading the compacted topics
+back from the agent (each compacted key once, its latest value; every clicks record; the group's committed
+offsets at the end of every partition).
 
     .venv/bin/python scripts/demo.py [--records 300000] [--dir .demo] [--data-only]
 
-`--data-only` stops after producing the data: `make airflow` uses it to give the UI something to compact.
+`--data-only` stops after producing the data, through the library: `make airflow` uses it to give the UI
+something to compact.
 Airflow logs only warnings here; the task logs are in the Airflow home under the work directory.
 """
 
@@ -22,9 +26,12 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,6 +83,113 @@ def groups_run(dag_id: str, run_id: str) -> int:
         return session.query(TaskInstance).filter_by(dag_id=dag_id, run_id=run_id, task_id="compact_group", state="success").count()
 
 
+@contextmanager
+def running_agent(store_uri: str) -> Iterator[str]:
+    """`logcompact agent` as a process of its own on a free port of 127.0.0.1: its address; stopped by SIGTERM.
+    It flushes every second, so each round of the demo lands in a few L0 files."""
+    command = [str(BIN / "logcompact"), "--store", store_uri, "agent", "--listen", "127.0.0.1:0", "--flush-ms", "1000"]
+    agent = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        assert agent.stdout is not None
+        listening = agent.stdout.readline()
+        if not listening:
+            raise SystemExit(f"demo: the Kafka agent did not start (exit {agent.wait()}); its error is above")
+        yield json.loads(listening)["listening"]
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        if agent.wait(timeout=60) != 0:
+            raise SystemExit(f"demo: the Kafka agent exited {agent.returncode} when stopped; its log is above")
+
+
+def produce_through_kafka(bootstrap: str, records: int, first_timestamp: int, last_timestamp: int) -> dict:
+    """The demo's rounds (`skewed_rounds`) from a Kafka producer, each round acknowledged (committed) before the
+    next; returns each partition's latest value per key. librdkafka's default, idempotence off: an idempotent
+    librdkafka producer keeps at most 5 requests in flight per connection, each of one partition's batch, and each
+    waits for its L0 file's commit, so over the demo's 300 partitions it would send a few hundred records a second
+    (docs/agent.md, Produce)."""
+    from confluent_kafka import KafkaError, Producer
+
+    from logcompact.demo import skewed_rounds
+
+    producer = Producer({
+        "bootstrap.servers": bootstrap, "acks": "all", "compression.type": "lz4",
+        "linger.ms": 20, "batch.size": 1_000_000,
+    })
+    failed: list[KafkaError] = []
+
+    def delivered(error: KafkaError | None, _message: object) -> None:
+        if error is not None:
+            failed.append(error)
+
+    latest: dict = {}
+    for _round_timestamp, batches in skewed_rounds(records, 40, first_timestamp, last_timestamp, latest):
+        for topic, batch in batches.items():
+            for record in batch:
+                while True:
+                    try:
+                        producer.produce(topic, record.value, record.key, record.partition, on_delivery=delivered, timestamp=record.timestamp)
+                        break
+                    except BufferError:  # the client's queue is full: let deliveries drain it
+                        producer.poll(0.1)
+        if producer.flush(120) or failed:
+            raise SystemExit(f"demo: the Kafka producer could not deliver every record: {failed[:1] or 'flush timed out'}")
+    return latest
+
+
+def read_back_with_a_consumer_group(bootstrap: str, latest: dict, clicks: int, high_watermarks: dict[str, list[int]]) -> int:
+    """A Kafka consumer group reads every topic back from the agent: each compacted key once, with its latest
+    value (a deleted key's tombstone, or nothing), every clicks record; then commits, and its committed offsets
+    are the partitions' ends. Returns the records read."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    from logcompact.demo import PARTITIONS, TOPICS
+
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap, "group.id": "logcompact-demo", "auto.offset.reset": "earliest",
+        "enable.auto.commit": False, "enable.partition.eof": True,
+    })
+    consumer.subscribe([spec.name for spec in TOPICS])
+    found: dict[tuple[str, int], dict[bytes, bytes | None]] = {}
+    at_end: set[tuple[str, int]] = set()
+    read = clicks_read = 0
+    deadline = time.monotonic() + 300
+    while len(at_end) < len(TOPICS) * PARTITIONS:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"demo: the consumer group reached the end of {len(at_end)} of {len(TOPICS) * PARTITIONS} partitions in 300 s")
+        message = consumer.poll(1)
+        if message is None:
+            continue
+        place = (message.topic(), message.partition())
+        if message.error():
+            if message.error().code() != KafkaError._PARTITION_EOF:
+                raise SystemExit(f"demo: the consumer group failed: {message.error()}")
+            at_end.add(place)
+            continue
+        read += 1
+        if message.topic() == "clicks":
+            clicks_read += 1
+            continue
+        keys = found.setdefault(place, {})
+        if message.key() in keys:
+            raise SystemExit(f"demo: key {message.key()!r} read twice from {place}: the full sweep left a duplicate")
+        keys[message.key()] = message.value()
+    for (topic, partition), keys in found.items():
+        live = {k: v for k, v in keys.items() if v is not None}
+        expected = {k: v for k, v in latest[topic][partition].items() if v is not None}
+        if live != expected:
+            raise SystemExit(f"demo: the consumer group read {len(live)} live keys from {topic}/{partition}, expected {len(expected)}")
+    if clicks_read != clicks:
+        raise SystemExit(f"demo: the consumer group read {clicks_read:,} clicks records, produced {clicks:,}")
+    consumer.commit(asynchronous=False)
+    ends = [TopicPartition(spec.name, p) for spec in TOPICS for p in range(PARTITIONS)]
+    committed = {(tp.topic, tp.partition): tp.offset for tp in consumer.committed(ends, timeout=30)}
+    consumer.close()
+    behind = [place for place, offset in committed.items() if offset != high_watermarks[place[0]][place[1]]]
+    if behind:
+        raise SystemExit(f"demo: the group's committed offsets are not at the end of {len(behind)} partitions (first: {behind[0]})")
+    return read
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=300_000)
@@ -87,7 +201,7 @@ def main() -> None:
     (work / "store").mkdir(parents=True)
 
     from logcompact.catalog import Catalog
-    from logcompact.demo import HOUR_MS, create_skewed_topics, describe_levels, level_table, produce_skewed, verify_latest
+    from logcompact.demo import HOUR_MS, TOPICS, create_skewed_topics, describe_levels, level_table, produce_skewed, verify_latest
     from logcompact.exceptions import VerificationError
     from logcompact.store import LocalStore
 
@@ -95,7 +209,12 @@ def main() -> None:
     catalog = Catalog(store)  # the embedded default: catalog.db in the store directory
     now = int(time.time() * 1000)
     create_skewed_topics(catalog, now - 3 * HOUR_MS)
-    latest = produce_skewed(catalog, args.records, files=40, first_timestamp=now - 3 * HOUR_MS, last_timestamp=now)
+    if args.data_only:
+        latest = produce_skewed(catalog, args.records, files=40, first_timestamp=now - 3 * HOUR_MS, last_timestamp=now)
+    else:
+        with running_agent(store.uri) as bootstrap:
+            print(f"logcompact agent on {bootstrap}: producing through Kafka (confluent-kafka, acks=all, lz4)")
+            latest = produce_through_kafka(bootstrap, args.records, now - 3 * HOUR_MS, now)
     start = catalog.snapshot()
     start_files = start.file_summaries()
     ingested_bytes = sum(f.size for f in start_files)
@@ -142,6 +261,11 @@ def main() -> None:
     )
     print(f"verified through consume: all {checked:,} live keys hold their latest value, deleted keys stay deleted, "
           f"clicks (delete policy) kept all {clicks:,} records")
+    with running_agent(store.uri) as bootstrap:
+        ends = {spec.name: catalog.next_offsets(spec.name) for spec in TOPICS}
+        read = read_back_with_a_consumer_group(bootstrap, latest, clicks, ends)
+    print(f"verified through a Kafka consumer group on {bootstrap}: {read:,} records read, each compacted key once with its "
+          f"latest value, all {clicks:,} clicks records; offsets committed at every partition's end")
 
 
 if __name__ == "__main__":
