@@ -20,6 +20,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -200,21 +201,29 @@ def test_api_versions_advertises_exactly_the_table_within_the_codec(agent: Agent
         assert api.min_version in kio_versions(api.key) and api.max_version in kio_versions(api.key)
 
 
-def kio_exchange(agent: AgentServer, api_key: int, version: int, body: dict) -> Any:
-    """One request of any version encoded by kio, and its response decoded by kio: checks, for the versions real
-    clients do not send here, the agent's framing, header versions and the fields each version has."""
-    from kio.index import load_request_schema, load_response_schema
+def kio_frame(api_key: int, version: int, body: dict, correlation_id: int) -> bytes:
+    """A size-prefixed request of any version, encoded by kio."""
+    from kio.index import load_request_schema
     from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
     from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
-    from kio.serial import entity_reader, entity_writer
+    from kio.serial import entity_writer
 
     request_class = load_request_schema(api_key, version)
     header_class = RequestHeaderV2 if request_class.__flexible__ else RequestHeaderV1
     message = io.BytesIO()
-    entity_writer(header_class)(message, header_class(request_api_key=api_key, request_api_version=version, correlation_id=version, client_id="test"))
+    entity_writer(header_class)(message, header_class(request_api_key=api_key, request_api_version=version, correlation_id=correlation_id, client_id="test"))
     entity_writer(request_class)(message, build(request_class, body))
+    return struct.pack(">i", len(message.getvalue())) + message.getvalue()
+
+
+def kio_exchange(agent: AgentServer, api_key: int, version: int, body: dict) -> Any:
+    """One request of any version encoded by kio, and its response decoded by kio: checks, for the versions real
+    clients do not send here, the agent's framing, header versions and the fields each version has."""
+    from kio.index import load_response_schema
+    from kio.serial import entity_reader
+
     with connect(agent) as connection:
-        connection.sendall(struct.pack(">i", len(message.getvalue())) + message.getvalue())
+        connection.sendall(kio_frame(api_key, version, body, correlation_id=version))
         frame = receive_frame(connection)
     response_class = load_response_schema(api_key, version)
     header, size = entity_reader(response_class.__header_schema__)(frame, 0)
@@ -353,3 +362,65 @@ def test_the_agent_command_refuses_a_bad_address(catalog: Catalog) -> None:
     )
     assert result.returncode == 2
     assert "--listen 'localhost' is not HOST:PORT" in result.stderr
+
+
+# -- memory held by requests in flight ------------------------------------------------------------------
+
+
+def test_a_byte_budget_holds_takers_until_bytes_are_given_back_and_always_fits_one_request() -> None:
+    from logcompact.kafka.server import ByteBudget
+
+    async def scenario() -> list[str]:
+        budget, events = ByteBudget(100), []
+
+        async def taker(name: str, size: int) -> None:
+            await budget.take(size)
+            events.append(name)
+
+        await budget.take(60)
+        waiting = [asyncio.create_task(taker("b40", 40)), asyncio.create_task(taker("c50", 50))]
+        await asyncio.sleep(0.01)
+        assert events == ["b40"] and budget.held == 100  # 50 more would pass the limit: c waits
+        budget.give(60)
+        await asyncio.sleep(0.01)
+        assert events == ["b40", "c50"] and budget.held == 90
+        budget.give(90)
+        await taker("huge", 500)  # larger than the limit, but nothing is held: it fits
+        await asyncio.gather(*waiting)
+        return events
+
+    assert asyncio.run(scenario()) == ["b40", "c50", "huge"]
+
+
+def test_pipelined_requests_past_a_connections_byte_budget_wait_their_turn_and_leave_nothing_held(catalog: Catalog) -> None:
+    """Long-polling Fetches pipelined on one connection, each larger than half its in-flight byte budget: the agent
+    reads one at a time (the rest wait in the socket), answers every one in order, and once the connection is
+    gone the agent holds no bytes for it."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="agent", daemon=True)
+    thread.start()
+    server = AgentServer(catalog, AgentSettings(Address("127.0.0.1", 0), max_in_flight_bytes=150, max_queued_bytes=10_000))
+    asyncio.run_coroutine_threadsafe(server.start(), loop).result(timeout=20)
+    try:
+        frames = [kio_frame(1, 12, {
+            "replica_id": -1, "max_wait": 300, "min_bytes": 1, "max_bytes": 1 << 20, "isolation_level": 0, "session_id": 0,
+            "session_epoch": -1, "forgotten_topics_data": [], "rack_id": "",
+            "topics": [{"topic": "orders", "partitions": [{"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20}]}],
+        }, correlation_id=n) for n in range(4)]
+        assert all(80 < len(frame) - 4 <= 150 for frame in frames)
+        with connect(server) as connection:
+            connection.settimeout(10)
+            connection.sendall(b"".join(frames))
+            time.sleep(0.15)
+            assert 0 < server._queued.held <= 150  # one request read, the others wait unread
+            answered = [struct.unpack(">i", receive_frame(connection)[:4])[0] for _ in frames]
+        assert answered == [0, 1, 2, 3]
+        deadline = time.monotonic() + 5
+        while server._queued.held and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server._queued.held == 0
+    finally:
+        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(timeout=20)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        loop.close()

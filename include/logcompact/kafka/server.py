@@ -1,11 +1,14 @@
 """The agent's listener and connection loop.
 
-Each connection reads size-prefixed frames, at most `max_in_flight` ahead of their responses, and answers them
-in request order (Kafka's per-connection contract) while the handlers of pipelined requests run concurrently.
-A frame over `max_frame_bytes`, or one that does not decode, closes its connection with one log line, after
-the responses to the requests before it; it never stops the server. So a connection holds at most
-`max_in_flight` requests being read or answered, and the agent at most `max_connections` connections (one more
-is closed as soon as it is accepted, with one log line).
+Each connection reads size-prefixed frames ahead of their responses, at most `max_in_flight` requests and
+`max_in_flight_bytes` of them, and answers them in request order (Kafka's per-connection contract) while the
+handlers of pipelined requests run concurrently. Deep pipelines matter here: an ack waits for its L0 file's
+commit (a flush interval), and librdkafka sends one partition's batch per Produce request, so a connection
+allowed few requests in flight would carry few partitions' batches per flush. A frame over `max_frame_bytes`, or
+one that does not decode, closes its connection with one log line, after the responses to the requests before
+it; it never stops the server. Requests read and not answered hold at most `max_queued_bytes` across the agent
+(a reader waits for room), in at most `max_connections` connections (one more is closed as soon as it is
+accepted, with one log line).
 
 Handlers of one connection start in request order: each runs as its own task, and asyncio runs new tasks
 first-in first-out up to their first await. So what a handler does before its first await (a Produce handing
@@ -41,7 +44,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_LISTEN = Address("127.0.0.1", 9092)
 DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024
-DEFAULT_MAX_IN_FLIGHT = 16  # librdkafka pipelines up to 1,000,000 by default; 16 keeps memory bounded
+DEFAULT_MAX_IN_FLIGHT = 1000  # requests per connection (librdkafka pipelines up to 1,000,000 by default)
+DEFAULT_MAX_IN_FLIGHT_BYTES = 128 * 1024 * 1024  # of requests per connection: above one frame of the largest size
+DEFAULT_MAX_QUEUED_BYTES = 1024 * 1024 * 1024  # of requests read and not answered, across connections
 DEFAULT_MAX_CONNECTIONS = 1000
 COMMIT_POLL_SECONDS = 0.05  # how often fetches waiting for records look for a new catalog version
 STOP_GRACE_SECONDS = 30  # how long a stop waits for requests already read
@@ -55,6 +60,8 @@ class AgentSettings:
     rack: str | None = None
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    max_in_flight_bytes: int = DEFAULT_MAX_IN_FLIGHT_BYTES
+    max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     flush_interval_ms: int = DEFAULT_FLUSH_INTERVAL_MS
     flush_bytes: int = DEFAULT_FLUSH_BYTES
@@ -69,6 +76,27 @@ class FrameError(Exception):
     """A frame size the connection cannot take."""
 
 
+class ByteBudget:
+    """Bytes of requests read and not answered yet, kept within `limit`: a reader waits for room. A request always
+    fits while none is held (a frame is at most max_frame_bytes, checked before), so a large one is never stuck.
+    Used on the event loop only."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self._freed = asyncio.Event()
+
+    async def take(self, size: int) -> None:
+        while self.held and self.held + size > self.limit:
+            self._freed.clear()
+            await self._freed.wait()
+        self.held += size
+
+    def give(self, size: int) -> None:
+        self.held -= size
+        self._freed.set()
+
+
 class AgentServer:
     def __init__(self, catalog: Catalog, settings: AgentSettings) -> None:
         self.catalog = catalog
@@ -76,6 +104,7 @@ class AgentServer:
         self._server: asyncio.Server | None = None
         self._broker: Broker | None = None
         self._readers: set[asyncio.Task] = set()
+        self._queued = ByteBudget(settings.max_queued_bytes)
         self._connections: set[asyncio.Task] = set()
 
     @property
@@ -143,29 +172,40 @@ class AgentServer:
             writer.close()
             return
         self._connections.add(this)
-        # The reader takes a slot per request, the sender gives it back once the response is written.
+        # The reader takes a slot and the bytes of each request, the sender gives them back once it is answered.
         in_flight = asyncio.Semaphore(self.settings.max_in_flight)
-        responses: asyncio.Queue[asyncio.Task[bytes | None] | None] = asyncio.Queue()
-        reading = asyncio.create_task(self._read(reader, responses, in_flight, peer))
+        held = ByteBudget(self.settings.max_in_flight_bytes)
+        responses: asyncio.Queue[tuple[asyncio.Task[bytes | None], int] | None] = asyncio.Queue()
+        reading = asyncio.create_task(self._read(reader, responses, in_flight, held, peer))
         self._readers.add(reading)
         try:
-            await self._send(writer, responses, in_flight, peer)
+            await self._send(writer, responses, in_flight, held, peer)
         finally:
             reading.cancel()
+            await asyncio.gather(reading, return_exceptions=True)  # so what it holds is settled
             self._readers.discard(reading)
             self._connections.discard(this)
+            self._queued.give(held.held)  # the requests this connection read and will never answer
             writer.close()
 
-    async def _read(self, reader: asyncio.StreamReader, responses: asyncio.Queue, in_flight: asyncio.Semaphore, peer: str) -> None:
+    async def _read(
+        self, reader: asyncio.StreamReader, responses: asyncio.Queue, in_flight: asyncio.Semaphore, held: ByteBudget, peer: str,
+    ) -> None:
         """Frames into answering tasks, in order; None queued last however reading ends (a stop cancels it)."""
         try:
             while True:
-                await in_flight.acquire()
-                frame = await self._frame(reader)
-                if frame is None:
+                size = await self._frame_size(reader)
+                if size is None:
                     return
-                request = codec.decode_request(frame, self.broker.serves)
-                responses.put_nowait(asyncio.create_task(self._answer(request)))
+                await in_flight.acquire()
+                await held.take(size)
+                try:
+                    await self._queued.take(size)
+                except BaseException:
+                    held.give(size)
+                    raise
+                request = codec.decode_request(await reader.readexactly(size), self.broker.serves)
+                responses.put_nowait((asyncio.create_task(self._answer(request)), size))
         except (FrameError, codec.MalformedRequestError) as exc:
             log.warning("connection from %s closed: %s", peer, exc)
         except asyncio.IncompleteReadError as exc:
@@ -175,8 +215,8 @@ class AgentServer:
         finally:
             responses.put_nowait(None)
 
-    async def _frame(self, reader: asyncio.StreamReader) -> bytes | None:
-        """The next frame without its size prefix, or None when the client closed between frames."""
+    async def _frame_size(self, reader: asyncio.StreamReader) -> int | None:
+        """The next frame's size from its prefix, or None when the client closed between frames."""
         prefix = await reader.read(4)
         if not prefix:
             return None
@@ -185,7 +225,7 @@ class AgentServer:
         size = int.from_bytes(prefix, "big", signed=True)
         if not 0 <= size <= self.settings.max_frame_bytes:
             raise FrameError(f"frame size {size} is outside 0 to {self.settings.max_frame_bytes} bytes (the agent's max frame size)")
-        return await reader.readexactly(size)
+        return size
 
     async def _answer(self, request: codec.Request) -> bytes | None:
         """The response frame, or None for a request answered with none (Produce with acks=0)."""
@@ -195,8 +235,11 @@ class AgentServer:
             response = await self.broker.apis[request.api_key].handle(self.broker, request)
         return None if response is None else codec.encode_response(request.correlation_id, response)
 
-    async def _send(self, writer: asyncio.StreamWriter, responses: asyncio.Queue, in_flight: asyncio.Semaphore, peer: str) -> None:
-        while (answering := await responses.get()) is not None:
+    async def _send(
+        self, writer: asyncio.StreamWriter, responses: asyncio.Queue, in_flight: asyncio.Semaphore, held: ByteBudget, peer: str,
+    ) -> None:
+        while (queued := await responses.get()) is not None:
+            answering, size = queued
             try:
                 frame = await answering
                 if frame is not None:
@@ -209,14 +252,16 @@ class AgentServer:
                 log.warning("connection from %s closed: its request failed: %s: %s", peer, type(exc).__name__, exc)
                 break
             in_flight.release()
+            held.give(size)
+            self._queued.give(size)
         _cancel_queued(responses)
 
 
 def _cancel_queued(responses: asyncio.Queue) -> None:
     while not responses.empty():
-        answering = responses.get_nowait()
-        if answering is not None:
-            answering.cancel()
+        queued = responses.get_nowait()
+        if queued is not None:
+            queued[0].cancel()
 
 
 def _peer(writer: asyncio.StreamWriter) -> str:
