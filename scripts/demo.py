@@ -85,9 +85,8 @@ def groups_run(dag_id: str, run_id: str) -> int:
 
 @contextmanager
 def running_agent(store_uri: str) -> Iterator[str]:
-    """`logcompact agent` as a process of its own on a free port of 127.0.0.1: its address; stopped by SIGTERM.
-    It flushes every second, so each round of the demo lands in a few L0 files."""
-    command = [str(BIN / "logcompact"), "--store", store_uri, "agent", "--listen", "127.0.0.1:0", "--flush-ms", "1000"]
+    """`logcompact agent` as a process of its own on a free port of 127.0.0.1: its address; stopped by SIGTERM."""
+    command = [str(BIN / "logcompact"), "--store", store_uri, "agent", "--listen", "127.0.0.1:0"]
     agent = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     try:
         assert agent.stdout is not None
