@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import numpy as np
 import pyarrow as pa
@@ -141,6 +141,7 @@ class Agent:
         self._flush_lock = threading.Lock()
         self._error: Exception | None = None
         self._closed = threading.Event()
+        self._full = threading.Event()  # wakes the flusher: the buffer holds flush_bytes
         self._flusher: threading.Thread | None = None
         if background:
             self._flusher = threading.Thread(target=self._flush_periodically, name="logcompact-agent-flusher", daemon=True)
@@ -246,8 +247,13 @@ class Agent:
                 buffer.started_ms = time.monotonic() * 1000
             buffer.batches.append(_PendingBatch(future, topic, partitions, columns, offsets_as_list, sequenced, after))
             buffer.size_bytes += size
-            full = buffer.size_bytes >= self.flush_bytes
-        if full:
+            buffered = buffer.size_bytes
+        # A full buffer is the flusher's to write, so the producing thread goes on decoding while the file is written
+        # and committed; a producer that fills a second buffer before the flusher takes the first flushes it itself,
+        # waiting for the flush in progress: backpressure, and at most two buffers held.
+        if self._flusher is not None and buffered >= self.flush_bytes:
+            self._full.set()
+        if buffered >= (self.flush_bytes if self._flusher is None else 2 * self.flush_bytes):
             self.flush()
         return future
 
@@ -306,19 +312,27 @@ class Agent:
         names = sorted({batch.topic for batch in batches})
         rank = {name: number for number, name in enumerate(names)}
         rows = np.array([batch.columns.num_rows for batch in batches], dtype=np.int64)
-        partitions = np.concatenate([
-            np.full(batch.columns.num_rows, batch.partitions, dtype=np.int64) if isinstance(batch.partitions, int) else batch.partitions
-            for batch in batches
-        ])
-        topic_ranks = np.repeat(np.array([rank[batch.topic] for batch in batches], dtype=np.int64), rows)
-        slot_of_record = (topic_ranks << 32) | partitions
-        order = np.argsort(slot_of_record, kind="stable")  # by (topic, partition), produce order kept within
-        slot_ids, starts, counts = np.unique(slot_of_record[order], return_index=True, return_counts=True)
+        # Records by (topic, partition), produce order kept within: `order` lists them, in buffer positions.
+        if all(isinstance(batch.partitions, int) for batch in batches):
+            # Every batch of one partition (a Kafka Produce's): the batches are ordered, and their columns concatenated.
+            batch_slots = np.array([rank[batch.topic] << 32 | cast(int, batch.partitions) for batch in batches], dtype=np.int64)
+            batch_order = np.argsort(batch_slots, kind="stable")
+            firsts = np.cumsum(rows) - rows
+            order = np.concatenate([np.arange(firsts[i], firsts[i] + rows[i]) for i in batch_order.tolist()])
+            sorted_slots = np.repeat(batch_slots[batch_order], rows[batch_order])
+            produced = pa.Table.from_batches([batches[i].columns for i in batch_order.tolist()], schema=PRODUCE_SCHEMA)
+        else:
+            partitions = np.concatenate([
+                np.full(batch.columns.num_rows, batch.partitions, dtype=np.int64) if isinstance(batch.partitions, int) else batch.partitions
+                for batch in batches
+            ])
+            slot_of_record = (np.repeat(np.array([rank[batch.topic] for batch in batches], dtype=np.int64), rows) << 32) | partitions
+            order = np.argsort(slot_of_record, kind="stable")
+            sorted_slots = slot_of_record[order]
+            produced = pa.Table.from_batches([batch.columns for batch in batches], schema=PRODUCE_SCHEMA).take(order)
+        slot_ids, starts, counts = np.unique(sorted_slots, return_index=True, return_counts=True)
         deltas = np.arange(len(order), dtype=np.int64) - np.repeat(starts, counts)
         slots = [(names[int(slot) >> 32], int(slot) & 0xFFFFFFFF) for slot in slot_ids.tolist()]
-        produced = pa.Table.from_batches([batch.columns for batch in batches], schema=PRODUCE_SCHEMA)
-        in_order = bool((order == np.arange(len(order))).all())
-        produced = produced.combine_chunks() if in_order else produced.take(pa.array(order))
         keys = produced.column("key")
         table = pa.Table.from_arrays(
             [
@@ -356,10 +370,13 @@ class Agent:
 
     def _flush_periodically(self) -> None:
         interval_s = self.flush_interval_ms / 1000
-        while not self._closed.wait(interval_s / 4):
+        while not self._closed.is_set():
+            self._full.wait(interval_s / 4)
+            self._full.clear()
             with self._buffer_lock:
-                due = bool(self._buffer.batches) and (
-                    time.monotonic() * 1000 - self._buffer.started_ms >= self.flush_interval_ms
+                buffer = self._buffer
+                due = bool(buffer.batches) and (
+                    buffer.size_bytes >= self.flush_bytes or time.monotonic() * 1000 - buffer.started_ms >= self.flush_interval_ms
                 )
             if due:
                 self._flush_once()
@@ -373,6 +390,7 @@ class Agent:
     def close(self) -> None:
         """Flush what is buffered, stop the flusher, and raise any error a flush met."""
         self._closed.set()
+        self._full.set()
         if self._flusher is not None:
             self._flusher.join()
         self._flush_once()

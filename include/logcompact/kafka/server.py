@@ -1,11 +1,12 @@
 """The agent's listener and connection loop.
 
-Each connection reads size-prefixed frames, at most `max_in_flight` ahead of their responses, and answers them
-in request order (Kafka's per-connection contract) while the handlers of pipelined requests run concurrently.
-A frame over `max_frame_bytes`, or one that does not decode, closes its connection with one log line, after
-the responses to the requests before it; it never stops the server. So a connection holds at most
-`max_in_flight` requests being read or answered, and the agent at most `max_connections` connections (one more
-is closed as soon as it is accepted, with one log line).
+Each connection reads size-prefixed frames, at most `max_in_flight` requests and `max_in_flight_bytes` of frames
+ahead of their responses (a frame larger than that is read alone), and answers them in request order (Kafka's
+per-connection contract) while the handlers of pipelined requests run concurrently. A frame over
+`max_frame_bytes`, or one that does not decode, closes its connection with one log line, after the responses to
+the requests before it; it never stops the server. So a connection holds at most those requests and bytes being
+read or answered, and the agent at most `max_connections` connections (one more is closed as soon as it is
+accepted, with one log line).
 
 Handlers of one connection start in request order: each runs as its own task, and asyncio runs new tasks
 first-in first-out up to their first await. So what a handler does before its first await (a Produce handing
@@ -41,7 +42,14 @@ log = logging.getLogger(__name__)
 
 DEFAULT_LISTEN = Address("127.0.0.1", 9092)
 DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024
-DEFAULT_MAX_IN_FLIGHT = 16  # librdkafka pipelines up to 1,000,000 by default; 16 keeps memory bounded
+# librdkafka pipelines up to 1,000,000 requests by default, one per partition batch, and a Produce at acks=all waits
+# for the flush (250 ms): a producer lingering 5 ms over 4 partitions has ~250 requests waiting. Memory is bounded by
+# the bytes of the frames in flight.
+DEFAULT_MAX_IN_FLIGHT = 1000
+DEFAULT_MAX_IN_FLIGHT_BYTES = 64 * 1024 * 1024
+# A connection's read buffer stops taking bytes from the socket past twice this until a frame is read out of it:
+# asyncio's 64 KiB default pauses and resumes the socket several times per 1 MB Produce (a selector call each).
+READ_BUFFER_BYTES = 1024 * 1024
 DEFAULT_MAX_CONNECTIONS = 1000
 COMMIT_POLL_SECONDS = 0.05  # how often fetches waiting for records look for a new catalog version
 STOP_GRACE_SECONDS = 30  # how long a stop waits for requests already read
@@ -55,6 +63,7 @@ class AgentSettings:
     rack: str | None = None
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    max_in_flight_bytes: int = DEFAULT_MAX_IN_FLIGHT_BYTES
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     flush_interval_ms: int = DEFAULT_FLUSH_INTERVAL_MS
     flush_bytes: int = DEFAULT_FLUSH_BYTES
@@ -67,6 +76,30 @@ class AgentSettings:
 
 class FrameError(Exception):
     """A frame size the connection cannot take."""
+
+
+class InFlight:
+    """A connection's requests read ahead of their responses: at most `max_requests` and `max_bytes` of frames, except
+    that one frame is always taken when nothing is in flight (however large, up to max_frame_bytes)."""
+
+    def __init__(self, max_requests: int, max_bytes: int) -> None:
+        self._max_requests = max_requests
+        self._max_bytes = max_bytes
+        self._requests = 0
+        self._bytes = 0
+        self._freed = asyncio.Event()
+
+    async def take(self, size: int) -> None:
+        while self._requests and (self._requests >= self._max_requests or self._bytes + size > self._max_bytes):
+            self._freed.clear()
+            await self._freed.wait()
+        self._requests += 1
+        self._bytes += size
+
+    def give(self, size: int) -> None:
+        self._requests -= 1
+        self._bytes -= size
+        self._freed.set()
 
 
 class AgentServer:
@@ -96,7 +129,7 @@ class AgentServer:
         await asyncio.to_thread(records.compile_encoder)  # seconds on a fresh install: before clients, not in a Fetch
         listen = self.settings.listen
         try:
-            self._server = await asyncio.start_server(self._connection, listen.host, listen.port)
+            self._server = await asyncio.start_server(self._connection, listen.host, listen.port, limit=READ_BUFFER_BYTES)
         except OSError as exc:
             raise LogcompactError(f"agent cannot listen on {listen}: {exc.strerror or exc}; pass another --listen HOST:PORT") from None
         settings = self.settings
@@ -143,9 +176,9 @@ class AgentServer:
             writer.close()
             return
         self._connections.add(this)
-        # The reader takes a slot per request, the sender gives it back once the response is written.
-        in_flight = asyncio.Semaphore(self.settings.max_in_flight)
-        responses: asyncio.Queue[asyncio.Task[bytes | None] | None] = asyncio.Queue()
+        # The reader takes a request's slot and bytes, the sender gives them back once the response is written.
+        in_flight = InFlight(self.settings.max_in_flight, self.settings.max_in_flight_bytes)
+        responses: asyncio.Queue[tuple[asyncio.Task[bytes | None], int] | None] = asyncio.Queue()
         reading = asyncio.create_task(self._read(reader, responses, in_flight, peer))
         self._readers.add(reading)
         try:
@@ -156,16 +189,16 @@ class AgentServer:
             self._connections.discard(this)
             writer.close()
 
-    async def _read(self, reader: asyncio.StreamReader, responses: asyncio.Queue, in_flight: asyncio.Semaphore, peer: str) -> None:
-        """Frames into answering tasks, in order; None queued last however reading ends (a stop cancels it)."""
+    async def _read(self, reader: asyncio.StreamReader, responses: asyncio.Queue, in_flight: InFlight, peer: str) -> None:
+        """Frames into answering tasks (with their frame's size), in order; None queued last however reading ends (a
+        stop cancels it)."""
         try:
             while True:
-                await in_flight.acquire()
-                frame = await self._frame(reader)
+                frame = await self._frame(reader, in_flight)
                 if frame is None:
                     return
                 request = codec.decode_request(frame, self.broker.serves)
-                responses.put_nowait(asyncio.create_task(self._answer(request)))
+                responses.put_nowait((asyncio.create_task(self._answer(request)), len(frame)))
         except (FrameError, codec.MalformedRequestError) as exc:
             log.warning("connection from %s closed: %s", peer, exc)
         except asyncio.IncompleteReadError as exc:
@@ -175,8 +208,9 @@ class AgentServer:
         finally:
             responses.put_nowait(None)
 
-    async def _frame(self, reader: asyncio.StreamReader) -> bytes | None:
-        """The next frame without its size prefix, or None when the client closed between frames."""
+    async def _frame(self, reader: asyncio.StreamReader, in_flight: InFlight) -> bytes | None:
+        """The next frame without its size prefix, read once `in_flight` takes it, or None when the client closed
+        between frames."""
         prefix = await reader.read(4)
         if not prefix:
             return None
@@ -185,6 +219,7 @@ class AgentServer:
         size = int.from_bytes(prefix, "big", signed=True)
         if not 0 <= size <= self.settings.max_frame_bytes:
             raise FrameError(f"frame size {size} is outside 0 to {self.settings.max_frame_bytes} bytes (the agent's max frame size)")
+        await in_flight.take(size)
         return await reader.readexactly(size)
 
     async def _answer(self, request: codec.Request) -> bytes | None:
@@ -195,8 +230,9 @@ class AgentServer:
             response = await self.broker.apis[request.api_key].handle(self.broker, request)
         return None if response is None else codec.encode_response(request.correlation_id, response)
 
-    async def _send(self, writer: asyncio.StreamWriter, responses: asyncio.Queue, in_flight: asyncio.Semaphore, peer: str) -> None:
-        while (answering := await responses.get()) is not None:
+    async def _send(self, writer: asyncio.StreamWriter, responses: asyncio.Queue, in_flight: InFlight, peer: str) -> None:
+        while (queued := await responses.get()) is not None:
+            answering, size = queued
             try:
                 frame = await answering
                 if frame is not None:
@@ -208,15 +244,15 @@ class AgentServer:
             except Exception as exc:  # a failed handler: the client reconnects and retries; the agent goes on
                 log.warning("connection from %s closed: its request failed: %s: %s", peer, type(exc).__name__, exc)
                 break
-            in_flight.release()
+            in_flight.give(size)
         _cancel_queued(responses)
 
 
 def _cancel_queued(responses: asyncio.Queue) -> None:
     while not responses.empty():
-        answering = responses.get_nowait()
-        if answering is not None:
-            answering.cancel()
+        queued = responses.get_nowait()
+        if queued is not None:
+            queued[0].cancel()
 
 
 def _peer(writer: asyncio.StreamWriter) -> str:
