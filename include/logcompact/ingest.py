@@ -36,8 +36,9 @@ from logcompact.catalog import Catalog, NewFile
 from logcompact.catalog.producers import PlacedBatch, SequencedBatch
 from logcompact.collector import collector_paused
 from logcompact.exceptions import IngestError, InvalidRecordError
-from logcompact.format import SegmentWriter, key_hashes
+from logcompact.format import SegmentWriter
 from logcompact.format.layout import HEADERS_TYPE, SECTION_SCHEMA
+from logcompact.format.xxh3 import key_hash_array
 from logcompact.plan import l0_key
 from logcompact.topics import Topic
 
@@ -339,7 +340,7 @@ class Agent:
                 pa.array(deltas, type=pa.uint32()),
                 produced.column("timestamp"),
                 keys,
-                key_hashes(keys.to_pylist()),
+                key_hash_array(keys),
                 produced.column("value"),
                 produced.column("headers"),
                 pa.nulls(len(order), pa.int64()),

@@ -18,6 +18,7 @@ from logcompact.catalog import Catalog
 from logcompact.catalog.model import AgentRecord
 from logcompact.catalog.producers import BATCHES_KEPT, SEQUENCE_WRAP, PartitionState, SequencedBatch, UnknownProducerError, last_sequence
 from logcompact.exceptions import CatalogUnavailableError, IngestError, TopicNotFoundError
+from logcompact.format.xxh3 import compile_hasher
 from logcompact.ingest import Agent
 from logcompact.kafka import codec, records
 from logcompact.kafka.cluster import AgentDirectory
@@ -249,7 +250,8 @@ class Ingest:
         self.flush_interval_ms = flush_interval_ms
         self.flush_bytes = flush_bytes
         self.thread = ThreadPoolExecutor(1, thread_name_prefix="logcompact-kafka-ingest")
-        records.compile_decoder()  # seconds on a fresh install: before clients, not in a Produce
+        records.compile_decoder()  # seconds on a fresh install: before clients, not in a Produce or a flush
+        compile_hasher()
         self._agent = self._new_agent()
         self._topics: dict[str, Topic] = {}
         self._views: OrderedDict[tuple[int, str, int], _ProducerView] = OrderedDict()
