@@ -142,7 +142,7 @@ class Agent:
         self._flush_lock = threading.Lock()
         self._error: Exception | None = None
         self._closed = threading.Event()
-        self._full = threading.Event()  # wakes the flusher: the buffer holds flush_bytes
+        self._wake = threading.Event()  # the flusher's: a buffer began (its deadline is set) or is full
         self._flusher: threading.Thread | None = None
         if background:
             self._flusher = threading.Thread(target=self._flush_periodically, name="logcompact-agent-flusher", daemon=True)
@@ -227,10 +227,11 @@ class Agent:
         if timestamps.null_count:
             timestamps = pc.fill_null(timestamps, self.clock())
             columns = columns.set_column(0, PRODUCE_SCHEMA.field(0), timestamps)
-        if rows and pc.min(timestamps).as_py() < 0:
-            bad = _first(np.asarray(timestamps) < 0)
+        milliseconds = timestamps.to_numpy()
+        if rows and milliseconds.min() < 0:
+            bad = _first(milliseconds < 0)
             raise InvalidRecordError(
-                f"record {bad} of topic {topic!r}: timestamp {timestamps[bad].as_py()} must be milliseconds from 0 to 2**63-1; batch rejected"
+                f"record {bad} of topic {topic!r}: timestamp {milliseconds[bad]} must be milliseconds from 0 to 2**63-1; batch rejected"
             )
         future: Future = Future()
         # Running: a caller cannot cancel it (a Kafka client gone while its batch waits for the flush), so the flush
@@ -244,7 +245,8 @@ class Agent:
         size = _data_bytes(keys) + _data_bytes(columns.column("value")) + RECORD_OVERHEAD_BYTES * rows
         with self._buffer_lock:
             buffer = self._buffer
-            if not buffer.batches:
+            began = not buffer.batches
+            if began:
                 buffer.started_ms = time.monotonic() * 1000
             buffer.batches.append(_PendingBatch(future, topic, partitions, columns, offsets_as_list, sequenced, after))
             buffer.size_bytes += size
@@ -252,8 +254,8 @@ class Agent:
         # A full buffer is the flusher's to write, so the producing thread goes on decoding while the file is written
         # and committed; a producer that fills a second buffer before the flusher takes the first flushes it itself,
         # waiting for the flush in progress: backpressure, and at most two buffers held.
-        if self._flusher is not None and buffered >= self.flush_bytes:
-            self._full.set()
+        if self._flusher is not None and (began or buffered >= self.flush_bytes):
+            self._wake.set()
         if buffered >= (self.flush_bytes if self._flusher is None else 2 * self.flush_bytes):
             self.flush()
         return future
@@ -370,17 +372,22 @@ class Agent:
         return offsets
 
     def _flush_periodically(self) -> None:
-        interval_s = self.flush_interval_ms / 1000
+        """Flush when the buffer's first batch is flush_interval_ms old, to the millisecond (its records' longest wait
+        is the interval, not the interval plus a polling period), or as soon as it is full."""
+        timeout_s: float | None = None  # nothing buffered: wait for the first batch
         while not self._closed.is_set():
-            self._full.wait(interval_s / 4)
-            self._full.clear()
+            self._wake.wait(timeout_s)
+            self._wake.clear()
             with self._buffer_lock:
                 buffer = self._buffer
-                due = bool(buffer.batches) and (
-                    buffer.size_bytes >= self.flush_bytes or time.monotonic() * 1000 - buffer.started_ms >= self.flush_interval_ms
-                )
+                left_ms = buffer.started_ms + self.flush_interval_ms - time.monotonic() * 1000
+                due = bool(buffer.batches) and (buffer.size_bytes >= self.flush_bytes or left_ms <= 0)
             if due:
                 self._flush_once()
+                with self._buffer_lock:  # batches produced during the flush began the next buffer
+                    buffer = self._buffer
+                    left_ms = buffer.started_ms + self.flush_interval_ms - time.monotonic() * 1000
+            timeout_s = max(left_ms, 0) / 1000 if buffer.batches else None
 
     def _raise_background_error(self) -> None:
         if self._error is not None:
@@ -391,7 +398,7 @@ class Agent:
     def close(self) -> None:
         """Flush what is buffered, stop the flusher, and raise any error a flush met."""
         self._closed.set()
-        self._full.set()
+        self._wake.set()
         if self._flusher is not None:
             self._flusher.join()
         self._flush_once()

@@ -65,6 +65,7 @@ EMPTY_BATCH_BYTES = _HEADER.size
 # and header count, one byte each. A batch counting more records than its bytes can hold is refused before any
 # array is sized by the count.
 _MIN_RECORD_BYTES = 7
+_FIRST_STEP_BYTES = 64 * 1024  # the first output a compressed batch is decompressed into
 
 
 class CorruptBatchError(Exception):
@@ -125,20 +126,30 @@ def _decompress(codec: int, payload: memoryview, limit: int) -> bytes:
         if not inflater.eof or inflater.unused_data:
             raise CorruptRecordError("gzip data is truncated or followed by other bytes")
         return inflated
+    # lz4 and zstd allocate what they are allowed to return: asked for limit + 1 bytes at once, every batch would cost a
+    # 64 MiB allocation. They are read in steps from 8 times the compressed size, doubling, until the end or the limit.
+    step = max(_FIRST_STEP_BYTES, 8 * len(payload))
+    chunks: list[bytes] = []
+    inflated_bytes = 0
     if codec == LZ4:
         decompressor = lz4.frame.LZ4FrameDecompressor()
-        inflated = decompressor.decompress(payload, max_length=limit + 1)
-        if len(inflated) > limit:
-            raise too_large
-        if not decompressor.eof:
-            raise CorruptRecordError("lz4 frame is truncated")
-        return inflated
+        data: memoryview | bytes = payload
+        while not decompressor.eof:
+            if chunks and decompressor.needs_input:
+                raise CorruptRecordError("lz4 frame is truncated")
+            chunks.append(decompressor.decompress(data, max_length=min(step, limit + 1 - inflated_bytes)))
+            data, inflated_bytes, step = b"", inflated_bytes + len(chunks[-1]), step * 2
+            if inflated_bytes > limit:
+                raise too_large
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
     if codec == ZSTD:
         with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(payload), read_across_frames=True) as reader:
-            inflated = reader.read(limit + 1)
-        if len(inflated) > limit:
-            raise too_large
-        return inflated
+            while chunk := reader.read(min(step, limit + 1 - inflated_bytes)):
+                chunks.append(chunk)
+                inflated_bytes, step = inflated_bytes + len(chunk), step * 2
+                if inflated_bytes > limit:
+                    raise too_large
+        return b"".join(chunks)
     if codec == SNAPPY:
         blocks = _snappy_blocks(payload)
         # Each snappy block starts with its uncompressed length: checked before anything is decompressed.
@@ -244,35 +255,39 @@ def decode_records(data: np.ndarray, count: int, first_timestamp: int, log_appen
     if problem:
         raise CorruptBatchError(f"record {record} of {count}: {_PROBLEMS[problem]}")
     (timestamps, key_offsets, key_bytes, key_valid, value_offsets, value_bytes, value_valid, header_offsets, header_key_offsets,
-     header_key_bytes, header_value_offsets, header_value_bytes, header_value_valid) = _gather_records(data, *located)
+     header_key_bytes, header_value_offsets, header_value_bytes, header_value_valid, nulls) = _gather_records(data, *located)
+    timestamp_nulls, key_nulls, value_nulls, header_value_nulls, headerless = nulls.tolist()
     header_count = len(header_key_offsets) - 1
-    header_keys = pa.Array.from_buffers(pa.string(), header_count, [None, pa.py_buffer(header_key_offsets), pa.py_buffer(header_key_bytes)])
     if header_count:
+        header_keys = pa.Array.from_buffers(pa.string(), header_count, [None, pa.py_buffer(header_key_offsets), pa.py_buffer(header_key_bytes)])
         try:
             header_keys.validate(full=True)  # UTF-8, as Kafka's header keys are strings
         except pa.ArrowInvalid:
             raise CorruptBatchError("a header key is not UTF-8") from None
-    header_values = _binary_array(header_value_offsets, header_value_bytes, header_value_valid)
-    entries = pa.StructArray.from_arrays([header_keys, header_values], fields=list(HEADERS_TYPE.value_type))
-    has_headers = header_offsets[1:] != header_offsets[:-1]
-    headers = pa.Array.from_buffers(HEADERS_TYPE, count, [_validity(has_headers), pa.py_buffer(header_offsets)], children=[entries])
-    timestamp_valid = timestamps != NO_TIMESTAMP
+        header_values = _binary_array(header_value_offsets, header_value_bytes, header_value_valid, header_value_nulls)
+        entries = pa.StructArray.from_arrays([header_keys, header_values], fields=list(HEADERS_TYPE.value_type))
+        has_headers = header_offsets[1:] != header_offsets[:-1]
+        headers = pa.Array.from_buffers(HEADERS_TYPE, count, [_validity(has_headers, headerless), pa.py_buffer(header_offsets)],
+                                        null_count=headerless, children=[entries])
+    else:
+        headers = pa.nulls(count, HEADERS_TYPE)
+    timestamp_valid = timestamps != NO_TIMESTAMP if timestamp_nulls else None
     columns = [
-        pa.Array.from_buffers(pa.int64(), count, [_validity(timestamp_valid), pa.py_buffer(timestamps)]),
-        _binary_array(key_offsets, key_bytes, key_valid),
-        _binary_array(value_offsets, value_bytes, value_valid),
+        pa.Array.from_buffers(pa.int64(), count, [_validity(timestamp_valid, timestamp_nulls), pa.py_buffer(timestamps)], null_count=timestamp_nulls),
+        _binary_array(key_offsets, key_bytes, key_valid, key_nulls),
+        _binary_array(value_offsets, value_bytes, value_valid, value_nulls),
         headers,
     ]
     return pa.RecordBatch.from_arrays(columns, schema=PRODUCE_SCHEMA)
 
 
-def _validity(valid: np.ndarray) -> pa.Buffer | None:
-    """Arrow's validity bitmap of a boolean mask; None (all valid) when nothing is null."""
-    return None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
+def _validity(valid: np.ndarray | None, nulls: int) -> pa.Buffer | None:
+    """Arrow's validity bitmap of a boolean mask with `nulls` false; None (all valid) when nothing is null."""
+    return None if not nulls or valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
 
 
-def _binary_array(offsets: np.ndarray, data: np.ndarray, valid: np.ndarray) -> pa.Array:
-    return pa.Array.from_buffers(pa.binary(), len(offsets) - 1, [_validity(valid), pa.py_buffer(offsets), pa.py_buffer(data)])
+def _binary_array(offsets: np.ndarray, data: np.ndarray, valid: np.ndarray, nulls: int) -> pa.Array:
+    return pa.Array.from_buffers(pa.binary(), len(offsets) - 1, [_validity(valid, nulls), pa.py_buffer(offsets), pa.py_buffer(data)], null_count=nulls)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -397,7 +412,8 @@ def _copy_field(data, at, length, offsets, out, row):
 @numba.njit(cache=True, nogil=True)
 def _gather_records(data, timestamps, key_at, key_length, value_at, value_length, headers_at, header_count, totals):
     """The located records' columns as Arrow buffers: int32 offsets, bytes and validity of keys, values, header keys
-    and header values, and the headers' list offsets."""
+    and header values, and the headers' list offsets; then the null counts of timestamps (-1), keys, values and header
+    values, and the records without headers."""
     count = len(timestamps)
     key_offsets = np.zeros(count + 1, dtype=np.int32)
     key_bytes = np.empty(totals[0], dtype=np.uint8)
@@ -411,8 +427,10 @@ def _gather_records(data, timestamps, key_at, key_length, value_at, value_length
     header_value_offsets = np.zeros(totals[2] + 1, dtype=np.int32)
     header_value_bytes = np.empty(totals[4], dtype=np.uint8)
     header_value_valid = np.empty(totals[2], dtype=np.bool_)
+    nulls = np.zeros(5, dtype=np.int64)
     header = 0
     for row in range(count):
+        nulls[0] += timestamps[row] == NO_TIMESTAMP
         key_valid[row] = _copy_field(data, key_at[row], key_length[row], key_offsets, key_bytes, row)
         value_valid[row] = _copy_field(data, value_at[row], value_length[row], value_offsets, value_bytes, row)
         at = headers_at[row]
@@ -423,10 +441,14 @@ def _gather_records(data, timestamps, key_at, key_length, value_at, value_length
             length, at = _read_varint(data, at, len(data), 5)
             header_value_valid[header] = _copy_field(data, at, length, header_value_offsets, header_value_bytes, header)
             at += max(length, 0)
+            nulls[3] += not header_value_valid[header]
             header += 1
+        nulls[1] += not key_valid[row]
+        nulls[2] += not value_valid[row]
+        nulls[4] += header_count[row] == 0
         header_offsets[row + 1] = header
     return (timestamps, key_offsets, key_bytes, key_valid, value_offsets, value_bytes, value_valid, header_offsets, header_key_offsets,
-            header_key_bytes, header_value_offsets, header_value_bytes, header_value_valid)
+            header_key_bytes, header_value_offsets, header_value_bytes, header_value_valid, nulls)
 
 
 def compile_decoder() -> None:
