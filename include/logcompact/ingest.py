@@ -333,13 +333,14 @@ class Agent:
             order = np.argsort(slot_of_record, kind="stable")
             sorted_slots = slot_of_record[order]
             produced = pa.Table.from_batches([batch.columns for batch in batches], schema=PRODUCE_SCHEMA).take(order)
-        slot_ids, starts, counts = np.unique(sorted_slots, return_index=True, return_counts=True)
+        starts = np.flatnonzero(np.diff(sorted_slots, prepend=-1))  # where each (topic, partition) begins
+        counts = np.diff(starts, append=len(order))
         deltas = np.arange(len(order), dtype=np.int64) - np.repeat(starts, counts)
-        slots = [(names[int(slot) >> 32], int(slot) & 0xFFFFFFFF) for slot in slot_ids.tolist()]
+        slots = [(names[int(slot) >> 32], int(slot) & 0xFFFFFFFF) for slot in sorted_slots[starts].tolist()]
         keys = produced.column("key")
         table = pa.Table.from_arrays(
             [
-                pa.array(deltas, type=pa.uint32()),
+                pa.array(deltas.astype(np.uint32)),
                 produced.column("timestamp"),
                 keys,
                 key_hash_array(keys),
