@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
+import pyarrow as pa
 import pytest
 from sqlalchemy.exc import OperationalError
 
 from logcompact.catalog import Catalog
 from logcompact.consume import read_records
 from logcompact.exceptions import IngestError, InvalidRecordError, StoreError, TopicNotFoundError
-from logcompact.ingest import Agent, Record
+from logcompact.ingest import PRODUCE_SCHEMA, Agent, Record
 from logcompact.store import LocalStore, ObjectStore
 from tests.helpers import NOW, create_topic
 
@@ -81,6 +83,41 @@ def test_a_keyless_record_in_a_compacted_topic_rejects_the_whole_batch(store: Ob
         assert agent.files_written == 0
     assert catalog.latest_version() == version
     assert list(store.list("data/")) == []
+
+
+def test_columns_are_produced_as_records_are(catalog: Catalog) -> None:
+    """A batch given as Arrow columns (a Kafka Produce's way) is written as the same batch given as Records: nulls
+    (tombstones, keys, headers, a null header value) kept, a null timestamp taking the agent's clock, each record in
+    its partition; the future answers an array of offsets."""
+    _with_topics(catalog)
+    headers = [[("h", b"1"), ("none", None)], None, [("é", b"")]]
+    columns = pa.RecordBatch.from_arrays(
+        [pa.array([NOW, None, NOW + 2], pa.int64()), pa.array([None, b"b", b"c"]), pa.array([b"x", None, b"z"]),
+         pa.array([None if h is None else [{"key": k, "value": v} for k, v in h] for h in headers], PRODUCE_SCHEMA.field("headers").type)],
+        schema=PRODUCE_SCHEMA,
+    )
+    with Agent(catalog, background=False, clock=lambda: NOW + 1) as agent:
+        by_columns = agent.produce_columns("events", np.array([1, 0, 1]), columns)
+        by_records = agent.produce("events", [Record(p, r["key"], r["value"], r["timestamp"], headers[i]) for i, (p, r) in enumerate(zip([1, 0, 1], columns.to_pylist()))])
+        with pytest.raises(InvalidRecordError, match="record 0 of compacted topic 'state' has no key"):
+            agent.produce_columns("state", 0, columns)
+        with pytest.raises(InvalidRecordError, match="record 1 of topic 'events': partition 2 is not in 0 to 1"):
+            agent.produce_columns("events", np.array([0, 2, 0]), columns)
+    assert by_columns.result().tolist() == [0, 0, 1] and by_records.result() == [2, 1, 3]
+    stored = {p: [(r.timestamp, r.key, r.value, r.headers) for r in read_records(catalog.store, catalog.snapshot(), "events", p)] for p in (0, 1)}
+    first, second, third = [(NOW, None, b"x", headers[0]), (NOW + 1, b"b", None, []), (NOW + 2, b"c", b"z", headers[2])]
+    assert stored == {0: [second, second], 1: [first, third, first, third]}
+
+
+def test_a_produced_batch_cannot_be_cancelled_so_its_flush_goes_on(catalog: Catalog) -> None:
+    """A caller giving up on a batch (a Kafka client gone) cannot cancel its future: the flush answers it, and the
+    flusher goes on to commit the next batches."""
+    _with_topics(catalog)
+    with Agent(catalog, flush_interval_ms=20) as agent:
+        first = agent.produce("events", [Record(0, None, b"v", NOW)])
+        assert not first.cancel()
+        assert first.result(timeout=5) == [0]
+        assert agent.produce("events", [Record(0, None, b"w", NOW)]).result(timeout=5) == [1]
 
 
 def test_several_agents_never_hand_out_an_offset_twice(catalog: Catalog) -> None:

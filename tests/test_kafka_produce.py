@@ -368,6 +368,22 @@ def test_acks_0_with_a_refused_batch_closes_the_connection(agent: RunningAgent, 
         assert struct.unpack_from(">ih", receive_frame(connection)) == (3, 0)
 
 
+def test_pipelined_produces_past_16_share_a_flush_and_a_frame_past_the_in_flight_bytes_is_read_alone(catalog: Catalog) -> None:
+    """acks=all Produce requests wait for the flush: a connection reads many ahead (40 here, where 16 would take three
+    flushes), so they share one L0 file; a frame larger than the in-flight byte budget is read once the requests before
+    it are answered, alone, and answered in its turn."""
+    running = RunningAgent(catalog, flush_interval_ms=300, max_in_flight_bytes=64 * 1024)
+    try:
+        with connect(running.server) as connection:
+            connection.sendall(b"".join(produce_request(9, n, {("clicks", 0): keyed_batch(1, prefix=f"r{n}-")}) for n in range(40)))
+            connection.sendall(produce_request(9, 40, {("clicks", 0): keyed_batch(400, prefix="big")}))
+            answers = [produce_response(receive_frame(connection), 9) for _ in range(41)]
+    finally:
+        running.stop()
+    assert [(n, int(a[("clicks", 0)].error_code), a[("clicks", 0)].base_offset) for n, a in answers] == [(n, NONE, n) for n in range(41)]
+    assert len(catalog.snapshot().files(0)) == 2  # the 40 small batches in one file, then the big one
+
+
 def test_stopping_commits_what_the_agent_holds_and_answers_it(catalog: Catalog) -> None:
     running = RunningAgent(catalog, flush_interval_ms=60_000)  # nothing would be committed for a minute
     with connect(running.server) as connection:

@@ -26,15 +26,19 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from logcompact.catalog import Catalog, NewFile
 from logcompact.catalog.producers import PlacedBatch, SequencedBatch
 from logcompact.collector import collector_paused
 from logcompact.exceptions import IngestError, InvalidRecordError
-from logcompact.format import SegmentWriter, section_table
+from logcompact.format import SegmentWriter
+from logcompact.format.layout import HEADERS_TYPE, SECTION_SCHEMA
+from logcompact.format.xxh3 import key_hash_array
 from logcompact.plan import l0_key
 from logcompact.topics import Topic
 
@@ -44,6 +48,17 @@ DEFAULT_FLUSH_BYTES = 8 * 1024 * 1024
 _MAX_TIMESTAMP = 2**63 - 1
 # Bytes counted per record beyond key and value, for the size trigger (offset, timestamp, hash, framing).
 RECORD_OVERHEAD_BYTES = 32
+
+# A batch as the columns `produce_columns` takes, one row per record; a null timestamp takes the agent's clock, a
+# null value is a tombstone, null headers are none.
+PRODUCE_SCHEMA = pa.schema(
+    [
+        pa.field("timestamp", pa.int64()),
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("headers", HEADERS_TYPE),
+    ]
+)
 
 
 class Record(NamedTuple):
@@ -60,15 +75,13 @@ def wall_clock_ms() -> int:
 
 @dataclass
 class _PendingBatch:
-    """One produce() call, validated, as columns: its records keep their order within each partition."""
+    """One produce call, validated: its records as columns (timestamps given), in order within each partition."""
 
     future: Future
     topic: str
-    partitions: list[int]
-    keys: list[bytes | None]
-    values: list[bytes | None]
-    timestamps: list[int]
-    headers: list[Sequence[tuple[str, bytes]] | None]
+    partitions: int | np.ndarray  # one partition for every record, or each record's
+    columns: pa.RecordBatch  # of PRODUCE_SCHEMA
+    offsets_as_list: bool  # produce() answers a list of offsets, produce_columns() an array
     sequenced: SequencedBatch | None = None
     after: Future | None = None
 
@@ -89,6 +102,20 @@ def _follows_a_commit(batch: _PendingBatch) -> bool:
     failure = IngestError(f"batch not written: the batch it follows was not committed ({after.exception()})")
     batch.future.set_exception(failure)
     return False
+
+
+def _data_bytes(array: pa.Array) -> int:
+    """The bytes of a binary array's values, from its offsets (no pass over the values)."""
+    offsets = array.buffers()[1]
+    if offsets is None or not len(array):
+        return 0
+    bounds = np.frombuffer(offsets, dtype=np.int32)
+    return int(bounds[array.offset + len(array)] - bounds[array.offset])
+
+
+def _first(mask: np.ndarray) -> int | None:
+    found = np.flatnonzero(mask)
+    return int(found[0]) if len(found) else None
 
 
 class Agent:
@@ -115,6 +142,7 @@ class Agent:
         self._flush_lock = threading.Lock()
         self._error: Exception | None = None
         self._closed = threading.Event()
+        self._wake = threading.Event()  # the flusher's: a buffer began (its deadline is set) or is full
         self._flusher: threading.Thread | None = None
         if background:
             self._flusher = threading.Thread(target=self._flush_periodically, name="logcompact-agent-flusher", daemon=True)
@@ -123,69 +151,120 @@ class Agent:
     # -- producing ---------------------------------------------------------------------------------
 
     def produce(self, topic: str, records: Sequence[Record], sequenced: SequencedBatch | None = None, after: Future | None = None) -> Future:
-        """Buffer a batch for one topic; the future resolves to the records' offsets once committed.
+        """Buffer a batch for one topic; the future resolves to the records' offsets (a list) once committed.
 
         `sequenced`: the batch is an idempotent producer's, all of one partition, recorded with the append that
         writes it. `after`: the future of a batch produced earlier that this one must follow; if that one is not
         committed, this one is failed unwritten."""
-        self._raise_background_error()
-        if self._closed.is_set():
-            raise IngestError("produce on a closed agent: create a new Agent")
+        self._check_open()
         # Column by column, so a batch of thousands of records costs a few passes, not thousands of steps.
         partitions, keys, values, timestamps, headers = (list(column) for column in zip(*records)) if records else ([],) * 5
-        described = self._topic(topic, partitions)
-        now = self.clock()
-        count = described.partitions
-        bad = next((i for i, p in enumerate(partitions) if type(p) is not int or not 0 <= p < count), None)
+        bad = next((i for i, p in enumerate(partitions) if type(p) is not int), None)
         if bad is not None:
-            raise InvalidRecordError(
-                f"record {bad} of topic {topic!r}: partition {partitions[bad]!r} is not in 0 to {count - 1}; batch rejected"
-            )
-        if described.config.compacted:
-            bad = next((i for i, k in enumerate(keys) if type(k) is not bytes), None)
-            if bad is not None and keys[bad] is None:
-                raise InvalidRecordError(
-                    f"record {bad} of compacted topic {topic!r} has no key; every record of a compacted topic "
-                    "needs one; batch rejected"
-                )
-        else:
-            bad = next((i for i, k in enumerate(keys) if k is not None and type(k) is not bytes), None)
-        if bad is not None:
-            raise InvalidRecordError(f"record {bad} of topic {topic!r}: key must be bytes or None; batch rejected")
-        bad = next((i for i, v in enumerate(values) if v is not None and type(v) is not bytes), None)
-        if bad is not None:
-            raise InvalidRecordError(f"record {bad} of topic {topic!r}: value must be bytes or None; batch rejected")
-        timestamps = [now if t is None else t for t in timestamps]
-        bad = next((i for i, t in enumerate(timestamps) if type(t) is not int or not 0 <= t <= _MAX_TIMESTAMP), None)
+            raise InvalidRecordError(f"record {bad} of topic {topic!r}: partition {partitions[bad]!r} is not an int; batch rejected")
+        for name, column in (("key", keys), ("value", values)):
+            bad = next((i for i, v in enumerate(column) if v is not None and type(v) is not bytes), None)
+            if bad is not None:
+                raise InvalidRecordError(f"record {bad} of topic {topic!r}: {name} must be bytes or None; batch rejected")
+        bad = next((i for i, t in enumerate(timestamps) if t is not None and (type(t) is not int or not 0 <= t <= _MAX_TIMESTAMP)), None)
         if bad is not None:
             raise InvalidRecordError(
                 f"record {bad} of topic {topic!r}: timestamp {timestamps[bad]!r} must be milliseconds from 0 to 2**63-1; batch rejected"
             )
-        headers = [h or None for h in headers]
-        size = sum(map(len, filter(None, keys))) + sum(map(len, filter(None, values))) + RECORD_OVERHEAD_BYTES * len(keys)
-
-        future: Future = Future()
-        if not keys:  # nothing to write: an empty L0 file would only count toward compaction thresholds
-            future.set_result([])
-            return future
-        if sequenced is not None and len(set(partitions)) != 1:
+        try:
+            header_column = (
+                pa.array([[{"key": k, "value": v} for k, v in hs] if hs else None for hs in headers], type=HEADERS_TYPE)
+                if any(headers) else pa.nulls(len(headers), HEADERS_TYPE)
+            )
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as exc:
+            raise InvalidRecordError(f"records of topic {topic!r}: headers must be (str, bytes or None) pairs ({exc}); batch rejected") from None
+        columns = pa.RecordBatch.from_arrays(
+            [pa.array(timestamps, pa.int64()), pa.array(keys, pa.binary()), pa.array(values, pa.binary()), header_column],
+            schema=PRODUCE_SCHEMA,
+        )
+        one_partition = len(set(partitions)) == 1
+        if sequenced is not None and not one_partition:
             raise InvalidRecordError(f"an idempotent producer's batch of topic {topic!r} is of one partition; batch rejected")
+        return self._append(topic, partitions[0] if one_partition else np.asarray(partitions, dtype=np.int64), columns, True, sequenced, after)
+
+    def produce_columns(self, topic: str, partitions: int | np.ndarray, columns: pa.RecordBatch, sequenced: SequencedBatch | None = None,
+                        after: Future | None = None) -> Future:
+        """Buffer a batch for one topic given as columns (PRODUCE_SCHEMA), of one partition (an int) or each record's
+        (an int64 array); the future resolves to the records' offsets (an int64 array) once committed. No Python
+        object is made per record: a Kafka Produce's decoded batch comes this way. `sequenced` and `after` as for
+        `produce`."""
+        self._check_open()
+        if columns.schema != PRODUCE_SCHEMA:
+            raise InvalidRecordError(f"columns of topic {topic!r} are not of the produce schema ({PRODUCE_SCHEMA}); batch rejected")
+        return self._append(topic, partitions, columns, False, sequenced, after)
+
+    def _check_open(self) -> None:
+        self._raise_background_error()
+        if self._closed.is_set():
+            raise IngestError("produce on a closed agent: create a new Agent")
+
+    def _append(self, topic: str, partitions: int | np.ndarray, columns: pa.RecordBatch, offsets_as_list: bool,
+                sequenced: SequencedBatch | None, after: Future | None) -> Future:
+        """The checks of the topic's rules, vectorized, then the batch into the buffer (flushed when full)."""
+        rows = columns.num_rows
+        highest = partitions if isinstance(partitions, int) else int(partitions.max()) if rows else 0
+        described = self._topic(topic, highest)
+        count = described.partitions
+        if isinstance(partitions, int):
+            bad = None if 0 <= partitions < count or not rows else 0
+        else:
+            bad = _first((partitions < 0) | (partitions >= count))
+        if bad is not None:
+            partition = partitions if isinstance(partitions, int) else int(partitions[bad])
+            raise InvalidRecordError(f"record {bad} of topic {topic!r}: partition {partition!r} is not in 0 to {count - 1}; batch rejected")
+        keys = columns.column("key")
+        if described.config.compacted and keys.null_count:
+            bad = _first(np.asarray(keys.is_null()))
+            raise InvalidRecordError(
+                f"record {bad} of compacted topic {topic!r} has no key; every record of a compacted topic needs one; batch rejected"
+            )
+        timestamps = columns.column("timestamp")
+        if timestamps.null_count:
+            timestamps = pc.fill_null(timestamps, self.clock())
+            columns = columns.set_column(0, PRODUCE_SCHEMA.field(0), timestamps)
+        milliseconds = timestamps.to_numpy()
+        if rows and milliseconds.min() < 0:
+            bad = _first(milliseconds < 0)
+            raise InvalidRecordError(
+                f"record {bad} of topic {topic!r}: timestamp {milliseconds[bad]} must be milliseconds from 0 to 2**63-1; batch rejected"
+            )
+        future: Future = Future()
+        # Running: a caller cannot cancel it (a Kafka client gone while its batch waits for the flush), so the flush
+        # always answers it; a set_result on a cancelled future would raise in the flusher and stop it for good.
+        future.set_running_or_notify_cancel()
+        if not rows:  # nothing to write: an empty L0 file would only count toward compaction thresholds
+            future.set_result([] if offsets_as_list else np.empty(0, dtype=np.int64))
+            return future
+        if sequenced is not None and not isinstance(partitions, int):
+            raise InvalidRecordError(f"an idempotent producer's batch of topic {topic!r} is of one partition; batch rejected")
+        size = _data_bytes(keys) + _data_bytes(columns.column("value")) + RECORD_OVERHEAD_BYTES * rows
         with self._buffer_lock:
             buffer = self._buffer
-            if not buffer.batches:
+            began = not buffer.batches
+            if began:
                 buffer.started_ms = time.monotonic() * 1000
-            buffer.batches.append(_PendingBatch(future, topic, partitions, keys, values, timestamps, headers, sequenced, after))
+            buffer.batches.append(_PendingBatch(future, topic, partitions, columns, offsets_as_list, sequenced, after))
             buffer.size_bytes += size
-            full = buffer.size_bytes >= self.flush_bytes
-        if full:
+            buffered = buffer.size_bytes
+        # A full buffer is the flusher's to write, so the producing thread goes on decoding while the file is written
+        # and committed; a producer that fills a second buffer before the flusher takes the first flushes it itself,
+        # waiting for the flush in progress: backpressure, and at most two buffers held.
+        if self._flusher is not None and (began or buffered >= self.flush_bytes):
+            self._wake.set()
+        if buffered >= (self.flush_bytes if self._flusher is None else 2 * self.flush_bytes):
             self.flush()
         return future
 
-    def _topic(self, name: str, partitions: Sequence[object]) -> Topic:
+    def _topic(self, name: str, highest_partition: int) -> Topic:
         """A topic as the catalog describes it, read again for a topic or a partition the agent does not know
         (created or added since it read them)."""
         known = self._topics.get(name)
-        if known is None or any(type(p) is int and p >= known.partitions for p in partitions):
+        if known is None or highest_partition >= known.partitions:
             snapshot = self.catalog.snapshot()
             self._topics = snapshot.topics
             return snapshot.topic(name)
@@ -224,30 +303,53 @@ class Agent:
                 return
             start = 0
             for batch in buffer.batches:
-                end = start + len(batch.keys)
-                batch.future.set_result(offsets[start:end].tolist())
+                end = start + batch.columns.num_rows
+                batch.future.set_result(offsets[start:end].tolist() if batch.offsets_as_list else offsets[start:end])
                 start = end
 
     def _write_and_commit(self, buffer: _Buffer) -> np.ndarray:
         """Write and commit one L0 file of everything buffered; returns each buffered record's offset, in
-        buffer order. One table for every section, so a file of thousands of partitions costs a few Arrow calls."""
+        buffer order. One table for every section, made by concatenating the batches' Arrow columns, so a file of
+        thousands of partitions and a million records costs a few Arrow calls."""
         batches = buffer.batches
         names = sorted({batch.topic for batch in batches})
         rank = {name: number for number, name in enumerate(names)}
-        partitions = np.concatenate([np.asarray(batch.partitions, dtype=np.int64) for batch in batches])
-        topic_ranks = np.concatenate([np.full(len(batch.keys), rank[batch.topic], dtype=np.int64) for batch in batches])
-        slot_of_record = (topic_ranks << 32) | partitions
-        order = np.argsort(slot_of_record, kind="stable")  # by (topic, partition), produce order kept within
-        slot_ids, starts, counts = np.unique(slot_of_record[order], return_index=True, return_counts=True)
+        rows = np.array([batch.columns.num_rows for batch in batches], dtype=np.int64)
+        # Records by (topic, partition), produce order kept within: `order` lists them, in buffer positions.
+        if all(isinstance(batch.partitions, int) for batch in batches):
+            # Every batch of one partition (a Kafka Produce's): the batches are ordered, and their columns concatenated.
+            batch_slots = np.array([rank[batch.topic] << 32 | cast(int, batch.partitions) for batch in batches], dtype=np.int64)
+            batch_order = np.argsort(batch_slots, kind="stable")
+            firsts = np.cumsum(rows) - rows
+            order = np.concatenate([np.arange(firsts[i], firsts[i] + rows[i]) for i in batch_order.tolist()])
+            sorted_slots = np.repeat(batch_slots[batch_order], rows[batch_order])
+            produced = pa.Table.from_batches([batches[i].columns for i in batch_order.tolist()], schema=PRODUCE_SCHEMA)
+        else:
+            partitions = np.concatenate([
+                np.full(batch.columns.num_rows, batch.partitions, dtype=np.int64) if isinstance(batch.partitions, int) else batch.partitions
+                for batch in batches
+            ])
+            slot_of_record = (np.repeat(np.array([rank[batch.topic] for batch in batches], dtype=np.int64), rows) << 32) | partitions
+            order = np.argsort(slot_of_record, kind="stable")
+            sorted_slots = slot_of_record[order]
+            produced = pa.Table.from_batches([batch.columns for batch in batches], schema=PRODUCE_SCHEMA).take(order)
+        starts = np.flatnonzero(np.diff(sorted_slots, prepend=-1))  # where each (topic, partition) begins
+        counts = np.diff(starts, append=len(order))
         deltas = np.arange(len(order), dtype=np.int64) - np.repeat(starts, counts)
-        slots = [(names[int(slot) >> 32], int(slot) & 0xFFFFFFFF) for slot in slot_ids.tolist()]
-        picked = order.tolist()
-
-        def column(name: str) -> list:
-            values = [item for batch in batches for item in getattr(batch, name)]
-            return [values[i] for i in picked]
-
-        table = section_table(deltas, column("timestamps"), column("keys"), column("values"), column("headers"))
+        slots = [(names[int(slot) >> 32], int(slot) & 0xFFFFFFFF) for slot in sorted_slots[starts].tolist()]
+        keys = produced.column("key")
+        table = pa.Table.from_arrays(
+            [
+                pa.array(deltas.astype(np.uint32)),
+                produced.column("timestamp"),
+                keys,
+                key_hash_array(keys),
+                produced.column("value"),
+                produced.column("headers"),
+                pa.nulls(len(order), pa.int64()),
+            ],
+            schema=SECTION_SCHEMA,
+        )
         sink = io.BytesIO()
         writer = SegmentWriter(sink, self.compression)
         writer.write_sections(slots, table, counts.tolist())
@@ -259,11 +361,11 @@ class Agent:
         new_file = NewFile(key=key, level=0, size=len(data), created_ms=now, sections=tuple(sections))
         record_deltas = np.empty(len(order), dtype=np.int64)  # each record's offset within its section, buffer order
         record_deltas[order] = deltas
-        sequenced, start = [], 0
-        for batch in batches:
+        sequenced = []
+        for batch, start in zip(batches, (np.cumsum(rows) - rows).tolist()):
             if batch.sequenced is not None:
-                sequenced.append(PlacedBatch(batch.topic, batch.partitions[0], int(record_deltas[start]), batch.sequenced))
-            start += len(batch.keys)
+                assert isinstance(batch.partitions, int)
+                sequenced.append(PlacedBatch(batch.topic, batch.partitions, int(record_deltas[start]), batch.sequenced))
         _version, assigned = self.catalog.append_files([new_file], now, [sequenced])
         self.files_written += 1
         offsets = np.empty(len(order), dtype=np.int64)
@@ -271,14 +373,22 @@ class Agent:
         return offsets
 
     def _flush_periodically(self) -> None:
-        interval_s = self.flush_interval_ms / 1000
-        while not self._closed.wait(interval_s / 4):
+        """Flush when the buffer's first batch is flush_interval_ms old, to the millisecond (its records' longest wait
+        is the interval, not the interval plus a polling period), or as soon as it is full."""
+        timeout_s: float | None = None  # nothing buffered: wait for the first batch
+        while not self._closed.is_set():
+            self._wake.wait(timeout_s)
+            self._wake.clear()
             with self._buffer_lock:
-                due = bool(self._buffer.batches) and (
-                    time.monotonic() * 1000 - self._buffer.started_ms >= self.flush_interval_ms
-                )
+                buffer = self._buffer
+                left_ms = buffer.started_ms + self.flush_interval_ms - time.monotonic() * 1000
+                due = bool(buffer.batches) and (buffer.size_bytes >= self.flush_bytes or left_ms <= 0)
             if due:
                 self._flush_once()
+                with self._buffer_lock:  # batches produced during the flush began the next buffer
+                    buffer = self._buffer
+                    left_ms = buffer.started_ms + self.flush_interval_ms - time.monotonic() * 1000
+            timeout_s = max(left_ms, 0) / 1000 if buffer.batches else None
 
     def _raise_background_error(self) -> None:
         if self._error is not None:
@@ -289,6 +399,7 @@ class Agent:
     def close(self) -> None:
         """Flush what is buffered, stop the flusher, and raise any error a flush met."""
         self._closed.set()
+        self._wake.set()
         if self._flusher is not None:
             self._flusher.join()
         self._flush_once()

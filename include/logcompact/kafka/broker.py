@@ -7,17 +7,20 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
 
 from logcompact.catalog import Catalog
 from logcompact.catalog.model import AgentRecord
 from logcompact.catalog.producers import BATCHES_KEPT, SEQUENCE_WRAP, PartitionState, SequencedBatch, UnknownProducerError, last_sequence
 from logcompact.exceptions import CatalogUnavailableError, IngestError, TopicNotFoundError
-from logcompact.ingest import Agent, Record
-from logcompact.kafka import codec
+from logcompact.format.xxh3 import compile_hasher
+from logcompact.ingest import Agent
+from logcompact.kafka import codec, records
 from logcompact.kafka.cluster import AgentDirectory
 from logcompact.store.cache import CachedStore
 from logcompact.topics import Topic
@@ -247,6 +250,8 @@ class Ingest:
         self.flush_interval_ms = flush_interval_ms
         self.flush_bytes = flush_bytes
         self.thread = ThreadPoolExecutor(1, thread_name_prefix="logcompact-kafka-ingest")
+        records.compile_decoder()  # seconds on a fresh install: before clients, not in a Produce or a flush
+        compile_hasher()
         self._agent = self._new_agent()
         self._topics: dict[str, Topic] = {}
         self._views: OrderedDict[tuple[int, str, int], _ProducerView] = OrderedDict()
@@ -271,12 +276,12 @@ class Ingest:
         self._read_at = time.monotonic()
         self._agent.use_topics(self._topics)  # the ingest agent checks partitions and keys by the same view
 
-    def produce(self, topic: str, records: Sequence[Record], sequenced: SequencedBatch | None = None, after: Future | None = None) -> Future:
-        """The records' offsets once their L0 file is committed. An ingest agent whose flush failed refuses every
-        later batch (its error raised again), so it is closed and replaced: the failed flush's batches were
-        answered with its error, and the next ones get a fresh agent."""
+    def produce(self, topic: str, partition: int, columns: pa.RecordBatch, sequenced: SequencedBatch | None = None, after: Future | None = None) -> Future:
+        """The offsets (an array) of a batch's records (ingest.PRODUCE_SCHEMA) once their L0 file is committed. An ingest
+        agent whose flush failed refuses every later batch (its error raised again), so it is closed and replaced: the
+        failed flush's batches were answered with its error, and the next ones get a fresh agent."""
         try:
-            return self._agent.produce(topic, records, sequenced, after)
+            return self._agent.produce_columns(topic, partition, columns, sequenced, after)
         except IngestError as exc:
             log.warning("ingest agent replaced after a failed flush: %s", exc)
             failed, self._agent = self._agent, self._new_agent()
@@ -284,16 +289,16 @@ class Ingest:
                 failed.close()
             except IngestError:
                 pass  # the same failure, already answered to its batches
-            return self._agent.produce(topic, records, sequenced, after)
+            return self._agent.produce_columns(topic, partition, columns, sequenced, after)
 
-    def produce_sequenced(self, topic: str, records: Sequence[Record], producer_id: int, epoch: int, first_sequence: int) -> Future:
-        """An idempotent producer's batch (its records all of one partition): the future of its offsets, or for a
-        retry of one of the producer's newest 5 batches on the partition, that batch's (nothing written again).
-        ProducerStateError for an unknown producer id, an epoch older than the producer's, or a sequence that does not
-        follow its last one (a new epoch starts at 0). A view that refuses a batch while nothing of it is pending
-        is read from the catalog again first: another agent may have written for the producer since."""
-        key = (producer_id, topic, records[0].partition)
-        last = last_sequence(first_sequence, len(records))
+    def produce_sequenced(self, topic: str, partition: int, columns: pa.RecordBatch, producer_id: int, epoch: int, first_sequence: int) -> Future:
+        """An idempotent producer's batch: the future of its offsets, or for a retry of one of the producer's newest 5
+        batches on the partition, that batch's (nothing written again). ProducerStateError for an unknown producer id,
+        an epoch older than the producer's, or a sequence that does not follow its last one (a new epoch starts at 0).
+        A view that refuses a batch while nothing of it is pending is read from the catalog again first: another agent
+        may have written for the producer since."""
+        key = (producer_id, topic, partition)
+        last = last_sequence(first_sequence, columns.num_rows)
         view, loaded = self._view(key)
         try:
             retried = _retried(view, key, epoch, first_sequence, last)
@@ -307,7 +312,8 @@ class Ingest:
             return retried
         follows = None if view.epoch is None else (view.epoch, view.batches[-1][1])
         previous = view.batches[-1][2] if view.batches else None
-        future = self.produce(topic, records, SequencedBatch(producer_id, epoch, first_sequence, last, follows), previous if isinstance(previous, Future) else None)
+        future = self.produce(topic, partition, columns, SequencedBatch(producer_id, epoch, first_sequence, last, follows),
+                              previous if isinstance(previous, Future) else None)
         if view.epoch != epoch:
             view.epoch, view.batches = epoch, []
         view.batches.append((first_sequence, last, future))

@@ -14,10 +14,13 @@ from __future__ import annotations
 import asyncio
 import datetime
 from concurrent.futures import Future
-from typing import Any, cast
+from typing import Any
 
+import numpy as np
+import pyarrow as pa
+
+from logcompact import ingest
 from logcompact.exceptions import InvalidRecordError
-from logcompact.ingest import Record
 from logcompact.kafka import codec, records
 from logcompact.kafka.broker import Broker, ProducerStateError
 
@@ -25,11 +28,10 @@ API_KEY = 0
 # Kafka's broker default for message.max.bytes, the max.message.bytes of a topic that sets none.
 DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
 FIRST_VERSION_WITH_ZSTD = 7
-# The most a batch's records may decompress to: what one batch can take of the agent's memory (its records are
-# then Python objects, a few times that), far above real batches (max.message.bytes compressed ~10x at most).
+# The most a batch's records may decompress to: what one batch can take of the agent's memory (its records' columns
+# take about as much again), far above real batches (max.message.bytes compressed ~10x at most).
 MAX_DECOMPRESSED_BATCH_BYTES = 64 * 1024 * 1024
 ACKS = (0, 1, -1)
-NO_TIMESTAMP = -1
 EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)  # log_append_time is a datetime in the codec
 
 # The ingest agent's future of offsets with the log append time (None: CreateTime), or a refused partition's response.
@@ -85,35 +87,34 @@ def _accept_partition(broker: Broker, version: int, acks: int, name: str, partit
         # InitProducerId refuses transactional ids, so no transaction was begun here (Kafka's verification of a
         # partition not added to a transaction answers this too).
         return _refused(codec.ErrorCode.invalid_txn_state, "transactional batch: the agent serves no transactions; use an idempotent producer without transactional.id")
-    epoch, first_sequence = records.producer_epoch_and_sequence(batch)
+    epoch, first_sequence = batch.producer_epoch, batch.base_sequence
     if batch.producer_id >= 0 and (epoch < 0 or first_sequence < 0):
         return _refused(codec.ErrorCode.invalid_record, f"producer id {batch.producer_id} with epoch {epoch} and base sequence {first_sequence}: both must be >= 0")
     if batch.control:
         return _refused(codec.ErrorCode.invalid_record, "clients may not write control batches")
     try:
-        decoded = batch.records(MAX_DECOMPRESSED_BATCH_BYTES)
+        columns = batch.columns(MAX_DECOMPRESSED_BATCH_BYTES)
     except records.CorruptBatchError as exc:
         return _refused(codec.ErrorCode.corrupt_message, str(exc))
     except records.BatchTooLargeError as exc:
         return _refused(codec.ErrorCode.message_too_large, str(exc))
-    if not decoded:
+    except records.TimestampOutOfRangeError as exc:
+        return _refused(codec.ErrorCode.invalid_timestamp, str(exc))
+    if not columns.num_rows:
         return _refused(codec.ErrorCode.invalid_record, "record batch holds no records")
-    if topic.config.compacted:
-        keyless = [index for index, record in enumerate(decoded) if record.key is None]
-        if keyless:
-            message = f"Compacted topic cannot accept message without key in topic partition {name}-{partition.index}."
-            return _refused(codec.ErrorCode.invalid_record, message, keyless)
-    # A Kafka header's value may be null: the store's headers column keeps it (its values are nullable), though
-    # Record's annotation says bytes. A LogAppendTime topic's records all take the time the batch is taken.
+    keys = columns.column("key")
+    if topic.config.compacted and keys.null_count:
+        message = f"Compacted topic cannot accept message without key in topic partition {name}-{partition.index}."
+        return _refused(codec.ErrorCode.invalid_record, message, np.flatnonzero(np.asarray(keys.is_null())).tolist())
+    # A LogAppendTime topic's records all take the time the batch is taken; a record without a timestamp (-1, null in
+    # the columns) takes the ingest agent's clock.
     append_time = broker.log_append_time(topic)
-    produced = [
-        Record(partition.index, record.key, record.value, append_time if append_time is not None else None if record.timestamp == NO_TIMESTAMP else record.timestamp, cast(Any, record.headers) or None)
-        for record in decoded
-    ]
+    if append_time is not None:
+        columns = columns.set_column(0, ingest.PRODUCE_SCHEMA.field(0), pa.array(np.full(columns.num_rows, append_time, dtype=np.int64)))
     try:
         if batch.producer_id >= 0:
-            return broker.ingest.produce_sequenced(name, produced, batch.producer_id, epoch, first_sequence), append_time
-        return broker.ingest.produce(name, produced), append_time
+            return broker.ingest.produce_sequenced(name, partition.index, columns, batch.producer_id, epoch, first_sequence), append_time
+        return broker.ingest.produce(name, partition.index, columns), append_time
     except ProducerStateError as exc:
         return _refused(exc.error, str(exc))
     except InvalidRecordError as exc:  # a timestamp the store cannot keep (negative, other than -1)

@@ -1,12 +1,18 @@
-"""Kafka's record batches (magic 2): read through kafka-python's record module (the only module of the package that
-imports it, so handlers never see the library), built for Fetch from Arrow columns by compiled loops.
+"""Kafka's record batches (magic 2): read into Arrow columns for Produce and built from Arrow columns for Fetch, both
+by compiled loops (numba), so neither costs Python per record.
 
 A batch is read in two steps, as a broker validates it: `read_batch` checks its framing, magic and CRC-32C and
 gives the header fields (size, producer id, compression) without decompressing, so a batch refused for its size
-or producer costs no decompression; `Batch.records` then decompresses (gzip, snappy, lz4, zstd) and decodes
-every record. The compressed size is what `max.message.bytes` limits, as in Kafka; the decompressed size is
-bounded here (kafka-python's own decompression is not), so a small batch that inflates to gigabytes is refused
+or producer costs no decompression; `Batch.columns` then decompresses (gzip, snappy, lz4, zstd) and decodes
+every record into columns (timestamp, key, value, headers). The compressed size is what `max.message.bytes`
+limits, as in Kafka; the decompressed size is bounded here, so a small batch that inflates to gigabytes is refused
 after at most `limit` bytes instead of taking the agent's memory.
+
+Records are decoded as Kafka's broker reads them (DefaultRecord.readFrom): varints of at most 5 bytes (int32)
+and varlongs of at most 10, zigzag-encoded; a record's fields must fill exactly the length it declares, and the
+records exactly the bytes of the batch, as many as its header counts; a key, value or header value of length -1
+is null, any other negative length is corrupt, as is a negative header count or a header key that is null or not
+UTF-8. One pass checks and locates every field, a second copies keys, values and headers into Arrow's buffers.
 
 Fetch's batches are built by `encode_batch` from the columns consume reads (`RecordColumns`), uncompressed, a
 batch at a time up to a byte limit: sized and written by numba loops over the columns, about 50x faster than
@@ -19,7 +25,7 @@ import io
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import crc32c
 import lz4.frame
@@ -32,6 +38,8 @@ from kafka.errors import CorruptRecordError, UnsupportedCodecError
 from kafka.record.default_records import DefaultRecordBatch
 
 from logcompact.consume import RECORD_SCHEMA
+from logcompact.format.layout import HEADERS_TYPE
+from logcompact.ingest import PRODUCE_SCHEMA
 
 _HEADER = DefaultRecordBatch.HEADER_STRUCT
 _LOG_OVERHEAD = struct.calcsize(">qi")  # base offset and length: the length counts the bytes after them
@@ -40,15 +48,24 @@ _ATTRIBUTES_OFFSET = DefaultRecordBatch.ATTRIBUTES_OFFSET
 CODEC_NAMES = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
 NONE, GZIP, SNAPPY, LZ4, ZSTD = range(5)
 _CODEC_BITS = 0x07
+_LOG_APPEND_TIME_BIT = 0x08  # the batch's timestamp type: every record then takes the batch's max timestamp
+_TRANSACTIONAL_BIT = 0x10
+_CONTROL_BIT = 0x20
 _XERIAL_MAGIC = b"\x82SNAPPY\x00"  # the block framing Kafka's Java client writes snappy in
 _XERIAL_HEADER_BYTES = 16
 _GZIP_WBITS = 16 + zlib.MAX_WBITS
 _MAX_OFFSET_DELTA = 2**31 - 1  # a batch's last_offset_delta is an int32
 NO_PRODUCER = -1
 NO_LEADER_EPOCH = -1  # as Metadata says: clients then never validate offsets by leader epoch
+NO_TIMESTAMP = -1  # a record's timestamp when its producer gave none
 _CRC_OFFSET = DefaultRecordBatch.CRC_OFFSET
 _LAST_OFFSET_DELTA_OFFSET = struct.calcsize(">qiibIh")
 EMPTY_BATCH_BYTES = _HEADER.size
+# The fewest bytes a record takes: its length, attributes, timestamp and offset deltas, key and value lengths (-1)
+# and header count, one byte each. A batch counting more records than its bytes can hold is refused before any
+# array is sized by the count.
+_MIN_RECORD_BYTES = 7
+_FIRST_STEP_BYTES = 64 * 1024  # the first output a compressed batch is decompressed into
 
 
 class CorruptBatchError(Exception):
@@ -64,11 +81,8 @@ class InvalidBatchError(Exception):
     """A well-formed batch Produce v3+ does not take (old magic, more than one batch, none): Kafka's INVALID_RECORD."""
 
 
-class BatchRecord(NamedTuple):
-    timestamp: int
-    key: bytes | None
-    value: bytes | None
-    headers: list[tuple[str, bytes | None]]
+class TimestampOutOfRangeError(Exception):
+    """A record whose timestamp (the batch's first plus its delta) is past int64: Kafka's INVALID_TIMESTAMP."""
 
 
 @dataclass(frozen=True)
@@ -77,40 +91,32 @@ class Batch:
     codec: int
     record_count: int
     producer_id: int
+    producer_epoch: int
+    base_sequence: int
     transactional: bool
     control: bool
-    _batch: Any  # kafka-python's DefaultRecordBatch of the bytes as sent
-    _header: bytes
-    _payload: bytes  # the records, compressed when the codec is not none
+    _log_append_time: bool  # the producer's timestamp type: its records take max_timestamp
+    _first_timestamp: int
+    _max_timestamp: int
+    _payload: memoryview  # the records, compressed when the codec is not none
 
     @property
     def codec_name(self) -> str:
         return CODEC_NAMES.get(self.codec, f"codec {self.codec}")
 
-    def records(self, limit: int) -> list[BatchRecord]:
-        """Every record, decompressed into at most `limit` bytes (BatchTooLargeError past it); CorruptBatchError
-        when they do not decompress or decode, or do not fill the batch."""
-        batch = self._batch
+    def columns(self, limit: int) -> pa.RecordBatch:
+        """Every record as a row of PRODUCE_SCHEMA (a timestamp of -1, none given, is null), decompressed into at most
+        `limit` bytes (BatchTooLargeError past it). CorruptBatchError when they do not decompress or decode, or do not
+        fill the batch; TimestampOutOfRangeError for a timestamp past int64."""
         try:
-            if self.codec != NONE:
-                batch = _decompressed(self._header, self.codec, self._payload, limit)
-            return [BatchRecord(record.timestamp, record.key, record.value, record.headers) for record in batch]
-        except (CorruptRecordError, UnsupportedCodecError, UnicodeDecodeError, zlib.error, zstandard.ZstdError, snappy.UncompressError, ValueError, RuntimeError) as exc:
+            data = self._payload if self.codec == NONE else _decompress(self.codec, self._payload, limit)
+        except (CorruptRecordError, UnsupportedCodecError, zlib.error, zstandard.ZstdError, snappy.UncompressError, ValueError, RuntimeError) as exc:
             # lz4 raises RuntimeError; UnsupportedCodecError: codec ids 5-7
-            raise CorruptBatchError(f"{self.codec_name} batch of {self.record_count} records does not decode: {type(exc).__name__}: {exc}") from None
+            raise CorruptBatchError(f"{self.codec_name} batch of {self.record_count} records does not decompress: {type(exc).__name__}: {exc}") from None
+        return decode_records(np.frombuffer(data, dtype=np.uint8), self.record_count, self._first_timestamp, self._log_append_time, self._max_timestamp)
 
 
-def _decompressed(header: bytes, codec: int, payload: bytes, limit: int) -> DefaultRecordBatch:
-    """The batch with its records decompressed (and the codec bits of its attributes cleared), for kafka-python
-    to decode; its CRC was checked on the compressed bytes."""
-    records = _decompress(codec, payload, limit)
-    attributes = struct.unpack_from(">h", header, _ATTRIBUTES_OFFSET)[0] & ~_CODEC_BITS
-    plain = bytearray(header)
-    struct.pack_into(">h", plain, _ATTRIBUTES_OFFSET, attributes)
-    return DefaultRecordBatch(bytes(plain) + records)
-
-
-def _decompress(codec: int, payload: bytes, limit: int) -> bytes:
+def _decompress(codec: int, payload: memoryview, limit: int) -> bytes:
     too_large = BatchTooLargeError(f"{CODEC_NAMES[codec]} batch decompresses to more than {limit} bytes, the most the agent takes")
     if codec == GZIP:
         inflater = zlib.decompressobj(_GZIP_WBITS)
@@ -120,20 +126,30 @@ def _decompress(codec: int, payload: bytes, limit: int) -> bytes:
         if not inflater.eof or inflater.unused_data:
             raise CorruptRecordError("gzip data is truncated or followed by other bytes")
         return inflated
+    # lz4 and zstd allocate what they are allowed to return: asked for limit + 1 bytes at once, every batch would cost a
+    # 64 MiB allocation. They are read in steps from 8 times the compressed size, doubling, until the end or the limit.
+    step = max(_FIRST_STEP_BYTES, 8 * len(payload))
+    chunks: list[bytes] = []
+    inflated_bytes = 0
     if codec == LZ4:
         decompressor = lz4.frame.LZ4FrameDecompressor()
-        inflated = decompressor.decompress(payload, max_length=limit + 1)
-        if len(inflated) > limit:
-            raise too_large
-        if not decompressor.eof:
-            raise CorruptRecordError("lz4 frame is truncated")
-        return inflated
+        data: memoryview | bytes = payload
+        while not decompressor.eof:
+            if chunks and decompressor.needs_input:
+                raise CorruptRecordError("lz4 frame is truncated")
+            chunks.append(decompressor.decompress(data, max_length=min(step, limit + 1 - inflated_bytes)))
+            data, inflated_bytes, step = b"", inflated_bytes + len(chunks[-1]), step * 2
+            if inflated_bytes > limit:
+                raise too_large
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
     if codec == ZSTD:
         with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(payload), read_across_frames=True) as reader:
-            inflated = reader.read(limit + 1)
-        if len(inflated) > limit:
-            raise too_large
-        return inflated
+            while chunk := reader.read(min(step, limit + 1 - inflated_bytes)):
+                chunks.append(chunk)
+                inflated_bytes, step = inflated_bytes + len(chunk), step * 2
+                if inflated_bytes > limit:
+                    raise too_large
+        return b"".join(chunks)
     if codec == SNAPPY:
         blocks = _snappy_blocks(payload)
         # Each snappy block starts with its uncompressed length: checked before anything is decompressed.
@@ -143,9 +159,9 @@ def _decompress(codec: int, payload: bytes, limit: int) -> bytes:
     raise UnsupportedCodecError(f"compression codec id {codec} is not one of Kafka's")
 
 
-def _snappy_blocks(payload: bytes) -> list[bytes]:
+def _snappy_blocks(payload: memoryview) -> list[memoryview]:
     """The raw snappy blocks of a batch's payload: xerial-framed ([length][block]...) or one raw block."""
-    if not payload.startswith(_XERIAL_MAGIC):
+    if bytes(payload[: len(_XERIAL_MAGIC)]) != _XERIAL_MAGIC:
         return [payload]
     blocks, cursor = [], _XERIAL_HEADER_BYTES
     while cursor < len(payload):
@@ -160,7 +176,7 @@ def _snappy_blocks(payload: bytes) -> list[bytes]:
     return blocks
 
 
-def _snappy_length(block: bytes) -> int:
+def _snappy_length(block: memoryview) -> int:
     """A raw snappy block's uncompressed length: its leading little-endian base-128 varint (at most 32 bits)."""
     length = 0
     for position, byte in enumerate(block[:5]):
@@ -168,11 +184,6 @@ def _snappy_length(block: bytes) -> int:
         if not byte & 0x80:
             return length
     raise CorruptRecordError("snappy block has no uncompressed length")
-
-
-def producer_epoch_and_sequence(batch: Batch) -> tuple[int, int]:
-    """An idempotent producer's epoch and the sequence of the batch's first record (-1 and -1 without a producer)."""
-    return batch._batch.producer_epoch, batch._batch.base_sequence
 
 
 def read_batch(data: bytes) -> Batch:
@@ -191,20 +202,260 @@ def read_batch(data: bytes) -> Batch:
         raise CorruptBatchError(f"record batch declares {declared} bytes but {len(data)} were sent")
     if declared < len(data):
         raise InvalidBatchError("more than one record batch: a Produce v3+ carries exactly one per partition")
-    batch = DefaultRecordBatch(data)
-    if not batch.validate_crc():
+    view = memoryview(data)
+    (_, _, _, _, crc, attributes, _, first_timestamp, max_timestamp, producer_id, producer_epoch, base_sequence,
+     record_count) = _HEADER.unpack_from(view)
+    if crc32c.crc32c(view[_ATTRIBUTES_OFFSET:]) != crc:
         raise CorruptBatchError("record batch CRC-32C does not match its bytes")
     return Batch(
         size_bytes=declared,
-        codec=batch.compression_type,
-        record_count=batch.records_count,
-        producer_id=batch.producer_id,
-        transactional=batch.is_transactional,
-        control=batch.is_control_batch,
-        _batch=batch,
-        _header=data[: _HEADER.size],
-        _payload=data[_HEADER.size :],
+        codec=attributes & _CODEC_BITS,
+        record_count=record_count,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+        transactional=bool(attributes & _TRANSACTIONAL_BIT),
+        control=bool(attributes & _CONTROL_BIT),
+        _log_append_time=bool(attributes & _LOG_APPEND_TIME_BIT),
+        _first_timestamp=first_timestamp,
+        _max_timestamp=max_timestamp,
+        _payload=view[_HEADER.size :],
     )
+
+
+# -- Produce: a batch's records decoded into Arrow columns -------------------------------------------------------
+
+# What `_locate_records` found wrong, by its code (0: nothing).
+_PROBLEMS = {
+    1: "a varint is truncated",
+    2: "a varint is longer than Kafka's (5 bytes, or 10 for a varlong)",
+    3: "a record's length is negative",
+    4: "a record runs past the end of the batch",
+    5: "a length is negative other than -1 (null)",
+    6: "a field runs past the end of its record",
+    7: "a header count is negative",
+    8: "a header key is null",
+    9: "the fields do not fill the record's declared length",
+    10: "bytes are left after the records the batch counts",
+    11: "the batch counts more records than its bytes can hold",
+}
+_TIMESTAMP_OUT_OF_RANGE = 12
+_INT64_MAX, _INT64_MIN = np.int64(2**63 - 1), np.int64(-(2**63))
+
+
+def decode_records(data: np.ndarray, count: int, first_timestamp: int, log_append_time: bool, max_timestamp: int) -> pa.RecordBatch:
+    """The `count` records of a batch's (decompressed) records bytes as a RecordBatch of PRODUCE_SCHEMA: timestamps
+    (the first timestamp plus each delta, or `max_timestamp` for a LogAppendTime batch; -1 is null), keys and values
+    (null for length -1), headers (null for a record with none). CorruptBatchError for bytes that are not exactly
+    `count` well-formed records; TimestampOutOfRangeError for a timestamp past int64."""
+    count = max(count, 0)  # a negative count reads no records: its bytes are then left over, or the batch is empty
+    problem, record, located = _locate_records(data, count, first_timestamp, log_append_time, max_timestamp)
+    if problem == _TIMESTAMP_OUT_OF_RANGE:
+        raise TimestampOutOfRangeError(f"record {record} of the batch: its timestamp delta takes it past int64 milliseconds")
+    if problem:
+        raise CorruptBatchError(f"record {record} of {count}: {_PROBLEMS[problem]}")
+    (timestamps, key_offsets, key_bytes, key_valid, value_offsets, value_bytes, value_valid, header_offsets, header_key_offsets,
+     header_key_bytes, header_value_offsets, header_value_bytes, header_value_valid, nulls) = _gather_records(data, *located)
+    timestamp_nulls, key_nulls, value_nulls, header_value_nulls, headerless = nulls.tolist()
+    header_count = len(header_key_offsets) - 1
+    if header_count:
+        header_keys = pa.Array.from_buffers(pa.string(), header_count, [None, pa.py_buffer(header_key_offsets), pa.py_buffer(header_key_bytes)])
+        try:
+            header_keys.validate(full=True)  # UTF-8, as Kafka's header keys are strings
+        except pa.ArrowInvalid:
+            raise CorruptBatchError("a header key is not UTF-8") from None
+        header_values = _binary_array(header_value_offsets, header_value_bytes, header_value_valid, header_value_nulls)
+        entries = pa.StructArray.from_arrays([header_keys, header_values], fields=list(HEADERS_TYPE.value_type))
+        has_headers = header_offsets[1:] != header_offsets[:-1]
+        headers = pa.Array.from_buffers(HEADERS_TYPE, count, [_validity(has_headers, headerless), pa.py_buffer(header_offsets)],
+                                        null_count=headerless, children=[entries])
+    else:
+        headers = pa.nulls(count, HEADERS_TYPE)
+    timestamp_valid = timestamps != NO_TIMESTAMP if timestamp_nulls else None
+    columns = [
+        pa.Array.from_buffers(pa.int64(), count, [_validity(timestamp_valid, timestamp_nulls), pa.py_buffer(timestamps)], null_count=timestamp_nulls),
+        _binary_array(key_offsets, key_bytes, key_valid, key_nulls),
+        _binary_array(value_offsets, value_bytes, value_valid, value_nulls),
+        headers,
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=PRODUCE_SCHEMA)
+
+
+def _validity(valid: np.ndarray | None, nulls: int) -> pa.Buffer | None:
+    """Arrow's validity bitmap of a boolean mask with `nulls` false; None (all valid) when nothing is null."""
+    return None if not nulls or valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
+
+
+def _binary_array(offsets: np.ndarray, data: np.ndarray, valid: np.ndarray, nulls: int) -> pa.Array:
+    return pa.Array.from_buffers(pa.binary(), len(offsets) - 1, [_validity(valid, nulls), pa.py_buffer(offsets), pa.py_buffer(data)], null_count=nulls)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _read_varint(data, at, end, max_bytes):
+    """Kafka's zigzag varint at `at` (before `end`) of at most `max_bytes` bytes: (value, position after it), the
+    position -1 when truncated, -2 when longer. A 5-byte varint is an int32: bits past 32 are dropped, as Java does."""
+    raw = np.uint64(0)
+    shift = np.uint64(0)
+    for _ in range(max_bytes):
+        if at >= end:
+            return np.int64(0), -1
+        byte = np.uint64(data[at])
+        at += 1
+        raw |= (byte & np.uint64(0x7F)) << shift
+        if byte < np.uint64(0x80):
+            if max_bytes == 5:
+                raw &= np.uint64(0xFFFFFFFF)
+            return np.int64(raw >> np.uint64(1)) ^ -np.int64(raw & np.uint64(1)), at
+        shift += np.uint64(7)
+    return np.int64(0), -2
+
+
+@numba.njit(cache=True, nogil=True)
+def _locate_records(data, count, first_timestamp, log_append_time, max_timestamp):
+    """One pass over the records: each one's checks, timestamp and where its key, value and headers lie. Returns
+    (problem, record index, the arrays and totals `_gather_records` takes); problem 0 when all is well. A varint's
+    position -1 or -2 is its problem 1 or 2, returned as -at."""
+    size = len(data)
+    timestamps = np.empty(count, dtype=np.int64)
+    key_at = np.empty(count, dtype=np.int64)
+    key_length = np.empty(count, dtype=np.int64)
+    value_at = np.empty(count, dtype=np.int64)
+    value_length = np.empty(count, dtype=np.int64)
+    headers_at = np.empty(count, dtype=np.int64)
+    header_count = np.empty(count, dtype=np.int64)
+    totals = np.zeros(5, dtype=np.int64)  # key bytes, value bytes, headers, header key bytes, header value bytes
+    located = (timestamps, key_at, key_length, value_at, value_length, headers_at, header_count, totals)
+    if count > size // _MIN_RECORD_BYTES:
+        return 11, 0, located
+    at = 0
+    for record in range(count):
+        length, at = _read_varint(data, at, size, 5)
+        if at < 0:
+            return -at, record, located
+        if length < 0:
+            return 3, record, located
+        end = at + length
+        if end > size:
+            return 4, record, located
+        if at >= end:
+            return 1, record, located
+        at += 1  # attributes: unused in v2 records
+        delta, at = _read_varint(data, at, end, 10)
+        if at < 0:
+            return -at, record, located
+        if log_append_time:
+            timestamps[record] = max_timestamp
+        elif (delta > 0 and first_timestamp > _INT64_MAX - delta) or (delta < 0 and first_timestamp < _INT64_MIN - delta):
+            return _TIMESTAMP_OUT_OF_RANGE, record, located
+        else:
+            timestamps[record] = first_timestamp + delta
+        _, at = _read_varint(data, at, end, 5)  # offset delta: offsets are the agent's to assign
+        if at < 0:
+            return -at, record, located
+        for field in range(2):
+            field_length, at = _read_varint(data, at, end, 5)
+            if at < 0:
+                return -at, record, located
+            if field_length < -1:
+                return 5, record, located
+            if at + field_length > end:
+                return 6, record, located
+            if field == 0:
+                key_at[record], key_length[record] = at, field_length
+            else:
+                value_at[record], value_length[record] = at, field_length
+            if field_length > 0:
+                totals[field] += field_length
+                at += field_length
+        headers, at = _read_varint(data, at, end, 5)
+        if at < 0:
+            return -at, record, located
+        if headers < 0:
+            return 7, record, located
+        if headers > (end - at) // 2:  # a header takes at least its key's and value's lengths
+            return 6, record, located
+        headers_at[record], header_count[record] = at, headers
+        totals[2] += headers
+        for _ in range(headers):
+            for field in range(2):
+                field_length, at = _read_varint(data, at, end, 5)
+                if at < 0:
+                    return -at, record, located
+                if field == 0 and field_length < 0:
+                    return 8 if field_length == -1 else 5, record, located
+                if field_length < -1:
+                    return 5, record, located
+                if at + field_length > end:
+                    return 6, record, located
+                if field_length > 0:
+                    totals[3 + field] += field_length
+                    at += field_length
+        if at != end:
+            return 9, record, located
+    if at != size:
+        return 10, count, located
+    return 0, count, located
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _copy_field(data, at, length, offsets, out, row):
+    """Field `row` into a binary column's buffers (`length` -1: null, nothing copied); whether it is valid."""
+    start = offsets[row]
+    if length > 0:
+        out[start : start + length] = data[at : at + length]
+        offsets[row + 1] = start + length
+    else:
+        offsets[row + 1] = start
+    return length >= 0
+
+
+@numba.njit(cache=True, nogil=True)
+def _gather_records(data, timestamps, key_at, key_length, value_at, value_length, headers_at, header_count, totals):
+    """The located records' columns as Arrow buffers: int32 offsets, bytes and validity of keys, values, header keys
+    and header values, and the headers' list offsets; then the null counts of timestamps (-1), keys, values and header
+    values, and the records without headers."""
+    count = len(timestamps)
+    key_offsets = np.zeros(count + 1, dtype=np.int32)
+    key_bytes = np.empty(totals[0], dtype=np.uint8)
+    key_valid = np.empty(count, dtype=np.bool_)
+    value_offsets = np.zeros(count + 1, dtype=np.int32)
+    value_bytes = np.empty(totals[1], dtype=np.uint8)
+    value_valid = np.empty(count, dtype=np.bool_)
+    header_offsets = np.zeros(count + 1, dtype=np.int32)
+    header_key_offsets = np.zeros(totals[2] + 1, dtype=np.int32)
+    header_key_bytes = np.empty(totals[3], dtype=np.uint8)
+    header_value_offsets = np.zeros(totals[2] + 1, dtype=np.int32)
+    header_value_bytes = np.empty(totals[4], dtype=np.uint8)
+    header_value_valid = np.empty(totals[2], dtype=np.bool_)
+    nulls = np.zeros(5, dtype=np.int64)
+    header = 0
+    for row in range(count):
+        nulls[0] += timestamps[row] == NO_TIMESTAMP
+        key_valid[row] = _copy_field(data, key_at[row], key_length[row], key_offsets, key_bytes, row)
+        value_valid[row] = _copy_field(data, value_at[row], value_length[row], value_offsets, value_bytes, row)
+        at = headers_at[row]
+        for _ in range(header_count[row]):
+            length, at = _read_varint(data, at, len(data), 5)
+            _copy_field(data, at, length, header_key_offsets, header_key_bytes, header)
+            at += length
+            length, at = _read_varint(data, at, len(data), 5)
+            header_value_valid[header] = _copy_field(data, at, length, header_value_offsets, header_value_bytes, header)
+            at += max(length, 0)
+            nulls[3] += not header_value_valid[header]
+            header += 1
+        nulls[1] += not key_valid[row]
+        nulls[2] += not value_valid[row]
+        nulls[4] += header_count[row] == 0
+        header_offsets[row + 1] = header
+    return (timestamps, key_offsets, key_bytes, key_valid, value_offsets, value_bytes, value_valid, header_offsets, header_key_offsets,
+            header_key_bytes, header_value_offsets, header_value_bytes, header_value_valid, nulls)
+
+
+def compile_decoder() -> None:
+    """Compile (or load from numba's cache) the decoding loops now, so that no Produce waits for it: an agent calls this
+    before it serves."""
+    body = bytes([0, 0, 0, 2, ord("k"), 1, 2, 2, ord("h"), 0])  # key b"k", null value, header ("h", b"")
+    decode_records(np.frombuffer(bytes([2 * len(body)]) + body, dtype=np.uint8), 1, 0, False, 0)
 
 
 # -- Fetch: record batches built from Arrow columns -------------------------------------------------------------

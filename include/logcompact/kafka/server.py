@@ -47,6 +47,9 @@ DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024
 DEFAULT_MAX_IN_FLIGHT = 1000  # requests per connection (librdkafka pipelines up to 1,000,000 by default)
 DEFAULT_MAX_IN_FLIGHT_BYTES = 128 * 1024 * 1024  # of requests per connection: above one frame of the largest size
 DEFAULT_MAX_QUEUED_BYTES = 1024 * 1024 * 1024  # of requests read and not answered, across connections
+# A connection's read buffer stops taking bytes from the socket past twice this until a frame is read out of it:
+# asyncio's 64 KiB default pauses and resumes the socket several times per 1 MB Produce (a selector call each).
+READ_BUFFER_BYTES = 1024 * 1024
 DEFAULT_MAX_CONNECTIONS = 1000
 COMMIT_POLL_SECONDS = 0.05  # how often fetches waiting for records look for a new catalog version
 STOP_GRACE_SECONDS = 30  # how long a stop waits for requests already read
@@ -125,7 +128,7 @@ class AgentServer:
         await asyncio.to_thread(records.compile_encoder)  # seconds on a fresh install: before clients, not in a Fetch
         listen = self.settings.listen
         try:
-            self._server = await asyncio.start_server(self._connection, listen.host, listen.port)
+            self._server = await asyncio.start_server(self._connection, listen.host, listen.port, limit=READ_BUFFER_BYTES)
         except OSError as exc:
             raise LogcompactError(f"agent cannot listen on {listen}: {exc.strerror or exc}; pass another --listen HOST:PORT") from None
         settings = self.settings
