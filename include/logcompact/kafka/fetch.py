@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from logcompact.catalog import Snapshot
+from logcompact.catalog import Catalog, Snapshot
 from logcompact.consume import SectionRef, read_sections
 from logcompact.exceptions import TopicNotFoundError
 from logcompact.kafka import codec, records
@@ -49,7 +50,9 @@ class _Budget:
 
 
 @dataclass(frozen=True)
-class _Partition:
+class Answer:
+    """A partition's answer: its error, watermarks and record batches."""
+
     index: int
     error: codec.ErrorCode
     high_watermark: int = -1
@@ -65,59 +68,74 @@ async def handle(broker: Broker, request: codec.Request) -> Any:
         return _response(request.api_version, body, [], codec.ErrorCode.fetch_session_id_not_found)
     deadline = time.monotonic() + body.max_wait.total_seconds()
     while True:
-        version, topics = await asyncio.to_thread(_fetch, broker, body)
+        version, topics = await asyncio.to_thread(read, broker.catalog, broker.file_cache, body)
         found = sum(len(partition.records) for _, partitions in topics for partition in partitions)
         failed = any(partition.error != codec.ErrorCode.none for _, partitions in topics for partition in partitions)
         if found >= body.min_bytes or failed or not await broker.commits.wait_past(version, deadline - time.monotonic()):
             return _response(request.api_version, body, topics, codec.ErrorCode.none)
 
 
-def _fetch(broker: Broker, body: Any) -> tuple[int, list[tuple[str, list[_Partition]]]]:
-    """The catalog version read and each partition's answer."""
+def read(catalog: Catalog, store: ObjectStore, body: Any) -> tuple[int, list[tuple[str, list[Answer]]]]:
+    """The catalog version read and each partition's answer to a Fetch request's `body` (its topics, partitions,
+    offsets and byte limits), reading files through `store`."""
     # High watermarks read before the snapshot: every offset below one was committed before it, so an offset the
     # snapshot does not hold there is one compaction removed, which a batch may cover; records are read below it.
     if body.replica_id >= 0:  # a follower's fetch: this agent has no replicas, every partition's log is the catalog's
-        refused = [(topic.topic, [_Partition(int(p.partition), codec.ErrorCode.not_leader_or_follower) for p in topic.partitions]) for topic in body.topics]
-        return broker.catalog.latest_version(), refused
-    log_offsets = {topic.topic: _log_offsets(broker, topic.topic) for topic in body.topics}
-    snapshot = broker.catalog.snapshot()
+        refused = [(topic.topic, [Answer(int(p.partition), codec.ErrorCode.not_leader_or_follower) for p in topic.partitions]) for topic in body.topics]
+        return catalog.latest_version(), refused
+    log_offsets = {topic.topic: _log_offsets(catalog, topic.topic) for topic in body.topics}
+    snapshot = _snapshot(catalog)
     budget = _Budget(int(body.max_bytes))
     answered = []
     for topic in body.topics:
-        offsets = log_offsets[topic.topic]
+        # A topic created between the two reads is not in the snapshot yet: unknown this time.
+        offsets = log_offsets[topic.topic] if topic.topic in snapshot.topics else None
+        if offsets is None:
+            answered.append((topic.topic, [Answer(int(entry.partition), codec.ErrorCode.unknown_topic_or_partition) for entry in topic.partitions]))
+            continue
+        wanted = {}  # partition: the offsets to read, for one query of the topic's sections
+        for entry in topic.partitions:
+            index, fetch_offset = int(entry.partition), int(entry.fetch_offset)
+            if 0 <= index < len(offsets) and offsets[index][0] <= fetch_offset < offsets[index][1]:
+                wanted[index] = (fetch_offset, offsets[index][1])
+        sections = snapshot.sections_of_partitions(topic.topic, wanted) if wanted else {}
         partitions = []
         for entry in topic.partitions:
             index = int(entry.partition)
-            # A topic created between the two reads is not in the snapshot yet: unknown this time.
-            if offsets is None or topic.topic not in snapshot.topics or not 0 <= index < len(offsets):
-                partitions.append(_Partition(index, codec.ErrorCode.unknown_topic_or_partition))
-            else:
-                log_start, high_watermark = offsets[index]
-                partitions.append(_read_partition(
-                    broker.file_cache, snapshot, topic.topic, index, log_start, high_watermark, int(entry.fetch_offset), int(entry.partition_max_bytes), budget,
-                ))
+            if not 0 <= index < len(offsets):
+                partitions.append(Answer(index, codec.ErrorCode.unknown_topic_or_partition))
+                continue
+            log_start, high_watermark = offsets[index]
+            fetch_offset = int(entry.fetch_offset)
+            # The log start is the catalog's (raised by retention only): an offset from it on is served from the next
+            # record there is, however much of the head compaction removed.
+            if not log_start <= fetch_offset <= high_watermark:
+                partitions.append(Answer(index, codec.ErrorCode.offset_out_of_range, high_watermark, log_start))
+                continue
+            limit = min(int(entry.partition_max_bytes), budget.left)
+            batches = _batches(store, sections.get(index, []), fetch_offset, high_watermark, limit, budget)
+            partitions.append(Answer(index, codec.ErrorCode.none, high_watermark, log_start, batches))
         answered.append((topic.topic, partitions))
     return snapshot.version, answered
 
 
-def _log_offsets(broker: Broker, topic: str) -> list[tuple[int, int]] | None:
+# The newest snapshot read of each catalog: reused while no commit has come since (a snapshot reads the topics).
+_snapshots: weakref.WeakKeyDictionary[Catalog, Snapshot] = weakref.WeakKeyDictionary()
+
+
+def _snapshot(catalog: Catalog) -> Snapshot:
+    held = _snapshots.get(catalog)
+    if held is not None and held.version == catalog.latest_version():
+        return held
+    _snapshots[catalog] = snapshot = catalog.snapshot()
+    return snapshot
+
+
+def _log_offsets(catalog: Catalog, topic: str) -> list[tuple[int, int]] | None:
     try:
-        return broker.catalog.log_offsets(topic)
+        return catalog.log_offsets(topic)
     except TopicNotFoundError:
         return None
-
-
-def _read_partition(
-    store: ObjectStore, snapshot: Snapshot, topic: str, partition: int, log_start: int, high_watermark: int, fetch_offset: int,
-    partition_max_bytes: int, budget: _Budget,
-) -> _Partition:
-    """The log start is the catalog's (raised by retention only): an offset from it on is served from the next
-    record there is, however much of the head compaction removed."""
-    if not log_start <= fetch_offset <= high_watermark:
-        return _Partition(partition, codec.ErrorCode.offset_out_of_range, high_watermark, log_start)
-    wanted = snapshot.sections_of(topic, partition, fetch_offset, high_watermark)  # the sections from the offset on
-    batches = _batches(store, wanted, fetch_offset, high_watermark, min(partition_max_bytes, budget.left), budget)
-    return _Partition(partition, codec.ErrorCode.none, high_watermark, log_start, batches)
 
 
 def _batches(store: ObjectStore, sections: list[SectionRef], fetch_offset: int, high_watermark: int, limit: int, budget: _Budget) -> bytes:
@@ -152,7 +170,7 @@ def _batches(store: ObjectStore, sections: list[SectionRef], fetch_offset: int, 
     return b"".join(batch.data for batch in built)
 
 
-def _response(version: int, body: Any, topics: list[tuple[str, list[_Partition]]], error: codec.ErrorCode) -> Any:
+def _response(version: int, body: Any, topics: list[tuple[str, list[Answer]]], error: codec.ErrorCode) -> Any:
     # Kafka sends aborted transactions (none here) only to read_committed consumers, null to the others.
     aborted: list | None = [] if body.isolation_level == READ_COMMITTED else None
     return codec.build(codec.response_class(API_KEY, version), {
