@@ -313,6 +313,12 @@ def cover_to(batch: np.ndarray, last_offset: int) -> None:
     struct.pack_into(">I", data, _CRC_OFFSET, crc32c.crc32c(data[_ATTRIBUTES_OFFSET:]))
 
 
+def offset_after(batch: np.ndarray) -> int:
+    """The offset after the last one `batch` covers."""
+    base_offset = struct.unpack_from(">q", batch.data, 0)[0]
+    return int(base_offset + struct.unpack_from(">i", batch.data, _LAST_OFFSET_DELTA_OFFSET)[0] + 1)
+
+
 def _finish(batch: np.ndarray, base_offset: int, last_offset_delta: int, first_timestamp: int, max_timestamp: int, count: int) -> None:
     """Write the header of a batch whose records are in place, its CRC-32C last."""
     data = batch.data
