@@ -78,3 +78,22 @@ def test_a_short_answer_is_handed_back_and_never_held(store: LocalStore) -> None
     cache = CachedStore(store)
     assert cache.get_range("a", 9_900, 1_000) == DATA[9_900:]  # past the end: what the store answers, for the reader to refuse
     assert cache.cached_bytes == 0
+
+
+def test_a_memo_is_built_once_counted_in_the_bound_and_goes_with_its_object(store: LocalStore) -> None:
+    cache = CachedStore(store, max_bytes=4_000)
+    built: list[str] = []
+
+    def parsed(name: str) -> tuple[str, int]:
+        built.append(name)
+        return f"parsed {name}", 1_500
+
+    assert cache.memo("a", "footer", lambda: parsed("a")) == cache.memo("a", "footer", lambda: parsed("a")) == "parsed a"
+    assert built == ["a"] and cache.cached_bytes == 1_500
+    cache.get_range("b", 0, 2_000)
+    cache.memo("a", "footer", lambda: parsed("a"))  # in use: the range of b is now the least recently used
+    cache.get_range("b", 5_000, 2_000)  # 5,500 bytes: the older range of b goes, the memo stays
+    assert cache.cached_bytes == 3_500 and built == ["a"]
+    cache.put("a", b"rewritten")  # its memos go with its ranges
+    assert cache.memo("a", "footer", lambda: parsed("a")) == "parsed a" and built == ["a", "a"]
+    assert cache.memo("b", "huge", lambda: ("never held", 5_000)) == "never held" and cache.cached_bytes == 3_500

@@ -318,6 +318,22 @@ def test_byte_limits_hold_but_the_first_batch_comes_whole(agent: RunningAgent, c
     assert len(offsets(partitions[("orders", 0)].records)) + len(offsets(partitions[("orders", 1)].records)) == 4
 
 
+def test_partitions_read_at_once_answer_as_partitions_read_in_order(agent: RunningAgent, catalog: Catalog) -> None:
+    # Partitions whose limits fit max_bytes are read at once, each as if first: the first-batch rule still holds for
+    # the response's first records only, and a partition after one that took more than its limit gets what is left.
+    for partition in (0, 1):
+        produce(catalog, "orders", [Record(partition, b"k%d" % i, b"y" * (3000 if i == 0 else 100), TIMESTAMP) for i in range(5)])
+    _, partitions = fetch(agent, 12, {("orders", 0): 0, ("orders", 1): 0}, max_orders_0=1000, max_orders_1=1000)
+    assert (offsets(partitions[("orders", 0)].records), offsets(partitions[("orders", 1)].records)) == ([0], [])
+    _, partitions = fetch(agent, 12, {("orders", 0): 1, ("orders", 1): 1}, max_orders_0=1000, max_orders_1=1000)
+    assert (offsets(partitions[("orders", 0)].records), offsets(partitions[("orders", 1)].records)) == ([1, 2, 3, 4], [1, 2, 3, 4])
+    # The first partition's record takes 3,072 bytes (a 61-byte header, 3,011 of record) of the response's 3,517: the
+    # second gets what fits in the 445 left, 3 records of 111 bytes in a batch (61 + 333), not its 1,000.
+    _, partitions = fetch(agent, 12, {("orders", 0): 0, ("orders", 1): 1}, max_bytes=3517, max_orders_0=1000, max_orders_1=1000)
+    first, second = partitions[("orders", 0)].records, partitions[("orders", 1)].records
+    assert (len(first), offsets(first), len(second), offsets(second)) == (3072, [0], 394, [1, 2, 3])
+
+
 def test_a_fetch_waits_for_min_bytes_up_to_max_wait(agent: RunningAgent, catalog: Catalog) -> None:
     started = time.monotonic()
     _, partitions = fetch(agent, 12, {("orders", 0): 0}, max_wait=400, min_bytes=1)

@@ -60,9 +60,12 @@ def _overlapping_runs(sections: Iterable[SectionRef]) -> Iterator[list[SectionRe
 
 
 def _records_table(batches: Iterable[pa.RecordBatch], first_offset: int, columns: tuple[str, ...]) -> Iterator[pa.Table]:
+    # The record columns are the file's as they are, so their table is of RECORD_SCHEMA without a cast.
+    schema = RECORD_SCHEMA if columns == _RECORD_COLUMNS else None
+    names = None if schema is not None else ["offset", *columns]
     for batch in batches:
-        offsets = pc.add(batch.column("offset_delta").cast(pa.int64()), pa.scalar(first_offset, pa.int64()))
-        yield pa.Table.from_arrays([offsets, *(batch.column(name) for name in columns)], names=["offset", *columns])
+        offsets = pa.array(batch.column(0).to_numpy().astype(np.int64) + first_offset)  # offset_delta, never null
+        yield pa.Table.from_arrays([offsets, *(batch.column(name) for name in columns)], names=names, schema=schema)
 
 
 def read_batches(
@@ -86,8 +89,7 @@ def read_sections(
     """The records of given sections of one partition, (file key, section) pairs in first-offset order,
     with from_offset <= offset < to_offset: what read_batches reads, for a caller that chose the files
     (a compaction's inputs)."""
-    for table in _read(store, sections, from_offset, to_offset, _RECORD_COLUMNS):
-        yield table.cast(RECORD_SCHEMA)
+    yield from _read(store, sections, from_offset, to_offset, _RECORD_COLUMNS)
 
 
 _RECORD_COLUMNS = ("timestamp", "key", "value", "headers")

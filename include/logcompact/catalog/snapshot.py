@@ -14,10 +14,11 @@ with another partition's, shifted) no longer matches its file's blocks where the
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from functools import cache
 
-from sqlalchemy import ColumnElement, Connection, Engine, and_, func, or_, select
+from sqlalchemy import BindParameter, ColumnElement, Connection, Engine, Select, and_, bindparam, func, or_, select, union_all
 
 from logcompact.catalog import schema as s
 from logcompact.catalog.database import catalog_errors, one_of
@@ -188,28 +189,29 @@ class Snapshot:
     ) -> list[tuple[str, CatalogSection]]:
         """(file key, section) of each live section of a partition holding offsets in [from_offset, to_offset),
         in first-offset order: one indexed query, whatever the catalog holds elsewhere."""
+        return self.sections_of_partitions(topic, {partition: (from_offset, to_offset)})[partition]
+
+    def sections_of_partitions(
+        self, topic: str, ranges: Mapping[int, tuple[int, int | None]]
+    ) -> dict[int, list[tuple[str, CatalogSection]]]:
+        """`sections_of` for several partitions of a topic, each with its (from_offset, to_offset): one query of one
+        indexed part per partition (up to PARTITIONS_PER_QUERY of them), so a Fetch's partitions cost one round trip."""
         topic_id = self.topic_ids[self.topic(topic).name]
+        found: dict[int, list[tuple[str, CatalogSection]]] = {partition: [] for partition in ranges}
         names = {topic_id: topic}
-        sec, partitions = s.sections.c, s.partitions.c
-        # The partition's next offset comes along (its primary key: one row), as a bound for the sections' offsets.
-        query = (
-            select(s.sections, s.files.c.key, partitions.next_offset)
-            .join(s.files, s.files.c.file_id == sec.file_id)
-            .join(s.partitions, and_(partitions.topic_id == sec.topic_id, partitions.partition == sec.partition), isouter=True)
-            .where(
-                sec.topic_id == topic_id,
-                sec.partition == partition,
-                sec.last_offset >= from_offset,
-                self._live_section(),
-            )
-            .order_by(sec.first_offset, sec.file_id)
-        )
-        if to_offset is not None:
-            query = query.where(sec.first_offset < to_offset)
+        next_offsets: dict[int, int] = {}
+        asked = list(ranges.items())
         with self._connect() as connection:
-            rows = connection.execute(query).all()
-        found = [(row.key, _section(row, names)) for row in rows]
-        check_partition_sections(topic, partition, found, rows[0].next_offset if rows else None)
+            for first in range(0, len(asked), PARTITIONS_PER_QUERY):
+                chunk = asked[first : first + PARTITIONS_PER_QUERY]
+                parameters = {"topic_id": topic_id, "version": self.version}
+                for i, (partition, (from_offset, to_offset)) in enumerate(chunk):
+                    parameters.update({f"partition_{i}": partition, f"from_{i}": from_offset, f"to_{i}": _NO_END if to_offset is None else to_offset})
+                for row in connection.execute(_partition_sections_query(len(chunk)), parameters):
+                    found[row.partition].append((row.key, _section(row, names)))
+                    next_offsets[row.partition] = row.next_offset
+        for partition, sections in found.items():
+            check_partition_sections(topic, partition, sections, next_offsets.get(partition))
         return found
 
     def partition_sections(self, topics: Iterable[str]) -> list[PartitionSection]:
@@ -338,6 +340,40 @@ class Snapshot:
         query = select(s.files.c.level, func.count()).where(self._live()).group_by(s.files.c.level)
         with self._connect() as connection:
             return dict(connection.execute(query).all())
+
+
+_NO_END = 2**63 - 1  # a to_offset past every offset
+# Partitions per query of `sections_of_partitions`: a compound query of at most this many parts (SQLite takes 500), and
+# as many queries kept built.
+PARTITIONS_PER_QUERY = 16
+
+
+@cache
+def _partition_sections_query(count: int) -> Select:
+    """The query of `sections_of_partitions` for `count` partitions, built once (building it costs more than running
+    it): bound parameters topic_id and version, and partition_i, from_i and to_i for each partition i. Each part
+    reads the index by topic, partition and last offset; the partition's next offset comes along (its primary key:
+    one row), as a bound for the sections' offsets."""
+    sec, files, partitions = s.sections.c, s.files.c, s.partitions.c
+    version: BindParameter[int] = bindparam("version")
+    live = and_(
+        files.added_version <= version, or_(files.removed_version.is_(None), files.removed_version > version),
+        or_(sec.removed_version.is_(None), sec.removed_version > version),
+    )
+    parts = [
+        select(s.sections, files.key, partitions.next_offset)
+        .join(s.files, files.file_id == sec.file_id)
+        .join(s.partitions, and_(partitions.topic_id == sec.topic_id, partitions.partition == sec.partition), isouter=True)
+        .where(
+            sec.topic_id == bindparam("topic_id"), sec.partition == bindparam(f"partition_{i}"),
+            sec.last_offset >= bindparam(f"from_{i}"), sec.first_offset < bindparam(f"to_{i}"), live,
+        )
+        for i in range(count)
+    ]
+    if count == 1:
+        return parts[0].order_by(sec.first_offset, sec.file_id)
+    union = union_all(*parts).subquery()
+    return select(union).order_by(union.c.partition, union.c.first_offset, union.c.file_id)
 
 
 def check_partition_sections(

@@ -29,6 +29,7 @@ from logcompact.format.layout import (
     SectionInfo,
 )
 from logcompact.store.base import CountingReader, ObjectStore
+from logcompact.store.cache import CachedStore
 
 _SCHEMA_MESSAGE = SECTION_SCHEMA.serialize().to_pybytes()
 # The tail read first for the footer: the trailer and, in most files, the whole footer.
@@ -222,9 +223,9 @@ def read_section_from(store: ObjectStore, key: str, info: SectionInfo, from_delt
     with `index_only`), checked against the catalog's record as they pass: the one read path of a section from an
     offset, for consumers (`logcompact consume`, Fetch).
 
-    A section up to SEEK_BYTES is one ranged GET. A longer one is read through its file's footer from the block
-    holding `from_delta`: that block alone first (the first record soon), then CHUNK_BYTES of blocks per ranged GET,
-    so memory stays bounded whatever the section's size."""
+    A section up to SEEK_BYTES is one ranged GET. A longer one is read through its file's footer (parsed once while
+    a CachedStore holds it) from the block holding `from_delta`, in chunks of about CHUNK_BYTES of blocks, one ranged
+    GET each, so memory stays bounded whatever the section's size."""
     if info.byte_length <= SEEK_BYTES:
         pieces: Iterable[pa.RecordBatch] = read_section(store, key, info, index_only).batches
     else:
@@ -252,35 +253,45 @@ def _long_section_from(store: ObjectStore, key: str, info: SectionInfo, from_del
     # Deltas are checked from where the read starts: the first from 0 only when that is the section's start.
     previous = -1 if first == blocks.start else int(footer.block_first_deltas[first]) - 1
     left = info.record_count - max(0, int(rows_before[first - blocks.start]))
+    # Blocks are fetched in the section's chunks: those starting in the same CHUNK_BYTES of it, one ranged GET each,
+    # the whole chunk whichever of its blocks the read starts at, so that reads from any offset of it ask for the
+    # same range and a cache in front of the store (Fetch's) serves every read after the first.
+    starts = footer.block_offsets[blocks.start : blocks.stop]
+    chunk_of = (starts - info.byte_offset) // CHUNK_BYTES
     block = first
     while block < blocks.stop and left > 0:
-        start = int(footer.block_offsets[block])
-        end = block + 1  # one block first (the first record soon), then chunks
-        while end < blocks.stop and block != first and footer.block_offsets[end] + footer.block_lengths[end] - start <= CHUNK_BYTES:
-            end += 1
+        chunk = chunk_of[block - blocks.start]
+        chunk_first = blocks.start + int(np.searchsorted(chunk_of, chunk, side="left"))
+        end = blocks.start + int(np.searchsorted(chunk_of, chunk, side="right"))
+        start = int(footer.block_offsets[chunk_first])
         length = int(footer.block_offsets[end - 1] + footer.block_lengths[end - 1]) - start
-        for _, batch in iter_blocks(key, store.get_range(key, start, length), start, index_only):
+        data = memoryview(store.get_range(key, start, length))
+        at = int(footer.block_offsets[block])
+        for _, batch in iter_blocks(key, data[at - start :], at, index_only):
             piece = batch.slice(skip, left)
             skip, left = 0, left - piece.num_rows
             if piece.num_rows:
                 previous = check_section_piece(key, info, piece, previous, complete=left == 0)
                 yield piece
+            if left == 0:
+                return
         block = end
+
+
+_CHECKED_FIELDS = ("record_count", "last_delta", "byte_offset", "byte_length", "first_row", "crc32")
 
 
 def _check_footer_section(key: str, footer: Footer, info: SectionInfo) -> None:
     """A long section is read through its file's footer: the footer must record it as the catalog does."""
-    for found in footer.sections:
-        if (found.topic, found.partition) == (info.topic, info.partition):
-            fields = ("record_count", "last_delta", "byte_offset", "byte_length", "first_row", "crc32")
-            differ = [f"{name} {getattr(info, name)} (found {getattr(found, name)})" for name in fields if getattr(found, name) != getattr(info, name)]
-            if not differ:
-                return
-            raise CorruptDataError(
-                f"{key}: section {info.topic}/{info.partition}: the catalog records {', '.join(differ)} in the file's "
-                f"footer: {_REPLACED_OR_CHANGED}"
-            )
-    raise CorruptDataError(f"{key}: section {info.topic}/{info.partition}: the file's footer has no such section: {_REPLACED_OR_CHANGED}")
+    found = footer.section_of.get((info.topic, info.partition))
+    if found is None:
+        raise CorruptDataError(f"{key}: section {info.topic}/{info.partition}: the file's footer has no such section: {_REPLACED_OR_CHANGED}")
+    differ = [f"{name} {getattr(info, name)} (found {getattr(found, name)})" for name in _CHECKED_FIELDS if getattr(found, name) != getattr(info, name)]
+    if differ:
+        raise CorruptDataError(
+            f"{key}: section {info.topic}/{info.partition}: the catalog records {', '.join(differ)} in the file's "
+            f"footer: {_REPLACED_OR_CHANGED}"
+        )
 
 
 # -- the footer ------------------------------------------------------------------------------------------
@@ -299,14 +310,40 @@ class Footer:
     block_payload_crcs: np.ndarray
     block_first_deltas: np.ndarray
 
+    @cached_property
+    def section_of(self) -> dict[tuple[str, int], SectionInfo]:
+        """Each section by (topic, partition), the first where a damaged footer repeats one."""
+        found: dict[tuple[str, int], SectionInfo] = {}
+        for info in self.sections:
+            found.setdefault((info.topic, info.partition), info)
+        return found
+
     def blocks_of(self, info: SectionInfo) -> range:
         first = int(np.searchsorted(self.block_offsets, info.byte_offset))
         last = int(np.searchsorted(self.block_offsets, info.byte_offset + info.byte_length))
         return range(first, last)
 
 
+# What a parsed footer is counted as in a CachedStore beyond its key sketches and offset bitmaps: per section (a
+# SectionInfo and its objects) and per block (six numbers).
+_PARSED_SECTION_BYTES = 600
+_PARSED_BLOCK_BYTES = 48
+
+
 def read_footer(store: ObjectStore, key: str, size: int | None = None) -> Footer:
-    """The footer by ranged GETs of the file's end: one when the footer fits the last 64 KiB, else two."""
+    """The footer by ranged GETs of the file's end: one when the footer fits the last 64 KiB, else two. A
+    CachedStore keeps it parsed (without `size`: a caller checking the catalog's size reads the file again)."""
+    if size is None and isinstance(store, CachedStore):
+        return store.memo(key, "footer", lambda: _sized(_read_footer(store, key, None)))
+    return _read_footer(store, key, size)
+
+
+def _sized(footer: Footer) -> tuple[Footer, int]:
+    held = sum(len(info.key_sketch) for info in footer.sections) + sum(len(bitmap) for bitmap in footer.offset_bitmaps)
+    return footer, held + _PARSED_SECTION_BYTES * len(footer.sections) + _PARSED_BLOCK_BYTES * len(footer.block_offsets)
+
+
+def _read_footer(store: ObjectStore, key: str, size: int | None) -> Footer:
     if size is None:
         stat = store.stat(key)
         if stat is None:

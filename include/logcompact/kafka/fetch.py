@@ -1,6 +1,8 @@
 """Fetch (key 1), v4-12: a partition's records from an offset, as uncompressed record batches v2, read from the
 catalog's sections at one snapshot through consume's read path, behind the agent's bounded cache of file ranges
-(`Broker.file_cache`), and encoded from their Arrow columns a batch at a time (`records.encode_batch`).
+(`Broker.file_cache`), and encoded from their Arrow columns a batch at a time (`records.encode_batch`). A request
+reads the catalog's version, each topic's watermarks and, in one query, the sections of its partitions (the snapshot
+is reused while no commit comes), and its partitions are read on several threads at once (`read`).
 
 Each record keeps its offset; holes left by compaction are gaps in a batch's offset deltas, a fetch offset in a
 hole gets the next record that exists, and a hole at the end is covered by the last batch's last offset (or a
@@ -19,13 +21,16 @@ id 0, which clients take as "no session", so each request is a full fetch.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
+import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from logcompact.catalog import Snapshot
+from logcompact.catalog import Catalog, Snapshot
 from logcompact.consume import SectionRef, read_sections
 from logcompact.exceptions import TopicNotFoundError
 from logcompact.kafka import codec, records
@@ -40,6 +45,14 @@ READ_COMMITTED = 1
 NO_PREFERRED_REPLICA = -1
 
 
+class Wanted(NamedTuple):
+    """A partition a Fetch asks for: from which offset, at most how many bytes."""
+
+    partition: int
+    fetch_offset: int
+    max_bytes: int
+
+
 @dataclass
 class _Budget:
     """The bytes of records a response may still take (`max_bytes`); the first batch is taken whole."""
@@ -49,12 +62,15 @@ class _Budget:
 
 
 @dataclass(frozen=True)
-class _Partition:
+class Answer:
+    """A partition's answer: its error, watermarks and record batches (`next_offset`: the offset after them)."""
+
     index: int
     error: codec.ErrorCode
     high_watermark: int = -1
     log_start_offset: int = -1
     records: bytes = b""
+    next_offset: int = -1
 
 
 async def handle(broker: Broker, request: codec.Request) -> Any:
@@ -63,66 +79,157 @@ async def handle(broker: Broker, request: codec.Request) -> Any:
     # does without a free session slot; a later epoch is an incremental fetch of a session this agent never opened.
     if getattr(body, "session_epoch", FULL_FETCH_EPOCHS[0]) not in FULL_FETCH_EPOCHS:
         return _response(request.api_version, body, [], codec.ErrorCode.fetch_session_id_not_found)
+    if body.replica_id >= 0:  # a follower's fetch: this agent has no replicas, every partition's log is the catalog's
+        refused = [(topic.topic, [Answer(int(p.partition), codec.ErrorCode.not_leader_or_follower) for p in topic.partitions]) for topic in body.topics]
+        return _response(request.api_version, body, refused, codec.ErrorCode.none)
+    wanted = [(topic.topic, [Wanted(int(p.partition), int(p.fetch_offset), int(p.partition_max_bytes)) for p in topic.partitions]) for topic in body.topics]
     deadline = time.monotonic() + body.max_wait.total_seconds()
     while True:
-        version, topics = await asyncio.to_thread(_fetch, broker, body)
+        version, topics = await asyncio.to_thread(read, broker.catalog, broker.file_cache, int(body.max_bytes), wanted)
         found = sum(len(partition.records) for _, partitions in topics for partition in partitions)
         failed = any(partition.error != codec.ErrorCode.none for _, partitions in topics for partition in partitions)
         if found >= body.min_bytes or failed or not await broker.commits.wait_past(version, deadline - time.monotonic()):
             return _response(request.api_version, body, topics, codec.ErrorCode.none)
 
 
-def _fetch(broker: Broker, body: Any) -> tuple[int, list[tuple[str, list[_Partition]]]]:
-    """The catalog version read and each partition's answer."""
+def read(catalog: Catalog, store: ObjectStore, max_bytes: int, wanted: list[tuple[str, list[Wanted]]]) -> tuple[int, list[tuple[str, list[Answer]]]]:
+    """The catalog version read and each partition's answer to a Fetch of `wanted` partitions (topic by topic, in the
+    request's order) within `max_bytes`, reading files through `store`.
+
+    Partitions are answered in order, each within what the earlier ones left of `max_bytes`. Those whose limits fit
+    `max_bytes` together are read at once, each on PARTITION_READERS threads as if it came first with all of its
+    limit (decompressing and encoding release the GIL), and each such answer is taken when it is what the reading in
+    order gives: its limit is whole and, past the response's first records, it is within it; else that partition is
+    read again in order (only after a record larger than a limit)."""
     # High watermarks read before the snapshot: every offset below one was committed before it, so an offset the
     # snapshot does not hold there is one compaction removed, which a batch may cover; records are read below it.
-    if body.replica_id >= 0:  # a follower's fetch: this agent has no replicas, every partition's log is the catalog's
-        refused = [(topic.topic, [_Partition(int(p.partition), codec.ErrorCode.not_leader_or_follower) for p in topic.partitions]) for topic in body.topics]
-        return broker.catalog.latest_version(), refused
-    log_offsets = {topic.topic: _log_offsets(broker, topic.topic) for topic in body.topics}
-    snapshot = broker.catalog.snapshot()
-    budget = _Budget(int(body.max_bytes))
+    log_offsets = {topic: _log_offsets(catalog, topic) for topic, _ in wanted}
+    snapshot = _reader(catalog).snapshot()
+    plan: list[tuple[str, list[Answer | _ToRead]]] = []
+    for topic, partitions in wanted:
+        # A topic created between the two reads is not in the snapshot yet: unknown this time.
+        offsets = log_offsets[topic] if topic in snapshot.topics else None
+        if offsets is None:
+            plan.append((topic, [Answer(asked.partition, codec.ErrorCode.unknown_topic_or_partition) for asked in partitions]))
+        else:
+            plan.append((topic, _partitions_plan(snapshot, topic, partitions, offsets)))
+    planned, alone = 0, {}
+    to_read = [entry for _, entries in plan for entry in entries if isinstance(entry, _ToRead)]
+    for partition in to_read if len(to_read) > 1 else ():
+        if planned + partition.asked.max_bytes > max_bytes:
+            break
+        planned += partition.asked.max_bytes
+        alone[id(partition)] = _PARTITION_READERS.submit(_read_alone, store, partition)
+    budget = _Budget(max_bytes)
     answered = []
-    for topic in body.topics:
-        offsets = log_offsets[topic.topic]
-        partitions = []
-        for entry in topic.partitions:
-            index = int(entry.partition)
-            # A topic created between the two reads is not in the snapshot yet: unknown this time.
-            if offsets is None or topic.topic not in snapshot.topics or not 0 <= index < len(offsets):
-                partitions.append(_Partition(index, codec.ErrorCode.unknown_topic_or_partition))
-            else:
-                log_start, high_watermark = offsets[index]
-                partitions.append(_read_partition(
-                    broker.file_cache, snapshot, topic.topic, index, log_start, high_watermark, int(entry.fetch_offset), int(entry.partition_max_bytes), budget,
-                ))
-        answered.append((topic.topic, partitions))
+    for topic, items in plan:
+        answers = []
+        for item in items:
+            if isinstance(item, Answer):
+                answers.append(item)
+                continue
+            limit = min(item.asked.max_bytes, budget.left)
+            read_alone = alone.get(id(item))
+            if read_alone is not None:
+                answer, took_records = read_alone.result()
+                if limit == item.asked.max_bytes and not (budget.first_taken and len(answer.records) > limit):
+                    budget.left -= len(answer.records)
+                    budget.first_taken = budget.first_taken or took_records
+                    answers.append(answer)
+                    continue
+            answers.append(_answer(store, item, limit, budget))
+        answered.append((topic, answers))
     return snapshot.version, answered
 
 
-def _log_offsets(broker: Broker, topic: str) -> list[tuple[int, int]] | None:
+# Threads reading a request's partitions at once (shared by every request).
+PARTITION_READERS = max(2, min(4, os.cpu_count() or 1))
+_PARTITION_READERS = ThreadPoolExecutor(PARTITION_READERS, thread_name_prefix="logcompact-fetch")
+
+
+@dataclass(frozen=True)
+class _ToRead:
+    """A partition whose records are to be read: from which offset, to the high watermark, in which sections."""
+
+    asked: Wanted
+    log_start: int
+    high_watermark: int
+    sections: list[SectionRef]
+
+
+def _partitions_plan(snapshot: Snapshot, topic: str, partitions: list[Wanted], offsets: list[tuple[int, int]]) -> list[Answer | _ToRead]:
+    """Each partition's error, or what to read of it (its sections found in one catalog query)."""
+    plan: list[Answer | _ToRead] = []
+    ranges: dict[int, tuple[int, int]] = {}
+    for asked in partitions:
+        if not 0 <= asked.partition < len(offsets):
+            plan.append(Answer(asked.partition, codec.ErrorCode.unknown_topic_or_partition))
+            continue
+        log_start, high_watermark = offsets[asked.partition]
+        # The log start is the catalog's (raised by retention only): an offset from it on is served from the next
+        # record there is, however much of the head compaction removed.
+        if not log_start <= asked.fetch_offset <= high_watermark:
+            plan.append(Answer(asked.partition, codec.ErrorCode.offset_out_of_range, high_watermark, log_start))
+            continue
+        plan.append(_ToRead(asked, log_start, high_watermark, []))
+        if asked.fetch_offset < high_watermark:
+            ranges[asked.partition] = (asked.fetch_offset, high_watermark)
+    if not ranges:
+        return plan
+    sections = snapshot.sections_of_partitions(topic, ranges)
+    return [_ToRead(item.asked, item.log_start, item.high_watermark, sections.get(item.asked.partition, [])) if isinstance(item, _ToRead) else item for item in plan]
+
+
+def _read_alone(store: ObjectStore, item: _ToRead) -> tuple[Answer, bool]:
+    """The partition's answer as the first of a response with all of its limit, and whether it took records."""
+    budget = _Budget(item.asked.max_bytes)
+    return _answer(store, item, item.asked.max_bytes, budget), budget.first_taken
+
+
+def _answer(store: ObjectStore, item: _ToRead, limit: int, budget: _Budget) -> Answer:
+    batches, next_offset = _batches(store, item.sections, item.asked.fetch_offset, item.high_watermark, limit, budget)
+    return Answer(item.asked.partition, codec.ErrorCode.none, item.high_watermark, item.log_start, batches, next_offset)
+
+
+@dataclass
+class _Reader:
+    """What Fetch keeps of a catalog between requests: the newest snapshot read, reused while no commit has come
+    since (a snapshot reads the topics)."""
+
+    catalog: Catalog
+    _snapshot: Snapshot | None = None
+
+    def snapshot(self) -> Snapshot:
+        held = self._snapshot
+        if held is not None and held.version == self.catalog.latest_version():
+            return held
+        self._snapshot = snapshot = self.catalog.snapshot()
+        return snapshot
+
+
+_readers: weakref.WeakKeyDictionary[Catalog, _Reader] = weakref.WeakKeyDictionary()
+
+
+def _reader(catalog: Catalog) -> _Reader:
+    found = _readers.get(catalog)
+    if found is None:
+        _readers[catalog] = found = _Reader(catalog)
+    return found
+
+
+def _log_offsets(catalog: Catalog, topic: str) -> list[tuple[int, int]] | None:
     try:
-        return broker.catalog.log_offsets(topic)
+        return catalog.log_offsets(topic)
     except TopicNotFoundError:
         return None
 
 
-def _read_partition(
-    store: ObjectStore, snapshot: Snapshot, topic: str, partition: int, log_start: int, high_watermark: int, fetch_offset: int,
-    partition_max_bytes: int, budget: _Budget,
-) -> _Partition:
-    """The log start is the catalog's (raised by retention only): an offset from it on is served from the next
-    record there is, however much of the head compaction removed."""
-    if not log_start <= fetch_offset <= high_watermark:
-        return _Partition(partition, codec.ErrorCode.offset_out_of_range, high_watermark, log_start)
-    wanted = snapshot.sections_of(topic, partition, fetch_offset, high_watermark)  # the sections from the offset on
-    batches = _batches(store, wanted, fetch_offset, high_watermark, min(partition_max_bytes, budget.left), budget)
-    return _Partition(partition, codec.ErrorCode.none, high_watermark, log_start, batches)
-
-
-def _batches(store: ObjectStore, sections: list[SectionRef], fetch_offset: int, high_watermark: int, limit: int, budget: _Budget) -> bytes:
+def _batches(
+    store: ObjectStore, sections: list[SectionRef], fetch_offset: int, high_watermark: int, limit: int, budget: _Budget,
+) -> tuple[bytes, int]:
     """Record batches of the records in [fetch_offset, high_watermark) within `limit` bytes, or one whole batch of
-    one record when it is the response's first (Kafka's rule, so a large record never stalls a consumer).
+    one record when it is the response's first (Kafka's rule, so a large record never stalls a consumer), and the
+    offset after them.
 
     When every record up to the high watermark fits, the last batch covers the offsets after its last record
     (compacted away), or one batch of no records covers them all: the consumer's next fetch starts at the high
@@ -138,7 +245,7 @@ def _batches(store: ObjectStore, sections: list[SectionRef], fetch_offset: int, 
                 batch, start = records.encode_batch(columns, start, max(0, min(BATCH_BYTES, room)))
                 if len(batch) > room and (budget.first_taken or built):
                     budget.left -= size
-                    return b"".join(batch.data for batch in built)
+                    return _joined(built, fetch_offset)
                 budget.first_taken = True
                 built.append(batch)
                 size += len(batch)
@@ -149,10 +256,14 @@ def _batches(store: ObjectStore, sections: list[SectionRef], fetch_offset: int, 
         built.append(records.empty_batch(fetch_offset, high_watermark - 1))
         size += records.EMPTY_BATCH_BYTES
     budget.left -= size
-    return b"".join(batch.data for batch in built)
+    return _joined(built, fetch_offset)
 
 
-def _response(version: int, body: Any, topics: list[tuple[str, list[_Partition]]], error: codec.ErrorCode) -> Any:
+def _joined(built: list[np.ndarray], fetch_offset: int) -> tuple[bytes, int]:
+    return b"".join(batch.data for batch in built), records.offset_after(built[-1]) if built else fetch_offset
+
+
+def _response(version: int, body: Any, topics: list[tuple[str, list[Answer]]], error: codec.ErrorCode) -> Any:
     # Kafka sends aborted transactions (none here) only to read_committed consumers, null to the others.
     aborted: list | None = [] if body.isolation_level == READ_COMMITTED else None
     return codec.build(codec.response_class(API_KEY, version), {

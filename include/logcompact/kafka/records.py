@@ -36,6 +36,8 @@ import snappy
 import zstandard
 from kafka.errors import CorruptRecordError, UnsupportedCodecError
 from kafka.record.default_records import DefaultRecordBatch
+from numba.core import cgutils, types
+from numba.extending import intrinsic
 
 from logcompact.consume import RECORD_SCHEMA
 from logcompact.format.layout import HEADERS_TYPE
@@ -562,6 +564,12 @@ def cover_to(batch: np.ndarray, last_offset: int) -> None:
     struct.pack_into(">I", data, _CRC_OFFSET, crc32c.crc32c(data[_ATTRIBUTES_OFFSET:]))
 
 
+def offset_after(batch: np.ndarray) -> int:
+    """The offset after the last one `batch` covers."""
+    base_offset = struct.unpack_from(">q", batch.data, 0)[0]
+    return int(base_offset + struct.unpack_from(">i", batch.data, _LAST_OFFSET_DELTA_OFFSET)[0] + 1)
+
+
 def _finish(batch: np.ndarray, base_offset: int, last_offset_delta: int, first_timestamp: int, max_timestamp: int, count: int) -> None:
     """Write the header of a batch whose records are in place, its CRC-32C last."""
     data = batch.data
@@ -606,11 +614,26 @@ def _field_size(offsets, valid, row):
     return _varint_size(length) + length
 
 
+@intrinsic
+def _copy_bytes(typingctx, out, at, data, first, length):
+    """out[at:at + length] = data[first:first + length] as one memcpy: numba's slice assignment is a byte loop
+    (broadcasting, overlap checks), which made copying keys and values most of the encoder's time."""
+    signature = types.void(out, types.intp, data, types.intp, types.intp)
+
+    def codegen(context, builder, sig, args):
+        out_value, at_value, data_value, first_value, length_value = args
+        target = context.make_array(sig.args[0])(context, builder, out_value)
+        source = context.make_array(sig.args[2])(context, builder, data_value)
+        cgutils.raw_memcpy(builder, builder.gep(target.data, [at_value]), builder.gep(source.data, [first_value]), length_value, 1)
+
+    return signature, codegen
+
+
 @numba.njit(cache=True, nogil=True, inline="always")
 def _put_bytes(out, at, offsets, data, row):
     first, end = offsets[row], offsets[row + 1]
     at = _put_varint(out, at, end - first)
-    out[at : at + end - first] = data[first:end]
+    _copy_bytes(out, at, data, first, end - first)
     return at + end - first
 
 
@@ -643,6 +666,7 @@ def _encode_records(start, max_bytes, max_delta, offsets, timestamps, key_offset
     base_offset, first_timestamp = offsets[start], timestamps[start]
     total = EMPTY_BATCH_BYTES
     end = start
+    bodies = np.empty(len(offsets) - start, dtype=np.int64)  # each record's size, written in the second pass
     while end < len(offsets):
         if end > start and offsets[end] - base_offset > max_delta:
             break
@@ -651,6 +675,7 @@ def _encode_records(start, max_bytes, max_delta, offsets, timestamps, key_offset
         size = _varint_size(body) + body
         if end > start and total + size > max_bytes:
             break
+        bodies[end - start] = body
         total += size
         end += 1
     out = np.empty(total, dtype=np.uint8)
@@ -658,9 +683,7 @@ def _encode_records(start, max_bytes, max_delta, offsets, timestamps, key_offset
     max_timestamp = timestamps[start]
     for row in range(start, end):
         max_timestamp = max(max_timestamp, timestamps[row])
-        body = _body_size(row, base_offset, first_timestamp, offsets, timestamps, key_offsets, key_valid, value_offsets, value_valid,
-                          header_offsets, header_valid, header_key_offsets, header_value_offsets, header_value_valid)
-        at = _put_varint(out, at, body)
+        at = _put_varint(out, at, bodies[row - start])
         out[at] = np.uint8(0)  # attributes
         at = _put_varint(out, at + 1, timestamps[row] - first_timestamp)
         at = _put_varint(out, at, offsets[row] - base_offset)

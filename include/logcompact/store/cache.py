@@ -3,9 +3,10 @@ partition's tail fetch the newest section on every poll).
 
 Data files are immutable under unique names, so a cached range never goes stale: entries leave only by eviction
 (least recently used first) once the ranges held would pass `max_bytes`, or when the object is written or deleted
-through this store. A range inside one already held is served from it. The objects' sizes (HEAD) are kept too,
-at most MAX_SIZES of them. Requests that reach the store are counted in its counters, which this store shares, so
-the GETs a test or benchmark sees are the ones sent.
+through this store. A range inside one already held is served from it. What a reader makes of an object's bytes
+(a file's parsed footer) can be kept beside its ranges (`memo`), in the same bound and order of eviction. The
+objects' sizes (HEAD) are kept too, at most MAX_SIZES of them. Requests that reach the store are counted in its
+counters, which this store shares, so the GETs a test or benchmark sees are the ones sent.
 """
 
 from __future__ import annotations
@@ -13,16 +14,21 @@ from __future__ import annotations
 import builtins
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from logcompact.store.base import CountingReader, ObjectInfo, ObjectStore
 
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 MAX_SIZES = 4096  # objects whose size is kept: the files being read, a few hundred bytes each
 
+T = TypeVar("T")
+# An entry: a range (key, start, length) or a memo (key, name, 0), with what it holds and the bytes it counts.
+_Entry = tuple[str, int | str, int]
+
 
 class CachedStore(ObjectStore):
-    """`store` with its ranged GETs and HEADs cached, at most `max_bytes` of ranges (0: none)."""
+    """`store` with its ranged GETs and HEADs cached, at most `max_bytes` of ranges and memos (0: none)."""
 
     def __init__(self, store: ObjectStore, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         super().__init__()
@@ -33,8 +39,8 @@ class CachedStore(ObjectStore):
         self.hits = 0
         self.misses = 0
         self._lock = threading.Lock()
-        self._ranges: OrderedDict[tuple[str, int, int], bytes] = OrderedDict()  # (key, start, length), LRU first
-        self._ranges_of: dict[str, set[tuple[int, int]]] = {}  # key: its cached (start, length)
+        self._entries: OrderedDict[_Entry, tuple[Any, int]] = OrderedDict()  # least recently used first
+        self._entries_of: dict[str, set[tuple[int | str, int]]] = {}  # key: its entries' (start or name, length)
         self._held = 0
         self._sizes: OrderedDict[str, ObjectInfo | None] = OrderedDict()
 
@@ -52,37 +58,50 @@ class CachedStore(ObjectStore):
         data = self.store.get_range(key, start, length)
         if len(data) == length:  # a short answer (a truncated file) is the reader's error to raise, never cached
             with self._lock:
-                self._insert(key, start, data)
+                self._insert((key, start, length), data, length)
         return data
 
     def _lookup(self, key: str, start: int, length: int) -> bytes | None:
-        for held_start, held_length in self._ranges_of.get(key, ()):
-            if held_start <= start and start + length <= held_start + held_length:
+        for held_start, held_length in self._entries_of.get(key, ()):
+            if isinstance(held_start, int) and held_start <= start and start + length <= held_start + held_length:
                 entry = (key, held_start, held_length)
-                self._ranges.move_to_end(entry)
-                data = self._ranges[entry]
+                self._entries.move_to_end(entry)
+                data = self._entries[entry][0]
                 if (held_start, held_length) == (start, length):
                     return data
                 return data[start - held_start : start - held_start + length]
         return None
 
-    def _insert(self, key: str, start: int, data: bytes) -> None:
-        entry = (key, start, len(data))
-        if len(data) > self.max_bytes or entry in self._ranges:
-            return
-        while self._held + len(data) > self.max_bytes:
-            (old_key, old_start, old_length), old = self._ranges.popitem(last=False)
-            self._held -= len(old)
-            self._forget(old_key, old_start, old_length)
-        self._ranges[entry] = data
-        self._ranges_of.setdefault(key, set()).add((start, len(data)))
-        self._held += len(data)
+    def memo(self, key: str, name: str, build: Callable[[], tuple[T, int]]) -> T:
+        """What `build` makes of object `key` (its parsed footer, say), built once while held: `build` returns it and
+        the bytes it is counted as in `max_bytes`."""
+        entry = (key, name, 0)
+        with self._lock:
+            found = self._entries.get(entry)
+            if found is not None:
+                self._entries.move_to_end(entry)
+                return found[0]
+        value, size = build()
+        with self._lock:
+            self._insert(entry, value, size)
+        return value
 
-    def _forget(self, key: str, start: int, length: int) -> None:
-        held = self._ranges_of[key]
+    def _insert(self, entry: _Entry, value: Any, size: int) -> None:
+        if size > self.max_bytes or entry in self._entries:
+            return
+        while self._held + size > self.max_bytes:
+            (old_key, old_start, old_length), (_, old_size) = self._entries.popitem(last=False)
+            self._held -= old_size
+            self._forget(old_key, old_start, old_length)
+        self._entries[entry] = (value, size)
+        self._entries_of.setdefault(entry[0], set()).add(entry[1:])
+        self._held += size
+
+    def _forget(self, key: str, start: int | str, length: int) -> None:
+        held = self._entries_of[key]
         held.discard((start, length))
         if not held:
-            del self._ranges_of[key]
+            del self._entries_of[key]
 
     def stat(self, key: str) -> ObjectInfo | None:
         with self._lock:
@@ -100,8 +119,8 @@ class CachedStore(ObjectStore):
     def _drop(self, key: str) -> None:
         """Forget what is held of an object written or deleted through this store."""
         with self._lock:
-            for start, length in self._ranges_of.pop(key, set()):
-                self._held -= len(self._ranges.pop((key, start, length)))
+            for start, length in self._entries_of.pop(key, set()):
+                self._held -= self._entries.pop((key, start, length))[1]
             self._sizes.pop(key, None)
 
     # Everything else goes to the store as it is.
