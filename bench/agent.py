@@ -23,7 +23,11 @@ catalog and a local store in a temporary directory. Measures (targets from issue
   process (`kafka.fetch.read`, what the Fetch handler runs per request, through a new file cache of the agent's
   default size, with the same limits), so a reader sees what the server takes and what the socket and the client
   add;
-* the agent's resident memory after each measure (printed).
+* a consumer group of 3 (one group, subscribing at once): seconds from subscribing to every member's first record
+  (<= 5 s);
+* the agent's resident memory after each measure (printed), and its largest while `--clients` (100) clients work
+  at once for `--clients-seconds`: half producers (each its own librdkafka instance, acks=all), half consumers of
+  one group, beside the bounds its settings set.
 
 Figures are printed, never asserted. The CPU model and load average are printed beside them: this machine is
 shared, and the figures move with its load.
@@ -49,7 +53,7 @@ from pathlib import Path
 
 import psutil
 import pyarrow.compute as pc
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import Consumer, KafkaError, Producer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -244,6 +248,68 @@ def compact(catalog: Catalog, topic: str) -> int:
 # -- the run ----------------------------------------------------------------------------------------------
 
 
+def many_clients(cluster: Cluster, process: psutil.Process, topic: str, clients: int, seconds: float) -> tuple[int, int, int]:
+    """`clients` // 2 producers (each its own librdkafka instance and connections) and as many consumers of one
+    group on `topic` for `seconds`: the agent's largest resident memory meanwhile, records produced and consumed."""
+    stop = threading.Event()
+    produced, consumed = [0], [0]
+
+    def delivered(error: KafkaError | None, _message: object) -> None:
+        produced[0] += error is None
+
+    def producing(number: int) -> None:
+        producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all", "linger.ms": 50})
+        value = b"v" * 100
+        while not stop.is_set():
+            for n in range(200):
+                producer.produce(topic, value, b"p%d-%d" % (number, n), on_delivery=delivered)
+            producer.poll(0.05)
+        producer.flush(30)
+
+    def consuming() -> None:
+        consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": f"{topic}-readers", "auto.offset.reset": "earliest"})
+        consumer.subscribe([topic])
+        while not stop.is_set():
+            consumed[0] += len(consumer.consume(1000, 0.2))
+        consumer.close()
+
+    threads = [threading.Thread(target=producing, args=(n,)) for n in range(clients // 2)]
+    threads += [threading.Thread(target=consuming) for _ in range(clients - clients // 2)]
+    for thread in threads:
+        thread.start()
+    largest, deadline = 0, time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        largest = max(largest, process.memory_info().rss)
+        time.sleep(0.5)
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=120)
+    return largest, produced[0], consumed[0]
+
+
+def group_join_to_first_record(cluster: Cluster, topic: str, members: int = 3) -> float:
+    """Seconds from `members` consumers subscribing (one group, at once) to every member holding its first record."""
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all"})
+    for n in range(PARTITIONS * 10):
+        producer.produce(topic, b"v", b"k%d" % n, partition=n % PARTITIONS)
+    producer.flush(30)
+    consumers = [Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": f"{topic}-group", "auto.offset.reset": "earliest"})
+                 for _ in range(members)]
+    started = time.monotonic()
+    for consumer in consumers:
+        consumer.subscribe([topic])
+    waiting = set(range(members))
+    while waiting and time.monotonic() - started < 60:
+        for number in list(waiting):
+            message = consumers[number].poll(0.05)
+            if message is not None and message.error() is None:
+                waiting.discard(number)
+    elapsed = time.monotonic() - started
+    for consumer in consumers:
+        consumer.close()
+    return elapsed if not waiting else float("nan")
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values)
 
@@ -269,7 +335,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="repetitions of each measure; medians are printed")
     parser.add_argument("--latency-seconds", type=float, default=10.0)
     parser.add_argument("--quick", action="store_true", help="200,000 records, one repetition, 5 s of latency")
-    parser.add_argument("--measures", default="produce,latency,fetch", help="which to run, comma-separated")
+    parser.add_argument("--measures", default="produce,latency,fetch,group,clients", help="which to run, comma-separated")
+    parser.add_argument("--clients", type=int, default=100, help="producers and consumers at once in the clients measure")
+    parser.add_argument("--clients-seconds", type=float, default=30.0)
     args = parser.parse_args()
     if args.quick:
         args.records, args.repeat, args.latency_seconds = min(args.records, 200_000), 1, 5.0
@@ -323,7 +391,18 @@ def main() -> None:
                 note(agent, f"{name}_inproc_records", records / elapsed)
                 note(agent, f"{name}_inproc_mb", size / elapsed / 1e6)
             rss["after fetch"] = max(rss.get("after fetch", 0), process.memory_info().rss)
+            for cluster in (agent, mock) if "group" in measures else ():
+                topic = f"group-{repetition}"
+                cluster.create_topic(topic, "delete")
+                note(cluster, "group_join", group_join_to_first_record(cluster, topic))
             print(f"repetition {repetition + 1} of {args.repeat} done; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+
+        if "clients" in measures:
+            agent.create_topic("clients", "delete")
+            largest, produced, consumed = many_clients(agent, process, "clients", args.clients, args.clients_seconds)
+            rss[f"with {args.clients} clients"] = largest
+            print(f"{args.clients // 2} producers and {args.clients - args.clients // 2} consumers for {args.clients_seconds:.0f} s: "
+                  f"{produced:,} records acked, {consumed:,} consumed", flush=True)
 
     agent_of = {name: median(values) for name, values in figures["agent"].items()}
     mock_of = {name: median(values) for name, values in figures["mock"].items()}
@@ -344,7 +423,10 @@ def main() -> None:
     if "fetch" in measures:
         print(f"records kcat read (median): agent {agent_of['fetch_served']:,.0f} and {agent_of['fetch_large_served']:,.0f}, "
               f"mock {mock_of['fetch_served']:,.0f} and {mock_of['fetch_large_served']:,.0f} (of what it kept)")
+    print(row("consumer group of 3: join to first record", agent_of["group_join"], mock_of["group_join"], "s", "<= 5"))
     print("agent resident memory (max): " + ", ".join(f"{rss[name] / 2**20:,.0f} MiB {name}" for name in rss))
+    print("  its bounds (settings): the fetch cache 256 MiB, requests read and not answered 1 GiB (128 MiB a connection),"
+          " the ingest buffer flush_bytes 8 MiB (a full one flushing while the next fills), 1,000 connections")
 
 
 if __name__ == "__main__":
