@@ -136,6 +136,7 @@ class Agent:
         self.clock = clock
         self.compression = compression
         self.files_written = 0
+        self._flush_ms = 0.0  # how long a flush takes, recently (a moving average)
         self._topics: dict[str, Topic] = catalog.snapshot().topics
         self._buffer = _Buffer()
         self._buffer_lock = threading.Lock()
@@ -291,7 +292,9 @@ class Agent:
                 return
             try:
                 with collector_paused():  # a file of 10,000 sections makes tens of thousands of small objects
+                    started = time.monotonic()
                     offsets = self._write_and_commit(buffer)
+                    self._flush_ms += ((time.monotonic() - started) * 1000 - self._flush_ms) / 4
             except Exception as exc:
                 # One line: a database error's text goes on with its SQL and parameters.
                 reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
@@ -372,22 +375,28 @@ class Agent:
         offsets[order] = np.repeat(np.asarray(assigned[0], dtype=np.int64), counts) + deltas
         return offsets
 
+    def _left_ms(self, buffer: _Buffer) -> float:
+        """How long until the buffer's flush is due: early by what a flush takes lately (at most half the interval), so
+        that its file is committed, and its batches answered, when its first batch is flush_interval_ms old."""
+        lead_ms = min(self._flush_ms, self.flush_interval_ms / 2)
+        return buffer.started_ms + self.flush_interval_ms - lead_ms - time.monotonic() * 1000
+
     def _flush_periodically(self) -> None:
-        """Flush when the buffer's first batch is flush_interval_ms old, to the millisecond (its records' longest wait
-        is the interval, not the interval plus a polling period), or as soon as it is full."""
+        """Flush so that the buffer's first batch is committed when it is flush_interval_ms old (`_left_ms`), to the
+        millisecond rather than at the next of periodic checks, or as soon as the buffer is full."""
         timeout_s: float | None = None  # nothing buffered: wait for the first batch
         while not self._closed.is_set():
             self._wake.wait(timeout_s)
             self._wake.clear()
             with self._buffer_lock:
                 buffer = self._buffer
-                left_ms = buffer.started_ms + self.flush_interval_ms - time.monotonic() * 1000
+                left_ms = self._left_ms(buffer)
                 due = bool(buffer.batches) and (buffer.size_bytes >= self.flush_bytes or left_ms <= 0)
             if due:
                 self._flush_once()
                 with self._buffer_lock:  # batches produced during the flush began the next buffer
                     buffer = self._buffer
-                    left_ms = buffer.started_ms + self.flush_interval_ms - time.monotonic() * 1000
+                    left_ms = self._left_ms(buffer)
             timeout_s = max(left_ms, 0) / 1000 if buffer.batches else None
 
     def _raise_background_error(self) -> None:

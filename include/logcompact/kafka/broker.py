@@ -236,9 +236,10 @@ class _ProducerView:
 
 class Ingest:
     """The server's one ingest agent, fed by one thread: what a handler submits to `thread` before its first
-    await reaches the agent in request order, and the agent's inline flush of a full buffer blocks that thread
-    (backpressure on every producer) instead of the event loop. `topic`, `produce` and `produce_sequenced` run on
-    that thread only.
+    await reaches the agent in request order, batches are decoded there (the numba loops release the GIL) while the
+    event loop reads the next requests, and when producers outrun the flusher (a second buffer full before the first
+    is written) the agent's inline flush blocks that thread (backpressure on every producer) instead of the event
+    loop. `topic`, `produce` and `produce_sequenced` run on that thread only.
 
     Idempotent producers' batches are checked here as Kafka's ProducerStateManager checks them, against a view of
     each producer-partition loaded from the catalog on its first batch plus the batches accepted since; each batch
@@ -255,26 +256,35 @@ class Ingest:
         self._agent = self._new_agent()
         self._topics: dict[str, Topic] = {}
         self._views: OrderedDict[tuple[int, str, int], _ProducerView] = OrderedDict()
-        self._read_at = float("-inf")  # time.monotonic() of the last read of the topics
+        self._read_at = float("-inf")  # time.monotonic() of the last read of the topics; -inf: read at the next produce
+        self._forgotten = 0  # forget_topics calls: a read begun before the last one does not count as fresh
+        # Topics read again because of their age are read here, so no produce waits for the catalog on the ingest thread.
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="logcompact-kafka-topics")
+        self._reading: Future | None = None
 
     def _new_agent(self) -> Agent:
         return Agent(self.catalog, flush_interval_ms=self.flush_interval_ms, flush_bytes=self.flush_bytes)
 
     def topic(self, name: str) -> Topic | None:
-        """The topic as the catalog describes it, read at most TOPICS_MAX_AGE_SECONDS ago (at once for a name not
-        seen then), or None."""
-        if name not in self._topics or time.monotonic() - self._read_at > TOPICS_MAX_AGE_SECONDS:
+        """The topic as the catalog describes it, or None: read at once for a name not seen in the last read or after
+        `forget_topics`; a read older than TOPICS_MAX_AGE_SECONDS is renewed in the background (the produce goes on
+        with it: a catalog read takes tens of milliseconds, which every request queued behind it would wait)."""
+        if name not in self._topics or self._read_at == float("-inf"):
             self._read_topics()
+        elif time.monotonic() - self._read_at > TOPICS_MAX_AGE_SECONDS and (self._reading is None or self._reading.done()):
+            self._reading = self._reader.submit(self._read_topics)
         return self._topics.get(name)
 
     def forget_topics(self) -> None:
         """Read the topics again at the next produce (this agent just changed one)."""
+        self._forgotten += 1
         self._read_at = float("-inf")
 
     def _read_topics(self) -> None:
+        forgotten = self._forgotten
         self._topics = self.catalog.snapshot().topics
-        self._read_at = time.monotonic()
         self._agent.use_topics(self._topics)  # the ingest agent checks partitions and keys by the same view
+        self._read_at = time.monotonic() if forgotten == self._forgotten else float("-inf")
 
     def produce(self, topic: str, partition: int, columns: pa.RecordBatch, sequenced: SequencedBatch | None = None, after: Future | None = None) -> Future:
         """The offsets (an array) of a batch's records (ingest.PRODUCE_SCHEMA) once their L0 file is committed. An ingest
@@ -353,4 +363,5 @@ class Ingest:
     def close(self) -> None:
         """Hand over what was submitted, then flush and commit everything buffered."""
         self.thread.shutdown(wait=True)
+        self._reader.shutdown(wait=True)
         self._agent.close()

@@ -22,6 +22,7 @@ answered, then closes.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 from collections.abc import Callable
@@ -143,6 +144,11 @@ class AgentServer:
             self.catalog, cluster_id, agents, advertised, APIS, ingest, settings.max_message_bytes, commits, groups, file_cache,
             settings.auto_create_topics, settings.num_partitions,
         )
+        # What the agent holds for its life is made by now (modules, compiled loops, the catalog's metadata): put out
+        # of the collector's reach, so its full collections, which walked all of it with the GIL held (100-200 ms in
+        # which no request is read and no flush goes on), walk only what serving makes.
+        gc.collect()
+        gc.freeze()
 
     async def stop(self) -> None:
         assert self._server is not None, "start() first"
