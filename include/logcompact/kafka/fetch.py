@@ -97,14 +97,14 @@ def read(catalog: Catalog, store: ObjectStore, max_bytes: int, wanted: list[tupl
     request's order) within `max_bytes`, reading files through `store`.
 
     Partitions are answered in order, each within what the earlier ones left of `max_bytes`. Those whose limits fit
-    `max_bytes` together are read at once, each on PARTITION_READERS threads as if it came first with all of its
-    limit (decompressing and encoding release the GIL), and each such answer is taken when it is what the reading in
-    order gives: its limit is whole and, past the response's first records, it is within it; else that partition is
-    read again in order (only after a record larger than a limit)."""
+    `max_bytes` together are read at once on PARTITION_READERS threads (decompressing and encoding release the GIL),
+    each as if it came first with all of its limit, and each such answer is taken when it is what reading in order
+    gives: its limit is whole and, past the response's first records, the answer is within it; else that partition
+    is read again in order (which happens only after a record larger than a limit)."""
     # High watermarks read before the snapshot: every offset below one was committed before it, so an offset the
     # snapshot does not hold there is one compaction removed, which a batch may cover; records are read below it.
     log_offsets = {topic: _log_offsets(catalog, topic) for topic, _ in wanted}
-    snapshot = _reader(catalog).snapshot()
+    snapshot = _snapshot(catalog)
     plan: list[tuple[str, list[Answer | _ToRead]]] = []
     for topic, partitions in wanted:
         # A topic created between the two reads is not in the snapshot yet: unknown this time.
@@ -191,30 +191,16 @@ def _answer(store: ObjectStore, item: _ToRead, limit: int, budget: _Budget) -> A
     return Answer(item.asked.partition, codec.ErrorCode.none, item.high_watermark, item.log_start, batches, next_offset)
 
 
-@dataclass
-class _Reader:
-    """What Fetch keeps of a catalog between requests: the newest snapshot read, reused while no commit has come
-    since (a snapshot reads the topics)."""
-
-    catalog: Catalog
-    _snapshot: Snapshot | None = None
-
-    def snapshot(self) -> Snapshot:
-        held = self._snapshot
-        if held is not None and held.version == self.catalog.latest_version():
-            return held
-        self._snapshot = snapshot = self.catalog.snapshot()
-        return snapshot
+# The newest snapshot read of each catalog, reused while no commit has come since (a snapshot reads the topics).
+_snapshots: weakref.WeakKeyDictionary[Catalog, Snapshot] = weakref.WeakKeyDictionary()
 
 
-_readers: weakref.WeakKeyDictionary[Catalog, _Reader] = weakref.WeakKeyDictionary()
-
-
-def _reader(catalog: Catalog) -> _Reader:
-    found = _readers.get(catalog)
-    if found is None:
-        _readers[catalog] = found = _Reader(catalog)
-    return found
+def _snapshot(catalog: Catalog) -> Snapshot:
+    held = _snapshots.get(catalog)
+    if held is not None and held.version == catalog.latest_version():
+        return held
+    _snapshots[catalog] = snapshot = catalog.snapshot()
+    return snapshot
 
 
 def _log_offsets(catalog: Catalog, topic: str) -> list[tuple[int, int]] | None:
