@@ -1,6 +1,6 @@
 """Fetch (key 1), v4-12: a partition's records from an offset, as uncompressed record batches v2, read from the
 catalog's sections at one snapshot through consume's read path, behind the agent's bounded cache of file ranges
-(`Broker.file_cache`), and encoded from their Arrow columns a batch at a time (`records.encode_batch`). A request
+(`Broker.file_cache`), and encoded from their Arrow columns a batch at a time (`records.BatchBuffer`). A request
 reads the catalog's version, each topic's watermarks and, in one query, the sections of its partitions (the snapshot
 is reused while no commit comes), and its partitions are read on several threads at once (`read`).
 
@@ -28,8 +28,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-import numpy as np
-
 from logcompact.catalog import Catalog, Snapshot
 from logcompact.consume import SectionRef, read_sections
 from logcompact.exceptions import TopicNotFoundError
@@ -39,6 +37,7 @@ from logcompact.store.base import ObjectStore
 
 API_KEY = 1
 BATCH_BYTES = 1024 * 1024  # the largest batch built (one larger record makes a batch of its own)
+BUFFER_BYTES = 8 * 1024 * 1024  # a partition's buffer of batches at first (grown past it)
 NO_SESSION = 0
 FULL_FETCH_EPOCHS = (-1, 0)
 READ_COMMITTED = 1
@@ -69,7 +68,7 @@ class Answer:
     error: codec.ErrorCode
     high_watermark: int = -1
     log_start_offset: int = -1
-    records: bytes = b""
+    records: bytes | memoryview = b""  # the batches' buffer, not copied into bytes
     next_offset: int = -1
 
 
@@ -97,14 +96,14 @@ def read(catalog: Catalog, store: ObjectStore, max_bytes: int, wanted: list[tupl
     request's order) within `max_bytes`, reading files through `store`.
 
     Partitions are answered in order, each within what the earlier ones left of `max_bytes`. Those whose limits fit
-    `max_bytes` together are read at once, each on PARTITION_READERS threads as if it came first with all of its
-    limit (decompressing and encoding release the GIL), and each such answer is taken when it is what the reading in
-    order gives: its limit is whole and, past the response's first records, it is within it; else that partition is
-    read again in order (only after a record larger than a limit)."""
+    `max_bytes` together are read at once on PARTITION_READERS threads (decompressing and encoding release the GIL),
+    each as if it came first with all of its limit, and each such answer is taken when it is what reading in order
+    gives: its limit is whole and, past the response's first records, the answer is within it; else that partition
+    is read again in order (which happens only after a record larger than a limit)."""
     # High watermarks read before the snapshot: every offset below one was committed before it, so an offset the
     # snapshot does not hold there is one compaction removed, which a batch may cover; records are read below it.
     log_offsets = {topic: _log_offsets(catalog, topic) for topic, _ in wanted}
-    snapshot = _reader(catalog).snapshot()
+    snapshot = _snapshot(catalog)
     plan: list[tuple[str, list[Answer | _ToRead]]] = []
     for topic, partitions in wanted:
         # A topic created between the two reads is not in the snapshot yet: unknown this time.
@@ -191,30 +190,16 @@ def _answer(store: ObjectStore, item: _ToRead, limit: int, budget: _Budget) -> A
     return Answer(item.asked.partition, codec.ErrorCode.none, item.high_watermark, item.log_start, batches, next_offset)
 
 
-@dataclass
-class _Reader:
-    """What Fetch keeps of a catalog between requests: the newest snapshot read, reused while no commit has come
-    since (a snapshot reads the topics)."""
-
-    catalog: Catalog
-    _snapshot: Snapshot | None = None
-
-    def snapshot(self) -> Snapshot:
-        held = self._snapshot
-        if held is not None and held.version == self.catalog.latest_version():
-            return held
-        self._snapshot = snapshot = self.catalog.snapshot()
-        return snapshot
+# The newest snapshot read of each catalog, reused while no commit has come since (a snapshot reads the topics).
+_snapshots: weakref.WeakKeyDictionary[Catalog, Snapshot] = weakref.WeakKeyDictionary()
 
 
-_readers: weakref.WeakKeyDictionary[Catalog, _Reader] = weakref.WeakKeyDictionary()
-
-
-def _reader(catalog: Catalog) -> _Reader:
-    found = _readers.get(catalog)
-    if found is None:
-        _readers[catalog] = found = _Reader(catalog)
-    return found
+def _snapshot(catalog: Catalog) -> Snapshot:
+    held = _snapshots.get(catalog)
+    if held is not None and held.version == catalog.latest_version():
+        return held
+    _snapshots[catalog] = snapshot = catalog.snapshot()
+    return snapshot
 
 
 def _log_offsets(catalog: Catalog, topic: str) -> list[tuple[int, int]] | None:
@@ -226,7 +211,7 @@ def _log_offsets(catalog: Catalog, topic: str) -> list[tuple[int, int]] | None:
 
 def _batches(
     store: ObjectStore, sections: list[SectionRef], fetch_offset: int, high_watermark: int, limit: int, budget: _Budget,
-) -> tuple[bytes, int]:
+) -> tuple[memoryview, int]:
     """Record batches of the records in [fetch_offset, high_watermark) within `limit` bytes, or one whole batch of
     one record when it is the response's first (Kafka's rule, so a large record never stalls a consumer), and the
     offset after them.
@@ -234,33 +219,27 @@ def _batches(
     When every record up to the high watermark fits, the last batch covers the offsets after its last record
     (compacted away), or one batch of no records covers them all: the consumer's next fetch starts at the high
     watermark instead of asking for that trailing hole forever."""
-    built: list[np.ndarray] = []
-    size = 0
+    out = records.BatchBuffer(min(max(limit, 0), BUFFER_BYTES))
     for table in read_sections(store, sections, fetch_offset, high_watermark):
         for chunk in table.to_batches():
             columns = records.RecordColumns.of(chunk)
             start = 0
             while start < len(columns):
-                room = limit - size
-                batch, start = records.encode_batch(columns, start, max(0, min(BATCH_BYTES, room)))
-                if len(batch) > room and (budget.first_taken or built):
-                    budget.left -= size
-                    return _joined(built, fetch_offset)
+                room = limit - out.size
+                length, end = out.encode(columns, start, max(0, min(BATCH_BYTES, room)))
+                if length > room and (budget.first_taken or out.size):
+                    budget.left -= out.size
+                    return out.records, out.offset_after(fetch_offset)
                 budget.first_taken = True
-                built.append(batch)
-                size += len(batch)
+                out.keep(length)
+                start = end
     # every record to the high watermark taken
-    if built:
-        records.cover_to(built[-1], high_watermark - 1)
+    if out.size:
+        out.cover_to(high_watermark - 1)
     elif fetch_offset < high_watermark and (limit >= records.EMPTY_BATCH_BYTES or not budget.first_taken):
-        built.append(records.empty_batch(fetch_offset, high_watermark - 1))
-        size += records.EMPTY_BATCH_BYTES
-    budget.left -= size
-    return _joined(built, fetch_offset)
-
-
-def _joined(built: list[np.ndarray], fetch_offset: int) -> tuple[bytes, int]:
-    return b"".join(batch.data for batch in built), records.offset_after(built[-1]) if built else fetch_offset
+        out.keep_empty(fetch_offset, high_watermark - 1)
+    budget.left -= out.size
+    return out.records, out.offset_after(fetch_offset)
 
 
 def _response(version: int, body: Any, topics: list[tuple[str, list[Answer]]], error: codec.ErrorCode) -> Any:

@@ -14,9 +14,10 @@ records exactly the bytes of the batch, as many as its header counts; a key, val
 is null, any other negative length is corrupt, as is a negative header count or a header key that is null or not
 UTF-8. One pass checks and locates every field, a second copies keys, values and headers into Arrow's buffers.
 
-Fetch's batches are built by `encode_batch` from the columns consume reads (`RecordColumns`), uncompressed, a
-batch at a time up to a byte limit: sized and written by numba loops over the columns, about 50x faster than
-kafka-python's per-record builder, so a consumer is not held back by the agent's Python.
+Fetch's batches are built by `BatchBuffer.encode` from the columns consume reads (`RecordColumns`), uncompressed,
+a batch at a time up to a byte limit, one after another in one buffer: sized and written by numba loops over the
+columns (keys and values copied by memcpy), far faster than kafka-python's per-record builder, so a consumer is not
+held back by the agent's Python.
 """
 
 from __future__ import annotations
@@ -528,46 +529,77 @@ def compile_encoder() -> None:
     """Compile (or load from numba's cache) the encoding loops now, so that no Fetch waits for it: an agent calls this
     before it serves."""
     sample = pa.RecordBatch.from_pylist([{"offset": 0, "timestamp": 0, "key": b"k", "value": None, "headers": [{"key": "h", "value": b"v"}]}], RECORD_SCHEMA)
-    encode_batch(RecordColumns.of(sample), 0, 1024)
+    BatchBuffer(1024).encode(RecordColumns.of(sample), 0, 1024)
 
 
-def encode_batch(columns: RecordColumns, start: int, max_bytes: int) -> tuple[np.ndarray, int]:
-    """One uncompressed record batch v2 of the records from row `start` on, at most `max_bytes` long, and the row
-    after its last record. The first record is always taken, however large: a fetch must return at least one whole
-    record. Each record keeps its offset (base offset + offset delta), so offsets a compaction removed are gaps in
-    the deltas, as in Kafka's compacted batches. Leader epoch -1, no producer id, CRC-32C set."""
-    batch, end, max_timestamp = _encode_records(
-        start, max_bytes, _MAX_OFFSET_DELTA, columns.offsets, columns.timestamps,
-        columns.key_offsets, columns.key_bytes, columns.key_valid, columns.value_offsets, columns.value_bytes, columns.value_valid,
-        columns.header_offsets, columns.header_valid, columns.header_key_offsets, columns.header_key_bytes,
-        columns.header_value_offsets, columns.header_value_bytes, columns.header_value_valid,
-    )
-    base_offset = int(columns.offsets[start])
-    _finish(batch, base_offset, int(columns.offsets[end - 1]) - base_offset, int(columns.timestamps[start]), int(max_timestamp), end - start)
-    return batch, end
+class BatchBuffer:
+    """Record batches written one after another into one buffer (grown when full): a partition's answer to a Fetch,
+    handed to the response as it is (`records`) instead of joined from batches of their own."""
 
+    def __init__(self, capacity: int) -> None:
+        self._data = np.empty(max(capacity, EMPTY_BATCH_BYTES), dtype=np.uint8)
+        self.size = 0  # the bytes of the batches kept
+        self._last = -1  # where the last batch kept starts
 
-def empty_batch(base_offset: int, last_offset: int) -> np.ndarray:
-    """A batch of no records covering offsets `base_offset` to `last_offset`: how Kafka's cleaner keeps an offset
-    range whose records are all gone, so a consumer's next fetch starts after it."""
-    batch = np.zeros(EMPTY_BATCH_BYTES, dtype=np.uint8)
-    _finish(batch, base_offset, min(last_offset - base_offset, _MAX_OFFSET_DELTA), 0, 0, 0)
-    return batch
+    @property
+    def records(self) -> memoryview:
+        return self._data.data[: self.size]
 
+    def encode(self, columns: RecordColumns, start: int, max_bytes: int) -> tuple[int, int]:
+        """Write after the batches kept one uncompressed record batch v2 of the records from row `start` on, at most
+        `max_bytes` long, and return its length and the row after its last record; `keep` keeps it, else the next
+        write replaces it. The first record is always taken, however large: a fetch must return at least one whole
+        record. Each record keeps its offset (base offset + offset delta), so offsets a compaction removed are gaps
+        in the deltas, as in Kafka's compacted batches. Leader epoch -1, no producer id, CRC-32C set."""
+        while True:
+            length, end, max_timestamp = _encode_records(
+                self._data, self.size, start, max_bytes, _MAX_OFFSET_DELTA, columns.offsets, columns.timestamps,
+                columns.key_offsets, columns.key_bytes, columns.key_valid, columns.value_offsets, columns.value_bytes, columns.value_valid,
+                columns.header_offsets, columns.header_valid, columns.header_key_offsets, columns.header_key_bytes,
+                columns.header_value_offsets, columns.header_value_bytes, columns.header_value_valid,
+            )
+            if self.size + length <= len(self._data):
+                break
+            self._grow(self.size + length)  # sized, not written: written again once it fits
+        base_offset = int(columns.offsets[start])
+        _finish(
+            self._data[self.size : self.size + length], base_offset, int(columns.offsets[end - 1]) - base_offset,
+            int(columns.timestamps[start]), int(max_timestamp), end - start,
+        )
+        return length, end
 
-def cover_to(batch: np.ndarray, last_offset: int) -> None:
-    """Make `batch` cover the offsets up to `last_offset`, past its last record's: offsets that compaction removed,
-    as Kafka's compacted batches keep their last offset."""
-    data = batch.data
-    base_offset = struct.unpack_from(">q", data, 0)[0]
-    struct.pack_into(">i", data, _LAST_OFFSET_DELTA_OFFSET, min(last_offset - base_offset, _MAX_OFFSET_DELTA))
-    struct.pack_into(">I", data, _CRC_OFFSET, crc32c.crc32c(data[_ATTRIBUTES_OFFSET:]))
+    def keep(self, length: int) -> None:
+        self._last, self.size = self.size, self.size + length
 
+    def keep_empty(self, base_offset: int, last_offset: int) -> None:
+        """Keep a batch of no records covering offsets `base_offset` to `last_offset`: how Kafka's cleaner keeps an
+        offset range whose records are all gone, so a consumer's next fetch starts after it."""
+        self._grow(self.size + EMPTY_BATCH_BYTES)
+        batch = self._data[self.size : self.size + EMPTY_BATCH_BYTES]
+        batch[:] = 0
+        _finish(batch, base_offset, min(last_offset - base_offset, _MAX_OFFSET_DELTA), 0, 0, 0)
+        self.keep(EMPTY_BATCH_BYTES)
 
-def offset_after(batch: np.ndarray) -> int:
-    """The offset after the last one `batch` covers."""
-    base_offset = struct.unpack_from(">q", batch.data, 0)[0]
-    return int(base_offset + struct.unpack_from(">i", batch.data, _LAST_OFFSET_DELTA_OFFSET)[0] + 1)
+    def cover_to(self, last_offset: int) -> None:
+        """Make the last batch kept cover the offsets up to `last_offset`, past its last record's: offsets that
+        compaction removed, as Kafka's compacted batches keep their last offset."""
+        data = self._data[self._last : self.size].data
+        base_offset = struct.unpack_from(">q", data, 0)[0]
+        struct.pack_into(">i", data, _LAST_OFFSET_DELTA_OFFSET, min(last_offset - base_offset, _MAX_OFFSET_DELTA))
+        struct.pack_into(">I", data, _CRC_OFFSET, crc32c.crc32c(data[_ATTRIBUTES_OFFSET:]))
+
+    def offset_after(self, otherwise: int) -> int:
+        """The offset after the last one the batches kept cover (`otherwise` when none is)."""
+        if not self.size:
+            return otherwise
+        data = self._data[self._last : self.size].data
+        return int(struct.unpack_from(">q", data, 0)[0] + struct.unpack_from(">i", data, _LAST_OFFSET_DELTA_OFFSET)[0] + 1)
+
+    def _grow(self, needed: int) -> None:
+        if needed > len(self._data):
+            grown = np.empty(max(needed, 2 * len(self._data)), dtype=np.uint8)
+            grown[: self.size] = self._data[: self.size]
+            self._data = grown
 
 
 def _finish(batch: np.ndarray, base_offset: int, last_offset_delta: int, first_timestamp: int, max_timestamp: int, count: int) -> None:
@@ -659,10 +691,11 @@ def _body_size(row, base_offset, first_timestamp, offsets, timestamps, key_offse
 
 
 @numba.njit(cache=True, nogil=True)
-def _encode_records(start, max_bytes, max_delta, offsets, timestamps, key_offsets, key_bytes, key_valid, value_offsets, value_bytes,
-                    value_valid, header_offsets, header_valid, header_key_offsets, header_key_bytes, header_value_offsets,
+def _encode_records(out, batch_at, start, max_bytes, max_delta, offsets, timestamps, key_offsets, key_bytes, key_valid, value_offsets,
+                    value_bytes, value_valid, header_offsets, header_valid, header_key_offsets, header_key_bytes, header_value_offsets,
                     header_value_bytes, header_value_valid):
-    """(the batch's bytes, its header left to write; the row after its last record; its largest timestamp)."""
+    """(the batch's length; the row after its last record; its largest timestamp), its records written into `out` from
+    `batch_at` (its header left to write) when it fits there, else only sized."""
     base_offset, first_timestamp = offsets[start], timestamps[start]
     total = EMPTY_BATCH_BYTES
     end = start
@@ -678,9 +711,10 @@ def _encode_records(start, max_bytes, max_delta, offsets, timestamps, key_offset
         bodies[end - start] = body
         total += size
         end += 1
-    out = np.empty(total, dtype=np.uint8)
-    at = EMPTY_BATCH_BYTES
     max_timestamp = timestamps[start]
+    if batch_at + total > len(out):
+        return total, end, max_timestamp
+    at = batch_at + EMPTY_BATCH_BYTES
     for row in range(start, end):
         max_timestamp = max(max_timestamp, timestamps[row])
         at = _put_varint(out, at, bodies[row - start])
@@ -694,4 +728,4 @@ def _encode_records(start, max_bytes, max_delta, offsets, timestamps, key_offset
         for header in range(header_offsets[row], header_offsets[row] + count):
             at = _put_bytes(out, at, header_key_offsets, header_key_bytes, header)
             at = _put_field(out, at, header_value_offsets, header_value_bytes, header_value_valid, header)
-    return out, end, max_timestamp
+    return total, end, max_timestamp
