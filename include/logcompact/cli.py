@@ -700,9 +700,10 @@ def agent(
     ctx: Context, listen: str, advertise: str | None, node_id: int | None, rack: str | None, flush_ms: int, flush_bytes: int,
     max_message_bytes: int, fetch_cache_bytes: int, auto_create_topics: bool, num_partitions: int,
 ) -> None:
-    """Serve Kafka's protocol over this cluster (ApiVersions, Metadata, Produce, Fetch, ListOffsets so far; docs/agent.md) until
-    SIGTERM or SIGINT, then commit what producers sent. Prints one JSON line once listening: its address,
-    advertised address and cluster id."""
+    """Serve Kafka's protocol over this cluster (produce, fetch, consumer groups, idempotent producers, admin; every API
+    and version in docs/agent.md) until SIGTERM or SIGINT, then commit what producers sent. Registers in the catalog
+    beside the other agents. Prints one JSON line once listening: its address, advertised address, node id and
+    cluster id."""
     from logcompact.kafka.broker import Address
     from logcompact.kafka.server import AgentSettings, run_agent
 
