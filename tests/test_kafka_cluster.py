@@ -3,8 +3,6 @@ list the live ones and spread partition leadership over them, and clients bootst
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -14,10 +12,10 @@ from confluent_kafka.admin import AdminClient
 
 from logcompact.catalog import Catalog
 from logcompact.exceptions import CommitConflictError, LogcompactError
-from logcompact.kafka.broker import Address
 from logcompact.kafka.cluster import ALIVE_MS
-from logcompact.kafka.server import AgentServer, AgentSettings
+from logcompact.kafka.server import AgentServer
 from tests.helpers import NOW, create_topic
+from tests.test_kafka_produce import RunningAgent
 
 FAST_CLIENT = {"socket.timeout.ms": 5000, "socket.connection.setup.timeout.ms": 5000}
 PARTITIONS = 6
@@ -26,20 +24,13 @@ pytestmark = pytest.mark.timeout(90)
 
 
 @contextmanager
-def running_agent(catalog: Catalog, node_id: int | None = None) -> Iterator[AgentServer]:
+def running_agent(catalog: Catalog) -> Iterator[AgentServer]:
     """An agent on its own event loop thread, on 127.0.0.1 and a free port, stopped on exit."""
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name="agent", daemon=True)
-    thread.start()
-    server = AgentServer(catalog, AgentSettings(Address("127.0.0.1", 0), node_id=node_id, flush_interval_ms=50))
-    asyncio.run_coroutine_threadsafe(server.start(), loop).result(timeout=20)
+    running = RunningAgent(catalog, flush_interval_ms=50)
     try:
-        yield server
+        yield running.server
     finally:
-        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(timeout=20)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
-        loop.close()
+        running.stop()
 
 
 def test_two_agents_on_one_catalog_list_each_other_lead_partitions_and_both_serve(catalog: Catalog) -> None:
