@@ -87,10 +87,10 @@ class Cluster:
     bootstrap: str
     catalog: Catalog | None = None
 
-    def create_topic(self, name: str, cleanup_policy: str) -> None:
+    def create_topic(self, name: str, cleanup_policy: str, partitions: int = PARTITIONS) -> None:
         if self.catalog is not None:
             now = int(time.time() * 1000)
-            self.catalog.create_topic(Topic.create(name, PARTITIONS, {"cleanup.policy": cleanup_policy}, now), now)
+            self.catalog.create_topic(Topic.create(name, partitions, {"cleanup.policy": cleanup_policy}, now), now)
         else:  # the mock cluster creates a topic when a client first asks for it, with 4 partitions
             found = Producer({"bootstrap.servers": self.bootstrap}).list_topics(name, timeout=10).topics[name]
             if len(found.partitions) != PARTITIONS:
@@ -254,12 +254,18 @@ def compact(catalog: Catalog, topic: str) -> int:
 
 def many_clients(cluster: Cluster, process: psutil.Process, topic: str, clients: int, seconds: float) -> tuple[int, int, int]:
     """`clients` // 2 producers (each its own librdkafka instance and connections) and as many consumers of one
-    group on `topic` for `seconds`: the agent's largest resident memory meanwhile, records produced and consumed."""
+    group on `topic` (a partition each) for `seconds`: the agent's largest resident memory meanwhile, records
+    produced and consumed."""
     stop = threading.Event()
+    counted = threading.Lock()
     produced, consumed = [0], [0]
 
+    def add(total: list[int], count: int) -> None:
+        with counted:  # `total[0] += f()` would read the total before f() blocks, and overwrite others' counts
+            total[0] += count
+
     def delivered(error: KafkaError | None, _message: object) -> None:
-        produced[0] += error is None
+        add(produced, error is None)
 
     def producing(number: int) -> None:
         producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all", "linger.ms": 50})
@@ -274,7 +280,8 @@ def many_clients(cluster: Cluster, process: psutil.Process, topic: str, clients:
         consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": f"{topic}-readers", "auto.offset.reset": "earliest"})
         consumer.subscribe([topic])
         while not stop.is_set():
-            consumed[0] += len(consumer.consume(1000, 0.2))
+            messages = consumer.consume(1000, 0.2)
+            add(consumed, sum(message.error() is None for message in messages))
         consumer.close()
 
     threads = [threading.Thread(target=producing, args=(n,)) for n in range(clients // 2)]
@@ -402,7 +409,7 @@ def main() -> None:
             print(f"repetition {repetition + 1} of {args.repeat} done; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
 
         if "clients" in measures:
-            agent.create_topic("clients", "delete")
+            agent.create_topic("clients", "delete", partitions=args.clients - args.clients // 2)
             largest, produced, consumed = many_clients(agent, process, "clients", args.clients, args.clients_seconds)
             rss[f"with {args.clients} clients"] = largest
             print(f"{args.clients // 2} producers and {args.clients - args.clients // 2} consumers for {args.clients_seconds:.0f} s: "
