@@ -297,7 +297,7 @@ class GroupCoordinator:
         if group.state == PREPARING_REBALANCE:
             self._maybe_complete_join(group)
         else:
-            self._prepare_rebalance(group)
+            self._prepare_rebalance(group, f"member {member.member_id} joined")
         return await waiting
 
     def _joined(self, group: Group, member: Member) -> Joined:
@@ -307,7 +307,8 @@ class GroupCoordinator:
 
     # -- rebalancing -----------------------------------------------------------------------------------------
 
-    def _prepare_rebalance(self, group: Group) -> None:
+    def _prepare_rebalance(self, group: Group, reason: str) -> None:
+        log.info("group %s: preparing to rebalance in state %s with old generation %d (%s)", group.group_id, group.state, group.generation, reason)
         if group.state == COMPLETING_REBALANCE:  # the assignments of this generation will never come
             for member in group.members.values():
                 member.assignment = b""
@@ -367,6 +368,7 @@ class GroupCoordinator:
             return
         group.state = COMPLETING_REBALANCE
         group.protocol = group.choose_protocol()
+        log.info("group %s: generation %d stabilized with %d members", group.group_id, group.generation, len(group.members))
         if group.leader not in group.members:
             group.leader = next(iter(group.members))
         for member in group.members.values():
@@ -413,6 +415,7 @@ class GroupCoordinator:
             for each in group.members.values():
                 each.assignment = assignments.get(each.member_id, b"")
             group.state = STABLE
+            log.info("group %s: assignment of generation %d received from leader %s", group.group_id, group.generation, member_id)
             for each in group.members.values():
                 _answer(each.syncing, Synced(ErrorCode.none, group.protocol_type, group.protocol, each.assignment))
                 each.syncing = None
@@ -446,7 +449,7 @@ class GroupCoordinator:
         member = group.members.get(member_id)
         if member is None:
             return ErrorCode.unknown_member_id
-        self._remove(group, member)
+        self._remove(group, member, "left the group")
         return ErrorCode.none
 
     # -- offsets ---------------------------------------------------------------------------------------------
@@ -485,8 +488,7 @@ class GroupCoordinator:
         member.expiry = None
         if member.joining is not None or member.syncing is not None:
             return  # waiting for the group: the rebalance decides its fate
-        log.info("group %s: member %s removed, no heartbeat for %d ms", group.group_id, member_id, member.session_ms)
-        self._remove(group, member)
+        self._remove(group, member, f"sent no heartbeat for {member.session_ms} ms")
 
     def _expire_pending(self, group: Group, member_id: str) -> None:
         if group.pending.pop(member_id, None) is not None:
@@ -504,10 +506,10 @@ class GroupCoordinator:
         if group.leader == member.member_id:
             group.leader = next(iter(group.members), None)
 
-    def _remove(self, group: Group, member: Member) -> None:
+    def _remove(self, group: Group, member: Member, reason: str) -> None:
         self._drop(group, member)
         if group.state in (STABLE, COMPLETING_REBALANCE):
-            self._prepare_rebalance(group)
+            self._prepare_rebalance(group, f"member {member.member_id} {reason}")
         elif group.state == PREPARING_REBALANCE:
             self._maybe_complete_join(group)
 
