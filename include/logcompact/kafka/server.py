@@ -284,8 +284,11 @@ async def serve(catalog: Catalog, settings: AgentSettings, on_listening: Callabl
     await server.start()
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
+    # Not loop.add_signal_handler: it learns of a signal through the loop's wakeup socket, which threads' wakeups
+    # (a byte per answered ingest call) fill while the loop is busy, and a signal that finds it full is lost. A
+    # Python-level handler runs whatever the socket holds.
     for number in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(number, stopping.set)
+        signal.signal(number, lambda _number, _frame: loop.call_soon_threadsafe(stopping.set))
     on_listening(server.broker, server.address)
     await stopping.wait()
     await server.stop()
