@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import io
+import struct
 import typing
 import uuid
 from collections.abc import Mapping
@@ -96,6 +97,10 @@ def decode_request(frame: bytes, served: typing.Callable[[int, int], bool]) -> R
     Raises MalformedRequestError when the bytes do not parse. Bytes left after the body are ignored, as Kafka's
     brokers do: librdkafka 2.16 sends Metadata v10+ asking for all topics with three bytes over.
     """
+    if frame[:2] == _PRODUCE_KEY and len(frame) >= 4:
+        version = int.from_bytes(frame[2:4], "big", signed=True)
+        if served(PRODUCE, version):
+            return _decode_produce(frame, version)
     try:
         # Header v1 is a prefix of v2 (v2 only adds tagged fields), so v1 tells which API and version this is.
         header, size = entity_reader(RequestHeaderV1)(frame, 0)
@@ -109,6 +114,134 @@ def decode_request(frame: bytes, served: typing.Callable[[int, int], bool]) -> R
     except (SerialError, ValueError, KeyError, UnicodeError, OverflowError) as exc:  # KeyError: a tagged field kio does not know
         raise MalformedRequestError(f"{type(exc).__name__}: {exc}") from None
     return Request(api_key, version, int(header.correlation_id), header.client_id, body)
+
+
+# -- Produce, decoded by hand ------------------------------------------------------------------------------
+# Every batch a producer sends is a Produce request, librdkafka's of one partition each: kio's generic reader
+# took 40 us of the event loop per request, a third of the agent's time under 50 producers. This reads the same
+# kio entities (checked against kio's reader on random requests in the tests) in a tenth of that, and hands each
+# partition's records on as a view of the frame rather than a copy.
+PRODUCE = 0
+_PRODUCE_KEY = PRODUCE.to_bytes(2, "big")
+_HEADER_FIXED = struct.Struct(">hhih")  # api key, version, correlation id, client id's length
+_INT16, _INT32 = struct.Struct(">h"), struct.Struct(">i")
+_ACKS_AND_TIMEOUT = struct.Struct(">hi")
+
+
+@cache
+def _produce_classes(version: int) -> tuple[Any, Any, Any]:
+    body = _request_class(PRODUCE, version)
+    topic = _entity_in(typing.get_type_hints(body)["topic_data"])
+    return body, topic, _entity_in(typing.get_type_hints(topic)["partition_data"])
+
+
+def _decode_produce(frame: bytes, version: int) -> Request:
+    body_class, topic_class, partition_class = _produce_classes(version)
+    view = memoryview(frame)
+    try:
+        _, _, correlation_id, length = _HEADER_FIXED.unpack_from(view, 0)
+        client_id, at = _string(view, 10, length)
+        if body_class.__flexible__:
+            at = _skip_tags(view, at)
+            transactional_id, at = _compact_string(view, at)
+        else:
+            transactional_id, at = _string(view, at + 2, _INT16.unpack_from(view, at)[0])
+        acks, timeout_ms = _ACKS_AND_TIMEOUT.unpack_from(view, at)
+        at += _ACKS_AND_TIMEOUT.size
+        topics = []
+        topic_count, at = _array_length(view, at, body_class.__flexible__)
+        for _ in range(topic_count):
+            if body_class.__flexible__:
+                name, at = _compact_string(view, at)
+            else:
+                name, at = _string(view, at + 2, _INT16.unpack_from(view, at)[0])
+            partitions = []
+            partition_count, at = _array_length(view, at, body_class.__flexible__)
+            for _ in range(partition_count):
+                index = _INT32.unpack_from(view, at)[0]
+                if body_class.__flexible__:
+                    size, at = _uvarint(view, at + 4)
+                    size -= 1
+                else:
+                    size, at = _INT32.unpack_from(view, at + 4)[0], at + 8
+                records = None
+                if size >= 0:
+                    if at + size > len(view):
+                        raise MalformedRequestError(f"Produce v{version}: records of {size} bytes run past the frame's end")
+                    records, at = view[at : at + size], at + size
+                elif size != -1:
+                    raise MalformedRequestError(f"Produce v{version}: records of length {size}")
+                if body_class.__flexible__:
+                    at = _skip_tags(view, at)
+                partitions.append(partition_class(index=index, records=records))
+            if body_class.__flexible__:
+                at = _skip_tags(view, at)
+            if name is None:
+                raise MalformedRequestError(f"Produce v{version}: a topic without a name")
+            topics.append(topic_class(name=name, partition_data=tuple(partitions)))
+        if body_class.__flexible__:
+            _skip_tags(view, at)
+    except (struct.error, UnicodeError) as exc:
+        raise MalformedRequestError(f"Produce v{version}: {type(exc).__name__}: {exc}") from None
+    body = body_class(transactional_id=transactional_id, acks=acks, timeout=datetime.timedelta(milliseconds=timeout_ms), topic_data=tuple(topics))
+    return Request(PRODUCE, version, correlation_id, client_id, body)
+
+
+def _string(view: memoryview, at: int, length: int) -> tuple[str | None, int]:
+    if length < 0:
+        if length != -1:
+            raise MalformedRequestError(f"a string of length {length}")
+        return None, at
+    if at + length > len(view):
+        raise MalformedRequestError(f"a string of {length} bytes runs past the frame's end")
+    return str(view[at : at + length], "utf-8"), at + length
+
+
+def _compact_string(view: memoryview, at: int) -> tuple[str | None, int]:
+    length, at = _uvarint(view, at)
+    return _string(view, at, length - 1)
+
+
+def _array_length(view: memoryview, at: int, flexible: bool) -> tuple[int, int]:
+    """An array's length, at most the bytes left (each item takes at least one): a frame declaring billions of
+    items fails here, before anything is allocated for them."""
+    if flexible:
+        count, at = _uvarint(view, at)
+        count -= 1
+    else:
+        count, at = _INT32.unpack_from(view, at)[0], at + 4
+    if count < 0 or count > len(view) - at:
+        raise MalformedRequestError(f"an array of {count} items in {len(view) - at} bytes")
+    return count, at
+
+
+def _uvarint(view: memoryview, at: int) -> tuple[int, int]:
+    if at < len(view) and view[at] < 0x80:  # lengths and counts of Produce's fields: almost always one byte
+        return view[at], at + 1
+    value = shift = 0
+    while True:
+        if at >= len(view):
+            raise MalformedRequestError("a varint runs past the frame's end")
+        byte = view[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, at
+        shift += 7
+        if shift > 28:
+            raise MalformedRequestError("a varint longer than 5 bytes")
+
+
+def _skip_tags(view: memoryview, at: int) -> int:
+    """Past a tagged-field section; Produce has no tagged fields, and Kafka skips those it does not know."""
+    count, at = _uvarint(view, at)
+    for _ in range(count):
+        _, at = _uvarint(view, at)
+        size, at = _uvarint(view, at)
+        if at + size > len(view):
+            raise MalformedRequestError("a tagged field runs past the frame's end")
+        at += size
+    return at
 
 
 def encode_response(correlation_id: int, response: Any) -> bytes:
