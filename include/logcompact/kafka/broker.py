@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 import uuid
 from collections import OrderedDict
@@ -234,6 +235,43 @@ class _ProducerView:
         return any(isinstance(placed, Future) and placed.done() and placed.exception() is not None for _, _, placed in self.batches)
 
 
+class LoopResults:
+    """Futures completed on other threads, delivered to the event loop in bursts: one wakeup of the loop for all that
+    completed since the last, where asyncio.wrap_future costs one each (a callback and a byte on the loop's wakeup
+    socket), two per Produce request: thousands a second under fifty producers, a fifth of the loop's time."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._completed: list[tuple[asyncio.Future, Future]] = []
+
+    def wrap(self, future: Future) -> asyncio.Future:
+        """An asyncio future of the event loop this is called on, taking `future`'s result or exception."""
+        loop = asyncio.get_running_loop()
+        waiting = loop.create_future()
+        future.add_done_callback(lambda done: self._complete(loop, waiting, done))
+        return waiting
+
+    def _complete(self, loop: asyncio.AbstractEventLoop, waiting: asyncio.Future, done: Future) -> None:
+        with self._lock:
+            self._completed.append((waiting, done))
+            if len(self._completed) > 1:  # a delivery is scheduled and has not begun: it takes this one too
+                return
+        loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self._lock:
+            completed, self._completed = self._completed, []
+        for waiting, done in completed:
+            if waiting.cancelled():
+                continue
+            if done.cancelled():
+                waiting.cancel()
+            elif (error := done.exception()) is not None:
+                waiting.set_exception(error)
+            else:
+                waiting.set_result(done.result())
+
+
 class Ingest:
     """The server's one ingest agent, fed by one thread: what a handler submits to `thread` before its first
     await reaches the agent in request order, batches are decoded there (the numba loops release the GIL) while the
@@ -251,6 +289,7 @@ class Ingest:
         self.flush_interval_ms = flush_interval_ms
         self.flush_bytes = flush_bytes
         self.thread = ThreadPoolExecutor(1, thread_name_prefix="logcompact-kafka-ingest")
+        self.results = LoopResults()  # what the ingest thread and the flusher complete, to the event loop
         records.compile_decoder()  # seconds on a fresh install: before clients, not in a Produce or a flush
         compile_hasher()
         self._agent = self._new_agent()

@@ -11,7 +11,6 @@ client that reads no responses).
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 from concurrent.futures import Future
 from typing import Any
@@ -45,15 +44,14 @@ class AcksZeroRefusedError(Exception):
 async def handle(broker: Broker, request: codec.Request) -> Any:
     body = request.body
     # Submitted before the first await: the ingest thread takes requests in the order they were read.
-    accepting = asyncio.get_running_loop().run_in_executor(broker.ingest.thread, _accept, broker, request.api_version, body)
-    accepted = await accepting
+    accepted = await broker.ingest.results.wrap(broker.ingest.thread.submit(_accept, broker, request.api_version, body))
     if body.acks == 0:
         refused = [f"{name}[{index}]: {outcome['error_code'].name}" for name, partitions in accepted for index, outcome in partitions if isinstance(outcome, dict)]
         if refused:
             raise AcksZeroRefusedError(f"acks=0 produce refused, connection closed as Kafka does: {', '.join(refused)}")
         return None
     responses = [
-        {"name": name, "partition_responses": [await _answer(index, outcome) for index, outcome in partitions]}
+        {"name": name, "partition_responses": [await _answer(broker, index, outcome) for index, outcome in partitions]}
         for name, partitions in accepted
     ]
     return codec.build(codec.response_class(API_KEY, request.api_version), {"responses": responses, "throttle_time": 0})
@@ -132,12 +130,12 @@ def _refused(error: codec.ErrorCode, message: str, record_indexes: list[int] | N
     }
 
 
-async def _answer(index: int, outcome: Outcome) -> dict[str, Any]:
+async def _answer(broker: Broker, index: int, outcome: Outcome) -> dict[str, Any]:
     if isinstance(outcome, dict):
         return {"index": index, **outcome}
     accepted, append_time = outcome
     try:
-        offsets = await asyncio.wrap_future(accepted)
+        offsets = await broker.ingest.results.wrap(accepted)
     except Exception as exc:  # the L0 file was not committed: retriable, the client sends the batch again
         return {"index": index, **_refused(codec.ErrorCode.kafka_storage_error, str(exc))}
     # log_append_time -1 (None) for CreateTime; log_start_offset unknown (-1) without a catalog read per response.
