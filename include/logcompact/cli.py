@@ -695,10 +695,17 @@ def tour(ctx: Context, records: int) -> None:
               help="Create a topic a producer or a Metadata request names that does not exist (Kafka's auto.create.topics.enable).")
 @click.option("--num-partitions", type=click.IntRange(1, MAX_PARTITIONS), default=1, show_default=True,
               help="Partitions of a topic auto-created or created without a count (Kafka's num.partitions).")
+# Kafka's group.max.size is unbounded; the agent keeps every member in memory (coordinator.DEFAULT_GROUP_MAX_SIZE)
+@click.option("--group-max-size", type=click.IntRange(min=1), default=1000, show_default=True,
+              help="Members a consumer group may have (Kafka's group.max.size); more get GROUP_MAX_SIZE_REACHED.")
+@click.option("--group-max-bytes", type=click.IntRange(min=1), default=256 * 1024 * 1024, show_default=True,
+              help="Bytes all consumer groups' members may hold in memory (their metadata, assignments and ids, 1 KiB at least "
+                   "each); JoinGroups past it get GROUP_MAX_SIZE_REACHED.")
 @pass_context
 def agent(
     ctx: Context, listen: str, advertise: str | None, node_id: int | None, rack: str | None, flush_ms: int, flush_bytes: int,
-    max_message_bytes: int, fetch_cache_bytes: int, auto_create_topics: bool, num_partitions: int,
+    max_message_bytes: int, fetch_cache_bytes: int, auto_create_topics: bool, num_partitions: int, group_max_size: int,
+    group_max_bytes: int,
 ) -> None:
     """Serve Kafka's protocol over this cluster (produce, fetch, consumer groups, idempotent producers, admin; every API
     and version in docs/agent.md) until SIGTERM or SIGINT, then commit what producers sent. Registers in the catalog
@@ -713,6 +720,7 @@ def agent(
             flush_interval_ms=flush_ms, flush_bytes=flush_bytes, max_message_bytes=max_message_bytes,
             fetch_cache_bytes=fetch_cache_bytes,
             auto_create_topics=auto_create_topics, num_partitions=num_partitions,
+            group_max_size=group_max_size, group_max_bytes=group_max_bytes,
         )
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None

@@ -24,6 +24,13 @@ Each state change writes the group's description row (catalog `consumer_groups`)
 at a time and newest last, so ListGroups on any agent lists every group and a coordinator that restarts (or takes
 the group over) continues its generations. Members are not restored from the row: they find their member id
 unknown and join again.
+
+Memory stays bounded whatever clients send (`GroupMemory`): a group that is Empty, without pending ids, leaves memory
+once its newest row is written (the next request loads it from the row, generation and protocol type included);
+a group holds at most `max_size` members and pending ids (Kafka's group.max.size); and all groups' members, with
+their protocols' metadata, assignments and ids, hold at most `GroupMemory.limit` bytes. A JoinGroup past either
+bound gets GROUP_MAX_SIZE_REACHED; a leader's SyncGroup whose assignments would pass the bytes is answered as Kafka
+answers one whose group cannot be stored: UNKNOWN_SERVER_ERROR to every member, no assignment, a new rebalance.
 """
 
 from __future__ import annotations
@@ -51,6 +58,14 @@ INITIAL_REBALANCE_DELAY_MS = 1000
 # Kafka's group.min.session.timeout.ms is 6 s; 1 s lets a client detect failures faster if it asks to.
 MIN_SESSION_TIMEOUT_MS = 1000
 MAX_SESSION_TIMEOUT_MS = 1_800_000  # Kafka's group.max.session.timeout.ms
+# Kafka's group.max.size is unbounded; the agent keeps every member (its metadata and assignment) in memory, and a
+# group of more than 1,000 consumers is beyond what one coordinating agent is meant to serve.
+DEFAULT_GROUP_MAX_SIZE = 1000
+DEFAULT_GROUP_MAX_BYTES = 256 * 1024 * 1024
+# What a member, a pending member id or a group costs beyond its bytes (its objects, dict entries, timer): each
+# counts at least this, so the bytes bound bounds their numbers too.
+OVERHEAD_BYTES = 1024
+FULL_WARNING_INTERVAL_S = 10.0  # a client looping against a bound logs one warning per interval, not one per request
 
 
 def coordinates(broker: Broker, group_id: str) -> bool:
@@ -96,6 +111,13 @@ class Member:
     joining: asyncio.Future[Joined] | None = None
     syncing: asyncio.Future[Synced] | None = None
     expiry: asyncio.TimerHandle | None = None
+    held: int = 0  # the bytes GroupMemory counts for it
+
+    def size(self) -> int:
+        """The bytes it holds: its ids, protocols' metadata and assignment, beyond the fixed overhead."""
+        protocols = sum(len(name) + len(data) for name, data in self.protocols)
+        ids = len(self.member_id) + len(self.instance_id or "") + len(self.client_id) + len(self.protocol_type)
+        return OVERHEAD_BYTES + ids + protocols + len(self.assignment)
 
     def metadata(self, protocol: str | None) -> bytes:
         return next((data for name, data in self.protocols if name == protocol), b"")
@@ -140,15 +162,67 @@ class Group:
         return GroupRow(self.group_id, coordinator, self.generation, self.protocol_type or "", self.protocol or "", self.state, members, int(time.time() * 1000))
 
 
+def _pending_size(member_id: str) -> int:
+    return OVERHEAD_BYTES + len(member_id)
+
+
+class GroupMemory:
+    """The bytes the coordinator's groups hold: each group in memory, member and pending member id, counted here
+    only, taken as they come and given back on every way out, so `held` is 0 once no group is in memory."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def fits(self, more: int) -> bool:
+        return self.held + more <= self.limit
+
+    def group_in(self, groups: dict[str, Group], group: Group) -> None:
+        groups[group.group_id] = group
+        self.held += OVERHEAD_BYTES
+
+    def group_out(self, groups: dict[str, Group], group: Group) -> None:
+        """Take the group out of memory with all it holds (its members' and pending ids' bytes)."""
+        del groups[group.group_id]
+        for member in group.members.values():
+            self.member_out(member)
+        for member_id in group.pending:
+            self.held -= _pending_size(member_id)
+        self.held -= OVERHEAD_BYTES
+
+    def member(self, member: Member) -> None:
+        """Count the member as it is now (joined, or its protocols or assignment replaced)."""
+        size = member.size()
+        self.held += size - member.held
+        member.held = size
+
+    def member_out(self, member: Member) -> None:
+        self.held -= member.held
+        member.held = 0
+
+    def pending_in(self, group: Group, member_id: str, expiry: asyncio.TimerHandle) -> None:
+        group.pending[member_id] = expiry
+        self.held += _pending_size(member_id)
+
+    def pending_out(self, group: Group, member_id: str) -> None:
+        group.pending.pop(member_id).cancel()
+        self.held -= _pending_size(member_id)
+
+
 class GroupCoordinator:
     """The groups this agent coordinates. Every method runs on the server's event loop."""
 
-    def __init__(self, catalog: GroupCatalog, node_id: int, initial_rebalance_delay_ms: int = INITIAL_REBALANCE_DELAY_MS) -> None:
+    def __init__(self, catalog: GroupCatalog, node_id: int, initial_rebalance_delay_ms: int = INITIAL_REBALANCE_DELAY_MS,
+                 max_size: int = DEFAULT_GROUP_MAX_SIZE, max_bytes: int = DEFAULT_GROUP_MAX_BYTES) -> None:
         self.catalog = catalog
         self.node_id = node_id
         self.initial_rebalance_delay_ms = initial_rebalance_delay_ms
+        self.max_size = max_size
+        self.memory = GroupMemory(max_bytes)
         self._groups: dict[str, Group] = {}
         self._unsaved: dict[str, GroupRow] = {}
+        self._writing: str | None = None  # the group whose row the writer is writing
+        self._last_full_warning = -FULL_WARNING_INTERVAL_S
         self._wake_writer = asyncio.Event()
         self._writer: asyncio.Task | None = None
         self._writer_stopping = False
@@ -157,8 +231,9 @@ class GroupCoordinator:
     # -- groups in memory ------------------------------------------------------------------------------------
 
     async def group(self, group_id: str, create: bool) -> Group | None:
-        """The group, loaded from its row (its generation) when this agent has not coordinated it since its
-        start; a new Empty group when there is none and `create`."""
+        """The group, loaded from its row (its generation) when it is not in memory; a new Empty group when there
+        is none and `create`. When holding one more group would pass the bytes bound, the group is not kept: the
+        request is answered from it (an Empty group), and JoinGroup refuses to join it."""
         group = self._groups.get(group_id)
         if group is not None:
             return group
@@ -171,9 +246,13 @@ class GroupCoordinator:
         group = Group(group_id)
         if row is not None:
             group.generation, group.protocol_type = row.generation, row.protocol_type or None
-        self._groups[group_id] = group
+        if self._closed or not self.memory.fits(OVERHEAD_BYTES):
+            return group
+        self.memory.group_in(self._groups, group)
         if row is None or row.state != EMPTY or row.coordinator != self.node_id:
             self._save(group)
+        else:  # its row is saved: it leaves memory again unless this request gives it a member
+            asyncio.get_running_loop().call_soon(self._maybe_unload, group_id)
         return group
 
     def known(self, group_id: str) -> Group | None:
@@ -184,7 +263,7 @@ class GroupCoordinator:
 
     def forget(self, group_id: str) -> None:
         """Drop a group this agent no longer coordinates: its waiting members are told NOT_COORDINATOR."""
-        group = self._groups.pop(group_id, None)
+        group = self._groups.get(group_id)
         if group is not None:
             self._abandon(group, ErrorCode.not_coordinator)
 
@@ -192,15 +271,15 @@ class GroupCoordinator:
         """The agent stops: waiting JoinGroups and SyncGroups answer NOT_COORDINATOR (clients look for the
         coordinator again), then the descriptions not yet written are."""
         self._closed = True
-        for group in self._groups.values():
+        for group in list(self._groups.values()):
             self._abandon(group, ErrorCode.not_coordinator)
-        self._groups.clear()
         if self._writer is not None:
             self._writer_stopping = True
             self._wake_writer.set()
             await self._writer
 
     def _abandon(self, group: Group, error: ErrorCode) -> None:
+        """Take the group out of memory, its timers stopped and its waiting requests answered with `error`."""
         if group.rebalance_timer is not None:
             group.rebalance_timer.cancel()
         for timer in group.pending.values():
@@ -210,6 +289,54 @@ class GroupCoordinator:
                 member.expiry.cancel()
             _answer(member.joining, Joined(error, member.member_id))
             _answer(member.syncing, Synced(error))
+        self.memory.group_out(self._groups, group)
+
+    def _maybe_unload(self, group_id: str) -> None:
+        """An Empty group with nothing pending leaves memory once its newest row is written (Kafka keeps Empty
+        groups until their offsets expire; here the row keeps what the group needs: its generation, protocol type
+        and state for ListGroups and DescribeGroups)."""
+        group = self._groups.get(group_id)
+        if group is None or group.state != EMPTY or group.members or group.pending:
+            return
+        if group_id in self._unsaved or group_id == self._writing:
+            return  # the writer unloads it once its row is written
+        self.memory.group_out(self._groups, group)
+
+    # -- bounds ----------------------------------------------------------------------------------------------
+
+    def _admits(self, group: Group, member_id: str) -> bool:
+        """Kafka's acceptJoiningMember, with pending member ids counted as members (each is memory held for up to
+        its session timeout): a member already counted joins again; a new one only while the group holds fewer
+        than `max_size`. While a rebalance is prepared only the members that rejoined count, so of a group over
+        the size the last to rejoin are the ones refused."""
+        if member_id in group.pending:
+            return True
+        known = group.members.get(member_id)
+        if known is not None and (group.state != PREPARING_REBALANCE or known.joining is not None):
+            return True
+        counted = sum(m.joining is not None for m in group.members.values()) if group.state == PREPARING_REBALANCE else len(group.members)
+        return counted + len(group.pending) < self.max_size
+
+    def _over_bytes(self, more: int, what: str) -> bool:
+        if self.memory.fits(more):
+            return False
+        now = time.monotonic()
+        if now - self._last_full_warning >= FULL_WARNING_INTERVAL_S:
+            self._last_full_warning = now
+            log.warning("%s refused: consumer groups hold %d bytes of this agent's group_max_bytes %d; raise --group-max-bytes", what, self.memory.held, self.memory.limit)
+        return True
+
+    def _refuse(self, group: Group, member_id: str) -> Joined:
+        """GROUP_MAX_SIZE_REACHED, as Kafka answers it (no member id); a member or pending id refused is removed,
+        as Kafka does."""
+        known = group.members.get(member_id)
+        if known is not None:
+            self._remove(group, known, "was refused: the group is full")
+        elif member_id in group.pending:
+            self.memory.pending_out(group, member_id)
+            self._maybe_complete_join(group)
+        self._maybe_unload(group.group_id)
+        return Joined(ErrorCode.group_max_size_reached, "")
 
     # -- JoinGroup -------------------------------------------------------------------------------------------
 
@@ -217,28 +344,48 @@ class GroupCoordinator:
         self, group: Group, member_id: str, instance_id: str | None, client_id: str, session_ms: int, rebalance_ms: int,
         protocol_type: str, protocols: list[tuple[str, bytes]], require_known_member_id: bool, skip_assignment_allowed: bool,
     ) -> Joined:
+        if self._closed:
+            return Joined(ErrorCode.not_coordinator, member_id)
+        if self._groups.get(group.group_id) is not group:  # not kept: holding it would pass the bytes bound
+            self._over_bytes(OVERHEAD_BYTES, f"group {group.group_id}: a JoinGroup")
+            return Joined(ErrorCode.group_max_size_reached, "")
         if not group.supports(protocol_type, protocols):
             return Joined(ErrorCode.inconsistent_group_protocol, member_id)
         member = Member(member_id, instance_id, client_id, session_ms, rebalance_ms, protocol_type, protocols)
         if not member_id:
             member.member_id = f"{instance_id or client_id}-{uuid.uuid4()}"
+            # a static member restarting takes its old place: counted already (Kafka's KAFKA-20601 for this case)
+            if not self._admits(group, group.static.get(instance_id, "") if instance_id is not None else ""):
+                return self._refuse(group, "")
             if instance_id is not None:
                 return await self._join_static(group, member, skip_assignment_allowed)
             if require_known_member_id:  # KIP-394: the id comes back with MEMBER_ID_REQUIRED, the member joins with it
+                if self._over_bytes(_pending_size(member.member_id), f"group {group.group_id}: a JoinGroup"):
+                    return self._refuse(group, "")
                 loop = asyncio.get_running_loop()
-                group.pending[member.member_id] = loop.call_later(session_ms / 1000, self._expire_pending, group, member.member_id)
+                self.memory.pending_in(group, member.member_id, loop.call_later(session_ms / 1000, self._expire_pending, group, member.member_id))
                 return Joined(ErrorCode.member_id_required, member.member_id)
+            if self._over_bytes(member.size(), f"group {group.group_id}: a JoinGroup"):
+                return self._refuse(group, "")
             return await self._add_and_rebalance(group, member)
         if instance_id is not None and group.static.get(instance_id, member_id) != member_id:
             return Joined(ErrorCode.fenced_instance_id, member_id)
+        if not self._admits(group, member_id):
+            return self._refuse(group, member_id)
         if member_id in group.pending:
-            group.pending.pop(member_id).cancel()
+            if self._over_bytes(member.size() - _pending_size(member_id), f"group {group.group_id}: a JoinGroup"):
+                return self._refuse(group, member_id)
+            self.memory.pending_out(group, member_id)
             return await self._add_and_rebalance(group, member)
         known = group.members.get(member_id)
         if known is None:
             return Joined(ErrorCode.unknown_member_id, member_id)
         changed = known.protocols != protocols
+        member.assignment = known.assignment
+        if self._over_bytes(member.size() - known.held, f"group {group.group_id}: a JoinGroup"):
+            return self._refuse(group, member_id)
         _update(known, member)
+        self.memory.member(known)
         if group.state == COMPLETING_REBALANCE and not changed:  # its JoinGroup answer was lost: the same again
             return self._joined(group, known)
         if group.state == STABLE and not changed and group.leader != member_id:
@@ -249,17 +396,24 @@ class GroupCoordinator:
         assert member.instance_id is not None
         old_id = group.static.get(member.instance_id)
         if old_id is None:
+            if self._over_bytes(member.size(), f"group {group.group_id}: a JoinGroup"):
+                return self._refuse(group, "")
             group.static[member.instance_id] = member.member_id
             return await self._add_and_rebalance(group, member)
         # The instance restarted (or a second process took its id): the newcomer takes the old member's place.
-        old = group.members.pop(old_id)
+        old = group.members[old_id]
+        member.assignment = old.assignment
+        if self._over_bytes(member.size() - old.held, f"group {group.group_id}: a JoinGroup"):
+            return self._refuse(group, old_id)
+        del group.members[old_id]
+        self.memory.member_out(old)
         _answer(old.joining, Joined(ErrorCode.fenced_instance_id, old_id))
         _answer(old.syncing, Synced(ErrorCode.fenced_instance_id))
         if old.expiry is not None:
             old.expiry.cancel()
         changed = old.protocols != member.protocols
-        member.assignment = old.assignment
         group.members[member.member_id] = member
+        self.memory.member(member)
         group.static[member.instance_id] = member.member_id
         if group.leader == old_id:
             group.leader = member.member_id
@@ -279,6 +433,7 @@ class GroupCoordinator:
         if not group.members:  # the first member sets the group's protocol type, the others must share it
             group.protocol_type = member.protocol_type
         group.members[member.member_id] = member
+        self.memory.member(member)
         if group.leader is None:
             group.leader = member.member_id
         if group.initial_delay:
@@ -310,10 +465,7 @@ class GroupCoordinator:
     def _prepare_rebalance(self, group: Group, reason: str) -> None:
         log.info("group %s: preparing to rebalance in state %s with old generation %d (%s)", group.group_id, group.state, group.generation, reason)
         if group.state == COMPLETING_REBALANCE:  # the assignments of this generation will never come
-            for member in group.members.values():
-                member.assignment = b""
-                _answer(member.syncing, Synced(ErrorCode.rebalance_in_progress))
-                member.syncing = None
+            self._reset_assignments(group, ErrorCode.rebalance_in_progress)
         loop = asyncio.get_running_loop()
         if group.rebalance_timer is not None:
             group.rebalance_timer.cancel()
@@ -356,9 +508,8 @@ class GroupCoordinator:
             group.rebalance_timer.cancel()
             group.rebalance_timer = None
         group.initial_delay = False
-        for timer in group.pending.values():
-            timer.cancel()
-        group.pending.clear()
+        for member_id in list(group.pending):
+            self.memory.pending_out(group, member_id)
         for member in [m for m in group.members.values() if m.joining is None]:
             self._drop(group, member)
         group.generation += 1
@@ -408,12 +559,20 @@ class GroupCoordinator:
             return Synced(ErrorCode.none, group.protocol_type, group.protocol, member.assignment)
         if self._closed:
             return Synced(ErrorCode.not_coordinator)
+        if member_id == group.leader:
+            growth = sum(len(assignments.get(each.member_id, b"")) - len(each.assignment) for each in group.members.values())
+            if self._over_bytes(growth, f"group {group.group_id}: the assignments of generation {group.generation}"):
+                # Kafka's answer to assignments it cannot store: UNKNOWN_SERVER_ERROR to all, none kept, a new rebalance
+                self._reset_assignments(group, ErrorCode.unknown_server_error)
+                self._prepare_rebalance(group, f"the assignments from leader {member_id} could not be kept")
+                return Synced(ErrorCode.unknown_server_error)
         _answer(member.syncing, Synced(ErrorCode.rebalance_in_progress))
         member.syncing = asyncio.get_running_loop().create_future()
         waiting = member.syncing
         if member_id == group.leader:
             for each in group.members.values():
                 each.assignment = assignments.get(each.member_id, b"")
+                self.memory.member(each)
             group.state = STABLE
             log.info("group %s: assignment of generation %d received from leader %s", group.group_id, group.generation, member_id)
             for each in group.members.values():
@@ -421,6 +580,14 @@ class GroupCoordinator:
                 each.syncing = None
             self._save(group)
         return await waiting
+
+    def _reset_assignments(self, group: Group, error: ErrorCode) -> None:
+        """Kafka's resetAndPropagateAssignmentError: no member keeps an assignment, waiting SyncGroups get `error`."""
+        for member in group.members.values():
+            member.assignment = b""
+            self.memory.member(member)
+            _answer(member.syncing, Synced(error))
+            member.syncing = None
 
     def heartbeat(self, group: Group | None, generation: int, member_id: str, instance_id: str | None) -> ErrorCode:
         error = self.member_error(group, member_id, instance_id)
@@ -443,8 +610,9 @@ class GroupCoordinator:
                 return ErrorCode.fenced_instance_id
             member_id = found
         if member_id in group.pending:
-            group.pending.pop(member_id).cancel()
+            self.memory.pending_out(group, member_id)
             self._maybe_complete_join(group)
+            self._maybe_unload(group.group_id)
             return ErrorCode.none
         member = group.members.get(member_id)
         if member is None:
@@ -491,8 +659,10 @@ class GroupCoordinator:
         self._remove(group, member, f"sent no heartbeat for {member.session_ms} ms")
 
     def _expire_pending(self, group: Group, member_id: str) -> None:
-        if group.pending.pop(member_id, None) is not None:
+        if member_id in group.pending and self._groups.get(group.group_id) is group:
+            self.memory.pending_out(group, member_id)
             self._maybe_complete_join(group)
+            self._maybe_unload(group.group_id)
 
     def _drop(self, group: Group, member: Member) -> None:
         """Take a member out: its waiting requests answer UNKNOWN_MEMBER_ID."""
@@ -501,6 +671,7 @@ class GroupCoordinator:
         _answer(member.joining, Joined(ErrorCode.unknown_member_id, member.member_id))
         _answer(member.syncing, Synced(ErrorCode.unknown_member_id))
         del group.members[member.member_id]
+        self.memory.member_out(member)
         if member.instance_id is not None and group.static.get(member.instance_id) == member.member_id:
             del group.static[member.instance_id]
         if group.leader == member.member_id:
@@ -529,10 +700,15 @@ class GroupCoordinator:
             while self._unsaved:
                 group_id = next(iter(self._unsaved))
                 row = self._unsaved.pop(group_id)
+                self._writing = group_id
                 try:
                     await asyncio.to_thread(self.catalog.save_group, row)
-                except Exception as exc:  # the catalog down: the next change writes the group again
+                except Exception as exc:  # the catalog down: the next change writes the group again (kept till then)
                     log.warning("group %s: its description was not written to the catalog: %s", group_id, exc)
+                    self._writing = None
+                    continue
+                self._writing = None
+                self._maybe_unload(group_id)
             if self._writer_stopping:
                 return
 

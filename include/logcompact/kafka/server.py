@@ -36,7 +36,7 @@ from logcompact.kafka import api_versions, codec, records
 from logcompact.kafka.apis import APIS
 from logcompact.kafka.broker import Address, Broker, CommitWatch, Ingest
 from logcompact.kafka.cluster import AgentDirectory
-from logcompact.kafka.coordinator import INITIAL_REBALANCE_DELAY_MS, GroupCoordinator
+from logcompact.kafka.coordinator import DEFAULT_GROUP_MAX_BYTES, DEFAULT_GROUP_MAX_SIZE, INITIAL_REBALANCE_DELAY_MS, GroupCoordinator
 from logcompact.kafka.produce import DEFAULT_MAX_MESSAGE_BYTES
 from logcompact.store.cache import DEFAULT_MAX_BYTES as DEFAULT_FETCH_CACHE_BYTES
 from logcompact.store.cache import CachedStore
@@ -71,6 +71,8 @@ class AgentSettings:
     flush_bytes: int = DEFAULT_FLUSH_BYTES
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # of a topic that sets no max.message.bytes
     group_initial_rebalance_delay_ms: int = INITIAL_REBALANCE_DELAY_MS
+    group_max_size: int = DEFAULT_GROUP_MAX_SIZE  # Kafka's group.max.size: members and pending member ids of a group
+    group_max_bytes: int = DEFAULT_GROUP_MAX_BYTES  # all groups' members: their metadata, assignments and ids
     fetch_cache_bytes: int = DEFAULT_FETCH_CACHE_BYTES  # file ranges Fetch keeps for consumers reading them again
     auto_create_topics: bool = True  # Kafka's auto.create.topics.enable
     num_partitions: int = 1  # Kafka's num.partitions: of a topic created without a count
@@ -138,7 +140,8 @@ class AgentServer:
         advertised = settings.advertise or self.address
         agents = await asyncio.to_thread(AgentDirectory.register, self.catalog, advertised.host, advertised.port, settings.rack, settings.node_id)
         agents.start()
-        groups = GroupCoordinator(GroupCatalog(self.catalog.engine), agents.me.node_id, settings.group_initial_rebalance_delay_ms)
+        groups = GroupCoordinator(GroupCatalog(self.catalog.engine), agents.me.node_id, settings.group_initial_rebalance_delay_ms,
+                                  settings.group_max_size, settings.group_max_bytes)
         file_cache = CachedStore(self.catalog.store, settings.fetch_cache_bytes)
         self._broker = Broker(
             self.catalog, cluster_id, agents, advertised, APIS, ingest, settings.max_message_bytes, commits, groups, file_cache,
