@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import struct
 
 import numpy as np
@@ -13,9 +14,9 @@ from hypothesis import strategies as st
 from pyroaring import BitMap
 
 from logcompact.exceptions import CorruptDataError
-from logcompact.format import BlockStream, SegmentWriter, read_footer, read_section, section_table, write_segment
-from logcompact.format.layout import FILE_HEADER, MAGIC, SectionInfo
-from logcompact.format.reader import iter_blocks, section_rows
+from logcompact.format import SectionStream, SegmentWriter, read_footer, read_section, read_section_from, section_table, write_segment
+from logcompact.format.layout import FILE_HEADER, MAGIC, SECTION_SCHEMA, SectionInfo
+from logcompact.format.reader import SEEK_BYTES, BlockStream, iter_blocks, section_rows
 from logcompact.store import LocalStore, ObjectStore
 
 records = st.lists(
@@ -261,3 +262,42 @@ def test_pass_one_reads_a_blocks_index_and_skips_its_payload_unchecked(tmp_path)
     store.put("index.seg", bytes(blob))
     with pytest.raises(CorruptDataError, match=r"\(index: expected"):
         BlockStream(store, "index.seg").next_batch(index_only=True)
+
+
+def test_a_forward_stream_and_ranged_gets_yield_a_sections_rows_alike_from_any_delta(tmp_path) -> None:
+    """The read path's two ways of fetching blocks: one streaming GET over the file (the compactor's pointer) and
+    ranged GETs (consumers), on small sections sharing blocks, a section of two blocks under SEEK_BYTES (one ranged
+    GET) and one of several blocks over it (read through the footer)."""
+    store = LocalStore(tmp_path)
+
+    def section(count: int, value_bytes: int, step: int = 1) -> pa.Table:
+        deltas = np.arange(count, dtype=np.int64) * step
+        return section_table(deltas, [1] * count, [b"k%d" % i for i in range(count)], [os.urandom(value_bytes) for _ in range(count)])
+
+    tables = [("t", p, section(3 + p % 4, 40, step=1 + p % 2)) for p in range(12)]
+    tables += [("t", 12, section(70_000, 1)), ("t", 13, section(5_000, 1000, step=2)), ("t", 14, section(4, 40))]
+    blob, infos = write_segment(tables, "lz4")
+    store.put("f.seg", blob)
+    footer = read_footer(store, "f.seg")
+    assert infos[12].byte_length < SEEK_BYTES < infos[13].byte_length and len(footer.blocks_of(infos[13])) > 3
+    assert footer.blocks_of(infos[0]) == footer.blocks_of(infos[5])  # small sections share a block
+
+    def deltas_of(info: SectionInfo) -> list[int]:
+        """0, inside its first block, a block's first delta and the one after it, a hole, the last, past the last."""
+        firsts = footer.block_first_deltas[footer.blocks_of(info)]
+        boundary = int(firsts[1]) if len(firsts) > 1 else info.last_delta
+        return [0, min(1, info.last_delta), boundary, boundary + 1, info.last_delta - 1, info.last_delta, info.last_delta + 1]
+
+    for which in range(7):
+        before = store.counters.snapshot()
+        stream = SectionStream(store, "f.seg", len(blob))
+        streamed = [list(stream.rows(info, deltas_of(info)[which])) for info in infos]
+        stream.close()
+        assert (store.counters.snapshot() - before).get == 1  # the whole file, front to back
+        for info, (_, _, table), pieces in zip(infos, tables, streamed, strict=True):
+            from_delta = deltas_of(info)[which]
+            ranged = list(read_section_from(store, "f.seg", info, from_delta))
+            assert [piece.num_rows for piece in pieces] == [piece.num_rows for piece in ranged] and all(p.num_rows for p in pieces)
+            got = pa.Table.from_batches(pieces, SECTION_SCHEMA)
+            assert got.equals(pa.Table.from_batches(ranged, SECTION_SCHEMA))
+            assert got.equals(table.filter(pa.array(table.column("offset_delta").to_numpy() >= from_delta)))

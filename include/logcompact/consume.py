@@ -4,7 +4,8 @@ Offsets live in the catalog: a section's records carry offset deltas, and the ca
 section's first offset. A read asks the snapshot for the sections of its one partition and offset range
 (one indexed query, whatever else the catalog holds), then reads each in offset order through the format's one
 read path of a section from an offset (`format.read_section_from`: one ranged GET, or, for a long section, block
-by block from the one holding the first offset wanted); sections whose offset ranges overlap (a compaction output
+by block from the one holding the first offset wanted), the path Fetch reads too and the engine reads from one
+forward stream per file (`format.SectionStream`); sections whose offset ranges overlap (a compaction output
 spans a hole that another file fills) are merged by offset. Holes left by compaction are simply absent, as Kafka consumers expect.
 """
 

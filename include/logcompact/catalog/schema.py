@@ -161,9 +161,10 @@ def section_crc_binding(
     not a damaged row whose blocks are still the file's. Two rows of one file swapped by partition (the same
     offsets, so every check of offsets passes) would show one partition's records under the other, and a row
     shifted onto offsets of a section outside a compaction's plan would be copied there as if true. Bound, each
-    is a CRC mismatch where its blocks are read (`format.reader.read_section`, `consume`, the engine's cursor):
-    one CorruptDataError, and a compaction sets the partition aside. Timestamps, counts of bytes and tombstones,
-    the sketch are not bound: a change there misplaces no record.
+    is a CRC mismatch where its blocks are read (the format's one read path of a section, by ranged GETs for
+    `consume` and Fetch, from one forward stream for the engine): one CorruptDataError, and a compaction sets the
+    partition aside. Timestamps, counts of bytes and tombstones, the sketch are not bound: a change there misplaces
+    no record.
 
     One pack and one CRC per row (zlib's CRC-32 of the eight fields as little-endian 64-bit integers): a planner
     loads hundreds of thousands of rows per pass. A value that is no 64-bit integer (a damaged SQLite row) raises

@@ -64,9 +64,8 @@ from logcompact.catalog import CatalogSection, DataFile, SetAside
 from logcompact.engine.offset_map import CompactOffsetMap, OffsetMap
 from logcompact.engine.stats import CompactionStats, JobResult
 from logcompact.exceptions import CorruptDataError
-from logcompact.format import BlockStream, SegmentWriter
-from logcompact.format.layout import INDEX_COLUMNS, MAX_OFFSET_SPAN, SECTION_SCHEMA, SectionInfo, key_hash_words
-from logcompact.format.reader import section_rows
+from logcompact.format import SectionStream, SegmentWriter
+from logcompact.format.layout import INDEX_COLUMNS, MAX_OFFSET_SPAN, SECTION_SCHEMA, key_hash_words
 from logcompact.format.writer import SectionBuilder
 from logcompact.plan import Plan, TopicPartition
 from logcompact.store.base import ObjectStore
@@ -76,75 +75,6 @@ log = logging.getLogger(__name__)
 
 
 # -- reading: two pointers per file, merged per partition --------------------------------------------
-
-
-class _FileCursor:
-    """One streaming GET over a file, handing out the rows of each requested section in file order.
-
-    Small sections share a block: the block decoded last is kept, so the next section in it costs no read.
-    Blocks holding no requested section are read past without being decoded. Each section's first block must
-    be the one the catalog records (its index CRC-32), and the store's object the catalog's size. After damage
-    the stream's place is unknown: the next section is read by a new GET from its own block."""
-
-    def __init__(self, store: ObjectStore, data_file: DataFile, index_only: bool) -> None:
-        self.key = data_file.key
-        self._store = store
-        self._size = data_file.size
-        self._index_only = index_only
-        self._stream: BlockStream | None = None
-        self._resume = False  # after damage: reopen at the next section's block, past the header checked before
-        self._batch: pa.RecordBatch | None = None
-        self._batch_position = -1
-        self._batch_crc = -1
-
-    def rows(self, placed: CatalogSection) -> Iterator[pa.RecordBatch]:
-        """The section's records, batch by batch, checked against the catalog's record of it; sections must be
-        asked for in file order. Damage is a CorruptDataError whose `key` names this file."""
-        try:
-            # The order of offsets is checked once per coalesced batch (`_with_offsets`), not per section. Pass 1
-            # only fills the key map: pass 2 reads every section again with every check before a record is written,
-            # and a partition failing there is taken back whole.
-            yield from section_rows(
-                self.key, placed.info, self._blocks_from(placed.info), check_order=False, check_deltas=not self._index_only
-            )
-        except CorruptDataError as damage:
-            self._batch_position = -1
-            if self._stream is not None:
-                self._stream.close()
-                self._stream = None
-            self._resume = True
-            damage.key = self.key
-            raise
-
-    def _blocks_from(self, info: SectionInfo) -> Iterator[pa.RecordBatch]:
-        if info.byte_offset != self._batch_position:
-            self._read_block(info.byte_offset)
-        if self._batch_crc != info.crc32:
-            raise CorruptDataError(
-                f"{self.key}: section {info.topic}/{info.partition} at byte {info.byte_offset}: the catalog records a "
-                f"block of index CRC-32 {info.crc32:#010x}, the file holds {self._batch_crc:#010x}: the file was "
-                "replaced or is corrupt, or the catalog's row of the section was changed; restore the file from a copy "
-                "or the catalog database from a backup"
-            )
-        while True:
-            yield self._batch
-            self._read_block(None)
-
-    def _read_block(self, position: int | None) -> None:
-        """Decode the block at `position` (None: the next one), reading past the blocks before it."""
-        if self._stream is None:
-            start = position if self._resume and position is not None else 0
-            self._stream = BlockStream(self._store, self.key, self._size, start)
-        if position is not None:
-            self._stream.advance_to(position)
-        self._batch_position = self._stream.position
-        self._batch = self._stream.next_batch(self._index_only)
-        self._batch_crc = self._stream.index_crc
-
-    def close(self) -> None:
-        """End the GET. Blocks past the last one used are not read: nothing of them is needed."""
-        if self._stream is not None:
-            self._stream.close()
 
 
 # Consecutive sections of a partition are processed as one batch of up to this many rows and bytes, so a
@@ -472,22 +402,28 @@ def _stored_bytes(inputs: Iterable[DataFile]) -> int:
 
 
 class _Cursors:
-    """The streams of one pass, opened on first use: at most one GET per input file."""
+    """The pointers of one pass, one forward stream per input file (the format's `SectionStream`, opened on first
+    use: at most one GET per input file), handing out each section's rows in file order."""
 
     def __init__(self, store: ObjectStore, index_only: bool) -> None:
         self._store = store
         self._index_only = index_only
-        self._open: dict[str, _FileCursor] = {}
+        self._open: dict[str, SectionStream] = {}
 
     def rows(self, data_file: DataFile, placed: CatalogSection) -> Iterator[pa.RecordBatch]:
-        cursor = self._open.get(data_file.key)
-        if cursor is None:
-            cursor = self._open[data_file.key] = _FileCursor(self._store, data_file, self._index_only)
-        return cursor.rows(placed)
+        """The section's records, batch by batch, checked against the catalog's record of it. Damage is a
+        CorruptDataError whose `key` names the file."""
+        stream = self._open.get(data_file.key)
+        if stream is None:
+            stream = self._open[data_file.key] = SectionStream(self._store, data_file.key, data_file.size, self._index_only)
+        # The order of offsets is checked once per coalesced batch (`_with_offsets`), not per section. Pass 1 only
+        # fills the key map: pass 2 reads every section again with every check before a record is written, and a
+        # partition failing there is taken back whole.
+        return stream.rows(placed.info, check_order=False, check_deltas=not self._index_only)
 
     def close(self) -> None:
-        for cursor in self._open.values():
-            cursor.close()
+        for stream in self._open.values():
+            stream.close()
 
 
 class _PartitionCleaner:

@@ -1,9 +1,10 @@
-"""Reads segment files: a section by one ranged GET, a file's blocks front to back from one streaming GET,
-and the footer's index. Every block's CRC-32 is checked before any of its bytes are decoded."""
+"""Reads segment files: the one read path of a section from an offset, its blocks fetched by ranged GETs
+(`read_section_from`) or from one forward streaming GET over the file (`SectionStream`), and the footer's index.
+Every block's CRC-32 is checked before any of its bytes are decoded."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -119,20 +120,34 @@ def iter_blocks(name: str, data: memoryview | bytes, position: int, index_only: 
 
 
 def section_rows(
-    name: str, info: SectionInfo, batches: Iterator[pa.RecordBatch], check_order: bool = True, check_deltas: bool = True
+    name: str,
+    info: SectionInfo,
+    batches: Iterator[pa.RecordBatch],
+    *,
+    from_delta: int = 0,
+    check_order: bool = True,
+    check_deltas: bool = True,
+    resume: tuple[int, int, int] | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """The section's `record_count` rows from row `first_row` of consecutive blocks' batches, checked against the
-    catalog's record as they pass: offset deltas from 0, increasing (unless the caller checks the order of many
-    sections at once, `check_order` False), ending at `last_delta` (unless the caller reads every row again with
-    these checks before using any, `check_deltas` False). No batch is asked for beyond the one holding the last
-    row (a streaming reader would read past the section)."""
+    """The section's rows whose offset delta is `from_delta` or more, from consecutive blocks' batches starting at
+    its first block, checked against the catalog's record as they pass: `record_count` rows from row `first_row`,
+    offset deltas from 0, increasing (unless the caller checks the order of many sections at once, `check_order`
+    False), ending at `last_delta` (unless the caller reads every row again with these checks before using any,
+    `check_deltas` False). No batch is asked for beyond the one holding the last row (a streaming reader would read
+    past the section). The one implementation of a section's rows from a delta, checked, whichever way its blocks
+    are fetched: ranged GETs (`read_section_from`) or one forward stream (`SectionStream`).
+
+    `resume` (rows to skip in the first batch, rows left, the delta before them) starts at a later block of the
+    section, one found through the footer. Rows before `from_delta` are found by their checked deltas, so a read
+    from a delta keeps every check."""
     if not 1 <= info.record_count <= info.last_delta + 1:
         raise CorruptDataError(
             f"{name}: section {info.topic}/{info.partition} at byte {info.byte_offset}: the catalog records "
             f"{info.record_count} record(s) in offset deltas 0 to {info.last_delta}, which cannot be; the catalog is corrupt"
         )
-    skip, left = info.first_row, info.record_count
-    previous = -1
+    if from_delta and not (check_order and check_deltas):
+        raise ValueError("a section's rows from a delta are found by its checked offset deltas: keep check_order and check_deltas")
+    skip, left, previous = (info.first_row, info.record_count, -1) if resume is None else resume
     for batch in batches:
         if skip >= batch.num_rows:
             skip -= batch.num_rows
@@ -142,7 +157,11 @@ def section_rows(
         left -= piece.num_rows
         if check_deltas:
             previous = check_section_piece(name, info, piece, previous, left == 0, check_order)
-        yield piece
+        if not from_delta:
+            yield piece
+        elif previous >= from_delta:  # the piece's last delta: some of its rows are wanted
+            deltas = piece.column(0).to_numpy()  # offset_delta, increasing (checked)
+            yield piece.slice(int(np.searchsorted(deltas, from_delta)))
         if left == 0:
             return
     raise CorruptDataError(
@@ -195,17 +214,25 @@ class Section:
 def read_section(store: ObjectStore, key: str, info: SectionInfo, index_only: bool = False) -> Section:
     """One section by one ranged GET of its blocks, every block checked before it is decoded; with
     `index_only`, only the index columns."""
+    return Section(info, list(section_rows(key, info, _ranged_blocks(store, key, info, index_only))))
+
+
+def _ranged_blocks(store: ObjectStore, key: str, info: SectionInfo, index_only: bool) -> Iterator[pa.RecordBatch]:
+    """The batches of the section's blocks by one ranged GET, its first block the catalog's."""
     data = store.get_range(key, info.byte_offset, info.byte_length)
     if len(data) != info.byte_length:
         raise CorruptDataError(f"{key}: section {info.topic}/{info.partition} at byte {info.byte_offset} is cut short; the file is incomplete")
-    first_crc = BLOCK_PREFIX.unpack_from(data, 0)[1] if len(data) >= BLOCK_PREFIX.size else -1  # its index CRC
-    if first_crc != info.crc32:
+    _check_first_block(key, info, BLOCK_PREFIX.unpack_from(data, 0)[1] if len(data) >= BLOCK_PREFIX.size else -1)
+    return (batch for _, batch in iter_blocks(key, data, info.byte_offset, index_only))
+
+
+def _check_first_block(name: str, info: SectionInfo, index_crc: int) -> None:
+    """The section's first block must be the one the catalog records: its index CRC-32."""
+    if index_crc != info.crc32:
         raise CorruptDataError(
-            f"{key}: section {info.topic}/{info.partition} at byte {info.byte_offset}: the catalog records a block of "
-            f"index CRC-32 {info.crc32:#010x}, the file holds {first_crc:#010x}: {_REPLACED_OR_CHANGED}"
+            f"{name}: section {info.topic}/{info.partition} at byte {info.byte_offset}: the catalog records a block of "
+            f"index CRC-32 {info.crc32:#010x}, the file holds {index_crc:#010x}: {_REPLACED_OR_CHANGED}"
         )
-    batches = (batch for _, batch in iter_blocks(key, data, info.byte_offset, index_only))
-    return Section(info, list(section_rows(key, info, batches)))
 
 
 # -- a section from an offset ----------------------------------------------------------------------------
@@ -220,23 +247,17 @@ CHUNK_BYTES = 8 * 1024 * 1024
 
 def read_section_from(store: ObjectStore, key: str, info: SectionInfo, from_delta: int = 0, index_only: bool = False) -> Iterator[pa.RecordBatch]:
     """The section's rows whose offset delta is `from_delta` or more, in order (SECTION_SCHEMA, or the index columns
-    with `index_only`), checked against the catalog's record as they pass: the one read path of a section from an
-    offset, for consumers (`logcompact consume`, Fetch).
+    with `index_only`), checked against the catalog's record as they pass (`section_rows`): the one read path of a
+    section from an offset, by ranged GETs, for consumers (`logcompact consume`, Fetch). The engine reads the same
+    path from one forward stream per file pointer (`SectionStream`).
 
-    A section up to SEEK_BYTES is one ranged GET. A longer one is read through its file's footer (parsed once while
-    a CachedStore holds it) from the block holding `from_delta`, in chunks of about CHUNK_BYTES of blocks, one ranged
-    GET each, so memory stays bounded whatever the section's size."""
+    A section up to SEEK_BYTES is one ranged GET, checked whole before a row is yielded. A longer one is read through
+    its file's footer (parsed once while a CachedStore holds it) from the block holding `from_delta`, in chunks of
+    about CHUNK_BYTES of blocks, one ranged GET each, so memory stays bounded whatever the section's size."""
     if info.byte_length <= SEEK_BYTES:
-        pieces: Iterable[pa.RecordBatch] = read_section(store, key, info, index_only).batches
+        yield from list(section_rows(key, info, _ranged_blocks(store, key, info, index_only), from_delta=from_delta))
     else:
-        pieces = _long_section_from(store, key, info, from_delta, index_only)
-    for piece in pieces:
-        if from_delta:
-            deltas = piece.column(0).to_numpy()  # offset_delta, increasing (checked)
-            if deltas[-1] < from_delta:
-                continue
-            piece = piece.slice(int(np.searchsorted(deltas, from_delta)))
-        yield piece
+        yield from _long_section_from(store, key, info, from_delta, index_only)
 
 
 def _long_section_from(store: ObjectStore, key: str, info: SectionInfo, from_delta: int, index_only: bool) -> Iterator[pa.RecordBatch]:
@@ -249,17 +270,26 @@ def _long_section_from(store: ObjectStore, key: str, info: SectionInfo, from_del
     if from_delta > 0:
         later = footer.block_first_deltas[blocks.start + 1 : blocks.stop]
         first = blocks.start + int(np.searchsorted(later, from_delta, side="right"))
-    skip = info.first_row if first == blocks.start else 0
-    # Deltas are checked from where the read starts: the first from 0 only when that is the section's start.
-    previous = -1 if first == blocks.start else int(footer.block_first_deltas[first]) - 1
-    left = info.record_count - max(0, int(rows_before[first - blocks.start]))
-    # Blocks are fetched in the section's chunks: those starting in the same CHUNK_BYTES of it, one ranged GET each,
-    # the whole chunk whichever of its blocks the read starts at, so that reads from any offset of it ask for the
-    # same range and a cache in front of the store (Fetch's) serves every read after the first.
+    # A read starting past the section's first block checks deltas from there: after the delta before that block.
+    resume = None
+    if first > blocks.start:
+        resume = (0, info.record_count - int(rows_before[first - blocks.start]), int(footer.block_first_deltas[first]) - 1)
+    batches = _chunked_blocks(store, key, info, footer, blocks, first, index_only)
+    return section_rows(key, info, batches, from_delta=from_delta, resume=resume)
+
+
+def _chunked_blocks(
+    store: ObjectStore, key: str, info: SectionInfo, footer: Footer, blocks: range, first: int, index_only: bool
+) -> Iterator[pa.RecordBatch]:
+    """The batches of the section's blocks (`blocks`, by the footer) from block `first` on, as they are asked for.
+
+    Blocks are fetched in the section's chunks: those starting in the same CHUNK_BYTES of it, one ranged GET each,
+    the whole chunk whichever of its blocks the read starts at, so that reads from any offset of it ask for the
+    same range and a cache in front of the store (Fetch's) serves every read after the first."""
     starts = footer.block_offsets[blocks.start : blocks.stop]
     chunk_of = (starts - info.byte_offset) // CHUNK_BYTES
     block = first
-    while block < blocks.stop and left > 0:
+    while block < blocks.stop:
         chunk = chunk_of[block - blocks.start]
         chunk_first = blocks.start + int(np.searchsorted(chunk_of, chunk, side="left"))
         end = blocks.start + int(np.searchsorted(chunk_of, chunk, side="right"))
@@ -268,13 +298,7 @@ def _long_section_from(store: ObjectStore, key: str, info: SectionInfo, from_del
         data = memoryview(store.get_range(key, start, length))
         at = int(footer.block_offsets[block])
         for _, batch in iter_blocks(key, data[at - start :], at, index_only):
-            piece = batch.slice(skip, left)
-            skip, left = 0, left - piece.num_rows
-            if piece.num_rows:
-                previous = check_section_piece(key, info, piece, previous, complete=left == 0)
-                yield piece
-            if left == 0:
-                return
+            yield batch
         block = end
 
 
@@ -410,12 +434,12 @@ def _last_block(rows: np.ndarray, first: int, first_row: int, count: int) -> int
 
 
 class BlockStream:
-    """A file's blocks front to back from a single streaming GET, without seeking: the compactor's pointer.
+    """A file's blocks front to back from a single streaming GET, without seeking: what a `SectionStream` reads.
 
     `advance_to(position)` reads past (without decoding or checking) the blocks before `position`; `next_batch()`
-    checks the next block's CRC and decodes it. Two of these on one file are the two independent pointers
-    of the two-pass compaction. With `size` (the catalog's record), a store answering another size is refused
-    before a byte is read; `start` resumes at a block past damage (the header was checked by the first stream).
+    checks the next block's CRC and decodes it. With `size` (the catalog's record), a store answering another size
+    is refused before a byte is read; `start` resumes at a block past damage (the header was checked by the first
+    stream).
     """
 
     def __init__(self, store: ObjectStore, key: str, size: int | None = None, start: int = 0) -> None:
@@ -483,3 +507,68 @@ class BlockStream:
 
     def close(self) -> None:
         self._stream.close()
+
+
+class SectionStream:
+    """The read path of a section from an offset over one forward streaming GET of its file, opened on first use:
+    sections asked for in file order, each yielded as `read_section_from` yields it, with the same checks
+    (`section_rows`). The compactor's pointer: two of these on one file are the two independent pointers of the
+    two-pass compaction, one GET each, however many sections they read.
+
+    Small sections share a block: the block decoded last is kept, so the next section in it costs no read. Blocks
+    holding no section asked for are read past without being decoded. Each section's first block must be the one
+    the catalog records (its index CRC-32), and, with `size`, the store's object the catalog's size. With
+    `index_only`, only the index columns are decoded (payloads read past unchecked). After damage the stream's place
+    is unknown: the next section is read by a new GET from its own block."""
+
+    def __init__(self, store: ObjectStore, key: str, size: int | None = None, index_only: bool = False) -> None:
+        self.key = key
+        self._store = store
+        self._size = size
+        self._index_only = index_only
+        self._stream: BlockStream | None = None
+        self._resume = False  # after damage: reopen at the next section's block, past the header checked before
+        self._batch: pa.RecordBatch | None = None
+        self._batch_position = -1
+        self._batch_crc = -1
+
+    def rows(self, info: SectionInfo, from_delta: int = 0, *, check_order: bool = True, check_deltas: bool = True) -> Iterator[pa.RecordBatch]:
+        """The section's rows whose offset delta is `from_delta` or more, in order, checked as they pass
+        (`section_rows`, whose `check_order` and `check_deltas` these are); sections must be asked for in file
+        order. Damage is a CorruptDataError whose `key` names this file."""
+        try:
+            yield from section_rows(
+                self.key, info, self._blocks_from(info), from_delta=from_delta, check_order=check_order, check_deltas=check_deltas
+            )
+        except CorruptDataError as damage:
+            self._batch_position = -1
+            if self._stream is not None:
+                self._stream.close()
+                self._stream = None
+            self._resume = True
+            damage.key = self.key
+            raise
+
+    def _blocks_from(self, info: SectionInfo) -> Iterator[pa.RecordBatch]:
+        if info.byte_offset != self._batch_position:
+            self._read_block(info.byte_offset)
+        _check_first_block(self.key, info, self._batch_crc)
+        while True:
+            yield self._batch
+            self._read_block(None)
+
+    def _read_block(self, position: int | None) -> None:
+        """Decode the block at `position` (None: the next one), reading past the blocks before it."""
+        if self._stream is None:
+            start = position if self._resume and position is not None else 0
+            self._stream = BlockStream(self._store, self.key, self._size, start)
+        if position is not None:
+            self._stream.advance_to(position)
+        self._batch_position = self._stream.position
+        self._batch = self._stream.next_batch(self._index_only)
+        self._batch_crc = self._stream.index_crc
+
+    def close(self) -> None:
+        """End the GET. Blocks past the last one used are not read: nothing of them is needed."""
+        if self._stream is not None:
+            self._stream.close()
