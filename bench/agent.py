@@ -26,8 +26,9 @@ catalog and a local store in a temporary directory. Measures (targets from issue
 * a consumer group of 3 (one group, subscribing at once): seconds from subscribing to every member's first record
   (<= 5 s);
 * the agent's resident memory after each measure (printed), and its largest while `--clients` (100) clients work
-  at once for `--clients-seconds`: half producers (each its own librdkafka instance, acks=all), half consumers of
-  one group, beside the bounds its settings set.
+  at once for `--clients-seconds`: half producers (each its own librdkafka instance, acks=all, `--clients-rate`
+  records a second), half consumers of one group (a partition each), beside the bounds its settings set; records
+  acked and consumed (the consumers get a third more time to catch up), and when the group's first record came.
 
 Figures are printed, never asserted. The CPU model and load average are printed beside them: this machine is
 shared, and the figures move with its load.
@@ -252,13 +253,24 @@ def compact(catalog: Catalog, topic: str) -> int:
 # -- the run ----------------------------------------------------------------------------------------------
 
 
-def many_clients(cluster: Cluster, process: psutil.Process, topic: str, clients: int, seconds: float) -> tuple[int, int, int]:
-    """`clients` // 2 producers (each its own librdkafka instance and connections) and as many consumers of one
-    group on `topic` (a partition each) for `seconds`: the agent's largest resident memory meanwhile, records
-    produced and consumed."""
-    stop = threading.Event()
+@dataclass
+class ClientsFigures:
+    largest_rss: int
+    produced: int
+    consumed: int
+    first_record_s: float  # from the consumers' start to the group's first record (nan: none)
+
+
+def many_clients(cluster: Cluster, process: psutil.Process, topic: str, clients: int, seconds: float, rate: int) -> ClientsFigures:
+    """`clients` // 2 producers (each its own librdkafka instance and connections, `rate` records a second each, to a
+    partition of its own) and as many consumers of one group on `topic` (a partition each) for `seconds`, then
+    `seconds` / 3 more for the consumers to catch up: the agent's largest resident memory meanwhile, records acked
+    and consumed. librdkafka sends a Produce request per partition: a producer spreading its records over all 50
+    partitions would ask 50 times the requests for the same records."""
+    stop_producing, stop_consuming = threading.Event(), threading.Event()
     counted = threading.Lock()
-    produced, consumed = [0], [0]
+    produced, consumed, first_record = [0], [0], [float("nan")]
+    started = time.monotonic()
 
     def add(total: list[int], count: int) -> None:
         with counted:  # `total[0] += f()` would read the total before f() blocks, and overwrite others' counts
@@ -269,33 +281,41 @@ def many_clients(cluster: Cluster, process: psutil.Process, topic: str, clients:
 
     def producing(number: int) -> None:
         producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all", "linger.ms": 50})
-        value = b"v" * 100
-        while not stop.is_set():
-            for n in range(200):
-                producer.produce(topic, value, b"p%d-%d" % (number, n), on_delivery=delivered)
+        value, sent, begun = b"v" * 100, 0, time.monotonic()
+        while not stop_producing.is_set():
+            due = int((time.monotonic() - begun) * rate)
+            for n in range(sent, due):
+                producer.produce(topic, value, b"p%d-%d" % (number, n % 1000), partition=number % partitions, on_delivery=delivered)
+            sent = due
             producer.poll(0.05)
-        producer.flush(30)
+        producer.flush(60)
 
     def consuming() -> None:
         consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": f"{topic}-readers", "auto.offset.reset": "earliest"})
         consumer.subscribe([topic])
-        while not stop.is_set():
-            messages = consumer.consume(1000, 0.2)
-            add(consumed, sum(message.error() is None for message in messages))
+        while not stop_consuming.is_set():
+            count = sum(message.error() is None for message in consumer.consume(1000, 0.2))
+            if count:
+                with counted:
+                    consumed[0] += count
+                    if first_record[0] != first_record[0]:  # nan: this is the group's first record
+                        first_record[0] = time.monotonic() - started
         consumer.close()
 
-    threads = [threading.Thread(target=producing, args=(n,)) for n in range(clients // 2)]
-    threads += [threading.Thread(target=consuming) for _ in range(clients - clients // 2)]
-    for thread in threads:
+    partitions = clients - clients // 2
+    producers = [threading.Thread(target=producing, args=(n,)) for n in range(clients // 2)]
+    consumers = [threading.Thread(target=consuming) for _ in range(partitions)]
+    for thread in producers + consumers:
         thread.start()
-    largest, deadline = 0, time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        largest = max(largest, process.memory_info().rss)
-        time.sleep(0.5)
-    stop.set()
-    for thread in threads:
-        thread.join(timeout=120)
-    return largest, produced[0], consumed[0]
+    largest = 0
+    for stop, until in ((stop_producing, started + seconds), (stop_consuming, started + seconds * 4 / 3)):
+        while time.monotonic() < until:
+            largest = max(largest, process.memory_info().rss)
+            time.sleep(0.5)
+        stop.set()
+        for thread in producers if stop is stop_producing else consumers:
+            thread.join(timeout=120)
+    return ClientsFigures(largest, produced[0], consumed[0], first_record[0])
 
 
 def group_join_to_first_record(cluster: Cluster, topic: str, members: int = 3) -> float:
@@ -349,6 +369,7 @@ def main() -> None:
     parser.add_argument("--measures", default="produce,latency,fetch,group,clients", help="which to run, comma-separated")
     parser.add_argument("--clients", type=int, default=100, help="producers and consumers at once in the clients measure")
     parser.add_argument("--clients-seconds", type=float, default=30.0)
+    parser.add_argument("--clients-rate", type=int, default=1000, help="records a second of each producer in the clients measure")
     args = parser.parse_args()
     if args.quick:
         args.records, args.repeat, args.latency_seconds = min(args.records, 200_000), 1, 5.0
@@ -410,10 +431,12 @@ def main() -> None:
 
         if "clients" in measures:
             agent.create_topic("clients", "delete", partitions=args.clients - args.clients // 2)
-            largest, produced, consumed = many_clients(agent, process, "clients", args.clients, args.clients_seconds)
-            rss[f"with {args.clients} clients"] = largest
-            print(f"{args.clients // 2} producers and {args.clients - args.clients // 2} consumers for {args.clients_seconds:.0f} s: "
-                  f"{produced:,} records acked, {consumed:,} consumed", flush=True)
+            clients = many_clients(agent, process, "clients", args.clients, args.clients_seconds, args.clients_rate)
+            rss[f"with {args.clients} clients"] = clients.largest_rss
+            producers, consumers = args.clients // 2, args.clients - args.clients // 2
+            print(f"{producers} producers at {args.clients_rate:,} records/s each for {args.clients_seconds:.0f} s and {consumers} consumers of one "
+                  f"group: {clients.produced:,} records acked ({clients.produced / args.clients_seconds:,.0f}/s), {clients.consumed:,} consumed "
+                  f"(the group's first record {clients.first_record_s:.1f} s after the start)", flush=True)
 
     agent_of = {name: median(values) for name, values in figures["agent"].items()}
     mock_of = {name: median(values) for name, values in figures["mock"].items()}
