@@ -1,0 +1,620 @@
+"""WarpStream's regime, all at once: agent processes ingesting into 1,000 compacted partitions while compactions
+keep up (or do not), on SQLite and on PostgreSQL.
+
+    .venv/bin/python bench/regime.py [--database sqlite|postgresql ...] [--agents 10] [--partitions 1000]
+                                     [--flush-ms 250] [--compactors 2] [--seconds 600] [--find-load]
+
+Quick look (a minute, a tenth of the load): `bench/regime.py --database sqlite --agents 2 --partitions 100 --seconds 45`.
+
+For each database (by default both: SQLite in the store's directory, and PostgreSQL 15 on a throw-away server
+on disk at its default durability, fsync on) it runs for --seconds:
+
+* --agents processes, each a real `logcompact.ingest.Agent` writing a real L0 segment file to a `file://` store
+  every --flush-ms and committing it to the catalog; each file holds a record for each of --partitions
+  topic-partitions (10 compacted topics, max.compaction.lag.ms 2 h, WarpStream's floor), 100-byte random values
+  under 100 keys a partition, so compaction has duplicates to remove;
+* --compactors processes, each doing what a run of the compaction DAG does, back to back: `prepare_plans`
+  (the regular planner's level plans, leased and written to the store), `run_here` (each group run by the
+  engine, then `commit_plans`); the first also runs the max-lag pass (`prepare_plans` in mode max-lag) at the
+  start and then every `max_lag_pass_interval_ms`, as the hourly DAG does. A compactor that finds nothing due
+  looks again after a second, where the DAG's sensor pokes every minute: the most compaction a scheduler gets.
+  Garbage collection (a 6-hourly DAG with a 1 h grace) does not run within the window.
+
+It prints, every 30 s, the live files per level (the L0 backlog first, the files leased to plans in flight)
+and the compaction lag; then the appends asked and achieved (per second; one append is one file written and
+committed), the flush latency (write + commit, as the agent's caller waits for it) p50/p99/max, the
+compactions committed, the catalog's size, CPU per process group (agents, compactors, the database server,
+this monitor; SQLite's work is inside the agents and compactors) and, on PostgreSQL, what its sessions in a
+statement or a transaction were doing (sampled each second: on CPU, waiting on a lock or the WAL, or
+waiting for their client mid-transaction), and a verdict: the regime holds when the appends achieved are at least
+95% of those asked, flush p99 is within 300 ms, the L0 backlog stayed bounded (its peak over the run's last
+third no higher than over its middle third plus one L0 plan's worth of files, `min_files[0]`) and no partition
+is past its max lag.
+
+The compaction lag is Kafka's `max-compaction-delay-secs` (kafka.log:type=LogCleanerManager): how far the oldest
+dirty record of any partition is past its topic's max.compaction.lag.ms, 0 when none is; a record is dirty until
+it is deduplicated against all older data of its partition, by the max-lag planner's own test
+(`planner.max_lag.dirty_partitions`, as `logcompact status` computes it). Beside it, the oldest dirty record's
+age: with a 2 h max lag a shorter run cannot pass it, and that age's growth says whether a longer one would.
+
+With --find-load, when a load does not hold it steps the agents down (10, 8, 6, 4, 3, 2, 1), a run of --seconds
+each, until one holds, and prints the largest load that held and what bound the one above it: the CPU (the
+machine at 85% busy or more; the process group using the most), else the database (the machine idle while the
+agents wait on commits: PostgreSQL's wait events say on what).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import importlib
+import multiprocessing
+import os
+import pwd
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pyarrow as pa
+from sqlalchemy import text
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "include"))
+
+from logcompact.catalog import Catalog
+from logcompact.exceptions import CommitConflictError
+from logcompact.format.layout import HEADERS_TYPE
+from logcompact.format.xxh3 import compile_hasher
+from logcompact.ingest import PRODUCE_SCHEMA, Agent
+from logcompact.jobs import prepare_plans, run_here
+from logcompact.planner import PlannerConfig
+from logcompact.planner.max_lag import dirty_partitions, effective_max_lag, max_lag_topics
+from logcompact.store import LocalStore
+from logcompact.topics import MIN_MAX_COMPACTION_LAG_MS, Topic
+
+TOPICS = 10
+KEYS = 100  # per partition: each file's record of a partition takes the next of these keys, round the 100
+VALUE_BYTES = 100
+START_DELAY_S = 15  # spawned interpreters import pyarrow, SQLAlchemy and the engine (numba) before the clock starts
+SAMPLE_S = 1.0  # backlog, CPU and PostgreSQL's wait events
+PRINT_S = 30.0  # a backlog and lag line
+IDLE_LOOK_AGAIN_S = 1.0
+HOLDS_ACHIEVED = 0.95
+HOLDS_P99_MS = 300.0
+CPU_BOUND_BUSY = 0.85
+AGENT_STEPS = (10, 8, 6, 4, 3, 2, 1)
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+
+
+def machine() -> str:
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), "unknown CPU")
+    return f"{model}, {os.cpu_count()} cores, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True)
+class Load:
+    agents: int
+    partitions: int
+    flush_ms: int
+    compactors: int
+
+    @property
+    def appends_per_s(self) -> float:
+        return self.agents * 1000 / self.flush_ms
+
+    def describe(self) -> str:
+        return (f"{self.agents} agents x {1000 / self.flush_ms:g} files/s x {self.partitions:,} partitions "
+                f"({TOPICS} topics x {self.partitions // TOPICS}), {self.compactors} compactors")
+
+
+# -- a throw-away PostgreSQL at its default durability -------------------------------------------------------------
+
+
+class ThrowAwayPostgres:
+    """A PostgreSQL cluster of its own in a temporary directory on disk, at the server's default settings (fsync,
+    synchronous_commit and full_page_writes on) but for where it listens: 127.0.0.1 and a free port. As root it runs
+    as the `postgres` user (PostgreSQL refuses root). `stop` stops it by the PID in its postmaster.pid."""
+
+    def __init__(self) -> None:
+        self.base = Path(tempfile.mkdtemp(prefix="logcompact-regime-pg-"))
+        self.data = self.base / "data"
+        self.sockets = self.base / "run"
+        self.sockets.mkdir()
+        self.log = self.base / "postgres.log"
+        self.as_postgres = os.geteuid() == 0
+        if self.as_postgres:
+            user = pwd.getpwnam("postgres")
+            for path in (self.base, self.sockets):
+                os.chown(path, user.pw_uid, user.pw_gid)
+        self.port = 0
+        self.pid: int | None = None
+        atexit.register(self.stop)
+
+    def _run(self, argv: list[str]) -> None:
+        prefix = ["runuser", "-u", "postgres", "--"] if self.as_postgres else []
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PG")} | {"LC_ALL": "C"}
+        found = subprocess.run(prefix + argv, cwd=self.base, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+        if found.returncode:
+            raise RuntimeError(f"{' '.join(argv[:2])} exited with {found.returncode}: {(found.stdout + found.stderr)[-2000:]}")
+
+    def start(self) -> None:
+        self._run([str(PG_BIN / "initdb"), "-D", str(self.data), "--auth=trust", "-U", "postgres", "--encoding=UTF8", "--locale=C"])
+        for attempt in range(3):  # a free port may be taken between finding it and the server binding it
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                self.port = probe.getsockname()[1]
+            options = f"-c listen_addresses=127.0.0.1 -p {self.port} -c unix_socket_directories={self.sockets}"
+            try:
+                self._run([str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60", "-o", options, "start"])
+                break
+            except RuntimeError:
+                if attempt == 2:
+                    raise
+        self.pid = int((self.data / "postmaster.pid").read_text().split()[0])
+        import psycopg
+
+        with psycopg.connect(host="127.0.0.1", port=self.port, user="postgres", dbname="postgres", autocommit=True) as connection:
+            settings: dict[str, str] = dict(connection.execute("SELECT name, setting FROM pg_settings WHERE name IN ('fsync', 'synchronous_commit')").fetchall())
+        print(f"  PostgreSQL on disk ({self.data}), pid {self.pid}, port {self.port}: fsync {settings['fsync']}, "
+              f"synchronous_commit {settings['synchronous_commit']}")
+
+    def new_database(self, name: str) -> str:
+        import psycopg
+
+        with psycopg.connect(host="127.0.0.1", port=self.port, user="postgres", dbname="postgres", autocommit=True) as connection:
+            connection.execute(f"CREATE DATABASE {name}")
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{name}"
+
+    def stop(self) -> None:
+        if self.pid is not None:
+            try:
+                self._run([str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "-t", "60", "stop"])
+            except (RuntimeError, subprocess.TimeoutExpired):
+                for signal_number in (signal.SIGQUIT, signal.SIGKILL):  # an immediate shutdown, then the last resort
+                    try:
+                        os.kill(self.pid, signal_number)
+                    except ProcessLookupError:
+                        break
+                    time.sleep(5)
+            self.pid = None
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+# -- the agents and the compactors, each a process of its own --------------------------------------------------------
+
+
+def topic_names() -> list[str]:
+    return [f"regime-{n}" for n in range(TOPICS)]
+
+
+def _agent_process(root: str, url: str | None, number: int, load: Load, start_at: float, seconds: float, out) -> None:
+    catalog = Catalog(LocalStore(root), url)
+    per_topic = load.partitions // TOPICS
+    partitions = np.arange(per_topic, dtype=np.int64)
+    keys = [pa.array([b"key-%03d" % k] * per_topic, pa.binary()) for k in range(KEYS)]
+    no_timestamps, no_headers = pa.nulls(per_topic, pa.int64()), pa.nulls(per_topic, HEADERS_TYPE)  # the agent's clock stamps them
+    rng = np.random.default_rng(number)
+    flushes: list[tuple[float, float]] = []  # (wall time done, seconds the flush took)
+    failures = 0
+    agent = Agent(catalog, background=False)
+    compile_hasher()  # as `logcompact agent` does at start: the key hashes' loop loads before the first flush, not in it
+    time.sleep(max(0.0, start_at - time.time()))
+    interval = load.flush_ms / 1000
+    tick = time.monotonic()
+    end = tick + seconds
+    sequence = 0
+    while tick < end and time.monotonic() < end:
+        values = rng.bytes(VALUE_BYTES * load.partitions)
+        for n, name in enumerate(topic_names()):
+            chunk = [values[(n * per_topic + p) * VALUE_BYTES:(n * per_topic + p + 1) * VALUE_BYTES] for p in range(per_topic)]
+            columns = pa.RecordBatch.from_arrays([no_timestamps, keys[sequence % KEYS], pa.array(chunk, pa.binary()), no_headers], schema=PRODUCE_SCHEMA)
+            agent.produce_columns(name, partitions, columns)
+        sequence += 1
+        started = time.perf_counter()
+        try:
+            agent.flush()
+            flushes.append((time.time(), time.perf_counter() - started))
+        except Exception as exc:  # counted and reported; an agent whose flush failed keeps failing, so a new one goes on
+            failures += 1
+            print(f"agent {number}: {exc}", file=sys.stderr)
+            agent = Agent(catalog, background=False)
+        tick += interval
+        time.sleep(max(0.0, tick - time.monotonic()))
+    out.put(("agent", number, {"flushes": flushes, "failures": failures}))
+
+
+def _compactor_process(root: str, url: str | None, number: int, start_at: float, seconds: float, out) -> None:
+    importlib.import_module("logcompact.engine.cleaner")  # the engine (numba) loads before the clock starts
+    catalog = Catalog(LocalStore(root), url)
+    config = PlannerConfig()
+    figures = {"plans": 0, "inputs": 0, "max_lag_plans": 0, "conflicts": 0, "failures": 0, "busy_s": 0.0}
+    time.sleep(max(0.0, start_at - time.time()))
+    end = time.monotonic() + seconds
+    next_max_lag_pass = time.monotonic() if number == 0 else float("inf")
+    while time.monotonic() < end:
+        mode = "regular"
+        if time.monotonic() >= next_max_lag_pass:
+            mode, next_max_lag_pass = "max-lag", next_max_lag_pass + config.max_lag_pass_interval_ms / 1000
+        started = time.perf_counter()
+        planned = False
+        try:
+            prepared = prepare_plans(catalog, mode, now_ms(), config)
+            planned = bool(prepared.plan_ids)
+            if planned:
+                run_here(catalog, prepared.plan_ids, prepared.groups, now_ms())
+                figures["plans" if mode == "regular" else "max_lag_plans"] += len(prepared.plan_ids)
+                figures["inputs"] += sum(estimate["files_replaced"] for estimate in prepared.estimates)
+        except CommitConflictError:
+            figures["conflicts"] += 1  # the other compactor leased or replaced these files first: plan again
+            planned = True
+        except Exception as exc:  # counted and reported: the figure is how many compactions failed
+            figures["failures"] += 1
+            print(f"compactor {number}: {str(exc).splitlines()[0]}", file=sys.stderr)
+            planned = True
+        if planned:
+            figures["busy_s"] += time.perf_counter() - started
+        else:
+            time.sleep(IDLE_LOOK_AGAIN_S)
+    out.put(("compactor", number, figures))
+
+
+# -- watching the run ---------------------------------------------------------------------------------------------
+
+
+class CpuGroup:
+    """CPU seconds of a group of processes over the window: each process from when the window starts, or from its
+    birth for one born later (a PostgreSQL backend); a process that exits keeps what it had at its last sample."""
+
+    def __init__(self, since: float) -> None:
+        self.since = since
+        self.first: dict[int, float] = {}
+        self.last: dict[int, float] = {}
+
+    def sample(self, processes: list[psutil.Process]) -> None:
+        for process in processes:
+            try:
+                times = process.cpu_times()
+                used = times.user + times.system
+                if process.pid not in self.first:
+                    self.first[process.pid] = 0.0 if process.create_time() > self.since else used
+                self.last[process.pid] = used
+            except psutil.Error:
+                continue
+
+    def seconds(self) -> float:
+        return sum(self.last[pid] - self.first[pid] for pid in self.last)
+
+
+@dataclass
+class Sample:
+    at: float  # seconds into the window
+    levels: dict[int, int]
+    leased: int
+
+
+@dataclass
+class Lag:
+    at: float
+    oldest_dirty_s: float  # the oldest dirty record's age, over every partition
+    delay_s: float  # max-compaction-delay-secs
+    past_max_lag: int  # partitions whose oldest dirty record is past the max lag
+    max_lag_s: float
+
+
+@dataclass
+class Figures:
+    load: Load
+    seconds: float
+    asked: float = 0
+    achieved: int = 0
+    failures: int = 0
+    latencies_ms: list[float] = field(default_factory=list)
+    compactors: list[dict] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
+    lags: list[Lag] = field(default_factory=list)
+    cpu: dict[str, float] = field(default_factory=dict)  # cores used, per group
+    machine_busy: float = 0.0
+    machine_iowait: float = 0.0
+    waits: Counter = field(default_factory=Counter)
+    catalog_bytes: int = 0
+    live_files: int = 0
+    live_sections: int = 0
+    section_rows: int = 0
+
+    def percentile(self, q: float) -> float:
+        ordered = sorted(self.latencies_ms)
+        return ordered[min(len(ordered) - 1, int(len(ordered) * q))] if ordered else float("nan")
+
+    def backlog_peaks(self) -> tuple[int, int]:
+        """The L0 backlog's peak over the window's middle third and over its last third."""
+        def peak(low: float, high: float) -> int:
+            return max((s.levels.get(0, 0) for s in self.samples if low <= s.at < high), default=0)
+        return peak(self.seconds / 3, 2 * self.seconds / 3), peak(2 * self.seconds / 3, self.seconds + 1)
+
+    def bounded(self) -> bool:
+        middle, last = self.backlog_peaks()
+        return last <= middle + PlannerConfig().min_files[0]
+
+    def past_max_lag(self) -> int:
+        return max((lag.past_max_lag for lag in self.lags), default=0)
+
+    def checks(self) -> list[tuple[str, bool]]:
+        achieved = self.achieved / self.asked if self.asked else 0.0
+        return [
+            (f"appends achieved {100 * achieved:.0f}% of asked (>= {100 * HOLDS_ACHIEVED:.0f}%)", achieved >= HOLDS_ACHIEVED),
+            (f"flush p99 {self.percentile(0.99):,.0f} ms (<= {HOLDS_P99_MS:.0f} ms)", self.percentile(0.99) <= HOLDS_P99_MS),
+            (f"L0 backlog {'bounded' if self.bounded() else 'growing'} (peak {self.backlog_peaks()[0]:,} then {self.backlog_peaks()[1]:,})",
+             self.bounded()),
+            (f"{self.past_max_lag()} partitions past their max lag", self.past_max_lag() == 0),
+            (f"{self.failures} failed appends", self.failures == 0),
+        ]
+
+    def holds(self) -> bool:
+        return all(ok for _, ok in self.checks())
+
+    def binding(self) -> str:
+        """What bound this load: the CPU when the machine was busy, else the database the agents waited on."""
+        cores = os.cpu_count() or 1
+        groups = ", ".join(f"{name} {used:.2f}" for name, used in self.cpu.items())
+        if self.machine_busy >= CPU_BOUND_BUSY:
+            heaviest = max(self.cpu, key=lambda name: self.cpu[name])
+            return (f"CPU: the machine {100 * self.machine_busy:.0f}% busy; {heaviest} used the most "
+                    f"({self.cpu[heaviest]:.2f} of {cores} cores; {groups})")
+        waited = ""
+        if self.waits:
+            total = sum(self.waits.values())
+            waited = "; PostgreSQL's busy sessions: " + ", ".join(f"{name} {100 * n / total:.0f}%" for name, n in self.waits.most_common(4))
+        return (f"the database, not the CPU: the machine {100 * self.machine_busy:.0f}% busy "
+                f"({100 * self.machine_iowait:.0f}% iowait) while the agents waited on their commits ({groups}){waited}")
+
+
+def catalog_size(catalog: Catalog) -> tuple[int, int, int, int]:
+    """The catalog's bytes (SQLite's file and WAL, or PostgreSQL's database), live files, live sections and all
+    section rows (retired ones stay until garbage collection)."""
+    engine = catalog.engine
+    with engine.connect() as connection:
+        live_files = connection.execute(text("SELECT count(*) FROM files WHERE removed_version IS NULL")).scalar_one()
+        live_sections = connection.execute(text(
+            "SELECT count(*) FROM sections JOIN files ON files.file_id = sections.file_id WHERE files.removed_version IS NULL"
+        )).scalar_one()
+        rows = connection.execute(text("SELECT count(*) FROM sections")).scalar_one()
+        if engine.dialect.name == "sqlite":
+            path = Path(engine.url.database or "")
+            size = sum(p.stat().st_size for p in (path, path.with_name(path.name + "-wal")) if p.exists())
+        else:
+            size = connection.execute(text("SELECT pg_database_size(current_database())")).scalar_one()
+    return size, live_files, live_sections, rows
+
+
+def measure_lag(catalog: Catalog, at: float) -> Lag:
+    """The oldest dirty record and how far past its max lag, over every partition, by the max-lag planner's test."""
+    snapshot = catalog.snapshot()
+    now = now_ms()
+    topics = max_lag_topics(snapshot)
+    lags = {name: effective_max_lag(snapshot, name) for name in topics}
+    oldest, delay, past = 0.0, 0.0, 0
+    for dirty in dirty_partitions(snapshot, topics, PlannerConfig()):
+        oldest = max(oldest, (now - (dirty.dirty_since - lags[dirty.topic])) / 1000)
+        delay = max(delay, (now - dirty.dirty_since) / 1000)
+        past += now > dirty.dirty_since
+    return Lag(at, oldest, delay, past, max(lags.values(), default=MIN_MAX_COMPACTION_LAG_MS) / 1000)
+
+
+def appends_so_far(catalog: Catalog) -> int:
+    """L0 files committed so far: each append adds one, and its row stays (retired or not) until garbage collection."""
+    with catalog.engine.connect() as connection:
+        return connection.execute(text("SELECT count(*) FROM files WHERE level = 0")).scalar_one()
+
+
+def print_line(sample: Sample, lag: Lag, appends: int) -> None:
+    levels = "  ".join(f"L{level} {count:>5,}" for level, count in sorted(sample.levels.items()) if level)
+    lagged = f"oldest dirty {lag.oldest_dirty_s:5.0f} s, max-compaction-delay-secs {lag.delay_s:.0f}"
+    print(f"  {sample.at:5.0f} s  L0 {sample.levels.get(0, 0):>6,} ({sample.leased:>4,} leased)  {levels:<30} "
+          f"{lagged}, appends so far {appends:,}", flush=True)
+
+
+def run(name: str, url: str | None, store_root: Path, load: Load, seconds: float, postgres: ThrowAwayPostgres | None) -> Figures:
+    store = LocalStore(store_root)
+    catalog = Catalog(store, url)
+    catalog.ensure_created(now_ms())
+    per_topic = load.partitions // TOPICS
+    for topic in topic_names():
+        config = {"cleanup.policy": "compact", "max.compaction.lag.ms": str(MIN_MAX_COMPACTION_LAG_MS)}
+        catalog.create_topic(Topic.create(topic, per_topic, config, now_ms()), now_ms())
+    print(f"\n{name} ({catalog.engine.url.render_as_string()}): {load.describe()}, {seconds:.0f} s", flush=True)
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    start_at = time.time() + START_DELAY_S
+    processes: list[BaseProcess] = [
+        context.Process(target=_agent_process, args=(str(store_root), url, n, load, start_at, seconds, out), daemon=True)
+        for n in range(load.agents)
+    ]
+    processes += [
+        context.Process(target=_compactor_process, args=(str(store_root), url, n, start_at, seconds, out), daemon=True)
+        for n in range(load.compactors)
+    ]
+    figures = Figures(load, seconds, asked=load.appends_per_s * seconds)
+    try:
+        for process in processes:
+            process.start()
+        watch(catalog, processes, load, start_at, seconds, postgres, figures)
+        results = [out.get(timeout=600) for _ in processes]
+    finally:
+        for process in processes:  # stopped by their PIDs, whatever happened
+            if process.is_alive():
+                process.terminate()
+            process.join(30)
+            if process.is_alive():
+                process.kill()
+                process.join()
+    end = start_at + seconds
+    for kind, _number, result in results:
+        if kind == "agent":
+            figures.achieved += sum(1 for done, _ in result["flushes"] if done <= end)
+            figures.latencies_ms += [1000 * took for _, took in result["flushes"]]
+            figures.failures += result["failures"]
+        else:
+            figures.compactors.append(result)
+    figures.catalog_bytes, figures.live_files, figures.live_sections, figures.section_rows = catalog_size(catalog)
+    catalog.engine.dispose()
+    report(figures)
+    return figures
+
+
+def watch(catalog: Catalog, processes: list[BaseProcess], load: Load, start_at: float, seconds: float,
+          postgres: ThrowAwayPostgres | None, figures: Figures) -> None:
+    """Sample the backlog, CPU and PostgreSQL's waits every second of the window; a backlog and lag line every 30 s."""
+    time.sleep(max(0.0, start_at - time.time()))
+    agents = [psutil.Process(p.pid) for p in processes[: load.agents] if p.pid]
+    compactors = [psutil.Process(p.pid) for p in processes[load.agents:] if p.pid]
+    groups = {name: CpuGroup(start_at) for name in ("agents", "compactors", "database", "monitor")}
+    server = psutil.Process(postgres.pid) if postgres is not None and postgres.pid else None
+    me = psutil.Process()
+
+    def sample_cpu() -> None:
+        groups["agents"].sample(agents)
+        groups["compactors"].sample(compactors)
+        groups["monitor"].sample([me])
+        if server is not None:
+            groups["database"].sample([server, *server.children(recursive=True)])
+
+    machine_before = psutil.cpu_times()
+    sample_cpu()
+    next_print = PRINT_S
+    while (at := time.time() - start_at) < seconds:
+        snapshot = catalog.snapshot()
+        sample = Sample(at, snapshot.level_counts(), len(snapshot.leased_files(now_ms())))
+        figures.samples.append(sample)
+        sample_cpu()
+        if server is not None:
+            with catalog.engine.connect() as connection:
+                for state, wait_type, wait_event, count in connection.execute(text(
+                    "SELECT state, wait_event_type, wait_event, count(*) FROM pg_stat_activity WHERE state IN "
+                    "('active', 'idle in transaction') AND backend_type = 'client backend' AND pid <> pg_backend_pid() GROUP BY 1, 2, 3"
+                )):
+                    waiting = f"{wait_type}:{wait_event}" if wait_type else "on CPU"
+                    figures.waits["in a transaction, waiting for its client" if state != "active" else waiting] += count
+        if at >= next_print:
+            lag = measure_lag(catalog, at)
+            figures.lags.append(lag)
+            print_line(sample, lag, appends_so_far(catalog))
+            next_print += PRINT_S
+        time.sleep(max(0.0, SAMPLE_S - (time.time() - start_at - at)))
+    sample_cpu()
+    machine_after = psutil.cpu_times()
+    elapsed = {name: getattr(machine_after, name) - getattr(machine_before, name) for name in machine_after._fields}
+    total = sum(elapsed.values())
+    figures.machine_busy = 1 - (elapsed["idle"] + elapsed.get("iowait", 0.0)) / total if total else 0.0
+    figures.machine_iowait = elapsed.get("iowait", 0.0) / total if total else 0.0
+    figures.cpu = {name: group.seconds() / seconds for name, group in groups.items() if name != "database" or server is not None}
+    lag = measure_lag(catalog, seconds)
+    figures.lags.append(lag)
+    snapshot = catalog.snapshot()
+    final = Sample(seconds, snapshot.level_counts(), len(snapshot.leased_files(now_ms())))
+    figures.samples.append(final)
+    print_line(final, lag, appends_so_far(catalog))
+
+
+def report(f: Figures) -> None:
+    seconds = f.seconds
+    print(f"  appends: asked {f.asked:,.0f} ({f.asked / seconds:.1f}/s), achieved {f.achieved:,} ({f.achieved / seconds:.1f}/s), "
+          f"{f.failures} failed")
+    print(f"  flush (write + commit): p50 {f.percentile(0.5):,.0f} ms, p99 {f.percentile(0.99):,.0f} ms, "
+          f"max {max(f.latencies_ms, default=float('nan')):,.0f} ms over {len(f.latencies_ms):,} flushes")
+    plans = sum(c["plans"] for c in f.compactors)
+    busy = ", ".join(f"{100 * c['busy_s'] / seconds:.0f}%" for c in f.compactors)
+    print(f"  compactions: {plans} regular plans committed ({sum(c['inputs'] for c in f.compactors):,} files in), "
+          f"{sum(c['max_lag_plans'] for c in f.compactors)} max-lag plans, {sum(c['conflicts'] for c in f.compactors)} lease conflicts, "
+          f"{sum(c['failures'] for c in f.compactors)} failures; compactors busy {busy} of the time")
+    middle, last = f.backlog_peaks()
+    backlog = [s.levels.get(0, 0) for s in f.samples]
+    print(f"  L0 backlog (live L0 files): median {statistics.median(backlog) if backlog else 0:,.0f}, peak over the middle third "
+          f"{middle:,}, over the last third {last:,}: {'bounded' if f.bounded() else 'growing'}")
+    lag = f.lags[-1] if f.lags else None
+    if lag is not None:
+        ages = [x.oldest_dirty_s for x in f.lags]
+        print(f"  compaction lag: max-compaction-delay-secs {max(x.delay_s for x in f.lags):.0f} (max.compaction.lag.ms "
+              f"{lag.max_lag_s:,.0f} s); oldest dirty record {lag.oldest_dirty_s:,.0f} s old at the end "
+              f"(every 30 s and at the end: {', '.join(f'{a:.0f}' for a in ages)}); partitions past their max lag: {f.past_max_lag()}")
+    print(f"  catalog at the end: {f.catalog_bytes / 1e6:,.1f} MB; {f.live_files:,} live files, {f.live_sections:,} live sections, "
+          f"{f.section_rows:,} section rows (retired ones kept until gc)")
+    cores = ", ".join(f"{name} {used:.2f}" for name, used in f.cpu.items())
+    print(f"  CPU (cores of {os.cpu_count()}): {cores}; machine {100 * f.machine_busy:.0f}% busy, {100 * f.machine_iowait:.0f}% iowait")
+    if f.waits:
+        total = sum(f.waits.values())
+        print("  PostgreSQL's sessions in a statement or a transaction, sampled each second: "
+              + ", ".join(f"{name} {100 * n / total:.0f}%" for name, n in f.waits.most_common(6)))
+    print("  verdict: " + ("HOLDS" if f.holds() else "DOES NOT HOLD") + ": " + "; ".join(
+        f"{what} {'ok' if ok else 'MISSED'}" for what, ok in f.checks()))
+    if not f.holds():
+        print(f"  bound by {f.binding()}")
+
+
+# -- main ---------------------------------------------------------------------------------------------------------
+
+
+def bench(database: str, load: Load, seconds: float, find_load: bool) -> None:
+    postgres = None
+    runs = 0
+    try:
+        if database == "postgresql":
+            postgres = ThrowAwayPostgres()
+            postgres.start()
+        steps = [load] + [Load(n, load.partitions, load.flush_ms, load.compactors) for n in AGENT_STEPS if n < load.agents]
+        above: Figures | None = None
+        for step in steps if find_load else steps[:1]:
+            with tempfile.TemporaryDirectory(prefix="logcompact-regime-") as tmp:
+                url = postgres.new_database(f"regime_{runs}") if postgres is not None else None
+                runs += 1
+                figures = run("PostgreSQL" if postgres else "SQLite", url, Path(tmp), step, seconds, postgres)
+            if figures.holds():
+                if find_load:
+                    print(f"\n{database}: the largest load that held: {step.describe()} ({step.appends_per_s:g} appends/s)"
+                          + (f"; the one above it was bound by {above.binding()}" if above else ""))
+                return
+            above = figures
+        if find_load:
+            print(f"\n{database}: no load held, down to {steps[-1].describe()}")
+    finally:
+        if postgres is not None:
+            postgres.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--database", choices=["sqlite", "postgresql"], action="append", help="repeatable; default both")
+    parser.add_argument("--agents", type=int, default=10)
+    parser.add_argument("--partitions", type=int, default=1_000, help=f"a multiple of {TOPICS}: {TOPICS} topics share them")
+    parser.add_argument("--flush-ms", type=int, default=250, help="each agent writes and commits a file this often")
+    parser.add_argument("--compactors", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=600, help="the window measured (each step's, with --find-load)")
+    parser.add_argument("--find-load", action="store_true", help="step the agents down until the regime holds")
+    args = parser.parse_args()
+    if args.partitions < TOPICS or args.partitions % TOPICS:
+        parser.error(f"--partitions must be a positive multiple of {TOPICS}")
+    # A SIGTERM runs the finally blocks and atexit: the processes started here are stopped, the server too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    print(f"machine: {machine()}")
+    load = Load(args.agents, args.partitions, args.flush_ms, args.compactors)
+    for database in args.database or ["sqlite", "postgresql"]:
+        bench(database, load, args.seconds, args.find_load)
+    print(f"\nmachine at the end: {machine()}")
+
+
+if __name__ == "__main__":
+    main()
