@@ -37,8 +37,8 @@ it is deduplicated against all older data of its partition, by the max-lag plann
 (`planner.max_lag.dirty_partitions`, as `logcompact status` computes it). Beside it, the oldest dirty record's
 age: with a 2 h max lag a shorter run cannot pass it, and that age's growth says whether a longer one would.
 
-With --find-load, when a load does not hold it steps the agents down (10, 8, 6, 4, 3, 2, 1), a run of --seconds
-each, until one holds, and prints the largest load that held and what bound the one above it: the CPU (the
+With --find-load, when a load does not hold it steps the agents down (10, 8, 6, 4, 3, 2, 1; then one agent's
+partitions a file, 500, 200, 100), a run of --seconds each, on a new catalog each, until one holds, and prints the largest load that held and what bound the one above it: the CPU (the
 machine at 85% busy or more; the process group using the most), else the database (the machine idle while the
 agents wait on commits: PostgreSQL's wait events say on what).
 """
@@ -51,6 +51,7 @@ import importlib
 import multiprocessing
 import os
 import pwd
+import queue
 import shutil
 import signal
 import socket
@@ -94,6 +95,7 @@ HOLDS_ACHIEVED = 0.95
 HOLDS_P99_MS = 300.0
 CPU_BOUND_BUSY = 0.85
 AGENT_STEPS = (10, 8, 6, 4, 3, 2, 1)
+PARTITION_STEPS = (500, 200, 100)  # with one agent, when even one agent's load does not hold
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 
 
@@ -331,6 +333,7 @@ class Figures:
     machine_busy: float = 0.0
     machine_iowait: float = 0.0
     waits: Counter = field(default_factory=Counter)
+    lost: int = 0  # processes that died without reporting their figures
     catalog_bytes: int = 0
     live_files: int = 0
     live_sections: int = 0
@@ -361,7 +364,7 @@ class Figures:
             (f"L0 backlog {'bounded' if self.bounded() else 'growing'} (peak {self.backlog_peaks()[0]:,} then {self.backlog_peaks()[1]:,})",
              self.bounded()),
             (f"{self.past_max_lag()} partitions past their max lag", self.past_max_lag() == 0),
-            (f"{self.failures} failed appends", self.failures == 0),
+            (f"{self.failures} failed appends, {self.lost} processes lost", self.failures == 0 and self.lost == 0),
         ]
 
     def holds(self) -> bool:
@@ -375,12 +378,16 @@ class Figures:
             heaviest = max(self.cpu, key=lambda name: self.cpu[name])
             return (f"CPU: the machine {100 * self.machine_busy:.0f}% busy; {heaviest} used the most "
                     f"({self.cpu[heaviest]:.2f} of {cores} cores; {groups})")
-        waited = ""
         if self.waits:
             total = sum(self.waits.values())
-            waited = "; PostgreSQL's busy sessions: " + ", ".join(f"{name} {100 * n / total:.0f}%" for name, n in self.waits.most_common(4))
+            waited = "PostgreSQL's busy sessions: " + ", ".join(f"{name} {100 * n / total:.0f}%" for name, n in self.waits.most_common(4))
+        else:
+            waited = "SQLite takes one writer at a time"
+        busy = [c["busy_s"] / self.seconds for c in self.compactors]
+        compacting = (f"; the compactors were busy {', '.join(f'{100 * b:.0f}%' for b in busy)} of the window"
+                      if not self.bounded() and busy and min(busy) >= 0.9 else "")
         return (f"the database, not the CPU: the machine {100 * self.machine_busy:.0f}% busy "
-                f"({100 * self.machine_iowait:.0f}% iowait) while the agents waited on their commits ({groups}){waited}")
+                f"({100 * self.machine_iowait:.0f}% iowait) while the agents waited on their commits ({groups}); {waited}{compacting}")
 
 
 def catalog_size(catalog: Catalog) -> tuple[int, int, int, int]:
@@ -436,7 +443,8 @@ def run(name: str, url: str | None, store_root: Path, load: Load, seconds: float
     for topic in topic_names():
         config = {"cleanup.policy": "compact", "max.compaction.lag.ms": str(MIN_MAX_COMPACTION_LAG_MS)}
         catalog.create_topic(Topic.create(topic, per_topic, config, now_ms()), now_ms())
-    print(f"\n{name} ({catalog.engine.url.render_as_string()}): {load.describe()}, {seconds:.0f} s", flush=True)
+    print(f"\n{name} ({catalog.engine.url.render_as_string()}): {load.describe()}, {seconds:.0f} s; "
+          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     context = multiprocessing.get_context("spawn")
     out = context.Queue()
     start_at = time.time() + START_DELAY_S
@@ -453,7 +461,7 @@ def run(name: str, url: str | None, store_root: Path, load: Load, seconds: float
         for process in processes:
             process.start()
         watch(catalog, processes, load, start_at, seconds, postgres, figures)
-        results = [out.get(timeout=600) for _ in processes]
+        results = collect(out, processes)
     finally:
         for process in processes:  # stopped by their PIDs, whatever happened
             if process.is_alive():
@@ -463,6 +471,7 @@ def run(name: str, url: str | None, store_root: Path, load: Load, seconds: float
                 process.kill()
                 process.join()
     end = start_at + seconds
+    figures.lost = len(processes) - len(results)
     for kind, _number, result in results:
         if kind == "agent":
             figures.achieved += sum(1 for done, _ in result["flushes"] if done <= end)
@@ -474,6 +483,19 @@ def run(name: str, url: str | None, store_root: Path, load: Load, seconds: float
     catalog.engine.dispose()
     report(figures)
     return figures
+
+
+def collect(out, processes: list[BaseProcess]) -> list[tuple[str, int, dict]]:
+    """Each process's figures, as they come; a process that died without them is left out (and counted)."""
+    results: list[tuple[str, int, dict]] = []
+    deadline = time.monotonic() + 600  # a compactor finishes the plan it is running
+    while len(results) < len(processes) and time.monotonic() < deadline:
+        try:
+            results.append(out.get(timeout=5))
+        except queue.Empty:
+            if not any(process.is_alive() for process in processes):
+                break
+    return results
 
 
 def watch(catalog: Catalog, processes: list[BaseProcess], load: Load, start_at: float, seconds: float,
@@ -533,7 +555,7 @@ def watch(catalog: Catalog, processes: list[BaseProcess], load: Load, start_at: 
 def report(f: Figures) -> None:
     seconds = f.seconds
     print(f"  appends: asked {f.asked:,.0f} ({f.asked / seconds:.1f}/s), achieved {f.achieved:,} ({f.achieved / seconds:.1f}/s), "
-          f"{f.failures} failed")
+          f"{f.failures} failed" + (f"; {f.lost} processes died without their figures (see above)" if f.lost else ""))
     print(f"  flush (write + commit): p50 {f.percentile(0.5):,.0f} ms, p99 {f.percentile(0.99):,.0f} ms, "
           f"max {max(f.latencies_ms, default=float('nan')):,.0f} ms over {len(f.latencies_ms):,} flushes")
     plans = sum(c["plans"] for c in f.compactors)
@@ -576,6 +598,7 @@ def bench(database: str, load: Load, seconds: float, find_load: bool) -> None:
             postgres = ThrowAwayPostgres()
             postgres.start()
         steps = [load] + [Load(n, load.partitions, load.flush_ms, load.compactors) for n in AGENT_STEPS if n < load.agents]
+        steps += [Load(1, n, load.flush_ms, load.compactors) for n in PARTITION_STEPS if n < load.partitions]
         above: Figures | None = None
         for step in steps if find_load else steps[:1]:
             with tempfile.TemporaryDirectory(prefix="logcompact-regime-") as tmp:
