@@ -38,9 +38,11 @@ it is deduplicated against all older data of its partition, by the max-lag plann
 age: with a 2 h max lag a shorter run cannot pass it, and that age's growth says whether a longer one would.
 
 With --find-load, when a load does not hold it steps the agents down (10, 8, 6, 4, 3, 2, 1; then one agent's
-partitions a file, 500, 200, 100), a run of --seconds each, on a new catalog each, until one holds, and prints the largest load that held and what bound the one above it: the CPU (the
-machine at 85% busy or more; the process group using the most), else the database (the machine idle while the
-agents wait on commits: PostgreSQL's wait events say on what).
+partitions a file, 500, 200, 100) to the first step at or below the records a second the failed run achieved, a
+run of --seconds each on a new catalog each, until one holds, and prints the largest load that held (and the
+steps it skipped) and what bound the one above it: the CPU (the machine at 85% busy or more; the process group
+using the most), else the database (the machine idle while the agents wait on commits: PostgreSQL's wait events
+say on what).
 """
 
 from __future__ import annotations
@@ -118,6 +120,10 @@ class Load:
     @property
     def appends_per_s(self) -> float:
         return self.agents * 1000 / self.flush_ms
+
+    @property
+    def records_per_s(self) -> float:
+        return self.appends_per_s * self.partitions
 
     def describe(self) -> str:
         return (f"{self.agents} agents x {1000 / self.flush_ms:g} files/s x {self.partitions:,} partitions "
@@ -600,17 +606,26 @@ def bench(database: str, load: Load, seconds: float, find_load: bool) -> None:
         steps = [load] + [Load(n, load.partitions, load.flush_ms, load.compactors) for n in AGENT_STEPS if n < load.agents]
         steps += [Load(1, n, load.flush_ms, load.compactors) for n in PARTITION_STEPS if n < load.partitions]
         above: Figures | None = None
-        for step in steps if find_load else steps[:1]:
+        index = 0
+        while index < (len(steps) if find_load else 1):
+            step = steps[index]
             with tempfile.TemporaryDirectory(prefix="logcompact-regime-") as tmp:
                 url = postgres.new_database(f"regime_{runs}") if postgres is not None else None
                 runs += 1
                 figures = run("PostgreSQL" if postgres else "SQLite", url, Path(tmp), step, seconds, postgres)
             if figures.holds():
                 if find_load:
-                    print(f"\n{database}: the largest load that held: {step.describe()} ({step.appends_per_s:g} appends/s)"
+                    untried = [s for s in steps if above is not None and step.records_per_s < s.records_per_s < above.load.records_per_s]
+                    print(f"\n{database}: the largest load that held: {step.describe()} ({step.appends_per_s:g} appends/s, "
+                          f"{step.records_per_s:,.0f} records/s)"
+                          + (f"; not tried, between it and the one above: {'; '.join(s.describe() for s in untried)}" if untried else "")
                           + (f"; the one above it was bound by {above.binding()}" if above else ""))
                 return
             above = figures
+            # The next load down the ladder at or below what this one achieved: a run that kept up with a third of
+            # its appends is not tried again at 80%.
+            achieved = step.records_per_s * min(1.0, figures.achieved / figures.asked if figures.asked else 0.0)
+            index = next((j for j in range(index + 1, len(steps)) if steps[j].records_per_s <= achieved), index + 1)
         if find_load:
             print(f"\n{database}: no load held, down to {steps[-1].describe()}")
     finally:
