@@ -4,7 +4,7 @@ keep up (or do not), on SQLite and on PostgreSQL.
     .venv/bin/python bench/regime.py [--database sqlite|postgresql ...] [--agents 10] [--partitions 1000]
                                      [--flush-ms 250] [--compactors 2] [--seconds 600] [--find-load]
 
-Quick look (a minute, a tenth of the load): `bench/regime.py --database sqlite --agents 2 --partitions 100 --seconds 45`.
+Quick look (a minute and a half, a fiftieth of the load): `bench/regime.py --database sqlite --agents 2 --partitions 100 --seconds 45`.
 
 For each database (by default both: SQLite in the store's directory, and PostgreSQL 15 on a throw-away server
 on disk at its default durability, fsync on) it runs for --seconds:
@@ -16,20 +16,20 @@ on disk at its default durability, fsync on) it runs for --seconds:
 * --compactors processes, each doing what a run of the compaction DAG does, back to back: `prepare_plans`
   (the regular planner's level plans, leased and written to the store), `run_here` (each group run by the
   engine, then `commit_plans`); the first also runs the max-lag pass (`prepare_plans` in mode max-lag) at the
-  start and then every `max_lag_pass_interval_ms`, as the hourly DAG does. A compactor that finds nothing due
+  start and then every `max_lag_pass_interval_ms` (15 min). A compactor that finds nothing due
   looks again after a second, where the DAG's sensor pokes every minute: the most compaction a scheduler gets.
   Garbage collection (a 6-hourly DAG with a 1 h grace) does not run within the window.
 
-It prints, every 30 s, the live files per level (the L0 backlog first, the files leased to plans in flight)
-and the compaction lag; then the appends asked and achieved (per second; one append is one file written and
-committed), the flush latency (write + commit, as the agent's caller waits for it) p50/p99/max, the
-compactions committed, the catalog's size, CPU per process group (agents, compactors, the database server,
-this monitor; SQLite's work is inside the agents and compactors) and, on PostgreSQL, what its sessions in a
-statement or a transaction were doing (sampled each second: on CPU, waiting on a lock or the WAL, or
-waiting for their client mid-transaction), and a verdict: the regime holds when the appends achieved are at least
-95% of those asked, flush p99 is within 300 ms, the L0 backlog stayed bounded (its peak over the run's last
-third no higher than over its middle third plus one L0 plan's worth of files, `min_files[0]`) and no partition
-is past its max lag.
+It prints, every 30 s, the live files per level (the L0 backlog first), the files leased to plans in flight,
+the compaction lag and the appends so far; then the appends asked and achieved (per second; one append is one
+file written and committed), the flush latency (write + commit, as the agent's caller waits for it)
+p50/p99/max, the compactions committed, the catalog's size, CPU per process group (agents, compactors, the
+database server, this monitor; SQLite's work is inside the agents and compactors) and, on PostgreSQL, what its
+sessions in a statement or a transaction were doing (sampled each second: on CPU, waiting on a lock or the WAL,
+or waiting for their client mid-transaction), and a verdict: the regime holds when the appends achieved are at
+least 95% of those asked, flush p99 is within 300 ms, the L0 backlog stayed bounded (its peak over the run's
+last third no higher than over its middle third plus one L0 plan's worth of files, `min_files[0]`) and no
+partition is past its max lag.
 
 The compaction lag is Kafka's `max-compaction-delay-secs` (kafka.log:type=LogCleanerManager): how far the oldest
 dirty record of any partition is past its topic's max.compaction.lag.ms, 0 when none is; a record is dirty until
@@ -437,7 +437,7 @@ def appends_so_far(catalog: Catalog) -> int:
 def print_line(sample: Sample, lag: Lag, appends: int) -> None:
     levels = "  ".join(f"L{level} {count:>5,}" for level, count in sorted(sample.levels.items()) if level)
     lagged = f"oldest dirty {lag.oldest_dirty_s:5.0f} s, max-compaction-delay-secs {lag.delay_s:.0f}"
-    print(f"  {sample.at:5.0f} s  L0 {sample.levels.get(0, 0):>6,} ({sample.leased:>4,} leased)  {levels:<30} "
+    print(f"  {sample.at:5.0f} s  L0 {sample.levels.get(0, 0):>6,}  {levels:<24} leased to plans {sample.leased:>4,}  "
           f"{lagged}, appends so far {appends:,}", flush=True)
 
 
