@@ -37,10 +37,10 @@ it is deduplicated against all older data of its partition, by the max-lag plann
 (`planner.max_lag.dirty_partitions`, as `logcompact status` computes it). Beside it, the oldest dirty record's
 age: with a 2 h max lag a shorter run cannot pass it, and that age's growth says whether a longer one would.
 
-With --find-load, when a load does not hold it steps the agents down (10, 8, 6, 4, 3, 2, 1; then one agent's
-partitions a file, 500, 200, 100) to the first step at or below the records a second the failed run achieved, a
-run of --seconds each on a new catalog each, until one holds, and prints the largest load that held (and the
-steps it skipped) and what bound the one above it: the CPU (the machine at 85% busy or more; the process group
+With --find-load, when a load does not hold it steps down a ladder of loads (10, 8, 6, 4, 3, 2, 1 agents; then one
+agent's partitions a file, 500, 200, 100) to the first step at or below the records a second the failed run
+achieved, until one holds, then back up by halves between the two, a run of --seconds each on a new catalog
+each, and prints the largest load that held and what bound the one above it: the CPU (the machine at 85% busy or more; the process group
 using the most), else the database (the machine idle while the agents wait on commits: PostgreSQL's wait events
 say on what).
 """
@@ -62,6 +62,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
@@ -341,6 +342,7 @@ class Figures:
     waits: Counter = field(default_factory=Counter)
     lost: int = 0  # processes that died without reporting their figures
     catalog_bytes: int = 0
+    wal_bytes: int = 0  # SQLite's WAL at the end, before it is checkpointed
     live_files: int = 0
     live_sections: int = 0
     section_rows: int = 0
@@ -396,10 +398,12 @@ class Figures:
                 f"({100 * self.machine_iowait:.0f}% iowait) while the agents waited on their commits ({groups}); {waited}{compacting}")
 
 
-def catalog_size(catalog: Catalog) -> tuple[int, int, int, int]:
-    """The catalog's bytes (SQLite's file and WAL, or PostgreSQL's database), live files, live sections and all
-    section rows (retired ones stay until garbage collection)."""
+def catalog_size(catalog: Catalog) -> tuple[int, int, int, int, int]:
+    """The catalog's bytes of tables and indexes (SQLite's pages in use once its WAL is checkpointed, or PostgreSQL's
+    database), SQLite's WAL before that checkpoint, live files, live sections and all section rows (retired ones stay
+    until garbage collection)."""
     engine = catalog.engine
+    wal = 0
     with engine.connect() as connection:
         live_files = connection.execute(text("SELECT count(*) FROM files WHERE removed_version IS NULL")).scalar_one()
         live_sections = connection.execute(text(
@@ -408,10 +412,15 @@ def catalog_size(catalog: Catalog) -> tuple[int, int, int, int]:
         rows = connection.execute(text("SELECT count(*) FROM sections")).scalar_one()
         if engine.dialect.name == "sqlite":
             path = Path(engine.url.database or "")
-            size = sum(p.stat().st_size for p in (path, path.with_name(path.name + "-wal")) if p.exists())
+            wal_file = path.with_name(path.name + "-wal")
+            wal = wal_file.stat().st_size if wal_file.exists() else 0
+            connection.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+            pages = connection.exec_driver_sql("PRAGMA page_count").scalar_one()
+            free = connection.exec_driver_sql("PRAGMA freelist_count").scalar_one()
+            size = (pages - free) * connection.exec_driver_sql("PRAGMA page_size").scalar_one()
         else:
             size = connection.execute(text("SELECT pg_database_size(current_database())")).scalar_one()
-    return size, live_files, live_sections, rows
+    return size, wal, live_files, live_sections, rows
 
 
 def measure_lag(catalog: Catalog, at: float) -> Lag:
@@ -485,7 +494,7 @@ def run(name: str, url: str | None, store_root: Path, load: Load, seconds: float
             figures.failures += result["failures"]
         else:
             figures.compactors.append(result)
-    figures.catalog_bytes, figures.live_files, figures.live_sections, figures.section_rows = catalog_size(catalog)
+    figures.catalog_bytes, figures.wal_bytes, figures.live_files, figures.live_sections, figures.section_rows = catalog_size(catalog)
     catalog.engine.dispose()
     report(figures)
     return figures
@@ -579,8 +588,10 @@ def report(f: Figures) -> None:
         print(f"  compaction lag: max-compaction-delay-secs {max(x.delay_s for x in f.lags):.0f} (max.compaction.lag.ms "
               f"{lag.max_lag_s:,.0f} s); oldest dirty record {lag.oldest_dirty_s:,.0f} s old at the end "
               f"(every 30 s and at the end: {', '.join(f'{a:.0f}' for a in ages)}); partitions past their max lag: {f.past_max_lag()}")
-    print(f"  catalog at the end: {f.catalog_bytes / 1e6:,.1f} MB; {f.live_files:,} live files, {f.live_sections:,} live sections, "
-          f"{f.section_rows:,} section rows (retired ones kept until gc)")
+    wal = f", and a WAL of {f.wal_bytes / 1e6:,.1f} MB before a checkpoint" if f.wal_bytes else ""
+    print(f"  catalog at the end: {f.catalog_bytes / 1e6:,.1f} MB of tables and indexes{wal}; {f.live_files:,} live files, "
+          f"{f.live_sections:,} live sections, {f.section_rows:,} section rows (retired ones kept until gc), "
+          f"{f.catalog_bytes / max(1, f.section_rows):,.0f} B a section row")
     cores = ", ".join(f"{name} {used:.2f}" for name, used in f.cpu.items())
     print(f"  CPU (cores of {os.cpu_count()}): {cores}; machine {100 * f.machine_busy:.0f}% busy, {100 * f.machine_iowait:.0f}% iowait")
     if f.waits:
@@ -596,38 +607,51 @@ def report(f: Figures) -> None:
 # -- main ---------------------------------------------------------------------------------------------------------
 
 
+def run_step(database: str, postgres: ThrowAwayPostgres | None, load: Load, seconds: float) -> Figures:
+    """One run of a load on a new catalog: a new store directory, and on PostgreSQL a new database."""
+    with tempfile.TemporaryDirectory(prefix="logcompact-regime-") as tmp:
+        url = postgres.new_database(f"regime_{uuid.uuid4().hex[:12]}") if postgres is not None else None
+        return run("PostgreSQL" if postgres else "SQLite", url, Path(tmp), load, seconds, postgres)
+
+
 def bench(database: str, load: Load, seconds: float, find_load: bool) -> None:
     postgres = None
-    runs = 0
     try:
         if database == "postgresql":
             postgres = ThrowAwayPostgres()
             postgres.start()
         steps = [load] + [Load(n, load.partitions, load.flush_ms, load.compactors) for n in AGENT_STEPS if n < load.agents]
         steps += [Load(1, n, load.flush_ms, load.compactors) for n in PARTITION_STEPS if n < load.partitions]
-        above: Figures | None = None
+        if not find_load:
+            run_step(database, postgres, load, seconds)
+            return
+        # Down the ladder to the first load at or below the records a second the failed run achieved (a run that kept
+        # up with a tenth of its appends is not tried again at 80%), then back up between the two by halves.
+        failed: tuple[int, Figures] | None = None
+        held: tuple[int, Figures] | None = None
         index = 0
-        while index < (len(steps) if find_load else 1):
-            step = steps[index]
-            with tempfile.TemporaryDirectory(prefix="logcompact-regime-") as tmp:
-                url = postgres.new_database(f"regime_{runs}") if postgres is not None else None
-                runs += 1
-                figures = run("PostgreSQL" if postgres else "SQLite", url, Path(tmp), step, seconds, postgres)
+        while index < len(steps):
+            figures = run_step(database, postgres, steps[index], seconds)
             if figures.holds():
-                if find_load:
-                    untried = [s for s in steps if above is not None and step.records_per_s < s.records_per_s < above.load.records_per_s]
-                    print(f"\n{database}: the largest load that held: {step.describe()} ({step.appends_per_s:g} appends/s, "
-                          f"{step.records_per_s:,.0f} records/s)"
-                          + (f"; not tried, between it and the one above: {'; '.join(s.describe() for s in untried)}" if untried else "")
-                          + (f"; the one above it was bound by {above.binding()}" if above else ""))
-                return
-            above = figures
-            # The next load down the ladder at or below what this one achieved: a run that kept up with a third of
-            # its appends is not tried again at 80%.
-            achieved = step.records_per_s * min(1.0, figures.achieved / figures.asked if figures.asked else 0.0)
+                held = (index, figures)
+                break
+            failed = (index, figures)
+            achieved = steps[index].records_per_s * min(1.0, figures.achieved / figures.asked if figures.asked else 0.0)
             index = next((j for j in range(index + 1, len(steps)) if steps[j].records_per_s <= achieved), index + 1)
-        if find_load:
+        while held is not None and failed is not None and held[0] - failed[0] > 1:
+            middle = (held[0] + failed[0]) // 2
+            figures = run_step(database, postgres, steps[middle], seconds)
+            if figures.holds():
+                held = (middle, figures)
+            else:
+                failed = (middle, figures)
+        if held is None:
             print(f"\n{database}: no load held, down to {steps[-1].describe()}")
+            return
+        step = steps[held[0]]
+        print(f"\n{database}: the largest load that held: {step.describe()} ({step.appends_per_s:g} appends/s, "
+              f"{step.records_per_s:,.0f} records/s)"
+              + (f"; the one above it, {failed[1].load.describe()}, was bound by {failed[1].binding()}" if failed else ""))
     finally:
         if postgres is not None:
             postgres.stop()
