@@ -40,9 +40,10 @@ age: with a 2 h max lag a shorter run cannot pass it, and that age's growth says
 With --find-load, when a load does not hold it steps down a ladder of loads (10, 8, 6, 4, 3, 2, 1 agents; then one
 agent's partitions a file, 500, 200, 100) to the first step at or below the records a second the failed run
 achieved, until one holds, then back up by halves between the two, a run of --seconds each on a new catalog
-each, and prints the largest load that held and what bound the one above it: the CPU (the machine at 85% busy or more; the process group
-using the most), else the database (the machine idle while the agents wait on commits: PostgreSQL's wait events
-say on what).
+each, and prints the largest load that held and what bound the one above it: the CPU (the machine at 85% busy
+or more; the process group using the most), else the database (the machine idle while the agents wait on
+commits: SQLite's one writer, or what PostgreSQL's sessions waited on, each other's locks or their own client
+mid-transaction).
 """
 
 from __future__ import annotations
@@ -379,23 +380,29 @@ class Figures:
         return all(ok for _, ok in self.checks())
 
     def binding(self) -> str:
-        """What bound this load: the CPU when the machine was busy, else the database the agents waited on."""
+        """What bound this load: the CPU when the machine was busy; else on SQLite its one writer at a time, and on
+        PostgreSQL the commits' waits on each other's locks, or, when its sessions mostly wait on their own client
+        mid-transaction, the length of one append's commit."""
         cores = os.cpu_count() or 1
         groups = ", ".join(f"{name} {used:.2f}" for name, used in self.cpu.items())
         if self.machine_busy >= CPU_BOUND_BUSY:
             heaviest = max(self.cpu, key=lambda name: self.cpu[name])
             return (f"CPU: the machine {100 * self.machine_busy:.0f}% busy; {heaviest} used the most "
                     f"({self.cpu[heaviest]:.2f} of {cores} cores; {groups})")
-        if self.waits:
-            total = sum(self.waits.values())
-            waited = "PostgreSQL's busy sessions: " + ", ".join(f"{name} {100 * n / total:.0f}%" for name, n in self.waits.most_common(4))
-        else:
-            waited = "SQLite takes one writer at a time"
         busy = [c["busy_s"] / self.seconds for c in self.compactors]
         compacting = (f"; the compactors were busy {', '.join(f'{100 * b:.0f}%' for b in busy)} of the window"
                       if not self.bounded() and busy and min(busy) >= 0.9 else "")
-        return (f"the database, not the CPU: the machine {100 * self.machine_busy:.0f}% busy "
-                f"({100 * self.machine_iowait:.0f}% iowait) while the agents waited on their commits ({groups}); {waited}{compacting}")
+        machine = f"the machine {100 * self.machine_busy:.0f}% busy ({100 * self.machine_iowait:.0f}% iowait; {groups})"
+        if not self.waits:
+            return f"the database, not the CPU: {machine} while the agents waited on their commits; SQLite takes one writer at a time{compacting}"
+        total = sum(self.waits.values())
+        waited = "PostgreSQL's busy sessions: " + ", ".join(f"{name} {100 * n / total:.0f}%" for name, n in self.waits.most_common(4))
+        locked = sum(n for name, n in self.waits.items() if name.startswith("Lock:"))
+        on_client = sum(n for name, n in self.waits.items() if name.startswith(("in a transaction", "Client:")))
+        if on_client > locked:
+            return (f"the length of one append's commit, not the CPU nor other writers: {machine}; its transaction waits "
+                    f"mostly on its own client's work between statements; {waited}{compacting}")
+        return f"the database, not the CPU: {machine} while the commits waited on each other's row locks; {waited}{compacting}"
 
 
 def catalog_size(catalog: Catalog) -> tuple[int, int, int, int, int]:
@@ -404,6 +411,12 @@ def catalog_size(catalog: Catalog) -> tuple[int, int, int, int, int]:
     until garbage collection)."""
     engine = catalog.engine
     wal = 0
+    if engine.dialect.name == "sqlite":
+        path = Path(engine.url.database or "")
+        wal_file = path.with_name(path.name + "-wal")
+        wal = wal_file.stat().st_size if wal_file.exists() else 0
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:  # outside any transaction
+            connection.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
     with engine.connect() as connection:
         live_files = connection.execute(text("SELECT count(*) FROM files WHERE removed_version IS NULL")).scalar_one()
         live_sections = connection.execute(text(
@@ -411,10 +424,6 @@ def catalog_size(catalog: Catalog) -> tuple[int, int, int, int, int]:
         )).scalar_one()
         rows = connection.execute(text("SELECT count(*) FROM sections")).scalar_one()
         if engine.dialect.name == "sqlite":
-            path = Path(engine.url.database or "")
-            wal_file = path.with_name(path.name + "-wal")
-            wal = wal_file.stat().st_size if wal_file.exists() else 0
-            connection.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
             pages = connection.exec_driver_sql("PRAGMA page_count").scalar_one()
             free = connection.exec_driver_sql("PRAGMA freelist_count").scalar_one()
             size = (pages - free) * connection.exec_driver_sql("PRAGMA page_size").scalar_one()
