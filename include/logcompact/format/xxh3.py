@@ -49,19 +49,21 @@ def compile_hasher() -> None:
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _read64(data, at):
+def _read_little_endian(data, at, width):
     value = _U(0)
-    for index in range(8):
+    for index in range(width):
         value |= _U(data[at + index]) << _U(8 * index)
     return value
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
+def _read64(data, at):
+    return _read_little_endian(data, at, 8)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
 def _read32(data, at):
-    value = _U(0)
-    for index in range(4):
-        value |= _U(data[at + index]) << _U(8 * index)
-    return value
+    return _read_little_endian(data, at, 4)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
