@@ -60,6 +60,13 @@ def small_agent(catalog: Catalog) -> Iterator[RunningAgent]:  # noqa: F811 (fixt
         running.stop()
 
 
+@pytest.fixture
+def small_wire(small_agent: RunningAgent) -> Iterator[Wire]:
+    connection = Wire(small_agent)
+    yield connection
+    connection.close()
+
+
 def test_a_third_confluent_consumer_of_a_group_of_two_is_refused_and_the_two_keep_consuming(catalog: Catalog) -> None:  # noqa: F811 (fixture)
     agent = RunningAgent(catalog, flush_interval_ms=20, group_max_size=2)
     members = [group_member(agent, "pair") for _ in range(2)]
@@ -101,79 +108,67 @@ def test_a_third_confluent_consumer_of_a_group_of_two_is_refused_and_the_two_kee
     assert coordinator(agent).memory.held == 0  # all given back when the agent stopped
 
 
-def test_ten_thousand_join_groups_with_fresh_group_ids_stay_within_the_bytes_and_leave_memory(small_agent: RunningAgent) -> None:
-    wire = Wire(small_agent)
+def test_ten_thousand_join_groups_with_fresh_group_ids_stay_within_the_bytes_and_leave_memory(small_agent: RunningAgent, small_wire: Wire) -> None:
     answers: dict[int, int] = {}
     pending: dict[str, str] = {}  # group -> the member id handed out
     peak_groups = peak_held = 0
-    try:
-        for batch in range(100):  # pipelined, 100 at a time
-            sent = [f"fresh-{batch * 100 + n}" for n in range(100)]
-            for group in sent:
-                wire.send(JOIN, 5, join_body(group, session_ms=30_000))
-            for group in sent:
-                answer = wire.receive()
-                answers[int(answer.error_code)] = answers.get(int(answer.error_code), 0) + 1
-                if int(answer.error_code) == MEMBER_ID_REQUIRED:
-                    pending[group] = answer.member_id
-            groups, held = on_loop(small_agent, lambda c: (len(c.all_groups()), c.memory.held))
-            peak_groups, peak_held = max(peak_groups, groups), max(peak_held, held)
-        # each group held its pending id until the bytes were spent (2 KiB and more a group); the rest were refused
-        assert set(answers) == {MEMBER_ID_REQUIRED, GROUP_MAX_SIZE_REACHED} and sum(answers.values()) == 10_000
-        assert answers[MEMBER_ID_REQUIRED] <= (1 << 20) // (2 * OVERHEAD_BYTES)
-        assert peak_held <= 1 << 20 and peak_groups <= (1 << 20) // OVERHEAD_BYTES
-        # the ids leave: the Empty groups leave memory and nothing is held
-        for group, member_id in pending.items():
-            wire.send(LEAVE, 5, {"group_id": group, "members": [{"member_id": member_id, "group_instance_id": None}]})
-        assert {int(wire.receive().error_code) for _ in pending} == {NONE}
-        wait_until(lambda: on_loop(small_agent, lambda c: (len(c.all_groups()), c.memory.held)) == (0, 0), 10)
-        listed = wire.call(LIST, 4, {"states_filter": []})  # still listed, from their rows
-        assert {g.group_id for g in listed.groups} >= set(pending)
-        # a pending id not used expires with its session, and its group leaves memory
-        assert int(wire.call(JOIN, 5, join_body("short", session_ms=1000)).error_code) == MEMBER_ID_REQUIRED
-        assert on_loop(small_agent, lambda c: c.memory.held) > 0
-        wait_until(lambda: on_loop(small_agent, lambda c: (len(c.all_groups()), c.memory.held)) == (0, 0), 5)
-    finally:
-        wire.close()
+    for batch in range(100):  # pipelined, 100 at a time
+        sent = [f"fresh-{batch * 100 + n}" for n in range(100)]
+        for group in sent:
+            small_wire.send(JOIN, 5, join_body(group, session_ms=30_000))
+        for group in sent:
+            answer = small_wire.receive()
+            answers[int(answer.error_code)] = answers.get(int(answer.error_code), 0) + 1
+            if int(answer.error_code) == MEMBER_ID_REQUIRED:
+                pending[group] = answer.member_id
+        groups, held = on_loop(small_agent, lambda c: (len(c.all_groups()), c.memory.held))
+        peak_groups, peak_held = max(peak_groups, groups), max(peak_held, held)
+    # each group held its pending id until the bytes were spent (2 KiB and more a group); the rest were refused
+    assert set(answers) == {MEMBER_ID_REQUIRED, GROUP_MAX_SIZE_REACHED} and sum(answers.values()) == 10_000
+    assert answers[MEMBER_ID_REQUIRED] <= (1 << 20) // (2 * OVERHEAD_BYTES)
+    assert peak_held <= 1 << 20 and peak_groups <= (1 << 20) // OVERHEAD_BYTES
+    # the ids leave: the Empty groups leave memory and nothing is held
+    for group, member_id in pending.items():
+        small_wire.send(LEAVE, 5, {"group_id": group, "members": [{"member_id": member_id, "group_instance_id": None}]})
+    assert {int(small_wire.receive().error_code) for _ in pending} == {NONE}
+    wait_until(lambda: on_loop(small_agent, lambda c: (len(c.all_groups()), c.memory.held)) == (0, 0), 10)
+    listed = small_wire.call(LIST, 4, {"states_filter": []})  # still listed, from their rows
+    assert {g.group_id for g in listed.groups} >= set(pending)
+    # a pending id not used expires with its session, and its group leaves memory
+    assert int(small_wire.call(JOIN, 5, join_body("short", session_ms=1000)).error_code) == MEMBER_ID_REQUIRED
+    assert on_loop(small_agent, lambda c: c.memory.held) > 0
+    wait_until(lambda: on_loop(small_agent, lambda c: (len(c.all_groups()), c.memory.held)) == (0, 0), 5)
 
 
-def test_a_leaders_assignments_past_the_bytes_are_refused_and_the_group_rebalances(small_agent: RunningAgent) -> None:
-    wire = Wire(small_agent)
-    try:
-        joined = join(wire, 5, "big", session_ms=10_000)
-        assert int(joined.error_code) == NONE
-        sync = {"group_id": "big", "generation_id": joined.generation_id, "member_id": joined.member_id, "group_instance_id": None,
-                "protocol_type": "consumer", "protocol_name": "range", "assignments": [{"member_id": joined.member_id, "assignment": b"x" * (1 << 20)}]}
-        assert int(wire.call(SYNC, 5, sync).error_code) == UNKNOWN_SERVER_ERROR
-        group = on_loop(small_agent, lambda c: (c.known("big").state, [m.assignment for m in c.known("big").members.values()]))  # type: ignore[union-attr]
-        assert group == ("PreparingRebalance", [b""])
-        rejoined = wire.call(JOIN, 5, join_body("big", member_id=joined.member_id, session_ms=10_000))
-        assert int(rejoined.error_code) == NONE and rejoined.generation_id == joined.generation_id + 1
-        small = {**sync, "generation_id": rejoined.generation_id, "assignments": [{"member_id": joined.member_id, "assignment": b"p0"}]}
-        assert (int((synced := wire.call(SYNC, 5, small)).error_code), synced.assignment) == (NONE, b"p0")
-        # the member leaves: the group is Empty, its row written, and it leaves memory with every byte it held
-        left = wire.call(LEAVE, 5, {"group_id": "big", "members": [{"member_id": joined.member_id, "group_instance_id": None}]})
-        assert int(left.error_code) == NONE
-        wait_until(lambda: on_loop(small_agent, lambda c: (c.known("big"), c.memory.held)) == (None, 0), 5)
-    finally:
-        wire.close()
+def test_a_leaders_assignments_past_the_bytes_are_refused_and_the_group_rebalances(small_agent: RunningAgent, small_wire: Wire) -> None:
+    joined = join(small_wire, 5, "big", session_ms=10_000)
+    assert int(joined.error_code) == NONE
+    sync = {"group_id": "big", "generation_id": joined.generation_id, "member_id": joined.member_id, "group_instance_id": None,
+            "protocol_type": "consumer", "protocol_name": "range", "assignments": [{"member_id": joined.member_id, "assignment": b"x" * (1 << 20)}]}
+    assert int(small_wire.call(SYNC, 5, sync).error_code) == UNKNOWN_SERVER_ERROR
+    group = on_loop(small_agent, lambda c: (c.known("big").state, [m.assignment for m in c.known("big").members.values()]))  # type: ignore[union-attr]
+    assert group == ("PreparingRebalance", [b""])
+    rejoined = small_wire.call(JOIN, 5, join_body("big", member_id=joined.member_id, session_ms=10_000))
+    assert int(rejoined.error_code) == NONE and rejoined.generation_id == joined.generation_id + 1
+    small = {**sync, "generation_id": rejoined.generation_id, "assignments": [{"member_id": joined.member_id, "assignment": b"p0"}]}
+    assert (int((synced := small_wire.call(SYNC, 5, small)).error_code), synced.assignment) == (NONE, b"p0")
+    # the member leaves: the group is Empty, its row written, and it leaves memory with every byte it held
+    left = small_wire.call(LEAVE, 5, {"group_id": "big", "members": [{"member_id": joined.member_id, "group_instance_id": None}]})
+    assert int(left.error_code) == NONE
+    wait_until(lambda: on_loop(small_agent, lambda c: (c.known("big"), c.memory.held)) == (None, 0), 5)
 
 
-def test_an_empty_group_reloaded_from_its_row_keeps_its_generation_and_answers_as_before(small_agent: RunningAgent) -> None:
-    wire = Wire(small_agent)
-    try:
-        first = join(wire, 5, "again", session_ms=10_000)
-        assert (int(first.error_code), first.generation_id) == (NONE, 1)
-        wire.call(LEAVE, 5, {"group_id": "again", "members": [{"member_id": first.member_id, "group_instance_id": None}]})  # generation 2, Empty
-        wait_until(lambda: on_loop(small_agent, lambda c: c.known("again")) is None, 5)
-        described = wire.call(DESCRIBE, 5, {"groups": ["again"], "include_authorized_operations": False}).groups[0]
-        assert (described.group_state, described.protocol_type, list(described.members)) == ("Empty", "consumer", [])
-        # the group a DescribeGroups loaded leaves memory again
-        wait_until(lambda: on_loop(small_agent, lambda c: c.known("again")) is None, 5)
-        second = join(wire, 5, "again", session_ms=10_000)
-        assert (int(second.error_code), second.generation_id) == (NONE, 3)  # generations continue from the row
-        # a group of 2: a third member id is refused while the two ids are held
-        assert int(wire.call(JOIN, 5, join_body("again", session_ms=10_000)).error_code) == MEMBER_ID_REQUIRED
-        assert int(wire.call(JOIN, 5, join_body("again", session_ms=10_000)).error_code) == GROUP_MAX_SIZE_REACHED
-    finally:
-        wire.close()
+def test_an_empty_group_reloaded_from_its_row_keeps_its_generation_and_answers_as_before(small_agent: RunningAgent, small_wire: Wire) -> None:
+    first = join(small_wire, 5, "again", session_ms=10_000)
+    assert (int(first.error_code), first.generation_id) == (NONE, 1)
+    small_wire.call(LEAVE, 5, {"group_id": "again", "members": [{"member_id": first.member_id, "group_instance_id": None}]})  # generation 2, Empty
+    wait_until(lambda: on_loop(small_agent, lambda c: c.known("again")) is None, 5)
+    described = small_wire.call(DESCRIBE, 5, {"groups": ["again"], "include_authorized_operations": False}).groups[0]
+    assert (described.group_state, described.protocol_type, list(described.members)) == ("Empty", "consumer", [])
+    # the group a DescribeGroups loaded leaves memory again
+    wait_until(lambda: on_loop(small_agent, lambda c: c.known("again")) is None, 5)
+    second = join(small_wire, 5, "again", session_ms=10_000)
+    assert (int(second.error_code), second.generation_id) == (NONE, 3)  # generations continue from the row
+    # a group of 2: a third member id is refused while the two ids are held
+    assert int(small_wire.call(JOIN, 5, join_body("again", session_ms=10_000)).error_code) == MEMBER_ID_REQUIRED
+    assert int(small_wire.call(JOIN, 5, join_body("again", session_ms=10_000)).error_code) == GROUP_MAX_SIZE_REACHED
