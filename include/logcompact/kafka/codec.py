@@ -137,11 +137,12 @@ def _produce_classes(version: int) -> tuple[Any, Any, Any]:
 
 def _decode_produce(frame: bytes, version: int) -> Request:
     body_class, topic_class, partition_class = _produce_classes(version)
+    flexible = body_class.__flexible__
     view = memoryview(frame)
     try:
         _, _, correlation_id, length = _HEADER_FIXED.unpack_from(view, 0)
         client_id, at = _string(view, 10, length)
-        if body_class.__flexible__:
+        if flexible:
             at = _skip_tags(view, at)
             transactional_id, at = _compact_string(view, at)
         else:
@@ -149,17 +150,17 @@ def _decode_produce(frame: bytes, version: int) -> Request:
         acks, timeout_ms = _ACKS_AND_TIMEOUT.unpack_from(view, at)
         at += _ACKS_AND_TIMEOUT.size
         topics = []
-        topic_count, at = _array_length(view, at, body_class.__flexible__)
+        topic_count, at = _array_length(view, at, flexible)
         for _ in range(topic_count):
-            if body_class.__flexible__:
+            if flexible:
                 name, at = _compact_string(view, at)
             else:
                 name, at = _string(view, at + 2, _INT16.unpack_from(view, at)[0])
             partitions = []
-            partition_count, at = _array_length(view, at, body_class.__flexible__)
+            partition_count, at = _array_length(view, at, flexible)
             for _ in range(partition_count):
                 index = _INT32.unpack_from(view, at)[0]
-                if body_class.__flexible__:
+                if flexible:
                     size, at = _uvarint(view, at + 4)
                     size -= 1
                 else:
@@ -171,15 +172,15 @@ def _decode_produce(frame: bytes, version: int) -> Request:
                     records, at = view[at : at + size], at + size
                 elif size != -1:
                     raise MalformedRequestError(f"Produce v{version}: records of length {size}")
-                if body_class.__flexible__:
+                if flexible:
                     at = _skip_tags(view, at)
                 partitions.append(partition_class(index=index, records=records))
-            if body_class.__flexible__:
+            if flexible:
                 at = _skip_tags(view, at)
             if name is None:
                 raise MalformedRequestError(f"Produce v{version}: a topic without a name")
             topics.append(topic_class(name=name, partition_data=tuple(partitions)))
-        if body_class.__flexible__:
+        if flexible:
             _skip_tags(view, at)
     except (struct.error, UnicodeError) as exc:
         raise MalformedRequestError(f"Produce v{version}: {type(exc).__name__}: {exc}") from None

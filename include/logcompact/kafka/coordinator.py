@@ -354,7 +354,7 @@ class GroupCoordinator:
         member = Member(member_id, instance_id, client_id, session_ms, rebalance_ms, protocol_type, protocols)
         if not member_id:
             member.member_id = f"{instance_id or client_id}-{uuid.uuid4()}"
-            # a static member restarting takes its old place: counted already (Kafka's KAFKA-20601 for this case)
+            # a static member restarting takes its old place, counted already: never refused for the size
             if not self._admits(group, group.static.get(instance_id, "") if instance_id is not None else ""):
                 return self._refuse(group, "")
             if instance_id is not None:
