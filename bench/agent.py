@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import struct
@@ -298,7 +299,7 @@ def many_clients(cluster: Cluster, process: psutil.Process, topic: str, clients:
             if count:
                 with counted:
                     consumed[0] += count
-                    if first_record[0] != first_record[0]:  # nan: this is the group's first record
+                    if math.isnan(first_record[0]):  # this is the group's first record
                         first_record[0] = time.monotonic() - started
         consumer.close()
 
