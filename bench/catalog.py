@@ -8,6 +8,8 @@ server started from Debian's packages, as the tests do) it prints:
 
 * append: the median time of one L0 append commit (4 sections, offsets assigned in the transaction)
   against catalogs of 1k, 10k and 100k live files, 4 sections each;
+* wide append: the median time of one append of a file holding a section for each of 1,000 partitions (10 topics
+  of 100), alone, as WarpStream's agents write them;
 * consume: time to the first record of one partition, reading through the 100k-file catalog;
 * storage: catalog bytes per section at 100k files (tables and indexes);
 * agents: 10 agent processes, each writing and committing 4 L0 files a second (a real Agent, a real
@@ -21,8 +23,8 @@ Planning time over 100k and 300k files is `bench/planner.py`.
 
 The catalogs are built through the catalog's own API (`append_files`) in batches. Their filler files are
 catalog rows only (their objects are never written): the figures are the catalog's costs. The partition
-that is consumed holds real files. The throw-away PostgreSQL server runs in RAM with fsync off, so its
-figures are the database's CPU and round trips, not a disk's.
+that is consumed holds real files. The throw-away PostgreSQL server runs on disk at its default durability
+(fsync and synchronous_commit on), as users run it.
 """
 
 from __future__ import annotations
@@ -36,8 +38,10 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
+from postgres_server import ThrowAwayPostgres
 from sqlalchemy import text
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,6 +59,7 @@ TOPICS = 64
 PARTITIONS = 16
 SECTIONS_PER_FILE = 4
 AGENTS = 10
+WIDE_TOPICS, WIDE_PARTITIONS = 10, 100
 WARM_UP_S = 2
 FILES_PER_SECOND = 4
 
@@ -119,6 +124,23 @@ class Cluster:
     def sections(self) -> int:
         with self.catalog.engine.connect() as connection:
             return connection.execute(text("SELECT count(*) FROM sections")).scalar()
+
+
+def wide_append_latency(url: str | None, root: Path, appends: int = 50) -> float:
+    """Median seconds of one append of a file with a section for each of 1,000 partitions (10 topics of 100), into
+    a catalog of its own (rows only: the object is never written)."""
+    catalog = Catalog(LocalStore(root / "wide"), url)
+    catalog.ensure_created(NOW)
+    for n in range(WIDE_TOPICS):
+        catalog.create_topic(Topic.create(f"wide{n}", WIDE_PARTITIONS, {"cleanup.policy": "compact"}, NOW), NOW)
+    _data, infos = _segment([(f"wide{t}", p) for t in range(WIDE_TOPICS) for p in range(WIDE_PARTITIONS)], records=1)
+    timings = []
+    for n in range(appends):
+        new = NewFile(f"data/l0/wide-{n:06d}.seg", 0, 1_000_000, NOW, tuple(infos))
+        started = time.perf_counter()
+        catalog.append_files([new], NOW)
+        timings.append(time.perf_counter() - started)
+    return statistics.median(timings)
 
 
 def consume_first_record(cluster: Cluster, runs: int = 20) -> tuple[float, int]:
@@ -264,6 +286,9 @@ def bench(name: str, new_url: Callable[[], str | None], sizes: list[int], agents
     with tempfile.TemporaryDirectory(prefix="logcompact-bench-") as tmp:
         cluster = Cluster(new_url(), Path(tmp))
         print(f"\n{name}: {cluster.catalog.engine.url.render_as_string()}")
+        wide = wide_append_latency(new_url(), Path(tmp))
+        print(f"  append of one file of {WIDE_TOPICS * WIDE_PARTITIONS:,} sections (one per partition), alone: "
+              f"{1000 * wide:6.2f} ms median")
         appends = {}
         for size in sizes:
             started = time.perf_counter()
@@ -297,6 +322,10 @@ def bench(name: str, new_url: Callable[[], str | None], sizes: list[int], agents
               f"compactions committed; live files without their object: {figures['missing']}")
 
 
+def _new_database(server: ThrowAwayPostgres) -> str:
+    return server.new_database(f"catalog_{uuid.uuid4().hex[:12]}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--database", choices=["sqlite", "postgresql"], action="append", help="repeatable; default both")
@@ -308,13 +337,12 @@ def main() -> None:
         if database == "sqlite":
             bench("SQLite", lambda: None, args.sizes, args.agents_seconds, args.gc_seconds)
             continue
-        from tests.support.postgres import start_postgres
-
-        server, stop = start_postgres(Path(tempfile.mkdtemp(prefix="logcompact-bench-pg-")))
+        server = ThrowAwayPostgres()
         try:
-            bench("PostgreSQL", server.create_database, args.sizes, args.agents_seconds, args.gc_seconds)
+            server.start()
+            bench("PostgreSQL", partial(_new_database, server), args.sizes, args.agents_seconds, args.gc_seconds)
         finally:
-            stop()
+            server.stop()
 
 
 if __name__ == "__main__":

@@ -49,17 +49,12 @@ mid-transaction).
 from __future__ import annotations
 
 import argparse
-import atexit
 import importlib
 import multiprocessing
 import os
-import pwd
 import queue
-import shutil
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -76,6 +71,8 @@ from sqlalchemy import text
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "include"))
+
+from postgres_server import ThrowAwayPostgres
 
 from logcompact.catalog import Catalog
 from logcompact.exceptions import CommitConflictError
@@ -100,7 +97,7 @@ HOLDS_P99_MS = 300.0
 CPU_BOUND_BUSY = 0.85
 AGENT_STEPS = (10, 8, 6, 4, 3, 2, 1)
 PARTITION_STEPS = (500, 200, 100)  # with one agent, when even one agent's load does not hold
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
+
 
 
 def machine() -> str:
@@ -130,79 +127,6 @@ class Load:
     def describe(self) -> str:
         return (f"{self.agents} agents x {1000 / self.flush_ms:g} files/s x {self.partitions:,} partitions "
                 f"({TOPICS} topics x {self.partitions // TOPICS}), {self.compactors} compactors")
-
-
-# -- a throw-away PostgreSQL at its default durability -------------------------------------------------------------
-
-
-class ThrowAwayPostgres:
-    """A PostgreSQL cluster of its own in a temporary directory on disk, at the server's default settings (fsync,
-    synchronous_commit and full_page_writes on) but for where it listens: 127.0.0.1 and a free port. As root it runs
-    as the `postgres` user (PostgreSQL refuses root). `stop` stops it by the PID in its postmaster.pid."""
-
-    def __init__(self) -> None:
-        self.base = Path(tempfile.mkdtemp(prefix="logcompact-regime-pg-"))
-        self.data = self.base / "data"
-        self.sockets = self.base / "run"
-        self.sockets.mkdir()
-        self.log = self.base / "postgres.log"
-        self.as_postgres = os.geteuid() == 0
-        if self.as_postgres:
-            user = pwd.getpwnam("postgres")
-            for path in (self.base, self.sockets):
-                os.chown(path, user.pw_uid, user.pw_gid)
-        self.port = 0
-        self.pid: int | None = None
-        atexit.register(self.stop)
-
-    def _run(self, argv: list[str]) -> None:
-        prefix = ["runuser", "-u", "postgres", "--"] if self.as_postgres else []
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PG")} | {"LC_ALL": "C"}
-        found = subprocess.run(prefix + argv, cwd=self.base, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
-        if found.returncode:
-            raise RuntimeError(f"{' '.join(argv[:2])} exited with {found.returncode}: {(found.stdout + found.stderr)[-2000:]}")
-
-    def start(self) -> None:
-        self._run([str(PG_BIN / "initdb"), "-D", str(self.data), "--auth=trust", "-U", "postgres", "--encoding=UTF8", "--locale=C"])
-        for attempt in range(3):  # a free port may be taken between finding it and the server binding it
-            with socket.socket() as probe:
-                probe.bind(("127.0.0.1", 0))
-                self.port = probe.getsockname()[1]
-            options = f"-c listen_addresses=127.0.0.1 -p {self.port} -c unix_socket_directories={self.sockets}"
-            try:
-                self._run([str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60", "-o", options, "start"])
-                break
-            except RuntimeError:
-                if attempt == 2:
-                    raise
-        self.pid = int((self.data / "postmaster.pid").read_text().split()[0])
-        import psycopg
-
-        with psycopg.connect(host="127.0.0.1", port=self.port, user="postgres", dbname="postgres", autocommit=True) as connection:
-            settings: dict[str, str] = dict(connection.execute("SELECT name, setting FROM pg_settings WHERE name IN ('fsync', 'synchronous_commit')").fetchall())
-        print(f"  PostgreSQL on disk ({self.data}), pid {self.pid}, port {self.port}: fsync {settings['fsync']}, "
-              f"synchronous_commit {settings['synchronous_commit']}")
-
-    def new_database(self, name: str) -> str:
-        import psycopg
-
-        with psycopg.connect(host="127.0.0.1", port=self.port, user="postgres", dbname="postgres", autocommit=True) as connection:
-            connection.execute(f"CREATE DATABASE {name}")
-        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{name}"
-
-    def stop(self) -> None:
-        if self.pid is not None:
-            try:
-                self._run([str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "-t", "60", "stop"])
-            except (RuntimeError, subprocess.TimeoutExpired):
-                for signal_number in (signal.SIGQUIT, signal.SIGKILL):  # an immediate shutdown, then the last resort
-                    try:
-                        os.kill(self.pid, signal_number)
-                    except ProcessLookupError:
-                        break
-                    time.sleep(5)
-            self.pid = None
-        shutil.rmtree(self.base, ignore_errors=True)
 
 
 # -- the agents and the compactors, each a process of its own --------------------------------------------------------

@@ -24,14 +24,14 @@ import logging
 import struct
 import time
 import uuid
-from collections import defaultdict
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from sqlalchemy import ColumnElement, Connection, bindparam, delete, func, insert, inspect, or_, select, tuple_, update
 from sqlalchemy.exc import DatabaseError, IntegrityError
 
-from logcompact.catalog import producers
+from logcompact.catalog import appends, producers
 from logcompact.catalog import schema as s
 from logcompact.catalog.database import WRITE, catalog_errors, catalog_url_for, engine_for, execute_many, one_of, redact_url, sqlite_path, unavailable_error
 from logcompact.catalog.identity import (
@@ -612,36 +612,32 @@ class Catalog:
         with self._writing() as connection:
             version = self._next_version(connection, "append", now_ms)
             topic_rows = self._topic_rows(connection, {info.topic for new in new_files for info in new.sections})
-            wanted = defaultdict(list)
+            counts: Counter[tuple[int, int]] = Counter()  # offsets to hand out, by (topic id, partition)
             for new in new_files:
                 for info in new.sections:
                     topic_id, partitions = topic_rows[info.topic]
                     if not 0 <= info.partition < partitions:
                         raise InvalidRecordError(f"topic {info.topic!r} has partitions 0 to {partitions - 1}, not {info.partition}")
-                    wanted[topic_id].append(info.partition)
+                    counts[(topic_id, info.partition)] += info.last_delta + 1
+            advanced = appends.advance_partitions(connection, counts)
             next_offsets = {}
-            part, sec = s.partitions.c, s.sections.c
-            # The highest offset any section of the partition holds, live or not: one index seek each (the max of
-            # `sections_by_partition`'s last column), so a lowered next_offset never hands an offset out twice.
-            reached = (
-                select(func.max(sec.last_offset)).where(sec.topic_id == part.topic_id, sec.partition == part.partition)
-            ).scalar_subquery()
-            for topic_id, numbers in wanted.items():
-                rows = connection.execute(
-                    select(part.partition, part.next_offset, reached).where(
-                        part.topic_id == topic_id, self._one_of(part.partition, set(numbers))
+            for slot in counts:
+                if slot not in advanced:
+                    name = next(n for n, (t, _) in topic_rows.items() if t == slot[0])
+                    raise CorruptDataError(
+                        f"catalog row partitions ({name!r}, partition {slot[1]}) is missing though the topic has "
+                        f"{topic_rows[name][1]} partitions; restore the catalog from a backup; nothing was written"
                     )
-                )
-                for partition, next_offset, highest in rows:
-                    if highest is not None and next_offset <= highest:
-                        name = next(n for n, (t, _) in topic_rows.items() if t == topic_id)
-                        raise CorruptDataError(
-                            f"catalog row partitions ({name!r}, partition {partition}) has next_offset {next_offset} but "
-                            f"the partition's sections hold offsets up to {highest}: the row was lowered, and appending "
-                            f"would hand offsets out twice; restore the catalog from a backup or set next_offset to "
-                            f"{highest + 1}; nothing was written"
-                        )
-                    next_offsets[(topic_id, partition)] = next_offset
+                first, highest = advanced[slot]
+                if highest is not None and first <= highest:
+                    name = next(n for n, (t, _) in topic_rows.items() if t == slot[0])
+                    raise CorruptDataError(
+                        f"catalog row partitions ({name!r}, partition {slot[1]}) has next_offset {first} but "
+                        f"the partition's sections hold offsets up to {highest}: the row was lowered, and appending "
+                        f"would hand offsets out twice; restore the catalog from a backup or set next_offset to "
+                        f"{highest + 1}; nothing was written"
+                    )
+                next_offsets[slot] = first
             assigned, placed_files = [], []
             for new in new_files:
                 placed = []
@@ -661,15 +657,6 @@ class Catalog:
             if now_ms - self._producers_expired_ms >= PRODUCER_EXPIRY_EVERY_MS:
                 producers.expire(connection, now_ms - producers.EXPIRATION_MS)
                 self._producers_expired_ms = now_ms
-            if next_offsets:  # a file of no sections assigns nothing
-                execute_many(
-                    connection,
-                    update(s.partitions)
-                    .where(s.partitions.c.topic_id == bindparam("b_topic"), s.partitions.c.partition == bindparam("b_partition"))
-                    .values(next_offset=bindparam("b_next")),
-                    ("b_topic", "b_partition", "b_next"),
-                    [(t, p, n) for (t, p), n in next_offsets.items()],
-                )
             self._insert_files(connection, placed_files, version, topic_rows)
         return version, assigned
 
@@ -1122,10 +1109,7 @@ class Catalog:
             for file_id, data_file in zip(ids, data_files, strict=True)
             for sec in data_file.sections
         ]
-        execute_many(connection, insert(s.sections), _SECTION_COLUMNS, section_rows)
-
-
-_SECTION_COLUMNS = tuple(column.name for column in s.sections.columns)
+        appends.insert_sections(connection, section_rows)
 
 
 def _live_agents(connection: Connection, now_ms: int, alive_ms: int) -> list[AgentRecord]:
