@@ -61,11 +61,10 @@ def advance_partitions(connection: Connection, counts: Mapping[Slot, int]) -> di
         arrays = {"topics": _array(t for t, _ in slots), "partitions": _array(p for _, p in slots)}
         connection.exec_driver_sql(_LOCK_POSTGRESQL, arrays)
         rows = connection.exec_driver_sql(_ADVANCE_POSTGRESQL, arrays | {"counts": _array(counts[slot] for slot in slots)})
-    else:
-        advanced = connection.exec_driver_sql(_ADVANCE_SQLITE, (json.dumps([[t, p, counts[(t, p)]] for t, p in slots]),))
-        # SQLite's RETURNING names only the updated table: the first offset is the new next_offset less the count.
-        rows = [(t, p, next_offset - counts[(t, p)], highest) for t, p, next_offset, highest in advanced]
-    return {(topic_id, partition): (first, highest) for topic_id, partition, first, highest in rows}
+        return {(topic_id, partition): (first, highest) for topic_id, partition, first, highest in rows}
+    rows = connection.exec_driver_sql(_ADVANCE_SQLITE, (json.dumps([[t, p, counts[(t, p)]] for t, p in slots]),))
+    # SQLite's RETURNING names only the updated table: the first offset is the new next_offset less the count.
+    return {(t, p): (next_offset - counts[(t, p)], highest) for t, p, next_offset, highest in rows}
 
 
 def _array(numbers: Iterable[int]) -> str:
