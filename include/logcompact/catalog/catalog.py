@@ -88,6 +88,11 @@ PRODUCER_EXPIRY_EVERY_MS = 60_000
 _COMMITTED = "logcompact_committed_version"
 # Where `_topic_rows` leaves whether each topic it read is compacted, for `_insert_files` in the same transaction.
 _COMPACTED = "logcompact_compacted_topics"
+# Row locks `_topic_rows` takes.
+_SHARED, _EXCLUSIVE = "shared", "exclusive"
+# An append's files are inserted before it takes its version (taken last, `append_files`), under this one: above
+# every version, so no snapshot would show them even if one were committed without its version.
+_PENDING_VERSION = 2**62
 
 log = logging.getLogger(__name__)
 
@@ -478,8 +483,8 @@ class Catalog:
         """Change a topic's configs: Kafka-named `settings`, or a function of the topic as it is now (in the same
         transaction, so concurrent changes are not lost); returns the topic altered."""
         with self._writing() as connection:
+            current = self._live_topic(connection, name, lock=True)
             self._next_version(connection, f"alter topic {name}", now_ms)
-            current = self._live_topic(connection, name)
             altered = change(current) if callable(change) else current.altered(change)
             connection.execute(
                 update(s.topics).where(s.topics.c.name == name, s.topics.c.deleted_version.is_(None)).values(config=json.dumps(altered.config.to_kafka()))
@@ -499,8 +504,8 @@ class Catalog:
     def add_partitions(self, name: str, count: int, now_ms: int) -> Topic:
         """Grow a topic to `count` partitions, the new ones at offset 0 (Kafka's CreatePartitions); returns it."""
         with self._writing() as connection:
+            current = self._live_topic(connection, name, lock=True)
             self._next_version(connection, f"add partitions to topic {name}", now_ms)
-            current = self._live_topic(connection, name)
             grown = current.with_partitions(count)
             topic_id = self._topic_id(connection, name)
             connection.execute(update(s.topics).where(s.topics.c.topic_id == topic_id).values(partitions=count))
@@ -518,8 +523,8 @@ class Catalog:
         or, for a file shared with other topics, hold a section of a deleted topic (`_refuse_deleted_topics`).
         With `topic_id`, only the topic of that id: one made again under the name since is TopicNotFoundError."""
         with self._writing() as connection:
+            found = self._topic_rows(connection, {name}, lock=_EXCLUSIVE)[name][0]
             version = self._next_version(connection, f"delete topic {name}", now_ms)
-            found = self._topic_id(connection, name)
             if topic_id is not None and found != topic_id:
                 raise TopicNotFoundError(f"topic {name!r} of topic id {topic_id} was deleted already; the topic of that name now is another")
             topic_id = found
@@ -610,8 +615,9 @@ class Catalog:
         of each file.
         """
         with self._writing() as connection:
-            version = self._next_version(connection, "append", now_ms)
-            topic_rows = self._topic_rows(connection, {info.topic for new in new_files for info in new.sections})
+            # Locks in one order for every writer: topic rows, partition rows, then the version row, taken last so
+            # appends to other partitions, and compactions, run beside this one until its final statements.
+            topic_rows = self._topic_rows(connection, {info.topic for new in new_files for info in new.sections}, lock=_SHARED)
             counts: Counter[tuple[int, int]] = Counter()  # offsets to hand out, by (topic id, partition)
             for new in new_files:
                 for info in new.sections:
@@ -657,7 +663,9 @@ class Catalog:
             if now_ms - self._producers_expired_ms >= PRODUCER_EXPIRY_EVERY_MS:
                 producers.expire(connection, now_ms - producers.EXPIRATION_MS)
                 self._producers_expired_ms = now_ms
-            self._insert_files(connection, placed_files, version, topic_rows)
+            file_ids = self._insert_files(connection, placed_files, _PENDING_VERSION, topic_rows)
+            version = self._next_version(connection, "append", now_ms)
+            connection.execute(update(s.files).where(self._one_of(s.files.c.file_id, file_ids)).values(added_version=version))
         return version, assigned
 
     # -- idempotent producers ------------------------------------------------------------------------------
@@ -698,6 +706,7 @@ class Catalog:
         operation = f"compact {plan_id}" if plan_id else "replace files"
         try:
             with self._writing() as connection:
+                expiring = self._lock_expiring_partitions(connection, removed)
                 version = self._next_version(connection, operation, now_ms)
                 if plan_id is not None:
                     done = connection.execute(
@@ -741,32 +750,45 @@ class Catalog:
                     connection.execute(insert(s.committed_plans).values(plan_id=plan_id, version=version, committed_ms=now_ms))
                 topic_rows = self._topic_rows(connection, {sec.topic for f in added for sec in f.sections})
                 self._insert_files(connection, added, version, topic_rows)
-                self._raise_log_starts(connection, live.values(), version)
+                self._raise_log_starts(connection, expiring)
         except _AlreadyCommitted as done:
             return CommitResult(done.version, False)
         except IntegrityError as exc:
             raise CommitConflictError(f"{operation}: an output file is already in the catalog ({_first_line(exc)}); plan again") from None
         return CommitResult(version, True)
 
-    def _raise_log_starts(self, connection: Connection, removed_file_ids: Collection[int], version: int) -> None:
-        """Retention moves a log's start, compaction never does (Kafka's rule): for the partitions of topics with
-        time retention whose sections this commit removed, the log start rises to the first live offset, or to
-        the next offset when none is left. A compact-only topic keeps its start where it was, so a consumer in a
-        compacted-away head reads on from the next record there is. (`compact,delete` topics rise to the first
-        live record whichever removed the records before it: the engine does not tell the two apart per record.)"""
-        if not removed_file_ids:
-            return
+    def _lock_expiring_partitions(self, connection: Connection, removed: Sequence[str]) -> list[tuple[int, int]]:
+        """The partitions whose log start removing the files `removed` may raise (`_raise_log_starts`): those of
+        topics with time retention holding a section in them. Their rows are locked here, in order and before the
+        version row, as appends lock them (`append_files`): the other order could deadlock with an append."""
+        topics = s.topics.c
+        rows = connection.execute(select(topics.topic_id, topics.name, topics.partitions, topics.config, topics.created_ms)
+                                  .where(topics.deleted_version.is_(None))).all()
         # Read in this transaction: retention.ms may have been altered since any cache of it.
-        topics, ids = self._topics(connection, version)
-        expiring = [ids[name] for name, topic in topics.items() if topic.config.time_retention]
-        if not expiring:
-            return
+        expiring = [row.topic_id for row in rows if _topic_of_row(row).config.time_retention]
+        if not expiring or not removed:
+            return []
         sec, fil, part = s.sections.c, s.files.c, s.partitions.c
-        touched = connection.execute(
-            select(sec.topic_id, sec.partition).distinct().where(
-                self._one_of(sec.file_id, removed_file_ids), self._one_of(sec.topic_id, expiring)
+        touched = (
+            select(sec.topic_id, sec.partition).distinct()
+            .join(s.files, fil.file_id == sec.file_id)
+            .where(self._one_of(fil.key, removed), self._one_of(sec.topic_id, expiring))
+        )
+        return [
+            (row.topic_id, row.partition) for row in connection.execute(
+                select(part.topic_id, part.partition).where(tuple_(part.topic_id, part.partition).in_(touched))
+                .order_by(part.topic_id, part.partition).with_for_update()
             )
-        ).all()
+        ]
+
+    def _raise_log_starts(self, connection: Connection, expiring: Sequence[tuple[int, int]]) -> None:
+        """Retention moves a log's start, compaction never does (Kafka's rule): for the partitions of topics with
+        time retention whose sections this commit removed (`expiring`, locked by `_lock_expiring_partitions`), the
+        log start rises to the first live offset, or to the next offset when none is left. A compact-only topic
+        keeps its start where it was, so a consumer in a compacted-away head reads on from the next record there
+        is. (`compact,delete` topics rise to the first live record whichever removed the records before it: the
+        engine does not tell the two apart per record.)"""
+        sec, fil, part = s.sections.c, s.files.c, s.partitions.c
         first_live = (
             select(func.min(sec.first_offset))
             .select_from(s.sections.join(s.files, fil.file_id == sec.file_id))
@@ -774,7 +796,7 @@ class Catalog:
             .scalar_subquery()
         )
         start = func.coalesce(first_live, part.next_offset)
-        for topic_id, partition in touched:
+        for topic_id, partition in expiring:
             connection.execute(
                 update(s.partitions)
                 .where(part.topic_id == topic_id, part.partition == partition, start > part.log_start_offset)
@@ -1025,8 +1047,11 @@ class Catalog:
         ).all()
         return {row.name: _topic_of_row(row) for row in rows}, {row.name: row.topic_id for row in rows}
 
-    def _live_topic(self, connection: Connection, name: str) -> Topic:
-        row = connection.execute(select(s.topics).where(s.topics.c.name == name, s.topics.c.deleted_version.is_(None))).first()
+    def _live_topic(self, connection: Connection, name: str, lock: bool = False) -> Topic:
+        """The live topic `name`; with `lock`, its row locked until commit (a writer changing it takes that lock
+        before the version row: `append_files`' order)."""
+        query = select(s.topics).where(s.topics.c.name == name, s.topics.c.deleted_version.is_(None))
+        row = connection.execute(query.with_for_update() if lock else query).first()
         if row is None:
             raise _topic_not_found(name)
         return _topic_of_row(row)
@@ -1038,17 +1063,21 @@ class Catalog:
     def _topic_id(self, connection: Connection, name: str) -> int:
         return self._topic_rows(connection, {name})[name][0]
 
-    def _topic_rows(self, connection: Connection, names: set[str]) -> dict[str, tuple[int, int]]:
-        """(topic id, partitions) of each named live topic, read in the caller's transaction (a writer's, after its
-        lock: as of its commit); an unknown one is TopicNotFoundError. Whether each is compacted is left in the
-        connection's info for `_insert_files` of the same transaction."""
+    def _topic_rows(self, connection: Connection, names: set[str], lock: str | None = None) -> dict[str, tuple[int, int]]:
+        """(topic id, partitions) of each named live topic, read in the caller's transaction; an unknown one is
+        TopicNotFoundError. Whether each is compacted is left in the connection's info for `_insert_files` of the
+        same transaction. With `lock` (_SHARED or _EXCLUSIVE), the rows are locked until commit, in topic id order:
+        an append holds its topics shared so that no topic it writes is deleted, altered or grown under it."""
         if not names:
             return {}
         topics = s.topics.c
-        rows = connection.execute(
+        query = (
             select(topics.name, topics.topic_id, topics.partitions, topics.config, topics.created_ms)
             .where(self._one_of(topics.name, sorted(names)), topics.deleted_version.is_(None))
-        ).all()
+        )
+        if lock is not None:
+            query = query.order_by(topics.topic_id).with_for_update(read=lock == _SHARED)
+        rows = connection.execute(query).all()
         found = {row.name: (row.topic_id, row.partitions) for row in rows}
         for name in sorted(names - found.keys()):
             raise _topic_not_found(name)
@@ -1091,9 +1120,10 @@ class Catalog:
 
     def _insert_files(
         self, connection: Connection, data_files: Sequence[DataFile], version: int, topic_rows: dict[str, tuple[int, int]]
-    ) -> None:
+    ) -> list[int]:
+        """Insert files and their sections, added in `version`; their file ids."""
         if not data_files:
-            return
+            return []
         compacted = connection.info[_COMPACTED]  # set by `_topic_rows` for these topics in this transaction
         file_rows = []
         for data_file in data_files:
@@ -1110,6 +1140,7 @@ class Catalog:
             for sec in data_file.sections
         ]
         appends.insert_sections(connection, section_rows)
+        return list(ids)
 
 
 def _live_agents(connection: Connection, now_ms: int, alive_ms: int) -> list[AgentRecord]:

@@ -1,8 +1,9 @@
 """The catalog's tables (SQLAlchemy Core), one schema for SQLite and PostgreSQL; `docs/catalog.md` explains it.
 
 A manifest version is not stored as a document: version N is every file with added_version <= N and
-no removed_version <= N. `catalog_info` holds the newest version; every commit increments it first, which
-also serializes commits (a row lock on PostgreSQL, the write lock on SQLite).
+no removed_version <= N. `catalog_info` holds the newest version; every commit increments it, and that row lock
+(on PostgreSQL; SQLite's write lock serializes writers whole) orders versions as commits: appends take it last,
+other writers first (docs/catalog.md, "Commits").
 
 `sections.crc32` is stored bound to its row's locating fields (`section_crc_binding`).
 """

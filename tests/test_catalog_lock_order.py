@@ -1,0 +1,99 @@
+"""Writers of every kind at once, each taking its locks in the catalog's one order (topic rows, partition rows, the
+version row last): appends of files spanning every partition, topic changes, and retention commits that raise log
+starts. None may deadlock or fail, no offset is handed out twice, and every append is published under its own
+version, in commit order."""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+
+from sqlalchemy import text
+
+from logcompact.catalog import Catalog, NewFile
+from logcompact.format.layout import SectionInfo
+from tests.helpers import NOW, create_topic
+
+PARTITIONS = 20
+APPENDERS = 4
+APPENDS_EACH = 20
+TOPIC_CHANGES = 10
+
+
+def _section(topic: str, partition: int, records: int) -> SectionInfo:
+    return SectionInfo(topic, partition, records, records - 1, NOW, NOW, 0, 100 * records, "none", 0, 0, 100)
+
+
+def test_writers_of_every_kind_at_once(catalog: Catalog) -> None:
+    create_topic(catalog, "kept", partitions=PARTITIONS, cleanup_policy="compact")
+    create_topic(catalog, "expiring", partitions=PARTITIONS, cleanup_policy="delete", retention_ms="60000")
+    appended: dict[str, int] = {}  # file key -> the version its append returned
+    failures: list[BaseException] = []
+    lock = threading.Lock()
+
+    def appender(number: int) -> None:
+        for n in range(APPENDS_EACH):
+            key = f"data/l0/{number}-{n}.seg"
+            sections = tuple(
+                _section(topic, p, 1 + (p + n) % 3) for topic in ("expiring", "kept") for p in range(PARTITIONS)
+            )
+            version, _ = catalog.append_files([NewFile(key, 0, 1_000, NOW, sections)], NOW)
+            with lock:
+                appended[key] = version
+
+    def topic_changer() -> None:
+        for n in range(TOPIC_CHANGES):
+            catalog.alter_topic("kept", {"min.compaction.lag.ms": str(1000 * (n + 1))}, NOW)
+            catalog.add_partitions("kept", PARTITIONS + n + 1, NOW)
+
+    def retention() -> None:
+        removed = 0
+        while removed < APPENDERS * APPENDS_EACH // 2:
+            with lock:
+                oldest = sorted(appended, key=appended.__getitem__)[removed:removed + 2]
+            if len(oldest) < 2:
+                continue
+            catalog.replace_files(oldest, [], NOW)  # as retention drops expired files
+            removed += 2
+
+    def guarded(work, *args) -> None:
+        try:
+            work(*args)
+        except BaseException as exc:  # noqa: BLE001 (each thread's failure is asserted on below)
+            failures.append(exc)
+
+    threads = [threading.Thread(target=guarded, args=(appender, n)) for n in range(APPENDERS)]
+    threads += [threading.Thread(target=guarded, args=(topic_changer,)), threading.Thread(target=guarded, args=(retention,))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert not failures, failures
+    assert len(appended) == APPENDERS * APPENDS_EACH
+
+    with catalog.engine.connect() as connection:
+        added = dict(connection.execute(text("SELECT key, added_version FROM files")).all())
+        sections = connection.execute(text(
+            "SELECT t.name, s.partition, s.first_offset, s.last_offset FROM sections s JOIN topics t USING (topic_id)"
+        )).all()
+        starts = {
+            (name, partition): (start, next_offset) for name, partition, start, next_offset in connection.execute(text(
+                "SELECT t.name, p.partition, p.log_start_offset, p.next_offset FROM partitions p JOIN topics t USING (topic_id)"
+            ))
+        }
+    # Published under the version each append returned, a version of its own; none left pending.
+    assert added == appended
+    assert len(set(appended.values())) == len(appended)
+    # Every partition's sections, removed or not, tile its offsets from 0 to its next offset.
+    by_partition = defaultdict(list)
+    for name, partition, first, last in sections:
+        by_partition[(name, partition)].append((first, last))
+    for slot, ranges in by_partition.items():
+        ranges.sort()
+        assert ranges[0][0] == 0 and all(a[1] + 1 == b[0] for a, b in zip(ranges, ranges[1:])), slot
+        assert ranges[-1][1] + 1 == starts[slot][1], slot
+    # Retention raised each expiring partition's log start to its first live offset.
+    snapshot = catalog.snapshot()
+    for partition in range(PARTITIONS):
+        live = [section.first_offset for _, section in snapshot.sections_of("expiring", partition)]
+        assert starts[("expiring", partition)][0] == min(live), partition
