@@ -19,20 +19,20 @@ from logcompact.catalog import schema as s
 # A partition of an append: (topic id, partition) -> (offsets handed out, highest offset any section holds or None).
 Slot = tuple[int, int]
 
+# The rows are locked in (topic id, partition) order by every append, so two agents appending to the same partitions
+# never deadlock: an UPDATE ... FROM alone locks them in whatever order its join yields them. The sub-select sorts
+# and locks them all before the update's join reads its first.
 _ADVANCE_POSTGRESQL = """
 UPDATE partitions AS p SET next_offset = p.next_offset + w.n
-FROM unnest(%(topics)s::int[], %(partitions)s::int[], %(counts)s::bigint[]) AS w(topic_id, partition, n)
+FROM (
+    SELECT q.topic_id, q.partition, u.n FROM partitions AS q
+    JOIN unnest(%(topics)s::int[], %(partitions)s::int[], %(counts)s::bigint[]) AS u(topic_id, partition, n)
+        ON q.topic_id = u.topic_id AND q.partition = u.partition
+    ORDER BY q.topic_id, q.partition FOR UPDATE OF q
+) AS w
 WHERE p.topic_id = w.topic_id AND p.partition = w.partition
 RETURNING p.topic_id, p.partition, p.next_offset - w.n,
     (SELECT max(x.last_offset) FROM sections AS x WHERE x.topic_id = p.topic_id AND x.partition = p.partition)
-"""
-# Row locks taken in one order by every append, so two agents appending to the same partitions never deadlock: an
-# UPDATE ... FROM locks rows in whatever order its join yields them.
-_LOCK_POSTGRESQL = """
-SELECT 1 FROM partitions AS p
-JOIN unnest(%(topics)s::int[], %(partitions)s::int[]) AS w(topic_id, partition)
-    ON p.topic_id = w.topic_id AND p.partition = w.partition
-ORDER BY p.topic_id, p.partition FOR UPDATE OF p
 """
 _ADVANCE_SQLITE = """
 UPDATE partitions SET next_offset = next_offset + w.n
@@ -58,9 +58,10 @@ def advance_partitions(connection: Connection, counts: Mapping[Slot, int]) -> di
         return {}
     slots = sorted(counts)
     if connection.dialect.name == "postgresql":
-        arrays = {"topics": _array(t for t, _ in slots), "partitions": _array(p for _, p in slots)}
-        connection.exec_driver_sql(_LOCK_POSTGRESQL, arrays)
-        rows = connection.exec_driver_sql(_ADVANCE_POSTGRESQL, arrays | {"counts": _array(counts[slot] for slot in slots)})
+        arrays = {
+            "topics": _array(t for t, _ in slots), "partitions": _array(p for _, p in slots), "counts": _array(counts[slot] for slot in slots)
+        }
+        rows = connection.exec_driver_sql(_ADVANCE_POSTGRESQL, arrays)
         return {(topic_id, partition): (first, highest) for topic_id, partition, first, highest in rows}
     rows = connection.exec_driver_sql(_ADVANCE_SQLITE, (json.dumps([[t, p, counts[(t, p)]] for t, p in slots]),))
     # SQLite's RETURNING names only the updated table: the first offset is the new next_offset less the count.
