@@ -33,7 +33,7 @@ from sqlalchemy.exc import DatabaseError, IntegrityError
 
 from logcompact.catalog import appends, producers
 from logcompact.catalog import schema as s
-from logcompact.catalog.database import WRITE, catalog_errors, catalog_url_for, engine_for, execute_many, one_of, redact_url, sqlite_path, unavailable_error
+from logcompact.catalog.database import WRITE, bound_wal, catalog_errors, catalog_url_for, engine_for, execute_many, one_of, redact_url, sqlite_path, unavailable_error
 from logcompact.catalog.identity import (
     MARKER_KEY,
     RECORD_APPEND_EVERY_MS,
@@ -144,6 +144,7 @@ class Catalog:
             with connection.begin():
                 yield connection
             committed = connection.info.pop(_COMMITTED, None)
+            bound_wal(connection)
         if committed is not None:
             self._record_version(*committed)
 

@@ -36,6 +36,11 @@ from logcompact.store.local import LocalStore
 
 SQLITE_FILE = "catalog.db"
 SQLITE_BUSY_TIMEOUT_MS = 60_000
+# SQLite's WAL resets only when a checkpoint finds no reader in it, which a cluster whose agents, compactors and
+# consumers always have one reading never offers: the WAL then grows by every commit (4.6 GB in two minutes of
+# WarpStream's regime), and reads search it. A writer that finds it past this size checkpoints it in TRUNCATE
+# mode once its commit is done: new writers wait, readers finish, and the WAL starts again from nothing.
+SQLITE_WAL_LIMIT_BYTES = 64 << 20
 # Execution option that marks a connection's transactions as writes (BEGIN IMMEDIATE on SQLite).
 WRITE = "logcompact_write"
 
@@ -150,6 +155,24 @@ def sqlite_path(url: str) -> Path | None:
     if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
         return None
     return Path(parsed.database)
+
+
+def bound_wal(connection: Connection) -> None:
+    """After a commit on SQLite: checkpoint the WAL to nothing if it grew past SQLITE_WAL_LIMIT_BYTES."""
+    if connection.dialect.name != "sqlite":
+        return
+    path = sqlite_path(str(connection.engine.url))
+    try:
+        size = os.path.getsize(f"{path}-wal")
+    except OSError:  # no WAL yet, or another writer's checkpoint truncated it
+        return
+    if size > SQLITE_WAL_LIMIT_BYTES:
+        # On the driver's connection, outside SQLAlchemy's transactions: the checkpoint cannot run inside one. A
+        # checkpoint that waited out the busy timeout reports it in its row, not as an error: the next writer's
+        # commit tries again.
+        driver = connection.connection.driver_connection
+        assert driver is not None
+        driver.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
 
 
 # Up to this many values, a plain IN list (cheapest for the few partitions or files of one commit).
