@@ -1097,13 +1097,17 @@ class Catalog:
         if not named or not file_ids:
             return
         sec, topics = s.sections.c, s.topics.c
-        query = (
-            select(topics.name, topics.deleted_version).join(s.sections, sec.topic_id == topics.topic_id)
-            .where(self._one_of(sec.file_id, file_ids), topics.deleted_version.is_not(None), self._one_of(topics.name, sorted(named)))
-        )
+        # The deleted topics of those names first (a few rows, mostly none), then the inputs' sections of them only.
+        candidates = select(topics.topic_id).where(topics.deleted_version.is_not(None), self._one_of(topics.name, sorted(named)))
         if expected_version is not None:
-            query = query.where(topics.deleted_version > expected_version)
-        deleted = connection.execute(query.limit(1)).first()
+            candidates = candidates.where(topics.deleted_version > expected_version)
+        ids = connection.execute(candidates).scalars().all()
+        if not ids:
+            return
+        deleted = connection.execute(
+            select(topics.name, topics.deleted_version).join(s.sections, sec.topic_id == topics.topic_id)
+            .where(self._one_of(topics.topic_id, ids), self._one_of(sec.file_id, file_ids)).limit(1)
+        ).first()
         if deleted is not None:
             raise CommitConflictError(
                 f"{operation}: topic {deleted.name!r} was deleted in version {deleted.deleted_version}, after the plan "
