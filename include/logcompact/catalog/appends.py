@@ -61,9 +61,9 @@ def advance_partitions(connection: Connection, counts: Mapping[Slot, int]) -> di
         arrays = {
             "topics": _array(t for t, _ in slots), "partitions": _array(p for _, p in slots), "counts": _array(counts[slot] for slot in slots)
         }
-        rows = connection.exec_driver_sql(_ADVANCE_POSTGRESQL, arrays)
+        rows = connection.exec_driver_sql(_ADVANCE_POSTGRESQL, arrays).all()
         return {(topic_id, partition): (first, highest) for topic_id, partition, first, highest in rows}
-    rows = connection.exec_driver_sql(_ADVANCE_SQLITE, (json.dumps([[t, p, counts[(t, p)]] for t, p in slots]),))
+    rows = connection.exec_driver_sql(_ADVANCE_SQLITE, (json.dumps([[t, p, counts[(t, p)]] for t, p in slots]),)).all()
     # SQLite's RETURNING names only the updated table: the first offset is the new next_offset less the count.
     return {(t, p): (next_offset - counts[(t, p)], highest) for t, p, next_offset, highest in rows}
 
