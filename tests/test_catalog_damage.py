@@ -29,6 +29,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from sqlalchemy import select, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
@@ -949,3 +951,9 @@ def test_a_plan_step_whose_catalog_dies_after_leasing_fails_with_its_own_error_a
     monkeypatch.setattr(Catalog, "release", release)
     (job,) = LogcompactPlanOperator(task_id="plan", mode="regular", logcompact_conn_id="dying", force=True).execute({})
     assert job["plan_id"] != plan_id and job["label"].startswith("g0 L0>L1 ") and abandoned_plans(store) == []
+
+
+@given(st.lists(st.tuples(*[st.integers(-(2**63), 2**63 - 1)] * 8), min_size=1, max_size=50))
+def test_bindings_by_column_equal_the_binding_by_row(rows) -> None:
+    """A commit binds its rows by columns (`section_crc_bindings`), readers check them a row at a time."""
+    assert schema.section_crc_bindings(*zip(*rows)) == [schema.section_crc_binding(*row) for row in rows]

@@ -1,5 +1,5 @@
 """The two bulk writes of an append, each one statement however many partitions a file holds: advancing the
-partitions' next offsets, and inserting the sections rows. An agent's file holds a section for each of 1,000
+partitions' next offsets, and inserting the sections rows (a compaction's outputs' too). An agent's file holds a section for each of 1,000
 topic-partitions or more, and a statement per row cost more than the database's own work (115 ms an append on
 PostgreSQL, where these take a few).
 

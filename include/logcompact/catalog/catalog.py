@@ -27,7 +27,9 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from itertools import repeat
 
+import numpy as np
 from sqlalchemy import ColumnElement, Connection, bindparam, delete, func, insert, inspect, or_, select, tuple_, update
 from sqlalchemy.exc import DatabaseError, IntegrityError
 
@@ -71,7 +73,7 @@ from logcompact.exceptions import (
     TopicExistsError,
     TopicNotFoundError,
 )
-from logcompact.format.layout import COMPRESSIONS
+from logcompact.format.layout import COMPRESSIONS, SectionInfo
 from logcompact.store.base import ObjectStore
 from logcompact.store.local import LocalStore
 from logcompact.topics import Topic
@@ -1139,12 +1141,7 @@ class Catalog:
                 "record_count": data_file.record_count, "content": content, "added_version": version,
             })
         ids = connection.execute(insert(s.files).returning(s.files.c.file_id, sort_by_parameter_order=True), file_rows).scalars().all()
-        section_rows = [
-            _section_row(file_id, sec, topic_rows[sec.topic][0])
-            for file_id, data_file in zip(ids, data_files, strict=True)
-            for sec in data_file.sections
-        ]
-        appends.insert_sections(connection, section_rows)
+        appends.insert_sections(connection, _section_rows(ids, data_files, topic_rows))
         return list(ids)
 
 
@@ -1173,18 +1170,28 @@ def _add_kafka_tables(connection: Connection) -> None:
         index.create(connection)
 
 
-def _section_row(file_id: int, section: CatalogSection, topic_id: int) -> tuple:
-    """A sections row, in the table's column order; its crc32 bound to the row (`schema.section_crc_binding`)."""
-    info = section.info
-    first, last = section.first_offset, section.last_offset
-    bound = info.crc32 ^ s.section_crc_binding(
-        topic_id, info.partition, info.byte_offset, info.byte_length, info.first_row, first, last, info.record_count
+def _section_rows(file_ids: Sequence[int], data_files: Sequence[DataFile], topic_rows: dict[str, tuple[int, int]]) -> list[tuple]:
+    """The sections rows of files, tuples in the table's column order, their crc32 bound to the rows
+    (`schema.section_crc_bindings`). Built by columns: a file of 1,000 sections is built inside its commit."""
+    sections = [section for data_file in data_files for section in data_file.sections]
+    if not sections:
+        return []
+    info = dict(zip(SectionInfo._fields, zip(*(section.info for section in sections), strict=True), strict=True))
+    owners = [file_id for file_id, data_file in zip(file_ids, data_files, strict=True) for _ in data_file.sections]
+    topic_ids = [topic_rows[topic][0] for topic in info["topic"]]
+    firsts = np.fromiter((section.first_offset for section in sections), np.int64, len(sections))
+    lasts = firsts + np.asarray(info["last_delta"], np.int64)
+    bindings = s.section_crc_bindings(
+        topic_ids, info["partition"], info["byte_offset"], info["byte_length"], info["first_row"], firsts, lasts,
+        info["record_count"],
     )
-    return (
-        file_id, topic_id, info.partition, info.byte_offset, info.byte_length, info.first_row, first, last,
-        info.record_count, info.min_timestamp, info.max_timestamp, info.tombstones, info.uncompressed_bytes,
-        COMPRESSIONS.index(info.compression), bound, info.clean_below_delta, info.key_sketch or None, None,
-    )
+    return list(zip(
+        owners, topic_ids, info["partition"], info["byte_offset"], info["byte_length"], info["first_row"], firsts.tolist(),
+        lasts.tolist(), info["record_count"], info["min_timestamp"], info["max_timestamp"], info["tombstones"],
+        info["uncompressed_bytes"], [COMPRESSIONS.index(name) for name in info["compression"]],
+        [crc ^ bound for crc, bound in zip(info["crc32"], bindings, strict=True)], info["clean_below_delta"],
+        [sketch or None for sketch in info["key_sketch"]], repeat(None), strict=False,  # removed_version: live
+    ))
 
 
 def _topic_not_found(name: str) -> TopicNotFoundError:

@@ -11,7 +11,9 @@ other writers first (docs/catalog.md, "Commits").
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 
+import numpy as np
 from isal.isal_zlib import crc32  # zlib's CRC-32, computed faster
 from sqlalchemy import (
     BigInteger,
@@ -171,6 +173,21 @@ def section_crc_binding(
     loads hundreds of thousands of rows per pass. A value that is no 64-bit integer (a damaged SQLite row) raises
     struct.error."""
     return crc32(_SECTION_PLACE.pack(topic_id, partition, byte_offset, byte_length, first_row, first_offset, last_offset, record_count))
+
+
+# `_SECTION_PLACE` as a numpy row: the same eight little-endian 64-bit integers.
+_SECTION_PLACE_ROW = np.dtype([(f"f{n}", "<i8") for n in range(8)])
+
+
+def section_crc_bindings(*columns: Sequence[int] | np.ndarray) -> list[int]:
+    """`section_crc_binding` of many rows at once, given its eight arguments as columns: one pack for them all,
+    then a CRC per row. A commit binds an agent's 1,000 sections or more, inside the transaction."""
+    rows = np.empty(len(columns[0]), _SECTION_PLACE_ROW)
+    for n, column in enumerate(columns):
+        rows[f"f{n}"] = column
+    packed = memoryview(rows.tobytes())
+    size = _SECTION_PLACE.size
+    return [crc32(packed[start:start + size]) for start in range(0, len(packed), size)]
 
 
 leases = Table(
