@@ -59,7 +59,7 @@ def test_writers_of_every_kind_at_once(catalog: Catalog) -> None:
     def guarded(work, *args) -> None:
         try:
             work(*args)
-        except BaseException as exc:  # noqa: BLE001 (each thread's failure is asserted on below)
+        except BaseException as exc:  # each thread's failure is asserted on below
             failures.append(exc)
 
     threads = [threading.Thread(target=guarded, args=(appender, n)) for n in range(APPENDERS)]
