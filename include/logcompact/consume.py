@@ -81,7 +81,7 @@ def read_batches(
     partitions = snapshot.topic(topic).partitions
     if not 0 <= partition < partitions:
         raise InvalidRecordError(f"topic {topic!r} has partitions 0 to {partitions - 1}, not {partition}")
-    yield from read_sections(store, snapshot.sections_of(topic, partition, from_offset, to_offset), from_offset, to_offset)
+    yield from read_sections(store, snapshot.sections_from(topic, partition, from_offset, to_offset), from_offset, to_offset)
 
 
 def read_sections(
@@ -100,6 +100,7 @@ def _read(
     store: ObjectStore, sections: Iterable[SectionRef], from_offset: int, to_offset: int | None, columns: tuple[str, ...]
 ) -> Iterator[pa.Table]:
     index_only = set(columns) <= set(INDEX_COLUMNS)
+    read_to = from_offset - 1  # the last offset read
     for run in _overlapping_runs(sections):
         if len(run) == 1:
             key, section = run[0]
@@ -122,7 +123,25 @@ def _read(
                     keep = pc.and_(keep, pc.less(offsets, to_offset))
                 table = table.filter(keep)
             if table.num_rows:
+                first = table.column("offset")[0].as_py()
+                if first <= read_to:
+                    raise _offset_again(run, first, read_to)
+                read_to = table.column("offset")[-1].as_py()
                 yield table
+
+
+def _offset_again(run: list[SectionRef], offset: int, read_to: int) -> CorruptDataError:
+    """Sections read in first-offset order that give an offset at or below one read before: their catalog rows
+    place sections over each other (a section starting below the read's first offset and spanning the offsets read
+    so far holds none of them: `Snapshot.sections_from`)."""
+    key, section = next(((k, s) for k, s in run if s.first_offset <= offset <= s.last_offset), run[0])
+    error = CorruptDataError(
+        f"catalog row of section {section.topic}/{section.partition} of {key} (offsets {section.first_offset} to "
+        f"{section.last_offset}) places offset {offset} after offset {read_to} was read from another section: an offset is "
+        "never in two live sections, so a row is damaged; restore the catalog database from a backup"
+    )
+    error.key = key
+    return error
 
 
 def _merged(run: list[SectionRef], tables: list[pa.Table]) -> pa.Table:

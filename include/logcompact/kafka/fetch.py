@@ -24,6 +24,7 @@ import asyncio
 import os
 import time
 import weakref
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -148,16 +149,17 @@ _PARTITION_READERS = ThreadPoolExecutor(PARTITION_READERS, thread_name_prefix="l
 
 @dataclass(frozen=True)
 class _ToRead:
-    """A partition whose records are to be read: from which offset, to the high watermark, in which sections."""
+    """A partition whose records are to be read: from which offset, to the high watermark, in which sections (read
+    from the catalog a page at a time as the partition's read gets to them: `Snapshot.partition_sections`)."""
 
     asked: Wanted
     log_start: int
     high_watermark: int
-    sections: list[SectionRef]
+    sections: Iterable[SectionRef]
 
 
 def _partitions_plan(snapshot: Snapshot, topic: str, partitions: list[Wanted], offsets: list[tuple[int, int]]) -> list[Answer | _ToRead]:
-    """Each partition's error, or what to read of it (its sections found in one catalog query)."""
+    """Each partition's error, or what to read of it (the first page of each one's sections found in one catalog query)."""
     plan: list[Answer | _ToRead] = []
     ranges: dict[int, tuple[int, int]] = {}
     for asked in partitions:
@@ -210,7 +212,7 @@ def _log_offsets(catalog: Catalog, topic: str) -> list[tuple[int, int]] | None:
 
 
 def _batches(
-    store: ObjectStore, sections: list[SectionRef], fetch_offset: int, high_watermark: int, limit: int, budget: _Budget,
+    store: ObjectStore, sections: Iterable[SectionRef], fetch_offset: int, high_watermark: int, limit: int, budget: _Budget,
 ) -> tuple[memoryview, int]:
     """Record batches of the records in [fetch_offset, high_watermark) within `limit` bytes, or one whole batch of
     one record when it is the response's first (Kafka's rule, so a large record never stalls a consumer), and the
