@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/partitions.py                                   # 10, 1,000 and 10,000 partitions, 3 runs
     .venv/bin/python bench/partitions.py --partitions 10,1000 --runs 1 --skip-big      # a quick look
+    .venv/bin/python bench/partitions.py --skip-files                      # issue 21's reads: first record, latest_values
 
 For each count N of partitions per L0 file (topics of at most 1,000 partitions, all compacted), agents write
 --files L0 files (32 by default), each holding every partition with 3 records: 16-byte keys (the same 3 keys
@@ -28,8 +29,9 @@ The big case (--skip-big leaves it out): one partition of --big-records records 
   last): time to the first record and bytes read from the store.
 
 The deep partitions (--skip-deep leaves them out): one partition per count in --deep-sections (40 and 40,000 by
-default), each of that many L0 sections, the first a real file's and the others catalog rows only (their objects are
-never read): the time to a partition's first record, from a fresh snapshot to read_batches' first table from the
+default), each of that many sections of 3 records, the first a real file's and the others catalog rows only (their
+objects are never read), and one more of the largest count whose first section has holes, as compaction leaves
+them: the time to a partition's first record, from a fresh snapshot to read_batches' first table from the
 partition's start, median of 20, against issue 21's target of <= 5 ms at both counts.
 
 The size and write time of a full plan over 100,000 files are bench/planner.py's; the engine against the
@@ -55,6 +57,7 @@ import pyarrow as pa
 from logcompact.catalog import Catalog, DataFile, NewFile
 from logcompact.consume import latest_values, read_batches
 from logcompact.engine.cleaner import run_plan
+from logcompact.format import section_table, write_segment
 from logcompact.ingest import Agent, Record
 from logcompact.jobs import run_and_commit
 from logcompact.plan import Plan
@@ -187,26 +190,34 @@ def _duration(seconds: float) -> str:
 
 
 def deep_case(counts: list[int], work: Path) -> list[tuple[str, str, str]]:
-    """The time to the first record of partitions of `counts` L0 sections, each partition's first section a real
-    file's (one file holds them all) and the others rows appended to the catalog in batches, as agents commit them."""
+    """The time to the first record of partitions of `counts` sections, and of one of the largest count whose first
+    section has holes, as compaction leaves them (so a reader also asks for sections spanning them). Each partition's
+    first section is a real file's (one file holds them all); the others are rows appended to the catalog in batches
+    of 2,000 files, as agents commit them, whose objects are never read."""
     store = LocalStore(work / "deep")
     catalog = Catalog(store)
     catalog.ensure_created(NOW)
-    catalog.create_topic(Topic.create(DEEP_TOPIC, len(counts), {"cleanup.policy": "compact"}, NOW), NOW)
-    with Agent(catalog, background=False, clock=lambda: NOW, flush_bytes=1 << 40) as agent:
-        agent.produce(DEEP_TOPIC, [Record(p, _key(0, p, k), os.urandom(VALUE_BYTES), NOW)
-                                   for p in range(len(counts)) for k in range(RECORDS_PER_SECTION)])
-        agent.flush()
-    snapshot = catalog.snapshot()
-    infos = [snapshot.sections_of(DEEP_TOPIC, p)[0][1].info for p in range(len(counts))]
-    fillers = [NewFile(f"data/l0/deep-{p}-{n:06d}.seg", 0, 10_000, NOW, (infos[p],)) for p, count in enumerate(counts) for n in range(count - 1)]
+    cases = [(count, False) for count in counts] + [(max(counts), True)]
+    catalog.create_topic(Topic.create(DEEP_TOPIC, len(cases), {"cleanup.policy": "compact"}, NOW), NOW)
+    heads = []
+    for partition, (_, holes) in enumerate(cases):
+        deltas = np.arange(RECORDS_PER_SECTION) * (2 if holes else 1)
+        keys = [_key(0, partition, k) for k in range(RECORDS_PER_SECTION)]
+        heads.append((DEEP_TOPIC, partition, section_table(deltas, [NOW] * RECORDS_PER_SECTION, keys, [os.urandom(VALUE_BYTES) for _ in keys])))
+    blob, infos = write_segment(heads)
+    store.put("data/l0/deep-heads.seg", blob)
+    catalog.append_files([NewFile("data/l0/deep-heads.seg", 0, len(blob), NOW, tuple(infos))], NOW)
+    dense = infos[0]
+    fillers = [
+        NewFile(f"data/l0/deep-{partition}-{n:06d}.seg", 0, 10_000, NOW, (dense._replace(partition=partition),))
+        for partition, (count, _) in enumerate(cases) for n in range(count - 1)
+    ]
     started = time.perf_counter()
     for first in range(0, len(fillers), 2_000):
         catalog.append_files(fillers[first : first + 2_000], NOW)
-    print(f"  deep partitions: {', '.join(f'{c:,}' for c in counts)} sections, {len(fillers):,} rows appended in "
-          f"{time.perf_counter() - started:.0f} s", flush=True)
+    print(f"  deep partitions: {len(fillers):,} rows appended in {time.perf_counter() - started:.0f} s", flush=True)
     rows = []
-    for partition, count in enumerate(counts):
+    for partition, (count, holes) in enumerate(cases):
         timings = []
         for _ in range(FIRST_RECORD_RUNS):
             started = time.perf_counter()
@@ -217,7 +228,8 @@ def deep_case(counts: list[int], work: Path) -> list[tuple[str, str, str]]:
         held = len(catalog.snapshot().sections_of(DEEP_TOPIC, partition))
         if held != count:
             raise SystemExit(f"bench: {DEEP_TOPIC}/{partition} holds {held:,} sections, expected {count:,}")
-        rows.append((f"first record of a partition of {count:,} sections, from its start", _duration(statistics.median(timings)), "<= 5 ms"))
+        label = f"first record of a partition of {count:,} sections, from its start"
+        rows.append((label + (", its first section with holes" if holes else ""), _duration(statistics.median(timings)), "<= 5 ms"))
     catalog.engine.dispose()
     return rows
 

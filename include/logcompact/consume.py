@@ -1,8 +1,9 @@
 """Reading a partition as of one manifest version: by offset, or the latest value per key.
 
 Offsets live in the catalog: a section's records carry offset deltas, and the catalog gives each
-section's first offset. A read asks the snapshot for the sections of its one partition and offset range
-(one indexed query, whatever else the catalog holds), then reads each in offset order through the format's one
+section's first offset. A read asks the snapshot for the sections of its one partition from its offset, a page at a
+time as it gets to them (`Snapshot.sections_from`: the first record costs one indexed query of a few rows, however
+many sections the partition holds), then reads each in offset order through the format's one
 read path of a section from an offset (`format.read_section_from`: one ranged GET, or, for a long section, block
 by block from the one holding the first offset wanted), the path Fetch reads too and the engine reads from one
 forward stream per file (`format.SectionStream`); sections whose offset ranges overlap (a compaction output
