@@ -211,7 +211,7 @@ class Snapshot:
             partition: PartitionSections(self, topic, topic_id, partition, from_offset, to_offset)
             for partition, (from_offset, to_offset) in ranges.items()
         }
-        asked = list(found.values())
+        asked = [reader for reader in found.values() if not reader.done]
         for first in range(0, len(asked), PARTITIONS_PER_QUERY):
             chunk = asked[first : first + PARTITIONS_PER_QUERY]
             pages: dict[int, list[Row]] = {reader.partition: [] for reader in chunk}
@@ -383,7 +383,7 @@ class _Page(NamedTuple):
 class PartitionSections:
     """The live sections of one partition holding offsets in [from_offset, to_offset), (file key, section) in
     first-offset order, read from the catalog's index by (topic, partition, last offset) a page at a time as they
-    are iterated, checked on the way (`check_partition_sections`, carried across pages), and kept: iterating again
+    are iterated, checked on the way (`_SectionsCheck`, carried across pages), and kept: iterating again
     reads nothing more, and a reader that stops early reads no more pages.
 
     A page is the sections ending from where the last one ended, the first `limit` by last offset. In first-offset
@@ -407,7 +407,7 @@ class PartitionSections:
         self._taken: list[tuple[str, CatalogSection]] = []
         self._low = from_offset  # every live section ending below this and at or after from_offset is taken
         self._limit = FIRST_PAGE_SECTIONS
-        self._done = from_offset >= self.to_offset
+        self.done = from_offset >= self.to_offset  # every section wanted is taken
         self._check = _SectionsCheck(topic, partition, from_offset)
 
     def __iter__(self) -> Iterator[tuple[str, CatalogSection]]:
@@ -416,7 +416,7 @@ class PartitionSections:
             while position < len(self._taken):
                 yield self._taken[position]
                 position += 1
-            if self._done:
+            if self.done:
                 return
             page = self.next_page()
             self.take_page(self._query(page))
@@ -432,7 +432,7 @@ class PartitionSections:
 
     def take_page(self, rows: list[Row]) -> None:
         """Take the rows of `next_page()`, with what else is needed to put them in first-offset order."""
-        if self._done:
+        if self.done:
             return
         rows.sort(key=_last_offset)
         limit = self._limit
@@ -447,7 +447,7 @@ class PartitionSections:
             else:  # the whole page ends at one offset (a damaged row, the check will say): take each section ending there
                 rows = self._query(_Page(self.partition, end, end))
         while end < _NO_END and not _hold_every_offset(rows, self._low, end):
-            spanning = self._query(_Page(self.partition, end + 1, first_at_most=end))
+            spanning = self._query(_Page(self.partition, end + 1, first_at_most=min(end, self.to_offset - 1)))
             if not spanning:
                 break
             reach = max(row.last_offset for row in spanning)
@@ -462,7 +462,7 @@ class PartitionSections:
             self._check.take(*pair, row.next_offset)
             self._taken.append(pair)
         self._low = end + 1 if end < _NO_END else _NO_END
-        self._done = end >= self.to_offset - 1
+        self.done = end >= self.to_offset - 1
 
 
 def _last_offset(row: Row) -> int:

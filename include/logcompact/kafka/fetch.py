@@ -1,8 +1,9 @@
 """Fetch (key 1), v4-12: a partition's records from an offset, as uncompressed record batches v2, read from the
 catalog's sections at one snapshot through consume's read path, behind the agent's bounded cache of file ranges
 (`Broker.file_cache`), and encoded from their Arrow columns a batch at a time (`records.BatchBuffer`). A request
-reads the catalog's version, each topic's watermarks and, in one query, the sections of its partitions (the snapshot
-is reused while no commit comes), and its partitions are read on several threads at once (`read`).
+reads the catalog's version, each topic's watermarks and, in one query, the first page of the sections of each of its
+partitions (the snapshot is reused while no commit comes; a partition's later pages as its read gets to them, none
+past its byte limit: `Snapshot.sections_from`), and its partitions are read on several threads at once (`read`).
 
 Each record keeps its offset; holes left by compaction are gaps in a batch's offset deltas, a fetch offset in a
 hole gets the next record that exists, and a hole at the end is covered by the last batch's last offset (or a
