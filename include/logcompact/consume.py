@@ -229,10 +229,12 @@ def _last_positions(store: ObjectStore, sections: list[SectionRef]) -> np.ndarra
             return np.sort(latest.offsets())
         if keys >= records:  # a map of as many keys as records filled up: the sections hold more than their rows count
             key, section = sections[0]
-            raise CorruptDataError(
-                f"sections of {section.topic}/{section.partition} hold more keyed records than their catalog rows' "
-                f"{records:,}; restore the catalog database from a backup"
+            error = CorruptDataError(
+                f"sections of {section.topic}/{section.partition} hold more keyed records than the {records:,} their catalog "
+                "rows count; restore the catalog database from a backup"
             )
+            error.key = key
+            raise error
         keys = min(4 * keys, records)
 
 
