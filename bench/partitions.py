@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/partitions.py                                   # 10, 1,000 and 10,000 partitions, 3 runs
     .venv/bin/python bench/partitions.py --partitions 10,1000 --runs 1 --skip-big      # a quick look
+    .venv/bin/python bench/partitions.py --skip-files                      # issue 21's reads: first record, latest_values
 
 For each count N of partitions per L0 file (topics of at most 1,000 partitions, all compacted), agents write
 --files L0 files (32 by default), each holding every partition with 3 records: 16-byte keys (the same 3 keys
@@ -27,6 +28,12 @@ The big case (--skip-big leaves it out): one partition of --big-records records 
 * consume from the middle of that section (read_batches from the offset halfway between its first and
   last): time to the first record and bytes read from the store.
 
+The deep partitions (--skip-deep leaves them out): one partition per count in --deep-sections (40 and 40,000 by
+default), each of that many sections of 3 records, the first a real file's and the others catalog rows only (their
+objects are never read), and one more of the largest count whose first section has holes, as compaction leaves
+them: the time to a partition's first record, from a fresh snapshot to read_batches' first table from the
+partition's start, median of 20, against issue 21's target of <= 5 ms at both counts.
+
 The size and write time of a full plan over 100,000 files are bench/planner.py's; the engine against the
 I/O floor is bench/engine.py's. The process (and every child) is pinned to one CPU, Arrow to one thread.
 """
@@ -47,9 +54,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from logcompact.catalog import Catalog, DataFile
+from logcompact.catalog import Catalog, DataFile, NewFile
 from logcompact.consume import latest_values, read_batches
 from logcompact.engine.cleaner import run_plan
+from logcompact.format import section_table, write_segment
 from logcompact.ingest import Agent, Record
 from logcompact.jobs import run_and_commit
 from logcompact.plan import Plan
@@ -65,6 +73,8 @@ PARTITIONS_PER_TOPIC = 1_000
 CONSUMED_PARTITIONS = 20
 BIG_TOPIC = "big"
 WARM_TOPIC = "warm"  # one record, read first by the latest_values child
+DEEP_TOPIC = "deep"
+FIRST_RECORD_RUNS = 20
 VALUE_POOL = 1 << 16  # distinct random values of the big case: too many for LZ4's 64 KiB window to repeat
 TARGETS = {
     "overhead": "<= 100 B",
@@ -176,6 +186,55 @@ def _duration(seconds: float) -> str:
     return f"{seconds * 1000:.1f} ms" if seconds < 0.1 else f"{seconds * 1000:.0f} ms"
 
 
+# -- deep partitions: the first record ------------------------------------------------------------------
+
+
+def deep_case(counts: list[int], work: Path) -> list[tuple[str, str, str]]:
+    """The time to the first record of partitions of `counts` sections, and of one of the largest count whose first
+    section has holes, as compaction leaves them (so a reader also asks for sections spanning them). Each partition's
+    first section is a real file's (one file holds them all); the others are rows appended to the catalog in batches
+    of 2,000 files, as agents commit them, whose objects are never read."""
+    store = LocalStore(work / "deep")
+    catalog = Catalog(store)
+    catalog.ensure_created(NOW)
+    cases = [(count, False) for count in counts] + [(max(counts), True)]
+    catalog.create_topic(Topic.create(DEEP_TOPIC, len(cases), {"cleanup.policy": "compact"}, NOW), NOW)
+    heads = []
+    for partition, (_, holes) in enumerate(cases):
+        deltas = np.arange(RECORDS_PER_SECTION) * (2 if holes else 1)
+        keys = [_key(0, partition, k) for k in range(RECORDS_PER_SECTION)]
+        heads.append((DEEP_TOPIC, partition, section_table(deltas, [NOW] * RECORDS_PER_SECTION, keys, [os.urandom(VALUE_BYTES) for _ in keys])))
+    blob, infos = write_segment(heads)
+    store.put("data/l0/deep-heads.seg", blob)
+    catalog.append_files([NewFile("data/l0/deep-heads.seg", 0, len(blob), NOW, tuple(infos))], NOW)
+    dense = infos[0]
+    fillers = [
+        NewFile(f"data/l0/deep-{partition}-{n:06d}.seg", 0, 10_000, NOW, (dense._replace(partition=partition),))
+        for partition, (count, _) in enumerate(cases) for n in range(count - 1)
+    ]
+    started = time.perf_counter()
+    for first in range(0, len(fillers), 2_000):
+        catalog.append_files(fillers[first : first + 2_000], NOW)
+    print(f"  deep partitions: {len(fillers):,} rows appended in {time.perf_counter() - started:.0f} s", flush=True)
+    timings: list[list[float]] = [[] for _ in cases]
+    for _ in range(FIRST_RECORD_RUNS):  # the partitions in turn, so that the machine's load falls on each alike
+        for partition in range(len(cases)):
+            started = time.perf_counter()
+            first = next(read_batches(store, catalog.snapshot(), DEEP_TOPIC, partition))
+            timings[partition].append(time.perf_counter() - started)
+            if first.column("offset")[0].as_py() != 0:
+                raise SystemExit(f"bench: the first record of {DEEP_TOPIC}/{partition} is not at offset 0")
+    rows = []
+    for partition, (count, holes) in enumerate(cases):
+        held = len(catalog.snapshot().sections_of(DEEP_TOPIC, partition))
+        if held != count:
+            raise SystemExit(f"bench: {DEEP_TOPIC}/{partition} holds {held:,} sections, expected {count:,}")
+        label = f"first record of a partition of {count:,} sections, from its start"
+        rows.append((label + (", its first section with holes" if holes else ""), _duration(statistics.median(timings[partition])), "<= 5 ms"))
+    catalog.engine.dispose()
+    return rows
+
+
 # -- the big partition --------------------------------------------------------------------------------
 
 
@@ -276,16 +335,20 @@ def main() -> None:
     parser.add_argument("--cpu", type=int, default=min(os.sched_getaffinity(0)), help="the CPU to pin to")
     parser.add_argument("--skip-compaction", action="store_true", help="leave out the L0 to L1 and L1 to L2 figures")
     parser.add_argument("--skip-big", action="store_true", help="leave out the big partition")
+    parser.add_argument("--skip-deep", action="store_true", help="leave out the deep partitions' first record")
+    parser.add_argument("--deep-sections", default="40,40000", help="sections of each deep partition, comma-separated")
+    parser.add_argument("--skip-files", action="store_true", help="leave out the figures per partition count of L0 files")
     parser.add_argument("--big-records", type=int, default=10_000_000)
     parser.add_argument("--big-keys", type=int, default=1_000_000)
     parser.add_argument("--big-files", type=int, default=100)
     args = parser.parse_args()
     try:
         counts = [int(n) for n in args.partitions.split(",")]
+        deep = [int(n) for n in args.deep_sections.split(",")]
     except ValueError:
-        parser.error(f"--partitions {args.partitions!r}: give counts separated by commas, e.g. 10,1000,10000")
-    if min(counts) < 1 or args.files < 1 or args.runs < 1 or min(args.big_records, args.big_keys, args.big_files) < 1:
-        parser.error("--partitions, --files, --runs and the --big-* sizes must be at least 1")
+        parser.error("--partitions and --deep-sections: give counts separated by commas, e.g. 10,1000,10000")
+    if min(counts) < 1 or min(deep) < 1 or args.files < 1 or args.runs < 1 or min(args.big_records, args.big_keys, args.big_files) < 1:
+        parser.error("--partitions, --deep-sections, --files, --runs and the --big-* sizes must be at least 1")
     pin(args.cpu)
     print(f"pinned to CPU {args.cpu}; {args.files} L0 files per partition count, {RECORDS_PER_SECTION} records of "
           f"{KEY_BYTES} + {VALUE_BYTES} B per section; medians of {args.runs} runs", flush=True)
@@ -294,21 +357,27 @@ def main() -> None:
         work = Path(tmp)
         print("  warm-up (not reported): loads what a first run loads once, the engine's compiled key map and Arrow's kernels")
         partitions_case(10, 2, 1, True, work / "warm-up")
-        figures = {n: partitions_case(n, args.files, args.runs, not args.skip_compaction, work) for n in counts}
-        rows = [
-            ("overhead", "file overhead per section (payload 408 B)"),
-            ("produce", "produce one L0 file (write + commit)"),
-            ("consume", "consume one partition of one file: GETs, time"),
-            ("copy", f"L0 to L1 per section, {args.files} files"),
-            ("dedup", f"L1 to L2 (dedup) per section, {args.files} files"),
-        ]
-        print(f"| partitions per L0 file | {' | '.join(f'{n:,}' for n in counts)} | target |")
-        print(f"|---|{'---|' * len(counts)}---|")
-        for name, label in rows:
-            if name in figures[counts[0]]:
-                print(f"| {label} | {' | '.join(figures[n][name] for n in counts)} | {TARGETS[name]} |")
-        print("| full plan over 100,000 files: document size, time to write | see bench/planner.py "
-              f"(--files 100000 --mode full) |{' |' * (len(counts) - 1)} <= 20 MB, <= 2 s |", flush=True)
+        if not args.skip_files:
+            figures = {n: partitions_case(n, args.files, args.runs, not args.skip_compaction, work) for n in counts}
+            rows = [
+                ("overhead", "file overhead per section (payload 408 B)"),
+                ("produce", "produce one L0 file (write + commit)"),
+                ("consume", "consume one partition of one file: GETs, time"),
+                ("copy", f"L0 to L1 per section, {args.files} files"),
+                ("dedup", f"L1 to L2 (dedup) per section, {args.files} files"),
+            ]
+            print(f"| partitions per L0 file | {' | '.join(f'{n:,}' for n in counts)} | target |")
+            print(f"|---|{'---|' * len(counts)}---|")
+            for name, label in rows:
+                if name in figures[counts[0]]:
+                    print(f"| {label} | {' | '.join(figures[n][name] for n in counts)} | {TARGETS[name]} |")
+            print("| full plan over 100,000 files: document size, time to write | see bench/planner.py "
+                  f"(--files 100000 --mode full) |{' |' * (len(counts) - 1)} <= 20 MB, <= 2 s |", flush=True)
+        if not args.skip_deep:
+            print("| deep partition | measured | target |")
+            print("|---|---|---|")
+            for label, measured, target in deep_case(deep, work):
+                print(f"| {label} | {measured} | {target} |", flush=True)
         if not args.skip_big:
             rows = big_case(args.big_records, args.big_keys, args.big_files, args.runs, args.cpu, work)
             print("| big partition | measured | target |")

@@ -153,19 +153,6 @@ def test_an_old_manifest_version_reads_what_it_listed(catalog: Catalog) -> None:
     assert [r.value for r in read_records(store, catalog.snapshot(), "t", 0)] == [b"b", b"c"]
 
 
-def test_latest_offsets_keep_keys_apart_when_their_high_hash_words_match() -> None:
-    import numpy as np
-
-    from logcompact.consume import _LatestOffsets
-
-    latest = _LatestOffsets()
-    # keys (7, 1) and (7, 2) share a high word; (9, 1) does not; each key seen twice, in offset order
-    words = np.array([[7, 1], [7, 2], [9, 1], [7, 2], [7, 1], [9, 1]], dtype=np.uint64)
-    latest.add(words[:3], np.array([10, 11, 12]))
-    latest.add(words[3:], np.array([13, 14, 15]))
-    assert latest.offsets().tolist() == [13, 14, 15]
-
-
 def test_a_long_section_is_read_through_its_footer_only_as_the_catalog_records_it(catalog: Catalog, monkeypatch) -> None:
     from sqlalchemy import update
 

@@ -37,8 +37,8 @@ def test_sections_of_many_partitions_in_one_query_are_each_partition_s_own(catal
     found = snapshot.sections_of_partitions("t", ranges)
     assert set(found) == set(ranges)
     for partition, (start, end) in ranges.items():
-        assert found[partition] == snapshot.sections_of("t", partition, start, end)
-    assert any(len(sections) > 1 for sections in found.values())
+        assert list(found[partition]) == snapshot.sections_of("t", partition, start, end)
+    assert any(len(list(sections)) > 1 for sections in found.values())
 
 
 def test_a_long_section_is_read_from_any_offset_through_a_cache_with_one_get_a_chunk(tmp_path: Path) -> None:

@@ -1,8 +1,9 @@
 """Reading a partition as of one manifest version: by offset, or the latest value per key.
 
 Offsets live in the catalog: a section's records carry offset deltas, and the catalog gives each
-section's first offset. A read asks the snapshot for the sections of its one partition and offset range
-(one indexed query, whatever else the catalog holds), then reads each in offset order through the format's one
+section's first offset. A read asks the snapshot for the sections of its one partition from its offset, a page at a
+time as it gets to them (`Snapshot.sections_from`: the first record costs one indexed query of a few rows, however
+many sections the partition holds), then reads each in offset order through the format's one
 read path of a section from an offset (`format.read_section_from`: one ranged GET, or, for a long section, block
 by block from the one holding the first offset wanted), the path Fetch reads too and the engine reads from one
 forward stream per file (`format.SectionStream`); sections whose offset ranges overlap (a compaction output
@@ -12,7 +13,7 @@ spans a hole that another file fills) are merged by offset. Holes left by compac
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -22,7 +23,11 @@ from logcompact.catalog import CatalogSection, Snapshot
 from logcompact.exceptions import CorruptDataError, InvalidRecordError
 from logcompact.format import read_section_from
 from logcompact.format.layout import HEADERS_TYPE, INDEX_COLUMNS, key_hash_words
+from logcompact.sketch import estimate, merge_packed
 from logcompact.store.base import ObjectStore
+
+if TYPE_CHECKING:
+    from logcompact.engine.offset_map import OffsetMap
 
 RECORD_SCHEMA = pa.schema(
     [
@@ -81,7 +86,7 @@ def read_batches(
     partitions = snapshot.topic(topic).partitions
     if not 0 <= partition < partitions:
         raise InvalidRecordError(f"topic {topic!r} has partitions 0 to {partitions - 1}, not {partition}")
-    yield from read_sections(store, snapshot.sections_of(topic, partition, from_offset, to_offset), from_offset, to_offset)
+    yield from read_sections(store, snapshot.sections_from(topic, partition, from_offset, to_offset), from_offset, to_offset)
 
 
 def read_sections(
@@ -100,6 +105,7 @@ def _read(
     store: ObjectStore, sections: Iterable[SectionRef], from_offset: int, to_offset: int | None, columns: tuple[str, ...]
 ) -> Iterator[pa.Table]:
     index_only = set(columns) <= set(INDEX_COLUMNS)
+    read_to = from_offset - 1  # the last offset read
     for run in _overlapping_runs(sections):
         if len(run) == 1:
             key, section = run[0]
@@ -122,7 +128,25 @@ def _read(
                     keep = pc.and_(keep, pc.less(offsets, to_offset))
                 table = table.filter(keep)
             if table.num_rows:
+                first = table.column("offset")[0].as_py()
+                if first <= read_to:
+                    raise _offset_again(run, first, read_to)
+                read_to = table.column("offset")[-1].as_py()
                 yield table
+
+
+def _offset_again(run: list[SectionRef], offset: int, read_to: int) -> CorruptDataError:
+    """Sections read in first-offset order that give an offset at or below one read before: their catalog rows
+    place sections over each other (a section starting below the read's first offset and spanning the offsets read
+    so far holds none of them: `Snapshot.sections_from`)."""
+    key, section = next(((k, s) for k, s in run if s.first_offset <= offset <= s.last_offset), run[0])
+    error = CorruptDataError(
+        f"catalog row of section {section.topic}/{section.partition} of {key} (offsets {section.first_offset} to "
+        f"{section.last_offset}) places offset {offset} after offset {read_to} was read from another section: an offset is "
+        "never in two live sections, so a row is damaged; restore the catalog database from a backup"
+    )
+    error.key = key
+    return error
 
 
 def _merged(run: list[SectionRef], tables: list[pa.Table]) -> pa.Table:
@@ -163,63 +187,68 @@ def read_records(
 def latest_values(store: ObjectStore, snapshot: Snapshot, topic: str, partition: int) -> pa.Table:
     """The materialized view of a partition: each key's latest record, unless that record is a tombstone.
 
-    Columns offset, timestamp, key, value, headers, in offset order; keyless records are left out. Two reads,
-    as the compactor does, so memory stays near the view's own size: the first keeps only each key hash's
-    latest offset (24 bytes a key), the second keeps only the records at those offsets.
+    Columns offset, timestamp, key, value, headers, in offset order; keyless records are left out. Two reads, as
+    the compactor does, so memory stays near the view's own size: the first puts each keyed record's key hash in
+    the compactor's key map (`CompactOffsetMap`: open addressing, 20 bytes a key, linear time) with the record's
+    position in the read, so the map ends holding each key's last position; the second reads the records again
+    in the same order and takes those at the positions held, a table at a time.
     """
     partitions = snapshot.topic(topic).partitions
     if not 0 <= partition < partitions:
         raise InvalidRecordError(f"topic {topic!r} has partitions 0 to {partitions - 1}, not {partition}")
     sections = snapshot.sections_of(topic, partition)
-    latest = _LatestOffsets()
-    for table in _read(store, sections, 0, None, ("key_hash",)):
-        keyed = table.filter(pc.is_valid(table.column("key_hash")))
-        latest.add(key_hash_words(keyed.column("key_hash")), keyed.column("offset").to_numpy())
-    wanted = latest.offsets()
+    positions = _last_positions(store, sections)
     kept = []
+    start = 0
     for table in _read(store, sections, 0, None, _RECORD_COLUMNS):
-        offsets = table.column("offset").to_numpy()
-        at = np.minimum(np.searchsorted(wanted, offsets), max(len(wanted) - 1, 0))
-        is_latest = wanted[at] == offsets if len(wanted) else np.zeros(len(offsets), dtype=bool)
-        kept.append(table.filter(pc.and_(pa.array(is_latest), pc.is_valid(table.column("value")))))
+        first, end = np.searchsorted(positions, (start, start + table.num_rows))
+        if end > first:
+            taken = table.take(pa.array(positions[first:end] - start))
+            kept.append(taken.filter(pc.is_valid(taken.column("value"))))
+        start += table.num_rows
     if not kept:
         return RECORD_SCHEMA.empty_table()
     return pa.concat_tables(kept).cast(RECORD_SCHEMA)
 
 
-class _LatestOffsets:
-    """Each key hash's latest offset, from (hash words, offset) chunks in offset order, reduced whenever what
-    is held doubles."""
+def _last_positions(store: ObjectStore, sections: list[SectionRef]) -> np.ndarray:
+    """Each key's last position among the records of `sections` as `_read` gives them (keyless records count and are
+    left out), sorted. The key map has two slots a key the sections' key sketches estimate; should there be twice
+    as many (a sketch errs by about 9%), the records are read again into a map four times larger."""
+    # numba loads with the key map: here, for the view, not for every reader (the agent's Fetch)
+    from logcompact.engine.offset_map import BYTES_PER_SLOT, MAX_OFFSET_DELTA, CompactOffsetMap
 
-    def __init__(self) -> None:
-        self._chunks: list[np.ndarray] = []  # rows of (high word, low word, offset)
-        self._held = 0
-        self._kept = 0
+    records = sum(section.info.record_count for _, section in sections)
+    if records > MAX_OFFSET_DELTA:
+        raise InvalidRecordError(f"a view of {records:,} records is more than the key map's positions ({MAX_OFFSET_DELTA:,})")
+    keys = max(1, round(estimate(merge_packed([section.info.key_sketch for _, section in sections]))))
+    while True:
+        latest = CompactOffsetMap(BYTES_PER_SLOT * max(1024, 2 * keys))
+        latest.clear()
+        if _put_positions(store, sections, latest):
+            return np.sort(latest.offsets())
+        if keys >= records:  # a map of as many keys as records filled up: the sections hold more than their rows count
+            key, section = sections[0]
+            error = CorruptDataError(
+                f"sections of {section.topic}/{section.partition} hold more keyed records than the {records:,} their catalog "
+                "rows count; restore the catalog database from a backup"
+            )
+            error.key = key
+            raise error
+        keys = min(4 * keys, records)
 
-    def add(self, words: np.ndarray, offsets: np.ndarray) -> None:
-        if not len(offsets):
-            return
-        self._chunks.append(np.column_stack((words.view(np.int64), offsets.astype(np.int64))))
-        self._held += len(offsets)
-        if self._held >= max(2 * self._kept, 1 << 20):
-            self._reduce()
 
-    def _reduce(self) -> None:
-        rows = np.concatenate(self._chunks) if len(self._chunks) > 1 else self._chunks[0]
-        # Rows are held in offset order, so a stable sort by the high hash word leaves each key's rows in offset
-        # order. Two keys sharing a high word (rare) need the low word too.
-        rows = rows[np.argsort(rows[:, 0], kind="stable")]
-        same_high = rows[1:, 0] == rows[:-1, 0]
-        if (same_high & (rows[1:, 1] != rows[:-1, 1])).any():
-            rows = rows[np.lexsort((rows[:, 2], rows[:, 1], rows[:, 0]))]
-        last = np.ones(len(rows), dtype=bool)
-        last[:-1] = (rows[1:, 0] != rows[:-1, 0]) | (rows[1:, 1] != rows[:-1, 1])
-        self._chunks = [rows[last]]
-        self._held = self._kept = len(self._chunks[0])
-
-    def offsets(self) -> np.ndarray:
-        """The latest offsets, sorted."""
-        if not self._chunks:
-            return np.zeros(0, dtype=np.int64)
-        self._reduce()
-        return np.sort(self._chunks[0][:, 2])
+def _put_positions(store: ObjectStore, sections: list[SectionRef], latest: OffsetMap) -> bool:
+    """Put each keyed record's key hash with its position in the read into `latest`; False when it fills up."""
+    start = 0
+    for table in _read(store, sections, 0, None, ("key_hash",)):
+        hashes = table.column("key_hash")
+        words = key_hash_words(hashes)
+        positions = np.arange(start, start + table.num_rows, dtype=np.int64)
+        if hashes.null_count:
+            keyed = pc.is_valid(hashes).to_numpy(zero_copy_only=False)
+            words, positions = words[keyed], positions[keyed]
+        if latest.put(words, positions) < len(positions):
+            return False
+        start += table.num_rows
+    return True

@@ -17,8 +17,9 @@ import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import cache
+from typing import NamedTuple
 
-from sqlalchemy import BindParameter, ColumnElement, Connection, Engine, Select, and_, bindparam, func, or_, select, union_all
+from sqlalchemy import BindParameter, ColumnElement, CompoundSelect, Connection, Engine, Row, Select, and_, bindparam, func, or_, select, union_all
 
 from logcompact.catalog import schema as s
 from logcompact.catalog.database import catalog_errors, one_of
@@ -188,31 +189,46 @@ class Snapshot:
         self, topic: str, partition: int, from_offset: int = 0, to_offset: int | None = None
     ) -> list[tuple[str, CatalogSection]]:
         """(file key, section) of each live section of a partition holding offsets in [from_offset, to_offset),
-        in first-offset order: one indexed query, whatever the catalog holds elsewhere."""
+        in first-offset order, checked: every page of `sections_from`."""
+        return list(self.sections_from(topic, partition, from_offset, to_offset))
+
+    def sections_from(
+        self, topic: str, partition: int, from_offset: int = 0, to_offset: int | None = None
+    ) -> PartitionSections:
+        """The live sections of a partition holding offsets in [from_offset, to_offset), read a page at a time as
+        they are iterated (`PartitionSections`): the first costs one indexed query of FIRST_PAGE_SECTIONS rows,
+        however many sections the partition holds."""
         return self.sections_of_partitions(topic, {partition: (from_offset, to_offset)})[partition]
 
     def sections_of_partitions(
         self, topic: str, ranges: Mapping[int, tuple[int, int | None]]
-    ) -> dict[int, list[tuple[str, CatalogSection]]]:
-        """`sections_of` for several partitions of a topic, each with its (from_offset, to_offset): one query of one
-        indexed part per partition (up to PARTITIONS_PER_QUERY of them), so a Fetch's partitions cost one round trip."""
+    ) -> dict[int, PartitionSections]:
+        """`sections_from` for several partitions of a topic, each with its (from_offset, to_offset): their first
+        pages in one query of one indexed part per partition (up to PARTITIONS_PER_QUERY of them), so a Fetch's
+        partitions cost one round trip; the pages after are read as each partition's reader gets to them."""
         topic_id = self.topic_ids[self.topic(topic).name]
-        found: dict[int, list[tuple[str, CatalogSection]]] = {partition: [] for partition in ranges}
-        names = {topic_id: topic}
-        next_offsets: dict[int, int] = {}
-        asked = list(ranges.items())
-        with self._connect() as connection:
-            for first in range(0, len(asked), PARTITIONS_PER_QUERY):
-                chunk = asked[first : first + PARTITIONS_PER_QUERY]
-                parameters = {"topic_id": topic_id, "version": self.version}
-                for i, (partition, (from_offset, to_offset)) in enumerate(chunk):
-                    parameters.update({f"partition_{i}": partition, f"from_{i}": from_offset, f"to_{i}": _NO_END if to_offset is None else to_offset})
-                for row in connection.execute(_partition_sections_query(len(chunk)), parameters):
-                    found[row.partition].append((row.key, _section(row, names)))
-                    next_offsets[row.partition] = row.next_offset
-        for partition, sections in found.items():
-            check_partition_sections(topic, partition, sections, next_offsets.get(partition))
+        found = {
+            partition: PartitionSections(self, topic, topic_id, partition, from_offset, to_offset)
+            for partition, (from_offset, to_offset) in ranges.items()
+        }
+        asked = [reader for reader in found.values() if not reader.done]
+        for first in range(0, len(asked), PARTITIONS_PER_QUERY):
+            chunk = asked[first : first + PARTITIONS_PER_QUERY]
+            pages: dict[int, list[Row]] = {reader.partition: [] for reader in chunk}
+            for row in self._page_rows(topic_id, [reader.next_page() for reader in chunk]):
+                pages[row.partition].append(row)
+            for reader in chunk:
+                reader.take_page(pages[reader.partition])
         return found
+
+    def _page_rows(self, topic_id: int, pages: Sequence[_Page]) -> list[Row]:
+        """The rows of `pages` (of partitions of one topic), each its partition's live sections ending in [low, high]
+        and starting at or before first_at_most, at most `limit` of them by last offset, in one query."""
+        parameters: dict[str, int] = {"topic_id": topic_id, "version": self.version}
+        for i, page in enumerate(pages):
+            parameters.update({f"{name}_{i}": value for name, value in page._asdict().items()})
+        with self._connect() as connection:
+            return list(connection.execute(_pages_query(len(pages)), parameters))
 
     def partition_sections(self, topics: Iterable[str]) -> list[PartitionSection]:
         """The max-lag pass's few facts of every live section of `topics`."""
@@ -342,18 +358,139 @@ class Snapshot:
             return dict(connection.execute(query).all())
 
 
-_NO_END = 2**63 - 1  # a to_offset past every offset
+_NO_END = 2**63 - 1  # past every offset; as a limit, none
 # Partitions per query of `sections_of_partitions`: a compound query of at most this many parts (SQLite takes 500), and
 # as many queries kept built.
 PARTITIONS_PER_QUERY = 16
+# A partition's pages of sections: the first is what the first record costs (a few blocks' reads are a page of
+# sections' worth of records for most consumers), the next ones grow fourfold to the last size, so that reading
+# a long partition costs few round trips.
+FIRST_PAGE_SECTIONS = 16
+LAST_PAGE_SECTIONS = 4096
+
+
+class _Page(NamedTuple):
+    """A query of one partition's sections: those ending in [low, high] and starting at or before first_at_most, the
+    first `limit` of them by last offset."""
+
+    partition: int
+    low: int
+    high: int = _NO_END
+    first_at_most: int = _NO_END
+    limit: int = _NO_END
+
+
+class PartitionSections:
+    """The live sections of one partition holding offsets in [from_offset, to_offset), (file key, section) in
+    first-offset order, read from the catalog's index by (topic, partition, last offset) a page at a time as they
+    are iterated, checked on the way (`_SectionsCheck`, carried across pages), and kept: iterating again
+    reads nothing more, and a reader that stops early reads no more pages.
+
+    A page is the sections ending from where the last one ended, the first `limit` by last offset. In first-offset
+    order they come before every section ending later, unless one of those starts earlier: a compaction output
+    spanning offsets that sections of the page fill (its holes), with records of its own among theirs. None can
+    when the page's sections hold every offset from where the last page ended to where this one ends (each holds
+    as many records as its offsets, one after another: L0 sections, copies); otherwise the sections ending later
+    and starting within the page are asked for, with every section ending up to where they end: the records they
+    are merged with (consume merges a run of overlapping sections by offset). A section that starts below
+    `from_offset` and spans offsets the pages hold comes with a later page: its records from `from_offset` on
+    all come after theirs (a record among them would be an offset held twice, which the read refuses).
+    """
+
+    def __init__(self, snapshot: Snapshot, topic: str, topic_id: int, partition: int, from_offset: int, to_offset: int | None) -> None:
+        self.snapshot = snapshot
+        self.topic = topic
+        self.topic_id = topic_id
+        self.partition = partition
+        self.from_offset = from_offset
+        self.to_offset = _NO_END if to_offset is None else to_offset
+        self._taken: list[tuple[str, CatalogSection]] = []
+        self._low = from_offset  # every live section ending below this and at or after from_offset is taken
+        self._limit = FIRST_PAGE_SECTIONS
+        self.done = from_offset >= self.to_offset  # every section wanted is taken
+        self._check = _SectionsCheck(topic, partition, from_offset)
+
+    def __iter__(self) -> Iterator[tuple[str, CatalogSection]]:
+        position = 0
+        while True:
+            while position < len(self._taken):
+                yield self._taken[position]
+                position += 1
+            if self.done:
+                return
+            page = self.next_page()
+            self.take_page(self._query(page))
+
+    def __repr__(self) -> str:
+        return f"PartitionSections({self.topic}/{self.partition} from {self.from_offset}, {len(self._taken)} taken)"
+
+    def next_page(self) -> _Page:
+        return _Page(self.partition, self._low, limit=self._limit)
+
+    def _query(self, page: _Page) -> list[Row]:
+        return self.snapshot._page_rows(self.topic_id, [page])
+
+    def take_page(self, rows: list[Row]) -> None:
+        """Take the rows of `next_page()`, with what else is needed to put them in first-offset order."""
+        if self.done:
+            return
+        rows.sort(key=_last_offset)
+        limit = self._limit
+        self._limit = min(4 * limit, LAST_PAGE_SECTIONS)
+        if len(rows) < limit:
+            end = _NO_END  # no section ends later
+        else:
+            end = rows[-1].last_offset
+            kept = [row for row in rows if row.last_offset < end]
+            if kept:  # those ending at `end` come with the next page, which takes every one of them
+                rows, end = kept, kept[-1].last_offset
+            else:  # the whole page ends at one offset (a damaged row, the check will say): take each section ending there
+                rows = self._query(_Page(self.partition, end, end))
+        while end < _NO_END and not _hold_every_offset(rows, self._low, end):
+            spanning = self._query(_Page(self.partition, end + 1, first_at_most=min(end, self.to_offset - 1)))
+            if not spanning:
+                break
+            reach = max(row.last_offset for row in spanning)
+            rows += self._query(_Page(self.partition, end + 1, reach))  # the spanning sections and what fills their holes
+            end = reach
+        names = {self.topic_id: self.topic}
+        rows.sort(key=_first_offset)
+        for row in rows:
+            if row.first_offset >= self.to_offset:
+                continue
+            pair = (row.key, _section(row, names))
+            self._check.take(*pair, row.next_offset)
+            self._taken.append(pair)
+        self._low = end + 1 if end < _NO_END else _NO_END
+        self.done = end >= self.to_offset - 1
+
+
+def _last_offset(row: Row) -> int:
+    return row.last_offset
+
+
+def _first_offset(row: Row) -> tuple[int, int]:
+    return row.first_offset, row.file_id
+
+
+def _hold_every_offset(rows: list[Row], low: int, end: int) -> bool:
+    """Whether sections `rows` (in last-offset order, every one ending in [low, end]) hold every offset from `low` to
+    `end`: each holds a record at each of its offsets, and in first-offset order each starts where the one before
+    it ended, the first at or before `low`."""
+    reached = low - 1
+    for row in sorted(rows, key=_first_offset):
+        if row.record_count != row.last_offset - row.first_offset + 1 or row.first_offset > reached + 1:
+            return False
+        reached = max(reached, row.last_offset)
+    return reached >= end
 
 
 @cache
-def _partition_sections_query(count: int) -> Select:
-    """The query of `sections_of_partitions` for `count` partitions, built once (building it costs more than running
-    it): bound parameters topic_id and version, and partition_i, from_i and to_i for each partition i. Each part
-    reads the index by topic, partition and last offset; the partition's next offset comes along (its primary key:
-    one row), as a bound for the sections' offsets."""
+def _pages_query(count: int) -> CompoundSelect | Select:
+    """The query of `Snapshot._page_rows` for `count` pages, built once (building it costs more than running it):
+    bound parameters topic_id and version, and for each page i its fields (`_Page`) suffixed _i. Each part reads the
+    index by topic, partition and last offset from `low_i`, in its order, and stops after `limit_i` live rows; the
+    partition's next offset comes along (its primary key: one row), as a bound for the sections' offsets."""
     sec, files, partitions = s.sections.c, s.files.c, s.partitions.c
     version: BindParameter[int] = bindparam("version")
     live = and_(
@@ -366,51 +503,70 @@ def _partition_sections_query(count: int) -> Select:
         .join(s.partitions, and_(partitions.topic_id == sec.topic_id, partitions.partition == sec.partition), isouter=True)
         .where(
             sec.topic_id == bindparam("topic_id"), sec.partition == bindparam(f"partition_{i}"),
-            sec.last_offset >= bindparam(f"from_{i}"), sec.first_offset < bindparam(f"to_{i}"), live,
+            sec.last_offset >= bindparam(f"low_{i}"), sec.last_offset <= bindparam(f"high_{i}"),
+            sec.first_offset <= bindparam(f"first_at_most_{i}"), live,
         )
+        .order_by(sec.last_offset)
+        .limit(bindparam(f"limit_{i}"))
         for i in range(count)
     ]
     if count == 1:
-        return parts[0].order_by(sec.first_offset, sec.file_id)
-    union = union_all(*parts).subquery()
-    return select(union).order_by(union.c.partition, union.c.first_offset, union.c.file_id)
+        return parts[0]
+    return union_all(*(select(part.subquery()) for part in parts))
 
 
 def check_partition_sections(
     topic: str, partition: int, sections: Sequence[tuple[str, CatalogSection]], next_offset: int | None = None
 ) -> None:
     """Check the catalog rows of a partition's live sections, (file key, section) in first-offset order, against
-    each other in one pass, as a damaged row (offsets shifted, partition or topic relabelled, counts changed) would
-    otherwise show records twice or under another partition: each section's offsets run forwards and hold its
-    records (1 to last - first + 1 of them), end below the partition's `next_offset`, and sections whose offset
-    ranges overlap (legitimately: a compaction's output spans a hole another live file fills, offsets never
-    repeat) hold together no more records than the offsets they span. A CorruptDataError names the row."""
-    run_first = run_last = -1
-    run_records = 0
-    run: list[tuple[str, CatalogSection]] = []
-    previous_first = -1
+    each other in one pass (`_SectionsCheck`); a CorruptDataError names the row."""
+    check = _SectionsCheck(topic, partition)
     for key, section in sections:
+        check.take(key, section, next_offset)
+
+
+class _SectionsCheck:
+    """The check of a partition's section rows as a reader takes them in first-offset order, page after page, as a
+    damaged row (offsets shifted, partition or topic relabelled, counts changed) would otherwise show records twice or
+    under another partition: each section's offsets run forwards and hold its records (1 to last - first + 1 of
+    them), end below the partition's `next_offset`, and sections whose offset ranges overlap (legitimately: a
+    compaction's output spans a hole another live file fills, offsets never repeat) hold together no more records
+    than the offsets they span. The one section that may come after one starting later is a compaction output
+    starting below the read's `from_offset` and spanning offsets the sections before it hold (`PartitionSections`)."""
+
+    def __init__(self, topic: str, partition: int, from_offset: int = 0) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.from_offset = from_offset
+        self.run_first = self.run_last = -1
+        self.run_records = 0
+        self.run: list[tuple[str, CatalogSection]] = []
+        self.previous_first = -1
+
+    def take(self, key: str, section: CatalogSection, next_offset: int | None) -> None:
+        topic, partition = self.topic, self.partition
         first, last, records = section.first_offset, section.last_offset, section.info.record_count
         if first < 0 or first > last or not 1 <= records <= last - first + 1:
             raise _damaged_row(topic, partition, key, section, f"{records} record(s) cannot sit in offsets {first} to {last}")
-        if first < previous_first:
-            raise _damaged_row(topic, partition, key, section, f"it comes after a section starting at offset {previous_first}")
+        if first < self.previous_first and first >= self.from_offset:
+            raise _damaged_row(topic, partition, key, section, f"it comes after a section starting at offset {self.previous_first}")
         if next_offset is not None and last >= next_offset:
             raise _damaged_row(
                 topic, partition, key, section, f"it ends past the partition's next offset {next_offset} (no offset there was given out)"
             )
-        previous_first = first
-        if first > run_last:
-            run_first, run_last, run_records, run = first, last, 0, []
-        run_last = max(run_last, last)
-        run_records += records
-        run.append((key, section))
-        if run_records > run_last - run_first + 1:
-            others = "; ".join(f"{k} offsets {s.first_offset} to {s.last_offset}, {s.info.record_count} record(s)" for k, s in run[:-1][-3:])
+        self.previous_first = max(self.previous_first, first)
+        if first > self.run_last:
+            self.run_first, self.run_last, self.run_records, self.run = first, last, 0, []
+        self.run_first = min(self.run_first, first)
+        self.run_last = max(self.run_last, last)
+        self.run_records += records
+        self.run.append((key, section))
+        if self.run_records > self.run_last - self.run_first + 1:
+            others = "; ".join(f"{k} offsets {s.first_offset} to {s.last_offset}, {s.info.record_count} record(s)" for k, s in self.run[:-1][-3:])
             raise _damaged_row(
                 topic, partition, key, section,
-                f"it overlaps {others}: together {run_records} records in offsets {run_first} to {run_last}, which hold "
-                f"{run_last - run_first + 1}, so an offset would be shown twice",
+                f"it overlaps {others}: together {self.run_records} records in offsets {self.run_first} to {self.run_last}, "
+                f"which hold {self.run_last - self.run_first + 1}, so an offset would be shown twice",
             )
 
 

@@ -115,6 +115,13 @@ class CompactOffsetMap(OffsetMap):
             return np.full(len(hashes), -1, dtype=np.int64)
         return _get(self._table, self._base, hashes)
 
+    def offsets(self) -> np.ndarray:
+        """The latest offset of every key held, in no order: what a partition's view keeps (`consume.latest_values`)."""
+        if self._size == 0:
+            return np.zeros(0, dtype=np.int64)
+        deltas = self._table[:, _OFFSET]
+        return deltas[deltas != _EMPTY].astype(np.int64) + self._base
+
 
 _OFFSET = 4
 

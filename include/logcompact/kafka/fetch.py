@@ -1,8 +1,9 @@
 """Fetch (key 1), v4-12: a partition's records from an offset, as uncompressed record batches v2, read from the
 catalog's sections at one snapshot through consume's read path, behind the agent's bounded cache of file ranges
 (`Broker.file_cache`), and encoded from their Arrow columns a batch at a time (`records.BatchBuffer`). A request
-reads the catalog's version, each topic's watermarks and, in one query, the sections of its partitions (the snapshot
-is reused while no commit comes), and its partitions are read on several threads at once (`read`).
+reads the catalog's version, each topic's watermarks and, in one query, the first page of the sections of each of its
+partitions (the snapshot is reused while no commit comes; a partition's later pages as its read gets to them, none
+past its byte limit: `Snapshot.sections_from`), and its partitions are read on several threads at once (`read`).
 
 Each record keeps its offset; holes left by compaction are gaps in a batch's offset deltas, a fetch offset in a
 hole gets the next record that exists, and a hole at the end is covered by the last batch's last offset (or a
@@ -24,6 +25,7 @@ import asyncio
 import os
 import time
 import weakref
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -148,16 +150,17 @@ _PARTITION_READERS = ThreadPoolExecutor(PARTITION_READERS, thread_name_prefix="l
 
 @dataclass(frozen=True)
 class _ToRead:
-    """A partition whose records are to be read: from which offset, to the high watermark, in which sections."""
+    """A partition whose records are to be read: from which offset, to the high watermark, in which sections (read
+    from the catalog a page at a time as the partition's read gets to them: `Snapshot.partition_sections`)."""
 
     asked: Wanted
     log_start: int
     high_watermark: int
-    sections: list[SectionRef]
+    sections: Iterable[SectionRef]
 
 
 def _partitions_plan(snapshot: Snapshot, topic: str, partitions: list[Wanted], offsets: list[tuple[int, int]]) -> list[Answer | _ToRead]:
-    """Each partition's error, or what to read of it (its sections found in one catalog query)."""
+    """Each partition's error, or what to read of it (the first page of each one's sections found in one catalog query)."""
     plan: list[Answer | _ToRead] = []
     ranges: dict[int, tuple[int, int]] = {}
     for asked in partitions:
@@ -210,7 +213,7 @@ def _log_offsets(catalog: Catalog, topic: str) -> list[tuple[int, int]] | None:
 
 
 def _batches(
-    store: ObjectStore, sections: list[SectionRef], fetch_offset: int, high_watermark: int, limit: int, budget: _Budget,
+    store: ObjectStore, sections: Iterable[SectionRef], fetch_offset: int, high_watermark: int, limit: int, budget: _Budget,
 ) -> tuple[memoryview, int]:
     """Record batches of the records in [fetch_offset, high_watermark) within `limit` bytes, or one whole batch of
     one record when it is the response's first (Kafka's rule, so a large record never stalls a consumer), and the

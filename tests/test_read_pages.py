@@ -1,0 +1,183 @@
+"""Issue 21, reads that start where they are asked: a partition's sections read a page at a time from the asked
+offset give exactly what one read of them all gives, across page boundaries, holes, a compaction output spanning
+a hole another file fills, damaged rows and older versions; and the view of a partition (`latest_values`) equals
+a reference, whatever its key map's first size."""
+
+from __future__ import annotations
+
+import random
+from itertools import islice
+
+import pytest
+
+import logcompact.catalog.snapshot as snapshot_module
+import logcompact.consume as consume
+from logcompact.catalog import Catalog, Snapshot
+from logcompact.consume import latest_values, read_records
+from logcompact.exceptions import CorruptDataError
+from logcompact.ingest import Record
+from logcompact.store import LocalStore
+from tests.helpers import NOW, create_topic
+from tests.test_catalog_damage import _damage_section
+from tests.test_consume import _produce, _rewrite_without
+
+ALL_AT_ONCE = 1 << 20  # a page larger than any partition here: the sections read in one query
+
+
+def _pages_of(monkeypatch: pytest.MonkeyPatch, sections: int) -> None:
+    monkeypatch.setattr(snapshot_module, "FIRST_PAGE_SECTIONS", sections)
+    monkeypatch.setattr(snapshot_module, "LAST_PAGE_SECTIONS", sections)
+
+
+def _records(catalog: Catalog, snapshot: Snapshot, from_offset: int = 0, to_offset: int | None = None) -> list[tuple[int, bytes | None]]:
+    return [(r.offset, r.value) for r in read_records(catalog.store, snapshot, "t", 0, from_offset, to_offset)]
+
+
+def _pages_asked(monkeypatch: pytest.MonkeyPatch) -> list[list]:
+    """Each query of sections pages from now on, as the list of pages (`_Page`) it asked for."""
+    asked: list[list] = []
+    page_rows = Snapshot._page_rows
+
+    def recording(self: Snapshot, topic_id: int, pages: list) -> list:
+        asked.append(list(pages))
+        return page_rows(self, topic_id, pages)
+
+    monkeypatch.setattr(Snapshot, "_page_rows", recording)
+    return asked
+
+
+@pytest.fixture
+def layered(catalog: Catalog) -> Catalog:
+    """Partition t/0 of 12 files of 3 records (offsets 0 to 35), then: files 1 and 3 compacted without file 2 into
+    a section of offsets 3 to 11 with holes at 4 and 10 that spans file 2's 6 to 8 (which stays live), and files
+    5 to 7 into a section of 15 to 23 with holes at 16, 19 and 20. Live sections, by first offset: 0-2, 3-11
+    (spanning), 6-8, 12-14, 15-23 (holes), 24-26 ... 33-35."""
+    create_topic(catalog, "t", cleanup_policy="compact")
+    for number in range(12):
+        _produce(catalog, "t", [Record(0, b"k%d" % (3 * number + i), b"v%d" % (3 * number + i), NOW) for i in range(3)])
+    l0 = [f.key for f in catalog.snapshot().file_summaries(0)]
+    _rewrite_without(catalog.store, catalog, [l0[1], l0[3]], drop_offsets={4, 10}, level=1)
+    _rewrite_without(catalog.store, catalog, l0[5:8], drop_offsets={16, 19, 20}, level=2)
+    return catalog
+
+
+def test_paged_reads_give_the_records_of_one_read_from_every_offset(layered: Catalog, monkeypatch: pytest.MonkeyPatch) -> None:
+    snapshot = layered.snapshot()
+    held = sorted(set(range(36)) - {4, 10, 16, 19, 20})
+    _pages_of(monkeypatch, ALL_AT_ONCE)
+    whole = {(start, end): _records(layered, snapshot, start, end) for start in range(37) for end in (None, start + 1, start + 7)}
+    sections = {start: sorted(snapshot.sections_of("t", 0, start)) for start in range(37)}
+    assert [offset for offset, _ in whole[0, None]] == held
+    assert [offset for offset, _ in whole[7, 14]] == [7, 8, 9, 11, 12, 13]
+    for size in (2, 3, 5):
+        _pages_of(monkeypatch, size)
+        for (start, end), expected in whole.items():
+            assert _records(layered, snapshot, start, end) == expected, (size, start, end)
+        for start, expected_sections in sections.items():
+            assert sorted(snapshot.sections_of("t", 0, start)) == expected_sections, (size, start)
+
+
+def test_a_page_asks_for_sections_spanning_its_holes_and_none_past_the_end(layered: Catalog, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In pages of 2 from offset 0: the first page ends at 2 (0-2 holds every offset to there); the second at 8 (6-8),
+    which leaves 3 to 5 unheld, so the sections ending past 8 and starting by it are asked for (3-11), with those
+    ending up to where they end, then those spanning past 11 (none). From 30 to 34: 30-32, then 33-35, no more."""
+    _pages_of(monkeypatch, 2)
+    snapshot = layered.snapshot()
+    asked = _pages_asked(monkeypatch)
+    first_two = [section.first_offset for _, section in islice(snapshot.sections_from("t", 0), 2)]
+    from_start = [(page.low, page.high, page.first_at_most) for (page,) in asked]
+    asked.clear()
+    tail = [section.first_offset for _, section in snapshot.sections_from("t", 0, 30, 34)]
+    assert first_two == [0, 3]
+    end = snapshot_module._NO_END
+    assert from_start == [(0, end, end), (3, end, end), (9, end, 8), (9, 11, end), (12, end, 11)]
+    assert tail == [30, 33] and [page.low for (page,) in asked] == [30, 33]
+
+
+def test_a_damaged_row_is_found_across_a_page_boundary(layered: Catalog, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The row of 27-29 shifted to 25-27, over 24-26: in pages of 2 they come in different pages."""
+    snapshot = layered.snapshot()
+    key = next(k for k, s in snapshot.sections_of("t", 0) if s.first_offset == 27)
+    _damage_section(layered, key, 0, rebind=True, first_offset=25, last_offset=27)
+    for size in (2, 3, ALL_AT_ONCE):
+        _pages_of(monkeypatch, size)
+        for start in (0, 13, 24):
+            with pytest.raises(CorruptDataError, match=f"section t/0 of {key} \\(offsets 25 to 27, 3 record\\(s\\)\\) is damaged: it overlaps"):
+                layered.snapshot().sections_of("t", 0, start)
+            with pytest.raises(CorruptDataError, match=key):
+                _records(layered, layered.snapshot(), start)
+
+
+def test_an_older_snapshot_pages_through_the_sections_of_its_version(layered: Catalog, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sections removed by a later compaction are still read by a snapshot of the version before it, and the newer
+    one reads the compaction's output in their place."""
+    old = layered.snapshot()
+    _pages_of(monkeypatch, ALL_AT_ONCE)
+    before = _records(layered, old)
+    keys = [k for k, s in old.sections_of("t", 0) if s.first_offset >= 24]
+    _rewrite_without(layered.store, layered, keys, drop_offsets={25, 26, 30}, level=3)
+    after = _records(layered, layered.snapshot())
+    assert [offset for offset, _ in before if offset >= 24] == list(range(24, 36))
+    assert [offset for offset, _ in after if offset >= 24] == [24, 27, 28, 29, 31, 32, 33, 34, 35]
+    for size in (2, 3):
+        _pages_of(monkeypatch, size)
+        assert _records(layered, layered.snapshot(old.version)) == before
+        assert _records(layered, old, 20) == [r for r in before if r[0] >= 20]
+        assert _records(layered, layered.snapshot()) == after
+
+
+def test_a_fetch_with_little_room_reads_one_page_of_a_long_partition(catalog: Catalog, monkeypatch: pytest.MonkeyPatch) -> None:
+    """40 sections of 2 records of 100 bytes, a Fetch of 1 KiB: one page of the partition's sections is read."""
+    from logcompact.kafka.fetch import Wanted, read
+
+    create_topic(catalog, "t", cleanup_policy="compact")
+    for number in range(40):
+        _produce(catalog, "t", [Record(0, b"k%d" % (2 * number + i), bytes(100), NOW) for i in range(2)])
+    asked = _pages_asked(monkeypatch)
+    _, ((_, (answer,)),) = read(catalog, catalog.store, 1024, [("t", [Wanted(0, 3, 1024)])])
+    assert 3 < answer.next_offset < 32  # some records, fewer than the first page's 16 sections hold
+    assert [[(page.low, page.limit) for page in pages] for pages in asked] == [[(3, snapshot_module.FIRST_PAGE_SECTIONS)]]
+
+
+# -- latest_values ------------------------------------------------------------------------------------------
+
+
+def _reference_view(records: list[tuple[int, bytes | None, bytes | None]]) -> list[tuple[int, bytes, bytes]]:
+    """Each key's last record by offset, unless a tombstone; keyless records left out; in offset order."""
+    last: dict[bytes, tuple[int, bytes | None]] = {}
+    for offset, key, value in records:
+        if key is not None:
+            last[key] = (offset, value)
+    return sorted((offset, key, value) for key, (offset, value) in last.items() if value is not None)
+
+
+@pytest.mark.parametrize("sketch_says", [None, 1.0], ids=["sized by the sketches", "a sketch far too low"])
+def test_latest_values_equal_a_reference_over_files_with_tombstones_and_repeated_keys(
+    tmp_path, sketch_says: float | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Six files of 900 records over 2,500 keys (most keys in two files or more), a tenth of them tombstones and
+    some keyless, then the first three compacted (holes): the view is the reference's. With the key sketches made
+    to say one key, the smallest map (1,024 slots) fills and is made larger until it holds them."""
+    if sketch_says is not None:
+        monkeypatch.setattr(consume, "estimate", lambda registers: sketch_says)
+    catalog = Catalog(LocalStore(tmp_path / "store"))
+    create_topic(catalog, "t")  # not compacted: keyless records are taken
+    rng = random.Random(21)
+    produced: list[tuple[int, bytes | None, bytes | None]] = []
+    for _ in range(6):
+        batch = []
+        for _ in range(900):
+            key = None if rng.random() < 0.03 else b"key-%d" % rng.randrange(2_500)
+            value = None if rng.random() < 0.1 else b"value-%d" % rng.randrange(10**6)
+            batch.append(Record(0, key, value, NOW))
+        first = _produce(catalog, "t", batch)[0]
+        produced += [(first + i, r.key, r.value) for i, r in enumerate(batch)]
+    l0 = [f.key for f in catalog.snapshot().file_summaries(0)]
+    dropped = set(rng.sample(range(2_700), 300))
+    _rewrite_without(catalog.store, catalog, l0[:3], drop_offsets=dropped, level=1)
+    produced = [r for r in produced if r[0] not in dropped]
+    view = latest_values(catalog.store, catalog.snapshot(), "t", 0)
+    got = list(zip(view.column("offset").to_pylist(), view.column("key").to_pylist(), view.column("value").to_pylist()))
+    expected = _reference_view(produced)
+    assert got == expected
+    assert len(expected) > 1_100
