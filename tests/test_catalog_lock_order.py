@@ -6,6 +6,7 @@ version, in commit order."""
 from __future__ import annotations
 
 import threading
+import time
 from collections import defaultdict
 
 from sqlalchemy import text
@@ -30,6 +31,7 @@ def test_writers_of_every_kind_at_once(catalog: Catalog) -> None:
     appended: dict[str, int] = {}  # file key -> the version its append returned
     failures: list[BaseException] = []
     lock = threading.Lock()
+    appenders_done = threading.Event()
 
     def appender(number: int) -> None:
         for n in range(APPENDS_EACH):
@@ -46,14 +48,17 @@ def test_writers_of_every_kind_at_once(catalog: Catalog) -> None:
             catalog.alter_topic("kept", {"min.compaction.lag.ms": str(1000 * (n + 1))}, NOW)
             catalog.add_partitions("kept", PARTITIONS + n + 1, NOW)
 
-    def retention() -> None:
+    def retention() -> None:  # drops the oldest files two at a time, as retention drops expired ones, while appends go on
         removed = 0
         while removed < APPENDERS * APPENDS_EACH // 2:
             with lock:
                 oldest = sorted(appended, key=appended.__getitem__)[removed:removed + 2]
             if len(oldest) < 2:
+                if appenders_done.is_set():
+                    return  # the appenders failed, which the test asserts on
+                time.sleep(0.01)
                 continue
-            catalog.replace_files(oldest, [], NOW)  # as retention drops expired files
+            catalog.replace_files(oldest, [], NOW)
             removed += 2
 
     def guarded(work, *args) -> None:
@@ -62,11 +67,14 @@ def test_writers_of_every_kind_at_once(catalog: Catalog) -> None:
         except BaseException as exc:  # each thread's failure is asserted on below
             failures.append(exc)
 
-    threads = [threading.Thread(target=guarded, args=(appender, n)) for n in range(APPENDERS)]
-    threads += [threading.Thread(target=guarded, args=(topic_changer,)), threading.Thread(target=guarded, args=(retention,))]
-    for thread in threads:
+    appenders = [threading.Thread(target=guarded, args=(appender, n), daemon=True) for n in range(APPENDERS)]
+    others = [threading.Thread(target=guarded, args=(work,), daemon=True) for work in (topic_changer, retention)]
+    for thread in appenders + others:
         thread.start()
-    for thread in threads:
+    for thread in appenders:
+        thread.join(timeout=300)
+    appenders_done.set()
+    for thread in others:
         thread.join(timeout=300)
     assert not failures, failures
     assert len(appended) == APPENDERS * APPENDS_EACH

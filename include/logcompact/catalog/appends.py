@@ -1,7 +1,7 @@
 """The two bulk writes of an append, each one statement however many partitions a file holds: advancing the
-partitions' next offsets, and inserting the sections rows (a compaction's outputs' too). An agent's file holds a section for each of 1,000
-topic-partitions or more, and a statement per row cost more than the database's own work (115 ms an append on
-PostgreSQL, where these take a few).
+partitions' next offsets, and inserting the sections rows (a compaction's outputs' too). An agent's file holds a
+section for each of 1,000 topic-partitions or more, and a statement per row cost more than the database's own work
+(115 ms an append on PostgreSQL, where these take a few).
 
 PostgreSQL gets arrays (`unnest`) for the partitions and COPY in binary for the sections; SQLite, whose writer
 holds the database's one write lock whatever it does, an `UPDATE ... FROM json_each` and an `executemany`.
@@ -16,7 +16,7 @@ from sqlalchemy import BigInteger, Connection, Integer, LargeBinary, SmallIntege
 
 from logcompact.catalog import schema as s
 
-# A partition of an append: (topic id, partition) -> (offsets handed out, highest offset any section holds or None).
+# A partition, as (topic id, partition).
 Slot = tuple[int, int]
 
 # The rows are locked in (topic id, partition) order by every append, so two agents appending to the same partitions

@@ -486,8 +486,9 @@ class Catalog:
         """Change a topic's configs: Kafka-named `settings`, or a function of the topic as it is now (in the same
         transaction, so concurrent changes are not lost); returns the topic altered."""
         with self._writing() as connection:
-            current = self._live_topic(connection, name, lock=True)
+            self._topic_rows(connection, {name}, lock=_EXCLUSIVE)  # before the version row: `append_files`' order
             self._next_version(connection, f"alter topic {name}", now_ms)
+            current = self._live_topic(connection, name)
             altered = change(current) if callable(change) else current.altered(change)
             connection.execute(
                 update(s.topics).where(s.topics.c.name == name, s.topics.c.deleted_version.is_(None)).values(config=json.dumps(altered.config.to_kafka()))
@@ -507,10 +508,10 @@ class Catalog:
     def add_partitions(self, name: str, count: int, now_ms: int) -> Topic:
         """Grow a topic to `count` partitions, the new ones at offset 0 (Kafka's CreatePartitions); returns it."""
         with self._writing() as connection:
-            current = self._live_topic(connection, name, lock=True)
+            topic_id = self._topic_rows(connection, {name}, lock=_EXCLUSIVE)[name][0]  # before the version row: `append_files`' order
             self._next_version(connection, f"add partitions to topic {name}", now_ms)
+            current = self._live_topic(connection, name)
             grown = current.with_partitions(count)
-            topic_id = self._topic_id(connection, name)
             connection.execute(update(s.topics).where(s.topics.c.topic_id == topic_id).values(partitions=count))
             connection.execute(
                 insert(s.partitions), [{"topic_id": topic_id, "partition": p, "next_offset": 0} for p in range(current.partitions, count)]
@@ -630,16 +631,16 @@ class Catalog:
                     counts[(topic_id, info.partition)] += info.last_delta + 1
             advanced = appends.advance_partitions(connection, counts)
             next_offsets = {}
+            names = {topic_id: name for name, (topic_id, _) in topic_rows.items()}
             for slot in counts:
+                name = names[slot[0]]
                 if slot not in advanced:
-                    name = next(n for n, (t, _) in topic_rows.items() if t == slot[0])
                     raise CorruptDataError(
                         f"catalog row partitions ({name!r}, partition {slot[1]}) is missing though the topic has "
                         f"{topic_rows[name][1]} partitions; restore the catalog from a backup; nothing was written"
                     )
                 first, highest = advanced[slot]
                 if highest is not None and first <= highest:
-                    name = next(n for n, (t, _) in topic_rows.items() if t == slot[0])
                     raise CorruptDataError(
                         f"catalog row partitions ({name!r}, partition {slot[1]}) has next_offset {first} but "
                         f"the partition's sections hold offsets up to {highest}: the row was lowered, and appending "
@@ -764,12 +765,14 @@ class Catalog:
         """The partitions whose log start removing the files `removed` may raise (`_raise_log_starts`): those of
         topics with time retention holding a section in them. Their rows are locked here, in order and before the
         version row, as appends lock them (`append_files`): the other order could deadlock with an append."""
+        if not removed:
+            return []
         topics = s.topics.c
         rows = connection.execute(select(topics.topic_id, topics.name, topics.partitions, topics.config, topics.created_ms)
                                   .where(topics.deleted_version.is_(None))).all()
         # Read in this transaction: retention.ms may have been altered since any cache of it.
         expiring = [row.topic_id for row in rows if _topic_of_row(row).config.time_retention]
-        if not expiring or not removed:
+        if not expiring:
             return []
         sec, fil, part = s.sections.c, s.files.c, s.partitions.c
         touched = (
@@ -1050,11 +1053,8 @@ class Catalog:
         ).all()
         return {row.name: _topic_of_row(row) for row in rows}, {row.name: row.topic_id for row in rows}
 
-    def _live_topic(self, connection: Connection, name: str, lock: bool = False) -> Topic:
-        """The live topic `name`; with `lock`, its row locked until commit (a writer changing it takes that lock
-        before the version row: `append_files`' order)."""
-        query = select(s.topics).where(s.topics.c.name == name, s.topics.c.deleted_version.is_(None))
-        row = connection.execute(query.with_for_update() if lock else query).first()
+    def _live_topic(self, connection: Connection, name: str) -> Topic:
+        row = connection.execute(select(s.topics).where(s.topics.c.name == name, s.topics.c.deleted_version.is_(None))).first()
         if row is None:
             raise _topic_not_found(name)
         return _topic_of_row(row)
