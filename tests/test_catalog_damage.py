@@ -44,6 +44,7 @@ from logcompact.exceptions import (
     CatalogUnavailableError,
     CommitConflictError,
     CorruptDataError,
+    IngestError,
     InvalidPlanError,
     ObjectNotFoundError,
     PlansNotCommittedError,
@@ -518,9 +519,21 @@ def _stored_crcs(catalog: Catalog) -> dict[tuple[int, int, int], int]:
         return {(f, t, p): crc for f, t, p, crc in connection.execute(select(sec.file_id, sec.topic_id, sec.partition, sec.crc32))}
 
 
+def _as_schema_5(catalog: Catalog) -> None:
+    """The catalog as schema 5 held it: no sections.level nor partitions.assigned_end, every section in
+    `sections_by_partition`, schema_version 5."""
+    with catalog.engine.begin() as connection:
+        connection.exec_driver_sql("DROP INDEX sections_by_partition")
+        connection.exec_driver_sql("ALTER TABLE sections DROP COLUMN level")
+        connection.exec_driver_sql("CREATE INDEX sections_by_partition ON sections (topic_id, partition, last_offset)")
+        connection.exec_driver_sql("ALTER TABLE partitions DROP COLUMN assigned_end")
+        connection.execute(update(schema.catalog_info).values(schema_version=5))
+
+
 def _as_schema_4(catalog: Catalog) -> None:
-    """The catalog as schema 4 held it: without the Kafka agents' tables, partitions.log_start_offset and
-    topics.deleted_version, its topics' names unique by a constraint, schema_version 4."""
+    """The catalog as schema 4 held it: schema 5's, without the Kafka agents' tables, partitions.log_start_offset
+    and topics.deleted_version, its topics' names unique by a constraint, schema_version 4."""
+    _as_schema_5(catalog)
     with catalog.engine.begin() as connection:
         for table in (schema.agents, schema.producers, schema.producer_batches, schema.consumer_groups, schema.group_offsets):
             table.drop(connection)
@@ -571,13 +584,13 @@ def test_a_schema_3_catalog_is_refused_until_upgrade_catalog_binds_its_rows(cata
 
     _as_schema_3(catalog)
     assert all(crc != bound[row] for row, crc in _stored_crcs(catalog).items())
-    with pytest.raises(CatalogSchemaError, match="has schema version 3, this logcompact uses 5: .*run `logcompact cluster upgrade-catalog`"):
+    with pytest.raises(CatalogSchemaError, match="has schema version 3, this logcompact uses 6: .*run `logcompact cluster upgrade-catalog`"):
         Catalog(catalog.store, catalog.url).snapshot()
     for argv in (["consume", "t", "--partition", "0"], ["files"], ["compact", "--all"], ["cluster", "describe"]):
         _one_line_error(run_in_process([*cli, *argv]), "has schema version 3", "logcompact cluster upgrade-catalog")
     upgraded = run_in_process([*cli, "cluster", "upgrade-catalog"])
     assert upgraded.code == 0 and not upgraded.stderr, upgraded
-    assert json.loads(upgraded.stdout) == {"upgraded": True, "from_schema_version": 3, "schema_version": 5, "sections_rewritten": 24}
+    assert json.loads(upgraded.stdout) == {"upgraded": True, "from_schema_version": 3, "schema_version": 6, "sections_rewritten": 24}
     assert _stored_crcs(catalog) == bound
     reopened = Catalog(catalog.store, catalog.url)
     assert {p: list(read_records(reopened.store, reopened.snapshot(), "t", p)) for p in range(3)} == before
@@ -591,12 +604,41 @@ def test_a_schema_3_catalog_is_refused_until_upgrade_catalog_binds_its_rows(cata
     assert _stored_crcs(catalog) == bound
     assert Catalog(catalog.store, catalog.url).upgrade_catalog() is None
 
-    for other in (2, 6):
+    for other in (2, 7):
         with catalog.engine.begin() as connection:
             connection.execute(update(schema.catalog_info).values(schema_version=other))
         _one_line_error(run_in_process([*cli, "cluster", "upgrade-catalog"]), f"has schema version {other}",
-                        "upgrades schemas 3, 4 to 5 only")
+                        "upgrades schemas 3, 4, 5 to 6 only")
         assert _stored_crcs(catalog) == bound
+
+
+def test_a_schema_5_catalog_upgrades_to_its_l0_sections_out_of_the_partition_index(catalog: Catalog) -> None:
+    """On each database: a schema-5 catalog is refused until upgraded; the upgrade gives each section its file's
+    level, indexes by partition only those above L0, and starts each partition's assigned_end at its next offset,
+    so an append still refuses a lowered next_offset. Reads, appends and compactions go on as before."""
+    create_topic(catalog, "t", partitions=3, cleanup_policy="compact")
+    produce_l0_files(catalog, "t", files=4, records=30, keys=10, partitions=3)
+    prepared = prepare_plans(catalog, "regular", NOW, CONFIG)
+    run_here(catalog, prepared.plan_ids, prepared.groups, NOW)
+    produce_l0_files(catalog, "t", files=2, records=30, keys=10, partitions=3)
+    before = {p: list(read_records(catalog.store, catalog.snapshot(), "t", p)) for p in range(3)}
+    _as_schema_5(catalog)
+    with pytest.raises(CatalogSchemaError, match="has schema version 5, this logcompact uses 6: .*upgrade-catalog"):
+        Catalog(catalog.store, catalog.url).snapshot()
+    assert Catalog(catalog.store, catalog.url).upgrade_catalog() == CatalogUpgrade(5, 0)
+    reopened = Catalog(catalog.store, catalog.url)
+    sec, files, part = schema.sections.c, schema.files.c, schema.partitions.c
+    with reopened.engine.connect() as connection:
+        levels = connection.execute(select(sec.level, files.level).join(schema.files, files.file_id == sec.file_id)).all()
+        assert {row[0] for row in levels} == {0, 1} and all(mine == its for mine, its in levels)
+        assert connection.execute(select(part.next_offset, part.assigned_end)).all() == [(60, 60)] * 3
+    assert {p: list(read_records(reopened.store, reopened.snapshot(), "t", p)) for p in range(3)} == before
+    produce_l0_files(reopened, "t", files=1, records=30, keys=10, partitions=3)
+    assert [len(list(read_records(reopened.store, reopened.snapshot(), "t", p))) for p in range(3)] == [len(before[p]) + 10 for p in range(3)]
+    with reopened.engine.begin() as connection:
+        connection.execute(update(schema.partitions).where(part.partition == 1).values(next_offset=5))
+    with pytest.raises(IngestError, match=r"partition 1\) has next_offset 5 but the last append assigned offsets up to 69"):
+        produce_l0_files(reopened, "t", files=1, records=30, keys=10, partitions=3)
 
 
 def test_a_schema_4_catalog_upgrades_to_the_kafka_tables_and_keeps_its_topics(catalog: Catalog) -> None:
@@ -609,7 +651,7 @@ def test_a_schema_4_catalog_upgrades_to_the_kafka_tables_and_keeps_its_topics(ca
     before = {p: list(read_records(catalog.store, catalog.snapshot(), "t", p)) for p in range(2)}
     ids = _topic_ids(catalog)
     _as_schema_4(catalog)
-    with pytest.raises(CatalogSchemaError, match="has schema version 4, this logcompact uses 5: .*upgrade-catalog"):
+    with pytest.raises(CatalogSchemaError, match="has schema version 4, this logcompact uses 6: .*upgrade-catalog"):
         Catalog(catalog.store, catalog.url).snapshot()
     assert Catalog(catalog.store, catalog.url).upgrade_catalog() == CatalogUpgrade(4, 0)
     reopened = Catalog(catalog.store, catalog.url)

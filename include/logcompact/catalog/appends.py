@@ -23,24 +23,22 @@ Slot = tuple[int, int]
 # never deadlock: an UPDATE ... FROM alone locks them in whatever order its join yields them. The sub-select sorts
 # and locks them all before the update's join reads its first.
 _ADVANCE_POSTGRESQL = """
-UPDATE partitions AS p SET next_offset = p.next_offset + w.n
+UPDATE partitions AS p SET next_offset = p.next_offset + w.n, assigned_end = p.next_offset + w.n
 FROM (
     SELECT q.topic_id, q.partition, u.n FROM partitions AS q
     JOIN unnest(%(topics)s::int[], %(partitions)s::int[], %(counts)s::bigint[]) AS u(topic_id, partition, n)
         ON q.topic_id = u.topic_id AND q.partition = u.partition
     ORDER BY q.topic_id, q.partition FOR UPDATE OF q
 ) AS w
-WHERE p.topic_id = w.topic_id AND p.partition = w.partition
-RETURNING p.topic_id, p.partition, p.next_offset - w.n,
-    (SELECT max(x.last_offset) FROM sections AS x WHERE x.topic_id = p.topic_id AND x.partition = p.partition)
+WHERE p.topic_id = w.topic_id AND p.partition = w.partition AND p.next_offset >= p.assigned_end
+RETURNING p.topic_id, p.partition, p.next_offset - w.n
 """
 _ADVANCE_SQLITE = """
-UPDATE partitions SET next_offset = next_offset + w.n
+UPDATE partitions SET next_offset = next_offset + w.n, assigned_end = next_offset + w.n
 FROM (SELECT json_extract(value, '$[0]') AS topic_id, json_extract(value, '$[1]') AS partition,
              json_extract(value, '$[2]') AS n FROM json_each(?)) AS w
-WHERE partitions.topic_id = w.topic_id AND partitions.partition = w.partition
-RETURNING partitions.topic_id, partitions.partition, partitions.next_offset,
-    (SELECT max(x.last_offset) FROM sections AS x WHERE x.topic_id = partitions.topic_id AND x.partition = partitions.partition)
+WHERE partitions.topic_id = w.topic_id AND partitions.partition = w.partition AND partitions.next_offset >= partitions.assigned_end
+RETURNING partitions.topic_id, partitions.partition, partitions.next_offset
 """
 
 _SECTION_COLUMNS = tuple(column.name for column in s.sections.columns)
@@ -50,10 +48,11 @@ _BINARY_TYPES = {BigInteger: "int8", Integer: "int4", SmallInteger: "int2", Larg
 _SECTION_TYPES = [_BINARY_TYPES[type(column.type)] for column in s.sections.columns]
 
 
-def advance_partitions(connection: Connection, counts: Mapping[Slot, int]) -> dict[Slot, tuple[int, int | None]]:
-    """Hand out `counts[slot]` offsets of each partition: its next_offset advances by that many. Returns, for each
-    partition found, the first offset handed out and the highest offset any of its sections holds, live or not
-    (for the caller's check of a lowered next_offset), read after this transaction locked the partition's row."""
+def advance_partitions(connection: Connection, counts: Mapping[Slot, int]) -> dict[Slot, int]:
+    """Hand out `counts[slot]` offsets of each partition: its next_offset advances by that many. Returns the first
+    offset handed out of each partition advanced; a partition is not when its row is missing, or when its
+    next_offset is below where the last append's offsets ended (the row was lowered: advancing it would hand
+    offsets out twice). The caller refuses the append then: the rows advanced are rolled back with it."""
     if not counts:
         return {}
     slots = sorted(counts)
@@ -62,10 +61,10 @@ def advance_partitions(connection: Connection, counts: Mapping[Slot, int]) -> di
             "topics": _array(t for t, _ in slots), "partitions": _array(p for _, p in slots), "counts": _array(counts[slot] for slot in slots)
         }
         rows = connection.exec_driver_sql(_ADVANCE_POSTGRESQL, arrays).all()
-        return {(topic_id, partition): (first, highest) for topic_id, partition, first, highest in rows}
+        return {(topic_id, partition): first for topic_id, partition, first in rows}
     rows = connection.exec_driver_sql(_ADVANCE_SQLITE, (json.dumps([[t, p, counts[(t, p)]] for t, p in slots]),)).all()
     # SQLite's RETURNING names only the updated table: the first offset is the new next_offset less the count.
-    return {(t, p): (next_offset - counts[(t, p)], highest) for t, p, next_offset, highest in rows}
+    return {(t, p): next_offset - counts[(t, p)] for t, p, next_offset in rows}
 
 
 def _array(numbers: Iterable[int]) -> str:

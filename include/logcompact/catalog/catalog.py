@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from itertools import repeat
 
 import numpy as np
-from sqlalchemy import ColumnElement, Connection, bindparam, delete, func, insert, inspect, or_, select, tuple_, update
+from sqlalchemy import ColumnElement, Connection, bindparam, delete, func, insert, inspect, or_, select, tuple_, union_all, update
 from sqlalchemy.exc import DatabaseError, IntegrityError
 
 from logcompact.catalog import appends, producers
@@ -209,8 +209,9 @@ class Catalog:
         """Bring a catalog of a schema in UPGRADABLE_FROM to SCHEMA_VERSION, in one transaction, step by step:
         from 3, every sections row's crc32, stored raw until then, is bound to its row (`schema.section_crc_binding`),
         `batch` rows at a time in primary-key order; from 4, the Kafka agents' tables are created, partitions get
-        their log start offset (0: retention had no record of raising it) and topics their deleted_version. No
-        manifest version is made, the store is not touched. Returns what was done; None when the catalog is at
+        their log start offset (0: retention had no record of raising it) and topics their deleted_version; from 5,
+        sections get their file's level and `sections_by_partition` is built again over those above L0, partitions
+        their assigned_end (their next_offset). No manifest version is made, the store is not touched. Returns what was done; None when the catalog is at
         SCHEMA_VERSION already. Another version is a CatalogSchemaError, and no cluster ClusterNotFoundError.
         Writers of the older release must be stopped first: they would go on writing what readers then refuse."""
         path = sqlite_path(self.url)
@@ -233,7 +234,9 @@ class Catalog:
                         "logcompact release that created it, or start a new catalog"
                     )
                 rewritten = self._bind_section_crcs(connection, batch) if found == 3 else 0
-                _add_kafka_tables(connection)
+                if found < 5:
+                    _add_kafka_tables(connection)
+                _index_sections_above_l0(connection)
                 connection.execute(update(s.catalog_info).values(schema_version=s.SCHEMA_VERSION))
         log.info("catalog %s upgraded from schema %d to %d: %d section rows rewritten", self._shown_url, found,
                  s.SCHEMA_VERSION, rewritten)
@@ -478,7 +481,7 @@ class Catalog:
                 .returning(s.topics.c.topic_id)
             ).scalar_one()
             connection.execute(
-                insert(s.partitions), [{"topic_id": topic_id, "partition": p, "next_offset": 0} for p in range(topic.partitions)]
+                insert(s.partitions), [{"topic_id": topic_id, "partition": p, "next_offset": 0, "assigned_end": 0} for p in range(topic.partitions)]
             )
         return version
 
@@ -514,7 +517,7 @@ class Catalog:
             grown = current.with_partitions(count)
             connection.execute(update(s.topics).where(s.topics.c.topic_id == topic_id).values(partitions=count))
             connection.execute(
-                insert(s.partitions), [{"topic_id": topic_id, "partition": p, "next_offset": 0} for p in range(current.partitions, count)]
+                insert(s.partitions), [{"topic_id": topic_id, "partition": p, "next_offset": 0, "assigned_end": 0} for p in range(current.partitions, count)]
             )
         return grown
 
@@ -534,13 +537,15 @@ class Catalog:
             topic_id = found
             sec, files = s.sections.c, s.files.c
             connection.execute(update(s.topics).where(s.topics.c.topic_id == topic_id).values(deleted_version=version))
+            live_sections = select(sec.file_id).where(sec.topic_id == topic_id, sec.removed_version.is_(None))
+            holding = connection.execute(union_all(*s.by_partition(live_sections))).scalars().all()
             connection.execute(
-                update(s.sections).where(sec.topic_id == topic_id, sec.removed_version.is_(None)).values(removed_version=version)
+                update(s.sections).where(self._one_of(sec.file_id, holding), sec.topic_id == topic_id, sec.removed_version.is_(None))
+                .values(removed_version=version)
             )
-            holding = select(sec.file_id).where(sec.topic_id == topic_id)
             still_live = select(sec.file_id).where(sec.file_id == files.file_id, sec.removed_version.is_(None)).exists()
             connection.execute(
-                update(s.files).where(files.file_id.in_(holding), files.removed_version.is_(None), ~still_live)
+                update(s.files).where(self._one_of(files.file_id, holding), files.removed_version.is_(None), ~still_live)
                 .values(removed_version=version, removed_ms=now_ms)
             )
             connection.execute(delete(s.producer_batches).where(s.producer_batches.c.topic_id == topic_id))
@@ -629,25 +634,9 @@ class Catalog:
                     if not 0 <= info.partition < partitions:
                         raise InvalidRecordError(f"topic {info.topic!r} has partitions 0 to {partitions - 1}, not {info.partition}")
                     counts[(topic_id, info.partition)] += info.last_delta + 1
-            advanced = appends.advance_partitions(connection, counts)
-            next_offsets = {}
-            names = {topic_id: name for name, (topic_id, _) in topic_rows.items()}
-            for slot in counts:
-                name = names[slot[0]]
-                if slot not in advanced:
-                    raise CorruptDataError(
-                        f"catalog row partitions ({name!r}, partition {slot[1]}) is missing though the topic has "
-                        f"{topic_rows[name][1]} partitions; restore the catalog from a backup; nothing was written"
-                    )
-                first, highest = advanced[slot]
-                if highest is not None and first <= highest:
-                    raise CorruptDataError(
-                        f"catalog row partitions ({name!r}, partition {slot[1]}) has next_offset {first} but "
-                        f"the partition's sections hold offsets up to {highest}: the row was lowered, and appending "
-                        f"would hand offsets out twice; restore the catalog from a backup or set next_offset to "
-                        f"{highest + 1}; nothing was written"
-                    )
-                next_offsets[slot] = first
+            next_offsets = appends.advance_partitions(connection, counts)
+            if len(next_offsets) < len(counts):
+                raise _unadvanced_partition(connection, min(set(counts) - set(next_offsets)), topic_rows)
             assigned, placed_files = [], []
             for new in new_files:
                 placed = []
@@ -794,18 +783,25 @@ class Catalog:
         keeps its start where it was, so a consumer in a compacted-away head reads on from the next record there
         is. (`compact,delete` topics rise to the first live record whichever removed the records before it: the
         engine does not tell the two apart per record.)"""
+        if not expiring:
+            return
         sec, fil, part = s.sections.c, s.files.c, s.partitions.c
         first_live = (
-            select(func.min(sec.first_offset))
-            .select_from(s.sections.join(s.files, fil.file_id == sec.file_id))
-            .where(sec.topic_id == part.topic_id, sec.partition == part.partition, sec.removed_version.is_(None), fil.removed_version.is_(None))
-            .scalar_subquery()
+            select(sec.topic_id, sec.partition, func.min(sec.first_offset))
+            .join(s.files, fil.file_id == sec.file_id)
+            .where(sec.topic_id.in_(sorted({t for t, _ in expiring})), sec.partition.in_(sorted({p for _, p in expiring})),
+                   sec.removed_version.is_(None), fil.removed_version.is_(None))
+            .group_by(sec.topic_id, sec.partition)
         )
-        start = func.coalesce(first_live, part.next_offset)
-        for topic_id, partition in expiring:
+        firsts: dict[tuple[int, int], int] = {}
+        for query in s.by_partition(first_live):
+            for topic_id, partition, first in connection.execute(query).all():
+                firsts[(topic_id, partition)] = min(first, firsts.get((topic_id, partition), first))
+        for slot in expiring:
+            start = firsts.get(slot, part.next_offset)
             connection.execute(
                 update(s.partitions)
-                .where(part.topic_id == topic_id, part.partition == partition, start > part.log_start_offset)
+                .where(part.topic_id == slot[0], part.partition == slot[1], start > part.log_start_offset)
                 .values(log_start_offset=start)
             )
 
@@ -868,20 +864,25 @@ class Catalog:
     def uncleanable(self) -> list[Uncleanable]:
         """Every partition marked uncleanable, in (topic, partition) order, with its live sections' bytes."""
         unc, sec, files = s.uncleanable.c, s.sections.c, s.files.c
-        live_bytes = (
-            select(func.coalesce(func.sum(sec.uncompressed_bytes), 0))
-            .join(s.files, files.file_id == sec.file_id)
-            .where(sec.topic_id == unc.topic_id, sec.partition == unc.partition, files.removed_version.is_(None),
-                   sec.removed_version.is_(None))
-            .scalar_subquery()
-        )
         with self._reading() as connection:
             names = self._topic_names(connection)
             rows = connection.execute(
                 select(unc.topic_id, unc.partition, unc.reason, unc.file_key, unc.file_stamp, unc.marked_ms, unc.retry_ms, unc.failures,
-                       unc.plan_id, live_bytes)
+                       unc.plan_id)
             ).all()
-        return sorted(Uncleanable._make((names[r[0]], *r[1:])) for r in rows)
+            live_bytes: Counter[tuple[int, int]] = Counter()
+            if rows:
+                sizes = (
+                    select(sec.topic_id, sec.partition, func.sum(sec.uncompressed_bytes))
+                    .join(s.files, files.file_id == sec.file_id)
+                    .where(sec.topic_id.in_(sorted({r.topic_id for r in rows})), sec.partition.in_(sorted({r.partition for r in rows})),
+                           files.removed_version.is_(None), sec.removed_version.is_(None))
+                    .group_by(sec.topic_id, sec.partition)
+                )
+                for query in s.by_partition(sizes):
+                    for topic_id, partition, size in connection.execute(query).all():
+                        live_bytes[(topic_id, partition)] += size
+        return sorted(Uncleanable._make((names[r[0]], *r[1:], live_bytes[(r.topic_id, r.partition)])) for r in rows)
 
     def held_uncleanable(self, now_ms: int) -> frozenset[TopicPartition]:
         """Uncleanable partitions planners leave out now: before their retry time, unless the damaged file is no
@@ -1170,6 +1171,37 @@ def _add_kafka_tables(connection: Connection) -> None:
         index.create(connection)
 
 
+def _index_sections_above_l0(connection: Connection) -> None:
+    """Schema 5 to 6: sections.level (their file's), `sections_by_partition` over the sections above L0 only, and
+    partitions.assigned_end (the next offset: the end of what appends assigned so far)."""
+    connection.exec_driver_sql("ALTER TABLE sections ADD COLUMN level SMALLINT NOT NULL DEFAULT 0")
+    connection.exec_driver_sql(
+        "UPDATE sections SET level = (SELECT files.level FROM files WHERE files.file_id = sections.file_id) "
+        "WHERE sections.file_id IN (SELECT file_id FROM files WHERE level > 0)"
+    )
+    connection.exec_driver_sql("DROP INDEX sections_by_partition")
+    next(index for index in s.sections.indexes if index.name == "sections_by_partition").create(connection)
+    connection.exec_driver_sql("ALTER TABLE partitions ADD COLUMN assigned_end BIGINT NOT NULL DEFAULT 0")
+    connection.exec_driver_sql("UPDATE partitions SET assigned_end = next_offset")
+
+
+def _unadvanced_partition(connection: Connection, slot: tuple[int, int], topic_rows: dict[str, tuple[int, int]]) -> CorruptDataError:
+    """Why `appends.advance_partitions` left a partition's row alone: missing, or lowered."""
+    name = next(name for name, (topic_id, _) in topic_rows.items() if topic_id == slot[0])
+    part = s.partitions.c
+    row = connection.execute(select(part.next_offset, part.assigned_end).where(part.topic_id == slot[0], part.partition == slot[1])).first()
+    if row is None:
+        return CorruptDataError(
+            f"catalog row partitions ({name!r}, partition {slot[1]}) is missing though the topic has "
+            f"{topic_rows[name][1]} partitions; restore the catalog from a backup; nothing was written"
+        )
+    return CorruptDataError(
+        f"catalog row partitions ({name!r}, partition {slot[1]}) has next_offset {row.next_offset} but the last append "
+        f"assigned offsets up to {row.assigned_end - 1}: the row was lowered, and appending would hand offsets out "
+        f"twice; restore the catalog from a backup or set next_offset to {row.assigned_end}; nothing was written"
+    )
+
+
 def _section_rows(file_ids: Sequence[int], data_files: Sequence[DataFile], topic_rows: dict[str, tuple[int, int]]) -> list[tuple]:
     """The sections rows of files, tuples in the table's column order, their crc32 bound to the rows
     (`schema.section_crc_bindings`). Built by columns: a file of 1,000 sections is built inside its commit."""
@@ -1178,6 +1210,7 @@ def _section_rows(file_ids: Sequence[int], data_files: Sequence[DataFile], topic
         return []
     info = dict(zip(SectionInfo._fields, zip(*(section.info for section in sections), strict=True), strict=True))
     owners = [file_id for file_id, data_file in zip(file_ids, data_files, strict=True) for _ in data_file.sections]
+    levels = [data_file.level for data_file in data_files for _ in data_file.sections]
     topic_ids = [topic_rows[topic][0] for topic in info["topic"]]
     firsts = np.fromiter((section.first_offset for section in sections), np.int64, len(sections))
     lasts = firsts + np.asarray(info["last_delta"], np.int64)
@@ -1190,7 +1223,7 @@ def _section_rows(file_ids: Sequence[int], data_files: Sequence[DataFile], topic
         lasts.tolist(), info["record_count"], info["min_timestamp"], info["max_timestamp"], info["tombstones"],
         info["uncompressed_bytes"], [COMPRESSIONS.index(name) for name in info["compression"]],
         [crc ^ bound for crc, bound in zip(info["crc32"], bindings, strict=True)], info["clean_below_delta"],
-        [sketch or None for sketch in info["key_sketch"]], repeat(None), strict=False,  # removed_version: live
+        [sketch or None for sketch in info["key_sketch"]], repeat(None), levels, strict=False,  # removed_version: live
     ))
 
 

@@ -17,23 +17,30 @@ import numpy as np
 from isal.isal_zlib import crc32  # zlib's CRC-32, computed faster
 from sqlalchemy import (
     BigInteger,
+    BindParameter,
     Column,
+    CompoundSelect,
     Index,
     Integer,
     LargeBinary,
     MetaData,
+    Select,
     SmallInteger,
     String,
     Table,
     Text,
+    literal_column,
+    select,
+    union_all,
 )
 
 # Bump on any change to the tables below or to what their columns hold; a database of another version is refused
 # (CatalogSchemaError), but for UPGRADABLE_FROM, which `Catalog.upgrade_catalog` brings to this one.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # What `Catalog.upgrade_catalog` brings to SCHEMA_VERSION, step by step. Schema 3 stored `sections.crc32` raw (the
-# format's CRC, unbound); schema 4 had no log start offsets, no deleted topics and none of the Kafka agents' tables.
-UPGRADABLE_FROM = (3, 4)
+# format's CRC, unbound); schema 4 had no log start offsets, no deleted topics and none of the Kafka agents' tables;
+# schema 5 had no sections.level nor partitions.assigned_end, and every section in `sections_by_partition`.
+UPGRADABLE_FROM = (3, 4, 5)
 
 # SQLite gives auto-numbered keys only to INTEGER PRIMARY KEY (the rowid); PostgreSQL wants BIGINT.
 Identity64 = BigInteger().with_variant(Integer(), "sqlite")
@@ -90,6 +97,9 @@ partitions = Table(
     # Kafka's log start offset: raised only by retention (records expired by retention.ms), never by compaction,
     # so a consumer positioned in a compacted-away head reads on from the next record instead of being reset.
     Column("log_start_offset", BigInteger, nullable=False, server_default="0"),
+    # Where the last append's offsets ended, written with next_offset by the same statement: an append refuses a row
+    # whose next_offset is lower (lowered by hand or by a partial restore, it would hand offsets out twice).
+    Column("assigned_end", BigInteger, nullable=False, server_default="0"),
     sqlite_with_rowid=False,
 )
 
@@ -142,10 +152,38 @@ sections = Table(
     # Set when a compaction replaced the rest of its file but not this section (its partition was set aside as
     # uncleanable): the file stays live with the sections whose removed_version is null.
     Column("removed_version", BigInteger),
+    Column("level", SmallInteger, nullable=False, server_default="0"),  # its file's: kept here for the partial index
     sqlite_with_rowid=False,
 )
-# The sections of one partition from an offset (consume), and of a set of partitions (planners).
-Index("sections_by_partition", sections.c.topic_id, sections.c.partition, sections.c.last_offset)
+# The sections above L0 of one partition from an offset (consume), and of a set of partitions (planners). L0
+# sections stay out: an agent's file holds one for each of 1,000 partitions or more, and indexing them dirtied a
+# leaf page per partition in every append (3.4 MB of SQLite's WAL each). A partition's L0 sections are found by
+# primary key through the live L0 files instead (`by_partition`), a few hundred files at most.
+# `ABOVE_L0` is the index's condition as queries must state it, a literal: a bound 0 would not prove it.
+ABOVE_L0 = sections.c.level > literal_column("0")
+Index(
+    "sections_by_partition", sections.c.topic_id, sections.c.partition, sections.c.last_offset,
+    sqlite_where=ABOVE_L0, postgresql_where=ABOVE_L0,
+)
+
+
+def live_l0_files(version: int | BindParameter[int] | None = None) -> CompoundSelect:
+    """The ids of the L0 files live at `version` (now, without one), through the index of live files by level and,
+    for a past version, the index of removed files by version: L0 files removed later than it."""
+    file = files.c
+    now = select(file.file_id).where(file.level == 0, file.removed_version.is_(None))
+    if version is None:
+        return union_all(now)
+    return union_all(
+        now.where(file.added_version <= version),
+        select(file.file_id).where(file.removed_version > version, file.level == 0, file.added_version <= version),
+    )
+
+
+def by_partition(query: Select, version: int | BindParameter[int] | None = None) -> tuple[Select, Select]:
+    """A query of sections picked by partition, split in two parts whose rows are its own: the sections above L0,
+    read through `sections_by_partition`, and the L0 sections, by primary key through the files `live_l0_files`."""
+    return query.where(ABOVE_L0), query.where(sections.c.file_id.in_(live_l0_files(version)))
 
 # The fields of a sections row that say which records it names and where they are, as `section_crc_binding` packs them.
 _SECTION_PLACE = struct.Struct("<8q")

@@ -128,9 +128,8 @@ class Snapshot:
             conditions.append(s.files.c.level == level)
         if topics is not None:
             ids = [self.topic_ids[name] for name in topics]
-            conditions.append(s.files.c.file_id.in_(
-                select(s.sections.c.file_id).where(s.sections.c.topic_id.in_(ids), s.sections.c.removed_version.is_(None))
-            ))
+            holding = select(s.sections.c.file_id).where(s.sections.c.topic_id.in_(ids), s.sections.c.removed_version.is_(None))
+            conditions.append(s.files.c.file_id.in_(union_all(*s.by_partition(holding, self.version))))
         with self._connect() as connection:
             held = self._held_files(connection)
             if held:
@@ -243,7 +242,8 @@ class Snapshot:
         with self._connect() as connection:
             return [
                 PartitionSection(key, level, ids[topic_id], partition, first, last - first, clean, min_ts)
-                for key, level, topic_id, partition, first, last, clean, min_ts in connection.execute(query).all()
+                for part in s.by_partition(query, self.version)
+                for key, level, topic_id, partition, first, last, clean, min_ts in connection.execute(part).all()
             ]
 
     def section_figures(self, topics: Iterable[str]) -> list[SectionFigures]:
@@ -286,9 +286,14 @@ class Snapshot:
             )
             .group_by(sec.topic_id, sec.partition)
         )
+        floors: dict[TopicPartition, int] = {}
         with self._connect() as connection:
-            rows = connection.execute(query).all()
-        return {(names[topic_id], partition): first for topic_id, partition, first in rows if (topic_id, partition) in wanted}
+            for part in s.by_partition(query, self.version):
+                for topic_id, partition, first in connection.execute(part).all():
+                    if (topic_id, partition) in wanted:
+                        tp = (names[topic_id], partition)
+                        floors[tp] = min(first, floors.get(tp, first))
+        return floors
 
     def first_uncleanable_offsets(
         self, partitions: Iterable[TopicPartition], now_ms: int, excluding: Sequence[str] = ()
@@ -315,7 +320,9 @@ class Snapshot:
                            self._live_section(), *outside)
                     .group_by(sec.partition)
                 )
-                found.update(((topic, partition), first) for partition, first in connection.execute(query).all())
+                for part in s.by_partition(query, self.version):
+                    for partition, first in connection.execute(part).all():
+                        found[(topic, partition)] = min(first, found.get((topic, partition), first))
         return found
 
     def lowest_offsets(self, keys: Sequence[str]) -> dict[TopicPartition, int]:
@@ -488,31 +495,36 @@ def _hold_every_offset(rows: list[Row], low: int, end: int) -> bool:
 @cache
 def _pages_query(count: int) -> CompoundSelect | Select:
     """The query of `Snapshot._page_rows` for `count` pages, built once (building it costs more than running it):
-    bound parameters topic_id and version, and for each page i its fields (`_Page`) suffixed _i. Each part reads the
-    index by topic, partition and last offset from `low_i`, in its order, and stops after `limit_i` live rows; the
-    partition's next offset comes along (its primary key: one row), as a bound for the sections' offsets."""
+    bound parameters topic_id and version, and for each page i its fields (`_Page`) suffixed _i. Each page is the
+    first `limit_i` live rows by last offset of two parts (`schema.by_partition`): the sections above L0 read from
+    `low_i` in the index by topic, partition and last offset, in its order, and the partition's L0 sections by
+    primary key. The partition's next offset comes along (its primary key: one row), as a bound for the sections'
+    offsets."""
     sec, files, partitions = s.sections.c, s.files.c, s.partitions.c
     version: BindParameter[int] = bindparam("version")
     live = and_(
         files.added_version <= version, or_(files.removed_version.is_(None), files.removed_version > version),
         or_(sec.removed_version.is_(None), sec.removed_version > version),
     )
-    parts = [
-        select(s.sections, files.key, partitions.next_offset)
-        .join(s.files, files.file_id == sec.file_id)
-        .join(s.partitions, and_(partitions.topic_id == sec.topic_id, partitions.partition == sec.partition), isouter=True)
-        .where(
-            sec.topic_id == bindparam("topic_id"), sec.partition == bindparam(f"partition_{i}"),
-            sec.last_offset >= bindparam(f"low_{i}"), sec.last_offset <= bindparam(f"high_{i}"),
-            sec.first_offset <= bindparam(f"first_at_most_{i}"), live,
+    pages = []
+    for i in range(count):
+        query = (
+            select(s.sections, files.key, partitions.next_offset)
+            .join(s.files, files.file_id == sec.file_id)
+            .join(s.partitions, and_(partitions.topic_id == sec.topic_id, partitions.partition == sec.partition), isouter=True)
+            .where(
+                sec.topic_id == bindparam("topic_id"), sec.partition == bindparam(f"partition_{i}"),
+                sec.last_offset >= bindparam(f"low_{i}"), sec.last_offset <= bindparam(f"high_{i}"),
+                sec.first_offset <= bindparam(f"first_at_most_{i}"), live,
+            )
+            .order_by(sec.last_offset)
+            .limit(bindparam(f"limit_{i}"))
         )
-        .order_by(sec.last_offset)
-        .limit(bindparam(f"limit_{i}"))
-        for i in range(count)
-    ]
+        both = union_all(*(select(part.subquery()) for part in s.by_partition(query, version))).subquery()
+        pages.append(select(both).order_by(both.c.last_offset).limit(bindparam(f"limit_{i}")))
     if count == 1:
-        return parts[0]
-    return union_all(*(select(part.subquery()) for part in parts))
+        return pages[0]
+    return union_all(*(select(page.subquery()) for page in pages))
 
 
 def check_partition_sections(
