@@ -11,7 +11,7 @@ from collections import defaultdict
 
 from sqlalchemy import text
 
-from logcompact.catalog import Catalog, NewFile
+from logcompact.catalog import Catalog, NewFile, appends
 from logcompact.format.layout import SectionInfo
 from tests.helpers import NOW, create_topic
 
@@ -105,3 +105,22 @@ def test_writers_of_every_kind_at_once(catalog: Catalog) -> None:
     for partition in range(PARTITIONS):
         live = [section.first_offset for _, section in snapshot.sections_of("expiring", partition)]
         assert starts[("expiring", partition)][0] == min(live), partition
+
+
+def test_an_append_locks_its_partition_rows_in_order_on_postgresql(catalog: Catalog) -> None:
+    """On PostgreSQL the advancing UPDATE locks each partition row as it updates it, in the order its join yields
+    them: that order is (topic id, partition) only while the plan walks the sorted arrays and looks each row up by
+    primary key. A hash or merge join there would let two appends lock shared rows in two orders."""
+    if catalog.engine.dialect.name != "postgresql":
+        return
+    create_topic(catalog, "t", partitions=PARTITIONS, cleanup_policy="compact")
+    counts = {(1, p): 1 for p in range(PARTITIONS)}
+    slots = sorted(counts)
+    arrays = {"topics": appends._array(t for t, _ in slots), "partitions": appends._array(p for _, p in slots),
+              "counts": appends._array(counts[slot] for slot in slots)}
+    with catalog.engine.begin() as connection:
+        connection.exec_driver_sql(appends._NESTED_LOOP)
+        plan = [row[0].strip() for row in connection.exec_driver_sql("EXPLAIN " + appends._ADVANCE_POSTGRESQL, arrays)]
+        connection.rollback()
+    steps = [line.split("  (")[0].removeprefix("->  ") for line in plan]
+    assert steps[:4] == ["Update on partitions p", "Nested Loop", "Function Scan on u", "Index Scan using partitions_pkey on partitions p"], plan
