@@ -7,6 +7,7 @@ fixture (file with SQLite, s3 on RGW with PostgreSQL).
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -179,3 +180,57 @@ def test_a_failed_commit_fails_its_futures_and_assigns_no_offset(catalog: Catalo
     with pytest.raises(IngestError, match="connection refused"):
         future.result()
     assert catalog.next_offsets("events") == [0, 0] and catalog.snapshot().file_summaries() == []
+
+
+class _SlowCatalog(Catalog):
+    """A catalog whose appends take `delay_s` (a busy database), failing the first `failures` of them; it records
+    how many files each append committed."""
+
+    def __init__(self, store, url, delay_s: float, failures: int = 0) -> None:
+        super().__init__(store, url)
+        self.delay_s, self.failures, self.groups = delay_s, failures, []
+
+    def append_files(self, new_files, now_ms, sequenced=()):
+        time.sleep(self.delay_s)
+        if self.failures:
+            self.failures -= 1
+            raise OperationalError("INSERT INTO files", {}, TimeoutError("statement timeout"))
+        result = super().append_files(new_files, now_ms, sequenced)
+        self.groups.append(len(new_files))
+        return result
+
+
+def test_files_written_while_a_commit_is_slow_are_committed_together_in_order(catalog: Catalog) -> None:
+    """An agent whose commits take longer than its flush interval goes on writing a file per interval and commits
+    every file written by then in one transaction: fewer transactions than files, every record committed, offsets
+    in produce order."""
+    _with_topics(catalog)
+    slow = _SlowCatalog(catalog.store, catalog.url, delay_s=0.2)
+    agent = Agent(slow, flush_interval_ms=20)
+    futures = []
+    for n in range(24):
+        futures.append(agent.produce("events", [Record(0, b"k", b"%d" % n, NOW)]))
+        time.sleep(0.03)
+    agent.close()
+    assert [future.result() for future in futures] == [[n] for n in range(24)]
+    assert sum(slow.groups) == agent.files_written == len(catalog.snapshot().file_summaries())
+    assert max(slow.groups) > 1 and len(slow.groups) < agent.files_written, slow.groups
+    assert [r.value for r in read_records(catalog.store, catalog.snapshot(), "events", 0)] == [b"%d" % n for n in range(24)]
+
+
+def test_a_file_following_a_failed_commit_is_failed_uncommitted(catalog: Catalog) -> None:
+    """A batch written while the commit of the batch it follows was pending is failed with its file when that
+    commit fails, never committed over the gap; the agent raises the failure at its next call."""
+    _with_topics(catalog)
+    failing = _SlowCatalog(catalog.store, catalog.url, delay_s=0.3, failures=1)
+    agent = Agent(failing, flush_interval_ms=20)
+    first = agent.produce("events", [Record(0, b"k", b"first", NOW)])
+    time.sleep(0.1)  # its file is written, its commit under way
+    follower = agent.produce("events", [Record(0, b"k", b"second", NOW)], after=first)
+    with pytest.raises(IngestError, match="statement timeout"):
+        first.result(timeout=5)
+    with pytest.raises(IngestError, match="batch not committed: the batch it follows was not committed"):
+        follower.result(timeout=5)
+    with pytest.raises(IngestError, match="statement timeout"):
+        agent.close()
+    assert failing.groups == [] and catalog.next_offsets("events") == [0, 0]

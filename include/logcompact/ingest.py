@@ -4,18 +4,24 @@ An agent accepts records for any topics and partitions. Every `flush_interval_ms
 once `flush_bytes` (8 MiB) are buffered, it writes one L0 file holding a section per topic-partition it
 received, and commits it with one catalog transaction that also assigns the offsets: each section gets the
 next offsets of its partition as that transaction reads and advances them, so several agents (threads,
-processes or machines on one catalog database) can never hand out one offset twice. Flushes of one agent
-are serialized, so an agent's records keep their produce order. The agent reads only the topics from the
-catalog (partitions, whether compacted), never its files.
+processes or machines on one catalog database) can never hand out one offset twice. The agent reads only the
+topics from the catalog (partitions, whether compacted), never its files.
+
+Writing and committing are a pipeline: files are written one at a time, in order, and a committer commits
+every file written by then in one transaction (a group commit), in order, while the next one is written. An
+agent whose commits fall behind its flushes (a busy database, agents appending to the same partitions) so
+commits two or three files at once instead of queueing transactions, and its records keep their produce order.
+At most `MAX_UNCOMMITTED_FILES` wait for their commit: a writer finding that many waits (backpressure).
 
 A batch is validated whole before any of it is buffered: a rejected batch leaves nothing behind. A failed
-write or commit fails the futures of every record in that file, and the error is raised again by the
-agent's next `produce`, `flush` or `close`; the background flusher never dies silently.
+write or commit fails the futures of every record in its files, and the error is raised again by the
+agent's next `produce`, `flush` or `close`; the background threads never die silently.
 
 An idempotent producer's batch (`sequenced`) is recorded in the catalog by the append that writes it
 (`logcompact.catalog.producers`). A batch may name the batch it must follow (`after`): it is written only if
-that one was committed, else failed unwritten, so a failed file never leaves a gap in a producer's sequences
-for the next file to commit over.
+that one was committed, else failed unwritten; a file written while that one's commit was pending is failed
+uncommitted when it was not, so a failed file never leaves a gap in a producer's sequences for the next file
+to commit over.
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ from logcompact.topics import Topic
 
 DEFAULT_FLUSH_INTERVAL_MS = 250
 DEFAULT_FLUSH_BYTES = 8 * 1024 * 1024
+# Files written but not committed, at most: two seconds of flushes at the default interval.
+MAX_UNCOMMITTED_FILES = 8
 # Timestamps are int64 milliseconds in the file and the catalog.
 _MAX_TIMESTAMP = 2**63 - 1
 # Bytes counted per record beyond key and value, for the size trigger (offset, timestamp, hash, framing).
@@ -87,6 +95,20 @@ class _PendingBatch:
 
 
 @dataclass
+class _WrittenFile:
+    """An L0 file in the store, waiting for its commit: what the commit needs, and how to answer its batches."""
+
+    new_file: NewFile
+    sequenced: list[PlacedBatch]
+    batches: list[_PendingBatch]
+    order: np.ndarray  # the records in file order, as buffer positions
+    counts: np.ndarray  # records per section
+    deltas: np.ndarray  # each record's offset within its section, in file order
+    started: float  # time.monotonic() when its flush began
+    done: threading.Event = field(default_factory=threading.Event)  # committed, or failed
+
+
+@dataclass
 class _Buffer:
     batches: list[_PendingBatch] = field(default_factory=list)
     size_bytes: int = 0
@@ -94,7 +116,7 @@ class _Buffer:
 
 
 def _follows_a_commit(batch: _PendingBatch) -> bool:
-    """Whether a batch may be written: it follows no batch, or one committed or in the same file before it. One
+    """Whether a batch may be written: it follows no batch, or one committed or still waiting for its commit. One
     that may not is failed here; a batch following it then fails in turn (in buffer order)."""
     after = batch.after
     if after is None or not after.done() or after.exception() is None:
@@ -102,6 +124,17 @@ def _follows_a_commit(batch: _PendingBatch) -> bool:
     failure = IngestError(f"batch not written: the batch it follows was not committed ({after.exception()})")
     batch.future.set_exception(failure)
     return False
+
+
+def _failed_predecessor(written: _WrittenFile) -> BaseException | None:
+    """Why a written file may not be committed: a batch in it follows one that failed since it was written (its
+    file's commit failed). Files are committed in order, so by now every batch it follows is answered, or in a
+    file committed with it."""
+    for batch in written.batches:
+        after = batch.after
+        if after is not None and after.done() and after.exception() is not None:
+            return after.exception()
+    return None
 
 
 def _data_bytes(array: pa.Array) -> int:
@@ -140,14 +173,20 @@ class Agent:
         self._topics: dict[str, Topic] = catalog.snapshot().topics
         self._buffer = _Buffer()
         self._buffer_lock = threading.Lock()
-        self._flush_lock = threading.Lock()
+        self._write_lock = threading.Lock()  # one file written at a time, in buffer order
+        self._commit_lock = threading.Lock()  # one group committed at a time, in written order
+        self._uncommitted: list[_WrittenFile] = []  # written, in order, not yet taken by a commit
+        self._queue = threading.Condition()  # guards _uncommitted; notified when it grows or shrinks
         self._error: Exception | None = None
         self._closed = threading.Event()
         self._wake = threading.Event()  # the flusher's: a buffer began (its deadline is set) or is full
         self._flusher: threading.Thread | None = None
+        self._committer: threading.Thread | None = None
         if background:
             self._flusher = threading.Thread(target=self._flush_periodically, name="logcompact-agent-flusher", daemon=True)
+            self._committer = threading.Thread(target=self._commit_continually, name="logcompact-agent-committer", daemon=True)
             self._flusher.start()
+            self._committer.start()
 
     # -- producing ---------------------------------------------------------------------------------
 
@@ -280,40 +319,108 @@ class Agent:
 
     def flush(self) -> None:
         """Write and commit everything buffered now; raises if this or an earlier flush failed."""
-        self._flush_once()
+        self._write_and_commit_now()
         self._raise_background_error()
 
-    def _flush_once(self) -> None:
-        with self._flush_lock:
+    def _write_and_commit_now(self) -> None:
+        """Write the buffer, and commit it with every file written before it, in this thread."""
+        written = self._write_buffer()
+        self._commit_uncommitted()
+        if written is not None:
+            written.done.wait()  # taken by the committer's group while this thread waited for the commit lock
+
+    def _write_buffer(self) -> _WrittenFile | None:
+        """Write everything buffered as one L0 file, queued for its commit; None when nothing was buffered or the
+        write failed (its batches are answered with the error)."""
+        with self._write_lock:
             with self._buffer_lock:
                 buffer, self._buffer = self._buffer, _Buffer()
             buffer.batches = [batch for batch in buffer.batches if _follows_a_commit(batch)]
             if not buffer.batches:
-                return
+                return None
+            with self._queue:
+                while len(self._uncommitted) >= MAX_UNCOMMITTED_FILES and self._committer is not None:
+                    self._queue.wait()
             try:
                 with collector_paused():  # a file of 10,000 sections makes tens of thousands of small objects
-                    started = time.monotonic()
-                    offsets = self._write_and_commit(buffer)
-                    self._flush_ms += ((time.monotonic() - started) * 1000 - self._flush_ms) / 4
+                    written = self._write(buffer, time.monotonic())
             except Exception as exc:
-                # One line: a database error's text goes on with its SQL and parameters.
-                reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
-                failure = IngestError(f"L0 file not committed, its {len(buffer.batches)} produce batches failed: {reason}")
-                failure.__cause__ = exc
-                for batch in buffer.batches:
-                    batch.future.set_exception(failure)
-                self._error = self._error or failure
-                return
-            start = 0
-            for batch in buffer.batches:
-                end = start + batch.columns.num_rows
-                batch.future.set_result(offsets[start:end].tolist() if batch.offsets_as_list else offsets[start:end])
-                start = end
+                self._fail(buffer.batches, exc)
+                return None
+            with self._queue:
+                self._uncommitted.append(written)
+                self._queue.notify_all()
+            return written
 
-    def _write_and_commit(self, buffer: _Buffer) -> np.ndarray:
-        """Write and commit one L0 file of everything buffered; returns each buffered record's offset, in
-        buffer order. One table for every section, made by concatenating the batches' Arrow columns, so a file of
-        thousands of partitions and a million records costs a few Arrow calls."""
+    def _commit_continually(self) -> None:
+        """The committer: commit what is written as soon as it is, every file written by then in one group."""
+        while True:
+            with self._queue:
+                while not self._uncommitted and not self._closed.is_set():
+                    self._queue.wait()
+                if not self._uncommitted:
+                    return
+            self._commit_uncommitted()
+
+    def _commit_uncommitted(self) -> None:
+        """Commit every file written and not yet taken, in one transaction, and answer their batches."""
+        with self._commit_lock:
+            with self._queue:
+                group, self._uncommitted = self._uncommitted, []
+                self._queue.notify_all()
+            committable = []
+            for written in group:
+                failed = _failed_predecessor(written)
+                if failed is None:
+                    committable.append(written)
+                    continue
+                self._fail(written.batches, IngestError(f"batch not committed: the batch it follows was not committed ({failed})"))
+                written.done.set()
+            if not committable:
+                return
+            try:
+                with collector_paused():
+                    _version, assigned = self.catalog.append_files(
+                        [written.new_file for written in committable], self.clock(), [written.sequenced for written in committable]
+                    )
+            except Exception as exc:
+                self._fail([batch for written in committable for batch in written.batches], exc)
+                for written in committable:
+                    written.done.set()
+                return
+            finished = time.monotonic()
+            for written, firsts in zip(committable, assigned, strict=True):
+                self._answer(written, firsts)
+                self._flush_ms += ((finished - written.started) * 1000 - self._flush_ms) / 4
+                self.files_written += 1
+                written.done.set()
+
+    def _fail(self, batches: Sequence[_PendingBatch], exc: Exception) -> None:
+        """Answer batches not committed with the error (one line: a database error's text goes on with its SQL and
+        parameters), kept for the agent's next call."""
+        reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+        failure = IngestError(f"L0 file not committed, its {len(batches)} produce batches failed: {reason}")
+        failure.__cause__ = exc
+        for batch in batches:
+            batch.future.set_exception(failure)
+        self._error = self._error or failure
+
+    @staticmethod
+    def _answer(written: _WrittenFile, firsts: Sequence[int]) -> None:
+        """Resolve a committed file's batches to their records' offsets, given each section's first offset."""
+        order = written.order
+        offsets = np.empty(len(order), dtype=np.int64)
+        offsets[order] = np.repeat(np.asarray(firsts, dtype=np.int64), written.counts) + written.deltas
+        start = 0
+        for batch in written.batches:
+            end = start + batch.columns.num_rows
+            batch.future.set_result(offsets[start:end].tolist() if batch.offsets_as_list else offsets[start:end])
+            start = end
+
+    def _write(self, buffer: _Buffer, started: float) -> _WrittenFile:
+        """Write one L0 file of everything buffered, for its commit. One table for every section, made by
+        concatenating the batches' Arrow columns, so a file of thousands of partitions and a million records costs a
+        few Arrow calls."""
         batches = buffer.batches
         names = sorted({batch.topic for batch in batches})
         rank = {name: number for number, name in enumerate(names)}
@@ -369,11 +476,7 @@ class Agent:
             if batch.sequenced is not None:
                 assert isinstance(batch.partitions, int)
                 sequenced.append(PlacedBatch(batch.topic, batch.partitions, int(record_deltas[start]), batch.sequenced))
-        _version, assigned = self.catalog.append_files([new_file], now, [sequenced])
-        self.files_written += 1
-        offsets = np.empty(len(order), dtype=np.int64)
-        offsets[order] = np.repeat(np.asarray(assigned[0], dtype=np.int64), counts) + deltas
-        return offsets
+        return _WrittenFile(new_file, sequenced, batches, order, counts, deltas, started)
 
     def _left_ms(self, buffer: _Buffer) -> float:
         """How long until the buffer's flush is due: early by what a flush takes lately (at most half the interval), so
@@ -393,7 +496,7 @@ class Agent:
                 left_ms = self._left_ms(buffer)
                 due = bool(buffer.batches) and (buffer.size_bytes >= self.flush_bytes or left_ms <= 0)
             if due:
-                self._flush_once()
+                self._write_buffer()
                 with self._buffer_lock:  # batches produced during the flush began the next buffer
                     buffer = self._buffer
                     left_ms = self._left_ms(buffer)
@@ -406,12 +509,16 @@ class Agent:
     # -- lifecycle ---------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Flush what is buffered, stop the flusher, and raise any error a flush met."""
+        """Flush what is buffered, stop the flusher and the committer, and raise any error a flush met."""
         self._closed.set()
         self._wake.set()
         if self._flusher is not None:
             self._flusher.join()
-        self._flush_once()
+        self._write_and_commit_now()
+        if self._committer is not None:
+            with self._queue:
+                self._queue.notify_all()
+            self._committer.join()
         self._raise_background_error()
 
     def __enter__(self) -> Agent:

@@ -314,7 +314,7 @@ def phase_of(stack_sample: str) -> str:
 
     if functions & {"replace_files", "commit_plan", "append_files", "release"}:
         return "committing"
-    if touches("logcompact/format/writer.py") or functions & {"put_file", "put", "_write_and_commit"}:
+    if touches("logcompact/format/writer.py") or functions & {"put_file", "put", "_write"}:
         return "writing"
     if touches("logcompact/format/reader.py", "logcompact/engine/cleaner.py", "logcompact/engine/offset_map.py"):
         return "reading"
