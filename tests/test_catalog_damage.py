@@ -623,15 +623,21 @@ def test_a_schema_5_catalog_upgrades_to_its_l0_sections_out_of_the_partition_ind
     produce_l0_files(catalog, "t", files=2, records=30, keys=10, partitions=3)
     before = {p: list(read_records(catalog.store, catalog.snapshot(), "t", p)) for p in range(3)}
     _as_schema_5(catalog)
+    sec, files, part = schema.sections.c, schema.files.c, schema.partitions.c
+    with catalog.engine.begin() as connection:  # lowered under schema 5: still refused after the upgrade
+        connection.execute(update(schema.partitions).where(part.partition == 2).values(next_offset=7))
     with pytest.raises(CatalogSchemaError, match="has schema version 5, this logcompact uses 6: .*upgrade-catalog"):
         Catalog(catalog.store, catalog.url).snapshot()
     assert Catalog(catalog.store, catalog.url).upgrade_catalog() == CatalogUpgrade(5, 0)
     reopened = Catalog(catalog.store, catalog.url)
-    sec, files, part = schema.sections.c, schema.files.c, schema.partitions.c
     with reopened.engine.connect() as connection:
         levels = connection.execute(select(sec.level, files.level).join(schema.files, files.file_id == sec.file_id)).all()
         assert {row[0] for row in levels} == {0, 1} and all(mine == its for mine, its in levels)
-        assert connection.execute(select(part.next_offset, part.assigned_end)).all() == [(60, 60)] * 3
+        assert connection.execute(select(part.next_offset, part.assigned_end).order_by(part.partition)).all() == [(60, 60), (60, 60), (7, 60)]
+    with pytest.raises(IngestError, match=r"partition 2\) has next_offset 7 but the last append assigned offsets up to 59"):
+        produce_l0_files(reopened, "t", files=1, records=30, keys=10, partitions=3)
+    with reopened.engine.begin() as connection:
+        connection.execute(update(schema.partitions).where(part.partition == 2).values(next_offset=60))
     assert {p: list(read_records(reopened.store, reopened.snapshot(), "t", p)) for p in range(3)} == before
     produce_l0_files(reopened, "t", files=1, records=30, keys=10, partitions=3)
     assert [len(list(read_records(reopened.store, reopened.snapshot(), "t", p))) for p in range(3)] == [len(before[p]) + 10 for p in range(3)]

@@ -360,7 +360,10 @@ class Agent:
                     self._queue.wait()
                 if not self._uncommitted:
                     return
-            self._commit_uncommitted()
+            try:
+                self._commit_uncommitted()
+            except Exception as exc:  # its files are answered and released already; the agent's next call raises it
+                self._error = self._error or exc
 
     def _commit_uncommitted(self) -> None:
         """Commit every file written and not yet taken, in one transaction, and answer their batches."""
@@ -389,11 +392,16 @@ class Agent:
                     written.done.set()
                 return
             finished = time.monotonic()
-            for written, firsts in zip(committable, assigned, strict=True):
-                self._answer(written, firsts)
-                self._flush_ms += ((finished - written.started) * 1000 - self._flush_ms) / 4
-                self.files_written += 1
-                written.done.set()
+            try:
+                for written, firsts in zip(committable, assigned, strict=True):
+                    self.files_written += 1
+                    self._answer(written, firsts)
+                    self._flush_ms += ((finished - written.started) * 1000 - self._flush_ms) / 4
+            except Exception as exc:  # committed, but a batch could not be answered: the rest are told, none waits
+                self._fail([batch for written in committable for batch in written.batches if not batch.future.done()], exc)
+            finally:
+                for written in committable:
+                    written.done.set()
 
     def _fail(self, batches: Sequence[_PendingBatch], exc: Exception) -> None:
         """Answer batches not committed with the error (one line: a database error's text goes on with its SQL and

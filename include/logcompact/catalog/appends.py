@@ -20,11 +20,13 @@ from logcompact.catalog import schema as s
 Slot = tuple[int, int]
 
 # The rows are locked in (topic id, partition) order by every append, so two agents appending to the same partitions
-# never deadlock. The arrays come sorted, and with hash and merge joins off for the statement's transaction
-# (`_NESTED_LOOP`) the update walks them in that order, looking each row up by primary key, and locks each row
-# as it updates it: a sorted `FOR UPDATE` sub-select locked every row before the update wrote it again, twice the
-# work (15 ms of an append's 47, against 8).
-_NESTED_LOOP = "SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off"
+# never deadlock. The update locks each row as it writes it, in the order its join yields them; with hash and merge
+# joins, sequential and bitmap scans off for that one statement (`_KEYED_PLAN`, reset after it: `_ANY_PLAN`), every
+# plan left reads the partitions through their primary key's index, in order: as the probe of each of the sorted
+# arrays' entries, or as a scan of the index itself, each matched to the arrays. A sorted `FOR UPDATE` sub-select
+# locked every row before the update wrote it again: twice the work (15 ms of an append's 47, against 8).
+_KEYED_PLAN = "SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off; SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off"
+_ANY_PLAN = "RESET enable_hashjoin; RESET enable_mergejoin; RESET enable_seqscan; RESET enable_bitmapscan"
 _ADVANCE_POSTGRESQL = """
 UPDATE partitions AS p SET next_offset = p.next_offset + u.n, assigned_end = p.next_offset + u.n
 FROM unnest(%(topics)s::int[], %(partitions)s::int[], %(counts)s::bigint[]) AS u(topic_id, partition, n)
@@ -58,8 +60,9 @@ def advance_partitions(connection: Connection, counts: Mapping[Slot, int]) -> di
         arrays = {
             "topics": _array(t for t, _ in slots), "partitions": _array(p for _, p in slots), "counts": _array(counts[slot] for slot in slots)
         }
-        connection.exec_driver_sql(_NESTED_LOOP)
+        connection.exec_driver_sql(_KEYED_PLAN)
         rows = connection.exec_driver_sql(_ADVANCE_POSTGRESQL, arrays).all()
+        connection.exec_driver_sql(_ANY_PLAN)
         return {(topic_id, partition): first for topic_id, partition, first in rows}
     rows = connection.exec_driver_sql(_ADVANCE_SQLITE, (json.dumps([[t, p, counts[(t, p)]] for t, p in slots]),)).all()
     # SQLite's RETURNING names only the updated table: the first offset is the new next_offset less the count.

@@ -210,8 +210,8 @@ class Catalog:
         from 3, every sections row's crc32, stored raw until then, is bound to its row (`schema.section_crc_binding`),
         `batch` rows at a time in primary-key order; from 4, the Kafka agents' tables are created, partitions get
         their log start offset (0: retention had no record of raising it) and topics their deleted_version; from 5,
-        sections get their file's level and `sections_by_partition` is built again over those above L0, partitions
-        their assigned_end (their next_offset). No manifest version is made, the store is not touched. Returns what was done; None when the catalog is at
+        partitions get their assigned_end (where their sections end), sections their file's level, and
+        `sections_by_partition` is built again over those above L0. No manifest version is made, the store is not touched. Returns what was done; None when the catalog is at
         SCHEMA_VERSION already. Another version is a CatalogSchemaError, and no cluster ClusterNotFoundError.
         Writers of the older release must be stopped first: they would go on writing what readers then refuse."""
         path = sqlite_path(self.url)
@@ -538,7 +538,7 @@ class Catalog:
             sec, files = s.sections.c, s.files.c
             connection.execute(update(s.topics).where(s.topics.c.topic_id == topic_id).values(deleted_version=version))
             live_sections = select(sec.file_id).where(sec.topic_id == topic_id, sec.removed_version.is_(None))
-            holding = connection.execute(union_all(*s.by_partition(live_sections))).scalars().all()
+            holding = sorted(set(connection.execute(union_all(*s.by_partition(live_sections))).scalars()))
             connection.execute(
                 update(s.sections).where(self._one_of(sec.file_id, holding), sec.topic_id == topic_id, sec.removed_version.is_(None))
                 .values(removed_version=version)
@@ -1172,8 +1172,15 @@ def _add_kafka_tables(connection: Connection) -> None:
 
 
 def _index_sections_above_l0(connection: Connection) -> None:
-    """Schema 5 to 6: sections.level (their file's), `sections_by_partition` over the sections above L0 only, and
-    partitions.assigned_end (the next offset: the end of what appends assigned so far)."""
+    """Schema 5 to 6: partitions.assigned_end (the end of the offsets their sections hold), sections.level (their
+    file's), and `sections_by_partition` over the sections above L0 only."""
+    # Where the sections end, read through the old index before it goes: a row lowered before the upgrade is
+    # refused by the next append as one lowered after.
+    connection.exec_driver_sql("ALTER TABLE partitions ADD COLUMN assigned_end BIGINT NOT NULL DEFAULT 0")
+    connection.exec_driver_sql(
+        "UPDATE partitions SET assigned_end = COALESCE((SELECT max(sections.last_offset) + 1 FROM sections WHERE "
+        "sections.topic_id = partitions.topic_id AND sections.partition = partitions.partition), 0)"
+    )
     connection.exec_driver_sql("ALTER TABLE sections ADD COLUMN level SMALLINT NOT NULL DEFAULT 0")
     connection.exec_driver_sql(
         "UPDATE sections SET level = (SELECT files.level FROM files WHERE files.file_id = sections.file_id) "
@@ -1181,8 +1188,6 @@ def _index_sections_above_l0(connection: Connection) -> None:
     )
     connection.exec_driver_sql("DROP INDEX sections_by_partition")
     next(index for index in s.sections.indexes if index.name == "sections_by_partition").create(connection)
-    connection.exec_driver_sql("ALTER TABLE partitions ADD COLUMN assigned_end BIGINT NOT NULL DEFAULT 0")
-    connection.exec_driver_sql("UPDATE partitions SET assigned_end = next_offset")
 
 
 def _unadvanced_partition(connection: Connection, slot: tuple[int, int], topic_rows: dict[str, tuple[int, int]]) -> CorruptDataError:

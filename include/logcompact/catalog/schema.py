@@ -98,7 +98,8 @@ partitions = Table(
     # so a consumer positioned in a compacted-away head reads on from the next record instead of being reset.
     Column("log_start_offset", BigInteger, nullable=False, server_default="0"),
     # Where the last append's offsets ended, written with next_offset by the same statement: an append refuses a row
-    # whose next_offset is lower (lowered by hand or by a partial restore, it would hand offsets out twice).
+    # whose next_offset is lower (lowered alone, by hand or by a restore of that column, it would hand offsets out
+    # twice). A whole row restored from an older copy lowers both: readers refuse the sections past next_offset.
     Column("assigned_end", BigInteger, nullable=False, server_default="0"),
     sqlite_with_rowid=False,
 )
