@@ -30,9 +30,10 @@ commit), the L0 files committed, the compactions committed, the catalog's size, 
 database server, this monitor; SQLite's work is inside the agents and compactors) and, on PostgreSQL, what its
 sessions in a statement or a transaction were doing (sampled each second: on CPU, waiting on a lock or the WAL,
 or waiting for their client mid-transaction), and a verdict: the regime holds when the appends achieved are at
-least 95% of those asked, produce-to-commit p99 is within the flush interval plus 300 ms, the L0 backlog stayed bounded (its peak over the run's
-last third no higher than over its middle third plus one L0 plan's worth of files, `min_files[0]`) and no
-partition is past its max lag.
+least 95% of those asked, produce-to-commit p99 is within the flush interval plus 300 ms, the L0 backlog stayed
+bounded (its low over the run's last third no higher than over its middle third plus one L0 plan's worth of files,
+`min_files[0]`: compaction takes L0 in large bites, so a backlog that keeps up is a sawtooth whose lows stay put)
+and no partition is past its max lag.
 
 The compaction lag is Kafka's `max-compaction-delay-secs` (kafka.log:type=LogCleanerManager): how far the oldest
 dirty record of any partition is past its topic's max.compaction.lag.ms, 0 when none is; a record is dirty until
@@ -292,14 +293,24 @@ class Figures:
         ordered = sorted(self.latencies_ms)
         return ordered[min(len(ordered) - 1, int(len(ordered) * q))] if ordered else float("nan")
 
+    def _backlog(self, extreme) -> tuple[int, int]:
+        def over(low: float, high: float) -> int:
+            return extreme((s.levels.get(0, 0) for s in self.samples if low <= s.at < high), default=0)
+        return over(self.seconds / 3, 2 * self.seconds / 3), over(2 * self.seconds / 3, self.seconds + 1)
+
     def backlog_peaks(self) -> tuple[int, int]:
         """The L0 backlog's peak over the window's middle third and over its last third."""
-        def peak(low: float, high: float) -> int:
-            return max((s.levels.get(0, 0) for s in self.samples if low <= s.at < high), default=0)
-        return peak(self.seconds / 3, 2 * self.seconds / 3), peak(2 * self.seconds / 3, self.seconds + 1)
+        return self._backlog(max)
+
+    def backlog_troughs(self) -> tuple[int, int]:
+        """The L0 backlog's low over the window's middle third and over its last third: where each compaction
+        brings it back down to."""
+        return self._backlog(min)
 
     def bounded(self) -> bool:
-        middle, last = self.backlog_peaks()
+        """Compaction takes L0 in large bites, so a backlog that keeps up rises and falls by a plan's worth of files
+        or more (a sawtooth): it is bounded when its lows do not climb, by more than one L0 plan's minimum."""
+        middle, last = self.backlog_troughs()
         return last <= middle + PlannerConfig().min_files[0]
 
     def past_max_lag(self) -> int:
@@ -311,7 +322,7 @@ class Figures:
             (f"appends achieved {100 * achieved:.0f}% of asked (>= {100 * HOLDS_ACHIEVED:.0f}%)", achieved >= HOLDS_ACHIEVED),
             (f"produce to commit p99 {self.percentile(0.99):,.0f} ms (<= the {self.load.flush_ms} ms interval + {HOLDS_P99_MS:.0f} ms)",
              self.percentile(0.99) <= self.load.flush_ms + HOLDS_P99_MS),
-            (f"L0 backlog {'bounded' if self.bounded() else 'growing'} (peak {self.backlog_peaks()[0]:,} then {self.backlog_peaks()[1]:,})",
+            (f"L0 backlog {'bounded' if self.bounded() else 'growing'} (lows {self.backlog_troughs()[0]:,} then {self.backlog_troughs()[1]:,})",
              self.bounded()),
             (f"{self.past_max_lag()} partitions past their max lag", self.past_max_lag() == 0),
             (f"{self.failures} failed appends, {self.lost} processes lost", self.failures == 0 and self.lost == 0),
@@ -530,10 +541,10 @@ def report(f: Figures) -> None:
     print(f"  compactions: {plans} regular plans committed ({sum(c['inputs'] for c in f.compactors):,} files in), "
           f"{sum(c['max_lag_plans'] for c in f.compactors)} max-lag plans, {sum(c['conflicts'] for c in f.compactors)} lease conflicts, "
           f"{sum(c['failures'] for c in f.compactors)} failures; compactors busy {busy} of the time")
-    middle, last = f.backlog_peaks()
+    (middle, last), (low_middle, low_last) = f.backlog_peaks(), f.backlog_troughs()
     backlog = [s.levels.get(0, 0) for s in f.samples]
-    print(f"  L0 backlog (live L0 files): median {statistics.median(backlog) if backlog else 0:,.0f}, peak over the middle third "
-          f"{middle:,}, over the last third {last:,}: {'bounded' if f.bounded() else 'growing'}")
+    print(f"  L0 backlog (live L0 files): median {statistics.median(backlog) if backlog else 0:,.0f}; over the middle third, then "
+          f"the last: lows {low_middle:,} then {low_last:,}, peaks {middle:,} then {last:,}: {'bounded' if f.bounded() else 'growing'}")
     lag = f.lags[-1] if f.lags else None
     if lag is not None:
         ages = [x.oldest_dirty_s for x in f.lags]
