@@ -9,6 +9,7 @@ import threading
 import time
 from collections import defaultdict
 
+import pytest
 from sqlalchemy import text
 
 from logcompact.catalog import Catalog, NewFile, appends
@@ -114,7 +115,7 @@ def test_an_append_locks_its_partition_rows_in_order_on_postgresql(catalog: Cata
     let two appends lock shared rows in two orders. Checked with the table's statistics taken, small and large,
     for one partition and for all."""
     if catalog.engine.dialect.name != "postgresql":
-        return
+        pytest.skip("SQLite's writer holds the database's one write lock: no row locks to order")
     create_topic(catalog, "small", partitions=2, cleanup_policy="compact")
     create_topic(catalog, "large", partitions=1000, cleanup_policy="compact")
     for analyzed in (False, True):

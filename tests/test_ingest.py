@@ -183,15 +183,18 @@ def test_a_failed_commit_fails_its_futures_and_assigns_no_offset(catalog: Catalo
 
 
 class _SlowCatalog(Catalog):
-    """A catalog whose appends take `delay_s` (a busy database), failing the first `failures` of them; it records
-    how many files each append committed."""
+    """A catalog whose appends take `delay_s` (a busy database), failing the first `failures` of them, each only
+    once `files_in_store` L0 files are in the store when given; it records how many files each append committed."""
 
-    def __init__(self, store, url, delay_s: float, failures: int = 0) -> None:
+    def __init__(self, store, url, delay_s: float, failures: int = 0, files_in_store: int = 0) -> None:
         super().__init__(store, url)
-        self.delay_s, self.failures, self.groups = delay_s, failures, []
+        self.delay_s, self.failures, self.files_in_store, self.groups = delay_s, failures, files_in_store, []
 
     def append_files(self, new_files, now_ms, sequenced=()):
         time.sleep(self.delay_s)
+        deadline = time.monotonic() + 10
+        while self.failures and len(list(self.store.list("data/l0/"))) < self.files_in_store and time.monotonic() < deadline:
+            time.sleep(0.01)
         if self.failures:
             self.failures -= 1
             raise OperationalError("INSERT INTO files", {}, TimeoutError("statement timeout"))
@@ -222,10 +225,11 @@ def test_a_file_following_a_failed_commit_is_failed_uncommitted(catalog: Catalog
     """A batch written while the commit of the batch it follows was pending is failed with its file when that
     commit fails, never committed over the gap; the agent raises the failure at its next call."""
     _with_topics(catalog)
-    failing = _SlowCatalog(catalog.store, catalog.url, delay_s=0.3, failures=1)
+    failing = _SlowCatalog(catalog.store, catalog.url, delay_s=0.0, failures=1, files_in_store=2)  # fails once the follower's file is written
     agent = Agent(failing, flush_interval_ms=20)
     first = agent.produce("events", [Record(0, b"k", b"first", NOW)])
-    time.sleep(0.1)  # its file is written, its commit under way
+    while not list(catalog.store.list("data/l0/")):  # its file is written, its commit under way
+        time.sleep(0.005)
     follower = agent.produce("events", [Record(0, b"k", b"second", NOW)], after=first)
     with pytest.raises(IngestError, match="statement timeout"):
         first.result(timeout=5)

@@ -211,8 +211,8 @@ class Catalog:
         `batch` rows at a time in primary-key order; from 4, the Kafka agents' tables are created, partitions get
         their log start offset (0: retention had no record of raising it) and topics their deleted_version; from 5,
         partitions get their assigned_end (where their sections end), sections their file's level, and
-        `sections_by_partition` is built again over those above L0. No manifest version is made, the store is not touched. Returns what was done; None when the catalog is at
-        SCHEMA_VERSION already. Another version is a CatalogSchemaError, and no cluster ClusterNotFoundError.
+        `sections_by_partition` is built again over those above L0. No manifest version is made, the store is not
+        touched. Returns what was done; None when the catalog is at SCHEMA_VERSION already. Another version is a CatalogSchemaError, and no cluster ClusterNotFoundError.
         Writers of the older release must be stopped first: they would go on writing what readers then refuse."""
         path = sqlite_path(self.url)
         if path is not None and not path.exists():
@@ -1228,7 +1228,7 @@ def _section_rows(file_ids: Sequence[int], data_files: Sequence[DataFile], topic
         lasts.tolist(), info["record_count"], info["min_timestamp"], info["max_timestamp"], info["tombstones"],
         info["uncompressed_bytes"], [COMPRESSIONS.index(name) for name in info["compression"]],
         [crc ^ bound for crc, bound in zip(info["crc32"], bindings, strict=True)], info["clean_below_delta"],
-        [sketch or None for sketch in info["key_sketch"]], repeat(None), levels, strict=False,  # removed_version: live
+        [sketch or None for sketch in info["key_sketch"]], repeat(None), levels, strict=False,  # live (removed_version null), level
     ))
 
 

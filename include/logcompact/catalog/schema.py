@@ -168,13 +168,13 @@ Index(
 )
 
 
-def live_l0_files(version: int | BindParameter[int] | None = None) -> CompoundSelect:
+def live_l0_files(version: int | BindParameter[int] | None = None) -> Select | CompoundSelect:
     """The ids of the L0 files live at `version` (now, without one), through the index of live files by level and,
     for a past version, the index of removed files by version: L0 files removed later than it."""
     file = files.c
     now = select(file.file_id).where(file.level == 0, file.removed_version.is_(None))
     if version is None:
-        return union_all(now)
+        return now
     return union_all(
         now.where(file.added_version <= version),
         select(file.file_id).where(file.removed_version > version, file.level == 0, file.added_version <= version),
