@@ -45,3 +45,22 @@ def produce_l0_files(catalog: Catalog, topic: str, files: int, records: int, key
                 sequence += 1
             agent.produce(topic, batch)
             agent.flush()
+
+
+def assert_floors_kept(catalog: Catalog) -> None:
+    """Every partition's kept floor above L0 (`partition_floors`) is the lowest first offset of its live sections
+    above L0, read from the sections themselves; a partition without a row, or with floor NULL, holds none."""
+    from sqlalchemy import func, select
+
+    from logcompact.catalog import schema
+
+    sec, files, floors = schema.sections.c, schema.files.c, schema.partition_floors.c
+    lowest = (
+        select(sec.topic_id, sec.partition, func.min(sec.first_offset)).join(schema.files, files.file_id == sec.file_id)
+        .where(sec.level > 0, sec.removed_version.is_(None), files.removed_version.is_(None))
+        .group_by(sec.topic_id, sec.partition)
+    )
+    with catalog.engine.connect() as connection:
+        held = {(topic_id, partition): first for topic_id, partition, first in connection.execute(lowest)}
+        kept = {(t, p): floor for t, p, floor in connection.execute(select(floors.topic_id, floors.partition, floors.floor))}
+    assert {slot: floor for slot, floor in kept.items() if floor is not None} == held, f"partition_floors {kept}, the sections {held}"

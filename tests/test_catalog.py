@@ -23,9 +23,10 @@ from logcompact.exceptions import (
     TopicNotFoundError,
 )
 from logcompact.format.layout import SectionInfo
+from logcompact.plan import lowest_outside
 from logcompact.store import LocalStore
 from logcompact.store.s3 import S3Store
-from tests.helpers import NOW, create_topic
+from tests.helpers import NOW, assert_floors_kept, create_topic
 
 HOUR = 3_600_000
 
@@ -242,7 +243,7 @@ def test_file_reads_ask_for_what_they_need(catalog: Catalog) -> None:
     assert facts == {("data/l1/state", "state", 0, 0, 2)}
 
 
-def test_outside_floors_and_lowest_offsets(catalog: Catalog) -> None:
+def test_outside_floors(catalog: Catalog) -> None:
     create_topic(catalog, "t", partitions=3)
     _append(catalog, _new_file("a", ("t", 0, 5), ("t", 1, 5)))  # t/0 0-4, t/1 0-4
     _append(catalog, _new_file("b", ("t", 0, 5), ("t", 2, 5)))  # t/0 5-9, t/2 0-4
@@ -256,11 +257,9 @@ def test_outside_floors_and_lowest_offsets(catalog: Catalog) -> None:
     _append(catalog, _new_file("d", ("u", 0, 2), ("u", 1, 2)))
     snapshot = catalog.snapshot()  # only the pairs asked for, not every topic with every partition number
     assert snapshot.outside_floors(["a"], [("t", 1), ("u", 0)]) == {("t", 1): 5, ("u", 0): 0}
-    assert snapshot.lowest_offsets(["b", "c", "gone"]) == {("t", 0): 5, ("t", 1): 5, ("t", 2): 0}
     # More keys than either database takes parameters in one statement: a key list is one parameter.
     many = [f"data/l0/absent-{n:06d}.seg" for n in range(70_000)]
     assert snapshot.outside_floors(["a", "c", *many], partitions) == {("t", 0): 5, ("t", 2): 0}
-    assert snapshot.lowest_offsets([*many, "b"]) == {("t", 0): 5, ("t", 2): 0}
     assert set(snapshot.get_files([*many, "a"])) == {"a"}
 
 
@@ -355,6 +354,36 @@ def test_a_compaction_planned_before_a_topic_was_deleted_is_a_conflict(catalog: 
     # Planned again, the file holds only kept's live section: that plan commits.
     assert catalog.replace_files(["mixed"], [_output(catalog, "l1", "mixed")], NOW, plan_id="p-2", expected_version=version).committed
     assert [(f.key, [s.topic for s in f.sections]) for f in catalog.snapshot().files()] == [("l1", ["kept"])]
+
+
+def test_every_commit_keeps_the_floors_above_l0_and_an_older_snapshot_reads_the_sections(catalog: Catalog) -> None:
+    """`partition_floors` follows appends above L0, compactions that remove the floor or not, sections kept by a
+    set-aside partition and a deleted topic; a snapshot older than a floor's change leaves it out, and a plan's
+    outside floors (`lowest_outside`) are the sections' at every step."""
+    create_topic(catalog, "t", partitions=3)
+    _append(catalog, _new_file("a", ("t", 0, 5), ("t", 1, 5)))  # L0: no floor
+    assert catalog.snapshot().floors_above_l0([("t", 0), ("t", 1), ("t", 2)]) == {("t", 0): None, ("t", 1): None, ("t", 2): None}
+    _append(catalog, _new_file("b", ("t", 0, 5), ("t", 2, 5), level=1))  # t/0 5-9, t/2 0-4, above L0 at once
+    assert_floors_kept(catalog)
+    older = catalog.snapshot()
+    assert older.floors_above_l0([("t", 0), ("t", 2)]) == {("t", 0): 5, ("t", 2): 0}
+    catalog.replace_files(["a"], [_output(catalog, "l1-a", "a")], NOW)  # lowers t/0 to 0, sets t/1
+    assert_floors_kept(catalog)
+    assert older.floors_above_l0([("t", 0), ("t", 1), ("t", 2)]) == {("t", 2): 0}  # t/0 and t/1 changed since
+    assert catalog.snapshot().floors_above_l0([("t", 0), ("t", 1)]) == {("t", 0): 0, ("t", 1): 0}
+    _append(catalog, _new_file("c", ("t", 0, 5), ("t", 1, 5)))
+    catalog.replace_files(["l1-a"], [_output(catalog, "l2-a", "l1-a")], NOW)  # removes and rewrites the floor's holder
+    assert_floors_kept(catalog)
+    catalog.replace_files(["b"], [], NOW, kept=[("t", 2)])  # t/0's section in b goes, t/2's stays
+    assert_floors_kept(catalog)
+    assert catalog.snapshot().floors_above_l0([("t", 0), ("t", 2)]) == {("t", 0): 0, ("t", 2): 0}
+    snapshot = catalog.snapshot()
+    for planned in (["c"], ["l2-a"], ["l2-a", "c"], ["b"]):
+        inputs = list(snapshot.get_files(planned).values())
+        partitions = {(s.topic, s.partition) for f in inputs for s in f.sections}
+        assert lowest_outside(snapshot, inputs, partitions) == snapshot.outside_floors(planned, partitions), planned
+    catalog.delete_topic("t", NOW)
+    assert_floors_kept(catalog)
 
 
 def test_partitions_are_added_at_offset_zero_and_never_removed(catalog: Catalog) -> None:

@@ -56,7 +56,7 @@ from logcompact.jobs import commit_plans, prepare_plans, release_abandoned, run_
 from logcompact.jobs.documents import abandoned_key, abandoned_plans, group_key, read_header
 from logcompact.planner import PlannerConfig
 from logcompact.store import LocalStore
-from tests.helpers import NOW, create_topic, produce_l0_files
+from tests.helpers import NOW, assert_floors_kept, create_topic, produce_l0_files
 from tests.support.cli_cases import Outcome, run_in_process, run_process
 from tests.support.postgres import PostgresServer
 from tests.test_cli_bad_input import CATALOG, CATALOG_COMMANDS, GOOD_LINE
@@ -519,9 +519,17 @@ def _stored_crcs(catalog: Catalog) -> dict[tuple[int, int, int], int]:
         return {(f, t, p): crc for f, t, p, crc in connection.execute(select(sec.file_id, sec.topic_id, sec.partition, sec.crc32))}
 
 
+def _as_schema_6(catalog: Catalog) -> None:
+    """The catalog as schema 6 held it: no partition_floors, schema_version 6."""
+    with catalog.engine.begin() as connection:
+        schema.partition_floors.drop(connection)
+        connection.execute(update(schema.catalog_info).values(schema_version=6))
+
+
 def _as_schema_5(catalog: Catalog) -> None:
-    """The catalog as schema 5 held it: no sections.level nor partitions.assigned_end, every section in
-    `sections_by_partition`, schema_version 5."""
+    """The catalog as schema 5 held it: schema 6's, without sections.level nor partitions.assigned_end, every
+    section in `sections_by_partition`, schema_version 5."""
+    _as_schema_6(catalog)
     with catalog.engine.begin() as connection:
         connection.exec_driver_sql("DROP INDEX sections_by_partition")
         connection.exec_driver_sql("ALTER TABLE sections DROP COLUMN level")
@@ -584,13 +592,13 @@ def test_a_schema_3_catalog_is_refused_until_upgrade_catalog_binds_its_rows(cata
 
     _as_schema_3(catalog)
     assert all(crc != bound[row] for row, crc in _stored_crcs(catalog).items())
-    with pytest.raises(CatalogSchemaError, match="has schema version 3, this logcompact uses 6: .*run `logcompact cluster upgrade-catalog`"):
+    with pytest.raises(CatalogSchemaError, match="has schema version 3, this logcompact uses 7: .*run `logcompact cluster upgrade-catalog`"):
         Catalog(catalog.store, catalog.url).snapshot()
     for argv in (["consume", "t", "--partition", "0"], ["files"], ["compact", "--all"], ["cluster", "describe"]):
         _one_line_error(run_in_process([*cli, *argv]), "has schema version 3", "logcompact cluster upgrade-catalog")
     upgraded = run_in_process([*cli, "cluster", "upgrade-catalog"])
     assert upgraded.code == 0 and not upgraded.stderr, upgraded
-    assert json.loads(upgraded.stdout) == {"upgraded": True, "from_schema_version": 3, "schema_version": 6, "sections_rewritten": 24}
+    assert json.loads(upgraded.stdout) == {"upgraded": True, "from_schema_version": 3, "schema_version": 7, "sections_rewritten": 24}
     assert _stored_crcs(catalog) == bound
     reopened = Catalog(catalog.store, catalog.url)
     assert {p: list(read_records(reopened.store, reopened.snapshot(), "t", p)) for p in range(3)} == before
@@ -604,11 +612,11 @@ def test_a_schema_3_catalog_is_refused_until_upgrade_catalog_binds_its_rows(cata
     assert _stored_crcs(catalog) == bound
     assert Catalog(catalog.store, catalog.url).upgrade_catalog() is None
 
-    for other in (2, 7):
+    for other in (2, 8):
         with catalog.engine.begin() as connection:
             connection.execute(update(schema.catalog_info).values(schema_version=other))
         _one_line_error(run_in_process([*cli, "cluster", "upgrade-catalog"]), f"has schema version {other}",
-                        "upgrades schemas 3, 4, 5 to 6 only")
+                        "upgrades schemas 3, 4, 5, 6 to 7 only")
         assert _stored_crcs(catalog) == bound
 
 
@@ -626,7 +634,7 @@ def test_a_schema_5_catalog_upgrades_to_its_l0_sections_out_of_the_partition_ind
     sec, files, part = schema.sections.c, schema.files.c, schema.partitions.c
     with catalog.engine.begin() as connection:  # lowered under schema 5: still refused after the upgrade
         connection.execute(update(schema.partitions).where(part.partition == 2).values(next_offset=7))
-    with pytest.raises(CatalogSchemaError, match="has schema version 5, this logcompact uses 6: .*upgrade-catalog"):
+    with pytest.raises(CatalogSchemaError, match="has schema version 5, this logcompact uses 7: .*upgrade-catalog"):
         Catalog(catalog.store, catalog.url).snapshot()
     assert Catalog(catalog.store, catalog.url).upgrade_catalog() == CatalogUpgrade(5, 0)
     reopened = Catalog(catalog.store, catalog.url)
@@ -647,6 +655,36 @@ def test_a_schema_5_catalog_upgrades_to_its_l0_sections_out_of_the_partition_ind
         produce_l0_files(reopened, "t", files=1, records=30, keys=10, partitions=3)
 
 
+def test_a_schema_6_catalog_upgrades_to_partition_floors_that_commits_then_keep(catalog: Catalog) -> None:
+    """On each database: a schema-6 catalog is refused until upgraded; the upgrade gives every partition its floor
+    above L0 as its live sections hold it (none for one without), set by the newest version, so an older snapshot
+    reads the sections; then compactions and appends keep the floors."""
+    create_topic(catalog, "t", partitions=3, cleanup_policy="compact")
+    produce_l0_files(catalog, "t", files=4, records=30, keys=10, partitions=2)  # partition 2 gets no record
+    older = catalog.snapshot()
+    prepared = prepare_plans(catalog, "regular", NOW, CONFIG)
+    run_here(catalog, prepared.plan_ids, prepared.groups, NOW)
+    produce_l0_files(catalog, "t", files=2, records=30, keys=10, partitions=2)
+    _as_schema_6(catalog)
+    with pytest.raises(CatalogSchemaError, match="has schema version 6, this logcompact uses 7: .*upgrade-catalog"):
+        Catalog(catalog.store, catalog.url).snapshot()
+    assert Catalog(catalog.store, catalog.url).upgrade_catalog() == CatalogUpgrade(6, 0)
+    reopened = Catalog(catalog.store, catalog.url)
+    floors = schema.partition_floors.c
+    with reopened.engine.connect() as connection:
+        rows = connection.execute(select(floors.partition, floors.floor, floors.version).order_by(floors.partition)).all()
+    assert rows == [(0, 0, reopened.latest_version()), (1, 0, reopened.latest_version()), (2, None, reopened.latest_version())]
+    assert_floors_kept(reopened)
+    partitions = [("t", p) for p in range(3)]
+    assert reopened.snapshot().floors_above_l0(partitions) == {("t", 0): 0, ("t", 1): 0, ("t", 2): None}
+    assert older.floors_above_l0(partitions) == {}  # older than every row: its sections are read
+    for _ in range(2):  # L0 to L1, then L1 to L2: sections above L0 removed and added
+        prepared = prepare_plans(reopened, "regular", NOW, PlannerConfig(min_files=(2, 2, 2, 2)))
+        run_here(reopened, prepared.plan_ids, prepared.groups, NOW)
+        assert_floors_kept(reopened)
+    assert reopened.snapshot().level_counts() == {2: 1}
+
+
 def test_a_schema_4_catalog_upgrades_to_the_kafka_tables_and_keeps_its_topics(catalog: Catalog) -> None:
     """On each database: a schema-4 catalog is refused until upgraded; the upgrade keeps topics (their ids, so new
     ones never reuse one), offsets and records, starts every log at offset 0, and a deleted topic's name can then be
@@ -657,7 +695,7 @@ def test_a_schema_4_catalog_upgrades_to_the_kafka_tables_and_keeps_its_topics(ca
     before = {p: list(read_records(catalog.store, catalog.snapshot(), "t", p)) for p in range(2)}
     ids = _topic_ids(catalog)
     _as_schema_4(catalog)
-    with pytest.raises(CatalogSchemaError, match="has schema version 4, this logcompact uses 6: .*upgrade-catalog"):
+    with pytest.raises(CatalogSchemaError, match="has schema version 4, this logcompact uses 7: .*upgrade-catalog"):
         Catalog(catalog.store, catalog.url).snapshot()
     assert Catalog(catalog.store, catalog.url).upgrade_catalog() == CatalogUpgrade(4, 0)
     reopened = Catalog(catalog.store, catalog.url)

@@ -329,7 +329,7 @@ class Plan:
                     ends[tp] = max(ends.get(tp, 0), first + info.last_delta + 1)
         keys = [f.key for f in self.inputs]
         for name, planned, catalogs in (
-            ("outside floor", self.outside_floors, lowest_outside(snapshot, keys, set(ends))),
+            ("outside floor", self.outside_floors, lowest_outside(snapshot, self.inputs, set(ends))),
             ("first uncleanable offset", self.first_uncleanable, snapshot.first_uncleanable_offsets(ends, self.now_ms, keys)),
         ):
             for tp, end in sorted(ends.items()):
@@ -343,25 +343,34 @@ class Plan:
 _NO_OFFSET = 1 << 63  # a partition without an outside floor or a first uncleanable offset
 
 
-def lowest_outside(
-    snapshot: Snapshot, planned: Sequence[str], partitions: set[TopicPartition], live: Sequence[str] | None = None
-) -> dict[TopicPartition, int]:
-    """Per partition of `partitions`, the lowest offset held by a live file outside `planned` (all live): the
-    outside floors of a plan, or of the plans, taking `planned`. `live`, every live key, when the caller has
-    them. The database reads either the sections of the files outside or the sections of those partitions,
-    whichever costs less: a partition's sections are found through an index, about four times the cost of a
-    file's (measured on SQLite; PostgreSQL is cheaper either way), so a few plans over many partitions, or a
-    plan of nearly every file, read by file."""
-    live_count = len(live) if live is not None else sum(snapshot.level_counts().values())
-    outside = live_count - len(planned)
-    if not outside or not partitions:
+def lowest_outside(snapshot: Snapshot, inputs: Sequence[DataFile], partitions: set[TopicPartition]) -> dict[TopicPartition, int]:
+    """Per partition of `partitions`, the lowest offset held by a live file outside `inputs`: the outside floors of
+    a plan, or of the plans, taking `inputs`. Above L0 it is the floor the catalog keeps (`Snapshot.floors_above_l0`)
+    unless the inputs hold it, or the snapshot is older than it: those partitions' sections are read. Below, the
+    live L0 files outside `inputs` are read: a few hundred at most."""
+    if not partitions:
         return {}
-    total_partitions = sum(topic.partitions for topic in snapshot.topics.values())
-    if 4 * live_count * len(partitions) < outside * total_partitions:
-        return snapshot.outside_floors(planned, partitions)
-    taken = set(planned)
-    unplanned = [key for key in (live if live is not None else (f.key for f in snapshot.file_summaries())) if key not in taken]
-    return {tp: offset for tp, offset in snapshot.lowest_offsets(unplanned).items() if tp in partitions}
+    held: dict[TopicPartition, int] = {}  # the inputs' own lowest offsets above L0
+    for data_file in inputs:
+        if data_file.level > 0:
+            for section in data_file.sections:
+                tp = (section.topic, section.partition)
+                held[tp] = min(section.first_offset, held.get(tp, _NO_OFFSET))
+    kept = snapshot.floors_above_l0(partitions)
+    read = {tp for tp in partitions if tp not in kept or _held_floor(held.get(tp), kept[tp])}
+    keys = [data_file.key for data_file in inputs]
+    found = snapshot.outside_floors(keys, read) if read else {}
+    found.update(snapshot.outside_floors_in_l0(keys, partitions - read))
+    for tp in partitions - read:
+        floor = kept[tp]
+        if floor is not None:
+            found[tp] = min(floor, found.get(tp, floor))
+    return found
+
+
+def _held_floor(inputs_lowest: int | None, floor: int | None) -> bool:
+    """Do the inputs hold the partition's floor above L0 (their lowest offset there at or below it)?"""
+    return inputs_lowest is not None and floor is not None and inputs_lowest <= floor
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ import numpy as np
 from sqlalchemy import ColumnElement, Connection, bindparam, delete, func, insert, inspect, or_, select, tuple_, union_all, update
 from sqlalchemy.exc import DatabaseError, IntegrityError
 
-from logcompact.catalog import appends, producers
+from logcompact.catalog import appends, floors, producers
 from logcompact.catalog import schema as s
 from logcompact.catalog.database import WRITE, bound_wal, catalog_errors, catalog_url_for, engine_for, execute_many, one_of, redact_url, sqlite_path, unavailable_error
 from logcompact.catalog.identity import (
@@ -211,8 +211,9 @@ class Catalog:
         `batch` rows at a time in primary-key order; from 4, the Kafka agents' tables are created, partitions get
         their log start offset (0: retention had no record of raising it) and topics their deleted_version; from 5,
         partitions get their assigned_end (where their sections end), sections their file's level, and
-        `sections_by_partition` is built again over those above L0. No manifest version is made, the store is not
-        touched. Returns what was done; None when the catalog is at SCHEMA_VERSION already. Another version is a CatalogSchemaError, and no cluster ClusterNotFoundError.
+        `sections_by_partition` is built again over those above L0; from 6, `partition_floors` is filled. No manifest
+        version is made, the store is not touched. Returns what was done; None when the catalog is at SCHEMA_VERSION
+        already. Another version is a CatalogSchemaError, and no cluster ClusterNotFoundError.
         Writers of the older release must be stopped first: they would go on writing what readers then refuse."""
         path = sqlite_path(self.url)
         if path is not None and not path.exists():
@@ -236,7 +237,9 @@ class Catalog:
                 rewritten = self._bind_section_crcs(connection, batch) if found == 3 else 0
                 if found < 5:
                     _add_kafka_tables(connection)
-                _index_sections_above_l0(connection)
+                if found < 6:
+                    _index_sections_above_l0(connection)
+                _keep_partition_floors(connection)
                 connection.execute(update(s.catalog_info).values(schema_version=s.SCHEMA_VERSION))
         log.info("catalog %s upgraded from schema %d to %d: %d section rows rewritten", self._shown_url, found,
                  s.SCHEMA_VERSION, rewritten)
@@ -548,6 +551,7 @@ class Catalog:
                 update(s.files).where(self._one_of(files.file_id, holding), files.removed_version.is_(None), ~still_live)
                 .values(removed_version=version, removed_ms=now_ms)
             )
+            floors.clear_topic(connection, topic_id, version)
             connection.execute(delete(s.producer_batches).where(s.producer_batches.c.topic_id == topic_id))
             connection.execute(delete(s.uncleanable).where(s.uncleanable.c.topic_id == topic_id))
             connection.execute(delete(s.group_offsets).where(s.group_offsets.c.topic == name))
@@ -656,9 +660,10 @@ class Catalog:
             if now_ms - self._producers_expired_ms >= PRODUCER_EXPIRY_EVERY_MS:
                 producers.expire(connection, now_ms - producers.EXPIRATION_MS)
                 self._producers_expired_ms = now_ms
-            file_ids = self._insert_files(connection, placed_files, _PENDING_VERSION, topic_rows)
+            file_ids, adding = self._insert_files(connection, placed_files, _PENDING_VERSION, topic_rows)
             version = self._next_version(connection, "append", now_ms)
             connection.execute(update(s.files).where(self._one_of(s.files.c.file_id, file_ids)).values(added_version=version))
+            floors.settle(connection, {}, adding, version)  # files above L0 (the simulator's): their offsets are the newest
         return version, assigned
 
     # -- idempotent producers ------------------------------------------------------------------------------
@@ -729,7 +734,9 @@ class Catalog:
                             f"plan {plan_id}: its lease on {lost[0]} (and {len(lost) - 1} more) expired or was released "
                             "before the commit; its outputs may be collected, plan again"
                         )
-                keeping = self._retire_sections(connection, live.values(), kept, version) if kept else set()
+                kept_slots = {(self._topic_id(connection, topic), partition) for topic, partition in kept}
+                removing = floors.lowest_of_files(connection, list(live.values()), kept_slots)
+                keeping = self._retire_sections(connection, live.values(), kept_slots, version) if kept else set()
                 connection.execute(
                     update(s.files)
                     .where(self._one_of(s.files.c.file_id, [i for i in live.values() if i not in keeping]))
@@ -742,7 +749,8 @@ class Catalog:
                     connection.execute(delete(s.plan_seals).where(s.plan_seals.c.plan_id == plan_id))
                     connection.execute(insert(s.committed_plans).values(plan_id=plan_id, version=version, committed_ms=now_ms))
                 topic_rows = self._topic_rows(connection, {sec.topic for f in added for sec in f.sections})
-                self._insert_files(connection, added, version, topic_rows)
+                _, adding = self._insert_files(connection, added, version, topic_rows)
+                floors.settle(connection, removing, adding, version)
                 self._raise_log_starts(connection, expiring)
         except _AlreadyCommitted as done:
             return CommitResult(done.version, False)
@@ -805,11 +813,10 @@ class Catalog:
                 .values(log_start_offset=start)
             )
 
-    def _retire_sections(self, connection: Connection, file_ids: Iterable[int], kept: Collection[TopicPartition], version: int) -> set[int]:
-        """Retire the live sections of `file_ids` except those of `kept` partitions; returns the files that keep
-        a section (they stay live)."""
+    def _retire_sections(self, connection: Connection, file_ids: Iterable[int], kept_ids: Collection[tuple[int, int]], version: int) -> set[int]:
+        """Retire the live sections of `file_ids` except those of `kept_ids` partitions (topic id, partition); returns
+        the files that keep a section (they stay live)."""
         sec = s.sections.c
-        kept_ids = {(self._topic_id(connection, topic), partition) for topic, partition in kept}
         rows = connection.execute(
             select(sec.file_id, sec.topic_id, sec.partition).where(
                 self._one_of(sec.file_id, file_ids), sec.removed_version.is_(None),
@@ -1128,10 +1135,11 @@ class Catalog:
 
     def _insert_files(
         self, connection: Connection, data_files: Sequence[DataFile], version: int, topic_rows: dict[str, tuple[int, int]]
-    ) -> list[int]:
-        """Insert files and their sections, added in `version`; their file ids."""
+    ) -> tuple[list[int], dict[tuple[int, int], int]]:
+        """Insert files and their sections, added in `version`; their file ids, and per partition the lowest first
+        offset of those sections above L0 (`floors.settle` takes it)."""
         if not data_files:
-            return []
+            return [], {}
         compacted = connection.info[_COMPACTED]  # set by `_topic_rows` for these topics in this transaction
         file_rows = []
         for data_file in data_files:
@@ -1142,8 +1150,9 @@ class Catalog:
                 "record_count": data_file.record_count, "content": content, "added_version": version,
             })
         ids = connection.execute(insert(s.files).returning(s.files.c.file_id, sort_by_parameter_order=True), file_rows).scalars().all()
-        appends.insert_sections(connection, _section_rows(ids, data_files, topic_rows))
-        return list(ids)
+        rows = _section_rows(ids, data_files, topic_rows)
+        appends.insert_sections(connection, rows)
+        return list(ids), floors.lowest_of_rows(rows) if any(f.level > 0 for f in data_files) else {}
 
 
 def _live_agents(connection: Connection, now_ms: int, alive_ms: int) -> list[AgentRecord]:
@@ -1188,6 +1197,19 @@ def _index_sections_above_l0(connection: Connection) -> None:
     )
     connection.exec_driver_sql("DROP INDEX sections_by_partition")
     next(index for index in s.sections.indexes if index.name == "sections_by_partition").create(connection)
+
+
+def _keep_partition_floors(connection: Connection) -> None:
+    """Schema 6 to 7: `partition_floors`, a row for every partition, set by the newest version (older snapshots read
+    the sections)."""
+    s.partition_floors.create(connection, checkfirst=True)  # created with the Kafka tables on an upgrade from 4
+    connection.exec_driver_sql(
+        "INSERT INTO partition_floors (topic_id, partition, floor, version) SELECT p.topic_id, p.partition, "
+        "(SELECT min(sections.first_offset) FROM sections JOIN files ON files.file_id = sections.file_id "
+        "WHERE sections.topic_id = p.topic_id AND sections.partition = p.partition AND sections.level > 0 "
+        "AND sections.removed_version IS NULL AND files.removed_version IS NULL), "
+        "(SELECT version FROM catalog_info) FROM partitions AS p"
+    )
 
 
 def _unadvanced_partition(connection: Connection, slot: tuple[int, int], topic_rows: dict[str, tuple[int, int]]) -> CorruptDataError:

@@ -22,8 +22,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from operator import itemgetter
 from pathlib import Path
+from typing import Any
 
-from sqlalchemy import Column, ColumnElement, Connection, Engine, any_, bindparam, create_engine, event, func, select
+from sqlalchemy import Column, ColumnElement, Connection, Engine, Table, any_, bindparam, create_engine, event, func, select
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DatabaseError, DBAPIError, InterfaceError, OperationalError
@@ -188,6 +190,12 @@ def one_of(column: Column, values: Iterable, dialect: str) -> ColumnElement[bool
     if dialect == "postgresql":
         return column == any_(bindparam(None, values, type_=ARRAY(column.type)))
     return column.in_(select(func.json_each(json.dumps(values)).table_valued("value").c.value))
+
+
+def upsert(connection: Connection, table: Table) -> Any:
+    """An INSERT that can take ON CONFLICT DO UPDATE: both databases spell it alike, SQLAlchemy per dialect."""
+    dialect = postgresql if connection.dialect.name == "postgresql" else sqlite
+    return dialect.insert(table)
 
 
 _engines: dict[tuple[int, str], Engine] = {}

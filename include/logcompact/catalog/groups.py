@@ -15,10 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, Engine, select
-from sqlalchemy.dialects import postgresql, sqlite
 
 from logcompact.catalog import schema as s
-from logcompact.catalog.database import WRITE, catalog_errors
+from logcompact.catalog.database import WRITE, catalog_errors, upsert
 
 
 @dataclass(frozen=True)
@@ -72,7 +71,7 @@ class GroupCatalog:
         ]
         table = s.group_offsets
         with self._writing() as connection:
-            statement = _upsert(connection, table)
+            statement = upsert(connection, table)
             kept = statement.excluded
             connection.execute(statement.on_conflict_do_update(
                 index_elements=[table.c.group_id, table.c.topic, table.c.partition],
@@ -98,7 +97,7 @@ class GroupCatalog:
             "members": json.dumps([dict(member) for member in group.members]), "updated_ms": group.updated_ms,
         }
         with self._writing() as connection:
-            statement = _upsert(connection, table)
+            statement = upsert(connection, table)
             connection.execute(statement.on_conflict_do_update(
                 index_elements=[table.c.group_id],
                 set_={name: statement.excluded[name] for name in row if name != "group_id"},
@@ -113,12 +112,6 @@ class GroupCatalog:
         with self._reading() as connection:
             rows = connection.execute(select(s.consumer_groups).order_by(s.consumer_groups.c.group_id)).all()
         return [_group_of_row(row) for row in rows]
-
-
-def _upsert(connection: Connection, table: Any) -> Any:
-    """An INSERT that can take ON CONFLICT DO UPDATE: both databases spell it alike, SQLAlchemy per dialect."""
-    dialect = postgresql if connection.dialect.name == "postgresql" else sqlite
-    return dialect.insert(table)
 
 
 def _group_of_row(row: Any) -> GroupRow:

@@ -36,11 +36,12 @@ from sqlalchemy import (
 
 # Bump on any change to the tables below or to what their columns hold; a database of another version is refused
 # (CatalogSchemaError), but for UPGRADABLE_FROM, which `Catalog.upgrade_catalog` brings to this one.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 # What `Catalog.upgrade_catalog` brings to SCHEMA_VERSION, step by step. Schema 3 stored `sections.crc32` raw (the
 # format's CRC, unbound); schema 4 had no log start offsets, no deleted topics and none of the Kafka agents' tables;
-# schema 5 had no sections.level nor partitions.assigned_end, and every section in `sections_by_partition`.
-UPGRADABLE_FROM = (3, 4, 5)
+# schema 5 had no sections.level nor partitions.assigned_end, and every section in `sections_by_partition`; schema 6
+# had no partition_floors.
+UPGRADABLE_FROM = (3, 4, 5, 6)
 
 # SQLite gives auto-numbered keys only to INTEGER PRIMARY KEY (the rowid); PostgreSQL wants BIGINT.
 Identity64 = BigInteger().with_variant(Integer(), "sqlite")
@@ -165,6 +166,21 @@ ABOVE_L0 = sections.c.level > literal_column("0")
 Index(
     "sections_by_partition", sections.c.topic_id, sections.c.partition, sections.c.last_offset,
     sqlite_where=ABOVE_L0, postgresql_where=ABOVE_L0,
+)
+
+# Per partition, the lowest first offset of its live sections above L0 (NULL: it has none), and the version of the
+# commit that last set it: every commit adding or removing sections above L0 keeps it in its own transaction
+# (`floors.settle`). A plan's outside floors read it in place of every section of the plan's partitions; a snapshot
+# older than a row's version reads the sections. Rows are never deleted, so a partition without one never held a
+# section above L0.
+partition_floors = Table(
+    "partition_floors",
+    metadata,
+    Column("topic_id", Integer, primary_key=True, autoincrement=False),
+    Column("partition", Integer, primary_key=True, autoincrement=False),
+    Column("floor", BigInteger),
+    Column("version", BigInteger, nullable=False),
+    sqlite_with_rowid=False,
 )
 
 

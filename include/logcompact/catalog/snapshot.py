@@ -99,12 +99,13 @@ class Snapshot:
         ).scalars()
         return sorted(candidates - set(planned))
 
-    def file_summaries(self, level: int | None = None) -> list[FileSummary]:
-        """Every live file (of a level) without its sections, ordered by level, creation time and key."""
+    def file_summaries(self, *levels: int) -> list[FileSummary]:
+        """Every live file (of `levels`, of every level without any) without its sections, ordered by level, creation
+        time and key; not those planners leave out whole (`_held_files`)."""
         files = s.files.c
         query = select(files.key, files.level, files.size, files.created_ms, files.record_count, files.content).where(self._live())
-        if level is not None:
-            query = query.where(files.level == level)
+        if levels:
+            query = query.where(files.level.in_(sorted(levels)))
         with self._connect() as connection:
             held = self._held_files(connection)
             if held:
@@ -270,6 +271,13 @@ class Snapshot:
         (partitions with none are left out). The database takes the minimums over those partitions' sections,
         found through their index by topic and partition number (the pairs asked for are picked out here: a
         list of pairs would be compared row by row)."""
+        return self._outside_floors(input_keys, partitions, l0_only=False)
+
+    def outside_floors_in_l0(self, input_keys: Sequence[str], partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """`outside_floors` over the live L0 files only: with `floors_above_l0`, what a plan's floors are."""
+        return self._outside_floors(input_keys, partitions, l0_only=True)
+
+    def _outside_floors(self, input_keys: Sequence[str], partitions: Iterable[TopicPartition], l0_only: bool) -> dict[TopicPartition, int]:
         wanted = {(self.topic_ids[topic], partition) for topic, partition in partitions}
         if not wanted:
             return {}
@@ -286,14 +294,38 @@ class Snapshot:
             )
             .group_by(sec.topic_id, sec.partition)
         )
+        above_l0, in_l0 = s.by_partition(query, self.version)
         floors: dict[TopicPartition, int] = {}
         with self._connect() as connection:
-            for part in s.by_partition(query, self.version):
+            for part in (in_l0,) if l0_only else (above_l0, in_l0):
                 for topic_id, partition, first in connection.execute(part).all():
                     if (topic_id, partition) in wanted:
                         tp = (names[topic_id], partition)
                         floors[tp] = min(first, floors.get(tp, first))
         return floors
+
+    def floors_above_l0(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
+        """Per partition of `partitions`, the lowest first offset of its live sections above L0 (None: it has none) as
+        the catalog keeps it (`floors`), in one read of a few rows per partition. A partition whose floor a commit
+        after this snapshot's version set is left out: the caller reads its sections."""
+        wanted = {(self.topic_ids[topic], partition): (topic, partition) for topic, partition in partitions}
+        if not wanted:
+            return {}
+        floors = s.partition_floors.c
+        query = select(floors.topic_id, floors.partition, floors.floor, floors.version).where(
+            floors.topic_id.in_(sorted({topic_id for topic_id, _ in wanted}))
+        )
+        found: dict[TopicPartition, int | None] = dict.fromkeys(wanted.values())  # no row: it never held one
+        with self._connect() as connection:
+            for topic_id, partition, floor, version in connection.execute(query):
+                tp = wanted.get((topic_id, partition))
+                if tp is None:
+                    continue
+                if version > self.version:
+                    del found[tp]
+                else:
+                    found[tp] = floor
+        return found
 
     def first_uncleanable_offsets(
         self, partitions: Iterable[TopicPartition], now_ms: int, excluding: Sequence[str] = ()
@@ -325,21 +357,6 @@ class Snapshot:
                         found[(topic, partition)] = min(first, found.get((topic, partition), first))
         return found
 
-    def lowest_offsets(self, keys: Sequence[str]) -> dict[TopicPartition, int]:
-        """Per partition, the smallest first offset of a section of the live files among `keys` (the database
-        takes the minimums: one row per partition comes back)."""
-        names = {topic_id: name for name, topic_id in self.topic_ids.items()}
-        sec, files = s.sections.c, s.files.c
-        query = (
-            select(sec.topic_id, sec.partition, func.min(sec.first_offset))
-            .join(s.files, files.file_id == sec.file_id)
-            .where(self._key_in(keys), self._live_section())
-            .group_by(sec.topic_id, sec.partition)
-        )
-        with self._connect() as connection:
-            rows = connection.execute(query).all()
-        return {(names[topic_id], partition): first for topic_id, partition, first in rows}
-
     def _key_in(self, keys: Iterable[str]) -> ColumnElement[bool]:
         return one_of(s.files.c.key, keys, self.engine.dialect.name)
 
@@ -359,9 +376,13 @@ class Snapshot:
         return set(self.leases(now_ms))
 
     def level_counts(self) -> dict[int, int]:
-        """Live files per level."""
-        query = select(s.files.c.level, func.count()).where(self._live()).group_by(s.files.c.level)
+        """Live files per level, as `file_summaries` counts them (without reading them), in one grouped query."""
+        files = s.files.c
+        query = select(files.level, func.count()).where(self._live()).group_by(files.level)
         with self._connect() as connection:
+            held = self._held_files(connection)
+            if held:
+                query = query.where(~one_of(files.file_id, held, self.engine.dialect.name))
             return dict(connection.execute(query).all())
 
 

@@ -32,12 +32,10 @@ class ThresholdStatus:
 
 
 def check_thresholds(snapshot: Snapshot, now_ms: int, config: PlannerConfig = PlannerConfig()) -> ThresholdStatus:
-    """Files per level not leased to an in-flight plan, from the files' summaries (no sections read)."""
-    leased = snapshot.leased_files(now_ms)
-    counts: dict[int, int] = {}
-    for summary in snapshot.file_summaries():
-        if summary.key not in leased:
-            counts[summary.level] = counts.get(summary.level, 0) + 1
+    """Files per level not leased to an in-flight plan: the catalog's counts, less the leased files'."""
+    counts = snapshot.level_counts()
+    for summary in snapshot.file_summaries_of(sorted(snapshot.leased_files(now_ms))):
+        counts[summary.level] -= 1
     return ThresholdStatus(counts, dict(enumerate(config.min_files)))
 
 

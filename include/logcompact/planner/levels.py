@@ -41,8 +41,14 @@ def size_tiers(files: list[Sized], config: PlannerConfig) -> list[list[Sized]]:
 
 
 def plan_regular(snapshot: Snapshot, now_ms: int, config: PlannerConfig, leased: set[str]) -> list[Plan]:
-    summaries = snapshot.file_summaries()
-    top = top_level(Counter(f.level for f in summaries), config)
+    """The level merges and size tiers due. The files of a level are read only when it holds enough of them to be
+    due: most passes read the few hundred L0 files, not the 100,000 above (bench/planner.py, mode l0)."""
+    counts = snapshot.level_counts()
+    top = top_level(counts, config)
+    due = [level for level in range(top) if counts.get(level, 0) >= _min_files(level, config)]
+    if counts.get(top, 0) >= config.tier_min_files:
+        due.append(top)
+    summaries = snapshot.file_summaries(*due) if due else []
     by_level: dict[int, list[FileSummary]] = {}
     for summary in summaries:
         if summary.key not in leased:
@@ -53,14 +59,14 @@ def plan_regular(snapshot: Snapshot, now_ms: int, config: PlannerConfig, leased:
         # L0 files mix both kinds (the L0 -> L1 job separates them); above, each kind is merged apart.
         kinds = [at_level] if level == 0 else _by_content(at_level)
         for files in kinds:
-            if len(files) >= config.min_files[min(level, len(config.min_files) - 1)]:
+            if len(files) >= _min_files(level, config):
                 chosen.append(([f.key for f in files], level + 1))
     for files in _by_content(by_level.get(top, [])):
         for tier in size_tiers(files, config):
             chosen.append(([f.key for f in tier], top))
     if not chosen:
         return []
-    return make_plans(snapshot, chosen, now_ms, config, "regular", [f.key for f in summaries])
+    return make_plans(snapshot, chosen, now_ms, config, "regular")
 
 
 def plan_full_sweep(
@@ -73,18 +79,15 @@ def plan_full_sweep(
     if chosen == set(snapshot.topics):
         # The sweep's plan holds every live file: loading them all is the narrowest read there is.
         files = snapshot.files()
-        live = [f.key for f in files]
         counts = Counter(f.level for f in files)
     else:
         files = snapshot.files(topics=sorted(chosen))
-        summaries = snapshot.file_summaries()
-        live = [f.key for f in summaries]
-        counts = Counter(f.level for f in summaries)
+        counts = Counter(f.level for f in snapshot.file_summaries())
     inputs = {f.key: f for f in files if f.key not in leased}
     if not inputs:
         return None
     target = min(MAX_LEVEL, top_level(counts, config))
-    (sweep,) = make_plans(snapshot, [(list(inputs), target)], now_ms, config, "full", live, inputs)
+    (sweep,) = make_plans(snapshot, [(list(inputs), target)], now_ms, config, "full", inputs)
     return sweep
 
 
@@ -94,18 +97,17 @@ def make_plans(
     now_ms: int,
     config: PlannerConfig,
     mode: str,
-    live: Sequence[str],
     loaded: dict[str, DataFile] | None = None,
 ) -> list[Plan]:
     """One plan per (input keys, target level), split into groups, the inputs of all of them loaded in one read
-    (unless the caller has them). `live` is every live file of the snapshot: a plan's outside floors come from
-    the other plans' inputs, which are in hand, and from the files no plan takes, which are asked of the catalog."""
+    (unless the caller has them). A plan's outside floors come from the other plans' inputs, which are in hand,
+    and from the files no plan takes, which are asked of the catalog (`lowest_outside`)."""
     planned = [key for keys, _ in chosen for key in keys]
     files = loaded if loaded is not None else snapshot.get_files(planned)
     inputs = [tuple(files[key] for key in keys) for keys, _ in chosen]
     lowest, sizes = zip(*map(lowest_offsets_and_bytes, inputs))
     partitions = set().union(*lowest)
-    outside = lowest_outside(snapshot, planned, partitions, live)
+    outside = lowest_outside(snapshot, [files[key] for key in planned], partitions)
     # A plan's own inputs are never outside it; the other plans' inputs are: what their lowest offsets (floors)
     # and young sections (Kafka's first uncleanable offset) say counts for it, as the files no plan takes do.
     floors_elsewhere = _lowest_elsewhere(lowest, lowest)
@@ -185,6 +187,10 @@ def _young_sections(snapshot: Snapshot, inputs: Sequence[DataFile], now_ms: int)
                 tp = (section.topic, section.partition)
                 found[tp] = min(found.get(tp, _NO_OFFSET), section.first_offset)
     return found
+
+
+def _min_files(level: int, config: PlannerConfig) -> int:
+    return config.min_files[min(level, len(config.min_files) - 1)]
 
 
 def _by_content(files: list[FileSummary]) -> list[list[FileSummary]]:

@@ -122,5 +122,5 @@ def plan_max_lag(
         return None  # an in-flight plan holds some of these files; its commit compacts them first
     summaries = snapshot.file_summaries()
     target = max(config.dedup_from_level, top_level(Counter(f.level for f in summaries), config))
-    (found,) = make_plans(snapshot, [(sorted(inputs), target)], now_ms, config, "max-lag", [f.key for f in summaries])
+    (found,) = make_plans(snapshot, [(sorted(inputs), target)], now_ms, config, "max-lag")
     return found
