@@ -47,20 +47,24 @@ def produce_l0_files(catalog: Catalog, topic: str, files: int, records: int, key
             agent.flush()
 
 
-def assert_floors_kept(catalog: Catalog) -> None:
-    """Every partition's kept floor above L0 (`partition_floors`) is the lowest first offset of its live sections
-    above L0, read from the sections themselves; a partition without a row, or with floor NULL, holds none."""
-    from sqlalchemy import func, select
+def assert_summaries_kept(catalog: Catalog) -> None:
+    """Every partition's row of `partition_summaries` is what its live sections above L0 sum up to, read from the
+    sections themselves; a partition without a row, or with an empty one, holds none. Key sketches may hold more keys
+    than the sections (a union since the partition last had one section), never fewer."""
+    from dataclasses import replace
 
-    from logcompact.catalog import schema
+    from sqlalchemy import select
 
-    sec, files, floors = schema.sections.c, schema.files.c, schema.partition_floors.c
-    lowest = (
-        select(sec.topic_id, sec.partition, func.min(sec.first_offset)).join(schema.files, files.file_id == sec.file_id)
-        .where(sec.level > 0, sec.removed_version.is_(None), files.removed_version.is_(None))
-        .group_by(sec.topic_id, sec.partition)
-    )
+    from logcompact import sketch
+    from logcompact.catalog import schema, summaries
+
     with catalog.engine.connect() as connection:
-        held = {(topic_id, partition): first for topic_id, partition, first in connection.execute(lowest)}
-        kept = {(t, p): floor for t, p, floor in connection.execute(select(floors.topic_id, floors.partition, floors.floor))}
-    assert {slot: floor for slot, floor in kept.items() if floor is not None} == held, f"partition_floors {kept}, the sections {held}"
+        slots = [tuple(row) for row in connection.execute(select(schema.partitions.c.topic_id, schema.partitions.c.partition))]
+        kept = summaries.read(connection, slots)
+        fresh = summaries.summed_up(connection, slots)
+    assert set(kept) == set(fresh), f"partition_summaries holds {sorted(kept)}, the sections {sorted(fresh)}"
+    for slot, summary in fresh.items():
+        held = kept[slot]
+        assert replace(held, key_sketch=b"") == replace(summary, key_sketch=b""), (slot, held, summary)
+        merged = sketch.merge_packed([held.key_sketch, summary.key_sketch])
+        assert (merged == sketch.decode(held.key_sketch)).all(), f"{slot}: the kept sketch lacks keys of its sections"

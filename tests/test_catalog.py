@@ -26,7 +26,7 @@ from logcompact.format.layout import SectionInfo
 from logcompact.plan import lowest_outside
 from logcompact.store import LocalStore
 from logcompact.store.s3 import S3Store
-from tests.helpers import NOW, assert_floors_kept, create_topic
+from tests.helpers import NOW, assert_summaries_kept, create_topic
 
 HOUR = 3_600_000
 
@@ -356,26 +356,26 @@ def test_a_compaction_planned_before_a_topic_was_deleted_is_a_conflict(catalog: 
     assert [(f.key, [s.topic for s in f.sections]) for f in catalog.snapshot().files()] == [("l1", ["kept"])]
 
 
-def test_every_commit_keeps_the_floors_above_l0_and_an_older_snapshot_reads_the_sections(catalog: Catalog) -> None:
-    """`partition_floors` follows appends above L0, compactions that remove the floor or not, sections kept by a
+def test_every_commit_keeps_the_summaries_above_l0_and_an_older_snapshot_reads_the_sections(catalog: Catalog) -> None:
+    """`partition_summaries` follows appends above L0, compactions that remove the floor or not, sections kept by a
     set-aside partition and a deleted topic; a snapshot older than a floor's change leaves it out, and a plan's
     outside floors (`lowest_outside`) are the sections' at every step."""
     create_topic(catalog, "t", partitions=3)
     _append(catalog, _new_file("a", ("t", 0, 5), ("t", 1, 5)))  # L0: no floor
     assert catalog.snapshot().floors_above_l0([("t", 0), ("t", 1), ("t", 2)]) == {("t", 0): None, ("t", 1): None, ("t", 2): None}
     _append(catalog, _new_file("b", ("t", 0, 5), ("t", 2, 5), level=1))  # t/0 5-9, t/2 0-4, above L0 at once
-    assert_floors_kept(catalog)
+    assert_summaries_kept(catalog)
     older = catalog.snapshot()
     assert older.floors_above_l0([("t", 0), ("t", 2)]) == {("t", 0): 5, ("t", 2): 0}
     catalog.replace_files(["a"], [_output(catalog, "l1-a", "a")], NOW)  # lowers t/0 to 0, sets t/1
-    assert_floors_kept(catalog)
+    assert_summaries_kept(catalog)
     assert older.floors_above_l0([("t", 0), ("t", 1), ("t", 2)]) == {("t", 2): 0}  # t/0 and t/1 changed since
     assert catalog.snapshot().floors_above_l0([("t", 0), ("t", 1)]) == {("t", 0): 0, ("t", 1): 0}
     _append(catalog, _new_file("c", ("t", 0, 5), ("t", 1, 5)))
     catalog.replace_files(["l1-a"], [_output(catalog, "l2-a", "l1-a")], NOW)  # removes and rewrites the floor's holder
-    assert_floors_kept(catalog)
+    assert_summaries_kept(catalog)
     catalog.replace_files(["b"], [], NOW, kept=[("t", 2)])  # t/0's section in b goes, t/2's stays
-    assert_floors_kept(catalog)
+    assert_summaries_kept(catalog)
     assert catalog.snapshot().floors_above_l0([("t", 0), ("t", 2)]) == {("t", 0): 0, ("t", 2): 0}
     snapshot = catalog.snapshot()
     for planned in (["c"], ["l2-a"], ["l2-a", "c"], ["b"]):
@@ -383,7 +383,7 @@ def test_every_commit_keeps_the_floors_above_l0_and_an_older_snapshot_reads_the_
         partitions = {(s.topic, s.partition) for f in inputs for s in f.sections}
         assert lowest_outside(snapshot, inputs, partitions) == snapshot.outside_floors(planned, partitions), planned
     catalog.delete_topic("t", NOW)
-    assert_floors_kept(catalog)
+    assert_summaries_kept(catalog)
 
 
 def test_partitions_are_added_at_offset_zero_and_never_removed(catalog: Catalog) -> None:

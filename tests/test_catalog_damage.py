@@ -56,7 +56,7 @@ from logcompact.jobs import commit_plans, prepare_plans, release_abandoned, run_
 from logcompact.jobs.documents import abandoned_key, abandoned_plans, group_key, read_header
 from logcompact.planner import PlannerConfig
 from logcompact.store import LocalStore
-from tests.helpers import NOW, assert_floors_kept, create_topic, produce_l0_files
+from tests.helpers import NOW, assert_summaries_kept, create_topic, produce_l0_files
 from tests.support.cli_cases import Outcome, run_in_process, run_process
 from tests.support.postgres import PostgresServer
 from tests.test_cli_bad_input import CATALOG, CATALOG_COMMANDS, GOOD_LINE
@@ -520,9 +520,9 @@ def _stored_crcs(catalog: Catalog) -> dict[tuple[int, int, int], int]:
 
 
 def _as_schema_6(catalog: Catalog) -> None:
-    """The catalog as schema 6 held it: no partition_floors, schema_version 6."""
+    """The catalog as schema 6 held it: no partition_summaries, schema_version 6."""
     with catalog.engine.begin() as connection:
-        schema.partition_floors.drop(connection)
+        schema.partition_summaries.drop(connection)
         connection.execute(update(schema.catalog_info).values(schema_version=6))
 
 
@@ -655,10 +655,10 @@ def test_a_schema_5_catalog_upgrades_to_its_l0_sections_out_of_the_partition_ind
         produce_l0_files(reopened, "t", files=1, records=30, keys=10, partitions=3)
 
 
-def test_a_schema_6_catalog_upgrades_to_partition_floors_that_commits_then_keep(catalog: Catalog) -> None:
-    """On each database: a schema-6 catalog is refused until upgraded; the upgrade gives every partition its floor
-    above L0 as its live sections hold it (none for one without), set by the newest version, so an older snapshot
-    reads the sections; then compactions and appends keep the floors."""
+def test_a_schema_6_catalog_upgrades_to_partition_summaries_that_commits_then_keep(catalog: Catalog) -> None:
+    """On each database: a schema-6 catalog is refused until upgraded; the upgrade sums up every partition's live
+    sections above L0 (an empty row for one without), set by the newest version, so an older snapshot reads the
+    sections; then compactions and appends keep the rows."""
     create_topic(catalog, "t", partitions=3, cleanup_policy="compact")
     produce_l0_files(catalog, "t", files=4, records=30, keys=10, partitions=2)  # partition 2 gets no record
     older = catalog.snapshot()
@@ -670,18 +670,18 @@ def test_a_schema_6_catalog_upgrades_to_partition_floors_that_commits_then_keep(
         Catalog(catalog.store, catalog.url).snapshot()
     assert Catalog(catalog.store, catalog.url).upgrade_catalog() == CatalogUpgrade(6, 0)
     reopened = Catalog(catalog.store, catalog.url)
-    floors = schema.partition_floors.c
+    kept = schema.partition_summaries.c
     with reopened.engine.connect() as connection:
-        rows = connection.execute(select(floors.partition, floors.floor, floors.version).order_by(floors.partition)).all()
+        rows = connection.execute(select(kept.partition, kept.floor, kept.version).order_by(kept.partition)).all()
     assert rows == [(0, 0, reopened.latest_version()), (1, 0, reopened.latest_version()), (2, None, reopened.latest_version())]
-    assert_floors_kept(reopened)
+    assert_summaries_kept(reopened)
     partitions = [("t", p) for p in range(3)]
     assert reopened.snapshot().floors_above_l0(partitions) == {("t", 0): 0, ("t", 1): 0, ("t", 2): None}
     assert older.floors_above_l0(partitions) == {}  # older than every row: its sections are read
     for _ in range(2):  # L0 to L1, then L1 to L2: sections above L0 removed and added
         prepared = prepare_plans(reopened, "regular", NOW, PlannerConfig(min_files=(2, 2, 2, 2)))
         run_here(reopened, prepared.plan_ids, prepared.groups, NOW)
-        assert_floors_kept(reopened)
+        assert_summaries_kept(reopened)
     assert reopened.snapshot().level_counts() == {2: 1}
 
 

@@ -33,7 +33,7 @@ import numpy as np
 from sqlalchemy import ColumnElement, Connection, bindparam, delete, func, insert, inspect, or_, select, tuple_, union_all, update
 from sqlalchemy.exc import DatabaseError, IntegrityError
 
-from logcompact.catalog import appends, floors, producers
+from logcompact.catalog import appends, producers, summaries
 from logcompact.catalog import schema as s
 from logcompact.catalog.database import WRITE, bound_wal, catalog_errors, catalog_url_for, engine_for, execute_many, one_of, redact_url, sqlite_path, unavailable_error
 from logcompact.catalog.identity import (
@@ -211,7 +211,7 @@ class Catalog:
         `batch` rows at a time in primary-key order; from 4, the Kafka agents' tables are created, partitions get
         their log start offset (0: retention had no record of raising it) and topics their deleted_version; from 5,
         partitions get their assigned_end (where their sections end), sections their file's level, and
-        `sections_by_partition` is built again over those above L0; from 6, `partition_floors` is filled. No manifest
+        `sections_by_partition` is built again over those above L0; from 6, `partition_summaries` is filled. No manifest
         version is made, the store is not touched. Returns what was done; None when the catalog is at SCHEMA_VERSION
         already. Another version is a CatalogSchemaError, and no cluster ClusterNotFoundError.
         Writers of the older release must be stopped first: they would go on writing what readers then refuse."""
@@ -239,7 +239,7 @@ class Catalog:
                     _add_kafka_tables(connection)
                 if found < 6:
                     _index_sections_above_l0(connection)
-                _keep_partition_floors(connection)
+                _summarize_partitions(connection)
                 connection.execute(update(s.catalog_info).values(schema_version=s.SCHEMA_VERSION))
         log.info("catalog %s upgraded from schema %d to %d: %d section rows rewritten", self._shown_url, found,
                  s.SCHEMA_VERSION, rewritten)
@@ -551,7 +551,7 @@ class Catalog:
                 update(s.files).where(self._one_of(files.file_id, holding), files.removed_version.is_(None), ~still_live)
                 .values(removed_version=version, removed_ms=now_ms)
             )
-            floors.clear_topic(connection, topic_id, version)
+            summaries.clear_topic(connection, topic_id, version)
             connection.execute(delete(s.producer_batches).where(s.producer_batches.c.topic_id == topic_id))
             connection.execute(delete(s.uncleanable).where(s.uncleanable.c.topic_id == topic_id))
             connection.execute(delete(s.group_offsets).where(s.group_offsets.c.topic == name))
@@ -663,7 +663,7 @@ class Catalog:
             file_ids, adding = self._insert_files(connection, placed_files, _PENDING_VERSION, topic_rows)
             version = self._next_version(connection, "append", now_ms)
             connection.execute(update(s.files).where(self._one_of(s.files.c.file_id, file_ids)).values(added_version=version))
-            floors.settle(connection, {}, adding, version)  # files above L0 (the simulator's): their offsets are the newest
+            summaries.settle(connection, set(), adding, version)  # files above L0: the simulator's
         return version, assigned
 
     # -- idempotent producers ------------------------------------------------------------------------------
@@ -735,7 +735,7 @@ class Catalog:
                             "before the commit; its outputs may be collected, plan again"
                         )
                 kept_slots = {(self._topic_id(connection, topic), partition) for topic, partition in kept}
-                removing = floors.lowest_of_files(connection, list(live.values()), kept_slots)
+                removing = summaries.touched_by_removal(connection, list(live.values()), kept_slots)
                 keeping = self._retire_sections(connection, live.values(), kept_slots, version) if kept else set()
                 connection.execute(
                     update(s.files)
@@ -750,7 +750,7 @@ class Catalog:
                     connection.execute(insert(s.committed_plans).values(plan_id=plan_id, version=version, committed_ms=now_ms))
                 topic_rows = self._topic_rows(connection, {sec.topic for f in added for sec in f.sections})
                 _, adding = self._insert_files(connection, added, version, topic_rows)
-                floors.settle(connection, removing, adding, version)
+                summaries.settle(connection, removing, adding, version)
                 self._raise_log_starts(connection, expiring)
         except _AlreadyCommitted as done:
             return CommitResult(done.version, False)
@@ -1135,9 +1135,9 @@ class Catalog:
 
     def _insert_files(
         self, connection: Connection, data_files: Sequence[DataFile], version: int, topic_rows: dict[str, tuple[int, int]]
-    ) -> tuple[list[int], dict[tuple[int, int], int]]:
-        """Insert files and their sections, added in `version`; their file ids, and per partition the lowest first
-        offset of those sections above L0 (`floors.settle` takes it)."""
+    ) -> tuple[list[int], dict[tuple[int, int], summaries.PartitionSummary]]:
+        """Insert files and their sections, added in `version`; their file ids, and per partition the summary of
+        those sections above L0 (`summaries.settle` takes it)."""
         if not data_files:
             return [], {}
         compacted = connection.info[_COMPACTED]  # set by `_topic_rows` for these topics in this transaction
@@ -1152,7 +1152,9 @@ class Catalog:
         ids = connection.execute(insert(s.files).returning(s.files.c.file_id, sort_by_parameter_order=True), file_rows).scalars().all()
         rows = _section_rows(ids, data_files, topic_rows)
         appends.insert_sections(connection, rows)
-        return list(ids), floors.lowest_of_rows(rows) if any(f.level > 0 for f in data_files) else {}
+        if not any(data_file.level > 0 for data_file in data_files):
+            return list(ids), {}
+        return list(ids), summaries.of_rows(rows, {i: f.created_ms for i, f in zip(ids, data_files, strict=True)})
 
 
 def _live_agents(connection: Connection, now_ms: int, alive_ms: int) -> list[AgentRecord]:
@@ -1199,17 +1201,14 @@ def _index_sections_above_l0(connection: Connection) -> None:
     next(index for index in s.sections.indexes if index.name == "sections_by_partition").create(connection)
 
 
-def _keep_partition_floors(connection: Connection) -> None:
-    """Schema 6 to 7: `partition_floors`, a row for every partition, set by the newest version (older snapshots read
-    the sections)."""
-    s.partition_floors.create(connection, checkfirst=True)  # created with the Kafka tables on an upgrade from 4
-    connection.exec_driver_sql(
-        "INSERT INTO partition_floors (topic_id, partition, floor, version) SELECT p.topic_id, p.partition, "
-        "(SELECT min(sections.first_offset) FROM sections JOIN files ON files.file_id = sections.file_id "
-        "WHERE sections.topic_id = p.topic_id AND sections.partition = p.partition AND sections.level > 0 "
-        "AND sections.removed_version IS NULL AND files.removed_version IS NULL), "
-        "(SELECT version FROM catalog_info) FROM partitions AS p"
-    )
+def _summarize_partitions(connection: Connection) -> None:
+    """Schema 6 to 7: `partition_summaries`, a row for every partition from its sections, set by the newest version
+    (older snapshots read the sections)."""
+    s.partition_summaries.create(connection, checkfirst=True)  # created with the Kafka tables on an upgrade from 4
+    version = connection.execute(select(s.catalog_info.c.version)).scalar_one()
+    slots = [tuple(row) for row in connection.execute(select(s.partitions.c.topic_id, s.partitions.c.partition))]
+    found = summaries.summed_up(connection, slots)
+    summaries.write(connection, {slot: found.get(slot) for slot in slots}, version)
 
 
 def _unadvanced_partition(connection: Connection, slot: tuple[int, int], topic_rows: dict[str, tuple[int, int]]) -> CorruptDataError:

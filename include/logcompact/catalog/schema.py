@@ -40,7 +40,7 @@ SCHEMA_VERSION = 7
 # What `Catalog.upgrade_catalog` brings to SCHEMA_VERSION, step by step. Schema 3 stored `sections.crc32` raw (the
 # format's CRC, unbound); schema 4 had no log start offsets, no deleted topics and none of the Kafka agents' tables;
 # schema 5 had no sections.level nor partitions.assigned_end, and every section in `sections_by_partition`; schema 6
-# had no partition_floors.
+# had no partition_summaries.
 UPGRADABLE_FROM = (3, 4, 5, 6)
 
 # SQLite gives auto-numbered keys only to INTEGER PRIMARY KEY (the rowid); PostgreSQL wants BIGINT.
@@ -168,18 +168,28 @@ Index(
     sqlite_where=ABOVE_L0, postgresql_where=ABOVE_L0,
 )
 
-# Per partition, the lowest first offset of its live sections above L0 (NULL: it has none), and the version of the
-# commit that last set it: every commit adding or removing sections above L0 keeps it in its own transaction
-# (`floors.settle`). A plan's outside floors read it in place of every section of the plan's partitions; a snapshot
-# older than a row's version reads the sections. Rows are never deleted, so a partition without one never held a
-# section above L0.
-partition_floors = Table(
-    "partition_floors",
+# Per partition, its live sections above L0 summed up (`summaries`: count, bytes, records, the base section's facts,
+# timestamps, key sketches merged; all NULL but the counts when it has none), and the version of the commit that
+# last set it: every commit adding or removing sections above L0 keeps it in its own transaction. Planners and
+# `logcompact status` read it in place of the sections; a snapshot older than a row's version reads the sections.
+# Rows are never deleted, so a partition without one never held a section above L0.
+partition_summaries = Table(
+    "partition_summaries",
     metadata,
     Column("topic_id", Integer, primary_key=True, autoincrement=False),
     Column("partition", Integer, primary_key=True, autoincrement=False),
-    Column("floor", BigInteger),
     Column("version", BigInteger, nullable=False),
+    Column("sections", BigInteger, nullable=False),
+    Column("bytes", BigInteger, nullable=False),  # uncompressed
+    Column("records", BigInteger, nullable=False),
+    Column("floor", BigInteger),  # the base's first offset: the lowest above L0
+    Column("base_level", SmallInteger),
+    Column("base_clean", SmallInteger),  # 1: free of duplicates (its clean_below_delta covers it)
+    Column("base_bytes", BigInteger),
+    Column("base_min_timestamp", BigInteger),
+    Column("others_min_timestamp", BigInteger),  # NULL: the base is the only section
+    Column("newest_file_ms", BigInteger),
+    Column("key_sketch", LargeBinary),
     sqlite_with_rowid=False,
 )
 

@@ -22,8 +22,10 @@ from typing import NamedTuple
 from sqlalchemy import BindParameter, ColumnElement, CompoundSelect, Connection, Engine, Row, Select, and_, bindparam, func, or_, select, union_all
 
 from logcompact.catalog import schema as s
+from logcompact.catalog import summaries
 from logcompact.catalog.database import catalog_errors, one_of
 from logcompact.catalog.model import CONTENTS, CatalogSection, DataFile, FileSummary, Lease, PartitionSection, SectionFigures
+from logcompact.catalog.summaries import PartitionSummary
 from logcompact.exceptions import CorruptDataError, TopicNotFoundError
 from logcompact.format.layout import COMPRESSIONS, SectionInfo
 from logcompact.topics import Topic
@@ -305,26 +307,22 @@ class Snapshot:
         return floors
 
     def floors_above_l0(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
-        """Per partition of `partitions`, the lowest first offset of its live sections above L0 (None: it has none) as
-        the catalog keeps it (`floors`), in one read of a few rows per partition. A partition whose floor a commit
-        after this snapshot's version set is left out: the caller reads its sections."""
+        """Per partition of `partitions`, the lowest first offset of its live sections above L0 (None: it has none), as
+        the catalog keeps it (`summaries`): one read of a row per partition. A partition whose row a commit after
+        this snapshot's version set is left out: the caller reads its sections."""
+        return {tp: None if summary is None else summary.floor for tp, summary in self.summaries_above_l0(partitions).items()}
+
+    def summaries_above_l0(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, PartitionSummary | None]:
+        """Per partition of `partitions`, its live sections above L0 summed up (None: it has none), as the catalog
+        keeps them (`summaries`), leaving out the partitions whose row a commit after this snapshot's version set."""
         wanted = {(self.topic_ids[topic], partition): (topic, partition) for topic, partition in partitions}
-        if not wanted:
-            return {}
-        floors = s.partition_floors.c
-        query = select(floors.topic_id, floors.partition, floors.floor, floors.version).where(
-            floors.topic_id.in_(sorted({topic_id for topic_id, _ in wanted}))
-        )
-        found: dict[TopicPartition, int | None] = dict.fromkeys(wanted.values())  # no row: it never held one
+        found: dict[TopicPartition, PartitionSummary | None] = dict.fromkeys(wanted.values())  # no row: it never held one
         with self._connect() as connection:
-            for topic_id, partition, floor, version in connection.execute(query):
-                tp = wanted.get((topic_id, partition))
-                if tp is None:
-                    continue
+            for slot, (summary, version) in summaries.read_versioned(connection, wanted).items():
                 if version > self.version:
-                    del found[tp]
+                    del found[wanted[slot]]
                 else:
-                    found[tp] = floor
+                    found[wanted[slot]] = summary
         return found
 
     def first_uncleanable_offsets(

@@ -1,0 +1,249 @@
+"""Each partition's sections above L0 summed up in one row of `partition_summaries`, kept by every commit that adds
+or removes such sections, in its own transaction: what planners and `logcompact status` ask of a partition without
+reading its sections (docs/catalog.md, "Partition summaries").
+
+A row holds the count, bytes and records of the partition's live sections above L0; its base, the lowest of them
+(its first offset is the partition's floor above L0; its level, bytes, oldest timestamp, and whether it is free of
+duplicates); the oldest timestamp of the others; the newest creation time of their files; and their key sketches
+merged. L0 sections are not summed: an append would rewrite a row for each of its 1,000 partitions, and readers
+take the few hundred live L0 files as they are.
+
+A commit that only adds sections (an L0 to L1 copy, the most frequent) adds them to the rows. One that removes
+some (a merge above L1, retention, a deleted topic) reads the touched partitions' rows again from their sections,
+in one grouped query through `sections_by_partition`; their sketches go on as the union of the old one and the
+outputs' (a deduplication removes records, not keys), and become the one section's when one is left. Each row says
+the version that set it: a snapshot older than that reads the sections instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from sqlalchemy import ColumnElement, Connection, bindparam, case, func, select
+
+from logcompact import sketch
+from logcompact.catalog import schema as s
+from logcompact.catalog.database import execute_many, one_of, upsert
+
+# A partition, as (topic id, partition).
+Slot = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class PartitionSummary:
+    """A partition's live sections above L0, summed up (a row of `partition_summaries`)."""
+
+    sections: int
+    uncompressed_bytes: int
+    records: int
+    floor: int  # the base's first offset: the lowest above L0
+    base_level: int
+    base_clean: bool  # free of duplicates: its clean_below_delta covers it
+    base_bytes: int
+    base_min_timestamp: int
+    others_min_timestamp: int | None  # None: the base is the only one
+    newest_file_ms: int  # the newest creation time of the files holding them
+    key_sketch: bytes  # their key sketches merged (b"": none has keys)
+
+    def add(self, section: PartitionSummary) -> PartitionSummary:
+        """This summary with `section`'s (a summary of one section) added: a new base when it starts lower."""
+        lower, higher = (section, self) if section.floor < self.floor else (self, section)
+        others = [t for t in (lower.others_min_timestamp, higher.others_min_timestamp, higher.base_min_timestamp) if t is not None]
+        return replace(
+            lower,
+            sections=self.sections + section.sections,
+            uncompressed_bytes=self.uncompressed_bytes + section.uncompressed_bytes,
+            records=self.records + section.records,
+            others_min_timestamp=min(others),
+            newest_file_ms=max(self.newest_file_ms, section.newest_file_ms),
+            key_sketch=_merged(self.key_sketch, section.key_sketch),
+        )
+
+
+_COLUMNS = ("sections", "bytes", "records", "floor", "base_level", "base_clean", "base_bytes", "base_min_timestamp",
+            "others_min_timestamp", "newest_file_ms", "key_sketch")
+_SECTION_COLUMN = {column.name: n for n, column in enumerate(s.sections.columns)}
+
+
+def of_rows(rows: Iterable[tuple], created_ms: Mapping[int, int]) -> dict[Slot, PartitionSummary]:
+    """Per partition, the summary of sections rows (as `appends.insert_sections` takes them) above L0, their files
+    created at `created_ms` (by file id)."""
+    c = _SECTION_COLUMN
+    found: dict[Slot, PartitionSummary] = {}
+    for row in rows:
+        if row[c["level"]] == 0:
+            continue
+        first, last = row[c["first_offset"]], row[c["last_offset"]]
+        one = PartitionSummary(
+            1, row[c["uncompressed_bytes"]], row[c["record_count"]], first, row[c["level"]],
+            row[c["clean_below_delta"]] > last - first, row[c["uncompressed_bytes"]], row[c["min_timestamp"]], None,
+            created_ms[row[c["file_id"]]], row[c["key_sketch"]] or b"",
+        )
+        slot = (row[c["topic_id"]], row[c["partition"]])
+        found[slot] = found[slot].add(one) if slot in found else one
+    return found
+
+
+def touched_by_removal(connection: Connection, file_ids: Sequence[int], kept: Iterable[Slot] = ()) -> set[Slot]:
+    """The partitions with live sections above L0 in `file_ids`, but `kept` partitions: those whose rows a commit
+    removing them reads again, found before it does."""
+    sec = s.sections.c
+    query = (
+        select(sec.topic_id, sec.partition).distinct()
+        .where(one_of(sec.file_id, file_ids, connection.dialect.name), sec.removed_version.is_(None), s.ABOVE_L0)
+    )
+    kept = set(kept)
+    return {(topic_id, partition) for topic_id, partition in connection.execute(query) if (topic_id, partition) not in kept}
+
+
+def settle(connection: Connection, removed: set[Slot], added: Mapping[Slot, PartitionSummary], version: int) -> None:
+    """After a commit of `version` removed sections above L0 of the `removed` partitions and added `added`, set
+    their rows as their live sections now stand. The caller holds the version row, as every writer of them does."""
+    touched = sorted(removed | set(added))
+    if not touched:
+        return
+    held = read(connection, touched)
+    if removed:
+        sketches = {slot: _merged(held[slot].key_sketch if slot in held else b"", added[slot].key_sketch if slot in added else b"")
+                    for slot in removed}
+        for slot in removed:
+            held.pop(slot, None)
+        for slot, summary in _from_sections(connection, sorted(removed)).items():
+            held[slot] = summary if summary.sections == 1 else replace(summary, key_sketch=sketches[slot])
+    for slot, summary in added.items():
+        if slot not in removed:
+            held[slot] = held[slot].add(summary) if slot in held else summary
+    write(connection, {slot: held.get(slot) for slot in touched}, version)
+
+
+def write(connection: Connection, rows: Mapping[Slot, PartitionSummary | None], version: int) -> None:
+    """Set the rows of partitions to their summaries (None: no section above L0), as of `version`."""
+    statement = upsert(connection, s.partition_summaries).values(
+        topic_id=bindparam("t"), partition=bindparam("p"), version=bindparam("v"), **{name: bindparam(name) for name in _COLUMNS}
+    )
+    statement = statement.on_conflict_do_update(
+        index_elements=[s.partition_summaries.c.topic_id, s.partition_summaries.c.partition],
+        set_={name: statement.excluded[name] for name in ("version", *_COLUMNS)},
+    )
+    execute_many(connection, statement, ("t", "p", "v", *_COLUMNS), [(*slot, version, *_values(summary)) for slot, summary in rows.items()])
+
+
+def summed_up(connection: Connection, slots: Sequence[Slot]) -> dict[Slot, PartitionSummary]:
+    """The summaries of `slots` read from their live sections above L0, every key sketch merged (partitions with
+    none left out): what a row holds when built afresh."""
+    found = _from_sections(connection, slots)
+    merged = sketches_of(connection, [slot for slot, summary in found.items() if summary.sections > 1])
+    return {slot: replace(summary, key_sketch=merged[slot]) if slot in merged else summary for slot, summary in found.items()}
+
+
+def clear_topic(connection: Connection, topic_id: int, version: int) -> None:
+    """A deleted topic holds no live section: its partitions' rows are emptied, set by `version`."""
+    summaries = s.partition_summaries.c
+    connection.execute(
+        s.partition_summaries.update().where(summaries.topic_id == topic_id)
+        .values(version=version, **dict(zip(_COLUMNS, _values(None), strict=True)))
+    )
+
+
+def read(connection: Connection, slots: Sequence[Slot]) -> dict[Slot, PartitionSummary]:
+    """The rows of `slots` with sections above L0 (partitions with none are left out), as they stand now."""
+    return {slot: summary for slot, (summary, _) in read_versioned(connection, slots).items() if summary is not None}
+
+
+def read_versioned(connection: Connection, slots: Iterable[Slot]) -> dict[Slot, tuple[PartitionSummary | None, int]]:
+    """(summary or None when it has no section above L0, version that set it) of each of `slots` that has a row."""
+    wanted = set(slots)
+    if not wanted:
+        return {}
+    summaries = s.partition_summaries.c
+    query = select(summaries.topic_id, summaries.partition, summaries.version, *(summaries[name] for name in _COLUMNS)).where(
+        summaries.topic_id.in_(sorted({topic_id for topic_id, _ in wanted}))
+    )
+    found = {}
+    for row in connection.execute(query):
+        slot = (row[0], row[1])
+        if slot in wanted:
+            found[slot] = (_summary(row[3:]), row[2])
+    return found
+
+
+def _from_sections(connection: Connection, slots: Sequence[Slot]) -> dict[Slot, PartitionSummary]:
+    """The summaries of `slots` read from their live sections above L0 (partitions with none left out), their key
+    sketches merged only where one section is left: per topic, one grouped query over its partitions' sections
+    ranked by first offset (the first is the base)."""
+    sec, files = s.sections.c, s.files.c
+    found = {}
+    for topic_id, partitions in _by_topic(slots):
+        ranked = (
+            select(
+                sec.partition, sec.first_offset, sec.level, sec.uncompressed_bytes, sec.record_count, sec.min_timestamp,
+                case((sec.clean_below_delta > sec.last_offset - sec.first_offset, 1), else_=0).label("clean"), files.created_ms,
+                func.row_number().over(partition_by=sec.partition, order_by=sec.first_offset).label("rank"),
+            )
+            .join(s.files, files.file_id == sec.file_id)
+            .where(sec.topic_id == topic_id, sec.partition.in_(partitions), s.ABOVE_L0, sec.removed_version.is_(None),
+                   files.removed_version.is_(None))
+            .subquery()
+        )
+        r = ranked.c
+        base = r.rank == 1
+        query = select(
+            r.partition, func.count(), func.sum(r.uncompressed_bytes), func.sum(r.record_count), func.min(r.first_offset),
+            _of_base(base, r.level), _of_base(base, r.clean), _of_base(base, r.uncompressed_bytes), _of_base(base, r.min_timestamp),
+            func.min(case((r.rank > 1, r.min_timestamp))), func.max(r.created_ms),
+        ).group_by(r.partition)
+        for partition, count, size, records, floor, level, clean, base_bytes, base_min, others_min, newest in connection.execute(query):
+            found[(topic_id, partition)] = PartitionSummary(
+                count, int(size), int(records), floor, level, bool(clean), base_bytes, base_min, others_min, newest, b""
+            )
+    single = sketches_of(connection, [slot for slot, summary in found.items() if summary.sections == 1])
+    return {slot: replace(summary, key_sketch=single[slot]) if slot in single else summary for slot, summary in found.items()}
+
+
+def sketches_of(connection: Connection, slots: Sequence[Slot]) -> dict[Slot, bytes]:
+    """The key sketches of the live sections above L0 of each of `slots`, merged."""
+    sec, files = s.sections.c, s.files.c
+    packed: dict[Slot, list[bytes]] = {}
+    for topic_id, partitions in _by_topic(slots):
+        query = (
+            select(sec.partition, sec.key_sketch).join(s.files, files.file_id == sec.file_id)
+            .where(sec.topic_id == topic_id, sec.partition.in_(partitions), s.ABOVE_L0, sec.removed_version.is_(None),
+                   files.removed_version.is_(None), sec.key_sketch.is_not(None))
+        )
+        for partition, one in connection.execute(query):
+            packed.setdefault((topic_id, partition), []).append(one)
+    return {slot: sketch.encode(sketch.merge_packed(many)) if len(many) > 1 else many[0] for slot, many in packed.items()}
+
+
+def _by_topic(slots: Iterable[Slot]) -> list[tuple[int, list[int]]]:
+    by_topic: dict[int, set[int]] = {}
+    for topic_id, partition in slots:
+        by_topic.setdefault(topic_id, set()).add(partition)
+    return [(topic_id, sorted(partitions)) for topic_id, partitions in sorted(by_topic.items())]
+
+
+def _of_base(base: ColumnElement[bool], column: ColumnElement) -> ColumnElement:
+    """`column` of the base row of a partition's ranked sections, taken by an aggregate."""
+    return func.max(case((base, column)))
+
+
+def _summary(values: Sequence) -> PartitionSummary | None:
+    if not values[0]:
+        return None
+    (sections, size, records, floor, level, clean, base_bytes, base_min, others_min, newest, packed) = values
+    return PartitionSummary(sections, size, records, floor, level, bool(clean), base_bytes, base_min, others_min, newest, packed or b"")
+
+
+def _values(summary: PartitionSummary | None) -> tuple:
+    if summary is None:
+        return (0, 0, 0, None, None, None, None, None, None, None, None)
+    return (summary.sections, summary.uncompressed_bytes, summary.records, summary.floor, summary.base_level, int(summary.base_clean),
+            summary.base_bytes, summary.base_min_timestamp, summary.others_min_timestamp, summary.newest_file_ms,
+            summary.key_sketch or None)
+
+
+def _merged(one: bytes, other: bytes) -> bytes:
+    if not one or not other:
+        return one or other
+    return sketch.encode(sketch.merge_packed([one, other]))
