@@ -243,7 +243,7 @@ def test_file_reads_ask_for_what_they_need(catalog: Catalog) -> None:
     assert facts == {("data/l1/state", "state", 0, 0, 2)}
 
 
-def test_outside_floors(catalog: Catalog) -> None:
+def test_outside_floors_and_lowest_offsets(catalog: Catalog) -> None:
     create_topic(catalog, "t", partitions=3)
     _append(catalog, _new_file("a", ("t", 0, 5), ("t", 1, 5)))  # t/0 0-4, t/1 0-4
     _append(catalog, _new_file("b", ("t", 0, 5), ("t", 2, 5)))  # t/0 5-9, t/2 0-4
@@ -257,9 +257,11 @@ def test_outside_floors(catalog: Catalog) -> None:
     _append(catalog, _new_file("d", ("u", 0, 2), ("u", 1, 2)))
     snapshot = catalog.snapshot()  # only the pairs asked for, not every topic with every partition number
     assert snapshot.outside_floors(["a"], [("t", 1), ("u", 0)]) == {("t", 1): 5, ("u", 0): 0}
+    assert snapshot.lowest_offsets(["b", "c", "gone"]) == {("t", 0): 5, ("t", 1): 5, ("t", 2): 0}
     # More keys than either database takes parameters in one statement: a key list is one parameter.
     many = [f"data/l0/absent-{n:06d}.seg" for n in range(70_000)]
     assert snapshot.outside_floors(["a", "c", *many], partitions) == {("t", 0): 5, ("t", 2): 0}
+    assert snapshot.lowest_offsets([*many, "b"]) == {("t", 0): 5, ("t", 2): 0}
     assert set(snapshot.get_files([*many, "a"])) == {"a"}
 
 

@@ -359,13 +359,28 @@ def lowest_outside(snapshot: Snapshot, inputs: Sequence[DataFile], partitions: s
     kept = snapshot.floors_above_l0(partitions)
     read = {tp for tp in partitions if tp not in kept or _held_floor(held.get(tp), kept[tp])}
     keys = [data_file.key for data_file in inputs]
-    found = snapshot.outside_floors(keys, read) if read else {}
+    found = _read_outside(snapshot, keys, read) if read else {}
     found.update(snapshot.outside_floors_in_l0(keys, partitions - read))
     for tp in partitions - read:
         floor = kept[tp]
         if floor is not None:
             found[tp] = min(floor, found.get(tp, floor))
     return found
+
+
+def _read_outside(snapshot: Snapshot, keys: Sequence[str], partitions: set[TopicPartition]) -> dict[TopicPartition, int]:
+    """`lowest_outside` read from the sections: those of the files outside `keys`, or those of the partitions,
+    whichever costs less. A partition's sections are found through an index, about four times the cost of a file's
+    (measured on SQLite; PostgreSQL is cheaper either way), so a plan of nearly every file reads by file."""
+    live = sum(snapshot.level_counts().values())
+    outside = live - len(keys)
+    if outside <= 0:
+        return {}
+    if 4 * live * len(partitions) < outside * sum(topic.partitions for topic in snapshot.topics.values()):
+        return snapshot.outside_floors(keys, partitions)
+    taken = set(keys)
+    unplanned = [f.key for f in snapshot.file_summaries() if f.key not in taken]
+    return {tp: offset for tp, offset in snapshot.lowest_offsets(unplanned).items() if tp in partitions}
 
 
 def _held_floor(inputs_lowest: int | None, floor: int | None) -> bool:

@@ -112,6 +112,23 @@ class PartitionSection:
     min_timestamp: int
 
 
+@dataclass(frozen=True)
+class PartitionSummary:
+    """A partition's live sections above L0, summed up: a row of `partition_summaries` (`catalog.summaries`)."""
+
+    sections: int
+    uncompressed_bytes: int
+    records: int
+    floor: int  # the base's first offset: the lowest above L0
+    base_level: int
+    base_clean: bool  # free of duplicates: its clean_below_delta covers it
+    base_bytes: int
+    base_min_timestamp: int
+    others_min_timestamp: int | None  # None: the base is the only one
+    newest_file_ms: int  # the newest creation time of the files holding them
+    key_sketch: bytes  # their key sketches merged (b"": none has keys)
+
+
 class SectionFigures(NamedTuple):
     """A live section as `logcompact status` weighs it: the max-lag pass's facts, and its size, keys and age."""
 

@@ -24,8 +24,16 @@ from sqlalchemy import BindParameter, ColumnElement, CompoundSelect, Connection,
 from logcompact.catalog import schema as s
 from logcompact.catalog import summaries
 from logcompact.catalog.database import catalog_errors, one_of
-from logcompact.catalog.model import CONTENTS, CatalogSection, DataFile, FileSummary, Lease, PartitionSection, SectionFigures
-from logcompact.catalog.summaries import PartitionSummary
+from logcompact.catalog.model import (
+    CONTENTS,
+    CatalogSection,
+    DataFile,
+    FileSummary,
+    Lease,
+    PartitionSection,
+    PartitionSummary,
+    SectionFigures,
+)
 from logcompact.exceptions import CorruptDataError, TopicNotFoundError
 from logcompact.format.layout import COMPRESSIONS, SectionInfo
 from logcompact.topics import Topic
@@ -232,8 +240,9 @@ class Snapshot:
         with self._connect() as connection:
             return list(connection.execute(_pages_query(len(pages)), parameters))
 
-    def partition_sections(self, topics: Iterable[str]) -> list[PartitionSection]:
-        """The max-lag pass's few facts of every live section of `topics`."""
+    def partition_sections(self, topics: Iterable[str], l0: bool = True, above_l0: bool = True) -> list[PartitionSection]:
+        """The max-lag pass's few facts of every live section of `topics` (those in L0, those above, or both), but the
+        set-aside partitions'."""
         ids = {self.topic_ids[name]: name for name in topics}
         sec, files = s.sections.c, s.files.c
         query = (
@@ -242,12 +251,32 @@ class Snapshot:
             .join(s.files, files.file_id == sec.file_id)
             .where(sec.topic_id.in_(list(ids)), self._planned_section())
         )
+        upper, lower = s.by_partition(query, self.version)
         with self._connect() as connection:
             return [
                 PartitionSection(key, level, ids[topic_id], partition, first, last - first, clean, min_ts)
-                for part in s.by_partition(query, self.version)
+                for part, wanted in ((upper, above_l0), (lower, l0)) if wanted
                 for key, level, topic_id, partition, first, last, clean, min_ts in connection.execute(part).all()
             ]
+
+    def files_holding(self, partitions: Iterable[TopicPartition]) -> set[str]:
+        """The keys of the live files holding a section of any of `partitions` (set-aside ones left out): above L0
+        through the partition index, and the live L0 files."""
+        wanted = {(self.topic_ids[topic], partition) for topic, partition in partitions}
+        if not wanted:
+            return set()
+        sec, files = s.sections.c, s.files.c
+        query = (
+            select(files.key, sec.topic_id, sec.partition)
+            .join(s.files, files.file_id == sec.file_id)
+            .where(sec.topic_id.in_(sorted({t for t, _ in wanted})), sec.partition.in_(sorted({p for _, p in wanted})),
+                   self._planned_section())
+        )
+        with self._connect() as connection:
+            return {
+                key for part in s.by_partition(query, self.version)
+                for key, topic_id, partition in connection.execute(part) if (topic_id, partition) in wanted
+            }
 
     def section_figures(self, topics: Iterable[str]) -> list[SectionFigures]:
         """Every live section of `topics` (set-aside partitions included), in one query, for `logcompact status`.
@@ -354,6 +383,21 @@ class Snapshot:
                     for partition, first in connection.execute(part).all():
                         found[(topic, partition)] = min(first, found.get((topic, partition), first))
         return found
+
+    def lowest_offsets(self, keys: Sequence[str]) -> dict[TopicPartition, int]:
+        """Per partition, the smallest first offset of a section of the live files among `keys` (the database
+        takes the minimums: one row per partition comes back)."""
+        names = {topic_id: name for name, topic_id in self.topic_ids.items()}
+        sec, files = s.sections.c, s.files.c
+        query = (
+            select(sec.topic_id, sec.partition, func.min(sec.first_offset))
+            .join(s.files, files.file_id == sec.file_id)
+            .where(self._key_in(keys), self._live_section())
+            .group_by(sec.topic_id, sec.partition)
+        )
+        with self._connect() as connection:
+            rows = connection.execute(query).all()
+        return {(names[topic_id], partition): first for topic_id, partition, first in rows}
 
     def _key_in(self, keys: Iterable[str]) -> ColumnElement[bool]:
         return one_of(s.files.c.key, keys, self.engine.dialect.name)

@@ -18,47 +18,32 @@ the version that set it: a snapshot older than that reads the sections instead.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from sqlalchemy import ColumnElement, Connection, bindparam, case, func, select
 
 from logcompact import sketch
 from logcompact.catalog import schema as s
 from logcompact.catalog.database import execute_many, one_of, upsert
+from logcompact.catalog.model import PartitionSummary
 
 # A partition, as (topic id, partition).
 Slot = tuple[int, int]
 
 
-@dataclass(frozen=True)
-class PartitionSummary:
-    """A partition's live sections above L0, summed up (a row of `partition_summaries`)."""
-
-    sections: int
-    uncompressed_bytes: int
-    records: int
-    floor: int  # the base's first offset: the lowest above L0
-    base_level: int
-    base_clean: bool  # free of duplicates: its clean_below_delta covers it
-    base_bytes: int
-    base_min_timestamp: int
-    others_min_timestamp: int | None  # None: the base is the only one
-    newest_file_ms: int  # the newest creation time of the files holding them
-    key_sketch: bytes  # their key sketches merged (b"": none has keys)
-
-    def add(self, section: PartitionSummary) -> PartitionSummary:
-        """This summary with `section`'s (a summary of one section) added: a new base when it starts lower."""
-        lower, higher = (section, self) if section.floor < self.floor else (self, section)
-        others = [t for t in (lower.others_min_timestamp, higher.others_min_timestamp, higher.base_min_timestamp) if t is not None]
-        return replace(
-            lower,
-            sections=self.sections + section.sections,
-            uncompressed_bytes=self.uncompressed_bytes + section.uncompressed_bytes,
-            records=self.records + section.records,
-            others_min_timestamp=min(others),
-            newest_file_ms=max(self.newest_file_ms, section.newest_file_ms),
-            key_sketch=_merged(self.key_sketch, section.key_sketch),
-        )
+def _add(summary: PartitionSummary, section: PartitionSummary) -> PartitionSummary:
+    """`summary` with `section`'s (a summary of one section) added: a new base when it starts lower."""
+    lower, higher = (section, summary) if section.floor < summary.floor else (summary, section)
+    others = [t for t in (lower.others_min_timestamp, higher.others_min_timestamp, higher.base_min_timestamp) if t is not None]
+    return replace(
+        lower,
+        sections=summary.sections + section.sections,
+        uncompressed_bytes=summary.uncompressed_bytes + section.uncompressed_bytes,
+        records=summary.records + section.records,
+        others_min_timestamp=min(others),
+        newest_file_ms=max(summary.newest_file_ms, section.newest_file_ms),
+        key_sketch=_merged(summary.key_sketch, section.key_sketch),
+    )
 
 
 _COLUMNS = ("sections", "bytes", "records", "floor", "base_level", "base_clean", "base_bytes", "base_min_timestamp",
@@ -81,7 +66,7 @@ def of_rows(rows: Iterable[tuple], created_ms: Mapping[int, int]) -> dict[Slot, 
             created_ms[row[c["file_id"]]], row[c["key_sketch"]] or b"",
         )
         slot = (row[c["topic_id"]], row[c["partition"]])
-        found[slot] = found[slot].add(one) if slot in found else one
+        found[slot] = _add(found[slot], one) if slot in found else one
     return found
 
 
@@ -113,7 +98,7 @@ def settle(connection: Connection, removed: set[Slot], added: Mapping[Slot, Part
             held[slot] = summary if summary.sections == 1 else replace(summary, key_sketch=sketches[slot])
     for slot, summary in added.items():
         if slot not in removed:
-            held[slot] = held[slot].add(summary) if slot in held else summary
+            held[slot] = _add(held[slot], summary) if slot in held else summary
     write(connection, {slot: held.get(slot) for slot in touched}, version)
 
 

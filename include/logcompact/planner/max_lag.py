@@ -13,11 +13,10 @@ dirty within one interval is compacted together, so files are not rewritten over
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from logcompact.catalog import PartitionSection, Snapshot
+from logcompact.catalog import PartitionSection, PartitionSummary, Snapshot
 from logcompact.plan import Plan
 from logcompact.planner.config import PlannerConfig
 from logcompact.planner.levels import make_plans, top_level
@@ -30,10 +29,14 @@ class PartitionState:
     base_clean: bool = False
     base_min_ts: int = 0
     others_min_ts: int | None = None  # the oldest record outside the base section
-    files: list[str] = field(default_factory=list)
+
+    @classmethod
+    def above_l0(cls, summary: PartitionSummary, dedup_from_level: int) -> PartitionState:
+        """The state of a partition's sections above L0, from the catalog's summary of them."""
+        clean = summary.base_level >= dedup_from_level and summary.base_clean
+        return cls(summary.floor, clean, summary.base_min_timestamp, summary.others_min_timestamp)
 
     def add(self, section: PartitionSection, dedup_from_level: int) -> None:
-        self.files.append(section.key)
         if section.first_offset < self.base_offset:
             if self.base_offset != 1 << 62:
                 self._other(self.base_min_ts)
@@ -56,6 +59,26 @@ class PartitionState:
 def partition_states(sections: Iterable[PartitionSection], config: PlannerConfig) -> dict[tuple[str, int], PartitionState]:
     """One pass over the sections: per partition, its base section and oldest other record."""
     states: dict[tuple[str, int], PartitionState] = {}
+    return _added(states, sections, config)
+
+
+def kept_partition_states(snapshot: Snapshot, topics: list[str], config: PlannerConfig) -> dict[tuple[str, int], PartitionState]:
+    """`partition_states` of the partitions of `topics` but those set aside, from the catalog's summaries of their
+    sections above L0 and their live L0 sections: no section above L0 is read, but those of a partition whose
+    summary is newer than the snapshot."""
+    partitions = [(name, p) for name in topics for p in range(snapshot.topics[name].partitions) if (name, p) not in snapshot.set_aside]
+    kept = snapshot.summaries_above_l0(partitions)
+    states = {tp: PartitionState.above_l0(summary, config.dedup_from_level) for tp, summary in kept.items() if summary is not None}
+    stale = set(partitions) - set(kept)
+    if stale:
+        above = snapshot.partition_sections(sorted({name for name, _ in stale}), l0=False)
+        _added(states, (section for section in above if (section.topic, section.partition) in stale), config)
+    return _added(states, snapshot.partition_sections(topics, above_l0=False), config)
+
+
+def _added(
+    states: dict[tuple[str, int], PartitionState], sections: Iterable[PartitionSection], config: PlannerConfig
+) -> dict[tuple[str, int], PartitionState]:
     for section in sections:
         state = states.get((section.topic, section.partition))
         if state is None:
@@ -88,17 +111,16 @@ class DirtyPartition:
     topic: str
     partition: int
     dirty_since: int  # when its oldest record not yet deduplicated against older data became (or becomes) dirty
-    files: list[str]
 
 
 def dirty_partitions(snapshot: Snapshot, chosen: list[str], config: PlannerConfig) -> list[DirtyPartition]:
-    """The partitions of `chosen` topics holding data not deduplicated against their older data: one pass over
-    their sections."""
+    """The partitions of `chosen` topics holding data not deduplicated against their older data: from the
+    catalog's summaries and the live L0 sections (`kept_partition_states`)."""
     dirty = []
-    for (topic, partition), state in partition_states(snapshot.partition_sections(chosen), config).items():
+    for (topic, partition), state in kept_partition_states(snapshot, chosen, config).items():
         since = state.dirty_since(effective_max_lag(snapshot, topic))
         if since is not None:
-            dirty.append(DirtyPartition(topic, partition, since, state.files))
+            dirty.append(DirtyPartition(topic, partition, since))
     return dirty
 
 
@@ -115,12 +137,12 @@ def plan_max_lag(
     if not chosen:
         return None
     horizon = due_by(now_ms, config)
-    inputs = {key for dirty in dirty_partitions(snapshot, chosen, config) if dirty.dirty_since <= horizon for key in dirty.files}
+    due = [(dirty.topic, dirty.partition) for dirty in dirty_partitions(snapshot, chosen, config) if dirty.dirty_since <= horizon]
+    inputs = snapshot.files_holding(due) if due else set()
     if not inputs:
         return None
     if not inputs.isdisjoint(leased):
         return None  # an in-flight plan holds some of these files; its commit compacts them first
-    summaries = snapshot.file_summaries()
-    target = max(config.dedup_from_level, top_level(Counter(f.level for f in summaries), config))
+    target = max(config.dedup_from_level, top_level(snapshot.level_counts(), config))
     (found,) = make_plans(snapshot, [(sorted(inputs), target)], now_ms, config, "max-lag")
     return found
