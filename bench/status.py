@@ -9,7 +9,8 @@ this benchmark a --store of its own: the planner benchmark's has no sketches) or
 the database --database names. Then times, as medians of the wall clock and the process's CPU time:
 
 - `cluster_status`, catalog reads included (what `logcompact status --json` and the metrics DAG run);
-- its catalog query alone (`Snapshot.section_figures` over the compacted topics, the collector paused as there);
+- its catalog reads alone: the partitions' summaries above L0 (`Snapshot.summaries_above_l0`) and the live L0
+  sections (`Snapshot.section_figures`), what it reads in place of every live section;
 - its readable table (`ClusterStatus.describe`).
 """
 
@@ -22,7 +23,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from planner import NOW, catalog_arguments, open_catalog, seconds
 
-from logcompact.collector import collector_paused
 from logcompact.status import cluster_status
 
 
@@ -36,9 +36,10 @@ def main() -> None:
               f"{args.runs} runs, medians")
         snapshot = catalog.snapshot()
         topics = sorted(snapshot.topics)
+        partitions = [(name, p) for name in topics for p in range(snapshot.topics[name].partitions)]
         print(f"  cluster_status        {seconds(args.runs, lambda: cluster_status(catalog, NOW))}")
-        with collector_paused():  # as cluster_status reads it
-            print(f"  section_figures query {seconds(args.runs, lambda: snapshot.section_figures(topics))}")
+        print(f"  summaries above L0    {seconds(args.runs, lambda: snapshot.summaries_above_l0(partitions))}")
+        print(f"  L0 sections           {seconds(args.runs, lambda: snapshot.section_figures(topics, above_l0=False))}")
         print(f"  describe (the table)  {seconds(args.runs, status.describe)}")
         catalog.engine.dispose()
 

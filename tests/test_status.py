@@ -7,8 +7,11 @@ import os
 import subprocess
 import sys
 
-from logcompact.catalog import Catalog, SetAside
+from sqlalchemy import update
+
+from logcompact.catalog import Catalog, SetAside, schema
 from logcompact.jobs import run_and_commit
+from logcompact.planner import PlannerConfig, choose_plans
 from logcompact.status import cluster_status, job_gauges
 from logcompact.store import LocalStore
 from tests.helpers import NOW, create_topic, full_sweep, produce_l0_files
@@ -54,6 +57,29 @@ def test_status_before_and_after_a_sweep(catalog: Catalog) -> None:
     gauges = job_gauges([result])
     assert gauges["cleaner-recopy-percent"] == round(100 * result["bytes_out"] / result["bytes_in"], 1) < 100
     assert gauges["max-buffer-utilization-percent"] == result["buffer_utilization_percent"] and gauges["max-clean-time-secs"] == result["max_job_seconds"]
+
+
+def test_status_from_the_summaries_is_status_from_every_section(catalog: Catalog) -> None:
+    """At each stage of a cluster (L0 only, L1 copies beside new L0 files, a deduplicated L2 base with dirty data
+    above it), the figures read from the catalog's summaries are those read from every section (each summary
+    marked newer than the snapshot, so status reads the sections instead)."""
+    _cluster(catalog)
+    config = PlannerConfig(min_files=(2, 2, 2, 2))
+    for stage in range(4):
+        now = NOW + (stage + 3) * HOUR_MS
+        if stage:
+            for plan in choose_plans(catalog.planning_snapshot(now), now, "regular", config):
+                run_and_commit(catalog, plan, now)
+            produce_l0_files(catalog, "orders", files=2, records=RECORDS, keys=KEYS, partitions=PARTITIONS, now=now)
+        from_summaries = cluster_status(catalog, now + 60_000)
+        with catalog.engine.begin() as connection:
+            connection.execute(update(schema.partition_summaries).values(version=schema.partition_summaries.c.version + 1_000_000))
+        from_sections = cluster_status(catalog, now + 60_000)
+        with catalog.engine.begin() as connection:
+            connection.execute(update(schema.partition_summaries).values(version=schema.partition_summaries.c.version - 1_000_000))
+        assert from_summaries == from_sections, stage
+    assert {lv.level for lv in from_summaries.levels} >= {0, 2}
+    assert any(0 < p.dirty_percent < 100 for p in from_summaries.partitions)
 
 
 def test_the_cleaners_maxima_leave_out_uncleanable_partitions_as_kafkas_do(catalog: Catalog) -> None:

@@ -1,8 +1,9 @@
 """`logcompact status`: the cleaner's figures, as Kafka's log cleaner reports them (docs/metrics.md).
 
-Per partition of each compacted topic, from one query over its live sections (`Snapshot.section_figures`):
-the dirty ratio (Kafka's cleanable ratio: bytes not yet deduplicated against all older data of the partition
-over all its bytes), how far the oldest dirty record is past `max.compaction.lag.ms`, the time since a
+Per partition of each compacted topic, from the catalog's summary of its sections above L0 and its live L0
+sections (`Snapshot.summaries_above_l0`, `Snapshot.section_figures`), not from every section: the dirty ratio
+(Kafka's cleanable ratio: bytes not yet deduplicated against all older data of the partition over all its
+bytes), how far the oldest dirty record is past `max.compaction.lag.ms`, the time since a
 compaction last wrote it, the duplicates its key sketches estimate, and whether it is set aside as uncleanable.
 Per level: files and bytes. And the cluster's gauges under Kafka's MBean names. A partition is clean where the
 max-lag planner finds it clean (`planner.max_lag.PartitionState`): its base section deduplicated at a
@@ -16,11 +17,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from logcompact import sketch
-from logcompact.catalog import Catalog, SectionFigures
-from logcompact.collector import collector_paused
+from logcompact.catalog import Catalog, PartitionSummary, SectionFigures
 from logcompact.planner import PlannerConfig
-from logcompact.planner.max_lag import effective_max_lag, partition_states
-from logcompact.topics import LONG_MAX
+from logcompact.planner.max_lag import PartitionState
+from logcompact.topics import LONG_MAX, MIN_MAX_COMPACTION_LAG_MS, Topic
 
 
 @dataclass
@@ -87,44 +87,33 @@ class ClusterStatus:
         return lines
 
 
-@collector_paused()  # it builds a few small acyclic objects per live section
 def cluster_status(catalog: Catalog, now_ms: int, config: PlannerConfig | None = None) -> ClusterStatus:
     """The cleaner's figures for every compacted topic, as the catalog holds them at `now_ms`."""
     config = config or PlannerConfig()
     snapshot = catalog.snapshot()
     status = ClusterStatus(now_ms)
-    per_level: dict[int, LevelStatus] = {}
-    last_compaction_ms = None
-    for summary in snapshot.file_summaries():
-        level = per_level.setdefault(summary.level, LevelStatus(summary.level, 0, 0))
-        level.files += 1
-        level.bytes += summary.size
-        if summary.level > 0:  # only compactions write above L0
-            last_compaction_ms = max(last_compaction_ms or 0, summary.created_ms)
-    status.levels = [per_level[level] for level in sorted(per_level)]
+    levels = snapshot.level_figures()
+    status.levels = [LevelStatus(level, files, size) for level, (files, size, _) in sorted(levels.items())]
+    compactions = [newest for level, (_, _, newest) in levels.items() if level > 0]  # only compactions write above L0
+    last_compaction_ms = max(compactions, default=None)
 
     marks = catalog.uncleanable()
     set_aside = {(m.topic, m.partition) for m in marks}
     compacted = sorted(name for name, topic in snapshot.topics.items() if topic.config.compacted)
-    figures = snapshot.section_figures(compacted)
+    kept = snapshot.summaries_above_l0([(name, p) for name in compacted for p in range(snapshot.topics[name].partitions)])
+    stale = {tp for name in compacted for tp in ((name, p) for p in range(snapshot.topics[name].partitions)) if tp not in kept}
+    figures = snapshot.section_figures(compacted, above_l0=False)
+    if stale:  # summed up by a commit after the snapshot: read from their sections
+        above = snapshot.section_figures(sorted({name for name, _ in stale}), l0=False)
+        figures += [row for row in above if (row.section.topic, row.section.partition) in stale]
     by_partition: dict[tuple[str, int], list[SectionFigures]] = {}
     for row in figures:
         by_partition.setdefault((row.section.topic, row.section.partition), []).append(row)
-    states = partition_states((row.section for row in figures), config)
-    for (topic, partition), rows in sorted(by_partition.items()):
-        state = states[(topic, partition)]
-        total = sum(r.uncompressed_bytes for r in rows)
-        clean = sum(r.uncompressed_bytes for r in rows if r.section.first_offset == state.base_offset) if state.base_clean else 0
-        lag = snapshot.topics[topic].config.max_compaction_lag_ms
-        since = state.dirty_since(effective_max_lag(snapshot, topic))
-        compacted_ms = [r.created_ms for r in rows if r.section.level > 0]
-        status.partitions.append(PartitionStatus(
-            topic, partition, total, total - clean, _percent(total - clean, total),
-            None if lag == LONG_MAX or since is None else max(0.0, (now_ms - since) / 1000),
-            (now_ms - max(compacted_ms)) / 1000 if compacted_ms else None,
-            # A clean partition holds no duplicates: its sketch's error (about 9%) would make some up.
-            sketch.estimated_duplicates(sum(r.record_count for r in rows), [r.key_sketch or b"" for r in rows]) if clean < total else 0,
-            len(rows), (topic, partition) in set_aside,
+    held = {tp for tp, summary in kept.items() if summary is not None}
+    for topic, partition in sorted(held | set(by_partition)):
+        status.partitions.append(_partition_status(
+            snapshot.topics[topic], partition, kept.get((topic, partition)), by_partition.get((topic, partition), []),
+            (topic, partition) in set_aside, now_ms, config,
         ))
 
     # As Kafka's cleaner manager, the maxima leave out uncleanable partitions: they have gauges of their own.
@@ -139,6 +128,33 @@ def cluster_status(catalog: Catalog, now_ms: int, config: PlannerConfig | None =
         "uncleanable-bytes": sum(m.bytes for m in marks),
     }
     return status
+
+
+def _partition_status(
+    topic: Topic, partition: int, summary: PartitionSummary | None, rows: list[SectionFigures], uncleanable: bool, now_ms: int,
+    config: PlannerConfig,
+) -> PartitionStatus:
+    """A partition's figures from the catalog's summary of its sections above L0 and its other sections' rows."""
+    state = PartitionState.above_l0(summary, config.dedup_from_level) if summary is not None else PartitionState()
+    for row in rows:
+        state.add(row.section, config.dedup_from_level)
+    total = sum(r.uncompressed_bytes for r in rows) + (summary.uncompressed_bytes if summary is not None else 0)
+    clean = 0
+    if state.base_clean:
+        base = [r.uncompressed_bytes for r in rows if r.section.first_offset == state.base_offset]
+        clean = sum(base) if base or summary is None else summary.base_bytes
+    records = sum(r.record_count for r in rows) + (summary.records if summary is not None else 0)
+    sketches = [r.key_sketch or b"" for r in rows] + ([summary.key_sketch] if summary is not None else [])
+    compacted_ms = [r.created_ms for r in rows if r.section.level > 0] + ([summary.newest_file_ms] if summary is not None else [])
+    since = state.dirty_since(max(topic.config.max_compaction_lag_ms, MIN_MAX_COMPACTION_LAG_MS))
+    return PartitionStatus(
+        topic.name, partition, total, total - clean, _percent(total - clean, total),
+        None if topic.config.max_compaction_lag_ms == LONG_MAX or since is None else max(0.0, (now_ms - since) / 1000),
+        (now_ms - max(compacted_ms)) / 1000 if compacted_ms else None,
+        # A clean partition holds no duplicates: its sketch's error (about 9%) would make some up.
+        sketch.estimated_duplicates(records, sketches) if clean < total else 0,
+        len(rows) + (summary.sections if summary is not None else 0), uncleanable,
+    )
 
 
 def job_gauges(plan_stats: list[dict]) -> dict[str, float]:

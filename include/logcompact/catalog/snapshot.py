@@ -278,24 +278,30 @@ class Snapshot:
                 for key, topic_id, partition in connection.execute(part) if (topic_id, partition) in wanted
             }
 
-    def section_figures(self, topics: Iterable[str]) -> list[SectionFigures]:
-        """Every live section of `topics` (set-aside partitions included), in one query, for `logcompact status`.
-        Every live section is read and the topics are picked out here: asked for by topic, SQLite reads them
-        through the partition index in random order, three times slower than in file order (bench/status.py)."""
+    def section_figures(self, topics: Iterable[str], l0: bool = True, above_l0: bool = True) -> list[SectionFigures]:
+        """Every live section of `topics` in L0, above, or both (set-aside partitions included), for `logcompact status`."""
         ids = {self.topic_ids[name]: name for name in topics}
         sec, files = s.sections.c, s.files.c
         query = (
             select(files.key, files.level, sec.topic_id, sec.partition, sec.first_offset, sec.last_offset, sec.clean_below_delta,
                    sec.min_timestamp, sec.record_count, sec.uncompressed_bytes, sec.key_sketch, files.created_ms)
             .join(s.files, files.file_id == sec.file_id)
-            .where(self._live_section())
+            .where(sec.topic_id.in_(sorted(ids)), self._live_section())
         )
+        upper, lower = s.by_partition(query, self.version)
         with self._connect() as connection:
             return [
                 SectionFigures(PartitionSection(key, level, ids[topic_id], partition, first, last - first, clean, min_ts), records, size, keys, created)
-                for key, level, topic_id, partition, first, last, clean, min_ts, records, size, keys, created in connection.execute(query).all()
-                if topic_id in ids
+                for part, wanted in ((upper, above_l0), (lower, l0)) if wanted
+                for key, level, topic_id, partition, first, last, clean, min_ts, records, size, keys, created in connection.execute(part).all()
             ]
+
+    def level_figures(self) -> dict[int, tuple[int, int, int]]:
+        """Per level: its live files, their bytes in the store and the newest one's creation time, in one grouped query."""
+        files = s.files.c
+        query = select(files.level, func.count(), func.sum(files.size), func.max(files.created_ms)).where(self._live()).group_by(files.level)
+        with self._connect() as connection:
+            return {level: (count, int(size), newest) for level, count, size, newest in connection.execute(query)}
 
     def outside_floors(self, input_keys: Sequence[str], partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         """For each of `partitions`, the smallest first offset of a live section in a file outside `input_keys`
