@@ -136,7 +136,7 @@ class Harness:
 
     def check(self, everything: bool = False) -> None:
         """Consume against the model: the partitions the last step touched, or `everything`; and the catalog's
-        kept floors against its sections."""
+        partition summaries against its sections."""
         assert_summaries_kept(self.catalog)
         snapshot = self.catalog.snapshot()
         for name, topic in self.topics.items():

@@ -356,13 +356,13 @@ def lowest_outside(snapshot: Snapshot, inputs: Sequence[DataFile], partitions: s
             for section in data_file.sections:
                 tp = (section.topic, section.partition)
                 held[tp] = min(section.first_offset, held.get(tp, _NO_OFFSET))
-    kept = snapshot.floors_above_l0(partitions)
-    read = {tp for tp in partitions if tp not in kept or _held_floor(held.get(tp), kept[tp])}
+    floors = snapshot.floors_above_l0(partitions)
+    read = {tp for tp in partitions if tp not in floors or _held_floor(held.get(tp), floors[tp])}
     keys = [data_file.key for data_file in inputs]
     found = _read_outside(snapshot, keys, read) if read else {}
     found.update(snapshot.outside_floors_in_l0(keys, partitions - read))
     for tp in partitions - read:
-        floor = kept[tp]
+        floor = floors[tp]
         if floor is not None:
             found[tp] = min(floor, found.get(tp, floor))
     return found

@@ -17,10 +17,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from logcompact import sketch
-from logcompact.catalog import Catalog, PartitionSummary, SectionFigures
+from logcompact.catalog import Catalog, PartitionSummary, SectionFigures, Snapshot
 from logcompact.planner import PlannerConfig
-from logcompact.planner.max_lag import PartitionState
-from logcompact.topics import LONG_MAX, MIN_MAX_COMPACTION_LAG_MS, Topic
+from logcompact.planner.max_lag import PartitionState, effective_max_lag
+from logcompact.topics import LONG_MAX
 
 
 @dataclass
@@ -100,8 +100,9 @@ def cluster_status(catalog: Catalog, now_ms: int, config: PlannerConfig | None =
     marks = catalog.uncleanable()
     set_aside = {(m.topic, m.partition) for m in marks}
     compacted = sorted(name for name, topic in snapshot.topics.items() if topic.config.compacted)
-    kept = snapshot.summaries_above_l0([(name, p) for name in compacted for p in range(snapshot.topics[name].partitions)])
-    stale = {tp for name in compacted for tp in ((name, p) for p in range(snapshot.topics[name].partitions)) if tp not in kept}
+    partitions = [(name, p) for name in compacted for p in range(snapshot.topics[name].partitions)]
+    summaries = snapshot.summaries_above_l0(partitions)
+    stale = {tp for tp in partitions if tp not in summaries}
     figures = snapshot.section_figures(compacted, above_l0=False)
     if stale:  # summed up by a commit after the snapshot: read from their sections
         above = snapshot.section_figures(sorted({name for name, _ in stale}), l0=False)
@@ -109,10 +110,10 @@ def cluster_status(catalog: Catalog, now_ms: int, config: PlannerConfig | None =
     by_partition: dict[tuple[str, int], list[SectionFigures]] = {}
     for row in figures:
         by_partition.setdefault((row.section.topic, row.section.partition), []).append(row)
-    held = {tp for tp, summary in kept.items() if summary is not None}
-    for topic, partition in sorted(held | set(by_partition)):
+    summarized = {tp for tp, summary in summaries.items() if summary is not None}
+    for topic, partition in sorted(summarized | set(by_partition)):
         status.partitions.append(_partition_status(
-            snapshot.topics[topic], partition, kept.get((topic, partition)), by_partition.get((topic, partition), []),
+            snapshot, topic, partition, summaries.get((topic, partition)), by_partition.get((topic, partition), []),
             (topic, partition) in set_aside, now_ms, config,
         ))
 
@@ -131,7 +132,7 @@ def cluster_status(catalog: Catalog, now_ms: int, config: PlannerConfig | None =
 
 
 def _partition_status(
-    topic: Topic, partition: int, summary: PartitionSummary | None, rows: list[SectionFigures], uncleanable: bool, now_ms: int,
+    snapshot: Snapshot, name: str, partition: int, summary: PartitionSummary | None, rows: list[SectionFigures], uncleanable: bool, now_ms: int,
     config: PlannerConfig,
 ) -> PartitionStatus:
     """A partition's figures from the catalog's summary of its sections above L0 and its other sections' rows."""
@@ -146,9 +147,10 @@ def _partition_status(
     records = sum(r.record_count for r in rows) + (summary.records if summary is not None else 0)
     sketches = [r.key_sketch or b"" for r in rows] + ([summary.key_sketch] if summary is not None else [])
     compacted_ms = [r.created_ms for r in rows if r.section.level > 0] + ([summary.newest_file_ms] if summary is not None else [])
-    since = state.dirty_since(max(topic.config.max_compaction_lag_ms, MIN_MAX_COMPACTION_LAG_MS))
+    topic = snapshot.topics[name]
+    since = state.dirty_since(effective_max_lag(snapshot, name))
     return PartitionStatus(
-        topic.name, partition, total, total - clean, _percent(total - clean, total),
+        name, partition, total, total - clean, _percent(total - clean, total),
         None if topic.config.max_compaction_lag_ms == LONG_MAX or since is None else max(0.0, (now_ms - since) / 1000),
         (now_ms - max(compacted_ms)) / 1000 if compacted_ms else None,
         # A clean partition holds no duplicates: its sketch's error (about 9%) would make some up.

@@ -55,6 +55,7 @@ class Snapshot:
         self.topic_ids = topic_ids
         # Partitions held back as uncleanable: what planners read leaves their sections out (consumers see them).
         self.set_aside = set_aside
+        self._held: list[int] | None = None  # `_held_files`, once read
 
     def __repr__(self) -> str:
         return f"Snapshot(cluster {self.cluster_id}, version {self.version})"
@@ -93,9 +94,15 @@ class Snapshot:
         return and_(self._live_section(), ~or_(*held))
 
     def _held_files(self, connection: Connection) -> list[int]:
-        """Live files whose every live section is of a set-aside partition: planners leave them out whole."""
+        """Live files whose every live section is of a set-aside partition: planners leave them out whole. Read once
+        per snapshot (a scan of the live sections; the version and the partitions set aside are fixed)."""
         if not self.set_aside:
             return []
+        if self._held is None:
+            self._held = self._read_held_files(connection)
+        return self._held
+
+    def _read_held_files(self, connection: Connection) -> list[int]:
         sections = s.sections.c
         holding = select(sections.file_id).join(s.files, s.files.c.file_id == sections.file_id).where(self._live_section()).where(
             ~self._planned_section()
@@ -423,10 +430,13 @@ class Snapshot:
     def leased_files(self, now_ms: int) -> set[str]:
         return set(self.leases(now_ms))
 
-    def level_counts(self) -> dict[int, int]:
-        """Live files per level, as `file_summaries` counts them (without reading them), in one grouped query."""
+    def level_counts(self, excluding: Sequence[str] = ()) -> dict[int, int]:
+        """Live files per level but `excluding` keys, as `file_summaries` counts them (without reading them), in one
+        grouped query."""
         files = s.files.c
         query = select(files.level, func.count()).where(self._live()).group_by(files.level)
+        if excluding:
+            query = query.where(~self._key_in(excluding))
         with self._connect() as connection:
             held = self._held_files(connection)
             if held:

@@ -9,10 +9,9 @@ merged. L0 sections are not summed: an append would rewrite a row for each of it
 take the few hundred live L0 files as they are.
 
 A commit that only adds sections (an L0 to L1 copy, the most frequent) adds them to the rows. One that removes
-some (a merge above L1, retention, a deleted topic) reads the touched partitions' rows again from their sections,
-in one grouped query through `sections_by_partition`; their sketches go on as the union of the old one and the
-outputs' (a deduplication removes records, not keys), and become the one section's when one is left. Each row says
-the version that set it: a snapshot older than that reads the sections instead.
+some (a merge above L1, a sweep, retention) reads the touched partitions' rows again from their live sections, in
+one grouped query per topic through `sections_by_partition`, and their key sketches; a deleted topic's rows are
+emptied. Each row says the version that set it: a snapshot older than that reads the sections instead.
 """
 
 from __future__ import annotations
@@ -32,7 +31,8 @@ Slot = tuple[int, int]
 
 
 def _add(summary: PartitionSummary, section: PartitionSummary) -> PartitionSummary:
-    """`summary` with `section`'s (a summary of one section) added: a new base when it starts lower."""
+    """`summary` with `section`'s (the summary of sections starting above `summary`'s base, or of one section)
+    added: a new base when it starts lower."""
     lower, higher = (section, summary) if section.floor < summary.floor else (summary, section)
     others = [t for t in (lower.others_min_timestamp, higher.others_min_timestamp, higher.base_min_timestamp) if t is not None]
     return replace(
@@ -88,14 +88,8 @@ def settle(connection: Connection, removed: set[Slot], added: Mapping[Slot, Part
     touched = sorted(removed | set(added))
     if not touched:
         return
-    held = read(connection, touched)
-    if removed:
-        sketches = {slot: _merged(held[slot].key_sketch if slot in held else b"", added[slot].key_sketch if slot in added else b"")
-                    for slot in removed}
-        for slot in removed:
-            held.pop(slot, None)
-        for slot, summary in _from_sections(connection, sorted(removed)).items():
-            held[slot] = summary if summary.sections == 1 else replace(summary, key_sketch=sketches[slot])
+    held = {slot: summary for slot, summary in read(connection, touched).items() if slot not in removed}
+    held.update(summed_up(connection, sorted(removed)))  # the outputs, inserted before, with them
     for slot, summary in added.items():
         if slot not in removed:
             held[slot] = _add(held[slot], summary) if slot in held else summary
@@ -116,9 +110,9 @@ def write(connection: Connection, rows: Mapping[Slot, PartitionSummary | None], 
 
 def summed_up(connection: Connection, slots: Sequence[Slot]) -> dict[Slot, PartitionSummary]:
     """The summaries of `slots` read from their live sections above L0, every key sketch merged (partitions with
-    none left out): what a row holds when built afresh."""
+    none left out)."""
     found = _from_sections(connection, slots)
-    merged = sketches_of(connection, [slot for slot, summary in found.items() if summary.sections > 1])
+    merged = sketches_of(connection, list(found))
     return {slot: replace(summary, key_sketch=merged[slot]) if slot in merged else summary for slot, summary in found.items()}
 
 
@@ -154,9 +148,8 @@ def read_versioned(connection: Connection, slots: Iterable[Slot]) -> dict[Slot, 
 
 
 def _from_sections(connection: Connection, slots: Sequence[Slot]) -> dict[Slot, PartitionSummary]:
-    """The summaries of `slots` read from their live sections above L0 (partitions with none left out), their key
-    sketches merged only where one section is left: per topic, one grouped query over its partitions' sections
-    ranked by first offset (the first is the base)."""
+    """The summaries of `slots` read from their live sections above L0 (partitions with none left out), key sketches
+    aside: per topic, one grouped query over its partitions' sections ranked by first offset (the first is the base)."""
     sec, files = s.sections.c, s.files.c
     found = {}
     for topic_id, partitions in _by_topic(slots):
@@ -182,8 +175,7 @@ def _from_sections(connection: Connection, slots: Sequence[Slot]) -> dict[Slot, 
             found[(topic_id, partition)] = PartitionSummary(
                 count, int(size), int(records), floor, level, bool(clean), base_bytes, base_min, others_min, newest, b""
             )
-    single = sketches_of(connection, [slot for slot, summary in found.items() if summary.sections == 1])
-    return {slot: replace(summary, key_sketch=single[slot]) if slot in single else summary for slot, summary in found.items()}
+    return found
 
 
 def sketches_of(connection: Connection, slots: Sequence[Slot]) -> dict[Slot, bytes]:

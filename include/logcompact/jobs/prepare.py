@@ -32,10 +32,8 @@ class ThresholdStatus:
 
 
 def check_thresholds(snapshot: Snapshot, now_ms: int, config: PlannerConfig = PlannerConfig()) -> ThresholdStatus:
-    """Files per level not leased to an in-flight plan: the catalog's counts, less the leased files'."""
-    counts = snapshot.level_counts()
-    for summary in snapshot.file_summaries_of(sorted(snapshot.leased_files(now_ms))):
-        counts[summary.level] -= 1
+    """Files per level not leased to an in-flight plan, counted by the catalog (no file read)."""
+    counts = snapshot.level_counts(excluding=sorted(snapshot.leased_files(now_ms)))
     return ThresholdStatus(counts, dict(enumerate(config.min_files)))
 
 

@@ -79,10 +79,10 @@ def plan_full_sweep(
     if chosen == set(snapshot.topics):
         # The sweep's plan holds every live file: loading them all is the narrowest read there is.
         files = snapshot.files()
-        counts = Counter(f.level for f in files)
+        counts = dict(Counter(f.level for f in files))
     else:
         files = snapshot.files(topics=sorted(chosen))
-        counts = Counter(f.level for f in snapshot.file_summaries())
+        counts = snapshot.level_counts()
     inputs = {f.key: f for f in files if f.key not in leased}
     if not inputs:
         return None

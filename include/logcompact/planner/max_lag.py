@@ -62,14 +62,14 @@ def partition_states(sections: Iterable[PartitionSection], config: PlannerConfig
     return _added(states, sections, config)
 
 
-def kept_partition_states(snapshot: Snapshot, topics: list[str], config: PlannerConfig) -> dict[tuple[str, int], PartitionState]:
+def summarized_partition_states(snapshot: Snapshot, topics: list[str], config: PlannerConfig) -> dict[tuple[str, int], PartitionState]:
     """`partition_states` of the partitions of `topics` but those set aside, from the catalog's summaries of their
     sections above L0 and their live L0 sections: no section above L0 is read, but those of a partition whose
     summary is newer than the snapshot."""
     partitions = [(name, p) for name in topics for p in range(snapshot.topics[name].partitions) if (name, p) not in snapshot.set_aside]
-    kept = snapshot.summaries_above_l0(partitions)
-    states = {tp: PartitionState.above_l0(summary, config.dedup_from_level) for tp, summary in kept.items() if summary is not None}
-    stale = set(partitions) - set(kept)
+    summaries = snapshot.summaries_above_l0(partitions)
+    states = {tp: PartitionState.above_l0(summary, config.dedup_from_level) for tp, summary in summaries.items() if summary is not None}
+    stale = set(partitions) - set(summaries)
     if stale:
         above = snapshot.partition_sections(sorted({name for name, _ in stale}), l0=False)
         _added(states, (section for section in above if (section.topic, section.partition) in stale), config)
@@ -115,9 +115,9 @@ class DirtyPartition:
 
 def dirty_partitions(snapshot: Snapshot, chosen: list[str], config: PlannerConfig) -> list[DirtyPartition]:
     """The partitions of `chosen` topics holding data not deduplicated against their older data: from the
-    catalog's summaries and the live L0 sections (`kept_partition_states`)."""
+    catalog's summaries and the live L0 sections (`summarized_partition_states`)."""
     dirty = []
-    for (topic, partition), state in kept_partition_states(snapshot, chosen, config).items():
+    for (topic, partition), state in summarized_partition_states(snapshot, chosen, config).items():
         since = state.dirty_since(effective_max_lag(snapshot, topic))
         if since is not None:
             dirty.append(DirtyPartition(topic, partition, since))
