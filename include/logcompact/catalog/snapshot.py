@@ -282,7 +282,7 @@ class Snapshot:
         with self._connect() as connection:
             return {
                 key for part in s.by_partition(query, self.version)
-                for key, topic_id, partition in connection.execute(part) if (topic_id, partition) in wanted
+                for key, topic_id, partition in connection.execute(part).all() if (topic_id, partition) in wanted
             }
 
     def section_figures(self, topics: Iterable[str], l0: bool = True, above_l0: bool = True) -> list[SectionFigures]:
