@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
-from sqlalchemy import ColumnElement, Connection, bindparam, case, func, select
+from sqlalchemy import ColumnElement, Connection, Select, bindparam, case, func, select
 
 from logcompact import sketch
 from logcompact.catalog import schema as s
@@ -151,28 +151,10 @@ def read_versioned(connection: Connection, slots: Iterable[Slot]) -> dict[Slot, 
 def _from_sections(connection: Connection, slots: Sequence[Slot]) -> dict[Slot, PartitionSummary]:
     """The summaries of `slots` read from their live sections above L0 (partitions with none left out), key sketches
     aside: per topic, one grouped query over its partitions' sections ranked by first offset (the first is the base)."""
-    sec, files = s.sections.c, s.files.c
     found = {}
     for topic_id, partitions in _by_topic(slots):
-        ranked = (
-            select(
-                sec.partition, sec.first_offset, sec.level, sec.uncompressed_bytes, sec.record_count, sec.min_timestamp,
-                case((sec.clean_below_delta > sec.last_offset - sec.first_offset, 1), else_=0).label("clean"), files.created_ms,
-                func.row_number().over(partition_by=sec.partition, order_by=sec.first_offset).label("rank"),
-            )
-            .join(s.files, files.file_id == sec.file_id)
-            .where(sec.topic_id == topic_id, sec.partition.in_(partitions), s.ABOVE_L0, sec.removed_version.is_(None),
-                   files.removed_version.is_(None))
-            .subquery()
-        )
-        r = ranked.c
-        base = r.rank == 1
-        query = select(
-            r.partition, func.count(), func.sum(r.uncompressed_bytes), func.sum(r.record_count), func.min(r.first_offset),
-            _of_base(base, r.level), _of_base(base, r.clean), _of_base(base, r.uncompressed_bytes), _of_base(base, r.min_timestamp),
-            func.min(case((r.rank > 1, r.min_timestamp))), func.max(r.created_ms),
-        ).group_by(r.partition)
-        for partition, count, size, records, floor, level, clean, base_bytes, base_min, others_min, newest in connection.execute(query):
+        rows = connection.execute(_SUMMED_UP, {"topic_id": topic_id, "partitions": partitions})
+        for partition, count, size, records, floor, level, clean, base_bytes, base_min, others_min, newest in rows:
             found[(topic_id, partition)] = PartitionSummary(
                 count, int(size), int(records), floor, level, bool(clean), base_bytes, base_min, others_min, newest, b""
             )
@@ -181,17 +163,38 @@ def _from_sections(connection: Connection, slots: Sequence[Slot]) -> dict[Slot, 
 
 def sketches_of(connection: Connection, slots: Sequence[Slot]) -> dict[Slot, bytes]:
     """The key sketches of the live sections above L0 of each of `slots`, merged."""
-    sec, files = s.sections.c, s.files.c
     packed: dict[Slot, list[bytes]] = {}
     for topic_id, partitions in _by_topic(slots):
-        query = (
-            select(sec.partition, sec.key_sketch).join(s.files, files.file_id == sec.file_id)
-            .where(sec.topic_id == topic_id, sec.partition.in_(partitions), s.ABOVE_L0, sec.removed_version.is_(None),
-                   files.removed_version.is_(None), sec.key_sketch.is_not(None))
-        )
-        for partition, one in connection.execute(query):
+        for partition, one in connection.execute(_SKETCHES, {"topic_id": topic_id, "partitions": partitions}):
             packed.setdefault((topic_id, partition), []).append(one)
     return {slot: sketch.encode(sketch.merge_packed(many)) if len(many) > 1 else many[0] for slot, many in packed.items()}
+
+
+def _partitions_sections(*columns: ColumnElement) -> Select:
+    """`columns` of the live sections above L0 of a topic's partitions (`topic_id`, `partitions` bound), through
+    `sections_by_partition`. Built once: a commit runs it per topic, and building it cost more than running it."""
+    sec, files = s.sections.c, s.files.c
+    return (
+        select(*columns).join(s.files, files.file_id == sec.file_id)
+        .where(sec.topic_id == bindparam("topic_id"), sec.partition.in_(bindparam("partitions", expanding=True)), s.ABOVE_L0,
+               sec.removed_version.is_(None), files.removed_version.is_(None))
+    )
+
+
+def _summed_up_query() -> Select:
+    sec, files = s.sections.c, s.files.c
+    ranked = _partitions_sections(
+        sec.partition, sec.first_offset, sec.level, sec.uncompressed_bytes, sec.record_count, sec.min_timestamp,
+        case((sec.clean_below_delta > sec.last_offset - sec.first_offset, 1), else_=0).label("clean"), files.created_ms,
+        func.row_number().over(partition_by=sec.partition, order_by=sec.first_offset).label("rank"),
+    ).subquery()
+    r = ranked.c
+    base = r.rank == 1
+    return select(
+        r.partition, func.count(), func.sum(r.uncompressed_bytes), func.sum(r.record_count), func.min(r.first_offset),
+        _of_base(base, r.level), _of_base(base, r.clean), _of_base(base, r.uncompressed_bytes), _of_base(base, r.min_timestamp),
+        func.min(case((r.rank > 1, r.min_timestamp))), func.max(r.created_ms),
+    ).group_by(r.partition)
 
 
 def _by_topic(slots: Iterable[Slot]) -> list[tuple[int, list[int]]]:
@@ -225,3 +228,7 @@ def _merged(one: bytes, other: bytes) -> bytes:
     if not one or not other:
         return one or other
     return sketch.encode(sketch.merge_packed([one, other]))
+
+
+_SUMMED_UP = _summed_up_query()
+_SKETCHES = _partitions_sections(s.sections.c.partition, s.sections.c.key_sketch).where(s.sections.c.key_sketch.is_not(None))
