@@ -239,7 +239,8 @@ def test_file_reads_ask_for_what_they_need(catalog: Catalog) -> None:
     assert [f.key for f in snapshot.files(topics=["events"])] == ["events-only", "data/l1/state"]
     assert set(snapshot.get_files(["events-only", "mixed", "unknown"])) == {"events-only"}  # live ones only
     assert snapshot.level_counts() == {0: 1, 1: 1}
-    facts = {(p.key, p.topic, p.partition, p.first_offset, p.last_delta) for p in snapshot.partition_sections(["state"])}
+    facts = {(p.key, p.topic, p.partition, p.first_offset, p.last_delta) for p in snapshot.partition_sections(["state"], in_l0=False)}
+    assert snapshot.partition_sections(["state"], in_l0=True) == []
     assert facts == {("data/l1/state", "state", 0, 0, 2)}
 
 

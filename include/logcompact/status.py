@@ -103,9 +103,9 @@ def cluster_status(catalog: Catalog, now_ms: int, config: PlannerConfig | None =
     partitions = [(name, p) for name in compacted for p in range(snapshot.topics[name].partitions)]
     summaries = snapshot.summaries_above_l0(partitions)
     stale = {tp for tp in partitions if tp not in summaries}
-    figures = snapshot.section_figures(compacted, above_l0=False)
+    figures = snapshot.section_figures(compacted, in_l0=True)
     if stale:  # summed up by a commit after the snapshot: read from their sections
-        above = snapshot.section_figures(sorted({name for name, _ in stale}), l0=False)
+        above = snapshot.section_figures(sorted({name for name, _ in stale}), in_l0=False)
         figures += [row for row in above if (row.section.topic, row.section.partition) in stale]
     by_partition: dict[tuple[str, int], list[SectionFigures]] = {}
     for row in figures:

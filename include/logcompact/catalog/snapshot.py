@@ -247,8 +247,8 @@ class Snapshot:
         with self._connect() as connection:
             return list(connection.execute(_pages_query(len(pages)), parameters))
 
-    def partition_sections(self, topics: Iterable[str], l0: bool = True, above_l0: bool = True) -> list[PartitionSection]:
-        """The max-lag pass's few facts of every live section of `topics` (those in L0, those above, or both), but the
+    def partition_sections(self, topics: Iterable[str], in_l0: bool) -> list[PartitionSection]:
+        """The max-lag pass's few facts of every live section of `topics` in L0 (`in_l0`) or above it, but the
         set-aside partitions'."""
         ids = {self.topic_ids[name]: name for name in topics}
         sec, files = s.sections.c, s.files.c
@@ -262,8 +262,7 @@ class Snapshot:
         with self._connect() as connection:
             return [
                 PartitionSection(key, level, ids[topic_id], partition, first, last - first, clean, min_ts)
-                for part, wanted in ((upper, above_l0), (lower, l0)) if wanted
-                for key, level, topic_id, partition, first, last, clean, min_ts in connection.execute(part).all()
+                for key, level, topic_id, partition, first, last, clean, min_ts in connection.execute(lower if in_l0 else upper).all()
             ]
 
     def files_holding(self, partitions: Iterable[TopicPartition]) -> set[str]:
@@ -285,8 +284,9 @@ class Snapshot:
                 for key, topic_id, partition in connection.execute(part).all() if (topic_id, partition) in wanted
             }
 
-    def section_figures(self, topics: Iterable[str], l0: bool = True, above_l0: bool = True) -> list[SectionFigures]:
-        """Every live section of `topics` in L0, above, or both (set-aside partitions included), for `logcompact status`."""
+    def section_figures(self, topics: Iterable[str], in_l0: bool) -> list[SectionFigures]:
+        """Every live section of `topics` in L0 (`in_l0`) or above it (set-aside partitions included), for `logcompact
+        status`."""
         ids = {self.topic_ids[name]: name for name in topics}
         sec, files = s.sections.c, s.files.c
         query = (
@@ -299,8 +299,8 @@ class Snapshot:
         with self._connect() as connection:
             return [
                 SectionFigures(PartitionSection(key, level, ids[topic_id], partition, first, last - first, clean, min_ts), records, size, keys, created)
-                for part, wanted in ((upper, above_l0), (lower, l0)) if wanted
-                for key, level, topic_id, partition, first, last, clean, min_ts, records, size, keys, created in connection.execute(part).all()
+                for key, level, topic_id, partition, first, last, clean, min_ts, records, size, keys, created
+                in connection.execute(lower if in_l0 else upper).all()
             ]
 
     def level_figures(self) -> dict[int, tuple[int, int, int]]:

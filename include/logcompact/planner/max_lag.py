@@ -56,24 +56,18 @@ class PartitionState:
         return None if oldest_dirty is None else oldest_dirty + lag
 
 
-def partition_states(sections: Iterable[PartitionSection], config: PlannerConfig) -> dict[tuple[str, int], PartitionState]:
-    """One pass over the sections: per partition, its base section and oldest other record."""
-    states: dict[tuple[str, int], PartitionState] = {}
-    return _added(states, sections, config)
-
-
 def summarized_partition_states(snapshot: Snapshot, topics: list[str], config: PlannerConfig) -> dict[tuple[str, int], PartitionState]:
-    """`partition_states` of the partitions of `topics` but those set aside, from the catalog's summaries of their
-    sections above L0 and their live L0 sections: no section above L0 is read, but those of a partition whose
-    summary is newer than the snapshot."""
+    """Per partition of `topics` holding live data but those set aside, its base section and oldest other record,
+    from the catalog's summaries of its sections above L0 and its live L0 sections: no section above L0 is read, but
+    those of a partition whose summary is newer than the snapshot."""
     partitions = [(name, p) for name in topics for p in range(snapshot.topics[name].partitions) if (name, p) not in snapshot.set_aside]
     summaries = snapshot.summaries_above_l0(partitions)
     states = {tp: PartitionState.above_l0(summary, config.dedup_from_level) for tp, summary in summaries.items() if summary is not None}
     stale = set(partitions) - set(summaries)
     if stale:
-        above = snapshot.partition_sections(sorted({name for name, _ in stale}), l0=False)
+        above = snapshot.partition_sections(sorted({name for name, _ in stale}), in_l0=False)
         _added(states, (section for section in above if (section.topic, section.partition) in stale), config)
-    return _added(states, snapshot.partition_sections(topics, above_l0=False), config)
+    return _added(states, snapshot.partition_sections(topics, in_l0=True), config)
 
 
 def _added(
@@ -93,8 +87,7 @@ def effective_max_lag(snapshot: Snapshot, topic: str) -> int:
 
 def dirty_since(snapshot: Snapshot, topic: str, partition: int, config: PlannerConfig) -> int | None:
     """When the partition's oldest record not yet deduplicated against older data became (or becomes) dirty."""
-    sections = (s for s in snapshot.partition_sections([snapshot.topic(topic).name]) if s.partition == partition)
-    state = partition_states(sections, config).get((topic, partition))
+    state = summarized_partition_states(snapshot, [snapshot.topic(topic).name], config).get((topic, partition))
     return None if state is None else state.dirty_since(effective_max_lag(snapshot, topic))
 
 
