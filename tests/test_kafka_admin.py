@@ -121,10 +121,12 @@ def test_confluent_describes_alters_and_grows_topics(agent: RunningAgent, catalo
     assert described["cleanup.policy"].value == "compact" and described["cleanup.policy"].source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
     assert described["retention.ms"].value == "604800000" and described["retention.ms"].source == ConfigSource.DEFAULT_CONFIG.value
     assert described["max.message.bytes"].value == str(MAX_MESSAGE_BYTES)  # the agent's, for a topic that sets none
+    assert (described["min.cleanable.dirty.ratio"].value, described["min.cleanable.dirty.ratio"].source) == ("0.5", ConfigSource.DEFAULT_CONFIG.value)
     broker = ConfigResource(ConfigResource.Type.BROKER, "0")
     settings = admin.describe_configs([broker], request_timeout=10)[broker].result(timeout=10)
     assert settings["message.max.bytes"].value == str(MAX_MESSAGE_BYTES) and settings["message.max.bytes"].is_read_only
     assert settings["auto.create.topics.enable"].value == "true"
+    assert settings["log.cleaner.min.cleanable.ratio"].value == "0.5"
 
     incremental = ConfigResource(ConfigResource.Type.TOPIC, "orders", incremental_configs=[
         ConfigEntry("retention.ms", "3600000", incremental_operation=AlterConfigOpType.SET),

@@ -42,6 +42,10 @@ def test_cleanup_policies(policy: str, normalized: str) -> None:
         ({"delete.retention.ms": "soon"}, "delete.retention.ms='soon' is not an integer"),
         ({"min.compaction.lag.ms": "-1"}, "min.compaction.lag.ms=-1 is out of range: allowed from 0"),
         ({"max.compaction.lag.ms": "0"}, "max.compaction.lag.ms=0 is out of range: allowed from 1"),
+        ({"min.cleanable.dirty.ratio": "1.01"}, r"min.cleanable.dirty.ratio='1.01' is out of range: allowed from 0 up to 1"),
+        ({"min.cleanable.dirty.ratio": "-0.1"}, r"min.cleanable.dirty.ratio='-0.1' is out of range"),
+        ({"min.cleanable.dirty.ratio": "NaN"}, r"min.cleanable.dirty.ratio='NaN' is out of range"),
+        ({"min.cleanable.dirty.ratio": "half"}, r"min.cleanable.dirty.ratio='half' is not a number: use a decimal from 0 to 1"),
         ({"segment.bytes": "1"}, "unknown topic config 'segment.bytes': supported are"),
         (
             {"min.compaction.lag.ms": "10800000", "max.compaction.lag.ms": "3600000"},
@@ -79,11 +83,18 @@ def test_timestamp_type_and_max_message_bytes() -> None:
     config = Topic.create("t", 1, {"message.timestamp.type": "LogAppendTime", "max.message.bytes": "1000"}, 0).config
     assert (config.message_timestamp_type, config.max_message_bytes) == ("LogAppendTime", 1000)
     assert TopicConfig().to_kafka().keys() == {"cleanup.policy", "retention.ms", "delete.retention.ms", "min.compaction.lag.ms",
-                                               "max.compaction.lag.ms", "message.timestamp.type"}  # max.message.bytes: the agent's
+                                               "max.compaction.lag.ms", "message.timestamp.type",
+                                               "min.cleanable.dirty.ratio"}  # max.message.bytes: the agent's
     with pytest.raises(InvalidTopicError, match="message.timestamp.type='Now' is invalid: use CreateTime or LogAppendTime"):
         Topic.create("t", 1, {"message.timestamp.type": "Now"}, 0)
     with pytest.raises(InvalidTopicError, match="max.message.bytes=2147483648 is out of range: allowed from 0 up to 2147483647"):
         Topic.create("t", 1, {"max.message.bytes": str(2**31)}, 0)
+
+
+@pytest.mark.parametrize("given, ratio", [({}, 0.5), ({"min.cleanable.dirty.ratio": "0"}, 0.0), ({"min.cleanable.dirty.ratio": " 1 "}, 1.0),
+                                          ({"min.cleanable.dirty.ratio": "2.5e-1"}, 0.25), ({"min.cleanable.dirty.ratio": 0.75}, 0.75)])
+def test_min_cleanable_dirty_ratio_is_a_share_from_0_to_1_with_kafkas_default(given: dict, ratio: float) -> None:
+    assert Topic.create("t", 1, given, 0).config.min_cleanable_dirty_ratio == ratio
 
 
 def test_partitions_only_grow() -> None:
@@ -97,7 +108,7 @@ def test_round_trip_through_the_catalog(catalog: Catalog) -> None:
     topic = Topic.create(
         "t", 4,
         {"cleanup.policy": "compact,delete", "retention.ms": "-1", "delete.retention.ms": "1000",
-         "min.compaction.lag.ms": "60000", "max.compaction.lag.ms": str(LONG_MAX)},
+         "min.compaction.lag.ms": "60000", "max.compaction.lag.ms": str(LONG_MAX), "min.cleanable.dirty.ratio": "0.3"},
         123,
     )
     assert Topic.from_dict(topic.to_dict()) == topic

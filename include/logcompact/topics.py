@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -48,6 +49,9 @@ class TopicConfig:
     message_timestamp_type: str = "CreateTime"
     # The largest record batch a producer may send to the topic; None: the agent's --max-message-bytes.
     max_message_bytes: int | None = None
+    # Kafka's: a regular planning pass also compacts a partition once its cleanable dirty bytes are more than this
+    # share of its clean and cleanable bytes (docs/planner.md); 1.0 leaves it to the levels, max lag and the sweep.
+    min_cleanable_dirty_ratio: float = 0.5
 
     @property
     def compacted(self) -> bool:
@@ -67,7 +71,7 @@ class TopicConfig:
         defaults = TopicConfig()
         return replace(self, **{field: getattr(defaults, field) for field in fields})
 
-    def to_kafka(self) -> dict[str, str | int]:
+    def to_kafka(self) -> dict[str, str | int | float]:
         """The configs by Kafka name; one left to the agent (None) is not named."""
         return {name.replace("_", "."): value for name, value in asdict(self).items() if value is not None}
 
@@ -110,6 +114,20 @@ def _integer(name: str, raw: str | int, low: int, low_text: str, unit: str = "mi
     return value
 
 
+def _ratio(name: str, raw: str | int | float) -> float:
+    """A share from 0 to 1, as Kafka's DOUBLE configs with `between(0, 1)` take it (a number or its text)."""
+    try:
+        if isinstance(raw, bool):
+            raise ValueError("a boolean")
+        value = float(raw.strip() if isinstance(raw, str) else raw)
+    except (TypeError, ValueError):
+        raise InvalidTopicError(f"{name}={raw!r} is not a number: use a decimal from 0 to 1, such as 0.5") from None
+    # Kafka's range check lets NaN through (every comparison with it is false); here it is refused.
+    if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+        raise InvalidTopicError(f"{name}={raw!r} is out of range: allowed from 0 up to 1")
+    return value
+
+
 def _policy(name: str, raw: str | int) -> str:
     policy = _POLICIES.get(str(raw).replace(" ", ""))
     if policy is None:
@@ -131,6 +149,7 @@ _RULES = {
     "max_compaction_lag_ms": lambda name, raw: _integer(name, raw, 1, "from 1"),
     "message_timestamp_type": _timestamp_type,
     "max_message_bytes": lambda name, raw: _integer(name, raw, 0, "from 0", "bytes", INT_MAX),
+    "min_cleanable_dirty_ratio": _ratio,
 }
 _KAFKA_NAMES = [field.replace("_", ".") for field in _RULES]
 

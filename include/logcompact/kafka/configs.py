@@ -35,10 +35,10 @@ RESOURCE_TYPES = {0: "UNKNOWN", 2: "TOPIC", 4: "BROKER", 8: "BROKER_LOGGER", 16:
 DYNAMIC_TOPIC_CONFIG = 1
 STATIC_BROKER_CONFIG = 4
 DEFAULT_CONFIG = 5
-BOOLEAN, STRING, INT, LONG, LIST = 1, 2, 3, 5, 7
+BOOLEAN, STRING, INT, LONG, DOUBLE, LIST = 1, 2, 3, 5, 6, 7
 _TOPIC_CONFIG_TYPES = {
     "cleanup.policy": LIST, "retention.ms": LONG, "delete.retention.ms": LONG, "min.compaction.lag.ms": LONG,
-    "max.compaction.lag.ms": LONG, "message.timestamp.type": STRING, "max.message.bytes": INT,
+    "max.compaction.lag.ms": LONG, "message.timestamp.type": STRING, "max.message.bytes": INT, "min.cleanable.dirty.ratio": DOUBLE,
 }
 # IncrementalAlterConfigs' operations.
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
@@ -87,6 +87,7 @@ def broker_configs(broker: Broker, keys: Any) -> list[dict[str, Any]]:
         ("log.cleaner.min.compaction.lag.ms", defaults.min_compaction_lag_ms, DEFAULT_CONFIG, LONG),
         ("log.cleaner.max.compaction.lag.ms", defaults.max_compaction_lag_ms, DEFAULT_CONFIG, LONG),
         ("log.message.timestamp.type", defaults.message_timestamp_type, DEFAULT_CONFIG, STRING),
+        ("log.cleaner.min.cleanable.ratio", defaults.min_cleanable_dirty_ratio, DEFAULT_CONFIG, DOUBLE),
     ]
     return [_entry(name, value, True, source, kind) for name, value, source, kind in settings if keys is None or name in keys]
 
