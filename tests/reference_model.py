@@ -35,6 +35,36 @@ def first_young(records: list[ModelRecord], config: TopicConfig, now: int) -> in
     return min(young) if young else None
 
 
+@dataclass(frozen=True)
+class ModelSegment:
+    """A segment as Kafka's cleaner manager weighs it."""
+
+    first: int
+    last: int
+    size: int  # records here; Kafka counts bytes
+    newest: int  # its largest timestamp
+
+
+def cleanable(segments: list[ModelSegment], base_clean: bool, config: TopicConfig, now: int) -> tuple[float, list[ModelSegment]]:
+    """Kafka's LogToClean for a log of `segments` in offset order whose first is below the cleaner's checkpoint when
+    `base_clean`: its cleanable ratio, and the segments a cleaning takes (LogCleanerManager.cleanableOffsets and
+    grabFilthiestCompactedLog: from the log start to the first uncleanable offset, the base of the first dirty
+    segment whose newest record is within min lag). Kafka's segments never straddle that offset; a segment that
+    does ends the range here too, since nothing from that offset on may be deduplicated."""
+    clean = segments[:1] if base_clean else []
+    dirty = segments[len(clean):]
+    lag = config.min_compaction_lag_ms
+    first_uncleanable = min((s.first for s in dirty if lag > 0 and s.newest > now - lag), default=1 << 62)
+    taken = []
+    for segment in dirty:
+        if segment.last >= first_uncleanable:
+            break
+        taken.append(segment)
+    clean_size, cleanable_size = sum(s.size for s in clean), sum(s.size for s in taken)
+    ratio = cleanable_size / (clean_size + cleanable_size) if clean_size + cleanable_size else 0.0
+    return ratio, clean + taken
+
+
 def compact(
     records: list[ModelRecord],
     config: TopicConfig,

@@ -119,6 +119,66 @@ def test_max_lag_compacts_within_30_minutes_of_dirty_and_batches(snapshot_of) ->
     assert choose_plans(snapshot, NOW + lag - 30 * MINUTE, "max-lag", hourly) != []
 
 
+def _one_section(key: str, level: int, first: int, size: int, newest: int, clean: bool, partition: int = 0) -> DataFile:
+    return DataFile(key, level, size, NOW, (_section("t", partition, first, 10, newest, clean=10 if clean else 0, size=size),))
+
+
+def test_a_partition_past_its_dirty_ratio_is_taken_once_its_min_lag_has_passed(snapshot_of) -> None:
+    """Kafka's cleanable ratio: the clean base (1,000 B) against the dirty sections before the first young one (an
+    aged young section, 1,500 B, at L3), at any level; L1 is the active segment, never counted nor taken."""
+    base = _one_section("data/l4/base.seg", 4, 0, 1000, NOW - 5 * HOUR_MS, clean=True)
+    held_back = _one_section("data/l3/held-back.seg", 3, 10, 1500, NOW - 30 * MINUTE, clean=False)
+    active = _one_section("data/l1/active.seg", 1, 20, 5000, NOW, clean=False)
+    settings = {"cleanup.policy": "compact", "min.compaction.lag.ms": str(HOUR_MS)}
+    snapshot = snapshot_of([base, held_back, active], t=settings)
+    assert choose_plans(snapshot, NOW) == []  # within its min lag: cleanable ratio 0, not taken early
+    (plan,) = choose_plans(snapshot, NOW + 31 * MINUTE)  # 1,500 / 2,500 = 0.6 > 0.5
+    assert {f.key for f in plan.inputs} == {"data/l4/base.seg", "data/l3/held-back.seg"}
+    assert (plan.mode, plan.target_level, plan.deduplicate) == ("regular", 4, True)
+    assert plan.outside_floors == {("t", 0): 20}  # the active segment stays outside
+    for ratio in ("0.6", "1"):  # not more than the ratio: left to the sweep
+        assert choose_plans(snapshot_of([base, held_back, active], t={**settings, "min.cleanable.dirty.ratio": ratio}), NOW + 31 * MINUTE) == []
+
+
+def test_the_dirty_ratio_counts_only_what_is_before_the_first_young_section(snapshot_of) -> None:
+    """Dirty sections from the first one within min lag on are not cleanable (Kafka's first uncleanable offset), even
+    an older one after it; a partition whose only dedup-level section is dirty is all dirty (ratio 1)."""
+    base = _one_section("data/l2/base.seg", 2, 0, 1000, NOW - 5 * HOUR_MS, clean=True)
+    aged = _one_section("data/l2/aged.seg", 2, 10, 900, NOW - 2 * HOUR_MS, clean=False)
+    young = _one_section("data/l2/young.seg", 2, 20, 5000, NOW, clean=False)
+    after = _one_section("data/l2/after.seg", 2, 30, 5000, NOW - 2 * HOUR_MS, clean=False)
+    lone = _one_section("data/l2/lone.seg", 2, 0, 100, NOW - 2 * HOUR_MS, clean=False, partition=1)
+    settings = {"cleanup.policy": "compact", "min.compaction.lag.ms": str(HOUR_MS)}
+    (plan,) = choose_plans(snapshot_of([base, aged, young, after, lone], t=settings), NOW)
+    assert {f.key for f in plan.inputs} == {"data/l2/lone.seg"}  # partition 0: 900 / 1,900, under 0.5
+    assert plan.first_uncleanable == {}
+    (plan,) = choose_plans(snapshot_of([base, aged, young, after], t={**settings, "min.cleanable.dirty.ratio": "0.4"}), NOW)
+    assert {f.key for f in plan.inputs} == {"data/l2/base.seg", "data/l2/aged.seg"}
+    assert plan.first_uncleanable == {("t", 0): 20}  # the young section protects what follows it
+
+
+_BASE = _one_section("data/l2/base.seg", 2, 0, 1000, NOW - 5 * HOUR_MS, clean=True)
+_DIRTY = _one_section("data/l2/dirty.seg", 2, 10, 3000, NOW - 5 * HOUR_MS, clean=False)
+
+
+def test_a_partition_past_its_ratio_waits_for_a_level_plans_files_and_is_not_taken_over_the_partition_cap(snapshot_of) -> None:
+    base, dirty = _BASE, _DIRTY
+    assert choose_plans(snapshot_of([base, dirty]), NOW, config=PlannerConfig(max_partition_bytes=3999)) == []  # the engine would copy it
+    # A size tier of the top level takes the dirty file in this pass: the partition waits for the next one.
+    tier = [_one_section(f"data/l2/tier-{n}.seg", 2, 100 + 10 * n, 3000, NOW - 5 * HOUR_MS, clean=True, partition=2) for n in range(9)]
+    (plan,) = choose_plans(snapshot_of([base, dirty, *tier]), NOW)
+    assert {f.key for f in plan.inputs} == {dirty.key, *(f.key for f in tier)}
+
+
+def test_a_partition_past_its_ratio_waits_for_a_lease_to_end(catalog: Catalog) -> None:
+    base, dirty = _BASE, _DIRTY
+    create_topic(catalog, "t", 4, cleanup_policy="compact")
+    catalog.replace_files([], [base, dirty], NOW)
+    catalog.lease("p-1", [base.key], NOW + HOUR_MS, NOW)
+    assert choose_plans(catalog.snapshot(), NOW) == []
+    assert {f.key for f in choose_plans(catalog.snapshot(), NOW + HOUR_MS)[0].inputs} == {base.key, dirty.key}
+
+
 def test_max_lag_under_two_hours_counts_as_two_hours(snapshot_of) -> None:
     snapshot = snapshot_of(_files(0, 1), t={"cleanup.policy": "compact", "max.compaction.lag.ms": "60000"})
     assert dirty_since(snapshot, "t", 0, PlannerConfig()) == NOW + 2 * HOUR_MS
@@ -164,7 +224,8 @@ def test_outside_floors_hold_every_live_file_outside_each_plan(catalog: Catalog,
     # Two plans of one pass (L0 and L1), files no plan takes (L2, the top, without a tier; a leased L0 file)
     # and, with 1 spread partition, many files elsewhere: each plan's floors come from the other plan's inputs
     # and from the unplanned files, read by partition (1) or by file (64: the planner picks the narrower read).
-    create_topic(catalog, "t", 64, cleanup_policy="compact")
+    # min.cleanable.dirty.ratio 1: the dirty L2 files stay outside every plan.
+    create_topic(catalog, "t", 64, cleanup_policy="compact", min_cleanable_dirty_ratio="1")
     files = _spread(0, 5, spread_partitions, first=500) + _spread(1, 5, spread_partitions, first=0, step=3)
     files += _spread(2, 3, spread_partitions, first=100, step=7) + _spread(0, 1, spread_partitions, first=900)
     files += [DataFile(f"data/l2/other-{p:02d}.seg", 2, 1000, NOW, (_section("t", p, 0, 10),)) for p in range(8, 8 + 40 // spread_partitions)]

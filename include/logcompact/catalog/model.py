@@ -112,12 +112,26 @@ class PartitionSection:
     min_timestamp: int
 
 
+class LevelSection(NamedTuple):
+    """A live section above L0 as the dirty ratio weighs it (`planner.dirty_ratio`)."""
+
+    key: str  # its file's
+    topic: str
+    partition: int
+    first_offset: int
+    last_offset: int
+    uncompressed_bytes: int
+    clean: bool  # free of duplicates: its clean_below_delta covers it
+    max_timestamp: int
+
+
 @dataclass(frozen=True)
 class PartitionSummary:
     """A partition's live sections above L0, summed up: a row of `partition_summaries` (`catalog.summaries`)."""
 
     sections: int
     uncompressed_bytes: int
+    l1_bytes: int  # of those, at L1
     records: int
     floor: int  # the base's first offset: the lowest above L0
     base_level: int

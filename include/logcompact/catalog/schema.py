@@ -36,12 +36,12 @@ from sqlalchemy import (
 
 # Bump on any change to the tables below or to what their columns hold; a database of another version is refused
 # (CatalogSchemaError), but for UPGRADABLE_FROM, which `Catalog.upgrade_catalog` brings to this one.
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 # What `Catalog.upgrade_catalog` brings to SCHEMA_VERSION, step by step. Schema 3 stored `sections.crc32` raw (the
 # format's CRC, unbound); schema 4 had no log start offsets, no deleted topics and none of the Kafka agents' tables;
 # schema 5 had no sections.level nor partitions.assigned_end, and every section in `sections_by_partition`; schema 6
-# had no partition_summaries.
-UPGRADABLE_FROM = (3, 4, 5, 6)
+# had no partition_summaries; schema 7's had no l1_bytes.
+UPGRADABLE_FROM = (3, 4, 5, 6, 7)
 
 # SQLite gives auto-numbered keys only to INTEGER PRIMARY KEY (the rowid); PostgreSQL wants BIGINT.
 Identity64 = BigInteger().with_variant(Integer(), "sqlite")
@@ -181,6 +181,7 @@ partition_summaries = Table(
     Column("version", BigInteger, nullable=False),
     Column("sections", BigInteger, nullable=False),
     Column("bytes", BigInteger, nullable=False),  # uncompressed
+    Column("l1_bytes", BigInteger, nullable=False),  # of those, at L1: never deduplicated (the dirty ratio leaves them out)
     Column("records", BigInteger, nullable=False),
     Column("floor", BigInteger),  # the base's first offset: the lowest above L0
     Column("base_level", SmallInteger),

@@ -30,6 +30,7 @@ from logcompact.catalog.model import (
     DataFile,
     FileSummary,
     Lease,
+    LevelSection,
     PartitionSection,
     PartitionSummary,
     SectionFigures,
@@ -283,6 +284,30 @@ class Snapshot:
                 key for part in s.by_partition(query, self.version)
                 for key, topic_id, partition in connection.execute(part).all() if (topic_id, partition) in wanted
             }
+
+    def sections_at_levels(self, partitions: Iterable[TopicPartition], from_level: int) -> list[LevelSection]:
+        """The live sections of `partitions` at `from_level` (above L0) and up, set-aside partitions left out, in
+        first-offset order per partition: through the partition index, one query."""
+        wanted = {(self.topic_ids[topic], partition) for topic, partition in partitions}
+        if not wanted:
+            return []
+        names = {topic_id: name for name, topic_id in self.topic_ids.items()}
+        sec, files = s.sections.c, s.files.c
+        query = (
+            select(files.key, sec.topic_id, sec.partition, sec.first_offset, sec.last_offset, sec.uncompressed_bytes,
+                   sec.clean_below_delta, sec.max_timestamp)
+            .join(s.files, files.file_id == sec.file_id)
+            .where(sec.topic_id.in_(sorted({t for t, _ in wanted})), sec.partition.in_(sorted({p for _, p in wanted})),
+                   sec.level >= max(from_level, 1), self._planned_section())
+            .order_by(sec.topic_id, sec.partition, sec.first_offset)
+        )
+        upper, _ = s.by_partition(query, self.version)
+        with self._connect() as connection:
+            return [
+                LevelSection(key, names[topic_id], partition, first, last, size, clean > last - first, newest)
+                for key, topic_id, partition, first, last, size, clean, newest in connection.execute(upper).all()
+                if (topic_id, partition) in wanted
+            ]
 
     def section_figures(self, topics: Iterable[str], in_l0: bool) -> list[SectionFigures]:
         """Every live section of `topics` in L0 (`in_l0`) or above it (set-aside partitions included), for `logcompact

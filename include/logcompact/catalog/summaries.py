@@ -2,7 +2,7 @@
 or removes such sections, in its own transaction: what planners and `logcompact status` ask of a partition without
 reading its sections (docs/catalog.md, "Partition summaries").
 
-A row holds the count, bytes and records of the partition's live sections above L0; its base, the lowest of them
+A row holds the count, bytes (and those at L1) and records of the partition's live sections above L0; its base, the lowest of them
 (its first offset is the partition's floor above L0; its level, bytes, oldest timestamp, and whether it is free of
 duplicates); the oldest timestamp of the others; the newest creation time of their files; and their key sketches
 merged. L0 sections are not summed: an append would rewrite a row for each of its 1,000 partitions, and readers
@@ -37,13 +37,13 @@ def _add(summary: PartitionSummary, section: PartitionSummary) -> PartitionSumma
     others = [t for t in (lower.others_min_timestamp, higher.others_min_timestamp, higher.base_min_timestamp) if t is not None]
     return PartitionSummary(
         summary.sections + section.sections, summary.uncompressed_bytes + section.uncompressed_bytes,
-        summary.records + section.records, lower.floor, lower.base_level, lower.base_clean, lower.base_bytes,
+        summary.l1_bytes + section.l1_bytes, summary.records + section.records, lower.floor, lower.base_level, lower.base_clean, lower.base_bytes,
         lower.base_min_timestamp, min(others), max(summary.newest_file_ms, section.newest_file_ms),
         _merged(summary.key_sketch, section.key_sketch),
     )
 
 
-_COLUMNS = ("sections", "bytes", "records", "floor", "base_level", "base_clean", "base_bytes", "base_min_timestamp",
+_COLUMNS = ("sections", "bytes", "l1_bytes", "records", "floor", "base_level", "base_clean", "base_bytes", "base_min_timestamp",
             "others_min_timestamp", "newest_file_ms", "key_sketch")
 _SECTION_COLUMN = {column.name: n for n, column in enumerate(s.sections.columns)}
 
@@ -56,10 +56,10 @@ def of_rows(rows: Iterable[tuple], created_ms: Mapping[int, int]) -> dict[Slot, 
     for row in rows:
         if row[c["level"]] == 0:
             continue
-        first, last = row[c["first_offset"]], row[c["last_offset"]]
+        first, last, size = row[c["first_offset"]], row[c["last_offset"]], row[c["uncompressed_bytes"]]
         one = PartitionSummary(
-            1, row[c["uncompressed_bytes"]], row[c["record_count"]], first, row[c["level"]],
-            row[c["clean_below_delta"]] > last - first, row[c["uncompressed_bytes"]], row[c["min_timestamp"]], None,
+            1, size, size if row[c["level"]] == 1 else 0, row[c["record_count"]], first, row[c["level"]],
+            row[c["clean_below_delta"]] > last - first, size, row[c["min_timestamp"]], None,
             created_ms[row[c["file_id"]]], row[c["key_sketch"]] or b"",
         )
         slot = (row[c["topic_id"]], row[c["partition"]])
@@ -154,9 +154,9 @@ def _from_sections(connection: Connection, slots: Sequence[Slot]) -> dict[Slot, 
     found = {}
     for topic_id, partitions in _by_topic(slots):
         rows = connection.execute(_SUMMED_UP, {"topic_id": topic_id, "partitions": partitions})
-        for partition, count, size, records, floor, level, clean, base_bytes, base_min, others_min, newest in rows:
+        for partition, count, size, l1_size, records, floor, level, clean, base_bytes, base_min, others_min, newest in rows:
             found[(topic_id, partition)] = PartitionSummary(
-                count, int(size), int(records), floor, level, bool(clean), base_bytes, base_min, others_min, newest, b""
+                count, int(size), int(l1_size), int(records), floor, level, bool(clean), base_bytes, base_min, others_min, newest, b""
             )
     return found
 
@@ -191,7 +191,8 @@ def _summed_up_query() -> Select:
     r = ranked.c
     base = r.rank == 1
     return select(
-        r.partition, func.count(), func.sum(r.uncompressed_bytes), func.sum(r.record_count), func.min(r.first_offset),
+        r.partition, func.count(), func.sum(r.uncompressed_bytes), func.sum(case((r.level == 1, r.uncompressed_bytes), else_=0)),
+        func.sum(r.record_count), func.min(r.first_offset),
         _of_base(base, r.level), _of_base(base, r.clean), _of_base(base, r.uncompressed_bytes), _of_base(base, r.min_timestamp),
         func.min(case((r.rank > 1, r.min_timestamp))), func.max(r.created_ms),
     ).group_by(r.partition)
@@ -212,14 +213,14 @@ def _of_base(base: ColumnElement[bool], column: ColumnElement) -> ColumnElement:
 def _summary(values: Sequence) -> PartitionSummary | None:
     if not values[0]:
         return None
-    (sections, size, records, floor, level, clean, base_bytes, base_min, others_min, newest, packed) = values
-    return PartitionSummary(sections, size, records, floor, level, bool(clean), base_bytes, base_min, others_min, newest, packed or b"")
+    (sections, size, l1_size, records, floor, level, clean, base_bytes, base_min, others_min, newest, packed) = values
+    return PartitionSummary(sections, size, l1_size, records, floor, level, bool(clean), base_bytes, base_min, others_min, newest, packed or b"")
 
 
 def _values(summary: PartitionSummary | None) -> tuple:
     if summary is None:
-        return (0, 0, 0, None, None, None, None, None, None, None, None)
-    return (summary.sections, summary.uncompressed_bytes, summary.records, summary.floor, summary.base_level, int(summary.base_clean),
+        return (0, 0, 0, 0, None, None, None, None, None, None, None, None)
+    return (summary.sections, summary.uncompressed_bytes, summary.l1_bytes, summary.records, summary.floor, summary.base_level, int(summary.base_clean),
             summary.base_bytes, summary.base_min_timestamp, summary.others_min_timestamp, summary.newest_file_ms,
             summary.key_sketch or None)
 

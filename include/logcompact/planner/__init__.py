@@ -1,14 +1,16 @@
 """Choosing what to compact: functions from a catalog snapshot to plans, reading only the catalog.
 
-Modes: `regular` (leveled merges L0 -> L1 -> ... -> top, then size tiers at the top), `full` (the daily
+Modes: `regular` (leveled merges L0 -> L1 -> ... -> top, then size tiers at the top, and the partitions whose
+dirty ratio is more than their topic's min.cleanable.dirty.ratio, at any level: `dirty_ratio.py`), `full` (the daily
 sweep: every file of the chosen topics, across sizes, into the top level), `max-lag` (the partitions whose
 records would otherwise stay dirty past their topic's max.compaction.lag.ms). docs/planner.md explains the
 rules. Files leased to an in-flight plan are never planned again until it commits, fails or expires.
 
-Each mode asks the snapshot for the least it needs: the regular mode chooses from file summaries (level,
-size, content) and the max-lag pass from a few facts per section of its topics; sections are loaded only
-for the files a plan takes, in one read (the full sweep takes every file of its topics). Each plan comes split
-into groups of topic-partitions (`PlannerConfig.group_bytes`), once: the plan records them.
+Each mode asks the snapshot for the least it needs: the regular mode counts files per level and reads the file
+summaries (level, size, content) of the levels due only; its dirty ratio and the max-lag pass read the partitions'
+summaries (`catalog.summaries`) and the sections of only the partitions those point at; sections are loaded only
+for the files a plan takes, in one read (the full sweep takes every file of its topics). Each plan comes split into
+groups of topic-partitions (`PlannerConfig.group_bytes`), once: the plan records them.
 """
 
 from __future__ import annotations

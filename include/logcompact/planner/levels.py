@@ -1,6 +1,7 @@
-"""Regular planning: leveled merges up to the top level, then size tiers; the full sweep; and making plans.
+"""Regular planning: leveled merges up to the top level, then size tiers, and the partitions past their dirty
+ratio (`dirty_ratio`); the full sweep; and making plans.
 
-Plans are chosen from file summaries (key, level, size, content: no sections); only the chosen files are
+Level plans are chosen from file summaries (key, level, size, content: no sections); only the chosen files are
 loaded with their sections, in one read for all the plans of a pass.
 """
 
@@ -13,6 +14,7 @@ from typing import TypeVar
 from logcompact.catalog import DataFile, FileSummary, Snapshot
 from logcompact.plan import MAX_LEVEL, Plan, TopicPartition, lowest_offsets_and_bytes, lowest_outside, new_plan_id, split_into_groups
 from logcompact.planner.config import PlannerConfig
+from logcompact.planner.dirty_ratio import partitions_past_ratio
 
 Sized = TypeVar("Sized", FileSummary, DataFile)
 _NO_OFFSET = 1 << 62
@@ -41,14 +43,27 @@ def size_tiers(files: list[Sized], config: PlannerConfig) -> list[list[Sized]]:
 
 
 def plan_regular(snapshot: Snapshot, now_ms: int, config: PlannerConfig, leased: set[str]) -> list[Plan]:
-    """The level merges and size tiers due. The files of a level are read only when it holds enough of them to be
-    due: most passes read the few hundred L0 files, not the 100,000 above (bench/planner.py, mode l0)."""
+    """The level merges and size tiers due, and one plan over the partitions past their topic's
+    min.cleanable.dirty.ratio (`dirty_ratio`). The files of a level are read only when it holds enough of them to
+    be due: most passes read the few hundred L0 files, not the 100,000 above (bench/planner.py, mode l0)."""
     counts = snapshot.level_counts()
     top = top_level(counts, config)
     due = [level for level in range(top) if counts.get(level, 0) >= _min_files(level, config)]
     if counts.get(top, 0) >= config.tier_min_files:
         due.append(top)
-    summaries = snapshot.file_summaries(*due) if due else []
+    chosen = level_merges(snapshot.file_summaries(*due) if due else [], top, config, leased)
+    in_level_plans = {key for keys, _ in chosen for key in keys}
+    dirty = partitions_past_ratio(snapshot, now_ms, config, leased | in_level_plans)
+    if dirty:
+        chosen.append((sorted({key for keys in dirty.values() for key in keys}), max(config.dedup_from_level, top)))
+    if not chosen:
+        return []
+    return make_plans(snapshot, chosen, now_ms, config, "regular")
+
+
+def level_merges(summaries: Sequence[FileSummary], top: int, config: PlannerConfig, leased: set[str]) -> list[tuple[list[str], int]]:
+    """(input keys, target level) of each level below `top` that reached its threshold (`summaries` holds those
+    levels' files) and each size tier of the top level."""
     by_level: dict[int, list[FileSummary]] = {}
     for summary in summaries:
         if summary.key not in leased:
@@ -64,9 +79,7 @@ def plan_regular(snapshot: Snapshot, now_ms: int, config: PlannerConfig, leased:
     for files in _by_content(by_level.get(top, [])):
         for tier in size_tiers(files, config):
             chosen.append(([f.key for f in tier], top))
-    if not chosen:
-        return []
-    return make_plans(snapshot, chosen, now_ms, config, "regular")
+    return chosen
 
 
 def plan_full_sweep(

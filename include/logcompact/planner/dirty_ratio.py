@@ -1,0 +1,112 @@
+"""Kafka's min.cleanable.dirty.ratio in the regular pass: which partitions are dirty enough to compact now.
+
+Kafka's LogCleanerManager cleans a log once its cleanable ratio is more than its topic's min.cleanable.dirty.ratio
+(`grabFilthiestCompactedLog`): the bytes from the first dirty offset (the cleaner's checkpoint) up to the first
+uncleanable offset (`cleanableOffsets`: the active segment, or the first segment holding a record within
+min.compaction.lag.ms), over those bytes and the clean bytes below the checkpoint. Here, per partition of a
+compacted topic, over its live sections at deduplicating levels (`dedup_from_level`, L2, and up):
+
+* **clean**: the partition's base section (its lowest offsets) when it is free of duplicates (`clean_below_delta`
+  covers it): a plan deduplicated it against all older data of the partition, since none is older. This is
+  the max-lag pass's and `logcompact status`'s clean part (`max_lag.PartitionState`);
+* **dirty**: every other section (and the base when not clean): its records were deduplicated at most against
+  the other inputs of the plan that wrote them, not against the clean part;
+* **cleanable**: the dirty sections before the partition's first uncleanable offset, the first offset of its
+  first section holding a record newer than now minus min.compaction.lag.ms: whole sections, as Kafka counts
+  whole segments, in a run from the base (`cleaning_range`). A partition whose dirty records are all within its
+  min lag has no cleanable bytes and is not taken early.
+
+The ratio is cleanable / (clean + cleanable), in uncompressed bytes; a partition is taken when it is more than
+its topic's min.cleanable.dirty.ratio (strictly, as Kafka: 1.0 never is, 0 is as soon as anything is cleanable).
+L0 and L1 files are Kafka's active segment: nothing there is deduplicated, and the level rules move them up.
+
+What is taken is Kafka's cleaning range, [log start, first uncleanable offset): every file holding one of the
+partition's sections at a deduplicating level before that offset, the clean base with them, into the top level
+with deduplication. A partition is left for a later pass when one of those files is leased or taken by a level
+plan of the same pass (Kafka skips a log being cleaned), and when those sections hold more than
+`max_partition_bytes` (the engine would only copy it, and the next pass would take it again).
+
+What is read: the partitions' summaries first (`Snapshot.summaries_above_l0`, a row each), which bound the ratio
+from above (every byte at L2 and up dirty but the clean base, none of them young); only the partitions that bound
+passes have their sections at deduplicating levels read (`Snapshot.sections_at_levels`), one query.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from logcompact.catalog import LevelSection, PartitionSummary, Snapshot
+from logcompact.plan import TopicPartition
+from logcompact.planner.config import PlannerConfig
+
+_NO_OFFSET = 1 << 62
+
+
+def partitions_past_ratio(snapshot: Snapshot, now_ms: int, config: PlannerConfig, busy: set[str]) -> dict[TopicPartition, list[str]]:
+    """The partitions a regular pass takes for their dirty ratio, each with the files of its cleaning range; those
+    with a file in `busy` (leased, or taken by a level plan of the pass) or over `max_partition_bytes` wait."""
+    weighed = [
+        (name, partition) for name, topic in sorted(snapshot.topics.items())
+        if topic.config.compacted and topic.config.min_cleanable_dirty_ratio < 1.0 for partition in range(topic.partitions)
+    ]
+    if not weighed:
+        return {}
+    summaries = snapshot.summaries_above_l0(weighed)
+    # A partition left out of the summaries (a commit after this snapshot set its row) is weighed from its sections.
+    candidates = [tp for tp in weighed if tp not in summaries or _may_pass(summaries[tp], snapshot.topics[tp[0]].config.min_cleanable_dirty_ratio, config)]
+    by_partition: dict[TopicPartition, list[LevelSection]] = {}
+    for section in snapshot.sections_at_levels(candidates, config.dedup_from_level):
+        by_partition.setdefault((section.topic, section.partition), []).append(section)
+    taken: dict[TopicPartition, list[str]] = {}
+    for tp, sections in by_partition.items():
+        topic_config = snapshot.topics[tp[0]].config
+        cleaning = cleaning_range(sections, _first_uncleanable(sections, topic_config.min_compaction_lag_ms, now_ms))
+        if cleanable_ratio(sections, cleaning) <= topic_config.min_cleanable_dirty_ratio:
+            continue
+        keys = sorted({s.key for s in cleaning})
+        if busy.isdisjoint(keys) and sum(s.uncompressed_bytes for s in cleaning) <= config.max_partition_bytes:
+            taken[tp] = keys
+    return taken
+
+
+def _may_pass(summary: PartitionSummary | None, ratio: float, config: PlannerConfig) -> bool:
+    """Whether the partition's ratio can be more than `ratio`, from its summary: at most every byte at deduplicating
+    levels is cleanable but the clean base's (L1's bytes count as such when dedup_from_level is higher: a bound)."""
+    if summary is None:
+        return False
+    at_dedup_levels = summary.uncompressed_bytes - (summary.l1_bytes if config.dedup_from_level > 1 else 0)
+    clean = summary.base_bytes if summary.base_clean and summary.base_level >= config.dedup_from_level else 0
+    dirty = at_dedup_levels - clean
+    return dirty > 0 and dirty / at_dedup_levels > ratio
+
+
+def _first_uncleanable(sections: Sequence[LevelSection], min_lag_ms: int, now_ms: int) -> int:
+    """The first offset of the first section holding a record within the topic's min.compaction.lag.ms."""
+    if min_lag_ms <= 0:
+        return _NO_OFFSET
+    return min((s.first_offset for s in sections if s.max_timestamp > now_ms - min_lag_ms), default=_NO_OFFSET)
+
+
+def cleaning_range(sections: Sequence[LevelSection], first_uncleanable: int) -> list[LevelSection]:
+    """Kafka's cleaning range of a partition, [log start, first uncleanable offset): its sections (in offset order)
+    up to the first reaching that offset (a plan that took sections around a young one wrote it; from that offset
+    on nothing is deduplicated). Always a run from the partition's base, so a plan over it leaves a clean base and
+    the next pass does not take the partition again for the same bytes."""
+    taken = []
+    for section in sections:
+        if section.last_offset >= first_uncleanable:
+            break
+        taken.append(section)
+    return taken
+
+
+def cleanable_ratio(sections: Sequence[LevelSection], cleaning: Sequence[LevelSection]) -> float:
+    """Cleanable dirty bytes over clean and cleanable bytes (0 without any), from a partition's sections in offset
+    order and its cleaning range."""
+    if not sections:
+        return 0.0
+    base = sections[0]
+    clean_bytes = base.uncompressed_bytes if base.clean else 0
+    dirty_bytes = sum(s.uncompressed_bytes for s in cleaning if not (s is base and base.clean))
+    total = clean_bytes + dirty_bytes
+    return dirty_bytes / total if total else 0.0
