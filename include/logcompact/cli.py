@@ -643,22 +643,24 @@ def status(ctx: Context, as_json: bool, plot: str | None) -> None:
 @click.option("--topics", type=click.IntRange(min=1), default=1, show_default=True, help="Compacted topics.")
 @click.option("--partitions", type=click.IntRange(min=1), default=8, show_default=True, help="Partitions per topic.")
 @click.option("--max-lag-ms", type=click.IntRange(min=1), default=2 * 3_600_000, show_default=True)
+@click.option("--min-lag-ms", type=click.IntRange(min=0), default=0, show_default=True,
+              help="The topics' min.compaction.lag.ms: records younger are kept whole, as the engine keeps them.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=".simulate", show_default=True,
               help="Where the JSON summaries and PNG plots go.")
 def simulate(agents: tuple[int, ...], hours: float, rate: float, record_bytes: int, keys: int, skew: float,
-             tombstone_rate: float, topics: int, partitions: int, max_lag_ms: int, out_dir: str) -> None:
-    """Simulate ingest, the planner and the engine's cost model; compare logcompact's planner with the
-    reference's literal rules on the same workload."""
+             tombstone_rate: float, topics: int, partitions: int, max_lag_ms: int, min_lag_ms: int, out_dir: str) -> None:
+    """Simulate ingest, the planner and the engine's cost model; compare logcompact's planner, with
+    min.cleanable.dirty.ratio at Kafka's default and off, with the reference's literal rules on the same workload."""
     from pathlib import Path
 
-    from logcompact.simulate import LITERAL_RULES, LOGCOMPACT, Workload, compare
+    from logcompact.simulate import RUNS, Workload, compare
     from logcompact.simulate.report import table, write
 
     for count in agents:
         workload = Workload(agents=count, records_per_s=rate, record_bytes=record_bytes, keys=keys, key_skew=skew,
                             tombstone_rate=tombstone_rate, topics=topics, partitions=partitions, hours=hours,
-                            max_lag_ms=max_lag_ms)
-        results = compare(workload, {"literal rules": LITERAL_RULES, "logcompact": LOGCOMPACT})
+                            max_lag_ms=max_lag_ms, min_lag_ms=min_lag_ms)
+        results = compare(workload, RUNS)
         name = f"{count}-agent{'s' if count > 1 else ''}"
         click.echo(table(f"{name}, {hours:g} simulated hours, {rate:g} records/s per agent, {keys:,} keys:", results))
         for path in write(Path(out_dir), name, results):

@@ -14,6 +14,8 @@ COLUMNS = [
     ("puts_per_gib", "PUTs/GiB", "{:,.0f}"),
     ("dedup_delay_p50_s", "dedup p50 s", "{}"),
     ("dedup_delay_p99_s", "dedup p99 s", "{}"),
+    ("past_min_lag_p99_s", "past min lag p99 s", "{}"),
+    ("past_min_lag_max_s", "max s", "{}"),
     ("max_lag_violations", "max-lag viol.", "{:,}"),
     ("max_minutes_past_lag", "max min past lag", "{:,.1f}"),
     ("duplicates_at_rest_end", "dup. at rest", "{:.1%}"),

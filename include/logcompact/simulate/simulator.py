@@ -18,7 +18,7 @@ data of the partition (percentiles), and max-lag violations (records first so de
 from __future__ import annotations
 
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +27,7 @@ from logcompact import sketch
 from logcompact.catalog import Catalog, NewFile, Snapshot
 from logcompact.collector import collector_paused
 from logcompact.format.layout import SectionInfo
-from logcompact.plan import TopicPartition
+from logcompact.plan import Plan, TopicPartition
 from logcompact.planner import PlannerConfig, choose_plans
 from logcompact.simulate.cost import SECTION_OVERHEAD_BYTES, estimate_job
 from logcompact.store import LocalStore
@@ -55,6 +55,7 @@ class Workload:
     hours: float = 24.0
     max_lag_ms: int | None = None
     min_lag_ms: int = 0
+    min_cleanable_dirty_ratio: float = 0.5  # the topics'; 1.0: a top level is taken again only by tiers and the sweep
 
 
 @dataclass
@@ -87,6 +88,9 @@ class SimulationResult:
     gets_per_gib: float = 0.0
     puts_per_gib: float = 0.0
     dedup_delay_s: dict = field(default_factory=dict)
+    # From the end of a record's min lag (produce + min.compaction.lag.ms) to its first deduplication against all
+    # older data: how long min lag's hold outlives it (p50, p99, max).
+    past_min_lag_s: dict = field(default_factory=dict)
     max_lag_violations: int = 0
     max_minutes_past_lag: float = 0.0  # the most a deduplication came after a record's max lag
     duplicate_fraction: list = field(default_factory=list)  # (hour, fraction of records at rest that are duplicates)
@@ -102,6 +106,8 @@ class SimulationResult:
             "jobs": self.jobs,
             "dedup_delay_p50_s": self.dedup_delay_s.get("p50"),
             "dedup_delay_p99_s": self.dedup_delay_s.get("p99"),
+            "past_min_lag_p99_s": self.past_min_lag_s.get("p99"),
+            "past_min_lag_max_s": self.past_min_lag_s.get("max"),
             "max_lag_violations": self.max_lag_violations,
             "max_minutes_past_lag": self.max_minutes_past_lag,
             "duplicates_at_rest_end": round(last_duplicates, 4),
@@ -140,7 +146,8 @@ class Simulation:
         self.config = config
         self.max_lag_every_ms = max_lag_every_ms or config.max_lag_pass_interval_ms
         self.rng = np.random.default_rng(seed)
-        settings = {"cleanup.policy": "compact", "min.compaction.lag.ms": str(workload.min_lag_ms)}
+        settings = {"cleanup.policy": "compact", "min.compaction.lag.ms": str(workload.min_lag_ms),
+                    "min.cleanable.dirty.ratio": str(workload.min_cleanable_dirty_ratio)}
         if workload.max_lag_ms is not None:
             settings["max.compaction.lag.ms"] = str(workload.max_lag_ms)
         width = len(str(workload.topics - 1))  # names sort as their numbers, as sections are ordered
@@ -215,7 +222,7 @@ class Simulation:
             result.gets += cost.gets
             result.puts += cost.puts
             result.bytes_written += cost.bytes_out
-            carried = Cohorts.concat([self.cohorts.pop(f.key) for f in found.inputs])
+            carried, young = self._split_young(found, cost.first_uncleanable)
             if found.deduplicate:
                 incomplete = [self._slot(tp) for tp in _partitions_with_older_data_outside(found)]
                 done = ~np.isin(carried.slots, incomplete)
@@ -224,8 +231,22 @@ class Simulation:
             self._catalog.replace_files([f.key for f in found.inputs], cost.outputs, now, plan_id=found.plan_id)
             for output in cost.outputs:
                 held = [self._slot((s.topic, s.partition)) for s in output.sections]
-                self.cohorts[output.key] = carried.take(np.isin(carried.slots, held))
+                followed = young if output.key in cost.young_outputs else carried
+                self.cohorts[output.key] = followed.take(np.isin(followed.slots, held))
         self._l1_appended = self._catalog.snapshot().level_counts().get(1, 0)
+
+    def _split_young(self, found: Plan, first_uncleanable: dict[TopicPartition, int]) -> tuple[Cohorts, Cohorts]:
+        """The cohorts of a plan's inputs: those the job deduplicates, and those of the sections it keeps whole for min
+        lag (from each partition's first uncleanable offset on), which go to its young files."""
+        kept, young = [], []
+        for data_file in found.inputs:
+            cohorts = self.cohorts.pop(data_file.key)
+            held_back = [self._slot((s.topic, s.partition)) for s in data_file.sections
+                         if s.first_offset >= first_uncleanable.get((s.topic, s.partition), 1 << 62)]
+            mask = np.isin(cohorts.slots, held_back)
+            kept.append(cohorts.take(~mask))
+            young.append(cohorts.take(mask))
+        return Cohorts.concat(kept), Cohorts.concat(young)
 
     def _deduplicated(self, cohorts: Cohorts, now: int) -> None:
         self.delays.append(((now - cohorts.produced_ms) / 1000, cohorts.records))
@@ -321,14 +342,21 @@ class Simulation:
         delays = np.concatenate([d for d, _ in self.delays]) if self.delays else np.zeros(0)
         if len(delays):
             weights = np.concatenate([n for _, n in self.delays]).astype(np.float64)
-            order = np.argsort(delays)
-            cumulative = np.cumsum(weights[order]) / weights.sum()
-            result.dedup_delay_s = {
-                f"p{q}": round(float(delays[order][np.searchsorted(cumulative, q / 100)]), 1) for q in (50, 90, 99)
-            }
+            result.dedup_delay_s = _percentiles(delays, weights)
+            past = np.maximum(delays - self.workload.min_lag_ms / 1000, 0.0)
+            result.past_min_lag_s = {**_percentiles(past, weights), "max": round(float(past[weights > 0].max(initial=0.0)), 1)}
 
 
-def compare(workload: Workload, planners: dict[str, PlannerConfig]) -> list[SimulationResult]:
-    """Run each planner on the same workload (same seed, so the same records)."""
-    return [Simulation(name, workload, config).run() for name, config in planners.items()]
+def _percentiles(values: np.ndarray, weights: np.ndarray) -> dict[str, float]:
+    """p50, p90 and p99 of `values`, each weighing as many records as its weight."""
+    order = np.argsort(values)
+    cumulative = np.cumsum(weights[order]) / weights.sum()
+    return {f"p{q}": round(float(values[order][np.searchsorted(cumulative, q / 100)]), 1) for q in (50, 90, 99)}
+
+
+def compare(workload: Workload, runs: dict[str, tuple[PlannerConfig, float]]) -> list[SimulationResult]:
+    """Run each (planner, topics' min.cleanable.dirty.ratio) on the same workload (same seed, so the same records)."""
+    return [
+        Simulation(name, replace(workload, min_cleanable_dirty_ratio=ratio), config).run() for name, (config, ratio) in runs.items()
+    ]
 
