@@ -179,6 +179,34 @@ def test_a_partition_past_its_ratio_waits_for_a_lease_to_end(catalog: Catalog) -
     assert {f.key for f in choose_plans(catalog.snapshot(), NOW + HOUR_MS)[0].inputs} == {base.key, dirty.key}
 
 
+def test_the_dirty_ratio_is_weighed_from_the_summaries_bound_and_from_the_sections_of_an_older_snapshot(catalog: Catalog) -> None:
+    """A clean base of 1,000 B under 800 B of dirty L2 bytes and 5,000 B at L1: the summary's bound (800 / 1,800,
+    L1 left out) is under 0.5, so the partition is not weighed further and not taken. A snapshot taken before a
+    commit that set the partition's row again weighs it from its own sections, as they stood."""
+    base = _BASE
+    dirty = _one_section("data/l2/dirty-800.seg", 2, 10, 800, NOW - 5 * HOUR_MS, clean=False)
+    active = _one_section("data/l1/active.seg", 1, 20, 5000, NOW, clean=False)
+    create_topic(catalog, "t", 4, cleanup_policy="compact")
+    catalog.replace_files([], [base, dirty, active], NOW)
+    assert catalog.snapshot().summaries_above_l0([("t", 0)])[("t", 0)].l1_bytes == 5000
+    older = catalog.snapshot()
+    asked: list[tuple[str, int]] = []
+    read_sections = older.sections_at_levels
+
+    def recorded(partitions: list[tuple[str, int]], from_level: int) -> list:
+        asked.extend(partitions)
+        return read_sections(partitions, from_level)
+
+    older.sections_at_levels = recorded  # type: ignore[method-assign]
+    assert choose_plans(older, NOW) == [] and asked == []  # the bound sufficed: no section read
+    more = _one_section("data/l2/dirty-more.seg", 2, 30, 1000, NOW - 5 * HOUR_MS, clean=False)
+    catalog.replace_files([], [more], NOW)  # 1,800 of 2,800 B dirty now: past 0.5
+    assert ("t", 0) not in older.summaries_above_l0([("t", 0)])  # its row is newer than that snapshot
+    assert choose_plans(older, NOW) == [] and asked == [("t", 0)]
+    (plan,) = choose_plans(catalog.snapshot(), NOW)
+    assert {f.key for f in plan.inputs} == {base.key, dirty.key, more.key}
+
+
 def test_max_lag_under_two_hours_counts_as_two_hours(snapshot_of) -> None:
     snapshot = snapshot_of(_files(0, 1), t={"cleanup.policy": "compact", "max.compaction.lag.ms": "60000"})
     assert dirty_since(snapshot, "t", 0, PlannerConfig()) == NOW + 2 * HOUR_MS
