@@ -89,7 +89,7 @@ def settle(connection: Connection, removed: set[Slot], added: Mapping[Slot, Part
     touched = sorted(removed | set(added))
     if not touched:
         return
-    held = {slot: summary for slot, summary in read(connection, touched).items() if slot not in removed}
+    held = read(connection, [slot for slot in added if slot not in removed])
     held.update(summed_up(connection, sorted(removed)))  # the outputs, inserted before, with them
     for slot, summary in added.items():
         if slot not in removed:
