@@ -170,6 +170,22 @@ def test_a_partition_past_its_ratio_waits_for_a_level_plans_files_and_is_not_tak
     assert {f.key for f in plan.inputs} == {dirty.key, *(f.key for f in tier)}
 
 
+def test_a_partition_is_held_to_the_cap_over_every_file_the_ratio_plan_takes(snapshot_of) -> None:
+    """Partition 0's cleaning range (base and dirty, 4,000 B) is within a 5,000 B cap, but partition 1's range takes a
+    whole file that also holds partition 0's young section of 2,000 B: in that plan partition 0 would hold 6,000 B,
+    and the engine would copy it, so it waits; partition 1 is taken alone."""
+    lag = {"cleanup.policy": "compact", "min.compaction.lag.ms": str(HOUR_MS)}
+    shared = DataFile("data/l2/shared.seg", 2, 2600, NOW, (
+        _section("t", 0, 20, 10, NOW, size=2000), _section("t", 1, 10, 10, NOW - 5 * HOUR_MS, size=600, byte_offset=2016),
+    ))
+    other_base = _one_section("data/l2/base-1.seg", 2, 0, 400, NOW - 5 * HOUR_MS, clean=True, partition=1)
+    snapshot = snapshot_of([_BASE, _DIRTY, shared, other_base], t=lag)
+    (plan,) = choose_plans(snapshot, NOW, config=PlannerConfig(max_partition_bytes=5000))
+    assert {f.key for f in plan.inputs} == {shared.key, other_base.key}
+    (plan,) = choose_plans(snapshot, NOW, config=PlannerConfig(max_partition_bytes=6000))
+    assert {f.key for f in plan.inputs} == {_BASE.key, _DIRTY.key, shared.key, other_base.key}
+
+
 def test_a_partition_past_its_ratio_waits_for_a_lease_to_end(catalog: Catalog) -> None:
     base, dirty = _BASE, _DIRTY
     create_topic(catalog, "t", 4, cleanup_policy="compact")

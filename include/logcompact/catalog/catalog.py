@@ -211,9 +211,8 @@ class Catalog:
         `batch` rows at a time in primary-key order; from 4, the Kafka agents' tables are created, partitions get
         their log start offset (0: retention had no record of raising it) and topics their deleted_version; from 5,
         partitions get their assigned_end (where their sections end), sections their file's level, and
-        `sections_by_partition` is built again over those above L0; from 6, `partition_summaries` is filled (from 7, filled
-        again, with its l1_bytes). No manifest
-        version is made, the store is not touched. Returns what was done; None when the catalog is at SCHEMA_VERSION
+        `sections_by_partition` is built again over those above L0; then `partition_summaries` is filled (from 7, where
+        it lacks l1_bytes, made again and filled). No manifest version is made, the store is not touched. Returns what was done; None when the catalog is at SCHEMA_VERSION
         already. Another version is a CatalogSchemaError, and no cluster ClusterNotFoundError.
         Writers of the older release must be stopped first: they would go on writing what readers then refuse."""
         path = sqlite_path(self.url)
@@ -240,8 +239,8 @@ class Catalog:
                     _add_kafka_tables(connection)
                 if found < 6:
                     _index_sections_above_l0(connection)
-                if found == 7:
-                    s.partition_summaries.drop(connection)  # derived from the sections: summed up again with l1_bytes
+                if found == 7:  # schema 7's summaries lack l1_bytes; derived from the sections, they are summed up again
+                    s.partition_summaries.drop(connection)
                 _summarize_partitions(connection)
                 connection.execute(update(s.catalog_info).values(schema_version=s.SCHEMA_VERSION))
         log.info("catalog %s upgraded from schema %d to %d: %d section rows rewritten", self._shown_url, found,
@@ -1205,7 +1204,7 @@ def _index_sections_above_l0(connection: Connection) -> None:
 
 
 def _summarize_partitions(connection: Connection) -> None:
-    """Schema 6 (or 7) to 8: `partition_summaries`, a row for every partition from its sections, set by the newest version
+    """To schema 8: `partition_summaries` (created unless there), a row for every partition from its sections, set by the newest version
     (older snapshots read the sections)."""
     s.partition_summaries.create(connection, checkfirst=True)  # created with the Kafka tables on an upgrade from 4
     version = connection.execute(select(s.catalog_info.c.version)).scalar_one()

@@ -181,7 +181,7 @@ partition_summaries = Table(
     Column("version", BigInteger, nullable=False),
     Column("sections", BigInteger, nullable=False),
     Column("bytes", BigInteger, nullable=False),  # uncompressed
-    Column("l1_bytes", BigInteger, nullable=False),  # of those, at L1: never deduplicated (the dirty ratio leaves them out)
+    Column("l1_bytes", BigInteger, nullable=False),  # of those, at L1 (below dedup_from_level by default: the dirty ratio's bound)
     Column("records", BigInteger, nullable=False),
     Column("floor", BigInteger),  # the base's first offset: the lowest above L0
     Column("base_level", SmallInteger),

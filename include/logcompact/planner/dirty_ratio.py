@@ -4,7 +4,7 @@ Kafka's LogCleanerManager cleans a log once its cleanable ratio is more than its
 (`grabFilthiestCompactedLog`): the bytes from the first dirty offset (the cleaner's checkpoint) up to the first
 uncleanable offset (`cleanableOffsets`: the active segment, or the first segment holding a record within
 min.compaction.lag.ms), over those bytes and the clean bytes below the checkpoint. Here, per partition of a
-compacted topic, over its live sections at deduplicating levels (`dedup_from_level`, L2, and up):
+compacted topic, over its live sections at deduplicating levels (`dedup_from_level`, L2 by default, and up):
 
 * **clean**: the partition's base section (its lowest offsets) when it is free of duplicates (`clean_below_delta`
   covers it): a plan deduplicated it against all older data of the partition, since none is older. This is
@@ -18,17 +18,20 @@ compacted topic, over its live sections at deduplicating levels (`dedup_from_lev
 
 The ratio is cleanable / (clean + cleanable), in uncompressed bytes; a partition is taken when it is more than
 its topic's min.cleanable.dirty.ratio (strictly, as Kafka: 1.0 never is, 0 is as soon as anything is cleanable).
-L0 and L1 files are Kafka's active segment: nothing there is deduplicated, and the level rules move them up.
+L0 and the levels below `dedup_from_level` (L1) are Kafka's active segment: nothing there is deduplicated, and the
+level rules move them up.
 
 What is taken is Kafka's cleaning range, [log start, first uncleanable offset): every file holding one of the
 partition's sections at a deduplicating level before that offset, the clean base with them, into the top level
-with deduplication. A partition is left for a later pass when one of those files is leased or taken by a level
-plan of the same pass (Kafka skips a log being cleaned), and when those sections hold more than
-`max_partition_bytes` (the engine would only copy it, and the next pass would take it again).
+with deduplication. A partition is left for a later pass when one of its files at deduplicating levels is leased
+or taken by a level plan of the same pass (Kafka skips a log being cleaned), and when its sections in the plan's
+files (whole files: other partitions' ranges bring in more of its sections) hold more than `max_partition_bytes`
+(the engine would only copy it, and the next pass would take it again).
 
 What is read: the partitions' summaries first (`Snapshot.summaries_above_l0`, a row each), which bound the ratio
-from above (every byte at L2 and up dirty but the clean base, none of them young); only the partitions that bound
-passes have their sections at deduplicating levels read (`Snapshot.sections_at_levels`), one query.
+from above (every byte above L1 dirty but the clean base's, none of them young); then which partitions the busy
+files at deduplicating levels hold; only the partitions whose bound passes and that hold none of those have their
+sections at deduplicating levels read (`Snapshot.sections_at_levels`), one query.
 """
 
 from __future__ import annotations
@@ -54,6 +57,9 @@ def partitions_past_ratio(snapshot: Snapshot, now_ms: int, config: PlannerConfig
     summaries = snapshot.summaries_above_l0(weighed)
     # A partition left out of the summaries (a commit after this snapshot set its row) is weighed from its sections.
     candidates = [tp for tp in weighed if tp not in summaries or _may_pass(summaries[tp], snapshot.topics[tp[0]].config.min_cleanable_dirty_ratio, config)]
+    if candidates and busy:
+        waiting = _held_by(snapshot, busy, config.dedup_from_level)
+        candidates = [tp for tp in candidates if tp not in waiting]
     by_partition: dict[TopicPartition, list[LevelSection]] = {}
     for section in snapshot.sections_at_levels(candidates, config.dedup_from_level):
         by_partition.setdefault((section.topic, section.partition), []).append(section)
@@ -61,17 +67,35 @@ def partitions_past_ratio(snapshot: Snapshot, now_ms: int, config: PlannerConfig
     for tp, sections in by_partition.items():
         topic_config = snapshot.topics[tp[0]].config
         cleaning = cleaning_range(sections, _first_uncleanable(sections, topic_config.min_compaction_lag_ms, now_ms))
-        if cleanable_ratio(sections, cleaning) <= topic_config.min_cleanable_dirty_ratio:
-            continue
-        keys = sorted({s.key for s in cleaning})
-        if busy.isdisjoint(keys) and sum(s.uncompressed_bytes for s in cleaning) <= config.max_partition_bytes:
-            taken[tp] = keys
-    return taken
+        if cleanable_ratio(sections, cleaning) > topic_config.min_cleanable_dirty_ratio:
+            taken[tp] = sorted({s.key for s in cleaning})
+    return _within_the_cap(taken, by_partition, config.max_partition_bytes)
+
+
+def _held_by(snapshot: Snapshot, keys: set[str], from_level: int) -> set[TopicPartition]:
+    """The partitions with a section in the files among `keys` at `from_level` and up."""
+    at_levels = [f.key for f in snapshot.file_summaries_of(sorted(keys)) if f.level >= from_level]
+    return set(snapshot.lowest_offsets(at_levels)) if at_levels else set()
+
+
+def _within_the_cap(
+    taken: dict[TopicPartition, list[str]], sections: dict[TopicPartition, list[LevelSection]], cap: int
+) -> dict[TopicPartition, list[str]]:
+    """`taken` without the partitions whose sections in all the taken files hold more than `cap` bytes (the engine
+    would copy them, not deduplicate them), until none is left over it: dropping one takes files out."""
+    while True:
+        files = {key for keys in taken.values() for key in keys}
+        over = [tp for tp in taken if sum(s.uncompressed_bytes for s in sections[tp] if s.key in files) > cap]
+        if not over:
+            return taken
+        for tp in over:
+            del taken[tp]
 
 
 def _may_pass(summary: PartitionSummary | None, ratio: float, config: PlannerConfig) -> bool:
-    """Whether the partition's ratio can be more than `ratio`, from its summary: at most every byte at deduplicating
-    levels is cleanable but the clean base's (L1's bytes count as such when dedup_from_level is higher: a bound)."""
+    """Whether the partition's ratio can be more than `ratio`, from its summary: at most every byte above L1 (at
+    every level when dedup_from_level is 1) is cleanable but the clean base's. Bytes at levels from L2 below a
+    higher dedup_from_level count as cleanable too: still a bound, since the ratio grows with the cleanable bytes."""
     if summary is None:
         return False
     at_dedup_levels = summary.uncompressed_bytes - (summary.l1_bytes if config.dedup_from_level > 1 else 0)
