@@ -216,6 +216,10 @@ def _model_of_a_regular_pass(catalog: Catalog, partitions: int, now: int) -> dic
 @given(st.integers(1, 3), programs, st.sampled_from(["0", "1"]), st.sampled_from([NOW, AGED]))
 @example(1, ISSUE_CASE, "0", AGED)
 @example(1, ISSUE_CASE, "1", AGED)
+# Partition 1's cleaning range takes whole files holding partition 0's sections around its young one: the plan takes
+# the young one's file too, or its output would span offsets that file holds.
+@example(3, [("produce", [(0, b"a", None, 20_000)]), ("produce", [(0, b"a", None, 800), (1, b"a", None, 20_000)]), ("settle",),
+             ("produce", [(0, b"a", None, 20_000), (1, b"a", None, 20_000)])], "0", NOW)
 def test_a_regular_pass_deduplicates_what_min_lag_held_back_once_it_ages_when_the_dirty_ratio_passes(
     tmp_path_factory, partitions: int, program: list[tuple], ratio: str, now: int
 ) -> None:

@@ -23,10 +23,13 @@ level rules move them up.
 
 What is taken is Kafka's cleaning range, [log start, first uncleanable offset): every file holding one of the
 partition's sections at a deduplicating level before that offset, the clean base with them, into the top level
-with deduplication. A partition is left for a later pass when one of its files at deduplicating levels is leased
-or taken by a level plan of the same pass (Kafka skips a log being cleaned), and when its sections in the plan's
-files (whole files: other partitions' ranges bring in more of its sections) hold more than `max_partition_bytes`
-(the engine would only copy it, and the next pass would take it again).
+with deduplication. Files are taken whole, so they bring other partitions' sections; where those are not one run
+of offsets (a section outside the plan starts between two of them: a young section of its own), the file holding
+it joins the plan (`_contiguous`), or the plan's output would span offsets that section holds. A partition is left
+for a later pass when one of its files at deduplicating levels is leased or taken by a level plan of the same pass
+(Kafka skips a log being cleaned), and when its sections in the plan's files hold more than `max_partition_bytes`
+(the engine would only copy it, and the next pass would take it again); the whole plan waits when a file it needs
+in between is busy.
 
 What is read: the partitions' summaries first (`Snapshot.summaries_above_l0`, a row each), which bound the ratio
 from above (every byte above L1 dirty but the clean base's, none of them young); then which partitions the busy
@@ -36,7 +39,7 @@ sections at deduplicating levels read (`Snapshot.sections_at_levels`), one query
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from logcompact.catalog import LevelSection, PartitionSummary, Snapshot
 from logcompact.plan import TopicPartition
@@ -45,9 +48,28 @@ from logcompact.planner.config import PlannerConfig
 _NO_OFFSET = 1 << 62
 
 
-def partitions_past_ratio(snapshot: Snapshot, now_ms: int, config: PlannerConfig, busy: set[str]) -> dict[TopicPartition, list[str]]:
-    """The partitions a regular pass takes for their dirty ratio, each with the files of its cleaning range; those
-    with a file in `busy` (leased, or taken by a level plan of the pass) or over `max_partition_bytes` wait."""
+def ratio_plan_files(snapshot: Snapshot, now_ms: int, config: PlannerConfig, busy: set[str]) -> list[str]:
+    """The files of the pass's plan for the partitions past their dirty ratio (none: no plan): their cleaning ranges'
+    files, with every file holding a section in between two of the plan's sections of one partition (`_contiguous`).
+    Partitions with a file in `busy` (leased, or taken by a level plan of the pass) or over `max_partition_bytes`
+    in the plan wait; the whole plan waits when a file it needs in between is busy."""
+    taken = _partitions_past_ratio(snapshot, now_ms, config, busy)
+    while taken:
+        files = _contiguous(snapshot, {key for keys in taken.values() for key in keys}, config.dedup_from_level)
+        if not busy.isdisjoint(files):
+            return []
+        held = _sections_in(snapshot, taken, files, config.dedup_from_level)
+        over = [tp for tp in taken if sum(s.uncompressed_bytes for s in held[tp]) > config.max_partition_bytes]
+        if not over:
+            return sorted(files)
+        for tp in over:
+            del taken[tp]
+    return []
+
+
+def _partitions_past_ratio(snapshot: Snapshot, now_ms: int, config: PlannerConfig, busy: set[str]) -> dict[TopicPartition, list[str]]:
+    """The partitions past their dirty ratio, each with the files of its cleaning range; those holding a busy file
+    at a deduplicating level left out."""
     weighed = [
         (name, partition) for name, topic in sorted(snapshot.topics.items())
         if topic.config.compacted and topic.config.min_cleanable_dirty_ratio < 1.0 for partition in range(topic.partitions)
@@ -69,27 +91,44 @@ def partitions_past_ratio(snapshot: Snapshot, now_ms: int, config: PlannerConfig
         cleaning = cleaning_range(sections, _first_uncleanable(sections, topic_config.min_compaction_lag_ms, now_ms))
         if cleanable_ratio(sections, cleaning) > topic_config.min_cleanable_dirty_ratio:
             taken[tp] = sorted({s.key for s in cleaning})
-    return _within_the_cap(taken, by_partition, config.max_partition_bytes)
+    return taken
+
+
+def _contiguous(snapshot: Snapshot, files: set[str], from_level: int) -> set[str]:
+    """`files` with the files holding a section of one of their partitions that starts between two of that
+    partition's sections in them, until none is left out: a plan must take each partition's sections as one run
+    of offsets, as Kafka cleans a run of segments, or its output section would span offsets a section outside it
+    holds. (Taken whole, a cleaning range's files bring other partitions' sections, not always a run.)"""
+    files = set(files)
+    while True:
+        partitions = list(snapshot.lowest_offsets(sorted(files)))
+        by_partition: dict[TopicPartition, list[LevelSection]] = {}
+        for section in snapshot.sections_at_levels(partitions, from_level):
+            by_partition.setdefault((section.topic, section.partition), []).append(section)
+        between: set[str] = set()
+        for sections in by_partition.values():
+            inside = [n for n, s in enumerate(sections) if s.key in files]
+            between.update(s.key for s in sections[inside[0] : inside[-1] + 1] if s.key not in files)
+        if not between:
+            return files
+        files |= between
+
+
+def _sections_in(
+    snapshot: Snapshot, partitions: Iterable[TopicPartition], files: set[str], from_level: int
+) -> dict[TopicPartition, list[LevelSection]]:
+    """Per partition of `partitions`, its sections in `files` (at `from_level` and up, as every file of the plan)."""
+    found: dict[TopicPartition, list[LevelSection]] = {tp: [] for tp in partitions}
+    for section in snapshot.sections_at_levels(list(found), from_level):
+        if section.key in files:
+            found[(section.topic, section.partition)].append(section)
+    return found
 
 
 def _held_by(snapshot: Snapshot, keys: set[str], from_level: int) -> set[TopicPartition]:
     """The partitions with a section in the files among `keys` at `from_level` and up."""
     at_levels = [f.key for f in snapshot.file_summaries_of(sorted(keys)) if f.level >= from_level]
     return set(snapshot.lowest_offsets(at_levels)) if at_levels else set()
-
-
-def _within_the_cap(
-    taken: dict[TopicPartition, list[str]], sections: dict[TopicPartition, list[LevelSection]], cap: int
-) -> dict[TopicPartition, list[str]]:
-    """`taken` without the partitions whose sections in all the taken files hold more than `cap` bytes (the engine
-    would copy them, not deduplicate them), until none is left over it: dropping one takes files out."""
-    while True:
-        files = {key for keys in taken.values() for key in keys}
-        over = [tp for tp in taken if sum(s.uncompressed_bytes for s in sections[tp] if s.key in files) > cap]
-        if not over:
-            return taken
-        for tp in over:
-            del taken[tp]
 
 
 def _may_pass(summary: PartitionSummary | None, ratio: float, config: PlannerConfig) -> bool:

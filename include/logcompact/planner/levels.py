@@ -14,7 +14,7 @@ from typing import TypeVar
 from logcompact.catalog import DataFile, FileSummary, Snapshot
 from logcompact.plan import MAX_LEVEL, Plan, TopicPartition, lowest_offsets_and_bytes, lowest_outside, new_plan_id, split_into_groups
 from logcompact.planner.config import PlannerConfig
-from logcompact.planner.dirty_ratio import partitions_past_ratio
+from logcompact.planner.dirty_ratio import ratio_plan_files
 
 Sized = TypeVar("Sized", FileSummary, DataFile)
 _NO_OFFSET = 1 << 62
@@ -53,9 +53,9 @@ def plan_regular(snapshot: Snapshot, now_ms: int, config: PlannerConfig, leased:
         due.append(top)
     chosen = level_merges(snapshot.file_summaries(*due) if due else [], top, config, leased)
     in_level_plans = {key for keys, _ in chosen for key in keys}
-    dirty = partitions_past_ratio(snapshot, now_ms, config, leased | in_level_plans)
+    dirty = ratio_plan_files(snapshot, now_ms, config, leased | in_level_plans)
     if dirty:
-        chosen.append((sorted({key for keys in dirty.values() for key in keys}), max(config.dedup_from_level, top)))
+        chosen.append((dirty, max(config.dedup_from_level, top)))
     if not chosen:
         return []
     return make_plans(snapshot, chosen, now_ms, config, "regular")
