@@ -212,8 +212,8 @@ class Catalog:
         their log start offset (0: retention had no record of raising it) and topics their deleted_version; from 5,
         partitions get their assigned_end (where their sections end), sections their file's level, and
         `sections_by_partition` is built again over those above L0; then `partition_summaries` is filled (from 7, where
-        it lacks l1_bytes, made again and filled). No manifest version is made, the store is not touched. Returns what was done; None when the catalog is at SCHEMA_VERSION
-        already. Another version is a CatalogSchemaError, and no cluster ClusterNotFoundError.
+        it lacks l1_bytes, made again and filled). No manifest version is made, the store is not touched. Returns what
+        was done; None when the catalog is at SCHEMA_VERSION already. Another version is a CatalogSchemaError, and no cluster ClusterNotFoundError.
         Writers of the older release must be stopped first: they would go on writing what readers then refuse."""
         path = sqlite_path(self.url)
         if path is not None and not path.exists():
@@ -1204,8 +1204,8 @@ def _index_sections_above_l0(connection: Connection) -> None:
 
 
 def _summarize_partitions(connection: Connection) -> None:
-    """To schema 8: `partition_summaries` (created unless there), a row for every partition from its sections, set by the newest version
-    (older snapshots read the sections)."""
+    """To schema 8: `partition_summaries` (created unless there), a row for every partition from its sections, set by
+    the newest version (older snapshots read the sections)."""
     s.partition_summaries.create(connection, checkfirst=True)  # created with the Kafka tables on an upgrade from 4
     version = connection.execute(select(s.catalog_info.c.version)).scalar_one()
     slots = [tuple(row) for row in connection.execute(select(s.partitions.c.topic_id, s.partitions.c.partition))]

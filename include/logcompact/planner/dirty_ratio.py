@@ -39,7 +39,7 @@ sections at deduplicating levels read (`Snapshot.sections_at_levels`), one query
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from logcompact.catalog import LevelSection, PartitionSummary, Snapshot
 from logcompact.plan import TopicPartition
@@ -55,11 +55,10 @@ def ratio_plan_files(snapshot: Snapshot, now_ms: int, config: PlannerConfig, bus
     in the plan wait; the whole plan waits when a file it needs in between is busy."""
     taken = _partitions_past_ratio(snapshot, now_ms, config, busy)
     while taken:
-        files = _contiguous(snapshot, {key for keys in taken.values() for key in keys}, config.dedup_from_level)
+        files, sections = _contiguous(snapshot, {key for keys in taken.values() for key in keys}, config.dedup_from_level)
         if not busy.isdisjoint(files):
             return []
-        held = _sections_in(snapshot, taken, files, config.dedup_from_level)
-        over = [tp for tp in taken if sum(s.uncompressed_bytes for s in held[tp]) > config.max_partition_bytes]
+        over = [tp for tp in taken if sum(s.uncompressed_bytes for s in sections[tp] if s.key in files) > config.max_partition_bytes]
         if not over:
             return sorted(files)
         for tp in over:
@@ -94,11 +93,12 @@ def _partitions_past_ratio(snapshot: Snapshot, now_ms: int, config: PlannerConfi
     return taken
 
 
-def _contiguous(snapshot: Snapshot, files: set[str], from_level: int) -> set[str]:
+def _contiguous(snapshot: Snapshot, files: set[str], from_level: int) -> tuple[set[str], dict[TopicPartition, list[LevelSection]]]:
     """`files` with the files holding a section of one of their partitions that starts between two of that
     partition's sections in them, until none is left out: a plan must take each partition's sections as one run
     of offsets, as Kafka cleans a run of segments, or its output section would span offsets a section outside it
-    holds. (Taken whole, a cleaning range's files bring other partitions' sections, not always a run.)"""
+    holds. (Taken whole, a cleaning range's files bring other partitions' sections, not always a run.) With the
+    sections at `from_level` and up of every partition in them, read for it."""
     files = set(files)
     while True:
         partitions = list(snapshot.lowest_offsets(sorted(files)))
@@ -110,19 +110,8 @@ def _contiguous(snapshot: Snapshot, files: set[str], from_level: int) -> set[str
             inside = [n for n, s in enumerate(sections) if s.key in files]
             between.update(s.key for s in sections[inside[0] : inside[-1] + 1] if s.key not in files)
         if not between:
-            return files
+            return files, by_partition
         files |= between
-
-
-def _sections_in(
-    snapshot: Snapshot, partitions: Iterable[TopicPartition], files: set[str], from_level: int
-) -> dict[TopicPartition, list[LevelSection]]:
-    """Per partition of `partitions`, its sections in `files` (at `from_level` and up, as every file of the plan)."""
-    found: dict[TopicPartition, list[LevelSection]] = {tp: [] for tp in partitions}
-    for section in snapshot.sections_at_levels(list(found), from_level):
-        if section.key in files:
-            found[(section.topic, section.partition)].append(section)
-    return found
 
 
 def _held_by(snapshot: Snapshot, keys: set[str], from_level: int) -> set[TopicPartition]:
