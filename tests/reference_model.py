@@ -160,10 +160,14 @@ class ReferenceLog:
                 outside = [o for o in live if o not in offsets]
                 young_outside = [min(segment) for segment in rest if first_young([live[o] for o in segment], config, now) is not None]
                 records = [live[o] for o in sorted(offsets)]
-                survivors = compact(
-                    records, config, now, deduplicate, min(outside) if outside else None, min(young_outside, default=None)
-                )
-                decided.append(((topic, partition), taken, records, survivors, first_young(records, config, now)))
+                outside_young = min(young_outside, default=None)
+                survivors = compact(records, config, now, deduplicate, min(outside) if outside else None, outside_young)
+                # The young segment starts at the first young record, or at a young segment outside the job that
+                # its records lie on both sides of: no segment spans another.
+                cuts = [first_young(records, config, now)]
+                if outside_young is not None and records and records[0].offset < outside_young:
+                    cuts.append(outside_young)
+                decided.append(((topic, partition), taken, records, survivors, min((c for c in cuts if c is not None), default=None)))
         for tp, taken, records, survivors, cut in decided:
             live = self.partitions[tp]
             for r in records:

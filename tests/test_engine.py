@@ -103,6 +103,25 @@ def test_min_lag_leaves_young_records_untouched(catalog: Catalog) -> None:
     assert _values(catalog, "state") == [(2, b"a", b"new")]
 
 
+def test_inputs_on_both_sides_of_a_young_section_outside_the_plan_are_cut_there(catalog: Catalog) -> None:
+    """A plan that leaves out a file holding a young section between two of its partition's sections writes them as
+    two sections, cut at the young one's offset: one section spanning it would interleave the partition's sections."""
+    catalog = _setup(catalog, state={"cleanup_policy": "compact", "min_compaction_lag_ms": "1000"})
+    _produce(catalog, "state", [Record(0, b"a", b"old", NOW)])
+    _produce(catalog, "state", [Record(0, b"y", b"young", NOW + 1500)])
+    _produce(catalog, "state", [Record(0, b"a", b"new", NOW + 100)])  # older than the lag, despite its offset
+    young_file = catalog.snapshot().files(level=0)[1]
+    catalog.lease("p-elsewhere", [young_file.key], NOW + 60_000, NOW)
+    (plan,) = level_plans(catalog.planning_snapshot(NOW + 1600), NOW + 1600, min_files=2)
+    assert young_file.key not in {f.key for f in plan.inputs} and plan.first_uncleanable == {("state", 0): 1}
+    _run(catalog, plan)
+    snapshot = catalog.snapshot()
+    levels = {f.key: f.level for f in snapshot.files()}
+    sections = sorted((s.first_offset, s.last_offset, levels[key]) for key, s in snapshot.sections_of("state", 0))
+    assert sections == [(0, 0, 1), (1, 1, 0), (2, 2, 1)]
+    assert _values(catalog, "state") == [(0, b"a", b"old"), (1, b"y", b"young"), (2, b"a", b"new")]
+
+
 def test_retention_removes_old_records_and_skips_whole_sections(catalog: Catalog) -> None:
     catalog = _setup(catalog, events={"retention_ms": "1000"}, mixed={"cleanup_policy": "compact,delete", "retention_ms": "1000"})
     _produce(catalog, "events", [Record(0, None, b"old", NOW)] * 3)

@@ -24,10 +24,11 @@ Rules, per record (a compacted topic's rules apply only when the plan deduplicat
   Kafka takes the first such segment) and the offset of the first such record among the plan's inputs (pass
   1, or the copy, sees every timestamp). From there on no record is removed as a duplicate, used to remove
   others, or stamped; judging it by offset, not by each record's timestamp, keeps a young older value from
-  outliving a tombstone that supersedes it. The output ends the partition's section before that first young
-  record and puts the survivors from it on in a section of their own (the plan's `young` files), copies
-  included: the boundary stays a section boundary, as Kafka never rewrites the segment holding it, so it
-  never moves down;
+  outliving a tombstone that supersedes it. The output ends the partition's section before the inputs' first
+  young record, or before the plan's `first_uncleanable` when inputs lie on both sides of it, and puts the
+  survivors from there on in a section of their own (the plan's `young` files), copies included: the boundary
+  stays a section boundary, as Kafka never rewrites the segment holding it, so it never moves down, and no
+  output section spans a young section outside the plan;
 * pass 1 maps each other keyed record's 128-bit key hash to the latest offset of that key; pass 2 removes
   a record when the map holds a newer offset for its key;
 * a tombstone that is the latest of its key is kept and stamped with a delete horizon (now +
@@ -464,6 +465,10 @@ class _PartitionCleaner:
         self.lag_cut = now - lag if lag > 0 else None
         self.young_from = plan.first_uncleanable.get((topic, partition)) if lag > 0 else None
         self.first_young: int | None = None  # the offset of the inputs' first record within the lag
+        # Inputs on both sides of a young section outside the plan are cut there too: one output section spanning
+        # it would interleave the partition's sections, and the first uncleanable offset would fall below them all.
+        straddled = self.young_from is not None and self.sections[0][1].first_offset < self.young_from
+        self.outside_cut = self.young_from if straddled else None
         self.removes_latest = True  # may a key's latest record go (tombstone, expiry)? Not after a partial stop
 
     def _records(self, cursors: _Cursors, columns: tuple[str, ...] | None = None) -> _PartitionReader:
@@ -522,7 +527,7 @@ class _PartitionCleaner:
         if not self.deduplicate:
             for batch in second:
                 self._find_young(batch)
-                out.split_at = self.first_young
+                out.split_at = self._young_cut()
                 keep, horizons = self._retention_only(batch)
                 out.write(batch, keep, horizons)
             out.close()
@@ -536,7 +541,7 @@ class _PartitionCleaner:
         while True:
             self.key_map.clear(expected_keys)
             stop = self._fill_map(first, map_from)
-            out.split_at = self.first_young  # pass 1 is past it, or pass 2 stops before it
+            out.split_at = self._young_cut()  # pass 1 is past the first young record, or pass 2 stops before it
             stats.distinct_keys += self.key_map.size
             stats.buffer_utilization = max(stats.buffer_utilization, round(self.key_map.utilization, 4))
             if segment == 0:
@@ -554,6 +559,12 @@ class _PartitionCleaner:
             stats.warnings_once(f"key map full (capacity {self.key_map.capacity} keys): partial progress, more rounds will converge")
         out.close()
         stats.records_out += out.records
+
+    def _young_cut(self) -> int | None:
+        """Where the output's young section starts: the inputs' first young record, or the young section outside
+        the plan that the inputs straddle, whichever is lower."""
+        cuts = [cut for cut in (self.first_young, self.outside_cut) if cut is not None]
+        return min(cuts) if cuts else None
 
     def _find_young(self, batch: pa.RecordBatch) -> None:
         """Note the first record within the lag in the inputs (they come in offset order): the first uncleanable

@@ -141,8 +141,8 @@ def _first_uncleanable(sections: Sequence[LevelSection], min_lag_ms: int, now_ms
 
 def cleaning_range(sections: Sequence[LevelSection], first_uncleanable: int) -> list[LevelSection]:
     """Kafka's cleaning range of a partition, [log start, first uncleanable offset): its sections (in offset order)
-    up to the first reaching that offset (a plan that took sections around a young one wrote it; from that offset
-    on nothing is deduplicated). Always a run from the partition's base, so a plan over it leaves a clean base and
+    up to the first reaching that offset (a catalog written before the engine cut its output at a young section
+    outside its plan may hold one spanning it; from that offset on nothing is deduplicated). Always a run from the partition's base, so a plan over it leaves a clean base and
     the next pass does not take the partition again for the same bytes."""
     taken = []
     for section in sections:
