@@ -11,7 +11,7 @@ server started from Debian's packages, as the tests do) it prints:
 * wide append: the median time of one append of a file holding a section for each of 1,000 partitions (10 topics
   of 100), alone, as WarpStream's agents write them;
 * consume: time to the first record of one partition, reading through the 100k-file catalog;
-* storage: catalog bytes per section at 100k files (tables and indexes);
+* storage: catalog bytes per section at 100k files (tables and indexes), and in files of 1,000 sections;
 * agents: 10 agent processes, each writing and committing 4 L0 files a second (a real Agent, a real
   segment written to the store), for --agents-seconds against a 10k-file catalog: commits/s, latency
   of a flush (write + commit) p50/p99, failures;
@@ -110,25 +110,33 @@ class Cluster:
         return statistics.median(timings)
 
     def storage_bytes(self) -> int:
-        engine = self.catalog.engine
-        with engine.connect() as connection:
-            if engine.dialect.name == "sqlite":
-                connection.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
-                pages = connection.exec_driver_sql("PRAGMA page_count").scalar()
-                free = connection.exec_driver_sql("PRAGMA freelist_count").scalar()
-                return (pages - free) * connection.exec_driver_sql("PRAGMA page_size").scalar()
-            return connection.execute(
-                text("SELECT pg_total_relation_size('sections') + pg_total_relation_size('files')")
-            ).scalar()
+        return storage_bytes(self.catalog)
 
     def sections(self) -> int:
-        with self.catalog.engine.connect() as connection:
-            return connection.execute(text("SELECT count(*) FROM sections")).scalar()
+        return section_count(self.catalog)
 
 
-def wide_append_latency(url: str | None, root: Path, appends: int = 50) -> float:
+def storage_bytes(catalog: Catalog) -> int:
+    """The catalog's bytes: SQLite's pages in use, PostgreSQL's sections and files tables with their indexes."""
+    engine = catalog.engine
+    with engine.connect() as connection:
+        if engine.dialect.name == "sqlite":
+            connection.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+            pages = connection.exec_driver_sql("PRAGMA page_count").scalar()
+            free = connection.exec_driver_sql("PRAGMA freelist_count").scalar()
+            return (pages - free) * connection.exec_driver_sql("PRAGMA page_size").scalar()
+        return connection.execute(text("SELECT pg_total_relation_size('sections') + pg_total_relation_size('files')")).scalar()
+
+
+def section_count(catalog: Catalog) -> int:
+    with catalog.engine.connect() as connection:
+        return connection.execute(text("SELECT count(*) FROM sections")).scalar()
+
+
+def wide_append_latency(url: str | None, root: Path, appends: int = 50) -> tuple[float, float]:
     """Median seconds of one append of a file with a section for each of 1,000 partitions (10 topics of 100), into
-    a catalog of its own (rows only: the object is never written)."""
+    a catalog of its own (rows only: the object is never written); and that catalog's bytes per section, in files of
+    agents' shape."""
     catalog = Catalog(LocalStore(root / "wide"), url)
     catalog.ensure_created(NOW)
     for n in range(WIDE_TOPICS):
@@ -140,7 +148,7 @@ def wide_append_latency(url: str | None, root: Path, appends: int = 50) -> float
         started = time.perf_counter()
         catalog.append_files([new], NOW)
         timings.append(time.perf_counter() - started)
-    return statistics.median(timings)
+    return statistics.median(timings), storage_bytes(catalog) / section_count(catalog)
 
 
 def consume_first_record(cluster: Cluster, runs: int = 20) -> tuple[float, int]:
@@ -290,9 +298,9 @@ def bench(name: str, new_url: Callable[[], str | None], sizes: list[int], agents
     with tempfile.TemporaryDirectory(prefix="logcompact-bench-") as tmp:
         cluster = Cluster(new_url(), Path(tmp))
         print(f"\n{name}: {cluster.catalog.engine.url.render_as_string()}")
-        wide = wide_append_latency(new_url(), Path(tmp))
+        wide, wide_bytes = wide_append_latency(new_url(), Path(tmp))
         print(f"  append of one file of {WIDE_TOPICS * WIDE_PARTITIONS:,} sections (one per partition), alone: "
-              f"{1000 * wide:6.2f} ms median")
+              f"{1000 * wide:6.2f} ms median; storage in files of that shape: {wide_bytes:.0f} B per section")
         appends = {}
         for size in sizes:
             started = time.perf_counter()

@@ -41,11 +41,11 @@ WHERE partitions.topic_id = w.topic_id AND partitions.partition = w.partition AN
 RETURNING partitions.topic_id, partitions.partition, partitions.next_offset
 """
 
-_SECTION_COLUMNS = tuple(column.name for column in s.sections.columns)
+_SECTION_COLUMNS = s.SECTION_ROW
 _COPY_SECTIONS = f"COPY sections ({', '.join(_SECTION_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
 _INSERT_SECTIONS = f"INSERT INTO sections ({', '.join(_SECTION_COLUMNS)}) VALUES ({', '.join('?' for _ in _SECTION_COLUMNS)})"
 _BINARY_TYPES = {BigInteger: "int8", Integer: "int4", SmallInteger: "int2", LargeBinary: "bytea"}
-_SECTION_TYPES = [_BINARY_TYPES[type(column.type)] for column in s.sections.columns]
+_SECTION_TYPES = [_BINARY_TYPES[type(column.type)] for column in s.SECTION_ROW_COLUMNS]
 
 
 def advance_partitions(connection: Connection, counts: Mapping[Slot, int]) -> dict[Slot, int]:
@@ -76,7 +76,7 @@ def _array(numbers: Iterable[int]) -> str:
 
 
 def insert_sections(connection: Connection, rows: Sequence[tuple]) -> None:
-    """Insert sections rows, tuples in the table's column order."""
+    """Insert sections rows, tuples in `schema.SECTION_ROW` order."""
     if not rows:
         return
     if connection.dialect.name != "postgresql":

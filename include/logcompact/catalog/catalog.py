@@ -32,6 +32,7 @@ from itertools import repeat
 import numpy as np
 from sqlalchemy import ColumnElement, Connection, bindparam, delete, func, insert, inspect, or_, select, tuple_, union_all, update
 from sqlalchemy.exc import DatabaseError, IntegrityError
+from sqlalchemy.schema import CreateTable
 
 from logcompact.catalog import appends, producers, summaries
 from logcompact.catalog import schema as s
@@ -211,8 +212,9 @@ class Catalog:
         `batch` rows at a time in primary-key order; from 4, the Kafka agents' tables are created, partitions get
         their log start offset (0: retention had no record of raising it) and topics their deleted_version; from 5,
         partitions get their assigned_end (where their sections end), sections their file's level, and
-        `sections_by_partition` is built again over those above L0; then `partition_summaries` is filled (from 7, where
-        it lacks l1_bytes, made again and filled). No manifest version is made, the store is not touched. Returns what
+        `sections_by_partition` is built again over those above L0; on PostgreSQL the sections table is made again in
+        schema 9's layout; then `partition_summaries` is filled (from 7, where it lacks l1_bytes, made again and
+        filled). No manifest version is made, the store is not touched. Returns what
         was done; None when the catalog is at SCHEMA_VERSION already. Another version is a CatalogSchemaError, and no cluster ClusterNotFoundError.
         Writers of the older release must be stopped first: they would go on writing what readers then refuse."""
         path = sqlite_path(self.url)
@@ -241,6 +243,7 @@ class Catalog:
                     _index_sections_above_l0(connection)
                 if found == 7:  # schema 7's summaries lack l1_bytes; derived from the sections, they are summed up again
                     s.partition_summaries.drop(connection)
+                _lay_sections_out(connection)
                 _summarize_partitions(connection)
                 connection.execute(update(s.catalog_info).values(schema_version=s.SCHEMA_VERSION))
         log.info("catalog %s upgraded from schema %d to %d: %d section rows rewritten", self._shown_url, found,
@@ -1201,6 +1204,26 @@ def _index_sections_above_l0(connection: Connection) -> None:
     )
     connection.exec_driver_sql("DROP INDEX sections_by_partition")
     next(index for index in s.sections.indexes if index.name == "sections_by_partition").create(connection)
+
+
+def _lay_sections_out(connection: Connection) -> None:
+    """To schema 9, on PostgreSQL: the sections table made again in its columns' new layout (by width; record counts
+    and tombstones 32-bit), its rows copied in key order and its indexes built after them. A count past 32 bits fails
+    the copy, and the upgrade with it. SQLite stores an integer by its value whatever the column's declared width
+    and place: nothing is done there."""
+    if connection.dialect.name != "postgresql":
+        return
+    connection.exec_driver_sql("ALTER TABLE sections RENAME TO sections_schema_8")
+    connection.exec_driver_sql("ALTER INDEX sections_pkey RENAME TO sections_schema_8_pkey")
+    connection.exec_driver_sql("DROP INDEX sections_by_partition")
+    connection.execute(CreateTable(s.sections))
+    columns = ", ".join(s.SECTION_ROW)
+    connection.exec_driver_sql(
+        f"INSERT INTO sections ({columns}) SELECT {columns} FROM sections_schema_8 ORDER BY file_id, topic_id, partition"
+    )
+    connection.exec_driver_sql("DROP TABLE sections_schema_8")
+    for index in s.sections.indexes:
+        index.create(connection)
 
 
 def _summarize_partitions(connection: Connection) -> None:

@@ -36,12 +36,13 @@ from sqlalchemy import (
 
 # Bump on any change to the tables below or to what their columns hold; a database of another version is refused
 # (CatalogSchemaError), but for UPGRADABLE_FROM, which `Catalog.upgrade_catalog` brings to this one.
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 # What `Catalog.upgrade_catalog` brings to SCHEMA_VERSION, step by step. Schema 3 stored `sections.crc32` raw (the
 # format's CRC, unbound); schema 4 had no log start offsets, no deleted topics and none of the Kafka agents' tables;
 # schema 5 had no sections.level nor partitions.assigned_end, and every section in `sections_by_partition`; schema 6
-# had no partition_summaries; schema 7's had no l1_bytes.
-UPGRADABLE_FROM = (3, 4, 5, 6, 7)
+# had no partition_summaries; schema 7's had no l1_bytes; schema 8's sections rows were laid out wider on PostgreSQL
+# (in `SECTION_ROW` order, record_count and tombstones 64-bit).
+UPGRADABLE_FROM = (3, 4, 5, 6, 7, 8)
 
 # SQLite gives auto-numbered keys only to INTEGER PRIMARY KEY (the rowid); PostgreSQL wants BIGINT.
 Identity64 = BigInteger().with_variant(Integer(), "sqlite")
@@ -130,33 +131,44 @@ Index(
 Index("files_removed", files.c.removed_version)
 
 # One row per section (a file holds one per topic-partition): the footer's summary of it plus the offsets the
-# catalog assigned. Small sections share a block, so several may have one byte range.
+# catalog assigned. Small sections share a block, so several may have one byte range. The columns are laid out by
+# width, 64-bit ones first, then 32-bit, 16-bit and the sketch: PostgreSQL aligns each column to its width, and the
+# order a row is written and read in (`SECTION_ROW`) padded 10 bytes of it; with record counts and tombstones 32-bit
+# (a file's rows are counted in 32 bits: `first_row`), a row takes 144 bytes of the heap where it took 168.
 sections = Table(
     "sections",
     metadata,
     Column("file_id", BigInteger, primary_key=True, autoincrement=False),
-    Column("topic_id", Integer, primary_key=True, autoincrement=False),
-    Column("partition", Integer, primary_key=True, autoincrement=False),
     Column("byte_offset", BigInteger, nullable=False),
     Column("byte_length", BigInteger, nullable=False),
-    Column("first_row", Integer, nullable=False),
     Column("first_offset", BigInteger, nullable=False),
     Column("last_offset", BigInteger, nullable=False),
-    Column("record_count", BigInteger, nullable=False),
     Column("min_timestamp", BigInteger, nullable=False),
     Column("max_timestamp", BigInteger, nullable=False),
-    Column("tombstones", BigInteger, nullable=False),
     Column("uncompressed_bytes", BigInteger, nullable=False),
-    Column("compression", SmallInteger, nullable=False),  # index into format.layout.COMPRESSIONS
     Column("crc32", BigInteger, nullable=False),
     Column("clean_below_delta", BigInteger, nullable=False),
-    Column("key_sketch", LargeBinary),  # sketch.encode's packed registers; NULL for a section without keys
     # Set when a compaction replaced the rest of its file but not this section (its partition was set aside as
     # uncleanable): the file stays live with the sections whose removed_version is null.
     Column("removed_version", BigInteger),
+    Column("topic_id", Integer, primary_key=True, autoincrement=False),
+    Column("partition", Integer, primary_key=True, autoincrement=False),
+    Column("first_row", Integer, nullable=False),
+    Column("record_count", Integer, nullable=False),
+    Column("tombstones", Integer, nullable=False),
+    Column("compression", SmallInteger, nullable=False),  # index into format.layout.COMPRESSIONS
     Column("level", SmallInteger, nullable=False, server_default="0"),  # its file's: kept here for the partial index
+    Column("key_sketch", LargeBinary),  # sketch.encode's packed registers; NULL for a section without keys
     sqlite_with_rowid=False,
 )
+# The order a sections row is built, inserted and read by position in (`Catalog._insert_files`, `Snapshot`), apart
+# from how the table lays its columns out.
+SECTION_ROW = (
+    "file_id", "topic_id", "partition", "byte_offset", "byte_length", "first_row", "first_offset", "last_offset",
+    "record_count", "min_timestamp", "max_timestamp", "tombstones", "uncompressed_bytes", "compression", "crc32",
+    "clean_below_delta", "key_sketch", "removed_version", "level",
+)
+SECTION_ROW_COLUMNS = tuple(sections.c[name] for name in SECTION_ROW)
 # The sections above L0 of one partition from an offset (consume), and of a set of partitions (planners). L0
 # sections stay out: an agent's file holds one for each of 1,000 partitions or more, and indexing them dirtied a
 # leaf page per partition in every append (3.4 MB of SQLite's WAL each). A partition's L0 sections are found by

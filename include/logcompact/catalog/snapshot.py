@@ -164,11 +164,11 @@ class Snapshot:
 
     def section_rows(self, keys: Sequence[str]) -> dict[str, list[tuple]]:
         """By key, the planned sections of the live files among `keys` as the catalog records them, as plain rows
-        of the sections table's columns from topic_id to clean_below_delta (no key sketch; crc32 unbound, as
-        `SectionInfo.crc32` holds it), in file order: what a plan's inputs are checked against, 400,000 sections at
-        a time, without building a section object."""
+        of the sections columns from topic_id to clean_below_delta in `schema.SECTION_ROW` order (no key sketch;
+        crc32 unbound, as `SectionInfo.crc32` holds it), in file order: what a plan's inputs are checked against,
+        400,000 sections at a time, without building a section object."""
         sec, files = s.sections.c, s.files.c
-        columns = [c for c in s.sections.columns if c.name not in ("file_id", "key_sketch", "removed_version")]
+        columns = [c for c in s.SECTION_ROW_COLUMNS if c.name not in ("file_id", "key_sketch", "removed_version")]
         query = (
             select(files.key, *columns).join(s.files, files.file_id == sec.file_id)
             .where(self._live(), self._key_in(keys), self._planned_section())
@@ -188,7 +188,7 @@ class Snapshot:
             select(files.file_id, files.key, files.level, files.size, files.created_ms).where(*conditions).order_by(files.file_id)
         ).all()
         section_rows = connection.execute(
-            select(s.sections).join(s.files, files.file_id == sec.file_id).where(*conditions, self._planned_section())
+            select(*s.SECTION_ROW_COLUMNS).join(s.files, files.file_id == sec.file_id).where(*conditions, self._planned_section())
             .order_by(sec.file_id, sec.byte_offset, sec.first_row)
         ).all()
         names = {topic_id: name for name, topic_id in self.topic_ids.items()}
@@ -613,7 +613,7 @@ def _pages_query(count: int) -> CompoundSelect | Select:
     pages = []
     for i in range(count):
         query = (
-            select(s.sections, files.key, partitions.next_offset)
+            select(*s.SECTION_ROW_COLUMNS, files.key, partitions.next_offset)
             .join(s.files, files.file_id == sec.file_id)
             .join(s.partitions, and_(partitions.topic_id == sec.topic_id, partitions.partition == sec.partition), isouter=True)
             .where(
@@ -696,7 +696,7 @@ def _damaged_row(topic: str, partition: int, key: str, section: CatalogSection, 
 
 
 def _section(row, names: dict[int, str]) -> CatalogSection:
-    """A row of s.sections (positional, in its column order) as a section, its CRC unbound from the row: the file's
+    """A sections row (positional, in `schema.SECTION_ROW` order) as a section, its CRC unbound from the row: the file's
     CRC only while the row's locating fields are as written (`schema.section_crc_binding`)."""
     (file_id, topic_id, partition, byte_offset, byte_length, first_row, first_offset, last_offset, record_count,
      min_timestamp, max_timestamp, tombstones, uncompressed_bytes, compression, crc32, clean_below_delta,

@@ -45,7 +45,7 @@ def _add(summary: PartitionSummary, section: PartitionSummary) -> PartitionSumma
 
 _COLUMNS = ("sections", "bytes", "l1_bytes", "records", "floor", "base_level", "base_clean", "base_bytes", "base_min_timestamp",
             "others_min_timestamp", "newest_file_ms", "key_sketch")
-_SECTION_COLUMN = {column.name: n for n, column in enumerate(s.sections.columns)}
+_SECTION_COLUMN = {name: n for n, name in enumerate(s.SECTION_ROW)}
 
 
 def of_rows(rows: Iterable[tuple], created_ms: Mapping[int, int]) -> dict[Slot, PartitionSummary]:
