@@ -29,9 +29,9 @@ The big case (--skip-big leaves it out): one partition of --big-records records 
   last): time to the first record and bytes read from the store.
 
 The deep partitions (--skip-deep leaves them out): one partition per count in --deep-sections (40 and 40,000 by
-default), each of that many sections of 3 records, the first a real file's and the others catalog rows only (their
-objects are never read), and one more of the largest count whose first section has holes, as compaction leaves
-them: the time to a partition's first record, from a fresh snapshot to read_batches' first table from the
+default), each of that many sections of 3 records at L2, the first a real file's and the others catalog rows only
+(their objects are never read), and one more of the largest count whose first section has holes, as compaction
+leaves them; above them an L0 backlog of 300 files (rows only) each holding a section of every deep partition: the time to a partition's first record, from a fresh snapshot to read_batches' first table from the
 partition's start, median of 20, against issue 21's target of <= 5 ms at both counts.
 
 The size and write time of a full plan over 100,000 files are bench/planner.py's; the engine against the
@@ -74,6 +74,8 @@ CONSUMED_PARTITIONS = 20
 BIG_TOPIC = "big"
 WARM_TOPIC = "warm"  # one record, read first by the latest_values child
 DEEP_TOPIC = "deep"
+DEEP_LEVEL = 2  # where a partition's many sections are, as compaction leaves them
+DEEP_L0_FILES = 300  # the L0 backlog above them: agents' newest files, each holding every deep partition
 FIRST_RECORD_RUNS = 20
 VALUE_POOL = 1 << 16  # distinct random values of the big case: too many for LZ4's 64 KiB window to repeat
 TARGETS = {
@@ -206,16 +208,22 @@ def deep_case(counts: list[int], work: Path) -> list[tuple[str, str, str]]:
         heads.append((DEEP_TOPIC, partition, section_table(deltas, [NOW] * RECORDS_PER_SECTION, keys, [os.urandom(VALUE_BYTES) for _ in keys])))
     blob, infos = write_segment(heads)
     store.put("data/l0/deep-heads.seg", blob)
-    catalog.append_files([NewFile("data/l0/deep-heads.seg", 0, len(blob), NOW, tuple(infos))], NOW)
+    catalog.append_files([NewFile("data/l0/deep-heads.seg", DEEP_LEVEL, len(blob), NOW, tuple(infos))], NOW)
     dense = infos[0]
     fillers = [
-        NewFile(f"data/l0/deep-{partition}-{n:06d}.seg", 0, 10_000, NOW, (dense._replace(partition=partition),))
+        NewFile(f"data/l0/deep-{partition}-{n:06d}.seg", DEEP_LEVEL, 10_000, NOW, (dense._replace(partition=partition),))
         for partition, (count, _) in enumerate(cases) for n in range(count - 1)
+    ]
+    backlog = [
+        NewFile(f"data/l0/deep-backlog-{n:06d}.seg", 0, 10_000, NOW, tuple(dense._replace(partition=p) for p in range(len(cases))))
+        for n in range(DEEP_L0_FILES)
     ]
     started = time.perf_counter()
     for first in range(0, len(fillers), 2_000):
         catalog.append_files(fillers[first : first + 2_000], NOW)
-    print(f"  deep partitions: {len(fillers):,} rows appended in {time.perf_counter() - started:.0f} s", flush=True)
+    catalog.append_files(backlog, NOW)
+    print(f"  deep partitions: {len(fillers):,} rows at L{DEEP_LEVEL} and {len(backlog) * len(cases):,} in {len(backlog)} L0 files "
+          f"appended in {time.perf_counter() - started:.0f} s", flush=True)
     timings: list[list[float]] = [[] for _ in cases]
     for _ in range(FIRST_RECORD_RUNS):  # the partitions in turn, so that the machine's load falls on each alike
         for partition in range(len(cases)):
@@ -226,7 +234,7 @@ def deep_case(counts: list[int], work: Path) -> list[tuple[str, str, str]]:
                 raise SystemExit(f"bench: the first record of {DEEP_TOPIC}/{partition} is not at offset 0")
     rows = []
     for partition, (count, holes) in enumerate(cases):
-        held = len(catalog.snapshot().sections_of(DEEP_TOPIC, partition))
+        held = len(catalog.snapshot().sections_of(DEEP_TOPIC, partition)) - len(backlog)
         if held != count:
             raise SystemExit(f"bench: {DEEP_TOPIC}/{partition} holds {held:,} sections, expected {count:,}")
         label = f"first record of a partition of {count:,} sections, from its start"
