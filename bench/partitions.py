@@ -31,8 +31,9 @@ The big case (--skip-big leaves it out): one partition of --big-records records 
 The deep partitions (--skip-deep leaves them out): one partition per count in --deep-sections (40 and 40,000 by
 default), each of that many sections of 3 records at L2, the first a real file's and the others catalog rows only
 (their objects are never read), and one more of the largest count whose first section has holes, as compaction
-leaves them; above them an L0 backlog of 300 files (rows only) each holding a section of every deep partition: the time to a partition's first record, from a fresh snapshot to read_batches' first table from the
-partition's start, median of 20, against issue 21's target of <= 5 ms at both counts.
+leaves them; above them an L0 backlog of 300 files (rows only) each holding a section of every deep partition:
+the time to a partition's first record, from a fresh snapshot to read_batches' first table from the partition's
+start, median of 20, against issue 21's target of <= 5 ms at both counts.
 
 The size and write time of a full plan over 100,000 files are bench/planner.py's; the engine against the
 I/O floor is bench/engine.py's. The process (and every child) is pinned to one CPU, Arrow to one thread.

@@ -528,10 +528,13 @@ def _as_schema_8(catalog: Catalog) -> None:
         connection.execute(update(schema.catalog_info).values(schema_version=8))
 
 
-def _sections_layout(catalog: Catalog) -> list[tuple[str, str]]:
-    """The sections table's columns as the database lays them out: (name, type), in order."""
+def _sections_layout(catalog: Catalog) -> tuple[list[tuple[str, str]], list[tuple]]:
+    """The sections table's columns as the database lays them out, (name, type) in order, and its indexes' names and
+    columns."""
     with catalog.engine.connect() as connection:
-        return [(c["name"], str(c["type"])) for c in inspect(connection).get_columns("sections")]
+        found = inspect(connection)
+        columns = [(c["name"], str(c["type"])) for c in found.get_columns("sections")]
+        return columns, sorted((i["name"], tuple(i["column_names"])) for i in found.get_indexes("sections"))
 
 
 def _as_schema_7(catalog: Catalog) -> None:

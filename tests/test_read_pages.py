@@ -46,6 +46,20 @@ def _pages_asked(monkeypatch: pytest.MonkeyPatch) -> list[list]:
     return asked
 
 
+def _spans_asked(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, bool]]:
+    """Each question `Snapshot.may_span` is asked from now on, as (offset, first_at_most, its answer)."""
+    asked: list[tuple[int, int, bool]] = []
+    may_span = Snapshot.may_span
+
+    def recording(self: Snapshot, topic_id: int, partition: int, offset: int, first_at_most: int) -> bool:
+        answer = may_span(self, topic_id, partition, offset, first_at_most)
+        asked.append((offset, first_at_most, answer))
+        return answer
+
+    monkeypatch.setattr(Snapshot, "may_span", recording)
+    return asked
+
+
 @pytest.fixture
 def layered(catalog: Catalog) -> Catalog:
     """Partition t/0 of 12 files of 3 records (offsets 0 to 35), then: files 1 and 3 compacted without file 2 into
@@ -80,17 +94,20 @@ def test_paged_reads_give_the_records_of_one_read_from_every_offset(layered: Cat
 def test_a_page_asks_for_sections_spanning_its_holes_and_none_past_the_end(layered: Catalog, monkeypatch: pytest.MonkeyPatch) -> None:
     """In pages of 2 from offset 0: the first page ends at 2 (0-2 holds every offset to there); the second at 8 (6-8),
     which leaves 3 to 5 unheld, so the sections ending past 8 and starting by it are asked for (3-11), with those
-    ending up to where they end, then those spanning past 11 (none). From 30 to 34: 30-32, then 33-35, no more."""
+    ending up to where they end, once the index says some may; then whether any spans past 11: the index says none,
+    and no rows are read for it. From 30 to 34: 30-32, then 33-35, no more."""
     _pages_of(monkeypatch, 2)
     snapshot = layered.snapshot()
     asked = _pages_asked(monkeypatch)
+    spans = _spans_asked(monkeypatch)
     first_two = [section.first_offset for _, section in islice(snapshot.sections_from("t", 0), 2)]
     from_start = [(page.low, page.high, page.first_at_most) for (page,) in asked]
     asked.clear()
     tail = [section.first_offset for _, section in snapshot.sections_from("t", 0, 30, 34)]
     assert first_two == [0, 3]
     end = snapshot_module._NO_END
-    assert from_start == [(0, end, end), (3, end, end), (9, end, 8), (9, 11, end), (12, end, 11)]
+    assert from_start == [(0, end, end), (3, end, end), (9, end, 8), (9, 11, end)]
+    assert spans == [(8, 8, True), (11, 11, False)]
     assert tail == [30, 33] and [page.low for (page,) in asked] == [30, 33]
 
 

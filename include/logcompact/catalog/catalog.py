@@ -1207,15 +1207,16 @@ def _index_sections_above_l0(connection: Connection) -> None:
 
 
 def _lay_sections_out(connection: Connection) -> None:
-    """To schema 9, on PostgreSQL: the sections table made again in its columns' new layout (by width; record counts
-    and tombstones 32-bit), its rows copied in key order and its indexes built after them. A count past 32 bits fails
-    the copy, and the upgrade with it. SQLite stores an integer by its value whatever the column's declared width
-    and place: nothing is done there."""
+    """To schema 9: `sections_by_partition` built again with the first offset; on PostgreSQL, the sections table made
+    again in its columns' new layout (by width; record counts and tombstones 32-bit), its rows copied in key order
+    and its indexes built after them. A count past 32 bits fails the copy, and the upgrade with it. SQLite stores an
+    integer by its value whatever the column's declared width and place: its table is kept."""
+    connection.exec_driver_sql("DROP INDEX sections_by_partition")
     if connection.dialect.name != "postgresql":
+        next(index for index in s.sections.indexes if index.name == "sections_by_partition").create(connection)
         return
     connection.exec_driver_sql("ALTER TABLE sections RENAME TO sections_schema_8")
     connection.exec_driver_sql("ALTER INDEX sections_pkey RENAME TO sections_schema_8_pkey")
-    connection.exec_driver_sql("DROP INDEX sections_by_partition")
     connection.execute(CreateTable(s.sections))
     columns = ", ".join(s.SECTION_ROW)
     connection.exec_driver_sql(

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from functools import cache
 from typing import NamedTuple
 
-from sqlalchemy import BindParameter, ColumnElement, CompoundSelect, Connection, Engine, Row, Select, and_, bindparam, func, or_, select, union_all
+from sqlalchemy import BindParameter, ColumnElement, CompoundSelect, Connection, Engine, Row, Select, and_, bindparam, func, literal_column, or_, select, union_all
 
 from logcompact.catalog import schema as s
 from logcompact.catalog import summaries
@@ -247,6 +247,20 @@ class Snapshot:
             parameters.update({f"{name}_{i}": value for name, value in page._asdict().items()})
         with self._connect() as connection:
             return list(connection.execute(_pages_query(len(pages)), parameters))
+
+    def may_span(self, topic_id: int, partition: int, offset: int, first_at_most: int) -> bool:
+        """Whether a section of the partition, live or retired, ends past `offset` and starts at or before
+        `first_at_most`: a cheap first answer to a page with holes (`PartitionSections.take_page`), from the
+        index alone above L0 (`sections_by_partition` holds the first offset) and the live L0 files' rows. No means
+        no live one does; yes is asked again of the live ones."""
+        sec = s.sections.c
+        query = (
+            select(literal_column("1"))
+            .where(sec.topic_id == topic_id, sec.partition == partition, sec.last_offset > offset, sec.first_offset <= first_at_most)
+            .limit(1)
+        )
+        with self._connect() as connection:
+            return any(connection.execute(part).first() is not None for part in s.by_partition(query, self.version))
 
     def partition_sections(self, topics: Iterable[str], in_l0: bool) -> list[PartitionSection]:
         """The max-lag pass's few facts of every live section of `topics` in L0 (`in_l0`) or above it, but the
@@ -558,7 +572,10 @@ class PartitionSections:
             else:  # the whole page ends at one offset (a damaged row, the check will say): take each section ending there
                 rows = self._query(_Page(self.partition, end, end))
         while end < _NO_END and not _hold_every_offset(rows, self._low, end):
-            spanning = self._query(_Page(self.partition, end + 1, first_at_most=min(end, self.to_offset - 1)))
+            first_at_most = min(end, self.to_offset - 1)
+            if not self.snapshot.may_span(self.topic_id, self.partition, end, first_at_most):
+                break
+            spanning = self._query(_Page(self.partition, end + 1, first_at_most=first_at_most))
             if not spanning:
                 break
             reach = max(row.last_offset for row in spanning)
