@@ -254,7 +254,7 @@ class Snapshot:
         index alone above L0 (`sections_by_partition` holds the first offset) and the live L0 files' rows. No means
         no live one does; yes is asked again of the live ones."""
         sec = s.sections.c
-        query = (
+        query: Select = (
             select(literal_column("1"))
             .where(sec.topic_id == topic_id, sec.partition == partition, sec.last_offset > offset, sec.first_offset <= first_at_most)
             .limit(1)
