@@ -22,7 +22,8 @@ server started from Debian's packages, as the tests do) it prints:
 Planning time over 100k and 300k files is `bench/planner.py`.
 
 The catalogs are built through the catalog's own API (`append_files`) in batches. Their filler files are
-catalog rows only (their objects are never written): the figures are the catalog's costs. The partition
+catalog rows only (their objects are never written), at L2 as compaction leaves a cluster's files: the figures are
+the catalog's costs. L0 holds the files appended by the measurements, some hundreds. The partition
 that is consumed holds real files. The throw-away PostgreSQL server runs on disk at its default durability
 (fsync and synchronous_commit on), as users run it.
 """
@@ -62,6 +63,9 @@ AGENTS = 10
 WIDE_TOPICS, WIDE_PARTITIONS = 10, 100
 WARM_UP_S = 2
 FILES_PER_SECOND = 4
+# The filler files' level: where compaction keeps a catalog's files. L0 holds what agents appended since the last
+# L0 to L1 pass, a few hundred files at most; a reader finds a partition's L0 sections through every live L0 file.
+FILLER_LEVEL = 2
 
 
 def _segment(sections: list[tuple[str, int]], records: int = 3) -> tuple[bytes, list]:
@@ -93,7 +97,7 @@ class Cluster:
             for n in range(count):
                 slots = sorted({(rng.randrange(1, TOPICS), rng.randrange(PARTITIONS)) for _ in range(SECTIONS_PER_FILE)})
                 infos = tuple(info._replace(topic=f"t{t}", partition=p) for info, (t, p) in zip(self._infos, slots))
-                new_files.append(NewFile(f"data/l0/filler-{self.files + n:09d}.seg", 0, 10_000, NOW, infos))
+                new_files.append(NewFile(f"data/l2/filler-{self.files + n:09d}.seg", FILLER_LEVEL, 10_000, NOW, infos))
             self.catalog.append_files(new_files, NOW)
             self.files += count
 

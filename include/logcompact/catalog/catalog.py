@@ -1203,7 +1203,7 @@ def _index_sections_above_l0(connection: Connection) -> None:
         "WHERE sections.file_id IN (SELECT file_id FROM files WHERE level > 0)"
     )
     connection.exec_driver_sql("DROP INDEX sections_by_partition")
-    next(index for index in s.sections.indexes if index.name == "sections_by_partition").create(connection)
+    s.partition_index(connection.dialect.name).create(connection)
 
 
 def _lay_sections_out(connection: Connection) -> None:
@@ -1213,7 +1213,7 @@ def _lay_sections_out(connection: Connection) -> None:
     integer by its value whatever the column's declared width and place: its table is kept."""
     connection.exec_driver_sql("DROP INDEX sections_by_partition")
     if connection.dialect.name != "postgresql":
-        next(index for index in s.sections.indexes if index.name == "sections_by_partition").create(connection)
+        s.partition_index(connection.dialect.name).create(connection)
         return
     connection.exec_driver_sql("ALTER TABLE sections RENAME TO sections_schema_8")
     connection.exec_driver_sql("ALTER INDEX sections_pkey RENAME TO sections_schema_8_pkey")
@@ -1223,8 +1223,7 @@ def _lay_sections_out(connection: Connection) -> None:
         f"INSERT INTO sections ({columns}) SELECT {columns} FROM sections_schema_8 ORDER BY file_id, topic_id, partition"
     )
     connection.exec_driver_sql("DROP TABLE sections_schema_8")
-    for index in s.sections.indexes:
-        index.create(connection)
+    s.partition_index("postgresql").create(connection)
 
 
 def _summarize_partitions(connection: Connection) -> None:
