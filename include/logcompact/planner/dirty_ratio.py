@@ -53,9 +53,9 @@ def ratio_plan_files(snapshot: Snapshot, now_ms: int, config: PlannerConfig, bus
     files, with every file holding a section in between two of the plan's sections of one partition (`_contiguous`).
     Partitions with a file in `busy` (leased, or taken by a level plan of the pass) or over `max_partition_bytes`
     in the plan wait; the whole plan waits when a file it needs in between is busy."""
-    taken = _partitions_past_ratio(snapshot, now_ms, config, busy)
+    taken, sections = _partitions_past_ratio(snapshot, now_ms, config, busy)
     while taken:
-        files, sections = _contiguous(snapshot, {key for keys in taken.values() for key in keys}, config.dedup_from_level)
+        files = _contiguous(snapshot, {key for keys in taken.values() for key in keys}, config.dedup_from_level, sections)
         if not busy.isdisjoint(files):
             return []
         over = [tp for tp in taken if sum(s.uncompressed_bytes for s in sections[tp] if s.key in files) > config.max_partition_bytes]
@@ -66,15 +66,17 @@ def ratio_plan_files(snapshot: Snapshot, now_ms: int, config: PlannerConfig, bus
     return []
 
 
-def _partitions_past_ratio(snapshot: Snapshot, now_ms: int, config: PlannerConfig, busy: set[str]) -> dict[TopicPartition, list[str]]:
+def _partitions_past_ratio(
+    snapshot: Snapshot, now_ms: int, config: PlannerConfig, busy: set[str]
+) -> tuple[dict[TopicPartition, list[str]], dict[TopicPartition, list[LevelSection]]]:
     """The partitions past their dirty ratio, each with the files of its cleaning range; those holding a busy file
-    at a deduplicating level left out."""
+    at a deduplicating level left out. With the sections at deduplicating levels read to weigh them, by partition."""
     weighed = [
         (name, partition) for name, topic in sorted(snapshot.topics.items())
         if topic.config.compacted and topic.config.min_cleanable_dirty_ratio < 1.0 for partition in range(topic.partitions)
     ]
     if not weighed:
-        return {}
+        return {}, {}
     summaries = snapshot.summaries_above_l0(weighed)
     # A partition left out of the summaries (a commit after this snapshot set its row) is weighed from its sections.
     candidates = [tp for tp in weighed if tp not in summaries or _may_pass(summaries[tp], snapshot.topics[tp[0]].config.min_cleanable_dirty_ratio, config)]
@@ -90,27 +92,30 @@ def _partitions_past_ratio(snapshot: Snapshot, now_ms: int, config: PlannerConfi
         cleaning = cleaning_range(sections, _first_uncleanable(sections, topic_config.min_compaction_lag_ms, now_ms))
         if cleanable_ratio(sections, cleaning) > topic_config.min_cleanable_dirty_ratio:
             taken[tp] = sorted({s.key for s in cleaning})
-    return taken
+    return taken, by_partition
 
 
-def _contiguous(snapshot: Snapshot, files: set[str], from_level: int) -> tuple[set[str], dict[TopicPartition, list[LevelSection]]]:
+def _contiguous(snapshot: Snapshot, files: set[str], from_level: int, by_partition: dict[TopicPartition, list[LevelSection]]) -> set[str]:
     """`files` with the files holding a section of one of their partitions that starts between two of that
     partition's sections in them, until none is left out: a plan must take each partition's sections as one run
     of offsets, as Kafka cleans a run of segments, or its output section would span offsets a section outside it
-    holds. (Taken whole, a cleaning range's files bring other partitions' sections, not always a run.) With the
-    sections at `from_level` and up of every partition in them, read for it."""
+    holds. (Taken whole, a cleaning range's files bring other partitions' sections, not always a run.)
+    `by_partition` holds the sections at `from_level` and up of partitions already read (those weighed); those of
+    the files' other partitions are read and added to it."""
     files = set(files)
     while True:
-        partitions = list(snapshot.lowest_offsets(sorted(files)))
-        by_partition: dict[TopicPartition, list[LevelSection]] = {}
-        for section in snapshot.sections_at_levels(partitions, from_level):
-            by_partition.setdefault((section.topic, section.partition), []).append(section)
+        unread = [tp for tp in snapshot.lowest_offsets(sorted(files)) if tp not in by_partition]
+        for tp in unread:
+            by_partition[tp] = []
+        for section in snapshot.sections_at_levels(unread, from_level):
+            by_partition[(section.topic, section.partition)].append(section)
         between: set[str] = set()
         for sections in by_partition.values():
             inside = [n for n, s in enumerate(sections) if s.key in files]
-            between.update(s.key for s in sections[inside[0] : inside[-1] + 1] if s.key not in files)
+            if inside:
+                between.update(s.key for s in sections[inside[0] : inside[-1] + 1] if s.key not in files)
         if not between:
-            return files, by_partition
+            return files
         files |= between
 
 
