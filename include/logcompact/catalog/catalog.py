@@ -1189,7 +1189,8 @@ def _add_kafka_tables(connection: Connection) -> None:
 
 def _index_sections_above_l0(connection: Connection) -> None:
     """Schema 5 to 6: partitions.assigned_end (the end of the offsets their sections hold), sections.level (their
-    file's), and `sections_by_partition` over the sections above L0 only."""
+    file's), and the index of every section by partition dropped (`_lay_sections_out` builds schema 9's, over the
+    sections above L0 only)."""
     # Where the sections end, read through the old index before it goes: a row lowered before the upgrade is
     # refused by the next append as one lowered after.
     connection.exec_driver_sql("ALTER TABLE partitions ADD COLUMN assigned_end BIGINT NOT NULL DEFAULT 0")
@@ -1202,8 +1203,7 @@ def _index_sections_above_l0(connection: Connection) -> None:
         "UPDATE sections SET level = (SELECT files.level FROM files WHERE files.file_id = sections.file_id) "
         "WHERE sections.file_id IN (SELECT file_id FROM files WHERE level > 0)"
     )
-    connection.exec_driver_sql("DROP INDEX sections_by_partition")
-    s.partition_index(connection.dialect.name).create(connection)
+    connection.exec_driver_sql("DROP INDEX sections_by_partition")  # schema 9's is built by `_lay_sections_out`
 
 
 def _lay_sections_out(connection: Connection) -> None:
@@ -1211,7 +1211,7 @@ def _lay_sections_out(connection: Connection) -> None:
     again in its columns' new layout (by width; record counts and tombstones 32-bit), its rows copied in key order
     and its indexes built after them. A count past 32 bits fails the copy, and the upgrade with it. SQLite stores an
     integer by its value whatever the column's declared width and place: its table is kept."""
-    connection.exec_driver_sql("DROP INDEX sections_by_partition")
+    connection.exec_driver_sql("DROP INDEX IF EXISTS sections_by_partition")  # dropped already on an upgrade from 5
     if connection.dialect.name != "postgresql":
         s.partition_index(connection.dialect.name).create(connection)
         return
@@ -1224,6 +1224,7 @@ def _lay_sections_out(connection: Connection) -> None:
     )
     connection.exec_driver_sql("DROP TABLE sections_schema_8")
     s.partition_index("postgresql").create(connection)
+    connection.exec_driver_sql("ANALYZE sections")  # a new table has no statistics until autovacuum's first pass
 
 
 def _summarize_partitions(connection: Connection) -> None:
@@ -1254,7 +1255,7 @@ def _unadvanced_partition(connection: Connection, slot: tuple[int, int], topic_r
 
 
 def _section_rows(file_ids: Sequence[int], data_files: Sequence[DataFile], topic_rows: dict[str, tuple[int, int]]) -> list[tuple]:
-    """The sections rows of files, tuples in the table's column order, their crc32 bound to the rows
+    """The sections rows of files, tuples in `schema.SECTION_ROW` order, their crc32 bound to the rows
     (`schema.section_crc_bindings`). Built by columns: a file of 1,000 sections is built inside its commit."""
     sections = [section for data_file in data_files for section in data_file.sections]
     if not sections:

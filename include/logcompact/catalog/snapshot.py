@@ -731,7 +731,8 @@ def _section(row, names: dict[int, str]) -> CatalogSection:
 
 
 def _unbound_row(row: tuple) -> tuple:
-    """A `section_rows` row (the sections table's columns from topic_id to clean_below_delta) with its CRC unbound."""
+    """A `section_rows` row (the sections columns from topic_id to clean_below_delta, `schema.SECTION_ROW` order) with
+    its CRC unbound."""
     try:
         crc32 = row[13] ^ s.section_crc_binding(*row[:8])
     except struct.error:

@@ -7,7 +7,8 @@ output keeps its records' share of those bytes, plus one section's overhead. Out
 file size at section boundaries, as the engine cuts them. Min lag as the engine keeps it, by section: from a
 partition's first uncleanable offset on (the plan's, or its inputs' first section holding a record within
 min.compaction.lag.ms) sections are copied whole into a section of their own in the plan's young files, never
-clean; the engine cuts at the first young record, this model at that record's section. Requests: two GETs per
+clean; the engine cuts at the first young record (or at the plan's first uncleanable offset when its inputs
+lie on both sides of it), this model at that record's section. Requests: two GETs per
 input file for a deduplicating plan (the two passes' streams), one for a copy; one PUT per output file and one
 for the commit. `tests/test_simulate.py` checks this model against real engine runs.
 """
