@@ -446,3 +446,34 @@ def test_a_waiting_join_group_holds_up_only_the_answers_behind_it(agent: Running
     finally:
         waiting.close()
         other.close()
+
+
+def test_list_groups_reads_the_rows_again_when_a_group_leaves_memory_while_they_are_read() -> None:
+    """The race the full suite once hit: an Empty group's newest row is written, and the group leaves memory, while
+    ListGroups reads the rows. The rows read before that write still say PreparingRebalance; the group must not
+    vanish from a listing of Empty groups."""
+    from types import SimpleNamespace
+
+    from logcompact.catalog.groups import GroupRow
+    from logcompact.kafka import codec
+    from logcompact.kafka.groups import LIST_GROUPS, list_groups
+
+    def row(state: str) -> GroupRow:
+        return GroupRow("g", 1, 2, "consumer", "", state, (), 0)
+
+    held = [SimpleNamespace(group_id="g", protocol_type="consumer", state="Empty")]
+    reads: list[str] = []
+
+    def catalog_rows() -> list[GroupRow]:
+        if not reads:  # the first read sees the row before the writer's; then the writer writes it and unloads the group
+            reads.append("stale")
+            held.clear()
+            return [row("PreparingRebalance")]
+        reads.append("fresh")
+        return [row("Empty")]
+
+    groups = SimpleNamespace(all_groups=lambda: list(held), catalog=SimpleNamespace(groups=catalog_rows))
+    broker = SimpleNamespace(node_id=1, groups=groups, agents=SimpleNamespace(coordinator_for=lambda group_id: SimpleNamespace(node_id=1)))
+    request = codec.Request(LIST_GROUPS, 4, 1, "test", SimpleNamespace(states_filter=["empty"]))
+    listed = asyncio.run(list_groups(broker, request))  # type: ignore[arg-type]
+    assert [(g.group_id, g.group_state) for g in listed.groups] == [("g", "Empty")] and reads == ["stale", "fresh"]

@@ -136,11 +136,17 @@ async def describe_groups(broker: Broker, request: codec.Request) -> Any:
 async def list_groups(broker: Broker, request: codec.Request) -> Any:
     """The groups this agent coordinates, as Kafka's brokers list theirs (admin clients ask every broker and join
     the answers, so each group is listed once): from the catalog's rows, which any coordinator before wrote, and
-    from memory for those it holds."""
-    rows = await asyncio.to_thread(broker.groups.catalog.groups)
+    from memory for those it holds. A group that leaves memory while the rows are read (an Empty group, once its
+    newest row is written) may have been read before that row: the rows are read again."""
+    while True:
+        held_before = {group.group_id for group in broker.groups.all_groups()}
+        rows = await asyncio.to_thread(broker.groups.catalog.groups)
+        held = broker.groups.all_groups()
+        if held_before <= {group.group_id for group in held}:
+            break
     mine = broker.node_id
     listed = {row.group_id: (row.protocol_type, row.state) for row in rows if broker.agents.coordinator_for(row.group_id).node_id == mine}
-    for group in broker.groups.all_groups():
+    for group in held:
         listed[group.group_id] = (group.protocol_type or "", group.state)
     wanted = {state.lower() for state in getattr(request.body, "states_filter", ())}
     groups = [
