@@ -211,11 +211,12 @@ class Catalog:
         from 3, every sections row's crc32, stored raw until then, is bound to its row (`schema.section_crc_binding`),
         `batch` rows at a time in primary-key order; from 4, the Kafka agents' tables are created, partitions get
         their log start offset (0: retention had no record of raising it) and topics their deleted_version; from 5,
-        partitions get their assigned_end (where their sections end), sections their file's level, and
-        `sections_by_partition` is built again over those above L0; on PostgreSQL the sections table is made again in
-        schema 9's layout; then `partition_summaries` is filled (from 7, where it lacks l1_bytes, made again and
-        filled). No manifest version is made, the store is not touched. Returns what
-        was done; None when the catalog is at SCHEMA_VERSION already. Another version is a CatalogSchemaError, and no cluster ClusterNotFoundError.
+        partitions get their assigned_end (where their sections end) and sections their file's level; then
+        `sections_by_partition` is built again (schema 9's, over the sections above L0), and on PostgreSQL the sections
+        table is made again in schema 9's layout; then `partition_summaries` is filled (from 7, where it lacks l1_bytes,
+        made again and filled). No manifest version is made, the store is not touched. Returns what was done; None
+        when the catalog is at SCHEMA_VERSION already. Another version is a CatalogSchemaError, and no cluster
+        ClusterNotFoundError.
         Writers of the older release must be stopped first: they would go on writing what readers then refuse."""
         path = sqlite_path(self.url)
         if path is not None and not path.exists():
