@@ -57,6 +57,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
 from typing import IO
 
+import numba
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -66,8 +67,8 @@ from logcompact.engine.offset_map import CompactOffsetMap, OffsetMap
 from logcompact.engine.stats import CompactionStats, JobResult
 from logcompact.exceptions import CorruptDataError
 from logcompact.format import SectionStream, SegmentWriter
-from logcompact.format.layout import INDEX_COLUMNS, MAX_OFFSET_SPAN, SECTION_SCHEMA, key_hash_words
-from logcompact.format.writer import SectionBuilder
+from logcompact.format.layout import INDEX_COLUMNS, MAX_OFFSET_SPAN, SECTION_SCHEMA, key_hash_words, record_bytes
+from logcompact.format.writer import BLOCK_BYTES, SectionBuilder
 from logcompact.plan import Plan, TopicPartition
 from logcompact.store.base import ObjectStore
 from logcompact.topics import TopicConfig
@@ -227,7 +228,8 @@ class _SectionOutput:
 
     A section spans fewer than 2**32 offsets; survivors beyond that go to a new section in a new file
     (a file holds one section per partition). `clean_below` (set before pass 2 starts) is clamped to
-    each section's own range.
+    each section's own range. Survivors gather up to a block's bytes before they go to the section, so the
+    section's bookkeeping runs once a block, not once an input batch.
     """
 
     def __init__(self, files: _OutputFiles, topic: str, partition: int) -> None:
@@ -240,14 +242,27 @@ class _SectionOutput:
         self.records = 0
         self.finished = 0  # sections finished (a partition spanning 2**32 offsets has several)
         self.clean_below: int | None = None
+        self._gathered: list[pa.RecordBatch] = []
+        self._gathered_bytes = 0
 
     def write(self, batch: pa.RecordBatch, keep: np.ndarray, horizons: pa.Array) -> None:
         if not keep.any():
             return
-        mask = pa.array(keep)
-        offsets = batch.column("offset").filter(mask).to_numpy()
-        columns = [batch.column(name).filter(mask) for name in ("timestamp", "key", "key_hash", "value", "headers")]
-        self._append(offsets, pa.RecordBatch.from_arrays([*columns, horizons.filter(mask)], names=[*_KEPT, "delete_horizon"]))
+        if horizons is not batch.column("delete_horizon"):
+            batch = batch.set_column(batch.schema.get_field_index("delete_horizon"), "delete_horizon", horizons)
+        kept = batch if keep.all() else batch.filter(pa.array(keep))
+        self._gathered.append(kept)
+        self._gathered_bytes += record_bytes(kept)
+        if self._gathered_bytes >= BLOCK_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        """The gathered survivors into the section."""
+        if not self._gathered:
+            return
+        rows = self._gathered[0] if len(self._gathered) == 1 else pa.concat_batches(self._gathered)
+        self._gathered, self._gathered_bytes = [], 0
+        self._append(rows.column("offset").to_numpy(), rows)
 
     def _append(self, offsets: np.ndarray, rows: pa.RecordBatch) -> None:
         if (self._builder is not None and offsets[0] <= self.last_offset) or (
@@ -266,7 +281,7 @@ class _SectionOutput:
         here = rows.slice(0, beyond)
         if beyond:
             deltas = pa.array(offsets[:beyond] - self.first_offset, pa.uint32())
-            builder.append(pa.RecordBatch.from_arrays([deltas, *here.columns], schema=SECTION_SCHEMA))
+            builder.append(pa.RecordBatch.from_arrays([deltas, *(here.column(name) for name in _KEPT)], schema=SECTION_SCHEMA))
             self.last_offset = int(offsets[beyond - 1])
             self.records += beyond
         if beyond < len(offsets):
@@ -283,6 +298,7 @@ class _SectionOutput:
         self.finished += 1
 
     def close(self) -> None:
+        self._flush()
         if self._builder is not None:
             self._finish(self._builder)
 
@@ -291,6 +307,7 @@ class _SectionOutput:
         offsets) cannot be taken back: then the job fails with the damage."""
         if self.finished:
             raise damage
+        self._gathered, self._gathered_bytes = [], 0
         if self._builder is not None:
             self._builder.abandon()
             self._builder = None
@@ -331,7 +348,7 @@ class _PartitionOutput:
         self._young.abandon(damage)
 
 
-_KEPT = ("timestamp", "key", "key_hash", "value", "headers")
+_KEPT = ("timestamp", "key", "key_hash", "value", "headers", "delete_horizon")
 
 
 # -- the job -----------------------------------------------------------------------------------------
@@ -576,31 +593,29 @@ class _PartitionCleaner:
             self.first_young = int(batch.column("offset").to_numpy()[int(np.argmax(young))])
             self.young_from = self.first_young if self.young_from is None else min(self.young_from, self.first_young)
 
-    def _eligible(self, batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray]:
-        """Rows that take part in deduplication (keyed, before the first young offset), and the young rows."""
-        keyed = np.asarray(pc.is_valid(batch.column("key_hash")))  # null exactly when the key is
-        if self.young_from is None:
-            return keyed, np.zeros(len(keyed), dtype=bool)
-        young = batch.column("offset").to_numpy() >= self.young_from
-        return keyed & ~young, young
-
     def _fill_map(self, reader: _PartitionReader, map_from: int) -> int | None:
         """Pass 1 until the map is full (returns the offset where it stopped) or the partition ends; from the
         first uncleanable offset on there is nothing more to map."""
         for batch in reader:
             offsets = batch.column("offset").to_numpy()
             self._find_young(batch)
-            eligible, young_rows = self._eligible(batch)
-            eligible &= offsets >= map_from
-            rows = np.flatnonzero(eligible)
-            if len(rows):
-                hashes = key_hash_words(batch.column("key_hash"))[rows]
-                taken = self.key_map.put(hashes, offsets[rows])
-                if taken < len(rows):
-                    stop_row = int(rows[taken])
+            # Offsets increase: the rows to map are one run, from `map_from` to the first young row.
+            start = int(np.searchsorted(offsets, map_from)) if offsets[0] < map_from else 0
+            end = len(offsets) if self.young_from is None else int(np.searchsorted(offsets, self.young_from))
+            key_hash = batch.column("key_hash")
+            if key_hash.null_count:  # null exactly when the key is: such records are not mapped
+                rows = start + np.flatnonzero(np.asarray(key_hash.is_valid())[start:end])
+                hashes, mapped = key_hash_words(key_hash)[rows], offsets[rows]
+            else:
+                rows = None
+                hashes, mapped = key_hash_words(key_hash)[start:end], offsets[start:end]
+            if len(mapped):
+                taken = self.key_map.put(hashes, mapped)
+                if taken < len(mapped):
+                    stop_row = start + taken if rows is None else int(rows[taken])
                     reader.push_back(batch.slice(stop_row))
                     return int(offsets[stop_row])
-            if young_rows.any():
+            if end < len(offsets):
                 for _ in reader:  # the rest is young: pass 1 is done with this partition
                     pass
                 return None
@@ -633,42 +648,98 @@ class _PartitionCleaner:
         return keep, batch.column("delete_horizon")
 
     def _decide(self, batch: pa.RecordBatch) -> tuple[np.ndarray, pa.Array]:
-        stats = self.stats
+        """Which records survive (Kafka's rules, applied row by row in one compiled pass) and the delete horizons
+        they carry; the column itself when no tombstone is stamped."""
         n = batch.num_rows
-        offsets = batch.column("offset").to_numpy()
-        keyed = np.asarray(pc.is_valid(batch.column("key")))
-        tombstone = np.asarray(pc.is_null(batch.column("value")))
-        if not self.removes_latest:
-            may_go = np.zeros(n, dtype=bool)
-        elif self.floor is not None:
-            may_go = offsets < self.floor  # no older value of the key can live outside the job
-        else:
-            may_go = np.ones(n, dtype=bool)
-        if self.expire_before is not None:
-            expired = (batch.column("timestamp").to_numpy() < self.expire_before) & may_go
-        else:
-            expired = np.zeros(n, dtype=bool)
-        eligible, young = self._eligible(batch)
-        latest = self.key_map.get(key_hash_words(batch.column("key_hash")))
-        invalid = ~keyed & ~expired
-        duplicate = eligible & (latest > offsets) & ~expired
-        last_of_key = tombstone & eligible & ~duplicate & ~expired
         horizon_column = batch.column("delete_horizon")
-        stamped = np.asarray(pc.is_valid(horizon_column))
-        horizons = pc.fill_null(horizon_column, 0).to_numpy()
-        to_stamp = last_of_key & ~stamped
-        passed = last_of_key & stamped & (horizons <= self.plan.now_ms)
-        removed_tombstones = passed & may_go
-        keep = ~(expired | invalid | duplicate | removed_tombstones)
-
-        stats.expired_removed += int(expired.sum())
-        stats.invalid_records += int(invalid.sum())
-        stats.duplicates_removed += int(duplicate.sum())
-        stats.tombstones_removed += int(removed_tombstones.sum())
-        stats.tombstones_stamped += int(to_stamp.sum())
-        stats.tombstones_kept += int((tombstone & keep).sum())
-        stats.young_kept += int((young & keep).sum())
-        if invalid.any():
+        keep = np.empty(n, dtype=np.bool_)
+        horizons = np.empty(n, dtype=np.int64)
+        stamped = np.empty(n, dtype=np.bool_)
+        counts = np.zeros(len(_COUNTED), dtype=np.int64)
+        _decide_rows(
+            batch.column("offset").to_numpy(),
+            self.key_map.get(key_hash_words(batch.column("key_hash"))),
+            _validity(batch.column("key")),
+            _validity(batch.column("value")),
+            batch.column("timestamp").to_numpy(),
+            _int64_values(horizon_column),
+            _validity(horizon_column),
+            _NEVER if self.young_from is None else self.young_from,
+            _NEVER if self.floor is None else self.floor,
+            self.removes_latest,
+            _NEVER_EXPIRES if self.expire_before is None else self.expire_before,
+            self.plan.now_ms,
+            self.horizon,
+            keep,
+            horizons,
+            stamped,
+            counts,
+        )
+        stats = self.stats
+        for name, count in zip(_COUNTED, counts.tolist()):
+            setattr(stats, name, getattr(stats, name) + count)
+        if counts[_INVALID]:
             stats.warnings_once(f"{self.topic}/{self.partition}: records without a key in a compacted topic were removed")
-        new_horizons = np.where(to_stamp, self.horizon, horizons)
-        return keep, pa.array(new_horizons, pa.int64(), mask=~(stamped | to_stamp))
+        if not counts[_STAMPED]:
+            return keep, horizon_column
+        return keep, pa.array(horizons, pa.int64(), mask=~stamped)
+
+
+# Sentinels of `_decide_rows` for a bound the partition does not have: no young offset, no floor, no retention.
+_NEVER = np.iinfo(np.int64).max
+_NEVER_EXPIRES = np.iinfo(np.int64).min
+# The stats `_decide_rows` counts, in the order of its `counts`.
+_COUNTED = ("expired_removed", "invalid_records", "duplicates_removed", "tombstones_removed", "tombstones_stamped", "tombstones_kept", "young_kept")
+_INVALID, _STAMPED = _COUNTED.index("invalid_records"), _COUNTED.index("tombstones_stamped")
+
+
+def _validity(column: pa.Array) -> np.ndarray:
+    """Which rows of the column are not null, as booleans."""
+    if column.null_count == 0:
+        return np.ones(len(column), dtype=np.bool_)
+    if column.null_count == len(column):
+        return np.zeros(len(column), dtype=np.bool_)
+    return np.asarray(column.is_valid())
+
+
+def _int64_values(column: pa.Array) -> np.ndarray:
+    """An int64 column's values without copying; null rows hold whatever their slots hold."""
+    if column.null_count == len(column):
+        return np.zeros(len(column), dtype=np.int64)
+    return np.frombuffer(column.buffers()[1], dtype=np.int64)[column.offset : column.offset + len(column)]
+
+
+@numba.njit(cache=True, nogil=True)
+def _decide_rows(
+    offsets, latest, keyed, valued, timestamps, horizons, has_horizon, young_from, floor, removes_latest, expire_before, now,
+    new_horizon, keep, out_horizons, out_stamped, counts,
+):
+    """The rules of the module docstring for each record: `latest` is the key map's offset of its key (-1: none),
+    and a key's latest record may go only below `floor` (the outside floor) and while `removes_latest`. Fills `keep`,
+    the horizons to write, and `counts` in `_COUNTED` order."""
+    for i in range(offsets.shape[0]):
+        offset = offsets[i]
+        tombstone = not valued[i]
+        may_go = removes_latest and offset < floor
+        expired = may_go and timestamps[i] < expire_before
+        eligible = keyed[i] and offset < young_from
+        duplicate = eligible and latest[i] > offset and not expired
+        invalid = not keyed[i] and not expired
+        last_of_key = tombstone and eligible and not duplicate and not expired
+        stamped = has_horizon[i]
+        removed_tombstone = last_of_key and stamped and horizons[i] <= now and may_go
+        kept = not (expired or invalid or duplicate or removed_tombstone)
+        keep[i] = kept
+        if last_of_key and not stamped:
+            out_horizons[i] = new_horizon
+            out_stamped[i] = True
+            counts[4] += 1
+        else:
+            out_horizons[i] = horizons[i] if stamped else 0
+            out_stamped[i] = stamped
+        counts[0] += expired
+        counts[1] += invalid
+        counts[2] += duplicate
+        counts[3] += removed_tombstone
+        counts[5] += tombstone and kept
+        counts[6] += kept and offset >= young_from

@@ -485,23 +485,34 @@ class BlockStream:
             raise CorruptDataError(f"{self.key}: truncated in the block at byte {at}; the file is incomplete")
         return data
 
+    def _skip_part(self, length: int, at: int) -> None:
+        skipped = self._stream.skip(length)
+        self.position += skipped
+        if skipped != length:
+            raise CorruptDataError(f"{self.key}: truncated in the block at byte {at}; the file is incomplete")
+
     def advance_to(self, position: int) -> None:
         """Read past whole blocks up to byte `position`, the start of a block."""
         while self.position < position:
             at = self.position
             index_length, _, payload_length, _ = self._prefix()
-            self._read_part(index_length + payload_length, at)
+            self._skip_part(index_length + payload_length, at)
         if self.position != position:
             raise CorruptDataError(f"{self.key}: no block starts at byte {position}; the catalog does not match the file")
 
     def next_batch(self, index_only: bool = False) -> pa.RecordBatch:
         """The next block's records; with `index_only`, only its index columns, and its payload's bytes are
-        read past without being checked or decoded (pass 1 of a compaction needs nothing else)."""
+        skipped without being checked or decoded (pass 1 of a compaction needs nothing else): a file seeks past
+        them, a network body reads them into a scratch buffer."""
         at = self.position
         index_length, index_crc, payload_length, payload_crc = self._prefix()
         index = self._read_part(index_length, at)
-        payload = self._read_part(payload_length, at)
-        batch = decode_block(self.key, at, index, index_crc, None if index_only else payload, payload_crc)
+        if index_only:
+            self._skip_part(payload_length, at)
+            payload = None
+        else:
+            payload = self._read_part(payload_length, at)
+        batch = decode_block(self.key, at, index, index_crc, payload, payload_crc)
         self.index_crc = index_crc
         return batch
 

@@ -53,6 +53,10 @@ class RequestCounters:
             return RequestCounts(**self._counts.as_dict())
 
 
+# What a skip over a body that cannot seek reads at a time.
+_SKIP_CHUNK = 1 << 20
+
+
 class CountingReader:
     """A streaming GET body that counts the bytes it hands out; `object_size` is the whole object's size as the
     store answered it (checked against the catalog's record before a byte is decoded)."""
@@ -66,6 +70,21 @@ class CountingReader:
         data = self._raw.read(size) if size is not None and size >= 0 else self._raw.read()
         self._counters.add(bytes_read=len(data))
         return data
+
+    def skip(self, size: int) -> int:
+        """Go `size` bytes further without handing them out (a file seeks past them, a network body reads them
+        into a scratch buffer); returns how many bytes there were, fewer only at the end."""
+        if self._raw.seekable():
+            at = self._raw.tell()
+            return self._raw.seek(min(at + size, self.object_size)) - at
+        skipped = 0
+        while skipped < size:
+            chunk = self._raw.read(min(size - skipped, _SKIP_CHUNK))
+            if not chunk:
+                break
+            skipped += len(chunk)
+        self._counters.add(bytes_read=skipped)
+        return skipped
 
     def close(self) -> None:
         self._raw.close()
