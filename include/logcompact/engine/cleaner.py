@@ -109,7 +109,10 @@ def _with_offsets(pieces: list[_Piece], columns: tuple[str, ...] | None) -> pa.R
         )
         damage.key = key
         raise damage
-    return pa.RecordBatch.from_arrays([pa.array(offsets), *batch.columns], names=["offset", *batch.schema.names])
+    return batch.add_column(0, _OFFSET_FIELD, pa.array(offsets))
+
+
+_OFFSET_FIELD = pa.field("offset", pa.int64(), nullable=False)
 
 
 def _coalesced(sections: list[tuple[Iterator[pa.RecordBatch], CatalogSection, str]], columns: tuple[str, ...] | None) -> Iterator[pa.RecordBatch]:

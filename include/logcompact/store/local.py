@@ -11,6 +11,7 @@ the file system (permissions, I/O errors, a full disk) is a one-line StoreError 
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import stat
@@ -77,7 +78,7 @@ class LocalStore(ObjectStore):
         temp = target.with_name(f".{target.name}.{uuid.uuid4().hex}{_TEMP_SUFFIX}")
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, temp)
+            _link_or_copy(path, temp)
             os.replace(temp, target)
             size = target.stat().st_size
         except OSError as exc:
@@ -195,6 +196,22 @@ class LocalStore(ObjectStore):
         if stat.S_ISDIR(found.st_mode):
             return None  # a directory is not an object
         return ObjectInfo(key, found.st_size, found.st_mtime_ns // 1_000_000)
+
+
+# Why a hard link cannot be made where a copy can: another filesystem, or one without links.
+_NO_LINK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP}
+
+
+def _link_or_copy(path: str, temp: Path) -> None:
+    """The staged file's bytes under `temp`: a hard link on the store's filesystem, so a compaction's output is
+    written once, not written and copied (callers stage a file, upload it and delete it, never writing to it
+    after the upload); a copy elsewhere."""
+    try:
+        os.link(path, temp)
+    except OSError as exc:
+        if exc.errno not in _NO_LINK:
+            raise
+        shutil.copyfile(path, temp)
 
 
 def _discard(temp: Path) -> None:
