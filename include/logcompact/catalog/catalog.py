@@ -93,9 +93,6 @@ _COMMITTED = "logcompact_committed_version"
 _COMPACTED = "logcompact_compacted_topics"
 # Row locks `_topic_rows` takes.
 _SHARED, _EXCLUSIVE = "shared", "exclusive"
-# An append's files are inserted before it takes its version (taken last, `append_files`), under this one: above
-# every version, so no snapshot would show them even if one were committed without its version.
-_PENDING_VERSION = 2**62
 
 log = logging.getLogger(__name__)
 
@@ -666,9 +663,11 @@ class Catalog:
             if now_ms - self._producers_expired_ms >= PRODUCER_EXPIRY_EVERY_MS:
                 producers.expire(connection, now_ms - producers.EXPIRATION_MS)
                 self._producers_expired_ms = now_ms
-            file_ids, adding = self._insert_files(connection, placed_files, _PENDING_VERSION, topic_rows)
+            # The sections first, under file ids taken ahead; the file rows, which make them visible, once the version
+            # is known: inserted with it, never updated to it (an update leaves PostgreSQL a dead row version a file).
+            file_ids, adding = self._insert_sections(connection, placed_files, topic_rows)
             version = self._next_version(connection, "append", now_ms)
-            connection.execute(update(s.files).where(self._one_of(s.files.c.file_id, file_ids)).values(added_version=version))
+            self._insert_file_rows(connection, placed_files, file_ids, version)
             summaries.settle(connection, set(), adding, version)  # files above L0: the simulator's
         return version, assigned
 
@@ -755,7 +754,8 @@ class Catalog:
                     connection.execute(delete(s.plan_seals).where(s.plan_seals.c.plan_id == plan_id))
                     connection.execute(insert(s.committed_plans).values(plan_id=plan_id, version=version, committed_ms=now_ms))
                 topic_rows = self._topic_rows(connection, {sec.topic for f in added for sec in f.sections})
-                _, adding = self._insert_files(connection, added, version, topic_rows)
+                file_ids, adding = self._insert_sections(connection, added, topic_rows)
+                self._insert_file_rows(connection, added, file_ids, version)
                 summaries.settle(connection, removing, adding, version)
                 self._raise_log_starts(connection, expiring)
         except _AlreadyCommitted as done:
@@ -1139,28 +1139,48 @@ class Catalog:
     def _one_of(self, column, values: Iterable) -> ColumnElement[bool]:
         return one_of(column, values, self.engine.dialect.name)
 
-    def _insert_files(
-        self, connection: Connection, data_files: Sequence[DataFile], version: int, topic_rows: dict[str, tuple[int, int]]
+    def _insert_sections(
+        self, connection: Connection, data_files: Sequence[DataFile], topic_rows: dict[str, tuple[int, int]]
     ) -> tuple[list[int], dict[tuple[int, int], summaries.PartitionSummary]]:
-        """Insert files and their sections, added in `version`; their file ids, and per partition the summary of
-        those sections above L0 (`summaries.settle` takes it)."""
+        """Take file ids for `data_files` and insert their sections (invisible to readers until `_insert_file_rows`
+        inserts the files); the ids, and per partition the summary of the sections above L0 (`summaries.settle`
+        takes it)."""
         if not data_files:
             return [], {}
-        compacted = connection.info[_COMPACTED]  # set by `_topic_rows` for these topics in this transaction
-        file_rows = []
-        for data_file in data_files:
-            kinds = {compacted[sec.topic] for sec in data_file.sections}
-            content = CONTENTS.index("mixed") if len(kinds) > 1 else int(kinds == {True})
-            file_rows.append({
-                "key": data_file.key, "level": data_file.level, "size": data_file.size, "created_ms": data_file.created_ms,
-                "record_count": data_file.record_count, "content": content, "added_version": version,
-            })
-        ids = connection.execute(insert(s.files).returning(s.files.c.file_id, sort_by_parameter_order=True), file_rows).scalars().all()
+        ids = _take_file_ids(connection, len(data_files))
         rows = _section_rows(ids, data_files, topic_rows)
         appends.insert_sections(connection, rows)
         if not any(data_file.level > 0 for data_file in data_files):
-            return list(ids), {}
-        return list(ids), summaries.of_rows(rows, {i: f.created_ms for i, f in zip(ids, data_files, strict=True)})
+            return ids, {}
+        return ids, summaries.of_rows(rows, {i: f.created_ms for i, f in zip(ids, data_files, strict=True)})
+
+    def _insert_file_rows(self, connection: Connection, data_files: Sequence[DataFile], ids: Sequence[int], version: int) -> None:
+        """The rows of `data_files`, under the ids their sections were inserted with, added in `version`."""
+        if not data_files:
+            return
+        compacted = connection.info[_COMPACTED]  # set by `_topic_rows` for these topics in this transaction
+        file_rows = []
+        for file_id, data_file in zip(ids, data_files, strict=True):
+            kinds = {compacted[sec.topic] for sec in data_file.sections}
+            content = CONTENTS.index("mixed") if len(kinds) > 1 else int(kinds == {True})
+            file_rows.append({
+                "file_id": file_id, "key": data_file.key, "level": data_file.level, "size": data_file.size,
+                "created_ms": data_file.created_ms, "record_count": data_file.record_count, "content": content,
+                "added_version": version,
+            })
+        connection.execute(insert(s.files), file_rows)
+
+
+def _take_file_ids(connection: Connection, count: int) -> list[int]:
+    """`count` new file ids: from the column's sequence on PostgreSQL (writers take theirs side by side); on SQLite,
+    whose one writer holds the database, after the highest id, the ids an insert would give."""
+    if connection.dialect.name == "postgresql":
+        taken = connection.exec_driver_sql(
+            "SELECT nextval(pg_get_serial_sequence('files', 'file_id')) FROM generate_series(1, %(count)s)", {"count": count}
+        )
+        return sorted(taken.scalars())
+    highest = connection.execute(select(func.max(s.files.c.file_id))).scalar_one()
+    return list(range((highest or 0) + 1, (highest or 0) + 1 + count))
 
 
 def _live_agents(connection: Connection, now_ms: int, alive_ms: int) -> list[AgentRecord]:
