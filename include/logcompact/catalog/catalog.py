@@ -89,7 +89,7 @@ UNCLEANABLE_MAX_BACKOFF_MS = 24 * 3_600_000
 PRODUCER_EXPIRY_EVERY_MS = 60_000
 # Where a write transaction leaves the version it committed, for `_writing` to record in the store's marker.
 _COMMITTED = "logcompact_committed_version"
-# Where `_topic_rows` leaves whether each topic it read is compacted, for `_insert_files` in the same transaction.
+# Where `_topic_rows` leaves whether each topic it read is compacted, for `_insert_file_rows` in the same transaction.
 _COMPACTED = "logcompact_compacted_topics"
 # Row locks `_topic_rows` takes.
 _SHARED, _EXCLUSIVE = "shared", "exclusive"
@@ -1082,7 +1082,7 @@ class Catalog:
 
     def _topic_rows(self, connection: Connection, names: set[str], lock: str | None = None) -> dict[str, tuple[int, int]]:
         """(topic id, partitions) of each named live topic, read in the caller's transaction; an unknown one is
-        TopicNotFoundError. Whether each is compacted is left in the connection's info for `_insert_files` of the
+        TopicNotFoundError. Whether each is compacted is left in the connection's info for `_insert_file_rows` of the
         same transaction. With `lock` (_SHARED or _EXCLUSIVE), the rows are locked until commit, in topic id order:
         an append holds its topics shared so that no topic it writes is deleted, altered or grown under it."""
         if not names:

@@ -434,9 +434,10 @@ def _last_block(rows: np.ndarray, first: int, first_row: int, count: int) -> int
 
 
 class BlockStream:
-    """A file's blocks front to back from a single streaming GET, without seeking: what a `SectionStream` reads.
+    """A file's blocks front to back from a single streaming GET (a local file seeks only forward, past bytes it skips):
+    what a `SectionStream` reads.
 
-    `advance_to(position)` reads past (without decoding or checking) the blocks before `position`; `next_batch()`
+    `advance_to(position)` skips (without decoding or checking) the blocks before `position`; `next_batch()`
     checks the next block's CRC and decodes it. With `size` (the catalog's record), a store answering another size
     is refused before a byte is read; `start` resumes at a block past damage (the header was checked by the first
     stream).
@@ -527,9 +528,9 @@ class SectionStream:
     two-pass compaction, one GET each, however many sections they read.
 
     Small sections share a block: the block decoded last is kept, so the next section in it costs no read. Blocks
-    holding no section asked for are read past without being decoded. Each section's first block must be the one
+    holding no section asked for are skipped without being decoded. Each section's first block must be the one
     the catalog records (its index CRC-32), and, with `size`, the store's object the catalog's size. With
-    `index_only`, only the index columns are decoded (payloads read past unchecked). After damage the stream's place
+    `index_only`, only the index columns are decoded (payloads skipped unchecked). After damage the stream's place
     is unknown: the next section is read by a new GET from its own block."""
 
     def __init__(self, store: ObjectStore, key: str, size: int | None = None, index_only: bool = False) -> None:
