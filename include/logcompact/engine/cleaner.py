@@ -248,11 +248,9 @@ class _SectionOutput:
         self._gathered: list[pa.RecordBatch] = []
         self._gathered_bytes = 0
 
-    def write(self, batch: pa.RecordBatch, keep: np.ndarray, horizons: pa.Array) -> None:
+    def write(self, batch: pa.RecordBatch, keep: np.ndarray) -> None:
         if not keep.any():
             return
-        if horizons is not batch.column("delete_horizon"):
-            batch = batch.set_column(batch.schema.get_field_index("delete_horizon"), "delete_horizon", horizons)
         kept = batch if keep.all() else batch.filter(pa.array(keep))
         self._gathered.append(kept)
         self._gathered_bytes += record_bytes(kept)
@@ -333,14 +331,14 @@ class _PartitionOutput:
     def clean_below(self, offset: int) -> None:
         self._below.clean_below = self._young.clean_below = offset
 
-    def write(self, batch: pa.RecordBatch, keep: np.ndarray, horizons: pa.Array) -> None:
+    def write(self, batch: pa.RecordBatch, keep: np.ndarray) -> None:
         cut = batch.num_rows if self.split_at is None else int(np.searchsorted(batch.column("offset").to_numpy(), self.split_at))
         if cut == batch.num_rows:
-            self._below.write(batch, keep, horizons)
+            self._below.write(batch, keep)
             return
         if cut:
-            self._below.write(batch.slice(0, cut), keep[:cut], horizons.slice(0, cut))
-        self._young.write(batch.slice(cut), keep[cut:], horizons.slice(cut))
+            self._below.write(batch.slice(0, cut), keep[:cut])
+        self._young.write(batch.slice(cut), keep[cut:])
 
     def close(self) -> None:
         self._below.close()
@@ -548,8 +546,7 @@ class _PartitionCleaner:
             for batch in second:
                 self._find_young(batch)
                 out.split_at = self._young_cut()
-                keep, horizons = self._retention_only(batch)
-                out.write(batch, keep, horizons)
+                out.write(batch, self._retention_only(batch))
             out.close()
             stats.records_out += out.records
             return
@@ -634,13 +631,11 @@ class _PartitionCleaner:
                     reader.push_back(batch.slice(cut))
                     batch = batch.slice(0, cut)
                     if cut:
-                        keep, horizons = self._decide(batch)
-                        out.write(batch, keep, horizons)
+                        out.write(*self._decide(batch))
                     return
-            keep, horizons = self._decide(batch)
-            out.write(batch, keep, horizons)
+            out.write(*self._decide(batch))
 
-    def _retention_only(self, batch: pa.RecordBatch) -> tuple[np.ndarray, pa.Array]:
+    def _retention_only(self, batch: pa.RecordBatch) -> np.ndarray:
         """A copy: retention for `delete` topics; a compacted topic's records are all kept (without the key
         map, removing one could leave an older value of its key as the latest)."""
         keep = np.ones(batch.num_rows, dtype=bool)
@@ -648,11 +643,11 @@ class _PartitionCleaner:
             expired = batch.column("timestamp").to_numpy() < self.expire_before
             self.stats.expired_removed += int(expired.sum())
             keep &= ~expired
-        return keep, batch.column("delete_horizon")
+        return keep
 
-    def _decide(self, batch: pa.RecordBatch) -> tuple[np.ndarray, pa.Array]:
-        """Which records survive (Kafka's rules, applied row by row in one compiled pass) and the delete horizons
-        they carry; the column itself when no tombstone is stamped."""
+    def _decide(self, batch: pa.RecordBatch) -> tuple[pa.RecordBatch, np.ndarray]:
+        """The batch with the delete horizons its records carry (new only where a tombstone is stamped), and which
+        records survive: Kafka's rules, applied row by row in one compiled pass."""
         n = batch.num_rows
         horizon_column = batch.column("delete_horizon")
         keep = np.empty(n, dtype=np.bool_)
@@ -683,9 +678,10 @@ class _PartitionCleaner:
             setattr(stats, name, getattr(stats, name) + count)
         if counts[_INVALID]:
             stats.warnings_once(f"{self.topic}/{self.partition}: records without a key in a compacted topic were removed")
-        if not counts[_STAMPED]:
-            return keep, horizon_column
-        return keep, pa.array(horizons, pa.int64(), mask=~stamped)
+        if counts[_STAMPED]:
+            stamped_column = pa.array(horizons, pa.int64(), mask=~stamped)
+            batch = batch.set_column(batch.schema.get_field_index("delete_horizon"), "delete_horizon", stamped_column)
+        return batch, keep
 
 
 # Sentinels of `_decide_rows` for a bound the partition does not have: no young offset, no floor, no retention.
@@ -693,7 +689,7 @@ _NEVER = np.iinfo(np.int64).max
 _NEVER_EXPIRES = np.iinfo(np.int64).min
 # The stats `_decide_rows` counts, in the order of its `counts`.
 _COUNTED = ("expired_removed", "invalid_records", "duplicates_removed", "tombstones_removed", "tombstones_stamped", "tombstones_kept", "young_kept")
-_INVALID, _STAMPED = _COUNTED.index("invalid_records"), _COUNTED.index("tombstones_stamped")
+_EXPIRED, _INVALID, _DUPLICATE, _TOMBSTONE_REMOVED, _STAMPED, _TOMBSTONE_KEPT, _YOUNG_KEPT = range(len(_COUNTED))
 
 
 def _validity(column: pa.Array) -> np.ndarray:
@@ -736,13 +732,13 @@ def _decide_rows(
         if last_of_key and not stamped:
             out_horizons[i] = new_horizon
             out_stamped[i] = True
-            counts[4] += 1
+            counts[_STAMPED] += 1
         else:
             out_horizons[i] = horizons[i] if stamped else 0
             out_stamped[i] = stamped
-        counts[0] += expired
-        counts[1] += invalid
-        counts[2] += duplicate
-        counts[3] += removed_tombstone
-        counts[5] += tombstone and kept
-        counts[6] += kept and offset >= young_from
+        counts[_EXPIRED] += expired
+        counts[_INVALID] += invalid
+        counts[_DUPLICATE] += duplicate
+        counts[_TOMBSTONE_REMOVED] += removed_tombstone
+        counts[_TOMBSTONE_KEPT] += tombstone and kept
+        counts[_YOUNG_KEPT] += kept and offset >= young_from
