@@ -13,16 +13,18 @@ from dataclasses import replace
 import pytest
 from pyroaring import BitMap
 
-from logcompact.catalog import Catalog, NewFile
+from logcompact.catalog import Catalog, CatalogSection, DataFile, NewFile
 from logcompact.consume import latest_values, read_records
 from logcompact.engine.cleaner import run_plan
 from logcompact.exceptions import CommitConflictError, InvalidPlanError
 from logcompact.format import section_table, write_segment
+from logcompact.format.reader import read_section
 from logcompact.ingest import Agent, Record
 from logcompact.jobs import collect_garbage, commit_plan, run_and_commit
 from logcompact.plan import Plan
 from logcompact.planner import PlannerConfig, choose_plans
-from logcompact.store import ObjectStore
+from logcompact.store import LocalStore, ObjectStore
+from logcompact.topics import Topic
 from tests.helpers import NOW, create_topic, full_sweep, level_plans
 
 SMALL_BUFFER = 1 << 16
@@ -90,6 +92,20 @@ def test_tombstones_are_stamped_then_removed_after_their_horizon(catalog: Catalo
     assert _values(catalog, "state") == [] and last.stats.tombstones_removed == 1
 
 
+def test_a_tombstone_kept_for_the_longest_delete_retention_is_stamped_with_the_latest_horizon(catalog: Catalog) -> None:
+    """delete.retention.ms may be Long.MAX_VALUE: the horizon stops at the largest int64, never wrapping to the past."""
+    catalog = _setup(catalog, state={"cleanup_policy": "compact", "delete_retention_ms": str(2**63 - 1)})
+    _produce(catalog, "state", [Record(0, b"a", b"1", NOW), Record(0, b"a", None, NOW)])
+    first = _full(catalog, NOW + 10)
+    assert first.stats.tombstones_stamped == 1
+    (data_file,) = catalog.snapshot().files()
+    (section,) = data_file.sections
+    horizons = read_section(catalog.store, data_file.key, section.info).table(["delete_horizon"]).column(0).to_pylist()
+    assert horizons == [2**63 - 1]
+    _full(catalog, NOW + 10**9)
+    assert _values(catalog, "state") == [(1, b"a", None)]
+
+
 def test_min_lag_leaves_young_records_untouched(catalog: Catalog) -> None:
     catalog = _setup(catalog, state={"cleanup_policy": "compact", "min_compaction_lag_ms": "1000"})
     _produce(catalog, "state", [Record(0, b"a", b"old", NOW)])
@@ -120,6 +136,26 @@ def test_inputs_on_both_sides_of_a_young_section_outside_the_plan_are_cut_there(
     sections = sorted((s.first_offset, s.last_offset, levels[key]) for key, s in snapshot.sections_of("state", 0))
     assert sections == [(0, 0, 1), (1, 1, 0), (2, 2, 1)]
     assert _values(catalog, "state") == [(0, b"a", b"old"), (1, b"y", b"young"), (2, b"a", b"new")]
+
+
+def test_damage_found_among_young_survivors_at_the_end_sets_the_partition_aside(tmp_path) -> None:
+    """Survivors gather a block's worth before they are written, so damage among the young ones (two input rows
+    sharing offsets 2 and 3) may surface only when the partition's outputs close: both outputs are taken back and
+    the partition set aside, even though the section below the young ones was complete."""
+    store = LocalStore(tmp_path / "store")
+    topic = Topic.create("t", 1, {"cleanup.policy": "compact", "min.compaction.lag.ms": "1000"}, NOW)
+    old_and_young = section_table([0, 1, 2, 3], [NOW, NOW, NOW + 5000, NOW + 5000], [b"a", b"b", b"c", b"d"], [b"1"] * 4)
+    young = section_table([0, 1], [NOW + 5000, NOW + 5000], [b"e", b"f"], [b"2"] * 2)
+    inputs = []
+    for number, (table, first_offset) in enumerate([(old_and_young, 0), (young, 2)]):
+        blob, (info,) = write_segment([("t", 0, table)])
+        store.put(f"data/l1/in-{number}.seg", blob)
+        inputs.append(DataFile(f"data/l1/in-{number}.seg", 1, len(blob), NOW, (CatalogSection(info, first_offset),)))
+    plan = Plan(plan_id="p-damage", cluster_id="c", manifest_version=1, now_ms=NOW + 5500, target_level=2, deduplicate=True,
+                inputs=tuple(inputs), topics={"t": topic})
+    result = run_plan(store, plan)
+    assert [u["partition"] for u in result.stats.uncleanable] == [0] and "out of order or twice" in result.stats.uncleanable[0]["reason"]
+    assert result.outputs == [] and list(store.list("data/l2/")) == []
 
 
 def test_retention_removes_old_records_and_skips_whole_sections(catalog: Catalog) -> None:

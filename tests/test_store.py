@@ -36,6 +36,36 @@ def test_streaming_get_is_one_request_read_in_pieces(store: ObjectStore) -> None
     assert (spent.get, spent.bytes_read) == (1, len(payload))
 
 
+def test_a_stream_skips_bytes_and_hands_out_the_rest(store: ObjectStore) -> None:
+    """A local file seeks past skipped bytes (not counted as read); an S3 body reads them (counted). Either way the
+    bytes after them come next, and a skip past the end says how far it got."""
+    payload = bytes(range(256)) * 8192
+    store.put("blob", payload)
+    before = store.counters.snapshot()
+    with store.open_stream("blob") as stream:
+        assert stream.skip(1_500_000) == 1_500_000
+        assert stream.read(10) == payload[1_500_000:1_500_010]
+        assert stream.skip(10**9) == len(payload) - 1_500_010
+        assert stream.read(10) == b""
+    skipped_counted = (store.counters.snapshot() - before).bytes_read - 10
+    assert skipped_counted == (0 if store.uri.startswith("file://") else len(payload) - 10)
+
+
+def test_a_local_store_gives_an_uploaded_file_the_mode_of_a_put_object(tmp_path) -> None:
+    """Uploads are hard links where they can be: the object still gets a put object's mode, not the staged file's
+    owner-only one, and outlives the staged file."""
+    store = open_store(f"file://{tmp_path / 'store'}")
+    store.put("put", b"x")
+    staged = tmp_path / "staged"
+    staged.write_bytes(b"payload")
+    staged.chmod(0o600)
+    store.put_file("uploaded", str(staged))
+    staged.unlink()
+    objects = tmp_path / "store"
+    assert store.get("uploaded") == b"payload"
+    assert (objects / "uploaded").stat().st_mode & 0o777 == (objects / "put").stat().st_mode & 0o777
+
+
 def test_range_get(store: ObjectStore) -> None:
     store.put("blob", b"0123456789")
     before = store.counters.snapshot()

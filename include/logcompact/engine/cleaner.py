@@ -209,6 +209,9 @@ class _OutputFiles:
     def close(self) -> None:
         if self._writer is None or self._sink is None:
             return
+        if not self._first_offsets:  # every section begun in it was taken back (its partition set aside)
+            self.discard()
+            return
         infos = self._writer.finish()
         self._sink.close()
         key = self._plan.output_key(self._content, len(self.files))
@@ -255,9 +258,9 @@ class _SectionOutput:
         self._gathered.append(kept)
         self._gathered_bytes += record_bytes(kept)
         if self._gathered_bytes >= BLOCK_BYTES:
-            self._flush()
+            self.flush()
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
         """The gathered survivors into the section."""
         if not self._gathered:
             return
@@ -299,7 +302,7 @@ class _SectionOutput:
         self.finished += 1
 
     def close(self) -> None:
-        self._flush()
+        self.flush()
         if self._builder is not None:
             self._finish(self._builder)
 
@@ -341,6 +344,9 @@ class _PartitionOutput:
         self._young.write(batch.slice(cut), keep[cut:])
 
     def close(self) -> None:
+        # Both flushed before either is finished: damage a flush finds takes back both (a finished section cannot be).
+        self._below.flush()
+        self._young.flush()
         self._below.close()
         self._young.close()
 
@@ -474,7 +480,7 @@ class _PartitionCleaner:
                 "byte cap: copied, not deduplicated"
             )
         self.deduplicate = plan.deduplicate and config.compacted and not self.oversized
-        self.horizon = now + config.delete_retention_ms
+        self.horizon = min(now + config.delete_retention_ms, _NEVER)  # delete.retention.ms may be Long.MAX_VALUE
         self.floor = plan.outside_floors.get((topic, partition))
         # Kafka's first uncleanable offset: from the sections outside the plan, lowered to the inputs' first record
         # within the lag once a pass reaches it (`_find_young`), so min lag keeps the same records whichever files
@@ -499,7 +505,7 @@ class _PartitionCleaner:
         run_end = -1
         for data_file, placed in self.sections:
             if columns is None and self._expired_section(placed):
-                continue  # every record expired: the stream reads past it, nothing is decoded
+                continue  # every record expired: the stream skips it, nothing is decoded
             if runs and placed.first_offset <= run_end:
                 runs[-1].append((data_file, placed))
             else:

@@ -202,7 +202,8 @@ class Section:
     batches: list[pa.RecordBatch]
 
     def table(self, columns: Sequence[str] | None = None) -> pa.Table:
-        table = pa.Table.from_batches(self.batches, SECTION_SCHEMA)
+        """The records as one table: every column, or the index columns of a section read `index_only`."""
+        table = pa.Table.from_batches(self.batches, self.batches[0].schema if self.batches else SECTION_SCHEMA)
         return table.select(list(columns)) if columns is not None else table
 
     @cached_property
@@ -493,7 +494,7 @@ class BlockStream:
             raise CorruptDataError(f"{self.key}: truncated in the block at byte {at}; the file is incomplete")
 
     def advance_to(self, position: int) -> None:
-        """Read past whole blocks up to byte `position`, the start of a block."""
+        """Skip whole blocks up to byte `position`, the start of a block."""
         while self.position < position:
             at = self.position
             index_length, _, payload_length, _ = self._prefix()
@@ -504,7 +505,7 @@ class BlockStream:
     def next_batch(self, index_only: bool = False) -> pa.RecordBatch:
         """The next block's records; with `index_only`, only its index columns, and its payload's bytes are
         skipped without being checked or decoded (pass 1 of a compaction needs nothing else): a file seeks past
-        them, a network body reads them into a scratch buffer."""
+        them, a network body reads them and drops them."""
         at = self.position
         index_length, index_crc, payload_length, payload_crc = self._prefix()
         index = self._read_part(index_length, at)
@@ -570,7 +571,7 @@ class SectionStream:
             self._read_block(None)
 
     def _read_block(self, position: int | None) -> None:
-        """Decode the block at `position` (None: the next one), reading past the blocks before it."""
+        """Decode the block at `position` (None: the next one), skipping the blocks before it."""
         if self._stream is None:
             start = position if self._resume and position is not None else 0
             self._stream = BlockStream(self._store, self.key, self._size, start)

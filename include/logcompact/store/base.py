@@ -72,8 +72,8 @@ class CountingReader:
         return data
 
     def skip(self, size: int) -> int:
-        """Go `size` bytes further without handing them out (a file seeks past them, a network body reads them
-        into a scratch buffer); returns how many bytes there were, fewer only at the end."""
+        """Go `size` bytes further without handing them out (a file seeks past them, a network body reads them a
+        chunk at a time and drops them); returns how many bytes there were, fewer only at the end."""
         if self._raw.seekable():
             at = self._raw.tell()
             return self._raw.seek(min(at + size, self.object_size)) - at

@@ -198,6 +198,10 @@ class LocalStore(ObjectStore):
         return ObjectInfo(key, found.st_size, found.st_mtime_ns // 1_000_000)
 
 
+# The mode of an object `put` writes (open's 0o666 less the process's umask), which a linked object is given too.
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+_OBJECT_MODE = 0o666 & ~_UMASK
 # Why a hard link cannot be made where a copy can: another filesystem, or one without links.
 _NO_LINK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP}
 
@@ -205,13 +209,16 @@ _NO_LINK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTS
 def _link_or_copy(path: str, temp: Path) -> None:
     """The staged file's bytes under `temp`: a hard link on the store's filesystem, so a compaction's output is
     written once, not written and copied (callers stage a file, upload it and delete it, never writing to it
-    after the upload); a copy elsewhere."""
+    after the upload), given the mode `put` gives an object (a staged temporary file is its owner's only); a copy
+    elsewhere."""
     try:
         os.link(path, temp)
     except OSError as exc:
         if exc.errno not in _NO_LINK:
             raise
         shutil.copyfile(path, temp)
+    else:
+        os.chmod(temp, _OBJECT_MODE)
 
 
 def _discard(temp: Path) -> None:
