@@ -60,6 +60,8 @@ bench: install deps
 	$(BIN)/python bench/status.py
 	$(BIN)/python bench/catalog.py
 	$(BIN)/python bench/spark_dedup.py
+	$(BIN)/python bench/regime.py --seconds 120 --find-load
+	$(BIN)/python bench/regime.py --agents 3 --seconds 600
 
 simulate: install
 	$(BIN)/logcompact simulate --agents 1 --agents 10 --hours 24 --out .simulate
