@@ -49,7 +49,7 @@ def produce_l0_files(catalog: Catalog, topic: str, files: int, records: int, key
 
 def assert_summaries_kept(catalog: Catalog) -> None:
     """Every partition's row of `partition_summaries` is what its live sections above L0 sum up to, read from the
-    sections themselves; a partition without a row, or with an empty one, holds none. Key sketches may hold more keys
+    sections themselves (through the partitions and through the live files, which agree); a partition without a row, or with an empty one, holds none. Key sketches may hold more keys
     than the sections (a union since the partition last had one section), never fewer."""
     from dataclasses import replace
 
@@ -61,7 +61,9 @@ def assert_summaries_kept(catalog: Catalog) -> None:
     with catalog.engine.connect() as connection:
         slots = [tuple(row) for row in connection.execute(select(schema.partitions.c.topic_id, schema.partitions.c.partition))]
         kept = summaries.read(connection, slots)
-        fresh = summaries.summed_up(connection, slots)
+        fresh = summaries.summed_up_by_partition(connection, slots)
+        through_files = summaries.summed_up_through_files(connection, slots)
+    assert through_files == fresh, "the live sections read through the live files sum up otherwise than through the partitions"
     assert set(kept) == set(fresh), f"partition_summaries holds {sorted(kept)}, the sections {sorted(fresh)}"
     for slot, summary in fresh.items():
         held = kept[slot]

@@ -23,6 +23,16 @@ def test_merge_packed_equals_the_maximum_of_the_decoded_registers(sizes: list[in
     assert np.array_equal(sketch.merge_packed(packed), expected)
 
 
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2_000)), max_size=12))
+def test_merge_by_group_packs_each_group_as_its_own_merge(owned: list[tuple[int, int]]) -> None:
+    rng = np.random.default_rng(len(owned))
+    groups = np.array([group for group, _ in owned], dtype=np.int64)
+    packed = [_packed(rng.integers(0, 2**64 - 1, size, dtype=np.uint64)) for _, size in owned]
+    merged = sketch.merge_by_group(groups, packed, 4)
+    for group in range(4):
+        own = [one for one, of in zip(packed, groups.tolist()) if of == group]
+        assert merged[group] == sketch.encode(sketch.merge_packed(own)), group
+
 def test_estimated_duplicates_of_overlapping_sections() -> None:
     # Three sections of 4,000 records over the same 2,000 keys: 10,000 duplicates, within the sketch's ~9%.
     keys = np.random.default_rng(3).integers(0, 2**64 - 1, 2_000, dtype=np.uint64)

@@ -9,7 +9,7 @@ Packed form (in files and the catalog): a small section sets few registers, so i
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 import numpy as np
 
@@ -84,6 +84,24 @@ def merge_packed(packed: Collection[bytes]) -> np.ndarray:
         pair = np.frombuffer(pairs, dtype=np.uint8).reshape(-1, 2)
         np.maximum.at(registers, pair[:, 0], pair[:, 1])
     return registers
+
+
+def merge_by_group(groups: np.ndarray, packed: Sequence[bytes], count: int) -> list[bytes]:
+    """Packed sketches of `count` groups, each the merge of the `packed[i]` whose `groups[i]` it is (b"" for a
+    group without keys): a commit's thousand partitions' sketches in the same two vectorized steps as
+    `merge_packed`, not a merge per partition."""
+    registers = np.zeros((count, REGISTERS), dtype=np.uint8)
+    lengths = np.fromiter(map(len, packed), dtype=np.int64, count=len(packed))
+    full = lengths == REGISTERS
+    if full.any():
+        rows = np.frombuffer(b"".join(p for p, whole in zip(packed, full.tolist()) if whole), dtype=np.uint8).reshape(-1, REGISTERS)
+        np.maximum.at(registers, groups[full], rows)
+    paired = ~full & (lengths > 0)
+    if paired.any():
+        pairs = np.frombuffer(b"".join(p for p, pair in zip(packed, paired.tolist()) if pair), dtype=np.uint8).reshape(-1, 2)
+        owners = np.repeat(groups[paired].astype(np.int64), lengths[paired] // 2)
+        np.maximum.at(registers.reshape(-1), owners * REGISTERS + pairs[:, 0], pairs[:, 1])
+    return [encode(row) for row in registers]
 
 
 def estimate(registers: np.ndarray) -> float:

@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
-from sqlalchemy import ColumnElement, Connection, Select, bindparam, case, func, select
+import numpy as np
+from sqlalchemy import ColumnElement, Connection, Select, bindparam, case, func, literal_column, select
 
 from logcompact import sketch
 from logcompact.catalog import schema as s
@@ -28,6 +29,11 @@ from logcompact.catalog.model import PartitionSummary
 
 # A partition, as (topic id, partition).
 Slot = tuple[int, int]
+_NO_TIMESTAMP = np.iinfo(np.int64).max
+# `summed_up` reads every live section above L0 through the live files, rather than the partitions' sections through
+# `sections_by_partition`, when the partitions asked for hold at least this share of them: the index also holds the
+# sections of removed files until gc forgets them, and a commit that reads them through it pays for every one.
+THROUGH_FILES_SHARE = 0.25
 
 
 def _add(summary: PartitionSummary, section: PartitionSummary) -> PartitionSummary:
@@ -48,23 +54,52 @@ _COLUMNS = ("sections", "bytes", "l1_bytes", "records", "floor", "base_level", "
 _SECTION_COLUMN = {name: n for n, name in enumerate(s.SECTION_ROW)}
 
 
-def of_rows(rows: Iterable[tuple], created_ms: Mapping[int, int]) -> dict[Slot, PartitionSummary]:
+def of_rows(rows: Sequence[tuple], created_ms: Mapping[int, int]) -> dict[Slot, PartitionSummary]:
     """Per partition, the summary of sections rows (as `appends.insert_sections` takes them) above L0, their files
     created at `created_ms` (by file id)."""
     c = _SECTION_COLUMN
-    found: dict[Slot, PartitionSummary] = {}
-    for row in rows:
-        if row[c["level"]] == 0:
-            continue
-        first, last, size = row[c["first_offset"]], row[c["last_offset"]], row[c["uncompressed_bytes"]]
-        one = PartitionSummary(
-            1, size, size if row[c["level"]] == 1 else 0, row[c["record_count"]], first, row[c["level"]],
-            row[c["clean_below_delta"]] > last - first, size, row[c["min_timestamp"]], None,
-            created_ms[row[c["file_id"]]], row[c["key_sketch"]] or b"",
+    upper = [row for row in rows if row[c["level"]] != 0]
+    if not upper:
+        return {}
+    columns = list(zip(*upper))
+    last = np.asarray(columns[c["last_offset"]], dtype=np.int64)
+    first = np.asarray(columns[c["first_offset"]], dtype=np.int64)
+    created = np.fromiter((created_ms[file_id] for file_id in columns[c["file_id"]]), dtype=np.int64, count=len(upper))
+    return _summed(
+        *(np.asarray(columns[c[name]], dtype=np.int64) for name in ("topic_id", "partition")), first,
+        *(np.asarray(columns[c[name]], dtype=np.int64) for name in ("level", "uncompressed_bytes", "record_count", "min_timestamp")),
+        np.asarray(columns[c["clean_below_delta"]], dtype=np.int64) > last - first, created, columns[c["key_sketch"]],
+    )
+
+
+def _summed(
+    topic_ids: np.ndarray, partitions: np.ndarray, first: np.ndarray, level: np.ndarray, size: np.ndarray, records: np.ndarray,
+    min_timestamp: np.ndarray, clean: np.ndarray, created_ms: np.ndarray, sketches: Sequence[bytes | None],
+) -> dict[Slot, PartitionSummary]:
+    """Per partition, the summary of its sections given column-wise (one entry a section above L0): grouped by a sort,
+    each partition's lowest first offset its base, its sketches merged in one vectorized step for all partitions."""
+    order = np.lexsort((first, partitions, topic_ids))
+    topic_ids, partitions = topic_ids[order], partitions[order]
+    starts = np.flatnonzero(np.concatenate(([True], (topic_ids[1:] != topic_ids[:-1]) | (partitions[1:] != partitions[:-1]))))
+    counts = np.diff(np.append(starts, len(order)))
+    size, min_timestamp = size[order], min_timestamp[order]
+    others = min_timestamp.copy()
+    others[starts] = _NO_TIMESTAMP
+    others_min = np.minimum.reduceat(others, starts)
+    group = np.repeat(np.arange(len(starts)), counts)
+    merged = sketch.merge_by_group(group, [sketches[i] or b"" for i in order.tolist()], len(starts))
+    columns = zip(
+        topic_ids[starts].tolist(), partitions[starts].tolist(), counts.tolist(), np.add.reduceat(size, starts).tolist(),
+        np.add.reduceat(np.where(level[order] == 1, size, 0), starts).tolist(), np.add.reduceat(records[order], starts).tolist(),
+        first[order][starts].tolist(), level[order][starts].tolist(), clean[order][starts].tolist(), size[starts].tolist(),
+        min_timestamp[starts].tolist(), others_min.tolist(), np.maximum.reduceat(created_ms[order], starts).tolist(), merged,
+    )
+    return {
+        (topic_id, partition): PartitionSummary(
+            count, total, l1, held, floor, base_level, base_clean, base_bytes, base_min, others if count > 1 else None, newest, packed
         )
-        slot = (row[c["topic_id"]], row[c["partition"]])
-        found[slot] = _add(found[slot], one) if slot in found else one
-    return found
+        for topic_id, partition, count, total, l1, held, floor, base_level, base_clean, base_bytes, base_min, others, newest, packed in columns
+    }
 
 
 def touched_by_removal(connection: Connection, file_ids: Sequence[int], kept: Iterable[Slot] = ()) -> set[Slot]:
@@ -111,10 +146,37 @@ def write(connection: Connection, rows: Mapping[Slot, PartitionSummary | None], 
 
 def summed_up(connection: Connection, slots: Sequence[Slot]) -> dict[Slot, PartitionSummary]:
     """The summaries of `slots` read from their live sections above L0, every key sketch merged (partitions with
-    none left out)."""
+    none left out). The partitions' sections are read through `sections_by_partition` unless they hold a good share
+    (`THROUGH_FILES_SHARE`) of all live sections above L0, as their rows counted them: then every live section above
+    L0 is read through the live files, whose number does not grow with the removed files gc has yet to forget."""
+    counted = connection.execute(select(_ROWS.topic_id, _ROWS.partition, _ROWS.sections)).all()
+    wanted = set(slots)
+    asked = sum(count for topic_id, partition, count in counted if (topic_id, partition) in wanted)
+    if asked >= THROUGH_FILES_SHARE * sum(count for _, _, count in counted):
+        return summed_up_through_files(connection, wanted)
+    return summed_up_by_partition(connection, slots)
+
+
+def summed_up_by_partition(connection: Connection, slots: Sequence[Slot]) -> dict[Slot, PartitionSummary]:
+    """`summed_up` through `sections_by_partition`: per topic, one grouped query and one of key sketches."""
     found = _from_sections(connection, slots)
     merged = sketches_of(connection, list(found))
     return {slot: replace(summary, key_sketch=merged[slot]) if slot in merged else summary for slot, summary in found.items()}
+
+
+def summed_up_through_files(connection: Connection, slots: Iterable[Slot]) -> dict[Slot, PartitionSummary]:
+    """`summed_up` through the live files above L0 (`files_live_by_level`): every live section above L0 read once,
+    those of `slots` summed up."""
+    wanted = set(slots)
+    rows = [row for row in connection.execute(_LIVE_SECTIONS) if (row[0], row[1]) in wanted]
+    if not rows:
+        return {}
+    columns = list(zip(*rows))
+    first, last = (np.asarray(columns[n], dtype=np.int64) for n in (2, 3))
+    return _summed(
+        *(np.asarray(columns[n], dtype=np.int64) for n in (0, 1)), first, *(np.asarray(columns[n], dtype=np.int64) for n in (4, 5, 6, 7)),
+        np.asarray(columns[8], dtype=np.int64) > last - first, np.asarray(columns[9], dtype=np.int64), columns[10],
+    )
 
 
 def clear_topic(connection: Connection, topic_id: int, version: int) -> None:
@@ -231,5 +293,17 @@ def _merged(one: bytes, other: bytes) -> bytes:
     return sketch.encode(sketch.merge_packed([one, other]))
 
 
+def _live_sections_query() -> Select:
+    sec, files = s.sections.c, s.files.c
+    return (
+        select(sec.topic_id, sec.partition, sec.first_offset, sec.last_offset, sec.level, sec.uncompressed_bytes, sec.record_count,
+               sec.min_timestamp, sec.clean_below_delta, files.created_ms, sec.key_sketch)
+        .select_from(s.files).join(s.sections, sec.file_id == files.file_id)
+        .where(files.removed_version.is_(None), files.level > literal_column("0"), sec.removed_version.is_(None))
+    )
+
+
+_ROWS = s.partition_summaries.c
 _SUMMED_UP = _summed_up_query()
+_LIVE_SECTIONS = _live_sections_query()
 _SKETCHES = _partitions_sections(s.sections.c.partition, s.sections.c.key_sketch).where(s.sections.c.key_sketch.is_not(None))
