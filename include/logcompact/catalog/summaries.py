@@ -9,9 +9,11 @@ merged. L0 sections are not summed: an append would rewrite a row for each of it
 take the few hundred live L0 files as they are.
 
 A commit that only adds sections (an L0 to L1 copy, the most frequent) adds them to the rows. One that removes
-some (a merge above L1, a sweep, retention) reads the touched partitions' rows again from their live sections, in
-one grouped query per topic through `sections_by_partition`, and their key sketches; a deleted topic's rows are
-emptied. Each row says the version that set it: a snapshot older than that reads the sections instead.
+some (a merge above L1, a sweep, retention) reads the touched partitions' rows again from their live sections: in
+one grouped query per topic through `sections_by_partition`, and their key sketches; or, when they hold a good share
+of all live sections above L0, every such section through the live files (the index also holds the sections of
+removed files until gc forgets them: 1.7 s against 0.02 s for the WarpStream-like simulator's 1,000 partitions after
+0.1 h). A deleted topic's rows are emptied. Each row says the version that set it: a snapshot older than that reads the sections instead.
 """
 
 from __future__ import annotations
@@ -62,14 +64,19 @@ def of_rows(rows: Sequence[tuple], created_ms: Mapping[int, int]) -> dict[Slot, 
     if not upper:
         return {}
     columns = list(zip(*upper))
-    last = np.asarray(columns[c["last_offset"]], dtype=np.int64)
-    first = np.asarray(columns[c["first_offset"]], dtype=np.int64)
     created = np.fromiter((created_ms[file_id] for file_id in columns[c["file_id"]]), dtype=np.int64, count=len(upper))
-    return _summed(
-        *(np.asarray(columns[c[name]], dtype=np.int64) for name in ("topic_id", "partition")), first,
-        *(np.asarray(columns[c[name]], dtype=np.int64) for name in ("level", "uncompressed_bytes", "record_count", "min_timestamp")),
-        np.asarray(columns[c["clean_below_delta"]], dtype=np.int64) > last - first, created, columns[c["key_sketch"]],
-    )
+    return _summed_columns(columns, [c[name] for name in _SUMMED_COLUMNS], created, columns[c["key_sketch"]])
+
+
+# The sections' columns a summary is made of, in `_LIVE_SECTIONS` order (then the file's creation time and the sketch).
+_SUMMED_COLUMNS = ("topic_id", "partition", "first_offset", "last_offset", "level", "uncompressed_bytes", "record_count", "min_timestamp",
+                   "clean_below_delta")
+
+
+def _summed_columns(columns: Sequence[Sequence], at: Sequence[int], created_ms: np.ndarray, sketches: Sequence[bytes | None]) -> dict[Slot, PartitionSummary]:
+    """`_summed` of rows given column-wise, `at[i]` the position of `_SUMMED_COLUMNS[i]` among `columns`."""
+    topic_ids, partitions, first, last, level, size, records, min_timestamp, clean_below = (np.asarray(columns[n], dtype=np.int64) for n in at)
+    return _summed(topic_ids, partitions, first, level, size, records, min_timestamp, clean_below > last - first, created_ms, sketches)
 
 
 def _summed(
@@ -172,11 +179,7 @@ def summed_up_through_files(connection: Connection, slots: Iterable[Slot]) -> di
     if not rows:
         return {}
     columns = list(zip(*rows))
-    first, last = (np.asarray(columns[n], dtype=np.int64) for n in (2, 3))
-    return _summed(
-        *(np.asarray(columns[n], dtype=np.int64) for n in (0, 1)), first, *(np.asarray(columns[n], dtype=np.int64) for n in (4, 5, 6, 7)),
-        np.asarray(columns[8], dtype=np.int64) > last - first, np.asarray(columns[9], dtype=np.int64), columns[10],
-    )
+    return _summed_columns(columns, list(range(len(_SUMMED_COLUMNS))), np.asarray(columns[9], dtype=np.int64), columns[10])
 
 
 def clear_topic(connection: Connection, topic_id: int, version: int) -> None:
@@ -296,8 +299,7 @@ def _merged(one: bytes, other: bytes) -> bytes:
 def _live_sections_query() -> Select:
     sec, files = s.sections.c, s.files.c
     return (
-        select(sec.topic_id, sec.partition, sec.first_offset, sec.last_offset, sec.level, sec.uncompressed_bytes, sec.record_count,
-               sec.min_timestamp, sec.clean_below_delta, files.created_ms, sec.key_sketch)
+        select(*(sec[name] for name in _SUMMED_COLUMNS), files.created_ms, sec.key_sketch)
         .select_from(s.files).join(s.sections, sec.file_id == files.file_id)
         .where(files.removed_version.is_(None), files.level > literal_column("0"), sec.removed_version.is_(None))
     )
