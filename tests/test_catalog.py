@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import update
 
-from logcompact.catalog import Catalog, CatalogSection, DataFile, NewFile, schema
+from logcompact.catalog import Catalog, CatalogSection, DataFile, NewFile, Snapshot, schema, summaries
 from logcompact.exceptions import (
     CatalogConfigError,
     CatalogSchemaError,
@@ -387,6 +387,38 @@ def test_every_commit_keeps_the_summaries_above_l0_and_an_older_snapshot_reads_t
         assert lowest_outside(snapshot, inputs, partitions) == snapshot.outside_floors(planned, partitions), planned
     catalog.delete_topic("t", NOW)
     assert_summaries_kept(catalog)
+
+
+def test_partitions_read_through_the_live_files_as_through_the_partition_index(catalog: Catalog, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every read of partitions' sections above L0 that may go through the live files (`summaries.read_through_files`)
+    finds what the partition index finds: at the newest version and at one whose files were removed since, with
+    files at several levels, removed ones, and a set-aside partition's section kept alone."""
+    create_topic(catalog, "t", partitions=3, min_compaction_lag_ms=str(HOUR))
+    create_topic(catalog, "u", partitions=2, min_compaction_lag_ms=str(HOUR))
+    _append(catalog, _new_file("a", ("t", 0, 5), ("t", 1, 5), ("u", 0, 3)))
+    _append(catalog, _new_file("b", ("t", 0, 5), ("t", 2, 5), ("u", 1, 4), level=1))
+    young = _new_file("c", ("t", 1, 5), ("u", 0, 2), level=2)
+    _append(catalog, replace(young, sections=tuple(s._replace(max_timestamp=NOW) for s in young.sections)))
+    catalog.replace_files(["a"], [_output(catalog, "l1-a", "a")], NOW)
+    older = catalog.snapshot()
+    catalog.replace_files(["b"], [], NOW, kept=[("t", 2)])  # b's other sections go, t/2's stays alone
+    catalog.replace_files(["l1-a"], [_output(catalog, "l2-a", "l1-a")], NOW)
+    newer = catalog.snapshot()
+    every = [("t", 0), ("t", 1), ("t", 2), ("u", 0), ("u", 1)]
+
+    def reads(snapshot: Snapshot) -> list:
+        return [
+            snapshot.sections_at_levels(every, 1), snapshot.sections_at_levels(every, 2), snapshot.files_holding(every),
+            snapshot.files_holding([("t", 1)]), snapshot.outside_floors(["c"], every), snapshot.first_uncleanable_offsets(every, NOW + HOUR // 2),
+            sorted(snapshot.partition_sections(["t", "u"], in_l0=False), key=repr), sorted(snapshot.section_figures(["t", "u"], in_l0=False), key=repr),
+        ]
+
+    monkeypatch.setattr(summaries, "THROUGH_FILES_SHARE", float("inf"))  # never through the files
+    by_index = [reads(older), reads(newer)]
+    monkeypatch.setattr(summaries, "THROUGH_FILES_SHARE", 0.0)  # always
+    assert [reads(older), reads(newer)] == by_index
+    assert by_index[0][2] == {"b", "c", "l1-a"} and by_index[1][2] == {"b", "c", "l2-a"}
+    assert by_index[1][5] == {("t", 1): 5, ("u", 0): 3}  # c's young sections
 
 
 def test_partitions_are_added_at_offset_zero_and_never_removed(catalog: Catalog) -> None:

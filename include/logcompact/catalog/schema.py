@@ -19,6 +19,7 @@ from sqlalchemy import (
     BigInteger,
     BindParameter,
     Column,
+    ColumnElement,
     CompoundSelect,
     Index,
     Integer,
@@ -220,13 +221,23 @@ partition_summaries = Table(
 def live_l0_files(version: int | BindParameter[int] | None = None) -> Select | CompoundSelect:
     """The ids of the L0 files live at `version` (now, without one), through the index of live files by level and,
     for a past version, the index of removed files by version: L0 files removed later than it."""
+    return _live_files(files.c.level == 0, version)
+
+
+def live_files_above_l0(version: int | BindParameter[int] | None = None) -> Select | CompoundSelect:
+    """The ids of the files above L0 live at `version` (now, without one), as `live_l0_files` finds L0's."""
+    return _live_files(files.c.level > 0, version)
+
+
+def _live_files(at_level: ColumnElement[bool], version: int | BindParameter[int] | None) -> Select | CompoundSelect:
     file = files.c
-    now = select(file.file_id).where(file.level == 0, file.removed_version.is_(None))
+    # Never correlated: a query reading its sections through them joins the files too.
+    now = select(file.file_id).where(at_level, file.removed_version.is_(None)).correlate(None)
     if version is None:
         return now
     return union_all(
         now.where(file.added_version <= version),
-        select(file.file_id).where(file.removed_version > version, file.level == 0, file.added_version <= version),
+        select(file.file_id).where(file.removed_version > version, at_level, file.added_version <= version).correlate(None),
     )
 
 
@@ -234,6 +245,14 @@ def by_partition(query: Select, version: int | BindParameter[int] | None = None)
     """A query of sections picked by partition, split in two parts whose rows are its own: the sections above L0,
     read through `sections_by_partition`, and the L0 sections, by primary key through the files `live_l0_files`."""
     return query.where(ABOVE_L0), query.where(sections.c.file_id.in_(live_l0_files(version)))
+
+
+def through_live_files(query: Select, version: int | BindParameter[int] | None = None) -> Select:
+    """A query of sections above L0 read through the live files above L0 and their sections' primary key, every such
+    section of every partition: `sections_by_partition` also holds the sections of removed files until gc forgets
+    them, and a read through it pays for each. The query must not pick partitions (the database would take the index
+    again): the caller picks them from the rows."""
+    return query.where(ABOVE_L0, sections.c.file_id.in_(live_files_above_l0(version)))
 
 # The fields of a sections row that say which records it names and where they are, as `section_crc_binding` packs them.
 _SECTION_PLACE = struct.Struct("<8q")

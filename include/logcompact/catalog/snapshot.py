@@ -271,13 +271,17 @@ class Snapshot:
             select(files.key, files.level, sec.topic_id, sec.partition, sec.first_offset, sec.last_offset,
                    sec.clean_below_delta, sec.min_timestamp)
             .join(s.files, files.file_id == sec.file_id)
-            .where(sec.topic_id.in_(list(ids)), self._planned_section())
+            .where(self._planned_section())
         )
-        upper, lower = s.by_partition(query, self.version)
+        picking = sec.topic_id.in_(list(ids))
         with self._connect() as connection:
+            if in_l0:
+                part = s.by_partition(query.where(picking), self.version)[1]
+            else:
+                part = self._above_l0(connection, query, self._slots_of_topics(ids), picking)
             return [
                 PartitionSection(key, level, ids[topic_id], partition, first, last - first, clean, min_ts)
-                for key, level, topic_id, partition, first, last, clean, min_ts in connection.execute(lower if in_l0 else upper).all()
+                for key, level, topic_id, partition, first, last, clean, min_ts in connection.execute(part).all() if topic_id in ids
             ]
 
     def files_holding(self, partitions: Iterable[TopicPartition]) -> set[str]:
@@ -287,17 +291,11 @@ class Snapshot:
         if not wanted:
             return set()
         sec, files = s.sections.c, s.files.c
-        query = (
-            select(files.key, sec.topic_id, sec.partition)
-            .join(s.files, files.file_id == sec.file_id)
-            .where(sec.topic_id.in_(sorted({t for t, _ in wanted})), sec.partition.in_(sorted({p for _, p in wanted})),
-                   self._planned_section())
-        )
+        query = select(files.key, sec.topic_id, sec.partition).join(s.files, files.file_id == sec.file_id).where(self._planned_section())
+        picking = _picking(wanted)
         with self._connect() as connection:
-            return {
-                key for part in s.by_partition(query, self.version)
-                for key, topic_id, partition in connection.execute(part).all() if (topic_id, partition) in wanted
-            }
+            parts = (self._above_l0(connection, query, wanted, *picking), s.by_partition(query.where(*picking), self.version)[1])
+            return {key for part in parts for key, topic_id, partition in connection.execute(part).all() if (topic_id, partition) in wanted}
 
     def sections_at_levels(self, partitions: Iterable[TopicPartition], from_level: int) -> list[LevelSection]:
         """The live sections of `partitions` at `from_level` (above L0) and up, set-aside partitions left out, in
@@ -311,12 +309,11 @@ class Snapshot:
             select(files.key, sec.topic_id, sec.partition, sec.first_offset, sec.last_offset, sec.uncompressed_bytes,
                    sec.clean_below_delta, sec.max_timestamp)
             .join(s.files, files.file_id == sec.file_id)
-            .where(sec.topic_id.in_(sorted({t for t, _ in wanted})), sec.partition.in_(sorted({p for _, p in wanted})),
-                   sec.level >= max(from_level, 1), self._planned_section())
+            .where(sec.level >= max(from_level, 1), self._planned_section())
             .order_by(sec.topic_id, sec.partition, sec.first_offset)
         )
-        upper, _ = s.by_partition(query, self.version)
         with self._connect() as connection:
+            upper = self._above_l0(connection, query, wanted, *_picking(wanted))
             return [
                 LevelSection(key, names[topic_id], partition, first, last, size, clean > last - first, newest)
                 for key, topic_id, partition, first, last, size, clean, newest in connection.execute(upper).all()
@@ -332,14 +329,18 @@ class Snapshot:
             select(files.key, files.level, sec.topic_id, sec.partition, sec.first_offset, sec.last_offset, sec.clean_below_delta,
                    sec.min_timestamp, sec.record_count, sec.uncompressed_bytes, sec.key_sketch, files.created_ms)
             .join(s.files, files.file_id == sec.file_id)
-            .where(sec.topic_id.in_(sorted(ids)), self._live_section())
+            .where(self._live_section())
         )
-        upper, lower = s.by_partition(query, self.version)
+        picking = sec.topic_id.in_(sorted(ids))
         with self._connect() as connection:
+            if in_l0:
+                part = s.by_partition(query.where(picking), self.version)[1]
+            else:
+                part = self._above_l0(connection, query, self._slots_of_topics(ids), picking)
             return [
                 SectionFigures(PartitionSection(key, level, ids[topic_id], partition, first, last - first, clean, min_ts), records, size, keys, created)
                 for key, level, topic_id, partition, first, last, clean, min_ts, records, size, keys, created
-                in connection.execute(lower if in_l0 else upper).all()
+                in connection.execute(part).all() if topic_id in ids
             ]
 
     def level_figures(self) -> dict[int, tuple[int, int, int]]:
@@ -369,18 +370,14 @@ class Snapshot:
         query = (
             select(sec.topic_id, sec.partition, func.min(sec.first_offset))
             .join(s.files, files.file_id == sec.file_id)
-            .where(
-                sec.topic_id.in_(sorted({topic_id for topic_id, _ in wanted})),
-                sec.partition.in_(sorted({partition for _, partition in wanted})),
-                self._live_section(),
-                ~self._key_in(input_keys),
-            )
+            .where(self._live_section(), ~self._key_in(input_keys))
             .group_by(sec.topic_id, sec.partition)
         )
-        above_l0, in_l0 = s.by_partition(query, self.version)
+        picking = _picking(wanted)
+        in_l0 = s.by_partition(query.where(*picking), self.version)[1]
         floors: dict[TopicPartition, int] = {}
         with self._connect() as connection:
-            for part in (in_l0,) if l0_only else (above_l0, in_l0):
+            for part in (in_l0,) if l0_only else (self._above_l0(connection, query, wanted, *picking), in_l0):
                 for topic_id, partition, first in connection.execute(part).all():
                     if (topic_id, partition) in wanted:
                         tp = (names[topic_id], partition)
@@ -420,21 +417,48 @@ class Snapshot:
                 by_topic.setdefault(topic, set()).add(partition)
         sec, files = s.sections.c, s.files.c
         outside = [~self._key_in(excluding)] if excluding else []
+        cuts = {self.topic_ids[topic]: now_ms - self.topics[topic].config.min_compaction_lag_ms for topic in by_topic}
+        wanted = {(self.topic_ids[topic], partition) for topic, numbers in by_topic.items() for partition in numbers}
+        names = {topic_id: name for name, topic_id in self.topic_ids.items()}
         found: dict[TopicPartition, int] = {}
         with self._connect() as connection:
+            through_files = summaries.read_through_files(connection, wanted)
             for topic, numbers in sorted(by_topic.items()):
-                cut = now_ms - self.topics[topic].config.min_compaction_lag_ms
                 query = (
-                    select(sec.partition, func.min(sec.first_offset))
+                    select(sec.topic_id, sec.partition, func.min(sec.first_offset))
                     .join(s.files, files.file_id == sec.file_id)
-                    .where(sec.topic_id == self.topic_ids[topic], sec.partition.in_(sorted(numbers)), sec.max_timestamp > cut,
-                           self._live_section(), *outside)
-                    .group_by(sec.partition)
+                    .where(sec.topic_id == self.topic_ids[topic], sec.partition.in_(sorted(numbers)),
+                           sec.max_timestamp > cuts[self.topic_ids[topic]], self._live_section(), *outside)
+                    .group_by(sec.topic_id, sec.partition)
                 )
-                for part in s.by_partition(query, self.version):
-                    for partition, first in connection.execute(part).all():
-                        found[(topic, partition)] = min(first, found.get((topic, partition), first))
+                above_l0, in_l0 = s.by_partition(query, self.version)
+                for part in (in_l0,) if through_files else (above_l0, in_l0):
+                    _take_lowest(found, names, connection.execute(part))
+            if through_files:
+                every = (
+                    select(sec.topic_id, sec.partition, sec.first_offset, sec.max_timestamp)
+                    .join(s.files, files.file_id == sec.file_id).where(self._live_section(), *outside)
+                )
+                young = (
+                    (topic_id, partition, first) for topic_id, partition, first, newest
+                    in connection.execute(s.through_live_files(every, self.version))
+                    if (topic_id, partition) in wanted and newest > cuts[topic_id]
+                )
+                _take_lowest(found, names, young)
         return found
+
+    def _above_l0(self, connection: Connection, query: Select, slots: Iterable[tuple[int, int]], *picking: ColumnElement[bool]) -> Select:
+        """`query` over the live sections above L0 of `slots` (topic id, partition): through `sections_by_partition`,
+        `picking` them; or, when they hold a good share of all live sections above L0 (`summaries.read_through_files`),
+        every one through the live files, which the index's sections of removed files do not slow down (the caller
+        picks its partitions from the rows)."""
+        if summaries.read_through_files(connection, slots):
+            return s.through_live_files(query, self.version)
+        return query.where(s.ABOVE_L0, *picking)
+
+    def _slots_of_topics(self, topic_ids: Iterable[int]) -> list[tuple[int, int]]:
+        names = {topic_id: name for name, topic_id in self.topic_ids.items()}
+        return [(topic_id, partition) for topic_id in topic_ids for partition in range(self.topics[names[topic_id]].partitions)]
 
     def lowest_offsets(self, keys: Sequence[str]) -> dict[TopicPartition, int]:
         """Per partition, the smallest first offset of a section of the live files among `keys` (the database
@@ -701,6 +725,20 @@ class _SectionsCheck:
                 f"it overlaps {others}: together {self.run_records} records in offsets {self.run_first} to {self.run_last}, "
                 f"which hold {self.run_last - self.run_first + 1}, so an offset would be shown twice",
             )
+
+
+def _picking(slots: set[tuple[int, int]]) -> tuple[ColumnElement[bool], ColumnElement[bool]]:
+    """Conditions picking the sections of `slots`' topics and partition numbers (the pairs are picked from the rows: a
+    list of pairs would be compared row by row)."""
+    sec = s.sections.c
+    return sec.topic_id.in_(sorted({topic_id for topic_id, _ in slots})), sec.partition.in_(sorted({partition for _, partition in slots}))
+
+
+def _take_lowest(found: dict[TopicPartition, int], names: Mapping[int, str], rows: Iterable) -> None:
+    """Lower `found`'s offset of each partition to the first offset of each (topic id, partition, first offset) row."""
+    for topic_id, partition, first in rows:
+        tp = (names[topic_id], partition)
+        found[tp] = min(first, found.get(tp, first))
 
 
 def _damaged_row(topic: str, partition: int, key: str, section: CatalogSection, why: str) -> CorruptDataError:

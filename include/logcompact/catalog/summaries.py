@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
 import numpy as np
-from sqlalchemy import ColumnElement, Connection, Select, bindparam, case, func, literal_column, select
+from sqlalchemy import ColumnElement, Connection, Select, bindparam, case, func, select
 
 from logcompact import sketch
 from logcompact.catalog import schema as s
@@ -156,12 +156,18 @@ def summed_up(connection: Connection, slots: Sequence[Slot]) -> dict[Slot, Parti
     none left out). The partitions' sections are read through `sections_by_partition` unless they hold a good share
     (`THROUGH_FILES_SHARE`) of all live sections above L0, as their rows counted them: then every live section above
     L0 is read through the live files, whose number does not grow with the removed files gc has yet to forget."""
+    if read_through_files(connection, slots):
+        return summed_up_through_files(connection, slots)
+    return summed_up_by_partition(connection, slots)
+
+
+def read_through_files(connection: Connection, slots: Iterable[Slot]) -> bool:
+    """Whether the live sections above L0 of `slots` are best read with all others through the live files
+    (`schema.through_live_files`): when they hold at least `THROUGH_FILES_SHARE` of them, as the rows count them."""
     counted = connection.execute(select(_ROWS.topic_id, _ROWS.partition, _ROWS.sections)).all()
     wanted = set(slots)
     asked = sum(count for topic_id, partition, count in counted if (topic_id, partition) in wanted)
-    if asked >= THROUGH_FILES_SHARE * sum(count for _, _, count in counted):
-        return summed_up_through_files(connection, wanted)
-    return summed_up_by_partition(connection, slots)
+    return asked >= THROUGH_FILES_SHARE * sum(count for _, _, count in counted)
 
 
 def summed_up_by_partition(connection: Connection, slots: Sequence[Slot]) -> dict[Slot, PartitionSummary]:
@@ -301,11 +307,11 @@ def _live_sections_query() -> Select:
     return (
         select(*(sec[name] for name in _SUMMED_COLUMNS), files.created_ms, sec.key_sketch)
         .select_from(s.files).join(s.sections, sec.file_id == files.file_id)
-        .where(files.removed_version.is_(None), files.level > literal_column("0"), sec.removed_version.is_(None))
+        .where(files.removed_version.is_(None), sec.removed_version.is_(None))
     )
 
 
 _ROWS = s.partition_summaries.c
 _SUMMED_UP = _summed_up_query()
-_LIVE_SECTIONS = _live_sections_query()
+_LIVE_SECTIONS = s.through_live_files(_live_sections_query())
 _SKETCHES = _partitions_sections(s.sections.c.partition, s.sections.c.key_sketch).where(s.sections.c.key_sketch.is_not(None))
