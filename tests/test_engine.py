@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import random
 import threading
 import time
 from dataclasses import replace
@@ -15,6 +16,7 @@ from pyroaring import BitMap
 
 from logcompact.catalog import Catalog, CatalogSection, DataFile, NewFile
 from logcompact.consume import latest_values, read_records
+from logcompact.engine import cleaner, copier
 from logcompact.engine.cleaner import run_plan
 from logcompact.exceptions import CommitConflictError, InvalidPlanError
 from logcompact.format import section_table, write_segment
@@ -68,6 +70,49 @@ def test_l0_to_l1_copies_and_separates_compacted_from_other_topics(store: Object
     assert [{s.topic for s in f.sections} for f in l1] == [{"state"}, {"events"}]
     assert all("-compacted-" in f.key for f in l1[:1]) and "-other-" in l1[1].key
     assert len(_values(catalog, "state")) == 6 and result.stats.duplicates_removed == 0  # copied, not deduplicated
+
+
+@pytest.mark.parametrize("run_bytes", [copier.COPY_RUN_BYTES, 1], ids=["one run", "a run per partition"])
+def test_a_copy_by_runs_writes_what_the_cleaner_copies_one_partition_at_a_time(catalog: Catalog, run_bytes: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The L0 -> L1 copy of runs of partitions (`engine.copier`) against the cleaner's copy of one partition at a
+    time: the same sections with the same rows in each class of output (compacted, other, young), and the same
+    figures, over files mixing a compacted topic with min lag and a `delete` topic whose oldest sections are past
+    retention, cut into several files."""
+    catalog = _setup(catalog, partitions=6, state={"cleanup_policy": "compact", "min_compaction_lag_ms": "60000"}, events={"retention_ms": "3600000"})
+    rng = random.Random(7)
+    for number in range(5):
+        state = [
+            Record(rng.randrange(6), b"k%d" % rng.randrange(20), None if rng.random() < 0.1 else b"v%d" % n, NOW - (10**4 if number >= 3 else 10**7),
+                   [("h", b"x")] if rng.random() < 0.2 else None)
+            for n in range(40)
+        ]
+        events = [Record(rng.randrange(6), None, b"e%d" % n, NOW - (2 * 3_600_000 if number == 0 else rng.choice([2 * 3_600_000, 1000]))) for n in range(30)]
+        with Agent(catalog, background=False) as agent:
+            agent.produce("state", state)
+            agent.produce("events", events)
+    (plan,) = level_plans(catalog.snapshot(), NOW, min_files=5, target_file_bytes=3000)
+    assert not plan.deduplicate
+
+    def written(result) -> tuple[dict, dict]:
+        by_content: dict[str, list] = {}
+        for data_file in result.outputs:
+            content = next(name for name in copier.CONTENTS if f"-{name}-" in data_file.key)
+            for s in data_file.sections:
+                rows = read_section(catalog.store, data_file.key, s.info).table().to_pylist()
+                by_content.setdefault(content, []).append((s.topic, s.partition, s.first_offset, s.info._replace(byte_offset=0, byte_length=0, crc32=0, first_row=0), rows))
+            catalog.store.delete(data_file.key)
+        figures = {k: v for k, v in result.stats.to_dict().items() if k not in ("seconds", "gets", "puts", "bytes_out", "files_out")}
+        return by_content, figures
+
+    with monkeypatch.context() as patched:
+        patched.setattr(cleaner, "copy_plan", lambda store, plan, by_partition, sinks, stats, one_by_one: one_by_one(sorted(by_partition)))
+        expected = written(run_plan(catalog.store, plan))
+    monkeypatch.setattr(copier, "COPY_RUN_BYTES", run_bytes)
+    result = run_plan(catalog.store, plan)
+    assert len(result.outputs) > 3 and {"compacted", "other", "young"} <= set(expected[0])
+    assert expected[1]["expired_removed"] > 0
+    got = written(result)
+    assert got == expected
 
 
 def test_from_l2_up_older_records_of_a_key_are_removed(store: ObjectStore, catalog_of) -> None:

@@ -15,7 +15,7 @@ from pyroaring import BitMap
 
 from logcompact.exceptions import CorruptDataError
 from logcompact.format import SectionStream, SegmentWriter, read_footer, read_section, read_section_from, section_table, write_segment
-from logcompact.format.layout import FILE_HEADER, MAGIC, SECTION_SCHEMA, SectionInfo
+from logcompact.format.layout import FILE_HEADER, MAGIC, SECTION_SCHEMA, SectionInfo, record_bytes, row_sizes
 from logcompact.format.reader import SEEK_BYTES, BlockStream, iter_blocks, section_rows
 from logcompact.store import LocalStore, ObjectStore
 
@@ -301,3 +301,15 @@ def test_a_forward_stream_and_ranged_gets_yield_a_sections_rows_alike_from_any_d
             got = pa.Table.from_batches(pieces, SECTION_SCHEMA)
             assert got.equals(pa.Table.from_batches(ranged, SECTION_SCHEMA))
             assert got.equals(table.filter(pa.array(table.column("offset_delta").to_numpy() >= from_delta)))
+
+
+@given(st.lists(st.tuples(st.binary(max_size=8) | st.none(), st.lists(st.tuples(st.text(max_size=4), st.binary(max_size=6) | st.none()), max_size=3)), min_size=1, max_size=30),
+       st.integers(0, 29), st.integers(0, 30))
+def test_a_batchs_bytes_are_the_sum_of_its_rows_however_it_is_sliced(rows: list, start: int, length: int) -> None:
+    """A section's uncompressed bytes are the same whether its rows came in one batch (`SegmentWriter.write_sections`,
+    by `row_sizes`) or in any slices (`SectionBuilder`, by `record_bytes`), headers included."""
+    values = [value for value, _ in rows]
+    headers = [entries or None for _, entries in rows]
+    batch = section_table(range(len(rows)), [0] * len(rows), [b"k"] * len(rows), values, headers).combine_chunks().to_batches()[0]
+    start = min(start, len(rows))
+    assert record_bytes(batch.slice(start, length)) == int(row_sizes(batch)[start : start + length].sum())

@@ -11,9 +11,10 @@ from sqlalchemy import select, update
 from logcompact.catalog import Catalog
 from logcompact.catalog import schema as s
 from logcompact.consume import latest_values, read_records
+from logcompact.engine import copier
 from logcompact.exceptions import CorruptDataError
 from logcompact.jobs import run_and_commit
-from tests.helpers import NOW, create_topic, full_sweep, produce_l0_files
+from tests.helpers import NOW, create_topic, full_sweep, level_plans, produce_l0_files
 
 PARTITIONS = 100
 KEYS = 500  # key k<i> always lands in partition i % 100
@@ -120,6 +121,46 @@ def test_a_flipped_byte_sets_aside_only_the_partitions_of_its_block(catalog: Cat
     expected = _expected()
     for partition in sorted(set(range(PARTITIONS)) - set_aside):
         assert _values(catalog, partition) == expected[partition]  # no damaged row reached an output
+
+
+@pytest.mark.parametrize("run_bytes", [copier.COPY_RUN_BYTES, 1], ids=["one run", "a run per partition"])
+def test_damage_in_an_l0_copy_sets_aside_only_the_damaged_partitions_and_copies_the_rest(
+    catalog: Catalog, run_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The L0 -> L1 copy reads a run of partitions at once (`engine.copier`); a run holding damage is copied one
+    partition at a time, so a damaged catalog row sets aside its partition alone, and a flipped byte the partitions of
+    its block, while every other record is copied as it was. With a run per partition, runs share blocks, and the
+    files' streams go on past the damage."""
+    monkeypatch.setattr(copier, "COPY_RUN_BYTES", run_bytes)
+    _cluster(catalog)
+    row_damaged, placed = _section_of(catalog, 37, 1)
+    row = (s.sections.c.partition == 37, s.sections.c.first_offset == placed.first_offset)
+    with catalog.engine.begin() as connection:
+        stored = connection.execute(select(s.sections.c.crc32).where(*row)).scalar_one()
+        connection.execute(update(s.sections).where(*row).values(crc32=stored ^ 1))
+    byte_damaged, flipped = _section_of(catalog, 80, 2)
+    data = bytearray(catalog.store.get(byte_damaged))
+    data[flipped.info.byte_offset + flipped.info.byte_length - 8] ^= 0x40
+    catalog.store.put(byte_damaged, bytes(data))
+    sharing = {
+        p for p in range(PARTITIONS) for key, other in catalog.snapshot().sections_of("t", p)
+        if key == byte_damaged and other.info.byte_offset + other.info.byte_length == flipped.info.byte_offset + flipped.info.byte_length
+    }
+    assert 37 not in sharing
+    before = {p: list(read_records(catalog.store, catalog.snapshot(), "t", p)) for p in range(PARTITIONS) if p != 37 and p not in sharing}
+
+    (copy,) = level_plans(catalog.planning_snapshot(NOW), NOW, min_files=FILES)
+    assert copy.target_level == 1 and not copy.deduplicate
+    stats = run_and_commit(catalog, copy, NOW).to_dict()
+
+    set_aside = {u["partition"] for u in stats["uncleanable"]}
+    assert 37 in set_aside and 80 in set_aside and set_aside - {37} <= sharing
+    assert stats["records_in"] == stats["records_out"] == sum(len(records) for records in before.values()) + sum(
+        len(list(read_records(catalog.store, catalog.snapshot(), "t", p))) for p in sharing - set_aside
+    )
+    for partition, records in before.items():
+        assert list(read_records(catalog.store, catalog.snapshot(), "t", partition)) == records
+        assert all(key.startswith("data/l1/") for key, _ in catalog.snapshot().sections_of("t", partition))
 
 
 def test_a_partition_is_retried_once_its_backoff_passes_and_the_backoff_doubles(catalog: Catalog) -> None:

@@ -53,7 +53,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import nullcontext
 from typing import IO
 
@@ -63,11 +63,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from logcompact.catalog import CatalogSection, DataFile, SetAside
+from logcompact.engine.copier import copy_plan
 from logcompact.engine.offset_map import CompactOffsetMap, OffsetMap
 from logcompact.engine.stats import CompactionStats, JobResult
 from logcompact.exceptions import CorruptDataError
 from logcompact.format import SectionStream, SegmentWriter
-from logcompact.format.layout import INDEX_COLUMNS, MAX_OFFSET_SPAN, SECTION_SCHEMA, key_hash_words, record_bytes
+from logcompact.format.layout import INDEX_COLUMNS, MAX_OFFSET_SPAN, SECTION_SCHEMA, key_hash_words, record_bytes, row_sizes
 from logcompact.format.writer import BLOCK_BYTES, SectionBuilder
 from logcompact.plan import Plan, TopicPartition
 from logcompact.store.base import ObjectStore
@@ -197,14 +198,37 @@ class _OutputFiles:
     def begin_section(self, topic: str, partition: int) -> SectionBuilder:
         if self._writer is not None and self._writer.size >= self._plan.target_file_bytes:
             self.close()
+        return self._open().begin_section(topic, partition)
+
+    def _open(self) -> SegmentWriter:
+        """The file being written, begun if none is."""
         if self._writer is None:
             self._sink = tempfile.NamedTemporaryFile(dir=self._workdir, suffix=".seg", delete=False)
             self._writer = SegmentWriter(self._sink, self._plan.compression)
             self._first_offsets = []
-        return self._writer.begin_section(topic, partition)
+        return self._writer
 
     def section_done(self, first_offset: int) -> None:
         self._first_offsets.append(first_offset)
+
+    def write_sections(self, slots: Sequence[TopicPartition], table: pa.Table, counts: np.ndarray, first_offsets: np.ndarray) -> None:
+        """Many finished sections at once (a copy's run, `copier.SectionSink`), cut into files at the target size at
+        section boundaries, as their rows' Arrow bytes say."""
+        row_starts = np.concatenate(([0], np.cumsum(counts)))
+        sizes = np.cumsum(row_sizes(table))
+        start = 0
+        while start < len(slots):
+            if self._writer is not None and self._writer.size >= self._plan.target_file_bytes:
+                self.close()
+            writer = self._open()
+            room = self._plan.target_file_bytes - writer.size
+            below = int(sizes[row_starts[start] - 1]) if row_starts[start] else 0
+            end = max(start + 1, int(np.searchsorted(sizes[row_starts[1:] - 1], below + room, side="right")))
+            end = min(end, len(slots))
+            rows = table.slice(int(row_starts[start]), int(row_starts[end] - row_starts[start]))
+            writer.write_sections(slots[start:end], rows, counts[start:end])
+            self._first_offsets += first_offsets[start:end].tolist()
+            start = end
 
     def close(self) -> None:
         if self._writer is None or self._sink is None:
@@ -384,22 +408,16 @@ def run_plan(store: ObjectStore, plan: Plan, offset_map: OffsetMap | None = None
         }
         pass1 = _Cursors(store, index_only=True)
         pass2 = _Cursors(store, index_only=False)
+
+        def one_by_one(partitions: Iterable[TopicPartition]) -> None:
+            for topic, partition in partitions:
+                _clean_partition(plan, topic, partition, by_partition[(topic, partition)], key_map, stats, outputs, pass1, pass2)
+
         try:
-            for (topic, partition), sections in sorted(by_partition.items()):
-                config = plan.topics[topic].config
-                cleaner = _PartitionCleaner(plan, topic, partition, config, sections, key_map, stats)
-                out = _PartitionOutput(outputs["compacted" if config.compacted else "other"], outputs["young"], topic, partition)
-                counts = stats.checkpoint()
-                try:
-                    cleaner.run(pass1, pass2, out)
-                except CorruptDataError as damage:
-                    # Kafka's uncleanable partition: its records stay where they are, the others go on.
-                    out.abandon(damage)
-                    stats.rewind(counts)
-                    stats.set_aside(SetAside(topic, partition, str(damage), damage.key or ""))
-                    log.warning("plan %s: %s/%d set aside as uncleanable: %s", plan.plan_id, topic, partition, damage)
-                else:
-                    stats.partition_done(topic, counts, sum(s.info.uncompressed_bytes for _, s in sections))
+            if plan.deduplicate:
+                one_by_one(sorted(by_partition))
+            else:
+                copy_plan(store, plan, by_partition, outputs, stats, one_by_one)
             for files in outputs.values():
                 files.close()
         except BaseException:
@@ -418,6 +436,27 @@ def run_plan(store: ObjectStore, plan: Plan, offset_map: OffsetMap | None = None
     for warning in stats.warnings:
         log.warning("plan %s: %s", plan.plan_id, warning)
     return JobResult(plan.plan_id, plan.group, result_files, stats)
+
+
+def _clean_partition(
+    plan: Plan, topic: str, partition: int, sections: list[tuple[DataFile, CatalogSection]], key_map: OffsetMap, stats: CompactionStats,
+    outputs: dict[str, _OutputFiles], pass1: _Cursors, pass2: _Cursors,
+) -> None:
+    """One partition through the cleaner; damage sets it aside (Kafka's uncleanable partition: its records stay where
+    they are, the others go on)."""
+    config = plan.topics[topic].config
+    cleaner = _PartitionCleaner(plan, topic, partition, config, sections, key_map, stats)
+    out = _PartitionOutput(outputs["compacted" if config.compacted else "other"], outputs["young"], topic, partition)
+    counts = stats.checkpoint()
+    try:
+        cleaner.run(pass1, pass2, out)
+    except CorruptDataError as damage:
+        out.abandon(damage)
+        stats.rewind(counts)
+        stats.set_aside(SetAside(topic, partition, str(damage), damage.key or ""))
+        log.warning("plan %s: %s/%d set aside as uncleanable: %s", plan.plan_id, topic, partition, damage)
+    else:
+        stats.partition_done(topic, counts, sum(s.info.uncompressed_bytes for _, s in sections))
 
 
 def _stored_bytes(inputs: Iterable[DataFile]) -> int:

@@ -7,6 +7,7 @@ from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 MAGIC = b"LCSEGMNT"
 FORMAT_VERSION = 2
@@ -101,13 +102,38 @@ def _binary_bytes(column: pa.Array) -> int:
 
 
 def record_bytes(batch: pa.RecordBatch) -> int:
-    """The records' size as Arrow buffers: fixed columns, keys, values and headers. Arrow's own `nbytes`
-    walks every buffer of a slice and costs microseconds per call; this is what the sizes are used for."""
+    """The records' size as Arrow buffers: fixed columns, keys, values and headers, as `row_sizes` sums them (so a
+    section's size is the same however its rows were batched). Arrow's own `nbytes` walks every buffer of a slice and
+    costs microseconds per call; this is what the sizes are used for."""
     size = batch.num_rows * FIXED_ROW_BYTES + _binary_bytes(batch.column("key")) + _binary_bytes(batch.column("value"))
     headers = batch.column("headers")
     if headers.null_count < len(headers):
-        size += headers.nbytes
+        size += int(_header_entry_bytes(headers).sum())
     return size
+
+
+# Arrow's fixed bytes per header (its key's and its value's offsets).
+HEADER_ENTRY_BYTES = 4 + 4
+
+
+def _header_entry_bytes(headers: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Each header's bytes (key, value, offsets), of every row's headers in turn."""
+    entries = pc.list_flatten(headers)
+    keys = pc.binary_length(pc.struct_field(entries, "key")).fill_null(0).to_numpy()
+    values = pc.binary_length(pc.struct_field(entries, "value")).fill_null(0).to_numpy()
+    return keys.astype(np.int64) + values + HEADER_ENTRY_BYTES
+
+
+def row_sizes(table: pa.Table | pa.RecordBatch) -> np.ndarray:
+    """Each row's Arrow bytes (fixed columns, key, value, headers), to cut blocks and files before building them."""
+    sizes = np.full(table.num_rows, FIXED_ROW_BYTES, dtype=np.int64)
+    for name in ("key", "value"):
+        sizes += pc.binary_length(table.column(name)).fill_null(0).to_numpy()
+    headers = table.column("headers")
+    if headers.null_count < len(headers):
+        owners = pc.list_parent_indices(headers).to_numpy()
+        sizes += np.bincount(owners, weights=_header_entry_bytes(headers), minlength=table.num_rows).astype(np.int64)
+    return sizes
 
 
 # A section spans fewer than 2**32 offsets, so its offsets fit a 32-bit roaring bitmap as deltas.

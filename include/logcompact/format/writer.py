@@ -21,7 +21,6 @@ from logcompact.format.layout import (
     BLOCK_PREFIX,
     COMPRESSIONS,
     FILE_HEADER,
-    FIXED_ROW_BYTES,
     FOOTER_BLOCKS_SCHEMA,
     FOOTER_MARKER,
     FOOTER_PREFIX,
@@ -37,6 +36,7 @@ from logcompact.format.layout import (
     SectionInfo,
     key_hash_words,
     record_bytes,
+    row_sizes,
 )
 
 # A block is cut at a section boundary once it holds PACK_BYTES (so many small sections share one block and
@@ -331,12 +331,12 @@ class SegmentWriter:
         section.append(table)
         section.finish()
 
-    def write_sections(self, slots: Sequence[tuple[str, int]], table: pa.Table, counts: Sequence[int]) -> None:
+    def write_sections(self, slots: Sequence[tuple[str, int]], table: pa.Table, counts: Sequence[int] | np.ndarray) -> None:
         """Many sections at once: `table` holds their rows one section after another, `counts[i]` rows for
         `slots[i]`, each section's deltas starting at 0 and increasing. Summaries are computed for all sections
         in a few vectorized passes, so a file of 10,000 small sections costs no per-section Arrow work."""
-        if self._pending_rows or self._open is not None:
-            raise RuntimeError("write_sections after rows of another section: write the many sections first")
+        if self._open is not None:
+            raise RuntimeError("write_sections while a section is open: finish it first")
         counts_array = np.asarray(counts, dtype=np.int64)
         if len(counts_array) != len(slots) or (counts_array <= 0).any() or int(counts_array.sum()) != table.num_rows:
             raise ValueError("write_sections: counts must be one positive count per section, summing to the table's rows")
@@ -357,7 +357,7 @@ class SegmentWriter:
         max_ts = np.maximum.reduceat(timestamps, starts)
         tombstone_rows = np.asarray(pc.is_null(table.column("value")), dtype=np.int64)
         tombstones = np.add.reduceat(tombstone_rows, starts)
-        row_bytes = _row_bytes(table)
+        row_bytes = row_sizes(table)
         section_bytes = np.add.reduceat(row_bytes, starts)
         key_hash = table.column("key_hash").chunk(0) if table.num_rows else pa.array([], pa.binary(16))
         keyed = np.asarray(pc.is_valid(key_hash)) if key_hash.null_count else None
@@ -366,6 +366,7 @@ class SegmentWriter:
         sketches = sketch.encode_many(owner if keyed is None else owner[keyed], words if keyed is None else words[keyed], len(slots))
 
         self._check_order(slots)
+        self._flush_block()  # rows of sections written before end their block: these start the next
         first_blocks, first_rows, last_blocks = [], [], []
         starts_list, ends_list, bytes_list = starts.tolist(), ends.tolist(), section_bytes.tolist()
         blocks_written = self._blocks["byte_offset"]
@@ -486,16 +487,6 @@ class SegmentWriter:
         self._finished = True
         self.sections = infos
         return infos
-
-
-def _row_bytes(table: pa.Table) -> np.ndarray:
-    """Approximate Arrow bytes of each row, to cut blocks before building them."""
-    sizes = np.full(table.num_rows, FIXED_ROW_BYTES, dtype=np.int64)
-    for name in ("key", "value"):
-        column = table.column(name).chunk(0) if table.num_rows else None
-        if column is not None:
-            sizes += pc.binary_length(column).fill_null(0).to_numpy()
-    return sizes
 
 
 def _cut_row(row_bytes: np.ndarray, start: int, end: int) -> int:

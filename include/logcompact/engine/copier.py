@@ -1,0 +1,318 @@
+"""The copy of a plan that does not deduplicate (L0 -> L1), a run of partitions at a time: each input file's
+blocks decoded once, and every partition's section written from one table sorted by partition and offset, as an
+agent writes its file (`SegmentWriter.write_sections`). The cleaner copies one partition at a time, about 20 µs a
+section, and an agent's file holds one section for each of its 1,000 partitions.
+
+The rules are the cleaner's copy's (`cleaner.py`): retention for `delete` topics (a section wholly past it is not
+read), min lag's young sections apart, the outputs cut at the target size at a section boundary. The checks are
+the read path's, for every section of a run at once: its first block the one the catalog records (index CRC-32),
+its offset deltas from 0 to the catalog's last, increasing, as many as it records; and offsets increasing within a
+partition across files. A run where any fails, or where a section would span 2**32 offsets, is copied by the
+cleaner one partition at a time (`one_by_one`), which sets the damaged partition aside with the read path's
+message: nothing of a run is written before all of it is checked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import pyarrow as pa
+
+from logcompact.catalog import CatalogSection, DataFile
+from logcompact.engine.stats import CompactionStats
+from logcompact.exceptions import CorruptDataError
+from logcompact.format.layout import MAX_OFFSET_SPAN, SECTION_SCHEMA, SectionInfo
+from logcompact.format.reader import BlockStream, check_first_block
+from logcompact.plan import Plan, TopicPartition
+from logcompact.store.base import ObjectStore
+
+# The uncompressed input bytes copied at once: what a run holds in memory, twice (decoded, then sorted).
+COPY_RUN_BYTES = 64 * 1024 * 1024
+_NEVER = np.iinfo(np.int64).max
+_LONG_AGO = np.iinfo(np.int64).min
+# Output classes, in `_OutputFiles` names: a run's rows go to one of these by their partition's topic and min lag.
+CONTENTS = ("compacted", "other", "young")
+
+Sections = list[tuple[DataFile, CatalogSection]]
+
+
+class SectionSink(Protocol):
+    """Where a run's sections of one class go (the cleaner's output files of it): sections in (topic, partition)
+    order, `counts[i]` rows of `table` for `slots[i]`, offset deltas from `first_offsets[i]`."""
+
+    def write_sections(self, slots: Sequence[TopicPartition], table: pa.Table, counts: np.ndarray, first_offsets: np.ndarray) -> None: ...
+
+
+class _TooWide(Exception):
+    """An output section would span 2**32 offsets: the cleaner splits it into files of their own."""
+
+
+class _FileBlocks:
+    """An input file's blocks front to back over one streaming GET, each decoded once; the last one kept, as the next
+    run's first section may start in it. After damage its place is unknown: it reopens at the next block asked for."""
+
+    def __init__(self, store: ObjectStore, data_file: DataFile) -> None:
+        self._store = store
+        self._file = data_file
+        self._stream: BlockStream | None = None
+        self._resume = False
+        self._last: tuple[int, pa.RecordBatch, int] | None = None  # position, batch, index CRC-32
+
+    def _block(self, position: int | None) -> tuple[int, pa.RecordBatch, int]:
+        """The block at byte `position` (None: the one after the last), skipping the blocks before it."""
+        if position is not None and self._last is not None and self._last[0] == position:
+            return self._last
+        if self._stream is None:
+            start = position if self._resume and position is not None else 0
+            self._stream = BlockStream(self._store, self._file.key, self._file.size, start)
+        if position is not None:
+            self._stream.advance_to(position)
+        at = self._stream.position
+        batch = self._stream.next_batch()
+        self._last = (at, batch, self._stream.index_crc)
+        return self._last
+
+    def read(self, infos: Sequence[SectionInfo], into: list[pa.RecordBatch]) -> list[int]:
+        """Append to `into` the blocks holding `infos` (sections of this file, in file order), each once; per section,
+        its first row among the rows of `into`. Each section's first block is checked to be the catalog's."""
+        bases: dict[int, tuple[int, int]] = {}  # a block's position: its first row in `into`, its index CRC-32
+        total = sum(batch.num_rows for batch in into)
+        starts = []
+        try:
+            for info in infos:
+                held = bases.get(info.byte_offset)
+                if held is None:
+                    _, batch, crc = self._block(info.byte_offset)
+                    held = bases[info.byte_offset] = (total, crc)
+                    into.append(batch)
+                    total += batch.num_rows
+                check_first_block(self._file.key, info, held[1])
+                start = held[0] + info.first_row
+                while total < start + info.record_count:  # the section goes on in the next blocks
+                    position, batch, crc = self._block(None)
+                    bases[position] = (total, crc)
+                    into.append(batch)
+                    total += batch.num_rows
+                starts.append(start)
+        except CorruptDataError as damage:
+            self.reset()
+            damage.key = self._file.key
+            raise
+        return starts
+
+    def reset(self) -> None:
+        self.close()
+        self._resume, self._last = True, None
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+
+
+@dataclass
+class _Run:
+    """A run's sections column-wise, in the order their rows are gathered."""
+
+    slots: list[TopicPartition]
+    slot: np.ndarray  # per section, its partition's place in `slots`
+    start: np.ndarray  # its first row among the run's blocks
+    count: np.ndarray
+    first_offset: np.ndarray
+    last_delta: np.ndarray
+    blocks: list[pa.RecordBatch]
+
+
+def copy_plan(
+    store: ObjectStore, plan: Plan, by_partition: dict[TopicPartition, Sections], sinks: Mapping[str, SectionSink],
+    stats: CompactionStats, one_by_one: Callable[[list[TopicPartition]], None],
+) -> None:
+    """Copy every partition of `by_partition` (a plan that does not deduplicate) into `sinks`, a run at a time;
+    a run that fails a check is handed to `one_by_one`."""
+    files: dict[str, _FileBlocks] = {}
+    try:
+        for partitions in _runs(by_partition):
+            try:
+                run = _read_run(store, plan, partitions, by_partition, files)
+                _write_run(plan, run, sinks, stats, by_partition)
+            except (CorruptDataError, _TooWide):
+                for blocks in files.values():
+                    blocks.reset()
+                one_by_one(partitions)
+    finally:
+        for blocks in files.values():
+            blocks.close()
+
+
+def _runs(by_partition: dict[TopicPartition, Sections]) -> Iterator[list[TopicPartition]]:
+    """The partitions in order, in runs of about COPY_RUN_BYTES of input."""
+    run: list[TopicPartition] = []
+    size = 0
+    for tp in sorted(by_partition):
+        run.append(tp)
+        size += sum(section.info.uncompressed_bytes for _, section in by_partition[tp])
+        if size >= COPY_RUN_BYTES:
+            yield run
+            run, size = [], 0
+    if run:
+        yield run
+
+
+def _expire_before(plan: Plan) -> dict[str, int]:
+    """Per topic, the timestamp below which its records are past retention in a copy: a `delete` topic's (the
+    cleaner's copy keeps every record of a compacted topic)."""
+    cuts = {}
+    for name, topic in plan.topics.items():
+        config = topic.config
+        cuts[name] = plan.now_ms - config.retention_ms if config.time_retention and not config.compacted else int(_LONG_AGO)
+    return cuts
+
+
+def _expired(expire_before: int, section: CatalogSection) -> bool:
+    """A section whose records are all past retention: not read (the cleaner's `_expired_section`)."""
+    return section.info.max_timestamp < expire_before
+
+
+def _read_run(
+    store: ObjectStore, plan: Plan, partitions: list[TopicPartition], by_partition: dict[TopicPartition, Sections], files: dict[str, _FileBlocks]
+) -> _Run:
+    """The blocks of the run's sections, each file's read once in file order, and the sections' places in them."""
+    per_file: dict[str, list[tuple[int, CatalogSection]]] = {}
+    held: dict[str, DataFile] = {}
+    expire_before = _expire_before(plan)
+    for number, tp in enumerate(partitions):
+        for data_file, section in by_partition[tp]:
+            if not _expired(expire_before[tp[0]], section):
+                per_file.setdefault(data_file.key, []).append((number, section))
+                held[data_file.key] = data_file
+    slot, start, count, first_offset, last_delta = [], [], [], [], []
+    blocks: list[pa.RecordBatch] = []
+    for key, placed in per_file.items():
+        placed.sort(key=lambda pair: (pair[1].info.byte_offset, pair[1].info.first_row))
+        reader = files.get(key)
+        if reader is None:
+            reader = files[key] = _FileBlocks(store, held[key])
+        start += reader.read([section.info for _, section in placed], blocks)
+        for number, section in placed:
+            slot.append(number)
+            count.append(section.info.record_count)
+            first_offset.append(section.first_offset)
+            last_delta.append(section.info.last_delta)
+    def ints(column: list[int]) -> np.ndarray:
+        return np.asarray(column, dtype=np.int64)
+
+    return _Run(partitions, ints(slot), ints(start), ints(count), ints(first_offset), ints(last_delta), blocks)
+
+
+def _write_run(plan: Plan, run: _Run, sinks: Mapping[str, SectionSink], stats: CompactionStats, by_partition: dict[TopicPartition, Sections]) -> None:
+    """Check the run's rows, sort them by partition and offset, apply the copy's rules and write each class's sections."""
+    if not run.blocks:  # every section past retention
+        _count(plan, run, stats, by_partition, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool), np.zeros(0, dtype=bool))
+        return
+    table = pa.Table.from_batches(run.blocks, schema=SECTION_SCHEMA)
+    if (run.count < 1).any():
+        _damaged(plan, run, int(np.argmax(run.count < 1)))
+    # Each row's place among the blocks' rows, section after section (`_FileBlocks.read` read every row asked for).
+    ends = np.cumsum(run.count)
+    gathered = np.arange(int(ends[-1]), dtype=np.int64) - np.repeat(ends - run.count - run.start, run.count)
+    deltas = table.column("offset_delta").take(pa.array(gathered)).to_numpy().astype(np.int64)
+    _check_sections(plan, run, deltas, ends)
+    offsets = np.repeat(run.first_offset, run.count) + deltas
+    slot = np.repeat(run.slot, run.count)
+    order = np.lexsort((offsets, slot))
+    slot, offsets = slot[order], offsets[order]
+    overlap = (slot[1:] == slot[:-1]) & (offsets[1:] <= offsets[:-1])
+    if overlap.any():
+        tp = run.slots[int(slot[1:][overlap][0])]
+        raise CorruptDataError(
+            f"{tp[0]}/{tp[1]}: the plan's input sections hold offsets out of order or twice (offset {int(offsets[1:][overlap][0])}): "
+            "their catalog rows overlap, so one was shifted or relabelled; restore the catalog from a backup"
+        )
+    rows = table.take(pa.array(gathered[order]))
+    timestamps = rows.column("timestamp").to_numpy()
+    expire_before, lag_cut, compacted, outside_cut = _partition_rules(plan, run, by_partition)
+    expired = timestamps < expire_before[slot]
+    content = np.where(compacted[slot], 0, 1)
+    young_row = timestamps > lag_cut[slot]
+    first_young = np.full(len(run.slots), _NEVER, dtype=np.int64)
+    np.minimum.at(first_young, slot[young_row], offsets[young_row])
+    content[offsets >= np.minimum(first_young, outside_cut)[slot]] = 2
+    kept = ~expired
+    for number, name in enumerate(CONTENTS):
+        chosen = np.flatnonzero(kept & (content == number))
+        if len(chosen):
+            part = rows if len(chosen) == rows.num_rows else rows.take(pa.array(chosen))
+            _write_sections(run, sinks[name], part, slot[chosen], offsets[chosen])
+    _count(plan, run, stats, by_partition, slot, expired, kept)
+
+
+def _check_sections(plan: Plan, run: _Run, deltas: np.ndarray, ends: np.ndarray) -> None:
+    """Every section's rows (`deltas`, section after section) as the catalog records them: deltas from 0 to its
+    last delta, increasing."""
+    firsts = ends - run.count
+    rising = np.ones(len(deltas), dtype=bool)
+    rising[1:] = deltas[1:] > deltas[:-1]
+    rising[firsts] = True
+    bad = (run.count > run.last_delta + 1) | (deltas[firsts] != 0) | (deltas[ends - 1] != run.last_delta)
+    bad |= np.logical_and.reduceat(rising, firsts) == 0
+    if bad.any():
+        _damaged(plan, run, int(np.argmax(bad)))
+
+
+def _damaged(plan: Plan, run: _Run, at: int) -> None:
+    """Section `at` of the run is not what the catalog records."""
+    tp = run.slots[int(run.slot[at])]
+    raise CorruptDataError(
+        f"{plan.plan_id}: section {tp[0]}/{tp[1]} from offset {int(run.first_offset[at])}: expected {int(run.count[at])} "
+        f"record(s) with offset deltas increasing from 0 to {int(run.last_delta[at])} as the catalog records; the file or "
+        "the catalog is corrupt"
+    )
+
+
+def _partition_rules(plan: Plan, run: _Run, by_partition: dict[TopicPartition, Sections]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per partition of the run: the timestamp below which its records are past retention (a `delete` topic's; the
+    cleaner's copy keeps a compacted topic's), above which they are within min lag, whether its topic is compacted,
+    and the young section outside the plan its inputs straddle (the cleaner's `outside_cut`)."""
+    expire_before, lag_cut, compacted, outside_cut = [], [], [], []
+    cuts = _expire_before(plan)
+    for tp in run.slots:
+        config = plan.topics[tp[0]].config
+        expire_before.append(cuts[tp[0]])
+        lagged = config.compacted and config.min_compaction_lag_ms > 0
+        lag_cut.append(plan.now_ms - config.min_compaction_lag_ms if lagged else _NEVER)
+        compacted.append(config.compacted)
+        young_from = plan.first_uncleanable.get(tp) if lagged else None
+        first = min(section.first_offset for _, section in by_partition[tp])
+        outside_cut.append(young_from if young_from is not None and first < young_from else _NEVER)
+    return (np.asarray(expire_before, dtype=np.int64), np.asarray(lag_cut, dtype=np.int64), np.asarray(compacted, dtype=bool),
+            np.asarray(outside_cut, dtype=np.int64))
+
+
+def _write_sections(run: _Run, sink: SectionSink, rows: pa.Table, slot: np.ndarray, offsets: np.ndarray) -> None:
+    """One section per partition of `rows` (sorted by partition and offset) into `sink`."""
+    starts = np.flatnonzero(np.concatenate(([True], slot[1:] != slot[:-1])))
+    counts = np.diff(np.append(starts, len(slot)))
+    first_offsets = offsets[starts]
+    deltas = offsets - np.repeat(first_offsets, counts)
+    if deltas.max() > MAX_OFFSET_SPAN:
+        raise _TooWide()
+    table = rows.set_column(0, SECTION_SCHEMA.field(0), pa.array(deltas, pa.uint32()))
+    sink.write_sections([run.slots[number] for number in slot[starts].tolist()], table, counts, first_offsets)
+
+
+def _count(plan: Plan, run: _Run, stats: CompactionStats, by_partition: dict[TopicPartition, Sections], slot: np.ndarray, expired: np.ndarray, kept: np.ndarray) -> None:
+    """The cleaner's per-partition figures of a copy: records in (the skipped expired sections' too), expired, out."""
+    partitions = len(run.slots)
+    expire_before = _expire_before(plan)
+    expired_rows = np.bincount(slot[expired], minlength=partitions).tolist()
+    out = np.bincount(slot[kept], minlength=partitions).tolist()
+    for number, tp in enumerate(run.slots):
+        sections = [section for _, section in by_partition[tp]]
+        counts = stats.checkpoint()
+        stats.records_in += sum(section.info.record_count for section in sections)
+        stats.expired_removed += expired_rows[number] + sum(section.info.record_count for section in sections if _expired(expire_before[tp[0]], section))
+        stats.records_out += out[number]
+        stats.partition_done(tp[0], counts, sum(section.info.uncompressed_bytes for section in sections))
