@@ -39,6 +39,11 @@ Rules, per record (a compacted topic's rules apply only when the plan deduplicat
 * compacted topics' records and the other topics' records go to separate output files, each cut at the
   target size at a section boundary.
 
+Copies. A plan that does not deduplicate (L0 to L1) is copied by `copier.py` under the same rules, a run of
+partitions (COPY_RUN_BYTES of input) at a time: each input file's blocks decoded once by one streaming GET, every
+section of the run checked at once, and each partition's section written from one sorted table, where this module
+costs some 20 µs a section; a run holding damage comes back here one partition at a time.
+
 Partial progress. The key map is bounded. When it is full, pass 1 stops at that offset; pass 2 cleans
 everything up to it; then the map is cleared and both passes continue from there (Kafka's partial
 progress). Tombstones and expired records past that first stop are not removed in this job: older

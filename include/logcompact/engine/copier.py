@@ -29,8 +29,8 @@ from logcompact.format.reader import BlockStream, check_first_block
 from logcompact.plan import Plan, TopicPartition
 from logcompact.store.base import ObjectStore
 
-# The uncompressed input bytes copied at once: what a run holds in memory, twice (decoded, then sorted).
-COPY_RUN_BYTES = 64 * 1024 * 1024
+# The uncompressed input bytes copied at once: what a run holds in memory, about three times (decoded, sorted, written).
+COPY_RUN_BYTES = 16 * 1024 * 1024
 _NEVER = np.iinfo(np.int64).max
 _LONG_AGO = np.iinfo(np.int64).min
 # Output classes, in `_OutputFiles` names: a run's rows go to one of these by their partition's topic and min lag.
