@@ -157,8 +157,14 @@ class Snapshot:
         return sorted(loaded, key=lambda f: (f.level, f.created_ms, f.key))
 
     def get_files(self, keys: Sequence[str]) -> dict[str, DataFile]:
-        """The live files among `keys`, with their live sections (but those of set-aside partitions), by key."""
+        """The live files among `keys`, with their live sections (but those of set-aside partitions), by key. When
+        the keys are most of the live files (a pass planning every file), every live file is read and the others
+        dropped: a list of 100,000 keys costs the database more to match (0.9 s on SQLite) than the few files left."""
         with self._connect() as connection:
+            live = connection.execute(select(func.count()).select_from(s.files).where(self._live())).scalar_one()
+            if len(keys) >= _MOST_FILES * live:
+                wanted = set(keys)
+                return {f.key: f for f in self._load(connection, [self._live()]) if f.key in wanted}
             loaded = self._load(connection, [self._live(), self._key_in(keys)])
         return {f.key: f for f in loaded}
 
@@ -507,6 +513,8 @@ class Snapshot:
             return dict(connection.execute(query).all())
 
 
+# `get_files` reads every live file when asked for at least this share of them.
+_MOST_FILES = 0.9
 _NO_END = 2**63 - 1  # past every offset; as a limit, none
 # Partitions per query of `sections_of_partitions`: a compound query of at most this many parts (SQLite takes 500), and
 # as many queries kept built.
