@@ -68,6 +68,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from logcompact.catalog import CatalogSection, DataFile, SetAside
+from logcompact.collector import collector_paused
 from logcompact.engine.copier import copy_plan
 from logcompact.engine.offset_map import CompactOffsetMap, OffsetMap
 from logcompact.engine.stats import CompactionStats, JobResult
@@ -407,7 +408,10 @@ def run_plan(store: ObjectStore, plan: Plan, offset_map: OffsetMap | None = None
         for section in data_file.sections:
             by_partition.setdefault((section.topic, section.partition), []).append((data_file, section))
 
-    with (nullcontext(workdir) if workdir else tempfile.TemporaryDirectory(prefix="logcompact-")) as scratch:
+    # The collector paused as the planner pauses it: a plan's tens of thousands of sections, and the objects a job
+    # makes per section, would set off full collections costing more than a copy's work (0.12 s of 0.26 s for 32
+    # agents' files of 1,000 partitions).
+    with (nullcontext(workdir) if workdir else tempfile.TemporaryDirectory(prefix="logcompact-")) as scratch, collector_paused():
         outputs = {
             content: _OutputFiles(store, plan, content, scratch) for content in ("compacted", "other", "young")
         }

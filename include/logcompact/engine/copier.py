@@ -24,8 +24,8 @@ import pyarrow as pa
 from logcompact.catalog import CatalogSection, DataFile
 from logcompact.engine.stats import CompactionStats
 from logcompact.exceptions import CorruptDataError
-from logcompact.format.layout import MAX_OFFSET_SPAN, SECTION_SCHEMA, SectionInfo
-from logcompact.format.reader import BlockStream, check_first_block
+from logcompact.format.layout import MAX_OFFSET_SPAN, SECTION_SCHEMA
+from logcompact.format.reader import BlockStream
 from logcompact.plan import Plan, TopicPartition
 from logcompact.store.base import ObjectStore
 
@@ -75,33 +75,40 @@ class _FileBlocks:
         self._last = (at, batch, self._stream.index_crc)
         return self._last
 
-    def read(self, infos: Sequence[SectionInfo], into: list[pa.RecordBatch]) -> list[int]:
-        """Append to `into` the blocks holding `infos` (sections of this file, in file order), each once; per section,
-        its first row among the rows of `into`. Each section's first block is checked to be the catalog's."""
-        bases: dict[int, tuple[int, int]] = {}  # a block's position: its first row in `into`, its index CRC-32
+    def read(self, sections: np.ndarray, into: list[pa.RecordBatch]) -> np.ndarray:
+        """Append to `into` the blocks holding `sections` (this file's, in file order: rows of byte offset, first row,
+        record count and the catalog's index CRC-32 of the first block), each block once; per section, its first row
+        among the rows of `into`. Each section's first block is checked to be the catalog's."""
+        positions, first_of = np.unique(sections[:, 0], return_inverse=True)
+        reach = np.zeros(len(positions), dtype=np.int64)  # the rows needed from each first block on
+        np.maximum.at(reach, first_of, sections[:, 1] + sections[:, 2])
+        bases = np.empty(len(positions), dtype=np.int64)
+        crcs = np.empty(len(positions), dtype=np.int64)
+        decoded: dict[int, tuple[int, int]] = {}  # a block's position: its first row in `into`, its index CRC-32
         total = sum(batch.num_rows for batch in into)
-        starts = []
         try:
-            for info in infos:
-                held = bases.get(info.byte_offset)
+            for number, position in enumerate(positions.tolist()):
+                held = decoded.get(position)
                 if held is None:
-                    _, batch, crc = self._block(info.byte_offset)
-                    held = bases[info.byte_offset] = (total, crc)
+                    _, batch, crc = self._block(position)
+                    held = decoded[position] = (total, crc)
                     into.append(batch)
                     total += batch.num_rows
-                check_first_block(self._file.key, info, held[1])
-                start = held[0] + info.first_row
-                while total < start + info.record_count:  # the section goes on in the next blocks
-                    position, batch, crc = self._block(None)
-                    bases[position] = (total, crc)
+                bases[number], crcs[number] = held
+                while total < held[0] + reach[number]:  # a section goes on in the next blocks
+                    at, batch, crc = self._block(None)
+                    decoded[at] = (total, crc)
                     into.append(batch)
                     total += batch.num_rows
-                starts.append(start)
+            wrong = np.flatnonzero(crcs[first_of] != sections[:, 3])
+            if len(wrong):
+                at = int(sections[wrong[0], 0])
+                raise CorruptDataError(f"{self._file.key}: the block at byte {at} is not the one the catalog records for its sections")
         except CorruptDataError as damage:
             self.reset()
             damage.key = self._file.key
             raise
-        return starts
+        return bases[first_of] + sections[:, 1]
 
     def reset(self) -> None:
         self.close()
@@ -180,31 +187,35 @@ def _read_run(
     store: ObjectStore, plan: Plan, partitions: list[TopicPartition], by_partition: dict[TopicPartition, Sections], files: dict[str, _FileBlocks]
 ) -> _Run:
     """The blocks of the run's sections, each file's read once in file order, and the sections' places in them."""
-    per_file: dict[str, list[tuple[int, CatalogSection]]] = {}
-    held: dict[str, DataFile] = {}
     expire_before = _expire_before(plan)
+    held: dict[str, int] = {}  # each input file's number
+    inputs: list[DataFile] = []
+    rows = []
     for number, tp in enumerate(partitions):
+        cut = expire_before[tp[0]]
         for data_file, section in by_partition[tp]:
-            if not _expired(expire_before[tp[0]], section):
-                per_file.setdefault(data_file.key, []).append((number, section))
-                held[data_file.key] = data_file
-    slot, start, count, first_offset, last_delta = [], [], [], [], []
+            if not _expired(cut, section):
+                file_number = held.get(data_file.key)
+                if file_number is None:
+                    file_number = held[data_file.key] = len(inputs)
+                    inputs.append(data_file)
+                info = section.info
+                rows.append((file_number, info.byte_offset, info.first_row, info.record_count, info.crc32, number, section.first_offset, info.last_delta))
     blocks: list[pa.RecordBatch] = []
-    for key, placed in per_file.items():
-        placed.sort(key=lambda pair: (pair[1].info.byte_offset, pair[1].info.first_row))
-        reader = files.get(key)
+    if not rows:
+        empty = np.zeros(0, dtype=np.int64)
+        return _Run(partitions, empty, empty, empty, empty, empty, blocks)
+    table = np.array(rows, dtype=np.int64)
+    table = table[np.lexsort((table[:, 2], table[:, 1], table[:, 0]))]  # by file, then in file order
+    bounds = np.searchsorted(table[:, 0], np.arange(len(inputs) + 1))
+    starts = np.empty(len(table), dtype=np.int64)
+    for file_number, data_file in enumerate(inputs):
+        reader = files.get(data_file.key)
         if reader is None:
-            reader = files[key] = _FileBlocks(store, held[key])
-        start += reader.read([section.info for _, section in placed], blocks)
-        for number, section in placed:
-            slot.append(number)
-            count.append(section.info.record_count)
-            first_offset.append(section.first_offset)
-            last_delta.append(section.info.last_delta)
-    def ints(column: list[int]) -> np.ndarray:
-        return np.asarray(column, dtype=np.int64)
-
-    return _Run(partitions, ints(slot), ints(start), ints(count), ints(first_offset), ints(last_delta), blocks)
+            reader = files[data_file.key] = _FileBlocks(store, data_file)
+        low, high = bounds[file_number], bounds[file_number + 1]
+        starts[low:high] = reader.read(table[low:high, 1:5], blocks)
+    return _Run(partitions, table[:, 5], starts, table[:, 3], table[:, 6], table[:, 7], blocks)
 
 
 def _write_run(plan: Plan, run: _Run, sinks: Mapping[str, SectionSink], stats: CompactionStats, by_partition: dict[TopicPartition, Sections]) -> None:

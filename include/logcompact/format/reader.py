@@ -223,11 +223,11 @@ def _ranged_blocks(store: ObjectStore, key: str, info: SectionInfo, index_only: 
     data = store.get_range(key, info.byte_offset, info.byte_length)
     if len(data) != info.byte_length:
         raise CorruptDataError(f"{key}: section {info.topic}/{info.partition} at byte {info.byte_offset} is cut short; the file is incomplete")
-    check_first_block(key, info, BLOCK_PREFIX.unpack_from(data, 0)[1] if len(data) >= BLOCK_PREFIX.size else -1)
+    _check_first_block(key, info, BLOCK_PREFIX.unpack_from(data, 0)[1] if len(data) >= BLOCK_PREFIX.size else -1)
     return (batch for _, batch in iter_blocks(key, data, info.byte_offset, index_only))
 
 
-def check_first_block(name: str, info: SectionInfo, index_crc: int) -> None:
+def _check_first_block(name: str, info: SectionInfo, index_crc: int) -> None:
     """The section's first block must be the one the catalog records: its index CRC-32."""
     if index_crc != info.crc32:
         raise CorruptDataError(
@@ -565,7 +565,7 @@ class SectionStream:
     def _blocks_from(self, info: SectionInfo) -> Iterator[pa.RecordBatch]:
         if info.byte_offset != self._batch_position:
             self._read_block(info.byte_offset)
-        check_first_block(self.key, info, self._batch_crc)
+        _check_first_block(self.key, info, self._batch_crc)
         while True:
             yield self._batch
             self._read_block(None)
