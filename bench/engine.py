@@ -1,6 +1,6 @@
 """Throughput of the two-pass compaction engine on one core, against the I/O floor of the same files.
 
-    .venv/bin/python bench/engine.py                 # both cases, 3 runs each, prints medians
+    .venv/bin/python bench/engine.py                 # every case, 3 runs each, prints medians
     .venv/bin/python bench/engine.py --case a --repeat 1
     .venv/bin/python bench/engine.py --case b --min-lag none,0,0.1   # min lag's cost, runs alternating
 
@@ -11,6 +11,9 @@ The engine runs a deduplicating plan over the files with the default 128 MiB key
 passes, k-way merge, bitmaps, output written and uploaded; no commit). The I/O floor reads every input
 file twice and writes the output's bytes with plain file I/O. Also printed: how many distinct keys the
 128 MiB map holds. The process is pinned to one CPU and Arrow to one thread.
+  (c) an L0 to L1 copy (`run_plan` of a plan that does not deduplicate) of 32 agents' files, each holding records
+      of 1,000 partitions (16,000 keys, 2 records a key, 100-byte values): some 20,000 sections of a record or two,
+      what the compactors copy in the regime (bench/regime.py); printed per section.
 
 --min-lag compares variants of the topic side by side, their runs alternating: `none` (no min lag), or a
 share of each partition's newest records within min.compaction.lag.ms (records' timestamps follow their
@@ -45,6 +48,8 @@ from tests.support.synthetic import NOW, write_compacted_log
 PARTITIONS = 8
 FILES = 10
 CASES = {"a": (1_000_000, 10, 100), "b": (200_000, 10, 1024)}
+L0_FILES = 32
+L0_PARTITIONS = 1_000
 
 
 def io_floor(store: LocalStore, files: list[DataFile], output_bytes: int, workdir: Path) -> float:
@@ -79,7 +84,7 @@ def keys_in_128_mib() -> tuple[int, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--case", choices=["a", "b", "all"], default="all")
+    parser.add_argument("--case", choices=["a", "b", "c", "all"], default="all")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--min-lag", default="none", metavar="VARIANTS",
                         help="comma-separated: none, or the share (0 to 1) of each partition's newest records within the lag")
@@ -92,7 +97,9 @@ def main() -> None:
     print(f"key map: {held:,} distinct keys held in 128 MiB ({128 * 2**20 / held:.1f} bytes a key), filled in {seconds:.1f} s")
     variants = args.min_lag.split(",")
     plan_now = NOW + 10**9
-    for case in ("a", "b") if args.case == "all" else (args.case,):
+    if args.case in ("c", "all"):
+        l0_copy(args.repeat)
+    for case in ("a", "b") if args.case == "all" else (args.case,) if args.case != "c" else ():
         distinct, per_key, value_bytes = CASES[case]
         records = distinct * per_key
         topics = {variant: _topic(variant, records // PARTITIONS, plan_now) for variant in variants}
@@ -132,6 +139,28 @@ def main() -> None:
                     f"{outputs[variant]} output file(s)  (runs: {', '.join(f'{x:.2f}' for x in engine[variant])})",
                     flush=True,
                 )
+
+
+def l0_copy(repeat: int) -> None:
+    """Case (c): the L0 to L1 copy of 32 agents' files of 1,000 partitions."""
+    topic = Topic.create("agents", L0_PARTITIONS, {"cleanup.policy": "compact"}, NOW)
+    with tempfile.TemporaryDirectory(prefix="logcompact-bench-engine-") as tmp:
+        store = LocalStore(Path(tmp) / "store")
+        files, _ = write_compacted_log(store, "agents", 16_000, 2, 100, L0_PARTITIONS, L0_FILES, level=0)
+        sections = sum(len(f.sections) for f in files)
+        runs = []
+        for _ in range(repeat):
+            plan = Plan(plan_id=f"bench-{uuid.uuid4().hex[:8]}", cluster_id="bench", manifest_version=1, now_ms=NOW + 10**6,
+                        target_level=1, deduplicate=False, inputs=tuple(files), topics={"agents": topic})
+            started = time.perf_counter()
+            result = run_plan(store, plan)
+            runs.append(time.perf_counter() - started)
+            assert result.stats.records_out == result.stats.records_in == 32_000, result.stats
+            for output in result.outputs:
+                store.delete(output.key)
+        took = statistics.median(runs)
+        print(f"case (c): L0 to L1 copy of {L0_FILES} files, {sections:,} sections over {L0_PARTITIONS:,} partitions: {took:.3f} s, "
+              f"{took / sections * 1e6:.1f} µs a section  (runs: {', '.join(f'{x:.3f}' for x in runs)})", flush=True)
 
 
 def _topic(variant: str, per_partition: int, plan_now: int) -> Topic:
