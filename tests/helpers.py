@@ -70,3 +70,13 @@ def assert_summaries_kept(catalog: Catalog) -> None:
         assert replace(held, key_sketch=b"") == replace(summary, key_sketch=b""), (slot, held, summary)
         merged = sketch.merge_packed([held.key_sketch, summary.key_sketch])
         assert (merged == sketch.decode(held.key_sketch)).all(), f"{slot}: the kept sketch lacks keys of its sections"
+
+
+def recorded_runs(monkeypatch) -> list[tuple[list, bool]]:
+    """The runs of partitions the L0 copier makes from now on (`engine.copier._runs`: partitions, copied whole?)."""
+    from logcompact.engine import copier
+
+    made: list[tuple[list, bool]] = []
+    runs = copier._runs
+    monkeypatch.setattr(copier, "_runs", lambda by_partition: (made.append(run) or run for run in runs(by_partition)))
+    return made

@@ -413,10 +413,12 @@ def test_partitions_read_through_the_live_files_as_through_the_partition_index(c
             sorted(snapshot.partition_sections(["t", "u"], in_l0=False), key=repr), sorted(snapshot.section_figures(["t", "u"], in_l0=False), key=repr),
         ]
 
+    held_back = catalog.snapshot(set_aside=frozenset({("u", 0)}))  # planners leave a set-aside partition out
     monkeypatch.setattr(summaries, "THROUGH_FILES_SHARE", float("inf"))  # never through the files
-    by_index = [reads(older), reads(newer)]
+    by_index = [reads(older), reads(newer), reads(held_back)]
     monkeypatch.setattr(summaries, "THROUGH_FILES_SHARE", 0.0)  # always
-    assert [reads(older), reads(newer)] == by_index
+    assert [reads(older), reads(newer), reads(held_back)] == by_index
+    assert ("u", 0) in by_index[1][4] and ("u", 0) not in {(s.topic, s.partition) for s in by_index[2][0]}
     assert by_index[0][2] == {"b", "c", "l1-a"} and by_index[1][2] == {"b", "c", "l2-a"}
     assert by_index[1][5] == {("t", 1): 5, ("u", 0): 3}  # c's young sections
 

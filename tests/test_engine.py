@@ -27,7 +27,7 @@ from logcompact.plan import Plan
 from logcompact.planner import PlannerConfig, choose_plans
 from logcompact.store import LocalStore, ObjectStore
 from logcompact.topics import Topic
-from tests.helpers import NOW, create_topic, full_sweep, level_plans
+from tests.helpers import NOW, create_topic, full_sweep, level_plans, recorded_runs
 
 SMALL_BUFFER = 1 << 16
 
@@ -72,12 +72,13 @@ def test_l0_to_l1_copies_and_separates_compacted_from_other_topics(store: Object
     assert len(_values(catalog, "state")) == 6 and result.stats.duplicates_removed == 0  # copied, not deduplicated
 
 
-@pytest.mark.parametrize("run_bytes", [copier.COPY_RUN_BYTES, 1], ids=["one run", "a run per partition"])
+@pytest.mark.parametrize("run_bytes", [copier.COPY_RUN_BYTES, 1_500], ids=["one run", "runs of a partition or two"])
 def test_a_copy_by_runs_writes_what_the_cleaner_copies_one_partition_at_a_time(catalog: Catalog, run_bytes: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The L0 -> L1 copy of runs of partitions (`engine.copier`) against the cleaner's copy of one partition at a
     time: the same sections with the same rows in each class of output (compacted, other, young), and the same
     figures, over files mixing a compacted topic with min lag and a `delete` topic whose oldest sections are past
-    retention, cut into several files."""
+    retention, cut into several files. With small runs, runs share blocks and the partitions of more input than a
+    run go to the cleaner."""
     catalog = _setup(catalog, partitions=6, state={"cleanup_policy": "compact", "min_compaction_lag_ms": "60000"}, events={"retention_ms": "3600000"})
     rng = random.Random(7)
     for number in range(5):
@@ -92,6 +93,12 @@ def test_a_copy_by_runs_writes_what_the_cleaner_copies_one_partition_at_a_time(c
             agent.produce("events", events)
     (plan,) = level_plans(catalog.snapshot(), NOW, min_files=5, target_file_bytes=3000)
     assert not plan.deduplicate
+    # A young section outside the plan that the inputs straddle, for half the state partitions (the cleaner's `outside_cut`).
+    lowest = {}
+    for data_file in plan.inputs:
+        for s in data_file.sections:
+            lowest[(s.topic, s.partition)] = min(lowest.get((s.topic, s.partition), 1 << 62), s.first_offset)
+    plan = replace(plan, first_uncleanable={("state", p): lowest[("state", p)] + 5 for p in range(0, 6, 2)})
 
     def written(result) -> tuple[dict, dict]:
         by_content: dict[str, list] = {}
@@ -108,11 +115,48 @@ def test_a_copy_by_runs_writes_what_the_cleaner_copies_one_partition_at_a_time(c
         patched.setattr(cleaner, "copy_plan", lambda store, plan, by_partition, sinks, stats, one_by_one: one_by_one(sorted(by_partition)))
         expected = written(run_plan(catalog.store, plan))
     monkeypatch.setattr(copier, "COPY_RUN_BYTES", run_bytes)
+    runs = recorded_runs(monkeypatch)
     result = run_plan(catalog.store, plan)
+    if run_bytes < copier.COPY_RUN_BYTES:  # runs of several partitions, and partitions the cleaner copies
+        assert any(whole and len(partitions) > 1 for partitions, whole in runs) and any(not whole for _, whole in runs)
     assert len(result.outputs) > 3 and {"compacted", "other", "young"} <= set(expected[0])
     assert expected[1]["expired_removed"] > 0
     got = written(result)
     assert got == expected
+
+
+def _wide_l0_file(catalog: Catalog, topic: str, deltas: list[int], timestamps: list[int], keys: list[bytes | None]) -> None:
+    """An L0 file whose one section of `topic`/0 spans `deltas` (up to 2**32 - 1 offsets), appended."""
+    blob, infos = write_segment([(topic, 0, section_table(deltas, timestamps, keys, [b"v"] * len(deltas)))])
+    catalog.store.put("data/l0/wide.seg", blob)
+    catalog.append_files([NewFile("data/l0/wide.seg", 0, len(blob), NOW, tuple(infos))], NOW)
+
+
+@pytest.mark.parametrize("target_file_bytes", [10**9, 1])
+def test_a_copy_whose_partition_would_span_2_32_offsets_writes_every_partition_once(catalog: Catalog, target_file_bytes: int) -> None:
+    """A run whose `other` section would span 2**32 offsets goes to the cleaner whole: the compacted partition copied
+    before it is not written twice (the run's sections are all made before any is written)."""
+    create_topic(catalog, "state", 1, cleanup_policy="compact")
+    create_topic(catalog, "events", 1)
+    _wide_l0_file(catalog, "events", [0, 2**32 - 2], [NOW, NOW], [None, None])
+    _produce(catalog, "events", [Record(0, None, b"3", NOW), Record(0, None, b"4", NOW)])
+    _produce(catalog, "state", [Record(0, b"a", b"x", NOW), Record(0, b"b", b"y", NOW)])
+    (plan,) = level_plans(catalog.snapshot(), NOW, min_files=3, target_file_bytes=target_file_bytes)
+    result = _run(catalog, plan)
+    assert [s.first_offset for f in result.outputs for s in f.sections if s.topic == "state"] == [0]
+    assert len([s for f in result.outputs for s in f.sections if s.topic == "events"]) == 2  # cut at 2**32 offsets
+    assert [r.key for r in read_records(catalog.store, catalog.snapshot(), "state", 0)] == [b"a", b"b"]
+    assert len(list(read_records(catalog.store, catalog.snapshot(), "events", 0))) == 4
+
+
+def test_a_copy_whose_young_section_would_span_2_32_offsets_writes_the_older_one_once(catalog: Catalog) -> None:
+    create_topic(catalog, "state", 1, cleanup_policy="compact", min_compaction_lag_ms="60000")
+    _wide_l0_file(catalog, "state", [0, 1, 2**32 - 2], [NOW - 10**7, NOW, NOW], [b"a", b"b", b"c"])
+    _produce(catalog, "state", [Record(0, b"d", b"4", NOW), Record(0, b"e", b"5", NOW), Record(0, b"f", b"6", NOW)])
+    (plan,) = level_plans(catalog.snapshot(), NOW, min_files=2, target_file_bytes=1)
+    result = _run(catalog, plan)
+    assert [s.first_offset for f in result.outputs for s in f.sections if "-compacted-" in f.key] == [0]
+    assert [r.key for r in read_records(catalog.store, catalog.snapshot(), "state", 0)] == [b"a", b"b", b"c", b"d", b"e", b"f"]
 
 
 def test_from_l2_up_older_records_of_a_key_are_removed(store: ObjectStore, catalog_of) -> None:

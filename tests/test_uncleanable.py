@@ -14,7 +14,7 @@ from logcompact.consume import latest_values, read_records
 from logcompact.engine import copier
 from logcompact.exceptions import CorruptDataError
 from logcompact.jobs import run_and_commit
-from tests.helpers import NOW, create_topic, full_sweep, level_plans, produce_l0_files
+from tests.helpers import NOW, create_topic, full_sweep, level_plans, produce_l0_files, recorded_runs
 
 PARTITIONS = 100
 KEYS = 500  # key k<i> always lands in partition i % 100
@@ -123,16 +123,19 @@ def test_a_flipped_byte_sets_aside_only_the_partitions_of_its_block(catalog: Cat
         assert _values(catalog, partition) == expected[partition]  # no damaged row reached an output
 
 
-@pytest.mark.parametrize("run_bytes", [copier.COPY_RUN_BYTES, 1], ids=["one run", "a run per partition"])
+@pytest.mark.parametrize("few_partitions", [False, True], ids=["one run", "runs of a few partitions"])
 def test_damage_in_an_l0_copy_sets_aside_only_the_damaged_partitions_and_copies_the_rest(
-    catalog: Catalog, run_bytes: int, monkeypatch: pytest.MonkeyPatch
+    catalog: Catalog, few_partitions: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The L0 -> L1 copy reads a run of partitions at once (`engine.copier`); a run holding damage is copied one
     partition at a time, so a damaged catalog row sets aside its partition alone, and a flipped byte the partitions of
-    its block, while every other record is copied as it was. With a run per partition, runs share blocks, and the
+    its block, while every other record is copied as it was. With runs of a few partitions, runs share blocks, and the
     files' streams go on past the damage."""
-    monkeypatch.setattr(copier, "COPY_RUN_BYTES", run_bytes)
     _cluster(catalog)
+    if few_partitions:
+        largest = max(sum(placed.info.uncompressed_bytes for _, placed in catalog.snapshot().sections_of("t", p)) for p in range(PARTITIONS))
+        monkeypatch.setattr(copier, "COPY_RUN_BYTES", 3 * largest)
+    runs = recorded_runs(monkeypatch)
     row_damaged, placed = _section_of(catalog, 37, 1)
     row = (s.sections.c.partition == 37, s.sections.c.first_offset == placed.first_offset)
     with catalog.engine.begin() as connection:
@@ -152,6 +155,7 @@ def test_damage_in_an_l0_copy_sets_aside_only_the_damaged_partitions_and_copies_
     (copy,) = level_plans(catalog.planning_snapshot(NOW), NOW, min_files=FILES)
     assert copy.target_level == 1 and not copy.deduplicate
     stats = run_and_commit(catalog, copy, NOW).to_dict()
+    assert all(whole for _, whole in runs) and (len(runs) > 20 if few_partitions else len(runs) == 1)
 
     set_aside = {u["partition"] for u in stats["uncleanable"]}
     assert 37 in set_aside and 80 in set_aside and set_aside - {37} <= sharing

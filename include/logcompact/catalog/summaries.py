@@ -164,8 +164,10 @@ def summed_up(connection: Connection, slots: Sequence[Slot]) -> dict[Slot, Parti
 def read_through_files(connection: Connection, slots: Iterable[Slot]) -> bool:
     """Whether the live sections above L0 of `slots` are best read with all others through the live files
     (`schema.through_live_files`): when they hold at least `THROUGH_FILES_SHARE` of them, as the rows count them."""
-    counted = connection.execute(select(_ROWS.topic_id, _ROWS.partition, _ROWS.sections)).all()
     wanted = set(slots)
+    if not wanted:
+        return False
+    counted = connection.execute(select(_ROWS.topic_id, _ROWS.partition, _ROWS.sections)).all()
     asked = sum(count for topic_id, partition, count in counted if (topic_id, partition) in wanted)
     return asked >= THROUGH_FILES_SHARE * sum(count for _, _, count in counted)
 

@@ -235,6 +235,8 @@ class _OutputFiles:
             writer.write_sections(slots[start:end], rows, counts[start:end])
             self._first_offsets += first_offsets[start:end].tolist()
             start = end
+            if start < len(slots):
+                self.close()  # as full as the target allows: the next sections begin the next file
 
     def close(self) -> None:
         if self._writer is None or self._sink is None:

@@ -9,7 +9,8 @@ the read path's, for every section of a run at once: its first block the one the
 its offset deltas from 0 to the catalog's last, increasing, as many as it records; and offsets increasing within a
 partition across files. A run where any fails, or where a section would span 2**32 offsets, is copied by the
 cleaner one partition at a time (`one_by_one`), which sets the damaged partition aside with the read path's
-message: nothing of a run is written before all of it is checked.
+message: nothing of a run is written before all of it is checked. So is a partition of more than a run's bytes of
+input, which the cleaner streams in a few batches: a run is held in memory whole.
 """
 
 from __future__ import annotations
@@ -141,7 +142,10 @@ def copy_plan(
     a run that fails a check is handed to `one_by_one`."""
     files: dict[str, _FileBlocks] = {}
     try:
-        for partitions in _runs(by_partition):
+        for partitions, whole in _runs(by_partition):
+            if not whole:
+                one_by_one(partitions)
+                continue
             try:
                 run = _read_run(store, plan, partitions, by_partition, files)
                 _write_run(plan, run, sinks, stats, by_partition)
@@ -154,18 +158,26 @@ def copy_plan(
             blocks.close()
 
 
-def _runs(by_partition: dict[TopicPartition, Sections]) -> Iterator[list[TopicPartition]]:
-    """The partitions in order, in runs of about COPY_RUN_BYTES of input."""
+def _runs(by_partition: dict[TopicPartition, Sections]) -> Iterator[tuple[list[TopicPartition], bool]]:
+    """The partitions in order, in runs of about COPY_RUN_BYTES of input, each with whether it is copied whole: a
+    partition of more input than that is a run of its own for the cleaner, which streams it in a few batches."""
     run: list[TopicPartition] = []
     size = 0
     for tp in sorted(by_partition):
+        own = sum(section.info.uncompressed_bytes for _, section in by_partition[tp])
+        if own > COPY_RUN_BYTES:
+            if run:
+                yield run, True
+                run, size = [], 0
+            yield [tp], False
+            continue
         run.append(tp)
-        size += sum(section.info.uncompressed_bytes for _, section in by_partition[tp])
+        size += own
         if size >= COPY_RUN_BYTES:
-            yield run
+            yield run, True
             run, size = [], 0
     if run:
-        yield run
+        yield run, True
 
 
 def _expire_before(plan: Plan) -> dict[str, int]:
@@ -252,11 +264,14 @@ def _write_run(plan: Plan, run: _Run, sinks: Mapping[str, SectionSink], stats: C
     np.minimum.at(first_young, slot[young_row], offsets[young_row])
     content[offsets >= np.minimum(first_young, outside_cut)[slot]] = 2
     kept = ~expired
+    # Every class's sections are made, and checked to span fewer than 2**32 offsets, before any is written.
+    sections = []
     for number, name in enumerate(CONTENTS):
         chosen = np.flatnonzero(kept & (content == number))
         if len(chosen):
-            part = rows if len(chosen) == rows.num_rows else rows.take(pa.array(chosen))
-            _write_sections(run, sinks[name], part, slot[chosen], offsets[chosen])
+            sections.append((sinks[name], *_sections(run, rows if len(chosen) == rows.num_rows else rows.take(pa.array(chosen)), slot[chosen], offsets[chosen])))
+    for sink, *written in sections:
+        sink.write_sections(*written)
     _count(plan, run, stats, by_partition, slot, expired, kept)
 
 
@@ -302,8 +317,9 @@ def _partition_rules(plan: Plan, run: _Run, by_partition: dict[TopicPartition, S
             np.asarray(outside_cut, dtype=np.int64))
 
 
-def _write_sections(run: _Run, sink: SectionSink, rows: pa.Table, slot: np.ndarray, offsets: np.ndarray) -> None:
-    """One section per partition of `rows` (sorted by partition and offset) into `sink`."""
+def _sections(run: _Run, rows: pa.Table, slot: np.ndarray, offsets: np.ndarray) -> tuple[list[TopicPartition], pa.Table, np.ndarray, np.ndarray]:
+    """One section per partition of `rows` (sorted by partition and offset), as a sink takes them: the partitions,
+    the rows with their deltas from each section's first offset, the counts, the first offsets."""
     starts = np.flatnonzero(np.concatenate(([True], slot[1:] != slot[:-1])))
     counts = np.diff(np.append(starts, len(slot)))
     first_offsets = offsets[starts]
@@ -311,7 +327,7 @@ def _write_sections(run: _Run, sink: SectionSink, rows: pa.Table, slot: np.ndarr
     if deltas.max() > MAX_OFFSET_SPAN:
         raise _TooWide()
     table = rows.set_column(0, SECTION_SCHEMA.field(0), pa.array(deltas, pa.uint32()))
-    sink.write_sections([run.slots[number] for number in slot[starts].tolist()], table, counts, first_offsets)
+    return [run.slots[number] for number in slot[starts].tolist()], table, counts, first_offsets
 
 
 def _count(plan: Plan, run: _Run, stats: CompactionStats, by_partition: dict[TopicPartition, Sections], slot: np.ndarray, expired: np.ndarray, kept: np.ndarray) -> None:

@@ -131,7 +131,9 @@ def row_sizes(table: pa.Table | pa.RecordBatch) -> np.ndarray:
         sizes += pc.binary_length(table.column(name)).fill_null(0).to_numpy()
     headers = table.column("headers")
     if headers.null_count < len(headers):
-        owners = pc.list_parent_indices(headers).to_numpy()
+        # Each header's row, as `list_flatten` walks them: a null list's range, if any, is left out by both.
+        entries = pc.list_value_length(headers).fill_null(0).to_numpy()
+        owners = np.repeat(np.arange(table.num_rows), entries)
         sizes += np.bincount(owners, weights=_header_entry_bytes(headers), minlength=table.num_rows).astype(np.int64)
     return sizes
 
