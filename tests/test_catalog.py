@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import update
 
 from logcompact.catalog import Catalog, CatalogSection, DataFile, NewFile, Snapshot, schema, summaries
+from logcompact.catalog import snapshot as snapshot_module
 from logcompact.exceptions import (
     CatalogConfigError,
     CatalogSchemaError,
@@ -421,6 +422,23 @@ def test_partitions_read_through_the_live_files_as_through_the_partition_index(c
     assert ("u", 0) in by_index[1][4] and ("u", 0) not in {(s.topic, s.partition) for s in by_index[2][0]}
     assert by_index[0][2] == {"b", "c", "l1-a"} and by_index[1][2] == {"b", "c", "l2-a"}
     assert by_index[1][5] == {("t", 1): 5, ("u", 0): 3}  # c's young sections
+
+
+def test_get_files_of_most_live_files_reads_them_all_and_keeps_those_asked_for(catalog: Catalog, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Asked for most live files, `get_files` reads every live file and drops the rest: the same files as matching
+    the keys, a live file not asked for, removed and unknown keys left out, at the newest version and at an older one."""
+    create_topic(catalog, "t", partitions=2)
+    for name in ("a", "b", "c", "d"):
+        _append(catalog, _new_file(name, ("t", 0, 2), ("t", 1, 3)))
+    older = catalog.snapshot()
+    catalog.replace_files(["a"], [_output(catalog, "l1-a", "a")], NOW)
+    newer = catalog.snapshot()
+    asked = ["a", "b", "c", "l1-a", "unknown"]  # four of the five live files at each version, d not among them
+    matched = [older.get_files(asked), newer.get_files(asked)]
+    monkeypatch.setattr(snapshot_module, "SHORT_LIST", 0)  # every list is long enough to weigh
+    assert [older.get_files(asked), newer.get_files(asked)] == matched
+    assert set(matched[0]) == {"a", "b", "c"} and set(matched[1]) == {"b", "c", "l1-a"}
+    assert set(newer.get_files(["b"])) == {"b"}  # one key of four live files: matched, not read whole
 
 
 def test_partitions_are_added_at_offset_zero_and_never_removed(catalog: Catalog) -> None:

@@ -23,7 +23,7 @@ from sqlalchemy import BindParameter, ColumnElement, CompoundSelect, Connection,
 
 from logcompact.catalog import schema as s
 from logcompact.catalog import summaries
-from logcompact.catalog.database import catalog_errors, one_of
+from logcompact.catalog.database import SHORT_LIST, catalog_errors, one_of
 from logcompact.catalog.model import (
     CONTENTS,
     CatalogSection,
@@ -161,8 +161,8 @@ class Snapshot:
         the keys are most of the live files (a pass planning every file), every live file is read and the others
         dropped: a list of 100,000 keys costs the database more to match (0.9 s on SQLite) than the few files left."""
         with self._connect() as connection:
-            live = connection.execute(select(func.count()).select_from(s.files).where(self._live())).scalar_one()
-            if len(keys) >= _MOST_FILES * live:
+            live = select(func.count()).select_from(s.files).where(self._live())
+            if len(keys) > SHORT_LIST and len(keys) >= _MOST_FILES * connection.execute(live).scalar_one():
                 wanted = set(keys)
                 return {f.key: f for f in self._load(connection, [self._live()]) if f.key in wanted}
             loaded = self._load(connection, [self._live(), self._key_in(keys)])

@@ -69,7 +69,7 @@ import pyarrow.compute as pc
 
 from logcompact.catalog import CatalogSection, DataFile, SetAside
 from logcompact.collector import collector_paused
-from logcompact.engine.copier import copy_plan
+from logcompact.engine.copier import CONTENTS, copy_plan
 from logcompact.engine.offset_map import CompactOffsetMap, OffsetMap
 from logcompact.engine.stats import CompactionStats, JobResult
 from logcompact.exceptions import CorruptDataError
@@ -415,7 +415,7 @@ def run_plan(store: ObjectStore, plan: Plan, offset_map: OffsetMap | None = None
     # agents' files of 1,000 partitions).
     with (nullcontext(workdir) if workdir else tempfile.TemporaryDirectory(prefix="logcompact-")) as scratch, collector_paused():
         outputs = {
-            content: _OutputFiles(store, plan, content, scratch) for content in ("compacted", "other", "young")
+            content: _OutputFiles(store, plan, content, scratch) for content in CONTENTS
         }
         pass1 = _Cursors(store, index_only=True)
         pass2 = _Cursors(store, index_only=False)

@@ -132,6 +132,7 @@ class _Run:
     first_offset: np.ndarray
     last_delta: np.ndarray
     blocks: list[pa.RecordBatch]
+    expire_before: dict[str, int]  # per topic (`_expire_before`)
 
 
 def copy_plan(
@@ -141,13 +142,14 @@ def copy_plan(
     """Copy every partition of `by_partition` (a plan that does not deduplicate) into `sinks`, a run at a time;
     a run that fails a check is handed to `one_by_one`."""
     files: dict[str, _FileBlocks] = {}
+    expire_before = _expire_before(plan)
     try:
         for partitions, whole in _runs(by_partition):
             if not whole:
                 one_by_one(partitions)
                 continue
             try:
-                run = _read_run(store, plan, partitions, by_partition, files)
+                run = _read_run(store, partitions, by_partition, files, expire_before)
                 _write_run(plan, run, sinks, stats, by_partition)
             except (CorruptDataError, _TooWide):
                 for blocks in files.values():
@@ -196,10 +198,10 @@ def _expired(expire_before: int, section: CatalogSection) -> bool:
 
 
 def _read_run(
-    store: ObjectStore, plan: Plan, partitions: list[TopicPartition], by_partition: dict[TopicPartition, Sections], files: dict[str, _FileBlocks]
+    store: ObjectStore, partitions: list[TopicPartition], by_partition: dict[TopicPartition, Sections], files: dict[str, _FileBlocks],
+    expire_before: dict[str, int],
 ) -> _Run:
     """The blocks of the run's sections, each file's read once in file order, and the sections' places in them."""
-    expire_before = _expire_before(plan)
     held: dict[str, int] = {}  # each input file's number
     inputs: list[DataFile] = []
     rows = []
@@ -216,7 +218,7 @@ def _read_run(
     blocks: list[pa.RecordBatch] = []
     if not rows:
         empty = np.zeros(0, dtype=np.int64)
-        return _Run(partitions, empty, empty, empty, empty, empty, blocks)
+        return _Run(partitions, empty, empty, empty, empty, empty, blocks, expire_before)
     table = np.array(rows, dtype=np.int64)
     table = table[np.lexsort((table[:, 2], table[:, 1], table[:, 0]))]  # by file, then in file order
     bounds = np.searchsorted(table[:, 0], np.arange(len(inputs) + 1))
@@ -227,7 +229,7 @@ def _read_run(
             reader = files[data_file.key] = _FileBlocks(store, data_file)
         low, high = bounds[file_number], bounds[file_number + 1]
         starts[low:high] = reader.read(table[low:high, 1:5], blocks)
-    return _Run(partitions, table[:, 5], starts, table[:, 3], table[:, 6], table[:, 7], blocks)
+    return _Run(partitions, table[:, 5], starts, table[:, 3], table[:, 6], table[:, 7], blocks, expire_before)
 
 
 def _write_run(plan: Plan, run: _Run, sinks: Mapping[str, SectionSink], stats: CompactionStats, by_partition: dict[TopicPartition, Sections]) -> None:
@@ -303,10 +305,9 @@ def _partition_rules(plan: Plan, run: _Run, by_partition: dict[TopicPartition, S
     cleaner's copy keeps a compacted topic's), above which they are within min lag, whether its topic is compacted,
     and the young section outside the plan its inputs straddle (the cleaner's `outside_cut`)."""
     expire_before, lag_cut, compacted, outside_cut = [], [], [], []
-    cuts = _expire_before(plan)
     for tp in run.slots:
         config = plan.topics[tp[0]].config
-        expire_before.append(cuts[tp[0]])
+        expire_before.append(run.expire_before[tp[0]])
         lagged = config.compacted and config.min_compaction_lag_ms > 0
         lag_cut.append(plan.now_ms - config.min_compaction_lag_ms if lagged else _NEVER)
         compacted.append(config.compacted)
@@ -333,13 +334,12 @@ def _sections(run: _Run, rows: pa.Table, slot: np.ndarray, offsets: np.ndarray) 
 def _count(plan: Plan, run: _Run, stats: CompactionStats, by_partition: dict[TopicPartition, Sections], slot: np.ndarray, expired: np.ndarray, kept: np.ndarray) -> None:
     """The cleaner's per-partition figures of a copy: records in (the skipped expired sections' too), expired, out."""
     partitions = len(run.slots)
-    expire_before = _expire_before(plan)
     expired_rows = np.bincount(slot[expired], minlength=partitions).tolist()
     out = np.bincount(slot[kept], minlength=partitions).tolist()
     for number, tp in enumerate(run.slots):
         sections = [section for _, section in by_partition[tp]]
         counts = stats.checkpoint()
         stats.records_in += sum(section.info.record_count for section in sections)
-        stats.expired_removed += expired_rows[number] + sum(section.info.record_count for section in sections if _expired(expire_before[tp[0]], section))
+        stats.expired_removed += expired_rows[number] + sum(section.info.record_count for section in sections if _expired(run.expire_before[tp[0]], section))
         stats.records_out += out[number]
         stats.partition_done(tp[0], counts, sum(section.info.uncompressed_bytes for section in sections))
