@@ -49,11 +49,12 @@ def produce_l0_files(catalog: Catalog, topic: str, files: int, records: int, key
 
 def assert_summaries_kept(catalog: Catalog) -> None:
     """Every partition's row of `partition_summaries` is what its live sections above L0 sum up to, read from the
-    sections themselves (through the partitions and through the live files, which agree); a partition without a row, or with an empty one, holds none. Key sketches may hold more keys
-    than the sections (a union since the partition last had one section), never fewer."""
+    sections themselves (through the partitions and through the live files, which agree); a partition without a row,
+    or with an empty one, holds none. Key sketches may hold more keys than the sections (a union since the partition
+    last had one section), never fewer. Each row counts its partition's sections rows above L0, live or not."""
     from dataclasses import replace
 
-    from sqlalchemy import select
+    from sqlalchemy import func, select
 
     from logcompact import sketch
     from logcompact.catalog import schema, summaries
@@ -63,6 +64,10 @@ def assert_summaries_kept(catalog: Catalog) -> None:
         kept = summaries.read(connection, slots)
         fresh = summaries.summed_up_by_partition(connection, slots)
         through_files = summaries.summed_up_through_files(connection, slots)
+        rows, sec = schema.partition_summaries.c, schema.sections.c
+        indexed = {(t, p): n for t, p, n in connection.execute(select(rows.topic_id, rows.partition, rows.indexed)) if n}
+        entries = connection.execute(select(sec.topic_id, sec.partition, func.count()).where(schema.ABOVE_L0).group_by(sec.topic_id, sec.partition))
+    assert indexed == {(t, p): n for t, p, n in entries}, "partition_summaries.indexed does not count the partitions' sections above L0"
     assert through_files == fresh, "the live sections read through the live files sum up otherwise than through the partitions"
     assert set(kept) == set(fresh), f"partition_summaries holds {sorted(kept)}, the sections {sorted(fresh)}"
     for slot, summary in fresh.items():

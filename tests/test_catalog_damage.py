@@ -519,12 +519,21 @@ def _stored_crcs(catalog: Catalog) -> dict[tuple[int, int, int], int]:
         return {(f, t, p): crc for f, t, p, crc in connection.execute(select(sec.file_id, sec.topic_id, sec.partition, sec.crc32))}
 
 
+def _as_schema_9(catalog: Catalog) -> None:
+    """The catalog as schema 9 held it: partition_summaries without their partitions' entries in the index counted,
+    schema_version 9."""
+    with catalog.engine.begin() as connection:
+        connection.exec_driver_sql("ALTER TABLE partition_summaries DROP COLUMN indexed")
+        connection.execute(update(schema.catalog_info).values(schema_version=9))
+
+
 def _as_schema_8(catalog: Catalog) -> None:
     """The catalog as schema 8 held it: on PostgreSQL, sections' record_count and tombstones 64-bit (where binary
     COPY of schema 9's 32-bit ones fails); schema_version 8."""
     with catalog.engine.begin() as connection:
         if connection.dialect.name == "postgresql":
             connection.exec_driver_sql("ALTER TABLE sections ALTER COLUMN record_count TYPE bigint, ALTER COLUMN tombstones TYPE bigint")
+        connection.exec_driver_sql("ALTER TABLE partition_summaries DROP COLUMN indexed")
         connection.execute(update(schema.catalog_info).values(schema_version=8))
 
 
@@ -617,13 +626,13 @@ def test_a_schema_3_catalog_is_refused_until_upgrade_catalog_binds_its_rows(cata
 
     _as_schema_3(catalog)
     assert all(crc != bound[row] for row, crc in _stored_crcs(catalog).items())
-    with pytest.raises(CatalogSchemaError, match="has schema version 3, this logcompact uses 9: .*run `logcompact cluster upgrade-catalog`"):
+    with pytest.raises(CatalogSchemaError, match="has schema version 3, this logcompact uses 10: .*run `logcompact cluster upgrade-catalog`"):
         Catalog(catalog.store, catalog.url).snapshot()
     for argv in (["consume", "t", "--partition", "0"], ["files"], ["compact", "--all"], ["cluster", "describe"]):
         _one_line_error(run_in_process([*cli, *argv]), "has schema version 3", "logcompact cluster upgrade-catalog")
     upgraded = run_in_process([*cli, "cluster", "upgrade-catalog"])
     assert upgraded.code == 0 and not upgraded.stderr, upgraded
-    assert json.loads(upgraded.stdout) == {"upgraded": True, "from_schema_version": 3, "schema_version": 9, "sections_rewritten": 24}
+    assert json.loads(upgraded.stdout) == {"upgraded": True, "from_schema_version": 3, "schema_version": 10, "sections_rewritten": 24}
     assert _stored_crcs(catalog) == bound
     reopened = Catalog(catalog.store, catalog.url)
     assert {p: list(read_records(reopened.store, reopened.snapshot(), "t", p)) for p in range(3)} == before
@@ -637,11 +646,11 @@ def test_a_schema_3_catalog_is_refused_until_upgrade_catalog_binds_its_rows(cata
     assert _stored_crcs(catalog) == bound
     assert Catalog(catalog.store, catalog.url).upgrade_catalog() is None
 
-    for other in (2, 10):
+    for other in (2, 11):
         with catalog.engine.begin() as connection:
             connection.execute(update(schema.catalog_info).values(schema_version=other))
         _one_line_error(run_in_process([*cli, "cluster", "upgrade-catalog"]), f"has schema version {other}",
-                        "upgrades schemas 3, 4, 5, 6, 7, 8 to 9 only")
+                        "upgrades schemas 3, 4, 5, 6, 7, 8, 9 to 10 only")
         assert _stored_crcs(catalog) == bound
 
 
@@ -659,7 +668,7 @@ def test_a_schema_5_catalog_upgrades_to_its_l0_sections_out_of_the_partition_ind
     sec, files, part = schema.sections.c, schema.files.c, schema.partitions.c
     with catalog.engine.begin() as connection:  # lowered under schema 5: still refused after the upgrade
         connection.execute(update(schema.partitions).where(part.partition == 2).values(next_offset=7))
-    with pytest.raises(CatalogSchemaError, match="has schema version 5, this logcompact uses 9: .*upgrade-catalog"):
+    with pytest.raises(CatalogSchemaError, match="has schema version 5, this logcompact uses 10: .*upgrade-catalog"):
         Catalog(catalog.store, catalog.url).snapshot()
     assert Catalog(catalog.store, catalog.url).upgrade_catalog() == CatalogUpgrade(5, 0)
     reopened = Catalog(catalog.store, catalog.url)
@@ -680,12 +689,14 @@ def test_a_schema_5_catalog_upgrades_to_its_l0_sections_out_of_the_partition_ind
         produce_l0_files(reopened, "t", files=1, records=30, keys=10, partitions=3)
 
 
-@pytest.mark.parametrize("found", [6, 7, 8])
-def test_a_schema_6_7_or_8_catalog_upgrades_to_partition_summaries_that_commits_then_keep(catalog: Catalog, found: int) -> None:
-    """On each database: a schema-6 catalog (no summaries), schema-7 one (summaries without their bytes at L1) or
-    schema-8 one (sections laid out wider) is refused until upgraded; the upgrade lays the sections out as a new
-    catalog does and sums up every partition's live sections above L0 (an empty row for one without), set by the
-    newest version, so an older snapshot reads the sections; then compactions and appends keep the rows."""
+@pytest.mark.parametrize("found", [6, 7, 8, 9])
+def test_a_schema_6_to_9_catalog_upgrades_to_partition_summaries_that_commits_then_keep(catalog: Catalog, found: int) -> None:
+    """On each database: a schema-6 catalog (no summaries), schema-7 one (summaries without their bytes at L1),
+    schema-8 one (sections laid out wider) or schema-9 one (summaries not counting their partitions' index entries) is
+    refused until upgraded; the upgrade lays the sections out as a new catalog does and sums up every partition's live
+    sections above L0 (an empty row for one without), set by the newest version, so an older snapshot reads the
+    sections (schema 9's rows are kept as they were); each row counts its partition's entries in the index; then
+    compactions, appends and gc keep the rows."""
     create_topic(catalog, "t", partitions=3, cleanup_policy="compact")
     produce_l0_files(catalog, "t", files=4, records=30, keys=10, partitions=2)  # partition 2 gets no record
     older = catalog.snapshot()
@@ -694,26 +705,32 @@ def test_a_schema_6_7_or_8_catalog_upgrades_to_partition_summaries_that_commits_
     produce_l0_files(catalog, "t", files=2, records=30, keys=10, partitions=2)
     fresh_layout = _sections_layout(catalog)
     records = {p: list(read_records(catalog.store, catalog.snapshot(), "t", p)) for p in range(3)}
-    {6: _as_schema_6, 7: _as_schema_7, 8: _as_schema_8}[found](catalog)
-    with pytest.raises(CatalogSchemaError, match=f"has schema version {found}, this logcompact uses 9: .*upgrade-catalog"):
+    kept = schema.partition_summaries.c
+    with catalog.engine.connect() as connection:
+        rows_before = connection.execute(select(kept.partition, kept.floor, kept.version).order_by(kept.partition)).all()
+    {6: _as_schema_6, 7: _as_schema_7, 8: _as_schema_8, 9: _as_schema_9}[found](catalog)
+    with pytest.raises(CatalogSchemaError, match=f"has schema version {found}, this logcompact uses 10: .*upgrade-catalog"):
         Catalog(catalog.store, catalog.url).snapshot()
     assert Catalog(catalog.store, catalog.url).upgrade_catalog() == CatalogUpgrade(found, 0)
     reopened = Catalog(catalog.store, catalog.url)
     assert _sections_layout(reopened) == fresh_layout
     assert {p: list(read_records(reopened.store, reopened.snapshot(), "t", p)) for p in range(3)} == records
-    kept = schema.partition_summaries.c
     with reopened.engine.connect() as connection:
         rows = connection.execute(select(kept.partition, kept.floor, kept.version).order_by(kept.partition)).all()
-    assert rows == [(0, 0, reopened.latest_version()), (1, 0, reopened.latest_version()), (2, None, reopened.latest_version())]
+    latest = reopened.latest_version()
+    assert rows == (rows_before if found == 9 else [(0, 0, latest), (1, 0, latest), (2, None, latest)])
     assert_summaries_kept(reopened)
     partitions = [("t", p) for p in range(3)]
     assert reopened.snapshot().floors_above_l0(partitions) == {("t", 0): 0, ("t", 1): 0, ("t", 2): None}
-    assert older.floors_above_l0(partitions) == {}  # older than every row: its sections are read
+    # Older than every row the upgrade set: its sections are read (schema 9's rows keep the versions that set them).
+    assert older.floors_above_l0(partitions) == ({("t", 2): None} if found == 9 else {})
     for _ in range(2):  # L0 to L1, then L1 to L2: sections above L0 removed and added
         prepared = prepare_plans(reopened, "regular", NOW, PlannerConfig(min_files=(2, 2, 2, 2)))
         run_here(reopened, prepared.plan_ids, prepared.groups, NOW)
         assert_summaries_kept(reopened)
     assert reopened.snapshot().level_counts() == {2: 1}
+    reopened.forget_files(reopened.collectable_files(reopened.latest_version() + 1, 2**62))  # the L1 files' entries go
+    assert_summaries_kept(reopened)
 
 
 def test_a_schema_4_catalog_upgrades_to_the_kafka_tables_and_keeps_its_topics(catalog: Catalog) -> None:
@@ -726,7 +743,7 @@ def test_a_schema_4_catalog_upgrades_to_the_kafka_tables_and_keeps_its_topics(ca
     before = {p: list(read_records(catalog.store, catalog.snapshot(), "t", p)) for p in range(2)}
     ids = _topic_ids(catalog)
     _as_schema_4(catalog)
-    with pytest.raises(CatalogSchemaError, match="has schema version 4, this logcompact uses 9: .*upgrade-catalog"):
+    with pytest.raises(CatalogSchemaError, match="has schema version 4, this logcompact uses 10: .*upgrade-catalog"):
         Catalog(catalog.store, catalog.url).snapshot()
     assert Catalog(catalog.store, catalog.url).upgrade_catalog() == CatalogUpgrade(4, 0)
     reopened = Catalog(catalog.store, catalog.url)

@@ -211,7 +211,7 @@ class Catalog:
         partitions get their assigned_end (where their sections end) and sections their file's level; then
         `sections_by_partition` is built again (schema 9's, over the sections above L0), and on PostgreSQL the sections
         table is made again in schema 9's layout; then `partition_summaries` is filled (from 7, where it lacks l1_bytes,
-        made again and filled). No manifest version is made, the store is not touched. Returns what was done; None
+        made again and filled); and from 9, each row counts its partition's entries in `sections_by_partition`. No manifest version is made, the store is not touched. Returns what was done; None
         when the catalog is at SCHEMA_VERSION already. Another version is a CatalogSchemaError, and no cluster
         ClusterNotFoundError.
         Writers of the older release must be stopped first: they would go on writing what readers then refuse."""
@@ -241,8 +241,12 @@ class Catalog:
                     _index_sections_above_l0(connection)
                 if found == 7:  # schema 7's summaries lack l1_bytes; derived from the sections, they are summed up again
                     s.partition_summaries.drop(connection)
-                _lay_sections_out(connection)
-                _summarize_partitions(connection)
+                if found in (8, 9):
+                    connection.exec_driver_sql("ALTER TABLE partition_summaries ADD COLUMN indexed BIGINT DEFAULT 0 NOT NULL")
+                if found < 9:
+                    _lay_sections_out(connection)
+                    _summarize_partitions(connection)
+                summaries.count_indexed(connection)
                 connection.execute(update(s.catalog_info).values(schema_version=s.SCHEMA_VERSION))
         log.info("catalog %s upgraded from schema %d to %d: %d section rows rewritten", self._shown_url, found,
                  s.SCHEMA_VERSION, rewritten)
@@ -1027,6 +1031,7 @@ class Catalog:
             ids = connection.execute(
                 select(s.files.c.file_id).where(self._one_of(s.files.c.key, keys), s.files.c.removed_version.is_not(None))
             ).scalars().all()
+            summaries.forget(connection, ids)
             connection.execute(delete(s.sections).where(self._one_of(s.sections.c.file_id, ids)))
             connection.execute(delete(s.leases).where(self._one_of(s.leases.c.file_id, ids)))
             connection.execute(delete(s.files).where(self._one_of(s.files.c.file_id, ids)))

@@ -37,13 +37,14 @@ from sqlalchemy import (
 
 # Bump on any change to the tables below or to what their columns hold; a database of another version is refused
 # (CatalogSchemaError), but for UPGRADABLE_FROM, which `Catalog.upgrade_catalog` brings to this one.
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 # What `Catalog.upgrade_catalog` brings to SCHEMA_VERSION, step by step. Schema 3 stored `sections.crc32` raw (the
 # format's CRC, unbound); schema 4 had no log start offsets, no deleted topics and none of the Kafka agents' tables;
 # schema 5 had no sections.level nor partitions.assigned_end, and every section in `sections_by_partition`; schema 6
 # had no partition_summaries; schema 7's had no l1_bytes; schema 8's sections rows were laid out wider on PostgreSQL
-# (in `SECTION_ROW` order, record_count and tombstones 64-bit) and `sections_by_partition` had no first offset.
-UPGRADABLE_FROM = (3, 4, 5, 6, 7, 8)
+# (in `SECTION_ROW` order, record_count and tombstones 64-bit) and `sections_by_partition` had no first offset; schema
+# 9's partition_summaries did not count their partitions' entries in it (`indexed`).
+UPGRADABLE_FROM = (3, 4, 5, 6, 7, 8, 9)
 
 # SQLite gives auto-numbered keys only to INTEGER PRIMARY KEY (the rowid); PostgreSQL wants BIGINT.
 Identity64 = BigInteger().with_variant(Integer(), "sqlite")
@@ -214,6 +215,9 @@ partition_summaries = Table(
     Column("others_min_timestamp", BigInteger),  # NULL: the base is the only section
     Column("newest_file_ms", BigInteger),
     Column("key_sketch", LargeBinary),
+    # The partition's entries in `sections_by_partition`: its sections above L0, live or not, until gc forgets their
+    # files. A read of the partition through the index passes each (`summaries.read_through_files` weighs them).
+    Column("indexed", BigInteger, nullable=False, server_default="0"),
     sqlite_with_rowid=False,
 )
 

@@ -10,10 +10,11 @@ take the few hundred live L0 files as they are.
 
 A commit that only adds sections (an L0 to L1 copy, the most frequent) adds them to the rows. One that removes
 some (a merge above L1, a sweep, retention) reads the touched partitions' rows again from their live sections: in
-one grouped query per topic through `sections_by_partition`, and their key sketches; or, when they hold a good share
-of all live sections above L0, every such section through the live files (the index also holds the sections of
-removed files until gc forgets them: 1.7 s against 0.02 s for the WarpStream-like simulator's 1,000 partitions after
-0.1 h). A deleted topic's rows are emptied. Each row says the version that set it: a snapshot older than that reads the sections instead.
+one grouped query per topic through `sections_by_partition`, and their key sketches; or, when their entries in the
+index number a good share of all live sections above L0, every such section through the live files (the index also
+holds the sections of removed files until gc forgets them: 1.7 s against 0.02 s for the WarpStream-like simulator's
+1,000 partitions after 0.1 h). Each row counts its partition's entries in the index (`indexed`): commits add the
+sections above L0 they insert, gc takes off those it forgets. A deleted topic's rows are emptied. Each row says the version that set it: a snapshot older than that reads the sections instead.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
 import numpy as np
-from sqlalchemy import ColumnElement, Connection, Select, bindparam, case, func, select
+from sqlalchemy import ColumnElement, Connection, Select, bindparam, case, func, literal_column, select
 
 from logcompact import sketch
 from logcompact.catalog import schema as s
@@ -33,8 +34,9 @@ from logcompact.catalog.model import PartitionSummary
 Slot = tuple[int, int]
 _NO_TIMESTAMP = np.iinfo(np.int64).max
 # `summed_up` reads every live section above L0 through the live files, rather than the partitions' sections through
-# `sections_by_partition`, when the partitions asked for hold at least this share of them: the index also holds the
-# sections of removed files until gc forgets them, and a commit that reads them through it pays for every one.
+# `sections_by_partition`, when the index entries of the partitions asked for number at least this share of them: an
+# entry costs a read about four times a section read through its file, and the index also holds the sections of
+# removed files until gc forgets them (counted in each row's `indexed`).
 THROUGH_FILES_SHARE = 0.25
 
 
@@ -136,19 +138,49 @@ def settle(connection: Connection, removed: set[Slot], added: Mapping[Slot, Part
     for slot, summary in added.items():
         if slot not in removed:
             held[slot] = _add(held[slot], summary) if slot in held else summary
-    write(connection, {slot: held.get(slot) for slot in touched}, version)
+    indexed = {slot: summary.sections for slot, summary in added.items()}  # removed sections stay indexed until gc
+    write(connection, {slot: held.get(slot) for slot in touched}, version, indexed)
 
 
-def write(connection: Connection, rows: Mapping[Slot, PartitionSummary | None], version: int) -> None:
-    """Set the rows of partitions to their summaries (None: no section above L0), as of `version`."""
-    statement = upsert(connection, s.partition_summaries).values(
-        topic_id=bindparam("t"), partition=bindparam("p"), version=bindparam("v"), **{name: bindparam(name) for name in _COLUMNS}
+def write(connection: Connection, rows: Mapping[Slot, PartitionSummary | None], version: int, indexed: Mapping[Slot, int] | None = None) -> None:
+    """Set the rows of partitions to their summaries (None: no section above L0), as of `version`, and add `indexed`'s
+    count to each one's entries in `sections_by_partition` (the sections above L0 just inserted)."""
+    table = s.partition_summaries
+    statement = upsert(connection, table).values(
+        topic_id=bindparam("t"), partition=bindparam("p"), version=bindparam("v"), indexed=bindparam("i"),
+        **{name: bindparam(name) for name in _COLUMNS},
     )
     statement = statement.on_conflict_do_update(
-        index_elements=[s.partition_summaries.c.topic_id, s.partition_summaries.c.partition],
-        set_={name: statement.excluded[name] for name in ("version", *_COLUMNS)},
+        index_elements=[table.c.topic_id, table.c.partition],
+        set_={**{name: statement.excluded[name] for name in ("version", *_COLUMNS)}, "indexed": table.c.indexed + statement.excluded.indexed},
     )
-    execute_many(connection, statement, ("t", "p", "v", *_COLUMNS), [(*slot, version, *_values(summary)) for slot, summary in rows.items()])
+    added = indexed or {}
+    execute_many(connection, statement, ("t", "p", "v", "i", *_COLUMNS), [
+        (*slot, version, added.get(slot, 0), *_values(summary)) for slot, summary in rows.items()
+    ])
+
+
+def forget(connection: Connection, file_ids: Sequence[int]) -> None:
+    """Before gc deletes the sections rows of `file_ids`: their entries in `sections_by_partition` taken off their
+    partitions' counts."""
+    sec, rows = s.sections.c, s.partition_summaries.c
+    gone = connection.execute(
+        select(sec.topic_id, sec.partition, func.count()).where(one_of(sec.file_id, file_ids, connection.dialect.name), s.ABOVE_L0)
+        .group_by(sec.topic_id, sec.partition)
+    ).all()
+    statement = (
+        s.partition_summaries.update().where(rows.topic_id == bindparam("t"), rows.partition == bindparam("p"))
+        .values(indexed=case((rows.indexed > bindparam("n"), rows.indexed - bindparam("n")), else_=literal_column("0")))
+    )
+    execute_many(connection, statement, ("t", "p", "n"), [tuple(row) for row in gone])
+
+
+def count_indexed(connection: Connection) -> None:
+    """Every partition's entries in `sections_by_partition` counted from its sections (a catalog upgraded to schema 10)."""
+    sec, rows = s.sections.c, s.partition_summaries.c
+    counted = connection.execute(select(sec.topic_id, sec.partition, func.count()).where(s.ABOVE_L0).group_by(sec.topic_id, sec.partition)).all()
+    statement = s.partition_summaries.update().where(rows.topic_id == bindparam("t"), rows.partition == bindparam("p")).values(indexed=bindparam("n"))
+    execute_many(connection, statement, ("n", "t", "p"), [(count, topic_id, partition) for topic_id, partition, count in counted])
 
 
 def summed_up(connection: Connection, slots: Sequence[Slot]) -> dict[Slot, PartitionSummary]:
@@ -163,13 +195,15 @@ def summed_up(connection: Connection, slots: Sequence[Slot]) -> dict[Slot, Parti
 
 def read_through_files(connection: Connection, slots: Iterable[Slot]) -> bool:
     """Whether the live sections above L0 of `slots` are best read with all others through the live files
-    (`schema.through_live_files`): when they hold at least `THROUGH_FILES_SHARE` of them, as the rows count them."""
+    (`schema.through_live_files`): when the index entries a read of `slots` would pass (live sections and those of
+    removed files gc has yet to forget) number at least `THROUGH_FILES_SHARE` of all live sections above L0, as the
+    rows count them."""
     wanted = set(slots)
     if not wanted:
         return False
-    counted = connection.execute(select(_ROWS.topic_id, _ROWS.partition, _ROWS.sections)).all()
-    asked = sum(count for topic_id, partition, count in counted if (topic_id, partition) in wanted)
-    return asked >= THROUGH_FILES_SHARE * sum(count for _, _, count in counted)
+    counted = connection.execute(select(_ROWS.topic_id, _ROWS.partition, _ROWS.sections, _ROWS.indexed)).all()
+    passed = sum(max(live, indexed) for topic_id, partition, live, indexed in counted if (topic_id, partition) in wanted)
+    return passed >= THROUGH_FILES_SHARE * sum(live for _, _, live, _ in counted)
 
 
 def summed_up_by_partition(connection: Connection, slots: Sequence[Slot]) -> dict[Slot, PartitionSummary]:
