@@ -21,7 +21,7 @@ import bisect
 import json
 import re
 import uuid
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import repeat
 from typing import TYPE_CHECKING, Any, NamedTuple, get_type_hints
@@ -155,7 +155,7 @@ class Plan:
 
     def __post_init__(self) -> None:
         if not self.groups:
-            object.__setattr__(self, "groups", split_into_groups(lowest_offsets_and_bytes(self.inputs)[1], None))
+            object.__setattr__(self, "groups", split_into_groups(input_offsets(self.inputs).sizes, None))
 
     def output_key(self, content: str, sequence: int) -> str:
         return f"data/l{self.target_level}/{self.plan_id}-g{self.group:03d}-s{self.slice:03d}-{content}-{sequence:04d}.seg"
@@ -343,19 +343,18 @@ class Plan:
 _NO_OFFSET = 1 << 63  # a partition without an outside floor or a first uncleanable offset
 
 
-def lowest_outside(snapshot: Snapshot, inputs: Sequence[DataFile], partitions: set[TopicPartition]) -> dict[TopicPartition, int]:
+def lowest_outside(
+    snapshot: Snapshot, inputs: Sequence[DataFile], partitions: set[TopicPartition], held: dict[TopicPartition, int] | None = None
+) -> dict[TopicPartition, int]:
     """Per partition of `partitions`, the lowest offset held by a live file outside `inputs`: the outside floors of
     a plan, or of the plans, taking `inputs`. Above L0 it is the floor the catalog keeps (`Snapshot.floors_above_l0`)
-    unless the inputs hold it, or the snapshot is older than it: those partitions' sections are read. Below, the
-    live L0 files outside `inputs` are read: a few hundred at most."""
+    unless the inputs hold it (`held`: their lowest offsets above L0, when the caller has them), or the snapshot is
+    older than it: those partitions' sections are read. Below, the live L0 files outside `inputs` are read: a few
+    hundred at most."""
     if not partitions:
         return {}
-    held: dict[TopicPartition, int] = {}  # the inputs' own lowest offsets above L0
-    for data_file in inputs:
-        if data_file.level > 0:
-            for section in data_file.sections:
-                tp = (section.topic, section.partition)
-                held[tp] = min(section.first_offset, held.get(tp, _NO_OFFSET))
+    if held is None:
+        held = input_offsets(inputs).lowest_above_l0
     floors = snapshot.floors_above_l0(partitions)
     read = {tp for tp in partitions if tp not in floors or _held_floor(held.get(tp), floors[tp])}
     keys = [data_file.key for data_file in inputs]
@@ -488,15 +487,26 @@ def new_plan_id(now_ms: int) -> str:
 # -- groups ----------------------------------------------------------------------------------------------
 
 
-def lowest_offsets_and_bytes(inputs: Iterable[DataFile]) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
-    """Per topic-partition of `inputs`, its lowest first offset and the uncompressed bytes of its sections (what
-    groups are split by), in one pass: planners walk hundreds of thousands of sections."""
+class InputOffsets(NamedTuple):
+    """What planners take from a plan's inputs, per topic-partition (`input_offsets`)."""
+
+    lowest: dict[TopicPartition, int]  # the lowest first offset of its sections
+    sizes: dict[TopicPartition, int]  # their uncompressed bytes (what groups are split by)
+    lowest_above_l0: dict[TopicPartition, int]  # the lowest first offset of its sections above L0
+    young: dict[TopicPartition, int]  # the first offset of the first section holding a record newer than `young_after`'s
+
+
+def input_offsets(inputs: Iterable[DataFile], young_after: Mapping[str, int] | None = None) -> InputOffsets:
+    """`InputOffsets` of `inputs`, in one pass: planners walk hundreds of thousands of sections. `young_after`: per
+    topic with a min lag, the newest timestamp old enough to clean (none: `young` left empty)."""
     lowest: dict[TopicPartition, int] = {}
     sizes: dict[TopicPartition, int] = {}
-    held = lowest.get
+    above: dict[TopicPartition, int] = {}
+    young: dict[TopicPartition, int] = {}
+    held, cut = lowest.get, (young_after or {}).get
     for data_file in inputs:
-        for section in data_file.sections:
-            info, first = section.info, section.first_offset
+        upper = data_file.level > 0
+        for info, first in data_file.sections:
             tp = (info.topic, info.partition)
             low = held(tp)
             if low is None:
@@ -505,12 +515,18 @@ def lowest_offsets_and_bytes(inputs: Iterable[DataFile]) -> tuple[dict[TopicPart
                 if first < low:
                     lowest[tp] = first
                 sizes[tp] += info.uncompressed_bytes
-    return lowest, sizes
+            if upper and first < above.get(tp, _NO_OFFSET):
+                above[tp] = first
+            newest = cut(info.topic)
+            if newest is not None and info.max_timestamp > newest and first < young.get(tp, _NO_OFFSET):
+                young[tp] = first
+    return InputOffsets(lowest, sizes, above, young)
+
 
 
 def split_into_groups(sizes: dict[TopicPartition, int], group_bytes: int | None) -> tuple[PlanGroup, ...]:
     """Groups of whole partitions in (topic, partition) order, each holding at most about `group_bytes` of the
-    inputs' sections, uncompressed (`sizes`, from `lowest_offsets_and_bytes`; a partition larger than that is a group of
+    inputs' sections, uncompressed (`sizes`, from `input_offsets`; a partition larger than that is a group of
     its own). None: one group of every partition."""
     runs: list[list[TopicPartition]] = []
     total = 0

@@ -194,7 +194,7 @@ class Snapshot:
             select(files.file_id, files.key, files.level, files.size, files.created_ms).where(*conditions).order_by(files.file_id)
         ).all()
         section_rows = connection.execute(
-            select(*s.SECTION_ROW_COLUMNS).join(s.files, files.file_id == sec.file_id).where(*conditions, self._planned_section())
+            select(*_LOADED_COLUMNS).join(s.files, files.file_id == sec.file_id).where(*conditions, self._planned_section())
             .order_by(sec.file_id, sec.byte_offset, sec.first_row)
         ).all()
         names = {topic_id: name for name, topic_id in self.topic_ids.items()}
@@ -756,6 +756,11 @@ def _damaged_row(topic: str, partition: int, key: str, section: CatalogSection, 
     )
     error.key = key
     return error
+
+
+# The sections columns `_section` reads, in `schema.SECTION_ROW` order: each column fetched costs a planner reading
+# 400,000 rows about 0.03 s.
+_LOADED_COLUMNS = s.SECTION_ROW_COLUMNS[: s.SECTION_ROW.index("key_sketch") + 1]
 
 
 def _section(row, names: dict[int, str]) -> CatalogSection:

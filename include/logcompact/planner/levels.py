@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from typing import TypeVar
 
 from logcompact.catalog import DataFile, FileSummary, Snapshot
-from logcompact.plan import MAX_LEVEL, Plan, TopicPartition, lowest_offsets_and_bytes, lowest_outside, new_plan_id, split_into_groups
+from logcompact.plan import MAX_LEVEL, Plan, TopicPartition, input_offsets, lowest_outside, new_plan_id, split_into_groups
 from logcompact.planner.config import PlannerConfig
 from logcompact.planner.dirty_ratio import ratio_plan_files
 
@@ -118,19 +118,25 @@ def make_plans(
     planned = [key for keys, _ in chosen for key in keys]
     files = loaded if loaded is not None else snapshot.get_files(planned)
     inputs = [tuple(files[key] for key in keys) for keys, _ in chosen]
-    lowest, sizes = zip(*map(lowest_offsets_and_bytes, inputs))
+    # Per topic with a min lag, the newest timestamp old enough to clean: sections with a newer record are young,
+    # judged by section as the catalog's (`Snapshot.first_uncleanable_offsets`); within its own inputs the engine
+    # finds the first such record.
+    young_after = {name: now_ms - topic.config.min_compaction_lag_ms for name, topic in snapshot.topics.items() if topic.config.min_compaction_lag_ms > 0}
+    offsets = [input_offsets(plan_inputs, young_after) for plan_inputs in inputs]
+    lowest = [o.lowest for o in offsets]
     partitions = set().union(*lowest)
-    outside = lowest_outside(snapshot, [files[key] for key in planned], partitions)
+    held_above_l0 = _lowest_of(partitions, *(o.lowest_above_l0 for o in offsets))
+    outside = lowest_outside(snapshot, [files[key] for key in planned], partitions, held_above_l0)
     # A plan's own inputs are never outside it; the other plans' inputs are: what their lowest offsets (floors)
     # and young sections (Kafka's first uncleanable offset) say counts for it, as the files no plan takes do.
     floors_elsewhere = _lowest_elsewhere(lowest, lowest)
     young_outside = snapshot.first_uncleanable_offsets(partitions, now_ms, excluding=planned)
-    young_elsewhere = _lowest_elsewhere([_young_sections(snapshot, plan_inputs, now_ms) for plan_inputs in inputs], lowest)
+    young_elsewhere = _lowest_elsewhere([o.young for o in offsets], lowest)
     plans = []
-    for number, ((_keys, target_level), offsets) in enumerate(zip(chosen, lowest)):
-        floors = _lowest_of(offsets, floors_elsewhere[number], outside)
-        young = _lowest_of(offsets, young_elsewhere[number], young_outside)
-        topics = sorted({topic for topic, _ in offsets})
+    for number, ((_keys, target_level), of_plan) in enumerate(zip(chosen, offsets)):
+        floors = _lowest_of(of_plan.lowest, floors_elsewhere[number], outside)
+        young = _lowest_of(of_plan.lowest, young_elsewhere[number], young_outside)
+        topics = sorted({topic for topic, _ in of_plan.lowest})
         plans.append(Plan(
             plan_id=new_plan_id(now_ms),
             cluster_id=snapshot.cluster_id,
@@ -143,7 +149,7 @@ def make_plans(
             topics={name: snapshot.topics[name] for name in topics},
             outside_floors=floors,
             first_uncleanable=young,
-            groups=split_into_groups(sizes[number], config.group_bytes),
+            groups=split_into_groups(of_plan.sizes, config.group_bytes),
             buffer_bytes=config.buffer_bytes,
             target_file_bytes=config.target_file_bytes,
             max_partition_bytes=config.max_partition_bytes,
@@ -178,27 +184,13 @@ def _lowest_elsewhere(per_plan: Sequence[dict[TopicPartition, int]], wanted: Seq
     return elsewhere
 
 
-def _lowest_of(partitions: dict[TopicPartition, int], *sources: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+def _lowest_of(partitions: Iterable[TopicPartition], *sources: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
     """Per partition of `partitions`, the lowest offset any of `sources` holds (partitions none holds are left out)."""
     found = {}
     for tp in partitions:
         lowest = min((source[tp] for source in sources if tp in source), default=None)
         if lowest is not None:
             found[tp] = lowest
-    return found
-
-
-def _young_sections(snapshot: Snapshot, inputs: Sequence[DataFile], now_ms: int) -> dict[TopicPartition, int]:
-    """Per partition whose topic sets min.compaction.lag.ms, the first offset of the first of `inputs`' sections
-    holding a record within the lag: what another plan's inputs protect, judged by section as the catalog's
-    (`Snapshot.first_uncleanable_offsets`); within its own inputs the engine finds the first such record."""
-    found: dict[TopicPartition, int] = {}
-    for data_file in inputs:
-        for section in data_file.sections:
-            lag = snapshot.topics[section.topic].config.min_compaction_lag_ms
-            if lag > 0 and section.info.max_timestamp > now_ms - lag:
-                tp = (section.topic, section.partition)
-                found[tp] = min(found.get(tp, _NO_OFFSET), section.first_offset)
     return found
 
 
