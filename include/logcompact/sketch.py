@@ -90,6 +90,11 @@ def merge_by_group(groups: np.ndarray, packed: Sequence[bytes], count: int) -> l
     """Packed sketches of `count` groups, each the merge of the `packed[i]` whose `groups[i]` it is (b"" for a
     group without keys): a commit's thousand partitions' sketches in the same two vectorized steps as
     `merge_packed`, not a merge per partition."""
+    return [encode(row) for row in registers_by_group(groups, packed, count)]
+
+
+def registers_by_group(groups: np.ndarray, packed: Sequence[bytes], count: int) -> np.ndarray:
+    """`merge_by_group`'s registers, a row per group (all zero for a group without keys)."""
     registers = np.zeros((count, REGISTERS), dtype=np.uint8)
     lengths = np.fromiter(map(len, packed), dtype=np.int64, count=len(packed))
     full = lengths == REGISTERS
@@ -101,7 +106,7 @@ def merge_by_group(groups: np.ndarray, packed: Sequence[bytes], count: int) -> l
         pairs = np.frombuffer(b"".join(p for p, pair in zip(packed, paired.tolist()) if pair), dtype=np.uint8).reshape(-1, 2)
         owners = np.repeat(groups[paired].astype(np.int64), lengths[paired] // 2)
         np.maximum.at(registers.reshape(-1), owners * REGISTERS + pairs[:, 0], pairs[:, 1])
-    return [encode(row) for row in registers]
+    return registers
 
 
 def estimate(registers: np.ndarray) -> float:

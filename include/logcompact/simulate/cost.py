@@ -16,13 +16,14 @@ for the commit. `tests/test_simulate.py` checks this model against real engine r
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import itemgetter
 
 import numpy as np
 
 from logcompact import sketch
 from logcompact.catalog import CatalogSection, DataFile
 from logcompact.format.layout import SectionInfo
-from logcompact.plan import Plan, TopicPartition
+from logcompact.plan import Plan, TopicPartition, input_offsets
 
 # What a section costs in a file beyond its records' bytes: its footer entry and its share of a block's framing
 # (bench/partitions.py measures 63 to 68 bytes for 3-record sections in files of 1,000 and 10,000 partitions).
@@ -42,95 +43,103 @@ class JobCost:
     puts: int
 
 
-@dataclass
-class _Partition:
-    """What a plan's inputs hold of one partition."""
-
-    records: int = 0
-    bytes: float = 0.0
-    sections: int = 0
-    uncompressed_bytes: int = 0
-    first: int = 1 << 62
-    last: int = -1
-    min_timestamp: int = 1 << 62
-    max_timestamp: int = -(1 << 62)
-    registers: np.ndarray | None = None
-
-    def add(self, section: CatalogSection, share_bytes: float) -> None:
-        info = section.info
-        self.records += info.record_count
-        self.bytes += share_bytes
-        self.sections += 1
-        self.uncompressed_bytes += info.uncompressed_bytes
-        self.first = min(self.first, section.first_offset)
-        self.last = max(self.last, section.last_offset)
-        self.min_timestamp = min(self.min_timestamp, info.min_timestamp)
-        self.max_timestamp = max(self.max_timestamp, info.max_timestamp)
-        if info.key_sketch:
-            registers = sketch.decode(info.key_sketch)
-            self.registers = registers if self.registers is None else np.maximum(self.registers, registers)
+_NEVER = 1 << 62
+_FIELD = {name: number for number, name in enumerate(SectionInfo._fields)}
 
 
 def first_uncleanable(plan: Plan) -> dict[TopicPartition, int]:
     """Per partition of a compacted topic with min.compaction.lag.ms, the plan's first uncleanable offset lowered to
     its first input section holding a record within the lag; partitions with neither are left out."""
     found = {tp: offset for tp, offset in plan.first_uncleanable.items() if plan.topics[tp[0]].config.compacted}
-    for data_file in plan.inputs:
-        for section in data_file.sections:
-            config = plan.topics[section.topic].config
-            if config.compacted and config.min_compaction_lag_ms > 0 and section.info.max_timestamp > plan.now_ms - config.min_compaction_lag_ms:
-                tp = (section.topic, section.partition)
-                found[tp] = min(found.get(tp, section.first_offset), section.first_offset)
+    young_after = {
+        name: plan.now_ms - topic.config.min_compaction_lag_ms
+        for name, topic in plan.topics.items() if topic.config.compacted and topic.config.min_compaction_lag_ms > 0
+    }
+    if young_after:
+        for tp, first in input_offsets(plan.inputs, young_after).young.items():
+            found[tp] = min(found.get(tp, first), first)
     return found
 
 
 def estimate_job(plan: Plan) -> JobCost:
+    """What `plan` would write and request. Its inputs' sections are summed up per (partition, young) column-wise:
+    a simulated hour estimates millions of them."""
     cuts = first_uncleanable(plan)
-    by_partition: dict[tuple[str, int, bool], _Partition] = {}  # (topic, partition, young)
+    sections = [section for data_file in plan.inputs for section in data_file.sections]
+    infos = [info for info, _ in sections]
+    count = len(sections)
+
+    def column(name: str) -> np.ndarray:
+        return np.fromiter(map(itemgetter(_FIELD[name]), infos), np.int64, count)
+
+    ranks = {name: rank for rank, name in enumerate(sorted(plan.topics))}
+    first = np.fromiter(map(itemgetter(1), sections), np.int64, count)
+    partition = column("partition")
+    young = np.fromiter(
+        (offset >= cuts.get((info.topic, info.partition), _NEVER) for info, offset in sections), bool, count
+    ) if cuts else np.zeros(count, bool)
+    # Sorted as (topic, partition, young) tuples sort; a stable sort keeps each group's sections in input order.
+    codes = (np.fromiter((ranks[info.topic] for info in infos), np.int64, count) << 33) | (partition << 1) | young
+    order = np.argsort(codes, kind="stable")
+    starts = np.flatnonzero(np.concatenate(([True], codes[order][1:] != codes[order][:-1]))) if count else np.zeros(0, np.int64)
+    groups = len(starts)
+    group = np.empty(count, np.int64)
+    group[order] = np.repeat(np.arange(groups), np.diff(np.append(starts, count)))
+    # A section's share of its file's bytes, and their sums, in Python's floats and order, as the model defines them.
+    shares: list[float] = []
     for data_file in plan.inputs:
-        uncompressed = sum(s.info.uncompressed_bytes for s in data_file.sections)
-        for section in data_file.sections:
-            share = data_file.size * section.info.uncompressed_bytes / uncompressed if uncompressed else data_file.size / len(data_file.sections)
-            young = section.first_offset >= cuts.get((section.topic, section.partition), 1 << 62)
-            found = by_partition.get((section.topic, section.partition, young))
-            if found is None:
-                found = by_partition[(section.topic, section.partition, young)] = _Partition()
-            found.add(section, share)
+        within = [info.uncompressed_bytes for info, _ in data_file.sections]
+        total = sum(within)
+        shares.extend(data_file.size * size / total if total else data_file.size / len(within) for size in within)
+    ordered_shares = [shares[n] for n in order.tolist()]
+    bounds = [*starts.tolist(), count]
+    shared = [sum(ordered_shares[bounds[g]:bounds[g + 1]]) for g in range(groups)]
+
+    def summed(values: np.ndarray, ufunc: np.ufunc = np.add) -> list[int]:
+        return ufunc.reduceat(values[order], starts).tolist() if groups else []
+
+    records, uncompressed = summed(column("record_count")), summed(column("uncompressed_bytes"))
+    firsts, lasts = summed(first, np.minimum), summed(first + column("last_delta"), np.maximum)
+    min_timestamps, max_timestamps = summed(column("min_timestamp"), np.minimum), summed(column("max_timestamp"), np.maximum)
+    registers = sketch.registers_by_group(group, [info.key_sketch for info in infos], groups)
     files: dict[str, list[list[CatalogSection]]] = {"compacted": [[]], "other": [[]], "young": [[]]}
     sizes = {"compacted": 0, "other": 0, "young": 0}
     records_out = bytes_out = 0
-    for (topic, partition, young), held in sorted(by_partition.items()):
+    names = sorted(plan.topics)
+    for g, code in enumerate(codes[order][starts].tolist()):
+        topic, number, is_young = names[code >> 33], (code >> 1) & 0xFFFFFFFF, bool(code & 1)
         compacted = plan.topics[topic].config.compacted
-        deduplicated = plan.deduplicate and compacted and not young
-        kept = held.records
-        if deduplicated and held.registers is not None:
-            kept = max(1, min(held.records, round(sketch.estimate(held.registers))))
-        fraction = kept / held.records if held.records else 0.0
-        payload = max(0.0, held.bytes - held.sections * SECTION_OVERHEAD_BYTES)
+        deduplicated = plan.deduplicate and compacted and not is_young
+        has_keys = bool(registers[g].any())
+        held = records[g]
+        kept = held
+        if deduplicated and has_keys:
+            kept = max(1, min(held, round(sketch.estimate(registers[g]))))
+        fraction = kept / held if held else 0.0
+        payload = max(0.0, shared[g] - (bounds[g + 1] - bounds[g]) * SECTION_OVERHEAD_BYTES)
         out_bytes = round(payload * fraction) + SECTION_OVERHEAD_BYTES
         records_out += kept
         bytes_out += out_bytes
-        content = "young" if young else "compacted" if compacted else "other"
+        content = "young" if is_young else "compacted" if compacted else "other"
         if sizes[content] >= plan.target_file_bytes:
             files[content].append([])
             sizes[content] = 0
-        span = held.last - held.first
+        span = lasts[g] - firsts[g]
         info = SectionInfo(
-            topic=topic, partition=partition, record_count=kept, last_delta=span, min_timestamp=held.min_timestamp,
-            max_timestamp=held.max_timestamp, tombstones=0, uncompressed_bytes=round(held.uncompressed_bytes * fraction),
+            topic=topic, partition=number, record_count=kept, last_delta=span, min_timestamp=min_timestamps[g],
+            max_timestamp=max_timestamps[g], tombstones=0, uncompressed_bytes=round(uncompressed[g] * fraction),
             compression=plan.compression, crc32=0, byte_offset=sizes[content], byte_length=out_bytes,
             clean_below_delta=span + 1 if deduplicated else 0,
-            key_sketch=sketch.encode(held.registers) if held.registers is not None else b"",
+            key_sketch=sketch.encode(registers[g]) if has_keys else b"",
         )
-        files[content][-1].append(CatalogSection(info, held.first))
+        files[content][-1].append(CatalogSection(info, firsts[g]))
         sizes[content] += out_bytes
     outputs, young_outputs = [], set()
-    for content, groups in files.items():
-        for number, group in enumerate(g for g in groups if g):
+    for content, made in files.items():
+        for number, group_sections in enumerate(g for g in made if g):
             key = plan.output_key(content, number)
-            outputs.append(DataFile(key, plan.target_level, sum(s.info.byte_length for s in group), plan.now_ms, tuple(group)))
+            outputs.append(DataFile(key, plan.target_level, sum(s.info.byte_length for s in group_sections), plan.now_ms, tuple(group_sections)))
             if content == "young":
                 young_outputs.add(key)
-    records_in = sum(p.records for p in by_partition.values())
     gets = len(plan.inputs) * (2 if plan.deduplicate else 1)
-    return JobCost(outputs, young_outputs, cuts, records_in, records_out, sum(f.size for f in plan.inputs), bytes_out, gets, len(outputs) + 1)
+    return JobCost(outputs, young_outputs, cuts, sum(records), records_out, sum(f.size for f in plan.inputs), bytes_out, gets, len(outputs) + 1)
