@@ -598,9 +598,9 @@ def cluster_accept_catalog(ctx: Context) -> None:
 @cluster.command("upgrade-catalog")
 @pass_context
 def cluster_upgrade_catalog(ctx: Context) -> None:
-    """Upgrade a catalog of schema 3 to 8 to schema 9 in one transaction (docs/catalog.md says what each step
+    """Upgrade a catalog of schema 3 to 9 to schema 10 in one transaction (docs/catalog.md says what each step
     changes). Stop the older release's agents and compactions and back the database up first. On a catalog at
-    schema 9 there is nothing to do; another schema is refused."""
+    schema 10 there is nothing to do; another schema is refused."""
     upgrade = ctx.catalog.upgrade_catalog()
     if upgrade is None:
         _emit({"upgraded": False, "schema_version": SCHEMA_VERSION, "note": f"the catalog is at schema version {SCHEMA_VERSION}: nothing to do"})
