@@ -523,7 +523,6 @@ def input_offsets(inputs: Iterable[DataFile], young_after: Mapping[str, int] | N
     return InputOffsets(lowest, sizes, above, young)
 
 
-
 def split_into_groups(sizes: dict[TopicPartition, int], group_bytes: int | None) -> tuple[PlanGroup, ...]:
     """Groups of whole partitions in (topic, partition) order, each holding at most about `group_bytes` of the
     inputs' sections, uncompressed (`sizes`, from `input_offsets`; a partition larger than that is a group of

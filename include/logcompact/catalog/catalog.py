@@ -211,7 +211,8 @@ class Catalog:
         partitions get their assigned_end (where their sections end) and sections their file's level; then
         `sections_by_partition` is built again (schema 9's, over the sections above L0), and on PostgreSQL the sections
         table is made again in schema 9's layout; then `partition_summaries` is filled (from 7, where it lacks l1_bytes,
-        made again and filled); and from 9, each row counts its partition's entries in `sections_by_partition`. No manifest version is made, the store is not touched. Returns what was done; None
+        made again and filled); last, each row counts its partition's entries in `sections_by_partition` (a column
+        schema 8 and 9 lack). No manifest version is made, the store is not touched. Returns what was done; None
         when the catalog is at SCHEMA_VERSION already. Another version is a CatalogSchemaError, and no cluster
         ClusterNotFoundError.
         Writers of the older release must be stopped first: they would go on writing what readers then refuse."""
@@ -1026,15 +1027,20 @@ class Catalog:
             ).scalars())
 
     def forget_files(self, keys: Sequence[str]) -> None:
-        """Delete removed files' rows (their objects are gone); a live file is never forgotten."""
+        """Delete removed files' rows (their objects are gone); a live file is never forgotten. Their entries in the
+        partition index are taken off their partitions' counts last, holding the version row as every writer of
+        `partition_summaries` does (and in their order): the deletes, which no commit waits on, go first."""
         with self._writing() as connection:
             ids = connection.execute(
                 select(s.files.c.file_id).where(self._one_of(s.files.c.key, keys), s.files.c.removed_version.is_not(None))
             ).scalars().all()
-            summaries.forget(connection, ids)
+            forgotten = summaries.index_entries(connection, ids)
             connection.execute(delete(s.sections).where(self._one_of(s.sections.c.file_id, ids)))
             connection.execute(delete(s.leases).where(self._one_of(s.leases.c.file_id, ids)))
             connection.execute(delete(s.files).where(self._one_of(s.files.c.file_id, ids)))
+            if forgotten:
+                self._lock(connection)
+                summaries.forget(connection, forgotten)
 
     def known_files(self, keys: Sequence[str]) -> set[str]:
         """Which of `keys` the catalog has a row for, live or removed."""

@@ -455,9 +455,9 @@ class Snapshot:
 
     def _above_l0(self, connection: Connection, query: Select, slots: Iterable[tuple[int, int]], *picking: ColumnElement[bool]) -> Select:
         """`query` over the live sections above L0 of `slots` (topic id, partition): through `sections_by_partition`,
-        `picking` them; or, when they hold a good share of all live sections above L0 (`summaries.read_through_files`),
-        every one through the live files, which the index's sections of removed files do not slow down (the caller
-        picks its partitions from the rows)."""
+        `picking` them; or, when their entries in the index (removed files' sections too) number a good share of all
+        live sections above L0 (`summaries.read_through_files`), every one through the live files, which the index's
+        sections of removed files do not slow down (the caller picks its partitions from the rows)."""
         if summaries.read_through_files(connection, slots):
             return s.through_live_files(query, self.version)
         return query.where(s.ABOVE_L0, *picking)

@@ -160,19 +160,24 @@ def write(connection: Connection, rows: Mapping[Slot, PartitionSummary | None], 
     ])
 
 
-def forget(connection: Connection, file_ids: Sequence[int]) -> None:
-    """Before gc deletes the sections rows of `file_ids`: their entries in `sections_by_partition` taken off their
-    partitions' counts."""
-    sec, rows = s.sections.c, s.partition_summaries.c
-    gone = connection.execute(
+def index_entries(connection: Connection, file_ids: Sequence[int]) -> list[tuple[int, int, int]]:
+    """(topic id, partition, count) of the entries the sections of `file_ids` have in `sections_by_partition`, in
+    partition order: what `forget` takes off once gc deleted them."""
+    sec = s.sections.c
+    return [tuple(row) for row in connection.execute(
         select(sec.topic_id, sec.partition, func.count()).where(one_of(sec.file_id, file_ids, connection.dialect.name), s.ABOVE_L0)
-        .group_by(sec.topic_id, sec.partition)
-    ).all()
+        .group_by(sec.topic_id, sec.partition).order_by(sec.topic_id, sec.partition)
+    )]
+
+
+def forget(connection: Connection, entries: Sequence[tuple[int, int, int]]) -> None:
+    """Take gc's deleted entries (`index_entries`) off their partitions' counts. The caller holds the version row."""
+    rows = s.partition_summaries.c
     statement = (
         s.partition_summaries.update().where(rows.topic_id == bindparam("t"), rows.partition == bindparam("p"))
         .values(indexed=case((rows.indexed > bindparam("n"), rows.indexed - bindparam("n")), else_=literal_column("0")))
     )
-    execute_many(connection, statement, ("t", "p", "n"), [tuple(row) for row in gone])
+    execute_many(connection, statement, ("t", "p", "n"), entries)
 
 
 def count_indexed(connection: Connection) -> None:
@@ -185,9 +190,10 @@ def count_indexed(connection: Connection) -> None:
 
 def summed_up(connection: Connection, slots: Sequence[Slot]) -> dict[Slot, PartitionSummary]:
     """The summaries of `slots` read from their live sections above L0, every key sketch merged (partitions with
-    none left out). The partitions' sections are read through `sections_by_partition` unless they hold a good share
-    (`THROUGH_FILES_SHARE`) of all live sections above L0, as their rows counted them: then every live section above
-    L0 is read through the live files, whose number does not grow with the removed files gc has yet to forget."""
+    none left out). The partitions' sections are read through `sections_by_partition` unless their entries there
+    number a good share (`THROUGH_FILES_SHARE`) of all live sections above L0, as their rows count them
+    (`read_through_files`): then every live section above L0 is read through the live files, whose number does not
+    grow with the removed files gc has yet to forget."""
     if read_through_files(connection, slots):
         return summed_up_through_files(connection, slots)
     return summed_up_by_partition(connection, slots)

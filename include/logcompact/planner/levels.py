@@ -125,7 +125,10 @@ def make_plans(
     offsets = [input_offsets(plan_inputs, young_after) for plan_inputs in inputs]
     lowest = [o.lowest for o in offsets]
     partitions = set().union(*lowest)
-    held_above_l0 = _lowest_of(partitions, *(o.lowest_above_l0 for o in offsets))
+    held_above_l0: dict[TopicPartition, int] = {}
+    for of_plan in offsets:
+        for tp, first in of_plan.lowest_above_l0.items():
+            held_above_l0[tp] = min(first, held_above_l0.get(tp, first))
     outside = lowest_outside(snapshot, [files[key] for key in planned], partitions, held_above_l0)
     # A plan's own inputs are never outside it; the other plans' inputs are: what their lowest offsets (floors)
     # and young sections (Kafka's first uncleanable offset) say counts for it, as the files no plan takes do.
@@ -184,7 +187,7 @@ def _lowest_elsewhere(per_plan: Sequence[dict[TopicPartition, int]], wanted: Seq
     return elsewhere
 
 
-def _lowest_of(partitions: Iterable[TopicPartition], *sources: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+def _lowest_of(partitions: dict[TopicPartition, int], *sources: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
     """Per partition of `partitions`, the lowest offset any of `sources` holds (partitions none holds are left out)."""
     found = {}
     for tp in partitions:
