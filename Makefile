@@ -60,6 +60,7 @@ bench: install deps
 	$(BIN)/python bench/status.py
 	$(BIN)/python bench/catalog.py
 	$(BIN)/python bench/spark_dedup.py
+	$(BIN)/python bench/simulator.py --hours 1
 	$(BIN)/python bench/regime.py --seconds 120 --find-load
 	$(BIN)/python bench/regime.py --agents 3 --seconds 600
 
