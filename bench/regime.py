@@ -26,7 +26,10 @@ It prints, every 30 s, the live files per level (the L0 backlog first), the file
 the compaction lag and the appends so far; then the appends asked and achieved (per second; one append is one
 interval's records of an agent, committed within the window, a file when the agent keeps up), the latency
 from produce to commit p50/p99/max (what a Kafka producer waits: up to the flush interval, then the write and
-commit), the L0 files committed, the compactions committed, the catalog's size, CPU per process group (agents, compactors, the
+commit), the L0 files committed, the compactions committed, how long the agents' and the compactors' write
+transactions took from BEGIN to COMMIT (on SQLite the one writer's lock is held throughout: a compaction's holds
+every append back; issue 21 asks that none hold appends back for more than a flush interval), the catalog's size,
+CPU per process group (agents, compactors, the
 database server, this monitor; SQLite's work is inside the agents and compactors) and, on PostgreSQL, what its
 sessions in a statement or a transaction were doing (sampled each second: on CPU, waiting on a lock or the WAL,
 or waiting for their client mid-transaction), and a verdict: the regime holds when the appends achieved are at
@@ -72,7 +75,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pyarrow as pa
-from sqlalchemy import text
+from sqlalchemy import event, text
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "include"))
@@ -80,6 +83,7 @@ sys.path.insert(0, str(REPO / "include"))
 from postgres_server import ThrowAwayPostgres
 
 from logcompact.catalog import Catalog
+from logcompact.catalog.database import WRITE
 from logcompact.exceptions import CommitConflictError
 from logcompact.format.layout import HEADERS_TYPE
 from logcompact.format.xxh3 import compile_hasher
@@ -141,8 +145,32 @@ def topic_names() -> list[str]:
     return [f"regime-{n}" for n in range(TOPICS)]
 
 
+def _timed_writes(catalog: Catalog, start_at: float, seconds: float) -> list[float]:
+    """The milliseconds each write transaction of this process's catalog takes, from its BEGIN (IMMEDIATE on SQLite,
+    where it holds the one writer's lock from there) to its COMMIT, for those that begin within the window."""
+    held: list[float] = []
+
+    @event.listens_for(catalog.engine, "begin")
+    def _began(connection) -> None:
+        if connection.get_execution_options().get(WRITE) and start_at <= time.time() < start_at + seconds:
+            connection.info["write_began"] = time.perf_counter()
+
+    @event.listens_for(catalog.engine, "commit")
+    def _committed(connection) -> None:
+        began = connection.info.pop("write_began", None)
+        if began is not None:
+            held.append(1000 * (time.perf_counter() - began))
+
+    @event.listens_for(catalog.engine, "rollback")
+    def _rolled_back(connection) -> None:
+        connection.info.pop("write_began", None)
+
+    return held
+
+
 def _agent_process(root: str, url: str | None, number: int, load: Load, start_at: float, seconds: float, out) -> None:
     catalog = Catalog(LocalStore(root), url)
+    writes = _timed_writes(catalog, start_at, seconds)
     per_topic = load.partitions // TOPICS
     partitions = np.arange(per_topic, dtype=np.int64)
     keys = [pa.array([b"key-%03d" % k] * per_topic, pa.binary()) for k in range(KEYS)]
@@ -185,14 +213,15 @@ def _agent_process(root: str, url: str | None, number: int, load: Load, start_at
         print(f"agent {number}: {exc}", file=sys.stderr)
     failures += sum(1 for future in pending if future.exception() is not None)
     done = [(produced, max(committed)) for produced, committed in ticks if len(committed) == TOPICS and not any(map(math.isnan, committed))]
-    out.put(("agent", number, {"ticks": done, "failures": failures, "files": agent.files_written}))
+    out.put(("agent", number, {"ticks": done, "failures": failures, "files": agent.files_written, "writes_ms": writes}))
 
 
 def _compactor_process(root: str, url: str | None, number: int, start_at: float, seconds: float, out) -> None:
     importlib.import_module("logcompact.engine.cleaner")  # the engine (numba) loads before the clock starts
     catalog = Catalog(LocalStore(root), url)
+    writes = _timed_writes(catalog, start_at, seconds)
     config = PlannerConfig()
-    figures = {"plans": 0, "inputs": 0, "max_lag_plans": 0, "conflicts": 0, "failures": 0, "busy_s": 0.0}
+    figures = {"plans": 0, "inputs": 0, "max_lag_plans": 0, "conflicts": 0, "failures": 0, "busy_s": 0.0, "writes_ms": writes}
     time.sleep(max(0.0, start_at - time.time()))
     end = time.monotonic() + seconds
     next_max_lag_pass = time.monotonic() if number == 0 else float("inf")
@@ -275,6 +304,7 @@ class Figures:
     files: int = 0  # L0 files the agents committed
     failures: int = 0
     latencies_ms: list[float] = field(default_factory=list)  # per tick: produce to commit
+    agent_writes_ms: list[float] = field(default_factory=list)  # per write transaction of the agents: BEGIN to COMMIT
     compactors: list[dict] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
     lags: list[Lag] = field(default_factory=list)
@@ -454,6 +484,7 @@ def run(name: str, url: str | None, store_root: Path, load: Load, seconds: float
             figures.latencies_ms += [1000 * (committed - produced) for produced, committed in result["ticks"]]
             figures.files += result["files"]
             figures.failures += result["failures"]
+            figures.agent_writes_ms += result["writes_ms"]
         else:
             figures.compactors.append(result)
     figures.catalog_bytes, figures.wal_bytes, figures.live_files, figures.live_sections, figures.section_rows = catalog_size(catalog)
@@ -541,6 +572,9 @@ def report(f: Figures) -> None:
     print(f"  compactions: {plans} regular plans committed ({sum(c['inputs'] for c in f.compactors):,} files in), "
           f"{sum(c['max_lag_plans'] for c in f.compactors)} max-lag plans, {sum(c['conflicts'] for c in f.compactors)} lease conflicts, "
           f"{sum(c['failures'] for c in f.compactors)} failures; compactors busy {busy} of the time")
+    compactor_writes = [ms for c in f.compactors for ms in c["writes_ms"]]
+    print(f"  write transactions, BEGIN to COMMIT (on SQLite the one writer held throughout): agents' {_spread(f.agent_writes_ms)}; "
+          f"compactors' {_spread(compactor_writes)}")
     (middle, last), (low_middle, low_last) = f.backlog_peaks(), f.backlog_troughs()
     backlog = [s.levels.get(0, 0) for s in f.samples]
     print(f"  L0 backlog (live L0 files): median {statistics.median(backlog) if backlog else 0:,.0f}; over the middle third, then "
@@ -565,6 +599,14 @@ def report(f: Figures) -> None:
         f"{what} {'ok' if ok else 'MISSED'}" for what, ok in f.checks()))
     if not f.holds():
         print(f"  bound by {f.binding()}")
+
+
+def _spread(milliseconds: list[float]) -> str:
+    if not milliseconds:
+        return "none"
+    ordered = sorted(milliseconds)
+    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+    return f"{len(ordered):,}, p50 {statistics.median(ordered):,.1f} ms, p99 {p99:,.1f} ms, max {ordered[-1]:,.1f} ms"
 
 
 # -- main ---------------------------------------------------------------------------------------------------------
