@@ -160,14 +160,14 @@ def write(connection: Connection, rows: Mapping[Slot, PartitionSummary | None], 
     ])
 
 
-def index_entries(connection: Connection, file_ids: Sequence[int]) -> list[tuple[int, int, int]]:
-    """(topic id, partition, count) of the entries the sections of `file_ids` have in `sections_by_partition`, in
-    partition order: what `forget` takes off once gc deleted them."""
+def index_entries(connection: Connection, file_ids: Sequence[int] | None = None) -> list[tuple[int, int, int]]:
+    """(topic id, partition, count) of the entries the sections of `file_ids` (of every file, without them) have in
+    `sections_by_partition`, in partition order: what `forget` takes off once gc deleted them."""
     sec = s.sections.c
-    return [tuple(row) for row in connection.execute(
-        select(sec.topic_id, sec.partition, func.count()).where(one_of(sec.file_id, file_ids, connection.dialect.name), s.ABOVE_L0)
-        .group_by(sec.topic_id, sec.partition).order_by(sec.topic_id, sec.partition)
-    )]
+    query = select(sec.topic_id, sec.partition, func.count()).where(s.ABOVE_L0)
+    if file_ids is not None:
+        query = query.where(one_of(sec.file_id, file_ids, connection.dialect.name))
+    return [tuple(row) for row in connection.execute(query.group_by(sec.topic_id, sec.partition).order_by(sec.topic_id, sec.partition))]
 
 
 def forget(connection: Connection, entries: Sequence[tuple[int, int, int]]) -> None:
@@ -182,10 +182,9 @@ def forget(connection: Connection, entries: Sequence[tuple[int, int, int]]) -> N
 
 def count_indexed(connection: Connection) -> None:
     """Every partition's entries in `sections_by_partition` counted from its sections (a catalog upgraded to schema 10)."""
-    sec, rows = s.sections.c, s.partition_summaries.c
-    counted = connection.execute(select(sec.topic_id, sec.partition, func.count()).where(s.ABOVE_L0).group_by(sec.topic_id, sec.partition)).all()
+    rows = s.partition_summaries.c
     statement = s.partition_summaries.update().where(rows.topic_id == bindparam("t"), rows.partition == bindparam("p")).values(indexed=bindparam("n"))
-    execute_many(connection, statement, ("n", "t", "p"), [(count, topic_id, partition) for topic_id, partition, count in counted])
+    execute_many(connection, statement, ("t", "p", "n"), index_entries(connection))
 
 
 def summed_up(connection: Connection, slots: Sequence[Slot]) -> dict[Slot, PartitionSummary]:

@@ -82,7 +82,8 @@ def estimate_job(plan: Plan) -> JobCost:
     # Sorted as (topic, partition, young) tuples sort; a stable sort keeps each group's sections in input order.
     codes = (np.fromiter((ranks[info.topic] for info in infos), np.int64, count) << 33) | (partition << 1) | young
     order = np.argsort(codes, kind="stable")
-    starts = np.flatnonzero(np.concatenate(([True], codes[order][1:] != codes[order][:-1]))) if count else np.zeros(0, np.int64)
+    ordered = codes[order]
+    starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1]))) if count else np.zeros(0, np.int64)
     groups = len(starts)
     group = np.empty(count, np.int64)
     group[order] = np.repeat(np.arange(groups), np.diff(np.append(starts, count)))
@@ -107,7 +108,7 @@ def estimate_job(plan: Plan) -> JobCost:
     sizes = {"compacted": 0, "other": 0, "young": 0}
     records_out = bytes_out = 0
     names = sorted(plan.topics)
-    for g, code in enumerate(codes[order][starts].tolist()):
+    for g, code in enumerate(ordered[starts].tolist()):
         topic, number, is_young = names[code >> 33], (code >> 1) & 0xFFFFFFFF, bool(code & 1)
         compacted = plan.topics[topic].config.compacted
         deduplicated = plan.deduplicate and compacted and not is_young
