@@ -8,13 +8,17 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from logcompact.catalog import Catalog
+from logcompact.catalog import Catalog, NewFile
+from logcompact.exceptions import CommitConflictError
+from logcompact.format.layout import SectionInfo
 from logcompact.ingest import Agent, Record
 from logcompact.jobs import run_and_commit
 from logcompact.planner import PlannerConfig, choose_plans
 from logcompact.simulate import LOGCOMPACT, RUNS, WARPSTREAM_LIKE, Simulation, Workload, compare
+from logcompact.simulate.catalog import MemoryCatalog
 from logcompact.simulate.cost import estimate_job
 from logcompact.simulate.report import table, write
+from logcompact.topics import Topic
 from tests.helpers import NOW, create_topic
 
 
@@ -78,3 +82,47 @@ def test_a_warpstream_like_cluster_follows_every_record_of_its_1000_partitions()
     # The live files hold records of every partition of every topic, each followed as its own partition.
     live_slots = np.unique(np.concatenate([c.slots for c in simulation.cohorts.values()]))
     assert live_slots.tolist() == list(range(1000))
+
+
+# Small levels (8 files), a big cluster from 24 files: merges into L2, L3 and L4, size tiers and a sweep in 2.5 hours.
+_SMALL_LEVELS = PlannerConfig(min_files=(8, 8, 8, 8), big_cluster_files=24, tier_min_files=4, target_file_bytes=200_000,
+                              max_lag_pass_interval_ms=3_600_000)
+
+
+@pytest.mark.parametrize("workload, config, sweep_every_ms", [
+    # Levels up to L4, tiers, the dirty ratio and a sweep, over 24 partitions with a min lag.
+    (Workload(agents=2, records_per_s=40, keys=20_000, key_skew=0.8, hours=2.5, min_lag_ms=600_000, max_lag_ms=7_200_000,
+              partitions=8, topics=3), _SMALL_LEVELS, 5_400_000),
+    # The ratio off: the max-lag pass plans.
+    (Workload(agents=2, records_per_s=80, keys=20_000, key_skew=0.8, hours=2.6, min_lag_ms=600_000, max_lag_ms=7_200_000,
+              partitions=8, topics=3, min_cleanable_dirty_ratio=1.0), LOGCOMPACT, 24 * 3_600_000),
+    # Files of 1,000 partitions.
+    (replace(WARPSTREAM_LIKE, hours=0.05), LOGCOMPACT, 24 * 3_600_000),
+], ids=["levels-tiers-sweep", "max-lag", "warpstream-like"])
+def test_the_catalog_in_memory_gives_every_figure_the_real_catalog_gives(workload: Workload, config: PlannerConfig, sweep_every_ms: int) -> None:
+    """The simulator runs on a catalog in memory; the same run on the real catalog (SQLite) must report the same
+    plans' figures to the last digit: files per level and duplicates at rest every 10 minutes, delays, requests."""
+    in_memory, real = (
+        Simulation("logcompact", workload, config, sweep_every_ms=sweep_every_ms, real_catalog=on_sqlite).run().to_dict()
+        for on_sqlite in (False, True)
+    )
+    assert in_memory["jobs"] > 0 and in_memory == real
+
+
+def test_the_catalog_in_memory_places_offsets_and_refuses_what_it_cannot_hold() -> None:
+    topic = Topic.create("t", 2, {"cleanup.policy": "compact"}, 0)
+    catalog = MemoryCatalog([topic])
+
+    def new_file(key: str, *counts: int) -> NewFile:
+        return NewFile(key, 1, 100, 0, tuple(
+            SectionInfo("t", partition, count, count - 1, 0, 0, 0, 10, "none", 0, 0, 10) for partition, count in enumerate(counts)
+        ))
+
+    catalog.append_files([new_file("a", 3, 5), new_file("b", 2, 1)], 0)
+    files = catalog.snapshot().get_files(["a", "b"])
+    assert [s.first_offset for s in files["a"].sections] == [0, 0] and [s.first_offset for s in files["b"].sections] == [3, 5]
+    with pytest.raises(CommitConflictError, match="found 1 of them gone"):
+        catalog.replace_files(["a", "gone"], [], 0)
+    assert set(catalog.snapshot().get_files(["a", "b"])) == {"a", "b"}  # nothing changed
+    with pytest.raises(ValueError, match="retention.ms"):
+        MemoryCatalog([Topic.create("d", 1, {"cleanup.policy": "delete", "retention.ms": "1000"}, 0)])

@@ -76,17 +76,18 @@ _SUMMED_COLUMNS = ("topic_id", "partition", "first_offset", "last_offset", "leve
 
 
 def _summed_columns(columns: Sequence[Sequence], at: Sequence[int], created_ms: np.ndarray, sketches: Sequence[bytes | None]) -> dict[Slot, PartitionSummary]:
-    """`_summed` of rows given column-wise, `at[i]` the position of `_SUMMED_COLUMNS[i]` among `columns`."""
+    """`of_columns` of rows given column-wise, `at[i]` the position of `_SUMMED_COLUMNS[i]` among `columns`."""
     topic_ids, partitions, first, last, level, size, records, min_timestamp, clean_below = (np.asarray(columns[n], dtype=np.int64) for n in at)
-    return _summed(topic_ids, partitions, first, level, size, records, min_timestamp, clean_below > last - first, created_ms, sketches)
+    return of_columns(topic_ids, partitions, first, level, size, records, min_timestamp, clean_below > last - first, created_ms, sketches)
 
 
-def _summed(
+def of_columns(
     topic_ids: np.ndarray, partitions: np.ndarray, first: np.ndarray, level: np.ndarray, size: np.ndarray, records: np.ndarray,
     min_timestamp: np.ndarray, clean: np.ndarray, created_ms: np.ndarray, sketches: Sequence[bytes | None],
 ) -> dict[Slot, PartitionSummary]:
     """Per partition, the summary of its sections given column-wise (one entry a section above L0): grouped by a sort,
-    each partition's lowest first offset its base, its sketches merged in one vectorized step for all partitions."""
+    each partition's lowest first offset its base, its sketches merged in one vectorized step for all partitions.
+    The simulator's catalog in memory sums its sections here too."""
     order = np.lexsort((first, partitions, topic_ids))
     topic_ids, partitions = topic_ids[order], partitions[order]
     starts = np.flatnonzero(np.concatenate(([True], (topic_ids[1:] != topic_ids[:-1]) | (partitions[1:] != partitions[:-1]))))

@@ -3,9 +3,10 @@
 Agents flush an L0 file every 250 ms; every 32 L0 files (from all agents) are copied into one L1 file
 holding a section per topic-partition that received records, whose key sketches are drawn from the workload
 (keys from a Zipf or uniform distribution over all partitions of all topics, a tombstone rate). Files live in
-a real catalog (SQLite in a temporary directory; no data is written): L1 files are appended as agents append
-theirs (together, just before the catalog is next read, which changes nothing it returns), and the real
-planner reads its snapshots as in production whenever a level reaches its threshold, the max-lag pass runs
+a catalog held in memory (`simulate/catalog.py`, checked against the real one, SQLite in a temporary directory,
+which `real_catalog` runs on; no data is written): L1 files are appended as agents append theirs (together, just
+before the catalog is next read, which changes nothing it returns), and the real planner reads its snapshots as
+in production whenever a level reaches its threshold, the max-lag pass runs
 on its interval and the full sweep once a day; each plan's outputs come from the cost model and are
 committed at once.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import tempfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -29,6 +31,7 @@ from logcompact.collector import collector_paused
 from logcompact.format.layout import SectionInfo
 from logcompact.plan import Plan, TopicPartition
 from logcompact.planner import PlannerConfig, choose_plans
+from logcompact.simulate.catalog import MemoryCatalog, MemorySnapshot
 from logcompact.simulate.cost import SECTION_OVERHEAD_BYTES, estimate_job
 from logcompact.store import LocalStore
 from logcompact.topics import MIN_MAX_COMPACTION_LAG_MS, Topic
@@ -138,13 +141,20 @@ def _mix(values: np.ndarray) -> np.ndarray:
 
 
 class Simulation:
-    def __init__(self, name: str, workload: Workload, config: PlannerConfig, seed: int = 11, max_lag_every_ms: int | None = None) -> None:
+    def __init__(
+        self, name: str, workload: Workload, config: PlannerConfig, seed: int = 11, max_lag_every_ms: int | None = None,
+        sweep_every_ms: int = 24 * HOUR_MS, real_catalog: bool = False,
+    ) -> None:
         """`max_lag_every_ms`: how often the max-lag pass really runs (its DAG's schedule); by default the interval
-        the planner is told, `config.max_lag_pass_interval_ms`."""
+        the planner is told, `config.max_lag_pass_interval_ms`. `sweep_every_ms`: how often the full sweep runs (daily).
+        `real_catalog`: run on the real catalog (SQLite in a temporary directory) rather than the one in memory, which
+        is checked against it."""
         self.name = name
+        self.real_catalog = real_catalog
         self.workload = workload
         self.config = config
         self.max_lag_every_ms = max_lag_every_ms or config.max_lag_pass_interval_ms
+        self.sweep_every_ms = sweep_every_ms
         self.rng = np.random.default_rng(seed)
         settings = {"cleanup.policy": "compact", "min.compaction.lag.ms": str(workload.min_lag_ms),
                     "min.cleanable.dirty.ratio": str(workload.min_cleanable_dirty_ratio)}
@@ -154,7 +164,7 @@ class Simulation:
         self.topics = [Topic.create(f"t{number:0{width}d}", workload.partitions, settings, 0) for number in range(workload.topics)]
         self._topic_numbers = {topic.name: number for number, topic in enumerate(self.topics)}
         self.lag = max(workload.max_lag_ms, MIN_MAX_COMPACTION_LAG_MS) if workload.max_lag_ms is not None else None
-        self.catalog: Catalog | None = None  # made by run()
+        self.catalog: Catalog | MemoryCatalog | None = None  # made by run()
         self.cohorts: dict[str, Cohorts] = {}  # by the key of the live file that holds them
         self.delays: list[tuple[np.ndarray, np.ndarray]] = []  # (seconds to deduplication, records)
         self.result = SimulationResult(name, asdict(workload))
@@ -198,7 +208,7 @@ class Simulation:
         self._unappended.append(NewFile(key, 1, byte_offset, end_ms, tuple(sections)))
         self.cohorts[key] = Cohorts(present, np.full(len(present), (start_ms + end_ms) // 2), counts)
 
-    def _snapshot(self, now: int) -> Snapshot:
+    def _snapshot(self, now: int) -> Snapshot | MemorySnapshot:
         """The catalog as of now: the L1 files made since it was last read are appended first, in one commit."""
         if self._unappended:
             self._catalog.append_files(self._unappended, now)
@@ -207,7 +217,7 @@ class Simulation:
         return self._catalog.snapshot()
 
     @property
-    def _catalog(self) -> Catalog:
+    def _catalog(self) -> Catalog | MemoryCatalog:
         if self.catalog is None:
             raise RuntimeError("the simulator's catalog exists only while run() runs")
         return self.catalog
@@ -215,7 +225,8 @@ class Simulation:
     # -- planning and applying -----------------------------------------------------------------------
 
     def _run(self, mode: str, now: int) -> None:
-        for found in choose_plans(self._snapshot(now), now, mode, self.config):
+        # The catalog in memory answers every question planners ask of a Snapshot (tests/test_simulate.py checks it).
+        for found in choose_plans(cast(Snapshot, self._snapshot(now)), now, mode, self.config):
             cost = estimate_job(found)
             result = self.result
             result.jobs += 1
@@ -265,15 +276,19 @@ class Simulation:
 
     def run(self) -> SimulationResult:
         # A run builds millions of sections, plans and cohorts: the collector stays paused, as in the planner.
-        with collector_paused(), tempfile.TemporaryDirectory(prefix="logcompact-simulate-") as directory:
-            self.catalog = Catalog(LocalStore(Path(directory)))
-            self.catalog.ensure_created(0)
-            for topic in self.topics:
-                self.catalog.create_topic(topic, 0)
-            try:
+        with collector_paused():
+            if not self.real_catalog:
+                self.catalog = MemoryCatalog(self.topics)
                 return self._simulate()
-            finally:
-                self.catalog.engine.dispose()
+            with tempfile.TemporaryDirectory(prefix="logcompact-simulate-") as directory:
+                self.catalog = catalog = Catalog(LocalStore(Path(directory)))
+                catalog.ensure_created(0)
+                for topic in self.topics:
+                    catalog.create_topic(topic, 0)
+                try:
+                    return self._simulate()
+                finally:
+                    catalog.engine.dispose()
 
     def _simulate(self) -> SimulationResult:
         w, result = self.workload, self.result
@@ -281,7 +296,7 @@ class Simulation:
         records_per_batch = w.records_per_s * w.agents * batch_ms / 1000
         end = int(w.hours * HOUR_MS)
         next_max_lag = self.max_lag_every_ms
-        next_sweep = 24 * HOUR_MS
+        next_sweep = self.sweep_every_ms
         next_sample = 0
         regular_due = False
         now = 0
@@ -305,7 +320,7 @@ class Simulation:
             if now >= next_sweep:
                 self._run("full", now)
                 self._run("regular", now)
-                next_sweep += 24 * HOUR_MS
+                next_sweep += self.sweep_every_ms
             if now >= next_sample:
                 self._sample(now)
                 next_sample += SAMPLE_MS
