@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from operator import itemgetter
 from typing import NamedTuple
 
 import numpy as np
@@ -23,9 +24,11 @@ import numpy as np
 from logcompact.catalog import CatalogSection, DataFile, FileSummary, LevelSection, NewFile, PartitionSection, PartitionSummary, summaries
 from logcompact.catalog.model import CONTENTS, TopicPartition
 from logcompact.exceptions import CommitConflictError, TopicNotFoundError
+from logcompact.format.layout import SectionInfo
 from logcompact.topics import Topic
 
 CLUSTER_ID = "simulated"
+_PARTITION_OF = itemgetter(0, 1)  # a SectionInfo's (topic, partition)
 
 
 class SectionColumns(NamedTuple):
@@ -45,17 +48,17 @@ class SectionColumns(NamedTuple):
     @classmethod
     def of_file(cls, data_file: DataFile, topic_ids: dict[str, int]) -> SectionColumns:
         count = len(data_file.sections)
-
-        def column(values: Iterable[int]) -> np.ndarray:
-            return np.fromiter(values, dtype=np.int64, count=count)
-
         infos = [section.info for section in data_file.sections]
+        fields = dict(zip(SectionInfo._fields, zip(*infos))) if infos else dict.fromkeys(SectionInfo._fields, ())
+
+        def column(name: str) -> np.ndarray:
+            return np.array(fields[name], dtype=np.int64)
+
         return cls(
-            column(topic_ids[info.topic] for info in infos), column(info.partition for info in infos),
-            column(section.first_offset for section in data_file.sections), np.full(count, data_file.level, dtype=np.int64),
-            column(info.uncompressed_bytes for info in infos), column(info.record_count for info in infos),
-            column(info.min_timestamp for info in infos), column(info.clean_below_delta > info.last_delta for info in infos).astype(bool),
-            np.full(count, data_file.created_ms, dtype=np.int64), [info.key_sketch for info in infos],
+            np.fromiter(map(topic_ids.__getitem__, fields["topic"]), dtype=np.int64, count=count), column("partition"),
+            np.fromiter(map(itemgetter(1), data_file.sections), dtype=np.int64, count=count), np.full(count, data_file.level, dtype=np.int64),
+            column("uncompressed_bytes"), column("record_count"), column("min_timestamp"), column("clean_below_delta") > column("last_delta"),
+            np.full(count, data_file.created_ms, dtype=np.int64), list(fields["key_sketch"]),
         )
 
     @classmethod
@@ -80,17 +83,18 @@ class MemoryCatalog:
 
     def append_files(self, new_files: Sequence[NewFile], now_ms: int) -> int:
         """Add ingested files, each section at the next offsets of its partition; returns the version created."""
-        placed_files = []
+        placed_files, next_offsets = [], self._next_offsets
         for new in new_files:
-            placed = []
-            for info in new.sections:
-                tp = (info.topic, info.partition)
-                if not 0 <= info.partition < self._topic(info.topic).partitions:
-                    raise ValueError(f"topic {info.topic!r} has partitions 0 to {self.topics[info.topic].partitions - 1}, not {info.partition}")
-                first = self._next_offsets.get(tp, 0)
-                self._next_offsets[tp] = first + info.last_delta + 1
-                placed.append(CatalogSection(info, first))
-            placed_files.append(DataFile(new.key, new.level, new.size, new.created_ms, tuple(placed)))
+            firsts = []
+            for info, tp in zip(new.sections, map(_PARTITION_OF, new.sections)):
+                first = next_offsets.get(tp)
+                if first is None:  # the partition's first records
+                    if not 0 <= info.partition < self._topic(info.topic).partitions:
+                        raise ValueError(f"topic {info.topic!r} has partitions 0 to {self.topics[info.topic].partitions - 1}, not {info.partition}")
+                    first = 0
+                next_offsets[tp] = first + info.last_delta + 1
+                firsts.append(first)
+            placed_files.append(DataFile(new.key, new.level, new.size, new.created_ms, tuple(map(CatalogSection, new.sections, firsts))))
         return self._commit([], placed_files)
 
     def replace_files(self, removed: Sequence[str], added: Sequence[DataFile], now_ms: int, *, plan_id: str | None = None) -> int:

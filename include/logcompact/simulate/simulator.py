@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import tempfile
 from dataclasses import asdict, dataclass, field, replace
+from itertools import repeat
 from pathlib import Path
 from typing import cast
 
@@ -163,6 +164,7 @@ class Simulation:
         width = len(str(workload.topics - 1))  # names sort as their numbers, as sections are ordered
         self.topics = [Topic.create(f"t{number:0{width}d}", workload.partitions, settings, 0) for number in range(workload.topics)]
         self._topic_numbers = {topic.name: number for number, topic in enumerate(self.topics)}
+        self._slot_topics = [topic.name for topic in self.topics for _ in range(workload.partitions)]  # by `_slot`
         self.lag = max(workload.max_lag_ms, MIN_MAX_COMPACTION_LAG_MS) if workload.max_lag_ms is not None else None
         self.catalog: Catalog | MemoryCatalog | None = None  # made by run()
         self.cohorts: dict[str, Cohorts] = {}  # by the key of the live file that holds them
@@ -190,22 +192,22 @@ class Simulation:
         keys = self.rng.choice(w.keys, size=records, p=self._key_p)
         slots = keys % (w.topics * w.partitions)
         order = np.argsort(slots, kind="stable")
-        present, counts = np.unique(slots[order], return_counts=True)
+        counts = np.bincount(slots, minlength=w.topics * w.partitions)
+        present = np.flatnonzero(counts)
+        counts = counts[present]
         sketches = sketch.encode_many(np.repeat(np.arange(len(present)), counts), _mix(keys[order]), len(present))
         tombstones = self.rng.binomial(counts, w.tombstone_rate)
-        sections, byte_offset = [], 0
-        for slot, count, deleted, packed in zip(present.tolist(), counts.tolist(), tombstones.tolist(), sketches):
-            size = count * w.record_bytes + SECTION_OVERHEAD_BYTES
-            sections.append(SectionInfo(
-                topic=self.topics[slot // w.partitions].name, partition=slot % w.partitions, record_count=count,
-                last_delta=count - 1, min_timestamp=start_ms, max_timestamp=end_ms, tombstones=deleted,
-                uncompressed_bytes=count * w.record_bytes, compression="lz4", crc32=0, byte_offset=byte_offset,
-                byte_length=size, key_sketch=packed,
-            ))
-            byte_offset += size
+        sizes = counts * w.record_bytes + SECTION_OVERHEAD_BYTES
+        ends = np.cumsum(sizes)
+        # Built positionally from columns, in SectionInfo's field order: a simulated hour makes 4.5 million.
+        sections = tuple(map(
+            SectionInfo, map(self._slot_topics.__getitem__, present.tolist()), (present % w.partitions).tolist(), counts.tolist(),
+            (counts - 1).tolist(), repeat(start_ms), repeat(end_ms), tombstones.tolist(), (counts * w.record_bytes).tolist(), repeat("lz4"),
+            repeat(0), (ends - sizes).tolist(), sizes.tolist(), repeat(0), sketches,
+        ))
         self._sequence += 1
         key = f"data/l1/ingest-{self._sequence:09d}.seg"
-        self._unappended.append(NewFile(key, 1, byte_offset, end_ms, tuple(sections)))
+        self._unappended.append(NewFile(key, 1, int(ends[-1]) if len(ends) else 0, end_ms, sections))
         self.cohorts[key] = Cohorts(present, np.full(len(present), (start_ms + end_ms) // 2), counts)
 
     def _snapshot(self, now: int) -> Snapshot | MemorySnapshot:
