@@ -8,7 +8,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from logcompact.catalog import Catalog, NewFile
+from logcompact import sketch
+from logcompact.catalog import Catalog, DataFile, NewFile
 from logcompact.exceptions import CommitConflictError
 from logcompact.format.layout import SectionInfo
 from logcompact.ingest import Agent, Record
@@ -124,5 +125,63 @@ def test_the_catalog_in_memory_places_offsets_and_refuses_what_it_cannot_hold() 
     with pytest.raises(CommitConflictError, match="found 1 of them gone"):
         catalog.replace_files(["a", "gone"], [], 0)
     assert set(catalog.snapshot().get_files(["a", "b"])) == {"a", "b"}  # nothing changed
+    with pytest.raises(ValueError, match="two sections of one partition"):
+        catalog.append_files([new_file("c", 1, 1), NewFile("d", 1, 100, 0, new_file("x", 1).sections * 2)], 0)
+    assert catalog.append_files([new_file("c", 1)], 0)[1] == [[5]]  # the refused append advanced nothing
     with pytest.raises(ValueError, match="retention.ms"):
         MemoryCatalog([Topic.create("d", 1, {"cleanup.policy": "delete", "retention.ms": "1000"}, 0)])
+
+
+def test_the_catalog_in_memory_answers_each_planning_question_as_the_database(catalog: Catalog) -> None:
+    """The same files in both catalogs, at L0, L1 and L2, of topics with and without min lag and of a topic that is
+    not compacted; each question planners ask of a snapshot (`PlanningSnapshot`) gets the same answer."""
+    topics = [
+        Topic.create("a", 2, {"cleanup.policy": "compact", "min.compaction.lag.ms": "60000"}, NOW),
+        Topic.create("b", 2, {"cleanup.policy": "compact"}, NOW),
+        Topic.create("c", 1, {"cleanup.policy": "delete", "retention.ms": "-1"}, NOW),
+    ]
+    catalog.ensure_created(NOW)
+    for topic in topics:
+        catalog.create_topic(topic, NOW)
+    memory = MemoryCatalog(topics)
+    rng = np.random.default_rng(5)
+
+    def new_file(key: str, level: int, created: int, partitions: list[tuple[str, int]]) -> NewFile:
+        sections = []
+        for number, (topic, partition) in enumerate(partitions):
+            count = int(rng.integers(1, 20))
+            words = rng.integers(0, 2**63, size=count, dtype=np.uint64)
+            sections.append(SectionInfo(topic, partition, count, count - 1, created - 90_000 + number, created - number,
+                                        0, count * 100, "lz4", 0, 200 * number, 200, 0, sketch.encode(sketch.sketch_words(words))))
+        return NewFile(key, level, 200 * len(partitions), created, tuple(sections))
+
+    everything = [("a", 0), ("a", 1), ("b", 0), ("b", 1), ("c", 0)]
+    for files in (
+        [new_file("l1-1", 1, NOW, everything), new_file("l1-2", 1, NOW + 1000, [("a", 0), ("b", 1)])],
+        [new_file("l0-1", 0, NOW + 2000, everything), new_file("l1-3", 1, NOW + 3000, [("a", 1), ("c", 0)])],
+        [new_file("l0-2", 0, NOW + 4000, [("a", 0), ("b", 0), ("c", 0)])],
+    ):
+        assert catalog.append_files(files, NOW)[1] == memory.append_files(files, NOW)[1]
+    # A compaction of the first L1 file into L2: one output deduplicated (clean), one holding the other topic.
+    merged = catalog.snapshot().get_files(["l1-1"])["l1-1"].sections
+    compacted = tuple(s._replace(info=s.info._replace(clean_below_delta=s.info.last_delta + 1)) for s in merged if s.topic != "c")
+    outputs = [DataFile("l2-1", 2, 900, NOW + 5000, compacted), DataFile("l2-2", 2, 200, NOW + 5000, tuple(s for s in merged if s.topic == "c"))]
+    catalog.replace_files(["l1-1"], outputs, NOW + 5000, plan_id="p")
+    memory.replace_files(["l1-1"], outputs, NOW + 5000, plan_id="p")
+
+    real, held = catalog.snapshot(), memory.snapshot()
+    partitions = [("a", 0), ("a", 1), ("b", 0), ("b", 1), ("c", 0)]
+    keys = ["l0-1", "l1-3", "gone"]
+    now = NOW + 60_000
+    for question in (
+        lambda s: s.level_counts(), lambda s: s.level_counts(["l0-2"]), lambda s: s.file_summaries(), lambda s: s.file_summaries(0, 2),
+        lambda s: sorted(s.file_summaries_of(keys), key=repr), lambda s: s.files(), lambda s: s.files(level=2), lambda s: s.files(topics=["c"]),
+        lambda s: s.get_files(keys), lambda s: s.lowest_offsets(keys), lambda s: s.outside_floors(keys, partitions),
+        lambda s: s.outside_floors_in_l0(["l0-2"], partitions), lambda s: s.floors_above_l0(partitions), lambda s: s.summaries_above_l0(partitions),
+        lambda s: s.first_uncleanable_offsets(partitions, now), lambda s: s.first_uncleanable_offsets(partitions, now, ["l0-1"]),
+        lambda s: s.sections_at_levels(partitions, 0), lambda s: s.sections_at_levels(partitions, 2),
+        lambda s: sorted(s.partition_sections(["a", "c"], True), key=repr), lambda s: sorted(s.partition_sections(["a", "b"], False), key=repr),
+        lambda s: s.files_holding([("c", 0)]), lambda s: s.leased_files(now),
+    ):
+        assert question(held) == question(real)
+    assert held.summaries_above_l0([("b", 1)])[("b", 1)] is not None and held.first_uncleanable_offsets(partitions, now)  # not all empty

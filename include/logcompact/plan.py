@@ -37,7 +37,7 @@ from logcompact.format.layout import COMPRESSIONS, SectionInfo
 from logcompact.topics import Topic
 
 if TYPE_CHECKING:  # a Spark task reads plans without loading the catalog's database layer
-    from logcompact.catalog import Snapshot
+    from logcompact.catalog import PlanningSnapshot, Snapshot
 
 # 3: `first_uncleanable` leaves out the plan's own inputs, whose first young record the engine finds (an
 # engine reading format 2 would deduplicate them).
@@ -344,7 +344,7 @@ _NO_OFFSET = 1 << 63  # a partition without an outside floor or a first uncleana
 
 
 def lowest_outside(
-    snapshot: Snapshot, inputs: Sequence[DataFile], partitions: set[TopicPartition], held: dict[TopicPartition, int] | None = None
+    snapshot: PlanningSnapshot, inputs: Sequence[DataFile], partitions: set[TopicPartition], held: dict[TopicPartition, int] | None = None
 ) -> dict[TopicPartition, int]:
     """Per partition of `partitions`, the lowest offset held by a live file outside `inputs`: the outside floors of
     a plan, or of the plans, taking `inputs`. Above L0 it is the floor the catalog keeps (`Snapshot.floors_above_l0`)
@@ -367,7 +367,7 @@ def lowest_outside(
     return found
 
 
-def _read_outside(snapshot: Snapshot, keys: Sequence[str], partitions: set[TopicPartition]) -> dict[TopicPartition, int]:
+def _read_outside(snapshot: PlanningSnapshot, keys: Sequence[str], partitions: set[TopicPartition]) -> dict[TopicPartition, int]:
     """`lowest_outside` read from the sections: those of the files outside `keys`, or those of the partitions,
     whichever costs less. A partition's sections are found through an index, about four times the cost of a file's
     (measured on SQLite; PostgreSQL is cheaper either way), so a plan of nearly every file reads by file."""

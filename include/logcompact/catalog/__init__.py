@@ -20,6 +20,7 @@ from logcompact.catalog.model import (
     SetAside,
     Uncleanable,
 )
+from logcompact.catalog.planning import PlanningSnapshot
 
 if TYPE_CHECKING:
     from logcompact.catalog.catalog import DEFAULT_KEEP_VERSIONS, Catalog
@@ -52,6 +53,7 @@ __all__ = [
     "NewFile",
     "PartitionSection",
     "PartitionSummary",
+    "PlanningSnapshot",
     "SectionFigures",
     "SetAside",
     "Snapshot",

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from logcompact.catalog import Snapshot
+from logcompact.catalog import PlanningSnapshot
 from logcompact.collector import collector_paused
 from logcompact.exceptions import TopicNotFoundError
 from logcompact.plan import MODES, Plan
@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 
-def check_topics(snapshot: Snapshot, mode: str, topics: list[str] | None) -> list[str] | None:
+def check_topics(snapshot: PlanningSnapshot, mode: str, topics: list[str] | None) -> list[str] | None:
     """The topics a mode is asked to plan, checked (None: every topic); one-line errors name the fix."""
     if mode not in MODES:
         raise ValueError(f"planner mode {mode!r} is not one of {', '.join(MODES)}")
@@ -57,7 +57,7 @@ def check_topics(snapshot: Snapshot, mode: str, topics: list[str] | None) -> lis
 
 
 def choose_plans(
-    snapshot: Snapshot, now_ms: int, mode: str = "regular", config: PlannerConfig = PlannerConfig(), topics: list[str] | None = None
+    snapshot: PlanningSnapshot, now_ms: int, mode: str = "regular", config: PlannerConfig = PlannerConfig(), topics: list[str] | None = None
 ) -> list[Plan]:
     """The plans a mode calls for now, leaving out files leased to in-flight plans and the partitions the snapshot
     sets aside (`Catalog.planning_snapshot`)."""

@@ -41,14 +41,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from logcompact.catalog import LevelSection, PartitionSummary, Snapshot
+from logcompact.catalog import LevelSection, PartitionSummary, PlanningSnapshot
 from logcompact.plan import TopicPartition
 from logcompact.planner.config import PlannerConfig
 
 _NO_OFFSET = 1 << 62
 
 
-def ratio_plan_files(snapshot: Snapshot, now_ms: int, config: PlannerConfig, busy: set[str]) -> list[str]:
+def ratio_plan_files(snapshot: PlanningSnapshot, now_ms: int, config: PlannerConfig, busy: set[str]) -> list[str]:
     """The files of the pass's plan for the partitions past their dirty ratio (none: no plan): their cleaning ranges'
     files, with every file holding a section in between two of the plan's sections of one partition (`_contiguous`).
     Partitions with a file in `busy` (leased, or taken by a level plan of the pass) or over `max_partition_bytes`
@@ -67,7 +67,7 @@ def ratio_plan_files(snapshot: Snapshot, now_ms: int, config: PlannerConfig, bus
 
 
 def _partitions_past_ratio(
-    snapshot: Snapshot, now_ms: int, config: PlannerConfig, busy: set[str]
+    snapshot: PlanningSnapshot, now_ms: int, config: PlannerConfig, busy: set[str]
 ) -> tuple[dict[TopicPartition, list[str]], dict[TopicPartition, list[LevelSection]]]:
     """The partitions past their dirty ratio, each with the files of its cleaning range; those holding a busy file
     at a deduplicating level left out. With the sections at deduplicating levels read to weigh them, by partition."""
@@ -95,7 +95,7 @@ def _partitions_past_ratio(
     return taken, by_partition
 
 
-def _contiguous(snapshot: Snapshot, files: set[str], from_level: int, by_partition: dict[TopicPartition, list[LevelSection]]) -> set[str]:
+def _contiguous(snapshot: PlanningSnapshot, files: set[str], from_level: int, by_partition: dict[TopicPartition, list[LevelSection]]) -> set[str]:
     """`files` with the files holding a section of one of their partitions that starts between two of that
     partition's sections in them, until none is left out: a plan must take each partition's sections as one run
     of offsets, as Kafka cleans a run of segments, or its output section would span offsets a section outside it
@@ -119,7 +119,7 @@ def _contiguous(snapshot: Snapshot, files: set[str], from_level: int, by_partiti
         files |= between
 
 
-def _held_by(snapshot: Snapshot, keys: set[str], from_level: int) -> set[TopicPartition]:
+def _held_by(snapshot: PlanningSnapshot, keys: set[str], from_level: int) -> set[TopicPartition]:
     """The partitions with a section in the files among `keys` at `from_level` and up."""
     at_levels = [f.key for f in snapshot.file_summaries_of(sorted(keys)) if f.level >= from_level]
     return set(snapshot.lowest_offsets(at_levels)) if at_levels else set()

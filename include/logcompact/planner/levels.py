@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import TypeVar
 
-from logcompact.catalog import DataFile, FileSummary, Snapshot
+from logcompact.catalog import DataFile, FileSummary, PlanningSnapshot
 from logcompact.plan import MAX_LEVEL, Plan, TopicPartition, input_offsets, lowest_outside, new_plan_id, split_into_groups
 from logcompact.planner.config import PlannerConfig
 from logcompact.planner.dirty_ratio import ratio_plan_files
@@ -42,7 +42,7 @@ def size_tiers(files: list[Sized], config: PlannerConfig) -> list[list[Sized]]:
     return tiers
 
 
-def plan_regular(snapshot: Snapshot, now_ms: int, config: PlannerConfig, leased: set[str]) -> list[Plan]:
+def plan_regular(snapshot: PlanningSnapshot, now_ms: int, config: PlannerConfig, leased: set[str]) -> list[Plan]:
     """The level merges and size tiers due, and one plan over the partitions past their topic's
     min.cleanable.dirty.ratio (`dirty_ratio`). The files of a level are read only when it holds enough of them to
     be due: most passes read the few hundred L0 files, not the 100,000 above (bench/planner.py, mode l0)."""
@@ -83,7 +83,7 @@ def level_merges(summaries: Sequence[FileSummary], top: int, config: PlannerConf
 
 
 def plan_full_sweep(
-    snapshot: Snapshot, now_ms: int, config: PlannerConfig, leased: set[str], topics: list[str] | None = None
+    snapshot: PlanningSnapshot, now_ms: int, config: PlannerConfig, leased: set[str], topics: list[str] | None = None
 ) -> Plan | None:
     """Every live file holding the chosen topics (all by default), across sizes, into the top level."""
     for name in topics or ():
@@ -105,7 +105,7 @@ def plan_full_sweep(
 
 
 def make_plans(
-    snapshot: Snapshot,
+    snapshot: PlanningSnapshot,
     chosen: Sequence[tuple[list[str], int]],
     now_ms: int,
     config: PlannerConfig,

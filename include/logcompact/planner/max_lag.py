@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from logcompact.catalog import PartitionSection, PartitionSummary, Snapshot
+from logcompact.catalog import PartitionSection, PartitionSummary, PlanningSnapshot
 from logcompact.plan import Plan
 from logcompact.planner.config import PlannerConfig
 from logcompact.planner.levels import make_plans, top_level
@@ -56,7 +56,7 @@ class PartitionState:
         return None if oldest_dirty is None else oldest_dirty + lag
 
 
-def summarized_partition_states(snapshot: Snapshot, topics: list[str], config: PlannerConfig) -> dict[tuple[str, int], PartitionState]:
+def summarized_partition_states(snapshot: PlanningSnapshot, topics: list[str], config: PlannerConfig) -> dict[tuple[str, int], PartitionState]:
     """Per partition of `topics` holding live data but those set aside, its base section and oldest other record,
     from the catalog's summaries of its sections above L0 and its live L0 sections: no section above L0 is read, but
     those of a partition whose summary is newer than the snapshot."""
@@ -81,17 +81,17 @@ def _added(
     return states
 
 
-def effective_max_lag(snapshot: Snapshot, topic: str) -> int:
+def effective_max_lag(snapshot: PlanningSnapshot, topic: str) -> int:
     return max(snapshot.topics[topic].config.max_compaction_lag_ms, MIN_MAX_COMPACTION_LAG_MS)
 
 
-def dirty_since(snapshot: Snapshot, topic: str, partition: int, config: PlannerConfig) -> int | None:
+def dirty_since(snapshot: PlanningSnapshot, topic: str, partition: int, config: PlannerConfig) -> int | None:
     """When the partition's oldest record not yet deduplicated against older data became (or becomes) dirty."""
     state = summarized_partition_states(snapshot, [snapshot.topic(topic).name], config).get((topic, partition))
     return None if state is None else state.dirty_since(effective_max_lag(snapshot, topic))
 
 
-def max_lag_topics(snapshot: Snapshot, topics: list[str] | None = None) -> list[str]:
+def max_lag_topics(snapshot: PlanningSnapshot, topics: list[str] | None = None) -> list[str]:
     """The compacted topics (of `topics`, when given) with a finite max.compaction.lag.ms: what the pass looks at."""
     return sorted(
         name for name, topic in snapshot.topics.items()
@@ -106,7 +106,7 @@ class DirtyPartition:
     dirty_since: int  # when its oldest record not yet deduplicated against older data became (or becomes) dirty
 
 
-def dirty_partitions(snapshot: Snapshot, chosen: list[str], config: PlannerConfig) -> list[DirtyPartition]:
+def dirty_partitions(snapshot: PlanningSnapshot, chosen: list[str], config: PlannerConfig) -> list[DirtyPartition]:
     """The partitions of `chosen` topics holding data not deduplicated against their older data: from the
     catalog's summaries and the live L0 sections (`summarized_partition_states`)."""
     dirty = []
@@ -123,7 +123,7 @@ def due_by(now_ms: int, config: PlannerConfig) -> int:
 
 
 def plan_max_lag(
-    snapshot: Snapshot, now_ms: int, config: PlannerConfig, leased: set[str], topics: list[str] | None = None
+    snapshot: PlanningSnapshot, now_ms: int, config: PlannerConfig, leased: set[str], topics: list[str] | None = None
 ) -> Plan | None:
     """One plan over every file holding a partition that must be compacted in this pass, or None."""
     chosen = max_lag_topics(snapshot, topics)

@@ -2,11 +2,11 @@
 
 A simulated hour of the WarpStream-like workload appends 4.5 million sections in L1 files alone; the real catalog
 inserts a row for each and the planner loads them back as objects, which took most of a run. This one keeps the
-files as the objects the simulator made (`DataFile`), places offsets as `Catalog.append_files` does and answers
-each `Snapshot` question the planner asks from them, as the database answers it: the same files in the same order,
-the same minimums, the same partition summaries (`summaries.of_columns`, over columns each file's sections are read
-into once). `tests/test_simulate.py` runs the
-simulator on both catalogs and checks every figure is the same.
+files as the objects the simulator made (`DataFile`), places offsets as `Catalog.append_files` does, commits all
+or nothing, and answers what planners read of a snapshot (`PlanningSnapshot`) from them as the database answers it:
+the same files in the same order, the same minimums, the same partition summaries (`summaries.of_columns`, over
+columns each file's sections are read into once). `tests/test_simulate.py` checks each answer against the real
+catalog's, and runs the simulator on both catalogs for the same figures.
 
 What it leaves out, the simulator never does: leases (its plans commit at once), partitions set aside as uncleanable,
 topics with time retention, and reading an older version.
@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from logcompact.catalog import CatalogSection, DataFile, FileSummary, LevelSection, NewFile, PartitionSection, PartitionSummary, summaries
+from logcompact.catalog import CatalogSection, CommitResult, DataFile, FileSummary, LevelSection, NewFile, PartitionSection, PartitionSummary, summaries
 from logcompact.catalog.model import CONTENTS, TopicPartition
 from logcompact.exceptions import CommitConflictError, TopicNotFoundError
 from logcompact.format.layout import SectionInfo
@@ -81,9 +81,10 @@ class MemoryCatalog:
         self._columns: dict[str, SectionColumns] = {}  # of the live files above L0
         self._next_offsets: dict[TopicPartition, int] = {}
 
-    def append_files(self, new_files: Sequence[NewFile], now_ms: int) -> int:
-        """Add ingested files, each section at the next offsets of its partition; returns the version created."""
-        placed_files, next_offsets = [], self._next_offsets
+    def append_files(self, new_files: Sequence[NewFile], now_ms: int) -> tuple[int, list[list[int]]]:
+        """Add ingested files, each section at the next offsets of its partition; returns the version created and each
+        file's sections' first offsets, as `Catalog.append_files` does (`now_ms` dates nothing here: no producer state)."""
+        placed_files, next_offsets = [], dict(self._next_offsets)  # kept only if the commit is
         for new in new_files:
             firsts = []
             for info, tp in zip(new.sections, map(_PARTITION_OF, new.sections)):
@@ -95,26 +96,34 @@ class MemoryCatalog:
                 next_offsets[tp] = first + info.last_delta + 1
                 firsts.append(first)
             placed_files.append(DataFile(new.key, new.level, new.size, new.created_ms, tuple(map(CatalogSection, new.sections, firsts))))
-        return self._commit([], placed_files)
+        version = self._commit([], placed_files)
+        self._next_offsets = next_offsets
+        return version, [[section.first_offset for section in data_file.sections] for data_file in placed_files]
 
-    def replace_files(self, removed: Sequence[str], added: Sequence[DataFile], now_ms: int, *, plan_id: str | None = None) -> int:
-        """Swap live files for a compaction's outputs (offsets already assigned); returns the version created."""
-        return self._commit(removed, added)
+    def replace_files(self, removed: Sequence[str], added: Sequence[DataFile], now_ms: int, *, plan_id: str | None = None) -> CommitResult:
+        """Swap live files for a compaction's outputs (offsets already assigned), as `Catalog.replace_files` does for a
+        plan not committed before (this catalog records neither plans nor the clock)."""
+        return CommitResult(self._commit(removed, added), True)
 
     def _commit(self, removed: Sequence[str], added: Sequence[DataFile]) -> int:
+        """Remove `removed` and add `added` in a new version, or change nothing and raise."""
         gone = [key for key in removed if key not in self._files]
         if gone:
             raise CommitConflictError(f"expected {len(removed)} input files live, found {len(gone)} of them gone (first: {gone[0]}); re-plan and retry")
         taken = [data_file.key for data_file in added if data_file.key in self._files]
         if taken:
             raise CommitConflictError(f"an output file is already in the catalog ({taken[0]}); plan again")
+        for data_file in added:
+            for name in data_file.topics:
+                self._topic(name)
+            if len(set(map(_PARTITION_OF, (section.info for section in data_file.sections)))) < len(data_file.sections):
+                raise ValueError(f"file {data_file.key} holds two sections of one partition; a file holds one section a partition")
+        columns = {data_file.key: SectionColumns.of_file(data_file, self.topic_ids) for data_file in added if data_file.level > 0}
         for key in removed:
             del self._files[key]
             self._columns.pop(key, None)
-        for data_file in added:
-            self._files[data_file.key] = data_file
-            if data_file.level > 0:
-                self._columns[data_file.key] = SectionColumns.of_file(data_file, self.topic_ids)
+        self._files.update((data_file.key, data_file) for data_file in added)
+        self._columns.update(columns)
         self.version += 1
         return self.version
 
@@ -125,7 +134,7 @@ class MemoryCatalog:
         try:
             return self.topics[name]
         except KeyError:
-            raise TopicNotFoundError(f"topic {name!r} is not one of the simulated topics ({', '.join(self.topics)})") from None
+            raise TopicNotFoundError(f"topic {name!r} is not one of the simulated topics ({', '.join(self.topics)}); add it to the workload") from None
 
 
 class MemorySnapshot:
@@ -150,7 +159,7 @@ class MemorySnapshot:
         try:
             return self.topics[name]
         except KeyError:
-            raise TopicNotFoundError(f"topic {name!r} does not exist in manifest version {self.version}") from None
+            raise TopicNotFoundError(f"topic {name!r} is not one of the simulated topics ({', '.join(self.topics)}); add it to the workload") from None
 
     # -- files ----------------------------------------------------------------------------------------
 
@@ -205,7 +214,7 @@ class MemorySnapshot:
         return self._above_l0
 
     def _in_order(self, found: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
-        """`found` in (topic id, partition) order, as the database's grouped queries return it."""
+        """`found` in (topic id, partition) order: a fixed order (no caller depends on it)."""
         return dict(sorted(found.items(), key=lambda item: (self.topic_ids[item[0][0]], item[0][1])))
 
     def lowest_offsets(self, keys: Sequence[str]) -> dict[TopicPartition, int]:

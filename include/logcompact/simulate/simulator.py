@@ -6,9 +6,8 @@ holding a section per topic-partition that received records, whose key sketches 
 a catalog held in memory (`simulate/catalog.py`, checked against the real one, SQLite in a temporary directory,
 which `real_catalog` runs on; no data is written): L1 files are appended as agents append theirs (together, just
 before the catalog is next read, which changes nothing it returns), and the real planner reads its snapshots as
-in production whenever a level reaches its threshold, the max-lag pass runs
-on its interval and the full sweep once a day; each plan's outputs come from the cost model and are
-committed at once.
+in production whenever a level reaches its threshold, the max-lag pass runs on its interval and the full sweep
+once a day; each plan's outputs come from the cost model and are committed at once.
 
 Reported: write amplification, GETs and PUTs per ingested GiB, live files per level over time, the
 fraction of duplicate records at rest, the delay from produce to first deduplication against all older
@@ -22,7 +21,6 @@ import tempfile
 from dataclasses import asdict, dataclass, field, replace
 from itertools import repeat
 from pathlib import Path
-from typing import cast
 
 import numpy as np
 
@@ -207,7 +205,7 @@ class Simulation:
         ))
         self._sequence += 1
         key = f"data/l1/ingest-{self._sequence:09d}.seg"
-        self._unappended.append(NewFile(key, 1, int(ends[-1]) if len(ends) else 0, end_ms, sections))
+        self._unappended.append(NewFile(key, 1, int(ends[-1]), end_ms, sections))
         self.cohorts[key] = Cohorts(present, np.full(len(present), (start_ms + end_ms) // 2), counts)
 
     def _snapshot(self, now: int) -> Snapshot | MemorySnapshot:
@@ -227,8 +225,7 @@ class Simulation:
     # -- planning and applying -----------------------------------------------------------------------
 
     def _run(self, mode: str, now: int) -> None:
-        # The catalog in memory answers every question planners ask of a Snapshot (tests/test_simulate.py checks it).
-        for found in choose_plans(cast(Snapshot, self._snapshot(now)), now, mode, self.config):
+        for found in choose_plans(self._snapshot(now), now, mode, self.config):
             cost = estimate_job(found)
             result = self.result
             result.jobs += 1
