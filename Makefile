@@ -57,10 +57,13 @@ bench: install deps
 	$(BIN)/python bench/engine.py
 	$(BIN)/python bench/partitions.py
 	$(BIN)/python bench/planner.py
+	$(BIN)/python bench/planner.py --files 300000 --runs 1
 	$(BIN)/python bench/status.py
+	$(BIN)/python bench/status.py --files 250000
 	$(BIN)/python bench/catalog.py
 	$(BIN)/python bench/spark_dedup.py
-	$(BIN)/python bench/simulator.py --hours 1
+	$(BIN)/python bench/spark_dedup.py --records 40000000 --keys 4000000
+	$(BIN)/python bench/simulator.py --hours 24
 	$(BIN)/python bench/regime.py --seconds 120 --find-load
 	$(BIN)/python bench/regime.py --agents 3 --seconds 600
 
