@@ -10,7 +10,7 @@ import pytest
 
 from logcompact import sketch
 from logcompact.catalog import Catalog, DataFile, NewFile
-from logcompact.exceptions import CommitConflictError
+from logcompact.exceptions import CommitConflictError, InvalidRecordError
 from logcompact.format.layout import SectionInfo
 from logcompact.ingest import Agent, Record
 from logcompact.jobs import run_and_commit
@@ -128,6 +128,11 @@ def test_the_catalog_in_memory_places_offsets_and_refuses_what_it_cannot_hold() 
     with pytest.raises(ValueError, match="two sections of one partition"):
         catalog.append_files([new_file("c", 1, 1), NewFile("d", 1, 100, 0, new_file("x", 1).sections * 2)], 0)
     assert catalog.append_files([new_file("c", 1)], 0)[1] == [[5]]  # the refused append advanced nothing
+    with pytest.raises(ValueError, match="names a file twice"):
+        catalog.replace_files(["a", "a"], [], 0)
+    with pytest.raises(InvalidRecordError, match="partitions 0 to 1, not 2"):
+        catalog.append_files([NewFile("e", 1, 100, 0, (new_file("x", 1).sections[0]._replace(partition=2),))], 0)
+    assert set(catalog.snapshot().get_files(["a", "b", "c", "e"])) == {"a", "b", "c"}
     with pytest.raises(ValueError, match="retention.ms"):
         MemoryCatalog([Topic.create("d", 1, {"cleanup.policy": "delete", "retention.ms": "1000"}, 0)])
 

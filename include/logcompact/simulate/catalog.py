@@ -23,7 +23,7 @@ import numpy as np
 
 from logcompact.catalog import CatalogSection, CommitResult, DataFile, FileSummary, LevelSection, NewFile, PartitionSection, PartitionSummary, summaries
 from logcompact.catalog.model import CONTENTS, TopicPartition
-from logcompact.exceptions import CommitConflictError, TopicNotFoundError
+from logcompact.exceptions import CommitConflictError, InvalidRecordError, TopicNotFoundError
 from logcompact.format.layout import SectionInfo
 from logcompact.topics import Topic
 
@@ -91,7 +91,7 @@ class MemoryCatalog:
                 first = next_offsets.get(tp)
                 if first is None:  # the partition's first records
                     if not 0 <= info.partition < self._topic(info.topic).partitions:
-                        raise ValueError(f"topic {info.topic!r} has partitions 0 to {self.topics[info.topic].partitions - 1}, not {info.partition}")
+                        raise InvalidRecordError(f"topic {info.topic!r} has partitions 0 to {self.topics[info.topic].partitions - 1}, not {info.partition}")
                     first = 0
                 next_offsets[tp] = first + info.last_delta + 1
                 firsts.append(first)
@@ -107,6 +107,8 @@ class MemoryCatalog:
 
     def _commit(self, removed: Sequence[str], added: Sequence[DataFile]) -> int:
         """Remove `removed` and add `added` in a new version, or change nothing and raise."""
+        if len(set(removed)) < len(removed) or len({data_file.key for data_file in added}) < len(added):
+            raise ValueError("a commit names a file twice among its inputs or among its outputs; name each once")
         gone = [key for key in removed if key not in self._files]
         if gone:
             raise CommitConflictError(f"expected {len(removed)} input files live, found {len(gone)} of them gone (first: {gone[0]}); re-plan and retry")
@@ -213,16 +215,12 @@ class MemorySnapshot:
             self._above_l0 = found
         return self._above_l0
 
-    def _in_order(self, found: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
-        """`found` in (topic id, partition) order: a fixed order (no caller depends on it)."""
-        return dict(sorted(found.items(), key=lambda item: (self.topic_ids[item[0][0]], item[0][1])))
-
     def lowest_offsets(self, keys: Sequence[str]) -> dict[TopicPartition, int]:
         found: dict[TopicPartition, int] = {}
         for _, section in self._sections(dict.fromkeys(keys)):
             tp = (section.info.topic, section.info.partition)
             found[tp] = min(section.first_offset, found.get(tp, section.first_offset))
-        return self._in_order(found)
+        return found
 
     def outside_floors(self, input_keys: Sequence[str], partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         return self._outside_floors(input_keys, partitions, l0_only=False)
@@ -237,7 +235,7 @@ class MemorySnapshot:
             tp = (section.info.topic, section.info.partition)
             if tp in wanted and f.key not in inputs and (f.level == 0 or not l0_only):
                 found[tp] = min(section.first_offset, found.get(tp, section.first_offset))
-        return self._in_order(found)
+        return found
 
     def floors_above_l0(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
         return {tp: None if summary is None else summary.floor for tp, summary in self.summaries_above_l0(partitions).items()}
@@ -256,7 +254,7 @@ class MemorySnapshot:
             tp = (section.info.topic, section.info.partition)
             if tp in wanted and f.key not in left_out and section.info.max_timestamp > cuts[tp[0]]:
                 found[tp] = min(section.first_offset, found.get(tp, section.first_offset))
-        return self._in_order(found)
+        return found
 
     def sections_at_levels(self, partitions: Iterable[TopicPartition], from_level: int) -> list[LevelSection]:
         by_partition = self._partitions_above_l0()

@@ -25,12 +25,12 @@ from pathlib import Path
 import numpy as np
 
 from logcompact import sketch
-from logcompact.catalog import Catalog, NewFile, Snapshot
+from logcompact.catalog import Catalog, NewFile, PlanningSnapshot
 from logcompact.collector import collector_paused
 from logcompact.format.layout import SectionInfo
 from logcompact.plan import Plan, TopicPartition
 from logcompact.planner import PlannerConfig, choose_plans
-from logcompact.simulate.catalog import MemoryCatalog, MemorySnapshot
+from logcompact.simulate.catalog import MemoryCatalog
 from logcompact.simulate.cost import SECTION_OVERHEAD_BYTES, estimate_job
 from logcompact.store import LocalStore
 from logcompact.topics import MIN_MAX_COMPACTION_LAG_MS, Topic
@@ -208,7 +208,7 @@ class Simulation:
         self._unappended.append(NewFile(key, 1, int(ends[-1]), end_ms, sections))
         self.cohorts[key] = Cohorts(present, np.full(len(present), (start_ms + end_ms) // 2), counts)
 
-    def _snapshot(self, now: int) -> Snapshot | MemorySnapshot:
+    def _snapshot(self, now: int) -> PlanningSnapshot:
         """The catalog as of now: the L1 files made since it was last read are appended first, in one commit."""
         if self._unappended:
             self._catalog.append_files(self._unappended, now)
