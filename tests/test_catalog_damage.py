@@ -1058,8 +1058,8 @@ def test_a_plan_step_whose_catalog_dies_after_leasing_fails_with_its_own_error_a
     the same files at once (the plan step releases abandoned plans first) instead of an hour later."""
     import time
 
-    from logcompact_airflow import operators
     from logcompact_airflow.operators import LogcompactPlanOperator
+    from logcompact_airflow.operators import compaction as operators
 
     store = LocalStore(tmp_path / "store")
     monkeypatch.setenv("AIRFLOW_CONN_DYING", json.dumps({"conn_type": "generic", "extra": {"store": store.uri}}))

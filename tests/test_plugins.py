@@ -25,18 +25,18 @@ from logcompact.jobs.documents import read_partition_bytes, write_group_result
 from logcompact.planner import PlannerConfig
 from logcompact.store import LocalStore
 from logcompact.store.s3 import S3Store
-from logcompact_airflow import operators
 from logcompact_airflow.hooks import LogcompactHook
-from logcompact_airflow.metrics import LogcompactMetricsOperator
 from logcompact_airflow.operators import (
     COMPACTED_TOPICS,
     LogcompactCommitOperator,
     LogcompactDryRunOperator,
     LogcompactGcOperator,
+    LogcompactMetricsOperator,
     LogcompactPlanOperator,
-    _checked_params,
-    failing_at_once,
 )
+from logcompact_airflow.operators import compaction as operators
+from logcompact_airflow.operators.compaction import _checked_params
+from logcompact_airflow.policy import failing_at_once
 from logcompact_airflow.sensors import LogcompactThresholdSensor
 from spark_apps.compact_group import compact_slices
 from tests.helpers import create_topic, produce_l0_files
@@ -265,6 +265,23 @@ def test_errors_no_retry_can_fix_fail_the_task_at_once(connected_catalog: Catalo
         raise CommitConflictError("leased to another plan")
     with pytest.raises(AirflowFailException, match="^leased to another plan$"), failing_at_once():
         raise CommitConflictError("leased to another plan")
+
+
+def test_the_sensor_imports_no_operator_and_every_operator_fails_bad_settings_at_once(tmp_path, monkeypatch) -> None:
+    """The providers' shape: the sensor stands on the hook and the shared policy alone; the metrics operator, like the
+    others, fails at once on what no retry fixes (an s3:// store without a catalog)."""
+    import subprocess
+    import sys
+
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, logcompact_airflow.sensors; print(sorted(m for m in sys.modules if m.startswith('logcompact_airflow')))"],
+        capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    ).stdout
+    assert "logcompact_airflow.policy" in loaded and "operators" not in loaded, loaded
+    monkeypatch.setenv("AIRFLOW_CONN_NO_CATALOG", json.dumps({"conn_type": "generic", "extra": {"store": "s3://bucket/prefix"}}))
+    metrics = LogcompactMetricsOperator(task_id="metrics", logcompact_conn_id="no_catalog")
+    with pytest.raises(AirflowFailException, match="catalog"):
+        metrics.execute({})
 
 
 def test_plan_operator_refuses_an_unknown_mode() -> None:

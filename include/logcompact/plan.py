@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from logcompact.catalog import CatalogSection, DataFile
+from logcompact.catalog import CatalogSection, DataFile, TopicPartition
 from logcompact.collector import collector_paused
 from logcompact.exceptions import CommitConflictError, InvalidPlanError
 from logcompact.format.layout import COMPRESSIONS, SectionInfo
@@ -66,8 +66,6 @@ L0_NAME_PATTERN = re.compile(r"[0-9]{13,19}-[0-9a-f]{32}\.seg")
 MODES = ("regular", "max-lag", "full")
 # Plans and their groups' results are kept in the store under this prefix (logcompact.jobs.documents).
 PLANS_PREFIX = "plans/"
-
-TopicPartition = tuple[str, int]
 
 
 def l0_key(now_ms: int) -> str:

@@ -14,7 +14,7 @@ from airflow.sdk import Param
 from logcompact.plan import DEFAULT_BUFFER_BYTES, MAX_BUFFER_BYTES
 from logcompact_airflow.hooks import LogcompactHook
 from logcompact_airflow.operators import (
-    MIN_BUFFER_BYTES,
+    MIN_PARAM_BUFFER_BYTES,
     LogcompactCommitOperator,
     LogcompactDryRunOperator,
     LogcompactPlanOperator,
@@ -46,7 +46,7 @@ def compaction_params(with_topics: bool, with_force: bool = False) -> dict[str, 
     params = {
         "dry_run": Param(False, type="boolean", description="Plan and report the expected effect; lease, write and run nothing."),
         "buffer_bytes": Param(
-            None, type=["null", "integer"], minimum=MIN_BUFFER_BYTES, maximum=MAX_BUFFER_BYTES,
+            None, type=["null", "integer"], minimum=MIN_PARAM_BUFFER_BYTES, maximum=MAX_BUFFER_BYTES,
             description=(
                 "Key-map buffer of each deduplicating job (bytes); more keys per pass, more memory per task. "
                 f"Empty: the connection's planner setting, else {DEFAULT_BUFFER_BYTES // 1024**2} MiB."

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from typing import Any
 
@@ -11,7 +10,7 @@ from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowSkipException
 
 from logcompact.jobs import check_thresholds
 from logcompact_airflow.hooks import LogcompactHook
-from logcompact_airflow.operators import checked_flag, failing_at_once
+from logcompact_airflow.policy import checked_flag, failing_at_once, now_ms
 
 
 class LogcompactThresholdSensor(BaseSensorOperator):
@@ -57,7 +56,7 @@ class LogcompactThresholdSensor(BaseSensorOperator):
             config = hook.get_planner_config()
             if self.min_files is not None:
                 config = replace(config, min_files=self.min_files)
-            now = int(time.time() * 1000)
+            now = now_ms()
             # As the planner counts: files held only by set-aside (uncleanable) partitions are left out.
             status = check_thresholds(hook.get_catalog().planning_snapshot(now), now, config)
         if not status.reached:

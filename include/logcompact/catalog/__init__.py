@@ -18,6 +18,7 @@ from logcompact.catalog.model import (
     PartitionSummary,
     SectionFigures,
     SetAside,
+    TopicPartition,
     Uncleanable,
 )
 from logcompact.catalog.planning import PlanningSnapshot
@@ -57,5 +58,6 @@ __all__ = [
     "SectionFigures",
     "SetAside",
     "Snapshot",
+    "TopicPartition",
     "Uncleanable",
 ]

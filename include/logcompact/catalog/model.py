@@ -29,15 +29,6 @@ class CatalogSection(NamedTuple):
     def last_offset(self) -> int:
         return self.first_offset + self.info.last_delta
 
-    def to_dict(self) -> dict:
-        return {**self.info.to_dict(), "first_offset": self.first_offset}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> CatalogSection:
-        fields = dict(data)
-        first_offset = fields.pop("first_offset")
-        return cls(SectionInfo(**fields), first_offset)
-
 
 @dataclass(frozen=True)
 class DataFile:
@@ -54,20 +45,6 @@ class DataFile:
     @cached_property
     def topics(self) -> frozenset[str]:
         return frozenset(s.info.topic for s in self.sections)
-
-    def to_dict(self) -> dict:
-        return {
-            "key": self.key,
-            "level": self.level,
-            "size": self.size,
-            "created_ms": self.created_ms,
-            "sections": [s.to_dict() for s in self.sections],
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict) -> DataFile:
-        sections = tuple(CatalogSection.from_dict(s) for s in data["sections"])
-        return cls(data["key"], data["level"], data["size"], data["created_ms"], sections)
 
 
 @dataclass(frozen=True)

@@ -34,12 +34,11 @@ from logcompact.catalog.model import (
     PartitionSection,
     PartitionSummary,
     SectionFigures,
+    TopicPartition,
 )
 from logcompact.exceptions import CorruptDataError, TopicNotFoundError
 from logcompact.format.layout import COMPRESSIONS, SectionInfo
 from logcompact.topics import Topic
-
-TopicPartition = tuple[str, int]
 
 
 class Snapshot:

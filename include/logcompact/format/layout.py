@@ -176,10 +176,3 @@ class SectionInfo(NamedTuple):
     # HyperLogLog registers of the section's key hashes, packed (logcompact.sketch.encode); b"" for no keys.
     key_sketch: bytes = b""
     first_row: int = 0
-
-    def to_dict(self) -> dict:
-        return self._asdict()
-
-    @classmethod
-    def from_dict(cls, data: dict) -> SectionInfo:
-        return cls(**data)

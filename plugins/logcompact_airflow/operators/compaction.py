@@ -1,60 +1,38 @@
-"""Plan, commit and gc as Airflow operators. Each acts on the catalog as it is when it runs (wall-clock now,
-never the run's logical date), so a backfill or a re-run of an old date cannot undo newer work.
-
-Which errors are retried: a retry runs the same task again, so only an error that the world may have fixed by
-then is worth one. Those are `TRANSIENT_ERRORS`, the store or the catalog database not answering. Every other
-`LogcompactError` (unknown topic, bad plan or connection settings, damaged data, a schema mismatch) and every
-`ValueError` (bad params) fails the task at once, as `AirflowFailException` with the same one-line message.
-One class depends on the task: a `CommitConflictError` (files no longer live, or leased to another plan)
-makes the plan task plan again (at once, then through its retries), but fails the commit task at once,
-since only a new plan can fix it.
+"""The compaction chain's operators: plan, dry run, commit, uncleanable partitions. Each acts on the catalog as it is
+when it runs (`policy.now_ms`, never the run's logical date), so a backfill or a re-run of an old date cannot undo
+newer work; each fails or retries as `policy` says. One error depends on the task: a `CommitConflictError` (files no
+longer live, or leased to another plan) makes the plan task plan again (at once, then through its retries), but
+fails the commit task at once, since only a new plan can fix it.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, replace
 from typing import Any
 
 from airflow.sdk import Asset, AssetAlias, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from logcompact.exceptions import CatalogUnavailableError, CommitConflictError, LogcompactError, StoreError
-from logcompact.jobs import DEFAULT_GC_GRACE_MS, collect_garbage, commit_plans, give_up, prepare_plans, uncleanable_report
+from logcompact.exceptions import CommitConflictError
+from logcompact.jobs import commit_plans, give_up, prepare_plans, uncleanable_report
 from logcompact.jobs.explain import explain_run, minutes
 from logcompact.plan import MAX_BUFFER_BYTES
 from logcompact.planner import MODES, PlannerConfig
 from logcompact.status import job_gauges
 from logcompact_airflow.hooks import LogcompactHook
 from logcompact_airflow.metrics import emit_gauges
+from logcompact_airflow.policy import TRANSIENT_ERRORS, checked_flag, failing_at_once, now_ms
 from logcompact_airflow.schedule import next_pass_in_ms
 
 # Commits announce the topics they compacted as events of assets `logcompact://{cluster}/{topic}`.
 COMPACTED_TOPICS = AssetAlias("logcompact-compacted-topics")
-MIN_BUFFER_BYTES = 1024**2
-TRANSIENT_ERRORS: tuple[type[Exception], ...] = (StoreError, CatalogUnavailableError)
+# The smallest key map a run's params may ask for (the trigger form's bound too): a plan itself takes any from
+# `logcompact.plan.MIN_BUFFER_BYTES`, the size of one slot, but a map of a few keys only makes a job crawl.
+MIN_PARAM_BUFFER_BYTES = 1024**2
 # A forced run compacts any level holding this many files (or a top-level size tier of as many).
 FORCED_MIN_FILES = 2
-MINUTE_MS = 60_000
 # Plans made at once by two DAGs can race for the same files; the loser plans again around the winner's.
 PLAN_ATTEMPTS = 3
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-@contextmanager
-def failing_at_once(retried: tuple[type[Exception], ...] = TRANSIENT_ERRORS) -> Iterator[None]:
-    """Errors no retry can fix raise AirflowFailException (the task fails without its retries); `retried` pass."""
-    try:
-        yield
-    except retried:
-        raise
-    except (ValueError, LogcompactError) as exc:
-        raise AirflowFailException(str(exc)) from exc
 
 
 def forced_config(config: PlannerConfig) -> PlannerConfig:
@@ -130,9 +108,9 @@ class LogcompactPlanOperator(BaseOperator):
                 config = forced_config(config)
                 self.log.info("forced (force=true): any level of %d files or more is compacted, whatever its threshold", FORCED_MIN_FILES)
             for attempt in range(1, PLAN_ATTEMPTS + 1):
-                now_ms = _now_ms()
+                now = now_ms()
                 try:
-                    prepared = prepare_plans(catalog, self.mode, now_ms, config, topics, dry_run)
+                    prepared = prepare_plans(catalog, self.mode, now, config, topics, dry_run)
                     break
                 except CommitConflictError as conflict:
                     if attempt == PLAN_ATTEMPTS:
@@ -140,13 +118,13 @@ class LogcompactPlanOperator(BaseOperator):
                     # Another DAG's plan leased some of these files between this plan's snapshot and its lease.
                     self.log.warning("planning again (%d of %d): %s", attempt + 1, PLAN_ATTEMPTS, conflict)
             try:
-                for line in explain_run(self.mode, catalog.planning_snapshot(now_ms), prepared, now_ms, config, topics, dry_run):
+                for line in explain_run(self.mode, catalog.planning_snapshot(now), prepared, now, config, topics, dry_run):
                     self.log.info("%s", line)
             except BaseException as failure:
                 # A retry plans again: these plans' leases would hold their files from it until they expire. A catalog
                 # gone meanwhile cannot release them: they are recorded as abandoned, and the task fails with its own
                 # error rather than the release's.
-                give_up(catalog, prepared.plan_ids, now_ms, failure)
+                give_up(catalog, prepared.plan_ids, now, failure)
                 raise
         return [{**asdict(job), "application_args": job.application_args()} for job in prepared.groups]
 
@@ -161,16 +139,10 @@ def _checked_params(topics: Any, dry_run: Any, buffer_bytes: Any, force: Any = F
     checked_flag("dry_run", dry_run)
     checked_flag("force", force)
     if buffer_bytes is not None and (
-        isinstance(buffer_bytes, bool) or not isinstance(buffer_bytes, int) or not MIN_BUFFER_BYTES <= buffer_bytes <= MAX_BUFFER_BYTES
+        isinstance(buffer_bytes, bool) or not isinstance(buffer_bytes, int) or not MIN_PARAM_BUFFER_BYTES <= buffer_bytes <= MAX_BUFFER_BYTES
     ):
-        raise ValueError(f"buffer_bytes must be an integer from {MIN_BUFFER_BYTES} (1 MiB) to {MAX_BUFFER_BYTES} (2 GiB), not {buffer_bytes!r}")
+        raise ValueError(f"buffer_bytes must be an integer from {MIN_PARAM_BUFFER_BYTES} (1 MiB) to {MAX_BUFFER_BYTES} (2 GiB), not {buffer_bytes!r}")
     return topics, dry_run, buffer_bytes, force
-
-
-def checked_flag(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be true or false, not {value!r}; pass a bool (with templates, set the DAG's render_template_as_native_obj=True)")
-    return value
 
 
 class LogcompactDryRunOperator(BaseOperator):
@@ -207,7 +179,7 @@ class LogcompactCommitOperator(BaseOperator):
     def execute(self, context: Any) -> dict:
         plan_ids = sorted({job["plan_id"] for job in self.group_jobs})
         with failing_at_once():
-            summary = commit_plans(LogcompactHook(self.logcompact_conn_id).get_catalog(), plan_ids, _now_ms(), keep_going=True)
+            summary = commit_plans(LogcompactHook(self.logcompact_conn_id).get_catalog(), plan_ids, now_ms(), keep_going=True)
         for line in summary.describe():
             self.log.info("%s", line)
         emit_gauges(job_gauges([summary.stats[plan_id] for plan_id in summary.committed]))
@@ -243,24 +215,3 @@ class LogcompactUncleanableOperator(BaseOperator):
 
 def _topic_asset(cluster_id: str, topic: str) -> Asset:
     return Asset(name=f"logcompact/{cluster_id}/{topic}", uri=f"logcompact://{cluster_id}/{topic}")
-
-
-class LogcompactGcOperator(BaseOperator):
-    """Release expired leases; delete replaced files no kept version holds, uncommitted outputs and old plans
-    past their grace; trim the commit log to the kept versions."""
-
-    def __init__(self, *, grace_ms: int = DEFAULT_GC_GRACE_MS, logcompact_conn_id: str = LogcompactHook.default_conn_name, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.grace_ms = grace_ms
-        self.logcompact_conn_id = logcompact_conn_id
-
-    def execute(self, context: Any) -> dict:
-        with failing_at_once():
-            report = collect_garbage(LogcompactHook(self.logcompact_conn_id).get_catalog(), _now_ms(), self.grace_ms)
-        self.log.info(
-            "gc: %d data files, %d plan objects deleted; %d commit-log versions trimmed; %d expired leases released; "
-            "%d young files kept; %d work directories of dead jobs removed",
-            len(report.deleted_files), len(report.deleted_plans), report.trimmed_versions,
-            len(report.released_leases), report.kept_unreferenced_young, len(report.reclaimed_workdirs),
-        )
-        return report.to_dict()
