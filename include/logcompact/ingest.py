@@ -45,11 +45,11 @@ from logcompact.exceptions import IngestError, InvalidRecordError
 from logcompact.format import SegmentWriter
 from logcompact.format.layout import HEADERS_TYPE, SECTION_SCHEMA
 from logcompact.format.xxh3 import key_hash_array
+from logcompact.limits import DEFAULT_FLUSH_BYTES, DEFAULT_FLUSH_INTERVAL_MS
 from logcompact.plan import l0_key
 from logcompact.topics import Topic
+from logcompact.units import wall_clock_ms
 
-DEFAULT_FLUSH_INTERVAL_MS = 250
-DEFAULT_FLUSH_BYTES = 8 * 1024 * 1024
 # Files written but not committed, at most: two seconds of flushes at the default interval.
 MAX_UNCOMMITTED_FILES = 8
 # Timestamps are int64 milliseconds in the file and the catalog.
@@ -75,10 +75,6 @@ class Record(NamedTuple):
     value: bytes | None
     timestamp: int | None = None
     headers: Sequence[tuple[str, bytes]] | None = None
-
-
-def wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclass

@@ -34,6 +34,19 @@ from logcompact.catalog import CatalogSection, DataFile, TopicPartition
 from logcompact.collector import collector_paused
 from logcompact.exceptions import CommitConflictError, InvalidPlanError
 from logcompact.format.layout import COMPRESSIONS, SectionInfo
+from logcompact.limits import (
+    DEFAULT_BUFFER_BYTES,
+    DEFAULT_MAX_PARTITION_BYTES,
+    DEFAULT_TARGET_FILE_BYTES,
+    MAX_BUFFER_BYTES,
+    MAX_BYTE_COUNT,
+    MAX_CLOCK_SKEW_MS,
+    MAX_LEVEL,
+    MAX_PLAN_AGE_MS,
+    MAX_TARGET_FILE_BYTES,
+    MIN_BUFFER_BYTES,
+    MODES,
+)
 from logcompact.topics import Topic
 
 if TYPE_CHECKING:  # a Spark task reads plans without loading the catalog's database layer
@@ -42,28 +55,11 @@ if TYPE_CHECKING:  # a Spark task reads plans without loading the catalog's data
 # 3: `first_uncleanable` leaves out the plan's own inputs, whose first young record the engine finds (an
 # engine reading format 2 would deduplicate them).
 PLAN_FORMAT = 3
-MAX_LEVEL = 4
-DEFAULT_TARGET_FILE_BYTES = 256 * 1024 * 1024
-# The key map's buffer of each job: WarpStream's 128 MiB.
-DEFAULT_BUFFER_BYTES = 128 * 1024 * 1024
-DEFAULT_MAX_PARTITION_BYTES = 128 * 1024**3
-# Bounds a plan's sizes must keep (docs/plan.md). Kafka caps each cleaner thread's dedupe buffer at 2 GiB; an
-# output file is written whole to local disk before its PUT; no byte count may overflow an int64 sum.
-MIN_BUFFER_BYTES = 40
-MAX_BUFFER_BYTES = 2 * 1024**3
-MAX_TARGET_FILE_BYTES = 16 * 1024**3
-MAX_BYTE_COUNT = 1 << 50
-# A plan's clock is the caller's within these bounds (docs/plan.md): no older than a plan's lease lasts by
-# default (a plan's min lag, retention and horizons are judged at its clock), and no later than clocks drift.
-MAX_PLAN_AGE_MS = 60 * 60_000
-MAX_CLOCK_SKEW_MS = 5 * 60_000
 # What `new_plan_id` makes, and what data files are called (`data/l{level}/{name}.seg`); docs/plan.md.
 PLAN_ID_PATTERN = re.compile(r"p[0-9]{1,19}-[0-9a-f]{12}")
 DATA_KEY_PATTERN = re.compile(r"data/l([0-4])/[A-Za-z0-9][A-Za-z0-9._-]{0,199}\.seg")
 # An agent's L0 file: `l0_key`'s names, its clock first (gc tells a dead agent's file by it).
 L0_NAME_PATTERN = re.compile(r"[0-9]{13,19}-[0-9a-f]{32}\.seg")
-# What the planner makes: levels and size tiers, the max-lag pass, the daily full sweep (docs/planner.md).
-MODES = ("regular", "max-lag", "full")
 # Plans and their groups' results are kept in the store under this prefix (logcompact.jobs.documents).
 PLANS_PREFIX = "plans/"
 

@@ -10,12 +10,10 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from logcompact.exceptions import InvalidTopicError
+from logcompact.units import HOUR_MS, INT_MAX, LONG_MAX
 
 log = logging.getLogger(__name__)
 
-LONG_MAX = 2**63 - 1
-INT_MAX = 2**31 - 1
-HOUR_MS = 3_600_000
 # WarpStream's floor: a smaller max.compaction.lag.ms is raised to this, with a warning.
 MIN_MAX_COMPACTION_LAG_MS = 2 * HOUR_MS
 MAX_PARTITIONS = 100_000

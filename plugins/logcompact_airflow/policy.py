@@ -11,7 +11,6 @@ then is worth one. Those are `TRANSIENT_ERRORS`, the store or the catalog databa
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -19,13 +18,13 @@ from typing import Any
 from airflow.sdk.exceptions import AirflowFailException
 
 from logcompact.exceptions import CatalogUnavailableError, LogcompactError, StoreError
+from logcompact.units import wall_clock_ms
 
 TRANSIENT_ERRORS: tuple[type[Exception], ...] = (StoreError, CatalogUnavailableError)
 
 
-def now_ms() -> int:
-    """The wall clock in milliseconds, as the catalog keeps times."""
-    return int(time.time() * 1000)
+# The tasks' clock: logcompact's own (epoch milliseconds, as the catalog keeps times).
+now_ms = wall_clock_ms
 
 
 @contextmanager

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import logging
 import struct
-import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
@@ -78,6 +77,7 @@ from logcompact.format.layout import COMPRESSIONS, SectionInfo
 from logcompact.store.base import ObjectStore
 from logcompact.store.local import LocalStore
 from logcompact.topics import Topic
+from logcompact.units import wall_clock_ms
 
 # Manifest versions a reader may pin: gc keeps files removed since the oldest of them.
 DEFAULT_KEEP_VERSIONS = 100
@@ -152,7 +152,7 @@ class Catalog:
         """Record a committed version in the store's marker: after every commit but appends, which record at most
         every RECORD_APPEND_EVERY_MS (a PUT per append would double an agent's PUTs). The commit stands whatever
         happens here, so a failure is logged, not raised: the marker only lags."""
-        now = _now_ms()
+        now = wall_clock_ms()
         if operation == "append" and now - self._recorded_ms < RECORD_APPEND_EVERY_MS:
             return
         assert self._marker is not None  # set with the cluster id
@@ -335,7 +335,7 @@ class Catalog:
                     f"store {self.store.uri} has no cluster marker and holds data files ({stray.key}, ...) that catalog "
                     f"{self._shown_url} (cluster {cluster_id}) has none of: {how_to_fix}"
                 )
-        return create_marker(self.store, cluster_id, version, _now_ms())
+        return create_marker(self.store, cluster_id, version, wall_clock_ms())
 
     def _not_found(self) -> ClusterNotFoundError:
         return ClusterNotFoundError(
@@ -1354,9 +1354,6 @@ def _version_behind_log(version: int, logged: int) -> CorruptDataError:
         "from a backup, or set catalog_info.version to the newest logged version; nothing was written"
     )
 
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def _first_line(exc: Exception) -> str:

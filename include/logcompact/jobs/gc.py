@@ -9,13 +9,10 @@ from logcompact.catalog.database import redact_url
 from logcompact.exceptions import ClusterMismatchError
 from logcompact.jobs.documents import release_abandoned
 from logcompact.jobs.workdir import reclaim_workdirs
+from logcompact.limits import DEFAULT_GC_GRACE_MS, DEFAULT_MAX_ORPHAN_SHARE
 from logcompact.plan import DATA_KEY_PATTERN, L0_NAME_PATTERN, MAX_CLOCK_SKEW_MS, PLAN_ID_PATTERN, PLANS_PREFIX
 from logcompact.store.base import ObjectInfo
 
-DEFAULT_GC_GRACE_MS = 3_600_000
-# gc deletes no unreferenced object when more than this share of the store's data objects would go, and at least
-# MIN_ORPHANS_CHECKED of them (a small cluster's one aborted output is no sign of another cluster's catalog).
-DEFAULT_MAX_ORPHAN_SHARE = 0.5
 MIN_ORPHANS_CHECKED = 10
 
 

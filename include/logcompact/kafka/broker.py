@@ -25,6 +25,7 @@ from logcompact.kafka import codec, records
 from logcompact.kafka.cluster import AgentDirectory
 from logcompact.store.cache import CachedStore
 from logcompact.topics import Topic
+from logcompact.units import wall_clock_ms
 
 # How long an agent trusts what it read of the topics before reading them again for a produce: topics are
 # created, deleted, given partitions and altered by any agent or the CLI (this agent's own admin requests
@@ -93,7 +94,7 @@ class Broker:
     def log_append_time(topic: Topic) -> int | None:
         """Now, in ms, for a topic whose message.timestamp.type is LogAppendTime (the time every record of a batch
         taken now gets); None for CreateTime (records keep the producer's timestamps)."""
-        return time.time_ns() // 1_000_000 if topic.config.message_timestamp_type == "LogAppendTime" else None
+        return wall_clock_ms() if topic.config.message_timestamp_type == "LogAppendTime" else None
 
     def serves(self, api_key: int, version: int) -> bool:
         api = self.apis.get(api_key)

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import zlib
 
 from logcompact.catalog import Catalog
 from logcompact.catalog.model import AgentRecord
+from logcompact.units import wall_clock_ms
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ class AgentDirectory:
     @classmethod
     def register(cls, catalog: Catalog, host: str, port: int, rack: str | None, node_id: int | None) -> AgentDirectory:
         """Register in the catalog (blocking): see `Catalog.register_agent`."""
-        now = _now_ms()
+        now = wall_clock_ms()
         node_id = catalog.register_agent(host, port, rack, node_id, now, ALIVE_MS)
         directory = cls(catalog, AgentRecord(node_id, host, port, rack, now, now))
         directory._live = directory._heartbeat()
@@ -50,7 +50,7 @@ class AgentDirectory:
     def refresh(self) -> list[AgentRecord]:
         """The live agents read from the catalog now (blocking): Metadata and DescribeCluster show an agent that
         joined or stopped a moment ago, not a heartbeat later."""
-        self._live = _with(self.me, self._catalog.live_agents(_now_ms(), ALIVE_MS))
+        self._live = _with(self.me, self._catalog.live_agents(wall_clock_ms(), ALIVE_MS))
         return self._live
 
     def leader_of(self, topic: str, partition: int) -> AgentRecord:
@@ -85,13 +85,10 @@ class AgentDirectory:
 
     def _heartbeat(self) -> list[AgentRecord]:
         me = self.me
-        return _with(me, self._catalog.agent_heartbeat(me.node_id, me.host, me.port, _now_ms(), ALIVE_MS))
+        return _with(me, self._catalog.agent_heartbeat(me.node_id, me.host, me.port, wall_clock_ms(), ALIVE_MS))
 
 
 def _with(me: AgentRecord, live: list[AgentRecord]) -> list[AgentRecord]:
     """`live` with this agent in it: it serves, whatever the catalog last said of it."""
     return live if any(agent.node_id == me.node_id for agent in live) else sorted([*live, me], key=lambda a: a.node_id)
 
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)

@@ -14,7 +14,6 @@ defaults. Altering one is INVALID_REQUEST, as Kafka answers a config it cannot c
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import Counter
 from dataclasses import asdict
 from typing import Any
@@ -23,6 +22,7 @@ from logcompact.exceptions import InvalidTopicError, TopicNotFoundError
 from logcompact.kafka import codec
 from logcompact.kafka.broker import Broker
 from logcompact.topics import Topic, TopicConfig, kafka_config_names, validate_topic_name
+from logcompact.units import wall_clock_ms
 
 DESCRIBE_CONFIGS = 32
 ALTER_CONFIGS = 33
@@ -222,7 +222,7 @@ def _alter_topic(broker: Broker, name: str, change: Any, validate_only: bool) ->
             change(_topic(broker, name))
         else:
             _topic(broker, name)  # its name checked, and an unknown topic refused before a version is written
-            broker.catalog.alter_topic(name, change, time.time_ns() // 1_000_000)
+            broker.catalog.alter_topic(name, change, wall_clock_ms())
     except TopicNotFoundError as exc:
         raise Refused(codec.ErrorCode.unknown_topic_or_partition, str(exc)) from None
     except InvalidTopicError as exc:

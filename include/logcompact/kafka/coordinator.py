@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from logcompact.catalog.groups import GroupCatalog, GroupRow
 from logcompact.kafka.codec import ErrorCode
+from logcompact.units import wall_clock_ms
 
 if TYPE_CHECKING:
     from logcompact.kafka.broker import Broker
@@ -159,7 +160,7 @@ class Group:
 
     def row(self, coordinator: int) -> GroupRow:
         members = tuple({"member_id": m.member_id, "group_instance_id": m.instance_id, "client_id": m.client_id} for m in self.members.values())
-        return GroupRow(self.group_id, coordinator, self.generation, self.protocol_type or "", self.protocol or "", self.state, members, int(time.time() * 1000))
+        return GroupRow(self.group_id, coordinator, self.generation, self.protocol_type or "", self.protocol or "", self.state, members, wall_clock_ms())
 
 
 def _pending_size(member_id: str) -> int:

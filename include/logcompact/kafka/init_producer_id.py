@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any
 
 from logcompact.kafka import codec
 from logcompact.kafka.broker import Broker
+from logcompact.units import wall_clock_ms
 
 API_KEY = 22
 NO_PRODUCER_ID = -1
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 async def handle(broker: Broker, request: codec.Request) -> Any:
     transactional_id = request.body.transactional_id
     if transactional_id is None:
-        producer_id = await asyncio.to_thread(broker.catalog.allocate_producer_id, time.time_ns() // 1_000_000)
+        producer_id = await asyncio.to_thread(broker.catalog.allocate_producer_id, wall_clock_ms())
         return _response(request.api_version, codec.ErrorCode.none, producer_id, 0)
     if not transactional_id:
         return _response(request.api_version, codec.ErrorCode.invalid_request, NO_PRODUCER_ID, NO_PRODUCER_EPOCH)

@@ -10,7 +10,6 @@ Kafka's rule is kept that only the coordinator answers both APIs (NOT_COORDINATO
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +18,7 @@ from logcompact.exceptions import CatalogUnavailableError
 from logcompact.kafka import codec
 from logcompact.kafka.broker import Broker
 from logcompact.kafka.coordinator import coordinates
+from logcompact.units import wall_clock_ms
 
 OFFSET_COMMIT, OFFSET_FETCH = 8, 9
 MAX_METADATA_BYTES = 4096  # Kafka's offset.metadata.max.bytes
@@ -59,7 +59,7 @@ async def _commit_error(broker: Broker, body: Any) -> codec.ErrorCode | None:
 
 def _commit(broker: Broker, group_id: str, requested: Sequence[tuple[str, Sequence[Any]]]) -> Partitions:
     topics = broker.catalog.snapshot().topics
-    now_ms = int(time.time() * 1000)
+    now_ms = wall_clock_ms()
     offsets: dict[tuple[str, int], CommittedOffset] = {}
     answered: Partitions = []
     for name, partitions in requested:

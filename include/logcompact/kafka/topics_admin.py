@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import uuid
 from collections import Counter
 from typing import Any
@@ -26,6 +25,7 @@ from logcompact.kafka import codec, configs
 from logcompact.kafka.broker import Broker
 from logcompact.kafka.configs import Refused
 from logcompact.topics import MAX_PARTITIONS, Topic, TopicConfig, validate_topic_name
+from logcompact.units import wall_clock_ms
 
 CREATE_TOPICS = 19
 DELETE_TOPICS = 20
@@ -89,7 +89,7 @@ def _create(broker: Broker, entry: Any, validate_only: bool) -> tuple[Topic, int
         config = TopicConfig.from_kafka(settings)
     except InvalidTopicError as exc:
         raise Refused(codec.ErrorCode.invalid_config, str(exc)) from None
-    now_ms = time.time_ns() // 1_000_000
+    now_ms = wall_clock_ms()
     topic = Topic(entry.name, partitions, config, now_ms)
     if validate_only:
         if entry.name in broker.catalog.snapshot().topics:
@@ -143,7 +143,7 @@ def _delete_all(broker: Broker, entries: list[tuple[str | None, uuid.UUID | None
 
 def _delete(broker: Broker, name: str, catalog_id: int | None) -> None:
     try:
-        broker.catalog.delete_topic(name, time.time_ns() // 1_000_000, catalog_id)
+        broker.catalog.delete_topic(name, wall_clock_ms(), catalog_id)
     except TopicNotFoundError as exc:
         error = codec.ErrorCode.unknown_topic_or_partition if catalog_id is None else codec.ErrorCode.unknown_topic_id
         raise Refused(error, str(exc)) from None
@@ -177,7 +177,7 @@ def _grow(broker: Broker, name: str, count: int, validate_only: bool) -> None:
         if validate_only:
             broker.catalog.snapshot().topic(name).with_partitions(count)
         else:
-            broker.catalog.add_partitions(name, count, time.time_ns() // 1_000_000)
+            broker.catalog.add_partitions(name, count, wall_clock_ms())
     except TopicNotFoundError as exc:
         raise Refused(codec.ErrorCode.unknown_topic_or_partition, str(exc)) from None
     except InvalidTopicError as exc:
@@ -205,7 +205,7 @@ async def auto_create(broker: Broker, request: codec.Request, known: dict[str, T
 def create_default_topic(catalog: Catalog, name: str, partitions: int) -> bool:
     """Create topic `name` with `partitions` and the default configs; whether it exists now (False for a name
     Kafka's rules refuse)."""
-    now_ms = time.time_ns() // 1_000_000
+    now_ms = wall_clock_ms()
     try:
         catalog.create_topic(Topic.create(name, partitions, {}, now_ms), now_ms)
     except InvalidTopicError:

@@ -5,9 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from logcompact.exceptions import InvalidPlanError
-from logcompact.plan import (
+from logcompact.limits import (
     DEFAULT_BUFFER_BYTES,
+    DEFAULT_GROUP_BYTES,
+    DEFAULT_MAX_LAG_PASS_INTERVAL_MS,
     DEFAULT_MAX_PARTITION_BYTES,
+    DEFAULT_MIN_FILES,
     DEFAULT_TARGET_FILE_BYTES,
     MAX_BUFFER_BYTES,
     MAX_BYTE_COUNT,
@@ -15,15 +18,14 @@ from logcompact.plan import (
     MAX_TARGET_FILE_BYTES,
     MIN_BUFFER_BYTES,
 )
-
-MINUTE_MS = 60_000
+from logcompact.units import MINUTE_MS
 
 
 @dataclass(frozen=True)
 class PlannerConfig:
     # A level is compacted into the next once it holds this many files (L0, L1, L2, L3): four counts of at
     # least 1, given as a tuple or a list (as Airflow renders them and JSON holds them).
-    min_files: tuple[int, ...] = (32, 32, 32, 32)
+    min_files: tuple[int, ...] = (DEFAULT_MIN_FILES,) * 4
     # Records are deduplicated from this level up; L0 to L1 only copies and splits.
     dedup_from_level: int = 2
     # A small cluster's top level is L2; a big one's is L4. A cluster is big once it holds at least
@@ -38,13 +40,13 @@ class PlannerConfig:
     tier_min_files: int = 10
     tier_size_ratio: float = 2.0
     # Max-lag pass: how often it runs, and how long after a record becomes dirty it must be compacted.
-    max_lag_pass_interval_ms: int = 15 * MINUTE_MS
+    max_lag_pass_interval_ms: int = DEFAULT_MAX_LAG_PASS_INTERVAL_MS
     max_lag_deadline_ms: int = 30 * MINUTE_MS
     # A plan's files stay leased this long unless it commits or fails first.
     lease_ms: int = 60 * MINUTE_MS
     # A plan whose inputs hold more than this (uncompressed) is split into groups of topic-partitions for
     # parallel workers, once, when it is made.
-    group_bytes: int = 1024**3
+    group_bytes: int = DEFAULT_GROUP_BYTES
     buffer_bytes: int = DEFAULT_BUFFER_BYTES
     target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES
     max_partition_bytes: int = DEFAULT_MAX_PARTITION_BYTES

@@ -1,0 +1,61 @@
+"""`logcompact agent`: Kafka's protocol over this cluster (docs/agent.md)."""
+
+from __future__ import annotations
+
+import click
+
+from logcompact.cli.common import Context, emit, pass_context
+from logcompact.limits import DEFAULT_FLUSH_BYTES, DEFAULT_FLUSH_INTERVAL_MS
+from logcompact.topics import MAX_PARTITIONS
+
+
+@click.command()
+@click.option("--listen", default="127.0.0.1:9092", show_default=True, metavar="HOST:PORT", help="Address to accept Kafka clients on (port 0: any free port).")
+@click.option("--advertise", default=None, metavar="HOST:PORT", help="Address clients are told to connect to [default: the listen address].")
+@click.option("--node-id", type=click.IntRange(min=0), default=None,
+              help="Broker id clients see [default: the one this advertised address had before, else the lowest free one].")
+@click.option("--rack", default=None, help="Rack (availability zone) clients see, for their rack-aware choices.")
+@click.option("--flush-ms", type=click.IntRange(min=1), default=DEFAULT_FLUSH_INTERVAL_MS, show_default=True,
+              help="Write and commit an L0 file of what producers sent at least this often; acks wait for it.")
+@click.option("--flush-bytes", type=click.IntRange(min=1), default=DEFAULT_FLUSH_BYTES, show_default=True,
+              help="Or as soon as this many bytes are buffered.")
+@click.option("--max-message-bytes", type=click.IntRange(min=1), default=1_048_588, show_default=True,
+              help="Largest record batch taken (Kafka's message.max.bytes; a topic's max.message.bytes overrides it).")
+@click.option("--fetch-cache-bytes", type=click.IntRange(min=0), default=256 * 1024 * 1024, show_default=True,
+              help="Bytes of file ranges kept for consumers that read them again (the tail); 0: no cache.")
+@click.option("--auto-create-topics/--no-auto-create-topics", default=True, show_default=True,
+              help="Create a topic a producer or a Metadata request names that does not exist (Kafka's auto.create.topics.enable).")
+@click.option("--num-partitions", type=click.IntRange(1, MAX_PARTITIONS), default=1, show_default=True,
+              help="Partitions of a topic auto-created or created without a count (Kafka's num.partitions).")
+# Kafka's group.max.size is unbounded; the agent keeps every member in memory (coordinator.DEFAULT_GROUP_MAX_SIZE)
+@click.option("--group-max-size", type=click.IntRange(min=1), default=1000, show_default=True,
+              help="Members a consumer group may have (Kafka's group.max.size); more get GROUP_MAX_SIZE_REACHED.")
+@click.option("--group-max-bytes", type=click.IntRange(min=1), default=256 * 1024 * 1024, show_default=True,
+              help="Bytes all consumer groups' members may hold in memory (their metadata, assignments and ids, 1 KiB at least "
+                   "each); JoinGroups past it get GROUP_MAX_SIZE_REACHED.")
+@pass_context
+def agent(
+    ctx: Context, listen: str, advertise: str | None, node_id: int | None, rack: str | None, flush_ms: int, flush_bytes: int,
+    max_message_bytes: int, fetch_cache_bytes: int, auto_create_topics: bool, num_partitions: int, group_max_size: int,
+    group_max_bytes: int,
+) -> None:
+    """Serve Kafka's protocol over this cluster (produce, fetch, consumer groups, idempotent producers, admin; every API
+    and version in docs/agent.md) until SIGTERM or SIGINT, then commit what producers sent. Registers in the catalog
+    beside the other agents. Prints one JSON line once listening: its address, advertised address, node id and
+    cluster id."""
+    from logcompact.kafka.broker import Address
+    from logcompact.kafka.server import AgentSettings, run_agent
+
+    try:
+        settings = AgentSettings(
+            Address.parse(listen, "--listen"), Address.parse(advertise, "--advertise") if advertise else None, node_id, rack,
+            flush_interval_ms=flush_ms, flush_bytes=flush_bytes, max_message_bytes=max_message_bytes,
+            fetch_cache_bytes=fetch_cache_bytes,
+            auto_create_topics=auto_create_topics, num_partitions=num_partitions,
+            group_max_size=group_max_size, group_max_bytes=group_max_bytes,
+        )
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    run_agent(ctx.catalog, settings, lambda broker, bound: emit(
+        {"listening": str(bound), "advertised": str(broker.advertised), "node_id": broker.node_id, "cluster_id": broker.cluster_id}
+    ))

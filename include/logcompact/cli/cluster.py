@@ -1,0 +1,87 @@
+"""`logcompact cluster ...` and `status`: the cluster a store and its catalog belong to, and the cleaner's figures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from logcompact.cli.common import Context, emit, now_option, pass_context
+from logcompact.exceptions import ClusterNotFoundError
+
+
+@click.group()
+def cluster() -> None:
+    """The cluster a store and its catalog belong to (the store's cluster.json marker)."""
+
+
+@cluster.command("create")
+@now_option
+@pass_context
+def cluster_create(ctx: Context) -> None:
+    """Create an empty cluster in the store and catalog (its schema and version 1), or do nothing if one is there:
+    what deployments run once before their first agent (`logcompact agent` serves an existing cluster only, so
+    a mistyped --catalog never starts an empty one). Prints the cluster id and whether it was created."""
+    catalog = ctx.catalog
+    try:
+        emit({"cluster_id": catalog.cluster_id, "created": False})
+    except ClusterNotFoundError:
+        emit({"cluster_id": catalog.ensure_created(ctx.clock()), "created": True})
+
+
+@cluster.command("describe")
+@pass_context
+def cluster_describe(ctx: Context) -> None:
+    """The cluster id, the catalog's newest version and what the store's marker recorded, as JSON."""
+    catalog = ctx.catalog
+    marker = catalog.marker
+    emit({"cluster_id": catalog.cluster_id, "catalog_version": catalog.latest_version(), "marker": marker.__dict__})
+
+
+@cluster.command("accept-catalog")
+@now_option
+@pass_context
+def cluster_accept_catalog(ctx: Context) -> None:
+    """Take the catalog as the store's: mark a store that lost its marker, or go on from a catalog restored from an
+    older copy (files written after that copy then count as orphans for gc). A catalog of another cluster is
+    still refused."""
+    marker = ctx.catalog.accept_catalog(ctx.clock())
+    emit({"accepted": True, "cluster_id": marker.cluster_id, "seen_version": marker.seen_version})
+
+
+@cluster.command("upgrade-catalog")
+@pass_context
+def cluster_upgrade_catalog(ctx: Context) -> None:
+    """Upgrade a catalog of schema 3 to 9 to schema 10 in one transaction (docs/catalog.md says what each step
+    changes). Stop the older release's agents and compactions and back the database up first. On a catalog at
+    schema 10 there is nothing to do; another schema is refused."""
+    from logcompact.catalog.schema import SCHEMA_VERSION
+
+    upgrade = ctx.catalog.upgrade_catalog()
+    if upgrade is None:
+        emit({"upgraded": False, "schema_version": SCHEMA_VERSION, "note": f"the catalog is at schema version {SCHEMA_VERSION}: nothing to do"})
+    else:
+        emit({"upgraded": True, "from_schema_version": upgrade.from_schema_version, "schema_version": SCHEMA_VERSION,
+               "sections_rewritten": upgrade.sections_rewritten})
+
+
+@click.command()
+@now_option
+@click.option("--json", "as_json", is_flag=True, help="One JSON document instead of the table.")
+@click.option("--plot", type=click.Path(dir_okay=False, writable=True), metavar="FILE.png",
+              help="Also draw files and bytes per level, and bytes and dirty ratio per topic, into a PNG.")
+@pass_context
+def status(ctx: Context, as_json: bool, plot: str | None) -> None:
+    """The cleaner's figures as Kafka's log cleaner names them: per partition of each compacted topic the dirty
+    ratio, the delay past max.compaction.lag.ms, the time since its last compaction, the estimated duplicates
+    and uncleanable marks; files and bytes per level (docs/metrics.md)."""
+    from logcompact.status import cluster_status, draw_status
+
+    report = cluster_status(ctx.catalog, ctx.clock())
+    if plot:
+        draw_status(report, Path(plot))
+    if as_json:
+        emit(report.to_dict())
+    else:
+        for line in report.describe():
+            click.echo(line)
