@@ -11,7 +11,7 @@ import pendulum
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Param
 
-from logcompact.plan import DEFAULT_BUFFER_BYTES, MAX_BUFFER_BYTES
+from logcompact.limits import DEFAULT_BUFFER_BYTES, MAX_BUFFER_BYTES
 from logcompact_airflow.hooks import LogcompactHook
 from logcompact_airflow.operators import (
     MIN_PARAM_BUFFER_BYTES,

@@ -20,7 +20,8 @@ from dataclasses import replace
 from logcompact.catalog import PlanningSnapshot
 from logcompact.collector import collector_paused
 from logcompact.exceptions import TopicNotFoundError
-from logcompact.plan import MODES, Plan
+from logcompact.limits import MODES
+from logcompact.plan import Plan
 from logcompact.planner.config import PlannerConfig
 from logcompact.planner.estimate import expected_effect
 from logcompact.planner.levels import plan_full_sweep, plan_regular, size_tiers, top_level

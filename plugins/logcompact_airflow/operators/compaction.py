@@ -16,7 +16,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from logcompact.exceptions import CommitConflictError
 from logcompact.jobs import commit_plans, give_up, prepare_plans, uncleanable_report
 from logcompact.jobs.explain import explain_run, minutes
-from logcompact.plan import MAX_BUFFER_BYTES
+from logcompact.limits import MAX_BUFFER_BYTES
 from logcompact.planner import MODES, PlannerConfig
 from logcompact.status import job_gauges
 from logcompact_airflow.hooks import LogcompactHook
@@ -27,7 +27,7 @@ from logcompact_airflow.schedule import next_pass_in_ms
 # Commits announce the topics they compacted as events of assets `logcompact://{cluster}/{topic}`.
 COMPACTED_TOPICS = AssetAlias("logcompact-compacted-topics")
 # The smallest key map a run's params may ask for (the trigger form's bound too): a plan itself takes any from
-# `logcompact.plan.MIN_BUFFER_BYTES`, the size of one slot, but a map of a few keys only makes a job crawl.
+# `logcompact.limits.MIN_BUFFER_BYTES`, the size of one slot, but a map of a few keys only makes a job crawl.
 MIN_PARAM_BUFFER_BYTES = 1024**2
 # A forced run compacts any level holding this many files (or a top-level size tier of as many).
 FORCED_MIN_FILES = 2
