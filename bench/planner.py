@@ -48,9 +48,7 @@ from logcompact.exceptions import ClusterNotFoundError
 from logcompact.format.layout import SectionInfo
 from logcompact.jobs.documents import (
     check_seal,
-    inputs_key,
     plan_documents,
-    plan_key,
     read_group,
     read_header,
     read_partition_bytes,
@@ -58,6 +56,7 @@ from logcompact.jobs.documents import (
     seal,
     write_plan,
 )
+from logcompact.keys import inputs_key, plan_key
 from logcompact.plan import Plan
 from logcompact.planner import PlannerConfig, choose_plans
 from logcompact.store import LocalStore

@@ -53,7 +53,8 @@ from logcompact.exceptions import (
 from logcompact.format import read_section
 from logcompact.ingest import Agent, Record
 from logcompact.jobs import commit_plans, prepare_plans, release_abandoned, run_group, run_here
-from logcompact.jobs.documents import abandoned_key, abandoned_plans, group_key, read_header
+from logcompact.jobs.documents import abandoned_plans, read_header
+from logcompact.keys import abandoned_key, group_key
 from logcompact.planner import PlannerConfig
 from logcompact.store import LocalStore
 from tests.helpers import NOW, assert_summaries_kept, create_topic, produce_l0_files

@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 
 from logcompact.catalog import Catalog
-from logcompact.catalog.identity import MARKER_KEY, check_store_cluster, read_marker
+from logcompact.catalog.identity import check_store_cluster, read_marker
 from logcompact.exceptions import ClusterMismatchError
 from logcompact.jobs import collect_garbage
+from logcompact.keys import MARKER_KEY
 from logcompact.store import LocalStore
 
 

@@ -18,9 +18,6 @@ from logcompact.engine.stats import JobResult
 from logcompact.exceptions import CommitConflictError, InvalidPlanError, ObjectNotFoundError, TopicNotFoundError
 from logcompact.jobs import check_thresholds, collect_garbage, commit_plans, deal_slices, prepare_plans
 from logcompact.jobs.documents import (
-    group_key,
-    inputs_key,
-    plan_key,
     read_group,
     read_header,
     read_partition_bytes,
@@ -28,6 +25,7 @@ from logcompact.jobs.documents import (
     write_group_result,
     write_plan,
 )
+from logcompact.keys import group_key, inputs_key, plan_key
 from logcompact.plan import GROUP_METADATA_KEY, Plan
 from logcompact.planner import PlannerConfig, choose_plans
 from spark_apps.compact_group import compact_slices

@@ -15,7 +15,7 @@ from logcompact.consume import latest_values
 from logcompact.exceptions import CommitConflictError, InvalidPlanError
 from logcompact.ingest import Agent, Record
 from logcompact.jobs import commit_plans, run_and_commit
-from logcompact.jobs.documents import plan_key
+from logcompact.keys import plan_key
 from logcompact.plan import Plan
 from tests.helpers import NOW, create_topic, full_sweep, level_plans
 
@@ -171,7 +171,8 @@ def test_an_edited_stored_plan_commits_nothing(catalog: Catalog) -> None:
 
     from logcompact.engine.cleaner import run_plan
     from logcompact.jobs import prepare_plans
-    from logcompact.jobs.documents import group_key, read_group, write_group_result
+    from logcompact.jobs.documents import read_group, write_group_result
+    from logcompact.keys import group_key
     from logcompact.planner import PlannerConfig
 
     _cluster(catalog)

@@ -45,8 +45,8 @@ from logcompact.exceptions import IngestError, InvalidRecordError
 from logcompact.format import SegmentWriter
 from logcompact.format.layout import HEADERS_TYPE, SECTION_SCHEMA
 from logcompact.format.xxh3 import key_hash_array
+from logcompact.keys import l0_key
 from logcompact.limits import DEFAULT_FLUSH_BYTES, DEFAULT_FLUSH_INTERVAL_MS
-from logcompact.plan import l0_key
 from logcompact.topics import Topic
 from logcompact.units import wall_clock_ms
 

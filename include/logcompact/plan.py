@@ -19,7 +19,6 @@ import base64
 import binascii
 import bisect
 import json
-import re
 import uuid
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -34,6 +33,7 @@ from logcompact.catalog import CatalogSection, DataFile, TopicPartition
 from logcompact.collector import collector_paused
 from logcompact.exceptions import CommitConflictError, InvalidPlanError
 from logcompact.format.layout import COMPRESSIONS, SectionInfo
+from logcompact.keys import DATA_KEY_PATTERN, PLAN_ID_PATTERN, output_key
 from logcompact.limits import (
     DEFAULT_BUFFER_BYTES,
     DEFAULT_MAX_PARTITION_BYTES,
@@ -55,18 +55,6 @@ if TYPE_CHECKING:  # a Spark task reads plans without loading the catalog's data
 # 3: `first_uncleanable` leaves out the plan's own inputs, whose first young record the engine finds (an
 # engine reading format 2 would deduplicate them).
 PLAN_FORMAT = 3
-# What `new_plan_id` makes, and what data files are called (`data/l{level}/{name}.seg`); docs/plan.md.
-PLAN_ID_PATTERN = re.compile(r"p[0-9]{1,19}-[0-9a-f]{12}")
-DATA_KEY_PATTERN = re.compile(r"data/l([0-4])/[A-Za-z0-9][A-Za-z0-9._-]{0,199}\.seg")
-# An agent's L0 file: `l0_key`'s names, its clock first (gc tells a dead agent's file by it).
-L0_NAME_PATTERN = re.compile(r"[0-9]{13,19}-[0-9a-f]{32}\.seg")
-# Plans and their groups' results are kept in the store under this prefix (logcompact.jobs.documents).
-PLANS_PREFIX = "plans/"
-
-
-def l0_key(now_ms: int) -> str:
-    """A new L0 file's key: unique whoever writes it, and sorted by when."""
-    return f"data/l0/{now_ms:013d}-{uuid.uuid4().hex}.seg"
 
 
 class PlanGroup(NamedTuple):
@@ -152,7 +140,7 @@ class Plan:
             object.__setattr__(self, "groups", split_into_groups(input_offsets(self.inputs).sizes, None))
 
     def output_key(self, content: str, sequence: int) -> str:
-        return f"data/l{self.target_level}/{self.plan_id}-g{self.group:03d}-s{self.slice:03d}-{content}-{sequence:04d}.seg"
+        return output_key(self.plan_id, self.target_level, self.group, self.slice, content, sequence)
 
     def piece(self, group: int) -> Plan:
         """What the job of group `group` runs: the plan restricted to that group's sections, its outputs named

@@ -74,6 +74,7 @@ from logcompact.exceptions import (
     TopicNotFoundError,
 )
 from logcompact.format.layout import COMPRESSIONS, SectionInfo
+from logcompact.keys import DATA_PREFIX
 from logcompact.store.base import ObjectStore
 from logcompact.store.local import LocalStore
 from logcompact.topics import Topic
@@ -329,7 +330,7 @@ class Catalog:
                     f"{self._shown_url} (cluster {cluster_id}): {how_to_fix}"
                 )
         if not newest:
-            stray = next(iter(self.store.list("data/")), None)
+            stray = next(iter(self.store.list(DATA_PREFIX)), None)
             if stray is not None:
                 raise ClusterMismatchError(
                     f"store {self.store.uri} has no cluster marker and holds data files ({stray.key}, ...) that catalog "
@@ -398,7 +399,7 @@ class Catalog:
                 f"{marker.cluster_id}: point --catalog (LOGCOMPACT_CATALOG) at that cluster's catalog, restore the catalog "
                 "database from a backup, or use an empty store"
             )
-        found = next(iter(self.store.list("data/")), None)
+        found = next(iter(self.store.list(DATA_PREFIX)), None)
         if found is not None:
             raise CatalogConfigError(
                 f"catalog {self._shown_url} holds no cluster but {self.store.uri} holds data files "

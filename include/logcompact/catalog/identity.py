@@ -14,9 +14,9 @@ import json
 from dataclasses import asdict, dataclass
 
 from logcompact.exceptions import ClusterMismatchError, CorruptDataError, ObjectNotFoundError
+from logcompact.keys import MARKER_KEY
 from logcompact.store.base import ObjectStore
 
-MARKER_KEY = "cluster.json"
 RECORD_APPEND_EVERY_MS = 10_000
 
 

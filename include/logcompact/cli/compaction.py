@@ -118,7 +118,8 @@ _PLAN_SOURCES = "a plan `logcompact plan` printed (JSON or JSON lines, - for std
 def _read_plans(path: str) -> list[Plan]:
     """The plans at `path`: a plan's directory or a directory of them (`plan --out`), or a JSON document, or
     JSON lines (`-`: stdin)."""
-    from logcompact.jobs.documents import HEADER_NAME, read_plan
+    from logcompact.jobs.documents import read_plan
+    from logcompact.keys import HEADER_NAME
     from logcompact.store import LocalStore
 
     if path == "-":

@@ -26,8 +26,16 @@ from typing import TYPE_CHECKING
 from logcompact.collector import collector_paused
 from logcompact.engine.stats import JobResult
 from logcompact.exceptions import CommitConflictError, InvalidPlanError, ObjectNotFoundError
-from logcompact.plan import (
+from logcompact.keys import (
+    ABANDONED_NAME,
     PLANS_PREFIX,
+    abandoned_key,
+    group_key,
+    inputs_key,
+    plan_key,
+    result_key,
+)
+from logcompact.plan import (
     Plan,
     PlanHeader,
     TopicPartition,
@@ -41,33 +49,6 @@ if TYPE_CHECKING:
     from logcompact.catalog import Catalog
 
 log = logging.getLogger(__name__)
-
-# A stored plan is a directory of objects: its header (these two), groups/ and, once its groups have run, results/.
-HEADER_NAME = "plan.json"
-INPUTS_NAME = "inputs.arrow"
-# Written beside a plan whose run failed and could not release it in the catalog (`release_abandoned`).
-ABANDONED_NAME = "abandoned.json"
-
-
-def plan_key(plan_id: str, prefix: str = PLANS_PREFIX) -> str:
-    return f"{prefix}{plan_id}/{HEADER_NAME}"
-
-
-def inputs_key(plan_id: str, prefix: str = PLANS_PREFIX) -> str:
-    return f"{prefix}{plan_id}/{INPUTS_NAME}"
-
-
-def group_key(plan_id: str, group: int, prefix: str = PLANS_PREFIX) -> str:
-    return f"{prefix}{plan_id}/groups/g{group:03d}.arrow"
-
-
-def result_key(plan_id: str, group: int) -> str:
-    return f"{PLANS_PREFIX}{plan_id}/results/g{group:03d}.json"
-
-
-def abandoned_key(plan_id: str) -> str:
-    return f"{PLANS_PREFIX}{plan_id}/{ABANDONED_NAME}"
-
 
 def plan_documents(plan: Plan, prefix: str = PLANS_PREFIX) -> list[tuple[str, bytes]]:
     """The plan's stored documents, (key, bytes), in the order they are written: its groups, then its inputs, and

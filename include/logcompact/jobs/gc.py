@@ -9,8 +9,8 @@ from logcompact.catalog.database import redact_url
 from logcompact.exceptions import ClusterMismatchError
 from logcompact.jobs.documents import release_abandoned
 from logcompact.jobs.workdir import reclaim_workdirs
-from logcompact.limits import DEFAULT_GC_GRACE_MS, DEFAULT_MAX_ORPHAN_SHARE
-from logcompact.plan import DATA_KEY_PATTERN, L0_NAME_PATTERN, MAX_CLOCK_SKEW_MS, PLAN_ID_PATTERN, PLANS_PREFIX
+from logcompact.keys import DATA_KEY_PATTERN, DATA_PREFIX, PLAN_ID_PATTERN, PLANS_PREFIX, is_agent_l0_key, plan_of_output
+from logcompact.limits import DEFAULT_GC_GRACE_MS, DEFAULT_MAX_ORPHAN_SHARE, MAX_CLOCK_SKEW_MS
 from logcompact.store.base import ObjectInfo
 
 MIN_ORPHANS_CHECKED = 10
@@ -76,12 +76,12 @@ def collect_garbage(
     for key in removed:
         store.delete(key)
     catalog.forget_files(removed)
-    listed = list(store.list("data/"))
+    listed = list(store.list(DATA_PREFIX))
     known = catalog.known_files([info.key for info in listed])
     newest_commit_ms = catalog.commit_log(limit=1)[0].created_ms
     orphans, awaiting, unexplained, young = [], [], [], 0
     for info in listed:
-        if info.key in known or _plan_of(info.key) in in_flight:
+        if info.key in known or plan_of_output(info.key) in in_flight:
             continue
         if info.modified_ms > now_ms - grace_ms:
             young += 1
@@ -111,7 +111,7 @@ def collect_garbage(
             for info in infos:
                 store.delete(info.key)
                 old_plans.append(info.key)
-    abandoned = [path for prefix in ("data/", PLANS_PREFIX) for path in store.delete_abandoned_writes(prefix, now_ms - grace_ms)]
+    abandoned = [path for prefix in (DATA_PREFIX, PLANS_PREFIX) for path in store.delete_abandoned_writes(prefix, now_ms - grace_ms)]
     return GcReport(
         removed + orphans, trimmed, young, released, old_plans, reclaim_workdirs(), abandoned, released_abandoned, awaiting,
         unexplained, damaged,
@@ -123,13 +123,8 @@ def _orphan_reason(info: ObjectInfo) -> str | None:
     no logcompact writer makes, which is nobody's to delete."""
     if DATA_KEY_PATTERN.fullmatch(info.key) is None:
         return None
-    if PLAN_ID_PATTERN.fullmatch(_plan_of(info.key)):
+    if PLAN_ID_PATTERN.fullmatch(plan_of_output(info.key)):
         return "output of a plan that is no longer in flight and never committed it"
-    if info.key.startswith("data/l0/") and L0_NAME_PATTERN.fullmatch(info.key.rsplit("/", 1)[-1]):
+    if is_agent_l0_key(info.key):
         return "L0 file of an agent that died before committing it"
     return None
-
-
-def _plan_of(key: str) -> str:
-    """The plan id an output's name starts with (`data/l2/{plan_id}-g000-...`)."""
-    return key.rsplit("/", 1)[-1].split("-g")[0]

@@ -28,6 +28,7 @@ from logcompact import sketch
 from logcompact.catalog import Catalog, NewFile, PlanningSnapshot
 from logcompact.collector import collector_paused
 from logcompact.format.layout import SectionInfo
+from logcompact.keys import DATA_PREFIX
 from logcompact.plan import Plan, TopicPartition
 from logcompact.planner import PlannerConfig, choose_plans
 from logcompact.simulate.catalog import MemoryCatalog
@@ -204,7 +205,7 @@ class Simulation:
             repeat(0), (ends - sizes).tolist(), sizes.tolist(), repeat(0), sketches,
         ))
         self._sequence += 1
-        key = f"data/l1/ingest-{self._sequence:09d}.seg"
+        key = f"{DATA_PREFIX}l1/ingest-{self._sequence:09d}.seg"
         self._unappended.append(NewFile(key, 1, int(ends[-1]), end_ms, sections))
         self.cohorts[key] = Cohorts(present, np.full(len(present), (start_ms + end_ms) // 2), counts)
 
