@@ -128,15 +128,19 @@ def test_where_a_kill_landed_is_read_from_the_stack_sampled_before_it() -> None:
         return "\n".join(["Current thread 0x00007f0000000000 (most recent call first):", *lines])
 
     boot = ("<string>", "<module>")
-    cli = ("/x/logcompact/cli.py", "compact")
+    cli = ("/x/logcompact/cli/compaction.py", "compact")
     cleaner = ("/x/logcompact/engine/cleaner.py", "run")
     committing = sample(("/x/logcompact/catalog/catalog.py", "replace_files"), ("/x/logcompact/jobs/commit.py", "commit_plan"), cli, boot)
     assert phase_of(committing) == "committing"
     assert phase_of(sample(("/x/logcompact/format/writer.py", "_emit_block"), cleaner, cli, boot)) == "writing"
     assert phase_of(sample(("/x/logcompact/format/reader.py", "next_batch"), cleaner, cli, boot)) == "reading"
     assert phase_of(sample(("/x/logcompact/planner/levels.py", "plan_regular"), cli, boot)) == "planning"
-    # The CLI importing the writer is loading; the engine's lazy import of numba happens inside the job.
-    assert phase_of(sample(("/x/logcompact/format/writer.py", "<module>"), ("/x/logcompact/cli.py", "<module>"), boot)) == "loading"
+    # The CLI importing the writer is loading, at its own import or its command's; the engine's lazy import of numba
+    # happens inside the job.
+    assert phase_of(sample(("/x/logcompact/format/writer.py", "<module>"), ("/x/logcompact/cli/__init__.py", "<module>"), boot)) == "loading"
+    assert phase_of(sample(("/x/logcompact/format/writer.py", "<module>"), cli, boot)) == "loading"
+    # Printing a command's JSON lines is its exit.
+    assert phase_of(sample(("/x/logcompact/cli/common.py", "emit"), ("/x/logcompact/cli/records.py", "consume"), boot)) == "exiting"
     numba = sample(("/x/numba/__init__.py", "<module>"), ("/x/logcompact/engine/cleaner.py", "run_plan"), cli, boot)
     assert phase_of(numba) == "reading"
     assert phase_of("Current thread 0x00007f0000000000 (most recent call first):\n  <no Python frame>") == "exiting"

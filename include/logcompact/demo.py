@@ -16,6 +16,7 @@ from logcompact.exceptions import VerificationError
 from logcompact.ingest import Agent, Record
 from logcompact.store import ObjectStore
 from logcompact.topics import Topic
+from logcompact.units import HOUR_MS
 
 PARTITIONS = 100
 
@@ -34,7 +35,6 @@ TOPICS = (
 )
 
 
-HOUR_MS = 3_600_000
 
 
 def create_skewed_topics(catalog: Catalog, now: int) -> None:

@@ -48,12 +48,10 @@ from logcompact.format.xxh3 import key_hash_array
 from logcompact.keys import l0_key
 from logcompact.limits import DEFAULT_FLUSH_BYTES, DEFAULT_FLUSH_INTERVAL_MS
 from logcompact.topics import Topic
-from logcompact.units import wall_clock_ms
+from logcompact.units import LONG_MAX, wall_clock_ms
 
 # Files written but not committed, at most: two seconds of flushes at the default interval.
 MAX_UNCOMMITTED_FILES = 8
-# Timestamps are int64 milliseconds in the file and the catalog.
-_MAX_TIMESTAMP = 2**63 - 1
 # Bytes counted per record beyond key and value, for the size trigger (offset, timestamp, hash, framing).
 RECORD_OVERHEAD_BYTES = 32
 
@@ -202,7 +200,7 @@ class Agent:
             bad = next((i for i, v in enumerate(column) if v is not None and type(v) is not bytes), None)
             if bad is not None:
                 raise InvalidRecordError(f"record {bad} of topic {topic!r}: {name} must be bytes or None; batch rejected")
-        bad = next((i for i, t in enumerate(timestamps) if t is not None and (type(t) is not int or not 0 <= t <= _MAX_TIMESTAMP)), None)
+        bad = next((i for i, t in enumerate(timestamps) if t is not None and (type(t) is not int or not 0 <= t <= LONG_MAX)), None)
         if bad is not None:
             raise InvalidRecordError(
                 f"record {bad} of topic {topic!r}: timestamp {timestamps[bad]!r} must be milliseconds from 0 to 2**63-1; batch rejected"

@@ -318,7 +318,7 @@ def phase_of(stack_sample: str) -> str:
         return "writing"
     if touches("logcompact/format/reader.py", "logcompact/engine/cleaner.py", "logcompact/engine/offset_map.py"):
         return "reading"
-    if "_emit" in functions:
+    if touches("logcompact/cli/common.py") and "emit" in functions:
         return "exiting"
     if "compact" in functions and (touches("logcompact/planner/", "logcompact/catalog/") or functions & {"check_against", "lease"}):
         return "planning"

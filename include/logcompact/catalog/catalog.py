@@ -1356,7 +1356,6 @@ def _version_behind_log(version: int, logged: int) -> CorruptDataError:
     )
 
 
-
 def _first_line(exc: Exception) -> str:
     return str(exc).splitlines()[0]
 

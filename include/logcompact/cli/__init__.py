@@ -5,8 +5,8 @@ LOGCOMPACT_CATALOG (a file:// store has its own SQLite catalog without one; an s
 the clock from `--now` or LOGCOMPACT_NOW_MS (wall clock otherwise). Errors print one line to stderr and
 exit 1; usage errors exit 2.
 
-One module per command group; each imports what its commands run only when one runs, so `--help` and usage
-errors load click and these modules alone.
+One module per command group; each imports what its commands run only when one runs, so `--help` loads click
+and these modules alone.
 """
 
 from __future__ import annotations

@@ -31,10 +31,10 @@ class Context:
     @property
     def store(self) -> ObjectStore:
         if self._store is None:
-            from logcompact.store import LocalStore, open_store
-
             if not self._store_uri:
                 raise click.UsageError("no store given: pass --store URI or set LOGCOMPACT_STORE")
+            from logcompact.store import LocalStore, open_store
+
             store = open_store(self._store_uri, aws_conn_id=self._aws_conn_id)
             if isinstance(store, LocalStore) and (problem := directory_problem(store.root)):
                 raise InvalidStoreUriError(f"store {self._store_uri}: {problem}; pass the directory of a store (file:///path/to/store)")

@@ -10,8 +10,7 @@ from logcompact.catalog import Snapshot
 from logcompact.jobs.prepare import PreparedRun
 from logcompact.planner import PlannerConfig, top_level
 from logcompact.planner.max_lag import dirty_partitions, due_by, max_lag_topics
-
-MINUTE_MS = 60_000
+from logcompact.units import MINUTE_MS
 
 
 def explain_run(

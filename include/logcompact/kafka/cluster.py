@@ -91,4 +91,3 @@ class AgentDirectory:
 def _with(me: AgentRecord, live: list[AgentRecord]) -> list[AgentRecord]:
     """`live` with this agent in it: it serves, whatever the catalog last said of it."""
     return live if any(agent.node_id == me.node_id for agent in live) else sorted([*live, me], key=lambda a: a.node_id)
-

@@ -2,8 +2,7 @@
 
 from logcompact.planner import PlannerConfig
 from logcompact.simulate.simulator import Simulation, SimulationResult, Workload, compare
-
-HOUR_MS = 3_600_000
+from logcompact.units import HOUR_MS
 
 # The reference's rules taken literally: 32 files a level, tiers of 10 files of similar size (within 2x),
 # the daily sweep, and an hourly max-lag pass that compacts what is dirty when it runs.

@@ -35,12 +35,11 @@ from logcompact.simulate.catalog import MemoryCatalog
 from logcompact.simulate.cost import SECTION_OVERHEAD_BYTES, estimate_job
 from logcompact.store import LocalStore
 from logcompact.topics import MIN_MAX_COMPACTION_LAG_MS, Topic
+from logcompact.units import HOUR_MS, GiB
 
 FLUSH_MS = 250
 L0_BATCH = 32
-HOUR_MS = 3_600_000
 SAMPLE_MS = 10 * 60_000
-GIB = 1024**3
 # WarpStream's promise: a record is compacted within 30 minutes of becoming dirty. Every planner is held to it.
 MAX_LAG_GRACE_MS = 30 * 60_000
 
@@ -350,7 +349,7 @@ class Simulation:
     def _finish(self, end: int) -> None:
         result = self.result
         result.max_lag_violations += sum(self._late(cohorts, end) for cohorts in self.cohorts.values())
-        gib = result.bytes_ingested / GIB
+        gib = result.bytes_ingested / GiB
         result.write_amplification = result.bytes_written / result.bytes_ingested if result.bytes_ingested else 0.0
         result.gets_per_gib = result.gets / gib if gib else 0.0
         result.puts_per_gib = result.puts / gib if gib else 0.0
