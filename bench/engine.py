@@ -50,7 +50,7 @@ from logcompact.store import LocalStore
 from logcompact.topics import Topic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.support.synthetic import NOW, write_compacted_log
+from logcompact.lab.synthetic import NOW, write_compacted_log
 
 PARTITIONS = 8
 FILES = 10

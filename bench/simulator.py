@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from regime import machine
 
-from logcompact.simulate import LOGCOMPACT, WARPSTREAM_LIKE, Simulation
+from logcompact.lab.simulate import LOGCOMPACT, WARPSTREAM_LIKE, Simulation
 
 
 def main() -> None:

@@ -108,7 +108,7 @@ def produce_through_kafka(bootstrap: str, records: int, first_timestamp: int, la
     (docs/agent.md, Produce)."""
     from confluent_kafka import KafkaError, Producer
 
-    from logcompact.demo import skewed_rounds
+    from logcompact.lab.demo import skewed_rounds
 
     producer = Producer({
         "bootstrap.servers": bootstrap, "acks": "all", "compression.type": "lz4",
@@ -141,7 +141,7 @@ def read_back_with_a_consumer_group(bootstrap: str, latest: dict, clicks: int, h
     are the partitions' ends. Returns the records read."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-    from logcompact.demo import PARTITIONS, TOPICS
+    from logcompact.lab.demo import PARTITIONS, TOPICS
 
     consumer = Consumer({
         "bootstrap.servers": bootstrap, "group.id": "logcompact-demo", "auto.offset.reset": "earliest",
@@ -200,8 +200,8 @@ def main() -> None:
     (work / "store").mkdir(parents=True)
 
     from logcompact.catalog import Catalog
-    from logcompact.demo import HOUR_MS, TOPICS, create_skewed_topics, describe_levels, level_table, produce_skewed, verify_latest
     from logcompact.exceptions import VerificationError
+    from logcompact.lab.demo import HOUR_MS, TOPICS, create_skewed_topics, describe_levels, level_table, produce_skewed, verify_latest
     from logcompact.store import LocalStore
 
     store = LocalStore(work / "store")

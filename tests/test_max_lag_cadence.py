@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from logcompact.lab.simulate import Simulation, Workload
 from logcompact.planner import PlannerConfig
-from logcompact.simulate import Simulation, Workload
 from logcompact_airflow.schedule import next_pass_in_ms
 
 MINUTE_MS = 60_000

@@ -14,11 +14,11 @@ from logcompact.exceptions import CommitConflictError, InvalidRecordError
 from logcompact.format.layout import SectionInfo
 from logcompact.ingest import Agent, Record
 from logcompact.jobs import run_and_commit
+from logcompact.lab.simulate import LOGCOMPACT, RUNS, WARPSTREAM_LIKE, Simulation, Workload, compare
+from logcompact.lab.simulate.catalog import MemoryCatalog
+from logcompact.lab.simulate.cost import estimate_job
+from logcompact.lab.simulate.report import table, write
 from logcompact.planner import PlannerConfig, choose_plans
-from logcompact.simulate import LOGCOMPACT, RUNS, WARPSTREAM_LIKE, Simulation, Workload, compare
-from logcompact.simulate.catalog import MemoryCatalog
-from logcompact.simulate.cost import estimate_job
-from logcompact.simulate.report import table, write
 from logcompact.topics import Topic
 from tests.helpers import NOW, create_topic
 

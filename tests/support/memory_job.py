@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 
 from logcompact.engine.cleaner import run_plan
+from logcompact.lab.synthetic import NOW, write_compacted_log
 from logcompact.plan import Plan
 from logcompact.store import LocalStore
 from logcompact.topics import Topic
-from tests.support.synthetic import NOW, write_compacted_log
 
 
 def main() -> None:

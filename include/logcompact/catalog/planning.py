@@ -1,5 +1,5 @@
 """What planners read of a catalog snapshot: `Snapshot` reads it from the database, the simulator's catalog in memory
-(`logcompact.simulate.catalog`) from its files. Planners take this protocol, so mypy holds both to it."""
+(`logcompact.lab.simulate.catalog`) from its files. Planners take this protocol, so mypy holds both to it."""
 
 from __future__ import annotations
 

@@ -29,8 +29,8 @@ def simulate(agents: tuple[int, ...], hours: float, rate: float, record_bytes: i
              tombstone_rate: float, topics: int, partitions: int, max_lag_ms: int, min_lag_ms: int, out_dir: str) -> None:
     """Simulate ingest, the planner and the engine's cost model; compare logcompact's planner, with
     min.cleanable.dirty.ratio at Kafka's default and off, with the reference's literal rules on the same workload."""
-    from logcompact.simulate import RUNS, Workload, compare
-    from logcompact.simulate.report import table, write
+    from logcompact.lab.simulate import RUNS, Workload, compare
+    from logcompact.lab.simulate.report import table, write
 
     for count in agents:
         workload = Workload(agents=count, records_per_s=rate, record_bytes=record_bytes, keys=keys, key_skew=skew,
@@ -50,6 +50,6 @@ def simulate(agents: tuple[int, ...], hours: float, rate: float, record_bytes: i
 def tour(ctx: Context, records: int) -> None:
     """The library without Airflow or Spark: create three topics (compact, delete, compact,delete), produce,
     consume back, sweep, verify, summarize."""
-    from logcompact.tour import run_tour
+    from logcompact.lab.tour import run_tour
 
     run_tour(ctx.catalog, records, ctx.clock, echo=click.echo)

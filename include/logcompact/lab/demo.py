@@ -1,5 +1,5 @@
 """The pieces of `make demo` (scripts/demo.py): three topics of skewed data in many L0 files for the DAGs, the
-per-level report, the latest-value check through consume; `logcompact tour` (logcompact.tour) uses the same
+per-level report, the latest-value check through consume; `logcompact tour` (logcompact.lab.tour) uses the same
 topics. Everything goes through the catalog's API, on whichever database the cluster uses.
 
 The topics have 100 partitions each: every L0 file an agent writes holds a few hundred topic-partitions, as a

@@ -29,10 +29,10 @@ from logcompact.catalog import Catalog, NewFile, PlanningSnapshot
 from logcompact.collector import collector_paused
 from logcompact.format.layout import SectionInfo
 from logcompact.keys import DATA_PREFIX
+from logcompact.lab.simulate.catalog import MemoryCatalog
+from logcompact.lab.simulate.cost import SECTION_OVERHEAD_BYTES, estimate_job
 from logcompact.plan import Plan, TopicPartition
 from logcompact.planner import PlannerConfig, choose_plans
-from logcompact.simulate.catalog import MemoryCatalog
-from logcompact.simulate.cost import SECTION_OVERHEAD_BYTES, estimate_job
 from logcompact.store import LocalStore
 from logcompact.topics import MIN_MAX_COMPACTION_LAG_MS, Topic
 from logcompact.units import HOUR_MS, GiB

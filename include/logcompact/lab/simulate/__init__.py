@@ -1,7 +1,7 @@
 """The simulator: ingest, the planner and the engine's cost model over simulated hours (see simulator.py)."""
 
+from logcompact.lab.simulate.simulator import Simulation, SimulationResult, Workload, compare
 from logcompact.planner import PlannerConfig
-from logcompact.simulate.simulator import Simulation, SimulationResult, Workload, compare
 from logcompact.units import HOUR_MS
 
 # The reference's rules taken literally: 32 files a level, tiers of 10 files of similar size (within 2x),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from logcompact.simulate.simulator import SimulationResult
+from logcompact.lab.simulate.simulator import SimulationResult
 
 COLUMNS = [
     ("planner", "planner", "{}"),

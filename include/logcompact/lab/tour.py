@@ -12,10 +12,10 @@ import pyarrow.compute as pc
 
 from logcompact.catalog import Catalog, Snapshot
 from logcompact.consume import RECORD_SCHEMA, latest_values, read_batches
-from logcompact.demo import PARTITIONS, TOPICS, DemoTopic
 from logcompact.exceptions import TopicExistsError, VerificationError
 from logcompact.ingest import Agent, Record
 from logcompact.jobs import run_and_commit
+from logcompact.lab.demo import PARTITIONS, TOPICS, DemoTopic
 from logcompact.planner import choose_plans
 from logcompact.store import ObjectStore
 from logcompact.topics import Topic
