@@ -1,7 +1,8 @@
 """Records as the command line's JSON lines, both ways: `logcompact produce` reads them, `logcompact consume` writes
 them. A line is {"partition": int, "key": str|null, "value": str|null, "timestamp": ms, "headers": {str: str}}, with
-key_b64 / value_b64 (and a header's name_b64) for bytes that are not UTF-8 text. Bad input is an InvalidRecordError
-naming the line and the fix; nothing of the input is produced then."""
+key_b64 / value_b64 for bytes that are not UTF-8 text (produce takes headers as text; consume writes a header whose
+value is not UTF-8 as {name}_b64). Bad input is an InvalidRecordError naming the line and the fix; nothing of the
+input is produced then."""
 
 from __future__ import annotations
 

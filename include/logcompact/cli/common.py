@@ -1,5 +1,5 @@
 """What every command shares: the context (store, catalog and clock, opened on first use), the --now option, JSON
-output. Nothing heavy is imported here: `logcompact --help` and a usage error load click and this package only."""
+output. Nothing heavy is imported here, so `logcompact --help` loads click and this package only."""
 
 from __future__ import annotations
 

@@ -19,6 +19,7 @@ from logcompact.jobs.explain import explain_run, minutes
 from logcompact.limits import MAX_BUFFER_BYTES
 from logcompact.planner import MODES, PlannerConfig
 from logcompact.status import job_gauges
+from logcompact.units import MiB
 from logcompact_airflow.hooks import LogcompactHook
 from logcompact_airflow.metrics import emit_gauges
 from logcompact_airflow.policy import TRANSIENT_ERRORS, checked_flag, failing_at_once, now_ms
@@ -28,7 +29,7 @@ from logcompact_airflow.schedule import next_pass_in_ms
 COMPACTED_TOPICS = AssetAlias("logcompact-compacted-topics")
 # The smallest key map a run's params may ask for (the trigger form's bound too): a plan itself takes any from
 # `logcompact.limits.MIN_BUFFER_BYTES`, the size of one slot, but a map of a few keys only makes a job crawl.
-MIN_PARAM_BUFFER_BYTES = 1024**2
+MIN_PARAM_BUFFER_BYTES = MiB
 # A forced run compacts any level holding this many files (or a top-level size tier of as many).
 FORCED_MIN_FILES = 2
 # Plans made at once by two DAGs can race for the same files; the loser plans again around the winner's.
