@@ -57,8 +57,6 @@ import psutil
 import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, Producer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from logcompact.catalog import Catalog
 from logcompact.consume import read_batches
 from logcompact.jobs import run_and_commit

@@ -45,9 +45,6 @@ from pathlib import Path
 from postgres_server import ThrowAwayPostgres
 from sqlalchemy import text
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
 from logcompact.catalog import Catalog, NewFile
 from logcompact.consume import read_batches
 from logcompact.format import section_table, write_segment

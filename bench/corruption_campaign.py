@@ -85,7 +85,6 @@ import random
 import shutil
 import sqlite3
 import struct
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -94,12 +93,10 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from logcompact.catalog import DEFAULT_KEEP_VERSIONS
 from logcompact.exceptions import LogcompactError
 from logcompact.format.reader import read_footer, read_section
-from logcompact.store import LocalStore
-from tests.support.campaign import (
+from logcompact.lab.campaign import (
     CATALOG_FILES,
     Cli,
     Done,
@@ -113,6 +110,7 @@ from tests.support.campaign import (
     produce_input,
     store_objects,
 )
+from logcompact.store import LocalStore
 
 MIN_FILES = 3
 RECORDS_PER_PARTITION = 30  # per L0 file: a file of 40 partitions is about 3 blocks

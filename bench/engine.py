@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -45,12 +44,10 @@ from logcompact.engine.cleaner import run_plan
 from logcompact.engine.offset_map import CompactOffsetMap
 from logcompact.format import SectionStream, SegmentWriter
 from logcompact.format.layout import SECTION_SCHEMA, key_hash_words
-from logcompact.plan import Plan
+from logcompact.lab.synthetic import NOW, write_compacted_log
+from logcompact.plans import Plan
 from logcompact.store import LocalStore
 from logcompact.topics import Topic
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from logcompact.lab.synthetic import NOW, write_compacted_log
 
 PARTITIONS = 8
 FILES = 10

@@ -26,7 +26,7 @@ committed one joins the model at the offsets it was given.
 
 After the kills: `compact --until-idle` past the killed plans' leases, `compact --full` twice (the second past
 `delete.retention.ms`, so tombstones may go), `plan` must find nothing, and `gc` past the grace
-(DEFAULT_GC_GRACE_MS). Then every partition is consumed through the CLI and checked (tests/support/campaign.py):
+(DEFAULT_GC_GRACE_MS). Then every partition is consumed through the CLI and checked (include/logcompact/lab/campaign.py):
 
 * lost: a key's latest value (or, in the delete topic, a record within retention) not visible;
 * resurrected: a key whose last visible record is not its latest (an older value, or a deleted key);
@@ -53,7 +53,6 @@ import json
 import os
 import random
 import sqlite3
-import sys
 import tempfile
 import time
 import zlib
@@ -62,12 +61,10 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from logcompact.catalog import DEFAULT_KEEP_VERSIONS
 from logcompact.jobs import DEFAULT_GC_GRACE_MS
 from logcompact.jobs.workdir import WORKDIR_PREFIX
-from logcompact.planner import PlannerConfig
-from tests.support.campaign import (
+from logcompact.lab.campaign import (
     PHASES,
     Cli,
     Done,
@@ -81,6 +78,7 @@ from tests.support.campaign import (
     produce_input,
     store_objects,
 )
+from logcompact.planner import PlannerConfig
 
 TOPICS = (
     TopicSpec("accounts", 4, {"cleanup.policy": "compact", "min.compaction.lag.ms": "120000", "delete.retention.ms": "600000"}),

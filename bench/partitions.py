@@ -61,8 +61,8 @@ from logcompact.engine.cleaner import run_plan
 from logcompact.format import section_table, write_segment
 from logcompact.ingest import Agent, Record
 from logcompact.jobs import run_and_commit
-from logcompact.plan import Plan
 from logcompact.planner import choose_plans as make_plans
+from logcompact.plans import Plan
 from logcompact.store import LocalStore
 from logcompact.topics import Topic
 

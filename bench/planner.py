@@ -32,9 +32,7 @@ from __future__ import annotations
 
 import argparse
 import gc
-import pickle
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -46,24 +44,13 @@ from logcompact import sketch
 from logcompact.catalog import Catalog, CatalogSection, DataFile
 from logcompact.exceptions import ClusterNotFoundError
 from logcompact.format.layout import SectionInfo
-from logcompact.jobs.documents import (
-    check_seal,
-    plan_documents,
-    read_group,
-    read_header,
-    read_partition_bytes,
-    read_plan,
-    seal,
-    write_plan,
-)
+from logcompact.jobs import GroupSlice, run_task
 from logcompact.keys import inputs_key, plan_key
-from logcompact.plan import Plan
 from logcompact.planner import PlannerConfig, choose_plans
+from logcompact.plans import Plan, plan_documents, read_group, read_header, read_partition_bytes, read_plan, write_plan
+from logcompact.plans.documents import check_seal, seal
 from logcompact.store import LocalStore
 from logcompact.topics import Topic
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from spark_apps.compact_group import slice_task
 
 NOW = 1_700_000_000_000
 BATCH = 20_000
@@ -167,7 +154,7 @@ def report_documents(catalog: Catalog, plans: list[Plan], runs: int, scratch: Pa
     slice_partitions = partitions[: max(1, len(partitions) // SLICES_PER_GROUP)]
     task_s, _ = medians(runs, lambda: read_group(store, largest.plan_id, group, partitions=slice_partitions, slice=0))
     plan_id = largest.plan_id
-    sent = len(cloudpickle.dumps(slice_task(store.uri, plan_id, group))) + len(pickle.dumps([(0, slice_partitions)]))
+    sent = len(cloudpickle.dumps((run_task, GroupSlice(store.uri, plan_id, group, 0, slice_partitions))))
     print(f"  largest plan {plan_id}: header read in {header_s:.3f} s (the commit); group {group} of "
           f"{len(partitions):,} partitions: bytes per partition read in {driver_s:.3f} s (a Spark driver), a slice "
           f"of {len(slice_partitions):,} partitions in {task_s:.3f} s (a task, sent {sent:,} bytes)")

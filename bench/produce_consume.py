@@ -17,15 +17,12 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import pyarrow as pa
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from logcompact.catalog import Catalog
 from logcompact.consume import read_batches, read_records
@@ -84,13 +81,13 @@ def open_backend(backend: str, workdir: Path, s3_client, postgres) -> Catalog:
 def start_s3(workdir: Path):
     """A boto3 client for the S3 backend (AWS_ENDPOINT_URL if set, otherwise a Ceph RGW started here) and a
     PostgreSQL server for its catalogs."""
+    from logcompact.lab.servers.postgres import start_postgres
     from logcompact.store.s3 import default_client
-    from tests.support.postgres import start_postgres
 
     postgres, stop_postgres = start_postgres(workdir / "postgres")
     if os.environ.get("AWS_ENDPOINT_URL"):
         return default_client(), postgres, stop_postgres
-    from tests.support.rgw import start_rgw
+    from logcompact.lab.servers.rgw import start_rgw
 
     server, stop_rgw = start_rgw(workdir / "rgw")
 

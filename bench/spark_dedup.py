@@ -49,12 +49,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from logcompact.catalog import Catalog, NewFile
-from logcompact.engine.stats import JobResult
 from logcompact.format import key_hashes, read_section, write_segment
 from logcompact.format.layout import HEADERS_TYPE, SECTION_SCHEMA
-from logcompact.jobs.documents import write_plan
 from logcompact.keys import result_key
 from logcompact.planner import PlannerConfig, choose_plans
+from logcompact.plans import JobResult, write_plan
 from logcompact.store import ObjectStore, open_store
 from logcompact.topics import Topic
 

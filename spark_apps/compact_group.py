@@ -15,34 +15,51 @@ the plan once every group has its result. No record data is collected on the dri
 and outputs are already in the store (a retried task after a success) is not run again. Neither the driver
 nor the tasks open the catalog database: the plan carries its input files' sections, so the store is all
 they need (on a cluster, only its credentials).
+
+These are the steps of `logcompact.jobs.run_group`, the same wherever a group runs: this application gives
+it only how the slices are mapped (`SparkTasks`).
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
-from logcompact.catalog.identity import check_store_cluster
-from logcompact.engine.stats import JobResult, summarize
 from logcompact.exceptions import LogcompactError
-from logcompact.jobs import deal_slices, run_slice
-from logcompact.jobs.documents import group_done, read_header, read_partition_bytes, write_group_result
-from logcompact.plan import TopicPartition
-from logcompact.store import open_store
+from logcompact.jobs import GroupSlice, JobResult, group_report, run_group, run_task
+from logcompact.store import ObjectStore, open_store
+
+if TYPE_CHECKING:
+    from pyspark import SparkContext
 
 
-def compact_slices(store_uri: str, plan_id: str, group: int, slices: Iterable[tuple[int, list[TopicPartition]]]) -> Iterator[dict]:
-    """The per-task logic, plain Python: run each slice of the group (`logcompact.jobs.run_slice`) and yield its
-    result (metadata only)."""
-    store = open_store(store_uri)
-    for number, partitions in slices:
-        yield run_slice(store, plan_id, group, number, partitions).to_dict()
+class SparkTasks:
+    """A group's slices mapped over Spark tasks, one task a slice. The SparkContext starts on first use, so a group
+    found done, or a plan not found, never starts Spark.
 
+    A plain SparkContext: the job uses no SQL, and a SparkSession would only add to start-up. It is not stopped
+    here: spark-submit's JVM stops it as it exits (Spark's shutdown hook), whereas PySpark's stop() first waits
+    about a second for its accumulator server to notice."""
 
-def slice_task(store_uri: str, plan_id: str, group: int) -> Callable[[Iterable[tuple[int, list[TopicPartition]]]], Iterator[dict]]:
-    """The function every Spark task of the group runs over its slices: it carries the store, the plan id and the
-    group number, nothing of the plan itself."""
-    return lambda slices: compact_slices(store_uri, plan_id, group, slices)
+    def __init__(self, app_name: str) -> None:
+        self.app_name = app_name
+        self._context: SparkContext | None = None
+
+    def context(self) -> SparkContext:
+        if self._context is None:
+            from pyspark import SparkConf, SparkContext
+
+            # Spark's own INFO lines would bury the job's (the task log of an Airflow run is this process's output).
+            conf = SparkConf().setAppName(self.app_name)
+            conf.setIfMissing("spark.log.level", "WARN").setIfMissing("spark.ui.showConsoleProgress", "false")
+            self._context = SparkContext.getOrCreate(conf)
+        return self._context
+
+    def parallelism(self) -> int:
+        return self.context().defaultParallelism
+
+    def map(self, store: ObjectStore, slices: list[GroupSlice]) -> list[JobResult]:
+        return self.context().parallelize(slices, len(slices)).map(run_task).collect()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -53,44 +70,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--slices", type=int, default=0, help="Spark tasks for the group (default: the default parallelism)")
     args = parser.parse_args(argv)
 
-    store = open_store(args.store)
     try:
-        check_store_cluster(store, read_header(store, args.plan_id).cluster_id, f"plan {args.plan_id}")
-        sizes = read_partition_bytes(store, args.plan_id, args.group)
+        results = run_group(open_store(args.store), args.plan_id, args.group, args.slices, SparkTasks(f"logcompact {args.plan_id} group {args.group}"))
     except LogcompactError as exc:
         raise SystemExit(f"compact_group: {exc}") from None
-    if group_done(store, args.plan_id, args.group):
+    if results is None:
         print(f"compact_group: plan {args.plan_id} group {args.group} already has its result; nothing to redo")
         return
-
-    # A plain SparkContext: the job uses no SQL, and a SparkSession would only add to start-up. It is not
-    # stopped here: spark-submit's JVM stops it as it exits (Spark's shutdown hook), whereas PySpark's
-    # stop() first waits about a second for its accumulator server to notice.
-    from pyspark import SparkConf, SparkContext
-
-    # Spark's own INFO lines would bury the job's (the task log of an Airflow run is this process's output).
-    conf = SparkConf().setAppName(f"logcompact {args.plan_id} group {args.group}")
-    conf.setIfMissing("spark.log.level", "WARN").setIfMissing("spark.ui.showConsoleProgress", "false")
-    context = SparkContext.getOrCreate(conf)
-    slices = deal_slices(sizes, args.slices or context.defaultParallelism)
-    results = [JobResult.from_dict(r) for r in context.parallelize(slices, len(slices)).mapPartitions(slice_task(args.store, args.plan_id, args.group)).collect()]
-    write_group_result(store, args.plan_id, args.group, results)
-    report(results)
-
-
-def report(results: list[JobResult]) -> None:
-    """The group's figures on the driver's output, which is the Airflow task's log: a line per slice, then the
-    group's totals."""
-    for result in results:
-        print(f"compact_group: {result.stats.describe()}", flush=True)
-    total = summarize([r.stats for r in results], sum(r.stats.bytes_in for r in results))
-    print(
-        f"compact_group: group {results[0].group} done in {len(results)} slice(s): {total['records_in']:,} records in, "
-        f"{total['records_out']:,} out; {total['bytes_in'] / 1e6:,.1f} MB read, {total['bytes_out'] / 1e6:,.1f} MB written "
-        f"({total['recopy_percent']}% recopied); key map at most {total['buffer_utilization_percent']}% full; "
-        f"{total['gets']} GETs, {total['puts']} PUTs; slowest slice {total['max_job_seconds']:.1f} s",
-        flush=True,
-    )
+    for line in group_report(results):
+        print(f"compact_group: {line}", flush=True)
 
 
 if __name__ == "__main__":

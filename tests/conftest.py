@@ -32,10 +32,10 @@ os.environ.update(
 )
 
 from logcompact.catalog import Catalog
+from logcompact.lab.servers.postgres import PostgresServer, postgres_missing_reason, start_postgres
+from logcompact.lab.servers.rgw import RgwServer, rgw_missing_reason, start_rgw
 from logcompact.store import LocalStore, ObjectStore
 from logcompact.store.s3 import S3Store
-from tests.support.postgres import PostgresServer, postgres_missing_reason, start_postgres
-from tests.support.rgw import RgwServer, rgw_missing_reason, start_rgw
 
 settings.register_profile("logcompact", deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 settings.load_profile("logcompact")

@@ -85,3 +85,19 @@ def recorded_runs(monkeypatch) -> list[tuple[list, bool]]:
     runs = copier._runs
     monkeypatch.setattr(copier, "_runs", lambda by_partition: (made.append(run) or run for run in runs(by_partition)))
     return made
+
+
+class TasksByUri:
+    """A group's slices run as Spark runs them, without Spark: each through `logcompact.jobs.run_task`, which is
+    sent only a `GroupSlice` and opens the store from its URI, here in this process."""
+
+    def __init__(self, slices: int = 2) -> None:
+        self.slices = slices
+
+    def parallelism(self) -> int:
+        return self.slices
+
+    def map(self, store, slices: list) -> list:
+        from logcompact.jobs import run_task
+
+        return [run_task(piece) for piece in slices]

@@ -24,7 +24,7 @@ from logcompact.exceptions import (
     TopicNotFoundError,
 )
 from logcompact.format.layout import SectionInfo
-from logcompact.plan import lowest_outside
+from logcompact.plans import lowest_outside
 from logcompact.store import LocalStore
 from logcompact.store.s3 import S3Store
 from tests.helpers import NOW, assert_summaries_kept, create_topic

@@ -53,13 +53,14 @@ from logcompact.exceptions import (
 from logcompact.format import read_section
 from logcompact.ingest import Agent, Record
 from logcompact.jobs import commit_plans, prepare_plans, release_abandoned, run_group, run_here
-from logcompact.jobs.documents import abandoned_plans, read_header
 from logcompact.keys import abandoned_key, group_key
+from logcompact.lab.servers.postgres import PostgresServer
 from logcompact.planner import PlannerConfig
+from logcompact.plans import read_header
+from logcompact.plans.documents import abandoned_plans
 from logcompact.store import LocalStore
 from tests.helpers import NOW, assert_summaries_kept, create_topic, produce_l0_files
 from tests.support.cli_cases import Outcome, run_in_process, run_process
-from tests.support.postgres import PostgresServer
 from tests.test_cli_bad_input import CATALOG, CATALOG_COMMANDS, GOOD_LINE
 
 PLANTED = "s3cr3tPLANTED"
@@ -1009,7 +1010,7 @@ def test_a_compaction_whose_database_dies_in_its_commit_fails_and_its_plan_is_re
 
 
 def test_release_abandoned_leaves_a_plan_that_committed_after_all(three_plans: tuple[Catalog, list[str]]) -> None:
-    from logcompact.jobs.documents import write_abandoned
+    from logcompact.plans.documents import write_abandoned
 
     catalog, (first, second, _third) = three_plans
     commit_plans(catalog, [first], NOW + 5_000)

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import pytest
 
-from logcompact.plan import MAX_BUFFER_BYTES, MAX_BYTE_COUNT, MAX_TARGET_FILE_BYTES
+from logcompact.limits import MAX_BUFFER_BYTES, MAX_BYTE_COUNT, MAX_TARGET_FILE_BYTES
 from tests.support.cli_cases import Outcome, changes, run_in_process, run_process, tree_state
 
 NOW = "1700000000000"

@@ -25,10 +25,10 @@ from logcompact.consume import read_records, read_sections
 from logcompact.engine.cleaner import run_plan
 from logcompact.ingest import Agent, Record
 from logcompact.jobs import commit_plan
+from logcompact.lab.reference_model import ModelRecord, ReferenceLog
 from logcompact.store import LocalStore
 from logcompact.topics import Topic
 from tests.helpers import assert_summaries_kept, full_sweep, level_plans
-from tests.reference_model import ModelRecord, ReferenceLog
 
 MAX_PARTITIONS = 50
 START = 10_000_000

@@ -14,22 +14,13 @@ from sqlalchemy import select
 
 from logcompact.catalog import Catalog, schema
 from logcompact.consume import latest_values
-from logcompact.engine.stats import JobResult
 from logcompact.exceptions import CommitConflictError, InvalidPlanError, ObjectNotFoundError, TopicNotFoundError
-from logcompact.jobs import check_thresholds, collect_garbage, commit_plans, deal_slices, prepare_plans
-from logcompact.jobs.documents import (
-    read_group,
-    read_header,
-    read_partition_bytes,
-    read_plan,
-    write_group_result,
-    write_plan,
-)
+from logcompact.jobs import check_thresholds, collect_garbage, commit_plans, prepare_plans, run_group
 from logcompact.keys import group_key, inputs_key, plan_key
-from logcompact.plan import GROUP_METADATA_KEY, Plan
 from logcompact.planner import PlannerConfig, choose_plans
-from spark_apps.compact_group import compact_slices
-from tests.helpers import NOW, create_topic, produce_l0_files
+from logcompact.plans import Plan, read_group, read_header, read_partition_bytes, read_plan, write_plan
+from logcompact.plans.arrow_form import GROUP_METADATA_KEY
+from tests.helpers import NOW, TasksByUri, create_topic, produce_l0_files
 
 CONFIG = PlannerConfig(min_files=(4, 4, 4, 4))
 
@@ -43,13 +34,11 @@ def catalog(catalog: Catalog) -> Catalog:
 
 
 def _run_groups(catalog: Catalog, plan_id: str, only: set[int] | None = None) -> None:
-    """What the Spark job does for each group, given the plan id and the group number, through the same per-slice
-    generator."""
+    """What the Spark job does for each group, given the plan id and the group number: its slices run as tasks that
+    open the store themselves."""
     for group in read_header(catalog.store, plan_id).groups:
         if only is None or group.group in only:
-            slices = deal_slices(read_partition_bytes(catalog.store, plan_id, group.group), 2)
-            results = [JobResult.from_dict(r) for r in compact_slices(catalog.store.uri, plan_id, group.group, slices)]
-            write_group_result(catalog.store, plan_id, group.group, results)
+            run_group(catalog.store, plan_id, group.group, mapper=TasksByUri(2))
 
 
 def _objects(catalog: Catalog) -> list[str]:

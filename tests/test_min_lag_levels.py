@@ -31,10 +31,10 @@ from logcompact.catalog import Catalog
 from logcompact.consume import read_records
 from logcompact.ingest import Agent, Record
 from logcompact.jobs import run_and_commit
+from logcompact.lab.reference_model import ModelRecord, ModelSegment, ReferenceLog, cleanable, first_young
 from logcompact.planner import PlannerConfig, choose_plans
 from logcompact.store import LocalStore
 from tests.helpers import NOW, create_topic, full_sweep, level_plans
-from tests.reference_model import ModelRecord, ModelSegment, ReferenceLog, cleanable, first_young
 
 LAG_MS = 1_000
 SETTLED = NOW - 10 * LAG_MS  # the clock of the level plans run while the history is produced

@@ -16,7 +16,7 @@ from logcompact.exceptions import CommitConflictError, InvalidPlanError
 from logcompact.ingest import Agent, Record
 from logcompact.jobs import commit_plans, run_and_commit
 from logcompact.keys import plan_key
-from logcompact.plan import Plan
+from logcompact.plans import Plan, plan_from_dict, plan_from_json, plan_to_dict
 from tests.helpers import NOW, create_topic, full_sweep, level_plans
 
 HOUR = 3_600_000
@@ -32,13 +32,13 @@ def _cluster(catalog: Catalog) -> dict:
     with Agent(catalog, background=False, clock=lambda: NOW) as agent:  # a stamped tombstone's key, outside later plans
         agent.produce("state", [Record(0, b"gone", None, NOW)])
     # Within state's min lag: the sweep takes every file, so the engine finds each partition's first young record.
-    return full_sweep(catalog.planning_snapshot(NOW + 500), NOW + 500).to_dict()
+    return plan_to_dict(full_sweep(catalog.planning_snapshot(NOW + 500), NOW + 500))
 
 
 def _edited(document: dict, edit) -> Plan:
     edited = copy.deepcopy(document)
     edit(edited)
-    return Plan.from_dict(edited)
+    return plan_from_dict(edited)
 
 
 def _drop_partitions(document: dict) -> None:
@@ -89,7 +89,7 @@ def test_an_edited_plan_is_refused_and_nothing_is_written(catalog: Catalog, edit
     with pytest.raises(error, match=message):
         run_and_commit(catalog, plan, NOW + 500)
     assert _state(catalog) == before
-    assert run_and_commit(catalog, Plan.from_dict(document), NOW + 500) is not None  # the plan as made runs
+    assert run_and_commit(catalog, plan_from_dict(document), NOW + 500) is not None  # the plan as made runs
 
 
 @pytest.mark.parametrize(("edit", "message"), REFUSED_AT_READ)
@@ -98,13 +98,13 @@ def test_a_malformed_plan_field_is_refused_when_read(catalog: Catalog, edit, mes
     edited = copy.deepcopy(document)
     edit(edited)
     with pytest.raises(InvalidPlanError, match=message):
-        Plan.from_dict(edited)
+        plan_from_dict(edited)
 
 
 def test_json_nested_deep_is_one_line(catalog: Catalog) -> None:
     for text in ("[" * 100_000 + "]" * 100_000, '{"a":' * 100_000 + "1" + "}" * 100_000):
         with pytest.raises(InvalidPlanError, match="^plan: JSON nested too deep to be a plan; plan again$"):
-            Plan.from_json(text)
+            plan_from_json(text)
 
 
 def _level_plan(catalog: Catalog, first_age: int = HOUR) -> dict:
@@ -121,7 +121,7 @@ def _level_plan(catalog: Catalog, first_age: int = HOUR) -> dict:
     assert plan.target_level == 2 and plan.deduplicate and plan.outside_floors == {("state", 0): 0, ("state", 1): 0}
     # The plan's own records are older than the lag: only a young file outside it sets a first uncleanable offset.
     assert plan.first_uncleanable == ({} if first_age > 1000 else {("state", 0): 0, ("state", 1): 0})
-    return plan.to_dict()
+    return plan_to_dict(plan)
 
 
 @pytest.mark.parametrize(
@@ -155,7 +155,7 @@ def test_edited_first_uncleanable_offsets_are_refused_and_nothing_is_written(cat
     with pytest.raises(InvalidPlanError, match=message):
         run_and_commit(catalog, _edited(document, edit), NOW)
     assert _state(catalog) == before
-    assert run_and_commit(catalog, Plan.from_dict(document), NOW).to_dict()["young_kept"] == 12  # the plan as made runs
+    assert run_and_commit(catalog, plan_from_dict(document), NOW).to_dict()["young_kept"] == 12  # the plan as made runs
 
 
 def test_a_plan_more_conservative_than_the_catalog_runs(catalog: Catalog) -> None:
@@ -171,9 +171,9 @@ def test_an_edited_stored_plan_commits_nothing(catalog: Catalog) -> None:
 
     from logcompact.engine.cleaner import run_plan
     from logcompact.jobs import prepare_plans
-    from logcompact.jobs.documents import read_group, write_group_result
     from logcompact.keys import group_key
     from logcompact.planner import PlannerConfig
+    from logcompact.plans import read_group, write_group_result
 
     _cluster(catalog)
     (plan_id,) = prepare_plans(catalog, "full", NOW + 500, PlannerConfig()).plan_ids
@@ -200,12 +200,12 @@ def test_a_stored_plan_edited_to_cover_one_partition_commits_nothing(catalog: Ca
     0 only, and the job run on them; the commit (which alone would replace the whole input files) refuses."""
     from logcompact.engine.cleaner import run_plan
     from logcompact.jobs import prepare_plans
-    from logcompact.jobs.documents import read_group, read_plan, write_group_result, write_plan
     from logcompact.planner import PlannerConfig
+    from logcompact.plans import read_group, read_plan, write_group_result, write_plan
 
     _cluster(catalog)
     (plan_id,) = prepare_plans(catalog, "full", NOW + 500, PlannerConfig()).plan_ids
-    write_plan(catalog.store, _edited(read_plan(catalog.store, plan_id).to_dict(), _drop_partitions))
+    write_plan(catalog.store, _edited(plan_to_dict(read_plan(catalog.store, plan_id)), _drop_partitions))
     write_group_result(catalog.store, plan_id, 0, [run_plan(catalog.store, read_group(catalog.store, plan_id, 0))])
     before = _state(catalog)
     with pytest.raises(InvalidPlanError, match=f"plan {plan_id}: its documents in .* were changed since; plan again"):

@@ -18,10 +18,8 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from sqlalchemy.engine import make_url
 
 from logcompact.catalog import Catalog, SetAside
-from logcompact.engine.stats import JobResult
 from logcompact.exceptions import CatalogConfigError, CatalogUnavailableError, CommitConflictError, InvalidPlanError, TopicNotFoundError
-from logcompact.jobs import deal_slices
-from logcompact.jobs.documents import read_partition_bytes, write_group_result
+from logcompact.jobs import run_group
 from logcompact.planner import PlannerConfig
 from logcompact.store import LocalStore
 from logcompact.store.s3 import S3Store
@@ -38,8 +36,7 @@ from logcompact_airflow.operators import compaction as operators
 from logcompact_airflow.operators.compaction import _checked_params
 from logcompact_airflow.policy import failing_at_once
 from logcompact_airflow.sensors import LogcompactThresholdSensor
-from spark_apps.compact_group import compact_slices
-from tests.helpers import create_topic, produce_l0_files
+from tests.helpers import TasksByUri, create_topic, produce_l0_files
 
 
 def _now_ms() -> int:
@@ -322,9 +319,7 @@ def test_plan_then_commit_operators_compact_with_asset_events(connected_catalog:
     assert re.search(rf"leased plan {job['plan_id']}: 4 files \(L0 4\) > L1; [\d.]+ KB in, .*of 24 records removed; 1 group\(s\): g0 L0>L1 ", log)
 
     # What the Spark job does for the group, without Spark: it is given the plan id and the group number.
-    slices = deal_slices(read_partition_bytes(catalog.store, job["plan_id"], job["group"]), 1)
-    results = [JobResult.from_dict(r) for r in compact_slices(catalog.store.uri, job["plan_id"], job["group"], slices)]
-    write_group_result(catalog.store, job["plan_id"], job["group"], results)
+    run_group(catalog.store, job["plan_id"], job["group"], mapper=TasksByUri(1))
 
     events = _OutletEvents()
     commit = LogcompactCommitOperator(task_id="commit", group_jobs=[job], logcompact_conn_id="connected")

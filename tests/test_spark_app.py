@@ -16,16 +16,14 @@ import pytest
 
 from logcompact.catalog import Catalog
 from logcompact.consume import read_records
-from logcompact.engine.stats import JobResult
 from logcompact.exceptions import CommitConflictError
 from logcompact.ingest import Agent, Record
-from logcompact.jobs import commit_plans, deal_slices, prepare_plans
-from logcompact.jobs.documents import group_done, read_partition_bytes, read_plan, write_group_result
-from logcompact.plan import Plan
+from logcompact.jobs import GroupSlice, commit_plans, deal_slices, prepare_plans, run_group, run_task
 from logcompact.planner import PlannerConfig
+from logcompact.plans import Plan, group_done, read_partition_bytes, read_plan
 from logcompact.store import LocalStore
-from spark_apps.compact_group import compact_slices, main, slice_task
-from tests.helpers import NOW, create_topic
+from spark_apps.compact_group import main
+from tests.helpers import NOW, TasksByUri, create_topic
 from tests.support.spark_cluster import spark_environment, standalone_cluster
 
 APP = Path(__file__).resolve().parents[1] / "spark_apps" / "compact_group.py"
@@ -59,10 +57,9 @@ def test_slices_share_a_group_by_bytes_and_commit_together(catalog: Catalog) -> 
     assert [n for n, _ in slices] == [0, 1, 2, 3] and sorted(tp for _, tps in slices for tp in tps) == sorted(sizes)
     with pytest.raises(CommitConflictError, match="no result for group"):
         commit_plans(catalog, [sweep.plan_id], NOW)
-    results = [JobResult.from_dict(r) for r in compact_slices(catalog.store.uri, sweep.plan_id, 0, slices)]
-    assert len({f.key for r in results for f in r.outputs}) == 4  # one output a slice, named apart
+    results = run_group(catalog.store, sweep.plan_id, 0, slices=4, mapper=TasksByUri())
+    assert results is not None and len({f.key for r in results for f in r.outputs}) == 4  # one output a slice, named apart
     assert {f.key.split("-")[-3] for r in results for f in r.outputs} == {"s000", "s001", "s002", "s003"}
-    write_group_result(catalog.store, sweep.plan_id, 0, results)
     assert commit_plans(catalog, [sweep.plan_id], NOW).committed == [sweep.plan_id]
     assert _latest(catalog, 6) == {b"k%d" % k: b"2" for k in range(30)}
     assert commit_plans(catalog, [sweep.plan_id], NOW).already_committed == [sweep.plan_id]  # a retry
@@ -76,8 +73,7 @@ def test_a_slice_reports_the_bytes_of_its_own_partitions(catalog: Catalog) -> No
         agent.produce("t", [Record(i % 2, b"k%d" % i, values.randbytes(100_000), NOW) for i in range(40)])
     sweep = _leased_sweep(catalog)
     file_bytes = sum(f.size for f in sweep.inputs)
-    slices = deal_slices(read_partition_bytes(catalog.store, sweep.plan_id, 0), 2)
-    read = [JobResult.from_dict(r).stats.bytes_in for r in compact_slices(catalog.store.uri, sweep.plan_id, 0, slices)]
+    read = [r.stats.bytes_in for r in run_group(catalog.store, sweep.plan_id, 0, slices=2, mapper=TasksByUri()) or []]
     assert len(read) == 2 and all(0.45 * file_bytes < n < 0.55 * file_bytes for n in read), (read, file_bytes)
 
 
@@ -99,12 +95,27 @@ def test_a_group_counts_as_done_only_with_all_its_outputs(catalog: Catalog) -> N
     catalog = _cluster(catalog)
     sweep = _leased_sweep(catalog)
     assert not group_done(catalog.store, sweep.plan_id, 0)
-    slices = deal_slices(read_partition_bytes(catalog.store, sweep.plan_id, 0), 2)
-    results = [JobResult.from_dict(r) for r in compact_slices(catalog.store.uri, sweep.plan_id, 0, slices)]
-    write_group_result(catalog.store, sweep.plan_id, 0, results)
-    assert group_done(catalog.store, sweep.plan_id, 0)
+    results = run_group(catalog.store, sweep.plan_id, 0, slices=2, mapper=TasksByUri())
+    assert results is not None and group_done(catalog.store, sweep.plan_id, 0)
+    assert run_group(catalog.store, sweep.plan_id, 0) is None  # a retry after a success runs nothing
     catalog.store.delete(results[1].outputs[0].key)  # collected by gc after an expired lease
     assert not group_done(catalog.store, sweep.plan_id, 0)  # so a retried task runs the group again
+    again = run_group(catalog.store, sweep.plan_id, 0, slices=2, mapper=TasksByUri())
+    assert again is not None and [f.key for r in again for f in r.outputs] == [f.key for r in results for f in r.outputs]
+    assert group_done(catalog.store, sweep.plan_id, 0)
+
+
+def test_a_group_runs_only_against_its_own_clusters_store(catalog: Catalog, tmp_path) -> None:
+    catalog = _cluster(catalog)
+    sweep = _leased_sweep(catalog)
+    other = Catalog(LocalStore(tmp_path / "other"))
+    create_topic(other, "t")  # another cluster, holding a copy of the plan's documents
+    for info in catalog.store.list(f"plans/{sweep.plan_id}/"):
+        other.store.put(info.key, catalog.store.get(info.key))
+    before = sorted(info.key for info in other.store.list(""))
+    with pytest.raises(SystemExit, match=rf"compact_group: plan {sweep.plan_id} is of cluster \S+ but store \S+ belongs to cluster \S+: run it against"):
+        main([f"--store={other.store.uri}", f"--plan-id={sweep.plan_id}", "--group=0"])
+    assert sorted(info.key for info in other.store.list("")) == before  # nothing written, Spark never started
 
 
 def test_spark_submit_runs_a_group_with_local_spark(tmp_path, make_catalog_url) -> None:
@@ -157,5 +168,6 @@ def test_what_a_task_is_sent_does_not_grow_with_the_plan(catalog: Catalog) -> No
         agent.produce("u", [Record(i % 60, b"k%d" % i, b"v", NOW) for i in range(6000)])
     large = _leased_sweep(catalog)  # the small plan's files are leased to it: this plan takes the others
     assert sum(len(f.sections) for f in large.inputs) == 10 * sum(len(f.sections) for f in small.inputs)
-    sent = [len(cloudpickle.dumps(slice_task(catalog.store.uri, p.plan_id, 0))) for p in (small, large)]
+    # A task is sent the function every task runs and its GroupSlice: a slice of one partition, of either plan.
+    sent = [len(cloudpickle.dumps((run_task, GroupSlice(catalog.store.uri, p.plan_id, 0, 0, [p.groups[0].first])))) for p in (small, large)]
     assert sent[0] == sent[1] < 2000

@@ -3,7 +3,7 @@
     cluster.json                                      the store's cluster marker (catalog/identity.py)
     data/l0/{now_ms:013d}-{uuid hex}.seg              an agent's L0 file, its clock first
     data/l{level}/{plan_id}-g{group}-s{slice}-{content}-{sequence}.seg   a compaction's output
-    plans/{plan_id}/plan.json, inputs.arrow           a stored plan's header and input files (jobs/documents.py)
+    plans/{plan_id}/plan.json, inputs.arrow           a stored plan's header and input files (plans/documents.py)
     plans/{plan_id}/groups/g{group}.arrow             a group's document
     plans/{plan_id}/results/g{group}.json             a group's results
     plans/{plan_id}/abandoned.json                    a plan whose run failed and could not release it

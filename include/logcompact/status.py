@@ -160,7 +160,7 @@ def _partition_status(
 
 
 def job_gauges(plan_stats: list[dict]) -> dict[str, float]:
-    """Kafka's per-run cleaner gauges over the plans of one commit (`logcompact.engine.stats.summarize` dicts):
+    """Kafka's per-run cleaner gauges over the plans of one commit (`logcompact.plans.summarize` dicts):
     the fullest key map, the bytes written per byte read, the longest job."""
     if not plan_stats:
         return {}

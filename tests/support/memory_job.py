@@ -15,7 +15,7 @@ from pathlib import Path
 
 from logcompact.engine.cleaner import run_plan
 from logcompact.lab.synthetic import NOW, write_compacted_log
-from logcompact.plan import Plan
+from logcompact.plans import Plan, plan_from_json, plan_to_json
 from logcompact.store import LocalStore
 from logcompact.topics import Topic
 
@@ -30,9 +30,9 @@ def main() -> None:
             inputs=tuple(files), topics={"t": Topic.create("t", 1, {"cleanup.policy": "compact"}, NOW)},
             buffer_bytes=8 << 20,
         )
-        (workdir / "plan.json").write_text(plan.to_json())
+        (workdir / "plan.json").write_text(plan_to_json(plan))
         return
-    plan = Plan.from_json((workdir / "plan.json").read_text())
+    plan = plan_from_json((workdir / "plan.json").read_text())
     result = run_plan(store, plan)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps({"rss_peak_kib": peak, "bytes_in": result.stats.bytes_in, "records_out": result.stats.records_out}))

@@ -28,8 +28,8 @@ from logcompact.units import MINUTE_MS
 
 if TYPE_CHECKING:
     from logcompact.catalog import PlanningSnapshot
-    from logcompact.plan import Plan
     from logcompact.planner import PlannerConfig
+    from logcompact.plans import Plan
 
 MAX_ROUNDS = 100
 
@@ -79,8 +79,8 @@ _topics_option = click.option("--topics", multiple=True, metavar="TOPIC", help="
 def plan_command(ctx: Context, mode: str, topics: tuple[str, ...], dry_run: bool, out_dir: str | None, **options: int) -> None:
     """Print the plans a mode calls for now, one JSON line each, or write them to a directory as they are stored
     (--out); nothing is leased or run."""
-    from logcompact.jobs.documents import write_plan
     from logcompact.planner import choose_plans, expected_effect
+    from logcompact.plans import plan_to_json, write_plan
     from logcompact.store import LocalStore
 
     if dry_run and out_dir:
@@ -99,7 +99,7 @@ def plan_command(ctx: Context, mode: str, topics: tuple[str, ...], dry_run: bool
             directory = str(out.root / plan.plan_id)
             emit({"plan_id": plan.plan_id, "plan": directory, "groups": len(plan.groups), "inputs": len(plan.inputs), "bytes": written})
         else:
-            click.echo(plan.to_json())
+            click.echo(plan_to_json(plan))
 
 
 def _topics(snapshot: PlanningSnapshot, mode: str, topics: tuple[str, ...]) -> list[str] | None:
@@ -118,8 +118,8 @@ _PLAN_SOURCES = "a plan `logcompact plan` printed (JSON or JSON lines, - for std
 def _read_plans(path: str) -> list[Plan]:
     """The plans at `path`: a plan's directory or a directory of them (`plan --out`), or a JSON document, or
     JSON lines (`-`: stdin)."""
-    from logcompact.jobs.documents import read_plan
     from logcompact.keys import HEADER_NAME
+    from logcompact.plans import read_plan
     from logcompact.store import LocalStore
 
     if path == "-":
@@ -142,7 +142,7 @@ def _read_plans(path: str) -> list[Plan]:
 
 
 def _plans_of_text(data: bytes, source: str) -> list[Plan]:
-    from logcompact.plan import Plan
+    from logcompact.plans import plan_from_json
 
     try:
         text = data.decode()
@@ -150,8 +150,8 @@ def _plans_of_text(data: bytes, source: str) -> list[Plan]:
         raise InvalidPlanError(f"{source}: not UTF-8 text (byte {exc.start + 1}: {exc.reason}); pass {_PLAN_SOURCES}") from None
     lines = [line for line in text.splitlines() if line.strip()]
     if len(lines) > 1 and all(line.lstrip().startswith("{") for line in lines):
-        return [Plan.from_json(line, f"{source} line {n}") for n, line in enumerate(lines, start=1)]
-    return [Plan.from_json(text, source)]
+        return [plan_from_json(line, f"{source} line {n}") for n, line in enumerate(lines, start=1)]
+    return [plan_from_json(text, source)]
 
 
 @click.command()

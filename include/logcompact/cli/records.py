@@ -55,7 +55,7 @@ def consume(ctx: Context, topic_name: str, partition: int, from_offset: int, to_
 @pass_context
 def files(ctx: Context, level: int | None) -> None:
     """Print one JSON line per live file in the catalog: key, level, size, creation time, records and sections."""
-    from logcompact.plan import file_to_json
+    from logcompact.plans import file_to_json
 
     for data_file in ctx.catalog.snapshot().files(level):
         emit({**file_to_json(data_file), "record_count": data_file.record_count})

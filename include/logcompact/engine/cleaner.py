@@ -67,16 +67,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from logcompact.catalog import CatalogSection, DataFile, SetAside
+from logcompact.catalog import CatalogSection, DataFile, SetAside, TopicPartition
 from logcompact.collector import collector_paused
 from logcompact.engine.copier import CONTENTS, copy_plan
 from logcompact.engine.offset_map import CompactOffsetMap, OffsetMap
-from logcompact.engine.stats import CompactionStats, JobResult
 from logcompact.exceptions import CorruptDataError
 from logcompact.format import SectionStream, SegmentWriter
 from logcompact.format.layout import INDEX_COLUMNS, MAX_OFFSET_SPAN, SECTION_SCHEMA, key_hash_words, record_bytes, row_sizes
 from logcompact.format.writer import BLOCK_BYTES, SectionBuilder
-from logcompact.plan import Plan, TopicPartition
+from logcompact.plans import CompactionStats, JobResult, Plan
 from logcompact.store.base import ObjectStore
 from logcompact.topics import TopicConfig
 

@@ -22,12 +22,11 @@ from typing import Protocol
 import numpy as np
 import pyarrow as pa
 
-from logcompact.catalog import CatalogSection, DataFile
-from logcompact.engine.stats import CompactionStats
+from logcompact.catalog import CatalogSection, DataFile, TopicPartition
 from logcompact.exceptions import CorruptDataError
 from logcompact.format.layout import MAX_OFFSET_SPAN, SECTION_SCHEMA
 from logcompact.format.reader import BlockStream
-from logcompact.plan import Plan, TopicPartition
+from logcompact.plans import CompactionStats, Plan
 from logcompact.store.base import ObjectStore
 
 # The uncompressed input bytes copied at once: what a run holds in memory, about three times (decoded, sorted, written).

@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 import numba
 import numpy as np
 
-from logcompact.plan import DEFAULT_BUFFER_BYTES
+from logcompact.limits import DEFAULT_BUFFER_BYTES
 
 BYTES_PER_SLOT = 20
 MAX_LOAD = 0.98

@@ -4,8 +4,9 @@
 1. `prepare_plans` / `lease_and_write`: plan against the catalog as it is now (`check_thresholds` says which
    levels are due), lease the plans' files in the catalog (all the plans or none) with a seal of their
    documents, and write the documents to the store (`documents`); one `GroupJob` per group the plans record.
-2. `run_group` (or `run_slice` per Spark task): run one group from the store alone, given the plan id and the
-   group number, and leave its result next to its plan; `run_here` runs a prepared run's groups and commits.
+2. `run_group`: run one group from the store alone, given the plan id and the group number, its slices one
+   after the other or as Spark tasks (a `SliceMapper`; each task runs a `GroupSlice`), and leave its result next
+   to its plan; `run_here` runs a prepared run's groups and commits.
 3. `commit_plans`: commit every plan from its header and its groups' results, atomically and once; a retry
    finds the plan already committed and reports the same stats from the results kept in the store.
 4. `collect_garbage`: what no kept version references, abandoned outputs and finished plans, past a grace.
@@ -17,18 +18,23 @@ them as abandoned in the store for `release_abandoned` to release once it answer
 """
 
 from logcompact.jobs.commit import CommitSummary, PlanResult, commit_plan, commit_plans, uncleanable_report
-from logcompact.jobs.documents import give_up, release_abandoned
 from logcompact.jobs.gc import DEFAULT_GC_GRACE_MS, GcReport, collect_garbage
 from logcompact.jobs.prepare import GroupJob, PreparedRun, ThresholdStatus, check_thresholds, lease_and_write, prepare_plans
-from logcompact.jobs.run import deal_slices, run_and_commit, run_group, run_here, run_slice
+from logcompact.jobs.release import give_up, release_abandoned
+from logcompact.jobs.run import IN_ORDER, GroupSlice, SliceMapper, deal_slices, group_report, run_and_commit, run_group, run_here, run_slice, run_task
+from logcompact.plans import JobResult
 
 __all__ = [
     "DEFAULT_GC_GRACE_MS",
+    "IN_ORDER",
     "CommitSummary",
     "GcReport",
     "GroupJob",
+    "GroupSlice",
+    "JobResult",
     "PlanResult",
     "PreparedRun",
+    "SliceMapper",
     "ThresholdStatus",
     "check_thresholds",
     "collect_garbage",
@@ -36,6 +42,7 @@ __all__ = [
     "commit_plans",
     "deal_slices",
     "give_up",
+    "group_report",
     "lease_and_write",
     "prepare_plans",
     "release_abandoned",
@@ -43,5 +50,6 @@ __all__ = [
     "run_group",
     "run_here",
     "run_slice",
+    "run_task",
     "uncleanable_report",
 ]

@@ -6,10 +6,10 @@ import logging
 from dataclasses import asdict, dataclass, field
 
 from logcompact.catalog import Catalog, SetAside
-from logcompact.engine.stats import CompactionStats, JobResult, add_topic_figures, summarize
 from logcompact.exceptions import CommitConflictError, CorruptDataError, LogcompactError, ObjectNotFoundError, PlansNotCommittedError
-from logcompact.jobs.documents import check_seal, read_header, read_results
-from logcompact.plan import Plan, PlanHeader
+from logcompact.plans import Plan, PlanHeader, read_header, read_results
+from logcompact.plans.documents import check_seal
+from logcompact.plans.results import CompactionStats, JobResult, add_topic_figures, summarize
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from logcompact.catalog import Catalog
 from logcompact.catalog.database import redact_url
 from logcompact.exceptions import ClusterMismatchError
-from logcompact.jobs.documents import release_abandoned
+from logcompact.jobs.release import release_abandoned
 from logcompact.jobs.workdir import reclaim_workdirs
 from logcompact.keys import DATA_KEY_PATTERN, DATA_PREFIX, PLAN_ID_PATTERN, PLANS_PREFIX, is_agent_l0_key, plan_of_output
 from logcompact.limits import DEFAULT_GC_GRACE_MS, DEFAULT_MAX_ORPHAN_SHARE, MAX_CLOCK_SKEW_MS

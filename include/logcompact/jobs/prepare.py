@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from logcompact.catalog import Catalog, Snapshot
-from logcompact.jobs.documents import give_up, plan_documents, release_abandoned, seal, write_documents
-from logcompact.plan import Plan, PlanGroup
+from logcompact.jobs.release import give_up, release_abandoned
 from logcompact.planner import PlannerConfig, choose_plans, expected_effect
+from logcompact.plans import Plan, PlanGroup, plan_documents
+from logcompact.plans.documents import seal, write_documents
 
 
 @dataclass(frozen=True)

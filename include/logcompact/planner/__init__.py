@@ -21,11 +21,11 @@ from logcompact.catalog import PlanningSnapshot
 from logcompact.collector import collector_paused
 from logcompact.exceptions import TopicNotFoundError
 from logcompact.limits import MODES
-from logcompact.plan import Plan
 from logcompact.planner.config import PlannerConfig
 from logcompact.planner.estimate import expected_effect
 from logcompact.planner.levels import plan_full_sweep, plan_regular, size_tiers, top_level
 from logcompact.planner.max_lag import dirty_since, plan_max_lag
+from logcompact.plans import Plan
 
 __all__ = [
     "MODES",

@@ -41,8 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from logcompact.catalog import LevelSection, PartitionSummary, PlanningSnapshot
-from logcompact.plan import TopicPartition
+from logcompact.catalog import LevelSection, PartitionSummary, PlanningSnapshot, TopicPartition
 from logcompact.planner.config import PlannerConfig
 
 _NO_OFFSET = 1 << 62

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from logcompact import sketch
-from logcompact.plan import Plan
+from logcompact.plans import Plan
 
 
 def expected_effect(plan: Plan) -> dict:

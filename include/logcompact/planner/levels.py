@@ -11,10 +11,11 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import TypeVar
 
-from logcompact.catalog import DataFile, FileSummary, PlanningSnapshot
-from logcompact.plan import MAX_LEVEL, Plan, TopicPartition, input_offsets, lowest_outside, new_plan_id, split_into_groups
+from logcompact.catalog import DataFile, FileSummary, PlanningSnapshot, TopicPartition
+from logcompact.limits import MAX_LEVEL
 from logcompact.planner.config import PlannerConfig
 from logcompact.planner.dirty_ratio import ratio_plan_files
+from logcompact.plans import Plan, input_offsets, lowest_outside, new_plan_id, split_into_groups
 
 Sized = TypeVar("Sized", FileSummary, DataFile)
 _NO_OFFSET = 1 << 62

@@ -17,9 +17,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from logcompact.catalog import PartitionSection, PartitionSummary, PlanningSnapshot
-from logcompact.plan import Plan
 from logcompact.planner.config import PlannerConfig
 from logcompact.planner.levels import make_plans, top_level
+from logcompact.plans import Plan
 from logcompact.topics import LONG_MAX, MIN_MAX_COMPACTION_LAG_MS
 
 

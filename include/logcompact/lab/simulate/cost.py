@@ -22,9 +22,9 @@ from operator import add, itemgetter
 import numpy as np
 
 from logcompact import sketch
-from logcompact.catalog import CatalogSection, DataFile
+from logcompact.catalog import CatalogSection, DataFile, TopicPartition
 from logcompact.format.layout import SectionInfo
-from logcompact.plan import Plan, TopicPartition, input_offsets
+from logcompact.plans import Plan, input_offsets
 
 # What a section costs in a file beyond its records' bytes: its footer entry and its share of a block's framing
 # (bench/partitions.py measures 63 to 68 bytes for 3-record sections in files of 1,000 and 10,000 partitions).

@@ -25,14 +25,14 @@ from pathlib import Path
 import numpy as np
 
 from logcompact import sketch
-from logcompact.catalog import Catalog, NewFile, PlanningSnapshot
+from logcompact.catalog import Catalog, NewFile, PlanningSnapshot, TopicPartition
 from logcompact.collector import collector_paused
 from logcompact.format.layout import SectionInfo
 from logcompact.keys import DATA_PREFIX
 from logcompact.lab.simulate.catalog import MemoryCatalog
 from logcompact.lab.simulate.cost import SECTION_OVERHEAD_BYTES, estimate_job
-from logcompact.plan import Plan, TopicPartition
 from logcompact.planner import PlannerConfig, choose_plans
+from logcompact.plans import Plan
 from logcompact.store import LocalStore
 from logcompact.topics import MIN_MAX_COMPACTION_LAG_MS, Topic
 from logcompact.units import HOUR_MS, GiB

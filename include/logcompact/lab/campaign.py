@@ -225,21 +225,30 @@ class Running:
         self._err: list[str] = []
         self._threads = [
             threading.Thread(target=self._feed, args=(stdin or "",), daemon=True),
-            threading.Thread(target=lambda: self._out.append(self.process.stdout.read()), daemon=True),
+            threading.Thread(target=self._read_stdout, daemon=True),
             threading.Thread(target=self._read_stderr, daemon=True),
         ]
         for thread in self._threads:
             thread.start()
 
     def _feed(self, text: str) -> None:
+        stdin = self.process.stdin
+        assert stdin is not None  # piped by __init__
         try:
-            self.process.stdin.write(text)
-            self.process.stdin.close()
+            stdin.write(text)
+            stdin.close()
         except BrokenPipeError:
             pass  # killed before it read all of its input: what the campaign wanted
 
+    def _read_stdout(self) -> None:
+        stdout = self.process.stdout
+        assert stdout is not None  # piped by __init__
+        self._out.append(stdout.read())
+
     def _read_stderr(self) -> None:
-        for line in self.process.stderr:
+        stderr = self.process.stderr
+        assert stderr is not None  # piped by __init__
+        for line in stderr:
             self._err.append(line)
             if line.startswith(MARKER):
                 phase, _, at = line[len(MARKER) :].split()
@@ -446,8 +455,8 @@ def check_partition(spec: TopicSpec, produced: dict[int, Sent], visible: list[tu
     for offset, record in produced.items():
         if record.key is not None and offset > latest.get(record.key, -1):
             latest[record.key] = offset
-    last_seen: dict[str, int] = {}
-    times_seen: dict[str, int] = {}
+    last_seen: dict[str | None, int] = {}
+    times_seen: dict[str | None, int] = {}
     for offset, record in sorted(seen.items()):
         last_seen[record.key] = offset
         times_seen[record.key] = times_seen.get(record.key, 0) + 1

@@ -1,30 +1,28 @@
-"""Plans and job results kept in the store, so a scheduler and remote workers share nothing else.
+"""A plan's documents and its groups' results kept in the store, so a scheduler and remote workers share
+nothing else.
 
-A scheduler writes a plan under `plans/{plan_id}/`: one Arrow document per group, `groups/g{group}.arrow`,
-then its header, the input files `inputs.arrow` and last `plan.json` (docs/plan.md), so a plan whose
-`plan.json` is there has all its documents. The job of a group reads its group document and the input
-files (never the other groups' sections), runs its
-slices and then writes one object, `results/g{group}.json`, holding every slice's outputs and stats (never
-record data): a group's result exists whole or not at all. The commit reads the header and the results,
-checks that every group of the plan has one, and commits the plan once
-(`logcompact.jobs.commit.commit_plans`). A retried group writes the same outputs and result again.
+A scheduler writes a plan under `plans/{plan_id}/`: one Arrow document per group, `groups/g{group}.arrow`, then
+its header, the input files `inputs.arrow` and last `plan.json` (docs/plan.md), so a plan whose `plan.json` is
+there has all its documents. The job of a group reads its group document and the input files (never the other
+groups' sections), runs its slices and then writes one object, `results/g{group}.json`, holding every slice's
+outputs and stats (never record data): a group's result exists whole or not at all. The commit reads the header
+and the results, checks that every group of the plan has one, and commits the plan once
+(`logcompact.jobs.commit_plans`). A retried group writes the same outputs and result again.
 
 A run that fails after leasing releases its plans in the catalog; when the catalog cannot be reached then (the
-database went away during the commit), it writes `abandoned.json` beside the plan instead, and
-`release_abandoned` releases those plans once the catalog answers again (gc and the plan step call it), rather
-than leaving their files leased until the lease expires.
+database went away during the commit), it writes `abandoned.json` beside the plan instead (`write_abandoned`),
+and `logcompact.jobs.release_abandoned` releases those plans once the catalog answers again, rather than leaving
+their files leased until the lease expires.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
 from collections.abc import Collection
-from typing import TYPE_CHECKING
 
+from logcompact.catalog import TopicPartition
 from logcompact.collector import collector_paused
-from logcompact.engine.stats import JobResult
 from logcompact.exceptions import CommitConflictError, InvalidPlanError, ObjectNotFoundError
 from logcompact.keys import (
     ABANDONED_NAME,
@@ -35,26 +33,17 @@ from logcompact.keys import (
     plan_key,
     result_key,
 )
-from logcompact.plan import (
-    Plan,
-    PlanHeader,
-    TopicPartition,
-    decode_group,
-    encode_groups,
-    group_partition_bytes,
-)
+from logcompact.plans.arrow_form import decode_group, decode_header, encode_groups, encode_header, group_partition_bytes
+from logcompact.plans.model import Plan, PlanHeader
+from logcompact.plans.results import JobResult
 from logcompact.store.base import ObjectStore
 
-if TYPE_CHECKING:
-    from logcompact.catalog import Catalog
-
-log = logging.getLogger(__name__)
 
 def plan_documents(plan: Plan, prefix: str = PLANS_PREFIX) -> list[tuple[str, bytes]]:
     """The plan's stored documents, (key, bytes), in the order they are written: its groups, then its inputs, and
     `plan.json` last, so a plan whose `plan.json` is there has all its documents."""
     with collector_paused():
-        header, inputs = plan.header().documents()
+        header, inputs = encode_header(plan.header())
         documents = [(group_key(plan.plan_id, g.group, prefix), d) for g, d in zip(plan.groups, encode_groups(plan))]
     return documents + [(inputs_key(plan.plan_id, prefix), inputs), (plan_key(plan.plan_id, prefix), header)]
 
@@ -98,7 +87,7 @@ def check_seal(store: ObjectStore, header: PlanHeader, expected: str | None) -> 
 def read_header(store: ObjectStore, plan_id: str, prefix: str = PLANS_PREFIX) -> PlanHeader:
     key = plan_key(plan_id, prefix)
     header = _get(store, key, f"no plan {plan_id}")
-    return PlanHeader.from_documents(header, _get(store, inputs_key(plan_id, prefix), f"plan {plan_id} lists no inputs"), key)
+    return decode_header(header, _get(store, inputs_key(plan_id, prefix), f"plan {plan_id} lists no inputs"), key)
 
 
 def read_group(
@@ -177,54 +166,6 @@ def abandoned_plans(store: ObjectStore) -> list[str]:
         info.key[len(PLANS_PREFIX) : -len(suffix)] for info in store.list(PLANS_PREFIX)
         if info.key.endswith(suffix) and info.key.count("/") == 2
     )
-
-
-def give_up(catalog: Catalog, plan_ids: list[str], now_ms: int, failure: BaseException) -> list[str]:
-    """Release the plans a failed run leased and did not commit, so their files can be planned again at once. A plan
-    the catalog cannot release now (the database that failed the run is still gone) is logged and recorded as
-    abandoned in the store, and `release_abandoned` releases it once the catalog answers; a plan that cannot be
-    recorded either keeps its files leased until its lease expires, which is logged too. Never raises: the run's
-    own failure is what its caller reports. Returns the plans recorded as abandoned."""
-    reason = " ".join(str(failure).split()) or type(failure).__name__
-    abandoned = []
-    for plan_id in plan_ids:
-        try:
-            if not catalog.is_committed(plan_id):
-                catalog.release(plan_id)
-            continue
-        except Exception as release_failure:  # logged; the run's failure is what is raised
-            why = " ".join(str(release_failure).split()) or type(release_failure).__name__
-        try:
-            key = write_abandoned(catalog.store, plan_id, now_ms, reason)
-        except Exception as record_failure:
-            log.error(
-                "plan %s: could not be released after the run failed (%s), nor recorded as abandoned (%s): its files stay "
-                "leased until its lease expires", plan_id, why, " ".join(str(record_failure).split()),
-            )
-            continue
-        abandoned.append(plan_id)
-        log.warning(
-            "plan %s: could not be released after the run failed (%s); recorded as abandoned in %s, so gc or the next "
-            "plan step releases it once the catalog answers", plan_id, why, key,
-        )
-    return abandoned
-
-
-def release_abandoned(catalog: Catalog) -> list[str]:
-    """Release in the catalog the leases and seal of every plan a failed run abandoned (`write_abandoned`), unless
-    it committed after all, and drop its record; returns those plans' ids. A plan abandoned when the catalog was
-    unreachable frees its files here, once the catalog answers, instead of when its lease expires. Call it where the
-    catalog is in use anyway: gc and the plan step."""
-    released = []
-    for plan_id in abandoned_plans(catalog.store):
-        if catalog.is_committed(plan_id):
-            log.info("plan %s, recorded as abandoned, committed after all: nothing to release", plan_id)
-        else:
-            catalog.release(plan_id)
-            log.warning("released plan %s, abandoned by a run that failed and could not release it then", plan_id)
-        catalog.store.delete(abandoned_key(plan_id))
-        released.append(plan_id)
-    return released
 
 
 def _get(store: ObjectStore, key: str, missing: str) -> bytes:

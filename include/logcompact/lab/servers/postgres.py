@@ -1,4 +1,4 @@
-"""Start and stop a real PostgreSQL server for tests: a throw-away cluster
+"""Start and stop a real PostgreSQL server for tests and benchmarks: a throw-away cluster
 made with Debian's PostgreSQL binaries (``/usr/lib/postgresql/15/bin``, else
 the newest ``/usr/lib/postgresql/*/bin``, else ``PATH``).
 
@@ -25,7 +25,7 @@ written to ``workdir/postgres.log`` (and initdb's output to
 
 Usage (e.g. from a session-scoped pytest fixture)::
 
-    from tests.support.postgres import start_postgres, postgres_missing_reason
+    from logcompact.lab.servers.postgres import start_postgres, postgres_missing_reason
 
     reason = postgres_missing_reason()
     if reason:
@@ -39,9 +39,6 @@ Usage (e.g. from a session-scoped pytest fixture)::
     server.url                      # postgresql+psycopg://postgres@127.0.0.1:PORT/logcompact
     url = server.create_database()  # a new, empty database (test_<hex>); its SQLAlchemy URL
     server.drop_database(url)        # (or by name: create_database("x"), drop_database("x"))
-
-Run ``python tests/support/postgres.py`` (or ``python -m
-tests.support.postgres``) for a self-check with psycopg and SQLAlchemy.
 
 The readiness probe is a psycopg connection over TCP that also checks the
 server's data_directory, so a server of someone else's on the same port is
@@ -67,6 +64,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import psycopg
 from psycopg import sql
@@ -352,7 +350,7 @@ class _Cluster:
         self.owner_pid = os.getpid()
         self.proc: subprocess.Popen | None = None
         self.logfile = workdir / "postgres.log"
-        self._log = None
+        self._log: BinaryIO | None = None
         self._lock = threading.Lock()
         self._stopped = False
         # PR_SET_PDEATHSIG fires when the *thread* that spawned the child
@@ -586,9 +584,10 @@ def _start(c: _Cluster, deadline: float) -> tuple[int, int]:
                 )
             try:
                 with _connect(port, "postgres", connect_timeout=2) as conn:
-                    datadir = conn.execute("SHOW data_directory").fetchone()[0]
+                    ((datadir,),) = conn.execute("SHOW data_directory").fetchall()
                     if _same_dir(datadir, c.datadir):
-                        version_num = int(conn.execute("SHOW server_version_num").fetchone()[0])
+                        ((version,),) = conn.execute("SHOW server_version_num").fetchall()
+                        version_num = int(version)
                         _create_database(conn, DB_NAME, version_num)
                         return port, version_num
                     last = f"port {port} answered by another server (data directory {datadir})"
@@ -610,120 +609,3 @@ def _log_since(path: Path, offset: int) -> str:
             return f.read(200_000).decode("utf-8", "replace")
     except OSError:
         return ""
-
-
-# --------------------------------------------------------------------------
-# self-check
-# --------------------------------------------------------------------------
-
-
-def _proc_user(pid: int) -> str | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("Uid:"):
-                return pwd.getpwuid(int(line.split()[1])).pw_name
-    except (OSError, KeyError):
-        return None
-    return None
-
-
-def _self_check() -> int:
-    import concurrent.futures
-
-    import sqlalchemy as sa
-
-    reason = postgres_missing_reason()
-    if reason:
-        print("SKIP:", reason)
-        return 2
-
-    with tempfile.TemporaryDirectory(prefix="postgres-selfcheck-") as tmp:
-        # as pytest's tmp dirs are: mode 700, unreachable for the postgres user
-        os.chmod(tmp, 0o700)
-        t0 = time.monotonic()
-        server, stop = start_postgres(Path(tmp) / "pg")
-        startup = time.monotonic() - t0
-        cluster = next(c for c in _ACTIVE if c.datadir == server.datadir)
-        pid = cluster.proc.pid
-        try:
-            print(f"url: {server.url}  (started in {startup:.1f}s)")
-            print(f"binaries: {cluster.bin['postgres']}")
-            print(f"datadir: {server.datadir}  log: {server.logfile}")
-            print(f"server pid {pid} runs as {_proc_user(pid)!r}; postmaster.pid says {_read_pidfile(server.datadir)}")
-            assert _read_pidfile(server.datadir) == pid
-            assert _proc_user(pid) == (OS_USER if _is_root() else pwd.getpwuid(os.geteuid()).pw_name)
-
-            with server.connect() as conn:
-                version = conn.execute("SHOW server_version").fetchone()[0]
-                settings = dict(conn.execute(
-                    "SELECT name, setting FROM pg_settings WHERE name = ANY(%s)",
-                    (["fsync", "synchronous_commit", "full_page_writes", "max_connections",
-                      "listen_addresses", "server_encoding", "lc_collate"],),
-                ).fetchall())
-                owner = conn.execute(
-                    "SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = current_database()"
-                ).fetchone()[0]
-            print(f"server_version {version}; {settings}; database {server.dbname} owned by {owner}")
-            assert settings["fsync"] == "off" and settings["max_connections"] == "200"
-            assert settings["listen_addresses"] == HOST and owner == DB_USER
-
-            engine = sa.create_engine(server.url)
-            with engine.begin() as conn:
-                conn.execute(sa.text("CREATE TABLE t (k text PRIMARY KEY, v bigint)"))
-                conn.execute(sa.text("INSERT INTO t VALUES ('a', 1), ('b', 2)"))
-            with engine.connect() as conn:
-                rows = conn.execute(sa.text("SELECT k, v FROM t ORDER BY k")).all()
-            engine.dispose()
-            assert [tuple(r) for r in rows] == [("a", 1), ("b", 2)], rows
-            print("sqlalchemy (postgresql+psycopg) create/insert/select: ok")
-
-            t1 = time.monotonic()
-            n = 20
-            urls = [server.create_database() for _ in range(n)]
-            per_db = (time.monotonic() - t1) / n
-            named = server.create_database("test_named")
-            assert named == server.url_for("test_named")
-            e2 = sa.create_engine(urls[0])
-            with e2.connect() as conn:
-                tables = conn.execute(sa.text(
-                    "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'"
-                )).scalar_one()
-            assert tables == 0, tables  # empty: not a copy of logcompact
-            print(f"create_database: {n} databases, {per_db * 1000:.0f} ms each; e.g. {urls[0]}")
-            t1 = time.monotonic()
-            for u in urls:
-                server.drop_database(u)
-            server.drop_database("test_named")
-            print(f"drop_database (with a live connection to one of them): {(time.monotonic() - t1) / (n + 1) * 1000:.0f} ms each")
-            e2.dispose()
-
-            # many concurrent sessions (a few are reserved for superusers)
-            k = 190
-            barrier = threading.Barrier(k)
-
-            def session(i: int) -> int:
-                with server.connect() as conn:
-                    barrier.wait(timeout=60)
-                    return conn.execute("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'").fetchone()[0]
-
-            t1 = time.monotonic()
-            with concurrent.futures.ThreadPoolExecutor(k) as ex:
-                seen = max(ex.map(session, range(k)))
-            print(f"{k} concurrent connections: ok (max seen {seen}, {time.monotonic() - t1:.1f}s)")
-            assert seen >= k
-        finally:
-            t1 = time.monotonic()
-            stop()
-            print(f"stopped in {time.monotonic() - t1:.1f}s")
-        stop()  # idempotent
-        assert cluster.proc.poll() is not None
-        assert not server.datadir.exists() and not cluster.base.exists()
-        assert server.logfile.exists()
-        print(f"server exited with {cluster.proc.returncode}; private directory removed; log kept "
-              f"({server.logfile.stat().st_size} bytes)")
-        print(f"SELF-CHECK PASSED (startup {startup:.1f}s)")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(_self_check())

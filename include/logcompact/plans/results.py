@@ -1,6 +1,6 @@
 """What one compaction job did, as JSON: records and bytes in and out, the key map, tombstones, requests;
-and its result, the output files with those stats (light to import: a Spark driver reads results without
-loading the engine)."""
+and its result, the output files with those stats (a Spark driver reads results without loading the engine).
+`summarize` adds a plan's jobs up into Kafka's per-run cleaner figures."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from operator import attrgetter
 
 from logcompact.catalog import DataFile, SetAside
-from logcompact.plan import file_from_json, file_to_json
+from logcompact.plans.json_form import file_from_json, file_to_json
 
 
 @dataclass

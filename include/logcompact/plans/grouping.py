@@ -1,0 +1,133 @@
+"""How a plan's partitions are grouped and what planners read of its inputs: the groups of whole partitions a
+plan is split into (`split_into_groups`), the inputs' offsets and sizes per partition (`input_offsets`), and the
+outside floors the catalog sets (`lowest_outside`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, NamedTuple
+
+from logcompact.catalog import DataFile, TopicPartition
+
+if TYPE_CHECKING:  # a Spark task reads plans without loading the catalog's database layer
+    from logcompact.catalog import PlanningSnapshot
+
+class PlanGroup(NamedTuple):
+    """A group of a plan: its whole topic-partitions from `first` to `last` in (topic, partition) order, and how
+    many partitions and bytes it holds (its sections' uncompressed bytes: what a job decodes; small sections
+    share their compressed blocks). Only a plan without sections has a group without partitions (`first` and
+    `last` None)."""
+
+    group: int
+    first: TopicPartition | None
+    last: TopicPartition | None
+    partitions: int
+    bytes: int
+
+    def holds(self, tp: TopicPartition) -> bool:
+        return self.first is not None and self.last is not None and self.first <= tp <= self.last
+
+
+_NO_OFFSET = 1 << 63  # a partition without an outside floor or a first uncleanable offset
+
+
+def lowest_outside(
+    snapshot: PlanningSnapshot, inputs: Sequence[DataFile], partitions: set[TopicPartition], held: dict[TopicPartition, int] | None = None
+) -> dict[TopicPartition, int]:
+    """Per partition of `partitions`, the lowest offset held by a live file outside `inputs`: the outside floors of
+    a plan, or of the plans, taking `inputs`. Above L0 it is the floor the catalog keeps (`Snapshot.floors_above_l0`)
+    unless the inputs hold it (`held`: their lowest offsets above L0, when the caller has them), or the snapshot is
+    older than it: those partitions' sections are read. Below, the live L0 files outside `inputs` are read: a few
+    hundred at most."""
+    if not partitions:
+        return {}
+    if held is None:
+        held = input_offsets(inputs).lowest_above_l0
+    floors = snapshot.floors_above_l0(partitions)
+    read = {tp for tp in partitions if tp not in floors or _held_floor(held.get(tp), floors[tp])}
+    keys = [data_file.key for data_file in inputs]
+    found = _read_outside(snapshot, keys, read) if read else {}
+    found.update(snapshot.outside_floors_in_l0(keys, partitions - read))
+    for tp in partitions - read:
+        floor = floors[tp]
+        if floor is not None:
+            found[tp] = min(floor, found.get(tp, floor))
+    return found
+
+
+def _read_outside(snapshot: PlanningSnapshot, keys: Sequence[str], partitions: set[TopicPartition]) -> dict[TopicPartition, int]:
+    """`lowest_outside` read from the sections: those of the files outside `keys`, or those of the partitions,
+    whichever costs less. A partition's sections are found through an index, about four times the cost of a file's
+    (measured on SQLite; PostgreSQL is cheaper either way), so a plan of nearly every file reads by file."""
+    live = sum(snapshot.level_counts().values())
+    outside = live - len(keys)
+    if outside <= 0:
+        return {}
+    if 4 * live * len(partitions) < outside * sum(topic.partitions for topic in snapshot.topics.values()):
+        return snapshot.outside_floors(keys, partitions)
+    taken = set(keys)
+    unplanned = [f.key for f in snapshot.file_summaries() if f.key not in taken]
+    return {tp: offset for tp, offset in snapshot.lowest_offsets(unplanned).items() if tp in partitions}
+
+
+def _held_floor(inputs_lowest: int | None, floor: int | None) -> bool:
+    """Do the inputs hold the partition's floor above L0 (their lowest offset there at or below it)?"""
+    return inputs_lowest is not None and floor is not None and inputs_lowest <= floor
+
+
+
+class InputOffsets(NamedTuple):
+    """What planners take from a plan's inputs, per topic-partition (`input_offsets`)."""
+
+    lowest: dict[TopicPartition, int]  # the lowest first offset of its sections
+    sizes: dict[TopicPartition, int]  # their uncompressed bytes (what groups are split by)
+    lowest_above_l0: dict[TopicPartition, int]  # the lowest first offset of its sections above L0
+    young: dict[TopicPartition, int]  # the first offset of the first section holding a record newer than `young_after`'s
+
+
+def input_offsets(inputs: Iterable[DataFile], young_after: Mapping[str, int] | None = None) -> InputOffsets:
+    """`InputOffsets` of `inputs`, in one pass: planners walk hundreds of thousands of sections. `young_after`: per
+    topic with a min lag, the newest timestamp old enough to clean (none: `young` left empty)."""
+    lowest: dict[TopicPartition, int] = {}
+    sizes: dict[TopicPartition, int] = {}
+    above: dict[TopicPartition, int] = {}
+    young: dict[TopicPartition, int] = {}
+    held, cut = lowest.get, (young_after or {}).get
+    for data_file in inputs:
+        upper = data_file.level > 0
+        for info, first in data_file.sections:
+            tp = (info.topic, info.partition)
+            low = held(tp)
+            if low is None:
+                lowest[tp], sizes[tp] = first, info.uncompressed_bytes
+            else:
+                if first < low:
+                    lowest[tp] = first
+                sizes[tp] += info.uncompressed_bytes
+            if upper and first < above.get(tp, _NO_OFFSET):
+                above[tp] = first
+            newest = cut(info.topic)
+            if newest is not None and info.max_timestamp > newest and first < young.get(tp, _NO_OFFSET):
+                young[tp] = first
+    return InputOffsets(lowest, sizes, above, young)
+
+
+def split_into_groups(sizes: dict[TopicPartition, int], group_bytes: int | None) -> tuple[PlanGroup, ...]:
+    """Groups of whole partitions in (topic, partition) order, each holding at most about `group_bytes` of the
+    inputs' sections, uncompressed (`sizes`, from `input_offsets`; a partition larger than that is a group of
+    its own). None: one group of every partition."""
+    runs: list[list[TopicPartition]] = []
+    total = 0
+    for tp in sorted(sizes):
+        if not runs or (group_bytes is not None and total + sizes[tp] > group_bytes):
+            runs.append([])
+            total = 0
+        runs[-1].append(tp)
+        total += sizes[tp]
+    if not runs:
+        return (PlanGroup(0, None, None, 0, 0),)
+    return tuple(PlanGroup(number, run[0], run[-1], len(run), sum(sizes[tp] for tp in run)) for number, run in enumerate(runs))
+
+
+# -- the Arrow documents of a stored plan ---------------------------------------------------------------------
+
