@@ -3,13 +3,8 @@ dispatched from it and ApiVersions advertises exactly it. A range kio cannot dec
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any
-
 from logcompact.kafka import (
     api_versions,
-    codec,
     configs,
     describe_cluster,
     fetch,
@@ -22,28 +17,7 @@ from logcompact.kafka import (
     produce,
     topics_admin,
 )
-from logcompact.kafka.broker import Broker
-
-Handler = Callable[[Broker, codec.Request], Awaitable[Any]]
-
-
-@dataclass(frozen=True)
-class Api:
-    key: int
-    min_version: int
-    max_version: int
-    handle: Handler
-
-    def __post_init__(self) -> None:
-        known = codec.kio_versions(self.key)
-        if not known:
-            raise ValueError(f"API key {self.key}: the codec has no schema for it; serve only APIs it knows")
-        if not known.start <= self.min_version <= self.max_version < known.stop:
-            raise ValueError(
-                f"{codec.api_name(self.key)} v{self.min_version}-{self.max_version}: the codec decodes "
-                f"v{known.start}-{known.stop - 1}; serve only versions within it"
-            )
-
+from logcompact.kafka.broker import Api
 
 APIS: dict[int, Api] = {
     api.key: api

@@ -8,7 +8,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -33,7 +33,6 @@ from logcompact.units import wall_clock_ms
 TOPICS_MAX_AGE_SECONDS = 1.0
 
 if TYPE_CHECKING:
-    from logcompact.kafka.apis import Api
     from logcompact.kafka.coordinator import GroupCoordinator
 
 log = logging.getLogger(__name__)
@@ -79,6 +78,13 @@ class Broker:
     @property
     def node_id(self) -> int:
         return self.agents.me.node_id
+
+    def coordinates(self, group_id: str) -> bool:
+        """Whether this agent coordinates the group; a group it no longer coordinates is dropped from its memory."""
+        if self.agents.coordinator_for(group_id).node_id == self.node_id:
+            return True
+        self.groups.forget(group_id)
+        return False
 
     def topic_id(self, topic: str, catalog_topic_id: int) -> uuid.UUID:
         """Kafka's topic id (Metadata v10 on), a UUID stable per cluster, derived from the name and the catalog's
@@ -135,6 +141,28 @@ def _offsets_future(first_offset: int) -> Future:
     future: Future = Future()
     future.set_result([first_offset])
     return future
+
+
+# A handler of one API: the table in apis.py maps API keys to them, with the versions served.
+Handler = Callable[[Broker, codec.Request], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class Api:
+    key: int
+    min_version: int
+    max_version: int
+    handle: Handler
+
+    def __post_init__(self) -> None:
+        known = codec.kio_versions(self.key)
+        if not known:
+            raise ValueError(f"API key {self.key}: the codec has no schema for it; serve only APIs it knows")
+        if not known.start <= self.min_version <= self.max_version < known.stop:
+            raise ValueError(
+                f"{codec.api_name(self.key)} v{self.min_version}-{self.max_version}: the codec decodes "
+                f"v{known.start}-{known.stop - 1}; serve only versions within it"
+            )
 
 
 class CommitWatch:

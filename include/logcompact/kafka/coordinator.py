@@ -41,14 +41,11 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from logcompact.catalog.groups import GroupCatalog, GroupRow
 from logcompact.kafka.codec import ErrorCode
 from logcompact.units import wall_clock_ms
-
-if TYPE_CHECKING:
-    from logcompact.kafka.broker import Broker
 
 log = logging.getLogger(__name__)
 
@@ -67,14 +64,6 @@ DEFAULT_GROUP_MAX_BYTES = 256 * 1024 * 1024
 # counts at least this, so the bytes bound bounds their numbers too.
 OVERHEAD_BYTES = 1024
 FULL_WARNING_INTERVAL_S = 10.0  # a client looping against a bound logs one warning per interval, not one per request
-
-
-def coordinates(broker: Broker, group_id: str) -> bool:
-    """Whether this agent coordinates the group; a group it no longer coordinates is dropped from its memory."""
-    if broker.agents.coordinator_for(group_id).node_id == broker.node_id:
-        return True
-    broker.groups.forget(group_id)
-    return False
 
 
 @dataclass

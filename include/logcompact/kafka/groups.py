@@ -16,7 +16,7 @@ from typing import Any
 
 from logcompact.kafka import codec
 from logcompact.kafka.broker import Broker
-from logcompact.kafka.coordinator import MAX_SESSION_TIMEOUT_MS, MIN_SESSION_TIMEOUT_MS, STABLE, Joined, coordinates
+from logcompact.kafka.coordinator import MAX_SESSION_TIMEOUT_MS, MIN_SESSION_TIMEOUT_MS, STABLE, Joined
 
 JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP, DESCRIBE_GROUPS, LIST_GROUPS = 11, 12, 13, 14, 15, 16
 # DescribeGroups v3+ asked for the operations allowed: READ, DESCRIBE and DELETE (no authorizer: all of them)
@@ -32,7 +32,7 @@ def _group_error(broker: Broker, group_id: str) -> codec.ErrorCode | None:
     """INVALID_GROUP_ID for an empty id, NOT_COORDINATOR when another agent coordinates the group."""
     if not group_id:
         return codec.ErrorCode.invalid_group_id
-    if not coordinates(broker, group_id):
+    if not broker.coordinates(group_id):
         return codec.ErrorCode.not_coordinator
     return None
 
@@ -117,7 +117,7 @@ async def describe_groups(broker: Broker, request: codec.Request) -> Any:
     for group_id in body.groups:
         entry: dict[str, Any] = {"group_id": group_id, "error_code": codec.ErrorCode.none, "group_state": "", "protocol_type": "",
                                  "protocol_data": "", "members": [], "authorized_operations": operations}
-        if not coordinates(broker, group_id):
+        if not broker.coordinates(group_id):
             entry["error_code"] = codec.ErrorCode.not_coordinator
         elif (group := await broker.groups.group(group_id, create=False)) is None:
             entry["group_state"] = "Dead"  # as Kafka describes a group it does not know

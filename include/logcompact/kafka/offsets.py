@@ -17,7 +17,6 @@ from logcompact.catalog.groups import CommittedOffset
 from logcompact.exceptions import CatalogUnavailableError
 from logcompact.kafka import codec
 from logcompact.kafka.broker import Broker
-from logcompact.kafka.coordinator import coordinates
 from logcompact.units import wall_clock_ms
 
 OFFSET_COMMIT, OFFSET_FETCH = 8, 9
@@ -46,7 +45,7 @@ async def offset_commit(broker: Broker, request: codec.Request) -> Any:
 
 
 async def _commit_error(broker: Broker, body: Any) -> codec.ErrorCode | None:
-    if not coordinates(broker, body.group_id):
+    if not broker.coordinates(body.group_id):
         return codec.ErrorCode.not_coordinator
     generation = int(getattr(body, "generation_id_or_member_epoch", -1))  # v0 has none: a commit outside group management
     member_id, instance_id = getattr(body, "member_id", ""), getattr(body, "group_instance_id", None)
@@ -105,7 +104,7 @@ async def _fetch(broker: Broker, group_id: str, wanted: Sequence[Any] | None) ->
     names = None if wanted is None else [topic.name for topic in wanted]
     error = codec.ErrorCode.none
     committed: dict[tuple[str, int], CommittedOffset] = {}
-    if not coordinates(broker, group_id):
+    if not broker.coordinates(group_id):
         error = codec.ErrorCode.not_coordinator
     else:
         try:
