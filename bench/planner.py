@@ -60,7 +60,7 @@ PASSES = {
     "full": ("full", PlannerConfig()),
     "l0": ("regular", PlannerConfig(min_files=(32, 10**9, 10**9, 10**9), tier_min_files=10**9)),
 }
-# What a compact_group task is sent besides its slice's partitions (spark_apps/compact_group.py).
+# A task's slice is this share of its group's partitions: a group dealt to 8 Spark tasks (spark_apps/compact_group.py).
 SLICES_PER_GROUP = 8
 
 
@@ -145,6 +145,8 @@ def report_documents(catalog: Catalog, plans: list[Plan], runs: int, scratch: Pa
     total = sum(sizes.values())
     print(f"  stored: {len(plans)} plans, {groups} groups, {total / 1e6:.1f} MB (headers and input lists "
           f"{header_bytes / 1e6:.1f} MB, groups {(total - header_bytes) / 1e6:.1f} MB), written in {write_s}")
+    if not plans:  # nothing due at this mode (a small --files)
+        return
     largest = max(plans, key=lambda p: max(g.partitions for g in p.groups))
     group = max(largest.groups, key=lambda g: g.partitions).group
     header_s, _ = medians(runs, lambda: read_header(store, largest.plan_id))

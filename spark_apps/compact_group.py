@@ -6,7 +6,7 @@
 The plan is in the store, split into groups by the planner that made it; the group's document
 (`plans/{plan_id}/groups/g{group}.arrow`) holds the group's sections. The driver reads the bytes per
 partition from it and deals the partitions into `--slices` slices of about equal bytes. Each Spark task is
-sent the store, the plan id, the group, its slice number and its partitions (what a task is sent does not
+sent the store's URI, the plan id, the group, its slice number and its partitions (what a task is sent does not
 grow with the plan), reads its slice of the group document itself, runs the engine on it (every input file
 read through at most two streaming GETs per task), writes its output files to the store and returns only
 their metadata and stats. The driver writes the group's result next to the plan
@@ -25,8 +25,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from logcompact.exceptions import LogcompactError
-from logcompact.jobs import GroupSlice, JobResult, group_report, run_group, run_task
+from logcompact.jobs import GroupSlice, JobResult, LogcompactError, group_report, run_group, run_task
 from logcompact.store import ObjectStore, open_store
 
 if TYPE_CHECKING:

@@ -258,6 +258,11 @@ def test_stored_plan_documents_that_do_not_check_out_are_one_line_errors(catalog
     fails(plan_key(plan_id), b"{nope", header_of, "not JSON")
     inputs = pa.ipc.open_file(store.get(inputs_key(plan_id))).read_all()
     fails(inputs_key(plan_id), b"not arrow", header_of, "not an Arrow document of a plan")
+    # A plan of another format says so, whatever its input list holds: plan.json is read first.
+    stored_header = store.get(plan_key(plan_id))
+    store.put(plan_key(plan_id), as_json({**header, "format": 2}))
+    fails(inputs_key(plan_id), b"not arrow", header_of, "plan format 2 is not supported")
+    store.put(plan_key(plan_id), stored_header)
     fails(inputs_key(plan_id), arrow(inputs.drop_columns(["size"])), header_of, "column 'size' is missing")
     moved = inputs.set_column(0, "key", pa.array(["../etc/passwd", *inputs.column("key").to_pylist()[1:]]))
     fails(inputs_key(plan_id), arrow(moved), header_of, r"input '../etc/passwd' is not a data file of level 0 \(data/l0/NAME.seg\)")

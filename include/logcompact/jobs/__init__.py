@@ -3,7 +3,7 @@
 
 1. `prepare_plans` / `lease_and_write`: plan against the catalog as it is now (`check_thresholds` says which
    levels are due), lease the plans' files in the catalog (all the plans or none) with a seal of their
-   documents, and write the documents to the store (`documents`); one `GroupJob` per group the plans record.
+   documents, and write the documents to the store (`logcompact.plans.documents`); one `GroupJob` per group the plans record.
 2. `run_group`: run one group from the store alone, given the plan id and the group number, its slices one
    after the other or as Spark tasks (a `SliceMapper`; each task runs a `GroupSlice`), and leave its result next
    to its plan; `run_here` runs a prepared run's groups and commits.
@@ -17,6 +17,7 @@ where nothing resumes it (`run_here`) releases its plans, or, when the catalog c
 them as abandoned in the store for `release_abandoned` to release once it answers.
 """
 
+from logcompact.exceptions import LogcompactError  # what every step raises for a user to read, in one line
 from logcompact.jobs.commit import CommitSummary, PlanResult, commit_plan, commit_plans, uncleanable_report
 from logcompact.jobs.gc import DEFAULT_GC_GRACE_MS, GcReport, collect_garbage
 from logcompact.jobs.prepare import GroupJob, PreparedRun, ThresholdStatus, check_thresholds, lease_and_write, prepare_plans
@@ -32,6 +33,7 @@ __all__ = [
     "GroupJob",
     "GroupSlice",
     "JobResult",
+    "LogcompactError",
     "PlanResult",
     "PreparedRun",
     "SliceMapper",

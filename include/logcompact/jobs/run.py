@@ -14,7 +14,7 @@ from logcompact.jobs.prepare import GroupJob, lease_and_write
 from logcompact.jobs.release import give_up
 from logcompact.jobs.workdir import job_workdir
 from logcompact.planner import PlannerConfig
-from logcompact.plans import JobResult, Plan, group_done, read_group, read_header, read_partition_bytes, read_results, summarize, write_group_result
+from logcompact.plans import JobResult, Plan, group_done, read_cluster_id, read_group, read_partition_bytes, read_results, summarize, write_group_result
 from logcompact.store import ObjectStore, open_store
 
 
@@ -48,7 +48,7 @@ class InOrder:
         return 1
 
     def map(self, store: ObjectStore, slices: list[GroupSlice]) -> list[JobResult]:
-        return [run_slice(store, piece) for piece in slices]
+        return [run_slice(store, share) for share in slices]
 
 
 IN_ORDER = InOrder()
@@ -64,26 +64,26 @@ def deal_slices(sizes: dict[TopicPartition, int], slices: int) -> list[tuple[int
     return [(number, sorted(tps)) for _, number, tps in sorted(loads, key=lambda load: load[1]) if tps]
 
 
-def run_slice(store: ObjectStore, piece: GroupSlice) -> JobResult:
+def run_slice(store: ObjectStore, share: GroupSlice) -> JobResult:
     """Run a slice of a group, the sections of its partitions, in a work directory reclaimed if the job dies; its
     outputs go to the store, uncommitted."""
     from logcompact.engine.cleaner import run_plan  # the engine (numba) loads where slices run, never in schedulers
 
-    plan = read_group(store, piece.plan_id, piece.group, partitions=piece.partitions, slice=piece.number)
+    piece = read_group(store, share.plan_id, share.group, partitions=share.partitions, slice=share.number)
     with job_workdir() as workdir:
-        return run_plan(store, plan, workdir=workdir)
+        return run_plan(store, piece, workdir=workdir)
 
 
-def run_task(piece: GroupSlice) -> JobResult:
+def run_task(share: GroupSlice) -> JobResult:
     """A slice run where only the store's URI travels with it (a Spark task): the store is opened here."""
-    return run_slice(open_store(piece.store_uri), piece)
+    return run_slice(open_store(share.store_uri), share)
 
 
 def run_group(store: ObjectStore, plan_id: str, group: int, slices: int = 0, mapper: SliceMapper = IN_ORDER) -> list[JobResult] | None:
     """Run a group of a stored plan: deal its partitions into `slices` slices (0: the mapper's parallelism), run them
     through `mapper`, write the group's result. The store must be the plan's cluster's, checked before anything
     is written. None when the group's result and outputs are already in the store (a retry after a success)."""
-    check_store_cluster(store, read_header(store, plan_id).cluster_id, f"plan {plan_id}")
+    check_store_cluster(store, read_cluster_id(store, plan_id), f"plan {plan_id}")
     sizes = read_partition_bytes(store, plan_id, group)
     if group_done(store, plan_id, group):
         return None

@@ -13,6 +13,7 @@ from logcompact.plans.arrow_form import decode_group, decode_header, encode_grou
 from logcompact.plans.documents import (
     group_done,
     plan_documents,
+    read_cluster_id,
     read_group,
     read_header,
     read_partition_bytes,
@@ -50,6 +51,7 @@ __all__ = [
     "plan_from_json",
     "plan_to_dict",
     "plan_to_json",
+    "read_cluster_id",
     "read_group",
     "read_header",
     "read_partition_bytes",

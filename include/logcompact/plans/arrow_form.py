@@ -18,18 +18,17 @@ from logcompact.catalog import CatalogSection, DataFile, TopicPartition
 from logcompact.collector import collector_paused
 from logcompact.exceptions import InvalidPlanError
 from logcompact.format.layout import SectionInfo
-from logcompact.plans.json_form import group_metadata_from_json, group_metadata_to_json, header_from_json, header_to_json
+from logcompact.plans.json_form import SECTION_TYPES, group_metadata_from_json, group_metadata_to_json, header_document, header_from_document, header_to_json
 from logcompact.plans.model import InputFile, Plan, PlanHeader
 from logcompact.topics import Topic
 
 # Every SectionInfo field the engine reads is a column, typed from its annotation, so fields the format adds flow
 # through. The key sketch is the planner's alone (its estimates): a stored plan's sections go without it.
 _ARROW_TYPES = {str: pa.string(), int: pa.int64(), bytes: pa.binary()}
-_SECTION_TYPES = get_type_hints(SectionInfo)
 _PLANNER_ONLY = {"key_sketch": SectionInfo._field_defaults["key_sketch"]}
 _PLACED_STRUCT = pa.struct(
     [
-        pa.field("info", pa.struct([pa.field(name, _ARROW_TYPES[kind]) for name, kind in _SECTION_TYPES.items()])),
+        pa.field("info", pa.struct([pa.field(name, _ARROW_TYPES[kind]) for name, kind in SECTION_TYPES.items()])),
         pa.field("first_offset", pa.int64()),
     ]
 )
@@ -45,7 +44,7 @@ GROUP_SCHEMA = pa.schema(
     [
         pa.field("file", pa.int32(), nullable=False),  # the section's file: its row in the plan's inputs
         pa.field("first_offset", pa.int64(), nullable=False),
-        *(pa.field(name, _column_type(kind), nullable=False) for name, kind in _SECTION_TYPES.items() if name not in _PLANNER_ONLY),
+        *(pa.field(name, _column_type(kind), nullable=False) for name, kind in SECTION_TYPES.items() if name not in _PLANNER_ONLY),
         pa.field("outside_floor", pa.int64()),
         pa.field("first_uncleanable", pa.int64()),
     ]
@@ -53,8 +52,6 @@ GROUP_SCHEMA = pa.schema(
 # The group document's schema metadata: the group's settings, topics and PlanGroup, as JSON.
 GROUP_METADATA_KEY = b"logcompact.plan"
 _IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
-
-
 
 
 def encode_header(header: PlanHeader) -> tuple[bytes, bytes]:
@@ -66,10 +63,11 @@ def encode_header(header: PlanHeader) -> tuple[bytes, bytes]:
 
 def decode_header(text: bytes, inputs: bytes, source: str) -> PlanHeader:
     """The header `encode_header` wrote, checked."""
+    document = header_document(text, source)
     table = _arrow_table(inputs, INPUTS_SCHEMA, f"{source} inputs")
     with collector_paused():
         files = tuple(map(InputFile._make, zip(*(_column(table, name) for name in InputFile._fields))))
-    return header_from_json(text, files, source)
+    return header_from_document(document, files, source)
 
 
 def encode_groups(plan: Plan) -> list[bytes]:
@@ -81,9 +79,9 @@ def encode_groups(plan: Plan) -> list[bytes]:
         placed = pa.array([s for f in plan.inputs for s in f.sections], _PLACED_STRUCT)
     info, first_offsets = placed.flatten()
     columns = {"file": pa.array(np.repeat(np.arange(len(counts), dtype=np.int32), counts)), "first_offset": first_offsets}
-    for name, values in zip(_SECTION_TYPES, info.flatten()):
+    for name, values in zip(SECTION_TYPES, info.flatten()):
         if name not in _PLANNER_ONLY:
-            columns[name] = values.dictionary_encode() if _SECTION_TYPES[name] is str else values
+            columns[name] = values.dictionary_encode() if SECTION_TYPES[name] is str else values
     codes = _partition_codes(columns["topic"], columns["partition"], plan.topics)
     for column, per_partition in (("outside_floor", plan.outside_floors), ("first_uncleanable", plan.first_uncleanable)):
         keys = _partition_codes(
@@ -202,5 +200,3 @@ def _column(table: pa.Table, name: str) -> list:
     if pa.types.is_integer(column.type) and column.null_count == 0:
         return column.to_numpy().tolist()
     return column.to_pylist()
-
-

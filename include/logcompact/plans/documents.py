@@ -34,6 +34,7 @@ from logcompact.keys import (
     result_key,
 )
 from logcompact.plans.arrow_form import decode_group, decode_header, encode_groups, encode_header, group_partition_bytes
+from logcompact.plans.json_form import header_cluster_id
 from logcompact.plans.model import Plan, PlanHeader
 from logcompact.plans.results import JobResult
 from logcompact.store.base import ObjectStore
@@ -88,6 +89,12 @@ def read_header(store: ObjectStore, plan_id: str, prefix: str = PLANS_PREFIX) ->
     key = plan_key(plan_id, prefix)
     header = _get(store, key, f"no plan {plan_id}")
     return decode_header(header, _get(store, inputs_key(plan_id, prefix), f"plan {plan_id} lists no inputs"), key)
+
+
+def read_cluster_id(store: ObjectStore, plan_id: str, prefix: str = PLANS_PREFIX) -> str:
+    """The cluster of a stored plan, from its `plan.json` alone (not its input list, which grows with the plan)."""
+    key = plan_key(plan_id, prefix)
+    return header_cluster_id(_get(store, key, f"no plan {plan_id}"), key)
 
 
 def read_group(

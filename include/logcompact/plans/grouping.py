@@ -12,6 +12,7 @@ from logcompact.catalog import DataFile, TopicPartition
 if TYPE_CHECKING:  # a Spark task reads plans without loading the catalog's database layer
     from logcompact.catalog import PlanningSnapshot
 
+
 class PlanGroup(NamedTuple):
     """A group of a plan: its whole topic-partitions from `first` to `last` in (topic, partition) order, and how
     many partitions and bytes it holds (its sections' uncompressed bytes: what a job decodes; small sections
@@ -75,7 +76,6 @@ def _held_floor(inputs_lowest: int | None, floor: int | None) -> bool:
     return inputs_lowest is not None and floor is not None and inputs_lowest <= floor
 
 
-
 class InputOffsets(NamedTuple):
     """What planners take from a plan's inputs, per topic-partition (`input_offsets`)."""
 
@@ -127,7 +127,3 @@ def split_into_groups(sizes: dict[TopicPartition, int], group_bytes: int | None)
     if not runs:
         return (PlanGroup(0, None, None, 0, 0),)
     return tuple(PlanGroup(number, run[0], run[-1], len(run), sum(sizes[tp] for tp in run)) for number, run in enumerate(runs))
-
-
-# -- the Arrow documents of a stored plan ---------------------------------------------------------------------
-

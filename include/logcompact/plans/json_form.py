@@ -23,8 +23,8 @@ from logcompact.topics import Topic
 # engine reading format 2 would deduplicate them).
 PLAN_FORMAT = 3
 
-_SECTION_TYPES = get_type_hints(SectionInfo)
-_BYTES_FIELDS = [name for name in SectionInfo._fields if _SECTION_TYPES[name] is bytes]
+SECTION_TYPES = get_type_hints(SectionInfo)  # each SectionInfo field's type, as the forms write it
+_BYTES_FIELDS = [name for name in SectionInfo._fields if SECTION_TYPES[name] is bytes]
 _KIND_NAMES = {int: "an integer", str: "a string"}
 
 
@@ -93,10 +93,20 @@ def header_to_json(header: PlanHeader) -> bytes:
     return json.dumps(document, separators=(",", ":")).encode()
 
 
-def header_from_json(text: bytes, inputs: tuple[InputFile, ...], source: str) -> PlanHeader:
-    """The header `plan.json` describes, with its `inputs`, checked."""
+def header_document(text: bytes, source: str) -> dict:
+    """`plan.json` parsed, its format checked: read before the inputs, so a plan of another format says so."""
     document = parse_json(text, source)
     check_format(document, source)
+    return document
+
+
+def header_cluster_id(text: bytes, source: str) -> str:
+    """The cluster a stored plan's `plan.json` names: what a group's run checks its store against first."""
+    return _text(header_document(text, source), "cluster_id", source)
+
+
+def header_from_document(document: dict, inputs: tuple[InputFile, ...], source: str) -> PlanHeader:
+    """The header `plan.json` (`header_document`) describes, with its `inputs`, checked."""
     try:
         header = PlanHeader(
             **settings_from_dict(document, source),
@@ -161,8 +171,6 @@ def check_format(document: Any, source: str) -> None:
         raise InvalidPlanError(f"{source}: a plan is a JSON object")
     if document.get("format") != PLAN_FORMAT:
         raise InvalidPlanError(f"{source}: plan format {document.get('format')!r} is not supported (expected {PLAN_FORMAT}); plan again")
-
-
 
 
 def group_to_dict(group: PlanGroup) -> dict:
@@ -232,7 +240,7 @@ def _section_from_json(document: Any, source: str) -> CatalogSection:
     if unknown:
         raise InvalidPlanError(f"{source}: section field(s) {', '.join(sorted(unknown))} unknown; plan again")
     for name, value in fields.items():
-        kind = _SECTION_TYPES[name]
+        kind = SECTION_TYPES[name]
         if kind is bytes:
             try:
                 fields[name] = base64.b64decode(value, validate=True)

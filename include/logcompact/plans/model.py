@@ -218,7 +218,6 @@ class Plan:
                     )
 
 
-
 @dataclass(frozen=True)
 class PlanHeader:
     """A plan without its sections and outside floors: what leasing, scheduling and committing it need. A
@@ -319,5 +318,3 @@ def check_shape(plan: Plan | PlanHeader, source: str, whole: bool) -> None:
         previous_last = plan.groups[number - 1].last if number else None
         if previous_last is not None and group.first is not None and previous_last >= group.first:
             raise InvalidPlanError(f"{source}: group {group.group} starts at {group.first}, within group {number - 1}")
-
-

@@ -4,7 +4,6 @@ and its result, the output files with those stats (a Spark driver reads results 
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from operator import attrgetter
 
@@ -89,9 +88,6 @@ class CompactionStats:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), separators=(",", ":"))
 
 
 @dataclass

@@ -4,9 +4,9 @@ the newest ``/usr/lib/postgresql/*/bin``, else ``PATH``).
 
 The server listens on 127.0.0.1 only, on a port picked at runtime, with
 ``trust`` authentication for the superuser ``postgres`` and no durability
-(fsync, synchronous_commit and full_page_writes off): it is a test fixture,
+(fsync, synchronous_commit and full_page_writes off): it is a throw-away server,
 never a place for data anyone wants back.  It holds a database ``logcompact``
-and makes more on request, so each test can have an empty one of its own.
+and makes more on request, so each test or run can have an empty one of its own.
 
 PostgreSQL refuses to run as root.  As root, the cluster is made and run as
 the ``postgres`` system user (Debian's postgresql package creates it): initdb
@@ -80,7 +80,7 @@ OS_USER = "postgres"  # the system account the server runs as when we are root
 _REQUIRED_BINARIES = ("initdb", "pg_ctl", "postgres")
 _PREFERRED_BINDIR = Path("/usr/lib/postgresql/15/bin")
 
-# Throw-away test server: no durability, many connections (the tests run many
+# Throw-away server: no durability, many connections (the tests run many
 # concurrent writer processes), log to stderr (= workdir/postgres.log).
 _SERVER_SETTINGS = {
     "listen_addresses": HOST,
@@ -207,7 +207,7 @@ def postgres_missing_reason() -> str | None:
     if _find_binaries() is None:
         return (
             "PostgreSQL server not installed (no initdb, pg_ctl and postgres in /usr/lib/postgresql/*/bin "
-            "or on PATH); run `make deps` (`make test` runs it; it does: apt-get install -y postgresql)"
+            "or on PATH); run `make deps` (`make test` and `make bench` run it; it does: apt-get install -y postgresql)"
         )
     if _is_root():
         try:
@@ -271,7 +271,7 @@ def _tmp_parent() -> str | None:
 
 
 def _sweep_stale(parent: str) -> None:
-    """Delete the private directories of servers whose test process was killed
+    """Delete the private directories of servers whose process was killed
     (stop() never ran; the server stopped on its own, see --pdeathsig): in
     /dev/shm they would hold RAM until reboot.  Each live one holds an flock
     on its .lock for as long as the process that made it lives, so a
@@ -419,7 +419,7 @@ class _Cluster:
         else:
             pre = []
         if pre and self._pdeathsig:
-            # The server stops (fast shutdown) even if the test process is killed.
+            # The server stops (fast shutdown) even if the process that started it is killed.
             # (Set by setpriv after it changes user: a uid change clears it.)
             pre += ["--pdeathsig", "INT"]
         if pre:

@@ -1,0 +1,58 @@
+"""The lab's throw-away PostgreSQL server (logcompact.lab.servers.postgres), which the suite and the benchmarks
+run against: what it promises of itself, checked on a server of this test's own."""
+
+from __future__ import annotations
+
+import os
+import pwd
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from logcompact.lab.servers.postgres import DB_USER, HOST, OS_USER, start_postgres
+
+
+def _process_user(pid: int) -> str:
+    uid = next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("Uid:"))
+    return pwd.getpwuid(int(uid)).pw_name
+
+
+def test_a_throw_away_server_is_what_it_says_and_leaves_only_its_log(tmp_path) -> None:
+    server, stop = start_postgres(tmp_path / "pg")
+    try:
+        with server.connect() as conn:
+            settings = dict(conn.execute(
+                "SELECT name, setting FROM pg_settings WHERE name = ANY(%s)",
+                (["fsync", "synchronous_commit", "full_page_writes", "max_connections", "listen_addresses"],),
+            ).fetchall())
+            ((pid,),) = conn.execute("SELECT pg_backend_pid()").fetchall()
+            ((owner,),) = conn.execute("SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = current_database()").fetchall()
+        assert settings == {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off", "max_connections": "200", "listen_addresses": HOST}
+        assert owner == DB_USER
+        # PostgreSQL refuses root: as root, its processes run as the postgres user.
+        assert _process_user(pid) == (OS_USER if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name)
+
+        url = server.create_database()  # a database of its own, empty, for a test or a run
+        engine = sa.create_engine(url)
+        with engine.begin() as conn:
+            conn.execute(sa.text("CREATE TABLE t (k text PRIMARY KEY, v bigint)"))
+            conn.execute(sa.text("INSERT INTO t VALUES ('a', 1), ('b', 2)"))
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT k, v FROM t ORDER BY k")).all() == [("a", 1), ("b", 2)]
+        engine.dispose()
+        server.drop_database(url)
+        with server.connect() as conn:
+            assert conn.execute("SELECT count(*) FROM pg_database WHERE datname LIKE 'test_%%'").fetchall() == [(0,)]
+
+        def session(_: int) -> int:  # the suite's threads and agents hold many connections at once
+            with server.connect() as conn:
+                return conn.execute("SELECT 1").fetchall()[0][0]
+
+        with ThreadPoolExecutor(64) as pool:
+            assert sum(pool.map(session, range(150))) == 150
+    finally:
+        stop()
+    stop()  # idempotent
+    assert not server.datadir.exists()
+    assert server.logfile.exists() and server.logfile.stat().st_size > 0  # kept for post-mortems
