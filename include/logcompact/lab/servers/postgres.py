@@ -55,7 +55,6 @@ import pwd
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -70,9 +69,10 @@ import psycopg
 from psycopg import sql
 from sqlalchemy.engine import URL, make_url
 
+from logcompact.lab.servers.common import HOST, LOG_TAIL_BYTES, free_port, log_tail
+
 __all__ = ["PostgresServer", "PostgresStartError", "start_postgres", "postgres_missing_reason"]
 
-HOST = "127.0.0.1"
 DB_USER = "postgres"  # the cluster's superuser (initdb -U)
 DB_NAME = "logcompact"
 OS_USER = "postgres"  # the system account the server runs as when we are root
@@ -106,8 +106,6 @@ _SERVER_SETTINGS = {
 _SHM = "/dev/shm"
 _SHM_MIN_FREE = 2 << 30
 
-_LOG_TAIL_LINES = 40
-_LOG_TAIL_BYTES = 6000
 _SOCKET_NAME_LEN = len("/run/.s.PGSQL.65535.lock")
 
 
@@ -231,12 +229,6 @@ def postgres_missing_reason() -> str | None:
 # --------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
 def _check_dbname(name: str) -> None:
     if not name or "\x00" in name or len(name.encode()) > 63:
         raise ValueError(f"not a usable PostgreSQL database name (1 to 63 bytes, no NUL): {name!r}")
@@ -297,21 +289,6 @@ def _sweep_stale(parent: str) -> None:
             shutil.rmtree(d, ignore_errors=True)
         finally:
             os.close(fd)
-
-
-def _tail(path: Path, lines: int = _LOG_TAIL_LINES, max_bytes: int = _LOG_TAIL_BYTES) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - max_bytes))
-            data = f.read().decode("utf-8", "replace")
-    except OSError as e:
-        return f"(cannot read {path}: {e})"
-    out = data.splitlines()[-lines:]
-    if not out:
-        return f"(empty: {path})"
-    return "\n".join(out)
 
 
 def _clean_env() -> dict:
@@ -393,7 +370,7 @@ class _Cluster:
             )
         except subprocess.TimeoutExpired as e:
             out = e.output.decode("utf-8", "replace") if isinstance(e.output, bytes) else (e.output or "")
-            raise PostgresStartError(f"{step}: `{' '.join(argv)}` timed out after {timeout:.0f}s\n{out[-_LOG_TAIL_BYTES:]}") from None
+            raise PostgresStartError(f"{step}: `{' '.join(argv)}` timed out after {timeout:.0f}s\n{out[-LOG_TAIL_BYTES:]}") from None
         if output is not None:
             try:
                 output.write_text(r.stdout)
@@ -401,7 +378,7 @@ class _Cluster:
                 pass
         if r.returncode != 0:
             raise PostgresStartError(
-                f"{step}: `{' '.join(argv)}` exited with {r.returncode}\n{r.stdout[-_LOG_TAIL_BYTES:]}"
+                f"{step}: `{' '.join(argv)}` exited with {r.returncode}\n{r.stdout[-LOG_TAIL_BYTES:]}"
             )
         return r.stdout
 
@@ -569,7 +546,7 @@ def _start(c: _Cluster, deadline: float) -> tuple[int, int]:
     # The port is picked now and bound a moment later; if someone else grabbed
     # it meanwhile, the server exits and we retry with a fresh port.
     for attempt in range(3):
-        port = _free_port()
+        port = free_port()
         log_start = c.logfile.stat().st_size if c.logfile.exists() else 0
         proc = c.spawn(port)
         last = "no connection yet"
@@ -580,7 +557,7 @@ def _start(c: _Cluster, deadline: float) -> tuple[int, int]:
                     break  # port taken: next attempt
                 raise PostgresStartError(
                     f"starting postgres: it exited with {proc.returncode}\n--- tail of {c.logfile} ---\n"
-                    + _tail(c.logfile)
+                    + log_tail(c.logfile)
                 )
             try:
                 with _connect(port, "postgres", connect_timeout=2) as conn:
@@ -596,7 +573,7 @@ def _start(c: _Cluster, deadline: float) -> tuple[int, int]:
             if time.monotonic() > deadline:
                 raise PostgresStartError(
                     f"waiting for postgres: no connection to 127.0.0.1:{port} before the timeout "
-                    f"(last: {last})\n--- tail of {c.logfile} ---\n" + _tail(c.logfile)
+                    f"(last: {last})\n--- tail of {c.logfile} ---\n" + log_tail(c.logfile)
                 )
             time.sleep(0.05)
     raise AssertionError("not reached")

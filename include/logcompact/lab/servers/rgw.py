@@ -29,7 +29,6 @@ import atexit
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -41,6 +40,8 @@ from pathlib import Path
 import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
+
+from logcompact.lab.servers.common import LOG_TAIL_BYTES, LOG_TAIL_LINES, free_port, log_tail
 
 __all__ = ["RgwServer", "RgwStartError", "start_rgw", "rgw_missing_reason"]
 
@@ -58,8 +59,6 @@ _MON_NAME = "a"
 _OSD_ID = 0
 _RGW_NAME = "client.rgw.test"
 
-_LOG_TAIL_LINES = 40
-_LOG_TAIL_BYTES = 6000
 
 
 @dataclass(frozen=True)
@@ -105,16 +104,10 @@ def rgw_missing_reason() -> str | None:
 # --------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _pid_listens(pid: int, port: int) -> bool:
     """True if process `pid` owns the listening TCP socket 127.0.0.1:port.
 
-    Guards against a port picked by _free_port() being grabbed by another
+    Guards against a port picked by free_port() being grabbed by another
     process (e.g. a parallel test worker's cluster) before our daemon binds
     it.  Returns True when /proc cannot tell."""
     try:
@@ -141,19 +134,8 @@ def _redact(text: str) -> str:
     return text.replace(SECRET_KEY, "<redacted>")
 
 
-def _tail(path: Path, lines: int = _LOG_TAIL_LINES, max_bytes: int = _LOG_TAIL_BYTES) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - max_bytes))
-            data = f.read().decode("utf-8", "replace")
-    except OSError as e:
-        return f"(cannot read {path}: {e})"
-    out = data.splitlines()[-lines:]
-    if not out:
-        return f"(empty: {path})"
-    return _redact("\n".join(out))
+def _tail(path: Path, lines: int = LOG_TAIL_LINES, max_bytes: int = LOG_TAIL_BYTES) -> str:
+    return _redact(log_tail(path, lines, max_bytes))
 
 
 def _tails(*paths: Path) -> str:
@@ -382,7 +364,7 @@ class _Cluster:
         if proc.returncode != 0:
             raise RgwStartError(
                 f"{step}: `{_redact(' '.join(argv))}` exited with {proc.returncode}\n"
-                f"{_redact(stdout + stderr)[-_LOG_TAIL_BYTES:]}\n{_tails(*logs)}"
+                f"{_redact(stdout + stderr)[-LOG_TAIL_BYTES:]}\n{_tails(*logs)}"
             )
         return stdout
 
@@ -502,7 +484,7 @@ def _start(c: _Cluster, deadline: float) -> int:
     # (ms bind retry count = 1) and we retry with a fresh port. -------------
     osd_uuid = str(uuid.uuid4())
     for attempt in range(3):
-        mon_port = _free_port()
+        mon_port = free_port()
         c.conf.write_text(_conf_text(w, fsid, mon_port))
         mon_dir = w / "mon" / f"ceph-{_MON_NAME}"
         if mon_dir.exists():
@@ -598,7 +580,7 @@ def _start(c: _Cluster, deadline: float) -> int:
 
     # ---- radosgw (retry with a new port if the one we picked got taken) ----
     for attempt in range(3):
-        rgw_port = _free_port()
+        rgw_port = free_port()
         rgw = c.spawn(
             "rgw",
             # tcp_nodelay: without it a response smaller than one loopback segment waits ~40 ms for
