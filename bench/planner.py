@@ -60,7 +60,7 @@ PASSES = {
     "full": ("full", PlannerConfig()),
     "l0": ("regular", PlannerConfig(min_files=(32, 10**9, 10**9, 10**9), tier_min_files=10**9)),
 }
-# A task's slice is this share of its group's partitions: a group dealt to 8 Spark tasks (spark_apps/compact_group.py).
+# A task's slice holds 1/8 of its group's partitions, as when spark_apps/compact_group.py deals a group to 8 tasks.
 SLICES_PER_GROUP = 8
 
 

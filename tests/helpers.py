@@ -100,4 +100,4 @@ class TasksByUri:
     def map(self, store, slices: list) -> list:
         from logcompact.jobs import run_task
 
-        return [run_task(piece) for piece in slices]
+        return [run_task(share) for share in slices]

@@ -18,7 +18,7 @@ from logcompact.exceptions import CommitConflictError, InvalidPlanError, ObjectN
 from logcompact.jobs import check_thresholds, collect_garbage, commit_plans, prepare_plans, run_group
 from logcompact.keys import group_key, inputs_key, plan_key
 from logcompact.planner import PlannerConfig, choose_plans
-from logcompact.plans import Plan, read_group, read_header, read_partition_bytes, read_plan, write_plan
+from logcompact.plans import Plan, read_cluster_id, read_group, read_header, read_partition_bytes, read_plan, write_plan
 from logcompact.plans.arrow_form import GROUP_METADATA_KEY
 from tests.helpers import NOW, TasksByUri, create_topic, produce_l0_files
 
@@ -263,6 +263,10 @@ def test_stored_plan_documents_that_do_not_check_out_are_one_line_errors(catalog
     store.put(plan_key(plan_id), as_json({**header, "format": 2}))
     fails(inputs_key(plan_id), b"not arrow", header_of, "plan format 2 is not supported")
     store.put(plan_key(plan_id), stored_header)
+    cluster_of = lambda: read_cluster_id(store, plan_id)  # noqa: E731
+    fails(plan_key(plan_id), as_json({k: v for k, v in header.items() if k != "cluster_id"}), cluster_of, "no field 'cluster_id'")
+    fails(plan_key(plan_id), as_json({**header, "cluster_id": 7}), cluster_of, "'cluster_id' must be a non-empty string")
+    fails(plan_key(plan_id), as_json({**header, "format": 2}), cluster_of, "plan format 2 is not supported")
     fails(inputs_key(plan_id), arrow(inputs.drop_columns(["size"])), header_of, "column 'size' is missing")
     moved = inputs.set_column(0, "key", pa.array(["../etc/passwd", *inputs.column("key").to_pylist()[1:]]))
     fails(inputs_key(plan_id), arrow(moved), header_of, r"input '../etc/passwd' is not a data file of level 0 \(data/l0/NAME.seg\)")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,13 +17,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from logcompact.lab.servers.common import free_port
+
 MASTER_URL = "spark://127.0.0.1:7077"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def spark_environment() -> dict[str, str]:
@@ -36,7 +31,7 @@ def spark_environment() -> dict[str, str]:
 def standalone_cluster(workdir: Path, cores: int = 2, timeout_s: float = 90) -> Iterator[str]:
     """Start a master and a worker, wait until the worker has registered, yield the master URL."""
     spark_class = str(Path(sys.executable).parent / "spark-class")
-    ui_port = _free_port()
+    ui_port = free_port()
     env = spark_environment()
     daemons = []
     try:
@@ -44,7 +39,7 @@ def standalone_cluster(workdir: Path, cores: int = 2, timeout_s: float = 90) -> 
             ("master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", "7077",
                         "--webui-port", str(ui_port)]),
             ("worker", ["org.apache.spark.deploy.worker.Worker", MASTER_URL, "--host", "127.0.0.1", "--cores", str(cores),
-                        "--memory", "2g", "--webui-port", str(_free_port())]),
+                        "--memory", "2g", "--webui-port", str(free_port())]),
         ):
             log = open(workdir / f"spark-{name}.log", "wb")
             daemons.append(subprocess.Popen([spark_class, *arguments], env=env, stdout=log, stderr=subprocess.STDOUT))

@@ -1,4 +1,5 @@
-"""What every handler shares: the catalog, this agent's identity in the cluster it serves, and its ingest agent."""
+"""What every handler shares: the catalog, this agent's identity in the cluster it serves, and its ingest agent; and
+the entry type of the handler table (`Api`), so the table's module (apis.py) and its handlers both point here."""
 
 from __future__ import annotations
 

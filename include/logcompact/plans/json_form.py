@@ -102,7 +102,10 @@ def header_document(text: bytes, source: str) -> dict:
 
 def header_cluster_id(text: bytes, source: str) -> str:
     """The cluster a stored plan's `plan.json` names: what a group's run checks its store against first."""
-    return _text(header_document(text, source), "cluster_id", source)
+    document = header_document(text, source)
+    if "cluster_id" not in document:
+        raise InvalidPlanError(f"{source}: malformed plan header (no field 'cluster_id'); plan again")
+    return _text(document, "cluster_id", source)
 
 
 def header_from_document(document: dict, inputs: tuple[InputFile, ...], source: str) -> PlanHeader:

@@ -60,7 +60,6 @@ _OSD_ID = 0
 _RGW_NAME = "client.rgw.test"
 
 
-
 @dataclass(frozen=True)
 class RgwServer:
     endpoint_url: str  # "http://127.0.0.1:PORT"
