@@ -7,6 +7,8 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, get_type_hints
 
 from logcompact.catalog import CatalogSection, DataFile, TopicPartition
@@ -56,7 +58,7 @@ def plan_from_dict(document: Any, source: str = "plan") -> Plan:
             f"{source}: this is the header of a stored plan, whose inputs and sections are in the documents beside it; "
             "pass the plan's directory"
         )
-    try:
+    with _malformed("plan", source, "regenerate it with `logcompact plan`"):
         with collector_paused():
             inputs = [file_from_json(entry, source) for entry in _list(document, "inputs", source)]
         plan = Plan(
@@ -68,10 +70,6 @@ def plan_from_dict(document: Any, source: str = "plan") -> Plan:
             set_aside=_set_aside_from_dict(document, source),
             inputs=tuple(inputs),
         )
-    except InvalidPlanError:
-        raise
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise InvalidPlanError(f"{source}: malformed plan ({type(exc).__name__}: {exc}); regenerate it with `logcompact plan`") from None
     plan.validate(source)
     return plan
 
@@ -103,14 +101,13 @@ def header_document(text: bytes, source: str) -> dict:
 def header_cluster_id(text: bytes, source: str) -> str:
     """The cluster a stored plan's `plan.json` names: what a group's run checks its store against first."""
     document = header_document(text, source)
-    if "cluster_id" not in document:
-        raise InvalidPlanError(f"{source}: malformed plan header (no field 'cluster_id'); plan again")
-    return _text(document, "cluster_id", source)
+    with _malformed("plan header", source):
+        return _text(document, "cluster_id", source)
 
 
 def header_from_document(document: dict, inputs: tuple[InputFile, ...], source: str) -> PlanHeader:
     """The header `plan.json` (`header_document`) describes, with its `inputs`, checked."""
-    try:
+    with _malformed("plan header", source):
         header = PlanHeader(
             **settings_from_dict(document, source),
             topics=topics_from_dict(document, source),
@@ -118,10 +115,6 @@ def header_from_document(document: dict, inputs: tuple[InputFile, ...], source: 
             groups=_groups_from_dict(document, source),
             set_aside=_set_aside_from_dict(document, source),
         )
-    except InvalidPlanError:
-        raise
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise InvalidPlanError(f"{source}: malformed plan header ({type(exc).__name__}: {exc}); plan again") from None
     check_shape(header, source, whole=True)
     return header
 
@@ -138,15 +131,23 @@ def group_metadata_from_json(text: bytes, source: str) -> tuple[dict[str, Any], 
     """The settings, topics and group a group document's metadata holds."""
     document = parse_json(text, source)
     check_format(document, source)
-    try:
+    with _malformed("group metadata", source):
         return settings_from_dict(document, source), topics_from_dict(document, source), group_from_dict(document["group"], source)
-    except InvalidPlanError:
-        raise
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise InvalidPlanError(f"{source}: malformed group metadata ({type(exc).__name__}: {exc}); plan again") from None
 
 
 # -- fields ---------------------------------------------------------------------------------------------------
+
+
+@contextmanager
+def _malformed(what: str, source: str, fix: str = "plan again") -> Iterator[None]:
+    """A field missing or of the wrong shape, raised where Python met it, as one InvalidPlanError naming it; the fields'
+    own checks raise theirs as they are."""
+    try:
+        yield
+    except InvalidPlanError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise InvalidPlanError(f"{source}: malformed {what} ({type(exc).__name__}: {exc}); {fix}") from None
 
 
 def settings_to_dict(plan: Plan | PlanHeader) -> dict[str, Any]:
