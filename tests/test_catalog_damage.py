@@ -37,6 +37,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
 from logcompact.catalog import Catalog, schema
 from logcompact.catalog.database import catalog_errors, redact_url
+from logcompact.catalog.groups import CommittedOffset, GroupCatalog, GroupRow, StoredMember
 from logcompact.catalog.model import CatalogUpgrade
 from logcompact.consume import latest_values, read_records
 from logcompact.exceptions import (
@@ -521,9 +522,41 @@ def _stored_crcs(catalog: Catalog) -> dict[tuple[int, int, int], int]:
         return {(f, t, p): crc for f, t, p, crc in connection.execute(select(sec.file_id, sec.topic_id, sec.partition, sec.crc32))}
 
 
+def _as_schema_10(catalog: Catalog) -> None:
+    """The catalog as schema 10 held it: consumer_groups without leader, each row's members as DescribeGroups
+    lists them (ids only), schema_version 10."""
+    with catalog.engine.begin() as connection:
+        connection.exec_driver_sql("ALTER TABLE consumer_groups DROP COLUMN leader")
+        for group_id, members in connection.execute(select(schema.consumer_groups.c.group_id, schema.consumer_groups.c.members)).all():
+            described = [{key: member[key] for key in ("member_id", "group_instance_id", "client_id")} for member in json.loads(members)]
+            connection.execute(update(schema.consumer_groups).where(schema.consumer_groups.c.group_id == group_id).values(members=json.dumps(described)))
+        connection.execute(update(schema.catalog_info).values(schema_version=10))
+
+
+def test_a_schema_10_catalog_upgrades_to_group_rows_a_coordinator_loads(catalog: Catalog) -> None:
+    """On each database: a schema-10 catalog is refused until upgraded; its group rows kept no member's protocols
+    nor assignment, so the upgrade leaves each Empty without members (they join again, as under schema 10), with its
+    generation and protocol type, and its committed offsets. Rows written after it keep their members."""
+    create_topic(catalog, "t", partitions=1, cleanup_policy="compact")
+    groups = GroupCatalog(catalog.engine)
+    member = StoredMember("m-1", None, "client", 10_000, 30_000, (("range", b"\x00\x01"),), b"\x00\x02")
+    groups.save_group(GroupRow("g", 1, 7, "consumer", "range", "Stable", "m-1", (member,), NOW))
+    groups.commit_offsets("g", {("t", 0): CommittedOffset(42, 3, "", NOW)})
+    _as_schema_10(catalog)
+    with pytest.raises(CatalogSchemaError, match="has schema version 10, this logcompact uses 11: .*upgrade-catalog"):
+        Catalog(catalog.store, catalog.url).snapshot()
+    assert Catalog(catalog.store, catalog.url).upgrade_catalog() == CatalogUpgrade(10, 0)
+    reopened = GroupCatalog(Catalog(catalog.store, catalog.url).engine)
+    assert reopened.group("g") == GroupRow("g", 1, 7, "consumer", "", "Empty", "", (), NOW)
+    assert reopened.committed_offsets("g") == {("t", 0): CommittedOffset(42, 3, "", NOW)}
+    stable = GroupRow("g", 1, 8, "consumer", "range", "Stable", "m-1", (member,), NOW + 1)
+    assert reopened.save_group(stable) and reopened.group("g") == stable
+
+
 def _as_schema_9(catalog: Catalog) -> None:
     """The catalog as schema 9 held it: partition_summaries without their partitions' entries in the index counted,
     schema_version 9."""
+    _as_schema_10(catalog)
     with catalog.engine.begin() as connection:
         connection.exec_driver_sql("ALTER TABLE partition_summaries DROP COLUMN indexed")
         connection.execute(update(schema.catalog_info).values(schema_version=9))
@@ -532,6 +565,7 @@ def _as_schema_9(catalog: Catalog) -> None:
 def _as_schema_8(catalog: Catalog) -> None:
     """The catalog as schema 8 held it: on PostgreSQL, sections' record_count and tombstones 64-bit (where binary
     COPY of schema 9's 32-bit ones fails); schema_version 8."""
+    _as_schema_10(catalog)
     with catalog.engine.begin() as connection:
         if connection.dialect.name == "postgresql":
             connection.exec_driver_sql("ALTER TABLE sections ALTER COLUMN record_count TYPE bigint, ALTER COLUMN tombstones TYPE bigint")
@@ -550,6 +584,7 @@ def _sections_layout(catalog: Catalog) -> tuple[list[tuple[str, str]], list[tupl
 
 def _as_schema_7(catalog: Catalog) -> None:
     """The catalog as schema 7 held it: partition_summaries without l1_bytes, schema_version 7."""
+    _as_schema_10(catalog)
     with catalog.engine.begin() as connection:
         connection.exec_driver_sql("ALTER TABLE partition_summaries DROP COLUMN l1_bytes")
         connection.execute(update(schema.catalog_info).values(schema_version=7))
@@ -557,6 +592,7 @@ def _as_schema_7(catalog: Catalog) -> None:
 
 def _as_schema_6(catalog: Catalog) -> None:
     """The catalog as schema 6 held it: no partition_summaries, schema_version 6."""
+    _as_schema_10(catalog)
     with catalog.engine.begin() as connection:
         schema.partition_summaries.drop(connection)
         connection.execute(update(schema.catalog_info).values(schema_version=6))
@@ -628,13 +664,13 @@ def test_a_schema_3_catalog_is_refused_until_upgrade_catalog_binds_its_rows(cata
 
     _as_schema_3(catalog)
     assert all(crc != bound[row] for row, crc in _stored_crcs(catalog).items())
-    with pytest.raises(CatalogSchemaError, match="has schema version 3, this logcompact uses 10: .*run `logcompact cluster upgrade-catalog`"):
+    with pytest.raises(CatalogSchemaError, match="has schema version 3, this logcompact uses 11: .*run `logcompact cluster upgrade-catalog`"):
         Catalog(catalog.store, catalog.url).snapshot()
     for argv in (["consume", "t", "--partition", "0"], ["files"], ["compact", "--all"], ["cluster", "describe"]):
         _one_line_error(run_in_process([*cli, *argv]), "has schema version 3", "logcompact cluster upgrade-catalog")
     upgraded = run_in_process([*cli, "cluster", "upgrade-catalog"])
     assert upgraded.code == 0 and not upgraded.stderr, upgraded
-    assert json.loads(upgraded.stdout) == {"upgraded": True, "from_schema_version": 3, "schema_version": 10, "sections_rewritten": 24}
+    assert json.loads(upgraded.stdout) == {"upgraded": True, "from_schema_version": 3, "schema_version": 11, "sections_rewritten": 24}
     assert _stored_crcs(catalog) == bound
     reopened = Catalog(catalog.store, catalog.url)
     assert {p: list(read_records(reopened.store, reopened.snapshot(), "t", p)) for p in range(3)} == before
@@ -648,11 +684,11 @@ def test_a_schema_3_catalog_is_refused_until_upgrade_catalog_binds_its_rows(cata
     assert _stored_crcs(catalog) == bound
     assert Catalog(catalog.store, catalog.url).upgrade_catalog() is None
 
-    for other in (2, 11):
+    for other in (2, 12):
         with catalog.engine.begin() as connection:
             connection.execute(update(schema.catalog_info).values(schema_version=other))
         _one_line_error(run_in_process([*cli, "cluster", "upgrade-catalog"]), f"has schema version {other}",
-                        "upgrades schemas 3, 4, 5, 6, 7, 8, 9 to 10 only")
+                        "upgrades schemas 3, 4, 5, 6, 7, 8, 9, 10 to 11 only")
         assert _stored_crcs(catalog) == bound
 
 
@@ -670,7 +706,7 @@ def test_a_schema_5_catalog_upgrades_to_its_l0_sections_out_of_the_partition_ind
     sec, files, part = schema.sections.c, schema.files.c, schema.partitions.c
     with catalog.engine.begin() as connection:  # lowered under schema 5: still refused after the upgrade
         connection.execute(update(schema.partitions).where(part.partition == 2).values(next_offset=7))
-    with pytest.raises(CatalogSchemaError, match="has schema version 5, this logcompact uses 10: .*upgrade-catalog"):
+    with pytest.raises(CatalogSchemaError, match="has schema version 5, this logcompact uses 11: .*upgrade-catalog"):
         Catalog(catalog.store, catalog.url).snapshot()
     assert Catalog(catalog.store, catalog.url).upgrade_catalog() == CatalogUpgrade(5, 0)
     reopened = Catalog(catalog.store, catalog.url)
@@ -711,7 +747,7 @@ def test_a_schema_6_to_9_catalog_upgrades_to_partition_summaries_that_commits_th
     with catalog.engine.connect() as connection:
         rows_before = connection.execute(select(kept.partition, kept.floor, kept.version).order_by(kept.partition)).all()
     {6: _as_schema_6, 7: _as_schema_7, 8: _as_schema_8, 9: _as_schema_9}[found](catalog)
-    with pytest.raises(CatalogSchemaError, match=f"has schema version {found}, this logcompact uses 10: .*upgrade-catalog"):
+    with pytest.raises(CatalogSchemaError, match=f"has schema version {found}, this logcompact uses 11: .*upgrade-catalog"):
         Catalog(catalog.store, catalog.url).snapshot()
     assert Catalog(catalog.store, catalog.url).upgrade_catalog() == CatalogUpgrade(found, 0)
     reopened = Catalog(catalog.store, catalog.url)
@@ -745,7 +781,7 @@ def test_a_schema_4_catalog_upgrades_to_the_kafka_tables_and_keeps_its_topics(ca
     before = {p: list(read_records(catalog.store, catalog.snapshot(), "t", p)) for p in range(2)}
     ids = _topic_ids(catalog)
     _as_schema_4(catalog)
-    with pytest.raises(CatalogSchemaError, match="has schema version 4, this logcompact uses 10: .*upgrade-catalog"):
+    with pytest.raises(CatalogSchemaError, match="has schema version 4, this logcompact uses 11: .*upgrade-catalog"):
         Catalog(catalog.store, catalog.url).snapshot()
     assert Catalog(catalog.store, catalog.url).upgrade_catalog() == CatalogUpgrade(4, 0)
     reopened = Catalog(catalog.store, catalog.url)

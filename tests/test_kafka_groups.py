@@ -454,17 +454,17 @@ def test_list_groups_reads_the_rows_again_when_a_group_leaves_memory_while_they_
     vanish from a listing of Empty groups."""
     from types import SimpleNamespace
 
-    from logcompact.catalog.groups import GroupRow
+    from logcompact.catalog.groups import GroupListed
     from logcompact.kafka import codec
     from logcompact.kafka.groups import LIST_GROUPS, list_groups
 
-    def row(state: str) -> GroupRow:
-        return GroupRow("g", 1, 2, "consumer", "", state, (), 0)
+    def row(state: str) -> GroupListed:
+        return GroupListed("g", "consumer", state)
 
     held = [SimpleNamespace(group_id="g", protocol_type="consumer", state="Empty")]
     reads: list[str] = []
 
-    def catalog_rows() -> list[GroupRow]:
+    def catalog_rows() -> list[GroupListed]:
         if not reads:  # the first read sees the row before the writer's; then the writer writes it and unloads the group
             reads.append("stale")
             held.clear()

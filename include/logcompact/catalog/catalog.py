@@ -213,7 +213,8 @@ class Catalog:
         `sections_by_partition` is built again (schema 9's, over the sections above L0), and on PostgreSQL the sections
         table is made again in schema 9's layout; then `partition_summaries` is filled (from 7, where it lacks l1_bytes,
         made again and filled); last, each row counts its partition's entries in `sections_by_partition` (a column
-        schema 8 and 9 lack). No manifest version is made, the store is not touched. Returns what was done; None
+        schema 8 and 9 lack); from 5 to 10, consumer_groups gets its leader and its rows lose the members schema 10 could
+        not restore. No manifest version is made, the store is not touched. Returns what was done; None
         when the catalog is at SCHEMA_VERSION already. Another version is a CatalogSchemaError, and no cluster
         ClusterNotFoundError.
         Writers of the older release must be stopped first: they would go on writing what readers then refuse."""
@@ -249,6 +250,8 @@ class Catalog:
                     _lay_sections_out(connection)
                     _summarize_partitions(connection)
                 summaries.count_indexed(connection)
+                if found >= 5:  # before 5, _add_kafka_tables made consumer_groups as this schema has it
+                    _keep_group_members(connection)
                 connection.execute(update(s.catalog_info).values(schema_version=s.SCHEMA_VERSION))
         log.info("catalog %s upgraded from schema %d to %d: %d section rows rewritten", self._shown_url, found,
                  s.SCHEMA_VERSION, rewritten)
@@ -1218,6 +1221,13 @@ def _add_kafka_tables(connection: Connection) -> None:
         return  # create() made topics_live_name with the table
     for index in s.topics.indexes:
         index.create(connection)
+
+
+def _keep_group_members(connection: Connection) -> None:
+    """Schema 10 to 11: consumer_groups.leader. Schema 10 kept no member's protocols nor assignment, so no coordinator
+    could go on with its members (they joined again): each row is left Empty, without members, its generation kept."""
+    connection.exec_driver_sql("ALTER TABLE consumer_groups ADD COLUMN leader VARCHAR(255) DEFAULT '' NOT NULL")
+    connection.execute(update(s.consumer_groups).values(state="Empty", protocol="", members="[]"))
 
 
 def _index_sections_above_l0(connection: Connection) -> None:

@@ -1,5 +1,6 @@
 """Consumer groups in the catalog: their committed offsets (`group_offsets`) and their coordinator's last
-description of them (`consumer_groups`).
+account of them (`consumer_groups`): generation, protocol, leader and members, each with its ids, timeouts,
+protocols' metadata and assignment, which the next coordinator loads (Kafka keeps the same in __consumer_offsets).
 
 These rows are not part of the manifest: each write is its own small transaction that creates no version, so
 committing offsets never contends with appends and compactions for the version row. Every agent reads them, so
@@ -8,16 +9,20 @@ committed offsets and the list of groups outlive the agent that wrote them.
 
 from __future__ import annotations
 
+import base64
 import json
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Engine, select
+from sqlalchemy import Connection, Engine, and_, select
 
 from logcompact.catalog import schema as s
 from logcompact.catalog.database import WRITE, catalog_errors, upsert
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -29,8 +34,21 @@ class CommittedOffset:
 
 
 @dataclass(frozen=True)
+class StoredMember:
+    """A member as its coordinator keeps it: what a coordinator that loads the group needs to go on with it."""
+
+    member_id: str
+    instance_id: str | None
+    client_id: str
+    session_ms: int
+    rebalance_ms: int
+    protocols: tuple[tuple[str, bytes], ...]  # (name, metadata), in the member's order of preference
+    assignment: bytes
+
+
+@dataclass(frozen=True)
 class GroupRow:
-    """A group as its coordinator last described it; `members` as DescribeGroups lists them (no metadata bytes)."""
+    """A group as its coordinator last wrote it."""
 
     group_id: str
     coordinator: int
@@ -38,8 +56,18 @@ class GroupRow:
     protocol_type: str
     protocol: str
     state: str
-    members: tuple[Mapping[str, Any], ...]
+    leader: str
+    members: tuple[StoredMember, ...]
     updated_ms: int
+
+
+@dataclass(frozen=True)
+class GroupListed:
+    """A group as ListGroups shows it: its row without the members."""
+
+    group_id: str
+    protocol_type: str
+    state: str
 
 
 class GroupCatalog:
@@ -89,31 +117,73 @@ class GroupCatalog:
             return {(row.topic, row.partition): CommittedOffset(row.committed_offset, row.leader_epoch, row.metadata, row.commit_ms)
                     for row in connection.execute(query)}
 
-    def save_group(self, group: GroupRow) -> None:
+    def save_group(self, group: GroupRow, loaded: GroupRow | None = None) -> bool:
+        """Write the group's row unless another coordinator wrote it since this one took the group; returns whether
+        it was written. Without `loaded` the stored row must be this coordinator's (`group.coordinator`), or none;
+        with `loaded`, the row the coordinator loaded the group from (taking it over), it must still be that row.
+        So a coordinator that lost the group, and does not know it yet, never overwrites its successor's row."""
         table = s.consumer_groups
         row = {
             "group_id": group.group_id, "coordinator": group.coordinator, "generation": group.generation,
-            "protocol_type": group.protocol_type, "protocol": group.protocol, "state": group.state,
-            "members": json.dumps([dict(member) for member in group.members]), "updated_ms": group.updated_ms,
+            "protocol_type": group.protocol_type, "protocol": group.protocol, "state": group.state, "leader": group.leader,
+            "members": json.dumps([_member_json(member) for member in group.members]), "updated_ms": group.updated_ms,
         }
+        c = table.c
+        if loaded is None:
+            unchanged = c.coordinator == group.coordinator
+        else:
+            unchanged = and_(c.coordinator == loaded.coordinator, c.generation == loaded.generation, c.state == loaded.state,
+                             c.updated_ms == loaded.updated_ms)
         with self._writing() as connection:
             statement = upsert(connection, table)
-            connection.execute(statement.on_conflict_do_update(
-                index_elements=[table.c.group_id],
+            return bool(connection.execute(statement.on_conflict_do_update(
+                index_elements=[c.group_id],
                 set_={name: statement.excluded[name] for name in row if name != "group_id"},
-            ), row)
+                where=unchanged,
+            ), row).rowcount)
 
     def group(self, group_id: str) -> GroupRow | None:
         with self._reading() as connection:
             row = connection.execute(select(s.consumer_groups).where(s.consumer_groups.c.group_id == group_id)).first()
         return None if row is None else _group_of_row(row)
 
-    def groups(self) -> list[GroupRow]:
+    def groups(self) -> list[GroupListed]:
+        """Every group, without its members (which hold their metadata and assignments)."""
+        c = s.consumer_groups.c
         with self._reading() as connection:
-            rows = connection.execute(select(s.consumer_groups).order_by(s.consumer_groups.c.group_id)).all()
-        return [_group_of_row(row) for row in rows]
+            rows = connection.execute(select(c.group_id, c.protocol_type, c.state).order_by(c.group_id)).all()
+        return [GroupListed(row.group_id, row.protocol_type, row.state) for row in rows]
+
+
+def _member_json(member: StoredMember) -> dict[str, Any]:
+    return {
+        "member_id": member.member_id, "group_instance_id": member.instance_id, "client_id": member.client_id,
+        "session_timeout_ms": member.session_ms, "rebalance_timeout_ms": member.rebalance_ms,
+        "protocols": [[name, _text(metadata)] for name, metadata in member.protocols], "assignment": _text(member.assignment),
+    }
+
+
+def _text(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _members_of(text: str) -> tuple[StoredMember, ...]:
+    return tuple(
+        StoredMember(str(m["member_id"]), None if m["group_instance_id"] is None else str(m["group_instance_id"]), str(m["client_id"]),
+                     int(m["session_timeout_ms"]), int(m["rebalance_timeout_ms"]),
+                     tuple((str(name), base64.b64decode(metadata, validate=True)) for name, metadata in m["protocols"]),
+                     base64.b64decode(m["assignment"], validate=True))
+        for m in json.loads(text)
+    )
 
 
 def _group_of_row(row: Any) -> GroupRow:
-    return GroupRow(row.group_id, row.coordinator, row.generation, row.protocol_type, row.protocol, row.state,
-                    tuple(json.loads(row.members)), row.updated_ms)
+    try:
+        members = _members_of(row.members)
+    except (ValueError, TypeError, KeyError) as exc:  # binascii.Error and JSONDecodeError are ValueErrors
+        # Only the members are lost, as a coordinator that kept none: they join again, the rest of the row stands.
+        log.warning("catalog row consumer_groups %r is damaged: its members are not JSON as logcompact writes them (%s: %s); "
+                    "the group is loaded without members, which join it again", row.group_id, type(exc).__name__, exc)
+        members = ()
+    return GroupRow(row.group_id, row.coordinator, row.generation, row.protocol_type, row.protocol, row.state, row.leader,
+                    members, row.updated_ms)

@@ -37,14 +37,15 @@ from sqlalchemy import (
 
 # Bump on any change to the tables below or to what their columns hold; a database of another version is refused
 # (CatalogSchemaError), but for UPGRADABLE_FROM, which `Catalog.upgrade_catalog` brings to this one.
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 # What `Catalog.upgrade_catalog` brings to SCHEMA_VERSION, step by step. Schema 3 stored `sections.crc32` raw (the
 # format's CRC, unbound); schema 4 had no log start offsets, no deleted topics and none of the Kafka agents' tables;
 # schema 5 had no sections.level nor partitions.assigned_end, and every section in `sections_by_partition`; schema 6
 # had no partition_summaries; schema 7's had no l1_bytes; schema 8's sections rows were laid out wider on PostgreSQL
 # (in `SECTION_ROW` order, record_count and tombstones 64-bit) and `sections_by_partition` had no first offset; schema
 # 9's partition_summaries did not count their partitions' entries in it (`indexed`).
-UPGRADABLE_FROM = (3, 4, 5, 6, 7, 8, 9)
+# Schema 10's consumer_groups had no leader and its members no timeouts, protocols nor assignments.
+UPGRADABLE_FROM = (3, 4, 5, 6, 7, 8, 9, 10)
 
 # SQLite gives auto-numbered keys only to INTEGER PRIMARY KEY (the rowid); PostgreSQL wants BIGINT.
 Identity64 = BigInteger().with_variant(Integer(), "sqlite")
@@ -386,8 +387,8 @@ producer_batches = Table(
     sqlite_with_rowid=False,
 )
 
-# Consumer groups as their coordinator last described them (DescribeGroups and ListGroups on any agent, and the
-# generation a new coordinator continues from).
+# Consumer groups as their coordinator last wrote them (ListGroups on any agent, and the group a new coordinator
+# loads: its generation, protocol, leader and members).
 consumer_groups = Table(
     "consumer_groups",
     metadata,
@@ -397,8 +398,10 @@ consumer_groups = Table(
     Column("protocol_type", String(255), nullable=False),
     Column("protocol", String(255), nullable=False),
     Column("state", String(32), nullable=False),  # Kafka's: Empty, PreparingRebalance, CompletingRebalance, Stable, Dead
-    Column("members", Text, nullable=False),  # JSON, as DescribeGroups shows them
+    # JSON: each member's ids, timeouts, protocols' metadata and assignment (bytes in base64)
+    Column("members", Text, nullable=False),
     Column("updated_ms", BigInteger, nullable=False),
+    Column("leader", String(255), nullable=False, server_default=""),  # its member id; "" in a group without members
 )
 
 # Consumer groups' committed offsets (OffsetCommit), by topic name as Kafka keeps them; served by every agent.

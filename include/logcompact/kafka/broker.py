@@ -76,9 +76,19 @@ class Broker:
     auto_create_topics: bool = True
     num_partitions: int = 1
 
+    def __post_init__(self) -> None:
+        # A group that moved away leaves memory as soon as the live agents change, not at its next request here:
+        # should it move back before one came, this agent loads it again from its row instead of going on with
+        # what it held before.
+        self.agents.watch(self._drop_moved_groups)
+
     @property
     def node_id(self) -> int:
         return self.agents.me.node_id
+
+    def _drop_moved_groups(self) -> None:
+        for group in self.groups.all_groups():
+            self.coordinates(group.group_id)
 
     def coordinates(self, group_id: str) -> bool:
         """Whether this agent coordinates the group; a group it no longer coordinates is dropped from its memory."""

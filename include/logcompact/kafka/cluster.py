@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import zlib
+from collections.abc import Callable
 
 from logcompact.catalog import Catalog
 from logcompact.catalog.model import AgentRecord
@@ -32,6 +33,8 @@ class AgentDirectory:
         self.me = me
         self._live: list[AgentRecord] = [me]
         self._beating: asyncio.Task | None = None
+        self._watchers: list[Callable[[], None]] = []
+        self._beaten: list[int] = []  # the live node ids as of the last heartbeat
 
     @classmethod
     def register(cls, catalog: Catalog, host: str, port: int, rack: str | None, node_id: int | None) -> AgentDirectory:
@@ -62,7 +65,13 @@ class AgentDirectory:
         live = self._live
         return live[zlib.crc32(key.encode()) % len(live)]
 
+    def watch(self, changed: Callable[[], None]) -> None:
+        """Call `changed` on the event loop after each heartbeat that finds other live agents than the one before
+        (the groups this agent coordinates may have changed)."""
+        self._watchers.append(changed)
+
     def start(self) -> None:
+        self._beaten = [agent.node_id for agent in self._live]
         self._beating = asyncio.create_task(self._beat())
 
     async def stop(self) -> None:
@@ -82,6 +91,12 @@ class AgentDirectory:
                 self._live = await asyncio.to_thread(self._heartbeat)
             except Exception as exc:  # the catalog down: keep serving; the next beat tries again
                 log.warning("agent %d heartbeat to the catalog failed: %s", self.me.node_id, exc)
+                continue
+            beaten = [agent.node_id for agent in self._live]
+            if beaten != self._beaten:
+                self._beaten = beaten
+                for changed in self._watchers:
+                    changed()
 
     def _heartbeat(self) -> list[AgentRecord]:
         me = self.me

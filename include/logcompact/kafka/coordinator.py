@@ -20,10 +20,16 @@ JoinGroup v4+ without a member id gets MEMBER_ID_REQUIRED and an id to join with
 member id, fences the old one (FENCED_INSTANCE_ID) and, in a Stable group whose protocols did not change, gets
 its assignment back without a rebalance.
 
-Each state change writes the group's description row (catalog `consumer_groups`), behind the answers, one write
-at a time and newest last, so ListGroups on any agent lists every group and a coordinator that restarts (or takes
-the group over) continues its generations. Members are not restored from the row: they find their member id
-unknown and join again.
+Each state change writes the group's row (catalog `consumer_groups`: generation, protocol, leader, and each
+member's ids, timeouts, protocols' metadata and assignment), behind the answers, one write at a time and newest
+last, so ListGroups on any agent lists every group. The leader's assignments are the exception: as Kafka stores a
+generation before answering its SyncGroups, the group turns Stable, and its members get their assignments, once the
+row that holds them is written. The agent that coordinates the group next (restarted, or taking the group over when
+the live agents change) loads the row on the group's first request, as Kafka's coordinator loads a group from
+__consumer_offsets: members keep their ids, generation and assignments, and their commits in flight succeed; each
+member's session timeout (a rebalance's timeout, for a group preparing one) restarts from the load. A coordinator
+writes a group's row only while it is the one that last took it (`GroupCatalog.save_group`): one that lost the group
+without knowing yet finds its write refused and drops the group, so its successor's row stands.
 
 Memory stays bounded whatever clients send (`GroupMemory`): a group that is Empty, without pending ids, leaves memory
 once its newest row is written (the next request loads it from the row, generation and protocol type included);
@@ -43,7 +49,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from logcompact.catalog.groups import GroupCatalog, GroupRow
+from logcompact.catalog.groups import GroupCatalog, GroupRow, StoredMember
 from logcompact.kafka.codec import ErrorCode
 from logcompact.units import wall_clock_ms
 
@@ -64,6 +70,7 @@ DEFAULT_GROUP_MAX_BYTES = 256 * 1024 * 1024
 # counts at least this, so the bytes bound bounds their numbers too.
 OVERHEAD_BYTES = 1024
 FULL_WARNING_INTERVAL_S = 10.0  # a client looping against a bound logs one warning per interval, not one per request
+LOADED_STATES = (PREPARING_REBALANCE, COMPLETING_REBALANCE, STABLE)  # a row's state a loaded group with members goes on in
 
 
 @dataclass
@@ -127,6 +134,8 @@ class Group:
     rebalance_timer: asyncio.TimerHandle | None = None
     initial_delay: bool = False  # waiting out the initial rebalance delay
     new_member_added: bool = False
+    storing: bool = False  # the leader's assignments are being written: Stable once they are
+
 
     def candidate_protocols(self) -> set[str]:
         """The protocols every member supports."""
@@ -148,8 +157,20 @@ class Group:
         return max(votes, key=lambda name: votes[name])
 
     def row(self, coordinator: int) -> GroupRow:
-        members = tuple({"member_id": m.member_id, "group_instance_id": m.instance_id, "client_id": m.client_id} for m in self.members.values())
-        return GroupRow(self.group_id, coordinator, self.generation, self.protocol_type or "", self.protocol or "", self.state, members, wall_clock_ms())
+        members = tuple(StoredMember(m.member_id, m.instance_id, m.client_id, m.session_ms, m.rebalance_ms, tuple(m.protocols), m.assignment)
+                        for m in self.members.values())
+        return GroupRow(self.group_id, coordinator, self.generation, self.protocol_type or "", self.protocol or "",
+                        STABLE if self.storing else self.state, self.leader or "", members, wall_clock_ms())
+
+
+@dataclass
+class Unsaved:
+    """A group's row waiting for the writer: the newest, the row it takes over from (when this agent loaded the
+    group from another coordinator's row) and what waits for it to be written."""
+
+    row: GroupRow
+    loaded: GroupRow | None
+    waiting: list[asyncio.Future[bool]] = field(default_factory=list)
 
 
 def _pending_size(member_id: str) -> int:
@@ -210,7 +231,7 @@ class GroupCoordinator:
         self.max_size = max_size
         self.memory = GroupMemory(max_bytes)
         self._groups: dict[str, Group] = {}
-        self._unsaved: dict[str, GroupRow] = {}
+        self._unsaved: dict[str, Unsaved] = {}
         self._writing: str | None = None  # the group whose row the writer is writing
         self._last_full_warning = -FULL_WARNING_INTERVAL_S
         self._wake_writer = asyncio.Event()
@@ -221,9 +242,9 @@ class GroupCoordinator:
     # -- groups in memory ------------------------------------------------------------------------------------
 
     async def group(self, group_id: str, create: bool) -> Group | None:
-        """The group, loaded from its row (its generation) when it is not in memory; a new Empty group when there
-        is none and `create`. When holding one more group would pass the bytes bound, the group is not kept: the
-        request is answered from it (an Empty group), and JoinGroup refuses to join it."""
+        """The group, loaded from its row when it is not in memory (with its members, when it has any); a new
+        Empty group when there is none and `create`. When holding the group would pass the bytes bound, it is not
+        kept: the request is answered from it (an Empty group of its generation), and JoinGroup refuses to join it."""
         group = self._groups.get(group_id)
         if group is not None:
             return group
@@ -234,16 +255,38 @@ class GroupCoordinator:
         if row is None and not create:
             return None
         group = Group(group_id)
+        members: list[Member] = []
         if row is not None:
             group.generation, group.protocol_type = row.generation, row.protocol_type or None
-        if self._closed or not self.memory.fits(OVERHEAD_BYTES):
+            if row.state in LOADED_STATES:
+                members = [_member_of(stored, row.protocol_type) for stored in row.members]
+        if self._closed or self._over_bytes(OVERHEAD_BYTES + sum(member.size() for member in members), f"group {group_id}: loading it"):
             return group
         self.memory.group_in(self._groups, group)
-        if row is None or row.state != EMPTY or row.coordinator != self.node_id:
-            self._save(group)
-        else:  # its row is saved: it leaves memory again unless this request gives it a member
+        if row is not None and members:
+            self._load(group, row, members)
+        taken_over = row is not None and row.coordinator != self.node_id
+        if row is None or taken_over or row.state != group.state:  # new, another's, or its members not kept
+            self._save(group, loaded=row if taken_over else None)
+        elif group.state == EMPTY:  # its row is saved: it leaves memory again unless this request gives it a member
             asyncio.get_running_loop().call_soon(self._maybe_unload, group_id)
         return group
+
+    def _load(self, group: Group, row: GroupRow, members: list[Member]) -> None:
+        """Go on with the group as its row left it, as Kafka's coordinator loading a group: the members' sessions,
+        and a rebalance being prepared, restart from now."""
+        group.state, group.protocol = row.state, row.protocol or None
+        for member in members:
+            group.members[member.member_id] = member
+            self.memory.member(member)
+            if member.instance_id is not None:
+                group.static[member.instance_id] = member.member_id
+            self._schedule_expiry(group, member)
+        group.leader = row.leader if row.leader in group.members else members[0].member_id
+        if group.state == PREPARING_REBALANCE:  # members rejoin, their JoinGroups lost with the coordinator
+            group.rebalance_timer = asyncio.get_running_loop().call_later(self._rebalance_ms(group) / 1000, self._complete_join, group)
+        log.info("group %s: loaded generation %d (%s) with %d members from the catalog, written by agent %d",
+                 group.group_id, group.generation, group.state, len(members), row.coordinator)
 
     def known(self, group_id: str) -> Group | None:
         return self._groups.get(group_id)
@@ -559,20 +602,35 @@ class GroupCoordinator:
         _answer(member.syncing, Synced(ErrorCode.rebalance_in_progress))
         member.syncing = asyncio.get_running_loop().create_future()
         waiting = member.syncing
-        if member_id == group.leader:
+        if member_id == group.leader and not group.storing:
             for each in group.members.values():
                 each.assignment = assignments.get(each.member_id, b"")
                 self.memory.member(each)
-            group.state = STABLE
+            group.storing = True
             log.info("group %s: assignment of generation %d received from leader %s", group.group_id, group.generation, member_id)
-            for each in group.members.values():
-                _answer(each.syncing, Synced(ErrorCode.none, group.protocol_type, group.protocol, each.assignment))
-                each.syncing = None
-            self._save(group)
+            generation = group.generation
+            self._save_and_wait(group).add_done_callback(lambda written: self._assignments_stored(group, generation, written.result()))
         return await waiting
+
+    def _assignments_stored(self, group: Group, generation: int, written: bool) -> None:
+        """The row with the leader's assignments is written (or not): the group turns Stable and its members get
+        their assignments, as Kafka answers SyncGroups once the group is stored, unless the group moved on meanwhile
+        (a rebalance, or dropped)."""
+        if not group.storing or group.generation != generation or self._groups.get(group.group_id) is not group:
+            return
+        group.storing = False
+        if not written:  # the catalog could not be reached: Kafka's answer to a group it could not store
+            self._reset_assignments(group, ErrorCode.coordinator_not_available)
+            self._prepare_rebalance(group, f"the assignments of generation {generation} could not be written to the catalog")
+            return
+        group.state = STABLE
+        for each in group.members.values():
+            _answer(each.syncing, Synced(ErrorCode.none, group.protocol_type, group.protocol, each.assignment))
+            each.syncing = None
 
     def _reset_assignments(self, group: Group, error: ErrorCode) -> None:
         """Kafka's resetAndPropagateAssignmentError: no member keeps an assignment, waiting SyncGroups get `error`."""
+        group.storing = False
         for member in group.members.values():
             member.assignment = b""
             self.memory.member(member)
@@ -676,12 +734,22 @@ class GroupCoordinator:
 
     # -- description rows ------------------------------------------------------------------------------------
 
-    def _save(self, group: Group) -> None:
-        """Queue the group's description for the catalog; the writer writes the newest of each group, in order."""
-        self._unsaved[group.group_id] = group.row(self.node_id)
+    def _save(self, group: Group, loaded: GroupRow | None = None) -> Unsaved:
+        """Queue the group's row for the catalog; the writer writes the newest of each group, in order. `loaded`:
+        the row of another coordinator this agent loaded the group from, which the first write takes over."""
+        queued = self._unsaved.get(group.group_id)
+        unsaved = Unsaved(group.row(self.node_id), loaded or (queued.loaded if queued else None), queued.waiting if queued else [])
+        self._unsaved[group.group_id] = unsaved
         self._wake_writer.set()
         if self._writer is None:
             self._writer = asyncio.create_task(self._write_rows())
+        return unsaved
+
+    def _save_and_wait(self, group: Group) -> asyncio.Future[bool]:
+        """Queue the group's row; the future says whether it (or a newer row of the group) was written."""
+        written = asyncio.get_running_loop().create_future()
+        self._save(group).waiting.append(written)
+        return written
 
     async def _write_rows(self) -> None:
         while True:
@@ -689,18 +757,35 @@ class GroupCoordinator:
             self._wake_writer.clear()
             while self._unsaved:
                 group_id = next(iter(self._unsaved))
-                row = self._unsaved.pop(group_id)
+                unsaved = self._unsaved.pop(group_id)
                 self._writing = group_id
                 try:
-                    await asyncio.to_thread(self.catalog.save_group, row)
+                    written = await asyncio.to_thread(self.catalog.save_group, unsaved.row, unsaved.loaded)
                 except Exception as exc:  # the catalog down: the next change writes the group again (kept till then)
-                    log.warning("group %s: its description was not written to the catalog: %s", group_id, exc)
-                    self._writing = None
-                    continue
+                    log.warning("group %s: its row was not written to the catalog: %s", group_id, exc)
+                    written = None
                 self._writing = None
+                if written is False:
+                    self._lost(group_id)
+                for waiting in unsaved.waiting:
+                    _answer(waiting, bool(written))
                 self._maybe_unload(group_id)
             if self._writer_stopping:
                 return
+
+    def _lost(self, group_id: str) -> None:
+        """Another coordinator wrote the group's row since this agent took the group: the group is its now. Drop it
+        with what is queued for it; its members, told NOT_COORDINATOR, find the coordinator again."""
+        log.info("group %s: another agent coordinates it now (it wrote the group's row): dropped from this agent's memory", group_id)
+        queued = self._unsaved.pop(group_id, None)
+        for waiting in queued.waiting if queued else []:
+            _answer(waiting, False)
+        self.forget(group_id)
+
+
+def _member_of(stored: StoredMember, protocol_type: str) -> Member:
+    return Member(stored.member_id, stored.instance_id, stored.client_id, stored.session_ms, stored.rebalance_ms, protocol_type,
+                  list(stored.protocols), stored.assignment)
 
 
 def _update(member: Member, joining: Member) -> None:
