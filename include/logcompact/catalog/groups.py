@@ -136,11 +136,12 @@ class GroupCatalog:
                              c.updated_ms == loaded.updated_ms)
         with self._writing() as connection:
             statement = upsert(connection, table)
-            return bool(connection.execute(statement.on_conflict_do_update(
+            written = connection.execute(statement.on_conflict_do_update(
                 index_elements=[c.group_id],
                 set_={name: statement.excluded[name] for name in row if name != "group_id"},
                 where=unchanged,
-            ), row).rowcount)
+            ).returning(c.group_id), row).first()  # an update the WHERE skips returns no row (psycopg's rowcount counted it)
+        return written is not None
 
     def group(self, group_id: str) -> GroupRow | None:
         with self._reading() as connection:

@@ -1,0 +1,248 @@
+"""A group's coordinator restarts or moves: the group goes on with its members (issue 40, item 3).
+
+A group of 3 confluent-kafka consumers commits after each record while the agent coordinating it is killed with
+SIGKILL and started again on its address 4 times: no commit is refused with UNKNOWN_MEMBER_ID and every record is
+delivered once. Then the coordinator itself: a loaded group keeps its members' ids, generation, leader, protocol and
+assignments, a member that sends nothing after the load expires a session timeout after it, and an agent that lost
+the group to another finds its write refused and drops the group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+
+from logcompact.catalog import Catalog
+from logcompact.catalog.groups import GroupCatalog, GroupRow, StoredMember
+from logcompact.consume import read_records
+from logcompact.kafka.codec import ErrorCode
+from logcompact.kafka.coordinator import OVERHEAD_BYTES, PREPARING_REBALANCE, STABLE, GroupCoordinator
+from logcompact.store import open_store
+from tests.helpers import create_topic
+
+pytestmark = pytest.mark.timeout(240)
+
+TOPIC, PARTITIONS, MEMBERS, KILLS = "orders", 6, 3, 4
+# Longer than an agent's restart on a loaded machine: librdkafka gives up a session it could not heartbeat for this
+# long (and rejoins under a new member id), whatever the coordinator kept.
+SESSION_MS = 30_000
+QUICK_RECONNECT = {"socket.timeout.ms": 5000, "reconnect.backoff.ms": 50, "reconnect.backoff.max.ms": 500, "retry.backoff.ms": 50}
+# What a commit meets while the agent is down or starting: librdkafka's transport and timeout errors, Kafka's
+# retriable coordinator errors. The commit is sent again, as an application committing each record does.
+COMMIT_RETRIED = {KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._WAIT_COORD, KafkaError._ALL_BROKERS_DOWN,
+                  KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                  KafkaError.REQUEST_TIMED_OUT}
+
+
+def start_agent(catalog: Catalog, port: int) -> subprocess.Popen:
+    environment = {**os.environ, "LOGCOMPACT_STORE": catalog.store.uri}
+    command = [sys.executable, "-m", "logcompact", "agent", "--listen", f"127.0.0.1:{port}", "--flush-ms", "20"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
+    assert process.stdout is not None and process.stderr is not None
+    line = process.stdout.readline()
+    assert line, process.stderr.read()
+    assert json.loads(line)["listening"] == f"127.0.0.1:{port}"
+    return process
+
+
+class Member(threading.Thread):
+    """A consumer that commits each record (synchronously) before it takes the next, as an application that must
+    not process a record twice: a commit the agent could not answer is sent again; one refused is counted."""
+
+    def __init__(self, bootstrap: str, delivered: list[tuple[int, int]], refused: list[str], stop: threading.Event) -> None:
+        super().__init__(daemon=True)
+        self.consumer = Consumer({
+            "bootstrap.servers": bootstrap, "group.id": "restarts", "auto.offset.reset": "earliest", "enable.auto.commit": False,
+            "session.timeout.ms": SESSION_MS, "heartbeat.interval.ms": 500, **QUICK_RECONNECT,
+        })
+        self.delivered, self.refused, self.stop = delivered, refused, stop
+
+    def run(self) -> None:
+        self.consumer.subscribe([TOPIC])
+        while not self.stop.is_set():
+            message = self.consumer.poll(0.1)
+            if message is None or message.error() is not None:
+                continue
+            self.delivered.append((message.partition(), message.offset()))
+            while not self.stop.is_set():
+                try:
+                    self.consumer.commit(message, asynchronous=False)
+                    break
+                except KafkaException as exc:
+                    error = exc.args[0]
+                    if error.code() not in COMMIT_RETRIED:
+                        self.refused.append(error.name())
+                        break
+                    time.sleep(0.05)
+        self.consumer.close()
+
+
+def test_a_group_committing_each_record_loses_no_member_and_redelivers_nothing_across_four_coordinator_kills(tmp_path: Path) -> None:
+    catalog = Catalog(open_store(f"file://{tmp_path / 'store'}"))
+    create_topic(catalog, TOPIC, PARTITIONS)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    agent = start_agent(catalog, port)
+    bootstrap = f"127.0.0.1:{port}"
+    delivered: list[tuple[int, int]] = []
+    refused: list[str] = []
+    stop, stop_producing = threading.Event(), threading.Event()
+    members = [Member(bootstrap, delivered, refused, stop) for _ in range(MEMBERS)]
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 5,
+                         "message.timeout.ms": 120_000, **QUICK_RECONNECT})
+    failed: list[Any] = []
+
+    def produce() -> None:  # about 100 records a second, over every partition, until told to stop
+        sent = 0
+        while not stop_producing.is_set():
+            producer.produce(TOPIC, key=b"k%d" % sent, value=b"v%d" % sent, partition=sent % PARTITIONS,
+                             on_delivery=lambda error, _: error is None or failed.append(error))
+            sent += 1
+            producer.poll(0.01)
+
+    producing = threading.Thread(target=produce, daemon=True)
+    try:
+        for member in members:
+            member.start()
+        producing.start()
+        deadline = time.monotonic() + 60
+        while len(delivered) < 100 and time.monotonic() < deadline:  # the group formed and consumes
+            time.sleep(0.1)
+        assert len(delivered) >= 100, "the group did not start consuming"
+        formed = GroupCatalog(catalog.engine).group("restarts")
+        for _ in range(KILLS):
+            before = len(delivered)
+            while len(delivered) < before + 100 and time.monotonic() < deadline + 60:  # consuming, committing
+                time.sleep(0.05)
+            agent.send_signal(signal.SIGKILL)
+            agent.wait()
+            agent = start_agent(catalog, port)
+            deadline = time.monotonic() + 60
+        stop_producing.set()
+        producing.join(timeout=10)
+        assert producer.flush(60) == 0 and failed == []
+        stored = sorted((p, record.offset) for p in range(PARTITIONS) for record in read_records(catalog.store, catalog.snapshot(), TOPIC, p))
+        deadline = time.monotonic() + 60
+        while len(delivered) < len(stored) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        consumed = GroupCatalog(catalog.engine).group("restarts")
+    finally:
+        stop.set()
+        stop_producing.set()
+        for member in members:
+            member.join(timeout=30)
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(timeout=15)
+    assert refused == []  # not one commit refused with UNKNOWN_MEMBER_ID (nor any other error)
+    assert len(delivered) == len(set(delivered))  # no record delivered twice
+    assert sorted(delivered) == stored  # and every record delivered
+    # the restarts never made the group rebalance: the generation it consumed in is the one it formed
+    assert formed is not None and consumed is not None and (consumed.generation, consumed.state) == (formed.generation, STABLE)
+
+
+# -- the coordinator -------------------------------------------------------------------------------------------
+
+
+def test_a_group_row_is_written_only_by_the_coordinator_that_last_took_it(catalog: Catalog) -> None:
+    """On each database: a coordinator writes over its own row; another takes it over only from the row it loaded;
+    then the first one's writes are refused, and so is a takeover from a row that changed since it was loaded."""
+    create_topic(catalog, TOPIC, 1)
+    groups = GroupCatalog(catalog.engine)
+    member = StoredMember("m", None, "client", 10_000, 30_000, (("range", b"\x00"),), b"\x01")
+    first = GroupRow("g", 1, 1, "consumer", "range", STABLE, "m", (member,), 1000)
+    assert groups.save_group(first) and groups.group("g") == first
+    assert groups.save_group(replace(first, generation=2, updated_ms=1001))
+    loaded = groups.group("g")
+    assert loaded is not None
+    taken = replace(loaded, coordinator=2, updated_ms=1002)
+    assert groups.save_group(taken, loaded) and groups.group("g") == taken
+    assert not groups.save_group(replace(loaded, generation=3, state="Empty", members=(), updated_ms=1003))  # node 1, too late
+    assert not groups.save_group(replace(loaded, coordinator=3, updated_ms=1004), loaded)  # node 3 loaded it before node 2 wrote
+    assert groups.save_group(replace(taken, generation=3, updated_ms=1005)) and groups.group("g") == replace(taken, generation=3, updated_ms=1005)
+    assert groups.save_group(GroupRow("h", 3, 0, "consumer", "", "Empty", "", (), 1006))  # a new group: no row to take over
+
+
+def test_a_loaded_group_keeps_its_members_and_expires_those_silent_since_the_load_and_a_coordinator_that_lost_it_drops_it(catalog: Catalog) -> None:
+    """On each database."""
+    create_topic(catalog, TOPIC, 1)
+    groups = GroupCatalog(catalog.engine)
+    protocols = {"a": [("range", b"a-range"), ("roundrobin", b"a-rr")], "b": [("range", b"b-range")]}
+
+    async def first_generation() -> dict[str, str]:
+        """Node 1 forms generation 1 of members a (static) and b, then dies with its loop (no LeaveGroup, no close)."""
+        coordinator = GroupCoordinator(groups, 1, initial_rebalance_delay_ms=50)
+        group = await coordinator.group("g", create=True)
+        assert group is not None
+        joined = await asyncio.gather(
+            coordinator.join(group, "", "instance-a", "client-a", 400, 5000, "consumer", protocols["a"], False, False),
+            coordinator.join(group, "", None, "client-b", 400, 5000, "consumer", protocols["b"], False, False),
+        )
+        ids = {"a": joined[0].member_id, "b": joined[1].member_id}
+        leader = joined[0].leader
+        assignments = {ids["a"]: b"partitions of a", ids["b"]: b"partitions of b"}
+        synced = await asyncio.gather(*(coordinator.sync(group, 1, member_id, None, "consumer", "range", assignments if member_id == leader else {})
+                                        for member_id in ids.values()))
+        assert [s.assignment for s in synced] == [b"partitions of a", b"partitions of b"]
+        return {**ids, "leader": leader}
+
+    ids = asyncio.run(first_generation())
+
+    async def after_the_restart() -> None:
+        restarted = GroupCoordinator(groups, 1)  # node 1 again, on the catalog's row
+        group = await restarted.group("g", create=False)
+        assert group is not None and group.state == STABLE and group.generation == 1 and group.leader == ids["leader"]
+        assert group.protocol_type == "consumer" and group.protocol == "range" and group.static == {"instance-a": ids["a"]}
+        a, b = group.members[ids["a"]], group.members[ids["b"]]
+        assert (a.instance_id, a.client_id, a.session_ms, a.rebalance_ms, a.protocols, a.assignment) == (
+            "instance-a", "client-a", 400, 5000, protocols["a"], b"partitions of a")
+        assert (b.instance_id, b.client_id, b.protocols, b.assignment) == (None, "client-b", protocols["b"], b"partitions of b")
+        assert restarted.memory.held == OVERHEAD_BYTES + a.size() + b.size()  # counted as members that joined here
+        assert restarted.commit_error(group, 1, ids["b"], None) is None  # a commit in flight succeeds
+        # a heartbeats, b sends nothing: b's session runs from the load, so it is there 250 ms on, gone 400 ms after
+        for _ in range(3):
+            assert restarted.heartbeat(group, 1, ids["a"], "instance-a") == ErrorCode.none
+            await asyncio.sleep(0.1)
+        assert ids["b"] in group.members
+        for _ in range(3):
+            restarted.heartbeat(group, 1, ids["a"], "instance-a")
+            await asyncio.sleep(0.1)
+        assert list(group.members) == [ids["a"]] and group.state == PREPARING_REBALANCE
+        assert restarted.heartbeat(group, 1, ids["a"], "instance-a") == ErrorCode.rebalance_in_progress
+        rejoined = await restarted.join(group, ids["a"], "instance-a", "client-a", 400, 5000, "consumer", protocols["a"], False, False)
+        assert (rejoined.generation, rejoined.leader) == (2, ids["a"])
+        assert (await restarted.sync(group, 2, ids["a"], "instance-a", None, None, {ids["a"]: b"all"})).assignment == b"all"
+        row = groups.group("g")
+        assert row is not None and (row.coordinator, row.generation, row.state, [m.member_id for m in row.members]) == (1, 2, STABLE, [ids["a"]])
+
+        # The group moves to node 2, which takes it over; node 1 does not know yet and its write is refused.
+        other = GroupCoordinator(groups, 2)
+        moved = await other.group("g", create=False)
+        assert moved is not None and moved.generation == 2 and list(moved.members) == [ids["a"]]
+        for _ in range(2):  # node 2's row written; a heartbeats to node 2 now
+            assert other.heartbeat(moved, 2, ids["a"], "instance-a") == ErrorCode.none
+            await asyncio.sleep(0.1)
+        assert restarted.leave(group, ids["a"], "instance-a") == ErrorCode.none
+        for _ in range(2):
+            assert other.heartbeat(moved, 2, ids["a"], "instance-a") == ErrorCode.none
+            await asyncio.sleep(0.1)
+        assert restarted.known("g") is None and restarted.memory.held == 0  # dropped, with the bytes it held
+        row = groups.group("g")
+        assert row is not None and (row.coordinator, row.generation, row.state, [m.member_id for m in row.members]) == (2, 2, STABLE, [ids["a"]])
+        await other.close()
+        await restarted.close()
+
+    asyncio.run(after_the_restart())
