@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -28,10 +29,12 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from logcompact.catalog import Catalog
 from logcompact.catalog.groups import GroupCatalog, GroupRow, StoredMember
 from logcompact.consume import read_records
+from logcompact.exceptions import CatalogUnavailableError
 from logcompact.kafka.codec import ErrorCode
 from logcompact.kafka.coordinator import OVERHEAD_BYTES, PREPARING_REBALANCE, STABLE, GroupCoordinator
 from logcompact.store import open_store
 from tests.helpers import create_topic
+from tests.test_kafka_produce import RunningAgent
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -62,10 +65,10 @@ class Member(threading.Thread):
     """A consumer that commits each record (synchronously) before it takes the next, as an application that must
     not process a record twice: a commit the agent could not answer is sent again; one refused is counted."""
 
-    def __init__(self, bootstrap: str, delivered: list[tuple[int, int]], refused: list[str], stop: threading.Event) -> None:
+    def __init__(self, bootstrap: str, delivered: list[tuple[int, int]], refused: list[str], stop: threading.Event, group: str = "restarts") -> None:
         super().__init__(daemon=True)
         self.consumer = Consumer({
-            "bootstrap.servers": bootstrap, "group.id": "restarts", "auto.offset.reset": "earliest", "enable.auto.commit": False,
+            "bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest", "enable.auto.commit": False,
             "session.timeout.ms": SESSION_MS, "heartbeat.interval.ms": 500, **QUICK_RECONNECT,
         })
         self.delivered, self.refused, self.stop = delivered, refused, stop
@@ -152,6 +155,64 @@ def test_a_group_committing_each_record_loses_no_member_and_redelivers_nothing_a
     assert sorted(delivered) == stored  # and every record delivered
     # the restarts never made the group rebalance: the generation it consumed in is the one it formed
     assert formed is not None and consumed is not None and (consumed.generation, consumed.state) == (formed.generation, STABLE)
+
+
+def test_a_group_that_moves_to_a_new_agent_keeps_its_members_and_generation_and_the_agent_it_left_drops_it(catalog: Catalog) -> None:
+    """On each database: a group consuming on the only agent moves when a second agent starts; the second loads it
+    from its row, so the member's commits go on and nothing is delivered twice. A group that sends nothing leaves
+    the first agent's memory at its next heartbeat, without waiting for a request."""
+    create_topic(catalog, TOPIC, PARTITIONS)
+    first = RunningAgent(Catalog(catalog.store, catalog.url), flush_interval_ms=20, group_initial_rebalance_delay_ms=0)
+    second: RunningAgent | None = None
+    groups = first.server.broker.groups
+    moving = [g for g in (f"group-{n}" for n in range(100)) if zlib.crc32(g.encode()) % 2 == 1][:2]  # to node 1 of [0, 1]
+    busy, idle = moving
+    delivered: list[tuple[int, int]] = []
+    refused: list[str] = []
+    stop = threading.Event()
+    member = Member(first.bootstrap, delivered, refused, stop, group=busy)
+    try:
+        assert first.server.broker.node_id == 0
+
+        async def join_idle() -> None:
+            group = await groups.group(idle, create=True)
+            assert group is not None
+            await groups.join(group, "", None, "idle", 60_000, 60_000, "consumer", [("range", b"")], False, False)
+
+        first.call(join_idle())
+        producer = Producer({"bootstrap.servers": first.bootstrap, "linger.ms": 5, **QUICK_RECONNECT})
+
+        def produce(count: int) -> None:
+            for n in range(count):
+                producer.produce(TOPIC, key=b"k%d" % n, value=b"v", partition=n % PARTITIONS)
+            assert producer.flush(30) == 0
+
+        produce(300)
+        member.start()
+        deadline = time.monotonic() + 30
+        while len(delivered) < 50 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        formed = GroupCatalog(catalog.engine).group(busy)
+        assert formed is not None and formed.coordinator == 0 and groups.known(idle) is not None
+        second = RunningAgent(Catalog(catalog.store, catalog.url), flush_interval_ms=20)
+        assert second.server.broker.node_id == 1
+        deadline = time.monotonic() + 30
+        while (moved := GroupCatalog(catalog.engine).group(busy)) is not None and moved.coordinator == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert groups.known(idle) is None  # dropped at a heartbeat: no request for it came
+        produce(300)  # consumed and committed on the group's new coordinator
+        while len(delivered) < 600 and time.monotonic() < deadline + 30:
+            time.sleep(0.1)
+        moved = GroupCatalog(catalog.engine).group(busy)
+    finally:
+        stop.set()
+        member.join(timeout=30)
+        first.stop()
+        if second is not None:
+            second.stop()
+    assert refused == [] and len(delivered) == len(set(delivered)) == 600
+    assert moved is not None and (moved.coordinator, moved.generation, moved.state) == (1, formed.generation, STABLE)
+    assert [m.member_id for m in moved.members] == [m.member_id for m in formed.members]
 
 
 # -- the coordinator -------------------------------------------------------------------------------------------
@@ -246,3 +307,51 @@ def test_a_loaded_group_keeps_its_members_and_expires_those_silent_since_the_loa
         await restarted.close()
 
     asyncio.run(after_the_restart())
+
+
+class UnreachableCatalog(GroupCatalog):
+    """The group catalog of a database that went down: nothing is written."""
+
+    def save_group(self, group: GroupRow, loaded: GroupRow | None = None) -> bool:
+        raise CatalogUnavailableError("catalog cannot be reached (test)")
+
+
+def test_a_group_loaded_while_rebalancing_completes_with_the_members_that_rejoin_and_assignments_wait_for_their_row(catalog: Catalog) -> None:
+    """On each database: a group whose coordinator died preparing a rebalance is loaded preparing it: the members
+    that rejoin form the next generation, one that does not is dropped a rebalance timeout after the load. A
+    leader's assignments the catalog cannot keep are not handed out: COORDINATOR_NOT_AVAILABLE, and a rebalance. A
+    group whose members would pass group_max_bytes is not loaded."""
+    create_topic(catalog, TOPIC, 1)
+    groups = GroupCatalog(catalog.engine)
+    stored = [StoredMember(f"m-{n}", None, f"client-{n}", 60_000, 300, (("range", b"meta"),), b"old") for n in range(3)]
+    groups.save_group(GroupRow("g", 1, 4, "consumer", "range", PREPARING_REBALANCE, "m-0", tuple(stored), 1000))
+
+    async def scenario() -> None:
+        coordinator = GroupCoordinator(groups, 1, initial_rebalance_delay_ms=0)
+        group = await coordinator.group("g", create=False)
+        assert group is not None and group.state == PREPARING_REBALANCE and list(group.members) == ["m-0", "m-1", "m-2"]
+        assert coordinator.heartbeat(group, 4, "m-2", None) == ErrorCode.rebalance_in_progress
+        assert coordinator.commit_error(group, 4, "m-2", None) is None  # the generation's commits still count
+        started = time.monotonic()
+        joined = await asyncio.gather(*(coordinator.join(group, member_id, None, "client", 60_000, 300, "consumer", [("range", b"meta")], False, False)
+                                        for member_id in ("m-0", "m-1")))  # m-2 never rejoins
+        assert time.monotonic() - started >= 0.25  # held for the rebalance timeout from the load
+        assert [(j.error, j.generation, j.leader) for j in joined] == [(ErrorCode.none, 5, "m-0")] * 2 and list(group.members) == ["m-0", "m-1"]
+
+        await asyncio.sleep(0.1)  # generation 5's row written
+        # The catalog goes down: the leader's assignments are not handed out, since no coordinator could load them.
+        coordinator.catalog = UnreachableCatalog(catalog.engine)
+        synced = await asyncio.gather(coordinator.sync(group, 5, "m-1", None, None, None, {}),
+                                      coordinator.sync(group, 5, "m-0", None, None, None, {"m-0": b"new", "m-1": b"new"}))
+        assert [s.error for s in synced] == [ErrorCode.coordinator_not_available] * 2
+        assert group.state == PREPARING_REBALANCE and all(m.assignment == b"" for m in group.members.values())
+        await coordinator.close()
+
+        row = groups.group("g")  # written before the catalog went down: generation 5 completing, its members kept
+        assert row is not None and (row.generation, row.state, [m.member_id for m in row.members]) == (5, "CompletingRebalance", ["m-0", "m-1"])
+        small = GroupCoordinator(groups, 1, max_bytes=2 * OVERHEAD_BYTES)
+        unkept = await small.group("g", create=False)
+        assert unkept is not None and unkept.generation == 5 and not unkept.members and small.known("g") is None and small.memory.held == 0
+        await small.close()
+
+    asyncio.run(scenario())
