@@ -136,7 +136,6 @@ class Group:
     new_member_added: bool = False
     storing: bool = False  # the leader's assignments are being written: Stable once they are
 
-
     def candidate_protocols(self) -> set[str]:
         """The protocols every member supports."""
         names = [{name for name, _ in member.protocols} for member in self.members.values()]
@@ -769,7 +768,8 @@ class GroupCoordinator:
                     self._lost(group_id)
                 for waiting in unsaved.waiting:
                     _answer(waiting, bool(written))
-                self._maybe_unload(group_id)
+                if written:
+                    self._maybe_unload(group_id)
             if self._writer_stopping:
                 return
 
