@@ -249,8 +249,8 @@ def test_a_loaded_group_keeps_its_members_and_expires_those_silent_since_the_loa
         group = await coordinator.group("g", create=True)
         assert group is not None
         joined = await asyncio.gather(
-            coordinator.join(group, "", "instance-a", "client-a", 400, 5000, "consumer", protocols["a"], False, False),
-            coordinator.join(group, "", None, "client-b", 400, 5000, "consumer", protocols["b"], False, False),
+            coordinator.join(group, "", "instance-a", "client-a", 1000, 5000, "consumer", protocols["a"], False, False),
+            coordinator.join(group, "", None, "client-b", 1000, 5000, "consumer", protocols["b"], False, False),
         )
         ids = {"a": joined[0].member_id, "b": joined[1].member_id}
         leader = joined[0].leader
@@ -261,29 +261,32 @@ def test_a_loaded_group_keeps_its_members_and_expires_those_silent_since_the_loa
         return {**ids, "leader": leader}
 
     ids = asyncio.run(first_generation())
+    time.sleep(1.2)  # longer than the members' sessions: they restart from the load
 
     async def after_the_restart() -> None:
         restarted = GroupCoordinator(groups, 1)  # node 1 again, on the catalog's row
+        loaded_at = time.monotonic()
         group = await restarted.group("g", create=False)
         assert group is not None and group.state == STABLE and group.generation == 1 and group.leader == ids["leader"]
         assert group.protocol_type == "consumer" and group.protocol == "range" and group.static == {"instance-a": ids["a"]}
         a, b = group.members[ids["a"]], group.members[ids["b"]]
         assert (a.instance_id, a.client_id, a.session_ms, a.rebalance_ms, a.protocols, a.assignment) == (
-            "instance-a", "client-a", 400, 5000, protocols["a"], b"partitions of a")
+            "instance-a", "client-a", 1000, 5000, protocols["a"], b"partitions of a")
         assert (b.instance_id, b.client_id, b.protocols, b.assignment) == (None, "client-b", protocols["b"], b"partitions of b")
         assert restarted.memory.held == OVERHEAD_BYTES + a.size() + b.size()  # counted as members that joined here
         assert restarted.commit_error(group, 1, ids["b"], None) is None  # a commit in flight succeeds
-        # a heartbeats, b sends nothing: b's session runs from the load, so it is there 250 ms on, gone 400 ms after
-        for _ in range(3):
+        # a heartbeats, b sends nothing: b is there half a session after the load, gone a session after it
+        while time.monotonic() - loaded_at < 0.5:
             assert restarted.heartbeat(group, 1, ids["a"], "instance-a") == ErrorCode.none
             await asyncio.sleep(0.1)
         assert ids["b"] in group.members
-        for _ in range(3):
+        while ids["b"] in group.members and time.monotonic() - loaded_at < 5:
             restarted.heartbeat(group, 1, ids["a"], "instance-a")
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.05)
+        assert time.monotonic() - loaded_at >= 1.0
         assert list(group.members) == [ids["a"]] and group.state == PREPARING_REBALANCE
         assert restarted.heartbeat(group, 1, ids["a"], "instance-a") == ErrorCode.rebalance_in_progress
-        rejoined = await restarted.join(group, ids["a"], "instance-a", "client-a", 400, 5000, "consumer", protocols["a"], False, False)
+        rejoined = await restarted.join(group, ids["a"], "instance-a", "client-a", 1000, 5000, "consumer", protocols["a"], False, False)
         assert (rejoined.generation, rejoined.leader) == (2, ids["a"])
         assert (await restarted.sync(group, 2, ids["a"], "instance-a", None, None, {ids["a"]: b"all"})).assignment == b"all"
         row = groups.group("g")
