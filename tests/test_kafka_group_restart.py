@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import socket
@@ -25,8 +26,9 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from sqlalchemy import update
 
-from logcompact.catalog import Catalog
+from logcompact.catalog import Catalog, schema
 from logcompact.catalog.groups import GroupCatalog, GroupRow, StoredMember
 from logcompact.consume import read_records
 from logcompact.exceptions import CatalogUnavailableError
@@ -358,3 +360,25 @@ def test_a_group_loaded_while_rebalancing_completes_with_the_members_that_rejoin
         await small.close()
 
     asyncio.run(scenario())
+
+
+def test_a_group_row_whose_members_are_damaged_is_loaded_without_them_and_written_again(catalog: Catalog, caplog: pytest.LogCaptureFixture) -> None:
+    """On each database: members that are not the JSON logcompact writes cost the members only (they join again,
+    one warning line names the row); the group keeps its generation and its row is written again, Empty."""
+    create_topic(catalog, TOPIC, 1)
+    groups = GroupCatalog(catalog.engine)
+    groups.save_group(GroupRow("g", 1, 3, "consumer", "range", STABLE, "m", (), 1000))
+    with catalog.engine.begin() as connection:
+        connection.execute(update(schema.consumer_groups).values(members='[{"member_id": "m", "assignment": "%%%"}]'))
+
+    async def load() -> None:
+        coordinator = GroupCoordinator(groups, 2)
+        group = await coordinator.group("g", create=False)
+        assert group is not None and (group.state, group.generation, group.members) == ("Empty", 3, {})
+        await coordinator.close()
+
+    with caplog.at_level(logging.WARNING, logger="logcompact.catalog.groups"):
+        asyncio.run(load())
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["catalog row consumer_groups 'g' is damaged"]
+    row = groups.group("g")
+    assert row is not None and (row.coordinator, row.generation, row.state, row.members) == (2, 3, "Empty", ())
