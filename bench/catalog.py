@@ -43,6 +43,7 @@ from functools import partial
 from pathlib import Path
 
 from postgres_server import ThrowAwayPostgres
+from results import recorded
 from sqlalchemy import text
 
 from logcompact.catalog import Catalog, NewFile
@@ -359,4 +360,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recorded():
+        main()

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+from results import recorded
 
 from logcompact.catalog import CatalogSection, DataFile
 from logcompact.collector import collector_paused
@@ -239,4 +240,5 @@ def _topic(variant: str, per_partition: int, plan_now: int) -> Topic:
 
 
 if __name__ == "__main__":
-    main()
+    with recorded():
+        main()

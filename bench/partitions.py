@@ -54,6 +54,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+from results import recorded
 
 from logcompact.catalog import Catalog, DataFile, NewFile
 from logcompact.consume import latest_values, read_batches
@@ -396,4 +397,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recorded():
+        main()

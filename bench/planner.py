@@ -39,6 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from results import recorded
 
 from logcompact import sketch
 from logcompact.catalog import Catalog, CatalogSection, DataFile
@@ -229,4 +230,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recorded():
+        main()

@@ -23,6 +23,7 @@ import uuid
 from pathlib import Path
 
 import pyarrow as pa
+from results import recorded
 
 from logcompact.catalog import Catalog
 from logcompact.consume import read_batches, read_records
@@ -136,4 +137,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recorded():
+        main()

@@ -81,6 +81,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "include"))
 
 from postgres_server import ThrowAwayPostgres
+from results import recorded
 
 from logcompact.catalog import Catalog
 from logcompact.catalog.database import WRITE
@@ -684,4 +685,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recorded():
+        main()

@@ -21,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from regime import machine
+from results import recorded
 
 from logcompact.lab.simulate import LOGCOMPACT, WARPSTREAM_LIKE, Simulation
 
@@ -43,4 +44,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recorded():
+        main()

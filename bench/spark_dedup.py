@@ -47,6 +47,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from results import recorded
 
 from logcompact.catalog import Catalog, NewFile
 from logcompact.format import key_hashes, read_section, write_segment
@@ -383,4 +384,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recorded():
+        main()

@@ -22,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from planner import NOW, catalog_arguments, open_catalog, seconds
+from results import recorded
 
 from logcompact.status import cluster_status
 
@@ -45,4 +46,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recorded():
+        main()
