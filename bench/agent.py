@@ -1,4 +1,4 @@
-"""Issue 20's targets for `logcompact agent`, measured with confluent-kafka (librdkafka) against one agent process,
+"""`logcompact agent` against its targets, measured with confluent-kafka (librdkafka) against one agent process,
 side by side with librdkafka's built-in mock cluster (`test.mock.num.brokers: 1`), the client's own ceiling here.
 
     .venv/bin/python bench/agent.py                  # every measure, 3 repetitions, medians
@@ -6,7 +6,7 @@ side by side with librdkafka's built-in mock cluster (`test.mock.num.brokers: 1`
     .venv/bin/python bench/agent.py --records 200000 --repeat 5
 
 The agent runs as `logcompact agent` in its own process on 127.0.0.1 (a free port, --flush-ms 250), over a SQLite
-catalog and a local store in a temporary directory. Measures (targets from issue 20):
+catalog and a local store in a temporary directory. Measures (and targets):
 
 * produce, 100 B values, lz4, acks=all: records/s (>= 500k);
 * produce, 1 KiB values (random, uncompressed), acks=all: MB/s of values (>= 150 MB/s);

@@ -25,12 +25,12 @@ partition through the CLI's main() in one process:
   and the file's size + 1;
 * random flips (--flips, seeded): one byte of a random live data file xored with a random value.
 
-Each case of issue 19 (catalog checks, wrong catalogs) does what an operator would on a fresh copy, then runs,
+Each catalog-check and wrong-catalog case does what an operator would on a fresh copy, then runs,
 each command pointed at the case's catalog: `consume` of every partition, `produce` (two records a partition),
 `compact --until-idle --min-files 3`, `gc --grace-ms 0 --now` past every object's time, `uncleanable list` and
 `consume` of every partition again:
 
-* catalog checks, rows issue 19 found read as truth: `partitions.next_offset` of the middle partition lowered to
+* catalog checks, rows that were once read as truth: `partitions.next_offset` of the middle partition lowered to
   1 (produce must refuse with one line, committing nothing, and consume of that partition refuse);
   `catalog_info.version` - 2, with the store's cluster.json kept or deleted (every reader and writer refuses,
   nothing is written); `topics.config` not JSON (produce, compact and consume refuse); a removed `files.key`
@@ -47,7 +47,7 @@ each command pointed at the case's catalog: `consume` of every partition, `produ
 * wrong catalogs: `--catalog` or `LOGCOMPACT_CATALOG` naming another cluster's catalog, another cluster's
   catalog.db copied over the store's, an older catalog.db restored (copied before a produce and a compaction),
   the store's cluster.json deleted with another cluster's catalog.db copied over, or named by `--catalog`, or
-  with `--catalog` naming a cluster just created with no data (the issue's repro): every command refuses with
+  with `--catalog` naming a cluster just created with no data: every command refuses with
   one line, nothing is written to or deleted from the store (its marker included) or either catalog.
 
 Counted per case, and totalled per class of case:
@@ -62,7 +62,7 @@ Counted per case, and totalled per class of case:
   older value or deleted key as its latest; or a produce acknowledged an offset already given out;
 * silent losses: consume exited 0 but a key's latest value is missing;
 * leaked seals: rows of the catalog's `plan_seals` whose plan holds no lease, after the commands;
-* unmet: what an issue-19 case expects and did not happen (a refusal, nothing written, gc collecting the rest),
+* unmet: what a catalog-check or wrong-catalog case expects and did not happen (a refusal, nothing written, gc collecting the rest),
   and a store marker naming another cluster than the store's;
 * corrupt rows: a consumed record that differs from the one produced at its offset (key, value, timestamp), or
   sits where none was produced, or a row of a new output file (committed or not) that does, or that sits
@@ -72,8 +72,8 @@ Counted per case, and totalled per class of case:
   the partitions the compaction's stats list as uncleanable);
 * unreadable: partitions whose (final) consume failed with a clear error (damage left where it was);
 * uncompacted: partitions that still show a key twice (the others were compacted).
-Targets, printed last with what was found: (issue 11) 0 tracebacks, 0 corrupt rows, 0 silent losses, the
-damaged partition set aside and the rest compacted; (issue 19) 0 lost (objects lost and silent losses), 0
+Targets, printed last with what was found: 0 tracebacks, 0 corrupt rows, 0 silent losses, the
+damaged partition set aside and the rest compacted; 0 lost (objects lost and silent losses), 0
 silent wrong reads (wrong reads), 0 tracebacks, 0 leaked seals; and 0 unmet expectations, 0 multi-line errors.
 """
 
@@ -306,7 +306,7 @@ def targeted_cases(base: BaseStore, levels: tuple[str, ...] = ("L0", "L1")) -> l
     return cases
 
 
-# -- the catalog's rows and the wrong catalog (issue 19) -----------------------------------------------------
+# -- the catalog's rows and the wrong catalog ----------------------------------------------------------------
 
 MARKER_KEY = "cluster.json"  # the store's cluster marker (docs/catalog.md), restated as the store holds it
 OUTSIDE = "outside.seg"  # beside the case's store: what a removed row's key with '..' points at
@@ -314,7 +314,7 @@ OUTSIDE = "outside.seg"  # beside the case's store: what a removed row's key wit
 
 @dataclass
 class ClusterCase:
-    """A case of issue 19: the store damaged or paired with a wrong catalog, then `produce`, `compact --until-idle`,
+    """A catalog-check or wrong-catalog case: the store damaged or paired with a wrong catalog, then `produce`, `compact --until-idle`,
     `gc --grace-ms 0` at a clock past every object's time, `uncleanable list` and `consume` of every partition, each
     pointed at the catalog `pointed` names; `expect` says what the commands must have done."""
 
@@ -329,7 +329,7 @@ class ClusterCase:
 
 @dataclass
 class CaseRun:
-    """An issue-19 case as it runs: its directory (the store at store/, the other cluster at other/), the records
+    """A catalog-check or wrong-catalog case as it runs: its directory (the store at store/, the other cluster at other/), the records
     produced (the base store's and the case's own, at the offsets acknowledged), what each command did."""
 
     base: BaseStore
@@ -477,7 +477,7 @@ def _produce_committed_nothing(run: CaseRun) -> list[str]:
 
 
 def catalog_check_cases(base: BaseStore, levels: tuple[str, ...] = ("L0", "L1")) -> list[ClusterCase]:
-    """Catalog rows issue 19 found read as truth: each must be refused in one line, never hand out an offset twice,
+    """Catalog rows that were once read as truth: each must be refused in one line, never hand out an offset twice,
     hide data, show a record twice or under another partition."""
     partitions = base.spec.partitions
     middle, neighbour = partitions // 2, (partitions // 2 + 1) % partitions
@@ -606,7 +606,7 @@ def wrong_catalog_cases(base: BaseStore) -> list[ClusterCase]:
         return damage
 
     def new_cluster(run: CaseRun) -> None:
-        """A cluster just created beside the store: the topic, no data (the issue's repro)."""
+        """A cluster just created beside the store: the topic, no data."""
         created = Cli(run.other, run.directory / "other-tmp").run(*base.spec.create_args(), now=run.now)
         _must(created)
 
@@ -645,7 +645,7 @@ class CaseResult:
     wrong_reads: int = 0  # consumed records not produced there, shown twice or out of order, resurrected; offsets given twice
     silent_losses: int = 0
     leaked_seals: int = 0
-    unmet: int = 0  # expectations of an issue-19 case not met (a refusal that did not happen, a write where none may be)
+    unmet: int = 0  # expectations of a catalog-check or wrong-catalog case not met (a refusal that did not happen, a write where none may be)
     corrupt_rows: int = 0
     plan_failures: int = 0
     set_aside: int = 0
@@ -886,7 +886,7 @@ def totals(results: list[CaseResult]) -> dict[str, dict[str, int]]:
 
 
 def targets(results: list[CaseResult]) -> dict[str, int]:
-    """Issue 19's targets, each to be 0: lost (objects of the store, latest values a consume that exited 0 did not
+    """The targets, each to be 0: lost (objects of the store, latest values a consume that exited 0 did not
     show), silent wrong reads (records a consume that exited 0 showed where they were not produced, twice or
     resurrected; offsets given out twice), tracebacks, leaked seals."""
     return {
@@ -897,8 +897,8 @@ def targets(results: list[CaseResult]) -> dict[str, int]:
     }
 
 
-def _target_line(issue: int, found: dict[str, int]) -> str:
-    return (f"targets (issue {issue}): " + ", ".join(f"0 {name}" for name in found) + " | found: "
+def _target_line(what: str, found: dict[str, int]) -> str:
+    return (f"targets ({what}): " + ", ".join(f"0 {name}" for name in found) + " | found: "
             + ", ".join(f"{value} {name}" for name, value in found.items()) + (" | met" if not any(found.values()) else " | NOT met"))
 
 
@@ -929,8 +929,8 @@ def main() -> None:
     for kind, row in totals(results).items():
         print(f"{kind:13} {row['cases']:>5} " + " ".join(f"{row[name]:>{widths[name]}}" for name in COUNTS))
     total = totals(results)["total"]
-    print(_target_line(11, {name.replace("_", " "): total[name] for name in ("tracebacks", "corrupt_rows", "silent_losses")}))
-    print(_target_line(19, targets(results)))
+    print(_target_line("damaged data", {name.replace("_", " "): total[name] for name in ("tracebacks", "corrupt_rows", "silent_losses")}))
+    print(_target_line("catalog checks and wrong catalogs", targets(results)))
     print(f"and: {total['unmet']} unmet expectations, {total['multiline_errors']} multi-line errors (both to be 0)")
 
 

@@ -37,12 +37,12 @@ After the kills: `compact --until-idle` past the killed plans' leases, `compact 
   files, `logcompact-job-*` work directories in the jobs' TMPDIR; or keys still visible twice, tombstones or
   expired records after the final sweeps;
 * leaked seals: after the convergence, rows of the catalog's `plan_seals` whose plan holds no lease (a seal goes
-  with its plan's last lease, however the lease ended; issue 19 saw 10 of 48 kill trials leak one);
+  with its plan's last lease, however the lease ended);
 * wrong-catalog gc: a gc pointed at the other cluster's catalog that did not refuse with one line (exit 1), and
   objects lost: objects of the store it deleted or changed;
 * unexpected failures: a command the campaign did not kill that exited non-zero, with its first stderr line.
 
-Targets (issue 19), printed last with what was found: 0 lost (records and objects), 0 silent wrong reads
+Targets, printed last with what was found: 0 lost (records and objects), 0 silent wrong reads
 (resurrected, changed and repeated offsets), 0 tracebacks, 0 leaked seals; and every wrong-catalog gc refused.
 """
 
@@ -271,7 +271,7 @@ class KillRun:
 
     def wrong_catalog_gc(self) -> None:
         """gc pointed at the other cluster's catalog, at a clock past every object's time: one line, nothing
-        deleted or changed (the issue's repro, with whatever the kills left in flight in the store)."""
+        deleted or changed (with whatever the kills left in flight in the store)."""
         before = store_objects(self.cli.store_dir)
         later = max(self.clock, time.time_ns() // 1_000_000) + PlannerConfig.lease_ms + DEFAULT_GC_GRACE_MS
         done = self.cli.run("--catalog", f"sqlite:///{self.other.store_dir / 'catalog.db'}", "gc", "--grace-ms", "0", "--now", str(later),
@@ -396,7 +396,7 @@ def summary(results: list[RunResult]) -> dict[str, int]:
 
 
 def targets(totals: dict[str, int]) -> dict[str, int]:
-    """Issue 19's targets, each to be 0: lost (records and objects), silent wrong reads, tracebacks, leaked seals."""
+    """The targets, each to be 0: lost (records and objects), silent wrong reads, tracebacks, leaked seals."""
     return {
         "lost": totals["lost"] + totals["objects lost"],
         "silent wrong reads": totals["resurrected"] + totals["changed offsets"] + totals["repeated offsets"],

@@ -1,4 +1,4 @@
-"""Min lag against Kafka's rule at scale (issue 23), across compaction rounds and an advancing clock.
+"""Min lag against Kafka's rule at scale, across compaction rounds and an advancing clock.
 
 A compacted topic under min.compaction.lag.ms takes `--messages` records in small produce calls: keys drawn
 from a few thousand, 10% tombstones, timestamps out of order (up to three lags old) and some in the future.
@@ -10,9 +10,9 @@ model's segments. A seed stops at its first difference, printed with the step th
 
     .venv/bin/python bench/min_lag_campaign.py                                # 200,000 messages, seeds 1 2 3
     .venv/bin/python bench/min_lag_campaign.py --messages 20000 --seeds 7
-    .venv/bin/python bench/min_lag_campaign.py --records-only    # records alone, as the issue's check compared
+    .venv/bin/python bench/min_lag_campaign.py --records-only    # records alone, not the catalog's sections
 
-Before compactions cut their output at the first young record (issue 23), every seed failed after a sweep:
+Before compactions cut their output at the first young record, every seed failed after a sweep:
 keys kept 2 to 4 records below the first file holding a young record, where Kafka keeps one.
 """
 

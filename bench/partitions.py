@@ -1,8 +1,8 @@
-"""What each topic-partition in a file costs: the format, ingest, compaction and consume (issue 10), on one core.
+"""What each topic-partition in a file costs: the format, ingest, compaction and consume, on one core.
 
     .venv/bin/python bench/partitions.py                                   # 10, 1,000 and 10,000 partitions, 3 runs
     .venv/bin/python bench/partitions.py --partitions 10,1000 --runs 1 --skip-big      # a quick look
-    .venv/bin/python bench/partitions.py --skip-files                      # issue 21's reads: first record, latest_values
+    .venv/bin/python bench/partitions.py --skip-files                      # the reads: first record, latest_values
 
 For each count N of partitions per L0 file (topics of at most 1,000 partitions, all compacted), agents write
 --files L0 files (32 by default), each holding every partition with 3 records: 16-byte keys (the same 3 keys
@@ -33,7 +33,7 @@ default), each of that many sections of 3 records at L2, the first a real file's
 (their objects are never read), and one more of the largest count whose first section has holes, as compaction
 leaves them; above them an L0 backlog of 300 files (rows only) each holding a section of every deep partition:
 the time to a partition's first record, from a fresh snapshot to read_batches' first table from the partition's
-start, median of 20, against issue 21's target of <= 5 ms at both counts.
+start, median of 20, against the target of <= 5 ms at both counts.
 
 The size and write time of a full plan over 100,000 files are bench/planner.py's; the engine against the
 I/O floor is bench/engine.py's. The process (and every child) is pinned to one CPU, Arrow to one thread.

@@ -28,7 +28,7 @@ interval's records of an agent, committed within the window, a file when the age
 from produce to commit p50/p99/max (what a Kafka producer waits: up to the flush interval, then the write and
 commit), the L0 files committed, the compactions committed, how long the agents' and the compactors' write
 transactions took from BEGIN to COMMIT (on SQLite the one writer's lock is held throughout: a compaction's holds
-every append back; issue 21 asks that none hold appends back for more than a flush interval), the catalog's size,
+every append back; the target is that none hold appends back for more than a flush interval), the catalog's size,
 CPU per process group (agents, compactors, the
 database server, this monitor; SQLite's work is inside the agents and compactors) and, on PostgreSQL, what its
 sessions in a statement or a transaction were doing (sampled each second: on CPU, waiting on a lock or the WAL,

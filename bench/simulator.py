@@ -6,7 +6,7 @@ Runs `WARPSTREAM_LIKE` (10 agents, 10 topics of 100 partitions, 1 million keys; 
 simulated hours with logcompact's planner at the topics' min.cleanable.dirty.ratio, on one core, and prints the
 wall clock and CPU time it took, the time per simulated hour, and the run's figures (write amplification,
 deduplication delay, max-lag violations, duplicates and files at rest), which must not change when only its speed
-does. The target (issue 21): a simulated day in 5 minutes. The live files, not the history, make a simulated hour's
+does. The target: a simulated day in 5 minutes. The live files, not the history, make a simulated hour's
 cost (the catalog is held in memory and forgets removed files), but time the hours you quote.
 """
 

@@ -56,7 +56,7 @@ def test_targeted_corruptions_and_a_few_flips_give_clear_errors_and_no_wrong_row
 def test_another_cluster_s_catalog_and_a_lowered_next_offset_are_refused_in_one_line_losing_nothing(
     tmp_path: Path, corruption_base: BaseStore
 ) -> None:
-    """Issue 19's cases, one of each class: `--catalog` naming another cluster's catalog (the issue's repro: every
+    """The wrong-catalog and catalog-row cases, one of each class: `--catalog` naming another cluster's catalog (every
     command refuses, nothing written or deleted in the store or either catalog), and a lowered
     `partitions.next_offset` (produce refuses and commits nothing, consume of that partition refuses)."""
     lines: list[str] = []

@@ -1,4 +1,4 @@
-"""Issue 19, damage and outages: secrets never printed, damaged catalog rows and objects as one-line errors of one
+"""Damage and outages: secrets never printed, damaged catalog rows and objects as one-line errors of one
 type per cause, the catalog database going away under a reader or a commit, and a run's plans that fail apart.
 
 * every catalog URL a command is given, parsed or not, is printed with its password masked: a planted password is
@@ -440,7 +440,7 @@ def test_two_sections_of_a_file_swapped_by_partition_are_refused_never_read_as_e
 
 
 def test_a_section_row_shifted_onto_offsets_outside_its_plan_is_not_copied(tmp_path: Path) -> None:
-    """Issue 19's finding E: an L1 file holds offsets 0 to 11 of each partition; four newer L0 files 12 to 27. The
+    """A shifted row outside the plan: an L1 file holds offsets 0 to 11 of each partition; four newer L0 files 12 to 27. The
     first L0 file's section of partition 0 (12 to 15) shifted by half its length, onto 10 to 13, overlaps the L1
     file's, which the L0 plan does not read: no check of the plan's own sections can tell. Its CRC bound to its row,
     the compaction refuses it where it reads it: partition 0 is set aside with nothing of it written, partition 1

@@ -1,4 +1,4 @@
-"""Issue 11's bad-input table: every command, fed bad input, prints one line and writes nothing.
+"""The bad-input table: every command, fed bad input, prints one line and writes nothing.
 
 Each case runs `logcompact` in this process (`tests.support.cli_cases.run_in_process`; a few also as a real
 process) against one small cluster, and must end with exit code 1 (2 for a usage error), stderr one line

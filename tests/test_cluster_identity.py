@@ -1,4 +1,4 @@
-"""A store and its catalog bound together (issue 19): the store's cluster marker against the catalog's cluster id
+"""A store and its catalog bound together: the store's cluster marker against the catalog's cluster id
 and version, gc that deletes only what the catalog accounts for, and cross-checks of damaged catalog rows.
 
 Each case is run as an operator runs it: real `logcompact` processes on a file:// store with its SQLite catalog,
@@ -63,7 +63,7 @@ def two_clusters(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def test_gc_with_another_cluster_s_catalog_deletes_nothing(two_clusters: tuple[Path, Path]) -> None:
-    """The issue's repro: gc pointed at another cluster's catalog took every object for an orphan."""
+    """The case that made the marker: gc pointed at another cluster's catalog took every object for an orphan."""
     this, other = two_clusters
     before = objects(this)
     error = logcompact(this, "gc", "--grace-ms", "0", catalog=f"sqlite:///{other}/catalog.db", expect=1)

@@ -186,7 +186,7 @@ _SETTINGS = {
 @pytest.mark.parametrize("database", ["sqlite", "postgresql"])
 @settings(max_examples=75)
 @given(configs, partition_counts, programs)
-# Issue 23: a young record's file copied up the levels with older ones; a later sweep must still remove k@0
+# A young record's file copied up the levels with older ones; a later sweep must still remove k@0
 # (its section ends before the young record, as Kafka's segment would).
 @example(
     {**_SETTINGS, "c": {"cleanup.policy": "compact", "delete.retention.ms": "0", "min.compaction.lag.ms": "2000"}},

@@ -1,4 +1,4 @@
-"""Topics created, deleted, grown and configured over the wire (issue 20, item 7): confluent-kafka's AdminClient,
+"""Topics created, deleted, grown and configured over the wire: confluent-kafka's AdminClient,
 kafka-python's KafkaAdminClient and kcat against a real agent, raw requests for what clients do not send (topic
 ids, Metadata's auto-create flag, LogAppendTime), and the catalog read back after each."""
 

@@ -1,4 +1,4 @@
-"""Fetch through `logcompact agent` (issue 20): confluent-kafka, kcat and kafka-python consumers, and raw requests
+"""Fetch through `logcompact agent`: confluent-kafka, kcat and kafka-python consumers, and raw requests
 of every version (4-12) decoded by kio, over produced and compacted partitions."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The group coordinator's memory stays bounded whatever clients send (issue 20, item 8): group.max.size refuses a
+"""The group coordinator's memory stays bounded whatever clients send: group.max.size refuses a
 third confluent-kafka consumer while two keep consuming; 10,000 JoinGroups with fresh group ids are held within
 --group-max-bytes and leave nothing in memory once their pending ids expire; a leader's assignments past the bytes
 are refused as Kafka refuses assignments it cannot store; an Empty group leaves memory and keeps its generation.

@@ -1,4 +1,4 @@
-"""A group's coordinator restarts or moves: the group goes on with its members (issue 40, item 3).
+"""A group's coordinator restarts or moves: the group goes on with its members.
 
 A group of 3 confluent-kafka consumers commits after each record while the agent coordinating it is killed with
 SIGKILL and started again on its address 4 times: no commit is refused with UNKNOWN_MEMBER_ID and every record is

@@ -1,4 +1,4 @@
-"""Consumer groups through `logcompact agent` (issue 20, item 6): real clients in groups, and raw requests for
+"""Consumer groups through `logcompact agent`: real clients in groups, and raw requests for
 every version and Kafka's errors.
 
 confluent-kafka (librdkafka 2.16) forms a group of 3 over 6 partitions, one member (a subprocess) is killed with

@@ -1,4 +1,4 @@
-"""Idempotent producers through `logcompact agent` (issue 20, item 3): InitProducerId and Produce's sequence checks.
+"""Idempotent producers through `logcompact agent`: InitProducerId and Produce's sequence checks.
 
 Real clients with idempotence on (confluent-kafka with every codec, kafka-python 3 by its default, aiokafka), raw
 requests for the checks themselves (a retried batch, a gap, a stale epoch, an unknown producer id, a producer that

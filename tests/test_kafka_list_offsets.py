@@ -1,4 +1,4 @@
-"""ListOffsets through `logcompact agent` (issue 20): earliest, latest, by timestamp and max timestamp, asked by
+"""ListOffsets through `logcompact agent`: earliest, latest, by timestamp and max timestamp, asked by
 confluent-kafka, kafka-python and raw requests of every version, over a partition whose first offsets were
 compacted away and whose timestamps are out of order."""
 

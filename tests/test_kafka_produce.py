@@ -1,4 +1,4 @@
-"""Produce through `logcompact agent` (issue 20): real clients and raw requests, read back with the library.
+"""Produce through `logcompact agent`: real clients and raw requests, read back with the library.
 
 kafka-python 3 and librdkafka (confluent-kafka, kcat) produce record batches v2 with every codec; librdkafka
 sends them only to a broker advertising Produce v3+ and Fetch v4+ (its MsgVer2 feature). Raw requests are encoded

@@ -14,9 +14,9 @@ regular mode, again and again) and the other by the full sweep:
   duplicates across files until the sweep), never less.
 
 Before plans carried the catalog's first uncleanable offset, level plans found it in their own inputs only and
-removed records after a young record they did not take (issue 11); the crafted case below is that report.
+removed records after a young record they did not take; the crafted case below is that report.
 Before compactions cut their output at the first young record, level passes merged a young record's section
-with older ones, moving the first uncleanable offset down to their start (issue 23); its table is the last test.
+with older ones, moving the first uncleanable offset down to their start; its table is the last test.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ programs = st.tuples(produce_step, st.lists(st.one_of(produce_step, produce_step
     lambda drawn: [drawn[0], *drawn[1]]
 )
 
-# The report of issue 11: the young record (offset 1) settles into an L2 file; the next L1 to L2 plan takes
+# The report: the young record (offset 1) settles into an L2 file; the next L1 to L2 plan takes
 # only the file of offsets 2 and 3, and used to remove offset 2 as superseded by offset 3.
 ISSUE_CASE = [
     ("produce", [(0, b"a", b"1", 20_000), (0, b"y", b"2", 300)]),

@@ -1,4 +1,4 @@
-"""Issue 21, reads that start where they are asked: a partition's sections read a page at a time from the asked
+"""Reads that start where they are asked: a partition's sections read a page at a time from the asked
 offset give exactly what one read of them all gives, across page boundaries, holes, a compaction output spanning
 a hole another file fills, damaged rows and older versions; and the view of a partition (`latest_values`) equals
 a reference, whatever its key map's first size."""

@@ -1,4 +1,4 @@
-"""`logcompact agent`: a server that speaks Kafka's protocol over the catalog (issue 20).
+"""`logcompact agent`: a server that speaks Kafka's protocol over the catalog.
 
 Layers, each importing only the ones below it: `codec` (the wire format, the one module that imports kio),
 `records` (record batches, the one module that imports kafka-python), `broker` (what the handlers share: the

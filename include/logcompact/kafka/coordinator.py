@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 
 EMPTY, PREPARING_REBALANCE, COMPLETING_REBALANCE, STABLE, DEAD = "Empty", "PreparingRebalance", "CompletingRebalance", "Stable", "Dead"
 # Kafka's group.initial.rebalance.delay.ms is 3 s; 1 s still gathers members started together into one
-# generation, and keeps a group of 3 within issue 20's 5 s from join to first record.
+# generation, and keeps a group of 3 within 5 s from join to first record (bench/agent.py's target).
 INITIAL_REBALANCE_DELAY_MS = 1000
 # Kafka's group.min.session.timeout.ms is 6 s; 1 s lets a client detect failures faster if it asks to.
 MIN_SESSION_TIMEOUT_MS = 1000
