@@ -52,6 +52,7 @@ demo: install
 airflow: install
 	scripts/airflow.sh
 
+# Each script replaces its command's section of bench/results.md with the figures it printed (bench/results.py).
 bench: install deps
 	$(BIN)/python bench/produce_consume.py
 	$(BIN)/python bench/engine.py
