@@ -195,7 +195,7 @@ def test_a_thousand_idle_sockets_from_one_address_leave_room_for_another_address
         eventually(lambda: len(agent.server._connections) >= 500)
         with open_socket(agent, source="127.0.0.2") as other:
             assert answered_in(other) < 1
-        assert agent.server._per_ip["127.0.0.1"] == 500 and len(agent.server._connections) == 501
+            assert agent.server._per_ip["127.0.0.1"] == 500 and len(agent.server._connections) == 501
     finally:
         for connection in idle:
             connection.close()

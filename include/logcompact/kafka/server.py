@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import math
 import signal
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -349,8 +350,8 @@ class AgentServer:
 
     async def _frame(self, reader: FrameReader, connection: Connection, size: int) -> bytes:
         """The frame's `size` bytes. The agent's budget takes them as they arrive, so a frame that stops arriving
-        holds only what it sent; they are read out once all are in, in one copy (a frame already buffered, as a
-        1 MB Produce usually is, takes one pass)."""
+        holds only what it sent; they are read out of the buffer once all are in, in one copy however many pieces
+        they came in (no join of chunks)."""
         frame = object()
         taken = 0
         try:
@@ -375,29 +376,30 @@ class AgentServer:
         setup timeout until a first request is read, the read timeout in a frame, the idle timeout between frames
         while no request is unanswered."""
         settings, loop = self.settings, asyncio.get_running_loop()
+        idle = between_frames and connection.requests_read > 0
+        max_idle = settings.connections_max_idle_ms / 1000
         while True:
             now = loop.time()
-            if not connection.requests_read:
-                deadline = connection.accepted_at + settings.connection_setup_timeout_ms / 1000
-                expired = f"no whole request within {settings.connection_setup_timeout_ms} ms of connecting (the connection setup timeout)"
-            if not between_frames:
-                read_deadline = now + settings.request_read_timeout_ms / 1000
-                if connection.requests_read or read_deadline < deadline:
-                    deadline = read_deadline
+            if idle:
+                # Idle only once every request is answered: the sender marks when, so look again a timeout later.
+                deadline = (now if connection.unanswered else connection.active_at) + max_idle
+                expired = f"idle for {settings.connections_max_idle_ms} ms (connections max idle)"
+            else:
+                deadline, expired = math.inf, ""
+                if not between_frames:
+                    deadline = now + settings.request_read_timeout_ms / 1000
                     expired = (f"its frame stopped arriving: no byte for {settings.request_read_timeout_ms} ms "
                                f"({reader.buffered} bytes buffered; the request read timeout)")
-            elif connection.requests_read:
-                # Idle only once every request is answered: the sender marks when, so look again a timeout later.
-                deadline = (now if connection.unanswered else connection.active_at) + settings.connections_max_idle_ms / 1000
-                expired = f"idle for {settings.connections_max_idle_ms} ms (connections max idle)"
+                if not connection.requests_read and connection.accepted_at + settings.connection_setup_timeout_ms / 1000 < deadline:
+                    deadline = connection.accepted_at + settings.connection_setup_timeout_ms / 1000
+                    expired = f"no whole request within {settings.connection_setup_timeout_ms} ms of connecting (the connection setup timeout)"
             try:
                 async with asyncio.timeout_at(deadline):
                     more = await reader.more()
             except TimeoutError:
-                if between_frames and connection.requests_read and (connection.unanswered or loop.time() < connection.active_at
-                                                                    + settings.connections_max_idle_ms / 1000):
+                if idle and (connection.unanswered or loop.time() < connection.active_at + max_idle):
                     continue
-                raise ConnectionTimeout(expired, idle=between_frames and connection.requests_read > 0) from None
+                raise ConnectionTimeout(expired, idle) from None
             connection.active_at = loop.time()
             return more
 
