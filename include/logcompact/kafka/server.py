@@ -14,6 +14,7 @@ The agent holds at most `max_connections` connections, `max_connections_per_ip` 
 closed as soon as it is accepted, with one log line). A connection that has not sent a whole request within
 `connection_setup_timeout_ms`, or that is idle (no request unanswered, nothing received) for
 `connections_max_idle_ms`, is closed with one log line, so connections that never speak cannot keep others out.
+One sweep of the connections finds those past a bound, as Kafka's brokers find idle ones: no timer per read.
 
 Handlers of one connection start in request order: each runs as its own task, and asyncio runs new tasks
 first-in first-out up to their first await. So what a handler does before its first await (a Produce handing
@@ -34,6 +35,7 @@ import signal
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from logcompact.catalog import Catalog
 from logcompact.catalog.groups import GroupCatalog
@@ -102,13 +104,13 @@ class FrameError(Exception):
     """A frame size the connection cannot take."""
 
 
-class ConnectionTimeout(Exception):
-    """A connection past one of its time bounds: setup, request read or idle (`idle`: closed in the ordinary course,
-    clients reconnect when they need one)."""
+@dataclass(frozen=True)
+class Expired:
+    """Why a connection is closed past one of its time bounds: setup, request read or idle (`idle`: closed in the
+    ordinary course, clients reconnect when they need one)."""
 
-    def __init__(self, message: str, idle: bool) -> None:
-        super().__init__(message)
-        self.idle = idle
+    reason: str
+    idle: bool
 
 
 class ByteBudget:
@@ -181,17 +183,35 @@ class FrameReader(asyncio.StreamReader):
 
 @dataclass
 class Connection:
-    """What a connection's reader and sender share. The reader takes a slot and the bytes of each request, the
-    sender gives them back once it is answered."""
+    """What a connection's reader and sender share, and what the agent's sweep of time bounds reads. The reader
+    takes a slot and the bytes of each request, the sender gives them back once it is answered."""
 
     peer: str
     in_flight: asyncio.Semaphore
     held: ByteBudget  # bytes of its requests read and not answered, within max_in_flight_bytes
     responses: asyncio.Queue[tuple[asyncio.Task[bytes | None], int] | None]
     accepted_at: float
-    active_at: float  # when it last received bytes or sent an answer
+    answered_at: float = -math.inf
     requests_read: int = 0
     unanswered: int = 0
+    # What the reader waits for from the client, since when: None while the agent holds it up (room, its answers).
+    waiting: Literal["request", "frame"] | None = None
+    waiting_since: float = 0.0
+    closed_for: Expired | None = None
+
+    def expired(self, now: float, settings: AgentSettings) -> Expired | None:
+        """The bound this connection is past now, if any: the setup timeout until a first request is read, the read
+        timeout in a frame, the idle timeout between frames once every request is answered."""
+        if self.waiting is None:
+            return None
+        if not self.requests_read and now >= self.accepted_at + settings.connection_setup_timeout_ms / 1000:
+            return Expired(f"no whole request within {settings.connection_setup_timeout_ms} ms of connecting (the connection setup timeout)", idle=False)
+        if self.waiting == "frame" and now >= self.waiting_since + settings.request_read_timeout_ms / 1000:
+            return Expired(f"its frame stopped arriving: no byte for {settings.request_read_timeout_ms} ms (the request read timeout)", idle=False)
+        if (self.waiting == "request" and self.requests_read and not self.unanswered
+                and now >= max(self.waiting_since, self.answered_at) + settings.connections_max_idle_ms / 1000):
+            return Expired(f"idle for {settings.connections_max_idle_ms} ms (connections max idle)", idle=True)
+        return None
 
 
 class AgentServer:
@@ -200,10 +220,11 @@ class AgentServer:
         self.settings = settings
         self._server: asyncio.Server | None = None
         self._broker: Broker | None = None
-        self._readers: set[asyncio.Task] = set()
+        self._readers: dict[asyncio.Task, Connection] = {}
         self._queued = ByteBudget(settings.max_queued_bytes)
         self._connections: set[asyncio.Task] = set()
         self._per_ip: Counter[str] = Counter()
+        self._sweeping: asyncio.Task | None = None
 
     @property
     def broker(self) -> Broker:
@@ -248,10 +269,13 @@ class AgentServer:
         # which no request is read and no flush goes on), walk only what serving makes.
         gc.collect()
         gc.freeze()
+        self._sweeping = asyncio.create_task(self._sweep())
 
     async def stop(self) -> None:
         assert self._server is not None, "start() first"
         self._server.close()
+        if self._sweeping is not None:
+            self._sweeping.cancel()
         await self.broker.agents.stop()
         for reader in self._readers:
             reader.cancel()
@@ -287,18 +311,20 @@ class AgentServer:
                         peer, settings.max_connections_per_ip)
             writer.close()
             return
+        connection = Connection(
+            peer, asyncio.Semaphore(settings.max_in_flight), ByteBudget(settings.max_in_flight_bytes), asyncio.Queue(),
+            asyncio.get_running_loop().time(),
+        )
         self._connections.add(this)
         self._per_ip[host] += 1
-        now = asyncio.get_running_loop().time()
-        connection = Connection(peer, asyncio.Semaphore(settings.max_in_flight), ByteBudget(settings.max_in_flight_bytes), asyncio.Queue(), now, now)
         reading = asyncio.create_task(self._read(reader, connection))
-        self._readers.add(reading)
+        self._readers[reading] = connection
         try:
             await self._send(writer, connection)
         finally:
             reading.cancel()
             await asyncio.gather(reading, return_exceptions=True)  # so what it holds is settled
-            self._readers.discard(reading)
+            del self._readers[reading]
             self._connections.discard(this)
             self._per_ip[host] -= 1
             if not self._per_ip[host]:
@@ -327,8 +353,10 @@ class AgentServer:
                 connection.responses.put_nowait((asyncio.create_task(self._answer(request)), size))
         except (FrameError, codec.MalformedRequestError) as exc:
             log.warning("connection from %s closed: %s", peer, exc)
-        except ConnectionTimeout as exc:
-            log.log(logging.INFO if exc.idle else logging.WARNING, "connection from %s closed: %s", peer, exc)
+        except asyncio.CancelledError:
+            if (expired := connection.closed_for) is None:  # the agent stopping
+                raise
+            log.log(logging.INFO if expired.idle else logging.WARNING, "connection from %s closed: %s", peer, expired.reason)
         except asyncio.IncompleteReadError as exc:
             log.warning("connection from %s closed by the client in the middle of a frame (%d bytes read)", peer, len(exc.partial))
         except ConnectionError as exc:
@@ -339,7 +367,7 @@ class AgentServer:
     async def _frame_size(self, reader: FrameReader, connection: Connection) -> int | None:
         """The next frame's size from its prefix, or None when the client closed between frames."""
         while reader.buffered < 4:
-            if not await self._more(reader, connection, between_frames=not reader.buffered):
+            if not await self._more(reader, connection, "frame" if reader.buffered else "request"):
                 if not reader.buffered:
                     return None
                 raise asyncio.IncompleteReadError(await reader.read(), 4)
@@ -362,46 +390,36 @@ class AgentServer:
                     taken = arrived
                 if taken == size:
                     break
-                if not await self._more(reader, connection, between_frames=False):
+                if not await self._more(reader, connection, "frame"):
                     raise asyncio.IncompleteReadError(await reader.read(), size)
         except BaseException:
             self._queued.give(taken, frame)
             raise
         self._queued.arrived(size, frame)
-        connection.active_at = asyncio.get_running_loop().time()
         return await reader.readexactly(size)
 
-    async def _more(self, reader: FrameReader, connection: Connection, between_frames: bool) -> bool:
-        """Wait for more bytes, False at the end of the stream; ConnectionTimeout past the bound that applies: the
-        setup timeout until a first request is read, the read timeout in a frame, the idle timeout between frames
-        while no request is unanswered."""
+    @staticmethod
+    async def _more(reader: FrameReader, connection: Connection, waiting: Literal["request", "frame"]) -> bool:
+        """Wait for more bytes from the client, False at the end of the stream; the sweep closes the connection if
+        they are later than the bound of what it waits for."""
+        connection.waiting, connection.waiting_since = waiting, asyncio.get_running_loop().time()
+        try:
+            return await reader.more()
+        finally:
+            connection.waiting = None
+
+    async def _sweep(self) -> None:
+        """Close the connections past a time bound, as Kafka's brokers expire idle ones: a look every quarter of the
+        shortest bound (a second at most) costs no timer per read."""
         settings, loop = self.settings, asyncio.get_running_loop()
-        idle = between_frames and connection.requests_read > 0
-        max_idle = settings.connections_max_idle_ms / 1000
+        every = min(1.0, min(settings.connection_setup_timeout_ms, settings.request_read_timeout_ms, settings.connections_max_idle_ms) / 4000)
         while True:
+            await asyncio.sleep(every)
             now = loop.time()
-            if idle:
-                # Idle only once every request is answered: the sender marks when, so look again a timeout later.
-                deadline = (now if connection.unanswered else connection.active_at) + max_idle
-                expired = f"idle for {settings.connections_max_idle_ms} ms (connections max idle)"
-            else:
-                deadline, expired = math.inf, ""
-                if not between_frames:
-                    deadline = now + settings.request_read_timeout_ms / 1000
-                    expired = (f"its frame stopped arriving: no byte for {settings.request_read_timeout_ms} ms "
-                               f"({reader.buffered} bytes buffered; the request read timeout)")
-                if not connection.requests_read and connection.accepted_at + settings.connection_setup_timeout_ms / 1000 < deadline:
-                    deadline = connection.accepted_at + settings.connection_setup_timeout_ms / 1000
-                    expired = f"no whole request within {settings.connection_setup_timeout_ms} ms of connecting (the connection setup timeout)"
-            try:
-                async with asyncio.timeout_at(deadline):
-                    more = await reader.more()
-            except TimeoutError:
-                if idle and (connection.unanswered or loop.time() < connection.active_at + max_idle):
-                    continue
-                raise ConnectionTimeout(expired, idle) from None
-            connection.active_at = loop.time()
-            return more
+            for reading, connection in self._readers.items():
+                if connection.closed_for is None and (expired := connection.expired(now, settings)) is not None:
+                    connection.closed_for = expired
+                    reading.cancel()
 
     async def _answer(self, request: codec.Request) -> bytes | None:
         """The response frame, or None for a request answered with none (Produce with acks=0)."""
@@ -430,7 +448,7 @@ class AgentServer:
             connection.held.give(size)
             self._queued.give(size)
             connection.unanswered -= 1
-            connection.active_at = loop.time()
+            connection.answered_at = loop.time()
         _cancel_queued(connection.responses)
 
 
