@@ -249,7 +249,7 @@ def test_idle_connections_are_closed_after_connections_max_idle_ms_and_one_waiti
 def test_the_agent_command_takes_the_connection_settings(catalog: Catalog) -> None:  # noqa: F811 (fixture)
     environment = {**os.environ, "LOGCOMPACT_STORE": catalog.store.uri}
     command = [sys.executable, "-m", "logcompact", "agent", "--listen", "127.0.0.1:0", "--max-connections", "10", "--max-connections-per-ip", "1",
-               "--connections-max-idle-ms", "60000", "--connection-setup-timeout-ms", "300", "--request-read-timeout-ms", "1000"]
+               "--connections-max-idle-ms", "60000", "--connection-setup-timeout-ms", "1000", "--request-read-timeout-ms", "1000"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
     try:
         assert process.stdout is not None and process.stderr is not None
@@ -265,4 +265,4 @@ def test_the_agent_command_takes_the_connection_settings(catalog: Catalog) -> No
         if process.poll() is None:
             process.kill()
             process.wait()
-    assert "maximum of 1 connections from one address" in errors and "no whole request within 300 ms" in errors, errors
+    assert "maximum of 1 connections from one address" in errors and "no whole request within 1000 ms" in errors, errors
