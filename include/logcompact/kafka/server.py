@@ -65,7 +65,7 @@ DEFAULT_MAX_CONNECTIONS = 1000  # Kafka's max.connections is unbounded; each con
 # clients, a NAT, or one client opening sockets in a loop) leaves the other half to everyone else.
 DEFAULT_MAX_CONNECTIONS_PER_IP = 500
 DEFAULT_CONNECTIONS_MAX_IDLE_MS = 600_000  # Kafka's connections.max.idle.ms
-# The clients' own socket.connection.setup.timeout.ms default: clients send their first request (ApiVersions) at once.
+# The Java client's socket.connection.setup.timeout.ms default: clients send their first request (ApiVersions) at once.
 DEFAULT_CONNECTION_SETUP_TIMEOUT_MS = 10_000
 # Kafka's brokers have no such bound (their idle timeout only); a client gives up on a request after its
 # request.timeout.ms, 30 s by default, so a frame that stalls longer is one its sender has abandoned.
@@ -276,6 +276,7 @@ class AgentServer:
         self._server.close()
         if self._sweeping is not None:
             self._sweeping.cancel()
+            await asyncio.gather(self._sweeping, return_exceptions=True)
         await self.broker.agents.stop()
         for reader in self._readers:
             reader.cancel()
