@@ -33,11 +33,22 @@ from logcompact.topics import MAX_PARTITIONS
 @click.option("--group-max-bytes", type=click.IntRange(min=1), default=256 * 1024 * 1024, show_default=True,
               help="Bytes all consumer groups' members may hold in memory (their metadata, assignments and ids, 1 KiB at least "
                    "each); JoinGroups past it get GROUP_MAX_SIZE_REACHED.")
+@click.option("--max-connections", type=click.IntRange(min=1), default=1000, show_default=True,
+              help="Connections the agent holds (Kafka's max.connections); one more is closed as soon as it is accepted.")
+@click.option("--max-connections-per-ip", type=click.IntRange(min=1), default=500, show_default=True,
+              help="Connections the agent holds from one address (Kafka's max.connections.per.ip), so one cannot take them all.")
+@click.option("--connections-max-idle-ms", type=click.IntRange(min=1), default=600_000, show_default=True,
+              help="Close a connection with no request unanswered and nothing received for this long (Kafka's connections.max.idle.ms).")
+@click.option("--connection-setup-timeout-ms", type=click.IntRange(min=1), default=10_000, show_default=True,
+              help="Close a connection that has not sent a whole request this long after connecting.")
+@click.option("--request-read-timeout-ms", type=click.IntRange(min=1), default=30_000, show_default=True,
+              help="Close a connection whose request stops arriving: no byte of a frame begun for this long.")
 @pass_context
 def agent(
     ctx: Context, listen: str, advertise: str | None, node_id: int | None, rack: str | None, flush_ms: int, flush_bytes: int,
     max_message_bytes: int, fetch_cache_bytes: int, auto_create_topics: bool, num_partitions: int, group_max_size: int,
-    group_max_bytes: int,
+    group_max_bytes: int, max_connections: int, max_connections_per_ip: int, connections_max_idle_ms: int,
+    connection_setup_timeout_ms: int, request_read_timeout_ms: int,
 ) -> None:
     """Serve Kafka's protocol over this cluster (produce, fetch, consumer groups, idempotent producers, admin; every API
     and version in docs/agent.md) until SIGTERM or SIGINT, then commit what producers sent. Registers in the catalog
@@ -53,6 +64,9 @@ def agent(
             fetch_cache_bytes=fetch_cache_bytes,
             auto_create_topics=auto_create_topics, num_partitions=num_partitions,
             group_max_size=group_max_size, group_max_bytes=group_max_bytes,
+            max_connections=max_connections, max_connections_per_ip=max_connections_per_ip,
+            connections_max_idle_ms=connections_max_idle_ms, connection_setup_timeout_ms=connection_setup_timeout_ms,
+            request_read_timeout_ms=request_read_timeout_ms,
         )
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None

@@ -7,8 +7,14 @@ commit (a flush interval), and librdkafka sends one partition's batch per Produc
 allowed few requests in flight would carry few partitions' batches per flush. A frame over `max_frame_bytes`, or
 one that does not decode, closes its connection with one log line, after the responses to the requests before
 it; it never stops the server. Requests read and not answered hold at most `max_queued_bytes` across the agent
-(a reader waits for room), in at most `max_connections` connections (one more is closed as soon as it is
-accepted, with one log line).
+(a reader waits for room), taken as a frame's bytes arrive, not at its size prefix: a frame that never completes
+holds only the bytes it sent, and one that stops arriving for `request_read_timeout_ms` closes its connection.
+
+The agent holds at most `max_connections` connections, `max_connections_per_ip` of one address (one more is
+closed as soon as it is accepted, with one log line). A connection that has not sent a whole request within
+`connection_setup_timeout_ms`, or that is idle (no request unanswered, nothing received) for
+`connections_max_idle_ms`, is closed with one log line, so connections that never speak cannot keep others out.
+One sweep of the connections finds those past a bound, as Kafka's brokers find idle ones: no timer per read.
 
 Handlers of one connection start in request order: each runs as its own task, and asyncio runs new tasks
 first-in first-out up to their first await. So what a handler does before its first await (a Produce handing
@@ -24,9 +30,12 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import math
 import signal
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from logcompact.catalog import Catalog
 from logcompact.catalog.groups import GroupCatalog
@@ -51,7 +60,16 @@ DEFAULT_MAX_QUEUED_BYTES = 1024 * 1024 * 1024  # of requests read and not answer
 # A connection's read buffer stops taking bytes from the socket past twice this until a frame is read out of it:
 # asyncio's 64 KiB default pauses and resumes the socket several times per 1 MB Produce (a selector call each).
 READ_BUFFER_BYTES = 1024 * 1024
-DEFAULT_MAX_CONNECTIONS = 1000
+DEFAULT_MAX_CONNECTIONS = 1000  # Kafka's max.connections is unbounded; each connection costs a reader and a sender task
+# Kafka's max.connections.per.ip is unbounded too: half the agent's connections, so one address (a host of many
+# clients, a NAT, or one client opening sockets in a loop) leaves the other half to everyone else.
+DEFAULT_MAX_CONNECTIONS_PER_IP = 500
+DEFAULT_CONNECTIONS_MAX_IDLE_MS = 600_000  # Kafka's connections.max.idle.ms
+# The Java client's socket.connection.setup.timeout.ms default: clients send their first request (ApiVersions) at once.
+DEFAULT_CONNECTION_SETUP_TIMEOUT_MS = 10_000
+# Kafka's brokers have no such bound (their idle timeout only); a client gives up on a request after its
+# request.timeout.ms, 30 s by default, so a frame that stalls longer is one its sender has abandoned.
+DEFAULT_REQUEST_READ_TIMEOUT_MS = 30_000
 COMMIT_POLL_SECONDS = 0.05  # how often fetches waiting for records look for a new catalog version
 STOP_GRACE_SECONDS = 30  # how long a stop waits for requests already read
 
@@ -66,7 +84,11 @@ class AgentSettings:
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     max_in_flight_bytes: int = DEFAULT_MAX_IN_FLIGHT_BYTES
     max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES
-    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_connections: int = DEFAULT_MAX_CONNECTIONS  # Kafka's max.connections
+    max_connections_per_ip: int = DEFAULT_MAX_CONNECTIONS_PER_IP  # Kafka's max.connections.per.ip
+    connections_max_idle_ms: int = DEFAULT_CONNECTIONS_MAX_IDLE_MS  # Kafka's connections.max.idle.ms
+    connection_setup_timeout_ms: int = DEFAULT_CONNECTION_SETUP_TIMEOUT_MS  # for a connection's first whole request
+    request_read_timeout_ms: int = DEFAULT_REQUEST_READ_TIMEOUT_MS  # for the next byte of a frame begun
     flush_interval_ms: int = DEFAULT_FLUSH_INTERVAL_MS
     flush_bytes: int = DEFAULT_FLUSH_BYTES
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # of a topic that sets no max.message.bytes
@@ -82,25 +104,114 @@ class FrameError(Exception):
     """A frame size the connection cannot take."""
 
 
+@dataclass(frozen=True)
+class Expired:
+    """Why a connection is closed past one of its time bounds: setup, request read or idle (`idle`: closed in the
+    ordinary course, clients reconnect when they need one)."""
+
+    reason: str
+    idle: bool
+
+
 class ByteBudget:
     """Bytes of requests read and not answered yet, kept within `limit`: a reader waits for room. A request always
     fits while none is held (a frame is at most max_frame_bytes, checked before), so a large one is never stuck.
-    Used on the event loop only."""
+
+    The agent's budget takes a frame's bytes as they arrive, naming the frame, and is told when all are in
+    (`arrived`): a frame that stops arriving holds only what it sent. Bytes of frames still arriving are given back
+    by no answer, so when they are all that is held, the first of them to want more goes past the limit to finish
+    (one frame at a time, so at most a frame over the limit): frames arriving together never wait on each other for
+    good. Used on the event loop only."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.held = 0
+        self.arriving = 0  # of held: bytes of frames not all in yet
+        self._overdrawn_by: object | None = None  # the frame let past the limit, until it is all in
         self._freed = asyncio.Event()
 
-    async def take(self, size: int) -> None:
-        while self.held and self.held + size > self.limit:
+    async def take(self, size: int, frame: object | None = None) -> None:
+        while self.held and self.held + size > self.limit and not self._overdraws(frame):
             self._freed.clear()
             await self._freed.wait()
         self.held += size
+        if frame is not None:
+            self.arriving += size
 
-    def give(self, size: int) -> None:
+    def _overdraws(self, frame: object | None) -> bool:
+        if frame is None or self.arriving < self.held or self._overdrawn_by not in (None, frame):
+            return False
+        self._overdrawn_by = frame
+        return True
+
+    def arrived(self, size: int, frame: object) -> None:
+        """The frame's `size` bytes, taken as they arrived, are all in: its answer gives them back."""
+        self.arriving -= size
+        if self._overdrawn_by is frame:
+            self._overdrawn_by = None
+
+    def give(self, size: int, frame: object | None = None) -> None:
+        """Bytes back: a request's once answered, or what a frame that will never be all in took (`frame`)."""
         self.held -= size
+        if frame is not None:
+            self.arrived(size, frame)
         self._freed.set()
+
+
+class FrameReader(asyncio.StreamReader):
+    """A connection's stream that tells how many bytes it holds and waits for more without taking any, so a frame's
+    bytes are taken from the agent's budget as they arrive and read out in one copy once all are in."""
+
+    # StreamReader's own state and its wait, which typeshed leaves out
+    _buffer: bytearray
+    _eof: bool
+    _wait_for_data: Callable[[str], Awaitable[None]]
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    async def more(self) -> bool:
+        """Wait for bytes past those buffered (resuming the socket paused at the buffer's limit); False at the end."""
+        if (exc := self.exception()) is not None:
+            raise exc
+        if self._eof:
+            return False
+        await self._wait_for_data("more")
+        return True
+
+
+@dataclass
+class Connection:
+    """What a connection's reader and sender share, and what the agent's sweep of time bounds reads. The reader
+    takes a slot and the bytes of each request, the sender gives them back once it is answered."""
+
+    peer: str
+    in_flight: asyncio.Semaphore
+    held: ByteBudget  # bytes of its requests read and not answered, within max_in_flight_bytes
+    responses: asyncio.Queue[tuple[asyncio.Task[bytes | None], int] | None]
+    accepted_at: float
+    answered_at: float = -math.inf
+    requests_read: int = 0
+    unanswered: int = 0
+    # What the reader waits for from the client, since when: None while the agent holds it up (room, its answers).
+    waiting: Literal["request", "frame"] | None = None
+    waiting_since: float = 0.0
+    closed_for: Expired | None = None
+
+    def expired(self, now: float, settings: AgentSettings) -> Expired | None:
+        """The bound this connection is past now, if any: the setup timeout until a first request is read, the read
+        timeout in a frame, the idle timeout between frames once every request is answered."""
+        if self.waiting is None:
+            return None
+        if not self.requests_read and now >= self.accepted_at + settings.connection_setup_timeout_ms / 1000:
+            return Expired(f"no whole request within {settings.connection_setup_timeout_ms} ms of connecting (the connection setup timeout)", idle=False)
+        if self.waiting == "frame" and now >= self.waiting_since + settings.request_read_timeout_ms / 1000:
+            return Expired(f"its frame stopped arriving: no byte for {settings.request_read_timeout_ms} ms (the request read timeout)", idle=False)
+        if (self.waiting == "request" and self.requests_read and not self.unanswered
+                and now >= max(self.waiting_since, self.answered_at) + settings.connections_max_idle_ms / 1000):
+            return Expired(f"idle for {settings.connections_max_idle_ms} ms (connections max idle)", idle=True)
+        return None
 
 
 class AgentServer:
@@ -109,9 +220,11 @@ class AgentServer:
         self.settings = settings
         self._server: asyncio.Server | None = None
         self._broker: Broker | None = None
-        self._readers: set[asyncio.Task] = set()
+        self._readers: dict[asyncio.Task, Connection] = {}
         self._queued = ByteBudget(settings.max_queued_bytes)
         self._connections: set[asyncio.Task] = set()
+        self._per_ip: Counter[str] = Counter()
+        self._sweeping: asyncio.Task | None = None
 
     @property
     def broker(self) -> Broker:
@@ -130,8 +243,12 @@ class AgentServer:
         cluster_id = await asyncio.to_thread(lambda: self.catalog.cluster_id)
         await asyncio.to_thread(records.compile_encoder)  # seconds on a fresh install: before clients, not in a Fetch
         listen = self.settings.listen
+        loop = asyncio.get_running_loop()
         try:
-            self._server = await asyncio.start_server(self._connection, listen.host, listen.port, limit=READ_BUFFER_BYTES)
+            # asyncio.start_server's own factory, with the reader that tells what it holds
+            self._server = await loop.create_server(
+                lambda: asyncio.StreamReaderProtocol(FrameReader(READ_BUFFER_BYTES, loop), self._connection, loop), listen.host, listen.port,
+            )
         except OSError as exc:
             raise LogcompactError(f"agent cannot listen on {listen}: {exc.strerror or exc}; pass another --listen HOST:PORT") from None
         settings = self.settings
@@ -152,10 +269,14 @@ class AgentServer:
         # which no request is read and no flush goes on), walk only what serving makes.
         gc.collect()
         gc.freeze()
+        self._sweeping = asyncio.create_task(self._sweep())
 
     async def stop(self) -> None:
         assert self._server is not None, "start() first"
         self._server.close()
+        if self._sweeping is not None:
+            self._sweeping.cancel()
+            await asyncio.gather(self._sweeping, return_exceptions=True)
         await self.broker.agents.stop()
         for reader in self._readers:
             reader.cancel()
@@ -176,68 +297,130 @@ class AgentServer:
         await asyncio.to_thread(self.broker.ingest.close)
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        assert isinstance(reader, FrameReader)
         this = asyncio.current_task()
         assert this is not None
         peer = _peer(writer)
-        if len(self._connections) >= self.settings.max_connections:
-            log.warning("connection from %s refused: the agent holds its maximum of %d connections", peer, self.settings.max_connections)
+        host = (writer.get_extra_info("peername") or ("",))[0]
+        settings = self.settings
+        if len(self._connections) >= settings.max_connections:
+            log.warning("connection from %s refused: the agent holds its maximum of %d connections", peer, settings.max_connections)
             writer.close()
             return
+        if self._per_ip[host] >= settings.max_connections_per_ip:
+            log.warning("connection from %s refused: the agent holds its maximum of %d connections from one address",
+                        peer, settings.max_connections_per_ip)
+            writer.close()
+            return
+        connection = Connection(
+            peer, asyncio.Semaphore(settings.max_in_flight), ByteBudget(settings.max_in_flight_bytes), asyncio.Queue(),
+            asyncio.get_running_loop().time(),
+        )
         self._connections.add(this)
-        # The reader takes a slot and the bytes of each request, the sender gives them back once it is answered.
-        in_flight = asyncio.Semaphore(self.settings.max_in_flight)
-        held = ByteBudget(self.settings.max_in_flight_bytes)
-        responses: asyncio.Queue[tuple[asyncio.Task[bytes | None], int] | None] = asyncio.Queue()
-        reading = asyncio.create_task(self._read(reader, responses, in_flight, held, peer))
-        self._readers.add(reading)
+        self._per_ip[host] += 1
+        reading = asyncio.create_task(self._read(reader, connection))
+        self._readers[reading] = connection
         try:
-            await self._send(writer, responses, in_flight, held, peer)
+            await self._send(writer, connection)
         finally:
             reading.cancel()
             await asyncio.gather(reading, return_exceptions=True)  # so what it holds is settled
-            self._readers.discard(reading)
+            del self._readers[reading]
             self._connections.discard(this)
-            self._queued.give(held.held)  # the requests this connection read and will never answer
+            self._per_ip[host] -= 1
+            if not self._per_ip[host]:
+                del self._per_ip[host]
+            self._queued.give(connection.held.held)  # the requests this connection read and will never answer
             writer.close()
 
-    async def _read(
-        self, reader: asyncio.StreamReader, responses: asyncio.Queue, in_flight: asyncio.Semaphore, held: ByteBudget, peer: str,
-    ) -> None:
+    async def _read(self, reader: FrameReader, connection: Connection) -> None:
         """Frames into answering tasks, in order; None queued last however reading ends (a stop cancels it)."""
+        peer = connection.peer
         try:
             while True:
-                size = await self._frame_size(reader)
+                size = await self._frame_size(reader, connection)
                 if size is None:
                     return
-                await in_flight.acquire()
-                await held.take(size)
+                await connection.in_flight.acquire()
+                await connection.held.take(size)
                 try:
-                    await self._queued.take(size)
+                    frame = await self._frame(reader, connection, size)
                 except BaseException:
-                    held.give(size)
+                    connection.held.give(size)
                     raise
-                request = codec.decode_request(await reader.readexactly(size), self.broker.serves)
-                responses.put_nowait((asyncio.create_task(self._answer(request)), size))
+                request = codec.decode_request(frame, self.broker.serves)
+                connection.requests_read += 1
+                connection.unanswered += 1
+                connection.responses.put_nowait((asyncio.create_task(self._answer(request)), size))
         except (FrameError, codec.MalformedRequestError) as exc:
             log.warning("connection from %s closed: %s", peer, exc)
+        except asyncio.CancelledError:
+            if (expired := connection.closed_for) is None:  # the agent stopping
+                raise
+            log.log(logging.INFO if expired.idle else logging.WARNING, "connection from %s closed: %s", peer, expired.reason)
         except asyncio.IncompleteReadError as exc:
             log.warning("connection from %s closed by the client in the middle of a frame (%d bytes read)", peer, len(exc.partial))
         except ConnectionError as exc:
             log.warning("connection from %s lost: %s", peer, exc)
         finally:
-            responses.put_nowait(None)
+            connection.responses.put_nowait(None)
 
-    async def _frame_size(self, reader: asyncio.StreamReader) -> int | None:
+    async def _frame_size(self, reader: FrameReader, connection: Connection) -> int | None:
         """The next frame's size from its prefix, or None when the client closed between frames."""
-        prefix = await reader.read(4)
-        if not prefix:
-            return None
-        if len(prefix) < 4:
-            prefix += await reader.readexactly(4 - len(prefix))
-        size = int.from_bytes(prefix, "big", signed=True)
+        while reader.buffered < 4:
+            if not await self._more(reader, connection, "frame" if reader.buffered else "request"):
+                if not reader.buffered:
+                    return None
+                raise asyncio.IncompleteReadError(await reader.read(), 4)
+        size = int.from_bytes(await reader.readexactly(4), "big", signed=True)
         if not 0 <= size <= self.settings.max_frame_bytes:
             raise FrameError(f"frame size {size} is outside 0 to {self.settings.max_frame_bytes} bytes (the agent's max frame size)")
         return size
+
+    async def _frame(self, reader: FrameReader, connection: Connection, size: int) -> bytes:
+        """The frame's `size` bytes. The agent's budget takes them as they arrive, so a frame that stops arriving
+        holds only what it sent; they are read out of the buffer once all are in, in one copy however many pieces
+        they came in (no join of chunks)."""
+        frame = object()
+        taken = 0
+        try:
+            while True:
+                arrived = min(reader.buffered, size)
+                if arrived > taken:
+                    await self._queued.take(arrived - taken, frame)
+                    taken = arrived
+                if taken == size:
+                    break
+                if not await self._more(reader, connection, "frame"):
+                    raise asyncio.IncompleteReadError(await reader.read(), size)
+        except BaseException:
+            self._queued.give(taken, frame)
+            raise
+        self._queued.arrived(size, frame)
+        return await reader.readexactly(size)
+
+    @staticmethod
+    async def _more(reader: FrameReader, connection: Connection, waiting: Literal["request", "frame"]) -> bool:
+        """Wait for more bytes from the client, False at the end of the stream; the sweep closes the connection if
+        they are later than the bound of what it waits for."""
+        connection.waiting, connection.waiting_since = waiting, asyncio.get_running_loop().time()
+        try:
+            return await reader.more()
+        finally:
+            connection.waiting = None
+
+    async def _sweep(self) -> None:
+        """Close the connections past a time bound, as Kafka's brokers expire idle ones: a look every quarter of the
+        shortest bound (a second at most) costs no timer per read."""
+        settings, loop = self.settings, asyncio.get_running_loop()
+        every = min(1.0, min(settings.connection_setup_timeout_ms, settings.request_read_timeout_ms, settings.connections_max_idle_ms) / 4000)
+        while True:
+            await asyncio.sleep(every)
+            now = loop.time()
+            for reading, connection in self._readers.items():
+                if connection.closed_for is None and (expired := connection.expired(now, settings)) is not None:
+                    connection.closed_for = expired
+                    reading.cancel()
 
     async def _answer(self, request: codec.Request) -> bytes | None:
         """The response frame, or None for a request answered with none (Produce with acks=0)."""
@@ -247,10 +430,9 @@ class AgentServer:
             response = await self.broker.apis[request.api_key].handle(self.broker, request)
         return None if response is None else codec.encode_response(request.correlation_id, response)
 
-    async def _send(
-        self, writer: asyncio.StreamWriter, responses: asyncio.Queue, in_flight: asyncio.Semaphore, held: ByteBudget, peer: str,
-    ) -> None:
-        while (queued := await responses.get()) is not None:
+    async def _send(self, writer: asyncio.StreamWriter, connection: Connection) -> None:
+        loop = asyncio.get_running_loop()
+        while (queued := await connection.responses.get()) is not None:
             answering, size = queued
             try:
                 frame = await answering
@@ -258,15 +440,17 @@ class AgentServer:
                     writer.write(frame)
                     await writer.drain()
             except ConnectionError as exc:
-                log.warning("connection from %s lost: %s", peer, exc)
+                log.warning("connection from %s lost: %s", connection.peer, exc)
                 break
             except Exception as exc:  # a failed handler: the client reconnects and retries; the agent goes on
-                log.warning("connection from %s closed: its request failed: %s: %s", peer, type(exc).__name__, exc)
+                log.warning("connection from %s closed: its request failed: %s: %s", connection.peer, type(exc).__name__, exc)
                 break
-            in_flight.release()
-            held.give(size)
+            connection.in_flight.release()
+            connection.held.give(size)
             self._queued.give(size)
-        _cancel_queued(responses)
+            connection.unanswered -= 1
+            connection.answered_at = loop.time()
+        _cancel_queued(connection.responses)
 
 
 def _cancel_queued(responses: asyncio.Queue) -> None:
