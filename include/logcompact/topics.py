@@ -152,6 +152,17 @@ _RULES = {
 _KAFKA_NAMES = [field.replace("_", ".") for field in _RULES]
 
 
+def _stored_configs(configs: Mapping[str, Any]) -> dict[str, Any]:
+    """Stored configs by Kafka name as TopicConfig's fields, each through its rule."""
+    fields = {}
+    for name, value in configs.items():
+        field = name.replace(".", "_")
+        if field not in _RULES:
+            raise InvalidTopicError(f"unknown topic config {name!r}: supported are {', '.join(sorted(_KAFKA_NAMES))}")
+        fields[field] = _RULES[field](name, value)
+    return fields
+
+
 @dataclass(frozen=True)
 class Topic:
     name: str
@@ -190,5 +201,6 @@ class Topic:
 
     @classmethod
     def from_dict(cls, data: dict) -> Topic:
-        config = TopicConfig(**{name.replace(".", "_"): value for name, value in data["config"].items()})
-        return cls(data["name"], data["partitions"], config, data["created_ms"])
+        """The topic `to_dict` wrote (a catalog row, a plan), its configs checked by the rules that let them in: a
+        value no rule takes (a row or a plan damaged) is InvalidTopicError naming it, never a policy run as none."""
+        return cls(data["name"], data["partitions"], TopicConfig(**_stored_configs(data["config"])), data["created_ms"])
