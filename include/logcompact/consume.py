@@ -142,11 +142,13 @@ def _check_data_key(key: str, section: CatalogSection) -> None:
     """A live file's key is a data file's (keys.py), never a path out of `data/` (`..`, an absolute path): the
     catalog wrote none other, so a row is damaged, and nothing outside the store is read for it."""
     if not DATA_KEY_PATTERN.fullmatch(key):
-        raise CorruptDataError(
+        error = CorruptDataError(
             f"catalog row of file {key[:120]!r} (section {section.topic}/{section.partition}, offsets {section.first_offset} "
             f"to {section.last_offset}) names no data file (data/l<level>/<name>.seg): the row is damaged; restore the "
             "catalog database from a backup"
         )
+        error.key = key
+        raise error
 
 
 def _offset_again(run: list[SectionRef], offset: int, read_to: int) -> CorruptDataError:
