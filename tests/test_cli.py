@@ -230,7 +230,7 @@ def test_plan_compact_and_gc(tmp_path, local_env: dict[str, str]) -> None:
     assert "expected input data/l0/" in error["error"] and "plan again" in error["error"]
     (tmp_path / "bad.json").write_text('{"format": 3}')
     (error,) = run(env, "compact", "--plan", str(tmp_path / "bad.json"), expect=1)
-    assert "malformed plan (KeyError: 'inputs')" in error["error"]
+    assert "plan field 'inputs' is missing; plan again" in error["error"]
     (tmp_path / "old.json").write_text('{"format": 1}')
     (error,) = run(env, "compact", "--plan", str(tmp_path / "old.json"), expect=1)
     assert "plan format 1 is not supported (expected 3); plan again" in error["error"]

@@ -133,6 +133,25 @@ DAMAGED = [
 # An emptied catalog beside data files: a new cluster there would hand out the files' offsets again.
 DAMAGED.append(case("catalog.db zero-length: topic create", 1, "restore the catalog database from a backup", "topic", "create", "new",
                     "--partitions", "1", damage="zero-length"))
+# Damaged rows that a command reading them refuses in one line: a live file's key leading out of the store's data
+# (nothing outside the store is read), a topic's cleanup.policy the product does not know (never run as no policy).
+FIRST_FILE = "file_id = (SELECT min(file_id) FROM files)"  # an accounts file, with sections in both partitions
+ROW_DAMAGES = {
+    "file key climbing out": f"UPDATE files SET key = 'data/../../x.seg' WHERE {FIRST_FILE}",
+    "file key absolute": f"UPDATE files SET key = '/etc/hostname' WHERE {FIRST_FILE}",
+    "cleanup.policy unknown": """UPDATE topics SET config = json_set(config, '$."cleanup.policy"', 'shred') WHERE name = 'accounts'""",
+}
+DAMAGED += [
+    case("row file key climbing out: consume", 1, "catalog row of file 'data/../../x.seg' (section accounts/0, offsets 0 to 1) names no data file",
+         "consume", "accounts", "--partition", "0", damage="file key climbing out", process=True),
+    case("row file key absolute: consume", 1, "catalog row of file '/etc/hostname' (section accounts/1, offsets 0 to 1) names no data file",
+         "consume", "accounts", "--partition", "1", damage="file key absolute"),
+    *(case(f"row cleanup.policy unknown: {' '.join(command[:2])}", 1,
+           "catalog row topics 'accounts' (topic_id 1) is damaged: its config", *command, damage="cleanup.policy unknown")
+      for command in (["consume", "accounts", "--partition", "0"], ["compact", "--full"])),
+    case("row cleanup.policy unknown: says which", 1, "(cleanup.policy='shred' is invalid: use delete, compact or compact,delete); "
+         "restore the row from a backup", "consume", "accounts", "--partition", "0", damage="cleanup.policy unknown"),
+]
 
 CLOCK = [
     case("--now not a number", 2, "'abc' is not a valid integer", "--now", "abc", "topic", "list", cluster=False),
@@ -532,6 +551,9 @@ def _damage(store: Path, damage: str) -> None:
     elif damage == "directory":
         database.unlink()
         database.mkdir()
+    elif damage in ROW_DAMAGES:
+        with closing(sqlite3.connect(database)) as damaged, damaged:
+            damaged.execute(ROW_DAMAGES[damage])
     else:
         raise AssertionError(f"no damage {damage!r}")
 

@@ -108,10 +108,12 @@ def test_a_restored_older_catalog_is_refused_until_the_operator_accepts_it(tmp_p
     shutil.copy(tmp_path / "backup.db", store / "catalog.db")
     for args in (("gc", "--grace-ms", "0"), ("produce", "t"), ("consume", "t", "--partition", "0")):
         error = logcompact(store, *args, stdin='{"partition": 0, "key": "a", "value": "b"}\n', expect=1)
-        assert "restored from an older copy" in error and "accept-catalog" in error, args
+        assert "restored from an older copy" in error and "accept-catalog --cluster-id ID" in error, args
     assert objects(store) == before
 
-    (accepted,) = logcompact(store, "cluster", "accept-catalog")
+    (described,) = logcompact(store, "cluster", "describe")  # what the operator checks first
+    assert "restored from an older copy" in described["refused"] and described["marker"]["cluster_id"] == described["cluster_id"]
+    (accepted,) = logcompact(store, "cluster", "accept-catalog", "--cluster-id", described["cluster_id"])
     assert accepted["accepted"] is True
     report = logcompact(store, "gc", "--grace-ms", "0")[0]
     # The files of the newer commits were written after the restored catalog's newest commit: it cannot account
@@ -134,12 +136,42 @@ def test_a_store_without_a_marker_is_marked_only_when_the_catalog_agrees(tmp_pat
     assert not (store / MARKER_KEY).exists()
 
 
+def test_a_store_without_its_marker_takes_another_cluster_s_catalog_only_by_its_cluster_id(tmp_path: Path) -> None:
+    """accept-catalog names the cluster the operator checked the catalog holds: a catalog of another cluster is not
+    taken for the store's by a slip (its gc would delete the store's files as orphans)."""
+    store, other = tmp_path / "S", tmp_path / "O"
+    make_cluster(store)
+    make_cluster(other)
+    ours = json.loads((store / MARKER_KEY).read_text())["cluster_id"]
+    theirs = json.loads((other / MARKER_KEY).read_text())["cluster_id"]
+    (store / MARKER_KEY).unlink()
+    before = objects(store)
+    wrong = f"sqlite:///{other}/catalog.db"
+    error = logcompact(store, "files", catalog=wrong, expect=1)
+    assert "does not hold file" in error and "`logcompact cluster describe` prints for the catalog" in error
+    assert "accept-catalog --cluster-id ID" in error
+    (described,) = logcompact(store, "cluster", "describe", catalog=wrong)
+    assert described["cluster_id"] == theirs and described["marker"] is None and "does not hold file" in described["refused"]
+    assert "Missing option '--cluster-id'" in logcompact(store, "cluster", "accept-catalog", catalog=wrong, expect=2)
+    error = logcompact(store, "cluster", "accept-catalog", "--cluster-id", ours, catalog=wrong, expect=1)
+    assert f"holds cluster {theirs}, not {ours} (--cluster-id)" in error and "nothing was written" in error
+    assert objects(store) == before  # no marker written: every command still refuses the other cluster's catalog
+    assert "does not hold file" in logcompact(store, "gc", "--grace-ms", "0", catalog=wrong, expect=1)
+    assert objects(store) == before
+    # Its own catalog: named by another id, refused before anything is written; by its own, accepted.
+    assert f"holds cluster {ours}, not {theirs}" in logcompact(store, "cluster", "accept-catalog", "--cluster-id", theirs, expect=1)
+    assert not (store / MARKER_KEY).exists()
+    (accepted,) = logcompact(store, "cluster", "accept-catalog", "--cluster-id", ours)
+    assert accepted == {"accepted": True, "cluster_id": ours, "seen_version": accepted["seen_version"]}
+
+
 def test_a_damaged_marker_is_one_line(tmp_path: Path) -> None:
     store = tmp_path / "S"
     make_cluster(store)
+    cluster_id = json.loads((store / MARKER_KEY).read_text())["cluster_id"]
     (store / MARKER_KEY).write_text("{not json")
     assert "cluster marker cluster.json" in logcompact(store, "files", expect=1)
-    logcompact(store, "cluster", "accept-catalog")
+    logcompact(store, "cluster", "accept-catalog", "--cluster-id", cluster_id)
     assert logcompact(store, "consume", "t", "--partition", "0")[0]["value"] == "0"
 
 

@@ -101,6 +101,59 @@ def test_a_malformed_plan_field_is_refused_when_read(catalog: Catalog, edit, mes
         plan_from_dict(edited)
 
 
+# Fields a plan may leave out: the per-partition offsets and set-aside list (none), the mode and compression (their
+# defaults) and any topic config (its default).
+OPTIONAL_FIELDS = {("outside_floors",), ("first_uncleanable",), ("set_aside",), ("mode",), ("compression",)}
+# What the refusal says where it is not the field's name: a document with groups and no inputs is a stored plan's header.
+SAYS = {("missing", "inputs"): "this is the header of a stored plan"}
+
+
+def _field_paths(document: dict) -> list[tuple]:
+    """Every field of a plan document: its own, and those of its first topic (with its configs), group, input and
+    section."""
+    first = {"topics": document["topics"][0], "groups": document["groups"][0], "inputs": document["inputs"][0]}
+    paths = [(name,) for name in document if name != "format"]
+    paths += [(list_name, 0, name) for list_name, entry in first.items() for name in entry]
+    paths += [("topics", 0, "config", name) for name in first["topics"]["config"]]
+    paths += [("inputs", 0, "sections", 0, name) for name in first["inputs"]["sections"][0]]
+    return paths
+
+
+def _misshapen(value):
+    """A value of another JSON shape than `value`'s."""
+    return [] if isinstance(value, dict) else {"x": 1}
+
+
+def test_every_missing_or_misshapen_plan_field_is_named_in_words(catalog: Catalog) -> None:
+    document = _cluster(catalog)
+    python_errors = ("KeyError", "TypeError", "ValueError", "AttributeError", "malformed")
+    checked, unnamed = 0, []
+    for path in _field_paths(document):
+        *parents, name = path
+        for change in ("missing", "misshapen"):
+            edited = copy.deepcopy(document)
+            holder = edited
+            for step in parents:
+                holder = holder[step]
+            if change == "missing":
+                del holder[name]
+                if tuple(path) in OPTIONAL_FIELDS or parents[-1:] == ["config"]:
+                    plan_from_dict(edited)  # a default stands in
+                    continue
+            else:
+                holder[name] = _misshapen(holder[name])
+            with pytest.raises(InvalidPlanError) as refused:
+                plan_from_dict(edited)
+            message = str(refused.value)
+            named = f"{name}=" if parents[-1:] == ["config"] else repr(name)  # a config as the CLI names it
+            says = SAYS.get((change, *path), f"{name!r} is missing" if change == "missing" else named)
+            if says not in message or any(word in message for word in python_errors):
+                unnamed.append(f"{change} {path}: {message}")
+            checked += 1
+    assert not unnamed, "\n".join(unnamed)
+    assert checked > 60
+
+
 def test_json_nested_deep_is_one_line(catalog: Catalog) -> None:
     for text in ("[" * 100_000 + "]" * 100_000, '{"a":' * 100_000 + "1" + "}" * 100_000):
         with pytest.raises(InvalidPlanError, match="^plan: JSON nested too deep to be a plan; plan again$"):

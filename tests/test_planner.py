@@ -376,7 +376,7 @@ def test_a_plan_as_one_json_document_keeps_its_groups_and_is_checked(catalog: Ca
         ({**document, "inputs": [{**document["inputs"][0], "sections": [{**section, "nope": 1}]}]}, r"section field\(s\) nope unknown"),
         ({**document, "inputs": [{**document["inputs"][0], "sections": [{**section, "partition": "0"}]}]}, "'partition' is '0': must be an integer"),
         ({k: v for k, v in document.items() if k != "inputs"}, "this is the header of a stored plan"),
-        ({**document, "inputs": [{k: v for k, v in document["inputs"][0].items() if k != "sections"}]}, r"malformed plan \(KeyError: 'sections'\)"),
+        ({**document, "inputs": [{k: v for k, v in document["inputs"][0].items() if k != "sections"}]}, "input data/.*: plan field 'sections' is missing"),
         ({**document, "outside_floors": [["t", 0]]}, r"outside_floors entry \['t', 0\] is not \[topic, partition, offset\]"),
     ]
     for broken, message in cases:

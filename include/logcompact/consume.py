@@ -23,6 +23,7 @@ from logcompact.catalog import CatalogSection, Snapshot
 from logcompact.exceptions import CorruptDataError, InvalidRecordError
 from logcompact.format import read_section_from
 from logcompact.format.layout import HEADERS_TYPE, INDEX_COLUMNS, key_hash_words
+from logcompact.keys import DATA_KEY_PATTERN
 from logcompact.sketch import estimate, merge_packed
 from logcompact.store.base import ObjectStore
 
@@ -107,6 +108,8 @@ def _read(
     index_only = set(columns) <= set(INDEX_COLUMNS)
     read_to = from_offset - 1  # the last offset read
     for run in _overlapping_runs(sections):
+        for key, section in run:
+            _check_data_key(key, section)
         if len(run) == 1:
             key, section = run[0]
             batches = read_section_from(store, key, section.info, max(0, from_offset - section.first_offset), index_only)
@@ -133,6 +136,19 @@ def _read(
                     raise _offset_again(run, first, read_to)
                 read_to = table.column("offset")[-1].as_py()
                 yield table
+
+
+def _check_data_key(key: str, section: CatalogSection) -> None:
+    """A live file's key is a data file's (keys.py), never a path out of `data/` (`..`, an absolute path): the
+    catalog wrote none other, so a row is damaged, and nothing outside the store is read for it."""
+    if not DATA_KEY_PATTERN.fullmatch(key):
+        error = CorruptDataError(
+            f"catalog row of file {key[:120]!r} (section {section.topic}/{section.partition}, offsets {section.first_offset} "
+            f"to {section.last_offset}) names no data file (data/l<level>/<name>.seg): the row is damaged; restore the "
+            "catalog database from a backup"
+        )
+        error.key = key
+        raise error
 
 
 def _offset_again(run: list[SectionRef], offset: int, read_to: int) -> CorruptDataError:

@@ -76,13 +76,7 @@ class TopicConfig:
     @classmethod
     def from_kafka(cls, settings: Mapping[str, str | int], base: TopicConfig | None = None) -> TopicConfig:
         """Apply Kafka-named settings ('cleanup.policy': 'compact', 'retention.ms': '3600000', ...) to `base`."""
-        changes: dict[str, Any] = {}  # each value of its field's type, as its rule made it
-        for name, raw in settings.items():
-            field = name.replace(".", "_")
-            if field not in _RULES:
-                raise InvalidTopicError(f"unknown topic config {name!r}: supported are {', '.join(sorted(_KAFKA_NAMES))}")
-            changes[field] = _RULES[field](name, raw)
-        config = replace(base or cls(), **changes)
+        config = replace(base or cls(), **_config_fields(settings))
         max_lag_given = config.max_compaction_lag_ms
         if max_lag_given < config.min_compaction_lag_ms:
             raise InvalidTopicError(
@@ -152,6 +146,18 @@ _RULES = {
 _KAFKA_NAMES = [field.replace("_", ".") for field in _RULES]
 
 
+def _config_fields(configs: Mapping[str, Any]) -> dict[str, Any]:
+    """Configs by Kafka name as TopicConfig's fields, each value of its field's type as its rule made it; an unknown
+    name or a value its rule refuses is InvalidTopicError naming it."""
+    fields = {}
+    for name, value in configs.items():
+        field = name.replace(".", "_")
+        if field not in _RULES:
+            raise InvalidTopicError(f"unknown topic config {name!r}: supported are {', '.join(sorted(_KAFKA_NAMES))}")
+        fields[field] = _RULES[field](name, value)
+    return fields
+
+
 @dataclass(frozen=True)
 class Topic:
     name: str
@@ -190,5 +196,6 @@ class Topic:
 
     @classmethod
     def from_dict(cls, data: dict) -> Topic:
-        config = TopicConfig(**{name.replace(".", "_"): value for name, value in data["config"].items()})
-        return cls(data["name"], data["partitions"], config, data["created_ms"])
+        """The topic `to_dict` wrote (a catalog row, a plan), its configs checked by the rules that let them in: a
+        value no rule takes (a row or a plan damaged) is InvalidTopicError naming it, never a policy run as none."""
+        return cls(data["name"], data["partitions"], TopicConfig(**_config_fields(data["config"])), data["created_ms"])

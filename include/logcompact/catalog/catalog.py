@@ -37,6 +37,7 @@ from logcompact.catalog import appends, producers, summaries
 from logcompact.catalog import schema as s
 from logcompact.catalog.database import WRITE, bound_wal, catalog_errors, catalog_url_for, engine_for, execute_many, one_of, redact_url, sqlite_path, unavailable_error
 from logcompact.catalog.identity import (
+    CHECK_THEN_ACCEPT,
     MARKER_KEY,
     RECORD_APPEND_EVERY_MS,
     ClusterMarker,
@@ -308,8 +309,7 @@ class Catalog:
             raise StaleCatalogError(
                 f"catalog {self._shown_url} of cluster {cluster_id} is at version {version} but its store {self.store.uri} "
                 f"has seen version {marker.seen_version}: the catalog was restored from an older copy. Restore the newest "
-                "copy; or, to go on from this one (files written after it become orphans), run `logcompact cluster "
-                "accept-catalog`"
+                f"copy; or, to go on from this one (files written after it become orphans), {CHECK_THEN_ACCEPT}"
             )
         return marker
 
@@ -321,10 +321,7 @@ class Catalog:
             newest = connection.execute(
                 select(s.files.c.key, s.files.c.size).where(live).order_by(s.files.c.file_id.desc()).limit(3)
             ).all()
-        how_to_fix = (
-            "point --catalog at the store's own catalog; or, if this catalog is the store's, run `logcompact cluster "
-            "accept-catalog`"
-        )
+        how_to_fix = f"point --catalog at the store's own catalog; or, if this catalog is the store's, {CHECK_THEN_ACCEPT}"
         for key, size in newest:
             found = self.store.stat(key)
             if found is None or found.size != size:
@@ -417,33 +414,53 @@ class Catalog:
         version = self.latest_version()
         if marker is None:
             raise ClusterMismatchError(
-                f"store {self.store.uri} lost its cluster marker {MARKER_KEY} since it was checked: restore it, or run "
-                f"`logcompact cluster accept-catalog` if catalog {self._shown_url} is the store's"
+                f"store {self.store.uri} lost its cluster marker {MARKER_KEY} since it was checked: restore it; or, if "
+                f"catalog {self._shown_url} is the store's, {CHECK_THEN_ACCEPT}"
             )
         self._marker = record_version(self.store, self._checked_marker(marker, self.cluster_id, version), version, now_ms)
         return self._marker
 
-    def accept_catalog(self, now_ms: int) -> ClusterMarker:
-        """The operator's word that this catalog is the store's: mark a store without a marker (or with a damaged
-        one) as this catalog's cluster, or go on from a catalog restored from an older copy by lowering the marker's
-        version to the catalog's. A store of another cluster is still refused."""
+    def accept_catalog(self, cluster_id: str, now_ms: int) -> ClusterMarker:
+        """The operator's word that this catalog, of cluster `cluster_id`, is the store's: mark a store without a
+        marker (or with a damaged one) as the catalog's cluster, or go on from a catalog restored from an older copy by
+        lowering the marker's version to the catalog's. A catalog holding another cluster than `cluster_id` is
+        refused, and so is a store of another cluster than the catalog's."""
+        held, version = self.held_cluster()
+        if held != cluster_id:
+            raise ClusterMismatchError(
+                f"catalog {self._shown_url} holds cluster {held}, not {cluster_id} (--cluster-id): it is not the catalog of "
+                "the cluster you named; point --catalog at that cluster's catalog, or name the cluster it holds once you "
+                "have checked it is the store's; nothing was written"
+            )
         try:
             return self.marker
         except (StaleCatalogError, ClusterMismatchError, CorruptDataError) as refused:
             try:
-                marker = read_marker(self.store)
+                found = read_marker(self.store)
             except CorruptDataError:
-                marker = None
-            with catalog_errors(self.engine.url), self.engine.connect() as connection:
-                cluster_id, version = connection.execute(select(s.catalog_info.c.cluster_id, s.catalog_info.c.version)).one()
-            if marker is not None and marker.cluster_id != cluster_id:
+                found = None
+            if found is not None and found.cluster_id != held:
                 raise refused
-            accepted = ClusterMarker(cluster_id, marker.created_ms if marker else now_ms, version, now_ms)
+            accepted = ClusterMarker(held, found.created_ms if found else now_ms, version, now_ms)
             self.store.put(MARKER_KEY, accepted.encode())
-            log.warning("store %s accepts catalog %s of cluster %s at version %d", self.store.uri, self._shown_url, cluster_id, version)
+            log.warning("store %s accepts catalog %s of cluster %s at version %d", self.store.uri, self._shown_url, held, version)
             self._cluster_id = None
             self._check_exists()
             return accepted
+
+    def held_cluster(self) -> tuple[str, int]:
+        """The cluster id and version the catalog holds, read without checking them against the store's marker: what
+        `cluster describe` shows of a catalog the store refuses."""
+        path = sqlite_path(self.url)
+        if path is not None and not path.exists():
+            raise self._not_found()
+        with catalog_errors(self.engine.url), self.engine.connect() as connection:
+            if not inspect(connection).has_table(s.catalog_info.name):
+                raise self._not_found()
+            held = connection.execute(select(s.catalog_info.c.cluster_id, s.catalog_info.c.version)).first()
+        if held is None:
+            raise self._not_found()
+        return held.cluster_id, held.version
 
     def latest_version(self) -> int:
         with self._reading() as connection:

@@ -18,6 +18,12 @@ from logcompact.keys import MARKER_KEY
 from logcompact.store.base import ObjectStore
 
 RECORD_APPEND_EVERY_MS = 10_000
+# How every refusal that sends an operator to `cluster accept-catalog` ends: check first, then name the cluster, so a
+# catalog of another cluster is never taken for the store's by a slip (gc would then delete the store's files).
+CHECK_THEN_ACCEPT = (
+    "check that the cluster id `logcompact cluster describe` prints for the catalog is your cluster's, then run "
+    "`logcompact cluster accept-catalog --cluster-id ID`"
+)
 
 
 @dataclass(frozen=True)
@@ -44,8 +50,8 @@ def read_marker(store: ObjectStore) -> ClusterMarker | None:
         )
     except (ValueError, KeyError, TypeError, RecursionError):
         raise CorruptDataError(
-            f"cluster marker {MARKER_KEY} in {store.uri} is damaged ({data[:60]!r}): restore it from a copy, or delete it "
-            "and run `logcompact cluster accept-catalog` to write it again from the catalog"
+            f"cluster marker {MARKER_KEY} in {store.uri} is damaged ({data[:60]!r}): restore it from a copy, or write it "
+            f"again from the catalog: {CHECK_THEN_ACCEPT}"
         ) from None
     return marker
 

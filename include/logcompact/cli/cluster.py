@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from logcompact.cli.common import Context, emit, now_option, pass_context
-from logcompact.exceptions import ClusterNotFoundError
+from logcompact.exceptions import ClusterMismatchError, ClusterNotFoundError, CorruptDataError, StaleCatalogError
 
 
 @click.group()
@@ -32,20 +32,35 @@ def cluster_create(ctx: Context) -> None:
 @cluster.command("describe")
 @pass_context
 def cluster_describe(ctx: Context) -> None:
-    """The cluster id, the catalog's newest version and what the store's marker recorded, as JSON."""
+    """The cluster id, the catalog's newest version and what the store's marker recorded, as JSON. A catalog the
+    store refuses (the marker of another cluster or lost, a catalog older than the store has seen) is described
+    all the same, with why (`refused`): its cluster id is what to check before `cluster accept-catalog`."""
+    from logcompact.catalog.identity import read_marker
+
     catalog = ctx.catalog
-    marker = catalog.marker
+    try:
+        marker = catalog.marker
+    except (ClusterMismatchError, StaleCatalogError, CorruptDataError) as refused:
+        cluster_id, version = catalog.held_cluster()
+        try:
+            found = read_marker(catalog.store)
+        except CorruptDataError:
+            found = None  # `refused` says so
+        emit({"cluster_id": cluster_id, "catalog_version": version, "marker": found and found.__dict__, "refused": str(refused)})
+        return
     emit({"cluster_id": catalog.cluster_id, "catalog_version": catalog.latest_version(), "marker": marker.__dict__})
 
 
 @cluster.command("accept-catalog")
+@click.option("--cluster-id", required=True, metavar="ID",
+              help="The cluster the catalog must hold: check it with `logcompact cluster describe` first.")
 @now_option
 @pass_context
-def cluster_accept_catalog(ctx: Context) -> None:
-    """Take the catalog as the store's: mark a store that lost its marker, or go on from a catalog restored from an
-    older copy (files written after that copy then count as orphans for gc). A catalog of another cluster is
-    still refused."""
-    marker = ctx.catalog.accept_catalog(ctx.clock())
+def cluster_accept_catalog(ctx: Context, cluster_id: str) -> None:
+    """Take the catalog, of cluster ID, as the store's: mark a store that lost its marker, or go on from a catalog
+    restored from an older copy (files written after that copy then count as orphans for gc). A catalog holding
+    another cluster than ID is refused, and so is a store marked as another cluster's than the catalog's."""
+    marker = ctx.catalog.accept_catalog(cluster_id, ctx.clock())
     emit({"accepted": True, "cluster_id": marker.cluster_id, "seen_version": marker.seen_version})
 
 

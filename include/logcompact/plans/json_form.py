@@ -13,13 +13,13 @@ from typing import Any, get_type_hints
 
 from logcompact.catalog import CatalogSection, DataFile, TopicPartition
 from logcompact.collector import collector_paused
-from logcompact.exceptions import InvalidPlanError
+from logcompact.exceptions import InvalidPlanError, InvalidTopicError
 from logcompact.format.layout import SectionInfo
 from logcompact.keys import PLAN_ID_PATTERN
 from logcompact.limits import MAX_BUFFER_BYTES, MAX_BYTE_COUNT, MAX_LEVEL, MAX_TARGET_FILE_BYTES, MIN_BUFFER_BYTES
 from logcompact.plans.grouping import PlanGroup
 from logcompact.plans.model import SETTING_FIELDS, InputFile, Plan, PlanHeader, check_shape
-from logcompact.topics import Topic
+from logcompact.topics import MAX_PARTITIONS, Topic
 
 # 3: `first_uncleanable` leaves out the plan's own inputs, whose first young record the engine finds (an
 # engine reading format 2 would deduplicate them).
@@ -132,7 +132,7 @@ def group_metadata_from_json(text: bytes, source: str) -> tuple[dict[str, Any], 
     document = parse_json(text, source)
     check_format(document, source)
     with _malformed("group metadata", source):
-        return settings_from_dict(document, source), topics_from_dict(document, source), group_from_dict(document["group"], source)
+        return settings_from_dict(document, source), topics_from_dict(document, source), group_from_dict(_field(document, "group", source), source)
 
 
 # -- fields ---------------------------------------------------------------------------------------------------
@@ -140,8 +140,8 @@ def group_metadata_from_json(text: bytes, source: str) -> tuple[dict[str, Any], 
 
 @contextmanager
 def _malformed(what: str, source: str, fix: str = "plan again") -> Iterator[None]:
-    """A field missing or of the wrong shape, raised where Python met it, as one InvalidPlanError naming it; the fields'
-    own checks raise theirs as they are."""
+    """The fields' own checks name a field missing or of the wrong shape in words (`_field`, `_integer`, ...) and are
+    raised as they are; whatever else a document's values make Python raise is one InvalidPlanError all the same."""
     try:
         yield
     except InvalidPlanError:
@@ -224,8 +224,9 @@ def file_to_json(data_file: DataFile) -> dict[str, Any]:
 
 def file_from_json(document: Any, source: str) -> DataFile:
     """The file `file_to_json` wrote, checked field by field."""
-    sections = tuple(_section_from_json(s, source) for s in _list(document, "sections", source))
-    return DataFile(*_input_from_dict(document, source), sections)
+    key, level, size, created_ms = _input_from_dict(document, source)
+    sections = tuple(_section_from_json(s, f"{source}: input {key}") for s in _list(document, "sections", f"{source}: input {key}"))
+    return DataFile(key, level, size, created_ms, sections)
 
 
 def _section_to_json(section: CatalogSection) -> dict[str, Any]:
@@ -239,10 +240,13 @@ def _section_from_json(document: Any, source: str) -> CatalogSection:
     if not isinstance(document, dict):
         raise InvalidPlanError(f"{source}: a section is an object of the SectionInfo fields and first_offset")
     fields = dict(document)
-    first_offset = fields.pop("first_offset")
+    first_offset = _field(fields, "first_offset", source, "section field")
+    del fields["first_offset"]
     unknown = set(fields) - set(SectionInfo._fields)
     if unknown:
         raise InvalidPlanError(f"{source}: section field(s) {', '.join(sorted(unknown))} unknown; plan again")
+    for name in SectionInfo._fields:
+        _field(fields, name, source, "section field")
     for name, value in fields.items():
         kind = SECTION_TYPES[name]
         if kind is bytes:
@@ -258,7 +262,25 @@ def _section_from_json(document: Any, source: str) -> CatalogSection:
 
 
 def topics_from_dict(document: dict, source: str) -> dict[str, Topic]:
-    return {t["name"]: Topic.from_dict(t) for t in _list(document, "topics", source)}
+    topics = [_topic_from_dict(t, source) for t in _list(document, "topics", source)]
+    return {topic.name: topic for topic in topics}
+
+
+def _topic_from_dict(document: Any, source: str) -> Topic:
+    """A topic as `Topic.to_dict` wrote it, its configs checked by the rules that let them in."""
+    if not isinstance(document, dict):
+        raise InvalidPlanError(f"{source}: a topic is an object {{name, partitions, config, created_ms}}")
+    name = _text(document, "name", source)
+    where = f"{source}: topic {name[:80]!r}"
+    partitions = _integer(document, "partitions", 1, MAX_PARTITIONS, source=where)
+    created_ms = _integer(document, "created_ms", 0, source=where)
+    config = _field(document, "config", where)
+    if not isinstance(config, dict):
+        raise InvalidPlanError(f"{where}: plan field 'config' must be an object of configs by Kafka name")
+    try:
+        return Topic.from_dict({"name": name, "partitions": partitions, "config": config, "created_ms": created_ms})
+    except InvalidTopicError as exc:
+        raise InvalidPlanError(f"{where}: {exc}; plan again") from None
 
 
 def _offsets_from_dict(document: dict, name: str, source: str) -> dict[TopicPartition, int]:
@@ -301,15 +323,22 @@ def parse_json(text: str | bytes, source: str) -> Any:
         raise InvalidPlanError(f"{source}: not a plan ({str(exc).splitlines()[0]}); plan again") from None
 
 
+def _field(document: dict, name: str, source: str, what: str = "plan field") -> Any:
+    """A field the form requires, or an InvalidPlanError saying it is missing."""
+    if name not in document:
+        raise InvalidPlanError(f"{source}: {what} {name!r} is missing; plan again")
+    return document[name]
+
+
 def _list(document: dict, name: str, source: str) -> list:
-    value = document[name]
+    value = _field(document, name, source)
     if not isinstance(value, list):
         raise InvalidPlanError(f"{source}: plan field {name!r} must be a list")
     return value
 
 
 def _topic_partition(document: dict, name: str, source: str) -> TopicPartition | None:
-    value = document[name]
+    value = _field(document, name, source)
     if value is None:
         return None
     if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) and isinstance(value[1], int)):
@@ -318,14 +347,14 @@ def _topic_partition(document: dict, name: str, source: str) -> TopicPartition |
 
 
 def _text(document: dict, name: str, source: str, default: str | None = None) -> str:
-    value = document.get(name, default) if default is not None else document[name]
+    value = document.get(name, default) if default is not None else _field(document, name, source)
     if not isinstance(value, str) or not value:
         raise InvalidPlanError(f"{source}: plan field {name!r} must be a non-empty string")
     return value
 
 
 def _integer(document: dict, name: str, low: int, high: int | None = None, *, source: str) -> int:
-    value = document[name]
+    value = _field(document, name, source)
     if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
         allowed = f"{low} to {high}" if high is not None else f"at least {low}"
         raise InvalidPlanError(f"{source}: plan field {name!r} is {value!r}: must be an integer, {allowed}")
@@ -333,7 +362,7 @@ def _integer(document: dict, name: str, low: int, high: int | None = None, *, so
 
 
 def _boolean(document: dict, name: str, source: str) -> bool:
-    value = document[name]
+    value = _field(document, name, source)
     if not isinstance(value, bool):
         raise InvalidPlanError(f"{source}: plan field {name!r} must be true or false")
     return value
