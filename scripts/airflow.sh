@@ -93,45 +93,52 @@ started_processes() {
   } | awk '$2 !~ /^Z/ { pid = $1; $1 = $2 = ""; sub(/^ +/, ""); print pid, $0 }'  # zombies have ended
 }
 
+# Sets `left` to started_processes' list; lists again if a Ctrl-C, reaching the listing too, cut it short.
+list_left() {
+  until left=$(started_processes); do :; done
+}
+
+# Each line of $1, indented, on stderr (builtins alone: a Ctrl-C cannot cut it short).
+say_list() {
+  local line
+  while read -r line; do echo "  $line"; done <<<"$1" >&2
+}
+
 # TERM to every process the script started, SIGKILL to those left after $stop_wait_s s (or at a second TERM
 # or INT); says what it did. Runs once, on the script's exit, whatever ends it.
 stop_deadline=""
 stop_all() {
   [[ -z $stop_deadline ]] || return 0
   stop_deadline=$((SECONDS + stop_wait_s))
+  trap 'stop_deadline=0' TERM INT  # a command, not a function: bash 5.2 fails returning from one run inside this
   local left pid args rounds=0 started=$SECONDS
-  left=$(started_processes)
+  list_left
   [[ -n $left ]] || return 0
   echo "logcompact: stopping $(for pid in "${sessions[@]}"; do printf '%s ' "${component[$pid]}"; done)(TERM; SIGKILL to what is left after ${stop_wait_s} s or at a second Ctrl-C)"
   while read -r pid args; do kill -TERM "$pid" 2>/dev/null || true; done <<<"$left"
-  while left=$(started_processes) && [[ -n $left ]] && ((SECONDS < stop_deadline)); do
-    sleep 0.5
+  while list_left && [[ -n $left ]] && ((SECONDS < stop_deadline)); do
+    sleep 0.5 || true  # a second Ctrl-C ends it early
   done
   if [[ -n $left ]]; then
     echo "logcompact: killed with SIGKILL, still running $((SECONDS - started)) s after the TERM:" >&2
-    sed 's/^/  /' <<<"$left" >&2
+    say_list "$left"
     # A process forking while it is killed leaves a child: kill again until nothing is left.
     while [[ -n $left ]] && ((rounds++ < 20)); do
       while read -r pid args; do kill -KILL "$pid" 2>/dev/null || true; done <<<"$left"
-      sleep 0.1
-      left=$(started_processes)
+      sleep 0.1 || true
+      list_left
     done
     if [[ -n $left ]]; then
       echo "logcompact: could not stop:" >&2
-      sed 's/^/  /' <<<"$left" >&2
+      say_list "$left"
       return 1
     fi
   fi
   echo "logcompact: stopped"
 }
 
-# SIGNAL: stops everything, then ends the script by that signal, as its callers (make, a shell) expect; while
-# stopping, cuts the wait short.
+# SIGNAL: stops everything, then ends the script by that signal, as its callers (make, a shell) expect.
 on_signal() {
-  if [[ -n $stop_deadline ]]; then
-    stop_deadline=0
-    return
-  fi
   stop_all || true
   trap - "$1" EXIT
   kill -"$1" "$$"
@@ -143,7 +150,8 @@ trap 'on_signal INT' INT
 # PID STATUS: the component PID has exited: ends the script (and so everything it started), naming the
 # component with the last line of its log.
 component_exited() {
-  echo "logcompact: the ${component[$1]} exited (status $2): $(tail -n 1 "$AIRFLOW_HOME/${component[$1]}.log")" >&2
+  local log="$AIRFLOW_HOME/${component[$1]}.log"
+  echo "logcompact: the ${component[$1]} exited (status $2); the end of $log: $(tail -n 1 "$log")" >&2
   exit 1
 }
 
