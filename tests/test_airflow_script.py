@@ -79,11 +79,11 @@ def test_stopping_the_script_stops_everything_it_started(tmp_path: Path, argv: l
     tree: list[psutil.Process] = []
     try:
         deadline = time.monotonic() + STARTUP_S
-        while "their schedules run from now" not in output.read_text():  # the API server answered, the DAGs run
+        # Up: the API server answered, the DAGs run, and every port has its listener (serve-logs may come last).
+        while "their schedules run from now" not in output.read_text() or not all(map(_answers, ports.values())):
             assert started.poll() is None, f"the script ended ({started.returncode}) before Airflow was up:\n{output.read_text()}"
-            assert time.monotonic() < deadline, f"Airflow not up within {STARTUP_S} s:\n{output.read_text()}"
+            assert time.monotonic() < deadline, f"Airflow not up within {STARTUP_S} s: {[n for n, port in ports.items() if not _answers(port)]} not answering\n{output.read_text()}"
             time.sleep(2)
-        assert {name: _answers(port) for name, port in ports.items()} == dict.fromkeys(ports, True)
 
         tree = [psutil.Process(started.pid), *psutil.Process(started.pid).children(recursive=True)]
         # A worker running a task forks the task's process, titled as the worker until it names itself.
