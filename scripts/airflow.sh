@@ -93,9 +93,11 @@ started_processes() {
   } | awk '$2 !~ /^Z/ { pid = $1; $1 = $2 = ""; sub(/^ +/, ""); print pid, $0 }'  # zombies have ended
 }
 
-# Sets `left` to started_processes' list; lists again if a Ctrl-C, reaching the listing too, cut it short.
+# Sets `left` to started_processes' list; lists again (a few times) if a Ctrl-C, reaching the listing too, cut
+# it short.
 list_left() {
-  until left=$(started_processes); do :; done
+  local tries=0
+  until left=$(started_processes) || ((++tries == 5)); do :; done
 }
 
 # Each line of $1, indented, on stderr (builtins alone: a Ctrl-C cannot cut it short).
@@ -111,10 +113,11 @@ stop_all() {
   [[ -z $stop_deadline ]] || return 0
   stop_deadline=$((SECONDS + stop_wait_s))
   trap 'stop_deadline=0' TERM INT  # a command, not a function: bash 5.2 fails returning from one run inside this
-  local left pid args rounds=0 started=$SECONDS
+  local left pid args names="" rounds=0 started=$SECONDS
+  ((${#sessions[@]})) || return 0
+  for pid in "${sessions[@]}"; do names+="${component[$pid]} "; done
+  echo "logcompact: stopping ${names}(TERM; SIGKILL to what is left after ${stop_wait_s} s or at a second Ctrl-C)"
   list_left
-  [[ -n $left ]] || return 0
-  echo "logcompact: stopping $(for pid in "${sessions[@]}"; do printf '%s ' "${component[$pid]}"; done)(TERM; SIGKILL to what is left after ${stop_wait_s} s or at a second Ctrl-C)"
   while read -r pid args; do kill -TERM "$pid" 2>/dev/null || true; done <<<"$left"
   while list_left && [[ -n $left ]] && ((SECONDS < stop_deadline)); do
     sleep 0.5 || true  # a second Ctrl-C ends it early

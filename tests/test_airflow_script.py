@@ -103,7 +103,8 @@ def test_stopping_the_script_stops_everything_it_started(tmp_path: Path, argv: l
         try:
             status = started.wait(timeout=STOP_S + 30)
         except subprocess.TimeoutExpired:
-            pytest.fail(f"the script still runs {STOP_S + 30} s after {stop}:\n{output.read_text()}")
+            states = "\n".join(f"{_describe(p)}: {p.status()}, in {Path(f'/proc/{p.pid}/wchan').read_text()}" for p in tree if _alive(p))
+            pytest.fail(f"the script still runs {STOP_S + 30} s after {stop}:\n{output.read_text()}\n{states}")
         left = [p for p in tree if _alive(p)]
         assert not left, "left running after the stop:\n" + "\n".join(map(_describe, left))
         assert {name: _answers(port) for name, port in ports.items()} == dict.fromkeys(ports, False)
