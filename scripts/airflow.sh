@@ -11,7 +11,8 @@
 # AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT).
 #
 # Stopping: TERM or INT (Ctrl-C in `make airflow`) stops every process the script started: TERM to each,
-# then, after 30 s, SIGKILL to those left, each named on the terminal. The components run one by one, not
+# then, after 30 s or at a second TERM or INT, SIGKILL to those left, each named on the terminal; the script
+# then ends by the signal it got. A component that exits on its own stops the others the same way. The components run one by one, not
 # under `airflow standalone`: standalone stops its children only on INT, dies on TERM leaving them running,
 # and pipes their output through itself, so that a component outliving it writes into a closed pipe. Here each
 # component leads a session of its own (setsid), which holds everything it starts (LocalExecutor workers,
