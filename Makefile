@@ -48,7 +48,8 @@ test: install deps lint
 demo: install
 	$(BIN)/python scripts/demo.py
 
-# airflow standalone on http://127.0.0.1:8080 with the DAGs, their connections and pool; a Kafka agent on 127.0.0.1:9092.
+# Airflow 3 on http://127.0.0.1:8080 with the DAGs, their connections and pool; a Kafka agent on 127.0.0.1:9092.
+# Ctrl-C stops every process it started (scripts/airflow.sh).
 airflow: install
 	scripts/airflow.sh
 

@@ -1,0 +1,124 @@
+"""`scripts/airflow.sh` (`make airflow`), started for real on free ports with a private Airflow home and store:
+a TERM to the script, or a Ctrl-C in `make airflow` (INT to make's process group), stops every process it
+started within its 30 s, then SIGKILLs what is left, naming it; no listener is left; its LocalExecutor has a
+worker per pool slot."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from click.testing import CliRunner
+
+from logcompact.cli import cli
+from logcompact.lab.servers.common import HOST, free_port
+
+REPO = Path(__file__).resolve().parents[1]
+STARTUP_S = 420  # a migration and four Airflow components on a loaded 2-core machine
+STOP_S = 30  # the script's own bound before it kills what is left
+POOL_SLOTS = 4
+
+
+def _answers(port: int) -> bool:
+    try:
+        with socket.create_connection((HOST, port), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _describe(process: psutil.Process) -> str:
+    try:
+        return f"{process.pid} {' '.join(process.cmdline())}"
+    except psutil.Error:
+        return str(process.pid)
+
+
+@pytest.mark.parametrize(
+    ("argv", "stop"),
+    [
+        (["scripts/airflow.sh"], "TERM to the script"),
+        # `-o install`: the virtualenv is this interpreter's (LOGCOMPACT_VENV), not one make would build.
+        (["make", "--no-print-directory", "-o", "install", "airflow"], "Ctrl-C in make"),
+    ],
+    ids=["term", "ctrl-c"],
+)
+def test_stopping_the_script_stops_everything_it_started(tmp_path: Path, argv: list[str], stop: str) -> None:
+    store = tmp_path / "store"
+    created = CliRunner().invoke(cli, ["--store", f"file://{store}", "topic", "create", "t", "--partitions", "1", "--config", "cleanup.policy=compact"])
+    assert created.exit_code == 0, created.output
+    ports = {name: free_port() for name in ("api", "agent", "worker logs", "trigger logs")}
+    env = {
+        **os.environ,
+        "LOGCOMPACT_VENV": sys.prefix,
+        "LOGCOMPACT_AIRFLOW_STORE": str(store),
+        "LOGCOMPACT_AIRFLOW_HOME": str(tmp_path / "airflow"),
+        "LOGCOMPACT_AIRFLOW_PORT": str(ports["api"]),
+        "LOGCOMPACT_AGENT_LISTEN": f"{HOST}:{ports['agent']}",
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(ports["worker logs"]),
+        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(ports["trigger logs"]),
+    }
+    output = tmp_path / "output.txt"
+    # A session of its own, as a shell starts a job: its process group is the one a Ctrl-C signals.
+    with open(output, "wb") as out:
+        started = subprocess.Popen(argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    tree: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + STARTUP_S
+        # Up: the API server answered, the DAGs run, and every port has its listener (serve-logs may come last).
+        while "their schedules run from now" not in output.read_text() or not all(map(_answers, ports.values())):
+            assert started.poll() is None, f"the script ended ({started.returncode}) before Airflow was up:\n{output.read_text()}"
+            assert time.monotonic() < deadline, f"Airflow not up within {STARTUP_S} s: {[n for n, port in ports.items() if not _answers(port)]} not answering\n{output.read_text()}"
+            time.sleep(2)
+
+        tree = [psutil.Process(started.pid), *psutil.Process(started.pid).children(recursive=True)]
+        # A worker running a task forks the task's process, titled as the worker until it names itself.
+        executor = [p for p in tree if "LocalExecutor" in _describe(p)]
+        workers = [p for p in executor if p.ppid() not in {w.pid for w in executor}]
+        assert len(workers) == POOL_SLOTS, "\n".join(map(_describe, tree))
+
+        if stop == "TERM to the script":
+            # A scheduler that does not heed the TERM (as one was seen ignoring it for 85 s) is killed at 30 s.
+            (scheduler,) = [p for p in tree if p.cmdline()[-1:] == ["scheduler"]]
+            scheduler.suspend()
+            os.kill(started.pid, signal.SIGTERM)
+            expected_status = -signal.SIGTERM
+        else:
+            os.killpg(started.pid, signal.SIGINT)  # what the terminal sends to the foreground job
+            expected_status = -signal.SIGINT
+        try:
+            status = started.wait(timeout=STOP_S + 30)
+        except subprocess.TimeoutExpired:
+            states = "\n".join(f"{_describe(p)}: {p.status()}, in {Path(f'/proc/{p.pid}/wchan').read_text()}" for p in tree if _alive(p))
+            pytest.fail(f"the script still runs {STOP_S + 30} s after {stop}:\n{output.read_text()}\n{states}")
+        left = [p for p in tree if _alive(p)]
+        assert not left, "left running after the stop:\n" + "\n".join(map(_describe, left))
+        assert {name: _answers(port) for name, port in ports.items()} == dict.fromkeys(ports, False)
+        said = output.read_text()
+        assert status == expected_status, said  # ended by the signal, as a shell or make expects
+        assert "logcompact: stopped" in said.splitlines(), said
+        if stop == "TERM to the script":
+            killed = said[said.index("logcompact: killed with SIGKILL") :]
+            assert f"  {scheduler.pid} " in killed, said
+    finally:
+        # This test's own processes, should it fail before they stopped.
+        if started.poll() is None:
+            tree = [psutil.Process(started.pid), *psutil.Process(started.pid).children(recursive=True)]
+        for process in tree:
+            if _alive(process):
+                process.kill()
+        started.wait()
