@@ -35,6 +35,7 @@ from sqlalchemy import inspect, select, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
+from lab.servers.postgres import PostgresServer
 from logcompact.catalog import Catalog, schema
 from logcompact.catalog.database import catalog_errors, redact_url
 from logcompact.catalog.groups import CommittedOffset, GroupCatalog, GroupRow, StoredMember
@@ -55,7 +56,6 @@ from logcompact.format import read_section
 from logcompact.ingest import Agent, Record
 from logcompact.jobs import commit_plans, prepare_plans, release_abandoned, run_group, run_here
 from logcompact.keys import abandoned_key, group_key
-from logcompact.lab.servers.postgres import PostgresServer
 from logcompact.planner import PlannerConfig
 from logcompact.plans import read_header
 from logcompact.plans.documents import abandoned_plans
