@@ -23,7 +23,7 @@ install: $(VENV)/.installed
 # Installed with apt-get when missing: Ceph RGW, a real S3-compatible server for the S3 suite, and the
 # PostgreSQL server binaries (/usr/lib/postgresql/VERSION/bin) for the catalog's PostgreSQL tests, and kcat
 # (librdkafka's command-line client) for the Kafka agent's tests. Nothing
-# is started here: the tests and the benchmarks start their own servers (logcompact.lab.servers: rgw.py, postgres.py).
+# is started here: the tests and the benchmarks start their own servers (lab.servers: rgw.py, postgres.py).
 deps:
 	@pkgs=""; missing=""; for b in $(CEPH_BINARIES); do command -v $$b >/dev/null || missing="$$missing $$b"; done; \
 	if [ -n "$$missing" ]; then echo "installing Ceph RGW (missing:$$missing)"; pkgs="radosgw ceph-mon ceph-osd"; fi; \

@@ -85,6 +85,7 @@ import random
 import shutil
 import sqlite3
 import struct
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -93,10 +94,10 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from logcompact.catalog import DEFAULT_KEEP_VERSIONS
-from logcompact.exceptions import LogcompactError
-from logcompact.format.reader import read_footer, read_section
-from logcompact.lab.campaign import (
+# The lab (lab/: throw-away servers, the campaigns' harness, the reference model) is in the checkout, not in the wheel.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lab.campaign import (
     CATALOG_FILES,
     Cli,
     Done,
@@ -110,6 +111,9 @@ from logcompact.lab.campaign import (
     produce_input,
     store_objects,
 )
+from logcompact.catalog import DEFAULT_KEEP_VERSIONS
+from logcompact.exceptions import LogcompactError
+from logcompact.format.reader import read_footer, read_section
 from logcompact.store import LocalStore
 
 MIN_FILES = 3

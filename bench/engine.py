@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -39,13 +40,16 @@ import numpy as np
 import pyarrow as pa
 from results import recorded
 
+# The lab (lab/: throw-away servers, the campaigns' harness, the reference model) is in the checkout, not in the wheel.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lab.synthetic import NOW, write_compacted_log
 from logcompact.catalog import CatalogSection, DataFile
 from logcompact.collector import collector_paused
 from logcompact.engine.cleaner import run_plan
 from logcompact.engine.offset_map import CompactOffsetMap
 from logcompact.format import SectionStream, SegmentWriter
 from logcompact.format.layout import SECTION_SCHEMA, key_hash_words
-from logcompact.lab.synthetic import NOW, write_compacted_log
 from logcompact.plans import Plan
 from logcompact.store import LocalStore
 from logcompact.topics import Topic

@@ -26,7 +26,7 @@ committed one joins the model at the offsets it was given.
 
 After the kills: `compact --until-idle` past the killed plans' leases, `compact --full` twice (the second past
 `delete.retention.ms`, so tombstones may go), `plan` must find nothing, and `gc` past the grace
-(DEFAULT_GC_GRACE_MS). Then every partition is consumed through the CLI and checked (include/logcompact/lab/campaign.py):
+(DEFAULT_GC_GRACE_MS). Then every partition is consumed through the CLI and checked (lab/campaign.py):
 
 * lost: a key's latest value (or, in the delete topic, a record within retention) not visible;
 * resurrected: a key whose last visible record is not its latest (an older value, or a deleted key);
@@ -53,6 +53,7 @@ import json
 import os
 import random
 import sqlite3
+import sys
 import tempfile
 import time
 import zlib
@@ -61,10 +62,10 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from logcompact.catalog import DEFAULT_KEEP_VERSIONS
-from logcompact.jobs import DEFAULT_GC_GRACE_MS
-from logcompact.jobs.workdir import WORKDIR_PREFIX
-from logcompact.lab.campaign import (
+# The lab (lab/: throw-away servers, the campaigns' harness, the reference model) is in the checkout, not in the wheel.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lab.campaign import (
     PHASES,
     Cli,
     Done,
@@ -78,6 +79,9 @@ from logcompact.lab.campaign import (
     produce_input,
     store_objects,
 )
+from logcompact.catalog import DEFAULT_KEEP_VERSIONS
+from logcompact.jobs import DEFAULT_GC_GRACE_MS
+from logcompact.jobs.workdir import WORKDIR_PREFIX
 from logcompact.planner import PlannerConfig
 
 TOPICS = (

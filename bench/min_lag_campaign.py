@@ -4,7 +4,7 @@ A compacted topic under min.compaction.lag.ms takes `--messages` records in smal
 from a few thousand, 10% tombstones, timestamps out of order (up to three lags old) and some in the future.
 Between produce calls, at a clock that moves on, run level passes (every plan a regular pass makes, each
 committed), full sweeps and gc. After each pass, what `consume` reads of every partition must equal the
-reference model (include/logcompact/lab/reference_model.py: Kafka's rule, with segments of its own: one per produce call per
+reference model (lab/reference_model.py: Kafka's rule, with segments of its own: one per produce call per
 partition, a job's survivors cut at its first record within the lag), and the catalog's sections must be the
 model's segments. A seed stops at its first difference, printed with the step that made it.
 
@@ -25,11 +25,14 @@ import tempfile
 import time
 from pathlib import Path
 
+# The lab (lab/: throw-away servers, the campaigns' harness, the reference model) is in the checkout, not in the wheel.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lab.reference_model import ModelRecord, ReferenceLog
 from logcompact.catalog import Catalog
 from logcompact.consume import read_records, read_sections
 from logcompact.ingest import Agent, Record
 from logcompact.jobs import collect_garbage, run_and_commit
-from logcompact.lab.reference_model import ModelRecord, ReferenceLog
 from logcompact.planner import PlannerConfig, choose_plans
 from logcompact.store import LocalStore
 from logcompact.topics import Topic

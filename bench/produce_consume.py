@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -24,6 +25,9 @@ from pathlib import Path
 
 import pyarrow as pa
 from results import recorded
+
+# The lab (lab/: throw-away servers, the campaigns' harness, the reference model) is in the checkout, not in the wheel.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from logcompact.catalog import Catalog
 from logcompact.consume import read_batches, read_records
@@ -82,13 +86,13 @@ def open_backend(backend: str, workdir: Path, s3_client, postgres) -> Catalog:
 def start_s3(workdir: Path):
     """A boto3 client for the S3 backend (AWS_ENDPOINT_URL if set, otherwise a Ceph RGW started here) and a
     PostgreSQL server for its catalogs."""
-    from logcompact.lab.servers.postgres import start_postgres
+    from lab.servers.postgres import start_postgres
     from logcompact.store.s3 import default_client
 
     postgres, stop_postgres = start_postgres(workdir / "postgres")
     if os.environ.get("AWS_ENDPOINT_URL"):
         return default_client(), postgres, stop_postgres
-    from logcompact.lab.servers.rgw import start_rgw
+    from lab.servers.rgw import start_rgw
 
     server, stop_rgw = start_rgw(workdir / "rgw")
 

@@ -33,7 +33,7 @@ from datetime import timedelta
 from airflow.sdk import DAG
 
 from logcompact_airflow.pipeline import DAG_SETTINGS, STORE_CONN_ID, compaction_params, compaction_pipeline
-from logcompact_airflow.sensors import LogcompactThresholdSensor
+from logcompact_airflow.sensors.threshold import LogcompactThresholdSensor
 
 with DAG(
     dag_id="logcompact_compaction",

@@ -11,7 +11,7 @@ is a few catalog queries, so a run completes under steady ingest.
 
 from airflow.sdk import DAG
 
-from logcompact_airflow.operators import LogcompactGcOperator
+from logcompact_airflow.operators.gc import LogcompactGcOperator
 from logcompact_airflow.pipeline import DAG_SETTINGS, STORE_CONN_ID
 
 with DAG(

@@ -12,7 +12,7 @@ each compaction DAG sends the per-run ones: `logcompact.max-buffer-utilization-p
 
 from airflow.sdk import DAG
 
-from logcompact_airflow.operators import LogcompactMetricsOperator
+from logcompact_airflow.operators.status import LogcompactMetricsOperator
 from logcompact_airflow.pipeline import DAG_SETTINGS, STORE_CONN_ID
 
 with DAG(

@@ -31,9 +31,9 @@ os.environ.update(
     AIRFLOW__CORE__PLUGINS_FOLDER=str(REPO / "plugins"),
 )
 
+from lab.servers.postgres import PostgresServer, postgres_missing_reason, start_postgres
+from lab.servers.rgw import RgwServer, rgw_missing_reason, start_rgw
 from logcompact.catalog import Catalog
-from logcompact.lab.servers.postgres import PostgresServer, postgres_missing_reason, start_postgres
-from logcompact.lab.servers.rgw import RgwServer, rgw_missing_reason, start_rgw
 from logcompact.store import LocalStore, ObjectStore
 from logcompact.store.s3 import S3Store
 

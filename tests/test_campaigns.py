@@ -14,7 +14,7 @@ import pytest
 from bench.corruption_campaign import BaseStore, Case, build_store, run_corruption_campaign, targets, totals
 from bench.kill_campaign import run_kill_campaign, summary
 from bench.kill_campaign import targets as kill_targets
-from logcompact.lab.campaign import Sent, TopicSpec, check_partition, phase_of
+from lab.campaign import Sent, TopicSpec, check_partition, phase_of
 
 SEED = 11
 COMPACTED = TopicSpec("accounts", 1, {"cleanup.policy": "compact"})

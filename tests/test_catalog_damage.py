@@ -35,6 +35,7 @@ from sqlalchemy import inspect, select, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
+from lab.servers.postgres import PostgresServer
 from logcompact.catalog import Catalog, schema
 from logcompact.catalog.database import catalog_errors, redact_url
 from logcompact.catalog.groups import CommittedOffset, GroupCatalog, GroupRow, StoredMember
@@ -55,7 +56,6 @@ from logcompact.format import read_section
 from logcompact.ingest import Agent, Record
 from logcompact.jobs import commit_plans, prepare_plans, release_abandoned, run_group, run_here
 from logcompact.keys import abandoned_key, group_key
-from logcompact.lab.servers.postgres import PostgresServer
 from logcompact.planner import PlannerConfig
 from logcompact.plans import read_header
 from logcompact.plans.documents import abandoned_plans
@@ -1067,7 +1067,7 @@ def test_the_hook_hands_its_catalog_password_to_airflow_s_masker_and_prints_it_n
     from airflow.sdk._shared.secrets_masker import redact
 
     from logcompact.exceptions import CatalogConfigError
-    from logcompact_airflow.hooks import LogcompactHook
+    from logcompact_airflow.hooks.logcompact import LogcompactHook
 
     def connection(catalog: object) -> LogcompactHook:
         extra = {"store": f"file://{tmp_path}/store", "catalog": catalog}
@@ -1096,8 +1096,8 @@ def test_a_plan_step_whose_catalog_dies_after_leasing_fails_with_its_own_error_a
     the same files at once (the plan step releases abandoned plans first) instead of an hour later."""
     import time
 
-    from logcompact_airflow.operators import LogcompactPlanOperator
     from logcompact_airflow.operators import compaction as operators
+    from logcompact_airflow.operators.compaction import LogcompactPlanOperator
 
     store = LocalStore(tmp_path / "store")
     monkeypatch.setenv("AIRFLOW_CONN_DYING", json.dumps({"conn_type": "generic", "extra": {"store": store.uri}}))

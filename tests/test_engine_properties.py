@@ -20,12 +20,12 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from lab.reference_model import ModelRecord, ReferenceLog
 from logcompact.catalog import Catalog
 from logcompact.consume import read_records, read_sections
 from logcompact.engine.cleaner import run_plan
 from logcompact.ingest import Agent, Record
 from logcompact.jobs import commit_plan
-from logcompact.lab.reference_model import ModelRecord, ReferenceLog
 from logcompact.store import LocalStore
 from logcompact.topics import Topic
 from tests.helpers import assert_summaries_kept, full_sweep, level_plans

@@ -1,4 +1,4 @@
-"""Kafka clients on both ends of a compaction, checked against the reference model (include/logcompact/lab/reference_model.py):
+"""Kafka clients on both ends of a compaction, checked against the reference model (lab/reference_model.py):
 records produced through `logcompact agent` by real clients, compacted by the CLI's full sweeps (and once by the
 full-sweep DAG with Spark), and consumed back through the agent must be exactly the model's survivors (the latest
 record per key, what min.compaction.lag.ms keeps, tombstones until their horizon), at their offsets, gaps
@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KafkaPythonTopicPartition
 
+from lab.reference_model import ModelRecord, ReferenceLog
 from logcompact.catalog import Catalog
 from logcompact.cli import cli
-from logcompact.lab.reference_model import ModelRecord, ReferenceLog
 from logcompact.store import open_store
 from logcompact.topics import Topic, TopicConfig
 from tests.helpers import NOW

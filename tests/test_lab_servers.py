@@ -1,4 +1,4 @@
-"""The lab's throw-away PostgreSQL server (logcompact.lab.servers.postgres), which the suite and the benchmarks
+"""The lab's throw-away PostgreSQL server (lab.servers.postgres), which the suite and the benchmarks
 run against: what it promises of itself, checked on a server of this test's own."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from logcompact.lab.servers.postgres import DB_USER, HOST, OS_USER, start_postgres
+from lab.servers.postgres import DB_USER, HOST, OS_USER, start_postgres
 
 
 def _process_user(pid: int) -> str:

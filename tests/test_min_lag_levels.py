@@ -27,11 +27,11 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from lab.reference_model import ModelRecord, ModelSegment, ReferenceLog, cleanable, first_young
 from logcompact.catalog import Catalog
 from logcompact.consume import read_records
 from logcompact.ingest import Agent, Record
 from logcompact.jobs import run_and_commit
-from logcompact.lab.reference_model import ModelRecord, ModelSegment, ReferenceLog, cleanable, first_young
 from logcompact.planner import PlannerConfig, choose_plans
 from logcompact.store import LocalStore
 from tests.helpers import NOW, create_topic, full_sweep, level_plans

@@ -23,19 +23,19 @@ from logcompact.jobs import run_group
 from logcompact.planner import PlannerConfig
 from logcompact.store import LocalStore
 from logcompact.store.s3 import S3Store
-from logcompact_airflow.hooks import LogcompactHook
-from logcompact_airflow.operators import (
+from logcompact_airflow.hooks.logcompact import LogcompactHook
+from logcompact_airflow.operators import compaction as operators
+from logcompact_airflow.operators.compaction import (
     COMPACTED_TOPICS,
     LogcompactCommitOperator,
     LogcompactDryRunOperator,
-    LogcompactGcOperator,
-    LogcompactMetricsOperator,
     LogcompactPlanOperator,
+    _checked_params,
 )
-from logcompact_airflow.operators import compaction as operators
-from logcompact_airflow.operators.compaction import _checked_params
+from logcompact_airflow.operators.gc import LogcompactGcOperator
+from logcompact_airflow.operators.status import LogcompactMetricsOperator
 from logcompact_airflow.policy import failing_at_once
-from logcompact_airflow.sensors import LogcompactThresholdSensor
+from logcompact_airflow.sensors.threshold import LogcompactThresholdSensor
 from tests.helpers import TasksByUri, create_topic, produce_l0_files
 
 
@@ -271,10 +271,10 @@ def test_the_sensor_imports_no_operator_and_every_operator_fails_bad_settings_at
     import sys
 
     loaded = subprocess.run(
-        [sys.executable, "-c", "import sys, logcompact_airflow.sensors; print(sorted(m for m in sys.modules if m.startswith('logcompact_airflow')))"],
+        [sys.executable, "-c", "import sys, logcompact_airflow.sensors.threshold; print(sorted(m for m in sys.modules if m.startswith('logcompact_airflow')))"],
         capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
     ).stdout
-    assert "logcompact_airflow.policy" in loaded and "operators" not in loaded, loaded
+    assert "logcompact_airflow.hooks.logcompact" in loaded and "logcompact_airflow.policy" in loaded and "operators" not in loaded, loaded
     monkeypatch.setenv("AIRFLOW_CONN_NO_CATALOG", json.dumps({"conn_type": "generic", "extra": {"store": "s3://bucket/prefix"}}))
     metrics = LogcompactMetricsOperator(task_id="metrics", logcompact_conn_id="no_catalog")
     with pytest.raises(AirflowFailException, match="catalog"):

@@ -12,8 +12,8 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Param
 
 from logcompact.limits import DEFAULT_BUFFER_BYTES, MAX_BUFFER_BYTES
-from logcompact_airflow.hooks import LogcompactHook
-from logcompact_airflow.operators import (
+from logcompact_airflow.hooks.logcompact import LogcompactHook
+from logcompact_airflow.operators.compaction import (
     MIN_PARAM_BUFFER_BYTES,
     LogcompactCommitOperator,
     LogcompactDryRunOperator,

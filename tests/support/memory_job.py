@@ -13,8 +13,8 @@ import resource
 import sys
 from pathlib import Path
 
+from lab.synthetic import NOW, write_compacted_log
 from logcompact.engine.cleaner import run_plan
-from logcompact.lab.synthetic import NOW, write_compacted_log
 from logcompact.plans import Plan, plan_from_json, plan_to_json
 from logcompact.store import LocalStore
 from logcompact.topics import Topic

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from logcompact.lab.servers.common import free_port
+from lab.servers.common import free_port
 
 MASTER_URL = "spark://127.0.0.1:7077"
 

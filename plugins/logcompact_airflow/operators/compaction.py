@@ -20,8 +20,8 @@ from logcompact.limits import MAX_BUFFER_BYTES
 from logcompact.planner import MODES, PlannerConfig
 from logcompact.status import job_gauges
 from logcompact.units import MiB
-from logcompact_airflow.hooks import LogcompactHook
-from logcompact_airflow.metrics import emit_gauges
+from logcompact_airflow.gauges import emit_gauges
+from logcompact_airflow.hooks.logcompact import LogcompactHook
 from logcompact_airflow.policy import TRANSIENT_ERRORS, checked_flag, failing_at_once, now_ms
 from logcompact_airflow.schedule import next_pass_in_ms
 

@@ -7,7 +7,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from logcompact.jobs import DEFAULT_GC_GRACE_MS, collect_garbage
-from logcompact_airflow.hooks import LogcompactHook
+from logcompact_airflow.hooks.logcompact import LogcompactHook
 from logcompact_airflow.policy import failing_at_once, now_ms
 
 

@@ -1,4 +1,4 @@
-"""The metrics operator: `logcompact status` as the cluster's gauges (`logcompact_airflow.metrics`), under the tasks'
+"""The metrics operator: `logcompact status` as the cluster's gauges (`logcompact_airflow.gauges`), under the tasks'
 clock and error policy (`policy`)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from logcompact.status import cluster_status
-from logcompact_airflow.hooks import LogcompactHook
-from logcompact_airflow.metrics import emit_gauges
+from logcompact_airflow.gauges import emit_gauges
+from logcompact_airflow.hooks.logcompact import LogcompactHook
 from logcompact_airflow.policy import failing_at_once, now_ms
 
 

@@ -6,7 +6,7 @@ Names are Kafka's log cleaner MBeans under the prefix `logcompact.` (docs/metric
 `logcompact.uncleanable-partitions-count`, `logcompact.uncleanable-bytes` from the catalog (the metrics DAG),
 and `logcompact.max-buffer-utilization-percent`, `logcompact.cleaner-recopy-percent`,
 `logcompact.max-clean-time-secs` from each commit's jobs (the commit task). The metrics DAG's operator is
-`operators.metrics.LogcompactMetricsOperator`.
+`operators.status.LogcompactMetricsOperator`.
 """
 
 from __future__ import annotations

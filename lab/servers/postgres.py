@@ -25,7 +25,7 @@ written to ``workdir/postgres.log`` (and initdb's output to
 
 Usage (e.g. from a session-scoped pytest fixture)::
 
-    from logcompact.lab.servers.postgres import start_postgres, postgres_missing_reason
+    from lab.servers.postgres import start_postgres, postgres_missing_reason
 
     reason = postgres_missing_reason()
     if reason:
@@ -69,7 +69,7 @@ import psycopg
 from psycopg import sql
 from sqlalchemy.engine import URL, make_url
 
-from logcompact.lab.servers.common import HOST, LOG_TAIL_BYTES, free_port, log_tail
+from lab.servers.common import HOST, LOG_TAIL_BYTES, free_port, log_tail
 
 __all__ = ["PostgresServer", "PostgresStartError", "start_postgres", "postgres_missing_reason"]
 

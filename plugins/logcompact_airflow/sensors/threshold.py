@@ -9,7 +9,7 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowSkipException
 
 from logcompact.jobs import check_thresholds
-from logcompact_airflow.hooks import LogcompactHook
+from logcompact_airflow.hooks.logcompact import LogcompactHook
 from logcompact_airflow.policy import checked_flag, failing_at_once, now_ms
 
 
