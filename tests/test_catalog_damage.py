@@ -373,6 +373,54 @@ def test_sections_whose_ranges_overlap_legitimately_still_read(two_partitions: C
         check_partition_sections("t", 0, [(key, spanning._replace(info=spanning.info._replace(record_count=5))), (other, second)])
 
 
+def _cli_of(catalog: Catalog, *argv: str, stdin: bytes = b"") -> Outcome:
+    """The CLI pointed at `catalog`'s store and database (SQLite or PostgreSQL)."""
+    return run_in_process(["--store", catalog.store.uri, "--catalog", catalog.url, "--now", str(NOW), *argv], stdin)
+
+
+def _state(catalog: Catalog) -> tuple:
+    """What an append changes: the version, the files, the partitions' rows."""
+    part = schema.partitions.c
+    with catalog.engine.connect() as connection:
+        files = connection.execute(select(schema.files.c.key).order_by(schema.files.c.file_id)).scalars().all()
+        rows = connection.execute(select(schema.partitions).order_by(part.topic_id, part.partition)).all()
+    return catalog.latest_version(), files, rows
+
+
+def test_an_append_refuses_offsets_a_section_row_relabelled_from_another_partition_claims(catalog: Catalog) -> None:
+    """On each database: the newest file holds partition 0 alone, offsets 12 to 14; its row relabelled as partition
+    1's claims offsets partition 1 has not given out yet (its next offset is 12). A produce to partition 1 alone is
+    refused in one line naming that row, committing nothing (it handed offsets 12 and 13 out again, a second record
+    at each); an L1 row shifted onto the next offsets is refused alike. The rows put back, the produce goes on."""
+    create_topic(catalog, "t", partitions=2, cleanup_policy="compact")
+    produce_l0_files(catalog, "t", files=3, records=8, keys=6, partitions=2)  # offsets 0 to 11 of each partition
+    _produce(catalog, "t", [Record(0, b"k%d" % i, b"alone", NOW) for i in range(3)])  # partition 0's 12 to 14
+    relabelled = _key_at(catalog, 0, 12)
+    _damage_section(catalog, relabelled, 0, partition=1)
+    before = _state(catalog)
+    with pytest.raises(IngestError, match=f"catalog row of section t/1 of {relabelled} \\(offsets 12 to 14, 3 record\\(s\\)\\) is "
+                                          "damaged: it claims offsets from the partition's next offset 12 on"):
+        _produce(catalog, "t", [Record(1, b"new", b"again", NOW)])
+    outcome = _cli_of(catalog, "produce", "t", stdin=b'{"partition": 1, "key": "new", "value": "again"}\n')
+    assert outcome.code == 1 and "Traceback" not in outcome.stderr and len(outcome.stderr.splitlines()) == 1, outcome
+    assert relabelled in outcome.stderr and "nothing was written" in outcome.stderr, outcome.stderr
+    assert _state(catalog) == before
+    _damage_section(catalog, relabelled, 1, partition=0)  # put back
+    _produce(catalog, "t", [Record(1, b"new", b"once", NOW)])
+    assert catalog.next_offsets("t") == [15, 13]
+
+    prepared = prepare_plans(catalog, "regular", NOW, CONFIG)  # the five L0 files copied to one L1 file
+    run_here(catalog, prepared.plan_ids, prepared.groups, NOW)
+    (l1,) = catalog.snapshot().files(level=1)
+    _damage_section(catalog, l1.key, 1, first_offset=10, last_offset=13)  # 0 to 12, shifted onto the next offset
+    before = _state(catalog)
+    with pytest.raises(IngestError, match=f"section t/1 of {l1.key} \\(offsets 10 to 13, .* next offset 13 on"):
+        _produce(catalog, "t", [Record(1, b"new", b"again", NOW)])
+    assert _state(catalog) == before
+    _produce(catalog, "t", [Record(0, b"new", b"fine", NOW)])  # partition 0 is not claimed
+    assert catalog.next_offsets("t") == [16, 13]
+
+
 # -- 2b. a section row's crc32 bound to the row: no row changed in a locating field reads as truth --------------------
 
 CHANGED = "the catalog's row of the section was changed; restore the file from a copy or the catalog database from a backup"
@@ -521,9 +569,17 @@ def _stored_crcs(catalog: Catalog) -> dict[tuple[int, int, int], int]:
         return {(f, t, p): crc for f, t, p, crc in connection.execute(select(sec.file_id, sec.topic_id, sec.partition, sec.crc32))}
 
 
+def _as_schema_10(catalog: Catalog) -> None:
+    """The catalog as schema 10 held it: partitions without the newest file of an append, schema_version 10."""
+    with catalog.engine.begin() as connection:
+        connection.exec_driver_sql("ALTER TABLE partitions DROP COLUMN newest_file")
+        connection.execute(update(schema.catalog_info).values(schema_version=10))
+
+
 def _as_schema_9(catalog: Catalog) -> None:
-    """The catalog as schema 9 held it: partition_summaries without their partitions' entries in the index counted,
-    schema_version 9."""
+    """The catalog as schema 9 held it: schema 10's, with partition_summaries without their partitions' entries in
+    the index counted, schema_version 9."""
+    _as_schema_10(catalog)
     with catalog.engine.begin() as connection:
         connection.exec_driver_sql("ALTER TABLE partition_summaries DROP COLUMN indexed")
         connection.execute(update(schema.catalog_info).values(schema_version=9))
@@ -532,6 +588,7 @@ def _as_schema_9(catalog: Catalog) -> None:
 def _as_schema_8(catalog: Catalog) -> None:
     """The catalog as schema 8 held it: on PostgreSQL, sections' record_count and tombstones 64-bit (where binary
     COPY of schema 9's 32-bit ones fails); schema_version 8."""
+    _as_schema_10(catalog)
     with catalog.engine.begin() as connection:
         if connection.dialect.name == "postgresql":
             connection.exec_driver_sql("ALTER TABLE sections ALTER COLUMN record_count TYPE bigint, ALTER COLUMN tombstones TYPE bigint")
@@ -550,6 +607,7 @@ def _sections_layout(catalog: Catalog) -> tuple[list[tuple[str, str]], list[tupl
 
 def _as_schema_7(catalog: Catalog) -> None:
     """The catalog as schema 7 held it: partition_summaries without l1_bytes, schema_version 7."""
+    _as_schema_10(catalog)
     with catalog.engine.begin() as connection:
         connection.exec_driver_sql("ALTER TABLE partition_summaries DROP COLUMN l1_bytes")
         connection.execute(update(schema.catalog_info).values(schema_version=7))
@@ -557,6 +615,7 @@ def _as_schema_7(catalog: Catalog) -> None:
 
 def _as_schema_6(catalog: Catalog) -> None:
     """The catalog as schema 6 held it: no partition_summaries, schema_version 6."""
+    _as_schema_10(catalog)
     with catalog.engine.begin() as connection:
         schema.partition_summaries.drop(connection)
         connection.execute(update(schema.catalog_info).values(schema_version=6))
@@ -628,13 +687,13 @@ def test_a_schema_3_catalog_is_refused_until_upgrade_catalog_binds_its_rows(cata
 
     _as_schema_3(catalog)
     assert all(crc != bound[row] for row, crc in _stored_crcs(catalog).items())
-    with pytest.raises(CatalogSchemaError, match="has schema version 3, this logcompact uses 10: .*run `logcompact cluster upgrade-catalog`"):
+    with pytest.raises(CatalogSchemaError, match="has schema version 3, this logcompact uses 11: .*run `logcompact cluster upgrade-catalog`"):
         Catalog(catalog.store, catalog.url).snapshot()
     for argv in (["consume", "t", "--partition", "0"], ["files"], ["compact", "--all"], ["cluster", "describe"]):
         _one_line_error(run_in_process([*cli, *argv]), "has schema version 3", "logcompact cluster upgrade-catalog")
     upgraded = run_in_process([*cli, "cluster", "upgrade-catalog"])
     assert upgraded.code == 0 and not upgraded.stderr, upgraded
-    assert json.loads(upgraded.stdout) == {"upgraded": True, "from_schema_version": 3, "schema_version": 10, "sections_rewritten": 24}
+    assert json.loads(upgraded.stdout) == {"upgraded": True, "from_schema_version": 3, "schema_version": 11, "sections_rewritten": 24}
     assert _stored_crcs(catalog) == bound
     reopened = Catalog(catalog.store, catalog.url)
     assert {p: list(read_records(reopened.store, reopened.snapshot(), "t", p)) for p in range(3)} == before
@@ -648,11 +707,11 @@ def test_a_schema_3_catalog_is_refused_until_upgrade_catalog_binds_its_rows(cata
     assert _stored_crcs(catalog) == bound
     assert Catalog(catalog.store, catalog.url).upgrade_catalog() is None
 
-    for other in (2, 11):
+    for other in (2, 12):
         with catalog.engine.begin() as connection:
             connection.execute(update(schema.catalog_info).values(schema_version=other))
         _one_line_error(run_in_process([*cli, "cluster", "upgrade-catalog"]), f"has schema version {other}",
-                        "upgrades schemas 3, 4, 5, 6, 7, 8, 9 to 10 only")
+                        "upgrades schemas 3, 4, 5, 6, 7, 8, 9, 10 to 11 only")
         assert _stored_crcs(catalog) == bound
 
 
@@ -670,7 +729,7 @@ def test_a_schema_5_catalog_upgrades_to_its_l0_sections_out_of_the_partition_ind
     sec, files, part = schema.sections.c, schema.files.c, schema.partitions.c
     with catalog.engine.begin() as connection:  # lowered under schema 5: still refused after the upgrade
         connection.execute(update(schema.partitions).where(part.partition == 2).values(next_offset=7))
-    with pytest.raises(CatalogSchemaError, match="has schema version 5, this logcompact uses 10: .*upgrade-catalog"):
+    with pytest.raises(CatalogSchemaError, match="has schema version 5, this logcompact uses 11: .*upgrade-catalog"):
         Catalog(catalog.store, catalog.url).snapshot()
     assert Catalog(catalog.store, catalog.url).upgrade_catalog() == CatalogUpgrade(5, 0)
     reopened = Catalog(catalog.store, catalog.url)
@@ -691,8 +750,8 @@ def test_a_schema_5_catalog_upgrades_to_its_l0_sections_out_of_the_partition_ind
         produce_l0_files(reopened, "t", files=1, records=30, keys=10, partitions=3)
 
 
-@pytest.mark.parametrize("found", [6, 7, 8, 9])
-def test_a_schema_6_to_9_catalog_upgrades_to_partition_summaries_that_commits_then_keep(catalog: Catalog, found: int) -> None:
+@pytest.mark.parametrize("found", [6, 7, 8, 9, 10])
+def test_a_schema_6_to_10_catalog_upgrades_to_partition_summaries_that_commits_then_keep(catalog: Catalog, found: int) -> None:
     """On each database: a schema-6 catalog (no summaries), schema-7 one (summaries without their bytes at L1),
     schema-8 one (sections laid out wider) or schema-9 one (summaries not counting their partitions' index entries) is
     refused until upgraded; the upgrade lays the sections out as a new catalog does and sums up every partition's live
@@ -708,10 +767,13 @@ def test_a_schema_6_to_9_catalog_upgrades_to_partition_summaries_that_commits_th
     fresh_layout = _sections_layout(catalog)
     records = {p: list(read_records(catalog.store, catalog.snapshot(), "t", p)) for p in range(3)}
     kept = schema.partition_summaries.c
+    part = schema.partitions.c
     with catalog.engine.connect() as connection:
         rows_before = connection.execute(select(kept.partition, kept.floor, kept.version).order_by(kept.partition)).all()
-    {6: _as_schema_6, 7: _as_schema_7, 8: _as_schema_8, 9: _as_schema_9}[found](catalog)
-    with pytest.raises(CatalogSchemaError, match=f"has schema version {found}, this logcompact uses 10: .*upgrade-catalog"):
+        newest_before = connection.execute(select(part.newest_file).order_by(part.partition)).scalars().all()
+    assert newest_before[0] > newest_before[2] == 0  # partition 2 was never appended to
+    {6: _as_schema_6, 7: _as_schema_7, 8: _as_schema_8, 9: _as_schema_9, 10: _as_schema_10}[found](catalog)
+    with pytest.raises(CatalogSchemaError, match=f"has schema version {found}, this logcompact uses 11: .*upgrade-catalog"):
         Catalog(catalog.store, catalog.url).snapshot()
     assert Catalog(catalog.store, catalog.url).upgrade_catalog() == CatalogUpgrade(found, 0)
     reopened = Catalog(catalog.store, catalog.url)
@@ -719,13 +781,14 @@ def test_a_schema_6_to_9_catalog_upgrades_to_partition_summaries_that_commits_th
     assert {p: list(read_records(reopened.store, reopened.snapshot(), "t", p)) for p in range(3)} == records
     with reopened.engine.connect() as connection:
         rows = connection.execute(select(kept.partition, kept.floor, kept.version).order_by(kept.partition)).all()
+        assert connection.execute(select(part.newest_file).order_by(part.partition)).scalars().all() == newest_before
     latest = reopened.latest_version()
-    assert rows == (rows_before if found == 9 else [(0, 0, latest), (1, 0, latest), (2, None, latest)])
+    assert rows == (rows_before if found >= 9 else [(0, 0, latest), (1, 0, latest), (2, None, latest)])
     assert_summaries_kept(reopened)
     partitions = [("t", p) for p in range(3)]
     assert reopened.snapshot().floors_above_l0(partitions) == {("t", 0): 0, ("t", 1): 0, ("t", 2): None}
     # Older than every row the upgrade set: its sections are read (schema 9's rows keep the versions that set them).
-    assert older.floors_above_l0(partitions) == ({("t", 2): None} if found == 9 else {})
+    assert older.floors_above_l0(partitions) == ({("t", 2): None} if found >= 9 else {})
     for _ in range(2):  # L0 to L1, then L1 to L2: sections above L0 removed and added
         prepared = prepare_plans(reopened, "regular", NOW, PlannerConfig(min_files=(2, 2, 2, 2)))
         run_here(reopened, prepared.plan_ids, prepared.groups, NOW)
@@ -745,7 +808,7 @@ def test_a_schema_4_catalog_upgrades_to_the_kafka_tables_and_keeps_its_topics(ca
     before = {p: list(read_records(catalog.store, catalog.snapshot(), "t", p)) for p in range(2)}
     ids = _topic_ids(catalog)
     _as_schema_4(catalog)
-    with pytest.raises(CatalogSchemaError, match="has schema version 4, this logcompact uses 10: .*upgrade-catalog"):
+    with pytest.raises(CatalogSchemaError, match="has schema version 4, this logcompact uses 11: .*upgrade-catalog"):
         Catalog(catalog.store, catalog.url).snapshot()
     assert Catalog(catalog.store, catalog.url).upgrade_catalog() == CatalogUpgrade(4, 0)
     reopened = Catalog(catalog.store, catalog.url)
