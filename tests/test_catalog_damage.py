@@ -59,6 +59,7 @@ from logcompact.planner import PlannerConfig
 from logcompact.plans import read_header
 from logcompact.plans.documents import abandoned_plans
 from logcompact.store import LocalStore
+from logcompact.units import wall_clock_ms
 from tests.helpers import NOW, assert_summaries_kept, create_topic, produce_l0_files
 from tests.support.cli_cases import Outcome, run_in_process, run_process
 from tests.test_cli_bad_input import CATALOG, CATALOG_COMMANDS, GOOD_LINE
@@ -373,9 +374,9 @@ def test_sections_whose_ranges_overlap_legitimately_still_read(two_partitions: C
         check_partition_sections("t", 0, [(key, spanning._replace(info=spanning.info._replace(record_count=5))), (other, second)])
 
 
-def _cli_of(catalog: Catalog, *argv: str, stdin: bytes = b"") -> Outcome:
+def _cli_of(catalog: Catalog, *argv: str, stdin: bytes = b"", now: int = NOW) -> Outcome:
     """The CLI pointed at `catalog`'s store and database (SQLite or PostgreSQL)."""
-    return run_in_process(["--store", catalog.store.uri, "--catalog", catalog.url, "--now", str(NOW), *argv], stdin)
+    return run_in_process(["--store", catalog.store.uri, "--catalog", catalog.url, "--now", str(now), *argv], stdin)
 
 
 def _state(catalog: Catalog) -> tuple:
@@ -419,6 +420,58 @@ def test_an_append_refuses_offsets_a_section_row_relabelled_from_another_partiti
     assert _state(catalog) == before
     _produce(catalog, "t", [Record(0, b"new", b"fine", NOW)])  # partition 0 is not claimed
     assert catalog.next_offsets("t") == [16, 13]
+
+
+def _file_row(catalog: Catalog, key: str) -> dict:
+    with catalog.engine.connect() as connection:
+        return dict(connection.execute(select(schema.files).where(schema.files.c.key == key)).one()._mapping)
+
+
+def _values(catalog: Catalog, partition: int = 0, now: int = NOW) -> list[str]:
+    outcome = _cli_of(catalog, "consume", "t", "--partition", str(partition), now=now)
+    assert outcome.code == 0, outcome
+    return [json.loads(line)["value"] for line in outcome.stdout.splitlines()]
+
+
+@pytest.mark.parametrize("damage", ["files row deleted", "files row marked removed", "files row renamed to a collected file's key"])
+def test_gc_never_deletes_the_object_of_a_file_whose_catalog_rows_lost_it(catalog: Catalog, damage: str) -> None:
+    """On each database, issue 40's repro: two produces, the first file's files row damaged, a third produce, then
+    `compact --full` and `gc --grace-ms 0` past every object's time. gc deleted the file's object (no row named it, or its row said
+    removed): its records gone for good. Now gc keeps it and every object the catalog has no row for, exits 1 in one
+    line naming the damaged row, and collects the rest; the row put back, every record reads again."""
+    now = wall_clock_ms()
+    later = now + 2 * 3_600_000  # past the grace of every object
+    assert _cli_of(catalog, "topic", "create", "t", "--partitions", "1", "--config", "cleanup.policy=compact", now=now).code == 0
+    for key, value in (("a", "1"), ("b", "2")):
+        assert _cli_of(catalog, "produce", "t", stdin=b'{"partition": 0, "key": "%s", "value": "%s"}\n' % (key.encode(), value.encode()), now=now).code == 0
+    files = schema.files.c
+    with catalog.engine.connect() as connection:  # a's file
+        first = connection.execute(select(files.key).where(files.level == 0).order_by(files.file_id).limit(1)).scalar_one()
+    row = _file_row(catalog, first)
+    with catalog.engine.begin() as connection:
+        if damage == "files row deleted":
+            connection.execute(schema.files.delete().where(files.key == first))
+        elif damage == "files row marked removed":
+            # at the cluster's creation, out of the kept versions: as if removed long ago
+            connection.execute(update(schema.files).where(files.key == first).values(removed_version=1, removed_ms=now))
+        else:
+            # the key of a file collected long ago: no object has it now
+            connection.execute(update(schema.files).where(files.key == first).values(key=f"data/l0/{now - 86_400_000}-{'0' * 32}.seg"))
+    stored = (catalog.store.root / first).read_bytes()
+
+    assert _cli_of(catalog, "produce", "t", stdin=b'{"partition": 0, "key": "c", "value": "3"}\n', now=later).code == 0
+    compacted = _cli_of(catalog, "compact", "--full", now=later)  # the renamed row's object is not in the store
+    assert compacted.code == (1 if "renamed" in damage else 0) and len(compacted.stderr.splitlines()) <= 1, compacted
+    outcome = _cli_of(catalog, "gc", "--grace-ms", "0", now=later + 1)
+    assert outcome.code == 1 and len(outcome.stderr.splitlines()) == 1 and "Traceback" not in outcome.stderr, outcome
+    assert "catalog rows are damaged" in outcome.stderr and "gc deleted no object they may name" in outcome.stderr, outcome.stderr
+    report = json.loads(outcome.stdout)
+    assert first not in report["deleted_files"] and (first in report["kept_orphans"]) == (damage != "files row marked removed"), report
+    assert (catalog.store.root / first).read_bytes() == stored
+    with catalog.engine.begin() as connection:  # the row put back, as a restored catalog holds it
+        connection.execute(schema.files.delete().where(files.file_id == row["file_id"]))
+        connection.execute(schema.files.insert().values(**row))
+    assert _values(catalog, now=later) == ["1", "2", "3"]
 
 
 # -- 2b. a section row's crc32 bound to the row: no row changed in a locating field reads as truth --------------------

@@ -1025,13 +1025,45 @@ class Catalog:
     # -- garbage -------------------------------------------------------------------------------------
 
     def collectable_files(self, before_version: int, removed_before_ms: int) -> list[str]:
-        """Files removed before `before_version` and before `removed_before_ms`: no kept version holds them."""
+        """Files removed before `before_version` and before `removed_before_ms` by a commit that records removing
+        them (`_removal_recorded`): no kept version holds them."""
         with self._reading() as connection:
             return list(connection.execute(
                 select(s.files.c.key).where(
-                    s.files.c.removed_version < before_version, s.files.c.removed_ms < removed_before_ms
+                    s.files.c.removed_version < before_version, s.files.c.removed_ms < removed_before_ms, _removal_recorded()
                 ).order_by(s.files.c.file_id)
             ).scalars())
+
+    def unrecorded_removals(self, before_version: int, removed_before_ms: int) -> list[str]:
+        """The files rows `collectable_files` would take but for their removal: marked removed at a version no
+        compaction nor topic deletion committed (a damaged row, whose records no other file holds), one line each."""
+        files = s.files.c
+        with self._reading() as connection:
+            rows = connection.execute(
+                select(files.key, files.file_id, files.removed_version).where(
+                    files.removed_version < before_version, files.removed_ms < removed_before_ms, ~_removal_recorded()
+                ).order_by(files.file_id)
+            ).all()
+        return [
+            f"files row {key!r} (file_id {file_id}) is marked removed in version {version}, which no compaction or topic "
+            "deletion committed" for key, file_id, version in rows
+        ]
+
+    def dangling_sections(self, limit: int = 3) -> list[str]:
+        """Sections rows whose file has no files row (a damaged catalog: its file's key is lost, and gc would take
+        the file's object for an orphan), one line per file id, at most `limit`: one read of every sections row."""
+        sec, files = s.sections.c, s.files.c
+        with self._reading() as connection:
+            by_file = select(sec.file_id, func.count().label("rows"), func.min(sec.topic_id).label("topic_id"),
+                             func.min(sec.partition).label("partition")).group_by(sec.file_id).subquery()
+            rows = connection.execute(
+                select(by_file).where(~select(files.file_id).where(files.file_id == by_file.c.file_id).exists())
+                .order_by(by_file.c.file_id).limit(limit)
+            ).all()
+        return [
+            f"{count} sections rows of file_id {file_id} (topic_id {topic_id}, partition {partition}, ...) have no files row"
+            for file_id, count, topic_id, partition in rows
+        ]
 
     def forget_files(self, keys: Sequence[str]) -> None:
         """Delete removed files' rows (their objects are gone); a live file is never forgotten. Their entries in the
@@ -1186,6 +1218,17 @@ class Catalog:
                 "added_version": version,
             })
         connection.execute(insert(s.files), file_rows)
+
+
+def _removal_recorded() -> ColumnElement[bool]:
+    """Whether a files row's removed_version is a commit that removes files: a committed plan's, a topic's deletion,
+    or a replacement of files the commit log still holds."""
+    removed = s.files.c.removed_version
+    return or_(
+        removed.in_(select(s.committed_plans.c.version)),
+        removed.in_(select(s.topics.c.deleted_version).where(s.topics.c.deleted_version.is_not(None))),
+        removed.in_(select(s.versions.c.version).where(s.versions.c.operation == "replace files")),
+    )
 
 
 def _take_file_ids(connection: Connection, count: int) -> list[int]:
