@@ -31,20 +31,22 @@ _ANY_PLAN = "RESET enable_hashjoin; RESET enable_mergejoin; RESET enable_seqscan
 # through `sections_by_partition`, and in the live L0 files newer than the newest file an append gave offsets of it in
 # (`partitions.newest_file`), each by primary key. Every section ever written of a partition ends below the offsets an
 # append hands out next; one that does not is a damaged row (relabelled from another partition, shifted) and handing
-# them out would put two records at one offset.
+# them out would put two records at one offset. On PostgreSQL each subquery is fenced (`OFFSET 0`) so that it runs
+# per partition through those indexes: made a join, it was planned as every live L0 section matched to every
+# partition (8.8 s for 30 files of 1,000 sections).
 _UNCLAIMED = """
 NOT EXISTS (SELECT 1 FROM sections AS s WHERE s.topic_id = {p}.topic_id AND s.partition = {p}.partition AND s.level > 0
-            AND s.last_offset >= {p}.next_offset)
+            AND s.last_offset >= {p}.next_offset{fence})
 AND NOT EXISTS (SELECT 1 FROM files AS f JOIN sections AS s ON s.file_id = f.file_id
                 WHERE f.level = 0 AND f.removed_version IS NULL AND f.file_id > {p}.newest_file
-                AND s.topic_id = {p}.topic_id AND s.partition = {p}.partition AND s.last_offset >= {p}.next_offset)
+                AND s.topic_id = {p}.topic_id AND s.partition = {p}.partition AND s.last_offset >= {p}.next_offset{fence})
 """
 _ADVANCE_POSTGRESQL = f"""
 UPDATE partitions AS p SET next_offset = p.next_offset + u.n, assigned_end = p.next_offset + u.n,
                            newest_file = GREATEST(p.newest_file, u.file_id)
 FROM unnest(%(topics)s::int[], %(partitions)s::int[], %(counts)s::bigint[], %(files)s::bigint[]) AS u(topic_id, partition, n, file_id)
 WHERE p.topic_id = u.topic_id AND p.partition = u.partition AND p.next_offset >= p.assigned_end
-AND {_UNCLAIMED.format(p="p")}
+AND {_UNCLAIMED.format(p="p", fence=" OFFSET 0")}
 RETURNING p.topic_id, p.partition, p.next_offset - u.n
 """
 _ADVANCE_SQLITE = f"""
@@ -52,7 +54,7 @@ UPDATE partitions SET next_offset = next_offset + w.n, assigned_end = next_offse
 FROM (SELECT json_extract(value, '$[0]') AS topic_id, json_extract(value, '$[1]') AS partition,
              json_extract(value, '$[2]') AS n, json_extract(value, '$[3]') AS file_id FROM json_each(?)) AS w
 WHERE partitions.topic_id = w.topic_id AND partitions.partition = w.partition AND partitions.next_offset >= partitions.assigned_end
-AND {_UNCLAIMED.format(p="partitions")}
+AND {_UNCLAIMED.format(p="partitions", fence="")}
 RETURNING partitions.topic_id, partitions.partition, partitions.next_offset
 """
 
