@@ -433,6 +433,47 @@ def _values(catalog: Catalog, partition: int = 0, now: int = NOW) -> list[str]:
     return [json.loads(line)["value"] for line in outcome.stdout.splitlines()]
 
 
+HIDING = ("files row deleted", "files row marked removed", "section retired alone", "section moved to another topic")
+
+
+@pytest.mark.parametrize("damage", HIDING)
+@pytest.mark.parametrize("hidden", [0, 1])
+def test_a_row_damaged_so_that_it_hides_records_of_a_partition_never_compacted_is_refused(catalog: Catalog, damage: str, hidden: int) -> None:
+    """On each database: three files of partition 0 (offsets 0, 1, 2), the first's or the second's rows damaged in a
+    way that leaves its section out of every read of the partition. Consume exited 0 without that record; now it is
+    refused in one line naming the offsets hidden, by the library's readers too. Put back, the rows read whole."""
+    create_topic(catalog, "t", partitions=1, cleanup_policy="compact")
+    create_topic(catalog, "u", partitions=1, cleanup_policy="compact")
+    for value in (b"1", b"2", b"3"):
+        _produce(catalog, "t", [Record(0, b"k" + value, value, NOW)])
+    key = _key_at(catalog, 0, hidden)
+    row = _file_row(catalog, key)
+    sec, files = schema.sections.c, schema.files.c
+    in_file = (sec.file_id == row["file_id"], sec.partition == 0)
+    with catalog.engine.begin() as connection:
+        section = dict(connection.execute(select(schema.sections).where(*in_file)).one()._mapping)
+        if damage == "files row deleted":
+            connection.execute(schema.files.delete().where(files.key == key))
+        elif damage == "files row marked removed":
+            connection.execute(update(schema.files).where(files.key == key).values(removed_version=catalog.latest_version(), removed_ms=NOW))
+        elif damage == "section retired alone":
+            connection.execute(update(schema.sections).where(*in_file).values(removed_version=catalog.latest_version()))
+        else:
+            connection.execute(update(schema.sections).where(*in_file).values(topic_id=catalog.snapshot().topic_ids["u"]))
+    says = f"catalog rows of partition t/0 hide offsets {hidden} to {hidden}: no live section holds them, yet the partition was never compacted"
+    _one_line_error(_cli_of(catalog, "consume", "t", "--partition", "0"), says, "restore the catalog database from a backup")
+    for read in (lambda: list(read_records(catalog.store, catalog.snapshot(), "t", 0)), lambda: latest_values(catalog.store, catalog.snapshot(), "t", 0)):
+        with pytest.raises(CorruptDataError, match=says):
+            read()
+    assert [r.value for r in read_records(catalog.store, catalog.snapshot(), "t", 0, from_offset=hidden + 1)] == [b"1", b"2", b"3"][hidden + 1:]
+    with catalog.engine.begin() as connection:  # put back, as a restored catalog holds them
+        connection.execute(schema.files.delete().where(files.file_id == row["file_id"]))
+        connection.execute(schema.files.insert().values(**row))
+        connection.execute(schema.sections.delete().where(sec.file_id == row["file_id"]))
+        connection.execute(schema.sections.insert().values(**section))
+    assert _values(catalog) == ["1", "2", "3"]
+
+
 @pytest.mark.parametrize("damage", ["files row deleted", "files row marked removed", "files row renamed to a collected file's key"])
 def test_gc_never_deletes_the_object_of_a_file_whose_catalog_rows_lost_it(catalog: Catalog, damage: str) -> None:
     """On each database, issue 40's repro: two produces, the first file's files row damaged, a third produce, then
