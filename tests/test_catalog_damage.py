@@ -441,7 +441,8 @@ HIDING = ("files row deleted", "files row marked removed", "section retired alon
 def test_a_row_damaged_so_that_it_hides_records_of_a_partition_never_compacted_is_refused(catalog: Catalog, damage: str, hidden: int) -> None:
     """On each database: three files of partition 0 (offsets 0, 1, 2), the first's or the second's rows damaged in a
     way that leaves its section out of every read of the partition. Consume exited 0 without that record; now it is
-    refused in one line naming the offsets hidden, by the library's readers too. Put back, the rows read whole."""
+    refused in one line naming the offsets hidden, by the library's readers too, and so is a compaction, before it
+    leases anything. Put back, the rows read whole."""
     create_topic(catalog, "t", partitions=1, cleanup_policy="compact")
     create_topic(catalog, "u", partitions=1, cleanup_policy="compact")
     for value in (b"1", b"2", b"3"):
@@ -466,6 +467,10 @@ def test_a_row_damaged_so_that_it_hides_records_of_a_partition_never_compacted_i
         with pytest.raises(CorruptDataError, match=says):
             read()
     assert [r.value for r in read_records(catalog.store, catalog.snapshot(), "t", 0, from_offset=hidden + 1)] == [b"1", b"2", b"3"][hidden + 1:]
+    # Compacted, the partition would hold its records without them, and gc would collect their file.
+    before = _state(catalog)
+    _one_line_error(_cli_of(catalog, "compact", "--full"), "hide offsets", "so a row that held them is damaged", "nothing was leased")
+    assert _state(catalog) == before and not catalog.leased_plans(NOW)
     with catalog.engine.begin() as connection:  # put back, as a restored catalog holds them
         connection.execute(schema.files.delete().where(files.file_id == row["file_id"]))
         connection.execute(schema.files.insert().values(**row))
@@ -501,8 +506,9 @@ def test_gc_never_deletes_the_object_of_a_file_whose_catalog_rows_lost_it(catalo
     stored = (catalog.store.root / first).read_bytes()
 
     assert _cli_of(catalog, "produce", "t", stdin=b'{"partition": 0, "key": "c", "value": "3"}\n', now=later).code == 0
-    compacted = _cli_of(catalog, "compact", "--full", now=later)  # the renamed row's object is not in the store
-    assert compacted.code == (1 if "renamed" in damage else 0) and len(compacted.stderr.splitlines()) <= 1, compacted
+    # Refused: offset 0 is hidden (`Plan.check_offsets_held`), or the renamed row's object is not in the store.
+    compacted = _cli_of(catalog, "compact", "--full", now=later)
+    assert compacted.code == 1 and len(compacted.stderr.splitlines()) == 1, compacted
     outcome = _cli_of(catalog, "gc", "--grace-ms", "0", now=later + 1)
     assert outcome.code == 1 and len(outcome.stderr.splitlines()) == 1 and "Traceback" not in outcome.stderr, outcome
     assert "catalog rows are damaged" in outcome.stderr and "gc deleted no object they may name" in outcome.stderr, outcome.stderr
