@@ -408,19 +408,18 @@ class Snapshot:
                     found[wanted[slot]] = summary
         return found
 
-    def never_compacted(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
-        """The log start offset of each of `partitions` that never held a section above L0 (no `partition_summaries`
-        row): never compacted, its live sections hold every offset from its log start on. One query."""
-        wanted = {(self.topic_ids[topic], partition): (topic, partition) for topic, partition in partitions}
-        if not wanted:
+    def never_compacted(self, topics: Iterable[str]) -> dict[TopicPartition, int]:
+        """The log start offset of each partition of `topics` that never held a section above L0 (no
+        `partition_summaries` row): never compacted, its live sections hold every offset from its log start on, and
+        all are at L0. One query; none in a cluster whose every partition was compacted once."""
+        ids = {self.topic_ids[name]: name for name in topics}
+        if not ids:
             return {}
         part, kept = s.partitions.c, s.partition_summaries.c
         summarized = select(kept.topic_id).where(kept.topic_id == part.topic_id, kept.partition == part.partition).exists()
-        query = select(part.topic_id, part.partition, part.log_start_offset).where(
-            part.topic_id.in_(sorted({t for t, _ in wanted})), part.partition.in_(sorted({p for _, p in wanted})), ~summarized
-        )
+        query = select(part.topic_id, part.partition, part.log_start_offset).where(part.topic_id.in_(sorted(ids)), ~summarized)
         with self._connect() as connection:
-            return {wanted[(t, p)]: start for t, p, start in connection.execute(query) if (t, p) in wanted}
+            return {(ids[topic_id], partition): start for topic_id, partition, start in connection.execute(query)}
 
     def first_uncleanable_offsets(
         self, partitions: Iterable[TopicPartition], now_ms: int, excluding: Sequence[str] = ()

@@ -181,14 +181,20 @@ class Plan:
         among the plan's sections of one that no live section outside the plan can fill is a damaged row hiding
         records (a files row deleted or marked removed, a section retired or moved), which the plan would leave
         out of its outputs, and gc would then collect with their file. CorruptDataError, before anything is leased."""
+        starts = snapshot.never_compacted(self.topics)
+        if not starts:
+            return
         held: dict[TopicPartition, list[tuple[int, int]]] = {}
         for data_file in self.inputs:
+            if data_file.level > 0:  # its partitions have all held a section above L0
+                continue
             for info, first in data_file.sections:
-                held.setdefault((info.topic, info.partition), []).append((first, first + info.last_delta))
+                if (info.topic, info.partition) in starts:
+                    held.setdefault((info.topic, info.partition), []).append((first, first + info.last_delta))
         holes: dict[TopicPartition, tuple[int, int]] = {}
-        for tp, log_start in snapshot.never_compacted(held).items():
-            reached = log_start - 1
-            for first, last in sorted(held[tp]):
+        for tp, sections in held.items():
+            reached = starts[tp] - 1
+            for first, last in sorted(sections):
                 if first > reached + 1:
                     holes[tp] = (reached + 1, first - 1)
                     break
