@@ -77,9 +77,9 @@ def collect_garbage(
     # Read before the catalog's rows: a plan that commits in between has its outputs among them.
     in_flight = catalog.leased_plans(now_ms)
     oldest = catalog.oldest_kept_version()
-    # A file removed at version R is in the versions below R only: at R = oldest, no kept version holds it.
     # The live files before the listing: each one's object was written before its row, so before the listing too.
     live = {f.key: f.size for f in catalog.snapshot().file_summaries()}
+    # A file removed at version R is in the versions below R only: at R = oldest, no kept version holds it.
     removed = catalog.collectable_files(oldest + 1, now_ms - grace_ms)
     damaged = [f"removed files row {key!r} names no data file" for key in removed if not DATA_KEY_PATTERN.fullmatch(key)]
     removed = [key for key in removed if DATA_KEY_PATTERN.fullmatch(key)]
@@ -107,15 +107,17 @@ def collect_garbage(
             awaiting.append(info.key)
         else:
             orphans.append(info.key)
-    if not lost_keys and len(orphans) >= MIN_ORPHANS_CHECKED and len(orphans) > max_orphan_share * len(listed):
+    kept: list[str] = []
+    if lost_keys:  # one of them may be the file whose key a damaged row lost
+        kept, orphans = orphans, []
+    elif len(orphans) >= MIN_ORPHANS_CHECKED and len(orphans) > max_orphan_share * len(listed):
         raise ClusterMismatchError(
             f"{len(orphans)} of the {len(listed)} objects under data/ in {store.uri} are unknown to catalog "
             f"{redact_url(catalog.engine.url)} "
             f"(first: {orphans[0]}): it looks like another cluster's catalog or an older copy, so gc deleted none; if "
             f"they are garbage, run gc with --max-orphan-share 1"
         )
-    kept = orphans if lost_keys else []
-    for key in orphans if not lost_keys else []:
+    for key in orphans:
         store.delete(key)
     trimmed = catalog.trim_versions(oldest)
     # A plan's documents go together, once its newest one (the last group's result) is past the grace.
@@ -130,8 +132,8 @@ def collect_garbage(
                 old_plans.append(info.key)
     abandoned = [path for prefix in (DATA_PREFIX, PLANS_PREFIX) for path in store.delete_abandoned_writes(prefix, now_ms - grace_ms)]
     return GcReport(
-        removed + [key for key in orphans if key not in kept], trimmed, young, released, old_plans, reclaim_workdirs(), abandoned,
-        released_abandoned, awaiting, unexplained, damaged, kept,
+        removed + orphans, trimmed, young, released, old_plans, reclaim_workdirs(), abandoned, released_abandoned, awaiting,
+        unexplained, damaged, kept,
     )
 
 
