@@ -31,15 +31,18 @@ _ANY_PLAN = "RESET enable_hashjoin; RESET enable_mergejoin; RESET enable_seqscan
 # through `sections_by_partition`, and in the live L0 files newer than the newest file an append gave offsets of it in
 # (`partitions.newest_file`), each by primary key. Every section ever written of a partition ends below the offsets an
 # append hands out next; one that does not is a damaged row (relabelled from another partition, shifted) and handing
-# them out would put two records at one offset. On PostgreSQL each subquery is fenced (`OFFSET 0`) so that it runs
+# them out would put two records at one offset. A partition whose newest file is the newest live L0 file (an agent's
+# files hold most of its partitions) skips the second subquery, its gate asked once a statement. On PostgreSQL each
+# subquery is fenced (`OFFSET 0`) so that it runs
 # per partition through those indexes: made a join, it was planned as every live L0 section matched to every
 # partition (8.8 s for 30 files of 1,000 sections).
 _UNCLAIMED = """
 NOT EXISTS (SELECT 1 FROM sections AS s WHERE s.topic_id = {p}.topic_id AND s.partition = {p}.partition AND s.level > 0
             AND s.last_offset >= {p}.next_offset{fence})
-AND NOT EXISTS (SELECT 1 FROM files AS f JOIN sections AS s ON s.file_id = f.file_id
+AND ({p}.newest_file >= (SELECT coalesce(max(file_id), 0) FROM files WHERE level = 0 AND removed_version IS NULL)
+     OR NOT EXISTS (SELECT 1 FROM files AS f JOIN sections AS s ON s.file_id = f.file_id
                 WHERE f.level = 0 AND f.removed_version IS NULL AND f.file_id > {p}.newest_file
-                AND s.topic_id = {p}.topic_id AND s.partition = {p}.partition AND s.last_offset >= {p}.next_offset{fence})
+                AND s.topic_id = {p}.topic_id AND s.partition = {p}.partition AND s.last_offset >= {p}.next_offset{fence}))
 """
 _ADVANCE_POSTGRESQL = f"""
 UPDATE partitions AS p SET next_offset = p.next_offset + u.n, assigned_end = p.next_offset + u.n,
