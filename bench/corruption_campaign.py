@@ -508,8 +508,14 @@ def catalog_check_cases(base: BaseStore, levels: tuple[str, ...] = ("L0", "L1"))
         run.extra["rest"] = removed[1:]
 
     def out_of_kept_versions(run: CaseRun) -> None:
-        """As after 100 more commits: the removed files are garbage of this catalog, for gc to collect."""
-        _edit(run.store / "catalog.db", ("UPDATE files SET removed_version = 1 WHERE removed_version IS NOT NULL", ()))
+        """After 100 more commits (that changed nothing: their commit log entries alone): the files the compactions
+        removed are out of the kept versions, garbage of this catalog for gc to collect. (Their removed_version
+        lowered instead would no longer be a compaction's: the mark of a damaged row, whose file gc keeps.)"""
+        ((version,),) = _query(run.store / "catalog.db", "SELECT version FROM catalog_info")
+        later = [(number, f"kept-{run.number}-{number}", run.now, "append") for number in range(version + 1, version + 1 + DEFAULT_KEEP_VERSIONS)]
+        with closing(sqlite3.connect(run.store / "catalog.db")) as connection, connection:
+            connection.executemany("INSERT INTO versions (version, commit_id, created_ms, operation) VALUES (?, ?, ?, ?)", later)
+            connection.execute("UPDATE catalog_info SET version = ?", (later[-1][0],))
 
     def dot_dot_expected(run: CaseRun) -> list[str]:
         gc = run.done["gc"]

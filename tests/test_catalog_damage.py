@@ -60,6 +60,7 @@ from logcompact.planner import PlannerConfig
 from logcompact.plans import read_header
 from logcompact.plans.documents import abandoned_plans
 from logcompact.store import LocalStore
+from logcompact.units import wall_clock_ms
 from tests.helpers import NOW, assert_summaries_kept, create_topic, produce_l0_files
 from tests.support.cli_cases import Outcome, run_in_process, run_process
 from tests.test_cli_bad_input import CATALOG, CATALOG_COMMANDS, GOOD_LINE
@@ -374,6 +375,153 @@ def test_sections_whose_ranges_overlap_legitimately_still_read(two_partitions: C
         check_partition_sections("t", 0, [(key, spanning._replace(info=spanning.info._replace(record_count=5))), (other, second)])
 
 
+def _cli_of(catalog: Catalog, *argv: str, stdin: bytes = b"", now: int = NOW) -> Outcome:
+    """The CLI pointed at `catalog`'s store and database (SQLite or PostgreSQL)."""
+    return run_in_process(["--store", catalog.store.uri, "--catalog", catalog.url, "--now", str(now), *argv], stdin)
+
+
+def _state(catalog: Catalog) -> tuple:
+    """What an append changes: the version, the files, the partitions' rows."""
+    part = schema.partitions.c
+    with catalog.engine.connect() as connection:
+        files = connection.execute(select(schema.files.c.key).order_by(schema.files.c.file_id)).scalars().all()
+        rows = connection.execute(select(schema.partitions).order_by(part.topic_id, part.partition)).all()
+    return catalog.latest_version(), files, rows
+
+
+def test_an_append_refuses_offsets_a_section_row_relabelled_from_another_partition_claims(catalog: Catalog) -> None:
+    """On each database: the newest file holds partition 0 alone, offsets 12 to 14; its row relabelled as partition
+    1's claims offsets partition 1 has not given out yet (its next offset is 12). A produce to partition 1 alone is
+    refused in one line naming that row, committing nothing (it handed offsets 12 and 13 out again, a second record
+    at each); an L1 row shifted onto the next offsets is refused alike. The rows put back, the produce goes on."""
+    create_topic(catalog, "t", partitions=2, cleanup_policy="compact")
+    produce_l0_files(catalog, "t", files=3, records=8, keys=6, partitions=2)  # offsets 0 to 11 of each partition
+    _produce(catalog, "t", [Record(0, b"k%d" % i, b"alone", NOW) for i in range(3)])  # partition 0's 12 to 14
+    relabelled = _key_at(catalog, 0, 12)
+    _damage_section(catalog, relabelled, 0, partition=1)
+    before = _state(catalog)
+    with pytest.raises(IngestError, match=f"catalog row of section t/1 of {relabelled} \\(offsets 12 to 14, 3 record\\(s\\)\\) is "
+                                          "damaged: it claims offsets from the partition's next offset 12 on"):
+        _produce(catalog, "t", [Record(1, b"new", b"again", NOW)])
+    outcome = _cli_of(catalog, "produce", "t", stdin=b'{"partition": 1, "key": "new", "value": "again"}\n')
+    assert outcome.code == 1 and "Traceback" not in outcome.stderr and len(outcome.stderr.splitlines()) == 1, outcome
+    assert relabelled in outcome.stderr and "nothing was written" in outcome.stderr, outcome.stderr
+    assert _state(catalog) == before
+    _damage_section(catalog, relabelled, 1, partition=0)  # put back
+    _produce(catalog, "t", [Record(1, b"new", b"once", NOW)])
+    assert catalog.next_offsets("t") == [15, 13]
+
+    prepared = prepare_plans(catalog, "regular", NOW, CONFIG)  # the five L0 files copied to one L1 file
+    run_here(catalog, prepared.plan_ids, prepared.groups, NOW)
+    (l1,) = catalog.snapshot().files(level=1)
+    _damage_section(catalog, l1.key, 1, first_offset=10, last_offset=13)  # 0 to 12, shifted onto the next offset
+    before = _state(catalog)
+    with pytest.raises(IngestError, match=f"section t/1 of {l1.key} \\(offsets 10 to 13, .* next offset 13 on"):
+        _produce(catalog, "t", [Record(1, b"new", b"again", NOW)])
+    assert _state(catalog) == before
+    _produce(catalog, "t", [Record(0, b"new", b"fine", NOW)])  # partition 0 is not claimed
+    assert catalog.next_offsets("t") == [16, 13]
+
+
+def _file_row(catalog: Catalog, key: str) -> dict:
+    with catalog.engine.connect() as connection:
+        return dict(connection.execute(select(schema.files).where(schema.files.c.key == key)).one()._mapping)
+
+
+def _values(catalog: Catalog, partition: int = 0, now: int = NOW) -> list[str]:
+    outcome = _cli_of(catalog, "consume", "t", "--partition", str(partition), now=now)
+    assert outcome.code == 0, outcome
+    return [json.loads(line)["value"] for line in outcome.stdout.splitlines()]
+
+
+HIDING = ("files row deleted", "files row marked removed", "section retired alone", "section moved to another topic")
+
+
+@pytest.mark.parametrize("damage", HIDING)
+@pytest.mark.parametrize("hidden", [0, 1])
+def test_a_row_damaged_so_that_it_hides_records_of_a_partition_never_compacted_is_refused(catalog: Catalog, damage: str, hidden: int) -> None:
+    """On each database: three files of partition 0 (offsets 0, 1, 2), the first's or the second's rows damaged in a
+    way that leaves its section out of every read of the partition. Consume exited 0 without that record; now it is
+    refused in one line naming the offsets hidden, by the library's readers too, and so is a compaction, before it
+    leases anything. Put back, the rows read whole."""
+    create_topic(catalog, "t", partitions=1, cleanup_policy="compact")
+    create_topic(catalog, "u", partitions=1, cleanup_policy="compact")
+    for value in (b"1", b"2", b"3"):
+        _produce(catalog, "t", [Record(0, b"k" + value, value, NOW)])
+    key = _key_at(catalog, 0, hidden)
+    row = _file_row(catalog, key)
+    sec, files = schema.sections.c, schema.files.c
+    in_file = (sec.file_id == row["file_id"], sec.partition == 0)
+    with catalog.engine.begin() as connection:
+        section = dict(connection.execute(select(schema.sections).where(*in_file)).one()._mapping)
+        if damage == "files row deleted":
+            connection.execute(schema.files.delete().where(files.key == key))
+        elif damage == "files row marked removed":
+            connection.execute(update(schema.files).where(files.key == key).values(removed_version=catalog.latest_version(), removed_ms=NOW))
+        elif damage == "section retired alone":
+            connection.execute(update(schema.sections).where(*in_file).values(removed_version=catalog.latest_version()))
+        else:
+            connection.execute(update(schema.sections).where(*in_file).values(topic_id=catalog.snapshot().topic_ids["u"]))
+    says = f"catalog rows of partition t/0 hide offsets {hidden} to {hidden}: no live section holds them, yet the partition was never compacted"
+    _one_line_error(_cli_of(catalog, "consume", "t", "--partition", "0"), says, "restore the catalog database from a backup")
+    for read in (lambda: list(read_records(catalog.store, catalog.snapshot(), "t", 0)), lambda: latest_values(catalog.store, catalog.snapshot(), "t", 0)):
+        with pytest.raises(CorruptDataError, match=says):
+            read()
+    assert [r.value for r in read_records(catalog.store, catalog.snapshot(), "t", 0, from_offset=hidden + 1)] == [b"1", b"2", b"3"][hidden + 1:]
+    # Compacted, the partition would hold its records without them, and gc would collect their file.
+    before = _state(catalog)
+    _one_line_error(_cli_of(catalog, "compact", "--full"), "hide offsets", "so a row that held them is damaged", "nothing was leased")
+    assert _state(catalog) == before and not catalog.leased_plans(NOW)
+    with catalog.engine.begin() as connection:  # put back, as a restored catalog holds them
+        connection.execute(schema.files.delete().where(files.file_id == row["file_id"]))
+        connection.execute(schema.files.insert().values(**row))
+        connection.execute(schema.sections.delete().where(sec.file_id == row["file_id"]))
+        connection.execute(schema.sections.insert().values(**section))
+    assert _values(catalog) == ["1", "2", "3"]
+
+
+@pytest.mark.parametrize("damage", ["files row deleted", "files row marked removed", "files row renamed to a collected file's key"])
+def test_gc_never_deletes_the_object_of_a_file_whose_catalog_rows_lost_it(catalog: Catalog, damage: str) -> None:
+    """On each database, issue 40's repro: two produces, the first file's files row damaged, a third produce, then
+    `compact --full` and `gc --grace-ms 0` past every object's time. gc deleted the file's object (no row named it, or its row said
+    removed): its records gone for good. Now gc keeps it and every object the catalog has no row for, exits 1 in one
+    line naming the damaged row, and collects the rest; the row put back, every record reads again."""
+    now = wall_clock_ms()
+    later = now + 2 * 3_600_000  # past the grace of every object
+    assert _cli_of(catalog, "topic", "create", "t", "--partitions", "1", "--config", "cleanup.policy=compact", now=now).code == 0
+    for key, value in (("a", "1"), ("b", "2")):
+        assert _cli_of(catalog, "produce", "t", stdin=b'{"partition": 0, "key": "%s", "value": "%s"}\n' % (key.encode(), value.encode()), now=now).code == 0
+    files = schema.files.c
+    with catalog.engine.connect() as connection:  # a's file
+        first = connection.execute(select(files.key).where(files.level == 0).order_by(files.file_id).limit(1)).scalar_one()
+    row = _file_row(catalog, first)
+    with catalog.engine.begin() as connection:
+        if damage == "files row deleted":
+            connection.execute(schema.files.delete().where(files.key == first))
+        elif damage == "files row marked removed":
+            # at the cluster's creation, out of the kept versions: as if removed long ago
+            connection.execute(update(schema.files).where(files.key == first).values(removed_version=1, removed_ms=now))
+        else:
+            # the key of a file collected long ago: no object has it now
+            connection.execute(update(schema.files).where(files.key == first).values(key=f"data/l0/{now - 86_400_000}-{'0' * 32}.seg"))
+    stored = (catalog.store.root / first).read_bytes()
+
+    assert _cli_of(catalog, "produce", "t", stdin=b'{"partition": 0, "key": "c", "value": "3"}\n', now=later).code == 0
+    # Refused: offset 0 is hidden (`Plan.check_offsets_held`), or the renamed row's object is not in the store.
+    compacted = _cli_of(catalog, "compact", "--full", now=later)
+    assert compacted.code == 1 and len(compacted.stderr.splitlines()) == 1, compacted
+    outcome = _cli_of(catalog, "gc", "--grace-ms", "0", now=later + 1)
+    assert outcome.code == 1 and len(outcome.stderr.splitlines()) == 1 and "Traceback" not in outcome.stderr, outcome
+    assert "catalog rows are damaged" in outcome.stderr and "gc deleted no object they may name" in outcome.stderr, outcome.stderr
+    report = json.loads(outcome.stdout)
+    assert first not in report["deleted_files"] and (first in report["kept_orphans"]) == (damage != "files row marked removed"), report
+    assert (catalog.store.root / first).read_bytes() == stored
+    with catalog.engine.begin() as connection:  # the row put back, as a restored catalog holds it
+        connection.execute(schema.files.delete().where(files.file_id == row["file_id"]))
+        connection.execute(schema.files.insert().values(**row))
+    assert _values(catalog, now=later) == ["1", "2", "3"]
+
+
 # -- 2b. a section row's crc32 bound to the row: no row changed in a locating field reads as truth --------------------
 
 CHANGED = "the catalog's row of the section was changed; restore the file from a copy or the catalog database from a backup"
@@ -523,9 +671,10 @@ def _stored_crcs(catalog: Catalog) -> dict[tuple[int, int, int], int]:
 
 
 def _as_schema_10(catalog: Catalog) -> None:
-    """The catalog as schema 10 held it: consumer_groups without leader, each row's members as DescribeGroups
-    lists them (ids only), schema_version 10."""
+    """The catalog as schema 10 held it: partitions without the newest file of an append, consumer_groups without
+    leader and each row's members as DescribeGroups lists them (ids only), schema_version 10."""
     with catalog.engine.begin() as connection:
+        connection.exec_driver_sql("ALTER TABLE partitions DROP COLUMN newest_file")
         connection.exec_driver_sql("ALTER TABLE consumer_groups DROP COLUMN leader")
         for group_id, members in connection.execute(select(schema.consumer_groups.c.group_id, schema.consumer_groups.c.members)).all():
             described = [{key: member[key] for key in ("member_id", "group_instance_id", "client_id")} for member in json.loads(members)]
@@ -554,8 +703,8 @@ def test_a_schema_10_catalog_upgrades_to_group_rows_a_coordinator_loads(catalog:
 
 
 def _as_schema_9(catalog: Catalog) -> None:
-    """The catalog as schema 9 held it: partition_summaries without their partitions' entries in the index counted,
-    schema_version 9."""
+    """The catalog as schema 9 held it: schema 10's, with partition_summaries without their partitions' entries in
+    the index counted, schema_version 9."""
     _as_schema_10(catalog)
     with catalog.engine.begin() as connection:
         connection.exec_driver_sql("ALTER TABLE partition_summaries DROP COLUMN indexed")
@@ -727,8 +876,8 @@ def test_a_schema_5_catalog_upgrades_to_its_l0_sections_out_of_the_partition_ind
         produce_l0_files(reopened, "t", files=1, records=30, keys=10, partitions=3)
 
 
-@pytest.mark.parametrize("found", [6, 7, 8, 9])
-def test_a_schema_6_to_9_catalog_upgrades_to_partition_summaries_that_commits_then_keep(catalog: Catalog, found: int) -> None:
+@pytest.mark.parametrize("found", [6, 7, 8, 9, 10])
+def test_a_schema_6_to_10_catalog_upgrades_to_partition_summaries_that_commits_then_keep(catalog: Catalog, found: int) -> None:
     """On each database: a schema-6 catalog (no summaries), schema-7 one (summaries without their bytes at L1),
     schema-8 one (sections laid out wider) or schema-9 one (summaries not counting their partitions' index entries) is
     refused until upgraded; the upgrade lays the sections out as a new catalog does and sums up every partition's live
@@ -744,9 +893,12 @@ def test_a_schema_6_to_9_catalog_upgrades_to_partition_summaries_that_commits_th
     fresh_layout = _sections_layout(catalog)
     records = {p: list(read_records(catalog.store, catalog.snapshot(), "t", p)) for p in range(3)}
     kept = schema.partition_summaries.c
+    part = schema.partitions.c
     with catalog.engine.connect() as connection:
         rows_before = connection.execute(select(kept.partition, kept.floor, kept.version).order_by(kept.partition)).all()
-    {6: _as_schema_6, 7: _as_schema_7, 8: _as_schema_8, 9: _as_schema_9}[found](catalog)
+        newest_before = connection.execute(select(part.newest_file).order_by(part.partition)).scalars().all()
+    assert newest_before[0] > newest_before[2] == 0  # partition 2 was never appended to
+    {6: _as_schema_6, 7: _as_schema_7, 8: _as_schema_8, 9: _as_schema_9, 10: _as_schema_10}[found](catalog)
     with pytest.raises(CatalogSchemaError, match=f"has schema version {found}, this logcompact uses 11: .*upgrade-catalog"):
         Catalog(catalog.store, catalog.url).snapshot()
     assert Catalog(catalog.store, catalog.url).upgrade_catalog() == CatalogUpgrade(found, 0)
@@ -755,13 +907,14 @@ def test_a_schema_6_to_9_catalog_upgrades_to_partition_summaries_that_commits_th
     assert {p: list(read_records(reopened.store, reopened.snapshot(), "t", p)) for p in range(3)} == records
     with reopened.engine.connect() as connection:
         rows = connection.execute(select(kept.partition, kept.floor, kept.version).order_by(kept.partition)).all()
+        assert connection.execute(select(part.newest_file).order_by(part.partition)).scalars().all() == newest_before
     latest = reopened.latest_version()
-    assert rows == (rows_before if found == 9 else [(0, 0, latest), (1, 0, latest), (2, None, latest)])
+    assert rows == (rows_before if found >= 9 else [(0, 0, latest), (1, 0, latest), (2, None, latest)])
     assert_summaries_kept(reopened)
     partitions = [("t", p) for p in range(3)]
     assert reopened.snapshot().floors_above_l0(partitions) == {("t", 0): 0, ("t", 1): 0, ("t", 2): None}
     # Older than every row the upgrade set: its sections are read (schema 9's rows keep the versions that set them).
-    assert older.floors_above_l0(partitions) == ({("t", 2): None} if found == 9 else {})
+    assert older.floors_above_l0(partitions) == ({("t", 2): None} if found >= 9 else {})
     for _ in range(2):  # L0 to L1, then L1 to L2: sections above L0 removed and added
         prepared = prepare_plans(reopened, "regular", NOW, PlannerConfig(min_files=(2, 2, 2, 2)))
         run_here(reopened, prepared.plan_ids, prepared.groups, NOW)

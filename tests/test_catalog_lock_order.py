@@ -113,7 +113,8 @@ def test_an_append_locks_its_partition_rows_in_order_on_postgresql(catalog: Cata
     them: that order is (topic id, partition) only while the plan reads the partitions through their primary key's
     index, probed for each entry of the sorted arrays or scanned. A hash or merge join, or a sequential scan, would
     let two appends lock shared rows in two orders. Checked with the table's statistics taken, small and large,
-    for one partition and for all."""
+    for one partition and for all. The subqueries looking for rows that claim the offsets handed out run per
+    partition through their indexes too."""
     if catalog.engine.dialect.name != "postgresql":
         pytest.skip("SQLite's writer holds the database's one write lock: no row locks to order")
     create_topic(catalog, "small", partitions=2, cleanup_policy="compact")
@@ -122,7 +123,7 @@ def test_an_append_locks_its_partition_rows_in_order_on_postgresql(catalog: Cata
         for counts in ({(1, 0): 1}, {(1, 0): 1, (1, 1): 3}, {(2, p): 1 for p in range(1000)}):
             slots = sorted(counts)
             arrays = {"topics": appends._array(t for t, _ in slots), "partitions": appends._array(p for _, p in slots),
-                      "counts": appends._array(counts[slot] for slot in slots)}
+                      "counts": appends._array(counts[slot] for slot in slots), "files": appends._array(1 for _ in slots)}
             with catalog.engine.begin() as connection:
                 if analyzed:
                     connection.exec_driver_sql("ANALYZE partitions")
@@ -131,3 +132,4 @@ def test_an_append_locks_its_partition_rows_in_order_on_postgresql(catalog: Cata
                 connection.rollback()
             assert "Nested Loop" in plan and "Index Scan using partitions_pkey on partitions p" in plan, plan
             assert not any(step in plan for step in ("Hash", "Merge", "Seq Scan", "Bitmap")), plan
+            assert "using sections_by_partition" in plan and "using files_live_by_level" in plan, plan

@@ -220,7 +220,7 @@ def test_plan_compact_and_gc(tmp_path, local_env: dict[str, str]) -> None:
     (report,) = run(env, "gc", "--now", "3000")
     assert report == {"deleted_files": [], "trimmed_versions": 0, "kept_unreferenced_young": 0, "released_leases": [],
                       "deleted_plans": [], "reclaimed_workdirs": [], "abandoned_writes": [], "released_abandoned": [],
-                      "awaiting_commit": [], "unexplained": [], "damaged_rows": []}
+                      "awaiting_commit": [], "unexplained": [], "damaged_rows": [], "kept_orphans": []}
 
     (error,) = run(env, "compact", "--all", "--full", expect=2)
     assert "choose exactly one of --plan FILE, --all, --until-idle, --full" in error["error"]

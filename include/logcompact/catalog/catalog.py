@@ -213,9 +213,10 @@ class Catalog:
         partitions get their assigned_end (where their sections end) and sections their file's level; then
         `sections_by_partition` is built again (schema 9's, over the sections above L0), and on PostgreSQL the sections
         table is made again in schema 9's layout; then `partition_summaries` is filled (from 7, where it lacks l1_bytes,
-        made again and filled); last, each row counts its partition's entries in `sections_by_partition` (a column
-        schema 8 and 9 lack); from 5 to 10, consumer_groups gets its leader and its rows lose the members schema 10 could
-        not restore. No manifest version is made, the store is not touched. Returns what was done; None
+        made again and filled); then each row counts its partition's entries in `sections_by_partition` (a column
+        schema 8 and 9 lack); last, each partition names the newest L0 file holding a section of it (`newest_file`,
+        which schema 10 lacks), and from 5 on consumer_groups gets its leader and its rows lose the members schema 10
+        could not restore. No manifest version is made, the store is not touched. Returns what was done; None
         when the catalog is at SCHEMA_VERSION already. Another version is a CatalogSchemaError, and no cluster
         ClusterNotFoundError.
         Writers of the older release must be stopped first: they would go on writing what readers then refuse."""
@@ -251,6 +252,7 @@ class Catalog:
                     _lay_sections_out(connection)
                     _summarize_partitions(connection)
                 summaries.count_indexed(connection)
+                _name_newest_files(connection)  # to schema 11
                 if found >= 5:  # before 5, _add_kafka_tables made consumer_groups as this schema has it
                     _keep_group_members(connection)
                 connection.execute(update(s.catalog_info).values(schema_version=s.SCHEMA_VERSION))
@@ -660,14 +662,17 @@ class Catalog:
             # Locks in one order for every writer: topic rows, partition rows, then the version row, taken last so
             # appends to other partitions, and compactions, run beside this one until its final statements.
             topic_rows = self._topic_rows(connection, {info.topic for new in new_files for info in new.sections}, lock=_SHARED)
+            file_ids = _take_file_ids(connection, len(new_files))  # before the partitions', which name their newest file
             counts: Counter[tuple[int, int]] = Counter()  # offsets to hand out, by (topic id, partition)
-            for new in new_files:
+            newest: dict[tuple[int, int], int] = {}  # the newest of these files holding each partition
+            for new, file_id in zip(new_files, file_ids, strict=True):
                 for info in new.sections:
                     topic_id, partitions = topic_rows[info.topic]
                     if not 0 <= info.partition < partitions:
                         raise InvalidRecordError(f"topic {info.topic!r} has partitions 0 to {partitions - 1}, not {info.partition}")
                     counts[(topic_id, info.partition)] += info.last_delta + 1
-            next_offsets = appends.advance_partitions(connection, counts)
+                    newest[(topic_id, info.partition)] = file_id
+            next_offsets = appends.advance_partitions(connection, counts, newest)
             if len(next_offsets) < len(counts):
                 raise _unadvanced_partition(connection, min(set(counts) - set(next_offsets)), topic_rows)
             assigned, placed_files = [], []
@@ -691,7 +696,7 @@ class Catalog:
                 self._producers_expired_ms = now_ms
             # The sections first, under file ids taken ahead; the file rows, which make them visible, once the version
             # is known: inserted with it, never updated to it (an update leaves PostgreSQL a dead row version a file).
-            file_ids, adding = self._insert_sections(connection, placed_files, topic_rows)
+            adding = self._insert_sections(connection, placed_files, topic_rows, file_ids)
             version = self._next_version(connection, "append", now_ms)
             self._insert_file_rows(connection, placed_files, file_ids, version)
             summaries.settle(connection, set(), adding, version)  # files above L0: the simulator's
@@ -780,7 +785,8 @@ class Catalog:
                     connection.execute(delete(s.plan_seals).where(s.plan_seals.c.plan_id == plan_id))
                     connection.execute(insert(s.committed_plans).values(plan_id=plan_id, version=version, committed_ms=now_ms))
                 topic_rows = self._topic_rows(connection, {sec.topic for f in added for sec in f.sections})
-                file_ids, adding = self._insert_sections(connection, added, topic_rows)
+                file_ids = _take_file_ids(connection, len(added))
+                adding = self._insert_sections(connection, added, topic_rows, file_ids)
                 self._insert_file_rows(connection, added, file_ids, version)
                 summaries.settle(connection, removing, adding, version)
                 self._raise_log_starts(connection, expiring)
@@ -1039,13 +1045,45 @@ class Catalog:
     # -- garbage -------------------------------------------------------------------------------------
 
     def collectable_files(self, before_version: int, removed_before_ms: int) -> list[str]:
-        """Files removed before `before_version` and before `removed_before_ms`: no kept version holds them."""
+        """Files removed before `before_version` and before `removed_before_ms` by a commit that records removing
+        them (`_removal_recorded`): no kept version holds them."""
         with self._reading() as connection:
             return list(connection.execute(
                 select(s.files.c.key).where(
-                    s.files.c.removed_version < before_version, s.files.c.removed_ms < removed_before_ms
+                    s.files.c.removed_version < before_version, s.files.c.removed_ms < removed_before_ms, _removal_recorded()
                 ).order_by(s.files.c.file_id)
             ).scalars())
+
+    def unrecorded_removals(self, before_version: int, removed_before_ms: int) -> list[str]:
+        """The files rows `collectable_files` would take but for their removal: marked removed at a version no
+        compaction nor topic deletion committed (a damaged row, whose records no other file holds), one line each."""
+        files = s.files.c
+        with self._reading() as connection:
+            rows = connection.execute(
+                select(files.key, files.file_id, files.removed_version).where(
+                    files.removed_version < before_version, files.removed_ms < removed_before_ms, ~_removal_recorded()
+                ).order_by(files.file_id)
+            ).all()
+        return [
+            f"files row {key!r} (file_id {file_id}) is marked removed in version {version}, which no compaction or topic "
+            "deletion committed" for key, file_id, version in rows
+        ]
+
+    def dangling_sections(self, limit: int = 3) -> list[str]:
+        """Sections rows whose file has no files row (a damaged catalog: its file's key is lost, and gc would take
+        the file's object for an orphan), one line per file id, at most `limit`: one read of every sections row."""
+        sec, files = s.sections.c, s.files.c
+        with self._reading() as connection:
+            by_file = select(sec.file_id, func.count().label("rows"), func.min(sec.topic_id).label("topic_id"),
+                             func.min(sec.partition).label("partition")).group_by(sec.file_id).subquery()
+            rows = connection.execute(
+                select(by_file).where(~select(files.file_id).where(files.file_id == by_file.c.file_id).exists())
+                .order_by(by_file.c.file_id).limit(limit)
+            ).all()
+        return [
+            f"{count} sections rows of file_id {file_id} (topic_id {topic_id}, partition {partition}, ...) have no files row"
+            for file_id, count, topic_id, partition in rows
+        ]
 
     def forget_files(self, keys: Sequence[str]) -> None:
         """Delete removed files' rows (their objects are gone); a live file is never forgotten. Their entries in the
@@ -1172,19 +1210,18 @@ class Catalog:
         return one_of(column, values, self.engine.dialect.name)
 
     def _insert_sections(
-        self, connection: Connection, data_files: Sequence[DataFile], topic_rows: dict[str, tuple[int, int]]
-    ) -> tuple[list[int], dict[tuple[int, int], summaries.PartitionSummary]]:
-        """Take file ids for `data_files` and insert their sections (invisible to readers until `_insert_file_rows`
-        inserts the files); the ids, and per partition the summary of the sections above L0 (`summaries.settle`
-        takes it)."""
+        self, connection: Connection, data_files: Sequence[DataFile], topic_rows: dict[str, tuple[int, int]], ids: Sequence[int]
+    ) -> dict[tuple[int, int], summaries.PartitionSummary]:
+        """Insert the sections of `data_files`, under the file ids taken for them (`_take_file_ids`), invisible to
+        readers until `_insert_file_rows` inserts the files; per partition, the summary of the sections above L0
+        (`summaries.settle` takes it)."""
         if not data_files:
-            return [], {}
-        ids = _take_file_ids(connection, len(data_files))
+            return {}
         rows = _section_rows(ids, data_files, topic_rows)
         appends.insert_sections(connection, rows)
         if not any(data_file.level > 0 for data_file in data_files):
-            return ids, {}
-        return ids, summaries.of_rows(rows, {i: f.created_ms for i, f in zip(ids, data_files, strict=True)})
+            return {}
+        return summaries.of_rows(rows, {i: f.created_ms for i, f in zip(ids, data_files, strict=True)})
 
     def _insert_file_rows(self, connection: Connection, data_files: Sequence[DataFile], ids: Sequence[int], version: int) -> None:
         """The rows of `data_files`, under the ids their sections were inserted with, added in `version`."""
@@ -1203,16 +1240,34 @@ class Catalog:
         connection.execute(insert(s.files), file_rows)
 
 
+def _removal_recorded() -> ColumnElement[bool]:
+    """Whether a files row's removed_version is a commit that removes files: a committed plan's, a topic's deletion,
+    or a replacement of files the commit log still holds."""
+    removed = s.files.c.removed_version
+    return or_(
+        removed.in_(select(s.committed_plans.c.version)),
+        removed.in_(select(s.topics.c.deleted_version).where(s.topics.c.deleted_version.is_not(None))),
+        removed.in_(select(s.versions.c.version).where(s.versions.c.operation == "replace files")),
+    )
+
+
 def _take_file_ids(connection: Connection, count: int) -> list[int]:
     """`count` new file ids: from the column's sequence on PostgreSQL (writers take theirs side by side); on SQLite,
     whose one writer holds the database, after the highest id, the ids an insert would give."""
+    if not count:
+        return []
     if connection.dialect.name == "postgresql":
         taken = connection.exec_driver_sql(
             "SELECT nextval(pg_get_serial_sequence('files', 'file_id')) FROM generate_series(1, %(count)s)", {"count": count}
         )
         return sorted(taken.scalars())
-    highest = connection.execute(select(func.max(s.files.c.file_id))).scalar_one()
-    return list(range((highest or 0) + 1, (highest or 0) + 1 + count))
+    # Past the sections' ids too: the sections of a files row deleted by damage keep its id, and a new file under it
+    # would take them for its own.
+    highest = connection.execute(
+        select(func.max(s.files.c.file_id), select(func.max(s.sections.c.file_id)).scalar_subquery())
+    ).one()
+    top = max((found for found in highest if found is not None), default=0)
+    return list(range(top + 1, top + 1 + count))
 
 
 def _live_agents(connection: Connection, now_ms: int, alive_ms: int) -> list[AgentRecord]:
@@ -1297,6 +1352,21 @@ def _summarize_partitions(connection: Connection) -> None:
     summaries.write(connection, {slot: found.get(slot) for slot in slots}, version)
 
 
+# -- schema 10 to 11 ----------------------------------------------------------------------------------------------
+
+
+def _name_newest_files(connection: Connection) -> None:
+    """To schema 11: `partitions.newest_file`, the newest L0 file holding a section of each partition (0 for none),
+    from one grouped read of the L0 sections: an append then looks at the live L0 files newer than it only."""
+    connection.exec_driver_sql("ALTER TABLE partitions ADD COLUMN newest_file BIGINT NOT NULL DEFAULT 0")
+    sec, part = s.sections.c, s.partitions.c
+    newest = connection.execute(
+        select(sec.topic_id, sec.partition, func.max(sec.file_id)).where(sec.level == 0).group_by(sec.topic_id, sec.partition)
+    ).all()
+    statement = update(s.partitions).where(part.topic_id == bindparam("t"), part.partition == bindparam("p")).values(newest_file=bindparam("f"))
+    execute_many(connection, statement, ("f", "t", "p"), [(file_id, topic_id, partition) for topic_id, partition, file_id in newest])
+
+
 def _unadvanced_partition(connection: Connection, slot: tuple[int, int], topic_rows: dict[str, tuple[int, int]]) -> CorruptDataError:
     """Why `appends.advance_partitions` left a partition's row alone: missing, or lowered."""
     name = next(name for name, (topic_id, _) in topic_rows.items() if topic_id == slot[0])
@@ -1307,11 +1377,32 @@ def _unadvanced_partition(connection: Connection, slot: tuple[int, int], topic_r
             f"catalog row partitions ({name!r}, partition {slot[1]}) is missing though the topic has "
             f"{topic_rows[name][1]} partitions; restore the catalog from a backup; nothing was written"
         )
+    if row.next_offset < row.assigned_end:
+        return CorruptDataError(
+            f"catalog row partitions ({name!r}, partition {slot[1]}) has next_offset {row.next_offset} but the last append "
+            f"assigned offsets up to {row.assigned_end - 1}: the row was lowered, and appending would hand offsets out "
+            f"twice; restore the catalog from a backup or set next_offset to {row.assigned_end}; nothing was written"
+        )
+    key, first, last, records = _claiming_section(connection, slot, row.next_offset)
     return CorruptDataError(
-        f"catalog row partitions ({name!r}, partition {slot[1]}) has next_offset {row.next_offset} but the last append "
-        f"assigned offsets up to {row.assigned_end - 1}: the row was lowered, and appending would hand offsets out "
-        f"twice; restore the catalog from a backup or set next_offset to {row.assigned_end}; nothing was written"
+        f"catalog row of section {name}/{slot[1]} of {key} (offsets {first} to {last}, {records} record(s)) is damaged: it "
+        f"claims offsets from the partition's next offset {row.next_offset} on, which no append gave out (a row relabelled "
+        "from another partition, or shifted), and appending would hand them out again; restore the catalog database "
+        "from a backup, or correct that row; nothing was written"
     )
+
+
+def _claiming_section(connection: Connection, slot: tuple[int, int], next_offset: int) -> tuple[str, int, int, int]:
+    """(file key, first and last offset, records) of the section row of a partition that ends at or past its next
+    offset, which `appends.advance_partitions` found: read from every section of the partition (an append refused)."""
+    sec, files = s.sections.c, s.files.c
+    key, file_id, first, last, records = connection.execute(
+        select(files.key, sec.file_id, sec.first_offset, sec.last_offset, sec.record_count)
+        .select_from(s.sections.outerjoin(s.files, files.file_id == sec.file_id))
+        .where(sec.topic_id == slot[0], sec.partition == slot[1], sec.last_offset >= next_offset)
+        .order_by(sec.last_offset.desc()).limit(1)
+    ).one()
+    return key or f"file_id {file_id} (no files row)", first, last, records
 
 
 def _section_rows(file_ids: Sequence[int], data_files: Sequence[DataFile], topic_rows: dict[str, tuple[int, int]]) -> list[tuple]:

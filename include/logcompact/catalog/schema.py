@@ -43,8 +43,9 @@ SCHEMA_VERSION = 11
 # schema 5 had no sections.level nor partitions.assigned_end, and every section in `sections_by_partition`; schema 6
 # had no partition_summaries; schema 7's had no l1_bytes; schema 8's sections rows were laid out wider on PostgreSQL
 # (in `SECTION_ROW` order, record_count and tombstones 64-bit) and `sections_by_partition` had no first offset; schema
-# 9's partition_summaries did not count their partitions' entries in it (`indexed`).
-# Schema 10's consumer_groups had no leader and its members no timeouts, protocols nor assignments.
+# 9's partition_summaries did not count their partitions' entries in it (`indexed`); schema 10's partitions did not
+# name the newest file an append gave offsets of them (`newest_file`), and its consumer_groups had no leader and its
+# members no timeouts, protocols nor assignments.
 UPGRADABLE_FROM = (3, 4, 5, 6, 7, 8, 9, 10)
 
 # SQLite gives auto-numbered keys only to INTEGER PRIMARY KEY (the rowid); PostgreSQL wants BIGINT.
@@ -106,6 +107,11 @@ partitions = Table(
     # whose next_offset is lower (lowered alone, by hand or by a restore of that column, it would hand offsets out
     # twice). A whole row restored from an older copy lowers both: readers refuse the sections past next_offset.
     Column("assigned_end", BigInteger, nullable=False, server_default="0"),
+    # The newest file an append gave offsets of the partition in (0: none yet). A section of the partition in a live
+    # L0 file newer than it, or above L0, that ends at or past next_offset was never handed those offsets (a row
+    # relabelled from another partition, or shifted): the append refuses rather than hand them out again. Only the
+    # L0 files newer than it are looked at, so an append pays for the files appended since the partition's last one.
+    Column("newest_file", BigInteger, nullable=False, server_default="0"),
     sqlite_with_rowid=False,
 )
 

@@ -408,6 +408,19 @@ class Snapshot:
                     found[wanted[slot]] = summary
         return found
 
+    def never_compacted(self, topics: Iterable[str]) -> dict[TopicPartition, int]:
+        """The log start offset of each partition of `topics` that never held a section above L0 (no
+        `partition_summaries` row): never compacted, its live sections hold every offset from its log start on, and
+        all are at L0. One query; none in a cluster whose every partition was compacted once."""
+        ids = {self.topic_ids[name]: name for name in topics}
+        if not ids:
+            return {}
+        part, kept = s.partitions.c, s.partition_summaries.c
+        summarized = select(kept.topic_id).where(kept.topic_id == part.topic_id, kept.partition == part.partition).exists()
+        query = select(part.topic_id, part.partition, part.log_start_offset).where(part.topic_id.in_(sorted(ids)), ~summarized)
+        with self._connect() as connection:
+            return {(ids[topic_id], partition): start for topic_id, partition, start in connection.execute(query)}
+
     def first_uncleanable_offsets(
         self, partitions: Iterable[TopicPartition], now_ms: int, excluding: Sequence[str] = ()
     ) -> dict[TopicPartition, int]:
@@ -614,11 +627,11 @@ class PartitionSections:
             end = reach
         names = {self.topic_id: self.topic}
         rows.sort(key=_first_offset)
-        for row in rows:
-            if row.first_offset >= self.to_offset:
-                continue
-            pair = (row.key, _section(row, names))
-            self._check.take(*pair, row.next_offset)
+        pairs = [(row, (row.key, _section(row, names))) for row in rows if row.first_offset < self.to_offset]
+        for row, pair in pairs:
+            self._check.row(*pair, row.next_offset)
+        for row, pair in pairs:
+            self._check.take(*pair, row.next_offset, None if row.summarized else row.log_start_offset)
             self._taken.append(pair)
         self._low = end + 1 if end < _NO_END else _NO_END
         self.done = end >= self.to_offset - 1
@@ -660,8 +673,16 @@ def _pages_query(count: int) -> CompoundSelect | Select:
     )
     pages = []
     for i in range(count):
+        # Whether the partition ever held a section above L0 (its summary row is never deleted): one that never did was
+        # never compacted, and its sections hold every offset from its log start on. Of bound parameters alone, so
+        # each database answers it once a query.
+        summarized = (
+            select(literal_column("1")).where(s.partition_summaries.c.topic_id == bindparam("topic_id"),
+                                              s.partition_summaries.c.partition == bindparam(f"partition_{i}"))
+            .exists().label("summarized")
+        )
         query = (
-            select(*s.SECTION_ROW_COLUMNS, files.key, partitions.next_offset)
+            select(*s.SECTION_ROW_COLUMNS, files.key, partitions.next_offset, partitions.log_start_offset, summarized)
             .join(s.files, files.file_id == sec.file_id)
             .join(s.partitions, and_(partitions.topic_id == sec.topic_id, partitions.partition == sec.partition), isouter=True)
             .where(
@@ -696,7 +717,12 @@ class _SectionsCheck:
     them), end below the partition's `next_offset`, and sections whose offset ranges overlap (legitimately: a
     compaction's output spans a hole another live file fills, offsets never repeat) hold together no more records
     than the offsets they span. The one section that may come after one starting later is a compaction output
-    starting below the read's `from_offset` and spanning offsets the sections before it hold (`PartitionSections`)."""
+    starting below the read's `from_offset` and spanning offsets the sections before it hold (`PartitionSections`).
+
+    And as a damaged row would otherwise hide records (a files row deleted or marked removed, a section retired or
+    moved to another partition or topic): in a partition never compacted (given its `log_start`), the sections hold
+    every offset from the log start, or the read's first offset, to the last one taken. Only compaction leaves
+    holes; the offsets after the last section may have been handed out after the snapshot's version."""
 
     def __init__(self, topic: str, partition: int, from_offset: int = 0) -> None:
         self.topic = topic
@@ -706,18 +732,31 @@ class _SectionsCheck:
         self.run_records = 0
         self.run: list[tuple[str, CatalogSection]] = []
         self.previous_first = -1
+        self.reached: int | None = None  # in a partition never compacted, every offset up to it is held
 
-    def take(self, key: str, section: CatalogSection, next_offset: int | None) -> None:
+    def row(self, key: str, section: CatalogSection, next_offset: int | None) -> None:
+        """The checks of one row alone, which a page's rows pass before they are taken: a damaged row is named before
+        the offsets it left unheld."""
         topic, partition = self.topic, self.partition
         first, last, records = section.first_offset, section.last_offset, section.info.record_count
         if first < 0 or first > last or not 1 <= records <= last - first + 1:
             raise _damaged_row(topic, partition, key, section, f"{records} record(s) cannot sit in offsets {first} to {last}")
-        if first < self.previous_first and first >= self.from_offset:
-            raise _damaged_row(topic, partition, key, section, f"it comes after a section starting at offset {self.previous_first}")
         if next_offset is not None and last >= next_offset:
             raise _damaged_row(
                 topic, partition, key, section, f"it ends past the partition's next offset {next_offset} (no offset there was given out)"
             )
+
+    def take(self, key: str, section: CatalogSection, next_offset: int | None, log_start: int | None = None) -> None:
+        topic, partition = self.topic, self.partition
+        first, last, records = section.first_offset, section.last_offset, section.info.record_count
+        self.row(key, section, next_offset)
+        if first < self.previous_first and first >= self.from_offset:
+            raise _damaged_row(topic, partition, key, section, f"it comes after a section starting at offset {self.previous_first}")
+        if log_start is not None:
+            reached = max(self.from_offset, log_start) - 1 if self.reached is None else self.reached
+            if first > reached + 1:
+                raise _hidden_offsets(topic, partition, reached + 1, first - 1, key, section)
+            self.reached = max(reached, last)
         self.previous_first = max(self.previous_first, first)
         if first > self.run_last:
             self.run_first, self.run_last, self.run_records, self.run = first, last, 0, []
@@ -746,6 +785,17 @@ def _take_lowest(found: dict[TopicPartition, int], names: Mapping[int, str], row
     for topic_id, partition, first in rows:
         tp = (names[topic_id], partition)
         found[tp] = min(first, found.get(tp, first))
+
+
+def _hidden_offsets(topic: str, partition: int, low: int, high: int, key: str, section: CatalogSection) -> CorruptDataError:
+    """Offsets of a partition never compacted that no live section holds, before a section that does (not damaged:
+    the error names no file as the damaged one)."""
+    return CorruptDataError(
+        f"catalog rows of partition {topic}/{partition} hide offsets {low} to {high}: no live section holds them, yet the "
+        f"partition was never compacted (the next section is {key}'s from offset {section.first_offset}), so a row that "
+        "held them is damaged (a files row deleted or marked removed, a section retired or moved to another partition or "
+        "topic); restore the catalog database from a backup"
+    )
 
 
 def _damaged_row(topic: str, partition: int, key: str, section: CatalogSection, why: str) -> CorruptDataError:

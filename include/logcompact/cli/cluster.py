@@ -67,9 +67,9 @@ def cluster_accept_catalog(ctx: Context, cluster_id: str) -> None:
 @cluster.command("upgrade-catalog")
 @pass_context
 def cluster_upgrade_catalog(ctx: Context) -> None:
-    """Upgrade a catalog of schema 3 to 9 to schema 10 in one transaction (docs/catalog.md says what each step
+    """Upgrade a catalog of schema 3 to 10 to schema 11 in one transaction (docs/catalog.md says what each step
     changes). Stop the older release's agents and compactions and back the database up first. On a catalog at
-    schema 10 there is nothing to do; another schema is refused."""
+    schema 11 there is nothing to do; another schema is refused."""
     from logcompact.catalog.schema import SCHEMA_VERSION
 
     upgrade = ctx.catalog.upgrade_catalog()

@@ -267,6 +267,6 @@ def gc(ctx: Context, grace_ms: int, max_orphan_share: float) -> None:
     emit(report.to_dict())
     if report.damaged_rows:
         raise CorruptDataError(
-            f"catalog rows of removed files name no data file ({report.damaged_rows[0]!r}, {len(report.damaged_rows)} "
-            "in all): gc left them and collected the rest; restore those rows of table files from a backup, or delete them"
+            f"catalog rows are damaged ({report.damaged_rows[0]}; {len(report.damaged_rows)} in all): gc deleted no object "
+            "they may name and collected the rest; restore the catalog database from a backup, or correct those rows"
         )

@@ -30,7 +30,11 @@ class GcReport:
     awaiting_commit: list[str] = field(default_factory=list)
     # Objects under data/ no logcompact writer names so: kept, for a person to look at.
     unexplained: list[str] = field(default_factory=list)
-    damaged_rows: list[str] = field(default_factory=list)  # removed files whose catalog key is not a data file's
+    # Damaged catalog rows, one line each: removed files whose key is not a data file's or whose removal no commit
+    # recorded (kept with their objects), sections rows without a files row, live files rows naming no stored object.
+    damaged_rows: list[str] = field(default_factory=list)
+    # Objects the catalog has no row for, kept because some of its rows are damaged: one may be a file they lost.
+    kept_orphans: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -49,15 +53,19 @@ def collect_garbage(
 
     1. expired leases are released, and the plans failed runs left abandoned, so their outputs can go;
     2. files no kept version holds (removed at or before the oldest kept version), removed longer than the
-       grace ago (a reader that pinned a version may still read them for that long), lose their object and
-       then their rows; a row whose key is not a data file's is left and reported (`damaged_rows`);
+       grace ago (a reader that pinned a version may still read them for that long) by a commit that records
+       removing them (a compaction, a topic's deletion), lose their object and then their rows; a row whose key is
+       not a data file's, or marked removed at a version no such commit made, is left and reported
+       (`damaged_rows`): its records may be in no other file;
     3. objects under `data/` the catalog has no row for go once older than the grace, and only when the
        catalog's history accounts for them (`_orphan_reason`): written before the catalog's newest commit (by more
        than the clocks of the store and the committers may differ), as the output of a plan no longer in flight
        or an agent's L0 file (its agent died before committing it). What it cannot account for stays:
-       `awaiting_commit` if written after the newest commit, else `unexplained`. And when the objects to delete
-       would be more than `max_orphan_share` of all under `data/` (and at least MIN_ORPHANS_CHECKED), the catalog
-       looks like another cluster's and gc deletes none;
+       `awaiting_commit` if written after the newest commit, else `unexplained`. None goes while the catalog's rows
+       say a file's key was lost (`kept_orphans`): sections rows without their files row, a live files row whose
+       object is not in the store (renamed). And when the objects to delete would be more than `max_orphan_share`
+       of all under `data/` (and at least MIN_ORPHANS_CHECKED), the catalog looks like another cluster's and gc
+       deletes none;
     4. the commit log is trimmed to the kept history, and plan documents go once past the grace;
     5. the local work directories of jobs that died on this machine are removed (each job also does so), and
        what writers killed mid-write left in a local store, once past the grace.
@@ -69,14 +77,22 @@ def collect_garbage(
     # Read before the catalog's rows: a plan that commits in between has its outputs among them.
     in_flight = catalog.leased_plans(now_ms)
     oldest = catalog.oldest_kept_version()
+    # The live files before the listing: each one's object was written before its row, so before the listing too.
+    live = {f.key: f.size for f in catalog.snapshot().file_summaries()}
     # A file removed at version R is in the versions below R only: at R = oldest, no kept version holds it.
     removed = catalog.collectable_files(oldest + 1, now_ms - grace_ms)
-    damaged = [key for key in removed if not DATA_KEY_PATTERN.fullmatch(key)]
-    removed = [key for key in removed if key not in set(damaged)]
+    damaged = [f"removed files row {key!r} names no data file" for key in removed if not DATA_KEY_PATTERN.fullmatch(key)]
+    removed = [key for key in removed if DATA_KEY_PATTERN.fullmatch(key)]
+    damaged += catalog.unrecorded_removals(oldest + 1, now_ms - grace_ms)
     for key in removed:
         store.delete(key)
     catalog.forget_files(removed)
     listed = list(store.list(DATA_PREFIX))
+    stored = {info.key: info.size for info in listed}
+    lost_keys = catalog.dangling_sections() + [
+        f"live files row {key!r} names no object of its {size} bytes in the store" for key, size in live.items() if stored.get(key) != size
+    ]
+    damaged += lost_keys
     known = catalog.known_files([info.key for info in listed])
     newest_commit_ms = catalog.commit_log(limit=1)[0].created_ms
     orphans, awaiting, unexplained, young = [], [], [], 0
@@ -91,7 +107,10 @@ def collect_garbage(
             awaiting.append(info.key)
         else:
             orphans.append(info.key)
-    if len(orphans) >= MIN_ORPHANS_CHECKED and len(orphans) > max_orphan_share * len(listed):
+    kept: list[str] = []
+    if lost_keys:  # one of them may be the file whose key a damaged row lost
+        kept, orphans = orphans, []
+    elif len(orphans) >= MIN_ORPHANS_CHECKED and len(orphans) > max_orphan_share * len(listed):
         raise ClusterMismatchError(
             f"{len(orphans)} of the {len(listed)} objects under data/ in {store.uri} are unknown to catalog "
             f"{redact_url(catalog.engine.url)} "
@@ -114,7 +133,7 @@ def collect_garbage(
     abandoned = [path for prefix in (DATA_PREFIX, PLANS_PREFIX) for path in store.delete_abandoned_writes(prefix, now_ms - grace_ms)]
     return GcReport(
         removed + orphans, trimmed, young, released, old_plans, reclaim_workdirs(), abandoned, released_abandoned, awaiting,
-        unexplained, damaged,
+        unexplained, damaged, kept,
     )
 
 

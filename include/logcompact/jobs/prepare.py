@@ -71,12 +71,15 @@ def prepare_plans(
 ) -> PreparedRun:
     """Plan a mode against the catalog as it is *now* (never as of a run's logical date, so a backfill or a re-run
     of an old date cannot undo newer work), then `lease_and_write` the plans; a dry run plans and estimates, and
-    writes nothing. Plans a failed run abandoned are released first, so their files can be planned again now."""
+    writes nothing. Plans a failed run abandoned are released first, so their files can be planned again now. A plan
+    that would drop records a damaged row hides is refused before anything is leased (`Plan.check_offsets_held`)."""
     if not dry_run:
         release_abandoned(catalog)
     snapshot = catalog.planning_snapshot(now_ms)
     thresholds = check_thresholds(snapshot, now_ms, config)
     plans = choose_plans(snapshot, now_ms, mode, config, topics)
+    for plan in plans:
+        plan.check_offsets_held(snapshot)
     estimates = [expected_effect(p) for p in plans]
     if dry_run or not plans:
         return PreparedRun(thresholds, [], [], estimates)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from logcompact.catalog import CatalogSection, DataFile, TopicPartition
 from logcompact.collector import collector_paused
-from logcompact.exceptions import CommitConflictError, InvalidPlanError
+from logcompact.exceptions import CommitConflictError, CorruptDataError, InvalidPlanError
 from logcompact.format.layout import COMPRESSIONS
 from logcompact.keys import DATA_KEY_PATTERN, output_key
 from logcompact.limits import (
@@ -172,8 +172,44 @@ class Plan:
         self.header().check_against(snapshot, now_ms)
         with collector_paused():
             self._check_sections(snapshot)
+            self.check_offsets_held(snapshot)
             if self.deduplicate:  # a copy reads neither (engine/cleaner.py): they rule deduplication only
                 self._check_floors(snapshot)
+
+    def check_offsets_held(self, snapshot: Snapshot) -> None:
+        """A partition never compacted (`Snapshot.never_compacted`) holds every offset from its log start: a hole
+        among the plan's sections of one that no live section outside the plan can fill is a damaged row hiding
+        records (a files row deleted or marked removed, a section retired or moved), which the plan would leave
+        out of its outputs, and gc would then collect with their file. CorruptDataError, before anything is leased."""
+        starts = snapshot.never_compacted(self.topics)
+        if not starts:
+            return
+        held: dict[TopicPartition, list[tuple[int, int]]] = {}
+        for data_file in self.inputs:
+            if data_file.level > 0:  # its partitions have all held a section above L0
+                continue
+            for info, first in data_file.sections:
+                if (info.topic, info.partition) in starts:
+                    held.setdefault((info.topic, info.partition), []).append((first, first + info.last_delta))
+        holes: dict[TopicPartition, tuple[int, int]] = {}
+        for tp, sections in held.items():
+            reached = starts[tp] - 1
+            for first, last in sorted(sections):
+                if first > reached + 1:
+                    holes[tp] = (reached + 1, first - 1)
+                    break
+                reached = max(reached, last)
+        if not holes:
+            return
+        outside = lowest_outside(snapshot, self.inputs, set(holes))
+        for (topic, partition), (low, high) in sorted(holes.items()):
+            if outside.get((topic, partition), high + 1) > high:  # no section outside the plan may hold them
+                raise CorruptDataError(
+                    f"plan {self.plan_id}: catalog rows of partition {topic}/{partition} hide offsets {low} to {high}: no live "
+                    "section holds them, yet the partition was never compacted, so a row that held them is damaged (a files "
+                    "row deleted or marked removed, a section retired or moved to another partition or topic), and "
+                    "compacting it would drop them; restore the catalog database from a backup; nothing was leased"
+                )
 
     def _check_sections(self, snapshot: Snapshot) -> None:
         recorded = snapshot.section_rows([f.key for f in self.inputs])
