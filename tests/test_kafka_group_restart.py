@@ -10,13 +10,9 @@ the group to another finds its write refused and drops the group.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 import zlib
@@ -35,7 +31,7 @@ from logcompact.exceptions import CatalogUnavailableError
 from logcompact.kafka.codec import ErrorCode
 from logcompact.kafka.coordinator import OVERHEAD_BYTES, PREPARING_REBALANCE, STABLE, GroupCoordinator
 from logcompact.store import open_store
-from tests.helpers import create_topic
+from tests.helpers import create_topic, start_agent_process
 from tests.test_kafka_produce import RunningAgent
 
 pytestmark = pytest.mark.timeout(240)
@@ -50,17 +46,6 @@ QUICK_RECONNECT = {"socket.timeout.ms": 5000, "reconnect.backoff.ms": 50, "recon
 COMMIT_RETRIED = {KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._WAIT_COORD, KafkaError._ALL_BROKERS_DOWN,
                   KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
                   KafkaError.REQUEST_TIMED_OUT}
-
-
-def start_agent(catalog: Catalog, port: int) -> subprocess.Popen:
-    environment = {**os.environ, "LOGCOMPACT_STORE": catalog.store.uri}
-    command = [sys.executable, "-m", "logcompact", "agent", "--listen", f"127.0.0.1:{port}", "--flush-ms", "20"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
-    assert process.stdout is not None and process.stderr is not None
-    line = process.stdout.readline()
-    assert line, process.stderr.read()
-    assert json.loads(line)["listening"] == f"127.0.0.1:{port}"
-    return process
 
 
 class Member(threading.Thread):
@@ -101,7 +86,7 @@ def test_a_group_committing_each_record_loses_no_member_and_redelivers_nothing_a
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    agent = start_agent(catalog, port)
+    agent = start_agent_process(catalog, port, flush_ms=20)
     bootstrap = f"127.0.0.1:{port}"
     delivered: list[tuple[int, int]] = []
     refused: list[str] = []
@@ -135,7 +120,7 @@ def test_a_group_committing_each_record_loses_no_member_and_redelivers_nothing_a
                 time.sleep(0.05)
             agent.send_signal(signal.SIGKILL)
             agent.wait()
-            agent = start_agent(catalog, port)
+            agent = start_agent_process(catalog, port, flush_ms=20)
             deadline = time.monotonic() + 60
         stop_producing.set()
         producing.join(timeout=10)

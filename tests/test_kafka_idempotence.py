@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,7 +29,7 @@ from logcompact.catalog.catalog import PRODUCER_EXPIRY_EVERY_MS
 from logcompact.catalog.producers import EXPIRATION_MS, SequencedBatch
 from logcompact.ingest import Agent, Record
 from logcompact.store import open_store
-from tests.helpers import create_topic
+from tests.helpers import create_topic, start_agent_process
 from tests.test_kafka_agent import kio_exchange, receive_frame
 from tests.test_kafka_produce import (
     CODECS,
@@ -337,22 +334,11 @@ def test_a_producer_moving_between_agents_is_checked_against_the_catalog(either_
 # -- kill -9 --------------------------------------------------------------------------------------------
 
 
-def start_agent_process(catalog: Catalog, port: int) -> subprocess.Popen:
-    environment = {**os.environ, "LOGCOMPACT_STORE": catalog.store.uri}
-    command = [sys.executable, "-m", "logcompact", "agent", "--listen", f"127.0.0.1:{port}", "--flush-ms", "50"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
-    assert process.stdout is not None and process.stderr is not None
-    line = process.stdout.readline()
-    assert line, process.stderr.read()
-    assert json.loads(line)["listening"] == f"127.0.0.1:{port}"
-    return process
-
-
 def test_kill_9_during_idempotent_acks_all_produce_loses_and_repeats_nothing(catalog: Catalog) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    agent = start_agent_process(catalog, port)
+    agent = start_agent_process(catalog, port, flush_ms=50)
     producer = Producer({"bootstrap.servers": f"127.0.0.1:{port}", **IDEMPOTENT_LIBRDKAFKA, "message.timeout.ms": 60_000,
                          "retry.backoff.ms": 50, "reconnect.backoff.ms": 50, "reconnect.backoff.max.ms": 200})
     acked: dict[bytes, tuple[int, int]] = {}
@@ -377,7 +363,7 @@ def test_kill_9_during_idempotent_acks_all_produce_loses_and_repeats_nothing(cat
                 kill_when_acked.pop(0)
                 agent.send_signal(signal.SIGKILL)
                 agent.wait()
-                agent = start_agent_process(catalog, port)
+                agent = start_agent_process(catalog, port, flush_ms=50)
         assert not kill_when_acked
         assert producer.flush(60) == 0
     finally:
