@@ -17,8 +17,8 @@ import psutil
 import pytest
 from click.testing import CliRunner
 
+from lab.servers.common import HOST, free_port
 from logcompact.cli import cli
-from logcompact.lab.servers.common import HOST, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 STARTUP_S = 420  # a migration and four Airflow components on a loaded 2-core machine
