@@ -17,7 +17,8 @@ offsets at the end of every partition).
 
 `--data-only` stops after producing the data, through the library: `make airflow` uses it to give the UI
 something to compact.
-Airflow logs only warnings here; the task logs are in the Airflow home under the work directory.
+The terminal shows the report alone, and the agent's own log lines; what Airflow (the task logs among it),
+Spark and the Kafka clients print goes to demo.log in the work directory, which the first line names.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import TextIO
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -46,7 +48,7 @@ def configure_airflow(work: Path, store_uri: str) -> None:
     os.environ.update(
         AIRFLOW_HOME=str(work / "airflow"),
         AIRFLOW__CORE__LOAD_EXAMPLES="False",
-        AIRFLOW__LOGGING__LOGGING_LEVEL="WARNING",
+        AIRFLOW__LOGGING__LOGGING_LEVEL="INFO",  # into demo.log: the task logs
         AIRFLOW__CORE__DAGS_FOLDER=str(REPO / "dags"),
         AIRFLOW__CORE__PLUGINS_FOLDER=str(REPO / "plugins"),
         AIRFLOW_CONN_LOGCOMPACT_DEFAULT=json.dumps(
@@ -74,6 +76,27 @@ def load_dags() -> dict:
     return bag.dags
 
 
+def register_topic_assets(cluster_id: str) -> None:
+    """The demo topics' assets, registered and active before the first commit emits events for them. The
+    commit task emits one through an alias for each topic it compacted; Airflow creates an asset first seen that
+    way inactive (with a warning per event) until its scheduler activates it, and dag.test() runs no scheduler."""
+    from airflow.assets.manager import asset_manager
+    from airflow.models.asset import AssetActive
+    from airflow.serialization.definitions.assets import SerializedAsset
+    from airflow.utils.session import create_session
+
+    from logcompact.lab.demo import TOPICS
+    from logcompact_airflow.operators.compaction import topic_asset
+
+    assets = [topic_asset(cluster_id, spec.name) for spec in TOPICS]
+    with create_session() as session:
+        models = asset_manager.create_assets(
+            [SerializedAsset(name=asset.name, uri=asset.uri, group=asset.group, extra={}, watchers=[]) for asset in assets], session=session
+        )
+        session.flush()
+        session.add_all(AssetActive.for_asset(model) for model in models)
+
+
 def groups_run(dag_id: str, run_id: str) -> int:
     """How many mapped compact_group jobs a run ran."""
     from airflow.models.taskinstance import TaskInstance
@@ -84,10 +107,11 @@ def groups_run(dag_id: str, run_id: str) -> int:
 
 
 @contextmanager
-def running_agent(store_uri: str) -> Iterator[str]:
-    """`logcompact agent` as a process of its own on a free port of 127.0.0.1: its address; stopped by SIGTERM."""
+def running_agent(store_uri: str, stderr: TextIO) -> Iterator[str]:
+    """`logcompact agent` as a process of its own on a free port of 127.0.0.1, its log lines to `stderr`: its
+    address; stopped by SIGTERM."""
     command = [str(BIN / "logcompact"), "--store", store_uri, "agent", "--listen", "127.0.0.1:0"]
-    agent = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    agent = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True)
     try:
         assert agent.stdout is not None
         listening = agent.stdout.readline()
@@ -199,6 +223,16 @@ def main() -> None:
     shutil.rmtree(work, ignore_errors=True)
     (work / "store").mkdir(parents=True)
 
+    from logcompact.lab.demo import Terminal, output_to_log
+
+    log = work / "demo.log"
+    # Producing through the library alone (--data-only) runs nothing that prints: the terminal's streams stay.
+    with nullcontext(Terminal(sys.stdout, sys.stderr)) if args.data_only else output_to_log(log) as terminal:
+        run_demo(args.records, work, args.data_only, log, terminal.out, terminal.err)
+
+
+def run_demo(records: int, work: Path, data_only: bool, log: Path, out: TextIO, agent_log: TextIO) -> None:
+    """The demo in `work`: the report to `out`, the agents' log lines to `agent_log`; `log` holds the rest."""
     from logcompact.catalog import Catalog
     from logcompact.exceptions import VerificationError
     from logcompact.lab.demo import HOUR_MS, TOPICS, create_skewed_topics, describe_levels, level_table, produce_skewed, verify_latest
@@ -208,24 +242,25 @@ def main() -> None:
     catalog = Catalog(store)  # the embedded default: catalog.db in the store directory
     now = int(time.time() * 1000)
     create_skewed_topics(catalog, now - 3 * HOUR_MS)
-    if args.data_only:
-        latest = produce_skewed(catalog, args.records, files=40, first_timestamp=now - 3 * HOUR_MS, last_timestamp=now)
+    if data_only:
+        latest = produce_skewed(catalog, records, files=40, first_timestamp=now - 3 * HOUR_MS, last_timestamp=now)
     else:
-        with running_agent(store.uri) as bootstrap:
-            print(f"logcompact agent on {bootstrap}: producing through Kafka (confluent-kafka, acks=all, lz4)")
-            latest = produce_through_kafka(bootstrap, args.records, now - 3 * HOUR_MS, now)
+        with running_agent(store.uri, agent_log) as bootstrap:
+            print(f"logcompact agent on {bootstrap}: producing through Kafka (confluent-kafka, acks=all, lz4)", file=out)
+            latest = produce_through_kafka(bootstrap, records, now - 3 * HOUR_MS, now)
     start = catalog.snapshot()
     start_files = start.file_summaries()
     ingested_bytes = sum(f.size for f in start_files)
     records_in = sum(f.record_count for f in start_files)
     clicks = sum(catalog.next_offsets("clicks"))  # nothing compacted yet: every offset given is a record
-    print(f"store {store.uri}: produced {records_in:,} records in {len(start_files)} L0 files ({ingested_bytes / 1e6:.1f} MB)")
-    print(f"  before: {describe_levels(start)}")
-    if args.data_only:
+    print(f"store {store.uri}: produced {records_in:,} records in {len(start_files)} L0 files ({ingested_bytes / 1e6:.1f} MB)", file=out)
+    print(f"  before: {describe_levels(start)}", file=out)
+    if data_only:
         return
 
     configure_airflow(work, store.uri)
     dags = load_dags()
+    register_topic_assets(catalog.cluster_id)
     written_bytes = groups_total = most_groups = 0
     for dag_id in DAG_RUNS:
         before = {f.key for f in catalog.snapshot().file_summaries()}
@@ -240,11 +275,12 @@ def main() -> None:
         groups_total, most_groups = groups_total + groups, max(most_groups, groups)
         print(
             f"{dag_id}: {run.state} in {time.perf_counter() - started:.1f} s; {replaced} files replaced by {len(added)}"
-            f"{f' in {groups} mapped Spark group(s)' if dag_id != 'logcompact_gc' else ''}"
+            f"{f' in {groups} mapped Spark group(s)' if dag_id != 'logcompact_gc' else ''}",
+            file=out,
         )
-        print(f"  after: {describe_levels(after)}")
+        print(f"  after: {describe_levels(after)}", file=out)
         if str(run.state) != "success":
-            raise SystemExit(f"demo: {dag_id} ended {run.state}; its task logs are above")
+            raise SystemExit(f"demo: {dag_id} ended {run.state}; its task logs are in {log}")
 
     if most_groups < 2:
         raise SystemExit(f"demo: no run had more than one mapped group (groups of {DEMO_GROUP_BYTES:,} bytes); make them smaller")
@@ -256,15 +292,16 @@ def main() -> None:
     print(
         f"report: {records_in:,} records in, {records_out:,} out ({records_in - records_out:,} removed, "
         f"{1 - records_out / records_in:.1%}); {ingested_bytes / 1e6:.1f} MB ingested, {written_bytes / 1e6:.1f} MB written by "
-        f"compactions in {groups_total} mapped Spark groups: write amplification {(ingested_bytes + written_bytes) / ingested_bytes:.2f}"
+        f"compactions in {groups_total} mapped Spark groups: write amplification {(ingested_bytes + written_bytes) / ingested_bytes:.2f}",
+        file=out,
     )
     print(f"verified through consume: all {checked:,} live keys hold their latest value, deleted keys stay deleted, "
-          f"clicks (delete policy) kept all {clicks:,} records")
-    with running_agent(store.uri) as bootstrap:
+          f"clicks (delete policy) kept all {clicks:,} records", file=out)
+    with running_agent(store.uri, agent_log) as bootstrap:
         ends = {spec.name: catalog.next_offsets(spec.name) for spec in TOPICS}
         read = read_back_with_a_consumer_group(bootstrap, latest, clicks, ends)
     print(f"verified through a Kafka consumer group on {bootstrap}: {read:,} records read, each compacted key once with its "
-          f"latest value, all {clicks:,} clicks records; offsets committed at every partition's end")
+          f"latest value, all {clicks:,} clicks records; offsets committed at every partition's end", file=out)
 
 
 if __name__ == "__main__":

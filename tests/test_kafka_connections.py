@@ -246,6 +246,25 @@ def test_idle_connections_are_closed_after_connections_max_idle_ms_and_one_waiti
     assert len(lines) == 2 and all(r.levelno == logging.INFO for r in caplog.records if "idle for" in r.getMessage()), lines
 
 
+def test_a_client_that_stops_with_answers_unread_is_logged_at_info_and_the_next_is_served(
+    agent: RunningAgent, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A client that stops with requests in flight (a Kafka client closing) resets its connection, which the
+    agent finds reading or writing its answers: the ordinary course, logged at info (Kafka's brokers log a peer's
+    disconnect at debug), never a warning."""
+    caplog.set_level(logging.INFO, logger="logcompact.kafka")
+    with open_socket(agent) as leaving:
+        leaving.sendall(API_VERSIONS * 200)
+        leaving.recv(1, socket.MSG_PEEK)  # answers are coming
+        leaving.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # closed with a reset
+    assert eventually(lambda: bool(closed_lines(caplog, " lost: ")), 10), "the agent did not see the connection go"
+    with open_socket(agent) as connection:
+        answered_in(connection)
+    lost = [r for r in caplog.records if r.name == "logcompact.kafka.server" and " lost: " in r.getMessage()]
+    assert all(r.levelno == logging.INFO for r in lost), [(r.levelname, r.getMessage()) for r in lost]
+    assert not [r for r in caplog.records if r.name.startswith("logcompact.kafka") and r.levelno >= logging.WARNING]
+
+
 def test_the_agent_command_takes_the_connection_settings(catalog: Catalog) -> None:  # noqa: F811 (fixture)
     environment = {**os.environ, "LOGCOMPACT_STORE": catalog.store.uri}
     command = [sys.executable, "-m", "logcompact", "agent", "--listen", "127.0.0.1:0", "--max-connections", "10", "--max-connections-per-ip", "1",

@@ -360,8 +360,8 @@ class AgentServer:
             log.log(logging.INFO if expired.idle else logging.WARNING, "connection from %s closed: %s", peer, expired.reason)
         except asyncio.IncompleteReadError as exc:
             log.warning("connection from %s closed by the client in the middle of a frame (%d bytes read)", peer, len(exc.partial))
-        except ConnectionError as exc:
-            log.warning("connection from %s lost: %s", peer, exc)
+        except ConnectionError as exc:  # a client that stops with answers unread resets it: ordinary (Kafka logs it at debug)
+            log.info("connection from %s lost: %s", peer, exc)
         finally:
             connection.responses.put_nowait(None)
 
@@ -439,8 +439,8 @@ class AgentServer:
                 if frame is not None:
                     writer.write(frame)
                     await writer.drain()
-            except ConnectionError as exc:
-                log.warning("connection from %s lost: %s", connection.peer, exc)
+            except ConnectionError as exc:  # the client stopped with answers unread: ordinary (Kafka logs it at debug)
+                log.info("connection from %s lost: %s", connection.peer, exc)
                 break
             except Exception as exc:  # a failed handler: the client reconnects and retries; the agent goes on
                 log.warning("connection from %s closed: its request failed: %s: %s", connection.peer, type(exc).__name__, exc)

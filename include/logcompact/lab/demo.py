@@ -1,14 +1,20 @@
 """The pieces of `make demo` (scripts/demo.py): three topics of skewed data in many L0 files for the DAGs, the
-per-level report, the latest-value check through consume; `logcompact tour` (logcompact.lab.tour) uses the same
-topics. Everything goes through the catalog's API, on whichever database the cluster uses.
+per-level report, the latest-value check through consume, and the log that takes everything else the demo's
+libraries print; `logcompact tour` (logcompact.lab.tour) uses the same topics. Everything goes through the
+catalog's API, on whichever database the cluster uses.
 
 The topics have 100 partitions each: every L0 file an agent writes holds a few hundred topic-partitions, as a
 WarpStream agent's files do."""
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
 
 from logcompact.catalog import Catalog, Snapshot
 from logcompact.consume import latest_values, read_batches
@@ -35,6 +41,40 @@ TOPICS = (
 )
 
 
+@dataclass(frozen=True)
+class Terminal:
+    """The terminal's streams while `output_to_log` sends the process's own to the log."""
+
+    out: TextIO
+    err: TextIO
+
+
+@contextmanager
+def output_to_log(log: Path) -> Iterator[Terminal]:
+    """Whatever this process and the processes it starts write to stdout and stderr goes to `log`: Airflow's
+    logs and Python's warnings, Spark's output, the Kafka clients' lines (librdkafka writes to stderr itself), so
+    the terminal shows what the demo prints to the streams it is given, the first line of which names the log.
+    The descriptors are redirected, not only `sys.stdout`: Airflow's handlers hold the stream they were
+    configured with, and C libraries and child processes write to the descriptors. They are restored however the
+    block ends, so the demo's own error reaches the terminal."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    terminal = Terminal(os.fdopen(os.dup(saved[0]), "w", buffering=1), os.fdopen(os.dup(saved[1]), "w", buffering=1))
+    print(f"logs of Airflow, Spark and the Kafka clients: {log}", file=terminal.out)
+    try:
+        with log.open("ab") as file:
+            os.dup2(file.fileno(), 1)
+            os.dup2(file.fileno(), 2)
+        yield terminal
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, original in zip((1, 2), saved):
+            os.dup2(original, fd)
+            os.close(original)
+        terminal.out.close()
+        terminal.err.close()
 
 
 def create_skewed_topics(catalog: Catalog, now: int) -> None:

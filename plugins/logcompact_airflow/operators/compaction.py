@@ -191,7 +191,7 @@ class LogcompactCommitOperator(BaseOperator):
         events = context["outlet_events"][COMPACTED_TOPICS]
         for topic in summary.topics:
             plans = [plan_id for plan_id, stats in summary.stats.items() if topic in stats["topics"]]
-            events.add(_topic_asset(summary.cluster_id, topic), extra={**summary.topic_stats.get(topic, {}), "plans": plans})
+            events.add(topic_asset(summary.cluster_id, topic), extra={**summary.topic_stats.get(topic, {}), "plans": plans})
         return summary.to_dict()
 
 
@@ -214,5 +214,6 @@ class LogcompactUncleanableOperator(BaseOperator):
         return count
 
 
-def _topic_asset(cluster_id: str, topic: str) -> Asset:
+def topic_asset(cluster_id: str, topic: str) -> Asset:
+    """The asset of a cluster's topic, which the commit emits an event of for each topic it compacted."""
     return Asset(name=f"logcompact/{cluster_id}/{topic}", uri=f"logcompact://{cluster_id}/{topic}")
