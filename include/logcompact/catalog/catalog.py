@@ -945,6 +945,13 @@ class Catalog:
                 held.add((mark.topic, mark.partition))  # (damage no file was named for waits out its backoff)
         return frozenset(held)
 
+    def set_aside(self, marks: Sequence[SetAside], plan_id: str, now_ms: int) -> None:
+        """Mark partitions uncleanable outside a commit: those a plan `plan_id` would have damaged, found before it
+        leased anything (rows hiding records), which planners then leave out (`planning_snapshot`)."""
+        if marks:
+            with self._writing() as connection:
+                self._mark_uncleanable(connection, marks, plan_id, now_ms)
+
     def _file_stamp(self, key: str) -> str:
         found = self.store.stat(key)
         return "gone" if found is None else f"{found.size}@{found.modified_ms}"

@@ -1,6 +1,7 @@
 """What a scheduled plan step did and why, in a few lines for its log: the thresholds, each plan leased (files
-per level, groups with their labels, estimated effect), the files other in-flight plans hold, and when nothing is
-due, the reason (which level lacks files, or which partition comes due next under its max lag, and when)."""
+per level, groups with their labels, estimated effect), the partitions set aside, the files other in-flight plans
+hold, and when nothing is due, the reason (which level lacks files, or which partition comes due next under its max
+lag, and when)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ def explain_run(
             f"{estimate['records_in']:,} records removed; {estimate['groups']} group(s)"
             + (f": {'; '.join(labels[plan_id])}" if plan_id in labels else "")
         )
+    for mark in prepared.set_aside:
+        lines.append(f"{'dry run, would set aside' if dry_run else 'set aside'} as uncleanable (not planned): {mark.reason}")
     others: dict[str, Counter] = {}
     for key, lease in leases.items():
         if lease.plan_id not in prepared.plan_ids and key in levels:

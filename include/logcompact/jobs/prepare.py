@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 
-from logcompact.catalog import Catalog, Snapshot
+from logcompact.catalog import Catalog, SetAside, Snapshot
 from logcompact.jobs.release import give_up, release_abandoned
 from logcompact.planner import PlannerConfig, choose_plans, expected_effect
-from logcompact.plans import Plan, PlanGroup, plan_documents
+from logcompact.plans import Plan, PlanGroup, hidden_offsets_reason, plan_documents
 from logcompact.plans.documents import seal, write_documents
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,7 @@ class PreparedRun:
     plan_ids: list[str]
     groups: list[GroupJob]
     estimates: list[dict]
+    set_aside: list[SetAside] = field(default_factory=list)  # partitions whose catalog rows hide records: not planned
 
 
 def prepare_plans(
@@ -71,20 +75,38 @@ def prepare_plans(
 ) -> PreparedRun:
     """Plan a mode against the catalog as it is *now* (never as of a run's logical date, so a backfill or a re-run
     of an old date cannot undo newer work), then `lease_and_write` the plans; a dry run plans and estimates, and
-    writes nothing. Plans a failed run abandoned are released first, so their files can be planned again now. A plan
-    that would drop records a damaged row hides is refused before anything is leased (`Plan.check_offsets_held`)."""
+    writes nothing. Plans a failed run abandoned are released first, so their files can be planned again now. A
+    partition whose records a plan would drop, because a damaged row hides them (`Plan.hidden_offsets`), is marked
+    uncleanable (a dry run only leaves it out) and the rest planned again without it, before anything is leased."""
     if not dry_run:
         release_abandoned(catalog)
     snapshot = catalog.planning_snapshot(now_ms)
-    thresholds = check_thresholds(snapshot, now_ms, config)
     plans = choose_plans(snapshot, now_ms, mode, config, topics)
-    for plan in plans:
-        plan.check_offsets_held(snapshot)
+    set_aside: list[SetAside] = []
+    while hiding := [(plan.plan_id, marks) for plan in plans if (marks := _hiding(plan, snapshot))]:
+        for plan_id, marks in hiding:
+            for mark in marks:
+                log.warning("%s as uncleanable: %s", "dry run: would set aside" if dry_run else "set aside", mark.reason)
+            if not dry_run:
+                catalog.set_aside(marks, plan_id, now_ms)
+            set_aside += marks
+        # Planned again without them (as `planning_snapshot` now leaves them out): each round leaves out one more.
+        snapshot = catalog.snapshot(set_aside=snapshot.set_aside | {(m.topic, m.partition) for m in set_aside})
+        plans = choose_plans(snapshot, now_ms, mode, config, topics)
+    thresholds = check_thresholds(snapshot, now_ms, config)
     estimates = [expected_effect(p) for p in plans]
     if dry_run or not plans:
-        return PreparedRun(thresholds, [], [], estimates)
+        return PreparedRun(thresholds, [], [], estimates, set_aside)
     groups = lease_and_write(catalog, plans, now_ms, config.lease_ms)
-    return PreparedRun(thresholds, [p.plan_id for p in plans], groups, estimates)
+    return PreparedRun(thresholds, [p.plan_id for p in plans], groups, estimates, set_aside)
+
+
+def _hiding(plan: Plan, snapshot: Snapshot) -> list[SetAside]:
+    """A mark per partition whose offsets the plan would drop; no file is named: the damaged row hides its own."""
+    return [
+        SetAside(topic, partition, f"{hidden_offsets_reason(topic, partition, low, high)}; restore the catalog database from a backup", "")
+        for (topic, partition), (low, high) in sorted(plan.hidden_offsets(snapshot).items())
+    ]
 
 
 def lease_and_write(catalog: Catalog, plans: list[Plan], now_ms: int, lease_ms: int) -> list[GroupJob]:

@@ -177,13 +177,25 @@ class Plan:
                 self._check_floors(snapshot)
 
     def check_offsets_held(self, snapshot: Snapshot) -> None:
-        """A partition never compacted (`Snapshot.never_compacted`) holds every offset from its log start: a hole
-        among the plan's sections of one that no live section outside the plan can fill is a damaged row hiding
-        records (a files row deleted or marked removed, a section retired or moved), which the plan would leave
-        out of its outputs, and gc would then collect with their file. CorruptDataError, before anything is leased."""
+        """`hidden_offsets` as a refusal, for a plan the user chose: CorruptDataError naming the first partition,
+        before anything is leased."""
+        hidden = sorted(self.hidden_offsets(snapshot).items())
+        if hidden:
+            (topic, partition), (low, high) = hidden[0]
+            raise CorruptDataError(
+                f"plan {self.plan_id}: {hidden_offsets_reason(topic, partition, low, high)}, and compacting it would drop "
+                "them; restore the catalog database from a backup; nothing was leased"
+            )
+
+    def hidden_offsets(self, snapshot: Snapshot) -> dict[TopicPartition, tuple[int, int]]:
+        """The partitions whose records the plan would drop, each with the first range of offsets hidden. A partition
+        never compacted (`Snapshot.never_compacted`) holds every offset from its log start: a hole among the plan's
+        sections of one that no live section outside the plan can fill is a damaged row hiding records (a files row
+        deleted or marked removed, a section retired or moved), which the plan would leave out of its outputs, and gc
+        would then collect with their file."""
         starts = snapshot.never_compacted(self.topics)
         if not starts:
-            return
+            return {}
         held: dict[TopicPartition, list[tuple[int, int]]] = {}
         for data_file in self.inputs:
             if data_file.level > 0:  # its partitions have all held a section above L0
@@ -200,16 +212,10 @@ class Plan:
                     break
                 reached = max(reached, last)
         if not holes:
-            return
+            return {}
         outside = lowest_outside(snapshot, self.inputs, set(holes))
-        for (topic, partition), (low, high) in sorted(holes.items()):
-            if outside.get((topic, partition), high + 1) > high:  # no section outside the plan may hold them
-                raise CorruptDataError(
-                    f"plan {self.plan_id}: catalog rows of partition {topic}/{partition} hide offsets {low} to {high}: no live "
-                    "section holds them, yet the partition was never compacted, so a row that held them is damaged (a files "
-                    "row deleted or marked removed, a section retired or moved to another partition or topic), and "
-                    "compacting it would drop them; restore the catalog database from a backup; nothing was leased"
-                )
+        # A section outside the plan from at most the hole's last offset may hold them.
+        return {tp: (low, high) for tp, (low, high) in holes.items() if outside.get(tp, high + 1) > high}
 
     def _check_sections(self, snapshot: Snapshot) -> None:
         recorded = snapshot.section_rows([f.key for f in self.inputs])
@@ -354,3 +360,12 @@ def check_shape(plan: Plan | PlanHeader, source: str, whole: bool) -> None:
         previous_last = plan.groups[number - 1].last if number else None
         if previous_last is not None and group.first is not None and previous_last >= group.first:
             raise InvalidPlanError(f"{source}: group {group.group} starts at {group.first}, within group {number - 1}")
+
+
+def hidden_offsets_reason(topic: str, partition: int, low: int, high: int) -> str:
+    """Why a partition's records are hidden, in one line: what refuses a plan, and what marks it uncleanable."""
+    return (
+        f"catalog rows of partition {topic}/{partition} hide offsets {low} to {high}: no live section holds them, yet the "
+        "partition was never compacted, so a row that held them is damaged (a files row deleted or marked removed, a "
+        "section retired or moved to another partition or topic)"
+    )
