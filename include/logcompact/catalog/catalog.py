@@ -926,7 +926,7 @@ class Catalog:
                 )
                 for query in s.by_partition(sizes):
                     for topic_id, partition, size in connection.execute(query).all():
-                        live_bytes[(topic_id, partition)] += size
+                        live_bytes[(topic_id, partition)] += int(size)  # PostgreSQL sums a BIGINT column as NUMERIC
         return sorted(Uncleanable._make((names[r[0]], *r[1:], live_bytes[(r.topic_id, r.partition)])) for r in rows)
 
     def held_uncleanable(self, now_ms: int) -> frozenset[TopicPartition]:
