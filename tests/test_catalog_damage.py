@@ -437,18 +437,9 @@ def _values(catalog: Catalog, partition: int = 0, now: int = NOW) -> list[str]:
 HIDING = ("files row deleted", "files row marked removed", "section retired alone", "section moved to another topic")
 
 
-@pytest.mark.parametrize("damage", HIDING)
-@pytest.mark.parametrize("hidden", [0, 1])
-def test_a_row_damaged_so_that_it_hides_records_of_a_partition_never_compacted_is_refused(catalog: Catalog, damage: str, hidden: int) -> None:
-    """On each database: three files of partition 0 (offsets 0, 1, 2), the first's or the second's rows damaged in a
-    way that leaves its section out of every read of the partition. Consume exited 0 without that record; now it is
-    refused in one line naming the offsets hidden, by the library's readers too, and so is a compaction, before it
-    leases anything. Put back, the rows read whole."""
-    create_topic(catalog, "t", partitions=1, cleanup_policy="compact")
-    create_topic(catalog, "u", partitions=1, cleanup_policy="compact")
-    for value in (b"1", b"2", b"3"):
-        _produce(catalog, "t", [Record(0, b"k" + value, value, NOW)])
-    key = _key_at(catalog, 0, hidden)
+def _hide(catalog: Catalog, key: str, damage: str, now: int = NOW) -> tuple[dict, dict]:
+    """Damage the rows of `key`'s file so that its section of t/0 is in no read of the partition (moved: to topic u);
+    the files row and the section row as they were."""
     row = _file_row(catalog, key)
     sec, files = schema.sections.c, schema.files.c
     in_file = (sec.file_id == row["file_id"], sec.partition == 0)
@@ -457,11 +448,28 @@ def test_a_row_damaged_so_that_it_hides_records_of_a_partition_never_compacted_i
         if damage == "files row deleted":
             connection.execute(schema.files.delete().where(files.key == key))
         elif damage == "files row marked removed":
-            connection.execute(update(schema.files).where(files.key == key).values(removed_version=catalog.latest_version(), removed_ms=NOW))
+            connection.execute(update(schema.files).where(files.key == key).values(removed_version=catalog.latest_version(), removed_ms=now))
         elif damage == "section retired alone":
             connection.execute(update(schema.sections).where(*in_file).values(removed_version=catalog.latest_version()))
         else:
             connection.execute(update(schema.sections).where(*in_file).values(topic_id=catalog.snapshot().topic_ids["u"]))
+    return row, section
+
+
+@pytest.mark.parametrize("damage", HIDING)
+@pytest.mark.parametrize("hidden", [0, 1])
+def test_a_row_damaged_so_that_it_hides_records_of_a_partition_never_compacted_is_refused(catalog: Catalog, damage: str, hidden: int) -> None:
+    """On each database: three files of partition 0 (offsets 0, 1, 2), the first's or the second's rows damaged in a
+    way that leaves its section out of every read of the partition. Consume exited 0 without that record; now it is
+    refused in one line naming the offsets hidden, by the library's readers too; a compaction sets the partition
+    aside as uncleanable before it leases anything, and changes no file. Put back, the rows read whole."""
+    create_topic(catalog, "t", partitions=1, cleanup_policy="compact")
+    create_topic(catalog, "u", partitions=1, cleanup_policy="compact")
+    for value in (b"1", b"2", b"3"):
+        _produce(catalog, "t", [Record(0, b"k" + value, value, NOW)])
+    key = _key_at(catalog, 0, hidden)
+    row, section = _hide(catalog, key, damage)
+    sec, files = schema.sections.c, schema.files.c
     says = f"catalog rows of partition t/0 hide offsets {hidden} to {hidden}: no live section holds them, yet the partition was never compacted"
     _one_line_error(_cli_of(catalog, "consume", "t", "--partition", "0"), says, "restore the catalog database from a backup")
     for read in (lambda: list(read_records(catalog.store, catalog.snapshot(), "t", 0)), lambda: latest_values(catalog.store, catalog.snapshot(), "t", 0)):
@@ -470,14 +478,103 @@ def test_a_row_damaged_so_that_it_hides_records_of_a_partition_never_compacted_i
     assert [r.value for r in read_records(catalog.store, catalog.snapshot(), "t", 0, from_offset=hidden + 1)] == [b"1", b"2", b"3"][hidden + 1:]
     # Compacted, the partition would hold its records without them, and gc would collect their file.
     before = _state(catalog)
-    _one_line_error(_cli_of(catalog, "compact", "--full"), "hide offsets", "so a row that held them is damaged", "nothing was leased")
-    assert _state(catalog) == before and not catalog.leased_plans(NOW)
+    outcome = _cli_of(catalog, "compact", "--full")
+    assert outcome.code == 0 and "Traceback" not in outcome.stderr, outcome
+    marks = {(m.topic, m.partition): m for m in catalog.uncleanable()}
+    assert says in marks[("t", 0)].reason and "restore the catalog database from a backup" in marks[("t", 0)].reason
+    assert marks[("t", 0)].file_key == (key if damage == "section retired alone" else ""), marks
+    assert (("t", 0) in catalog.held_uncleanable(NOW)) and not catalog.leased_plans(NOW)
+    if damage != "section moved to another topic":  # (u/0 then holds t's record: its read fails, and u/0 is set aside)
+        assert _state(catalog) == before and list(marks) == [("t", 0)]
     with catalog.engine.begin() as connection:  # put back, as a restored catalog holds them
         connection.execute(schema.files.delete().where(files.file_id == row["file_id"]))
         connection.execute(schema.files.insert().values(**row))
         connection.execute(schema.sections.delete().where(sec.file_id == row["file_id"]))
         connection.execute(schema.sections.insert().values(**section))
     assert _values(catalog) == ["1", "2", "3"]
+
+
+def _produce_lines(catalog: Catalog, now: int, *lines: tuple[int, str, str]) -> None:
+    """One file of t holding the (partition, key, value) records."""
+    stdin = b"".join(json.dumps({"partition": p, "key": k, "value": v}).encode() + b"\n" for p, k, v in lines)
+    assert _cli_of(catalog, "produce", "t", stdin=stdin, now=now).code == 0
+
+
+def _uncleanable_list(catalog: Catalog, now: int) -> list[dict]:
+    outcome = _cli_of(catalog, "uncleanable", "list", now=now)
+    assert outcome.code == 0, outcome
+    return [json.loads(line) for line in outcome.stdout.splitlines()]
+
+
+@pytest.mark.parametrize("damage", HIDING)
+def test_a_partition_whose_rows_hide_offsets_is_set_aside_and_the_other_partitions_compact(
+    catalog: Catalog, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On each database: t/0 in three files of its own (offsets 0, 1, 2), the second's rows damaged so that offset 1
+    is hidden, t/1 in three files of one key. `compact --full` refused the whole run, so one damaged partition
+    stopped all compaction; now it marks t/0 uncleanable (before leasing anything: a dry run only leaves it out),
+    logs it, compacts t/1 and exits 0, as a run whose commit sets a partition aside does. gc then keeps the damaged
+    file's object, and consume of t/0 is still refused in one line."""
+    now = wall_clock_ms()
+    later = now + 2 * 3_600_000  # past the grace of every object
+    for name in ("t", "u"):
+        assert _cli_of(catalog, "topic", "create", name, "--partitions", "2", "--config", "cleanup.policy=compact", now=now).code == 0
+    for value in ("1", "2", "3"):
+        _produce_lines(catalog, now, (0, "k" + value, value))
+        _produce_lines(catalog, now, (1, "a", value))
+    key = _key_at(catalog, 0, 1)
+    _hide(catalog, key, damage, now)
+    stored = (catalog.store.root / key).read_bytes()
+    says = "catalog rows of partition t/0 hide offsets 1 to 1: no live section holds them, yet the partition was never compacted"
+
+    dry = prepare_plans(catalog, "full", later, dry_run=True)
+    assert [(m.topic, m.partition) for m in dry.set_aside][:1] == [("t", 0)] and says in dry.set_aside[0].reason, dry
+    assert len(dry.estimates) == 1 and not dry.plan_ids and catalog.uncleanable() == [] and not catalog.leased_plans(later)
+
+    caplog.clear()
+    compacted = _cli_of(catalog, "compact", "--full", now=later)
+    assert compacted.code == 0 and "Traceback" not in compacted.stderr, compacted
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    # (moved to u/0 at offset 1, t/0's record also hides offset 0 of u/0, which is set aside as well)
+    assert len(warned) == 1 + (damage == "section moved to another topic") and warned[0].startswith(f"set aside as uncleanable: {says}"), warned
+    assert [json.loads(line)["committed"] for line in compacted.stdout.splitlines()] == [True], compacted.stdout
+    assert _values(catalog, partition=1, now=later) == ["3"]
+    listed = _uncleanable_list(catalog, later)
+    marked = {(m["topic"], m["partition"]): m for m in listed[:-1]}
+    assert says in marked[("t", 0)]["reason"] and marked[("t", 0)]["held"], listed
+    assert marked[("t", 0)]["file_key"] == (key if damage == "section retired alone" else ""), listed
+    assert ("t", 1) not in marked and listed[-1]["uncleanable_partitions_count"] == len(marked), listed
+
+    collected = _cli_of(catalog, "gc", "--grace-ms", "0", now=later + 1)
+    assert "Traceback" not in collected.stderr and len(collected.stderr.splitlines()) == collected.code, collected
+    assert key not in json.loads(collected.stdout)["deleted_files"]
+    assert (catalog.store.root / key).read_bytes() == stored
+    _one_line_error(_cli_of(catalog, "consume", "t", "--partition", "0", now=later + 1), says)
+
+
+def test_a_file_holding_hidden_records_stays_live_whole_when_its_partition_is_set_aside(catalog: Catalog) -> None:
+    """On each database: three files each of t/0 and t/1, the second's section of t/0 retired alone (offset 1
+    hidden). Compacting t/1 would remove that file, and gc would collect offset 1 with it: t/1 is set aside with
+    t/0, its reason naming the file, nothing is leased or committed, and gc keeps the object."""
+    now = wall_clock_ms()
+    later = now + 2 * 3_600_000
+    assert _cli_of(catalog, "topic", "create", "t", "--partitions", "2", "--config", "cleanup.policy=compact", now=now).code == 0
+    for value in ("1", "2", "3"):
+        _produce_lines(catalog, now, (0, "k" + value, value), (1, "a", value))
+    key = _key_at(catalog, 0, 1)
+    _hide(catalog, key, "section retired alone", now)
+    before = _state(catalog)
+
+    compacted = _cli_of(catalog, "compact", "--full", now=later)
+    assert compacted.code == 0 and not compacted.stdout and "Traceback" not in compacted.stderr, compacted
+    marked = {(m["topic"], m["partition"]): m for m in _uncleanable_list(catalog, later)[:-1]}
+    assert sorted(marked) == [("t", 0), ("t", 1)] and {m["file_key"] for m in marked.values()} == {key}, marked
+    assert "hide offsets 1 to 1" in marked[("t", 0)]["reason"] and f"file {key} holds them in a section row marked retired" in marked[("t", 0)]["reason"]
+    assert f"set aside with t/0: file {key} holds offsets 1 to 1 of it" in marked[("t", 1)]["reason"], marked
+    assert _state(catalog) == before and not catalog.leased_plans(later)
+    collected = _cli_of(catalog, "gc", "--grace-ms", "0", now=later + 1)
+    assert "Traceback" not in collected.stderr and key not in json.loads(collected.stdout)["deleted_files"], collected
+    assert (catalog.store.root / key).exists() and _values(catalog, partition=1, now=later + 1) == ["1", "2", "3"]
 
 
 @pytest.mark.parametrize("damage", ["files row deleted", "files row marked removed", "files row renamed to a collected file's key"])
@@ -507,9 +604,13 @@ def test_gc_never_deletes_the_object_of_a_file_whose_catalog_rows_lost_it(catalo
     stored = (catalog.store.root / first).read_bytes()
 
     assert _cli_of(catalog, "produce", "t", stdin=b'{"partition": 0, "key": "c", "value": "3"}\n', now=later).code == 0
-    # Refused: offset 0 is hidden (`Plan.check_offsets_held`), or the renamed row's object is not in the store.
+    # Offset 0 is hidden (`Plan.hidden_offsets`): the partition is set aside as uncleanable; or the renamed row's
+    # object is not in the store: refused.
     compacted = _cli_of(catalog, "compact", "--full", now=later)
-    assert compacted.code == 1 and len(compacted.stderr.splitlines()) == 1, compacted
+    if damage == "files row renamed to a collected file's key":
+        assert compacted.code == 1 and len(compacted.stderr.splitlines()) == 1, compacted
+    else:
+        assert compacted.code == 0 and [(m.topic, m.partition) for m in catalog.uncleanable()] == [("t", 0)], compacted
     outcome = _cli_of(catalog, "gc", "--grace-ms", "0", now=later + 1)
     assert outcome.code == 1 and len(outcome.stderr.splitlines()) == 1 and "Traceback" not in outcome.stderr, outcome
     assert "catalog rows are damaged" in outcome.stderr and "gc deleted no object they may name" in outcome.stderr, outcome.stderr

@@ -85,17 +85,20 @@ class Snapshot:
         sections = s.sections.c
         return and_(self._live(), or_(sections.removed_version.is_(None), sections.removed_version > self.version))
 
+    def _set_aside_section(self) -> ColumnElement[bool]:
+        sections = s.sections.c
+        return or_(*(and_(sections.topic_id == self.topic_ids[t], sections.partition == p) for t, p in sorted(self.set_aside)))
+
     def _planned_section(self) -> ColumnElement[bool]:
         """A live section planners may take: not of a set-aside partition."""
         if not self.set_aside:
             return self._live_section()
-        sections = s.sections.c
-        held = [and_(sections.topic_id == self.topic_ids[t], sections.partition == p) for t, p in sorted(self.set_aside)]
-        return and_(self._live_section(), ~or_(*held))
+        return and_(self._live_section(), ~self._set_aside_section())
 
     def _held_files(self, connection: Connection) -> list[int]:
-        """Live files whose every live section is of a set-aside partition: planners leave them out whole. Read once
-        per snapshot (a scan of the live sections; the version and the partitions set aside are fixed)."""
+        """Live files holding a section of a set-aside partition, live or retired (a damaged row hiding its records),
+        and no live section of another: planners leave them out whole. Read once per snapshot (a scan of the
+        sections of those partitions; the version and the partitions set aside are fixed)."""
         if not self.set_aside:
             return []
         if self._held is None:
@@ -104,9 +107,7 @@ class Snapshot:
 
     def _read_held_files(self, connection: Connection) -> list[int]:
         sections = s.sections.c
-        holding = select(sections.file_id).join(s.files, s.files.c.file_id == sections.file_id).where(self._live_section()).where(
-            ~self._planned_section()
-        )
+        holding = select(sections.file_id).join(s.files, s.files.c.file_id == sections.file_id).where(self._live(), self._set_aside_section())
         candidates = set(connection.execute(holding).scalars())
         if not candidates:
             return []
@@ -420,6 +421,25 @@ class Snapshot:
         query = select(part.topic_id, part.partition, part.log_start_offset).where(part.topic_id.in_(sorted(ids)), ~summarized)
         with self._connect() as connection:
             return {(ids[topic_id], partition): start for topic_id, partition, start in connection.execute(query)}
+
+    def files_hiding(self, topic: str, partition: int, low: int, high: int) -> dict[str, set[TopicPartition]]:
+        """Live files holding a section of the partition retired alone over offsets `low` to `high` (a damaged row
+        hiding their records: a commit removing the file would lose them), each with the partitions of its live
+        sections."""
+        sec, files = s.sections.c, s.files.c
+        retired = (
+            select(sec.file_id).join(s.files, files.file_id == sec.file_id)
+            .where(self._live(), sec.topic_id == self.topic_ids[topic], sec.partition == partition, sec.removed_version <= self.version,
+                   sec.first_offset <= high, sec.last_offset >= low)
+        )
+        names = {topic_id: name for name, topic_id in self.topic_ids.items()}
+        with self._connect() as connection:
+            found: dict[str, set[TopicPartition]] = {key: set() for key in connection.execute(select(files.key).where(files.file_id.in_(retired))).scalars()}
+            if found:
+                live = select(files.key, sec.topic_id, sec.partition).join(s.files, files.file_id == sec.file_id)
+                for key, topic_id, held in connection.execute(live.where(self._live_section(), files.key.in_(sorted(found)))):
+                    found[key].add((names[topic_id], held))
+        return found
 
     def first_uncleanable_offsets(
         self, partitions: Iterable[TopicPartition], now_ms: int, excluding: Sequence[str] = ()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from logcompact.catalog import Catalog, SetAside, Snapshot
+from logcompact.catalog import Catalog, SetAside, Snapshot, TopicPartition
 from logcompact.jobs.release import give_up, release_abandoned
 from logcompact.planner import PlannerConfig, choose_plans, expected_effect
 from logcompact.plans import Plan, PlanGroup, hidden_offsets_reason, plan_documents
@@ -102,11 +102,22 @@ def prepare_plans(
 
 
 def _hiding(plan: Plan, snapshot: Snapshot) -> list[SetAside]:
-    """A mark per partition whose offsets the plan would drop; no file is named: the damaged row hides its own."""
-    return [
-        SetAside(topic, partition, f"{hidden_offsets_reason(topic, partition, low, high)}; restore the catalog database from a backup", "")
-        for (topic, partition), (low, high) in sorted(plan.hidden_offsets(snapshot).items())
-    ]
+    """A mark per partition whose offsets the plan would drop, naming the file whose section of them was retired
+    alone where one was; the other partitions of such a file are set aside with it, so that it stays live whole
+    (a commit compacting them would remove it, and gc would collect the hidden records)."""
+    marks: dict[TopicPartition, SetAside] = {}
+    for (topic, partition), (low, high) in sorted(plan.hidden_offsets(snapshot).items()):
+        hiding = snapshot.files_hiding(topic, partition, low, high)
+        named = f" (file {min(hiding)} holds them in a section row marked retired)" if hiding else ""
+        reason = f"{hidden_offsets_reason(topic, partition, low, high)}{named}; restore the catalog database from a backup"
+        marks[(topic, partition)] = SetAside(topic, partition, reason, min(hiding, default=""))
+        for key, partitions in sorted(hiding.items()):
+            for other in sorted(partitions - set(marks)):
+                marks[other] = SetAside(
+                    *other, f"set aside with {topic}/{partition}: file {key} holds offsets {low} to {high} of it, which its catalog "
+                    f"rows hide, and compacting {other[0]}/{other[1]} would remove the file; restore the catalog database from a backup", key,
+                )
+    return list(marks.values())
 
 
 def lease_and_write(catalog: Catalog, plans: list[Plan], now_ms: int, lease_ms: int) -> list[GroupJob]:
