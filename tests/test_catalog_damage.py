@@ -513,7 +513,8 @@ def test_a_partition_whose_rows_hide_offsets_is_set_aside_and_the_other_partitio
     """On each database: t/0 in three files of its own (offsets 0, 1, 2), the second's rows damaged so that offset 1
     is hidden, t/1 in three files of one key. `compact --full` refused the whole run, so one damaged partition
     stopped all compaction; now it marks t/0 uncleanable (before leasing anything: a dry run only leaves it out),
-    logs it, compacts t/1 and exits 0, as a run whose commit sets a partition aside does. gc then keeps the damaged
+    logs it, compacts t/1 and exits 0, as a run whose commit sets a partition aside does; a plan the user gives
+    (`compact --plan`) is still refused in one line. gc then keeps the damaged
     file's object, and consume of t/0 is still refused in one line."""
     now = wall_clock_ms()
     later = now + 2 * 3_600_000  # past the grace of every object
@@ -527,6 +528,10 @@ def test_a_partition_whose_rows_hide_offsets_is_set_aside_and_the_other_partitio
     stored = (catalog.store.root / key).read_bytes()
     says = "catalog rows of partition t/0 hide offsets 1 to 1: no live section holds them, yet the partition was never compacted"
 
+    planned = _cli_of(catalog, "plan", "--mode", "full", now=later)  # a plan the user runs is refused, as they chose it
+    assert planned.code == 0 and planned.stdout, planned
+    refused = _cli_of(catalog, "compact", "--plan", "-", stdin=planned.stdout.encode(), now=later)
+    _one_line_error(refused, says, "compacting it would drop them", "nothing was leased")
     dry = prepare_plans(catalog, "full", later, dry_run=True)
     assert [(m.topic, m.partition) for m in dry.set_aside][:1] == [("t", 0)] and says in dry.set_aside[0].reason, dry
     assert len(dry.estimates) == 1 and not dry.plan_ids and catalog.uncleanable() == [] and not catalog.leased_plans(later)
