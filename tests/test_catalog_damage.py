@@ -55,6 +55,7 @@ from logcompact.exceptions import (
 from logcompact.format import read_section
 from logcompact.ingest import Agent, Record
 from logcompact.jobs import commit_plans, prepare_plans, release_abandoned, run_group, run_here
+from logcompact.jobs.explain import explain_run
 from logcompact.keys import abandoned_key, group_key
 from logcompact.planner import PlannerConfig
 from logcompact.plans import read_header
@@ -535,6 +536,8 @@ def test_a_partition_whose_rows_hide_offsets_is_set_aside_and_the_other_partitio
     dry = prepare_plans(catalog, "full", later, dry_run=True)
     assert [(m.topic, m.partition) for m in dry.set_aside][:1] == [("t", 0)] and says in dry.set_aside[0].reason, dry
     assert len(dry.estimates) == 1 and not dry.plan_ids and catalog.uncleanable() == [] and not catalog.leased_plans(later)
+    explained = explain_run("full", catalog.planning_snapshot(later), dry, later, PlannerConfig(), None, dry_run=True)
+    assert f"dry run, would set aside as uncleanable (not planned): {dry.set_aside[0].reason}" in explained, explained
 
     caplog.clear()
     compacted = _cli_of(catalog, "compact", "--full", now=later)
