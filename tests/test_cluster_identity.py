@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from logcompact.catalog import Catalog
+from logcompact.catalog import DEFAULT_KEEP_VERSIONS, Catalog
 from logcompact.catalog.identity import check_store_cluster, read_marker
 from logcompact.exceptions import ClusterMismatchError
 from logcompact.jobs import collect_garbage
@@ -219,13 +219,19 @@ def test_gc_leaves_a_removed_row_whose_key_is_not_a_data_file_and_collects_the_r
     logcompact(store, "compact", "--full")
     with sqlite3.connect(store / "catalog.db") as db:
         removed = [key for (key,) in db.execute("SELECT key FROM files WHERE removed_version IS NOT NULL ORDER BY key")]
-        db.execute("UPDATE files SET removed_version = 1 WHERE removed_version IS NOT NULL")  # out of the kept versions
+        # As after DEFAULT_KEEP_VERSIONS more commits (their commit log entries alone): the removed files are out of the
+        # kept versions. (A removed_version lowered instead would be no compaction's: a damaged row, whose file gc keeps.)
+        (version,) = db.execute("SELECT version FROM catalog_info").fetchone()
+        later = range(version + 1, version + 1 + DEFAULT_KEEP_VERSIONS)
+        db.executemany("INSERT INTO versions (version, commit_id, created_ms, operation) VALUES (?, ?, 0, 'append')",
+                       [(number, f"later-{number}") for number in later])
+        db.execute("UPDATE catalog_info SET version = ?", (later[-1],))
         db.execute("UPDATE files SET key = '../../outside.seg' WHERE key = ?", (removed[0],))
     (store.parent / "outside.seg").write_bytes(b"not the store's")
     now = str(int(time.time() * 1000) + 7_200_000)
     for _ in range(2):  # gc is not blocked for good
         error = logcompact(store, "gc", "--grace-ms", "0", env={"LOGCOMPACT_NOW_MS": now}, expect=1)
-        assert "'../../outside.seg'" in error and "gc left them and collected the rest" in error
+        assert "'../../outside.seg'" in error and "gc deleted no object they may name and collected the rest" in error
     assert (store.parent / "outside.seg").exists()
     assert not (store / removed[1]).exists()  # the other removed file went
 
