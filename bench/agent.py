@@ -20,7 +20,7 @@ catalog and a local store in a temporary directory. Measures (and targets):
   the first record to the end of every partition; kcat reads as many records of the same sizes from the mock
   cluster, which keeps only the newest 5 MiB of batches per partition (about 20,000 of the 1 KiB records: a run too
   short to be a ceiling; its 100 B figure is the client's). Beside them, the agent's read path alone, in this
-  process (`kafka.fetch.read`, what the Fetch handler runs per request, through a new file cache of the agent's
+  process (`kafka.handlers.fetch.read`, what the Fetch handler runs per request, through a new file cache of the agent's
   default size, with the same limits), so a reader sees what the server takes and what the socket and the client
   add;
 * a consumer group of 3 (one group, subscribing at once): seconds from subscribing to every member's first record
@@ -60,7 +60,7 @@ from confluent_kafka import Consumer, KafkaError, Producer
 from logcompact.catalog import Catalog
 from logcompact.consume import read_batches
 from logcompact.jobs import run_and_commit
-from logcompact.kafka import fetch
+from logcompact.kafka.handlers import fetch
 from logcompact.planner import PlannerConfig, choose_plans
 from logcompact.store import open_store
 from logcompact.store.cache import CachedStore
@@ -205,7 +205,7 @@ def kcat_consume(cluster: Cluster, topic: str) -> tuple[float, int, int]:
 
 
 def in_process_fetch(catalog: Catalog, topic: str) -> tuple[float, int]:
-    """(seconds, records) of the agent's read path alone, `kafka.fetch.read` (what its Fetch handler runs for each
+    """(seconds, records) of the agent's read path alone, `kafka.handlers.fetch.read` (what its Fetch handler runs for each
     request), reading every partition from its log start to its end with kcat's limits, through a new file cache of
     the agent's default size."""
     store = CachedStore(catalog.store)

@@ -31,8 +31,9 @@ from typing import Any
 from kafka import KafkaConsumer, KafkaProducer
 
 from logcompact.catalog import Catalog
-from logcompact.kafka import apis, metadata
-from logcompact.kafka.broker import Address
+from logcompact.kafka import handlers
+from logcompact.kafka.cluster import Address
+from logcompact.kafka.handlers import metadata
 from logcompact.kafka.server import AgentServer, AgentSettings
 from logcompact.store import open_store
 from logcompact.units import wall_clock_ms
@@ -106,7 +107,7 @@ def main() -> None:
     options = parser.parse_args()
     logging.getLogger("kafka").setLevel(logging.CRITICAL)  # the client's warnings are not the figures
     log = MetadataLog()
-    apis.APIS[metadata.API_KEY] = dataclasses.replace(apis.APIS[metadata.API_KEY], handle=log.handle)
+    handlers.APIS[metadata.API_KEY] = dataclasses.replace(handlers.APIS[metadata.API_KEY], handle=log.handle)
     complete = stale = 0
     with tempfile.TemporaryDirectory() as directory:
         agent = Agent(directory)

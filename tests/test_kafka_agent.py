@@ -30,9 +30,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient
 
 from logcompact.catalog import Catalog
-from logcompact.kafka.apis import APIS
-from logcompact.kafka.broker import Address
+from logcompact.kafka.cluster import Address
 from logcompact.kafka.codec import build, kio_versions
+from logcompact.kafka.handlers import APIS
 from logcompact.kafka.server import AgentServer, AgentSettings
 from logcompact.store import open_store
 from tests.helpers import create_topic

@@ -33,8 +33,8 @@ from kio.serial import entity_reader, entity_writer
 
 from logcompact.catalog import Catalog
 from logcompact.catalog.groups import GroupCatalog
-from logcompact.kafka.apis import APIS
 from logcompact.kafka.codec import build
+from logcompact.kafka.handlers import APIS
 from logcompact.store import open_store
 from tests.helpers import create_topic
 from tests.test_kafka_agent import receive_frame
@@ -456,7 +456,7 @@ def test_list_groups_reads_the_rows_again_when_a_group_leaves_memory_while_they_
 
     from logcompact.catalog.groups import GroupListed
     from logcompact.kafka import codec
-    from logcompact.kafka.groups import LIST_GROUPS, list_groups
+    from logcompact.kafka.handlers.groups import LIST_GROUPS, list_groups
 
     def row(state: str) -> GroupListed:
         return GroupListed("g", "consumer", state)

@@ -39,9 +39,9 @@ from kio.serial import entity_reader, entity_writer
 
 from logcompact.catalog import Catalog
 from logcompact.consume import ConsumedRecord, read_records
-from logcompact.kafka import produce as produce_module
-from logcompact.kafka.broker import Address
+from logcompact.kafka.cluster import Address
 from logcompact.kafka.codec import build
+from logcompact.kafka.handlers import produce as produce_module
 from logcompact.kafka.server import AgentServer, AgentSettings
 from logcompact.store import open_store
 from tests.helpers import create_topic

@@ -145,7 +145,7 @@ def test_an_older_snapshot_pages_through_the_sections_of_its_version(layered: Ca
 
 def test_a_fetch_with_little_room_reads_one_page_of_a_long_partition(catalog: Catalog, monkeypatch: pytest.MonkeyPatch) -> None:
     """40 sections of 2 records of 100 bytes, a Fetch of 1 KiB: one page of the partition's sections is read."""
-    from logcompact.kafka.fetch import Wanted, read
+    from logcompact.kafka.handlers.fetch import Wanted, read
 
     create_topic(catalog, "t", cleanup_policy="compact")
     for number in range(40):

@@ -54,7 +54,7 @@ def agent(
     and version in docs/agent.md) until SIGTERM or SIGINT, then commit what producers sent. Registers in the catalog
     beside the other agents. Prints one JSON line once listening: its address, advertised address, node id and
     cluster id."""
-    from logcompact.kafka.broker import Address
+    from logcompact.kafka.cluster import Address
     from logcompact.kafka.server import AgentSettings, run_agent
 
     try:

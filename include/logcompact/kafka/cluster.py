@@ -1,4 +1,5 @@
-"""The agents serving one catalog, as each agent sees them: registered at start, heartbeating, listed by Metadata.
+"""The agents serving one catalog, as each agent sees them: their addresses, registered at start, heartbeating,
+listed by Metadata.
 
 Agents are stateless (WarpStream's model): every agent serves every partition from the shared catalog and store,
 so leadership is only where Metadata sends a client first. It is spread over the live agents by a stable hash of
@@ -13,6 +14,7 @@ import asyncio
 import logging
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from logcompact.catalog import Catalog
 from logcompact.catalog.model import AgentRecord
@@ -23,6 +25,26 @@ log = logging.getLogger(__name__)
 HEARTBEAT_SECONDS = 2.0
 # An agent not heard from for this long is left out of Metadata: a few missed heartbeats, then clients move on.
 ALIVE_MS = 10_000
+
+
+@dataclass(frozen=True)
+class Address:
+    """Where an agent listens, or where clients are told to reach it."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    @staticmethod
+    def parse(text: str, option: str) -> Address:
+        """HOST:PORT ([IPv6]:PORT); ValueError naming `option` otherwise."""
+        host, sep, port = text.rpartition(":")
+        host = host.removeprefix("[").removesuffix("]")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError(f"{option} {text!r} is not HOST:PORT with a port of 0 to 65535 (for example 127.0.0.1:9092)")
+        return Address(host, int(port))
 
 
 class AgentDirectory:

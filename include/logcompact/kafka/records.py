@@ -59,7 +59,9 @@ _XERIAL_HEADER_BYTES = 16
 _GZIP_WBITS = 16 + zlib.MAX_WBITS
 _MAX_OFFSET_DELTA = 2**31 - 1  # a batch's last_offset_delta is an int32
 NO_PRODUCER = -1
-NO_LEADER_EPOCH = -1  # as Metadata says: clients then never validate offsets by leader epoch
+# Kafka's RecordBatch.NO_PARTITION_LEADER_EPOCH, in batches and in Metadata, ListOffsets and OffsetFetch answers:
+# partitions have no leader epoch here, so clients never validate offsets by one.
+NO_LEADER_EPOCH = -1
 NO_TIMESTAMP = -1  # a record's timestamp when its producer gave none
 _CRC_OFFSET = DefaultRecordBatch.CRC_OFFSET
 _LAST_OFFSET_DELTA_OFFSET = struct.calcsize(">qiibIh")

@@ -41,12 +41,14 @@ from logcompact.catalog import Catalog
 from logcompact.catalog.groups import GroupCatalog
 from logcompact.exceptions import LogcompactError
 from logcompact.ingest import DEFAULT_FLUSH_BYTES, DEFAULT_FLUSH_INTERVAL_MS
-from logcompact.kafka import api_versions, codec, records
-from logcompact.kafka.apis import APIS
-from logcompact.kafka.broker import Address, Broker, CommitWatch, Ingest
-from logcompact.kafka.cluster import AgentDirectory
+from logcompact.kafka import codec, records
+from logcompact.kafka.broker import Broker
+from logcompact.kafka.cluster import Address, AgentDirectory
 from logcompact.kafka.coordinator import DEFAULT_GROUP_MAX_BYTES, DEFAULT_GROUP_MAX_SIZE, INITIAL_REBALANCE_DELAY_MS, GroupCoordinator
-from logcompact.kafka.produce import DEFAULT_MAX_MESSAGE_BYTES
+from logcompact.kafka.event_loop import CommitWatch
+from logcompact.kafka.handlers import APIS, api_versions
+from logcompact.kafka.handlers.produce import DEFAULT_MAX_MESSAGE_BYTES
+from logcompact.kafka.ingest_thread import Ingest
 from logcompact.store.cache import DEFAULT_MAX_BYTES as DEFAULT_FETCH_CACHE_BYTES
 from logcompact.store.cache import CachedStore
 

@@ -21,7 +21,8 @@ import pyarrow as pa
 from logcompact import ingest
 from logcompact.exceptions import InvalidRecordError
 from logcompact.kafka import codec, records
-from logcompact.kafka.broker import Broker, ProducerStateError
+from logcompact.kafka.broker import Broker
+from logcompact.kafka.producer_state import ProducerStateError
 
 API_KEY = 0
 # Kafka's broker default for message.max.bytes, the max.message.bytes of a topic that sets none.

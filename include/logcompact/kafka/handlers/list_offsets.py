@@ -11,7 +11,7 @@ from typing import Any
 
 from logcompact.catalog import CatalogSection, Snapshot
 from logcompact.consume import read_batches
-from logcompact.kafka import codec
+from logcompact.kafka import codec, records
 from logcompact.kafka.broker import Broker
 from logcompact.store.base import ObjectStore
 
@@ -20,7 +20,6 @@ LATEST = -1
 EARLIEST = -2
 MAX_TIMESTAMP = -3  # v7 (KIP-734)
 NOT_FOUND = -1
-NO_LEADER_EPOCH = -1
 
 
 async def handle(broker: Broker, request: codec.Request) -> Any:
@@ -88,9 +87,9 @@ def _first_at_or_after(store: ObjectStore, snapshot: Snapshot, topic: str, parti
 
 def _answer(version: int, index: int, found: Found) -> dict[str, Any]:
     if isinstance(found, codec.ErrorCode):
-        return {"partition_index": index, "error_code": found, "old_style_offsets": [], "offset": NOT_FOUND, "timestamp": NOT_FOUND, "leader_epoch": NO_LEADER_EPOCH}
+        return {"partition_index": index, "error_code": found, "old_style_offsets": [], "offset": NOT_FOUND, "timestamp": NOT_FOUND, "leader_epoch": records.NO_LEADER_EPOCH}
     offset, timestamp = found
-    answer: dict[str, Any] = {"partition_index": index, "error_code": codec.ErrorCode.none, "leader_epoch": NO_LEADER_EPOCH}
+    answer: dict[str, Any] = {"partition_index": index, "error_code": codec.ErrorCode.none, "leader_epoch": records.NO_LEADER_EPOCH}
     if version == 0:  # a list of offsets (Kafka's segment starts); here the one offset found, or none
         answer["old_style_offsets"] = [] if offset == NOT_FOUND else [offset]
     else:

@@ -10,12 +10,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from logcompact.kafka import codec, topics_admin
+from logcompact.kafka import codec, records
 from logcompact.kafka.broker import Broker, describe
+from logcompact.kafka.handlers import topics_admin
 from logcompact.topics import Topic
 
 API_KEY = 3
-NO_LEADER_EPOCH = -1
 
 
 async def handle(broker: Broker, request: codec.Request) -> Any:
@@ -72,7 +72,7 @@ def _topic(broker: Broker, topic: Topic, catalog_topic_id: int) -> dict[str, Any
             "error_code": codec.ErrorCode.none,
             "partition_index": index,
             "leader_id": leader,
-            "leader_epoch": NO_LEADER_EPOCH,
+            "leader_epoch": records.NO_LEADER_EPOCH,
             "replica_nodes": [leader],
             "isr_nodes": [leader],
             "offline_replicas": [],

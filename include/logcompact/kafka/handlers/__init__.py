@@ -1,9 +1,18 @@
-"""The one table of served APIs and their versions (as librdkafka's mock cluster keeps it): requests are
+"""The handlers of Kafka's APIs, one module per API family, each `handle(broker, request)` answering every version
+of its requests from plain values (`codec.build`): `api_versions`, `metadata` (auto-creating topics through
+`topics_admin`), `produce`, `fetch`, `list_offsets`, `init_producer_id`, `find_coordinator`, `groups` (JoinGroup,
+SyncGroup, Heartbeat, LeaveGroup, DescribeGroups, ListGroups), `offsets` (OffsetCommit, OffsetFetch),
+`topics_admin` (CreateTopics, DeleteTopics, CreatePartitions), `configs` (DescribeConfigs, AlterConfigs,
+IncrementalAlterConfigs) and `describe_cluster`. They import the broker and the layers below it, and among
+themselves only `metadata` → `topics_admin` → `configs`.
+
+Here, the one table of served APIs and their versions (as librdkafka's mock cluster keeps it): requests are
 dispatched from it and ApiVersions advertises exactly it. A range kio cannot decode fails at import."""
 
 from __future__ import annotations
 
-from logcompact.kafka import (
+from logcompact.kafka.broker import Api
+from logcompact.kafka.handlers import (
     api_versions,
     configs,
     describe_cluster,
@@ -17,7 +26,6 @@ from logcompact.kafka import (
     produce,
     topics_admin,
 )
-from logcompact.kafka.broker import Api
 
 APIS: dict[int, Api] = {
     api.key: api

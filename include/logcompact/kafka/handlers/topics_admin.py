@@ -21,9 +21,10 @@ from typing import Any
 
 from logcompact.catalog import Catalog
 from logcompact.exceptions import InvalidTopicError, TopicExistsError, TopicNotFoundError
-from logcompact.kafka import codec, configs
+from logcompact.kafka import codec
 from logcompact.kafka.broker import Broker
-from logcompact.kafka.configs import Refused
+from logcompact.kafka.handlers import configs
+from logcompact.kafka.handlers.configs import Refused
 from logcompact.topics import MAX_PARTITIONS, Topic, TopicConfig, validate_topic_name
 from logcompact.units import wall_clock_ms
 

@@ -15,14 +15,13 @@ from typing import Any
 
 from logcompact.catalog.groups import CommittedOffset
 from logcompact.exceptions import CatalogUnavailableError
-from logcompact.kafka import codec
+from logcompact.kafka import codec, records
 from logcompact.kafka.broker import Broker
 from logcompact.units import wall_clock_ms
 
 OFFSET_COMMIT, OFFSET_FETCH = 8, 9
 MAX_METADATA_BYTES = 4096  # Kafka's offset.metadata.max.bytes
 NO_OFFSET = -1
-NO_LEADER_EPOCH = -1
 
 Partitions = list[tuple[str, list[tuple[int, Any]]]]  # per topic, per partition: what is answered
 
@@ -72,7 +71,7 @@ def _commit(broker: Broker, group_id: str, requested: Sequence[tuple[str, Sequen
             elif len(metadata.encode()) > MAX_METADATA_BYTES:
                 answers.append((index, codec.ErrorCode.offset_metadata_too_large))
             else:
-                epoch = int(getattr(entry, "committed_leader_epoch", NO_LEADER_EPOCH))
+                epoch = int(getattr(entry, "committed_leader_epoch", records.NO_LEADER_EPOCH))
                 offsets[(name, index)] = CommittedOffset(int(entry.committed_offset), epoch, metadata, now_ms)
                 answers.append((index, codec.ErrorCode.none))
         answered.append((name, answers))
@@ -125,6 +124,6 @@ async def _fetch(broker: Broker, group_id: str, wanted: Sequence[Any] | None) ->
 
 def _partition(index: int, committed: CommittedOffset | None) -> dict[str, Any]:
     if committed is None:
-        return {"partition_index": index, "committed_offset": NO_OFFSET, "committed_leader_epoch": NO_LEADER_EPOCH, "metadata": "", "error_code": codec.ErrorCode.none}
+        return {"partition_index": index, "committed_offset": NO_OFFSET, "committed_leader_epoch": records.NO_LEADER_EPOCH, "metadata": "", "error_code": codec.ErrorCode.none}
     return {"partition_index": index, "committed_offset": committed.offset, "committed_leader_epoch": committed.leader_epoch,
             "metadata": committed.metadata, "error_code": codec.ErrorCode.none}
