@@ -289,7 +289,7 @@ def test_an_s3_store_needs_a_catalog_url() -> None:
 def test_a_missing_cluster_is_not_found_and_creates_nothing(tmp_path: Path, catalog: Catalog) -> None:
     local = Catalog(LocalStore(tmp_path / "empty"))
     for read in (local.snapshot, local.latest_version, lambda: local.next_offsets("t")):
-        with pytest.raises(ClusterNotFoundError, match=r"no logcompact cluster in file://.*/empty .*create a topic there first"):
+        with pytest.raises(ClusterNotFoundError, match=r"no logcompact cluster in file://.*/empty .*create it with `logcompact cluster create`"):
             read()
     assert not (tmp_path / "empty").exists()  # no database file (nor directory) was made
     with pytest.raises(ClusterNotFoundError, match="no logcompact cluster in"):

@@ -26,10 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicCollection
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicCollection, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from logcompact.catalog import Catalog
+from logcompact.consume import read_records
 from logcompact.kafka.cluster import Address
 from logcompact.kafka.codec import build, kio_versions
 from logcompact.kafka.handlers import APIS
@@ -362,6 +363,80 @@ def test_the_agent_command_refuses_a_bad_address(catalog: Catalog) -> None:
     )
     assert result.returncode == 2
     assert "--listen 'localhost' is not HOST:PORT" in result.stderr
+
+
+def test_the_agent_command_creates_the_cluster_on_an_empty_store_says_so_once_and_serves_clients(tmp_path: Path) -> None:
+    """As a Kafka quick start's broker starts on empty storage: `logcompact agent` on a store directory that does not
+    exist yet creates the cluster (one line on stderr with its id), and confluent-kafka creates a topic, produces and
+    consumes through it; started again on that store, the agent serves the same cluster and creates nothing."""
+    uri = f"file://{tmp_path / 'new-store'}"
+    environment = {**os.environ, "LOGCOMPACT_STORE": uri}
+    command = [sys.executable, "-m", "logcompact", "agent", "--listen", "127.0.0.1:0", "--flush-ms", "50"]
+
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
+    try:
+        assert process.stdout is not None and process.stderr is not None
+        started = json.loads(process.stdout.readline())
+        cluster_id = started["cluster_id"]
+        admin = AdminClient({"bootstrap.servers": started["listening"], **FAST_CLIENT})
+        admin.create_topics([NewTopic("users", 2, config={"cleanup.policy": "compact"})])["users"].result(timeout=30)
+        producer = Producer({"bootstrap.servers": started["listening"], "enable.idempotence": True, **FAST_CLIENT})
+        for key, value in ((b"alice", b"pro"), (b"bob", b"free"), (b"alice", b"team")):
+            producer.produce("users", key=key, value=value, partition=0)
+        assert producer.flush(30) == 0
+        consumer = Consumer({"bootstrap.servers": started["listening"], "group.id": "readers", "enable.auto.commit": False, **FAST_CLIENT})
+        consumer.assign([TopicPartition("users", 0, OFFSET_BEGINNING)])
+        read: list[tuple[bytes | None, bytes | None]] = []
+        deadline = time.monotonic() + 30
+        while len(read) < 3 and time.monotonic() < deadline:
+            message = consumer.poll(1)
+            if message is not None:
+                assert message.error() is None, message.error()
+                read.append((message.key(), message.value()))
+        consumer.close()
+        assert read == [(b"alice", b"pro"), (b"bob", b"free"), (b"alice", b"team")]
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=15) == 0
+        assert process.stderr.read().splitlines() == [
+            f"logcompact: created cluster {cluster_id} in {uri}, which held none (as `logcompact cluster create` does)"
+        ]
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert Catalog(open_store(uri)).cluster_id == cluster_id
+
+    again = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
+    try:
+        assert again.stdout is not None and again.stderr is not None
+        assert json.loads(again.stdout.readline())["cluster_id"] == cluster_id
+        again.send_signal(signal.SIGTERM)
+        assert again.wait(timeout=15) == 0
+        assert again.stderr.read() == ""  # the cluster was there: nothing created, nothing said
+    finally:
+        if again.poll() is None:
+            again.kill()
+            again.wait()
+    catalog = Catalog(open_store(uri))
+    assert catalog.cluster_id == cluster_id and catalog.snapshot().topics["users"].partitions == 2
+    assert [record.value for record in read_records(catalog.store, catalog.snapshot(), "users", 0)] == [b"pro", b"free", b"team"]
+
+
+def test_the_agent_command_refuses_an_empty_catalog_beside_a_store_of_another_cluster(catalog: Catalog, tmp_path: Path) -> None:
+    """A store that belongs to a cluster is never given a new one: an empty --catalog beside it (mistyped, or lost)
+    is refused in one line naming the store's cluster, and no catalog file is made."""
+    other = tmp_path / "other.db"
+    result = subprocess.run(
+        [sys.executable, "-m", "logcompact", "--store", catalog.store.uri, "--catalog", f"sqlite:///{other}", "agent", "--listen", "127.0.0.1:0"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"logcompact: error: catalog sqlite:///{other} holds no cluster but store {catalog.store.uri} belongs to cluster "
+        f"{catalog.cluster_id}: point --catalog (LOGCOMPACT_CATALOG) at that cluster's catalog, restore the catalog "
+        "database from a backup, or use an empty store"
+    ]
+    assert not other.exists()
 
 
 # -- memory held by requests in flight ------------------------------------------------------------------

@@ -343,7 +343,7 @@ class Catalog:
     def _not_found(self) -> ClusterNotFoundError:
         return ClusterNotFoundError(
             f"no logcompact cluster in {self.store.uri} (catalog {self._shown_url}): "
-            "create a topic there first (`logcompact topic create`)"
+            "create it with `logcompact cluster create` (`logcompact topic create` and `logcompact agent` create it too)"
         )
 
     # -- the cluster ---------------------------------------------------------------------------------

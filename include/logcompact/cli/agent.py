@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from logcompact.cli.common import Context, emit, pass_context
+from logcompact.exceptions import ClusterNotFoundError
 from logcompact.limits import DEFAULT_FLUSH_BYTES, DEFAULT_FLUSH_INTERVAL_MS
 from logcompact.topics import MAX_PARTITIONS
+
+if TYPE_CHECKING:
+    from logcompact.catalog import Catalog
 
 
 @click.command()
@@ -53,7 +59,8 @@ def agent(
     """Serve Kafka's protocol over this cluster (produce, fetch, consumer groups, idempotent producers, admin; every API
     and version in docs/agent.md) until SIGTERM or SIGINT, then commit what producers sent. Registers in the catalog
     beside the other agents. Prints one JSON line once listening: its address, advertised address, node id and
-    cluster id."""
+    cluster id. On an empty store (and catalog) it creates the cluster first, as `logcompact cluster create` does,
+    saying so in one line on stderr; a store or catalog of another cluster is refused."""
     from logcompact.kafka.cluster import Address
     from logcompact.kafka.server import AgentSettings, run_agent
 
@@ -70,6 +77,18 @@ def agent(
         )
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
-    run_agent(ctx.catalog, settings, lambda broker, bound: emit(
+    catalog = ctx.catalog
+    if not _cluster_exists(catalog):  # a Kafka quick start's first command: the broker, on empty storage
+        cluster_id = catalog.ensure_created(ctx.clock())
+        click.echo(f"logcompact: created cluster {cluster_id} in {catalog.store.uri}, which held none (as `logcompact cluster create` does)", err=True)
+    run_agent(catalog, settings, lambda broker, bound: emit(
         {"listening": str(bound), "advertised": str(broker.advertised), "node_id": broker.node_id, "cluster_id": broker.cluster_id}
     ))
+
+
+def _cluster_exists(catalog: Catalog) -> bool:
+    """Whether the store and catalog hold a cluster; a store or catalog of another cluster raises, as every command."""
+    try:
+        return bool(catalog.cluster_id)
+    except ClusterNotFoundError:
+        return False

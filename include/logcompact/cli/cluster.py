@@ -20,8 +20,8 @@ def cluster() -> None:
 @pass_context
 def cluster_create(ctx: Context) -> None:
     """Create an empty cluster in the store and catalog (its schema and version 1), or do nothing if one is there:
-    what deployments run once before their first agent (`logcompact agent` serves an existing cluster only, so
-    a mistyped --catalog never starts an empty one). Prints the cluster id and whether it was created."""
+    what deployments run once before their first agent, so the agents serve a cluster made on purpose (an agent
+    started on an empty store creates one too). Prints the cluster id and whether it was created."""
     catalog = ctx.catalog
     try:
         emit({"cluster_id": catalog.cluster_id, "created": False})
