@@ -24,17 +24,19 @@ Each state change writes the group's row (catalog `consumer_groups`: generation,
 member's ids, timeouts, protocols' metadata and assignment), behind the answers, one write at a time and newest
 last, so ListGroups on any agent lists every group. The leader's assignments are the exception: as Kafka stores a
 generation before answering its SyncGroups, the group turns Stable, and its members get their assignments, once the
-row that holds them is written; a row not written within `commit_timeout_ms` (Kafka's offsets.commit.timeout.ms
-bounds a group's metadata append) or refused by a failing catalog is answered as Kafka answers an append that timed
-out or failed: COORDINATOR_NOT_AVAILABLE, and a rebalance. A row the catalog did not take is written again
-`ROW_RETRY_BACKOFF_MS` later (or its group's next row in its place). The agent that coordinates the group next (restarted, or taking the group over when
-the live agents change) loads the row on the group's first request, as Kafka's coordinator loads a group from
-__consumer_offsets: members keep their ids, generation and assignments, and their commits in flight succeed; each
-member's session timeout (a rebalance's timeout, for a group preparing one) restarts from the load. A coordinator
-writes a group's row only while it is the one that last took it (`GroupCatalog.save_group`): one that lost the group
-without knowing yet finds its write refused and drops the group, so its successor's row stands. A coordinator that
-took the group over fences its writes with the row it loaded until one of them is written, failed writes included;
-one that drops a group (it moved) drops its unwritten row with it.
+row that holds them is written. A row the catalog fails to write, or does not write within `commit_timeout_ms`
+(Kafka's offsets.commit.timeout.ms, which bounds a group's metadata append), is answered as Kafka answers such an
+append: COORDINATOR_NOT_AVAILABLE to the SyncGroups, and a rebalance. A row the catalog failed to write is written
+again `ROW_RETRY_BACKOFF_MS` later, or the group's newer row in its place.
+
+The agent that coordinates the group next (restarted, or taking the group over when the live agents change) loads
+the row on the group's first request, as Kafka's coordinator loads a group from __consumer_offsets: members keep
+their ids, generation and assignments, and their commits in flight succeed; each member's session timeout (a
+rebalance's timeout, for a group preparing one) restarts from the load. A coordinator writes a group's row only
+while it is the one that last took it (`GroupCatalog.save_group`): one that took the group over fences its writes
+with the row it loaded until one is written, failed writes included; one that lost the group without knowing yet
+finds its write refused and drops the group, so its successor's row stands; and a group dropped because it moved
+takes its unwritten row with it.
 
 Memory stays bounded whatever clients send (`GroupMemory`): a group that is Empty, without pending ids, leaves memory
 once its newest row is written (the next request loads it from the row, generation and protocol type included);
@@ -836,8 +838,9 @@ class GroupCoordinator:
         return False
 
     def _write_failed(self, unsaved: Unsaved, exc: Exception) -> bool:
-        """The group's row was not written: the group, still here, queues its newest row again (kept in memory till
-        then); one warning per interval while the catalog fails, each failure at DEBUG."""
+        """The group's row was not written: the group, still here, queues its newest row again (and stays in memory
+        till one is written). While the catalog fails, one warning per interval, the other failures at DEBUG; a row
+        given up (the group dropped, the agent stopping) always warns."""
         group = unsaved.group
         again = self._groups.get(group.group_id) is group and not self._writer_stopping.is_set()
         now = time.monotonic()
