@@ -4,7 +4,9 @@ A group of 3 confluent-kafka consumers commits after each record while the agent
 SIGKILL and started again on its address 4 times: no commit is refused with UNKNOWN_MEMBER_ID and every record is
 delivered once. Then the coordinator itself: a loaded group keeps its members' ids, generation, leader, protocol and
 assignments, a member that sends nothing after the load expires a session timeout after it, and an agent that lost
-the group to another finds its write refused and drops the group.
+the group to another finds its write refused and drops the group. Then the coordinator's writes meeting a failing or
+slow catalog: a takeover keeps its fence across failed writes and writes its rows again, a group that moved takes its
+unwritten row with it, and SyncGroups wait for their row at most offsets.commit.timeout.ms.
 """
 
 from __future__ import annotations
@@ -541,3 +543,47 @@ def test_sync_groups_wait_for_their_row_at_most_the_commit_timeout_then_the_grou
     assert [r.getMessage() for r in caplog.records] == [
         f"group g: the row with the assignments of generation 1 was not written to the catalog within {timeout_ms} ms "
         "(offsets.commit.timeout.ms): its SyncGroups are answered COORDINATOR_NOT_AVAILABLE"]
+
+
+@pytest.mark.parametrize("catalog_url", ["postgresql"], indirect=True)  # a row held alone: SQLite would hold every write
+def test_a_confluent_consumer_whose_row_is_held_is_answered_within_the_commit_timeout_and_consumes_once_it_is_free(
+    catalog: Catalog, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A confluent-kafka consumer joins a group whose row another transaction holds: its SyncGroups are answered
+    COORDINATOR_NOT_AVAILABLE after offsets.commit.timeout.ms (5 s) instead of waiting for the row, librdkafka joins
+    again, and once the row is free the consumer is assigned the partitions and reads every record once."""
+    create_topic(catalog, TOPIC, 2)
+    agent = RunningAgent(Catalog(catalog.store, catalog.url), flush_interval_ms=20, group_initial_rebalance_delay_ms=0)
+    consumer: Consumer | None = None
+    holder: Connection | None = None
+    try:
+        producer = Producer({"bootstrap.servers": agent.bootstrap, "linger.ms": 5})
+        for n in range(10):
+            producer.produce(TOPIC, key=b"k%d" % n, value=b"v%d" % n, partition=n % 2)
+        assert producer.flush(30) == 0
+        GroupCatalog(catalog.engine).save_group(GroupRow("held", agent.server.broker.node_id, 0, "", "", "Empty", "", (), 1000))
+        holder = _hold_row(catalog, "held")
+        consumer = Consumer({"bootstrap.servers": agent.bootstrap, "group.id": "held", "auto.offset.reset": "earliest",
+                             "session.timeout.ms": 30_000, **QUICK_RECONNECT})
+        consumer.subscribe([TOPIC])
+        delivered: list[tuple[int, int]] = []
+        with caplog.at_level(logging.WARNING, logger="logcompact.kafka.coordinator"):
+            deadline = time.monotonic() + 20
+            while not caplog.records and time.monotonic() < deadline:  # the first SyncGroup answered, the row still held
+                message = consumer.poll(0.2)
+                assert message is None or message.error() is not None
+        assert [r.getMessage().split(" was not written")[0] for r in caplog.records][:1] == ["group held: the row with the assignments of generation 1"]
+        holder.close()
+        holder = None
+        deadline = time.monotonic() + 60
+        while len(delivered) < 10 and time.monotonic() < deadline:
+            message = consumer.poll(0.2)
+            if message is not None and message.error() is None:
+                delivered.append((message.partition(), message.offset()))
+        assert sorted(delivered) == [(p, o) for p in range(2) for o in range(5)]
+    finally:
+        if holder is not None:
+            holder.close()
+        if consumer is not None:
+            consumer.close()
+        agent.stop()
