@@ -77,7 +77,7 @@ DEFAULT_GROUP_MAX_BYTES = 256 * 1024 * 1024
 # What a member, a pending member id or a group costs beyond its bytes (its objects, dict entries, timer): each
 # counts at least this, so the bytes bound bounds their numbers too.
 OVERHEAD_BYTES = 1024
-FULL_WARNING_INTERVAL_S = 10.0  # a client looping against a bound logs one warning per interval, not one per request
+FULL_WARNING_INTERVAL_S = 10.0  # a client looping against a bound, or a failing catalog, logs one warning per interval, not one per request
 LOADED_STATES = (PREPARING_REBALANCE, COMPLETING_REBALANCE, STABLE)  # a row's state a loaded group with members goes on in
 # Kafka's offsets.commit.timeout.ms, which bounds the append of a group's metadata: SyncGroups waiting for the row
 # with their assignments are answered COORDINATOR_NOT_AVAILABLE once it has not been written for this long.
