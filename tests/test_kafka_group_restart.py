@@ -4,7 +4,9 @@ A group of 3 confluent-kafka consumers commits after each record while the agent
 SIGKILL and started again on its address 4 times: no commit is refused with UNKNOWN_MEMBER_ID and every record is
 delivered once. Then the coordinator itself: a loaded group keeps its members' ids, generation, leader, protocol and
 assignments, a member that sends nothing after the load expires a session timeout after it, and an agent that lost
-the group to another finds its write refused and drops the group.
+the group to another finds its write refused and drops the group. Then the coordinator's writes meeting a failing or
+slow catalog: a takeover keeps its fence across failed writes and writes its rows again, a group that moved takes its
+unwritten row with it, and SyncGroups wait for their row at most offsets.commit.timeout.ms.
 """
 
 from __future__ import annotations
@@ -22,14 +24,15 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
-from sqlalchemy import update
+from sqlalchemy import Connection, update
 
 from logcompact.catalog import Catalog, schema
+from logcompact.catalog.database import WRITE
 from logcompact.catalog.groups import GroupCatalog, GroupRow, StoredMember
 from logcompact.consume import read_records
 from logcompact.exceptions import CatalogUnavailableError
 from logcompact.kafka.codec import ErrorCode
-from logcompact.kafka.coordinator import OVERHEAD_BYTES, PREPARING_REBALANCE, STABLE, GroupCoordinator
+from logcompact.kafka.coordinator import COMPLETING_REBALANCE, OVERHEAD_BYTES, PREPARING_REBALANCE, ROW_RETRY_BACKOFF_MS, STABLE, GroupCoordinator
 from logcompact.store import open_store
 from tests.helpers import create_topic, start_agent_process
 from tests.test_kafka_produce import RunningAgent
@@ -218,6 +221,7 @@ def test_a_group_row_is_written_only_by_the_coordinator_that_last_took_it(catalo
     assert loaded is not None
     taken = replace(loaded, coordinator=2, updated_ms=1002)
     assert groups.save_group(taken, loaded) and groups.group("g") == taken
+    assert groups.save_group(taken, loaded)  # written again, its answer lost: the row is node 2's already
     assert not groups.save_group(replace(loaded, generation=3, state="Empty", members=(), updated_ms=1003))  # node 1, too late
     assert not groups.save_group(replace(loaded, coordinator=3, updated_ms=1004), loaded)  # node 3 loaded it before node 2 wrote
     assert groups.save_group(replace(taken, generation=3, updated_ms=1005)) and groups.group("g") == replace(taken, generation=3, updated_ms=1005)
@@ -367,3 +371,219 @@ def test_a_group_row_whose_members_are_damaged_is_loaded_without_them_and_writte
     assert [r.getMessage().split(":")[0] for r in caplog.records] == ["catalog row consumer_groups 'g' is damaged"]
     row = groups.group("g")
     assert row is not None and (row.coordinator, row.generation, row.state, row.members) == (2, 3, "Empty", ())
+
+
+class FailingCatalog(GroupCatalog):
+    """The group catalog of a database that is down while `down` is set (each write fails as a connection refused
+    does), or that loses the answers of its writes while `answers_lost` is (each write commits, then fails as a
+    connection lost before the COMMIT's answer does)."""
+
+    def __init__(self, engine: Any) -> None:
+        super().__init__(engine)
+        self.down = self.answers_lost = False
+        self.failed = 0
+
+    def save_group(self, group: GroupRow, loaded: GroupRow | None = None) -> bool:
+        if self.down:
+            self.failed += 1
+            raise CatalogUnavailableError("catalog cannot be reached (test)")
+        written = super().save_group(group, loaded)
+        if self.answers_lost:
+            self.failed += 1
+            raise CatalogUnavailableError("catalog connection lost (test)")
+        return written
+
+
+async def _row_becomes(groups: GroupCatalog, group_id: str, wanted: tuple[int, int, str], within_s: float) -> GroupRow | None:
+    """The group's row once its (coordinator, generation, state) is `wanted`, or as it is `within_s` later."""
+    deadline = time.monotonic() + within_s
+    while True:
+        row = groups.group(group_id)
+        if (row is not None and (row.coordinator, row.generation, row.state) == wanted) or time.monotonic() > deadline:
+            return row
+        await asyncio.sleep(0.05)
+
+
+def test_a_takeover_whose_writes_fail_keeps_its_fence_writes_its_row_again_and_keeps_the_group(catalog: Catalog) -> None:
+    """On each database: an agent takes groups over from another's rows while the catalog is down, or while it loses
+    the answers of its writes. Its rows are written again once the catalog answers, fenced by the rows it loaded,
+    without a request; a group that rebalanced meanwhile gets its assignments and stays on the agent. Before, the
+    first failed write lost the fence, and the group's next write was refused as if another agent had taken it."""
+    create_topic(catalog, TOPIC, 1)
+    groups = GroupCatalog(catalog.engine)
+    member = StoredMember("m", None, "client", 60_000, 300, (("range", b"meta"),), b"old")
+    for group_id in ("busy", "idle", "unanswered"):
+        groups.save_group(GroupRow(group_id, 1, 3, "consumer", "range", STABLE, "m", (member,), 1000))
+    failing = FailingCatalog(catalog.engine)
+
+    async def scenario() -> None:
+        taking = GroupCoordinator(failing, 2, initial_rebalance_delay_ms=0)
+        failing.down = True
+        busy = await taking.group("busy", create=False)
+        idle = await taking.group("idle", create=False)
+        assert busy is not None and idle is not None and (busy.state, list(busy.members)) == (STABLE, ["m"])
+        joined = await taking.join(busy, "m", None, "client", 60_000, 300, "consumer", [("range", b"meta")], False, False)
+        assert (joined.error, joined.generation, joined.leader) == (ErrorCode.none, 4, "m")  # the leader rejoined: generation 4
+        while failing.failed < 2:  # the takeovers' rows were not written
+            await asyncio.sleep(0.01)
+        assert taking.known("busy") is busy and taking.known("idle") is idle
+        failing.down = False
+        synced = await asyncio.wait_for(taking.sync(busy, 4, "m", None, None, None, {"m": b"new"}), 10)
+        assert (synced.error, synced.assignment) == (ErrorCode.none, b"new") and taking.known("busy") is busy
+        row = groups.group("busy")
+        assert row is not None and (row.coordinator, row.generation, row.state, [m.assignment for m in row.members]) == (2, 4, STABLE, [b"new"])
+        # No request for the idle group: its row is written again within a retry of the catalog's return.
+        row = await _row_becomes(groups, "idle", (2, 3, STABLE), ROW_RETRY_BACKOFF_MS / 1000 + 5)
+        assert row is not None and (row.coordinator, row.generation, row.state) == (2, 3, STABLE) and taking.known("idle") is idle
+
+        # A takeover whose write commits but whose answer is lost writes it again, and is still the group's coordinator.
+        failing.answers_lost = True
+        unanswered = await taking.group("unanswered", create=False)
+        failed = failing.failed
+        while failing.failed == failed:
+            await asyncio.sleep(0.01)
+        failing.answers_lost = False
+        assert unanswered is not None and taking.heartbeat(unanswered, 3, "m", None) == ErrorCode.none
+        await asyncio.sleep(ROW_RETRY_BACKOFF_MS / 1000 + 0.5)  # written again
+        assert taking.known("unanswered") is unanswered and taking.heartbeat(unanswered, 3, "m", None) == ErrorCode.none
+        row = groups.group("unanswered")
+        assert row is not None and (row.coordinator, row.generation, row.state) == (2, 3, STABLE)
+        await taking.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_agent_that_loses_a_group_before_its_row_is_written_never_writes_it(catalog: Catalog) -> None:
+    """On each database: an agent takes a group over, and the live agents change again (the group moves on) before
+    its row is written: the row is dropped with the group, so the catalog keeps the row the next coordinator loads
+    and fences its own write with, and that coordinator keeps the group and its member."""
+    create_topic(catalog, TOPIC, 1)
+    groups = GroupCatalog(catalog.engine)
+    member = StoredMember("m", None, "client", 60_000, 300, (("range", b"meta"),), b"assigned")
+    before = GroupRow("g", 0, 3, "consumer", "range", STABLE, "m", (member,), 1000)
+    groups.save_group(before)
+
+    async def scenario() -> None:
+        first = GroupCoordinator(groups, 1)
+        assert await first.group("g", create=False) is not None  # taken over from node 0: its row queued
+        first.forget("g")  # the group moved to node 2 before the writer ran
+        await asyncio.sleep(0.5)
+        assert groups.group("g") == before and first.known("g") is None and first.memory.held == 0
+        second = GroupCoordinator(groups, 2)
+        moved = await second.group("g", create=False)
+        assert moved is not None and (moved.generation, list(moved.members)) == (3, ["m"])
+        row = await _row_becomes(groups, "g", (2, 3, STABLE), 5)
+        assert row is not None and (row.coordinator, [m.member_id for m in row.members]) == (2, ["m"])
+        assert second.known("g") is moved and second.heartbeat(moved, 3, "m", None) == ErrorCode.none
+        await first.close()
+        await second.close()
+        assert groups.group("g") == row  # nothing of the first agent's written at its close either
+
+    asyncio.run(scenario())
+
+
+def _hold_row(catalog: Catalog, group_id: str) -> Connection:
+    """A transaction that has written the group's row and holds it (its lock) until rolled back: a catalog whose
+    writes of the row wait, as a slow or stalled database's do."""
+    connection = catalog.engine.connect()
+    connection.execution_options(**{WRITE: True})  # SQLite: BEGIN IMMEDIATE, the database's write lock
+    connection.begin()
+    table = schema.consumer_groups
+    connection.execute(update(table).where(table.c.group_id == group_id).values(updated_ms=table.c.updated_ms))
+    return connection
+
+
+def test_sync_groups_wait_for_their_row_at_most_the_commit_timeout_then_the_group_rebalances(catalog: Catalog, caplog: pytest.LogCaptureFixture) -> None:
+    """On each database: while another transaction holds the group's row, the leader's assignments are not handed
+    out, and the SyncGroups waiting for them are answered COORDINATOR_NOT_AVAILABLE once the row has not been written
+    for offsets.commit.timeout.ms (Kafka's answer to a group metadata append that timed out), with one warning line;
+    the group rebalances, and once the row is free the members' next generation gets its assignments."""
+    create_topic(catalog, TOPIC, 1)
+    groups = GroupCatalog(catalog.engine)
+    timeout_ms = 500
+
+    async def scenario() -> None:
+        coordinator = GroupCoordinator(groups, 1, initial_rebalance_delay_ms=50, commit_timeout_ms=timeout_ms)
+        group = await coordinator.group("g", create=True)
+        assert group is not None
+
+        async def join(member_id: str, client_id: str) -> Any:
+            return await coordinator.join(group, member_id, None, client_id, 60_000, 5_000, "consumer", [("range", b"meta")], False, False)
+
+        joined = await asyncio.gather(join("", "a"), join("", "b"))
+        ids = [j.member_id for j in joined]
+        leader = joined[0].leader
+        assert [j.generation for j in joined] == [1, 1]
+        await _row_becomes(groups, "g", (1, 1, COMPLETING_REBALANCE), 5)
+        holder = await asyncio.to_thread(_hold_row, catalog, "g")
+        try:
+            started = time.monotonic()
+            synced = await asyncio.wait_for(asyncio.gather(*(
+                coordinator.sync(group, 1, member_id, None, None, None, {ids[0]: b"first", ids[1]: b"second"} if member_id == leader else {})
+                for member_id in ids)), 10)
+            waited = time.monotonic() - started
+            assert [s.error for s in synced] == [ErrorCode.coordinator_not_available] * 2 and [s.assignment for s in synced] == [b"", b""]
+            assert timeout_ms / 1000 <= waited < timeout_ms / 1000 + 3  # the bound, with room for a loaded machine
+            assert group.state == PREPARING_REBALANCE and all(m.assignment == b"" for m in group.members.values())
+        finally:
+            await asyncio.to_thread(holder.close)  # rolls the holding transaction back: the row is free again
+        rejoined = await asyncio.gather(*(join(member_id, "client") for member_id in ids))
+        assert [j.generation for j in rejoined] == [2, 2]
+        leader = rejoined[0].leader
+        synced = await asyncio.wait_for(asyncio.gather(*(
+            coordinator.sync(group, 2, member_id, None, None, None, {ids[0]: b"first", ids[1]: b"second"} if member_id == leader else {})
+            for member_id in ids)), 10)
+        assert [(s.error, s.assignment) for s in synced] == [(ErrorCode.none, b"first"), (ErrorCode.none, b"second")] and group.state == STABLE
+        row = await _row_becomes(groups, "g", (1, 2, STABLE), 5)
+        assert row is not None and [m.assignment for m in row.members] == [b"first", b"second"]
+        await coordinator.close()
+
+    with caplog.at_level(logging.WARNING, logger="logcompact.kafka.coordinator"):
+        asyncio.run(scenario())
+    assert [r.getMessage() for r in caplog.records] == [
+        f"group g: the row with the assignments of generation 1 was not written to the catalog within {timeout_ms} ms "
+        "(offsets.commit.timeout.ms): its SyncGroups are answered COORDINATOR_NOT_AVAILABLE"]
+
+
+@pytest.mark.parametrize("catalog_url", ["postgresql"], indirect=True)  # a row held alone: SQLite would hold every write
+def test_a_confluent_consumer_whose_row_is_held_is_answered_within_the_commit_timeout_and_consumes_once_it_is_free(
+    catalog: Catalog, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A confluent-kafka consumer joins a group whose row another transaction holds: its SyncGroups are answered
+    COORDINATOR_NOT_AVAILABLE after offsets.commit.timeout.ms (5 s) instead of waiting for the row, librdkafka joins
+    again, and once the row is free the consumer is assigned the partitions and reads every record once."""
+    create_topic(catalog, TOPIC, 2)
+    agent = RunningAgent(Catalog(catalog.store, catalog.url), flush_interval_ms=20, group_initial_rebalance_delay_ms=0)
+    consumer: Consumer | None = None
+    holder: Connection | None = None
+    try:
+        producer = Producer({"bootstrap.servers": agent.bootstrap, "linger.ms": 5})
+        for n in range(10):
+            producer.produce(TOPIC, key=b"k%d" % n, value=b"v%d" % n, partition=n % 2)
+        assert producer.flush(30) == 0
+        GroupCatalog(catalog.engine).save_group(GroupRow("held", agent.server.broker.node_id, 0, "", "", "Empty", "", (), 1000))
+        holder = _hold_row(catalog, "held")
+        consumer = Consumer({"bootstrap.servers": agent.bootstrap, "group.id": "held", "auto.offset.reset": "earliest",
+                             "session.timeout.ms": 30_000, **QUICK_RECONNECT})
+        consumer.subscribe([TOPIC])
+        delivered: list[tuple[int, int]] = []
+        with caplog.at_level(logging.WARNING, logger="logcompact.kafka.coordinator"):
+            deadline = time.monotonic() + 20
+            while not caplog.records and time.monotonic() < deadline:  # the first SyncGroup answered, the row still held
+                message = consumer.poll(0.2)
+                assert message is None or message.error() is not None
+        assert [r.getMessage().split(" was not written")[0] for r in caplog.records][:1] == ["group held: the row with the assignments of generation 1"]
+        holder.close()
+        holder = None
+        deadline = time.monotonic() + 60
+        while len(delivered) < 10 and time.monotonic() < deadline:
+            message = consumer.poll(0.2)
+            if message is not None and message.error() is None:
+                delivered.append((message.partition(), message.offset()))
+        assert sorted(delivered) == [(p, o) for p in range(2) for o in range(5)]
+    finally:
+        if holder is not None:
+            holder.close()
+        if consumer is not None:
+            consumer.close()
+        agent.stop()

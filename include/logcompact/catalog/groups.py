@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, select
+from sqlalchemy import Connection, Engine, and_, or_, select
 
 from logcompact.catalog import schema as s
 from logcompact.catalog.database import WRITE, catalog_errors, upsert
@@ -120,7 +120,8 @@ class GroupCatalog:
     def save_group(self, group: GroupRow, loaded: GroupRow | None = None) -> bool:
         """Write the group's row unless another coordinator wrote it since this one took the group; returns whether
         it was written. Without `loaded` the stored row must be this coordinator's (`group.coordinator`), or none;
-        with `loaded`, the row the coordinator loaded the group from (taking it over), it must still be that row.
+        with `loaded`, the row the coordinator loaded the group from (taking it over), it must still be that row, or
+        be this coordinator's: a takeover written already whose answer was lost with the connection, written again.
         So a coordinator that lost the group, and does not know it yet, never overwrites its successor's row."""
         table = s.consumer_groups
         row = {
@@ -132,8 +133,9 @@ class GroupCatalog:
         if loaded is None:
             unchanged = c.coordinator == group.coordinator
         else:
-            unchanged = and_(c.coordinator == loaded.coordinator, c.generation == loaded.generation, c.state == loaded.state,
-                             c.updated_ms == loaded.updated_ms)
+            unchanged = or_(c.coordinator == group.coordinator,
+                            and_(c.coordinator == loaded.coordinator, c.generation == loaded.generation, c.state == loaded.state,
+                                 c.updated_ms == loaded.updated_ms))
         with self._writing() as connection:
             statement = upsert(connection, table)
             written = connection.execute(statement.on_conflict_do_update(

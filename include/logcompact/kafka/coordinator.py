@@ -24,12 +24,19 @@ Each state change writes the group's row (catalog `consumer_groups`: generation,
 member's ids, timeouts, protocols' metadata and assignment), behind the answers, one write at a time and newest
 last, so ListGroups on any agent lists every group. The leader's assignments are the exception: as Kafka stores a
 generation before answering its SyncGroups, the group turns Stable, and its members get their assignments, once the
-row that holds them is written. The agent that coordinates the group next (restarted, or taking the group over when
-the live agents change) loads the row on the group's first request, as Kafka's coordinator loads a group from
-__consumer_offsets: members keep their ids, generation and assignments, and their commits in flight succeed; each
-member's session timeout (a rebalance's timeout, for a group preparing one) restarts from the load. A coordinator
-writes a group's row only while it is the one that last took it (`GroupCatalog.save_group`): one that lost the group
-without knowing yet finds its write refused and drops the group, so its successor's row stands.
+row that holds them is written. A row the catalog fails to write, or does not write within `commit_timeout_ms`
+(Kafka's offsets.commit.timeout.ms, which bounds a group's metadata append), is answered as Kafka answers such an
+append: COORDINATOR_NOT_AVAILABLE to the SyncGroups, and a rebalance. A row the catalog failed to write is written
+again `ROW_RETRY_BACKOFF_MS` later, or the group's newer row in its place.
+
+The agent that coordinates the group next (restarted, or taking the group over when the live agents change) loads
+the row on the group's first request, as Kafka's coordinator loads a group from __consumer_offsets: members keep
+their ids, generation and assignments, and their commits in flight succeed; each member's session timeout (a
+rebalance's timeout, for a group preparing one) restarts from the load. A coordinator writes a group's row only
+while it is the one that last took it (`GroupCatalog.save_group`): one that took the group over fences its writes
+with the row it loaded until one is written, failed writes included; one that lost the group without knowing yet
+finds its write refused and drops the group, so its successor's row stands; and a group dropped because it moved
+takes its unwritten row with it.
 
 Memory stays bounded whatever clients send (`GroupMemory`): a group that is Empty, without pending ids, leaves memory
 once its newest row is written (the next request loads it from the row, generation and protocol type included);
@@ -42,6 +49,7 @@ answers one whose group cannot be stored: UNKNOWN_SERVER_ERROR to every member, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -69,8 +77,14 @@ DEFAULT_GROUP_MAX_BYTES = 256 * 1024 * 1024
 # What a member, a pending member id or a group costs beyond its bytes (its objects, dict entries, timer): each
 # counts at least this, so the bytes bound bounds their numbers too.
 OVERHEAD_BYTES = 1024
-FULL_WARNING_INTERVAL_S = 10.0  # a client looping against a bound logs one warning per interval, not one per request
+FULL_WARNING_INTERVAL_S = 10.0  # a client looping against a bound, or a failing catalog, logs one warning per interval, not one per request
 LOADED_STATES = (PREPARING_REBALANCE, COMPLETING_REBALANCE, STABLE)  # a row's state a loaded group with members goes on in
+# Kafka's offsets.commit.timeout.ms, which bounds the append of a group's metadata: SyncGroups waiting for the row
+# with their assignments are answered COORDINATOR_NOT_AVAILABLE once it has not been written for this long.
+OFFSETS_COMMIT_TIMEOUT_MS = 5000
+# A row the catalog did not take (down, or refusing) is written again this long after: the writer waits, so a
+# catalog that is down is tried once a second, not once per change.
+ROW_RETRY_BACKOFF_MS = 1000
 
 
 @dataclass
@@ -164,11 +178,10 @@ class Group:
 
 @dataclass
 class Unsaved:
-    """A group's row waiting for the writer: the newest, the row it takes over from (when this agent loaded the
-    group from another coordinator's row) and what waits for it to be written."""
+    """A group's row waiting for the writer: the newest, the group it describes and what waits for it to be written."""
 
     row: GroupRow
-    loaded: GroupRow | None
+    group: Group
     waiting: list[asyncio.Future[bool]] = field(default_factory=list)
 
 
@@ -223,19 +236,24 @@ class GroupCoordinator:
     """The groups this agent coordinates. Every method runs on the server's event loop."""
 
     def __init__(self, catalog: GroupCatalog, node_id: int, initial_rebalance_delay_ms: int = INITIAL_REBALANCE_DELAY_MS,
-                 max_size: int = DEFAULT_GROUP_MAX_SIZE, max_bytes: int = DEFAULT_GROUP_MAX_BYTES) -> None:
+                 max_size: int = DEFAULT_GROUP_MAX_SIZE, max_bytes: int = DEFAULT_GROUP_MAX_BYTES,
+                 commit_timeout_ms: int = OFFSETS_COMMIT_TIMEOUT_MS) -> None:
         self.catalog = catalog
         self.node_id = node_id
         self.initial_rebalance_delay_ms = initial_rebalance_delay_ms
         self.max_size = max_size
         self.memory = GroupMemory(max_bytes)
+        self.commit_timeout_ms = commit_timeout_ms
         self._groups: dict[str, Group] = {}
         self._unsaved: dict[str, Unsaved] = {}
+        # The row of another coordinator each group was taken over from, which fences its writes until one is written.
+        self._fences: dict[str, GroupRow] = {}
         self._writing: str | None = None  # the group whose row the writer is writing
         self._last_full_warning = -FULL_WARNING_INTERVAL_S
+        self._last_write_warning = -FULL_WARNING_INTERVAL_S
         self._wake_writer = asyncio.Event()
         self._writer: asyncio.Task | None = None
-        self._writer_stopping = False
+        self._writer_stopping = asyncio.Event()
         self._closed = False
 
     # -- groups in memory ------------------------------------------------------------------------------------
@@ -294,10 +312,16 @@ class GroupCoordinator:
         return list(self._groups.values())
 
     def forget(self, group_id: str) -> None:
-        """Drop a group this agent no longer coordinates: its waiting members are told NOT_COORDINATOR."""
+        """Drop a group this agent no longer coordinates: its waiting members are told NOT_COORDINATOR, and its row
+        not written yet never is (written after the new coordinator loaded the group, it would refuse that one's
+        takeover; after its first write, be refused and drop the group here again)."""
         group = self._groups.get(group_id)
         if group is not None:
             self._abandon(group, ErrorCode.not_coordinator)
+        self._fences.pop(group_id, None)
+        queued = self._unsaved.pop(group_id, None)
+        for waiting in queued.waiting if queued else []:
+            _answer(waiting, False)
 
     async def close(self) -> None:
         """The agent stops: waiting JoinGroups and SyncGroups answer NOT_COORDINATOR (clients look for the
@@ -306,7 +330,7 @@ class GroupCoordinator:
         for group in list(self._groups.values()):
             self._abandon(group, ErrorCode.not_coordinator)
         if self._writer is not None:
-            self._writer_stopping = True
+            self._writer_stopping.set()
             self._wake_writer.set()
             await self._writer
 
@@ -607,20 +631,44 @@ class GroupCoordinator:
                 self.memory.member(each)
             group.storing = True
             log.info("group %s: assignment of generation %d received from leader %s", group.group_id, group.generation, member_id)
-            generation = group.generation
-            self._save_and_wait(group).add_done_callback(lambda written: self._assignments_stored(group, generation, written.result()))
+            self._store_assignments(group)
         return await waiting
 
+    def _store_assignments(self, group: Group) -> None:
+        """Queue the row holding the leader's assignments; its SyncGroups are answered once it is written, or once
+        it has not been for `commit_timeout_ms`, as Kafka bounds a group's metadata append by offsets.commit.timeout.ms."""
+        generation = group.generation
+        written = self._save_and_wait(group)
+        expiry = asyncio.get_running_loop().call_later(self.commit_timeout_ms / 1000, self._store_timed_out, group, generation, written)
+
+        def stored(done: asyncio.Future[bool]) -> None:
+            expiry.cancel()
+            self._assignments_stored(group, generation, done.result())
+
+        written.add_done_callback(stored)
+
+    def _store_timed_out(self, group: Group, generation: int, written: asyncio.Future[bool]) -> None:
+        if written.done() or not self._storing(group, generation):
+            return
+        log.warning("group %s: the row with the assignments of generation %d was not written to the catalog within %d ms "
+                    "(offsets.commit.timeout.ms): its SyncGroups are answered COORDINATOR_NOT_AVAILABLE", group.group_id, generation,
+                    self.commit_timeout_ms)
+        _answer(written, False)  # the write goes on: a newer row of the group follows it
+
+    def _storing(self, group: Group, generation: int) -> bool:
+        """Whether the group still waits for the row with the assignments of `generation` (no rebalance, not dropped)."""
+        return group.storing and group.generation == generation and self._groups.get(group.group_id) is group
+
     def _assignments_stored(self, group: Group, generation: int, written: bool) -> None:
-        """The row with the leader's assignments is written (or not): the group turns Stable and its members get
-        their assignments, as Kafka answers SyncGroups once the group is stored, unless the group moved on meanwhile
-        (a rebalance, or dropped)."""
-        if not group.storing or group.generation != generation or self._groups.get(group.group_id) is not group:
+        """The row with the leader's assignments is written (or not, or not in time): the group turns Stable and its
+        members get their assignments, as Kafka answers SyncGroups once the group is stored, unless the group moved on
+        meanwhile (a rebalance, or dropped)."""
+        if not self._storing(group, generation):
             return
         group.storing = False
-        if not written:  # the catalog could not be reached: Kafka's answer to a group it could not store
+        if not written:  # Kafka's answer to a group metadata append that failed or timed out (appendGroupMetadataErrorToResponseError)
             self._reset_assignments(group, ErrorCode.coordinator_not_available)
-            self._prepare_rebalance(group, f"the assignments of generation {generation} could not be written to the catalog")
+            self._prepare_rebalance(group, f"the assignments of generation {generation} were not written to the catalog")
             return
         group.state = STABLE
         for each in group.members.values():
@@ -735,9 +783,11 @@ class GroupCoordinator:
 
     def _save(self, group: Group, loaded: GroupRow | None = None) -> Unsaved:
         """Queue the group's row for the catalog; the writer writes the newest of each group, in order. `loaded`:
-        the row of another coordinator this agent loaded the group from, which the first write takes over."""
+        the row of another coordinator this agent loaded the group from, which fences its writes until one is written."""
+        if loaded is not None:
+            self._fences[group.group_id] = loaded
         queued = self._unsaved.get(group.group_id)
-        unsaved = Unsaved(group.row(self.node_id), loaded or (queued.loaded if queued else None), queued.waiting if queued else [])
+        unsaved = Unsaved(group.row(self.node_id), group, queued.waiting if queued else [])
         self._unsaved[group.group_id] = unsaved
         self._wake_writer.set()
         if self._writer is None:
@@ -755,31 +805,59 @@ class GroupCoordinator:
             await self._wake_writer.wait()
             self._wake_writer.clear()
             while self._unsaved:
-                group_id = next(iter(self._unsaved))
-                unsaved = self._unsaved.pop(group_id)
-                self._writing = group_id
-                try:
-                    written = await asyncio.to_thread(self.catalog.save_group, unsaved.row, unsaved.loaded)
-                except Exception as exc:  # the catalog down: the next change writes the group again (kept till then)
-                    log.warning("group %s: its row was not written to the catalog: %s", group_id, exc)
-                    written = None
-                self._writing = None
-                if written is False:
-                    self._lost(group_id)
-                for waiting in unsaved.waiting:
-                    _answer(waiting, bool(written))
-                if written:
-                    self._maybe_unload(group_id)
-            if self._writer_stopping:
+                if await self._write_next() and not self._writer_stopping.is_set():
+                    with contextlib.suppress(TimeoutError):  # the catalog is given time, unless the agent stops
+                        await asyncio.wait_for(self._writer_stopping.wait(), ROW_RETRY_BACKOFF_MS / 1000)
+            if self._writer_stopping.is_set():
                 return
+
+    async def _write_next(self) -> bool:
+        """Write the first queued row, fenced by the row its group was taken over from until one is written; returns
+        whether it failed and its group's row is queued again."""
+        group_id = next(iter(self._unsaved))
+        unsaved = self._unsaved.pop(group_id)
+        fence = self._fences.get(group_id)
+        self._writing = group_id
+        try:
+            written = await asyncio.to_thread(self.catalog.save_group, unsaved.row, fence)
+        except Exception as exc:  # the catalog down or failing: the fence stays, the row is written again
+            for waiting in unsaved.waiting:
+                _answer(waiting, False)
+            return self._write_failed(unsaved, exc)
+        finally:
+            self._writing = None
+        held = self._groups.get(group_id) is unsaved.group
+        if not written and held:
+            self._lost(group_id)
+        for waiting in unsaved.waiting:
+            _answer(waiting, written)
+        if written:
+            if fence is not None and self._fences.get(group_id) is fence:
+                del self._fences[group_id]
+            self._maybe_unload(group_id)
+        return False
+
+    def _write_failed(self, unsaved: Unsaved, exc: Exception) -> bool:
+        """The group's row was not written: the group, still here, queues its newest row again (and stays in memory
+        till one is written). While the catalog fails, one warning per interval, the other failures at DEBUG; a row
+        given up (the group dropped, the agent stopping) always warns."""
+        group = unsaved.group
+        again = self._groups.get(group.group_id) is group and not self._writer_stopping.is_set()
+        now = time.monotonic()
+        level = logging.DEBUG
+        if not again or now - self._last_write_warning >= FULL_WARNING_INTERVAL_S:
+            level = logging.WARNING
+            self._last_write_warning = now
+        log.log(level, "group %s: its row was not written to the catalog: %s%s", group.group_id, exc,
+                f"; written again in {ROW_RETRY_BACKOFF_MS} ms (one such warning per {FULL_WARNING_INTERVAL_S:.0f} s)" if again else "")
+        if again:
+            self._save(group)
+        return again
 
     def _lost(self, group_id: str) -> None:
         """Another coordinator wrote the group's row since this agent took the group: the group is its now. Drop it
         with what is queued for it; its members, told NOT_COORDINATOR, find the coordinator again."""
         log.info("group %s: another agent coordinates it now (it wrote the group's row): dropped from this agent's memory", group_id)
-        queued = self._unsaved.pop(group_id, None)
-        for waiting in queued.waiting if queued else []:
-            _answer(waiting, False)
         self.forget(group_id)
 
 
