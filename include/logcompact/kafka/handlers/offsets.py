@@ -2,7 +2,8 @@
 catalog's `group_offsets`.
 
 A commit is checked by the group's coordinator as Kafka checks it (`GroupCoordinator.commit_error`), then
-written in one small transaction of its own, all of its partitions or none; it is answered once written. Reads
+written in one small transaction of its own, all of its partitions or none; it is answered once written, or
+COORDINATOR_NOT_AVAILABLE when not written within offsets.commit.timeout.ms (the client commits again). Reads
 come from the catalog, so a coordinator that takes a group over, or restarts, serves what was committed before.
 Kafka's rule is kept that only the coordinator answers both APIs (NOT_COORDINATOR elsewhere).
 """
@@ -10,6 +11,7 @@ Kafka's rule is kept that only the coordinator answers both APIs (NOT_COORDINATO
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,6 +25,8 @@ OFFSET_COMMIT, OFFSET_FETCH = 8, 9
 MAX_METADATA_BYTES = 4096  # Kafka's offset.metadata.max.bytes
 NO_OFFSET = -1
 
+log = logging.getLogger(__name__)
+
 Partitions = list[tuple[str, list[tuple[int, Any]]]]  # per topic, per partition: what is answered
 
 
@@ -31,9 +35,18 @@ async def offset_commit(broker: Broker, request: codec.Request) -> Any:
     requested = [(topic.name, list(topic.partitions)) for topic in body.topics]
     error = await _commit_error(broker, body)
     if error is None:
+        # Bounded as Kafka bounds an offsets append (offsets.commit.timeout.ms), whose timeout it answers as
+        # COORDINATOR_NOT_AVAILABLE: the client finds the coordinator and commits again. The write a timeout leaves
+        # running may still land, which a retry of the same offsets makes harmless.
+        writing = asyncio.ensure_future(asyncio.to_thread(_commit, broker, body.group_id, requested))
         try:
-            answered = await asyncio.to_thread(_commit, broker, body.group_id, requested)
+            answered = await asyncio.wait_for(asyncio.shield(writing), broker.groups.commit_timeout_ms / 1000)
         except CatalogUnavailableError:  # retriable: the client commits again
+            error = codec.ErrorCode.coordinator_not_available
+        except TimeoutError:
+            writing.add_done_callback(_report_late_failure)
+            log.warning("offset commit of group %r not written within offsets.commit.timeout.ms (%d ms): answered "
+                        "COORDINATOR_NOT_AVAILABLE, the client commits again", body.group_id, broker.groups.commit_timeout_ms)
             error = codec.ErrorCode.coordinator_not_available
     if error is not None:
         answered = [(name, [(int(p.partition_index), error) for p in partitions]) for name, partitions in requested]
@@ -53,6 +66,12 @@ async def _commit_error(broker: Broker, body: Any) -> codec.ErrorCode | None:
     if error is None and group is None:  # the first commit of a consumer that assigns itself: an Empty group, as Kafka
         await broker.groups.group(body.group_id, create=True)
     return error
+
+
+def _report_late_failure(writing: asyncio.Future) -> None:
+    """A commit answered as timed out that then failed: said once, as the error it was."""
+    if not writing.cancelled() and writing.exception() is not None:
+        log.warning("offset commit answered as timed out then failed: %s", writing.exception())
 
 
 def _commit(broker: Broker, group_id: str, requested: Sequence[tuple[str, Sequence[Any]]]) -> Partitions:
