@@ -12,6 +12,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -19,7 +20,7 @@ import pytest
 from confluent_kafka import Producer, TopicPartition
 
 from logcompact.catalog import Catalog
-from logcompact.kafka.server import ByteBudget
+from logcompact.kafka.server import AgentSettings, ByteBudget, Connection, sweep_seconds
 from tests.test_kafka_agent import closed_by_peer, kio_frame, receive_frame, request_frame
 from tests.test_kafka_fetch import confluent_consumer, consume
 from tests.test_kafka_produce import RunningAgent, catalog  # noqa: F401 (fixture)
@@ -121,28 +122,66 @@ def closed_or_answered(connection: socket.socket) -> bool:
         connection.setblocking(True)
 
 
-def test_a_frame_that_stops_arriving_is_closed_after_the_read_timeout_and_one_arriving_slowly_is_not(
+def test_a_frame_not_all_in_within_the_read_timeout_of_its_first_byte_is_closed_however_it_trickles(
     catalog: Catalog, caplog: pytest.LogCaptureFixture,  # noqa: F811 (fixture)
 ) -> None:
+    """A frame trickling a byte every 100 ms never goes 500 ms without one, and is closed 500 ms after its first
+    byte all the same, as is one that stopped; a connection pausing longer than that between whole frames is not
+    (that is the idle bound's), and a confluent-kafka producer and consumer are served meanwhile."""
     caplog.set_level(logging.WARNING, logger="logcompact.kafka")
-    agent = RunningAgent(catalog, request_read_timeout_ms=500)
+    agent = RunningAgent(catalog, flush_interval_ms=20, request_read_timeout_ms=500)
     try:
-        with open_socket(agent) as slow, open_socket(agent) as stopped:
+        with open_socket(agent) as trickling, open_socket(agent) as stopped, open_socket(agent) as pausing:
             answered_in(stopped)
+            answered_in(trickling)
+            answered_in(pausing)
             stopped.sendall(stalled_frame(1000))
-            began = stalled_at = time.monotonic()
-            for piece in (API_VERSIONS[:3], API_VERSIONS[3:7], API_VERSIONS[7:]):  # each piece before the timeout
-                slow.sendall(piece)
-                time.sleep(0.3)
-            assert struct.unpack_from(">ih", receive_frame(slow)) == (7, 0)
-            assert time.monotonic() - began > 0.5  # the slow frame took longer than the timeout, and was read
-            closing = seconds_until_closed(stopped)
-            assert 0.4 < time.monotonic() - stalled_at < 10 and closing < 10
-        assert agent.server._queued.held == 0
+            stopped_at = time.monotonic()
+            trickled: list[float] = []
+            trickle = threading.Thread(target=lambda: trickled.append(seconds_trickling_until_closed(trickling)))
+            trickle.start()
+            produce_and_consume(agent, "orders")
+            time.sleep(0.7)
+            assert answered_in(pausing) < 1  # 700 ms between whole frames: no frame was begun
+            trickle.join(timeout=30)
+            assert trickled and 0.4 < trickled[0] < 10, trickled
+            assert 0.4 < time.monotonic() - stopped_at and seconds_until_closed(stopped) < 10
+        assert eventually(lambda: agent.server._queued.held == 0)
     finally:
         agent.stop()
-    lines = closed_lines(caplog, "stopped arriving")
-    assert len(lines) == 1 and "no byte for 500 ms" in lines[0] and "request read timeout" in lines[0], lines
+    lines = closed_lines(caplog, "the request read timeout")
+    assert len(lines) == 2 and all("its frame was not all in within 500 ms of its first byte" in line for line in lines), lines
+
+
+def seconds_trickling_until_closed(connection: socket.socket, every: float = 0.1, limit: float = 20) -> float:
+    """Seconds from a frame's first byte (its size prefix, of a 1,000-byte frame) until the agent closes the
+    connection, sending one byte of it every `every` seconds meanwhile; `limit` if it never does."""
+    connection.sendall(struct.pack(">i", 1000)[:1])
+    began = time.monotonic()
+    connection.sendall(struct.pack(">i", 1000)[1:])
+    while time.monotonic() - began < limit:
+        time.sleep(every)
+        try:
+            connection.sendall(b"\0")
+            if closed_or_answered(connection):
+                break
+        except (BrokenPipeError, ConnectionResetError):
+            break
+    return time.monotonic() - began
+
+
+def produce_and_consume(agent: RunningAgent, topic: str, count: int = 20) -> None:
+    """A confluent-kafka producer's `count` records acknowledged and read back by a consumer, within 10 s each."""
+    producer = Producer({"bootstrap.servers": agent.bootstrap, "linger.ms": 5})
+    for n in range(count):
+        producer.produce(topic, key=b"k%d" % n, value=b"v%d" % n, partition=0)
+    assert producer.flush(10) == 0
+    consumer = confluent_consumer(agent)
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        assert [message.value() for message in consume(consumer, count)] == [b"v%d" % n for n in range(count)]
+    finally:
+        consumer.close()
 
 
 def test_frames_arriving_together_past_the_budget_finish_one_at_a_time() -> None:
@@ -173,6 +212,88 @@ def test_frames_arriving_together_past_the_budget_finish_one_at_a_time() -> None
         return events
 
     assert asyncio.run(scenario()) == ["a30", "b20", "c70"]
+
+
+def test_frames_one_address_stalls_hold_at_most_its_share_of_the_budget(catalog: Catalog) -> None:  # noqa: F811 (fixture)
+    """Four connections from 127.0.0.2 send 2.5 MiB of 3 MiB frames and stop: 10 MiB, past the agent's whole
+    budget (8 MiB here). They hold at most their address's share (4 MiB here, half) and one frame past it, so a
+    client from 127.0.0.1 is answered within 100 ms and a confluent-kafka producer and consumer go on."""
+    agent = RunningAgent(catalog, flush_interval_ms=20, max_queued_bytes=8 * MiB, max_queued_bytes_per_ip=4 * MiB)
+    stalled = [open_socket(agent, source="127.0.0.2") for _ in range(4)]
+    try:
+        for connection in stalled:
+            connection.sendall(struct.pack(">i", 3 * MiB) + bytes(5 * MiB // 2))
+        assert eventually(lambda: agent.server._queued.held >= 4 * MiB)
+        time.sleep(0.2)  # what the agent reads of the rest meanwhile
+        assert 4 * MiB <= agent.server._per_ip_queued["127.0.0.2"].held <= 4 * MiB + 5 * MiB // 2
+        with open_socket(agent) as connection:
+            assert answered_in(connection) < 0.1
+        produce_and_consume(agent, "orders")
+        assert not any(map(closed_or_answered, stalled))
+    finally:
+        for connection in stalled:
+            connection.close()
+        agent.stop()
+
+
+# -- clients that do not read their answers ------------------------------------------------------------------
+
+
+def fetch_frame(topic: str, correlation_id: int) -> bytes:
+    """A Fetch v12 of partition 0 from offset 0, up to 1 MiB, answered at once."""
+    return kio_frame(1, 12, {
+        "replica_id": -1, "max_wait": 0, "min_bytes": 1, "max_bytes": MiB, "isolation_level": 0, "session_id": 0,
+        "session_epoch": -1, "forgotten_topics_data": [], "rack_id": "",
+        "topics": [{"topic": topic, "partitions": [{"partition": 0, "fetch_offset": 0, "partition_max_bytes": MiB}]}],
+    }, correlation_id=correlation_id)
+
+
+def padded_api_versions(size: int, correlation_id: int) -> bytes:
+    """An ApiVersions v0 of `size` bytes: the agent reads bytes after a request's body and ignores them, as Kafka's
+    brokers do, so it is a large request with a small answer."""
+    message = struct.pack(">hhih", 18, 0, correlation_id, -1) + bytes(size - 10)
+    return struct.pack(">i", len(message)) + message
+
+
+def test_a_client_that_stops_reading_its_answers_holds_no_room_others_need_and_is_aborted_after_the_idle_bound(
+    catalog: Catalog, caplog: pytest.LogCaptureFixture,  # noqa: F811 (fixture)
+) -> None:
+    """A client with a 4 KiB receive buffer sends 40 Fetches answered with 1 MiB each, then 8 requests of 1 MiB
+    (8 MiB, twice the agent's budget here), and reads nothing. Its requests go back to the budget once handled and
+    its answers wait against its own connection's bytes in flight, so a new client is answered within 100 ms and a
+    confluent-kafka producer and consumer go on; the agent aborts it, with one log line, once its answers have not
+    been taken for the idle bound."""
+    caplog.set_level(logging.INFO, logger="logcompact.kafka")
+    agent = RunningAgent(catalog, flush_interval_ms=20, max_queued_bytes=4 * MiB, connections_max_idle_ms=3000)
+    try:
+        producer = Producer({"bootstrap.servers": agent.bootstrap, "linger.ms": 5})
+        for _ in range(10):
+            producer.produce("answers", value=bytes(100_000), partition=0)
+        assert producer.flush(10) == 0
+        address = agent.server.address
+        not_reading = socket.socket()
+        not_reading.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        not_reading.connect((address.host, address.port))
+        peer = "{}:{}".format(*not_reading.getsockname()[:2])
+        requests = b"".join(fetch_frame("answers", n) for n in range(40)) + b"".join(padded_api_versions(MiB, 40 + n) for n in range(8))
+        sending = threading.Thread(target=not_reading.sendall, args=(requests,), daemon=True)  # it may block, before the fix
+        sending.start()
+        try:
+            assert eventually(lambda: any(c.requests_read == 48 and c.sending for c in agent.server._readers.values()), 20)
+            assert eventually(lambda: agent.server._queued.held == 0)  # its requests handled, their answers wait in its connection
+            with open_socket(agent) as connection:
+                assert answered_in(connection) < 0.1
+            produce_and_consume(agent, "orders")
+            assert eventually(lambda: bool(closed_lines(caplog, "stopped reading its answers")), 30)
+            assert eventually(lambda: all(c.peer != peer for c in agent.server._readers.values()))
+            assert eventually(lambda: agent.server._queued.held == 0)
+        finally:
+            not_reading.close()
+            sending.join(timeout=10)
+    finally:
+        agent.stop()
+    lines = closed_lines(caplog, f"from {peer} ")  # its lines alone: one, not a "lost" line besides
+    assert len(lines) == 1 and "it stopped reading its answers" in lines[0] and "bytes taken for 3000 ms (connections max idle)" in lines[0], lines
 
 
 # -- connections that never speak or fall silent ------------------------------------------------------------
@@ -263,6 +384,31 @@ def test_a_client_that_stops_with_answers_unread_is_logged_at_info_and_the_next_
     lost = [r for r in caplog.records if r.name == "logcompact.kafka.server" and " lost: " in r.getMessage()]
     assert all(r.levelno == logging.INFO for r in lost), [(r.levelname, r.getMessage()) for r in lost]
     assert not [r for r in caplog.records if r.name.startswith("logcompact.kafka") and r.levelno >= logging.WARNING]
+
+
+def test_the_sweep_of_time_bounds_looks_every_quarter_of_the_shortest_bound_within_10_ms_and_1_s(
+    catalog: Catalog, monkeypatch: pytest.MonkeyPatch,  # noqa: F811 (fixture)
+) -> None:
+    """A 4 ms read timeout would have the sweep look every millisecond, keeping the event loop busy: it looks every
+    10 ms at most, counted over a second on one connection, and still closes a frame past that timeout."""
+    looks = []
+    expired = Connection.expired
+    monkeypatch.setattr(Connection, "expired", lambda self, now, settings: looks.append(now) or expired(self, now, settings))
+    agent = RunningAgent(catalog, request_read_timeout_ms=4)
+    try:
+        with open_socket(agent) as connection, open_socket(agent) as stopped:
+            answered_in(connection)
+            looks.clear()
+            time.sleep(1)
+            assert 10 <= len(set(looks)) <= 150, len(set(looks))  # looks at each connection: 100 at 10 ms, 1,000 at 1 ms
+            stopped.sendall(API_VERSIONS[:6])
+            assert seconds_until_closed(stopped) < 5
+            assert answered_in(connection) < 1
+    finally:
+        agent.stop()
+    assert sweep_seconds(AgentSettings()) == 1.0
+    assert sweep_seconds(AgentSettings(connection_setup_timeout_ms=2000)) == 0.5
+    assert sweep_seconds(AgentSettings(request_read_timeout_ms=4)) == 0.01
 
 
 def test_the_agent_command_takes_the_connection_settings(catalog: Catalog) -> None:  # noqa: F811 (fixture)

@@ -44,11 +44,12 @@ if TYPE_CHECKING:
 @click.option("--max-connections-per-ip", type=click.IntRange(min=1), default=500, show_default=True,
               help="Connections the agent holds from one address (Kafka's max.connections.per.ip), so one cannot take them all.")
 @click.option("--connections-max-idle-ms", type=click.IntRange(min=1), default=600_000, show_default=True,
-              help="Close a connection with no request unanswered and nothing received for this long (Kafka's connections.max.idle.ms).")
+              help="Close a connection with no request unanswered and nothing received for this long (Kafka's connections.max.idle.ms), "
+                   "or whose client has taken none of its answers for this long.")
 @click.option("--connection-setup-timeout-ms", type=click.IntRange(min=1), default=10_000, show_default=True,
               help="Close a connection that has not sent a whole request this long after connecting.")
 @click.option("--request-read-timeout-ms", type=click.IntRange(min=1), default=30_000, show_default=True,
-              help="Close a connection whose request stops arriving: no byte of a frame begun for this long.")
+              help="Close a connection whose request is not all in this long after its first byte.")
 @pass_context
 def agent(
     ctx: Context, listen: str, advertise: str | None, node_id: int | None, rack: str | None, flush_ms: int, flush_bytes: int,

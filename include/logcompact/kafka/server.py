@@ -6,9 +6,13 @@ handlers of pipelined requests run concurrently. Deep pipelines matter here: an 
 commit (a flush interval), and librdkafka sends one partition's batch per Produce request, so a connection
 allowed few requests in flight would carry few partitions' batches per flush. A frame over `max_frame_bytes`, or
 one that does not decode, closes its connection with one log line, after the responses to the requests before
-it; it never stops the server. Requests read and not answered hold at most `max_queued_bytes` across the agent
-(a reader waits for room), taken as a frame's bytes arrive, not at its size prefix: a frame that never completes
-holds only the bytes it sent, and one that stops arriving for `request_read_timeout_ms` closes its connection.
+it; it never stops the server. Requests read and not handled hold at most `max_queued_bytes` across the agent,
+`max_queued_bytes_per_ip` of them from one address (a reader waits for room), taken as a frame's bytes arrive, not
+at its size prefix: a frame that never completes holds only the bytes it sent, and one not all in within
+`request_read_timeout_ms` of its first byte closes its connection. Answers not yet written count against their
+connection's `max_in_flight_bytes` (its reader waits), not the agent's budget, so clients that do not read their
+answers hold no room others need; a connection whose answers stop being taken for `connections_max_idle_ms` is
+aborted.
 
 The agent holds at most `max_connections` connections, `max_connections_per_ip` of one address (one more is
 closed as soon as it is accepted, with one log line). A connection that has not sent a whole request within
@@ -58,7 +62,10 @@ DEFAULT_LISTEN = Address("127.0.0.1", 9092)
 DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024
 DEFAULT_MAX_IN_FLIGHT = 1000  # requests per connection (librdkafka pipelines up to 1,000,000 by default)
 DEFAULT_MAX_IN_FLIGHT_BYTES = 128 * 1024 * 1024  # of requests per connection: above one frame of the largest size
-DEFAULT_MAX_QUEUED_BYTES = 1024 * 1024 * 1024  # of requests read and not answered, across connections
+DEFAULT_MAX_QUEUED_BYTES = 1024 * 1024 * 1024  # of requests read and not handled, across connections
+# Half the budget, as the per-address connection cap is half the connections: one address (frames it sends and stalls)
+# leaves the other half to everyone else.
+DEFAULT_MAX_QUEUED_BYTES_PER_IP = DEFAULT_MAX_QUEUED_BYTES // 2
 # A connection's read buffer stops taking bytes from the socket past twice this until a frame is read out of it:
 # asyncio's 64 KiB default pauses and resumes the socket several times per 1 MB Produce (a selector call each).
 READ_BUFFER_BYTES = 1024 * 1024
@@ -70,8 +77,11 @@ DEFAULT_CONNECTIONS_MAX_IDLE_MS = 600_000  # Kafka's connections.max.idle.ms
 # The Java client's socket.connection.setup.timeout.ms default: clients send their first request (ApiVersions) at once.
 DEFAULT_CONNECTION_SETUP_TIMEOUT_MS = 10_000
 # Kafka's brokers have no such bound (their idle timeout only); a client gives up on a request after its
-# request.timeout.ms, 30 s by default, so a frame that stalls longer is one its sender has abandoned.
+# request.timeout.ms, 30 s by default, so a frame not all in by then is one its sender has abandoned.
 DEFAULT_REQUEST_READ_TIMEOUT_MS = 30_000
+# The sweep of time bounds looks every quarter of the shortest bound, within these: often enough that a connection
+# is closed soon past its bound, seldom enough that tiny bounds do not keep the event loop sweeping.
+SWEEP_SECONDS = (0.01, 1.0)
 COMMIT_POLL_SECONDS = 0.05  # how often fetches waiting for records look for a new catalog version
 STOP_GRACE_SECONDS = 30  # how long a stop waits for requests already read
 
@@ -86,11 +96,12 @@ class AgentSettings:
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     max_in_flight_bytes: int = DEFAULT_MAX_IN_FLIGHT_BYTES
     max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES
+    max_queued_bytes_per_ip: int = DEFAULT_MAX_QUEUED_BYTES_PER_IP  # of max_queued_bytes, held by one address's requests
     max_connections: int = DEFAULT_MAX_CONNECTIONS  # Kafka's max.connections
     max_connections_per_ip: int = DEFAULT_MAX_CONNECTIONS_PER_IP  # Kafka's max.connections.per.ip
-    connections_max_idle_ms: int = DEFAULT_CONNECTIONS_MAX_IDLE_MS  # Kafka's connections.max.idle.ms
+    connections_max_idle_ms: int = DEFAULT_CONNECTIONS_MAX_IDLE_MS  # Kafka's connections.max.idle.ms, also for answers not taken
     connection_setup_timeout_ms: int = DEFAULT_CONNECTION_SETUP_TIMEOUT_MS  # for a connection's first whole request
-    request_read_timeout_ms: int = DEFAULT_REQUEST_READ_TIMEOUT_MS  # for the next byte of a frame begun
+    request_read_timeout_ms: int = DEFAULT_REQUEST_READ_TIMEOUT_MS  # for a frame, from its first byte
     flush_interval_ms: int = DEFAULT_FLUSH_INTERVAL_MS
     flush_bytes: int = DEFAULT_FLUSH_BYTES
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # of a topic that sets no max.message.bytes
@@ -108,25 +119,29 @@ class FrameError(Exception):
 
 @dataclass(frozen=True)
 class Expired:
-    """Why a connection is closed past one of its time bounds: setup, request read or idle (`idle`: closed in the
-    ordinary course, clients reconnect when they need one)."""
+    """Why a connection is closed past one of its time bounds: setup, request read, idle (`idle`: closed in the
+    ordinary course, clients reconnect when they need one) or answers not taken (`unread`: aborted, since its
+    answers will never be written)."""
 
     reason: str
-    idle: bool
+    idle: bool = False
+    unread: bool = False
 
 
 class ByteBudget:
-    """Bytes of requests read and not answered yet, kept within `limit`: a reader waits for room. A request always
+    """Bytes of requests read and not handled yet, kept within `limit`: a reader waits for room. A request always
     fits while none is held (a frame is at most max_frame_bytes, checked before), so a large one is never stuck.
 
     The agent's budget takes a frame's bytes as they arrive, naming the frame, and is told when all are in
     (`arrived`): a frame that stops arriving holds only what it sent. Bytes of frames still arriving are given back
-    by no answer, so when they are all that is held, the first of them to want more goes past the limit to finish
+    by no handler, so when they are all that is held, the first of them to want more goes past the limit to finish
     (one frame at a time, so at most a frame over the limit): frames arriving together never wait on each other for
-    good. Used on the event loop only."""
+    good, and the read timeout bounds how long one may hold that place. A budget `within` another (an address's
+    share of the agent's) takes and gives its bytes there too. Used on the event loop only."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, within: ByteBudget | None = None) -> None:
         self.limit = limit
+        self.within = within
         self.held = 0
         self.arriving = 0  # of held: bytes of frames not all in yet
         self._overdrawn_by: object | None = None  # the frame let past the limit, until it is all in
@@ -139,6 +154,16 @@ class ByteBudget:
         self.held += size
         if frame is not None:
             self.arriving += size
+        if self.within is not None:
+            try:
+                await self.within.take(size, frame)
+            except BaseException:
+                self._release(size, frame)
+                raise
+
+    def add(self, size: int) -> None:
+        """Bytes already in memory (an answer made) held without waiting: they keep the reader waiting until given."""
+        self.held += size
 
     def _overdraws(self, frame: object | None) -> bool:
         if frame is None or self.arriving < self.held or self._overdrawn_by not in (None, frame):
@@ -147,16 +172,25 @@ class ByteBudget:
         return True
 
     def arrived(self, size: int, frame: object) -> None:
-        """The frame's `size` bytes, taken as they arrived, are all in: its answer gives them back."""
+        """The frame's `size` bytes, taken as they arrived, are all in: its handler gives them back."""
         self.arriving -= size
         if self._overdrawn_by is frame:
             self._overdrawn_by = None
+        if self.within is not None:
+            self.within.arrived(size, frame)
 
     def give(self, size: int, frame: object | None = None) -> None:
-        """Bytes back: a request's once answered, or what a frame that will never be all in took (`frame`)."""
+        """Bytes back: a request's once handled, or what a frame that will never be all in took (`frame`)."""
+        self._release(size, frame)
+        if self.within is not None:
+            self.within.give(size, frame)
+
+    def _release(self, size: int, frame: object | None) -> None:
         self.held -= size
         if frame is not None:
-            self.arrived(size, frame)
+            self.arriving -= size
+            if self._overdrawn_by is frame:
+                self._overdrawn_by = None
         self._freed.set()
 
 
@@ -185,31 +219,50 @@ class FrameReader(asyncio.StreamReader):
 
 @dataclass
 class Connection:
-    """What a connection's reader and sender share, and what the agent's sweep of time bounds reads. The reader
-    takes a slot and the bytes of each request, the sender gives them back once it is answered."""
+    """What a connection's reader, handlers and sender share, and what the agent's sweep of time bounds reads. The
+    reader takes a slot and the bytes of each request, from the connection's in-flight bytes and its address's share
+    of the agent's budget; its handler gives the share back and adds its answer's bytes to the in-flight ones; the
+    sender gives those back once the answer is written."""
 
     peer: str
     in_flight: asyncio.Semaphore
-    held: ByteBudget  # bytes of its requests read and not answered, within max_in_flight_bytes
+    held: ByteBudget  # bytes of its requests read and of their answers not written, within max_in_flight_bytes
+    queued: ByteBudget  # its address's share of the agent's budget
     responses: asyncio.Queue[tuple[asyncio.Task[bytes | None], int] | None]
+    writer: asyncio.StreamWriter
     accepted_at: float
     answered_at: float = -math.inf
     requests_read: int = 0
     unanswered: int = 0
+    handling: int = 0  # bytes of requests read whose handlers have not ended, held in `queued`
+    settled: bool = False  # what it held in `queued` given back as it closed: handlers ending later give nothing
     # What the reader waits for from the client, since when: None while the agent holds it up (room, its answers).
     waiting: Literal["request", "frame"] | None = None
     waiting_since: float = 0.0
+    frame_waited: float = 0.0  # seconds spent waiting for the client in the frame being read, before waiting_since
+    # While the sender waits for the client to take an answer: the bytes not yet taken, as last seen shrinking, and when.
+    sending: bool = False
+    unsent: int = 0
+    sent_at: float = 0.0
     closed_for: Expired | None = None
 
     def expired(self, now: float, settings: AgentSettings) -> Expired | None:
-        """The bound this connection is past now, if any: the setup timeout until a first request is read, the read
-        timeout in a frame, the idle timeout between frames once every request is answered."""
+        """The bound this connection is past now, if any: the idle timeout for answers the client stopped taking,
+        the setup timeout until a first request is read, the read timeout for a frame from its first byte, the idle
+        timeout between frames once every request is answered."""
+        if self.sending:
+            unsent = self.writer.transport.get_write_buffer_size()
+            if unsent < self.unsent:
+                self.unsent, self.sent_at = unsent, now
+            elif now >= self.sent_at + settings.connections_max_idle_ms / 1000:
+                return Expired(f"it stopped reading its answers: none of {unsent} bytes taken for {settings.connections_max_idle_ms} ms "
+                               "(connections max idle)", unread=True)
         if self.waiting is None:
             return None
         if not self.requests_read and now >= self.accepted_at + settings.connection_setup_timeout_ms / 1000:
-            return Expired(f"no whole request within {settings.connection_setup_timeout_ms} ms of connecting (the connection setup timeout)", idle=False)
-        if self.waiting == "frame" and now >= self.waiting_since + settings.request_read_timeout_ms / 1000:
-            return Expired(f"its frame stopped arriving: no byte for {settings.request_read_timeout_ms} ms (the request read timeout)", idle=False)
+            return Expired(f"no whole request within {settings.connection_setup_timeout_ms} ms of connecting (the connection setup timeout)")
+        if self.waiting == "frame" and self.frame_waited + now - self.waiting_since >= settings.request_read_timeout_ms / 1000:
+            return Expired(f"its frame was not all in within {settings.request_read_timeout_ms} ms of its first byte (the request read timeout)")
         if (self.waiting == "request" and self.requests_read and not self.unanswered
                 and now >= max(self.waiting_since, self.answered_at) + settings.connections_max_idle_ms / 1000):
             return Expired(f"idle for {settings.connections_max_idle_ms} ms (connections max idle)", idle=True)
@@ -226,6 +279,7 @@ class AgentServer:
         self._queued = ByteBudget(settings.max_queued_bytes)
         self._connections: set[asyncio.Task] = set()
         self._per_ip: Counter[str] = Counter()
+        self._per_ip_queued: dict[str, ByteBudget] = {}  # each address's share of `_queued`, while it has connections
         self._sweeping: asyncio.Task | None = None
 
     @property
@@ -314,8 +368,11 @@ class AgentServer:
                         peer, settings.max_connections_per_ip)
             writer.close()
             return
+        if host not in self._per_ip_queued:
+            self._per_ip_queued[host] = ByteBudget(settings.max_queued_bytes_per_ip, self._queued)
+        queued = self._per_ip_queued[host]
         connection = Connection(
-            peer, asyncio.Semaphore(settings.max_in_flight), ByteBudget(settings.max_in_flight_bytes), asyncio.Queue(),
+            peer, asyncio.Semaphore(settings.max_in_flight), ByteBudget(settings.max_in_flight_bytes), queued, asyncio.Queue(), writer,
             asyncio.get_running_loop().time(),
         )
         self._connections.add(this)
@@ -331,8 +388,9 @@ class AgentServer:
             self._connections.discard(this)
             self._per_ip[host] -= 1
             if not self._per_ip[host]:
-                del self._per_ip[host]
-            self._queued.give(connection.held.held)  # the requests this connection read and will never answer
+                del self._per_ip[host], self._per_ip_queued[host]
+            connection.settled = True
+            queued.give(connection.handling)  # the requests this connection read whose handlers have not ended
             writer.close()
 
     async def _read(self, reader: FrameReader, connection: Connection) -> None:
@@ -350,16 +408,16 @@ class AgentServer:
                 except BaseException:
                     connection.held.give(size)
                     raise
+                connection.handling += size
                 request = codec.decode_request(frame, self.broker.serves)
                 connection.requests_read += 1
                 connection.unanswered += 1
-                connection.responses.put_nowait((asyncio.create_task(self._answer(request)), size))
+                connection.responses.put_nowait((asyncio.create_task(self._answer(request, connection, size)), size))
         except (FrameError, codec.MalformedRequestError) as exc:
             log.warning("connection from %s closed: %s", peer, exc)
         except asyncio.CancelledError:
-            if (expired := connection.closed_for) is None:  # the agent stopping
+            if connection.closed_for is None:  # the agent stopping; the sweep logged why it closed the connection otherwise
                 raise
-            log.log(logging.INFO if expired.idle else logging.WARNING, "connection from %s closed: %s", peer, expired.reason)
         except asyncio.IncompleteReadError as exc:
             log.warning("connection from %s closed by the client in the middle of a frame (%d bytes read)", peer, len(exc.partial))
         except ConnectionError as exc:  # a client that stops with answers unread resets it: ordinary (Kafka logs it at debug)
@@ -369,6 +427,7 @@ class AgentServer:
 
     async def _frame_size(self, reader: FrameReader, connection: Connection) -> int | None:
         """The next frame's size from its prefix, or None when the client closed between frames."""
+        connection.frame_waited = 0.0
         while reader.buffered < 4:
             if not await self._more(reader, connection, "frame" if reader.buffered else "request"):
                 if not reader.buffered:
@@ -380,57 +439,73 @@ class AgentServer:
         return size
 
     async def _frame(self, reader: FrameReader, connection: Connection, size: int) -> bytes:
-        """The frame's `size` bytes. The agent's budget takes them as they arrive, so a frame that stops arriving
-        holds only what it sent; they are read out of the buffer once all are in, in one copy however many pieces
-        they came in (no join of chunks)."""
+        """The frame's `size` bytes. Its address's share of the agent's budget takes them as they arrive, so a frame
+        that stops arriving holds only what it sent; they are read out of the buffer once all are in, in one copy
+        however many pieces they came in (no join of chunks)."""
         frame = object()
         taken = 0
         try:
             while True:
                 arrived = min(reader.buffered, size)
                 if arrived > taken:
-                    await self._queued.take(arrived - taken, frame)
+                    await connection.queued.take(arrived - taken, frame)
                     taken = arrived
                 if taken == size:
                     break
                 if not await self._more(reader, connection, "frame"):
                     raise asyncio.IncompleteReadError(await reader.read(), size)
         except BaseException:
-            self._queued.give(taken, frame)
+            connection.queued.give(taken, frame)
             raise
-        self._queued.arrived(size, frame)
+        connection.queued.arrived(size, frame)
         return await reader.readexactly(size)
 
     @staticmethod
     async def _more(reader: FrameReader, connection: Connection, waiting: Literal["request", "frame"]) -> bool:
         """Wait for more bytes from the client, False at the end of the stream; the sweep closes the connection if
-        they are later than the bound of what it waits for."""
-        connection.waiting, connection.waiting_since = waiting, asyncio.get_running_loop().time()
+        they are later than the bound of what it waits for. Time waiting within a frame adds up (`frame_waited`),
+        time the agent holds the reader up (waiting for room) does not."""
+        loop = asyncio.get_running_loop()
+        connection.waiting, connection.waiting_since = waiting, loop.time()
         try:
             return await reader.more()
         finally:
+            if waiting == "frame":
+                connection.frame_waited += loop.time() - connection.waiting_since
             connection.waiting = None
 
     async def _sweep(self) -> None:
-        """Close the connections past a time bound, as Kafka's brokers expire idle ones: a look every quarter of the
-        shortest bound (a second at most) costs no timer per read."""
+        """Close the connections past a time bound, as Kafka's brokers expire idle ones, with one log line each: a
+        look every quarter of the shortest bound (within SWEEP_SECONDS) costs no timer per read."""
         settings, loop = self.settings, asyncio.get_running_loop()
-        every = min(1.0, min(settings.connection_setup_timeout_ms, settings.request_read_timeout_ms, settings.connections_max_idle_ms) / 4000)
+        every = sweep_seconds(settings)
         while True:
             await asyncio.sleep(every)
             now = loop.time()
             for reading, connection in self._readers.items():
                 if connection.closed_for is None and (expired := connection.expired(now, settings)) is not None:
                     connection.closed_for = expired
+                    log.log(logging.INFO if expired.idle else logging.WARNING, "connection from %s closed: %s", connection.peer, expired.reason)
                     reading.cancel()
+                    if expired.unread:  # its sender waits on answers the client will not take
+                        connection.writer.transport.abort()
 
-    async def _answer(self, request: codec.Request) -> bytes | None:
-        """The response frame, or None for a request answered with none (Produce with acks=0)."""
-        if request.body is None:
-            response = api_versions.unsupported(self.broker)
-        else:
-            response = await self.broker.apis[request.api_key].handle(self.broker, request)
-        return None if response is None else codec.encode_response(request.correlation_id, response)
+    async def _answer(self, request: codec.Request, connection: Connection, size: int) -> bytes | None:
+        """The response frame, or None for a request answered with none (Produce with acks=0). The request's bytes
+        go back to the agent's budget as its handler ends; the answer's count in its connection's until written."""
+        try:
+            if request.body is None:
+                response = api_versions.unsupported(self.broker)
+            else:
+                response = await self.broker.apis[request.api_key].handle(self.broker, request)
+            frame = None if response is None else codec.encode_response(request.correlation_id, response)
+        finally:
+            if not connection.settled:
+                connection.handling -= size
+                connection.queued.give(size)
+        if frame is not None:
+            connection.held.add(len(frame))
+        return frame
 
     async def _send(self, writer: asyncio.StreamWriter, connection: Connection) -> None:
         loop = asyncio.get_running_loop()
@@ -440,19 +515,36 @@ class AgentServer:
                 frame = await answering
                 if frame is not None:
                     writer.write(frame)
-                    await writer.drain()
+                    await self._drain(writer, connection)
             except ConnectionError as exc:  # the client stopped with answers unread: ordinary (Kafka logs it at debug)
-                log.info("connection from %s lost: %s", connection.peer, exc)
+                if connection.closed_for is None:  # else aborted by the sweep, which said why
+                    log.info("connection from %s lost: %s", connection.peer, exc)
                 break
             except Exception as exc:  # a failed handler: the client reconnects and retries; the agent goes on
                 log.warning("connection from %s closed: its request failed: %s: %s", connection.peer, type(exc).__name__, exc)
                 break
             connection.in_flight.release()
-            connection.held.give(size)
-            self._queued.give(size)
+            connection.held.give(size + (len(frame) if frame is not None else 0))
             connection.unanswered -= 1
             connection.answered_at = loop.time()
         _cancel_queued(connection.responses)
+
+    @staticmethod
+    async def _drain(writer: asyncio.StreamWriter, connection: Connection) -> None:
+        """Wait until the client has taken enough of what is written; the sweep aborts the connection if it takes
+        none of it for the idle bound."""
+        connection.sending, connection.unsent, connection.sent_at = True, writer.transport.get_write_buffer_size(), asyncio.get_running_loop().time()
+        try:
+            await writer.drain()
+        finally:
+            connection.sending = False
+
+
+def sweep_seconds(settings: AgentSettings) -> float:
+    """How often the sweep looks for connections past a time bound: a quarter of the shortest, within SWEEP_SECONDS."""
+    shortest = min(settings.connection_setup_timeout_ms, settings.request_read_timeout_ms, settings.connections_max_idle_ms)
+    low, high = SWEEP_SECONDS
+    return min(high, max(low, shortest / 4000))
 
 
 def _cancel_queued(responses: asyncio.Queue) -> None:
