@@ -39,6 +39,9 @@ if TYPE_CHECKING:
 @click.option("--group-max-bytes", type=click.IntRange(min=1), default=256 * 1024 * 1024, show_default=True,
               help="Bytes all consumer groups' members may hold in memory (their metadata, assignments and ids, 1 KiB at least "
                    "each); JoinGroups past it get GROUP_MAX_SIZE_REACHED.")
+@click.option("--offsets-commit-timeout-ms", type=click.IntRange(min=1), default=5000, show_default=True,
+              help="Answer an offset commit, or a SyncGroup whose assignments are being written, COORDINATOR_NOT_AVAILABLE when "
+                   "the catalog has not written it within this long (Kafka's offsets.commit.timeout.ms); the client retries.")
 @click.option("--max-connections", type=click.IntRange(min=1), default=1000, show_default=True,
               help="Connections the agent holds (Kafka's max.connections); one more is closed as soon as it is accepted.")
 @click.option("--max-connections-per-ip", type=click.IntRange(min=1), default=500, show_default=True,
@@ -54,7 +57,7 @@ if TYPE_CHECKING:
 def agent(
     ctx: Context, listen: str, advertise: str | None, node_id: int | None, rack: str | None, flush_ms: int, flush_bytes: int,
     max_message_bytes: int, fetch_cache_bytes: int, auto_create_topics: bool, num_partitions: int, group_max_size: int,
-    group_max_bytes: int, max_connections: int, max_connections_per_ip: int, connections_max_idle_ms: int,
+    group_max_bytes: int, offsets_commit_timeout_ms: int, max_connections: int, max_connections_per_ip: int, connections_max_idle_ms: int,
     connection_setup_timeout_ms: int, request_read_timeout_ms: int,
 ) -> None:
     """Serve Kafka's protocol over this cluster (produce, fetch, consumer groups, idempotent producers, admin; every API
@@ -71,7 +74,7 @@ def agent(
             flush_interval_ms=flush_ms, flush_bytes=flush_bytes, max_message_bytes=max_message_bytes,
             fetch_cache_bytes=fetch_cache_bytes,
             auto_create_topics=auto_create_topics, num_partitions=num_partitions,
-            group_max_size=group_max_size, group_max_bytes=group_max_bytes,
+            group_max_size=group_max_size, group_max_bytes=group_max_bytes, offsets_commit_timeout_ms=offsets_commit_timeout_ms,
             max_connections=max_connections, max_connections_per_ip=max_connections_per_ip,
             connections_max_idle_ms=connections_max_idle_ms, connection_setup_timeout_ms=connection_setup_timeout_ms,
             request_read_timeout_ms=request_read_timeout_ms,

@@ -48,7 +48,7 @@ from logcompact.ingest import DEFAULT_FLUSH_BYTES, DEFAULT_FLUSH_INTERVAL_MS
 from logcompact.kafka import codec, records
 from logcompact.kafka.broker import Broker
 from logcompact.kafka.cluster import Address, AgentDirectory
-from logcompact.kafka.coordinator import DEFAULT_GROUP_MAX_BYTES, DEFAULT_GROUP_MAX_SIZE, INITIAL_REBALANCE_DELAY_MS, GroupCoordinator
+from logcompact.kafka.coordinator import DEFAULT_GROUP_MAX_BYTES, DEFAULT_GROUP_MAX_SIZE, INITIAL_REBALANCE_DELAY_MS, OFFSETS_COMMIT_TIMEOUT_MS, GroupCoordinator
 from logcompact.kafka.event_loop import CommitWatch
 from logcompact.kafka.handlers import APIS, api_versions
 from logcompact.kafka.handlers.produce import DEFAULT_MAX_MESSAGE_BYTES
@@ -108,6 +108,7 @@ class AgentSettings:
     group_initial_rebalance_delay_ms: int = INITIAL_REBALANCE_DELAY_MS
     group_max_size: int = DEFAULT_GROUP_MAX_SIZE  # Kafka's group.max.size: members and pending member ids of a group
     group_max_bytes: int = DEFAULT_GROUP_MAX_BYTES  # all groups' members: their metadata, assignments and ids
+    offsets_commit_timeout_ms: int = OFFSETS_COMMIT_TIMEOUT_MS  # Kafka's offsets.commit.timeout.ms: a group's row, an offset commit
     fetch_cache_bytes: int = DEFAULT_FETCH_CACHE_BYTES  # file ranges Fetch keeps for consumers reading them again
     auto_create_topics: bool = True  # Kafka's auto.create.topics.enable
     num_partitions: int = 1  # Kafka's num.partitions: of a topic created without a count
@@ -314,7 +315,7 @@ class AgentServer:
         agents = await asyncio.to_thread(AgentDirectory.register, self.catalog, advertised.host, advertised.port, settings.rack, settings.node_id)
         agents.start()
         groups = GroupCoordinator(GroupCatalog(self.catalog.engine), agents.me.node_id, settings.group_initial_rebalance_delay_ms,
-                                  settings.group_max_size, settings.group_max_bytes)
+                                  settings.group_max_size, settings.group_max_bytes, settings.offsets_commit_timeout_ms)
         file_cache = CachedStore(self.catalog.store, settings.fetch_cache_bytes)
         self._broker = Broker(
             self.catalog, cluster_id, agents, advertised, APIS, ingest, settings.max_message_bytes, commits, groups, file_cache,
