@@ -495,6 +495,27 @@ def test_a_row_damaged_so_that_it_hides_records_of_a_partition_never_compacted_i
     assert _values(catalog) == ["1", "2", "3"]
 
 
+def test_a_partition_whose_every_record_a_compaction_dropped_reads_on_and_compacts(catalog: Catalog) -> None:
+    """On each database: keyless records of a topic made compacted, all dropped by `compact --full`, which wrote no
+    section above L0; a keyed record produced after. The partition read as never compacted: its consume was refused
+    as hiding offsets 0 to 1, and the next compaction set it aside as uncleanable. Now the compaction that dropped
+    them gave the partition its (empty) summary row: consume reads the record and the next compaction compacts it."""
+    now = wall_clock_ms()
+    created = _cli_of(catalog, "topic", "create", "t", "--partitions", "1", "--config", "cleanup.policy=delete", now=now)
+    assert created.code == 0, created
+    keyless = b'{"partition": 0, "value": "1"}\n{"partition": 0, "value": "2"}\n'
+    assert _cli_of(catalog, "produce", "t", stdin=keyless, now=now).code == 0
+    assert _cli_of(catalog, "topic", "alter", "t", "--config", "cleanup.policy=compact", now=now).code == 0
+    dropped = _cli_of(catalog, "compact", "--full", now=now)
+    assert dropped.code == 0 and json.loads(dropped.stdout)["records_out"] == 0, dropped
+    assert catalog.snapshot().summaries_above_l0([("t", 0)]) == {("t", 0): None} and not catalog.snapshot().never_compacted(["t"])
+    _produce_lines(catalog, now, (0, "a", "3"))
+    assert _values(catalog, now=now) == ["3"]
+    compacted = _cli_of(catalog, "compact", "--full", now=now)
+    assert compacted.code == 0 and json.loads(compacted.stdout)["committed"], compacted
+    assert catalog.uncleanable() == [] and _values(catalog, now=now) == ["3"]
+
+
 def _produce_lines(catalog: Catalog, now: int, *lines: tuple[int, str, str]) -> None:
     """One file of t holding the (partition, key, value) records."""
     stdin = b"".join(json.dumps({"partition": p, "key": k, "value": v}).encode() + b"\n" for p, k, v in lines)

@@ -789,6 +789,7 @@ class Catalog:
                 adding = self._insert_sections(connection, added, topic_rows, file_ids)
                 self._insert_file_rows(connection, added, file_ids, version)
                 summaries.settle(connection, removing, adding, version)
+                summaries.settle_emptied(connection, list(live.values()), sum(f.record_count for f in added), kept_slots, version)
                 self._raise_log_starts(connection, expiring)
         except _AlreadyCommitted as done:
             return CommitResult(done.version, False)
