@@ -14,7 +14,9 @@ one grouped query per topic through `sections_by_partition`, and their key sketc
 index number a good share of all live sections above L0, every such section through the live files (the index also
 holds the sections of removed files until gc forgets them: 1.7 s against 0.02 s for the WarpStream-like simulator's
 1,000 partitions after 0.1 h). Each row counts its partition's entries in the index (`indexed`): commits add the
-sections above L0 they insert, gc takes off those it forgets. A deleted topic's rows are emptied. Each row says the version that set it: a snapshot older than that reads the sections instead.
+sections above L0 they insert, gc takes off those it forgets. A compaction that dropped every record of a partition
+never compacted gives it an empty row, so that a partition without a row was never compacted. A deleted topic's rows
+are emptied. Each row says the version that set it: a snapshot older than that reads the sections instead.
 """
 
 from __future__ import annotations
