@@ -1,7 +1,7 @@
 """Corruption campaign: damaged data files and catalog rows under a compaction, a store paired with a catalog that
 is not its own, then every partition consumed.
 
-    .venv/bin/python bench/corruption_campaign.py                  # every targeted case on an L0 and an L1 file, 40 flips: 104 cases, 12 to 20 minutes
+    .venv/bin/python bench/corruption_campaign.py                  # every targeted case on an L0 and an L1 file, 40 flips: 106 cases, 12 to 20 minutes
     .venv/bin/python bench/corruption_campaign.py --flips 200 --seed 7 --partitions 100
     .venv/bin/python bench/corruption_campaign.py --partitions 8 --flips 0 --only "catalog check" --name relabelled --dir /tmp/c
 
@@ -43,7 +43,9 @@ each command pointed at the case's catalog: `consume` of every partition, `produ
   check of offsets passes, and the rows' crc32, bound to their partitions, no longer match the file: consume of
   both partitions must refuse, right after the damage and at the end); on the newest L0 and L1 file,
   `record_count = 0` (for the shifts and these, consume right after the damage must refuse; compaction and the
-  final consume must not lose or change a record);
+  final consume must not lose or change a record); on the second L0 and L1 file, the middle partition's section
+  alone retired at an append's version (consume of that partition must refuse right after the damage and at the
+  end, and no object be lost);
 * wrong catalogs: `--catalog` or `LOGCOMPACT_CATALOG` naming another cluster's catalog, another cluster's
   catalog.db copied over the store's, an older catalog.db restored (copied before a produce and a compaction),
   the store's cluster.json deleted with another cluster's catalog.db copied over, or named by `--catalog`, or
@@ -557,6 +559,16 @@ def catalog_check_cases(base: BaseStore, levels: tuple[str, ...] = ("L0", "L1"))
         _edit(run.store / "catalog.db", ("UPDATE sections SET partition = ? WHERE file_id = ? AND partition = ?", (neighbour, file_id, middle)))
         run.produced[middle] = {o: r for o, r in run.produced[middle].items() if not (r.key or "").startswith(f"p{middle}-m")}
 
+    def retire_alone(key: str) -> Callable[[CaseRun], None]:
+        """The file's section of the middle partition marked retired at the newest version (an append's, not a
+        compaction's), its file left live: the damage hides its records."""
+        def damage(run: CaseRun) -> None:
+            file_id, _, _ = _section_row(run.store / "catalog.db", key, middle)
+            _edit(run.store / "catalog.db", ("UPDATE sections SET removed_version = (SELECT version FROM catalog_info) "
+                                             "WHERE file_id = ? AND partition = ?", (file_id, middle)))
+
+        return damage
+
     def no_records(key: str) -> Callable[[CaseRun], None]:
         def damage(run: CaseRun) -> None:
             file_id, _, _ = _section_row(run.store / "catalog.db", key, middle)
@@ -593,6 +605,10 @@ def catalog_check_cases(base: BaseStore, levels: tuple[str, ...] = ("L0", "L1"))
             # partitions' consumes refuse (and the compaction sets both aside: they still refuse at the end).
             ClusterCase(kind, f"{level} sections of {middle} and {neighbour} relabelled as each other", relabel(key),
                         lambda run: _consumes_refused(run, [middle, neighbour], early=True) + _consumes_refused(run, [middle, neighbour])),
+            # The partition is compacted (its holes are compaction's): the row retired by no compaction is refused by
+            # name, right after the damage and at the end (the compaction sets the partition aside, keeping the file).
+            ClusterCase(kind, f"{level} section of {middle} alone retired", retire_alone(key),
+                        lambda run: _consumes_refused(run, [middle], early=True) + _consumes_refused(run, [middle])),
             # On the level's newest file, whose records hold keys' latest values: records lost there show.
             ClusterCase(kind, f"{level} section of {middle} in its newest file: record_count = 0", no_records(files[level][-1]),
                         lambda run: _consumes_refused(run, [middle], early=True)),

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import struct
 import zlib
 from collections.abc import Iterator
@@ -457,6 +458,15 @@ def _hide(catalog: Catalog, key: str, damage: str, now: int = NOW) -> tuple[dict
     return row, section
 
 
+def _hiding_says(damage: str, key: str, hidden: int) -> str:
+    """What a reader and a compaction say of offset `hidden` of t/0, hidden by `damage` to `key`'s rows: a section
+    retired alone is named as the damaged row; the other damages leave a hole in a partition never compacted."""
+    if damage == "section retired alone":
+        return (f"catalog row of section t/0 of {key} (offsets {hidden} to {hidden}, 1 record(s)) is damaged: it is marked retired "
+                "at version")
+    return f"catalog rows of partition t/0 hide offsets {hidden} to {hidden}: no live section holds them, yet the partition was never compacted"
+
+
 @pytest.mark.parametrize("damage", HIDING)
 @pytest.mark.parametrize("hidden", [0, 1])
 def test_a_row_damaged_so_that_it_hides_records_of_a_partition_never_compacted_is_refused(catalog: Catalog, damage: str, hidden: int) -> None:
@@ -471,10 +481,10 @@ def test_a_row_damaged_so_that_it_hides_records_of_a_partition_never_compacted_i
     key = _key_at(catalog, 0, hidden)
     row, section = _hide(catalog, key, damage)
     sec, files = schema.sections.c, schema.files.c
-    says = f"catalog rows of partition t/0 hide offsets {hidden} to {hidden}: no live section holds them, yet the partition was never compacted"
+    says = _hiding_says(damage, key, hidden)
     _one_line_error(_cli_of(catalog, "consume", "t", "--partition", "0"), says, "restore the catalog database from a backup")
     for read in (lambda: list(read_records(catalog.store, catalog.snapshot(), "t", 0)), lambda: latest_values(catalog.store, catalog.snapshot(), "t", 0)):
-        with pytest.raises(CorruptDataError, match=says):
+        with pytest.raises(CorruptDataError, match=re.escape(says)):
             read()
     assert [r.value for r in read_records(catalog.store, catalog.snapshot(), "t", 0, from_offset=hidden + 1)] == [b"1", b"2", b"3"][hidden + 1:]
     # Compacted, the partition would hold its records without them, and gc would collect their file.
@@ -493,6 +503,72 @@ def test_a_row_damaged_so_that_it_hides_records_of_a_partition_never_compacted_i
         connection.execute(schema.sections.delete().where(sec.file_id == row["file_id"]))
         connection.execute(schema.sections.insert().values(**section))
     assert _values(catalog) == ["1", "2", "3"]
+
+
+def test_a_partition_whose_every_record_a_compaction_dropped_reads_on_and_compacts(catalog: Catalog) -> None:
+    """On each database: keyless records of a topic made compacted, all dropped by `compact --full`, which wrote no
+    section above L0; a keyed record produced after. The partition read as never compacted: its consume was refused
+    as hiding offsets 0 to 1, and the next compaction set it aside as uncleanable. Now the compaction that dropped
+    them gave the partition its (empty) summary row: consume reads the record and the next compaction compacts it."""
+    now = wall_clock_ms()
+    created = _cli_of(catalog, "topic", "create", "t", "--partitions", "1", "--config", "cleanup.policy=delete", now=now)
+    assert created.code == 0, created
+    keyless = b'{"partition": 0, "value": "1"}\n{"partition": 0, "value": "2"}\n'
+    assert _cli_of(catalog, "produce", "t", stdin=keyless, now=now).code == 0
+    assert _cli_of(catalog, "topic", "alter", "t", "--config", "cleanup.policy=compact", now=now).code == 0
+    dropped = _cli_of(catalog, "compact", "--full", now=now)
+    assert dropped.code == 0 and json.loads(dropped.stdout)["records_out"] == 0, dropped
+    assert catalog.snapshot().summaries_above_l0([("t", 0)]) == {("t", 0): None} and not catalog.snapshot().never_compacted(["t"])
+    _produce_lines(catalog, now, (0, "a", "3"))
+    assert _values(catalog, now=now) == ["3"]
+    compacted = _cli_of(catalog, "compact", "--full", now=now)
+    assert compacted.code == 0 and json.loads(compacted.stdout)["committed"], compacted
+    assert catalog.uncleanable() == [] and _values(catalog, now=now) == ["3"]
+
+
+def test_a_section_retired_alone_in_a_compacted_partition_is_refused_by_name_and_its_file_kept(catalog: Catalog) -> None:
+    """On each database: t/0 and t/1 compacted once, then three files of both; the second file's section of t/0
+    retired alone at an append's version (no compaction retired it). Holes are a compacted partition's own, so consume
+    of t/0 exited 0 without offset 2, and `compact --full` dropped it and gc collected its file. Now readers refuse in
+    one line naming the damaged row; a plan the user gives is refused; a compaction sets t/0 aside, and t/1 with it
+    (compacting t/1 would remove the file), leases nothing, and gc keeps the object. Put back, every record reads."""
+    now = wall_clock_ms()
+    later = now + 2 * 3_600_000  # past the grace of every object
+    assert _cli_of(catalog, "topic", "create", "t", "--partitions", "2", "--config", "cleanup.policy=compact", now=now).code == 0
+    _produce_lines(catalog, now, (0, "k1", "1"), (1, "a", "1"))
+    assert _cli_of(catalog, "compact", "--full", now=now).code == 0 and not catalog.snapshot().never_compacted(["t"])
+    for value in ("2", "3", "4"):
+        _produce_lines(catalog, now, (0, "k" + value, value), (1, "a", value))
+    key = _key_at(catalog, 0, 2)
+    sec = schema.sections.c
+    in_file = (sec.file_id == _file_row(catalog, key)["file_id"], sec.partition == 0)
+    with catalog.engine.begin() as connection:
+        connection.execute(update(schema.sections).where(*in_file).values(removed_version=catalog.latest_version()))
+    stored = (catalog.store.root / key).read_bytes()
+    says = _hiding_says("section retired alone", key, 2)
+
+    _one_line_error(_cli_of(catalog, "consume", "t", "--partition", "0", now=now), says, "restore the catalog database from a backup")
+    with pytest.raises(CorruptDataError, match=re.escape(says)):
+        latest_values(catalog.store, catalog.snapshot(), "t", 0)
+    assert [r.value for r in read_records(catalog.store, catalog.snapshot(), "t", 0, from_offset=3)] == [b"4"]
+    planned = _cli_of(catalog, "plan", "--mode", "full", now=later)
+    assert planned.code == 0 and planned.stdout, planned
+    _one_line_error(_cli_of(catalog, "compact", "--plan", "-", stdin=planned.stdout.encode(), now=later), says, "nothing was leased")
+
+    before = _state(catalog)
+    compacted = _cli_of(catalog, "compact", "--full", now=later)
+    assert compacted.code == 0 and "Traceback" not in compacted.stderr, compacted
+    marked = {(m["topic"], m["partition"]): m for m in _uncleanable_list(catalog, later)[:-1]}
+    assert sorted(marked) == [("t", 0), ("t", 1)] and {m["file_key"] for m in marked.values()} == {key}, marked
+    assert marked[("t", 0)]["reason"].startswith(says), marked
+    assert f"set aside with t/0: file {key} holds offsets 2 to 2 of it" in marked[("t", 1)]["reason"], marked
+    assert _state(catalog) == before and not catalog.leased_plans(later)
+    collected = _cli_of(catalog, "gc", "--grace-ms", "0", now=later + 1)
+    assert "Traceback" not in collected.stderr and key not in json.loads(collected.stdout)["deleted_files"], collected
+    assert (catalog.store.root / key).read_bytes() == stored
+    with catalog.engine.begin() as connection:  # put back, as a restored catalog holds it
+        connection.execute(update(schema.sections).where(*in_file).values(removed_version=None))
+    assert _values(catalog, now=later + 1) == ["1", "2", "3", "4"] and _values(catalog, partition=1, now=later + 1) == ["1", "2", "3", "4"]
 
 
 def _produce_lines(catalog: Catalog, now: int, *lines: tuple[int, str, str]) -> None:
@@ -527,7 +603,7 @@ def test_a_partition_whose_rows_hide_offsets_is_set_aside_and_the_other_partitio
     key = _key_at(catalog, 0, 1)
     _hide(catalog, key, damage, now)
     stored = (catalog.store.root / key).read_bytes()
-    says = "catalog rows of partition t/0 hide offsets 1 to 1: no live section holds them, yet the partition was never compacted"
+    says = _hiding_says(damage, key, 1)
 
     planned = _cli_of(catalog, "plan", "--mode", "full", now=later)  # a plan the user runs is refused, as they chose it
     assert planned.code == 0 and planned.stdout, planned
@@ -577,7 +653,7 @@ def test_a_file_holding_hidden_records_stays_live_whole_when_its_partition_is_se
     assert compacted.code == 0 and not compacted.stdout and "Traceback" not in compacted.stderr, compacted
     marked = {(m["topic"], m["partition"]): m for m in _uncleanable_list(catalog, later)[:-1]}
     assert sorted(marked) == [("t", 0), ("t", 1)] and {m["file_key"] for m in marked.values()} == {key}, marked
-    assert "hide offsets 1 to 1" in marked[("t", 0)]["reason"] and f"file {key} holds them in a section row marked retired" in marked[("t", 0)]["reason"]
+    assert marked[("t", 0)]["reason"].startswith(_hiding_says("section retired alone", key, 1)), marked
     assert f"set aside with t/0: file {key} holds offsets 1 to 1 of it" in marked[("t", 1)]["reason"], marked
     assert _state(catalog) == before and not catalog.leased_plans(later)
     collected = _cli_of(catalog, "gc", "--grace-ms", "0", now=later + 1)

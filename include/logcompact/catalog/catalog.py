@@ -789,6 +789,7 @@ class Catalog:
                 adding = self._insert_sections(connection, added, topic_rows, file_ids)
                 self._insert_file_rows(connection, added, file_ids, version)
                 summaries.settle(connection, removing, adding, version)
+                summaries.settle_emptied(connection, list(live.values()), sum(f.record_count for f in added), kept_slots, version)
                 self._raise_log_starts(connection, expiring)
         except _AlreadyCommitted as done:
             return CommitResult(done.version, False)
@@ -1053,12 +1054,13 @@ class Catalog:
 
     def collectable_files(self, before_version: int, removed_before_ms: int) -> list[str]:
         """Files removed before `before_version` and before `removed_before_ms` by a commit that records removing
-        them (`_removal_recorded`): no kept version holds them."""
+        them (`schema.removal_recorded`): no kept version holds them."""
+        files = s.files.c
         with self._reading() as connection:
             return list(connection.execute(
-                select(s.files.c.key).where(
-                    s.files.c.removed_version < before_version, s.files.c.removed_ms < removed_before_ms, _removal_recorded()
-                ).order_by(s.files.c.file_id)
+                select(files.key).where(
+                    files.removed_version < before_version, files.removed_ms < removed_before_ms, s.removal_recorded(files.removed_version)
+                ).order_by(files.file_id)
             ).scalars())
 
     def unrecorded_removals(self, before_version: int, removed_before_ms: int) -> list[str]:
@@ -1068,7 +1070,7 @@ class Catalog:
         with self._reading() as connection:
             rows = connection.execute(
                 select(files.key, files.file_id, files.removed_version).where(
-                    files.removed_version < before_version, files.removed_ms < removed_before_ms, ~_removal_recorded()
+                    files.removed_version < before_version, files.removed_ms < removed_before_ms, ~s.removal_recorded(files.removed_version)
                 ).order_by(files.file_id)
             ).all()
         return [
@@ -1245,17 +1247,6 @@ class Catalog:
                 "added_version": version,
             })
         connection.execute(insert(s.files), file_rows)
-
-
-def _removal_recorded() -> ColumnElement[bool]:
-    """Whether a files row's removed_version is a commit that removes files: a committed plan's, a topic's deletion,
-    or a replacement of files the commit log still holds."""
-    removed = s.files.c.removed_version
-    return or_(
-        removed.in_(select(s.committed_plans.c.version)),
-        removed.in_(select(s.topics.c.deleted_version).where(s.topics.c.deleted_version.is_not(None))),
-        removed.in_(select(s.versions.c.version).where(s.versions.c.operation == "replace files")),
-    )
 
 
 def _take_file_ids(connection: Connection, count: int) -> list[int]:

@@ -31,6 +31,7 @@ from sqlalchemy import (
     Table,
     Text,
     literal_column,
+    or_,
     select,
     union_all,
 )
@@ -264,6 +265,17 @@ def through_live_files(query: Select, version: int | BindParameter[int] | None =
     them, and a read through it pays for each. The query must not pick partitions (the database would take the index
     again): the caller picks them from the rows."""
     return query.where(ABOVE_L0, sections.c.file_id.in_(live_files_above_l0(version)))
+
+def removal_recorded(removed_version: ColumnElement[int]) -> ColumnElement[bool]:
+    """Whether a row's `removed_version` (a files row's, or a sections row's retired alone) is a commit that removes
+    files or retires sections: a committed plan's, a topic's deletion, or a replacement of files the commit log still
+    holds. Any other is a damaged row's, which hides the records it names."""
+    return or_(
+        removed_version.in_(select(committed_plans.c.version)),
+        removed_version.in_(select(topics.c.deleted_version).where(topics.c.deleted_version.is_not(None))),
+        removed_version.in_(select(versions.c.version).where(versions.c.operation == "replace files")),
+    )
+
 
 # The fields of a sections row that say which records it names and where they are, as `section_crc_binding` packs them.
 _SECTION_PLACE = struct.Struct("<8q")

@@ -441,6 +441,34 @@ class Snapshot:
                     found[key].add((names[topic_id], held))
         return found
 
+    def retired_apart(self, inputs: Sequence[DataFile]) -> list[tuple[str, TopicPartition, CatalogSection, str]]:
+        """(file key, partition, section, why in one line) of each section of the live files `inputs` (a plan's, with
+        the sections it takes) that was retired alone at a version no commit retiring sections made
+        (`schema.removal_recorded`): a damaged row hiding records, which compacting the file would drop, and gc
+        then collect with it. Only the files whose row counts more records than their sections taken are read (a
+        retired section's are not taken): one read of the files rows, none of the sections, in a cluster without
+        retired sections."""
+        taken = {f.key: f.record_count for f in inputs}
+        sec, files = s.sections.c, s.files.c
+        names = {topic_id: name for name, topic_id in self.topic_ids.items()}
+        with self._connect() as connection:
+            counted = connection.execute(select(files.key, files.record_count).where(self._live(), self._key_in(list(taken))))
+            short = [key for key, records in counted if records > taken[key]]
+            if not short:
+                return []
+            rows = connection.execute(
+                select(*_LOADED_COLUMNS, sec.removed_version, files.key).join(s.files, files.file_id == sec.file_id)
+                .where(self._live(), self._key_in(short), sec.removed_version <= self.version, ~s.removal_recorded(sec.removed_version))
+                .order_by(sec.file_id, sec.topic_id, sec.partition)
+            ).all()
+        found = []
+        for row in rows:
+            if row.topic_id in names:  # (a row moved to a topic id no topic has is named where that topic's rows are read)
+                section = _section(row, names)
+                tp = (section.topic, section.partition)
+                found.append((row.key, tp, section, str(_retired_apart(*tp, row.key, section, row.removed_version))))
+        return found
+
     def first_uncleanable_offsets(
         self, partitions: Iterable[TopicPartition], now_ms: int, excluding: Sequence[str] = ()
     ) -> dict[TopicPartition, int]:
@@ -649,6 +677,8 @@ class PartitionSections:
         rows.sort(key=_first_offset)
         pairs = [(row, (row.key, _section(row, names))) for row in rows if row.first_offset < self.to_offset]
         for row, pair in pairs:
+            if row.removed_version is not None and row.removed_version <= self.snapshot.version:
+                raise _retired_apart(self.topic, self.partition, *pair, row.removed_version)
             self._check.row(*pair, row.next_offset)
         for row, pair in pairs:
             self._check.take(*pair, row.next_offset, None if row.summarized else row.log_start_offset)
@@ -687,9 +717,11 @@ def _pages_query(count: int) -> CompoundSelect | Select:
     offsets."""
     sec, files, partitions = s.sections.c, s.files.c, s.partitions.c
     version: BindParameter[int] = bindparam("version")
+    # A section of a live file retired alone is taken too when no commit that retires sections made its version: a
+    # damaged row, hiding its records, which the reader refuses by name (`_retired_apart`). Asked of those rows alone.
     live = and_(
         files.added_version <= version, or_(files.removed_version.is_(None), files.removed_version > version),
-        or_(sec.removed_version.is_(None), sec.removed_version > version),
+        or_(sec.removed_version.is_(None), sec.removed_version > version, ~s.removal_recorded(sec.removed_version)),
     )
     pages = []
     for i in range(count):
@@ -815,6 +847,15 @@ def _hidden_offsets(topic: str, partition: int, low: int, high: int, key: str, s
         f"partition was never compacted (the next section is {key}'s from offset {section.first_offset}), so a row that "
         "held them is damaged (a files row deleted or marked removed, a section retired or moved to another partition or "
         "topic); restore the catalog database from a backup"
+    )
+
+
+def _retired_apart(topic: str, partition: int, key: str, section: CatalogSection, version: int) -> CorruptDataError:
+    """A section of a live file retired at a version no compaction nor topic deletion made (`schema.removal_recorded`)."""
+    return _damaged_row(
+        topic, partition, key, section,
+        f"it is marked retired at version {version}, which no compaction nor topic deletion made, while its file is live, "
+        "so it hides those records",
     )
 
 

@@ -14,12 +14,14 @@ one grouped query per topic through `sections_by_partition`, and their key sketc
 index number a good share of all live sections above L0, every such section through the live files (the index also
 holds the sections of removed files until gc forgets them: 1.7 s against 0.02 s for the WarpStream-like simulator's
 1,000 partitions after 0.1 h). Each row counts its partition's entries in the index (`indexed`): commits add the
-sections above L0 they insert, gc takes off those it forgets. A deleted topic's rows are emptied. Each row says the version that set it: a snapshot older than that reads the sections instead.
+sections above L0 they insert, gc takes off those it forgets. A compaction that dropped every record of a partition
+never compacted gives it an empty row, so that a partition without a row was never compacted. A deleted topic's rows
+are emptied. Each row says the version that set it: a snapshot older than that reads the sections instead.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -141,6 +143,30 @@ def settle(connection: Connection, removed: set[Slot], added: Mapping[Slot, Part
             held[slot] = _add(held[slot], summary) if slot in held else summary
     indexed = {slot: summary.sections for slot, summary in added.items()}  # removed sections stay indexed until gc
     write(connection, {slot: held.get(slot) for slot in touched}, version, indexed)
+
+
+def settle_emptied(connection: Connection, file_ids: Sequence[int], records_out: int, kept: Collection[Slot], version: int) -> None:
+    """Give an empty row, set by `version`, to each partition of the L0 files among `file_ids` (a compaction's inputs,
+    whose outputs hold `records_out` records) that has none, but `kept` ones (set aside): a compaction that dropped
+    every record of a partition never compacted (keyless records of a topic made compacted, expired ones) adds no
+    section above L0, yet the holes it left are a compaction's, which readers must not take for rows hiding records
+    (`Snapshot.never_compacted`). After `settle`, which gave a row to each partition the outputs hold. A commit that
+    dropped no record (an L0 to L1 copy) reads no section here: each partition of its inputs is in its outputs."""
+    files, sec, rows = s.files.c, s.sections.c, s.partition_summaries.c
+    dialect = connection.dialect.name
+    inputs = connection.execute(select(files.file_id, files.level, files.record_count).where(one_of(files.file_id, file_ids, dialect))).all()
+    l0_ids = [file_id for file_id, level, _ in inputs if level == 0]
+    if not l0_ids or (not kept and sum(records for _, _, records in inputs) <= records_out):
+        return
+    summarized = select(rows.topic_id).where(rows.topic_id == sec.topic_id, rows.partition == sec.partition).exists()
+    query = (
+        select(sec.topic_id, sec.partition).distinct()
+        .where(one_of(sec.file_id, l0_ids, dialect), sec.removed_version.is_(None), ~summarized)
+    )
+    kept = set(kept)
+    emptied = [tuple(slot) for slot in connection.execute(query) if tuple(slot) not in kept]
+    if emptied:
+        write(connection, dict.fromkeys(emptied), version)
 
 
 def write(connection: Connection, rows: Mapping[Slot, PartitionSummary | None], version: int, indexed: Mapping[Slot, int] | None = None) -> None:

@@ -102,16 +102,28 @@ def prepare_plans(
 
 
 def _hiding(plan: Plan, snapshot: Snapshot) -> list[SetAside]:
-    """A mark per partition whose offsets the plan would drop, naming the file whose section of them was retired
-    alone where one was; the other partitions of such a file are set aside with it, so that it stays live whole
-    (a commit compacting them would remove it, and gc would collect the hidden records)."""
+    """A mark per partition whose offsets the plan would drop: a section of its inputs retired alone by damage
+    (`Snapshot.retired_apart`), or a hole in a partition never compacted (`Plan.hidden_offsets`), naming the file
+    whose section of them was retired alone where one was. The other partitions of such a file are set aside with
+    it, so that it stays live whole (a commit compacting them would remove it, and gc would collect the hidden
+    records)."""
     marks: dict[TopicPartition, SetAside] = {}
+    hiding: list[tuple[TopicPartition, int, int, dict[str, set[TopicPartition]]]] = []
+    for key, (topic, partition), section, why in snapshot.retired_apart(plan.inputs):
+        if (topic, partition) not in marks:
+            marks[(topic, partition)] = SetAside(topic, partition, why, key)
+            low, high = section.first_offset, section.last_offset
+            hiding.append(((topic, partition), low, high, snapshot.files_hiding(topic, partition, low, high)))
     for (topic, partition), (low, high) in sorted(plan.hidden_offsets(snapshot).items()):
-        hiding = snapshot.files_hiding(topic, partition, low, high)
-        named = f" (file {min(hiding)} holds them in a section row marked retired)" if hiding else ""
+        if (topic, partition) in marks:
+            continue
+        holding = snapshot.files_hiding(topic, partition, low, high)
+        named = f" (file {min(holding)} holds them in a section row marked retired)" if holding else ""
         reason = f"{hidden_offsets_reason(topic, partition, low, high)}{named}; restore the catalog database from a backup"
-        marks[(topic, partition)] = SetAside(topic, partition, reason, min(hiding, default=""))
-        for key, partitions in sorted(hiding.items()):
+        marks[(topic, partition)] = SetAside(topic, partition, reason, min(holding, default=""))
+        hiding.append(((topic, partition), low, high, holding))
+    for (topic, partition), low, high, holding in hiding:
+        for key, partitions in sorted(holding.items()):
             for other in sorted(partitions - set(marks)):
                 marks[other] = SetAside(
                     *other, f"set aside with {topic}/{partition}: file {key} holds offsets {low} to {high} of it, which its catalog "

@@ -179,6 +179,9 @@ class Plan:
     def check_offsets_held(self, snapshot: Snapshot) -> None:
         """`hidden_offsets` as a refusal, for a plan the user chose: CorruptDataError naming the first partition,
         before anything is leased."""
+        retired = snapshot.retired_apart(self.inputs)
+        if retired:
+            raise CorruptDataError(f"plan {self.plan_id}: {retired[0][3]}; compacting it would drop them; nothing was leased")
         hidden = sorted(self.hidden_offsets(snapshot).items())
         if hidden:
             (topic, partition), (low, high) = hidden[0]
