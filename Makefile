@@ -1,13 +1,14 @@
 # The README's commands. Everything the project needs is installed from here on a fresh machine
-# (Python 3.11 and Java 17 given): a virtualenv from requirements.txt, and from Debian's packages Ceph's
-# RADOS Gateway for the real S3 test suite and PostgreSQL for the catalog's PostgreSQL tests.
+# (Python 3.11 and Java 17 given): a virtualenv from requirements.txt, from Debian's packages Ceph's RADOS Gateway
+# for the real S3 test suite and PostgreSQL for the catalog's PostgreSQL tests, and from Maven Central Apache Kafka's
+# broker and Java client, the reference the Kafka agent is compared with.
 SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 CEPH_BINARIES := radosgw ceph-mon ceph-osd
 
-.PHONY: install deps lint test demo airflow bench simulate clean
+.PHONY: install deps kafka lint test demo airflow bench simulate clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -22,8 +23,9 @@ install: $(VENV)/.installed
 
 # Installed with apt-get when missing: Ceph RGW, a real S3-compatible server for the S3 suite, and the
 # PostgreSQL server binaries (/usr/lib/postgresql/VERSION/bin) for the catalog's PostgreSQL tests, and kcat
-# (librdkafka's command-line client) for the Kafka agent's tests. Nothing
-# is started here: the tests and the benchmarks start their own servers (lab.servers: rgw.py, postgres.py).
+# (librdkafka's command-line client) for the Kafka agent's tests, and Java 17 and Maven for Apache Kafka's broker and
+# Java client (`make kafka`). Nothing is started here: the tests and the benchmarks start their own servers
+# (lab.servers: rgw.py, postgres.py, kafka.py).
 deps:
 	@pkgs=""; missing=""; for b in $(CEPH_BINARIES); do command -v $$b >/dev/null || missing="$$missing $$b"; done; \
 	if [ -n "$$missing" ]; then echo "installing Ceph RGW (missing:$$missing)"; pkgs="radosgw ceph-mon ceph-osd"; fi; \
@@ -31,17 +33,25 @@ deps:
 	  echo "installing PostgreSQL (no /usr/lib/postgresql/*/bin/postgres)"; pkgs="$$pkgs postgresql"; \
 	fi; \
 	if ! command -v kcat >/dev/null; then echo "installing kcat (missing)"; pkgs="$$pkgs kcat"; fi; \
+	if ! command -v javac >/dev/null; then echo "installing Java 17 (no javac)"; pkgs="$$pkgs openjdk-17-jdk-headless"; fi; \
+	if ! command -v mvn >/dev/null; then echo "installing Maven (missing)"; pkgs="$$pkgs maven"; fi; \
 	if [ -n "$$pkgs" ]; then \
 	  if [ "$$(id -u)" != 0 ]; then SUDO=sudo; fi; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$pkgs >/dev/null; \
 	fi
+
+# Apache Kafka's broker jars (org.apache.kafka:kafka_2.13, 43 MB) fetched by Maven, and the tests' Java client program
+# (tests/java) built, into the cache the tests and benchmarks share (~/.cache/logcompact/kafka, or
+# $LOGCOMPACT_KAFKA_CACHE): about a minute the first time on a fresh machine, nothing after (lab/servers/kafka.py).
+kafka: install deps
+	$(BIN)/python -m lab.servers.kafka fetch tests/java
 
 # Configured in pyproject.toml: the rules and paths are there.
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-test: install deps lint
+test: install deps kafka lint
 	$(BIN)/python -m pytest
 
 # The whole product on a local store: data, the four DAGs through dag.test() with Spark local, a report.
@@ -54,7 +64,7 @@ airflow: install
 	scripts/airflow.sh
 
 # Each script replaces its command's section of bench/results.md with the figures it printed (bench/results.py).
-bench: install deps
+bench: install deps kafka
 	$(BIN)/python bench/produce_consume.py
 	$(BIN)/python bench/engine.py
 	$(BIN)/python bench/partitions.py

@@ -65,7 +65,7 @@ from xml.etree import ElementTree
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from lab.servers.common import HOST, LOG_TAIL_BYTES, free_port, log_tail
+from lab.servers.common import HOST, LOG_TAIL_BYTES, LOG_TAIL_LINES, free_port, log_tail
 
 __all__ = [
     "KAFKA_VERSION",
@@ -382,7 +382,7 @@ class _Node:
         if code != 0:
             outcome = f"did not finish in {timeout:.0f} s" if code is None else f"exited with {code}"
             raise KafkaStartError(f"formatting the KRaft log dir: kafka.tools.StorageTool {outcome}; see {output}:\n"
-                                  + log_tail(output, lines=10))
+                                  + _log_excerpt(output))
 
     def spawn(self, config: Path) -> subprocess.Popen:
         argv = self.java("kafka.Kafka", str(config))
@@ -476,12 +476,12 @@ def _start(node: _Node, deadline: float) -> tuple[int, int]:
                 return port, controller_port
             if time.monotonic() > deadline:
                 raise KafkaStartError(f"waiting for Apache Kafka on {HOST}:{port}: no answer before the timeout "
-                                      f"(last: {last}); see {node.logfile}:\n" + log_tail(node.logfile, lines=10))
+                                      f"(last: {last}); see {node.logfile}:\n" + _log_excerpt(node.logfile))
             time.sleep(0.2)
         if attempt < 2 and "Address already in use" in _log_since(node.logfile, log_start):
             continue
         raise KafkaStartError(f"starting Apache Kafka: it exited with {process.returncode}; see {node.logfile}:\n"
-                              + log_tail(node.logfile, lines=10))
+                              + _log_excerpt(node.logfile))
     raise AssertionError("not reached")
 
 
@@ -496,6 +496,13 @@ def _probe(port: int, cluster_id: str) -> str:
     if metadata.cluster_id != cluster_id:
         return f"port {port} answered by another cluster ({metadata.cluster_id})"
     return ""
+
+
+def _log_excerpt(path: Path, lines: int = 10) -> str:
+    """The last `lines` lines of a log but for Java's stack frames, which would leave no room for the error they follow."""
+    kept = [line for line in log_tail(path, lines=LOG_TAIL_LINES * 5, max_bytes=LOG_TAIL_BYTES * 5).splitlines()
+            if not line.startswith(("\tat ", "\t... "))]
+    return "\n".join(kept[-lines:])
 
 
 def _log_since(path: Path, offset: int) -> str:
