@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 from logcompact.catalog import Catalog
 from logcompact.topics import Topic
 
@@ -108,13 +103,3 @@ class TasksByUri:
         return [run_task(share) for share in slices]
 
 
-def start_agent_process(catalog: Catalog, port: int, flush_ms: int) -> subprocess.Popen:
-    """`logcompact agent` as its own process on 127.0.0.1:`port` (one a test can SIGKILL), once it says it listens."""
-    environment = {**os.environ, "LOGCOMPACT_STORE": catalog.store.uri}
-    command = [sys.executable, "-m", "logcompact", "agent", "--listen", f"127.0.0.1:{port}", "--flush-ms", str(flush_ms)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
-    assert process.stdout is not None and process.stderr is not None
-    line = process.stdout.readline()
-    assert line, process.stderr.read()
-    assert json.loads(line)["listening"] == f"127.0.0.1:{port}"
-    return process

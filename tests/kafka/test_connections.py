@@ -6,28 +6,34 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import resource
 import socket
 import struct
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from confluent_kafka import Producer, TopicPartition
 
 from logcompact.catalog import Catalog
 from logcompact.kafka.server import ByteBudget
-from tests.test_kafka_agent import closed_by_peer, kio_frame, receive_frame, request_frame
-from tests.test_kafka_fetch import confluent_consumer, consume
-from tests.test_kafka_produce import RunningAgent, catalog  # noqa: F401 (fixture)
+from tests.helpers import create_topic
+from tests.kafka.agents import RunningAgent, agent_environment, confluent_consumer, consume
+from tests.kafka.wire import closed_by_peer, kio_frame, receive_frame, request_frame
 
 pytestmark = pytest.mark.timeout(120)
 
 MiB = 1 << 20
 API_VERSIONS = request_frame(18, 0, 7)
+
+
+@pytest.fixture
+def catalog(catalog: Catalog) -> Catalog:
+    create_topic(catalog, "orders", 2, cleanup_policy="compact")
+    create_topic(catalog, "clicks", 1)
+    return catalog
 
 
 def stalled_frame(declared: int) -> bytes:
@@ -68,15 +74,6 @@ def eventually(condition: Callable[[], bool], seconds: float = 20) -> bool:
 
 def closed_lines(caplog: pytest.LogCaptureFixture, words: str) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "logcompact.kafka.server" and words in r.getMessage()]
-
-
-@pytest.fixture
-def agent(catalog: Catalog) -> Iterator[RunningAgent]:  # noqa: F811 (fixture)
-    running = RunningAgent(catalog, flush_interval_ms=20)
-    try:
-        yield running
-    finally:
-        running.stop()
 
 
 # -- frames that never complete ------------------------------------------------------------------------
@@ -122,7 +119,7 @@ def closed_or_answered(connection: socket.socket) -> bool:
 
 
 def test_a_frame_that_stops_arriving_is_closed_after_the_read_timeout_and_one_arriving_slowly_is_not(
-    catalog: Catalog, caplog: pytest.LogCaptureFixture,  # noqa: F811 (fixture)
+    catalog: Catalog, caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.WARNING, logger="logcompact.kafka")
     agent = RunningAgent(catalog, request_read_timeout_ms=500)
@@ -178,7 +175,7 @@ def test_frames_arriving_together_past_the_budget_finish_one_at_a_time() -> None
 # -- connections that never speak or fall silent ------------------------------------------------------------
 
 
-def test_a_thousand_idle_sockets_from_one_address_leave_room_for_another_address(catalog: Catalog) -> None:  # noqa: F811 (fixture)
+def test_a_thousand_idle_sockets_from_one_address_leave_room_for_another_address(catalog: Catalog) -> None:
     """1,100 sockets from 127.0.0.1 that send nothing: the agent holds 500 of them (max_connections_per_ip) and a
     client from 127.0.0.2 is answered. The test holds 1,100 sockets and the agent 500: the soft limit on open files
     is raised to 4,096 where it is lower (up to the hard limit)."""
@@ -203,7 +200,7 @@ def test_a_thousand_idle_sockets_from_one_address_leave_room_for_another_address
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
-def test_a_socket_that_sends_no_whole_request_is_closed_after_the_setup_timeout(catalog: Catalog, caplog: pytest.LogCaptureFixture) -> None:  # noqa: F811
+def test_a_socket_that_sends_no_whole_request_is_closed_after_the_setup_timeout(catalog: Catalog, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="logcompact.kafka")
     agent = RunningAgent(catalog, connection_setup_timeout_ms=400)
     try:
@@ -221,7 +218,7 @@ def test_a_socket_that_sends_no_whole_request_is_closed_after_the_setup_timeout(
 
 
 def test_idle_connections_are_closed_after_connections_max_idle_ms_and_one_waiting_for_an_answer_is_not(
-    catalog: Catalog, caplog: pytest.LogCaptureFixture,  # noqa: F811 (fixture)
+    catalog: Catalog, caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="logcompact.kafka")
     agent = RunningAgent(catalog, connections_max_idle_ms=500)
@@ -265,11 +262,10 @@ def test_a_client_that_stops_with_answers_unread_is_logged_at_info_and_the_next_
     assert not [r for r in caplog.records if r.name.startswith("logcompact.kafka") and r.levelno >= logging.WARNING]
 
 
-def test_the_agent_command_takes_the_connection_settings(catalog: Catalog) -> None:  # noqa: F811 (fixture)
-    environment = {**os.environ, "LOGCOMPACT_STORE": catalog.store.uri}
+def test_the_agent_command_takes_the_connection_settings(catalog: Catalog) -> None:
     command = [sys.executable, "-m", "logcompact", "agent", "--listen", "127.0.0.1:0", "--max-connections", "10", "--max-connections-per-ip", "1",
                "--connections-max-idle-ms", "60000", "--connection-setup-timeout-ms", "1000", "--request-read-timeout-ms", "1000"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=agent_environment(catalog))
     try:
         assert process.stdout is not None and process.stderr is not None
         host, port = json.loads(process.stdout.readline())["listening"].rsplit(":", 1)
