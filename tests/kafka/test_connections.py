@@ -30,7 +30,7 @@ API_VERSIONS = request_frame(18, 0, 7)
 
 
 @pytest.fixture
-def catalog_url() -> None:
+def catalog_url() -> str | None:
     """SQLite only: these tests hold sockets and frames, which the agent keeps in memory whatever its catalog; a
     second run on PostgreSQL would double their waits on timeouts and check nothing more."""
     return None
