@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 from logcompact.catalog import Catalog
 from logcompact.topics import Topic
 
@@ -108,13 +103,77 @@ class TasksByUri:
         return [run_task(share) for share in slices]
 
 
-def start_agent_process(catalog: Catalog, port: int, flush_ms: int) -> subprocess.Popen:
-    """`logcompact agent` as its own process on 127.0.0.1:`port` (one a test can SIGKILL), once it says it listens."""
-    environment = {**os.environ, "LOGCOMPACT_STORE": catalog.store.uri}
-    command = [sys.executable, "-m", "logcompact", "agent", "--listen", f"127.0.0.1:{port}", "--flush-ms", str(flush_ms)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
-    assert process.stdout is not None and process.stderr is not None
-    line = process.stdout.readline()
-    assert line, process.stderr.read()
-    assert json.loads(line)["listening"] == f"127.0.0.1:{port}"
-    return process
+
+def produce_records(catalog: Catalog, topic: str, records: list) -> list[int]:
+    """`records` (`logcompact.ingest.Record`s) appended to `topic` in one L0 file: their offsets."""
+    from logcompact.ingest import Agent
+
+    with Agent(catalog, background=False) as agent:
+        future = agent.produce(topic, records)
+    return future.result()
+
+
+def rewrite_without(store, catalog: Catalog, keys: list[str], drop_offsets: set[int], level: int) -> None:
+    """A stand-in compaction of topic `t`'s partition 0: merge files into one whose section keeps offsets but
+    leaves holes."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from logcompact.catalog import CatalogSection, DataFile
+    from logcompact.consume import read_sections
+    from logcompact.format import section_table, write_segment
+
+    snapshot = catalog.snapshot()
+    inputs = snapshot.get_files(keys)
+    sections = sorted(((key, s) for key, f in inputs.items() for s in f.sections), key=lambda pair: pair[1].first_offset)
+    dropped = pa.array(sorted(drop_offsets), pa.int64())
+    merged = pa.concat_tables(
+        [t.filter(pc.invert(pc.is_in(t.column("offset"), dropped))) for t in read_sections(store, sections)]
+    )
+    first = merged.column("offset")[0].as_py()
+    deltas = pc.subtract(merged.column("offset"), first).cast(pa.uint32())
+    table = section_table(deltas, merged.column("timestamp"), merged.column("key").to_pylist(), merged.column("value").to_pylist())
+    blob, (info,) = write_segment([("t", 0, table)])
+    store.put(f"data/l{level}/merged.seg", blob)
+    output = DataFile(f"data/l{level}/merged.seg", level, len(blob), NOW, (CatalogSection(info, first),))
+    assert catalog.replace_files(keys, [output], NOW).committed
+
+
+# A sections row's fields its stored crc32 is bound to (`schema.section_crc_binding`), in that function's order.
+BOUND = ("topic_id", "partition", "byte_offset", "byte_length", "first_row", "first_offset", "last_offset", "record_count")
+
+
+def bound_fields(connection, file_id: int, partition: int) -> tuple[tuple[int, ...], int]:
+    """A sections row's bound fields and its stored crc32."""
+    from sqlalchemy import select
+
+    from logcompact.catalog import schema
+
+    sec = schema.sections.c
+    row = connection.execute(
+        select(*(sec[name] for name in BOUND), sec.crc32).where(sec.file_id == file_id, sec.partition == partition)
+    ).one()
+    return tuple(row[:-1]), row[-1]
+
+
+def damage_section(catalog: Catalog, key: str, in_partition: int, rebind: bool = False, **values: int) -> str:
+    """Change the catalog row of a file's section behind the library's back, as a damaged database would hold it;
+    with `rebind`, its crc32 bound again to the changed row, as only an edit that knows the binding would."""
+    from sqlalchemy import update
+
+    from logcompact.catalog import schema
+
+    sec, files = schema.sections.c, schema.files.c
+    with catalog.engine.begin() as connection:
+        file_id = connection.execute(schema.files.select().with_only_columns(files.file_id).where(files.key == key)).scalar_one()
+        before, stored = bound_fields(connection, file_id, in_partition)
+        changed = connection.execute(
+            update(schema.sections).where(sec.file_id == file_id, sec.partition == in_partition).values(**values)
+        ).rowcount
+        if rebind:
+            now_in = values.get("partition", in_partition)
+            after, _ = bound_fields(connection, file_id, now_in)
+            crc = stored ^ schema.section_crc_binding(*before) ^ schema.section_crc_binding(*after)
+            connection.execute(update(schema.sections).where(sec.file_id == file_id, sec.partition == now_in).values(crc32=crc))
+    assert changed == 1
+    return key

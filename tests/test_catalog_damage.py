@@ -63,9 +63,8 @@ from logcompact.plans import read_header
 from logcompact.plans.documents import abandoned_plans
 from logcompact.store import LocalStore
 from logcompact.units import wall_clock_ms
-from tests.helpers import NOW, assert_summaries_kept, create_topic, produce_l0_files
-from tests.support.cli_cases import Outcome, run_in_process, run_process
-from tests.test_cli_bad_input import CATALOG, CATALOG_COMMANDS, GOOD_LINE
+from tests.helpers import BOUND, NOW, assert_summaries_kept, create_topic, damage_section, produce_l0_files
+from tests.support.cli_cases import CATALOG, CATALOG_COMMANDS, GOOD_LINE, Outcome, run_in_process, run_process
 
 PLANTED = "s3cr3tPLANTED"
 CONFIG = PlannerConfig(min_files=(4, 4, 4, 4))
@@ -250,38 +249,6 @@ def _key_at(catalog: Catalog, partition: int, first_offset: int) -> str:
     return next(key for key, section in catalog.snapshot().sections_of("t", partition) if section.first_offset == first_offset)
 
 
-# A sections row's fields its stored crc32 is bound to (`schema.section_crc_binding`), in that function's order.
-BOUND = ("topic_id", "partition", "byte_offset", "byte_length", "first_row", "first_offset", "last_offset", "record_count")
-
-
-def _bound_fields(connection, file_id: int, partition: int) -> tuple[tuple[int, ...], int]:
-    """A sections row's bound fields and its stored crc32."""
-    sec = schema.sections.c
-    row = connection.execute(
-        select(*(sec[name] for name in BOUND), sec.crc32).where(sec.file_id == file_id, sec.partition == partition)
-    ).one()
-    return tuple(row[:-1]), row[-1]
-
-
-def _damage_section(catalog: Catalog, key: str, in_partition: int, rebind: bool = False, **values: int) -> str:
-    """Change the catalog row of a file's section behind the library's back, as a damaged database would hold it;
-    with `rebind`, its crc32 bound again to the changed row, as only an edit that knows the binding would."""
-    sec, files = schema.sections.c, schema.files.c
-    with catalog.engine.begin() as connection:
-        file_id = connection.execute(schema.files.select().with_only_columns(files.file_id).where(files.key == key)).scalar_one()
-        before, stored = _bound_fields(connection, file_id, in_partition)
-        changed = connection.execute(
-            update(schema.sections).where(sec.file_id == file_id, sec.partition == in_partition).values(**values)
-        ).rowcount
-        if rebind:
-            now_in = values.get("partition", in_partition)
-            after, _ = _bound_fields(connection, file_id, now_in)
-            crc = stored ^ schema.section_crc_binding(*before) ^ schema.section_crc_binding(*after)
-            connection.execute(update(schema.sections).where(sec.file_id == file_id, sec.partition == now_in).values(crc32=crc))
-    assert changed == 1
-    return key
-
-
 def _cli(catalog: Catalog, *argv: str) -> Outcome:
     return run_in_process(["--store", catalog.store.uri, "--now", str(NOW), *argv])
 
@@ -296,7 +263,7 @@ def _one_line_error(outcome: Outcome, *says: str) -> None:
 
 def test_a_section_row_of_no_records_is_corrupt_data_not_an_index_error(two_partitions: Catalog) -> None:
     catalog = two_partitions
-    key = _damage_section(catalog, _key_at(catalog, 0, 4), 0, record_count=0)
+    key = damage_section(catalog, _key_at(catalog, 0, 4), 0, record_count=0)
     for read in (
         lambda: list(read_records(catalog.store, catalog.snapshot(), "t", 0)),
         lambda: latest_values(catalog.store, catalog.snapshot(), "t", 0),
@@ -319,7 +286,7 @@ def test_a_shifted_section_row_is_corrupt_data_not_records_shown_twice(two_parti
         "more records than offsets": {"record_count": 5},
         "ends before it starts": {"first_offset": 7, "last_offset": 4},
     }[damage]
-    key = _damage_section(catalog, _key_at(catalog, 0, 4), 0, **values)
+    key = damage_section(catalog, _key_at(catalog, 0, 4), 0, **values)
     with pytest.raises(CorruptDataError, match=f"catalog row of section t/0 of {key}"):
         catalog.snapshot().sections_of("t", 0)
     with pytest.raises(CorruptDataError, match="restore the catalog database from a backup"):
@@ -331,10 +298,10 @@ def test_a_relabelled_section_row_is_corrupt_data_not_records_under_another_part
     """The last file holds partition 0 alone: relabelled as partition 1, its offsets 12-14 lie past partition 1's
     next offset (12); relabelled back over partition 1's own offsets, they would show offsets twice."""
     catalog = two_partitions
-    key = _damage_section(catalog, _key_at(catalog, 0, 12), 0, partition=1)
+    key = damage_section(catalog, _key_at(catalog, 0, 12), 0, partition=1)
     with pytest.raises(CorruptDataError, match=f"section t/1 of {key} .* ends past the partition's next offset 12"):
         list(read_records(catalog.store, catalog.snapshot(), "t", 1))
-    _damage_section(catalog, key, 1, first_offset=8, last_offset=10)
+    damage_section(catalog, key, 1, first_offset=8, last_offset=10)
     with pytest.raises(CorruptDataError, match=f"section t/1 of {key} \\(offsets 8 to 10, 3 record\\(s\\)\\) is damaged: it overlaps"):
         latest_values(catalog.store, catalog.snapshot(), "t", 1)
     _one_line_error(_cli(catalog, "consume", "t", "--partition", "1"), key, "so an offset would be shown twice")
@@ -353,14 +320,14 @@ def test_an_offset_in_two_overlapping_sections_is_corrupt_data(tmp_path: Path) -
     assert (section.first_offset, section.last_offset, section.info.record_count) == (0, 14, 10)  # holes at 1, 3, 5, 7, 9
     _produce(catalog, "t", [Record(0, b"n%d" % i, b"new", NOW) for i in range(3)])  # offsets 15 to 17
     # Shifted with its crc32 bound again (else its first block's CRC refuses it first, as the next test shows).
-    key = _damage_section(catalog, _key_at(catalog, 0, 15), 0, rebind=True, first_offset=2, last_offset=4)
+    key = damage_section(catalog, _key_at(catalog, 0, 15), 0, rebind=True, first_offset=2, last_offset=4)
     with pytest.raises(CorruptDataError, match=f"place offset 2 in {swept} \\(offsets 0 to 14\\) and {key} \\(offsets 2 to 4\\)"):
         list(read_records(catalog.store, catalog.snapshot(), "t", 0))
     _one_line_error(_cli(catalog, "consume", "t", "--partition", "0"), "an offset is never in two live sections")
     # As a damaged database holds it, the shift is refused where the row's first block is read.
-    _damage_section(catalog, key, 0, rebind=True, first_offset=15, last_offset=17)
+    damage_section(catalog, key, 0, rebind=True, first_offset=15, last_offset=17)
     assert [r.offset for r in read_records(catalog.store, catalog.snapshot(), "t", 0)][-3:] == [15, 16, 17]
-    _damage_section(catalog, key, 0, first_offset=2, last_offset=4)
+    damage_section(catalog, key, 0, first_offset=2, last_offset=4)
     with pytest.raises(CorruptDataError, match=f"{key}: section t/0 at byte \\d+: .* the catalog's row of the section was changed"):
         list(read_records(catalog.store, catalog.snapshot(), "t", 0))
 
@@ -400,7 +367,7 @@ def test_an_append_refuses_offsets_a_section_row_relabelled_from_another_partiti
     produce_l0_files(catalog, "t", files=3, records=8, keys=6, partitions=2)  # offsets 0 to 11 of each partition
     _produce(catalog, "t", [Record(0, b"k%d" % i, b"alone", NOW) for i in range(3)])  # partition 0's 12 to 14
     relabelled = _key_at(catalog, 0, 12)
-    _damage_section(catalog, relabelled, 0, partition=1)
+    damage_section(catalog, relabelled, 0, partition=1)
     before = _state(catalog)
     with pytest.raises(IngestError, match=f"catalog row of section t/1 of {relabelled} \\(offsets 12 to 14, 3 record\\(s\\)\\) is "
                                           "damaged: it claims offsets from the partition's next offset 12 on"):
@@ -409,14 +376,14 @@ def test_an_append_refuses_offsets_a_section_row_relabelled_from_another_partiti
     assert outcome.code == 1 and "Traceback" not in outcome.stderr and len(outcome.stderr.splitlines()) == 1, outcome
     assert relabelled in outcome.stderr and "nothing was written" in outcome.stderr, outcome.stderr
     assert _state(catalog) == before
-    _damage_section(catalog, relabelled, 1, partition=0)  # put back
+    damage_section(catalog, relabelled, 1, partition=0)  # put back
     _produce(catalog, "t", [Record(1, b"new", b"once", NOW)])
     assert catalog.next_offsets("t") == [15, 13]
 
     prepared = prepare_plans(catalog, "regular", NOW, CONFIG)  # the five L0 files copied to one L1 file
     run_here(catalog, prepared.plan_ids, prepared.groups, NOW)
     (l1,) = catalog.snapshot().files(level=1)
-    _damage_section(catalog, l1.key, 1, first_offset=10, last_offset=13)  # 0 to 12, shifted onto the next offset
+    damage_section(catalog, l1.key, 1, first_offset=10, last_offset=13)  # 0 to 12, shifted onto the next offset
     before = _state(catalog)
     with pytest.raises(IngestError, match=f"section t/1 of {l1.key} \\(offsets 10 to 13, .* next offset 13 on"):
         _produce(catalog, "t", [Record(1, b"new", b"again", NOW)])
@@ -789,7 +756,7 @@ def test_a_section_row_shifted_onto_offsets_outside_its_plan_is_not_copied(tmp_p
     before = {p: list(read_records(catalog.store, catalog.snapshot(), "t", p)) for p in (0, 1)}
     assert [r.offset for r in before[0]] == list(range(28))
     key = _key_at(catalog, 0, 12)
-    _damage_section(catalog, key, 0, first_offset=10, last_offset=13)
+    damage_section(catalog, key, 0, first_offset=10, last_offset=13)
 
     prepared = prepare_plans(catalog, "regular", NOW + 2_000, CONFIG)
     (plan_id,) = prepared.plan_ids
@@ -810,7 +777,7 @@ def test_a_section_row_shifted_onto_offsets_outside_its_plan_is_not_copied(tmp_p
     with pytest.raises(CorruptDataError):
         list(read_records(catalog.store, catalog.snapshot(), "t", 0))
     assert list(read_records(catalog.store, catalog.snapshot(), "t", 1)) == before[1]  # L0 to L1 copies
-    _damage_section(catalog, key, 0, first_offset=12, last_offset=15)  # the row restored
+    damage_section(catalog, key, 0, first_offset=12, last_offset=15)  # the row restored
     assert list(read_records(catalog.store, catalog.snapshot(), "t", 0)) == before[0]
 
 
@@ -829,7 +796,7 @@ def test_a_section_row_changed_in_any_locating_field_is_refused_where_its_blocks
     with catalog.engine.connect() as connection:
         current = connection.execute(select(sec[field]).where(sec.file_id == _file_id(catalog, key), sec.partition == 1)).scalar_one()
     changed = {"topic_id": catalog.snapshot().topic_ids["u"], "partition": 7, "record_count": current - 1}.get(field, current + 1)
-    _damage_section(catalog, key, 1, **{field: changed})
+    damage_section(catalog, key, 1, **{field: changed})
     (loaded,) = [s for f in catalog.snapshot().files() if f.key == key for s in f.sections if (s.info.topic, s.info.partition) != ("t", 0)]
     assert loaded.info.topic == ("u" if field == "topic_id" else "t")
     assert loaded.info.crc32 != placed.info.crc32

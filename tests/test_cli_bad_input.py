@@ -18,27 +18,10 @@ from typing import NamedTuple
 import pytest
 
 from logcompact.limits import MAX_BUFFER_BYTES, MAX_BYTE_COUNT, MAX_TARGET_FILE_BYTES
-from tests.support.cli_cases import Outcome, changes, run_in_process, run_process, tree_state
+from tests.support.cli_cases import CATALOG, CATALOG_COMMANDS, GOOD_LINE, Case, Outcome, case, changes, run_in_process, run_process, tree_state
 
 NOW = "1700000000000"
 DEEP = 100_000  # nesting the JSON parser cannot follow (the campaign's RecursionError)
-GOOD_LINE = b'{"partition": 0, "key": "k", "value": "v"}\n'
-
-
-class Case(NamedTuple):
-    name: str
-    argv: list[str]  # {store}, {work}: the cluster's store, the working directory; {stored_plan_id}: the plan in {work}/plans
-    code: int  # 1 for an error, 2 for a usage error
-    says: str  # a fragment the one line must hold: what is wrong, or the fix
-    stdin: bytes = b""
-    env: dict[str, str] = {}
-    cluster: bool = True  # run with --store {store} --now NOW before argv
-    damage: str | None = None  # run on a copy of the store whose catalog.db is damaged so (`_damage`)
-    process: bool = False  # also run as a real process
-
-
-def case(name: str, code: int, says: str, *argv: str, **options) -> Case:
-    return Case(name, list(argv), code, says, **options)
 
 
 def produce(name: str, says: str, stdin: bytes, topic: str = "accounts", **options) -> Case:
@@ -85,36 +68,7 @@ GLOBAL += [
          "--partitions", "1", cluster=False),
 ]
 
-UNREACHABLE = "postgresql+psycopg://user:s3cret@127.0.0.1:1/catalog"
-CATALOG = [
-    case("catalog: not a URL", 1, "is not a database URL", "--catalog", "not-a-url", "topic", "list"),
-    case("catalog: mysql", 1, "the catalog runs on sqlite or postgresql+psycopg, not mysql", "--catalog", "mysql://x/y", "topic", "list"),
-    case("catalog: psycopg2 driver", 1, "use the psycopg 3 driver", "--catalog", "postgresql+psycopg2://u@127.0.0.1/db", "topic", "list"),
-    case("catalog: unreachable PostgreSQL, list", 1, "cannot be reached", "--catalog", UNREACHABLE, "topic", "list"),
-    case("catalog: unreachable PostgreSQL, create", 1, "connection failed", "--catalog", UNREACHABLE, "topic", "create", "t", "--partitions", "1"),
-    case("catalog: unreachable PostgreSQL, produce", 1, "cannot be reached", "--catalog", UNREACHABLE, "produce", "t", stdin=GOOD_LINE),
-    case("catalog: unreachable PostgreSQL, from the environment", 1, "cannot be reached", "files", env={"LOGCOMPACT_CATALOG": UNREACHABLE}),
-    case("catalog: unresolvable host", 1, "cannot be reached", "--catalog", "postgresql+psycopg://u:p@no-such-host.invalid/db", "files"),
-    case("catalog: SQLite in a missing directory, create", 1, "does not exist; create it or fix the path", "--catalog",
-         "sqlite:///{work}/missing/catalog.db", "topic", "create", "t", "--partitions", "1"),
-    case("catalog: SQLite in a missing directory, list", 1, "no logcompact cluster in", "--catalog", "sqlite:///{work}/missing/catalog.db",
-         "topic", "list"),
-    case("catalog: SQLite file that is not a database", 1, "file is not a database", "--catalog", "sqlite:///{work}/a-file", "topic", "list"),
-    case("catalog: SQLite file that is not a database, create", 1, "file is not a database", "--catalog", "sqlite:///{work}/a-file",
-         "topic", "create", "t", "--partitions", "1"),
-    case("catalog: a directory", 1, "unable to open database file", "--catalog", "sqlite:///{work}/empty", "topic", "list"),
-    case("catalog: a port that is not a number", 1, "is not a database URL", "--catalog", "postgresql+psycopg://u:p@127.0.0.1:port/db",
-         "topic", "list"),
-    case("catalog: SQLite in memory", 1, "names an in-memory database, lost at exit", "--catalog", "sqlite://", "topic", "create", "t",
-         "--partitions", "1"),
-]
-
 # An unreadable manifest: the catalog database of a file:// store, damaged.
-CATALOG_COMMANDS = [
-    ["topic", "list"], ["topic", "describe", "accounts"], ["topic", "create", "new", "--partitions", "1"],
-    ["topic", "alter", "accounts", "--config", "retention.ms=5"], ["produce", "accounts"], ["consume", "accounts", "--partition", "0"],
-    ["files"], ["log"], ["gc"], ["plan"], ["compact", "--all"],
-]
 DAMAGES = {
     "garbage": "file is not a database",
     "text": "file is not a database",

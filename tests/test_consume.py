@@ -5,54 +5,27 @@ On both catalog databases; a read asks the catalog for its one partition's secti
 
 from __future__ import annotations
 
-import pyarrow as pa
-import pyarrow.compute as pc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import event
 
-from logcompact.catalog import Catalog, CatalogSection, DataFile
-from logcompact.consume import latest_values, read_records, read_sections
+from logcompact.catalog import Catalog
+from logcompact.consume import latest_values, read_records
 from logcompact.exceptions import InvalidRecordError
-from logcompact.format import section_table, write_segment
-from logcompact.ingest import Agent, Record
+from logcompact.ingest import Record
 from logcompact.store import LocalStore, ObjectStore
-from tests.helpers import NOW, create_topic
-
-
-def _produce(catalog: Catalog, topic: str, records: list[Record]) -> list[int]:
-    with Agent(catalog, background=False) as agent:
-        future = agent.produce(topic, records)
-    return future.result()
-
-
-def _rewrite_without(store: ObjectStore, catalog: Catalog, keys: list[str], drop_offsets: set[int], level: int) -> None:
-    """A stand-in compaction: merge files into one whose section keeps offsets but leaves holes."""
-    snapshot = catalog.snapshot()
-    inputs = snapshot.get_files(keys)
-    sections = sorted(((key, s) for key, f in inputs.items() for s in f.sections), key=lambda pair: pair[1].first_offset)
-    dropped = pa.array(sorted(drop_offsets), pa.int64())
-    merged = pa.concat_tables(
-        [t.filter(pc.invert(pc.is_in(t.column("offset"), dropped))) for t in read_sections(store, sections)]
-    )
-    first = merged.column("offset")[0].as_py()
-    deltas = pc.subtract(merged.column("offset"), first).cast(pa.uint32())
-    table = section_table(deltas, merged.column("timestamp"), merged.column("key").to_pylist(), merged.column("value").to_pylist())
-    blob, (info,) = write_segment([("t", 0, table)])
-    store.put(f"data/l{level}/merged.seg", blob)
-    output = DataFile(f"data/l{level}/merged.seg", level, len(blob), NOW, (CatalogSection(info, first),))
-    assert catalog.replace_files(keys, [output], NOW).committed
+from tests.helpers import NOW, create_topic, produce_records, rewrite_without
 
 
 def test_read_by_offset_across_levels_skipping_holes(store: ObjectStore, catalog_of) -> None:
     catalog = catalog_of(store)
     create_topic(catalog, "t", cleanup_policy="compact")
     for batch in range(3):
-        _produce(catalog, "t", [Record(0, b"k%d" % (i % 3), b"%d" % (batch * 4 + i), NOW + i) for i in range(4)])
+        produce_records(catalog, "t", [Record(0, b"k%d" % (i % 3), b"%d" % (batch * 4 + i), NOW + i) for i in range(4)])
     l0 = [f.key for f in catalog.snapshot().file_summaries(0)]
-    _rewrite_without(store, catalog, l0[:2], drop_offsets={1, 2, 5}, level=1)
-    _produce(catalog, "t", [Record(0, b"k9", b"12", NOW)])
+    rewrite_without(store, catalog, l0[:2], drop_offsets={1, 2, 5}, level=1)
+    produce_records(catalog, "t", [Record(0, b"k9", b"12", NOW)])
     snapshot = catalog.snapshot()
     assert [f.level for f in snapshot.file_summaries()] == [0, 0, 1]
 
@@ -67,11 +40,11 @@ def test_sections_whose_ranges_overlap_are_merged_by_offset(catalog: Catalog) ->
     store = catalog.store
     create_topic(catalog, "t")
     for batch in range(3):
-        _produce(catalog, "t", [Record(0, None, b"%d" % (batch * 3 + i), NOW) for i in range(3)])
+        produce_records(catalog, "t", [Record(0, None, b"%d" % (batch * 3 + i), NOW) for i in range(3)])
     first, middle, last = catalog.snapshot().file_summaries(0)
     # Compacting the first and last files without the middle one gives a section spanning 0..8 with a
     # hole at 3..5, which the middle file still fills.
-    _rewrite_without(store, catalog, [first.key, last.key], drop_offsets=set(range(3, 6)), level=1)
+    rewrite_without(store, catalog, [first.key, last.key], drop_offsets=set(range(3, 6)), level=1)
     snapshot = catalog.snapshot()
     spans = [(s.first_offset, s.last_offset) for _, s in snapshot.sections_of("t", 0)]
     assert spans == [(0, 8), (3, 5)]
@@ -85,8 +58,8 @@ def test_a_read_asks_the_catalog_for_its_partition_only(catalog: Catalog) -> Non
     create_topic(catalog, "t", partitions=4)
     create_topic(catalog, "other", partitions=2)
     for batch in range(5):
-        _produce(catalog, "t", [Record(p, None, b"%d-%d" % (batch, p), NOW) for p in range(4)])
-        _produce(catalog, "other", [Record(p, None, b"x", NOW) for p in range(2)])
+        produce_records(catalog, "t", [Record(p, None, b"%d-%d" % (batch, p), NOW) for p in range(4)])
+        produce_records(catalog, "other", [Record(p, None, b"x", NOW) for p in range(2)])
     snapshot = catalog.snapshot()
     statements: list[str] = []
 
@@ -133,7 +106,7 @@ def test_latest_values_match_a_reference_model(tmp_path_factory, make_catalog_ur
     produced = []
     for batch in batches:
         records = [Record(0, key, value, NOW) for key, value in batch]
-        _produce(catalog, "t", records)
+        produce_records(catalog, "t", records)
         produced += records
     view = latest_values(store, catalog.snapshot(), "t", 0)
     assert dict(zip(view.column("key").to_pylist(), view.column("value").to_pylist())) == _reference_latest(produced)
@@ -143,11 +116,11 @@ def test_latest_values_match_a_reference_model(tmp_path_factory, make_catalog_ur
 def test_an_old_manifest_version_reads_what_it_listed(catalog: Catalog) -> None:
     store = catalog.store
     create_topic(catalog, "t")
-    _produce(catalog, "t", [Record(0, None, b"a", NOW)])
-    _produce(catalog, "t", [Record(0, None, b"b", NOW)])
+    produce_records(catalog, "t", [Record(0, None, b"a", NOW)])
+    produce_records(catalog, "t", [Record(0, None, b"b", NOW)])
     old = catalog.snapshot()
-    _rewrite_without(store, catalog, [f.key for f in old.file_summaries(0)], drop_offsets={0}, level=1)
-    _produce(catalog, "t", [Record(0, None, b"c", NOW)])
+    rewrite_without(store, catalog, [f.key for f in old.file_summaries(0)], drop_offsets={0}, level=1)
+    produce_records(catalog, "t", [Record(0, None, b"c", NOW)])
     assert [r.value for r in read_records(store, old, "t", 0)] == [b"a", b"b"]
     assert [r.value for r in read_records(store, catalog.snapshot(old.version), "t", 0)] == [b"a", b"b"]
     assert [r.value for r in read_records(store, catalog.snapshot(), "t", 0)] == [b"b", b"c"]
@@ -161,7 +134,7 @@ def test_a_long_section_is_read_through_its_footer_only_as_the_catalog_records_i
     from logcompact.exceptions import CorruptDataError
 
     create_topic(catalog, "t", cleanup_policy="compact")
-    _produce(catalog, "t", [Record(0, b"k%d" % (n % 50), b"v" * 200, NOW) for n in range(20_000)])
+    produce_records(catalog, "t", [Record(0, b"k%d" % (n % 50), b"v" * 200, NOW) for n in range(20_000)])
     monkeypatch.setattr(reader, "SEEK_BYTES", 1024)  # every section is "long": read through the footer's blocks
     offsets = [r.offset for r in read_records(catalog.store, catalog.snapshot(), "t", 0, 12_345, 12_400)]
     assert offsets == list(range(12_345, 12_400))

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
 import pytest
 
 from logcompact.catalog import Catalog
 from logcompact.consume import latest_values
 from tests.helpers import create_topic, produce_l0_files
+from tests.support.dags import load_dags, task_instances, task_states, without_retries
 
-DAGS = Path(__file__).resolve().parents[1] / "dags"
 EXPECTED_TASKS = {
     "logcompact_compaction": {
         "wait_for_files": set(), "plan": {"wait_for_files"}, "compact_group": {"plan"}, "commit": {"plan", "compact_group"},
@@ -40,40 +39,13 @@ HOUR_MS = 3_600_000
 ON_BOTH_DATABASES = pytest.mark.parametrize("airflow_catalog", ["sqlite", "postgresql"], indirect=True)
 
 
-def _load_dags():
-    from airflow.dag_processing.dagbag import DagBag
-
-    return DagBag(dag_folder=str(DAGS))
-
-
 @pytest.fixture(scope="module")
 def dagbag():
-    return _load_dags()
-
-
-def _dag(dagbag, dag_id: str):
-    dag = dagbag.dags[dag_id]
-    for task in dag.tasks:
-        task.retries = 0  # a failure shows at once instead of after the retry delay
-    return dag
+    return load_dags()
 
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def _task_instances(dag_id: str, run_id: str) -> dict[tuple[str, int], object]:
-    from airflow.models.taskinstance import TaskInstance
-    from airflow.utils.session import create_session
-
-    with create_session() as session:
-        rows = session.query(TaskInstance).filter_by(dag_id=dag_id, run_id=run_id).all()
-        session.expunge_all()
-    return {(ti.task_id, ti.map_index): ti for ti in rows}
-
-
-def _states(dag_id: str, run_id: str) -> dict[str, str]:
-    return {f"{task}[{index}]" if index >= 0 else task: str(ti.state) for (task, index), ti in _task_instances(dag_id, run_id).items()}
 
 
 def _asset_events(uri: str) -> list[dict]:
@@ -106,7 +78,7 @@ def _objects(catalog: Catalog) -> list[str]:
 
 
 def test_dags_import_with_the_expected_structure() -> None:
-    dagbag = _load_dags()  # as written, before any test lowers retries
+    dagbag = load_dags()  # as written, before any test lowers retries
     assert dagbag.import_errors == {}
     assert sorted(dagbag.dags) == sorted(EXPECTED_TASKS)
     for dag_id, tasks in EXPECTED_TASKS.items():
@@ -138,10 +110,10 @@ def test_compaction_dag_compacts_l0_through_spark_and_publishes_asset_events(dag
     produce_l0_files(catalog, "accounts", files=33, records=20, keys=40, partitions=2, now=_now_ms())
     expected = _latest(catalog, "accounts", 2)
 
-    run = _dag(dagbag, "logcompact_compaction").test()
+    run = without_retries(dagbag, "logcompact_compaction").test()
 
-    assert str(run.state) == "success", _states("logcompact_compaction", run.run_id)
-    instances = _task_instances("logcompact_compaction", run.run_id)
+    assert str(run.state) == "success", task_states("logcompact_compaction", run.run_id)
+    instances = task_instances("logcompact_compaction", run.run_id)
     assert instances[("compact_group", 0)].rendered_map_index.startswith("g0 L0>L1 ")
     assert str(instances[("dry_run", -1)].state) == "skipped"
     assert _levels(catalog) == {1} and not catalog.snapshot().leases(_now_ms())
@@ -157,11 +129,11 @@ def test_a_forced_compaction_runs_at_once_below_the_thresholds(dagbag, airflow_c
     expected = _latest(catalog, "accounts", 1)
 
     started = time.monotonic()
-    run = _dag(dagbag, "logcompact_compaction").test(run_conf={"force": True})
+    run = without_retries(dagbag, "logcompact_compaction").test(run_conf={"force": True})
 
-    assert str(run.state) == "success", _states("logcompact_compaction", run.run_id)
+    assert str(run.state) == "success", task_states("logcompact_compaction", run.run_id)
     assert time.monotonic() - started < 60  # the sensor did not wait out its poke interval
-    assert _states("logcompact_compaction", run.run_id)["compact_group[0]"] == "success"
+    assert task_states("logcompact_compaction", run.run_id)["compact_group[0]"] == "success"
     assert _levels(catalog) == {1} and _latest(catalog, "accounts", 1) == expected
 
 
@@ -171,9 +143,9 @@ def test_max_lag_dag_compacts_what_became_dirty(dagbag, airflow_catalog: Catalog
     create_topic(catalog, "orders", partitions=2, now=three_hours_ago, cleanup_policy="compact", max_compaction_lag_ms=str(2 * HOUR_MS))
     produce_l0_files(catalog, "orders", files=3, records=40, keys=10, partitions=2, now=three_hours_ago)
 
-    run = _dag(dagbag, "logcompact_max_lag_hourly").test(run_conf={"topics": ["orders"]})
+    run = without_retries(dagbag, "logcompact_max_lag_hourly").test(run_conf={"topics": ["orders"]})
 
-    assert str(run.state) == "success", _states("logcompact_max_lag_hourly", run.run_id)
+    assert str(run.state) == "success", task_states("logcompact_max_lag_hourly", run.run_id)
     summaries = catalog.snapshot().file_summaries()
     assert {f.level for f in summaries} == {2}
     assert sum(f.record_count for f in summaries) == 10  # one record per key
@@ -184,26 +156,26 @@ def test_full_sweep_dry_run_changes_nothing_then_a_run_deduplicates(dagbag, airf
     create_topic(catalog, "accounts", partitions=2, now=_now_ms(), cleanup_policy="compact")
     produce_l0_files(catalog, "accounts", files=4, records=50, keys=25, partitions=2, now=_now_ms(), tombstone_every=9)
     expected, before, version = _latest(catalog, "accounts", 2), _objects(catalog), catalog.latest_version()
-    dag = _dag(dagbag, "logcompact_full_sweep_daily")
+    dag = without_retries(dagbag, "logcompact_full_sweep_daily")
 
     dry = dag.test(run_conf={"dry_run": True, "topics": ["accounts"]})
     assert str(dry.state) == "success"
-    assert _states(dag.dag_id, dry.run_id) == {  # the dry_run task marks the run in the grid
+    assert task_states(dag.dag_id, dry.run_id) == {  # the dry_run task marks the run in the grid
         "plan": "success", "dry_run": "success", "compact_group": "skipped", "commit": "skipped", "uncleanable_partitions": "success",
     }
     assert _objects(catalog) == before and catalog.latest_version() == version and not catalog.snapshot().leases(_now_ms())
 
     # dag.test() keeps a run's conf in the DAG object's params: every key is given again.
     run = dag.test(run_conf={"dry_run": False, "topics": None, "buffer_bytes": 4 * 1024**2})
-    assert str(run.state) == "success", _states(dag.dag_id, run.run_id)
-    assert _states(dag.dag_id, run.run_id)["dry_run"] == "skipped"
+    assert str(run.state) == "success", task_states(dag.dag_id, run.run_id)
+    assert task_states(dag.dag_id, run.run_id)["dry_run"] == "skipped"
     assert _levels(catalog) == {2} and _latest(catalog, "accounts", 2) == expected
 
 
 def test_bad_params_are_refused_before_anything_runs(dagbag, airflow_catalog: Catalog) -> None:
     from airflow.exceptions import ParamValidationError
 
-    dag = _dag(dagbag, "logcompact_full_sweep_daily")
+    dag = without_retries(dagbag, "logcompact_full_sweep_daily")
     with pytest.raises(ParamValidationError, match="buffer_bytes"):
         dag.test(run_conf={"buffer_bytes": 5})
     with pytest.raises(ParamValidationError, match="topics"):
@@ -219,10 +191,10 @@ def test_a_failed_group_fails_the_run_without_a_commit(dagbag, airflow_catalog: 
     (catalog.store.root / min(keys)).unlink()  # not damage a partition can be set aside for: the object is gone
     version = catalog.latest_version()
 
-    run = _dag(dagbag, "logcompact_full_sweep_daily").test()
+    run = without_retries(dagbag, "logcompact_full_sweep_daily").test()
 
     assert str(run.state) == "failed"
-    assert _states("logcompact_full_sweep_daily", run.run_id) == {
+    assert task_states("logcompact_full_sweep_daily", run.run_id) == {
         "plan": "success", "dry_run": "skipped", "compact_group[0]": "failed", "commit": "upstream_failed",
         "uncleanable_partitions": "upstream_failed",
     }
@@ -243,9 +215,9 @@ def test_a_damaged_partition_is_set_aside_the_rest_commits_and_the_run_shows_it(
     with catalog.engine.begin() as connection:  # the catalog's record of one section of partition 1 no longer matches
         connection.execute(update(schema.sections).where(schema.sections.c.partition == 1).values(crc32=0))
 
-    run = _dag(dagbag, "logcompact_full_sweep_daily").test()
+    run = without_retries(dagbag, "logcompact_full_sweep_daily").test()
 
-    assert _states("logcompact_full_sweep_daily", run.run_id) == {
+    assert task_states("logcompact_full_sweep_daily", run.run_id) == {
         "plan": "success", "dry_run": "skipped", "compact_group[0]": "success", "commit": "success", "uncleanable_partitions": "failed",
     }
     assert [(m.topic, m.partition) for m in catalog.uncleanable()] == [("accounts", 1)]
@@ -262,7 +234,7 @@ def test_gc_dag_collects(dagbag, airflow_catalog: Catalog) -> None:
     two_hours_ago = time.time() - 2 * 3600  # past the 1 h grace
     os.utime(catalog.store.root / leftover, (two_hours_ago, two_hours_ago))
 
-    run = _dag(dagbag, "logcompact_gc").test()
+    run = without_retries(dagbag, "logcompact_gc").test()
 
     assert str(run.state) == "success"
     assert _objects(catalog) == []

@@ -24,7 +24,7 @@ from lab.servers import kafka as reference
 from lab.servers.kafka import JavaProgram, KafkaServer, KafkaStartError, build_java_program, kafka_missing_reason, start_kafka
 from logcompact.catalog import Catalog
 from logcompact.store import open_store
-from tests.helpers import start_agent_process
+from tests.kafka.agents import start_agent_process
 
 pytestmark = pytest.mark.timeout(300)
 

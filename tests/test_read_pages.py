@@ -17,9 +17,7 @@ from logcompact.consume import latest_values, read_records
 from logcompact.exceptions import CorruptDataError
 from logcompact.ingest import Record
 from logcompact.store import LocalStore
-from tests.helpers import NOW, create_topic
-from tests.test_catalog_damage import _damage_section
-from tests.test_consume import _produce, _rewrite_without
+from tests.helpers import NOW, create_topic, damage_section, produce_records, rewrite_without
 
 ALL_AT_ONCE = 1 << 20  # a page larger than any partition here: the sections read in one query
 
@@ -68,10 +66,10 @@ def layered(catalog: Catalog) -> Catalog:
     (spanning), 6-8, 12-14, 15-23 (holes), 24-26 ... 33-35."""
     create_topic(catalog, "t", cleanup_policy="compact")
     for number in range(12):
-        _produce(catalog, "t", [Record(0, b"k%d" % (3 * number + i), b"v%d" % (3 * number + i), NOW) for i in range(3)])
+        produce_records(catalog, "t", [Record(0, b"k%d" % (3 * number + i), b"v%d" % (3 * number + i), NOW) for i in range(3)])
     l0 = [f.key for f in catalog.snapshot().file_summaries(0)]
-    _rewrite_without(catalog.store, catalog, [l0[1], l0[3]], drop_offsets={4, 10}, level=1)
-    _rewrite_without(catalog.store, catalog, l0[5:8], drop_offsets={16, 19, 20}, level=2)
+    rewrite_without(catalog.store, catalog, [l0[1], l0[3]], drop_offsets={4, 10}, level=1)
+    rewrite_without(catalog.store, catalog, l0[5:8], drop_offsets={16, 19, 20}, level=2)
     return catalog
 
 
@@ -115,7 +113,7 @@ def test_a_damaged_row_is_found_across_a_page_boundary(layered: Catalog, monkeyp
     """The row of 27-29 shifted to 25-27, over 24-26: in pages of 2 they come in different pages."""
     snapshot = layered.snapshot()
     key = next(k for k, s in snapshot.sections_of("t", 0) if s.first_offset == 27)
-    _damage_section(layered, key, 0, rebind=True, first_offset=25, last_offset=27)
+    damage_section(layered, key, 0, rebind=True, first_offset=25, last_offset=27)
     for size in (2, 3, ALL_AT_ONCE):
         _pages_of(monkeypatch, size)
         for start in (0, 13, 24):
@@ -132,7 +130,7 @@ def test_an_older_snapshot_pages_through_the_sections_of_its_version(layered: Ca
     _pages_of(monkeypatch, ALL_AT_ONCE)
     before = _records(layered, old)
     keys = [k for k, s in old.sections_of("t", 0) if s.first_offset >= 24]
-    _rewrite_without(layered.store, layered, keys, drop_offsets={25, 26, 30}, level=3)
+    rewrite_without(layered.store, layered, keys, drop_offsets={25, 26, 30}, level=3)
     after = _records(layered, layered.snapshot())
     assert [offset for offset, _ in before if offset >= 24] == list(range(24, 36))
     assert [offset for offset, _ in after if offset >= 24] == [24, 27, 28, 29, 31, 32, 33, 34, 35]
@@ -149,7 +147,7 @@ def test_a_fetch_with_little_room_reads_one_page_of_a_long_partition(catalog: Ca
 
     create_topic(catalog, "t", cleanup_policy="compact")
     for number in range(40):
-        _produce(catalog, "t", [Record(0, b"k%d" % (2 * number + i), bytes(100), NOW) for i in range(2)])
+        produce_records(catalog, "t", [Record(0, b"k%d" % (2 * number + i), bytes(100), NOW) for i in range(2)])
     asked = _pages_asked(monkeypatch)
     _, ((_, (answer,)),) = read(catalog, catalog.store, 1024, [("t", [Wanted(0, 3, 1024)])])
     assert 3 < answer.next_offset < 32  # some records, fewer than the first page's 16 sections hold
@@ -187,11 +185,11 @@ def test_latest_values_equal_a_reference_over_files_with_tombstones_and_repeated
             key = None if rng.random() < 0.03 else b"key-%d" % rng.randrange(2_500)
             value = None if rng.random() < 0.1 else b"value-%d" % rng.randrange(10**6)
             batch.append(Record(0, key, value, NOW))
-        first = _produce(catalog, "t", batch)[0]
+        first = produce_records(catalog, "t", batch)[0]
         produced += [(first + i, r.key, r.value) for i, r in enumerate(batch)]
     l0 = [f.key for f in catalog.snapshot().file_summaries(0)]
     dropped = set(rng.sample(range(2_700), 300))
-    _rewrite_without(catalog.store, catalog, l0[:3], drop_offsets=dropped, level=1)
+    rewrite_without(catalog.store, catalog, l0[:3], drop_offsets=dropped, level=1)
     produced = [r for r in produced if r[0] not in dropped]
     view = latest_values(catalog.store, catalog.snapshot(), "t", 0)
     got = list(zip(view.column("offset").to_pylist(), view.column("key").to_pylist(), view.column("value").to_pylist()))

@@ -1,4 +1,5 @@
-"""Running the `logcompact` CLI on bad input, in this process or as a real one, and telling whether it wrote.
+"""Running the `logcompact` CLI on bad input, in this process or as a real one, and telling whether it wrote; and
+the cases of bad input more than one test runs.
 
 In-process runs call `logcompact.cli.main(argv)` with stdin, stdout and stderr replaced (a few milliseconds a
 run, against a second for a new interpreter); a real process checks the same contract end to end.
@@ -109,3 +110,59 @@ def tree_state(root: Path) -> dict[str, object]:
 def changes(before: dict[str, object], after: dict[str, object]) -> list[str]:
     """The paths that appeared, vanished or changed between two `tree_state`s."""
     return sorted(name for name in before.keys() | after.keys() if before.get(name) != after.get(name))
+
+
+# -- the bad-input table's cases (tests/test_cli_bad_input.py), some run again elsewhere -----------------------
+
+GOOD_LINE = b'{"partition": 0, "key": "k", "value": "v"}\n'
+
+
+class Case(NamedTuple):
+    """A command line fed bad input, and the one error line it must end with."""
+
+    name: str
+    argv: list[str]  # {store}, {work}: the cluster's store, the working directory; {stored_plan_id}: the plan in {work}/plans
+    code: int  # 1 for an error, 2 for a usage error
+    says: str  # a fragment the one line must hold: what is wrong, or the fix
+    stdin: bytes = b""
+    env: dict[str, str] = {}
+    cluster: bool = True  # run with --store {store} --now NOW before argv
+    damage: str | None = None  # run on a copy of the store whose catalog.db is damaged so (`_damage`)
+    process: bool = False  # also run as a real process
+
+
+def case(name: str, code: int, says: str, *argv: str, **options) -> Case:
+    return Case(name, list(argv), code, says, **options)
+
+
+# Bad --catalog URLs (tests/test_catalog_damage.py runs them again with a password planted in each).
+UNREACHABLE = "postgresql+psycopg://user:s3cret@127.0.0.1:1/catalog"
+CATALOG = [
+    case("catalog: not a URL", 1, "is not a database URL", "--catalog", "not-a-url", "topic", "list"),
+    case("catalog: mysql", 1, "the catalog runs on sqlite or postgresql+psycopg, not mysql", "--catalog", "mysql://x/y", "topic", "list"),
+    case("catalog: psycopg2 driver", 1, "use the psycopg 3 driver", "--catalog", "postgresql+psycopg2://u@127.0.0.1/db", "topic", "list"),
+    case("catalog: unreachable PostgreSQL, list", 1, "cannot be reached", "--catalog", UNREACHABLE, "topic", "list"),
+    case("catalog: unreachable PostgreSQL, create", 1, "connection failed", "--catalog", UNREACHABLE, "topic", "create", "t", "--partitions", "1"),
+    case("catalog: unreachable PostgreSQL, produce", 1, "cannot be reached", "--catalog", UNREACHABLE, "produce", "t", stdin=GOOD_LINE),
+    case("catalog: unreachable PostgreSQL, from the environment", 1, "cannot be reached", "files", env={"LOGCOMPACT_CATALOG": UNREACHABLE}),
+    case("catalog: unresolvable host", 1, "cannot be reached", "--catalog", "postgresql+psycopg://u:p@no-such-host.invalid/db", "files"),
+    case("catalog: SQLite in a missing directory, create", 1, "does not exist; create it or fix the path", "--catalog",
+         "sqlite:///{work}/missing/catalog.db", "topic", "create", "t", "--partitions", "1"),
+    case("catalog: SQLite in a missing directory, list", 1, "no logcompact cluster in", "--catalog", "sqlite:///{work}/missing/catalog.db",
+         "topic", "list"),
+    case("catalog: SQLite file that is not a database", 1, "file is not a database", "--catalog", "sqlite:///{work}/a-file", "topic", "list"),
+    case("catalog: SQLite file that is not a database, create", 1, "file is not a database", "--catalog", "sqlite:///{work}/a-file",
+         "topic", "create", "t", "--partitions", "1"),
+    case("catalog: a directory", 1, "unable to open database file", "--catalog", "sqlite:///{work}/empty", "topic", "list"),
+    case("catalog: a port that is not a number", 1, "is not a database URL", "--catalog", "postgresql+psycopg://u:p@127.0.0.1:port/db",
+         "topic", "list"),
+    case("catalog: SQLite in memory", 1, "names an in-memory database, lost at exit", "--catalog", "sqlite://", "topic", "create", "t",
+         "--partitions", "1"),
+]
+
+# The commands that open the catalog database, each run on a damaged one.
+CATALOG_COMMANDS = [
+    ["topic", "list"], ["topic", "describe", "accounts"], ["topic", "create", "new", "--partitions", "1"],
+    ["topic", "alter", "accounts", "--config", "retention.ms=5"], ["produce", "accounts"], ["consume", "accounts", "--partition", "0"],
+    ["files"], ["log"], ["gc"], ["plan"], ["compact", "--all"],
+]

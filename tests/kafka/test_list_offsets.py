@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import struct
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -27,14 +26,12 @@ from logcompact.consume import read_records, read_sections
 from logcompact.format import section_table, write_segment
 from logcompact.ingest import Agent, Record
 from logcompact.kafka.codec import build
-from logcompact.store import open_store
 from tests.helpers import NOW, create_topic
-from tests.test_kafka_agent import connect, receive_frame
-from tests.test_kafka_produce import RunningAgent
+from tests.kafka.agents import FAST_CLIENT, RunningAgent
+from tests.kafka.wire import connect, receive_frame
 
 pytestmark = pytest.mark.timeout(60)
 
-FAST_CLIENT = {"socket.timeout.ms": 5000, "socket.connection.setup.timeout.ms": 5000}
 EARLIEST, LATEST, MAX_TIMESTAMP = -2, -1, -3
 NONE, UNKNOWN_TOPIC_OR_PARTITION, INVALID_REQUEST = 0, 3, 42
 # Partition 0 of "orders": offsets 0-4 in one L0 file, then compacted to leave 2-4; offsets 5-7 in another.
@@ -76,8 +73,7 @@ def log_start(policy: str) -> int:
 
 
 @pytest.fixture
-def catalog(tmp_path: Path, policy: str) -> Catalog:
-    catalog = Catalog(open_store(f"file://{tmp_path / 'store'}"))
+def catalog(catalog: Catalog, policy: str) -> Catalog:
     create_topic(catalog, "orders", 2, cleanup_policy=policy)
     assert produce(catalog, 0, FIRST_FILE_TIMESTAMPS) == [0, 1, 2, 3, 4]
     (first_file,) = [f.key for f in catalog.snapshot().file_summaries(0)]

@@ -10,7 +10,6 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicCollection
@@ -29,35 +28,22 @@ from kafka.admin import NewTopic as KafkaPythonNewTopic
 from kafka.errors import InvalidConfigurationError, TopicAlreadyExistsError, UnknownTopicOrPartitionError
 
 from logcompact.catalog import Catalog
-from logcompact.store import open_store
 from tests.helpers import create_topic
-from tests.test_kafka_agent import kio_exchange
-from tests.test_kafka_produce import RunningAgent, keyed_batch, produce, record_batch, stored
+from tests.kafka.agents import FAST_CLIENT, MAX_MESSAGE_BYTES, RunningAgent, stored
+from tests.kafka.wire import keyed_batch, kio_exchange, produce, record_batch
 
 pytestmark = pytest.mark.timeout(90)
 
-FAST_CLIENT = {"socket.timeout.ms": 5000, "socket.connection.setup.timeout.ms": 5000}
 NONE, UNKNOWN_TOPIC_OR_PARTITION, LEADER_NOT_AVAILABLE, MESSAGE_TOO_LARGE = 0, 3, 5, 10
 INVALID_TOPIC_EXCEPTION, INVALID_PARTITIONS, INVALID_REPLICA_ASSIGNMENT, INVALID_CONFIG, INVALID_REQUEST = 17, 37, 39, 40, 42
 UNKNOWN_TOPIC_ID = 100
-MAX_MESSAGE_BYTES = 64 * 1024
 
 
 @pytest.fixture
-def catalog(tmp_path: Path) -> Catalog:
-    catalog = Catalog(open_store(f"file://{tmp_path / 'store'}"))
+def catalog(catalog: Catalog) -> Catalog:
     create_topic(catalog, "orders", 2, cleanup_policy="compact")
     create_topic(catalog, "clicks", 1)
     return catalog
-
-
-@pytest.fixture
-def agent(catalog: Catalog) -> Iterator[RunningAgent]:
-    running = RunningAgent(catalog, flush_interval_ms=50, max_message_bytes=MAX_MESSAGE_BYTES)
-    try:
-        yield running
-    finally:
-        running.stop()
 
 
 def admin_client(agent: RunningAgent) -> AdminClient:

@@ -25,7 +25,8 @@ from logcompact.cli import cli
 from logcompact.store import open_store
 from logcompact.topics import Topic, TopicConfig
 from tests.helpers import NOW
-from tests.test_kafka_produce import RunningAgent
+from tests.kafka.agents import RunningAgent
+from tests.support.dags import load_dags, task_states, without_retries
 
 PARTITIONS = 2
 KEYS = [b"a", b"b", b"c", b"d", b"e"]
@@ -44,7 +45,10 @@ rounds_strategy = st.lists(
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Catalog, RunningAgent]]:
-    """One agent and its cluster for the module; each example makes topics of its own."""
+    """One agent and its cluster for the module; each example makes topics of its own. Its catalog is SQLite
+    only: a cluster shared by the module's examples outlives the suite's per-test `catalog`, and what is checked
+    here is the records' way through clients, agent and compaction, which the catalog does not change (the
+    compaction jobs and the DAGs run on PostgreSQL in tests/test_jobs.py and tests/test_dags.py)."""
     catalog = Catalog(open_store(f"file://{tmp_path_factory.mktemp('kafka-compaction') / 'store'}"))
     catalog.ensure_created(NOW)
     agent = RunningAgent(catalog, flush_interval_ms=20)
@@ -134,8 +138,6 @@ def test_produce_sweep_consume_equals_the_model(cluster: tuple[Catalog, RunningA
 def test_kafka_python_through_the_full_sweep_dag_with_spark_equals_the_model(airflow_catalog: Catalog) -> None:
     """kafka-python produces (every key written several times, some deleted), the full-sweep DAG compacts through
     spark-submit, and kafka-python consumes exactly the model's survivors."""
-    from tests.test_dags import _dag, _load_dags, _states
-
     now = int(time.time() * 1000)
     catalog = airflow_catalog
     catalog.ensure_created(now)
@@ -158,8 +160,8 @@ def test_kafka_python_through_the_full_sweep_dag_with_spark_equals_the_model(air
                     ModelRecord(future.get(10).offset, key, value, timestamp) for p, key, value, timestamp, future in sent if p == partition
                 ])
         producer.close()
-        run = _dag(_load_dags(), "logcompact_full_sweep_daily").test()
-        assert str(run.state) == "success", _states("logcompact_full_sweep_daily", run.run_id)
+        run = without_retries(load_dags(), "logcompact_full_sweep_daily").test()
+        assert str(run.state) == "success", task_states("logcompact_full_sweep_daily", run.run_id)
         sweep_at = max(r.timestamp for p in range(PARTITIONS) for r in model.records("accounts", p)) + 60_000  # the run's clock: later
         job = {("accounts", p): {r.offset for r in model.records("accounts", p)} for p in range(PARTITIONS)}
         model.compact_pass([(job, True)], {"accounts": topic.config}, sweep_at)

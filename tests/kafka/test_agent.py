@@ -1,15 +1,14 @@
 """`logcompact agent` with real Kafka clients: confluent-kafka (librdkafka), kafka-python and Debian's kcat.
 
 The agent runs in-process on 127.0.0.1 with a free port (its own asyncio loop in a thread), over a file://
-store with a SQLite catalog; the raw-socket tests check the server's own contract (bad frames, unserved APIs,
-order of responses), and one test runs `python -m logcompact agent` to stop it with a signal.
+store with its catalog on SQLite and on PostgreSQL; the raw-socket tests check the server's own contract (bad
+frames, unserved APIs, order of responses), and one test runs `python -m logcompact agent` to stop it with a signal.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import io
 import json
 import logging
 import os
@@ -23,7 +22,6 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicCollection, TopicPartition
@@ -32,23 +30,23 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from logcompact.catalog import Catalog
 from logcompact.consume import read_records
 from logcompact.kafka.cluster import Address
-from logcompact.kafka.codec import build, kio_versions
+from logcompact.kafka.codec import kio_versions
 from logcompact.kafka.handlers import APIS
 from logcompact.kafka.server import AgentServer, AgentSettings
 from logcompact.store import open_store
 from tests.helpers import create_topic
+from tests.kafka.agents import FAST_CLIENT, RunningAgent, agent_environment
+from tests.kafka.wire import closed_by_peer, connect, kio_exchange, kio_frame, receive_frame, request_frame
 
 TOPICS = {"orders": 3, "clicks": 1}
 MAX_FRAME_BYTES = 1024 * 1024
 UNSUPPORTED_VERSION = 35
-FAST_CLIENT = {"socket.timeout.ms": 5000, "socket.connection.setup.timeout.ms": 5000}
 
 pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.fixture
-def catalog(tmp_path: Path) -> Catalog:
-    catalog = Catalog(open_store(f"file://{tmp_path / 'store'}"))
+def catalog(catalog: Catalog) -> Catalog:
     create_topic(catalog, "orders", TOPICS["orders"], cleanup_policy="compact")
     create_topic(catalog, "clicks", TOPICS["clicks"])
     return catalog
@@ -56,18 +54,11 @@ def catalog(tmp_path: Path) -> Catalog:
 
 @pytest.fixture
 def agent(catalog: Catalog) -> Iterator[AgentServer]:
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name="agent", daemon=True)
-    thread.start()
-    server = AgentServer(catalog, AgentSettings(Address("127.0.0.1", 0), max_frame_bytes=MAX_FRAME_BYTES))
-    asyncio.run_coroutine_threadsafe(server.start(), loop).result(timeout=10)
+    running = RunningAgent(catalog, max_frame_bytes=MAX_FRAME_BYTES)
     try:
-        yield server
+        yield running.server
     finally:
-        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(timeout=10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
-        loop.close()
+        running.stop()
 
 
 def bootstrap(agent: AgentServer) -> str:
@@ -153,37 +144,6 @@ def test_kcat_lists_the_topics(agent: AgentServer) -> None:
 # -- the server's own contract, on raw sockets ---------------------------------------------------------
 
 
-def request_frame(api_key: int, version: int, correlation_id: int, body: bytes = b"") -> bytes:
-    """A non-flexible request (header v1, null client id)."""
-    message = struct.pack(">hhih", api_key, version, correlation_id, -1) + body
-    return struct.pack(">i", len(message)) + message
-
-
-def receive_frame(connection: socket.socket) -> bytes:
-    size = struct.unpack(">i", receive_exactly(connection, 4))[0]
-    return receive_exactly(connection, size)
-
-
-def receive_exactly(connection: socket.socket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = connection.recv(size - len(data))
-        assert chunk, f"connection closed after {len(data)} of {size} bytes"
-        data += chunk
-    return data
-
-
-def connect(agent: AgentServer) -> socket.socket:
-    return socket.create_connection((agent.address.host, agent.address.port), timeout=5)
-
-
-def closed_by_peer(connection: socket.socket) -> bool:
-    try:
-        return connection.recv(1) == b""
-    except ConnectionResetError:
-        return True
-
-
 def advertised_ranges(response: bytes) -> dict[int, tuple[int, int]]:
     """The ranges of an ApiVersions v0 response body (after its correlation id)."""
     count = struct.unpack_from(">i", response, 2)[0]
@@ -200,38 +160,6 @@ def test_api_versions_advertises_exactly_the_table_within_the_codec(agent: Agent
     assert advertised_ranges(response[4:]) == {api.key: (api.min_version, api.max_version) for api in APIS.values()}
     for api in APIS.values():
         assert api.min_version in kio_versions(api.key) and api.max_version in kio_versions(api.key)
-
-
-def kio_frame(api_key: int, version: int, body: dict, correlation_id: int) -> bytes:
-    """A size-prefixed request of any version, encoded by kio."""
-    from kio.index import load_request_schema
-    from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
-    from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
-    from kio.serial import entity_writer
-
-    request_class = load_request_schema(api_key, version)
-    header_class = RequestHeaderV2 if request_class.__flexible__ else RequestHeaderV1
-    message = io.BytesIO()
-    entity_writer(header_class)(message, header_class(request_api_key=api_key, request_api_version=version, correlation_id=correlation_id, client_id="test"))
-    entity_writer(request_class)(message, build(request_class, body))
-    return struct.pack(">i", len(message.getvalue())) + message.getvalue()
-
-
-def kio_exchange(agent: AgentServer, api_key: int, version: int, body: dict) -> Any:
-    """One request of any version encoded by kio, and its response decoded by kio: checks, for the versions real
-    clients do not send here, the agent's framing, header versions and the fields each version has."""
-    from kio.index import load_response_schema
-    from kio.serial import entity_reader
-
-    with connect(agent) as connection:
-        connection.sendall(kio_frame(api_key, version, body, correlation_id=version))
-        frame = receive_frame(connection)
-    response_class = load_response_schema(api_key, version)
-    header, size = entity_reader(response_class.__header_schema__)(frame, 0)
-    assert header.correlation_id == version
-    response, body_size = entity_reader(response_class)(frame, size)
-    assert size + body_size == len(frame)
-    return response
 
 
 @pytest.mark.parametrize("version", range(APIS[3].min_version, APIS[3].max_version + 1))
@@ -336,9 +264,8 @@ def test_a_frame_after_good_requests_closes_only_after_their_answers(agent: Agen
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_the_agent_command_serves_until_a_signal_and_stops_cleanly(catalog: Catalog, stop_signal: signal.Signals) -> None:
-    environment = {**os.environ, "LOGCOMPACT_STORE": catalog.store.uri}
     command = [sys.executable, "-m", "logcompact", "agent", "--listen", "127.0.0.1:0", "--advertise", "agent.example:9092"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=agent_environment(catalog))
     try:
         assert process.stdout is not None
         started = json.loads(process.stdout.readline())
@@ -357,9 +284,8 @@ def test_the_agent_command_serves_until_a_signal_and_stops_cleanly(catalog: Cata
 
 
 def test_the_agent_command_refuses_a_bad_address(catalog: Catalog) -> None:
-    environment = {**os.environ, "LOGCOMPACT_STORE": catalog.store.uri}
     result = subprocess.run(
-        [sys.executable, "-m", "logcompact", "agent", "--listen", "localhost"], capture_output=True, text=True, env=environment, timeout=60
+        [sys.executable, "-m", "logcompact", "agent", "--listen", "localhost"], capture_output=True, text=True, env=agent_environment(catalog), timeout=60
     )
     assert result.returncode == 2
     assert "--listen 'localhost' is not HOST:PORT" in result.stderr

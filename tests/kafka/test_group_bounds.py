@@ -15,12 +15,20 @@ from confluent_kafka import Consumer, KafkaError
 
 from logcompact.catalog import Catalog
 from logcompact.kafka.coordinator import OVERHEAD_BYTES, GroupCoordinator
-from tests.test_kafka_groups import JOIN, LEAVE, LIST, MEMBER_ID_REQUIRED, NONE, SYNC, TOPIC, Wire, catalog, group_member, join, join_body, produce  # noqa: F401 (fixture)
-from tests.test_kafka_produce import RunningAgent
+from tests.helpers import create_topic
+from tests.kafka.agents import RunningAgent
+from tests.kafka.groups import DESCRIBE, JOIN, LEAVE, LIST, MEMBER_ID_REQUIRED, NONE, PARTITIONS, SYNC, TOPIC, group_member, join, join_body, produce
+from tests.kafka.wire import Wire
 
 pytestmark = pytest.mark.timeout(60)
 
-GROUP_MAX_SIZE_REACHED, UNKNOWN_SERVER_ERROR, DESCRIBE = 81, -1, 15
+GROUP_MAX_SIZE_REACHED, UNKNOWN_SERVER_ERROR = 81, -1
+
+
+@pytest.fixture
+def catalog(catalog: Catalog) -> Catalog:
+    create_topic(catalog, TOPIC, PARTITIONS)
+    return catalog
 
 
 def coordinator(agent: RunningAgent) -> GroupCoordinator:
@@ -51,7 +59,7 @@ def read_some(members: list[Consumer], consumed: set[tuple[int, int]]) -> None:
 
 
 @pytest.fixture
-def small_agent(catalog: Catalog) -> Iterator[RunningAgent]:  # noqa: F811 (fixture)
+def small_agent(catalog: Catalog) -> Iterator[RunningAgent]:
     """Groups of 2 at most, 1 MiB for all members; no initial rebalance delay."""
     running = RunningAgent(catalog, flush_interval_ms=20, group_initial_rebalance_delay_ms=0, group_max_size=2, group_max_bytes=1 << 20)
     try:
@@ -67,7 +75,7 @@ def small_wire(small_agent: RunningAgent) -> Iterator[Wire]:
     connection.close()
 
 
-def test_a_third_confluent_consumer_of_a_group_of_two_is_refused_and_the_two_keep_consuming(catalog: Catalog) -> None:  # noqa: F811 (fixture)
+def test_a_third_confluent_consumer_of_a_group_of_two_is_refused_and_the_two_keep_consuming(catalog: Catalog) -> None:
     agent = RunningAgent(catalog, flush_interval_ms=20, group_max_size=2)
     members = [group_member(agent, "pair") for _ in range(2)]
     third = None

@@ -19,7 +19,6 @@ import threading
 import time
 import zlib
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,9 +32,8 @@ from logcompact.consume import read_records
 from logcompact.exceptions import CatalogUnavailableError
 from logcompact.kafka.codec import ErrorCode
 from logcompact.kafka.coordinator import COMPLETING_REBALANCE, OVERHEAD_BYTES, PREPARING_REBALANCE, ROW_RETRY_BACKOFF_MS, STABLE, GroupCoordinator
-from logcompact.store import open_store
-from tests.helpers import create_topic, start_agent_process
-from tests.test_kafka_produce import RunningAgent
+from tests.helpers import create_topic
+from tests.kafka.agents import RunningAgent, start_agent_process
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -83,8 +81,7 @@ class Member(threading.Thread):
         self.consumer.close()
 
 
-def test_a_group_committing_each_record_loses_no_member_and_redelivers_nothing_across_four_coordinator_kills(tmp_path: Path) -> None:
-    catalog = Catalog(open_store(f"file://{tmp_path / 'store'}"))
+def test_a_group_committing_each_record_loses_no_member_and_redelivers_nothing_across_four_coordinator_kills(catalog: Catalog) -> None:
     create_topic(catalog, TOPIC, PARTITIONS)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -8,8 +8,6 @@ exercised exactly.
 
 from __future__ import annotations
 
-import asyncio
-import io
 import json
 import os
 import shutil
@@ -20,9 +18,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, Producer
@@ -30,136 +25,44 @@ from crc32c import crc32c
 from kafka import KafkaProducer
 from kafka.errors import InvalidRecordError as KafkaInvalidRecordError
 from kafka.errors import KafkaError as KafkaPythonError
-from kafka.record.default_records import DefaultRecordBatchBuilder
 from kafka.record.legacy_records import LegacyRecordBatchBuilder
-from kio.index import load_request_schema, load_response_schema
-from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
-from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
-from kio.serial import entity_reader, entity_writer
 
 from logcompact.catalog import Catalog
-from logcompact.consume import ConsumedRecord, read_records
-from logcompact.kafka.cluster import Address
-from logcompact.kafka.codec import build
+from logcompact.consume import ConsumedRecord
 from logcompact.kafka.handlers import produce as produce_module
-from logcompact.kafka.server import AgentServer, AgentSettings
-from logcompact.store import open_store
 from tests.helpers import create_topic
-from tests.test_kafka_agent import closed_by_peer, connect, receive_frame, request_frame
+from tests.kafka.agents import FLUSH_MS, MAX_MESSAGE_BYTES, RunningAgent, agent_environment, stored
+from tests.kafka.wire import (
+    ATTRIBUTES_AT,
+    CODECS,
+    PADDING,
+    TIMESTAMP,
+    closed_by_peer,
+    connect,
+    keyed_batch,
+    produce,
+    produce_request,
+    produce_response,
+    receive_frame,
+    record_batch,
+    request_frame,
+    value,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
-FLUSH_MS = 50
-MAX_MESSAGE_BYTES = 64 * 1024
-TIMESTAMP = 1_700_000_000_000
-CODECS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
-ATTRIBUTES_AT = struct.calcsize(">qiibI")  # a record batch's attributes: the codec in their low 3 bits
 CRC_AT = struct.calcsize(">qiib")  # its CRC-32C, of every byte from the attributes on
 HEADER_BYTES = 61
-PADDING = b"." * 200
 # Kafka's error codes
 NONE, CORRUPT_MESSAGE, UNKNOWN_TOPIC_OR_PARTITION, MESSAGE_TOO_LARGE = 0, 2, 3, 10
 INVALID_REQUIRED_ACKS, UNKNOWN_PRODUCER_ID, UNSUPPORTED_COMPRESSION_TYPE, INVALID_RECORD = 21, 59, 76, 87
 
 
 @pytest.fixture
-def catalog(tmp_path: Path) -> Catalog:
-    catalog = Catalog(open_store(f"file://{tmp_path / 'store'}"))
+def catalog(catalog: Catalog) -> Catalog:
     create_topic(catalog, "orders", 2, cleanup_policy="compact")
     create_topic(catalog, "clicks", 1)
     return catalog
-
-
-class RunningAgent:
-    """An AgentServer on its own event loop thread, as `logcompact agent` runs it."""
-
-    def __init__(self, catalog: Catalog, **settings: Any) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="agent", daemon=True)
-        self.thread.start()
-        self.server = AgentServer(catalog, AgentSettings(Address("127.0.0.1", 0), **settings))
-        self.call(self.server.start())
-
-    def call(self, coroutine: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=30)
-
-    @property
-    def bootstrap(self) -> str:
-        return str(self.server.address)
-
-    def stop(self) -> None:
-        self.call(self.server.stop())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
-        self.loop.close()
-
-
-@pytest.fixture
-def agent(catalog: Catalog) -> Iterator[RunningAgent]:
-    running = RunningAgent(catalog, flush_interval_ms=FLUSH_MS, max_message_bytes=MAX_MESSAGE_BYTES)
-    try:
-        yield running
-    finally:
-        running.stop()
-
-
-def stored(catalog: Catalog, topic: str, partition: int) -> list[ConsumedRecord]:
-    return list(read_records(catalog.store, catalog.snapshot(), topic, partition))
-
-
-# -- batches and requests, built as clients build them ----------------------------------------------
-
-
-def record_batch(records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]], codec: str = "none", producer_id: int = -1) -> bytes:
-    """One record batch v2 as kafka-python's producer builds it: timestamps TIMESTAMP + index."""
-    idempotent = producer_id >= 0
-    builder = DefaultRecordBatchBuilder(magic=2, compression_type=CODECS[codec], is_transactional=False, producer_id=producer_id,
-                                        producer_epoch=0 if idempotent else -1, base_sequence=0 if idempotent else -1, batch_size=1 << 24)
-    for index, (key, value, headers) in enumerate(records):
-        builder.append(index, timestamp=TIMESTAMP + index, key=key, value=value, headers=headers)
-    batch = bytes(builder.build())
-    # kafka-python sends a batch uncompressed when compressing does not make it smaller
-    assert struct.unpack_from(">h", batch, ATTRIBUTES_AT)[0] & 7 == CODECS[codec], f"{codec} did not shrink the batch: give it more records"
-    return batch
-
-
-def keyed_batch(count: int, codec: str = "none", prefix: str = "v") -> bytes:
-    return record_batch([(f"k{i}".encode(), value(prefix, i), [("n", str(i).encode())]) for i in range(count)], codec)
-
-
-def value(prefix: str, index: int) -> bytes:
-    """Compressible: every codec shrinks a batch of these."""
-    return f"{prefix}{index}".encode() + PADDING
-
-
-def produce_request(version: int, correlation_id: int, partitions: dict[tuple[str, int], bytes | None], acks: int = -1) -> bytes:
-    topics: dict[str, list[dict]] = {}
-    for (topic, index), records in partitions.items():
-        topics.setdefault(topic, []).append({"index": index, "records": records})
-    request_class = load_request_schema(0, version)
-    header_class = RequestHeaderV2 if request_class.__flexible__ else RequestHeaderV1
-    message = io.BytesIO()
-    entity_writer(header_class)(message, header_class(request_api_key=0, request_api_version=version, correlation_id=correlation_id, client_id="test"))
-    body = {"transactional_id": None, "acks": acks, "timeout": 5000, "topic_data": [{"name": name, "partition_data": data} for name, data in topics.items()]}
-    entity_writer(request_class)(message, build(request_class, body))
-    return struct.pack(">i", len(message.getvalue())) + message.getvalue()
-
-
-def produce_response(frame: bytes, version: int) -> tuple[int, dict[tuple[str, int], Any]]:
-    response_class = load_response_schema(0, version)
-    header, size = entity_reader(response_class.__header_schema__)(frame, 0)
-    response, body_size = entity_reader(response_class)(frame, size)
-    assert size + body_size == len(frame)
-    partitions = {(topic.name, int(p.index)): p for topic in response.responses for p in topic.partition_responses}
-    return int(header.correlation_id), partitions
-
-
-def produce(agent: RunningAgent, partitions: dict[tuple[str, int], bytes | None], version: int = 9, acks: int = -1) -> dict[tuple[str, int], Any]:
-    with connect(agent.server) as connection:
-        connection.sendall(produce_request(version, 5, partitions, acks))
-        correlation_id, answered = produce_response(receive_frame(connection), version)
-    assert correlation_id == 5
-    return answered
 
 
 # -- real clients ------------------------------------------------------------------------------------
@@ -400,9 +303,8 @@ def test_stopping_commits_what_the_agent_holds_and_answers_it(catalog: Catalog) 
 
 
 def test_the_agent_command_commits_acked_batches_on_sigterm(catalog: Catalog) -> None:
-    environment = {**os.environ, "LOGCOMPACT_STORE": catalog.store.uri}
     command = [sys.executable, "-m", "logcompact", "agent", "--listen", "127.0.0.1:0", "--flush-ms", "60000", "--flush-bytes", "100000000"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=agent_environment(catalog))
     try:
         assert process.stdout is not None
         host, port = json.loads(process.stdout.readline())["listening"].rsplit(":", 1)

@@ -12,8 +12,6 @@ import json
 import signal
 import socket
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,21 +26,9 @@ from logcompact.catalog import schema as s
 from logcompact.catalog.catalog import PRODUCER_EXPIRY_EVERY_MS
 from logcompact.catalog.producers import EXPIRATION_MS, SequencedBatch
 from logcompact.ingest import Agent, Record
-from logcompact.store import open_store
-from tests.helpers import create_topic, start_agent_process
-from tests.test_kafka_agent import kio_exchange, receive_frame
-from tests.test_kafka_produce import (
-    CODECS,
-    FLUSH_MS,
-    MAX_MESSAGE_BYTES,
-    TIMESTAMP,
-    RunningAgent,
-    produce,
-    produce_request,
-    produce_response,
-    stored,
-    value,
-)
+from tests.helpers import create_topic
+from tests.kafka.agents import FLUSH_MS, RunningAgent, start_agent_process, stored
+from tests.kafka.wire import CODECS, TIMESTAMP, kio_exchange, produce, produce_request, produce_response, receive_frame, value
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -53,27 +39,9 @@ IDEMPOTENT_LIBRDKAFKA = {"enable.idempotence": True, "acks": "all", "linger.ms":
 
 
 @pytest.fixture
-def catalog(tmp_path: Path) -> Catalog:
-    catalog = Catalog(open_store(f"file://{tmp_path / 'store'}"))
+def catalog(catalog: Catalog) -> Catalog:
     create_topic(catalog, "orders", 2, cleanup_policy="compact")
     return catalog
-
-
-@pytest.fixture
-def either_catalog(tmp_path: Path, catalog_url: str | None) -> Catalog:
-    """The same topic in a catalog on each database in turn (SQLite, PostgreSQL)."""
-    either = Catalog(open_store(f"file://{tmp_path / 'store'}"), catalog_url)
-    create_topic(either, "orders", 2, cleanup_policy="compact")
-    return either
-
-
-@pytest.fixture
-def agent(catalog: Catalog) -> Iterator[RunningAgent]:
-    running = RunningAgent(catalog, flush_interval_ms=FLUSH_MS, max_message_bytes=MAX_MESSAGE_BYTES)
-    try:
-        yield running
-    finally:
-        running.stop()
 
 
 def init_producer_id(agent: RunningAgent, version: int = 4, transactional_id: str | None = None, producer_id: int = -1, epoch: int = -1) -> Any:
@@ -288,8 +256,7 @@ def test_epochs_unknown_producers_and_transactional_batches(agent: RunningAgent,
     assert values_of(catalog, "orders", 1) == [b"other"]
 
 
-def test_state_survives_an_agent_restart(either_catalog: Catalog) -> None:
-    catalog = either_catalog
+def test_state_survives_an_agent_restart(catalog: Catalog) -> None:
     first = RunningAgent(catalog, flush_interval_ms=FLUSH_MS)
     try:
         producer_id = int(init_producer_id(first).producer_id)
@@ -308,8 +275,7 @@ def test_state_survives_an_agent_restart(either_catalog: Catalog) -> None:
     assert values_of(catalog) == [b"a", b"b", b"c", b"d"]
 
 
-def test_a_producer_moving_between_agents_is_checked_against_the_catalog(either_catalog: Catalog) -> None:
-    catalog = either_catalog
+def test_a_producer_moving_between_agents_is_checked_against_the_catalog(catalog: Catalog) -> None:
     one, two = RunningAgent(catalog, flush_interval_ms=FLUSH_MS), RunningAgent(catalog, flush_interval_ms=FLUSH_MS)
     try:
         producer_id = int(init_producer_id(one).producer_id)
@@ -379,8 +345,8 @@ def test_kill_9_during_idempotent_acks_all_produce_loses_and_repeats_nothing(cat
             assert acked[record.value] == (partition, record.offset)
 
 
-def test_idle_producer_state_expires_after_a_day_during_appends(either_catalog: Catalog) -> None:
-    catalog, now = either_catalog, TIMESTAMP
+def test_idle_producer_state_expires_after_a_day_during_appends(catalog: Catalog) -> None:
+    now = TIMESTAMP
     idle, written, newest = (catalog.allocate_producer_id(now) for _ in range(3))
     for at, producer_id in ((now, written), (now + EXPIRATION_MS + PRODUCER_EXPIRY_EVERY_MS, newest)):
         agent = Agent(catalog, background=False, clock=lambda at=at: at)

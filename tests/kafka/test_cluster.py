@@ -15,9 +15,8 @@ from logcompact.exceptions import CommitConflictError, LogcompactError
 from logcompact.kafka.cluster import ALIVE_MS
 from logcompact.kafka.server import AgentServer
 from tests.helpers import NOW, create_topic
-from tests.test_kafka_produce import RunningAgent
+from tests.kafka.agents import FAST_CLIENT, RunningAgent
 
-FAST_CLIENT = {"socket.timeout.ms": 5000, "socket.connection.setup.timeout.ms": 5000}
 PARTITIONS = 6
 
 pytestmark = pytest.mark.timeout(90)

@@ -9,51 +9,38 @@ SIGKILL and the group rebalances after its session timeout; kafka-python, aiokaf
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import os
 import shutil
-import socket
-import struct
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, ConsumerGroupState, Producer
+from confluent_kafka import ConsumerGroupState
 from confluent_kafka.admin import AdminClient
-from kio.index import load_request_schema, load_response_schema
-from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
-from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
-from kio.serial import entity_reader, entity_writer
 
 from logcompact.catalog import Catalog
 from logcompact.catalog.groups import GroupCatalog
-from logcompact.kafka.codec import build
 from logcompact.kafka.handlers import APIS
-from logcompact.store import open_store
 from tests.helpers import create_topic
-from tests.test_kafka_agent import receive_frame
-from tests.test_kafka_produce import RunningAgent
+from tests.kafka.agents import FAST_CLIENT, RunningAgent
+from tests.kafka.groups import COMMIT, DESCRIBE, FETCH, FIND, HEARTBEAT, JOIN, LEAVE, LIST, NONE, PARTITIONS, SYNC, TOPIC, group_member, join, join_body, produce
+from tests.kafka.wire import Wire
 
 pytestmark = pytest.mark.timeout(90)
 
-TOPIC, PARTITIONS = "events", 6
-FAST_CLIENT = {"socket.timeout.ms": 5000, "socket.connection.setup.timeout.ms": 5000}
 # Kafka's error codes
-NONE, UNKNOWN_TOPIC_OR_PARTITION, NOT_COORDINATOR, ILLEGAL_GENERATION, INCONSISTENT_GROUP_PROTOCOL = 0, 3, 16, 22, 23
+UNKNOWN_TOPIC_OR_PARTITION, NOT_COORDINATOR, ILLEGAL_GENERATION, INCONSISTENT_GROUP_PROTOCOL = 3, 16, 22, 23
 INVALID_GROUP_ID, UNKNOWN_MEMBER_ID, INVALID_SESSION_TIMEOUT, REBALANCE_IN_PROGRESS = 24, 25, 26, 27
-INVALID_REQUEST, MEMBER_ID_REQUIRED, FENCED_INSTANCE_ID = 42, 79, 82
-JOIN, HEARTBEAT, LEAVE, SYNC, DESCRIBE, LIST, COMMIT, FETCH, FIND = 11, 12, 13, 14, 15, 16, 8, 9, 10
+INVALID_REQUEST, FENCED_INSTANCE_ID = 42, 82
 
 
 @pytest.fixture
-def catalog(tmp_path: Path) -> Catalog:
-    catalog = Catalog(open_store(f"file://{tmp_path / 'store'}"))
+def catalog(catalog: Catalog) -> Catalog:
     create_topic(catalog, TOPIC, PARTITIONS)
     return catalog
 
@@ -75,28 +62,6 @@ def quick_agent(catalog: Catalog) -> Iterator[RunningAgent]:
         yield running
     finally:
         running.stop()
-
-
-def produce(agent: RunningAgent, per_partition: int, start: int = 0) -> set[tuple[int, int]]:
-    """`per_partition` records into each partition, acked; their (partition, offset)s."""
-    producer = Producer({"bootstrap.servers": agent.bootstrap, "linger.ms": 5, **FAST_CLIENT})
-    acked: set[tuple[int, int]] = set()
-
-    def delivered(error: Any, message: Any) -> None:
-        assert error is None, error
-        acked.add((message.partition(), message.offset()))
-
-    for partition in range(PARTITIONS):
-        for n in range(start, start + per_partition):
-            producer.produce(TOPIC, key=f"k{n}", value=f"v{n}", partition=partition, on_delivery=delivered)
-    assert producer.flush(15) == 0
-    assert len(acked) == PARTITIONS * per_partition
-    return acked
-
-
-def group_member(agent: RunningAgent, group: str, **config: Any) -> Consumer:
-    return Consumer({"bootstrap.servers": agent.bootstrap, "group.id": group, "auto.offset.reset": "earliest",
-                     "heartbeat.interval.ms": 300, "session.timeout.ms": 3000, **FAST_CLIENT, **config})
 
 
 # A member in a process of its own, killed with SIGKILL: it prints "ready", subscribes on "go", and prints each
@@ -269,60 +234,11 @@ def test_kcat_consumes_in_a_group_and_commits(agent: RunningAgent, catalog: Cata
 # -- raw requests -------------------------------------------------------------------------------------
 
 
-class Wire:
-    """One connection sending kio-encoded requests, pipelined if need be, and reading their answers in order."""
-
-    def __init__(self, agent: RunningAgent) -> None:
-        address = agent.server.address
-        self.socket = socket.create_connection((address.host, address.port), timeout=10)
-        self.sent: list[tuple[int, int, int]] = []
-
-    def send(self, api_key: int, version: int, body: dict[str, Any]) -> None:
-        request_class = load_request_schema(api_key, version)
-        header_class = RequestHeaderV2 if request_class.__flexible__ else RequestHeaderV1
-        correlation_id = len(self.sent) + 1
-        message = io.BytesIO()
-        entity_writer(header_class)(message, header_class(request_api_key=api_key, request_api_version=version, correlation_id=correlation_id, client_id="raw"))
-        entity_writer(request_class)(message, build(request_class, body))
-        self.socket.sendall(struct.pack(">i", len(message.getvalue())) + message.getvalue())
-        self.sent.append((api_key, version, correlation_id))
-
-    def receive(self) -> Any:
-        api_key, version, correlation_id = self.sent.pop(0)
-        frame = receive_frame(self.socket)
-        response_class = load_response_schema(api_key, version)
-        header, size = entity_reader(response_class.__header_schema__)(frame, 0)
-        assert header.correlation_id == correlation_id
-        return entity_reader(response_class)(frame, size)[0]
-
-    def call(self, api_key: int, version: int, body: dict[str, Any]) -> Any:
-        assert not self.sent
-        self.send(api_key, version, body)
-        return self.receive()
-
-    def close(self) -> None:
-        self.socket.close()
-
-
 @pytest.fixture
 def wire(quick_agent: RunningAgent) -> Iterator[Wire]:
     connection = Wire(quick_agent)
     yield connection
     connection.close()
-
-
-def join_body(group: str, member_id: str = "", protocol_type: str = "consumer", protocols: list[tuple[str, bytes]] | None = None,
-              session_ms: int = 10000, instance_id: str | None = None) -> dict[str, Any]:
-    return {"group_id": group, "session_timeout": session_ms, "rebalance_timeout": 10000, "member_id": member_id, "group_instance_id": instance_id,
-            "protocol_type": protocol_type, "protocols": [{"name": n, "metadata": m} for n, m in (protocols if protocols is not None else [("range", b"m")])]}
-
-
-def join(wire: Wire, version: int, group: str, **fields: Any) -> Any:
-    """A JoinGroup as clients send it: from v4 once for a member id (MEMBER_ID_REQUIRED) and again with it."""
-    answer = wire.call(JOIN, version, join_body(group, **fields))
-    if version >= 4 and int(answer.error_code) == MEMBER_ID_REQUIRED:
-        answer = wire.call(JOIN, version, join_body(group, **{**fields, "member_id": answer.member_id}))
-    return answer
 
 
 def commit_body(group: str, generation: int, member_id: str, offsets: dict[tuple[str, int], int]) -> dict[str, Any]:

@@ -10,12 +10,10 @@ import struct
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import KafkaError, Message, Producer, TopicPartition
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KafkaPythonTopicPartition
 from kafka.record import MemoryRecords
@@ -29,16 +27,12 @@ from logcompact.consume import ConsumedRecord, read_records
 from logcompact.ingest import Agent, Record
 from logcompact.jobs import run_and_commit
 from logcompact.kafka.codec import build
-from logcompact.store import open_store
 from tests.helpers import NOW, create_topic, full_sweep
-from tests.test_kafka_agent import connect, receive_frame
-from tests.test_kafka_produce import RunningAgent
+from tests.kafka.agents import FLUSH_MS, RunningAgent, confluent_consumer, consume
+from tests.kafka.wire import TIMESTAMP, connect, receive_frame
 
 pytestmark = pytest.mark.timeout(60)
 
-FLUSH_MS = 50
-TIMESTAMP = 1_700_000_000_000
-FAST_CLIENT = {"socket.timeout.ms": 5000, "socket.connection.setup.timeout.ms": 5000}
 NONE, OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION, NOT_LEADER_OR_FOLLOWER, FETCH_SESSION_ID_NOT_FOUND = 0, 1, 3, 6, 70
 # "state", partition 0: keys written in this order at offsets 0-9, then compacted: each key's latest survives.
 HISTORY = [b"a", b"b", b"c", b"b", b"d", b"c", b"c", b"e", b"b", b"f"]
@@ -46,20 +40,10 @@ SURVIVORS = [0, 4, 6, 7, 8, 9]  # a (0), d (4), c (6), e (7), b (8), f (9)
 
 
 @pytest.fixture
-def catalog(tmp_path: Path) -> Catalog:
-    catalog = Catalog(open_store(f"file://{tmp_path / 'store'}"))
+def catalog(catalog: Catalog) -> Catalog:
     create_topic(catalog, "orders", 2, cleanup_policy="compact")
     create_topic(catalog, "state", 1, cleanup_policy="compact")
     return catalog
-
-
-@pytest.fixture
-def agent(catalog: Catalog) -> Iterator[RunningAgent]:
-    running = RunningAgent(catalog, flush_interval_ms=FLUSH_MS)
-    try:
-        yield running
-    finally:
-        running.stop()
 
 
 def produce(catalog: Catalog, topic: str, records: list[Record]) -> list[int]:
@@ -77,29 +61,6 @@ def compacted_state(catalog: Catalog, first_key: bytes = b"a") -> list[ConsumedR
     assert plan is not None
     run_and_commit(catalog, plan, NOW)
     return list(read_records(catalog.store, catalog.snapshot(), "state", 0))
-
-
-def consume(consumer: Consumer, count: int, timeout: float = 10) -> list[Message]:
-    """`count` messages, then the partition end (enable.partition.eof): a consumer that stalls fails here."""
-    messages: list[Message] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        message = consumer.poll(0.2)
-        if message is None:
-            continue
-        if message.error():
-            assert message.error().code() == KafkaError._PARTITION_EOF, message.error()
-            if len(messages) >= count:
-                return messages
-            continue
-        messages.append(message)
-    raise AssertionError(f"{len(messages)} of {count} messages and no end of partition within {timeout} s")
-
-
-def confluent_consumer(agent: RunningAgent, **config: Any) -> Consumer:
-    # assign() with no offset commits: no group coordinator needed (FindCoordinator is not served yet)
-    return Consumer({"bootstrap.servers": agent.bootstrap, "group.id": "fetch-tests", "enable.auto.commit": False,
-                     "enable.partition.eof": True, **FAST_CLIENT, **config})
 
 
 def as_consumed(message: Message) -> ConsumedRecord:

@@ -11,12 +11,21 @@ import subprocess
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from tests.test_kafka_produce import TIMESTAMP, RunningAgent, agent, catalog, stored  # noqa: F401 (fixtures)
+from logcompact.catalog import Catalog
+from tests.helpers import create_topic
+from tests.kafka.agents import RunningAgent
+from tests.kafka.wire import TIMESTAMP
 
 CODECS = [None, "gzip", "snappy", "lz4", "zstd"]
 COUNT = 30
 
 pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def catalog(catalog: Catalog) -> Catalog:
+    create_topic(catalog, "orders", 2, cleanup_policy="compact")
+    return catalog
 
 
 async def produce(bootstrap: str, codec: str | None, acks: int | str) -> list[tuple[int, int]]:
@@ -59,7 +68,7 @@ async def consume(bootstrap: str, start: dict[int, int | None]) -> list[tuple[in
 @pytest.mark.parametrize("acks", [1, "all"])
 @pytest.mark.parametrize("codec", CODECS)
 def test_aiokafka_produces_with_every_codec_and_consumes_from_the_beginning_and_a_timestamp(
-    agent: RunningAgent, codec: str | None, acks: int | str,  # noqa: F811 (fixture)
+    agent: RunningAgent, codec: str | None, acks: int | str,
 ) -> None:
     placed = asyncio.run(produce(agent.bootstrap, codec, acks))
     assert sorted(placed) == sorted((n % 2, n // 2) for n in range(COUNT))
@@ -69,7 +78,7 @@ def test_aiokafka_produces_with_every_codec_and_consumes_from_the_beginning_and_
 
 
 @pytest.mark.skipif(shutil.which("kcat") is None, reason="Debian's kcat is installed by `make deps`")
-def test_kcat_consumes_from_a_timestamp(agent: RunningAgent) -> None:  # noqa: F811 (fixture)
+def test_kcat_consumes_from_a_timestamp(agent: RunningAgent) -> None:
     asyncio.run(produce(agent.bootstrap, "lz4", "all"))
     done = subprocess.run(
         ["kcat", "-b", agent.bootstrap, "-C", "-t", "orders", "-p", "0", "-o", f"s@{TIMESTAMP + 20}", "-e", "-f", "%o %k %s %T\\n"],

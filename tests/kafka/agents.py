@@ -1,0 +1,93 @@
+"""Agents as the tests run them, in this process on an event loop thread of their own or as `logcompact agent`
+processes, and what real clients need around them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, Message
+
+from logcompact.catalog import Catalog
+from logcompact.consume import ConsumedRecord, read_records
+from logcompact.kafka.cluster import Address
+from logcompact.kafka.server import AgentServer, AgentSettings
+
+FLUSH_MS = 50
+MAX_MESSAGE_BYTES = 64 * 1024
+FAST_CLIENT = {"socket.timeout.ms": 5000, "socket.connection.setup.timeout.ms": 5000}
+
+
+class RunningAgent:
+    """An AgentServer on its own event loop thread, as `logcompact agent` runs it."""
+
+    def __init__(self, catalog: Catalog, **settings: Any) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="agent", daemon=True)
+        self.thread.start()
+        self.server = AgentServer(catalog, AgentSettings(Address("127.0.0.1", 0), **settings))
+        self.call(self.server.start())
+
+    def call(self, coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=30)
+
+    @property
+    def bootstrap(self) -> str:
+        return str(self.server.address)
+
+    def stop(self) -> None:
+        self.call(self.server.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        self.loop.close()
+
+
+def agent_environment(catalog: Catalog) -> dict[str, str]:
+    """The environment of a `logcompact` process on `catalog`'s cluster: its store and its catalog database
+    (LOGCOMPACT_CATALOG, which keeps a PostgreSQL URL's password off the command line)."""
+    return {**os.environ, "LOGCOMPACT_STORE": catalog.store.uri, "LOGCOMPACT_CATALOG": catalog.url}
+
+
+def start_agent_process(catalog: Catalog, port: int, flush_ms: int) -> subprocess.Popen:
+    """`logcompact agent` as its own process on 127.0.0.1:`port` (one a test can SIGKILL), once it says it listens."""
+    command = [sys.executable, "-m", "logcompact", "agent", "--listen", f"127.0.0.1:{port}", "--flush-ms", str(flush_ms)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=agent_environment(catalog))
+    assert process.stdout is not None and process.stderr is not None
+    line = process.stdout.readline()
+    assert line, process.stderr.read()
+    assert json.loads(line)["listening"] == f"127.0.0.1:{port}"
+    return process
+
+
+def stored(catalog: Catalog, topic: str, partition: int) -> list[ConsumedRecord]:
+    """A partition's records as the library reads them from the store."""
+    return list(read_records(catalog.store, catalog.snapshot(), topic, partition))
+
+
+def confluent_consumer(agent: RunningAgent, **config: Any) -> Consumer:
+    """A confluent-kafka Consumer for assign() with explicit offsets, told of each partition's end."""
+    return Consumer({"bootstrap.servers": agent.bootstrap, "group.id": "fetch-tests", "enable.auto.commit": False,
+                     "enable.partition.eof": True, **FAST_CLIENT, **config})
+
+
+def consume(consumer: Consumer, count: int, timeout: float = 10) -> list[Message]:
+    """`count` messages, then the partition end (enable.partition.eof): a consumer that stalls fails here."""
+    messages: list[Message] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        message = consumer.poll(0.2)
+        if message is None:
+            continue
+        if message.error():
+            assert message.error().code() == KafkaError._PARTITION_EOF, message.error()
+            if len(messages) >= count:
+                return messages
+            continue
+        messages.append(message)
+    raise AssertionError(f"{len(messages)} of {count} messages and no end of partition within {timeout} s")
