@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -22,8 +23,9 @@ from typing import Any
 import pytest
 from confluent_kafka import ConsumerGroupState
 from confluent_kafka.admin import AdminClient
+from sqlalchemy import update
 
-from logcompact.catalog import Catalog
+from logcompact.catalog import Catalog, schema
 from logcompact.catalog.groups import GroupCatalog
 from logcompact.kafka.handlers import APIS
 from tests.helpers import create_topic
@@ -36,7 +38,7 @@ pytestmark = pytest.mark.timeout(90)
 # Kafka's error codes
 UNKNOWN_TOPIC_OR_PARTITION, NOT_COORDINATOR, ILLEGAL_GENERATION, INCONSISTENT_GROUP_PROTOCOL = 3, 16, 22, 23
 INVALID_GROUP_ID, UNKNOWN_MEMBER_ID, INVALID_SESSION_TIMEOUT, REBALANCE_IN_PROGRESS = 24, 25, 26, 27
-INVALID_REQUEST, FENCED_INSTANCE_ID = 42, 82
+INVALID_REQUEST, FENCED_INSTANCE_ID, COORDINATOR_NOT_AVAILABLE = 42, 82, 15
 
 
 @pytest.fixture
@@ -253,6 +255,42 @@ def commit_body(group: str, generation: int, member_id: str, offsets: dict[tuple
 def commit_errors(answer: Any) -> dict[tuple[str, int], int]:
     return {(topic.name, int(p.partition_index)): int(p.error_code) for topic in answer.topics for p in topic.partitions}
 
+
+
+@pytest.mark.parametrize("catalog_url", ["postgresql"], indirect=True)  # a row held alone: SQLite would hold every write
+def test_an_offset_commit_not_written_within_the_commit_timeout_is_answered_coordinator_not_available(
+    catalog: Catalog, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """While another transaction holds a group's committed-offset row, a commit of it is answered
+    COORDINATOR_NOT_AVAILABLE once it has not been written for offsets.commit.timeout.ms (Kafka's answer to an offsets
+    append that timed out), with one warning line; once the row is free the client's retry is written and read back."""
+    timeout_ms = 500
+    agent = RunningAgent(catalog, flush_interval_ms=20, offsets_commit_timeout_ms=timeout_ms)
+    wire = Wire(agent)
+    try:
+        assert set(commit_errors(wire.call(COMMIT, 8, commit_body("g", -1, "", {(TOPIC, 0): 1}))).values()) == {NONE}
+        holder = catalog.engine.connect()
+        holder.begin()
+        rows = schema.group_offsets
+        holder.execute(update(rows).where(rows.c.group_id == "g").values(commit_ms=rows.c.commit_ms))
+        try:
+            started = time.monotonic()
+            with caplog.at_level(logging.WARNING, logger="logcompact.kafka"):
+                answer = wire.call(COMMIT, 8, commit_body("g", -1, "", {(TOPIC, 0): 2}))
+            waited = time.monotonic() - started
+            assert set(commit_errors(answer).values()) == {COORDINATOR_NOT_AVAILABLE}
+            assert timeout_ms / 1000 <= waited < timeout_ms / 1000 + 3  # the bound, with room for a loaded machine
+        finally:
+            holder.close()  # rolls back: the row is free
+        assert [r.getMessage() for r in caplog.records if r.name.startswith("logcompact.kafka")] == [
+            f"offset commit of group 'g' not written within offsets.commit.timeout.ms ({timeout_ms} ms): answered "
+            "COORDINATOR_NOT_AVAILABLE, the client commits again"]
+        assert set(commit_errors(wire.call(COMMIT, 8, commit_body("g", -1, "", {(TOPIC, 0): 3}))).values()) == {NONE}
+        fetched = wire.call(FETCH, 8, {"groups": [{"group_id": "g", "topics": [{"name": TOPIC, "partition_indexes": [0]}]}], "require_stable": False})
+        assert [int(p.committed_offset) for g in fetched.groups for t in g.topics for p in t.partitions] == [3]
+    finally:
+        wire.close()
+        agent.stop()
 
 @pytest.mark.parametrize("version", range(APIS[JOIN].min_version, APIS[JOIN].max_version + 1))
 def test_a_member_joins_syncs_heartbeats_commits_and_leaves_with_every_version(wire: Wire, version: int) -> None:
