@@ -32,7 +32,6 @@ from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
 from kio.serial import entity_reader, entity_writer
 
 from logcompact.catalog import Catalog
-from logcompact.catalog.groups import GroupCatalog
 from logcompact.kafka.codec import build
 from logcompact.kafka.handlers import APIS
 from logcompact.store import open_store
@@ -170,7 +169,7 @@ def test_confluent_group_of_three_shares_six_partitions_and_a_killed_member_leav
         process.kill()  # SIGKILL: no LeaveGroup; its session times out
         process.wait(timeout=10)
         reader.join(timeout=5)
-        committed = GroupCatalog(catalog.engine).committed_offsets("trio")
+        committed = catalog.committed_offsets("trio")
         assert {partition: committed[(TOPIC, partition)].offset for partition in killed_partitions} == dict.fromkeys(killed_partitions, 50)
 
         second_batch = produce(agent, 50, start=50)
@@ -201,7 +200,6 @@ def test_offsets_and_generations_resume_after_an_agent_restart_with_kafka_python
     from aiokafka import AIOKafkaConsumer
     from kafka import KafkaConsumer
 
-    groups = GroupCatalog(catalog.engine)
     first_agent = RunningAgent(catalog, flush_interval_ms=20)
     try:
         first_batch = produce(first_agent, 5)
@@ -217,7 +215,7 @@ def test_offsets_and_generations_resume_after_an_agent_restart_with_kafka_python
         assert sorted(consumed) == sorted(first_batch)
     finally:
         first_agent.stop()
-    before = groups.group("resume")
+    before = catalog.group("resume")
     assert before is not None and before.generation >= 1
 
     second_agent = RunningAgent(catalog, flush_interval_ms=20)  # a new agent on the same catalog
@@ -245,9 +243,9 @@ def test_offsets_and_generations_resume_after_an_agent_restart_with_kafka_python
         assert sorted(asyncio.run(consume_with_aiokafka())) == sorted(second_batch)  # from the committed offsets on
     finally:
         second_agent.stop()
-    after = groups.group("resume")
+    after = catalog.group("resume")
     assert after is not None and after.generation > before.generation  # generations continue from the row
-    committed = groups.committed_offsets("resume")
+    committed = catalog.committed_offsets("resume")
     assert {partition: committed[(TOPIC, partition)].offset for partition in range(PARTITIONS)} == dict.fromkeys(range(PARTITIONS), 10)
 
 
@@ -262,7 +260,7 @@ def test_kcat_consumes_in_a_group_and_commits(agent: RunningAgent, catalog: Cata
     assert done.returncode == 0, done.stderr
     consumed = sorted(tuple(int(n) for n in line.split()) for line in done.stdout.splitlines())
     assert consumed == sorted(produced)
-    committed = GroupCatalog(catalog.engine).committed_offsets("kcat-group")  # librdkafka commits as it closes
+    committed = catalog.committed_offsets("kcat-group")  # librdkafka commits as it closes
     assert {partition: committed[(TOPIC, partition)].offset for partition in range(PARTITIONS)} == dict.fromkeys(range(PARTITIONS), 3)
 
 
