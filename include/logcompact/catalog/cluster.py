@@ -1,7 +1,7 @@
 """A catalog bound to its store: the cluster made (schema, version 1, the store's marker), and the store's marker
 checked against the catalog (same cluster, a version the catalog has reached) or written for a store that has none
-when the catalog agrees with its data. `identity` reads and writes the marker; these are the catalog's side, called
-by `Catalog`.
+when the catalog agrees with its data. `identity` reads and writes the marker, without the database layer (a Spark
+task checks a store with it alone); these are the catalog's side, called by `Catalog`.
 """
 
 from __future__ import annotations
