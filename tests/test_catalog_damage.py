@@ -39,7 +39,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from lab.servers.postgres import PostgresServer
 from logcompact.catalog import Catalog, schema
 from logcompact.catalog.database import catalog_errors, redact_url
-from logcompact.catalog.groups import CommittedOffset, GroupCatalog, GroupRow, StoredMember
+from logcompact.catalog.groups import CommittedOffset, GroupRow, StoredMember
 from logcompact.catalog.model import CatalogUpgrade
 from logcompact.consume import latest_values, read_records
 from logcompact.exceptions import (
@@ -839,15 +839,14 @@ def test_a_schema_10_catalog_upgrades_to_group_rows_a_coordinator_loads(catalog:
     nor assignment, so the upgrade leaves each Empty without members (they join again, as under schema 10), with its
     generation and protocol type, and its committed offsets. Rows written after it keep their members."""
     create_topic(catalog, "t", partitions=1, cleanup_policy="compact")
-    groups = GroupCatalog(catalog.engine)
     member = StoredMember("m-1", None, "client", 10_000, 30_000, (("range", b"\x00\x01"),), b"\x00\x02")
-    groups.save_group(GroupRow("g", 1, 7, "consumer", "range", "Stable", "m-1", (member,), NOW))
-    groups.commit_offsets("g", {("t", 0): CommittedOffset(42, 3, "", NOW)})
+    catalog.save_group(GroupRow("g", 1, 7, "consumer", "range", "Stable", "m-1", (member,), NOW))
+    catalog.commit_offsets("g", {("t", 0): CommittedOffset(42, 3, "", NOW)})
     _as_schema_10(catalog)
     with pytest.raises(CatalogSchemaError, match="has schema version 10, this logcompact uses 11: .*upgrade-catalog"):
         Catalog(catalog.store, catalog.url).snapshot()
     assert Catalog(catalog.store, catalog.url).upgrade_catalog() == CatalogUpgrade(10, 0)
-    reopened = GroupCatalog(Catalog(catalog.store, catalog.url).engine)
+    reopened = Catalog(catalog.store, catalog.url)
     assert reopened.group("g") == GroupRow("g", 1, 7, "consumer", "", "Empty", "", (), NOW)
     assert reopened.committed_offsets("g") == {("t", 0): CommittedOffset(42, 3, "", NOW)}
     stable = GroupRow("g", 1, 8, "consumer", "range", "Stable", "m-1", (member,), NOW + 1)

@@ -27,11 +27,12 @@ from sqlalchemy import Connection, update
 
 from logcompact.catalog import Catalog, schema
 from logcompact.catalog.database import WRITE
-from logcompact.catalog.groups import GroupCatalog, GroupRow, StoredMember
+from logcompact.catalog.groups import GroupRow, StoredMember
 from logcompact.consume import read_records
 from logcompact.exceptions import CatalogUnavailableError
 from logcompact.kafka.codec import ErrorCode
 from logcompact.kafka.coordinator import COMPLETING_REBALANCE, OVERHEAD_BYTES, PREPARING_REBALANCE, ROW_RETRY_BACKOFF_MS, STABLE, GroupCoordinator
+from logcompact.store import ObjectStore
 from tests.helpers import create_topic
 from tests.kafka.agents import RunningAgent, start_agent_process
 
@@ -113,7 +114,7 @@ def test_a_group_committing_each_record_loses_no_member_and_redelivers_nothing_a
         while len(delivered) < 100 and time.monotonic() < deadline:  # the group formed and consumes
             time.sleep(0.1)
         assert len(delivered) >= 100, "the group did not start consuming"
-        formed = GroupCatalog(catalog.engine).group("restarts")
+        formed = catalog.group("restarts")
         for _ in range(KILLS):
             before = len(delivered)
             while len(delivered) < before + 100 and time.monotonic() < deadline + 60:  # consuming, committing
@@ -129,7 +130,7 @@ def test_a_group_committing_each_record_loses_no_member_and_redelivers_nothing_a
         deadline = time.monotonic() + 60
         while len(delivered) < len(stored) and time.monotonic() < deadline:
             time.sleep(0.1)
-        consumed = GroupCatalog(catalog.engine).group("restarts")
+        consumed = catalog.group("restarts")
     finally:
         stop.set()
         stop_producing.set()
@@ -179,18 +180,18 @@ def test_a_group_that_moves_to_a_new_agent_keeps_its_members_and_generation_and_
         deadline = time.monotonic() + 30
         while len(delivered) < 50 and time.monotonic() < deadline:
             time.sleep(0.05)
-        formed = GroupCatalog(catalog.engine).group(busy)
+        formed = catalog.group(busy)
         assert formed is not None and formed.coordinator == 0 and groups.known(idle) is not None
         second = RunningAgent(Catalog(catalog.store, catalog.url), flush_interval_ms=20)
         assert second.server.broker.node_id == 1
         deadline = time.monotonic() + 30
-        while (moved := GroupCatalog(catalog.engine).group(busy)) is not None and moved.coordinator == 0 and time.monotonic() < deadline:
+        while (moved := catalog.group(busy)) is not None and moved.coordinator == 0 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert groups.known(idle) is None  # dropped at a heartbeat: no request for it came
         produce(300)  # consumed and committed on the group's new coordinator
         while len(delivered) < 600 and time.monotonic() < deadline + 30:
             time.sleep(0.1)
-        moved = GroupCatalog(catalog.engine).group(busy)
+        moved = catalog.group(busy)
     finally:
         stop.set()
         member.join(timeout=30)
@@ -209,31 +210,29 @@ def test_a_group_row_is_written_only_by_the_coordinator_that_last_took_it(catalo
     """On each database: a coordinator writes over its own row; another takes it over only from the row it loaded;
     then the first one's writes are refused, and so is a takeover from a row that changed since it was loaded."""
     create_topic(catalog, TOPIC, 1)
-    groups = GroupCatalog(catalog.engine)
     member = StoredMember("m", None, "client", 10_000, 30_000, (("range", b"\x00"),), b"\x01")
     first = GroupRow("g", 1, 1, "consumer", "range", STABLE, "m", (member,), 1000)
-    assert groups.save_group(first) and groups.group("g") == first
-    assert groups.save_group(replace(first, generation=2, updated_ms=1001))
-    loaded = groups.group("g")
+    assert catalog.save_group(first) and catalog.group("g") == first
+    assert catalog.save_group(replace(first, generation=2, updated_ms=1001))
+    loaded = catalog.group("g")
     assert loaded is not None
     taken = replace(loaded, coordinator=2, updated_ms=1002)
-    assert groups.save_group(taken, loaded) and groups.group("g") == taken
-    assert groups.save_group(taken, loaded)  # written again, its answer lost: the row is node 2's already
-    assert not groups.save_group(replace(loaded, generation=3, state="Empty", members=(), updated_ms=1003))  # node 1, too late
-    assert not groups.save_group(replace(loaded, coordinator=3, updated_ms=1004), loaded)  # node 3 loaded it before node 2 wrote
-    assert groups.save_group(replace(taken, generation=3, updated_ms=1005)) and groups.group("g") == replace(taken, generation=3, updated_ms=1005)
-    assert groups.save_group(GroupRow("h", 3, 0, "consumer", "", "Empty", "", (), 1006))  # a new group: no row to take over
+    assert catalog.save_group(taken, loaded) and catalog.group("g") == taken
+    assert catalog.save_group(taken, loaded)  # written again, its answer lost: the row is node 2's already
+    assert not catalog.save_group(replace(loaded, generation=3, state="Empty", members=(), updated_ms=1003))  # node 1, too late
+    assert not catalog.save_group(replace(loaded, coordinator=3, updated_ms=1004), loaded)  # node 3 loaded it before node 2 wrote
+    assert catalog.save_group(replace(taken, generation=3, updated_ms=1005)) and catalog.group("g") == replace(taken, generation=3, updated_ms=1005)
+    assert catalog.save_group(GroupRow("h", 3, 0, "consumer", "", "Empty", "", (), 1006))  # a new group: no row to take over
 
 
 def test_a_loaded_group_keeps_its_members_and_expires_those_silent_since_the_load_and_a_coordinator_that_lost_it_drops_it(catalog: Catalog) -> None:
     """On each database."""
     create_topic(catalog, TOPIC, 1)
-    groups = GroupCatalog(catalog.engine)
     protocols = {"a": [("range", b"a-range"), ("roundrobin", b"a-rr")], "b": [("range", b"b-range")]}
 
     async def first_generation() -> dict[str, str]:
         """Node 1 forms generation 1 of members a (static) and b, then dies with its loop (no LeaveGroup, no close)."""
-        coordinator = GroupCoordinator(groups, 1, initial_rebalance_delay_ms=50)
+        coordinator = GroupCoordinator(catalog, 1, initial_rebalance_delay_ms=50)
         group = await coordinator.group("g", create=True)
         assert group is not None
         joined = await asyncio.gather(
@@ -252,7 +251,7 @@ def test_a_loaded_group_keeps_its_members_and_expires_those_silent_since_the_loa
     time.sleep(1.2)  # longer than the members' sessions: they restart from the load
 
     async def after_the_restart() -> None:
-        restarted = GroupCoordinator(groups, 1)  # node 1 again, on the catalog's row
+        restarted = GroupCoordinator(catalog, 1)  # node 1 again, on the catalog's row
         loaded_at = time.monotonic()
         group = await restarted.group("g", create=False)
         assert group is not None and group.state == STABLE and group.generation == 1 and group.leader == ids["leader"]
@@ -277,11 +276,11 @@ def test_a_loaded_group_keeps_its_members_and_expires_those_silent_since_the_loa
         rejoined = await restarted.join(group, ids["a"], "instance-a", "client-a", 1000, 5000, "consumer", protocols["a"], False, False)
         assert (rejoined.generation, rejoined.leader) == (2, ids["a"])
         assert (await restarted.sync(group, 2, ids["a"], "instance-a", None, None, {ids["a"]: b"all"})).assignment == b"all"
-        row = groups.group("g")
+        row = catalog.group("g")
         assert row is not None and (row.coordinator, row.generation, row.state, [m.member_id for m in row.members]) == (1, 2, STABLE, [ids["a"]])
 
         # The group moves to node 2, which takes it over; node 1 does not know yet and its write is refused.
-        other = GroupCoordinator(groups, 2)
+        other = GroupCoordinator(catalog, 2)
         moved = await other.group("g", create=False)
         assert moved is not None and moved.generation == 2 and list(moved.members) == [ids["a"]]
         for _ in range(2):  # node 2's row written; a heartbeats to node 2 now
@@ -292,7 +291,7 @@ def test_a_loaded_group_keeps_its_members_and_expires_those_silent_since_the_loa
             assert other.heartbeat(moved, 2, ids["a"], "instance-a") == ErrorCode.none
             await asyncio.sleep(0.1)
         assert restarted.known("g") is None and restarted.memory.held == 0  # dropped, with the bytes it held
-        row = groups.group("g")
+        row = catalog.group("g")
         assert row is not None and (row.coordinator, row.generation, row.state, [m.member_id for m in row.members]) == (2, 2, STABLE, [ids["a"]])
         await other.close()
         await restarted.close()
@@ -300,8 +299,8 @@ def test_a_loaded_group_keeps_its_members_and_expires_those_silent_since_the_loa
     asyncio.run(after_the_restart())
 
 
-class UnreachableCatalog(GroupCatalog):
-    """The group catalog of a database that went down: nothing is written."""
+class UnreachableCatalog(Catalog):
+    """The catalog of a database that went down: no group row is written."""
 
     def save_group(self, group: GroupRow, loaded: GroupRow | None = None) -> bool:
         raise CatalogUnavailableError("catalog cannot be reached (test)")
@@ -313,12 +312,11 @@ def test_a_group_loaded_while_rebalancing_completes_with_the_members_that_rejoin
     leader's assignments the catalog cannot keep are not handed out: COORDINATOR_NOT_AVAILABLE, and a rebalance. A
     group whose members would pass group_max_bytes is not loaded."""
     create_topic(catalog, TOPIC, 1)
-    groups = GroupCatalog(catalog.engine)
     stored = [StoredMember(f"m-{n}", None, f"client-{n}", 60_000, 300, (("range", b"meta"),), b"old") for n in range(3)]
-    groups.save_group(GroupRow("g", 1, 4, "consumer", "range", PREPARING_REBALANCE, "m-0", tuple(stored), 1000))
+    catalog.save_group(GroupRow("g", 1, 4, "consumer", "range", PREPARING_REBALANCE, "m-0", tuple(stored), 1000))
 
     async def scenario() -> None:
-        coordinator = GroupCoordinator(groups, 1, initial_rebalance_delay_ms=0)
+        coordinator = GroupCoordinator(catalog, 1, initial_rebalance_delay_ms=0)
         group = await coordinator.group("g", create=False)
         assert group is not None and group.state == PREPARING_REBALANCE and list(group.members) == ["m-0", "m-1", "m-2"]
         assert coordinator.heartbeat(group, 4, "m-2", None) == ErrorCode.rebalance_in_progress
@@ -331,16 +329,16 @@ def test_a_group_loaded_while_rebalancing_completes_with_the_members_that_rejoin
 
         await asyncio.sleep(0.1)  # generation 5's row written
         # The catalog goes down: the leader's assignments are not handed out, since no coordinator could load them.
-        coordinator.catalog = UnreachableCatalog(catalog.engine)
+        coordinator.catalog = UnreachableCatalog(catalog.store, catalog.url)
         synced = await asyncio.gather(coordinator.sync(group, 5, "m-1", None, None, None, {}),
                                       coordinator.sync(group, 5, "m-0", None, None, None, {"m-0": b"new", "m-1": b"new"}))
         assert [s.error for s in synced] == [ErrorCode.coordinator_not_available] * 2
         assert group.state == PREPARING_REBALANCE and all(m.assignment == b"" for m in group.members.values())
         await coordinator.close()
 
-        row = groups.group("g")  # written before the catalog went down: generation 5 completing, its members kept
+        row = catalog.group("g")  # written before the catalog went down: generation 5 completing, its members kept
         assert row is not None and (row.generation, row.state, [m.member_id for m in row.members]) == (5, "CompletingRebalance", ["m-0", "m-1"])
-        small = GroupCoordinator(groups, 1, max_bytes=2 * OVERHEAD_BYTES)
+        small = GroupCoordinator(catalog, 1, max_bytes=2 * OVERHEAD_BYTES)
         unkept = await small.group("g", create=False)
         assert unkept is not None and unkept.generation == 5 and not unkept.members and small.known("g") is None and small.memory.held == 0
         await small.close()
@@ -352,13 +350,12 @@ def test_a_group_row_whose_members_are_damaged_is_loaded_without_them_and_writte
     """On each database: members that are not the JSON logcompact writes cost the members only (they join again,
     one warning line names the row); the group keeps its generation and its row is written again, Empty."""
     create_topic(catalog, TOPIC, 1)
-    groups = GroupCatalog(catalog.engine)
-    groups.save_group(GroupRow("g", 1, 3, "consumer", "range", STABLE, "m", (), 1000))
+    catalog.save_group(GroupRow("g", 1, 3, "consumer", "range", STABLE, "m", (), 1000))
     with catalog.engine.begin() as connection:
         connection.execute(update(schema.consumer_groups).values(members='[{"member_id": "m", "assignment": "%%%"}]'))
 
     async def load() -> None:
-        coordinator = GroupCoordinator(groups, 2)
+        coordinator = GroupCoordinator(catalog, 2)
         group = await coordinator.group("g", create=False)
         assert group is not None and (group.state, group.generation, group.members) == ("Empty", 3, {})
         await coordinator.close()
@@ -366,17 +363,17 @@ def test_a_group_row_whose_members_are_damaged_is_loaded_without_them_and_writte
     with caplog.at_level(logging.WARNING, logger="logcompact.catalog.groups"):
         asyncio.run(load())
     assert [r.getMessage().split(":")[0] for r in caplog.records] == ["catalog row consumer_groups 'g' is damaged"]
-    row = groups.group("g")
+    row = catalog.group("g")
     assert row is not None and (row.coordinator, row.generation, row.state, row.members) == (2, 3, "Empty", ())
 
 
-class FailingCatalog(GroupCatalog):
-    """The group catalog of a database that is down while `down` is set (each write fails as a connection refused
+class FailingCatalog(Catalog):
+    """The catalog of a database that is down while `down` is set (each write fails as a connection refused
     does), or that loses the answers of its writes while `answers_lost` is (each write commits, then fails as a
     connection lost before the COMMIT's answer does)."""
 
-    def __init__(self, engine: Any) -> None:
-        super().__init__(engine)
+    def __init__(self, store: ObjectStore, url: str) -> None:
+        super().__init__(store, url)
         self.down = self.answers_lost = False
         self.failed = 0
 
@@ -391,11 +388,11 @@ class FailingCatalog(GroupCatalog):
         return written
 
 
-async def _row_becomes(groups: GroupCatalog, group_id: str, wanted: tuple[int, int, str], within_s: float) -> GroupRow | None:
+async def _row_becomes(catalog: Catalog, group_id: str, wanted: tuple[int, int, str], within_s: float) -> GroupRow | None:
     """The group's row once its (coordinator, generation, state) is `wanted`, or as it is `within_s` later."""
     deadline = time.monotonic() + within_s
     while True:
-        row = groups.group(group_id)
+        row = catalog.group(group_id)
         if (row is not None and (row.coordinator, row.generation, row.state) == wanted) or time.monotonic() > deadline:
             return row
         await asyncio.sleep(0.05)
@@ -407,11 +404,10 @@ def test_a_takeover_whose_writes_fail_keeps_its_fence_writes_its_row_again_and_k
     without a request; a group that rebalanced meanwhile gets its assignments and stays on the agent. Before, the
     first failed write lost the fence, and the group's next write was refused as if another agent had taken it."""
     create_topic(catalog, TOPIC, 1)
-    groups = GroupCatalog(catalog.engine)
     member = StoredMember("m", None, "client", 60_000, 300, (("range", b"meta"),), b"old")
     for group_id in ("busy", "idle", "unanswered"):
-        groups.save_group(GroupRow(group_id, 1, 3, "consumer", "range", STABLE, "m", (member,), 1000))
-    failing = FailingCatalog(catalog.engine)
+        catalog.save_group(GroupRow(group_id, 1, 3, "consumer", "range", STABLE, "m", (member,), 1000))
+    failing = FailingCatalog(catalog.store, catalog.url)
 
     async def scenario() -> None:
         taking = GroupCoordinator(failing, 2, initial_rebalance_delay_ms=0)
@@ -427,10 +423,10 @@ def test_a_takeover_whose_writes_fail_keeps_its_fence_writes_its_row_again_and_k
         failing.down = False
         synced = await asyncio.wait_for(taking.sync(busy, 4, "m", None, None, None, {"m": b"new"}), 10)
         assert (synced.error, synced.assignment) == (ErrorCode.none, b"new") and taking.known("busy") is busy
-        row = groups.group("busy")
+        row = catalog.group("busy")
         assert row is not None and (row.coordinator, row.generation, row.state, [m.assignment for m in row.members]) == (2, 4, STABLE, [b"new"])
         # No request for the idle group: its row is written again within a retry of the catalog's return.
-        row = await _row_becomes(groups, "idle", (2, 3, STABLE), ROW_RETRY_BACKOFF_MS / 1000 + 5)
+        row = await _row_becomes(catalog, "idle", (2, 3, STABLE), ROW_RETRY_BACKOFF_MS / 1000 + 5)
         assert row is not None and (row.coordinator, row.generation, row.state) == (2, 3, STABLE) and taking.known("idle") is idle
 
         # A takeover whose write commits but whose answer is lost writes it again, and is still the group's coordinator.
@@ -443,7 +439,7 @@ def test_a_takeover_whose_writes_fail_keeps_its_fence_writes_its_row_again_and_k
         assert unanswered is not None and taking.heartbeat(unanswered, 3, "m", None) == ErrorCode.none
         await asyncio.sleep(ROW_RETRY_BACKOFF_MS / 1000 + 0.5)  # written again
         assert taking.known("unanswered") is unanswered and taking.heartbeat(unanswered, 3, "m", None) == ErrorCode.none
-        row = groups.group("unanswered")
+        row = catalog.group("unanswered")
         assert row is not None and (row.coordinator, row.generation, row.state) == (2, 3, STABLE)
         await taking.close()
 
@@ -455,26 +451,25 @@ def test_an_agent_that_loses_a_group_before_its_row_is_written_never_writes_it(c
     its row is written: the row is dropped with the group, so the catalog keeps the row the next coordinator loads
     and fences its own write with, and that coordinator keeps the group and its member."""
     create_topic(catalog, TOPIC, 1)
-    groups = GroupCatalog(catalog.engine)
     member = StoredMember("m", None, "client", 60_000, 300, (("range", b"meta"),), b"assigned")
     before = GroupRow("g", 0, 3, "consumer", "range", STABLE, "m", (member,), 1000)
-    groups.save_group(before)
+    catalog.save_group(before)
 
     async def scenario() -> None:
-        first = GroupCoordinator(groups, 1)
+        first = GroupCoordinator(catalog, 1)
         assert await first.group("g", create=False) is not None  # taken over from node 0: its row queued
         first.forget("g")  # the group moved to node 2 before the writer ran
         await asyncio.sleep(0.5)
-        assert groups.group("g") == before and first.known("g") is None and first.memory.held == 0
-        second = GroupCoordinator(groups, 2)
+        assert catalog.group("g") == before and first.known("g") is None and first.memory.held == 0
+        second = GroupCoordinator(catalog, 2)
         moved = await second.group("g", create=False)
         assert moved is not None and (moved.generation, list(moved.members)) == (3, ["m"])
-        row = await _row_becomes(groups, "g", (2, 3, STABLE), 5)
+        row = await _row_becomes(catalog, "g", (2, 3, STABLE), 5)
         assert row is not None and (row.coordinator, [m.member_id for m in row.members]) == (2, ["m"])
         assert second.known("g") is moved and second.heartbeat(moved, 3, "m", None) == ErrorCode.none
         await first.close()
         await second.close()
-        assert groups.group("g") == row  # nothing of the first agent's written at its close either
+        assert catalog.group("g") == row  # nothing of the first agent's written at its close either
 
     asyncio.run(scenario())
 
@@ -496,11 +491,10 @@ def test_sync_groups_wait_for_their_row_at_most_the_commit_timeout_then_the_grou
     for offsets.commit.timeout.ms (Kafka's answer to a group metadata append that timed out), with one warning line;
     the group rebalances, and once the row is free the members' next generation gets its assignments."""
     create_topic(catalog, TOPIC, 1)
-    groups = GroupCatalog(catalog.engine)
     timeout_ms = 500
 
     async def scenario() -> None:
-        coordinator = GroupCoordinator(groups, 1, initial_rebalance_delay_ms=50, commit_timeout_ms=timeout_ms)
+        coordinator = GroupCoordinator(catalog, 1, initial_rebalance_delay_ms=50, commit_timeout_ms=timeout_ms)
         group = await coordinator.group("g", create=True)
         assert group is not None
 
@@ -511,7 +505,7 @@ def test_sync_groups_wait_for_their_row_at_most_the_commit_timeout_then_the_grou
         ids = [j.member_id for j in joined]
         leader = joined[0].leader
         assert [j.generation for j in joined] == [1, 1]
-        await _row_becomes(groups, "g", (1, 1, COMPLETING_REBALANCE), 5)
+        await _row_becomes(catalog, "g", (1, 1, COMPLETING_REBALANCE), 5)
         holder = await asyncio.to_thread(_hold_row, catalog, "g")
         try:
             started = time.monotonic()
@@ -531,7 +525,7 @@ def test_sync_groups_wait_for_their_row_at_most_the_commit_timeout_then_the_grou
             coordinator.sync(group, 2, member_id, None, None, None, {ids[0]: b"first", ids[1]: b"second"} if member_id == leader else {})
             for member_id in ids)), 10)
         assert [(s.error, s.assignment) for s in synced] == [(ErrorCode.none, b"first"), (ErrorCode.none, b"second")] and group.state == STABLE
-        row = await _row_becomes(groups, "g", (1, 2, STABLE), 5)
+        row = await _row_becomes(catalog, "g", (1, 2, STABLE), 5)
         assert row is not None and [m.assignment for m in row.members] == [b"first", b"second"]
         await coordinator.close()
 
@@ -558,7 +552,7 @@ def test_a_confluent_consumer_whose_row_is_held_is_answered_within_the_commit_ti
         for n in range(10):
             producer.produce(TOPIC, key=b"k%d" % n, value=b"v%d" % n, partition=n % 2)
         assert producer.flush(30) == 0
-        GroupCatalog(catalog.engine).save_group(GroupRow("held", agent.server.broker.node_id, 0, "", "", "Empty", "", (), 1000))
+        catalog.save_group(GroupRow("held", agent.server.broker.node_id, 0, "", "", "Empty", "", (), 1000))
         holder = _hold_row(catalog, "held")
         consumer = Consumer({"bootstrap.servers": agent.bootstrap, "group.id": "held", "auto.offset.reset": "earliest",
                              "session.timeout.ms": 30_000, **QUICK_RECONNECT})

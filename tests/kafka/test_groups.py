@@ -26,7 +26,6 @@ from confluent_kafka.admin import AdminClient
 from sqlalchemy import update
 
 from logcompact.catalog import Catalog, schema
-from logcompact.catalog.groups import GroupCatalog
 from logcompact.kafka.handlers import APIS
 from tests.helpers import create_topic
 from tests.kafka.agents import FAST_CLIENT, RunningAgent
@@ -137,7 +136,7 @@ def test_confluent_group_of_three_shares_six_partitions_and_a_killed_member_leav
         process.kill()  # SIGKILL: no LeaveGroup; its session times out
         process.wait(timeout=10)
         reader.join(timeout=5)
-        committed = GroupCatalog(catalog.engine).committed_offsets("trio")
+        committed = catalog.committed_offsets("trio")
         assert {partition: committed[(TOPIC, partition)].offset for partition in killed_partitions} == dict.fromkeys(killed_partitions, 50)
 
         second_batch = produce(agent, 50, start=50)
@@ -168,7 +167,6 @@ def test_offsets_and_generations_resume_after_an_agent_restart_with_kafka_python
     from aiokafka import AIOKafkaConsumer
     from kafka import KafkaConsumer
 
-    groups = GroupCatalog(catalog.engine)
     first_agent = RunningAgent(catalog, flush_interval_ms=20)
     try:
         first_batch = produce(first_agent, 5)
@@ -184,7 +182,7 @@ def test_offsets_and_generations_resume_after_an_agent_restart_with_kafka_python
         assert sorted(consumed) == sorted(first_batch)
     finally:
         first_agent.stop()
-    before = groups.group("resume")
+    before = catalog.group("resume")
     assert before is not None and before.generation >= 1
 
     second_agent = RunningAgent(catalog, flush_interval_ms=20)  # a new agent on the same catalog
@@ -212,9 +210,9 @@ def test_offsets_and_generations_resume_after_an_agent_restart_with_kafka_python
         assert sorted(asyncio.run(consume_with_aiokafka())) == sorted(second_batch)  # from the committed offsets on
     finally:
         second_agent.stop()
-    after = groups.group("resume")
+    after = catalog.group("resume")
     assert after is not None and after.generation > before.generation  # generations continue from the row
-    committed = groups.committed_offsets("resume")
+    committed = catalog.committed_offsets("resume")
     assert {partition: committed[(TOPIC, partition)].offset for partition in range(PARTITIONS)} == dict.fromkeys(range(PARTITIONS), 10)
 
 
@@ -229,7 +227,7 @@ def test_kcat_consumes_in_a_group_and_commits(agent: RunningAgent, catalog: Cata
     assert done.returncode == 0, done.stderr
     consumed = sorted(tuple(int(n) for n in line.split()) for line in done.stdout.splitlines())
     assert consumed == sorted(produced)
-    committed = GroupCatalog(catalog.engine).committed_offsets("kcat-group")  # librdkafka commits as it closes
+    committed = catalog.committed_offsets("kcat-group")  # librdkafka commits as it closes
     assert {partition: committed[(TOPIC, partition)].offset for partition in range(PARTITIONS)} == dict.fromkeys(range(PARTITIONS), 3)
 
 

@@ -1,5 +1,19 @@
 """The catalog: which files are live, the topics and their next offsets, in SQLite or PostgreSQL.
 
+`Catalog` (`catalog.py`) holds the public API and the transactions; each role's statements are functions over a
+connection in a module of its own, which `Catalog` calls inside its transactions:
+
+* `versions`: the version row writers serialize on, and the commit log;
+* `topics`: topics and partitions, and the topic rows each transaction reads and locks;
+* `files`: the files and sections rows a commit adds; `appends`: an append's bulk statements;
+* `producers`: idempotent producers' state; `compactions`: a compaction's commit;
+* `cleaning`: leases, plan seals and uncleanable marks; `garbage`: what gc reads and deletes;
+* `agents`: the Kafka agents' registrations; `groups`: consumer groups' offsets and coordinator rows;
+* `migrations`: schema upgrades; `cluster` and `identity`: the catalog bound to its store's marker.
+
+Beneath them `database` (engines, errors), `schema` (tables), `model` (value types) and `summaries` (partition
+summaries); beside them `snapshot` (readers pinned to a version) and `planning` (what planners read).
+
 The value types load eagerly; `Catalog` and `Snapshot` (and SQLAlchemy with them) on first use, so a
 Spark task that only reads a plan's files never pays for the database layer it does not touch.
 """

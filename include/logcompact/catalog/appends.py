@@ -1,5 +1,6 @@
 """The two bulk writes of an append, each one statement however many partitions a file holds: advancing the
-partitions' next offsets, and inserting the sections rows (a compaction's outputs' too). An agent's file holds a
+partitions' next offsets, and inserting the sections rows (a compaction's outputs' too); and why a partition was
+not advanced, when the append is refused. An agent's file holds a
 section for each of 1,000 topic-partitions or more, and a statement per row cost more than the database's own work
 (115 ms an append on PostgreSQL, where these take a few).
 
@@ -12,9 +13,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 
-from sqlalchemy import BigInteger, Connection, Integer, LargeBinary, SmallInteger
+from sqlalchemy import BigInteger, Connection, Integer, LargeBinary, SmallInteger, select
 
 from logcompact.catalog import schema as s
+from logcompact.exceptions import CorruptDataError
 
 # A partition, as (topic id, partition).
 Slot = tuple[int, int]
@@ -111,3 +113,41 @@ def insert_sections(connection: Connection, rows: Sequence[tuple]) -> None:
         copy.set_types(_SECTION_TYPES)
         for row in rows:
             copy.write_row(row)
+
+
+def unadvanced_partition(connection: Connection, slot: tuple[int, int], topic_rows: dict[str, tuple[int, int]]) -> CorruptDataError:
+    """Why `advance_partitions` left a partition's row alone: missing, or lowered."""
+    name = next(name for name, (topic_id, _) in topic_rows.items() if topic_id == slot[0])
+    part = s.partitions.c
+    row = connection.execute(select(part.next_offset, part.assigned_end).where(part.topic_id == slot[0], part.partition == slot[1])).first()
+    if row is None:
+        return CorruptDataError(
+            f"catalog row partitions ({name!r}, partition {slot[1]}) is missing though the topic has "
+            f"{topic_rows[name][1]} partitions; restore the catalog from a backup; nothing was written"
+        )
+    if row.next_offset < row.assigned_end:
+        return CorruptDataError(
+            f"catalog row partitions ({name!r}, partition {slot[1]}) has next_offset {row.next_offset} but the last append "
+            f"assigned offsets up to {row.assigned_end - 1}: the row was lowered, and appending would hand offsets out "
+            f"twice; restore the catalog from a backup or set next_offset to {row.assigned_end}; nothing was written"
+        )
+    key, first, last, records = _claiming_section(connection, slot, row.next_offset)
+    return CorruptDataError(
+        f"catalog row of section {name}/{slot[1]} of {key} (offsets {first} to {last}, {records} record(s)) is damaged: it "
+        f"claims offsets from the partition's next offset {row.next_offset} on, which no append gave out (a row relabelled "
+        "from another partition, or shifted), and appending would hand them out again; restore the catalog database "
+        "from a backup, or correct that row; nothing was written"
+    )
+
+
+def _claiming_section(connection: Connection, slot: tuple[int, int], next_offset: int) -> tuple[str, int, int, int]:
+    """(file key, first and last offset, records) of the section row of a partition that ends at or past its next
+    offset, which `advance_partitions` found: read from every section of the partition (an append refused)."""
+    sec, files = s.sections.c, s.files.c
+    key, file_id, first, last, records = connection.execute(
+        select(files.key, sec.file_id, sec.first_offset, sec.last_offset, sec.record_count)
+        .select_from(s.sections.outerjoin(s.files, files.file_id == sec.file_id))
+        .where(sec.topic_id == slot[0], sec.partition == slot[1], sec.last_offset >= next_offset)
+        .order_by(sec.last_offset.desc()).limit(1)
+    ).one()
+    return key or f"file_id {file_id} (no files row)", first, last, records

@@ -129,6 +129,11 @@ def catalog_errors(url: str | URL) -> Iterator[None]:
         raise unavailable_error(url, exc) from exc
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an error's message: what a one-line error quotes of the error behind it."""
+    return str(exc).splitlines()[0]
+
+
 def unavailable_error(url: str | URL, exc: BaseException) -> CatalogUnavailableError:
     """The one-line error of a catalog that cannot be reached or read, with the database's first line of why."""
     reason = getattr(exc, "orig", None) or exc

@@ -4,7 +4,8 @@ protocols' metadata and assignment, which the next coordinator loads (Kafka keep
 
 These rows are not part of the manifest: each write is its own small transaction that creates no version, so
 committing offsets never contends with appends and compactions for the version row. Every agent reads them, so
-committed offsets and the list of groups outlive the agent that wrote them.
+committed offsets and the list of groups outlive the agent that wrote them. Functions of a Connection, called by
+`Catalog` (`commit_offsets`, `save_group`, ...), whose transactions they run in.
 """
 
 from __future__ import annotations
@@ -12,15 +13,14 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, or_, select
+from sqlalchemy import Connection, and_, or_, select
 
 from logcompact.catalog import schema as s
-from logcompact.catalog.database import WRITE, catalog_errors, upsert
+from logcompact.catalog.database import upsert
 
 log = logging.getLogger(__name__)
 
@@ -70,92 +70,71 @@ class GroupListed:
     state: str
 
 
-class GroupCatalog:
-    """The group tables of one catalog database (its engine: `Catalog.engine`)."""
+def commit_offsets(connection: Connection, group_id: str, offsets: Mapping[tuple[str, int], CommittedOffset]) -> None:
+    """Store a group's offsets for these partitions, all or none, replacing what each had."""
+    rows = [
+        {"group_id": group_id, "topic": topic, "partition": partition, "committed_offset": committed.offset,
+         "leader_epoch": committed.leader_epoch, "metadata": committed.metadata, "commit_ms": committed.commit_ms}
+        for (topic, partition), committed in offsets.items()
+    ]
+    table = s.group_offsets
+    statement = upsert(connection, table)
+    kept = statement.excluded
+    connection.execute(statement.on_conflict_do_update(
+        index_elements=[table.c.group_id, table.c.topic, table.c.partition],
+        set_={name: kept[name] for name in ("committed_offset", "leader_epoch", "metadata", "commit_ms")},
+    ), rows)
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
 
-    @contextmanager
-    def _reading(self) -> Iterator[Connection]:
-        with catalog_errors(self.engine.url), self.engine.connect() as connection:
-            yield connection
+def committed_offsets(connection: Connection, group_id: str, topics: Sequence[str] | None = None) -> dict[tuple[str, int], CommittedOffset]:
+    """A group's committed offsets, of every topic or of those named."""
+    table = s.group_offsets
+    query = select(table.c.topic, table.c.partition, table.c.committed_offset, table.c.leader_epoch, table.c.metadata, table.c.commit_ms)
+    query = query.where(table.c.group_id == group_id)
+    if topics is not None:
+        query = query.where(table.c.topic.in_(sorted(set(topics))))
+    return {(row.topic, row.partition): CommittedOffset(row.committed_offset, row.leader_epoch, row.metadata, row.commit_ms)
+            for row in connection.execute(query)}
 
-    @contextmanager
-    def _writing(self) -> Iterator[Connection]:
-        with catalog_errors(self.engine.url), self.engine.connect() as connection:
-            connection.execution_options(**{WRITE: True})
-            with connection.begin():
-                yield connection
 
-    def commit_offsets(self, group_id: str, offsets: Mapping[tuple[str, int], CommittedOffset]) -> None:
-        """Store a group's offsets for these partitions, all or none, replacing what each had."""
-        if not offsets:
-            return
-        rows = [
-            {"group_id": group_id, "topic": topic, "partition": partition, "committed_offset": committed.offset,
-             "leader_epoch": committed.leader_epoch, "metadata": committed.metadata, "commit_ms": committed.commit_ms}
-            for (topic, partition), committed in offsets.items()
-        ]
-        table = s.group_offsets
-        with self._writing() as connection:
-            statement = upsert(connection, table)
-            kept = statement.excluded
-            connection.execute(statement.on_conflict_do_update(
-                index_elements=[table.c.group_id, table.c.topic, table.c.partition],
-                set_={name: kept[name] for name in ("committed_offset", "leader_epoch", "metadata", "commit_ms")},
-            ), rows)
+def save_group(connection: Connection, group: GroupRow, loaded: GroupRow | None = None) -> bool:
+    """Write the group's row unless another coordinator wrote it since this one took the group; returns whether
+    it was written. Without `loaded` the stored row must be this coordinator's (`group.coordinator`), or none;
+    with `loaded`, the row the coordinator loaded the group from (taking it over), it must still be that row, or
+    be this coordinator's: a takeover written already whose answer was lost with the connection, written again.
+    So a coordinator that lost the group, and does not know it yet, never overwrites its successor's row."""
+    table = s.consumer_groups
+    row = {
+        "group_id": group.group_id, "coordinator": group.coordinator, "generation": group.generation,
+        "protocol_type": group.protocol_type, "protocol": group.protocol, "state": group.state, "leader": group.leader,
+        "members": json.dumps([_member_json(member) for member in group.members]), "updated_ms": group.updated_ms,
+    }
+    c = table.c
+    if loaded is None:
+        unchanged = c.coordinator == group.coordinator
+    else:
+        unchanged = or_(c.coordinator == group.coordinator,
+                        and_(c.coordinator == loaded.coordinator, c.generation == loaded.generation, c.state == loaded.state,
+                             c.updated_ms == loaded.updated_ms))
+    statement = upsert(connection, table)
+    written = connection.execute(statement.on_conflict_do_update(
+        index_elements=[c.group_id],
+        set_={name: statement.excluded[name] for name in row if name != "group_id"},
+        where=unchanged,
+    ).returning(c.group_id), row).first()  # an update the WHERE skips returns no row (psycopg's rowcount counted it)
+    return written is not None
 
-    def committed_offsets(self, group_id: str, topics: Sequence[str] | None = None) -> dict[tuple[str, int], CommittedOffset]:
-        """A group's committed offsets, of every topic or of those named."""
-        table = s.group_offsets
-        query = select(table.c.topic, table.c.partition, table.c.committed_offset, table.c.leader_epoch, table.c.metadata, table.c.commit_ms)
-        query = query.where(table.c.group_id == group_id)
-        if topics is not None:
-            query = query.where(table.c.topic.in_(sorted(set(topics))))
-        with self._reading() as connection:
-            return {(row.topic, row.partition): CommittedOffset(row.committed_offset, row.leader_epoch, row.metadata, row.commit_ms)
-                    for row in connection.execute(query)}
 
-    def save_group(self, group: GroupRow, loaded: GroupRow | None = None) -> bool:
-        """Write the group's row unless another coordinator wrote it since this one took the group; returns whether
-        it was written. Without `loaded` the stored row must be this coordinator's (`group.coordinator`), or none;
-        with `loaded`, the row the coordinator loaded the group from (taking it over), it must still be that row, or
-        be this coordinator's: a takeover written already whose answer was lost with the connection, written again.
-        So a coordinator that lost the group, and does not know it yet, never overwrites its successor's row."""
-        table = s.consumer_groups
-        row = {
-            "group_id": group.group_id, "coordinator": group.coordinator, "generation": group.generation,
-            "protocol_type": group.protocol_type, "protocol": group.protocol, "state": group.state, "leader": group.leader,
-            "members": json.dumps([_member_json(member) for member in group.members]), "updated_ms": group.updated_ms,
-        }
-        c = table.c
-        if loaded is None:
-            unchanged = c.coordinator == group.coordinator
-        else:
-            unchanged = or_(c.coordinator == group.coordinator,
-                            and_(c.coordinator == loaded.coordinator, c.generation == loaded.generation, c.state == loaded.state,
-                                 c.updated_ms == loaded.updated_ms))
-        with self._writing() as connection:
-            statement = upsert(connection, table)
-            written = connection.execute(statement.on_conflict_do_update(
-                index_elements=[c.group_id],
-                set_={name: statement.excluded[name] for name in row if name != "group_id"},
-                where=unchanged,
-            ).returning(c.group_id), row).first()  # an update the WHERE skips returns no row (psycopg's rowcount counted it)
-        return written is not None
+def group(connection: Connection, group_id: str) -> GroupRow | None:
+    row = connection.execute(select(s.consumer_groups).where(s.consumer_groups.c.group_id == group_id)).first()
+    return None if row is None else _group_of_row(row)
 
-    def group(self, group_id: str) -> GroupRow | None:
-        with self._reading() as connection:
-            row = connection.execute(select(s.consumer_groups).where(s.consumer_groups.c.group_id == group_id)).first()
-        return None if row is None else _group_of_row(row)
 
-    def groups(self) -> list[GroupListed]:
-        """Every group, without its members (which hold their metadata and assignments)."""
-        c = s.consumer_groups.c
-        with self._reading() as connection:
-            rows = connection.execute(select(c.group_id, c.protocol_type, c.state).order_by(c.group_id)).all()
-        return [GroupListed(row.group_id, row.protocol_type, row.state) for row in rows]
+def listed(connection: Connection) -> list[GroupListed]:
+    """Every group, without its members (which hold their metadata and assignments)."""
+    c = s.consumer_groups.c
+    rows = connection.execute(select(c.group_id, c.protocol_type, c.state).order_by(c.group_id)).all()
+    return [GroupListed(row.group_id, row.protocol_type, row.state) for row in rows]
 
 
 def _member_json(member: StoredMember) -> dict[str, Any]:

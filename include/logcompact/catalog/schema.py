@@ -171,7 +171,7 @@ sections = Table(
     Column("key_sketch", LargeBinary),  # sketch.encode's packed registers; NULL for a section without keys
     sqlite_with_rowid=False,
 )
-# The order a sections row is built, inserted and read by position in (`Catalog._insert_sections`, `Snapshot`), apart
+# The order a sections row is built, inserted and read by position in (`files.insert_sections`, `Snapshot`), apart
 # from how the table lays its columns out.
 SECTION_ROW = (
     "file_id", "topic_id", "partition", "byte_offset", "byte_length", "first_row", "first_offset", "last_offset",
@@ -287,7 +287,7 @@ def section_crc_binding(
 ) -> int:
     """What `sections.crc32` is XORed with: the CRC-32 of the row's locating fields. The column holds the section's
     CRC (`SectionInfo.crc32`, the index CRC of its first block, as in the file's footer and in plans) XOR this, so
-    the one writer of section rows (`Catalog._insert_sections`) and their readers (`Snapshot`) apply it alike, and what
+    the one writer of section rows (`files.insert_sections`) and their readers (`Snapshot`) apply it alike, and what
     a reader gets back is the file's CRC only while none of these fields changed since the row was written.
 
     Why: readers check a section's first block against its row's CRC, which catches a replaced or damaged file but

@@ -33,7 +33,7 @@ The agent that coordinates the group next (restarted, or taking the group over w
 the row on the group's first request, as Kafka's coordinator loads a group from __consumer_offsets: members keep
 their ids, generation and assignments, and their commits in flight succeed; each member's session timeout (a
 rebalance's timeout, for a group preparing one) restarts from the load. A coordinator writes a group's row only
-while it is the one that last took it (`GroupCatalog.save_group`): one that took the group over fences its writes
+while it is the one that last took it (`Catalog.save_group`): one that took the group over fences its writes
 with the row it loaded until one is written, failed writes included; one that lost the group without knowing yet
 finds its write refused and drops the group, so its successor's row stands; and a group dropped because it moved
 takes its unwritten row with it.
@@ -57,7 +57,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from logcompact.catalog.groups import GroupCatalog, GroupRow, StoredMember
+from logcompact.catalog import Catalog
+from logcompact.catalog.groups import GroupRow, StoredMember
 from logcompact.kafka.codec import ErrorCode
 from logcompact.units import wall_clock_ms
 
@@ -235,7 +236,7 @@ class GroupMemory:
 class GroupCoordinator:
     """The groups this agent coordinates. Every method runs on the server's event loop."""
 
-    def __init__(self, catalog: GroupCatalog, node_id: int, initial_rebalance_delay_ms: int = INITIAL_REBALANCE_DELAY_MS,
+    def __init__(self, catalog: Catalog, node_id: int, initial_rebalance_delay_ms: int = INITIAL_REBALANCE_DELAY_MS,
                  max_size: int = DEFAULT_GROUP_MAX_SIZE, max_bytes: int = DEFAULT_GROUP_MAX_BYTES,
                  commit_timeout_ms: int = OFFSETS_COMMIT_TIMEOUT_MS) -> None:
         self.catalog = catalog

@@ -42,7 +42,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 from logcompact.catalog import Catalog
-from logcompact.catalog.groups import GroupCatalog
 from logcompact.exceptions import LogcompactError
 from logcompact.ingest import DEFAULT_FLUSH_BYTES, DEFAULT_FLUSH_INTERVAL_MS
 from logcompact.kafka import codec, records
@@ -314,7 +313,7 @@ class AgentServer:
         advertised = settings.advertise or self.address
         agents = await asyncio.to_thread(AgentDirectory.register, self.catalog, advertised.host, advertised.port, settings.rack, settings.node_id)
         agents.start()
-        groups = GroupCoordinator(GroupCatalog(self.catalog.engine), agents.me.node_id, settings.group_initial_rebalance_delay_ms,
+        groups = GroupCoordinator(self.catalog, agents.me.node_id, settings.group_initial_rebalance_delay_ms,
                                   settings.group_max_size, settings.group_max_bytes, settings.offsets_commit_timeout_ms)
         file_cache = CachedStore(self.catalog.store, settings.fetch_cache_bytes)
         self._broker = Broker(

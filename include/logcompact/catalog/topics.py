@@ -1,0 +1,156 @@
+"""Topics and their partitions in the catalog: the rows each transaction reads of the topics it names (configs and
+partitions are never cached: topics are deleted, made again under their name, grown and altered), and the
+statements that create, alter, grow and delete them. Functions of a Connection, called by `Catalog` inside its
+transactions, which take the version row after the topic rows they lock.
+"""
+
+from __future__ import annotations
+
+import json
+
+from sqlalchemy import Connection, delete, insert, or_, select, union_all, update
+from sqlalchemy.engine import Row
+
+from logcompact.catalog import schema as s
+from logcompact.catalog import summaries
+from logcompact.catalog.database import first_line, one_of
+from logcompact.exceptions import CorruptDataError, LogcompactError, TopicExistsError, TopicNotFoundError
+from logcompact.topics import Topic
+
+# Where `rows` leaves whether each topic it read is compacted, for `files.insert_file_rows` in the same transaction.
+COMPACTED = "logcompact_compacted_topics"
+# Row locks `rows` takes.
+SHARED, EXCLUSIVE = "shared", "exclusive"
+
+
+def rows(connection: Connection, names: set[str], lock: str | None = None) -> dict[str, tuple[int, int]]:
+    """(topic id, partitions) of each named live topic, read in the caller's transaction; an unknown one is
+    TopicNotFoundError. Whether each is compacted is left in the connection's info for `files.insert_file_rows` of the
+    same transaction. With `lock` (SHARED or EXCLUSIVE), the rows are locked until commit, in topic id order:
+    an append holds its topics shared so that no topic it writes is deleted, altered or grown under it."""
+    if not names:
+        return {}
+    topics = s.topics.c
+    query = (
+        select(topics.name, topics.topic_id, topics.partitions, topics.config, topics.created_ms)
+        .where(one_of(topics.name, sorted(names), connection.dialect.name), topics.deleted_version.is_(None))
+    )
+    if lock is not None:
+        query = query.order_by(topics.topic_id).with_for_update(read=lock == SHARED)
+    rows = connection.execute(query).all()
+    found = {row.name: (row.topic_id, row.partitions) for row in rows}
+    for name in sorted(names - found.keys()):
+        raise not_found(name)
+    compacted = connection.info.setdefault(COMPACTED, {})
+    compacted.update({row.name: of_row(row).config.compacted for row in rows})
+    return found
+
+
+def topic_id(connection: Connection, name: str) -> int:
+    return rows(connection, {name})[name][0]
+
+
+def at_version(connection: Connection, version: int) -> tuple[dict[str, Topic], dict[str, int]]:
+    """The topics of manifest version `version` (created at or before it, not deleted at or before it), as they
+    are now (configs and partitions), and their topic ids, by name."""
+    topics = s.topics.c
+    rows = connection.execute(
+        select(s.topics).where(topics.created_version <= version, or_(topics.deleted_version.is_(None), topics.deleted_version > version))
+    ).all()
+    return {row.name: of_row(row) for row in rows}, {row.name: row.topic_id for row in rows}
+
+
+def live_topic(connection: Connection, name: str) -> Topic:
+    row = connection.execute(select(s.topics).where(s.topics.c.name == name, s.topics.c.deleted_version.is_(None))).first()
+    if row is None:
+        raise not_found(name)
+    return of_row(row)
+
+
+def names(connection: Connection) -> dict[int, str]:
+    """Every topic's name by topic id, deleted topics' too (rows that name them may outlive them for a while)."""
+    return {row.topic_id: row.name for row in connection.execute(select(s.topics.c.topic_id, s.topics.c.name))}
+
+
+def create(connection: Connection, topic: Topic, version: int) -> None:
+    """A topic's row and its partitions' at offset 0, created in `version`; a live topic of its name is TopicExistsError."""
+    live = s.topics.c.deleted_version.is_(None)
+    if connection.execute(select(s.topics.c.topic_id).where(s.topics.c.name == topic.name, live)).first():
+        raise TopicExistsError(f"topic {topic.name!r} already exists; describe it with `logcompact topic describe`")
+    topic_id = connection.execute(
+        insert(s.topics)
+        .values(
+            name=topic.name, partitions=topic.partitions, config=json.dumps(topic.config.to_kafka()),
+            created_ms=topic.created_ms, created_version=version,
+        )
+        .returning(s.topics.c.topic_id)
+    ).scalar_one()
+    connection.execute(
+        insert(s.partitions), [{"topic_id": topic_id, "partition": p, "next_offset": 0, "assigned_end": 0} for p in range(topic.partitions)]
+    )
+
+
+def set_config(connection: Connection, name: str, altered: Topic) -> None:
+    connection.execute(
+        update(s.topics).where(s.topics.c.name == name, s.topics.c.deleted_version.is_(None)).values(config=json.dumps(altered.config.to_kafka()))
+    )
+
+
+def grow(connection: Connection, topic_id: int, current: Topic, count: int) -> None:
+    """`count` partitions for the topic, the new ones at offset 0."""
+    connection.execute(update(s.topics).where(s.topics.c.topic_id == topic_id).values(partitions=count))
+    connection.execute(
+        insert(s.partitions), [{"topic_id": topic_id, "partition": p, "next_offset": 0, "assigned_end": 0} for p in range(current.partitions, count)]
+    )
+
+
+def offsets(connection: Connection, name: str) -> list[tuple[int, int]]:
+    """Each partition's log start offset and next offset, by partition."""
+    part = s.partitions.c
+    found = topic_id(connection, name)
+    rows = connection.execute(
+        select(part.log_start_offset, part.next_offset).where(part.topic_id == found).order_by(part.partition)
+    )
+    return [(r.log_start_offset, r.next_offset) for r in rows]
+
+
+def delete_topic(connection: Connection, topic_id: int, name: str, version: int, now_ms: int) -> None:
+    """Delete a topic in `version`: its row marked deleted, its sections retired and the files left with no live
+    section removed, its producers' batches, uncleanable marks and consumer groups' committed offsets dropped."""
+    sec, files = s.sections.c, s.files.c
+    dialect = connection.dialect.name
+    connection.execute(update(s.topics).where(s.topics.c.topic_id == topic_id).values(deleted_version=version))
+    live_sections = select(sec.file_id).where(sec.topic_id == topic_id, sec.removed_version.is_(None))
+    holding = sorted(set(connection.execute(union_all(*s.by_partition(live_sections))).scalars()))
+    connection.execute(
+        update(s.sections).where(one_of(sec.file_id, holding, dialect), sec.topic_id == topic_id, sec.removed_version.is_(None))
+        .values(removed_version=version)
+    )
+    still_live = select(sec.file_id).where(sec.file_id == files.file_id, sec.removed_version.is_(None)).exists()
+    connection.execute(
+        update(s.files).where(one_of(files.file_id, holding, dialect), files.removed_version.is_(None), ~still_live)
+        .values(removed_version=version, removed_ms=now_ms)
+    )
+    summaries.clear_topic(connection, topic_id, version)
+    connection.execute(delete(s.producer_batches).where(s.producer_batches.c.topic_id == topic_id))
+    connection.execute(delete(s.uncleanable).where(s.uncleanable.c.topic_id == topic_id))
+    connection.execute(delete(s.group_offsets).where(s.group_offsets.c.topic == name))
+
+
+def not_found(name: str) -> TopicNotFoundError:
+    return TopicNotFoundError(f"topic {name!r} does not exist: create it with `logcompact topic create`")
+
+
+def of_row(row: Row) -> Topic:
+    """A topics row as a Topic; a damaged one (config not JSON, or not configs Kafka allows) is CorruptDataError."""
+    try:
+        config = json.loads(row.config)
+        if not isinstance(config, dict):
+            raise ValueError(f"a JSON {type(config).__name__}, not an object")
+        return Topic.from_dict({"name": row.name, "partitions": row.partitions, "config": config, "created_ms": row.created_ms})
+    except (ValueError, TypeError, RecursionError, LogcompactError) as exc:  # JSONDecodeError is a ValueError
+        raise CorruptDataError(
+            f"catalog row topics {row.name!r} (topic_id {row.topic_id}) is damaged: its config {str(row.config)[:80]!r} "
+            f"is not a topic config ({first_line(exc)}); restore the row from a backup, or write the topic's configs "
+            "back as a JSON object of Kafka names"
+        ) from None
