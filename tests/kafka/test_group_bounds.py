@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError
 
 from logcompact.catalog import Catalog
-from logcompact.kafka.coordinator import OVERHEAD_BYTES, GroupCoordinator
+from logcompact.kafka.group_coordinator import OVERHEAD_BYTES, GroupCoordinator
 from tests.helpers import create_topic
 from tests.kafka.agents import RunningAgent
 from tests.kafka.groups import DESCRIBE, JOIN, LEAVE, LIST, MEMBER_ID_REQUIRED, NONE, PARTITIONS, SYNC, TOPIC, group_member, join, join_body, produce

@@ -31,7 +31,7 @@ from logcompact.catalog.groups import GroupRow, StoredMember
 from logcompact.consume import read_records
 from logcompact.exceptions import CatalogUnavailableError
 from logcompact.kafka.codec import ErrorCode
-from logcompact.kafka.coordinator import COMPLETING_REBALANCE, OVERHEAD_BYTES, PREPARING_REBALANCE, ROW_RETRY_BACKOFF_MS, STABLE, GroupCoordinator
+from logcompact.kafka.group_coordinator import COMPLETING_REBALANCE, OVERHEAD_BYTES, PREPARING_REBALANCE, ROW_RETRY_BACKOFF_MS, STABLE, GroupCoordinator
 from logcompact.store import ObjectStore
 from tests.helpers import create_topic
 from tests.kafka.agents import RunningAgent, start_agent_process
@@ -529,7 +529,7 @@ def test_sync_groups_wait_for_their_row_at_most_the_commit_timeout_then_the_grou
         assert row is not None and [m.assignment for m in row.members] == [b"first", b"second"]
         await coordinator.close()
 
-    with caplog.at_level(logging.WARNING, logger="logcompact.kafka.coordinator"):
+    with caplog.at_level(logging.WARNING, logger="logcompact.kafka.group_coordinator"):
         asyncio.run(scenario())
     assert [r.getMessage() for r in caplog.records] == [
         f"group g: the row with the assignments of generation 1 was not written to the catalog within {timeout_ms} ms "
@@ -558,7 +558,7 @@ def test_a_confluent_consumer_whose_row_is_held_is_answered_within_the_commit_ti
                              "session.timeout.ms": 30_000, **QUICK_RECONNECT})
         consumer.subscribe([TOPIC])
         delivered: list[tuple[int, int]] = []
-        with caplog.at_level(logging.WARNING, logger="logcompact.kafka.coordinator"):
+        with caplog.at_level(logging.WARNING, logger="logcompact.kafka.group_coordinator"):
             deadline = time.monotonic() + 20
             while not caplog.records and time.monotonic() < deadline:  # the first SyncGroup answered, the row still held
                 message = consumer.poll(0.2)

@@ -12,7 +12,7 @@ package: catalog, store, format, ingest, consume, topics):
 - `producer_state`: idempotent producers' state and the checks of their batches (`ProducerStateManager`).
 - `ingest_thread`: the server's one ingest agent and the thread that feeds it (`Ingest`), which holds the
   producers' state.
-- `coordinator`: the consumer groups this agent coordinates (`GroupCoordinator`).
+- `group_coordinator`: the consumer groups this agent coordinates (`GroupCoordinator`).
 - `broker`: the `Broker` every handler is given, and a handler's type (`Handler`, `Api`).
 - `handlers`: one module per API family (`api_versions`, `metadata`, `produce`, `fetch`, `list_offsets`,
   `init_producer_id`, `find_coordinator`, `groups`, `offsets`, `topics_admin`, `configs`, `describe_cluster`), and

@@ -15,8 +15,8 @@ from logcompact.catalog import Catalog
 from logcompact.catalog.model import AgentRecord
 from logcompact.kafka import codec
 from logcompact.kafka.cluster import Address, AgentDirectory
-from logcompact.kafka.coordinator import GroupCoordinator
 from logcompact.kafka.event_loop import CommitWatch
+from logcompact.kafka.group_coordinator import GroupCoordinator
 from logcompact.kafka.ingest_thread import Ingest
 from logcompact.store.cache import CachedStore
 from logcompact.topics import Topic

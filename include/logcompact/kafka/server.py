@@ -47,8 +47,8 @@ from logcompact.ingest import DEFAULT_FLUSH_BYTES, DEFAULT_FLUSH_INTERVAL_MS
 from logcompact.kafka import codec, records
 from logcompact.kafka.broker import Broker
 from logcompact.kafka.cluster import Address, AgentDirectory
-from logcompact.kafka.coordinator import DEFAULT_GROUP_MAX_BYTES, DEFAULT_GROUP_MAX_SIZE, INITIAL_REBALANCE_DELAY_MS, OFFSETS_COMMIT_TIMEOUT_MS, GroupCoordinator
 from logcompact.kafka.event_loop import CommitWatch
+from logcompact.kafka.group_coordinator import DEFAULT_GROUP_MAX_BYTES, DEFAULT_GROUP_MAX_SIZE, INITIAL_REBALANCE_DELAY_MS, OFFSETS_COMMIT_TIMEOUT_MS, GroupCoordinator
 from logcompact.kafka.handlers import APIS, api_versions
 from logcompact.kafka.handlers.produce import DEFAULT_MAX_MESSAGE_BYTES
 from logcompact.kafka.ingest_thread import Ingest

@@ -1,4 +1,4 @@
-"""The classic group membership APIs, answered by the group's coordinator (`coordinator.GroupCoordinator`):
+"""The classic group membership APIs, answered by the group's coordinator (`group_coordinator.GroupCoordinator`):
 JoinGroup (11) v0-9, SyncGroup (14) v0-5, Heartbeat (12) v0-4, LeaveGroup (13) v0-5, DescribeGroups (15) v0-5,
 and ListGroups (16) v0-4, which each agent answers for the groups it coordinates, from the catalog's rows.
 
@@ -16,7 +16,7 @@ from typing import Any
 
 from logcompact.kafka import codec
 from logcompact.kafka.broker import Broker
-from logcompact.kafka.coordinator import MAX_SESSION_TIMEOUT_MS, MIN_SESSION_TIMEOUT_MS, STABLE, Joined
+from logcompact.kafka.group_coordinator import MAX_SESSION_TIMEOUT_MS, MIN_SESSION_TIMEOUT_MS, STABLE, Joined
 
 JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP, DESCRIBE_GROUPS, LIST_GROUPS = 11, 12, 13, 14, 15, 16
 # DescribeGroups v3+ asked for the operations allowed: READ, DESCRIBE and DELETE (no authorizer: all of them)
