@@ -32,10 +32,12 @@ class RunningAgent:
         self.thread = threading.Thread(target=self.loop.run_forever, name="agent", daemon=True)
         self.thread.start()
         self.server = AgentServer(catalog, AgentSettings(Address("127.0.0.1", 0), **settings))
-        self.call(self.server.start())
+        # The first start of a fresh checkout compiles the agent's numba loops (its cache is then on disk): up to a
+        # minute or more on a loaded 2-core machine, and the Kafka tests are the suite's first.
+        self.call(self.server.start(), timeout=300)
 
-    def call(self, coroutine: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=30)
+    def call(self, coroutine: Any, timeout: float = 30) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=timeout)
 
     @property
     def bootstrap(self) -> str:
