@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import text
 
 from logcompact.catalog import Catalog, NewFile, appends
+from logcompact.catalog.groups import CommittedOffset
 from logcompact.format.layout import SectionInfo
 from tests.helpers import NOW, create_topic
 
@@ -133,3 +134,28 @@ def test_an_append_locks_its_partition_rows_in_order_on_postgresql(catalog: Cata
             assert "Nested Loop" in plan and "Index Scan using partitions_pkey on partitions p" in plan, plan
             assert not any(step in plan for step in ("Hash", "Merge", "Seq Scan", "Bitmap")), plan
             assert "using sections_by_partition" in plan and "using files_live_by_level" in plan, plan
+
+
+def test_offset_commits_of_one_group_in_opposite_orders_never_deadlock(catalog: Catalog) -> None:
+    """Two members' commits of the same partitions, one naming them in ascending order and one in descending (as a
+    client's dict may), side by side: each writes its rows in the catalog's order, so neither waits on the other in a
+    cycle (PostgreSQL would abort one with a deadlock) and every commit is stored."""
+    create_topic(catalog, "t", partitions=PARTITIONS)
+    failures: list[BaseException] = []
+    slots = [("t", partition) for partition in range(PARTITIONS)]
+
+    def committer(order: list[tuple[str, int]], value: int) -> None:
+        try:
+            for round_ in range(30):
+                catalog.commit_offsets("g", {slot: CommittedOffset(value + round_, -1, "", NOW) for slot in order})
+        except BaseException as exc:  # reported by the assertion below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=committer, args=(slots, 0)), threading.Thread(target=committer, args=(slots[::-1], 1000))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not failures, failures
+    stored = catalog.committed_offsets("g")
+    assert set(stored) == set(slots) and {c.offset for c in stored.values()} <= {29, 1029}

@@ -71,11 +71,13 @@ class GroupListed:
 
 
 def commit_offsets(connection: Connection, group_id: str, offsets: Mapping[tuple[str, int], CommittedOffset]) -> None:
-    """Store a group's offsets for these partitions, all or none, replacing what each had."""
+    """Store a group's offsets for these partitions, all or none, replacing what each had. The rows are written in
+    (topic, partition) order, whatever order the request named them in: two commits of the same partitions in
+    opposite orders would otherwise each hold a row the other waits for (PostgreSQL aborts one as a deadlock)."""
     rows = [
         {"group_id": group_id, "topic": topic, "partition": partition, "committed_offset": committed.offset,
          "leader_epoch": committed.leader_epoch, "metadata": committed.metadata, "commit_ms": committed.commit_ms}
-        for (topic, partition), committed in offsets.items()
+        for (topic, partition), committed in sorted(offsets.items(), key=lambda item: item[0])
     ]
     table = s.group_offsets
     statement = upsert(connection, table)
