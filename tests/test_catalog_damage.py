@@ -37,7 +37,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
 from lab.servers.postgres import PostgresServer
-from logcompact.catalog import Catalog, schema
+from logcompact.catalog import Catalog, NewFile, schema
 from logcompact.catalog.database import catalog_errors, redact_url
 from logcompact.catalog.groups import CommittedOffset, GroupRow, StoredMember
 from logcompact.catalog.model import CatalogUpgrade
@@ -54,6 +54,7 @@ from logcompact.exceptions import (
     StoreError,
 )
 from logcompact.format import read_section
+from logcompact.format.layout import SectionInfo
 from logcompact.ingest import Agent, Record
 from logcompact.jobs import commit_plans, prepare_plans, release_abandoned, run_group, run_here
 from logcompact.jobs.explain import explain_run
@@ -1202,6 +1203,32 @@ def test_a_snapshot_whose_database_goes_away_raises_catalog_unavailable(postgres
         assert "is not currently accepting connections" in message
     _accepting(server, url, True)
     assert snapshot.sections_of("accounts", 0) == before  # once it is back, the same snapshot reads again
+
+
+@pytest.mark.parametrize("stage", ["advance", "sections"])
+def test_an_append_that_waits_out_its_lock_timeout_raises_catalog_unavailable(
+    postgres_catalog: tuple[Catalog, PostgresServer, str], stage: str
+) -> None:
+    """Another session holds the partition rows an append advances, or the sections table against the append's
+    COPY (statements it runs on the driver's connection, past SQLAlchemy), past the database's lock_timeout. The
+    append is refused on one line as a catalog that cannot be read, with the database's reason, nothing of it is
+    written, and once the other session ends the next append takes the offsets the refused one did not."""
+    catalog, server, url = postgres_catalog
+    name = make_url(url).database
+    with server.connect(name) as connection:
+        connection.execute(f'ALTER DATABASE "{name}" SET lock_timeout = 200')
+    catalog.engine.dispose()  # sessions opened from now on take the setting
+    offsets = catalog.next_offsets("accounts")
+    sections = tuple(SectionInfo("accounts", p, 2, 1, NOW, NOW, 0, 100, "none", 0, 0, 100) for p in range(3))
+    with server.connect(name, autocommit=False) as blocker:
+        blocker.execute("SELECT 1 FROM partitions FOR UPDATE" if stage == "advance" else "LOCK TABLE sections IN SHARE MODE")
+        with pytest.raises(CatalogUnavailableError, match="cannot be reached or read \\(canceling statement due to lock timeout\\)") as raised:
+            catalog.append_files([NewFile("data/l0/refused.seg", 0, 300, NOW, sections)], NOW)
+        assert "\n" not in str(raised.value) and PLANTED not in str(raised.value)
+    assert catalog.next_offsets("accounts") == offsets
+    assert catalog.known_files(["data/l0/refused.seg"]) == set()
+    _, assigned = catalog.append_files([NewFile("data/l0/accepted.seg", 0, 300, NOW, sections)], NOW)
+    assert assigned == [offsets]
 
 
 def test_a_snapshot_whose_sqlite_file_turns_to_garbage_raises_catalog_unavailable(two_partitions: Catalog) -> None:

@@ -5,15 +5,20 @@ section for each of 1,000 topic-partitions or more, and a statement per row cost
 (115 ms an append on PostgreSQL, where these take a few).
 
 PostgreSQL gets arrays (`unnest`) for the partitions and COPY in binary for the sections; SQLite, whose writer
-holds the database's one write lock whatever it does, an `UPDATE ... FROM json_each` and an `executemany`.
+holds the database's one write lock whatever it does, an `UPDATE ... FROM json_each` and an `executemany`. On
+PostgreSQL both run on psycopg's connection, past SQLAlchemy (`_driver_errors`): COPY has no other way, and the update
+goes in one round trip with its plan's settings (a pipeline), its 1,000 rows read back without SQLAlchemy's rows.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
 
 from sqlalchemy import BigInteger, Connection, Integer, LargeBinary, SmallInteger, select
+from sqlalchemy.exc import DBAPIError
 
 from logcompact.catalog import schema as s
 from logcompact.exceptions import CorruptDataError
@@ -26,9 +31,13 @@ Slot = tuple[int, int]
 # joins, sequential and bitmap scans off for that one statement (`_KEYED_PLAN`, reset after it: `_ANY_PLAN`), every
 # plan left reads the partitions through their primary key's index, in order: as the probe of each of the sorted
 # arrays' entries, or as a scan of the index itself, each matched to the arrays. A sorted `FOR UPDATE` sub-select
-# locked every row before the update wrote it again: twice the work (15 ms of an append's 47, against 8).
-_KEYED_PLAN = "SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off; SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off"
-_ANY_PLAN = "RESET enable_hashjoin; RESET enable_mergejoin; RESET enable_seqscan; RESET enable_bitmapscan"
+# locked every row before the update wrote it again: twice the work (15 ms of an append's 47, against 8). JIT is off
+# too: a plan made for the arrays' 1,000 entries is priced past `jit_above_cost` by its per-partition subqueries, and
+# compiling its expressions took 17 ms more than running them (23 ms against 6). The settings, the update and the
+# resets go in one round trip (a pipeline), one statement a query as a pipeline takes them.
+_PLAN_SETTINGS = ("enable_hashjoin", "enable_mergejoin", "enable_seqscan", "enable_bitmapscan", "jit")
+_KEYED_PLAN = tuple(f"SET LOCAL {setting} = off" for setting in _PLAN_SETTINGS)
+_ANY_PLAN = tuple(f"RESET {setting}" for setting in _PLAN_SETTINGS)
 # A partition is advanced only where no section row claims offsets from its next offset on (`_UNCLAIMED`): above L0
 # through `sections_by_partition`, and in the live L0 files newer than the newest file an append gave offsets of it in
 # (`partitions.newest_file`), each by primary key. Every section ever written of a partition ends below the offsets an
@@ -81,14 +90,19 @@ def advance_partitions(connection: Connection, counts: Mapping[Slot, int], files
         return {}
     slots = sorted(counts)
     if connection.dialect.name == "postgresql":
+        driver = _driver(connection)
         arrays = {
             "topics": _array(t for t, _ in slots), "partitions": _array(p for _, p in slots), "counts": _array(counts[slot] for slot in slots),
             "files": _array(files[slot] for slot in slots),
         }
-        connection.exec_driver_sql(_KEYED_PLAN)
-        rows = connection.exec_driver_sql(_ADVANCE_POSTGRESQL, arrays).all()
-        connection.exec_driver_sql(_ANY_PLAN)
-        return {(topic_id, partition): first for topic_id, partition, first in rows}
+        with _driver_errors(connection, _ADVANCE_POSTGRESQL), driver.cursor() as settings, driver.cursor() as advance:
+            with driver.pipeline():
+                for statement in _KEYED_PLAN:
+                    settings.execute(statement)
+                advance.execute(_ADVANCE_POSTGRESQL, arrays)
+                for statement in _ANY_PLAN:
+                    settings.execute(statement)
+            return {(topic_id, partition): first for topic_id, partition, first in advance.fetchall()}
     rows = connection.exec_driver_sql(_ADVANCE_SQLITE, (json.dumps([[t, p, counts[(t, p)], files[(t, p)]] for t, p in slots]),)).all()
     # SQLite's RETURNING names only the updated table: the first offset is the new next_offset less the count.
     return {(t, p): next_offset - counts[(t, p)] for t, p, next_offset in rows}
@@ -107,12 +121,34 @@ def insert_sections(connection: Connection, rows: Sequence[tuple]) -> None:
     if connection.dialect.name != "postgresql":
         connection.exec_driver_sql(_INSERT_SECTIONS, list(rows))
         return
-    driver = connection.connection.driver_connection  # this transaction's psycopg connection
-    assert driver is not None
-    with driver.cursor() as cursor, cursor.copy(_COPY_SECTIONS) as copy:
+    with _driver_errors(connection, _COPY_SECTIONS), _driver(connection).cursor() as cursor, cursor.copy(_COPY_SECTIONS) as copy:
         copy.set_types(_SECTION_TYPES)
         for row in rows:
             copy.write_row(row)
+
+
+def _driver(connection: Connection) -> Any:
+    """This transaction's psycopg connection."""
+    driver = connection.connection.driver_connection
+    assert driver is not None
+    return driver
+
+
+@contextmanager
+def _driver_errors(connection: Connection, statement: str) -> Iterator[None]:
+    """psycopg's errors of `statement`, run on its connection past SQLAlchemy, raised as SQLAlchemy raises its own
+    (`database.catalog_errors` tells an unreachable catalog by them, a lock timeout too); a connection the database
+    dropped is invalidated, as SQLAlchemy does, so that the pool never hands it out again."""
+    dialect = connection.dialect
+    try:
+        yield
+    except dialect.loaded_dbapi.Error as exc:
+        dbapi_connection = connection.connection.dbapi_connection
+        disconnected = dialect.is_disconnect(exc, dbapi_connection, None)
+        wrapped = DBAPIError.instance(statement, None, exc, dialect.loaded_dbapi.Error, connection_invalidated=disconnected, dialect=dialect)
+        if disconnected:
+            connection.invalidate(wrapped)
+        raise wrapped from exc
 
 
 def unadvanced_partition(connection: Connection, slot: tuple[int, int], topic_rows: dict[str, tuple[int, int]]) -> CorruptDataError:
