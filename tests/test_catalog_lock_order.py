@@ -128,8 +128,7 @@ def test_an_append_locks_its_partition_rows_in_order_on_postgresql(catalog: Cata
             with catalog.engine.begin() as connection:
                 if analyzed:
                     connection.exec_driver_sql("ANALYZE partitions")
-                for setting in appends._KEYED_PLAN:
-                    connection.exec_driver_sql(setting)
+                connection.exec_driver_sql(appends._KEYED_PLAN)
                 plan = "\n".join(row[0] for row in connection.exec_driver_sql("EXPLAIN " + appends._ADVANCE_POSTGRESQL, arrays))
                 connection.rollback()
             assert "Nested Loop" in plan and "Index Scan using partitions_pkey on partitions p" in plan, plan
