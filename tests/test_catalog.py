@@ -63,6 +63,30 @@ def test_appends_get_consecutive_offsets_per_partition(catalog: Catalog) -> None
     assert [(key, s.first_offset) for key, s in snapshot.sections_of("t", 0, from_offset=5)] == [("f2", 5)]
 
 
+def test_appends_rewrite_partition_rows_in_place_on_postgresql(catalog: Catalog) -> None:
+    """Appends of files holding every partition of 10 topics of 100, as agents write them, one after another: each
+    rewrites all 1,000 partition rows, and on PostgreSQL each new row version goes beside the old one on its page
+    (heap-only), the last append's pruned. The table and its key's index keep about the size they had after the first
+    (packed full, the table grew 7-fold and the index by 3 pages)."""
+    if catalog.engine.dialect.name != "postgresql":
+        pytest.skip("SQLite rewrites a row in its place in the key's B-tree")
+    for topic in range(10):
+        create_topic(catalog, f"t{topic}", partitions=100)
+    wide = [(f"t{topic}", partition, 1) for topic in range(10) for partition in range(100)]
+
+    def sizes() -> tuple[int, int]:
+        with catalog.engine.connect() as connection:
+            table, index = connection.exec_driver_sql("SELECT pg_relation_size('partitions'), pg_relation_size('partitions_pkey')").one()
+        return table, index
+
+    assert _append(catalog, _new_file("f0", *wide)) == [0] * 1000
+    table, index = sizes()
+    for n in range(1, 20):
+        assert _append(catalog, _new_file(f"f{n}", *wide)) == [n] * 1000
+    grown_table, grown_index = sizes()
+    assert grown_table <= 2 * table and grown_index <= index + 8192, (table, index, grown_table, grown_index)
+
+
 def test_concurrent_appenders_never_share_an_offset_nor_leave_a_gap(catalog: Catalog) -> None:
     create_topic(catalog, "t", partitions=3)
     writers, files_each = 6, 15
