@@ -41,7 +41,7 @@ def test_writers_of_every_kind_at_once(catalog: Catalog) -> None:
             sections = tuple(
                 _section(topic, p, 1 + (p + n) % 3) for topic in ("expiring", "kept") for p in range(PARTITIONS)
             )
-            version, _ = catalog.append_files([NewFile(key, 0, 1_000, NOW, sections)], NOW)
+            version = catalog.append_files([NewFile(key, 0, 1_000, NOW, sections)], NOW).version
             with lock:
                 appended[key] = version
 
