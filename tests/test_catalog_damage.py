@@ -823,12 +823,13 @@ def _stored_crcs(catalog: Catalog) -> dict[tuple[int, int, int], int]:
 
 
 def _as_schema_11(catalog: Catalog) -> None:
-    """The catalog as schema 11 held it: none of the transactions' tables, files without filtered_version,
-    schema_version 11."""
+    """The catalog as schema 11 held it: none of the transactions' tables, files without filtered_version, partitions
+    without first_marker, schema_version 11."""
     with catalog.engine.begin() as connection:
         for table in reversed(schema.TRANSACTION_TABLES):
             table.drop(connection)
         connection.exec_driver_sql("ALTER TABLE files DROP COLUMN filtered_version")
+        connection.exec_driver_sql("ALTER TABLE partitions DROP COLUMN first_marker")
         connection.execute(update(schema.catalog_info).values(schema_version=11))
 
 

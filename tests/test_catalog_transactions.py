@@ -20,8 +20,12 @@ from logcompact.catalog.groups import CommittedOffset, GroupRow, StoredMember
 from logcompact.catalog.model import CatalogUpgrade
 from logcompact.catalog.producers import PlacedBatch, SequencedBatch
 from logcompact.catalog.transactions import MAX_TIMEOUT_MS, TxnError, TxnRefusal
+from logcompact.consume import read_records
 from logcompact.exceptions import CatalogSchemaError
 from logcompact.format.layout import SectionInfo
+from logcompact.ingest import Agent, Record
+from logcompact.jobs import prepare_plans, run_here
+from logcompact.planner import PlannerConfig
 from tests.helpers import NOW, create_topic
 
 TIMEOUT = 60_000
@@ -398,6 +402,7 @@ def test_a_schema_11_catalog_upgrades_to_the_transactions_tables_and_keeps_what_
         for table in reversed(schema.TRANSACTION_TABLES):
             table.drop(connection)
         connection.exec_driver_sql("ALTER TABLE files DROP COLUMN filtered_version")
+        connection.exec_driver_sql("ALTER TABLE partitions DROP COLUMN first_marker")
         connection.execute(update(schema.catalog_info).values(schema_version=11))
     with pytest.raises(CatalogSchemaError, match="has schema version 11, this logcompact uses 12: .*upgrade-catalog"):
         Catalog(catalog.store, catalog.url).snapshot()
@@ -412,3 +417,44 @@ def test_a_schema_11_catalog_upgrades_to_the_transactions_tables_and_keeps_what_
     txn.add(("t", 0))
     append(reopened, ("t", 0, 2, txn.batch("t", 0, 2)))
     assert stable(reopened, "t") == [3] and txn.end(commit=False).aborted == 1 and stable(reopened, "t") == [6]
+
+
+# -- markers as holes -------------------------------------------------------------------------------------------------
+
+
+def test_markers_are_holes_that_readers_and_compaction_of_a_never_compacted_partition_take(catalog: Catalog) -> None:
+    """A partition never compacted holds every offset from its log start, or a row hides records: up to its first
+    marker. Markers of a commit and an abort among plain records read as holes, and a compaction plans, runs and
+    commits over them without setting the partition aside."""
+    create_topic(catalog, "t", partitions=1, cleanup_policy="compact")
+    pid, epoch = catalog.init_producer("app", TIMEOUT, MAX_TIMEOUT_MS, None, NOW)
+    agent = Agent(catalog, background=False)
+    sequence = 0
+
+    def produce(key: bytes, transactional: bool) -> None:
+        nonlocal sequence
+        sequenced = None
+        if transactional:
+            sequenced = SequencedBatch(pid, epoch, sequence, sequence, None if sequence == 0 else (epoch, sequence - 1), True)
+            sequence += 1
+        future = agent.produce("t", [Record(0, key, key, NOW)], sequenced)
+        agent.flush()
+        future.result()
+
+    produce(b"a", False)  # 0
+    for commit, key in ((True, b"b"), (False, b"c")):  # 1 and its marker 2; 4 and its marker 5
+        catalog.add_to_transaction("app", pid, epoch, [("t", 0)], NOW)
+        produce(key, True)
+        catalog.end_transaction("app", pid, epoch, commit, NOW)
+        produce(key + b"-plain", False)  # 3; 6
+    agent.close()
+    with catalog.engine.connect() as connection:
+        assert connection.execute(select(schema.partitions.c.first_marker)).scalar_one() == 2
+    offsets = [(r.offset, r.key) for r in read_records(catalog.store, catalog.snapshot(), "t", 0)]
+    assert offsets == [(0, b"a"), (1, b"b"), (3, b"b-plain"), (4, b"c"), (6, b"c-plain")]
+    prepared = prepare_plans(catalog, "regular", NOW, PlannerConfig(min_files=(4, 4, 4, 4)))
+    assert prepared.plan_ids
+    summary = run_here(catalog, prepared.plan_ids, prepared.groups, NOW)
+    assert summary.committed == prepared.plan_ids and summary.uncleanable == [] and catalog.uncleanable() == []
+    assert {f.level for f in catalog.snapshot().files()} == {1}
+    assert [(r.offset, r.key) for r in read_records(catalog.store, catalog.snapshot(), "t", 0)] == offsets

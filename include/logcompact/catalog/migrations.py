@@ -195,6 +195,8 @@ def _name_newest_files(connection: Connection) -> None:
 
 def _add_transactions(connection: Connection) -> None:
     """To schema 12: the transactions' tables (`schema.TRANSACTION_TABLES`; made already on an upgrade from 4, whose
-    step makes every table missing) and `files.filtered_version` (NULL: no file was filtered of aborted data)."""
+    step makes every table missing), `files.filtered_version` (NULL: no file was filtered of aborted data) and
+    `partitions.first_marker` (NULL: no marker was handed out)."""
     s.metadata.create_all(connection, tables=list(s.TRANSACTION_TABLES), checkfirst=True)
     connection.exec_driver_sql("ALTER TABLE files ADD COLUMN filtered_version BIGINT")
+    connection.exec_driver_sql("ALTER TABLE partitions ADD COLUMN first_marker BIGINT")

@@ -46,8 +46,8 @@ SCHEMA_VERSION = 12
 # (in `SECTION_ROW` order, record_count and tombstones 64-bit) and `sections_by_partition` had no first offset; schema
 # 9's partition_summaries did not count their partitions' entries in it (`indexed`); schema 10's partitions did not
 # name the newest file an append gave offsets of them (`newest_file`), and its consumer_groups had no leader and its
-# members no timeouts, protocols nor assignments; schema 11 had none of the transactions' tables, and its files no
-# filtered_version.
+# members no timeouts, protocols nor assignments; schema 11 had none of the transactions' tables, its files no
+# filtered_version and its partitions no first_marker.
 UPGRADABLE_FROM = (3, 4, 5, 6, 7, 8, 9, 10, 11)
 
 # SQLite gives auto-numbered keys only to INTEGER PRIMARY KEY (the rowid); PostgreSQL wants BIGINT.
@@ -114,6 +114,9 @@ partitions = Table(
     # relabelled from another partition, or shifted): the append refuses rather than hand them out again. Only the
     # L0 files newer than it are looked at, so an append pays for the files appended since the partition's last one.
     Column("newest_file", BigInteger, nullable=False, server_default="0"),
+    # The first offset handed out as a transaction's marker (NULL: none yet). A marker is a hole, as compaction
+    # leaves: from it on, readers and plans no longer take a hole in a never-compacted partition for a damaged row.
+    Column("first_marker", BigInteger),
     sqlite_with_rowid=False,
 )
 

@@ -595,6 +595,7 @@ def _complete(connection: Connection, read: TransactionRow, commit: bool, now_ms
     if len(markers) < len(marked):
         unadvanced = min(set(marked) - set(markers))
         raise appends.unadvanced_partition(connection, unadvanced, {name: (topic_id, parts) for topic_id, (name, parts) in live.items()})
+    _note_first_markers(connection, markers)
     row = _row(connection, tid, lock=True)
     parts = connection.execute(select(tp.topic_id, tp.partition, tp.ranges).where(tp.transactional_id == tid)).all()
     if row != read or {(part.topic_id, part.partition) for part in parts if part.topic_id in live} != set(marked):
@@ -616,6 +617,18 @@ def _complete(connection: Connection, read: TransactionRow, commit: bool, now_ms
         }
         aborted = insert_aborted(connection, ranges, version)
     return Ended(state, markers, aborted)
+
+
+def _note_first_markers(connection: Connection, markers: Mapping[Slot, int]) -> None:
+    """`partitions.first_marker` of the partitions given their first marker (rows the caller holds locked)."""
+    part = s.partitions.c
+    statement = (
+        update(s.partitions)
+        .where(part.topic_id == bindparam("m_topic"), part.partition == bindparam("m_partition"), part.first_marker.is_(None))
+        .values(first_marker=bindparam("m_offset"))
+    )
+    if markers:
+        connection.execute(statement, [{"m_topic": t, "m_partition": p, "m_offset": offset} for (t, p), offset in sorted(markers.items())])
 
 
 def _commit_offsets(connection: Connection, transactional_id: str) -> None:
