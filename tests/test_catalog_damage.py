@@ -996,11 +996,11 @@ def test_a_schema_3_catalog_is_refused_until_upgrade_catalog_binds_its_rows(cata
     assert _stored_crcs(catalog) == bound
     assert Catalog(catalog.store, catalog.url).upgrade_catalog() is None
 
-    for other in (2, 12):
+    for other in (2, 13):
         with catalog.engine.begin() as connection:
             connection.execute(update(schema.catalog_info).values(schema_version=other))
         _one_line_error(run_in_process([*cli, "cluster", "upgrade-catalog"]), f"has schema version {other}",
-                        "upgrades schemas 3, 4, 5, 6, 7, 8, 9, 10 to 11 only")
+                        "upgrades schemas 3, 4, 5, 6, 7, 8, 9, 10, 11 to 12 only")
         assert _stored_crcs(catalog) == bound
 
 

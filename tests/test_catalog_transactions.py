@@ -21,7 +21,7 @@ from logcompact.catalog.model import CatalogUpgrade
 from logcompact.catalog.producers import PlacedBatch, SequencedBatch
 from logcompact.catalog.transactions import MAX_TIMEOUT_MS, TxnError, TxnRefusal
 from logcompact.consume import read_records
-from logcompact.exceptions import CatalogSchemaError
+from logcompact.exceptions import CatalogSchemaError, InvalidRecordError
 from logcompact.format.layout import SectionInfo
 from logcompact.ingest import Agent, Record
 from logcompact.jobs import prepare_plans, run_here
@@ -127,6 +127,27 @@ def test_an_exhausted_epoch_moves_the_transactional_id_to_a_new_producer_id(cata
     with catalog.engine.connect() as connection:
         p = schema.producers.c
         assert dict(connection.execute(select(p.producer_id, p.transactional_id).where(p.producer_id.in_([pid, moved]))).all()) == {pid: None, moved: "app"}
+
+
+def test_a_producer_naming_its_epoch_aborts_its_open_transaction_and_its_retry_gets_the_same_epoch(catalog: Catalog) -> None:
+    """KIP-360: InitProducerId naming the current producer id and epoch aborts the open transaction and bumps the epoch
+    once; its retry (the answer lost) is answered the same epoch. A producer naming an older epoch is fenced, and
+    the open transaction of the current one stays open."""
+    create_topic(catalog, "t", partitions=1)
+    txn = Producer(catalog, "app")
+    pid = txn.producer_id
+    assert catalog.init_producer("app", TIMEOUT, MAX_TIMEOUT_MS, (pid, 0), NOW) == (pid, 1)
+    txn.epoch = 1
+    txn.add(("t", 0))
+    append(catalog, ("t", 0, 2, txn.batch("t", 0, 2)))
+    with refused_with(TxnError.PRODUCER_FENCED):
+        catalog.init_producer("app", TIMEOUT, MAX_TIMEOUT_MS, (pid, 0), NOW)
+    assert stable(catalog, "t") == [0] and catalog.next_offsets("t") == [2]  # still open
+    assert catalog.init_producer("app", TIMEOUT, MAX_TIMEOUT_MS, (pid, 1), NOW) == (pid, 2)
+    assert stable(catalog, "t") == [3] and len(aborted(catalog)) == 1
+    assert catalog.init_producer("app", TIMEOUT, MAX_TIMEOUT_MS, (pid, 1), NOW) == (pid, 2)  # the retry
+    with pytest.raises(InvalidRecordError, match="^topic 't' has partitions 0 to 0, not 1$"):
+        catalog.add_to_transaction("app", pid, 2, [("t", 1)], NOW)
 
 
 # -- a transaction's life ---------------------------------------------------------------------------------------

@@ -590,9 +590,12 @@ class Catalog:
 
     def add_to_transaction(self, transactional_id: str, producer_id: int, epoch: int, partitions: Collection[TopicPartition], now_ms: int) -> None:
         """AddPartitionsToTxn: the partitions join the producer's transaction, which begins unless open already. An
-        unknown topic is TopicNotFoundError; the partitions must exist (the caller checks them)."""
+        unknown topic is TopicNotFoundError, a partition it does not have InvalidRecordError."""
         with self._writing() as connection:
             topic_rows = topics.rows(connection, {topic for topic, _ in partitions}, lock=topics.SHARED)  # not deleted meanwhile
+            for topic, partition in sorted(partitions):
+                if not 0 <= partition < topic_rows[topic][1]:
+                    raise InvalidRecordError(f"topic {topic!r} has partitions 0 to {topic_rows[topic][1] - 1}, not {partition}")
             slots = {(topic_rows[topic][0], partition) for topic, partition in partitions}
             transactions.add_partitions(connection, transactional_id, producer_id, epoch, slots, now_ms)
 

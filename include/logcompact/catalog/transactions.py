@@ -151,7 +151,11 @@ def init_producer(
     TransactionMetadata.prepareIncrementProducerEpoch: `expected` (KIP-360: the producer's current id and epoch,
     None for a new producer) must be the current producer id, or the previous one at an exhausted epoch, else
     PRODUCER_FENCED; its epoch the current one (bumped), or the previous one (a retry whose answer was lost: the
-    current epoch, not bumped again). An exhausted epoch moves the id to a new producer id at epoch 0."""
+    current epoch, not bumped again). An exhausted epoch moves the id to a new producer id at epoch 0. Unlike Kafka,
+    which aborts an open transaction before it checks `expected`'s epoch, a producer naming an older epoch than the
+    open transaction's is PRODUCER_FENCED with the transaction left open: only its current producer, or a new one,
+    aborts it; and the abort and the bump are one step (Kafka answers CONCURRENT_TRANSACTIONS and bumps again on the
+    retry), so epochs here run one behind Kafka's after a fencing."""
     if not 0 < timeout_ms <= max_timeout_ms:
         raise TxnRefusal(TxnError.INVALID_TRANSACTION_TIMEOUT,
                          f"transaction timeout {timeout_ms} ms is not within 1 to {max_timeout_ms} ms (transaction.max.timeout.ms)")
@@ -170,6 +174,8 @@ def init_producer(
         # transactional id: producer-id expiry forgets it.
     elif found.state == ONGOING:
         _check_expected(found, expected)
+        if expected is not None and expected[1] != found.epoch:  # an older producer of the id: the transaction is not its
+            raise _fenced(found, *expected)
         # The open transaction's partition rows are locked before its row, as every writer does.
         if abort_open(connection, found, now_ms, bump_epoch=True) is None:
             raise TxnRefusal(TxnError.CONCURRENT_TRANSACTIONS, f"transactional id {transactional_id!r} changed while it was fenced; retry")
@@ -177,7 +183,9 @@ def init_producer(
         assert fenced is not None  # locked by abort_open
         if fenced.epoch >= EXHAUSTED_EPOCH:
             return _rotate(connection, fenced, timeout_ms, None, now_ms)
-        _set(connection, transactional_id, state=EMPTY, timeout_ms=timeout_ms, start_ms=-1, updated_ms=now_ms, previous_epoch=-1)
+        # A retry of this InitProducerId, naming the epoch it fenced, is answered the same epoch (KIP-360).
+        _set(connection, transactional_id, state=EMPTY, timeout_ms=timeout_ms, start_ms=-1, updated_ms=now_ms,
+             previous_epoch=found.epoch if expected is not None else -1)
         _own_producer_id(connection, transactional_id, fenced.producer_id, fenced.epoch, now_ms)
         return fenced.producer_id, fenced.epoch
     row = _row(connection, transactional_id, lock=True)
