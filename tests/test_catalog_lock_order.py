@@ -129,17 +129,17 @@ def test_writers_of_every_kind_at_once(catalog: Catalog) -> None:
     # Published under the version each append returned, a version of its own; none left pending.
     assert added == appended
     assert len(set(appended.values())) == len(appended)
-    # Every partition's sections, removed or not, tile its offsets from 0 to its next offset but for its markers: a
-    # hole of one offset each, where EndTxn said (an InitProducerId's abort does not say where).
+    # Every partition's sections, removed or not, tile its offsets from 0 to its next offset but for its markers: an
+    # offset each, where EndTxn said (an InitProducerId's abort does not say where).
     by_partition = defaultdict(list)
     for name, partition, first, last in sections:
         by_partition[(name, partition)].append((first, last))
     for slot, ranges in by_partition.items():
         ranges.sort()
+        assert all(a[1] < b[0] for a, b in zip(ranges, ranges[1:])), slot  # no offset twice
         ends = [(-1, -1), *ranges, (starts[slot][1], starts[slot][1])]
-        holes = [a[1] + 1 for a, b in zip(ends, ends[1:]) if a[1] + 1 != b[0]]
-        assert all(a[1] + 2 == b[0] for a, b in zip(ends, ends[1:]) if a[1] + 1 != b[0]), slot
-        assert len(holes) == len(markers.get(slot, [])) and {m for m in markers.get(slot, []) if m is not None} <= set(holes), slot
+        holes = {offset for a, b in zip(ends, ends[1:]) for offset in range(a[1] + 1, b[0])}
+        assert len(holes) == len(markers.get(slot, [])) and {m for m in markers.get(slot, []) if m is not None} <= holes, slot
     # No transaction is left open: every partition's LSO is its high watermark.
     assert all(offsets.last_stable == offsets.high_watermark for offsets in catalog.log_offsets("kept"))
     # Retention raised each expiring partition's log start to its first live offset.

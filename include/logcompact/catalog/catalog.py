@@ -18,8 +18,8 @@ it holds (`logcompact.catalog.snapshot`). `docs/catalog.md` describes the schema
 
 `Catalog` holds the transactions: each public method opens one (`_reading`, `_writing`), calls the functions of
 the roles it involves, each a module of functions over that connection (`topics`, `files`, `appends`, `producers`,
-`compactions`, `cleaning`, `garbage`, `agents`, `groups`, `migrations`, `cluster`; the version row in `versions`),
-in the lock order every writer keeps, and commits.
+`transactions`, `compactions`, `cleaning`, `garbage`, `agents`, `groups`, `migrations`, `cluster`; the version row in
+`versions`), in the lock order every writer keeps, and commits.
 """
 
 from __future__ import annotations

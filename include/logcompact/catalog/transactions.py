@@ -189,9 +189,8 @@ def init_producer(
         _own_producer_id(connection, transactional_id, fenced.producer_id, fenced.epoch, now_ms)
         return fenced.producer_id, fenced.epoch
     row = _row(connection, transactional_id, lock=True)
-    assert row is not None  # rows are deleted only by expiry, of ids idle for days
-    if row.state == ONGOING:  # an AddPartitionsToTxn on another agent since the read above
-        raise TxnRefusal(TxnError.CONCURRENT_TRANSACTIONS, f"transactional id {transactional_id!r} began a transaction meanwhile; retry")
+    if row is None or row.state == ONGOING:  # expired, or began a transaction (AddPartitionsToTxn), since the read above
+        raise TxnRefusal(TxnError.CONCURRENT_TRANSACTIONS, f"transactional id {transactional_id!r} changed meanwhile; retry")
     _check_expected(row, expected)
     if row.epoch >= EXHAUSTED_EPOCH and (expected is None or expected[1] == row.epoch):
         return _rotate(connection, row, timeout_ms, expected, now_ms)
