@@ -10,7 +10,7 @@ import json
 from collections import defaultdict
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select, update
 
@@ -360,8 +360,13 @@ _operation = st.one_of(
 )
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(operations=st.lists(_operation, min_size=1, max_size=25))
+@example(operations=[
+    ("plain", 0, 2), ("add", 0, 0), ("add", 0, 1), ("data", 0, 1), ("add", 1, 0), ("data", 1, 0), ("data", 0, 0),
+    ("plain", 1, 1), ("end", 0, True), ("data", 1, 1), ("add", 0, 1), ("data", 0, 1), ("timeout", 1, None),
+    ("plain", 0, 1), ("add", 1, 1), ("data", 1, 1), ("fence", 0, None), ("end", 1, False),
+])
 def test_the_lso_never_decreases_and_is_the_first_open_offset(catalog: Catalog, operations: list[tuple]) -> None:
     """Interleaved transactional and plain appends, commits, aborts, timeouts and fencing by a new producer: after
     each, every partition's LSO is the first offset of its earliest open transaction's data, else its high watermark,
@@ -479,3 +484,13 @@ def test_markers_are_holes_that_readers_and_compaction_of_a_never_compacted_part
     assert summary.committed == prepared.plan_ids and summary.uncleanable == [] and catalog.uncleanable() == []
     assert {f.level for f in catalog.snapshot().files()} == {1}
     assert [(r.offset, r.key) for r in read_records(catalog.store, catalog.snapshot(), "t", 0)] == offsets
+    # The aborted range stays while a file the catalog keeps may hold its record unfiltered: the output (not filtered
+    # of it), then the removed L0 file until gc forgets it.
+    assert catalog.forget_aborted_ranges() == 0 and catalog.aborted_ranges({("t", 0): (0, 7)}) == {("t", 0): [(4, 4)]}
+    with catalog.engine.begin() as connection:
+        connection.execute(update(schema.files).where(schema.files.c.level == 1).values(filtered_version=catalog.latest_version()))
+    assert catalog.forget_aborted_ranges() == 0
+    with catalog.engine.connect() as connection:
+        removed = connection.execute(select(schema.files.c.key).where(schema.files.c.level == 0)).scalars().all()
+    catalog.forget_files(removed)
+    assert catalog.forget_aborted_ranges() == 1 and catalog.aborted_ranges({("t", 0): (0, 7)}) == {}

@@ -503,13 +503,15 @@ def forget_aborted(connection: Connection, limit: int) -> int:
     forgotten) may hold an unfiltered record of: no sections row of the partition overlapping the range lies in a
     file not filtered at or after the range's version. How many."""
     a, sec, f = s.aborted_ranges.c, s.sections.c, s.files.c
-    unfiltered = (
-        select(sec.file_id).join_from(s.sections, s.files, f.file_id == sec.file_id)
-        .where(sec.topic_id == a.topic_id, sec.partition == a.partition, sec.first_offset <= a.last_offset,
-               sec.last_offset >= a.first_offset, or_(f.filtered_version.is_(None), f.filtered_version < a.version))
-    )
+    overlapping = and_(sec.topic_id == a.topic_id, sec.partition == a.partition, sec.first_offset <= a.last_offset,
+                       sec.last_offset >= a.first_offset, or_(f.filtered_version.is_(None), f.filtered_version < a.version))
+    # Each by its own path, as readers find sections: above L0 through `sections_by_partition`, at L0 through the L0
+    # files (live or removed and kept) by primary key.
+    above_l0 = select(sec.file_id).join_from(s.sections, s.files, f.file_id == sec.file_id).where(sec.level > 0, overlapping)
+    at_l0 = select(sec.file_id).join_from(s.files, s.sections, f.file_id == sec.file_id).where(f.level == 0, overlapping)
     forgettable = connection.execute(
-        select(a.topic_id, a.partition, a.first_offset).where(~exists(unfiltered)).order_by(a.topic_id, a.partition, a.first_offset).limit(limit)
+        select(a.topic_id, a.partition, a.first_offset).where(~exists(above_l0), ~exists(at_l0))
+        .order_by(a.topic_id, a.partition, a.first_offset).limit(limit)
     ).all()
     if forgettable:
         connection.execute(delete(s.aborted_ranges).where(tuple_(a.topic_id, a.partition, a.first_offset).in_([tuple(row) for row in forgettable])))
