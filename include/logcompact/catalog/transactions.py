@@ -21,6 +21,13 @@ TxnOffsetCommit lock only their transaction row and create no version, as consum
 The LSO of a partition never decreases: offsets are handed out at or past its high watermark, which is at or past
 its LSO, so a first offset set later is at or past the LSO; a transaction ending removes a term of the minimum, and a
 marker raises the high watermark.
+
+What the agent's coordinator, its reads and compaction build on: `init_producer`, `add_partitions`, `add_group`,
+`store_offsets`, `end`, `abort_open`, `record_batches` (+ `insert_aborted`, which returns how many ranges it
+recorded), `view_of_producer`, `timed_out`, `expire`, `unstable_offsets`, `aborted_overlapping`, `listed`,
+`described` (a `Described` by transactional id), `producers_on`, `drop_topic` and `forget_aborted`; errors are
+`TxnRefusal` carrying a `TxnError` (Kafka's name and code). A marker is recorded where readers need it:
+`partitions.first_marker`, the first marker of a partition, from which a hole is no longer taken for a damaged row.
 """
 
 from __future__ import annotations
@@ -51,8 +58,7 @@ STATES = (EMPTY, ONGOING, COMPLETE_COMMIT, COMPLETE_ABORT)
 # that fences an open transaction): InitProducerId at that epoch moves the transactional id to a new producer id.
 MAX_EPOCH = 32767
 EXHAUSTED_EPOCH = MAX_EPOCH - 1
-# Kafka's transactional.id.expiration.ms and transaction.max.timeout.ms defaults.
-EXPIRATION_MS = 7 * 24 * 3_600_000
+# Kafka's transaction.max.timeout.ms default: the bound `init_producer` is given, by the agent.
 MAX_TIMEOUT_MS = 900_000
 # How many times `Catalog.end_transaction` runs again when an AddPartitionsToTxn on another agent changed the
 # transaction's partitions between its read of them and its lock of the row.
