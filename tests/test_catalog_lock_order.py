@@ -85,17 +85,17 @@ def test_writers_of_every_kind_at_once(catalog: Catalog) -> None:
             catalog.add_partitions("kept", PARTITIONS + n + 1, NOW)
 
     def retention() -> None:  # drops the oldest files two at a time, as retention drops expired ones, while appends go on
-        removed = 0
-        while removed < APPENDERS * APPENDS_EACH // 2:
+        removed: set[str] = set()  # (a file is recorded once its append returns: an older one may come after a newer)
+        while len(removed) < APPENDERS * APPENDS_EACH // 2:
             with lock:
-                oldest = sorted(appended, key=appended.__getitem__)[removed:removed + 2]
+                oldest = sorted(set(appended) - removed, key=appended.__getitem__)[:2]
             if len(oldest) < 2:
                 if appenders_done.is_set():
                     return  # the appenders failed, which the test asserts on
                 time.sleep(0.01)
                 continue
             catalog.replace_files(oldest, [], NOW)
-            removed += 2
+            removed.update(oldest)
 
     def guarded(work, *args) -> None:
         try:
