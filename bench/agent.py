@@ -209,7 +209,7 @@ def in_process_fetch(catalog: Catalog, topic: str) -> tuple[float, int]:
     request), reading every partition from its log start to its end with kcat's limits, through a new file cache of
     the agent's default size."""
     store = CachedStore(catalog.store)
-    positions, ends = (list(column) for column in zip(*catalog.log_offsets(topic)))
+    positions, ends = (list(column) for column in list(zip(*catalog.log_offsets(topic)))[:2])
     records = 0
     started = time.perf_counter()
     while wanted := [fetch.Wanted(p, positions[p], PARTITION_FETCH_BYTES) for p in range(len(ends)) if positions[p] < ends[p]]:

@@ -179,7 +179,7 @@ def make_dataset(workdir: Path, records: int, keys: int, value_bytes: int, parti
         path = parquet_dir / f"part-{number:03d}.parquet"
         pq.write_table(pa.concat_tables(tables), path)
         parquet_bytes += path.stat().st_size
-    _, assigned = catalog.append_files(new_files, NOW)
+    assigned = catalog.append_files(new_files, NOW).assigned
     if assigned != first_offsets:
         raise SystemExit("spark_dedup: the catalog placed the segment files at other offsets than the Parquet files hold")
 

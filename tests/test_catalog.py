@@ -41,7 +41,7 @@ def _new_file(key: str, *sections: tuple[str, int, int], level: int = 0) -> NewF
 
 
 def _append(catalog: Catalog, new_file: NewFile) -> list[int]:
-    _, (assigned,) = catalog.append_files([new_file], NOW)
+    _, (assigned,), _ = catalog.append_files([new_file], NOW)
     return assigned
 
 

@@ -824,9 +824,21 @@ def _stored_crcs(catalog: Catalog) -> dict[tuple[int, int, int], int]:
         return {(f, t, p): crc for f, t, p, crc in connection.execute(select(sec.file_id, sec.topic_id, sec.partition, sec.crc32))}
 
 
+def _as_schema_11(catalog: Catalog) -> None:
+    """The catalog as schema 11 held it: none of the transactions' tables, files without filtered_version, partitions
+    without first_marker, schema_version 11."""
+    with catalog.engine.begin() as connection:
+        for table in reversed(schema.TRANSACTION_TABLES):
+            table.drop(connection)
+        connection.exec_driver_sql("ALTER TABLE files DROP COLUMN filtered_version")
+        connection.exec_driver_sql("ALTER TABLE partitions DROP COLUMN first_marker")
+        connection.execute(update(schema.catalog_info).values(schema_version=11))
+
+
 def _as_schema_10(catalog: Catalog) -> None:
-    """The catalog as schema 10 held it: partitions without the newest file of an append, consumer_groups without
-    leader and each row's members as DescribeGroups lists them (ids only), schema_version 10."""
+    """The catalog as schema 10 held it: schema 11's, with partitions without the newest file of an append,
+    consumer_groups without leader and each row's members as DescribeGroups lists them (ids only), schema_version 10."""
+    _as_schema_11(catalog)
     with catalog.engine.begin() as connection:
         connection.exec_driver_sql("ALTER TABLE partitions DROP COLUMN newest_file")
         connection.exec_driver_sql("ALTER TABLE consumer_groups DROP COLUMN leader")
@@ -845,7 +857,7 @@ def test_a_schema_10_catalog_upgrades_to_group_rows_a_coordinator_loads(catalog:
     catalog.save_group(GroupRow("g", 1, 7, "consumer", "range", "Stable", "m-1", (member,), NOW))
     catalog.commit_offsets("g", {("t", 0): CommittedOffset(42, 3, "", NOW)})
     _as_schema_10(catalog)
-    with pytest.raises(CatalogSchemaError, match="has schema version 10, this logcompact uses 11: .*upgrade-catalog"):
+    with pytest.raises(CatalogSchemaError, match="has schema version 10, this logcompact uses 12: .*upgrade-catalog"):
         Catalog(catalog.store, catalog.url).snapshot()
     assert Catalog(catalog.store, catalog.url).upgrade_catalog() == CatalogUpgrade(10, 0)
     reopened = Catalog(catalog.store, catalog.url)
@@ -966,13 +978,13 @@ def test_a_schema_3_catalog_is_refused_until_upgrade_catalog_binds_its_rows(cata
 
     _as_schema_3(catalog)
     assert all(crc != bound[row] for row, crc in _stored_crcs(catalog).items())
-    with pytest.raises(CatalogSchemaError, match="has schema version 3, this logcompact uses 11: .*run `logcompact cluster upgrade-catalog`"):
+    with pytest.raises(CatalogSchemaError, match="has schema version 3, this logcompact uses 12: .*run `logcompact cluster upgrade-catalog`"):
         Catalog(catalog.store, catalog.url).snapshot()
     for argv in (["consume", "t", "--partition", "0"], ["files"], ["compact", "--all"], ["cluster", "describe"]):
         _one_line_error(run_in_process([*cli, *argv]), "has schema version 3", "logcompact cluster upgrade-catalog")
     upgraded = run_in_process([*cli, "cluster", "upgrade-catalog"])
     assert upgraded.code == 0 and not upgraded.stderr, upgraded
-    assert json.loads(upgraded.stdout) == {"upgraded": True, "from_schema_version": 3, "schema_version": 11, "sections_rewritten": 24}
+    assert json.loads(upgraded.stdout) == {"upgraded": True, "from_schema_version": 3, "schema_version": 12, "sections_rewritten": 24}
     assert _stored_crcs(catalog) == bound
     reopened = Catalog(catalog.store, catalog.url)
     assert {p: list(read_records(reopened.store, reopened.snapshot(), "t", p)) for p in range(3)} == before
@@ -986,11 +998,11 @@ def test_a_schema_3_catalog_is_refused_until_upgrade_catalog_binds_its_rows(cata
     assert _stored_crcs(catalog) == bound
     assert Catalog(catalog.store, catalog.url).upgrade_catalog() is None
 
-    for other in (2, 12):
+    for other in (2, 13):
         with catalog.engine.begin() as connection:
             connection.execute(update(schema.catalog_info).values(schema_version=other))
         _one_line_error(run_in_process([*cli, "cluster", "upgrade-catalog"]), f"has schema version {other}",
-                        "upgrades schemas 3, 4, 5, 6, 7, 8, 9, 10 to 11 only")
+                        "upgrades schemas 3, 4, 5, 6, 7, 8, 9, 10, 11 to 12 only")
         assert _stored_crcs(catalog) == bound
 
 
@@ -1008,7 +1020,7 @@ def test_a_schema_5_catalog_upgrades_to_its_l0_sections_out_of_the_partition_ind
     sec, files, part = schema.sections.c, schema.files.c, schema.partitions.c
     with catalog.engine.begin() as connection:  # lowered under schema 5: still refused after the upgrade
         connection.execute(update(schema.partitions).where(part.partition == 2).values(next_offset=7))
-    with pytest.raises(CatalogSchemaError, match="has schema version 5, this logcompact uses 11: .*upgrade-catalog"):
+    with pytest.raises(CatalogSchemaError, match="has schema version 5, this logcompact uses 12: .*upgrade-catalog"):
         Catalog(catalog.store, catalog.url).snapshot()
     assert Catalog(catalog.store, catalog.url).upgrade_catalog() == CatalogUpgrade(5, 0)
     reopened = Catalog(catalog.store, catalog.url)
@@ -1052,7 +1064,7 @@ def test_a_schema_6_to_10_catalog_upgrades_to_partition_summaries_that_commits_t
         newest_before = connection.execute(select(part.newest_file).order_by(part.partition)).scalars().all()
     assert newest_before[0] > newest_before[2] == 0  # partition 2 was never appended to
     {6: _as_schema_6, 7: _as_schema_7, 8: _as_schema_8, 9: _as_schema_9, 10: _as_schema_10}[found](catalog)
-    with pytest.raises(CatalogSchemaError, match=f"has schema version {found}, this logcompact uses 11: .*upgrade-catalog"):
+    with pytest.raises(CatalogSchemaError, match=f"has schema version {found}, this logcompact uses 12: .*upgrade-catalog"):
         Catalog(catalog.store, catalog.url).snapshot()
     assert Catalog(catalog.store, catalog.url).upgrade_catalog() == CatalogUpgrade(found, 0)
     reopened = Catalog(catalog.store, catalog.url)
@@ -1087,7 +1099,7 @@ def test_a_schema_4_catalog_upgrades_to_the_kafka_tables_and_keeps_its_topics(ca
     before = {p: list(read_records(catalog.store, catalog.snapshot(), "t", p)) for p in range(2)}
     ids = _topic_ids(catalog)
     _as_schema_4(catalog)
-    with pytest.raises(CatalogSchemaError, match="has schema version 4, this logcompact uses 11: .*upgrade-catalog"):
+    with pytest.raises(CatalogSchemaError, match="has schema version 4, this logcompact uses 12: .*upgrade-catalog"):
         Catalog(catalog.store, catalog.url).snapshot()
     assert Catalog(catalog.store, catalog.url).upgrade_catalog() == CatalogUpgrade(4, 0)
     reopened = Catalog(catalog.store, catalog.url)

@@ -1,7 +1,8 @@
-"""Writers of every kind at once, each taking its locks in the catalog's one order (topic rows, partition rows, the
-version row last): appends of files spanning every partition, topic changes, and retention commits that raise log
-starts. None may deadlock or fail, no offset is handed out twice, and every append is published under its own
-version, in commit order."""
+"""Writers of every kind at once, each taking its locks in the catalog's one order (topic rows, partition rows,
+transaction rows, the version row last): appends of files spanning every partition, topic changes, retention commits
+that raise log starts, and transactions: their batches appended, ended by EndTxn (a marker in each partition) or
+aborted by a new producer of their transactional id. None may deadlock or fail, no offset is handed out twice, and
+every append is published under its own version, in commit order."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from sqlalchemy import text
 
 from logcompact.catalog import Catalog, NewFile, appends
 from logcompact.catalog.groups import CommittedOffset
+from logcompact.catalog.producers import PlacedBatch, SequencedBatch
 from logcompact.format.layout import SectionInfo
 from tests.helpers import NOW, create_topic
 
@@ -21,6 +23,7 @@ PARTITIONS = 20
 APPENDERS = 4
 APPENDS_EACH = 20
 TOPIC_CHANGES = 10
+TRANSACTIONS = 12
 
 
 def _section(topic: str, partition: int, records: int) -> SectionInfo:
@@ -34,6 +37,8 @@ def test_writers_of_every_kind_at_once(catalog: Catalog) -> None:
     failures: list[BaseException] = []
     lock = threading.Lock()
     appenders_done = threading.Event()
+    markers: dict[tuple[str, int], list[int | None]] = defaultdict(list)  # offsets handed out as markers (None: not known)
+    kept_id = catalog.snapshot().topic_ids["kept"]
 
     def appender(number: int) -> None:
         for n in range(APPENDS_EACH):
@@ -41,9 +46,38 @@ def test_writers_of_every_kind_at_once(catalog: Catalog) -> None:
             sections = tuple(
                 _section(topic, p, 1 + (p + n) % 3) for topic in ("expiring", "kept") for p in range(PARTITIONS)
             )
-            version, _ = catalog.append_files([NewFile(key, 0, 1_000, NOW, sections)], NOW)
+            version = catalog.append_files([NewFile(key, 0, 1_000, NOW, sections)], NOW).version
             with lock:
                 appended[key] = version
+
+    def transactor(transactional_id: str, fenced: bool) -> None:
+        """Transactions over two partitions of "kept", each with a batch in each; ended by EndTxn (commit and abort in
+        turn), or left open for the next InitProducerId of the id to abort (`fenced`)."""
+        last: dict[int, tuple[int, int]] = {}  # the producer's (epoch, last sequence) by partition
+        pid, epoch = catalog.init_producer(transactional_id, 60_000, 900_000, None, NOW)
+        for n in range(TRANSACTIONS):
+            chosen = sorted({(n + fenced) % PARTITIONS, (7 * n + 3) % PARTITIONS})
+            catalog.add_to_transaction(transactional_id, pid, epoch, [("kept", p) for p in chosen], NOW)
+            placed = []
+            for p in chosen:
+                first = last[p][1] + 1 if p in last and last[p][0] == epoch else 0
+                placed.append(PlacedBatch("kept", p, 0, SequencedBatch(pid, epoch, first, first + 1, last.get(p), True)))
+                last[p] = (epoch, first + 1)
+            key = f"data/l0/{transactional_id}-{n}.seg"
+            done = catalog.append_files([NewFile(key, 0, 1_000, NOW, tuple(_section("kept", p, 2) for p in chosen))], NOW, [placed])
+            assert done.refused == {}, done
+            with lock:
+                appended[key] = done.version
+            ended: dict[tuple[int, int], int | None] = {}
+            if fenced:
+                pid, epoch = catalog.init_producer(transactional_id, 60_000, 900_000, None, NOW)
+                ended = dict.fromkeys(((kept_id, p) for p in chosen), None)
+            else:
+                ended.update(catalog.end_transaction(transactional_id, pid, epoch, n % 2 == 0, NOW).markers)
+                assert set(ended) == {(kept_id, p) for p in chosen}
+            with lock:
+                for (_, p), offset in ended.items():
+                    markers[("kept", p)].append(offset)
 
     def topic_changer() -> None:
         for n in range(TOPIC_CHANGES):
@@ -51,17 +85,17 @@ def test_writers_of_every_kind_at_once(catalog: Catalog) -> None:
             catalog.add_partitions("kept", PARTITIONS + n + 1, NOW)
 
     def retention() -> None:  # drops the oldest files two at a time, as retention drops expired ones, while appends go on
-        removed = 0
-        while removed < APPENDERS * APPENDS_EACH // 2:
+        removed: set[str] = set()  # (a file is recorded once its append returns: an older one may come after a newer)
+        while len(removed) < APPENDERS * APPENDS_EACH // 2:
             with lock:
-                oldest = sorted(appended, key=appended.__getitem__)[removed:removed + 2]
+                oldest = sorted(set(appended) - removed, key=appended.__getitem__)[:2]
             if len(oldest) < 2:
                 if appenders_done.is_set():
                     return  # the appenders failed, which the test asserts on
                 time.sleep(0.01)
                 continue
             catalog.replace_files(oldest, [], NOW)
-            removed += 2
+            removed.update(oldest)
 
     def guarded(work, *args) -> None:
         try:
@@ -70,6 +104,7 @@ def test_writers_of_every_kind_at_once(catalog: Catalog) -> None:
             failures.append(exc)
 
     appenders = [threading.Thread(target=guarded, args=(appender, n), daemon=True) for n in range(APPENDERS)]
+    appenders += [threading.Thread(target=guarded, args=(transactor, name, fenced), daemon=True) for name, fenced in (("ended", False), ("fenced", True))]
     others = [threading.Thread(target=guarded, args=(work,), daemon=True) for work in (topic_changer, retention)]
     for thread in appenders + others:
         thread.start()
@@ -79,7 +114,7 @@ def test_writers_of_every_kind_at_once(catalog: Catalog) -> None:
     for thread in others:
         thread.join(timeout=300)
     assert not failures, failures
-    assert len(appended) == APPENDERS * APPENDS_EACH
+    assert len(appended) == APPENDERS * APPENDS_EACH + 2 * TRANSACTIONS
 
     with catalog.engine.connect() as connection:
         added = dict(connection.execute(text("SELECT key, added_version FROM files")).all())
@@ -94,14 +129,19 @@ def test_writers_of_every_kind_at_once(catalog: Catalog) -> None:
     # Published under the version each append returned, a version of its own; none left pending.
     assert added == appended
     assert len(set(appended.values())) == len(appended)
-    # Every partition's sections, removed or not, tile its offsets from 0 to its next offset.
+    # Every partition's sections, removed or not, tile its offsets from 0 to its next offset but for its markers: an
+    # offset each, where EndTxn said (an InitProducerId's abort does not say where).
     by_partition = defaultdict(list)
     for name, partition, first, last in sections:
         by_partition[(name, partition)].append((first, last))
     for slot, ranges in by_partition.items():
         ranges.sort()
-        assert ranges[0][0] == 0 and all(a[1] + 1 == b[0] for a, b in zip(ranges, ranges[1:])), slot
-        assert ranges[-1][1] + 1 == starts[slot][1], slot
+        assert all(a[1] < b[0] for a, b in zip(ranges, ranges[1:])), slot  # no offset twice
+        ends = [(-1, -1), *ranges, (starts[slot][1], starts[slot][1])]
+        holes = {offset for a, b in zip(ends, ends[1:]) for offset in range(a[1] + 1, b[0])}
+        assert len(holes) == len(markers.get(slot, [])) and {m for m in markers.get(slot, []) if m is not None} <= holes, slot
+    # No transaction is left open: every partition's LSO is its high watermark.
+    assert all(offsets.last_stable == offsets.high_watermark for offsets in catalog.log_offsets("kept"))
     # Retention raised each expiring partition's log start to its first live offset.
     snapshot = catalog.snapshot()
     for partition in range(PARTITIONS):

@@ -15,6 +15,8 @@ import pytest
 from sqlalchemy.exc import OperationalError
 
 from logcompact.catalog import Catalog
+from logcompact.catalog.producers import SequencedBatch
+from logcompact.catalog.transactions import TxnRefusal
 from logcompact.consume import read_records
 from logcompact.exceptions import IngestError, InvalidRecordError, StoreError, TopicNotFoundError
 from logcompact.ingest import PRODUCE_SCHEMA, Agent, Record
@@ -164,6 +166,33 @@ def test_a_failed_flush_fails_its_futures_and_is_raised_again(catalog: Catalog) 
     with pytest.raises(IngestError):
         agent.close()
     assert catalog.next_offsets("events") == [0, 0]
+
+
+def test_a_late_transactional_batch_fails_alone_and_the_batches_after_it_are_written(catalog: Catalog) -> None:
+    """A transactional batch whose transaction was aborted before its append fails alone with its refusal: the other
+    batch of its file is answered, and its records' offsets are an aborted range. It counts as committed for the
+    producer's next batch (recorded in its sequences), which is written and refused in turn, not failed unwritten."""
+    _with_topics(catalog)
+    pid, epoch = catalog.init_producer("app", 60_000, 900_000, None, NOW)
+    catalog.add_to_transaction("app", pid, epoch, [("events", 0)], NOW)
+    agent = Agent(catalog, background=False)
+    first = agent.produce("events", [Record(0, None, b"a", NOW)], SequencedBatch(pid, epoch, 0, 0, None, True))
+    agent.flush()
+    assert first.result() == [0]
+    catalog.end_transaction("app", pid, epoch, False, NOW)  # its marker at 1
+    late = agent.produce("events", [Record(0, None, b"b", NOW), Record(0, None, b"c", NOW)], SequencedBatch(pid, epoch, 1, 2, (epoch, 0), True), first)
+    other = agent.produce("events", [Record(0, None, b"x", NOW), Record(1, None, b"y", NOW)])
+    agent.flush()
+    with pytest.raises(TxnRefusal, match="^INVALID_TXN_STATE: "):
+        late.result()
+    assert other.result() == [4, 0]
+    follower = agent.produce("events", [Record(0, None, b"d", NOW)], SequencedBatch(pid, epoch, 3, 3, (epoch, 2), True), late)
+    agent.flush()
+    with pytest.raises(TxnRefusal, match="^INVALID_TXN_STATE: "):
+        follower.result()
+    agent.close()  # nothing failed: no error kept for the agent's next call
+    assert catalog.aborted_ranges({("events", 0): (0, 10)}) == {("events", 0): [(0, 0), (2, 3), (5, 5)]}
+    assert [r.value for r in read_records(catalog.store, catalog.snapshot(), "events", 0)] == [b"a", b"b", b"c", b"x", b"d"]
 
 
 class _UnreachableCatalog(Catalog):

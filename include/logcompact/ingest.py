@@ -21,7 +21,9 @@ An idempotent producer's batch (`sequenced`) is recorded in the catalog by the a
 (`logcompact.catalog.producers`). A batch may name the batch it must follow (`after`): it is written only if
 that one was committed, else failed unwritten; a file written while that one's commit was pending is failed
 uncommitted when it was not, so a failed file never leaves a gap in a producer's sequences for the next file
-to commit over.
+to commit over. A transactional batch whose transaction ended before its append (`catalog.transactions`) fails
+alone with TxnRefusal: the file's other batches are answered, and it counts as committed for the batches that follow
+it (its offsets are an aborted range, and its producer's sequences go on from it).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from __future__ import annotations
 import io
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import NamedTuple, cast
@@ -40,6 +42,7 @@ import pyarrow.compute as pc
 
 from logcompact.catalog import Catalog, NewFile
 from logcompact.catalog.producers import PlacedBatch, SequencedBatch
+from logcompact.catalog.transactions import TxnError, TxnRefusal
 from logcompact.collector import collector_paused
 from logcompact.exceptions import IngestError, InvalidRecordError
 from logcompact.format import SegmentWriter
@@ -109,11 +112,18 @@ class _Buffer:
     started_ms: float = 0.0
 
 
+def _uncommitted(future: Future) -> BaseException | None:
+    """Why a batch answered already was not committed; None for one committed, or refused by its append (a late
+    transactional batch: committed, its offsets aborted, and recorded in its producer's sequences)."""
+    failure = future.exception()
+    return None if isinstance(failure, TxnRefusal) else failure
+
+
 def _follows_a_commit(batch: _PendingBatch) -> bool:
     """Whether a batch may be written: it follows no batch, or one committed or still waiting for its commit. One
     that may not is failed here; a batch following it then fails in turn (in buffer order)."""
     after = batch.after
-    if after is None or not after.done() or after.exception() is None:
+    if after is None or not after.done() or _uncommitted(after) is None:
         return True
     failure = IngestError(f"batch not written: the batch it follows was not committed ({after.exception()})")
     batch.future.set_exception(failure)
@@ -126,7 +136,7 @@ def _failed_predecessor(written: _WrittenFile) -> BaseException | None:
     file committed with it."""
     for batch in written.batches:
         after = batch.after
-        if after is not None and after.done() and after.exception() is not None:
+        if after is not None and after.done() and _uncommitted(after) is not None:
             return after.exception()
     return None
 
@@ -377,7 +387,7 @@ class Agent:
                 return
             try:
                 with collector_paused():
-                    _version, assigned = self.catalog.append_files(
+                    _version, assigned, refused = self.catalog.append_files(
                         [written.new_file for written in committable], self.clock(), [written.sequenced for written in committable]
                     )
             except Exception as exc:
@@ -387,9 +397,9 @@ class Agent:
                 return
             finished = time.monotonic()
             try:
-                for written, firsts in zip(committable, assigned, strict=True):
+                for index, (written, firsts) in enumerate(zip(committable, assigned, strict=True)):
                     self.files_written += 1
-                    self._answer(written, firsts)
+                    self._answer(written, firsts, {number: error for (at, number), error in refused.items() if at == index})
                     self._flush_ms += ((finished - written.started) * 1000 - self._flush_ms) / 4
             except Exception as exc:  # committed, but a batch could not be answered: the rest are told, none waits
                 self._fail([batch for written in committable for batch in written.batches if not batch.future.done()], exc)
@@ -408,15 +418,25 @@ class Agent:
         self._error = self._error or failure
 
     @staticmethod
-    def _answer(written: _WrittenFile, firsts: Sequence[int]) -> None:
-        """Resolve a committed file's batches to their records' offsets, given each section's first offset."""
+    def _answer(written: _WrittenFile, firsts: Sequence[int], refused: Mapping[int, TxnError]) -> None:
+        """Resolve a committed file's batches to their records' offsets, given each section's first offset; a
+        transactional batch its append refused (`refused`, by index among the file's sequenced batches) fails with
+        TxnRefusal, the others are answered as usual."""
         order = written.order
         offsets = np.empty(len(order), dtype=np.int64)
         offsets[order] = np.repeat(np.asarray(firsts, dtype=np.int64), written.counts) + written.deltas
-        start = 0
+        start, sequenced = 0, 0
         for batch in written.batches:
             end = start + batch.columns.num_rows
-            batch.future.set_result(offsets[start:end].tolist() if batch.offsets_as_list else offsets[start:end])
+            error = None
+            if batch.sequenced is not None:
+                error, sequenced = refused.get(sequenced), sequenced + 1
+            if error is not None:
+                assert batch.sequenced is not None
+                batch.future.set_exception(TxnRefusal(error, f"transactional batch of producer id {batch.sequenced.producer_id} refused "
+                                                      "by its append: its transaction ended before it was written; its records are aborted"))
+            else:
+                batch.future.set_result(offsets[start:end].tolist() if batch.offsets_as_list else offsets[start:end])
             start = end
 
     def _write(self, buffer: _Buffer, started: float) -> _WrittenFile:

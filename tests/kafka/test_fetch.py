@@ -195,7 +195,7 @@ def test_an_offset_below_a_log_start_raised_by_retention_is_out_of_range_and_aut
     plan = full_sweep(catalog.planning_snapshot(NOW), NOW)
     assert plan is not None
     run_and_commit(catalog, plan, NOW)
-    assert catalog.log_offsets("expiring") == [(3, 5)]
+    assert catalog.log_offsets("expiring") == [(3, 5, 5)]
     consumer = confluent_consumer(agent, **{"auto.offset.reset": reset})
     try:
         consumer.assign([TopicPartition("expiring", 0, 1)])

@@ -9,6 +9,7 @@ connection in a module of its own, which `Catalog` calls inside its transactions
 * `producers`: idempotent producers' state; `compactions`: a compaction's commit;
 * `cleaning`: leases, plan seals and uncleanable marks; `garbage`: what gc reads and deletes;
 * `agents`: the Kafka agents' registrations; `groups`: consumer groups' offsets and coordinator rows;
+* `transactions`: Kafka's transactions (producer ids and epochs, markers, aborted ranges, the LSO's rows);
 * `migrations`: schema upgrades; `cluster` and `identity`: the catalog bound to its store's marker.
 
 Beneath them `database` (engines, errors), `schema` (tables), `model` (value types) and `summaries` (partition

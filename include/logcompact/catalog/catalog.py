@@ -18,8 +18,8 @@ it holds (`logcompact.catalog.snapshot`). `docs/catalog.md` describes the schema
 
 `Catalog` holds the transactions: each public method opens one (`_reading`, `_writing`), calls the functions of
 the roles it involves, each a module of functions over that connection (`topics`, `files`, `appends`, `producers`,
-`compactions`, `cleaning`, `garbage`, `agents`, `groups`, `migrations`, `cluster`; the version row in `versions`),
-in the lock order every writer keeps, and commits.
+`transactions`, `compactions`, `cleaning`, `garbage`, `agents`, `groups`, `migrations`, `cluster`; the version row in
+`versions`), in the lock order every writer keeps, and commits.
 """
 
 from __future__ import annotations
@@ -28,11 +28,27 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import NamedTuple
 
 from sqlalchemy import Connection, func, inspect, select
 from sqlalchemy.exc import DatabaseError, IntegrityError
 
-from logcompact.catalog import agents, appends, cleaning, cluster, compactions, files, garbage, groups, migrations, producers, summaries, topics, versions
+from logcompact.catalog import (
+    agents,
+    appends,
+    cleaning,
+    cluster,
+    compactions,
+    files,
+    garbage,
+    groups,
+    migrations,
+    producers,
+    summaries,
+    topics,
+    transactions,
+    versions,
+)
 from logcompact.catalog import schema as s
 from logcompact.catalog.database import WRITE, bound_wal, catalog_errors, catalog_url_for, engine_for, first_line, redact_url, sqlite_path, unavailable_error
 from logcompact.catalog.groups import CommittedOffset, GroupListed, GroupRow
@@ -51,6 +67,8 @@ from logcompact.catalog.model import (
 )
 from logcompact.catalog.producers import PartitionState, PlacedBatch
 from logcompact.catalog.snapshot import Snapshot
+from logcompact.catalog.topics import LogOffsets
+from logcompact.catalog.transactions import ActiveProducer, Described, Ended, TransactionRow, TransactionView, TxnError, TxnRefusal
 from logcompact.exceptions import (
     CatalogConfigError,
     ClusterMismatchError,
@@ -72,8 +90,20 @@ from logcompact.units import wall_clock_ms
 DEFAULT_KEEP_VERSIONS = 100
 # How often appends drop idle producers' state (`producers.expire`: one scan of producer_batches).
 PRODUCER_EXPIRY_EVERY_MS = 60_000
+# Commits as frequent as produce requests, which record their version in the store's marker at most every
+# RECORD_APPEND_EVERY_MS (a PUT each would double an agent's PUTs).
+FREQUENT_OPERATIONS = frozenset({"append", transactions.END_TRANSACTION})
 
 log = logging.getLogger(__name__)
+
+
+class Appended(NamedTuple):
+    """An append committed: its version, each file's sections' first offsets, and the transactional batches it
+    refused (their transactions had ended), each one's error by (file index, batch index in the file's `sequenced`)."""
+
+    version: int
+    assigned: list[list[int]]
+    refused: dict[tuple[int, int], TxnError]
 
 
 class Catalog:
@@ -129,11 +159,11 @@ class Catalog:
             self._record_version(*committed)
 
     def _record_version(self, version: int, operation: str) -> None:
-        """Record a committed version in the store's marker: after every commit but appends, which record at most
-        every RECORD_APPEND_EVERY_MS (a PUT per append would double an agent's PUTs). The commit stands whatever
+        """Record a committed version in the store's marker: after every commit but appends and EndTxn's
+        (`FREQUENT_OPERATIONS`), which record at most every RECORD_APPEND_EVERY_MS (a PUT per append would double an agent's PUTs). The commit stands whatever
         happens here, so a failure is logged, not raised: the marker only lags."""
         now = wall_clock_ms()
-        if operation == "append" and now - self._recorded_ms < RECORD_APPEND_EVERY_MS:
+        if operation in FREQUENT_OPERATIONS and now - self._recorded_ms < RECORD_APPEND_EVERY_MS:
             return
         assert self._marker is not None  # set with the cluster id
         try:
@@ -361,8 +391,9 @@ class Catalog:
             topics.set_config(connection, name, altered)
         return altered
 
-    def log_offsets(self, topic: str) -> list[tuple[int, int]]:
-        """Each partition's log start offset and next offset (its high watermark), as of now: one row each."""
+    def log_offsets(self, topic: str) -> list[LogOffsets]:
+        """Each partition's log start offset, next offset (its high watermark) and last stable offset, as of now: one
+        row each."""
         with self._reading() as connection:
             return topics.offsets(connection, topic)
 
@@ -379,7 +410,9 @@ class Catalog:
     def delete_topic(self, name: str, now_ms: int, topic_id: int | None = None) -> int:
         """Delete a topic in one version: its row marked deleted (its name free for a new topic, its topic id never
         given again), its sections retired and the files left with no live section removed (gc collects them), its
-        producers' batches, uncleanable marks and consumer groups' committed offsets dropped. Returns the version.
+        producers' batches, uncleanable marks and consumer groups' committed offsets dropped, and its partitions taken
+        out of open transactions (which stay committable) with its aborted ranges and pending transactional offsets.
+        Returns the version.
 
         A compaction planned before that names the topic's files is refused at its commit: its inputs are gone,
         or, for a file shared with other topics, hold a section of a deleted topic (`compactions.refuse_deleted_topics`).
@@ -390,12 +423,13 @@ class Catalog:
             if topic_id is not None and found != topic_id:
                 raise TopicNotFoundError(f"topic {name!r} of topic id {topic_id} was deleted already; the topic of that name now is another")
             topics.delete_topic(connection, found, name, version, now_ms)
+            transactions.drop_topic(connection, found)
         return version
 
     def next_offsets(self, topic: str) -> list[int]:
         """Each partition's next offset, as of now."""
         with self._reading() as connection:
-            return [next_offset for _, next_offset in topics.offsets(connection, topic)]
+            return [offsets.high_watermark for offsets in topics.offsets(connection, topic)]
 
     # -- Kafka agents ----------------------------------------------------------------------------------
 
@@ -455,15 +489,15 @@ class Catalog:
 
     # -- appends ---------------------------------------------------------------------------------------
 
-    def append_files(
-        self, new_files: Sequence[NewFile], now_ms: int, sequenced: Sequence[Sequence[PlacedBatch]] = ()
-    ) -> tuple[int, list[list[int]]]:
+    def append_files(self, new_files: Sequence[NewFile], now_ms: int, sequenced: Sequence[Sequence[PlacedBatch]] = ()) -> Appended:
         """Add freshly ingested files, giving each section the next offsets of its partition.
 
         `sequenced`, one list per file: its idempotent producers' batches, recorded with their first offsets in this
         transaction (`producers.record`); one that does not follow the state its agent assumed refuses the whole
-        append with CommitConflictError. Returns the version created and the first offset assigned to each section
-        of each file.
+        append with CommitConflictError. Transactional batches are recorded in their transactions
+        (`transactions.record_batches`); one whose transaction ended before this append is refused alone: its
+        offsets are recorded as an aborted range, and the append goes on. Returns the version created, the first
+        offset assigned to each section of each file, and the refused batches' errors by (file, batch) index.
         """
         with self._writing() as connection:
             # Locks in one order for every writer: topic rows, partition rows, then the version row, taken last so
@@ -492,12 +526,18 @@ class Catalog:
                     placed.append(CatalogSection(info, first))
                 placed_files.append(DataFile(new.key, new.level, new.size, new.created_ms, tuple(placed)))
                 assigned.append([section.first_offset for section in placed])
+            refused: dict[tuple[int, int], TxnError] = {}
+            aborted: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
             if any(sequenced):
                 firsts = [{(sec.topic, sec.partition): sec.first_offset for sec in data_file.sections} for data_file in placed_files]
-                producers.record(connection, [
+                batches = [
                     (topic_rows[b.topic][0], b.partition, firsts[index][(b.topic, b.partition)] + b.offset_delta, b.batch)
                     for index, batches in enumerate(sequenced) for b in batches
-                ], now_ms)
+                ]
+                refusals: dict[int, str] = {}
+                if any(batch.transactional for _, _, _, batch in batches):  # plain files' appends pay nothing here
+                    refused, aborted, refusals = self._record_transactional(connection, sequenced, batches)
+                producers.record(connection, batches, now_ms, refusals)
             if now_ms - self._producers_expired_ms >= PRODUCER_EXPIRY_EVERY_MS:
                 producers.expire(connection, now_ms - producers.EXPIRATION_MS)
                 self._producers_expired_ms = now_ms
@@ -507,7 +547,23 @@ class Catalog:
             version = versions.next_version(connection, "append", now_ms)
             files.insert_file_rows(connection, placed_files, file_ids, version)
             summaries.settle(connection, set(), adding, version)  # files above L0: the simulator's
-        return version, assigned
+            transactions.insert_aborted(connection, aborted, version)
+        return Appended(version, assigned, refused)
+
+    @staticmethod
+    def _record_transactional(
+        connection: Connection, sequenced: Sequence[Sequence[PlacedBatch]], batches: Sequence[tuple[int, int, int, producers.SequencedBatch]]
+    ) -> tuple[dict[tuple[int, int], TxnError], dict[tuple[int, int], list[tuple[int, int, int]]], dict[int, str]]:
+        """`append_files`' transactional batches recorded in their transactions, after the partition rows and before
+        the version row (the writers' lock order): the refused ones' errors by (file, batch) index, their aborted
+        ranges, and their refusals by index in `batches`, for `producers.record`."""
+        where = [(index, number) for index, placed in enumerate(sequenced) for number in range(len(placed))]
+        chosen = [n for n, (_, _, _, batch) in enumerate(batches) if batch.transactional]
+        result = transactions.record_batches(connection, [
+            ((batches[n][0], batches[n][1]), batches[n][2], batches[n][2] + batches[n][3].record_count - 1, batches[n][3]) for n in chosen
+        ])
+        errors = {chosen[n]: error for n, error in result.errors.items()}
+        return {where[n]: error for n, error in errors.items()}, result.aborted, {n: error.name for n, error in errors.items()}
 
     # -- idempotent producers ------------------------------------------------------------------------------
 
@@ -521,6 +577,118 @@ class Catalog:
         producer id never handed out, or forgotten after EXPIRATION_MS idle."""
         with self._reading() as connection:
             return producers.load(connection, producer_id, topics.topic_id(connection, topic), partition)
+
+    # -- transactions: a transactional id's rows; EndTxn's is a versioned commit, the others create no version ------
+
+    def init_producer(
+        self, transactional_id: str, timeout_ms: int, max_timeout_ms: int, expected: tuple[int, int] | None, now_ms: int
+    ) -> tuple[int, int]:
+        """InitProducerId with a transactional id: the (producer id, epoch) its producer goes on with, its open
+        transaction aborted first (`transactions.init_producer`); a refusal is TxnRefusal."""
+        with self._writing() as connection:
+            return transactions.init_producer(connection, transactional_id, timeout_ms, max_timeout_ms, expected, now_ms)
+
+    def add_to_transaction(self, transactional_id: str, producer_id: int, epoch: int, partitions: Collection[TopicPartition], now_ms: int) -> None:
+        """AddPartitionsToTxn: the partitions join the producer's transaction, which begins unless open already. An
+        unknown topic is TopicNotFoundError, a partition it does not have InvalidRecordError."""
+        with self._writing() as connection:
+            topic_rows = topics.rows(connection, {topic for topic, _ in partitions}, lock=topics.SHARED)  # not deleted meanwhile
+            for topic, partition in sorted(partitions):
+                if not 0 <= partition < topic_rows[topic][1]:
+                    raise InvalidRecordError(f"topic {topic!r} has partitions 0 to {topic_rows[topic][1] - 1}, not {partition}")
+            slots = {(topic_rows[topic][0], partition) for topic, partition in partitions}
+            transactions.add_partitions(connection, transactional_id, producer_id, epoch, slots, now_ms)
+
+    def add_group_to_transaction(self, transactional_id: str, producer_id: int, epoch: int, group_id: str, now_ms: int) -> None:
+        """AddOffsetsToTxn: the group's offsets may be committed in the producer's transaction, which begins."""
+        with self._writing() as connection:
+            transactions.add_group(connection, transactional_id, producer_id, epoch, group_id, now_ms)
+
+    def commit_offsets_in_transaction(
+        self, transactional_id: str, producer_id: int, epoch: int, group_id: str, offsets: Mapping[tuple[str, int], CommittedOffset]
+    ) -> None:
+        """TxnOffsetCommit: the offsets pending in the open transaction, committed with it."""
+        with self._writing() as connection:
+            transactions.store_offsets(connection, transactional_id, producer_id, epoch, group_id, offsets)
+
+    def end_transaction(self, transactional_id: str, producer_id: int, epoch: int, commit: bool, now_ms: int, *, from_client: bool = True) -> Ended:
+        """EndTxn: the transaction committed or aborted in one catalog transaction (`transactions.end`), run again up to
+        END_ATTEMPTS times while AddPartitionsToTxn on another agent changes its partitions under it."""
+        for attempt in range(transactions.END_ATTEMPTS):
+            try:
+                with self._writing() as connection:
+                    return transactions.end(connection, transactional_id, producer_id, epoch, commit, now_ms, from_client=from_client)
+            except TxnRefusal as refused:
+                if refused.error != TxnError.CONCURRENT_TRANSACTIONS or attempt == transactions.END_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def abort_transaction(self, row: TransactionRow, now_ms: int, bump_epoch: bool) -> Ended | None:
+        """Abort the open transaction `row` read if it is still that one (compare-and-set: two agents never both do):
+        a timeout, or an admin's abort. None when it changed, nothing done."""
+        try:
+            with self._writing() as connection:
+                return transactions.abort_open(connection, row, now_ms, bump_epoch)
+        except TxnRefusal as refused:
+            if refused.error != TxnError.CONCURRENT_TRANSACTIONS:
+                raise
+            return None
+
+    def timed_out_transactions(self, now_ms: int, limit: int = 100) -> list[TransactionRow]:
+        """The open transactions past their timeout, oldest first."""
+        with self._reading() as connection:
+            return transactions.timed_out(connection, now_ms, limit)
+
+    def expire_transactional_ids(self, before_ms: int) -> int:
+        """Forget transactional ids with no open transaction unused since `before_ms`; how many."""
+        with self._writing() as connection:
+            return transactions.expire(connection, before_ms)
+
+    def transaction_view(self, producer_id: int) -> TransactionView | None:
+        """A transactional producer's transaction, as the ingest checks its batches against; None for a producer id no
+        transactional id holds."""
+        with self._reading() as connection:
+            return transactions.view_of_producer(connection, producer_id)
+
+    def unstable_offsets(self, group_id: str, partitions: Iterable[TopicPartition]) -> set[TopicPartition]:
+        """Of a group's partitions, those with offsets pending in an open transaction (OffsetFetch's require_stable)."""
+        with self._reading() as connection:
+            return transactions.unstable_offsets(connection, group_id, partitions)
+
+    def aborted_ranges(self, spans: Mapping[TopicPartition, tuple[int, int]], version: int | None = None) -> dict[TopicPartition, list[tuple[int, int]]]:
+        """The aborted ranges overlapping each partition's offsets [a, b), recorded at or before `version` (None: any);
+        a deleted topic's are none."""
+        with self._reading() as connection:
+            ids = topics.rows(connection, {topic for topic, _ in spans}) if spans else {}
+            by_slot = {(ids[topic][0], partition): (topic, partition) for topic, partition in spans}
+            found = transactions.aborted_overlapping(connection, {slot: spans[tp] for slot, tp in by_slot.items()}, version)
+        return {by_slot[slot]: ranges for slot, ranges in found.items()}
+
+    def transactions(self, states: Collection[str] = (), producer_ids: Collection[int] = (), min_duration_ms: int = -1, now_ms: int = 0) -> list[TransactionRow]:
+        """ListTransactions: rows by transactional id, filtered by state, producer id and, from `min_duration_ms` 0 on,
+        open at least that long at `now_ms`."""
+        with self._reading() as connection:
+            return transactions.listed(connection, states, producer_ids, min_duration_ms, now_ms)
+
+    def describe_transactions(self, transactional_ids: Collection[str]) -> dict[str, tuple[TransactionRow, tuple[TopicPartition, ...]]]:
+        """DescribeTransactions: each known id's row and its open transaction's partitions, by topic name."""
+        with self._reading() as connection:
+            found: dict[str, Described] = transactions.described(connection, transactional_ids)
+            names = topics.names(connection) if found else {}
+        return {tid: (d.row, tuple((names[topic_id], partition) for topic_id, partition in d.partitions)) for tid, d in found.items()}
+
+    def active_producers(self, partitions: Collection[TopicPartition]) -> dict[TopicPartition, list[ActiveProducer]]:
+        """DescribeProducers: the producers with state on each partition of a live topic (TopicNotFoundError else)."""
+        with self._reading() as connection:
+            ids = topics.rows(connection, {topic for topic, _ in partitions})
+            by_slot = {(ids[topic][0], partition): (topic, partition) for topic, partition in partitions}
+            found = transactions.producers_on(connection, set(by_slot))
+        return {by_slot[slot]: listed for slot, listed in found.items()}
+
+    def forget_aborted_ranges(self, limit: int = 10_000) -> int:
+        """Drop aborted ranges no file the catalog still has a row of may hold an unfiltered record of; how many."""
+        with self._writing() as connection:
+            return transactions.forget_aborted(connection, limit)
 
     # -- compactions -----------------------------------------------------------------------------------
 

@@ -52,12 +52,14 @@ def upgrade(connection: Connection, found: int, batch: int, shown_url: str) -> i
     if found < 9:
         _lay_sections_out(connection)
         _summarize_partitions(connection)
-    summaries.count_indexed(connection)
-    _name_newest_files(connection)  # to schema 11
+    if found < 11:  # steps to schema 11, which a schema-11 catalog must not run again
+        summaries.count_indexed(connection)
+        _name_newest_files(connection)
+        if found >= 5:  # before 5, _add_kafka_tables made consumer_groups as this schema has it
+            _keep_group_members(connection)
     if connection.dialect.name == "postgresql":  # pages of the partitions' rows half empty, as `schema.partitions` says
         connection.exec_driver_sql("ALTER TABLE partitions SET (fillfactor = 50)")
-    if found >= 5:  # before 5, _add_kafka_tables made consumer_groups as this schema has it
-        _keep_group_members(connection)
+    _add_transactions(connection)  # to schema 12
     connection.execute(update(s.catalog_info).values(schema_version=s.SCHEMA_VERSION))
     return rewritten
 
@@ -188,3 +190,15 @@ def _name_newest_files(connection: Connection) -> None:
     ).all()
     statement = update(s.partitions).where(part.topic_id == bindparam("t"), part.partition == bindparam("p")).values(newest_file=bindparam("f"))
     execute_many(connection, statement, ("f", "t", "p"), [(file_id, topic_id, partition) for topic_id, partition, file_id in newest])
+
+
+# -- schema 11 to 12 ----------------------------------------------------------------------------------------------
+
+
+def _add_transactions(connection: Connection) -> None:
+    """To schema 12: the transactions' tables (`schema.TRANSACTION_TABLES`; made already on an upgrade from 4, whose
+    step makes every table missing), `files.filtered_version` (NULL: no file was filtered of aborted data) and
+    `partitions.first_marker` (NULL: no marker was handed out)."""
+    s.metadata.create_all(connection, tables=list(s.TRANSACTION_TABLES), checkfirst=True)
+    connection.exec_driver_sql("ALTER TABLE files ADD COLUMN filtered_version BIGINT")
+    connection.exec_driver_sql("ALTER TABLE partitions ADD COLUMN first_marker BIGINT")

@@ -13,7 +13,7 @@ never stores a duplicate or a gap.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from sqlalchemy import Connection, and_, delete, exists, func, insert, select, update
@@ -35,6 +35,9 @@ class KeptBatch(NamedTuple):
     first_sequence: int
     last_sequence: int
     first_offset: int
+    # A transactional batch its append refused (its transaction had ended: `transactions.record_batches`): the
+    # error's name, which a retry of it gets again; its offsets are an aborted range.
+    refused: str | None = None
 
 
 class PartitionState(NamedTuple):
@@ -51,13 +54,19 @@ class PartitionState(NamedTuple):
 
 class SequencedBatch(NamedTuple):
     """An idempotent producer's batch as an ingest agent accepted it. `follows` is the newest (epoch, last sequence)
-    the agent assumed stored before it (None: no state for the producer on the partition)."""
+    the agent assumed stored before it (None: no state for the producer on the partition); `transactional`, whether
+    it is part of its producer's transaction (its append checks it there: `transactions.record_batches`)."""
 
     producer_id: int
     epoch: int
     first_sequence: int
     last_sequence: int
     follows: tuple[int, int] | None
+    transactional: bool = False
+
+    @property
+    def record_count(self) -> int:
+        return (self.last_sequence - self.first_sequence) % SEQUENCE_WRAP + 1
 
 
 class PlacedBatch(NamedTuple):
@@ -98,9 +107,13 @@ def load(connection: Connection, producer_id: int, topic_id: int, partition: int
     return None if row is None else _state(row.epoch, row.batches)
 
 
-def record(connection: Connection, placed: Iterable[tuple[int, int, int, SequencedBatch]], now_ms: int) -> None:
+def record(
+    connection: Connection, placed: Iterable[tuple[int, int, int, SequencedBatch]], now_ms: int, refused: Mapping[int, str] | None = None
+) -> None:
     """Record appended batches, given as (topic id, partition, first offset, batch) in append order: each must follow
-    the state its agent assumed, else CommitConflictError (the transaction then writes nothing)."""
+    the state its agent assumed, else CommitConflictError (the transaction then writes nothing). `refused`: the
+    refusal of each transactional batch refused by its append, by index in `placed`, kept with it in the chain."""
+    refused = refused or {}
     placed = list(placed)
     pb = s.producer_batches.c
     stored: dict[tuple[int, int, int], PartitionState] = {}
@@ -113,7 +126,7 @@ def record(connection: Connection, placed: Iterable[tuple[int, int, int, Sequenc
         stored[(row.producer_id, row.topic_id, row.partition)] = _state(row.epoch, row.batches)
     existing = set(stored)
     changed: dict[tuple[int, int, int], PartitionState] = {}
-    for topic_id, partition, first_offset, batch in placed:
+    for index, (topic_id, partition, first_offset, batch) in enumerate(placed):
         key = (batch.producer_id, topic_id, partition)
         current = stored.get(key)
         found = None if current is None else current.last
@@ -125,10 +138,10 @@ def record(connection: Connection, placed: Iterable[tuple[int, int, int, Sequenc
                 "this producer, or an append it followed failed); nothing was written"
             )
         kept = () if current is None or current.epoch != batch.epoch else current.batches
-        kept = (*kept, KeptBatch(batch.first_sequence, batch.last_sequence, first_offset))[-BATCHES_KEPT:]
+        kept = (*kept, KeptBatch(batch.first_sequence, batch.last_sequence, first_offset, refused.get(index)))[-BATCHES_KEPT:]
         stored[key] = changed[key] = PartitionState(batch.epoch, kept)
     for (producer_id, topic_id, partition), state in changed.items():
-        values = {"epoch": state.epoch, "batches": json.dumps([list(b) for b in state.batches]), "updated_ms": now_ms}
+        values = {"epoch": state.epoch, "batches": json.dumps([list(b) if b.refused else list(b[:3]) for b in state.batches]), "updated_ms": now_ms}
         if (producer_id, topic_id, partition) in existing:
             connection.execute(
                 update(s.producer_batches)

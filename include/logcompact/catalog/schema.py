@@ -38,7 +38,7 @@ from sqlalchemy import (
 
 # Bump on any change to the tables below or to what their columns hold; a database of another version is refused
 # (CatalogSchemaError), but for UPGRADABLE_FROM, which `Catalog.upgrade_catalog` brings to this one.
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 # What `Catalog.upgrade_catalog` brings to SCHEMA_VERSION, step by step. Schema 3 stored `sections.crc32` raw (the
 # format's CRC, unbound); schema 4 had no log start offsets, no deleted topics and none of the Kafka agents' tables;
 # schema 5 had no sections.level nor partitions.assigned_end, and every section in `sections_by_partition`; schema 6
@@ -46,8 +46,9 @@ SCHEMA_VERSION = 11
 # (in `SECTION_ROW` order, record_count and tombstones 64-bit) and `sections_by_partition` had no first offset; schema
 # 9's partition_summaries did not count their partitions' entries in it (`indexed`); schema 10's partitions did not
 # name the newest file an append gave offsets of them (`newest_file`), and its consumer_groups had no leader and its
-# members no timeouts, protocols nor assignments.
-UPGRADABLE_FROM = (3, 4, 5, 6, 7, 8, 9, 10)
+# members no timeouts, protocols nor assignments; schema 11 had none of the transactions' tables, its files no
+# filtered_version and its partitions no first_marker.
+UPGRADABLE_FROM = (3, 4, 5, 6, 7, 8, 9, 10, 11)
 
 # SQLite gives auto-numbered keys only to INTEGER PRIMARY KEY (the rowid); PostgreSQL wants BIGINT.
 Identity64 = BigInteger().with_variant(Integer(), "sqlite")
@@ -113,6 +114,9 @@ partitions = Table(
     # relabelled from another partition, or shifted): the append refuses rather than hand them out again. Only the
     # L0 files newer than it are looked at, so an append pays for the files appended since the partition's last one.
     Column("newest_file", BigInteger, nullable=False, server_default="0"),
+    # The first offset handed out as a transaction's marker (NULL: none yet). A marker is a hole, as compaction
+    # leaves: from it on, readers and plans no longer take a hole in a never-compacted partition for a damaged row.
+    Column("first_marker", BigInteger),
     sqlite_with_rowid=False,
     # Every append rewrites the rows of its partitions, an agent's up to all of them: PostgreSQL keeps each page half
     # empty for their new versions, written beside the old (a heap-only update, which adds no entry to the key's index
@@ -134,6 +138,9 @@ files = Table(
     Column("added_version", BigInteger, nullable=False),
     Column("removed_version", BigInteger),
     Column("removed_ms", BigInteger),
+    # The plan manifest version a compaction output's records were filtered of aborted transactions' at (NULL: an
+    # append's file, or an output of a plan that filtered none): an aborted range recorded later may still be in it.
+    Column("filtered_version", BigInteger),
 )
 # The live files of a level (planners, thresholds); and removed files by version (gc).
 Index(
@@ -405,7 +412,9 @@ producer_batches = Table(
     Column("topic_id", Integer, primary_key=True, autoincrement=False),
     Column("partition", Integer, primary_key=True, autoincrement=False),
     Column("epoch", Integer, nullable=False),
-    Column("batches", Text, nullable=False),  # JSON [[first_sequence, last_sequence, first_offset], ...], oldest first
+    # JSON [[first_sequence, last_sequence, first_offset], ...], oldest first; a transactional batch refused by its
+    # append (its transaction had ended) has a 4th element, the refusal, which a retry of it is answered with.
+    Column("batches", Text, nullable=False),
     Column("updated_ms", BigInteger, nullable=False),
     sqlite_with_rowid=False,
 )
@@ -440,3 +449,95 @@ group_offsets = Table(
     Column("commit_ms", BigInteger, nullable=False),
     sqlite_with_rowid=False,
 )
+
+# -- Kafka's transactions (`catalog.transactions`) -----------------------------------------------------------------
+
+# One row per transactional id: its producer id and epoch (a fenced producer holds an older one), its state in
+# Kafka's names (Empty, Ongoing, CompleteCommit, CompleteAbort; EndTxn is one catalog transaction, so no Prepare*
+# state is ever stored), its timeout and when its open transaction began (-1 before the first), and the producer id
+# and epoch it had before the last InitProducerId (-1: none to accept a retry of; KIP-360).
+transactions = Table(
+    "transactions",
+    metadata,
+    Column("transactional_id", String(255), primary_key=True),
+    Column("producer_id", BigInteger, nullable=False),
+    Column("epoch", Integer, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("timeout_ms", Integer, nullable=False),
+    Column("start_ms", BigInteger, nullable=False),
+    Column("updated_ms", BigInteger, nullable=False),
+    Column("previous_producer_id", BigInteger, nullable=False, server_default="-1"),
+    Column("previous_epoch", Integer, nullable=False, server_default="-1"),
+)
+# The ingest's view of a producer's transaction and DescribeProducers, by producer id; the timeout sweep, status and
+# ListTransactions' duration filter, over the open transactions only.
+Index("transactions_by_producer", transactions.c.producer_id, unique=True)
+Index(
+    "transactions_ongoing",
+    transactions.c.start_ms,
+    sqlite_where=transactions.c.state == "Ongoing",
+    postgresql_where=transactions.c.state == "Ongoing",
+)
+
+# The partitions of each open transaction (AddPartitionsToTxn), deleted when it ends: the first offset of its data
+# there (NULL until its first batch lands) and its batches' offset ranges (JSON [[first, last], ...], merged where
+# contiguous), recorded as aborted if it aborts. A partition's last stable offset is the least first offset here.
+transaction_partitions = Table(
+    "transaction_partitions",
+    metadata,
+    Column("transactional_id", String(255), primary_key=True),
+    Column("topic_id", Integer, primary_key=True, autoincrement=False),
+    Column("partition", Integer, primary_key=True, autoincrement=False),
+    Column("first_offset", BigInteger),
+    Column("ranges", Text, nullable=False, server_default="[]"),
+    sqlite_with_rowid=False,
+)
+Index("transaction_partitions_unstable", transaction_partitions.c.topic_id, transaction_partitions.c.partition,
+      transaction_partitions.c.first_offset)
+
+# The consumer groups an open transaction commits offsets of (AddOffsetsToTxn).
+transaction_groups = Table(
+    "transaction_groups",
+    metadata,
+    Column("transactional_id", String(255), primary_key=True),
+    Column("group_id", String(255), primary_key=True),
+    sqlite_with_rowid=False,
+)
+
+# Offsets an open transaction commits (TxnOffsetCommit), moved into group_offsets when it commits.
+transaction_offsets = Table(
+    "transaction_offsets",
+    metadata,
+    Column("transactional_id", String(255), primary_key=True),
+    Column("group_id", String(255), primary_key=True),
+    Column("topic", String(249), primary_key=True),
+    Column("partition", Integer, primary_key=True, autoincrement=False),
+    Column("committed_offset", BigInteger, nullable=False),
+    Column("leader_epoch", Integer, nullable=False),
+    Column("metadata", Text, nullable=False),
+    Column("commit_ms", BigInteger, nullable=False),
+    sqlite_with_rowid=False,
+)
+# OffsetFetch's require_stable: the pending offsets of a group's partitions.
+Index("transaction_offsets_by_group", transaction_offsets.c.group_id, transaction_offsets.c.topic, transaction_offsets.c.partition)
+
+# The offsets of aborted transactions' data, per partition: disjoint ranges, each with its producer and the catalog
+# version that recorded it. `read_committed` readers skip them and compaction removes their records; a range goes
+# once no file that may still be read holds an unfiltered record in it (`transactions.forget_aborted`).
+aborted_ranges = Table(
+    "aborted_ranges",
+    metadata,
+    Column("topic_id", Integer, primary_key=True, autoincrement=False),
+    Column("partition", Integer, primary_key=True, autoincrement=False),
+    Column("first_offset", BigInteger, primary_key=True, autoincrement=False),
+    Column("last_offset", BigInteger, nullable=False),
+    Column("producer_id", BigInteger, nullable=False),
+    Column("version", BigInteger, nullable=False),
+    sqlite_with_rowid=False,
+)
+# Disjoint ranges overlap [a, b) where first_offset < b and last_offset >= a: read from this index alone.
+Index("aborted_ranges_by_end", aborted_ranges.c.topic_id, aborted_ranges.c.partition, aborted_ranges.c.last_offset,
+      aborted_ranges.c.first_offset)
+
+# The tables schema 12 added, which `migrations._add_transactions` creates in a schema-11 catalog.
+TRANSACTION_TABLES = (transactions, transaction_partitions, transaction_groups, transaction_offsets, aborted_ranges)

@@ -409,18 +409,19 @@ class Snapshot:
                     found[wanted[slot]] = summary
         return found
 
-    def never_compacted(self, topics: Iterable[str]) -> dict[TopicPartition, int]:
-        """The log start offset of each partition of `topics` that never held a section above L0 (no
-        `partition_summaries` row): never compacted, its live sections hold every offset from its log start on, and
-        all are at L0. One query; none in a cluster whose every partition was compacted once."""
+    def never_compacted(self, topics: Iterable[str]) -> dict[TopicPartition, tuple[int, int | None]]:
+        """The log start offset and first transaction marker (None: none) of each partition of `topics` that never
+        held a section above L0 (no `partition_summaries` row): never compacted, its live sections hold every offset
+        from its log start on up to its first marker (a marker is a hole), and all are at L0. One query; none in a
+        cluster whose every partition was compacted once."""
         ids = {self.topic_ids[name]: name for name in topics}
         if not ids:
             return {}
         part, kept = s.partitions.c, s.partition_summaries.c
         summarized = select(kept.topic_id).where(kept.topic_id == part.topic_id, kept.partition == part.partition).exists()
-        query = select(part.topic_id, part.partition, part.log_start_offset).where(part.topic_id.in_(sorted(ids)), ~summarized)
+        query = select(part.topic_id, part.partition, part.log_start_offset, part.first_marker).where(part.topic_id.in_(sorted(ids)), ~summarized)
         with self._connect() as connection:
-            return {(ids[topic_id], partition): start for topic_id, partition, start in connection.execute(query)}
+            return {(ids[topic_id], partition): (start, marker) for topic_id, partition, start, marker in connection.execute(query)}
 
     def files_hiding(self, topic: str, partition: int, low: int, high: int) -> dict[str, set[TopicPartition]]:
         """Live files holding a section of the partition retired alone over offsets `low` to `high` (a damaged row
@@ -681,7 +682,7 @@ class PartitionSections:
                 raise _retired_apart(self.topic, self.partition, *pair, row.removed_version)
             self._check.row(*pair, row.next_offset)
         for row, pair in pairs:
-            self._check.take(*pair, row.next_offset, None if row.summarized else row.log_start_offset)
+            self._check.take(*pair, row.next_offset, None if row.summarized else row.log_start_offset, row.first_marker)
             self._taken.append(pair)
         self._low = end + 1 if end < _NO_END else _NO_END
         self.done = end >= self.to_offset - 1
@@ -734,7 +735,7 @@ def _pages_query(count: int) -> CompoundSelect | Select:
             .exists().label("summarized")
         )
         query = (
-            select(*s.SECTION_ROW_COLUMNS, files.key, partitions.next_offset, partitions.log_start_offset, summarized)
+            select(*s.SECTION_ROW_COLUMNS, files.key, partitions.next_offset, partitions.log_start_offset, partitions.first_marker, summarized)
             .join(s.files, files.file_id == sec.file_id)
             .join(s.partitions, and_(partitions.topic_id == sec.topic_id, partitions.partition == sec.partition), isouter=True)
             .where(
@@ -773,8 +774,9 @@ class _SectionsCheck:
 
     And as a damaged row would otherwise hide records (a files row deleted or marked removed, a section retired or
     moved to another partition or topic): in a partition never compacted (given its `log_start`), the sections hold
-    every offset from the log start, or the read's first offset, to the last one taken. Only compaction leaves
-    holes; the offsets after the last section may have been handed out after the snapshot's version."""
+    every offset from the log start, or the read's first offset, to the last one taken, up to its first transaction
+    marker (`first_marker`). Only compaction and markers leave holes; the offsets after the last section may have
+    been handed out after the snapshot's version."""
 
     def __init__(self, topic: str, partition: int, from_offset: int = 0) -> None:
         self.topic = topic
@@ -798,7 +800,7 @@ class _SectionsCheck:
                 topic, partition, key, section, f"it ends past the partition's next offset {next_offset} (no offset there was given out)"
             )
 
-    def take(self, key: str, section: CatalogSection, next_offset: int | None, log_start: int | None = None) -> None:
+    def take(self, key: str, section: CatalogSection, next_offset: int | None, log_start: int | None = None, first_marker: int | None = None) -> None:
         topic, partition = self.topic, self.partition
         first, last, records = section.first_offset, section.last_offset, section.info.record_count
         self.row(key, section, next_offset)
@@ -806,7 +808,7 @@ class _SectionsCheck:
             raise _damaged_row(topic, partition, key, section, f"it comes after a section starting at offset {self.previous_first}")
         if log_start is not None:
             reached = max(self.from_offset, log_start) - 1 if self.reached is None else self.reached
-            if first > reached + 1:
+            if first > reached + 1 and (first_marker is None or reached + 1 < first_marker):
                 raise _hidden_offsets(topic, partition, reached + 1, first - 1, key, section)
             self.reached = max(reached, last)
         self.previous_first = max(self.previous_first, first)

@@ -7,8 +7,9 @@ transactions, which take the version row after the topic rows they lock.
 from __future__ import annotations
 
 import json
+from typing import NamedTuple
 
-from sqlalchemy import Connection, delete, insert, or_, select, union_all, update
+from sqlalchemy import Connection, delete, func, insert, or_, select, union_all, update
 from sqlalchemy.engine import Row
 
 from logcompact.catalog import schema as s
@@ -44,6 +45,20 @@ def rows(connection: Connection, names: set[str], lock: str | None = None) -> di
     compacted = connection.info.setdefault(COMPACTED, {})
     compacted.update({row.name: of_row(row).config.compacted for row in rows})
     return found
+
+
+def rows_by_id(connection: Connection, ids: set[int], lock: str | None = None) -> dict[int, tuple[str, int]]:
+    """(name, partitions) of each live topic of `ids`, by topic id; a deleted one is left out. With `lock`, the rows
+    are locked until commit in topic id order, as `rows` locks them."""
+    if not ids:
+        return {}
+    topics = s.topics.c
+    query = select(topics.topic_id, topics.name, topics.partitions).where(
+        one_of(topics.topic_id, sorted(ids), connection.dialect.name), topics.deleted_version.is_(None)
+    )
+    if lock is not None:
+        query = query.order_by(topics.topic_id).with_for_update(read=lock == SHARED)
+    return {row.topic_id: (row.name, row.partitions) for row in connection.execute(query)}
 
 
 def topic_id(connection: Connection, name: str) -> int:
@@ -104,14 +119,27 @@ def grow(connection: Connection, topic_id: int, current: Topic, count: int) -> N
     )
 
 
-def offsets(connection: Connection, name: str) -> list[tuple[int, int]]:
-    """Each partition's log start offset and next offset, by partition."""
-    part = s.partitions.c
+class LogOffsets(NamedTuple):
+    """A partition's log start offset, high watermark (its next offset) and last stable offset (LSO): the first offset
+    of its earliest open transaction's data, else its high watermark, never below its log start."""
+
+    log_start: int
+    high_watermark: int
+    last_stable: int
+
+
+def offsets(connection: Connection, name: str) -> list[LogOffsets]:
+    """Each partition's log offsets, by partition, in one statement: the LSO is read with the high watermark."""
+    part, tp = s.partitions.c, s.transaction_partitions.c
     found = topic_id(connection, name)
-    rows = connection.execute(
-        select(part.log_start_offset, part.next_offset).where(part.topic_id == found).order_by(part.partition)
+    unstable = (
+        select(func.min(tp.first_offset)).where(tp.topic_id == part.topic_id, tp.partition == part.partition).scalar_subquery()
     )
-    return [(r.log_start_offset, r.next_offset) for r in rows]
+    rows = connection.execute(
+        select(part.log_start_offset, part.next_offset, func.coalesce(unstable, part.next_offset).label("stable"))
+        .where(part.topic_id == found).order_by(part.partition)
+    )
+    return [LogOffsets(r.log_start_offset, r.next_offset, max(r.log_start_offset, r.stable)) for r in rows]
 
 
 def delete_topic(connection: Connection, topic_id: int, name: str, version: int, now_ms: int) -> None:

@@ -192,10 +192,10 @@ class Plan:
 
     def hidden_offsets(self, snapshot: Snapshot) -> dict[TopicPartition, tuple[int, int]]:
         """The partitions whose records the plan would drop, each with the first range of offsets hidden. A partition
-        never compacted (`Snapshot.never_compacted`) holds every offset from its log start: a hole among the plan's
-        sections of one that no live section outside the plan can fill is a damaged row hiding records (a files row
-        deleted or marked removed, a section retired or moved), which the plan would leave out of its outputs, and gc
-        would then collect with their file."""
+        never compacted (`Snapshot.never_compacted`) holds every offset from its log start up to its first transaction
+        marker (a marker is a hole): a hole there among the plan's sections of one that no live section outside the
+        plan can fill is a damaged row hiding records (a files row deleted or marked removed, a section retired or
+        moved), which the plan would leave out of its outputs, and gc would then collect with their file."""
         starts = snapshot.never_compacted(self.topics)
         if not starts:
             return {}
@@ -208,8 +208,11 @@ class Plan:
                     held.setdefault((info.topic, info.partition), []).append((first, first + info.last_delta))
         holes: dict[TopicPartition, tuple[int, int]] = {}
         for tp, sections in held.items():
-            reached = starts[tp] - 1
+            start, first_marker = starts[tp]
+            reached = start - 1
             for first, last in sorted(sections):
+                if first_marker is not None and reached + 1 >= first_marker:
+                    break
                 if first > reached + 1:
                     holes[tp] = (reached + 1, first - 1)
                     break

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from logcompact.catalog import Catalog, Snapshot
+from logcompact.catalog.topics import LogOffsets
 from logcompact.consume import SectionRef, read_sections
 from logcompact.exceptions import TopicNotFoundError
 from logcompact.kafka import codec, records
@@ -159,7 +160,7 @@ class _ToRead:
     sections: Iterable[SectionRef]
 
 
-def _partitions_plan(snapshot: Snapshot, topic: str, partitions: list[Wanted], offsets: list[tuple[int, int]]) -> list[Answer | _ToRead]:
+def _partitions_plan(snapshot: Snapshot, topic: str, partitions: list[Wanted], offsets: list[LogOffsets]) -> list[Answer | _ToRead]:
     """Each partition's error, or what to read of it (the first page of each one's sections found in one catalog query)."""
     plan: list[Answer | _ToRead] = []
     ranges: dict[int, tuple[int, int]] = {}
@@ -167,7 +168,7 @@ def _partitions_plan(snapshot: Snapshot, topic: str, partitions: list[Wanted], o
         if not 0 <= asked.partition < len(offsets):
             plan.append(Answer(asked.partition, codec.ErrorCode.unknown_topic_or_partition))
             continue
-        log_start, high_watermark = offsets[asked.partition]
+        log_start, high_watermark, _ = offsets[asked.partition]
         # The log start is the catalog's (raised by retention only): an offset from it on is served from the next
         # record there is, however much of the head compaction removed.
         if not log_start <= asked.fetch_offset <= high_watermark:
@@ -205,7 +206,7 @@ def _snapshot(catalog: Catalog) -> Snapshot:
     return snapshot
 
 
-def _log_offsets(catalog: Catalog, topic: str) -> list[tuple[int, int]] | None:
+def _log_offsets(catalog: Catalog, topic: str) -> list[LogOffsets] | None:
     try:
         return catalog.log_offsets(topic)
     except TopicNotFoundError:

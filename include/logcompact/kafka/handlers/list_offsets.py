@@ -51,7 +51,7 @@ def _list(broker: Broker, body: Any) -> list[tuple[str, list[tuple[int, Found]]]
             elif known is None or not 0 <= index < known.partitions:
                 partitions.append((index, codec.ErrorCode.unknown_topic_or_partition))
             else:
-                partitions.append((index, _find(broker.catalog.store, snapshot, topic.name, index, *log_offsets[index], int(entry.timestamp))))
+                partitions.append((index, _find(broker.catalog.store, snapshot, topic.name, index, *log_offsets[index][:2], int(entry.timestamp))))
         answered.append((topic.name, partitions))
     return answered
 
