@@ -538,7 +538,72 @@ def test_a_section_retired_alone_in_a_compacted_partition_is_refused_by_name_and
     assert _values(catalog, now=later + 1) == ["1", "2", "3", "4"] and _values(catalog, partition=1, now=later + 1) == ["1", "2", "3", "4"]
 
 
-def _produce_lines(catalog: Catalog, now: int, *lines: tuple[int, str, str]) -> None:
+def _compacted_with_holes(catalog: Catalog, now: int) -> None:
+    """t/0 compacted twice (keys overwritten, then a tombstone, the last record, removed), then three files of it:
+    an L2 section at offset 1 (offset 0 dropped), offset 2 dropped, L0 sections at offsets 3, 4 and 5."""
+    for name in ("t", "u"):
+        created = _cli_of(catalog, "topic", "create", name, "--partitions", "2", "--config", "cleanup.policy=compact", "--config",
+                          "delete.retention.ms=0", now=now)
+        assert created.code == 0, created
+    _produce_lines(catalog, now, (0, "a", "1"), (0, "b", "2"))
+    _produce_lines(catalog, now, (0, "a", None))
+    for _ in range(2):  # the second removes the tombstone the first stamped
+        assert _cli_of(catalog, "compact", "--full", now=now).code == 0
+    for value in ("3", "4", "5"):
+        _produce_lines(catalog, now, (0, "k" + value, value))
+    assert [(s.first_offset, s.last_offset) for _, s in catalog.snapshot().sections_of("t", 0)] == [(1, 1), (3, 3), (4, 4), (5, 5)]
+
+
+MOVED = {"an L0 section between two others": 4, "the compacted section below them": 1}
+
+
+@pytest.mark.parametrize("moved", MOVED)
+@pytest.mark.parametrize("to", ["t/1", "u/0"])
+def test_a_section_row_moved_out_of_a_compacted_partition_is_refused_and_its_file_kept(catalog: Catalog, moved: str, to: str) -> None:
+    """On each database: t/0 compacted twice, holding offsets 1, 3, 4 and 5, every other one dropped by a compaction;
+    then one of its section rows moved to another partition or topic. Undamaged, consume reads every record and the
+    holes are taken for what they are. Holes are normal in a compacted partition, so consume of t/0 exited 0 without
+    the moved record, and a compaction could span the gap. Now the offsets a compaction dropped are recorded
+    (`compaction_holes`): consume is refused in one line naming the offset hidden; a plan spanning it is refused, and
+    `compact --full` sets t/0 aside; gc keeps the object. Put back, every record reads again."""
+    now = wall_clock_ms()
+    later = now + 2 * 3_600_000  # past the grace of every object
+    _compacted_with_holes(catalog, now)
+    assert _values(catalog, now=now) == ["2", "3", "4", "5"]
+    assert_summaries_kept(catalog)
+    hidden = MOVED[moved]
+    key = _key_at(catalog, 0, hidden)
+    sec = schema.sections.c
+    in_file = (sec.file_id == _file_row(catalog, key)["file_id"], sec.topic_id == catalog.snapshot().topic_ids["t"], sec.partition == 0)
+    topic, partition = to.split("/")
+    with catalog.engine.begin() as connection:
+        connection.execute(update(schema.sections).where(*in_file).values(topic_id=catalog.snapshot().topic_ids[topic], partition=int(partition)))
+    stored = (catalog.store.root / key).read_bytes()
+    says = f"catalog rows of partition t/0 hide offsets {hidden} to {hidden}: no live section holds them, yet no compaction dropped them"
+
+    _one_line_error(_cli_of(catalog, "consume", "t", "--partition", "0", now=now), says, "restore the catalog database from a backup")
+    with pytest.raises(CorruptDataError, match=re.escape(says)):
+        latest_values(catalog.store, catalog.snapshot(), "t", 0)
+    if hidden == 4:  # a plan of t/0 spans the gap: its outputs would hide it from readers for good
+        planned = _cli_of(catalog, "plan", "--mode", "full", now=later)
+        assert planned.code == 0 and planned.stdout, planned
+        _one_line_error(_cli_of(catalog, "compact", "--plan", "-", stdin=planned.stdout.encode(), now=later), says, "nothing was leased")
+    compacted = _cli_of(catalog, "compact", "--full", now=later)
+    assert compacted.code == 0 and "Traceback" not in compacted.stderr, compacted
+    marked = {(m.topic, m.partition): m for m in catalog.uncleanable()}
+    if hidden == 4:
+        assert marked[("t", 0)].reason.startswith(says), marked
+    collected = _cli_of(catalog, "gc", "--grace-ms", "0", now=later + 1)
+    assert "Traceback" not in collected.stderr and key not in json.loads(collected.stdout)["deleted_files"], collected
+    assert (catalog.store.root / key).read_bytes() == stored
+    _one_line_error(_cli_of(catalog, "consume", "t", "--partition", "0", now=later + 1), says)
+    with catalog.engine.begin() as connection:  # put back, as a restored catalog holds it
+        connection.execute(update(schema.sections).where(sec.file_id == _file_row(catalog, key)["file_id"], sec.topic_id == catalog.snapshot().topic_ids[topic],
+                                                         sec.partition == int(partition)).values(topic_id=catalog.snapshot().topic_ids["t"], partition=0))
+    assert _values(catalog, now=later + 1) == ["2", "3", "4", "5"]
+
+
+def _produce_lines(catalog: Catalog, now: int, *lines: tuple[int, str, str | None]) -> None:
     """One file of t holding the (partition, key, value) records."""
     stdin = b"".join(json.dumps({"partition": p, "key": k, "value": v}).encode() + b"\n" for p, k, v in lines)
     assert _cli_of(catalog, "produce", "t", stdin=stdin, now=now).code == 0
@@ -822,9 +887,17 @@ def _stored_crcs(catalog: Catalog) -> dict[tuple[int, int, int], int]:
         return {(f, t, p): crc for f, t, p, crc in connection.execute(select(sec.file_id, sec.topic_id, sec.partition, sec.crc32))}
 
 
+def _as_schema_11(catalog: Catalog) -> None:
+    """The catalog as schema 11 held it: no compaction_holes, schema_version 11."""
+    with catalog.engine.begin() as connection:
+        schema.compaction_holes.drop(connection)
+        connection.execute(update(schema.catalog_info).values(schema_version=11))
+
+
 def _as_schema_10(catalog: Catalog) -> None:
-    """The catalog as schema 10 held it: partitions without the newest file of an append, consumer_groups without
-    leader and each row's members as DescribeGroups lists them (ids only), schema_version 10."""
+    """The catalog as schema 10 held it: schema 11's, with partitions without the newest file of an append,
+    consumer_groups without leader and each row's members as DescribeGroups lists them (ids only), schema_version 10."""
+    _as_schema_11(catalog)
     with catalog.engine.begin() as connection:
         connection.exec_driver_sql("ALTER TABLE partitions DROP COLUMN newest_file")
         connection.exec_driver_sql("ALTER TABLE consumer_groups DROP COLUMN leader")
@@ -843,7 +916,7 @@ def test_a_schema_10_catalog_upgrades_to_group_rows_a_coordinator_loads(catalog:
     catalog.save_group(GroupRow("g", 1, 7, "consumer", "range", "Stable", "m-1", (member,), NOW))
     catalog.commit_offsets("g", {("t", 0): CommittedOffset(42, 3, "", NOW)})
     _as_schema_10(catalog)
-    with pytest.raises(CatalogSchemaError, match="has schema version 10, this logcompact uses 11: .*upgrade-catalog"):
+    with pytest.raises(CatalogSchemaError, match=f"has schema version 10, this logcompact uses {schema.SCHEMA_VERSION}: .*upgrade-catalog"):
         Catalog(catalog.store, catalog.url).snapshot()
     assert Catalog(catalog.store, catalog.url).upgrade_catalog() == CatalogUpgrade(10, 0)
     reopened = Catalog(catalog.store, catalog.url)
@@ -964,7 +1037,7 @@ def test_a_schema_3_catalog_is_refused_until_upgrade_catalog_binds_its_rows(cata
 
     _as_schema_3(catalog)
     assert all(crc != bound[row] for row, crc in _stored_crcs(catalog).items())
-    with pytest.raises(CatalogSchemaError, match="has schema version 3, this logcompact uses 11: .*run `logcompact cluster upgrade-catalog`"):
+    with pytest.raises(CatalogSchemaError, match=f"has schema version 3, this logcompact uses {schema.SCHEMA_VERSION}: .*run `logcompact cluster upgrade-catalog`"):
         Catalog(catalog.store, catalog.url).snapshot()
     for argv in (["consume", "t", "--partition", "0"], ["files"], ["compact", "--all"], ["cluster", "describe"]):
         _one_line_error(run_in_process([*cli, *argv]), "has schema version 3", "logcompact cluster upgrade-catalog")
@@ -1006,7 +1079,7 @@ def test_a_schema_5_catalog_upgrades_to_its_l0_sections_out_of_the_partition_ind
     sec, files, part = schema.sections.c, schema.files.c, schema.partitions.c
     with catalog.engine.begin() as connection:  # lowered under schema 5: still refused after the upgrade
         connection.execute(update(schema.partitions).where(part.partition == 2).values(next_offset=7))
-    with pytest.raises(CatalogSchemaError, match="has schema version 5, this logcompact uses 11: .*upgrade-catalog"):
+    with pytest.raises(CatalogSchemaError, match=f"has schema version 5, this logcompact uses {schema.SCHEMA_VERSION}: .*upgrade-catalog"):
         Catalog(catalog.store, catalog.url).snapshot()
     assert Catalog(catalog.store, catalog.url).upgrade_catalog() == CatalogUpgrade(5, 0)
     reopened = Catalog(catalog.store, catalog.url)
@@ -1050,7 +1123,7 @@ def test_a_schema_6_to_10_catalog_upgrades_to_partition_summaries_that_commits_t
         newest_before = connection.execute(select(part.newest_file).order_by(part.partition)).scalars().all()
     assert newest_before[0] > newest_before[2] == 0  # partition 2 was never appended to
     {6: _as_schema_6, 7: _as_schema_7, 8: _as_schema_8, 9: _as_schema_9, 10: _as_schema_10}[found](catalog)
-    with pytest.raises(CatalogSchemaError, match=f"has schema version {found}, this logcompact uses 11: .*upgrade-catalog"):
+    with pytest.raises(CatalogSchemaError, match=f"has schema version {found}, this logcompact uses {schema.SCHEMA_VERSION}: .*upgrade-catalog"):
         Catalog(catalog.store, catalog.url).snapshot()
     assert Catalog(catalog.store, catalog.url).upgrade_catalog() == CatalogUpgrade(found, 0)
     reopened = Catalog(catalog.store, catalog.url)
@@ -1085,7 +1158,7 @@ def test_a_schema_4_catalog_upgrades_to_the_kafka_tables_and_keeps_its_topics(ca
     before = {p: list(read_records(catalog.store, catalog.snapshot(), "t", p)) for p in range(2)}
     ids = _topic_ids(catalog)
     _as_schema_4(catalog)
-    with pytest.raises(CatalogSchemaError, match="has schema version 4, this logcompact uses 11: .*upgrade-catalog"):
+    with pytest.raises(CatalogSchemaError, match=f"has schema version 4, this logcompact uses {schema.SCHEMA_VERSION}: .*upgrade-catalog"):
         Catalog(catalog.store, catalog.url).snapshot()
     assert Catalog(catalog.store, catalog.url).upgrade_catalog() == CatalogUpgrade(4, 0)
     reopened = Catalog(catalog.store, catalog.url)

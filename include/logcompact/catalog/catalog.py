@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from sqlalchemy import Connection, func, inspect, select
 from sqlalchemy.exc import DatabaseError, IntegrityError
 
-from logcompact.catalog import agents, appends, cleaning, cluster, compactions, files, garbage, groups, migrations, producers, summaries, topics, versions
+from logcompact.catalog import agents, appends, cleaning, cluster, compactions, files, garbage, groups, holes, migrations, producers, summaries, topics, versions
 from logcompact.catalog import schema as s
 from logcompact.catalog.database import WRITE, bound_wal, catalog_errors, catalog_url_for, engine_for, first_line, redact_url, sqlite_path, unavailable_error
 from logcompact.catalog.groups import CommittedOffset, GroupListed, GroupRow
@@ -572,6 +572,7 @@ class Catalog:
                         )
                 kept_slots = {(topics.topic_id(connection, topic), partition) for topic, partition in kept}
                 removing = summaries.touched_by_removal(connection, list(live.values()), kept_slots)
+                spanned = holes.input_spans(connection, list(live.values()), kept_slots)
                 keeping = compactions.retire_sections(connection, live.values(), kept_slots, version) if kept else set()
                 compactions.remove_files(connection, [i for i in live.values() if i not in keeping], version, now_ms)
                 cleaning.release_files(connection, live.values())
@@ -583,6 +584,7 @@ class Catalog:
                 file_ids = files.take_file_ids(connection, len(added))
                 adding = files.insert_sections(connection, added, topic_rows, file_ids)
                 files.insert_file_rows(connection, added, file_ids, version)
+                holes.record(connection, spanned, _spans(added, topic_rows), version)
                 summaries.settle(connection, removing, adding, version)
                 summaries.settle_emptied(connection, list(live.values()), sum(f.record_count for f in added), kept_slots, version)
                 compactions.raise_log_starts(connection, expiring)
@@ -708,9 +710,20 @@ class Catalog:
             return garbage.known_files(connection, keys)
 
     def trim_versions(self, before_version: int) -> int:
-        """Drop commit-log rows older than `before_version` (readers can no longer pin them); how many."""
+        """Drop commit-log rows older than `before_version` (readers can no longer pin them), and the compaction holes
+        retired before it; how many of the former."""
         with self._writing() as connection:
+            holes.trim(connection, before_version)
             return versions.trim(connection, before_version)
+
+
+def _spans(added: Sequence[DataFile], topic_rows: Mapping[str, tuple[int, int]]) -> dict[tuple[int, int], list[tuple[int, int]]]:
+    """Per partition (topic id, partition), the offsets each section of `added` spans."""
+    spans: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for data_file in added:
+        for section in data_file.sections:
+            spans.setdefault((topic_rows[section.topic][0], section.partition), []).append((section.first_offset, section.last_offset))
+    return spans
 
 
 class _AlreadyCommitted(Exception):

@@ -11,8 +11,8 @@ from sqlalchemy import Connection, bindparam, func, select, tuple_, update
 from sqlalchemy.engine import Row
 from sqlalchemy.schema import CreateTable
 
+from logcompact.catalog import holes, summaries
 from logcompact.catalog import schema as s
-from logcompact.catalog import summaries
 from logcompact.catalog.database import execute_many
 from logcompact.exceptions import CatalogSchemaError, CorruptDataError
 
@@ -52,10 +52,12 @@ def upgrade(connection: Connection, found: int, batch: int, shown_url: str) -> i
     if found < 9:
         _lay_sections_out(connection)
         _summarize_partitions(connection)
-    summaries.count_indexed(connection)
-    _name_newest_files(connection)  # to schema 11
-    if found >= 5:  # before 5, _add_kafka_tables made consumer_groups as this schema has it
-        _keep_group_members(connection)
+    if found < 11:
+        summaries.count_indexed(connection)
+        _name_newest_files(connection)  # to schema 11
+        if found >= 5:  # before 5, _add_kafka_tables made consumer_groups as this schema has it
+            _keep_group_members(connection)
+    _record_compaction_holes(connection)  # to schema 12
     connection.execute(update(s.catalog_info).values(schema_version=s.SCHEMA_VERSION))
     return rewritten
 
@@ -186,3 +188,14 @@ def _name_newest_files(connection: Connection) -> None:
     ).all()
     statement = update(s.partitions).where(part.topic_id == bindparam("t"), part.partition == bindparam("p")).values(newest_file=bindparam("f"))
     execute_many(connection, statement, ("f", "t", "p"), [(file_id, topic_id, partition) for topic_id, partition, file_id in newest])
+
+
+# -- schema 11 to 12 ----------------------------------------------------------------------------------------------
+
+
+def _record_compaction_holes(connection: Connection) -> None:
+    """To schema 12: `compaction_holes` (created unless there: `_add_kafka_tables` made it on an upgrade from 4),
+    holding every gap between the live sections of each compacted partition, as the catalog stands
+    (`holes.record_every_gap`)."""
+    s.compaction_holes.create(connection, checkfirst=True)
+    holes.record_every_gap(connection)

@@ -38,7 +38,7 @@ from sqlalchemy import (
 
 # Bump on any change to the tables below or to what their columns hold; a database of another version is refused
 # (CatalogSchemaError), but for UPGRADABLE_FROM, which `Catalog.upgrade_catalog` brings to this one.
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 # What `Catalog.upgrade_catalog` brings to SCHEMA_VERSION, step by step. Schema 3 stored `sections.crc32` raw (the
 # format's CRC, unbound); schema 4 had no log start offsets, no deleted topics and none of the Kafka agents' tables;
 # schema 5 had no sections.level nor partitions.assigned_end, and every section in `sections_by_partition`; schema 6
@@ -46,8 +46,9 @@ SCHEMA_VERSION = 11
 # (in `SECTION_ROW` order, record_count and tombstones 64-bit) and `sections_by_partition` had no first offset; schema
 # 9's partition_summaries did not count their partitions' entries in it (`indexed`); schema 10's partitions did not
 # name the newest file an append gave offsets of them (`newest_file`), and its consumer_groups had no leader and its
-# members no timeouts, protocols nor assignments.
-UPGRADABLE_FROM = (3, 4, 5, 6, 7, 8, 9, 10)
+# members no timeouts, protocols nor assignments; schema 11 did not record the offsets compactions dropped
+# (`compaction_holes`).
+UPGRADABLE_FROM = (3, 4, 5, 6, 7, 8, 9, 10, 11)
 
 # SQLite gives auto-numbered keys only to INTEGER PRIMARY KEY (the rowid); PostgreSQL wants BIGINT.
 Identity64 = BigInteger().with_variant(Integer(), "sqlite")
@@ -229,6 +230,25 @@ partition_summaries = Table(
     sqlite_with_rowid=False,
 )
 
+
+# The offsets compactions dropped between sections, per partition, in ranges (the live ones disjoint, adjacent ones
+# coalesced): what tells a compacted partition's holes from a damaged row's (a section moved to another partition or
+# topic leaves a gap no row here holds, which readers and compactions refuse). A compaction records the offsets its
+# inputs' sections spanned that its outputs' do not, and retires the rows its outputs now span (`holes.record`): a
+# row retired at version V still explains gaps to snapshots older than V, until gc trims the commit log past it. A
+# topic's deletion drops its rows.
+compaction_holes = Table(
+    "compaction_holes",
+    metadata,
+    Column("topic_id", Integer, primary_key=True, autoincrement=False),
+    Column("partition", Integer, primary_key=True, autoincrement=False),
+    Column("first_offset", BigInteger, primary_key=True, autoincrement=False),
+    Column("added_version", BigInteger, primary_key=True, autoincrement=False),
+    Column("last_offset", BigInteger, nullable=False),
+    Column("removed_version", BigInteger),
+    sqlite_with_rowid=False,
+)
+Index("compaction_holes_removed", compaction_holes.c.removed_version)  # gc
 
 def live_l0_files(version: int | BindParameter[int] | None = None) -> Select | CompoundSelect:
     """The ids of the L0 files live at `version` (now, without one), through the index of live files by level and,

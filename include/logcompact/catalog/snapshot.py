@@ -21,9 +21,10 @@ from typing import NamedTuple
 
 from sqlalchemy import BindParameter, ColumnElement, CompoundSelect, Connection, Engine, Row, Select, and_, bindparam, func, literal_column, or_, select, union_all
 
+from logcompact.catalog import holes, summaries
 from logcompact.catalog import schema as s
-from logcompact.catalog import summaries
 from logcompact.catalog.database import SHORT_LIST, catalog_errors, one_of
+from logcompact.catalog.holes import Range
 from logcompact.catalog.model import (
     CONTENTS,
     CatalogSection,
@@ -267,6 +268,37 @@ class Snapshot:
         )
         with self._connect() as connection:
             return any(connection.execute(part).first() is not None for part in s.by_partition(query, self.version))
+
+    def compaction_holes(self, topic_id: int, partition: int, low: int, high: int) -> list[Range]:
+        """The offsets from `low` to `high` of the partition that compactions dropped (`compaction_holes`, as of the
+        snapshot's version), coalesced."""
+        with self._connect() as connection:
+            return holes.of_partitions(connection, {(topic_id, partition): (low, high)}, self.version).get((topic_id, partition), [])
+
+    def unexplained_gaps(self, unheld: Mapping[TopicPartition, Sequence[Range]], input_keys: Sequence[str]) -> dict[TopicPartition, Range]:
+        """Per partition of `unheld` (offsets a plan's inputs leave unheld between their sections, in order), the
+        first range of them that neither compactions dropped (`compaction_holes`) nor a live section outside the
+        files `input_keys` holds: a damaged row's gap. One query of the holes per topic; the outside sections are read
+        only for the partitions the holes leave offsets of."""
+        slots = {(self.topic_ids[tp[0]], tp[1]): tp for tp in unheld}
+        wanted = {slot: (unheld[tp][0][0], unheld[tp][-1][1]) for slot, tp in slots.items() if unheld[tp]}
+        left: dict[TopicPartition, list[Range]] = {}
+        with self._connect() as connection:
+            dropped = holes.of_partitions(connection, wanted, self.version)
+            for slot in wanted:
+                rest = holes.without(unheld[slots[slot]], dropped.get(slot, []))
+                if rest:
+                    left[slots[slot]] = rest
+            sec, files = s.sections.c, s.files.c
+            for (topic, partition), rest in sorted(left.items()):
+                outside = (
+                    select(sec.first_offset, sec.last_offset).join(s.files, files.file_id == sec.file_id)
+                    .where(sec.topic_id == self.topic_ids[topic], sec.partition == partition, sec.last_offset >= rest[0][0],
+                           sec.first_offset <= rest[-1][1], self._live_section(), ~self._key_in(input_keys))
+                )
+                spans = [tuple(span) for part in s.by_partition(outside, self.version) for span in connection.execute(part)]
+                left[(topic, partition)] = holes.without(rest, holes.coalesced(spans))
+        return {tp: rest[0] for tp, rest in left.items() if rest}
 
     def partition_sections(self, topics: Iterable[str], in_l0: bool) -> list[PartitionSection]:
         """The max-lag pass's few facts of every live section of `topics` in L0 (`in_l0`) or above it, but the
@@ -680,11 +712,23 @@ class PartitionSections:
             if row.removed_version is not None and row.removed_version <= self.snapshot.version:
                 raise _retired_apart(self.topic, self.partition, *pair, row.removed_version)
             self._check.row(*pair, row.next_offset)
+        dropped = self._dropped([pair for _, pair in pairs], pairs[0][0]) if pairs else None
         for row, pair in pairs:
-            self._check.take(*pair, row.next_offset, None if row.summarized else row.log_start_offset)
+            self._check.take(*pair, row.next_offset, row.log_start_offset, dropped)
             self._taken.append(pair)
         self._low = end + 1 if end < _NO_END else _NO_END
         self.done = end >= self.to_offset - 1
+
+
+    def _dropped(self, sections: Sequence[tuple[str, CatalogSection]], row: Row) -> list[Range] | None:
+        """The compaction holes holding offsets the page's sections leave unheld (`row` one of its rows), for a
+        compacted partition: read only when they leave some, in one query. None for a partition never compacted."""
+        if not row.summarized:
+            return None
+        unheld = self._check.gaps(sections, row.log_start_offset)
+        if not unheld:
+            return []
+        return self.snapshot.compaction_holes(self.topic_id, self.partition, unheld[0][0], unheld[-1][1])
 
 
 def _last_offset(row: Row) -> int:
@@ -772,9 +816,10 @@ class _SectionsCheck:
     starting below the read's `from_offset` and spanning offsets the sections before it hold (`PartitionSections`).
 
     And as a damaged row would otherwise hide records (a files row deleted or marked removed, a section retired or
-    moved to another partition or topic): in a partition never compacted (given its `log_start`), the sections hold
-    every offset from the log start, or the read's first offset, to the last one taken. Only compaction leaves
-    holes; the offsets after the last section may have been handed out after the snapshot's version."""
+    moved to another partition or topic): the sections hold every offset from the partition's `log_start`, or the
+    read's first offset, to the last one taken, but those compactions dropped (`dropped`, given for a compacted
+    partition: none for one never compacted). The offsets after the last section may have been handed out after the
+    snapshot's version."""
 
     def __init__(self, topic: str, partition: int, from_offset: int = 0) -> None:
         self.topic = topic
@@ -784,7 +829,7 @@ class _SectionsCheck:
         self.run_records = 0
         self.run: list[tuple[str, CatalogSection]] = []
         self.previous_first = -1
-        self.reached: int | None = None  # in a partition never compacted, every offset up to it is held
+        self.reached: int | None = None  # every offset up to it is held, or was dropped by a compaction
 
     def row(self, key: str, section: CatalogSection, next_offset: int | None) -> None:
         """The checks of one row alone, which a page's rows pass before they are taken: a damaged row is named before
@@ -798,16 +843,34 @@ class _SectionsCheck:
                 topic, partition, key, section, f"it ends past the partition's next offset {next_offset} (no offset there was given out)"
             )
 
-    def take(self, key: str, section: CatalogSection, next_offset: int | None, log_start: int | None = None) -> None:
+    def gaps(self, sections: Iterable[tuple[str, CatalogSection]], log_start: int) -> list[Range]:
+        """The offsets that `take` of `sections` (in first-offset order) would find no section holding."""
+        reached = self._reached(log_start)
+        unheld = []
+        for _, section in sections:
+            if section.first_offset > reached + 1:
+                unheld.append((reached + 1, section.first_offset - 1))
+            reached = max(reached, section.last_offset)
+        return unheld
+
+    def _reached(self, log_start: int) -> int:
+        return max(self.from_offset, log_start) - 1 if self.reached is None else self.reached
+
+    def take(
+        self, key: str, section: CatalogSection, next_offset: int | None, log_start: int | None = None, dropped: Sequence[Range] | None = None
+    ) -> None:
+        """Check a section, after those taken before (`log_start` None: the offsets it leaves unheld are not asked
+        for; `dropped`, the compaction holes among them, None: the partition was never compacted, and none may be left)."""
         topic, partition = self.topic, self.partition
         first, last, records = section.first_offset, section.last_offset, section.info.record_count
         self.row(key, section, next_offset)
         if first < self.previous_first and first >= self.from_offset:
             raise _damaged_row(topic, partition, key, section, f"it comes after a section starting at offset {self.previous_first}")
         if log_start is not None:
-            reached = max(self.from_offset, log_start) - 1 if self.reached is None else self.reached
-            if first > reached + 1:
-                raise _hidden_offsets(topic, partition, reached + 1, first - 1, key, section)
+            reached = self._reached(log_start)
+            unheld = holes.without([(reached + 1, first - 1)], dropped or []) if first > reached + 1 else []
+            if unheld:
+                raise _hidden_offsets(topic, partition, *unheld[0], key, section, compacted=dropped is not None)
             self.reached = max(reached, last)
         self.previous_first = max(self.previous_first, first)
         if first > self.run_last:
@@ -839,12 +902,14 @@ def _take_lowest(found: dict[TopicPartition, int], names: Mapping[int, str], row
         found[tp] = min(first, found.get(tp, first))
 
 
-def _hidden_offsets(topic: str, partition: int, low: int, high: int, key: str, section: CatalogSection) -> CorruptDataError:
-    """Offsets of a partition never compacted that no live section holds, before a section that does (not damaged:
-    the error names no file as the damaged one)."""
+def _hidden_offsets(topic: str, partition: int, low: int, high: int, key: str, section: CatalogSection, compacted: bool) -> CorruptDataError:
+    """Offsets that no live section holds and no compaction dropped (the partition was never compacted, or its
+    `compaction_holes` do not hold them), before a section that holds some (not damaged: the error names no file as
+    the damaged one)."""
+    why = "no compaction dropped them" if compacted else "the partition was never compacted"
     return CorruptDataError(
-        f"catalog rows of partition {topic}/{partition} hide offsets {low} to {high}: no live section holds them, yet the "
-        f"partition was never compacted (the next section is {key}'s from offset {section.first_offset}), so a row that "
+        f"catalog rows of partition {topic}/{partition} hide offsets {low} to {high}: no live section holds them, yet "
+        f"{why} (the next section is {key}'s from offset {section.first_offset}), so a row that "
         "held them is damaged (a files row deleted or marked removed, a section retired or moved to another partition or "
         "topic); restore the catalog database from a backup"
     )
