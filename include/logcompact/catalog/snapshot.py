@@ -719,17 +719,15 @@ class PartitionSections:
         self._low = end + 1 if end < _NO_END else _NO_END
         self.done = end >= self.to_offset - 1
 
-
     def _dropped(self, sections: Sequence[tuple[str, CatalogSection]], row: Row) -> list[Range] | None:
         """The compaction holes holding offsets the page's sections leave unheld (`row` one of its rows), for a
         compacted partition: read only when they leave some, in one query. None for a partition never compacted."""
-        if not row.summarized:
+        if not row.summarized or row.log_start_offset is None:
             return None
         unheld = self._check.gaps(sections, row.log_start_offset)
         if not unheld:
             return []
         return self.snapshot.compaction_holes(self.topic_id, self.partition, unheld[0][0], unheld[-1][1])
-
 
 def _last_offset(row: Row) -> int:
     return row.last_offset
