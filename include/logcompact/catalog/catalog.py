@@ -179,9 +179,10 @@ class Catalog:
         `sections_by_partition` is built again (schema 9's, over the sections above L0), and on PostgreSQL the sections
         table is made again in schema 9's layout; then `partition_summaries` is filled (from 7, where it lacks l1_bytes,
         made again and filled); then each row counts its partition's entries in `sections_by_partition` (a column
-        schema 8 and 9 lack); last, each partition names the newest L0 file holding a section of it (`newest_file`,
+        schema 8 and 9 lack); then each partition names the newest L0 file holding a section of it (`newest_file`,
         which schema 10 lacks), and from 5 on consumer_groups gets its leader and its rows lose the members schema 10
-        could not restore. No manifest version is made, the store is not touched. Returns what was done; None
+        could not restore; last, from every schema, `compaction_holes` records each gap between the live sections of a
+        compacted partition (`holes.record_every_gap`). No manifest version is made, the store is not touched. Returns what was done; None
         when the catalog is at SCHEMA_VERSION already. Another version is a CatalogSchemaError, and no cluster
         ClusterNotFoundError.
         Writers of the older release must be stopped first: they would go on writing what readers then refuse."""
