@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from sqlalchemy import ColumnElement, Connection, bindparam, delete, or_, select, update
+from sqlalchemy import BindParameter, ColumnElement, Connection, Select, bindparam, delete, or_, select, update
 
 from logcompact.catalog import schema as s
 from logcompact.catalog.database import execute_many, one_of
@@ -62,7 +62,7 @@ def gaps(spans: Iterable[Range], low: int | None = None) -> list[Range]:
     return without([(start, held[-1][1])], held) if start <= held[-1][1] else []
 
 
-def live_at(version: int | None) -> list[ColumnElement[bool]]:
+def live_at(version: int | BindParameter[int] | None) -> list[ColumnElement[bool]]:
     """Conditions picking the rows live at `version` (now, without one)."""
     rows = s.compaction_holes.c
     if version is None:
@@ -86,6 +86,14 @@ def of_partitions(connection: Connection, wanted: Mapping[Slot, Range], version:
             if first <= high and last >= low:
                 found.setdefault((topic_id, partition), []).append((first, last))
     return {slot: coalesced(ranges) for slot, ranges in found.items()}
+
+
+def of_partition(connection: Connection, slot: Slot, low: int, high: int, version: int) -> list[Range]:
+    """`of_partitions` of one partition (a reader's page), by a query built once: building it costs more than
+    running it."""
+    topic_id, partition = slot
+    found = connection.execute(_OF_PARTITION, {"topic_id": topic_id, "partition": partition, "low": low, "high": high, "version": version})
+    return coalesced(tuple(row) for row in found)
 
 
 def input_spans(connection: Connection, file_ids: Sequence[int], kept: Iterable[Slot]) -> dict[Slot, list[Range]]:
@@ -202,3 +210,14 @@ def record_every_gap(connection: Connection) -> None:
         for slot, (start, end) in sorted(bounds.items()) if start <= end
         for first, last in without([(start, end)], coalesced(spans[slot]))
     ])
+
+
+def _of_partition_query() -> Select:
+    rows = s.compaction_holes.c
+    return select(rows.first_offset, rows.last_offset).where(
+        rows.topic_id == bindparam("topic_id"), rows.partition == bindparam("partition"), rows.first_offset <= bindparam("high"),
+        rows.last_offset >= bindparam("low"), *live_at(bindparam("version")),
+    )
+
+
+_OF_PARTITION = _of_partition_query()

@@ -273,7 +273,7 @@ class Snapshot:
         """The offsets from `low` to `high` of the partition that compactions dropped (`compaction_holes`, as of the
         snapshot's version), coalesced."""
         with self._connect() as connection:
-            return holes.of_partitions(connection, {(topic_id, partition): (low, high)}, self.version).get((topic_id, partition), [])
+            return holes.of_partition(connection, (topic_id, partition), low, high, self.version)
 
     def unexplained_gaps(self, unheld: Mapping[TopicPartition, Sequence[Range]], input_keys: Sequence[str]) -> dict[TopicPartition, Range]:
         """Per partition of `unheld` (offsets a plan's inputs leave unheld between their sections, in order), the
