@@ -248,7 +248,12 @@ compaction_holes = Table(
     Column("removed_version", BigInteger),
     sqlite_with_rowid=False,
 )
-Index("compaction_holes_removed", compaction_holes.c.removed_version)  # gc
+Index(  # the retired rows, by version (gc)
+    "compaction_holes_removed",
+    compaction_holes.c.removed_version,
+    sqlite_where=compaction_holes.c.removed_version.is_not(None),
+    postgresql_where=compaction_holes.c.removed_version.is_not(None),
+)
 
 def live_l0_files(version: int | BindParameter[int] | None = None) -> Select | CompoundSelect:
     """The ids of the L0 files live at `version` (now, without one), through the index of live files by level and,
