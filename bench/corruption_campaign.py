@@ -1,7 +1,7 @@
 """Corruption campaign: damaged data files and catalog rows under a compaction, a store paired with a catalog that
 is not its own, then every partition consumed.
 
-    .venv/bin/python bench/corruption_campaign.py                  # every targeted case on an L0 and an L1 file, 40 flips: 106 cases, 12 to 20 minutes
+    .venv/bin/python bench/corruption_campaign.py                  # every targeted case on an L0 and an L1 file, 40 flips: 107 cases, 12 to 20 minutes
     .venv/bin/python bench/corruption_campaign.py --flips 200 --seed 7 --partitions 100
     .venv/bin/python bench/corruption_campaign.py --partitions 8 --flips 0 --only "catalog check" --name relabelled --dir /tmp/c
 
