@@ -1,7 +1,7 @@
 """Corruption campaign: damaged data files and catalog rows under a compaction, a store paired with a catalog that
 is not its own, then every partition consumed.
 
-    .venv/bin/python bench/corruption_campaign.py                  # every targeted case on an L0 and an L1 file, 40 flips: 106 cases, 12 to 20 minutes
+    .venv/bin/python bench/corruption_campaign.py                  # every targeted case on an L0 and an L1 file, 40 flips: 107 cases, 12 to 20 minutes
     .venv/bin/python bench/corruption_campaign.py --flips 200 --seed 7 --partitions 100
     .venv/bin/python bench/corruption_campaign.py --partitions 8 --flips 0 --only "catalog check" --name relabelled --dir /tmp/c
 
@@ -36,7 +36,8 @@ each command pointed at the case's catalog: `consume` of every partition, `produ
   nothing is written); `topics.config` not JSON (produce, compact and consume refuse); a removed `files.key`
   with '..' out of the kept versions (gc exits 1, deletes nothing outside the store, collects the other removed
   files); the one section of a file of the middle partition alone relabelled as the next partition (consume of
-  that partition and produce refuse); the middle partition's section shifted by half its length over the
+  that partition and produce refuse), and alike with another such file after it (consume of the middle partition
+  refuses too: its gap is no compaction's hole); the middle partition's section shifted by half its length over the
   section before it, of the second L0 file over the first's, of the first L0 file over an L1 file's (outside
   the L0 plan), of the second L1 file over the first's; on the second L0 and L1 file, the middle
   partition's section relabelled as the next partition's and that one as it (both hold the same offsets: every
@@ -559,6 +560,19 @@ def catalog_check_cases(base: BaseStore, levels: tuple[str, ...] = ("L0", "L1"))
         _edit(run.store / "catalog.db", ("UPDATE sections SET partition = ? WHERE file_id = ? AND partition = ?", (neighbour, file_id, middle)))
         run.produced[middle] = {o: r for o, r in run.produced[middle].items() if not (r.key or "").startswith(f"p{middle}-m")}
 
+    def two_partition_files(run: CaseRun) -> None:
+        """Two L0 files of the middle partition alone, of keys of their own."""
+        for tag in ("m", "a"):  # ("n" is the commands' produce)
+            _must(run.produce(tag, partitions=[middle], fresh_keys=True))
+
+    def relabel_alone_before(run: CaseRun) -> None:
+        """The first of those files' only section relabelled as the neighbour's: the second follows the gap it leaves
+        in the compacted partition, where compactions leave gaps too (none recorded there). Its records leave the
+        model, as `relabel_alone`'s."""
+        ((file_id,),) = _query(run.store / "catalog.db", "SELECT max(file_id) FROM files WHERE file_id < (SELECT max(file_id) FROM files)")
+        _edit(run.store / "catalog.db", ("UPDATE sections SET partition = ? WHERE file_id = ? AND partition = ?", (neighbour, file_id, middle)))
+        run.produced[middle] = {o: r for o, r in run.produced[middle].items() if not (r.key or "").startswith(f"p{middle}-m")}
+
     def retire_alone(key: str) -> Callable[[CaseRun], None]:
         """The file's section of the middle partition marked retired at the newest version (an append's, not a
         compaction's), its file left live: the damage hides its records."""
@@ -588,6 +602,12 @@ def catalog_check_cases(base: BaseStore, levels: tuple[str, ...] = ("L0", "L1"))
         ClusterCase(kind, f"section of a file of {middle} alone relabelled {neighbour}", relabel_alone,
                     lambda run: _consumes_refused(run, [neighbour], early=True) + _refused(run, "produce") + _produce_committed_nothing(run),
                     prepare=one_partition_file),
+        # The partition is compacted: the gap the row leaves is no compaction's hole, so the middle partition's
+        # consume refuses too, right after the damage and at the end (the compaction sets it aside).
+        ClusterCase(kind, f"section of a file of {middle} alone, another after it, relabelled {neighbour}", relabel_alone_before,
+                    lambda run: _consumes_refused(run, [middle, neighbour], early=True) + _consumes_refused(run, [middle])
+                    + _refused(run, "produce") + _produce_committed_nothing(run),
+                    prepare=two_partition_files),
     ]
     # Shifted by half its length over the section before it: of a file in the same plan, or (the first L0 file's,
     # over the second L1 file's) outside the plan, which only the partition's other rows can tell.

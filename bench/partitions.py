@@ -30,8 +30,9 @@ The big case (--skip-big leaves it out): one partition of --big-records records 
 
 The deep partitions (--skip-deep leaves them out): one partition per count in --deep-sections (40 and 40,000 by
 default), each of that many sections of 3 records at L2, the first a real file's and the others catalog rows only
-(their objects are never read), and one more of the largest count whose first section has holes, as compaction
-leaves them; above them an L0 backlog of 300 files (rows only) each holding a section of every deep partition:
+(their objects are never read), and two more of the largest count: one whose first section has holes, as
+compaction leaves them, and one whose every other section a compaction dropped whole (its gaps between sections
+recorded as holes, which a reader asks for: a query a page); above them an L0 backlog of 300 files (rows only) each holding a section of every deep partition:
 the time to a partition's first record, from a fresh snapshot to read_batches' first table from the partition's
 start, median of 20, against the target of <= 5 ms at both counts.
 
@@ -194,18 +195,20 @@ def _duration(seconds: float) -> str:
 
 
 def deep_case(counts: list[int], work: Path) -> list[tuple[str, str, str]]:
-    """The time to the first record of partitions of `counts` sections, and of one of the largest count whose first
-    section has holes, as compaction leaves them (so a reader also asks for sections spanning them). Each partition's
-    first section is a real file's (one file holds them all); the others are rows appended to the catalog in batches
-    of 2,000 files, as agents commit them, whose objects are never read."""
+    """The time to the first record of partitions of `counts` sections, and of two of the largest count: one whose
+    first section has holes, as compaction leaves them (so a reader also asks for sections spanning them), and one
+    whose every other section after the first was dropped by a commit replacing their files with none (so a reader
+    asks for the holes recorded between its sections). Each partition's first section is a real file's (one file
+    holds them all); the others are rows appended to the catalog in batches of 2,000 files, as agents commit them,
+    whose objects are never read."""
     store = LocalStore(work / "deep")
     catalog = Catalog(store)
     catalog.ensure_created(NOW)
-    cases = [(count, False) for count in counts] + [(max(counts), True)]
+    cases = [(count, "") for count in counts] + [(max(counts), "holes"), (max(counts), "apart")]
     catalog.create_topic(Topic.create(DEEP_TOPIC, len(cases), {"cleanup.policy": "compact"}, NOW), NOW)
     heads = []
-    for partition, (_, holes) in enumerate(cases):
-        deltas = np.arange(RECORDS_PER_SECTION) * (2 if holes else 1)
+    for partition, (_, kind) in enumerate(cases):
+        deltas = np.arange(RECORDS_PER_SECTION) * (2 if kind == "holes" else 1)
         keys = [_key(0, partition, k) for k in range(RECORDS_PER_SECTION)]
         heads.append((DEEP_TOPIC, partition, section_table(deltas, [NOW] * RECORDS_PER_SECTION, keys, [os.urandom(VALUE_BYTES) for _ in keys])))
     blob, infos = write_segment(heads)
@@ -224,6 +227,9 @@ def deep_case(counts: list[int], work: Path) -> list[tuple[str, str, str]]:
     for first in range(0, len(fillers), 2_000):
         catalog.append_files(fillers[first : first + 2_000], NOW)
     catalog.append_files(backlog, NOW)
+    apart = len(cases) - 1
+    dropped = [f.key for f in fillers if f.sections[0].partition == apart][::2]
+    catalog.replace_files(dropped, [], NOW)
     print(f"  deep partitions: {len(fillers):,} rows at L{DEEP_LEVEL} and {len(backlog) * len(cases):,} in {len(backlog)} L0 files "
           f"appended in {time.perf_counter() - started:.0f} s", flush=True)
     timings: list[list[float]] = [[] for _ in cases]
@@ -235,12 +241,14 @@ def deep_case(counts: list[int], work: Path) -> list[tuple[str, str, str]]:
             if first.column("offset")[0].as_py() != 0:
                 raise SystemExit(f"bench: the first record of {DEEP_TOPIC}/{partition} is not at offset 0")
     rows = []
-    for partition, (count, holes) in enumerate(cases):
+    for partition, (count, kind) in enumerate(cases):
         held = len(catalog.snapshot().sections_of(DEEP_TOPIC, partition)) - len(backlog)
-        if held != count:
-            raise SystemExit(f"bench: {DEEP_TOPIC}/{partition} holds {held:,} sections, expected {count:,}")
+        expected = count - len(dropped) if kind == "apart" else count
+        if held != expected:
+            raise SystemExit(f"bench: {DEEP_TOPIC}/{partition} holds {held:,} sections, expected {expected:,}")
         label = f"first record of a partition of {count:,} sections, from its start"
-        rows.append((label + (", its first section with holes" if holes else ""), _duration(statistics.median(timings[partition])), "<= 5 ms"))
+        label += {"": "", "holes": ", its first section with holes", "apart": f", every other one dropped ({held:,} left, holes between)"}[kind]
+        rows.append((label, _duration(statistics.median(timings[partition])), "<= 5 ms"))
     catalog.engine.dispose()
     return rows
 

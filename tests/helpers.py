@@ -75,6 +75,39 @@ def assert_summaries_kept(catalog: Catalog) -> None:
         assert replace(held, key_sketch=b"") == replace(summary, key_sketch=b""), (slot, held, summary)
         merged = sketch.merge_packed([held.key_sketch, summary.key_sketch])
         assert (merged == sketch.decode(held.key_sketch)).all(), f"{slot}: the kept sketch lacks keys of its sections"
+    assert_holes_recorded(catalog)
+
+
+def assert_holes_recorded(catalog: Catalog) -> None:
+    """In every compacted partition (one with a `partition_summaries` row), every offset from its log start up to its
+    last live section that no live section holds is in a live row of `offset_holes`, and those rows are disjoint
+    and apart (coalesced): a compaction that forgot to record what it dropped would make its partition unreadable."""
+    from sqlalchemy import select
+
+    from logcompact.catalog import holes, schema
+
+    sec, files, part, rows = schema.sections.c, schema.files.c, schema.partitions.c, schema.offset_holes.c
+    with catalog.engine.connect() as connection:
+        compacted = {(t, p): start for t, p, start in connection.execute(
+            select(part.topic_id, part.partition, part.log_start_offset).join(
+                schema.partition_summaries, (schema.partition_summaries.c.topic_id == part.topic_id) & (schema.partition_summaries.c.partition == part.partition))
+        )}
+        spans: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        for t, p, first, last in connection.execute(
+            select(sec.topic_id, sec.partition, sec.first_offset, sec.last_offset).join(schema.files, files.file_id == sec.file_id)
+            .where(files.removed_version.is_(None), sec.removed_version.is_(None))
+        ):
+            spans.setdefault((t, p), []).append((first, last))
+        recorded: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        for t, p, first, last in connection.execute(
+            select(rows.topic_id, rows.partition, rows.first_offset, rows.last_offset).where(rows.removed_version.is_(None))
+        ):
+            recorded.setdefault((t, p), []).append((first, last))
+    for slot, ranges in recorded.items():
+        assert sorted(ranges) == holes.coalesced(ranges), f"{slot}: offset_holes rows {sorted(ranges)} overlap or touch"
+    for slot, start in compacted.items():
+        unheld = holes.gaps(spans.get(slot, []), start)
+        assert not holes.without(unheld, recorded.get(slot, [])), f"{slot}: offsets {unheld} held by no section, holes {recorded.get(slot)}"
 
 
 def recorded_runs(monkeypatch) -> list[tuple[list, bool]]:

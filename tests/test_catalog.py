@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 from logcompact.catalog import Catalog, CatalogSection, DataFile, NewFile, Snapshot, schema, summaries
 from logcompact.catalog import snapshot as snapshot_module
@@ -382,6 +382,45 @@ def test_a_compaction_planned_before_a_topic_was_deleted_is_a_conflict(catalog: 
     # Planned again, the file holds only kept's live section: that plan commits.
     assert catalog.replace_files(["mixed"], [_output(catalog, "l1", "mixed")], NOW, plan_id="p-2", expected_version=version).committed
     assert [(f.key, [s.topic for s in f.sections]) for f in catalog.snapshot().files()] == [("l1", ["kept"])]
+
+
+def _placed(first: int, records: int, last_delta: int, n: int = 0) -> CatalogSection:
+    """A section of t/0 from offset `first`, its records spread over `last_delta` + 1 offsets."""
+    return CatalogSection(SectionInfo("t", 0, records, last_delta, 0, 0, 0, 0, "none", 0, 16 + 100 * n, 1), first)
+
+
+def _holes(catalog: Catalog) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """t/0's rows of `offset_holes`, (first, last): the live ones and the retired ones."""
+    rows = schema.offset_holes.c
+    with catalog.engine.connect() as connection:
+        found = connection.execute(select(rows.first_offset, rows.last_offset, rows.removed_version).order_by(rows.first_offset, rows.added_version)).all()
+    return [(first, last) for first, last, removed in found if removed is None], [(first, last) for first, last, removed in found if removed is not None]
+
+
+def test_compactions_record_the_offsets_they_dropped_and_retire_the_holes_their_outputs_span(catalog: Catalog) -> None:
+    """`offset_holes`: a commit records the offsets its inputs' sections spanned and its outputs' do not,
+    coalesced with the rows beside them; an output spanning a hole retires its row, which a snapshot older than that
+    commit still reads its sections by; gc's trim of the commit log deletes the retired rows, a topic's deletion
+    every row of the topic."""
+    create_topic(catalog, "t")
+    for key in "abcd":
+        _append(catalog, _new_file(key, ("t", 0, 5)))  # offsets 0-4, 5-9, 10-14, 15-19
+    catalog.replace_files(["a", "b"], [DataFile("l1", 1, 50, NOW, (_placed(2, 3, 2),))], NOW)  # 2-4 kept
+    assert _holes(catalog) == ([(0, 1), (5, 9)], [])
+    catalog.replace_files(["l1", "c"], [DataFile("l2a", 2, 50, NOW, (_placed(3, 1, 0),)), DataFile("l2b", 2, 50, NOW, (_placed(12, 3, 2),))], NOW)
+    assert _holes(catalog) == ([(0, 2), (4, 11)], [(0, 1), (5, 9)])
+    assert_summaries_kept(catalog)
+    older = catalog.snapshot()
+    assert [(k, s.first_offset, s.last_offset) for k, s in older.sections_of("t", 0)] == [("l2a", 3, 3), ("l2b", 12, 14), ("d", 15, 19)]
+    catalog.replace_files(["l2a", "l2b"], [DataFile("l3", 3, 50, NOW, (_placed(3, 4, 11),))], NOW)  # spans 4-11: drops nothing
+    assert _holes(catalog) == ([(0, 2)], [(0, 1), (4, 11), (5, 9)])
+    assert_summaries_kept(catalog)
+    assert [(k, s.first_offset) for k, s in catalog.snapshot().sections_of("t", 0)] == [("l3", 3), ("d", 15)]
+    assert [(k, s.first_offset) for k, s in older.sections_of("t", 0)] == [("l2a", 3), ("l2b", 12), ("d", 15)]
+    catalog.trim_versions(catalog.latest_version() + 1)
+    assert _holes(catalog) == ([(0, 2)], [])
+    catalog.delete_topic("t", NOW)
+    assert _holes(catalog) == ([], [])
 
 
 def test_every_commit_keeps_the_summaries_above_l0_and_an_older_snapshot_reads_the_sections(catalog: Catalog) -> None:

@@ -540,7 +540,72 @@ def test_a_section_retired_alone_in_a_compacted_partition_is_refused_by_name_and
     assert _values(catalog, now=later + 1) == ["1", "2", "3", "4"] and _values(catalog, partition=1, now=later + 1) == ["1", "2", "3", "4"]
 
 
-def _produce_lines(catalog: Catalog, now: int, *lines: tuple[int, str, str]) -> None:
+def _compacted_with_holes(catalog: Catalog, now: int) -> None:
+    """t/0 compacted twice (keys overwritten, then a tombstone, the last record, removed), then three files of it:
+    an L2 section at offset 1 (offset 0 dropped), offset 2 dropped, L0 sections at offsets 3, 4 and 5."""
+    for name in ("t", "u"):
+        created = _cli_of(catalog, "topic", "create", name, "--partitions", "2", "--config", "cleanup.policy=compact", "--config",
+                          "delete.retention.ms=0", now=now)
+        assert created.code == 0, created
+    _produce_lines(catalog, now, (0, "a", "1"), (0, "b", "2"))
+    _produce_lines(catalog, now, (0, "a", None))
+    for _ in range(2):  # the second removes the tombstone the first stamped
+        assert _cli_of(catalog, "compact", "--full", now=now).code == 0
+    for value in ("3", "4", "5"):
+        _produce_lines(catalog, now, (0, "k" + value, value))
+    assert [(s.first_offset, s.last_offset) for _, s in catalog.snapshot().sections_of("t", 0)] == [(1, 1), (3, 3), (4, 4), (5, 5)]
+
+
+MOVED = {"an L0 section between two others": 4, "the compacted section below them": 1}
+
+
+@pytest.mark.parametrize("moved", MOVED)
+@pytest.mark.parametrize("to", ["t/1", "u/0"])
+def test_a_section_row_moved_out_of_a_compacted_partition_is_refused_and_its_file_kept(catalog: Catalog, moved: str, to: str) -> None:
+    """On each database: t/0 compacted twice, holding offsets 1, 3, 4 and 5, every other one dropped by a compaction;
+    then one of its section rows moved to another partition or topic. Undamaged, consume reads every record and the
+    holes are taken for what they are. Holes are normal in a compacted partition, so consume of t/0 exited 0 without
+    the moved record, and a compaction could span the gap. Now the offsets a compaction dropped are recorded
+    (`offset_holes`): consume is refused in one line naming the offset hidden; a plan spanning it is refused, and
+    `compact --full` sets t/0 aside; gc keeps the object. Put back, every record reads again."""
+    now = wall_clock_ms()
+    later = now + 2 * 3_600_000  # past the grace of every object
+    _compacted_with_holes(catalog, now)
+    assert _values(catalog, now=now) == ["2", "3", "4", "5"]
+    assert_summaries_kept(catalog)
+    hidden = MOVED[moved]
+    key = _key_at(catalog, 0, hidden)
+    sec = schema.sections.c
+    in_file = (sec.file_id == _file_row(catalog, key)["file_id"], sec.topic_id == catalog.snapshot().topic_ids["t"], sec.partition == 0)
+    topic, partition = to.split("/")
+    with catalog.engine.begin() as connection:
+        connection.execute(update(schema.sections).where(*in_file).values(topic_id=catalog.snapshot().topic_ids[topic], partition=int(partition)))
+    stored = (catalog.store.root / key).read_bytes()
+    says = f"catalog rows of partition t/0 hide offsets {hidden} to {hidden}: no live section holds them, yet no compaction dropped them"
+
+    _one_line_error(_cli_of(catalog, "consume", "t", "--partition", "0", now=now), says, "restore the catalog database from a backup")
+    with pytest.raises(CorruptDataError, match=re.escape(says)):
+        latest_values(catalog.store, catalog.snapshot(), "t", 0)
+    if hidden == 4:  # a plan of t/0 spans the gap: its outputs would hide it from readers for good
+        planned = _cli_of(catalog, "plan", "--mode", "full", now=later)
+        assert planned.code == 0 and planned.stdout, planned
+        _one_line_error(_cli_of(catalog, "compact", "--plan", "-", stdin=planned.stdout.encode(), now=later), says, "nothing was leased")
+    compacted = _cli_of(catalog, "compact", "--full", now=later)
+    assert compacted.code == 0 and "Traceback" not in compacted.stderr, compacted
+    marked = {(m.topic, m.partition): m for m in catalog.uncleanable()}
+    if hidden == 4:
+        assert marked[("t", 0)].reason.startswith(says), marked
+    collected = _cli_of(catalog, "gc", "--grace-ms", "0", now=later + 1)
+    assert "Traceback" not in collected.stderr and key not in json.loads(collected.stdout)["deleted_files"], collected
+    assert (catalog.store.root / key).read_bytes() == stored
+    _one_line_error(_cli_of(catalog, "consume", "t", "--partition", "0", now=later + 1), says)
+    with catalog.engine.begin() as connection:  # put back, as a restored catalog holds it
+        connection.execute(update(schema.sections).where(sec.file_id == _file_row(catalog, key)["file_id"], sec.topic_id == catalog.snapshot().topic_ids[topic],
+                                                         sec.partition == int(partition)).values(topic_id=catalog.snapshot().topic_ids["t"], partition=0))
+    assert _values(catalog, now=later + 1) == ["2", "3", "4", "5"]
+
+
+def _produce_lines(catalog: Catalog, now: int, *lines: tuple[int, str, str | None]) -> None:
     """One file of t holding the (partition, key, value) records."""
     stdin = b"".join(json.dumps({"partition": p, "key": k, "value": v}).encode() + b"\n" for p, k, v in lines)
     assert _cli_of(catalog, "produce", "t", stdin=stdin, now=now).code == 0
@@ -744,9 +809,10 @@ def test_two_sections_of_a_file_swapped_by_partition_are_refused_never_read_as_e
 def test_a_section_row_shifted_onto_offsets_outside_its_plan_is_not_copied(tmp_path: Path) -> None:
     """A shifted row outside the plan: an L1 file holds offsets 0 to 11 of each partition; four newer L0 files 12 to 27. The
     first L0 file's section of partition 0 (12 to 15) shifted by half its length, onto 10 to 13, overlaps the L1
-    file's, which the L0 plan does not read: no check of the plan's own sections can tell. Its CRC bound to its row,
-    the compaction refuses it where it reads it: partition 0 is set aside with nothing of it written, partition 1
-    is compacted, and consume of partition 0 is refused in one line until the row is restored."""
+    file's, which the L0 plan does not read: no check of the plan's own sections' rows against each other can tell.
+    It leaves offsets 14 and 15 between them that no compaction dropped (and its CRC, bound to its row, no longer
+    matches its blocks where they are read): partition 0 is set aside before anything is leased, with nothing of it
+    written, partition 1 is compacted, and consume of partition 0 is refused in one line until the row is restored."""
     catalog = Catalog(LocalStore(tmp_path / "store"))
     create_topic(catalog, "t", partitions=2, cleanup_policy="compact")
     produce_l0_files(catalog, "t", files=4, records=6, keys=6, partitions=2)
@@ -761,13 +827,14 @@ def test_a_section_row_shifted_onto_offsets_outside_its_plan_is_not_copied(tmp_p
     damage_section(catalog, key, 0, first_offset=10, last_offset=13)
 
     prepared = prepare_plans(catalog, "regular", NOW + 2_000, CONFIG)
+    ((topic, partition, reason),) = [(m.topic, m.partition, m.reason) for m in prepared.set_aside]
+    assert (topic, partition) == ("t", 0)
+    assert reason.startswith("catalog rows of partition t/0 hide offsets 14 to 15: no live section holds them, yet no compaction dropped them")
     (plan_id,) = prepared.plan_ids
     planned = read_header(catalog.store, plan_id)
     assert l1.key not in {f.key for f in planned.inputs} and key in {f.key for f in planned.inputs}
     summary = run_here(catalog, prepared.plan_ids, prepared.groups, NOW + 2_000)
-    assert summary.committed == [plan_id]
-    ((topic, partition, reason),) = [(u["topic"], u["partition"], u["reason"]) for u in summary.uncleanable]
-    assert (topic, partition) == ("t", 0) and reason.startswith(f"{key}: section t/0 at byte ")
+    assert summary.committed == [plan_id] and not summary.uncleanable
     # Nothing of partition 0 was written: the new L1 file holds partition 1 alone; partition 0's four L0 sections are
     # live where they were, the shifted one included.
     (output,) = [f for f in catalog.snapshot().files(level=1) if f.key != l1.key]
@@ -825,13 +892,13 @@ def _stored_crcs(catalog: Catalog) -> dict[tuple[int, int, int], int]:
 
 
 def _as_schema_11(catalog: Catalog) -> None:
-    """The catalog as schema 11 held it: none of the transactions' tables, files without filtered_version, partitions
-    without first_marker, schema_version 11."""
+    """The catalog as schema 11 held it: none of the transactions' tables nor offset_holes, files without
+    filtered_version, schema_version 11."""
     with catalog.engine.begin() as connection:
         for table in reversed(schema.TRANSACTION_TABLES):
             table.drop(connection)
+        schema.offset_holes.drop(connection)
         connection.exec_driver_sql("ALTER TABLE files DROP COLUMN filtered_version")
-        connection.exec_driver_sql("ALTER TABLE partitions DROP COLUMN first_marker")
         connection.execute(update(schema.catalog_info).values(schema_version=11))
 
 
@@ -857,7 +924,7 @@ def test_a_schema_10_catalog_upgrades_to_group_rows_a_coordinator_loads(catalog:
     catalog.save_group(GroupRow("g", 1, 7, "consumer", "range", "Stable", "m-1", (member,), NOW))
     catalog.commit_offsets("g", {("t", 0): CommittedOffset(42, 3, "", NOW)})
     _as_schema_10(catalog)
-    with pytest.raises(CatalogSchemaError, match="has schema version 10, this logcompact uses 12: .*upgrade-catalog"):
+    with pytest.raises(CatalogSchemaError, match=f"has schema version 10, this logcompact uses {schema.SCHEMA_VERSION}: .*upgrade-catalog"):
         Catalog(catalog.store, catalog.url).snapshot()
     assert Catalog(catalog.store, catalog.url).upgrade_catalog() == CatalogUpgrade(10, 0)
     reopened = Catalog(catalog.store, catalog.url)
@@ -865,6 +932,35 @@ def test_a_schema_10_catalog_upgrades_to_group_rows_a_coordinator_loads(catalog:
     assert reopened.committed_offsets("g") == {("t", 0): CommittedOffset(42, 3, "", NOW)}
     stable = GroupRow("g", 1, 8, "consumer", "range", "Stable", "m-1", (member,), NOW + 1)
     assert reopened.save_group(stable) and reopened.group("g") == stable
+
+
+def test_a_schema_11_catalog_upgrades_to_the_holes_its_compactions_left(catalog: Catalog) -> None:
+    """On each database: t/0 compacted twice (offsets 0 and 2 dropped), t/1 and u never compacted. As schema 11 (no
+    offset_holes) the catalog is refused until upgraded; the upgrade records every gap between the live sections
+    of each compacted partition as the commits had (without running schema 10's steps again, which would fail on
+    columns already there); consume reads as before, and a section row moved out of t/0 after it is refused."""
+    now = wall_clock_ms()
+    _compacted_with_holes(catalog, now)
+    rows = schema.offset_holes.c
+    live = select(rows.topic_id, rows.partition, rows.first_offset, rows.last_offset).where(rows.removed_version.is_(None)).order_by(rows.first_offset)
+    with catalog.engine.connect() as connection:
+        recorded = connection.execute(live).all()
+    t_id = catalog.snapshot().topic_ids["t"]
+    assert recorded == [(t_id, 0, 0, 0), (t_id, 0, 2, 2)]
+    _as_schema_11(catalog)
+    with pytest.raises(CatalogSchemaError, match=f"has schema version 11, this logcompact uses {schema.SCHEMA_VERSION}: .*upgrade-catalog"):
+        Catalog(catalog.store, catalog.url).snapshot()
+    assert Catalog(catalog.store, catalog.url).upgrade_catalog() == CatalogUpgrade(11, 0)
+    reopened = Catalog(catalog.store, catalog.url)
+    with reopened.engine.connect() as connection:
+        assert connection.execute(live).all() == recorded
+    assert _values(reopened, now=now) == ["2", "3", "4", "5"]
+    assert_summaries_kept(reopened)
+    sec = schema.sections.c
+    with reopened.engine.begin() as connection:
+        connection.execute(update(schema.sections).where(sec.file_id == _file_row(reopened, _key_at(reopened, 0, 4))["file_id"], sec.partition == 0)
+                           .values(partition=1))
+    _one_line_error(_cli_of(reopened, "consume", "t", "--partition", "0", now=now), "hide offsets 4 to 4: no live section holds them, yet no compaction dropped them")
 
 
 def _as_schema_9(catalog: Catalog) -> None:
@@ -978,13 +1074,13 @@ def test_a_schema_3_catalog_is_refused_until_upgrade_catalog_binds_its_rows(cata
 
     _as_schema_3(catalog)
     assert all(crc != bound[row] for row, crc in _stored_crcs(catalog).items())
-    with pytest.raises(CatalogSchemaError, match="has schema version 3, this logcompact uses 12: .*run `logcompact cluster upgrade-catalog`"):
+    with pytest.raises(CatalogSchemaError, match=f"has schema version 3, this logcompact uses {schema.SCHEMA_VERSION}: .*run `logcompact cluster upgrade-catalog`"):
         Catalog(catalog.store, catalog.url).snapshot()
     for argv in (["consume", "t", "--partition", "0"], ["files"], ["compact", "--all"], ["cluster", "describe"]):
         _one_line_error(run_in_process([*cli, *argv]), "has schema version 3", "logcompact cluster upgrade-catalog")
     upgraded = run_in_process([*cli, "cluster", "upgrade-catalog"])
     assert upgraded.code == 0 and not upgraded.stderr, upgraded
-    assert json.loads(upgraded.stdout) == {"upgraded": True, "from_schema_version": 3, "schema_version": 12, "sections_rewritten": 24}
+    assert json.loads(upgraded.stdout) == {"upgraded": True, "from_schema_version": 3, "schema_version": schema.SCHEMA_VERSION, "sections_rewritten": 24}
     assert _stored_crcs(catalog) == bound
     reopened = Catalog(catalog.store, catalog.url)
     assert {p: list(read_records(reopened.store, reopened.snapshot(), "t", p)) for p in range(3)} == before
@@ -998,11 +1094,11 @@ def test_a_schema_3_catalog_is_refused_until_upgrade_catalog_binds_its_rows(cata
     assert _stored_crcs(catalog) == bound
     assert Catalog(catalog.store, catalog.url).upgrade_catalog() is None
 
-    for other in (2, 13):
+    for other in (2, schema.SCHEMA_VERSION + 1):
         with catalog.engine.begin() as connection:
             connection.execute(update(schema.catalog_info).values(schema_version=other))
         _one_line_error(run_in_process([*cli, "cluster", "upgrade-catalog"]), f"has schema version {other}",
-                        "upgrades schemas 3, 4, 5, 6, 7, 8, 9, 10, 11 to 12 only")
+                        f"upgrades schemas {', '.join(map(str, schema.UPGRADABLE_FROM))} to {schema.SCHEMA_VERSION} only")
         assert _stored_crcs(catalog) == bound
 
 
@@ -1020,7 +1116,7 @@ def test_a_schema_5_catalog_upgrades_to_its_l0_sections_out_of_the_partition_ind
     sec, files, part = schema.sections.c, schema.files.c, schema.partitions.c
     with catalog.engine.begin() as connection:  # lowered under schema 5: still refused after the upgrade
         connection.execute(update(schema.partitions).where(part.partition == 2).values(next_offset=7))
-    with pytest.raises(CatalogSchemaError, match="has schema version 5, this logcompact uses 12: .*upgrade-catalog"):
+    with pytest.raises(CatalogSchemaError, match=f"has schema version 5, this logcompact uses {schema.SCHEMA_VERSION}: .*upgrade-catalog"):
         Catalog(catalog.store, catalog.url).snapshot()
     assert Catalog(catalog.store, catalog.url).upgrade_catalog() == CatalogUpgrade(5, 0)
     reopened = Catalog(catalog.store, catalog.url)
@@ -1064,7 +1160,7 @@ def test_a_schema_6_to_10_catalog_upgrades_to_partition_summaries_that_commits_t
         newest_before = connection.execute(select(part.newest_file).order_by(part.partition)).scalars().all()
     assert newest_before[0] > newest_before[2] == 0  # partition 2 was never appended to
     {6: _as_schema_6, 7: _as_schema_7, 8: _as_schema_8, 9: _as_schema_9, 10: _as_schema_10}[found](catalog)
-    with pytest.raises(CatalogSchemaError, match=f"has schema version {found}, this logcompact uses 12: .*upgrade-catalog"):
+    with pytest.raises(CatalogSchemaError, match=f"has schema version {found}, this logcompact uses {schema.SCHEMA_VERSION}: .*upgrade-catalog"):
         Catalog(catalog.store, catalog.url).snapshot()
     assert Catalog(catalog.store, catalog.url).upgrade_catalog() == CatalogUpgrade(found, 0)
     reopened = Catalog(catalog.store, catalog.url)
@@ -1099,7 +1195,7 @@ def test_a_schema_4_catalog_upgrades_to_the_kafka_tables_and_keeps_its_topics(ca
     before = {p: list(read_records(catalog.store, catalog.snapshot(), "t", p)) for p in range(2)}
     ids = _topic_ids(catalog)
     _as_schema_4(catalog)
-    with pytest.raises(CatalogSchemaError, match="has schema version 4, this logcompact uses 12: .*upgrade-catalog"):
+    with pytest.raises(CatalogSchemaError, match=f"has schema version 4, this logcompact uses {schema.SCHEMA_VERSION}: .*upgrade-catalog"):
         Catalog(catalog.store, catalog.url).snapshot()
     assert Catalog(catalog.store, catalog.url).upgrade_catalog() == CatalogUpgrade(4, 0)
     reopened = Catalog(catalog.store, catalog.url)

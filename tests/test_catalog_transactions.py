@@ -428,7 +428,7 @@ def test_a_schema_11_catalog_upgrades_to_the_transactions_tables_and_keeps_what_
         for table in reversed(schema.TRANSACTION_TABLES):
             table.drop(connection)
         connection.exec_driver_sql("ALTER TABLE files DROP COLUMN filtered_version")
-        connection.exec_driver_sql("ALTER TABLE partitions DROP COLUMN first_marker")
+        schema.offset_holes.drop(connection)
         connection.execute(update(schema.catalog_info).values(schema_version=11))
     with pytest.raises(CatalogSchemaError, match="has schema version 11, this logcompact uses 12: .*upgrade-catalog"):
         Catalog(catalog.store, catalog.url).snapshot()
@@ -449,8 +449,8 @@ def test_a_schema_11_catalog_upgrades_to_the_transactions_tables_and_keeps_what_
 
 
 def test_markers_are_holes_that_readers_and_compaction_of_a_never_compacted_partition_take(catalog: Catalog) -> None:
-    """A partition never compacted holds every offset from its log start, or a row hides records: up to its first
-    marker. Markers of a commit and an abort among plain records read as holes, and a compaction plans, runs and
+    """A partition never compacted holds every offset from its log start, or a row hides records, but its markers
+    (`offset_holes`). Markers of a commit and an abort among plain records read as holes, and a compaction plans, runs and
     commits over them without setting the partition aside."""
     create_topic(catalog, "t", partitions=1, cleanup_policy="compact")
     pid, epoch = catalog.init_producer("app", TIMEOUT, MAX_TIMEOUT_MS, None, NOW)
@@ -475,7 +475,8 @@ def test_markers_are_holes_that_readers_and_compaction_of_a_never_compacted_part
         produce(key + b"-plain", False)  # 3; 6
     agent.close()
     with catalog.engine.connect() as connection:
-        assert connection.execute(select(schema.partitions.c.first_marker)).scalar_one() == 2
+        holes = schema.offset_holes.c
+        assert connection.execute(select(holes.first_offset, holes.last_offset).order_by(holes.first_offset)).all() == [(2, 2), (5, 5)]
     offsets = [(r.offset, r.key) for r in read_records(catalog.store, catalog.snapshot(), "t", 0)]
     assert offsets == [(0, b"a"), (1, b"b"), (3, b"b-plain"), (4, b"c"), (6, b"c-plain")]
     prepared = prepare_plans(catalog, "regular", NOW, PlannerConfig(min_files=(4, 4, 4, 4)))

@@ -42,6 +42,7 @@ from logcompact.catalog import (
     files,
     garbage,
     groups,
+    holes,
     migrations,
     producers,
     summaries,
@@ -209,9 +210,10 @@ class Catalog:
         `sections_by_partition` is built again (schema 9's, over the sections above L0), and on PostgreSQL the sections
         table is made again in schema 9's layout; then `partition_summaries` is filled (from 7, where it lacks l1_bytes,
         made again and filled); then each row counts its partition's entries in `sections_by_partition` (a column
-        schema 8 and 9 lack); last, each partition names the newest L0 file holding a section of it (`newest_file`,
+        schema 8 and 9 lack); then each partition names the newest L0 file holding a section of it (`newest_file`,
         which schema 10 lacks), and from 5 on consumer_groups gets its leader and its rows lose the members schema 10
-        could not restore. No manifest version is made, the store is not touched. Returns what was done; None
+        could not restore; last, from every schema, `offset_holes` records each gap between the live sections of a
+        compacted partition (`holes.record_every_gap`). No manifest version is made, the store is not touched. Returns what was done; None
         when the catalog is at SCHEMA_VERSION already. Another version is a CatalogSchemaError, and no cluster
         ClusterNotFoundError.
         Writers of the older release must be stopped first: they would go on writing what readers then refuse."""
@@ -740,6 +742,7 @@ class Catalog:
                         )
                 kept_slots = {(topics.topic_id(connection, topic), partition) for topic, partition in kept}
                 removing = summaries.touched_by_removal(connection, list(live.values()), kept_slots)
+                spanned = holes.input_spans(connection, list(live.values()), kept_slots)
                 keeping = compactions.retire_sections(connection, live.values(), kept_slots, version) if kept else set()
                 compactions.remove_files(connection, [i for i in live.values() if i not in keeping], version, now_ms)
                 cleaning.release_files(connection, live.values())
@@ -751,6 +754,7 @@ class Catalog:
                 file_ids = files.take_file_ids(connection, len(added))
                 adding = files.insert_sections(connection, added, topic_rows, file_ids)
                 files.insert_file_rows(connection, added, file_ids, version)
+                holes.record(connection, spanned, _spans(added, topic_rows), version)
                 summaries.settle(connection, removing, adding, version)
                 summaries.settle_emptied(connection, list(live.values()), sum(f.record_count for f in added), kept_slots, version)
                 compactions.raise_log_starts(connection, expiring)
@@ -876,9 +880,20 @@ class Catalog:
             return garbage.known_files(connection, keys)
 
     def trim_versions(self, before_version: int) -> int:
-        """Drop commit-log rows older than `before_version` (readers can no longer pin them); how many."""
+        """Drop commit-log rows older than `before_version` (readers can no longer pin them), and the compaction holes
+        retired before it; how many of the former."""
         with self._writing() as connection:
+            holes.trim(connection, before_version)
             return versions.trim(connection, before_version)
+
+
+def _spans(added: Sequence[DataFile], topic_rows: Mapping[str, tuple[int, int]]) -> dict[tuple[int, int], list[tuple[int, int]]]:
+    """Per partition (topic id, partition), the offsets each section of `added` spans."""
+    spans: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for data_file in added:
+        for section in data_file.sections:
+            spans.setdefault((topic_rows[section.topic][0], section.partition), []).append((section.first_offset, section.last_offset))
+    return spans
 
 
 class _AlreadyCommitted(Exception):

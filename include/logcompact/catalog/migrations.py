@@ -11,8 +11,8 @@ from sqlalchemy import Connection, bindparam, func, select, tuple_, update
 from sqlalchemy.engine import Row
 from sqlalchemy.schema import CreateTable
 
+from logcompact.catalog import holes, summaries
 from logcompact.catalog import schema as s
-from logcompact.catalog import summaries
 from logcompact.catalog.database import execute_many
 from logcompact.exceptions import CatalogSchemaError, CorruptDataError
 
@@ -60,6 +60,7 @@ def upgrade(connection: Connection, found: int, batch: int, shown_url: str) -> i
     if connection.dialect.name == "postgresql":  # pages of the partitions' rows half empty, as `schema.partitions` says
         connection.exec_driver_sql("ALTER TABLE partitions SET (fillfactor = 50)")
     _add_transactions(connection)  # to schema 12
+    _record_holes(connection)
     connection.execute(update(s.catalog_info).values(schema_version=s.SCHEMA_VERSION))
     return rewritten
 
@@ -197,8 +198,14 @@ def _name_newest_files(connection: Connection) -> None:
 
 def _add_transactions(connection: Connection) -> None:
     """To schema 12: the transactions' tables (`schema.TRANSACTION_TABLES`; made already on an upgrade from 4, whose
-    step makes every table missing), `files.filtered_version` (NULL: no file was filtered of aborted data) and
-    `partitions.first_marker` (NULL: no marker was handed out)."""
+    step makes every table missing) and `files.filtered_version` (NULL: no file was filtered of aborted data)."""
     s.metadata.create_all(connection, tables=list(s.TRANSACTION_TABLES), checkfirst=True)
     connection.exec_driver_sql("ALTER TABLE files ADD COLUMN filtered_version BIGINT")
-    connection.exec_driver_sql("ALTER TABLE partitions ADD COLUMN first_marker BIGINT")
+
+
+def _record_holes(connection: Connection) -> None:
+    """To schema 12: `offset_holes` (created unless there: `_add_kafka_tables` made it on an upgrade from 4),
+    holding every gap between the live sections of each compacted partition, as the catalog stands
+    (`holes.record_every_gap`)."""
+    s.offset_holes.create(connection, checkfirst=True)
+    holes.record_every_gap(connection)

@@ -46,8 +46,8 @@ SCHEMA_VERSION = 12
 # (in `SECTION_ROW` order, record_count and tombstones 64-bit) and `sections_by_partition` had no first offset; schema
 # 9's partition_summaries did not count their partitions' entries in it (`indexed`); schema 10's partitions did not
 # name the newest file an append gave offsets of them (`newest_file`), and its consumer_groups had no leader and its
-# members no timeouts, protocols nor assignments; schema 11 had none of the transactions' tables, its files no
-# filtered_version and its partitions no first_marker.
+# members no timeouts, protocols nor assignments; schema 11 had none of the transactions' tables nor its files a
+# filtered_version, and it did not record the offsets no record holds (`offset_holes`).
 UPGRADABLE_FROM = (3, 4, 5, 6, 7, 8, 9, 10, 11)
 
 # SQLite gives auto-numbered keys only to INTEGER PRIMARY KEY (the rowid); PostgreSQL wants BIGINT.
@@ -114,9 +114,6 @@ partitions = Table(
     # relabelled from another partition, or shifted): the append refuses rather than hand them out again. Only the
     # L0 files newer than it are looked at, so an append pays for the files appended since the partition's last one.
     Column("newest_file", BigInteger, nullable=False, server_default="0"),
-    # The first offset handed out as a transaction's marker (NULL: none yet). A marker is a hole, as compaction
-    # leaves: from it on, readers and plans no longer take a hole in a never-compacted partition for a damaged row.
-    Column("first_marker", BigInteger),
     sqlite_with_rowid=False,
     # Every append rewrites the rows of its partitions, an agent's up to all of them: PostgreSQL keeps each page half
     # empty for their new versions, written beside the old (a heap-only update, which adds no entry to the key's index
@@ -241,6 +238,31 @@ partition_summaries = Table(
     sqlite_with_rowid=False,
 )
 
+
+# The offsets between sections that no record holds rightly, per partition, in ranges (the live ones disjoint,
+# adjacent ones coalesced): those compactions dropped and those transactions' markers took. What tells a partition's
+# holes from a damaged row's (a section moved to another partition or topic leaves a gap no row here holds, which
+# readers and compactions refuse). A compaction records the offsets its inputs' sections spanned that its outputs' do
+# not, EndTxn its markers, and a compaction retires the rows its outputs now span (`holes.record`): a
+# row retired at version V still explains gaps to snapshots older than V, until gc trims the commit log past it. A
+# topic's deletion drops its rows.
+offset_holes = Table(
+    "offset_holes",
+    metadata,
+    Column("topic_id", Integer, primary_key=True, autoincrement=False),
+    Column("partition", Integer, primary_key=True, autoincrement=False),
+    Column("first_offset", BigInteger, primary_key=True, autoincrement=False),
+    Column("added_version", BigInteger, primary_key=True, autoincrement=False),
+    Column("last_offset", BigInteger, nullable=False),
+    Column("removed_version", BigInteger),
+    sqlite_with_rowid=False,
+)
+Index(  # the retired rows, by version (gc)
+    "offset_holes_removed",
+    offset_holes.c.removed_version,
+    sqlite_where=offset_holes.c.removed_version.is_not(None),
+    postgresql_where=offset_holes.c.removed_version.is_not(None),
+)
 
 def live_l0_files(version: int | BindParameter[int] | None = None) -> Select | CompoundSelect:
     """The ids of the L0 files live at `version` (now, without one), through the index of live files by level and,

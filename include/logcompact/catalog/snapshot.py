@@ -21,9 +21,10 @@ from typing import NamedTuple
 
 from sqlalchemy import BindParameter, ColumnElement, CompoundSelect, Connection, Engine, Row, Select, and_, bindparam, func, literal_column, or_, select, union_all
 
+from logcompact.catalog import holes, summaries
 from logcompact.catalog import schema as s
-from logcompact.catalog import summaries
 from logcompact.catalog.database import SHORT_LIST, catalog_errors, one_of
+from logcompact.catalog.holes import Range
 from logcompact.catalog.model import (
     CONTENTS,
     CatalogSection,
@@ -268,6 +269,42 @@ class Snapshot:
         with self._connect() as connection:
             return any(connection.execute(part).first() is not None for part in s.by_partition(query, self.version))
 
+    def offset_holes(self, topic_id: int, partition: int, low: int, high: int) -> list[Range]:
+        """The offsets from `low` to `high` of the partition that no record holds, rightly (`offset_holes`, as of the
+        snapshot's version: compactions dropped them, or transactions' markers took them), coalesced."""
+        with self._connect() as connection:
+            return holes.of_partition(connection, (topic_id, partition), low, high, self.version)
+
+    def without_holes(self, unheld: Mapping[TopicPartition, Sequence[Range]]) -> dict[TopicPartition, list[Range]]:
+        """Per partition of `unheld` (ranges of offsets in order), those of its offsets no hole holds (`offset_holes`,
+        as of the snapshot's version), the partitions left with none left out. One query per topic."""
+        slots = {(self.topic_ids[tp[0]], tp[1]): tp for tp in unheld if unheld[tp]}
+        if not slots:
+            return {}
+        wanted = {slot: (unheld[tp][0][0], unheld[tp][-1][1]) for slot, tp in slots.items()}
+        with self._connect() as connection:
+            dropped = holes.of_partitions(connection, wanted, self.version)
+        left = {slots[slot]: holes.without(unheld[slots[slot]], dropped.get(slot, [])) for slot in wanted}
+        return {tp: rest for tp, rest in left.items() if rest}
+
+    def unexplained_gaps(self, unheld: Mapping[TopicPartition, Sequence[Range]], input_keys: Sequence[str]) -> dict[TopicPartition, Range]:
+        """Per partition of `unheld` (offsets a plan's inputs leave unheld between their sections, in order), the
+        first range of them that neither compactions dropped (`offset_holes`) nor a live section outside the
+        files `input_keys` holds: a damaged row's gap. One query of the holes per topic; the outside sections are read
+        only for the partitions the holes leave offsets of."""
+        left = self.without_holes(unheld)
+        with self._connect() as connection:
+            sec, files = s.sections.c, s.files.c
+            for (topic, partition), rest in sorted(left.items()):
+                outside = (
+                    select(sec.first_offset, sec.last_offset).join(s.files, files.file_id == sec.file_id)
+                    .where(sec.topic_id == self.topic_ids[topic], sec.partition == partition, sec.last_offset >= rest[0][0],
+                           sec.first_offset <= rest[-1][1], self._live_section(), ~self._key_in(input_keys))
+                )
+                spans = [tuple(span) for part in s.by_partition(outside, self.version) for span in connection.execute(part)]
+                left[(topic, partition)] = holes.without(rest, holes.coalesced(spans))
+        return {tp: rest[0] for tp, rest in left.items() if rest}
+
     def partition_sections(self, topics: Iterable[str], in_l0: bool) -> list[PartitionSection]:
         """The max-lag pass's few facts of every live section of `topics` in L0 (`in_l0`) or above it, but the
         set-aside partitions'."""
@@ -409,19 +446,19 @@ class Snapshot:
                     found[wanted[slot]] = summary
         return found
 
-    def never_compacted(self, topics: Iterable[str]) -> dict[TopicPartition, tuple[int, int | None]]:
-        """The log start offset and first transaction marker (None: none) of each partition of `topics` that never
-        held a section above L0 (no `partition_summaries` row): never compacted, its live sections hold every offset
-        from its log start on up to its first marker (a marker is a hole), and all are at L0. One query; none in a
-        cluster whose every partition was compacted once."""
+    def never_compacted(self, topics: Iterable[str]) -> dict[TopicPartition, int]:
+        """The log start offset of each partition of `topics` that never held a section above L0 (no
+        `partition_summaries` row): never compacted, its live sections hold every offset from its log start on but
+        its transactions' markers (`offset_holes`), and all are at L0. One query; none in a cluster whose every
+        partition was compacted once."""
         ids = {self.topic_ids[name]: name for name in topics}
         if not ids:
             return {}
         part, kept = s.partitions.c, s.partition_summaries.c
         summarized = select(kept.topic_id).where(kept.topic_id == part.topic_id, kept.partition == part.partition).exists()
-        query = select(part.topic_id, part.partition, part.log_start_offset, part.first_marker).where(part.topic_id.in_(sorted(ids)), ~summarized)
+        query = select(part.topic_id, part.partition, part.log_start_offset).where(part.topic_id.in_(sorted(ids)), ~summarized)
         with self._connect() as connection:
-            return {(ids[topic_id], partition): (start, marker) for topic_id, partition, start, marker in connection.execute(query)}
+            return {(ids[topic_id], partition): start for topic_id, partition, start in connection.execute(query)}
 
     def files_hiding(self, topic: str, partition: int, low: int, high: int) -> dict[str, set[TopicPartition]]:
         """Live files holding a section of the partition retired alone over offsets `low` to `high` (a damaged row
@@ -681,12 +718,22 @@ class PartitionSections:
             if row.removed_version is not None and row.removed_version <= self.snapshot.version:
                 raise _retired_apart(self.topic, self.partition, *pair, row.removed_version)
             self._check.row(*pair, row.next_offset)
+        dropped = self._dropped([pair for _, pair in pairs], pairs[0][0]) if pairs else []
         for row, pair in pairs:
-            self._check.take(*pair, row.next_offset, None if row.summarized else row.log_start_offset, row.first_marker)
+            self._check.take(*pair, row.next_offset, row.log_start_offset, dropped, compacted=row.summarized)
             self._taken.append(pair)
         self._low = end + 1 if end < _NO_END else _NO_END
         self.done = end >= self.to_offset - 1
 
+    def _dropped(self, sections: Sequence[tuple[str, CatalogSection]], row: Row) -> list[Range]:
+        """The holes (`offset_holes`: offsets compactions dropped, transactions' markers) holding offsets the page's
+        sections leave unheld (`row` one of its rows): read only when they leave some, in one query."""
+        if row.log_start_offset is None:
+            return []
+        unheld = self._check.gaps(sections, row.log_start_offset)
+        if not unheld:
+            return []
+        return self.snapshot.offset_holes(self.topic_id, self.partition, unheld[0][0], unheld[-1][1])
 
 def _last_offset(row: Row) -> int:
     return row.last_offset
@@ -735,7 +782,7 @@ def _pages_query(count: int) -> CompoundSelect | Select:
             .exists().label("summarized")
         )
         query = (
-            select(*s.SECTION_ROW_COLUMNS, files.key, partitions.next_offset, partitions.log_start_offset, partitions.first_marker, summarized)
+            select(*s.SECTION_ROW_COLUMNS, files.key, partitions.next_offset, partitions.log_start_offset, summarized)
             .join(s.files, files.file_id == sec.file_id)
             .join(s.partitions, and_(partitions.topic_id == sec.topic_id, partitions.partition == sec.partition), isouter=True)
             .where(
@@ -773,10 +820,10 @@ class _SectionsCheck:
     starting below the read's `from_offset` and spanning offsets the sections before it hold (`PartitionSections`).
 
     And as a damaged row would otherwise hide records (a files row deleted or marked removed, a section retired or
-    moved to another partition or topic): in a partition never compacted (given its `log_start`), the sections hold
-    every offset from the log start, or the read's first offset, to the last one taken, up to its first transaction
-    marker (`first_marker`). Only compaction and markers leave holes; the offsets after the last section may have
-    been handed out after the snapshot's version."""
+    moved to another partition or topic): the sections hold every offset from the partition's `log_start`, or the
+    read's first offset, to the last one taken, but the holes among them (`dropped`: offsets compactions dropped,
+    transactions' markers; none in a partition never compacted that has no marker). The offsets after the last
+    section may have been handed out after the snapshot's version."""
 
     def __init__(self, topic: str, partition: int, from_offset: int = 0) -> None:
         self.topic = topic
@@ -786,7 +833,7 @@ class _SectionsCheck:
         self.run_records = 0
         self.run: list[tuple[str, CatalogSection]] = []
         self.previous_first = -1
-        self.reached: int | None = None  # in a partition never compacted, every offset up to it is held
+        self.reached: int | None = None  # every offset up to it is held, or was dropped by a compaction
 
     def row(self, key: str, section: CatalogSection, next_offset: int | None) -> None:
         """The checks of one row alone, which a page's rows pass before they are taken: a damaged row is named before
@@ -800,16 +847,35 @@ class _SectionsCheck:
                 topic, partition, key, section, f"it ends past the partition's next offset {next_offset} (no offset there was given out)"
             )
 
-    def take(self, key: str, section: CatalogSection, next_offset: int | None, log_start: int | None = None, first_marker: int | None = None) -> None:
+    def gaps(self, sections: Iterable[tuple[str, CatalogSection]], log_start: int) -> list[Range]:
+        """The offsets that `take` of `sections` (in first-offset order) would find no section holding."""
+        reached = self._reached(log_start)
+        unheld = []
+        for _, section in sections:
+            if section.first_offset > reached + 1:
+                unheld.append((reached + 1, section.first_offset - 1))
+            reached = max(reached, section.last_offset)
+        return unheld
+
+    def _reached(self, log_start: int) -> int:
+        return max(self.from_offset, log_start) - 1 if self.reached is None else self.reached
+
+    def take(
+        self, key: str, section: CatalogSection, next_offset: int | None, log_start: int | None = None, dropped: Sequence[Range] = (),
+        compacted: bool = True,
+    ) -> None:
+        """Check a section, after those taken before (`log_start` None: the offsets it leaves unheld are not asked
+        for; `dropped`, the holes among them; `compacted`, whether the partition ever was, for the error's words)."""
         topic, partition = self.topic, self.partition
         first, last, records = section.first_offset, section.last_offset, section.info.record_count
         self.row(key, section, next_offset)
         if first < self.previous_first and first >= self.from_offset:
             raise _damaged_row(topic, partition, key, section, f"it comes after a section starting at offset {self.previous_first}")
         if log_start is not None:
-            reached = max(self.from_offset, log_start) - 1 if self.reached is None else self.reached
-            if first > reached + 1 and (first_marker is None or reached + 1 < first_marker):
-                raise _hidden_offsets(topic, partition, reached + 1, first - 1, key, section)
+            reached = self._reached(log_start)
+            unheld = holes.without([(reached + 1, first - 1)], dropped) if first > reached + 1 else []
+            if unheld:
+                raise _hidden_offsets(topic, partition, *unheld[0], key, section, compacted)
             self.reached = max(reached, last)
         self.previous_first = max(self.previous_first, first)
         if first > self.run_last:
@@ -841,12 +907,14 @@ def _take_lowest(found: dict[TopicPartition, int], names: Mapping[int, str], row
         found[tp] = min(first, found.get(tp, first))
 
 
-def _hidden_offsets(topic: str, partition: int, low: int, high: int, key: str, section: CatalogSection) -> CorruptDataError:
-    """Offsets of a partition never compacted that no live section holds, before a section that does (not damaged:
-    the error names no file as the damaged one)."""
+def _hidden_offsets(topic: str, partition: int, low: int, high: int, key: str, section: CatalogSection, compacted: bool) -> CorruptDataError:
+    """Offsets that no live section holds and no compaction dropped (the partition was never compacted, or its
+    `offset_holes` do not hold them), before a section that holds some (not damaged: the error names no file as
+    the damaged one)."""
+    why = "no compaction dropped them" if compacted else "the partition was never compacted"
     return CorruptDataError(
-        f"catalog rows of partition {topic}/{partition} hide offsets {low} to {high}: no live section holds them, yet the "
-        f"partition was never compacted (the next section is {key}'s from offset {section.first_offset}), so a row that "
+        f"catalog rows of partition {topic}/{partition} hide offsets {low} to {high}: no live section holds them, yet "
+        f"{why} (the next section is {key}'s from offset {section.first_offset}), so a row that "
         "held them is damaged (a files row deleted or marked removed, a section retired or moved to another partition or "
         "topic); restore the catalog database from a backup"
     )

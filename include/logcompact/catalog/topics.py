@@ -12,8 +12,8 @@ from typing import NamedTuple
 from sqlalchemy import Connection, delete, func, insert, or_, select, union_all, update
 from sqlalchemy.engine import Row
 
+from logcompact.catalog import holes, summaries
 from logcompact.catalog import schema as s
-from logcompact.catalog import summaries
 from logcompact.catalog.database import first_line, one_of
 from logcompact.exceptions import CorruptDataError, LogcompactError, TopicExistsError, TopicNotFoundError
 from logcompact.topics import Topic
@@ -144,7 +144,8 @@ def offsets(connection: Connection, name: str) -> list[LogOffsets]:
 
 def delete_topic(connection: Connection, topic_id: int, name: str, version: int, now_ms: int) -> None:
     """Delete a topic in `version`: its row marked deleted, its sections retired and the files left with no live
-    section removed, its producers' batches, uncleanable marks and consumer groups' committed offsets dropped."""
+    section removed, its compaction holes, producers' batches, uncleanable marks and consumer groups' committed offsets
+    dropped."""
     sec, files = s.sections.c, s.files.c
     dialect = connection.dialect.name
     connection.execute(update(s.topics).where(s.topics.c.topic_id == topic_id).values(deleted_version=version))
@@ -160,6 +161,7 @@ def delete_topic(connection: Connection, topic_id: int, name: str, version: int,
         .values(removed_version=version, removed_ms=now_ms)
     )
     summaries.clear_topic(connection, topic_id, version)
+    holes.drop_topic(connection, topic_id)
     connection.execute(delete(s.producer_batches).where(s.producer_batches.c.topic_id == topic_id))
     connection.execute(delete(s.uncleanable).where(s.uncleanable.c.topic_id == topic_id))
     connection.execute(delete(s.group_offsets).where(s.group_offsets.c.topic == name))

@@ -26,8 +26,9 @@ What the agent's coordinator, its reads and compaction build on: `init_producer`
 `store_offsets`, `end`, `abort_open`, `record_batches` (+ `insert_aborted`, which returns how many ranges it
 recorded), `view_of_producer`, `timed_out`, `expire`, `unstable_offsets`, `aborted_overlapping`, `listed`,
 `described` (a `Described` by transactional id), `producers_on`, `drop_topic` and `forget_aborted`; errors are
-`TxnRefusal` carrying a `TxnError` (Kafka's name and code). A marker is recorded where readers need it:
-`partitions.first_marker`, the first marker of a partition, from which a hole is no longer taken for a damaged row.
+`TxnRefusal` carrying a `TxnError` (Kafka's name and code). A marker is an offset no record holds, recorded in
+`offset_holes` as a compaction's holes are (`holes.record_markers`), so that readers and plans do not take it for a
+damaged row's gap.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from typing import NamedTuple
 
 from sqlalchemy import Connection, and_, bindparam, delete, exists, insert, or_, select, tuple_, update
 
-from logcompact.catalog import appends, producers, topics, versions
+from logcompact.catalog import appends, holes, producers, topics, versions
 from logcompact.catalog import schema as s
 from logcompact.catalog.database import one_of, upsert
 from logcompact.catalog.groups import CommittedOffset
@@ -610,7 +611,6 @@ def _complete(connection: Connection, read: TransactionRow, commit: bool, now_ms
     if len(markers) < len(marked):
         unadvanced = min(set(marked) - set(markers))
         raise appends.unadvanced_partition(connection, unadvanced, {name: (topic_id, parts) for topic_id, (name, parts) in live.items()})
-    _note_first_markers(connection, markers)
     row = _row(connection, tid, lock=True)
     parts = connection.execute(select(tp.topic_id, tp.partition, tp.ranges).where(tp.transactional_id == tid)).all()
     if row != read or {(part.topic_id, part.partition) for part in parts if part.topic_id in live} != set(marked):
@@ -624,6 +624,7 @@ def _complete(connection: Connection, read: TransactionRow, commit: bool, now_ms
     if bump_epoch:
         connection.execute(update(s.producers).where(s.producers.c.producer_id == row.producer_id).values(epoch=epoch, updated_ms=now_ms))
     version = versions.next_version(connection, END_TRANSACTION, now_ms)
+    holes.record_markers(connection, markers, version)
     aborted = 0
     if not commit:
         ranges = {
@@ -632,18 +633,6 @@ def _complete(connection: Connection, read: TransactionRow, commit: bool, now_ms
         }
         aborted = insert_aborted(connection, ranges, version)
     return Ended(state, markers, aborted)
-
-
-def _note_first_markers(connection: Connection, markers: Mapping[Slot, int]) -> None:
-    """`partitions.first_marker` of the partitions given their first marker (rows the caller holds locked)."""
-    part = s.partitions.c
-    statement = (
-        update(s.partitions)
-        .where(part.topic_id == bindparam("m_topic"), part.partition == bindparam("m_partition"), part.first_marker.is_(None))
-        .values(first_marker=bindparam("m_offset"))
-    )
-    if markers:
-        connection.execute(statement, [{"m_topic": t, "m_partition": p, "m_offset": offset} for (t, p), offset in sorted(markers.items())])
 
 
 def _commit_offsets(connection: Connection, transactional_id: str) -> None:

@@ -103,7 +103,7 @@ def prepare_plans(
 
 def _hiding(plan: Plan, snapshot: Snapshot) -> list[SetAside]:
     """A mark per partition whose offsets the plan would drop: a section of its inputs retired alone by damage
-    (`Snapshot.retired_apart`), or a hole in a partition never compacted (`Plan.hidden_offsets`), naming the file
+    (`Snapshot.retired_apart`), or offsets no section holds nor compaction dropped (`Plan.hidden_offsets`), naming the file
     whose section of them was retired alone where one was. The other partitions of such a file are set aside with
     it, so that it stays live whole (a commit compacting them would remove it, and gc would collect the hidden
     records)."""
@@ -114,12 +114,13 @@ def _hiding(plan: Plan, snapshot: Snapshot) -> list[SetAside]:
             marks[(topic, partition)] = SetAside(topic, partition, why, key)
             low, high = section.first_offset, section.last_offset
             hiding.append(((topic, partition), low, high, snapshot.files_hiding(topic, partition, low, high)))
-    for (topic, partition), (low, high) in sorted(plan.hidden_offsets(snapshot).items()):
+    for (topic, partition), hidden in sorted(plan.hidden_offsets(snapshot).items()):
         if (topic, partition) in marks:
             continue
+        low, high = hidden.low, hidden.high
         holding = snapshot.files_hiding(topic, partition, low, high)
         named = f" (file {min(holding)} holds them in a section row marked retired)" if holding else ""
-        reason = f"{hidden_offsets_reason(topic, partition, low, high)}{named}; restore the catalog database from a backup"
+        reason = f"{hidden_offsets_reason(topic, partition, hidden)}{named}; restore the catalog database from a backup"
         marks[(topic, partition)] = SetAside(topic, partition, reason, min(holding, default=""))
         hiding.append(((topic, partition), low, high, holding))
     for (topic, partition), low, high, holding in hiding:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, NamedTuple
 
 from logcompact.catalog import CatalogSection, DataFile, TopicPartition
+from logcompact.catalog.holes import gaps
 from logcompact.collector import collector_paused
 from logcompact.exceptions import CommitConflictError, CorruptDataError, InvalidPlanError
 from logcompact.format.layout import COMPRESSIONS
@@ -184,44 +185,45 @@ class Plan:
             raise CorruptDataError(f"plan {self.plan_id}: {retired[0][3]}; compacting it would drop them; nothing was leased")
         hidden = sorted(self.hidden_offsets(snapshot).items())
         if hidden:
-            (topic, partition), (low, high) = hidden[0]
+            (topic, partition), offsets = hidden[0]
             raise CorruptDataError(
-                f"plan {self.plan_id}: {hidden_offsets_reason(topic, partition, low, high)}, and compacting it would drop "
+                f"plan {self.plan_id}: {hidden_offsets_reason(topic, partition, offsets)}, and compacting it would drop "
                 "them; restore the catalog database from a backup; nothing was leased"
             )
 
-    def hidden_offsets(self, snapshot: Snapshot) -> dict[TopicPartition, tuple[int, int]]:
+    def hidden_offsets(self, snapshot: Snapshot) -> dict[TopicPartition, HiddenOffsets]:
         """The partitions whose records the plan would drop, each with the first range of offsets hidden. A partition
-        never compacted (`Snapshot.never_compacted`) holds every offset from its log start up to its first transaction
-        marker (a marker is a hole): a hole there among the plan's sections of one that no live section outside the
-        plan can fill is a damaged row hiding records (a files row deleted or marked removed, a section retired or
-        moved), which the plan would leave out of its outputs, and gc would then collect with their file."""
+        never compacted (`Snapshot.never_compacted`) holds every offset from its log start but its transactions'
+        markers (`offset_holes`): a hole among the plan's sections of one that no live section outside the plan can
+        fill is a damaged row hiding records (a files row
+        deleted or marked removed, a section retired or moved), which the plan would leave out of its outputs, and gc
+        would then collect with their file. In a compacted partition, the offsets between the plan's sections that no
+        compaction dropped (`offset_holes`) nor a live section outside the plan holds (`Snapshot.unexplained_gaps`)
+        are a damaged row's alike: its outputs would span them, and readers would no longer see the gap. The holes
+        are read only for the partitions whose sections in the plan leave offsets between them (none in a copy of L0
+        files), in one query per topic."""
         starts = snapshot.never_compacted(self.topics)
-        if not starts:
-            return {}
         held: dict[TopicPartition, list[tuple[int, int]]] = {}
         for data_file in self.inputs:
-            if data_file.level > 0:  # its partitions have all held a section above L0
-                continue
             for info, first in data_file.sections:
-                if (info.topic, info.partition) in starts:
-                    held.setdefault((info.topic, info.partition), []).append((first, first + info.last_delta))
-        holes: dict[TopicPartition, tuple[int, int]] = {}
+                tp = (info.topic, info.partition)
+                if data_file.level == 0 or tp not in starts:  # above L0, a partition has held a section above L0
+                    held.setdefault(tp, []).append((first, first + info.last_delta))
+        from_start: dict[TopicPartition, list[tuple[int, int]]] = {}
+        unheld: dict[TopicPartition, list[tuple[int, int]]] = {}
         for tp, sections in held.items():
-            start, first_marker = starts[tp]
-            reached = start - 1
-            for first, last in sorted(sections):
-                if first_marker is not None and reached + 1 >= first_marker:
-                    break
-                if first > reached + 1:
-                    holes[tp] = (reached + 1, first - 1)
-                    break
-                reached = max(reached, last)
-        if not holes:
-            return {}
-        outside = lowest_outside(snapshot, self.inputs, set(holes))
-        # A section outside the plan from at most the hole's last offset may hold them.
-        return {tp: (low, high) for tp, (low, high) in holes.items() if outside.get(tp, high + 1) > high}
+            if between := gaps(sections, starts.get(tp)):
+                (from_start if tp in starts else unheld)[tp] = between
+        holes = {tp: left[0] for tp, left in snapshot.without_holes(from_start).items()}
+        hidden: dict[TopicPartition, HiddenOffsets] = {}
+        if holes:
+            outside = lowest_outside(snapshot, self.inputs, set(holes))
+            # A section outside the plan from at most the hole's last offset may hold them.
+            hidden = {tp: HiddenOffsets(low, high, False) for tp, (low, high) in holes.items() if outside.get(tp, high + 1) > high}
+        if unheld:
+            unexplained = snapshot.unexplained_gaps(unheld, [f.key for f in self.inputs])
+            hidden.update({tp: HiddenOffsets(low, high, True) for tp, (low, high) in unexplained.items()})
+        return hidden
 
     def _check_sections(self, snapshot: Snapshot) -> None:
         recorded = snapshot.section_rows([f.key for f in self.inputs])
@@ -368,10 +370,20 @@ def check_shape(plan: Plan | PlanHeader, source: str, whole: bool) -> None:
             raise InvalidPlanError(f"{source}: group {group.group} starts at {group.first}, within group {number - 1}")
 
 
-def hidden_offsets_reason(topic: str, partition: int, low: int, high: int) -> str:
+class HiddenOffsets(NamedTuple):
+    """The first range of a partition's offsets a plan's inputs leave unheld and nothing explains (`Plan.hidden_offsets`):
+    in a partition never compacted, or one whose compaction holes do not hold them (`compacted`)."""
+
+    low: int
+    high: int
+    compacted: bool
+
+
+def hidden_offsets_reason(topic: str, partition: int, hidden: HiddenOffsets) -> str:
     """Why a partition's records are hidden, in one line: what refuses a plan, and what marks it uncleanable."""
+    why = "no compaction dropped them" if hidden.compacted else "the partition was never compacted"
     return (
-        f"catalog rows of partition {topic}/{partition} hide offsets {low} to {high}: no live section holds them, yet the "
-        "partition was never compacted, so a row that held them is damaged (a files row deleted or marked removed, a "
-        "section retired or moved to another partition or topic)"
+        f"catalog rows of partition {topic}/{partition} hide offsets {hidden.low} to {hidden.high}: no live section holds "
+        f"them, yet {why}, so a row that held them is damaged (a files row deleted or marked removed, a section retired "
+        "or moved to another partition or topic)"
     )
