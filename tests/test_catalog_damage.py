@@ -1336,7 +1336,7 @@ def test_an_append_that_waits_out_its_lock_timeout_raises_catalog_unavailable(
         assert "\n" not in str(raised.value) and PLANTED not in str(raised.value)
     assert catalog.next_offsets("accounts") == offsets
     assert catalog.known_files(["data/l0/refused.seg"]) == set()
-    _, assigned = catalog.append_files([NewFile("data/l0/accepted.seg", 0, 300, NOW, sections)], NOW)
+    assigned = catalog.append_files([NewFile("data/l0/accepted.seg", 0, 300, NOW, sections)], NOW).assigned
     assert assigned == [offsets]
 
 
@@ -1366,7 +1366,7 @@ def test_an_append_whose_database_goes_away_midway_raises_catalog_unavailable(
     _accepting(server, url, True)
     assert catalog.next_offsets("accounts") == offsets
     assert catalog.known_files(["data/l0/refused.seg"]) == set()
-    _, assigned = catalog.append_files([NewFile("data/l0/accepted.seg", 0, 300, NOW, sections)], NOW)
+    assigned = catalog.append_files([NewFile("data/l0/accepted.seg", 0, 300, NOW, sections)], NOW).assigned
     assert assigned == [offsets]
 
 
