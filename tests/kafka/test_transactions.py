@@ -1,0 +1,353 @@
+"""Transactions through `logcompact agent`: the coordinator (InitProducerId with a transactional id,
+FindCoordinator for it, AddPartitionsToTxn, EndTxn) and transactional produce.
+
+Real clients (confluent-kafka, kafka-python, aiokafka) commit and abort; a read_uncommitted consumer sees every
+record at the offsets Kafka gives (a marker takes an offset in each partition of the transaction: librdkafka's mock
+cluster gives the same offsets for the same calls), and Fetch's last stable offset stops at an open transaction's
+first offset. Fencing by a second producer of the same transactional.id, the abort of a transaction left open past
+its timeout, Kafka's errors of each API, and a batch whose transaction ended before its append.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaProducer
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+from kafka import KafkaProducer
+from kafka.record.default_records import DefaultRecordBatchBuilder
+
+from logcompact.catalog import Catalog
+from tests.helpers import create_topic
+from tests.kafka.agents import FAST_CLIENT, FLUSH_MS, RunningAgent, confluent_consumer, consume
+from tests.kafka.wire import TIMESTAMP, Wire, kio_exchange, produce, record_batch
+
+pytestmark = pytest.mark.timeout(120)
+
+TOPIC = "state"
+# Kafka's error codes
+NONE, UNKNOWN_TOPIC_OR_PARTITION, NOT_COORDINATOR, INVALID_REQUEST = 0, 3, 16, 42
+INVALID_PRODUCER_EPOCH, INVALID_TXN_STATE, INVALID_PRODUCER_ID_MAPPING, INVALID_TRANSACTION_TIMEOUT = 47, 48, 49, 50
+OPERATION_NOT_ATTEMPTED, PRODUCER_FENCED = 55, 90
+INIT_PRODUCER_ID, FIND_COORDINATOR, ADD_PARTITIONS_TO_TXN, END_TXN, FETCH, API_VERSIONS = 22, 10, 24, 26, 1, 18
+
+
+@pytest.fixture
+def catalog(catalog: Catalog) -> Catalog:
+    create_topic(catalog, TOPIC, 2, cleanup_policy="compact")
+    return catalog
+
+
+def transactional(agent: RunningAgent, transactional_id: str, **config: Any) -> Producer:
+    producer = Producer({"bootstrap.servers": agent.bootstrap, "transactional.id": transactional_id, "linger.ms": 5, **FAST_CLIENT, **config})
+    producer.init_transactions(20)
+    return producer
+
+
+def send(producer: Producer, values: list[bytes], partition: int = 0) -> None:
+    for value in values:
+        producer.produce(TOPIC, key=b"k-" + value, value=value, partition=partition)
+
+
+def read_uncommitted(agent: RunningAgent, count: int, partition: int = 0) -> list[tuple[int, bytes]]:
+    consumer = confluent_consumer(agent, **{"isolation.level": "read_uncommitted"})
+    try:
+        consumer.assign([TopicPartition(TOPIC, partition, 0)])
+        return [(message.offset(), message.value()) for message in consume(consumer, count)]
+    finally:
+        consumer.close()
+
+
+def watermarks(agent: RunningAgent, partition: int = 0) -> tuple[int, int]:
+    """(high watermark, last stable offset) of a partition, as a Fetch v12 answers them."""
+    answered = kio_exchange(agent.server, FETCH, 12, {
+        "cluster_id": None, "replica_id": -1, "replica_state": None, "max_wait": 0, "min_bytes": 0, "max_bytes": 1 << 20, "isolation_level": 0,
+        "session_id": 0, "session_epoch": -1, "rack_id": "",
+        "topics": [{"topic": TOPIC, "partitions": [{"partition": partition, "current_leader_epoch": -1, "fetch_offset": 0, "last_fetched_epoch": -1,
+                                                    "log_start_offset": -1, "partition_max_bytes": 1 << 20}]}],
+        "forgotten_topics_data": [],
+    })
+    found = answered.responses[0].partitions[0]
+    return int(found.high_watermark), int(found.last_stable_offset)
+
+
+def fatal(error: KafkaException) -> tuple[bool, int]:
+    found = error.args[0]
+    return found.fatal(), found.code()
+
+
+# -- real clients ------------------------------------------------------------------------------------------
+
+
+def test_confluent_kafka_commits_aborts_and_commits_at_kafkas_offsets(agent: RunningAgent) -> None:
+    producer = transactional(agent, "copier-1")
+    for outcome, values in (("commit", [b"a", b"b", b"c"]), ("abort", [b"x", b"y", b"z"]), ("commit", [b"d", b"e", b"f"])):
+        producer.begin_transaction()
+        send(producer, values)
+        assert producer.flush(20) == 0
+        if outcome == "commit":
+            producer.commit_transaction(20)
+        else:
+            producer.abort_transaction(20)
+    # librdkafka's mock cluster, given the same calls: records at 0-2, 4-6 and 8-10, a marker at 3, 7 and 11
+    assert read_uncommitted(agent, 9) == [(0, b"a"), (1, b"b"), (2, b"c"), (4, b"x"), (5, b"y"), (6, b"z"), (8, b"d"), (9, b"e"), (10, b"f")]
+    assert watermarks(agent) == (12, 12)
+    assert watermarks(agent, 1) == (0, 0)  # never in a transaction: no marker
+
+
+def test_the_last_stable_offset_stops_at_an_open_transactions_first_offset(agent: RunningAgent) -> None:
+    plain = Producer({"bootstrap.servers": agent.bootstrap, "linger.ms": 5, **FAST_CLIENT})
+    plain.produce(TOPIC, key=b"k", value=b"before", partition=0)
+    assert plain.flush(20) == 0
+    producer = transactional(agent, "open-1")
+    producer.begin_transaction()
+    send(producer, [b"a", b"b"])
+    assert producer.flush(20) == 0
+    plain.produce(TOPIC, key=b"k", value=b"after", partition=0)
+    assert plain.flush(20) == 0
+    assert watermarks(agent) == (4, 1)
+    producer.commit_transaction(20)
+    assert watermarks(agent) == (5, 5)
+
+
+def test_a_second_producer_of_the_transactional_id_fences_the_first(agent: RunningAgent, caplog: pytest.LogCaptureFixture) -> None:
+    first = transactional(agent, "fenced-1")
+    first.begin_transaction()
+    send(first, [b"zombie"])
+    assert first.flush(20) == 0
+    assert watermarks(agent) == (1, 0)
+    with caplog.at_level(logging.INFO, logger="logcompact.kafka.transaction_coordinator"):
+        second = transactional(agent, "fenced-1")
+    assert any("transaction 'fenced-1' aborted" in message and "fenced" in message for message in caplog.messages)
+    assert watermarks(agent) == (2, 2)  # the first's transaction aborted: its marker at 1
+    send(first, [b"late"])  # its Produce is refused INVALID_PRODUCER_EPOCH, which librdkafka reports as fenced, fatal
+    with pytest.raises(KafkaException) as refused:
+        first.flush(10)
+        first.commit_transaction(10)
+    assert fatal(refused.value) == (True, KafkaError._FENCED)
+    second.begin_transaction()
+    send(second, [b"next"])
+    second.commit_transaction(20)
+    values = [value for _, value in read_uncommitted(agent, 2)]
+    assert values == [b"zombie", b"next"]
+
+
+def test_a_transaction_open_past_its_timeout_is_aborted_by_the_agent(catalog: Catalog, caplog: pytest.LogCaptureFixture) -> None:
+    agent = RunningAgent(catalog, flush_interval_ms=FLUSH_MS, transaction_abort_timed_out_transaction_cleanup_interval_ms=200)
+    try:
+        producer = transactional(agent, "slow-1", **{"transaction.timeout.ms": 1000, "socket.timeout.ms": 1000})
+        producer.begin_transaction()
+        send(producer, [b"a", b"b"])
+        assert producer.flush(20) == 0
+        assert watermarks(agent) == (2, 0)
+        with caplog.at_level(logging.INFO, logger="logcompact.kafka.transaction_coordinator"):
+            deadline = time.monotonic() + 15
+            while watermarks(agent) != (3, 3) and time.monotonic() < deadline:
+                time.sleep(0.1)
+        assert watermarks(agent) == (3, 3)  # aborted: its marker at 2, nothing held
+        assert any("transaction 'slow-1' aborted" in message and "past its timeout 1000 ms" in message for message in caplog.messages)
+        with pytest.raises(KafkaException) as refused:
+            producer.commit_transaction(10)
+        assert refused.value.args[0].code() in (KafkaError._FENCED, KafkaError.INVALID_PRODUCER_EPOCH, KafkaError.PRODUCER_FENCED)
+    finally:
+        agent.stop()
+
+
+def test_transactional_ids_unused_past_their_expiration_are_forgotten(catalog: Catalog, caplog: pytest.LogCaptureFixture) -> None:
+    agent = RunningAgent(catalog, flush_interval_ms=FLUSH_MS, transactional_id_expiration_ms=500,
+                         transaction_remove_expired_transaction_cleanup_interval_ms=200)
+    try:
+        wire = Wire(agent)
+        try:
+            _, producer_id, epoch = init(wire, "idle-1")
+            assert add(wire, "idle-1", producer_id, epoch, {TOPIC: [0]}) == {(TOPIC, 0): NONE}
+            time.sleep(1)
+            assert set(catalog.describe_transactions(["idle-1"])) == {"idle-1"}  # open: kept, however long
+            assert end(wire, "idle-1", producer_id, epoch, True) == NONE
+            with caplog.at_level(logging.INFO, logger="logcompact.kafka.transaction_coordinator"):
+                deadline = time.monotonic() + 15
+                while catalog.describe_transactions(["idle-1"]) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+            assert catalog.describe_transactions(["idle-1"]) == {}
+            assert any("transactional ids forgotten" in message for message in caplog.messages)
+            assert end(wire, "idle-1", producer_id, epoch, True) == INVALID_PRODUCER_ID_MAPPING
+            assert init(wire, "idle-1")[2] == 0  # a new producer of the id starts afresh
+        finally:
+            wire.close()
+    finally:
+        agent.stop()
+
+
+def test_kafka_python_commits_and_aborts(agent: RunningAgent) -> None:
+    producer = KafkaProducer(bootstrap_servers=agent.bootstrap, transactional_id="kafka-python-1", linger_ms=5)
+    try:
+        producer.init_transactions()
+        for outcome, values in (("commit", [b"a", b"b"]), ("abort", [b"x"])):
+            producer.begin_transaction()
+            for value in values:
+                producer.send(TOPIC, key=b"k-" + value, value=value, partition=0)
+            producer.flush()  # an abort drops what was not sent
+            if outcome == "commit":
+                producer.commit_transaction()
+            else:
+                producer.abort_transaction()
+    finally:
+        producer.close(5)
+    assert read_uncommitted(agent, 3) == [(0, b"a"), (1, b"b"), (3, b"x")]
+    assert watermarks(agent) == (5, 5)
+
+
+def test_aiokafka_commits_and_aborts(agent: RunningAgent) -> None:
+    async def run() -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=agent.bootstrap, transactional_id="aiokafka-1", linger_ms=5)
+        await producer.start()
+        try:
+            async with producer.transaction():
+                await producer.send_and_wait(TOPIC, b"a", key=b"k-a", partition=0)
+            await producer.begin_transaction()
+            await producer.send_and_wait(TOPIC, b"x", key=b"k-x", partition=0)
+            await producer.abort_transaction()
+        finally:
+            await producer.stop()
+
+    asyncio.run(run())
+    assert read_uncommitted(agent, 2) == [(0, b"a"), (2, b"x")]
+    assert watermarks(agent) == (4, 4)
+
+
+# -- each API's errors, as Kafka's --------------------------------------------------------------------------
+
+
+def init(wire: Wire, transactional_id: str, version: int = 4, producer_id: int = -1, epoch: int = -1, timeout_ms: int = 60_000) -> tuple[int, int, int]:
+    answered = wire.call(INIT_PRODUCER_ID, version, {
+        "transactional_id": transactional_id, "transaction_timeout": timeout_ms, "producer_id": producer_id, "producer_epoch": epoch,
+    })
+    return int(answered.error_code), int(answered.producer_id), int(answered.producer_epoch)
+
+
+def add(wire: Wire, transactional_id: str, producer_id: int, epoch: int, partitions: dict[str, list[int]], version: int = 3) -> dict[tuple[str, int], int]:
+    answered = wire.call(ADD_PARTITIONS_TO_TXN, version, {
+        "v3_and_below_transactional_id": transactional_id, "v3_and_below_producer_id": producer_id, "v3_and_below_producer_epoch": epoch,
+        "v3_and_below_topics": [{"name": name, "partitions": indexes} for name, indexes in partitions.items()],
+    })
+    return {(topic.name, int(p.partition_index)): int(p.partition_error_code) for topic in answered.results_by_topic_v3_and_below for p in topic.results_by_partition}
+
+
+def end(wire: Wire, transactional_id: str, producer_id: int, epoch: int, commit: bool, version: int = 3) -> int:
+    answered = wire.call(END_TXN, version, {"transactional_id": transactional_id, "producer_id": producer_id, "producer_epoch": epoch, "committed": commit})
+    return int(answered.error_code)
+
+
+def transactional_batch(producer_id: int, epoch: int, first_sequence: int, values: list[bytes]) -> bytes:
+    builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=True, producer_id=producer_id,
+                                        producer_epoch=epoch, base_sequence=first_sequence, batch_size=1 << 20)
+    for index, value in enumerate(values):
+        builder.append(index, timestamp=TIMESTAMP + index, key=b"k-" + value, value=value, headers=[])
+    return bytes(builder.build())
+
+
+def answers(agent: RunningAgent, batches: dict[tuple[str, int], bytes]) -> dict[tuple[str, int], tuple[int, int]]:
+    """(error code, base offset) of each partition of one Produce v9."""
+    return {tp: (int(found.error_code), int(found.base_offset)) for tp, found in produce(agent, batches).items()}
+
+
+def test_the_coordinators_apis_answer_kafkas_errors(agent: RunningAgent) -> None:
+    wire = Wire(agent)
+    try:
+        assert init(wire, "t", timeout_ms=900_001)[0] == INVALID_TRANSACTION_TIMEOUT  # above transaction.max.timeout.ms
+        assert init(wire, "t", producer_id=-1, epoch=3)[0] == INVALID_REQUEST  # a producer id and epoch, or neither
+        error, producer_id, epoch = init(wire, "t")
+        assert (error, epoch) == (NONE, 0) and producer_id >= 0
+        # KIP-360: the producer's own id and epoch bump it; an older epoch is fenced (INVALID_PRODUCER_EPOCH before v4)
+        assert init(wire, "t", 4, producer_id, 0) == (NONE, producer_id, 1)
+        assert init(wire, "t", 4, producer_id, 0)[0] == NONE  # a retry of that bump: answered the same
+        assert init(wire, "t", 4, producer_id, 7)[0] == PRODUCER_FENCED
+        assert init(wire, "t", 3, producer_id, 7)[0] == INVALID_PRODUCER_EPOCH
+        epoch = 1
+
+        # an unknown topic or partition: those UNKNOWN_TOPIC_OR_PARTITION, the others not attempted, nothing added
+        assert add(wire, "t", producer_id, epoch, {TOPIC: [0, 7], "nope": [0]}) == {
+            (TOPIC, 0): OPERATION_NOT_ATTEMPTED, (TOPIC, 7): UNKNOWN_TOPIC_OR_PARTITION, ("nope", 0): UNKNOWN_TOPIC_OR_PARTITION,
+        }
+        assert add(wire, "t", producer_id, epoch + 1, {TOPIC: [0]}, version=2) == {(TOPIC, 0): PRODUCER_FENCED}
+        assert add(wire, "t", producer_id, epoch + 1, {TOPIC: [0]}, version=1) == {(TOPIC, 0): INVALID_PRODUCER_EPOCH}
+        assert add(wire, "t", producer_id + 100, epoch, {TOPIC: [0]}) == {(TOPIC, 0): INVALID_PRODUCER_ID_MAPPING}
+        assert add(wire, "", producer_id, epoch, {TOPIC: [0]}) == {(TOPIC, 0): INVALID_REQUEST}
+        assert watermarks(agent) == (0, 0)
+        assert end(wire, "t", producer_id, epoch, True) == INVALID_TXN_STATE  # nothing open
+
+        # a transactional batch: only into a partition added, at the producer's epoch
+        assert add(wire, "t", producer_id, epoch, {TOPIC: [0]}, version=0) == {(TOPIC, 0): NONE}
+        assert answers(agent, {(TOPIC, 1): transactional_batch(producer_id, epoch, 0, [b"p1"])}) == {(TOPIC, 1): (INVALID_TXN_STATE, -1)}
+        assert answers(agent, {(TOPIC, 0): transactional_batch(producer_id, epoch - 1, 0, [b"old"])}) == {(TOPIC, 0): (INVALID_PRODUCER_EPOCH, -1)}
+        assert answers(agent, {(TOPIC, 0): transactional_batch(producer_id, epoch, 0, [b"a", b"b"])}) == {(TOPIC, 0): (NONE, 0)}
+        assert answers(agent, {(TOPIC, 0): transactional_batch(producer_id, epoch, 0, [b"a", b"b"])}) == {(TOPIC, 0): (NONE, 0)}  # its retry
+        assert watermarks(agent) == (2, 0)
+
+        assert end(wire, "t", producer_id, epoch + 1, True, version=2) == PRODUCER_FENCED
+        assert end(wire, "t", producer_id, epoch + 1, True, version=1) == INVALID_PRODUCER_EPOCH
+        assert end(wire, "t", producer_id + 100, epoch, True) == INVALID_PRODUCER_ID_MAPPING
+        assert end(wire, "t", producer_id, epoch, True, version=0) == NONE
+        assert watermarks(agent) == (3, 3)
+        assert end(wire, "t", producer_id, epoch, True) == NONE  # a retry of the commit
+        assert end(wire, "t", producer_id, epoch, False) == INVALID_TXN_STATE
+        assert watermarks(agent) == (3, 3)
+        # the transaction ended: a batch of it is refused
+        assert answers(agent, {(TOPIC, 0): transactional_batch(producer_id, epoch, 2, [b"c"])}) == {(TOPIC, 0): (INVALID_TXN_STATE, -1)}
+    finally:
+        wire.close()
+
+
+def test_a_transactional_id_is_served_by_the_agent_it_hashes_to(catalog: Catalog) -> None:
+    one, two = RunningAgent(catalog, flush_interval_ms=FLUSH_MS), RunningAgent(catalog, flush_interval_ms=FLUSH_MS)
+    try:
+        for running in (one, two):
+            running.server.broker.agents.refresh()  # each sees the other now, not at its next heartbeat
+        at_two = next(f"t-{n}" for n in range(100) if one.server.broker.agents.coordinator_for(f"t-{n}").node_id == two.server.broker.node_id)
+        wire = Wire(one)
+        try:
+            found = wire.call(FIND_COORDINATOR, 4, {"key_type": 1, "coordinator_keys": [at_two]}).coordinators[0]
+            assert (int(found.error_code), int(found.node_id), int(found.port)) == (NONE, two.server.broker.node_id, two.server.address.port)
+            assert init(wire, at_two)[0] == NOT_COORDINATOR
+            assert add(wire, at_two, 0, 0, {TOPIC: [0]}) == {(TOPIC, 0): NOT_COORDINATOR}
+            assert end(wire, at_two, 0, 0, True) == NOT_COORDINATOR
+        finally:
+            wire.close()
+    finally:
+        one.stop()
+        two.stop()
+
+
+def test_a_batch_whose_transaction_ended_before_its_append_is_refused_alone(catalog: Catalog) -> None:
+    """A batch checked against a view of its transaction that another agent ended meanwhile: its append refuses it
+    alone (the other batches of its L0 file are acknowledged), records its offsets as aborted, and a retry of it
+    gets the same refusal, on this agent and on another that reads the producer's state from the catalog."""
+    one, two = RunningAgent(catalog, flush_interval_ms=FLUSH_MS), RunningAgent(catalog, flush_interval_ms=FLUSH_MS)
+    try:
+        for running in (one, two):
+            running.server.broker.agents.refresh()
+        tid = next(f"t-{n}" for n in range(100) if one.server.broker.agents.coordinator_for(f"t-{n}").node_id == one.server.broker.node_id)
+        wire = Wire(one)
+        try:
+            _, producer_id, epoch = init(wire, tid)
+            assert add(wire, tid, producer_id, epoch, {TOPIC: [0]}) == {(TOPIC, 0): NONE}
+        finally:
+            wire.close()
+        # the first batch reaches the other agent, which reads the transaction from the catalog and keeps it
+        assert answers(two, {(TOPIC, 0): transactional_batch(producer_id, epoch, 0, [b"a"])}) == {(TOPIC, 0): (NONE, 0)}
+        assert catalog.end_transaction(tid, producer_id, epoch, False, int(time.time() * 1000)).markers  # aborted elsewhere: marker at 1
+        late = transactional_batch(producer_id, epoch, 1, [b"late"])
+        # one Produce, so one L0 file: the late batch and another producer's
+        assert answers(two, {(TOPIC, 0): late, (TOPIC, 1): record_batch([(b"k", b"plain", [])])}) == {(TOPIC, 0): (INVALID_TXN_STATE, -1), (TOPIC, 1): (NONE, 0)}
+        assert catalog.aborted_ranges({(TOPIC, 0): (0, 10)}) == {(TOPIC, 0): [(0, 0), (2, 2)]}
+        assert watermarks(two) == (3, 3)
+        assert answers(two, {(TOPIC, 0): late}) == {(TOPIC, 0): (INVALID_TXN_STATE, -1)}  # its retry, from the agent's view
+        assert answers(one, {(TOPIC, 0): late}) == {(TOPIC, 0): (INVALID_TXN_STATE, -1)}  # and from the catalog's producer state
+        assert watermarks(two) == (3, 3)  # written once
+    finally:
+        one.stop()
+        two.stop()
