@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import logging.handlers
+import queue
+import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaProducer
-from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from kafka import KafkaProducer
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
@@ -83,18 +87,50 @@ def fatal(error: KafkaException) -> tuple[bool, int]:
 # -- real clients ------------------------------------------------------------------------------------------
 
 
-def test_confluent_kafka_commits_aborts_and_commits_at_kafkas_offsets(agent: RunningAgent) -> None:
-    producer = transactional(agent, "copier-1")
+def commit_abort_commit(producer: Producer, bootstrap: Callable[[], str]) -> tuple[list[tuple[int, bytes]], int]:
+    """Three transactions of 3 records each into partition 0, committed, aborted, committed: each record's offset
+    as delivered, and the partition's high watermark then (read from `bootstrap()`)."""
+    delivered: list[tuple[int, bytes]] = []
     for outcome, values in (("commit", [b"a", b"b", b"c"]), ("abort", [b"x", b"y", b"z"]), ("commit", [b"d", b"e", b"f"])):
         producer.begin_transaction()
-        send(producer, values)
+        for value in values:
+            producer.produce(TOPIC, key=b"k-" + value, value=value, partition=0,
+                             on_delivery=lambda error, message: delivered.append((message.offset(), message.value())) if error is None else None)
         assert producer.flush(20) == 0
         if outcome == "commit":
             producer.commit_transaction(20)
         else:
             producer.abort_transaction(20)
-    # librdkafka's mock cluster, given the same calls: records at 0-2, 4-6 and 8-10, a marker at 3, 7 and 11
-    assert read_uncommitted(agent, 9) == [(0, b"a"), (1, b"b"), (2, b"c"), (4, b"x"), (5, b"y"), (6, b"z"), (8, b"d"), (9, b"e"), (10, b"f")]
+    consumer = Consumer({"bootstrap.servers": bootstrap(), "group.id": "watermarks", **FAST_CLIENT})
+    try:
+        _, high = consumer.get_watermark_offsets(TopicPartition(TOPIC, 0), timeout=10)
+    finally:
+        consumer.close()
+    return delivered, high
+
+
+def test_confluent_kafka_commits_aborts_and_commits_at_the_offsets_of_librdkafkas_mock_cluster(agent: RunningAgent) -> None:
+    # the reference: librdkafka's mock cluster given the same calls (it serves transactions as Kafka's brokers do,
+    # a marker taking an offset in each partition of the transaction)
+    mock_log: queue.Queue[logging.LogRecord] = queue.Queue()
+    logger = logging.getLogger("tests.mock_cluster")  # librdkafka's log, which names the mock cluster's address
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    logger.handlers = [logging.handlers.QueueHandler(mock_log)]
+    mock = Producer({"test.mock.num.brokers": 1, "transactional.id": "copier-1", "linger.ms": 5, "logger": logger})
+    mock.init_transactions(20)
+
+    def mock_bootstrap() -> str:
+        while True:
+            found = re.search(r"Mock cluster enabled: .* replaced with (\S+)", mock_log.get(timeout=10).getMessage())
+            if found:
+                return found.group(1)
+
+    expected = commit_abort_commit(mock, mock_bootstrap)
+    assert expected == ([(0, b"a"), (1, b"b"), (2, b"c"), (4, b"x"), (5, b"y"), (6, b"z"), (8, b"d"), (9, b"e"), (10, b"f")], 12)
+    assert commit_abort_commit(transactional(agent, "copier-1"), lambda: agent.bootstrap) == expected
+    # records at 0-2, 4-6 and 8-10, a marker at 3, 7 and 11; a read_uncommitted consumer sees every record
+    assert read_uncommitted(agent, 9) == expected[0]
     assert watermarks(agent) == (12, 12)
     assert watermarks(agent, 1) == (0, 0)  # never in a transaction: no marker
 
