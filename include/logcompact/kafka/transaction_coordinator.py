@@ -36,7 +36,8 @@ MAX_TIMEOUT_MS = 900_000
 ID_EXPIRATION_MS = 604_800_000
 ABORT_INTERVAL_MS = 10_000
 EXPIRY_INTERVAL_MS = 3_600_000
-# Timed-out transactions aborted per catalog read of them: a sweep goes on reading while it finds a full page.
+# Timed-out transactions read from the catalog at once by a sweep, which reads another page after a full one it
+# aborted all of.
 ABORT_PAGE = 100
 
 
@@ -126,21 +127,24 @@ class TransactionCoordinator:
     # -- sweeps -----------------------------------------------------------------------------------------------
 
     async def abort_timed_out(self) -> int:
-        """Abort, fencing their producers, the transactions this agent coordinates open past their timeout; how many."""
+        """Abort, fencing their producers, the transactions this agent coordinates open past their timeout; how many.
+        Pages of them are read while each is full and all of it aborted here: the rest wait for the next sweep."""
         aborted = 0
         while True:
             now = wall_clock_ms()
             rows = await asyncio.to_thread(self.catalog.timed_out_transactions, now, ABORT_PAGE)
+            in_page = 0
             for row in rows:
                 if not self.coordinates(row.transactional_id):
                     continue
                 ended = await asyncio.to_thread(self.catalog.abort_transaction, row, wall_clock_ms(), True)
                 if ended is None:  # ended or moved on meanwhile (its producer, or another agent)
                     continue
-                aborted += 1
+                in_page += 1
                 await self._forget(row.producer_id)
                 log.info("transaction %r aborted: open %d ms, past its timeout %d ms", row.transactional_id, now - row.start_ms, row.timeout_ms)
-            if len(rows) < ABORT_PAGE:
+            aborted += in_page
+            if len(rows) < ABORT_PAGE or in_page < len(rows):
                 return aborted
 
     async def expire_ids(self) -> int:
