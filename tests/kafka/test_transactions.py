@@ -11,10 +11,14 @@ its timeout, Kafka's errors of each API, and a batch whose transaction ended bef
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import logging.handlers
 import queue
 import re
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -27,7 +31,7 @@ from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from logcompact.catalog import Catalog
 from tests.helpers import create_topic
-from tests.kafka.agents import FAST_CLIENT, FLUSH_MS, RunningAgent, confluent_consumer, consume
+from tests.kafka.agents import FAST_CLIENT, FLUSH_MS, RunningAgent, agent_environment, confluent_consumer, consume
 from tests.kafka.wire import TIMESTAMP, Wire, kio_exchange, produce, record_batch
 
 pytestmark = pytest.mark.timeout(120)
@@ -216,6 +220,33 @@ def test_transactional_ids_unused_past_their_expiration_are_forgotten(catalog: C
             wire.close()
     finally:
         agent.stop()
+
+
+def test_the_agent_command_takes_the_transaction_settings(catalog: Catalog) -> None:
+    command = [sys.executable, "-m", "logcompact", "--verbose", "agent", "--listen", "127.0.0.1:0", "--transaction-max-timeout-ms", "5000",
+               "--transaction-abort-timed-out-transaction-cleanup-interval-ms", "200", "--transactional-id-expiration-ms", "1000",
+               "--transaction-remove-expired-transaction-cleanup-interval-ms", "200"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=agent_environment(catalog))
+    try:
+        assert process.stdout is not None and process.stderr is not None
+        host, port = json.loads(process.stdout.readline())["listening"].rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as connection:
+            wire = Wire.over(connection)
+            assert init(wire, "cli-1", timeout_ms=5001)[0] == INVALID_TRANSACTION_TIMEOUT
+            _, producer_id, epoch = init(wire, "cli-1", timeout_ms=500)
+            assert add(wire, "cli-1", producer_id, epoch, {TOPIC: [0]}) == {(TOPIC, 0): NONE}
+            deadline = time.monotonic() + 15  # aborted past its timeout, then forgotten past the expiration
+            while catalog.describe_transactions(["cli-1"]) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert catalog.describe_transactions(["cli-1"]) == {}
+        process.terminate()
+        assert process.wait(timeout=15) == 0
+        errors = process.stderr.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert "transaction 'cli-1' aborted" in errors and "past its timeout 500 ms" in errors and "1 transactional ids forgotten" in errors, errors
 
 
 def test_kafka_python_commits_and_aborts(agent: RunningAgent) -> None:

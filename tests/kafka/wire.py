@@ -94,6 +94,13 @@ class Wire:
         self.socket = socket.create_connection((address.host, address.port), timeout=10)
         self.sent: list[tuple[int, int, int]] = []
 
+    @classmethod
+    def over(cls, connection: socket.socket) -> Wire:
+        """Over a connection of the caller's (to an agent process)."""
+        wire = cls.__new__(cls)
+        wire.socket, wire.sent = connection, []
+        return wire
+
     def send(self, api_key: int, version: int, body: dict[str, Any]) -> None:
         request_class = load_request_schema(api_key, version)
         header_class = RequestHeaderV2 if request_class.__flexible__ else RequestHeaderV1
