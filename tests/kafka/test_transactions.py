@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import aiokafka.errors
+import kafka.errors
 import pytest
 from aiokafka import AIOKafkaProducer
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -172,8 +174,48 @@ def test_a_second_producer_of_the_transactional_id_fences_the_first(agent: Runni
     second.begin_transaction()
     send(second, [b"next"])
     second.commit_transaction(20)
-    values = [value for _, value in read_uncommitted(agent, 2)]
-    assert values == [b"zombie", b"next"]
+    # fenced between transactions: its next one's AddPartitionsToTxn (v0: INVALID_PRODUCER_EPOCH) fails it, fatal
+    third = transactional(agent, "fenced-1")
+    second.begin_transaction()
+    send(second, [b"never"])
+    with pytest.raises(KafkaException) as refused:
+        second.flush(10)
+        second.commit_transaction(10)
+    assert fatal(refused.value) == (True, KafkaError._FENCED)
+    third.begin_transaction()
+    send(third, [b"last"])
+    third.commit_transaction(20)
+    assert [value for _, value in read_uncommitted(agent, 3)] == [b"zombie", b"next", b"last"]
+    assert watermarks(agent) == (6, 6)  # zombie, its abort's marker, next, its commit's marker, last, its commit's marker
+
+
+def test_kafka_python_and_aiokafka_producers_fenced_by_a_newer_one_fail(agent: RunningAgent) -> None:
+    """kafka-python sends InitProducerId v4 and the others v3 (PRODUCER_FENCED), aiokafka v0 of each
+    (INVALID_PRODUCER_EPOCH): each reports its fenced producer's next transaction as fenced."""
+    old = KafkaProducer(bootstrap_servers=agent.bootstrap, transactional_id="kp-fenced", linger_ms=5)
+    try:
+        old.init_transactions()
+        transactional(agent, "kp-fenced")
+        old.begin_transaction()
+        old.send(TOPIC, key=b"k", value=b"zombie", partition=0)
+        with pytest.raises(kafka.errors.ProducerFencedError):
+            old.commit_transaction()
+    finally:
+        old.close(5)
+
+    async def run() -> None:
+        zombie = AIOKafkaProducer(bootstrap_servers=agent.bootstrap, transactional_id="aio-fenced", linger_ms=5)
+        await zombie.start()
+        try:
+            transactional(agent, "aio-fenced")
+            with pytest.raises(aiokafka.errors.ProducerFenced):
+                async with zombie.transaction():
+                    await zombie.send_and_wait(TOPIC, b"zombie", key=b"k", partition=0)
+        finally:
+            await zombie.stop()
+
+    asyncio.run(run())
+    assert watermarks(agent) == (0, 0)  # nothing of either written
 
 
 def test_a_transaction_open_past_its_timeout_is_aborted_by_the_agent(catalog: Catalog, caplog: pytest.LogCaptureFixture) -> None:
