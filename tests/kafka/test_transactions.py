@@ -32,6 +32,7 @@ from kafka import KafkaProducer
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from logcompact.catalog import Catalog
+from logcompact.exceptions import CatalogUnavailableError
 from tests.helpers import create_topic
 from tests.kafka.agents import FAST_CLIENT, FLUSH_MS, RunningAgent, agent_environment, confluent_consumer, consume
 from tests.kafka.wire import TIMESTAMP, Wire, kio_exchange, produce, record_batch
@@ -40,7 +41,7 @@ pytestmark = pytest.mark.timeout(120)
 
 TOPIC = "state"
 # Kafka's error codes
-NONE, UNKNOWN_TOPIC_OR_PARTITION, NOT_COORDINATOR, INVALID_REQUEST = 0, 3, 16, 42
+NONE, UNKNOWN_TOPIC_OR_PARTITION, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR, INVALID_REQUEST = 0, 3, 15, 16, 42
 INVALID_PRODUCER_EPOCH, INVALID_TXN_STATE, INVALID_PRODUCER_ID_MAPPING, INVALID_TRANSACTION_TIMEOUT = 47, 48, 49, 50
 OPERATION_NOT_ATTEMPTED, PRODUCER_FENCED = 55, 90
 INIT_PRODUCER_ID, FIND_COORDINATOR, ADD_PARTITIONS_TO_TXN, END_TXN, FETCH, API_VERSIONS = 22, 10, 24, 26, 1, 18
@@ -409,6 +410,36 @@ def test_the_coordinators_apis_answer_kafkas_errors(agent: RunningAgent) -> None
         assert answers(agent, {(TOPIC, 0): transactional_batch(producer_id, epoch, 2, [b"c"])}) == {(TOPIC, 0): (INVALID_TXN_STATE, -1)}
     finally:
         wire.close()
+
+
+def test_a_catalog_out_of_reach_is_answered_retriable_and_the_sweeps_go_on(
+    catalog: Catalog, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    agent = RunningAgent(catalog, flush_interval_ms=FLUSH_MS, transaction_abort_timed_out_transaction_cleanup_interval_ms=100)
+    try:
+        wire = Wire(agent)
+        try:
+            _, producer_id, epoch = init(wire, "t")
+            assert add(wire, "t", producer_id, epoch, {TOPIC: [0]}) == {(TOPIC, 0): NONE}
+
+            def unreachable(*_: object, **__: object) -> None:
+                raise CatalogUnavailableError("catalog database unreachable: connection refused")
+
+            with caplog.at_level(logging.WARNING, logger="logcompact.kafka"):
+                for method in ("init_producer", "add_to_transaction", "end_transaction", "timed_out_transactions"):
+                    monkeypatch.setattr(catalog, method, unreachable)
+                assert init(wire, "t", 4, producer_id, epoch)[0] == COORDINATOR_NOT_AVAILABLE
+                assert add(wire, "t", producer_id, epoch, {TOPIC: [1]}) == {(TOPIC, 1): COORDINATOR_NOT_AVAILABLE}
+                assert end(wire, "t", producer_id, epoch, True) == COORDINATOR_NOT_AVAILABLE
+                time.sleep(0.5)
+                monkeypatch.undo()
+            assert any("transaction sweep failed: catalog database unreachable" in message for message in caplog.messages)
+            assert end(wire, "t", producer_id, epoch, True) == NONE  # the client's retry, once the catalog is back
+            assert watermarks(agent) == (1, 1)
+        finally:
+            wire.close()
+    finally:
+        agent.stop()
 
 
 def test_a_transactional_id_is_served_by_the_agent_it_hashes_to(catalog: Catalog) -> None:
