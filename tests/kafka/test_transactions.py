@@ -219,6 +219,26 @@ def test_kafka_python_and_aiokafka_producers_fenced_by_a_newer_one_fail(agent: R
     assert watermarks(agent) == (0, 0)  # nothing of either written
 
 
+def test_a_transaction_failing_a_batch_is_aborted_by_its_producer_which_goes_on(agent: RunningAgent) -> None:
+    producer = transactional(agent, "abortable-1")
+    producer.begin_transaction()
+    failed: list[KafkaError | None] = []
+    producer.produce(TOPIC, key=b"k", value=b"a", partition=0, on_delivery=lambda error, _: failed.append(error))
+    producer.produce(TOPIC, key=None, value=b"keyless", partition=1, on_delivery=lambda error, _: failed.append(error))  # a compacted topic
+    producer.flush(20)
+    assert sorted(str(None if error is None else error.code()) for error in failed) == sorted(["None", str(KafkaError.INVALID_RECORD)])
+    with pytest.raises(KafkaException) as refused:
+        producer.commit_transaction(20)
+    assert refused.value.args[0].txn_requires_abort() and not refused.value.args[0].fatal()
+    producer.abort_transaction(20)
+    producer.begin_transaction()
+    send(producer, [b"b"])
+    producer.commit_transaction(20)
+    assert read_uncommitted(agent, 2) == [(0, b"a"), (2, b"b")]  # the abort's marker at 1, the commit's at 3
+    assert watermarks(agent) == (4, 4)
+    assert watermarks(agent, 1) == (1, 1)  # added to the aborted transaction, nothing written: its marker at 0
+
+
 def test_a_transaction_open_past_its_timeout_is_aborted_by_the_agent(catalog: Catalog, caplog: pytest.LogCaptureFixture) -> None:
     agent = RunningAgent(catalog, flush_interval_ms=FLUSH_MS, transaction_abort_timed_out_transaction_cleanup_interval_ms=200)
     try:
@@ -396,6 +416,9 @@ def test_the_coordinators_apis_answer_kafkas_errors(agent: RunningAgent) -> None
         assert answers(agent, {(TOPIC, 0): transactional_batch(producer_id, epoch - 1, 0, [b"old"])}) == {(TOPIC, 0): (INVALID_PRODUCER_EPOCH, -1)}
         assert answers(agent, {(TOPIC, 0): transactional_batch(producer_id, epoch, 0, [b"a", b"b"])}) == {(TOPIC, 0): (NONE, 0)}
         assert answers(agent, {(TOPIC, 0): transactional_batch(producer_id, epoch, 0, [b"a", b"b"])}) == {(TOPIC, 0): (NONE, 0)}  # its retry
+        assert watermarks(agent) == (2, 0)
+        # an older producer of the id cannot abort the open transaction: it is fenced and the transaction stays open
+        assert init(wire, "t", 4, producer_id, epoch - 1)[0] == PRODUCER_FENCED
         assert watermarks(agent) == (2, 0)
 
         assert end(wire, "t", producer_id, epoch + 1, True, version=2) == PRODUCER_FENCED
