@@ -142,6 +142,23 @@ def test_confluent_kafka_commits_aborts_and_commits_at_the_offsets_of_librdkafka
     assert watermarks(agent, 1) == (0, 0)  # never in a transaction: no marker
 
 
+def test_batches_after_an_add_partitions_on_their_agent_read_nothing_of_their_transaction(
+    agent: RunningAgent, catalog: Catalog, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The coordinator tells the ingest thread's views of the partitions it added: the common case, a producer's
+    coordinator and partition leader one agent, checks every batch without a catalog read."""
+    reads: list[int] = []
+    read = catalog.transaction_view
+    monkeypatch.setattr(catalog, "transaction_view", lambda producer_id: reads.append(producer_id) or read(producer_id))
+    producer = transactional(agent, "local-1")
+    for round_ in range(3):
+        producer.begin_transaction()
+        send(producer, [b"a%d" % round_, b"b%d" % round_], partition=round_ % 2)
+        producer.commit_transaction(20)
+    assert reads == []
+    assert watermarks(agent, 0) == (6, 6) and watermarks(agent, 1) == (3, 3)
+
+
 def test_the_last_stable_offset_stops_at_an_open_transactions_first_offset(agent: RunningAgent) -> None:
     plain = Producer({"bootstrap.servers": agent.bootstrap, "linger.ms": 5, **FAST_CLIENT})
     plain.produce(TOPIC, key=b"k", value=b"before", partition=0)
