@@ -4,8 +4,10 @@ FindCoordinator for it, AddPartitionsToTxn, EndTxn) and transactional produce.
 Real clients (confluent-kafka, kafka-python, aiokafka) commit and abort; a read_uncommitted consumer sees every
 record at the offsets Kafka gives (a marker takes an offset in each partition of the transaction: librdkafka's mock
 cluster gives the same offsets for the same calls), and Fetch's last stable offset stops at an open transaction's
-first offset. Fencing by a second producer of the same transactional.id, the abort of a transaction left open past
-its timeout, Kafka's errors of each API, and a batch whose transaction ended before its append.
+first offset. Fencing by a second producer of the same transactional.id as each client reports it, the abort of a
+transaction left open past its timeout and the expiry of idle ids (the agent's sweeps and options), Kafka's errors
+of each API (a catalog out of reach included), the coordinator among two agents, the ingest thread's views of
+transactions, and a batch whose transaction ended before its append.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ TOPIC = "state"
 NONE, UNKNOWN_TOPIC_OR_PARTITION, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR, INVALID_REQUEST = 0, 3, 15, 16, 42
 INVALID_PRODUCER_EPOCH, INVALID_TXN_STATE, INVALID_PRODUCER_ID_MAPPING, INVALID_TRANSACTION_TIMEOUT = 47, 48, 49, 50
 OPERATION_NOT_ATTEMPTED, PRODUCER_FENCED = 55, 90
-INIT_PRODUCER_ID, FIND_COORDINATOR, ADD_PARTITIONS_TO_TXN, END_TXN, FETCH, API_VERSIONS = 22, 10, 24, 26, 1, 18
+INIT_PRODUCER_ID, FIND_COORDINATOR, ADD_PARTITIONS_TO_TXN, END_TXN, FETCH = 22, 10, 24, 26, 1
 
 
 @pytest.fixture
