@@ -34,7 +34,7 @@ pytestmark = pytest.mark.timeout(90)
 
 # Kafka's error codes
 NONE, INVALID_REQUEST, KAFKA_STORAGE_ERROR = 0, 42, 56
-OUT_OF_ORDER_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH, INVALID_PRODUCER_ID_MAPPING, UNKNOWN_PRODUCER_ID = 45, 47, 49, 59
+OUT_OF_ORDER_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH, INVALID_PRODUCER_ID_MAPPING, TRANSACTIONAL_ID_AUTHORIZATION_FAILED, UNKNOWN_PRODUCER_ID = 45, 47, 49, 53, 59
 IDEMPOTENT_LIBRDKAFKA = {"enable.idempotence": True, "acks": "all", "linger.ms": 5}
 
 
@@ -250,7 +250,10 @@ def test_epochs_unknown_producers_and_transactional_batches(agent: RunningAgent,
     builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=True, producer_id=producer_id,
                                         producer_epoch=1, base_sequence=1, batch_size=1 << 20)
     builder.append(0, timestamp=TIMESTAMP, key=b"k", value=b"t", headers=[])
-    assert answer(agent, bytes(builder.build())) == (INVALID_PRODUCER_ID_MAPPING, -1)  # no transactional id holds the producer id
+    transactional = bytes(builder.build())
+    assert answer(agent, transactional) == (TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1)  # a Produce without a transactional id, as Kafka
+    answered = produce(agent, {("orders", 0): transactional}, transactional_id="payments")[("orders", 0)]
+    assert int(answered.error_code) == INVALID_PRODUCER_ID_MAPPING  # no transactional id holds the producer id
     assert values_of(catalog) == [b"a", b"b"]
     assert values_of(catalog, "orders", 1) == [b"other"]
 

@@ -45,7 +45,7 @@ TOPIC = "state"
 # Kafka's error codes
 NONE, UNKNOWN_TOPIC_OR_PARTITION, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR, INVALID_REQUEST = 0, 3, 15, 16, 42
 INVALID_PRODUCER_EPOCH, INVALID_TXN_STATE, INVALID_PRODUCER_ID_MAPPING, INVALID_TRANSACTION_TIMEOUT = 47, 48, 49, 50
-OPERATION_NOT_ATTEMPTED, PRODUCER_FENCED = 55, 90
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED, OPERATION_NOT_ATTEMPTED, PRODUCER_FENCED = 53, 55, 90
 INIT_PRODUCER_ID, FIND_COORDINATOR, ADD_PARTITIONS_TO_TXN, END_TXN, FETCH = 22, 10, 24, 26, 1
 
 
@@ -399,9 +399,9 @@ def transactional_batch(producer_id: int, epoch: int, first_sequence: int, value
     return bytes(builder.build())
 
 
-def answers(agent: RunningAgent, batches: dict[tuple[str, int], bytes]) -> dict[tuple[str, int], tuple[int, int]]:
-    """(error code, base offset) of each partition of one Produce v9."""
-    return {tp: (int(found.error_code), int(found.base_offset)) for tp, found in produce(agent, batches).items()}
+def answers(agent: RunningAgent, transactional_id: str | None, batches: dict[tuple[str, int], bytes]) -> dict[tuple[str, int], tuple[int, int]]:
+    """(error code, base offset) of each partition of one Produce v9 of a transactional producer."""
+    return {tp: (int(found.error_code), int(found.base_offset)) for tp, found in produce(agent, batches, transactional_id=transactional_id).items()}
 
 
 def test_the_coordinators_apis_answer_kafkas_errors(agent: RunningAgent) -> None:
@@ -431,10 +431,13 @@ def test_the_coordinators_apis_answer_kafkas_errors(agent: RunningAgent) -> None
 
         # a transactional batch: only into a partition added, at the producer's epoch
         assert add(wire, "t", producer_id, epoch, {TOPIC: [0]}, version=0) == {(TOPIC, 0): NONE}
-        assert answers(agent, {(TOPIC, 1): transactional_batch(producer_id, epoch, 0, [b"p1"])}) == {(TOPIC, 1): (INVALID_TXN_STATE, -1)}
-        assert answers(agent, {(TOPIC, 0): transactional_batch(producer_id, epoch - 1, 0, [b"old"])}) == {(TOPIC, 0): (INVALID_PRODUCER_EPOCH, -1)}
-        assert answers(agent, {(TOPIC, 0): transactional_batch(producer_id, epoch, 0, [b"a", b"b"])}) == {(TOPIC, 0): (NONE, 0)}
-        assert answers(agent, {(TOPIC, 0): transactional_batch(producer_id, epoch, 0, [b"a", b"b"])}) == {(TOPIC, 0): (NONE, 0)}  # its retry
+        # and in a Produce naming its transactional id: without one the whole request is refused, as Kafka's
+        without_id = answers(agent, None, {(TOPIC, 0): transactional_batch(producer_id, epoch, 0, [b"a"]), (TOPIC, 1): record_batch([(b"k", b"v", [])])})
+        assert without_id == {(TOPIC, 0): (TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1), (TOPIC, 1): (TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1)}
+        assert answers(agent, "t", {(TOPIC, 1): transactional_batch(producer_id, epoch, 0, [b"p1"])}) == {(TOPIC, 1): (INVALID_TXN_STATE, -1)}
+        assert answers(agent, "t", {(TOPIC, 0): transactional_batch(producer_id, epoch - 1, 0, [b"old"])}) == {(TOPIC, 0): (INVALID_PRODUCER_EPOCH, -1)}
+        assert answers(agent, "t", {(TOPIC, 0): transactional_batch(producer_id, epoch, 0, [b"a", b"b"])}) == {(TOPIC, 0): (NONE, 0)}
+        assert answers(agent, "t", {(TOPIC, 0): transactional_batch(producer_id, epoch, 0, [b"a", b"b"])}) == {(TOPIC, 0): (NONE, 0)}  # its retry
         assert watermarks(agent) == (2, 0)
         # an older producer of the id cannot abort the open transaction: it is fenced and the transaction stays open
         assert init(wire, "t", 4, producer_id, epoch - 1)[0] == PRODUCER_FENCED
@@ -449,7 +452,7 @@ def test_the_coordinators_apis_answer_kafkas_errors(agent: RunningAgent) -> None
         assert end(wire, "t", producer_id, epoch, False) == INVALID_TXN_STATE
         assert watermarks(agent) == (3, 3)
         # the transaction ended: a batch of it is refused
-        assert answers(agent, {(TOPIC, 0): transactional_batch(producer_id, epoch, 2, [b"c"])}) == {(TOPIC, 0): (INVALID_TXN_STATE, -1)}
+        assert answers(agent, "t", {(TOPIC, 0): transactional_batch(producer_id, epoch, 2, [b"c"])}) == {(TOPIC, 0): (INVALID_TXN_STATE, -1)}
     finally:
         wire.close()
 
@@ -520,15 +523,15 @@ def test_a_batch_whose_transaction_ended_before_its_append_is_refused_alone(cata
         finally:
             wire.close()
         # the first batch reaches the other agent, which reads the transaction from the catalog and keeps it
-        assert answers(two, {(TOPIC, 0): transactional_batch(producer_id, epoch, 0, [b"a"])}) == {(TOPIC, 0): (NONE, 0)}
+        assert answers(two, tid, {(TOPIC, 0): transactional_batch(producer_id, epoch, 0, [b"a"])}) == {(TOPIC, 0): (NONE, 0)}
         assert catalog.end_transaction(tid, producer_id, epoch, False, int(time.time() * 1000)).markers  # aborted elsewhere: marker at 1
         late = transactional_batch(producer_id, epoch, 1, [b"late"])
         # one Produce, so one L0 file: the late batch and another producer's
-        assert answers(two, {(TOPIC, 0): late, (TOPIC, 1): record_batch([(b"k", b"plain", [])])}) == {(TOPIC, 0): (INVALID_TXN_STATE, -1), (TOPIC, 1): (NONE, 0)}
+        assert answers(two, tid, {(TOPIC, 0): late, (TOPIC, 1): record_batch([(b"k", b"plain", [])])}) == {(TOPIC, 0): (INVALID_TXN_STATE, -1), (TOPIC, 1): (NONE, 0)}
         assert catalog.aborted_ranges({(TOPIC, 0): (0, 10)}) == {(TOPIC, 0): [(0, 0), (2, 2)]}
         assert watermarks(two) == (3, 3)
-        assert answers(two, {(TOPIC, 0): late}) == {(TOPIC, 0): (INVALID_TXN_STATE, -1)}  # its retry, from the agent's view
-        assert answers(one, {(TOPIC, 0): late}) == {(TOPIC, 0): (INVALID_TXN_STATE, -1)}  # and from the catalog's producer state
+        assert answers(two, tid, {(TOPIC, 0): late}) == {(TOPIC, 0): (INVALID_TXN_STATE, -1)}  # its retry, from the agent's view
+        assert answers(one, tid, {(TOPIC, 0): late}) == {(TOPIC, 0): (INVALID_TXN_STATE, -1)}  # and from the catalog's producer state
         assert watermarks(two) == (3, 3)  # written once
     finally:
         one.stop()

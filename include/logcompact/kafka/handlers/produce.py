@@ -64,7 +64,12 @@ async def handle(broker: Broker, request: codec.Request) -> Any:
 
 
 def _accept(broker: Broker, version: int, body: Any) -> list[tuple[str, list[tuple[int, Outcome]]]]:
-    """On the ingest thread: every partition's batch checked, and handed to the ingest agent or refused."""
+    """On the ingest thread: every partition's batch checked, and handed to the ingest agent or refused. Transactional
+    batches in a request without a transactional id refuse the whole request, as Kafka's KafkaApis does."""
+    if body.transactional_id is None and any(records.is_transactional(p.records) for topic in body.topic_data for p in topic.partition_data):
+        refusal = _refused(codec.ErrorCode.transactional_id_authorization_failed,
+                           "transactional batches in a Produce request without a transactional id: send them with the producer's transactional.id")
+        return [(topic.name, [(partition.index, refusal) for partition in topic.partition_data]) for topic in body.topic_data]
     return [
         (topic.name, [(partition.index, _accept_partition(broker, version, body.acks, topic.name, partition)) for partition in topic.partition_data])
         for topic in body.topic_data
