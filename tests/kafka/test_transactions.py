@@ -453,6 +453,11 @@ def test_the_coordinators_apis_answer_kafkas_errors(agent: RunningAgent) -> None
         assert watermarks(agent) == (3, 3)
         # the transaction ended: a batch of it is refused
         assert answers(agent, "t", {(TOPIC, 0): transactional_batch(producer_id, epoch, 2, [b"c"])}) == {(TOPIC, 0): (INVALID_TXN_STATE, -1)}
+        # the producer's own InitProducerId with a transaction open aborts it (a marker in partition 1) and bumps the
+        # epoch once: Kafka answers CONCURRENT_TRANSACTIONS first, then the same epoch to the client's retry
+        assert add(wire, "t", producer_id, epoch, {TOPIC: [1]}) == {(TOPIC, 1): NONE}
+        assert init(wire, "t", 4, producer_id, epoch) == (NONE, producer_id, epoch + 1)
+        assert watermarks(agent, 1) == (1, 1) and watermarks(agent) == (3, 3)
     finally:
         wire.close()
 
