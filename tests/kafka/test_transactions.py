@@ -7,7 +7,8 @@ cluster gives the same offsets for the same calls), and Fetch's last stable offs
 first offset. Fencing by a second producer of the same transactional.id as each client reports it, the abort of a
 transaction left open past its timeout and the expiry of idle ids (the agent's sweeps and options), Kafka's errors
 of each API (a catalog out of reach included), the coordinator among two agents, the ingest thread's views of
-transactions, and a batch whose transaction ended before its append.
+transactions, and a batch whose transaction ended before its append. The same raw requests to Apache Kafka's broker
+(lab.servers.kafka) get the same answers, offsets and watermarks as from the agent.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import aiokafka.errors
@@ -30,21 +32,24 @@ import kafka.errors
 import pytest
 from aiokafka import AIOKafkaProducer
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import NewTopic
 from kafka import KafkaProducer
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
+from lab.servers.kafka import KafkaServer, kafka_missing_reason, start_kafka
 from logcompact.catalog import Catalog
 from logcompact.exceptions import CatalogUnavailableError
+from logcompact.kafka.cluster import Address
 from tests.helpers import create_topic
 from tests.kafka.agents import FAST_CLIENT, FLUSH_MS, RunningAgent, agent_environment, confluent_consumer, consume
-from tests.kafka.wire import TIMESTAMP, Wire, kio_exchange, produce, record_batch
+from tests.kafka.wire import TIMESTAMP, Wire, produce_request, produce_response, receive_frame, record_batch
 
 pytestmark = pytest.mark.timeout(120)
 
 TOPIC = "state"
 # Kafka's error codes
-NONE, UNKNOWN_TOPIC_OR_PARTITION, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR, INVALID_REQUEST = 0, 3, 15, 16, 42
-INVALID_PRODUCER_EPOCH, INVALID_TXN_STATE, INVALID_PRODUCER_ID_MAPPING, INVALID_TRANSACTION_TIMEOUT = 47, 48, 49, 50
+NONE, UNKNOWN_TOPIC_OR_PARTITION, COORDINATOR_NOT_AVAILABLE, COORDINATOR_LOAD_IN_PROGRESS, NOT_COORDINATOR, INVALID_REQUEST = 0, 3, 15, 14, 16, 42
+INVALID_PRODUCER_EPOCH, INVALID_TXN_STATE, INVALID_PRODUCER_ID_MAPPING, INVALID_TRANSACTION_TIMEOUT, CONCURRENT_TRANSACTIONS = 47, 48, 49, 50, 51
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED, OPERATION_NOT_ATTEMPTED, PRODUCER_FENCED = 53, 55, 90
 INIT_PRODUCER_ID, FIND_COORDINATOR, ADD_PARTITIONS_TO_TXN, END_TXN, FETCH = 22, 10, 24, 26, 1
 
@@ -77,14 +82,21 @@ def read_uncommitted(agent: RunningAgent, count: int, partition: int = 0) -> lis
 
 def watermarks(agent: RunningAgent, partition: int = 0) -> tuple[int, int]:
     """(high watermark, last stable offset) of a partition, as a Fetch v12 answers them."""
-    answered = kio_exchange(agent.server, FETCH, 12, {
+    return fetch_watermarks(agent.server.address, TOPIC, partition)
+
+
+def fetch_watermarks(address: Address, topic: str, partition: int) -> tuple[int, int]:
+    """(high watermark, last stable offset) of a partition, as a Fetch v12 to `address` (an agent or a broker)
+    answers them."""
+    body = {
         "cluster_id": None, "replica_id": -1, "replica_state": None, "max_wait": 0, "min_bytes": 0, "max_bytes": 1 << 20, "isolation_level": 0,
         "session_id": 0, "session_epoch": -1, "rack_id": "",
-        "topics": [{"topic": TOPIC, "partitions": [{"partition": partition, "current_leader_epoch": -1, "fetch_offset": 0, "last_fetched_epoch": -1,
+        "topics": [{"topic": topic, "partitions": [{"partition": partition, "current_leader_epoch": -1, "fetch_offset": 0, "last_fetched_epoch": -1,
                                                     "log_start_offset": -1, "partition_max_bytes": 1 << 20}]}],
         "forgotten_topics_data": [],
-    })
-    found = answered.responses[0].partitions[0]
+    }
+    with socket.create_connection((address.host, address.port), timeout=20) as connection:
+        found = Wire.over(connection).call(FETCH, 12, body).responses[0].partitions[0]
     return int(found.high_watermark), int(found.last_stable_offset)
 
 
@@ -401,7 +413,14 @@ def transactional_batch(producer_id: int, epoch: int, first_sequence: int, value
 
 def answers(agent: RunningAgent, transactional_id: str | None, batches: dict[tuple[str, int], bytes]) -> dict[tuple[str, int], tuple[int, int]]:
     """(error code, base offset) of each partition of one Produce v9 of a transactional producer."""
-    return {tp: (int(found.error_code), int(found.base_offset)) for tp, found in produce(agent, batches, transactional_id=transactional_id).items()}
+    return produce_at(agent.server.address, transactional_id, batches)
+
+
+def produce_at(address: Address, transactional_id: str | None, batches: dict[tuple[str, int], bytes]) -> dict[tuple[str, int], tuple[int, int]]:
+    with socket.create_connection((address.host, address.port), timeout=20) as connection:
+        connection.sendall(produce_request(9, 5, dict(batches), transactional_id=transactional_id))
+        _, answered = produce_response(receive_frame(connection), 9)
+    return {tp: (int(found.error_code), int(found.base_offset)) for tp, found in answered.items()}
 
 
 def test_the_coordinators_apis_answer_kafkas_errors(agent: RunningAgent) -> None:
@@ -541,3 +560,103 @@ def test_a_batch_whose_transaction_ended_before_its_append_is_refused_alone(cata
     finally:
         one.stop()
         two.stop()
+
+
+# -- the same requests to Apache Kafka -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaServer]:
+    """Apache Kafka's broker (lab.servers.kafka), the reference; skipped, with the reason, only where Java 17 or its
+    jars cannot be had (`make kafka`)."""
+    missing = kafka_missing_reason()
+    if missing:
+        pytest.skip(missing)
+    server, stop = start_kafka(tmp_path_factory.mktemp("kafka"))
+    try:
+        yield server
+    finally:
+        stop()
+
+
+def scripted(address: Address, topic: str, transactional_id: str) -> list[tuple[str, object]]:
+    """One sequence of raw transactional requests to `address` (an agent or a broker), over a compacted topic of 2
+    partitions: every answer's error codes, epochs and offsets, and the watermarks between, on which Kafka's first
+    transaction protocol and the agent agree (not where they differ: an older producer's InitProducerId with a
+    transaction open, which Kafka aborts and the agent leaves open)."""
+    tid, seen = transactional_id, []
+    with socket.create_connection((address.host, address.port), timeout=30) as connection:
+        wire = Wire.over(connection)
+        deadline = time.monotonic() + 60
+        while True:  # a broker's transaction coordinator loads its partition once asked for it
+            wire.call(FIND_COORDINATOR, 3, {"key": tid, "key_type": 1})
+            error, producer_id, epoch = init(wire, tid)
+            if error not in (COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        seen.append(("init", (error, epoch)))
+
+        def stable(partition: int) -> tuple[int, int]:  # once the markers are written (a broker writes them after answering)
+            until = time.monotonic() + 10
+            while (found := fetch_watermarks(address, topic, partition))[0] != found[1] and time.monotonic() < until:
+                time.sleep(0.1)
+            return found
+
+        def batch(epoch_of: int, first_sequence: int, values: list[bytes]) -> dict[tuple[str, int], bytes]:
+            return {(topic, 0): transactional_batch(producer_id, epoch_of, first_sequence, values)}
+
+        seen += [
+            ("timeout above the max", init(wire, tid + "-2", timeout_ms=900_001)[0]),
+            ("producer id without epoch", init(wire, tid + "-2", producer_id=-1, epoch=3)[0]),
+            ("bump", init(wire, tid, 4, producer_id, 0)[0::2]),
+            ("bump again", init(wire, tid, 4, producer_id, 0)[0::2]),
+            ("older epoch v4", init(wire, tid, 4, producer_id, 7)[0]),
+            ("older epoch v3", init(wire, tid, 3, producer_id, 7)[0]),
+        ]
+        epoch = 1
+        seen += [
+            ("add unknown", add(wire, tid, producer_id, epoch, {topic: [0, 7], topic + "-none": [0]})),
+            ("add fenced v2", add(wire, tid, producer_id, epoch + 1, {topic: [0]}, version=2)),
+            ("add fenced v1", add(wire, tid, producer_id, epoch + 1, {topic: [0]}, version=1)),
+            ("add other producer id", add(wire, tid, producer_id + 100, epoch, {topic: [0]})),
+            ("add empty id", add(wire, "", producer_id, epoch, {topic: [0]})),
+            ("end with none open", end(wire, tid, producer_id, epoch, True)),
+            ("add", add(wire, tid, producer_id, epoch, {topic: [0]}, version=0)),
+            ("produce not added", produce_at(address, tid, {(topic, 1): transactional_batch(producer_id, epoch, 0, [b"p1"])})),
+            ("produce without id", produce_at(address, None, batch(epoch, 0, [b"a"]))),
+            ("produce older epoch", produce_at(address, tid, batch(epoch - 1, 0, [b"old"]))),
+            ("produce", produce_at(address, tid, batch(epoch, 0, [b"a", b"b"]))),
+            ("produce again", produce_at(address, tid, batch(epoch, 0, [b"a", b"b"]))),
+            ("open", fetch_watermarks(address, topic, 0)),
+            ("end other producer id", end(wire, tid, producer_id + 100, epoch, True)),
+            ("end commit", end(wire, tid, producer_id, epoch, True, version=0)),
+            ("committed", stable(0)),
+            ("end commit again", end(wire, tid, producer_id, epoch, True)),
+            ("end abort", end(wire, tid, producer_id, epoch, False)),
+            ("produce after the end", produce_at(address, tid, batch(epoch, 2, [b"c"]))),
+            ("add again", add(wire, tid, producer_id, epoch, {topic: [1]})),
+        ]
+        # the producer's own InitProducerId aborts its open transaction: Kafka answers CONCURRENT_TRANSACTIONS first
+        until = time.monotonic() + 10
+        while (bumped := init(wire, tid, 4, producer_id, epoch))[0] == CONCURRENT_TRANSACTIONS and time.monotonic() < until:
+            time.sleep(0.2)
+        seen += [("init with it open", bumped[0::2]), ("aborted", stable(1)), ("end fenced v2", end(wire, tid, producer_id, epoch, True, version=2)),
+                 ("end fenced v1", end(wire, tid, producer_id, epoch, True, version=1))]
+    return [(step, _relative(found)) for step, found in seen]
+
+
+def _relative(found: object) -> object:
+    """An answer as compared: partitions by index, of the topic or of the one that does not exist (names differ)."""
+    if isinstance(found, dict):
+        return sorted(((topic.endswith("-none"), partition), answer) for (topic, partition), answer in found.items())
+    return found
+
+
+def test_the_coordinators_answers_and_offsets_are_apache_kafkas(agent: RunningAgent, kafka_broker: KafkaServer) -> None:
+    topic = f"state-{uuid.uuid4().hex[:8]}"  # the broker is the module's: a topic and transactional id of this test's
+    admin = kafka_broker.admin()
+    for future in admin.create_topics([NewTopic(topic, 2, 1, config={"cleanup.policy": "compact"})]).values():
+        future.result(60)
+    host, port = kafka_broker.bootstrap_servers.rsplit(":", 1)
+    expected = scripted(Address(host, int(port)), topic, f"t-{topic}")
+    assert scripted(agent.server.address, TOPIC, f"t-{topic}") == expected
