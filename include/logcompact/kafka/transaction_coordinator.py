@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from logcompact.catalog import Catalog
 from logcompact.catalog.model import TopicPartition
-from logcompact.catalog.transactions import ONGOING, Ended, TxnError
+from logcompact.catalog.transactions import MAX_TIMEOUT_MS, ONGOING, Ended, TxnError
 from logcompact.kafka import codec
 from logcompact.kafka.cluster import AgentDirectory
 from logcompact.kafka.ingest_thread import Ingest
@@ -30,9 +30,8 @@ from logcompact.units import wall_clock_ms
 
 log = logging.getLogger(__name__)
 
-# Kafka's defaults: transaction.max.timeout.ms, transactional.id.expiration.ms (7 days),
-# transaction.abort.timed.out.transaction.cleanup.interval.ms and transaction.remove.expired.transaction.cleanup.interval.ms.
-MAX_TIMEOUT_MS = 900_000
+# Kafka's defaults: transactional.id.expiration.ms (7 days), transaction.abort.timed.out.transaction.cleanup.interval.ms
+# and transaction.remove.expired.transaction.cleanup.interval.ms (transaction.max.timeout.ms: MAX_TIMEOUT_MS).
 ID_EXPIRATION_MS = 604_800_000
 ABORT_INTERVAL_MS = 10_000
 EXPIRY_INTERVAL_MS = 3_600_000
