@@ -531,6 +531,36 @@ def test_a_transactional_id_is_served_by_the_agent_it_hashes_to(catalog: Catalog
         two.stop()
 
 
+def test_an_agent_aborts_the_timed_out_transactions_of_an_agent_that_stopped(catalog: Catalog, caplog: pytest.LogCaptureFixture) -> None:
+    """The catalog holds every transaction: once its coordinator stops, the agent its id hashes to then aborts it."""
+    sweeping = {"flush_interval_ms": FLUSH_MS, "transaction_abort_timed_out_transaction_cleanup_interval_ms": 200}
+    one, two = RunningAgent(catalog, **sweeping), RunningAgent(catalog, **sweeping)
+    try:
+        for running in (one, two):
+            running.server.broker.agents.refresh()
+        tid = next(f"t-{n}" for n in range(100) if one.server.broker.agents.coordinator_for(f"t-{n}").node_id == two.server.broker.node_id)
+        wire = Wire(two)
+        try:
+            _, producer_id, epoch = init(wire, tid, timeout_ms=3000)
+            assert add(wire, tid, producer_id, epoch, {TOPIC: [0]}) == {(TOPIC, 0): NONE}
+        finally:
+            wire.close()
+        assert answers(one, tid, {(TOPIC, 0): transactional_batch(producer_id, epoch, 0, [b"a"])}) == {(TOPIC, 0): (NONE, 0)}
+        two.stop()
+        one.server.broker.agents.refresh()
+        with caplog.at_level(logging.INFO, logger="logcompact.kafka.transaction_coordinator"):
+            deadline = time.monotonic() + 20
+            while watermarks(one) != (2, 2) and time.monotonic() < deadline:
+                time.sleep(0.1)
+        assert watermarks(one) == (2, 2)
+        assert any(f"transaction {tid!r} aborted" in message and "past its timeout 3000 ms" in message for message in caplog.messages)
+        assert catalog.aborted_ranges({(TOPIC, 0): (0, 2)}) == {(TOPIC, 0): [(0, 0)]}
+    finally:
+        one.stop()
+        if two.thread.is_alive():
+            two.stop()
+
+
 def test_a_batch_whose_transaction_ended_before_its_append_is_refused_alone(catalog: Catalog) -> None:
     """A batch checked against a view of its transaction that another agent ended meanwhile: its append refuses it
     alone (the other batches of its L0 file are acknowledged), records its offsets as aborted, and a retry of it
