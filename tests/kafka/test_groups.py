@@ -363,7 +363,8 @@ def test_bad_group_requests_get_kafkas_errors(wire: Wire, quick_agent: RunningAg
     found = wire.call(FIND, 4, {"key_type": 0, "coordinator_keys": ["g", "h"]})
     port = quick_agent.server.address.port
     assert [(c.key, int(c.error_code), c.port) for c in found.coordinators] == [("g", NONE, port), ("h", NONE, port)]
-    assert int(wire.call(FIND, 3, {"key": "txn", "key_type": 1}).error_code) == INVALID_REQUEST
+    assert (int(wire.call(FIND, 3, {"key": "txn", "key_type": 1}).error_code), wire.call(FIND, 3, {"key": "txn", "key_type": 1}).port) == (NONE, port)
+    assert int(wire.call(FIND, 3, {"key": "txn", "key_type": 2}).error_code) == INVALID_REQUEST
     assert (int(wire.call(FIND, 0, {"key": "g"}).error_code), wire.call(FIND, 0, {"key": "g"}).port) == (NONE, port)
 
 

@@ -33,8 +33,8 @@ from tests.kafka.wire import CODECS, TIMESTAMP, kio_exchange, produce, produce_r
 pytestmark = pytest.mark.timeout(90)
 
 # Kafka's error codes
-NONE, COORDINATOR_NOT_AVAILABLE, INVALID_REQUEST, KAFKA_STORAGE_ERROR = 0, 15, 42, 56
-OUT_OF_ORDER_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH, INVALID_TXN_STATE, UNKNOWN_PRODUCER_ID = 45, 47, 48, 59
+NONE, INVALID_REQUEST, KAFKA_STORAGE_ERROR = 0, 42, 56
+OUT_OF_ORDER_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH, INVALID_PRODUCER_ID_MAPPING, TRANSACTIONAL_ID_AUTHORIZATION_FAILED, UNKNOWN_PRODUCER_ID = 45, 47, 49, 53, 59
 IDEMPOTENT_LIBRDKAFKA = {"enable.idempotence": True, "acks": "all", "linger.ms": 5}
 
 
@@ -93,10 +93,9 @@ def test_init_producer_id_with_the_producers_id_and_epoch_gives_a_new_id_as_kafk
     assert int(bumped.producer_id) > int(first.producer_id)
 
 
-def test_init_producer_id_refuses_transactional_ids(agent: RunningAgent) -> None:
-    refused = init_producer_id(agent, 4, "payments-1")
-    assert (int(refused.error_code), int(refused.producer_id), int(refused.producer_epoch)) == (COORDINATOR_NOT_AVAILABLE, -1, -1)
-    assert int(init_producer_id(agent, 4, "").error_code) == INVALID_REQUEST
+def test_init_producer_id_refuses_an_empty_transactional_id(agent: RunningAgent) -> None:
+    refused = init_producer_id(agent, 4, "")
+    assert (int(refused.error_code), int(refused.producer_id), int(refused.producer_epoch)) == (INVALID_REQUEST, -1, -1)
 
 
 # -- real clients -------------------------------------------------------------------------------------
@@ -251,7 +250,10 @@ def test_epochs_unknown_producers_and_transactional_batches(agent: RunningAgent,
     builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=True, producer_id=producer_id,
                                         producer_epoch=1, base_sequence=1, batch_size=1 << 20)
     builder.append(0, timestamp=TIMESTAMP, key=b"k", value=b"t", headers=[])
-    assert answer(agent, bytes(builder.build())) == (INVALID_TXN_STATE, -1)
+    transactional = bytes(builder.build())
+    assert answer(agent, transactional) == (TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1)  # a Produce without a transactional id, as Kafka
+    answered = produce(agent, {("orders", 0): transactional}, transactional_id="payments")[("orders", 0)]
+    assert int(answered.error_code) == INVALID_PRODUCER_ID_MAPPING  # no transactional id holds the producer id
     assert values_of(catalog) == [b"a", b"b"]
     assert values_of(catalog, "orders", 1) == [b"other"]
 

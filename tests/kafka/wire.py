@@ -94,6 +94,13 @@ class Wire:
         self.socket = socket.create_connection((address.host, address.port), timeout=10)
         self.sent: list[tuple[int, int, int]] = []
 
+    @classmethod
+    def over(cls, connection: socket.socket) -> Wire:
+        """Over a connection of the caller's (to an agent process)."""
+        wire = cls.__new__(cls)
+        wire.socket, wire.sent = connection, []
+        return wire
+
     def send(self, api_key: int, version: int, body: dict[str, Any]) -> None:
         request_class = load_request_schema(api_key, version)
         header_class = RequestHeaderV2 if request_class.__flexible__ else RequestHeaderV1
@@ -146,11 +153,12 @@ def value(prefix: str, index: int) -> bytes:
     return f"{prefix}{index}".encode() + PADDING
 
 
-def produce_request(version: int, correlation_id: int, partitions: dict[tuple[str, int], bytes | None], acks: int = -1) -> bytes:
+def produce_request(version: int, correlation_id: int, partitions: dict[tuple[str, int], bytes | None], acks: int = -1,
+                    transactional_id: str | None = None) -> bytes:
     topics: dict[str, list[dict]] = {}
     for (topic, index), records in partitions.items():
         topics.setdefault(topic, []).append({"index": index, "records": records})
-    body = {"transactional_id": None, "acks": acks, "timeout": 5000, "topic_data": [{"name": name, "partition_data": data} for name, data in topics.items()]}
+    body = {"transactional_id": transactional_id, "acks": acks, "timeout": 5000, "topic_data": [{"name": name, "partition_data": data} for name, data in topics.items()]}
     return kio_frame(0, version, body, correlation_id)
 
 
@@ -163,10 +171,11 @@ def produce_response(frame: bytes, version: int) -> tuple[int, dict[tuple[str, i
     return int(header.correlation_id), partitions
 
 
-def produce(agent: RunningAgent, partitions: dict[tuple[str, int], bytes | None], version: int = 9, acks: int = -1) -> dict[tuple[str, int], Any]:
+def produce(agent: RunningAgent, partitions: dict[tuple[str, int], bytes | None], version: int = 9, acks: int = -1,
+            transactional_id: str | None = None) -> dict[tuple[str, int], Any]:
     """One Produce request of `version` with a batch (or None) per (topic, partition): its answers by partition."""
     with connect(agent.server) as connection:
-        connection.sendall(produce_request(version, 5, partitions, acks))
+        connection.sendall(produce_request(version, 5, partitions, acks, transactional_id))
         correlation_id, answered = produce_response(receive_frame(connection), version)
     assert correlation_id == 5
     return answered

@@ -53,14 +53,24 @@ if TYPE_CHECKING:
               help="Close a connection that has not sent a whole request this long after connecting.")
 @click.option("--request-read-timeout-ms", type=click.IntRange(min=1), default=30_000, show_default=True,
               help="Close a connection whose request is not all in this long after its first byte.")
+@click.option("--transaction-max-timeout-ms", type=click.IntRange(min=1), default=900_000, show_default=True,
+              help="Longest transaction.timeout.ms a transactional producer may ask for (Kafka's transaction.max.timeout.ms); "
+                   "InitProducerId asking more gets INVALID_TRANSACTION_TIMEOUT.")
+@click.option("--transactional-id-expiration-ms", type=click.IntRange(min=1), default=604_800_000, show_default=True,
+              help="Forget a transactional id with no open transaction unused for this long (Kafka's transactional.id.expiration.ms).")
+@click.option("--transaction-abort-timed-out-transaction-cleanup-interval-ms", type=click.IntRange(min=1), default=10_000, show_default=True,
+              help="How often the agent aborts the transactions it coordinates that are open past their timeout (Kafka's option of the same name).")
+@click.option("--transaction-remove-expired-transaction-cleanup-interval-ms", type=click.IntRange(min=1), default=3_600_000, show_default=True,
+              help="How often the agent forgets expired transactional ids (Kafka's option of the same name).")
 @pass_context
 def agent(
     ctx: Context, listen: str, advertise: str | None, node_id: int | None, rack: str | None, flush_ms: int, flush_bytes: int,
     max_message_bytes: int, fetch_cache_bytes: int, auto_create_topics: bool, num_partitions: int, group_max_size: int,
     group_max_bytes: int, offsets_commit_timeout_ms: int, max_connections: int, max_connections_per_ip: int, connections_max_idle_ms: int,
-    connection_setup_timeout_ms: int, request_read_timeout_ms: int,
+    connection_setup_timeout_ms: int, request_read_timeout_ms: int, transaction_max_timeout_ms: int, transactional_id_expiration_ms: int,
+    transaction_abort_timed_out_transaction_cleanup_interval_ms: int, transaction_remove_expired_transaction_cleanup_interval_ms: int,
 ) -> None:
-    """Serve Kafka's protocol over this cluster (produce, fetch, consumer groups, idempotent producers, admin; every API
+    """Serve Kafka's protocol over this cluster (produce, fetch, consumer groups, idempotent and transactional producers, admin; every API
     and version in docs/agent.md) until SIGTERM or SIGINT, then commit what producers sent. Registers in the catalog
     beside the other agents. Prints one JSON line once listening: its address, advertised address, node id and
     cluster id. On an empty store (and catalog) it creates the cluster first, as `logcompact cluster create` does,
@@ -77,7 +87,10 @@ def agent(
             group_max_size=group_max_size, group_max_bytes=group_max_bytes, offsets_commit_timeout_ms=offsets_commit_timeout_ms,
             max_connections=max_connections, max_connections_per_ip=max_connections_per_ip,
             connections_max_idle_ms=connections_max_idle_ms, connection_setup_timeout_ms=connection_setup_timeout_ms,
-            request_read_timeout_ms=request_read_timeout_ms,
+            request_read_timeout_ms=request_read_timeout_ms, transaction_max_timeout_ms=transaction_max_timeout_ms,
+            transactional_id_expiration_ms=transactional_id_expiration_ms,
+            transaction_abort_timed_out_transaction_cleanup_interval_ms=transaction_abort_timed_out_transaction_cleanup_interval_ms,
+            transaction_remove_expired_transaction_cleanup_interval_ms=transaction_remove_expired_transaction_cleanup_interval_ms,
         )
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None

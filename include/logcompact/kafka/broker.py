@@ -1,6 +1,7 @@
 """The Broker: what every handler is given, this agent as the clients see it (the catalog, its identity in the
 cluster it serves, the advertised address, the table of served APIs) and the managers that hold the agent's state
-(the ingest thread with the producers' state, the group coordinator, the commit watch, Fetch's file cache); and a
+(the ingest thread with the producers' state, the group and transaction coordinators, the commit watch, Fetch's file
+cache); and a
 handler's type (`Handler`, and `Api`, the entry of the table in handlers/__init__.py), so the table and its
 handlers both point here."""
 
@@ -18,6 +19,7 @@ from logcompact.kafka.cluster import Address, AgentDirectory
 from logcompact.kafka.event_loop import CommitWatch
 from logcompact.kafka.group_coordinator import GroupCoordinator
 from logcompact.kafka.ingest_thread import Ingest
+from logcompact.kafka.transaction_coordinator import TransactionCoordinator
 from logcompact.store.cache import CachedStore
 from logcompact.topics import Topic
 from logcompact.units import wall_clock_ms
@@ -37,6 +39,7 @@ class Broker:
     commits: CommitWatch = field(repr=False)
     groups: GroupCoordinator = field(repr=False)
     file_cache: CachedStore = field(repr=False)  # the catalog's store behind Fetch's bounded cache of file ranges
+    transactions: TransactionCoordinator = field(repr=False)
     # Kafka's auto.create.topics.enable and num.partitions: Metadata asking for an unknown topic (when the client
     # allows it) creates it with this many partitions and the default configs.
     auto_create_topics: bool = True

@@ -1,22 +1,25 @@
 """The server's one ingest agent and the one thread that feeds it: what Produce handlers hand over, in request
-order, with the topics as last read and the idempotent producers' state (`producer_state`) kept on that thread."""
+order, with the topics as last read, the idempotent producers' state and the transactional producers' transactions
+(`producer_state`) kept on that thread."""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import pyarrow as pa
 
 from logcompact.catalog import Catalog
+from logcompact.catalog.model import TopicPartition
 from logcompact.catalog.producers import SequencedBatch
 from logcompact.exceptions import IngestError
 from logcompact.format.xxh3 import compile_hasher
 from logcompact.ingest import Agent
-from logcompact.kafka import records
+from logcompact.kafka import codec, records
 from logcompact.kafka.event_loop import LoopResults
-from logcompact.kafka.producer_state import ProducerStateManager
+from logcompact.kafka.producer_state import ProducerStateError, ProducerStateManager, TransactionViews
 from logcompact.topics import Topic
 
 # How long an agent trusts what it read of the topics before reading them again for a produce: topics are
@@ -34,7 +37,8 @@ class Ingest:
     is written) the agent's inline flush blocks that thread (backpressure on every producer) instead of the event
     loop. `topic`, `produce` and `produce_sequenced` run on that thread only.
 
-    Idempotent producers' batches are checked here, on that thread, against the producers' state (`producers`)."""
+    Idempotent producers' batches are checked here, on that thread, against the producers' state (`producers`), and
+    transactional producers' against their transactions (`transactions`)."""
 
     def __init__(self, catalog: Catalog, flush_interval_ms: int, flush_bytes: int) -> None:
         self.catalog = catalog
@@ -46,7 +50,9 @@ class Ingest:
         compile_hasher()
         self._agent = self._new_agent()
         self.producers = ProducerStateManager(catalog)  # idempotent producers' state, used on the ingest thread
+        self.transactions = TransactionViews(catalog)  # transactional producers' transactions, used on the ingest thread
         self._topics: dict[str, Topic] = {}
+        self._topic_ids: dict[str, int] = {}  # the catalog's, which transactions name partitions by
         self._read_at = float("-inf")  # time.monotonic() of the last read of the topics; -inf: read at the next produce
         self._forgotten = 0  # forget_topics calls: a read begun before the last one does not count as fresh
         # Topics read again because of their age are read here, so no produce waits for the catalog on the ingest thread.
@@ -73,7 +79,8 @@ class Ingest:
 
     def _read_topics(self) -> None:
         forgotten = self._forgotten
-        self._topics = self.catalog.snapshot().topics
+        snapshot = self.catalog.snapshot()
+        self._topics, self._topic_ids = snapshot.topics, snapshot.topic_ids
         self._agent.use_topics(self._topics)  # the ingest agent checks partitions and keys by the same view
         self._read_at = time.monotonic() if forgotten == self._forgotten else float("-inf")
 
@@ -92,13 +99,30 @@ class Ingest:
                 pass  # the same failure, already answered to its batches
             return self._agent.produce_columns(topic, partition, columns, sequenced, after)
 
-    def produce_sequenced(self, topic: str, partition: int, columns: pa.RecordBatch, producer_id: int, epoch: int, first_sequence: int) -> Future:
+    def produce_sequenced(
+        self, topic: str, partition: int, columns: pa.RecordBatch, producer_id: int, epoch: int, first_sequence: int, transactional: bool = False,
+    ) -> Future:
         """An idempotent producer's batch: the future of its offsets, or for a retry of one of the producer's newest 5
-        batches, that batch's (`ProducerStateManager.append`, which raises ProducerStateError for a batch refused)."""
+        batches, that batch's (`ProducerStateManager.append`, which raises ProducerStateError for a batch refused).
+        A transactional batch that is not a retry must be in its producer's open transaction (`TransactionViews`)."""
+        check = None
+        if transactional:
+            def check() -> None:
+                topic_id = self._topic_ids.get(topic)
+                if topic_id is None:  # deleted since the request's topic was looked up
+                    raise ProducerStateError(codec.ErrorCode.unknown_topic_or_partition, f"no topic {topic!r} in the catalog")
+                self.transactions.check(producer_id, epoch, (topic_id, partition), f"{topic}-{partition}")
         return self.producers.append(
             topic, partition, columns.num_rows, producer_id, epoch, first_sequence,
-            lambda sequenced, after: self.produce(topic, partition, columns, sequenced, after),
+            lambda sequenced, after: self.produce(topic, partition, columns, sequenced._replace(transactional=transactional), after), check,
         )
+
+    def transaction_added(self, producer_id: int, epoch: int, partitions: Collection[TopicPartition]) -> None:
+        """The partitions joined the producer's transaction at `epoch` (this agent's coordinator added them)."""
+        if any(topic not in self._topic_ids for topic, _ in partitions):
+            self._read_topics()
+        ids = self._topic_ids
+        self.transactions.added(producer_id, epoch, frozenset((ids[topic], partition) for topic, partition in partitions if topic in ids))
 
     def flush(self) -> None:
         """Commit what is buffered now. A failure is not raised: it was answered to the batches it failed."""

@@ -191,6 +191,14 @@ def _snappy_length(block: memoryview) -> int:
     raise CorruptRecordError("snappy block has no uncompressed length")
 
 
+def is_transactional(data: bytes | memoryview | None) -> bool:
+    """Whether a Produce partition's records start with a batch whose attributes say transactional (read as Kafka's
+    ProduceRequest.hasTransactionalRecords reads them, before any other check)."""
+    if data is None or len(data) < _ATTRIBUTES_OFFSET + 2:
+        return False
+    return bool(struct.unpack_from(">h", data, _ATTRIBUTES_OFFSET)[0] & _TRANSACTIONAL_BIT)
+
+
 def read_batch(data: bytes) -> Batch:
     """The one batch a Produce (v3+) carries for a partition, its CRC-32C checked; records not yet decoded."""
     if len(data) <= _MAGIC_OFFSET:

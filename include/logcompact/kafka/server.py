@@ -52,6 +52,14 @@ from logcompact.kafka.group_coordinator import DEFAULT_GROUP_MAX_BYTES, DEFAULT_
 from logcompact.kafka.handlers import APIS, api_versions
 from logcompact.kafka.handlers.produce import DEFAULT_MAX_MESSAGE_BYTES
 from logcompact.kafka.ingest_thread import Ingest
+from logcompact.kafka.transaction_coordinator import (
+    ABORT_INTERVAL_MS,
+    EXPIRY_INTERVAL_MS,
+    ID_EXPIRATION_MS,
+    MAX_TIMEOUT_MS,
+    TransactionCoordinator,
+    TransactionSettings,
+)
 from logcompact.store.cache import DEFAULT_MAX_BYTES as DEFAULT_FETCH_CACHE_BYTES
 from logcompact.store.cache import CachedStore
 
@@ -111,6 +119,17 @@ class AgentSettings:
     fetch_cache_bytes: int = DEFAULT_FETCH_CACHE_BYTES  # file ranges Fetch keeps for consumers reading them again
     auto_create_topics: bool = True  # Kafka's auto.create.topics.enable
     num_partitions: int = 1  # Kafka's num.partitions: of a topic created without a count
+    transaction_max_timeout_ms: int = MAX_TIMEOUT_MS  # Kafka's transaction.max.timeout.ms
+    transactional_id_expiration_ms: int = ID_EXPIRATION_MS  # Kafka's transactional.id.expiration.ms
+    transaction_abort_timed_out_transaction_cleanup_interval_ms: int = ABORT_INTERVAL_MS  # Kafka's, of the same name
+    transaction_remove_expired_transaction_cleanup_interval_ms: int = EXPIRY_INTERVAL_MS  # Kafka's, of the same name
+
+    @property
+    def transactions(self) -> TransactionSettings:
+        return TransactionSettings(
+            self.transaction_max_timeout_ms, self.transactional_id_expiration_ms,
+            self.transaction_abort_timed_out_transaction_cleanup_interval_ms, self.transaction_remove_expired_transaction_cleanup_interval_ms,
+        )
 
 
 class FrameError(Exception):
@@ -316,9 +335,11 @@ class AgentServer:
         groups = GroupCoordinator(self.catalog, agents.me.node_id, settings.group_initial_rebalance_delay_ms,
                                   settings.group_max_size, settings.group_max_bytes, settings.offsets_commit_timeout_ms)
         file_cache = CachedStore(self.catalog.store, settings.fetch_cache_bytes)
+        transactions = TransactionCoordinator(self.catalog, agents, settings.transactions)
+        transactions.start(ingest)
         self._broker = Broker(
             self.catalog, cluster_id, agents, advertised, APIS, ingest, settings.max_message_bytes, commits, groups, file_cache,
-            settings.auto_create_topics, settings.num_partitions,
+            transactions, settings.auto_create_topics, settings.num_partitions,
         )
         # What the agent holds for its life is made by now (modules, compiled loops, the catalog's metadata): put out
         # of the collector's reach, so its full collections, which walked all of it with the GIL held (100-200 ms in
@@ -333,6 +354,7 @@ class AgentServer:
         if self._sweeping is not None:
             self._sweeping.cancel()
             await asyncio.gather(self._sweeping, return_exceptions=True)
+        await self.broker.transactions.stop()
         await self.broker.agents.stop()
         for reader in self._readers:
             reader.cancel()

@@ -8,8 +8,9 @@ past its byte limit: `Snapshot.sections_from`), and its partitions are read on s
 Each record keeps its offset; holes left by compaction are gaps in a batch's offset deltas, a fetch offset in a
 hole gets the next record that exists, and a hole at the end is covered by the last batch's last offset (or a
 batch of no records), so no client stalls. The log start offset is the catalog's, raised by retention only
-(compaction never moves it, as in Kafka), the high watermark the partition's next offset, and, without transactions,
-the last stable offset is the high watermark whatever the `isolation_level`.
+(compaction never moves it, as in Kafka), the high watermark the partition's next offset, and the last stable offset
+the catalog's (the first offset of the partition's earliest open transaction's data, else the high watermark)
+whatever the `isolation_level`.
 
 `max_bytes` and each `partition_max_bytes` hold, except that the first batch of the first partition with records
 is returned whole (it then holds one record), as in Kafka, so a record larger than the limits never stalls a
@@ -71,6 +72,7 @@ class Answer:
     error: codec.ErrorCode
     high_watermark: int = -1
     log_start_offset: int = -1
+    last_stable_offset: int = -1
     records: bytes | memoryview = b""  # the batches' buffer, not copied into bytes
     next_offset: int = -1
 
@@ -157,6 +159,7 @@ class _ToRead:
     asked: Wanted
     log_start: int
     high_watermark: int
+    last_stable: int
     sections: Iterable[SectionRef]
 
 
@@ -168,19 +171,22 @@ def _partitions_plan(snapshot: Snapshot, topic: str, partitions: list[Wanted], o
         if not 0 <= asked.partition < len(offsets):
             plan.append(Answer(asked.partition, codec.ErrorCode.unknown_topic_or_partition))
             continue
-        log_start, high_watermark, _ = offsets[asked.partition]
+        log_start, high_watermark, last_stable = offsets[asked.partition]
         # The log start is the catalog's (raised by retention only): an offset from it on is served from the next
         # record there is, however much of the head compaction removed.
         if not log_start <= asked.fetch_offset <= high_watermark:
-            plan.append(Answer(asked.partition, codec.ErrorCode.offset_out_of_range, high_watermark, log_start))
+            plan.append(Answer(asked.partition, codec.ErrorCode.offset_out_of_range, high_watermark, log_start, last_stable))
             continue
-        plan.append(_ToRead(asked, log_start, high_watermark, []))
+        plan.append(_ToRead(asked, log_start, high_watermark, last_stable, []))
         if asked.fetch_offset < high_watermark:
             ranges[asked.partition] = (asked.fetch_offset, high_watermark)
     if not ranges:
         return plan
     sections = snapshot.sections_of_partitions(topic, ranges)
-    return [_ToRead(item.asked, item.log_start, item.high_watermark, sections.get(item.asked.partition, [])) if isinstance(item, _ToRead) else item for item in plan]
+    return [
+        _ToRead(item.asked, item.log_start, item.high_watermark, item.last_stable, sections.get(item.asked.partition, [])) if isinstance(item, _ToRead) else item
+        for item in plan
+    ]
 
 
 def _read_alone(store: ObjectStore, item: _ToRead) -> tuple[Answer, bool]:
@@ -191,7 +197,7 @@ def _read_alone(store: ObjectStore, item: _ToRead) -> tuple[Answer, bool]:
 
 def _answer(store: ObjectStore, item: _ToRead, limit: int, budget: _Budget) -> Answer:
     batches, next_offset = _batches(store, item.sections, item.asked.fetch_offset, item.high_watermark, limit, budget)
-    return Answer(item.asked.partition, codec.ErrorCode.none, item.high_watermark, item.log_start, batches, next_offset)
+    return Answer(item.asked.partition, codec.ErrorCode.none, item.high_watermark, item.log_start, item.last_stable, batches, next_offset)
 
 
 # The newest snapshot read of each catalog, reused while no commit has come since (a snapshot reads the topics).
@@ -261,7 +267,7 @@ def _response(version: int, body: Any, topics: list[tuple[str, list[Answer]]], e
                         "partition_index": partition.index,
                         "error_code": partition.error,
                         "high_watermark": partition.high_watermark,
-                        "last_stable_offset": partition.high_watermark,
+                        "last_stable_offset": partition.last_stable_offset,
                         "log_start_offset": partition.log_start_offset,
                         "aborted_transactions": aborted,
                         "preferred_read_replica": NO_PREFERRED_REPLICA,

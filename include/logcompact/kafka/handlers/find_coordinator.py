@@ -1,10 +1,11 @@
-"""FindCoordinator (key 10), v0-4: the agent that coordinates a consumer group (v4 answers several keys at once).
+"""FindCoordinator (key 10), v0-4: the agent that coordinates a consumer group or, key type 1, a transactional id
+(v4 answers several keys at once).
 
 Every agent answers for every group from the same list of live agents (read from the catalog for each request;
 group requests check against the list as of the agent's last heartbeat, so for up to a heartbeat after an agent
 joins or leaves two agents may both take a group's requests, and its members then rejoin at the one that stays),
-so clients reach the group's coordinator from any bootstrap agent. Transactional ids (key type 1) are refused with INVALID_REQUEST, Kafka's answer to a
-key type it does not serve: this agent has no transaction coordinator.
+so clients reach the group's coordinator from any bootstrap agent. A transactional id's coordinator is chosen the
+same way, from the same list (`TransactionCoordinator.coordinates`). Another key type is INVALID_REQUEST, as Kafka.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from logcompact.kafka import codec
 from logcompact.kafka.broker import Broker, describe
 
 API_KEY = 10
-GROUP_KEY = 0
+GROUP_KEY, TRANSACTION_KEY = 0, 1
 
 
 async def handle(broker: Broker, request: codec.Request) -> Any:
@@ -31,7 +32,7 @@ async def handle(broker: Broker, request: codec.Request) -> Any:
 
 
 def _find(broker: Broker, key: str, key_type: int) -> dict[str, Any]:
-    if key_type != GROUP_KEY:
-        message = "transactional ids have no coordinator here: the agent does not serve transactions" if key_type == 1 else f"unknown key type {key_type}"
+    if key_type not in (GROUP_KEY, TRANSACTION_KEY):
+        message = f"unknown key type {key_type}: 0 (group) or 1 (transaction)"
         return {"key": key, "error_code": codec.ErrorCode.invalid_request, "error_message": message, "node_id": -1, "host": "", "port": -1}
     return {"key": key, "error_code": codec.ErrorCode.none, "error_message": None, **describe(broker.agents.coordinator_for(key))}

@@ -1,10 +1,13 @@
 """Produce (key 0), v3-9: record batches (magic 2) into the ingest agent, acknowledged once durable.
 
 Each partition's one batch is checked as Kafka's broker checks it (framing and magic, CRC-32C, compression
-allowed by the version, `max.message.bytes`, keys of a compacted topic, and an idempotent producer's id, epoch and
-sequence) and then decompressed and handed to the ingest agent whole, or refused whole with Kafka's error for that
-partition; the other partitions of the request go on. A retry of one of an idempotent producer's newest 5 batches
-on the partition is answered with that batch's base offset, and nothing is written again. acks=1 and acks=-1 (all) are answered once the L0 file holding the batch is committed to
+allowed by the version, `max.message.bytes`, keys of a compacted topic, an idempotent producer's id, epoch and
+sequence, and a transactional producer's transaction holding the partition) and then decompressed and handed to the
+ingest agent whole, or refused whole with Kafka's error for that partition; the other partitions of the request go
+on. A retry of one of an idempotent producer's newest 5 batches on the partition is answered with that batch's base
+offset, and nothing is written again. A transactional batch whose transaction ended before its append (a fenced
+producer's, a late retry) is refused alone with its transaction's error, its records aborted; a retry of it gets
+that error again. acks=1 and acks=-1 (all) are answered once the L0 file holding the batch is committed to
 the catalog; acks=0 gets no response, and a refused batch closes the connection (Kafka's way of telling a
 client that reads no responses).
 """
@@ -19,10 +22,12 @@ import numpy as np
 import pyarrow as pa
 
 from logcompact import ingest
+from logcompact.catalog.transactions import TxnRefusal
 from logcompact.exceptions import InvalidRecordError
 from logcompact.kafka import codec, records
 from logcompact.kafka.broker import Broker
 from logcompact.kafka.producer_state import ProducerStateError
+from logcompact.kafka.transaction_coordinator import error_code
 
 API_KEY = 0
 # Kafka's broker default for message.max.bytes, the max.message.bytes of a topic that sets none.
@@ -59,7 +64,12 @@ async def handle(broker: Broker, request: codec.Request) -> Any:
 
 
 def _accept(broker: Broker, version: int, body: Any) -> list[tuple[str, list[tuple[int, Outcome]]]]:
-    """On the ingest thread: every partition's batch checked, and handed to the ingest agent or refused."""
+    """On the ingest thread: every partition's batch checked, and handed to the ingest agent or refused. Transactional
+    batches in a request without a transactional id refuse the whole request, as Kafka's KafkaApis does."""
+    if body.transactional_id is None and any(records.is_transactional(p.records) for topic in body.topic_data for p in topic.partition_data):
+        refusal = _refused(codec.ErrorCode.transactional_id_authorization_failed,
+                           "transactional batches in a Produce request without a transactional id: send them with the producer's transactional.id")
+        return [(topic.name, [(partition.index, refusal) for partition in topic.partition_data]) for topic in body.topic_data]
     return [
         (topic.name, [(partition.index, _accept_partition(broker, version, body.acks, topic.name, partition)) for partition in topic.partition_data])
         for topic in body.topic_data
@@ -82,13 +92,11 @@ def _accept_partition(broker: Broker, version: int, acks: int, name: str, partit
         return _refused(codec.ErrorCode.unsupported_compression_type, f"zstd batches need Produce v{FIRST_VERSION_WITH_ZSTD}+, this is v{version}")
     if batch.size_bytes > (limit := broker.max_message_bytes_of(topic)):
         return _refused(codec.ErrorCode.message_too_large, f"batch of {batch.size_bytes} bytes is over max.message.bytes {limit}")
-    if batch.transactional:
-        # InitProducerId refuses transactional ids, so no transaction was begun here (Kafka's verification of a
-        # partition not added to a transaction answers this too).
-        return _refused(codec.ErrorCode.invalid_txn_state, "transactional batch: the agent serves no transactions; use an idempotent producer without transactional.id")
     epoch, first_sequence = batch.producer_epoch, batch.base_sequence
     if batch.producer_id >= 0 and (epoch < 0 or first_sequence < 0):
         return _refused(codec.ErrorCode.invalid_record, f"producer id {batch.producer_id} with epoch {epoch} and base sequence {first_sequence}: both must be >= 0")
+    if batch.transactional and batch.producer_id < 0:
+        return _refused(codec.ErrorCode.invalid_record, "transactional batch without a producer id: InitProducerId with the transactional.id first")
     if batch.control:
         return _refused(codec.ErrorCode.invalid_record, "clients may not write control batches")
     try:
@@ -112,7 +120,8 @@ def _accept_partition(broker: Broker, version: int, acks: int, name: str, partit
         columns = columns.set_column(0, ingest.PRODUCE_SCHEMA.field(0), pa.array(np.full(columns.num_rows, append_time, dtype=np.int64)))
     try:
         if batch.producer_id >= 0:
-            return broker.ingest.produce_sequenced(name, partition.index, columns, batch.producer_id, epoch, first_sequence), append_time
+            future = broker.ingest.produce_sequenced(name, partition.index, columns, batch.producer_id, epoch, first_sequence, batch.transactional)
+            return future, append_time
         return broker.ingest.produce(name, partition.index, columns), append_time
     except ProducerStateError as exc:
         return _refused(exc.error, str(exc))
@@ -137,6 +146,8 @@ async def _answer(broker: Broker, index: int, outcome: Outcome) -> dict[str, Any
     accepted, append_time = outcome
     try:
         offsets = await broker.ingest.results.wrap(accepted)
+    except TxnRefusal as exc:  # a transactional batch whose transaction ended before its append: its records are aborted
+        return {"index": index, **_refused(error_code(exc.error), str(exc))}
     except Exception as exc:  # the L0 file was not committed: retriable, the client sends the batch again
         return {"index": index, **_refused(codec.ErrorCode.kafka_storage_error, str(exc))}
     # log_append_time -1 (None) for CreateTime; log_start_offset unknown (-1) without a catalog read per response.

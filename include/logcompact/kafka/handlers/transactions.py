@@ -1,0 +1,101 @@
+"""AddPartitionsToTxn (key 24) v0-3 and EndTxn (key 26) v0-3: a transactional producer's transaction, through
+its coordinator (`TransactionCoordinator`; NOT_COORDINATOR on another agent, as Kafka).
+
+As Kafka's KafkaApis: AddPartitionsToTxn naming a topic or partition the catalog does not have answers it
+UNKNOWN_TOPIC_OR_PARTITION and every other partition OPERATION_NOT_ATTEMPTED, adding none; otherwise its
+partitions are all added, or all answered the coordinator's one error (INVALID_PRODUCER_ID_MAPPING for a producer id
+the transactional id does not hold, PRODUCER_FENCED for another epoch, from v2 on: INVALID_PRODUCER_EPOCH before).
+EndTxn commits or aborts the open transaction in one catalog transaction: a marker offset in each partition added
+to it, its data's offsets recorded as aborted on abort. A retry of the outcome that ended it is answered NONE, the
+other outcome INVALID_TXN_STATE; another epoch PRODUCER_FENCED (v2+; INVALID_PRODUCER_EPOCH before).
+AddPartitionsToTxn v4+ (broker-to-broker batches) and EndTxn v4+ (KIP-890) are not served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from logcompact.catalog.transactions import TxnRefusal
+from logcompact.exceptions import CatalogUnavailableError, InvalidRecordError, TopicNotFoundError
+from logcompact.kafka import codec
+from logcompact.kafka.broker import Broker
+from logcompact.kafka.transaction_coordinator import error_code, fenced
+
+ADD_PARTITIONS_TO_TXN, END_TXN = 24, 26
+# The versions that added PRODUCER_FENCED (INVALID_PRODUCER_EPOCH before), as their message schemas say.
+ADD_PARTITIONS_FENCED_SINCE = END_TXN_FENCED_SINCE = 2
+
+log = logging.getLogger(__name__)
+
+
+async def add_partitions_to_txn(broker: Broker, request: codec.Request) -> Any:
+    body, version = request.body, request.api_version
+    transactional_id = body.v3_and_below_transactional_id
+    wanted = [(topic.name, int(partition)) for topic in body.v3_and_below_topics for partition in topic.partitions]
+    errors = dict.fromkeys(wanted, await _add_error(broker, body, transactional_id, wanted, version))
+    if errors and next(iter(errors.values())) == codec.ErrorCode.unknown_topic_or_partition:
+        errors = await _unknown_partitions(broker, wanted)
+    return codec.build(codec.response_class(ADD_PARTITIONS_TO_TXN, version), {
+        "throttle_time": 0,
+        "results_by_topic_v3_and_below": [
+            {"name": topic.name, "results_by_partition": [
+                {"partition_index": int(partition), "partition_error_code": errors[(topic.name, int(partition))]} for partition in topic.partitions
+            ]}
+            for topic in body.v3_and_below_topics
+        ],
+    })
+
+
+async def _add_error(broker: Broker, body: Any, transactional_id: str, wanted: list[tuple[str, int]], version: int) -> codec.ErrorCode:
+    """The one error of every partition of the request (NONE when they were added), or UNKNOWN_TOPIC_OR_PARTITION
+    when one of them is not the catalog's (then told apart by `_unknown_partitions`)."""
+    if not transactional_id:
+        return codec.ErrorCode.invalid_request
+    if not broker.transactions.coordinates(transactional_id):
+        return codec.ErrorCode.not_coordinator
+    try:
+        await broker.transactions.add_partitions(transactional_id, int(body.v3_and_below_producer_id), int(body.v3_and_below_producer_epoch), wanted)
+    except (TopicNotFoundError, InvalidRecordError):
+        return codec.ErrorCode.unknown_topic_or_partition
+    except TxnRefusal as refused:
+        log.debug("AddPartitionsToTxn of transactional id %r refused: %s", transactional_id, refused)
+        return fenced(error_code(refused.error), version, ADD_PARTITIONS_FENCED_SINCE)
+    except CatalogUnavailableError as exc:  # retriable: the client sends it again
+        log.warning("AddPartitionsToTxn of transactional id %r answered COORDINATOR_NOT_AVAILABLE: %s", transactional_id, exc)
+        return codec.ErrorCode.coordinator_not_available
+    return codec.ErrorCode.none
+
+
+async def _unknown_partitions(broker: Broker, wanted: list[tuple[str, int]]) -> dict[tuple[str, int], codec.ErrorCode]:
+    """Kafka's answer to partitions some of which do not exist: those UNKNOWN_TOPIC_OR_PARTITION, the others
+    OPERATION_NOT_ATTEMPTED (none was added)."""
+    topics = (await asyncio.to_thread(broker.catalog.snapshot)).topics
+    return {
+        (name, partition): codec.ErrorCode.operation_not_attempted
+        if name in topics and 0 <= partition < topics[name].partitions else codec.ErrorCode.unknown_topic_or_partition
+        for name, partition in wanted
+    }
+
+
+async def end_txn(broker: Broker, request: codec.Request) -> Any:
+    body, version = request.body, request.api_version
+    return codec.build(codec.response_class(END_TXN, version), {"throttle_time": 0, "error_code": await _end_error(broker, body, version)})
+
+
+async def _end_error(broker: Broker, body: Any, version: int) -> codec.ErrorCode:
+    transactional_id = body.transactional_id
+    if not transactional_id:
+        return codec.ErrorCode.invalid_request
+    if not broker.transactions.coordinates(transactional_id):
+        return codec.ErrorCode.not_coordinator
+    try:
+        await broker.transactions.end(transactional_id, int(body.producer_id), int(body.producer_epoch), bool(body.committed))
+    except TxnRefusal as refused:
+        log.debug("EndTxn of transactional id %r refused: %s", transactional_id, refused)
+        return fenced(error_code(refused.error), version, END_TXN_FENCED_SINCE)
+    except CatalogUnavailableError as exc:  # retriable: the client sends it again
+        log.warning("EndTxn of transactional id %r answered COORDINATOR_NOT_AVAILABLE: %s", transactional_id, exc)
+        return codec.ErrorCode.coordinator_not_available
+    return codec.ErrorCode.none
