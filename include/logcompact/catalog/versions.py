@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import uuid
 
-from sqlalchemy import Connection, delete, exists, func, insert, literal, select, update
+from sqlalchemy import Connection, delete, func, select
 
 from logcompact.catalog import schema as s
 from logcompact.catalog.database import driver_connection, driver_errors
@@ -29,9 +29,11 @@ def lock(connection: Connection) -> int:
 _BUMP = "UPDATE catalog_info SET version = version + 1 RETURNING version"
 _LOG = """
 INSERT INTO versions (version, commit_id, created_ms, operation)
-SELECT version, %(commit_id)s, %(created_ms)s, %(operation)s FROM catalog_info AS i
+SELECT version, {commit_id}, {created_ms}, {operation} FROM catalog_info AS i
 WHERE NOT EXISTS (SELECT 1 FROM versions AS v WHERE v.version >= i.version) RETURNING version
 """
+_LOG_POSTGRESQL = _LOG.format(commit_id="%(commit_id)s", created_ms="%(created_ms)s", operation="%(operation)s")
+_LOG_SQLITE = _LOG.format(commit_id=":commit_id", created_ms=":created_ms", operation=":operation")
 
 
 def next_version(connection: Connection, operation: str, now_ms: int) -> int:
@@ -39,24 +41,15 @@ def next_version(connection: Connection, operation: str, now_ms: int) -> int:
     log = {"commit_id": str(uuid.uuid4()), "created_ms": now_ms, "operation": operation}
     if connection.dialect.name == "postgresql":
         driver = driver_connection(connection)
-        with driver_errors(connection, _LOG), driver.cursor() as bump, driver.cursor() as logged:
+        with driver_errors(connection, _LOG_POSTGRESQL), driver.cursor() as bump, driver.cursor() as logged:
             with driver.pipeline():
                 bump.execute(_BUMP)
-                logged.execute(_LOG, log)
+                logged.execute(_LOG_POSTGRESQL, log)
             [(version,)] = bump.fetchall()
             written = logged.fetchall()
     else:
-        version = connection.execute(
-            update(s.catalog_info).values(version=s.catalog_info.c.version + 1).returning(s.catalog_info.c.version)
-        ).scalar_one()
-        info, logs = s.catalog_info.c, s.versions.alias("v").c
-        written = connection.execute(
-            insert(s.versions).from_select(
-                ["version", "commit_id", "created_ms", "operation"],
-                select(info.version, literal(log["commit_id"]), literal(now_ms), literal(operation))
-                .where(~exists().where(logs.version >= info.version)),
-            ).returning(s.versions.c.version)
-        ).all()
+        [(version,)] = connection.exec_driver_sql(_BUMP).all()
+        written = connection.exec_driver_sql(_LOG_SQLITE, log).all()
     if not written:
         raise version_behind_log(version - 1, connection.execute(select(func.max(s.versions.c.version))).scalar_one())
     connection.info[COMMITTED] = (version, operation)
