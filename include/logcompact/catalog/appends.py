@@ -102,7 +102,9 @@ def advance_partitions(connection: Connection, counts: Mapping[Slot, int], files
                 for reset in _ANY_PLAN:
                     settings.execute(reset)
             return {(topic_id, partition): first for topic_id, partition, first in advance.fetchall()}
-    rows = connection.exec_driver_sql(_ADVANCE_SQLITE, (json.dumps([[t, p, counts[(t, p)], files[(t, p)]] for t, p in slots]),)).all()
+    # On the driver's connection too: SQLAlchemy's rows for the 1,000 returned took 1.3 ms.
+    with driver_errors(connection, _ADVANCE_SQLITE):
+        rows = driver_connection(connection).execute(_ADVANCE_SQLITE, (json.dumps([[t, p, counts[(t, p)], files[(t, p)]] for t, p in slots]),)).fetchall()
     # SQLite's RETURNING names only the updated table: the first offset is the new next_offset less the count.
     return {(t, p): next_offset - counts[(t, p)] for t, p, next_offset in rows}
 
