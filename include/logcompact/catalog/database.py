@@ -206,7 +206,7 @@ def driver_connection(connection: Connection) -> Any:
 
 @contextmanager
 def driver_errors(connection: Connection, statement: str) -> Iterator[None]:
-    """psycopg's errors of `statement`, run on its connection past SQLAlchemy, raised as SQLAlchemy raises its own
+    """The driver's errors of `statement`, run on its connection past SQLAlchemy, raised as SQLAlchemy raises its own
     (`catalog_errors` tells an unreachable catalog by them, a lock timeout too); a connection the database dropped is
     invalidated, as SQLAlchemy does, so that the pool never hands it out again."""
     dialect = connection.dialect

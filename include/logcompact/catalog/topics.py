@@ -48,7 +48,8 @@ def rows(connection: Connection, names: set[str], lock: str | None = None) -> di
 
 
 # `rows`' statements, by dialect and lock, built once: the names bound as one parameter (an array, a JSON list), so
-# that each run binds it as it is, where an IN list is rendered again for every run (0.6 ms of an append's 1).
+# that each run binds it as it is, where an IN list was built and rendered again for every run (0.8 ms of the 1 an
+# append's read of its topics took).
 _ROWS: dict[tuple[str, str | None], Select] = {}
 
 
