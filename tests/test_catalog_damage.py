@@ -1370,6 +1370,32 @@ def test_an_append_whose_database_goes_away_midway_raises_catalog_unavailable(
     assert assigned == [offsets]
 
 
+@pytest.mark.parametrize("lowered_by", [1, 2])
+def test_an_append_on_postgresql_under_a_lowered_version_row_is_refused_writing_nothing(
+    postgres_catalog: tuple[Catalog, PostgresServer, str], lowered_by: int
+) -> None:
+    """The version row lowered below the commit log's newest version, on PostgreSQL, where the row is bumped and the
+    commit logged in one round trip: the append is refused on one line naming the row and the log, nothing of it is
+    written (no log row, no file, no offsets), and once the row is set back the next append takes those offsets."""
+    catalog, server, url = postgres_catalog
+    name = make_url(url).database
+    offsets = catalog.next_offsets("accounts")
+    with server.connect(name) as connection:
+        (version,) = connection.execute("SELECT version FROM catalog_info").fetchone()
+        connection.execute("UPDATE catalog_info SET version = %s", (version - lowered_by,))
+    sections = tuple(SectionInfo("accounts", p, 2, 1, NOW, NOW, 0, 100, "none", 0, 0, 100) for p in range(3))
+    with pytest.raises(CorruptDataError, match=f"catalog_info.version is {version - lowered_by} but the commit log \\(versions\\) holds version {version}") as raised:
+        catalog.append_files([NewFile("data/l0/refused.seg", 0, 300, NOW, sections)], NOW)
+    assert "\n" not in str(raised.value) and PLANTED not in str(raised.value)
+    with server.connect(name) as connection:
+        assert connection.execute("SELECT max(version) FROM versions").fetchone() == (version,)
+        connection.execute("UPDATE catalog_info SET version = %s", (version,))
+    assert catalog.next_offsets("accounts") == offsets
+    assert catalog.known_files(["data/l0/refused.seg"]) == set()
+    appended = catalog.append_files([NewFile("data/l0/accepted.seg", 0, 300, NOW, sections)], NOW)
+    assert (appended.version, appended.assigned) == (version + 1, [offsets])
+
+
 def test_a_snapshot_whose_sqlite_file_turns_to_garbage_raises_catalog_unavailable(two_partitions: Catalog) -> None:
     catalog = two_partitions
     snapshot = catalog.snapshot()

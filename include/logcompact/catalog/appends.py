@@ -6,21 +6,20 @@ section for each of 1,000 topic-partitions or more, and a statement per row cost
 
 PostgreSQL gets arrays (`unnest`) for the partitions and COPY in binary for the sections; SQLite, whose writer
 holds the database's one write lock whatever it does, an `UPDATE ... FROM json_each` and an `executemany`. On
-PostgreSQL both run on psycopg's connection, past SQLAlchemy (`_driver_errors`): COPY has no other way, and the update
-goes in one round trip with its plan's settings (a pipeline), its 1,000 rows read back without SQLAlchemy's rows.
+PostgreSQL both run on psycopg's connection, past SQLAlchemy (`database.driver_errors`): COPY has no other way, and the update
+goes in one round trip with its plan's settings (a pipeline), its 1,000 rows read back without SQLAlchemy's rows, as
+SQLite's update reads them back on its driver's connection too.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
 
 from sqlalchemy import BigInteger, Connection, Integer, LargeBinary, SmallInteger, select
-from sqlalchemy.exc import DBAPIError
 
 from logcompact.catalog import schema as s
+from logcompact.catalog.database import driver_connection, driver_errors
 from logcompact.exceptions import CorruptDataError
 
 # A partition, as (topic id, partition).
@@ -92,19 +91,20 @@ def advance_partitions(connection: Connection, counts: Mapping[Slot, int], files
         return {}
     slots = sorted(counts)
     if connection.dialect.name == "postgresql":
-        driver = _driver(connection)
+        driver = driver_connection(connection)
         arrays = {
             "topics": _array(t for t, _ in slots), "partitions": _array(p for _, p in slots), "counts": _array(counts[slot] for slot in slots),
             "files": _array(files[slot] for slot in slots),
         }
-        with _driver_errors(connection, _ADVANCE_POSTGRESQL), driver.cursor() as settings, driver.cursor() as advance:
+        with driver_errors(connection, _ADVANCE_POSTGRESQL), driver.cursor() as settings, driver.cursor() as advance:
             with driver.pipeline():
                 settings.execute(_KEYED_PLAN)
                 advance.execute(_ADVANCE_POSTGRESQL, arrays)
                 for reset in _ANY_PLAN:
                     settings.execute(reset)
             return {(topic_id, partition): first for topic_id, partition, first in advance.fetchall()}
-    rows = connection.exec_driver_sql(_ADVANCE_SQLITE, (json.dumps([[t, p, counts[(t, p)], files[(t, p)]] for t, p in slots]),)).all()
+    with driver_errors(connection, _ADVANCE_SQLITE):
+        rows = driver_connection(connection).execute(_ADVANCE_SQLITE, (json.dumps([[t, p, counts[(t, p)], files[(t, p)]] for t, p in slots]),)).fetchall()
     # SQLite's RETURNING names only the updated table: the first offset is the new next_offset less the count.
     return {(t, p): next_offset - counts[(t, p)] for t, p, next_offset in rows}
 
@@ -124,7 +124,7 @@ def insert_sections(connection: Connection, rows: Sequence[tuple]) -> None:
         return
     from psycopg.types.string import BytesBinaryDumper  # PostgreSQL's driver, loaded with its catalogs only
 
-    with _driver_errors(connection, _COPY_SECTIONS), _driver(connection).cursor() as cursor:
+    with driver_errors(connection, _COPY_SECTIONS), driver_connection(connection).cursor() as cursor:
         # bytea through psycopg's compiled dumper of bytes, not the DB-API's `Binary`-aware one registered last for the
         # type, a Python call a row (0.6 ms of the 1.4 a COPY of 1,000 rows spends formatting them).
         cursor.adapters.register_dumper(bytes, BytesBinaryDumper)
@@ -132,30 +132,6 @@ def insert_sections(connection: Connection, rows: Sequence[tuple]) -> None:
             copy.set_types(_SECTION_TYPES)
             for row in rows:
                 copy.write_row(row)
-
-
-def _driver(connection: Connection) -> Any:
-    """This transaction's psycopg connection."""
-    driver = connection.connection.driver_connection
-    assert driver is not None
-    return driver
-
-
-@contextmanager
-def _driver_errors(connection: Connection, statement: str) -> Iterator[None]:
-    """psycopg's errors of `statement`, run on its connection past SQLAlchemy, raised as SQLAlchemy raises its own
-    (`database.catalog_errors` tells an unreachable catalog by them, a lock timeout too); a connection the database
-    dropped is invalidated, as SQLAlchemy does, so that the pool never hands it out again."""
-    dialect = connection.dialect
-    try:
-        yield
-    except dialect.loaded_dbapi.Error as exc:
-        dbapi_connection = connection.connection.dbapi_connection
-        disconnected = dialect.is_disconnect(exc, dbapi_connection, None)
-        wrapped = DBAPIError.instance(statement, None, exc, dialect.loaded_dbapi.Error, connection_invalidated=disconnected, dialect=dialect)
-        if disconnected:
-            connection.invalidate(wrapped)
-        raise wrapped from exc
 
 
 def unadvanced_partition(connection: Connection, slot: tuple[int, int], topic_rows: dict[str, tuple[int, int]]) -> CorruptDataError:

@@ -25,7 +25,6 @@ the roles it involves, each a module of functions over that connection (`topics`
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import NamedTuple
@@ -506,28 +505,32 @@ class Catalog:
             # appends to other partitions, and compactions, run beside this one until its final statements.
             topic_rows = topics.rows(connection, {info.topic for new in new_files for info in new.sections}, lock=topics.SHARED)
             file_ids = files.take_file_ids(connection, len(new_files))  # before the partitions', which name their newest file
-            counts: Counter[tuple[int, int]] = Counter()  # offsets to hand out, by (topic id, partition)
+            counts: dict[tuple[int, int], int] = {}  # offsets to hand out, by (topic id, partition)
             newest: dict[tuple[int, int], int] = {}  # the newest of these files holding each partition
+            slots: list[list[tuple[int, int]]] = []  # each file's sections' (topic id, partition), looked up once
             for new, file_id in zip(new_files, file_ids, strict=True):
+                placing = []
                 for info in new.sections:
                     topic_id, partitions = topic_rows[info.topic]
                     if not 0 <= info.partition < partitions:
                         raise InvalidRecordError(f"topic {info.topic!r} has partitions 0 to {partitions - 1}, not {info.partition}")
-                    counts[(topic_id, info.partition)] += info.last_delta + 1
-                    newest[(topic_id, info.partition)] = file_id
+                    slot = (topic_id, info.partition)
+                    counts[slot] = counts.get(slot, 0) + info.last_delta + 1
+                    newest[slot] = file_id
+                    placing.append(slot)
+                slots.append(placing)
             next_offsets = appends.advance_partitions(connection, counts, newest)
             if len(next_offsets) < len(counts):
                 raise appends.unadvanced_partition(connection, min(set(counts) - set(next_offsets)), topic_rows)
             assigned, placed_files = [], []
-            for new in new_files:
-                placed = []
-                for info in new.sections:
-                    slot = (topic_rows[info.topic][0], info.partition)
+            for new, placing in zip(new_files, slots, strict=True):
+                first_offsets = []
+                for info, slot in zip(new.sections, placing, strict=True):
                     first = next_offsets[slot]
                     next_offsets[slot] = first + info.last_delta + 1
-                    placed.append(CatalogSection(info, first))
-                placed_files.append(DataFile(new.key, new.level, new.size, new.created_ms, tuple(placed)))
-                assigned.append([section.first_offset for section in placed])
+                    first_offsets.append(first)
+                placed_files.append(DataFile(new.key, new.level, new.size, new.created_ms, tuple(map(CatalogSection, new.sections, first_offsets))))
+                assigned.append(first_offsets)
             refused: dict[tuple[int, int], TxnError] = {}
             aborted: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
             if any(sequenced):

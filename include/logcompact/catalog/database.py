@@ -197,6 +197,30 @@ def one_of(column: Column, values: Iterable, dialect: str) -> ColumnElement[bool
     return column.in_(select(func.json_each(json.dumps(values)).table_valued("value").c.value))
 
 
+def driver_connection(connection: Connection) -> Any:
+    """This transaction's driver connection (psycopg's, on PostgreSQL)."""
+    driver = connection.connection.driver_connection
+    assert driver is not None
+    return driver
+
+
+@contextmanager
+def driver_errors(connection: Connection, statement: str) -> Iterator[None]:
+    """The driver's errors of `statement`, run on its connection past SQLAlchemy, raised as SQLAlchemy raises its own
+    (`catalog_errors` tells an unreachable catalog by them, a lock timeout too); a connection the database dropped is
+    invalidated, as SQLAlchemy does, so that the pool never hands it out again."""
+    dialect = connection.dialect
+    try:
+        yield
+    except dialect.loaded_dbapi.Error as exc:
+        dbapi_connection = connection.connection.dbapi_connection
+        disconnected = dialect.is_disconnect(exc, dbapi_connection, None)
+        wrapped = DBAPIError.instance(statement, None, exc, dialect.loaded_dbapi.Error, connection_invalidated=disconnected, dialect=dialect)
+        if disconnected:
+            connection.invalidate(wrapped)
+        raise wrapped from exc
+
+
 def upsert(connection: Connection, table: Table) -> Any:
     """An INSERT that can take ON CONFLICT DO UPDATE: both databases spell it alike, SQLAlchemy per dialect."""
     dialect = postgresql if connection.dialect.name == "postgresql" else sqlite

@@ -67,7 +67,7 @@ def insert_file_rows(connection: Connection, data_files: Sequence[DataFile], ids
     compacted = connection.info[COMPACTED]  # set by `topics.rows` for these topics in this transaction
     file_rows = []
     for file_id, data_file in zip(ids, data_files, strict=True):
-        kinds = {compacted[sec.topic] for sec in data_file.sections}
+        kinds = {compacted[topic] for topic in data_file.topics}
         content = CONTENTS.index("mixed") if len(kinds) > 1 else int(kinds == {True})
         file_rows.append({
             "file_id": file_id, "key": data_file.key, "level": data_file.level, "size": data_file.size,

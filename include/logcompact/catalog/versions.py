@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import uuid
 
-from sqlalchemy import Connection, delete, func, insert, select, update
+from sqlalchemy import Connection, delete, func, select
 
 from logcompact.catalog import schema as s
+from logcompact.catalog.database import driver_connection, driver_errors
 from logcompact.catalog.model import CommitRecord
 from logcompact.exceptions import CorruptDataError
 
@@ -22,15 +23,36 @@ def lock(connection: Connection) -> int:
     return connection.execute(select(s.catalog_info.c.version).with_for_update()).scalar_one()
 
 
+# A commit's version: the version row bumped, then the commit logged under it unless the log already holds a version
+# at or past it (the row was lowered). Each statement reads what committed before it, as separate statements do; on
+# PostgreSQL both go in one round trip (a pipeline), past SQLAlchemy: an append's commit is a few milliseconds.
+_BUMP = "UPDATE catalog_info SET version = version + 1 RETURNING version"
+_LOG = """
+INSERT INTO versions (version, commit_id, created_ms, operation)
+SELECT version, {commit_id}, {created_ms}, {operation} FROM catalog_info AS i
+WHERE NOT EXISTS (SELECT 1 FROM versions AS v WHERE v.version >= i.version) RETURNING version
+"""
+_LOG_POSTGRESQL = _LOG.format(commit_id="%(commit_id)s", created_ms="%(created_ms)s", operation="%(operation)s")
+_LOG_SQLITE = _LOG.format(commit_id=":commit_id", created_ms=":created_ms", operation=":operation")
+
+
 def next_version(connection: Connection, operation: str, now_ms: int) -> int:
-    version = connection.execute(
-        update(s.catalog_info).values(version=s.catalog_info.c.version + 1).returning(s.catalog_info.c.version)
-    ).scalar_one()
-    logged = connection.execute(select(func.max(s.versions.c.version))).scalar_one()
-    if logged is not None and logged >= version:
-        raise version_behind_log(version - 1, logged)
+    """Take the next version for the caller's commit (locking the version row until it ends) and log it."""
+    log = {"commit_id": str(uuid.uuid4()), "created_ms": now_ms, "operation": operation}
+    if connection.dialect.name == "postgresql":
+        driver = driver_connection(connection)
+        with driver_errors(connection, _LOG_POSTGRESQL), driver.cursor() as bump, driver.cursor() as logged:
+            with driver.pipeline():
+                bump.execute(_BUMP)
+                logged.execute(_LOG_POSTGRESQL, log)
+            [(version,)] = bump.fetchall()
+            written = logged.fetchall()
+    else:
+        [(version,)] = connection.exec_driver_sql(_BUMP).all()
+        written = connection.exec_driver_sql(_LOG_SQLITE, log).all()
+    if not written:
+        raise version_behind_log(version - 1, connection.execute(select(func.max(s.versions.c.version))).scalar_one())
     connection.info[COMMITTED] = (version, operation)
-    connection.execute(insert(s.versions).values(version=version, commit_id=str(uuid.uuid4()), created_ms=now_ms, operation=operation))
     return version
 
 
