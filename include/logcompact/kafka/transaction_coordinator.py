@@ -1,5 +1,6 @@
-"""Kafka's transaction coordinator over the catalog: InitProducerId with a transactional id, AddPartitionsToTxn and
-EndTxn, each one catalog transaction (`Catalog.init_producer`, `add_to_transaction`, `end_transaction`), run off
+"""Kafka's transaction coordinator over the catalog: InitProducerId with a transactional id, AddPartitionsToTxn,
+AddOffsetsToTxn and EndTxn, each one catalog transaction (`Catalog.init_producer`, `add_to_transaction`,
+`add_group_to_transaction`, `end_transaction`), run off
 the event loop; and the two sweeps of Kafka's coordinator, aborting transactions open past their timeout and
 forgetting transactional ids unused for `transactional_id_expiration_ms`.
 
@@ -115,6 +116,12 @@ class TransactionCoordinator:
         await asyncio.to_thread(self.catalog.add_to_transaction, transactional_id, producer_id, epoch, partitions, wall_clock_ms())
         if self._ingest is not None:
             await self._on_ingest_thread(self._ingest.transaction_added, producer_id, epoch, partitions)
+
+    async def add_offsets(self, transactional_id: str, producer_id: int, epoch: int, group_id: str) -> None:
+        """AddOffsetsToTxn: the group's offsets may be committed in the producer's transaction (TxnOffsetCommit, on
+        the group's coordinator), which begins unless open already (TxnRefusal else)."""
+        await asyncio.to_thread(self.catalog.add_group_to_transaction, transactional_id, producer_id, epoch, group_id, wall_clock_ms())
+        await self._forget(producer_id)  # its state may have moved to Ongoing: its next batch reads the catalog
 
     async def end(self, transactional_id: str, producer_id: int, epoch: int, commit: bool) -> Ended:
         """EndTxn: the transaction committed or aborted (TxnRefusal for a refusal)."""

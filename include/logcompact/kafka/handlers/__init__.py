@@ -3,7 +3,8 @@ of its requests from plain values (`codec.build`): `api_versions`, `metadata` (a
 `topics_admin`), `produce`, `fetch`, `list_offsets`, `init_producer_id`, `find_coordinator`, `groups` (JoinGroup,
 SyncGroup, Heartbeat, LeaveGroup, DescribeGroups, ListGroups), `offsets` (OffsetCommit, OffsetFetch),
 `topics_admin` (CreateTopics, DeleteTopics, CreatePartitions), `configs` (DescribeConfigs, AlterConfigs,
-IncrementalAlterConfigs), `describe_cluster` and `transactions` (AddPartitionsToTxn, EndTxn). They import the broker and the layers below it, and among
+IncrementalAlterConfigs), `describe_cluster` and `transactions` (AddPartitionsToTxn, AddOffsetsToTxn, EndTxn,
+TxnOffsetCommit). They import the broker and the layers below it, and among
 themselves only `metadata` → `topics_admin` → `configs`.
 
 Here, the one table of served APIs and their versions (as librdkafka's mock cluster keeps it): requests are
@@ -48,7 +49,9 @@ APIS: dict[int, Api] = {
         Api(describe_cluster.API_KEY, 0, 1, describe_cluster.handle),
         Api(init_producer_id.API_KEY, 0, 4, init_producer_id.handle),
         Api(transactions.ADD_PARTITIONS_TO_TXN, 0, 3, transactions.add_partitions_to_txn),
+        Api(transactions.ADD_OFFSETS_TO_TXN, 0, 3, transactions.add_offsets_to_txn),
         Api(transactions.END_TXN, 0, 3, transactions.end_txn),
+        Api(transactions.TXN_OFFSET_COMMIT, 0, 3, transactions.txn_offset_commit),
         Api(topics_admin.CREATE_TOPICS, 0, 7, topics_admin.create_topics),
         Api(topics_admin.DELETE_TOPICS, 0, 6, topics_admin.delete_topics),
         Api(topics_admin.CREATE_PARTITIONS, 0, 3, topics_admin.create_partitions),

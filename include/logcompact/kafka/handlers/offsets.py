@@ -1,5 +1,6 @@
 """OffsetCommit (key 8) v0-8 and OffsetFetch (key 9) v0-8: consumer groups' committed offsets, rows of the
-catalog's `group_offsets`.
+catalog's `group_offsets`; OffsetFetch v7+ `require_stable` answers a partition with offsets pending in an open
+transaction (TxnOffsetCommit) UNSTABLE_OFFSET_COMMIT.
 
 A commit is checked by the group's coordinator as Kafka checks it (`GroupCoordinator.commit_error`), then
 written in one small transaction of its own, all of its partitions or none; it is answered once written, or
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from logcompact.catalog.groups import CommittedOffset
@@ -34,26 +35,34 @@ async def offset_commit(broker: Broker, request: codec.Request) -> Any:
     body, version = request.body, request.api_version
     requested = [(topic.name, list(topic.partitions)) for topic in body.topics]
     error = await _commit_error(broker, body)
-    if error is None:
-        # Bounded as Kafka bounds an offsets append (offsets.commit.timeout.ms), whose timeout it answers as
-        # COORDINATOR_NOT_AVAILABLE: the client finds the coordinator and commits again. The write a timeout leaves
-        # running may still land, which a retry of the same offsets makes harmless.
-        writing = asyncio.ensure_future(asyncio.to_thread(_commit, broker, body.group_id, requested))
-        try:
-            answered = await asyncio.wait_for(asyncio.shield(writing), broker.groups.commit_timeout_ms / 1000)
-        except CatalogUnavailableError:  # retriable: the client commits again
-            error = codec.ErrorCode.coordinator_not_available
-        except TimeoutError:
-            writing.add_done_callback(_report_late_failure)
-            log.warning("offset commit of group %r not written within offsets.commit.timeout.ms (%d ms): answered "
-                        "COORDINATOR_NOT_AVAILABLE, the client commits again", body.group_id, broker.groups.commit_timeout_ms)
-            error = codec.ErrorCode.coordinator_not_available
-    if error is not None:
-        answered = [(name, [(int(p.partition_index), error) for p in partitions]) for name, partitions in requested]
-    return codec.build(codec.response_class(OFFSET_COMMIT, version), {
-        "throttle_time": 0,
-        "topics": [{"name": name, "partitions": [{"partition_index": index, "error_code": answer} for index, answer in partitions]} for name, partitions in answered],
-    })
+    answered: Partitions | codec.ErrorCode = error if error is not None else await write_bounded(
+        broker, "offset commit", body.group_id, lambda: _commit(broker, body.group_id, requested),
+    )
+    return codec.build(codec.response_class(OFFSET_COMMIT, version), {"throttle_time": 0, "topics": answer_topics(requested, answered)})
+
+
+async def write_bounded(broker: Broker, what: str, group_id: str, write: Callable[[], Partitions]) -> Partitions | codec.ErrorCode:
+    """`write` run off the event loop, bounded as Kafka bounds an offsets append (offsets.commit.timeout.ms), whose
+    timeout it answers as COORDINATOR_NOT_AVAILABLE: the client finds the coordinator and commits again. The write a
+    timeout leaves running may still land, which a retry of the same offsets makes harmless. Its answers, or the
+    error of every partition."""
+    writing = asyncio.ensure_future(asyncio.to_thread(write))
+    try:
+        return await asyncio.wait_for(asyncio.shield(writing), broker.groups.commit_timeout_ms / 1000)
+    except CatalogUnavailableError:  # retriable: the client commits again
+        return codec.ErrorCode.coordinator_not_available
+    except TimeoutError:
+        writing.add_done_callback(_report_late_failure)
+        log.warning("%s of group %r not written within offsets.commit.timeout.ms (%d ms): answered "
+                    "COORDINATOR_NOT_AVAILABLE, the client commits again", what, group_id, broker.groups.commit_timeout_ms)
+        return codec.ErrorCode.coordinator_not_available
+
+
+def answer_topics(requested: Sequence[tuple[str, Sequence[Any]]], answered: Partitions | codec.ErrorCode) -> list[dict[str, Any]]:
+    """The topics of an OffsetCommit or TxnOffsetCommit answer: each partition's, or one error on all."""
+    if isinstance(answered, codec.ErrorCode):
+        answered = [(name, [(int(p.partition_index), answered) for p in partitions]) for name, partitions in requested]
+    return [{"name": name, "partitions": [{"partition_index": index, "error_code": answer} for index, answer in partitions]} for name, partitions in answered]
 
 
 async def _commit_error(broker: Broker, body: Any) -> codec.ErrorCode | None:
@@ -75,6 +84,15 @@ def _report_late_failure(writing: asyncio.Future) -> None:
 
 
 def _commit(broker: Broker, group_id: str, requested: Sequence[tuple[str, Sequence[Any]]]) -> Partitions:
+    offsets, answered = checked_offsets(broker, requested)
+    broker.groups.catalog.commit_offsets(group_id, offsets)
+    return answered
+
+
+def checked_offsets(broker: Broker, requested: Sequence[tuple[str, Sequence[Any]]]) -> tuple[dict[tuple[str, int], CommittedOffset], Partitions]:
+    """The offsets of a commit that may be written, and each partition's answer: a partition the catalog does not
+    have is UNKNOWN_TOPIC_OR_PARTITION, metadata over offset.metadata.max.bytes OFFSET_METADATA_TOO_LARGE, as Kafka
+    (the others are written)."""
     topics = broker.catalog.snapshot().topics
     now_ms = wall_clock_ms()
     offsets: dict[tuple[str, int], CommittedOffset] = {}
@@ -94,20 +112,20 @@ def _commit(broker: Broker, group_id: str, requested: Sequence[tuple[str, Sequen
                 offsets[(name, index)] = CommittedOffset(int(entry.committed_offset), epoch, metadata, now_ms)
                 answers.append((index, codec.ErrorCode.none))
         answered.append((name, answers))
-    broker.groups.catalog.commit_offsets(group_id, offsets)
-    return answered
+    return offsets, answered
 
 
 async def offset_fetch(broker: Broker, request: codec.Request) -> Any:
     body, version = request.body, request.api_version
     response_class = codec.response_class(OFFSET_FETCH, version)
+    require_stable = bool(getattr(body, "require_stable", False))  # v7+
     if version >= 8:
-        groups = [await _fetch(broker, group.group_id, group.topics) for group in body.groups]
+        groups = [await _fetch(broker, group.group_id, group.topics, require_stable) for group in body.groups]
         return codec.build(response_class, {"throttle_time": 0, "groups": [
             {"group_id": group.group_id, "error_code": error, "topics": topics if error == codec.ErrorCode.none else []}
             for group, (error, topics) in zip(body.groups, groups)
         ]})
-    error, topics = await _fetch(broker, body.group_id, body.topics)
+    error, topics = await _fetch(broker, body.group_id, body.topics, require_stable)
     if version < 2 and error != codec.ErrorCode.none:  # no request-level error before v2: on every partition
         for topic in topics:
             for partition in topic["partitions"]:
@@ -117,31 +135,44 @@ async def offset_fetch(broker: Broker, request: codec.Request) -> Any:
     return codec.build(response_class, {"throttle_time": 0, "error_code": error, "topics": topics})
 
 
-async def _fetch(broker: Broker, group_id: str, wanted: Sequence[Any] | None) -> tuple[codec.ErrorCode, list[dict[str, Any]]]:
-    """The group's committed offsets: of the partitions asked (-1 for those never committed), or all (topics null)."""
+async def _fetch(broker: Broker, group_id: str, wanted: Sequence[Any] | None, require_stable: bool) -> tuple[codec.ErrorCode, list[dict[str, Any]]]:
+    """The group's committed offsets: of the partitions asked (-1 for those never committed), or all (topics null).
+    Offsets pending in an open transaction are never shown; with `require_stable` (v7+), a partition that has some
+    is UNSTABLE_OFFSET_COMMIT, offset -1, as Kafka answers it: the consumer asks again once the transaction ended."""
     names = None if wanted is None else [topic.name for topic in wanted]
     error = codec.ErrorCode.none
     committed: dict[tuple[str, int], CommittedOffset] = {}
+    unstable: set[tuple[str, int]] = set()
     if not broker.coordinates(group_id):
         error = codec.ErrorCode.not_coordinator
     else:
         try:
             committed = await asyncio.to_thread(broker.groups.catalog.committed_offsets, group_id, names)
+            if require_stable:
+                unstable = await asyncio.to_thread(broker.groups.catalog.unstable_offsets, group_id, _asked(wanted, committed))
         except CatalogUnavailableError:
             error = codec.ErrorCode.coordinator_not_available
-    if wanted is None:
-        asked: dict[str, list[int]] = {}
-        for topic, partition in sorted(committed):
-            asked.setdefault(topic, []).append(partition)
-    else:
-        asked = {}
-        for topic in wanted:
-            asked.setdefault(topic.name, []).extend(int(index) for index in topic.partition_indexes)
-    topics = [{"name": name, "partitions": [_partition(index, committed.get((name, index))) for index in indexes]} for name, indexes in asked.items()]
+    asked: dict[str, list[int]] = {}
+    for name, index in _asked(wanted, committed):
+        asked.setdefault(name, []).append(index)
+    topics = [
+        {"name": name, "partitions": [_partition(index, committed.get((name, index)), (name, index) in unstable) for index in indexes]}
+        for name, indexes in asked.items()
+    ]
     return error, topics
 
 
-def _partition(index: int, committed: CommittedOffset | None) -> dict[str, Any]:
+def _asked(wanted: Sequence[Any] | None, committed: dict[tuple[str, int], CommittedOffset]) -> list[tuple[str, int]]:
+    """The partitions an OffsetFetch answers, in its order: those asked, or every committed one (topics null)."""
+    if wanted is None:
+        return sorted(committed)
+    return [(topic.name, int(index)) for topic in wanted for index in topic.partition_indexes]
+
+
+def _partition(index: int, committed: CommittedOffset | None, unstable: bool) -> dict[str, Any]:
+    if unstable:
+        return {"partition_index": index, "committed_offset": NO_OFFSET, "committed_leader_epoch": records.NO_LEADER_EPOCH, "metadata": "",
+                "error_code": codec.ErrorCode.unstable_offset_commit}
     if committed is None:
         return {"partition_index": index, "committed_offset": NO_OFFSET, "committed_leader_epoch": records.NO_LEADER_EPOCH, "metadata": "", "error_code": codec.ErrorCode.none}
     return {"partition_index": index, "committed_offset": committed.offset, "committed_leader_epoch": committed.leader_epoch,

@@ -1,5 +1,6 @@
-"""AddPartitionsToTxn (key 24) v0-3 and EndTxn (key 26) v0-3: a transactional producer's transaction, through
-its coordinator (`TransactionCoordinator`; NOT_COORDINATOR on another agent, as Kafka).
+"""AddPartitionsToTxn (key 24) v0-3, AddOffsetsToTxn (key 25) v0-3 and EndTxn (key 26) v0-3: a transactional
+producer's transaction, through its coordinator (`TransactionCoordinator`; NOT_COORDINATOR on another agent, as
+Kafka); and TxnOffsetCommit (key 28) v0-3, a consumer group's offsets committed in it, through the group's.
 
 As Kafka's KafkaApis: AddPartitionsToTxn naming a topic or partition the catalog does not have answers it
 UNKNOWN_TOPIC_OR_PARTITION and every other partition OPERATION_NOT_ATTEMPTED, adding none; otherwise its
@@ -8,7 +9,15 @@ the transactional id does not hold, PRODUCER_FENCED for another epoch, from v2 o
 EndTxn commits or aborts the open transaction in one catalog transaction: a marker offset in each partition added
 to it, its data's offsets recorded as aborted on abort. A retry of the outcome that ended it is answered NONE, the
 other outcome INVALID_TXN_STATE; another epoch PRODUCER_FENCED (v2+; INVALID_PRODUCER_EPOCH before).
-AddPartitionsToTxn v4+ (broker-to-broker batches) and EndTxn v4+ (KIP-890) are not served.
+AddOffsetsToTxn adds a consumer group to the transaction, and begins it, as Kafka adds the group's offsets
+partition; its errors are AddPartitionsToTxn's. TxnOffsetCommit, to the group's coordinator, writes its offsets as
+pending in the transaction, committed with it and dropped if it aborts: the transaction must be open with the group
+added (INVALID_TXN_STATE else), held by the producer id (INVALID_PRODUCER_ID_MAPPING) at its epoch
+(INVALID_PRODUCER_EPOCH: in Kafka the offsets append's producer check answers it, at every version); v3 names the
+consumer's generation, member id and instance id, checked as Kafka does (`GroupCoordinator.txn_commit_error`:
+ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID, FENCED_INSTANCE_ID). Its partitions are checked and its write bounded as
+OffsetCommit's (`offsets.checked_offsets`, `offsets.write_bounded`).
+AddPartitionsToTxn v4+ (broker-to-broker batches), EndTxn v4+ and TxnOffsetCommit v4+ (KIP-890) are not served.
 """
 
 from __future__ import annotations
@@ -21,11 +30,15 @@ from logcompact.catalog.transactions import TxnRefusal
 from logcompact.exceptions import CatalogUnavailableError, InvalidRecordError, TopicNotFoundError
 from logcompact.kafka import codec
 from logcompact.kafka.broker import Broker
+from logcompact.kafka.handlers import offsets
 from logcompact.kafka.transaction_coordinator import error_code, fenced
 
-ADD_PARTITIONS_TO_TXN, END_TXN = 24, 26
+ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT = 24, 25, 26, 28
 # The versions that added PRODUCER_FENCED (INVALID_PRODUCER_EPOCH before), as their message schemas say.
-ADD_PARTITIONS_FENCED_SINCE = END_TXN_FENCED_SINCE = 2
+ADD_PARTITIONS_FENCED_SINCE = ADD_OFFSETS_FENCED_SINCE = END_TXN_FENCED_SINCE = 2
+# TxnOffsetCommit's served versions never answer it: Kafka's offsets append refuses a fenced producer with
+# INVALID_PRODUCER_EPOCH (and its schema lists no PRODUCER_FENCED).
+TXN_OFFSET_COMMIT_FENCED_SINCE = 4
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +90,66 @@ async def _unknown_partitions(broker: Broker, wanted: list[tuple[str, int]]) -> 
         if name in topics and 0 <= partition < topics[name].partitions else codec.ErrorCode.unknown_topic_or_partition
         for name, partition in wanted
     }
+
+
+async def add_offsets_to_txn(broker: Broker, request: codec.Request) -> Any:
+    body, version = request.body, request.api_version
+    return codec.build(codec.response_class(ADD_OFFSETS_TO_TXN, version), {"throttle_time": 0, "error_code": await _add_offsets_error(broker, body, version)})
+
+
+async def _add_offsets_error(broker: Broker, body: Any, version: int) -> codec.ErrorCode:
+    transactional_id = body.transactional_id
+    if not transactional_id:
+        return codec.ErrorCode.invalid_request
+    if not broker.transactions.coordinates(transactional_id):
+        return codec.ErrorCode.not_coordinator
+    try:
+        await broker.transactions.add_offsets(transactional_id, int(body.producer_id), int(body.producer_epoch), body.group_id)
+    except TxnRefusal as refused:
+        log.debug("AddOffsetsToTxn of transactional id %r refused: %s", transactional_id, refused)
+        return fenced(error_code(refused.error), version, ADD_OFFSETS_FENCED_SINCE)
+    except CatalogUnavailableError as exc:  # retriable: the client sends it again
+        log.warning("AddOffsetsToTxn of transactional id %r answered COORDINATOR_NOT_AVAILABLE: %s", transactional_id, exc)
+        return codec.ErrorCode.coordinator_not_available
+    return codec.ErrorCode.none
+
+
+async def txn_offset_commit(broker: Broker, request: codec.Request) -> Any:
+    body, version = request.body, request.api_version
+    requested = [(topic.name, list(topic.partitions)) for topic in body.topics]
+    error = await _txn_commit_error(broker, body)
+    answered: offsets.Partitions | codec.ErrorCode
+    if error is not None:
+        answered = error
+    else:
+        try:
+            answered = await offsets.write_bounded(broker, "transactional offset commit", body.group_id, lambda: _commit_pending(broker, body, requested))
+        except TxnRefusal as refused:
+            log.debug("TxnOffsetCommit of transactional id %r for group %r refused: %s", body.transactional_id, body.group_id, refused)
+            answered = fenced(error_code(refused.error), version, TXN_OFFSET_COMMIT_FENCED_SINCE)
+    return codec.build(codec.response_class(TXN_OFFSET_COMMIT, version), {"throttle_time": 0, "topics": offsets.answer_topics(requested, answered)})
+
+
+async def _txn_commit_error(broker: Broker, body: Any) -> codec.ErrorCode | None:
+    if not body.transactional_id:
+        return codec.ErrorCode.invalid_request
+    if not body.group_id:
+        return codec.ErrorCode.invalid_group_id
+    if not broker.coordinates(body.group_id):
+        return codec.ErrorCode.not_coordinator
+    generation = int(getattr(body, "generation_id", -1))  # v3 on (KIP-447)
+    member_id, instance_id = getattr(body, "member_id", ""), getattr(body, "group_instance_id", None)
+    group = await broker.groups.group(body.group_id, create=False)
+    error = broker.groups.txn_commit_error(group, generation, member_id, instance_id)
+    if error is None and group is None:  # as Kafka, the commit makes an Empty group
+        await broker.groups.group(body.group_id, create=True)
+    return error
+
+
+def _commit_pending(broker: Broker, body: Any, requested: list[tuple[str, list[Any]]]) -> offsets.Partitions:
+    pending, answered = offsets.checked_offsets(broker, requested)
+    broker.groups.catalog.commit_offsets_in_transaction(body.transactional_id, int(body.producer_id), int(body.producer_epoch), body.group_id, pending)
+    return answered
 
 
 async def end_txn(broker: Broker, request: codec.Request) -> Any:

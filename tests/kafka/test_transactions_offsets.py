@@ -1,0 +1,245 @@
+"""Consumer offsets inside transactions through `logcompact agent`: AddOffsetsToTxn, TxnOffsetCommit and OffsetFetch's
+require_stable, the exactly-once consume-transform-produce loop of Kafka's clients.
+
+A confluent-kafka consumer in a group reads an input topic and a transactional producer writes what it read to a
+compacted topic, sending the consumer's positions in the transaction: the group's committed offsets move only when
+the transaction commits, and a consumer started again resumes after the last committed one. While a transaction
+holds pending offsets, OffsetFetch with require_stable answers UNSTABLE_OFFSET_COMMIT (librdkafka's read_committed
+consumer asks again until the transaction ends) and without it the offsets committed before. Kafka's errors of both
+APIs on raw requests, KIP-447's generation check of TxnOffsetCommit v3 included, and kafka-python's producer.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, Message, Producer, TopicPartition
+from kafka import KafkaProducer
+from kafka.structs import OffsetAndMetadata
+from kafka.structs import TopicPartition as KafkaTopicPartition
+
+from logcompact.catalog import Catalog
+from tests.helpers import create_topic
+from tests.kafka.agents import FAST_CLIENT, RunningAgent
+from tests.kafka.groups import FETCH, SYNC, join
+from tests.kafka.wire import Wire
+
+pytestmark = pytest.mark.timeout(120)
+
+SOURCE, SINK = "orders", "totals"
+# Kafka's error codes
+NONE, UNKNOWN_TOPIC_OR_PARTITION, OFFSET_METADATA_TOO_LARGE, ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID = 0, 3, 12, 22, 25
+INVALID_PRODUCER_EPOCH, INVALID_TXN_STATE, INVALID_PRODUCER_ID_MAPPING, UNSTABLE_OFFSET_COMMIT, PRODUCER_FENCED = 47, 48, 49, 88, 90
+INIT_PRODUCER_ID, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT = 22, 25, 26, 28
+
+
+@pytest.fixture
+def catalog(catalog: Catalog) -> Catalog:
+    create_topic(catalog, SOURCE, 1)
+    create_topic(catalog, SINK, 1, cleanup_policy="compact")
+    return catalog
+
+
+@pytest.fixture
+def agent(catalog: Catalog) -> Iterator[RunningAgent]:
+    """No initial rebalance delay: a lone member is assigned its partitions at once."""
+    running = RunningAgent(catalog, flush_interval_ms=20, group_initial_rebalance_delay_ms=0)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def fill_source(agent: RunningAgent, count: int) -> None:
+    producer = Producer({"bootstrap.servers": agent.bootstrap, "linger.ms": 5, **FAST_CLIENT})
+    for n in range(count):
+        producer.produce(SOURCE, key=f"k{n % 3}", value=f"{n}", partition=0)
+    assert producer.flush(15) == 0
+
+
+def member(agent: RunningAgent, group: str, **config: Any) -> Consumer:
+    return Consumer({"bootstrap.servers": agent.bootstrap, "group.id": group, "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                     "isolation.level": "read_committed", "heartbeat.interval.ms": 300, "session.timeout.ms": 6000, **FAST_CLIENT, **config})
+
+
+def transactional(agent: RunningAgent, transactional_id: str) -> Producer:
+    producer = Producer({"bootstrap.servers": agent.bootstrap, "transactional.id": transactional_id, "linger.ms": 5, **FAST_CLIENT})
+    producer.init_transactions(20)
+    return producer
+
+
+def take(consumer: Consumer, count: int, timeout: float = 20) -> list[Message]:
+    messages: list[Message] = []
+    deadline = threading.Event()
+    timer = threading.Timer(timeout, deadline.set)
+    timer.start()
+    try:
+        while len(messages) < count and not deadline.is_set():
+            message = consumer.poll(0.2)
+            if message is not None:
+                assert message.error() is None, message.error()
+                messages.append(message)
+    finally:
+        timer.cancel()
+    assert len(messages) == count, f"{len(messages)} of {count} messages within {timeout} s"
+    return messages
+
+
+def transform(consumer: Consumer, producer: Producer, count: int, commit: bool) -> list[int]:
+    """One turn of the exactly-once loop: `count` records read, their sum per key written to the compacted topic
+    and the consumer's positions sent, in one transaction committed or aborted; the offsets read."""
+    messages = take(consumer, count)
+    producer.begin_transaction()
+    for message in messages:
+        producer.produce(SINK, key=message.key(), value=message.value(), partition=0)
+    producer.send_offsets_to_transaction(consumer.position(consumer.assignment()), consumer.consumer_group_metadata(), 20)
+    if commit:
+        producer.commit_transaction(20)
+    else:
+        producer.abort_transaction(20)
+    return [message.offset() for message in messages]
+
+
+def committed(catalog: Catalog, group: str) -> dict[tuple[str, int], int]:
+    return {tp: found.offset for tp, found in catalog.committed_offsets(group).items()}
+
+
+def test_offsets_sent_in_a_transaction_are_committed_with_it_and_a_new_consumer_resumes_after_them(agent: RunningAgent, catalog: Catalog) -> None:
+    fill_source(agent, 9)
+    producer = transactional(agent, "eos-1")
+    consumer = member(agent, "g")
+    consumer.subscribe([SOURCE])
+    try:
+        assert transform(consumer, producer, 3, commit=True) == [0, 1, 2]
+        assert committed(catalog, "g") == {(SOURCE, 0): 3}
+        assert transform(consumer, producer, 3, commit=False) == [3, 4, 5]
+        assert committed(catalog, "g") == {(SOURCE, 0): 3}  # the aborted transaction's offsets were dropped
+    finally:
+        consumer.close()
+    resumed = member(agent, "g")
+    resumed.subscribe([SOURCE])
+    try:
+        assert transform(resumed, producer, 6, commit=True) == [3, 4, 5, 6, 7, 8]
+    finally:
+        resumed.close()
+        producer.flush(5)
+    assert committed(catalog, "g") == {(SOURCE, 0): 9}
+
+
+def offset_fetch(wire: Wire, version: int, groups: list[str], require_stable: bool) -> dict[str, tuple[int, int]]:
+    """(committed offset, error) of the source partition per group, by an OffsetFetch of `version` (7 asks one group)."""
+    topics = [{"name": SOURCE, "partition_indexes": [0]}]
+    if version >= 8:
+        answer = wire.call(FETCH, version, {"groups": [{"group_id": group, "topics": topics} for group in groups], "require_stable": require_stable})
+        return {g.group_id: (int(g.topics[0].partitions[0].committed_offset), int(g.topics[0].partitions[0].error_code)) for g in answer.groups}
+    answer = wire.call(FETCH, version, {"group_id": groups[0], "topics": topics, "require_stable": require_stable})
+    return {groups[0]: (int(answer.topics[0].partitions[0].committed_offset), int(answer.topics[0].partitions[0].error_code))}
+
+
+def test_offsets_pending_in_an_open_transaction_are_unstable_and_a_read_committed_consumer_waits_for_its_end(agent: RunningAgent) -> None:
+    fill_source(agent, 8)
+    standalone = member(agent, "g")  # assigns itself: its group has no generation
+    standalone.commit(offsets=[TopicPartition(SOURCE, 0, 2)], asynchronous=False)
+    producer = transactional(agent, "eos-2")
+    producer.begin_transaction()
+    producer.produce(SINK, key=b"k", value=b"v", partition=0)
+    producer.send_offsets_to_transaction([TopicPartition(SOURCE, 0, 5)], standalone.consumer_group_metadata(), 20)
+    standalone.close()
+    wire = Wire(agent)
+    try:
+        assert offset_fetch(wire, 7, ["g"], require_stable=False) == {"g": (2, NONE)}  # pending offsets are never shown
+        assert offset_fetch(wire, 7, ["g"], require_stable=True) == {"g": (-1, UNSTABLE_OFFSET_COMMIT)}
+        assert offset_fetch(wire, 8, ["g", "other"], require_stable=True) == {"g": (-1, UNSTABLE_OFFSET_COMMIT), "other": (-1, NONE)}
+
+        # librdkafka asks with require_stable under read_committed, and asks again until the transaction ends
+        resumed = member(agent, "g")
+        resumed.assign([TopicPartition(SOURCE, 0)])  # from the committed offset
+        first: list[Message] = []
+        reading = threading.Thread(target=lambda: first.extend(take(resumed, 1)))
+        reading.start()
+        reading.join(1.5)
+        assert reading.is_alive()  # still waiting for a stable offset
+        producer.commit_transaction(20)
+        reading.join(20)
+        resumed.close()
+        assert [message.offset() for message in first] == [5]
+        assert offset_fetch(wire, 8, ["g"], require_stable=True) == {"g": (5, NONE)}
+    finally:
+        wire.close()
+        producer.flush(5)
+
+
+def init(wire: Wire, transactional_id: str) -> tuple[int, int]:
+    answer = wire.call(INIT_PRODUCER_ID, 4, {"transactional_id": transactional_id, "transaction_timeout": 60_000, "producer_id": -1, "producer_epoch": -1})
+    assert int(answer.error_code) == NONE
+    return int(answer.producer_id), int(answer.producer_epoch)
+
+
+def add_offsets(wire: Wire, version: int, transactional_id: str, producer_id: int, epoch: int, group: str) -> int:
+    return int(wire.call(ADD_OFFSETS_TO_TXN, version, {"transactional_id": transactional_id, "producer_id": producer_id, "producer_epoch": epoch,
+                                                       "group_id": group}).error_code)
+
+
+def txn_commit(wire: Wire, version: int, transactional_id: str, producer_id: int, epoch: int, group: str, offsets: dict[tuple[str, int], int],
+               generation: int = -1, member_id: str = "", metadata: str = "") -> dict[tuple[str, int], int]:
+    topics: dict[str, list[dict[str, Any]]] = {}
+    for (topic, partition), offset in offsets.items():
+        topics.setdefault(topic, []).append({"partition_index": partition, "committed_offset": offset, "committed_leader_epoch": -1, "committed_metadata": metadata})
+    answer = wire.call(TXN_OFFSET_COMMIT, version, {
+        "transactional_id": transactional_id, "group_id": group, "producer_id": producer_id, "producer_epoch": epoch, "generation_id": generation,
+        "member_id": member_id, "group_instance_id": None, "topics": [{"name": name, "partitions": partitions} for name, partitions in topics.items()],
+    })
+    return {(topic.name, int(p.partition_index)): int(p.error_code) for topic in answer.topics for p in topic.partitions}
+
+
+def test_add_offsets_and_txn_offset_commit_answer_kafkas_errors(agent: RunningAgent, catalog: Catalog) -> None:
+    wire = Wire(agent)
+    try:
+        joined = join(wire, 5, "g")
+        member_id, generation = joined.member_id, int(joined.generation_id)
+        synced = wire.call(SYNC, 5, {"group_id": "g", "generation_id": generation, "member_id": member_id, "group_instance_id": None,
+                                     "protocol_type": "consumer", "protocol_name": "range", "assignments": [{"member_id": member_id, "assignment": b""}]})
+        assert int(synced.error_code) == NONE
+        producer_id, epoch = init(wire, "raw")
+        offsets = {(SOURCE, 0): 4}
+
+        assert txn_commit(wire, 3, "raw", producer_id, epoch, "g", offsets, generation, member_id) == {(SOURCE, 0): INVALID_TXN_STATE}  # no AddOffsetsToTxn
+        assert add_offsets(wire, 3, "unknown", producer_id, epoch, "g") == INVALID_PRODUCER_ID_MAPPING
+        assert add_offsets(wire, 1, "raw", producer_id, epoch + 1, "g") == INVALID_PRODUCER_EPOCH
+        assert add_offsets(wire, 2, "raw", producer_id, epoch + 1, "g") == PRODUCER_FENCED
+        assert add_offsets(wire, 0, "raw", producer_id, epoch, "g") == NONE
+        assert catalog.describe_transactions(["raw"])["raw"][0].state == "Ongoing"  # the group began the transaction
+
+        assert txn_commit(wire, 3, "raw", producer_id, epoch, "g", offsets, generation + 1, member_id) == {(SOURCE, 0): ILLEGAL_GENERATION}
+        assert txn_commit(wire, 3, "raw", producer_id, epoch, "g", offsets, generation, "someone-else") == {(SOURCE, 0): UNKNOWN_MEMBER_ID}
+        assert txn_commit(wire, 3, "raw", producer_id + 1, epoch, "g", offsets, generation, member_id) == {(SOURCE, 0): INVALID_PRODUCER_ID_MAPPING}
+        assert txn_commit(wire, 3, "raw", producer_id, epoch + 1, "g", offsets, generation, member_id) == {(SOURCE, 0): INVALID_PRODUCER_EPOCH}
+        assert txn_commit(wire, 3, "raw", producer_id, epoch, "other", offsets) == {(SOURCE, 0): INVALID_TXN_STATE}  # a group not added
+        assert txn_commit(wire, 3, "raw", producer_id, epoch, "g", {(SOURCE, 0): 4, (SOURCE, 1): 1, ("no-such-topic", 0): 1}, generation, member_id) == {
+            (SOURCE, 0): NONE, (SOURCE, 1): UNKNOWN_TOPIC_OR_PARTITION, ("no-such-topic", 0): UNKNOWN_TOPIC_OR_PARTITION}
+        assert txn_commit(wire, 3, "raw", producer_id, epoch, "g", {(SOURCE, 0): 6}, generation, member_id, metadata="m" * 4097) == {
+            (SOURCE, 0): OFFSET_METADATA_TOO_LARGE}
+        assert txn_commit(wire, 0, "raw", producer_id, epoch, "g", {(SOURCE, 0): 5}) == {(SOURCE, 0): NONE}  # v0-2 name no member
+        assert committed(catalog, "g") == {}
+
+        assert int(wire.call(END_TXN, 3, {"transactional_id": "raw", "producer_id": producer_id, "producer_epoch": epoch, "committed": True}).error_code) == NONE
+        assert committed(catalog, "g") == {(SOURCE, 0): 5}
+    finally:
+        wire.close()
+
+
+def test_kafka_python_sends_offsets_in_a_transaction(agent: RunningAgent, catalog: Catalog) -> None:
+    producer = KafkaProducer(bootstrap_servers=agent.bootstrap, transactional_id="kafka-python-eos", linger_ms=5)
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send(SINK, key=b"k", value=b"v", partition=0)
+        producer.send_offsets_to_transaction({KafkaTopicPartition(SOURCE, 0): OffsetAndMetadata(7, "", -1)}, "kp")
+        assert committed(catalog, "kp") == {}
+        producer.commit_transaction()
+    finally:
+        producer.close(5)
+    assert committed(catalog, "kp") == {(SOURCE, 0): 7}
