@@ -6,22 +6,29 @@ compacted topic, sending the consumer's positions in the transaction: the group'
 the transaction commits, and a consumer started again resumes after the last committed one. While a transaction
 holds pending offsets, OffsetFetch with require_stable answers UNSTABLE_OFFSET_COMMIT (librdkafka's read_committed
 consumer asks again until the transaction ends) and without it the offsets committed before. Kafka's errors of both
-APIs on raw requests, KIP-447's generation check of TxnOffsetCommit v3 included, and kafka-python's producer.
+APIs on raw requests, KIP-447's generation check of TxnOffsetCommit v3 included, the same as Apache Kafka 4.4's
+broker answers (lab.servers.kafka), and kafka-python's producer.
 """
 
 from __future__ import annotations
 
+import socket
 import threading
+import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
+from confluent_kafka.admin import NewTopic
 from kafka import KafkaProducer
 from kafka.structs import OffsetAndMetadata
 from kafka.structs import TopicPartition as KafkaTopicPartition
 
+from lab.servers.kafka import KafkaServer, kafka_missing_reason, start_kafka
 from logcompact.catalog import Catalog
+from logcompact.kafka.cluster import Address
 from tests.helpers import create_topic
 from tests.kafka.agents import FAST_CLIENT, RunningAgent
 from tests.kafka.groups import FETCH, SYNC, join
@@ -33,7 +40,7 @@ SOURCE, SINK = "orders", "totals"
 # Kafka's error codes
 NONE, UNKNOWN_TOPIC_OR_PARTITION, OFFSET_METADATA_TOO_LARGE, ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID = 0, 3, 12, 22, 25
 INVALID_PRODUCER_EPOCH, INVALID_TXN_STATE, INVALID_PRODUCER_ID_MAPPING, UNSTABLE_OFFSET_COMMIT, PRODUCER_FENCED = 47, 48, 49, 88, 90
-INIT_PRODUCER_ID, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT = 22, 25, 26, 28
+FIND_COORDINATOR, INIT_PRODUCER_ID, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT = 10, 22, 25, 26, 28
 
 
 @pytest.fixture
@@ -129,12 +136,14 @@ def test_offsets_sent_in_a_transaction_are_committed_with_it_and_a_new_consumer_
     assert committed(catalog, "g") == {(SOURCE, 0): 9}
 
 
-def offset_fetch(wire: Wire, version: int, groups: list[str], require_stable: bool) -> dict[str, tuple[int, int]]:
-    """(committed offset, error) of the source partition per group, by an OffsetFetch of `version` (7 asks one group)."""
-    topics = [{"name": SOURCE, "partition_indexes": [0]}]
+def offset_fetch(wire: Wire, version: int, groups: list[str], require_stable: bool, topic: str = SOURCE) -> dict[str, tuple[int, int]]:
+    """(committed offset, error) of the topic's partition 0 per group, by an OffsetFetch of `version` (7 asks one group);
+    (-1, the group's error) for a group answered no partitions."""
+    topics = [{"name": topic, "partition_indexes": [0]}]
     if version >= 8:
         answer = wire.call(FETCH, version, {"groups": [{"group_id": group, "topics": topics} for group in groups], "require_stable": require_stable})
-        return {g.group_id: (int(g.topics[0].partitions[0].committed_offset), int(g.topics[0].partitions[0].error_code)) for g in answer.groups}
+        return {g.group_id: (int(g.topics[0].partitions[0].committed_offset), int(g.topics[0].partitions[0].error_code)) if g.topics else (-1, int(g.error_code))
+                for g in answer.groups}
     answer = wire.call(FETCH, version, {"group_id": groups[0], "topics": topics, "require_stable": require_stable})
     return {groups[0]: (int(answer.topics[0].partitions[0].committed_offset), int(answer.topics[0].partitions[0].error_code))}
 
@@ -243,3 +252,75 @@ def test_kafka_python_sends_offsets_in_a_transaction(agent: RunningAgent, catalo
     finally:
         producer.close(5)
     assert committed(catalog, "kp") == {(SOURCE, 0): 7}
+
+
+# -- the same requests to Apache Kafka's broker ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaServer]:
+    """Apache Kafka's broker (lab.servers.kafka), the reference; skipped, with the reason, only where Java 17 or its
+    jars cannot be had (`make kafka`)."""
+    missing = kafka_missing_reason()
+    if missing:
+        pytest.skip(missing)
+    server, stop = start_kafka(tmp_path_factory.mktemp("kafka"))
+    try:
+        yield server
+    finally:
+        stop()
+
+
+def scripted_offsets(address: Address, topic: str, transactional_id: str, group: str) -> list[tuple[str, object]]:
+    """One sequence of raw AddOffsetsToTxn, TxnOffsetCommit, OffsetFetch and EndTxn requests to `address` (an agent or
+    a broker): every answer's error codes and offsets."""
+    tid, seen = transactional_id, []
+    with socket.create_connection((address.host, address.port), timeout=30) as connection:
+        wire = Wire.over(connection)
+        deadline = time.monotonic() + 60
+        while True:  # a broker's coordinators load their partitions once asked for them
+            wire.call(FIND_COORDINATOR, 3, {"key": tid, "key_type": 1})
+            wire.call(FIND_COORDINATOR, 3, {"key": group, "key_type": 0})
+            answer = wire.call(INIT_PRODUCER_ID, 4, {"transactional_id": tid, "transaction_timeout": 60_000, "producer_id": -1, "producer_epoch": -1})
+            fetched = offset_fetch(wire, 8, [group], require_stable=False, topic=topic)[group]
+            if (int(answer.error_code), fetched[1]) == (NONE, NONE) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        producer_id, epoch = int(answer.producer_id), int(answer.producer_epoch)
+        offsets = {(topic, 0): 4}
+        seen += [
+            ("commit before add", _relative(txn_commit(wire, 3, tid, producer_id, epoch, group, offsets))),
+            ("add other producer id", add_offsets(wire, 3, tid, producer_id + 100, epoch, group)),
+            ("add fenced v1", add_offsets(wire, 1, tid, producer_id, epoch + 1, group)),
+            ("add fenced v2", add_offsets(wire, 2, tid, producer_id, epoch + 1, group)),
+            ("add", add_offsets(wire, 0, tid, producer_id, epoch, group)),
+            ("commit fenced v3", _relative(txn_commit(wire, 3, tid, producer_id, epoch + 1, group, offsets))),
+            ("commit fenced v0", _relative(txn_commit(wire, 0, tid, producer_id, epoch + 1, group, offsets))),
+            ("commit unknown member", _relative(txn_commit(wire, 3, tid, producer_id, epoch, group, offsets, 1, "nobody"))),
+            ("commit", _relative(txn_commit(wire, 3, tid, producer_id, epoch, group, offsets))),
+            ("commit unknown partitions", _relative(txn_commit(wire, 2, tid, producer_id, epoch, group, {(topic, 5): 1, (topic + "-none", 0): 1}))),
+            ("commit large metadata", _relative(txn_commit(wire, 3, tid, producer_id, epoch, group, offsets, metadata="m" * 4097))),
+            ("fetch", offset_fetch(wire, 7, [group], require_stable=False, topic=topic)[group]),
+            ("fetch stable", offset_fetch(wire, 8, [group], require_stable=True, topic=topic)[group]),
+            ("end commit", int(wire.call(END_TXN, 3, {"transactional_id": tid, "producer_id": producer_id, "producer_epoch": epoch, "committed": True}).error_code)),
+        ]
+        until = time.monotonic() + 10  # a broker moves the offsets once its marker is written, after answering
+        while (stable := offset_fetch(wire, 8, [group], require_stable=True, topic=topic)[group]) != (4, NONE) and time.monotonic() < until:
+            time.sleep(0.1)
+        seen.append(("fetch after the commit", stable))
+    return seen
+
+
+def _relative(found: dict[tuple[str, int], int]) -> list[tuple[tuple[bool, int], int]]:
+    """Partitions by index, of the topic or of the one that does not exist (names differ)."""
+    return sorted(((topic.endswith("-none"), partition), answer) for (topic, partition), answer in found.items())
+
+
+def test_the_answers_are_apache_kafkas(agent: RunningAgent, kafka_broker: KafkaServer) -> None:
+    topic = f"orders-{uuid.uuid4().hex[:8]}"
+    admin = kafka_broker.admin()
+    for future in admin.create_topics([NewTopic(topic, 1, 1)]).values():
+        future.result(60)
+    host, port = kafka_broker.bootstrap_servers.rsplit(":", 1)
+    expected = scripted_offsets(Address(host, int(port)), topic, f"t-{topic}", f"g-{topic}")
+    assert scripted_offsets(agent.server.address, SOURCE, f"t-{topic}", f"g-{topic}") == expected

@@ -741,10 +741,13 @@ class GroupCoordinator:
     def txn_commit_error(self, group: Group | None, generation: int, member_id: str, instance_id: str | None) -> ErrorCode | None:
         """Whether a TxnOffsetCommit may write, as Kafka's validateOffsetCommit decides for a transactional commit:
         one with no generation to an Empty group (or none) always may; one naming a generation or member (v3, KIP-447)
-        must come from a current member of the current generation. Unlike OffsetCommit, a commit naming neither may
-        write to a group with members (v0-2 name none), and a rebalance does not refuse it."""
+        must come from a current member of the current generation (a group that does not exist: ILLEGAL_GENERATION,
+        as Kafka's OffsetMetadataManager answers it). Unlike OffsetCommit, a commit naming neither may write to a
+        group with members (v0-2 name none), and a rebalance does not refuse it."""
         if generation < 0 and (group is None or group.state == EMPTY):
             return None
+        if group is None and generation >= 0:
+            return ErrorCode.illegal_generation
         if generation >= 0 or member_id or instance_id is not None:
             error = self.member_error(group, member_id, instance_id)
             if error is not None:

@@ -117,20 +117,12 @@ async def _add_offsets_error(broker: Broker, body: Any, version: int) -> codec.E
 async def txn_offset_commit(broker: Broker, request: codec.Request) -> Any:
     body, version = request.body, request.api_version
     requested = [(topic.name, list(topic.partitions)) for topic in body.topics]
-    error = await _txn_commit_error(broker, body)
-    answered: offsets.Partitions | codec.ErrorCode
-    if error is not None:
-        answered = error
-    else:
-        try:
-            answered = await offsets.write_bounded(broker, "transactional offset commit", body.group_id, lambda: _commit_pending(broker, body, requested))
-        except TxnRefusal as refused:
-            log.debug("TxnOffsetCommit of transactional id %r for group %r refused: %s", body.transactional_id, body.group_id, refused)
-            answered = fenced(error_code(refused.error), version, TXN_OFFSET_COMMIT_FENCED_SINCE)
+    answered = await _txn_commit(broker, body, version, requested)
     return codec.build(codec.response_class(TXN_OFFSET_COMMIT, version), {"throttle_time": 0, "topics": offsets.answer_topics(requested, answered)})
 
 
-async def _txn_commit_error(broker: Broker, body: Any) -> codec.ErrorCode | None:
+async def _txn_commit(broker: Broker, body: Any, version: int, requested: list[tuple[str, list[Any]]]) -> offsets.Partitions | codec.ErrorCode:
+    """Each partition's answer, or the one error of all of them."""
     if not body.transactional_id:
         return codec.ErrorCode.invalid_request
     if not body.group_id:
@@ -141,9 +133,16 @@ async def _txn_commit_error(broker: Broker, body: Any) -> codec.ErrorCode | None
     member_id, instance_id = getattr(body, "member_id", ""), getattr(body, "group_instance_id", None)
     group = await broker.groups.group(body.group_id, create=False)
     error = broker.groups.txn_commit_error(group, generation, member_id, instance_id)
-    if error is None and group is None:  # as Kafka, the commit makes an Empty group
+    if error is not None:
+        return error
+    try:
+        answered = await offsets.write_bounded(broker, "transactional offset commit", body.group_id, lambda: _commit_pending(broker, body, requested))
+    except TxnRefusal as refused:
+        log.debug("TxnOffsetCommit of transactional id %r for group %r refused: %s", body.transactional_id, body.group_id, refused)
+        return fenced(error_code(refused.error), version, TXN_OFFSET_COMMIT_FENCED_SINCE)
+    if group is None and not isinstance(answered, codec.ErrorCode):  # as Kafka, a commit taken makes an Empty group
         await broker.groups.group(body.group_id, create=True)
-    return error
+    return answered
 
 
 def _commit_pending(broker: Broker, body: Any, requested: list[tuple[str, list[Any]]]) -> offsets.Partitions:
