@@ -12,6 +12,7 @@ broker answers (lab.servers.kafka), and kafka-python's producer.
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -25,9 +26,10 @@ from confluent_kafka.admin import NewTopic
 from kafka import KafkaProducer
 from kafka.structs import OffsetAndMetadata
 from kafka.structs import TopicPartition as KafkaTopicPartition
+from sqlalchemy import update
 
 from lab.servers.kafka import KafkaServer, kafka_missing_reason, start_kafka
-from logcompact.catalog import Catalog
+from logcompact.catalog import Catalog, schema
 from logcompact.kafka.cluster import Address
 from tests.helpers import create_topic
 from tests.kafka.agents import FAST_CLIENT, RunningAgent
@@ -38,7 +40,8 @@ pytestmark = pytest.mark.timeout(120)
 
 SOURCE, SINK = "orders", "totals"
 # Kafka's error codes
-NONE, UNKNOWN_TOPIC_OR_PARTITION, OFFSET_METADATA_TOO_LARGE, ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID = 0, 3, 12, 22, 25
+NONE, UNKNOWN_TOPIC_OR_PARTITION, OFFSET_METADATA_TOO_LARGE, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR = 0, 3, 12, 15, 16
+ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID = 22, 25
 INVALID_PRODUCER_EPOCH, INVALID_TXN_STATE, INVALID_PRODUCER_ID_MAPPING, UNSTABLE_OFFSET_COMMIT, PRODUCER_FENCED = 47, 48, 49, 88, 90
 FIND_COORDINATOR, INIT_PRODUCER_ID, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT = 10, 22, 25, 26, 28
 
@@ -324,3 +327,57 @@ def test_the_answers_are_apache_kafkas(agent: RunningAgent, kafka_broker: KafkaS
     host, port = kafka_broker.bootstrap_servers.rsplit(":", 1)
     expected = scripted_offsets(Address(host, int(port)), topic, f"t-{topic}", f"g-{topic}")
     assert scripted_offsets(agent.server.address, SOURCE, f"t-{topic}", f"g-{topic}") == expected
+
+
+def test_each_api_is_served_by_its_coordinator(catalog: Catalog) -> None:
+    """AddOffsetsToTxn by the transactional id's coordinator, TxnOffsetCommit by the group's: NOT_COORDINATOR elsewhere."""
+    one, two = RunningAgent(catalog, flush_interval_ms=20), RunningAgent(catalog, flush_interval_ms=20)
+    try:
+        for running in (one, two):
+            running.server.broker.agents.refresh()  # each sees the other now, not at its next heartbeat
+        at_two = next(f"id-{n}" for n in range(100) if one.server.broker.agents.coordinator_for(f"id-{n}").node_id == two.server.broker.node_id)
+        wire = Wire(one)
+        try:
+            assert add_offsets(wire, 3, at_two, 0, 0, "g") == NOT_COORDINATOR
+            assert txn_commit(wire, 3, "t", 0, 0, at_two, {(SOURCE, 0): 1}) == {(SOURCE, 0): NOT_COORDINATOR}
+        finally:
+            wire.close()
+    finally:
+        one.stop()
+        two.stop()
+
+
+@pytest.mark.parametrize("catalog_url", ["postgresql"], indirect=True)  # a row held alone: SQLite would hold every write
+def test_a_txn_offset_commit_not_written_within_the_commit_timeout_is_answered_coordinator_not_available(
+    catalog: Catalog, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """While another catalog transaction holds the transaction's row, its TxnOffsetCommit is answered
+    COORDINATOR_NOT_AVAILABLE after offsets.commit.timeout.ms, as an OffsetCommit is; the client's retry is written."""
+    timeout_ms = 500
+    agent = RunningAgent(catalog, flush_interval_ms=20, offsets_commit_timeout_ms=timeout_ms)
+    wire = Wire(agent)
+    try:
+        producer_id, epoch = init(wire, "held")
+        assert add_offsets(wire, 3, "held", producer_id, epoch, "g") == NONE
+        holder = catalog.engine.connect()
+        holder.begin()
+        rows = schema.transactions
+        holder.execute(update(rows).where(rows.c.transactional_id == "held").values(updated_ms=rows.c.updated_ms))
+        try:
+            started = time.monotonic()
+            with caplog.at_level(logging.WARNING, logger="logcompact.kafka"):
+                answer = txn_commit(wire, 3, "held", producer_id, epoch, "g", {(SOURCE, 0): 3})
+            waited = time.monotonic() - started
+            assert answer == {(SOURCE, 0): COORDINATOR_NOT_AVAILABLE}
+            assert timeout_ms / 1000 <= waited < timeout_ms / 1000 + 3  # the bound, with room for a loaded machine
+        finally:
+            holder.close()  # rolls back: the row is free
+        assert [r.getMessage() for r in caplog.records if r.name.startswith("logcompact.kafka")] == [
+            f"transactional offset commit of group 'g' not written within offsets.commit.timeout.ms ({timeout_ms} ms): answered "
+            "COORDINATOR_NOT_AVAILABLE, the client commits again"]
+        assert txn_commit(wire, 3, "held", producer_id, epoch, "g", {(SOURCE, 0): 4}) == {(SOURCE, 0): NONE}
+        assert int(wire.call(END_TXN, 3, {"transactional_id": "held", "producer_id": producer_id, "producer_epoch": epoch, "committed": True}).error_code) == NONE
+        assert committed(catalog, "g") == {(SOURCE, 0): 4}
+    finally:
+        wire.close()
+        agent.stop()
