@@ -60,15 +60,20 @@ def confluent_read(agent: RunningAgent, isolation: str, count: int) -> list[tupl
 
 def latest(agent: RunningAgent, isolation: int, partition: int = 0) -> int:
     """ListOffsets v5's latest offset of a partition at `isolation`."""
+    return list_offset(agent, isolation, LATEST, partition)[0]
+
+
+def list_offset(agent: RunningAgent, isolation: int, target: int, partition: int = 0) -> tuple[int, int]:
+    """ListOffsets v5's (offset, timestamp) for `target` (a timestamp, or latest) in a partition at `isolation`."""
     address = agent.server.address
     with socket.create_connection((address.host, address.port), timeout=20) as connection:
         answered = Wire.over(connection).call(LIST_OFFSETS, 5, {
             "replica_id": -1, "isolation_level": isolation,
-            "topics": [{"name": TOPIC, "partitions": [{"partition_index": partition, "current_leader_epoch": -1, "timestamp": LATEST}]}],
+            "topics": [{"name": TOPIC, "partitions": [{"partition_index": partition, "current_leader_epoch": -1, "timestamp": target}]}],
         })
     found = answered.topics[0].partitions[0]
     assert int(found.error_code) == 0
-    return int(found.offset)
+    return int(found.offset), int(found.timestamp)
 
 
 def kafka_python_read(agent: RunningAgent, count: int) -> list[tuple[int, bytes]]:
@@ -151,9 +156,13 @@ def test_an_open_transaction_holds_read_committed_consumers_at_its_first_offset(
     producer.begin_transaction()
     send(producer, [b"a", b"b"])
     assert producer.flush(20) == 0
-    plain.produce(TOPIC, key=b"k", value=b"after", partition=0)
+    later = int(time.time() * 1000) + 60_000  # after every other record's timestamp
+    plain.produce(TOPIC, key=b"k", value=b"after", partition=0, timestamp=later)
     assert plain.flush(20) == 0
     assert confluent_read(agent, "read_committed", 1) == [(0, b"before")]
+    # a timestamp is looked up below the last stable offset only, as Kafka bounds it
+    assert list_offset(agent, READ_UNCOMMITTED, later) == (3, later)
+    assert list_offset(agent, READ_COMMITTED, later) == (-1, -1)
     assert confluent_read(agent, "read_uncommitted", 4) == [(0, b"before"), (1, b"a"), (2, b"b"), (3, b"after")]
     assert (latest(agent, READ_COMMITTED), latest(agent, READ_UNCOMMITTED)) == (1, 4)
     assert cli_read(catalog, "--isolation", "read_committed") == [(0, b"before")]
@@ -161,6 +170,7 @@ def test_an_open_transaction_holds_read_committed_consumers_at_its_first_offset(
     committed = [(0, b"before"), (1, b"a"), (2, b"b"), (3, b"after")]
     assert confluent_read(agent, "read_committed", 4) == committed
     assert latest(agent, READ_COMMITTED) == 5
+    assert list_offset(agent, READ_COMMITTED, later) == (3, later)
     assert cli_read(catalog, "--isolation", "read_committed") == committed
 
 
