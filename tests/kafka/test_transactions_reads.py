@@ -3,7 +3,10 @@
 A read_committed consumer (confluent-kafka, kafka-python, aiokafka) sees exactly the records of committed
 transactions, never an aborted one's, and stops at an open transaction's first offset (the last stable offset)
 until it ends, while a read_uncommitted one reads every record to the high watermark; ListOffsets' latest under
-read_committed is the last stable offset; `logcompact consume --isolation` reads the same way from the catalog.
+read_committed is the last stable offset, and a timestamp is looked up below it; aborted records at the end are a
+hole Fetch covers, so consumers move past them; `logcompact consume --isolation` and `consume.read_records` read
+the same way from the catalog. The same sequence against Apache Kafka's broker (lab.servers.kafka) gives the same
+watermarks and records at each isolation level.
 """
 
 from __future__ import annotations
@@ -12,17 +15,22 @@ import asyncio
 import json
 import socket
 import time
+import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as AIOTopicPartition
-from confluent_kafka import Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import NewTopic
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KafkaPythonTopicPartition
 
+from lab.servers.kafka import KafkaServer, kafka_missing_reason, start_kafka
 from logcompact.catalog import Catalog
 from logcompact.consume import READ_COMMITTED, READ_UNCOMMITTED, read_records
+from logcompact.kafka.cluster import Address
 from tests.helpers import create_topic
 from tests.kafka.agents import FAST_CLIENT, RunningAgent, confluent_consumer, consume
 from tests.kafka.test_transactions import TOPIC, commit_abort_commit, send, transactional
@@ -42,12 +50,14 @@ def catalog(catalog: Catalog) -> Catalog:
     return catalog
 
 
-def confluent_read(agent: RunningAgent, isolation: str, count: int) -> list[tuple[int, bytes]]:
+def confluent_read(agent: RunningAgent | str, isolation: str, count: int, topic: str = TOPIC) -> list[tuple[int, bytes]]:
     """`count` records of partition 0 from offset 0 and the partition's end, as a confluent-kafka consumer of
-    `isolation` reads them; then nothing more for half a second."""
-    consumer = confluent_consumer(agent, **{"isolation.level": isolation})
+    `isolation` reads them from an agent (or a broker's bootstrap servers); then nothing more for half a second."""
+    bootstrap = agent if isinstance(agent, str) else agent.bootstrap
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "reads", "enable.auto.commit": False, "enable.partition.eof": True,
+                         "isolation.level": isolation, **FAST_CLIENT})
     try:
-        consumer.assign([TopicPartition(TOPIC, 0, 0)])
+        consumer.assign([TopicPartition(topic, 0, 0)])
         read = [(message.offset(), message.value()) for message in consume(consumer, count)]
         deadline = time.monotonic() + 0.5
         while time.monotonic() < deadline:
@@ -58,18 +68,19 @@ def confluent_read(agent: RunningAgent, isolation: str, count: int) -> list[tupl
         consumer.close()
 
 
-def latest(agent: RunningAgent, isolation: int, partition: int = 0) -> int:
-    """ListOffsets v5's latest offset of a partition at `isolation`."""
-    return list_offset(agent, isolation, LATEST, partition)[0]
+def latest(agent: RunningAgent | Address, isolation: int, topic: str = TOPIC) -> int:
+    """ListOffsets v5's latest offset of partition 0 at `isolation`."""
+    return list_offset(agent, isolation, LATEST, topic)[0]
 
 
-def list_offset(agent: RunningAgent, isolation: int, target: int, partition: int = 0) -> tuple[int, int]:
-    """ListOffsets v5's (offset, timestamp) for `target` (a timestamp, or latest) in a partition at `isolation`."""
-    address = agent.server.address
+def list_offset(agent: RunningAgent | Address, isolation: int, target: int, topic: str = TOPIC) -> tuple[int, int]:
+    """ListOffsets v5's (offset, timestamp) for `target` (a timestamp, or latest) in partition 0 at `isolation`, of
+    an agent or a broker."""
+    address = agent if isinstance(agent, Address) else agent.server.address
     with socket.create_connection((address.host, address.port), timeout=20) as connection:
         answered = Wire.over(connection).call(LIST_OFFSETS, 5, {
             "replica_id": -1, "isolation_level": isolation,
-            "topics": [{"name": TOPIC, "partitions": [{"partition_index": partition, "current_leader_epoch": -1, "timestamp": target}]}],
+            "topics": [{"name": topic, "partitions": [{"partition_index": 0, "current_leader_epoch": -1, "timestamp": target}]}],
         })
     found = answered.topics[0].partitions[0]
     assert int(found.error_code) == 0
@@ -214,3 +225,68 @@ def test_read_records_leaves_out_aborted_ranges_and_stops_at_the_last_stable_off
     assert read(READ_COMMITTED, from_offset=5, to_offset=10) == [8, 9]
     assert read(READ_COMMITTED, from_offset=4, to_offset=7) == []
     assert read(READ_COMMITTED, from_offset=12) == []
+
+
+# -- Apache Kafka's broker, the reference ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaServer]:
+    """Apache Kafka's broker (lab.servers.kafka); skipped, with the reason, only where Java 17 or its jars cannot be
+    had (`make kafka`)."""
+    missing = kafka_missing_reason()
+    if missing:
+        pytest.skip(missing)
+    server, stop = start_kafka(tmp_path_factory.mktemp("kafka"))
+    try:
+        yield server
+    finally:
+        stop()
+
+
+def scripted_reads(bootstrap: str, address: Address, topic: str) -> list[tuple[str, object]]:
+    """Commit, abort, commit of 3 records each, then a transaction left open with a plain record after it, then its
+    commit, on partition 0 of `topic` at `bootstrap`: the watermarks (ListOffsets latest at each isolation level) and
+    what read_committed and read_uncommitted consumers read at each step."""
+
+    def settled(open_: bool) -> tuple[int, int]:  # a broker writes its markers after answering EndTxn
+        until = time.monotonic() + 10
+        while True:
+            found = (latest(address, READ_COMMITTED, topic), latest(address, READ_UNCOMMITTED, topic))
+            if (found[0] < found[1]) == open_ or time.monotonic() > until:
+                return found
+            time.sleep(0.1)
+
+    seen: list[tuple[str, object]] = []
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"t-{topic}", "linger.ms": 5, **FAST_CLIENT})
+    producer.init_transactions(60)
+    for outcome, values in (("commit", [b"a", b"b", b"c"]), ("abort", [b"x", b"y", b"z"]), ("commit", [b"d", b"e", b"f"])):
+        producer.begin_transaction()
+        for value in values:
+            producer.produce(topic, key=b"k-" + value, value=value, partition=0)
+        assert producer.flush(20) == 0
+        producer.commit_transaction(20) if outcome == "commit" else producer.abort_transaction(20)
+    seen += [("ended", settled(False)), ("committed", confluent_read(bootstrap, "read_committed", 6, topic)),
+             ("every", confluent_read(bootstrap, "read_uncommitted", 9, topic))]
+    producer.begin_transaction()
+    producer.produce(topic, key=b"k-open", value=b"open", partition=0)
+    assert producer.flush(20) == 0
+    plain = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, **FAST_CLIENT})
+    plain.produce(topic, key=b"k", value=b"plain", partition=0)
+    assert plain.flush(20) == 0
+    seen += [("open", settled(True)), ("committed while open", confluent_read(bootstrap, "read_committed", 6, topic)),
+             ("every while open", confluent_read(bootstrap, "read_uncommitted", 11, topic))]
+    producer.commit_transaction(20)
+    seen += [("after", settled(False)), ("committed after", confluent_read(bootstrap, "read_committed", 8, topic))]
+    return seen
+
+
+def test_read_committed_reads_and_last_stable_offsets_are_apache_kafkas(agent: RunningAgent, catalog: Catalog, kafka_broker: KafkaServer) -> None:
+    topic = f"state-{uuid.uuid4().hex[:8]}"  # the broker is the module's: a topic and transactional id of this test's
+    admin = kafka_broker.admin()
+    for future in admin.create_topics([NewTopic(topic, 2, 1, config={"cleanup.policy": "compact"})]).values():
+        future.result(60)
+    create_topic(catalog, topic, 2, cleanup_policy="compact")
+    expected = scripted_reads(kafka_broker.bootstrap_servers, Address(kafka_broker.host, kafka_broker.port), topic)
+    assert expected[0] == ("ended", (12, 12))  # the reference's offsets as the mock cluster's
+    assert scripted_reads(agent.bootstrap, agent.server.address, topic) == expected
