@@ -29,9 +29,10 @@ from kafka import TopicPartition as KafkaPythonTopicPartition
 
 from lab.servers.kafka import KafkaServer, kafka_missing_reason, start_kafka
 from logcompact.catalog import Catalog
-from logcompact.consume import READ_COMMITTED, READ_UNCOMMITTED, read_records
+from logcompact.consume import READ_COMMITTED, READ_UNCOMMITTED, read_records, read_sections
+from logcompact.ingest import Record
 from logcompact.kafka.cluster import Address
-from tests.helpers import create_topic
+from tests.helpers import NOW, create_topic, produce_records, rewrite_without
 from tests.kafka.agents import FAST_CLIENT, RunningAgent, confluent_consumer, consume
 from tests.kafka.test_transactions import TOPIC, commit_abort_commit, send, transactional
 from tests.kafka.wire import Wire
@@ -207,6 +208,22 @@ def test_a_read_committed_consumer_moves_past_an_aborted_transaction_at_the_end(
         assert [(message.offset(), message.value()) for message in consume(consumer, 1)] == [(8, b"d")]
     finally:
         consumer.close()
+
+
+@pytest.mark.parametrize("from_offset, to_offset", [(0, None), (2, 11), (5, 8), (6, 7)])
+def test_the_read_path_drops_the_aborted_ranges_across_sections_and_holes(catalog: Catalog, from_offset: int, to_offset: int | None) -> None:
+    """`consume.read_sections` with aborted ranges: ranges spanning two files' sections, starting in a compaction's
+    hole, before the read's first offset or past its end, each record left out exactly when a range holds it."""
+    create_topic(catalog, "t", cleanup_policy="compact")
+    for batch in range(3):
+        produce_records(catalog, "t", [Record(0, b"k%d" % i, b"%d" % (batch * 4 + i), NOW + i) for i in range(4)])
+    rewrite_without(catalog.store, catalog, [f.key for f in catalog.snapshot().file_summaries(0)][:1], drop_offsets={1, 2}, level=1)
+    aborted = [(1, 1), (2, 5), (7, 7), (10, 40)]  # 1 and 2 compacted away; 2-5 spans the first two files
+    snapshot = catalog.snapshot()
+    tables = read_sections(catalog.store, snapshot.sections_of("t", 0), from_offset, to_offset, aborted)
+    offsets = [offset for table in tables for offset in table.column("offset").to_pylist()]
+    kept = [offset for offset in (0, 3, 4, 5, 6, 7, 8, 9, 10, 11) if not any(first <= offset <= last for first, last in aborted)]
+    assert offsets == [offset for offset in kept if from_offset <= offset < (to_offset or 12)]
 
 
 def test_read_records_leaves_out_aborted_ranges_and_stops_at_the_last_stable_offset(agent: RunningAgent, catalog: Catalog) -> None:
