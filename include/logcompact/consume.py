@@ -8,11 +8,15 @@ read path of a section from an offset (`format.read_section_from`: one ranged GE
 by block from the one holding the first offset wanted), the path Fetch reads too and the engine reads from one
 forward stream per file (`format.SectionStream`); sections whose offset ranges overlap (a compaction output
 spans a hole that another file fills) are merged by offset. Holes left by compaction are simply absent, as Kafka consumers expect.
+
+A `read_committed` read (`READ_COMMITTED`, Kafka's isolation level) ends at the partition's last stable offset and
+leaves out the records of aborted transactions, by the offset ranges the catalog recorded for them (their offsets
+become holes, as compaction's): the agent filters, so no reader needs the markers Kafka's clients filter by.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -50,6 +54,11 @@ class ConsumedRecord(NamedTuple):
 
 
 SectionRef = tuple[str, CatalogSection]  # (file key, section)
+AbortedRange = tuple[int, int]  # (first offset, last offset) of aborted records
+
+# Kafka's isolation levels (its `isolation_level` field): whether a read stops at the last stable offset and leaves out aborted records
+READ_UNCOMMITTED, READ_COMMITTED = 0, 1
+ISOLATION_LEVELS = {"read_uncommitted": READ_UNCOMMITTED, "read_committed": READ_COMMITTED}
 
 
 def _overlapping_runs(sections: Iterable[SectionRef]) -> Iterator[list[SectionRef]]:
@@ -82,29 +91,43 @@ def read_batches(
     partition: int,
     from_offset: int = 0,
     to_offset: int | None = None,
+    isolation: int = READ_UNCOMMITTED,
 ) -> Iterator[pa.Table]:
-    """Records of one partition with from_offset <= offset < to_offset, as Arrow tables in offset order."""
+    """Records of one partition with from_offset <= offset < to_offset, as Arrow tables in offset order; under
+    READ_COMMITTED only those below the partition's last stable offset, without aborted transactions' records."""
     partitions = snapshot.topic(topic).partitions
     if not 0 <= partition < partitions:
         raise InvalidRecordError(f"topic {topic!r} has partitions 0 to {partitions - 1}, not {partition}")
-    yield from read_sections(store, snapshot.sections_from(topic, partition, from_offset, to_offset), from_offset, to_offset)
+    aborted: list[AbortedRange] = []
+    if isolation == READ_COMMITTED:
+        # Every transaction with data below the last stable offset read now has ended, its aborted ranges recorded
+        # with its end: read after it, they are all there (`Snapshot.aborted_ranges`).
+        last_stable = snapshot.log_offsets(topic)[partition].last_stable
+        to_offset = last_stable if to_offset is None else min(to_offset, last_stable)
+        if from_offset >= to_offset:
+            return
+        aborted = snapshot.aborted_ranges(topic, {partition: (from_offset, to_offset)}).get(partition, [])
+    yield from read_sections(store, snapshot.sections_from(topic, partition, from_offset, to_offset), from_offset, to_offset, aborted)
 
 
 def read_sections(
-    store: ObjectStore, sections: Iterable[SectionRef], from_offset: int = 0, to_offset: int | None = None
+    store: ObjectStore, sections: Iterable[SectionRef], from_offset: int = 0, to_offset: int | None = None, aborted: Sequence[AbortedRange] = (),
 ) -> Iterator[pa.Table]:
     """The records of given sections of one partition, (file key, section) pairs in first-offset order,
-    with from_offset <= offset < to_offset: what read_batches reads, for a caller that chose the files
-    (a compaction's inputs)."""
-    yield from _read(store, sections, from_offset, to_offset, _RECORD_COLUMNS)
+    with from_offset <= offset < to_offset and outside the `aborted` ranges (in offset order, not overlapping):
+    what read_batches reads, for a caller that chose the files (a compaction's inputs) and the ranges."""
+    yield from _read(store, sections, from_offset, to_offset, _RECORD_COLUMNS, aborted)
 
 
 _RECORD_COLUMNS = ("timestamp", "key", "value", "headers")
 
 
 def _read(
-    store: ObjectStore, sections: Iterable[SectionRef], from_offset: int, to_offset: int | None, columns: tuple[str, ...]
+    store: ObjectStore, sections: Iterable[SectionRef], from_offset: int, to_offset: int | None, columns: tuple[str, ...],
+    aborted: Sequence[AbortedRange] = (),
 ) -> Iterator[pa.Table]:
+    firsts = np.array([first for first, _ in aborted], dtype=np.int64)
+    lasts = np.array([last for _, last in aborted], dtype=np.int64)
     index_only = set(columns) <= set(INDEX_COLUMNS)
     read_to = from_offset - 1  # the last offset read
     for run in _overlapping_runs(sections):
@@ -130,12 +153,23 @@ def _read(
                 if to_offset is not None:
                     keep = pc.and_(keep, pc.less(offsets, to_offset))
                 table = table.filter(keep)
+            if len(firsts) and table.num_rows:
+                table = _without_aborted(table, firsts, lasts)
             if table.num_rows:
                 first = table.column("offset")[0].as_py()
                 if first <= read_to:
                     raise _offset_again(run, first, read_to)
                 read_to = table.column("offset")[-1].as_py()
                 yield table
+
+
+def _without_aborted(table: pa.Table, firsts: np.ndarray, lasts: np.ndarray) -> pa.Table:
+    """The table without the records in the aborted ranges [firsts[i], lasts[i]] (sorted, not overlapping): each
+    record's range is the last one starting at or before it, which holds it when it ends at or after it."""
+    offsets = table.column("offset").to_numpy()
+    at = np.searchsorted(firsts, offsets, side="right") - 1
+    dropped = (at >= 0) & (offsets <= lasts[np.maximum(at, 0)])
+    return table.filter(pa.array(~dropped)) if dropped.any() else table
 
 
 def _check_data_key(key: str, section: CatalogSection) -> None:
@@ -191,9 +225,10 @@ def read_records(
     partition: int,
     from_offset: int = 0,
     to_offset: int | None = None,
+    isolation: int = READ_UNCOMMITTED,
 ) -> Iterator[ConsumedRecord]:
     """The same records one by one."""
-    for table in read_batches(store, snapshot, topic, partition, from_offset, to_offset):
+    for table in read_batches(store, snapshot, topic, partition, from_offset, to_offset, isolation):
         columns = [table.column(name).to_pylist() for name in RECORD_SCHEMA.names]
         for offset, timestamp, key, value, headers in zip(*columns):
             pairs = [(h["key"], h["value"]) for h in headers] if headers else []

@@ -662,7 +662,7 @@ class Catalog:
 
     def aborted_ranges(self, spans: Mapping[TopicPartition, tuple[int, int]], version: int | None = None) -> dict[TopicPartition, list[tuple[int, int]]]:
         """The aborted ranges overlapping each partition's offsets [a, b), recorded at or before `version` (None: any);
-        a deleted topic's are none."""
+        a topic deleted or never made is TopicNotFoundError."""
         with self._reading() as connection:
             ids = topics.rows(connection, {topic for topic, _ in spans}) if spans else {}
             by_slot = {(ids[topic][0], partition): (topic, partition) for topic, partition in spans}

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from sqlalchemy import BindParameter, ColumnElement, CompoundSelect, Connection, Engine, Row, Select, and_, bindparam, func, literal_column, or_, select, union_all
 
-from logcompact.catalog import holes, summaries
+from logcompact.catalog import holes, summaries, topics, transactions
 from logcompact.catalog import schema as s
 from logcompact.catalog.database import SHORT_LIST, catalog_errors, one_of
 from logcompact.catalog.holes import Range
@@ -37,6 +37,7 @@ from logcompact.catalog.model import (
     SectionFigures,
     TopicPartition,
 )
+from logcompact.catalog.topics import LogOffsets
 from logcompact.exceptions import CorruptDataError, TopicNotFoundError
 from logcompact.format.layout import COMPRESSIONS, SectionInfo
 from logcompact.topics import Topic
@@ -245,6 +246,22 @@ class Snapshot:
             for reader in chunk:
                 reader.take_page(pages[reader.partition])
         return found
+
+    def log_offsets(self, topic: str) -> list[LogOffsets]:
+        """Each partition's log start offset, high watermark and last stable offset, as they are now (as next offsets)."""
+        with self._connect() as connection:
+            return topics.offsets(connection, self.topic(topic).name)
+
+    def aborted_ranges(self, topic: str, spans: Mapping[int, tuple[int, int]]) -> dict[int, list[tuple[int, int]]]:
+        """The aborted ranges (first, last offset) overlapping each partition's offsets [a, b), by partition, in offset
+        order: every one recorded so far, not only at or before this version. A range is recorded with the end of its
+        transaction and never changes, so those recorded since are as true of this version's records; and every
+        transaction with data below a last stable offset read before this call had ended, so below it the ranges are
+        complete however old the snapshot (gc forgets a range only with the last file that may hold its records)."""
+        topic_id = self.topic_ids[self.topic(topic).name]
+        with self._connect() as connection:
+            found = transactions.aborted_overlapping(connection, {(topic_id, partition): span for partition, span in spans.items()}, None)
+        return {partition: ranges for (_, partition), ranges in found.items()}
 
     def _page_rows(self, topic_id: int, pages: Sequence[_Page]) -> list[Row]:
         """The rows of `pages` (of partitions of one topic), each its partition's live sections ending in [low, high]

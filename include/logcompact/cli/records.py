@@ -38,15 +38,19 @@ def produce(ctx: Context, topic_name: str) -> None:
 @click.option("--partition", type=int, required=True)
 @click.option("--from-offset", type=NON_NEGATIVE_INT64, default=0, show_default=True, help="First offset to read.")
 @click.option("--to-offset", type=NON_NEGATIVE_INT64, default=None, help="Stop before this offset (exclusive, like Kafka's end offsets).")
+@click.option(
+    "--isolation", type=click.Choice(["read_uncommitted", "read_committed"]), default="read_uncommitted", show_default=True,
+    help="read_committed: only below the last stable offset, without aborted transactions' records (Kafka's isolation.level).",
+)
 @pass_context
-def consume(ctx: Context, topic_name: str, partition: int, from_offset: int, to_offset: int | None) -> None:
+def consume(ctx: Context, topic_name: str, partition: int, from_offset: int, to_offset: int | None, isolation: str) -> None:
     """Print the records of one partition in offset order, one JSON line each, as of the latest manifest
     version (the catalog is asked for that partition's sections only)."""
-    from logcompact.consume import read_records
+    from logcompact.consume import ISOLATION_LEVELS, read_records
     from logcompact.jsonlines import record_document
 
     snapshot = ctx.catalog.snapshot()
-    for record in read_records(ctx.store, snapshot, topic_name, partition, from_offset, to_offset):
+    for record in read_records(ctx.store, snapshot, topic_name, partition, from_offset, to_offset, ISOLATION_LEVELS[isolation]):
         emit(record_document(record))
 
 

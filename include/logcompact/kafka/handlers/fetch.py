@@ -12,6 +12,11 @@ batch of no records), so no client stalls. The log start offset is the catalog's
 the catalog's (the first offset of the partition's earliest open transaction's data, else the high watermark)
 whatever the `isolation_level`.
 
+A `read_committed` fetch reads below the last stable offset only and leaves out the records of aborted transactions
+(consume's read path drops them by the catalog's aborted ranges: holes in the batches' offset deltas, as
+compaction's), and its trailing hole is covered up to the last stable offset - 1. Its `aborted_transactions` is
+empty: the batches carry no producer id for a client to filter by, and none is needed.
+
 `max_bytes` and each `partition_max_bytes` hold, except that the first batch of the first partition with records
 is returned whole (it then holds one record), as in Kafka, so a record larger than the limits never stalls a
 consumer. Long polling: while fewer than `min_bytes` of records are found, the request waits up to `max_wait_ms`,
@@ -28,12 +33,12 @@ import time
 import weakref
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from logcompact.catalog import Catalog, Snapshot
 from logcompact.catalog.topics import LogOffsets
-from logcompact.consume import SectionRef, read_sections
+from logcompact.consume import READ_COMMITTED, READ_UNCOMMITTED, AbortedRange, SectionRef, read_sections
 from logcompact.exceptions import TopicNotFoundError
 from logcompact.kafka import codec, records
 from logcompact.kafka.broker import Broker
@@ -44,7 +49,6 @@ BATCH_BYTES = 1024 * 1024  # the largest batch built (one larger record makes a 
 BUFFER_BYTES = 8 * 1024 * 1024  # a partition's buffer of batches at first (grown past it)
 NO_SESSION = 0
 FULL_FETCH_EPOCHS = (-1, 0)
-READ_COMMITTED = 1
 NO_PREFERRED_REPLICA = -1
 
 
@@ -89,16 +93,18 @@ async def handle(broker: Broker, request: codec.Request) -> Any:
     wanted = [(topic.topic, [Wanted(int(p.partition), int(p.fetch_offset), int(p.partition_max_bytes)) for p in topic.partitions]) for topic in body.topics]
     deadline = time.monotonic() + body.max_wait.total_seconds()
     while True:
-        version, topics = await asyncio.to_thread(read, broker.catalog, broker.file_cache, int(body.max_bytes), wanted)
+        version, topics = await asyncio.to_thread(read, broker.catalog, broker.file_cache, int(body.max_bytes), wanted, int(body.isolation_level))
         found = sum(len(partition.records) for _, partitions in topics for partition in partitions)
         failed = any(partition.error != codec.ErrorCode.none for _, partitions in topics for partition in partitions)
         if found >= body.min_bytes or failed or not await broker.commits.wait_past(version, deadline - time.monotonic()):
             return _response(request.api_version, body, topics, codec.ErrorCode.none)
 
 
-def read(catalog: Catalog, store: ObjectStore, max_bytes: int, wanted: list[tuple[str, list[Wanted]]]) -> tuple[int, list[tuple[str, list[Answer]]]]:
+def read(
+    catalog: Catalog, store: ObjectStore, max_bytes: int, wanted: list[tuple[str, list[Wanted]]], isolation: int = READ_UNCOMMITTED,
+) -> tuple[int, list[tuple[str, list[Answer]]]]:
     """The catalog version read and each partition's answer to a Fetch of `wanted` partitions (topic by topic, in the
-    request's order) within `max_bytes`, reading files through `store`.
+    request's order) within `max_bytes` at `isolation` (Kafka's level), reading files through `store`.
 
     Partitions are answered in order, each within what the earlier ones left of `max_bytes`. Those whose limits fit
     `max_bytes` together are read at once on PARTITION_READERS threads (decompressing and encoding release the GIL),
@@ -107,6 +113,7 @@ def read(catalog: Catalog, store: ObjectStore, max_bytes: int, wanted: list[tupl
     is read again in order (which happens only after a record larger than a limit)."""
     # High watermarks read before the snapshot: every offset below one was committed before it, so an offset the
     # snapshot does not hold there is one compaction removed, which a batch may cover; records are read below it.
+    # Likewise every transaction with data below a last stable offset read then had ended: its aborted ranges are known.
     log_offsets = {topic: _log_offsets(catalog, topic) for topic, _ in wanted}
     snapshot = _snapshot(catalog)
     plan: list[tuple[str, list[Answer | _ToRead]]] = []
@@ -116,7 +123,7 @@ def read(catalog: Catalog, store: ObjectStore, max_bytes: int, wanted: list[tupl
         if offsets is None:
             plan.append((topic, [Answer(asked.partition, codec.ErrorCode.unknown_topic_or_partition) for asked in partitions]))
         else:
-            plan.append((topic, _partitions_plan(snapshot, topic, partitions, offsets)))
+            plan.append((topic, _partitions_plan(snapshot, topic, partitions, offsets, isolation)))
     planned, alone = 0, {}
     to_read = [entry for _, entries in plan for entry in entries if isinstance(entry, _ToRead)]
     for partition in to_read if len(to_read) > 1 else ():
@@ -153,18 +160,22 @@ _PARTITION_READERS = ThreadPoolExecutor(PARTITION_READERS, thread_name_prefix="l
 
 @dataclass(frozen=True)
 class _ToRead:
-    """A partition whose records are to be read: from which offset, to the high watermark, in which sections (read
-    from the catalog a page at a time as the partition's read gets to them: `Snapshot.partition_sections`)."""
+    """A partition whose records are to be read: from which offset, to which (`end`: the high watermark, or under
+    read_committed the last stable offset), in which sections (read from the catalog a page at a time as the
+    partition's read gets to them: `Snapshot.partition_sections`), without which aborted ranges."""
 
     asked: Wanted
     log_start: int
     high_watermark: int
     last_stable: int
-    sections: Iterable[SectionRef]
+    end: int
+    sections: Iterable[SectionRef] = ()
+    aborted: list[AbortedRange] = field(default_factory=list)
 
 
-def _partitions_plan(snapshot: Snapshot, topic: str, partitions: list[Wanted], offsets: list[LogOffsets]) -> list[Answer | _ToRead]:
-    """Each partition's error, or what to read of it (the first page of each one's sections found in one catalog query)."""
+def _partitions_plan(snapshot: Snapshot, topic: str, partitions: list[Wanted], offsets: list[LogOffsets], isolation: int) -> list[Answer | _ToRead]:
+    """Each partition's error, or what to read of it (the first page of each one's sections found in one catalog query,
+    under read_committed the aborted ranges in it in one more)."""
     plan: list[Answer | _ToRead] = []
     ranges: dict[int, tuple[int, int]] = {}
     for asked in partitions:
@@ -177,14 +188,17 @@ def _partitions_plan(snapshot: Snapshot, topic: str, partitions: list[Wanted], o
         if not log_start <= asked.fetch_offset <= high_watermark:
             plan.append(Answer(asked.partition, codec.ErrorCode.offset_out_of_range, high_watermark, log_start, last_stable))
             continue
-        plan.append(_ToRead(asked, log_start, high_watermark, last_stable, []))
-        if asked.fetch_offset < high_watermark:
-            ranges[asked.partition] = (asked.fetch_offset, high_watermark)
+        # read_committed: from the last stable offset to the high watermark there is nothing to read yet, as in Kafka
+        end = last_stable if isolation == READ_COMMITTED else high_watermark
+        plan.append(_ToRead(asked, log_start, high_watermark, last_stable, end))
+        if asked.fetch_offset < end:
+            ranges[asked.partition] = (asked.fetch_offset, end)
     if not ranges:
         return plan
     sections = snapshot.sections_of_partitions(topic, ranges)
+    aborted = snapshot.aborted_ranges(topic, ranges) if isolation == READ_COMMITTED else {}
     return [
-        _ToRead(item.asked, item.log_start, item.high_watermark, item.last_stable, sections.get(item.asked.partition, [])) if isinstance(item, _ToRead) else item
+        replace(item, sections=sections.get(item.asked.partition, []), aborted=aborted.get(item.asked.partition, [])) if isinstance(item, _ToRead) else item
         for item in plan
     ]
 
@@ -196,7 +210,7 @@ def _read_alone(store: ObjectStore, item: _ToRead) -> tuple[Answer, bool]:
 
 
 def _answer(store: ObjectStore, item: _ToRead, limit: int, budget: _Budget) -> Answer:
-    batches, next_offset = _batches(store, item.sections, item.asked.fetch_offset, item.high_watermark, limit, budget)
+    batches, next_offset = _batches(store, item.sections, item.asked.fetch_offset, item.end, limit, budget, item.aborted)
     return Answer(item.asked.partition, codec.ErrorCode.none, item.high_watermark, item.log_start, item.last_stable, batches, next_offset)
 
 
@@ -220,17 +234,18 @@ def _log_offsets(catalog: Catalog, topic: str) -> list[LogOffsets] | None:
 
 
 def _batches(
-    store: ObjectStore, sections: Iterable[SectionRef], fetch_offset: int, high_watermark: int, limit: int, budget: _Budget,
+    store: ObjectStore, sections: Iterable[SectionRef], fetch_offset: int, read_end: int, limit: int, budget: _Budget,
+    aborted: list[AbortedRange],
 ) -> tuple[memoryview, int]:
-    """Record batches of the records in [fetch_offset, high_watermark) within `limit` bytes, or one whole batch of
-    one record when it is the response's first (Kafka's rule, so a large record never stalls a consumer), and the
-    offset after them.
+    """Record batches of the records in [fetch_offset, read_end) outside the `aborted` ranges within `limit` bytes, or
+    one whole batch of one record when it is the response's first (Kafka's rule, so a large record never stalls a
+    consumer), and the offset after them.
 
-    When every record up to the high watermark fits, the last batch covers the offsets after its last record
-    (compacted away), or one batch of no records covers them all: the consumer's next fetch starts at the high
-    watermark instead of asking for that trailing hole forever."""
+    When every record up to `read_end` (the high watermark, or the last stable offset) fits, the last batch covers the
+    offsets after its last record (compacted away, or aborted), or one batch of no records covers them all: the
+    consumer's next fetch starts at `read_end` instead of asking for that trailing hole forever."""
     out = records.BatchBuffer(min(max(limit, 0), BUFFER_BYTES))
-    for table in read_sections(store, sections, fetch_offset, high_watermark):
+    for table in read_sections(store, sections, fetch_offset, read_end, aborted):
         for chunk in table.to_batches():
             columns = records.RecordColumns.of(chunk)
             start = 0
@@ -243,11 +258,11 @@ def _batches(
                 budget.first_taken = True
                 out.keep(length)
                 start = end
-    # every record to the high watermark taken
+    # every record to the end taken
     if out.size:
-        out.cover_to(high_watermark - 1)
-    elif fetch_offset < high_watermark and (limit >= records.EMPTY_BATCH_BYTES or not budget.first_taken):
-        out.keep_empty(fetch_offset, high_watermark - 1)
+        out.cover_to(read_end - 1)
+    elif fetch_offset < read_end and (limit >= records.EMPTY_BATCH_BYTES or not budget.first_taken):
+        out.keep_empty(fetch_offset, read_end - 1)
     budget.left -= out.size
     return out.records, out.offset_after(fetch_offset)
 

@@ -1,7 +1,9 @@
 """ListOffsets (key 2), v0-7: a partition's earliest, latest, by-timestamp and max-timestamp offsets, from the
 catalog (one snapshot per request) and, for timestamps, the records of the sections that may hold the answer.
 
-Without transactions the last stable offset is the high watermark, so `isolation_level` changes nothing.
+Under `isolation_level` read_committed (v2+) the log ends at the partition's last stable offset, as in Kafka: latest
+is the last stable offset, and a timestamp is looked up below it only (the offset of an aborted record may be the
+answer, as Kafka's time index gives it: a read from there leaves it out).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import asyncio
 from typing import Any
 
 from logcompact.catalog import CatalogSection, Snapshot
-from logcompact.consume import read_batches
+from logcompact.consume import READ_COMMITTED, read_batches
 from logcompact.kafka import codec, records
 from logcompact.kafka.broker import Broker
 from logcompact.store.base import ObjectStore
@@ -39,6 +41,7 @@ Found = tuple[int, int] | codec.ErrorCode  # (offset, timestamp), or the partiti
 
 def _list(broker: Broker, body: Any) -> list[tuple[str, list[tuple[int, Found]]]]:
     snapshot = broker.catalog.snapshot()
+    committed = getattr(body, "isolation_level", 0) == READ_COMMITTED  # from v2
     answered = []
     for topic in body.topics:
         known = snapshot.topics.get(topic.name)
@@ -51,14 +54,18 @@ def _list(broker: Broker, body: Any) -> list[tuple[str, list[tuple[int, Found]]]
             elif known is None or not 0 <= index < known.partitions:
                 partitions.append((index, codec.ErrorCode.unknown_topic_or_partition))
             else:
-                partitions.append((index, _find(broker.catalog.store, snapshot, topic.name, index, *log_offsets[index][:2], int(entry.timestamp))))
+                log_start, high_watermark, last_stable = log_offsets[index]
+                end = last_stable if committed else high_watermark
+                partitions.append((index, _find(broker.catalog.store, snapshot, topic.name, index, log_start, end, int(entry.timestamp))))
         answered.append((topic.name, partitions))
     return answered
 
 
-def _find(store: ObjectStore, snapshot: Snapshot, topic: str, partition: int, log_start: int, next_offset: int, target: int) -> tuple[int, int]:
+def _find(store: ObjectStore, snapshot: Snapshot, topic: str, partition: int, log_start: int, end: int, target: int) -> tuple[int, int]:
+    """The answer for `target` in the partition's log from `log_start` to `end` (its high watermark, or its last
+    stable offset under read_committed)."""
     if target == LATEST:
-        return next_offset, NOT_FOUND
+        return end, NOT_FOUND
     if target == EARLIEST:  # the log start: raised by retention only, so compaction never moves it
         return log_start, NOT_FOUND
     sections = [section for _, section in snapshot.sections_of(topic, partition)]
@@ -66,18 +73,20 @@ def _find(store: ObjectStore, snapshot: Snapshot, topic: str, partition: int, lo
         if not sections:
             return NOT_FOUND, NOT_FOUND
         target = max(section.info.max_timestamp for section in sections)
-    return _first_at_or_after(store, snapshot, topic, partition, sections, target)
+    return _first_at_or_after(store, snapshot, topic, partition, sections, target, end)
 
 
-def _first_at_or_after(store: ObjectStore, snapshot: Snapshot, topic: str, partition: int, sections: list[CatalogSection], timestamp: int) -> tuple[int, int]:
-    """The first record in offset order whose timestamp is >= `timestamp`, as Kafka's time index finds it.
+def _first_at_or_after(
+    store: ObjectStore, snapshot: Snapshot, topic: str, partition: int, sections: list[CatalogSection], timestamp: int, end: int,
+) -> tuple[int, int]:
+    """The first record below `end` in offset order whose timestamp is >= `timestamp`, as Kafka's time index finds it.
 
     Sections are in first-offset order; every record before the first section whose max_timestamp reaches the
     target lies in an earlier section, all of whose records are older, so the records are read from there on."""
     start = next((section for section in sections if section.info.max_timestamp >= timestamp), None)
-    if start is None:
+    if start is None or start.first_offset >= end:
         return NOT_FOUND, NOT_FOUND
-    for table in read_batches(store, snapshot, topic, partition, start.first_offset):
+    for table in read_batches(store, snapshot, topic, partition, start.first_offset, end):
         timestamps = table.column("timestamp").to_numpy()
         hits = (timestamps >= timestamp).nonzero()[0]
         if len(hits):
