@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from sqlalchemy import BindParameter, ColumnElement, CompoundSelect, Connection, Engine, Row, Select, and_, bindparam, func, literal_column, or_, select, union_all
 
-from logcompact.catalog import holes, summaries
+from logcompact.catalog import holes, summaries, transactions
 from logcompact.catalog import schema as s
 from logcompact.catalog.database import SHORT_LIST, catalog_errors, one_of
 from logcompact.catalog.holes import Range
@@ -40,6 +40,9 @@ from logcompact.catalog.model import (
 from logcompact.exceptions import CorruptDataError, TopicNotFoundError
 from logcompact.format.layout import COMPRESSIONS, SectionInfo
 from logcompact.topics import Topic
+
+# How many partitions' spans one read of aborted ranges asks for.
+_RANGES_PER_QUERY = 200
 
 
 class Snapshot:
@@ -507,14 +510,64 @@ class Snapshot:
                 found.append((row.key, tp, section, str(_retired_apart(*tp, row.key, section, row.removed_version))))
         return found
 
+    def stable_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """The last stable offset (LSO) of each of `partitions` holding an open transaction's data, as it is now (it
+        is not versioned; it never decreases): the first offset of its earliest open transaction's data, never below
+        its log start. Partitions without such data (their LSO is their high watermark) are left out. One query over
+        the open transactions' partitions that hold data, few however many partitions the cluster has."""
+        wanted = set(partitions)
+        if not wanted:
+            return {}
+        tp, part = s.transaction_partitions.c, s.partitions.c
+        names = {topic_id: name for name, topic_id in self.topic_ids.items()}
+        query = (
+            select(tp.topic_id, tp.partition, func.max(part.log_start_offset), func.min(tp.first_offset))
+            .join(s.partitions, and_(part.topic_id == tp.topic_id, part.partition == tp.partition))
+            .where(tp.first_offset.is_not(None)).group_by(tp.topic_id, tp.partition)
+        )
+        with self._connect() as connection:
+            rows = connection.execute(query).all()
+        found = {}
+        for topic_id, partition, log_start, first in rows:
+            name = names.get(topic_id)
+            if name is not None and (name, partition) in wanted:
+                found[(name, partition)] = max(log_start, first)
+        return found
+
+    def aborted_ranges(self, spans: Mapping[TopicPartition, tuple[int, int]]) -> dict[TopicPartition, tuple[tuple[int, int], ...]]:
+        """The aborted transactions' ranges (first, last offset) overlapping each partition's offsets [a, b), in offset
+        order, as recorded now. Read after the LSO a plan is bounded by (`first_uncleanable_offsets`), it holds every
+        range below it: a transaction with data there had ended, its ranges recorded as it ended."""
+        slots = sorted(((self.topic_ids[topic], partition), span) for (topic, partition), span in spans.items())
+        names = {topic_id: name for name, topic_id in self.topic_ids.items()}
+        found: dict[TopicPartition, tuple[tuple[int, int], ...]] = {}
+        with self._connect() as connection:
+            # A few hundred partitions a statement: SQLite bounds an expression's depth, and each is one OR's term.
+            for start in range(0, len(slots), _RANGES_PER_QUERY):
+                chunk = dict(slots[start : start + _RANGES_PER_QUERY])
+                for (topic_id, partition), ranges in transactions.aborted_overlapping(connection, chunk, None).items():
+                    found[(names[topic_id], partition)] = tuple(ranges)
+        return found
+
     def first_uncleanable_offsets(
         self, partitions: Iterable[TopicPartition], now_ms: int, excluding: Sequence[str] = ()
     ) -> dict[TopicPartition, int]:
-        """Kafka's first uncleanable offset of each of `partitions` whose topic sets min.compaction.lag.ms, as
-        the catalog can tell it: the first offset of the first live section (Kafka: segment) holding a record
-        newer than now minus the lag, in any file but those `excluding` (a plan's inputs, whose first such
-        record the engine finds); partitions with none are left out. One grouped query per such topic, through
-        the index by topic and partition."""
+        """Kafka's first uncleanable offset of each of `partitions` of a compacted topic, as the catalog can tell it:
+        the lower of its LSO now (`stable_offsets`: nothing of an open transaction is cleaned; the LSO never
+        decreases, so the bound a plan was made with still holds at its commit) and, where the topic sets
+        min.compaction.lag.ms, the first offset of the first live section (Kafka: segment) holding a record newer
+        than now minus the lag, in any file but those `excluding` (a plan's inputs, whose first such record the
+        engine finds); partitions with neither are left out. One grouped query per such topic, through the index by
+        topic and partition, and one for the LSOs."""
+        partitions = list(partitions)
+        stable = self.stable_offsets(tp for tp in partitions if self.topics[tp[0]].config.compacted)
+        found = self._first_young_offsets(partitions, now_ms, excluding)
+        for tp, offset in stable.items():
+            found[tp] = min(offset, found.get(tp, offset))
+        return found
+
+    def _first_young_offsets(self, partitions: Iterable[TopicPartition], now_ms: int, excluding: Sequence[str]) -> dict[TopicPartition, int]:
+        """The min lag's part of `first_uncleanable_offsets`."""
         by_topic: dict[str, set[int]] = {}
         for topic, partition in partitions:
             if self.topics[topic].config.min_compaction_lag_ms > 0:

@@ -19,9 +19,10 @@ Rules, per record (a compacted topic's rules apply only when the plan deduplicat
   floor: removing a record never lets an older value of its key, in the job or outside it, come back
   (Kafka gets the same by deleting only from the start of the log);
 * a record without a key in a compacted topic is removed and counted invalid (Kafka does the same);
-* min lag, as Kafka's first uncleanable offset: the lower of the plan's `first_uncleanable` (the first
-  offset of the first section outside the plan holding a record newer than now - min.compaction.lag.ms, as
-  Kafka takes the first such segment) and the offset of the first such record among the plan's inputs (pass
+* min lag and open transactions, as Kafka's first uncleanable offset: the lower of the plan's
+  `first_uncleanable` (the partition's LSO when an open transaction holds it, and the first offset of the first
+  section outside the plan holding a record newer than now - min.compaction.lag.ms, as Kafka takes the first
+  such segment) and the offset of the first such record among the plan's inputs (pass
   1, or the copy, sees every timestamp). From there on no record is removed as a duplicate, used to remove
   others, or stamped; judging it by offset, not by each record's timestamp, keeps a young older value from
   outliving a tombstone that supersedes it. The output ends the partition's section before the inputs' first
@@ -531,12 +532,12 @@ class _PartitionCleaner:
         self.deduplicate = plan.deduplicate and config.compacted and not self.oversized
         self.horizon = min(now + config.delete_retention_ms, _NEVER)  # delete.retention.ms may be Long.MAX_VALUE
         self.floor = plan.outside_floors.get((topic, partition))
-        # Kafka's first uncleanable offset: from the sections outside the plan, lowered to the inputs' first record
-        # within the lag once a pass reaches it (`_find_young`), so min lag keeps the same records whichever files
-        # a plan takes, and a full sweep is record-precise.
+        # Kafka's first uncleanable offset: from the sections outside the plan and the partition's LSO, lowered to
+        # the inputs' first record within the lag once a pass reaches it (`_find_young`), so min lag keeps the same
+        # records whichever files a plan takes, and a full sweep is record-precise.
         lag = config.min_compaction_lag_ms if config.compacted else 0
         self.lag_cut = now - lag if lag > 0 else None
-        self.young_from = plan.first_uncleanable.get((topic, partition)) if lag > 0 else None
+        self.young_from = plan.first_uncleanable.get((topic, partition)) if config.compacted else None
         self.first_young: int | None = None  # the offset of the inputs' first record within the lag
         # Inputs on both sides of a young section outside the plan are cut there too: one output section spanning
         # it would interleave the partition's sections, and the first uncleanable offset would fall below them all.

@@ -310,7 +310,7 @@ def _partition_rules(plan: Plan, run: _Run, by_partition: dict[TopicPartition, S
         lagged = config.compacted and config.min_compaction_lag_ms > 0
         lag_cut.append(plan.now_ms - config.min_compaction_lag_ms if lagged else _NEVER)
         compacted.append(config.compacted)
-        young_from = plan.first_uncleanable.get(tp) if lagged else None
+        young_from = plan.first_uncleanable.get(tp) if config.compacted else None
         first = min(section.first_offset for _, section in by_partition[tp])
         outside_cut.append(young_from if young_from is not None and first < young_from else _NEVER)
     return (np.asarray(expire_before, dtype=np.int64), np.asarray(lag_cut, dtype=np.int64), np.asarray(compacted, dtype=bool),

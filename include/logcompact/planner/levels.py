@@ -132,7 +132,8 @@ def make_plans(
             held_above_l0[tp] = min(first, held_above_l0.get(tp, first))
     outside = lowest_outside(snapshot, [files[key] for key in planned], partitions, held_above_l0)
     # A plan's own inputs are never outside it; the other plans' inputs are: what their lowest offsets (floors)
-    # and young sections (Kafka's first uncleanable offset) say counts for it, as the files no plan takes do.
+    # and young sections (Kafka's first uncleanable offset) say counts for it, as the files no plan takes do. The
+    # catalog's first uncleanable offsets hold each partition's LSO (an open transaction's data is never cleaned).
     floors_elsewhere = _lowest_elsewhere(lowest, lowest)
     young_outside = snapshot.first_uncleanable_offsets(partitions, now_ms, excluding=planned)
     young_elsewhere = _lowest_elsewhere([o.young for o in offsets], lowest)
