@@ -69,6 +69,10 @@ class Plan:
     # lag is the same whichever files the plan takes; the engine lowers it to the first record within the lag
     # among the plan's own inputs, and ends each output section there.
     first_uncleanable: dict[TopicPartition, int] = field(default_factory=dict)
+    # Per partition: the aborted transactions' offset ranges (first, last), in offset order, overlapping the offsets
+    # of its inputs, read after its first uncleanable offset (each range below it is here). Their records are
+    # dropped by every job: a Spark task never reads the catalog.
+    aborted: dict[TopicPartition, tuple[tuple[int, int], ...]] = field(default_factory=dict)
     # Partitions held back as uncleanable when the plan was made: their sections are not in the inputs, and the
     # commit leaves them live in the input files.
     set_aside: tuple[TopicPartition, ...] = ()
@@ -109,6 +113,7 @@ class Plan:
             topics={name: self.topics[name] for name in sorted(topics)},
             outside_floors={tp: floor for tp, floor in self.outside_floors.items() if chosen.holds(tp)},
             first_uncleanable={tp: offset for tp, offset in self.first_uncleanable.items() if chosen.holds(tp)},
+            aborted={tp: ranges for tp, ranges in self.aborted.items() if chosen.holds(tp)},
             groups=(chosen,),
             group=group,
         )
@@ -128,6 +133,7 @@ class Plan:
         sections: dict[str, list[CatalogSection]] = {f.key: [] for f in header.inputs}
         floors: dict[TopicPartition, int] = {}
         young: dict[TopicPartition, int] = {}
+        aborted: dict[TopicPartition, tuple[tuple[int, int], ...]] = {}
         for group, piece in zip(header.groups, pieces, strict=True):
             if piece.plan_id != header.plan_id or piece.groups != (group,):
                 raise InvalidPlanError(f"{source}: the document of group {group.group} is not that group of this plan; plan again")
@@ -137,11 +143,12 @@ class Plan:
                 sections[data_file.key].extend(data_file.sections)  # groups follow (topic, partition) order, as files do
             floors.update(piece.outside_floors)
             young.update(piece.first_uncleanable)
+            aborted.update(piece.aborted)
         with collector_paused():
             inputs = tuple(DataFile(f.key, f.level, f.size, f.created_ms, tuple(sections[f.key])) for f in header.inputs)
         plan = cls(
             **{name: getattr(header, name) for name in SETTING_FIELDS}, topics=header.topics, inputs=inputs, outside_floors=floors,
-            first_uncleanable=young, groups=header.groups, set_aside=header.set_aside,
+            first_uncleanable=young, aborted=aborted, groups=header.groups, set_aside=header.set_aside,
         )
         plan.validate(source)
         return plan
@@ -152,6 +159,9 @@ class Plan:
         """Rules that need no catalog: shapes, ranges, and that the inputs and groups make sense together. A piece
         (`whole` False) holds one group, and no input when its plan has no sections."""
         check_shape(self, source, whole)
+        for (topic, partition), ranges in self.aborted.items():
+            if not all(first <= last for first, last in ranges) or any(a[1] >= b[0] for a, b in zip(ranges, ranges[1:])):
+                raise InvalidPlanError(f"{source}: the aborted ranges of {topic}/{partition} are not disjoint [first, last] ranges in offset order; plan again")
         starts = [g.first for g in self.groups[1:] if g.first is not None]  # all of them: check_shape checked
         set_aside = set(self.set_aside)
         for data_file in self.inputs:
