@@ -24,6 +24,7 @@ from logcompact.plans import Plan, decode_group, encode_groups, encode_header, p
 from tests.helpers import NOW, create_topic, full_sweep
 
 TIMEOUT = 60_000
+HOUR = 60 * 60 * 1000
 
 
 class TxnLog:
@@ -35,6 +36,7 @@ class TxnLog:
         create_topic(catalog, "t", partitions=1, cleanup_policy="compact", **settings)
         self.agent = Agent(catalog, background=False)
         self.producers: dict[str, list[int]] = {}  # transactional id: producer id, epoch, next sequence
+        self.timestamp = NOW  # of the records produced next
 
     def close(self) -> None:
         self.agent.close()
@@ -57,7 +59,7 @@ class TxnLog:
         self.catalog.end_transaction(transactional_id, pid, epoch, commit, NOW)
 
     def _produce(self, records: tuple[tuple[bytes, bytes | None], ...], sequenced: SequencedBatch | None) -> list[int]:
-        future = self.agent.produce("t", [Record(0, key, value, NOW) for key, value in records], sequenced)
+        future = self.agent.produce("t", [Record(0, key, value, self.timestamp) for key, value in records], sequenced)
         self.agent.flush()
         return future.result()
 
@@ -107,6 +109,25 @@ def test_a_partition_held_at_its_lso_is_not_taken_for_its_dirty_ratio_pass_after
     log.end("app", commit=True)
     (due,) = choose_plans(catalog.planning_snapshot(NOW), NOW, "regular", PlannerConfig())
     assert due.first_uncleanable == {}
+    log.close()
+
+
+def test_a_partition_held_at_its_lso_is_not_taken_for_its_max_lag_pass_after_pass(catalog: Catalog) -> None:
+    """Past max.compaction.lag.ms a partition is due, but only for its dirty data below its LSO: once that is clean,
+    the sections an open transaction holds wait for it to end, rather than being copied again every pass."""
+    log = TxnLog(catalog, max_compaction_lag_ms=str(2 * HOUR))
+    log.timestamp = NOW - 3 * HOUR
+    log.plain((b"a", b"a0"), (b"b", b"b0"))  # 0, 1
+    log.txn("app", (b"c", b"c-txn"))  # 2
+    log.plain((b"a", b"a1"), (b"b", b"b1"))  # 3, 4
+    log.compact("max-lag")  # the older values stay: their newer ones are past the LSO
+    assert [offset for offset, _, _ in log.read()] == [0, 1, 2, 3, 4]
+    assert choose_plans(catalog.planning_snapshot(NOW), NOW, "max-lag", PlannerConfig()) == []
+    log.end("app", commit=True)
+    (due,) = choose_plans(catalog.planning_snapshot(NOW), NOW, "max-lag", PlannerConfig())
+    assert due.first_uncleanable == {}
+    log.compact("max-lag")
+    assert [offset for offset, _, _ in log.read()] == [2, 3, 4]
     log.close()
 
 
