@@ -64,10 +64,11 @@ class Plan:
     # Per partition: the smallest offset held by a live file outside this plan. A tombstone at or above
     # it may have older values of its key elsewhere, so it is never removed by this plan.
     outside_floors: dict[TopicPartition, int] = field(default_factory=dict)
-    # Per partition whose topic sets min.compaction.lag.ms: Kafka's first uncleanable offset as the sections
-    # outside this plan set it (`Snapshot.first_uncleanable_offsets`, the other plans' inputs included), so min
-    # lag is the same whichever files the plan takes; the engine lowers it to the first record within the lag
-    # among the plan's own inputs, and ends each output section there.
+    # Per partition of a compacted topic: Kafka's first uncleanable offset as the catalog sets it, the lower of its
+    # LSO where an open transaction holds it and, with min.compaction.lag.ms, the first offset of the sections
+    # outside this plan holding a record within the lag (`Snapshot.first_uncleanable_offsets`, the other plans'
+    # inputs included), so min lag is the same whichever files the plan takes; the engine lowers it to the first
+    # record within the lag among the plan's own inputs, and ends each output section there.
     first_uncleanable: dict[TopicPartition, int] = field(default_factory=dict)
     # Per partition: the aborted transactions' offset ranges (first, last), in offset order, overlapping the offsets
     # of its inputs, read after its first uncleanable offset (each range below it is here). Their records are
