@@ -17,7 +17,7 @@ from logcompact.catalog.transactions import MAX_TIMEOUT_MS
 from logcompact.consume import read_records
 from logcompact.exceptions import InvalidPlanError
 from logcompact.ingest import Agent, Record
-from logcompact.jobs import prepare_plans, run_here
+from logcompact.jobs import prepare_plans, run_and_commit, run_here
 from logcompact.jobs.gc import collect_garbage
 from logcompact.planner import PlannerConfig, choose_plans
 from logcompact.plans import Plan, decode_group, encode_groups, encode_header, plan_from_json, plan_to_json
@@ -218,4 +218,23 @@ def test_plans_carry_the_aborted_ranges_over_their_inputs_in_both_forms(catalog:
     assert Plan.from_pieces(plan.header(), pieces, "stored plan").aborted == plan.aborted
     with pytest.raises(InvalidPlanError, match="the aborted ranges of t/0 are not disjoint"):
         plan_from_json(plan_to_json(replace(plan, aborted={("t", 0): ((3, 3), (0, 1))})))
+    log.close()
+
+
+def test_a_plan_whose_aborted_ranges_are_not_the_catalogs_is_refused(catalog: Catalog) -> None:
+    """A plan run from a file is checked against the catalog: a range the catalog does not record would drop committed
+    records, one left out would keep aborted ones (and its outputs, marked filtered, would let gc forget it)."""
+    log = TxnLog(catalog)
+    log.plain((b"k", b"v0"))  # 0
+    log.txn("app", (b"k", b"aborted"))  # 1
+    log.end("app", commit=False)  # marker 2
+    log.plain((b"k", b"v1"))  # 3
+    plan = full_sweep(catalog.snapshot(), NOW)
+    assert plan.aborted == {("t", 0): ((1, 1),)}
+    for forged in ({}, {("t", 0): ((0, 1),)}, {("t", 0): ((1, 1), (3, 3))}):
+        with pytest.raises(InvalidPlanError, match=r"the aborted ranges of t/0 are .*, the catalog's \[\(1, 1\)\]: a plan drops"):
+            run_and_commit(catalog, replace(plan, aborted=forged), NOW)
+    assert [offset for offset, _, _ in log.read()] == [0, 1, 3]
+    run_and_commit(catalog, plan, NOW)
+    assert log.read() == [(3, b"k", b"v1")]
     log.close()

@@ -534,10 +534,13 @@ class Snapshot:
                 found[(name, partition)] = max(log_start, first)
         return found
 
-    def aborted_ranges(self, spans: Mapping[TopicPartition, tuple[int, int]]) -> dict[TopicPartition, tuple[tuple[int, int], ...]]:
+    def aborted_ranges(
+        self, spans: Mapping[TopicPartition, tuple[int, int]], version: int | None = None
+    ) -> dict[TopicPartition, tuple[tuple[int, int], ...]]:
         """The aborted transactions' ranges (first, last offset) overlapping each partition's offsets [a, b), in offset
-        order, as recorded now. Read after the LSO a plan is bounded by (`first_uncleanable_offsets`), it holds every
-        range below it: a transaction with data there had ended, its ranges recorded as it ended."""
+        order, as recorded now (or those recorded at or before `version`). Read after the LSO a plan is bounded by
+        (`first_uncleanable_offsets`), it holds every range below it: a transaction with data there had ended, its
+        ranges recorded as it ended."""
         slots = sorted(((self.topic_ids[topic], partition), span) for (topic, partition), span in spans.items())
         names = {topic_id: name for name, topic_id in self.topic_ids.items()}
         found: dict[TopicPartition, tuple[tuple[int, int], ...]] = {}
@@ -545,7 +548,7 @@ class Snapshot:
             # A few hundred partitions a statement: SQLite bounds an expression's depth, and each is one OR's term.
             for start in range(0, len(slots), _RANGES_PER_QUERY):
                 chunk = dict(slots[start : start + _RANGES_PER_QUERY])
-                for (topic_id, partition), ranges in transactions.aborted_overlapping(connection, chunk, None).items():
+                for (topic_id, partition), ranges in transactions.aborted_overlapping(connection, chunk, version).items():
                     found[(names[topic_id], partition)] = tuple(ranges)
         return found
 

@@ -178,12 +178,13 @@ class Plan:
     def check_against(self, snapshot: Snapshot, now_ms: int) -> None:
         """Every field the catalog can vouch for, checked before the plan runs or commits: its cluster, clock and
         topics (`PlanHeader.check_against`); its inputs live and equal to the catalog's record of them, every
-        section of each (but of the partitions it sets aside: pass a snapshot setting them aside); and, when it
-        deduplicates, its outside floors and first uncleanable offsets no higher than the catalog's (lower only
-        keeps more)."""
+        section of each (but of the partitions it sets aside: pass a snapshot setting them aside); its aborted
+        ranges the catalog's (`_check_aborted`); and, when it deduplicates, its outside floors and first uncleanable
+        offsets no higher than the catalog's (lower only keeps more)."""
         self.header().check_against(snapshot, now_ms)
         with collector_paused():
             self._check_sections(snapshot)
+            self._check_aborted(snapshot)
             self.check_offsets_held(snapshot)
             if self.deduplicate:  # a copy reads neither (engine/cleaner.py): they rule deduplication only
                 self._check_floors(snapshot)
@@ -254,6 +255,28 @@ class Plan:
                 raise InvalidPlanError(
                     f"plan {self.plan_id}: input {data_file.key} differs from the catalog's record of it (its sections: "
                     f"{len(planned)} in the plan, {len(recorded[data_file.key])} in the catalog); plan again"
+                )
+
+    def _check_aborted(self, snapshot: Snapshot) -> None:
+        """Each partition's aborted ranges are among the catalog's (a range it does not record would drop committed
+        records), and hold every range it recorded by the plan's manifest version over the inputs (one left out
+        would keep aborted records, and the outputs, filtered as of that version, would let gc forget it). A range
+        gc forgot since the plan was made is refused too (plan again): the ranges a plan reads are not versioned."""
+        spans: dict[TopicPartition, tuple[int, int]] = {}
+        for data_file in self.inputs:
+            for info, first in data_file.sections:
+                tp = (info.topic, info.partition)
+                low, end = spans.get(tp, (first, first + info.last_delta + 1))
+                spans[tp] = (min(low, first), max(end, first + info.last_delta + 1))
+        if not spans:
+            return
+        recorded, by_plan_version = snapshot.aborted_ranges(spans), snapshot.aborted_ranges(spans, self.manifest_version)
+        for tp in sorted(set(self.aborted) | set(by_plan_version)):
+            planned = set(self.aborted.get(tp, ()))
+            if tp not in spans or not planned <= set(recorded.get(tp, ())) or not set(by_plan_version.get(tp, ())) <= planned:
+                raise InvalidPlanError(
+                    f"plan {self.plan_id}: the aborted ranges of {tp[0]}/{tp[1]} are {sorted(planned)[:5]}, the catalog's "
+                    f"{list(recorded.get(tp, ()))[:5]}: a plan drops the records of exactly the aborted transactions; plan again"
                 )
 
     def _check_floors(self, snapshot: Snapshot) -> None:
