@@ -544,7 +544,11 @@ class Snapshot:
         slots = sorted(((self.topic_ids[topic], partition), span) for (topic, partition), span in spans.items())
         names = {topic_id: name for name, topic_id in self.topic_ids.items()}
         found: dict[TopicPartition, tuple[tuple[int, int], ...]] = {}
+        a = s.aborted_ranges.c
         with self._connect() as connection:
+            # Most topics have none: one look through the index says so, before statements of many partitions.
+            if not slots or connection.execute(select(a.topic_id).where(a.topic_id.in_(sorted({slot[0] for slot, _ in slots}))).limit(1)).first() is None:
+                return found
             # A few hundred partitions a statement: SQLite bounds an expression's depth, and each is one OR's term.
             for start in range(0, len(slots), _RANGES_PER_QUERY):
                 chunk = dict(slots[start : start + _RANGES_PER_QUERY])
