@@ -7,10 +7,11 @@ The rules are the cleaner's copy's (`cleaner.py`): retention for `delete` topics
 read), aborted transactions' records removed, young sections (min lag, open transactions) apart, the outputs cut
 at the target size at a section boundary. The checks are the read path's, for every section of a run at once: its
 first block the one the catalog records (index CRC-32), its offset deltas from 0 to the catalog's last, increasing,
-as many as it records; and offsets increasing within a partition across files. A run where any fails, or where a section would span 2**32 offsets, is copied by the
-cleaner one partition at a time (`one_by_one`), which sets the damaged partition aside with the read path's
-message: nothing of a run is written before all of it is checked. So is a partition of more than a run's bytes of
-input, which the cleaner streams in a few batches: a run is held in memory whole.
+as many as it records; and offsets increasing within a partition across files. A run where any fails, or where a
+section would span 2**32 offsets, is copied by the cleaner one partition at a time (`one_by_one`), which sets the
+damaged partition aside with the read path's message: nothing of a run is written before all of it is checked. So
+is a partition of more than a run's bytes of input, which the cleaner streams in a few batches: a run is held in
+memory whole.
 """
 
 from __future__ import annotations
