@@ -149,6 +149,12 @@ def test_clean_segments_with_abort(catalog: Catalog) -> None:
     figures = summary.topic_stats["t"]
     assert (figures["aborted_removed"], figures["records_out"]) == (2, 4) and figures["aborted_bytes_removed"] > 0
     assert "aborted" in summary.describe()[1]
+    # The aborted records' offsets are holes beside the markers', inside the output's section (its bitmap lists the
+    # four offsets it holds); no offset is handed out again, and a later compaction takes the section as it is.
+    sections = [(placed.first_offset, placed.last_offset, placed.info.record_count) for _, placed in catalog.snapshot().sections_of("t", 0)]
+    assert sections == [(0, 7, 4)] and catalog.log_offsets("t")[0].high_watermark == 8
+    log.compact()
+    assert [offset for offset, _, _ in log.read()] == [0, 1, 2, 7]
     log.close()
 
 
