@@ -181,6 +181,29 @@ def test_aborted_write_does_not_shadow_the_committed_value_before_it(catalog: Ca
     log.close()
 
 
+def test_aborted_and_committed_transactions_spanning_segments(catalog: Catalog) -> None:
+    """Kafka's testAbortedTransactionSpanningSegments and testCommittedTransactionSpanningSegments: two transactions
+    interleaved with each other and with plain records across several L0 files (their ranges not contiguous), one
+    aborted, one committed; the L0-to-L1 copy and a later full compaction keep exactly the committed data."""
+    log = TxnLog(catalog)
+    log.txn("doomed", (b"a", b"a-aborted"))  # 0
+    log.txn("kept", (b"b", b"b-committed"))  # 1
+    log.plain((b"a", b"a-plain"))  # 2
+    log.txn("doomed", (b"b", None), (b"c", b"c-aborted"))  # 3, 4
+    log.txn("kept", (b"c", b"c-committed"))  # 5
+    log.end("doomed", commit=False)  # marker 6
+    assert catalog.aborted_ranges({("t", 0): (0, 7)}) == {("t", 0): [(0, 0), (3, 4)]}
+    assert log.lso() == 1
+    prepared = prepare_plans(catalog, "regular", NOW, PlannerConfig(min_files=(5, 4, 4, 4)))  # the 5 L0 files to L1
+    assert run_here(catalog, prepared.plan_ids, prepared.groups, NOW).topic_stats["t"]["aborted_removed"] == 3
+    assert log.read() == [(1, b"b", b"b-committed"), (2, b"a", b"a-plain"), (5, b"c", b"c-committed")]
+    log.end("kept", commit=True)  # marker 7
+    log.plain((b"b", b"b-plain"))  # 8
+    log.compact()
+    assert log.read() == [(2, b"a", b"a-plain"), (5, b"c", b"c-committed"), (8, b"b", b"b-plain")]
+    log.close()
+
+
 def test_aborted_ranges_are_forgotten_once_no_kept_file_holds_their_records_unfiltered(catalog: Catalog) -> None:
     """A compaction's outputs are filtered of the ranges aborted by its plan's manifest version
     (`files.filtered_version`); gc forgets a range with the removed files that held it, not before."""
