@@ -8,6 +8,12 @@ rules (see the cleaner's docstring for the engine's version of the same contract
 Segments: each produce call makes one per partition, as a producer's batch lands in one file. A job replaces
 the segments it covers with its survivors, cut before its first record within min lag: Kafka never rewrites
 the segment holding the first uncleanable offset, so that offset stays a segment boundary and never moves down.
+
+Transactions, as Kafka's cleaner treats them: an aborted transaction's records are removed by any job that covers
+them, before anything else is decided (an aborted value never removes a committed one), and nothing at or past the
+partition's last stable offset (the first offset of its earliest open transaction) is cleaned: it bounds the first
+uncleanable offset as min lag does. The caller says which offsets are aborted and where the LSO is (`abort`,
+`hold`); markers take offsets but are no records, so the model never sees them.
 """
 
 from __future__ import annotations
@@ -72,13 +78,17 @@ def compact(
     deduplicate: bool,
     lowest_offset_outside: int | None,
     young_outside: int | None = None,
+    aborted: frozenset[int] = frozenset(),
+    stable: int | None = None,
 ) -> list[ModelRecord]:
     """The records of one partition that survive one compaction job covering exactly `records`. `young_outside`:
-    the first offset of the first segment outside the job holding a record within min lag."""
+    the first offset of the first segment outside the job holding a record within min lag; `aborted`: the offsets
+    of aborted transactions' records; `stable`: the partition's LSO when an open transaction holds it."""
 
     def expired(r: ModelRecord) -> bool:
         return "delete" in config.cleanup_policy and config.retention_ms >= 0 and r.timestamp < now - config.retention_ms
 
+    records = [r for r in records if r.offset not in aborted]
     if not config.compacted:
         return [r for r in records if not expired(r)]
     if not deduplicate:
@@ -92,7 +102,7 @@ def compact(
     # Kafka's first uncleanable offset: the base of the first segment whose newest record is within the min lag
     # (LogCleanerManager.cleanableOffsets), wherever it is. Within the job that is its first young record: the
     # job cuts its output there, so that record's segment starts at it.
-    bounds = [b for b in (young_outside, first_young(records, config, now)) if b is not None]
+    bounds = [b for b in (young_outside, first_young(records, config, now), stable) if b is not None]
     first_uncleanable = min(bounds) if bounds else None
 
     def young(r: ModelRecord) -> bool:
@@ -129,6 +139,19 @@ class ReferenceLog:
         self.partitions: dict[tuple[str, int], dict[int, ModelRecord]] = {}
         self.produced: dict[tuple[str, int], list[ModelRecord]] = {}
         self._segments: dict[tuple[str, int], list[frozenset[int]]] = {}  # the offsets of each live segment
+        self.aborted: dict[tuple[str, int], set[int]] = {}  # offsets of aborted transactions' records
+        self.stable: dict[tuple[str, int], int] = {}  # the LSO of partitions an open transaction holds
+
+    def abort(self, topic: str, partition: int, offsets: set[int]) -> None:
+        """Those offsets' records belong to an aborted transaction."""
+        self.aborted.setdefault((topic, partition), set()).update(offsets)
+
+    def hold(self, topic: str, partition: int, stable: int | None) -> None:
+        """The partition's LSO: the first offset of its earliest open transaction (None: no open transaction)."""
+        if stable is None:
+            self.stable.pop((topic, partition), None)
+        else:
+            self.stable[(topic, partition)] = stable
 
     def produce(self, topic: str, partition: int, records: list[ModelRecord]) -> None:
         """One produce call's records of a partition: one segment."""
@@ -161,12 +184,16 @@ class ReferenceLog:
                 young_outside = [min(segment) for segment in rest if first_young([live[o] for o in segment], config, now) is not None]
                 records = [live[o] for o in sorted(offsets)]
                 outside_young = min(young_outside, default=None)
-                survivors = compact(records, config, now, deduplicate, min(outside) if outside else None, outside_young)
-                # The young segment starts at the first young record, or at a young segment outside the job that
-                # its records lie on both sides of: no segment spans another.
-                cuts = [first_young(records, config, now)]
-                if outside_young is not None and records and records[0].offset < outside_young:
-                    cuts.append(outside_young)
+                stable = self.stable.get((topic, partition)) if config.compacted else None
+                aborted = frozenset(self.aborted.get((topic, partition), ()))
+                survivors = compact(records, config, now, deduplicate, min(outside) if outside else None, outside_young, aborted, stable)
+                # The young segment starts at the first young record, or at the first uncleanable offset outside
+                # the job (a young segment's, or the LSO) when its records lie on both sides of it: no segment spans
+                # another.
+                cuts = [first_young([r for r in records if r.offset not in aborted], config, now)]
+                bound = min((b for b in (outside_young, stable) if b is not None), default=None)
+                if bound is not None and records and records[0].offset < bound:
+                    cuts.append(bound)
                 decided.append(((topic, partition), taken, records, survivors, min((c for c in cuts if c is not None), default=None)))
         for tp, taken, records, survivors, cut in decided:
             live = self.partitions[tp]

@@ -220,7 +220,8 @@ def test_plan_compact_and_gc(tmp_path, local_env: dict[str, str]) -> None:
     (report,) = run(env, "gc", "--now", "3000")
     assert report == {"deleted_files": [], "trimmed_versions": 0, "kept_unreferenced_young": 0, "released_leases": [],
                       "deleted_plans": [], "reclaimed_workdirs": [], "abandoned_writes": [], "released_abandoned": [],
-                      "awaiting_commit": [], "unexplained": [], "damaged_rows": [], "kept_orphans": []}
+                      "awaiting_commit": [], "unexplained": [], "damaged_rows": [], "kept_orphans": [],
+                      "forgotten_aborted_ranges": 0}
 
     (error,) = run(env, "compact", "--all", "--full", expect=2)
     assert "choose exactly one of --plan FILE, --all, --until-idle, --full" in error["error"]
@@ -228,12 +229,12 @@ def test_plan_compact_and_gc(tmp_path, local_env: dict[str, str]) -> None:
     (tmp_path / "stale.json").write_text(json.dumps(stale))
     (error,) = run(env, "compact", "--plan", str(tmp_path / "stale.json"), "--now", "2000", expect=1)
     assert "expected input data/l0/" in error["error"] and "plan again" in error["error"]
-    (tmp_path / "bad.json").write_text('{"format": 3}')
+    (tmp_path / "bad.json").write_text('{"format": 4}')
     (error,) = run(env, "compact", "--plan", str(tmp_path / "bad.json"), expect=1)
     assert "plan field 'inputs' is missing; plan again" in error["error"]
-    (tmp_path / "old.json").write_text('{"format": 1}')
+    (tmp_path / "old.json").write_text('{"format": 3}')
     (error,) = run(env, "compact", "--plan", str(tmp_path / "old.json"), expect=1)
-    assert "plan format 1 is not supported (expected 3); plan again" in error["error"]
+    assert "plan format 3 is not supported (expected 4); plan again" in error["error"]
 
 
 def test_plans_written_to_a_directory_as_stored_and_run_from_it(tmp_path, local_env: dict[str, str]) -> None:

@@ -341,21 +341,22 @@ PLAN_PATHS = [
     case("compact --plan: the stored header", 1, "this is the header of a stored plan", "compact", "--plan", "{work}/plans/{stored_plan_id}/plan.json"),
 ]
 BAD_PLANS: dict[str, tuple[bytes, str]] = {
-    "invalid UTF-8": (b'{"format": 3, "plan_id": "\xff"}', "not UTF-8 text (byte 27: invalid start byte)"),
-    "UTF-16": ('{"format": 3}'.encode("utf-16"), "not UTF-8 text"),
+    "invalid UTF-8": (b'{"format": 4, "plan_id": "\xff"}', "not UTF-8 text (byte 27: invalid start byte)"),
+    "UTF-16": ('{"format": 4}'.encode("utf-16"), "not UTF-8 text"),
     "binary": (bytes(range(256)), "not UTF-8 text"),
     "empty": (b"", "not JSON (Expecting value at line 1)"),
     "whitespace": (b"  \n\n", "not JSON"),
     "not JSON": (b"plan please", "not JSON"),
-    "truncated": (b'{"format": 3, "plan_id": ', "not JSON"),
+    "truncated": (b'{"format": 4, "plan_id": ', "not JSON"),
     "a JSON array": (b"[]", "a plan is a JSON object"),
     "a JSON string": (b'"plan"', "a plan is a JSON object"),
     "no format": (b"{}", "plan format None is not supported"),
-    "format 1": (b'{"format": 1}', "plan format 1 is not supported (expected 3); plan again"),
-    "format 4": (b'{"format": 4}', "plan format 4 is not supported"),
+    "format 1": (b'{"format": 1}', "plan format 1 is not supported (expected 4); plan again"),
+    "format 3": (b'{"format": 3}', "plan format 3 is not supported (expected 4); plan again"),
+    "format 5": (b'{"format": 5}', "plan format 5 is not supported"),
     "format a string": (b'{"format": "2"}', "plan format '2' is not supported"),
-    "no inputs": (b'{"format": 3}', "'inputs'"),
-    "JSON lines, one bad": (b'{"format": 3}\n{"format": 1}\n', "line 1: "),
+    "no inputs": (b'{"format": 4}', "'inputs'"),
+    "JSON lines, one bad": (b'{"format": 4}\n{"format": 1}\n', "line 1: "),
 }
 PLAN_FILES = [
     case(f"compact --plan: {name}", 1, says, "compact", "--plan", f"{{work}}/bad/{index}.json")

@@ -12,6 +12,11 @@ and every partition is read after the last step; the Kafka guarantees are checke
 history directly: surviving records are the produced ones at their offsets, every key's latest record
 survives (until its tombstone's horizon has passed), and no older value of a key ever comes back. Every
 example runs on a fresh catalog, half of them on SQLite and half on PostgreSQL.
+
+Under transactions, two transactional ids write a compacted topic among plain producers, committing or aborting
+at drawn points between compactions: the model is told which offsets were aborted and where each partition's LSO
+is, from what the harness itself produced and ended, and the engine must match it the same way (aborted records
+gone after any compaction of them, nothing past the LSO cleaned, its sections cut there).
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from hypothesis import strategies as st
 
 from lab.reference_model import ModelRecord, ReferenceLog
 from logcompact.catalog import Catalog
+from logcompact.catalog.producers import SequencedBatch
+from logcompact.catalog.transactions import MAX_TIMEOUT_MS
 from logcompact.consume import read_records, read_sections
 from logcompact.engine.cleaner import run_plan
 from logcompact.ingest import Agent, Record
@@ -162,12 +169,16 @@ class Harness:
             assert (key, value, timestamp) == (original.key, original.value, original.timestamp)
         if topic.config.cleanup_policy != "compact":
             return
+        # An aborted transaction's records are no value of their key: the latest is the newest of the others.
+        aborted = self.model.aborted.get((name, partition), set())
         latest: dict[bytes, ModelRecord] = {}
         for r in sorted(produced.values(), key=lambda r: r.offset):
-            latest[r.key] = r
+            if r.offset not in aborted:
+                latest[r.key] = r
         newest_consumed: dict[bytes, int] = {}
         for offset, key, _, _ in consumed:
-            newest_consumed[key] = offset
+            if offset not in aborted:
+                newest_consumed[key] = offset
         for key, record in latest.items():
             if record.value is not None:
                 assert newest_consumed.get(key) == record.offset, f"latest value of {key!r} lost"
@@ -222,4 +233,95 @@ def test_engine_matches_the_reference_model(
             harness.compact(step[1], step[2])
         harness.check()
     harness.compact("full", 10_000)  # a late sweep: horizons and retention have passed
+    harness.check(everything=True)
+
+
+# Transactions: records of two transactional ids on a compacted topic, among plain ones, committed or aborted at
+# drawn points, and compactions in between (an open transaction's records sit at and past its partition's LSO).
+txn_step = st.tuples(
+    st.just("txn"), st.sampled_from(["x", "y"]), st.integers(0, 2),
+    st.lists(st.tuples(keys, values, st.integers(-600, 3000)), min_size=1, max_size=4),
+)
+end_step = st.tuples(st.just("end"), st.sampled_from(["x", "y"]), st.booleans())
+plain_step = st.tuples(
+    st.just("produce"), st.just("c"),
+    st.lists(st.tuples(st.integers(0, 2), keys, values, st.integers(-600, 3000)), min_size=1, max_size=4), st.just(False),
+)
+txn_programs = st.lists(st.one_of(txn_step, end_step, plain_step, compact_step), min_size=2, max_size=24)
+
+
+class TxnHarness(Harness):
+    """The harness with transactional producers, through the catalog's coordinator methods: it tells the model which
+    offsets were aborted and where each partition's LSO is, from what it produced and ended itself."""
+
+    def __init__(self, catalog: Catalog, topic_settings: dict[str, dict[str, str]]) -> None:
+        super().__init__(catalog, topic_settings, 3)
+        self.producers: dict[str, tuple[int, int]] = {}  # transactional id: producer id, epoch
+        self.sequences: dict[tuple[str, int], int] = {}  # (transactional id, partition): the next sequence
+        self.open: dict[str, dict[int, list[int]]] = {}  # transactional id: its records' offsets per partition
+
+    def txn(self, transactional_id: str, partition: int, rows: list[tuple]) -> None:
+        if transactional_id not in self.producers:
+            self.producers[transactional_id] = self.catalog.init_producer(transactional_id, 60_000, MAX_TIMEOUT_MS, None, self.now)
+        pid, epoch = self.producers[transactional_id]
+        self.catalog.add_to_transaction(transactional_id, pid, epoch, [("c", partition)], self.now)
+        sequence = self.sequences.get((transactional_id, partition), 0)
+        last = sequence + len(rows) - 1
+        self.sequences[(transactional_id, partition)] = last + 1
+        records = [Record(partition, key, value, self.now - back) for key, value, back in rows]
+        sequenced = SequencedBatch(pid, epoch, sequence, last, None if sequence == 0 else (epoch, sequence - 1), True)
+        with Agent(self.catalog, background=False) as agent:
+            future = agent.produce("c", records, sequenced)
+        offsets = future.result()
+        self.model.produce("c", partition, [ModelRecord(o, r.key, r.value, r.timestamp) for r, o in zip(records, offsets)])
+        self.open.setdefault(transactional_id, {}).setdefault(partition, []).extend(offsets)
+        self._hold(partition)
+        self.touched = {("c", partition)}
+
+    def end(self, transactional_id: str, commit: bool) -> None:
+        self.touched = set()
+        ended = self.open.pop(transactional_id, None)
+        if ended is None:
+            return  # nothing produced in it: never begun
+        pid, epoch = self.producers[transactional_id]
+        self.catalog.end_transaction(transactional_id, pid, epoch, commit, self.now)
+        for partition, offsets in ended.items():
+            if not commit:
+                self.model.abort("c", partition, set(offsets))
+            self._hold(partition)
+        self.touched = {("c", partition) for partition in ended}
+
+    def _hold(self, partition: int) -> None:
+        firsts = [min(offsets[partition]) for offsets in self.open.values() if partition in offsets]
+        self.model.hold("c", partition, min(firsts, default=None))
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+@settings(max_examples=30)
+@given(configs, txn_programs)
+# A committed value, then an aborted value and an aborted tombstone of the same keys, behind an open transaction.
+@example(
+    _SETTINGS,
+    [("produce", "c", [(0, b"a", b"1", 0), (0, b"b", b"2", 0)], False), ("txn", "x", 0, [(b"a", b"3", 0), (b"b", None, 0)]),
+     ("end", "x", False), ("txn", "y", 0, [(b"c", b"4", 0)]), ("produce", "c", [(0, b"c", b"5", 0)], False),
+     ("compact", "full", 1000), ("end", "y", True), ("compact", "full", 1000)],
+)
+# Found by this test: a marker's hole recorded before a compaction's lower one (tests/helpers.py read them unsorted).
+@example(_SETTINGS, [("txn", "x", 0, [(b"a", None, 0)]), ("produce", "c", [(0, b"a", None, 0)], False)])
+def test_engine_matches_the_reference_model_under_transactions(tmp_path_factory, make_catalog_url, database, topic_settings, program) -> None:
+    catalog = Catalog(LocalStore(tmp_path_factory.mktemp("txn")), make_catalog_url(database))
+    harness = TxnHarness(catalog, {"c": topic_settings["c"]})
+    for step in program:
+        if step[0] == "produce":
+            harness.produce(step[1], step[2], step[3])
+        elif step[0] == "txn":
+            harness.txn(step[1], step[2], step[3])
+        elif step[0] == "end":
+            harness.end(step[1], step[2])
+        else:
+            harness.compact(step[1], step[2])
+        harness.check()
+    for transactional_id in sorted(harness.open):
+        harness.end(transactional_id, commit=False)
+    harness.compact("full", 10_000)
     harness.check(everything=True)

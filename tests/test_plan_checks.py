@@ -103,7 +103,7 @@ def test_a_malformed_plan_field_is_refused_when_read(catalog: Catalog, edit, mes
 
 # Fields a plan may leave out: the per-partition offsets and set-aside list (none), the mode and compression (their
 # defaults) and any topic config (its default).
-OPTIONAL_FIELDS = {("outside_floors",), ("first_uncleanable",), ("set_aside",), ("mode",), ("compression",)}
+OPTIONAL_FIELDS = {("outside_floors",), ("first_uncleanable",), ("aborted",), ("set_aside",), ("mode",), ("compression",)}
 # What the refusal says where it is not the field's name: a document with groups and no inputs is a stored plan's header.
 SAYS = {("missing", "inputs"): "this is the header of a stored plan"}
 

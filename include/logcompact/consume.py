@@ -98,7 +98,7 @@ def read_batches(
     partitions = snapshot.topic(topic).partitions
     if not 0 <= partition < partitions:
         raise InvalidRecordError(f"topic {topic!r} has partitions 0 to {partitions - 1}, not {partition}")
-    aborted: list[AbortedRange] = []
+    aborted: Sequence[AbortedRange] = ()
     if isolation == READ_COMMITTED:
         # Every transaction with data below the last stable offset read now has ended, its aborted ranges recorded
         # with its end: read after it, they are all there (`Snapshot.aborted_ranges`).
@@ -106,7 +106,7 @@ def read_batches(
         to_offset = last_stable if to_offset is None else min(to_offset, last_stable)
         if from_offset >= to_offset:
             return
-        aborted = snapshot.aborted_ranges(topic, {partition: (from_offset, to_offset)}).get(partition, [])
+        aborted = snapshot.aborted_ranges({(topic, partition): (from_offset, to_offset)}).get((topic, partition), ())
     yield from read_sections(store, snapshot.sections_from(topic, partition, from_offset, to_offset), from_offset, to_offset, aborted)
 
 

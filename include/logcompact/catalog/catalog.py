@@ -756,7 +756,8 @@ class Catalog:
                 topic_rows = topics.rows(connection, {sec.topic for f in added for sec in f.sections})
                 file_ids = files.take_file_ids(connection, len(added))
                 adding = files.insert_sections(connection, added, topic_rows, file_ids)
-                files.insert_file_rows(connection, added, file_ids, version)
+                # A plan's outputs are filtered of the ranges aborted by its manifest version (`forget_aborted`).
+                files.insert_file_rows(connection, added, file_ids, version, expected_version if plan_id is not None else None)
                 holes.record(connection, spanned, _spans(added, topic_rows), version)
                 summaries.settle(connection, removing, adding, version)
                 summaries.settle_emptied(connection, list(live.values()), sum(f.record_count for f in added), kept_slots, version)
@@ -872,10 +873,13 @@ class Catalog:
         with self._reading() as connection:
             return garbage.dangling_sections(connection, limit)
 
-    def forget_files(self, keys: Sequence[str]) -> None:
-        """Delete removed files' rows (their objects are gone); a live file is never forgotten."""
+    def forget_files(self, keys: Sequence[str], forget_ranges: int = 10_000) -> int:
+        """Delete removed files' rows (their objects are gone); a live file is never forgotten. In the same
+        transaction, up to `forget_ranges` aborted ranges that no file the catalog still has may hold an unfiltered
+        record of go (`transactions.forget_aborted`); how many."""
         with self._writing() as connection:
             garbage.forget_files(connection, keys)
+            return transactions.forget_aborted(connection, forget_ranges)
 
     def known_files(self, keys: Sequence[str]) -> set[str]:
         """Which of `keys` the catalog has a row for, live or removed."""

@@ -60,8 +60,12 @@ def insert_sections(
     return summaries.of_rows(rows, {i: f.created_ms for i, f in zip(ids, data_files, strict=True)})
 
 
-def insert_file_rows(connection: Connection, data_files: Sequence[DataFile], ids: Sequence[int], version: int) -> None:
-    """The rows of `data_files`, under the ids their sections were inserted with, added in `version`."""
+def insert_file_rows(
+    connection: Connection, data_files: Sequence[DataFile], ids: Sequence[int], version: int, filtered_version: int | None = None
+) -> None:
+    """The rows of `data_files`, under the ids their sections were inserted with, added in `version`; a compaction's
+    outputs with the manifest version of its plan (`filtered_version`): they hold no record of a range aborted at or
+    before it."""
     if not data_files:
         return
     compacted = connection.info[COMPACTED]  # set by `topics.rows` for these topics in this transaction
@@ -72,7 +76,7 @@ def insert_file_rows(connection: Connection, data_files: Sequence[DataFile], ids
         file_rows.append({
             "file_id": file_id, "key": data_file.key, "level": data_file.level, "size": data_file.size,
             "created_ms": data_file.created_ms, "record_count": data_file.record_count, "content": content,
-            "added_version": version,
+            "added_version": version, "filtered_version": filtered_version,
         })
     connection.execute(insert(s.files), file_rows)
 

@@ -42,6 +42,9 @@ from logcompact.exceptions import CorruptDataError, TopicNotFoundError
 from logcompact.format.layout import COMPRESSIONS, SectionInfo
 from logcompact.topics import Topic
 
+# How many partitions' spans one read of aborted ranges asks for.
+_RANGES_PER_QUERY = 200
+
 
 class Snapshot:
     """The catalog as of manifest version `version`."""
@@ -251,17 +254,6 @@ class Snapshot:
         """Each partition's log start offset, high watermark and last stable offset, as they are now (as next offsets)."""
         with self._connect() as connection:
             return topics.offsets(connection, self.topic(topic).name)
-
-    def aborted_ranges(self, topic: str, spans: Mapping[int, tuple[int, int]]) -> dict[int, list[tuple[int, int]]]:
-        """The aborted ranges (first, last offset) overlapping each partition's offsets [a, b), by partition, in offset
-        order: every one recorded so far, not only at or before this version. A range is recorded with the end of its
-        transaction and never changes, so those recorded since are as true of this version's records; and every
-        transaction with data below a last stable offset read before this call had ended, so below it the ranges are
-        complete however old the snapshot (gc forgets a range only with the last file that may hold its records)."""
-        topic_id = self.topic_ids[self.topic(topic).name]
-        with self._connect() as connection:
-            found = transactions.aborted_overlapping(connection, {(topic_id, partition): span for partition, span in spans.items()}, None)
-        return {partition: ranges for (_, partition), ranges in found.items()}
 
     def _page_rows(self, topic_id: int, pages: Sequence[_Page]) -> list[Row]:
         """The rows of `pages` (of partitions of one topic), each its partition's live sections ending in [low, high]
@@ -524,14 +516,74 @@ class Snapshot:
                 found.append((row.key, tp, section, str(_retired_apart(*tp, row.key, section, row.removed_version))))
         return found
 
+    def stable_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """The last stable offset (LSO) of each of `partitions` holding an open transaction's data, as it is now (it
+        is not versioned; it never decreases): the first offset of its earliest open transaction's data, never below
+        its log start. Partitions without such data (their LSO is their high watermark) are left out. One query over
+        the open transactions' partitions that hold data, few however many partitions the cluster has."""
+        wanted = set(partitions)
+        if not wanted:
+            return {}
+        tp, part = s.transaction_partitions.c, s.partitions.c
+        names = {topic_id: name for name, topic_id in self.topic_ids.items()}
+        query = (
+            select(tp.topic_id, tp.partition, func.max(part.log_start_offset), func.min(tp.first_offset))
+            .join(s.partitions, and_(part.topic_id == tp.topic_id, part.partition == tp.partition))
+            .where(tp.first_offset.is_not(None)).group_by(tp.topic_id, tp.partition)
+        )
+        with self._connect() as connection:
+            rows = connection.execute(query).all()
+        found = {}
+        for topic_id, partition, log_start, first in rows:
+            name = names.get(topic_id)
+            if name is not None and (name, partition) in wanted:
+                found[(name, partition)] = max(log_start, first)
+        return found
+
+    def aborted_ranges(
+        self, spans: Mapping[TopicPartition, tuple[int, int]], version: int | None = None
+    ) -> dict[TopicPartition, tuple[tuple[int, int], ...]]:
+        """The aborted transactions' ranges (first, last offset) overlapping each partition's offsets [a, b), in offset
+        order, as recorded now, not only at or before this version (or those recorded at or before `version`). A
+        range is recorded with the end of its transaction and never changes, so those recorded since are as true of
+        this version's records; and read after an LSO (a reader's, or the one a plan is bounded by:
+        `first_uncleanable_offsets`), they hold every range below it, however old the snapshot: a transaction with
+        data there had ended, its ranges recorded as it ended (gc forgets a range only with the last file that may
+        hold its records)."""
+        slots = sorted(((self.topic_ids[topic], partition), span) for (topic, partition), span in spans.items())
+        names = {topic_id: name for name, topic_id in self.topic_ids.items()}
+        found: dict[TopicPartition, tuple[tuple[int, int], ...]] = {}
+        a = s.aborted_ranges.c
+        with self._connect() as connection:
+            # Most topics have none: one look through the index says so, before statements of many partitions.
+            if not slots or connection.execute(select(a.topic_id).where(a.topic_id.in_(sorted({slot[0] for slot, _ in slots}))).limit(1)).first() is None:
+                return found
+            # A few hundred partitions a statement: SQLite bounds an expression's depth, and each is one OR's term.
+            for start in range(0, len(slots), _RANGES_PER_QUERY):
+                chunk = dict(slots[start : start + _RANGES_PER_QUERY])
+                for (topic_id, partition), ranges in transactions.aborted_overlapping(connection, chunk, version).items():
+                    found[(names[topic_id], partition)] = tuple(ranges)
+        return found
+
     def first_uncleanable_offsets(
         self, partitions: Iterable[TopicPartition], now_ms: int, excluding: Sequence[str] = ()
     ) -> dict[TopicPartition, int]:
-        """Kafka's first uncleanable offset of each of `partitions` whose topic sets min.compaction.lag.ms, as
-        the catalog can tell it: the first offset of the first live section (Kafka: segment) holding a record
-        newer than now minus the lag, in any file but those `excluding` (a plan's inputs, whose first such
-        record the engine finds); partitions with none are left out. One grouped query per such topic, through
-        the index by topic and partition."""
+        """Kafka's first uncleanable offset of each of `partitions` of a compacted topic, as the catalog can tell it:
+        the lower of its LSO now (`stable_offsets`: nothing of an open transaction is cleaned; the LSO never
+        decreases, so the bound a plan was made with still holds at its commit) and, where the topic sets
+        min.compaction.lag.ms, the first offset of the first live section (Kafka: segment) holding a record newer
+        than now minus the lag, in any file but those `excluding` (a plan's inputs, whose first such record the
+        engine finds); partitions with neither are left out. One grouped query per such topic, through the index by
+        topic and partition, and one for the LSOs."""
+        partitions = list(partitions)
+        stable = self.stable_offsets(tp for tp in partitions if self.topics[tp[0]].config.compacted)
+        found = self._first_young_offsets(partitions, now_ms, excluding)
+        for tp, offset in stable.items():
+            found[tp] = min(offset, found.get(tp, offset))
+        return found
+
+    def _first_young_offsets(self, partitions: Iterable[TopicPartition], now_ms: int, excluding: Sequence[str]) -> dict[TopicPartition, int]:
+        """The min lag's part of `first_uncleanable_offsets`."""
         by_topic: dict[str, set[int]] = {}
         for topic, partition in partitions:
             if self.topics[topic].config.min_compaction_lag_ms > 0:

@@ -19,9 +19,10 @@ Rules, per record (a compacted topic's rules apply only when the plan deduplicat
   floor: removing a record never lets an older value of its key, in the job or outside it, come back
   (Kafka gets the same by deleting only from the start of the log);
 * a record without a key in a compacted topic is removed and counted invalid (Kafka does the same);
-* min lag, as Kafka's first uncleanable offset: the lower of the plan's `first_uncleanable` (the first
-  offset of the first section outside the plan holding a record newer than now - min.compaction.lag.ms, as
-  Kafka takes the first such segment) and the offset of the first such record among the plan's inputs (pass
+* min lag and open transactions, as Kafka's first uncleanable offset: the lower of the plan's
+  `first_uncleanable` (the partition's LSO when an open transaction holds it, and the first offset of the first
+  section outside the plan holding a record newer than now - min.compaction.lag.ms, as Kafka takes the first
+  such segment) and the offset of the first such record among the plan's inputs (pass
   1, or the copy, sees every timestamp). From there on no record is removed as a duplicate, used to remove
   others, or stamped; judging it by offset, not by each record's timestamp, keeps a young older value from
   outliving a tombstone that supersedes it. The output ends the partition's section before the inputs' first
@@ -29,6 +30,8 @@ Rules, per record (a compacted topic's rules apply only when the plan deduplicat
   survivors from there on in a section of their own (the plan's `young` files), copies included: the boundary
   stays a section boundary, as Kafka never rewrites the segment holding it, so it never moves down, and no
   output section spans a young section outside the plan;
+* the records of the plan's aborted ranges (aborted transactions') are removed before either pass reads them:
+  no aborted key enters the key map, so an aborted value never removes the committed one before it;
 * pass 1 maps each other keyed record's 128-bit key hash to the latest offset of that key; pass 2 removes
   a record when the map holds a newer offset for its key;
 * a tombstone that is the latest of its key is kept and stamped with a delete horizon (now +
@@ -531,18 +534,21 @@ class _PartitionCleaner:
         self.deduplicate = plan.deduplicate and config.compacted and not self.oversized
         self.horizon = min(now + config.delete_retention_ms, _NEVER)  # delete.retention.ms may be Long.MAX_VALUE
         self.floor = plan.outside_floors.get((topic, partition))
-        # Kafka's first uncleanable offset: from the sections outside the plan, lowered to the inputs' first record
-        # within the lag once a pass reaches it (`_find_young`), so min lag keeps the same records whichever files
-        # a plan takes, and a full sweep is record-precise.
+        # Kafka's first uncleanable offset: from the sections outside the plan and the partition's LSO, lowered to
+        # the inputs' first record within the lag once a pass reaches it (`_find_young`), so min lag keeps the same
+        # records whichever files a plan takes, and a full sweep is record-precise.
         lag = config.min_compaction_lag_ms if config.compacted else 0
         self.lag_cut = now - lag if lag > 0 else None
-        self.young_from = plan.first_uncleanable.get((topic, partition)) if lag > 0 else None
+        self.young_from = plan.first_uncleanable.get((topic, partition)) if config.compacted else None
         self.first_young: int | None = None  # the offset of the inputs' first record within the lag
         # Inputs on both sides of a young section outside the plan are cut there too: one output section spanning
         # it would interleave the partition's sections, and the first uncleanable offset would fall below them all.
         straddled = self.young_from is not None and self.sections[0][1].first_offset < self.young_from
         self.outside_cut = self.young_from if straddled else None
         self.removes_latest = True  # may a key's latest record go (tombstone, expiry)? Not after a partial stop
+        aborted = plan.aborted.get((topic, partition), ())
+        self.aborted_firsts = np.asarray([first for first, _ in aborted], dtype=np.int64)
+        self.aborted_lasts = np.asarray([last for _, last in aborted], dtype=np.int64)
 
     def _records(self, cursors: _Cursors, columns: tuple[str, ...] | None = None) -> _PartitionReader:
         """This pass's reader of the partition in offset order; sections wholly past retention are skipped.
@@ -573,7 +579,27 @@ class _PartitionCleaner:
                 yield from _merged([_coalesced([(cursors.rows(f, placed), placed, f.key)], columns) for f, placed in run])
             yield from _coalesced(plain, columns)
 
-        return _PartitionReader(in_order())
+        return _PartitionReader(self._without_aborted(in_order(), count=columns is None) if len(self.aborted_firsts) else in_order())
+
+    def _without_aborted(self, batches: Iterator[pa.RecordBatch], count: bool) -> Iterator[pa.RecordBatch]:
+        """`batches` without the records of the plan's aborted ranges, for both passes: no aborted key enters the key
+        map, so an aborted value never removes a committed one of its key. Pass 2 (`count`) counts them."""
+        firsts, lasts = self.aborted_firsts, self.aborted_lasts
+        for batch in batches:
+            offsets = batch.column("offset").to_numpy()
+            if not len(offsets) or offsets[-1] < firsts[0] or offsets[0] > lasts[-1]:
+                yield batch
+                continue
+            at = np.searchsorted(firsts, offsets, side="right") - 1
+            aborted = (at >= 0) & (offsets <= lasts[np.maximum(at, 0)])
+            if not aborted.any():
+                yield batch
+                continue
+            if count:
+                self.stats.aborted_removed += int(aborted.sum())
+                self.stats.aborted_bytes_removed += record_bytes(batch.filter(pa.array(aborted)))
+            if not aborted.all():
+                yield batch.filter(pa.array(~aborted))
 
     def _expired_section(self, placed: CatalogSection) -> bool:
         """Pass 2 skips a `delete` topic's section whose records are all past retention. Never a compacted

@@ -4,13 +4,14 @@ agent writes its file (`SegmentWriter.write_sections`). The cleaner copies one p
 section, and an agent's file holds one section for each of its 1,000 partitions.
 
 The rules are the cleaner's copy's (`cleaner.py`): retention for `delete` topics (a section wholly past it is not
-read), min lag's young sections apart, the outputs cut at the target size at a section boundary. The checks are
-the read path's, for every section of a run at once: its first block the one the catalog records (index CRC-32),
-its offset deltas from 0 to the catalog's last, increasing, as many as it records; and offsets increasing within a
-partition across files. A run where any fails, or where a section would span 2**32 offsets, is copied by the
-cleaner one partition at a time (`one_by_one`), which sets the damaged partition aside with the read path's
-message: nothing of a run is written before all of it is checked. So is a partition of more than a run's bytes of
-input, which the cleaner streams in a few batches: a run is held in memory whole.
+read), aborted transactions' records removed, young sections (min lag, open transactions) apart, the outputs cut
+at the target size at a section boundary. The checks are the read path's, for every section of a run at once: its
+first block the one the catalog records (index CRC-32), its offset deltas from 0 to the catalog's last, increasing,
+as many as it records; and offsets increasing within a partition across files. A run where any fails, or where a
+section would span 2**32 offsets, is copied by the cleaner one partition at a time (`one_by_one`), which sets the
+damaged partition aside with the read path's message: nothing of a run is written before all of it is checked. So
+is a partition of more than a run's bytes of input, which the cleaner streams in a few batches: a run is held in
+memory whole.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import pyarrow as pa
 
 from logcompact.catalog import CatalogSection, DataFile, TopicPartition
 from logcompact.exceptions import CorruptDataError
-from logcompact.format.layout import MAX_OFFSET_SPAN, SECTION_SCHEMA
+from logcompact.format.layout import MAX_OFFSET_SPAN, SECTION_SCHEMA, row_sizes
 from logcompact.format.reader import BlockStream
 from logcompact.plans import CompactionStats, Plan
 from logcompact.store.base import ObjectStore
@@ -234,7 +235,8 @@ def _read_run(
 def _write_run(plan: Plan, run: _Run, sinks: Mapping[str, SectionSink], stats: CompactionStats, by_partition: dict[TopicPartition, Sections]) -> None:
     """Check the run's rows, sort them by partition and offset, apply the copy's rules and write each class's sections."""
     if not run.blocks:  # every section past retention
-        _count(plan, run, stats, by_partition, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool), np.zeros(0, dtype=bool))
+        nothing = np.zeros(0, dtype=bool)
+        _count(plan, run, stats, by_partition, np.zeros(0, dtype=np.int64), nothing, nothing, nothing, np.zeros(0, dtype=np.int64))
         return
     table = pa.Table.from_batches(run.blocks, schema=SECTION_SCHEMA)
     if (run.count < 1).any():
@@ -264,7 +266,8 @@ def _write_run(plan: Plan, run: _Run, sinks: Mapping[str, SectionSink], stats: C
     first_young = np.full(len(run.slots), _NEVER, dtype=np.int64)
     np.minimum.at(first_young, slot[young_row], offsets[young_row])
     content[offsets >= np.minimum(first_young, outside_cut)[slot]] = 2
-    kept = ~expired
+    aborted = _aborted(plan, run, slot, offsets) & ~expired  # an expired record counts as expired
+    kept = ~expired & ~aborted
     # Every class's sections are made, and checked to span fewer than 2**32 offsets, before any is written.
     sections = []
     for number, name in enumerate(CONTENTS):
@@ -273,7 +276,22 @@ def _write_run(plan: Plan, run: _Run, sinks: Mapping[str, SectionSink], stats: C
             sections.append((sinks[name], *_sections(run, rows if len(chosen) == rows.num_rows else rows.take(pa.array(chosen)), slot[chosen], offsets[chosen])))
     for sink, *written in sections:
         sink.write_sections(*written)
-    _count(plan, run, stats, by_partition, slot, expired, kept)
+    aborted_bytes = row_sizes(rows.filter(pa.array(aborted))) if aborted.any() else np.zeros(0, dtype=np.int64)
+    _count(plan, run, stats, by_partition, slot, expired, kept, aborted, aborted_bytes)
+
+
+def _aborted(plan: Plan, run: _Run, slot: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Per row (sorted by partition and offset), whether it lies in one of its partition's aborted ranges."""
+    aborted = np.zeros(len(offsets), dtype=bool)
+    for number, tp in enumerate(run.slots):
+        ranges = plan.aborted.get(tp)
+        if ranges:
+            low, high = np.searchsorted(slot, number), np.searchsorted(slot, number, side="right")
+            firsts = np.asarray([first for first, _ in ranges], dtype=np.int64)
+            lasts = np.asarray([last for _, last in ranges], dtype=np.int64)
+            at = np.searchsorted(firsts, offsets[low:high], side="right") - 1
+            aborted[low:high] = (at >= 0) & (offsets[low:high] <= lasts[np.maximum(at, 0)])
+    return aborted
 
 
 def _check_sections(plan: Plan, run: _Run, deltas: np.ndarray, ends: np.ndarray) -> None:
@@ -310,7 +328,7 @@ def _partition_rules(plan: Plan, run: _Run, by_partition: dict[TopicPartition, S
         lagged = config.compacted and config.min_compaction_lag_ms > 0
         lag_cut.append(plan.now_ms - config.min_compaction_lag_ms if lagged else _NEVER)
         compacted.append(config.compacted)
-        young_from = plan.first_uncleanable.get(tp) if lagged else None
+        young_from = plan.first_uncleanable.get(tp) if config.compacted else None
         first = min(section.first_offset for _, section in by_partition[tp])
         outside_cut.append(young_from if young_from is not None and first < young_from else _NEVER)
     return (np.asarray(expire_before, dtype=np.int64), np.asarray(lag_cut, dtype=np.int64), np.asarray(compacted, dtype=bool),
@@ -330,15 +348,23 @@ def _sections(run: _Run, rows: pa.Table, slot: np.ndarray, offsets: np.ndarray) 
     return [run.slots[number] for number in slot[starts].tolist()], table, counts, first_offsets
 
 
-def _count(plan: Plan, run: _Run, stats: CompactionStats, by_partition: dict[TopicPartition, Sections], slot: np.ndarray, expired: np.ndarray, kept: np.ndarray) -> None:
-    """The cleaner's per-partition figures of a copy: records in (the skipped expired sections' too), expired, out."""
+def _count(
+    plan: Plan, run: _Run, stats: CompactionStats, by_partition: dict[TopicPartition, Sections], slot: np.ndarray, expired: np.ndarray,
+    kept: np.ndarray, aborted: np.ndarray, aborted_bytes: np.ndarray,
+) -> None:
+    """The cleaner's per-partition figures of a copy: records in (the skipped expired sections' too), expired, aborted
+    (`aborted_bytes`: the aborted rows' sizes, in row order), out."""
     partitions = len(run.slots)
     expired_rows = np.bincount(slot[expired], minlength=partitions).tolist()
     out = np.bincount(slot[kept], minlength=partitions).tolist()
+    aborted_rows = np.bincount(slot[aborted], minlength=partitions).tolist()
+    aborted_sizes = np.bincount(slot[aborted], weights=aborted_bytes, minlength=partitions).astype(np.int64).tolist()
     for number, tp in enumerate(run.slots):
         sections = [section for _, section in by_partition[tp]]
         counts = stats.checkpoint()
         stats.records_in += sum(section.info.record_count for section in sections)
         stats.expired_removed += expired_rows[number] + sum(section.info.record_count for section in sections if _expired(run.expire_before[tp[0]], section))
         stats.records_out += out[number]
+        stats.aborted_removed += aborted_rows[number]
+        stats.aborted_bytes_removed += aborted_sizes[number]
         stats.partition_done(tp[0], counts, sum(section.info.uncompressed_bytes for section in sections))

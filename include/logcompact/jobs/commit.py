@@ -80,16 +80,19 @@ class CommitSummary:
             f"{len(self.already_committed)} {', '.join(self.already_committed) or '-'}; manifest version {self.manifest_version}"
         ]
         if self.topic_stats:
-            rows = [("topic", "partitions", "records in", "records out", "duplicates", "tombstones", "expired", "MB in", "MB out")]
+            rows = [("topic", "partitions", "records in", "records out", "duplicates", "tombstones", "expired", "aborted", "MB in", "MB out")]
             for topic, f in sorted(self.topic_stats.items()):
                 rows.append((
                     topic, f"{f['partitions']:,}", f"{f['records_in']:,}", f"{f['records_out']:,}", f"{f['duplicates_removed']:,}",
-                    f"{f['tombstones_removed']:,}", f"{f['expired_removed']:,}",
+                    f"{f['tombstones_removed']:,}", f"{f['expired_removed']:,}", f"{f.get('aborted_removed', 0):,}",
                     f"{f['uncompressed_bytes_in'] / 1e6:,.1f}", f"{f['uncompressed_bytes_out'] / 1e6:,.1f}",
                 ))
             widths = [max(len(row[n]) for row in rows) for n in range(len(rows[0]))]
             lines += ["  ".join(cell.ljust(w) if n == 0 else cell.rjust(w) for n, (cell, w) in enumerate(zip(row, widths))) for row in rows]
-            lines.append("(duplicates, tombstones, expired: records removed; MB: uncompressed bytes of the topic's sections)")
+            lines.append(
+                "(duplicates, tombstones, expired, aborted (of aborted transactions): records removed; MB: uncompressed bytes of the "
+                "topic's sections)"
+            )
         lines += [f"set aside as uncleanable: {p['topic']}/{p['partition']}: {p['reason']}" for p in self.uncleanable]
         lines += [f"not committed: {conflict}" for conflict in self.conflicts]
         return lines

@@ -33,7 +33,9 @@ def explain_run(
             f"{'dry run, would lease' if dry_run else 'leased'} plan {plan_id}: {estimate['files_replaced']} files ({per_level}) "
             f"> L{estimate['target_level']}{' deduplicated' if estimate['deduplicate'] else ''}; {_mb(estimate['input_bytes'])} in, "
             f"~{_mb(estimate['estimated_output_bytes'])} out, ~{estimate['estimated_records_removed']:,} of "
-            f"{estimate['records_in']:,} records removed; {estimate['groups']} group(s)"
+            f"{estimate['records_in']:,} records removed"
+            + (f" (and up to {estimate['aborted_records']:,} of aborted transactions)" if estimate["aborted_records"] else "")
+            + f"; {estimate['groups']} group(s)"
             + (f": {'; '.join(labels[plan_id])}" if plan_id in labels else "")
         )
     for mark in prepared.set_aside:

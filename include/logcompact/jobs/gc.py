@@ -35,6 +35,8 @@ class GcReport:
     damaged_rows: list[str] = field(default_factory=list)
     # Objects the catalog has no row for, kept because some of its rows are damaged: one may be a file they lost.
     kept_orphans: list[str] = field(default_factory=list)
+    # Aborted transactions' ranges no file the catalog keeps may hold an unfiltered record of any more: forgotten.
+    forgotten_aborted_ranges: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -56,7 +58,9 @@ def collect_garbage(
        grace ago (a reader that pinned a version may still read them for that long) by a commit that records
        removing them (a compaction, a topic's deletion), lose their object and then their rows; a row whose key is
        not a data file's, or marked removed at a version no such commit made, is left and reported
-       (`damaged_rows`): its records may be in no other file;
+       (`damaged_rows`): its records may be in no other file. In the same catalog transaction, the aborted
+       transactions' ranges no file the catalog keeps may hold an unfiltered record of (a compaction's outputs are
+       filtered of those recorded by its plan's manifest version) are forgotten;
     3. objects under `data/` the catalog has no row for go once older than the grace, and only when the
        catalog's history accounts for them (`_orphan_reason`): written before the catalog's newest commit (by more
        than the clocks of the store and the committers may differ), as the output of a plan no longer in flight
@@ -86,7 +90,7 @@ def collect_garbage(
     damaged += catalog.unrecorded_removals(oldest + 1, now_ms - grace_ms)
     for key in removed:
         store.delete(key)
-    catalog.forget_files(removed)
+    forgotten_ranges = catalog.forget_files(removed)
     listed = list(store.list(DATA_PREFIX))
     stored = {info.key: info.size for info in listed}
     lost_keys = catalog.dangling_sections() + [
@@ -133,7 +137,7 @@ def collect_garbage(
     abandoned = [path for prefix in (DATA_PREFIX, PLANS_PREFIX) for path in store.delete_abandoned_writes(prefix, now_ms - grace_ms)]
     return GcReport(
         removed + orphans, trimmed, young, released, old_plans, reclaim_workdirs(), abandoned, released_abandoned, awaiting,
-        unexplained, damaged, kept,
+        unexplained, damaged, kept, forgotten_ranges,
     )
 
 

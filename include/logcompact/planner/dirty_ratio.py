@@ -85,10 +85,14 @@ def _partitions_past_ratio(
     by_partition: dict[TopicPartition, list[LevelSection]] = {}
     for section in snapshot.sections_at_levels(candidates, config.dedup_from_level):
         by_partition.setdefault((section.topic, section.partition), []).append(section)
+    # An open transaction holds its partition's cleaning range at its LSO, as min lag does at its young sections: the
+    # bytes past it are not cleanable, so a partition held there is not taken pass after pass for them.
+    stable = snapshot.stable_offsets(by_partition)
     taken: dict[TopicPartition, list[str]] = {}
     for tp, sections in by_partition.items():
         topic_config = snapshot.topics[tp[0]].config
-        cleaning = cleaning_range(sections, _first_uncleanable(sections, topic_config.min_compaction_lag_ms, now_ms))
+        young = _first_uncleanable(sections, topic_config.min_compaction_lag_ms, now_ms)
+        cleaning = cleaning_range(sections, min(young, stable.get(tp, young)))
         if cleanable_ratio(sections, cleaning) > topic_config.min_cleanable_dirty_ratio:
             taken[tp] = sorted({s.key for s in cleaning})
     return taken, by_partition

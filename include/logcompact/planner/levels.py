@@ -15,7 +15,7 @@ from logcompact.catalog import DataFile, FileSummary, PlanningSnapshot, TopicPar
 from logcompact.limits import MAX_LEVEL
 from logcompact.planner.config import PlannerConfig
 from logcompact.planner.dirty_ratio import ratio_plan_files
-from logcompact.plans import Plan, input_offsets, lowest_outside, new_plan_id, split_into_groups
+from logcompact.plans import InputOffsets, Plan, input_offsets, lowest_outside, new_plan_id, split_into_groups
 
 Sized = TypeVar("Sized", FileSummary, DataFile)
 _NO_OFFSET = 1 << 62
@@ -132,10 +132,19 @@ def make_plans(
             held_above_l0[tp] = min(first, held_above_l0.get(tp, first))
     outside = lowest_outside(snapshot, [files[key] for key in planned], partitions, held_above_l0)
     # A plan's own inputs are never outside it; the other plans' inputs are: what their lowest offsets (floors)
-    # and young sections (Kafka's first uncleanable offset) say counts for it, as the files no plan takes do.
+    # and young sections (Kafka's first uncleanable offset) say counts for it, as the files no plan takes do. The
+    # catalog's first uncleanable offsets hold each partition's LSO (an open transaction's data is never cleaned).
     floors_elsewhere = _lowest_elsewhere(lowest, lowest)
     young_outside = snapshot.first_uncleanable_offsets(partitions, now_ms, excluding=planned)
     young_elsewhere = _lowest_elsewhere([o.young for o in offsets], lowest)
+    # The aborted ranges over every plan's inputs, read after the LSOs above: each range below a plan's first
+    # uncleanable offset is among them (its transaction had ended), so no aborted record is cleaned as committed.
+    spans: dict[TopicPartition, tuple[int, int]] = {}
+    for of_plan in offsets:
+        for tp, first in of_plan.lowest.items():
+            low, high = spans.get(tp, (first, of_plan.ends[tp]))
+            spans[tp] = (min(low, first), max(high, of_plan.ends[tp]))
+    aborted = snapshot.aborted_ranges(spans) if spans else {}
     plans = []
     for number, ((_keys, target_level), of_plan) in enumerate(zip(chosen, offsets)):
         floors = _lowest_of(of_plan.lowest, floors_elsewhere[number], outside)
@@ -153,6 +162,7 @@ def make_plans(
             topics={name: snapshot.topics[name] for name in topics},
             outside_floors=floors,
             first_uncleanable=young,
+            aborted=_overlapping(aborted, of_plan),
             groups=split_into_groups(of_plan.sizes, config.group_bytes),
             buffer_bytes=config.buffer_bytes,
             target_file_bytes=config.target_file_bytes,
@@ -186,6 +196,17 @@ def _lowest_elsewhere(per_plan: Sequence[dict[TopicPartition, int]], wanted: Seq
                 found[tp] = second[tp]
         elsewhere.append(found)
     return elsewhere
+
+
+def _overlapping(aborted: dict[TopicPartition, tuple[tuple[int, int], ...]], of_plan: InputOffsets) -> dict[TopicPartition, tuple[tuple[int, int], ...]]:
+    """Of `aborted`, the ranges overlapping the offsets a plan's inputs span, per partition."""
+    found = {}
+    for tp, ranges in aborted.items():
+        if tp in of_plan.lowest:
+            low, end = of_plan.lowest[tp], of_plan.ends[tp]
+            if overlapping := tuple(r for r in ranges if r[1] >= low and r[0] < end):
+                found[tp] = overlapping
+    return found
 
 
 def _lowest_of(partitions: dict[TopicPartition, int], *sources: dict[TopicPartition, int]) -> dict[TopicPartition, int]:

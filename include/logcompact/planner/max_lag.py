@@ -29,25 +29,31 @@ class PartitionState:
     base_clean: bool = False
     base_min_ts: int = 0
     others_min_ts: int | None = None  # the oldest record outside the base section
+    # The lowest offset of a section not free of duplicates, as far as the sections read tell (a summary does not:
+    # its floor stands in).
+    dirty_from: int = 1 << 62
 
     @classmethod
     def above_l0(cls, summary: PartitionSummary, dedup_from_level: int) -> PartitionState:
         """The state of a partition's sections above L0, from the catalog's summary of them."""
         clean = summary.base_level >= dedup_from_level and summary.base_clean
-        return cls(summary.floor, clean, summary.base_min_timestamp, summary.others_min_timestamp)
+        return cls(summary.floor, clean, summary.base_min_timestamp, summary.others_min_timestamp, summary.floor)
 
     def add(self, section: PartitionSection, dedup_from_level: int) -> None:
         if section.first_offset < self.base_offset:
             if self.base_offset != 1 << 62:
-                self._other(self.base_min_ts)
+                self._other(self.base_min_ts, self.base_offset)
             self.base_offset = section.first_offset
             self.base_clean = section.level >= dedup_from_level and section.clean_below_delta > section.last_delta
             self.base_min_ts = section.min_timestamp
+            if not self.base_clean:
+                self.dirty_from = min(self.dirty_from, section.first_offset)
         else:
-            self._other(section.min_timestamp)
+            self._other(section.min_timestamp, section.first_offset)
 
-    def _other(self, min_ts: int) -> None:
+    def _other(self, min_ts: int, first_offset: int) -> None:
         self.others_min_ts = min_ts if self.others_min_ts is None else min(self.others_min_ts, min_ts)
+        self.dirty_from = min(self.dirty_from, first_offset)
 
     def dirty_since(self, lag: int) -> int | None:
         oldest_dirty = self.others_min_ts
@@ -78,6 +84,17 @@ def _added(
         if state is None:
             state = states[(section.topic, section.partition)] = PartitionState()
         state.add(section, config.dedup_from_level)
+    return states
+
+
+def _states_of_sections(snapshot: PlanningSnapshot, partitions: Iterable[tuple[str, int]], config: PlannerConfig) -> dict[tuple[str, int], PartitionState]:
+    """Per partition of `partitions`, its state from its live sections (read by topic: few partitions, an open
+    transaction's), which tells where its dirty sections start."""
+    wanted = set(partitions)
+    topics = sorted({name for name, _ in wanted})
+    states = {tp: PartitionState() for tp in wanted}
+    for in_l0 in (False, True):
+        _added(states, (s for s in snapshot.partition_sections(topics, in_l0=in_l0) if (s.topic, s.partition) in wanted), config)
     return states
 
 
@@ -131,6 +148,12 @@ def plan_max_lag(
         return None
     horizon = due_by(now_ms, config)
     due = [(dirty.topic, dirty.partition) for dirty in dirty_partitions(snapshot, chosen, config) if dirty.dirty_since <= horizon]
+    # A partition whose dirty sections all lie at or past its LSO has nothing to clean (Kafka weighs its cleanable
+    # bytes to the LSO): it waits for its transactions to end, or each pass would copy the same sections again.
+    held = snapshot.stable_offsets(due) if due else {}
+    if held:
+        states = _states_of_sections(snapshot, held, config)
+        due = [tp for tp in due if tp not in held or states[tp].dirty_from < held[tp]]
     inputs = snapshot.files_holding(due) if due else set()
     if not inputs:
         return None

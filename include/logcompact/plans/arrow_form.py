@@ -47,6 +47,9 @@ GROUP_SCHEMA = pa.schema(
         *(pa.field(name, _column_type(kind), nullable=False) for name, kind in SECTION_TYPES.items() if name not in _PLANNER_ONLY),
         pa.field("outside_floor", pa.int64()),
         pa.field("first_uncleanable", pa.int64()),
+        # The partition's aborted ranges (`Plan.aborted`), on each of its rows: their first and last offsets.
+        pa.field("aborted_first", pa.list_(pa.int64())),
+        pa.field("aborted_last", pa.list_(pa.int64())),
     ]
 )
 # The group document's schema metadata: the group's settings, topics and PlanGroup, as JSON.
@@ -88,6 +91,11 @@ def encode_groups(plan: Plan) -> list[bytes]:
             pa.array([t for t, _ in per_partition], pa.string()), pa.array([p for _, p in per_partition], pa.int64()), plan.topics
         )
         columns[column] = _lookup(codes, keys, np.fromiter(per_partition.values(), np.int64, len(per_partition)))
+    aborted = sorted(plan.aborted.items())
+    keys = _partition_codes(pa.array([t for (t, _), _ in aborted], pa.string()), pa.array([p for (_, p), _ in aborted], pa.int64()), plan.topics)
+    places = _lookup(codes, keys, np.arange(len(aborted), dtype=np.int64))
+    for column, end in (("aborted_first", 0), ("aborted_last", 1)):
+        columns[column] = pa.array([[r[end] for r in ranges] for _, ranges in aborted], pa.list_(pa.int64())).take(places)
     table = pa.table(columns, schema=GROUP_SCHEMA)
     firsts = [g.first for g in plan.groups[1:] if g.first is not None]  # all of them in a checked plan
     starts = _partition_codes(pa.array([t for t, _ in firsts], pa.string()), pa.array([p for _, p in firsts], pa.int64()), plan.topics)
@@ -160,8 +168,15 @@ def decode_group(
             start = end
         floors = {(i.topic, i.partition): floor for i, floor in zip(infos, _column(table, "outside_floor")) if floor is not None}
         young = {(i.topic, i.partition): offset for i, offset in zip(infos, _column(table, "first_uncleanable")) if offset is not None}
+        aborted = {}
+        for i, firsts, lasts in zip(infos, _column(table, "aborted_first"), _column(table, "aborted_last")):
+            if firsts is not None or lasts is not None:
+                if firsts is None or lasts is None or len(firsts) != len(lasts):
+                    raise InvalidPlanError(f"{source}: the aborted ranges of {i.topic}/{i.partition} have unmatched first and last offsets; plan again")
+                aborted[(i.topic, i.partition)] = tuple(zip(firsts, lasts))
         piece = Plan(
-            **settings, topics=topics, inputs=tuple(inputs_of_piece), outside_floors=floors, first_uncleanable=young, groups=(group,),
+            **settings, topics=topics, inputs=tuple(inputs_of_piece), outside_floors=floors, first_uncleanable=young, aborted=aborted,
+            groups=(group,),
             group=group.group,
             slice=slice,
         )

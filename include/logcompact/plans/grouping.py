@@ -83,6 +83,7 @@ class InputOffsets(NamedTuple):
     sizes: dict[TopicPartition, int]  # their uncompressed bytes (what groups are split by)
     lowest_above_l0: dict[TopicPartition, int]  # the lowest first offset of its sections above L0
     young: dict[TopicPartition, int]  # the first offset of the first section holding a record newer than `young_after`'s
+    ends: dict[TopicPartition, int]  # the offset past its sections' last
 
 
 def input_offsets(inputs: Iterable[DataFile], young_after: Mapping[str, int] | None = None) -> InputOffsets:
@@ -92,24 +93,28 @@ def input_offsets(inputs: Iterable[DataFile], young_after: Mapping[str, int] | N
     sizes: dict[TopicPartition, int] = {}
     above: dict[TopicPartition, int] = {}
     young: dict[TopicPartition, int] = {}
+    ends: dict[TopicPartition, int] = {}
     held, cut = lowest.get, (young_after or {}).get
     for data_file in inputs:
         upper = data_file.level > 0
         for info, first in data_file.sections:
             tp = (info.topic, info.partition)
             low = held(tp)
+            end = first + info.last_delta + 1
             if low is None:
-                lowest[tp], sizes[tp] = first, info.uncompressed_bytes
+                lowest[tp], sizes[tp], ends[tp] = first, info.uncompressed_bytes, end
             else:
                 if first < low:
                     lowest[tp] = first
+                if end > ends[tp]:
+                    ends[tp] = end
                 sizes[tp] += info.uncompressed_bytes
             if upper and first < above.get(tp, _NO_OFFSET):
                 above[tp] = first
             newest = cut(info.topic)
             if newest is not None and info.max_timestamp > newest and first < young.get(tp, _NO_OFFSET):
                 young[tp] = first
-    return InputOffsets(lowest, sizes, above, young)
+    return InputOffsets(lowest, sizes, above, young, ends)
 
 
 def split_into_groups(sizes: dict[TopicPartition, int], group_bytes: int | None) -> tuple[PlanGroup, ...]:

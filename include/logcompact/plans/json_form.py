@@ -23,7 +23,9 @@ from logcompact.topics import MAX_PARTITIONS, Topic
 
 # 3: `first_uncleanable` leaves out the plan's own inputs, whose first young record the engine finds (an
 # engine reading format 2 would deduplicate them).
-PLAN_FORMAT = 3
+# 4: `first_uncleanable` holds each compacted partition's LSO where an open transaction holds it (an engine reading
+# format 3 applies it to min-lag topics only), and `aborted` the aborted transactions' ranges to drop.
+PLAN_FORMAT = 4
 
 SECTION_TYPES = get_type_hints(SectionInfo)  # each SectionInfo field's type, as the forms write it
 _BYTES_FIELDS = [name for name in SectionInfo._fields if SECTION_TYPES[name] is bytes]
@@ -41,6 +43,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "inputs": [file_to_json(f) for f in plan.inputs],
         "outside_floors": [[t, p, floor] for (t, p), floor in sorted(plan.outside_floors.items())],
         "first_uncleanable": [[t, p, offset] for (t, p), offset in sorted(plan.first_uncleanable.items())],
+        "aborted": [[t, p, [list(r) for r in ranges]] for (t, p), ranges in sorted(plan.aborted.items())],
         "set_aside": [list(tp) for tp in plan.set_aside],
     }
 
@@ -67,6 +70,7 @@ def plan_from_dict(document: Any, source: str = "plan") -> Plan:
             groups=_groups_from_dict(document, source),
             outside_floors=_offsets_from_dict(document, "outside_floors", source),
             first_uncleanable=_offsets_from_dict(document, "first_uncleanable", source),
+            aborted=_ranges_from_dict(document, "aborted", source),
             set_aside=_set_aside_from_dict(document, source),
             inputs=tuple(inputs),
         )
@@ -291,6 +295,20 @@ def _offsets_from_dict(document: dict, name: str, source: str) -> dict[TopicPart
             raise InvalidPlanError(f"{source}: {name} entry {entry!r} is not [topic, partition, offset]")
         offsets[(entry[0], entry[1])] = entry[2]
     return offsets
+
+
+def _ranges_from_dict(document: dict, name: str, source: str) -> dict[TopicPartition, tuple[tuple[int, int], ...]]:
+    """A per-partition field of offset ranges, [[topic, partition, [[first, last], ...]], ...]; a plan without it has
+    none."""
+    found = {}
+    for entry in _list(document, name, source) if name in document else []:
+        if not (
+            isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str) and isinstance(entry[1], int) and isinstance(entry[2], list)
+            and all(isinstance(r, list) and len(r) == 2 and all(isinstance(v, int) for v in r) for r in entry[2])
+        ):
+            raise InvalidPlanError(f"{source}: {name} entry {str(entry)[:200]} is not [topic, partition, [[first, last], ...]]")
+        found[(entry[0], entry[1])] = tuple((first, last) for first, last in entry[2])
+    return found
 
 
 def _plan_id(document: dict, source: str) -> str:

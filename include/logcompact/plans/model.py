@@ -64,11 +64,16 @@ class Plan:
     # Per partition: the smallest offset held by a live file outside this plan. A tombstone at or above
     # it may have older values of its key elsewhere, so it is never removed by this plan.
     outside_floors: dict[TopicPartition, int] = field(default_factory=dict)
-    # Per partition whose topic sets min.compaction.lag.ms: Kafka's first uncleanable offset as the sections
-    # outside this plan set it (`Snapshot.first_uncleanable_offsets`, the other plans' inputs included), so min
-    # lag is the same whichever files the plan takes; the engine lowers it to the first record within the lag
-    # among the plan's own inputs, and ends each output section there.
+    # Per partition of a compacted topic: Kafka's first uncleanable offset as the catalog sets it, the lower of its
+    # LSO where an open transaction holds it and, with min.compaction.lag.ms, the first offset of the sections
+    # outside this plan holding a record within the lag (`Snapshot.first_uncleanable_offsets`, the other plans'
+    # inputs included), so min lag is the same whichever files the plan takes; the engine lowers it to the first
+    # record within the lag among the plan's own inputs, and ends each output section there.
     first_uncleanable: dict[TopicPartition, int] = field(default_factory=dict)
+    # Per partition: the aborted transactions' offset ranges (first, last), in offset order, overlapping the offsets
+    # of its inputs, read after its first uncleanable offset (each range below it is here). Their records are
+    # dropped by every job: a Spark task never reads the catalog.
+    aborted: dict[TopicPartition, tuple[tuple[int, int], ...]] = field(default_factory=dict)
     # Partitions held back as uncleanable when the plan was made: their sections are not in the inputs, and the
     # commit leaves them live in the input files.
     set_aside: tuple[TopicPartition, ...] = ()
@@ -109,6 +114,7 @@ class Plan:
             topics={name: self.topics[name] for name in sorted(topics)},
             outside_floors={tp: floor for tp, floor in self.outside_floors.items() if chosen.holds(tp)},
             first_uncleanable={tp: offset for tp, offset in self.first_uncleanable.items() if chosen.holds(tp)},
+            aborted={tp: ranges for tp, ranges in self.aborted.items() if chosen.holds(tp)},
             groups=(chosen,),
             group=group,
         )
@@ -128,6 +134,7 @@ class Plan:
         sections: dict[str, list[CatalogSection]] = {f.key: [] for f in header.inputs}
         floors: dict[TopicPartition, int] = {}
         young: dict[TopicPartition, int] = {}
+        aborted: dict[TopicPartition, tuple[tuple[int, int], ...]] = {}
         for group, piece in zip(header.groups, pieces, strict=True):
             if piece.plan_id != header.plan_id or piece.groups != (group,):
                 raise InvalidPlanError(f"{source}: the document of group {group.group} is not that group of this plan; plan again")
@@ -137,11 +144,12 @@ class Plan:
                 sections[data_file.key].extend(data_file.sections)  # groups follow (topic, partition) order, as files do
             floors.update(piece.outside_floors)
             young.update(piece.first_uncleanable)
+            aborted.update(piece.aborted)
         with collector_paused():
             inputs = tuple(DataFile(f.key, f.level, f.size, f.created_ms, tuple(sections[f.key])) for f in header.inputs)
         plan = cls(
             **{name: getattr(header, name) for name in SETTING_FIELDS}, topics=header.topics, inputs=inputs, outside_floors=floors,
-            first_uncleanable=young, groups=header.groups, set_aside=header.set_aside,
+            first_uncleanable=young, aborted=aborted, groups=header.groups, set_aside=header.set_aside,
         )
         plan.validate(source)
         return plan
@@ -152,6 +160,9 @@ class Plan:
         """Rules that need no catalog: shapes, ranges, and that the inputs and groups make sense together. A piece
         (`whole` False) holds one group, and no input when its plan has no sections."""
         check_shape(self, source, whole)
+        for (topic, partition), ranges in self.aborted.items():
+            if not all(first <= last for first, last in ranges) or any(a[1] >= b[0] for a, b in zip(ranges, ranges[1:])):
+                raise InvalidPlanError(f"{source}: the aborted ranges of {topic}/{partition} are not disjoint [first, last] ranges in offset order; plan again")
         starts = [g.first for g in self.groups[1:] if g.first is not None]  # all of them: check_shape checked
         set_aside = set(self.set_aside)
         for data_file in self.inputs:
@@ -167,12 +178,13 @@ class Plan:
     def check_against(self, snapshot: Snapshot, now_ms: int) -> None:
         """Every field the catalog can vouch for, checked before the plan runs or commits: its cluster, clock and
         topics (`PlanHeader.check_against`); its inputs live and equal to the catalog's record of them, every
-        section of each (but of the partitions it sets aside: pass a snapshot setting them aside); and, when it
-        deduplicates, its outside floors and first uncleanable offsets no higher than the catalog's (lower only
-        keeps more)."""
+        section of each (but of the partitions it sets aside: pass a snapshot setting them aside); its aborted
+        ranges the catalog's (`_check_aborted`); and, when it deduplicates, its outside floors and first uncleanable
+        offsets no higher than the catalog's (lower only keeps more)."""
         self.header().check_against(snapshot, now_ms)
         with collector_paused():
             self._check_sections(snapshot)
+            self._check_aborted(snapshot)
             self.check_offsets_held(snapshot)
             if self.deduplicate:  # a copy reads neither (engine/cleaner.py): they rule deduplication only
                 self._check_floors(snapshot)
@@ -243,6 +255,28 @@ class Plan:
                 raise InvalidPlanError(
                     f"plan {self.plan_id}: input {data_file.key} differs from the catalog's record of it (its sections: "
                     f"{len(planned)} in the plan, {len(recorded[data_file.key])} in the catalog); plan again"
+                )
+
+    def _check_aborted(self, snapshot: Snapshot) -> None:
+        """Each partition's aborted ranges are among the catalog's (a range it does not record would drop committed
+        records), and hold every range it recorded by the plan's manifest version over the inputs (one left out
+        would keep aborted records, and the outputs, filtered as of that version, would let gc forget it). A range
+        gc forgot since the plan was made is refused too (plan again): the ranges a plan reads are not versioned."""
+        spans: dict[TopicPartition, tuple[int, int]] = {}
+        for data_file in self.inputs:
+            for info, first in data_file.sections:
+                tp = (info.topic, info.partition)
+                low, end = spans.get(tp, (first, first + info.last_delta + 1))
+                spans[tp] = (min(low, first), max(end, first + info.last_delta + 1))
+        if not spans:
+            return
+        recorded, by_plan_version = snapshot.aborted_ranges(spans), snapshot.aborted_ranges(spans, self.manifest_version)
+        for tp in sorted(set(self.aborted) | set(by_plan_version)):
+            planned = set(self.aborted.get(tp, ()))
+            if tp not in spans or not planned <= set(recorded.get(tp, ())) or not set(by_plan_version.get(tp, ())) <= planned:
+                raise InvalidPlanError(
+                    f"plan {self.plan_id}: the aborted ranges of {tp[0]}/{tp[1]} are {sorted(planned)[:5]}, the catalog's "
+                    f"{list(recorded.get(tp, ()))[:5]}: a plan drops the records of exactly the aborted transactions; plan again"
                 )
 
     def _check_floors(self, snapshot: Snapshot) -> None:

@@ -32,6 +32,8 @@ class CompactionStats:
     tombstones_removed: int = 0
     invalid_records: int = 0
     young_kept: int = 0
+    aborted_removed: int = 0  # records of aborted transactions (the plan's `aborted` ranges) removed
+    aborted_bytes_removed: int = 0  # their uncompressed bytes
     oversized_partitions: list[str] = field(default_factory=list)
     gets: int = 0
     puts: int = 0
@@ -80,7 +82,7 @@ class CompactionStats:
         return (
             f"plan {self.plan_id} group {self.group} > L{self.target_level}: {self.records_in:,} records in, "
             f"{self.records_out:,} out ({self.duplicates_removed:,} duplicates, {self.tombstones_removed:,} tombstones, "
-            f"{self.expired_removed:,} expired removed); {_megabytes(self.bytes_in)} in, {_megabytes(self.bytes_out)} out "
+            f"{self.expired_removed:,} expired, {self.aborted_removed:,} aborted removed); {_megabytes(self.bytes_in)} in, {_megabytes(self.bytes_out)} out "
             f"in {self.files_out} file(s); {self.gets} GETs, {self.puts} PUTs; key map {100 * self.buffer_utilization:.0f}% "
             f"full ({self.distinct_keys:,} keys, room for {self.key_capacity:,}); {self.seconds:.1f} s"
             + (f"; {len(self.uncleanable)} partition(s) set aside as uncleanable" if self.uncleanable else "")
@@ -110,7 +112,8 @@ class JobResult:
 # together, the counts that add up across the jobs of a plan.
 PARTITION_COUNTS = (
     "records_in", "records_out", "distinct_keys", "overflows", "duplicates_removed", "expired_removed",
-    "tombstones_kept", "tombstones_stamped", "tombstones_removed", "invalid_records", "young_kept",
+    "tombstones_kept", "tombstones_stamped", "tombstones_removed", "invalid_records", "young_kept", "aborted_removed",
+    "aborted_bytes_removed",
 )
 JOB_COUNTS = ("bytes_out", "files_out", "gets", "puts")
 # A topic's figures: its partitions' counts, how many it had, and their sections' uncompressed bytes (a file's

@@ -25,8 +25,9 @@ class LogcompactGcOperator(BaseOperator):
             report = collect_garbage(LogcompactHook(self.logcompact_conn_id).get_catalog(), now_ms(), self.grace_ms)
         self.log.info(
             "gc: %d data files, %d plan objects deleted; %d commit-log versions trimmed; %d expired leases released; "
-            "%d young files kept; %d work directories of dead jobs removed",
+            "%d young files kept; %d work directories of dead jobs removed; %d aborted transactions' ranges forgotten",
             len(report.deleted_files), len(report.deleted_plans), report.trimmed_versions,
             len(report.released_leases), report.kept_unreferenced_young, len(report.reclaimed_workdirs),
+            report.forgotten_aborted_ranges,
         )
         return report.to_dict()

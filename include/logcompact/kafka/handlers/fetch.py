@@ -31,9 +31,9 @@ import asyncio
 import os
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from logcompact.catalog import Catalog, Snapshot
@@ -170,7 +170,7 @@ class _ToRead:
     last_stable: int
     end: int
     sections: Iterable[SectionRef] = ()
-    aborted: list[AbortedRange] = field(default_factory=list)
+    aborted: Sequence[AbortedRange] = ()
 
 
 def _partitions_plan(snapshot: Snapshot, topic: str, partitions: list[Wanted], offsets: list[LogOffsets], isolation: int) -> list[Answer | _ToRead]:
@@ -196,9 +196,10 @@ def _partitions_plan(snapshot: Snapshot, topic: str, partitions: list[Wanted], o
     if not ranges:
         return plan
     sections = snapshot.sections_of_partitions(topic, ranges)
-    aborted = snapshot.aborted_ranges(topic, ranges) if isolation == READ_COMMITTED else {}
+    aborted = snapshot.aborted_ranges({(topic, partition): span for partition, span in ranges.items()}) if isolation == READ_COMMITTED else {}
     return [
-        replace(item, sections=sections.get(item.asked.partition, []), aborted=aborted.get(item.asked.partition, [])) if isinstance(item, _ToRead) else item
+        replace(item, sections=sections.get(item.asked.partition, []), aborted=aborted.get((topic, item.asked.partition), ()))
+        if isinstance(item, _ToRead) else item
         for item in plan
     ]
 
@@ -235,7 +236,7 @@ def _log_offsets(catalog: Catalog, topic: str) -> list[LogOffsets] | None:
 
 def _batches(
     store: ObjectStore, sections: Iterable[SectionRef], fetch_offset: int, read_end: int, limit: int, budget: _Budget,
-    aborted: list[AbortedRange],
+    aborted: Sequence[AbortedRange],
 ) -> tuple[memoryview, int]:
     """Record batches of the records in [fetch_offset, read_end) outside the `aborted` ranges within `limit` bytes, or
     one whole batch of one record when it is the response's first (Kafka's rule, so a large record never stalls a

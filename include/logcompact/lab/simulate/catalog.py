@@ -15,7 +15,7 @@ topics with time retention, and reading an older version.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from operator import itemgetter
 from typing import NamedTuple
 
@@ -244,6 +244,12 @@ class MemorySnapshot:
         if self._summaries is None:  # every partition's, once: the live files' sections above L0 summed in one step
             self._summaries = summaries.of_columns(*SectionColumns.concat(self._columns)) if self._columns else {}
         return {(topic, partition): self._summaries.get((self.topic_ids[topic], partition)) for topic, partition in partitions}
+
+    def stable_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        return {}  # the simulator's producers are not transactional
+
+    def aborted_ranges(self, spans: Mapping[TopicPartition, tuple[int, int]]) -> dict[TopicPartition, tuple[tuple[int, int], ...]]:
+        return {}
 
     def first_uncleanable_offsets(self, partitions: Iterable[TopicPartition], now_ms: int, excluding: Sequence[str] = ()) -> dict[TopicPartition, int]:
         cuts = {name: now_ms - topic.config.min_compaction_lag_ms for name, topic in self.topics.items() if topic.config.min_compaction_lag_ms > 0}
