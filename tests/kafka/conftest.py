@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from lab.servers.kafka import KafkaServer, kafka_missing_reason, start_kafka
 from logcompact.catalog import Catalog
 from tests.kafka.agents import FLUSH_MS, MAX_MESSAGE_BYTES, RunningAgent
 
@@ -23,3 +24,17 @@ def agent(catalog: Catalog) -> Iterator[RunningAgent]:
         yield running
     finally:
         running.stop()
+
+
+@pytest.fixture(scope="module")
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaServer]:
+    """Apache Kafka's broker (lab.servers.kafka), the reference the agent's answers are compared with; skipped, with
+    the reason, only where Java 17 or its jars cannot be had (`make kafka`)."""
+    missing = kafka_missing_reason()
+    if missing:
+        pytest.skip(missing)
+    server, stop = start_kafka(tmp_path_factory.mktemp("kafka"))
+    try:
+        yield server
+    finally:
+        stop()

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import aiokafka.errors
@@ -36,7 +36,7 @@ from confluent_kafka.admin import NewTopic
 from kafka import KafkaProducer
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
-from lab.servers.kafka import KafkaServer, kafka_missing_reason, start_kafka
+from lab.servers.kafka import KafkaServer
 from logcompact.catalog import Catalog
 from logcompact.exceptions import CatalogUnavailableError
 from logcompact.kafka.cluster import Address
@@ -595,18 +595,6 @@ def test_a_batch_whose_transaction_ended_before_its_append_is_refused_alone(cata
 # -- the same requests to Apache Kafka -------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaServer]:
-    """Apache Kafka's broker (lab.servers.kafka), the reference; skipped, with the reason, only where Java 17 or its
-    jars cannot be had (`make kafka`)."""
-    missing = kafka_missing_reason()
-    if missing:
-        pytest.skip(missing)
-    server, stop = start_kafka(tmp_path_factory.mktemp("kafka"))
-    try:
-        yield server
-    finally:
-        stop()
 
 
 def scripted(address: Address, topic: str, transactional_id: str) -> list[tuple[str, object]]:

@@ -28,7 +28,7 @@ from kafka.structs import OffsetAndMetadata
 from kafka.structs import TopicPartition as KafkaTopicPartition
 from sqlalchemy import update
 
-from lab.servers.kafka import KafkaServer, kafka_missing_reason, start_kafka
+from lab.servers.kafka import KafkaServer
 from logcompact.catalog import Catalog, schema
 from logcompact.kafka.cluster import Address
 from tests.helpers import create_topic
@@ -260,18 +260,6 @@ def test_kafka_python_sends_offsets_in_a_transaction(agent: RunningAgent, catalo
 # -- the same requests to Apache Kafka's broker ------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaServer]:
-    """Apache Kafka's broker (lab.servers.kafka), the reference; skipped, with the reason, only where Java 17 or its
-    jars cannot be had (`make kafka`)."""
-    missing = kafka_missing_reason()
-    if missing:
-        pytest.skip(missing)
-    server, stop = start_kafka(tmp_path_factory.mktemp("kafka"))
-    try:
-        yield server
-    finally:
-        stop()
 
 
 def scripted_offsets(address: Address, topic: str, transactional_id: str, group: str) -> list[tuple[str, object]]:

@@ -16,7 +16,6 @@ import json
 import socket
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,7 +26,7 @@ from confluent_kafka.admin import NewTopic
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KafkaPythonTopicPartition
 
-from lab.servers.kafka import KafkaServer, kafka_missing_reason, start_kafka
+from lab.servers.kafka import KafkaServer
 from logcompact.catalog import Catalog
 from logcompact.consume import READ_COMMITTED, READ_UNCOMMITTED, read_records, read_sections
 from logcompact.ingest import Record
@@ -247,18 +246,6 @@ def test_read_records_leaves_out_aborted_ranges_and_stops_at_the_last_stable_off
 # -- Apache Kafka's broker, the reference ------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaServer]:
-    """Apache Kafka's broker (lab.servers.kafka); skipped, with the reason, only where Java 17 or its jars cannot be
-    had (`make kafka`)."""
-    missing = kafka_missing_reason()
-    if missing:
-        pytest.skip(missing)
-    server, stop = start_kafka(tmp_path_factory.mktemp("kafka"))
-    try:
-        yield server
-    finally:
-        stop()
 
 
 def scripted_reads(bootstrap: str, address: Address, topic: str) -> list[tuple[str, object]]:

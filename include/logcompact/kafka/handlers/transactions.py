@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from logcompact.catalog.transactions import TxnRefusal
@@ -64,19 +65,32 @@ async def add_partitions_to_txn(broker: Broker, request: codec.Request) -> Any:
 async def _add_error(broker: Broker, body: Any, transactional_id: str, wanted: list[tuple[str, int]], version: int) -> codec.ErrorCode:
     """The one error of every partition of the request (NONE when they were added), or UNKNOWN_TOPIC_OR_PARTITION
     when one of them is not the catalog's (then told apart by `_unknown_partitions`)."""
+    try:
+        return await _coordinated(
+            broker, "AddPartitionsToTxn", transactional_id, version, ADD_PARTITIONS_FENCED_SINCE,
+            lambda: broker.transactions.add_partitions(transactional_id, int(body.v3_and_below_producer_id), int(body.v3_and_below_producer_epoch), wanted),
+        )
+    except (TopicNotFoundError, InvalidRecordError):
+        return codec.ErrorCode.unknown_topic_or_partition
+
+
+async def _coordinated(
+    broker: Broker, api: str, transactional_id: str, version: int, fenced_since: int, call: Callable[[], Awaitable[object]]
+) -> codec.ErrorCode:
+    """The error of a request the transactional id's coordinator serves by `call`: NONE when it was taken, a
+    refusal's code (PRODUCER_FENCED as `version` may answer it), or COORDINATOR_NOT_AVAILABLE while the catalog
+    cannot be reached (retriable: the client sends it again)."""
     if not transactional_id:
         return codec.ErrorCode.invalid_request
     if not broker.transactions.coordinates(transactional_id):
         return codec.ErrorCode.not_coordinator
     try:
-        await broker.transactions.add_partitions(transactional_id, int(body.v3_and_below_producer_id), int(body.v3_and_below_producer_epoch), wanted)
-    except (TopicNotFoundError, InvalidRecordError):
-        return codec.ErrorCode.unknown_topic_or_partition
+        await call()
     except TxnRefusal as refused:
-        log.debug("AddPartitionsToTxn of transactional id %r refused: %s", transactional_id, refused)
-        return fenced(error_code(refused.error), version, ADD_PARTITIONS_FENCED_SINCE)
-    except CatalogUnavailableError as exc:  # retriable: the client sends it again
-        log.warning("AddPartitionsToTxn of transactional id %r answered COORDINATOR_NOT_AVAILABLE: %s", transactional_id, exc)
+        log.debug("%s of transactional id %r refused: %s", api, transactional_id, refused)
+        return fenced(error_code(refused.error), version, fenced_since)
+    except CatalogUnavailableError as exc:
+        log.warning("%s of transactional id %r answered COORDINATOR_NOT_AVAILABLE: %s", api, transactional_id, exc)
         return codec.ErrorCode.coordinator_not_available
     return codec.ErrorCode.none
 
@@ -99,19 +113,10 @@ async def add_offsets_to_txn(broker: Broker, request: codec.Request) -> Any:
 
 async def _add_offsets_error(broker: Broker, body: Any, version: int) -> codec.ErrorCode:
     transactional_id = body.transactional_id
-    if not transactional_id:
-        return codec.ErrorCode.invalid_request
-    if not broker.transactions.coordinates(transactional_id):
-        return codec.ErrorCode.not_coordinator
-    try:
-        await broker.transactions.add_offsets(transactional_id, int(body.producer_id), int(body.producer_epoch), body.group_id)
-    except TxnRefusal as refused:
-        log.debug("AddOffsetsToTxn of transactional id %r refused: %s", transactional_id, refused)
-        return fenced(error_code(refused.error), version, ADD_OFFSETS_FENCED_SINCE)
-    except CatalogUnavailableError as exc:  # retriable: the client sends it again
-        log.warning("AddOffsetsToTxn of transactional id %r answered COORDINATOR_NOT_AVAILABLE: %s", transactional_id, exc)
-        return codec.ErrorCode.coordinator_not_available
-    return codec.ErrorCode.none
+    return await _coordinated(
+        broker, "AddOffsetsToTxn", transactional_id, version, ADD_OFFSETS_FENCED_SINCE,
+        lambda: broker.transactions.add_offsets(transactional_id, int(body.producer_id), int(body.producer_epoch), body.group_id),
+    )
 
 
 async def txn_offset_commit(broker: Broker, request: codec.Request) -> Any:
@@ -158,16 +163,7 @@ async def end_txn(broker: Broker, request: codec.Request) -> Any:
 
 async def _end_error(broker: Broker, body: Any, version: int) -> codec.ErrorCode:
     transactional_id = body.transactional_id
-    if not transactional_id:
-        return codec.ErrorCode.invalid_request
-    if not broker.transactions.coordinates(transactional_id):
-        return codec.ErrorCode.not_coordinator
-    try:
-        await broker.transactions.end(transactional_id, int(body.producer_id), int(body.producer_epoch), bool(body.committed))
-    except TxnRefusal as refused:
-        log.debug("EndTxn of transactional id %r refused: %s", transactional_id, refused)
-        return fenced(error_code(refused.error), version, END_TXN_FENCED_SINCE)
-    except CatalogUnavailableError as exc:  # retriable: the client sends it again
-        log.warning("EndTxn of transactional id %r answered COORDINATOR_NOT_AVAILABLE: %s", transactional_id, exc)
-        return codec.ErrorCode.coordinator_not_available
-    return codec.ErrorCode.none
+    return await _coordinated(
+        broker, "EndTxn", transactional_id, version, END_TXN_FENCED_SINCE,
+        lambda: broker.transactions.end(transactional_id, int(body.producer_id), int(body.producer_epoch), bool(body.committed)),
+    )
