@@ -108,15 +108,11 @@ async def _unknown_partitions(broker: Broker, wanted: list[tuple[str, int]]) -> 
 
 async def add_offsets_to_txn(broker: Broker, request: codec.Request) -> Any:
     body, version = request.body, request.api_version
-    return codec.build(codec.response_class(ADD_OFFSETS_TO_TXN, version), {"throttle_time": 0, "error_code": await _add_offsets_error(broker, body, version)})
-
-
-async def _add_offsets_error(broker: Broker, body: Any, version: int) -> codec.ErrorCode:
-    transactional_id = body.transactional_id
-    return await _coordinated(
-        broker, "AddOffsetsToTxn", transactional_id, version, ADD_OFFSETS_FENCED_SINCE,
-        lambda: broker.transactions.add_offsets(transactional_id, int(body.producer_id), int(body.producer_epoch), body.group_id),
+    error = await _coordinated(
+        broker, "AddOffsetsToTxn", body.transactional_id, version, ADD_OFFSETS_FENCED_SINCE,
+        lambda: broker.transactions.add_offsets(body.transactional_id, int(body.producer_id), int(body.producer_epoch), body.group_id),
     )
+    return codec.build(codec.response_class(ADD_OFFSETS_TO_TXN, version), {"throttle_time": 0, "error_code": error})
 
 
 async def txn_offset_commit(broker: Broker, request: codec.Request) -> Any:
@@ -158,12 +154,8 @@ def _commit_pending(broker: Broker, body: Any, requested: list[tuple[str, list[A
 
 async def end_txn(broker: Broker, request: codec.Request) -> Any:
     body, version = request.body, request.api_version
-    return codec.build(codec.response_class(END_TXN, version), {"throttle_time": 0, "error_code": await _end_error(broker, body, version)})
-
-
-async def _end_error(broker: Broker, body: Any, version: int) -> codec.ErrorCode:
-    transactional_id = body.transactional_id
-    return await _coordinated(
-        broker, "EndTxn", transactional_id, version, END_TXN_FENCED_SINCE,
-        lambda: broker.transactions.end(transactional_id, int(body.producer_id), int(body.producer_epoch), bool(body.committed)),
+    error = await _coordinated(
+        broker, "EndTxn", body.transactional_id, version, END_TXN_FENCED_SINCE,
+        lambda: broker.transactions.end(body.transactional_id, int(body.producer_id), int(body.producer_epoch), bool(body.committed)),
     )
+    return codec.build(codec.response_class(END_TXN, version), {"throttle_time": 0, "error_code": error})
