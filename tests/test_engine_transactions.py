@@ -14,7 +14,7 @@ from sqlalchemy import select
 from logcompact.catalog import Catalog, schema
 from logcompact.catalog.producers import SequencedBatch
 from logcompact.catalog.transactions import MAX_TIMEOUT_MS
-from logcompact.consume import read_records
+from logcompact.consume import latest_values, read_records
 from logcompact.exceptions import InvalidPlanError
 from logcompact.ingest import Agent, Record
 from logcompact.jobs import prepare_plans, run_and_commit, run_here
@@ -178,6 +178,28 @@ def test_aborted_write_does_not_shadow_the_committed_value_before_it(catalog: Ca
     log.end("app", commit=False)  # marker 9
     log.compact()
     assert log.read() == [(1, b"t", b"t0"), (2, b"k", b"k1")]
+    log.close()
+
+
+def test_the_view_of_latest_values_is_the_committed_one(catalog: Catalog) -> None:
+    """`latest_values` reads what a read_committed consumer reads: an aborted value, or one of an open transaction,
+    never stands for its key, before or after compaction."""
+    log = TxnLog(catalog)
+
+    def view() -> list[tuple[int, bytes, bytes]]:
+        table = latest_values(catalog.store, catalog.snapshot(), "t", 0)
+        return list(zip(*(table.column(name).to_pylist() for name in ("offset", "key", "value"))))
+
+    log.plain((b"a", b"a0"), (b"b", b"b0"))  # 0, 1
+    log.txn("app", (b"a", b"a-aborted"), (b"b", None))  # 2, 3: a value and a tombstone
+    log.end("app", commit=False)  # marker 4
+    log.txn("open", (b"b", b"b-open"))  # 5
+    log.plain((b"c", b"c0"))  # 6: past the LSO
+    assert view() == [(0, b"a", b"a0"), (1, b"b", b"b0")]
+    log.end("open", commit=True)  # marker 7
+    assert view() == [(0, b"a", b"a0"), (5, b"b", b"b-open"), (6, b"c", b"c0")]
+    log.compact()
+    assert view() == [(0, b"a", b"a0"), (5, b"b", b"b-open"), (6, b"c", b"c0")]
     log.close()
 
 

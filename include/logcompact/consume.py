@@ -236,22 +236,26 @@ def read_records(
 
 
 def latest_values(store: ObjectStore, snapshot: Snapshot, topic: str, partition: int) -> pa.Table:
-    """The materialized view of a partition: each key's latest record, unless that record is a tombstone.
+    """The materialized view of a partition: each key's latest committed record, unless that record is a tombstone.
 
     Columns offset, timestamp, key, value, headers, in offset order; keyless records are left out. Two reads, as
     the compactor does, so memory stays near the view's own size: the first puts each keyed record's key hash in
     the compactor's key map (`CompactOffsetMap`: open addressing, 20 bytes a key, linear time) with the record's
     position in the read, so the map ends holding each key's last position; the second reads the records again
-    in the same order and takes those at the positions held, a table at a time.
+    in the same order and takes those at the positions held, a table at a time. Both read what a `read_committed`
+    consumer reads: nothing from the last stable offset on, no aborted transaction's records, so an aborted or open
+    transaction's value never stands for its key.
     """
     partitions = snapshot.topic(topic).partitions
     if not 0 <= partition < partitions:
         raise InvalidRecordError(f"topic {topic!r} has partitions 0 to {partitions - 1}, not {partition}")
-    sections = snapshot.sections_of(topic, partition)
-    positions = _last_positions(store, sections)
+    last_stable = snapshot.log_offsets(topic)[partition].last_stable
+    sections = [pair for pair in snapshot.sections_of(topic, partition) if pair[1].first_offset < last_stable]
+    aborted = snapshot.aborted_ranges({(topic, partition): (0, last_stable)}).get((topic, partition), ())
+    positions = _last_positions(store, sections, last_stable, aborted)
     kept = []
     start = 0
-    for table in _read(store, sections, 0, None, _RECORD_COLUMNS):
+    for table in _read(store, sections, 0, last_stable, _RECORD_COLUMNS, aborted):
         first, end = np.searchsorted(positions, (start, start + table.num_rows))
         if end > first:
             taken = table.take(pa.array(positions[first:end] - start))
@@ -262,9 +266,9 @@ def latest_values(store: ObjectStore, snapshot: Snapshot, topic: str, partition:
     return pa.concat_tables(kept).cast(RECORD_SCHEMA)
 
 
-def _last_positions(store: ObjectStore, sections: list[SectionRef]) -> np.ndarray:
-    """Each key's last position among the records of `sections` as `_read` gives them (keyless records count and are
-    left out), sorted. The key map has two slots a key the sections' key sketches estimate; should there be twice
+def _last_positions(store: ObjectStore, sections: list[SectionRef], to_offset: int, aborted: Sequence[AbortedRange]) -> np.ndarray:
+    """Each key's last position among the records of `sections` below `to_offset` and outside the `aborted` ranges
+    as `_read` gives them (keyless records count and are left out), sorted. The key map has two slots a key the sections' key sketches estimate; should there be twice
     as many (a sketch errs by about 9%), the records are read again into a map four times larger."""
     # numba loads with the key map: here, for the view, not for every reader (the agent's Fetch)
     from logcompact.engine.offset_map import BYTES_PER_SLOT, MAX_OFFSET_DELTA, CompactOffsetMap
@@ -276,7 +280,7 @@ def _last_positions(store: ObjectStore, sections: list[SectionRef]) -> np.ndarra
     while True:
         latest = CompactOffsetMap(BYTES_PER_SLOT * max(1024, 2 * keys))
         latest.clear()
-        if _put_positions(store, sections, latest):
+        if _put_positions(store, sections, to_offset, aborted, latest):
             return np.sort(latest.offsets())
         if keys >= records:  # a map of as many keys as records filled up: the sections hold more than their rows count
             key, section = sections[0]
@@ -289,10 +293,10 @@ def _last_positions(store: ObjectStore, sections: list[SectionRef]) -> np.ndarra
         keys = min(4 * keys, records)
 
 
-def _put_positions(store: ObjectStore, sections: list[SectionRef], latest: OffsetMap) -> bool:
+def _put_positions(store: ObjectStore, sections: list[SectionRef], to_offset: int, aborted: Sequence[AbortedRange], latest: OffsetMap) -> bool:
     """Put each keyed record's key hash with its position in the read into `latest`; False when it fills up."""
     start = 0
-    for table in _read(store, sections, 0, None, ("key_hash",)):
+    for table in _read(store, sections, 0, to_offset, ("key_hash",), aborted):
         hashes = table.column("key_hash")
         words = key_hash_words(hashes)
         positions = np.arange(start, start + table.num_rows, dtype=np.int64)
