@@ -679,7 +679,7 @@ class Catalog:
         """DescribeTransactions: each known id's row and its open transaction's partitions, by topic name."""
         with self._reading() as connection:
             found: dict[str, Described] = transactions.described(connection, transactional_ids)
-            names = topics.names(connection) if found else {}
+            names = topics.names(connection, {topic_id for d in found.values() for topic_id, _ in d.partitions})
         return {tid: (d.row, tuple((names[topic_id], partition) for topic_id, partition in d.partitions)) for tid, d in found.items()}
 
     def active_producers(self, partitions: Collection[TopicPartition]) -> dict[TopicPartition, list[ActiveProducer]]:

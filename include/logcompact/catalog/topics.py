@@ -7,6 +7,7 @@ transactions, which take the version row after the topic rows they lock.
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -115,9 +116,13 @@ def live_topic(connection: Connection, name: str) -> Topic:
     return of_row(row)
 
 
-def names(connection: Connection) -> dict[int, str]:
-    """Every topic's name by topic id, deleted topics' too (rows that name them may outlive them for a while)."""
-    return {row.topic_id: row.name for row in connection.execute(select(s.topics.c.topic_id, s.topics.c.name))}
+def names(connection: Connection, topic_ids: Collection[int] | None = None) -> dict[int, str]:
+    """Every topic's name by topic id, or those of `topic_ids`; deleted topics' too (rows that name them may outlive
+    them for a while)."""
+    query = select(s.topics.c.topic_id, s.topics.c.name)
+    if topic_ids is not None:
+        query = query.where(one_of(s.topics.c.topic_id, sorted(topic_ids), connection.dialect.name))
+    return {row.topic_id: row.name for row in connection.execute(query)}
 
 
 def create(connection: Connection, topic: Topic, version: int) -> None:
