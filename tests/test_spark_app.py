@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from logcompact.catalog import Catalog
+from logcompact.catalog.producers import SequencedBatch
+from logcompact.catalog.transactions import MAX_TIMEOUT_MS
 from logcompact.consume import read_records
 from logcompact.exceptions import CommitConflictError
 from logcompact.ingest import Agent, Record
@@ -119,9 +121,16 @@ def test_a_group_runs_only_against_its_own_clusters_store(catalog: Catalog, tmp_
 
 
 def test_spark_submit_runs_a_group_with_local_spark(tmp_path, make_catalog_url) -> None:
+    """A full sweep's group on local Spark, its inputs holding an aborted transaction's newer values of two keys: the
+    job drops them by the plan's aborted ranges (it never reads the catalog), so the committed values stay."""
     catalog = _cluster(Catalog(LocalStore(tmp_path / "store"), make_catalog_url("postgresql")))
+    producer_id, epoch = catalog.init_producer("app", 60_000, MAX_TIMEOUT_MS, None, NOW)
+    catalog.add_to_transaction("app", producer_id, epoch, [("t", 0)], NOW)
+    with Agent(catalog, background=False) as agent:
+        agent.produce("t", [Record(0, key, b"aborted", NOW) for key in (b"k0", b"k6")], SequencedBatch(producer_id, epoch, 0, 1, None, True))
+    catalog.end_transaction("app", producer_id, epoch, False, NOW)
     sweep = _leased_sweep(catalog)
-    assert len(sweep.groups) == 1
+    assert len(sweep.groups) == 1 and sweep.aborted
     spark_submit = shutil.which("spark-submit", path=str(Path(sys.executable).parent))
     done = subprocess.run(
         [spark_submit, "--master", "local[2]", str(APP), "--store", catalog.store.uri, "--plan-id", sweep.plan_id,
@@ -132,7 +141,7 @@ def test_spark_submit_runs_a_group_with_local_spark(tmp_path, make_catalog_url) 
     # The log says what the job did, a line per slice and the group's totals, and Spark's INFO lines are gone.
     lines = [line for line in done.stdout.splitlines() if line.startswith("compact_group: ")]
     assert len(lines) == 3 and all(re.search(rf"plan {sweep.plan_id} group 0 > L2: [\d,]+ records in", line) for line in lines[:2])
-    assert re.match(r"compact_group: group 0 done in 2 slice\(s\): 900 records in, 30 out; .* GETs", lines[2]), lines[2]
+    assert re.match(r"compact_group: group 0 done in 2 slice\(s\): 902 records in, 30 out; .* GETs", lines[2]), lines[2]
     assert done.stderr.count(" INFO ") <= 3, done.stderr[:3000]  # those before the SparkContext applies the level
     assert not (tmp_path / "store" / "catalog.db").exists()  # the application made no catalog of its own
     assert commit_plans(catalog, [sweep.plan_id], NOW).committed == [sweep.plan_id]
