@@ -18,7 +18,9 @@ from logcompact.consume import latest_values, read_records
 from logcompact.exceptions import InvalidPlanError
 from logcompact.ingest import Agent, Record
 from logcompact.jobs import prepare_plans, run_and_commit, run_here
+from logcompact.jobs.commit import CommitSummary
 from logcompact.jobs.gc import collect_garbage
+from logcompact.kafka.producer_state import ProducerStateError, ProducerStateManager
 from logcompact.planner import PlannerConfig, choose_plans
 from logcompact.plans import Plan, decode_group, encode_groups, encode_header, plan_from_json, plan_to_json
 from tests.helpers import NOW, create_topic, full_sweep
@@ -63,9 +65,9 @@ class TxnLog:
         self.agent.flush()
         return future.result()
 
-    def compact(self, mode: str = "full") -> dict:
-        """One run of `mode` planned, run and committed; its summary's figures."""
-        prepared = prepare_plans(self.catalog, mode, NOW, PlannerConfig())
+    def compact(self, mode: str = "full", **config: int) -> CommitSummary:
+        """One run of `mode` planned (planner knobs as keyword arguments), run and committed; its summary."""
+        prepared = prepare_plans(self.catalog, mode, NOW, PlannerConfig(**config))
         assert prepared.plan_ids
         summary = run_here(self.catalog, prepared.plan_ids, prepared.groups, NOW)
         assert summary.committed == prepared.plan_ids and summary.uncleanable == []
@@ -223,6 +225,79 @@ def test_aborted_and_committed_transactions_spanning_segments(catalog: Catalog) 
     log.plain((b"b", b"b-plain"))  # 8
     log.compact()
     assert log.read() == [(2, b"a", b"a-plain"), (5, b"c", b"c-committed"), (8, b"b", b"b-plain")]
+    log.close()
+
+
+def test_interleaved_producers_committing_and_aborting(catalog: Catalog) -> None:
+    """Kafka's testBasicTransactionAwareCleaning and testCleanWithTransactionsSpanningSegments: two transactional
+    producers and a plain one interleaved batch by batch over files, one aborting and one committing, each
+    transaction spanning several files; one compaction keeps every key's latest committed or plain value at its
+    offset and nothing of the aborted transaction."""
+    log = TxnLog(catalog)
+    log.txn("doomed", (b"a", b"a-aborted"), (b"b", b"b-aborted"))  # 0, 1
+    log.txn("kept", (b"b", b"b-committed"))  # 2
+    log.plain((b"a", b"a-plain"), (b"c", b"c-plain"))  # 3, 4
+    log.txn("doomed", (b"c", b"c-aborted"))  # 5
+    log.txn("kept", (b"a", b"a-committed"), (b"d", None))  # 6, 7: a value and a tombstone
+    log.plain((b"d", b"d-plain"))  # 8
+    log.end("kept", commit=True)  # marker 9
+    log.end("doomed", commit=False)  # marker 10
+    summary = log.compact()
+    assert summary.topic_stats["t"]["aborted_removed"] == 3
+    assert log.read() == [(2, b"b", b"b-committed"), (4, b"c", b"c-plain"), (6, b"a", b"a-committed"), (8, b"d", b"d-plain")]
+    log.close()
+
+
+def test_a_key_map_too_small_for_one_pass_never_lets_an_aborted_value_stand(catalog: Catalog) -> None:
+    """Kafka's testMultiPassSegmentCleaningWithAbortedTransactions: with a key map of 8 keys for 20, each compaction
+    makes partial progress; the aborted transactions' records go at the first (they never enter the map), every
+    compaction keeps each key's latest committed value, and the rounds converge to one record a key."""
+    log = TxnLog(catalog)
+    keys = [b"k%02d" % k for k in range(20)]
+    for round_ in range(3):
+        log.plain(*[(key, b"plain-%d" % round_) for key in keys])
+        log.txn("app", *[(key, b"aborted-%d" % round_) for key in keys[::2]])
+        log.end("app", commit=False)
+        log.txn("app", *[(key, b"committed-%d" % round_) for key in keys[1::3]])
+        log.end("app", commit=True)
+    latest = {key: b"committed-2" if key in keys[1::3] else b"plain-2" for key in keys}
+    overflows = []
+    while len(log.read()) > len(keys):
+        summary = log.compact(buffer_bytes=20 * 9)  # room for 8 keys
+        overflows.append(sum(stats["overflows"] for stats in summary.stats.values()))
+        assert not [value for _, _, value in log.read() if value.startswith(b"aborted")]
+        assert {key: value for _, key, value in log.read()} == latest
+        assert len(overflows) <= 10, "no convergence"
+    assert overflows[0] > 0
+    log.close()
+
+
+def test_a_retry_is_known_after_compaction_removed_its_records(catalog: Catalog) -> None:
+    """Kafka's testDuplicateCheckAfterCleaning: a producer's state is in the catalog, not in the records, so after a
+    compaction removed its batches' records (aborted, or superseded) an agent reading that state afresh still knows
+    a retry of one of its newest batches (answered with the batch's first offset, nothing written), refuses a
+    sequence gap, and writes its next batch after its last."""
+    log = TxnLog(catalog)
+    log.txn("app", (b"a", b"1"), (b"b", b"2"))  # 0, 1: sequences 0-1
+    log.end("app", commit=True)  # marker 2
+    log.txn("app", (b"a", b"aborted"))  # 3: sequence 2
+    log.end("app", commit=False)  # marker 4
+    log.plain((b"b", b"3"))  # 5
+    log.compact()
+    assert log.read() == [(0, b"a", b"1"), (5, b"b", b"3")]
+    producer_id, epoch, _ = log.producers["app"]
+    state = ProducerStateManager(catalog)  # a new agent's: read from the catalog
+
+    def written_again(*_: object) -> None:
+        raise AssertionError("a retry was written again")
+
+    assert state.append("t", 0, 2, producer_id, epoch, 0, written_again).result() == [0]
+    assert state.append("t", 0, 1, producer_id, epoch, 2, written_again).result() == [3]
+    with pytest.raises(ProducerStateError, match="sequence 4 where 3 was expected"):
+        state.append("t", 0, 1, producer_id, epoch, 4, written_again)
+    assert log.txn("app", (b"c", b"4")) == [6]  # sequence 3
+    log.end("app", commit=True)  # marker 7
+    assert log.read() == [(0, b"a", b"1"), (5, b"b", b"3"), (6, b"c", b"4")]
     log.close()
 
 
