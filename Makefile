@@ -6,9 +6,10 @@ SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
+QUIX_VENV := .venv-quixstreams
 CEPH_BINARIES := radosgw ceph-mon ceph-osd
 
-.PHONY: install deps kafka lint test demo airflow bench simulate clean
+.PHONY: install deps kafka quixstreams lint test demo airflow bench simulate clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -46,6 +47,16 @@ deps:
 kafka: install deps
 	$(BIN)/python -m lab.servers.kafka fetch tests/java
 
+# quixstreams in a virtualenv of its own (requirements-quixstreams.txt: it needs an older confluent-kafka than the
+# project's), run as a process by tests/kafka/test_quixstreams.py.
+$(QUIX_VENV)/.installed: requirements-quixstreams.txt
+	$(PYTHON) -m venv $(QUIX_VENV) || python3 -m venv $(QUIX_VENV)
+	$(QUIX_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(QUIX_VENV)/bin/python -m pip install --quiet -r requirements-quixstreams.txt
+	touch $@
+
+quixstreams: $(QUIX_VENV)/.installed
+
 # Configured in pyproject.toml: the rules and paths are there.
 lint: install
 	$(BIN)/ruff check .
@@ -53,7 +64,7 @@ lint: install
 
 # The agent's compiled loops are compiled (into numba's cache beside the sources) before the suite, whose first tests
 # are the agent's: a fresh clone's first agent would otherwise spend most of a test's time bound compiling them.
-test: install deps kafka lint
+test: install deps kafka quixstreams lint
 	$(BIN)/python -c "from logcompact.kafka import records; from logcompact.format import xxh3; records.compile_decoder(); records.compile_encoder(); xxh3.compile_hasher()"
 	$(BIN)/python -m pytest
 
@@ -86,4 +97,4 @@ simulate: install
 	$(BIN)/logcompact simulate --agents 1 --agents 10 --hours 24 --out .simulate
 
 clean:
-	rm -rf $(VENV) .demo .airflow .bench .simulate .pytest_cache .hypothesis
+	rm -rf $(VENV) $(QUIX_VENV) .demo .airflow .bench .simulate .pytest_cache .hypothesis

@@ -81,6 +81,8 @@ def test_confluent_creates_topics_with_configs_and_refuses_bad_ones_whole(agent:
         NewTopic("bad-value", 1, config={"retention.ms": "-5"}),
         NewTopic("unknown-config", 1, config={"segment.bytes": "1"}),
         NewTopic("no-partitions", 0),
+        NewTopic("unlimited", 1, config={"retention.bytes": "-1", "cleanup.policy": "compact"}),  # as quixstreams' changelogs
+        NewTopic("size-limited", 1, config={"retention.bytes": "1000"}),
     ], request_timeout=10)
 
     assert outcome(futures["accounts"]) == NONE
@@ -90,8 +92,12 @@ def test_confluent_creates_topics_with_configs_and_refuses_bad_ones_whole(agent:
     unknown = error_of(futures["unknown-config"])
     assert unknown.code() == INVALID_CONFIG and "unknown topic config 'segment.bytes'" in unknown.str()
     assert outcome(futures["no-partitions"]) == INVALID_PARTITIONS
+    assert outcome(futures["unlimited"]) == NONE
+    size_limited = error_of(futures["size-limited"])
+    assert (size_limited.code(), size_limited.str()) == (INVALID_CONFIG, "retention.bytes='1000' is not taken: topics here have no size limit; give -1 or leave it out")
     topics = catalog.snapshot().topics
-    assert set(topics) == {"orders", "clicks", "accounts"}  # nothing of the refused ones
+    assert set(topics) == {"orders", "clicks", "accounts", "unlimited"}  # nothing of the refused ones
+    assert topics["unlimited"].config.compacted
     assert (topics["accounts"].partitions, topics["accounts"].config.cleanup_policy, topics["accounts"].config.min_compaction_lag_ms) == (2, "compact", 1000)
 
     assert outcome(admin.create_topics([NewTopic("accounts", 1)], request_timeout=10)["accounts"]) == 36  # TOPIC_ALREADY_EXISTS

@@ -316,8 +316,10 @@ def test_followers_and_unknown_sessions_get_kafkas_errors(agent: RunningAgent) -
 
 
 def test_a_trailing_hole_is_covered_so_consumers_reach_the_end(agent: RunningAgent, catalog: Catalog) -> None:
-    """The partition's last records compacted away (a key and its tombstone, past delete.retention.ms): the last
-    batch covers their offsets, or a batch of no records does, so consumers move to the high watermark."""
+    """The partition's last records compacted away (a key and its tombstone, past delete.retention.ms): a control
+    batch covers their offsets, its one COMMIT marker at the last, so consumers move to the high watermark, and
+    librdkafka's consumer position too (it moves past a control record it skips, never past a batch of no
+    records: quixstreams' changelog recovery waits for the position to reach the high watermark)."""
     create_topic(catalog, "gone", 1, cleanup_policy="compact", delete_retention_ms="0")
     produce(catalog, "gone", [Record(0, b"a", b"1", NOW - 60_000), Record(0, b"b", b"2", NOW - 60_000), Record(0, b"b", None, NOW - 60_000)])
     for now in (NOW, NOW + 1):  # the first sweep keeps the tombstone, the second removes it
@@ -325,21 +327,25 @@ def test_a_trailing_hole_is_covered_so_consumers_reach_the_end(agent: RunningAge
         assert plan is not None
         run_and_commit(catalog, plan, now)
     assert [record.offset for record in read_records(catalog.store, catalog.snapshot(), "gone", 0)] == [0]
-    _, partitions = fetch(agent, 12, {("gone", 0): 0})
-    batch = MemoryRecords(partitions[("gone", 0)].records).next_batch()
-    assert (batch.base_offset, batch.last_offset, offsets(partitions[("gone", 0)].records)) == (0, 2, [0])
-    _, partitions = fetch(agent, 12, {("gone", 0): 1})
-    empty = MemoryRecords(partitions[("gone", 0)].records).next_batch()
-    assert (empty.base_offset, empty.last_offset, offsets(partitions[("gone", 0)].records)) == (1, 2, [])
-    consumer = confluent_consumer(agent)
-    try:
-        consumer.assign([TopicPartition("gone", 0, 1)])
-        end = None
-        while end is None or not end.error():
-            end = consumer.poll(5)
-        assert (end.error().code(), end.offset()) == (KafkaError._PARTITION_EOF, 3)  # moved past the hole, to the end
-    finally:
-        consumer.close()
+    for fetch_offset, record_offsets in [(0, [0]), (1, [])]:
+        _, partitions = fetch(agent, 12, {("gone", 0): fetch_offset})
+        memory = MemoryRecords(partitions[("gone", 0)].records)
+        found = []
+        while (batch := memory.next_batch()) is not None:
+            found.append((batch.is_control_batch, batch.base_offset, batch.last_offset, [(r.offset, getattr(r, "commit", None)) for r in batch]))
+        # the records, then a control batch over the hole: one COMMIT marker at its last offset
+        assert found == [(False, 0, 0, [(0, None)])][: len(record_offsets)] + [(True, 1, 2, [(2, True)])]
+    for start in (0, 1):
+        consumer = confluent_consumer(agent)
+        try:
+            consumer.assign([TopicPartition("gone", 0, start)])
+            end = None
+            while end is None or not end.error():
+                end = consumer.poll(5)
+            assert (end.error().code(), end.offset()) == (KafkaError._PARTITION_EOF, 3)  # moved past the hole, to the end
+            assert consumer.position([TopicPartition("gone", 0)])[0].offset == 3
+        finally:
+            consumer.close()
     python_consumer = KafkaConsumer(bootstrap_servers=agent.bootstrap, enable_auto_commit=False, consumer_timeout_ms=2000)
     try:
         python_consumer.assign([KafkaPythonTopicPartition("gone", 0)])

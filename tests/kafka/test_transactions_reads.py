@@ -68,6 +68,20 @@ def confluent_read(agent: RunningAgent | str, isolation: str, count: int, topic:
         consumer.close()
 
 
+def confluent_position_at_end(bootstrap: str, isolation: str, count: int, topic: str) -> int:
+    """A confluent-kafka consumer's position (`rd_kafka_position`: after the last record or control record it
+    consumed) once it read partition 0's `count` records and end: quixstreams' changelog recovery waits for it to
+    reach the high watermark."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "reads", "enable.auto.commit": False, "enable.partition.eof": True,
+                         "isolation.level": isolation, **FAST_CLIENT})
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        consume(consumer, count)
+        return consumer.position([TopicPartition(topic, 0)])[0].offset
+    finally:
+        consumer.close()
+
+
 def latest(agent: RunningAgent | Address, isolation: int, topic: str = TOPIC) -> int:
     """ListOffsets v5's latest offset of partition 0 at `isolation`."""
     return list_offset(agent, isolation, LATEST, topic)[0]
@@ -251,7 +265,7 @@ def test_read_records_leaves_out_aborted_ranges_and_stops_at_the_last_stable_off
 def scripted_reads(bootstrap: str, address: Address, topic: str) -> list[tuple[str, object]]:
     """Commit, abort, commit of 3 records each, then a transaction left open with a plain record after it, then its
     commit, on partition 0 of `topic` at `bootstrap`: the watermarks (ListOffsets latest at each isolation level) and
-    what read_committed and read_uncommitted consumers read at each step."""
+    what read_committed and read_uncommitted consumers read at each step, and their positions once at the end."""
 
     def settled(open_: bool) -> tuple[int, int]:  # a broker writes its markers after answering EndTxn
         until = time.monotonic() + 10
@@ -271,7 +285,9 @@ def scripted_reads(bootstrap: str, address: Address, topic: str) -> list[tuple[s
         assert producer.flush(20) == 0
         producer.commit_transaction(20) if outcome == "commit" else producer.abort_transaction(20)
     seen += [("ended", settled(False)), ("committed", confluent_read(bootstrap, "read_committed", 6, topic)),
-             ("every", confluent_read(bootstrap, "read_uncommitted", 9, topic))]
+             ("every", confluent_read(bootstrap, "read_uncommitted", 9, topic)),
+             ("positions at the end", (confluent_position_at_end(bootstrap, "read_committed", 6, topic),
+                                       confluent_position_at_end(bootstrap, "read_uncommitted", 9, topic)))]
     producer.begin_transaction()
     producer.produce(topic, key=b"k-open", value=b"open", partition=0)
     assert producer.flush(20) == 0
@@ -281,7 +297,9 @@ def scripted_reads(bootstrap: str, address: Address, topic: str) -> list[tuple[s
     seen += [("open", settled(True)), ("committed while open", confluent_read(bootstrap, "read_committed", 6, topic)),
              ("every while open", confluent_read(bootstrap, "read_uncommitted", 11, topic))]
     producer.commit_transaction(20)
-    seen += [("after", settled(False)), ("committed after", confluent_read(bootstrap, "read_committed", 8, topic))]
+    seen += [("after", settled(False)), ("committed after", confluent_read(bootstrap, "read_committed", 8, topic)),
+             ("positions after", (confluent_position_at_end(bootstrap, "read_committed", 8, topic),
+                                  confluent_position_at_end(bootstrap, "read_uncommitted", 11, topic)))]
     return seen
 
 
@@ -293,4 +311,5 @@ def test_read_committed_reads_and_last_stable_offsets_are_apache_kafkas(agent: R
     create_topic(catalog, topic, 2, cleanup_policy="compact")
     expected = scripted_reads(kafka_broker.bootstrap_servers, Address(kafka_broker.host, kafka_broker.port), topic)
     assert expected[0] == ("ended", (12, 12))  # the reference's offsets as the mock cluster's
+    assert expected[3] == ("positions at the end", (12, 12))  # past the last commit's marker, at 11
     assert scripted_reads(agent.bootstrap, agent.server.address, topic) == expected

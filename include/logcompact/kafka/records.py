@@ -66,6 +66,10 @@ NO_TIMESTAMP = -1  # a record's timestamp when its producer gave none
 _CRC_OFFSET = DefaultRecordBatch.CRC_OFFSET
 _LAST_OFFSET_DELTA_OFFSET = struct.calcsize(">qiibIh")
 EMPTY_BATCH_BYTES = _HEADER.size
+_COMMIT_KEY = struct.pack(">hh", 0, 1)  # Kafka's control record key: version 0, type COMMIT
+_COMMIT_VALUE = struct.pack(">hi", 0, 0)  # its end-transaction marker: version 0, coordinator epoch 0
+# A control batch of one COMMIT marker, at the largest offset delta (a varint of 5 bytes) and before it
+MARKER_BATCH_BYTES = EMPTY_BATCH_BYTES + 1 + 1 + 1 + 5 + 1 + len(_COMMIT_KEY) + 1 + len(_COMMIT_VALUE) + 1
 # The fewest bytes a record takes: its length, attributes, timestamp and offset deltas, key and value lengths (-1)
 # and header count, one byte each. A batch counting more records than its bytes can hold is refused before any
 # array is sized by the count.
@@ -581,22 +585,20 @@ class BatchBuffer:
     def keep(self, length: int) -> None:
         self._last, self.size = self.size, self.size + length
 
-    def keep_empty(self, base_offset: int, last_offset: int) -> None:
-        """Keep a batch of no records covering offsets `base_offset` to `last_offset`: how Kafka's cleaner keeps an
-        offset range whose records are all gone, so a consumer's next fetch starts after it."""
-        self._grow(self.size + EMPTY_BATCH_BYTES)
-        batch = self._data[self.size : self.size + EMPTY_BATCH_BYTES]
-        batch[:] = 0
-        _finish(batch, base_offset, min(last_offset - base_offset, _MAX_OFFSET_DELTA), 0, 0, 0)
-        self.keep(EMPTY_BATCH_BYTES)
-
-    def cover_to(self, last_offset: int) -> None:
-        """Make the last batch kept cover the offsets up to `last_offset`, past its last record's: offsets that
-        compaction removed, as Kafka's compacted batches keep their last offset."""
-        data = self._data[self._last : self.size].data
-        base_offset = struct.unpack_from(">q", data, 0)[0]
-        struct.pack_into(">i", data, _LAST_OFFSET_DELTA_OFFSET, min(last_offset - base_offset, _MAX_OFFSET_DELTA))
-        struct.pack_into(">I", data, _CRC_OFFSET, crc32c.crc32c(data[_ATTRIBUTES_OFFSET:]))
+    def keep_marker(self, base_offset: int, last_offset: int) -> None:
+        """Keep a control batch covering offsets `base_offset` to `last_offset` with one COMMIT marker at
+        `last_offset`: how a hole at a partition's end (records compacted away or aborted, transaction markers) is
+        answered. Every client skips a control batch and fetches on after it; librdkafka also moves the consumer's
+        position (`rd_kafka_position`, what quixstreams' changelog recovery waits on) past a control record it
+        skips, where a batch of no records moves only its next fetch offset."""
+        delta = min(last_offset - base_offset, _MAX_OFFSET_DELTA)
+        record = _control_record(delta)
+        length = EMPTY_BATCH_BYTES + len(record)
+        self._grow(self.size + length)
+        batch = self._data[self.size : self.size + length]
+        batch[EMPTY_BATCH_BYTES:] = np.frombuffer(record, dtype=np.uint8)
+        _finish(batch, base_offset, delta, NO_TIMESTAMP, NO_TIMESTAMP, 1, _TRANSACTIONAL_BIT | _CONTROL_BIT)
+        self.keep(length)
 
     def offset_after(self, otherwise: int) -> int:
         """The offset after the last one the batches kept cover (`otherwise` when none is)."""
@@ -612,14 +614,33 @@ class BatchBuffer:
             self._data = grown
 
 
-def _finish(batch: np.ndarray, base_offset: int, last_offset_delta: int, first_timestamp: int, max_timestamp: int, count: int) -> None:
+def _finish(
+    batch: np.ndarray, base_offset: int, last_offset_delta: int, first_timestamp: int, max_timestamp: int, count: int, attributes: int = NONE,
+) -> None:
     """Write the header of a batch whose records are in place, its CRC-32C last."""
     data = batch.data
     _HEADER.pack_into(
-        data, 0, base_offset, len(batch) - _LOG_OVERHEAD, NO_LEADER_EPOCH, 2, 0, NONE, last_offset_delta, first_timestamp,
+        data, 0, base_offset, len(batch) - _LOG_OVERHEAD, NO_LEADER_EPOCH, 2, 0, attributes, last_offset_delta, first_timestamp,
         max_timestamp, NO_PRODUCER, -1, -1, count,
     )
     struct.pack_into(">I", data, _CRC_OFFSET, crc32c.crc32c(data[_ATTRIBUTES_OFFSET:]))
+
+
+def _control_record(offset_delta: int) -> bytes:
+    """A control record: a COMMIT marker (key: version 0, type 1; value: version 0, coordinator epoch 0) at
+    `offset_delta`, timestamp delta 0."""
+    body = b"\x00" + _varint(0) + _varint(offset_delta) + _varint(4) + _COMMIT_KEY + _varint(6) + _COMMIT_VALUE + _varint(0)
+    return _varint(len(body)) + body
+
+
+def _varint(value: int) -> bytes:
+    rest = (value << 1) ^ (value >> 63)
+    out = bytearray()
+    while rest >= 0x80:
+        out.append((rest & 0x7F) | 0x80)
+        rest >>= 7
+    out.append(rest)
+    return bytes(out)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")

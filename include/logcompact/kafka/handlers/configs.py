@@ -142,7 +142,8 @@ def _check_broker(broker: Broker, resource: Any) -> None:
 
 def settings_of(entries: Any, null_error: codec.ErrorCode) -> dict[str, str]:
     """A request's configs as {name: value}; a null value or a name given twice is refused with `null_error`
-    (Kafka's for the API) or INVALID_REQUEST."""
+    (Kafka's for the API) or INVALID_REQUEST. `retention.bytes` at Kafka's default, -1 (no size limit, the only
+    one a topic here has), is taken and left out: quixstreams names it in every changelog topic it creates."""
     named = Counter(entry.name for entry in entries)
     settings = {}
     for entry in entries:
@@ -150,6 +151,10 @@ def settings_of(entries: Any, null_error: codec.ErrorCode) -> dict[str, str]:
             raise Refused(codec.ErrorCode.invalid_request, f"config {entry.name!r} is given {named[entry.name]} times")
         if entry.value is None:
             raise Refused(null_error, f"config {entry.name!r} has a null value: give a value (IncrementalAlterConfigs DELETE reverts one to its default)")
+        if entry.name == "retention.bytes":
+            if entry.value.strip() != "-1":
+                raise Refused(codec.ErrorCode.invalid_config, f"retention.bytes={entry.value!r} is not taken: topics here have no size limit; give -1 or leave it out")
+            continue
         settings[entry.name] = entry.value
     return settings
 

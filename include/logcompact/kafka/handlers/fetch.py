@@ -6,11 +6,11 @@ partitions (the snapshot is reused while no commit comes; a partition's later pa
 past its byte limit: `Snapshot.sections_from`), and its partitions are read on several threads at once (`read`).
 
 Each record keeps its offset; holes left by compaction are gaps in a batch's offset deltas, a fetch offset in a
-hole gets the next record that exists, and a hole at the end is covered by the last batch's last offset (or a
-batch of no records), so no client stalls. The log start offset is the catalog's, raised by retention only
-(compaction never moves it, as in Kafka), the high watermark the partition's next offset, and the last stable offset
-the catalog's (the first offset of the partition's earliest open transaction's data, else the high watermark)
-whatever the `isolation_level`.
+hole gets the next record that exists, and a hole at the end is covered by a control batch whose one COMMIT marker
+takes the hole's last offset, so no client stalls and librdkafka's consumer position reaches the end. The log start
+offset is the catalog's, raised by retention only (compaction never moves it, as in Kafka), the high watermark the
+partition's next offset, and the last stable offset the catalog's (the first offset of the partition's earliest
+open transaction's data, else the high watermark) whatever the `isolation_level`.
 
 A `read_committed` fetch reads below the last stable offset only and leaves out the records of aborted transactions
 (consume's read path drops them by the catalog's aborted ranges: holes in the batches' offset deltas, as
@@ -242,9 +242,11 @@ def _batches(
     one whole batch of one record when it is the response's first (Kafka's rule, so a large record never stalls a
     consumer), and the offset after them.
 
-    When every record up to `read_end` (the high watermark, or the last stable offset) fits, the last batch covers the
-    offsets after its last record (compacted away, or aborted), or one batch of no records covers them all: the
-    consumer's next fetch starts at `read_end` instead of asking for that trailing hole forever."""
+    When every record up to `read_end` (the high watermark, or the last stable offset) fits, the offsets after the last
+    record (compacted away, aborted, markers) are covered by a control batch whose one COMMIT marker is at
+    `read_end` - 1, as a partition ending in a transaction marker is in Kafka: the consumer's next fetch starts at
+    `read_end` instead of asking for that trailing hole forever, and librdkafka's consumer position reaches
+    `read_end` too (it moves past a control record, never past a batch of no records)."""
     out = records.BatchBuffer(min(max(limit, 0), BUFFER_BYTES))
     for table in read_sections(store, sections, fetch_offset, read_end, aborted):
         for chunk in table.to_batches():
@@ -259,11 +261,10 @@ def _batches(
                 budget.first_taken = True
                 out.keep(length)
                 start = end
-    # every record to the end taken
-    if out.size:
-        out.cover_to(read_end - 1)
-    elif fetch_offset < read_end and (limit >= records.EMPTY_BATCH_BYTES or not budget.first_taken):
-        out.keep_empty(fetch_offset, read_end - 1)
+    # every record to the end taken; a trailing hole that does not fit is the next fetch's answer
+    hole_start = out.offset_after(fetch_offset)
+    if hole_start < read_end and (limit - out.size >= records.MARKER_BATCH_BYTES or not budget.first_taken):
+        out.keep_marker(hole_start, read_end - 1)
     budget.left -= out.size
     return out.records, out.offset_after(fetch_offset)
 
