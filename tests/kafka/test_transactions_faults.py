@@ -115,6 +115,7 @@ class Copier:
             self.process = subprocess.Popen([sys.executable, "-m", "tests.kafka.txn_copier", json.dumps(config)], stdout=subprocess.PIPE, stderr=stderr,
                                             text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
         self.lines: queue.Queue[str] = queue.Queue()
+        self.positions: dict[str, int] = {}  # the last it committed, by partition
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -127,7 +128,9 @@ class Copier:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                if self.lines.get(timeout=1).startswith("{"):
+                line = self.lines.get(timeout=1)
+                if line.startswith("{"):
+                    self.positions = json.loads(line)
                     return
             except queue.Empty:
                 pass
@@ -168,6 +171,7 @@ def test_an_exactly_once_copy_killed_five_times_with_an_agent_restarted_copies_t
         time.sleep(rng.uniform(0, 1.5))  # somewhere in a batch: reading, producing, sending offsets, committing
         assert copier.process.poll() is None, "the copier finished before its kill: give it more input"
         copier.kill()
+        print(f"copier killed, {copier.positions} committed at least")
     last = Copier(config, log)
     assert last.process.wait(timeout=600) == 0, log.read_text()[-3000:]
 
