@@ -6,7 +6,8 @@ clients, SIGKILL.
   random points five times and the agent coordinating its transactions is killed and started again once. The output
   read read_committed is the input exactly once, in order, and the group's committed offsets are the input's end.
 * A Jepsen-style check (Jepsen's Kafka queue analysis, lab/queue_analysis.py): transactional producers writing unique
-  values to the partitions of a topic, committing or aborting at random, read_committed consumers polling, for a
+  values to the partitions of a topic, committing, aborting or dying with a transaction open at random, beside an
+  idempotent producer, read_committed consumers polling, for a
   duration (60 s here) while each agent is killed and started again; the history of sends and polls has no aborted
   read, lost or unseen write, duplicate, inconsistent offset, poll skip or nonmonotonic poll. G0 cycles, which
   Kafka's model allows, are reported.
@@ -182,8 +183,8 @@ def test_an_exactly_once_copy_killed_five_times_with_an_agent_restarted_copies_t
 
 # -- Jepsen's queue analysis ------------------------------------------------------------------------------------
 
-QUEUE, QUEUE_PARTITIONS, PRODUCERS, POLLERS, DURATION_S = "queue", 4, 3, 2, 60
-ABORT_ONE_IN = 4  # of the transactions a producer ends, one in four is aborted
+QUEUE, QUEUE_PARTITIONS, TRANSACTIONAL_PRODUCERS, POLLERS, DURATION_S = "queue", 4, 4, 2, 60
+ABORT_ONE_IN, CRASH_ONE_IN = 4, 12
 
 
 class History:
@@ -210,17 +211,22 @@ class History:
             return self.values
 
 
-class TransactionalClient(threading.Thread):
-    """Transactions of 1 to 4 unique values over random partitions, committed, or aborted one time in ABORT_ONE_IN:
-    ok with the offsets delivered, fail when aborted, info when the outcome is unknown (then a new producer of the
-    same transactional id, which fences the old one and aborts what it left open)."""
+class QueueProducer(threading.Thread):
+    """Sends of 1 to 4 unique values over random partitions until told to stop. A transactional one commits each as a
+    transaction, aborts one in ABORT_ONE_IN, and one in CRASH_ONE_IN leaves it open as a client that died would (the
+    next producer of its transactional id, a new process, aborts it): ok with the offsets delivered, fail when
+    aborted, info when the outcome is unknown (then a new producer too). Without a transactional id: an idempotent
+    producer, ok once every value is delivered."""
 
-    def __init__(self, bootstrap: str, transactional_id: str, history: History, stop: threading.Event, rng: random.Random) -> None:
-        super().__init__(daemon=True, name=transactional_id)
+    def __init__(self, bootstrap: str, transactional_id: str | None, history: History, stop: threading.Event, rng: random.Random) -> None:
+        super().__init__(daemon=True, name=transactional_id or "idempotent")
         self.bootstrap, self.transactional_id, self.history, self.stop, self.rng = bootstrap, transactional_id, history, stop, rng
         self.errors: list[str] = []
+        self.crashed: list[Producer] = []  # kept, not destroyed: a dead client says nothing more
 
     def _producer(self) -> Producer:
+        if self.transactional_id is None:
+            return Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "linger.ms": 5, **CLIENT})
         while True:
             producer = Producer({"bootstrap.servers": self.bootstrap, "transactional.id": self.transactional_id, "linger.ms": 5, **CLIENT})
             try:
@@ -234,49 +240,56 @@ class TransactionalClient(threading.Thread):
         while not self.stop.is_set():
             sends = [(self.rng.randrange(QUEUE_PARTITIONS), self.history.new_value()) for _ in range(self.rng.randint(1, 4))]
             self.history.add(Op(process, "invoke", "send", tuple(Send(k, v) for k, v in sends)))
-            outcome, offsets = self._transaction(producer, sends)
+            offsets: dict[int, int] = {}
+            outcome = self._transaction(producer, sends, offsets) if self.transactional_id else self._idempotent(producer, sends, offsets)
             self.history.add(Op(process, outcome, "send", tuple(Send(k, v, offsets.get(v)) for k, v in sends)))
-            if outcome == "info":
+            if outcome == "info" or producer in self.crashed:
                 process, producer = self.history.new_process(), self._producer()
-        try:
-            producer.abort_transaction(10)
-        except KafkaException:
-            pass  # none open: the last one ended
+        if self.transactional_id is None:
+            producer.flush(60)
 
-    def _transaction(self, producer: Producer, sends: list[tuple[int, int]]) -> tuple[str, dict[int, int]]:
-        offsets: dict[int, int] = {}
-
+    def _produce(self, producer: Producer, sends: list[tuple[int, int]], offsets: dict[int, int]) -> None:
         def delivered(error: KafkaError | None, message: Any) -> None:
             if error is None:
                 offsets[int(message.value())] = message.offset()
 
-        commit = self.rng.randrange(ABORT_ONE_IN) != 0
+        for key, value in sends:
+            producer.produce(QUEUE, key=str(value).encode(), value=str(value).encode(), partition=key, on_delivery=delivered)
+        producer.flush(60)
+
+    def _idempotent(self, producer: Producer, sends: list[tuple[int, int]], offsets: dict[int, int]) -> str:
+        self._produce(producer, sends, offsets)
+        return "ok" if len(offsets) == len(sends) else "info"
+
+    def _transaction(self, producer: Producer, sends: list[tuple[int, int]], offsets: dict[int, int]) -> str:
+        ending = self.rng.randrange(CRASH_ONE_IN * ABORT_ONE_IN)
         try:
             producer.begin_transaction()
-            for key, value in sends:
-                producer.produce(QUEUE, key=str(value).encode(), value=str(value).encode(), partition=key, on_delivery=delivered)
-            producer.flush(60)
-            if not commit:
+            self._produce(producer, sends, offsets)
+            if ending == 0:
+                self.crashed.append(producer)
+                return "fail"  # the next producer's InitProducerId aborts it
+            if ending % ABORT_ONE_IN == 0:
                 producer.abort_transaction(60)
-                return "fail", offsets
+                return "fail"
             for _ in range(5):  # a retriable commit is sent again, as librdkafka documents
                 try:
                     producer.commit_transaction(60)
-                    return "ok", offsets
+                    return "ok"
                 except KafkaException as exc:
                     if not exc.args[0].retriable() or exc.args[0].txn_requires_abort():
                         raise
-            return "info", offsets
+            return "info"
         except KafkaException as exc:
             error: KafkaError = exc.args[0]
             self.errors.append(f"{error.name()}: {error.str()}")
             if error.txn_requires_abort() and not error.fatal():
                 try:
                     producer.abort_transaction(60)
-                    return "fail", offsets
+                    return "fail"
                 except KafkaException as again:
                     self.errors.append(f"abort: {again}")
-            return "info", offsets
+            return "info"
 
 
 def queue_consumer(bootstrap: str, history: History) -> tuple[int, Consumer]:
@@ -319,12 +332,13 @@ class Poller(threading.Thread):
 
 
 def queue_workload(agents: AgentProcesses, duration_s: float, seed: int) -> tuple[list[Op], list[str]]:
-    """PRODUCERS transactional clients and POLLERS pollers for `duration_s`, each agent killed with SIGKILL and started
-    again once along the way (at a third and two thirds of it), then a fresh consumer's final polls up to every
-    partition's end: the history, and the errors the producers met."""
+    """TRANSACTIONAL_PRODUCERS transactional producers, an idempotent one and POLLERS pollers for `duration_s`, each
+    agent killed with SIGKILL and started again once along the way (at a third and two thirds of it), then a fresh
+    consumer's final polls up to every partition's end: the history, and the errors the producers met."""
     rng = random.Random(seed)
     history, stop = History(), threading.Event()
-    producers = [TransactionalClient(agents.bootstrap, f"queue-{n}", history, stop, random.Random(rng.random())) for n in range(PRODUCERS)]
+    producers = [QueueProducer(agents.bootstrap, transactional_id, history, stop, random.Random(rng.random()))
+                 for transactional_id in [*(f"queue-{n}" for n in range(TRANSACTIONAL_PRODUCERS)), None]]
     pollers = [Poller(agents.bootstrap, history, stop) for _ in range(POLLERS)]
     for client in [*producers, *pollers]:
         client.start()
