@@ -52,7 +52,9 @@ def main(config: dict[str, Any]) -> int:
     ends = {int(partition): end for partition, end in config["ends"].items()}
     consumer = Consumer({"bootstrap.servers": config["bootstrap"], "group.id": config["group"], "group.instance.id": "copier",
                          "isolation.level": "read_committed", "enable.auto.commit": False, "auto.offset.reset": "earliest",
-                         "session.timeout.ms": 30000, "heartbeat.interval.ms": 500, **CLIENT})
+                         "session.timeout.ms": 30000, "heartbeat.interval.ms": 500,
+                         # small fetches, so batches take from both partitions rather than one's whole backlog first
+                         "max.partition.fetch.bytes": 4096, "queued.max.messages.kbytes": 16, **CLIENT})
     producer = Producer({"bootstrap.servers": config["bootstrap"], "transactional.id": config["transactional_id"], "linger.ms": 5, **CLIENT})
     producer.init_transactions(TIMEOUT_S)
     consumer.subscribe([config["input"]])
