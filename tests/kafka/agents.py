@@ -4,12 +4,16 @@ processes, and what real clients need around them."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Message
@@ -56,15 +60,55 @@ def agent_environment(catalog: Catalog) -> dict[str, str]:
     return {**os.environ, "LOGCOMPACT_STORE": catalog.store.uri, "LOGCOMPACT_CATALOG": catalog.url}
 
 
-def start_agent_process(catalog: Catalog, port: int, flush_ms: int) -> subprocess.Popen:
-    """`logcompact agent` as its own process on 127.0.0.1:`port` (one a test can SIGKILL), once it says it listens."""
+def start_agent_process(catalog: Catalog, port: int, flush_ms: int, log: Path | None = None) -> subprocess.Popen:
+    """`logcompact agent` as its own process on 127.0.0.1:`port` (one a test can SIGKILL), once it says it listens.
+    Its stderr goes to the file `log` (appended) when given: a long run logs more than a pipe nobody reads holds."""
     command = [sys.executable, "-m", "logcompact", "agent", "--listen", f"127.0.0.1:{port}", "--flush-ms", str(flush_ms)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=agent_environment(catalog))
-    assert process.stdout is not None and process.stderr is not None
+    with open(log, "a") if log is not None else contextlib.nullcontext(subprocess.PIPE) as stderr:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=agent_environment(catalog))
+    assert process.stdout is not None
     line = process.stdout.readline()
-    assert line, process.stderr.read()
+    assert line, process.stderr.read() if process.stderr is not None else Path(str(log)).read_text()[-4000:]
     assert json.loads(line)["listening"] == f"127.0.0.1:{port}"
     return process
+
+
+class AgentProcesses:
+    """`count` agent processes on one catalog, each on a port of its own that it keeps across restarts (and so its
+    node id), their stderr in files under `logs`."""
+
+    def __init__(self, catalog: Catalog, count: int, logs: Path, flush_ms: int = FLUSH_MS) -> None:
+        self.catalog, self.logs, self.flush_ms = catalog, logs, flush_ms
+        self.ports = [free_port() for _ in range(count)]
+        self.processes: list[subprocess.Popen] = []
+        for port in self.ports:
+            self.processes.append(start_agent_process(catalog, port, flush_ms, logs / f"agent-{port}.log"))
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(f"127.0.0.1:{port}" for port in self.ports)
+
+    def kill_and_restart(self, index: int) -> None:
+        """SIGKILL, then the agent started again on its address, as a supervisor would."""
+        self.processes[index].send_signal(signal.SIGKILL)
+        self.processes[index].wait()
+        self.processes[index] = start_agent_process(self.catalog, self.ports[index], self.flush_ms, self.logs / f"agent-{self.ports[index]}.log")
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.send_signal(signal.SIGTERM)
+        for process in self.processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def stored(catalog: Catalog, topic: str, partition: int) -> list[ConsumedRecord]:

@@ -80,6 +80,16 @@ def read_uncommitted(agent: RunningAgent, count: int, partition: int = 0) -> lis
         consumer.close()
 
 
+def read_committed(agent: RunningAgent, partition: int) -> list[tuple[int, bytes]]:
+    """What a read_committed consumer reads of a partition up to its end."""
+    consumer = confluent_consumer(agent, **{"isolation.level": "read_committed"})
+    try:
+        consumer.assign([TopicPartition(TOPIC, partition, 0)])
+        return [(message.offset(), message.value()) for message in consume(consumer, 0)]
+    finally:
+        consumer.close()
+
+
 def watermarks(agent: RunningAgent, partition: int = 0) -> tuple[int, int]:
     """(high watermark, last stable offset) of a partition, as a Fetch v12 answers them."""
     return fetch_watermarks(agent.server.address, TOPIC, partition)
@@ -564,7 +574,8 @@ def test_an_agent_aborts_the_timed_out_transactions_of_an_agent_that_stopped(cat
 def test_a_batch_whose_transaction_ended_before_its_append_is_refused_alone(catalog: Catalog) -> None:
     """A batch checked against a view of its transaction that another agent ended meanwhile: its append refuses it
     alone (the other batches of its L0 file are acknowledged), records its offsets as aborted, and a retry of it
-    gets the same refusal, on this agent and on another that reads the producer's state from the catalog."""
+    gets the same refusal, on this agent and on another that reads the producer's state from the catalog. Its record is
+    never read read_committed."""
     one, two = RunningAgent(catalog, flush_interval_ms=FLUSH_MS), RunningAgent(catalog, flush_interval_ms=FLUSH_MS)
     try:
         for running in (one, two):
@@ -587,6 +598,9 @@ def test_a_batch_whose_transaction_ended_before_its_append_is_refused_alone(cata
         assert answers(two, tid, {(TOPIC, 0): late}) == {(TOPIC, 0): (INVALID_TXN_STATE, -1)}  # its retry, from the agent's view
         assert answers(one, tid, {(TOPIC, 0): late}) == {(TOPIC, 0): (INVALID_TXN_STATE, -1)}  # and from the catalog's producer state
         assert watermarks(two) == (3, 3)  # written once
+        # the late record is never read_committed, nor the aborted one before it; the other producer's record is
+        assert read_committed(two, 0) == [] and read_committed(two, 1) == [(0, b"plain")]
+        assert read_uncommitted(two, 2) == [(0, b"a"), (2, b"late")]
     finally:
         one.stop()
         two.stop()
