@@ -139,6 +139,11 @@ def hung_transactions(bootstrap: str, address: Address, ids: list[str]) -> dict[
     seen["python list"] = sorted((row["transactional_id"], row["state"]) for rows in kafka_python_admin(bootstrap, "list").values() for row in rows)
     ongoing = kafka_python_admin(bootstrap, "list", "--state", "Ongoing")
     seen["python ongoing"] = sorted(row["transactional_id"] for rows in ongoing.values() for row in rows)
+    # ListTransactions v1's duration filter: transactions that began longer ago than it, whatever their state
+    seen["python longer than 0 ms"] = sorted(
+        row["transactional_id"] for rows in kafka_python_admin(bootstrap, "list", "--duration-filter-ms", "0").values() for row in rows
+    )
+    seen["python longer than an hour"] = kafka_python_admin(bootstrap, "list", "--duration-filter-ms", "3600000")
     # kafka-python's find-hanging asks the coordinators for transactions open past a timeout plus Kafka's 5 minutes
     hanging = kafka_python_admin(bootstrap, "find-hanging", f"--max-transaction-timeout-ms={-5 * 60_000}")
     seen["python open past 0 ms"] = sorted((row["transactional_id"], [(tp["topic"], tp["partition"]) for tp in row["topic_partitions"]]) for row in hanging)
@@ -191,6 +196,8 @@ def test_the_tools_find_and_abort_hung_transactions_as_on_kafka(
     assert agents["python list"] == agents["java list"]
     assert agents["python ongoing"] == sorted(ids[:3])
     assert agents["python open past 0 ms"] == sorted((tid, [(TOPIC, 0)]) for tid in ids[:3])
+    assert agents["python longer than 0 ms"] == sorted(ids)
+    assert all(not rows for rows in agents["python longer than an hour"].values())
     assert agents["python producers"] == [-1, 0, 1, 2]  # the committed producer has no open transaction there
     nodes = {tid: str(one.server.broker.agents.coordinator_for(tid).node_id) for tid in ids}
     assert {tid: agents["java coordinators"][tid] for tid in ids} == nodes
@@ -214,7 +221,7 @@ def test_the_tools_find_and_abort_hung_transactions_as_on_kafka(
     create_kafka_topic(kafka_broker)
     host, port = kafka_broker.bootstrap_servers.rsplit(":", 1)
     kafka = hung_transactions(kafka_broker.bootstrap_servers, Address(host, int(port)), ids)
-    for seen in ("java list", "python list", "python ongoing", "python open past 0 ms", "python producers", "held", "java describe", "java producers", "java hanging",
+    for seen in ("java list", "python list", "python ongoing", "python open past 0 ms", "python producers", "python longer than 0 ms", "held", "java describe", "java producers", "java hanging",
                  "after java abort", "after python abort", "committed", "end"):
         assert agents[seen] == kafka[seen], seen
     assert _shape(agents["python describe"]) == _shape(kafka["python describe"])
