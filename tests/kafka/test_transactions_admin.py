@@ -28,7 +28,7 @@ from logcompact.catalog import Catalog
 from logcompact.kafka.cluster import Address
 from tests.helpers import create_topic
 from tests.kafka.agents import FAST_CLIENT, FLUSH_MS, RunningAgent, consume
-from tests.kafka.test_transactions import fetch_watermarks
+from tests.kafka.test_transactions import add, answers, end, fetch_watermarks, init, transactional_batch
 from tests.kafka.wire import Wire, connect, receive_frame, request_frame
 
 pytestmark = pytest.mark.timeout(300)
@@ -38,6 +38,7 @@ TRANSACTIONS_COMMAND = "org.apache.kafka.tools.TransactionsCommand"
 # Kafka's error codes
 NONE, UNKNOWN_TOPIC_OR_PARTITION, UNSUPPORTED_VERSION, INVALID_REQUEST, INVALID_PRODUCER_EPOCH = 0, 3, 35, 42, 47
 COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR, TRANSACTIONAL_ID_NOT_FOUND = 14, 15, 16, 105
+PRODUCER_FENCED = 90
 FIND_COORDINATOR, API_VERSIONS, WRITE_TXN_MARKERS, DESCRIBE_PRODUCERS, DESCRIBE_TRANSACTIONS, LIST_TRANSACTIONS = 10, 18, 27, 61, 65, 66
 
 
@@ -328,3 +329,44 @@ def test_the_same_bad_requests_to_kafka_get_the_same_answers(agent: RunningAgent
         at_kafka = bad_requests(kafka, "never-initialised")
     del at_agent["commit marker"], at_kafka["commit marker"]  # Kafka's brokers write a COMMIT marker: by design, not here
     assert at_agent == at_kafka
+
+
+# -- the admin abort on raw requests ----------------------------------------------------------------------------------
+
+
+def abort_marker(wire: Wire, producer_id: int, epoch: int, partitions: list[int]) -> dict[tuple[str, int], int]:
+    answered = wire.call(WRITE_TXN_MARKERS, 1, {"markers": [{
+        "producer_id": producer_id, "producer_epoch": epoch, "transaction_result": False, "coordinator_epoch": -1,
+        "topics": [{"name": TOPIC, "partition_indexes": partitions}],
+    }]})
+    return {(topic.name, int(p.partition_index)): int(p.error_code) for topic in answered.markers[0].topics for p in topic.partitions}
+
+
+def test_an_admin_abort_ends_the_whole_transaction_at_the_producers_epoch_only(agent: RunningAgent, catalog: Catalog) -> None:
+    """A marker at an older epoch than the producer's is refused and aborts nothing; at its epoch, a marker naming one
+    partition aborts the transaction in both, and the producer is fenced."""
+    wire = Wire(agent)
+    try:
+        tid = "admin-abort"
+        _, producer_id, epoch = init(wire, tid)
+        assert add(wire, tid, producer_id, epoch, {TOPIC: [0, 1]}) == {(TOPIC, 0): NONE, (TOPIC, 1): NONE}
+        assert answers(agent, tid, {(TOPIC, p): transactional_batch(producer_id, epoch, 0, [b"a", b"b"]) for p in (0, 1)}) == {
+            (TOPIC, 0): (NONE, 0), (TOPIC, 1): (NONE, 0)}
+        assert end(wire, tid, producer_id, epoch, True) == NONE  # offsets 0-1, the marker at 2
+        _, producer_id, epoch = init(wire, tid, producer_id=producer_id, epoch=epoch)  # KIP-360: the epoch bumped
+        assert add(wire, tid, producer_id, epoch, {TOPIC: [0, 1]}) == {(TOPIC, 0): NONE, (TOPIC, 1): NONE}
+        assert answers(agent, tid, {(TOPIC, p): transactional_batch(producer_id, epoch, 0, [b"c"]) for p in (0, 1)}) == {
+            (TOPIC, 0): (NONE, 3), (TOPIC, 1): (NONE, 3)}
+        assert watermarks(agent.server.address, 0) == watermarks(agent.server.address, 1) == (4, 3)
+
+        assert abort_marker(wire, producer_id, epoch - 1, [0]) == {(TOPIC, 0): INVALID_PRODUCER_EPOCH}
+        assert watermarks(agent.server.address, 0) == (4, 3)  # nothing aborted
+        assert abort_marker(wire, producer_id, epoch, [0]) == {(TOPIC, 0): NONE}
+        assert watermarks(agent.server.address, 0) == watermarks(agent.server.address, 1) == (5, 5)  # never torn: both ended
+        assert catalog.aborted_ranges({(TOPIC, 0): (0, 5), (TOPIC, 1): (0, 5)}) == {(TOPIC, 0): [(3, 3)], (TOPIC, 1): [(3, 3)]}
+        assert abort_marker(wire, producer_id, epoch, [0]) == {(TOPIC, 0): NONE}  # a retry: nothing open there, nothing done
+        assert watermarks(agent.server.address, 0) == (5, 5)
+        assert end(wire, tid, producer_id, epoch, True) == PRODUCER_FENCED
+        assert committed_values(agent.bootstrap, 1, 2) == [(0, b"a"), (1, b"b")]
+    finally:
+        wire.close()
