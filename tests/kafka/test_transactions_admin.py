@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import NewTopic
 
 from lab.servers.kafka import KafkaServer, tool_argv
@@ -34,6 +34,7 @@ from tests.kafka.wire import Wire, connect, receive_frame, request_frame
 pytestmark = pytest.mark.timeout(300)
 
 TOPIC = "state"
+BAD_TOPIC = "bad-requests"  # its own, so the markers of the bad requests take no offset of TOPIC on Kafka
 TRANSACTIONS_COMMAND = "org.apache.kafka.tools.TransactionsCommand"
 # Kafka's error codes
 NONE, UNKNOWN_TOPIC_OR_PARTITION, UNSUPPORTED_VERSION, INVALID_REQUEST, INVALID_PRODUCER_EPOCH = 0, 3, 35, 42, 47
@@ -219,7 +220,7 @@ def test_the_tools_find_and_abort_hung_transactions_as_on_kafka(
         assert failed.value.args[0].fatal(), failed.value
 
     # The same calls to Apache Kafka: the same listings, offsets and last stable offsets.
-    create_kafka_topic(kafka_broker)
+    create_kafka_topic(kafka_broker, TOPIC)
     host, port = kafka_broker.bootstrap_servers.rsplit(":", 1)
     kafka = hung_transactions(kafka_broker.bootstrap_servers, Address(host, int(port)), ids)
     for seen in ("java list", "python list", "python ongoing", "python open past 0 ms", "python producers", "python longer than 0 ms", "held", "java describe", "java producers", "java hanging",
@@ -228,10 +229,15 @@ def test_the_tools_find_and_abort_hung_transactions_as_on_kafka(
     assert _shape(agents["python describe"]) == _shape(kafka["python describe"])
 
 
-def create_kafka_topic(kafka_broker: KafkaServer) -> None:
+def create_kafka_topic(kafka_broker: KafkaServer, name: str) -> None:
+    """A topic of 2 partitions on the broker (kept for the module's other tests: made by the first that asks)."""
     admin = kafka_broker.admin()
-    for future in admin.create_topics([NewTopic(TOPIC, 2, 1, config={"cleanup.policy": "compact"})]).values():
-        future.result(30)
+    for future in admin.create_topics([NewTopic(name, 2, 1, config={"cleanup.policy": "compact"})]).values():
+        try:
+            future.result(30)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
 
 
 def _shape(found: Any) -> Any:
@@ -251,12 +257,12 @@ def bad_requests(wire: Wire, transactional_id: str) -> dict[str, Any]:
     """Kafka's answers to the tooling's requests about what does not exist, a COMMIT marker and unserved versions."""
     seen: dict[str, Any] = {}
     seen["unknown id"] = describe_error(wire, transactional_id)
-    producers = wire.call(DESCRIBE_PRODUCERS, 0, {"topics": [{"name": "no-such-topic", "partition_indexes": [0]}, {"name": TOPIC, "partition_indexes": [7]}]})
+    producers = wire.call(DESCRIBE_PRODUCERS, 0, {"topics": [{"name": "no-such-topic", "partition_indexes": [0]}, {"name": BAD_TOPIC, "partition_indexes": [7]}]})
     seen["unknown partitions"] = [int(p.error_code) for topic in producers.topics for p in topic.partitions]
     listed = wire.call(LIST_TRANSACTIONS, 1, {"state_filters": ["Hanging"], "producer_id_filters": [], "duration_filter": -1})
     seen["unknown state"] = (int(listed.error_code), list(listed.unknown_state_filters), len(listed.transaction_states))
     markers = {"markers": [{"producer_id": 123456, "producer_epoch": 0, "transaction_result": True, "coordinator_epoch": 0,
-                            "topics": [{"name": TOPIC, "partition_indexes": [0]}]}]}
+                            "topics": [{"name": BAD_TOPIC, "partition_indexes": [0]}]}]}
     seen["commit marker"] = [int(p.error_code) for topic in wire.call(WRITE_TXN_MARKERS, 1, markers).markers[0].topics for p in topic.partitions]
     markers["markers"][0]["transaction_result"] = False
     seen["unknown producer"] = [int(p.error_code) for topic in wire.call(WRITE_TXN_MARKERS, 1, markers).markers[0].topics for p in topic.partitions]
@@ -281,7 +287,8 @@ def served_versions(wire: Wire) -> dict[int, tuple[int, int]]:
     return {int(api.api_key): (int(api.min_version), int(api.max_version)) for api in answered.api_keys}
 
 
-def test_bad_requests_get_kafkas_errors_and_the_agent_stays_up(agent: RunningAgent) -> None:
+def test_bad_requests_get_kafkas_errors_and_the_agent_stays_up(agent: RunningAgent, catalog: Catalog) -> None:
+    create_topic(catalog, BAD_TOPIC, 2)
     wire = Wire(agent)
     try:
         tid = "never-initialised"
@@ -313,8 +320,9 @@ def unsupported(agent: RunningAgent, api_key: int, version: int) -> bool:
     return int.from_bytes(frame[4:6], "big", signed=True) == UNSUPPORTED_VERSION
 
 
-def test_the_same_bad_requests_to_kafka_get_the_same_answers(agent: RunningAgent, kafka_broker: KafkaServer) -> None:
-    create_kafka_topic(kafka_broker)
+def test_the_same_bad_requests_to_kafka_get_the_same_answers(agent: RunningAgent, catalog: Catalog, kafka_broker: KafkaServer) -> None:
+    create_topic(catalog, BAD_TOPIC, 2)
+    create_kafka_topic(kafka_broker, BAD_TOPIC)
     wire = Wire(agent)
     try:
         at_agent = bad_requests(wire, "never-initialised")
