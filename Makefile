@@ -42,7 +42,8 @@ deps:
 
 # Apache Kafka's broker and tools jars (org.apache.kafka:kafka_2.13 and kafka-tools, 44 MB) fetched by Maven, and the
 # tests' Java client program (tests/java) built, into the cache the tests and benchmarks share
-# (~/.cache/logcompact/kafka, or $LOGCOMPACT_KAFKA_CACHE): about a minute the first time on a fresh machine, nothing after (lab/servers/kafka.py).
+# (~/.cache/logcompact/kafka, or $LOGCOMPACT_KAFKA_CACHE): about a minute the first time on a fresh machine, nothing
+# after (lab/servers/kafka.py).
 kafka: install deps
 	$(BIN)/python -m lab.servers.kafka fetch tests/java
 
