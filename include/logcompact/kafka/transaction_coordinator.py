@@ -138,25 +138,23 @@ class TransactionCoordinator:
         is at least its epoch (as Kafka takes a marker). Any agent serves it, as Kafka's partition leaders do: the
         abort is a compare-and-set on the row, run again while the transaction moves on under it (AddPartitionsToTxn
         elsewhere). Returns the partitions whose producer state is at a newer epoch than the marker's
-        (INVALID_PRODUCER_EPOCH in Kafka); nothing is aborted then."""
+        (INVALID_PRODUCER_EPOCH in Kafka), which do not count as open data."""
         for _ in range(ADMIN_ABORT_ATTEMPTS):
             states = await asyncio.to_thread(self.catalog.active_producers, partitions)
             mine = {tp: state for tp, listed in states.items() for state in listed if state.producer_id == producer_id}
             older = {tp for tp, state in mine.items() if state.epoch > epoch}
-            if older:
-                return older
-            if not any(state.current_txn_start_offset >= 0 for state in mine.values()):
-                return set()  # no open data of the producer there: as Kafka, the marker ends nothing and is no error
+            if not any(state.current_txn_start_offset >= 0 for tp, state in mine.items() if tp not in older):
+                return older  # no open data of the producer there at the marker's epoch: as Kafka, the marker ends nothing
             rows = [row for row in await asyncio.to_thread(self.catalog.transactions, (ONGOING,), (producer_id,)) if row.epoch <= epoch]
             if not rows:  # ended (or its producer moved on) since the read above
-                return set()
+                return older
             row = rows[0]
             now = wall_clock_ms()
             if await asyncio.to_thread(self.catalog.abort_transaction, row, now, True) is not None:
                 await self._forget(producer_id)
                 log.info("transaction %r aborted by an admin (WriteTxnMarkers): open %d ms, its producer (id %d, epoch %d) fenced",
                          row.transactional_id, now - row.start_ms, producer_id, row.epoch)
-                return set()
+                return older
         raise TxnRefusal(TxnError.CONCURRENT_TRANSACTIONS, f"the open transaction of producer id {producer_id} changed under {ADMIN_ABORT_ATTEMPTS} aborts; retry")
 
     # -- sweeps -----------------------------------------------------------------------------------------------
