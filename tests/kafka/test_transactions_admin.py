@@ -227,6 +227,8 @@ def test_the_tools_find_and_abort_hung_transactions_as_on_kafka(
                  "after java abort", "after python abort", "committed", "end"):
         assert agents[seen] == kafka[seen], seen
     assert _shape(agents["python describe"]) == _shape(kafka["python describe"])
+    agents["producers"].clear()  # destroyed while the agents still serve: they do not reconnect through the teardown
+    kafka["producers"].clear()
 
 
 def create_kafka_topic(kafka_broker: KafkaServer, name: str) -> None:
