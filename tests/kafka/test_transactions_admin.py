@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -89,16 +89,17 @@ def transactional(bootstrap: str, transactional_id: str) -> Producer:
     return producer
 
 
-def open_transaction(bootstrap: str, transactional_id: str, value: bytes, partition: int = 0) -> Producer:
-    """A producer whose transaction has `value` in the partition, left open."""
+def open_transaction(bootstrap: str, transactional_id: str, value: bytes) -> Producer:
+    """A producer whose transaction has `value` in partition 0, left open."""
     producer = transactional(bootstrap, transactional_id)
     producer.begin_transaction()
-    producer.produce(TOPIC, key=b"k-" + value, value=value, partition=partition)
+    producer.produce(TOPIC, key=b"k-" + value, value=value, partition=0)
     assert producer.flush(20) == 0
     return producer
 
 
 def committed_values(bootstrap: str, partition: int, count: int) -> list[tuple[int, bytes]]:
+    """(offset, value) of `count` records a read_committed consumer reads from the partition's start to its end."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"admin-{uuid.uuid4().hex}", "enable.auto.commit": False,
                          "enable.partition.eof": True, "isolation.level": "read_committed", **FAST_CLIENT})
     try:
@@ -112,7 +113,7 @@ def watermarks(address: Address, partition: int = 0) -> tuple[int, int]:
     return fetch_watermarks(address, TOPIC, partition)
 
 
-def wait_for(check: Any, timeout: float = 20) -> None:
+def wait_for(check: Callable[[], bool], timeout: float = 20) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         assert time.monotonic() < deadline, "not reached in time"
