@@ -41,9 +41,10 @@ deps:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$pkgs >/dev/null; \
 	fi
 
-# Apache Kafka's broker jars (org.apache.kafka:kafka_2.13, 43 MB) fetched by Maven, and the tests' Java client program
-# (tests/java) built, into the cache the tests and benchmarks share (~/.cache/logcompact/kafka, or
-# $LOGCOMPACT_KAFKA_CACHE): about a minute the first time on a fresh machine, nothing after (lab/servers/kafka.py).
+# Apache Kafka's broker and tools jars (org.apache.kafka:kafka_2.13 and kafka-tools, 44 MB) fetched by Maven, and the
+# tests' Java client program (tests/java) built, into the cache the tests and benchmarks share
+# (~/.cache/logcompact/kafka, or $LOGCOMPACT_KAFKA_CACHE): about a minute the first time on a fresh machine, nothing
+# after (lab/servers/kafka.py).
 kafka: install deps
 	$(BIN)/python -m lab.servers.kafka fetch tests/java
 

@@ -77,6 +77,7 @@ __all__ = [
     "fetch_broker",
     "kafka_missing_reason",
     "start_kafka",
+    "tool_argv",
 ]
 
 KAFKA_VERSION = "4.4.0"
@@ -170,7 +171,9 @@ def cache_dir() -> Path:
 
 
 def _broker_dir() -> Path:
-    return cache_dir() / f"kafka_2.13-{KAFKA_VERSION}"
+    """The broker's jars, by Kafka's version and the pom's digest: a pom that brings other jars fetches anew beside
+    the directories of the poms before it (which other checkouts may still use)."""
+    return cache_dir() / f"kafka_2.13-{KAFKA_VERSION}-{hashlib.sha256(_BROKER_POM.read_bytes()).hexdigest()[:16]}"
 
 
 def _java() -> str:
@@ -252,6 +255,13 @@ def fetch_broker() -> Path:
                 f"-DoutputDirectory={into}", "-DincludeScope=runtime"], cwd=into)
 
     return _into_cache(_broker_dir(), fetch)
+
+
+def tool_argv(main_class: str, *args: str) -> list[str]:
+    """The command line of one of Kafka's command-line tools, as its bin/kafka-*.sh runs it (kafka-transactions.sh:
+    `tool_argv("org.apache.kafka.tools.TransactionsCommand", "--bootstrap-server", ..., "list")`), from the broker's
+    jars, fetched first if need be."""
+    return [_java(), "-Xmx256m", "-cp", str(fetch_broker() / "*"), main_class, *args]
 
 
 def _sources_digest(project: Path) -> str:

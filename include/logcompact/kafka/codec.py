@@ -259,7 +259,7 @@ def encode_response(correlation_id: int, response: Any) -> bytes:
 
 def build(entity_class: Any, values: Mapping[str, Any]) -> Any:
     """An instance of a kio entity from plain values: nested entities as dicts, sequences of them as lists of
-    dicts, error codes as ints, durations as ints (ms). Keys the version does not have are dropped."""
+    dicts, error codes as ints, durations and timestamps as ints (ms). Keys the version does not have are dropped."""
     return entity_class(**{name: convert(values[name]) for name, convert in _converters(entity_class) if name in values})
 
 
@@ -275,6 +275,8 @@ def _converter(hint: Any, field: dataclasses.Field) -> typing.Callable[[Any], An
     kafka_type = field.metadata.get("kafka_type")
     if kafka_type in _TIMEDELTA_KAFKA_TYPES:
         return lambda value: None if value is None else datetime.timedelta(milliseconds=value)
+    if kafka_type == "datetime_i64":  # kio writes it back as the same ms, -1 included
+        return lambda value: None if value is None else datetime.datetime.fromtimestamp(value / 1000, datetime.UTC)
     if kafka_type == "error_code":
         return lambda value: None if value is None else ErrorCode(value)
     if kafka_type == "uuid":

@@ -1,8 +1,8 @@
 """Kafka's transaction coordinator over the catalog: InitProducerId with a transactional id, AddPartitionsToTxn,
 AddOffsetsToTxn and EndTxn, each one catalog transaction (`Catalog.init_producer`, `add_to_transaction`,
-`add_group_to_transaction`, `end_transaction`), run off
-the event loop; and the two sweeps of Kafka's coordinator, aborting transactions open past their timeout and
-forgetting transactional ids unused for `transactional_id_expiration_ms`.
+`add_group_to_transaction`, `end_transaction`), run off the event loop; an admin's abort of a hanging transaction
+(WriteTxnMarkers, `abort_for_admin`); and the two sweeps of Kafka's coordinator, aborting transactions open past their
+timeout and forgetting transactional ids unused for `transactional_id_expiration_ms`.
 
 The state is the catalog's, none of it in this agent's memory, so any agent takes over after another dies. As for
 consumer groups, one live agent coordinates a transactional id, the one it hashes to
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from logcompact.catalog import Catalog
 from logcompact.catalog.model import TopicPartition
-from logcompact.catalog.transactions import MAX_TIMEOUT_MS, ONGOING, Ended, TxnError
+from logcompact.catalog.transactions import MAX_TIMEOUT_MS, ONGOING, Ended, TxnError, TxnRefusal
 from logcompact.kafka import codec
 from logcompact.kafka.cluster import AgentDirectory
 from logcompact.kafka.ingest_thread import Ingest
@@ -39,6 +39,8 @@ EXPIRY_INTERVAL_MS = 3_600_000
 # Timed-out transactions read from the catalog at once by a sweep, which reads another page after a full one it
 # aborted all of.
 ABORT_PAGE = 100
+# How many times an admin's abort reads the transaction again when it moved on between the read and the abort.
+ADMIN_ABORT_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,31 @@ class TransactionCoordinator:
             return await asyncio.to_thread(self.catalog.end_transaction, transactional_id, producer_id, epoch, commit, wall_clock_ms())
         finally:
             await self._forget(producer_id)
+
+    async def abort_for_admin(self, producer_id: int, epoch: int, partitions: Collection[TopicPartition]) -> set[TopicPartition]:
+        """WriteTxnMarkers' ABORT from an admin (Admin.abortTransaction, KIP-664): the producer's open transaction
+        aborted as a whole, its producer fenced (logged), when it has data in one of the live `partitions` and `epoch`
+        is at least its epoch (as Kafka takes a marker). Any agent serves it, as Kafka's partition leaders do: the
+        abort is a compare-and-set on the row, run again while the transaction moves on under it (AddPartitionsToTxn
+        elsewhere). Returns the partitions whose producer state is at a newer epoch than the marker's
+        (INVALID_PRODUCER_EPOCH in Kafka), which do not count as open data."""
+        for _ in range(ADMIN_ABORT_ATTEMPTS):
+            states = await asyncio.to_thread(self.catalog.active_producers, partitions)
+            mine = {tp: state for tp, listed in states.items() for state in listed if state.producer_id == producer_id}
+            older = {tp for tp, state in mine.items() if state.epoch > epoch}
+            if not any(state.current_txn_start_offset >= 0 for tp, state in mine.items() if tp not in older):
+                return older  # no open data of the producer there at the marker's epoch: as Kafka, the marker ends nothing
+            rows = [row for row in await asyncio.to_thread(self.catalog.transactions, (ONGOING,), (producer_id,)) if row.epoch <= epoch]
+            if not rows:  # ended (or its producer moved on) since the read above
+                return older
+            row = rows[0]
+            now = wall_clock_ms()
+            if await asyncio.to_thread(self.catalog.abort_transaction, row, now, True) is not None:
+                await self._forget(producer_id)
+                log.info("transaction %r aborted by an admin (WriteTxnMarkers): open %d ms, its producer (id %d, epoch %d) fenced",
+                         row.transactional_id, now - row.start_ms, producer_id, row.epoch)
+                return older
+        raise TxnRefusal(TxnError.CONCURRENT_TRANSACTIONS, f"the open transaction of producer id {producer_id} changed under {ADMIN_ABORT_ATTEMPTS} aborts; retry")
 
     # -- sweeps -----------------------------------------------------------------------------------------------
 

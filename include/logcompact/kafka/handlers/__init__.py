@@ -3,8 +3,9 @@ of its requests from plain values (`codec.build`): `api_versions`, `metadata` (a
 `topics_admin`), `produce`, `fetch`, `list_offsets`, `init_producer_id`, `find_coordinator`, `groups` (JoinGroup,
 SyncGroup, Heartbeat, LeaveGroup, DescribeGroups, ListGroups), `offsets` (OffsetCommit, OffsetFetch),
 `topics_admin` (CreateTopics, DeleteTopics, CreatePartitions), `configs` (DescribeConfigs, AlterConfigs,
-IncrementalAlterConfigs), `describe_cluster` and `transactions` (AddPartitionsToTxn, AddOffsetsToTxn, EndTxn,
-TxnOffsetCommit). They import the broker and the layers below it, and among
+IncrementalAlterConfigs), `describe_cluster`, `transactions` (AddPartitionsToTxn, AddOffsetsToTxn, EndTxn,
+TxnOffsetCommit) and `transactions_admin` (DescribeTransactions, ListTransactions, DescribeProducers, WriteTxnMarkers
+for an admin's abort). They import the broker and the layers below it, and among
 themselves only `metadata` → `topics_admin` → `configs`.
 
 Here, the one table of served APIs and their versions (as librdkafka's mock cluster keeps it): requests are
@@ -27,6 +28,7 @@ from logcompact.kafka.handlers import (
     produce,
     topics_admin,
     transactions,
+    transactions_admin,
 )
 
 APIS: dict[int, Api] = {
@@ -52,6 +54,10 @@ APIS: dict[int, Api] = {
         Api(transactions.ADD_OFFSETS_TO_TXN, 0, 3, transactions.add_offsets_to_txn),
         Api(transactions.END_TXN, 0, 3, transactions.end_txn),
         Api(transactions.TXN_OFFSET_COMMIT, 0, 3, transactions.txn_offset_commit),
+        Api(transactions_admin.DESCRIBE_TRANSACTIONS, 0, 0, transactions_admin.describe_transactions),
+        Api(transactions_admin.LIST_TRANSACTIONS, 0, 1, transactions_admin.list_transactions),
+        Api(transactions_admin.DESCRIBE_PRODUCERS, 0, 0, transactions_admin.describe_producers),
+        Api(transactions_admin.WRITE_TXN_MARKERS, 1, 1, transactions_admin.write_txn_markers),
         Api(topics_admin.CREATE_TOPICS, 0, 7, topics_admin.create_topics),
         Api(topics_admin.DELETE_TOPICS, 0, 6, topics_admin.delete_topics),
         Api(topics_admin.CREATE_PARTITIONS, 0, 3, topics_admin.create_partitions),
