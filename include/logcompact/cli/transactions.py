@@ -1,5 +1,5 @@
 """`logcompact txn ...`: Kafka's transactions as the catalog holds them, listed, described, and a hung one aborted,
-what `kafka-transactions.sh list|describe|abort` does through the agent (docs/transactions.md)."""
+what Kafka's `kafka-transactions.sh list|describe|abort` does against a broker (docs/transactions.md)."""
 
 from __future__ import annotations
 
