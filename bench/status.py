@@ -10,7 +10,8 @@ the database --database names. Then times, as medians of the wall clock and the 
 
 - `cluster_status`, catalog reads included (what `logcompact status --json` and the metrics DAG run);
 - its catalog reads alone: the partitions' summaries above L0 (`Snapshot.summaries_above_l0`) and the live L0
-  sections (`Snapshot.section_figures`), what it reads in place of every live section;
+  sections (`Snapshot.section_figures`), what it reads in place of every live section; the partitions' last
+  stable offsets and open transactions (`Snapshot.stability`);
 - its readable table (`ClusterStatus.describe`).
 """
 
@@ -41,6 +42,7 @@ def main() -> None:
         print(f"  cluster_status        {seconds(args.runs, lambda: cluster_status(catalog, NOW))}")
         print(f"  summaries above L0    {seconds(args.runs, lambda: snapshot.summaries_above_l0(partitions))}")
         print(f"  L0 sections           {seconds(args.runs, lambda: snapshot.section_figures(topics, in_l0=True))}")
+        print(f"  LSOs, open txns       {seconds(args.runs, lambda: snapshot.stability(topics))}")
         print(f"  describe (the table)  {seconds(args.runs, status.describe)}")
         catalog.engine.dispose()
 

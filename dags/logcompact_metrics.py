@@ -5,7 +5,8 @@ Every 5 minutes, the cleaner's figures of the cluster behind `logcompact_default
 prints) are logged as a table and sent through Airflow's metrics system, StatsD or OpenTelemetry as its
 `[metrics]` section configures, under Kafka's log cleaner names: `logcompact.max-dirty-percent`,
 `logcompact.max-compaction-delay-secs`, `logcompact.time-since-last-run-ms`,
-`logcompact.uncleanable-partitions-count`, `logcompact.uncleanable-bytes` (docs/metrics.md). The commit task of
+`logcompact.uncleanable-partitions-count`, `logcompact.uncleanable-bytes`, and `logcompact.open-transactions`,
+`logcompact.max-last-stable-offset-lag` (a hung transaction holds compaction back; docs/metrics.md). The commit task of
 each compaction DAG sends the per-run ones: `logcompact.max-buffer-utilization-percent`,
 `logcompact.cleaner-recopy-percent`, `logcompact.max-clean-time-secs`.
 """

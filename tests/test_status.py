@@ -42,7 +42,7 @@ def test_status_before_and_after_a_sweep(catalog: Catalog) -> None:
     assert [(lv.level, lv.files) for lv in before.levels] == [(0, FILES + 1)]
     assert before.gauges == {
         "max-dirty-percent": 100.0, "max-compaction-delay-secs": 3600.0, "time-since-last-run-ms": None,
-        "uncleanable-partitions-count": 0, "uncleanable-bytes": 0,
+        "uncleanable-partitions-count": 0, "uncleanable-bytes": 0, "open-transactions": 0, "max-last-stable-offset-lag": 0,
     }
 
     plan = full_sweep(catalog.planning_snapshot(later), later)

@@ -33,6 +33,10 @@ class TopicNotFoundError(LogcompactError):
     """A command names a topic the catalog does not have."""
 
 
+class TransactionNotFoundError(LogcompactError):
+    """A command names a transactional id the catalog does not have, or asks to abort one with no open transaction."""
+
+
 class TopicExistsError(LogcompactError):
     """A topic is created twice."""
 

@@ -8,6 +8,10 @@ compaction last wrote it, the duplicates its key sketches estimate, and whether 
 Per level: files and bytes. And the cluster's gauges under Kafka's MBean names. A partition is clean where the
 max-lag planner finds it clean (`planner.max_lag.PartitionState`): its base section deduplicated at a
 deduplicating level, `clean_below_delta` covering it.
+
+Per partition too, its last stable offset (LSO) and how far it lags the high watermark, read with it from the
+partition rows as Fetch reads them (`Snapshot.stability`), and the open transactions holding it: compaction cleans
+nothing at or past the LSO, so a hung transaction shows as a growing lag (docs/transactions.md).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from pathlib import Path
 
 from logcompact import sketch
 from logcompact.catalog import Catalog, PartitionSummary, SectionFigures, Snapshot
+from logcompact.catalog.transactions import ONGOING
 from logcompact.planner import PlannerConfig
 from logcompact.planner.max_lag import PartitionState, effective_max_lag
 from logcompact.topics import LONG_MAX
@@ -35,6 +40,11 @@ class PartitionStatus:
     estimated_duplicates: int
     sections: int
     uncleanable: bool
+    high_watermark: int = 0
+    last_stable_offset: int = 0
+    lso_lag: int = 0  # offsets between the LSO and the high watermark: held by open transactions, neither read committed nor cleaned
+    open_transactions: int = 0  # open transactions this partition was added to
+    oldest_transaction_s: float | None = None  # how long the oldest of them has been open (None: none is)
 
 
 @dataclass
@@ -80,10 +90,12 @@ class ClusterStatus:
             (p.topic, str(p.partition), f"{p.bytes / 1e6:,.2f}", f"{p.dirty_percent:.1f}",
              "-" if p.compaction_delay_s is None else f"{p.compaction_delay_s:,.0f}",
              "-" if p.since_last_compaction_s is None else f"{p.since_last_compaction_s:,.0f}",
-             f"{p.estimated_duplicates:,}", "uncleanable" if p.uncleanable else "")
+             f"{p.estimated_duplicates:,}", f"{p.last_stable_offset:,}", f"{p.lso_lag:,}", f"{p.open_transactions:,}",
+             "-" if p.oldest_transaction_s is None else f"{p.oldest_transaction_s:,.0f}", "uncleanable" if p.uncleanable else "")
             for p in self.partitions
         ]
-        lines += _table(("topic", "partition", "MB", "dirty %", "delay s", "since compaction s", "est. duplicates", ""), rows)
+        lines += _table(("topic", "partition", "MB", "dirty %", "delay s", "since compaction s", "est. duplicates", "LSO", "LSO lag",
+                         "open txns", "oldest txn s", ""), rows)
         return lines
 
 
@@ -116,6 +128,13 @@ def cluster_status(catalog: Catalog, now_ms: int, config: PlannerConfig | None =
             snapshot, topic, partition, summaries.get((topic, partition)), by_partition.get((topic, partition), []),
             (topic, partition) in set_aside, now_ms, config,
         ))
+    stability = snapshot.stability(compacted)
+    for p in status.partitions:
+        stable = stability.get((p.topic, p.partition))
+        if stable is not None:
+            p.high_watermark, p.last_stable_offset, p.open_transactions = stable.high_watermark, stable.last_stable, stable.open_transactions
+            p.lso_lag = stable.high_watermark - stable.last_stable
+            p.oldest_transaction_s = None if stable.oldest_start_ms is None else max(0.0, (now_ms - stable.oldest_start_ms) / 1000)
 
     # As Kafka's cleaner manager, the maxima leave out uncleanable partitions: they have gauges of their own.
     cleanable = [p for p in status.partitions if not p.uncleanable]
@@ -127,6 +146,9 @@ def cluster_status(catalog: Catalog, now_ms: int, config: PlannerConfig | None =
         "time-since-last-run-ms": None if last_compaction_ms is None else now_ms - last_compaction_ms,
         "uncleanable-partitions-count": len(marks),
         "uncleanable-bytes": sum(m.bytes for m in marks),
+        # A hung transaction holds its partitions' LSO, and compaction with it: uncleanable partitions are counted too.
+        "open-transactions": len(catalog.transactions(states=[ONGOING])),
+        "max-last-stable-offset-lag": max((p.lso_lag for p in status.partitions), default=0),
     }
     return status
 

@@ -3,8 +3,8 @@ configures Airflow (statsd_on, otel_on, statsd_datadog_enabled); nothing is sent
 
 Names are Kafka's log cleaner MBeans under the prefix `logcompact.` (docs/metrics.md):
 `logcompact.max-dirty-percent`, `logcompact.max-compaction-delay-secs`, `logcompact.time-since-last-run-ms`,
-`logcompact.uncleanable-partitions-count`, `logcompact.uncleanable-bytes` from the catalog (the metrics DAG),
-and `logcompact.max-buffer-utilization-percent`, `logcompact.cleaner-recopy-percent`,
+`logcompact.uncleanable-partitions-count`, `logcompact.uncleanable-bytes`, and the transactions' own
+`logcompact.open-transactions` and `logcompact.max-last-stable-offset-lag` from the catalog (the metrics DAG), and `logcompact.max-buffer-utilization-percent`, `logcompact.cleaner-recopy-percent`,
 `logcompact.max-clean-time-secs` from each commit's jobs (the commit task). The metrics DAG's operator is
 `operators.status.LogcompactMetricsOperator`.
 """

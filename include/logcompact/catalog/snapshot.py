@@ -540,6 +540,14 @@ class Snapshot:
                 found[(name, partition)] = max(log_start, first)
         return found
 
+    def stability(self, topics: Iterable[str]) -> dict[TopicPartition, transactions.PartitionStability]:
+        """Each partition of `topics`: its high watermark, last stable offset and open transactions, as they are now
+        (not versioned), in one query (`transactions.stability`)."""
+        ids = {self.topic_ids[name]: name for name in topics}
+        with self._connect() as connection:
+            found = transactions.stability(connection, ids)
+        return {(ids[topic_id], partition): stable for (topic_id, partition), stable in found.items()}
+
     def aborted_ranges(
         self, spans: Mapping[TopicPartition, tuple[int, int]], version: int | None = None
     ) -> dict[TopicPartition, tuple[tuple[int, int], ...]]:

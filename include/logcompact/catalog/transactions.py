@@ -25,8 +25,8 @@ marker raises the high watermark.
 What the agent's coordinator, its reads and compaction build on: `init_producer`, `add_partitions`, `add_group`,
 `store_offsets`, `end`, `abort_open`, `record_batches` (+ `insert_aborted`, which returns how many ranges it
 recorded), `view_of_producer`, `timed_out`, `expire`, `unstable_offsets`, `aborted_overlapping`, `listed`,
-`described` (a `Described` by transactional id), `producers_on`, `drop_topic` and `forget_aborted`; errors are
-`TxnRefusal` carrying a `TxnError` (Kafka's name and code). A marker is an offset no record holds, recorded in
+`described` (a `Described` by transactional id), `producers_on`, `drop_topic` and `forget_aborted`; `logcompact
+status` reads `stability` (each partition's LSO and open transactions). Errors are `TxnRefusal` carrying a `TxnError` (Kafka's name and code). A marker is an offset no record holds, recorded in
 `offset_holes` as a compaction's holes are (`holes.record_markers`), so that readers and plans do not take it for a
 damaged row's gap.
 """
@@ -39,7 +39,7 @@ from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
-from sqlalchemy import Connection, and_, bindparam, delete, exists, insert, or_, select, tuple_, update
+from sqlalchemy import Connection, and_, bindparam, delete, exists, func, insert, or_, select, tuple_, update
 
 from logcompact.catalog import appends, holes, producers, topics, versions
 from logcompact.catalog import schema as s
@@ -490,6 +490,44 @@ def producers_on(connection: Connection, slots: Collection[Slot]) -> dict[Slot, 
             ActiveProducer(row.producer_id, row.epoch, last_sequence, row.updated_ms, -1 if row.start is None else row.start)
         )
     return found
+
+
+class PartitionStability(NamedTuple):
+    """A partition's high watermark and last stable offset, and the open transactions it was added to: how many, and
+    the start of the oldest (None for none)."""
+
+    high_watermark: int
+    last_stable: int
+    open_transactions: int
+    oldest_start_ms: int | None
+
+
+def stability(connection: Connection, topic_ids: Collection[int]) -> dict[Slot, PartitionStability]:
+    """Each partition of `topic_ids`: its LSO read with its high watermark from the same rows, as `topics.offsets`
+    reads them for Fetch, and the open transactions on it. One statement: the partitions joined to the few rows of
+    open transactions' partitions, grouped."""
+    if not topic_ids:
+        return {}
+    part, t, tp = s.partitions.c, s.transactions.c, s.transaction_partitions.c
+    open_parts = (
+        select(tp.topic_id, tp.partition, func.min(tp.first_offset).label("first_offset"), func.count().label("open"),
+               func.min(t.start_ms).label("oldest"))
+        .join_from(s.transaction_partitions, s.transactions, t.transactional_id == tp.transactional_id)
+        .group_by(tp.topic_id, tp.partition).subquery()
+    )
+    o = open_parts.c
+    rows = connection.execute(
+        select(part.topic_id, part.partition, part.log_start_offset, part.next_offset, o.first_offset, o.open, o.oldest)
+        .join_from(s.partitions, open_parts, and_(o.topic_id == part.topic_id, o.partition == part.partition), isouter=True)
+        .where(one_of(part.topic_id, sorted(topic_ids), connection.dialect.name))
+    )
+    return {
+        (row.topic_id, row.partition): PartitionStability(
+            row.next_offset, max(row.log_start_offset, row.next_offset if row.first_offset is None else row.first_offset),
+            row.open or 0, row.oldest,
+        )
+        for row in rows
+    }
 
 
 # -- topics deleted, ranges forgotten --------------------------------------------------------------------------------

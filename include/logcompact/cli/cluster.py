@@ -89,7 +89,8 @@ def cluster_upgrade_catalog(ctx: Context) -> None:
 def status(ctx: Context, as_json: bool, plot: str | None) -> None:
     """The cleaner's figures as Kafka's log cleaner names them: per partition of each compacted topic the dirty
     ratio, the delay past max.compaction.lag.ms, the time since its last compaction, the estimated duplicates
-    and uncleanable marks; files and bytes per level (docs/metrics.md)."""
+    and uncleanable marks, its last stable offset, how far that lags the high watermark, the open transactions on it
+    and the oldest's age; files and bytes per level (docs/metrics.md)."""
     from logcompact.status import cluster_status, draw_status
 
     report = cluster_status(ctx.catalog, ctx.clock())
