@@ -3,8 +3,8 @@
 The programs are tests/java's (`logcompact.clients.Transactions`, `logcompact.clients.CountPerKey`), built once per
 content and Kafka version into the cache of lab.servers.kafka. The transactional producer commits, aborts and
 commits on a compacted topic, copies records with sendOffsetsToTransaction and is fenced by a second producer of
-its transactional.id: its Java consumers read what Apache Kafka's broker (lab.servers.kafka) gives for the same run,
-offsets, end offsets and errors alike, and `logcompact compact --full` then removes the aborted records. A Kafka
+its transactional.id: its Java consumers read what Apache Kafka's broker (lab.servers.kafka, with Kafka's first
+transaction protocol, as the agent serves) gives for the same run, offsets, end offsets and errors alike, and `logcompact compact --full` then removes the aborted records. A Kafka
 Streams application with exactly_once_v2 counts per key in a RocksDB store, killed with SIGKILL and restarted three
 times with its changelog compacted in between: it restores to the changelog's end and its output, read
 read_committed, holds each key's exact count.
@@ -55,6 +55,21 @@ def java(request: pytest.FixtureRequest) -> JavaProgram:
     return build_java_program(JAVA_PROJECT, request.param)
 
 
+@pytest.fixture(scope="module")
+def reference(kafka_broker: KafkaServer) -> KafkaServer:
+    """The module's Apache Kafka broker with Kafka's first transaction protocol (`transaction.version` 1), the one
+    the agent serves: a 4.x client and a 4.x cluster otherwise speak KIP-890's (transaction.version 2), where a
+    fenced producer's send and commit fail with the abortable InvalidProducerEpochException before its abort is
+    fenced, and the comparison would be of two protocols."""
+    missing = kafka_missing_reason()
+    if missing:
+        pytest.skip(missing)
+    java = build_java_program(JAVA_PROJECT, KAFKA_CLIENTS[0])
+    (set_to,) = run_java(java, "transaction-version", "--bootstrap-server", kafka_broker.bootstrap_servers, "--level", "1")
+    assert set_to["level"] == 1
+    return kafka_broker
+
+
 @pytest.fixture
 def catalog(catalog: Catalog) -> Catalog:
     catalog.ensure_created(int(time.time() * 1000))
@@ -90,10 +105,10 @@ def settle(address: Address, topic: str, partitions: int) -> None:
 
 def read(java: JavaProgram, bootstrap: str, topic: str, isolation: str) -> tuple[dict[int, int], list[tuple[int, int, str, str]]]:
     """A Java consumer's end offset per partition at `isolation`, and the records it read up to them: (partition,
-    offset, key, value)."""
+    offset, key, value), by partition and offset."""
     events = run_java(java, "read", "--bootstrap-server", bootstrap, "--topic", topic, "--isolation", isolation)
     ends = {e["partition"]: e["offset"] for e in events if e["event"] == "end_offset"}
-    return ends, [(e["partition"], e["offset"], e["key"], e["value"]) for e in events if e["event"] == "consumed"]
+    return ends, sorted((e["partition"], e["offset"], e["key"], e["value"]) for e in events if e["event"] == "consumed")
 
 
 def reads(java: JavaProgram, bootstrap: str, address: Address, topic: str, partitions: int) -> dict[str, Any]:
@@ -121,10 +136,10 @@ def commit_abort_commit(java: JavaProgram, bootstrap: str, address: Address) -> 
 
 
 def test_commit_abort_commit_reads_as_on_apache_kafka_and_compaction_removes_the_aborted(
-    java: JavaProgram, agent: RunningAgent, catalog: Catalog, kafka_broker: KafkaServer,
+    java: JavaProgram, agent: RunningAgent, catalog: Catalog, reference: KafkaServer,
 ) -> None:
     produced, seen = commit_abort_commit(java, agent.bootstrap, agent.server.address)
-    expected_produced, expected = commit_abort_commit(java, kafka_broker.bootstrap_servers, Address(kafka_broker.host, kafka_broker.port))
+    expected_produced, expected = commit_abort_commit(java, reference.bootstrap_servers, Address(reference.host, reference.port))
     assert produced == expected_produced
     # records at 0-2, 4-6, 8-10, a marker after each transaction: as Kafka gives them
     assert [e["offset"] for e in produced] == [0, 1, 2, 4, 5, 6, 8, 9, 10]
@@ -155,10 +170,10 @@ def send_offsets(java: JavaProgram, bootstrap: str, address: Address) -> tuple[l
 
 
 def test_send_offsets_to_transaction_commits_the_group_s_offsets_with_the_transaction_only(
-    java: JavaProgram, agent: RunningAgent, kafka_broker: KafkaServer,
+    java: JavaProgram, agent: RunningAgent, reference: KafkaServer,
 ) -> None:
     events, seen = send_offsets(java, agent.bootstrap, agent.server.address)
-    expected_events, expected = send_offsets(java, kafka_broker.bootstrap_servers, Address(kafka_broker.host, kafka_broker.port))
+    expected_events, expected = send_offsets(java, reference.bootstrap_servers, Address(reference.host, reference.port))
     committed = sorted((e["after"], e["partition"], e["offset"]) for e in events if e["event"] == "committed")
     assert committed == sorted((e["after"], e["partition"], e["offset"]) for e in expected_events if e["event"] == "committed")
     # the aborted transaction committed no offset; the committed one the input's ends (20 records over 2 partitions)
@@ -177,17 +192,18 @@ def fence(java: JavaProgram, bootstrap: str, address: Address) -> tuple[list[dic
 
 
 def test_a_second_producer_of_the_transactional_id_fences_the_first_as_on_apache_kafka(
-    java: JavaProgram, agent: RunningAgent, kafka_broker: KafkaServer,
+    java: JavaProgram, agent: RunningAgent, reference: KafkaServer,
 ) -> None:
     events, seen = fence(java, agent.bootstrap, agent.server.address)
-    expected_events, expected = fence(java, kafka_broker.bootstrap_servers, Address(kafka_broker.host, kafka_broker.port))
+    expected_events, expected = fence(java, reference.bootstrap_servers, Address(reference.host, reference.port))
 
     def outcomes(found: list[dict[str, Any]]) -> list[tuple]:
         return [(e["event"], e["operation"], e.get("exception"), e.get("cause")) for e in found if e["event"] in ("ok", "error")]
 
-    assert outcomes(events) == outcomes(expected_events), (events, expected_events)
-    fatal = [e for e in events if e["event"] == "error" and "ProducerFencedException" in (e["exception"], e["cause"])]
-    assert fatal, events  # the zombie learns it is fenced, fatally
+    assert outcomes(events) == outcomes(expected_events)
+    # the zombie learns it is fenced, fatally: its send (adding a partition), its commit and its abort
+    fenced = "org.apache.kafka.common.errors.ProducerFencedException"
+    assert outcomes(events) == [("error", "send", fenced, None), ("error", "commit", fenced, None), ("error", "abort", fenced, None)]
     produced = [(e["producer"], e["partition"], e["offset"]) for e in events if e["event"] == "produced"]
     assert produced == [(e["producer"], e["partition"], e["offset"]) for e in expected_events if e["event"] == "produced"]
     # the first's records, then the abort marker the second's initialization writes, then the second's

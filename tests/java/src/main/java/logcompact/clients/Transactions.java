@@ -13,6 +13,11 @@ import java.util.concurrent.Future;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.TimeoutException;
 
+import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.clients.admin.AdminClientConfig;
+import org.apache.kafka.clients.admin.FeatureUpdate;
+import org.apache.kafka.clients.admin.FinalizedVersionRange;
+import org.apache.kafka.clients.admin.UpdateFeaturesOptions;
 import org.apache.kafka.clients.consumer.ConsumerConfig;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
 import org.apache.kafka.clients.consumer.KafkaConsumer;
@@ -46,6 +51,10 @@ import org.apache.kafka.common.serialization.StringSerializer;
  * <li>{@code read}: every partition of --topic read by a consumer of --isolation (read_committed or
  * read_uncommitted), assigned (no group), from its beginning to the end offset it has under that isolation:
  * {@code end_offset} per partition, then {@code consumed} per record.</li>
+ * <li>{@code transaction-version}: the cluster's finalized {@code transaction.version} feature set to --level
+ * (UpdateFeatures, as kafka-features.sh does; a downgrade to 1 gives Kafka's first transaction protocol, without
+ * KIP-890's epoch per transaction), once every broker answers it: {@code feature} with the level before and
+ * after.</li>
  * </ul>
  *
  * <p>Exit status 0; 1 when a call fails that the scenario does not expect to fail, or a wait passes --timeout-ms
@@ -56,12 +65,16 @@ public final class Transactions {
             + "  commit-abort-commit --topic T --transactional-id ID\n"
             + "  send-offsets --input T --output T --group G --transactional-id ID --num-records N\n"
             + "  fence --topic T --transactional-id ID\n"
-            + "  read --topic T --isolation read_committed|read_uncommitted";
+            + "  read --topic T --isolation read_committed|read_uncommitted\n"
+            + "  transaction-version --level N";
     private static final Map<String, List<String>> SCENARIOS = Map.of(
             "commit-abort-commit", List.of("--topic", "--transactional-id"),
             "send-offsets", List.of("--input", "--output", "--group", "--transactional-id", "--num-records"),
             "fence", List.of("--topic", "--transactional-id"),
-            "read", List.of("--topic", "--isolation"));
+            "read", List.of("--topic", "--isolation"),
+            "transaction-version", List.of("--level"));
+
+    private static final String TRANSACTION_VERSION = "transaction.version";
 
     private final Map<String, String> options;
     private final String bootstrap;
@@ -88,6 +101,7 @@ public final class Transactions {
                 case "commit-abort-commit" -> run.commitAbortCommit();
                 case "send-offsets" -> run.sendOffsets();
                 case "fence" -> run.fence();
+                case "transaction-version" -> run.transactionVersion(Short.parseShort(options.get("--level")));
                 default -> run.read(options.get("--topic"), options.get("--isolation"));
             }
         } catch (Exception e) {
@@ -119,7 +133,7 @@ public final class Transactions {
                 throw new IllegalArgumentException("missing " + name);
             }
         }
-        for (String number : List.of("--timeout-ms", "--num-records")) {
+        for (String number : List.of("--timeout-ms", "--num-records", "--level")) {
             if (options.containsKey(number)) {
                 try {
                     if (Long.parseLong(options.get(number)) < 1) {
@@ -199,6 +213,7 @@ public final class Transactions {
                 for (ConsumerRecord<String, String> record : polled) {
                     producer.send(new ProducerRecord<>(output, record.key(), "copy-" + record.value()));
                 }
+                producer.flush();  // an abort drops the batches not yet sent: every copy is written, then aborted
                 producer.sendOffsetsToTransaction(next, consumer.groupMetadata());
                 if (outcome.equals("commit")) {
                     producer.commitTransaction();
@@ -284,6 +299,32 @@ public final class Transactions {
                 }
             }
         }
+    }
+
+    private void transactionVersion(short level) throws Exception {
+        Properties config = new Properties();
+        config.put(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+        config.put(AdminClientConfig.DEFAULT_API_TIMEOUT_MS_CONFIG, (int) Math.min(Integer.MAX_VALUE, timeoutMs));
+        long deadline = System.nanoTime() + timeoutMs * 1_000_000L;
+        try (Admin admin = Admin.create(config)) {
+            short before = transactionVersion(admin);
+            if (before != level) {
+                FeatureUpdate.UpgradeType type = level < before ? FeatureUpdate.UpgradeType.SAFE_DOWNGRADE : FeatureUpdate.UpgradeType.UPGRADE;
+                admin.updateFeatures(Map.of(TRANSACTION_VERSION, new FeatureUpdate(level, type)), new UpdateFeaturesOptions()).all().get();
+            }
+            while (transactionVersion(admin) != level) {
+                if (System.nanoTime() > deadline) {
+                    throw new TimeoutException(TRANSACTION_VERSION + " not " + level + " within " + timeoutMs + " ms");
+                }
+                Thread.sleep(100);
+            }
+            JsonLines.print("event", "feature", "name", TRANSACTION_VERSION, "before", before, "level", level);
+        }
+    }
+
+    private static short transactionVersion(Admin admin) throws Exception {
+        FinalizedVersionRange range = admin.describeFeatures().featureMetadata().get().finalizedFeatures().get(TRANSACTION_VERSION);
+        return range == null ? 0 : range.maxVersionLevel();
     }
 
     // -- helpers ------------------------------------------------------------------------------------------------
