@@ -307,15 +307,27 @@ def test_kafka_streams_exactly_once_counts_survive_sigkill_and_compaction_of_the
                 time.sleep(0.05)
         assert producer.flush(60) == 0
 
+    def committed_input() -> int:
+        return sum(max(0, offset) for offset in committed_offsets(agent.bootstrap, application_id, source, partitions).values())
+
     runs: list[list[dict[str, Any]]] = []
     changelog_sizes: list[tuple[int, int]] = []  # records before and after each compaction
+    stable_before_run: list[dict[int, int]] = []  # the changelog's last stable offsets when each run starts
     for run in range(4):
+        stable_before_run.append({p: fetch_watermarks(agent.server.address, changelog, p)[1] if run else 0 for p in range(partitions)})
+        processed = committed_input()
         app = StreamsApp(java, agent.bootstrap, application_id, source, sink, tmp_path / "state", tmp_path / f"streams-{run}.log")
         app.wait_for(lambda e: e["event"] == "state" and e["to"] == "RUNNING", "RUNNING")
         feeder = threading.Thread(target=produce, args=(per_run,))
         feeder.start()
         if run < 3:
-            time.sleep(rng.uniform(0.2, 3.0))
+            # killed at a random point once this run has committed some of its input, while more still comes
+            deadline = time.monotonic() + JAVA_TIMEOUT_S
+            while committed_input() <= processed:
+                assert app.process.poll() is None, f"the application exited (seed {seed}): {app.drain()}\n{app.stderr()}"
+                assert time.monotonic() < deadline, f"run {run} committed nothing (seed {seed})\n{app.stderr()}"
+                time.sleep(0.1)
+            time.sleep(rng.uniform(0, 1.0))
             runs.append(app.kill())
             feeder.join()
             before = sum(len(stored(catalog, changelog, p)) for p in range(partitions))
@@ -330,15 +342,16 @@ def test_kafka_streams_exactly_once_counts_survive_sigkill_and_compaction_of_the
             time.sleep(0.5)
         runs.append(app.stop())
 
-    # each run restored the changelog to its end (every partition's restore ended) before it ran
+    # each run restored every changelog partition to its end (at least the last stable offset the run started at,
+    # across the offsets compaction emptied) and then ran
     for run, events in enumerate(runs):
-        started = {e["partition"] for e in events if e["event"] == "restore_start"}
+        restores = {e["partition"]: e for e in events if e["event"] == "restore_start"}
         ended = {e["partition"] for e in events if e["event"] == "restore_end"}
-        assert started == ended == set(range(partitions)), (seed, run, events)
-        states = [e["to"] for e in events if e["event"] == "state"]
-        assert "RUNNING" in states, (seed, run, events)
-    assert sum(e["restored"] for e in runs[-1] if e["event"] == "restore_end") > 0  # state came back from the changelog
-    assert any(after < before for before, after in changelog_sizes), changelog_sizes  # compaction removed updates
+        assert set(restores) == ended == set(range(partitions)), (seed, run, events)
+        assert all(restores[p]["ending_offset"] >= stable_before_run[run][p] for p in range(partitions)), (seed, run, stable_before_run, events)
+        assert "RUNNING" in [e["to"] for e in events if e["event"] == "state"], (seed, run, events)
+    assert sum(e["restored"] for e in runs[-1] if e["event"] == "restore_end") > 0, runs[-1]  # state came back from the changelog
+    assert any(after < before for before, after in changelog_sizes), changelog_sizes  # compaction removed older counts
 
     settle(agent.server.address, sink, partitions)
     _, records = read(java, agent.bootstrap, sink, "read_committed")
