@@ -4,10 +4,11 @@ The programs are tests/java's (`logcompact.clients.Transactions`, `logcompact.cl
 content and Kafka version into the cache of lab.servers.kafka. The transactional producer commits, aborts and
 commits on a compacted topic, copies records with sendOffsetsToTransaction and is fenced by a second producer of
 its transactional.id: its Java consumers read what Apache Kafka's broker (lab.servers.kafka, with Kafka's first
-transaction protocol, as the agent serves) gives for the same run, offsets, end offsets and errors alike, and `logcompact compact --full` then removes the aborted records. A Kafka
-Streams application with exactly_once_v2 counts per key in a RocksDB store, killed with SIGKILL and restarted three
-times with its changelog compacted in between: it restores to the changelog's end and its output, read
-read_committed, holds each key's exact count.
+transaction protocol, the one the agent serves) gives for the same run, offsets, end offsets and errors alike.
+`logcompact compact --full` then removes the aborted records, and `logcompact consume --isolation read_committed`
+reads what the Java consumer reads. A Kafka Streams application with exactly_once_v2 counts per key in a RocksDB
+store, killed with SIGKILL and restarted three times with its changelog compacted in between: it restores to the
+changelog's end and its output, read read_committed, holds each key's exact count.
 """
 
 from __future__ import annotations
@@ -97,9 +98,9 @@ def run_java(java: JavaProgram, *args: str) -> list[dict[str, Any]]:
 def settle(address: Address, topic: str, partitions: int) -> None:
     """Until no transaction is open on the partitions (last stable offset = high watermark): a broker writes a
     transaction's markers after it answers EndTxn."""
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + JAVA_TIMEOUT_S
     while any((w := fetch_watermarks(address, topic, p))[0] != w[1] for p in range(partitions)):
-        assert time.monotonic() < deadline, f"{topic}: a transaction still open after 60 s"
+        assert time.monotonic() < deadline, f"{topic}: a transaction still open after {JAVA_TIMEOUT_S} s"
         time.sleep(0.1)
 
 
@@ -122,6 +123,14 @@ def compact_full(catalog: Catalog, topic: str) -> list[dict[str, Any]]:
                          capture_output=True, text=True, env=agent_environment(catalog), timeout=600)
     assert run.returncode == 0, run.stderr
     return [json.loads(line) for line in run.stdout.splitlines()]
+
+
+def cli_read_committed(catalog: Catalog, topic: str) -> list[tuple[int, int, str, str]]:
+    """`logcompact consume --isolation read_committed` of partition 0: (partition, offset, key, value)."""
+    run = subprocess.run([sys.executable, "-m", "logcompact", "consume", topic, "--partition", "0", "--isolation", "read_committed"],
+                         capture_output=True, text=True, env=agent_environment(catalog), timeout=300)
+    assert run.returncode == 0, run.stderr
+    return [(0, d["offset"], d["key"], d["value"]) for d in map(json.loads, run.stdout.splitlines())]
 
 
 # -- the transactional producer ----------------------------------------------------------------------------
@@ -148,6 +157,7 @@ def test_commit_abort_commit_reads_as_on_apache_kafka_and_compaction_removes_the
     aborted = [(0, e["offset"], e["key"], e["value"]) for e in produced if e["outcome"] == "abort"]
     assert seen["read_committed"] == ({0: 12}, committed)
     assert seen["read_uncommitted"] == ({0: 12}, sorted(committed + aborted))
+    assert cli_read_committed(catalog, seen["topic"]) == committed
 
     topic = seen["topic"]
     stats = compact_full(catalog, topic)
@@ -157,6 +167,7 @@ def test_commit_abort_commit_reads_as_on_apache_kafka_and_compaction_removes_the
     # no reader sees the aborted records; each key's latest committed value stays at its offset
     assert after["read_committed"] == ({0: 12}, sorted(latest.values()))
     assert after["read_uncommitted"] == after["read_committed"]
+    assert cli_read_committed(catalog, topic) == sorted(latest.values())
     assert [r.offset for r in stored(catalog, topic, 0)] == sorted(offset for _, offset, _, _ in latest.values())
 
 
