@@ -278,20 +278,24 @@ def _artifact_id(project: Path) -> str:
     return pom.findtext("{http://maven.apache.org/POM/4.0.0}artifactId") or project.name
 
 
-def build_java_program(project: Path) -> JavaProgram:
+def build_java_program(project: Path, kafka_version: str | None = None) -> JavaProgram:
     """A Maven project (a pom.xml and src/) built into the cache, once for each content of its sources: `mvn package`
-    in a copy, so the project's own directory gets no target/."""
+    in a copy, so the project's own directory gets no target/.  `kafka_version` (e.g. "3.9.2") builds it against
+    that version of Kafka's artifacts (the pom's `kafka.version` property), in a cache entry of its own; None takes
+    the pom's."""
     project = Path(project).resolve()
     if not (project / "pom.xml").is_file():
         raise KafkaStartError(f"building a Java program: no pom.xml in {project}")
     name = _artifact_id(project)
-    final = cache_dir() / "programs" / f"{name}-{_sources_digest(project)}"
+    version_suffix = f"-kafka-{kafka_version}" if kafka_version else ""
+    final = cache_dir() / "programs" / f"{name}-{_sources_digest(project)}{version_suffix}"
+    version_property = [f"-Dkafka.version={kafka_version}"] if kafka_version else []
 
     def build(into: Path) -> None:
         source = into / "source"
         shutil.copytree(project, source, ignore=shutil.ignore_patterns("target"))
-        _maven(f"building the Java program {project}",
-               ["-f", str(source / "pom.xml"), "package", "dependency:copy-dependencies",
+        _maven(f"building the Java program {project}{f' against Kafka {kafka_version}' if kafka_version else ''}",
+               ["-f", str(source / "pom.xml"), *version_property, "package", "dependency:copy-dependencies",
                 f"-DoutputDirectory={into / 'lib'}", "-DincludeScope=runtime"], cwd=into)
         (jar,) = (source / "target").glob("*.jar")
         jar.rename(into / "lib" / f"{name}.jar")
