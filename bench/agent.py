@@ -397,11 +397,11 @@ def catalog_measures(name: str, url: str | None, directory: Path, transactions: 
     times = end_txn_times(catalog, transactions)
     bounds = [(0.5, 30.0), (0.99, 100.0)] if url is None else [(0.5, float("nan")), (0.99, 150.0)]
     print(percentile_line(f"{name}: EndTxn's catalog transaction, {TXN_PARTITIONS} partitions of 100 records, 1 in 10 aborting", times, bounds), flush=True)
-    times = {kind: median(values) for kind, values in wide_append_times(catalog, appends).items()}
-    ratio = times["transactional"] / times["plain"]
-    print(f"{name}: append of a 1,000-partition file, medians of {appends} alternating: plain {times['plain']:.1f} ms, 100 sections "
-          f"transactional {times['transactional']:.1f} ms: {ratio:.2f}x ({verdict(ratio, 1.2, at_least=False)}); the same 100 "
-          f"sections idempotent {times['idempotent']:.1f} ms: transactional {times['transactional'] / times['idempotent']:.2f}x that", flush=True)
+    append = {kind: median(values) for kind, values in wide_append_times(catalog, appends).items()}
+    ratio = append["transactional"] / append["plain"]
+    print(f"{name}: append of a 1,000-partition file, medians of {appends} alternating: plain {append['plain']:.1f} ms, 100 sections "
+          f"transactional {append['transactional']:.1f} ms: {ratio:.2f}x ({verdict(ratio, 1.2, at_least=False)}); the same 100 "
+          f"sections idempotent {append['idempotent']:.1f} ms: transactional {append['transactional'] / append['idempotent']:.2f}x that", flush=True)
 
 
 def transactional_producer(cluster: Cluster, transactional_id: str, **settings: object) -> Producer:
@@ -522,7 +522,7 @@ def commit_to_delivery(cluster: Cluster, topic: str, transactions: int) -> list[
         while not stop.is_set():
             for message in consumer.consume(100, 0.05):
                 if message.error() is None:
-                    received.setdefault(int(message.value()[:8]), time.perf_counter())
+                    received.setdefault(int((message.value() or b"")[:8]), time.perf_counter())
 
     reader = threading.Thread(target=reading)
     reader.start()

@@ -316,17 +316,20 @@ def read_ledger_committed(bootstrap: str, ledger: Ledger) -> int:
         message = consumer.poll(1)
         if message is None:
             continue
-        if message.error():
-            if message.error().code() != KafkaError._PARTITION_EOF:
-                raise SystemExit(f"demo: the read_committed group failed: {message.error()}")
-            at_end.add(message.partition())
+        error, partition = message.error(), message.partition()
+        assert partition is not None  # a message of a subscribed partition
+        if error is not None:
+            if error.code() != KafkaError._PARTITION_EOF:
+                raise SystemExit(f"demo: the read_committed group failed: {error}")
+            at_end.add(partition)
             continue
         read += 1
-        keys = found.setdefault(message.partition(), {})
-        if message.key() in keys or message.value().startswith(b"aborted"):
-            raise SystemExit(f"demo: the read_committed group read {message.key()!r} = {message.value()!r} from {LEDGER}/{message.partition()}: "
-                             "a duplicate or an aborted record")
-        keys[message.key()] = message.value()
+        key, value = message.key(), message.value()
+        assert key is not None and value is not None  # the producer wrote no null
+        keys = found.setdefault(partition, {})
+        if key in keys or value.startswith(b"aborted"):
+            raise SystemExit(f"demo: the read_committed group read {key!r} = {value!r} from {LEDGER}/{partition}: a duplicate or an aborted record")
+        keys[key] = value
     consumer.close()
     if {p: keys for p, keys in found.items() if keys} != {p: keys for p, keys in ledger.latest.items() if keys}:
         raise SystemExit("demo: the read_committed group did not read each ledger key's latest committed value")
