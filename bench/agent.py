@@ -4,6 +4,7 @@ side by side with librdkafka's built-in mock cluster (`test.mock.num.brokers: 1`
     .venv/bin/python bench/agent.py                  # every measure, 3 repetitions, medians
     .venv/bin/python bench/agent.py --quick          # fewer records, 1 repetition
     .venv/bin/python bench/agent.py --records 200000 --repeat 5
+    .venv/bin/python bench/agent.py --measures txn   # the transactions' targets (about 15 minutes)
 
 The agent runs as `logcompact agent` in its own process on 127.0.0.1 (a free port, --flush-ms 250), over a SQLite
 catalog and a local store in a temporary directory. Measures (and targets):
@@ -30,6 +31,21 @@ catalog and a local store in a temporary directory. Measures (and targets):
   records a second), half consumers of one group (a partition each), beside the bounds its settings set; records
   acked and consumed (the consumers get a third more time to catch up), and when the group's first record came.
 
+`--measures txn` measures the transactions' targets, each printed with its target and whether it is met:
+
+* EndTxn's catalog transaction (`Catalog.end_transaction`, what the EndTxn handler awaits; the agent keeps no timing
+  of its own), timed in this process over real transactions of one producer, each adding 10 partitions and
+  appending an L0 file with a transactional batch of 100 records in each, one in ten aborting: p50 and p99 on
+  SQLite and on a throw-away PostgreSQL on disk (bench/postgres_server.py);
+* on the same catalogs, bench/catalog.py's append of a file of 1,000 partitions, alone, against the same file with
+  a transactional batch in 100 of its sections, and with the same 100 batches idempotent: medians, alternating;
+* against the agent, with confluent-kafka: `commit_transaction()` of 1,000 records of 100 B over 10 partitions
+  (p50, p99; and `flush()` alone, the acknowledgements it waits for); one transactional producer's committed
+  transactions a second (100 records each); 8 transactional producers (transactions of 10,000 records) against the
+  same 8 idempotent without transactions, each side in turn for 30 s (6 with --quick) per repetition; commit to the first
+  `read_committed` delivery (p99); kcat's records a second at `read_committed` against `read_uncommitted` over the
+  same data, all committed and with one transaction in ten aborted, beside the agent's read path alone.
+
 Figures are printed, never asserted. The CPU model and load average are printed beside them: this machine is
 shared, and the figures move with its load.
 """
@@ -47,6 +63,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -55,16 +72,23 @@ from pathlib import Path
 
 import psutil
 import pyarrow.compute as pc
-from confluent_kafka import Consumer, KafkaError, Producer
+from catalog import WIDE_PARTITIONS, WIDE_TOPICS
+from confluent_kafka import OFFSET_END, Consumer, KafkaError, Producer, TopicPartition
+from postgres_server import ThrowAwayPostgres
+from results import recorded
 
-from logcompact.catalog import Catalog
-from logcompact.consume import read_batches
+from logcompact.catalog import Catalog, NewFile
+from logcompact.catalog.producers import PlacedBatch, SequencedBatch
+from logcompact.catalog.transactions import MAX_TIMEOUT_MS
+from logcompact.consume import ISOLATION_LEVELS, READ_UNCOMMITTED, read_batches
+from logcompact.format import SectionInfo, section_table, write_segment
 from logcompact.jobs import run_and_commit
 from logcompact.kafka.handlers import fetch
 from logcompact.planner import PlannerConfig, choose_plans
-from logcompact.store import open_store
+from logcompact.store import LocalStore, open_store
 from logcompact.store.cache import CachedStore
 from logcompact.topics import Topic
+from logcompact.units import wall_clock_ms
 
 PARTITIONS = 4
 FLUSH_MS = 250
@@ -181,10 +205,10 @@ def ack_latencies(cluster: Cluster, topic: str, seconds: float) -> list[float]:
     return latencies
 
 
-def kcat_consume(cluster: Cluster, topic: str) -> tuple[float, int, int]:
+def kcat_consume(cluster: Cluster, topic: str, settings: dict[str, str] | None = None) -> tuple[float, int, int]:
     """(seconds from the first record to the end of every partition, records, bytes of keys and values) of kcat reading
-    every partition from the beginning, each record's key and value sizes written to a pipe."""
-    options = [part for name, value in KCAT.items() for part in ("-X", f"{name}={value}")]
+    every partition from the beginning, each record's key and value sizes written to a pipe; `settings` beside KCAT's."""
+    options = [part for name, value in {**KCAT, **(settings or {})}.items() for part in ("-X", f"{name}={value}")]
     command = ["kcat", "-C", "-q", "-e", "-b", cluster.bootstrap, "-t", topic, "-o", "beginning", "-f", "%K %S\n", *options]
     with tempfile.TemporaryFile() as errors:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors)
@@ -204,16 +228,16 @@ def kcat_consume(cluster: Cluster, topic: str) -> tuple[float, int, int]:
     return elapsed, len(sizes) // 2, sum(max(0, int(size)) for size in sizes)  # -1: a null key or value
 
 
-def in_process_fetch(catalog: Catalog, topic: str) -> tuple[float, int]:
+def in_process_fetch(catalog: Catalog, topic: str, isolation: int = READ_UNCOMMITTED) -> tuple[float, int]:
     """(seconds, records) of the agent's read path alone, `kafka.handlers.fetch.read` (what its Fetch handler runs for each
-    request), reading every partition from its log start to its end with kcat's limits, through a new file cache of
-    the agent's default size."""
+    request), reading every partition from its log start to its end with kcat's limits at `isolation`, through a new
+    file cache of the agent's default size."""
     store = CachedStore(catalog.store)
     positions, ends = (list(column) for column in list(zip(*catalog.log_offsets(topic)))[:2])
     records = 0
     started = time.perf_counter()
     while wanted := [fetch.Wanted(p, positions[p], PARTITION_FETCH_BYTES) for p in range(len(ends)) if positions[p] < ends[p]]:
-        for answer in fetch.read(catalog, store, FETCH_MAX_BYTES, [(topic, wanted)])[1][0][1]:
+        for answer in fetch.read(catalog, store, FETCH_MAX_BYTES, [(topic, wanted)], isolation)[1][0][1]:
             positions[answer.index] = answer.next_offset
             records += sum(batch_counts(answer.records))
     return time.perf_counter() - started, records
@@ -247,6 +271,363 @@ def compact(catalog: Catalog, topic: str) -> int:
     if any(data_file.level == 0 for data_file in files):
         raise SystemExit(f"the full sweep left L0 files of {topic}: the fetch measure would not read from L1+ files")
     return sum(section.info.record_count for data_file in files for section in data_file.sections if section.topic == topic)
+
+
+# -- transactions -----------------------------------------------------------------------------------------
+
+TXN_PARTITIONS = 10
+TXN_TIMEOUT_MS = 60_000
+
+
+def percentile_line(name: str, values: list[float], bounds: list[tuple[float, float]], unit: str = "ms") -> str:
+    """`name`: p50 and p99 of `values`, each beside its bound (nan: none) and whether it is met."""
+    parts = []
+    for fraction, bound in bounds:
+        value = percentile(values, fraction)
+        verdict = "" if math.isnan(bound) else f" (target <= {bound:,.0f}: {'met' if value <= bound else 'MISSED'})"
+        parts.append(f"p{round(fraction * 100)} {value:,.1f} {unit}{verdict}")
+    return f"{name}: {', '.join(parts)}; {len(values)} samples"
+
+
+def verdict(value: float, bound: float, at_least: bool) -> str:
+    met = value >= bound if at_least else value <= bound
+    return f"target {'>=' if at_least else '<='} {bound:g}: {'met' if met else 'MISSED'}"
+
+
+class CatalogProducer:
+    """A producer's side of the catalog, as the agent's handlers drive it: a transactional one's InitProducerId, then
+    per transaction AddPartitionsToTxn, appends of its batches (`Catalog.append_files` with the batches sequenced as
+    the ingest sequences them) and EndTxn; an idempotent one's producer id and sequenced batches alone."""
+
+    def __init__(self, catalog: Catalog, transactional_id: str | None) -> None:
+        self.catalog, self.transactional_id = catalog, transactional_id
+        self.producer_id, self.epoch = (
+            catalog.init_producer(transactional_id, TXN_TIMEOUT_MS, MAX_TIMEOUT_MS, None, wall_clock_ms()) if transactional_id
+            else (catalog.allocate_producer_id(wall_clock_ms()), 0)
+        )
+        self.last: dict[tuple[str, int], int] = {}
+
+    def batch(self, topic: str, partition: int, offset_delta: int, count: int) -> PlacedBatch:
+        follows = self.last.get((topic, partition))
+        first = 0 if follows is None else follows + 1
+        self.last[(topic, partition)] = first + count - 1
+        return PlacedBatch(topic, partition, offset_delta, SequencedBatch(
+            self.producer_id, self.epoch, first, first + count - 1, None if follows is None else (self.epoch, follows), self.transactional_id is not None))
+
+    def begin(self, partitions: list[tuple[str, int]]) -> None:
+        assert self.transactional_id is not None
+        self.catalog.add_to_transaction(self.transactional_id, self.producer_id, self.epoch, partitions, wall_clock_ms())
+
+    def end(self, commit: bool) -> float:
+        """Seconds of EndTxn's catalog transaction."""
+        assert self.transactional_id is not None
+        started = time.perf_counter()
+        self.catalog.end_transaction(self.transactional_id, self.producer_id, self.epoch, commit, wall_clock_ms())
+        return time.perf_counter() - started
+
+
+def section_infos(partitions: list[tuple[str, int]], records: int) -> tuple[SectionInfo, ...]:
+    """The sections of one real segment of `records` records of 100 B in each partition (the catalog never reads the
+    object: rows only, as bench/catalog.py builds its files)."""
+    keys = [b"key-%d" % n for n in range(records)]
+    tables = [(topic, partition, section_table(range(records), [0] * records, keys, [b"v" * 100] * records, [None] * records))
+              for topic, partition in partitions]
+    return tuple(write_segment(tables)[1])
+
+
+def end_txn_times(catalog: Catalog, transactions: int) -> list[float]:
+    """Milliseconds of EndTxn's catalog transaction (`Catalog.end_transaction`, what the EndTxn handler awaits) over
+    `transactions` real transactions of one producer, each adding 10 partitions and appending one L0 file holding a
+    transactional batch of 100 records in each; every tenth transaction aborts, the others commit."""
+    topic = f"endtxn-{uuid.uuid4().hex[:8]}"
+    now = wall_clock_ms()
+    catalog.create_topic(Topic.create(topic, TXN_PARTITIONS, {"cleanup.policy": "compact"}, now), now)
+    partitions = [(topic, p) for p in range(TXN_PARTITIONS)]
+    infos = section_infos(partitions, 100)
+    producer = CatalogProducer(catalog, f"{topic}-producer")
+    times = []
+    for n in range(transactions):
+        producer.begin(partitions)
+        placed = [producer.batch(topic, p, 0, 100) for _, p in partitions]
+        appended = catalog.append_files([NewFile(f"data/l0/{topic}-{n:06d}.seg", 0, 100_000, wall_clock_ms(), infos)], wall_clock_ms(), [placed])
+        if appended.refused:
+            raise SystemExit(f"EndTxn measure: the catalog refused the transaction's batches: {appended.refused}")
+        times.append(producer.end(commit=n % 10 != 9) * 1000)
+    return times
+
+
+def wide_append_times(catalog: Catalog, appends: int) -> dict[str, list[float]]:
+    """Milliseconds of appends of a file of 1,000 sections (10 topics of 100 partitions, bench/catalog.py's wide
+    file), alternating: `plain`, no sequenced batch; `transactional`, a transactional batch in 100 of its sections
+    (10 producers' open transactions of 10 partitions each, ended after the append, untimed); `idempotent`, the same
+    100 batches of 10 idempotent producers, which the catalog records as it records a transactional producer's
+    (`producers.record`)."""
+    tag = uuid.uuid4().hex[:8]
+    now = wall_clock_ms()
+    for t in range(WIDE_TOPICS):
+        catalog.create_topic(Topic.create(f"wide{t}-{tag}", WIDE_PARTITIONS, {"cleanup.policy": "compact"}, now), now)
+    partitions = [(f"wide{t}-{tag}", p) for t in range(WIDE_TOPICS) for p in range(WIDE_PARTITIONS)]
+    infos = section_infos(partitions, 1)
+    owned = [partitions[n * 100: n * 100 + 100: 10] for n in range(10)]  # 10 partitions a producer, over the topics
+    producers = {"plain": [], "transactional": [CatalogProducer(catalog, f"wide-{tag}-{n}") for n in range(10)],
+                 "idempotent": [CatalogProducer(catalog, None) for _ in range(10)]}
+    times: dict[str, list[float]] = {name: [] for name in producers}
+    for n in range(appends):
+        for name, chosen in producers.items():
+            if name == "transactional":
+                for producer, mine in zip(chosen, owned):
+                    producer.begin(mine)
+            placed = [producer.batch(topic, partition, 0, 1) for producer, mine in zip(chosen, owned) for topic, partition in mine]
+            new = NewFile(f"data/l0/wide-{tag}-{name}-{n:06d}.seg", 0, 1_000_000, wall_clock_ms(), infos)
+            started = time.perf_counter()
+            appended = catalog.append_files([new], wall_clock_ms(), [placed])
+            times[name].append((time.perf_counter() - started) * 1000)
+            if appended.refused:
+                raise SystemExit(f"append measure: the catalog refused {name} batches: {appended.refused}")
+            if name == "transactional":
+                for producer in chosen:
+                    producer.end(commit=True)
+    return times
+
+
+def catalog_measures(name: str, url: str | None, directory: Path, transactions: int, appends: int) -> None:
+    """EndTxn's catalog transaction and the transactional wide append against the plain one, on one database."""
+    catalog = Catalog(LocalStore(directory / f"catalog-{name}"), url)
+    catalog.ensure_created(wall_clock_ms())
+    times = end_txn_times(catalog, transactions)
+    bounds = [(0.5, 30.0), (0.99, 100.0)] if url is None else [(0.5, float("nan")), (0.99, 150.0)]
+    print(percentile_line(f"{name}: EndTxn's catalog transaction, {TXN_PARTITIONS} partitions of 100 records, 1 in 10 aborting", times, bounds), flush=True)
+    append = {kind: median(values) for kind, values in wide_append_times(catalog, appends).items()}
+    ratio = append["transactional"] / append["plain"]
+    print(f"{name}: append of a 1,000-partition file, medians of {appends} alternating: plain {append['plain']:.1f} ms, 100 sections "
+          f"transactional {append['transactional']:.1f} ms: {ratio:.2f}x ({verdict(ratio, 1.2, at_least=False)}); the same 100 "
+          f"sections idempotent {append['idempotent']:.1f} ms: transactional {append['transactional'] / append['idempotent']:.2f}x that", flush=True)
+
+
+def transactional_producer(cluster: Cluster, transactional_id: str, **settings: object) -> Producer:
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "transactional.id": transactional_id, "linger.ms": 5,
+                         "batch.size": 1_000_000, "queue.buffering.max.messages": 1_000_000, **settings})
+    producer.init_transactions(30)
+    return producer
+
+
+def produce_all(producer: Producer, topic: str, count: int, partitions: int) -> None:
+    for n in range(count):
+        while True:
+            try:
+                producer.produce(topic, b"v" * 100, b"key-%d" % n, partition=n % partitions)
+                break
+            except BufferError:
+                producer.poll(0.05)
+
+
+def commit_times(cluster: Cluster, topic: str, transactions: int) -> tuple[list[float], list[float]]:
+    """Milliseconds of `commit_transaction()` (librdkafka: the transaction's batches flushed and acknowledged, then
+    EndTxn) of transactions of 1,000 records of 100 B over 10 partitions, and of its first part alone: in a second
+    run of as many transactions, `flush()` (every record acknowledged) timed before `commit_transaction()`."""
+    producer = transactional_producer(cluster, f"{topic}-commit")
+    times: tuple[list[float], list[float]] = ([], [])
+    for flushed_first in (False, True):
+        for _ in range(transactions):
+            producer.begin_transaction()
+            produce_all(producer, topic, 1_000, TXN_PARTITIONS)
+            started = time.perf_counter()
+            if flushed_first:
+                producer.flush(60)
+                times[1].append((time.perf_counter() - started) * 1000)
+            else:
+                producer.commit_transaction(60)
+                times[0].append((time.perf_counter() - started) * 1000)
+            if flushed_first:
+                producer.commit_transaction(60)
+    return times
+
+
+def committed_transactions_per_second(cluster: Cluster, topic: str, seconds: float) -> float:
+    """One transactional producer, transactions of 100 records over 10 partitions back to back for `seconds`:
+    committed transactions a second."""
+    producer = transactional_producer(cluster, f"{topic}-rate")
+    committed, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        producer.begin_transaction()
+        produce_all(producer, topic, 100, TXN_PARTITIONS)
+        producer.commit_transaction(60)
+        committed += 1
+    return committed / (time.perf_counter() - started)
+
+
+def eight_producers(cluster: Cluster, topic: str, seconds: float, transactional: bool) -> float:
+    """8 producers, each producing units of 10,000 records of 100 B over the topic's 10 partitions for `seconds`:
+    transactional (a transaction a unit, committed) or idempotent without transactions (the units back to back,
+    flushed at the end): committed, or acknowledged, records a second, the last commit or flush included."""
+    done, counted = [0], threading.Lock()
+    failed: list[str] = []
+    started = time.perf_counter()
+
+    def run(number: int) -> None:
+        try:
+            if transactional:
+                producer = transactional_producer(cluster, f"{topic}-{number}")
+            else:
+                producer = Producer({"bootstrap.servers": cluster.bootstrap, "enable.idempotence": True, "linger.ms": 5,
+                                     "batch.size": 1_000_000, "queue.buffering.max.messages": 1_000_000})
+
+            def delivered(error: KafkaError | None, _message: object) -> None:
+                if error is None and not transactional:
+                    with counted:
+                        done[0] += 1
+
+            while time.perf_counter() - started < seconds:
+                if transactional:
+                    producer.begin_transaction()
+                for n in range(10_000):
+                    while True:
+                        try:
+                            producer.produce(topic, b"v" * 100, b"p%d-%d" % (number, n), partition=n % TXN_PARTITIONS, on_delivery=delivered)
+                            break
+                        except BufferError:
+                            producer.poll(0.05)
+                if transactional:
+                    producer.commit_transaction(120)
+                    with counted:
+                        done[0] += 10_000
+                else:
+                    producer.poll(0)
+            if producer.flush(120):
+                failed.append(f"producer {number}: records left undelivered")
+        except Exception as exc:  # reported after the threads join, with the figures withheld
+            failed.append(f"producer {number}: {exc}")
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failed:
+        raise SystemExit(f"8 {'transactional' if transactional else 'idempotent'} producers failed: {failed[0]}")
+    return done[0] / (time.perf_counter() - started)
+
+
+def commit_to_delivery(cluster: Cluster, topic: str, transactions: int) -> list[float]:
+    """Milliseconds from `commit_transaction()` returning to a `read_committed` consumer (assigned to the topic's
+    partitions at their ends, polling) receiving the transaction's first record; transactions of 10 records over
+    10 partitions, 100 ms apart."""
+    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": f"{topic}-reader", "isolation.level": "read_committed",
+                         "enable.auto.commit": False, "fetch.wait.max.ms": 500})
+    consumer.assign([TopicPartition(topic, p, OFFSET_END) for p in range(TXN_PARTITIONS)])
+    received: dict[int, float] = {}
+    stop = threading.Event()
+
+    def reading() -> None:
+        while not stop.is_set():
+            for message in consumer.consume(100, 0.05):
+                if message.error() is None:
+                    received.setdefault(int((message.value() or b"")[:8]), time.perf_counter())
+
+    reader = threading.Thread(target=reading)
+    reader.start()
+    time.sleep(2)  # the assignment's offsets resolved before the first transaction
+    producer = transactional_producer(cluster, f"{topic}-latency")
+    committed: dict[int, float] = {}
+    for n in range(transactions):
+        producer.begin_transaction()
+        for r in range(10):
+            producer.produce(topic, b"%08d" % n + b"v" * 92, b"k%d" % r, partition=r % TXN_PARTITIONS)
+        producer.commit_transaction(60)
+        committed[n] = time.perf_counter()
+        time.sleep(0.1)
+    deadline = time.monotonic() + 10
+    while len(received) < transactions and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    reader.join()
+    consumer.close()
+    if len(received) < transactions:
+        raise SystemExit(f"the read_committed consumer received {len(received)} of {transactions} committed transactions within 10 s")
+    return [(received[n] - committed[n]) * 1000 for n in range(transactions)]
+
+
+def transactional_data(cluster: Cluster, topic: str, records: int, abort_every: int) -> int:
+    """`records` of 100 B over 10 partitions in transactions of 10,000, every `abort_every`-th aborted (0: none):
+    the committed records."""
+    producer = transactional_producer(cluster, f"{topic}-data")
+    committed = 0
+    for n in range(math.ceil(records / 10_000)):
+        count = min(10_000, records - n * 10_000)
+        producer.begin_transaction()
+        produce_all(producer, topic, count, TXN_PARTITIONS)
+        if abort_every and n % abort_every == abort_every - 1:
+            if producer.flush(60):  # aborting purges what is not yet sent: flushed, the aborted records are in the log
+                raise SystemExit(f"{topic}: records left unsent 60 s before an abort")
+            producer.abort_transaction(60)
+        else:
+            producer.commit_transaction(60)
+            committed += count
+    return committed
+
+
+def txn_measures(agent: Cluster, directory: Path, quick: bool, repeat: int) -> None:
+    """Issue 42's targets: each printed with its target and whether it is met."""
+    assert agent.catalog is not None
+    scale = 0.2 if quick else 1.0
+    print(f"\ntransactions, {'quick sizes' if quick else 'full sizes'}; machine: {machine()}", flush=True)
+    # The catalog's side, in this process: SQLite as the agent's own, then a throw-away PostgreSQL on disk.
+    catalog_measures("SQLite", None, directory, int(500 * scale), int(50 * scale))
+    server = ThrowAwayPostgres()
+    try:
+        server.start()
+        catalog_measures("PostgreSQL", server.new_database(f"txn_{uuid.uuid4().hex[:12]}"), directory, int(500 * scale), int(50 * scale))
+    finally:
+        server.stop()
+    # The clients' side, against the agent.
+    agent.create_topic("txn-commit", "compact", partitions=TXN_PARTITIONS)
+    times, flushes = commit_times(agent, "txn-commit", int(100 * scale))
+    print(percentile_line("commit_transaction(), 1,000 records of 100 B over 10 partitions", times, [(0.5, 450.0), (0.99, 750.0)]), flush=True)
+    print("  " + percentile_line("of which its records acknowledged (flush() timed alone)", flushes, [(0.5, float("nan")), (0.99, float("nan"))]), flush=True)
+    agent.create_topic("txn-rate", "compact", partitions=TXN_PARTITIONS)
+    rate = committed_transactions_per_second(agent, "txn-rate", 20 * scale)
+    print(f"one transactional producer, transactions of 100 records: {rate:.2f} committed transactions/s ({verdict(rate, 2, at_least=True)})", flush=True)
+    ratios = []
+    for repetition in range(repeat):
+        figures = {}
+        for transactional in (False, True):
+            topic = f"txn-eight-{repetition}-{'txn' if transactional else 'idem'}"
+            agent.create_topic(topic, "compact", partitions=TXN_PARTITIONS)
+            figures[transactional] = eight_producers(agent, topic, 30 * scale, transactional)
+        ratios.append(figures[True] / figures[False])
+        print(f"8 producers, 10,000 records of 100 B a unit, {30 * scale:.0f} s each: idempotent {figures[False]:,.0f} records/s, "
+              f"transactional {figures[True]:,.0f} committed records/s: {ratios[-1]:.2f}x; load average {os.getloadavg()[0]:.2f}", flush=True)
+    print(f"  median ratio of {repeat}: {median(ratios):.2f}x ({verdict(median(ratios), 0.7, at_least=True)})", flush=True)
+    agent.create_topic("txn-delivery", "compact", partitions=TXN_PARTITIONS)
+    delays = commit_to_delivery(agent, "txn-delivery", int(200 * scale))
+    print(percentile_line("commit_transaction() returned to the first read_committed delivery", delays, [(0.5, float("nan")), (0.99, 300.0)]), flush=True)
+    records = int(500_000 * scale)
+    for name, abort_every, bound in (("all committed", 0, 0.9), ("1 transaction in 10 aborted", 10, 0.8)):
+        topic = f"txn-fetch-{abort_every}"
+        agent.create_topic(topic, "compact", partitions=TXN_PARTITIONS)
+        committed = transactional_data(agent, topic, records, abort_every)
+        rates: dict[str, list[float]] = {"read_committed": [], "read_uncommitted": []}
+        in_process: dict[str, list[float]] = {"read_committed": [], "read_uncommitted": []}
+        kcat_consume(agent, topic)  # untimed: the first read of new files pays for the page cache and the agent's file cache
+        in_process_fetch(agent.catalog, topic)
+        for repetition in range(max(2, repeat)):
+            for isolation in list(rates)[:: 1 if repetition % 2 == 0 else -1]:  # alternating which goes first
+                elapsed, read, _bytes = kcat_consume(agent, topic, {"isolation.level": isolation})
+                expected = committed if isolation == "read_committed" else records
+                if read != expected:
+                    raise SystemExit(f"kcat read {read:,} records of {topic} at {isolation}, expected {expected:,}")
+                rates[isolation].append(read / elapsed)
+                elapsed, read = in_process_fetch(agent.catalog, topic, ISOLATION_LEVELS[isolation])
+                if read != expected:
+                    raise SystemExit(f"the agent's read path read {read:,} records of {topic} at {isolation}, expected {expected:,}")
+                in_process[isolation].append(read / elapsed)
+        committed_rate, uncommitted_rate = median(rates["read_committed"]), median(rates["read_uncommitted"])
+        ratio = committed_rate / uncommitted_rate
+        print(f"fetch with kcat, {records:,} records in transactions of 10,000, {name}: read_committed {committed_rate:,.0f} records/s, "
+              f"read_uncommitted {uncommitted_rate:,.0f}: {ratio:.2f}x ({verdict(ratio, bound, at_least=True)})", flush=True)
+        alone = median(in_process["read_committed"]) / median(in_process["read_uncommitted"])
+        print(f"  the agent's read path alone: read_committed {median(in_process['read_committed']):,.0f} records/s, read_uncommitted "
+              f"{median(in_process['read_uncommitted']):,.0f}: {alone:.2f}x", flush=True)
 
 
 # -- the run ----------------------------------------------------------------------------------------------
@@ -365,7 +746,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="repetitions of each measure; medians are printed")
     parser.add_argument("--latency-seconds", type=float, default=10.0)
     parser.add_argument("--quick", action="store_true", help="200,000 records, one repetition, 5 s of latency")
-    parser.add_argument("--measures", default="produce,latency,fetch,group,clients", help="which to run, comma-separated")
+    parser.add_argument("--measures", default="produce,latency,fetch,group,clients", help="which to run, comma-separated (txn: the transactions' targets)")
     parser.add_argument("--clients", type=int, default=100, help="producers and consumers at once in the clients measure")
     parser.add_argument("--clients-seconds", type=float, default=30.0)
     parser.add_argument("--clients-rate", type=int, default=1000, help="records a second of each producer in the clients measure")
@@ -382,7 +763,7 @@ def main() -> None:
 
     print(f"machine: {machine()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="logcompact-bench-agent-") as directory, agent_process(Path(directory)) as (agent, process), mock_cluster() as mock:
-        for repetition in range(args.repeat):
+        for repetition in range(args.repeat if measures - {"txn", "clients"} else 0):
             for cluster in (agent, mock) if "produce" in measures else ():
                 topic = f"small-{repetition}"
                 cluster.create_topic(topic, "delete")
@@ -436,6 +817,12 @@ def main() -> None:
             print(f"{producers} producers at {args.clients_rate:,} records/s each for {args.clients_seconds:.0f} s and {consumers} consumers of one "
                   f"group: {clients.produced:,} records acked ({clients.produced / args.clients_seconds:,.0f}/s), {clients.consumed:,} consumed "
                   f"(the group's first record {clients.first_record_s:.1f} s after the start)", flush=True)
+        if "txn" in measures:
+            txn_measures(agent, Path(directory), args.quick, args.repeat)
+            rss["after transactions"] = process.memory_info().rss
+    if not measures - {"txn"}:
+        print(f"agent resident memory after the transactions: {rss['after transactions'] / 2**20:,.0f} MiB")
+        return
 
     agent_of = {name: median(values) for name, values in figures["agent"].items()}
     mock_of = {name: median(values) for name, values in figures["mock"].items()}
@@ -463,4 +850,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recorded():
+        main()

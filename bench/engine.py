@@ -18,6 +18,11 @@ keys the 128 MiB map holds. The process is pinned to one CPU and Arrow to one th
   (c) an L0 to L1 copy (`run_plan` of a plan that does not deduplicate) of 32 agents' files, each holding records
       of 1,000 partitions (16,000 keys, 2 records a key, 100-byte values): some 20,000 sections of a record or two,
       what the compactors copy in the regime (bench/regime.py); printed per section.
+  (d) aborted ranges' cost per section: case (c)'s files copied (L0 to L1) and deduplicated (to L2) by a plain plan
+      and by the same plan carrying aborted ranges, runs alternating: in every partition every tenth offset is a
+      range of its own (a tenth of the records aborted, about 3 ranges a partition), as transactions of one
+      record each would leave them; the engine must count every aborted record removed. Target: <= 1.1x the plain
+      plan's time.
 
 --min-lag compares variants of the topic side by side, their runs alternating: `none` (no min lag), or a
 share of each partition's newest records within min.compaction.lag.ms (records' timestamps follow their
@@ -147,7 +152,7 @@ def keys_in_128_mib() -> tuple[int, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--case", choices=["a", "b", "c", "all"], default="all")
+    parser.add_argument("--case", choices=["a", "b", "c", "d", "all"], default="all")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--min-lag", default="none", metavar="VARIANTS",
                         help="comma-separated: none, or the share (0 to 1) of each partition's newest records within the lag")
@@ -162,7 +167,9 @@ def main() -> None:
     plan_now = NOW + 10**9
     if args.case in ("c", "all"):
         l0_copy(args.repeat)
-    for case in ("a", "b") if args.case == "all" else (args.case,) if args.case != "c" else ():
+    if args.case in ("d", "all"):
+        aborted_ranges_cost(args.repeat)
+    for case in ("a", "b") if args.case == "all" else (args.case,) if args.case in ("a", "b") else ():
         distinct, per_key, value_bytes = CASES[case]
         records = distinct * per_key
         topics = {variant: _topic(variant, records // PARTITIONS, plan_now) for variant in variants}
@@ -231,6 +238,44 @@ def l0_copy(repeat: int) -> None:
         took = statistics.median(runs)
         print(f"case (c): L0 to L1 copy of {L0_FILES} files, {sections:,} sections over {L0_PARTITIONS:,} partitions: {took:.3f} s, "
               f"{took / sections * 1e6:.1f} µs a section  (runs: {', '.join(f'{x:.3f}' for x in runs)})", flush=True)
+
+
+def aborted_ranges_cost(repeat: int) -> None:
+    """Case (d): case (c)'s files through a plain plan and the same plan with aborted ranges, copied to L1 and
+    deduplicated to L2, the runs alternating: seconds per section of each and their ratio."""
+    topic = Topic.create("agents", L0_PARTITIONS, {"cleanup.policy": "compact"}, NOW)
+    with tempfile.TemporaryDirectory(prefix="logcompact-bench-engine-") as tmp:
+        store = LocalStore(Path(tmp) / "store")
+        files, _ = write_compacted_log(store, "agents", 16_000, 2, 100, L0_PARTITIONS, L0_FILES, level=0)
+        sections = sum(len(f.sections) for f in files)
+        ends: dict[int, int] = {}
+        for data_file in files:
+            for section in data_file.sections:
+                ends[section.partition] = max(ends.get(section.partition, 0), section.first_offset + section.info.record_count)
+        aborted = {("agents", p): tuple((offset, offset) for offset in range(5, end, 10)) for p, end in ends.items()}
+        aborted_records = sum(len(ranges) for ranges in aborted.values())
+        timings: dict[tuple[int, bool], list[float]] = {(level, with_aborted): [] for level in (1, 2) for with_aborted in (False, True)}
+        for _ in range(repeat):
+            for level in (1, 2):
+                for with_aborted in (False, True):
+                    plan = Plan(plan_id=f"bench-{uuid.uuid4().hex[:8]}", cluster_id="bench", manifest_version=1, now_ms=NOW + 10**6,
+                                target_level=level, deduplicate=level == 2, inputs=tuple(files), topics={"agents": topic},
+                                aborted=aborted if with_aborted else {})
+                    started = time.perf_counter()
+                    result = run_plan(store, plan)
+                    timings[(level, with_aborted)].append(time.perf_counter() - started)
+                    assert result.stats.aborted_removed == (aborted_records if with_aborted else 0), result.stats
+                    for output in result.outputs:
+                        store.delete(output.key)
+        print(f"case (d): aborted ranges, case (c)'s {L0_FILES} files ({sections:,} sections), {aborted_records:,} of 32,000 records "
+              f"in {aborted_records:,} aborted ranges, plain and aborted plans alternating, medians of {repeat}:", flush=True)
+        for level, name in ((1, "L0 to L1 copy"), (2, "dedup to L2")):
+            plain, with_ranges = (statistics.median(timings[(level, flag)]) for flag in (False, True))
+            ratio = with_ranges / plain
+            print(f"  {name}: plain {plain / sections * 1e6:.1f} µs a section, with aborted ranges {with_ranges / sections * 1e6:.1f} µs: "
+                  f"{ratio:.2f}x (target <= 1.1x: {'met' if ratio <= 1.1 else 'missed'})  "
+                  f"(runs: {', '.join(f'{x:.3f}' for x in timings[(level, False)])} / {', '.join(f'{x:.3f}' for x in timings[(level, True)])})",
+                  flush=True)
 
 
 def _topic(variant: str, per_partition: int, plan_now: int) -> Topic:

@@ -11,7 +11,9 @@ logcompact_gc, each compaction through spark-submit with Spark in local mode. Th
 bytes per level after each run, records removed and write amplification, and two checks that every key's latest
 value survived: through the library's consume, and through a Kafka consumer group reading the compacted topics
 back from the agent (each compacted key once, its latest value; every clicks record; the group's committed
-offsets at the end of every partition).
+offsets at the end of every partition). Beside them a transactional producer commits some transactions and aborts
+others on a fourth topic (ledger: compact); after the DAGs' compactions its files hold no aborted record, and a
+`read_committed` consumer group reads each key's latest committed value once.
 
     .venv/bin/python scripts/demo.py [--records 300000] [--dir .demo] [--data-only]
 
@@ -33,14 +35,22 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:  # imported where used, as everything the demo takes from the library
+    from logcompact.catalog import Catalog, Snapshot
+    from logcompact.store import ObjectStore
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 # Plan groups of 8 MiB: the demo's tens of MB run as several mapped Spark jobs (production keeps 1 GiB).
 DEMO_GROUP_BYTES = 8 * 1024**2
 DAG_RUNS = ("logcompact_compaction", "logcompact_max_lag_hourly", "logcompact_full_sweep_daily", "logcompact_gc")
+# The transactional producer's compacted topic: its transactions write these keys, a third of them aborted.
+LEDGER, LEDGER_PARTITIONS, LEDGER_KEYS = "ledger", 4, 100
+LEDGER_TRANSACTIONS, LEDGER_RECORDS = 9, 200  # records a transaction
 
 
 def configure_airflow(work: Path, store_uri: str) -> None:
@@ -88,7 +98,7 @@ def register_topic_assets(cluster_id: str) -> None:
     from logcompact.lab.demo import TOPICS
     from logcompact_airflow.operators.compaction import topic_asset
 
-    assets = [topic_asset(cluster_id, spec.name) for spec in TOPICS]
+    assets = [topic_asset(cluster_id, name) for name in [spec.name for spec in TOPICS] + [LEDGER]]
     with create_session() as session:
         models = asset_manager.create_assets(
             [SerializedAsset(name=asset.name, uri=asset.uri, group=asset.group, extra={}, watchers=[]) for asset in assets], session=session
@@ -213,6 +223,124 @@ def read_back_with_a_consumer_group(bootstrap: str, latest: dict, clicks: int, h
     return read
 
 
+
+@dataclass
+class Ledger:
+    """What the transactional producer left: each key's latest committed value by partition, and its counts."""
+
+    latest: dict[int, dict[bytes, bytes]] = field(default_factory=dict)
+    committed: int = 0  # transactions
+    aborted: int = 0
+    aborted_records: int = 0
+
+
+def create_ledger(catalog: Catalog, now: int) -> None:
+    from logcompact.topics import Topic
+
+    catalog.create_topic(Topic.create(LEDGER, LEDGER_PARTITIONS, {"cleanup.policy": "compact"}, now), now)
+
+
+def produce_transactions(bootstrap: str) -> Ledger:
+    """A transactional producer (confluent-kafka) writes LEDGER_TRANSACTIONS transactions of LEDGER_RECORDS records
+    over the ledger's keys and aborts every third, its records first delivered (an abort purges what is unsent), so
+    the aborted records are in the log and an aborted value is written after a committed one of the same key."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": "logcompact-demo-ledger", "linger.ms": 20})
+    producer.init_transactions(30)
+    ledger = Ledger()
+    for number in range(LEDGER_TRANSACTIONS):
+        aborting = number % 3 == 2
+        producer.begin_transaction()
+        writes = {}
+        for n in range(LEDGER_RECORDS):
+            key = b"account-%03d" % ((number * 37 + n) % LEDGER_KEYS)
+            value = b"%s in transaction %d" % (b"aborted" if aborting else b"committed", number)
+            partition = int(key[-3:]) % LEDGER_PARTITIONS
+            producer.produce(LEDGER, value, key, partition)
+            writes[(partition, key)] = value
+        if aborting:
+            if producer.flush(60):
+                raise SystemExit("demo: the transactional producer could not deliver its records before aborting")
+            producer.abort_transaction(60)
+            ledger.aborted += 1
+            ledger.aborted_records += LEDGER_RECORDS
+        else:
+            producer.commit_transaction(60)
+            ledger.committed += 1
+            for (partition, key), value in writes.items():
+                ledger.latest.setdefault(partition, {})[key] = value
+    return ledger
+
+
+def verify_ledger_compacted(store: ObjectStore, snapshot: Snapshot, ledger: Ledger) -> int:
+    """Through consume at read_uncommitted, which leaves nothing out: the ledger's files hold each key once, with its
+    latest committed value, and no aborted record. Returns the records held."""
+    from logcompact.consume import read_batches
+    from logcompact.exceptions import VerificationError
+
+    held = 0
+    for partition in range(LEDGER_PARTITIONS):
+        keys: list[bytes] = []
+        values: list[bytes] = []
+        for batch in read_batches(store, snapshot, LEDGER, partition):
+            keys += batch.column("key").to_pylist()
+            values += batch.column("value").to_pylist()
+        aborted = sum(value.startswith(b"aborted") for value in values)
+        if aborted:
+            raise VerificationError(f"demo check failed: {LEDGER}/{partition} still holds {aborted} aborted records after compaction")
+        if len(keys) != len(set(keys)) or dict(zip(keys, values)) != ledger.latest.get(partition, {}):
+            raise VerificationError(f"demo check failed: {LEDGER}/{partition} holds {len(keys)} records, not each of its "
+                                    f"{len(ledger.latest.get(partition, {}))} keys once with its latest committed value")
+        held += len(keys)
+    return held
+
+
+def read_ledger_committed(bootstrap: str, ledger: Ledger) -> int:
+    """A read_committed consumer group reads the ledger to its end: each key once, its latest committed value, no
+    aborted record. Returns the records read."""
+    from confluent_kafka import Consumer, KafkaError
+
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap, "group.id": "logcompact-demo-ledger", "auto.offset.reset": "earliest",
+        "isolation.level": "read_committed", "enable.partition.eof": True,
+    })
+    consumer.subscribe([LEDGER])
+    found: dict[int, dict[bytes, bytes]] = {}
+    at_end: set[int] = set()
+    read = 0
+    deadline = time.monotonic() + 120
+    while len(at_end) < LEDGER_PARTITIONS:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"demo: the read_committed group reached the end of {len(at_end)} of {LEDGER_PARTITIONS} ledger partitions in 120 s")
+        message = consumer.poll(1)
+        if message is None:
+            continue
+        error, partition = message.error(), message.partition()
+        assert partition is not None  # a message of a subscribed partition
+        if error is not None:
+            if error.code() != KafkaError._PARTITION_EOF:
+                raise SystemExit(f"demo: the read_committed group failed: {error}")
+            at_end.add(partition)
+            continue
+        read += 1
+        key, value = message.key(), message.value()
+        assert key is not None and value is not None  # the producer wrote no null
+        keys = found.setdefault(partition, {})
+        if key in keys or value.startswith(b"aborted"):
+            raise SystemExit(f"demo: the read_committed group read {key!r} = {value!r} from {LEDGER}/{partition}: a duplicate or an aborted record")
+        keys[key] = value
+    consumer.close()
+    if {p: keys for p, keys in found.items() if keys} != {p: keys for p, keys in ledger.latest.items() if keys}:
+        raise SystemExit("demo: the read_committed group did not read each ledger key's latest committed value")
+    return read
+
+
+def ledger_report(ledger: Ledger, held: int, read: int) -> str:
+    return (f"verified transactions: {ledger.committed} committed and {ledger.aborted} aborted ({ledger.aborted_records:,} aborted records) "
+            f"on {LEDGER}; after compaction its files hold {held:,} records, none aborted, and a read_committed consumer group read "
+            f"{read:,}, each key's latest committed value once")
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=300_000)
@@ -242,12 +370,16 @@ def run_demo(records: int, work: Path, data_only: bool, log: Path, out: TextIO, 
     catalog = Catalog(store)  # the embedded default: catalog.db in the store directory
     now = int(time.time() * 1000)
     create_skewed_topics(catalog, now - 3 * HOUR_MS)
+    ledger = None
     if data_only:
         latest = produce_skewed(catalog, records, files=40, first_timestamp=now - 3 * HOUR_MS, last_timestamp=now)
     else:
         with running_agent(store.uri, agent_log) as bootstrap:
             print(f"logcompact agent on {bootstrap}: producing through Kafka (confluent-kafka, acks=all, lz4)", file=out)
             latest = produce_through_kafka(bootstrap, records, now - 3 * HOUR_MS, now)
+            create_ledger(catalog, now)
+            ledger = produce_transactions(bootstrap)
+            print(f"  and a transactional producer: {ledger.committed} transactions committed and {ledger.aborted} aborted on {LEDGER}", file=out)
     start = catalog.snapshot()
     start_files = start.file_summaries()
     ingested_bytes = sum(f.size for f in start_files)
@@ -255,7 +387,7 @@ def run_demo(records: int, work: Path, data_only: bool, log: Path, out: TextIO, 
     clicks = sum(catalog.next_offsets("clicks"))  # nothing compacted yet: every offset given is a record
     print(f"store {store.uri}: produced {records_in:,} records in {len(start_files)} L0 files ({ingested_bytes / 1e6:.1f} MB)", file=out)
     print(f"  before: {describe_levels(start)}", file=out)
-    if data_only:
+    if data_only or ledger is None:
         return
 
     configure_airflow(work, store.uri)
@@ -297,11 +429,14 @@ def run_demo(records: int, work: Path, data_only: bool, log: Path, out: TextIO, 
     )
     print(f"verified through consume: all {checked:,} live keys hold their latest value, deleted keys stay deleted, "
           f"clicks (delete policy) kept all {clicks:,} records", file=out)
+    held = verify_ledger_compacted(store, end, ledger)
     with running_agent(store.uri, agent_log) as bootstrap:
         ends = {spec.name: catalog.next_offsets(spec.name) for spec in TOPICS}
         read = read_back_with_a_consumer_group(bootstrap, latest, clicks, ends)
+        ledger_read = read_ledger_committed(bootstrap, ledger)
     print(f"verified through a Kafka consumer group on {bootstrap}: {read:,} records read, each compacted key once with its "
           f"latest value, all {clicks:,} clicks records; offsets committed at every partition's end", file=out)
+    print(ledger_report(ledger, held, ledger_read), file=out)
 
 
 if __name__ == "__main__":
