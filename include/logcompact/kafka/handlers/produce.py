@@ -14,7 +14,6 @@ client that reads no responses).
 
 from __future__ import annotations
 
-import datetime
 from concurrent.futures import Future
 from typing import Any
 
@@ -37,7 +36,6 @@ FIRST_VERSION_WITH_ZSTD = 7
 # take about as much again), far above real batches (max.message.bytes compressed ~10x at most).
 MAX_DECOMPRESSED_BATCH_BYTES = 64 * 1024 * 1024
 ACKS = (0, 1, -1)
-EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)  # log_append_time is a datetime in the codec
 
 # The ingest agent's future of offsets with the log append time (None: CreateTime), or a refused partition's response.
 Outcome = tuple[Future, int | None] | dict[str, Any]
@@ -151,5 +149,4 @@ async def _answer(broker: Broker, index: int, outcome: Outcome) -> dict[str, Any
     except Exception as exc:  # the L0 file was not committed: retriable, the client sends the batch again
         return {"index": index, **_refused(codec.ErrorCode.kafka_storage_error, str(exc))}
     # log_append_time -1 (None) for CreateTime; log_start_offset unknown (-1) without a catalog read per response.
-    appended = None if append_time is None else EPOCH + datetime.timedelta(milliseconds=append_time)
-    return {"index": index, "error_code": codec.ErrorCode.none, "base_offset": offsets[0], "log_append_time": appended, "log_start_offset": -1, "record_errors": []}
+    return {"index": index, "error_code": codec.ErrorCode.none, "base_offset": offsets[0], "log_append_time": append_time, "log_start_offset": -1, "record_errors": []}
