@@ -16,7 +16,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
-from sqlalchemy import Connection, and_, delete, exists, func, insert, select, update
+from sqlalchemy import Connection, and_, bindparam, delete, exists, func, insert, select, update
 
 from logcompact.catalog import schema as s
 from logcompact.catalog.database import one_of
@@ -140,16 +140,28 @@ def record(
         kept = () if current is None or current.epoch != batch.epoch else current.batches
         kept = (*kept, KeptBatch(batch.first_sequence, batch.last_sequence, first_offset, refused.get(index)))[-BATCHES_KEPT:]
         stored[key] = changed[key] = PartitionState(batch.epoch, kept)
+    # One executemany of each kind, not a statement a producer and partition: an append of many partitions' batches
+    # pays two round trips (pipelined by psycopg) for them.
+    inserts: list[dict[str, object]] = []
+    updates: list[dict[str, object]] = []
     for (producer_id, topic_id, partition), state in changed.items():
-        values = {"epoch": state.epoch, "batches": json.dumps([list(b) if b.refused else list(b[:3]) for b in state.batches]), "updated_ms": now_ms}
-        if (producer_id, topic_id, partition) in existing:
-            connection.execute(
-                update(s.producer_batches)
-                .where(pb.producer_id == producer_id, pb.topic_id == topic_id, pb.partition == partition)
-                .values(**values)
-            )
-        else:
-            connection.execute(insert(s.producer_batches).values(producer_id=producer_id, topic_id=topic_id, partition=partition, **values))
+        values: dict[str, object] = {"producer_id": producer_id, "topic_id": topic_id, "partition": partition, "epoch": state.epoch, "updated_ms": now_ms,
+               "batches": json.dumps([list(b) if b.refused else list(b[:3]) for b in state.batches])}
+        (updates if (producer_id, topic_id, partition) in existing else inserts).append(values)
+    if inserts:
+        connection.execute(insert(s.producer_batches), inserts)
+    if updates:
+        connection.execute(_UPDATE_BATCHES, [{f"b_{name}": value for name, value in values.items()} for values in updates])
+
+
+_UPDATE_BATCHES = (
+    update(s.producer_batches)
+    .where(
+        s.producer_batches.c.producer_id == bindparam("b_producer_id"), s.producer_batches.c.topic_id == bindparam("b_topic_id"),
+        s.producer_batches.c.partition == bindparam("b_partition"),
+    )
+    .values(epoch=bindparam("b_epoch"), batches=bindparam("b_batches"), updated_ms=bindparam("b_updated_ms"))
+)
 
 
 def expire(connection: Connection, before_ms: int) -> tuple[int, int]:
