@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, and_, bindparam, delete, exists, func, insert, select, update
+from sqlalchemy import Connection, and_, delete, exists, func, insert, select
 
 from logcompact.catalog import schema as s
-from logcompact.catalog.database import one_of
+from logcompact.catalog.database import one_of, update_rows
 from logcompact.exceptions import CommitConflictError, LogcompactError
 
 # Kafka's ProducerStateEntry.NUM_BATCHES_TO_RETAIN: a client has at most 5 batches in flight per partition, so a
@@ -140,28 +140,16 @@ def record(
         kept = () if current is None or current.epoch != batch.epoch else current.batches
         kept = (*kept, KeptBatch(batch.first_sequence, batch.last_sequence, first_offset, refused.get(index)))[-BATCHES_KEPT:]
         stored[key] = changed[key] = PartitionState(batch.epoch, kept)
-    # One executemany of each kind, not a statement a producer and partition: an append of many partitions' batches
-    # pays two round trips (pipelined by psycopg) for them.
-    inserts: list[dict[str, object]] = []
-    updates: list[dict[str, object]] = []
+    # One statement of each kind, not one a producer and partition: an append of many partitions' batches pays two.
+    inserts: list[dict[str, Any]] = []
+    updates: list[dict[str, Any]] = []
     for (producer_id, topic_id, partition), state in changed.items():
-        values: dict[str, object] = {"producer_id": producer_id, "topic_id": topic_id, "partition": partition, "epoch": state.epoch, "updated_ms": now_ms,
-               "batches": json.dumps([list(b) if b.refused else list(b[:3]) for b in state.batches])}
+        values: dict[str, Any] = {"producer_id": producer_id, "topic_id": topic_id, "partition": partition, "epoch": state.epoch, "updated_ms": now_ms,
+                                  "batches": json.dumps([list(b) if b.refused else list(b[:3]) for b in state.batches])}
         (updates if (producer_id, topic_id, partition) in existing else inserts).append(values)
     if inserts:
         connection.execute(insert(s.producer_batches), inserts)
-    if updates:
-        connection.execute(_UPDATE_BATCHES, [{f"b_{name}": value for name, value in values.items()} for values in updates])
-
-
-_UPDATE_BATCHES = (
-    update(s.producer_batches)
-    .where(
-        s.producer_batches.c.producer_id == bindparam("b_producer_id"), s.producer_batches.c.topic_id == bindparam("b_topic_id"),
-        s.producer_batches.c.partition == bindparam("b_partition"),
-    )
-    .values(epoch=bindparam("b_epoch"), batches=bindparam("b_batches"), updated_ms=bindparam("b_updated_ms"))
-)
+    update_rows(connection, s.producer_batches, ("producer_id", "topic_id", "partition"), updates)
 
 
 def expire(connection: Connection, before_ms: int) -> tuple[int, int]:

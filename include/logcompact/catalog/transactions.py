@@ -39,11 +39,11 @@ from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
-from sqlalchemy import Connection, and_, bindparam, delete, exists, func, insert, or_, select, tuple_, update
+from sqlalchemy import Connection, and_, delete, exists, func, insert, or_, select, tuple_, update
 
 from logcompact.catalog import appends, holes, producers, topics, versions
 from logcompact.catalog import schema as s
-from logcompact.catalog.database import one_of, upsert
+from logcompact.catalog.database import one_of, update_rows, upsert
 from logcompact.catalog.groups import CommittedOffset
 from logcompact.catalog.producers import SequencedBatch
 from logcompact.exceptions import LogcompactError
@@ -341,16 +341,10 @@ def record_batches(connection: Connection, placed: Sequence[tuple[Slot, int, int
             changed.add(key)
             continue
         aborted[slot].append((first, last, batch.producer_id))
-    if changed:
-        statement = (
-            update(s.transaction_partitions)
-            .where(tp.transactional_id == bindparam("k_id"), tp.topic_id == bindparam("k_topic"), tp.partition == bindparam("k_partition"))
-            .values(first_offset=bindparam("k_first"), ranges=bindparam("k_ranges"))
-        )
-        connection.execute(statement, [
-            {"k_id": key[0], "k_topic": key[1], "k_partition": key[2], "k_first": joined[key][0], "k_ranges": json.dumps(joined[key][1])}
-            for key in sorted(changed)
-        ])
+    update_rows(connection, s.transaction_partitions, ("transactional_id", "topic_id", "partition"), [
+        {"transactional_id": key[0], "topic_id": key[1], "partition": key[2], "first_offset": joined[key][0], "ranges": json.dumps(joined[key][1])}
+        for key in sorted(changed)
+    ])
     return Refused(errors, dict(aborted))
 
 
