@@ -228,6 +228,9 @@ def kcat_consume(cluster: Cluster, topic: str, settings: dict[str, str] | None =
     return elapsed, len(sizes) // 2, sum(max(0, int(size)) for size in sizes)  # -1: a null key or value
 
 
+CONTROL_BATCH = 0x20  # record batch v2 attributes: isControlBatch
+
+
 def in_process_fetch(catalog: Catalog, topic: str, isolation: int = READ_UNCOMMITTED) -> tuple[float, int]:
     """(seconds, records) of the agent's read path alone, `kafka.handlers.fetch.read` (what its Fetch handler runs for each
     request), reading every partition from its log start to its end with kcat's limits at `isolation`, through a new
@@ -244,12 +247,14 @@ def in_process_fetch(catalog: Catalog, topic: str, isolation: int = READ_UNCOMMI
 
 
 def batch_counts(data: bytes) -> Iterator[int]:
-    """The records of each record batch v2 in `data` (61 bytes of header, the count last)."""
+    """The data records of each record batch v2 in `data` (61 bytes of header, the count last); a control batch (the
+    marker ending a partition's trailing hole) counts none, as clients skip it."""
     at = 0
     while at < len(data):
         length, = struct.unpack_from(">i", data, at + 8)
+        attributes, = struct.unpack_from(">h", data, at + 21)
         count, = struct.unpack_from(">i", data, at + 57)
-        yield count
+        yield 0 if attributes & CONTROL_BATCH else count
         at += 12 + length
 
 
