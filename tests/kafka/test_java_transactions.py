@@ -144,11 +144,15 @@ def commit_abort_commit(java: JavaProgram, bootstrap: str, address: Address) -> 
     return produced, {"topic": topic, **reads(java, bootstrap, address, topic, 1)}
 
 
+def on_agent_and_kafka(scenario: Callable[[JavaProgram, str, Address], Any], java: JavaProgram, agent: RunningAgent, reference: KafkaServer) -> tuple[Any, Any]:
+    """What `scenario` gives against the agent, then against Apache Kafka's broker."""
+    return scenario(java, agent.bootstrap, agent.server.address), scenario(java, reference.bootstrap_servers, Address(reference.host, reference.port))
+
+
 def test_commit_abort_commit_reads_as_on_apache_kafka_and_compaction_removes_the_aborted(
     java: JavaProgram, agent: RunningAgent, catalog: Catalog, reference: KafkaServer,
 ) -> None:
-    produced, seen = commit_abort_commit(java, agent.bootstrap, agent.server.address)
-    expected_produced, expected = commit_abort_commit(java, reference.bootstrap_servers, Address(reference.host, reference.port))
+    (produced, seen), (expected_produced, expected) = on_agent_and_kafka(commit_abort_commit, java, agent, reference)
     assert produced == expected_produced
     # records at 0-2, 4-6, 8-10, a marker after each transaction: as Kafka gives them
     assert [e["offset"] for e in produced] == [0, 1, 2, 4, 5, 6, 8, 9, 10]
@@ -183,8 +187,7 @@ def send_offsets(java: JavaProgram, bootstrap: str, address: Address) -> tuple[l
 def test_send_offsets_to_transaction_commits_the_group_s_offsets_with_the_transaction_only(
     java: JavaProgram, agent: RunningAgent, reference: KafkaServer,
 ) -> None:
-    events, seen = send_offsets(java, agent.bootstrap, agent.server.address)
-    expected_events, expected = send_offsets(java, reference.bootstrap_servers, Address(reference.host, reference.port))
+    (events, seen), (expected_events, expected) = on_agent_and_kafka(send_offsets, java, agent, reference)
     committed = sorted((e["after"], e["partition"], e["offset"]) for e in events if e["event"] == "committed")
     assert committed == sorted((e["after"], e["partition"], e["offset"]) for e in expected_events if e["event"] == "committed")
     # the aborted transaction committed no offset; the committed one the input's ends (20 records over 2 partitions)
@@ -205,8 +208,7 @@ def fence(java: JavaProgram, bootstrap: str, address: Address) -> tuple[list[dic
 def test_a_second_producer_of_the_transactional_id_fences_the_first_as_on_apache_kafka(
     java: JavaProgram, agent: RunningAgent, reference: KafkaServer,
 ) -> None:
-    events, seen = fence(java, agent.bootstrap, agent.server.address)
-    expected_events, expected = fence(java, reference.bootstrap_servers, Address(reference.host, reference.port))
+    (events, seen), (expected_events, expected) = on_agent_and_kafka(fence, java, agent, reference)
 
     def outcomes(found: list[dict[str, Any]]) -> list[tuple]:
         return [(e["event"], e["operation"], e.get("exception"), e.get("cause")) for e in found if e["event"] in ("ok", "error")]

@@ -112,7 +112,8 @@ public final class ProduceConsume {
             }
             for (int i = 0; i < records; i++) {
                 RecordMetadata metadata = sent.get(i).get(remaining(deadline), TimeUnit.NANOSECONDS);
-                print("produced", metadata.partition(), metadata.offset(), sending.get(i).key(), sending.get(i).value());
+                JsonLines.print("event", "produced", "partition", metadata.partition(), "offset", metadata.offset(),
+                        "key", sending.get(i).key(), "value", sending.get(i).value());
             }
         } finally {
             // (a close without a bound would wait out the delivery timeout of sends still pending)
@@ -146,7 +147,8 @@ public final class ProduceConsume {
                 }
                 for (ConsumerRecord<String, String> record : consumer.poll(Duration.ofMillis(200))) {
                     if (record.offset() < ends.get(new TopicPartition(record.topic(), record.partition()))) {
-                        print("consumed", record.partition(), record.offset(), record.key(), record.value());
+                        JsonLines.print("event", "consumed", "partition", record.partition(), "offset", record.offset(),
+                                "key", record.key(), "value", record.value());
                     }
                 }
             }
@@ -155,27 +157,5 @@ public final class ProduceConsume {
 
     private static long remaining(long deadline) {
         return Math.max(0, deadline - System.nanoTime());
-    }
-
-    private static void print(String event, int partition, long offset, String key, String value) {
-        System.out.println("{\"event\": \"" + event + "\", \"partition\": " + partition + ", \"offset\": " + offset
-                + ", \"key\": " + json(key) + ", \"value\": " + json(value) + "}");
-    }
-
-    private static String json(String text) {
-        if (text == null) {
-            return "null";
-        }
-        StringBuilder out = new StringBuilder("\"");
-        for (char c : text.toCharArray()) {
-            if (c == '"' || c == '\\') {
-                out.append('\\').append(c);
-            } else if (c < 0x20) {
-                out.append(String.format("\\u%04x", (int) c));
-            } else {
-                out.append(c);
-            }
-        }
-        return out.append('"').toString();
     }
 }
