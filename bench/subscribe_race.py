@@ -34,6 +34,7 @@ from logcompact.catalog import Catalog
 from logcompact.kafka import handlers
 from logcompact.kafka.cluster import Address
 from logcompact.kafka.handlers import metadata
+from logcompact.kafka.listeners import Listener, SecurityProtocol
 from logcompact.kafka.server import AgentServer, AgentSettings
 from logcompact.store import open_store
 from logcompact.units import wall_clock_ms
@@ -64,7 +65,7 @@ class Agent:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.server = AgentServer(catalog, AgentSettings(Address("127.0.0.1", 0), flush_interval_ms=50))
+        self.server = AgentServer(catalog, AgentSettings((Listener(SecurityProtocol.PLAINTEXT, Address("127.0.0.1", 0)),), flush_interval_ms=50))
         self._call(self.server.start())
         self.bootstrap = str(self.server.address)
 

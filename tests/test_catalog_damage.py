@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from sqlalchemy import inspect, select, update
+from sqlalchemy import func, inspect, select, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
@@ -891,9 +891,18 @@ def _stored_crcs(catalog: Catalog) -> dict[tuple[int, int, int], int]:
         return {(f, t, p): crc for f, t, p, crc in connection.execute(select(sec.file_id, sec.topic_id, sec.partition, sec.crc32))}
 
 
+def _as_schema_12(catalog: Catalog) -> None:
+    """The catalog as schema 12 held it: none of the security tables, schema_version 12."""
+    with catalog.engine.begin() as connection:
+        for table in reversed(schema.SECURITY_TABLES):
+            table.drop(connection)
+        connection.execute(update(schema.catalog_info).values(schema_version=12))
+
+
 def _as_schema_11(catalog: Catalog) -> None:
     """The catalog as schema 11 held it: none of the transactions' tables nor offset_holes, files without
     filtered_version, schema_version 11."""
+    _as_schema_12(catalog)
     with catalog.engine.begin() as connection:
         for table in reversed(schema.TRANSACTION_TABLES):
             table.drop(connection)
@@ -961,6 +970,23 @@ def test_a_schema_11_catalog_upgrades_to_the_holes_its_compactions_left(catalog:
         connection.execute(update(schema.sections).where(sec.file_id == _file_row(reopened, _key_at(reopened, 0, 4))["file_id"], sec.partition == 0)
                            .values(partition=1))
     _one_line_error(_cli_of(reopened, "consume", "t", "--partition", "0", now=now), "hide offsets 4 to 4: no live section holds them, yet no compaction dropped them")
+
+
+def test_a_schema_12_catalog_upgrades_to_empty_security_tables(catalog: Catalog) -> None:
+    """On each database: a schema-12 catalog (no security tables) is refused until upgraded; the upgrade makes the
+    tables, empty, and reads go on as before (without running schema 12's steps again, which would fail on the
+    transactions' tables already there)."""
+    now = wall_clock_ms()
+    _compacted_with_holes(catalog, now)
+    _as_schema_12(catalog)
+    with pytest.raises(CatalogSchemaError, match=f"has schema version 12, this logcompact uses {schema.SCHEMA_VERSION}: .*upgrade-catalog"):
+        Catalog(catalog.store, catalog.url).snapshot()
+    assert Catalog(catalog.store, catalog.url).upgrade_catalog() == CatalogUpgrade(12, 0)
+    reopened = Catalog(catalog.store, catalog.url)
+    with reopened.engine.connect() as connection:
+        for table in schema.SECURITY_TABLES:
+            assert connection.execute(select(func.count()).select_from(table)).scalar_one() == 0
+    assert _values(reopened, now=now) == ["2", "3", "4", "5"]
 
 
 def _as_schema_9(catalog: Catalog) -> None:

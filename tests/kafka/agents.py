@@ -21,6 +21,7 @@ from confluent_kafka import Consumer, KafkaError, Message
 from logcompact.catalog import Catalog
 from logcompact.consume import ConsumedRecord, read_records
 from logcompact.kafka.cluster import Address
+from logcompact.kafka.listeners import Listener, SecurityProtocol
 from logcompact.kafka.server import AgentServer, AgentSettings
 
 FLUSH_MS = 50
@@ -35,7 +36,7 @@ class RunningAgent:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="agent", daemon=True)
         self.thread.start()
-        self.server = AgentServer(catalog, AgentSettings(Address("127.0.0.1", 0), **settings))
+        self.server = AgentServer(catalog, AgentSettings((Listener(SecurityProtocol.PLAINTEXT, Address("127.0.0.1", 0)),), **settings))
         # The first start of a fresh checkout compiles the agent's numba loops (its cache is then on disk): up to a
         # minute or more on a loaded 2-core machine, and the Kafka tests are the suite's first.
         self.call(self.server.start(), timeout=300)

@@ -32,6 +32,7 @@ from logcompact.consume import read_records
 from logcompact.kafka.cluster import Address
 from logcompact.kafka.codec import kio_versions
 from logcompact.kafka.handlers import APIS
+from logcompact.kafka.listeners import Listener, SecurityProtocol
 from logcompact.kafka.server import AgentServer, AgentSettings
 from logcompact.store import open_store
 from tests.helpers import create_topic
@@ -232,7 +233,7 @@ def test_connections_beyond_the_maximum_are_closed_and_the_others_served(catalog
     caplog.set_level(logging.WARNING, logger="logcompact.kafka")
 
     async def scenario() -> None:
-        server = AgentServer(catalog, AgentSettings(Address("127.0.0.1", 0), max_connections=2))
+        server = AgentServer(catalog, AgentSettings((Listener(SecurityProtocol.PLAINTEXT, Address("127.0.0.1", 0)),), max_connections=2))
         await server.start()
         try:
             held = [await asyncio.open_connection(server.address.host, server.address.port) for _ in range(2)]
@@ -400,7 +401,7 @@ def test_pipelined_requests_past_a_connections_byte_budget_wait_their_turn_and_l
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="agent", daemon=True)
     thread.start()
-    server = AgentServer(catalog, AgentSettings(Address("127.0.0.1", 0), max_in_flight_bytes=150, max_queued_bytes=10_000))
+    server = AgentServer(catalog, AgentSettings((Listener(SecurityProtocol.PLAINTEXT, Address("127.0.0.1", 0)),), max_in_flight_bytes=150, max_queued_bytes=10_000))
     asyncio.run_coroutine_threadsafe(server.start(), loop).result(timeout=20)
     try:
         frames = [kio_frame(1, 12, {

@@ -59,8 +59,10 @@ def upgrade(connection: Connection, found: int, batch: int, shown_url: str) -> i
             _keep_group_members(connection)
     if connection.dialect.name == "postgresql":  # pages of the partitions' rows half empty, as `schema.partitions` says
         connection.exec_driver_sql("ALTER TABLE partitions SET (fillfactor = 50)")
-    _add_transactions(connection)  # to schema 12
-    _record_holes(connection)
+    if found < 12:
+        _add_transactions(connection)  # to schema 12
+        _record_holes(connection)
+    _add_security_tables(connection)  # to schema 13
     connection.execute(update(s.catalog_info).values(schema_version=s.SCHEMA_VERSION))
     return rewritten
 
@@ -209,3 +211,13 @@ def _record_holes(connection: Connection) -> None:
     (`holes.record_every_gap`)."""
     s.offset_holes.create(connection, checkfirst=True)
     holes.record_every_gap(connection)
+
+
+# -- schema 12 to 13 ----------------------------------------------------------------------------------------------
+
+
+def _add_security_tables(connection: Connection) -> None:
+    """To schema 13: the listeners' endpoints, SCRAM credentials, ACLs and client quotas (`schema.SECURITY_TABLES`;
+    made already on an upgrade from 4, whose step makes every table missing), all empty: no agent has registered
+    its endpoints yet, no user or quota exists and, with no ACL, authorization allows what it did."""
+    s.metadata.create_all(connection, tables=list(s.SECURITY_TABLES), checkfirst=True)

@@ -21,6 +21,7 @@ from sqlalchemy import (
     Column,
     ColumnElement,
     CompoundSelect,
+    Float,
     Index,
     Integer,
     LargeBinary,
@@ -38,7 +39,7 @@ from sqlalchemy import (
 
 # Bump on any change to the tables below or to what their columns hold; a database of another version is refused
 # (CatalogSchemaError), but for UPGRADABLE_FROM, which `Catalog.upgrade_catalog` brings to this one.
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 # What `Catalog.upgrade_catalog` brings to SCHEMA_VERSION, step by step. Schema 3 stored `sections.crc32` raw (the
 # format's CRC, unbound); schema 4 had no log start offsets, no deleted topics and none of the Kafka agents' tables;
 # schema 5 had no sections.level nor partitions.assigned_end, and every section in `sections_by_partition`; schema 6
@@ -47,8 +48,9 @@ SCHEMA_VERSION = 12
 # 9's partition_summaries did not count their partitions' entries in it (`indexed`); schema 10's partitions did not
 # name the newest file an append gave offsets of them (`newest_file`), and its consumer_groups had no leader and its
 # members no timeouts, protocols nor assignments; schema 11 had none of the transactions' tables nor its files a
-# filtered_version, and it did not record the offsets no record holds (`offset_holes`).
-UPGRADABLE_FROM = (3, 4, 5, 6, 7, 8, 9, 10, 11)
+# filtered_version, and it did not record the offsets no record holds (`offset_holes`); schema 12 had none of the
+# security tables (`SECURITY_TABLES`).
+UPGRADABLE_FROM = (3, 4, 5, 6, 7, 8, 9, 10, 11, 12)
 
 # SQLite gives auto-numbered keys only to INTEGER PRIMARY KEY (the rowid); PostgreSQL wants BIGINT.
 Identity64 = BigInteger().with_variant(Integer(), "sqlite")
@@ -563,3 +565,63 @@ Index("aborted_ranges_by_end", aborted_ranges.c.topic_id, aborted_ranges.c.parti
 
 # The tables schema 12 added, which `migrations._add_transactions` creates in a schema-11 catalog.
 TRANSACTION_TABLES = (transactions, transaction_partitions, transaction_groups, transaction_offsets, aborted_ranges)
+
+
+# -- Security (docs/security.md) -------------------------------------------------------------------------------------
+
+# Each agent's endpoint per listener (named after its security protocol): Metadata, FindCoordinator and DescribeCluster
+# answer with the endpoints of the listener a request arrived on, and leave out the agents without one.
+agent_endpoints = Table(
+    "agent_endpoints",
+    metadata,
+    Column("node_id", Integer, primary_key=True, autoincrement=False),
+    Column("listener", String(32), primary_key=True),
+    Column("host", String(255), nullable=False),
+    Column("port", Integer, nullable=False),
+)
+
+# SCRAM credentials as Kafka keeps them (RFC 5802), per user and mechanism: never the password, so every agent
+# authenticates every user and nobody reading the catalog learns a secret a client could send.
+scram_credentials = Table(
+    "scram_credentials",
+    metadata,
+    Column("user_name", Text, primary_key=True),
+    Column("mechanism", String(16), primary_key=True),  # SCRAM-SHA-256 or SCRAM-SHA-512
+    Column("salt", LargeBinary, nullable=False),
+    Column("stored_key", LargeBinary, nullable=False),
+    Column("server_key", LargeBinary, nullable=False),
+    Column("iterations", Integer, nullable=False),
+)
+
+# Kafka's ACLs, one row per binding, every field Kafka's code or text (its AclBinding): resource type (2 Topic,
+# 3 Group, 4 Cluster, 5 TransactionalId), pattern type (3 LITERAL, 4 PREFIXED), operation (AclOperation's codes),
+# permission (2 DENY, 3 ALLOW). Agents cache them all and read them again every --acl-refresh-ms.
+acls = Table(
+    "acls",
+    metadata,
+    Column("resource_type", SmallInteger, primary_key=True, autoincrement=False),
+    Column("resource_name", Text, primary_key=True),
+    Column("pattern_type", SmallInteger, primary_key=True, autoincrement=False),
+    Column("principal", Text, primary_key=True),
+    Column("host", Text, primary_key=True),
+    Column("operation", SmallInteger, primary_key=True, autoincrement=False),
+    Column("permission_type", SmallInteger, primary_key=True, autoincrement=False),
+)
+
+# Kafka's client quotas (KIP-55): a value per quota key of an entity, whose parts (user, client id, ip) are each
+# absent (0), named (1, by `*_name`) or the default of its type (2). Agents cache them as ACLs.
+client_quotas = Table(
+    "client_quotas",
+    metadata,
+    Column("user_part", SmallInteger, primary_key=True, autoincrement=False),
+    Column("user_name", Text, primary_key=True),  # '' unless the user part is named
+    Column("client_id_part", SmallInteger, primary_key=True, autoincrement=False),
+    Column("client_id_name", Text, primary_key=True),
+    Column("ip_part", SmallInteger, primary_key=True, autoincrement=False),
+    Column("ip_name", Text, primary_key=True),
+    Column("quota_key", String(64), primary_key=True),
+    Column("value", Float, nullable=False),
+)
+
+# The tables schema 13 added, which `migrations._add_security_tables` creates in a schema-12 catalog.
+SECURITY_TABLES = (agent_endpoints, scram_credentials, acls, client_quotas)

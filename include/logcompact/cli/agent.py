@@ -16,8 +16,12 @@ if TYPE_CHECKING:
 
 
 @click.command()
-@click.option("--listen", default="127.0.0.1:9092", show_default=True, metavar="HOST:PORT", help="Address to accept Kafka clients on (port 0: any free port).")
-@click.option("--advertise", default=None, metavar="HOST:PORT", help="Address clients are told to connect to [default: the listen address].")
+@click.option("--listen", multiple=True, metavar="[PROTOCOL://]HOST:PORT",
+              help="A listener to accept Kafka clients on (Kafka's listeners), repeatable, each protocol once: PLAINTEXT (HOST:PORT "
+                   "alone), SSL, SASL_PLAINTEXT or SASL_SSL; port 0: any free port. [default: 127.0.0.1:9092]")
+@click.option("--advertise", multiple=True, metavar="[PROTOCOL://]HOST:PORT",
+              help="Where clients of a listener are told to connect (Kafka's advertised.listeners), repeatable, one per listener "
+                   "[default: the listener's address].")
 @click.option("--node-id", type=click.IntRange(min=0), default=None,
               help="Broker id clients see [default: the one this advertised address had before, else the lowest free one].")
 @click.option("--rack", default=None, help="Rack (availability zone) clients see, for their rack-aware choices.")
@@ -64,7 +68,7 @@ if TYPE_CHECKING:
               help="How often the agent forgets expired transactional ids (Kafka's option of the same name).")
 @pass_context
 def agent(
-    ctx: Context, listen: str, advertise: str | None, node_id: int | None, rack: str | None, flush_ms: int, flush_bytes: int,
+    ctx: Context, listen: tuple[str, ...], advertise: tuple[str, ...], node_id: int | None, rack: str | None, flush_ms: int, flush_bytes: int,
     max_message_bytes: int, fetch_cache_bytes: int, auto_create_topics: bool, num_partitions: int, group_max_size: int,
     group_max_bytes: int, offsets_commit_timeout_ms: int, max_connections: int, max_connections_per_ip: int, connections_max_idle_ms: int,
     connection_setup_timeout_ms: int, request_read_timeout_ms: int, transaction_max_timeout_ms: int, transactional_id_expiration_ms: int,
@@ -72,15 +76,15 @@ def agent(
 ) -> None:
     """Serve Kafka's protocol over this cluster (produce, fetch, consumer groups, idempotent and transactional producers, admin; every API
     and version in docs/agent.md) until SIGTERM or SIGINT, then commit what producers sent. Registers in the catalog
-    beside the other agents. Prints one JSON line once listening: its address, advertised address, node id and
-    cluster id. On an empty store (and catalog) it creates the cluster first, as `logcompact cluster create` does,
+    beside the other agents. Prints one JSON line once listening: its first listener's address, every listener's, the advertised
+    address, node id and cluster id. On an empty store (and catalog) it creates the cluster first, as `logcompact cluster create` does,
     saying so in one line on stderr; a store or catalog of another cluster is refused."""
-    from logcompact.kafka.cluster import Address
+    from logcompact.kafka.listeners import parse_listeners
     from logcompact.kafka.server import AgentSettings, run_agent
 
     try:
         settings = AgentSettings(
-            Address.parse(listen, "--listen"), Address.parse(advertise, "--advertise") if advertise else None, node_id, rack,
+            parse_listeners(listen or ("127.0.0.1:9092",), advertise), node_id, rack,
             flush_interval_ms=flush_ms, flush_bytes=flush_bytes, max_message_bytes=max_message_bytes,
             fetch_cache_bytes=fetch_cache_bytes,
             auto_create_topics=auto_create_topics, num_partitions=num_partitions,
@@ -98,9 +102,10 @@ def agent(
     if not _cluster_exists(catalog):  # a Kafka quick start's first command: the broker, on empty storage
         cluster_id = catalog.ensure_created(ctx.clock())
         click.echo(f"logcompact: created cluster {cluster_id} in {catalog.store.uri}, which held none (as `logcompact cluster create` does)", err=True)
-    run_agent(catalog, settings, lambda broker, bound: emit(
-        {"listening": str(bound), "advertised": str(broker.advertised), "node_id": broker.node_id, "cluster_id": broker.cluster_id}
-    ))
+    run_agent(catalog, settings, lambda broker, bound: emit({
+        "listening": str(next(iter(bound.values()))), "listeners": {name: str(address) for name, address in bound.items()},
+        "advertised": str(broker.advertised), "node_id": broker.node_id, "cluster_id": broker.cluster_id,
+    }))
 
 
 def _cluster_exists(catalog: Catalog) -> bool:

@@ -36,6 +36,8 @@ from kio.serial import entity_reader, entity_writer
 from kio.serial.errors import SerialError
 from kio.static.constants import EntityType
 
+from logcompact.kafka.session import LOCAL, Session
+
 __all__ = [
     "ErrorCode",
     "MalformedRequestError",
@@ -62,6 +64,7 @@ class Request:
     correlation_id: int
     client_id: str | None
     body: Any  # the kio request entity, None when the API or version is not one kio knows
+    session: Session = LOCAL  # the connection's: its listener, client address and principal
 
 
 def kio_versions(api_key: int) -> range:
@@ -90,7 +93,7 @@ def response_class(api_key: int, version: int) -> Any:
     return load_response_schema(api_key, version)
 
 
-def decode_request(frame: bytes, served: typing.Callable[[int, int], bool]) -> Request:
+def decode_request(frame: bytes, served: typing.Callable[[int, int], bool], session: Session = LOCAL) -> Request:
     """The header and, when `served(api_key, version)`, the body of one frame (its size prefix removed).
 
     A request that is not served keeps body None: its header alone is enough to answer UNSUPPORTED_VERSION.
@@ -100,20 +103,20 @@ def decode_request(frame: bytes, served: typing.Callable[[int, int], bool]) -> R
     if frame[:2] == _PRODUCE_KEY and len(frame) >= 4:
         version = int.from_bytes(frame[2:4], "big", signed=True)
         if served(PRODUCE, version):
-            return _decode_produce(frame, version)
+            return _decode_produce(frame, version, session)
     try:
         # Header v1 is a prefix of v2 (v2 only adds tagged fields), so v1 tells which API and version this is.
         header, size = entity_reader(RequestHeaderV1)(frame, 0)
         api_key, version = int(header.request_api_key), int(header.request_api_version)
         schema = _request_class(api_key, version) if served(api_key, version) else None
         if schema is None:
-            return Request(api_key, version, int(header.correlation_id), header.client_id, None)
+            return Request(api_key, version, int(header.correlation_id), header.client_id, None, session)
         if schema.__flexible__:
             size = entity_reader(RequestHeaderV2)(frame, 0)[1]
         body = entity_reader(schema)(frame, size)[0]
     except (SerialError, ValueError, KeyError, UnicodeError, OverflowError) as exc:  # KeyError: a tagged field kio does not know
         raise MalformedRequestError(f"{type(exc).__name__}: {exc}") from None
-    return Request(api_key, version, int(header.correlation_id), header.client_id, body)
+    return Request(api_key, version, int(header.correlation_id), header.client_id, body, session)
 
 
 # -- Produce, decoded by hand ------------------------------------------------------------------------------
@@ -135,7 +138,7 @@ def _produce_classes(version: int) -> tuple[Any, Any, Any]:
     return body, topic, _entity_in(typing.get_type_hints(topic)["partition_data"])
 
 
-def _decode_produce(frame: bytes, version: int) -> Request:
+def _decode_produce(frame: bytes, version: int, session: Session) -> Request:
     body_class, topic_class, partition_class = _produce_classes(version)
     flexible = body_class.__flexible__
     view = memoryview(frame)
@@ -185,7 +188,7 @@ def _decode_produce(frame: bytes, version: int) -> Request:
     except (struct.error, UnicodeError) as exc:
         raise MalformedRequestError(f"Produce v{version}: {type(exc).__name__}: {exc}") from None
     body = body_class(transactional_id=transactional_id, acks=acks, timeout=datetime.timedelta(milliseconds=timeout_ms), topic_data=tuple(topics))
-    return Request(PRODUCE, version, correlation_id, client_id, body)
+    return Request(PRODUCE, version, correlation_id, client_id, body, session)
 
 
 def _string(view: memoryview, at: int, length: int) -> tuple[str | None, int]:

@@ -52,6 +52,8 @@ from logcompact.kafka.group_coordinator import DEFAULT_GROUP_MAX_BYTES, DEFAULT_
 from logcompact.kafka.handlers import APIS, api_versions
 from logcompact.kafka.handlers.produce import DEFAULT_MAX_MESSAGE_BYTES
 from logcompact.kafka.ingest_thread import Ingest
+from logcompact.kafka.listeners import Listener, SecurityProtocol
+from logcompact.kafka.session import Session
 from logcompact.kafka.transaction_coordinator import (
     ABORT_INTERVAL_MS,
     EXPIRY_INTERVAL_MS,
@@ -95,8 +97,9 @@ STOP_GRACE_SECONDS = 30  # how long a stop waits for requests already read
 
 @dataclass(frozen=True)
 class AgentSettings:
-    listen: Address = DEFAULT_LISTEN
-    advertise: Address | None = None  # the listen address (with its bound port) when None
+    # Each protocol at most once; the first is the agent's own address in the catalog (its node id is kept per that
+    # listener's advertised address), and what clients of the single-listener options were told.
+    listeners: tuple[Listener, ...] = (Listener(SecurityProtocol.PLAINTEXT, DEFAULT_LISTEN),)
     node_id: int | None = None  # the one registered for the advertised address before, or the lowest free one
     rack: str | None = None
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
@@ -244,6 +247,7 @@ class Connection:
     sender gives those back once the answer is written."""
 
     peer: str
+    session: Session  # what its requests carry: the listener, the client's address, the principal once authenticated
     in_flight: asyncio.Semaphore
     held: ByteBudget  # bytes of its requests read and of their answers not written, within max_in_flight_bytes
     queued: ByteBudget  # its address's share of the agent's budget
@@ -292,7 +296,7 @@ class AgentServer:
     def __init__(self, catalog: Catalog, settings: AgentSettings) -> None:
         self.catalog = catalog
         self.settings = settings
-        self._server: asyncio.Server | None = None
+        self._servers: dict[str, asyncio.Server] = {}  # by listener name, in the settings' order
         self._broker: Broker | None = None
         self._readers: dict[asyncio.Task, Connection] = {}
         self._queued = ByteBudget(settings.max_queued_bytes)
@@ -308,28 +312,26 @@ class AgentServer:
 
     @property
     def address(self) -> Address:
-        """The bound listen address (its real port when --listen asked for port 0)."""
-        assert self._server is not None, "start() first"
-        host, port = self._server.sockets[0].getsockname()[:2]
-        return Address(host, port)
+        """The first listener's bound address (its real port when --listen asked for port 0)."""
+        return next(iter(self.addresses.values()))
+
+    @property
+    def addresses(self) -> dict[str, Address]:
+        """Each listener's bound address by its name."""
+        assert self._servers, "start() first"
+        return {name: Address(*server.sockets[0].getsockname()[:2]) for name, server in self._servers.items()}
 
     async def start(self) -> None:
         # The cluster must exist before clients are told its id: ClusterNotFoundError otherwise.
         cluster_id = await asyncio.to_thread(lambda: self.catalog.cluster_id)
         await asyncio.to_thread(records.compile_encoder)  # seconds on a fresh install: before clients, not in a Fetch
-        listen = self.settings.listen
-        loop = asyncio.get_running_loop()
-        try:
-            # asyncio.start_server's own factory, with the reader that tells what it holds
-            self._server = await loop.create_server(
-                lambda: asyncio.StreamReaderProtocol(FrameReader(READ_BUFFER_BYTES, loop), self._connection, loop), listen.host, listen.port,
-            )
-        except OSError as exc:
-            raise LogcompactError(f"agent cannot listen on {listen}: {exc.strerror or exc}; pass another --listen HOST:PORT") from None
+        for listener in self.settings.listeners:
+            await self._listen(listener)
         settings = self.settings
         ingest = await asyncio.to_thread(Ingest, self.catalog, settings.flush_interval_ms, settings.flush_bytes)
         commits = CommitWatch(self.catalog, COMMIT_POLL_SECONDS)
-        advertised = settings.advertise or self.address
+        first = settings.listeners[0]
+        advertised = first.advertise or self.address
         agents = await asyncio.to_thread(AgentDirectory.register, self.catalog, advertised.host, advertised.port, settings.rack, settings.node_id)
         agents.start()
         groups = GroupCoordinator(self.catalog, agents.me.node_id, settings.group_initial_rebalance_delay_ms,
@@ -348,9 +350,27 @@ class AgentServer:
         gc.freeze()
         self._sweeping = asyncio.create_task(self._sweep())
 
+    async def _listen(self, listener: Listener) -> None:
+        loop = asyncio.get_running_loop()
+
+        def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Awaitable[None]:
+            return self._connection(listener, reader, writer)
+
+        address = listener.address
+        try:
+            # asyncio.start_server's own factory, with the reader that tells what it holds
+            self._servers[listener.name] = await loop.create_server(
+                lambda: asyncio.StreamReaderProtocol(FrameReader(READ_BUFFER_BYTES, loop), accepted, loop), address.host, address.port,
+            )
+        except OSError as exc:
+            for server in self._servers.values():
+                server.close()
+            raise LogcompactError(f"agent cannot listen on {listener}: {exc.strerror or exc}; pass another --listen {listener.name}://HOST:PORT") from None
+
     async def stop(self) -> None:
-        assert self._server is not None, "start() first"
-        self._server.close()
+        assert self._servers, "start() first"
+        for server in self._servers.values():
+            server.close()
         if self._sweeping is not None:
             self._sweeping.cancel()
             await asyncio.gather(self._sweeping, return_exceptions=True)
@@ -368,13 +388,14 @@ class AgentServer:
             _, late = await asyncio.wait(self._connections, timeout=STOP_GRACE_SECONDS)
             for connection in late:
                 connection.cancel()
-        await self._server.wait_closed()
+        for server in self._servers.values():
+            await server.wait_closed()
         await self.broker.commits.close()
         await groups_closing
         await flushing
         await asyncio.to_thread(self.broker.ingest.close)
 
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _connection(self, listener: Listener, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         assert isinstance(reader, FrameReader)
         this = asyncio.current_task()
         assert this is not None
@@ -394,8 +415,8 @@ class AgentServer:
             self._per_ip_queued[host] = ByteBudget(settings.max_queued_bytes_per_ip, self._queued)
         queued = self._per_ip_queued[host]
         connection = Connection(
-            peer, asyncio.Semaphore(settings.max_in_flight), ByteBudget(settings.max_in_flight_bytes), queued, asyncio.Queue(), writer,
-            asyncio.get_running_loop().time(),
+            peer, Session(listener.name, host), asyncio.Semaphore(settings.max_in_flight), ByteBudget(settings.max_in_flight_bytes), queued,
+            asyncio.Queue(), writer, asyncio.get_running_loop().time(),
         )
         self._connections.add(this)
         self._per_ip[host] += 1
@@ -431,7 +452,7 @@ class AgentServer:
                     connection.held.give(size)
                     raise
                 connection.handling += size
-                request = codec.decode_request(frame, self.broker.serves)
+                request = codec.decode_request(frame, self.broker.serves, connection.session)
                 connection.requests_read += 1
                 connection.unanswered += 1
                 connection.responses.put_nowait((asyncio.create_task(self._answer(request, connection, size)), size))
@@ -581,7 +602,7 @@ def _peer(writer: asyncio.StreamWriter) -> str:
     return str(Address(peer[0], peer[1])) if peer else "an unknown peer"
 
 
-async def serve(catalog: Catalog, settings: AgentSettings, on_listening: Callable[[Broker, Address], None]) -> None:
+async def serve(catalog: Catalog, settings: AgentSettings, on_listening: Callable[[Broker, dict[str, Address]], None]) -> None:
     """Serve until SIGTERM or SIGINT, then stop as `AgentServer.stop` does."""
     server = AgentServer(catalog, settings)
     await server.start()
@@ -592,10 +613,10 @@ async def serve(catalog: Catalog, settings: AgentSettings, on_listening: Callabl
     # Python-level handler runs whatever the socket holds.
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, lambda _number, _frame: loop.call_soon_threadsafe(stopping.set))
-    on_listening(server.broker, server.address)
+    on_listening(server.broker, server.addresses)
     await stopping.wait()
     await server.stop()
 
 
-def run_agent(catalog: Catalog, settings: AgentSettings, on_listening: Callable[[Broker, Address], None]) -> None:
+def run_agent(catalog: Catalog, settings: AgentSettings, on_listening: Callable[[Broker, dict[str, Address]], None]) -> None:
     asyncio.run(serve(catalog, settings, on_listening))
