@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 @click.option("--advertise", multiple=True, metavar="[PROTOCOL://]HOST:PORT",
               help="Where clients of a listener are told to connect (Kafka's advertised.listeners), repeatable, one per listener "
                    "[default: the listener's address].")
+@click.option("--allow-insecure-listener", is_flag=True, default=False,
+              help="Allow a PLAINTEXT listener, or PLAIN passwords on a SASL_PLAINTEXT one, on an address other than loopback "
+                   "(records and passwords then cross the network in the clear).")
 @click.option("--node-id", type=click.IntRange(min=0), default=None,
               help="Broker id clients see [default: the one this advertised address had before, else the lowest free one].")
 @click.option("--rack", default=None, help="Rack (availability zone) clients see, for their rack-aware choices.")
@@ -68,7 +71,7 @@ if TYPE_CHECKING:
               help="How often the agent forgets expired transactional ids (Kafka's option of the same name).")
 @pass_context
 def agent(
-    ctx: Context, listen: tuple[str, ...], advertise: tuple[str, ...], node_id: int | None, rack: str | None, flush_ms: int, flush_bytes: int,
+    ctx: Context, listen: tuple[str, ...], advertise: tuple[str, ...], allow_insecure_listener: bool, node_id: int | None, rack: str | None, flush_ms: int, flush_bytes: int,
     max_message_bytes: int, fetch_cache_bytes: int, auto_create_topics: bool, num_partitions: int, group_max_size: int,
     group_max_bytes: int, offsets_commit_timeout_ms: int, max_connections: int, max_connections_per_ip: int, connections_max_idle_ms: int,
     connection_setup_timeout_ms: int, request_read_timeout_ms: int, transaction_max_timeout_ms: int, transactional_id_expiration_ms: int,
@@ -84,7 +87,7 @@ def agent(
 
     try:
         settings = AgentSettings(
-            parse_listeners(listen or ("127.0.0.1:9092",), advertise), node_id, rack,
+            parse_listeners(listen or ("127.0.0.1:9092",), advertise), allow_insecure_listener, node_id, rack,
             flush_interval_ms=flush_ms, flush_bytes=flush_bytes, max_message_bytes=max_message_bytes,
             fetch_cache_bytes=fetch_cache_bytes,
             auto_create_topics=auto_create_topics, num_partitions=num_partitions,

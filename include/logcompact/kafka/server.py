@@ -100,6 +100,8 @@ class AgentSettings:
     # Each protocol at most once; the first is the agent's own address in the catalog (its node id is kept per that
     # listener's advertised address), and what clients of the single-listener options were told.
     listeners: tuple[Listener, ...] = (Listener(SecurityProtocol.PLAINTEXT, DEFAULT_LISTEN),)
+    # A listener that sends records or passwords in the clear (PLAINTEXT, or SASL_PLAINTEXT with PLAIN) off loopback.
+    allow_insecure_listener: bool = False
     node_id: int | None = None  # the one registered for the advertised address before, or the lowest free one
     rack: str | None = None
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
