@@ -41,3 +41,9 @@ DEFAULT_GC_GRACE_MS = 60 * MINUTE_MS
 # gc deletes no unreferenced object when more than this share of the store's data objects would go, and at least
 # MIN_ORPHANS_CHECKED of them (a small cluster's one aborted output is no sign of another cluster's catalog).
 DEFAULT_MAX_ORPHAN_SHARE = 0.5
+
+# The agent's TLS listeners (kafka/tls.py): the key file's password is read from this environment variable only (never
+# an argument, which `ps` shows), the handshake's bound, and Kafka's ssl.principal.mapping.rules default.
+SSL_KEY_PASSWORD_ENV = "LOGCOMPACT_SSL_KEY_PASSWORD"
+DEFAULT_SSL_HANDSHAKE_TIMEOUT_MS = 10_000
+DEFAULT_SSL_PRINCIPAL_MAPPING_RULES = "DEFAULT"

@@ -32,11 +32,12 @@ FAST_CLIENT = {"socket.timeout.ms": 5000, "socket.connection.setup.timeout.ms": 
 class RunningAgent:
     """An AgentServer on its own event loop thread, as `logcompact agent` runs it."""
 
-    def __init__(self, catalog: Catalog, **settings: Any) -> None:
+    def __init__(self, catalog: Catalog, listeners: tuple[Listener, ...] = (Listener(SecurityProtocol.PLAINTEXT, Address("127.0.0.1", 0)),),
+                 **settings: Any) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="agent", daemon=True)
         self.thread.start()
-        self.server = AgentServer(catalog, AgentSettings((Listener(SecurityProtocol.PLAINTEXT, Address("127.0.0.1", 0)),), **settings))
+        self.server = AgentServer(catalog, AgentSettings(listeners, **settings))
         # The first start of a fresh checkout compiles the agent's numba loops (its cache is then on disk): up to a
         # minute or more on a loaded 2-core machine, and the Kafka tests are the suite's first.
         self.call(self.server.start(), timeout=300)

@@ -9,8 +9,11 @@ from contextlib import contextmanager
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
+from sqlalchemy import select
 
 from logcompact.catalog import Catalog
+from logcompact.catalog import schema as s
+from logcompact.catalog.model import AgentEndpoint
 from logcompact.exceptions import CommitConflictError, LogcompactError
 from logcompact.kafka.cluster import ALIVE_MS
 from logcompact.kafka.server import AgentServer
@@ -75,20 +78,41 @@ def test_two_agents_on_one_catalog_list_each_other_lead_partitions_and_both_serv
 
 def test_node_ids_are_kept_per_address_never_shared_by_live_agents_and_freed_by_silence(catalog: Catalog) -> None:
     create_topic(catalog, "orders", 1)
-    assert catalog.register_agent("10.0.0.1", 9092, None, None, NOW, ALIVE_MS) == 0
-    assert catalog.register_agent("10.0.0.2", 9092, "az-b", None, NOW, ALIVE_MS) == 1
-    assert catalog.register_agent("10.0.0.1", 9092, None, None, NOW + 5, ALIVE_MS) == 0  # a restart keeps its id
+    assert catalog.register_agent("10.0.0.1", 9092, None, None, NOW, ALIVE_MS, plaintext("10.0.0.1")) == 0
+    assert catalog.register_agent("10.0.0.2", 9092, "az-b", None, NOW, ALIVE_MS, plaintext("10.0.0.2")) == 1
+    assert catalog.register_agent("10.0.0.1", 9092, None, None, NOW + 5, ALIVE_MS, plaintext("10.0.0.1")) == 0  # a restart keeps its id
     with pytest.raises(LogcompactError, match=r"node id 1 is held by the live agent at 10.0.0.2:9092 .*pass another --node-id"):
-        catalog.register_agent("10.0.0.3", 9092, None, 1, NOW + 5, ALIVE_MS)
+        catalog.register_agent("10.0.0.3", 9092, None, 1, NOW + 5, ALIVE_MS, plaintext("10.0.0.3"))
     live = catalog.agent_heartbeat(0, "10.0.0.1", 9092, NOW + 6, ALIVE_MS)
     assert [(a.node_id, a.host, a.rack) for a in live] == [(0, "10.0.0.1", None), (1, "10.0.0.2", "az-b")]
     later = NOW + ALIVE_MS + 10  # agent 1 fell silent: it is out of the list, and its id may be taken
     assert [a.node_id for a in catalog.agent_heartbeat(0, "10.0.0.1", 9092, later, ALIVE_MS)] == [0]
-    assert catalog.register_agent("10.0.0.3", 9092, None, 1, later, ALIVE_MS) == 1
+    assert catalog.register_agent("10.0.0.3", 9092, None, 1, later, ALIVE_MS, plaintext("10.0.0.3")) == 1
     with pytest.raises(CommitConflictError, match=r"node id 1 at 10.0.0.2:9092 is no longer registered"):
         catalog.agent_heartbeat(1, "10.0.0.2", 9092, later, ALIVE_MS)  # the silent one wakes: told to restart
     catalog.deregister_agent(0)
     assert [a.node_id for a in catalog.agent_heartbeat(1, "10.0.0.3", 9092, later + 1, ALIVE_MS)] == [1]
+
+
+def plaintext(host: str) -> list[AgentEndpoint]:
+    return [AgentEndpoint("PLAINTEXT", host, 9092)]
+
+
+def test_endpoints_per_listener_are_listed_with_the_live_agents_replaced_with_a_node_id_and_removed_with_the_agent(catalog: Catalog) -> None:
+    create_topic(catalog, "orders", 1)
+    both = [AgentEndpoint("PLAINTEXT", "10.0.0.1", 9092), AgentEndpoint("SSL", "agent-0.example", 9093)]
+    assert catalog.register_agent("10.0.0.1", 9092, None, None, NOW, ALIVE_MS, both) == 0
+    assert catalog.register_agent("10.0.0.2", 9092, None, None, NOW, ALIVE_MS, plaintext("10.0.0.2")) == 1
+    live = catalog.live_agents(NOW, ALIVE_MS)
+    assert [a.endpoints for a in live] == [tuple(both), tuple(plaintext("10.0.0.2"))]
+    assert live[0].endpoint("SSL") == AgentEndpoint("SSL", "agent-0.example", 9093) and live[1].endpoint("SSL") is None
+    later = NOW + ALIVE_MS + 10  # agent 1 fell silent; another takes its id, with its own endpoints only
+    catalog.register_agent("10.0.0.3", 9093, None, 1, later, ALIVE_MS, [AgentEndpoint("SSL", "10.0.0.3", 9093)])
+    assert [a.endpoints for a in catalog.agent_heartbeat(1, "10.0.0.3", 9093, later, ALIVE_MS)] == [(AgentEndpoint("SSL", "10.0.0.3", 9093),)]
+    catalog.deregister_agent(1)
+    with catalog.engine.connect() as connection:
+        rows = connection.execute(select(s.agent_endpoints.c.node_id, s.agent_endpoints.c.listener).order_by(s.agent_endpoints.c.listener)).all()
+    assert [tuple(row) for row in rows] == [(0, "PLAINTEXT"), (0, "SSL")]
 
 
 def test_a_consumer_group_bootstrapped_on_either_agent_is_coordinated_by_one_and_listed_once(catalog: Catalog) -> None:

@@ -54,6 +54,7 @@ from logcompact.catalog.database import WRITE, bound_wal, catalog_errors, catalo
 from logcompact.catalog.groups import CommittedOffset, GroupListed, GroupRow
 from logcompact.catalog.identity import CHECK_THEN_ACCEPT, MARKER_KEY, RECORD_APPEND_EVERY_MS, ClusterMarker, create_marker, read_marker, record_version
 from logcompact.catalog.model import (
+    AgentEndpoint,
     AgentRecord,
     CatalogSection,
     CatalogUpgrade,
@@ -434,11 +435,14 @@ class Catalog:
 
     # -- Kafka agents ----------------------------------------------------------------------------------
 
-    def register_agent(self, host: str, port: int, rack: str | None, node_id: int | None, now_ms: int, alive_ms: int) -> int:
-        """Register an agent serving clients at host:port; returns its node id (`agents.register`: a restart keeps
-        its address's id, two live agents never share one)."""
+    def register_agent(
+        self, host: str, port: int, rack: str | None, node_id: int | None, now_ms: int, alive_ms: int, endpoints: Sequence[AgentEndpoint],
+    ) -> int:
+        """Register an agent serving clients at host:port (its first listener's address) and each listener at its
+        endpoint; returns its node id (`agents.register`: a restart keeps its address's id, two live agents never
+        share one)."""
         with self._writing() as connection:
-            return agents.register(connection, host, port, rack, node_id, now_ms, alive_ms)
+            return agents.register(connection, host, port, rack, node_id, now_ms, alive_ms, endpoints)
 
     def agent_heartbeat(self, node_id: int, host: str, port: int, now_ms: int, alive_ms: int) -> list[AgentRecord]:
         """Record that agent `node_id` at host:port is alive; returns the agents heard from within `alive_ms`, by
@@ -449,7 +453,7 @@ class Catalog:
             return agents.live(connection, now_ms, alive_ms)
 
     def live_agents(self, now_ms: int, alive_ms: int) -> list[AgentRecord]:
-        """The agents heard from within `alive_ms`, by node id."""
+        """The agents heard from within `alive_ms` with their endpoints, by node id."""
         with self._reading() as connection:
             return agents.live(connection, now_ms, alive_ms)
 

@@ -145,8 +145,18 @@ class CommitResult:
 
 
 @dataclass(frozen=True)
+class AgentEndpoint:
+    """Where clients of one of an agent's listeners reach it (Kafka's advertised.listeners entry)."""
+
+    listener: str
+    host: str
+    port: int
+
+
+@dataclass(frozen=True)
 class AgentRecord:
-    """A Kafka agent (`logcompact agent`) as registered in the catalog: what Metadata tells clients of it."""
+    """A Kafka agent (`logcompact agent`) as registered in the catalog: what Metadata tells clients of it. `host` and
+    `port` are its first listener's advertised address (its node id is kept per it); `endpoints` are every listener's."""
 
     node_id: int
     host: str
@@ -154,6 +164,11 @@ class AgentRecord:
     rack: str | None
     started_ms: int
     heartbeat_ms: int
+    endpoints: tuple[AgentEndpoint, ...] = ()
+
+    def endpoint(self, listener: str) -> AgentEndpoint | None:
+        """Where clients of `listener` reach this agent; None when it has no such listener."""
+        return next((endpoint for endpoint in self.endpoints if endpoint.listener == listener), None)
 
 
 @dataclass(frozen=True)

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
 from logcompact.cli.common import Context, emit, pass_context
 from logcompact.exceptions import ClusterNotFoundError
-from logcompact.limits import DEFAULT_FLUSH_BYTES, DEFAULT_FLUSH_INTERVAL_MS
+from logcompact.limits import (
+    DEFAULT_FLUSH_BYTES,
+    DEFAULT_FLUSH_INTERVAL_MS,
+    DEFAULT_SSL_HANDSHAKE_TIMEOUT_MS,
+    DEFAULT_SSL_PRINCIPAL_MAPPING_RULES,
+    SSL_KEY_PASSWORD_ENV,
+)
 from logcompact.topics import MAX_PARTITIONS
 
 if TYPE_CHECKING:
@@ -25,6 +33,24 @@ if TYPE_CHECKING:
 @click.option("--allow-insecure-listener", is_flag=True, default=False,
               help="Allow a PLAINTEXT listener, or PLAIN passwords on a SASL_PLAINTEXT one, on an address other than loopback "
                    "(records and passwords then cross the network in the clear).")
+@click.option("--ssl-certfile", type=click.Path(dir_okay=False, path_type=Path), envvar="LOGCOMPACT_SSL_CERTFILE",
+              help="PEM certificate of the SSL and SASL_SSL listeners, then its chain (Kafka's ssl.keystore.location, in PEM) "
+                   "[env LOGCOMPACT_SSL_CERTFILE].")
+@click.option("--ssl-keyfile", type=click.Path(dir_okay=False, path_type=Path), envvar="LOGCOMPACT_SSL_KEYFILE",
+              help=f"PEM private key of --ssl-certfile; if encrypted, its password in the environment variable {SSL_KEY_PASSWORD_ENV} "
+                   "[env LOGCOMPACT_SSL_KEYFILE].")
+@click.option("--ssl-cafile", type=click.Path(dir_okay=False, path_type=Path), envvar="LOGCOMPACT_SSL_CAFILE",
+              help="PEM certificates of the CAs client certificates must chain to (Kafka's ssl.truststore.location) [env LOGCOMPACT_SSL_CAFILE].")
+@click.option("--ssl-client-auth", type=click.Choice(["required", "requested", "none"]), default="none", show_default=True,
+              envvar="LOGCOMPACT_SSL_CLIENT_AUTH",
+              help="Ask TLS clients for a certificate and refuse those without (required) or not (requested) (Kafka's ssl.client.auth) "
+                   "[env LOGCOMPACT_SSL_CLIENT_AUTH].")
+@click.option("--ssl-handshake-timeout-ms", type=click.IntRange(min=1), default=DEFAULT_SSL_HANDSHAKE_TIMEOUT_MS, show_default=True,
+              envvar="LOGCOMPACT_SSL_HANDSHAKE_TIMEOUT_MS",
+              help="Close a TLS connection whose handshake has not completed this long after connecting [env LOGCOMPACT_SSL_HANDSHAKE_TIMEOUT_MS].")
+@click.option("--ssl-principal-mapping-rules", default=DEFAULT_SSL_PRINCIPAL_MAPPING_RULES, show_default=True, envvar="LOGCOMPACT_SSL_PRINCIPAL_MAPPING_RULES",
+              help="How a client certificate's subject DN becomes its principal's name: RULE:pattern/replacement/[LU] or DEFAULT, "
+                   "comma-separated, the first that matches wins (Kafka's ssl.principal.mapping.rules) [env LOGCOMPACT_SSL_PRINCIPAL_MAPPING_RULES].")
 @click.option("--node-id", type=click.IntRange(min=0), default=None,
               help="Broker id clients see [default: the one this advertised address had before, else the lowest free one].")
 @click.option("--rack", default=None, help="Rack (availability zone) clients see, for their rack-aware choices.")
@@ -76,6 +102,8 @@ def agent(
     group_max_bytes: int, offsets_commit_timeout_ms: int, max_connections: int, max_connections_per_ip: int, connections_max_idle_ms: int,
     connection_setup_timeout_ms: int, request_read_timeout_ms: int, transaction_max_timeout_ms: int, transactional_id_expiration_ms: int,
     transaction_abort_timed_out_transaction_cleanup_interval_ms: int, transaction_remove_expired_transaction_cleanup_interval_ms: int,
+    ssl_certfile: Path | None, ssl_keyfile: Path | None, ssl_cafile: Path | None, ssl_client_auth: str, ssl_handshake_timeout_ms: int,
+    ssl_principal_mapping_rules: str,
 ) -> None:
     """Serve Kafka's protocol over this cluster (produce, fetch, consumer groups, idempotent and transactional producers, admin; every API
     and version in docs/agent.md) until SIGTERM or SIGINT, then commit what producers sent. Registers in the catalog
@@ -84,6 +112,7 @@ def agent(
     saying so in one line on stderr; a store or catalog of another cluster is refused."""
     from logcompact.kafka.listeners import parse_listeners
     from logcompact.kafka.server import AgentSettings, run_agent
+    from logcompact.kafka.tls import ClientAuth, TlsSettings
 
     try:
         settings = AgentSettings(
@@ -98,6 +127,8 @@ def agent(
             transactional_id_expiration_ms=transactional_id_expiration_ms,
             transaction_abort_timed_out_transaction_cleanup_interval_ms=transaction_abort_timed_out_transaction_cleanup_interval_ms,
             transaction_remove_expired_transaction_cleanup_interval_ms=transaction_remove_expired_transaction_cleanup_interval_ms,
+            tls=TlsSettings(ssl_certfile, ssl_keyfile, os.environ.get(SSL_KEY_PASSWORD_ENV) or None, ssl_cafile, ClientAuth(ssl_client_auth),
+                            ssl_handshake_timeout_ms, ssl_principal_mapping_rules),
         )
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None

@@ -86,13 +86,14 @@ class Broker:
         api = self.apis.get(api_key)
         return api is not None and api.min_version <= version <= api.max_version
 
-    def describe(self) -> dict[str, Any]:
-        return describe(self.agents.me)
 
 
-def describe(agent: AgentRecord) -> dict[str, Any]:
-    """An agent as Metadata and DescribeCluster list brokers."""
-    return {"node_id": agent.node_id, "host": agent.host, "port": agent.port, "rack": agent.rack}
+def describe(agent: AgentRecord, listener: str) -> dict[str, Any]:
+    """An agent as Metadata and FindCoordinator give brokers to clients of `listener` (Kafka answers with the
+    endpoints of the listener a request arrived on); the agent has that listener."""
+    endpoint = agent.endpoint(listener)
+    assert endpoint is not None, f"agent {agent.node_id} has no {listener} listener"
+    return {"node_id": agent.node_id, "host": endpoint.host, "port": endpoint.port, "rack": agent.rack}
 
 
 # A handler of one API: the table in handlers/__init__.py maps API keys to them, with the versions served.

@@ -13,11 +13,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from logcompact.catalog import Catalog
-from logcompact.catalog.model import AgentRecord
+from logcompact.catalog.model import AgentEndpoint, AgentRecord
 from logcompact.units import wall_clock_ms
 
 log = logging.getLogger(__name__)
@@ -59,11 +59,13 @@ class AgentDirectory:
         self._beaten: list[int] = []  # the live node ids as of the last heartbeat
 
     @classmethod
-    def register(cls, catalog: Catalog, host: str, port: int, rack: str | None, node_id: int | None) -> AgentDirectory:
-        """Register in the catalog (blocking): see `Catalog.register_agent`."""
+    def register(cls, catalog: Catalog, endpoints: Sequence[AgentEndpoint], rack: str | None, node_id: int | None) -> AgentDirectory:
+        """Register in the catalog (blocking) with each listener's advertised endpoint, the first as the agent's
+        address: see `Catalog.register_agent`."""
         now = wall_clock_ms()
-        node_id = catalog.register_agent(host, port, rack, node_id, now, ALIVE_MS)
-        directory = cls(catalog, AgentRecord(node_id, host, port, rack, now, now))
+        first = endpoints[0]
+        node_id = catalog.register_agent(first.host, first.port, rack, node_id, now, ALIVE_MS, endpoints)
+        directory = cls(catalog, AgentRecord(node_id, first.host, first.port, rack, now, now, tuple(endpoints)))
         directory._live = directory._heartbeat()
         return directory
 
@@ -77,6 +79,10 @@ class AgentDirectory:
         joined or stopped a moment ago, not a heartbeat later."""
         self._live = _with(self.me, self._catalog.live_agents(wall_clock_ms(), ALIVE_MS))
         return self._live
+
+    def on(self, listener: str) -> list[AgentRecord]:
+        """The live agents clients of `listener` can reach (those with that listener), as of the last refresh."""
+        return [agent for agent in self._live if agent.endpoint(listener) is not None]
 
     def leader_of(self, topic: str, partition: int) -> AgentRecord:
         live = self._live

@@ -3,6 +3,7 @@ its default `listener.security.protocol.map`), and where clients are told to rea
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -71,3 +72,27 @@ def parse_listeners(listen: Sequence[str], advertise: Sequence[str]) -> tuple[Li
             raise ValueError(f"--advertise {text!r}: the {protocol} listener is advertised twice")
         advertised[protocol] = address
     return tuple(Listener(protocol, address, advertised.get(protocol)) for protocol, address in listeners.items())
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is this machine only: 127.0.0.0/8, ::1 or localhost (0.0.0.0 and names are the network)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to any interface
+        return False
+
+
+def insecure(listeners: Sequence[Listener]) -> list[Listener]:
+    """The listeners that carry records in the clear off loopback: PLAINTEXT ones on another address."""
+    return [listener for listener in listeners if listener.protocol is SecurityProtocol.PLAINTEXT and not is_loopback(listener.address.host)]
+
+
+def check_insecure(listeners: Sequence[Listener], allowed: bool) -> None:
+    """ValueError naming the first insecure listener and the fix, unless `allowed` (--allow-insecure-listener)."""
+    if not allowed and (found := insecure(listeners)):
+        raise ValueError(
+            f"--listen {found[0]}: a PLAINTEXT listener off loopback sends records in the clear to anyone on the network; "
+            "listen on 127.0.0.1, use an SSL or SASL_SSL listener, or pass --allow-insecure-listener"
+        )

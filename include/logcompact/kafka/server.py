@@ -36,15 +36,17 @@ import gc
 import logging
 import math
 import signal
+import ssl
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from logcompact.catalog import Catalog
+from logcompact.catalog.model import AgentEndpoint
 from logcompact.exceptions import LogcompactError
 from logcompact.ingest import DEFAULT_FLUSH_BYTES, DEFAULT_FLUSH_INTERVAL_MS
-from logcompact.kafka import codec, records
+from logcompact.kafka import codec, records, tls
 from logcompact.kafka.broker import Broker
 from logcompact.kafka.cluster import Address, AgentDirectory
 from logcompact.kafka.event_loop import CommitWatch
@@ -52,8 +54,9 @@ from logcompact.kafka.group_coordinator import DEFAULT_GROUP_MAX_BYTES, DEFAULT_
 from logcompact.kafka.handlers import APIS, api_versions
 from logcompact.kafka.handlers.produce import DEFAULT_MAX_MESSAGE_BYTES
 from logcompact.kafka.ingest_thread import Ingest
-from logcompact.kafka.listeners import Listener, SecurityProtocol
+from logcompact.kafka.listeners import Listener, SecurityProtocol, check_insecure, insecure
 from logcompact.kafka.session import Session
+from logcompact.kafka.tls import TlsSettings
 from logcompact.kafka.transaction_coordinator import (
     ABORT_INTERVAL_MS,
     EXPIRY_INTERVAL_MS,
@@ -128,6 +131,12 @@ class AgentSettings:
     transactional_id_expiration_ms: int = ID_EXPIRATION_MS  # Kafka's transactional.id.expiration.ms
     transaction_abort_timed_out_transaction_cleanup_interval_ms: int = ABORT_INTERVAL_MS  # Kafka's, of the same name
     transaction_remove_expired_transaction_cleanup_interval_ms: int = EXPIRY_INTERVAL_MS  # Kafka's, of the same name
+    tls: TlsSettings = field(default_factory=TlsSettings)  # of the SSL and SASL_SSL listeners
+
+    def __post_init__(self) -> None:
+        """ValueError naming the option and the fix for listeners the agent must not start with."""
+        check_insecure(self.listeners, self.allow_insecure_listener)
+        self.tls.check(next((listener.name for listener in self.listeners if listener.protocol.uses_tls), None))
 
     @property
     def transactions(self) -> TransactionSettings:
@@ -306,6 +315,8 @@ class AgentServer:
         self._per_ip: Counter[str] = Counter()
         self._per_ip_queued: dict[str, ByteBudget] = {}  # each address's share of `_queued`, while it has connections
         self._sweeping: asyncio.Task | None = None
+        self._tls_context: ssl.SSLContext | None = None  # of the TLS listeners, made at start
+        self._principal_mapper = tls.PrincipalMapper(settings.tls.principal_mapping_rules)
 
     @property
     def broker(self) -> Broker:
@@ -327,14 +338,20 @@ class AgentServer:
         # The cluster must exist before clients are told its id: ClusterNotFoundError otherwise.
         cluster_id = await asyncio.to_thread(lambda: self.catalog.cluster_id)
         await asyncio.to_thread(records.compile_encoder)  # seconds on a fresh install: before clients, not in a Fetch
-        for listener in self.settings.listeners:
-            await self._listen(listener)
         settings = self.settings
+        if any(listener.protocol.uses_tls for listener in settings.listeners):
+            self._tls_context = tls.server_context(settings.tls)
+        for listener in settings.listeners:
+            await self._listen(listener)
+        for listener in insecure(settings.listeners):  # allowed by --allow-insecure-listener, else refused by the settings
+            log.warning("listener %s sends records in the clear to anyone on the network (--allow-insecure-listener)", listener)
         ingest = await asyncio.to_thread(Ingest, self.catalog, settings.flush_interval_ms, settings.flush_bytes)
         commits = CommitWatch(self.catalog, COMMIT_POLL_SECONDS)
-        first = settings.listeners[0]
-        advertised = first.advertise or self.address
-        agents = await asyncio.to_thread(AgentDirectory.register, self.catalog, advertised.host, advertised.port, settings.rack, settings.node_id)
+        bound = self.addresses
+        advertised_at = {listener.name: listener.advertise or bound[listener.name] for listener in settings.listeners}
+        endpoints = [AgentEndpoint(name, address.host, address.port) for name, address in advertised_at.items()]
+        advertised = advertised_at[settings.listeners[0].name]
+        agents = await asyncio.to_thread(AgentDirectory.register, self.catalog, endpoints, settings.rack, settings.node_id)
         agents.start()
         groups = GroupCoordinator(self.catalog, agents.me.node_id, settings.group_initial_rebalance_delay_ms,
                                   settings.group_max_size, settings.group_max_bytes, settings.offsets_commit_timeout_ms)
@@ -422,14 +439,18 @@ class AgentServer:
         )
         self._connections.add(this)
         self._per_ip[host] += 1
-        reading = asyncio.create_task(self._read(reader, connection))
-        self._readers[reading] = connection
+        reading: asyncio.Task | None = None
         try:
+            if listener.protocol.uses_tls and not await self._secure(connection):
+                return
+            reading = asyncio.create_task(self._read(reader, connection))
+            self._readers[reading] = connection
             await self._send(writer, connection)
         finally:
-            reading.cancel()
-            await asyncio.gather(reading, return_exceptions=True)  # so what it holds is settled
-            del self._readers[reading]
+            if reading is not None:
+                reading.cancel()
+                await asyncio.gather(reading, return_exceptions=True)  # so what it holds is settled
+                del self._readers[reading]
             self._connections.discard(this)
             self._per_ip[host] -= 1
             if not self._per_ip[host]:
@@ -437,6 +458,22 @@ class AgentServer:
             connection.settled = True
             queued.give(connection.handling)  # the requests this connection read whose handlers have not ended
             writer.close()
+
+    async def _secure(self, connection: Connection) -> bool:
+        """The TLS handshake, then the client certificate's principal in the connection's session; False, with one log
+        line, when the handshake fails or no mapping rule names the certificate's DN (Kafka fails the authentication)."""
+        assert self._tls_context is not None
+        writer = connection.writer
+        if not await tls.handshake(writer, self._tls_context, self.settings.tls.handshake_timeout_ms, connection.peer):
+            return False
+        try:
+            principal = tls.principal_of(writer.get_extra_info("ssl_object"), self._principal_mapper)
+        except (tls.NoMatchingRule, ValueError) as exc:
+            log.warning("connection from %s closed: its certificate names no principal: %s", connection.peer, exc)
+            return False
+        connection.session = replace(connection.session, principal=principal)
+        log.debug("connection from %s on %s authenticated as %s", connection.peer, connection.session.listener, principal)
+        return True
 
     async def _read(self, reader: FrameReader, connection: Connection) -> None:
         """Frames into answering tasks, in order; None queued last however reading ends (a stop cancels it)."""
@@ -467,6 +504,8 @@ class AgentServer:
             log.warning("connection from %s closed by the client in the middle of a frame (%d bytes read)", peer, len(exc.partial))
         except ConnectionError as exc:  # a client that stops with answers unread resets it: ordinary (Kafka logs it at debug)
             log.info("connection from %s lost: %s", peer, exc)
+        except ssl.SSLError as exc:  # TLS records that do not decrypt, or an alert from the client
+            log.warning("connection from %s closed: TLS error: %s", peer, tls.ssl_reason(exc))
         finally:
             connection.responses.put_nowait(None)
 

@@ -21,6 +21,7 @@ from typing import Any
 from logcompact.exceptions import InvalidTopicError, TopicNotFoundError
 from logcompact.kafka import codec
 from logcompact.kafka.broker import Broker
+from logcompact.kafka.cluster import Address
 from logcompact.topics import Topic, TopicConfig, kafka_config_names, validate_topic_name
 from logcompact.units import wall_clock_ms
 
@@ -76,7 +77,7 @@ def broker_configs(broker: Broker, keys: Any) -> list[dict[str, Any]]:
     defaults = TopicConfig()
     settings = [
         ("broker.id", broker.node_id, STATIC_BROKER_CONFIG, INT),
-        ("advertised.listeners", f"PLAINTEXT://{broker.advertised}", STATIC_BROKER_CONFIG, LIST),
+        ("advertised.listeners", ",".join(f"{e.listener}://{Address(e.host, e.port)}" for e in broker.agents.me.endpoints), STATIC_BROKER_CONFIG, LIST),
         ("auto.create.topics.enable", str(broker.auto_create_topics).lower(), STATIC_BROKER_CONFIG, BOOLEAN),
         ("num.partitions", broker.num_partitions, STATIC_BROKER_CONFIG, INT),
         ("message.max.bytes", broker.max_message_bytes, STATIC_BROKER_CONFIG, INT),

@@ -1,5 +1,6 @@
 """DescribeCluster (key 60), v0-1: the cluster id and the live agents, the lowest node id as controller (the
-catalog is the one controller there is; AdminClient's describe_cluster shows it)."""
+catalog is the one controller there is; AdminClient's describe_cluster shows it). Brokers are given at their endpoints
+on the listener the request arrived on, those without it left out, as Kafka does."""
 
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ async def handle(broker: Broker, request: codec.Request) -> Any:
         answer.update(error_code=codec.ErrorCode.unsupported_endpoint_type,
                       error_message=f"endpoint type {endpoint} is not served: agents are brokers (1), none is a controller")
     else:
+        listener = request.session.listener
         answer.update(error_code=codec.ErrorCode.none, brokers=[
-            {"broker_id": a.node_id, "host": a.host, "port": a.port, "rack": a.rack} for a in live
+            {"broker_id": a.node_id, "host": endpoint.host, "port": endpoint.port, "rack": a.rack}
+            for a in live if (endpoint := a.endpoint(listener)) is not None
         ])
     return codec.build(codec.response_class(API_KEY, request.api_version), answer)

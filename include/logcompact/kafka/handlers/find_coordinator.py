@@ -6,6 +6,8 @@ group requests check against the list as of the agent's last heartbeat, so for u
 joins or leaves two agents may both take a group's requests, and its members then rejoin at the one that stays),
 so clients reach the group's coordinator from any bootstrap agent. A transactional id's coordinator is chosen the
 same way, from the same list (`TransactionCoordinator.coordinates`). Another key type is INVALID_REQUEST, as Kafka.
+The coordinator is given at its endpoint on the listener the request arrived on; one without that listener is
+COORDINATOR_NOT_AVAILABLE, as Kafka answers.
 """
 
 from __future__ import annotations
@@ -25,14 +27,19 @@ async def handle(broker: Broker, request: codec.Request) -> Any:
     # The live agents read now, as Metadata does: a client is sent to the coordinator the cluster has this moment.
     await asyncio.to_thread(broker.agents.refresh)
     response_class = codec.response_class(API_KEY, version)
+    listener = request.session.listener
     if version >= 4:
-        coordinators = [_find(broker, key, int(body.key_type)) for key in body.coordinator_keys]
+        coordinators = [_find(broker, key, int(body.key_type), listener) for key in body.coordinator_keys]
         return codec.build(response_class, {"throttle_time": 0, "coordinators": coordinators})
-    return codec.build(response_class, {"throttle_time": 0, **_find(broker, body.key, int(getattr(body, "key_type", GROUP_KEY)))})
+    return codec.build(response_class, {"throttle_time": 0, **_find(broker, body.key, int(getattr(body, "key_type", GROUP_KEY)), listener)})
 
 
-def _find(broker: Broker, key: str, key_type: int) -> dict[str, Any]:
+def _find(broker: Broker, key: str, key_type: int, listener: str) -> dict[str, Any]:
     if key_type not in (GROUP_KEY, TRANSACTION_KEY):
         message = f"unknown key type {key_type}: 0 (group) or 1 (transaction)"
         return {"key": key, "error_code": codec.ErrorCode.invalid_request, "error_message": message, "node_id": -1, "host": "", "port": -1}
-    return {"key": key, "error_code": codec.ErrorCode.none, "error_message": None, **describe(broker.agents.coordinator_for(key))}
+    coordinator = broker.agents.coordinator_for(key)
+    if coordinator.endpoint(listener) is None:  # as Kafka answers a coordinator not reachable on the request's listener
+        message = f"the coordinator, agent {coordinator.node_id}, has no {listener} listener"
+        return {"key": key, "error_code": codec.ErrorCode.coordinator_not_available, "error_message": message, "node_id": -1, "host": "", "port": -1}
+    return {"key": key, "error_code": codec.ErrorCode.none, "error_message": None, **describe(coordinator, listener)}

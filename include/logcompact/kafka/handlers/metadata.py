@@ -1,6 +1,11 @@
 """Metadata (key 3): the topics and partitions in the catalog, and the live agents as brokers; each partition's
 leader is the agent `AgentDirectory.leader_of` names (every agent serves every partition all the same).
 
+Brokers are given at their endpoints on the listener the request arrived on, as Kafka does; agents without that
+listener are left out, and a partition whose leader has none is answered as Kafka answers a leader not reachable on
+the listener: LISTENER_NOT_FOUND from v6, LEADER_NOT_AVAILABLE before, no leader, the leader among the offline
+replicas (and no replicas in v0, which leaves out those without an endpoint).
+
 The leader epoch is -1 everywhere: clients then skip leader-epoch validation (OffsetForLeaderEpoch), which
 an agent that shares every partition's log through the catalog has no use for.
 """
@@ -16,22 +21,24 @@ from logcompact.kafka.handlers import topics_admin
 from logcompact.topics import Topic
 
 API_KEY = 3
+NO_LEADER = -1  # Kafka's MetadataResponse.NO_LEADER_ID
 
 
 async def handle(broker: Broker, request: codec.Request) -> Any:
     snapshot, agents = await asyncio.to_thread(lambda: (broker.catalog.snapshot(), broker.agents.refresh()))
     topics, ids = snapshot.topics, snapshot.topic_ids
     wanted = request.body.topics
+    listener = request.session.listener
     if wanted is None or (request.api_version == 0 and not wanted):  # v0 asks for all with an empty list
-        described = [_topic(broker, topic, ids[name]) for name, topic in sorted(topics.items())]
+        described = [_topic(broker, topic, ids[name], request) for name, topic in sorted(topics.items())]
     else:
         created = await topics_admin.auto_create(broker, request, topics)
         by_id = {broker.topic_id(name, ids[name]): topic for name, topic in topics.items()} if request.api_version >= 10 else {}
-        described = [_requested(broker, topics, ids, by_id, entry, created) for entry in _unique(wanted)]
+        described = [_requested(broker, topics, ids, by_id, entry, created, request) for entry in _unique(wanted)]
     return codec.build(codec.response_class(API_KEY, request.api_version), {
         "error_code": codec.ErrorCode.none,
         "throttle_time": 0,
-        "brokers": [describe(agent) for agent in agents],
+        "brokers": [describe(agent, listener) for agent in agents if agent.endpoint(listener) is not None],
         "cluster_id": broker.cluster_id,
         "controller_id": agents[0].node_id,
         "topics": described,
@@ -47,34 +54,47 @@ def _unique(entries: Any) -> list[Any]:
 
 
 def _requested(
-    broker: Broker, topics: dict[str, Topic], ids: dict[str, int], by_id: dict[Any, Topic], entry: Any, created: dict[str, codec.ErrorCode]
+    broker: Broker, topics: dict[str, Topic], ids: dict[str, int], by_id: dict[Any, Topic], entry: Any, created: dict[str, codec.ErrorCode],
+    request: codec.Request,
 ) -> dict[str, Any]:
     if entry.name is None:  # v10 on: by topic id alone
         topic = by_id.get(entry.topic_id)
         if topic is None:
             return _missing(None, entry.topic_id, codec.ErrorCode.unknown_topic_id)
-        return _topic(broker, topic, ids[topic.name])
+        return _topic(broker, topic, ids[topic.name], request)
     topic = topics.get(entry.name)
     if topic is None:  # a topic auto-created just now is LEADER_NOT_AVAILABLE this time, as in Kafka
         return _missing(entry.name, None, created.get(entry.name, codec.ErrorCode.unknown_topic_or_partition))
-    return _topic(broker, topic, ids[topic.name])
+    return _topic(broker, topic, ids[topic.name], request)
 
 
 def _missing(name: str | None, topic_id: Any, error: codec.ErrorCode) -> dict[str, Any]:
     return {"error_code": error, "name": name, "topic_id": topic_id, "is_internal": False, "partitions": []}
 
 
-def _topic(broker: Broker, topic: Topic, catalog_topic_id: int) -> dict[str, Any]:
+def _topic(broker: Broker, topic: Topic, catalog_topic_id: int, request: codec.Request) -> dict[str, Any]:
     partitions = []
+    listener, version = request.session.listener, request.api_version
     for index in range(topic.partitions):
-        leader = broker.agents.leader_of(topic.name, index).node_id
+        leader = broker.agents.leader_of(topic.name, index)
+        if leader.endpoint(listener) is None:  # Kafka's KRaftMetadataCache.getPartitionMetadata, leader not on the listener
+            partitions.append({
+                "error_code": codec.ErrorCode.listener_not_found if version >= 6 else codec.ErrorCode.leader_not_available,
+                "partition_index": index,
+                "leader_id": NO_LEADER,
+                "leader_epoch": records.NO_LEADER_EPOCH,
+                "replica_nodes": [] if version == 0 else [leader.node_id],
+                "isr_nodes": [] if version == 0 else [leader.node_id],
+                "offline_replicas": [leader.node_id],
+            })
+            continue
         partitions.append({
             "error_code": codec.ErrorCode.none,
             "partition_index": index,
-            "leader_id": leader,
+            "leader_id": leader.node_id,
             "leader_epoch": records.NO_LEADER_EPOCH,
-            "replica_nodes": [leader],
-            "isr_nodes": [leader],
+            "replica_nodes": [leader.node_id],
+            "isr_nodes": [leader.node_id],
             "offline_replicas": [],
         })
     return {
