@@ -328,8 +328,9 @@ def test_each_listener_advertises_its_own_endpoints_and_a_group_on_ssl_never_tou
 ) -> None:
     """Two agents with PLAINTEXT (loopback) and SSL listeners: Metadata on each listener names every agent at that
     listener's address; a consumer group bootstrapped on SSL connects to SSL ports only (librdkafka's own list of
-    the brokers it connected to). A third agent with PLAINTEXT only is left out of the SSL listener's answers, and
-    partitions it leads answer LISTENER_NOT_FOUND there (LEADER_NOT_AVAILABLE before Metadata v6)."""
+    the brokers it connected to). A third agent with PLAINTEXT only is left out of the SSL listener's answers
+    (Metadata, DescribeCluster), partitions it leads answer LISTENER_NOT_FOUND there (LEADER_NOT_AVAILABLE before
+    Metadata v6) and groups it coordinates COORDINATOR_NOT_AVAILABLE."""
     both = (PLAINTEXT_LOCAL, SSL_LOCAL)
     first = ssl_agent(Catalog(catalog.store, catalog.url), certificates, ClientAuth.NONE, both)
     second = ssl_agent(Catalog(catalog.store, catalog.url), certificates, ClientAuth.NONE, both)
@@ -374,6 +375,14 @@ def test_each_listener_advertises_its_own_endpoints_and_a_group_on_ssl_never_tou
                         assert (partition.error_code, partition.leader_id, list(partition.offline_replicas)) == (error, -1, [alone])
                     else:
                         assert partition.error_code == 0 and partition.leader_id in ssl_ports
+            group = next(g for g in (f"group-{n}" for n in range(100)) if first.server.broker.agents.coordinator_for(g).node_id == alone)
+            with socket.create_connection((address.host, address.port), timeout=10) as raw, \
+                    client_context(certificates).wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+                wire = Wire.over(tls)
+                found = wire.call(10, 3, {"key": group, "key_type": 0})
+                assert (found.error_code, found.node_id) == (15, -1)  # COORDINATOR_NOT_AVAILABLE, as Kafka off the listener
+                cluster = wire.call(60, 0, {"include_cluster_authorized_operations": False})
+                assert {b.broker_id: f"{b.host}:{b.port}" for b in cluster.brokers} == ssl_ports
         finally:
             plaintext_only.stop()
     finally:
