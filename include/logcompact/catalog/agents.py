@@ -20,9 +20,9 @@ def register(
     endpoints: Sequence[AgentEndpoint],
 ) -> int:
     """Register an agent serving clients at host:port (its first listener's address), each of its listeners at its
-    endpoint; returns its node id. Without `node_id`, the agent keeps
-    the id registered for its address before (a restart), or takes the lowest id no agent holds. An id held by
-    an agent of another address heard from within `alive_ms` is refused: two live agents never share one."""
+    endpoint; returns its node id. Without `node_id`, the agent keeps the id registered for its address before (a
+    restart), or takes the lowest id no agent holds. An id held by an agent of another address heard from within
+    `alive_ms` is refused: two live agents never share one."""
     rows = connection.execute(select(s.agents).with_for_update()).all()
     if node_id is None:
         same = [row.node_id for row in rows if (row.host, row.port) == (host, port)]

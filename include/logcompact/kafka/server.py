@@ -441,6 +441,8 @@ class AgentServer:
         self._per_ip[host] += 1
         reading: asyncio.Task | None = None
         try:
+            # Nothing is awaited before the handshake: the stream's reader would otherwise take the client's first
+            # bytes (its ClientHello) off the socket before TLS sits in between.
             if listener.protocol.uses_tls and not await self._secure(connection):
                 return
             reading = asyncio.create_task(self._read(reader, connection))

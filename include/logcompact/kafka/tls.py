@@ -118,7 +118,7 @@ async def handshake(writer: asyncio.StreamWriter, context: ssl.SSLContext, timeo
     except ssl.SSLError as exc:
         log.warning("connection from %s closed: TLS handshake failed: %s", peer, ssl_reason(exc))
         return False
-    except (ConnectionError, TimeoutError) as exc:  # the handshake timeout aborts with ConnectionAbortedError
+    except OSError as exc:  # the client gone, or the handshake timeout (ConnectionAbortedError)
         log.warning("connection from %s closed: TLS handshake failed: %s", peer, exc or type(exc).__name__)
         return False
     return True
