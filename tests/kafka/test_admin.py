@@ -119,6 +119,7 @@ def test_confluent_describes_alters_and_grows_topics(agent: RunningAgent, catalo
     assert settings["message.max.bytes"].value == str(MAX_MESSAGE_BYTES) and settings["message.max.bytes"].is_read_only
     assert settings["auto.create.topics.enable"].value == "true"
     assert settings["log.cleaner.min.cleanable.ratio"].value == "0.5"
+    assert settings["advertised.listeners"].value == f"PLAINTEXT://{agent.bootstrap}"  # every listener's, by name
 
     incremental = ConfigResource(ConfigResource.Type.TOPIC, "orders", incremental_configs=[
         ConfigEntry("retention.ms", "3600000", incremental_operation=AlterConfigOpType.SET),

@@ -24,7 +24,7 @@ import trustme
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.helpers import create_ssl_context
 from confluent_kafka import Consumer, Producer
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, ConfigResource
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.name import _ASN1Type
@@ -341,6 +341,11 @@ def test_each_listener_advertises_its_own_endpoints_and_a_group_on_ssl_never_tou
         plaintext_ports = {agent.server.broker.node_id: str(agent.server.addresses["PLAINTEXT"]) for agent in agents}
         assert brokers_of(str(first.server.addresses["PLAINTEXT"]), {}) == plaintext_ports
         assert brokers_of(ssl_bootstrap(second), ssl_client) == ssl_ports
+        broker = ConfigResource(ConfigResource.Type.BROKER, str(second.server.broker.node_id))
+        admin = AdminClient({"bootstrap.servers": ssl_bootstrap(second), **ssl_client, **FAST_CLIENT})
+        described = admin.describe_configs([broker])[broker].result(timeout=20)
+        node = second.server.broker.node_id
+        assert described["advertised.listeners"].value == f"PLAINTEXT://{plaintext_ports[node]},SSL://{ssl_ports[node]}"
 
         connected: set[str] = set()
 
