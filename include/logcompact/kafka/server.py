@@ -38,13 +38,14 @@ import math
 import signal
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from logcompact.catalog import Catalog
 from logcompact.exceptions import LogcompactError
 from logcompact.ingest import DEFAULT_FLUSH_BYTES, DEFAULT_FLUSH_INTERVAL_MS
 from logcompact.kafka import codec, records
+from logcompact.kafka.authenticator import DEFAULT_FAILED_AUTHENTICATION_DELAY_MS, DEFAULT_MECHANISMS, SaslAuthenticator, check_mechanisms
 from logcompact.kafka.broker import Broker
 from logcompact.kafka.cluster import Address, AgentDirectory
 from logcompact.kafka.event_loop import CommitWatch
@@ -128,6 +129,11 @@ class AgentSettings:
     transactional_id_expiration_ms: int = ID_EXPIRATION_MS  # Kafka's transactional.id.expiration.ms
     transaction_abort_timed_out_transaction_cleanup_interval_ms: int = ABORT_INTERVAL_MS  # Kafka's, of the same name
     transaction_remove_expired_transaction_cleanup_interval_ms: int = EXPIRY_INTERVAL_MS  # Kafka's, of the same name
+    sasl_mechanisms: tuple[str, ...] = DEFAULT_MECHANISMS  # Kafka's sasl.enabled.mechanisms, for every SASL listener
+    failed_authentication_delay_ms: int = DEFAULT_FAILED_AUTHENTICATION_DELAY_MS  # Kafka's connection.failed.authentication.delay.ms
+
+    def __post_init__(self) -> None:
+        check_mechanisms(self.sasl_mechanisms, self.listeners, self.allow_insecure_listener)
 
     @property
     def transactions(self) -> TransactionSettings:
@@ -261,6 +267,7 @@ class Connection:
     unanswered: int = 0
     handling: int = 0  # bytes of requests read whose handlers have not ended, held in `queued`
     settled: bool = False  # what it held in `queued` given back as it closed: handlers ending later give nothing
+    authenticator: SaslAuthenticator | None = None  # on a SASL listener, until authentication completes
     # What the reader waits for from the client, since when: None while the agent holds it up (room, its answers).
     waiting: Literal["request", "frame"] | None = None
     waiting_since: float = 0.0
@@ -416,9 +423,11 @@ class AgentServer:
         if host not in self._per_ip_queued:
             self._per_ip_queued[host] = ByteBudget(settings.max_queued_bytes_per_ip, self._queued)
         queued = self._per_ip_queued[host]
+        sasl = listener.protocol.uses_sasl
         connection = Connection(
-            peer, Session(listener.name, host), asyncio.Semaphore(settings.max_in_flight), ByteBudget(settings.max_in_flight_bytes), queued,
-            asyncio.Queue(), writer, asyncio.get_running_loop().time(),
+            peer, Session(listener.name, host, authenticated=not sasl), asyncio.Semaphore(settings.max_in_flight),
+            ByteBudget(settings.max_in_flight_bytes), queued, asyncio.Queue(), writer, asyncio.get_running_loop().time(),
+            authenticator=SaslAuthenticator(self.broker, settings.sasl_mechanisms, settings.failed_authentication_delay_ms, peer) if sasl else None,
         )
         self._connections.add(this)
         self._per_ip[host] += 1
@@ -442,21 +451,10 @@ class AgentServer:
         """Frames into answering tasks, in order; None queued last however reading ends (a stop cancels it)."""
         peer = connection.peer
         try:
-            while True:
-                size = await self._frame_size(reader, connection)
-                if size is None:
-                    return
-                await connection.in_flight.acquire()
-                await connection.held.take(size)
-                try:
-                    frame = await self._frame(reader, connection, size)
-                except BaseException:
-                    connection.held.give(size)
-                    raise
-                connection.handling += size
-                request = codec.decode_request(frame, self.broker.serves, connection.session)
-                connection.requests_read += 1
-                connection.unanswered += 1
+            if connection.authenticator is not None and not await self._authenticate(reader, connection, connection.authenticator):
+                return
+            while (read := await self._request(reader, connection)) is not None:
+                request, size = read
                 connection.responses.put_nowait((asyncio.create_task(self._answer(request, connection, size)), size))
         except (FrameError, codec.MalformedRequestError) as exc:
             log.warning("connection from %s closed: %s", peer, exc)
@@ -469,6 +467,40 @@ class AgentServer:
             log.info("connection from %s lost: %s", peer, exc)
         finally:
             connection.responses.put_nowait(None)
+
+    async def _authenticate(self, reader: FrameReader, connection: Connection, authenticator: SaslAuthenticator) -> bool:
+        """Requests before SASL authentication completes, one at a time: the next is read only once the authenticator
+        has answered the one before. Whether it completed (the connection's session then carries the principal)."""
+        while authenticator.principal is None:
+            if authenticator.failed or (read := await self._request(reader, connection)) is None:
+                return False
+            request, size = read
+            answering = asyncio.create_task(self._answer(request, connection, size, authenticator.answer))
+            connection.responses.put_nowait((answering, size))
+            await asyncio.wait([answering])  # its failure is the sender's to log
+            if answering.cancelled() or answering.exception() is not None:
+                return False
+        connection.session = replace(connection.session, principal=authenticator.principal, authenticated=True)
+        connection.authenticator = None
+        return True
+
+    async def _request(self, reader: FrameReader, connection: Connection) -> tuple[codec.Request, int] | None:
+        """The next request and its frame's size, its slot and bytes taken; None when the client closed between frames."""
+        size = await self._frame_size(reader, connection)
+        if size is None:
+            return None
+        await connection.in_flight.acquire()
+        await connection.held.take(size)
+        try:
+            frame = await self._frame(reader, connection, size)
+        except BaseException:
+            connection.held.give(size)
+            raise
+        connection.handling += size
+        request = codec.decode_request(frame, self.broker.serves, connection.session)
+        connection.requests_read += 1
+        connection.unanswered += 1
+        return request, size
 
     async def _frame_size(self, reader: FrameReader, connection: Connection) -> int | None:
         """The next frame's size from its prefix, or None when the client closed between frames."""
@@ -535,11 +567,16 @@ class AgentServer:
                     if expired.unread:  # its sender waits on answers the client will not take
                         connection.writer.transport.abort()
 
-    async def _answer(self, request: codec.Request, connection: Connection, size: int) -> bytes | None:
-        """The response frame, or None for a request answered with none (Produce with acks=0). The request's bytes
-        go back to the agent's budget as its handler ends; the answer's count in its connection's until written."""
+    async def _answer(
+        self, request: codec.Request, connection: Connection, size: int, authenticating: Callable[[codec.Request], Awaitable[object]] | None = None,
+    ) -> bytes | None:
+        """The response frame, or None for a request answered with none (Produce with acks=0, or one the authenticator
+        closes the connection on). The request's bytes go back to the agent's budget as its handler ends; the answer's
+        count in its connection's until written."""
         try:
-            if request.body is None:
+            if authenticating is not None:
+                response = await authenticating(request)
+            elif request.body is None:
                 response = api_versions.unsupported(self.broker)
             else:
                 response = await self.broker.apis[request.api_key].handle(self.broker, request)
