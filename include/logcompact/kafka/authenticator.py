@@ -3,8 +3,9 @@ completes, a connection may send ApiVersions (once, before SaslHandshake), SaslH
 only, and the server reads each request only after this has answered the one before (server.py), so nothing a client
 pipelines runs while its credential is looked up. Anything else closes the connection without an answer (Kafka
 answers a request other than SaslAuthenticate after the handshake with that request's ILLEGAL_SASL_STATE error
-before closing; the agent only closes). SaslHandshake v0 (the unframed token exchange that follows it) is refused
-the same way: librdkafka, the Java client, kafka-python and aiokafka send v1 when the broker advertises it.
+before closing; the agent only closes). After SaslHandshake v0 the exchange is Kafka's unframed one (aiokafka's
+first connection sends v0, before it has asked for the versions): bare size-prefixed tokens each way, and a failure
+closes the connection without an answer, as in Kafka.
 
 Mechanisms: PLAIN (RFC 4616) and SCRAM-SHA-256/512 (RFC 5802/7677, as Kafka's `ScramSaslServer` and
 `ScramMessages` take them: gs2 header `n` only, an authzid only if it names the user, extensions ignored but
@@ -151,7 +152,8 @@ class ScramExchange:
         match = _CLIENT_FINAL.fullmatch(_text(message, self.mechanism))
         if match is None:
             raise invalid_credentials(self.mechanism, "its client-final message is malformed")
-        if match["nonce"] != self._nonce:
+        # Kafka's check: the nonce ends with the exchange's (librdkafka 2.0, Debian's kcat's, repeats the client's nonce before it)
+        if not match["nonce"].endswith(self._nonce):
             raise invalid_credentials(self.mechanism, "its client-final message's nonce is not the exchange's")
         if base64.b64decode(match["channel"]) != self._gs2.encode():
             raise invalid_credentials(self.mechanism, "its client-final message's channel binding is not its gs2 header")
@@ -195,8 +197,8 @@ def plain_credentials(message: bytes) -> tuple[str, str]:
 
 @dataclass
 class SaslAuthenticator:
-    """One connection's authentication: `answer` takes each request read before it completes (`principal` set) or
-    fails (`failed`: the connection closes once the answer, if any, is written)."""
+    """One connection's authentication: `answer` takes each request (each bare token once `unframed`) read before it
+    completes (`principal` set) or fails (`failed`: the connection closes once the answer, if any, is written)."""
 
     broker: Broker
     mechanisms: tuple[str, ...]
@@ -204,12 +206,21 @@ class SaslAuthenticator:
     peer: str
     versions_answered: bool = False
     mechanism: str | None = None  # chosen by SaslHandshake
+    unframed: bool = False  # SaslHandshake v0: tokens follow without Kafka's request and response headers
     principal: KafkaPrincipal | None = None
     failed: bool = False
+    _failure: str = ""  # the message of the failure, for the client
     _scram: ScramExchange | None = None
 
-    async def answer(self, request: codec.Request) -> Any | None:
-        """The response to a request read before authentication completed, None for a close without one."""
+    async def answer(self, received: codec.Request | bytes) -> bytes | None:
+        """The frame answering what was read before authentication completed, None for a close without one."""
+        if isinstance(received, bytes):
+            token = await self._token(received)
+            return None if token is None else len(token).to_bytes(4, "big") + token
+        response = await self._response(received)
+        return None if response is None else codec.encode_response(received.correlation_id, response)
+
+    async def _response(self, request: codec.Request) -> Any | None:
         api, version = request.api_key, request.api_version
         if api == api_versions.API_KEY and self.mechanism is None and not self.versions_answered:
             if request.body is None:  # a newer ApiVersions: answered with the served ranges, and may be sent again
@@ -217,13 +228,12 @@ class SaslAuthenticator:
             self.versions_answered = True
             return await api_versions.handle(self.broker, request)
         if api == sasl.SASL_HANDSHAKE and self.mechanism is None and request.body is not None:
-            if version == 0:
-                await self._close("it sent SaslHandshake v0, whose unframed token exchange the agent does not serve "
-                                  "(v1 with SaslAuthenticate is: use a client that sends them)")
-                return None
             return await self._handshake(request)
         if api == sasl.SASL_AUTHENTICATE and self.mechanism is not None and request.body is not None:
-            return await self._authenticate(request)
+            token = await self._token(request.body.auth_bytes)
+            if token is None:
+                return sasl.authenticate_response(request.api_version, codec.ErrorCode.sasl_authentication_failed, self._failure)
+            return sasl.authenticate_response(request.api_version, codec.ErrorCode.none, None, token)
         during = "SASL authentication" if self.mechanism is not None else "SASL handshake"
         await self._close(f"it sent {codec.api_name(api)} v{version} during {during}, where Kafka takes "
                           f"{'SaslAuthenticate' if self.mechanism else 'ApiVersions (once) and SaslHandshake'} only")
@@ -244,16 +254,18 @@ class SaslAuthenticator:
             await self._fail()
             return sasl.handshake_response(request.api_version, codec.ErrorCode.unsupported_sasl_mechanism, self.mechanisms)
         self.mechanism = asked
+        self.unframed = request.api_version == 0
         if asked != PLAIN:
             self._scram = ScramExchange(asked)
         return sasl.handshake_response(request.api_version, codec.ErrorCode.none, self.mechanisms)
 
-    async def _authenticate(self, request: codec.Request) -> Any:
+    async def _token(self, token: bytes) -> bytes | None:
+        """The mechanism's answer to the client's token, None when authentication failed (`_failure` says why, to
+        the client in a framed exchange; an unframed one is closed without a word, as in Kafka)."""
         mechanism = self.mechanism
         assert mechanism is not None
         user_name: str | None = None
         try:
-            token = request.body.auth_bytes
             if self._scram is None:
                 user_name, password = plain_credentials(token)
                 credential = await self._credential(user_name, mechanism)
@@ -272,11 +284,13 @@ class SaslAuthenticator:
         except AuthenticationFailed as exc:
             attempted = "an unnamed user" if user_name is None else f"User:{user_name}"
             log.info("SASL %s authentication of %s from %s failed: %s", mechanism, attempted, self.peer, exc.reason)
+            self._failure = exc.answer
             await self._fail()
-            return sasl.authenticate_response(request.api_version, codec.ErrorCode.sasl_authentication_failed, exc.answer)
+            return None
         if self.principal is not None:
-            log.debug("connection from %s authenticated as %s (SASL %s)", self.peer, self.principal, mechanism)
-        return sasl.authenticate_response(request.api_version, codec.ErrorCode.none, None, answer)
+            log.debug("connection from %s authenticated as %s (SASL %s%s)", self.peer, self.principal, mechanism,
+                      ", unframed after SaslHandshake v0" if self.unframed else "")
+        return answer
 
     async def _credential(self, user_name: str, mechanism: str) -> ScramCredential | None:
         catalog = self.broker.catalog

@@ -472,10 +472,12 @@ class AgentServer:
         """Requests before SASL authentication completes, one at a time: the next is read only once the authenticator
         has answered the one before. Whether it completed (the connection's session then carries the principal)."""
         while authenticator.principal is None:
-            if authenticator.failed or (read := await self._request(reader, connection)) is None:
+            if authenticator.failed or (read := await self._frame_read(reader, connection)) is None:
                 return False
-            request, size = read
-            answering = asyncio.create_task(self._answer(request, connection, size, authenticator.answer))
+            frame, size = read
+            # after SaslHandshake v0 the client sends bare tokens, not requests
+            received = frame if authenticator.unframed else codec.decode_request(frame, self.broker.serves, connection.session)
+            answering = asyncio.create_task(self._authentication_step(received, connection, size, authenticator))
             connection.responses.put_nowait((answering, size))
             await asyncio.wait([answering])  # its failure is the sender's to log
             if answering.cancelled() or answering.exception() is not None:
@@ -486,6 +488,14 @@ class AgentServer:
 
     async def _request(self, reader: FrameReader, connection: Connection) -> tuple[codec.Request, int] | None:
         """The next request and its frame's size, its slot and bytes taken; None when the client closed between frames."""
+        read = await self._frame_read(reader, connection)
+        if read is None:
+            return None
+        frame, size = read
+        return codec.decode_request(frame, self.broker.serves, connection.session), size
+
+    async def _frame_read(self, reader: FrameReader, connection: Connection) -> tuple[bytes, int] | None:
+        """The next frame and its size, its slot and bytes taken; None when the client closed between frames."""
         size = await self._frame_size(reader, connection)
         if size is None:
             return None
@@ -497,10 +507,9 @@ class AgentServer:
             connection.held.give(size)
             raise
         connection.handling += size
-        request = codec.decode_request(frame, self.broker.serves, connection.session)
         connection.requests_read += 1
         connection.unanswered += 1
-        return request, size
+        return frame, size
 
     async def _frame_size(self, reader: FrameReader, connection: Connection) -> int | None:
         """The next frame's size from its prefix, or None when the client closed between frames."""
@@ -567,27 +576,38 @@ class AgentServer:
                     if expired.unread:  # its sender waits on answers the client will not take
                         connection.writer.transport.abort()
 
-    async def _answer(
-        self, request: codec.Request, connection: Connection, size: int, authenticating: Callable[[codec.Request], Awaitable[object]] | None = None,
-    ) -> bytes | None:
-        """The response frame, or None for a request answered with none (Produce with acks=0, or one the authenticator
-        closes the connection on). The request's bytes go back to the agent's budget as its handler ends; the answer's
-        count in its connection's until written."""
+    async def _answer(self, request: codec.Request, connection: Connection, size: int) -> bytes | None:
+        """The response frame, or None for a request answered with none (Produce with acks=0). The request's bytes
+        go back to the agent's budget as its handler ends; the answer's count in its connection's until written."""
         try:
-            if authenticating is not None:
-                response = await authenticating(request)
-            elif request.body is None:
+            if request.body is None:
                 response = api_versions.unsupported(self.broker)
             else:
                 response = await self.broker.apis[request.api_key].handle(self.broker, request)
             frame = None if response is None else codec.encode_response(request.correlation_id, response)
         finally:
-            if not connection.settled:
-                connection.handling -= size
-                connection.queued.give(size)
+            self._handled(connection, size)
         if frame is not None:
             connection.held.add(len(frame))
         return frame
+
+    async def _authentication_step(self, received: codec.Request | bytes, connection: Connection, size: int,
+                                   authenticator: SaslAuthenticator) -> bytes | None:
+        """`_answer` for what a connection sends before it authenticated: the authenticator's answer, None to close."""
+        try:
+            frame = await authenticator.answer(received)
+        finally:
+            self._handled(connection, size)
+        if frame is not None:
+            connection.held.add(len(frame))
+        return frame
+
+    @staticmethod
+    def _handled(connection: Connection, size: int) -> None:
+        """A request's bytes back to the agent's budget as its handler ends."""
+        if not connection.settled:
+            connection.handling -= size
+            connection.queued.give(size)
 
     async def _send(self, writer: asyncio.StreamWriter, connection: Connection) -> None:
         loop = asyncio.get_running_loop()
