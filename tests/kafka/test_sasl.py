@@ -274,6 +274,13 @@ def test_a_second_apiversions_closes_the_connection(sasl_agent: SaslAgent) -> No
     wire.close()
 
 
+def test_a_frame_over_kafkas_sasl_receive_size_before_authentication_closes_the_connection(sasl_agent: SaslAgent) -> None:
+    connection = sasl_agent.socket()
+    connection.sendall((524_289).to_bytes(4, "big"))  # its size alone: the agent takes none of its bytes
+    assert closed_by_peer(connection)
+    connection.close()
+
+
 def send_token(connection: socket.socket, token: bytes) -> None:
     connection.sendall(len(token).to_bytes(4, "big") + token)
 

@@ -37,13 +37,13 @@ def user_add(ctx: Context, name: str, mechanism: str, iterations: int, password_
     """Add user NAME's credential for a mechanism, or replace the one it has (a new password or iterations)."""
     from logcompact.catalog.credentials import new_credential
 
+    if not name:
+        raise click.BadParameter("a user name must not be empty", param_hint="NAME")
     if password_stdin:
         password = sys.stdin.readline().rstrip("\r\n")
     if not password:
         raise click.UsageError(f"no password given for user {name!r}: pass --password-stdin (and the password on stdin), "
                                f"--password, or set {PASSWORD_ENV}")
-    if not name:
-        raise click.BadParameter("a user name must not be empty", param_hint="NAME")
     ctx.catalog.put_scram_credential(name, new_credential(mechanism, password, iterations))
     if as_json:
         emit({"user": name, "mechanism": mechanism, "iterations": iterations})

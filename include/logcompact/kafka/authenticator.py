@@ -45,6 +45,7 @@ PLAIN = "PLAIN"
 MECHANISMS = (PLAIN, *HASHES)  # what --sasl-mechanisms may name
 DEFAULT_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")  # the agent's sasl.enabled.mechanisms
 DEFAULT_FAILED_AUTHENTICATION_DELAY_MS = 100  # Kafka's connection.failed.authentication.delay.ms
+MAX_RECEIVE_BYTES = 524_288  # Kafka's sasl.server.max.receive.size: the largest frame before authentication
 
 
 def parse_mechanisms(text: str) -> tuple[str, ...]:

@@ -20,6 +20,10 @@ closed as soon as it is accepted, with one log line). A connection that has not 
 `connections_max_idle_ms`, is closed with one log line, so connections that never speak cannot keep others out.
 One sweep of the connections finds those past a bound, as Kafka's brokers find idle ones: no timer per read.
 
+On a SASL listener a connection is first authenticated (authenticator.py, Kafka's SaslServerAuthenticator): until
+then its requests are read one at a time, each once the one before is answered, so nothing it pipelines runs before
+it has a principal; its session then carries the principal, and reading goes on as above.
+
 Handlers of one connection start in request order: each runs as its own task, and asyncio runs new tasks
 first-in first-out up to their first await. So what a handler does before its first await (a Produce handing
 its batch to the ingest agent) happens in request order, as Kafka's one-request-at-a-time connections would.
@@ -45,7 +49,13 @@ from logcompact.catalog import Catalog
 from logcompact.exceptions import LogcompactError
 from logcompact.ingest import DEFAULT_FLUSH_BYTES, DEFAULT_FLUSH_INTERVAL_MS
 from logcompact.kafka import codec, records
-from logcompact.kafka.authenticator import DEFAULT_FAILED_AUTHENTICATION_DELAY_MS, DEFAULT_MECHANISMS, SaslAuthenticator, check_mechanisms
+from logcompact.kafka.authenticator import (
+    DEFAULT_FAILED_AUTHENTICATION_DELAY_MS,
+    DEFAULT_MECHANISMS,
+    MAX_RECEIVE_BYTES,
+    SaslAuthenticator,
+    check_mechanisms,
+)
 from logcompact.kafka.broker import Broker
 from logcompact.kafka.cluster import Address, AgentDirectory
 from logcompact.kafka.event_loop import CommitWatch
@@ -472,7 +482,7 @@ class AgentServer:
         """Requests before SASL authentication completes, one at a time: the next is read only once the authenticator
         has answered the one before. Whether it completed (the connection's session then carries the principal)."""
         while authenticator.principal is None:
-            if authenticator.failed or (read := await self._frame_read(reader, connection)) is None:
+            if authenticator.failed or (read := await self._frame_read(reader, connection, MAX_RECEIVE_BYTES)) is None:
                 return False
             frame, size = read
             # after SaslHandshake v0 the client sends bare tokens, not requests
@@ -494,9 +504,9 @@ class AgentServer:
         frame, size = read
         return codec.decode_request(frame, self.broker.serves, connection.session), size
 
-    async def _frame_read(self, reader: FrameReader, connection: Connection) -> tuple[bytes, int] | None:
+    async def _frame_read(self, reader: FrameReader, connection: Connection, limit: int | None = None) -> tuple[bytes, int] | None:
         """The next frame and its size, its slot and bytes taken; None when the client closed between frames."""
-        size = await self._frame_size(reader, connection)
+        size = await self._frame_size(reader, connection, limit)
         if size is None:
             return None
         await connection.in_flight.acquire()
@@ -511,8 +521,9 @@ class AgentServer:
         connection.unanswered += 1
         return frame, size
 
-    async def _frame_size(self, reader: FrameReader, connection: Connection) -> int | None:
-        """The next frame's size from its prefix, or None when the client closed between frames."""
+    async def _frame_size(self, reader: FrameReader, connection: Connection, limit: int | None = None) -> int | None:
+        """The next frame's size from its prefix, or None when the client closed between frames; one over `limit`
+        (what an unauthenticated client may send) or the agent's max frame size is FrameError."""
         connection.frame_waited = 0.0
         while reader.buffered < 4:
             if not await self._more(reader, connection, "frame" if reader.buffered else "request"):
@@ -522,6 +533,9 @@ class AgentServer:
         size = int.from_bytes(await reader.readexactly(4), "big", signed=True)
         if not 0 <= size <= self.settings.max_frame_bytes:
             raise FrameError(f"frame size {size} is outside 0 to {self.settings.max_frame_bytes} bytes (the agent's max frame size)")
+        if limit is not None and size > limit:
+            raise FrameError(f"frame size {size} is over {limit} bytes, the most a client may send before it authenticated "
+                             "(Kafka's sasl.server.max.receive.size)")
         return size
 
     async def _frame(self, reader: FrameReader, connection: Connection, size: int) -> bytes:
