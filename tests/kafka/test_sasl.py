@@ -11,8 +11,10 @@ import asyncio
 import base64
 import hashlib
 import hmac
+import json
 import logging
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -20,7 +22,8 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, Protocol
 
 import pytest
 import scramp
@@ -70,6 +73,13 @@ class SaslAgent(RunningAgent):
         return socket.create_connection((address.host, address.port), timeout=10)
 
 
+class Bootstrapped(Protocol):
+    """An agent in this process or a `logcompact agent` process: where its SASL listener is."""
+
+    @property
+    def bootstrap(self) -> str: ...
+
+
 def with_users(catalog: Catalog) -> Catalog:
     catalog.ensure_created(NOW)
     for mechanism in ("SCRAM-SHA-256", "SCRAM-SHA-512"):
@@ -88,12 +98,12 @@ def sasl_agent(tmp_path: Path) -> Iterator[SaslAgent]:
         running.stop()
 
 
-def confluent_config(agent: SaslAgent, mechanism: str, user: str, password: str) -> dict[str, Any]:
+def confluent_config(agent: Bootstrapped, mechanism: str, user: str, password: str) -> dict[str, Any]:
     return {"bootstrap.servers": agent.bootstrap, "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": mechanism,
             "sasl.username": user, "sasl.password": password, **FAST_CLIENT}
 
 
-def confluent_round_trip(agent: SaslAgent, mechanism: str, user: str, password: str, topic: str) -> bytes:
+def confluent_round_trip(agent: Bootstrapped, mechanism: str, user: str, password: str, topic: str) -> bytes:
     """A record produced and consumed back with librdkafka as `user`."""
     producer = Producer({**confluent_config(agent, mechanism, user, password), "message.timeout.ms": 15000})
     delivered: list[Any] = []
@@ -106,14 +116,15 @@ def confluent_round_trip(agent: SaslAgent, mechanism: str, user: str, password: 
         while time.monotonic() < deadline:
             message = consumer.poll(0.5)
             if message is not None:
-                assert message.error() is None, message.error()
-                return bytes(message.value())
+                value = message.value()
+                assert message.error() is None and value is not None, message.error()
+                return value
         raise AssertionError(f"no record consumed from {topic} as {user} with {mechanism}")
     finally:
         consumer.close()
 
 
-def refused_by_librdkafka(agent: SaslAgent, mechanism: str, user: str, password: str) -> str:
+def refused_by_librdkafka(agent: Bootstrapped, mechanism: str, user: str, password: str) -> str:
     """The authentication error librdkafka reports for `user` (its AdminClient's first request fails with it)."""
     errors: list[KafkaError] = []
     producer = Producer({**confluent_config(agent, mechanism, user, password), "error_cb": errors.append})
@@ -525,6 +536,27 @@ def test_the_agent_command_refuses_bad_mechanisms_in_one_line(tmp_path: Path) ->
         refused = run_cli(catalog, "agent", *args)
         assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
         assert "--sasl-mechanisms" in refused.stderr
+
+
+def test_the_agent_command_serves_sasl_with_the_mechanisms_given(tmp_path: Path) -> None:
+    catalog = with_users(Catalog(LocalStore(tmp_path / "store")))
+    command = [sys.executable, "-m", "logcompact", "-v", "agent", "--listen", "SASL_PLAINTEXT://127.0.0.1:0", "--sasl-mechanisms", "PLAIN",
+               "--flush-ms", str(FLUSH_MS)]
+    with open(tmp_path / "agent.log", "w") as log:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, env=agent_environment(catalog))
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line, (tmp_path / "agent.log").read_text()
+        agent = SimpleNamespace(bootstrap=json.loads(line)["listeners"]["SASL_PLAINTEXT"])
+        assert confluent_round_trip(agent, "PLAIN", BOB, BOB_PASSWORD, "by-process") == b"by-PLAIN"
+        assert "SCRAM-SHA-512" in refused_by_librdkafka(agent, "SCRAM-SHA-512", ALICE, ALICE_PASSWORD)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+    logged = (tmp_path / "agent.log").read_text()
+    assert "it asked for SASL mechanism 'SCRAM-SHA-512', not one enabled (PLAIN)" in logged
+    assert not any(secret in logged for secret in PLANTED)
 
 
 def test_no_password_reaches_the_agents_debug_log(sasl_agent: SaslAgent, caplog: pytest.LogCaptureFixture) -> None:
