@@ -38,6 +38,7 @@ from logcompact.catalog import (
     cleaning,
     cluster,
     compactions,
+    credentials,
     files,
     garbage,
     groups,
@@ -461,6 +462,42 @@ class Catalog:
         """An agent stopping: clients are no longer sent to it."""
         with self._writing() as connection:
             agents.deregister(connection, node_id)
+
+    # -- users' SCRAM credentials: rows outside the manifest, each write a small transaction that creates no version -
+
+    def put_scram_credential(self, user_name: str, credential: credentials.ScramCredential) -> None:
+        """Store the user's credential for its mechanism, replacing the one it had."""
+        with self._writing() as connection:
+            credentials.put(connection, user_name, credential)
+
+    def alter_scram_credentials(
+        self, upsertions: Sequence[tuple[str, credentials.ScramCredential]], deletions: Sequence[tuple[str, str]],
+    ) -> list[tuple[str, str]]:
+        """AlterUserScramCredentials in one transaction: store each (user, credential), remove each (user,
+        mechanism); returns the deletions that found no credential (nothing else changes for them)."""
+        with self._writing() as connection:
+            for user_name, credential in upsertions:
+                credentials.put(connection, user_name, credential)
+            return [(user_name, mechanism) for user_name, mechanism in deletions if not credentials.remove(connection, user_name, mechanism)]
+
+    def remove_scram_credentials(self, user_name: str, mechanism: str | None = None) -> list[str]:
+        """Remove the user's credential for `mechanism` (every one for None); the mechanisms removed."""
+        with self._writing() as connection:
+            return credentials.remove(connection, user_name, mechanism)
+
+    def scram_credential(self, user_name: str, mechanism: str) -> credentials.ScramCredential | None:
+        with self._reading() as connection:
+            return credentials.get(connection, user_name, mechanism)
+
+    def password_credential(self, user_name: str) -> credentials.ScramCredential | None:
+        """The credential SASL/PLAIN checks a password against: the user's SCRAM-SHA-512 one, else its SCRAM-SHA-256."""
+        with self._reading() as connection:
+            return credentials.get(connection, user_name, "SCRAM-SHA-512") or credentials.get(connection, user_name, "SCRAM-SHA-256")
+
+    def scram_users(self, user_names: list[str] | None = None) -> list[credentials.UserMechanism]:
+        """The credentials of `user_names` (every user's for None), names, mechanisms and iterations only."""
+        with self._reading() as connection:
+            return credentials.listed(connection, user_names)
 
     # -- consumer groups: rows outside the manifest, each write a small transaction that creates no version ----------
 

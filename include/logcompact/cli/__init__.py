@@ -25,6 +25,7 @@ from logcompact.cli.demo import simulate, tour
 from logcompact.cli.records import consume, files, log, produce
 from logcompact.cli.topics import topic
 from logcompact.cli.transactions import txn
+from logcompact.cli.users import user
 from logcompact.exceptions import LogcompactError
 
 
@@ -48,7 +49,7 @@ def cli(ctx: click.Context, store: str | None, catalog_url: str | None, now_ms: 
     ctx.obj = Context(store, catalog_url or None, now_ms, aws_conn_id)
 
 
-for _command in (topic, produce, consume, files, log, plan_command, compact, uncleanable, gc, cluster, status, txn, simulate, tour, agent):
+for _command in (topic, produce, consume, files, log, plan_command, compact, uncleanable, gc, cluster, status, txn, user, simulate, tour, agent):
     cli.add_command(_command)
 
 

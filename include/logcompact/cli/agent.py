@@ -51,6 +51,9 @@ if TYPE_CHECKING:
 @click.option("--ssl-principal-mapping-rules", default=DEFAULT_SSL_PRINCIPAL_MAPPING_RULES, show_default=True, envvar="LOGCOMPACT_SSL_PRINCIPAL_MAPPING_RULES",
               help="How a client certificate's subject DN becomes its principal's name: RULE:pattern/replacement/[LU] or DEFAULT, "
                    "comma-separated, the first that matches wins (Kafka's ssl.principal.mapping.rules) [env LOGCOMPACT_SSL_PRINCIPAL_MAPPING_RULES].")
+@click.option("--sasl-mechanisms", default="SCRAM-SHA-256,SCRAM-SHA-512", show_default=True, metavar="NAME[,NAME...]",
+              help="The SASL mechanisms a SASL_PLAINTEXT or SASL_SSL listener accepts (Kafka's sasl.enabled.mechanisms): "
+                   "PLAIN, SCRAM-SHA-256, SCRAM-SHA-512. Users and their passwords: `logcompact user`.")
 @click.option("--node-id", type=click.IntRange(min=0), default=None,
               help="Broker id clients see [default: the one this advertised address had before, else the lowest free one].")
 @click.option("--rack", default=None, help="Rack (availability zone) clients see, for their rack-aware choices.")
@@ -97,7 +100,7 @@ if TYPE_CHECKING:
               help="How often the agent forgets expired transactional ids (Kafka's option of the same name).")
 @pass_context
 def agent(
-    ctx: Context, listen: tuple[str, ...], advertise: tuple[str, ...], allow_insecure_listener: bool, node_id: int | None, rack: str | None, flush_ms: int, flush_bytes: int,
+    ctx: Context, listen: tuple[str, ...], advertise: tuple[str, ...], allow_insecure_listener: bool, sasl_mechanisms: str, node_id: int | None, rack: str | None, flush_ms: int, flush_bytes: int,
     max_message_bytes: int, fetch_cache_bytes: int, auto_create_topics: bool, num_partitions: int, group_max_size: int,
     group_max_bytes: int, offsets_commit_timeout_ms: int, max_connections: int, max_connections_per_ip: int, connections_max_idle_ms: int,
     connection_setup_timeout_ms: int, request_read_timeout_ms: int, transaction_max_timeout_ms: int, transactional_id_expiration_ms: int,
@@ -110,6 +113,7 @@ def agent(
     beside the other agents. Prints one JSON line once listening: its first listener's address, every listener's, the advertised
     address, node id and cluster id. On an empty store (and catalog) it creates the cluster first, as `logcompact cluster create` does,
     saying so in one line on stderr; a store or catalog of another cluster is refused."""
+    from logcompact.kafka.authenticator import parse_mechanisms
     from logcompact.kafka.listeners import parse_listeners
     from logcompact.kafka.server import AgentSettings, run_agent
     from logcompact.kafka.tls import ClientAuth, TlsSettings
@@ -117,7 +121,7 @@ def agent(
     try:
         settings = AgentSettings(
             parse_listeners(listen or ("127.0.0.1:9092",), advertise), allow_insecure_listener, node_id, rack,
-            flush_interval_ms=flush_ms, flush_bytes=flush_bytes, max_message_bytes=max_message_bytes,
+            sasl_mechanisms=parse_mechanisms(sasl_mechanisms), flush_interval_ms=flush_ms, flush_bytes=flush_bytes, max_message_bytes=max_message_bytes,
             fetch_cache_bytes=fetch_cache_bytes,
             auto_create_topics=auto_create_topics, num_partitions=num_partitions,
             group_max_size=group_max_size, group_max_bytes=group_max_bytes, offsets_commit_timeout_ms=offsets_commit_timeout_ms,

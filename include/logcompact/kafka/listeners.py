@@ -84,9 +84,11 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def insecure(listeners: Sequence[Listener]) -> list[Listener]:
-    """The listeners that carry records in the clear off loopback: PLAINTEXT ones on another address."""
-    return [listener for listener in listeners if listener.protocol is SecurityProtocol.PLAINTEXT and not is_loopback(listener.address.host)]
+def insecure(listeners: Sequence[Listener], plain_passwords: bool = False) -> list[Listener]:
+    """The listeners that carry records in the clear off loopback: PLAINTEXT ones on another address, and SASL_PLAINTEXT
+    ones when PLAIN is enabled (`plain_passwords`: passwords in the clear too)."""
+    clear = (SecurityProtocol.PLAINTEXT, SecurityProtocol.SASL_PLAINTEXT) if plain_passwords else (SecurityProtocol.PLAINTEXT,)
+    return [listener for listener in listeners if listener.protocol in clear and not is_loopback(listener.address.host)]
 
 
 def check_insecure(listeners: Sequence[Listener], allowed: bool) -> None:

@@ -20,6 +20,10 @@ closed as soon as it is accepted, with one log line). A connection that has not 
 `connections_max_idle_ms`, is closed with one log line, so connections that never speak cannot keep others out.
 One sweep of the connections finds those past a bound, as Kafka's brokers find idle ones: no timer per read.
 
+On a SASL listener a connection is first authenticated (authenticator.py, Kafka's SaslServerAuthenticator): until
+then its requests are read one at a time, each once the one before is answered, so nothing it pipelines runs before
+it has a principal; its session then carries the principal, and reading goes on as above.
+
 Handlers of one connection start in request order: each runs as its own task, and asyncio runs new tasks
 first-in first-out up to their first await. So what a handler does before its first await (a Produce handing
 its batch to the ingest agent) happens in request order, as Kafka's one-request-at-a-time connections would.
@@ -47,6 +51,13 @@ from logcompact.catalog.model import AgentEndpoint
 from logcompact.exceptions import LogcompactError
 from logcompact.ingest import DEFAULT_FLUSH_BYTES, DEFAULT_FLUSH_INTERVAL_MS
 from logcompact.kafka import codec, records, tls
+from logcompact.kafka.authenticator import (
+    DEFAULT_FAILED_AUTHENTICATION_DELAY_MS,
+    DEFAULT_MECHANISMS,
+    MAX_RECEIVE_BYTES,
+    SaslAuthenticator,
+    check_mechanisms,
+)
 from logcompact.kafka.broker import Broker
 from logcompact.kafka.cluster import Address, AgentDirectory
 from logcompact.kafka.event_loop import CommitWatch
@@ -132,10 +143,13 @@ class AgentSettings:
     transaction_abort_timed_out_transaction_cleanup_interval_ms: int = ABORT_INTERVAL_MS  # Kafka's, of the same name
     transaction_remove_expired_transaction_cleanup_interval_ms: int = EXPIRY_INTERVAL_MS  # Kafka's, of the same name
     tls: TlsSettings = field(default_factory=TlsSettings)  # of the SSL and SASL_SSL listeners
+    sasl_mechanisms: tuple[str, ...] = DEFAULT_MECHANISMS  # Kafka's sasl.enabled.mechanisms, for every SASL listener
+    failed_authentication_delay_ms: int = DEFAULT_FAILED_AUTHENTICATION_DELAY_MS  # Kafka's connection.failed.authentication.delay.ms
 
     def __post_init__(self) -> None:
         """ValueError naming the option and the fix for listeners the agent must not start with."""
         check_insecure(self.listeners, self.allow_insecure_listener)
+        check_mechanisms(self.sasl_mechanisms, self.listeners, self.allow_insecure_listener)
         self.tls.check(next((listener.name for listener in self.listeners if listener.protocol.uses_tls), None))
 
     @property
@@ -270,6 +284,7 @@ class Connection:
     unanswered: int = 0
     handling: int = 0  # bytes of requests read whose handlers have not ended, held in `queued`
     settled: bool = False  # what it held in `queued` given back as it closed: handlers ending later give nothing
+    authenticator: SaslAuthenticator | None = None  # on a SASL listener, until authentication completes
     # What the reader waits for from the client, since when: None while the agent holds it up (room, its answers).
     waiting: Literal["request", "frame"] | None = None
     waiting_since: float = 0.0
@@ -343,8 +358,9 @@ class AgentServer:
             self._tls_context = tls.server_context(settings.tls)
         for listener in settings.listeners:
             await self._listen(listener)
-        for listener in insecure(settings.listeners):  # allowed by --allow-insecure-listener, else refused by the settings
-            log.warning("listener %s sends records in the clear to anyone on the network (--allow-insecure-listener)", listener)
+        for listener in insecure(settings.listeners, "PLAIN" in settings.sasl_mechanisms):  # allowed by --allow-insecure-listener, else refused
+            log.warning("listener %s sends records%s in the clear to anyone on the network (--allow-insecure-listener)", listener,
+                        " and PLAIN passwords" if listener.protocol is SecurityProtocol.SASL_PLAINTEXT else "")
         ingest = await asyncio.to_thread(Ingest, self.catalog, settings.flush_interval_ms, settings.flush_bytes)
         commits = CommitWatch(self.catalog, COMMIT_POLL_SECONDS)
         bound = self.addresses
@@ -433,9 +449,11 @@ class AgentServer:
         if host not in self._per_ip_queued:
             self._per_ip_queued[host] = ByteBudget(settings.max_queued_bytes_per_ip, self._queued)
         queued = self._per_ip_queued[host]
+        sasl = listener.protocol.uses_sasl
         connection = Connection(
-            peer, Session(listener.name, host), asyncio.Semaphore(settings.max_in_flight), ByteBudget(settings.max_in_flight_bytes), queued,
-            asyncio.Queue(), writer, asyncio.get_running_loop().time(),
+            peer, Session(listener.name, host, authenticated=not sasl), asyncio.Semaphore(settings.max_in_flight),
+            ByteBudget(settings.max_in_flight_bytes), queued, asyncio.Queue(), writer, asyncio.get_running_loop().time(),
+            authenticator=SaslAuthenticator(self.broker, settings.sasl_mechanisms, settings.failed_authentication_delay_ms, peer) if sasl else None,
         )
         self._connections.add(this)
         self._per_ip[host] += 1
@@ -481,21 +499,10 @@ class AgentServer:
         """Frames into answering tasks, in order; None queued last however reading ends (a stop cancels it)."""
         peer = connection.peer
         try:
-            while True:
-                size = await self._frame_size(reader, connection)
-                if size is None:
-                    return
-                await connection.in_flight.acquire()
-                await connection.held.take(size)
-                try:
-                    frame = await self._frame(reader, connection, size)
-                except BaseException:
-                    connection.held.give(size)
-                    raise
-                connection.handling += size
-                request = codec.decode_request(frame, self.broker.serves, connection.session)
-                connection.requests_read += 1
-                connection.unanswered += 1
+            if connection.authenticator is not None and not await self._authenticate(reader, connection, connection.authenticator):
+                return
+            while (read := await self._request(reader, connection)) is not None:
+                request, size = read
                 connection.responses.put_nowait((asyncio.create_task(self._answer(request, connection, size)), size))
         except (FrameError, codec.MalformedRequestError) as exc:
             log.warning("connection from %s closed: %s", peer, exc)
@@ -511,8 +518,52 @@ class AgentServer:
         finally:
             connection.responses.put_nowait(None)
 
-    async def _frame_size(self, reader: FrameReader, connection: Connection) -> int | None:
-        """The next frame's size from its prefix, or None when the client closed between frames."""
+    async def _authenticate(self, reader: FrameReader, connection: Connection, authenticator: SaslAuthenticator) -> bool:
+        """Requests before SASL authentication completes, one at a time: the next is read only once the authenticator
+        has answered the one before. Whether it completed (the connection's session then carries the principal)."""
+        while authenticator.principal is None:
+            if authenticator.failed or (read := await self._frame_read(reader, connection, MAX_RECEIVE_BYTES)) is None:
+                return False
+            frame, size = read
+            # after SaslHandshake v0 the client sends bare tokens, not requests
+            received = frame if authenticator.unframed else codec.decode_request(frame, self.broker.serves, connection.session)
+            answering = asyncio.create_task(self._authentication_step(received, connection, size, authenticator))
+            connection.responses.put_nowait((answering, size))
+            await asyncio.wait([answering])  # its failure is the sender's to log
+            if answering.cancelled() or answering.exception() is not None:
+                return False
+        connection.session = replace(connection.session, principal=authenticator.principal, authenticated=True)
+        connection.authenticator = None
+        return True
+
+    async def _request(self, reader: FrameReader, connection: Connection) -> tuple[codec.Request, int] | None:
+        """The next request and its frame's size, its slot and bytes taken; None when the client closed between frames."""
+        read = await self._frame_read(reader, connection)
+        if read is None:
+            return None
+        frame, size = read
+        return codec.decode_request(frame, self.broker.serves, connection.session), size
+
+    async def _frame_read(self, reader: FrameReader, connection: Connection, limit: int | None = None) -> tuple[bytes, int] | None:
+        """The next frame and its size, its slot and bytes taken; None when the client closed between frames."""
+        size = await self._frame_size(reader, connection, limit)
+        if size is None:
+            return None
+        await connection.in_flight.acquire()
+        await connection.held.take(size)
+        try:
+            frame = await self._frame(reader, connection, size)
+        except BaseException:
+            connection.held.give(size)
+            raise
+        connection.handling += size
+        connection.requests_read += 1
+        connection.unanswered += 1
+        return frame, size
+
+    async def _frame_size(self, reader: FrameReader, connection: Connection, limit: int | None = None) -> int | None:
+        """The next frame's size from its prefix, or None when the client closed between frames; one over `limit`
+        (what an unauthenticated client may send) or the agent's max frame size is FrameError."""
         connection.frame_waited = 0.0
         while reader.buffered < 4:
             if not await self._more(reader, connection, "frame" if reader.buffered else "request"):
@@ -522,6 +573,9 @@ class AgentServer:
         size = int.from_bytes(await reader.readexactly(4), "big", signed=True)
         if not 0 <= size <= self.settings.max_frame_bytes:
             raise FrameError(f"frame size {size} is outside 0 to {self.settings.max_frame_bytes} bytes (the agent's max frame size)")
+        if limit is not None and size > limit:
+            raise FrameError(f"frame size {size} is over {limit} bytes, the most a client may send before it authenticated "
+                             "(Kafka's sasl.server.max.receive.size)")
         return size
 
     async def _frame(self, reader: FrameReader, connection: Connection, size: int) -> bytes:
@@ -586,12 +640,28 @@ class AgentServer:
                 response = await self.broker.apis[request.api_key].handle(self.broker, request)
             frame = None if response is None else codec.encode_response(request.correlation_id, response)
         finally:
-            if not connection.settled:
-                connection.handling -= size
-                connection.queued.give(size)
+            self._handled(connection, size)
         if frame is not None:
             connection.held.add(len(frame))
         return frame
+
+    async def _authentication_step(self, received: codec.Request | bytes, connection: Connection, size: int,
+                                   authenticator: SaslAuthenticator) -> bytes | None:
+        """`_answer` for what a connection sends before it authenticated: the authenticator's answer, None to close."""
+        try:
+            frame = await authenticator.answer(received)
+        finally:
+            self._handled(connection, size)
+        if frame is not None:
+            connection.held.add(len(frame))
+        return frame
+
+    @staticmethod
+    def _handled(connection: Connection, size: int) -> None:
+        """A request's bytes back to the agent's budget as its handler ends."""
+        if not connection.settled:
+            connection.handling -= size
+            connection.queued.give(size)
 
     async def _send(self, writer: asyncio.StreamWriter, connection: Connection) -> None:
         loop = asyncio.get_running_loop()

@@ -3,7 +3,8 @@ of its requests from plain values (`codec.build`): `api_versions`, `metadata` (a
 `topics_admin`), `produce`, `fetch`, `list_offsets`, `init_producer_id`, `find_coordinator`, `groups` (JoinGroup,
 SyncGroup, Heartbeat, LeaveGroup, DescribeGroups, ListGroups), `offsets` (OffsetCommit, OffsetFetch),
 `topics_admin` (CreateTopics, DeleteTopics, CreatePartitions), `configs` (DescribeConfigs, AlterConfigs,
-IncrementalAlterConfigs), `describe_cluster`, `transactions` (AddPartitionsToTxn, AddOffsetsToTxn, EndTxn,
+IncrementalAlterConfigs), `describe_cluster`, `sasl` (SaslHandshake, SaslAuthenticate outside an authentication), `scram_admin`
+(DescribeUserScramCredentials, AlterUserScramCredentials), `transactions` (AddPartitionsToTxn, AddOffsetsToTxn, EndTxn,
 TxnOffsetCommit) and `transactions_admin` (DescribeTransactions, ListTransactions, DescribeProducers, WriteTxnMarkers
 for an admin's abort). They import the broker and the layers below it, and among
 themselves only `metadata` → `topics_admin` → `configs`.
@@ -26,6 +27,8 @@ from logcompact.kafka.handlers import (
     metadata,
     offsets,
     produce,
+    sasl,
+    scram_admin,
     topics_admin,
     transactions,
     transactions_admin,
@@ -64,5 +67,9 @@ APIS: dict[int, Api] = {
         Api(configs.DESCRIBE_CONFIGS, 0, 4, configs.describe_configs),
         Api(configs.ALTER_CONFIGS, 0, 2, configs.alter_configs),
         Api(configs.INCREMENTAL_ALTER_CONFIGS, 0, 1, configs.incremental_alter_configs),
+        Api(sasl.SASL_HANDSHAKE, 0, 1, sasl.sasl_handshake),
+        Api(sasl.SASL_AUTHENTICATE, 0, 2, sasl.sasl_authenticate),
+        Api(scram_admin.DESCRIBE_USER_SCRAM_CREDENTIALS, 0, 0, scram_admin.describe_user_scram_credentials),
+        Api(scram_admin.ALTER_USER_SCRAM_CREDENTIALS, 0, 0, scram_admin.alter_user_scram_credentials),
     )
 }
