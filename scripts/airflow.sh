@@ -2,7 +2,8 @@
 # `make airflow`: Airflow 3 on http://127.0.0.1:8080 serving logcompact's DAGs, with the store connection (the
 # demo's local store, given data on first use, its catalog the embedded SQLite beside it), Spark in local mode
 # and the shared pool; and a Kafka agent (`logcompact agent`) on the same store for Kafka clients, at
-# LOGCOMPACT_AGENT_LISTEN (127.0.0.1:9092 by default).
+# LOGCOMPACT_AGENT_LISTEN (PLAINTEXT, 127.0.0.1:9092 by default) and LOGCOMPACT_AGENT_SASL_LISTEN (SASL_SSL with
+# SCRAM-SHA-512, 127.0.0.1:9094 by default).
 # A local trial: every UI user is an admin, and the API server listens on 127.0.0.1 only.
 # Settable by the environment: LOGCOMPACT_AIRFLOW_HOME (.airflow), LOGCOMPACT_AIRFLOW_PORT (8080, the API
 # server's), LOGCOMPACT_AIRFLOW_STORE (a local store's directory; the default, .demo/store, is given the
@@ -206,11 +207,24 @@ if [[ $store == "$demo_store" && ! -f $store/catalog.db ]]; then
   step "$bin/python" "$repo/scripts/demo.py" --data-only
 fi
 
-# The Kafka agent: up before Airflow, or the script stops with its error (a port in use, say).
+# The Kafka agent: up before Airflow, or the script stops with its error (a port in use, say). Two listeners:
+# PLAINTEXT on loopback, and SASL_SSL (SCRAM-SHA-512, a trial CA's certificate made on first use) with the user
+# `logcompact`, whose generated password and client settings are kept in $agent_dir/client.properties (mode 0600).
 agent_listen="${LOGCOMPACT_AGENT_LISTEN:-127.0.0.1:9092}"
+agent_sasl_listen="${LOGCOMPACT_AGENT_SASL_LISTEN:-127.0.0.1:9094}"
+agent_dir="$AIRFLOW_HOME/agent"
 agent_log="$AIRFLOW_HOME/agent.log"
 : >"$agent_log"
-start_component agent "$bin/logcompact" --store "file://$store" agent --listen "$agent_listen"
+step "$repo/docker/bin/logcompact-agent-certs" "$agent_dir" localhost 127.0.0.1 >/dev/null
+if [[ ! -f $agent_dir/client.properties ]]; then
+  password=$("$bin/python" -c 'import secrets; print(secrets.token_urlsafe(24))')
+  "$bin/logcompact" --store "file://$store" user add logcompact --mechanism SCRAM-SHA-512 --password-stdin <<<"$password" >/dev/null
+  (umask 077; printf '%s\n' "bootstrap.servers=$agent_sasl_listen" security.protocol=SASL_SSL sasl.mechanism=SCRAM-SHA-512 \
+    sasl.username=logcompact "sasl.password=$password" "ssl.ca.location=$agent_dir/ca.pem" >"$agent_dir/client.properties")
+  unset password
+fi
+start_component agent "$bin/logcompact" --store "file://$store" agent --listen "$agent_listen" --listen "SASL_SSL://$agent_sasl_listen" \
+  --ssl-certfile "$agent_dir/agent.pem" --ssl-keyfile "$agent_dir/agent.key" --sasl-mechanisms SCRAM-SHA-512
 until grep -q '"listening"' "$agent_log" 2>/dev/null; do
   if ! kill -0 "${sessions[0]}" 2>/dev/null; then
     echo "logcompact: the Kafka agent did not start (LOGCOMPACT_AGENT_LISTEN=$agent_listen): $(tail -n 1 "$agent_log")" >&2
@@ -219,6 +233,7 @@ until grep -q '"listening"' "$agent_log" 2>/dev/null; do
   step sleep 0.2
 done
 echo "Kafka agent: bootstrap.servers=$agent_listen (log: $agent_log), e.g. kcat -b $agent_listen -L"
+echo "  and SASL_SSL on $agent_sasl_listen, the settings in $agent_dir/client.properties, e.g. kcat -F $agent_dir/client.properties -L"
 
 step "$bin/airflow" db migrate >/dev/null
 step "$bin/airflow" pools set logcompact "$pool_slots" "logcompact compactions" >/dev/null
