@@ -37,15 +37,16 @@ from logcompact.exceptions import LogcompactError
 @click.option("--now", "now_ms", envvar="LOGCOMPACT_NOW_MS", type=NON_NEGATIVE_INT64, metavar="MS",
               help="Clock in epoch ms [env LOGCOMPACT_NOW_MS].")
 @click.option("--aws-conn-id", envvar="LOGCOMPACT_AWS_CONN_ID", metavar="ID", help="Airflow AWS connection for s3:// stores.")
-@click.option("-v", "--verbose", is_flag=True, help="Log progress to stderr.")
+@click.option("-v", "--verbose", count=True, help="Log progress to stderr; -vv logs debug lines too.")
 @click.pass_context
 def cli(ctx: click.Context, store: str | None, catalog_url: str | None, now_ms: int | None, aws_conn_id: str | None,
-        verbose: bool) -> None:
+        verbose: int) -> None:
     """Key-based compaction for a Kafka-style log kept as segment files in object storage.
 
     A cluster is its store (data files, plans) and its catalog database (topics, offsets, live files).
     """
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="logcompact: %(levelname)s: %(message)s")
+    level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)]
+    logging.basicConfig(level=level, format="logcompact: %(levelname)s: %(message)s")
     ctx.obj = Context(store, catalog_url or None, now_ms, aws_conn_id)
 
 
