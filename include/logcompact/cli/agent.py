@@ -69,6 +69,15 @@ if TYPE_CHECKING:
               help="How often the agent aborts the transactions it coordinates that are open past their timeout (Kafka's option of the same name).")
 @click.option("--transaction-remove-expired-transaction-cleanup-interval-ms", type=click.IntRange(min=1), default=3_600_000, show_default=True,
               help="How often the agent forgets expired transactional ids (Kafka's option of the same name).")
+@click.option("--authorizer", type=click.Choice(["acl"]), default=None,
+              help="Check every request against Kafka's ACLs (Kafka's authorizer.class.name, StandardAuthorizer) [default: on only "
+                   "when --super-users is given].")
+@click.option("--super-users", metavar="PRINCIPAL;...", default=None,
+              help="Principals allowed everything, whatever the ACLs (Kafka's super.users), separated by semicolons: User:alice;User:bob.")
+@click.option("--allow-everyone-if-no-acl-found", is_flag=True, default=False,
+              help="Allow a resource that no ACL names to everyone (Kafka's allow.everyone.if.no.acl.found) instead of denying it.")
+@click.option("--acl-refresh-ms", type=click.IntRange(min=1), default=5000, show_default=True,
+              help="Read the ACLs from the catalog this often: a change made elsewhere applies here within it.")
 @pass_context
 def agent(
     ctx: Context, listen: tuple[str, ...], advertise: tuple[str, ...], allow_insecure_listener: bool, node_id: int | None, rack: str | None, flush_ms: int, flush_bytes: int,
@@ -76,12 +85,14 @@ def agent(
     group_max_bytes: int, offsets_commit_timeout_ms: int, max_connections: int, max_connections_per_ip: int, connections_max_idle_ms: int,
     connection_setup_timeout_ms: int, request_read_timeout_ms: int, transaction_max_timeout_ms: int, transactional_id_expiration_ms: int,
     transaction_abort_timed_out_transaction_cleanup_interval_ms: int, transaction_remove_expired_transaction_cleanup_interval_ms: int,
+    authorizer: str | None, super_users: str | None, allow_everyone_if_no_acl_found: bool, acl_refresh_ms: int,
 ) -> None:
     """Serve Kafka's protocol over this cluster (produce, fetch, consumer groups, idempotent and transactional producers, admin; every API
     and version in docs/agent.md) until SIGTERM or SIGINT, then commit what producers sent. Registers in the catalog
     beside the other agents. Prints one JSON line once listening: its first listener's address, every listener's, the advertised
     address, node id and cluster id. On an empty store (and catalog) it creates the cluster first, as `logcompact cluster create` does,
     saying so in one line on stderr; a store or catalog of another cluster is refused."""
+    from logcompact.kafka.authorizer import AuthorizerSettings
     from logcompact.kafka.listeners import parse_listeners
     from logcompact.kafka.server import AgentSettings, run_agent
 
@@ -98,6 +109,7 @@ def agent(
             transactional_id_expiration_ms=transactional_id_expiration_ms,
             transaction_abort_timed_out_transaction_cleanup_interval_ms=transaction_abort_timed_out_transaction_cleanup_interval_ms,
             transaction_remove_expired_transaction_cleanup_interval_ms=transaction_remove_expired_transaction_cleanup_interval_ms,
+            authorization=AuthorizerSettings(authorizer, AuthorizerSettings.parse_super_users(super_users), allow_everyone_if_no_acl_found, acl_refresh_ms),
         )
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None

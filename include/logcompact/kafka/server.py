@@ -45,6 +45,7 @@ from logcompact.catalog import Catalog
 from logcompact.exceptions import LogcompactError
 from logcompact.ingest import DEFAULT_FLUSH_BYTES, DEFAULT_FLUSH_INTERVAL_MS
 from logcompact.kafka import codec, records
+from logcompact.kafka.authorizer import AclAuthorizer, AuthorizerSettings
 from logcompact.kafka.broker import Broker
 from logcompact.kafka.cluster import Address, AgentDirectory
 from logcompact.kafka.event_loop import CommitWatch
@@ -128,6 +129,7 @@ class AgentSettings:
     transactional_id_expiration_ms: int = ID_EXPIRATION_MS  # Kafka's transactional.id.expiration.ms
     transaction_abort_timed_out_transaction_cleanup_interval_ms: int = ABORT_INTERVAL_MS  # Kafka's, of the same name
     transaction_remove_expired_transaction_cleanup_interval_ms: int = EXPIRY_INTERVAL_MS  # Kafka's, of the same name
+    authorization: AuthorizerSettings = AuthorizerSettings()  # Kafka's ACLs: authorizer.class.name, super.users, ...
 
     @property
     def transactions(self) -> TransactionSettings:
@@ -341,9 +343,11 @@ class AgentServer:
         file_cache = CachedStore(self.catalog.store, settings.fetch_cache_bytes)
         transactions = TransactionCoordinator(self.catalog, agents, settings.transactions)
         transactions.start(ingest)
+        authorizer = AclAuthorizer(self.catalog, settings.authorization)
+        await authorizer.start()
         self._broker = Broker(
             self.catalog, cluster_id, agents, advertised, APIS, ingest, settings.max_message_bytes, commits, groups, file_cache,
-            transactions, settings.auto_create_topics, settings.num_partitions,
+            transactions, settings.auto_create_topics, settings.num_partitions, authorizer,
         )
         # What the agent holds for its life is made by now (modules, compiled loops, the catalog's metadata): put out
         # of the collector's reach, so its full collections, which walked all of it with the GIL held (100-200 ms in
@@ -377,6 +381,7 @@ class AgentServer:
             self._sweeping.cancel()
             await asyncio.gather(self._sweeping, return_exceptions=True)
         await self.broker.transactions.stop()
+        await self.broker.authorizer.stop()
         await self.broker.agents.stop()
         for reader in self._readers:
             reader.cancel()

@@ -5,7 +5,8 @@ SyncGroup, Heartbeat, LeaveGroup, DescribeGroups, ListGroups), `offsets` (Offset
 `topics_admin` (CreateTopics, DeleteTopics, CreatePartitions), `configs` (DescribeConfigs, AlterConfigs,
 IncrementalAlterConfigs), `describe_cluster`, `transactions` (AddPartitionsToTxn, AddOffsetsToTxn, EndTxn,
 TxnOffsetCommit) and `transactions_admin` (DescribeTransactions, ListTransactions, DescribeProducers, WriteTxnMarkers
-for an admin's abort). They import the broker and the layers below it, and among
+for an admin's abort), and `acls` (DescribeAcls, CreateAcls, DeleteAcls). Each checks what Kafka's KafkaApis checks
+through `broker.authorizer` first. They import the broker and the layers below it, and among
 themselves only `metadata` → `topics_admin` → `configs`.
 
 Here, the one table of served APIs and their versions (as librdkafka's mock cluster keeps it): requests are
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from logcompact.kafka.broker import Api
 from logcompact.kafka.handlers import (
+    acls,
     api_versions,
     configs,
     describe_cluster,
@@ -64,5 +66,8 @@ APIS: dict[int, Api] = {
         Api(configs.DESCRIBE_CONFIGS, 0, 4, configs.describe_configs),
         Api(configs.ALTER_CONFIGS, 0, 2, configs.alter_configs),
         Api(configs.INCREMENTAL_ALTER_CONFIGS, 0, 1, configs.incremental_alter_configs),
+        Api(acls.DESCRIBE_ACLS, 0, 3, acls.describe_acls),
+        Api(acls.CREATE_ACLS, 0, 3, acls.create_acls),
+        Api(acls.DELETE_ACLS, 0, 3, acls.delete_acls),
     )
 }
