@@ -191,6 +191,21 @@ class AclAuthorizer:
         """Whether the session may do `operation` on the cluster (CreateAcls: ALTER, DescribeAcls: DESCRIBE, ...)."""
         return self.authorize(session, operation, ResourceType.CLUSTER, CLUSTER_NAME)
 
+    def authorize_topic(self, session: Session, operation: AclOperation, name: str) -> bool:
+        return self.authorize(session, operation, ResourceType.TOPIC, name)
+
+    def authorize_group(self, session: Session, operation: AclOperation, group_id: str) -> bool:
+        return self.authorize(session, operation, ResourceType.GROUP, group_id)
+
+    def authorize_transactional_id(self, session: Session, operation: AclOperation, transactional_id: str) -> bool:
+        return self.authorize(session, operation, ResourceType.TRANSACTIONAL_ID, transactional_id)
+
+    def denied_topics(self, session: Session, operation: AclOperation, names: Iterable[str]) -> set[str]:
+        """Of the topics named, those the session may not do `operation` on (none while authorization is off)."""
+        if not self.enabled:
+            return set()
+        return {name for name in set(names) if not self.authorize(session, operation, ResourceType.TOPIC, name)}
+
     def authorized_operations(self, session: Session, resource_type: ResourceType, name: str) -> int:
         """Kafka's authorized-operations bit set of the resource: bit `code` set for each operation of the type allowed."""
         return sum(1 << operation for operation in SUPPORTED_OPERATIONS[resource_type] if self.authorize(session, operation, resource_type, name))
