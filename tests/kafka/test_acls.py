@@ -186,6 +186,7 @@ CASES: list[tuple[str, int, int, dict[str, Any], Extract, Any]] = [
     ("DeleteAcls", 31, 3, {"filters": [{"resource_type_filter": 2, "resource_name_filter": "x", "pattern_type_filter": 3, "principal_filter": None,
                                         "host_filter": None, "operation": 1, "permission_type": 1}]},
      lambda r: [int(x.error_code) for x in r.filter_results], [CLUSTER_DENIED]),
+    ("ApiVersions", 18, 3, {"client_software_name": "test", "client_software_version": "1"}, lambda r: int(r.error_code), NONE),
     # As Kafka, DescribeCluster is answered to anyone; without DESCRIBE on the cluster its authorized operations are none.
     ("DescribeCluster", 60, 1, {"include_cluster_authorized_operations": True}, lambda r: (int(r.error_code), r.cluster_authorized_operations), (NONE, 0)),
 ]
@@ -218,6 +219,12 @@ def test_the_checks_refuse_only_what_is_not_granted(agent: RunningAgent) -> None
     assert partition_errors(added.results_by_topic_v3_and_below, "results_by_partition", "partition_error_code") == [OPERATION_NOT_ATTEMPTED, TOPIC_DENIED, TOPIC_DENIED]
     # InitProducerId of an idempotent producer: WRITE on any topic is enough (Kafka 3.0+, KIP-679).
     assert int(call(agent, 22, 4, {"transactional_id": None, "transaction_timeout": 60000}).error_code) == NONE
+    # ListTransactions lists the transactional ids the principal may DESCRIBE (WRITE implies it).
+    assert int(call(agent, 22, 4, {"transactional_id": TXN, "transaction_timeout": 60000}).error_code) == NONE
+    listing = {"state_filters": [], "producer_id_filters": [], "duration_filter": -1}
+    assert [s.transactional_id for s in call(agent, 66, 1, listing).transaction_states] == [TXN]
+    grant(agent, acl(ResourceType.TRANSACTIONAL_ID, TXN, Op.DESCRIBE, Deny))
+    assert [s.transactional_id for s in call(agent, 66, 1, listing).transaction_states] == []
 
 
 def test_a_named_topic_without_describe_is_refused_whether_it_exists_or_not_and_the_listing_omits_it(agent: RunningAgent) -> None:
@@ -389,3 +396,18 @@ def test_the_agent_refuses_to_start_with_authorization_on_and_no_super_user(cata
     assert done.returncode == 2, done.stderr
     [line] = done.stderr.strip().splitlines()
     assert "nobody could grant an ACL: give --super-users User:NAME" in line and not done.stdout
+
+
+def test_version_0_knows_literal_patterns_only(agent: RunningAgent) -> None:
+    grant(agent, acl(ResourceType.CLUSTER, CLUSTER_NAME, Op.ALTER), acl(ResourceType.TOPIC, "ord", Op.READ, pattern=PatternType.PREFIXED))
+    created = call(agent, 30, 0, {"creations": [{"resource_type": 2, "resource_name": TOPIC, "principal": "User:bob", "host": "*",
+                                                 "operation": 3, "permission_type": 3}]})
+    assert [int(r.error_code) for r in created.results] == [NONE]
+    any_topic = {"resource_type_filter": 2, "resource_name_filter": None, "principal_filter": None, "host_filter": None, "operation": 1,
+                 "permission_type": 1}
+    described = call(agent, 29, 0, any_topic)
+    assert [(r.resource_name, [a.principal for a in r.acls]) for r in described.resources] == [(TOPIC, ["User:bob"])]  # not the PREFIXED one
+    deleted = call(agent, 31, 0, {"filters": [any_topic]})
+    assert [(m.resource_name, m.principal) for m in deleted.filter_results[0].matching_acls] == [(TOPIC, "User:bob")]
+    assert [(b.resource_name, b.pattern_type) for b in agent.server.catalog.acls() if b.resource_type == ResourceType.TOPIC] == [
+        ("ord", PatternType.PREFIXED)]

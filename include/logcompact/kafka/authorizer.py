@@ -106,6 +106,17 @@ class _Index:
                 yield from self.prefixed.get(name[:length], ())
 
 
+@dataclass
+class _Cache:
+    """The bindings as last read, indexed by resource type, and the answers memoized from them: replaced whole by a
+    refresh (on a worker thread), so a check on the event loop reads one cache throughout and never memoizes an
+    answer of the old bindings into the new cache."""
+
+    bindings: list[AclBinding] = field(default_factory=list)
+    indexes: dict[ResourceType, _Index] = field(default_factory=dict)
+    memo: dict[tuple[str, str, AclOperation, ResourceType, str], bool] = field(default_factory=dict)
+
+
 class AclAuthorizer:
     """Whether a request's principal, from its address, may do an operation on a resource; see the module."""
 
@@ -114,9 +125,7 @@ class AclAuthorizer:
         self.settings = settings
         self.enabled = settings.enabled
         self._super_users = frozenset(settings.super_users)
-        self._indexes: dict[ResourceType, _Index] = {}
-        self._bindings: list[AclBinding] = []
-        self._memo: dict[tuple[str, str, AclOperation, ResourceType, str], bool] = {}
+        self._cache = _Cache()
         self._refreshing: asyncio.Task | None = None
 
     @classmethod
@@ -139,12 +148,12 @@ class AclAuthorizer:
                 index.literal.setdefault(binding.resource_name, []).append(binding)
         for index in indexes.values():
             index.prefix_lengths = sorted({len(prefix) for prefix in index.prefixed})
-        self._indexes, self._bindings, self._memo = indexes, list(bindings), {}
+        self._cache = _Cache(list(bindings), indexes)
 
     @property
     def bindings(self) -> list[AclBinding]:
         """The cached bindings, as last read from the catalog."""
-        return self._bindings
+        return self._cache.bindings
 
     def refresh(self) -> None:
         """Read every binding from the catalog now (blocking); nothing while authorization is off."""
@@ -169,7 +178,7 @@ class AclAuthorizer:
             try:
                 await asyncio.to_thread(self.refresh)
             except Exception as exc:  # the catalog down: the last ACLs stay in force; the next refresh tries again
-                log.warning("ACLs could not be read from the catalog (the %d cached stay in force): %s", len(self._bindings), exc)
+                log.warning("ACLs could not be read from the catalog (the %d cached stay in force): %s", len(self._cache.bindings), exc)
 
     # -- checks -----------------------------------------------------------------------------------------------
 
@@ -177,14 +186,14 @@ class AclAuthorizer:
         """Whether the session's principal may do `operation` on the resource (always, while authorization is off)."""
         if not self.enabled:
             return True
-        principal = str(session.principal)
+        cache, principal = self._cache, str(session.principal)
         key = (principal, session.client_host, operation, resource_type, name)
-        allowed = self._memo.get(key)
+        allowed = cache.memo.get(key)
         if allowed is None:
-            allowed = principal in self._super_users or self._decide(principal, session.client_host, operation, resource_type, name)
-            if len(self._memo) >= MEMO_LIMIT:
-                self._memo = {}
-            self._memo[key] = allowed
+            allowed = principal in self._super_users or self._decide(cache, principal, session.client_host, operation, resource_type, name)
+            if len(cache.memo) >= MEMO_LIMIT:
+                cache.memo.clear()
+            cache.memo[key] = allowed
         return allowed
 
     def authorize_cluster(self, session: Session, operation: AclOperation) -> bool:
@@ -219,7 +228,7 @@ class AclAuthorizer:
             return True
         principal, host = str(session.principal), session.client_host
         bindings = [
-            b for b in self._bindings
+            b for b in self._cache.bindings
             if b.resource_type == resource_type and b.principal in (principal, WILDCARD_PRINCIPAL) and b.host in (WILDCARD, host)
             and b.operation in (Op.ALL, operation)
         ]
@@ -231,8 +240,8 @@ class AclAuthorizer:
             return True
         return any(not any(_covers(deny, allow) for deny in denied) for allow in allowed)
 
-    def _decide(self, principal: str, host: str, operation: AclOperation, resource_type: ResourceType, name: str) -> bool:
-        index = self._indexes.get(resource_type)
+    def _decide(self, cache: _Cache, principal: str, host: str, operation: AclOperation, resource_type: ResourceType, name: str) -> bool:
+        index = cache.indexes.get(resource_type)
         allowed = named = False
         for binding in index.matching(name) if index is not None else ():
             named = True
