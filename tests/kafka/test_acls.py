@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AclBinding as ConfluentAclBinding
 from confluent_kafka.admin import AclBindingFilter as ConfluentAclBindingFilter
 from confluent_kafka.admin import AclOperation as ConfluentAclOperation
@@ -337,7 +337,7 @@ def test_create_acls_answer_security_disabled_with_authorization_off(catalog: Ca
             for future in confluent.create_acls([binding]).values():
                 future.result(timeout=10)
         assert refused.value.args[0].code() == KafkaError.SECURITY_DISABLED
-        for label, api_key, version, body, extract, _ in CASES[-4:-1]:
+        for label, api_key, version, body, extract, _ in (case for case in CASES if case[0] in ("DescribeAcls", "CreateAcls", "DeleteAcls")):
             answer = extract(call(plain, api_key, version, body))
             assert answer in (SECURITY_DISABLED, [SECURITY_DISABLED]), label
         assert not catalog.acls()
@@ -411,3 +411,37 @@ def test_version_0_knows_literal_patterns_only(agent: RunningAgent) -> None:
     assert [(m.resource_name, m.principal) for m in deleted.filter_results[0].matching_acls] == [(TOPIC, "User:bob")]
     assert [(b.resource_name, b.pattern_type) for b in agent.server.catalog.acls() if b.resource_type == ResourceType.TOPIC] == [
         ("ord", PatternType.PREFIXED)]
+
+
+def test_a_consumer_group_needs_read_on_the_group_and_the_topic(agent: RunningAgent) -> None:
+    grant(agent, acl(ResourceType.TOPIC, TOPIC, Op.WRITE))
+    producer = Producer({"bootstrap.servers": agent.bootstrap, **FAST_CLIENT})
+    for index in range(3):
+        producer.produce(TOPIC, key=b"k%d" % index, value=b"v", partition=0)
+    assert producer.flush(10) == 0
+
+    def first_error_or_records(consumer: Consumer, wanted: int) -> int | list[bytes]:
+        got: list[bytes] = []
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and len(got) < wanted:
+            message = consumer.poll(0.2)
+            if message is None:
+                continue
+            if message.error():
+                return message.error().code()
+            got.append(message.key())
+        return got
+
+    consumer = Consumer({"bootstrap.servers": agent.bootstrap, "group.id": GROUP, "auto.offset.reset": "earliest", **FAST_CLIENT})
+    try:
+        consumer.subscribe([TOPIC])
+        assert first_error_or_records(consumer, 3) == KafkaError.GROUP_AUTHORIZATION_FAILED
+    finally:
+        consumer.close()
+    grant(agent, acl(ResourceType.GROUP, GROUP, Op.READ), acl(ResourceType.TOPIC, TOPIC, Op.READ))
+    consumer = Consumer({"bootstrap.servers": agent.bootstrap, "group.id": GROUP, "auto.offset.reset": "earliest", **FAST_CLIENT})
+    try:
+        consumer.subscribe([TOPIC])
+        assert first_error_or_records(consumer, 3) == [b"k0", b"k1", b"k2"]
+    finally:
+        consumer.close()
