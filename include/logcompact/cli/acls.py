@@ -17,27 +17,34 @@ if TYPE_CHECKING:
 PATTERN_TYPES = ("literal", "prefixed", "any", "match")
 
 
-def _acl_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    options = [
-        click.option("--allow-principal", "allow_principals", multiple=True, metavar="TYPE:NAME",
-                     help="A principal allowed (User:alice, User:* for every one), repeatable."),
-        click.option("--deny-principal", "deny_principals", multiple=True, metavar="TYPE:NAME", help="A principal denied, repeatable."),
-        click.option("--allow-host", "allow_hosts", multiple=True, metavar="HOST",
-                     help="An address the allowed principals may come from, repeatable [default: * (any)]."),
-        click.option("--deny-host", "deny_hosts", multiple=True, metavar="HOST",
-                     help="An address the denied principals are denied from, repeatable [default: * (any)]."),
-        click.option("--operation", "operations", multiple=True, metavar="OPERATION",
-                     help="Read, Write, Create, Delete, Alter, Describe, ClusterAction, DescribeConfigs, AlterConfigs, IdempotentWrite "
-                          "or All, repeatable [default: All]."),
-        click.option("--topic", "topics", multiple=True, metavar="NAME", help="A topic (or * for every topic), repeatable."),
-        click.option("--group", "groups", multiple=True, metavar="NAME", help="A consumer group (or *), repeatable."),
-        click.option("--cluster", is_flag=True, help="The cluster (its one name is kafka-cluster)."),
-        click.option("--transactional-id", "transactional_ids", multiple=True, metavar="ID", help="A transactional id (or *), repeatable."),
-        click.option("--json", "as_json", is_flag=True, help="One JSON line per ACL instead of the table."),
-    ]
-    for option in reversed(options):
-        command = option(command)
-    return command
+def _options(*options: Callable[[Any], Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate
+
+
+_ENTRY_OPTIONS = (
+    click.option("--allow-principal", "allow_principals", multiple=True, metavar="TYPE:NAME",
+                 help="A principal allowed (User:alice, User:* for every one), repeatable."),
+    click.option("--deny-principal", "deny_principals", multiple=True, metavar="TYPE:NAME", help="A principal denied, repeatable."),
+    click.option("--allow-host", "allow_hosts", multiple=True, metavar="HOST",
+                 help="An address the allowed principals may come from, repeatable [default: * (any)]."),
+    click.option("--deny-host", "deny_hosts", multiple=True, metavar="HOST",
+                 help="An address the denied principals are denied from, repeatable [default: * (any)]."),
+    click.option("--operation", "operations", multiple=True, metavar="OPERATION",
+                 help="Read, Write, Create, Delete, Alter, Describe, ClusterAction, DescribeConfigs, AlterConfigs, IdempotentWrite "
+                      "or All, repeatable [default: All]."),
+)
+_RESOURCE_OPTIONS = (
+    click.option("--topic", "topics", multiple=True, metavar="NAME", help="A topic (or * for every topic), repeatable."),
+    click.option("--group", "groups", multiple=True, metavar="NAME", help="A consumer group (or *), repeatable."),
+    click.option("--cluster", is_flag=True, help="The cluster (its one name is kafka-cluster)."),
+    click.option("--transactional-id", "transactional_ids", multiple=True, metavar="ID", help="A transactional id (or *), repeatable."),
+    click.option("--json", "as_json", is_flag=True, help="One JSON line per ACL instead of the table."),
+)
 
 
 @click.group()
@@ -47,7 +54,7 @@ def acl() -> None:
 
 
 @acl.command("add")
-@_acl_options
+@_options(*_ENTRY_OPTIONS, *_RESOURCE_OPTIONS)
 @click.option("--resource-pattern-type", type=click.Choice(PATTERN_TYPES[:2], case_sensitive=False), default="literal", show_default=True,
               help="literal: the resource's name (or *); prefixed: every resource whose name starts with it (KIP-290).")
 @pass_context
@@ -71,7 +78,7 @@ def acl_add(ctx: Context, resource_pattern_type: str, as_json: bool, **given: An
 
 
 @acl.command("remove")
-@_acl_options
+@_options(*_ENTRY_OPTIONS, *_RESOURCE_OPTIONS)
 @click.option("--resource-pattern-type", type=click.Choice(PATTERN_TYPES, case_sensitive=False), default="literal", show_default=True,
               help="Which bindings of the resources are removed: literal or prefixed ones of that name, any of that name, or "
                    "match: every binding that applies to it (literal, * and prefixes).")
@@ -93,7 +100,7 @@ def acl_remove(ctx: Context, resource_pattern_type: str, as_json: bool, **given:
 
 
 @acl.command("list")
-@_acl_options
+@_options(*_RESOURCE_OPTIONS)
 @click.option("--resource-pattern-type", type=click.Choice(PATTERN_TYPES, case_sensitive=False), default=None,
               help="Of the resources given: literal or prefixed bindings of that name, any of that name, or match: every binding that "
                    "applies to it [default: literal; any when no resource is given].")
@@ -126,6 +133,9 @@ def _entries(given: dict[str, Any]) -> list[tuple[str, str, AclOperation, Any]]:
     from logcompact.catalog.acls import WILDCARD, AclOperation, AclPermissionType
 
     operations = [_operation(text) for text in given["operations"]] or [AclOperation.ALL]
+    for kind in ("allow", "deny"):
+        if given[f"{kind}_hosts"] and not given[f"{kind}_principals"]:
+            raise click.UsageError(f"--{kind}-host applies to the principals of --{kind}-principal: give one")
     entries: list[tuple[str, str, AclOperation, Any]] = []
     for principals, hosts, permission in ((given["allow_principals"], given["allow_hosts"], AclPermissionType.ALLOW),
                                           (given["deny_principals"], given["deny_hosts"], AclPermissionType.DENY)):
