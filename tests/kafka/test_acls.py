@@ -1,6 +1,6 @@
 """Kafka's ACLs through `logcompact agent` with authorization on: every served API refused without its ACL, with
 Kafka's error where Kafka puts it, and served once granted; the ACLs managed by kafka-python's and confluent-kafka's
-admin clients, kafka-python's `admin acls` command and `logcompact acl`; a change made through one agent applied by
+admin clients, kafka-python's `admin acls` command, Kafka's own kafka-acls.sh and `logcompact acl`; a change made through one agent applied by
 another within --acl-refresh-ms.
 
 Clients here connect as User:ANONYMOUS (no TLS or SASL listener yet), so the end-to-end tests grant and deny it, or
@@ -31,6 +31,7 @@ from confluent_kafka.admin import ResourceType as ConfluentResourceType
 from kafka.admin import ACL, ACLFilter, ACLOperation, ACLPermissionType, ACLResourcePatternType, KafkaAdminClient, ResourcePattern, ResourcePatternFilter
 from kafka.admin import ResourceType as KafkaPythonResourceType
 
+from lab.servers.kafka import kafka_missing_reason, tool_argv
 from logcompact.catalog import Catalog
 from logcompact.catalog.acls import CLUSTER_NAME, AclBinding, AclOperation, AclPermissionType, PatternType, ResourceType
 from logcompact.cli import cli
@@ -445,3 +446,29 @@ def test_a_consumer_group_needs_read_on_the_group_and_the_topic(agent: RunningAg
         assert first_error_or_records(consumer, 3) == [b"k0", b"k1", b"k2"]
     finally:
         consumer.close()
+
+
+def test_kafkas_own_kafka_acls_manages_them(agent: RunningAgent) -> None:
+    """Apache Kafka's kafka-acls.sh (org.apache.kafka.tools.AclCommand, from the reference broker's jars) against the
+    agent: refused with Kafka's error without ALTER on the cluster, then adds, lists (MATCH) and removes."""
+    missing = kafka_missing_reason()
+    if missing:
+        pytest.skip(missing)
+
+    def kafka_acls(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(tool_argv("org.apache.kafka.tools.AclCommand", "--bootstrap-server", agent.bootstrap, *args),
+                              capture_output=True, text=True, timeout=120)
+
+    refused = kafka_acls("--list")
+    assert "ClusterAuthorizationException" in refused.stdout + refused.stderr, (refused.stdout, refused.stderr)
+    grant(agent, acl(ResourceType.CLUSTER, CLUSTER_NAME, Op.ALTER))
+    added = kafka_acls("--add", "--allow-principal", "User:bob", "--operation", "Read", "--topic", "ord", "--resource-pattern-type", "prefixed")
+    assert added.returncode == 0, added.stderr
+    assert [(b.principal, b.resource_name, b.pattern_type) for b in agent.server.catalog.acls() if b.resource_type == ResourceType.TOPIC] == [
+        ("User:bob", "ord", PatternType.PREFIXED)]
+    matched = kafka_acls("--list", "--topic", TOPIC, "--resource-pattern-type", "match")
+    assert "name=ord, patternType=PREFIXED" in matched.stdout and "principal=User:bob" in matched.stdout, matched.stdout
+    removed = kafka_acls("--remove", "--force", "--allow-principal", "User:bob", "--operation", "Read", "--topic", "ord",
+                         "--resource-pattern-type", "prefixed")
+    assert removed.returncode == 0, removed.stderr
+    assert [b.resource_type for b in agent.server.catalog.acls()] == [ResourceType.CLUSTER]
