@@ -409,6 +409,7 @@ def test_list_groups_reads_the_rows_again_when_a_group_leaves_memory_while_they_
 
     from logcompact.catalog.groups import GroupListed
     from logcompact.kafka import codec
+    from logcompact.kafka.authorizer import AclAuthorizer
     from logcompact.kafka.handlers.groups import LIST_GROUPS, list_groups
 
     def row(state: str) -> GroupListed:
@@ -426,7 +427,8 @@ def test_list_groups_reads_the_rows_again_when_a_group_leaves_memory_while_they_
         return [row("Empty")]
 
     groups = SimpleNamespace(all_groups=lambda: list(held), catalog=SimpleNamespace(groups=catalog_rows))
-    broker = SimpleNamespace(node_id=1, groups=groups, agents=SimpleNamespace(coordinator_for=lambda group_id: SimpleNamespace(node_id=1)))
+    broker = SimpleNamespace(node_id=1, groups=groups, agents=SimpleNamespace(coordinator_for=lambda group_id: SimpleNamespace(node_id=1)),
+                             authorizer=AclAuthorizer.disabled())
     request = codec.Request(LIST_GROUPS, 4, 1, "test", SimpleNamespace(states_filter=["empty"]))
     listed = asyncio.run(list_groups(broker, request))  # type: ignore[arg-type]
     assert [(g.group_id, g.group_state) for g in listed.groups] == [("g", "Empty")] and reads == ["stale", "fresh"]

@@ -33,6 +33,7 @@ from sqlalchemy import Connection, func, inspect, select
 from sqlalchemy.exc import DatabaseError, IntegrityError
 
 from logcompact.catalog import (
+    acls,
     agents,
     appends,
     cleaning,
@@ -51,6 +52,7 @@ from logcompact.catalog import (
     versions,
 )
 from logcompact.catalog import schema as s
+from logcompact.catalog.acls import AclBinding, AclFilter
 from logcompact.catalog.database import WRITE, bound_wal, catalog_errors, catalog_url_for, engine_for, first_line, redact_url, sqlite_path, unavailable_error
 from logcompact.catalog.groups import CommittedOffset, GroupListed, GroupRow
 from logcompact.catalog.identity import CHECK_THEN_ACCEPT, MARKER_KEY, RECORD_APPEND_EVERY_MS, ClusterMarker, create_marker, read_marker, record_version
@@ -498,6 +500,23 @@ class Catalog:
         """The credentials of `user_names` (every user's for None), names, mechanisms and iterations only."""
         with self._reading() as connection:
             return credentials.listed(connection, user_names)
+
+    # -- ACLs: rows outside the manifest, each write a small transaction that creates no version ------------------
+
+    def create_acls(self, bindings: Sequence[AclBinding]) -> None:
+        """Add the bindings (checked by the caller: `AclBinding.check`); those that exist already stay (idempotent)."""
+        with self._writing() as connection:
+            acls.create(connection, bindings)
+
+    def delete_acls(self, filters: Sequence[AclFilter]) -> list[list[AclBinding]]:
+        """Delete the bindings each filter matches, in one transaction; what each filter deleted."""
+        with self._writing() as connection:
+            return acls.delete_matching(connection, filters)
+
+    def acls(self) -> list[AclBinding]:
+        """Every ACL binding."""
+        with self._reading() as connection:
+            return acls.listed(connection)
 
     # -- consumer groups: rows outside the manifest, each write a small transaction that creates no version ----------
 

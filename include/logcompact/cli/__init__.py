@@ -17,6 +17,7 @@ import sys
 
 import click
 
+from logcompact.cli.acls import acl
 from logcompact.cli.agent import agent
 from logcompact.cli.cluster import cluster, status
 from logcompact.cli.common import NON_NEGATIVE_INT64, Context
@@ -50,7 +51,7 @@ def cli(ctx: click.Context, store: str | None, catalog_url: str | None, now_ms: 
     ctx.obj = Context(store, catalog_url or None, now_ms, aws_conn_id)
 
 
-for _command in (topic, produce, consume, files, log, plan_command, compact, uncleanable, gc, cluster, status, txn, user, simulate, tour, agent):
+for _command in (topic, produce, consume, files, log, plan_command, compact, uncleanable, gc, cluster, status, txn, user, acl, simulate, tour, agent):
     cli.add_command(_command)
 
 

@@ -98,6 +98,15 @@ if TYPE_CHECKING:
               help="How often the agent aborts the transactions it coordinates that are open past their timeout (Kafka's option of the same name).")
 @click.option("--transaction-remove-expired-transaction-cleanup-interval-ms", type=click.IntRange(min=1), default=3_600_000, show_default=True,
               help="How often the agent forgets expired transactional ids (Kafka's option of the same name).")
+@click.option("--authorizer", type=click.Choice(["acl"]), default=None,
+              help="Check every request against Kafka's ACLs (Kafka's authorizer.class.name, StandardAuthorizer) [default: on only "
+                   "when --super-users is given].")
+@click.option("--super-users", metavar="PRINCIPAL;...", default=None,
+              help="Principals allowed everything, whatever the ACLs (Kafka's super.users), separated by semicolons: User:alice;User:bob.")
+@click.option("--allow-everyone-if-no-acl-found", is_flag=True, default=False,
+              help="Allow a resource that no ACL names to everyone (Kafka's allow.everyone.if.no.acl.found) instead of denying it.")
+@click.option("--acl-refresh-ms", type=click.IntRange(min=1), default=5000, show_default=True,
+              help="Read the ACLs from the catalog this often: a change made elsewhere applies here within it.")
 @pass_context
 def agent(
     ctx: Context, listen: tuple[str, ...], advertise: tuple[str, ...], allow_insecure_listener: bool, sasl_mechanisms: str, node_id: int | None, rack: str | None, flush_ms: int, flush_bytes: int,
@@ -107,6 +116,7 @@ def agent(
     transaction_abort_timed_out_transaction_cleanup_interval_ms: int, transaction_remove_expired_transaction_cleanup_interval_ms: int,
     ssl_certfile: Path | None, ssl_keyfile: Path | None, ssl_cafile: Path | None, ssl_client_auth: str, ssl_handshake_timeout_ms: int,
     ssl_principal_mapping_rules: str,
+    authorizer: str | None, super_users: str | None, allow_everyone_if_no_acl_found: bool, acl_refresh_ms: int,
 ) -> None:
     """Serve Kafka's protocol over this cluster (produce, fetch, consumer groups, idempotent and transactional producers, admin; every API
     and version in docs/agent.md) until SIGTERM or SIGINT, then commit what producers sent. Registers in the catalog
@@ -114,6 +124,7 @@ def agent(
     address, node id and cluster id. On an empty store (and catalog) it creates the cluster first, as `logcompact cluster create` does,
     saying so in one line on stderr; a store or catalog of another cluster is refused."""
     from logcompact.kafka.authenticator import parse_mechanisms
+    from logcompact.kafka.authorizer import AuthorizerSettings
     from logcompact.kafka.listeners import parse_listeners
     from logcompact.kafka.server import AgentSettings, run_agent
     from logcompact.kafka.tls import ClientAuth, TlsSettings
@@ -133,6 +144,7 @@ def agent(
             transaction_remove_expired_transaction_cleanup_interval_ms=transaction_remove_expired_transaction_cleanup_interval_ms,
             tls=TlsSettings(ssl_certfile, ssl_keyfile, os.environ.get(SSL_KEY_PASSWORD_ENV) or None, ssl_cafile, ClientAuth(ssl_client_auth),
                             ssl_handshake_timeout_ms, ssl_principal_mapping_rules),
+            authorization=AuthorizerSettings(authorizer, AuthorizerSettings.parse_super_users(super_users), allow_everyone_if_no_acl_found, acl_refresh_ms),
         )
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None

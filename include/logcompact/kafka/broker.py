@@ -1,7 +1,7 @@
 """The Broker: what every handler is given, this agent as the clients see it (the catalog, its identity in the
 cluster it serves, the advertised address, the table of served APIs) and the managers that hold the agent's state
 (the ingest thread with the producers' state, the group and transaction coordinators, the commit watch, Fetch's file
-cache); and a
+cache, the ACL authorizer); and a
 handler's type (`Handler`, and `Api`, the entry of the table in handlers/__init__.py), so the table and its
 handlers both point here."""
 
@@ -15,6 +15,7 @@ from typing import Any
 from logcompact.catalog import Catalog
 from logcompact.catalog.model import AgentRecord
 from logcompact.kafka import codec
+from logcompact.kafka.authorizer import AclAuthorizer
 from logcompact.kafka.cluster import Address, AgentDirectory
 from logcompact.kafka.event_loop import CommitWatch
 from logcompact.kafka.group_coordinator import GroupCoordinator
@@ -44,6 +45,8 @@ class Broker:
     # allows it) creates it with this many partitions and the default configs.
     auto_create_topics: bool = True
     num_partitions: int = 1
+    # Kafka's ACLs: every handler asks it (`authorize`, `authorize_cluster`) before doing what Kafka checks.
+    authorizer: AclAuthorizer = field(default_factory=AclAuthorizer.disabled, repr=False)
 
     def __post_init__(self) -> None:
         # A group that moved away leaves memory as soon as the live agents change, not at its next request here:

@@ -58,6 +58,7 @@ from logcompact.kafka.authenticator import (
     SaslAuthenticator,
     check_mechanisms,
 )
+from logcompact.kafka.authorizer import AclAuthorizer, AuthorizerSettings
 from logcompact.kafka.broker import Broker
 from logcompact.kafka.cluster import Address, AgentDirectory
 from logcompact.kafka.event_loop import CommitWatch
@@ -145,6 +146,7 @@ class AgentSettings:
     tls: TlsSettings = field(default_factory=TlsSettings)  # of the SSL and SASL_SSL listeners
     sasl_mechanisms: tuple[str, ...] = DEFAULT_MECHANISMS  # Kafka's sasl.enabled.mechanisms, for every SASL listener
     failed_authentication_delay_ms: int = DEFAULT_FAILED_AUTHENTICATION_DELAY_MS  # Kafka's connection.failed.authentication.delay.ms
+    authorization: AuthorizerSettings = AuthorizerSettings()  # Kafka's ACLs: authorizer.class.name, super.users, ...
 
     def __post_init__(self) -> None:
         """ValueError naming the option and the fix for listeners the agent must not start with."""
@@ -374,9 +376,11 @@ class AgentServer:
         file_cache = CachedStore(self.catalog.store, settings.fetch_cache_bytes)
         transactions = TransactionCoordinator(self.catalog, agents, settings.transactions)
         transactions.start(ingest)
+        authorizer = AclAuthorizer(self.catalog, settings.authorization)
+        await authorizer.start()
         self._broker = Broker(
             self.catalog, cluster_id, agents, advertised, APIS, ingest, settings.max_message_bytes, commits, groups, file_cache,
-            transactions, settings.auto_create_topics, settings.num_partitions,
+            transactions, settings.auto_create_topics, settings.num_partitions, authorizer,
         )
         # What the agent holds for its life is made by now (modules, compiled loops, the catalog's metadata): put out
         # of the collector's reach, so its full collections, which walked all of it with the GIL held (100-200 ms in
@@ -410,6 +414,7 @@ class AgentServer:
             self._sweeping.cancel()
             await asyncio.gather(self._sweeping, return_exceptions=True)
         await self.broker.transactions.stop()
+        await self.broker.authorizer.stop()
         await self.broker.agents.stop()
         for reader in self._readers:
             reader.cancel()

@@ -6,7 +6,8 @@ SyncGroup, Heartbeat, LeaveGroup, DescribeGroups, ListGroups), `offsets` (Offset
 IncrementalAlterConfigs), `describe_cluster`, `sasl` (SaslHandshake, SaslAuthenticate outside an authentication), `scram_admin`
 (DescribeUserScramCredentials, AlterUserScramCredentials), `transactions` (AddPartitionsToTxn, AddOffsetsToTxn, EndTxn,
 TxnOffsetCommit) and `transactions_admin` (DescribeTransactions, ListTransactions, DescribeProducers, WriteTxnMarkers
-for an admin's abort). They import the broker and the layers below it, and among
+for an admin's abort), and `acls` (DescribeAcls, CreateAcls, DeleteAcls). Each checks what Kafka's KafkaApis checks
+through `broker.authorizer` first. They import the broker and the layers below it, and among
 themselves only `metadata` → `topics_admin` → `configs`.
 
 Here, the one table of served APIs and their versions (as librdkafka's mock cluster keeps it): requests are
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from logcompact.kafka.broker import Api
 from logcompact.kafka.handlers import (
+    acls,
     api_versions,
     configs,
     describe_cluster,
@@ -71,5 +73,8 @@ APIS: dict[int, Api] = {
         Api(sasl.SASL_AUTHENTICATE, 0, 2, sasl.sasl_authenticate),
         Api(scram_admin.DESCRIBE_USER_SCRAM_CREDENTIALS, 0, 0, scram_admin.describe_user_scram_credentials),
         Api(scram_admin.ALTER_USER_SCRAM_CREDENTIALS, 0, 0, scram_admin.alter_user_scram_credentials),
+        Api(acls.DESCRIBE_ACLS, 0, 3, acls.describe_acls),
+        Api(acls.CREATE_ACLS, 0, 3, acls.create_acls),
+        Api(acls.DELETE_ACLS, 0, 3, acls.delete_acls),
     )
 }

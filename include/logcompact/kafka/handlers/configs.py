@@ -18,10 +18,12 @@ from collections import Counter
 from dataclasses import asdict
 from typing import Any
 
+from logcompact.catalog.acls import CLUSTER_NAME, AclOperation, ResourceType
 from logcompact.exceptions import InvalidTopicError, TopicNotFoundError
 from logcompact.kafka import codec
 from logcompact.kafka.broker import Broker
 from logcompact.kafka.cluster import Address
+from logcompact.kafka.session import Session
 from logcompact.topics import Topic, TopicConfig, kafka_config_names, validate_topic_name
 from logcompact.units import wall_clock_ms
 
@@ -32,6 +34,7 @@ INCREMENTAL_ALTER_CONFIGS = 44
 # Kafka's ConfigResource.Type, ConfigSource and ConfigType (DescribeConfigs v3+) codes.
 TOPIC = 2
 BROKER = 4
+BROKER_LOGGER, CLIENT_METRICS, GROUP = 8, 16, 32
 RESOURCE_TYPES = {0: "UNKNOWN", 2: "TOPIC", 4: "BROKER", 8: "BROKER_LOGGER", 16: "CLIENT_METRICS", 32: "GROUP"}
 DYNAMIC_TOPIC_CONFIG = 1
 STATIC_BROKER_CONFIG = 4
@@ -52,6 +55,22 @@ class Refused(Exception):
     def __init__(self, error: codec.ErrorCode, message: str) -> None:
         super().__init__(message)
         self.error = error
+
+
+def check_authorized(broker: Broker, session: Session, resource: Any, operation: AclOperation) -> None:
+    """As Kafka: DESCRIBE_CONFIGS or ALTER_CONFIGS (`operation`) on the topic, the cluster for a broker's (or its
+    loggers' or client metrics') configs, the group for a group's; Refused with the resource's authorization error."""
+    kind = resource.resource_type
+    if kind == TOPIC:
+        target, error = (ResourceType.TOPIC, resource.resource_name), codec.ErrorCode.topic_authorization_failed
+    elif kind in (BROKER, BROKER_LOGGER, CLIENT_METRICS):
+        target, error = (ResourceType.CLUSTER, CLUSTER_NAME), codec.ErrorCode.cluster_authorization_failed
+    elif kind == GROUP:
+        target, error = (ResourceType.GROUP, resource.resource_name), codec.ErrorCode.group_authorization_failed
+    else:
+        return  # a type Kafka does not know: refused as such after
+    if not broker.authorizer.authorize(session, operation, *target):
+        raise Refused(error, f"{session.principal} may not {operation.name} {RESOURCE_TYPES[kind]} {resource.resource_name!r}")
 
 
 # -- describing -------------------------------------------------------------------------------------------
@@ -101,13 +120,14 @@ def _entry(name: str, value: Any, read_only: bool, source: int, kind: int) -> di
 
 
 async def describe_configs(broker: Broker, request: codec.Request) -> Any:
-    results = await asyncio.to_thread(lambda: [_describe(broker, resource) for resource in request.body.resources])
+    results = await asyncio.to_thread(lambda: [_describe(broker, request.session, resource) for resource in request.body.resources])
     return codec.build(codec.response_class(DESCRIBE_CONFIGS, request.api_version), {"throttle_time": 0, "results": results})
 
 
-def _describe(broker: Broker, resource: Any) -> dict[str, Any]:
+def _describe(broker: Broker, session: Session, resource: Any) -> dict[str, Any]:
     result = {"resource_type": resource.resource_type, "resource_name": resource.resource_name, "error_code": codec.ErrorCode.none, "error_message": None, "configs": []}
     try:
+        check_authorized(broker, session, resource, AclOperation.DESCRIBE_CONFIGS)
         if resource.resource_type == TOPIC:
             topic = _topic(broker, resource.resource_name)
             result["configs"] = topic_configs(broker, topic.config, resource.configuration_keys)
@@ -210,6 +230,7 @@ async def _alter(broker: Broker, request: codec.Request, api_key: int, change_of
         try:
             if named[(resource.resource_type, resource.resource_name)] > 1:
                 raise Refused(codec.ErrorCode.invalid_request, f"resource {resource.resource_name!r} is named twice in the request")
+            check_authorized(broker, request.session, resource, AclOperation.ALTER_CONFIGS)
             if resource.resource_type != TOPIC:
                 _check_broker(broker, resource)
                 raise Refused(codec.ErrorCode.invalid_request, f"broker {broker.node_id}'s configs are its command line's: they cannot be changed dynamically")

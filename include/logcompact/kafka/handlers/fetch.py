@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from logcompact.catalog import Catalog, Snapshot
+from logcompact.catalog.acls import AclOperation
 from logcompact.catalog.topics import LogOffsets
 from logcompact.consume import READ_COMMITTED, READ_UNCOMMITTED, AbortedRange, SectionRef, read_sections
 from logcompact.exceptions import TopicNotFoundError
@@ -88,16 +89,37 @@ async def handle(broker: Broker, request: codec.Request) -> Any:
     if getattr(body, "session_epoch", FULL_FETCH_EPOCHS[0]) not in FULL_FETCH_EPOCHS:
         return _response(request.api_version, body, [], codec.ErrorCode.fetch_session_id_not_found)
     if body.replica_id >= 0:  # a follower's fetch: this agent has no replicas, every partition's log is the catalog's
-        refused = [(topic.topic, [Answer(int(p.partition), codec.ErrorCode.not_leader_or_follower) for p in topic.partitions]) for topic in body.topics]
+        # As Kafka, a follower needs CLUSTER_ACTION on the cluster, else every partition is TOPIC_AUTHORIZATION_FAILED.
+        error = codec.ErrorCode.not_leader_or_follower
+        if not broker.authorizer.authorize_cluster(request.session, AclOperation.CLUSTER_ACTION):
+            error = codec.ErrorCode.topic_authorization_failed
+        refused = [(topic.topic, [Answer(int(p.partition), error) for p in topic.partitions]) for topic in body.topics]
         return _response(request.api_version, body, refused, codec.ErrorCode.none)
-    wanted = [(topic.topic, [Wanted(int(p.partition), int(p.fetch_offset), int(p.partition_max_bytes)) for p in topic.partitions]) for topic in body.topics]
+    # A consumer needs READ on each topic; the partitions of the others are TOPIC_AUTHORIZATION_FAILED and not read.
+    denied = broker.authorizer.denied_topics(request.session, AclOperation.READ, (topic.topic for topic in body.topics))
+    wanted = [
+        (topic.topic, [Wanted(int(p.partition), int(p.fetch_offset), int(p.partition_max_bytes)) for p in topic.partitions])
+        for topic in body.topics if topic.topic not in denied
+    ]
     deadline = time.monotonic() + body.max_wait.total_seconds()
     while True:
         version, topics = await asyncio.to_thread(read, broker.catalog, broker.file_cache, int(body.max_bytes), wanted, int(body.isolation_level))
         found = sum(len(partition.records) for _, partitions in topics for partition in partitions)
-        failed = any(partition.error != codec.ErrorCode.none for _, partitions in topics for partition in partitions)
+        failed = bool(denied) or any(partition.error != codec.ErrorCode.none for _, partitions in topics for partition in partitions)
         if found >= body.min_bytes or failed or not await broker.commits.wait_past(version, deadline - time.monotonic()):
-            return _response(request.api_version, body, topics, codec.ErrorCode.none)
+            return _response(request.api_version, body, _with_denied(body, topics, denied), codec.ErrorCode.none)
+
+
+def _with_denied(body: Any, answered: list[tuple[str, list[Answer]]], denied: set[str]) -> list[tuple[str, list[Answer]]]:
+    """The answers read, with the denied topics' partitions put back in the request's order."""
+    if not denied:
+        return answered
+    read_answers = iter(answered)
+    return [
+        (topic.topic, [Answer(int(p.partition), codec.ErrorCode.topic_authorization_failed) for p in topic.partitions])
+        if topic.topic in denied else next(read_answers)
+        for topic in body.topics
+    ]
 
 
 def read(

@@ -7,7 +7,8 @@ joins or leaves two agents may both take a group's requests, and its members the
 so clients reach the group's coordinator from any bootstrap agent. A transactional id's coordinator is chosen the
 same way, from the same list (`TransactionCoordinator.coordinates`). Another key type is INVALID_REQUEST, as Kafka.
 The coordinator is given at its endpoint on the listener the request arrived on; one without that listener is
-COORDINATOR_NOT_AVAILABLE, as Kafka answers.
+COORDINATOR_NOT_AVAILABLE, as Kafka answers. A key needs DESCRIBE on its group (GROUP_AUTHORIZATION_FAILED) or
+transactional id (TRANSACTIONAL_ID_AUTHORIZATION_FAILED).
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from logcompact.catalog.acls import AclOperation, ResourceType
 from logcompact.kafka import codec
 from logcompact.kafka.broker import Broker, describe
+from logcompact.kafka.session import Session
 
 API_KEY = 10
 GROUP_KEY, TRANSACTION_KEY = 0, 1
@@ -29,12 +32,22 @@ async def handle(broker: Broker, request: codec.Request) -> Any:
     response_class = codec.response_class(API_KEY, version)
     listener = request.session.listener
     if version >= 4:
-        coordinators = [_find(broker, key, int(body.key_type), listener) for key in body.coordinator_keys]
+        coordinators = [_find(broker, request.session, key, int(body.key_type), listener) for key in body.coordinator_keys]
         return codec.build(response_class, {"throttle_time": 0, "coordinators": coordinators})
-    return codec.build(response_class, {"throttle_time": 0, **_find(broker, body.key, int(getattr(body, "key_type", GROUP_KEY)), listener)})
+    return codec.build(response_class, {"throttle_time": 0, **_find(broker, request.session, body.key, int(getattr(body, "key_type", GROUP_KEY)), listener)})
 
 
-def _find(broker: Broker, key: str, key_type: int, listener: str) -> dict[str, Any]:
+# What a key needs (DESCRIBE on its group or transactional id), and the error without it, as Kafka.
+_AUTHORIZATION = {
+    GROUP_KEY: (ResourceType.GROUP, codec.ErrorCode.group_authorization_failed),
+    TRANSACTION_KEY: (ResourceType.TRANSACTIONAL_ID, codec.ErrorCode.transactional_id_authorization_failed),
+}
+
+
+def _find(broker: Broker, session: Session, key: str, key_type: int, listener: str) -> dict[str, Any]:
+    if key_type in _AUTHORIZATION and not broker.authorizer.authorize(session, AclOperation.DESCRIBE, _AUTHORIZATION[key_type][0], key):
+        error = _AUTHORIZATION[key_type][1]
+        return {"key": key, "error_code": error, "error_message": error.name, "node_id": -1, "host": "", "port": -1}
     if key_type not in (GROUP_KEY, TRANSACTION_KEY):
         message = f"unknown key type {key_type}: 0 (group) or 1 (transaction)"
         return {"key": key, "error_code": codec.ErrorCode.invalid_request, "error_message": message, "node_id": -1, "host": "", "port": -1}

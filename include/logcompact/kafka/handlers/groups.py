@@ -14,22 +14,24 @@ import asyncio
 import datetime
 from typing import Any
 
+from logcompact.catalog.acls import AclOperation, ResourceType
 from logcompact.kafka import codec
+from logcompact.kafka.authorizer import OPERATIONS_NOT_ASKED
 from logcompact.kafka.broker import Broker
 from logcompact.kafka.group_coordinator import MAX_SESSION_TIMEOUT_MS, MIN_SESSION_TIMEOUT_MS, STABLE, Joined
 
 JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP, DESCRIBE_GROUPS, LIST_GROUPS = 11, 12, 13, 14, 15, 16
-# DescribeGroups v3+ asked for the operations allowed: READ, DESCRIBE and DELETE (no authorizer: all of them)
-GROUP_OPERATIONS = (1 << 3) | (1 << 6) | (1 << 8)
-OPERATIONS_NOT_ASKED = -(2**31)
 
 
 def _ms(duration: datetime.timedelta) -> int:
     return int(duration.total_seconds() * 1000)
 
 
-def _group_error(broker: Broker, group_id: str) -> codec.ErrorCode | None:
-    """INVALID_GROUP_ID for an empty id, NOT_COORDINATOR when another agent coordinates the group."""
+def _group_error(broker: Broker, request: codec.Request, group_id: str) -> codec.ErrorCode | None:
+    """GROUP_AUTHORIZATION_FAILED without READ on the group (Kafka checks it first), INVALID_GROUP_ID for an empty
+    id, NOT_COORDINATOR when another agent coordinates the group."""
+    if not broker.authorizer.authorize_group(request.session, AclOperation.READ, group_id):
+        return codec.ErrorCode.group_authorization_failed
     if not group_id:
         return codec.ErrorCode.invalid_group_id
     if not broker.coordinates(group_id):
@@ -41,7 +43,7 @@ async def join_group(broker: Broker, request: codec.Request) -> Any:
     body, version = request.body, request.api_version
     session_ms = _ms(body.session_timeout)
     rebalance_ms = _ms(body.rebalance_timeout) if version >= 1 else session_ms
-    error = _group_error(broker, body.group_id)
+    error = _group_error(broker, request, body.group_id)
     if error is None and not MIN_SESSION_TIMEOUT_MS <= session_ms <= MAX_SESSION_TIMEOUT_MS:
         error = codec.ErrorCode.invalid_session_timeout
     if error is not None:
@@ -72,7 +74,7 @@ async def join_group(broker: Broker, request: codec.Request) -> Any:
 async def sync_group(broker: Broker, request: codec.Request) -> Any:
     body, version = request.body, request.api_version
     response_class = codec.response_class(SYNC_GROUP, version)
-    error = _group_error(broker, body.group_id)
+    error = _group_error(broker, request, body.group_id)
     if error is not None:
         return codec.build(response_class, {"throttle_time": 0, "error_code": error, "assignment": b""})
     group = await broker.groups.group(body.group_id, create=False)
@@ -88,7 +90,7 @@ async def sync_group(broker: Broker, request: codec.Request) -> Any:
 
 async def heartbeat(broker: Broker, request: codec.Request) -> Any:
     body = request.body
-    error = _group_error(broker, body.group_id)
+    error = _group_error(broker, request, body.group_id)
     if error is None:
         group = await broker.groups.group(body.group_id, create=False)
         error = broker.groups.heartbeat(group, int(body.generation_id), body.member_id, getattr(body, "group_instance_id", None))
@@ -98,7 +100,7 @@ async def heartbeat(broker: Broker, request: codec.Request) -> Any:
 async def leave_group(broker: Broker, request: codec.Request) -> Any:
     body, version = request.body, request.api_version
     leaving = [(body.member_id, None)] if version < 3 else [(member.member_id, member.group_instance_id) for member in body.members]
-    error = _group_error(broker, body.group_id)
+    error = _group_error(broker, request, body.group_id)
     answers: list[dict[str, Any]] = []
     if error is None:
         group = await broker.groups.group(body.group_id, create=False)
@@ -112,11 +114,17 @@ async def leave_group(broker: Broker, request: codec.Request) -> Any:
 
 async def describe_groups(broker: Broker, request: codec.Request) -> Any:
     body, version = request.body, request.api_version
-    operations = GROUP_OPERATIONS if getattr(body, "include_authorized_operations", False) else OPERATIONS_NOT_ASKED
+    authorizer, session = broker.authorizer, request.session
+    asked = getattr(body, "include_authorized_operations", False)  # v3+
     described = []
     for group_id in body.groups:
         entry: dict[str, Any] = {"group_id": group_id, "error_code": codec.ErrorCode.none, "group_state": "", "protocol_type": "",
-                                 "protocol_data": "", "members": [], "authorized_operations": operations}
+                                 "protocol_data": "", "members": [], "authorized_operations": OPERATIONS_NOT_ASKED}
+        if not authorizer.authorize_group(session, AclOperation.DESCRIBE, group_id):
+            described.append({**entry, "error_code": codec.ErrorCode.group_authorization_failed})
+            continue
+        if asked:  # Kafka's bit set of the operations the principal may do on the group (all of them without an authorizer)
+            entry["authorized_operations"] = authorizer.authorized_operations(session, ResourceType.GROUP, group_id)
         if not broker.coordinates(group_id):
             entry["error_code"] = codec.ErrorCode.not_coordinator
         elif (group := await broker.groups.group(group_id, create=False)) is None:
@@ -149,9 +157,12 @@ async def list_groups(broker: Broker, request: codec.Request) -> Any:
     for group in held:
         listed[group.group_id] = (group.protocol_type or "", group.state)
     wanted = {state.lower() for state in getattr(request.body, "states_filter", ())}
+    # As Kafka: DESCRIBE on the cluster lists every group, else only those the principal may DESCRIBE.
+    authorizer, session = broker.authorizer, request.session
+    every = authorizer.authorize_cluster(session, AclOperation.DESCRIBE)
     groups = [
         {"group_id": group_id, "protocol_type": protocol_type, "group_state": state}
         for group_id, (protocol_type, state) in sorted(listed.items())
-        if not wanted or state.lower() in wanted
+        if (not wanted or state.lower() in wanted) and (every or authorizer.authorize_group(session, AclOperation.DESCRIBE, group_id))
     ]
     return codec.build(codec.response_class(LIST_GROUPS, request.api_version), {"throttle_time": 0, "error_code": codec.ErrorCode.none, "groups": groups})

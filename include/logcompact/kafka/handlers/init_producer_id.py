@@ -19,6 +19,7 @@ import asyncio
 import logging
 from typing import Any
 
+from logcompact.catalog.acls import AclOperation, ResourceType
 from logcompact.catalog.transactions import TxnRefusal
 from logcompact.exceptions import CatalogUnavailableError
 from logcompact.kafka import codec
@@ -37,6 +38,15 @@ log = logging.getLogger(__name__)
 async def handle(broker: Broker, request: codec.Request) -> Any:
     body, version = request.body, request.api_version
     transactional_id = body.transactional_id
+    # As Kafka: a transactional id needs WRITE on it; an idempotent producer IDEMPOTENT_WRITE on the cluster or, since
+    # Kafka 3.0 (KIP-679), WRITE on any topic.
+    authorizer, session = broker.authorizer, request.session
+    if transactional_id is not None and not authorizer.authorize_transactional_id(session, AclOperation.WRITE, transactional_id):
+        return _response(version, codec.ErrorCode.transactional_id_authorization_failed, NO_PRODUCER_ID, NO_PRODUCER_EPOCH)
+    if transactional_id is None and not (
+        authorizer.authorize_cluster(session, AclOperation.IDEMPOTENT_WRITE) or authorizer.authorize_by_resource_type(session, AclOperation.WRITE, ResourceType.TOPIC)
+    ):
+        return _response(version, codec.ErrorCode.cluster_authorization_failed, NO_PRODUCER_ID, NO_PRODUCER_EPOCH)
     if transactional_id is None:
         producer_id = await asyncio.to_thread(broker.catalog.allocate_producer_id, wall_clock_ms())
         return _response(version, codec.ErrorCode.none, producer_id, 0)

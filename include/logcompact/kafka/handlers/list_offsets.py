@@ -12,6 +12,7 @@ import asyncio
 from typing import Any
 
 from logcompact.catalog import CatalogSection, Snapshot
+from logcompact.catalog.acls import AclOperation
 from logcompact.consume import READ_COMMITTED, read_batches
 from logcompact.kafka import codec, records
 from logcompact.kafka.broker import Broker
@@ -25,7 +26,9 @@ NOT_FOUND = -1
 
 
 async def handle(broker: Broker, request: codec.Request) -> Any:
-    topics = await asyncio.to_thread(_list, broker, request.body)
+    # As Kafka, a topic without DESCRIBE has each of its partitions TOPIC_AUTHORIZATION_FAILED, whether it exists or not.
+    denied = broker.authorizer.denied_topics(request.session, AclOperation.DESCRIBE, (topic.name for topic in request.body.topics))
+    topics = await asyncio.to_thread(_list, broker, request.body, denied)
     version = request.api_version
     return codec.build(codec.response_class(API_KEY, version), {
         "throttle_time": 0,
@@ -39,11 +42,14 @@ async def handle(broker: Broker, request: codec.Request) -> Any:
 Found = tuple[int, int] | codec.ErrorCode  # (offset, timestamp), or the partition's error
 
 
-def _list(broker: Broker, body: Any) -> list[tuple[str, list[tuple[int, Found]]]]:
+def _list(broker: Broker, body: Any, denied: set[str]) -> list[tuple[str, list[tuple[int, Found]]]]:
     snapshot = broker.catalog.snapshot()
     committed = getattr(body, "isolation_level", 0) == READ_COMMITTED  # from v2
-    answered = []
+    answered: list[tuple[str, list[tuple[int, Found]]]] = []
     for topic in body.topics:
+        if topic.name in denied:
+            answered.append((topic.name, [(int(entry.partition_index), codec.ErrorCode.topic_authorization_failed) for entry in topic.partitions]))
+            continue
         known = snapshot.topics.get(topic.name)
         log_offsets = broker.catalog.log_offsets(topic.name) if known else []
         indexes = [int(entry.partition_index) for entry in topic.partitions]

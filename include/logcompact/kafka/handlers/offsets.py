@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
+from logcompact.catalog.acls import AclOperation
 from logcompact.catalog.groups import CommittedOffset
 from logcompact.exceptions import CatalogUnavailableError
 from logcompact.kafka import codec, records
@@ -34,11 +35,18 @@ Partitions = list[tuple[str, list[tuple[int, Any]]]]  # per topic, per partition
 async def offset_commit(broker: Broker, request: codec.Request) -> Any:
     body, version = request.body, request.api_version
     requested = [(topic.name, list(topic.partitions)) for topic in body.topics]
-    error = await _commit_error(broker, body)
-    answered: Partitions | codec.ErrorCode = error if error is not None else await write_bounded(
-        broker, "offset commit", body.group_id, lambda: _commit(broker, body.group_id, requested),
-    )
-    return codec.build(codec.response_class(OFFSET_COMMIT, version), {"throttle_time": 0, "topics": answer_topics(requested, answered)})
+    # As Kafka: READ on the group, else every partition GROUP_AUTHORIZATION_FAILED; READ on each topic, else its
+    # partitions TOPIC_AUTHORIZATION_FAILED while the others are committed.
+    if not broker.authorizer.authorize_group(request.session, AclOperation.READ, body.group_id):
+        answered: Partitions | codec.ErrorCode = codec.ErrorCode.group_authorization_failed
+        denied: set[str] = set()
+    else:
+        denied = broker.authorizer.denied_topics(request.session, AclOperation.READ, (name for name, _ in requested))
+        error = await _commit_error(broker, body)
+        answered = error if error is not None else await write_bounded(
+            broker, "offset commit", body.group_id, lambda: _commit(broker, body.group_id, requested, denied),
+        )
+    return codec.build(codec.response_class(OFFSET_COMMIT, version), {"throttle_time": 0, "topics": answer_topics(requested, answered, denied)})
 
 
 async def write_bounded(broker: Broker, what: str, group_id: str, write: Callable[[], Partitions]) -> Partitions | codec.ErrorCode:
@@ -58,10 +66,17 @@ async def write_bounded(broker: Broker, what: str, group_id: str, write: Callabl
         return codec.ErrorCode.coordinator_not_available
 
 
-def answer_topics(requested: Sequence[tuple[str, Sequence[Any]]], answered: Partitions | codec.ErrorCode) -> list[dict[str, Any]]:
-    """The topics of an OffsetCommit or TxnOffsetCommit answer: each partition's, or one error on all."""
+def answer_topics(
+    requested: Sequence[tuple[str, Sequence[Any]]], answered: Partitions | codec.ErrorCode, denied: Collection[str] = (),
+) -> list[dict[str, Any]]:
+    """The topics of an OffsetCommit or TxnOffsetCommit answer: each partition's, or one error on all but those of the
+    `denied` topics (TOPIC_AUTHORIZATION_FAILED whatever the group's answer, as Kafka)."""
     if isinstance(answered, codec.ErrorCode):
-        answered = [(name, [(int(p.partition_index), answered) for p in partitions]) for name, partitions in requested]
+        error = answered
+        answered = [
+            (name, [(int(p.partition_index), codec.ErrorCode.topic_authorization_failed if name in denied else error) for p in partitions])
+            for name, partitions in requested
+        ]
     return [{"name": name, "partitions": [{"partition_index": index, "error_code": answer} for index, answer in partitions]} for name, partitions in answered]
 
 
@@ -83,16 +98,18 @@ def _report_late_failure(writing: asyncio.Future) -> None:
         log.warning("offset commit answered as timed out then failed: %s", writing.exception())
 
 
-def _commit(broker: Broker, group_id: str, requested: Sequence[tuple[str, Sequence[Any]]]) -> Partitions:
-    offsets, answered = checked_offsets(broker, requested)
+def _commit(broker: Broker, group_id: str, requested: Sequence[tuple[str, Sequence[Any]]], denied: set[str]) -> Partitions:
+    offsets, answered = checked_offsets(broker, requested, denied)
     broker.groups.catalog.commit_offsets(group_id, offsets)
     return answered
 
 
-def checked_offsets(broker: Broker, requested: Sequence[tuple[str, Sequence[Any]]]) -> tuple[dict[tuple[str, int], CommittedOffset], Partitions]:
-    """The offsets of a commit that may be written, and each partition's answer: a partition the catalog does not
-    have is UNKNOWN_TOPIC_OR_PARTITION, metadata over offset.metadata.max.bytes OFFSET_METADATA_TOO_LARGE, as Kafka
-    (the others are written)."""
+def checked_offsets(
+    broker: Broker, requested: Sequence[tuple[str, Sequence[Any]]], denied: set[str],
+) -> tuple[dict[tuple[str, int], CommittedOffset], Partitions]:
+    """The offsets of a commit that may be written, and each partition's answer: a partition of a `denied` topic
+    (no READ on it) is TOPIC_AUTHORIZATION_FAILED, one the catalog does not have UNKNOWN_TOPIC_OR_PARTITION, metadata
+    over offset.metadata.max.bytes OFFSET_METADATA_TOO_LARGE, as Kafka (the others are written)."""
     topics = broker.catalog.snapshot().topics
     now_ms = wall_clock_ms()
     offsets: dict[tuple[str, int], CommittedOffset] = {}
@@ -103,7 +120,9 @@ def checked_offsets(broker: Broker, requested: Sequence[tuple[str, Sequence[Any]
         for entry in partitions:
             index = int(entry.partition_index)
             metadata = entry.committed_metadata or ""
-            if topic is None or not 0 <= index < topic.partitions:
+            if name in denied:
+                answers.append((index, codec.ErrorCode.topic_authorization_failed))
+            elif topic is None or not 0 <= index < topic.partitions:
                 answers.append((index, codec.ErrorCode.unknown_topic_or_partition))
             elif len(metadata.encode()) > MAX_METADATA_BYTES:
                 answers.append((index, codec.ErrorCode.offset_metadata_too_large))
@@ -120,12 +139,12 @@ async def offset_fetch(broker: Broker, request: codec.Request) -> Any:
     response_class = codec.response_class(OFFSET_FETCH, version)
     require_stable = bool(getattr(body, "require_stable", False))  # v7+
     if version >= 8:
-        groups = [await _fetch(broker, group.group_id, group.topics, require_stable) for group in body.groups]
+        groups = [await _fetch(broker, request, group.group_id, group.topics, require_stable) for group in body.groups]
         return codec.build(response_class, {"throttle_time": 0, "groups": [
             {"group_id": group.group_id, "error_code": error, "topics": topics if error == codec.ErrorCode.none else []}
             for group, (error, topics) in zip(body.groups, groups)
         ]})
-    error, topics = await _fetch(broker, body.group_id, body.topics, require_stable)
+    error, topics = await _fetch(broker, request, body.group_id, body.topics, require_stable)
     if version < 2 and error != codec.ErrorCode.none:  # no request-level error before v2: on every partition
         for topic in topics:
             for partition in topic["partitions"]:
@@ -135,15 +154,22 @@ async def offset_fetch(broker: Broker, request: codec.Request) -> Any:
     return codec.build(response_class, {"throttle_time": 0, "error_code": error, "topics": topics})
 
 
-async def _fetch(broker: Broker, group_id: str, wanted: Sequence[Any] | None, require_stable: bool) -> tuple[codec.ErrorCode, list[dict[str, Any]]]:
+async def _fetch(
+    broker: Broker, request: codec.Request, group_id: str, wanted: Sequence[Any] | None, require_stable: bool,
+) -> tuple[codec.ErrorCode, list[dict[str, Any]]]:
     """The group's committed offsets: of the partitions asked (-1 for those never committed), or all (topics null).
     Offsets pending in an open transaction are never shown; with `require_stable` (v7+), a partition that has some
-    is UNSTABLE_OFFSET_COMMIT, offset -1, as Kafka answers it: the consumer asks again once the transaction ended."""
+    is UNSTABLE_OFFSET_COMMIT, offset -1, as Kafka answers it: the consumer asks again once the transaction ended.
+    As Kafka: GROUP_AUTHORIZATION_FAILED without DESCRIBE on the group; a topic asked for without DESCRIBE has its
+    partitions TOPIC_AUTHORIZATION_FAILED, and is left out of an answer of every committed one."""
+    authorizer, session = broker.authorizer, request.session
     names = None if wanted is None else [topic.name for topic in wanted]
     error = codec.ErrorCode.none
     committed: dict[tuple[str, int], CommittedOffset] = {}
     unstable: set[tuple[str, int]] = set()
-    if not broker.coordinates(group_id):
+    if not authorizer.authorize_group(session, AclOperation.DESCRIBE, group_id):
+        error = codec.ErrorCode.group_authorization_failed
+    elif not broker.coordinates(group_id):
         error = codec.ErrorCode.not_coordinator
     else:
         try:
@@ -152,11 +178,16 @@ async def _fetch(broker: Broker, group_id: str, wanted: Sequence[Any] | None, re
                 unstable = await asyncio.to_thread(broker.groups.catalog.unstable_offsets, group_id, _asked(wanted, committed))
         except CatalogUnavailableError:
             error = codec.ErrorCode.coordinator_not_available
+    denied = authorizer.denied_topics(session, AclOperation.DESCRIBE, {name for name, _ in committed} if wanted is None else names or ())
+    if wanted is None:
+        committed = {key: offset for key, offset in committed.items() if key[0] not in denied}
     asked: dict[str, list[int]] = {}
     for name, index in _asked(wanted, committed):
         asked.setdefault(name, []).append(index)
     topics = [
-        {"name": name, "partitions": [_partition(index, committed.get((name, index)), (name, index) in unstable) for index in indexes]}
+        {"name": name, "partitions": [
+            _unauthorized_partition(index) if name in denied else _partition(index, committed.get((name, index)), (name, index) in unstable) for index in indexes
+        ]}
         for name, indexes in asked.items()
     ]
     return error, topics
@@ -167,6 +198,12 @@ def _asked(wanted: Sequence[Any] | None, committed: dict[tuple[str, int], Commit
     if wanted is None:
         return sorted(committed)
     return [(topic.name, int(index)) for topic in wanted for index in topic.partition_indexes]
+
+
+def _unauthorized_partition(index: int) -> dict[str, Any]:
+    """Kafka's OffsetFetchResponse.UNAUTHORIZED_PARTITION."""
+    return {"partition_index": index, "committed_offset": NO_OFFSET, "committed_leader_epoch": records.NO_LEADER_EPOCH, "metadata": "",
+            "error_code": codec.ErrorCode.topic_authorization_failed}
 
 
 def _partition(index: int, committed: CommittedOffset | None, unstable: bool) -> dict[str, Any]:

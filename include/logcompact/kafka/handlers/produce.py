@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from logcompact import ingest
+from logcompact.catalog.acls import AclOperation
 from logcompact.catalog.transactions import TxnRefusal
 from logcompact.exceptions import InvalidRecordError
 from logcompact.kafka import codec, records
@@ -47,8 +48,9 @@ class AcksZeroRefusedError(Exception):
 
 async def handle(broker: Broker, request: codec.Request) -> Any:
     body = request.body
+    refusal = _unauthorized(broker, request)
     # Submitted before the first await: the ingest thread takes requests in the order they were read.
-    accepted = await broker.ingest.results.wrap(broker.ingest.thread.submit(_accept, broker, request.api_version, body))
+    accepted = await broker.ingest.results.wrap(broker.ingest.thread.submit(_accept, broker, request.api_version, body, refusal))
     if body.acks == 0:
         refused = [f"{name}[{index}]: {outcome['error_code'].name}" for name, partitions in accepted for index, outcome in partitions if isinstance(outcome, dict)]
         if refused:
@@ -61,15 +63,36 @@ async def handle(broker: Broker, request: codec.Request) -> Any:
     return codec.build(codec.response_class(API_KEY, request.api_version), {"responses": responses, "throttle_time": 0})
 
 
-def _accept(broker: Broker, version: int, body: Any) -> list[tuple[str, list[tuple[int, Outcome]]]]:
+def _unauthorized(broker: Broker, request: codec.Request) -> dict[str, Any] | set[str]:
+    """As Kafka's KafkaApis: transactional batches without WRITE on the transactional id refuse the whole request
+    (its refusal); else the topics without WRITE, whose partitions are refused (and none while authorization is off)."""
+    authorizer, body, session = broker.authorizer, request.body, request.session
+    if not authorizer.enabled:
+        return set()
+    if body.transactional_id is not None and not authorizer.authorize_transactional_id(session, AclOperation.WRITE, body.transactional_id) and any(
+        records.is_transactional(p.records) for topic in body.topic_data for p in topic.partition_data
+    ):
+        return _refused(codec.ErrorCode.transactional_id_authorization_failed,
+                        f"{session.principal} may not WRITE transactional id {body.transactional_id!r}")
+    return authorizer.denied_topics(session, AclOperation.WRITE, (topic.name for topic in body.topic_data))
+
+
+def _accept(broker: Broker, version: int, body: Any, refusal: dict[str, Any] | set[str]) -> list[tuple[str, list[tuple[int, Outcome]]]]:
     """On the ingest thread: every partition's batch checked, and handed to the ingest agent or refused. Transactional
-    batches in a request without a transactional id refuse the whole request, as Kafka's KafkaApis does."""
+    batches in a request without a transactional id, or whose id the principal may not write (`refusal`, a
+    response), refuse the whole request, as Kafka's KafkaApis does; topics it may not write (`refusal`, their names)
+    are TOPIC_AUTHORIZATION_FAILED, whether they exist or not."""
+    if isinstance(refusal, dict):
+        return [(topic.name, [(partition.index, refusal) for partition in topic.partition_data]) for topic in body.topic_data]
     if body.transactional_id is None and any(records.is_transactional(p.records) for topic in body.topic_data for p in topic.partition_data):
         refusal = _refused(codec.ErrorCode.transactional_id_authorization_failed,
                            "transactional batches in a Produce request without a transactional id: send them with the producer's transactional.id")
         return [(topic.name, [(partition.index, refusal) for partition in topic.partition_data]) for topic in body.topic_data]
     return [
-        (topic.name, [(partition.index, _accept_partition(broker, version, body.acks, topic.name, partition)) for partition in topic.partition_data])
+        (topic.name, [
+            (partition.index, _DENIED if topic.name in refusal else _accept_partition(broker, version, body.acks, topic.name, partition))
+            for partition in topic.partition_data
+        ])
         for topic in body.topic_data
     ]
 
@@ -136,6 +159,9 @@ def _refused(error: codec.ErrorCode, message: str, record_indexes: list[int] | N
         "record_errors": [{"batch_index": index, "batch_index_error_message": message} for index in record_indexes or []],
         "error_message": message,
     }
+
+
+_DENIED = _refused(codec.ErrorCode.topic_authorization_failed, "not authorized to WRITE the topic")
 
 
 async def _answer(broker: Broker, index: int, outcome: Outcome) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from logcompact.catalog.acls import AclOperation
 from logcompact.catalog.credentials import MAX_ITERATIONS, MECHANISM_CODES, MIN_ITERATIONS, ScramCredential, from_salted_password
 from logcompact.kafka import codec
 from logcompact.kafka.broker import Broker
@@ -20,6 +21,10 @@ _DUPLICATE_ALTER = "A user credential cannot be altered twice in the same reques
 
 
 async def describe_user_scram_credentials(broker: Broker, request: codec.Request) -> Any:
+    """Without DESCRIBE on the cluster the whole request is CLUSTER_AUTHORIZATION_FAILED, as Kafka answers it."""
+    if not broker.authorizer.authorize_cluster(request.session, AclOperation.DESCRIBE):
+        return codec.build(codec.response_class(DESCRIBE_USER_SCRAM_CREDENTIALS, request.api_version), {
+            "throttle_time": 0, "error_code": codec.ErrorCode.cluster_authorization_failed, "error_message": None, "results": []})
     asked = None if not request.body.users else [user.name for user in request.body.users]
     rows = await asyncio.to_thread(broker.catalog.scram_users, None if asked is None else sorted(set(asked)))
     infos: dict[str, list[dict[str, int]]] = {}
@@ -45,7 +50,12 @@ def _describe_error(name: str, error: codec.ErrorCode, message: str) -> dict[str
 async def alter_user_scram_credentials(broker: Broker, request: codec.Request) -> Any:
     """Kafka's checks in its order: a user named twice (deletions and upsertions together) is DUPLICATE_RESOURCE, an
     empty name or iterations outside 4,096-16,384 UNACCEPTABLE_CREDENTIAL, an unknown mechanism
-    UNSUPPORTED_SASL_MECHANISM, a deletion of no credential RESOURCE_NOT_FOUND; the rest is applied in one transaction."""
+    UNSUPPORTED_SASL_MECHANISM, a deletion of no credential RESOURCE_NOT_FOUND; the rest is applied in one transaction.
+    Without ALTER on the cluster every user named is CLUSTER_AUTHORIZATION_FAILED, as Kafka answers."""
+    if not broker.authorizer.authorize_cluster(request.session, AclOperation.ALTER):
+        names = dict.fromkeys(entry.name for entry in (*request.body.deletions, *request.body.upsertions))
+        return codec.build(codec.response_class(ALTER_USER_SCRAM_CREDENTIALS, request.api_version), {"throttle_time": 0, "results": [
+            {"user": name, "error_code": codec.ErrorCode.cluster_authorization_failed, "error_message": None} for name in names]})
     errors: dict[str, tuple[codec.ErrorCode, str]] = {}
     deletions: dict[str, str] = {}
     upsertions: dict[str, ScramCredential] = {}

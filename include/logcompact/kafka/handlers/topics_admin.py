@@ -20,11 +20,13 @@ from collections import Counter
 from typing import Any
 
 from logcompact.catalog import Catalog
+from logcompact.catalog.acls import AclOperation
 from logcompact.exceptions import InvalidTopicError, TopicExistsError, TopicNotFoundError
 from logcompact.kafka import codec
 from logcompact.kafka.broker import Broker
 from logcompact.kafka.handlers import configs
 from logcompact.kafka.handlers.configs import Refused
+from logcompact.kafka.session import Session
 from logcompact.topics import MAX_PARTITIONS, Topic, TopicConfig, validate_topic_name
 from logcompact.units import wall_clock_ms
 
@@ -43,12 +45,20 @@ log = logging.getLogger(__name__)
 
 async def create_topics(broker: Broker, request: codec.Request) -> Any:
     body = request.body
+    authorizer, session = broker.authorizer, request.session
     named = Counter(entry.name for entry in body.topics)
+    # As Kafka: CREATE on the cluster, or on each topic (TOPIC_AUTHORIZATION_FAILED without); the configs of a topic
+    # made (v5+) only with DESCRIBE_CONFIGS on it, else its topic_config_error_code says why they are left out.
+    denied = set() if authorizer.authorize_cluster(session, AclOperation.CREATE) else authorizer.denied_topics(
+        session, AclOperation.CREATE, named)
+    hidden = authorizer.denied_topics(session, AclOperation.DESCRIBE_CONFIGS, named)
     results = []
     for entry in body.topics:
         try:
             if named[entry.name] > 1:
                 raise Refused(codec.ErrorCode.invalid_request, f"topic {entry.name!r} is named {named[entry.name]} times in the request")
+            if entry.name in denied:
+                raise Refused(codec.ErrorCode.topic_authorization_failed, f"{session.principal} may not CREATE topic {entry.name!r}")
             topic, topic_id = await asyncio.to_thread(_create, broker, entry, body.validate_only)
         except Refused as refused:
             results.append(_created(entry.name, refused.error, str(refused)))
@@ -58,7 +68,8 @@ async def create_topics(broker: Broker, request: codec.Request) -> Any:
                 "topic_id": NO_TOPIC_ID if topic_id is None else broker.topic_id(topic.name, topic_id),
                 "num_partitions": topic.partitions,
                 "replication_factor": 1,
-                "configs": configs.topic_configs(broker, topic.config, None),
+                "configs": [] if entry.name in hidden else configs.topic_configs(broker, topic.config, None),
+                "topic_config_error_code": codec.ErrorCode.topic_authorization_failed if entry.name in hidden else codec.ErrorCode.none,
             })
     if not body.validate_only:
         broker.ingest.forget_topics()
@@ -113,12 +124,15 @@ async def delete_topics(broker: Broker, request: codec.Request) -> Any:
     entries: list[tuple[str | None, uuid.UUID | None]] = (
         [(entry.name, entry.topic_id) for entry in body.topics] if request.api_version >= 6 else [(name, None) for name in body.topic_names]
     )
-    results = await asyncio.to_thread(_delete_all, broker, entries)
+    results = await asyncio.to_thread(_delete_all, broker, request, entries)
     broker.ingest.forget_topics()
     return codec.build(codec.response_class(DELETE_TOPICS, request.api_version), {"throttle_time": 0, "responses": results})
 
 
-def _delete_all(broker: Broker, entries: list[tuple[str | None, uuid.UUID | None]]) -> list[dict[str, Any]]:
+def _delete_all(broker: Broker, request: codec.Request, entries: list[tuple[str | None, uuid.UUID | None]]) -> list[dict[str, Any]]:
+    """Each topic deleted, or its error. As Kafka: DELETE on the topic, else TOPIC_AUTHORIZATION_FAILED whether it
+    exists or not; a topic named by id without DESCRIBE on it is answered without its name."""
+    authorizer, session = broker.authorizer, request.session
     snapshot = broker.catalog.snapshot()
     by_uuid = {broker.topic_id(name, topic_id): (name, topic_id) for name, topic_id in snapshot.topic_ids.items()}
     named = Counter(entries)
@@ -132,14 +146,23 @@ def _delete_all(broker: Broker, entries: list[tuple[str | None, uuid.UUID | None
                 if kafka_id not in by_uuid:
                     raise Refused(codec.ErrorCode.unknown_topic_id, f"no topic has id {kafka_id}")
                 name, catalog_id = by_uuid[kafka_id]
+                if not authorizer.authorize_topic(session, AclOperation.DESCRIBE, name):
+                    raise Refused(codec.ErrorCode.topic_authorization_failed, f"{session.principal} may not DESCRIBE topic id {kafka_id}")
                 result["name"] = name
+                _authorized_delete(broker, session, name)
                 _delete(broker, name, catalog_id)
             else:
+                _authorized_delete(broker, session, name)
                 _delete(broker, name, None)
         except Refused as refused:
             result.update(error_code=refused.error, error_message=str(refused))
         results.append(result)
     return results
+
+
+def _authorized_delete(broker: Broker, session: Session, name: str) -> None:
+    if not broker.authorizer.authorize_topic(session, AclOperation.DELETE, name):
+        raise Refused(codec.ErrorCode.topic_authorization_failed, f"{session.principal} may not DELETE topic {name!r}")
 
 
 def _delete(broker: Broker, name: str, catalog_id: int | None) -> None:
@@ -162,6 +185,8 @@ async def create_partitions(broker: Broker, request: codec.Request) -> Any:
         try:
             if named[entry.name] > 1:
                 raise Refused(codec.ErrorCode.invalid_request, f"topic {entry.name!r} is named {named[entry.name]} times in the request")
+            if not broker.authorizer.authorize_topic(request.session, AclOperation.ALTER, entry.name):
+                raise Refused(codec.ErrorCode.topic_authorization_failed, f"{request.session.principal} may not ALTER topic {entry.name!r}")
             if entry.assignments is not None:
                 raise Refused(codec.ErrorCode.invalid_replica_assignment, "replica assignments are not taken: every agent serves every partition from the object store")
             await asyncio.to_thread(_grow, broker, entry.name, int(entry.count), body.validate_only)
@@ -188,17 +213,20 @@ def _grow(broker: Broker, name: str, count: int, validate_only: bool) -> None:
 # -- auto-create --------------------------------------------------------------------------------------------
 
 
-async def auto_create(broker: Broker, request: codec.Request, known: dict[str, Topic]) -> dict[str, codec.ErrorCode]:
-    """Create the topics a Metadata request names that do not exist, when the agent and the request allow it (v4
-    on, the request says; before, it always allows). Each one's error for this response, as Kafka answers: a
-    topic made now is LEADER_NOT_AVAILABLE (the client asks again), a name Kafka refuses INVALID_TOPIC_EXCEPTION."""
+def auto_create_allowed(broker: Broker, request: codec.Request) -> bool:
+    """Whether a Metadata request creates the topics it names that do not exist: the agent and the request allow it
+    (v4 on, the request says; before, it always allows)."""
     allowed = request.api_version < FIRST_METADATA_WITH_AUTO_CREATE_FLAG or request.body.allow_auto_topic_creation
-    if not (allowed and broker.auto_create_topics):
+    return bool(allowed and broker.auto_create_topics)
+
+
+async def auto_create(broker: Broker, request: codec.Request, missing: list[str]) -> dict[str, codec.ErrorCode]:
+    """Create the `missing` topics a Metadata request names (those the principal may create), when allowed
+    (`auto_create_allowed`). Each one's error for this response, as Kafka answers: a topic made now is
+    LEADER_NOT_AVAILABLE (the client asks again), a name Kafka refuses INVALID_TOPIC_EXCEPTION."""
+    if not missing or not auto_create_allowed(broker, request):
         return {}
-    missing = sorted({entry.name for entry in request.body.topics if entry.name is not None and entry.name not in known})
-    if not missing:
-        return {}
-    made = await asyncio.to_thread(lambda: {name: create_default_topic(broker.catalog, name, broker.num_partitions) for name in missing})
+    made = await asyncio.to_thread(lambda: {name: create_default_topic(broker.catalog, name, broker.num_partitions) for name in sorted(set(missing))})
     broker.ingest.forget_topics()
     return {name: codec.ErrorCode.leader_not_available if ok else codec.ErrorCode.invalid_topic_exception for name, ok in made.items()}
 

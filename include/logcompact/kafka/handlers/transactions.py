@@ -27,6 +27,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from logcompact.catalog.acls import AclOperation
 from logcompact.catalog.transactions import TxnRefusal
 from logcompact.exceptions import CatalogUnavailableError, InvalidRecordError, TopicNotFoundError
 from logcompact.kafka import codec
@@ -48,9 +49,18 @@ async def add_partitions_to_txn(broker: Broker, request: codec.Request) -> Any:
     body, version = request.body, request.api_version
     transactional_id = body.v3_and_below_transactional_id
     wanted = [(topic.name, int(partition)) for topic in body.v3_and_below_topics for partition in topic.partitions]
-    errors = dict.fromkeys(wanted, await _add_error(broker, body, transactional_id, wanted, version))
-    if errors and next(iter(errors.values())) == codec.ErrorCode.unknown_topic_or_partition:
-        errors = await _unknown_partitions(broker, wanted)
+    authorizer, session = broker.authorizer, request.session
+    # As Kafka: WRITE on the transactional id, else every partition TRANSACTIONAL_ID_AUTHORIZATION_FAILED; WRITE on
+    # each topic, else its partitions TOPIC_AUTHORIZATION_FAILED and none added (OPERATION_NOT_ATTEMPTED).
+    denied = authorizer.denied_topics(session, AclOperation.WRITE, (name for name, _ in wanted))
+    if not authorizer.authorize_transactional_id(session, AclOperation.WRITE, transactional_id):
+        errors = dict.fromkeys(wanted, codec.ErrorCode.transactional_id_authorization_failed)
+    elif denied:
+        errors = await _unknown_partitions(broker, wanted, denied)
+    else:
+        errors = dict.fromkeys(wanted, await _add_error(broker, body, transactional_id, wanted, version))
+        if errors and next(iter(errors.values())) == codec.ErrorCode.unknown_topic_or_partition:
+            errors = await _unknown_partitions(broker, wanted, denied)
     return codec.build(codec.response_class(ADD_PARTITIONS_TO_TXN, version), {
         "throttle_time": 0,
         "results_by_topic_v3_and_below": [
@@ -95,34 +105,55 @@ async def _coordinated(
     return codec.ErrorCode.none
 
 
-async def _unknown_partitions(broker: Broker, wanted: list[tuple[str, int]]) -> dict[tuple[str, int], codec.ErrorCode]:
-    """Kafka's answer to partitions some of which do not exist: those UNKNOWN_TOPIC_OR_PARTITION, the others
-    OPERATION_NOT_ATTEMPTED (none was added)."""
+async def _unknown_partitions(broker: Broker, wanted: list[tuple[str, int]], denied: set[str]) -> dict[tuple[str, int], codec.ErrorCode]:
+    """Kafka's answer to partitions some of which may not be written or do not exist: those of `denied` topics
+    TOPIC_AUTHORIZATION_FAILED, those not in the catalog UNKNOWN_TOPIC_OR_PARTITION, the others OPERATION_NOT_ATTEMPTED
+    (none was added)."""
     topics = (await asyncio.to_thread(broker.catalog.snapshot)).topics
     return {
-        (name, partition): codec.ErrorCode.operation_not_attempted
-        if name in topics and 0 <= partition < topics[name].partitions else codec.ErrorCode.unknown_topic_or_partition
+        (name, partition): codec.ErrorCode.topic_authorization_failed if name in denied
+        else codec.ErrorCode.operation_not_attempted if name in topics and 0 <= partition < topics[name].partitions
+        else codec.ErrorCode.unknown_topic_or_partition
         for name, partition in wanted
     }
 
 
 async def add_offsets_to_txn(broker: Broker, request: codec.Request) -> Any:
     body, version = request.body, request.api_version
-    error = await _coordinated(
-        broker, "AddOffsetsToTxn", body.transactional_id, version, ADD_OFFSETS_FENCED_SINCE,
-        lambda: broker.transactions.add_offsets(body.transactional_id, int(body.producer_id), int(body.producer_epoch), body.group_id),
-    )
+    authorizer, session = broker.authorizer, request.session
+    if not authorizer.authorize_transactional_id(session, AclOperation.WRITE, body.transactional_id):
+        error = codec.ErrorCode.transactional_id_authorization_failed
+    elif not authorizer.authorize_group(session, AclOperation.READ, body.group_id):
+        error = codec.ErrorCode.group_authorization_failed
+    else:
+        error = await _coordinated(
+            broker, "AddOffsetsToTxn", body.transactional_id, version, ADD_OFFSETS_FENCED_SINCE,
+            lambda: broker.transactions.add_offsets(body.transactional_id, int(body.producer_id), int(body.producer_epoch), body.group_id),
+        )
     return codec.build(codec.response_class(ADD_OFFSETS_TO_TXN, version), {"throttle_time": 0, "error_code": error})
 
 
 async def txn_offset_commit(broker: Broker, request: codec.Request) -> Any:
     body, version = request.body, request.api_version
     requested = [(topic.name, list(topic.partitions)) for topic in body.topics]
-    answered = await _txn_commit(broker, body, version, requested)
-    return codec.build(codec.response_class(TXN_OFFSET_COMMIT, version), {"throttle_time": 0, "topics": offsets.answer_topics(requested, answered)})
+    # As Kafka: WRITE on the transactional id and READ on the group, else every partition's error is theirs; READ on
+    # each topic, else its partitions TOPIC_AUTHORIZATION_FAILED while the others are committed.
+    authorizer, session = broker.authorizer, request.session
+    denied: set[str] = set()
+    answered: offsets.Partitions | codec.ErrorCode
+    if not authorizer.authorize_transactional_id(session, AclOperation.WRITE, body.transactional_id):
+        answered = codec.ErrorCode.transactional_id_authorization_failed
+    elif not authorizer.authorize_group(session, AclOperation.READ, body.group_id):
+        answered = codec.ErrorCode.group_authorization_failed
+    else:
+        denied = authorizer.denied_topics(session, AclOperation.READ, (name for name, _ in requested))
+        answered = await _txn_commit(broker, body, version, requested, denied)
+    return codec.build(codec.response_class(TXN_OFFSET_COMMIT, version), {"throttle_time": 0, "topics": offsets.answer_topics(requested, answered, denied)})
 
 
-async def _txn_commit(broker: Broker, body: Any, version: int, requested: list[tuple[str, list[Any]]]) -> offsets.Partitions | codec.ErrorCode:
+async def _txn_commit(
+    broker: Broker, body: Any, version: int, requested: list[tuple[str, list[Any]]], denied: set[str],
+) -> offsets.Partitions | codec.ErrorCode:
     """Each partition's answer, or the one error of all of them."""
     if not body.transactional_id:
         return codec.ErrorCode.invalid_request
@@ -137,7 +168,7 @@ async def _txn_commit(broker: Broker, body: Any, version: int, requested: list[t
     if error is not None:
         return error
     try:
-        answered = await offsets.write_bounded(broker, "transactional offset commit", body.group_id, lambda: _commit_pending(broker, body, requested))
+        answered = await offsets.write_bounded(broker, "transactional offset commit", body.group_id, lambda: _commit_pending(broker, body, requested, denied))
     except TxnRefusal as refused:
         log.debug("TxnOffsetCommit of transactional id %r for group %r refused: %s", body.transactional_id, body.group_id, refused)
         return fenced(error_code(refused.error), version, TXN_OFFSET_COMMIT_FENCED_SINCE)
@@ -146,16 +177,19 @@ async def _txn_commit(broker: Broker, body: Any, version: int, requested: list[t
     return answered
 
 
-def _commit_pending(broker: Broker, body: Any, requested: list[tuple[str, list[Any]]]) -> offsets.Partitions:
-    pending, answered = offsets.checked_offsets(broker, requested)
+def _commit_pending(broker: Broker, body: Any, requested: list[tuple[str, list[Any]]], denied: set[str]) -> offsets.Partitions:
+    pending, answered = offsets.checked_offsets(broker, requested, denied)
     broker.groups.catalog.commit_offsets_in_transaction(body.transactional_id, int(body.producer_id), int(body.producer_epoch), body.group_id, pending)
     return answered
 
 
 async def end_txn(broker: Broker, request: codec.Request) -> Any:
     body, version = request.body, request.api_version
-    error = await _coordinated(
-        broker, "EndTxn", body.transactional_id, version, END_TXN_FENCED_SINCE,
-        lambda: broker.transactions.end(body.transactional_id, int(body.producer_id), int(body.producer_epoch), bool(body.committed)),
-    )
+    if not broker.authorizer.authorize_transactional_id(request.session, AclOperation.WRITE, body.transactional_id):
+        error = codec.ErrorCode.transactional_id_authorization_failed
+    else:
+        error = await _coordinated(
+            broker, "EndTxn", body.transactional_id, version, END_TXN_FENCED_SINCE,
+            lambda: broker.transactions.end(body.transactional_id, int(body.producer_id), int(body.producer_epoch), bool(body.committed)),
+        )
     return codec.build(codec.response_class(END_TXN, version), {"throttle_time": 0, "error_code": error})

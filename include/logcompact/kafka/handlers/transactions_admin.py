@@ -17,6 +17,11 @@ DescribeProducers showed), aborts the producer's open transaction as a whole, ne
 (`TransactionCoordinator.abort_for_admin`). A marker at an older epoch than the producer's there is
 INVALID_PRODUCER_EPOCH; a producer with no open data there is answered NONE with nothing done, as Kafka writes such
 a marker without error. A COMMIT marker is INVALID_REQUEST: a transaction commits through its producer's EndTxn.
+
+Authorization as Kafka's: ListTransactions lists the ids the principal may DESCRIBE; DescribeTransactions answers
+an id without DESCRIBE TRANSACTIONAL_ID_AUTHORIZATION_FAILED and leaves out the topics it may not DESCRIBE;
+DescribeProducers needs READ on the topic (TOPIC_AUTHORIZATION_FAILED); WriteTxnMarkers CLUSTER_ACTION on the cluster
+(CLUSTER_AUTHORIZATION_FAILED on every partition).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import asyncio
 import logging
 from typing import Any
 
+from logcompact.catalog.acls import AclOperation
 from logcompact.catalog.model import TopicPartition
 from logcompact.catalog.transactions import TransactionRow, TxnRefusal
 from logcompact.exceptions import CatalogUnavailableError
@@ -49,7 +55,12 @@ async def list_transactions(broker: Broker, request: codec.Request) -> Any:
     if states and not states & KAFKA_STATES:
         rows = []  # only unknown states asked for: none matches (the catalog takes no filter as "any")
     now = wall_clock_ms()
-    listed = [row for row in rows if broker.transactions.coordinates(row.transactional_id) and (duration_ms < 0 or now - row.start_ms > duration_ms)]
+    authorizer, session = broker.authorizer, request.session
+    listed = [
+        row for row in rows
+        if broker.transactions.coordinates(row.transactional_id) and (duration_ms < 0 or now - row.start_ms > duration_ms)
+        and authorizer.authorize_transactional_id(session, AclOperation.DESCRIBE, row.transactional_id)
+    ]
     return codec.build(codec.response_class(LIST_TRANSACTIONS, request.api_version), {
         "throttle_time": 0,
         "error_code": codec.ErrorCode.none,
@@ -62,17 +73,23 @@ async def list_transactions(broker: Broker, request: codec.Request) -> Any:
 
 async def describe_transactions(broker: Broker, request: codec.Request) -> Any:
     wanted = list(request.body.transactional_ids)
-    mine = [tid for tid in wanted if tid and broker.transactions.coordinates(tid)]
+    authorizer, session = broker.authorizer, request.session
+    allowed = {tid for tid in wanted if authorizer.authorize_transactional_id(session, AclOperation.DESCRIBE, tid)}
+    mine = [tid for tid in wanted if tid and tid in allowed and broker.transactions.coordinates(tid)]
     found = await asyncio.to_thread(broker.catalog.describe_transactions, mine) if mine else {}
     return codec.build(codec.response_class(DESCRIBE_TRANSACTIONS, request.api_version), {
         "throttle_time": 0,
-        "transaction_states": [_described(broker, tid, found.get(tid)) for tid in wanted],
+        "transaction_states": [_described(broker, request, tid, tid in allowed, found.get(tid)) for tid in wanted],
     })
 
 
-def _described(broker: Broker, transactional_id: str, found: tuple[TransactionRow, tuple[TopicPartition, ...]] | None) -> dict[str, Any]:
+def _described(
+    broker: Broker, request: codec.Request, transactional_id: str, allowed: bool, found: tuple[TransactionRow, tuple[TopicPartition, ...]] | None,
+) -> dict[str, Any]:
     unknown = {"transactional_id": transactional_id, "transaction_state": "", "transaction_timeout": 0, "transaction_start_time": -1,
                "producer_id": -1, "producer_epoch": -1, "topics": []}
+    if not allowed:
+        return {**unknown, "error_code": codec.ErrorCode.transactional_id_authorization_failed}
     if not transactional_id:
         return {**unknown, "error_code": codec.ErrorCode.invalid_request}
     if not broker.transactions.coordinates(transactional_id):
@@ -83,6 +100,8 @@ def _described(broker: Broker, transactional_id: str, found: tuple[TransactionRo
     by_topic: dict[str, list[int]] = {}
     for topic, partition in partitions:
         by_topic.setdefault(topic, []).append(partition)
+    for topic in broker.authorizer.denied_topics(request.session, AclOperation.DESCRIBE, by_topic):
+        del by_topic[topic]
     return {
         "error_code": codec.ErrorCode.none, "transactional_id": transactional_id, "transaction_state": row.state,
         "transaction_timeout": row.timeout_ms, "transaction_start_time": row.start_ms, "producer_id": row.producer_id,
@@ -92,19 +111,28 @@ def _described(broker: Broker, transactional_id: str, found: tuple[TransactionRo
 
 async def describe_producers(broker: Broker, request: codec.Request) -> Any:
     wanted = [(topic.name, [int(p) for p in topic.partition_indexes]) for topic in request.body.topics]
-    live, unknown = await _live_partitions(broker, [(name, p) for name, parts in wanted for p in parts])
+    denied = broker.authorizer.denied_topics(request.session, AclOperation.READ, (name for name, _ in wanted))
+    live, unknown = await _live_partitions(broker, [(name, p) for name, parts in wanted if name not in denied for p in parts])
     states = await asyncio.to_thread(broker.catalog.active_producers, live) if live else {}
     return codec.build(codec.response_class(DESCRIBE_PRODUCERS, request.api_version), {
         "throttle_time": 0,
         "topics": [
-            {"name": name, "partitions": [_producers(name, partition, unknown, states) for partition in parts]} for name, parts in wanted
+            {"name": name, "partitions": [
+                _error(partition, codec.ErrorCode.topic_authorization_failed) if name in denied else _producers(name, partition, unknown, states)
+                for partition in parts
+            ]}
+            for name, parts in wanted
         ],
     })
 
 
+def _error(partition: int, error: codec.ErrorCode) -> dict[str, Any]:
+    return {"partition_index": partition, "error_code": error, "error_message": None, "active_producers": []}
+
+
 def _producers(topic: str, partition: int, unknown: set[TopicPartition], states: dict[TopicPartition, list[Any]]) -> dict[str, Any]:
     if (topic, partition) in unknown:
-        return {"partition_index": partition, "error_code": codec.ErrorCode.unknown_topic_or_partition, "error_message": None, "active_producers": []}
+        return _error(partition, codec.ErrorCode.unknown_topic_or_partition)
     return {"partition_index": partition, "error_code": codec.ErrorCode.none, "error_message": None, "active_producers": [
         {"producer_id": state.producer_id, "producer_epoch": state.epoch, "last_sequence": state.last_sequence, "last_timestamp": state.last_timestamp,
          "coordinator_epoch": NO_COORDINATOR_EPOCH, "current_txn_start_offset": state.current_txn_start_offset}
@@ -120,6 +148,14 @@ async def _live_partitions(broker: Broker, wanted: list[TopicPartition]) -> tupl
 
 
 async def write_txn_markers(broker: Broker, request: codec.Request) -> Any:
+    if not broker.authorizer.authorize_cluster(request.session, AclOperation.CLUSTER_ACTION):
+        return codec.build(codec.response_class(WRITE_TXN_MARKERS, request.api_version), {"markers": [
+            {"producer_id": int(marker.producer_id), "topics": [
+                {"name": topic.name, "partitions": [
+                    {"partition_index": int(p), "error_code": codec.ErrorCode.cluster_authorization_failed} for p in topic.partition_indexes
+                ]} for topic in marker.topics
+            ]} for marker in request.body.markers
+        ]})
     return codec.build(codec.response_class(WRITE_TXN_MARKERS, request.api_version), {
         "markers": [await _marker(broker, marker) for marker in request.body.markers],
     })
