@@ -53,6 +53,7 @@ from logcompact.kafka.handlers import APIS, api_versions
 from logcompact.kafka.handlers.produce import DEFAULT_MAX_MESSAGE_BYTES
 from logcompact.kafka.ingest_thread import Ingest
 from logcompact.kafka.listeners import Listener, SecurityProtocol
+from logcompact.kafka.quota_manager import ClientQuotaManager, Muted, throttle_ms_of
 from logcompact.kafka.session import Session
 from logcompact.kafka.transaction_coordinator import (
     ABORT_INTERVAL_MS,
@@ -270,6 +271,7 @@ class Connection:
     unsent: int = 0
     sent_at: float = 0.0
     closed_for: Expired | None = None
+    muted_until: float = -math.inf  # over a client quota: no frame is read before then (KIP-219), and it is not idle
 
     def expired(self, now: float, settings: AgentSettings) -> Expired | None:
         """The bound this connection is past now, if any: the idle timeout for answers the client stopped taking,
@@ -306,6 +308,7 @@ class AgentServer:
         self._per_ip: Counter[str] = Counter()
         self._per_ip_queued: dict[str, ByteBudget] = {}  # each address's share of `_queued`, while it has connections
         self._sweeping: asyncio.Task | None = None
+        self._quotas: ClientQuotaManager | None = None
 
     @property
     def broker(self) -> Broker:
@@ -327,6 +330,7 @@ class AgentServer:
         # The cluster must exist before clients are told its id: ClusterNotFoundError otherwise.
         cluster_id = await asyncio.to_thread(lambda: self.catalog.cluster_id)
         await asyncio.to_thread(records.compile_encoder)  # seconds on a fresh install: before clients, not in a Fetch
+        self._quotas = quotas = await asyncio.to_thread(ClientQuotaManager.load, self.catalog)  # before connections count against them
         for listener in self.settings.listeners:
             await self._listen(listener)
         settings = self.settings
@@ -343,8 +347,9 @@ class AgentServer:
         transactions.start(ingest)
         self._broker = Broker(
             self.catalog, cluster_id, agents, advertised, APIS, ingest, settings.max_message_bytes, commits, groups, file_cache,
-            transactions, settings.auto_create_topics, settings.num_partitions,
+            transactions, quotas, settings.auto_create_topics, settings.num_partitions,
         )
+        quotas.start()
         # What the agent holds for its life is made by now (modules, compiled loops, the catalog's metadata): put out
         # of the collector's reach, so its full collections, which walked all of it with the GIL held (100-200 ms in
         # which no request is read and no flush goes on), walk only what serving makes.
@@ -377,6 +382,7 @@ class AgentServer:
             self._sweeping.cancel()
             await asyncio.gather(self._sweeping, return_exceptions=True)
         await self.broker.transactions.stop()
+        await self.broker.quotas.stop()
         await self.broker.agents.stop()
         for reader in self._readers:
             reader.cancel()
@@ -413,6 +419,15 @@ class AgentServer:
                         peer, settings.max_connections_per_ip)
             writer.close()
             return
+        assert self._quotas is not None  # loaded before listening
+        if throttle_ms := self._quotas.record_connection(host):
+            # Kafka's ConnectionQuotas: a connection over its address's connection_creation_rate is not served, and
+            # closed only after the throttle time, so a client reconnecting in a loop is slowed to the rate.
+            log.warning("connection from %s closed in %d ms: over its address's connection_creation_rate quota of %g per second",
+                        peer, throttle_ms, self._quotas.connection_rate(host))
+            await asyncio.sleep(throttle_ms / 1000)
+            writer.close()
+            return
         if host not in self._per_ip_queued:
             self._per_ip_queued[host] = ByteBudget(settings.max_queued_bytes_per_ip, self._queued)
         queued = self._per_ip_queued[host]
@@ -446,6 +461,8 @@ class AgentServer:
                 size = await self._frame_size(reader, connection)
                 if size is None:
                     return
+                while (muted := connection.muted_until - asyncio.get_running_loop().time()) > 0:
+                    await asyncio.sleep(muted)  # waiting None meanwhile: the agent holds it up, the sweep leaves it be
                 await connection.in_flight.acquire()
                 await connection.held.take(size)
                 try:
@@ -543,7 +560,9 @@ class AgentServer:
                 response = api_versions.unsupported(self.broker)
             else:
                 response = await self.broker.apis[request.api_key].handle(self.broker, request)
-            frame = None if response is None else codec.encode_response(request.correlation_id, response)
+            if throttle_ms := throttle_ms_of(response):
+                connection.muted_until = max(connection.muted_until, asyncio.get_running_loop().time() + throttle_ms / 1000)
+            frame = None if response is None or isinstance(response, Muted) else codec.encode_response(request.correlation_id, response)
         finally:
             if not connection.settled:
                 connection.handling -= size
