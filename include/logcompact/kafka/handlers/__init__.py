@@ -4,8 +4,8 @@ of its requests from plain values (`codec.build`): `api_versions`, `metadata` (a
 SyncGroup, Heartbeat, LeaveGroup, DescribeGroups, ListGroups), `offsets` (OffsetCommit, OffsetFetch),
 `topics_admin` (CreateTopics, DeleteTopics, CreatePartitions), `configs` (DescribeConfigs, AlterConfigs,
 IncrementalAlterConfigs), `describe_cluster`, `transactions` (AddPartitionsToTxn, AddOffsetsToTxn, EndTxn,
-TxnOffsetCommit) and `transactions_admin` (DescribeTransactions, ListTransactions, DescribeProducers, WriteTxnMarkers
-for an admin's abort). They import the broker and the layers below it, and among
+TxnOffsetCommit), `transactions_admin` (DescribeTransactions, ListTransactions, DescribeProducers, WriteTxnMarkers
+for an admin's abort) and `quotas` (DescribeClientQuotas, AlterClientQuotas). They import the broker and the layers below it, and among
 themselves only `metadata` → `topics_admin` → `configs`.
 
 Here, the one table of served APIs and their versions (as librdkafka's mock cluster keeps it): requests are
@@ -26,6 +26,7 @@ from logcompact.kafka.handlers import (
     metadata,
     offsets,
     produce,
+    quotas,
     topics_admin,
     transactions,
     transactions_admin,
@@ -64,5 +65,7 @@ APIS: dict[int, Api] = {
         Api(configs.DESCRIBE_CONFIGS, 0, 4, configs.describe_configs),
         Api(configs.ALTER_CONFIGS, 0, 2, configs.alter_configs),
         Api(configs.INCREMENTAL_ALTER_CONFIGS, 0, 1, configs.incremental_alter_configs),
+        Api(quotas.DESCRIBE_CLIENT_QUOTAS, 0, 1, quotas.describe_client_quotas),
+        Api(quotas.ALTER_CLIENT_QUOTAS, 0, 1, quotas.alter_client_quotas),
     )
 }
