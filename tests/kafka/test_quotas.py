@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any, cast
 
 import pytest
+from click.testing import CliRunner
 from confluent_kafka import Consumer, Producer, TopicPartition
 from kafka.admin import KafkaAdminClient
 from kafka.protocol.admin.client_quotas import AlterClientQuotasRequest, DescribeClientQuotasRequest
@@ -29,11 +30,12 @@ from logcompact.catalog.quotas import (
     entity_from,
     filter_from,
 )
+from logcompact.cli import cli
 from logcompact.kafka.quota_manager import QUOTA_WINDOW_NUM, ClientQuotaManager, Rate, record_and_throttle_ms
 from logcompact.kafka.session import KafkaPrincipal, Session
 from tests.helpers import create_topic
 from tests.kafka.agents import RunningAgent
-from tests.kafka.wire import kio_frame, receive_frame
+from tests.kafka.wire import connect, keyed_batch, kio_frame, produce_request, produce_response, receive_frame
 
 ERROR_NONE, INVALID_REQUEST, UNSUPPORTED_VERSION = 0, 42, 35
 KIB = 1024
@@ -454,3 +456,81 @@ def test_connection_creation_rate_per_address(agent: RunningAgent, catalog: Cata
     limited = answered("127.0.0.1", 26)
     assert limited == [True] * 20 + [False] * 6
     assert answered("127.0.0.2", 26) == [True] * 26
+
+
+@SQLITE_ONLY
+def test_throttled_connection_is_read_again_only_after_its_throttle_time(catalog: Catalog) -> None:
+    """KIP-219 on the wire: a Produce over its client id's quota is answered with the throttle time and the next
+    request on that connection only after it, at acks=0 too (no answer, the connection muted all the same); a muted
+    connection is not idle, however short the idle bound."""
+    running = RunningAgent(catalog, flush_interval_ms=50, connections_max_idle_ms=300)
+    try:
+        set_quota(catalog, running, entity(client_id="test"), PRODUCER_BYTE_RATE, 1000)  # kio_frame's client id
+        batch = keyed_batch(120)
+        api_versions = kio_frame(18, 3, {"client_software_name": "t", "client_software_version": "1"}, correlation_id=9)
+        with connect(running.server) as connection:
+            connection.settimeout(30)
+            connection.sendall(produce_request(9, 5, {("quota", 0): batch}, acks=1))
+            _, answered = produce_response(frame := receive_frame(connection), 9)
+            throttle_ms = produce_throttle_ms(frame)
+            assert answered[("quota", 0)].error_code == ERROR_NONE and throttle_ms > 500
+            sent = time.monotonic()
+            connection.sendall(api_versions)
+            receive_frame(connection)
+            assert time.monotonic() - sent >= throttle_ms / 1000 - 0.05
+        with connect(running.server) as connection:
+            connection.settimeout(30)
+            connection.sendall(produce_request(9, 6, {("quota", 0): batch}, acks=0))
+            sent = time.monotonic()
+            time.sleep(0.1)  # handled before the next request comes: requests read ahead of a throttle are not held
+            connection.sendall(api_versions)
+            receive_frame(connection)  # the ApiVersions answer: the Produce has none
+            assert time.monotonic() - sent > 0.5
+    finally:
+        running.stop()
+
+
+def produce_throttle_ms(frame: bytes) -> int:
+    """A Produce v9 answer's throttle_time_ms, its last field before the tagged fields."""
+    return int.from_bytes(frame[-5:-1], "big", signed=True)
+
+
+# -- the CLI ---------------------------------------------------------------------------------------------------
+
+
+def quota_cli(catalog: Catalog, *args: str) -> Any:
+    return CliRunner().invoke(cli, ["--store", catalog.store.uri, "--catalog", catalog.url, "quota", *args])
+
+
+def test_quota_cli_sets_lists_and_removes_what_agents_enforce(agent: RunningAgent, admin: KafkaAdminClient, catalog: Catalog) -> None:
+    done = quota_cli(catalog, "set", "--user", "alice", "--client-id-default", "--producer-byte-rate", "2000000", "--json")
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.output) == {"entity": {"user": "alice", "client-id": None}, "quotas": {"producer_byte_rate": 2000000}}
+    assert quota_cli(catalog, "set", "--ip-default", "--connection-creation-rate", "50").exit_code == 0
+    agent.call(agent.server.broker.quotas.refresh())  # as its refresh does within REFRESH_SECONDS
+    assert agent.server.broker.quotas.quota(PRODUCER_BYTE_RATE, "alice", "any") == (2_000_000.0, (PRODUCER_BYTE_RATE, "alice", "any"))
+    assert agent.server.broker.quotas.connection_rate("10.1.2.3") == 50
+    # what the CLI wrote, DescribeClientQuotas answers, and what AlterClientQuotas wrote, the CLI lists
+    assert described(send(admin, describe_request([(USER, 0, "alice")]))) == {(("user", "alice"), ("client-id", None)): {PRODUCER_BYTE_RATE: 2_000_000.0}}
+    send(admin, alter_request([([(CLIENT_ID, "app")], [(CONSUMER_BYTE_RATE, 300_000.0)])]))
+    listed = quota_cli(catalog, "list", "--client-id", "app", "--json")
+    assert [json.loads(line) for line in listed.output.splitlines()] == [{"entity": {"client-id": "app"}, "quotas": {"consumer_byte_rate": 300000}}]
+    table = quota_cli(catalog, "list").output.splitlines()
+    assert table[0].split() == ["ENTITY", "QUOTAS"] and len(table) == 4
+
+    removed = quota_cli(catalog, "remove", "--client-id", "app", "--json")
+    assert json.loads(removed.output) == {"entity": {"client-id": "app"}, "removed": ["consumer_byte_rate"]}
+    refusals = {
+        ("set", "--ip", "10.0.0.1", "--producer-byte-rate", "5"): "Invalid configuration key producer_byte_rate",
+        ("set", "--user", "a", "--ip", "10.0.0.1", "--connection-creation-rate", "5"): "IP entity should not be combined with User or ClientId",
+        ("set", "--client-id", "x", "--client-id-default", "--producer-byte-rate", "5"): "--client-id and --client-id-default name two entities",
+        ("set", "--client-id", "x", "--producer-byte-rate", "0"): "Quota producer_byte_rate must be greater than 0",
+        ("set", "--client-id", "x"): "no quota given",
+        ("set", "--producer-byte-rate", "5"): "no entity given",
+        ("remove", "--client-id", "app"): "client-id=app has no quota to remove",
+        ("remove", "--user", "alice", "--client-id-default", "--key", "consumer_byte_rate"): "has no quota consumer_byte_rate (it has: producer_byte_rate)",
+    }
+    for args, message in refusals.items():
+        refused = quota_cli(catalog, *args)
+        assert refused.exit_code == 2 and message in refused.output, (args, refused.output)
+    assert len(catalog.client_quotas()) == 2
