@@ -3,6 +3,7 @@ kafka-python's own request classes, and byte-rate and connection quotas enforced
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
@@ -31,7 +32,7 @@ from logcompact.catalog.quotas import (
     filter_from,
 )
 from logcompact.cli import cli
-from logcompact.kafka.quota_manager import QUOTA_WINDOW_NUM, ClientQuotaManager, Rate, record_and_throttle_ms
+from logcompact.kafka.quota_manager import QUOTA_WINDOW_NUM, REFRESH_SECONDS, ClientQuotaManager, Rate, record_and_throttle_ms
 from logcompact.kafka.session import KafkaPrincipal, Session
 from tests.helpers import create_topic
 from tests.kafka.agents import RunningAgent
@@ -465,22 +466,24 @@ def test_throttled_connection_is_read_again_only_after_its_throttle_time(catalog
     connection is not idle, however short the idle bound."""
     running = RunningAgent(catalog, flush_interval_ms=50, connections_max_idle_ms=300)
     try:
-        set_quota(catalog, running, entity(client_id="test"), PRODUCER_BYTE_RATE, 1000)  # kio_frame's client id
         batch = keyed_batch(120)
+        first = produce_request(9, 5, {("quota", 0): batch}, acks=1)
+        # taking the rate 15% over the quota (its first 10 s allowance and 15% more): throttled 1.5 s
+        set_quota(catalog, running, entity(client_id="test"), PRODUCER_BYTE_RATE, (len(first) - 4) // 11.5)  # kio_frame's client id
         api_versions = kio_frame(18, 3, {"client_software_name": "t", "client_software_version": "1"}, correlation_id=9)
         with connect(running.server) as connection:
             connection.settimeout(30)
-            connection.sendall(produce_request(9, 5, {("quota", 0): batch}, acks=1))
+            connection.sendall(first)
             _, answered = produce_response(frame := receive_frame(connection), 9)
             throttle_ms = produce_throttle_ms(frame)
-            assert answered[("quota", 0)].error_code == ERROR_NONE and throttle_ms > 500
+            assert answered[("quota", 0)].error_code == ERROR_NONE and 1000 < throttle_ms <= 1500
             sent = time.monotonic()
             connection.sendall(api_versions)
             receive_frame(connection)
             assert time.monotonic() - sent >= throttle_ms / 1000 - 0.05
         with connect(running.server) as connection:
             connection.settimeout(30)
-            connection.sendall(produce_request(9, 6, {("quota", 0): batch}, acks=0))
+            connection.sendall(produce_request(9, 6, {("quota", 0): keyed_batch(12)}, acks=0))  # over it again: 2-3 s
             sent = time.monotonic()
             time.sleep(0.1)  # handled before the next request comes: requests read ahead of a throttle are not held
             connection.sendall(api_versions)
@@ -534,3 +537,27 @@ def test_quota_cli_sets_lists_and_removes_what_agents_enforce(agent: RunningAgen
         refused = quota_cli(catalog, *args)
         assert refused.exit_code == 2 and message in refused.output, (args, refused.output)
     assert len(catalog.client_quotas()) == 2
+
+
+@pytest.mark.parametrize("catalog_url", ["postgresql"], indirect=True)  # two agents share a catalog on PostgreSQL
+def test_an_alteration_through_one_agent_applies_on_another_within_the_refresh(agent: RunningAgent, admin: KafkaAdminClient,
+                                                                               catalog: Catalog) -> None:
+    other = RunningAgent(catalog, flush_interval_ms=50)
+    try:
+        send(admin, alter_request([([(CLIENT_ID, "shared")], [(PRODUCER_BYTE_RATE, 4096.0)])]))
+        assert agent.server.broker.quotas.quota(PRODUCER_BYTE_RATE, "ANONYMOUS", "shared") is not None  # at once here
+        deadline = time.monotonic() + REFRESH_SECONDS + 2
+        while other.server.broker.quotas.quota(PRODUCER_BYTE_RATE, "ANONYMOUS", "shared") is None:
+            assert time.monotonic() < deadline, f"the other agent did not take the quota within {REFRESH_SECONDS} s"
+            time.sleep(0.1)
+    finally:
+        other.stop()
+
+
+def test_a_catalog_that_cannot_be_read_leaves_the_last_quotas(catalog: Catalog, caplog: pytest.LogCaptureFixture) -> None:
+    catalog.alter_client_quotas([(entity(client_id="kept"), {PRODUCER_BYTE_RATE: 100.0})])
+    unreadable = Catalog(catalog.store, "postgresql+psycopg://nobody@127.0.0.1:1/none")  # no server on port 1
+    quotas = ClientQuotaManager(unreadable, catalog.client_quotas())
+    asyncio.run(quotas.refresh())
+    assert quotas.quota(PRODUCER_BYTE_RATE, "ANONYMOUS", "kept") is not None
+    assert "client quotas could not be read from the catalog (the last ones read stay in force)" in caplog.text
