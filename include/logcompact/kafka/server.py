@@ -19,6 +19,9 @@ closed as soon as it is accepted, with one log line). A connection that has not 
 `connection_setup_timeout_ms`, or that is idle (no request unanswered, nothing received) for
 `connections_max_idle_ms`, is closed with one log line, so connections that never speak cannot keep others out.
 One sweep of the connections finds those past a bound, as Kafka's brokers find idle ones: no timer per read.
+A connection whose answer carries a quota's throttle time is not read again until it has passed (KIP-219: its
+`muted_until`), and is not idle meanwhile; one over its address's connection_creation_rate is held for the
+throttle time and closed (`quota_manager.py`).
 
 Handlers of one connection start in request order: each runs as its own task, and asyncio runs new tasks
 first-in first-out up to their first await. So what a handler does before its first await (a Produce handing
