@@ -187,6 +187,13 @@ CASES: list[tuple[str, int, int, dict[str, Any], Extract, Any]] = [
     ("DeleteAcls", 31, 3, {"filters": [{"resource_type_filter": 2, "resource_name_filter": "x", "pattern_type_filter": 3, "principal_filter": None,
                                         "host_filter": None, "operation": 1, "permission_type": 1}]},
      lambda r: [int(x.error_code) for x in r.filter_results], [CLUSTER_DENIED]),
+    ("DescribeUserScramCredentials", 50, 0, {"users": None}, lambda r: int(r.error_code), CLUSTER_DENIED),
+    ("AlterUserScramCredentials", 51, 0, {"deletions": [{"name": "nobody", "mechanism": 1}], "upsertions": []},
+     lambda r: [int(x.error_code) for x in r.results], [CLUSTER_DENIED]),
+    ("DescribeClientQuotas", 48, 1, {"components": [], "strict": False}, lambda r: int(r.error_code), CLUSTER_DENIED),
+    ("AlterClientQuotas", 49, 1, {"entries": [{"entity": [{"entity_type": "client-id", "entity_name": "app"}],
+                                               "ops": [{"key": "producer_byte_rate", "value": 1000.0, "remove": False}]}], "validate_only": True},
+     lambda r: [int(x.error_code) for x in r.entries], [CLUSTER_DENIED]),
     ("ApiVersions", 18, 3, {"client_software_name": "test", "client_software_version": "1"}, lambda r: int(r.error_code), NONE),
     # As Kafka, DescribeCluster is answered to anyone; without DESCRIBE on the cluster its authorized operations are none.
     ("DescribeCluster", 60, 1, {"include_cluster_authorized_operations": True}, lambda r: (int(r.error_code), r.cluster_authorized_operations), (NONE, 0)),

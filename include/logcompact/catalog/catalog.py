@@ -18,7 +18,7 @@ it holds (`logcompact.catalog.snapshot`). `docs/catalog.md` describes the schema
 
 `Catalog` holds the transactions: each public method opens one (`_reading`, `_writing`), calls the functions of
 the roles it involves, each a module of functions over that connection (`topics`, `files`, `appends`, `producers`,
-`transactions`, `compactions`, `cleaning`, `garbage`, `agents`, `groups`, `migrations`, `cluster`; the version row in
+`transactions`, `compactions`, `cleaning`, `garbage`, `agents`, `groups`, `quotas`, `migrations`, `cluster`; the version row in
 `versions`), in the lock order every writer keeps, and commits.
 """
 
@@ -46,6 +46,7 @@ from logcompact.catalog import (
     holes,
     migrations,
     producers,
+    quotas,
     summaries,
     topics,
     transactions,
@@ -70,6 +71,7 @@ from logcompact.catalog.model import (
     Uncleanable,
 )
 from logcompact.catalog.producers import PartitionState, PlacedBatch
+from logcompact.catalog.quotas import QuotaEntity, QuotaFilter
 from logcompact.catalog.snapshot import Snapshot
 from logcompact.catalog.topics import LogOffsets
 from logcompact.catalog.transactions import ActiveProducer, Described, Ended, TransactionRow, TransactionView, TxnError, TxnRefusal
@@ -517,6 +519,23 @@ class Catalog:
         """Every ACL binding."""
         with self._reading() as connection:
             return acls.listed(connection)
+
+    # -- client quotas: rows outside the manifest, each alteration a small transaction that creates no version ------
+
+    def alter_client_quotas(self, alterations: Sequence[tuple[QuotaEntity, Mapping[str, float | None]]]) -> None:
+        """Set (a value) or remove (None) quota keys of each entity, all in one transaction. The entities and keys are
+        checked by the caller (`quotas.entity_from`, `quotas.check_ops`), as AlterClientQuotas answers each alone."""
+        if not alterations:
+            return
+        with self._writing() as connection:
+            for entity, ops in alterations:
+                quotas.alter(connection, entity, ops)
+
+    def client_quotas(self, matching: QuotaFilter | None = None) -> dict[QuotaEntity, dict[str, float]]:
+        """The quotas of every entity, or of those `matching` (DescribeClientQuotas' filter), by entity."""
+        with self._reading() as connection:
+            found = quotas.all_quotas(connection)
+        return found if matching is None else {entity: values for entity, values in found.items() if matching.matches(entity)}
 
     # -- consumer groups: rows outside the manifest, each write a small transaction that creates no version ----------
 

@@ -20,6 +20,7 @@ from logcompact.kafka.cluster import Address, AgentDirectory
 from logcompact.kafka.event_loop import CommitWatch
 from logcompact.kafka.group_coordinator import GroupCoordinator
 from logcompact.kafka.ingest_thread import Ingest
+from logcompact.kafka.quota_manager import ClientQuotaManager
 from logcompact.kafka.transaction_coordinator import TransactionCoordinator
 from logcompact.store.cache import CachedStore
 from logcompact.topics import Topic
@@ -41,6 +42,7 @@ class Broker:
     groups: GroupCoordinator = field(repr=False)
     file_cache: CachedStore = field(repr=False)  # the catalog's store behind Fetch's bounded cache of file ranges
     transactions: TransactionCoordinator = field(repr=False)
+    quotas: ClientQuotaManager = field(repr=False)  # the client quotas this agent enforces (quota_manager.py)
     # Kafka's auto.create.topics.enable and num.partitions: Metadata asking for an unknown topic (when the client
     # allows it) creates it with this many partitions and the default configs.
     auto_create_topics: bool = True

@@ -65,6 +65,7 @@ class Request:
     client_id: str | None
     body: Any  # the kio request entity, None when the API or version is not one kio knows
     session: Session = LOCAL  # the connection's: its listener, client address and principal
+    size: int = 0  # the frame's bytes (header and body): what a producer's byte-rate quota counts (Kafka's sizeInBytes)
 
 
 def kio_versions(api_key: int) -> range:
@@ -110,13 +111,13 @@ def decode_request(frame: bytes, served: typing.Callable[[int, int], bool], sess
         api_key, version = int(header.request_api_key), int(header.request_api_version)
         schema = _request_class(api_key, version) if served(api_key, version) else None
         if schema is None:
-            return Request(api_key, version, int(header.correlation_id), header.client_id, None, session)
+            return Request(api_key, version, int(header.correlation_id), header.client_id, None, session, len(frame))
         if schema.__flexible__:
             size = entity_reader(RequestHeaderV2)(frame, 0)[1]
         body = entity_reader(schema)(frame, size)[0]
     except (SerialError, ValueError, KeyError, UnicodeError, OverflowError) as exc:  # KeyError: a tagged field kio does not know
         raise MalformedRequestError(f"{type(exc).__name__}: {exc}") from None
-    return Request(api_key, version, int(header.correlation_id), header.client_id, body, session)
+    return Request(api_key, version, int(header.correlation_id), header.client_id, body, session, len(frame))
 
 
 # -- Produce, decoded by hand ------------------------------------------------------------------------------
@@ -188,7 +189,7 @@ def _decode_produce(frame: bytes, version: int, session: Session) -> Request:
     except (struct.error, UnicodeError) as exc:
         raise MalformedRequestError(f"Produce v{version}: {type(exc).__name__}: {exc}") from None
     body = body_class(transactional_id=transactional_id, acks=acks, timeout=datetime.timedelta(milliseconds=timeout_ms), topic_data=tuple(topics))
-    return Request(PRODUCE, version, correlation_id, client_id, body, session)
+    return Request(PRODUCE, version, correlation_id, client_id, body, session, len(frame))
 
 
 def _string(view: memoryview, at: int, length: int) -> tuple[str | None, int]:

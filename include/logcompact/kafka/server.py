@@ -19,6 +19,9 @@ closed as soon as it is accepted, with one log line). A connection that has not 
 `connection_setup_timeout_ms`, or that is idle (no request unanswered, nothing received) for
 `connections_max_idle_ms`, is closed with one log line, so connections that never speak cannot keep others out.
 One sweep of the connections finds those past a bound, as Kafka's brokers find idle ones: no timer per read.
+A connection whose answer carries a quota's throttle time is not read again until it has passed (KIP-219: its
+`muted_until`), and is not idle meanwhile; one over its address's connection_creation_rate is held for the
+throttle time and closed (`quota_manager.py`).
 
 On a SASL listener a connection is first authenticated (authenticator.py, Kafka's SaslServerAuthenticator): until
 then its requests are read one at a time, each once the one before is answered, so nothing it pipelines runs before
@@ -67,6 +70,7 @@ from logcompact.kafka.handlers import APIS, api_versions
 from logcompact.kafka.handlers.produce import DEFAULT_MAX_MESSAGE_BYTES
 from logcompact.kafka.ingest_thread import Ingest
 from logcompact.kafka.listeners import Listener, SecurityProtocol, check_insecure, insecure
+from logcompact.kafka.quota_manager import ClientQuotaManager, Muted, throttle_ms_of
 from logcompact.kafka.session import Session
 from logcompact.kafka.tls import TlsSettings
 from logcompact.kafka.transaction_coordinator import (
@@ -296,6 +300,7 @@ class Connection:
     unsent: int = 0
     sent_at: float = 0.0
     closed_for: Expired | None = None
+    muted_until: float = -math.inf  # over a client quota: no frame is read before then (KIP-219), and it is not idle
 
     def expired(self, now: float, settings: AgentSettings) -> Expired | None:
         """The bound this connection is past now, if any: the idle timeout for answers the client stopped taking,
@@ -334,6 +339,7 @@ class AgentServer:
         self._sweeping: asyncio.Task | None = None
         self._tls_context: ssl.SSLContext | None = None  # of the TLS listeners, made at start
         self._principal_mapper = tls.PrincipalMapper(settings.tls.principal_mapping_rules)
+        self._quotas: ClientQuotaManager | None = None
 
     @property
     def broker(self) -> Broker:
@@ -355,6 +361,7 @@ class AgentServer:
         # The cluster must exist before clients are told its id: ClusterNotFoundError otherwise.
         cluster_id = await asyncio.to_thread(lambda: self.catalog.cluster_id)
         await asyncio.to_thread(records.compile_encoder)  # seconds on a fresh install: before clients, not in a Fetch
+        self._quotas = quotas = await asyncio.to_thread(ClientQuotaManager.load, self.catalog)  # before connections count against them
         settings = self.settings
         if any(listener.protocol.uses_tls for listener in settings.listeners):
             self._tls_context = tls.server_context(settings.tls)
@@ -380,8 +387,9 @@ class AgentServer:
         await authorizer.start()
         self._broker = Broker(
             self.catalog, cluster_id, agents, advertised, APIS, ingest, settings.max_message_bytes, commits, groups, file_cache,
-            transactions, settings.auto_create_topics, settings.num_partitions, authorizer,
+            transactions, quotas, settings.auto_create_topics, settings.num_partitions, authorizer,
         )
+        quotas.start()
         # What the agent holds for its life is made by now (modules, compiled loops, the catalog's metadata): put out
         # of the collector's reach, so its full collections, which walked all of it with the GIL held (100-200 ms in
         # which no request is read and no flush goes on), walk only what serving makes.
@@ -415,6 +423,7 @@ class AgentServer:
             await asyncio.gather(self._sweeping, return_exceptions=True)
         await self.broker.transactions.stop()
         await self.broker.authorizer.stop()
+        await self.broker.quotas.stop()
         await self.broker.agents.stop()
         for reader in self._readers:
             reader.cancel()
@@ -449,6 +458,15 @@ class AgentServer:
         if self._per_ip[host] >= settings.max_connections_per_ip:
             log.warning("connection from %s refused: the agent holds its maximum of %d connections from one address",
                         peer, settings.max_connections_per_ip)
+            writer.close()
+            return
+        assert self._quotas is not None  # loaded before listening
+        if throttle_ms := self._quotas.record_connection(host):
+            # Kafka's ConnectionQuotas: a connection over its address's connection_creation_rate is not served, and
+            # closed only after the throttle time, so a client reconnecting in a loop is slowed to the rate.
+            log.warning("connection from %s closed in %d ms: over its address's connection_creation_rate quota of %g per second",
+                        peer, throttle_ms, self._quotas.connection_rate(host))
+            await asyncio.sleep(throttle_ms / 1000)
             writer.close()
             return
         if host not in self._per_ip_queued:
@@ -554,6 +572,8 @@ class AgentServer:
         size = await self._frame_size(reader, connection, limit)
         if size is None:
             return None
+        while (muted := connection.muted_until - asyncio.get_running_loop().time()) > 0:
+            await asyncio.sleep(muted)  # waiting None meanwhile: the agent holds it up, the sweep leaves it be
         await connection.in_flight.acquire()
         await connection.held.take(size)
         try:
@@ -643,7 +663,9 @@ class AgentServer:
                 response = api_versions.unsupported(self.broker)
             else:
                 response = await self.broker.apis[request.api_key].handle(self.broker, request)
-            frame = None if response is None else codec.encode_response(request.correlation_id, response)
+            if throttle_ms := throttle_ms_of(response):
+                connection.muted_until = max(connection.muted_until, asyncio.get_running_loop().time() + throttle_ms / 1000)
+            frame = None if response is None or isinstance(response, Muted) else codec.encode_response(request.correlation_id, response)
         finally:
             self._handled(connection, size)
         if frame is not None:

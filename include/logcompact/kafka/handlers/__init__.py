@@ -5,9 +5,10 @@ SyncGroup, Heartbeat, LeaveGroup, DescribeGroups, ListGroups), `offsets` (Offset
 `topics_admin` (CreateTopics, DeleteTopics, CreatePartitions), `configs` (DescribeConfigs, AlterConfigs,
 IncrementalAlterConfigs), `describe_cluster`, `sasl` (SaslHandshake, SaslAuthenticate outside an authentication), `scram_admin`
 (DescribeUserScramCredentials, AlterUserScramCredentials), `transactions` (AddPartitionsToTxn, AddOffsetsToTxn, EndTxn,
-TxnOffsetCommit) and `transactions_admin` (DescribeTransactions, ListTransactions, DescribeProducers, WriteTxnMarkers
-for an admin's abort), and `acls` (DescribeAcls, CreateAcls, DeleteAcls). Each checks what Kafka's KafkaApis checks
-through `broker.authorizer` first. They import the broker and the layers below it, and among
+TxnOffsetCommit), `transactions_admin` (DescribeTransactions, ListTransactions, DescribeProducers, WriteTxnMarkers
+for an admin's abort), `acls` (DescribeAcls, CreateAcls, DeleteAcls) and `quotas` (DescribeClientQuotas,
+AlterClientQuotas). Each checks what Kafka's KafkaApis checks through `broker.authorizer` first. They import the
+broker and the layers below it, and among
 themselves only `metadata` → `topics_admin` → `configs`.
 
 Here, the one table of served APIs and their versions (as librdkafka's mock cluster keeps it): requests are
@@ -29,6 +30,7 @@ from logcompact.kafka.handlers import (
     metadata,
     offsets,
     produce,
+    quotas,
     sasl,
     scram_admin,
     topics_admin,
@@ -76,5 +78,7 @@ APIS: dict[int, Api] = {
         Api(acls.DESCRIBE_ACLS, 0, 3, acls.describe_acls),
         Api(acls.CREATE_ACLS, 0, 3, acls.create_acls),
         Api(acls.DELETE_ACLS, 0, 3, acls.delete_acls),
+        Api(quotas.DESCRIBE_CLIENT_QUOTAS, 0, 1, quotas.describe_client_quotas),
+        Api(quotas.ALTER_CLIENT_QUOTAS, 0, 1, quotas.alter_client_quotas),
     )
 }

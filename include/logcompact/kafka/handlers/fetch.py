@@ -23,6 +23,10 @@ consumer. Long polling: while fewer than `min_bytes` of records are found, the r
 reading again whenever a newer catalog version is committed (`Broker.commits` polls it for every waiting fetch
 at once), then answers with what there is. Fetch sessions (KIP-227) are not kept: every response has session
 id 0, which clients take as "no session", so each request is a full fetch.
+
+A consumer's byte-rate quota (`Broker.quotas`, consumer_byte_rate) bounds `max_bytes` by what one window takes, and
+counts the records' bytes of each answer (Kafka counts the whole response; the records are nearly all of it); over
+the quota, the answer has no partitions and the throttle time, as Kafka's.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from typing import Any, NamedTuple
 
 from logcompact.catalog import Catalog, Snapshot
 from logcompact.catalog.acls import AclOperation
+from logcompact.catalog.quotas import CONSUMER_BYTE_RATE
 from logcompact.catalog.topics import LogOffsets
 from logcompact.consume import READ_COMMITTED, READ_UNCOMMITTED, AbortedRange, SectionRef, read_sections
 from logcompact.exceptions import TopicNotFoundError
@@ -102,12 +107,15 @@ async def handle(broker: Broker, request: codec.Request) -> Any:
         for topic in body.topics if topic.topic not in denied
     ]
     deadline = time.monotonic() + body.max_wait.total_seconds()
+    max_bytes = int(body.max_bytes)
+    if (in_window := broker.quotas.max_value_in_window(CONSUMER_BYTE_RATE, request.session, request.client_id)) is not None:
+        max_bytes = min(max_bytes, int(in_window))  # Kafka's bound: more would be throttled whatever came before
     while True:
-        version, topics = await asyncio.to_thread(read, broker.catalog, broker.file_cache, int(body.max_bytes), wanted, int(body.isolation_level))
+        version, topics = await asyncio.to_thread(read, broker.catalog, broker.file_cache, max_bytes, wanted, int(body.isolation_level))
         found = sum(len(partition.records) for _, partitions in topics for partition in partitions)
         failed = bool(denied) or any(partition.error != codec.ErrorCode.none for _, partitions in topics for partition in partitions)
         if found >= body.min_bytes or failed or not await broker.commits.wait_past(version, deadline - time.monotonic()):
-            return _response(request.api_version, body, _with_denied(body, topics, denied), codec.ErrorCode.none)
+            return _within_quota(broker, request, _with_denied(body, topics, denied), found)
 
 
 def _with_denied(body: Any, answered: list[tuple[str, list[Answer]]], denied: set[str]) -> list[tuple[str, list[Answer]]]:
@@ -120,6 +128,16 @@ def _with_denied(body: Any, answered: list[tuple[str, list[Answer]]], denied: se
         if topic.topic in denied else next(read_answers)
         for topic in body.topics
     ]
+
+
+def _within_quota(broker: Broker, request: codec.Request, topics: list[tuple[str, list[Answer]]], found: int) -> Any:
+    """The response, its records' bytes recorded against the consumer's byte-rate quota; over it, Kafka's throttled
+    answer: no partitions, the throttle time, the bytes taken back (they are fetched again once it has passed)."""
+    throttle_ms = broker.quotas.record_fetch(request.session, request.client_id, found)
+    if throttle_ms:
+        broker.quotas.unrecord(CONSUMER_BYTE_RATE, request.session, request.client_id, found)
+        return _response(request.api_version, request.body, [], codec.ErrorCode.none, throttle_ms)
+    return _response(request.api_version, request.body, topics, codec.ErrorCode.none)
 
 
 def read(
@@ -291,11 +309,11 @@ def _batches(
     return out.records, out.offset_after(fetch_offset)
 
 
-def _response(version: int, body: Any, topics: list[tuple[str, list[Answer]]], error: codec.ErrorCode) -> Any:
+def _response(version: int, body: Any, topics: list[tuple[str, list[Answer]]], error: codec.ErrorCode, throttle_ms: int = 0) -> Any:
     # Kafka sends aborted transactions (none here) only to read_committed consumers, null to the others.
     aborted: list | None = [] if body.isolation_level == READ_COMMITTED else None
     return codec.build(codec.response_class(API_KEY, version), {
-        "throttle_time": 0,
+        "throttle_time": throttle_ms,
         "error_code": error,
         "session_id": NO_SESSION,
         "responses": [

@@ -9,11 +9,13 @@ offset, and nothing is written again. A transactional batch whose transaction en
 producer's, a late retry) is refused alone with its transaction's error, its records aborted; a retry of it gets
 that error again. acks=1 and acks=-1 (all) are answered once the L0 file holding the batch is committed to
 the catalog; acks=0 gets no response, and a refused batch closes the connection (Kafka's way of telling a
-client that reads no responses).
+client that reads no responses). A producer over its byte-rate quota (producer_byte_rate) is answered with the
+throttle time, and at acks=0 gets no answer while its connection is muted all the same, as Kafka does.
 """
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future
 from typing import Any
 
@@ -27,6 +29,7 @@ from logcompact.exceptions import InvalidRecordError
 from logcompact.kafka import codec, records
 from logcompact.kafka.broker import Broker
 from logcompact.kafka.producer_state import ProducerStateError
+from logcompact.kafka.quota_manager import Muted, remaining_ms
 from logcompact.kafka.transaction_coordinator import error_code
 
 API_KEY = 0
@@ -49,18 +52,26 @@ class AcksZeroRefusedError(Exception):
 async def handle(broker: Broker, request: codec.Request) -> Any:
     body = request.body
     refusal = _unauthorized(broker, request)
+    # The request's bytes recorded against the producer's byte-rate quota as it arrives, not once answered as Kafka
+    # does: an answer here waits for a flush, which Kafka's does not, and the client would be paced a flush slower
+    # than its quota each time. The answer carries what is left of the throttle time, and the connection is read
+    # again only once all of it has passed (server.py), as KIP-219's muted channel.
+    throttle_ms = broker.quotas.record_produce(request.session, request.client_id, request.size)
+    recorded = time.monotonic()
     # Submitted before the first await: the ingest thread takes requests in the order they were read.
     accepted = await broker.ingest.results.wrap(broker.ingest.thread.submit(_accept, broker, request.api_version, body, refusal))
     if body.acks == 0:
         refused = [f"{name}[{index}]: {outcome['error_code'].name}" for name, partitions in accepted for index, outcome in partitions if isinstance(outcome, dict)]
         if refused:
             raise AcksZeroRefusedError(f"acks=0 produce refused, connection closed as Kafka does: {', '.join(refused)}")
-        return None
+        # Kafka's byte-rate throttle holds for acks=0 too: no answer, the connection muted for the throttle time.
+        left_ms = remaining_ms(throttle_ms, recorded)
+        return Muted(left_ms) if left_ms else None
     responses = [
         {"name": name, "partition_responses": [await _answer(broker, index, outcome) for index, outcome in partitions]}
         for name, partitions in accepted
     ]
-    return codec.build(codec.response_class(API_KEY, request.api_version), {"responses": responses, "throttle_time": 0})
+    return codec.build(codec.response_class(API_KEY, request.api_version), {"responses": responses, "throttle_time": remaining_ms(throttle_ms, recorded)})
 
 
 def _unauthorized(broker: Broker, request: codec.Request) -> dict[str, Any] | set[str]:
