@@ -1,5 +1,8 @@
 package logcompact.clients;
 
+import java.io.FileReader;
+import java.io.IOException;
+import java.io.Reader;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.HashMap;
@@ -34,7 +37,8 @@ import org.apache.kafka.common.serialization.StringSerializer;
  */
 public final class ProduceConsume {
     private static final String USAGE = "usage: ProduceConsume --bootstrap-server HOST:PORT --topic TOPIC "
-            + "--num-records N [--num-keys K (default N)] [--key-prefix P (default key)] [--timeout-ms MS (default 30000)]";
+            + "--num-records N [--num-keys K (default N)] [--key-prefix P (default key)] [--timeout-ms MS (default 30000)] "
+            + "[--command-config FILE (client properties, e.g. security.protocol, for the producer and the consumer)]";
 
     public static void main(String[] args) {
         Map<String, String> options;
@@ -57,13 +61,25 @@ public final class ProduceConsume {
         }
     }
 
+    /** The --command-config file's properties (as Kafka's tools read theirs), or none. */
+    private static Properties commandConfig(Map<String, String> options) throws IOException {
+        Properties properties = new Properties();
+        String path = options.get("--command-config");
+        if (path != null) {
+            try (Reader reader = new FileReader(path)) {
+                properties.load(reader);
+            }
+        }
+        return properties;
+    }
+
     private static Map<String, String> parse(String[] args) {
         Map<String, String> options = new HashMap<>();
         options.put("--key-prefix", "key");
         options.put("--timeout-ms", "30000");
         for (int i = 0; i < args.length; i += 2) {
             String name = args[i];
-            if (!List.of("--bootstrap-server", "--topic", "--num-records", "--num-keys", "--key-prefix", "--timeout-ms").contains(name)) {
+            if (!List.of("--bootstrap-server", "--topic", "--num-records", "--num-keys", "--key-prefix", "--timeout-ms", "--command-config").contains(name)) {
                 throw new IllegalArgumentException("unknown option " + name);
             }
             if (i + 1 >= args.length) {
@@ -98,7 +114,7 @@ public final class ProduceConsume {
         long timeoutMs = Long.parseLong(options.get("--timeout-ms"));
 
         long deadline = System.nanoTime() + timeoutMs * 1_000_000L;
-        Properties producerConfig = new Properties();
+        Properties producerConfig = commandConfig(options);
         producerConfig.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
         producerConfig.put(ProducerConfig.MAX_BLOCK_MS_CONFIG, timeoutMs);  // a send waits that long for the topic's metadata
         KafkaProducer<String, String> producer = new KafkaProducer<>(producerConfig, new StringSerializer(), new StringSerializer());
@@ -120,7 +136,7 @@ public final class ProduceConsume {
             producer.close(Duration.ofNanos(remaining(deadline)));
         }
 
-        Properties consumerConfig = new Properties();
+        Properties consumerConfig = commandConfig(options);
         consumerConfig.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
         consumerConfig.put(ConsumerConfig.ENABLE_AUTO_COMMIT_CONFIG, false);
         try (KafkaConsumer<String, String> consumer = new KafkaConsumer<>(consumerConfig, new StringDeserializer(), new StringDeserializer())) {
