@@ -5,6 +5,7 @@ side by side with librdkafka's built-in mock cluster (`test.mock.num.brokers: 1`
     .venv/bin/python bench/agent.py --quick          # fewer records, 1 repetition
     .venv/bin/python bench/agent.py --records 200000 --repeat 5
     .venv/bin/python bench/agent.py --measures txn   # the transactions' targets (about 15 minutes)
+    .venv/bin/python bench/agent.py --measures security   # over SASL_SSL against PLAINTEXT (bench/agent_security.py)
 
 The agent runs as `logcompact agent` in its own process on 127.0.0.1 (a free port, --flush-ms 250), over a SQLite
 catalog and a local store in a temporary directory. Measures (and targets):
@@ -53,6 +54,7 @@ shared, and the figures move with its load.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import math
 import os
@@ -67,9 +69,10 @@ import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import agent_security
 import psutil
 import pyarrow.compute as pc
 from catalog import WIDE_PARTITIONS, WIDE_TOPICS
@@ -110,6 +113,7 @@ class Cluster:
     name: str
     bootstrap: str
     catalog: Catalog | None = None
+    client: dict[str, str] = field(default_factory=dict)  # librdkafka's settings to reach it (its security protocol)
 
     def create_topic(self, name: str, cleanup_policy: str, partitions: int = PARTITIONS) -> None:
         if self.catalog is not None:
@@ -161,7 +165,7 @@ def mock_cluster() -> Iterator[Cluster]:
 def produce(cluster: Cluster, topic: str, count: int, value_bytes: int, compression: str, keys: int) -> float:
     """Seconds to produce `count` records with acks=all until every delivery report is in."""
     values = [os.urandom(value_bytes // 2).hex().encode()[:value_bytes] if compression != "none" else os.urandom(value_bytes) for _ in range(256)]
-    producer = Producer({"bootstrap.servers": cluster.bootstrap, "compression.type": compression, **PRODUCER})
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "compression.type": compression, **PRODUCER, **cluster.client})
     failed: list[KafkaError] = []
 
     def report(error: KafkaError | None, _message: object) -> None:
@@ -208,7 +212,7 @@ def ack_latencies(cluster: Cluster, topic: str, seconds: float) -> list[float]:
 def kcat_consume(cluster: Cluster, topic: str, settings: dict[str, str] | None = None) -> tuple[float, int, int]:
     """(seconds from the first record to the end of every partition, records, bytes of keys and values) of kcat reading
     every partition from the beginning, each record's key and value sizes written to a pipe; `settings` beside KCAT's."""
-    options = [part for name, value in {**KCAT, **(settings or {})}.items() for part in ("-X", f"{name}={value}")]
+    options = [part for name, value in {**KCAT, **cluster.client, **(settings or {})}.items() for part in ("-X", f"{name}={value}")]
     command = ["kcat", "-C", "-q", "-e", "-b", cluster.bootstrap, "-t", topic, "-o", "beginning", "-f", "%K %S\n", *options]
     with tempfile.TemporaryFile() as errors:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors)
@@ -726,6 +730,88 @@ def group_join_to_first_record(cluster: Cluster, topic: str, members: int = 3) -
     return elapsed if not waiting else float("nan")
 
 
+def security_measures(directory: Path, records: int, repeat: int) -> None:
+    """The targets of `--measures security` (bench/agent_security.py says what each is), printed with their verdicts."""
+    small, large = records, max(1, records // 5)
+    figures: dict[str, list[float]] = defaultdict(list)
+    with agent_security.security_cluster(directory) as (store, certificates, stack):
+        listeners, process = stack.enter_context(agent_security.security_agent(directory, store, certificates, "--flush-ms", str(FLUSH_MS)))
+        catalog = Catalog(open_store(store))
+        plain = Cluster("PLAINTEXT", listeners["PLAINTEXT"], catalog)
+        secure = Cluster("SASL_SSL", listeners["SASL_SSL"], catalog, agent_security.client_settings(certificates.ca))
+        for repetition in range(repeat):
+            for cluster in (plain, secure):
+                topic = f"small-{cluster.name}-{repetition}"
+                cluster.create_topic(topic, "delete")
+                figures[f"produce_small {cluster.name}"].append(small / produce(cluster, topic, small, 100, "lz4", keys=small))
+                topic = f"large-{cluster.name}-{repetition}"
+                cluster.create_topic(topic, "delete")
+                figures[f"produce_large {cluster.name}"].append(large * 1024 / produce(cluster, topic, large, 1024, "none", keys=large) / 1e6)
+            topic = f"compacted-{repetition}"
+            plain.create_topic(topic, "compact")
+            produce(plain, topic, large, 1024, "lz4", keys=large // 2)
+            survivors = compact(catalog, topic)
+            for cluster in (plain, secure):
+                elapsed, read_records, read = kcat_consume(cluster, topic)
+                if read_records != survivors:
+                    raise SystemExit(f"kcat read {read_records} records over {cluster.name}, expected {survivors}")
+                figures[f"fetch {cluster.name}"].append(read / elapsed / 1e6)
+            print(f"repetition {repetition + 1} of {repeat} done; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+
+        clients_seconds, before, with_clients = asyncio.run(
+            agent_security.many_authenticating(listeners["SASL_SSL"], certificates.ca, agent_security.CLIENTS, process))
+        early_answers = asyncio.run(agent_security.answered_before_authentication(listeners["SASL_SSL"], certificates.ca))
+
+        fast, _ = stack.enter_context(agent_security.security_agent(directory, store, certificates, "--flush-ms", "5"))
+        Cluster("fast", fast["PLAINTEXT"], catalog).create_topic("first-produce", "delete", partitions=1)
+        settings = {"PLAINTEXT": {}, "SASL_SSL": agent_security.client_settings(certificates.ca)}
+        connect: dict[str, list[float]] = defaultdict(list)
+        for _ in range(agent_security.CONNECTIONS):
+            for name, ca in (("PLAINTEXT", None), ("SASL_SSL", certificates.ca)):
+                connect[name].append(asyncio.run(agent_security.first_produce_answered_raw(fast[name], "first-produce", ca)))
+                connect[f"librdkafka {name}"].append(agent_security.first_produce_answered(fast[name], "first-produce", settings[name]))
+
+        acl_agent, acl_process = stack.enter_context(agent_security.security_agent(
+            directory, store, certificates, "--flush-ms", str(FLUSH_MS), "--authorizer", "acl", "--super-users", f"User:{agent_security.ADMIN}"))
+        subprocess.run([sys.executable, "-m", "logcompact", "--store", store, "acl", "add", "--allow-principal", "User:ANONYMOUS",
+                        "--operation", "Write", "--operation", "Describe", "--topic", "acl-", "--resource-pattern-type", "prefixed"],
+                       check=True, capture_output=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        time.sleep(6)  # past the authorizer's refresh (5 s)
+        with_acls = Cluster("with ACLs", acl_agent["PLAINTEXT"], catalog)
+        cpu: dict[str, list[float]] = defaultdict(list)
+        for repetition in range(repeat):
+            for cluster, measured in ((plain, process), (with_acls, acl_process)):
+                topic = f"acl-{cluster.name.replace(' ', '-')}-{repetition}"
+                cluster.create_topic(topic, "delete")
+                produce(cluster, topic, small // 10, 100, "lz4", keys=small)  # a warm-up, not measured: a new agent's first batches cost more
+                seconds = agent_security.produce_cpu_seconds(measured, lambda c=cluster, t=topic: produce(c, t, small, 100, "lz4", keys=small))
+                cpu[cluster.name].append(seconds / small * 1e6)
+
+    of = {name: median(values) for name, values in figures.items()}
+    print(f"\nmedians of {repeat}; one agent, PLAINTEXT and SASL_SSL (TLS, {agent_security.MECHANISM}) listeners; machine: {machine()}")
+    print(f"{'measure':<52} {'PLAINTEXT':>11} {'SASL_SSL':>11}  {'ratio':>6}  {'unit':<10} target")
+    for key, label, unit, bound in (("produce_small", f"produce {small:,} x 100 B, lz4, acks=all", "records/s", 0.7),
+                                     ("produce_large", f"produce {large:,} x 1 KiB, acks=all", "MB/s", 0.6),
+                                     ("fetch", "fetch, compacted, from files, 1 KiB, kcat", "MB/s", 0.6)):
+        ratio = of[f"{key} SASL_SSL"] / of[f"{key} PLAINTEXT"]
+        print(f"{label:<52} {of[f'{key} PLAINTEXT']:>11,.1f} {of[f'{key} SASL_SSL']:>11,.1f}  {ratio:6.2f}  {unit:<10} "
+              f"{verdict(ratio, bound, at_least=True)}")
+    print(percentile_line("new connection to first Produce answered, SASL_SSL", connect["SASL_SSL"], [(0.5, 50), (0.99, 150)]))
+    print(percentile_line("  the same over PLAINTEXT", connect["PLAINTEXT"], [(0.5, math.nan), (0.99, math.nan)]))
+    print(percentile_line("  librdkafka, producer created to first delivery, SASL_SSL", connect["librdkafka SASL_SSL"], [(0.5, math.nan), (0.99, math.nan)]))
+    print(percentile_line("  librdkafka, the same over PLAINTEXT", connect["librdkafka PLAINTEXT"], [(0.5, math.nan), (0.99, math.nan)]))
+    print(f"  (a second agent flushing every 5 ms, {agent_security.CONNECTIONS} connections each, alternating)")
+    print(f"{agent_security.CLIENTS} clients authenticating at once (TLS, {agent_security.MECHANISM}, then a Metadata): "
+          f"{clients_seconds:.2f} s ({verdict(clients_seconds, 10, at_least=False)}); agent resident memory "
+          f"{before / 2**20:,.0f} MiB before, {with_clients / 2**20:,.0f} MiB with them")
+    without, with_acl = median(cpu["PLAINTEXT"]), median(cpu["with ACLs"])
+    share = (with_acl - without) / without
+    print(f"agent CPU per million records produced (100 B, lz4): {without:.2f} s without an authorizer, {with_acl:.2f} s with ACLs "
+          f"({share:+.1%}; {verdict(share, 0.03, at_least=False)})")
+    print(f"requests answered before authentication other than ApiVersions, SaslHandshake, SaslAuthenticate: {early_answers} "
+          f"({verdict(early_answers, 0, at_least=False)})")
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values)
 
@@ -751,7 +837,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="repetitions of each measure; medians are printed")
     parser.add_argument("--latency-seconds", type=float, default=10.0)
     parser.add_argument("--quick", action="store_true", help="200,000 records, one repetition, 5 s of latency")
-    parser.add_argument("--measures", default="produce,latency,fetch,group,clients", help="which to run, comma-separated (txn: the transactions' targets)")
+    parser.add_argument("--measures", default="produce,latency,fetch,group,clients", help="which to run, comma-separated (txn: the transactions' targets; security: TLS, SASL and ACLs')")
     parser.add_argument("--clients", type=int, default=100, help="producers and consumers at once in the clients measure")
     parser.add_argument("--clients-seconds", type=float, default=30.0)
     parser.add_argument("--clients-rate", type=int, default=1000, help="records a second of each producer in the clients measure")
@@ -768,7 +854,7 @@ def main() -> None:
 
     print(f"machine: {machine()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="logcompact-bench-agent-") as directory, agent_process(Path(directory)) as (agent, process), mock_cluster() as mock:
-        for repetition in range(args.repeat if measures - {"txn", "clients"} else 0):
+        for repetition in range(args.repeat if measures - {"txn", "clients", "security"} else 0):
             for cluster in (agent, mock) if "produce" in measures else ():
                 topic = f"small-{repetition}"
                 cluster.create_topic(topic, "delete")
@@ -825,8 +911,11 @@ def main() -> None:
         if "txn" in measures:
             txn_measures(agent, Path(directory), args.quick, args.repeat)
             rss["after transactions"] = process.memory_info().rss
-    if not measures - {"txn"}:
-        print(f"agent resident memory after the transactions: {rss['after transactions'] / 2**20:,.0f} MiB")
+        if "security" in measures:
+            security_measures(Path(directory), small, args.repeat)
+    if not measures - {"txn", "security"}:
+        if "txn" in measures:
+            print(f"agent resident memory after the transactions: {rss['after transactions'] / 2**20:,.0f} MiB")
         return
 
     agent_of = {name: median(values) for name, values in figures["agent"].items()}
