@@ -216,13 +216,6 @@ agent_dir="$AIRFLOW_HOME/agent"
 agent_log="$AIRFLOW_HOME/agent.log"
 : >"$agent_log"
 step "$repo/docker/bin/logcompact-agent-certs" "$agent_dir" localhost 127.0.0.1 >/dev/null
-if [[ ! -f $agent_dir/client.properties ]]; then
-  password=$("$bin/python" -c 'import secrets; print(secrets.token_urlsafe(24))')
-  "$bin/logcompact" --store "file://$store" user add logcompact --mechanism SCRAM-SHA-512 --password-stdin <<<"$password" >/dev/null
-  (umask 077; printf '%s\n' "bootstrap.servers=$agent_sasl_listen" security.protocol=SASL_SSL sasl.mechanism=SCRAM-SHA-512 \
-    sasl.username=logcompact "sasl.password=$password" "ssl.ca.location=$agent_dir/ca.pem" >"$agent_dir/client.properties")
-  unset password
-fi
 start_component agent "$bin/logcompact" --store "file://$store" agent --listen "$agent_listen" --listen "SASL_SSL://$agent_sasl_listen" \
   --ssl-certfile "$agent_dir/agent.pem" --ssl-keyfile "$agent_dir/agent.key" --sasl-mechanisms SCRAM-SHA-512
 until grep -q '"listening"' "$agent_log" 2>/dev/null; do
@@ -232,6 +225,14 @@ until grep -q '"listening"' "$agent_log" 2>/dev/null; do
   fi
   step sleep 0.2
 done
+# The user once the agent is up: on an empty store the agent creates the cluster the credential is kept in.
+if [[ ! -f $agent_dir/client.properties ]]; then
+  password=$("$bin/python" -c 'import secrets; print(secrets.token_urlsafe(24))')
+  "$bin/logcompact" --store "file://$store" user add logcompact --mechanism SCRAM-SHA-512 --password-stdin <<<"$password" >/dev/null
+  (umask 077; printf '%s\n' "bootstrap.servers=$agent_sasl_listen" security.protocol=SASL_SSL sasl.mechanism=SCRAM-SHA-512 \
+    sasl.username=logcompact "sasl.password=$password" "ssl.ca.location=$agent_dir/ca.pem" >"$agent_dir/client.properties")
+  unset password
+fi
 echo "Kafka agent: bootstrap.servers=$agent_listen (log: $agent_log), e.g. kcat -b $agent_listen -L"
 echo "  and SASL_SSL on $agent_sasl_listen, the settings in $agent_dir/client.properties, e.g. kcat -F $agent_dir/client.properties -L"
 
