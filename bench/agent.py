@@ -71,6 +71,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import agent_security
 import psutil
@@ -113,7 +114,7 @@ class Cluster:
     name: str
     bootstrap: str
     catalog: Catalog | None = None
-    client: dict[str, str] = field(default_factory=dict)  # librdkafka's settings to reach it (its security protocol)
+    client: dict[str, Any] = field(default_factory=dict)  # librdkafka's settings to reach it (its security protocol), or to watch it
 
     def create_topic(self, name: str, cleanup_policy: str, partitions: int = PARTITIONS) -> None:
         if self.catalog is not None:
@@ -762,8 +763,10 @@ def security_measures(directory: Path, records: int, repeat: int) -> None:
             agent_security.many_authenticating(listeners["SASL_SSL"], certificates.ca, agent_security.CLIENTS, process))
         early_answers = asyncio.run(agent_security.answered_before_authentication(listeners["SASL_SSL"], certificates.ca))
 
-        fast, _ = stack.enter_context(agent_security.security_agent(directory, store, certificates, "--flush-ms", "5"))
-        Cluster("fast", fast["PLAINTEXT"], catalog).create_topic("first-produce", "delete", partitions=1)
+        # Each of the agents below alone in a cluster of its own: clients send it every request, none to another agent.
+        fast_store = agent_security.cluster_store(directory, "fast-store")
+        fast, _ = stack.enter_context(agent_security.security_agent(directory, fast_store, certificates, "--flush-ms", "5"))
+        Cluster("fast", fast["PLAINTEXT"], Catalog(open_store(fast_store))).create_topic("first-produce", "delete", partitions=1)
         settings = {"PLAINTEXT": {}, "SASL_SSL": agent_security.client_settings(certificates.ca)}
         connect: dict[str, list[float]] = defaultdict(list)
         for _ in range(agent_security.CONNECTIONS):
@@ -771,21 +774,32 @@ def security_measures(directory: Path, records: int, repeat: int) -> None:
                 connect[name].append(asyncio.run(agent_security.first_produce_answered_raw(fast[name], "first-produce", ca)))
                 connect[f"librdkafka {name}"].append(agent_security.first_produce_answered(fast[name], "first-produce", settings[name]))
 
-        acl_agent, acl_process = stack.enter_context(agent_security.security_agent(
-            directory, store, certificates, "--flush-ms", str(FLUSH_MS), "--authorizer", "acl", "--super-users", f"User:{agent_security.ADMIN}"))
-        subprocess.run([sys.executable, "-m", "logcompact", "--store", store, "acl", "add", "--allow-principal", "User:ANONYMOUS",
+        unguarded_store, acl_store = agent_security.cluster_store(directory, "open-store"), agent_security.cluster_store(directory, "acl-store")
+        subprocess.run([sys.executable, "-m", "logcompact", "--store", acl_store, "acl", "add", "--allow-principal", "User:ANONYMOUS",
                         "--operation", "Write", "--operation", "Describe", "--topic", "acl-", "--resource-pattern-type", "prefixed"],
                        check=True, capture_output=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
-        time.sleep(6)  # past the authorizer's refresh (5 s)
-        with_acls = Cluster("with ACLs", acl_agent["PLAINTEXT"], catalog)
+        open_agent, open_process = stack.enter_context(agent_security.security_agent(directory, unguarded_store, certificates, "--flush-ms", str(FLUSH_MS)))
+        acl_agent, acl_process = stack.enter_context(agent_security.security_agent(
+            directory, acl_store, certificates, "--flush-ms", str(FLUSH_MS), "--authorizer", "acl", "--super-users", f"User:{agent_security.ADMIN}"))
+        without_acls = Cluster("without ACLs", open_agent["PLAINTEXT"], Catalog(open_store(unguarded_store)))
+        produce_requests: list[int] = []  # the Produce requests librdkafka has sent, as of its latest statistics
+
+        def count_requests(statistics: str) -> None:
+            produce_requests.append(sum(broker["req"].get("Produce", 0) for broker in json.loads(statistics)["brokers"].values()))
+
+        with_acls = Cluster("with ACLs", acl_agent["PLAINTEXT"], Catalog(open_store(acl_store)),
+                            {"statistics.interval.ms": 100, "stats_cb": count_requests})
         cpu: dict[str, list[float]] = defaultdict(list)
         for repetition in range(repeat):
-            for cluster, measured in ((plain, process), (with_acls, acl_process)):
+            for cluster, measured in ((without_acls, open_process), (with_acls, acl_process)):
                 topic = f"acl-{cluster.name.replace(' ', '-')}-{repetition}"
                 cluster.create_topic(topic, "delete")
                 produce(cluster, topic, small // 10, 100, "lz4", keys=small)  # a warm-up, not measured: a new agent's first batches cost more
                 seconds = agent_security.produce_cpu_seconds(measured, lambda c=cluster, t=topic: produce(c, t, small, 100, "lz4", keys=small))
                 cpu[cluster.name].append(seconds / small * 1e6)
+                if cluster is with_acls:
+                    cpu["requests"].append(produce_requests[-1] / small * 1e6)  # per million records, about (statistics every 100 ms)
+                    produce_requests.clear()
 
     of = {name: median(values) for name, values in figures.items()}
     print(f"\nmedians of {repeat}; one agent, PLAINTEXT and SASL_SSL (TLS, {agent_security.MECHANISM}) listeners; machine: {machine()}")
@@ -800,14 +814,18 @@ def security_measures(directory: Path, records: int, repeat: int) -> None:
     print(percentile_line("  the same over PLAINTEXT", connect["PLAINTEXT"], [(0.5, math.nan), (0.99, math.nan)]))
     print(percentile_line("  librdkafka, producer created to first delivery, SASL_SSL", connect["librdkafka SASL_SSL"], [(0.5, math.nan), (0.99, math.nan)]))
     print(percentile_line("  librdkafka, the same over PLAINTEXT", connect["librdkafka PLAINTEXT"], [(0.5, math.nan), (0.99, math.nan)]))
-    print(f"  (a second agent flushing every 5 ms, {agent_security.CONNECTIONS} connections each, alternating)")
+    print(f"  (an agent of its own cluster flushing every 5 ms, {agent_security.CONNECTIONS} connections each, alternating)")
     print(f"{agent_security.CLIENTS} clients authenticating at once (TLS, {agent_security.MECHANISM}, then a Metadata): "
           f"{clients_seconds:.2f} s ({verdict(clients_seconds, 10, at_least=False)}); agent resident memory "
           f"{before / 2**20:,.0f} MiB before, {with_clients / 2**20:,.0f} MiB with them")
-    without, with_acl = median(cpu["PLAINTEXT"]), median(cpu["with ACLs"])
+    without, with_acl = median(cpu["without ACLs"]), median(cpu["with ACLs"])
     share = (with_acl - without) / without
-    print(f"agent CPU per million records produced (100 B, lz4): {without:.2f} s without an authorizer, {with_acl:.2f} s with ACLs "
-          f"({share:+.1%}; {verdict(share, 0.03, at_least=False)})")
+    print(f"agent CPU per million records produced (100 B, lz4, PLAINTEXT): {without:.2f} s without an authorizer, {with_acl:.2f} s with "
+          f"ACLs ({share:+.1%}; {verdict(share, 0.03, at_least=False)}); two new agents, each alone in its cluster, alternating")
+    check_s, requests = agent_security.acl_check_seconds(), median(cpu["requests"])
+    print(f"  the check itself: {check_s * 1e6:.2f} us a Produce request (its memo, among 1,000 bindings, in this process), "
+          f"{requests:,.0f} Produce requests a million records: {check_s * requests:.4f} s, "
+          f"{check_s * requests / with_acl:.2%} of the agent's CPU with ACLs ({verdict(check_s * requests / with_acl, 0.03, at_least=False)})")
     print(f"requests answered before authentication other than ApiVersions, SaslHandshake, SaslAuthenticate: {early_answers} "
           f"({verdict(early_answers, 0, at_least=False)})")
 

@@ -7,12 +7,13 @@ on the same machine. Each figure is printed with its target and whether it is me
 * a new connection, TLS and SCRAM-SHA-512, from connecting to its first Produce answered (p50, p99; acks=1, one
   record, a client of raw frames doing what librdkafka does: ApiVersions, SaslHandshake, two SaslAuthenticate, Produce),
   beside the same over PLAINTEXT, and librdkafka's own (a producer created to its first delivery report, which adds
-  the client's metadata round and timers): measured on a second agent flushing every 5 ms, since an ack waits for its
-  L0 file's commit and the main agent's 250 ms flush would be most of it;
+  the client's metadata round and timers): measured on an agent flushing every 5 ms, alone in a cluster of its own,
+  since an ack waits for its L0 file's commit and the main agent's 250 ms flush would be most of it;
 * 500 clients authenticating at once (asyncio, TLS and SCRAM-SHA-512 each, then one Metadata answered): seconds until
   all are in, and the agent's resident memory before and with them;
 * the ACL check on the Produce path: the agent's CPU seconds per million records produced over PLAINTEXT with
-  `--authorizer acl` (an ACL allowing the producer) against the same agent without, alternating;
+  `--authorizer acl` (an ACL allowing the producer) against an agent without, both new, each alone in a cluster of its
+  own (so every request reaches the agent measured), alternating after a warm-up;
 * requests other than ApiVersions, SaslHandshake and SaslAuthenticate answered before authentication (pipelined
   Metadata and Produce frames sent behind an ApiVersions on a raw connection): 0.
 """
@@ -38,6 +39,9 @@ from confluent_kafka import Producer
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from logcompact.catalog import Catalog
+from logcompact.catalog.acls import AclBinding, AclOperation, AclPermissionType, PatternType, ResourceType
+from logcompact.kafka.authorizer import AclAuthorizer, AuthorizerSettings
+from logcompact.kafka.session import Session
 from logcompact.store import open_store
 
 USER, PASSWORD, ADMIN = "bench", "bench-secret-0", "admin"
@@ -239,6 +243,22 @@ async def answered_before_authentication(address: str, ca: Path) -> int:
     return answers
 
 
+def acl_check_seconds(checks: int = 200_000) -> float:
+    """Seconds of one Produce request's ACL check as the handler makes it (`denied_topics`: WRITE on its topic),
+    answered from the authorizer's memo, among 1,000 other bindings, in this process."""
+    authorizer = AclAuthorizer(None, AuthorizerSettings("acl", (f"User:{ADMIN}",)))
+    others = [AclBinding(ResourceType.TOPIC, f"team-{n}-", PatternType.PREFIXED, f"User:team-{n}", "*", AclOperation.WRITE, AclPermissionType.ALLOW)
+              for n in range(1000)]
+    authorizer.load([*others, AclBinding(ResourceType.TOPIC, "acl-", PatternType.PREFIXED, "User:ANONYMOUS", "*", AclOperation.WRITE,
+                                         AclPermissionType.ALLOW)])
+    session = Session("PLAINTEXT", "127.0.0.1")
+    started = time.perf_counter()
+    for _ in range(checks):
+        if authorizer.denied_topics(session, AclOperation.WRITE, ("acl-topic",)):
+            raise SystemExit("the bench's ACL does not allow its topic")
+    return (time.perf_counter() - started) / checks
+
+
 def produce_cpu_seconds(process: psutil.Process, produce: object) -> float:
     """The agent's CPU seconds (user and system) while `produce()` runs."""
     before = process.cpu_times()
@@ -247,11 +267,18 @@ def produce_cpu_seconds(process: psutil.Process, produce: object) -> float:
     return (after.user - before.user) + (after.system - before.system)
 
 
-@contextmanager
-def security_cluster(directory: Path) -> Iterator[tuple[str, Certificates, ExitStack]]:
-    store = f"file://{directory / 'security-store'}"
+def cluster_store(directory: Path, name: str) -> str:
+    """A new cluster's store (and catalog) in `directory`, with the bench's user: an agent alone in it is every
+    partition's leader, so clients send it all their requests."""
+    store = f"file://{directory / name}"
     Catalog(open_store(store)).ensure_created(int(time.time() * 1000))
     add_user(store, USER, PASSWORD)
+    return store
+
+
+@contextmanager
+def security_cluster(directory: Path) -> Iterator[tuple[str, Certificates, ExitStack]]:
+    store = cluster_store(directory, "security-store")
     certificates_dir = directory / "certificates"
     certificates_dir.mkdir(exist_ok=True)
     with ExitStack() as stack:
