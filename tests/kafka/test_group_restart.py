@@ -558,12 +558,15 @@ def test_a_confluent_consumer_whose_row_is_held_is_answered_within_the_commit_ti
                              "session.timeout.ms": 30_000, **QUICK_RECONNECT})
         consumer.subscribe([TOPIC])
         delivered: list[tuple[int, int]] = []
+        def coordinator_warnings() -> list[str]:  # the coordinator's only: a loaded machine may make others
+            return [r.getMessage() for r in caplog.records if r.name == "logcompact.kafka.group_coordinator"]
+
         with caplog.at_level(logging.WARNING, logger="logcompact.kafka.group_coordinator"):
             deadline = time.monotonic() + 20
-            while not caplog.records and time.monotonic() < deadline:  # the first SyncGroup answered, the row still held
+            while not coordinator_warnings() and time.monotonic() < deadline:  # the first SyncGroup answered, the row still held
                 message = consumer.poll(0.2)
                 assert message is None or message.error() is not None
-        assert [r.getMessage().split(" was not written")[0] for r in caplog.records][:1] == ["group held: the row with the assignments of generation 1"]
+        assert [m.split(" was not written")[0] for m in coordinator_warnings()][:1] == ["group held: the row with the assignments of generation 1"]
         holder.close()
         holder = None
         deadline = time.monotonic() + 60
