@@ -55,7 +55,7 @@ from logcompact.catalog import (
 from logcompact.catalog import schema as s
 from logcompact.catalog.acls import AclBinding, AclFilter
 from logcompact.catalog.database import WRITE, bound_wal, catalog_errors, catalog_url_for, engine_for, first_line, redact_url, sqlite_path, unavailable_error
-from logcompact.catalog.groups import CommittedOffset, GroupListed, GroupRow
+from logcompact.catalog.groups import CommittedOffset, Deletion, GroupListed, GroupRow
 from logcompact.catalog.identity import CHECK_THEN_ACCEPT, MARKER_KEY, RECORD_APPEND_EVERY_MS, ClusterMarker, create_marker, read_marker, record_version
 from logcompact.catalog.model import (
     AgentEndpoint,
@@ -566,6 +566,31 @@ class Catalog:
         """Every group, without its members (which hold their metadata and assignments)."""
         with self._reading() as connection:
             return groups.listed(connection)
+
+    def group_ids(self) -> list[str]:
+        """Every group with a row or committed offsets, in order."""
+        with self._reading() as connection:
+            return groups.group_ids(connection)
+
+    def delete_group(self, group_id: str) -> Deletion:
+        """Delete an Empty group's offsets and row (Kafka's DeleteGroups, `groups.delete_group`)."""
+        with self._writing() as connection:
+            return groups.delete_group(connection, group_id)
+
+    def delete_offsets(self, group_id: str, partitions: Collection[tuple[str, int]]) -> bool:
+        """Delete a group's offsets of these partitions (Kafka's OffsetDelete); False for a group that does not exist."""
+        with self._writing() as connection:
+            return groups.delete_offsets(connection, group_id, partitions)
+
+    def reset_offsets(self, group_id: str, offsets: Mapping[tuple[str, int], CommittedOffset], now_ms: int) -> str | None:
+        """Store the offsets of a group without members (`groups.reset_offsets`); else the state that refused them."""
+        with self._writing() as connection:
+            return groups.reset_offsets(connection, group_id, offsets, now_ms)
+
+    def expire_offsets(self, group_id: str, cutoff_ms: int, subscribed: Callable[[GroupRow], Collection[str] | None]) -> int:
+        """Delete the group's offsets past offsets.retention.minutes, and the group once none is left (`groups.expire_offsets`)."""
+        with self._writing() as connection:
+            return groups.expire_offsets(connection, group_id, cutoff_ms, subscribed)
 
     # -- appends ---------------------------------------------------------------------------------------
 

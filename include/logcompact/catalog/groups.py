@@ -6,18 +6,24 @@ These rows are not part of the manifest: each write is its own small transaction
 committing offsets never contends with appends and compactions for the version row. Every agent reads them, so
 committed offsets and the list of groups outlive the agent that wrote them. Functions of a Connection, called by
 `Catalog` (`commit_offsets`, `save_group`, ...), whose transactions they run in.
+
+A group is gone (Kafka's Dead) once it has neither row nor offsets: DeleteGroups and `logcompact groups delete`
+delete both of an Empty group (`delete_group`), OffsetDelete some of its offsets (`delete_offsets`), and the
+group's coordinator expires the offsets of a group left Empty past offsets.retention.minutes, then its row
+(`expire_offsets`), as Kafka's coordinator does.
 """
 
 from __future__ import annotations
 
 import base64
+import enum
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, and_, or_, select
+from sqlalchemy import Connection, and_, delete, exists, or_, select
 
 from logcompact.catalog import schema as s
 from logcompact.catalog.database import upsert
@@ -137,6 +143,102 @@ def listed(connection: Connection) -> list[GroupListed]:
     c = s.consumer_groups.c
     rows = connection.execute(select(c.group_id, c.protocol_type, c.state).order_by(c.group_id)).all()
     return [GroupListed(row.group_id, row.protocol_type, row.state) for row in rows]
+
+
+EMPTY, STABLE = "Empty", "Stable"  # Kafka's states of a group: without members, and with its members' assignments
+NO_COORDINATOR = -1  # the coordinator of a row written outside any agent (`reset_offsets`): the next to load it takes it over
+
+
+class Deletion(enum.Enum):
+    """What `delete_group` did."""
+
+    DELETED = "deleted"
+    NOT_FOUND = "not found"  # neither a row nor offsets: Kafka's GROUP_ID_NOT_FOUND
+    NOT_EMPTY = "not empty"  # its row says it has members: Kafka's NON_EMPTY_GROUP
+
+
+def group_ids(connection: Connection) -> list[str]:
+    """Every group with a row or committed offsets, in order."""
+    rows = select(s.consumer_groups.c.group_id).union(select(s.group_offsets.c.group_id).distinct())
+    return sorted(connection.execute(rows).scalars())
+
+
+def _locked_row(connection: Connection, group_id: str) -> GroupRow | None:
+    """The group's row, locked till the transaction ends (PostgreSQL; SQLite's writers hold the database already)."""
+    table = s.consumer_groups
+    row = connection.execute(select(table).where(table.c.group_id == group_id).with_for_update()).first()
+    return None if row is None else _group_of_row(row)
+
+
+def _has_offsets(connection: Connection, group_id: str) -> bool:
+    return bool(connection.execute(select(exists().where(s.group_offsets.c.group_id == group_id))).scalar())
+
+
+def delete_group(connection: Connection, group_id: str) -> Deletion:
+    """Kafka's DeleteGroups of one group: an Empty group (or one with offsets and no row) loses its committed offsets
+    and its row. Offsets pending in an open transaction stay, as in Kafka: the transaction's commit writes them."""
+    row = _locked_row(connection, group_id)
+    if row is not None and row.state != EMPTY:
+        return Deletion.NOT_EMPTY
+    removed = connection.execute(delete(s.group_offsets).where(s.group_offsets.c.group_id == group_id)).rowcount
+    if row is None and not removed:
+        return Deletion.NOT_FOUND
+    connection.execute(delete(s.consumer_groups).where(s.consumer_groups.c.group_id == group_id))
+    return Deletion.DELETED
+
+
+def delete_offsets(connection: Connection, group_id: str, partitions: Collection[tuple[str, int]]) -> bool:
+    """Kafka's OffsetDelete once its coordinator allowed it: the group's offsets of these partitions deleted (those it
+    has). Returns whether the group exists (a row or offsets); nothing is deleted of one that does not."""
+    if _locked_row(connection, group_id) is None and not _has_offsets(connection, group_id):
+        return False
+    c = s.group_offsets.c
+    by_topic: dict[str, list[int]] = {}
+    for topic, partition in partitions:
+        by_topic.setdefault(topic, []).append(partition)
+    for topic, indexes in sorted(by_topic.items()):
+        connection.execute(delete(s.group_offsets).where(c.group_id == group_id, c.topic == topic, c.partition.in_(sorted(set(indexes)))))
+    return True
+
+
+def reset_offsets(connection: Connection, group_id: str, offsets: Mapping[tuple[str, int], CommittedOffset], now_ms: int) -> str | None:
+    """`logcompact groups reset-offsets --execute`: store the offsets of a group that has no members, as Kafka's
+    coordinator takes an admin's commit only for an Empty group (or a new one, whose row is written here, Empty, for
+    ListGroups). Returns None once written, else the state of the group that refused them."""
+    row = _locked_row(connection, group_id)
+    if row is not None and row.state != EMPTY:
+        return row.state
+    if row is None:
+        new = {"group_id": group_id, "coordinator": NO_COORDINATOR, "generation": 0, "protocol_type": "", "protocol": "", "state": EMPTY,
+               "leader": "", "members": "[]", "updated_ms": now_ms}
+        connection.execute(upsert(connection, s.consumer_groups).on_conflict_do_nothing(index_elements=[s.consumer_groups.c.group_id]), new)
+    commit_offsets(connection, group_id, offsets)
+    return None
+
+
+def expire_offsets(connection: Connection, group_id: str, cutoff_ms: int, subscribed: Callable[[GroupRow], Collection[str] | None]) -> int:
+    """Kafka's offsets.retention.minutes for one group, as its coordinator's cleanup (removeExpiredOffsets) decides,
+    with `cutoff_ms` now less the retention. Offsets committed at or before the cutoff are deleted:
+    - all of them, of a group left Empty at or before it;
+    - each by its own commit time, of a group without a protocol type (a consumer assigning its own partitions) or
+      without a row;
+    - of a Stable group, those of the topics its members do not subscribe to (`subscribed` of its row, None when not
+      known: then none).
+    A group left Empty at or before the cutoff with no offsets left is then deleted (Kafka's Dead). Unlike Kafka, an
+    offset committed after the cutoff to a group Empty since before it stays: its own commit time counts too.
+    Returns how many offsets were deleted."""
+    row = _locked_row(connection, group_id)
+    c = s.group_offsets.c
+    expired = and_(c.group_id == group_id, c.commit_ms <= cutoff_ms)
+    empty_long = row is not None and row.state == EMPTY and row.updated_ms <= cutoff_ms
+    removed = 0
+    if row is None or not row.protocol_type or empty_long:
+        removed = connection.execute(delete(s.group_offsets).where(expired)).rowcount
+    elif row.state == STABLE and (topics := subscribed(row)) is not None:
+        removed = connection.execute(delete(s.group_offsets).where(expired, c.topic.not_in(sorted(topics)))).rowcount
+    if empty_long and not _has_offsets(connection, group_id):
+        connection.execute(delete(s.consumer_groups).where(s.consumer_groups.c.group_id == group_id))
+    return int(removed)
 
 
 def _member_json(member: StoredMember) -> dict[str, Any]:

@@ -78,6 +78,11 @@ if TYPE_CHECKING:
 @click.option("--offsets-commit-timeout-ms", type=click.IntRange(min=1), default=5000, show_default=True,
               help="Answer an offset commit, or a SyncGroup whose assignments are being written, COORDINATOR_NOT_AVAILABLE when "
                    "the catalog has not written it within this long (Kafka's offsets.commit.timeout.ms); the client retries.")
+@click.option("--offsets-retention-minutes", type=click.IntRange(min=1), default=10080, show_default=True,
+              help="Delete a consumer group's committed offsets this long after it was left Empty (and after their commit), then "
+                   "the group; a standalone consumer's each this long after its commit (Kafka's offsets.retention.minutes).")
+@click.option("--offsets-retention-check-interval-ms", type=click.IntRange(min=1), default=600_000, show_default=True,
+              help="How often the agent expires the offsets of the groups it coordinates (Kafka's offsets.retention.check.interval.ms).")
 @click.option("--max-connections", type=click.IntRange(min=1), default=1000, show_default=True,
               help="Connections the agent holds (Kafka's max.connections); one more is closed as soon as it is accepted.")
 @click.option("--max-connections-per-ip", type=click.IntRange(min=1), default=500, show_default=True,
@@ -111,7 +116,8 @@ if TYPE_CHECKING:
 def agent(
     ctx: Context, listen: tuple[str, ...], advertise: tuple[str, ...], allow_insecure_listener: bool, sasl_mechanisms: str, node_id: int | None, rack: str | None, flush_ms: int, flush_bytes: int,
     max_message_bytes: int, fetch_cache_bytes: int, auto_create_topics: bool, num_partitions: int, group_max_size: int,
-    group_max_bytes: int, offsets_commit_timeout_ms: int, max_connections: int, max_connections_per_ip: int, connections_max_idle_ms: int,
+    group_max_bytes: int, offsets_commit_timeout_ms: int, offsets_retention_minutes: int, offsets_retention_check_interval_ms: int,
+    max_connections: int, max_connections_per_ip: int, connections_max_idle_ms: int,
     connection_setup_timeout_ms: int, request_read_timeout_ms: int, transaction_max_timeout_ms: int, transactional_id_expiration_ms: int,
     transaction_abort_timed_out_transaction_cleanup_interval_ms: int, transaction_remove_expired_transaction_cleanup_interval_ms: int,
     ssl_certfile: Path | None, ssl_keyfile: Path | None, ssl_cafile: Path | None, ssl_client_auth: str, ssl_handshake_timeout_ms: int,
@@ -136,6 +142,7 @@ def agent(
             fetch_cache_bytes=fetch_cache_bytes,
             auto_create_topics=auto_create_topics, num_partitions=num_partitions,
             group_max_size=group_max_size, group_max_bytes=group_max_bytes, offsets_commit_timeout_ms=offsets_commit_timeout_ms,
+            offsets_retention_ms=offsets_retention_minutes * 60_000, offsets_retention_check_interval_ms=offsets_retention_check_interval_ms,
             max_connections=max_connections, max_connections_per_ip=max_connections_per_ip,
             connections_max_idle_ms=connections_max_idle_ms, connection_setup_timeout_ms=connection_setup_timeout_ms,
             request_read_timeout_ms=request_read_timeout_ms, transaction_max_timeout_ms=transaction_max_timeout_ms,

@@ -44,6 +44,12 @@ a group holds at most `max_size` members and pending ids (Kafka's group.max.size
 their protocols' metadata, assignments and ids, hold at most `GroupMemory.limit` bytes. A JoinGroup past either
 bound gets GROUP_MAX_SIZE_REACHED; a leader's SyncGroup whose assignments would pass the bytes is answered as Kafka
 answers one whose group cannot be stored: UNKNOWN_SERVER_ERROR to every member, no assignment, a new rebalance.
+
+Group hygiene, as Kafka's coordinator: DeleteGroups deletes an Empty group (`delete`: its offsets and row, and what
+memory holds of it), OffsetDelete a group's offsets of the topics its members do not subscribe to (`delete_offsets`),
+and every `offsets_retention_check_interval_ms` the offsets of the groups this agent coordinates expire past
+`offsets_retention_ms` (Kafka's offsets.retention.minutes: `catalog.groups.expire_offsets` says which), a group
+left Empty with none left with them.
 """
 
 from __future__ import annotations
@@ -51,14 +57,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import struct
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from logcompact.catalog import Catalog
-from logcompact.catalog.groups import GroupRow, StoredMember
+from logcompact.catalog.groups import Deletion, GroupRow, StoredMember
 from logcompact.kafka.codec import ErrorCode
 from logcompact.units import wall_clock_ms
 
@@ -86,6 +93,9 @@ OFFSETS_COMMIT_TIMEOUT_MS = 5000
 # A row the catalog did not take (down, or refusing) is written again this long after: the writer waits, so a
 # catalog that is down is tried once a second, not once per change.
 ROW_RETRY_BACKOFF_MS = 1000
+OFFSETS_RETENTION_MS = 7 * 24 * 3600 * 1000  # Kafka's offsets.retention.minutes, 7 days
+OFFSETS_RETENTION_CHECK_INTERVAL_MS = 600_000  # Kafka's offsets.retention.check.interval.ms
+CONSUMER_PROTOCOL_TYPE = "consumer"  # the protocol type of Kafka's consumers, whose metadata names the topics subscribed
 
 
 @dataclass
@@ -238,18 +248,23 @@ class GroupCoordinator:
 
     def __init__(self, catalog: Catalog, node_id: int, initial_rebalance_delay_ms: int = INITIAL_REBALANCE_DELAY_MS,
                  max_size: int = DEFAULT_GROUP_MAX_SIZE, max_bytes: int = DEFAULT_GROUP_MAX_BYTES,
-                 commit_timeout_ms: int = OFFSETS_COMMIT_TIMEOUT_MS) -> None:
+                 commit_timeout_ms: int = OFFSETS_COMMIT_TIMEOUT_MS, offsets_retention_ms: int = OFFSETS_RETENTION_MS,
+                 offsets_retention_check_interval_ms: int = OFFSETS_RETENTION_CHECK_INTERVAL_MS) -> None:
         self.catalog = catalog
         self.node_id = node_id
         self.initial_rebalance_delay_ms = initial_rebalance_delay_ms
         self.max_size = max_size
         self.memory = GroupMemory(max_bytes)
         self.commit_timeout_ms = commit_timeout_ms
+        self.offsets_retention_ms = offsets_retention_ms
+        self.offsets_retention_check_interval_ms = offsets_retention_check_interval_ms
         self._groups: dict[str, Group] = {}
         self._unsaved: dict[str, Unsaved] = {}
         # The row of another coordinator each group was taken over from, which fences its writes until one is written.
         self._fences: dict[str, GroupRow] = {}
         self._writing: str | None = None  # the group whose row the writer is writing
+        self._write_in_flight: asyncio.Future[bool] | None = None  # that write
+        self._expiring: asyncio.Task | None = None
         self._last_full_warning = -FULL_WARNING_INTERVAL_S
         self._last_write_warning = -FULL_WARNING_INTERVAL_S
         self._wake_writer = asyncio.Event()
@@ -328,6 +343,9 @@ class GroupCoordinator:
         """The agent stops: waiting JoinGroups and SyncGroups answer NOT_COORDINATOR (clients look for the
         coordinator again), then the descriptions not yet written are."""
         self._closed = True
+        if self._expiring is not None:
+            self._expiring.cancel()
+            await asyncio.gather(self._expiring, return_exceptions=True)
         for group in list(self._groups.values()):
             self._abandon(group, ErrorCode.not_coordinator)
         if self._writer is not None:
@@ -716,6 +734,69 @@ class GroupCoordinator:
         self._remove(group, member, "left the group")
         return ErrorCode.none
 
+    # -- deleting groups and offsets, offsets' retention ---------------------------------------------------------
+
+    async def delete(self, group_id: str) -> ErrorCode:
+        """Kafka's DeleteGroups of a group this agent coordinates: an Empty group leaves memory, then its offsets and
+        row are deleted; NON_EMPTY_GROUP for one with members (here, or in its row), GROUP_ID_NOT_FOUND for none."""
+        group = await self.group(group_id, create=False)
+        if group is not None and (group.state != EMPTY or group.members):
+            return ErrorCode.non_empty_group
+        self.forget(group_id)  # its pending member ids go with it: their JoinGroups find no group and join anew
+        if self._writing == group_id and self._write_in_flight is not None:  # a row being written would bring it back
+            await asyncio.wait([self._write_in_flight])
+        deleted = await asyncio.to_thread(self.catalog.delete_group, group_id)
+        if deleted is Deletion.DELETED:
+            log.info("group %s: deleted, with its committed offsets (DeleteGroups)", group_id)
+        return {Deletion.DELETED: ErrorCode.none, Deletion.NOT_FOUND: ErrorCode.group_id_not_found, Deletion.NOT_EMPTY: ErrorCode.non_empty_group}[deleted]
+
+    async def delete_offsets(self, group_id: str, partitions: Collection[tuple[str, int]]) -> tuple[ErrorCode, frozenset[str]]:
+        """Kafka's OffsetDelete for a group this agent coordinates: the group's offsets of these partitions deleted,
+        but for the topics its members subscribe to, which keep theirs (their partitions are answered
+        GROUP_SUBSCRIBED_TO_TOPIC). The group's error and those topics: GROUP_ID_NOT_FOUND for a group that does not
+        exist, NON_EMPTY_GROUP for one with members that are not Kafka consumers (whose subscriptions are not known)."""
+        group = await self.group(group_id, create=False)
+        subscribed: frozenset[str] = frozenset()
+        if group is not None and group.state != EMPTY:
+            if group.protocol_type != CONSUMER_PROTOCOL_TYPE:
+                return ErrorCode.non_empty_group, subscribed
+            metadata = (member.metadata(group.protocol) for member in group.members.values())
+            subscribed = subscribed_topics(group.protocol_type, group.protocol, metadata) or subscribed
+        deletable = [(topic, partition) for topic, partition in partitions if topic not in subscribed]
+        found = await asyncio.to_thread(self.catalog.delete_offsets, group_id, deletable)
+        if not found and group is None:
+            return ErrorCode.group_id_not_found, subscribed
+        return ErrorCode.none, subscribed
+
+    def start(self, coordinates: Callable[[str], bool]) -> None:
+        """Expire offsets every offsets_retention_check_interval_ms, of the groups `coordinates` says are this agent's."""
+        self._expiring = asyncio.create_task(self._expire_offsets_every(coordinates))
+
+    async def _expire_offsets_every(self, coordinates: Callable[[str], bool]) -> None:
+        while True:
+            await asyncio.sleep(self.offsets_retention_check_interval_ms / 1000)
+            try:
+                await self.expire_offsets(coordinates)
+            except Exception as exc:  # the catalog down or failing: the next interval tries again
+                log.warning("committed offsets past offsets.retention.minutes not expired: %s; tried again in %d ms",
+                            exc, self.offsets_retention_check_interval_ms)
+
+    async def expire_offsets(self, coordinates: Callable[[str], bool]) -> int:
+        """Delete the offsets past the retention of the groups this agent coordinates, and the groups left Empty with
+        none left (`catalog.groups.expire_offsets`), skipping those this agent holds in a rebalance (their rows lag
+        behind); returns how many offsets were deleted."""
+        cutoff_ms = wall_clock_ms() - self.offsets_retention_ms
+        removed = 0
+        for group_id in await asyncio.to_thread(self.catalog.group_ids):
+            held = self._groups.get(group_id)
+            if not coordinates(group_id) or (held is not None and held.state not in (EMPTY, STABLE)):
+                continue
+            expired = await asyncio.to_thread(self.catalog.expire_offsets, group_id, cutoff_ms, _subscribed_of_row)
+            if expired:
+                log.info("group %s: %d committed offsets expired (offsets.retention.minutes)", group_id, expired)
+            removed += expired
+        return removed
+
     # -- offsets ---------------------------------------------------------------------------------------------
 
     def commit_error(self, group: Group | None, generation: int, member_id: str, instance_id: str | None) -> ErrorCode | None:
@@ -838,14 +919,15 @@ class GroupCoordinator:
         unsaved = self._unsaved.pop(group_id)
         fence = self._fences.get(group_id)
         self._writing = group_id
+        self._write_in_flight = writing = asyncio.ensure_future(asyncio.to_thread(self.catalog.save_group, unsaved.row, fence))
         try:
-            written = await asyncio.to_thread(self.catalog.save_group, unsaved.row, fence)
+            written = await writing
         except Exception as exc:  # the catalog down or failing: the fence stays, the row is written again
             for waiting in unsaved.waiting:
                 _answer(waiting, False)
             return self._write_failed(unsaved, exc)
         finally:
-            self._writing = None
+            self._writing, self._write_in_flight = None, None
         held = self._groups.get(group_id) is unsaved.group
         if not written and held:
             self._lost(group_id)
@@ -879,6 +961,35 @@ class GroupCoordinator:
         with what is queued for it; its members, told NOT_COORDINATOR, find the coordinator again."""
         log.info("group %s: another agent coordinates it now (it wrote the group's row): dropped from this agent's memory", group_id)
         self.forget(group_id)
+
+
+def subscribed_topics(protocol_type: str | None, protocol: str | None, metadata: Iterable[bytes]) -> frozenset[str] | None:
+    """The topics a consumer group's members subscribe to, read from each one's metadata for the group's protocol
+    (Kafka's ConsumerProtocolSubscription, every version: a version, then the topics' names); None for a group of
+    another protocol type, without a protocol, or with metadata that does not parse, as Kafka's coordinator."""
+    if protocol_type != CONSUMER_PROTOCOL_TYPE or not protocol:
+        return None
+    topics: set[str] = set()
+    try:
+        for data in metadata:
+            _version, count = struct.unpack_from(">hi", data, 0)
+            if count < 0:
+                return None
+            at = 6
+            for _ in range(count):
+                (length,) = struct.unpack_from(">h", data, at)
+                if length < 0 or at + 2 + length > len(data):
+                    return None
+                topics.add(data[at + 2:at + 2 + length].decode())
+                at += 2 + length
+    except (struct.error, UnicodeDecodeError):
+        return None
+    return frozenset(topics)
+
+
+def _subscribed_of_row(row: GroupRow) -> frozenset[str] | None:
+    metadata = (next((data for name, data in member.protocols if name == row.protocol), b"") for member in row.members)
+    return subscribed_topics(row.protocol_type, row.protocol, metadata)
 
 
 def _member_of(stored: StoredMember, protocol_type: str) -> Member:

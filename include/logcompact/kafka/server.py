@@ -65,7 +65,15 @@ from logcompact.kafka.authorizer import AclAuthorizer, AuthorizerSettings
 from logcompact.kafka.broker import Broker
 from logcompact.kafka.cluster import Address, AgentDirectory
 from logcompact.kafka.event_loop import CommitWatch
-from logcompact.kafka.group_coordinator import DEFAULT_GROUP_MAX_BYTES, DEFAULT_GROUP_MAX_SIZE, INITIAL_REBALANCE_DELAY_MS, OFFSETS_COMMIT_TIMEOUT_MS, GroupCoordinator
+from logcompact.kafka.group_coordinator import (
+    DEFAULT_GROUP_MAX_BYTES,
+    DEFAULT_GROUP_MAX_SIZE,
+    INITIAL_REBALANCE_DELAY_MS,
+    OFFSETS_COMMIT_TIMEOUT_MS,
+    OFFSETS_RETENTION_CHECK_INTERVAL_MS,
+    OFFSETS_RETENTION_MS,
+    GroupCoordinator,
+)
 from logcompact.kafka.handlers import APIS, api_versions
 from logcompact.kafka.handlers.produce import DEFAULT_MAX_MESSAGE_BYTES
 from logcompact.kafka.ingest_thread import Ingest
@@ -140,6 +148,8 @@ class AgentSettings:
     group_max_size: int = DEFAULT_GROUP_MAX_SIZE  # Kafka's group.max.size: members and pending member ids of a group
     group_max_bytes: int = DEFAULT_GROUP_MAX_BYTES  # all groups' members: their metadata, assignments and ids
     offsets_commit_timeout_ms: int = OFFSETS_COMMIT_TIMEOUT_MS  # Kafka's offsets.commit.timeout.ms: a group's row, an offset commit
+    offsets_retention_ms: int = OFFSETS_RETENTION_MS  # Kafka's offsets.retention.minutes, in ms
+    offsets_retention_check_interval_ms: int = OFFSETS_RETENTION_CHECK_INTERVAL_MS  # Kafka's offsets.retention.check.interval.ms
     fetch_cache_bytes: int = DEFAULT_FETCH_CACHE_BYTES  # file ranges Fetch keeps for consumers reading them again
     auto_create_topics: bool = True  # Kafka's auto.create.topics.enable
     num_partitions: int = 1  # Kafka's num.partitions: of a topic created without a count
@@ -379,7 +389,8 @@ class AgentServer:
         agents = await asyncio.to_thread(AgentDirectory.register, self.catalog, endpoints, settings.rack, settings.node_id)
         agents.start()
         groups = GroupCoordinator(self.catalog, agents.me.node_id, settings.group_initial_rebalance_delay_ms,
-                                  settings.group_max_size, settings.group_max_bytes, settings.offsets_commit_timeout_ms)
+                                  settings.group_max_size, settings.group_max_bytes, settings.offsets_commit_timeout_ms,
+                                  settings.offsets_retention_ms, settings.offsets_retention_check_interval_ms)
         file_cache = CachedStore(self.catalog.store, settings.fetch_cache_bytes)
         transactions = TransactionCoordinator(self.catalog, agents, settings.transactions)
         transactions.start(ingest)
@@ -390,6 +401,7 @@ class AgentServer:
             transactions, quotas, settings.auto_create_topics, settings.num_partitions, authorizer,
         )
         quotas.start()
+        groups.start(self._broker.coordinates)  # offsets' retention, of the groups this agent coordinates
         # What the agent holds for its life is made by now (modules, compiled loops, the catalog's metadata): put out
         # of the collector's reach, so its full collections, which walked all of it with the GIL held (100-200 ms in
         # which no request is read and no flush goes on), walk only what serving makes.

@@ -1,7 +1,8 @@
 """The handlers of Kafka's APIs, one module per API family, each `handle(broker, request)` answering every version
 of its requests from plain values (`codec.build`): `api_versions`, `metadata` (auto-creating topics through
 `topics_admin`), `produce`, `fetch`, `list_offsets`, `init_producer_id`, `find_coordinator`, `groups` (JoinGroup,
-SyncGroup, Heartbeat, LeaveGroup, DescribeGroups, ListGroups), `offsets` (OffsetCommit, OffsetFetch),
+SyncGroup, Heartbeat, LeaveGroup, DescribeGroups, ListGroups), `groups_admin` (DeleteGroups, OffsetDelete),
+`offsets` (OffsetCommit, OffsetFetch),
 `topics_admin` (CreateTopics, DeleteTopics, CreatePartitions), `configs` (DescribeConfigs, AlterConfigs,
 IncrementalAlterConfigs), `describe_cluster`, `sasl` (SaslHandshake, SaslAuthenticate outside an authentication), `scram_admin`
 (DescribeUserScramCredentials, AlterUserScramCredentials), `transactions` (AddPartitionsToTxn, AddOffsetsToTxn, EndTxn,
@@ -25,6 +26,7 @@ from logcompact.kafka.handlers import (
     fetch,
     find_coordinator,
     groups,
+    groups_admin,
     init_producer_id,
     list_offsets,
     metadata,
@@ -53,6 +55,8 @@ APIS: dict[int, Api] = {
         Api(groups.LEAVE_GROUP, 0, 5, groups.leave_group),
         Api(groups.DESCRIBE_GROUPS, 0, 5, groups.describe_groups),
         Api(groups.LIST_GROUPS, 0, 4, groups.list_groups),
+        Api(groups_admin.DELETE_GROUPS, 0, 2, groups_admin.delete_groups),
+        Api(groups_admin.OFFSET_DELETE, 0, 0, groups_admin.offset_delete),
         Api(offsets.OFFSET_COMMIT, 0, 8, offsets.offset_commit),
         Api(offsets.OFFSET_FETCH, 0, 8, offsets.offset_fetch),
         Api(describe_cluster.API_KEY, 0, 1, describe_cluster.handle),
