@@ -50,6 +50,7 @@ class StoredMember:
     rebalance_ms: int
     protocols: tuple[tuple[str, bytes], ...]  # (name, metadata), in the member's order of preference
     assignment: bytes
+    client_host: str = ""  # its connection's address as Kafka shows it ("/127.0.0.1"); "" in rows written before it was kept
 
 
 @dataclass(frozen=True)
@@ -246,6 +247,7 @@ def _member_json(member: StoredMember) -> dict[str, Any]:
         "member_id": member.member_id, "group_instance_id": member.instance_id, "client_id": member.client_id,
         "session_timeout_ms": member.session_ms, "rebalance_timeout_ms": member.rebalance_ms,
         "protocols": [[name, _text(metadata)] for name, metadata in member.protocols], "assignment": _text(member.assignment),
+        "client_host": member.client_host,
     }
 
 
@@ -258,7 +260,7 @@ def _members_of(text: str) -> tuple[StoredMember, ...]:
         StoredMember(str(m["member_id"]), None if m["group_instance_id"] is None else str(m["group_instance_id"]), str(m["client_id"]),
                      int(m["session_timeout_ms"]), int(m["rebalance_timeout_ms"]),
                      tuple((str(name), base64.b64decode(metadata, validate=True)) for name, metadata in m["protocols"]),
-                     base64.b64decode(m["assignment"], validate=True))
+                     base64.b64decode(m["assignment"], validate=True), str(m.get("client_host", "")))
         for m in json.loads(text)
     )
 

@@ -23,6 +23,7 @@ from logcompact.cli.cluster import cluster, status
 from logcompact.cli.common import NON_NEGATIVE_INT64, Context
 from logcompact.cli.compaction import compact, gc, plan_command, uncleanable
 from logcompact.cli.demo import simulate, tour
+from logcompact.cli.groups import groups
 from logcompact.cli.quotas import quota
 from logcompact.cli.records import consume, files, log, produce
 from logcompact.cli.topics import topic
@@ -52,7 +53,7 @@ def cli(ctx: click.Context, store: str | None, catalog_url: str | None, now_ms: 
     ctx.obj = Context(store, catalog_url or None, now_ms, aws_conn_id)
 
 
-for _command in (topic, produce, consume, files, log, plan_command, compact, uncleanable, gc, cluster, status, txn, user, acl, quota, simulate, tour, agent):
+for _command in (topic, produce, consume, files, log, plan_command, compact, uncleanable, gc, cluster, status, txn, groups, user, acl, quota, simulate, tour, agent):
     cli.add_command(_command)
 
 

@@ -57,16 +57,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import struct
 import time
 import uuid
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from logcompact.catalog import Catalog
 from logcompact.catalog.groups import Deletion, GroupRow, StoredMember
 from logcompact.kafka.codec import ErrorCode
+from logcompact.kafka.consumer_protocol import CONSUMER_PROTOCOL_TYPE, subscribed_topics
 from logcompact.units import wall_clock_ms
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,6 @@ OFFSETS_COMMIT_TIMEOUT_MS = 5000
 ROW_RETRY_BACKOFF_MS = 1000
 OFFSETS_RETENTION_MS = 7 * 24 * 3600 * 1000  # Kafka's offsets.retention.minutes, 7 days
 OFFSETS_RETENTION_CHECK_INTERVAL_MS = 600_000  # Kafka's offsets.retention.check.interval.ms
-CONSUMER_PROTOCOL_TYPE = "consumer"  # the protocol type of Kafka's consumers, whose metadata names the topics subscribed
 
 
 @dataclass
@@ -134,11 +133,12 @@ class Member:
     syncing: asyncio.Future[Synced] | None = None
     expiry: asyncio.TimerHandle | None = None
     held: int = 0  # the bytes GroupMemory counts for it
+    client_host: str = ""  # its JoinGroup's connection's address, as Kafka's DescribeGroups gives it ("/127.0.0.1")
 
     def size(self) -> int:
         """The bytes it holds: its ids, protocols' metadata and assignment, beyond the fixed overhead."""
         protocols = sum(len(name) + len(data) for name, data in self.protocols)
-        ids = len(self.member_id) + len(self.instance_id or "") + len(self.client_id) + len(self.protocol_type)
+        ids = len(self.member_id) + len(self.instance_id or "") + len(self.client_id) + len(self.protocol_type) + len(self.client_host)
         return OVERHEAD_BYTES + ids + protocols + len(self.assignment)
 
     def metadata(self, protocol: str | None) -> bytes:
@@ -181,7 +181,8 @@ class Group:
         return max(votes, key=lambda name: votes[name])
 
     def row(self, coordinator: int) -> GroupRow:
-        members = tuple(StoredMember(m.member_id, m.instance_id, m.client_id, m.session_ms, m.rebalance_ms, tuple(m.protocols), m.assignment)
+        members = tuple(StoredMember(m.member_id, m.instance_id, m.client_id, m.session_ms, m.rebalance_ms, tuple(m.protocols), m.assignment,
+                                     m.client_host)
                         for m in self.members.values())
         return GroupRow(self.group_id, coordinator, self.generation, self.protocol_type or "", self.protocol or "",
                         STABLE if self.storing else self.state, self.leader or "", members, wall_clock_ms())
@@ -418,6 +419,7 @@ class GroupCoordinator:
     async def join(
         self, group: Group, member_id: str, instance_id: str | None, client_id: str, session_ms: int, rebalance_ms: int,
         protocol_type: str, protocols: list[tuple[str, bytes]], require_known_member_id: bool, skip_assignment_allowed: bool,
+        client_host: str = "",
     ) -> Joined:
         if self._closed:
             return Joined(ErrorCode.not_coordinator, member_id)
@@ -426,7 +428,7 @@ class GroupCoordinator:
             return Joined(ErrorCode.group_max_size_reached, "")
         if not group.supports(protocol_type, protocols):
             return Joined(ErrorCode.inconsistent_group_protocol, member_id)
-        member = Member(member_id, instance_id, client_id, session_ms, rebalance_ms, protocol_type, protocols)
+        member = Member(member_id, instance_id, client_id, session_ms, rebalance_ms, protocol_type, protocols, client_host=client_host)
         if not member_id:
             member.member_id = f"{instance_id or client_id}-{uuid.uuid4()}"
             # a static member restarting takes its old place, counted already: never refused for the size
@@ -963,30 +965,6 @@ class GroupCoordinator:
         self.forget(group_id)
 
 
-def subscribed_topics(protocol_type: str | None, protocol: str | None, metadata: Iterable[bytes]) -> frozenset[str] | None:
-    """The topics a consumer group's members subscribe to, read from each one's metadata for the group's protocol
-    (Kafka's ConsumerProtocolSubscription, every version: a version, then the topics' names); None for a group of
-    another protocol type, without a protocol, or with metadata that does not parse, as Kafka's coordinator."""
-    if protocol_type != CONSUMER_PROTOCOL_TYPE or not protocol:
-        return None
-    topics: set[str] = set()
-    try:
-        for data in metadata:
-            _version, count = struct.unpack_from(">hi", data, 0)
-            if count < 0:
-                return None
-            at = 6
-            for _ in range(count):
-                (length,) = struct.unpack_from(">h", data, at)
-                if length < 0 or at + 2 + length > len(data):
-                    return None
-                topics.add(data[at + 2:at + 2 + length].decode())
-                at += 2 + length
-    except (struct.error, UnicodeDecodeError):
-        return None
-    return frozenset(topics)
-
-
 def _subscribed_of_row(row: GroupRow) -> frozenset[str] | None:
     metadata = (next((data for name, data in member.protocols if name == row.protocol), b"") for member in row.members)
     return subscribed_topics(row.protocol_type, row.protocol, metadata)
@@ -994,12 +972,12 @@ def _subscribed_of_row(row: GroupRow) -> frozenset[str] | None:
 
 def _member_of(stored: StoredMember, protocol_type: str) -> Member:
     return Member(stored.member_id, stored.instance_id, stored.client_id, stored.session_ms, stored.rebalance_ms, protocol_type,
-                  list(stored.protocols), stored.assignment)
+                  list(stored.protocols), stored.assignment, client_host=stored.client_host)
 
 
 def _update(member: Member, joining: Member) -> None:
     member.client_id, member.session_ms, member.rebalance_ms = joining.client_id, joining.session_ms, joining.rebalance_ms
-    member.protocol_type, member.protocols = joining.protocol_type, joining.protocols
+    member.protocol_type, member.protocols, member.client_host = joining.protocol_type, joining.protocols, joining.client_host
 
 
 def _answer(waiting: asyncio.Future | None, result: Any) -> None:

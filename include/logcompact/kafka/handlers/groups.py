@@ -57,6 +57,7 @@ async def join_group(broker: Broker, request: codec.Request) -> Any:
             joined = await broker.groups.join(
                 group, body.member_id, getattr(body, "group_instance_id", None), request.client_id or "", session_ms, rebalance_ms,
                 body.protocol_type, protocols, require_known_member_id=version >= 4, skip_assignment_allowed=version >= 9,
+                client_host=f"/{request.session.client_host}",
             )
     return codec.build(codec.response_class(JOIN_GROUP, version), {
         "throttle_time": 0,
@@ -133,7 +134,7 @@ async def describe_groups(broker: Broker, request: codec.Request) -> Any:
             stable = group.state == STABLE  # metadata and assignments only once they are settled, as Kafka
             entry.update(group_state=group.state, protocol_type=group.protocol_type or "", protocol_data=(group.protocol or "") if stable else "")
             entry["members"] = [
-                {"member_id": m.member_id, "group_instance_id": m.instance_id, "client_id": m.client_id, "client_host": "",
+                {"member_id": m.member_id, "group_instance_id": m.instance_id, "client_id": m.client_id, "client_host": m.client_host,
                  "member_metadata": m.metadata(group.protocol) if stable else b"", "member_assignment": m.assignment if stable else b""}
                 for m in group.members.values()
             ]
