@@ -34,6 +34,7 @@ from kafka.admin import ResourceType as KafkaPythonResourceType
 from lab.servers.kafka import kafka_missing_reason, tool_argv
 from logcompact.catalog import Catalog
 from logcompact.catalog.acls import CLUSTER_NAME, AclBinding, AclOperation, AclPermissionType, PatternType, ResourceType
+from logcompact.catalog.groups import CommittedOffset
 from logcompact.cli import cli
 from logcompact.kafka.authorizer import AuthorizerSettings
 from tests.helpers import create_topic
@@ -151,6 +152,8 @@ CASES: list[tuple[str, int, int, dict[str, Any], Extract, Any]] = [
     ("Heartbeat", 12, 4, {"group_id": GROUP, "generation_id": 1, "member_id": "m"}, lambda r: int(r.error_code), GROUP_DENIED),
     ("LeaveGroup", 13, 5, {"group_id": GROUP, "members": [{"member_id": "m"}]}, lambda r: int(r.error_code), GROUP_DENIED),
     ("DescribeGroups", 15, 5, {"groups": [GROUP], "include_authorized_operations": True}, lambda r: [int(g.error_code) for g in r.groups], [GROUP_DENIED]),
+    ("OffsetDelete", 47, 0, {"group_id": GROUP, "topics": [{"name": TOPIC, "partitions": [{"partition_index": 0}]}]}, lambda r: int(r.error_code), GROUP_DENIED),
+    ("DeleteGroups", 42, 2, {"groups_names": [GROUP]}, lambda r: [int(g.error_code) for g in r.results], [GROUP_DENIED]),
     ("CreateTopics", 19, 7, {"topics": [{"name": "made", "num_partitions": 1, "replication_factor": 1, "assignments": [], "configs": []}],
                              "timeout": 5000, "validate_only": False}, lambda r: [int(t.error_code) for t in r.topics], [TOPIC_DENIED]),
     ("DeleteTopics", 20, 6, {"topics": [{"name": DOOMED, "topic_id": "00000000-0000-0000-0000-000000000000"}], "timeout": 5000},
@@ -453,6 +456,22 @@ def test_a_consumer_group_needs_read_on_the_group_and_the_topic(agent: RunningAg
         assert first_error_or_records(consumer, 3) == [b"k0", b"k1", b"k2"]
     finally:
         consumer.close()
+
+
+def test_deleting_a_group_needs_delete_on_it_and_deleting_offsets_read_on_their_topics(agent: RunningAgent, catalog: Catalog) -> None:
+    catalog.commit_offsets(GROUP, {(TOPIC, 0): CommittedOffset(1, -1, "", 0), (OTHER, 0): CommittedOffset(1, -1, "", 0)})
+    grant(agent, acl(ResourceType.GROUP, GROUP, Op.READ), acl(ResourceType.TOPIC, TOPIC, Op.ALL))
+    delete_group = {"groups_names": [GROUP]}
+    assert [int(g.error_code) for g in call(agent, 42, 2, delete_group).results] == [GROUP_DENIED]  # READ is not DELETE
+    offsets = {"group_id": GROUP, "topics": [{"name": name, "partitions": [{"partition_index": 0}]} for name in (TOPIC, OTHER)]}
+    assert int(call(agent, 47, 0, offsets).error_code) == GROUP_DENIED
+    grant(agent, acl(ResourceType.GROUP, GROUP, Op.DELETE))
+    answer = call(agent, 47, 0, offsets)
+    assert int(answer.error_code) == NONE
+    assert {t.name: partition_errors([t]) for t in answer.topics} == {TOPIC: [NONE], OTHER: [TOPIC_DENIED]}
+    assert set(catalog.committed_offsets(GROUP)) == {(OTHER, 0)}
+    assert [int(g.error_code) for g in call(agent, 42, 2, delete_group).results] == [NONE]
+    assert catalog.committed_offsets(GROUP) == {}
 
 
 def test_kafkas_own_kafka_acls_manages_them(agent: RunningAgent) -> None:
