@@ -334,3 +334,27 @@ def test_kafka_consumer_groups_resets_deletes_offsets_and_deletes_as_logcompact_
     gone = kafka_groups(agent, "--delete", "--group", "ours-to-delete")
     assert "does not exist" in gone.stdout + gone.stderr
 
+
+
+def test_with_two_agents_only_the_groups_coordinator_deletes_it_and_expires_its_offsets(catalog: Catalog) -> None:
+    first = RunningAgent(Catalog(catalog.store, catalog.url), flush_interval_ms=FLUSH_MS, offsets_retention_ms=1,
+                         offsets_retention_check_interval_ms=3_600_000)
+    second = RunningAgent(Catalog(catalog.store, catalog.url), flush_interval_ms=FLUSH_MS, offsets_retention_ms=1,
+                          offsets_retention_check_interval_ms=3_600_000)
+    try:
+        first.server.broker.agents.refresh()  # as its next heartbeat would: the second agent started after it
+        theirs = next(g for g in (f"group-{n}" for n in range(100)) if first.server.broker.agents.coordinator_for(g).node_id == second.server.broker.node_id)
+        catalog.commit_offsets(theirs, {(TOPIC, 0): CommittedOffset(1, -1, "", 0)})
+        deleted = call(first, DELETE_GROUPS, 2, {"groups_names": [theirs]})
+        assert [int(result.error_code) for result in deleted.results] == [16]  # NOT_COORDINATOR: the client asks FindCoordinator
+        assert call(first, OFFSET_DELETE, 0, {"group_id": theirs, "topics": [{"name": TOPIC, "partitions": [{"partition_index": 0}]}]}).error_code == 16
+        assert first.call(first.server.broker.groups.expire_offsets(first.server.broker.coordinates)) == 0  # not its group
+        assert catalog.committed_offsets(theirs)
+        admin = AdminClient({"bootstrap.servers": first.bootstrap, **FAST_CLIENT})  # finds the coordinator, the second agent
+        [result] = admin.delete_consumer_groups([theirs]).values()
+        assert error_code(result) == NONE and catalog.committed_offsets(theirs) == {}
+        catalog.commit_offsets(theirs, {(TOPIC, 0): CommittedOffset(1, -1, "", 0)})
+        assert second.call(second.server.broker.groups.expire_offsets(second.server.broker.coordinates)) == 1
+    finally:
+        second.stop()
+        first.stop()

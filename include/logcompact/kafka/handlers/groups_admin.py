@@ -13,6 +13,7 @@ topic the group's members subscribe to are GROUP_SUBSCRIBED_TO_TOPIC and keep th
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from logcompact.catalog.acls import AclOperation
@@ -52,7 +53,10 @@ async def offset_delete(broker: Broker, request: codec.Request) -> Any:
     if not broker.authorizer.authorize_group(request.session, AclOperation.DELETE, group_id):
         return answer(codec.ErrorCode.group_authorization_failed, [])
     denied = broker.authorizer.denied_topics(request.session, AclOperation.READ, (topic.name for topic in body.topics))
-    known = broker.catalog.snapshot().topics
+    try:
+        known = (await asyncio.to_thread(broker.catalog.snapshot)).topics  # read off the event loop, as Metadata reads it
+    except CatalogUnavailableError:  # retriable: the admin client asks again
+        return answer(codec.ErrorCode.coordinator_not_available, [])
     answered: dict[tuple[str, int], codec.ErrorCode] = {}
     asked: list[tuple[str, int]] = []
     for topic in body.topics:
