@@ -454,7 +454,7 @@ consumer_groups = Table(
     Column("protocol_type", String(255), nullable=False),
     Column("protocol", String(255), nullable=False),
     Column("state", String(32), nullable=False),  # Kafka's: Empty, PreparingRebalance, CompletingRebalance, Stable, Dead
-    # JSON: each member's ids, timeouts, protocols' metadata and assignment (bytes in base64)
+    # JSON: each member's ids, host, timeouts, protocols' metadata and assignment (bytes in base64)
     Column("members", Text, nullable=False),
     Column("updated_ms", BigInteger, nullable=False),
     Column("leader", String(255), nullable=False, server_default=""),  # its member id; "" in a group without members
