@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
+from kafka import TopicPartition as KafkaTopicPartition
 from kafka.admin import KafkaAdminClient
 
 from lab.servers.kafka import kafka_missing_reason, tool_argv
@@ -167,6 +168,11 @@ def test_kafka_python_deletes_groups_with_kafkas_errors(agent: RunningAgent, cat
         assert admin.delete_groups(["kp-idle", "kp-busy", "kp-ghost"]) == {
             "kp-idle": "OK", "kp-busy": "NonEmptyGroupError", "kp-ghost": "GroupIdNotFoundError"}
         assert catalog.committed_offsets("kp-idle") == {}
+        commit(agent, "kp-idle", {(TOPIC, 2): 1, (OTHER, 0): 1})
+        deleted = admin.delete_group_offsets("kp-idle", [KafkaTopicPartition(OTHER, 0), KafkaTopicPartition("nowhere", 0)])  # OffsetDelete
+        assert {(tp.topic, tp.partition): error.__name__ for tp, error in deleted.items()} == {
+            (OTHER, 0): "NoError", ("nowhere", 0): "UnknownTopicOrPartitionError"}
+        assert set(catalog.committed_offsets("kp-idle")) == {(TOPIC, 2)}
     finally:
         admin.close()
         busy.close()
