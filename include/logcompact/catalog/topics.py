@@ -180,6 +180,53 @@ def offsets(connection: Connection, name: str) -> list[LogOffsets]:
     return [LogOffsets(r.log_start_offset, r.next_offset, max(r.log_start_offset, r.stable)) for r in rows]
 
 
+# Why DeleteRecords refused a partition (`delete_records`), each Kafka's error of the same name.
+UNKNOWN_PARTITION, POLICY_VIOLATION, OFFSET_OUT_OF_RANGE = "unknown partition", "policy violation", "offset out of range"
+HIGH_WATERMARK = -1  # DeleteRecords' offset meaning the partition's high watermark, as Kafka's
+
+
+class RecordsDeleted(NamedTuple):
+    """A partition's answer to DeleteRecords: its log start offset after it (Kafka's low watermark), or why it was
+    refused (`refusal`, one of the constants above, with a one-line `message`; the low watermark is then -1)."""
+
+    low_watermark: int
+    refusal: str | None = None
+    message: str = ""
+
+
+def delete_records(connection: Connection, topic_id: int, topic: Topic, before: dict[int, int]) -> dict[int, RecordsDeleted]:
+    """Kafka's DeleteRecords (`Partition.deleteRecordsOnLeader`) for each partition of `before`: its log start raised
+    to the offset given (HIGH_WATERMARK: its high watermark), never lowered. Refused for a topic whose cleanup.policy
+    lacks `delete`, for an offset beyond the high watermark or below -1, and for a partition the topic does not
+    have. The partitions' rows are locked in order; the caller takes the version row after them."""
+    found: dict[int, RecordsDeleted] = {}
+    part = s.partitions.c
+    for partition in sorted(before):
+        if not 0 <= partition < topic.partitions:
+            found[partition] = RecordsDeleted(-1, UNKNOWN_PARTITION, f"topic {topic.name!r} has partitions 0 to {topic.partitions - 1}, not {partition}")
+        elif "delete" not in topic.config.cleanup_policy:
+            found[partition] = RecordsDeleted(-1, POLICY_VIOLATION, f"records of {topic.name}/{partition} cannot be deleted: its cleanup.policy "
+                                              f"is {topic.config.cleanup_policy!r}; add delete to it")
+    wanted = sorted(p for p in before if p not in found)
+    if not wanted:
+        return found
+    rows = connection.execute(
+        select(part.partition, part.log_start_offset, part.next_offset).where(part.topic_id == topic_id, part.partition.in_(wanted))
+        .order_by(part.partition).with_for_update()
+    ).all()
+    for partition, log_start, high_watermark in rows:
+        offset = high_watermark if before[partition] == HIGH_WATERMARK else before[partition]
+        if not 0 <= offset <= high_watermark:
+            found[partition] = RecordsDeleted(-1, OFFSET_OUT_OF_RANGE, f"cannot delete {topic.name}/{partition} before offset {before[partition]}: "
+                                              f"give an offset from 0 to its high watermark {high_watermark}, or -1 for the high watermark")
+        elif offset > log_start:
+            connection.execute(update(s.partitions).where(part.topic_id == topic_id, part.partition == partition).values(log_start_offset=offset))
+            found[partition] = RecordsDeleted(offset)
+        else:
+            found[partition] = RecordsDeleted(log_start)
+    return found
+
+
 def delete_topic(connection: Connection, topic_id: int, name: str, version: int, now_ms: int) -> None:
     """Delete a topic in `version`: its row marked deleted, its sections retired and the files left with no live
     section removed, its compaction holes, producers' batches, uncleanable marks and consumer groups' committed offsets
