@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, KafkaException, Producer, TopicPartition
@@ -17,6 +18,7 @@ from kafka import KafkaConsumer
 from kafka import TopicPartition as KafkaPythonTopicPartition
 from kafka.admin import KafkaAdminClient
 
+from lab.servers.kafka import kafka_missing_reason, tool_argv
 from logcompact.catalog import Catalog
 from logcompact.catalog.acls import AclBinding, AclOperation, AclPermissionType, PatternType, ResourceType
 from logcompact.kafka.authorizer import AuthorizerSettings
@@ -28,6 +30,7 @@ pytestmark = pytest.mark.timeout(120)
 
 NONE, OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION, TOPIC_AUTHORIZATION_FAILED, POLICY_VIOLATION = 0, 1, 3, 29, 44
 RECORDS = 100
+TOOL_TIMEOUT_S = 180  # a JVM's start on a loaded two-core machine
 
 
 @pytest.fixture
@@ -152,3 +155,25 @@ def test_cli_delete_records(agent: RunningAgent, catalog: Catalog) -> None:
     refused = logcompact(catalog, "topic", "delete-records", "profiles", "--partition", "0", "--before", "0")
     assert refused.returncode == 1
     assert "cleanup.policy is 'compact'; add delete to it" in refused.stdout
+
+
+def test_kafkas_delete_records_tool_agrees_with_topic_describe(agent: RunningAgent, catalog: Catalog, tmp_path: Path) -> None:
+    """Kafka's own kafka-delete-records (DeleteRecordsCommand) against the agent, and `logcompact topic describe` after it."""
+    missing = kafka_missing_reason()
+    if missing:
+        pytest.skip(missing)
+    fill(agent, "events", 2)
+    offsets = tmp_path / "offsets.json"
+    offsets.write_text(json.dumps({"version": 1, "partitions": [{"topic": "events", "partition": 0, "offset": 60},
+                                                                {"topic": "events", "partition": 1, "offset": -1}]}))
+    done = subprocess.run(tool_argv("org.apache.kafka.tools.DeleteRecordsCommand", "--bootstrap-server", agent.bootstrap,
+                                    "--offset-json-file", str(offsets)), capture_output=True, text=True, timeout=TOOL_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "partition: events-0\tlow_watermark: 60" in done.stdout and f"partition: events-1\tlow_watermark: {RECORDS}" in done.stdout
+    described = json.loads(logcompact(catalog, "topic", "describe", "events").stdout)
+    assert described["log_start_offsets"] == [60, RECORDS]
+
+    offsets.write_text(json.dumps({"version": 1, "partitions": [{"topic": "profiles", "partition": 0, "offset": 0}]}))
+    refused = subprocess.run(tool_argv("org.apache.kafka.tools.DeleteRecordsCommand", "--bootstrap-server", agent.bootstrap,
+                                       "--offset-json-file", str(offsets)), capture_output=True, text=True, timeout=TOOL_TIMEOUT_S)
+    assert "partition: profiles-0\terror: org.apache.kafka.common.errors.PolicyViolationException" in refused.stdout, refused.stdout + refused.stderr

@@ -183,6 +183,7 @@ def offsets(connection: Connection, name: str) -> list[LogOffsets]:
 # Why DeleteRecords refused a partition (`delete_records`), each Kafka's error of the same name.
 UNKNOWN_PARTITION, POLICY_VIOLATION, OFFSET_OUT_OF_RANGE = "unknown partition", "policy violation", "offset out of range"
 HIGH_WATERMARK = -1  # DeleteRecords' offset meaning the partition's high watermark, as Kafka's
+DELETE_RECORDS = "delete records"  # the operation of its versions
 
 
 class RecordsDeleted(NamedTuple):
@@ -198,7 +199,8 @@ def delete_records(connection: Connection, topic_id: int, topic: Topic, before: 
     """Kafka's DeleteRecords (`Partition.deleteRecordsOnLeader`) for each partition of `before`: its log start raised
     to the offset given (HIGH_WATERMARK: its high watermark), never lowered. Refused for a topic whose cleanup.policy
     lacks `delete`, for an offset beyond the high watermark or below -1, and for a partition the topic does not
-    have. The partitions' rows are locked in order; the caller takes the version row after them."""
+    have. The partitions' rows are locked in order; the caller takes the version row after them, then retires what the
+    new log starts left behind (`retire_below_log_starts`)."""
     found: dict[int, RecordsDeleted] = {}
     part = s.partitions.c
     for partition in sorted(before):
@@ -225,6 +227,45 @@ def delete_records(connection: Connection, topic_id: int, topic: Topic, before: 
         else:
             found[partition] = RecordsDeleted(log_start)
     return found
+
+
+def retire_below_log_starts(connection: Connection, topic_id: int, starts: dict[int, int], version: int, now_ms: int) -> None:
+    """After DeleteRecords raised the log starts `starts` (by partition) in `version`: the partitions' sections wholly
+    below their log start retired, the files left with no live section removed (gc collects them), and the rows of
+    `partition_summaries` of the partitions that lost a section above L0 set again. A section holding the log start
+    stays live whole: readers start at the log start within it.
+
+    The version is recorded among the committed plans' (as `delete-records-VERSION`), the record kept for ever of the
+    versions that retire sections and remove files (`schema.removal_recorded`): the commit log is trimmed, and gc
+    would then take what this version removed for a damaged row's doing, and keep it."""
+    sec, files = s.sections.c, s.files.c
+    dialect = connection.dialect.name
+    holding: set[int] = set()
+    emptied_above_l0: set[tuple[int, int]] = set()
+    for partition, start in sorted(starts.items()):
+        below = select(sec.file_id, sec.level).where(sec.topic_id == topic_id, sec.partition == partition, sec.removed_version.is_(None),
+                                                     sec.last_offset < start)
+        found = connection.execute(union_all(*s.by_partition(below))).all()
+        if not found:
+            continue
+        ids = sorted({file_id for file_id, _ in found})
+        holding.update(ids)
+        if any(level > 0 for _, level in found):
+            emptied_above_l0.add((topic_id, partition))
+        connection.execute(
+            update(s.sections).where(one_of(sec.file_id, ids, dialect), sec.topic_id == topic_id, sec.partition == partition,
+                                     sec.removed_version.is_(None), sec.last_offset < start)
+            .values(removed_version=version)
+        )
+    if not holding:
+        return
+    connection.execute(insert(s.committed_plans).values(plan_id=f"delete-records-{version}", version=version, committed_ms=now_ms))
+    still_live = select(sec.file_id).where(sec.file_id == files.file_id, sec.removed_version.is_(None)).exists()
+    connection.execute(
+        update(s.files).where(one_of(files.file_id, sorted(holding), dialect), files.removed_version.is_(None), ~still_live)
+        .values(removed_version=version, removed_ms=now_ms)
+    )
+    summaries.settle(connection, emptied_above_l0, {}, version)
 
 
 def delete_topic(connection: Connection, topic_id: int, name: str, version: int, now_ms: int) -> None:
