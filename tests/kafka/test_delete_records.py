@@ -6,12 +6,16 @@ delete-records` does the same from the catalog, and a compaction after it keeps 
 
 from __future__ import annotations
 
+import asyncio
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from aiokafka import AIOKafkaConsumer
+from aiokafka import TopicPartition as AioTopicPartition
 from confluent_kafka import OFFSET_BEGINNING, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from kafka import KafkaConsumer
@@ -90,6 +94,26 @@ def test_confluent_delete_records_then_consumers_of_each_client_start_at_the_new
     read = [(r.partition, r.offset) for r in reader]
     reader.close()
     assert read == [(0, n) for n in range(40, RECORDS)]
+
+    # aiokafka: seek_to_beginning is the log start
+    async def aiokafka_offsets() -> list[int]:
+        consumer = AIOKafkaConsumer(bootstrap_servers=agent.bootstrap, enable_auto_commit=False)
+        await consumer.start()
+        try:
+            consumer.assign([AioTopicPartition("events", 0)])
+            await consumer.seek_to_beginning()
+            batches = await consumer.getmany(timeout_ms=5000, max_records=RECORDS)
+            return [record.offset for records in batches.values() for record in records]
+        finally:
+            await consumer.stop()
+
+    assert asyncio.run(aiokafka_offsets())[0] == 40
+
+    # kcat from the beginning
+    if shutil.which("kcat") is not None:
+        read = subprocess.run(["kcat", "-b", agent.bootstrap, "-C", "-t", "events", "-p", "0", "-o", "beginning", "-e", "-f", "%o\n"],
+                              capture_output=True, text=True, timeout=60)
+        assert read.stdout.split() == [str(n) for n in range(40, RECORDS)], read.stderr
 
     # the same request again changes nothing; an offset below the log start answers the log start
     assert delete_records(agent, "events", {0: 40, 1: 5}) == {0: (NONE, 40), 1: (NONE, RECORDS)}
