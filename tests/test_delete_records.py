@@ -5,9 +5,12 @@ live sections, and readers from the log start see the records from it on."""
 
 from __future__ import annotations
 
+import pytest
+
 from logcompact.catalog import Catalog
 from logcompact.catalog.topics import OFFSET_OUT_OF_RANGE, POLICY_VIOLATION, UNKNOWN_PARTITION, RecordsDeleted
 from logcompact.consume import read_records
+from logcompact.exceptions import CommitConflictError
 from logcompact.ingest import Record
 from logcompact.jobs import collect_garbage, commit_plans, prepare_plans, run_group
 from logcompact.planner import PlannerConfig
@@ -27,6 +30,13 @@ def live_sections(catalog: Catalog, topic: str, partition: int) -> list[tuple[in
 
 def offsets_read(catalog: Catalog, topic: str, partition: int, start: int) -> list[int]:
     return [record.offset for record in read_records(catalog.store, catalog.snapshot(), topic, partition) if record.offset >= start]
+
+
+def run_all(catalog: Catalog, plan_ids: list[str]) -> None:
+    """What the Spark job does for each group of each plan."""
+    for plan_id in plan_ids:
+        for group in read_header(catalog.store, plan_id).groups:
+            run_group(catalog.store, plan_id, group.group, mapper=TasksByUri(2))
 
 
 def test_sections_before_the_new_log_start_retire_and_gc_collects_the_emptied_files(store, catalog_of) -> None:
@@ -57,9 +67,7 @@ def test_a_compaction_after_it_takes_the_live_sections_only(catalog: Catalog) ->
     fill(catalog, "events", files=4, per_partition=10, partitions=2)
     catalog.delete_records("events", {0: 25}, NOW)
     prepared = prepare_plans(catalog, "full", NOW, PlannerConfig(min_files=(4, 4, 4, 4)))
-    for plan_id in prepared.plan_ids:
-        for group in read_header(catalog.store, plan_id).groups:
-            run_group(catalog.store, plan_id, group.group, mapper=TasksByUri(2))
+    run_all(catalog, prepared.plan_ids)
     committed = commit_plans(catalog, prepared.plan_ids, NOW)
     assert committed.committed == prepared.plan_ids
     # a delete topic's records are copied, from the section holding offset 25 on; the log starts stay
@@ -80,3 +88,23 @@ def test_refusals(catalog: Catalog) -> None:
     assert found[0].message == "cannot delete events/0 before offset 11: give an offset from 0 to its high watermark 10, or -1 for the high watermark"
     assert catalog.delete_records("profiles", {0: 0}, NOW)[0].refusal == POLICY_VIOLATION
     assert catalog.latest_version() == version  # nothing answered: no version
+
+
+def test_a_compaction_planned_before_it_is_refused_at_its_commit_then_planned_again(catalog: Catalog) -> None:
+    create_topic(catalog, "events", 2)
+    fill(catalog, "events", files=4, per_partition=10, partitions=2)
+    config = PlannerConfig(min_files=(4, 4, 4, 4))
+    prepared = prepare_plans(catalog, "full", NOW, config)
+    run_all(catalog, prepared.plan_ids)
+    catalog.delete_records("events", {0: 25}, NOW)  # retires sections the plan read
+    with pytest.raises(CommitConflictError, match=r"records of events/0 up to offset 19 were deleted \(DeleteRecords\) after the plan read its files; plan again"):
+        commit_plans(catalog, prepared.plan_ids, NOW)
+    assert offsets_read(catalog, "events", 0, 25) == list(range(25, 40))
+
+    release = collect_garbage(catalog, NOW + 3_600_001, grace_ms=0)  # the failed plan's leases expire
+    assert release.released_leases == prepared.plan_ids
+    again = prepare_plans(catalog, "full", NOW + 3_600_001, config)
+    run_all(catalog, again.plan_ids)
+    assert commit_plans(catalog, again.plan_ids, NOW + 3_600_001).committed == again.plan_ids
+    assert min(first for first, _ in live_sections(catalog, "events", 0)) == 20
+    assert offsets_read(catalog, "events", 0, 25) == list(range(25, 40))

@@ -829,6 +829,7 @@ class Catalog:
                         f"{version - 1} (first: {missing[0]}); re-plan and retry"
                     )
                 compactions.refuse_deleted_topics(connection, list(live.values()), added, expected_version, operation)
+                compactions.refuse_records_deleted(connection, list(live.values()), added, expected_version, operation)
                 if leased:
                     lost = cleaning.lost_leases(connection, plan_id, live, removed, now_ms)
                     if lost:
