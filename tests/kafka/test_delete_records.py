@@ -11,18 +11,19 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as AioTopicPartition
-from confluent_kafka import OFFSET_BEGINNING, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KafkaPythonTopicPartition
 from kafka.admin import KafkaAdminClient
 
-from lab.servers.kafka import kafka_missing_reason, tool_argv
+from lab.servers.kafka import KafkaServer, kafka_missing_reason, tool_argv
 from logcompact.catalog import Catalog
 from logcompact.catalog.acls import AclBinding, AclOperation, AclPermissionType, PatternType, ResourceType
 from logcompact.kafka.authorizer import AuthorizerSettings
@@ -201,3 +202,43 @@ def test_kafkas_delete_records_tool_agrees_with_topic_describe(agent: RunningAge
     refused = subprocess.run(tool_argv("org.apache.kafka.tools.DeleteRecordsCommand", "--bootstrap-server", agent.bootstrap,
                                        "--offset-json-file", str(offsets)), capture_output=True, text=True, timeout=TOOL_TIMEOUT_S)
     assert "partition: profiles-0\terror: org.apache.kafka.common.errors.PolicyViolationException" in refused.stdout, refused.stdout + refused.stderr
+
+
+def test_the_agent_answers_as_kafkas_broker(agent: RunningAgent, kafka_broker: KafkaServer) -> None:
+    """The same DeleteRecords requests through confluent-kafka's AdminClient to Kafka's broker and to the agent: the
+    same low watermarks and errors, and consumers of both start at the same offsets after them."""
+    suffix = str(time.monotonic_ns())
+    answers = []
+    for bootstrap in (kafka_broker.bootstrap_servers, agent.bootstrap):
+        admin = AdminClient({"bootstrap.servers": bootstrap, **FAST_CLIENT})
+        names = {"events": f"events-{suffix}", "profiles": f"profiles-{suffix}"}
+        made = admin.create_topics([NewTopic(names["events"], 2, replication_factor=1),
+                                    NewTopic(names["profiles"], 1, replication_factor=1, config={"cleanup.policy": "compact"})])
+        for future in made.values():
+            future.result(timeout=30)
+        producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, **FAST_CLIENT})
+        for topic, partitions in ((names["events"], 2), (names["profiles"], 1)):
+            for partition in range(partitions):
+                for n in range(RECORDS):
+                    producer.produce(topic, key=f"k{n}".encode(), value=b"v", partition=partition)
+        assert producer.flush(30) == 0
+        asked = [TopicPartition(names["events"], 0, 30), TopicPartition(names["events"], 1, -1), TopicPartition(names["profiles"], 0, 10)]
+        found = {}
+        for tp, future in admin.delete_records(asked).items():
+            try:
+                found[(tp.topic.split("-")[0], tp.partition)] = future.result(timeout=30).low_watermark
+            except KafkaException as refused:
+                found[(tp.topic.split("-")[0], tp.partition)] = refused.args[0].name()
+        [future] = admin.delete_records([TopicPartition(names["events"], 0, RECORDS + 1)]).values()
+        with pytest.raises(KafkaException) as beyond:
+            future.result(timeout=30)
+        found["beyond"] = beyond.value.args[0].name()
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{suffix}", "auto.offset.reset": "earliest", **FAST_CLIENT})
+        consumer.assign([TopicPartition(names["events"], 0, OFFSET_BEGINNING)])
+        message = consumer.poll(20)
+        found["first read"] = None if message is None else message.offset()
+        consumer.close()
+        answers.append(found)
+    kafka, ours = answers
+    assert ours == kafka == {("events", 0): 30, ("events", 1): RECORDS, ("profiles", 0): "POLICY_VIOLATION",
+                             "beyond": "OFFSET_OUT_OF_RANGE", "first read": 30}
