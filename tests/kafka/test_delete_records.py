@@ -64,9 +64,10 @@ def delete_records(agent: RunningAgent, topic: str, before: dict[int, int], vers
     return {p.partition_index: (p.error_code, p.low_watermark) for p in answer.topics[0].partitions}
 
 
-def earliest(agent: RunningAgent, topic: str, partition: int) -> int:
+def list_offset(agent: RunningAgent, topic: str, partition: int, timestamp: int = -2) -> int:
+    """ListOffsets v7: earliest (-2), or the first offset at or after a timestamp."""
     answer = kio_exchange(agent.server, 2, 7, {"replica_id": -1, "isolation_level": 0, "topics": [
-        {"name": topic, "partitions": [{"partition_index": partition, "current_leader_epoch": -1, "timestamp": -2}]}]})
+        {"name": topic, "partitions": [{"partition_index": partition, "current_leader_epoch": -1, "timestamp": timestamp}]}]})
     return answer.topics[0].partitions[0].offset
 
 
@@ -77,7 +78,8 @@ def test_confluent_delete_records_then_consumers_of_each_client_start_at_the_new
     low = {tp.partition: future.result(timeout=20).low_watermark for tp, future in futures.items()}
     assert low == {0: 40, 1: RECORDS}
     assert [o.log_start for o in catalog.log_offsets("events")] == [40, RECORDS]
-    assert earliest(agent, "events", 0) == 40
+    assert list_offset(agent, "events", 0) == 40
+    assert list_offset(agent, "events", 0, timestamp=0) == 40  # a timestamp is looked up from the log start
 
     # confluent-kafka from the beginning: offset 40 first
     consumer = confluent_consumer(agent, **{"auto.offset.reset": "earliest"})
