@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 QUIX_VENV := .venv-quixstreams
 CEPH_BINARIES := radosgw ceph-mon ceph-osd
 
-.PHONY: install deps kafka quixstreams lint test demo airflow bench simulate clean
+.PHONY: install deps kafka kafka-python-suite quixstreams lint test demo airflow bench simulate clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -48,6 +48,11 @@ deps:
 kafka: install deps
 	$(BIN)/python -m lab.servers.kafka fetch tests/java
 
+# kafka-python's sdist (pip download, from PyPI), whose own integration tests tests/kafka/test_kafka_python_suite.py
+# runs against an agent, unpacked into ~/.cache/logcompact/kafka-python (lab/kafka_python_suite.py).
+kafka-python-suite: install
+	$(BIN)/python -m lab.kafka_python_suite fetch
+
 # quixstreams in a virtualenv of its own (requirements-quixstreams.txt: it needs an older confluent-kafka than the
 # project's), run as a process by tests/kafka/test_quixstreams.py.
 $(QUIX_VENV)/.installed: requirements-quixstreams.txt
@@ -65,7 +70,7 @@ lint: install
 
 # The agent's compiled loops are compiled (into numba's cache beside the sources) before the suite, whose first tests
 # are the agent's: a fresh clone's first agent would otherwise spend most of a test's time bound compiling them.
-test: install deps kafka quixstreams lint
+test: install deps kafka kafka-python-suite quixstreams lint
 	$(BIN)/python -c "from logcompact.kafka import records; from logcompact.format import xxh3; records.compile_decoder(); records.compile_encoder(); xxh3.compile_hasher()"
 	$(BIN)/python -m pytest
 

@@ -79,7 +79,9 @@ def test_confluent_creates_topics_with_configs_and_refuses_bad_ones_whole(agent:
         NewTopic("accounts", 2, replication_factor=3, config={"cleanup.policy": "compact", "min.compaction.lag.ms": "1000"}),
         NewTopic("bad name!", 1),
         NewTopic("bad-value", 1, config={"retention.ms": "-5"}),
-        NewTopic("unknown-config", 1, config={"segment.bytes": "1"}),
+        NewTopic("unknown-config", 1, config={"segment.byte": "1"}),
+        NewTopic("ignored-config", 1, config={"segment.bytes": "1"}),
+        NewTopic("ignored-at-default", 1, config={"segment.bytes": "1073741824", "preallocate": "FALSE"}),
         NewTopic("no-partitions", 0),
         NewTopic("unlimited", 1, config={"retention.bytes": "-1", "cleanup.policy": "compact"}),  # as quixstreams' changelogs
         NewTopic("size-limited", 1, config={"retention.bytes": "1000"}),
@@ -90,13 +92,17 @@ def test_confluent_creates_topics_with_configs_and_refuses_bad_ones_whole(agent:
     bad_value = error_of(futures["bad-value"])
     assert (bad_value.code(), bad_value.str()) == (INVALID_CONFIG, "retention.ms=-5 is out of range: allowed from -1 (unlimited) up to 9223372036854775807")
     unknown = error_of(futures["unknown-config"])
-    assert unknown.code() == INVALID_CONFIG and "unknown topic config 'segment.bytes'" in unknown.str()
+    assert unknown.code() == INVALID_CONFIG and "unknown topic config 'segment.byte'" in unknown.str()
+    ignored = error_of(futures["ignored-config"])  # a Kafka config the product does not apply: taken at its default only
+    assert (ignored.code(), ignored.str()) == (
+        INVALID_CONFIG, "segment.bytes='1' is not taken: the agent's flushes and the compactions' target sizes make the files; give 1073741824 or leave it out")
+    assert outcome(futures["ignored-at-default"]) == NONE
     assert outcome(futures["no-partitions"]) == INVALID_PARTITIONS
     assert outcome(futures["unlimited"]) == NONE
     size_limited = error_of(futures["size-limited"])
     assert (size_limited.code(), size_limited.str()) == (INVALID_CONFIG, "retention.bytes='1000' is not taken: topics here have no size limit; give -1 or leave it out")
     topics = catalog.snapshot().topics
-    assert set(topics) == {"orders", "clicks", "accounts", "unlimited"}  # nothing of the refused ones
+    assert set(topics) == {"orders", "clicks", "accounts", "unlimited", "ignored-at-default"}  # nothing of the refused ones
     assert topics["unlimited"].config.compacted
     assert (topics["accounts"].partitions, topics["accounts"].config.cleanup_policy, topics["accounts"].config.min_compaction_lag_ms) == (2, "compact", 1000)
 

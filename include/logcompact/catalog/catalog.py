@@ -404,6 +404,20 @@ class Catalog:
         with self._reading() as connection:
             return topics.offsets(connection, topic)
 
+    def delete_records(self, name: str, before: Mapping[int, int], now_ms: int) -> dict[int, topics.RecordsDeleted]:
+        """Kafka's DeleteRecords: each partition's log start raised to the offset given (-1: its high watermark), the
+        records before it gone for readers at once (Fetch, ListOffsets and consumers start there), its sections wholly
+        before it retired and the files left without a live section removed, which gc collects. One version when a
+        partition was answered (`topics.delete_records` says what is refused). An unknown topic is TopicNotFoundError."""
+        with self._writing() as connection:
+            topic_id = topics.rows(connection, {name}, lock=topics.SHARED)[name][0]  # before the partitions': `append_files`' order
+            found = topics.delete_records(connection, topic_id, topics.live_topic(connection, name), dict(before))
+            starts = {partition: deleted.low_watermark for partition, deleted in found.items() if deleted.refusal is None}
+            if starts:
+                version = versions.next_version(connection, topics.DELETE_RECORDS, now_ms)
+                topics.retire_below_log_starts(connection, topic_id, starts, version, now_ms)
+        return found
+
     def add_partitions(self, name: str, count: int, now_ms: int) -> Topic:
         """Grow a topic to `count` partitions, the new ones at offset 0 (Kafka's CreatePartitions); returns it."""
         with self._writing() as connection:
@@ -840,6 +854,7 @@ class Catalog:
                         f"{version - 1} (first: {missing[0]}); re-plan and retry"
                     )
                 compactions.refuse_deleted_topics(connection, list(live.values()), added, expected_version, operation)
+                compactions.refuse_records_deleted(connection, list(live.values()), added, expected_version, operation)
                 if leased:
                     lost = cleaning.lost_leases(connection, plan_id, live, removed, now_ms)
                     if lost:

@@ -156,3 +156,29 @@ def refuse_deleted_topics(
             f"{operation}: topic {deleted.name!r} was deleted in version {deleted.deleted_version}, after the plan "
             "read its files; plan again"
         )
+
+
+def refuse_records_deleted(
+    connection: Connection, file_ids: Collection[int], added: Sequence[DataFile], expected_version: int | None, operation: str
+) -> None:
+    """A plan's commit is refused when DeleteRecords retired sections of its inputs since the plan read them (after
+    `expected_version`) and its outputs hold records of those partitions up to the retired sections' end: they would
+    bring the deleted records back as live sections. (A deleted topic's are `refuse_deleted_topics`'.) One read of the
+    inputs' sections by primary key."""
+    if expected_version is None or not file_ids or not added:
+        return
+    sec, tops = s.sections.c, s.topics.c
+    retired = connection.execute(
+        select(tops.name, sec.partition, func.max(sec.last_offset)).join(s.topics, tops.topic_id == sec.topic_id)
+        .where(one_of(sec.file_id, file_ids, connection.dialect.name), sec.removed_version > expected_version, tops.deleted_version.is_(None))
+        .group_by(tops.name, sec.partition)
+    ).all()
+    deleted_to = {(name, partition): last for name, partition, last in retired}
+    for data_file in added:
+        for section in data_file.sections:
+            last = deleted_to.get((section.topic, section.partition))
+            if last is not None and section.first_offset <= last:
+                raise CommitConflictError(
+                    f"{operation}: records of {section.topic}/{section.partition} up to offset {last} were deleted (DeleteRecords) "
+                    "after the plan read its files; plan again"
+                )

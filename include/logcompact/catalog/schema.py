@@ -104,8 +104,8 @@ partitions = Table(
     Column("topic_id", Integer, primary_key=True, autoincrement=False),
     Column("partition", Integer, primary_key=True, autoincrement=False),
     Column("next_offset", BigInteger, nullable=False),
-    # Kafka's log start offset: raised only by retention (records expired by retention.ms), never by compaction,
-    # so a consumer positioned in a compacted-away head reads on from the next record instead of being reset.
+    # Kafka's log start offset: raised by retention (records expired by retention.ms) and DeleteRecords, never by
+    # compaction, so a consumer positioned in a compacted-away head reads on from the next record instead of being reset.
     Column("log_start_offset", BigInteger, nullable=False, server_default="0"),
     # Where the last append's offsets ended, written with next_offset by the same statement: an append refuses a row
     # whose next_offset is lower (lowered alone, by hand or by a restore of that column, it would hand offsets out
@@ -304,8 +304,9 @@ def through_live_files(query: Select, version: int | BindParameter[int] | None =
 
 def removal_recorded(removed_version: ColumnElement[int]) -> ColumnElement[bool]:
     """Whether a row's `removed_version` (a files row's, or a sections row's retired alone) is a commit that removes
-    files or retires sections: a committed plan's, a topic's deletion, or a replacement of files the commit log still
-    holds. Any other is a damaged row's, which hides the records it names."""
+    files or retires sections: a committed plan's (DeleteRecords' among them: `topics.retire_below_log_starts`), a
+    topic's deletion, or a replacement of files the commit log still holds. Any other is a damaged row's, which hides
+    the records it names."""
     return or_(
         removed_version.in_(select(committed_plans.c.version)),
         removed_version.in_(select(topics.c.deleted_version).where(topics.c.deleted_version.is_not(None))),

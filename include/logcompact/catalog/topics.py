@@ -180,6 +180,94 @@ def offsets(connection: Connection, name: str) -> list[LogOffsets]:
     return [LogOffsets(r.log_start_offset, r.next_offset, max(r.log_start_offset, r.stable)) for r in rows]
 
 
+# Why DeleteRecords refused a partition (`delete_records`), each Kafka's error of the same name.
+UNKNOWN_PARTITION, POLICY_VIOLATION, OFFSET_OUT_OF_RANGE = "unknown partition", "policy violation", "offset out of range"
+HIGH_WATERMARK = -1  # DeleteRecords' offset meaning the partition's high watermark, as Kafka's
+DELETE_RECORDS = "delete records"  # the operation of its versions
+
+
+class RecordsDeleted(NamedTuple):
+    """A partition's answer to DeleteRecords: its log start offset after it (Kafka's low watermark), or why it was
+    refused (`refusal`, one of the constants above, with a one-line `message`; the low watermark is then -1)."""
+
+    low_watermark: int
+    refusal: str | None = None
+    message: str = ""
+
+
+def delete_records(connection: Connection, topic_id: int, topic: Topic, before: dict[int, int]) -> dict[int, RecordsDeleted]:
+    """Kafka's DeleteRecords (`Partition.deleteRecordsOnLeader`) for each partition of `before`: its log start raised
+    to the offset given (HIGH_WATERMARK: its high watermark), never lowered. Refused for a topic whose cleanup.policy
+    lacks `delete`, for an offset beyond the high watermark or below -1, and for a partition the topic does not
+    have. The partitions' rows are locked in order; the caller takes the version row after them, then retires what the
+    new log starts left behind (`retire_below_log_starts`)."""
+    found: dict[int, RecordsDeleted] = {}
+    part = s.partitions.c
+    for partition in sorted(before):
+        if not 0 <= partition < topic.partitions:
+            found[partition] = RecordsDeleted(-1, UNKNOWN_PARTITION, f"topic {topic.name!r} has partitions 0 to {topic.partitions - 1}, not {partition}")
+        elif "delete" not in topic.config.cleanup_policy:
+            found[partition] = RecordsDeleted(-1, POLICY_VIOLATION, f"records of {topic.name}/{partition} cannot be deleted: its cleanup.policy "
+                                              f"is {topic.config.cleanup_policy!r}; add delete to it")
+    wanted = sorted(p for p in before if p not in found)
+    if not wanted:
+        return found
+    rows = connection.execute(
+        select(part.partition, part.log_start_offset, part.next_offset).where(part.topic_id == topic_id, part.partition.in_(wanted))
+        .order_by(part.partition).with_for_update()
+    ).all()
+    for partition, log_start, high_watermark in rows:
+        offset = high_watermark if before[partition] == HIGH_WATERMARK else before[partition]
+        if not 0 <= offset <= high_watermark:
+            found[partition] = RecordsDeleted(-1, OFFSET_OUT_OF_RANGE, f"cannot delete {topic.name}/{partition} before offset {before[partition]}: "
+                                              f"give an offset from 0 to its high watermark {high_watermark}, or -1 for the high watermark")
+        elif offset > log_start:
+            connection.execute(update(s.partitions).where(part.topic_id == topic_id, part.partition == partition).values(log_start_offset=offset))
+            found[partition] = RecordsDeleted(offset)
+        else:
+            found[partition] = RecordsDeleted(log_start)
+    return found
+
+
+def retire_below_log_starts(connection: Connection, topic_id: int, starts: dict[int, int], version: int, now_ms: int) -> None:
+    """After DeleteRecords raised the log starts `starts` (by partition) in `version`: the partitions' sections wholly
+    below their log start retired, the files left with no live section removed (gc collects them), and the rows of
+    `partition_summaries` of the partitions that lost a section above L0 set again. A section holding the log start
+    stays live whole: readers start at the log start within it.
+
+    The version is recorded among the committed plans' (as `delete-records-VERSION`), the record kept for ever of the
+    versions that retire sections and remove files (`schema.removal_recorded`): the commit log is trimmed, and gc
+    would then take what this version removed for a damaged row's doing, and keep it."""
+    sec, files = s.sections.c, s.files.c
+    dialect = connection.dialect.name
+    holding: set[int] = set()
+    emptied_above_l0: set[tuple[int, int]] = set()
+    for partition, start in sorted(starts.items()):
+        below = select(sec.file_id, sec.level).where(sec.topic_id == topic_id, sec.partition == partition, sec.removed_version.is_(None),
+                                                     sec.last_offset < start)
+        found = connection.execute(union_all(*s.by_partition(below))).all()
+        if not found:
+            continue
+        ids = sorted({file_id for file_id, _ in found})
+        holding.update(ids)
+        if any(level > 0 for _, level in found):
+            emptied_above_l0.add((topic_id, partition))
+        connection.execute(
+            update(s.sections).where(one_of(sec.file_id, ids, dialect), sec.topic_id == topic_id, sec.partition == partition,
+                                     sec.removed_version.is_(None), sec.last_offset < start)
+            .values(removed_version=version)
+        )
+    if not holding:
+        return
+    connection.execute(insert(s.committed_plans).values(plan_id=f"delete-records-{version}", version=version, committed_ms=now_ms))
+    still_live = select(sec.file_id).where(sec.file_id == files.file_id, sec.removed_version.is_(None)).exists()
+    connection.execute(
+        update(s.files).where(one_of(files.file_id, sorted(holding), dialect), files.removed_version.is_(None), ~still_live)
+        .values(removed_version=version, removed_ms=now_ms)
+    )
+    summaries.settle(connection, emptied_above_l0, {}, version)
+
+
 def delete_topic(connection: Connection, topic_id: int, name: str, version: int, now_ms: int) -> None:
     """Delete a topic in `version`: its row marked deleted, its sections retired and the files left with no live
     section removed, its compaction holes, producers' batches, uncleanable marks and consumer groups' committed offsets

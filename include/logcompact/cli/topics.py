@@ -1,4 +1,4 @@
-"""`logcompact topic ...`: create, describe, list, alter and delete topics."""
+"""`logcompact topic ...`: create, describe, list, alter and delete topics, and delete a partition's records."""
 
 from __future__ import annotations
 
@@ -34,10 +34,11 @@ def topic_create(ctx: Context, name: str, partitions: int, configs: tuple[str, .
 @click.argument("name")
 @pass_context
 def topic_describe(ctx: Context, name: str) -> None:
-    """Print topic NAME as JSON, with each partition's next offset."""
+    """Print topic NAME as JSON, with each partition's log start offset and next offset."""
     catalog = ctx.catalog
     described = catalog.snapshot().topic(name)
-    emit({**described.to_dict(), "next_offsets": catalog.next_offsets(name)})
+    offsets = catalog.log_offsets(name)
+    emit({**described.to_dict(), "log_start_offsets": [o.log_start for o in offsets], "next_offsets": [o.high_watermark for o in offsets]})
 
 
 @topic.command("list")
@@ -67,3 +68,27 @@ def topic_delete(ctx: Context, name: str) -> None:
     """Delete topic NAME: its records go (gc removes its files), its name is free for a new topic, consumer groups'
     offsets of it are dropped. Prints the version that deleted it."""
     emit({"deleted": name, "version": ctx.catalog.delete_topic(name, ctx.clock())})
+
+
+@topic.command("delete-records")
+@now_option
+@click.argument("name")
+@click.option("--partition", "partitions", type=int, multiple=True, required=True, help="Partition, repeatable.")
+@click.option("--before", type=int, required=True, metavar="OFFSET",
+              help="The partition's new log start offset: the records before it are deleted (-1: its high watermark, all of them).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON line per partition instead of the lines of Kafka's kafka-delete-records.")
+@pass_context
+def topic_delete_records(ctx: Context, name: str, partitions: tuple[int, ...], before: int, as_json: bool) -> None:
+    """Delete the records of topic NAME's partitions before offset --before, as Kafka's DeleteRecords (kafka-delete-records):
+    each partition's log start offset rises to it, consumers start there. Only for a topic whose cleanup.policy has
+    delete. Prints each partition's log start offset after it (its low watermark); exits 1 if any was refused."""
+    deleted = ctx.catalog.delete_records(name, dict.fromkeys(partitions, before), ctx.clock())
+    for partition, found in sorted(deleted.items()):
+        if as_json:
+            emit({"topic": name, "partition": partition, "low_watermark": found.low_watermark, "error": found.refusal, "message": found.message or None})
+        elif found.refusal is None:
+            click.echo(f"partition: {name}-{partition}\tlow_watermark: {found.low_watermark}")
+        else:
+            click.echo(f"partition: {name}-{partition}\terror: {found.message}")
+    if any(found.refusal is not None for found in deleted.values()):
+        raise SystemExit(1)

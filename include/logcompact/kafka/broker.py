@@ -20,6 +20,7 @@ from logcompact.kafka.cluster import Address, AgentDirectory
 from logcompact.kafka.event_loop import CommitWatch
 from logcompact.kafka.group_coordinator import GroupCoordinator
 from logcompact.kafka.ingest_thread import Ingest
+from logcompact.kafka.kafka_configs import BrokerConfig
 from logcompact.kafka.quota_manager import ClientQuotaManager
 from logcompact.kafka.transaction_coordinator import TransactionCoordinator
 from logcompact.store.cache import CachedStore
@@ -49,6 +50,8 @@ class Broker:
     num_partitions: int = 1
     # Kafka's ACLs: every handler asks it (`authorize`, `authorize_cluster`) before doing what Kafka checks.
     authorizer: AclAuthorizer = field(default_factory=AclAuthorizer.disabled, repr=False)
+    # This agent's settings under Kafka's broker config names, as DescribeConfigs of its BROKER resource lists them.
+    broker_configs: tuple[BrokerConfig, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         # A group that moved away leaves memory as soon as the live agents change, not at its next request here:

@@ -77,6 +77,7 @@ from logcompact.kafka.group_coordinator import (
 from logcompact.kafka.handlers import APIS, api_versions
 from logcompact.kafka.handlers.produce import DEFAULT_MAX_MESSAGE_BYTES
 from logcompact.kafka.ingest_thread import Ingest
+from logcompact.kafka.kafka_configs import agent_broker_configs
 from logcompact.kafka.listeners import Listener, SecurityProtocol, check_insecure, insecure
 from logcompact.kafka.quota_manager import ClientQuotaManager, Muted, throttle_ms_of
 from logcompact.kafka.session import Session
@@ -399,6 +400,7 @@ class AgentServer:
         self._broker = Broker(
             self.catalog, cluster_id, agents, advertised, APIS, ingest, settings.max_message_bytes, commits, groups, file_cache,
             transactions, quotas, settings.auto_create_topics, settings.num_partitions, authorizer,
+            agent_broker_configs(settings, bound, advertised_at, agents.me.node_id),
         )
         quotas.start()
         groups.start(self._broker.coordinates)  # offsets' retention, of the groups this agent coordinates

@@ -3,7 +3,7 @@ of its requests from plain values (`codec.build`): `api_versions`, `metadata` (a
 `topics_admin`), `produce`, `fetch`, `list_offsets`, `init_producer_id`, `find_coordinator`, `groups` (JoinGroup,
 SyncGroup, Heartbeat, LeaveGroup, DescribeGroups, ListGroups), `groups_admin` (DeleteGroups, OffsetDelete),
 `offsets` (OffsetCommit, OffsetFetch),
-`topics_admin` (CreateTopics, DeleteTopics, CreatePartitions), `configs` (DescribeConfigs, AlterConfigs,
+`topics_admin` (CreateTopics, DeleteTopics, CreatePartitions), `delete_records` (DeleteRecords), `configs` (DescribeConfigs, AlterConfigs,
 IncrementalAlterConfigs), `describe_cluster`, `sasl` (SaslHandshake, SaslAuthenticate outside an authentication), `scram_admin`
 (DescribeUserScramCredentials, AlterUserScramCredentials), `transactions` (AddPartitionsToTxn, AddOffsetsToTxn, EndTxn,
 TxnOffsetCommit), `transactions_admin` (DescribeTransactions, ListTransactions, DescribeProducers, WriteTxnMarkers
@@ -22,6 +22,7 @@ from logcompact.kafka.handlers import (
     acls,
     api_versions,
     configs,
+    delete_records,
     describe_cluster,
     fetch,
     find_coordinator,
@@ -72,6 +73,7 @@ APIS: dict[int, Api] = {
         Api(topics_admin.CREATE_TOPICS, 0, 7, topics_admin.create_topics),
         Api(topics_admin.DELETE_TOPICS, 0, 6, topics_admin.delete_topics),
         Api(topics_admin.CREATE_PARTITIONS, 0, 3, topics_admin.create_partitions),
+        Api(delete_records.API_KEY, 0, 2, delete_records.handle),
         Api(configs.DESCRIBE_CONFIGS, 0, 4, configs.describe_configs),
         Api(configs.ALTER_CONFIGS, 0, 2, configs.alter_configs),
         Api(configs.INCREMENTAL_ALTER_CONFIGS, 0, 1, configs.incremental_alter_configs),

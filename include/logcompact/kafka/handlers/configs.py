@@ -1,14 +1,17 @@
 """DescribeConfigs (key 32) v0-4, AlterConfigs (key 33) v0-2 and IncrementalAlterConfigs (key 44) v0-1.
 
 Topics take the configs the CLI knows (`logcompact.topics`), checked by the same rules with the same one-line
-messages: an unknown name or a bad value is INVALID_CONFIG, an unknown topic UNKNOWN_TOPIC_OR_PARTITION. A
-config is described as DEFAULT_CONFIG while it holds Kafka's default, DYNAMIC_TOPIC_CONFIG otherwise (the
-catalog keeps values, not whether one was given). AlterConfigs sets the whole set (what it leaves out goes back
+messages: an unknown name or a bad value is INVALID_CONFIG, an unknown topic UNKNOWN_TOPIC_OR_PARTITION; a Kafka
+topic config the product does not apply is taken at Kafka's default only. Every topic config Kafka 4.x lists is
+described (`kafka_configs`): those the product applies with the topic's value, DEFAULT_CONFIG while it holds
+Kafka's default, DYNAMIC_TOPIC_CONFIG otherwise (the catalog keeps values, not whether one was given); the others
+at Kafka's default. Synonyms (v1+) and documentation (v3+) when asked. AlterConfigs sets the whole set (what it leaves out goes back
 to its default, as in Kafka); IncrementalAlterConfigs sets, deletes (back to the default), or appends to and
 subtracts from cleanup.policy, the one list config.
 
-A broker (this agent, by its node id or "") is described read-only: its command-line settings and the topics'
-defaults. Altering one is INVALID_REQUEST, as Kafka answers a config it cannot change dynamically.
+A broker (this agent, by its node id or "") is described read-only: its settings under Kafka's names
+(STATIC_BROKER_CONFIG where an option sets other than Kafka's default) and Kafka's defaults of the topics' configs.
+Altering one is INVALID_REQUEST, as Kafka answers a config it cannot change dynamically.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from logcompact.catalog.acls import CLUSTER_NAME, AclOperation, ResourceType
 from logcompact.exceptions import InvalidTopicError, TopicNotFoundError
 from logcompact.kafka import codec
 from logcompact.kafka.broker import Broker
-from logcompact.kafka.cluster import Address
+from logcompact.kafka.kafka_configs import DEFAULT_CONFIG, DYNAMIC_TOPIC_CONFIG, STATIC_BROKER_CONFIG, TOPIC_CONFIGS, TOPIC_CONFIGS_BY_NAME, refusal
+from logcompact.kafka.kafka_configs import entry as config_entry
 from logcompact.kafka.session import Session
 from logcompact.topics import Topic, TopicConfig, kafka_config_names, validate_topic_name
 from logcompact.units import wall_clock_ms
@@ -31,19 +35,11 @@ DESCRIBE_CONFIGS = 32
 ALTER_CONFIGS = 33
 INCREMENTAL_ALTER_CONFIGS = 44
 
-# Kafka's ConfigResource.Type, ConfigSource and ConfigType (DescribeConfigs v3+) codes.
+# Kafka's ConfigResource.Type codes.
 TOPIC = 2
 BROKER = 4
 BROKER_LOGGER, CLIENT_METRICS, GROUP = 8, 16, 32
 RESOURCE_TYPES = {0: "UNKNOWN", 2: "TOPIC", 4: "BROKER", 8: "BROKER_LOGGER", 16: "CLIENT_METRICS", 32: "GROUP"}
-DYNAMIC_TOPIC_CONFIG = 1
-STATIC_BROKER_CONFIG = 4
-DEFAULT_CONFIG = 5
-BOOLEAN, STRING, INT, LONG, DOUBLE, LIST = 1, 2, 3, 5, 6, 7
-_TOPIC_CONFIG_TYPES = {
-    "cleanup.policy": LIST, "retention.ms": LONG, "delete.retention.ms": LONG, "min.compaction.lag.ms": LONG,
-    "max.compaction.lag.ms": LONG, "message.timestamp.type": STRING, "max.message.bytes": INT, "min.cleanable.dirty.ratio": DOUBLE,
-}
 # IncrementalAlterConfigs' operations.
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 LIST_CONFIGS = {"cleanup.policy"}
@@ -76,64 +72,56 @@ def check_authorized(broker: Broker, session: Session, resource: Any, operation:
 # -- describing -------------------------------------------------------------------------------------------
 
 
-def topic_configs(broker: Broker, config: TopicConfig, keys: Any) -> list[dict[str, Any]]:
-    """A topic's configs as DescribeConfigs (and CreateTopics v5+) lists them; only `keys` unless None."""
-    values, defaults = asdict(config), asdict(TopicConfig())
+def topic_configs(broker: Broker, config: TopicConfig, keys: Any, with_synonyms: bool = False, with_documentation: bool = False) -> list[dict[str, Any]]:
+    """A topic's configs as DescribeConfigs (and CreateTopics v5+) lists them: every topic config of Kafka's
+    (`kafka_configs.TOPIC_CONFIGS`), those the product applies with the topic's values; only `keys` unless None."""
+    values, defaults, applied = asdict(config), asdict(TopicConfig()), set(kafka_config_names())
     described = []
-    for name in kafka_config_names():
-        if keys is not None and name not in keys:
+    for kafka in TOPIC_CONFIGS:
+        if keys is not None and kafka.name not in keys:
             continue
-        field = name.replace(".", "_")
-        value, default = values[field], defaults[field]
-        if field == "max_message_bytes" and value is None:
-            value = broker.max_message_bytes  # the agent's, as Kafka's topics take the broker's message.max.bytes
-        described.append(_entry(name, value, False, DEFAULT_CONFIG if values[field] == default else DYNAMIC_TOPIC_CONFIG, _TOPIC_CONFIG_TYPES[name]))
+        field = kafka.name.replace(".", "_")
+        synonym = kafka.broker_synonym
+        synonyms: list[tuple[str, Any, int]] = []
+        if kafka.name not in applied or values[field] == defaults[field]:
+            value, source = kafka.default, DEFAULT_CONFIG
+            if field == "max_message_bytes":  # unset: the agent's, as Kafka's topics take the broker's message.max.bytes
+                value = str(broker.max_message_bytes)
+                source = DEFAULT_CONFIG if value == kafka.default else STATIC_BROKER_CONFIG
+                if source == STATIC_BROKER_CONFIG:
+                    synonyms.append((str(synonym), value, STATIC_BROKER_CONFIG))
+        else:
+            value, source = values[field], DYNAMIC_TOPIC_CONFIG
+            synonyms.append((kafka.name, value, DYNAMIC_TOPIC_CONFIG))
+        if synonym is not None:
+            synonyms.append((synonym, kafka.default, DEFAULT_CONFIG))
+        described.append(config_entry(kafka.name, value, source, kafka.kind, synonyms=tuple(synonyms) if with_synonyms else (),
+                               documentation=kafka.documentation if with_documentation else None))
     return described
 
 
-def broker_configs(broker: Broker, keys: Any) -> list[dict[str, Any]]:
-    """This agent's settings, read-only: what its command line set, and the topics' defaults."""
-    defaults = TopicConfig()
-    settings = [
-        ("broker.id", broker.node_id, STATIC_BROKER_CONFIG, INT),
-        ("advertised.listeners", ",".join(f"{e.listener}://{Address(e.host, e.port)}" for e in broker.agents.me.endpoints), STATIC_BROKER_CONFIG, LIST),
-        ("auto.create.topics.enable", str(broker.auto_create_topics).lower(), STATIC_BROKER_CONFIG, BOOLEAN),
-        ("num.partitions", broker.num_partitions, STATIC_BROKER_CONFIG, INT),
-        ("message.max.bytes", broker.max_message_bytes, STATIC_BROKER_CONFIG, INT),
-        ("default.replication.factor", 1, DEFAULT_CONFIG, INT),
-        ("log.cleanup.policy", defaults.cleanup_policy, DEFAULT_CONFIG, LIST),
-        ("log.retention.ms", defaults.retention_ms, DEFAULT_CONFIG, LONG),
-        ("log.cleaner.delete.retention.ms", defaults.delete_retention_ms, DEFAULT_CONFIG, LONG),
-        ("log.cleaner.min.compaction.lag.ms", defaults.min_compaction_lag_ms, DEFAULT_CONFIG, LONG),
-        ("log.cleaner.max.compaction.lag.ms", defaults.max_compaction_lag_ms, DEFAULT_CONFIG, LONG),
-        ("log.message.timestamp.type", defaults.message_timestamp_type, DEFAULT_CONFIG, STRING),
-        ("log.cleaner.min.cleanable.ratio", defaults.min_cleanable_dirty_ratio, DEFAULT_CONFIG, DOUBLE),
-    ]
-    return [_entry(name, value, True, source, kind) for name, value, source, kind in settings if keys is None or name in keys]
-
-
-def _entry(name: str, value: Any, read_only: bool, source: int, kind: int) -> dict[str, Any]:
-    return {
-        "name": name, "value": str(value), "read_only": read_only, "is_default": source == DEFAULT_CONFIG, "config_source": source,
-        "is_sensitive": False, "synonyms": [], "config_type": kind, "documentation": None,
-    }
+def broker_configs(broker: Broker, keys: Any, with_synonyms: bool = False, with_documentation: bool = False) -> list[dict[str, Any]]:
+    """This agent's settings under Kafka's names, read-only (`kafka_configs.agent_broker_configs`)."""
+    return [config.described(with_synonyms, with_documentation) for config in broker.broker_configs if keys is None or config.name in keys]
 
 
 async def describe_configs(broker: Broker, request: codec.Request) -> Any:
-    results = await asyncio.to_thread(lambda: [_describe(broker, request.session, resource) for resource in request.body.resources])
+    results = await asyncio.to_thread(lambda: [_describe(broker, request.session, resource, request.body) for resource in request.body.resources])
     return codec.build(codec.response_class(DESCRIBE_CONFIGS, request.api_version), {"throttle_time": 0, "results": results})
 
 
-def _describe(broker: Broker, session: Session, resource: Any) -> dict[str, Any]:
+def _describe(broker: Broker, session: Session, resource: Any, body: Any) -> dict[str, Any]:
+    # include_synonyms from v1, include_documentation from v3: absent before
+    asked = (getattr(body, "include_synonyms", False), getattr(body, "include_documentation", False))
     result = {"resource_type": resource.resource_type, "resource_name": resource.resource_name, "error_code": codec.ErrorCode.none, "error_message": None, "configs": []}
     try:
         check_authorized(broker, session, resource, AclOperation.DESCRIBE_CONFIGS)
         if resource.resource_type == TOPIC:
             topic = _topic(broker, resource.resource_name)
-            result["configs"] = topic_configs(broker, topic.config, resource.configuration_keys)
+            result["configs"] = topic_configs(broker, topic.config, resource.configuration_keys, *asked)
         else:
             _check_broker(broker, resource)
-            result["configs"] = broker_configs(broker, resource.configuration_keys)
+            result["configs"] = broker_configs(broker, resource.configuration_keys, *asked)
     except Refused as refused:
         result.update(error_code=refused.error, error_message=str(refused))
     return result
@@ -163,8 +151,9 @@ def _check_broker(broker: Broker, resource: Any) -> None:
 
 def settings_of(entries: Any, null_error: codec.ErrorCode) -> dict[str, str]:
     """A request's configs as {name: value}; a null value or a name given twice is refused with `null_error`
-    (Kafka's for the API) or INVALID_REQUEST. `retention.bytes` at Kafka's default, -1 (no size limit, the only
-    one a topic here has), is taken and left out: quixstreams names it in every changelog topic it creates."""
+    (Kafka's for the API) or INVALID_REQUEST. A Kafka topic config the product does not apply is taken at Kafka's
+    default and left out (quixstreams names `retention.bytes` -1 in every changelog topic it creates; a tool copying
+    a Kafka topic names them all), another value of it is INVALID_CONFIG."""
     named = Counter(entry.name for entry in entries)
     settings = {}
     for entry in entries:
@@ -172,12 +161,22 @@ def settings_of(entries: Any, null_error: codec.ErrorCode) -> dict[str, str]:
             raise Refused(codec.ErrorCode.invalid_request, f"config {entry.name!r} is given {named[entry.name]} times")
         if entry.value is None:
             raise Refused(null_error, f"config {entry.name!r} has a null value: give a value (IncrementalAlterConfigs DELETE reverts one to its default)")
-        if entry.name == "retention.bytes":
-            if entry.value.strip() != "-1":
-                raise Refused(codec.ErrorCode.invalid_config, f"retention.bytes={entry.value!r} is not taken: topics here have no size limit; give -1 or leave it out")
+        if _ignored(entry.name, entry.value):
             continue
         settings[entry.name] = entry.value
     return settings
+
+
+def _ignored(name: str, value: str | None) -> bool:
+    """Whether config `name` is one the product does not apply, given at Kafka's default (or None: deleted); another
+    value of it is Refused with INVALID_CONFIG."""
+    kafka = TOPIC_CONFIGS_BY_NAME.get(name)
+    if kafka is None or name in kafka_config_names():
+        return False
+    refused = None if value is None else refusal(kafka, value)
+    if refused is not None:
+        raise Refused(codec.ErrorCode.invalid_config, refused)
+    return True
 
 
 async def alter_configs(broker: Broker, request: codec.Request) -> Any:
@@ -200,15 +199,17 @@ def _incremental_change(resource: Any) -> Any:
             raise Refused(codec.ErrorCode.invalid_request, f"config {entry.name!r} is given {named[entry.name]} times")
         if entry.config_operation not in (SET, DELETE, APPEND, SUBTRACT):
             raise Refused(codec.ErrorCode.invalid_request, f"config {entry.name!r}: operation {entry.config_operation} is not SET (0), DELETE (1), APPEND (2) or SUBTRACT (3)")
-        if entry.config_operation in (APPEND, SUBTRACT) and entry.name not in LIST_CONFIGS and entry.name in _TOPIC_CONFIG_TYPES:
+        if entry.config_operation in (APPEND, SUBTRACT) and entry.name not in LIST_CONFIGS and entry.name in TOPIC_CONFIGS_BY_NAME:
             raise Refused(codec.ErrorCode.invalid_config, f"config {entry.name!r} is not a list: APPEND and SUBTRACT apply to cleanup.policy only")
         if entry.config_operation != DELETE and entry.value is None:
             raise Refused(codec.ErrorCode.invalid_request, f"config {entry.name!r} has a null value: give a value, or DELETE it")
 
+    applied = [entry for entry in resource.configs if not _ignored(entry.name, None if entry.config_operation == DELETE else entry.value)]
+
     def change(topic: Topic) -> Topic:
-        config = topic.config.reverted([entry.name for entry in resource.configs if entry.config_operation == DELETE])
+        config = topic.config.reverted([entry.name for entry in applied if entry.config_operation == DELETE])
         settings = {}
-        for entry in resource.configs:
+        for entry in applied:
             if entry.config_operation == SET:
                 settings[entry.name] = entry.value
             elif entry.config_operation in (APPEND, SUBTRACT):

@@ -223,7 +223,7 @@ def _partitions_plan(snapshot: Snapshot, topic: str, partitions: list[Wanted], o
             plan.append(Answer(asked.partition, codec.ErrorCode.unknown_topic_or_partition))
             continue
         log_start, high_watermark, last_stable = offsets[asked.partition]
-        # The log start is the catalog's (raised by retention only): an offset from it on is served from the next
+        # The log start is the catalog's (raised by retention and DeleteRecords): an offset from it on is served from the next
         # record there is, however much of the head compaction removed.
         if not log_start <= asked.fetch_offset <= high_watermark:
             plan.append(Answer(asked.partition, codec.ErrorCode.offset_out_of_range, high_watermark, log_start, last_stable))

@@ -72,29 +72,30 @@ def _find(store: ObjectStore, snapshot: Snapshot, topic: str, partition: int, lo
     stable offset under read_committed)."""
     if target == LATEST:
         return end, NOT_FOUND
-    if target == EARLIEST:  # the log start: raised by retention only, so compaction never moves it
+    if target == EARLIEST:  # the log start: raised by retention and DeleteRecords, never by compaction
         return log_start, NOT_FOUND
-    sections = [section for _, section in snapshot.sections_of(topic, partition)]
+    sections = [section for _, section in snapshot.sections_of(topic, partition) if section.last_offset >= log_start]
     if target == MAX_TIMESTAMP:
         if not sections:
             return NOT_FOUND, NOT_FOUND
         target = max(section.info.max_timestamp for section in sections)
-    return _first_at_or_after(store, snapshot, topic, partition, sections, target, end)
+    return _first_at_or_after(store, snapshot, topic, partition, sections, target, log_start, end)
 
 
 def _first_at_or_after(
-    store: ObjectStore, snapshot: Snapshot, topic: str, partition: int, sections: list[CatalogSection], timestamp: int, end: int,
+    store: ObjectStore, snapshot: Snapshot, topic: str, partition: int, sections: list[CatalogSection], timestamp: int, log_start: int, end: int,
 ) -> tuple[int, int]:
-    """The first record below `end` in offset order whose timestamp is >= `timestamp`, as Kafka's time index finds it.
+    """The first record from `log_start` to below `end` in offset order whose timestamp is >= `timestamp`, as Kafka's
+    time index finds it (the files may still hold records DeleteRecords put before the log start).
 
     Sections are in first-offset order; every record before the first section whose max_timestamp reaches the
     target lies in an earlier section, all of whose records are older, so the records are read from there on."""
     start = next((section for section in sections if section.info.max_timestamp >= timestamp), None)
     if start is None or start.first_offset >= end:
         return NOT_FOUND, NOT_FOUND
-    for table in read_batches(store, snapshot, topic, partition, start.first_offset, end):
+    for table in read_batches(store, snapshot, topic, partition, max(start.first_offset, log_start), end):
         timestamps = table.column("timestamp").to_numpy()
-        hits = (timestamps >= timestamp).nonzero()[0]
+        hits = ((timestamps >= timestamp) & (table.column("offset").to_numpy() >= log_start)).nonzero()[0]
         if len(hits):
             return int(table.column("offset")[int(hits[0])].as_py()), int(timestamps[hits[0]])
     return NOT_FOUND, NOT_FOUND
