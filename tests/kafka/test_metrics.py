@@ -5,7 +5,10 @@ errors per API, connections, flushes, groups and their members, and lag per part
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -19,7 +22,7 @@ from logcompact.exceptions import LogcompactError
 from logcompact.kafka.cluster import Address
 from logcompact.kafka.server import AgentServer, AgentSettings
 from tests.helpers import NOW, create_topic
-from tests.kafka.agents import FAST_CLIENT, FLUSH_MS, RunningAgent
+from tests.kafka.agents import FAST_CLIENT, FLUSH_MS, RunningAgent, agent_environment, free_port
 from tests.kafka.wire import Wire, keyed_batch, produce
 
 pytestmark = pytest.mark.timeout(120)
@@ -212,3 +215,30 @@ def test_metrics_listen_taken_is_refused_before_serving(catalog: Catalog) -> Non
         with pytest.raises(LogcompactError, match=rf"cannot serve metrics on 127\.0\.0\.1:{port}: .*pass another --metrics-listen"):
             asyncio.run(server.start())
         assert not server._servers  # no Kafka listener was opened
+
+
+def test_the_agent_command_serves_metrics(catalog: Catalog) -> None:
+    """`logcompact agent --metrics-listen` as a process: /metrics answers, and SIGTERM stops both."""
+    catalog.ensure_created(NOW)
+    port, metrics_port = free_port(), free_port()
+    command = [sys.executable, "-m", "logcompact", "agent", "--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{metrics_port}"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=agent_environment(catalog))
+    try:
+        assert process.stdout is not None and process.stdout.readline(), process.stderr.read() if process.stderr else ""
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as answer:
+            families = {family.name for family in text_string_to_metric_families(answer.read().decode())}
+        assert {"kafka_server_brokertopicmetrics_bytesin", "kafka_network_requestmetrics_totaltimems",
+                "kafka_coordinator_group_groupmetadatamanager_numgroups", "kafka_log_logflushstats_logflushrateandtimems"} <= families
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+    with socket.socket() as probe:  # nothing listens on the metrics port any more (the scrape's own close may linger in TIME_WAIT)
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(("127.0.0.1", metrics_port))
+
+
+def test_a_bad_metrics_address_is_refused_in_one_line(catalog: Catalog) -> None:
+    catalog.ensure_created(NOW)
+    done = subprocess.run([sys.executable, "-m", "logcompact", "agent", "--metrics-listen", "9404"], capture_output=True, text=True,
+                          env=agent_environment(catalog), timeout=120)
+    assert done.returncode != 0 and "--metrics-listen '9404' is not HOST:PORT" in done.stderr

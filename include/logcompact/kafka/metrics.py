@@ -86,28 +86,30 @@ class AgentMetrics:
             recent = self.recent_ms[api_key] = deque(maxlen=RECENT_REQUESTS)
         recent.append(took_ms)
         answered = response is not None and not isinstance(response, Muted)
+        if api_key == PRODUCE and request.body is not None:
+            self._produced(request.body, response if answered else None)  # its errors counted on the way
+            return
         if answered:
             _count_errors(response, api_key, self.errors)
-        if request.body is None:
-            return
-        if api_key == PRODUCE:
-            self._produced(request.body, response if answered else None)
-        elif api_key == FETCH and answered:
-            self._fetched(request.body, response)
+            if api_key == FETCH and request.body is not None:
+                self._fetched(request.body, response)
 
     def _produced(self, body: Any, response: Any) -> None:
         """Kafka's ReplicaManager counts a partition's batch bytes and records once appended: here once answered
         without error (at acks=0, taken; a refused batch closes the connection instead)."""
         answers = response.responses if response is not None else None
-        bytes_in, messages_in, requests, failed = self.bytes_in, self.messages_in, self.produce_requests, self.failed_produce_requests
+        bytes_in, messages_in, requests, failed, errors = self.bytes_in, self.messages_in, self.produce_requests, self.failed_produce_requests, self.errors
         for at, topic in enumerate(body.topic_data):
             name = topic.name
             partitions = answers[at].partition_responses if answers is not None else None
             for index, partition in enumerate(topic.partition_data):
                 requests[name] = requests.get(name, 0) + 1
-                if partitions is not None and partitions[index].error_code:
-                    failed[name] = failed.get(name, 0) + 1
-                    continue
+                if partitions is not None:  # the handler answers every partition, in the request's order
+                    error = (PRODUCE, int(partitions[index].error_code))
+                    errors[error] = errors.get(error, 0) + 1
+                    if error[1]:
+                        failed[name] = failed.get(name, 0) + 1
+                        continue
                 batch = partition.records
                 if batch is None or len(batch) < _RECORD_COUNT_AT + 4:
                     continue
