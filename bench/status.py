@@ -48,7 +48,7 @@ def main() -> None:
         print(f"  LSOs, open txns       {seconds(args.runs, lambda: snapshot.stability(topics))}")
         print(f"  describe (the table)  {seconds(args.runs, status.describe)}")
         worst = cluster_status(catalog, NOW, worst=WORST)
-        print(f"  --worst {WORST}             {seconds(args.runs, lambda: cluster_status(catalog, NOW, worst=WORST))}")
+        print(f"  {f'--worst {WORST}':<22}{seconds(args.runs, lambda: cluster_status(catalog, NOW, worst=WORST))}")
         print(f"  its table             {seconds(args.runs, worst.describe)}")
         catalog.engine.dispose()
 
