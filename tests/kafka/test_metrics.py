@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from logcompact.catalog import Catalog
 from logcompact.exceptions import LogcompactError
 from logcompact.kafka.cluster import Address
+from logcompact.kafka.listeners import Listener, SecurityProtocol
 from logcompact.kafka.server import AgentServer, AgentSettings
 from tests.helpers import NOW, create_topic
 from tests.kafka.agents import FAST_CLIENT, FLUSH_MS, RunningAgent, agent_environment, free_port
@@ -242,3 +243,18 @@ def test_a_bad_metrics_address_is_refused_in_one_line(catalog: Catalog) -> None:
     done = subprocess.run([sys.executable, "-m", "logcompact", "agent", "--metrics-listen", "9404"], capture_output=True, text=True,
                           env=agent_environment(catalog), timeout=120)
     assert done.returncode != 0 and "--metrics-listen '9404' is not HOST:PORT" in done.stderr
+
+
+def test_a_listener_address_taken_stops_the_metrics_server_too(catalog: Catalog) -> None:
+    catalog.ensure_created(NOW)
+    metrics_port = free_port()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        listener = Listener(SecurityProtocol.PLAINTEXT, Address("127.0.0.1", taken.getsockname()[1]))
+        server = AgentServer(catalog, AgentSettings((listener,), metrics_listen=Address("127.0.0.1", metrics_port)))
+        with pytest.raises(LogcompactError, match="agent cannot listen on"):
+            asyncio.run(server.start())
+    with socket.socket() as probe:  # nothing listens on the metrics port
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(("127.0.0.1", metrics_port))

@@ -425,6 +425,8 @@ class AgentServer:
         except OSError as exc:
             for server in self._servers.values():
                 server.close()
+            if self._metrics_server is not None:
+                self._metrics_server.stop()
             raise LogcompactError(f"agent cannot listen on {listener}: {exc.strerror or exc}; pass another --listen {listener.name}://HOST:PORT") from None
 
     async def stop(self) -> None:
