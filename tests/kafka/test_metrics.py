@@ -18,6 +18,7 @@ from confluent_kafka import Consumer, Producer
 from prometheus_client.parser import text_string_to_metric_families
 
 from logcompact.catalog import Catalog
+from logcompact.catalog.credentials import new_credential
 from logcompact.exceptions import LogcompactError
 from logcompact.kafka.cluster import Address
 from logcompact.kafka.listeners import Listener, SecurityProtocol
@@ -258,3 +259,25 @@ def test_a_listener_address_taken_stops_the_metrics_server_too(catalog: Catalog)
     with socket.socket() as probe:  # nothing listens on the metrics port
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         probe.bind(("127.0.0.1", metrics_port))
+
+
+def test_sasl_requests_and_connections_by_listener(catalog: Catalog) -> None:
+    create_topic(catalog, TOPIC, PARTITIONS)
+    catalog.put_scram_credential("alice", new_credential("SCRAM-SHA-256", "alice-secret", 4096))
+    listeners = (Listener(SecurityProtocol.SASL_PLAINTEXT, Address("127.0.0.1", 0)), Listener(SecurityProtocol.PLAINTEXT, Address("127.0.0.1", 0)))
+    agent = RunningAgent(catalog, listeners, flush_interval_ms=FLUSH_MS, metrics_listen=Address("127.0.0.1", 0))
+    try:
+        producer = Producer({"bootstrap.servers": agent.bootstrap, "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-256",
+                             "sasl.username": "alice", "sasl.password": "alice-secret", **FAST_CLIENT})
+        for index in range(3):
+            producer.produce(TOPIC, b"v", b"k%d" % index, partition=0)
+        assert producer.flush(30) == 0
+        scrape = Scrape(agent)
+        requests = scrape.labelled("kafka_network_requestmetrics_requests_total")
+        for api in ("SaslHandshake", "SaslAuthenticate", "Produce"):
+            assert sum(value for labels, value in requests.items() if ("request", api) in labels) >= 1, api
+        assert scrape("kafka_server_brokertopicmetrics_messagesin_total", topic=TOPIC) == 3
+        assert scrape("kafka_server_socket_server_metrics_connection_count", listener="SASL_PLAINTEXT") >= 1
+        assert scrape("kafka_server_socket_server_metrics_connection_creation_total", listener="PLAINTEXT") == 0
+    finally:
+        agent.stop()

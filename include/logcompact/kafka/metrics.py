@@ -117,14 +117,17 @@ class AgentMetrics:
                 messages_in[name] = messages_in.get(name, 0) + _RECORD_COUNT.unpack_from(batch, _RECORD_COUNT_AT)[0]
 
     def _fetched(self, body: Any, response: Any) -> None:
+        """Fetch up to v12 names its topics; a version naming them by id only (v13 on) is not counted per topic."""
         bytes_out, requests = self.bytes_out, self.fetch_requests
         for topic in body.topics:
-            name = topic.topic
-            requests[name] = requests.get(name, 0) + len(topic.partitions)
+            name = getattr(topic, "topic", None)
+            if name is not None:
+                requests[name] = requests.get(name, 0) + len(topic.partitions)
         for topic in response.responses:
+            name = getattr(topic, "topic", None)
             size = sum(len(partition.records) for partition in topic.partitions if partition.records is not None)
-            if size:
-                bytes_out[topic.topic] = bytes_out.get(topic.topic, 0) + size
+            if size and name is not None:
+                bytes_out[name] = bytes_out.get(name, 0) + size
 
 
 def _count_errors(entity: Any, api_key: int, errors: dict[tuple[int, int], int]) -> None:

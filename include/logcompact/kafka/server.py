@@ -696,10 +696,13 @@ class AgentServer:
     async def _authentication_step(self, received: codec.Request | bytes, connection: Connection, size: int,
                                    authenticator: SaslAuthenticator) -> bytes | None:
         """`_answer` for what a connection sends before it authenticated: the authenticator's answer, None to close."""
+        started = time.perf_counter()
         try:
             frame = await authenticator.answer(received)
         finally:
             self._handled(connection, size)
+        if isinstance(received, codec.Request):  # counted and timed; its answer is a frame already, whose errors are not counted
+            self.metrics.answered(received, None, started)
         if frame is not None:
             connection.held.add(len(frame))
         return frame
