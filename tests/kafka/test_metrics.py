@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from confluent_kafka import Consumer, Producer
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
 
 from logcompact.catalog import Catalog
@@ -200,6 +201,12 @@ def test_a_bad_scrape_leaves_the_agent_serving(agent: RunningAgent) -> None:
     with socket.create_connection((address.host, address.port), timeout=5):
         pass  # connected and gone without a request
     assert Scrape(agent)("kafka_server_socket_server_metrics_connection_count", listener="PLAINTEXT") >= 0
+    # Prometheus asks for OpenMetrics first: the same families, valid in that format too
+    asked = urllib.request.Request(f"http://{address}/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+    with urllib.request.urlopen(asked, timeout=10) as answer:
+        assert answer.headers["Content-Type"].startswith("application/openmetrics-text")
+        families = {family.name: family.type for family in openmetrics_families(answer.read().decode())}
+    assert families["kafka_network_requestmetrics_totaltimems"] == "summary" and families["kafka_server_brokertopicmetrics_bytesin"] == "counter"
     wire = Wire(agent)
     try:
         assert wire.call(API_VERSIONS, 3, {"client_software_name": "raw", "client_software_version": "1"}).error_code == 0
