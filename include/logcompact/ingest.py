@@ -113,8 +113,9 @@ RECENT_FLUSHES = 1028
 @dataclass
 class FlushStats:
     """What the agent's L0 flushes did, for its metrics: files committed, their bytes and records, and the recent
-    files' sizes and times from the start of their write to their commit. Written by the committing thread, read by
-    the metrics' scrape (ints and deques, whose single steps the GIL keeps whole)."""
+    files' sizes and times from the start of their write to their commit; the catalog commits (each of the files
+    written by then) and their times. Written by the committing thread, read by the metrics' scrape (ints and
+    deques, whose single steps the GIL keeps whole)."""
 
     files: int = 0
     bytes: int = 0
@@ -122,6 +123,15 @@ class FlushStats:
     recent_ms: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_FLUSHES))
     recent_bytes: deque[int] = field(default_factory=lambda: deque(maxlen=RECENT_FLUSHES))
     total_ms: float = 0.0
+    commits: int = 0
+    commit_total_ms: float = 0.0
+    recent_commit_ms: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_FLUSHES))
+
+    def appended(self, took_ms: float) -> None:
+        """A catalog commit of L0 files (`Catalog.append_files`) done in `took_ms`."""
+        self.commits += 1
+        self.commit_total_ms += took_ms
+        self.recent_commit_ms.append(took_ms)
 
     def committed(self, size: int, records: int, took_ms: float) -> None:
         self.files += 1
@@ -414,6 +424,7 @@ class Agent:
                 written.done.set()
             if not committable:
                 return
+            commit_started = time.monotonic()
             try:
                 with collector_paused():
                     _version, assigned, refused = self.catalog.append_files(
@@ -425,6 +436,7 @@ class Agent:
                     written.done.set()
                 return
             finished = time.monotonic()
+            self.stats.appended((finished - commit_started) * 1000)
             try:
                 for index, (written, firsts) in enumerate(zip(committable, assigned, strict=True)):
                     self.files_written += 1

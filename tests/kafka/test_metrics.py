@@ -117,6 +117,9 @@ def test_metrics_count_a_known_load(agent: RunningAgent, catalog: Catalog) -> No
     assert scrape("logcompact_agent_l0_records_total") == FIRST
     assert scrape("kafka_log_logflushstats_logflushrateandtimems_count") >= 1
     assert scrape("logcompact_agent_l0_file_bytes_sum") > 0
+    commits = scrape("logcompact_agent_l0_commit_ms_count")
+    assert 1 <= commits <= scrape("kafka_log_logflushstats_logflushrateandtimems_count")  # a commit takes one file or more
+    assert scrape("logcompact_agent_l0_commit_ms", quantile="0.50") <= scrape("logcompact_agent_l0_commit_ms", quantile="0.999")
 
     consumer = Consumer({"bootstrap.servers": agent.bootstrap, "group.id": GROUP, "auto.offset.reset": "earliest",
                          "enable.auto.commit": False, **FAST_CLIENT})

@@ -202,7 +202,7 @@ def _quantiles(samples: list[float]) -> Iterator[tuple[str, float]]:
             yield label, lower + (position - int(position)) * (samples[int(position)] - lower)
 
 
-def _addSummaryMetricFamily(family: Metric, labels: dict[str, str], recent: list[float], count: int, total: float) -> None:
+def _add_summary(family: Metric, labels: dict[str, str], recent: list[float], count: int, total: float) -> None:
     """A Kafka histogram MBean as the JMX exporter gives it: a sample per percentile with a `quantile` label, its
     Count as `_count`; `_sum` added (the MBean's Mean times its Count), which Prometheus' summaries carry."""
     if recent:
@@ -283,7 +283,7 @@ class AgentCollector(Collector):
             total = m.request_ms.get(api_key, 0.0)
             names = (request_name(api_key), "FetchConsumer") if api_key == FETCH else (request_name(api_key),)
             for name in names:
-                _addSummaryMetricFamily(times, {"request": name}, list(recent), count, total)
+                _add_summary(times, {"request": name}, list(recent), count, total)
         errors = CounterMetricFamily("kafka_network_requestmetrics_errors", "Error codes in responses, NONE included (RequestMetrics ErrorsPerSec)",
                                      labels=["request", "error"])
         for (api_key, code), count in sorted(dict(m.errors).items()):
@@ -312,12 +312,15 @@ class AgentCollector(Collector):
         files, total_ms, size, records = stats.files, stats.total_ms, stats.bytes, stats.records
         times = SummaryMetricFamily("kafka_log_logflushstats_logflushrateandtimems",
                          "Milliseconds from an L0 file's write begun to its commit in the catalog, the agent's durable point (LogFlushStats LogFlushRateAndTimeMs)")
-        _addSummaryMetricFamily(times, {}, list(stats.recent_ms), files, total_ms)
+        _add_summary(times, {}, list(stats.recent_ms), files, total_ms)
         sizes = SummaryMetricFamily("logcompact_agent_l0_file_bytes", "Bytes of the L0 files committed, in the store (Kafka has no such MBean)")
-        _addSummaryMetricFamily(sizes, {}, [float(b) for b in stats.recent_bytes], files, size)
+        _add_summary(sizes, {}, [float(b) for b in stats.recent_bytes], files, size)
         written = CounterMetricFamily("logcompact_agent_l0_records", "Records in the L0 files committed")
         written.add_metric([], records)
-        yield from (times, sizes, written)
+        commits = SummaryMetricFamily("logcompact_agent_l0_commit_ms",
+                                      "Milliseconds of each catalog commit of L0 files (Catalog.append_files, one or more files)")
+        _add_summary(commits, {}, list(stats.recent_commit_ms), stats.commits, stats.commit_total_ms)
+        yield from (times, sizes, written, commits)
 
     def _catalog_figures(self, broker: Broker) -> CatalogFigures:
         with self._read_lock:
