@@ -3,7 +3,7 @@
 consumer lag and group members under kafka_exporter's names, which lag dashboards read (Kafka brokers have no MBean
 for either). docs/metrics.md lists each with its MBean.
 
-The serving path only counts: one dictionary update or two per request (`AgentMetrics.answered`), per partition for
+The serving path only counts: a few dictionary updates per request (`AgentMetrics.answered`), per partition for
 Produce and Fetch bytes, never per record. Everything else is worked out at scrape time, on the scraping thread:
 quantiles from the recent requests' times, group states from the coordinator's memory, and lag from one bounded
 catalog read (`Catalog.consumer_lags`), done at most once a `CATALOG_READ_SECONDS` however often Prometheus
@@ -46,7 +46,9 @@ MAX_LAG_PARTITIONS = 10_000
 CATALOG_READ_SECONDS = 1.0  # a scrape reuses the catalog's figures read less than this long ago
 PRODUCE, FETCH = 0, 1
 _RECORD_COUNT = struct.Struct(">i")
-_RECORD_COUNT_AT = 57  # of a record batch v2: base offset 8, length 4, epoch 4, magic 1, crc 4, attributes 2, ... producer's 14
+# Where a record batch v2 holds its record count: after its base offset 8, length 4, leader epoch 4, magic 1, CRC 4,
+# attributes 2, last offset delta 4, two timestamps 16, and producer id, epoch and base sequence 14.
+_RECORD_COUNT_AT = 57
 GROUP_STATES = ("PreparingRebalance", "CompletingRebalance", "Stable", "Dead", "Empty")
 
 
