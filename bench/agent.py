@@ -6,6 +6,8 @@ side by side with librdkafka's built-in mock cluster (`test.mock.num.brokers: 1`
     .venv/bin/python bench/agent.py --records 200000 --repeat 5
     .venv/bin/python bench/agent.py --measures txn   # the transactions' targets (about 15 minutes)
     .venv/bin/python bench/agent.py --measures security   # over SASL_SSL against PLAINTEXT (bench/agent_security.py)
+    .venv/bin/python bench/agent.py --measures produce --agent-metrics   # the agent serving /metrics, scraped every second
+    .venv/bin/python bench/agent.py --measures metrics    # what counting costs a request, in this process
 
 The agent runs as `logcompact agent` in its own process on 127.0.0.1 (a free port, --flush-ms 250), over a SQLite
 catalog and a local store in a temporary directory. Measures (and targets):
@@ -47,6 +49,12 @@ catalog and a local store in a temporary directory. Measures (and targets):
   `read_committed` delivery (p99); kcat's records a second at `read_committed` against `read_uncommitted` over the
   same data, all committed and with one transaction in ten aborted, beside the agent's read path alone.
 
+`--agent-metrics` starts the agent with `--metrics-listen` and scrapes its /metrics every second meanwhile (Prometheus
+scrapes every 15 to 60 s), printing the scrapes, the slowest, and the Produce requests and records the last counted.
+`--measures metrics` times, in this process, what the agent's metrics add to a request on the event loop
+(`AgentMetrics.answered`, kafka/metrics.py) for a Produce of one partition's batch, of 4 partitions, and a Fetch
+answer of 4 partitions: microseconds per request, medians of 5 runs of 100,000.
+
 Figures are printed, never asserted. The CPU model and load average are printed beside them: this machine is
 shared, and the figures move with its load.
 """
@@ -58,6 +66,7 @@ import asyncio
 import json
 import math
 import os
+import socket
 import statistics
 import struct
 import subprocess
@@ -65,6 +74,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
@@ -127,25 +137,64 @@ class Cluster:
 
 
 @contextmanager
-def agent_process(directory: Path) -> Iterator[tuple[Cluster, psutil.Process]]:
+def agent_process(directory: Path, metrics_port: int | None = None) -> Iterator[tuple[Cluster, psutil.Process]]:
+    """`logcompact agent` in its own process; with `metrics_port`, serving /metrics there, scraped every
+    METRICS_SCRAPE_SECONDS meanwhile (Prometheus scrapes every 15 to 60 s: this is the pessimistic case)."""
     store = f"file://{directory / 'store'}"
     catalog = Catalog(open_store(store))
     catalog.ensure_created(int(time.time() * 1000))
     command = [sys.executable, "-m", "logcompact", "--store", store, "agent", "--listen", "127.0.0.1:0", "--flush-ms", str(FLUSH_MS)]
+    if metrics_port is not None:
+        command += ["--metrics-listen", f"127.0.0.1:{metrics_port}"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    stop_scraping = threading.Event()
+    scraper = threading.Thread(target=_scrape_metrics, args=(metrics_port, stop_scraping), daemon=True) if metrics_port is not None else None
     try:
         assert process.stdout is not None
         line = process.stdout.readline()
         if not line:
             raise SystemExit(f"the agent did not start: {' '.join(command)} exited with {process.wait()}")
+        if scraper is not None:
+            scraper.start()
         yield Cluster("agent", json.loads(line)["listening"], catalog), psutil.Process(process.pid)
     finally:
+        stop_scraping.set()
+        if scraper is not None and scraper.is_alive():
+            scraper.join()
         process.terminate()
         try:
             process.wait(timeout=60)
         except subprocess.TimeoutExpired:  # a finding, printed with the figures rather than losing them
             process.kill()
             print("the agent did not stop within 60 s of SIGTERM: killed", flush=True)
+
+
+METRICS_SCRAPE_SECONDS = 1.0
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _scrape_metrics(port: int, stop: threading.Event) -> None:
+    """GET /metrics every METRICS_SCRAPE_SECONDS until `stop`; the count and the slowest printed at the end, with the
+    Produce requests and records the last scrape counted (the metrics' cost is per request: bench/agent.py's reader
+    multiplies it out)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    scrapes, slowest, text = 0, 0.0, ""
+    while not stop.wait(METRICS_SCRAPE_SECONDS):
+        started = time.perf_counter()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as answer:
+            text = answer.read().decode()
+        scrapes, slowest = scrapes + 1, max(slowest, time.perf_counter() - started)
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for family in text_string_to_metric_families(text) for s in family.samples}
+    requests = samples.get(("kafka_network_requestmetrics_totaltimems_count", (("request", "Produce"),)), 0)
+    records = samples.get(("kafka_server_brokertopicmetrics_messagesin_total", ()), 0)
+    print(f"agent metrics: {scrapes} scrapes of /metrics, the slowest {slowest * 1000:.0f} ms; by the last, {requests:,.0f} Produce requests "
+          f"of {records:,.0f} records", flush=True)
 
 
 @contextmanager
@@ -731,6 +780,44 @@ def group_join_to_first_record(cluster: Cluster, topic: str, members: int = 3) -
     return elapsed if not waiting else float("nan")
 
 
+def metrics_measures() -> None:
+    """`--measures metrics`: microseconds AgentMetrics.answered adds to a request, for Produce and Fetch answers."""
+    from kio.index import load_request_schema
+
+    from logcompact.kafka import codec
+    from logcompact.kafka.metrics import AgentMetrics
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tests.kafka.wire import keyed_batch, produce_request
+
+    def produce_pair(partitions: int) -> tuple[codec.Request, Any]:
+        frame = produce_request(9, 1, {("metered", p): keyed_batch(100) for p in range(partitions)})
+        request = codec.decode_request(frame[4:], lambda _key, _version: True)
+        answers = [{"index": p, "error_code": 0, "base_offset": 0, "log_append_time": None, "log_start_offset": -1, "record_errors": []} for p in range(partitions)]
+        return request, codec.build(codec.response_class(0, 9), {"responses": [{"name": "metered", "partition_responses": answers}], "throttle_time": 0})
+
+    fetch_body = codec.build(load_request_schema(1, 12), {
+        "replica_id": -1, "max_wait": 500, "min_bytes": 1, "max_bytes": 1 << 20, "isolation_level": 0, "session_id": 0, "session_epoch": -1,
+        "topics": [{"topic": "metered", "partitions": [{"partition": p, "current_leader_epoch": -1, "fetch_offset": 0, "last_fetched_epoch": -1,
+                                                         "log_start_offset": -1, "partition_max_bytes": 1 << 20} for p in range(4)]}],
+        "forgotten_topics_data": [], "rack_id": ""})
+    fetch_answer = codec.build(codec.response_class(1, 12), {"throttle_time": 0, "error_code": 0, "session_id": 0, "responses": [{"topic": "metered", "partitions": [
+        {"partition_index": p, "error_code": 0, "high_watermark": 100, "last_stable_offset": 100, "log_start_offset": 0, "aborted_transactions": [],
+         "preferred_read_replica": -1, "records": keyed_batch(100)} for p in range(4)]}]})
+    cases = [("Produce, one partition", *produce_pair(1)), ("Produce, 4 partitions", *produce_pair(4)),
+             ("Fetch answer, 4 partitions", codec.Request(1, 12, 1, "bench", fetch_body), fetch_answer)]
+    runs = 100_000
+    for name, request, response in cases:
+        metrics = AgentMetrics()
+        timings = []
+        for _ in range(5):
+            started = time.perf_counter()
+            for _ in range(runs):
+                metrics.answered(request, response, started)
+            timings.append((time.perf_counter() - started) / runs * 1e6)
+        print(f"metrics per request, {name:<28} {median(timings):6.2f} us", flush=True)
+
+
 def security_measures(directory: Path, records: int, repeat: int) -> None:
     """The targets of `--measures security` (bench/agent_security.py says what each is), printed with their verdicts."""
     small, large = records, max(1, records // 5)
@@ -856,6 +943,7 @@ def main() -> None:
     parser.add_argument("--latency-seconds", type=float, default=10.0)
     parser.add_argument("--quick", action="store_true", help="200,000 records, one repetition, 5 s of latency")
     parser.add_argument("--measures", default="produce,latency,fetch,group,clients", help="which to run, comma-separated (txn: the transactions' targets; security: TLS, SASL and ACLs')")
+    parser.add_argument("--agent-metrics", action="store_true", help="the agent serves /metrics (--metrics-listen), scraped every second")
     parser.add_argument("--clients", type=int, default=100, help="producers and consumers at once in the clients measure")
     parser.add_argument("--clients-seconds", type=float, default=30.0)
     parser.add_argument("--clients-rate", type=int, default=1000, help="records a second of each producer in the clients measure")
@@ -871,12 +959,23 @@ def main() -> None:
         figures[cluster.name].setdefault(name, []).append(value)
 
     print(f"machine: {machine()}", flush=True)
-    with tempfile.TemporaryDirectory(prefix="logcompact-bench-agent-") as directory, agent_process(Path(directory)) as (agent, process), mock_cluster() as mock:
+    if "metrics" in measures:
+        metrics_measures()
+        if measures == {"metrics"}:
+            return
+    metrics_port = free_port() if args.agent_metrics else None
+    with tempfile.TemporaryDirectory(prefix="logcompact-bench-agent-") as directory, agent_process(Path(directory), metrics_port) as (agent, process), mock_cluster() as mock:
         for repetition in range(args.repeat if measures - {"txn", "clients", "security"} else 0):
             for cluster in (agent, mock) if "produce" in measures else ():
                 topic = f"small-{repetition}"
                 cluster.create_topic(topic, "delete")
-                note(cluster, "produce_small", small / produce(cluster, topic, small, 100, "lz4", keys=small))
+                if cluster is agent:  # and the agent's CPU meanwhile, which the machine's load moves less than its rate
+                    took: list[float] = []
+                    cpu_seconds = agent_security.produce_cpu_seconds(process, lambda t=topic, out=took: out.append(produce(agent, t, small, 100, "lz4", keys=small)))
+                    note(agent, "produce_small", small / took[0])
+                    note(agent, "produce_small_cpu", cpu_seconds / small * 1e6)
+                else:
+                    note(cluster, "produce_small", small / produce(cluster, topic, small, 100, "lz4", keys=small))
                 topic = f"large-{repetition}"
                 cluster.create_topic(topic, "delete")
                 note(cluster, "produce_large", large * 1024 / produce(cluster, topic, large, 1024, "none", keys=large) / 1e6)
@@ -944,6 +1043,7 @@ def main() -> None:
     print(f"{'measure':<44} {'agent':>12} {'mock':>12}  {'ratio':>6}  {'unit':<10} target")
     print(row(f"produce {small:,} x 100 B, lz4, acks=all", agent_of["produce_small"], mock_of["produce_small"], "records/s", ">= 500,000"))
     print(row(f"produce {large:,} x 1 KiB, acks=all", agent_of["produce_large"], mock_of["produce_large"], "MB/s", ">= 150"))
+    print(f"  the agent's CPU per million of those records: {agent_of['produce_small_cpu']:.2f} s")
     print(row(f"ack latency p50, acks=all, {FLUSH_MS} ms flush", agent_of["latency_p50"], mock_of["latency_p50"], "ms", ""))
     print(row(f"ack latency p99, acks=all, {FLUSH_MS} ms flush", agent_of["latency_p99"], mock_of["latency_p99"], "ms", "<= 400"))
     print(row("fetch, compacted, from files, 100 B, kcat", agent_of["fetch_records"], mock_of["fetch_records"], "records/s", ">= 1,000,000"))

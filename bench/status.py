@@ -12,7 +12,8 @@ the database --database names. Then times, as medians of the wall clock and the 
 - its catalog reads alone: the partitions' summaries above L0 (`Snapshot.summaries_above_l0`) and the live L0
   sections (`Snapshot.section_figures`), what it reads in place of every live section; the partitions' last
   stable offsets and open transactions (`Snapshot.stability`);
-- its readable table (`ClusterStatus.describe`).
+- its readable table (`ClusterStatus.describe`);
+- `cluster_status(..., worst=20)` (`logcompact status --worst 20`) and its table.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from planner import NOW, catalog_arguments, open_catalog, seconds
 from results import recorded
 
 from logcompact.status import cluster_status
+
+WORST = 20  # `logcompact status --worst 20`: what an operator of a large cluster reads first
 
 
 def main() -> None:
@@ -44,6 +47,9 @@ def main() -> None:
         print(f"  L0 sections           {seconds(args.runs, lambda: snapshot.section_figures(topics, in_l0=True))}")
         print(f"  LSOs, open txns       {seconds(args.runs, lambda: snapshot.stability(topics))}")
         print(f"  describe (the table)  {seconds(args.runs, status.describe)}")
+        worst = cluster_status(catalog, NOW, worst=WORST)
+        print(f"  {f'--worst {WORST}':<22}{seconds(args.runs, lambda: cluster_status(catalog, NOW, worst=WORST))}")
+        print(f"  its table             {seconds(args.runs, worst.describe)}")
         catalog.engine.dispose()
 
 

@@ -7,9 +7,11 @@ import os
 import subprocess
 import sys
 
+import pytest
 from sqlalchemy import update
 
 from logcompact.catalog import Catalog, SetAside, schema
+from logcompact.exceptions import LogcompactError
 from logcompact.jobs import run_and_commit
 from logcompact.planner import PlannerConfig, choose_plans
 from logcompact.status import cluster_status, job_gauges
@@ -115,3 +117,73 @@ def test_the_cli_prints_a_table_json_and_a_plot(tmp_path) -> None:
     rows = [line.split() for line in table if line.startswith("orders")]
     assert [row[:2] + row[3:5] for row in rows] == [["orders", "0", "100.0", "3,600"], ["orders", "1", "100.0", "3,600"]]
     assert (tmp_path / "status.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (tmp_path / "status.png").stat().st_size > 10_000
+
+
+def _uneven_cluster(catalog: Catalog) -> int:
+    """Partitions the worst-first order tells apart, at the time returned: audit/0 all dirty and past its max lag,
+    events/0 and /1 all dirty without a max lag, orders/0 dirtier than orders/1, orders/2 and /3 clean; clicks not
+    compacted."""
+    create_topic(catalog, "orders", partitions=4, cleanup_policy="compact", max_compaction_lag_ms=str(2 * HOUR_MS))
+    create_topic(catalog, "clicks", partitions=1, cleanup_policy="delete")
+    produce_l0_files(catalog, "orders", files=FILES, records=RECORDS, keys=KEYS, partitions=4)
+    later = NOW + 3 * HOUR_MS
+    run_and_commit(catalog, full_sweep(catalog.planning_snapshot(later), later), later)
+    produce_l0_files(catalog, "orders", files=1, records=30, keys=30, partitions=1, now=later)
+    produce_l0_files(catalog, "orders", files=1, records=10, keys=10, partitions=2, now=later)
+    create_topic(catalog, "events", partitions=2, cleanup_policy="compact")
+    produce_l0_files(catalog, "events", files=1, records=20, keys=20, partitions=2, now=later)
+    create_topic(catalog, "audit", partitions=1, cleanup_policy="compact", max_compaction_lag_ms=str(HOUR_MS))
+    produce_l0_files(catalog, "audit", files=1, records=10, keys=10, partitions=1)
+    return later + 60_000
+
+
+WORST_FIRST = [("audit", 0), ("events", 0), ("events", 1), ("orders", 0), ("orders", 1), ("orders", 2), ("orders", 3)]
+
+
+def test_worst_partitions_come_first_by_dirty_ratio_then_delay(catalog: Catalog) -> None:
+    now = _uneven_cluster(catalog)
+    everything = cluster_status(catalog, now)
+    by_name = {(p.topic, p.partition): p for p in everything.partitions}
+    assert sorted(by_name) == sorted(WORST_FIRST) and everything.partitions_total == len(WORST_FIRST)
+    audit, events, orders = by_name[("audit", 0)], by_name[("events", 0)], [by_name[("orders", n)] for n in range(4)]
+    assert (audit.dirty_percent, events.dirty_percent) == (100.0, 100.0)
+    assert audit.compaction_delay_s and audit.compaction_delay_s > 0 and events.compaction_delay_s is None
+    assert 100.0 > orders[0].dirty_percent > orders[1].dirty_percent > orders[2].dirty_percent == orders[3].dirty_percent == 0.0
+    worst = cluster_status(catalog, now, worst=4)
+    assert [(p.topic, p.partition) for p in worst.partitions] == WORST_FIRST[:4]
+    assert worst.partitions_total == len(WORST_FIRST) and worst.gauges == everything.gauges  # the gauges are of every partition
+    assert [(p.topic, p.partition) for p in cluster_status(catalog, now, worst=100).partitions] == WORST_FIRST
+    assert "the worst 4 of 7 partitions, by dirty ratio then compaction delay:" in worst.describe()
+
+
+def test_status_of_some_topics(catalog: Catalog) -> None:
+    now = _uneven_cluster(catalog)
+    some = cluster_status(catalog, now, topics=["orders", "events", "orders"])
+    assert [(p.topic, p.partition) for p in some.partitions] == [("events", 0), ("events", 1), ("orders", 0), ("orders", 1), ("orders", 2), ("orders", 3)]
+    assert some.topics_asked == ["events", "orders"] and some.partitions_total == 6
+    assert some.gauges["max-compaction-delay-secs"] == 0.0  # audit's delay is left out with it
+    assert cluster_status(catalog, now).gauges["max-compaction-delay-secs"] > 0
+    assert [(p.topic, p.partition) for p in cluster_status(catalog, now, topics=["orders"], worst=2).partitions] == [("orders", 0), ("orders", 1)]
+    with pytest.raises(LogcompactError, match="no topic 'nope' in the catalog"):
+        cluster_status(catalog, now, topics=["nope"])
+    with pytest.raises(LogcompactError, match=r"topic 'clicks' is not compacted \(cleanup.policy=delete\)"):
+        cluster_status(catalog, now, topics=["clicks"])
+
+
+def test_the_cli_filters_and_orders(tmp_path) -> None:
+    now = _uneven_cluster(Catalog(LocalStore(tmp_path / "store")))
+    env = {**os.environ, "LOGCOMPACT_STORE": f"file://{tmp_path}/store", "LOGCOMPACT_NOW_MS": str(now)}
+    env.pop("LOGCOMPACT_CATALOG", None)
+
+    def status(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "logcompact", "status", *args], capture_output=True, text=True, env=env, timeout=120)
+
+    document = json.loads(status("--json", "--worst", "3", "--topic", "orders", "--topic", "events").stdout)
+    assert [(p["topic"], p["partition"]) for p in document["partitions"]] == [("events", 0), ("events", 1), ("orders", 0)]
+    assert (document["partitions_total"], document["worst"], document["topics_asked"]) == (6, 3, ["events", "orders"])
+    table = status("--worst", "2").stdout.splitlines()
+    assert "the worst 2 of 7 partitions, by dirty ratio then compaction delay:" in table
+    rows = [line.split()[:2] for line in table if line.startswith(("audit", "events", "orders"))]
+    assert rows == [["audit", "0"], ["events", "0"]]
+    refused = status("--topic", "clicks")
+    assert refused.returncode != 0 and "topic 'clicks' is not compacted" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1

@@ -31,6 +31,7 @@ from __future__ import annotations
 import io
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -105,6 +106,42 @@ class _WrittenFile:
     done: threading.Event = field(default_factory=threading.Event)  # committed, or failed
 
 
+# The flushes whose times and sizes the agent's metrics take quantiles over: Kafka's histograms keep a reservoir of 1,028.
+RECENT_FLUSHES = 1028
+
+
+@dataclass
+class FlushStats:
+    """What the agent's L0 flushes did, for its metrics: files committed, their bytes and records, and the recent
+    files' sizes and times from the start of their write to their commit; the catalog commits (each of the files
+    written by then) and their times. Written by the committing thread, read by the metrics' scrape (ints and
+    deques, whose single steps the GIL keeps whole)."""
+
+    files: int = 0
+    bytes: int = 0
+    records: int = 0
+    recent_ms: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_FLUSHES))
+    recent_bytes: deque[int] = field(default_factory=lambda: deque(maxlen=RECENT_FLUSHES))
+    total_ms: float = 0.0
+    commits: int = 0
+    commit_total_ms: float = 0.0
+    recent_commit_ms: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_FLUSHES))
+
+    def appended(self, took_ms: float) -> None:
+        """A catalog commit of L0 files (`Catalog.append_files`) done in `took_ms`."""
+        self.commits += 1
+        self.commit_total_ms += took_ms
+        self.recent_commit_ms.append(took_ms)
+
+    def committed(self, size: int, records: int, took_ms: float) -> None:
+        self.files += 1
+        self.bytes += size
+        self.records += records
+        self.total_ms += took_ms
+        self.recent_ms.append(took_ms)
+        self.recent_bytes.append(size)
+
+
 @dataclass
 class _Buffer:
     batches: list[_PendingBatch] = field(default_factory=list)
@@ -165,6 +202,7 @@ class Agent:
         clock: Callable[[], int] = wall_clock_ms,
         compression: str = "lz4",
         background: bool = True,
+        stats: FlushStats | None = None,
     ) -> None:
         self.catalog = catalog
         self.store = catalog.store
@@ -173,6 +211,7 @@ class Agent:
         self.clock = clock
         self.compression = compression
         self.files_written = 0
+        self.stats = FlushStats() if stats is None else stats
         self._flush_ms = 0.0  # how long a flush takes, recently (a moving average)
         self._topics: dict[str, Topic] = catalog.snapshot().topics
         self._buffer = _Buffer()
@@ -385,6 +424,7 @@ class Agent:
                 written.done.set()
             if not committable:
                 return
+            commit_started = time.monotonic()
             try:
                 with collector_paused():
                     _version, assigned, refused = self.catalog.append_files(
@@ -396,11 +436,14 @@ class Agent:
                     written.done.set()
                 return
             finished = time.monotonic()
+            self.stats.appended((finished - commit_started) * 1000)
             try:
                 for index, (written, firsts) in enumerate(zip(committable, assigned, strict=True)):
                     self.files_written += 1
                     self._answer(written, firsts, {number: error for (at, number), error in refused.items() if at == index})
-                    self._flush_ms += ((finished - written.started) * 1000 - self._flush_ms) / 4
+                    took_ms = (finished - written.started) * 1000
+                    self._flush_ms += (took_ms - self._flush_ms) / 4
+                    self.stats.committed(written.new_file.size, len(written.order), took_ms)
             except Exception as exc:  # committed, but a batch could not be answered: the rest are told, none waits
                 self._fail([batch for written in committable for batch in written.batches if not batch.future.done()], exc)
             finally:

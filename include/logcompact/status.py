@@ -16,13 +16,15 @@ nothing at or past the LSO, so a hung transaction shows as a growing lag (docs/t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import heapq
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from logcompact import sketch
 from logcompact.catalog import Catalog, PartitionSummary, SectionFigures, Snapshot
 from logcompact.catalog.transactions import ONGOING
+from logcompact.exceptions import LogcompactError
 from logcompact.planner import PlannerConfig
 from logcompact.planner.max_lag import PartitionState, effective_max_lag
 from logcompact.topics import LONG_MAX
@@ -58,6 +60,10 @@ class LevelStatus:
 class ClusterStatus:
     now_ms: int
     partitions: list[PartitionStatus] = field(default_factory=list)
+    # The compacted partitions of the topics asked (all by default), before `worst` kept the worst of them.
+    partitions_total: int = 0
+    topics_asked: list[str] | None = None  # None: every compacted topic
+    worst: int | None = None  # partitions kept: the worst by dirty ratio, then compaction delay, the worst first
     levels: list[LevelStatus] = field(default_factory=list)
     # Kafka's names (kafka.log:type=LogCleanerManager / LogCleaner) for the cluster's figures.
     gauges: dict[str, float | None] = field(default_factory=dict)
@@ -86,6 +92,8 @@ class ClusterStatus:
             ("level", "files", "MB"), [(f"L{lv.level}", f"{lv.files:,}", f"{lv.bytes / 1e6:,.1f}") for lv in self.levels]
         )
         lines.append("")
+        if self.worst is not None:
+            lines.append(f"the worst {len(self.partitions):,} of {self.partitions_total:,} partitions, by dirty ratio then compaction delay:")
         rows = [
             (p.topic, str(p.partition), f"{p.bytes / 1e6:,.2f}", f"{p.dirty_percent:.1f}",
              "-" if p.compaction_delay_s is None else f"{p.compaction_delay_s:,.0f}",
@@ -99,19 +107,26 @@ class ClusterStatus:
         return lines
 
 
-def cluster_status(catalog: Catalog, now_ms: int, config: PlannerConfig | None = None) -> ClusterStatus:
-    """The cleaner's figures for every compacted topic, as the catalog holds them at `now_ms`."""
+def cluster_status(catalog: Catalog, now_ms: int, config: PlannerConfig | None = None, topics: Collection[str] | None = None,
+                   worst: int | None = None) -> ClusterStatus:
+    """The cleaner's figures for every compacted topic, or those of `topics`, as the catalog holds them at `now_ms`;
+    with `worst`, only that many partitions, the worst first (`worst_partitions`). Levels, the time since the last
+    compaction and the open transactions stay the cluster's; the other gauges are over the topics asked."""
     config = config or PlannerConfig()
     snapshot = catalog.snapshot()
-    status = ClusterStatus(now_ms)
+    status = ClusterStatus(now_ms, topics_asked=None if topics is None else sorted(set(topics)), worst=worst)
     levels = snapshot.level_figures()
     status.levels = [LevelStatus(level, files, size) for level, (files, size, _) in sorted(levels.items())]
     compactions = [newest for level, (_, _, newest) in levels.items() if level > 0]  # only compactions write above L0
     last_compaction_ms = max(compactions, default=None)
 
     marks = catalog.uncleanable()
-    set_aside = {(m.topic, m.partition) for m in marks}
     compacted = sorted(name for name, topic in snapshot.topics.items() if topic.config.compacted)
+    if status.topics_asked is not None:
+        _check_topics(snapshot, status.topics_asked)
+        compacted = status.topics_asked
+        marks = [m for m in marks if m.topic in compacted]
+    set_aside = {(m.topic, m.partition) for m in marks}
     partitions = [(name, p) for name in compacted for p in range(snapshot.topics[name].partitions)]
     summaries = snapshot.summaries_above_l0(partitions)
     stale = {tp for tp in partitions if tp not in summaries}
@@ -150,7 +165,26 @@ def cluster_status(catalog: Catalog, now_ms: int, config: PlannerConfig | None =
         "open-transactions": len(catalog.transactions(states=[ONGOING])),
         "max-last-stable-offset-lag": max((p.lso_lag for p in status.partitions), default=0),
     }
+    status.partitions_total = len(status.partitions)
+    if worst is not None:
+        status.partitions = worst_partitions(status.partitions, worst)
     return status
+
+
+def worst_partitions(partitions: Sequence[PartitionStatus], count: int) -> list[PartitionStatus]:
+    """The `count` partitions an operator looks at first: the highest dirty ratio, then the longest compaction delay
+    (past max.compaction.lag.ms), then by topic and partition; a partial sort, not of every partition."""
+    return heapq.nsmallest(count, partitions, key=lambda p: (-p.dirty_percent, -(p.compaction_delay_s or 0.0), p.topic, p.partition))
+
+
+def _check_topics(snapshot: Snapshot, names: Sequence[str]) -> None:
+    """LogcompactError naming a topic asked that the catalog does not have, or that is not compacted."""
+    for name in names:
+        topic = snapshot.topics.get(name)
+        if topic is None:
+            raise LogcompactError(f"no topic {name!r} in the catalog: `logcompact topic list` names them")
+        if not topic.config.compacted:
+            raise LogcompactError(f"topic {name!r} is not compacted (cleanup.policy={topic.config.cleanup_policy}): status reports compacted topics only")
 
 
 def _partition_status(

@@ -44,6 +44,7 @@ from logcompact.catalog import (
     garbage,
     groups,
     holes,
+    lags,
     migrations,
     producers,
     quotas,
@@ -57,6 +58,7 @@ from logcompact.catalog.acls import AclBinding, AclFilter
 from logcompact.catalog.database import WRITE, bound_wal, catalog_errors, catalog_url_for, engine_for, first_line, redact_url, sqlite_path, unavailable_error
 from logcompact.catalog.groups import CommittedOffset, Deletion, GroupListed, GroupRow
 from logcompact.catalog.identity import CHECK_THEN_ACCEPT, MARKER_KEY, RECORD_APPEND_EVERY_MS, ClusterMarker, create_marker, read_marker, record_version
+from logcompact.catalog.lags import PartitionLag
 from logcompact.catalog.model import (
     AgentEndpoint,
     AgentRecord,
@@ -564,6 +566,11 @@ class Catalog:
         """A group's committed offsets, of every topic or of those named."""
         with self._reading() as connection:
             return groups.committed_offsets(connection, group_id, topics)
+
+    def consumer_lags(self, limit: int) -> list[PartitionLag]:
+        """At most `limit` committed offsets with their partitions' high watermarks, by group, topic and partition."""
+        with self._reading() as connection:
+            return lags.consumer_lags(connection, limit)
 
     def save_group(self, group: GroupRow, loaded: GroupRow | None = None) -> bool:
         """Write the group's row unless another coordinator wrote it since this one took the group (`groups.save_group`:

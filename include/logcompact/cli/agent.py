@@ -112,6 +112,9 @@ if TYPE_CHECKING:
               help="Allow a resource that no ACL names to everyone (Kafka's allow.everyone.if.no.acl.found) instead of denying it.")
 @click.option("--acl-refresh-ms", type=click.IntRange(min=1), default=5000, show_default=True,
               help="Read the ACLs from the catalog this often: a change made elsewhere applies here within it.")
+@click.option("--metrics-listen", metavar="HOST:PORT", default=None,
+              help="Serve Prometheus metrics at http://HOST:PORT/metrics, under the JMX exporter's names of Kafka's MBeans "
+                   "(docs/metrics.md); unauthenticated and unencrypted, so keep it on loopback or a private network [default: not served].")
 @pass_context
 def agent(
     ctx: Context, listen: tuple[str, ...], advertise: tuple[str, ...], allow_insecure_listener: bool, sasl_mechanisms: str, node_id: int | None, rack: str | None, flush_ms: int, flush_bytes: int,
@@ -122,7 +125,7 @@ def agent(
     transaction_abort_timed_out_transaction_cleanup_interval_ms: int, transaction_remove_expired_transaction_cleanup_interval_ms: int,
     ssl_certfile: Path | None, ssl_keyfile: Path | None, ssl_cafile: Path | None, ssl_client_auth: str, ssl_handshake_timeout_ms: int,
     ssl_principal_mapping_rules: str,
-    authorizer: str | None, super_users: str | None, allow_everyone_if_no_acl_found: bool, acl_refresh_ms: int,
+    authorizer: str | None, super_users: str | None, allow_everyone_if_no_acl_found: bool, acl_refresh_ms: int, metrics_listen: str | None,
 ) -> None:
     """Serve Kafka's protocol over this cluster (produce, fetch, consumer groups, idempotent and transactional producers, admin; every API
     and version in docs/agent.md) until SIGTERM or SIGINT, then commit what producers sent. Registers in the catalog
@@ -131,6 +134,7 @@ def agent(
     saying so in one line on stderr; a store or catalog of another cluster is refused."""
     from logcompact.kafka.authenticator import parse_mechanisms
     from logcompact.kafka.authorizer import AuthorizerSettings
+    from logcompact.kafka.cluster import Address
     from logcompact.kafka.listeners import parse_listeners
     from logcompact.kafka.server import AgentSettings, run_agent
     from logcompact.kafka.tls import ClientAuth, TlsSettings
@@ -152,6 +156,7 @@ def agent(
             tls=TlsSettings(ssl_certfile, ssl_keyfile, os.environ.get(SSL_KEY_PASSWORD_ENV) or None, ssl_cafile, ClientAuth(ssl_client_auth),
                             ssl_handshake_timeout_ms, ssl_principal_mapping_rules),
             authorization=AuthorizerSettings(authorizer, AuthorizerSettings.parse_super_users(super_users), allow_everyone_if_no_acl_found, acl_refresh_ms),
+            metrics_listen=None if metrics_listen is None else Address.parse(metrics_listen, "--metrics-listen"),
         )
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None

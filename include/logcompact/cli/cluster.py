@@ -85,15 +85,20 @@ def cluster_upgrade_catalog(ctx: Context) -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON document instead of the table.")
 @click.option("--plot", type=click.Path(dir_okay=False, writable=True), metavar="FILE.png",
               help="Also draw files and bytes per level, and bytes and dirty ratio per topic, into a PNG.")
+@click.option("--topic", "topics", multiple=True, metavar="TOPIC",
+              help="Only this compacted topic's partitions (repeatable); its gauges are then over these topics.")
+@click.option("--worst", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Only the N worst partitions, the worst first: by dirty ratio, then by compaction delay.")
 @pass_context
-def status(ctx: Context, as_json: bool, plot: str | None) -> None:
+def status(ctx: Context, as_json: bool, plot: str | None, topics: tuple[str, ...], worst: int | None) -> None:
     """The cleaner's figures as Kafka's log cleaner names them: per partition of each compacted topic the dirty
     ratio, the delay past max.compaction.lag.ms, the time since its last compaction, the estimated duplicates
     and uncleanable marks, its last stable offset, how far that lags the high watermark, the open transactions on it
-    and the oldest's age; files and bytes per level (docs/metrics.md)."""
+    and the oldest's age; files and bytes per level (docs/metrics.md). --topic and --worst pick what a large cluster's
+    operator needs first; --json and --plot show the same partitions."""
     from logcompact.status import cluster_status, draw_status
 
-    report = cluster_status(ctx.catalog, ctx.clock())
+    report = cluster_status(ctx.catalog, ctx.clock(), topics=topics or None, worst=worst)
     if plot:
         draw_status(report, Path(plot))
     if as_json:

@@ -16,7 +16,7 @@ from logcompact.catalog.model import TopicPartition
 from logcompact.catalog.producers import SequencedBatch
 from logcompact.exceptions import IngestError
 from logcompact.format.xxh3 import compile_hasher
-from logcompact.ingest import Agent
+from logcompact.ingest import Agent, FlushStats
 from logcompact.kafka import codec, records
 from logcompact.kafka.event_loop import LoopResults
 from logcompact.kafka.producer_state import ProducerStateError, ProducerStateManager, TransactionViews
@@ -46,6 +46,7 @@ class Ingest:
         self.flush_bytes = flush_bytes
         self.thread = ThreadPoolExecutor(1, thread_name_prefix="logcompact-kafka-ingest")
         self.results = LoopResults()  # what the ingest thread and the flusher complete, to the event loop
+        self.flushes = FlushStats()  # of every ingest agent this one has had (a failed flush replaces the agent)
         records.compile_decoder()  # seconds on a fresh install: before clients, not in a Produce or a flush
         compile_hasher()
         self._agent = self._new_agent()
@@ -60,7 +61,7 @@ class Ingest:
         self._reading: Future | None = None
 
     def _new_agent(self) -> Agent:
-        return Agent(self.catalog, flush_interval_ms=self.flush_interval_ms, flush_bytes=self.flush_bytes)
+        return Agent(self.catalog, flush_interval_ms=self.flush_interval_ms, flush_bytes=self.flush_bytes, stats=self.flushes)
 
     def topic(self, name: str) -> Topic | None:
         """The topic as the catalog describes it, or None: read at once for a name not seen in the last read or after

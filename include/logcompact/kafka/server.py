@@ -44,6 +44,7 @@ import logging
 import math
 import signal
 import ssl
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -79,6 +80,7 @@ from logcompact.kafka.handlers.produce import DEFAULT_MAX_MESSAGE_BYTES
 from logcompact.kafka.ingest_thread import Ingest
 from logcompact.kafka.kafka_configs import agent_broker_configs
 from logcompact.kafka.listeners import Listener, SecurityProtocol, check_insecure, insecure
+from logcompact.kafka.metrics import AgentMetrics, MetricsServer
 from logcompact.kafka.quota_manager import ClientQuotaManager, Muted, throttle_ms_of
 from logcompact.kafka.session import Session
 from logcompact.kafka.tls import TlsSettings
@@ -162,6 +164,7 @@ class AgentSettings:
     sasl_mechanisms: tuple[str, ...] = DEFAULT_MECHANISMS  # Kafka's sasl.enabled.mechanisms, for every SASL listener
     failed_authentication_delay_ms: int = DEFAULT_FAILED_AUTHENTICATION_DELAY_MS  # Kafka's connection.failed.authentication.delay.ms
     authorization: AuthorizerSettings = AuthorizerSettings()  # Kafka's ACLs: authorizer.class.name, super.users, ...
+    metrics_listen: Address | None = None  # where Prometheus scrapes /metrics (metrics.py); None: not served
 
     def __post_init__(self) -> None:
         """ValueError naming the option and the fix for listeners the agent must not start with."""
@@ -351,6 +354,8 @@ class AgentServer:
         self._tls_context: ssl.SSLContext | None = None  # of the TLS listeners, made at start
         self._principal_mapper = tls.PrincipalMapper(settings.tls.principal_mapping_rules)
         self._quotas: ClientQuotaManager | None = None
+        self.metrics = AgentMetrics()  # what the serving path counts, for --metrics-listen
+        self._metrics_server: MetricsServer | None = None
 
     @property
     def broker(self) -> Broker:
@@ -368,12 +373,20 @@ class AgentServer:
         assert self._servers, "start() first"
         return {name: Address(*server.sockets[0].getsockname()[:2]) for name, server in self._servers.items()}
 
+    @property
+    def metrics_address(self) -> Address | None:
+        """Where /metrics is served (its real port when --metrics-listen asked for port 0), None when it is not."""
+        return None if self._metrics_server is None else self._metrics_server.address
+
     async def start(self) -> None:
         # The cluster must exist before clients are told its id: ClusterNotFoundError otherwise.
         cluster_id = await asyncio.to_thread(lambda: self.catalog.cluster_id)
         await asyncio.to_thread(records.compile_encoder)  # seconds on a fresh install: before clients, not in a Fetch
         self._quotas = quotas = await asyncio.to_thread(ClientQuotaManager.load, self.catalog)  # before connections count against them
         settings = self.settings
+        if settings.metrics_listen is not None:  # before the listeners: an address taken stops the start with nothing to undo
+            self._metrics_server = await asyncio.to_thread(
+                MetricsServer, settings.metrics_listen, self.metrics, lambda: self._broker, tuple(listener.name for listener in settings.listeners))
         if any(listener.protocol.uses_tls for listener in settings.listeners):
             self._tls_context = tls.server_context(settings.tls)
         for listener in settings.listeners:
@@ -426,6 +439,8 @@ class AgentServer:
         except OSError as exc:
             for server in self._servers.values():
                 server.close()
+            if self._metrics_server is not None:
+                self._metrics_server.stop()
             raise LogcompactError(f"agent cannot listen on {listener}: {exc.strerror or exc}; pass another --listen {listener.name}://HOST:PORT") from None
 
     async def stop(self) -> None:
@@ -457,6 +472,8 @@ class AgentServer:
         await groups_closing
         await flushing
         await asyncio.to_thread(self.broker.ingest.close)
+        if self._metrics_server is not None:
+            await asyncio.to_thread(self._metrics_server.stop)
 
     async def _connection(self, listener: Listener, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         assert isinstance(reader, FrameReader)
@@ -494,6 +511,7 @@ class AgentServer:
         )
         self._connections.add(this)
         self._per_ip[host] += 1
+        self.metrics.connected(listener.name)
         reading: asyncio.Task | None = None
         try:
             # Nothing is awaited before the handshake: the stream's reader would otherwise take the client's first
@@ -510,6 +528,7 @@ class AgentServer:
                 del self._readers[reading]
             self._connections.discard(this)
             self._per_ip[host] -= 1
+            self.metrics.disconnected(listener.name)
             if not self._per_ip[host]:
                 del self._per_ip[host], self._per_ip_queued[host]
             connection.settled = True
@@ -672,11 +691,13 @@ class AgentServer:
     async def _answer(self, request: codec.Request, connection: Connection, size: int) -> bytes | None:
         """The response frame, or None for a request answered with none (Produce with acks=0). The request's bytes
         go back to the agent's budget as its handler ends; the answer's count in its connection's until written."""
+        started = time.perf_counter()
         try:
             if request.body is None:
                 response = api_versions.unsupported(self.broker)
             else:
                 response = await self.broker.apis[request.api_key].handle(self.broker, request)
+            self.metrics.answered(request, response, started)
             if throttle_ms := throttle_ms_of(response):
                 connection.muted_until = max(connection.muted_until, asyncio.get_running_loop().time() + throttle_ms / 1000)
             frame = None if response is None or isinstance(response, Muted) else codec.encode_response(request.correlation_id, response)
@@ -689,10 +710,13 @@ class AgentServer:
     async def _authentication_step(self, received: codec.Request | bytes, connection: Connection, size: int,
                                    authenticator: SaslAuthenticator) -> bytes | None:
         """`_answer` for what a connection sends before it authenticated: the authenticator's answer, None to close."""
+        started = time.perf_counter()
         try:
             frame = await authenticator.answer(received)
         finally:
             self._handled(connection, size)
+        if isinstance(received, codec.Request):  # counted and timed; its answer is a frame already, whose errors are not counted
+            self.metrics.answered(received, None, started)
         if frame is not None:
             connection.held.add(len(frame))
         return frame
