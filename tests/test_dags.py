@@ -9,6 +9,7 @@ Each compaction run submits real Spark jobs (about 10 s each here), so there are
 from __future__ import annotations
 
 import os
+import re
 import time
 
 import pytest
@@ -114,12 +115,14 @@ def test_compaction_dag_compacts_l0_through_spark_and_publishes_asset_events(dag
 
     assert str(run.state) == "success", task_states("logcompact_compaction", run.run_id)
     instances = task_instances("logcompact_compaction", run.run_id)
-    assert instances[("compact_group", 0)].rendered_map_index.startswith("g0 L0>L1 ")
+
     assert str(instances[("dry_run", -1)].state) == "skipped"
     assert _levels(catalog) == {1} and not catalog.snapshot().leases(_now_ms())
     assert _latest(catalog, "accounts", 2) == expected
     (event,) = _asset_events(f"logcompact://{catalog.cluster_id}/accounts")
     assert event["records_in"] == event["records_out"] == 660 and event["partitions"] == 2 and len(event["plans"]) == 1
+    (plan_id,) = event["plans"]
+    assert re.fullmatch(rf"{plan_id[-12:]} g0 of 1: accounts/0-1 L0>L1, 0\.\d{{3}} MiB uncompressed", instances[("compact_group", 0)].rendered_map_index)
 
 
 def test_a_forced_compaction_runs_at_once_below_the_thresholds(dagbag, airflow_catalog: Catalog) -> None:
