@@ -88,6 +88,7 @@ def test_dags_import_with_the_expected_structure() -> None:
         # The compaction DAG lets a manual run start beside a scheduled run whose sensor waits.
         assert dag.max_active_runs == (2 if dag_id == "logcompact_compaction" else 1)
         assert "logcompact" in dag.tags and dag.doc_md.lstrip().startswith(f"# {dag_id}")
+        assert "Settings: **Admin > Connections** `logcompact_default`" in dag.doc_md  # where its settings live
         assert dag.catchup is False
         for task in dag.tasks:
             # A check that reports the catalog's state has nothing to gain from a retry.
@@ -97,6 +98,9 @@ def test_dags_import_with_the_expected_structure() -> None:
     assert compaction.get_task("wait_for_files").mode == "reschedule"
     assert compaction.get_task("compact_group").map_index_template == "{{ task.name }}"
     assert set(compaction.params) == {"dry_run", "buffer_bytes", "force"}
+    # What a forced pass does, where an operator triggering one reads it.
+    assert "L0 is copied to L1, not deduplicated" in compaction.params.get_param("force").description
+    assert all(f"- **{action}**" in compaction.doc_md for action in ("copy", "deduplicate", "rewrite"))
     sweep_params = dagbag.dags["logcompact_full_sweep_daily"].params
     assert set(sweep_params) == {"dry_run", "buffer_bytes", "topics"}
     # The trigger form marks a param required unless its type allows null.

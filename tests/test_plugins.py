@@ -19,7 +19,7 @@ from sqlalchemy.engine import make_url
 
 from logcompact.catalog import Catalog, SetAside
 from logcompact.exceptions import CatalogConfigError, CatalogUnavailableError, CommitConflictError, InvalidPlanError, TopicNotFoundError
-from logcompact.jobs import run_group
+from logcompact.jobs import prepare_plans, run_group
 from logcompact.planner import PlannerConfig
 from logcompact.store import LocalStore
 from logcompact.store.s3 import S3Store
@@ -477,3 +477,42 @@ def test_cleaner_gauges_reach_a_statsd_server_under_kafkas_names(connected_catal
     assert gauges["time-since-last-run-ms"] is None  # nothing compacted yet: not sent
     # Nothing of accounts (no finite max lag) was ever deduplicated: all of it is dirty.
     assert packets["airflow.logcompact.max-dirty-percent"] == 100.0 and packets["airflow.logcompact.uncleanable-partitions-count"] == 0
+
+
+def test_the_metrics_log_leads_with_the_worst_partitions(connected_catalog: Catalog, capfd) -> None:
+    """A headline naming the partitions behind the maxima, then the worst 20 partitions, and how many were left out."""
+    from logcompact.ingest import Agent, Record
+    from logcompact.jobs.run import run_here
+
+    catalog, now, hour = connected_catalog, _now_ms(), 3_600_000
+    create_topic(catalog, "orders", partitions=24, now=now - 5 * hour, cleanup_policy="compact", max_compaction_lag_ms=str(2 * hour))
+    produce_l0_files(catalog, "orders", files=2, records=480, keys=240, partitions=24, now=now - 4 * hour)
+    prepared = prepare_plans(catalog, "full", now, PlannerConfig(), ["orders"])
+    run_here(catalog, prepared.plan_ids, prepared.groups, now)  # every partition of orders clean
+    with Agent(catalog, background=False, clock=lambda: now - 3 * hour) as agent:  # then orders/13 dirty, past its max lag
+        agent.produce("orders", [Record(13, b"k%d" % n, b"again", now - 3 * hour) for n in range(40)])
+
+    LogcompactMetricsOperator(task_id="cleaner_metrics", logcompact_conn_id="connected").execute({})
+
+    lines = capfd.readouterr().out.splitlines()
+    (headline,) = [line for line in lines if "cleaner: " in line]
+    assert re.search(
+        r"cleaner: max-dirty-percent [\d.]+% at orders/13 \(0\.\d{3} MiB of 0\.\d{3} MiB uncompressed not yet deduplicated\); "
+        r"max-compaction-delay-secs [\d,]+ at orders/13; 0 uncleanable; 24 partitions of compacted topics, the 20 worst listed below",
+        headline,
+    ), headline
+    rows = [re.search(r"(orders +\d+) ", line)[1].split() for line in lines if re.search(r"\] orders +\d+ ", line)]
+    assert rows[0] == ["orders", "13"] and len(rows) == 20
+    assert any("... 4 partitions less dirty not listed (`logcompact status` lists every partition)" in line for line in lines)
+
+
+def test_a_due_partition_held_by_an_in_flight_plan_is_said_so(connected_catalog: Catalog, capfd) -> None:
+    catalog, now = connected_catalog, _now_ms()
+    create_topic(catalog, "orders", partitions=1, now=now - 4 * 3_600_000, cleanup_policy="compact", max_compaction_lag_ms=str(2 * 3_600_000))
+    produce_l0_files(catalog, "orders", files=2, records=10, keys=5, partitions=1, now=now - 3 * 3_600_000)
+    (job,) = LogcompactPlanOperator(task_id="plan", mode="regular", logcompact_conn_id="connected", force=True).execute({})
+    capfd.readouterr()
+    assert LogcompactPlanOperator(task_id="plan", mode="max-lag", logcompact_conn_id="connected", topics=["orders"]).execute({}) == []
+    log = capfd.readouterr().out
+    assert "nothing planned: max-lag: orders/0 is due, but an in-flight plan holds some of its files; that plan's commit compacts them first" in log
+    assert f"held by in-flight plan {job['plan_id']}" in log
