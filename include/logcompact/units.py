@@ -24,8 +24,9 @@ def mib(count: float) -> str:
 
 
 def utc_iso(ms: int) -> str:
-    """Epoch milliseconds as a UTC time in ISO 8601 to the second, `2026-12-03T03:04:05Z`, for messages."""
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """Epoch milliseconds as a UTC time in ISO 8601, to the millisecond as the catalog keeps times, for messages:
+    `2026-12-03T03:04:05.123Z`."""
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def wall_clock_ms() -> int:
