@@ -25,8 +25,12 @@ def mib(count: float) -> str:
 
 def utc_iso(ms: int) -> str:
     """Epoch milliseconds as a UTC time in ISO 8601, to the millisecond as the catalog keeps times, for messages:
-    `2026-12-03T03:04:05.123Z`."""
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    `2026-12-03T03:04:05.123Z`; one outside the years 1 to 9999 (a damaged or edited value) as its number, so the
+    message naming it still reads: `epoch ms 4611686018427387904`."""
+    try:
+        return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    except (OverflowError, ValueError, OSError):
+        return f"epoch ms {ms}"
 
 
 def wall_clock_ms() -> int:
