@@ -339,7 +339,7 @@ def test_each_topic_reports_its_own_figures_and_they_add_up_to_the_plan(catalog:
     assert 0 < accounts["uncompressed_bytes_out"] < accounts["uncompressed_bytes_in"]
     lines = summary.describe()
     assert lines[0] == (
-        f"committed 1 plan(s): {plan_id} ({mib(plan['bytes_in'])} stored in, {mib(plan['bytes_out'])} stored out); "
+        f"committed 1 plan(s): {plan_id} ({mib(plan['bytes_in'])} of input files stored, {mib(plan['bytes_out'])} written); "
         f"manifest version {summary.manifest_version}"
     )
     assert commit_plans(catalog, [plan_id], NOW).describe()[0] == (  # a retried commit

@@ -318,7 +318,7 @@ def test_plan_then_commit_operators_compact_with_asset_events(connected_catalog:
     log = capfd.readouterr().out
     assert "regular: files per level against thresholds: L0 4/3, L1 0/3, L2 0/3, L3 0/3; due: L0" in log
     assert re.search(
-        rf"leased plan {job['plan_id']}: copy 4 files \(L0 4\) > L1: 0\.\d{{3}} MiB stored, 0\.\d{{3}} MiB uncompressed, 24 records in; "
+        rf"leased plan {job['plan_id']}: copy 4 files \(L0 4\) > L1: 0\.\d{{3}} MiB stored \(whole files\), 0\.\d{{3}} MiB uncompressed, 24 records in; "
         rf"copied as they are: no level below L2 is deduplicated .*; 1 group\(s\): {job['plan_id'][-12:]} g0 of 1: ", log,
     ), log
 

@@ -77,7 +77,7 @@ class CommitSummary:
     def _bytes(self, plan_id: str) -> str:
         """A committed plan's stored bytes in (its whole input files) and out."""
         stats = self.stats[plan_id]
-        return f"{mib(stats['bytes_in'])} stored in, {mib(stats['bytes_out'])} stored out"
+        return f"{mib(stats['bytes_in'])} of input files stored, {mib(stats['bytes_out'])} written"
 
     def describe(self) -> list[str]:
         """What the commit did, for a log: the plans, then a table of each topic's figures, then what was set aside."""

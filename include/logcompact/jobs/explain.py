@@ -31,7 +31,7 @@ def explain_run(
         per_level = ", ".join(f"L{level} {n}" for level, n in sorted(held.items())) or ", ".join(f"L{level}" for level in estimate["input_levels"])
         lines.append(
             f"{'dry run, would lease' if dry_run else 'leased'} plan {plan_id}: {estimate['action']} {estimate['files_replaced']} files "
-            f"({per_level}) > L{estimate['target_level']}: {mib(estimate['input_bytes'])} stored, "
+            f"({per_level}) > L{estimate['target_level']}: {mib(estimate['input_bytes'])} stored (whole files), "
             f"{mib(estimate['input_uncompressed_bytes'])} uncompressed, {estimate['records_in']:,} records in; "
             f"{_what_it_does(estimate, config)}"
             + (f"; up to {estimate['aborted_records']:,} records of aborted transactions removed" if estimate["aborted_records"] else "")
@@ -101,7 +101,7 @@ def _what_it_does(estimate: dict, config: PlannerConfig) -> str:
     if estimate["action"] == "copy":
         return (
             f"copied as they are: no level below L{config.dedup_from_level} is deduplicated (duplicates stay until a plan "
-            "into it), only expired records of retention topics are removed"
+            f"into L{config.dedup_from_level} removes them), only expired records of retention topics are removed"
         )
     if estimate["action"] == "rewrite":
         return (

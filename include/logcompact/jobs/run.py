@@ -100,8 +100,9 @@ def group_report(results: list[JobResult]) -> list[str]:
     total = summarize([r.stats for r in results], sum(r.stats.bytes_in for r in results))
     return [result.stats.describe() for result in results] + [
         f"group {results[0].group} done in {len(results)} slice(s): {total['records_in']:,} records in, "
-        f"{total['records_out']:,} out; {mib(total['bytes_in'])} stored read ({mib(uncompressed_in(total['topics']))} "
-        f"uncompressed), {mib(total['bytes_out'])} stored written ({total['recopy_percent']}% of the stored bytes read); key map at most {total['buffer_utilization_percent']}% full; "
+        f"{total['records_out']:,} out; {mib(total['bytes_in'])} of its sections' stored blocks read "
+        f"({mib(uncompressed_in(total['topics']))} uncompressed), {mib(total['bytes_out'])} stored written "
+        f"({total['recopy_percent']}% of the stored bytes read); key map at most {total['buffer_utilization_percent']}% full; "
         f"{total['gets']} GETs, {total['puts']} PUTs; slowest slice {total['max_job_seconds']:.1f} s"
     ]
 
