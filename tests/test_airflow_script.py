@@ -183,3 +183,54 @@ def test_an_operator_finds_the_connections_in_airflow_and_the_metrics_at_the_sin
         os.kill(started.pid, signal.SIGTERM)
         assert started.wait(timeout=STOP_S + 30) == -signal.SIGTERM
         assert not _answers(ports["metrics"])
+
+
+def test_the_metrics_sink_serves_what_a_statsd_client_sends_as_prometheus_text(tmp_path: Path) -> None:
+    """The sink alone, fed by the StatsD client Airflow uses (`statsd`), read by prometheus_client's parser."""
+    import statsd
+    from prometheus_client.parser import text_string_to_metric_families
+
+    udp, http = _free_udp_port(), free_port()
+    log = tmp_path / "sink.log"
+    with open(log, "wb") as out:
+        sink = subprocess.Popen([sys.executable, str(REPO / "scripts" / "statsd_sink.py"), "--statsd", f"{HOST}:{udp}", "--http", f"{HOST}:{http}"],
+                                stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while not _answers(http):
+            assert sink.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        client = statsd.StatsClient(HOST, udp, prefix="airflow")
+        client.gauge("logcompact.max-dirty-percent", 87.5)
+        client.gauge("pool.open_slots", 4)
+        client.gauge("pool.open_slots", -1, delta=True)
+        client.incr("scheduler_heartbeat")
+        client.incr("scheduler_heartbeat", 2)
+        client.timing("dagrun.duration.success.logcompact_gc", 1250)
+        client.timing("dagrun.duration.success.logcompact_gc", 750)
+        client.gauge("scheduler_heartbeat", 1)  # a counter's name sent as a gauge: rejected, not mixed in
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as raw:
+            raw.sendto(b"not statsd at all", (HOST, udp))
+        expected = {"airflow_logcompact_max_dirty_percent", "airflow_pool_open_slots", "airflow_scheduler_heartbeat",
+                    "airflow_dagrun_duration_success_logcompact_gc"}
+        while True:
+            with urllib.request.urlopen(f"http://{HOST}:{http}/metrics", timeout=10) as response:
+                families = {f.name: f for f in text_string_to_metric_families(response.read().decode())}
+            samples = {s.name: s.value for f in families.values() for s in f.samples}
+            received = samples.get("airflow_dagrun_duration_success_logcompact_gc_count") == 2 and log.read_text().count("rejected") == 2
+            if expected <= set(families) and samples.get("statsd_sink_rejected_lines_total") == 2 and received:
+                break
+            assert time.monotonic() < deadline, samples
+            time.sleep(0.2)
+        assert {name: families[name].type for name in expected} == {
+            "airflow_logcompact_max_dirty_percent": "gauge", "airflow_pool_open_slots": "gauge",
+            "airflow_scheduler_heartbeat": "counter", "airflow_dagrun_duration_success_logcompact_gc": "summary",
+        }
+        assert (samples["airflow_logcompact_max_dirty_percent"], samples["airflow_pool_open_slots"]) == (87.5, 3)
+        assert (samples["airflow_scheduler_heartbeat_total"], samples["airflow_dagrun_duration_success_logcompact_gc_sum"]) == (3, 2000)
+        said = log.read_text()
+        assert "rejected 'airflow.scheduler_heartbeat:1|g': airflow_scheduler_heartbeat was received as a counter" in said, said
+        assert "rejected 'not statsd at all': not name:value|type" in said, said
+    finally:
+        sink.terminate()
+        sink.wait()
