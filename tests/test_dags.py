@@ -129,7 +129,7 @@ def test_compaction_dag_compacts_l0_through_spark_and_publishes_asset_events(dag
     assert re.fullmatch(rf"{plan_id[-12:]} g0 of 1: accounts/0-1 L0>L1, 0\.\d{{3}} MiB uncompressed", instances[("compact_group", 0)].rendered_map_index)
 
 
-def test_a_forced_compaction_runs_at_once_below_the_thresholds(dagbag, airflow_catalog: Catalog) -> None:
+def test_a_forced_compaction_runs_at_once_below_the_thresholds(dagbag, airflow_catalog: Catalog, capfd) -> None:
     catalog = airflow_catalog
     create_topic(catalog, "accounts", partitions=1, now=_now_ms(), cleanup_policy="compact")
     produce_l0_files(catalog, "accounts", files=2, records=10, keys=5, partitions=1, now=_now_ms())
@@ -142,6 +142,9 @@ def test_a_forced_compaction_runs_at_once_below_the_thresholds(dagbag, airflow_c
     assert time.monotonic() - started < 60  # the sensor did not wait out its poke interval
     assert task_states("logcompact_compaction", run.run_id)["compact_group[0]"] == "success"
     assert _levels(catalog) == {1} and _latest(catalog, "accounts", 1) == expected
+    # The plan task's log says what the forced pass does with fresh L0 files: a copy, nothing deduplicated.
+    log = capfd.readouterr().out
+    assert re.search(r"leased plan \S+: copy 2 files \(L0 2\) > L1: .* 20 records in; copied as they are: no level below L2 is deduplicated", log), log[-3000:]
 
 
 def test_max_lag_dag_compacts_what_became_dirty(dagbag, airflow_catalog: Catalog) -> None:
