@@ -148,14 +148,11 @@ def _address(text: str, what: str, example: str) -> tuple[str, int]:
 
 
 def serve(sink: Sink, udp: socket.socket, http: ThreadingHTTPServer) -> None:
-    """Receive on `udp` in a thread, serve `http` here until the process is stopped."""
-
-    def receive() -> None:
-        while True:
-            sink.receive(udp.recv(65535))
-
-    threading.Thread(target=receive, name="statsd", daemon=True).start()
-    http.serve_forever()
+    """Serve `http` in a thread and receive on `udp` here until the process is stopped: should receiving fail, the
+    process ends with the error (`make airflow` then stops, naming it) rather than serve stale values."""
+    threading.Thread(target=http.serve_forever, name="http", daemon=True).start()
+    while True:
+        sink.receive(udp.recv(65535))
 
 
 def main(argv: list[str] | None = None) -> None:
