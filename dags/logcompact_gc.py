@@ -7,6 +7,8 @@ outputs of failed or abandoned jobs the catalog never listed) and the plan docum
 each only once older than the grace period (1 h), so a job still running, an agent about to commit or a
 reader of a kept version is never hurt; and trims the catalog's commit log to the kept versions. Each step
 is a few catalog queries, so a run completes under steady ingest.
+
+Settings: **Admin > Connections** `logcompact_default` (the store and its catalog); **Admin > Pools** `logcompact`.
 """
 
 from airflow.sdk import DAG

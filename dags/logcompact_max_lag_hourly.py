@@ -10,6 +10,9 @@ follows, so no record stays dirty more than 30 minutes past its lag. A schedule 
 
 Params: `topics` (empty: every topic), `dry_run`, `buffer_bytes`. Runs act on the catalog as it is now,
 so a backfill or a re-run of an old hour is safe.
+
+Settings: **Admin > Connections** `logcompact_default` (the store, its catalog and, in the extra's `planner`, the
+planner's settings such as `group_bytes`) and `logcompact_spark` (the Spark master); **Admin > Pools** `logcompact`.
 """
 
 from airflow.sdk import DAG

@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# `make airflow`: Airflow 3 on http://127.0.0.1:8080 serving logcompact's DAGs, with the store connection (the
-# demo's local store, given data on first use, its catalog the embedded SQLite beside it), Spark in local mode
-# and the shared pool; and a Kafka agent (`logcompact agent`) on the same store for Kafka clients, at
-# LOGCOMPACT_AGENT_LISTEN (PLAINTEXT, 127.0.0.1:9092 by default) and LOGCOMPACT_AGENT_SASL_LISTEN (SASL_SSL with
-# SCRAM-SHA-512, 127.0.0.1:9094 by default).
+# `make airflow`: Airflow 3 on http://127.0.0.1:8080 serving logcompact's DAGs, with their connections in the metadata
+# database (Admin > Connections: the store, here the demo's local store, given data on first use, its catalog the
+# embedded SQLite beside it, and the planner's settings; Spark in local mode), the shared pool, Airflow's metrics sent
+# by StatsD to a sink serving them as Prometheus text (scripts/statsd_sink.py, http://127.0.0.1:9102/metrics); and a
+# Kafka agent (`logcompact agent`) on the same store for Kafka clients, at LOGCOMPACT_AGENT_LISTEN (PLAINTEXT,
+# 127.0.0.1:9092 by default) and LOGCOMPACT_AGENT_SASL_LISTEN (SASL_SSL with SCRAM-SHA-512, 127.0.0.1:9094 by default).
 # A local trial: every UI user is an admin, and the API server listens on 127.0.0.1 only.
 # Settable by the environment: LOGCOMPACT_AIRFLOW_HOME (.airflow), LOGCOMPACT_AIRFLOW_PORT (8080, the API
 # server's), LOGCOMPACT_AIRFLOW_STORE (a local store's directory; the default, .demo/store, is given the
-# demo's data on first use), LOGCOMPACT_VENV (.venv); Airflow's own AIRFLOW__* settings that this script does
-# not set pass through (e.g. the log servers' ports, AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT and
-# AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT).
+# demo's data on first use), LOGCOMPACT_AIRFLOW_METRICS_LISTEN (127.0.0.1:9102, the metrics sink's HTTP),
+# LOGCOMPACT_AIRFLOW_STATSD_PORT (8125, the UDP port on 127.0.0.1 Airflow sends StatsD to), LOGCOMPACT_VENV
+# (.venv); Airflow's own AIRFLOW__* settings that this script does not set pass through (e.g. the log servers'
+# ports, AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT and AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT). An
+# AIRFLOW_CONN_LOGCOMPACT_DEFAULT or AIRFLOW_CONN_LOGCOMPACT_SPARK in the environment would take the place of the
+# connection of that name (Airflow reads environment variables before its database); the script refuses to start
+# with one set.
 #
 # Stopping: TERM or INT (Ctrl-C in `make airflow`) stops every process the script started: TERM to each,
 # then, after 30 s or at a second TERM or INT, SIGKILL to those left, each named on the terminal; the script
@@ -44,9 +49,14 @@ export AIRFLOW__CORE__PARALLELISM=$pool_slots
 export AIRFLOW__API__HOST=127.0.0.1
 export AIRFLOW__API__PORT=$api_port
 export AIRFLOW__CORE__EXECUTION_API_SERVER_URL="http://127.0.0.1:$api_port/execution/"
-# Groups of 8 MiB: the demo data's tens of MB make several mapped Spark jobs per plan.
-export AIRFLOW_CONN_LOGCOMPACT_DEFAULT="{\"conn_type\": \"generic\", \"extra\": {\"store\": \"file://$store\", \"planner\": {\"group_bytes\": 8388608}}}"
-export AIRFLOW_CONN_LOGCOMPACT_SPARK='{"conn_type": "spark", "host": "local[2]"}'
+# Airflow's metrics, the cleaner's gauges among them, to the StatsD sink started below, which serves them as
+# Prometheus text on $metrics_listen.
+metrics_listen="${LOGCOMPACT_AIRFLOW_METRICS_LISTEN:-127.0.0.1:9102}"
+statsd_port="${LOGCOMPACT_AIRFLOW_STATSD_PORT:-8125}"
+export AIRFLOW__METRICS__STATSD_ON=True
+export AIRFLOW__METRICS__STATSD_HOST=127.0.0.1
+export AIRFLOW__METRICS__STATSD_PORT=$statsd_port
+export AIRFLOW__METRICS__STATSD_PREFIX=airflow
 export PATH="$bin:$PATH"  # the Spark provider runs a bare spark-submit
 export PYSPARK_PYTHON="$bin/python"
 export SPARK_LOCAL_IP=127.0.0.1
@@ -202,6 +212,12 @@ unpause_when_ready() {
   echo "logcompact: unpaused ${dag_ids[*]}; their schedules run from now"
 }
 
+for name in AIRFLOW_CONN_LOGCOMPACT_DEFAULT AIRFLOW_CONN_LOGCOMPACT_SPARK; do
+  if [[ -n ${!name:-} ]]; then
+    echo "logcompact: $name is set in the environment, where it would hide the connection this script writes to the metadata database (the agent serves LOGCOMPACT_AIRFLOW_STORE); unset it" >&2
+    exit 2
+  fi
+done
 mkdir -p "$AIRFLOW_HOME"
 if [[ $store == "$demo_store" && ! -f $store/catalog.db ]]; then
   step "$bin/python" "$repo/scripts/demo.py" --data-only
@@ -236,8 +252,40 @@ fi
 echo "Kafka agent: bootstrap.servers=$agent_listen (log: $agent_log), e.g. kcat -b $agent_listen -L"
 echo "  and SASL_SSL on $agent_sasl_listen, the settings in $agent_dir/client.properties, e.g. kcat -F $agent_dir/client.properties -L"
 
+# The metrics sink: up before Airflow sends to it, or the script stops with its error (a port in use, say).
+metrics_log="$AIRFLOW_HOME/metrics-sink.log"
+: >"$metrics_log"
+start_component metrics-sink "$bin/python" "$repo/scripts/statsd_sink.py" --statsd "127.0.0.1:$statsd_port" --http "$metrics_listen"
+until grep -q '^statsd_sink: receiving' "$metrics_log" 2>/dev/null; do
+  check_components
+  step sleep 0.2
+done
+echo "Metrics: http://$metrics_listen/metrics (Airflow's StatsD metrics as Prometheus text, the cleaner's gauges as airflow_logcompact_*; log: $metrics_log)"
+
 step "$bin/airflow" db migrate >/dev/null
 step "$bin/airflow" pools set logcompact "$pool_slots" "logcompact compactions" >/dev/null
+# The DAGs' connections, in the metadata database where Admin > Connections shows them (environment variables
+# would not show there), written at each start: the agent serves the same store. Groups of 8 MiB (the planner's
+# group_bytes): the demo data's tens of MiB make several mapped Spark jobs per plan.
+connections="$AIRFLOW_HOME/connections.json"
+step env STORE_URI="file://$store" "$bin/python" -c '
+import json, os, sys
+json.dump({
+    "logcompact_default": {
+        "conn_type": "generic",
+        "description": "logcompact: the store (extra store), its catalog (the embedded SQLite beside a file:// store unless "
+                       "extra catalog or catalog_conn_id names one) and the planner settings of every DAG (extra planner: "
+                       "PlannerConfig fields such as group_bytes, min_files); written by make airflow at each start",
+        "extra": json.dumps({"store": os.environ["STORE_URI"], "planner": {"group_bytes": 8388608}}),
+    },
+    "logcompact_spark": {
+        "conn_type": "spark", "host": "local[2]",
+        "description": "logcompact: the Spark master the compact_group jobs are submitted to (host: local[N], or spark://HOST with "
+                       "port 7077 for a standalone cluster); written by make airflow at each start",
+    },
+}, open(sys.argv[1], "w"), indent=2)
+' "$connections"
+step "$bin/airflow" connections import --overwrite "$connections" >/dev/null
 # A home kept from an earlier run has its DAGs unpaused: pause them until the API server answers again.
 step "$bin/airflow" dags pause --treat-dag-id-as-regex --yes --output plain '^logcompact_' >/dev/null
 for name in api-server scheduler dag-processor triggerer; do

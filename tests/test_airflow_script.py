@@ -1,17 +1,23 @@
 """`scripts/airflow.sh` (`make airflow`), started for real on free ports with a private Airflow home and store:
 a TERM to the script, or a Ctrl-C in `make airflow` (INT to make's process group), stops every process it
 started within its 30 s, then SIGKILLs what is left, naming it; no listener is left; its LocalExecutor has a
-worker per pool slot."""
+worker per pool slot. What an operator opens: the DAGs' connections in Admin > Connections (the metadata
+database), and Airflow's metrics, the cleaner's gauges among them, as Prometheus text from the metrics sink."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -48,20 +54,21 @@ def _describe(process: psutil.Process) -> str:
         return str(process.pid)
 
 
-@pytest.mark.parametrize(
-    ("argv", "stop"),
-    [
-        (["scripts/airflow.sh"], "TERM to the script"),
-        # `-o install`: the virtualenv is this interpreter's (LOGCOMPACT_VENV), not one make would build.
-        (["make", "--no-print-directory", "-o", "install", "airflow"], "Ctrl-C in make"),
-    ],
-    ids=["term", "ctrl-c"],
-)
-def test_stopping_the_script_stops_everything_it_started(tmp_path: Path, argv: list[str], stop: str) -> None:
+def _free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind((HOST, 0))
+        return probe.getsockname()[1]
+
+
+@contextmanager
+def _running_script(tmp_path: Path, argv: list[str]) -> Iterator[tuple[subprocess.Popen, dict[str, int], dict[str, str], Path]]:
+    """The script started on free ports with a private home and store, once Airflow is up: the process, the TCP
+    ports that must answer while it runs (and not after), its environment and its terminal output. Whatever the
+    test leaves running is killed at the end."""
     store = tmp_path / "store"
     created = CliRunner().invoke(cli, ["--store", f"file://{store}", "topic", "create", "t", "--partitions", "1", "--config", "cleanup.policy=compact"])
     assert created.exit_code == 0, created.output
-    ports = {name: free_port() for name in ("api", "agent", "worker logs", "trigger logs")}
+    ports = {name: free_port() for name in ("api", "agent", "worker logs", "trigger logs", "metrics")}
     env = {
         **os.environ,
         "LOGCOMPACT_VENV": sys.prefix,
@@ -69,6 +76,8 @@ def test_stopping_the_script_stops_everything_it_started(tmp_path: Path, argv: l
         "LOGCOMPACT_AIRFLOW_HOME": str(tmp_path / "airflow"),
         "LOGCOMPACT_AIRFLOW_PORT": str(ports["api"]),
         "LOGCOMPACT_AGENT_LISTEN": f"{HOST}:{ports['agent']}",
+        "LOGCOMPACT_AIRFLOW_METRICS_LISTEN": f"{HOST}:{ports['metrics']}",
+        "LOGCOMPACT_AIRFLOW_STATSD_PORT": str(_free_udp_port()),
         "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(ports["worker logs"]),
         "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(ports["trigger logs"]),
     }
@@ -84,7 +93,28 @@ def test_stopping_the_script_stops_everything_it_started(tmp_path: Path, argv: l
             assert started.poll() is None, f"the script ended ({started.returncode}) before Airflow was up:\n{output.read_text()}"
             assert time.monotonic() < deadline, f"Airflow not up within {STARTUP_S} s: {[n for n, port in ports.items() if not _answers(port)]} not answering\n{output.read_text()}"
             time.sleep(2)
+        yield started, ports, env, output
+    finally:
+        # This test's own processes, should it fail before they stopped.
+        if started.poll() is None:
+            tree = [psutil.Process(started.pid), *psutil.Process(started.pid).children(recursive=True)]
+        for process in tree:
+            if _alive(process):
+                process.kill()
+        started.wait()
 
+
+@pytest.mark.parametrize(
+    ("argv", "stop"),
+    [
+        (["scripts/airflow.sh"], "TERM to the script"),
+        # `-o install`: the virtualenv is this interpreter's (LOGCOMPACT_VENV), not one make would build.
+        (["make", "--no-print-directory", "-o", "install", "airflow"], "Ctrl-C in make"),
+    ],
+    ids=["term", "ctrl-c"],
+)
+def test_stopping_the_script_stops_everything_it_started(tmp_path: Path, argv: list[str], stop: str) -> None:
+    with _running_script(tmp_path, argv) as (started, ports, _env, output):
         tree = [psutil.Process(started.pid), *psutil.Process(started.pid).children(recursive=True)]
         # A worker running a task forks the task's process, titled as the worker until it names itself.
         executor = [p for p in tree if "LocalExecutor" in _describe(p)]
@@ -114,11 +144,93 @@ def test_stopping_the_script_stops_everything_it_started(tmp_path: Path, argv: l
         if stop == "TERM to the script":
             killed = said[said.index("logcompact: killed with SIGKILL") :]
             assert f"  {scheduler.pid} " in killed, said
+
+
+def test_an_operator_finds_the_connections_in_airflow_and_the_metrics_at_the_sink(tmp_path: Path) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with _running_script(tmp_path, ["scripts/airflow.sh"]) as (started, ports, env, output):
+        airflow = Path(sys.prefix) / "bin" / "airflow"
+        airflow_env = {**env, "AIRFLOW_HOME": env["LOGCOMPACT_AIRFLOW_HOME"]}
+
+        def cli_json(*args: str) -> list[dict]:
+            done = subprocess.run([str(airflow), *args, "--output", "json"], env=airflow_env, capture_output=True, text=True, check=True)
+            return json.loads(done.stdout)
+
+        # In the metadata database, as Admin > Connections lists them: each says what it is for.
+        assert {c["conn_id"] for c in cli_json("connections", "list")} >= {"logcompact_default", "logcompact_spark"}
+        ((store,), (spark,)) = (cli_json("connections", "get", conn_id) for conn_id in ("logcompact_default", "logcompact_spark"))
+        assert store["extra_dejson"]["store"] == f"file://{env['LOGCOMPACT_AIRFLOW_STORE']}"
+        assert "group_bytes" in store["description"] and (spark["conn_type"], spark["host"]) == ("spark", "local[2]")
+        assert "Spark master" in spark["description"]
+        said = output.read_text()
+        assert f"Metrics: http://{HOST}:{ports['metrics']}/metrics" in said, said
+
+        # A run of the metrics DAG: its task process sends the cleaner's gauges to the sink, served as Prometheus text.
+        subprocess.run([str(airflow), "dags", "trigger", "logcompact_metrics"], env=airflow_env, capture_output=True, check=True)
+        deadline, families = time.monotonic() + STARTUP_S, dict[str, Any]()
+        while "airflow_logcompact_max_dirty_percent" not in families:
+            assert started.poll() is None, output.read_text()
+            assert time.monotonic() < deadline, f"no cleaner gauge at the sink within {STARTUP_S} s: {sorted(families)}"
+            time.sleep(3)
+            with urllib.request.urlopen(f"http://{HOST}:{ports['metrics']}/metrics", timeout=10) as response:
+                families = {f.name: f for f in text_string_to_metric_families(response.read().decode())}
+        # The topic's partition holds nothing yet: nothing dirty. Airflow's own metrics are there too.
+        assert [s.value for s in families["airflow_logcompact_max_dirty_percent"].samples] == [0.0]
+        assert families["airflow_logcompact_uncleanable_partitions_count"].type == "gauge"
+        assert families["airflow_scheduler_heartbeat"].type == "counter"
+        assert [s.value for s in families["statsd_sink_rejected_lines"].samples] == [0.0]
+        os.kill(started.pid, signal.SIGTERM)
+        assert started.wait(timeout=STOP_S + 30) == -signal.SIGTERM
+        assert not _answers(ports["metrics"])
+
+
+def test_the_metrics_sink_serves_what_a_statsd_client_sends_as_prometheus_text(tmp_path: Path) -> None:
+    """The sink alone, fed by the StatsD client Airflow uses (`statsd`), read by prometheus_client's parser."""
+    import statsd
+    from prometheus_client.parser import text_string_to_metric_families
+
+    udp, http = _free_udp_port(), free_port()
+    log = tmp_path / "sink.log"
+    with open(log, "wb") as out:
+        sink = subprocess.Popen([sys.executable, str(REPO / "scripts" / "statsd_sink.py"), "--statsd", f"{HOST}:{udp}", "--http", f"{HOST}:{http}"],
+                                stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while not _answers(http):
+            assert sink.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        client = statsd.StatsClient(HOST, udp, prefix="airflow")
+        client.gauge("logcompact.max-dirty-percent", 87.5)
+        client.gauge("pool.open_slots", 4)
+        client.gauge("pool.open_slots", -1, delta=True)
+        client.incr("scheduler_heartbeat")
+        client.incr("scheduler_heartbeat", 2)
+        client.timing("dagrun.duration.success.logcompact_gc", 1250)
+        client.timing("dagrun.duration.success.logcompact_gc", 750)
+        client.gauge("scheduler_heartbeat", 1)  # a counter's name sent as a gauge: rejected, not mixed in
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as raw:
+            raw.sendto(b"not statsd at all", (HOST, udp))
+        expected = {"airflow_logcompact_max_dirty_percent", "airflow_pool_open_slots", "airflow_scheduler_heartbeat",
+                    "airflow_dagrun_duration_success_logcompact_gc"}
+        while True:
+            with urllib.request.urlopen(f"http://{HOST}:{http}/metrics", timeout=10) as response:
+                families = {f.name: f for f in text_string_to_metric_families(response.read().decode())}
+            samples = {s.name: s.value for f in families.values() for s in f.samples}
+            received = samples.get("airflow_dagrun_duration_success_logcompact_gc_count") == 2 and log.read_text().count("rejected") == 2
+            if expected <= set(families) and samples.get("statsd_sink_rejected_lines_total") == 2 and received:
+                break
+            assert time.monotonic() < deadline, samples
+            time.sleep(0.2)
+        assert {name: families[name].type for name in expected} == {
+            "airflow_logcompact_max_dirty_percent": "gauge", "airflow_pool_open_slots": "gauge",
+            "airflow_scheduler_heartbeat": "counter", "airflow_dagrun_duration_success_logcompact_gc": "summary",
+        }
+        assert (samples["airflow_logcompact_max_dirty_percent"], samples["airflow_pool_open_slots"]) == (87.5, 3)
+        assert (samples["airflow_scheduler_heartbeat_total"], samples["airflow_dagrun_duration_success_logcompact_gc_sum"]) == (3, 2000)
+        said = log.read_text()
+        assert "rejected 'airflow.scheduler_heartbeat:1|g': airflow_scheduler_heartbeat was received as a counter" in said, said
+        assert "rejected 'not statsd at all': not name:value|type" in said, said
     finally:
-        # This test's own processes, should it fail before they stopped.
-        if started.poll() is None:
-            tree = [psutil.Process(started.pid), *psutil.Process(started.pid).children(recursive=True)]
-        for process in tree:
-            if _alive(process):
-                process.kill()
-        started.wait()
+        sink.terminate()
+        sink.wait()

@@ -27,6 +27,7 @@ from logcompact.format.layout import SectionInfo
 from logcompact.plans import lowest_outside
 from logcompact.store import LocalStore
 from logcompact.store.s3 import S3Store
+from logcompact.units import utc_iso
 from tests.helpers import NOW, assert_summaries_kept, create_topic
 
 HOUR = 3_600_000
@@ -174,7 +175,7 @@ def test_leases_are_all_or_none_and_a_leased_commit_needs_its_lease(catalog: Cat
     for name in ("a", "b", "c"):
         _append(catalog, _new_file(name, ("t", 0, 1)))
     catalog.lease("p-1", ["a", "b"], NOW + HOUR, NOW)
-    with pytest.raises(CommitConflictError, match=r"plan p-2: file b is leased to plan p-1 until \d+; re-plan after it commits or expires"):
+    with pytest.raises(CommitConflictError, match=rf"plan p-2: file b is leased to plan p-1 until {utc_iso(NOW + HOUR)}; re-plan after it commits or expires"):
         catalog.lease("p-2", ["c", "b"], NOW + HOUR, NOW)
     assert {key: lease.plan_id for key, lease in catalog.snapshot().leases(NOW).items()} == {"a": "p-1", "b": "p-1"}  # not c
     with pytest.raises(CommitConflictError, match="plan p-2: file gone is no longer live; re-plan"):

@@ -1644,7 +1644,7 @@ def test_a_plan_step_whose_catalog_dies_after_leasing_fails_with_its_own_error_a
     monkeypatch.setattr(operators, "explain_run", explain_run)
     monkeypatch.setattr(Catalog, "release", release)
     (job,) = LogcompactPlanOperator(task_id="plan", mode="regular", logcompact_conn_id="dying", force=True).execute({})
-    assert job["plan_id"] != plan_id and job["label"].startswith("g0 L0>L1 ") and abandoned_plans(store) == []
+    assert job["plan_id"] != plan_id and job["label"].startswith(f"{job['plan_id'][-12:]} g0 of 1: accounts/0 L0>L1, ") and abandoned_plans(store) == []
 
 
 @given(st.lists(st.tuples(*[st.integers(-(2**63), 2**63 - 1)] * 8), min_size=1, max_size=50))

@@ -9,6 +9,7 @@ Each compaction run submits real Spark jobs (about 10 s each here), so there are
 from __future__ import annotations
 
 import os
+import re
 import time
 
 import pytest
@@ -87,6 +88,7 @@ def test_dags_import_with_the_expected_structure() -> None:
         # The compaction DAG lets a manual run start beside a scheduled run whose sensor waits.
         assert dag.max_active_runs == (2 if dag_id == "logcompact_compaction" else 1)
         assert "logcompact" in dag.tags and dag.doc_md.lstrip().startswith(f"# {dag_id}")
+        assert "Settings: **Admin > Connections** `logcompact_default`" in dag.doc_md  # where its settings live
         assert dag.catchup is False
         for task in dag.tasks:
             # A check that reports the catalog's state has nothing to gain from a retry.
@@ -96,6 +98,9 @@ def test_dags_import_with_the_expected_structure() -> None:
     assert compaction.get_task("wait_for_files").mode == "reschedule"
     assert compaction.get_task("compact_group").map_index_template == "{{ task.name }}"
     assert set(compaction.params) == {"dry_run", "buffer_bytes", "force"}
+    # What a forced pass does, where an operator triggering one reads it.
+    assert "L0 is copied to L1, not deduplicated" in compaction.params.get_param("force").description
+    assert all(f"- **{action}**" in compaction.doc_md for action in ("copy", "deduplicate", "rewrite"))
     sweep_params = dagbag.dags["logcompact_full_sweep_daily"].params
     assert set(sweep_params) == {"dry_run", "buffer_bytes", "topics"}
     # The trigger form marks a param required unless its type allows null.
@@ -114,15 +119,17 @@ def test_compaction_dag_compacts_l0_through_spark_and_publishes_asset_events(dag
 
     assert str(run.state) == "success", task_states("logcompact_compaction", run.run_id)
     instances = task_instances("logcompact_compaction", run.run_id)
-    assert instances[("compact_group", 0)].rendered_map_index.startswith("g0 L0>L1 ")
+
     assert str(instances[("dry_run", -1)].state) == "skipped"
     assert _levels(catalog) == {1} and not catalog.snapshot().leases(_now_ms())
     assert _latest(catalog, "accounts", 2) == expected
     (event,) = _asset_events(f"logcompact://{catalog.cluster_id}/accounts")
     assert event["records_in"] == event["records_out"] == 660 and event["partitions"] == 2 and len(event["plans"]) == 1
+    (plan_id,) = event["plans"]
+    assert re.fullmatch(rf"{plan_id[-12:]} g0 of 1: accounts/0-1 L0>L1, 0\.\d{{3}} MiB uncompressed", instances[("compact_group", 0)].rendered_map_index)
 
 
-def test_a_forced_compaction_runs_at_once_below_the_thresholds(dagbag, airflow_catalog: Catalog) -> None:
+def test_a_forced_compaction_runs_at_once_below_the_thresholds(dagbag, airflow_catalog: Catalog, capfd) -> None:
     catalog = airflow_catalog
     create_topic(catalog, "accounts", partitions=1, now=_now_ms(), cleanup_policy="compact")
     produce_l0_files(catalog, "accounts", files=2, records=10, keys=5, partitions=1, now=_now_ms())
@@ -135,6 +142,9 @@ def test_a_forced_compaction_runs_at_once_below_the_thresholds(dagbag, airflow_c
     assert time.monotonic() - started < 60  # the sensor did not wait out its poke interval
     assert task_states("logcompact_compaction", run.run_id)["compact_group[0]"] == "success"
     assert _levels(catalog) == {1} and _latest(catalog, "accounts", 1) == expected
+    # The plan task's log says what the forced pass does with fresh L0 files: a copy, nothing deduplicated.
+    log = capfd.readouterr().out
+    assert re.search(r"leased plan \S+: copy 2 files \(L0 2\) > L1: .* 20 records in; copied as they are: no level below L2 is deduplicated", log), log[-3000:]
 
 
 def test_max_lag_dag_compacts_what_became_dirty(dagbag, airflow_catalog: Catalog) -> None:

@@ -341,7 +341,7 @@ def test_plans_are_validated(catalog: Catalog) -> None:
     _produce(catalog, "state", [Record(0, b"b", b"2", NOW)])  # a later version: the inputs still check
     plan.check_against(catalog.snapshot(), NOW)
     changed = plan_from_dict({**document, "inputs": [{**document["inputs"][0], "size": 1}]})
-    with pytest.raises(InvalidPlanError, match=r"1 bytes, made at \d+ in the plan; the catalog records level 0, \d+ bytes"):
+    with pytest.raises(InvalidPlanError, match=r"1 bytes, made at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z in the plan; the catalog records level 0, \d+ bytes, made at \S+Z;"):
         changed.check_against(catalog.snapshot(), NOW)
 
 

@@ -20,6 +20,7 @@ from logcompact.keys import group_key, inputs_key, plan_key
 from logcompact.planner import PlannerConfig, choose_plans
 from logcompact.plans import Plan, read_cluster_id, read_group, read_header, read_partition_bytes, read_plan, write_plan
 from logcompact.plans.arrow_form import GROUP_METADATA_KEY
+from logcompact.units import mib
 from tests.helpers import NOW, TasksByUri, create_topic, produce_l0_files
 
 CONFIG = PlannerConfig(min_files=(4, 4, 4, 4))
@@ -71,6 +72,38 @@ def test_dry_run_writes_nothing(catalog: Catalog) -> None:
     assert _objects(catalog) == before and catalog.latest_version() == version and not catalog.snapshot().leases(NOW)
 
 
+def test_a_dry_run_estimates_what_its_run_then_removes(catalog: Catalog) -> None:
+    """Each dry run, then the same plans run and committed on the local store: a deduplication removes what its
+    key sketches estimate; a copy (L0 to L1) and a rewrite of files already deduplicated remove nothing, and their
+    dry runs say so exactly (a sketch's error would make up duplicates in a clean partition)."""
+    forced = PlannerConfig(min_files=(2,) * 4, tier_min_files=2)  # as a forced DAG run plans
+
+    def dry_then_run(mode: str, topics: list[str] | None = None) -> list[tuple[dict, dict]]:
+        dry = prepare_plans(catalog, mode, NOW, forced, topics, dry_run=True).estimates
+        prepared = prepare_plans(catalog, mode, NOW, forced, topics)
+        assert [{**e, "plan_id": ""} for e in prepared.estimates] == [{**e, "plan_id": ""} for e in dry]
+        for plan_id in prepared.plan_ids:
+            _run_groups(catalog, plan_id)
+        summary = commit_plans(catalog, prepared.plan_ids, NOW)
+        return [(estimate, summary.stats[estimate["plan_id"]]) for estimate in prepared.estimates]
+
+    create_topic(catalog, "profiles", partitions=3, cleanup_policy="compact")
+    produce_l0_files(catalog, "profiles", files=5, records=60, keys=20, partitions=3)
+    for topic in ("accounts", "profiles"):  # a topic at a time: two deduplicated files at L2
+        ((estimate, outcome),) = dry_then_run("full", [topic])
+        assert estimate["action"] == "deduplicate" and outcome["duplicates_removed"] > 0
+        # Records less the distinct keys the sketches count, within their error (about 9%) of those keys.
+        assert abs(estimate["estimated_records_removed"] - outcome["duplicates_removed"]) <= 0.1 * outcome["records_out"], (estimate, outcome)
+    produce_l0_files(catalog, "profiles", files=2, records=60, keys=20, partitions=3)
+
+    done = {estimate["action"]: (estimate, outcome) for estimate, outcome in dry_then_run("regular")}
+    assert sorted(done) == ["copy", "rewrite"]
+    for estimate, outcome in done.values():
+        assert estimate["estimated_records_removed"] == outcome["duplicates_removed"] == 0
+        assert estimate["records_in"] == outcome["records_in"] == outcome["records_out"]
+    assert (done["copy"][0]["target_level"], done["rewrite"][0]["input_levels"]) == (1, [2])
+
+
 def test_plan_run_commit_and_a_retried_commit(catalog: Catalog) -> None:
     expected = _latest(catalog)
     config = PlannerConfig(group_bytes=1, buffer_bytes=2 * 1024**2)  # a group per partition
@@ -80,7 +113,8 @@ def test_plan_run_commit_and_a_retried_commit(catalog: Catalog) -> None:
     snapshot = catalog.snapshot()
     assert snapshot.leased_files(NOW) == {f.key for f in snapshot.file_summaries()}
     assert prepared.groups[2].application_args() == [f"--store={catalog.store.uri}", f"--plan-id={plan_id}", "--group=2"]
-    assert re.fullmatch(r"g2 L0>L2 [0-9.]+ KB", prepared.groups[2].label)
+    # Unique in a run and telling: the plan, the group of how many, its partitions, levels and uncompressed bytes.
+    assert re.fullmatch(rf"{plan_id[-12:]} g2 of 3: accounts/2 L0>L2, 0\.\d{{3}} MiB uncompressed", prepared.groups[2].label)
 
     _run_groups(catalog, plan_id, only={0, 1})
     with pytest.raises(CommitConflictError, match=r"no result for group\(s\) 2"):  # a failed group: no commit
@@ -304,7 +338,13 @@ def test_each_topic_reports_its_own_figures_and_they_add_up_to_the_plan(catalog:
         assert accounts[name] + clicks[name] == plan[name], name
     assert 0 < accounts["uncompressed_bytes_out"] < accounts["uncompressed_bytes_in"]
     lines = summary.describe()
-    assert lines[0].startswith(f"committed 1 plan(s) {plan_id}; already committed 0 -;")
+    assert lines[0] == (
+        f"committed 1 plan(s): {plan_id} ({mib(plan['bytes_in'])} of input files stored, {mib(plan['bytes_out'])} written); "
+        f"manifest version {summary.manifest_version}"
+    )
+    assert commit_plans(catalog, [plan_id], NOW).describe()[0] == (  # a retried commit
+        f"committed no plan; committed before (a retry): {plan_id}; manifest version {summary.manifest_version}"
+    )
     header = next(n for n, line in enumerate(lines) if line.startswith("topic "))
     assert lines[header + 1].split()[:5] == ["accounts", "3", "300", f"{accounts['records_out']:,}", f"{accounts['duplicates_removed']:,}"]
     assert lines[header + 2].split()[:5] == ["clicks", "2", "160", "160", "0"]

@@ -19,7 +19,7 @@ from sqlalchemy.engine import make_url
 
 from logcompact.catalog import Catalog, SetAside
 from logcompact.exceptions import CatalogConfigError, CatalogUnavailableError, CommitConflictError, InvalidPlanError, TopicNotFoundError
-from logcompact.jobs import run_group
+from logcompact.jobs import prepare_plans, run_group
 from logcompact.planner import PlannerConfig
 from logcompact.store import LocalStore
 from logcompact.store.s3 import S3Store
@@ -308,7 +308,8 @@ def test_plan_then_commit_operators_compact_with_asset_events(connected_catalog:
     inputs = {f.key for f in catalog.snapshot().file_summaries()}
     plan = LogcompactPlanOperator(task_id="plan", mode="regular", logcompact_conn_id="connected", min_files=(3, 3, 3, 3))
     (job,) = plan.execute({})
-    assert re.fullmatch(r"g0 L0>L1 [\d.]+ KB", job.pop("label"))  # a short map-index label
+    # A map-index label unique in the run: the plan, the group of how many, its partitions, levels and uncompressed bytes.
+    assert re.fullmatch(rf"{job['plan_id'][-12:]} g0 of 1: accounts/0 to clicks/0 L0>L1, 0\.\d{{3}} MiB uncompressed", job.pop("label"))
     assert job == {
         "store_uri": catalog.store.uri, "plan_id": job["plan_id"], "group": 0,
         "application_args": [f"--store={catalog.store.uri}", f"--plan-id={job['plan_id']}", "--group=0"],
@@ -316,7 +317,10 @@ def test_plan_then_commit_operators_compact_with_asset_events(connected_catalog:
     assert set(catalog.snapshot().leased_files(_now_ms())) == inputs
     log = capfd.readouterr().out
     assert "regular: files per level against thresholds: L0 4/3, L1 0/3, L2 0/3, L3 0/3; due: L0" in log
-    assert re.search(rf"leased plan {job['plan_id']}: 4 files \(L0 4\) > L1; [\d.]+ KB in, .*of 24 records removed; 1 group\(s\): g0 L0>L1 ", log)
+    assert re.search(
+        rf"leased plan {job['plan_id']}: copy 4 files \(L0 4\) > L1: 0\.\d{{3}} MiB stored \(whole files\), 0\.\d{{3}} MiB uncompressed, 24 records in; "
+        rf"copied as they are: no level below L2 is deduplicated .*; 1 group\(s\): {job['plan_id'][-12:]} g0 of 1: ", log,
+    ), log
 
     # What the Spark job does for the group, without Spark: it is given the plan id and the group number.
     run_group(catalog.store, job["plan_id"], job["group"], mapper=TasksByUri(1))
@@ -347,10 +351,10 @@ def test_plan_operator_forced_compacts_below_the_thresholds(connected_catalog: C
     produce_l0_files(catalog, "accounts", files=2, records=5, keys=5, partitions=1, now=_now_ms())
     assert LogcompactPlanOperator(task_id="plan", mode="regular", logcompact_conn_id="connected").execute({}) == []
     log = capfd.readouterr().out
-    assert "nothing due: L0 has 2 files, needs 32, L1 has 0 files, needs 32; the top level L2 has no 10 files within 2x" in log
+    assert "nothing planned: L0 has 2 files, needs 32, L1 has 0 files, needs 32; the top level L2 has no 10 files within 2x" in log
 
     (job,) = LogcompactPlanOperator(task_id="plan", mode="regular", logcompact_conn_id="connected", force=True).execute({})
-    assert job["label"].startswith("g0 L0>L1 ")
+    assert job["label"].startswith(f"{job['plan_id'][-12:]} g0 of 1: accounts/0 L0>L1, ")
     log = capfd.readouterr().out
     assert "forced (force=true): any level of 2 files or more is compacted" in log
     assert "L0 2/2, L1 0/2, L2 0/2, L3 0/2; due: L0" in log
@@ -376,7 +380,7 @@ def test_a_plan_step_that_fails_after_leasing_releases_its_plans_for_the_retry(c
     assert catalog.snapshot().leases(_now_ms()) == {}
     monkeypatch.setattr(operators, "explain_run", explain_run)
     (job,) = LogcompactPlanOperator(task_id="plan", mode="regular", logcompact_conn_id="connected", force=True).execute({})
-    assert job["label"].startswith("g0 L0>L1 ")  # the retry plans the same files
+    assert " g0 of 1: accounts/0 L0>L1, " in job["label"]  # the retry plans the same files
 
 
 def test_plan_operator_says_when_the_max_lag_pass_is_due_next(connected_catalog: Catalog, capfd) -> None:
@@ -387,7 +391,7 @@ def test_plan_operator_says_when_the_max_lag_pass_is_due_next(connected_catalog:
     assert plan.execute({}) == []
     log = capfd.readouterr().out
     # Records an hour old under a 2 h lag: dirty in 60 min, planned by the pass 15 min before they are 30 min late.
-    assert re.search(r"nothing due: max-lag: nothing would be dirty longer than 30 min by the next pass \(in 15 min\); the first "
+    assert re.search(r"nothing planned: max-lag: nothing would be dirty longer than 30 min by the next pass \(in 15 min\); the first "
                      r"due is orders/[01], which becomes dirty in (59|60) min and is planned in (74|75) min", log), log
     # In an hourly DAG the planner assumes the next pass at the DAG's next run: planned by the last pass before
     # they would be 30 min late, that is 90 min from now less the time to the next run.
@@ -473,3 +477,42 @@ def test_cleaner_gauges_reach_a_statsd_server_under_kafkas_names(connected_catal
     assert gauges["time-since-last-run-ms"] is None  # nothing compacted yet: not sent
     # Nothing of accounts (no finite max lag) was ever deduplicated: all of it is dirty.
     assert packets["airflow.logcompact.max-dirty-percent"] == 100.0 and packets["airflow.logcompact.uncleanable-partitions-count"] == 0
+
+
+def test_the_metrics_log_leads_with_the_worst_partitions(connected_catalog: Catalog, capfd) -> None:
+    """A headline naming the partitions behind the maxima, then the worst 20 partitions, and how many were left out."""
+    from logcompact.ingest import Agent, Record
+    from logcompact.jobs.run import run_here
+
+    catalog, now, hour = connected_catalog, _now_ms(), 3_600_000
+    create_topic(catalog, "orders", partitions=24, now=now - 5 * hour, cleanup_policy="compact", max_compaction_lag_ms=str(2 * hour))
+    produce_l0_files(catalog, "orders", files=2, records=480, keys=240, partitions=24, now=now - 4 * hour)
+    prepared = prepare_plans(catalog, "full", now, PlannerConfig(), ["orders"])
+    run_here(catalog, prepared.plan_ids, prepared.groups, now)  # every partition of orders clean
+    with Agent(catalog, background=False, clock=lambda: now - 3 * hour) as agent:  # then orders/13 dirty, past its max lag
+        agent.produce("orders", [Record(13, b"k%d" % n, b"again", now - 3 * hour) for n in range(40)])
+
+    LogcompactMetricsOperator(task_id="cleaner_metrics", logcompact_conn_id="connected").execute({})
+
+    lines = capfd.readouterr().out.splitlines()
+    (headline,) = [line for line in lines if "cleaner: " in line]
+    assert re.search(
+        r"cleaner: max-dirty-percent [\d.]+% at orders/13 \(0\.\d{3} MiB of 0\.\d{3} MiB uncompressed not yet deduplicated\); "
+        r"max-compaction-delay-secs [\d,]+ at orders/13; 0 uncleanable; 24 partitions of compacted topics, the 20 worst listed below",
+        headline,
+    ), headline
+    rows = [re.search(r"(orders +\d+) ", line)[1].split() for line in lines if re.search(r"\] orders +\d+ ", line)]
+    assert rows[0] == ["orders", "13"] and len(rows) == 20
+    assert any("... 4 partitions less dirty not listed (`logcompact status` lists every partition)" in line for line in lines)
+
+
+def test_a_due_partition_held_by_an_in_flight_plan_is_said_so(connected_catalog: Catalog, capfd) -> None:
+    catalog, now = connected_catalog, _now_ms()
+    create_topic(catalog, "orders", partitions=1, now=now - 4 * 3_600_000, cleanup_policy="compact", max_compaction_lag_ms=str(2 * 3_600_000))
+    produce_l0_files(catalog, "orders", files=2, records=10, keys=5, partitions=1, now=now - 3 * 3_600_000)
+    (job,) = LogcompactPlanOperator(task_id="plan", mode="regular", logcompact_conn_id="connected", force=True).execute({})
+    capfd.readouterr()
+    assert LogcompactPlanOperator(task_id="plan", mode="max-lag", logcompact_conn_id="connected", topics=["orders"]).execute({}) == []
+    log = capfd.readouterr().out
+    assert "nothing planned: max-lag: orders/0 is due, but an in-flight plan holds some of its files; that plan's commit compacts them first" in log
+    assert f"held by in-flight plan {job['plan_id']}" in log

@@ -141,7 +141,10 @@ def test_spark_submit_runs_a_group_with_local_spark(tmp_path, make_catalog_url) 
     # The log says what the job did, a line per slice and the group's totals, and Spark's INFO lines are gone.
     lines = [line for line in done.stdout.splitlines() if line.startswith("compact_group: ")]
     assert len(lines) == 3 and all(re.search(rf"plan {sweep.plan_id} group 0 > L2: [\d,]+ records in", line) for line in lines[:2])
-    assert re.match(r"compact_group: group 0 done in 2 slice\(s\): 902 records in, 30 out; .* GETs", lines[2]), lines[2]
+    assert re.match(
+        r"compact_group: group 0 done in 2 slice\(s\): 902 records in, 30 out; [\d.]+ MiB of its sections' stored blocks read \([\d.]+ MiB uncompressed\), "
+        r"[\d.]+ MiB stored written .* GETs", lines[2],
+    ), lines[2]
     assert done.stderr.count(" INFO ") <= 3, done.stderr[:3000]  # those before the SparkContext applies the level
     assert not (tmp_path / "store" / "catalog.db").exists()  # the application made no catalog of its own
     assert commit_plans(catalog, [sweep.plan_id], NOW).committed == [sweep.plan_id]

@@ -61,7 +61,10 @@ def compaction_params(with_topics: bool, with_force: bool = False) -> dict[str, 
     if with_force:
         params["force"] = Param(
             False, type="boolean",
-            description="Run now whatever the thresholds: no waiting, and any level of 2 files or more is compacted.",
+            description=(
+                "Run now whatever the thresholds: no waiting, and any level of 2 files or more is compacted. L0 is copied "
+                "to L1, not deduplicated (from L2 up it is); the plan's log says what each plan does."
+            ),
         )
     return params
 
@@ -71,7 +74,8 @@ def _spark_job(job: dict) -> dict:
 
 
 def compaction_pipeline(mode: str, with_force: bool = False) -> tuple[LogcompactPlanOperator, LogcompactUncleanableOperator]:
-    """plan >> compact_group (one mapped Spark job per group, labelled `g0 L0>L1 12.3 MB`) >> commit >>
+    """plan >> compact_group (one mapped Spark job per group, labelled `48ba7f36088b g0 of 2: accounts/0-49 L0>L1, 7.5 MiB
+    uncompressed`: `GroupJob.label`) >> commit >>
     uncleanable_partitions, and plan >> dry_run (done in a dry run, skipped in any other, so the grid shows
     which runs were dry); returns the first and last task. `with_force`: the DAG has the `force` param."""
     plan = LogcompactPlanOperator(

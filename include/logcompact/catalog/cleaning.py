@@ -15,6 +15,7 @@ from logcompact.catalog import topics
 from logcompact.catalog.database import one_of
 from logcompact.catalog.model import SetAside, TopicPartition, Uncleanable
 from logcompact.exceptions import CommitConflictError
+from logcompact.units import utc_iso
 
 # An uncleanable partition is left out of plans this long after its first failure, twice as long after each
 # further one, at most a day (or until its damaged file changes, or the mark is cleared).
@@ -38,7 +39,7 @@ def lease(connection: Connection, plan_id: str, live: Mapping[str, int], keys: S
     if holder is not None:
         key = next(k for k, i in live.items() if i == holder.file_id)
         raise CommitConflictError(
-            f"plan {plan_id}: file {key} is leased to plan {holder.plan_id} until {holder.expires_ms}; "
+            f"plan {plan_id}: file {key} is leased to plan {holder.plan_id} until {utc_iso(holder.expires_ms)}; "
             "re-plan after it commits or expires"
         )
     connection.execute(delete(s.leases).where(leased))  # expired leases, or this plan's own

@@ -10,6 +10,7 @@ from logcompact.exceptions import CommitConflictError, CorruptDataError, Logcomp
 from logcompact.plans import Plan, PlanHeader, read_header, read_results
 from logcompact.plans.documents import check_seal
 from logcompact.plans.results import CompactionStats, JobResult, add_topic_figures, summarize
+from logcompact.units import mib
 
 log = logging.getLogger(__name__)
 
@@ -73,25 +74,32 @@ class CommitSummary:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def _bytes(self, plan_id: str) -> str:
+        """A committed plan's stored bytes in (its whole input files) and out."""
+        stats = self.stats[plan_id]
+        return f"{mib(stats['bytes_in'])} of input files stored, {mib(stats['bytes_out'])} written"
+
     def describe(self) -> list[str]:
         """What the commit did, for a log: the plans, then a table of each topic's figures, then what was set aside."""
+        committed = [f"{plan_id} ({self._bytes(plan_id)})" for plan_id in self.committed]
         lines = [
-            f"committed {len(self.committed)} plan(s) {', '.join(self.committed) or '-'}; already committed "
-            f"{len(self.already_committed)} {', '.join(self.already_committed) or '-'}; manifest version {self.manifest_version}"
+            (f"committed {len(committed)} plan(s): {'; '.join(committed)}" if committed else "committed no plan")
+            + (f"; committed before (a retry): {', '.join(self.already_committed)}" if self.already_committed else "")
+            + f"; manifest version {self.manifest_version}"
         ]
         if self.topic_stats:
-            rows = [("topic", "partitions", "records in", "records out", "duplicates", "tombstones", "expired", "aborted", "MB in", "MB out")]
+            rows = [("topic", "partitions", "records in", "records out", "duplicates", "tombstones", "expired", "aborted", "MiB in", "MiB out")]
             for topic, f in sorted(self.topic_stats.items()):
                 rows.append((
                     topic, f"{f['partitions']:,}", f"{f['records_in']:,}", f"{f['records_out']:,}", f"{f['duplicates_removed']:,}",
                     f"{f['tombstones_removed']:,}", f"{f['expired_removed']:,}", f"{f.get('aborted_removed', 0):,}",
-                    f"{f['uncompressed_bytes_in'] / 1e6:,.1f}", f"{f['uncompressed_bytes_out'] / 1e6:,.1f}",
+                    mib(f["uncompressed_bytes_in"]).removesuffix(" MiB"), mib(f["uncompressed_bytes_out"]).removesuffix(" MiB"),
                 ))
             widths = [max(len(row[n]) for row in rows) for n in range(len(rows[0]))]
             lines += ["  ".join(cell.ljust(w) if n == 0 else cell.rjust(w) for n, (cell, w) in enumerate(zip(row, widths))) for row in rows]
             lines.append(
-                "(duplicates, tombstones, expired, aborted (of aborted transactions): records removed; MB: uncompressed bytes of the "
-                "topic's sections)"
+                "(duplicates, tombstones, expired, aborted (of aborted transactions): records removed; MiB in and out: uncompressed "
+                "bytes of the topic's sections)"
             )
         lines += [f"set aside as uncleanable: {p['topic']}/{p['partition']}: {p['reason']}" for p in self.uncleanable]
         lines += [f"not committed: {conflict}" for conflict in self.conflicts]

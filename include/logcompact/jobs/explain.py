@@ -11,7 +11,7 @@ from logcompact.catalog import Snapshot
 from logcompact.jobs.prepare import PreparedRun
 from logcompact.planner import PlannerConfig, top_level
 from logcompact.planner.max_lag import dirty_partitions, due_by, max_lag_topics
-from logcompact.units import MINUTE_MS
+from logcompact.units import MINUTE_MS, mib
 
 
 def explain_run(
@@ -30,11 +30,11 @@ def explain_run(
         held = Counter(levels[key] for key, lease in leases.items() if lease.plan_id == plan_id and key in levels)
         per_level = ", ".join(f"L{level} {n}" for level, n in sorted(held.items())) or ", ".join(f"L{level}" for level in estimate["input_levels"])
         lines.append(
-            f"{'dry run, would lease' if dry_run else 'leased'} plan {plan_id}: {estimate['files_replaced']} files ({per_level}) "
-            f"> L{estimate['target_level']}{' deduplicated' if estimate['deduplicate'] else ''}; {_mb(estimate['input_bytes'])} in, "
-            f"~{_mb(estimate['estimated_output_bytes'])} out, ~{estimate['estimated_records_removed']:,} of "
-            f"{estimate['records_in']:,} records removed"
-            + (f" (and up to {estimate['aborted_records']:,} of aborted transactions)" if estimate["aborted_records"] else "")
+            f"{'dry run, would lease' if dry_run else 'leased'} plan {plan_id}: {estimate['action']} {estimate['files_replaced']} files "
+            f"({per_level}) > L{estimate['target_level']}: {mib(estimate['input_bytes'])} stored (whole files), "
+            f"{mib(estimate['input_uncompressed_bytes'])} uncompressed, {estimate['records_in']:,} records in; "
+            f"{_what_it_does(estimate, config)}"
+            + (f"; up to {estimate['aborted_records']:,} records of aborted transactions removed" if estimate["aborted_records"] else "")
             + f"; {estimate['groups']} group(s)"
             + (f": {'; '.join(labels[plan_id])}" if plan_id in labels else "")
         )
@@ -52,7 +52,7 @@ def explain_run(
             f"({', '.join(f'L{level} {n}' for level, n in sorted(held_levels.items()))})"
         )
     if not prepared.estimates:
-        lines.append(f"nothing due: {_why_nothing(mode, snapshot, prepared, now_ms, config, topics, bool(others))}")
+        lines.append(f"nothing planned: {_why_nothing(mode, snapshot, prepared, now_ms, config, topics, bool(others))}")
     elif dry_run:
         lines.append(f"dry run: {len(prepared.estimates)} plan(s); nothing leased, written or run")
     else:
@@ -87,7 +87,7 @@ def _why_no_max_lag(snapshot: Snapshot, now_ms: int, config: PlannerConfig, topi
     first, horizon = min(dirty, key=lambda d: (d.dirty_since, d.topic, d.partition)), due_by(now_ms, config)
     name = f"{first.topic}/{first.partition}"
     if first.dirty_since <= horizon and others:
-        return f"max-lag: {name} is due but an in-flight plan holds some of its files; its commit compacts them first"
+        return f"max-lag: {name} is due, but an in-flight plan holds some of its files; that plan's commit compacts them first"
     when = f"is dirty since {minutes(now_ms - first.dirty_since)} ago" if first.dirty_since <= now_ms else f"becomes dirty in {minutes(first.dirty_since - now_ms)}"
     return (
         f"max-lag: nothing would be dirty longer than {minutes(config.max_lag_deadline_ms)} by the next pass (in "
@@ -96,8 +96,22 @@ def _why_no_max_lag(snapshot: Snapshot, now_ms: int, config: PlannerConfig, topi
     )
 
 
-def _mb(count: int) -> str:
-    return f"{count / 1e6:,.1f} MB" if count >= 100_000 else f"{count / 1e3:,.1f} KB"
+def _what_it_does(estimate: dict, config: PlannerConfig) -> str:
+    """What a plan does with its records (`expected_effect`'s action), and what it is expected to remove."""
+    if estimate["action"] == "copy":
+        return (
+            f"copied as they are: no level below L{config.dedup_from_level} is deduplicated (duplicates stay until a plan "
+            f"into L{config.dedup_from_level} removes them), only expired records of retention topics are removed"
+        )
+    if estimate["action"] == "rewrite":
+        return (
+            "no duplicates to remove (each partition's sections here are already deduplicated, or within their min lag): "
+            "the files are rewritten into fewer, only tombstones past delete.retention.ms and expired records are removed"
+        )
+    return (
+        f"~{estimate['estimated_records_removed']:,} duplicates removed (estimated from the sections' key sketches), "
+        f"~{mib(estimate['estimated_output_bytes'])} stored out"
+    )
 
 
 def minutes(ms: int) -> str:

@@ -10,6 +10,7 @@ from logcompact.jobs.release import give_up, release_abandoned
 from logcompact.planner import PlannerConfig, choose_plans, expected_effect
 from logcompact.plans import Plan, PlanGroup, hidden_offsets_reason, plan_documents
 from logcompact.plans.documents import seal, write_documents
+from logcompact.units import mib
 
 log = logging.getLogger(__name__)
 
@@ -151,16 +152,21 @@ def lease_and_write(catalog: Catalog, plans: list[Plan], now_ms: int, lease_ms: 
 
 
 def _label(plan: Plan, group: PlanGroup) -> str:
-    """A map-index label short enough for one line of the grid, `g2 L0>L1 52 MB` (the run knows its plan)."""
+    """A group's map-index label, unique in a run and telling on one line of the grid: the plan (its id's random
+    part, as the plan log names it), the group of how many, its partitions, levels and uncompressed bytes, e.g.
+    `48ba7f36088b g2 of 4: accounts/50-74 L0>L1, 7.5 MiB uncompressed`."""
     levels = "+".join(f"L{level}" for level in sorted({f.level for f in plan.inputs}))
-    return f"g{group.group} {levels}>L{plan.target_level} {_size(group.bytes)}"
+    return (
+        f"{plan.plan_id.rsplit('-', 1)[-1]} g{group.group} of {len(plan.groups)}: {_partitions(group)} "
+        f"{levels}>L{plan.target_level}, {mib(group.bytes)} uncompressed"
+    )
 
 
-def _size(count: float) -> str:
-    if count < 1000:
-        return f"{count:.0f} B"
-    for unit in ("KB", "MB"):
-        count /= 1000
-        if count < 1000:
-            return f"{count:.1f} {unit}"
-    return f"{count / 1000:,.1f} GB"
+def _partitions(group: PlanGroup) -> str:
+    """A group's run of partitions: `accounts/3`, `accounts/0-49`, `accounts/50 to clicks/9`."""
+    if group.first is None or group.last is None:
+        return "no partitions"
+    (first_topic, first), (last_topic, last) = group.first, group.last
+    if first_topic != last_topic:
+        return f"{first_topic}/{first} to {last_topic}/{last}"
+    return f"{first_topic}/{first}" if first == last else f"{first_topic}/{first}-{last}"

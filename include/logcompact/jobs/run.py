@@ -15,7 +15,9 @@ from logcompact.jobs.release import give_up
 from logcompact.jobs.workdir import job_workdir
 from logcompact.planner import PlannerConfig
 from logcompact.plans import JobResult, Plan, group_done, read_cluster_id, read_group, read_partition_bytes, read_results, summarize, write_group_result
+from logcompact.plans.results import uncompressed_in
 from logcompact.store import ObjectStore, open_store
+from logcompact.units import mib
 
 
 class GroupSlice(NamedTuple):
@@ -98,8 +100,9 @@ def group_report(results: list[JobResult]) -> list[str]:
     total = summarize([r.stats for r in results], sum(r.stats.bytes_in for r in results))
     return [result.stats.describe() for result in results] + [
         f"group {results[0].group} done in {len(results)} slice(s): {total['records_in']:,} records in, "
-        f"{total['records_out']:,} out; {total['bytes_in'] / 1e6:,.1f} MB read, {total['bytes_out'] / 1e6:,.1f} MB written "
-        f"({total['recopy_percent']}% recopied); key map at most {total['buffer_utilization_percent']}% full; "
+        f"{total['records_out']:,} out; {mib(total['bytes_in'])} of its sections' stored blocks read "
+        f"({mib(uncompressed_in(total['topics']))} uncompressed), {mib(total['bytes_out'])} stored written "
+        f"({total['recopy_percent']}% of the stored bytes read); key map at most {total['buffer_utilization_percent']}% full; "
         f"{total['gets']} GETs, {total['puts']} PUTs; slowest slice {total['max_job_seconds']:.1f} s"
     ]
 

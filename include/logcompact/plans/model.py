@@ -31,6 +31,7 @@ from logcompact.limits import (
 )
 from logcompact.plans.grouping import PlanGroup, input_offsets, lowest_outside, split_into_groups
 from logcompact.topics import Topic
+from logcompact.units import utc_iso
 
 if TYPE_CHECKING:  # a Spark task reads plans without loading the catalog's database layer
     from logcompact.catalog import Snapshot
@@ -343,12 +344,12 @@ class PlanHeader:
             if (found.level, found.size, found.created_ms) != (data_file.level, data_file.size, data_file.created_ms):
                 raise InvalidPlanError(
                     f"plan {self.plan_id}: input {data_file.key} is at level {data_file.level}, {data_file.size} bytes, made at "
-                    f"{data_file.created_ms} in the plan; the catalog records level {found.level}, {found.size} bytes, made at "
-                    f"{found.created_ms}; plan again"
+                    f"{utc_iso(data_file.created_ms)} in the plan; the catalog records level {found.level}, {found.size} bytes, made at "
+                    f"{utc_iso(found.created_ms)}; plan again"
                 )
         if not now_ms - MAX_PLAN_AGE_MS <= self.now_ms <= now_ms + MAX_CLOCK_SKEW_MS:
             raise InvalidPlanError(
-                f"plan {self.plan_id} is made at {self.now_ms} ms, the clock is {now_ms} ms: a plan runs and commits within "
+                f"plan {self.plan_id} is made at {utc_iso(self.now_ms)}, the clock is {utc_iso(now_ms)}: a plan runs and commits within "
                 f"{MAX_PLAN_AGE_MS // 60_000} minutes after its clock and never before it ({MAX_CLOCK_SKEW_MS // 60_000} "
                 "minutes of skew); plan again"
             )

@@ -9,6 +9,7 @@ from operator import attrgetter
 
 from logcompact.catalog import DataFile, SetAside
 from logcompact.plans.json_form import file_from_json, file_to_json
+from logcompact.units import mib
 
 
 @dataclass
@@ -82,8 +83,9 @@ class CompactionStats:
         return (
             f"plan {self.plan_id} group {self.group} > L{self.target_level}: {self.records_in:,} records in, "
             f"{self.records_out:,} out ({self.duplicates_removed:,} duplicates, {self.tombstones_removed:,} tombstones, "
-            f"{self.expired_removed:,} expired, {self.aborted_removed:,} aborted removed); {_megabytes(self.bytes_in)} in, {_megabytes(self.bytes_out)} out "
-            f"in {self.files_out} file(s); {self.gets} GETs, {self.puts} PUTs; key map {100 * self.buffer_utilization:.0f}% "
+            f"{self.expired_removed:,} expired, {self.aborted_removed:,} aborted removed); {mib(self.bytes_in)} stored in "
+            f"({mib(uncompressed_in(self.topics))} uncompressed), {mib(self.bytes_out)} stored out in {self.files_out} file(s); "
+            f"{self.gets} GETs, {self.puts} PUTs; key map {100 * self.buffer_utilization:.0f}% "
             f"full ({self.distinct_keys:,} keys, room for {self.key_capacity:,}); {self.seconds:.1f} s"
             + (f"; {len(self.uncleanable)} partition(s) set aside as uncleanable" if self.uncleanable else "")
         )
@@ -138,8 +140,9 @@ def _topic_totals(jobs: list[CompactionStats]) -> dict[str, dict[str, int]]:
     return totals
 
 
-def _megabytes(count: int) -> str:
-    return f"{count / 1e6:,.1f} MB"
+def uncompressed_in(topics: dict[str, dict[str, int]]) -> int:
+    """The uncompressed bytes of the sections a job, or jobs, read: their topics' figures added up."""
+    return sum(figures["uncompressed_bytes_in"] for figures in topics.values())
 
 
 def summarize(jobs: list[CompactionStats], bytes_in: int) -> dict:

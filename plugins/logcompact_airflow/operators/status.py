@@ -3,29 +3,64 @@ clock and error policy (`policy`)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from logcompact.status import cluster_status
+from logcompact.status import ClusterStatus, PartitionStatus, cluster_status
+from logcompact.units import mib
 from logcompact_airflow.gauges import emit_gauges
 from logcompact_airflow.hooks.logcompact import LogcompactHook
 from logcompact_airflow.policy import failing_at_once, now_ms
 
+# The partitions a run's log lists, the worst first: a log every 5 minutes of every partition buries them.
+WORST_PARTITIONS = 20
+
 
 class LogcompactMetricsOperator(BaseOperator):
-    """Compute `logcompact status`, log its table, emit the cluster's gauges; return the gauges."""
+    """Compute `logcompact status`, log a headline naming the worst partitions and a table of the `worst` of them
+    (by dirty ratio, then compaction delay), emit the cluster's gauges; return the gauges."""
 
-    def __init__(self, *, logcompact_conn_id: str = LogcompactHook.default_conn_name, **kwargs: Any) -> None:
+    def __init__(self, *, logcompact_conn_id: str = LogcompactHook.default_conn_name, worst: int = WORST_PARTITIONS, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.logcompact_conn_id = logcompact_conn_id
+        self.worst = worst
 
     def execute(self, context: Any) -> dict[str, float | None]:
         with failing_at_once():
             hook = LogcompactHook(self.logcompact_conn_id)
             # The connection's planner settings: status's notion of clean is the planner's (dedup_from_level).
             status = cluster_status(hook.get_catalog(), now_ms(), hook.get_planner_config())
-        for line in status.describe():
+        for line in worst_first(status, self.worst):
             self.log.info("%s", line)
         emit_gauges(status.gauges)
         return status.gauges
+
+
+def worst_first(status: ClusterStatus, worst: int) -> list[str]:
+    """A headline naming the partitions behind the cleaner's maxima, then `logcompact status`'s table with only the
+    `worst` partitions (by dirty ratio, then compaction delay), then how many were left out."""
+    ranked = sorted(status.partitions, key=lambda p: (-p.dirty_percent, -(p.compaction_delay_s or 0.0), p.topic, p.partition))
+    cleanable = [p for p in ranked if not p.uncleanable]  # as the gauges count them
+    dirtiest = cleanable[0] if cleanable else None
+    delayed = max((p for p in cleanable if p.compaction_delay_s), key=lambda p: p.compaction_delay_s or 0.0, default=None)
+    uncleanable = [f"{p.topic}/{p.partition}" for p in ranked if p.uncleanable]
+    headline = [
+        "max-dirty-percent "
+        + (f"{dirtiest.dirty_percent}% at {_name(dirtiest)} ({mib(dirtiest.dirty_bytes)} of {mib(dirtiest.bytes)} uncompressed not yet "
+           "deduplicated)" if dirtiest else "0 (no partition of a compacted topic)"),
+        "max-compaction-delay-secs "
+        + (f"{delayed.compaction_delay_s:,.0f} at {_name(delayed)}" if delayed else "0 (no partition past its max.compaction.lag.ms)"),
+        f"{len(uncleanable)} uncleanable" + (f" ({', '.join(uncleanable[:5])}{', ...' if len(uncleanable) > 5 else ''})" if uncleanable else ""),
+    ]
+    shown = ranked[:worst]
+    lines = [f"cleaner: {'; '.join(headline)}; {len(ranked):,} partitions of compacted topics, the {len(shown)} worst listed below", ""]
+    lines += replace(status, partitions=shown).describe()
+    if len(ranked) > len(shown):
+        lines.append(f"... {len(ranked) - len(shown):,} partitions less dirty not listed (`logcompact status` lists every partition)")
+    return lines
+
+
+def _name(partition: PartitionStatus) -> str:
+    return f"{partition.topic}/{partition.partition}"
