@@ -25,6 +25,8 @@ SELECTED = (
     "test_admin_integration.py::test_describe_configs_invalid_broker_id_raises",
     "test_admin_integration.py::test_delete_records",
     "test_admin_integration.py::test_delete_records_with_errors",
+    "test_admin_integration.py::test_delete_groups",
+    "test_admin_integration.py::test_delete_groups_with_errors",
 )
 
 
