@@ -50,6 +50,8 @@ class TopicConfig:
     # Kafka's: a regular planning pass also compacts a partition once its cleanable dirty bytes are more than this
     # share of its clean and cleanable bytes (docs/planner.md); 1.0 leaves it to the levels, max lag and the sweep.
     min_cleanable_dirty_ratio: float = 0.5
+    # The codec Fetch sends the records in: `producer`, the one they were produced with (docs/agent.md), or a codec
+    compression_type: str = "producer"
 
     @property
     def compacted(self) -> bool:
@@ -127,6 +129,15 @@ def _policy(name: str, raw: str | int) -> str:
     return policy
 
 
+COMPRESSION_TYPES = ("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd")  # Kafka's, in its order
+
+
+def _compression_type(name: str, raw: str | int) -> str:
+    if raw not in COMPRESSION_TYPES:
+        raise InvalidTopicError(f"{name}={raw!r} is invalid: use one of {', '.join(COMPRESSION_TYPES)}")
+    return str(raw)
+
+
 def _timestamp_type(name: str, raw: str | int) -> str:
     if raw not in TIMESTAMP_TYPES:
         raise InvalidTopicError(f"{name}={raw!r} is invalid: use {' or '.join(TIMESTAMP_TYPES)}")
@@ -142,6 +153,7 @@ _RULES = {
     "message_timestamp_type": _timestamp_type,
     "max_message_bytes": lambda name, raw: _integer(name, raw, 0, "from 0", "bytes", INT_MAX),
     "min_cleanable_dirty_ratio": _ratio,
+    "compression_type": _compression_type,
 }
 _KAFKA_NAMES = [field.replace("_", ".") for field in _RULES]
 

@@ -49,6 +49,8 @@ class Broker:
     num_partitions: int = 1
     # Kafka's ACLs: every handler asks it (`authorize`, `authorize_cluster`) before doing what Kafka checks.
     authorizer: AclAuthorizer = field(default_factory=AclAuthorizer.disabled, repr=False)
+    # The Kafka codec id Fetch compresses with where a topic's compression.type is `producer` and the records' is not known
+    fetch_compression: int = 0
 
     def __post_init__(self) -> None:
         # A group that moved away leaves memory as soon as the live agents change, not at its next request here:

@@ -141,6 +141,7 @@ class AgentSettings:
     group_max_bytes: int = DEFAULT_GROUP_MAX_BYTES  # all groups' members: their metadata, assignments and ids
     offsets_commit_timeout_ms: int = OFFSETS_COMMIT_TIMEOUT_MS  # Kafka's offsets.commit.timeout.ms: a group's row, an offset commit
     fetch_cache_bytes: int = DEFAULT_FETCH_CACHE_BYTES  # file ranges Fetch keeps for consumers reading them again
+    fetch_compression: int = 0  # the Kafka codec id Fetch sends where a topic says `producer` and the records' is not known
     auto_create_topics: bool = True  # Kafka's auto.create.topics.enable
     num_partitions: int = 1  # Kafka's num.partitions: of a topic created without a count
     transaction_max_timeout_ms: int = MAX_TIMEOUT_MS  # Kafka's transaction.max.timeout.ms
@@ -387,7 +388,7 @@ class AgentServer:
         await authorizer.start()
         self._broker = Broker(
             self.catalog, cluster_id, agents, advertised, APIS, ingest, settings.max_message_bytes, commits, groups, file_cache,
-            transactions, quotas, settings.auto_create_topics, settings.num_partitions, authorizer,
+            transactions, quotas, settings.auto_create_topics, settings.num_partitions, authorizer, fetch_compression=settings.fetch_compression,
         )
         quotas.start()
         # What the agent holds for its life is made by now (modules, compiled loops, the catalog's metadata): put out

@@ -43,6 +43,7 @@ BOOLEAN, STRING, INT, LONG, DOUBLE, LIST = 1, 2, 3, 5, 6, 7
 _TOPIC_CONFIG_TYPES = {
     "cleanup.policy": LIST, "retention.ms": LONG, "delete.retention.ms": LONG, "min.compaction.lag.ms": LONG,
     "max.compaction.lag.ms": LONG, "message.timestamp.type": STRING, "max.message.bytes": INT, "min.cleanable.dirty.ratio": DOUBLE,
+    "compression.type": STRING,
 }
 # IncrementalAlterConfigs' operations.
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
