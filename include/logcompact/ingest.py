@@ -152,6 +152,9 @@ def _data_bytes(array: pa.Array) -> int:
     return int(bounds[array.offset + len(array)] - bounds[array.offset])
 
 
+_KAFKA_CODECS = 5  # none, gzip, snappy, lz4, zstd: Kafka's codec ids 0-4
+
+
 def _produced_codecs(batches: Sequence[_PendingBatch], rows: np.ndarray, order: np.ndarray, counts: np.ndarray) -> tuple[int, ...]:
     """Per section (`counts` records each, in file order `order`), the Kafka codec most of its records were produced
     with, UNKNOWN_CODEC where none is known; () when no batch's is."""
@@ -163,9 +166,6 @@ def _produced_codecs(batches: Sequence[_PendingBatch], rows: np.ndarray, order: 
     tally = np.bincount(section_of_record * bins + np.repeat(codes, rows)[order], minlength=len(counts) * bins).reshape(-1, bins)
     known = tally[:, 1:]
     return tuple(np.where(known.any(axis=1), known.argmax(axis=1), UNKNOWN_CODEC).tolist())
-
-
-_KAFKA_CODECS = 5  # none, gzip, snappy, lz4, zstd: Kafka's codec ids 0-4
 
 
 def _first(mask: np.ndarray) -> int | None:

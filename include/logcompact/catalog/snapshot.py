@@ -822,6 +822,7 @@ class PartitionSections:
             return []
         return self.snapshot.offset_holes(self.topic_id, self.partition, unheld[0][0], unheld[-1][1])
 
+
 def _taken_first_offset(pair: tuple[str, CatalogSection]) -> int:
     return pair[1].first_offset
 
