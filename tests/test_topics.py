@@ -84,7 +84,7 @@ def test_timestamp_type_and_max_message_bytes() -> None:
     assert (config.message_timestamp_type, config.max_message_bytes) == ("LogAppendTime", 1000)
     assert TopicConfig().to_kafka().keys() == {"cleanup.policy", "retention.ms", "delete.retention.ms", "min.compaction.lag.ms",
                                                "max.compaction.lag.ms", "message.timestamp.type",
-                                               "min.cleanable.dirty.ratio", "compression.type"}  # max.message.bytes: the agent's
+                                               "min.cleanable.dirty.ratio"}  # max.message.bytes: the agent's
     with pytest.raises(InvalidTopicError, match="message.timestamp.type='Now' is invalid: use CreateTime or LogAppendTime"):
         Topic.create("t", 1, {"message.timestamp.type": "Now"}, 0)
     with pytest.raises(InvalidTopicError, match="max.message.bytes=2147483648 is out of range: allowed from 0 up to 2147483647"):

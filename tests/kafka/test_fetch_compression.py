@@ -17,7 +17,8 @@ import pyarrow as pa
 import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as AioTopicPartition
-from confluent_kafka import Producer, TopicPartition
+from confluent_kafka import KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, NewTopic
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KafkaPythonTopicPartition
 from kafka.record import MemoryRecords
@@ -211,9 +212,26 @@ def test_a_topic_compression_type_names_the_codec_sent(agent: RunningAgent, cata
     assert data_records(partition) == sent
 
 
-def test_an_invalid_compression_type_is_refused_naming_the_choices() -> None:
+def test_compression_type_is_kafkas_config() -> None:
+    assert Topic.create("t", 1, {}, NOW).config.compression_type is None  # producer, kept out of the stored configs
+    assert "compression.type" not in Topic.create("t", 1, {"compression.type": "producer"}, NOW).config.to_kafka()
+    assert Topic.create("t", 1, {"compression.type": "zstd"}, NOW).config.to_kafka()["compression.type"] == "zstd"
     with pytest.raises(InvalidTopicError, match=r"compression.type='brotli' is invalid: use one of producer, uncompressed, gzip, snappy, lz4, zstd"):
         Topic.create("t", 1, {"compression.type": "brotli"}, NOW)
+
+
+def test_admin_clients_create_and_describe_compression_type(agent: RunningAgent) -> None:
+    admin = AdminClient({"bootstrap.servers": agent.bootstrap})
+    admin.create_topics([NewTopic("zstd-topic", 1, config={"compression.type": "zstd"})])["zstd-topic"].result(30)
+    refused = admin.create_topics([NewTopic("brotli-topic", 1, config={"compression.type": "brotli"})])["brotli-topic"]
+    with pytest.raises(KafkaException, match="compression.type='brotli' is invalid"):
+        refused.result(30)
+    described = {}
+    for name in ("zstd-topic", "events"):
+        resource = ConfigResource(ConfigResource.Type.TOPIC, name)
+        entry = admin.describe_configs([resource])[resource].result(30)["compression.type"]
+        described[name] = (entry.value, entry.source)
+    assert described == {"zstd-topic": ("zstd", ConfigSource.DYNAMIC_TOPIC_CONFIG.value), "events": ("producer", ConfigSource.DEFAULT_CONFIG.value)}
 
 
 def library_records(count: int) -> list[Record]:

@@ -24,7 +24,7 @@ from logcompact.kafka import codec
 from logcompact.kafka.broker import Broker
 from logcompact.kafka.cluster import Address
 from logcompact.kafka.session import Session
-from logcompact.topics import Topic, TopicConfig, kafka_config_names, validate_topic_name
+from logcompact.topics import PRODUCER_COMPRESSION, Topic, TopicConfig, kafka_config_names, validate_topic_name
 from logcompact.units import wall_clock_ms
 
 DESCRIBE_CONFIGS = 32
@@ -88,6 +88,8 @@ def topic_configs(broker: Broker, config: TopicConfig, keys: Any) -> list[dict[s
         value, default = values[field], defaults[field]
         if field == "max_message_bytes" and value is None:
             value = broker.max_message_bytes  # the agent's, as Kafka's topics take the broker's message.max.bytes
+        if field == "compression_type" and value is None:
+            value = PRODUCER_COMPRESSION
         described.append(_entry(name, value, False, DEFAULT_CONFIG if values[field] == default else DYNAMIC_TOPIC_CONFIG, _TOPIC_CONFIG_TYPES[name]))
     return described
 

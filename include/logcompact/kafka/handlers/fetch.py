@@ -67,8 +67,7 @@ BUFFER_BYTES = 8 * 1024 * 1024  # a partition's buffer of batches at first (grow
 NO_SESSION = 0
 FULL_FETCH_EPOCHS = (-1, 0)
 NO_PREFERRED_REPLICA = -1
-# A topic's compression.type as the codec Fetch sends (Kafka's names); `producer`: the one the records came in.
-PRODUCER = "producer"
+# A topic's compression.type as the codec Fetch sends (Kafka's names); `producer` (None): the one the records came in.
 TOPIC_CODECS = {"uncompressed": records.NONE, "gzip": records.GZIP, "snappy": records.SNAPPY, "lz4": records.LZ4, "zstd": records.ZSTD}
 # --fetch-compression, as a producer's compression.type names the codecs
 AGENT_CODECS = {"none": records.NONE, "gzip": records.GZIP, "snappy": records.SNAPPY, "lz4": records.LZ4, "zstd": records.ZSTD}
@@ -188,7 +187,7 @@ def read(
             plan.append((topic, [Answer(asked.partition, codec.ErrorCode.unknown_topic_or_partition) for asked in partitions]))
         else:
             compression = snapshot.topic(topic).config.compression_type
-            sent_codec = None if compression == PRODUCER else TOPIC_CODECS[compression]
+            sent_codec = None if compression is None else TOPIC_CODECS[compression]
             plan.append((topic, _partitions_plan(snapshot, topic, partitions, offsets, isolation, sent_codec, default_codec)))
     planned, alone = 0, {}
     to_read = [entry for _, entries in plan for entry in entries if isinstance(entry, _ToRead)]
