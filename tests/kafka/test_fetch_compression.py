@@ -1,5 +1,5 @@
-"""Compressed fetches: each client (confluent-kafka, kafka-python, aiokafka, kcat) reads back topics produced with
-gzip, lz4 and zstd; the batches on the wire carry the codec the records were produced with (kept through compaction),
+"""Compressed fetches: each client (confluent-kafka, kafka-python, aiokafka, kcat, Kafka's Java consumer) reads back topics produced with
+gzip, lz4 and zstd (Java: snappy too); the batches on the wire carry the codec the records were produced with (kept through compaction),
 or the one a topic's compression.type names, or the agent's --fetch-compression where the produced one is not known;
 JSON values take fewer bytes on the wire; Fetch's byte limits hold on what is sent."""
 
@@ -26,6 +26,7 @@ from kio.index import load_response_schema
 from kio.serial import entity_reader
 from sqlalchemy import select
 
+from lab.servers.kafka import kafka_missing_reason, tool_argv
 from logcompact.catalog import Catalog
 from logcompact.catalog import schema as s
 from logcompact.exceptions import InvalidTopicError
@@ -169,6 +170,25 @@ def test_each_client_reads_back_a_topic_produced_compressed(agent: RunningAgent,
     _, partition = raw_fetch(agent, "events")
     assert {batch_codec for batch_codec, _, _ in batches_of(partition)} == {CODEC_IDS[codec]}
     assert READERS[client](agent) == sent
+
+
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+def test_kafkas_java_consumer_reads_back_a_topic_produced_compressed(agent: RunningAgent, codec: str) -> None:
+    """Kafka's own consumer (its console consumer, from the broker's jars): lz4 frames and snappy's xerial framing as
+    its Java codecs read them."""
+    missing = kafka_missing_reason()
+    if missing:
+        pytest.skip(missing)
+    sent = produce(agent, "events", codec)
+    run = subprocess.run(
+        tool_argv("org.apache.kafka.tools.consumer.ConsoleConsumer", "--bootstrap-server", agent.bootstrap, "--topic", "events",
+                  "--partition", "0", "--offset", "earliest", "--max-messages", str(COUNT), "--timeout-ms", "60000",
+                  "--formatter-property", "print.key=true", "--formatter-property", "print.offset=true"),
+        capture_output=True, timeout=180,
+    )
+    assert run.returncode == 0, run.stderr.decode(errors="replace")[-2000:]
+    lines = [line.split(b"\t") for line in run.stdout.splitlines()]
+    assert [(int(offset.removeprefix(b"Offset:")), key, value) for offset, key, value in lines] == sent
 
 
 # -- the codec on the wire --------------------------------------------------------------------------------
