@@ -8,6 +8,7 @@ side by side with librdkafka's built-in mock cluster (`test.mock.num.brokers: 1`
     .venv/bin/python bench/agent.py --measures security   # over SASL_SSL against PLAINTEXT (bench/agent_security.py)
     .venv/bin/python bench/agent.py --measures produce --agent-metrics   # the agent serving /metrics, scraped every second
     .venv/bin/python bench/agent.py --measures metrics    # what counting costs a request, in this process
+    .venv/bin/python bench/agent.py --measures fetch-compression   # bytes sent and records/s, uncompressed, lz4, zstd
 
 The agent runs as `logcompact agent` in its own process on 127.0.0.1 (a free port, --flush-ms 250), over a SQLite
 catalog and a local store in a temporary directory. Measures (and targets):
@@ -33,6 +34,14 @@ catalog and a local store in a temporary directory. Measures (and targets):
   at once for `--clients-seconds`: half producers (each its own librdkafka instance, acks=all, `--clients-rate`
   records a second), half consumers of one group (a partition each), beside the bounds its settings set; records
   acked and consumed (the consumers get a third more time to catch up), and when the group's first record came.
+
+`--measures fetch-compression` measures compressed fetches: `--records` JSON records (about 200 B, a few fields
+varying) produced with lz4 into three topics alike, each with a compression.type of its own (uncompressed, lz4,
+zstd), each read from the beginning by kcat as the fetch measure reads (one client, one agent of a cluster of its
+own, one run, topics in turn). The agent advertises a relay in this process (splice(2) through a pipe, in the
+kernel: a loopback hop) that counts the bytes it sends kcat, every response: the bytes on the wire; beside them the
+bytes of the record batches alone (the agent's read path in this process, `kafka.handlers.fetch.read`), kcat's
+records/s and the agent's CPU seconds per million records (user and system, from /proc).
 
 `--measures txn` measures the transactions' targets, each printed with its target and whether it is met:
 
@@ -78,7 +87,7 @@ import urllib.request
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -137,13 +146,13 @@ class Cluster:
 
 
 @contextmanager
-def agent_process(directory: Path, metrics_port: int | None = None) -> Iterator[tuple[Cluster, psutil.Process]]:
-    """`logcompact agent` in its own process; with `metrics_port`, serving /metrics there, scraped every
-    METRICS_SCRAPE_SECONDS meanwhile (Prometheus scrapes every 15 to 60 s: this is the pessimistic case)."""
+def agent_process(directory: Path, *options: str, metrics_port: int | None = None) -> Iterator[tuple[Cluster, psutil.Process]]:
+    """`logcompact agent` in its own process, with `options` added; with `metrics_port`, serving /metrics there, scraped
+    every METRICS_SCRAPE_SECONDS meanwhile (Prometheus scrapes every 15 to 60 s: this is the pessimistic case)."""
     store = f"file://{directory / 'store'}"
     catalog = Catalog(open_store(store))
     catalog.ensure_created(int(time.time() * 1000))
-    command = [sys.executable, "-m", "logcompact", "--store", store, "agent", "--listen", "127.0.0.1:0", "--flush-ms", str(FLUSH_MS)]
+    command = [sys.executable, "-m", "logcompact", "--store", store, "agent", "--listen", "127.0.0.1:0", "--flush-ms", str(FLUSH_MS), *options]
     if metrics_port is not None:
         command += ["--metrics-listen", f"127.0.0.1:{metrics_port}"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
@@ -289,15 +298,22 @@ def in_process_fetch(catalog: Catalog, topic: str, isolation: int = READ_UNCOMMI
     """(seconds, records) of the agent's read path alone, `kafka.handlers.fetch.read` (what its Fetch handler runs for each
     request), reading every partition from its log start to its end with kcat's limits at `isolation`, through a new
     file cache of the agent's default size."""
+    elapsed, records, _ = in_process_batches(catalog, topic, isolation)
+    return elapsed, records
+
+
+def in_process_batches(catalog: Catalog, topic: str, isolation: int = READ_UNCOMMITTED) -> tuple[float, int, int]:
+    """`in_process_fetch`'s (seconds, records), and the bytes of the record batches read, as Fetch sends them."""
     store = CachedStore(catalog.store)
     positions, ends = (list(column) for column in list(zip(*catalog.log_offsets(topic)))[:2])
-    records = 0
+    records = sent = 0
     started = time.perf_counter()
     while wanted := [fetch.Wanted(p, positions[p], PARTITION_FETCH_BYTES) for p in range(len(ends)) if positions[p] < ends[p]]:
         for answer in fetch.read(catalog, store, FETCH_MAX_BYTES, [(topic, wanted)], isolation)[1][0][1]:
             positions[answer.index] = answer.next_offset
             records += sum(batch_counts(answer.records))
-    return time.perf_counter() - started, records
+            sent += len(answer.records)
+    return time.perf_counter() - started, records, sent
 
 
 def batch_counts(data: bytes) -> Iterator[int]:
@@ -917,6 +933,132 @@ def security_measures(directory: Path, records: int, repeat: int) -> None:
           f"({verdict(early_answers, 0, at_least=False)})")
 
 
+FETCH_CODECS = ("uncompressed", "lz4", "zstd")
+
+
+def json_values(count: int) -> list[bytes]:
+    """Events as applications produce them in JSON: the same field names, a few values varying."""
+    return [json.dumps({
+        "id": n, "user": f"user-{n % 9973}", "event": ("click", "view", "purchase")[n % 3], "ts": 1_700_000_000_000 + n,
+        "page": f"/catalog/item/{n % 5000}", "referrer": "https://shop.example.com/search?q=shoes", "amount": round(n * 1.37 % 100, 2),
+    }).encode() for n in range(count)]
+
+
+def produce_values(cluster: Cluster, topic: str, values: list[bytes]) -> None:
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "compression.type": "lz4", **PRODUCER})
+    producer.list_topics(topic, timeout=10)
+    for n, value in enumerate(values):
+        while True:
+            try:
+                producer.produce(topic, value, b"key-%d" % n, partition=n % PARTITIONS)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    if producer.flush(120):
+        raise SystemExit(f"{cluster.name}: records left undelivered after 120 s")
+
+
+class CountingRelay:
+    """A TCP relay on 127.0.0.1 to an agent that advertises it, so its clients' every connection passes through it,
+    counting the bytes the agent sends them: the bytes on the wire. They move by splice(2) through a pipe, in the
+    kernel, as a loopback hop costs."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.sent = 0  # bytes from the agent to its clients
+        self._lock = threading.Lock()
+        self.target: tuple[str, int] | None = None
+
+    def start(self, target: str) -> None:
+        host, port = target.rsplit(":", 1)
+        self.target = (host, int(port))
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            assert self.target is not None
+            upstream = socket.create_connection(self.target)
+            threading.Thread(target=self._pump, args=(client, upstream, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, True), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, counted: bool) -> None:
+        reading, writing = os.pipe()
+        try:
+            while moved := os.splice(source.fileno(), writing, 1 << 20):
+                left = moved
+                while left:
+                    left -= os.splice(reading, sink.fileno(), left)
+                if counted:
+                    with self._lock:
+                        self.sent += moved
+        except OSError:
+            pass  # the other side closed
+        finally:
+            os.close(reading)
+            os.close(writing)
+            with suppress(OSError):
+                sink.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def fetch_compression_measures(directory: Path, records: int, repeat: int) -> None:
+    """The figures of `--measures fetch-compression`, printed: per compression.type, bytes sent and records/s, of an
+    agent of its own cluster behind a CountingRelay."""
+    relay = CountingRelay()
+    with agent_process(directory, "--advertise", f"127.0.0.1:{relay.port}") as (agent, process):
+        relay.start(agent.bootstrap)
+        agent.bootstrap = f"127.0.0.1:{relay.port}"
+        try:
+            figures = fetch_compression_figures(agent, process, relay, records, repeat)
+        finally:
+            relay.close()
+    size = figures.pop("size")[0]
+    of = {name: median(values) for name, values in figures.items()}
+    print(f"\nmedians of {repeat}; fetch compression: {records:,} JSON records ({size / records:.0f} B of key and value each, "
+          f"{size / 1e6:,.1f} MB), produced with lz4, read by kcat; machine: {machine()}")
+    print(f"{'compression.type':<18} {'bytes on the wire':>18} {'of keys+values':>15} {'batches':>14} {'records/s':>12} {'agent CPU s/M':>14}")
+    for codec in FETCH_CODECS:
+        sent = of[f"{codec} sent"]
+        print(f"{codec:<18} {sent:>18,.0f} {sent / size:>14.1%} {of[f'{codec} batches']:>14,.0f} {of[f'{codec} records/s']:>12,.0f} "
+              f"{of[f'{codec} cpu']:>14.2f}")
+
+
+def fetch_compression_figures(agent: Cluster, process: psutil.Process, relay: CountingRelay, records: int, repeat: int) -> dict[str, list[float]]:
+    assert agent.catalog is not None
+    values = json_values(records)
+    size = sum(len(value) + len(b"key-%d" % n) for n, value in enumerate(values))
+    figures: dict[str, list[float]] = defaultdict(list, size=[size])
+    for repetition in range(repeat):
+        for codec in FETCH_CODECS:
+            topic = f"json-{codec}-{repetition}"
+            now = wall_clock_ms()
+            agent.catalog.create_topic(Topic.create(topic, PARTITIONS, {"cleanup.policy": "delete", "compression.type": codec}, now), now)
+            produce_values(agent, topic, values)
+        for codec in FETCH_CODECS:
+            topic = f"json-{codec}-{repetition}"
+            sent, cpu = relay.sent, process.cpu_times()
+            elapsed, read_records, read = kcat_consume(agent, topic)
+            after = process.cpu_times()
+            if (read_records, read) != (records, size):
+                raise SystemExit(f"kcat read {read_records} records of {read} bytes of {topic}, expected {records} of {size}")
+            figures[f"{codec} sent"].append(relay.sent - sent)
+            figures[f"{codec} records/s"].append(records / elapsed)
+            figures[f"{codec} cpu"].append((after.user + after.system - cpu.user - cpu.system) / records * 1e6)
+            _, batch_records, batch_bytes = in_process_batches(agent.catalog, topic)
+            if batch_records != records:
+                raise SystemExit(f"the agent's read path read {batch_records} records of {topic}, expected {records}")
+            figures[f"{codec} batches"].append(batch_bytes)
+        print(f"repetition {repetition + 1} of {repeat} done; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    return figures
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values)
 
@@ -942,7 +1084,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="repetitions of each measure; medians are printed")
     parser.add_argument("--latency-seconds", type=float, default=10.0)
     parser.add_argument("--quick", action="store_true", help="200,000 records, one repetition, 5 s of latency")
-    parser.add_argument("--measures", default="produce,latency,fetch,group,clients", help="which to run, comma-separated (txn: the transactions' targets; security: TLS, SASL and ACLs')")
+    parser.add_argument("--measures", default="produce,latency,fetch,group,clients", help="which to run, comma-separated (txn: the transactions' targets; security: TLS, SASL and ACLs'; "
+                        "fetch-compression: bytes sent and records/s by compression.type)")
     parser.add_argument("--agent-metrics", action="store_true", help="the agent serves /metrics (--metrics-listen), scraped every second")
     parser.add_argument("--clients", type=int, default=100, help="producers and consumers at once in the clients measure")
     parser.add_argument("--clients-seconds", type=float, default=30.0)
@@ -964,8 +1107,8 @@ def main() -> None:
         if measures == {"metrics"}:
             return
     metrics_port = free_port() if args.agent_metrics else None
-    with tempfile.TemporaryDirectory(prefix="logcompact-bench-agent-") as directory, agent_process(Path(directory), metrics_port) as (agent, process), mock_cluster() as mock:
-        for repetition in range(args.repeat if measures - {"txn", "clients", "security"} else 0):
+    with tempfile.TemporaryDirectory(prefix="logcompact-bench-agent-") as directory, agent_process(Path(directory), metrics_port=metrics_port) as (agent, process), mock_cluster() as mock:
+        for repetition in range(args.repeat if measures - {"txn", "clients", "security", "fetch-compression"} else 0):
             for cluster in (agent, mock) if "produce" in measures else ():
                 topic = f"small-{repetition}"
                 cluster.create_topic(topic, "delete")
@@ -1030,7 +1173,9 @@ def main() -> None:
             rss["after transactions"] = process.memory_info().rss
         if "security" in measures:
             security_measures(Path(directory), small, args.repeat)
-    if not measures - {"txn", "security"}:
+        if "fetch-compression" in measures:
+            fetch_compression_measures(Path(directory) / "fetch-compression", small, args.repeat)
+    if not measures - {"txn", "security", "fetch-compression"}:
         if "txn" in measures:
             print(f"agent resident memory after the transactions: {rss['after transactions'] / 2**20:,.0f} MiB")
         return

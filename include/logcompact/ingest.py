@@ -43,6 +43,7 @@ import pyarrow.compute as pc
 
 from logcompact.catalog import Catalog, NewFile
 from logcompact.catalog.producers import PlacedBatch, SequencedBatch
+from logcompact.catalog.schema import UNKNOWN_CODEC
 from logcompact.catalog.transactions import TxnError, TxnRefusal
 from logcompact.collector import collector_paused
 from logcompact.exceptions import IngestError, InvalidRecordError
@@ -90,6 +91,7 @@ class _PendingBatch:
     offsets_as_list: bool  # produce() answers a list of offsets, produce_columns() an array
     sequenced: SequencedBatch | None = None
     after: Future | None = None
+    produced_codec: int = UNKNOWN_CODEC  # the Kafka codec the producer sent it in
 
 
 @dataclass
@@ -187,6 +189,22 @@ def _data_bytes(array: pa.Array) -> int:
     return int(bounds[array.offset + len(array)] - bounds[array.offset])
 
 
+_KAFKA_CODECS = 5  # none, gzip, snappy, lz4, zstd: Kafka's codec ids 0-4
+
+
+def _produced_codecs(batches: Sequence[_PendingBatch], rows: np.ndarray, order: np.ndarray, counts: np.ndarray) -> tuple[int, ...]:
+    """Per section (`counts` records each, in file order `order`), the Kafka codec most of its records were produced
+    with, UNKNOWN_CODEC where none is known; () when no batch's is."""
+    codes = np.array([batch.produced_codec + 1 for batch in batches], dtype=np.int64)  # 0: unknown
+    if not codes.any():
+        return ()
+    bins = _KAFKA_CODECS + 1
+    section_of_record = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+    tally = np.bincount(section_of_record * bins + np.repeat(codes, rows)[order], minlength=len(counts) * bins).reshape(-1, bins)
+    known = tally[:, 1:]
+    return tuple(np.where(known.any(axis=1), known.argmax(axis=1), UNKNOWN_CODEC).tolist())
+
+
 def _first(mask: np.ndarray) -> int | None:
     found = np.flatnonzero(mask)
     return int(found[0]) if len(found) else None
@@ -271,15 +289,15 @@ class Agent:
         return self._append(topic, partitions[0] if one_partition else np.asarray(partitions, dtype=np.int64), columns, True, sequenced, after)
 
     def produce_columns(self, topic: str, partitions: int | np.ndarray, columns: pa.RecordBatch, sequenced: SequencedBatch | None = None,
-                        after: Future | None = None) -> Future:
+                        after: Future | None = None, produced_codec: int = UNKNOWN_CODEC) -> Future:
         """Buffer a batch for one topic given as columns (PRODUCE_SCHEMA), of one partition (an int) or each record's
         (an int64 array); the future resolves to the records' offsets (an int64 array) once committed. No Python
-        object is made per record: a Kafka Produce's decoded batch comes this way. `sequenced` and `after` as for
-        `produce`."""
+        object is made per record: a Kafka Produce's decoded batch comes this way, with the Kafka codec id it was sent
+        in (`produced_codec`), which its section records for Fetch. `sequenced` and `after` as for `produce`."""
         self._check_open()
         if columns.schema != PRODUCE_SCHEMA:
             raise InvalidRecordError(f"columns of topic {topic!r} are not of the produce schema ({PRODUCE_SCHEMA}); batch rejected")
-        return self._append(topic, partitions, columns, False, sequenced, after)
+        return self._append(topic, partitions, columns, False, sequenced, after, produced_codec)
 
     def _check_open(self) -> None:
         self._raise_background_error()
@@ -287,7 +305,7 @@ class Agent:
             raise IngestError("produce on a closed agent: create a new Agent")
 
     def _append(self, topic: str, partitions: int | np.ndarray, columns: pa.RecordBatch, offsets_as_list: bool,
-                sequenced: SequencedBatch | None, after: Future | None) -> Future:
+                sequenced: SequencedBatch | None, after: Future | None, produced_codec: int = UNKNOWN_CODEC) -> Future:
         """The checks of the topic's rules, vectorized, then the batch into the buffer (flushed when full)."""
         rows = columns.num_rows
         highest = partitions if isinstance(partitions, int) else int(partitions.max()) if rows else 0
@@ -331,7 +349,7 @@ class Agent:
             began = not buffer.batches
             if began:
                 buffer.started_ms = time.monotonic() * 1000
-            buffer.batches.append(_PendingBatch(future, topic, partitions, columns, offsets_as_list, sequenced, after))
+            buffer.batches.append(_PendingBatch(future, topic, partitions, columns, offsets_as_list, sequenced, after, produced_codec))
             buffer.size_bytes += size
             buffered = buffer.size_bytes
         # A full buffer is the flusher's to write, so the producing thread goes on decoding while the file is written
@@ -533,7 +551,7 @@ class Agent:
         now = self.clock()
         key = l0_key(now)
         self.store.put(key, data)
-        new_file = NewFile(key=key, level=0, size=len(data), created_ms=now, sections=tuple(sections))
+        new_file = NewFile(key=key, level=0, size=len(data), created_ms=now, sections=tuple(sections), produced_codecs=_produced_codecs(batches, rows, order, counts))
         record_deltas = np.empty(len(order), dtype=np.int64)  # each record's offset within its section, buffer order
         record_deltas[order] = deltas
         sequenced = []

@@ -50,6 +50,9 @@ class TopicConfig:
     # Kafka's: a regular planning pass also compacts a partition once its cleanable dirty bytes are more than this
     # share of its clean and cleanable bytes (docs/planner.md); 1.0 leaves it to the levels, max lag and the sweep.
     min_cleanable_dirty_ratio: float = 0.5
+    # The codec Fetch sends the records in (docs/agent.md); None: `producer`, Kafka's default, the one they were produced
+    # with, left out of the configs stored as max.message.bytes is, so releases before the config still read the topic.
+    compression_type: str | None = None
 
     @property
     def compacted(self) -> bool:
@@ -127,6 +130,16 @@ def _policy(name: str, raw: str | int) -> str:
     return policy
 
 
+PRODUCER_COMPRESSION = "producer"
+COMPRESSION_TYPES = (PRODUCER_COMPRESSION, "uncompressed", "gzip", "snappy", "lz4", "zstd")  # Kafka's, in its order
+
+
+def _compression_type(name: str, raw: str | int) -> str | None:
+    if raw not in COMPRESSION_TYPES:
+        raise InvalidTopicError(f"{name}={raw!r} is invalid: use one of {', '.join(COMPRESSION_TYPES)}")
+    return None if raw == PRODUCER_COMPRESSION else str(raw)
+
+
 def _timestamp_type(name: str, raw: str | int) -> str:
     if raw not in TIMESTAMP_TYPES:
         raise InvalidTopicError(f"{name}={raw!r} is invalid: use {' or '.join(TIMESTAMP_TYPES)}")
@@ -142,6 +155,7 @@ _RULES = {
     "message_timestamp_type": _timestamp_type,
     "max_message_bytes": lambda name, raw: _integer(name, raw, 0, "from 0", "bytes", INT_MAX),
     "min_cleanable_dirty_ratio": _ratio,
+    "compression_type": _compression_type,
 }
 _KAFKA_NAMES = [field.replace("_", ".") for field in _RULES]
 

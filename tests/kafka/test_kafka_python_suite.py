@@ -27,6 +27,7 @@ SELECTED = (
     "test_admin_integration.py::test_delete_records_with_errors",
     "test_admin_integration.py::test_delete_groups",
     "test_admin_integration.py::test_delete_groups_with_errors",
+    "test_consumer_integration.py::test_kafka_consumer_unsupported_encoding",
 )
 
 

@@ -654,7 +654,7 @@ class Catalog:
                     first = next_offsets[slot]
                     next_offsets[slot] = first + info.last_delta + 1
                     first_offsets.append(first)
-                placed_files.append(DataFile(new.key, new.level, new.size, new.created_ms, tuple(map(CatalogSection, new.sections, first_offsets))))
+                placed_files.append(DataFile(new.key, new.level, new.size, new.created_ms, tuple(map(CatalogSection, new.sections, first_offsets)), new.produced_codecs))
                 assigned.append(first_offsets)
             refused: dict[tuple[int, int], TxnError] = {}
             aborted: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
@@ -881,7 +881,8 @@ class Catalog:
                     compactions.record_committed(connection, plan_id, version, now_ms)
                 topic_rows = topics.rows(connection, {sec.topic for f in added for sec in f.sections})
                 file_ids = files.take_file_ids(connection, len(added))
-                adding = files.insert_sections(connection, added, topic_rows, file_ids)
+                produced = files.produced_codecs(connection, list(live.values()))
+                adding = files.insert_sections(connection, added, topic_rows, file_ids, produced)
                 # A plan's outputs are filtered of the ranges aborted by its manifest version (`forget_aborted`).
                 files.insert_file_rows(connection, added, file_ids, version, expected_version if plan_id is not None else None)
                 holes.record(connection, spanned, _spans(added, topic_rows), version)

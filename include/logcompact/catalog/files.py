@@ -5,7 +5,7 @@ commit's version. Functions of a Connection, called by `Catalog` inside its tran
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import repeat
 
 import numpy as np
@@ -46,14 +46,16 @@ def take_file_ids(connection: Connection, count: int) -> list[int]:
 
 
 def insert_sections(
-    connection: Connection, data_files: Sequence[DataFile], topic_rows: dict[str, tuple[int, int]], ids: Sequence[int]
+    connection: Connection, data_files: Sequence[DataFile], topic_rows: dict[str, tuple[int, int]], ids: Sequence[int],
+    produced: Mapping[tuple[int, int], int] | None = None,
 ) -> dict[tuple[int, int], summaries.PartitionSummary]:
     """Insert the sections of `data_files`, under the file ids taken for them (`take_file_ids`), invisible to
     readers until `insert_file_rows` inserts the files; per partition, the summary of the sections above L0
-    (`summaries.settle` takes it)."""
+    (`summaries.settle` takes it). A file without codecs of its own (a compaction's output) takes its partitions'
+    from `produced` (`produced_codecs` of its inputs)."""
     if not data_files:
         return {}
-    rows = section_rows(ids, data_files, topic_rows)
+    rows = section_rows(ids, data_files, topic_rows, produced or {})
     appends.insert_sections(connection, rows)
     if not any(data_file.level > 0 for data_file in data_files):
         return {}
@@ -81,7 +83,26 @@ def insert_file_rows(
     connection.execute(insert(s.files), file_rows)
 
 
-def section_rows(file_ids: Sequence[int], data_files: Sequence[DataFile], topic_rows: dict[str, tuple[int, int]]) -> list[tuple]:
+def produced_codecs(connection: Connection, file_ids: Sequence[int]) -> dict[tuple[int, int], int]:
+    """Per (topic id, partition) of the files' sections, the Kafka codec most of their records were produced with, by
+    record count, where any is known: what their compaction's outputs record (`insert_sections`)."""
+    sec = s.sections.c
+    tallies: dict[tuple[int, int], dict[int, int]] = {}
+    rows = connection.execute(
+        select(sec.topic_id, sec.partition, sec.compression, func.sum(sec.record_count))
+        .where(one_of(sec.file_id, file_ids, connection.dialect.name), sec.compression >= s.pack_compression(0, 0))
+        .group_by(sec.topic_id, sec.partition, sec.compression)
+    )
+    for topic_id, partition, compression, records in rows:
+        tally = tallies.setdefault((topic_id, partition), {})
+        codec = s.produced_codec(compression)
+        tally[codec] = tally.get(codec, 0) + int(records)
+    return {slot: max(sorted(tally), key=tally.__getitem__) for slot, tally in tallies.items()}
+
+
+def section_rows(
+    file_ids: Sequence[int], data_files: Sequence[DataFile], topic_rows: dict[str, tuple[int, int]], produced: Mapping[tuple[int, int], int],
+) -> list[tuple]:
     """The sections rows of files, tuples in `schema.SECTION_ROW` order, their crc32 bound to the rows
     (`schema.section_crc_bindings`). Built by columns: a file of 1,000 sections is built inside its commit."""
     sections = [section for data_file in data_files for section in data_file.sections]
@@ -93,6 +114,11 @@ def section_rows(file_ids: Sequence[int], data_files: Sequence[DataFile], topic_
     topic_ids = [topic_rows[topic][0] for topic in info["topic"]]
     firsts = np.fromiter((section.first_offset for section in sections), np.int64, len(sections))
     lasts = firsts + np.asarray(info["last_delta"], np.int64)
+    codecs = [
+        codec
+        for data_file in data_files
+        for codec in (data_file.produced_codecs or [produced.get((topic_rows[sec.topic][0], sec.partition), s.UNKNOWN_CODEC) for sec in data_file.sections])
+    ]
     bindings = s.section_crc_bindings(
         topic_ids, info["partition"], info["byte_offset"], info["byte_length"], info["first_row"], firsts, lasts,
         info["record_count"],
@@ -100,7 +126,7 @@ def section_rows(file_ids: Sequence[int], data_files: Sequence[DataFile], topic_
     return list(zip(
         owners, topic_ids, info["partition"], info["byte_offset"], info["byte_length"], info["first_row"], firsts.tolist(),
         lasts.tolist(), info["record_count"], info["min_timestamp"], info["max_timestamp"], info["tombstones"],
-        info["uncompressed_bytes"], [COMPRESSIONS.index(name) for name in info["compression"]],
+        info["uncompressed_bytes"], [s.pack_compression(COMPRESSIONS.index(name), codec) for name, codec in zip(info["compression"], codecs, strict=True)],
         [crc ^ bound for crc, bound in zip(info["crc32"], bindings, strict=True)], info["clean_below_delta"],
         [sketch or None for sketch in info["key_sketch"]], repeat(None), levels, strict=False,  # live (removed_version null), level
     ))

@@ -37,6 +37,8 @@ class DataFile:
     size: int
     created_ms: int
     sections: tuple[CatalogSection, ...]
+    # Per section, the Kafka codec id its records were produced with (`schema.pack_compression`); () for none known.
+    produced_codecs: tuple[int, ...] = ()
 
     @property
     def record_count(self) -> int:
@@ -56,6 +58,7 @@ class NewFile:
     size: int
     created_ms: int
     sections: tuple[SectionInfo, ...]
+    produced_codecs: tuple[int, ...] = ()  # as DataFile's
 
 
 # What a file holds, as planners ask it: above L0 a file holds compacted topics' records or the others', never

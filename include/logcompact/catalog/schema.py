@@ -177,11 +177,33 @@ sections = Table(
     Column("first_row", Integer, nullable=False),
     Column("record_count", Integer, nullable=False),
     Column("tombstones", Integer, nullable=False),
-    Column("compression", SmallInteger, nullable=False),  # index into format.layout.COMPRESSIONS
+    Column("compression", SmallInteger, nullable=False),  # the store's codec and the producer's: `pack_compression`
     Column("level", SmallInteger, nullable=False, server_default="0"),  # its file's: kept here for the partial index
     Column("key_sketch", LargeBinary),  # sketch.encode's packed registers; NULL for a section without keys
     sqlite_with_rowid=False,
 )
+# `sections.compression` holds two codecs: in its low 4 bits the store's, of the file's blocks (an index into
+# format.layout.COMPRESSIONS), and above them Kafka's codec id (0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd) the section's
+# records were produced with, plus 1: 0 says it is not known (records written through the library, rows from before
+# agents recorded it). Fetch serves that codec to consumers of a topic whose compression.type is `producer`.
+UNKNOWN_CODEC = -1
+_PRODUCED_SHIFT = 4
+_STORE_CODEC_BITS = (1 << _PRODUCED_SHIFT) - 1
+
+
+def pack_compression(store_codec: int, produced_codec: int) -> int:
+    return store_codec | (produced_codec + 1) << _PRODUCED_SHIFT
+
+
+def store_codec(compression: int) -> int:
+    return compression & _STORE_CODEC_BITS
+
+
+def produced_codec(compression: int) -> int:
+    """The Kafka codec id a `compression` value records, or UNKNOWN_CODEC."""
+    return (compression >> _PRODUCED_SHIFT) - 1
+
+
 # The order a sections row is built, inserted and read by position in (`files.insert_sections`, `Snapshot`), apart
 # from how the table lays its columns out.
 SECTION_ROW = (

@@ -13,6 +13,7 @@ with another partition's, shifted) no longer matches its file's blocks where the
 
 from __future__ import annotations
 
+import bisect
 import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -737,6 +738,7 @@ class PartitionSections:
         self.from_offset = from_offset
         self.to_offset = _NO_END if to_offset is None else to_offset
         self._taken: list[tuple[str, CatalogSection]] = []
+        self._produced: list[int] = []  # each taken section's produced codec (`schema.produced_codec`)
         self._low = from_offset  # every live section ending below this and at or after from_offset is taken
         self._limit = FIRST_PAGE_SECTIONS
         self.done = from_offset >= self.to_offset  # every section wanted is taken
@@ -755,6 +757,12 @@ class PartitionSections:
 
     def __repr__(self) -> str:
         return f"PartitionSections({self.topic}/{self.partition} from {self.from_offset}, {len(self._taken)} taken)"
+
+    def produced_codec(self, offset: int) -> int:
+        """The Kafka codec id the records of the last section taken that starts at or before `offset` were produced
+        with (`schema.produced_codec`), UNKNOWN_CODEC if none is known."""
+        at = bisect.bisect_right(self._taken, offset, key=_taken_first_offset) - 1
+        return self._produced[at] if at >= 0 else s.UNKNOWN_CODEC
 
     def next_page(self) -> _Page:
         return _Page(self.partition, self._low, limit=self._limit)
@@ -790,7 +798,8 @@ class PartitionSections:
             end = reach
         names = {self.topic_id: self.topic}
         rows.sort(key=_first_offset)
-        pairs = [(row, (row.key, _section(row, names))) for row in rows if row.first_offset < self.to_offset]
+        rows = [row for row in rows if row.first_offset < self.to_offset]
+        pairs = [(row, (row.key, _section(row, names))) for row in rows]
         for row, pair in pairs:
             if row.removed_version is not None and row.removed_version <= self.snapshot.version:
                 raise _retired_apart(self.topic, self.partition, *pair, row.removed_version)
@@ -799,6 +808,7 @@ class PartitionSections:
         for row, pair in pairs:
             self._check.take(*pair, row.next_offset, row.log_start_offset, dropped, compacted=row.summarized)
             self._taken.append(pair)
+            self._produced.append(s.produced_codec(row.compression))
         self._low = end + 1 if end < _NO_END else _NO_END
         self.done = end >= self.to_offset - 1
 
@@ -811,6 +821,11 @@ class PartitionSections:
         if not unheld:
             return []
         return self.snapshot.offset_holes(self.topic_id, self.partition, unheld[0][0], unheld[-1][1])
+
+
+def _taken_first_offset(pair: tuple[str, CatalogSection]) -> int:
+    return pair[1].first_offset
+
 
 def _last_offset(row: Row) -> int:
     return row.last_offset
@@ -1032,7 +1047,7 @@ def _section(row, names: dict[int, str]) -> CatalogSection:
         raise _unreadable_row(file_id, row[1:9]) from None
     info = SectionInfo(
         names[topic_id], partition, record_count, last_offset - first_offset, min_timestamp, max_timestamp, tombstones,
-        uncompressed_bytes, COMPRESSIONS[compression], crc32, byte_offset, byte_length, clean_below_delta,
+        uncompressed_bytes, COMPRESSIONS[s.store_codec(compression)], crc32, byte_offset, byte_length, clean_below_delta,
         bytes(key_sketch or b""), first_row,
     )
     return CatalogSection(info, first_offset)
@@ -1045,7 +1060,7 @@ def _unbound_row(row: tuple) -> tuple:
         crc32 = row[13] ^ s.section_crc_binding(*row[:8])
     except struct.error:
         raise _unreadable_row(None, row[:8]) from None
-    return (*row[:13], crc32, row[14])
+    return (*row[:12], s.store_codec(row[12]), crc32, row[14])  # the store's codec, as a plan's sections state it
 
 
 def _unreadable_row(file_id: int | None, fields: Sequence) -> CorruptDataError:

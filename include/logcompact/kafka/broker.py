@@ -52,6 +52,8 @@ class Broker:
     authorizer: AclAuthorizer = field(default_factory=AclAuthorizer.disabled, repr=False)
     # This agent's settings under Kafka's broker config names, as DescribeConfigs of its BROKER resource lists them.
     broker_configs: tuple[BrokerConfig, ...] = field(default=(), repr=False)
+    # The Kafka codec id Fetch compresses with where a topic's compression.type is `producer` and the records' is not known
+    fetch_compression: int = 0
 
     def __post_init__(self) -> None:
         # A group that moved away leaves memory as soon as the live agents change, not at its next request here:

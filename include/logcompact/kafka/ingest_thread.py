@@ -14,6 +14,7 @@ import pyarrow as pa
 from logcompact.catalog import Catalog
 from logcompact.catalog.model import TopicPartition
 from logcompact.catalog.producers import SequencedBatch
+from logcompact.catalog.schema import UNKNOWN_CODEC
 from logcompact.exceptions import IngestError
 from logcompact.format.xxh3 import compile_hasher
 from logcompact.ingest import Agent, FlushStats
@@ -85,12 +86,16 @@ class Ingest:
         self._agent.use_topics(self._topics)  # the ingest agent checks partitions and keys by the same view
         self._read_at = time.monotonic() if forgotten == self._forgotten else float("-inf")
 
-    def produce(self, topic: str, partition: int, columns: pa.RecordBatch, sequenced: SequencedBatch | None = None, after: Future | None = None) -> Future:
-        """The offsets (an array) of a batch's records (ingest.PRODUCE_SCHEMA) once their L0 file is committed. An ingest
+    def produce(
+        self, topic: str, partition: int, columns: pa.RecordBatch, sequenced: SequencedBatch | None = None, after: Future | None = None,
+        produced_codec: int = UNKNOWN_CODEC,
+    ) -> Future:
+        """The offsets (an array) of a batch's records (ingest.PRODUCE_SCHEMA), produced with Kafka codec `produced_codec`,
+        once their L0 file is committed. An ingest
         agent whose flush failed refuses every later batch (its error raised again), so it is closed and replaced: the
         failed flush's batches were answered with its error, and the next ones get a fresh agent."""
         try:
-            return self._agent.produce_columns(topic, partition, columns, sequenced, after)
+            return self._agent.produce_columns(topic, partition, columns, sequenced, after, produced_codec)
         except IngestError as exc:
             log.warning("ingest agent replaced after a failed flush: %s", exc)
             failed, self._agent = self._agent, self._new_agent()
@@ -98,10 +103,11 @@ class Ingest:
                 failed.close()
             except IngestError:
                 pass  # the same failure, already answered to its batches
-            return self._agent.produce_columns(topic, partition, columns, sequenced, after)
+            return self._agent.produce_columns(topic, partition, columns, sequenced, after, produced_codec)
 
     def produce_sequenced(
         self, topic: str, partition: int, columns: pa.RecordBatch, producer_id: int, epoch: int, first_sequence: int, transactional: bool = False,
+        produced_codec: int = UNKNOWN_CODEC,
     ) -> Future:
         """An idempotent producer's batch: the future of its offsets, or for a retry of one of the producer's newest 5
         batches, that batch's (`ProducerStateManager.append`, which raises ProducerStateError for a batch refused).
@@ -115,7 +121,8 @@ class Ingest:
                 self.transactions.check(producer_id, epoch, (topic_id, partition), f"{topic}-{partition}")
         return self.producers.append(
             topic, partition, columns.num_rows, producer_id, epoch, first_sequence,
-            lambda sequenced, after: self.produce(topic, partition, columns, sequenced._replace(transactional=transactional), after), check,
+            lambda sequenced, after: self.produce(topic, partition, columns, sequenced._replace(transactional=transactional), after, produced_codec),
+            check,
         )
 
     def transaction_added(self, producer_id: int, epoch: int, partitions: Collection[TopicPartition]) -> None:

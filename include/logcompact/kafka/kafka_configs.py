@@ -43,7 +43,8 @@ TOPIC_CONFIGS: tuple[KafkaTopicConfig, ...] = tuple(KafkaTopicConfig(*row) for r
     ("cleanup.policy", "delete", LIST, "log.cleanup.policy", "delete, compact or compact,delete: applied by the planner and the engine (docs/agent.md)."),
     ("compression.gzip.level", "-1", INT, "compression.gzip.level", IGNORED + "Produce keeps the batches as the producer compressed them."),
     ("compression.lz4.level", "9", INT, "compression.lz4.level", IGNORED + "Produce keeps the batches as the producer compressed them."),
-    ("compression.type", "producer", STRING, "compression.type", IGNORED + "Produce keeps the batches as the producer compressed them."),
+    ("compression.type", "producer", STRING, "compression.type", "The codec Fetch sends batches with: producer (the one they were produced with, where known; "
+     "else the agent's --fetch-compression), uncompressed, gzip, snappy, lz4 or zstd."),
     ("compression.zstd.level", "3", INT, "compression.zstd.level", IGNORED + "Produce keeps the batches as the producer compressed them."),
     ("delete.retention.ms", "86400000", LONG, "log.cleaner.delete.retention.ms", "How long a tombstone outlives the compaction that first keeps it: applied by the engine."),
     ("errors.deadletterqueue.group.enable", "false", BOOLEAN, None, IGNORED + "share groups are not served."),

@@ -154,6 +154,7 @@ class AgentSettings:
     offsets_retention_ms: int = OFFSETS_RETENTION_MS  # Kafka's offsets.retention.minutes, in ms
     offsets_retention_check_interval_ms: int = OFFSETS_RETENTION_CHECK_INTERVAL_MS  # Kafka's offsets.retention.check.interval.ms
     fetch_cache_bytes: int = DEFAULT_FETCH_CACHE_BYTES  # file ranges Fetch keeps for consumers reading them again
+    fetch_compression: int = 0  # the Kafka codec id Fetch sends where a topic says `producer` and the records' is not known
     auto_create_topics: bool = True  # Kafka's auto.create.topics.enable
     num_partitions: int = 1  # Kafka's num.partitions: of a topic created without a count
     transaction_max_timeout_ms: int = MAX_TIMEOUT_MS  # Kafka's transaction.max.timeout.ms
@@ -413,7 +414,7 @@ class AgentServer:
         self._broker = Broker(
             self.catalog, cluster_id, agents, advertised, APIS, ingest, settings.max_message_bytes, commits, groups, file_cache,
             transactions, quotas, settings.auto_create_topics, settings.num_partitions, authorizer,
-            agent_broker_configs(settings, bound, advertised_at, agents.me.node_id),
+            agent_broker_configs(settings, bound, advertised_at, agents.me.node_id), fetch_compression=settings.fetch_compression,
         )
         quotas.start()
         groups.start(self._broker.coordinates)  # offsets' retention, of the groups this agent coordinates

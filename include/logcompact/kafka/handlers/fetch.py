@@ -1,9 +1,18 @@
-"""Fetch (key 1), v4-12: a partition's records from an offset, as uncompressed record batches v2, read from the
+"""Fetch (key 1), v4-12: a partition's records from an offset, as record batches v2, read from the
 catalog's sections at one snapshot through consume's read path, behind the agent's bounded cache of file ranges
 (`Broker.file_cache`), and encoded from their Arrow columns a batch at a time (`records.BatchBuffer`). A request
 reads the catalog's version, each topic's watermarks and, in one query, the first page of the sections of each of its
 partitions (the snapshot is reused while no commit comes; a partition's later pages as its read gets to them, none
 past its byte limit: `Snapshot.sections_from`), and its partitions are read on several threads at once (`read`).
+
+Batches are compressed as the topic's `compression.type` says, as Kafka's broker stores them: `producer` (the
+default) with the codec the records were produced with, as their section records it (`schema.pack_compression`;
+where a section holds batches of several, the codec of most of its records), and where that is not known (records
+written through the library, or before agents recorded it) with the agent's `--fetch-compression` (none unless set);
+`uncompressed`, `gzip`, `snappy`, `lz4` or `zstd` with that one. Compressing runs on the reading threads, off the
+event loop. Control batches stay uncompressed, as Kafka writes them. A batch's records are sized before compression
+to fit what is left of the limits, from the ratio the batch before reached, so a compressed answer fills its limits
+as an uncompressed one does and never passes them.
 
 Each record keeps its offset; holes left by compaction are gaps in a batch's offset deltas, a fetch offset in a
 hole gets the next record that exists, and a hole at the end is covered by a control batch whose one COMMIT marker
@@ -43,6 +52,8 @@ from typing import Any, NamedTuple
 from logcompact.catalog import Catalog, Snapshot
 from logcompact.catalog.acls import AclOperation
 from logcompact.catalog.quotas import CONSUMER_BYTE_RATE
+from logcompact.catalog.schema import UNKNOWN_CODEC
+from logcompact.catalog.snapshot import PartitionSections
 from logcompact.catalog.topics import LogOffsets
 from logcompact.consume import READ_COMMITTED, READ_UNCOMMITTED, AbortedRange, SectionRef, read_sections
 from logcompact.exceptions import TopicNotFoundError
@@ -56,6 +67,13 @@ BUFFER_BYTES = 8 * 1024 * 1024  # a partition's buffer of batches at first (grow
 NO_SESSION = 0
 FULL_FETCH_EPOCHS = (-1, 0)
 NO_PREFERRED_REPLICA = -1
+# A topic's compression.type as the codec Fetch sends (Kafka's names); `producer` (None): the one the records came in.
+TOPIC_CODECS = {"uncompressed": records.NONE, "gzip": records.GZIP, "snappy": records.SNAPPY, "lz4": records.LZ4, "zstd": records.ZSTD}
+# --fetch-compression, as a producer's compression.type names the codecs
+AGENT_CODECS = {"none": records.NONE, "gzip": records.GZIP, "snappy": records.SNAPPY, "lz4": records.LZ4, "zstd": records.ZSTD}
+# A batch's records are sized before compression to this share of what the last batch's ratio says would fit: a batch
+# that compresses a little worse than the one before still fits (else it is sized again by the room alone).
+_RATIO_MARGIN = 0.9
 
 
 class Wanted(NamedTuple):
@@ -111,7 +129,9 @@ async def handle(broker: Broker, request: codec.Request) -> Any:
     if (in_window := broker.quotas.max_value_in_window(CONSUMER_BYTE_RATE, request.session, request.client_id)) is not None:
         max_bytes = min(max_bytes, int(in_window))  # Kafka's bound: more would be throttled whatever came before
     while True:
-        version, topics = await asyncio.to_thread(read, broker.catalog, broker.file_cache, max_bytes, wanted, int(body.isolation_level))
+        version, topics = await asyncio.to_thread(
+            read, broker.catalog, broker.file_cache, max_bytes, wanted, int(body.isolation_level), broker.fetch_compression,
+        )
         found = sum(len(partition.records) for _, partitions in topics for partition in partitions)
         failed = bool(denied) or any(partition.error != codec.ErrorCode.none for _, partitions in topics for partition in partitions)
         if found >= body.min_bytes or failed or not await broker.commits.wait_past(version, deadline - time.monotonic()):
@@ -142,9 +162,12 @@ def _within_quota(broker: Broker, request: codec.Request, topics: list[tuple[str
 
 def read(
     catalog: Catalog, store: ObjectStore, max_bytes: int, wanted: list[tuple[str, list[Wanted]]], isolation: int = READ_UNCOMMITTED,
+    default_codec: int = records.NONE,
 ) -> tuple[int, list[tuple[str, list[Answer]]]]:
     """The catalog version read and each partition's answer to a Fetch of `wanted` partitions (topic by topic, in the
-    request's order) within `max_bytes` at `isolation` (Kafka's level), reading files through `store`.
+    request's order) within `max_bytes` at `isolation` (Kafka's level), reading files through `store`, its batches
+    compressed as each topic's compression.type says (`default_codec` where it says `producer` and the produced
+    codec is not known).
 
     Partitions are answered in order, each within what the earlier ones left of `max_bytes`. Those whose limits fit
     `max_bytes` together are read at once on PARTITION_READERS threads (decompressing and encoding release the GIL),
@@ -163,7 +186,9 @@ def read(
         if offsets is None:
             plan.append((topic, [Answer(asked.partition, codec.ErrorCode.unknown_topic_or_partition) for asked in partitions]))
         else:
-            plan.append((topic, _partitions_plan(snapshot, topic, partitions, offsets, isolation)))
+            compression = snapshot.topic(topic).config.compression_type
+            sent_codec = None if compression is None else TOPIC_CODECS[compression]
+            plan.append((topic, _partitions_plan(snapshot, topic, partitions, offsets, isolation, sent_codec, default_codec)))
     planned, alone = 0, {}
     to_read = [entry for _, entries in plan for entry in entries if isinstance(entry, _ToRead)]
     for partition in to_read if len(to_read) > 1 else ():
@@ -211,9 +236,20 @@ class _ToRead:
     end: int
     sections: Iterable[SectionRef] = ()
     aborted: Sequence[AbortedRange] = ()
+    codec: int | None = None  # what batches are compressed with; None: the produced codec where known, else default_codec
+    default_codec: int = records.NONE
+
+    def codec_at(self, offset: int) -> int:
+        """The codec the batch of records from `offset` on is sent in."""
+        if self.codec is not None:
+            return self.codec
+        produced = self.sections.produced_codec(offset) if isinstance(self.sections, PartitionSections) else UNKNOWN_CODEC
+        return self.default_codec if produced == UNKNOWN_CODEC else produced
 
 
-def _partitions_plan(snapshot: Snapshot, topic: str, partitions: list[Wanted], offsets: list[LogOffsets], isolation: int) -> list[Answer | _ToRead]:
+def _partitions_plan(
+    snapshot: Snapshot, topic: str, partitions: list[Wanted], offsets: list[LogOffsets], isolation: int, sent_codec: int | None, default_codec: int,
+) -> list[Answer | _ToRead]:
     """Each partition's error, or what to read of it (the first page of each one's sections found in one catalog query,
     under read_committed the aborted ranges in it in one more)."""
     plan: list[Answer | _ToRead] = []
@@ -230,7 +266,7 @@ def _partitions_plan(snapshot: Snapshot, topic: str, partitions: list[Wanted], o
             continue
         # read_committed: from the last stable offset to the high watermark there is nothing to read yet, as in Kafka
         end = last_stable if isolation == READ_COMMITTED else high_watermark
-        plan.append(_ToRead(asked, log_start, high_watermark, last_stable, end))
+        plan.append(_ToRead(asked, log_start, high_watermark, last_stable, end, codec=sent_codec, default_codec=default_codec))
         if asked.fetch_offset < end:
             ranges[asked.partition] = (asked.fetch_offset, end)
     if not ranges:
@@ -251,7 +287,7 @@ def _read_alone(store: ObjectStore, item: _ToRead) -> tuple[Answer, bool]:
 
 
 def _answer(store: ObjectStore, item: _ToRead, limit: int, budget: _Budget) -> Answer:
-    batches, next_offset = _batches(store, item.sections, item.asked.fetch_offset, item.end, limit, budget, item.aborted)
+    batches, next_offset = _batches(store, item, limit, budget)
     return Answer(item.asked.partition, codec.ErrorCode.none, item.high_watermark, item.log_start, item.last_stable, batches, next_offset)
 
 
@@ -274,27 +310,31 @@ def _log_offsets(catalog: Catalog, topic: str) -> list[LogOffsets] | None:
         return None
 
 
-def _batches(
-    store: ObjectStore, sections: Iterable[SectionRef], fetch_offset: int, read_end: int, limit: int, budget: _Budget,
-    aborted: Sequence[AbortedRange],
-) -> tuple[memoryview, int]:
-    """Record batches of the records in [fetch_offset, read_end) outside the `aborted` ranges within `limit` bytes, or
-    one whole batch of one record when it is the response's first (Kafka's rule, so a large record never stalls a
-    consumer), and the offset after them.
+def _batches(store: ObjectStore, item: _ToRead, limit: int, budget: _Budget) -> tuple[memoryview, int]:
+    """Record batches of the item's records in [fetch_offset, read_end) outside its aborted ranges within `limit`
+    bytes as sent (compressed), or one whole batch of one record when it is the response's first (Kafka's rule, so a
+    large record never stalls a consumer), and the offset after them.
 
     When every record up to `read_end` (the high watermark, or the last stable offset) fits, the offsets after the last
     record (compacted away, aborted, markers) are covered by a control batch whose one COMMIT marker is at
     `read_end` - 1, as a partition ending in a transaction marker is in Kafka: the consumer's next fetch starts at
     `read_end` instead of asking for that trailing hole forever, and librdkafka's consumer position reaches
     `read_end` too (it moves past a control record, never past a batch of no records)."""
+    fetch_offset, read_end = item.asked.fetch_offset, item.end
     out = records.BatchBuffer(min(max(limit, 0), BUFFER_BYTES))
-    for table in read_sections(store, sections, fetch_offset, read_end, aborted):
+    ratio = 1.0  # bytes before compression per byte sent, of the last batch
+    for table in read_sections(store, item.sections, fetch_offset, read_end, item.aborted):
         for chunk in table.to_batches():
             columns = records.RecordColumns.of(chunk)
             start = 0
             while start < len(columns):
+                codec = item.codec_at(int(columns.offsets[start]))
                 room = limit - out.size
-                length, end = out.encode(columns, start, max(0, min(BATCH_BYTES, room)))
+                sized = room if codec == records.NONE else int(room * max(ratio * _RATIO_MARGIN, 1.0))
+                length, end = out.encode(columns, start, max(0, min(BATCH_BYTES, sized)), codec)
+                if length > room and sized > room:  # it compressed worse than the last: sized by the room alone
+                    length, end = out.encode(columns, start, max(0, min(BATCH_BYTES, room)), codec)
+                ratio = out.uncompressed_length / length
                 if length > room and (budget.first_taken or out.size):
                     budget.left -= out.size
                     return out.records, out.offset_after(fetch_offset)

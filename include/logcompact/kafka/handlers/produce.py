@@ -152,9 +152,10 @@ def _accept_partition(broker: Broker, version: int, acks: int, name: str, partit
         columns = columns.set_column(0, ingest.PRODUCE_SCHEMA.field(0), pa.array(np.full(columns.num_rows, append_time, dtype=np.int64)))
     try:
         if batch.producer_id >= 0:
-            future = broker.ingest.produce_sequenced(name, partition.index, columns, batch.producer_id, epoch, first_sequence, batch.transactional)
+            future = broker.ingest.produce_sequenced(name, partition.index, columns, batch.producer_id, epoch, first_sequence, batch.transactional,
+                                                     batch.codec)
             return future, append_time
-        return broker.ingest.produce(name, partition.index, columns), append_time
+        return broker.ingest.produce(name, partition.index, columns, produced_codec=batch.codec), append_time
     except ProducerStateError as exc:
         return _refused(exc.error, str(exc))
     except InvalidRecordError as exc:  # a timestamp the store cannot keep (negative, other than -1)
