@@ -14,12 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
 from pathlib import Path
+
+from lab.servers.kafka import into_cache
 
 KAFKA_PYTHON_VERSION = "3.0.12"  # requirements.txt's: the client these tests were written for
 CACHE_ENV = "LOGCOMPACT_KAFKA_PYTHON_CACHE"
@@ -57,19 +58,7 @@ def fetch(version: str = KAFKA_PYTHON_VERSION) -> Path:
                 entry.rename(into / entry.name)
             root.rmdir()
 
-    root = cache_dir() / f"kafka_python-{version}"
-    if not root.is_dir():  # made beside it and renamed into place whole: two processes fetching at once both succeed
-        root.parent.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix=f".{root.name}-", dir=root.parent))
-        try:
-            download(work)
-            try:
-                work.rename(root)
-            except OSError:
-                if not root.is_dir():
-                    raise
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+    root = into_cache(cache_dir() / f"kafka_python-{version}", download)
     if not (root / "test" / "integration" / "conftest.py").is_file():
         raise SuiteError(f"{root} holds no test/integration/conftest.py: remove it and fetch again")
     return root

@@ -227,7 +227,7 @@ def _maven(step: str, argv: list[str], cwd: Path) -> None:
         )
 
 
-def _into_cache(final: Path, make: Callable[[Path], None]) -> Path:
+def into_cache(final: Path, make: Callable[[Path], None]) -> Path:
     """`final`, made by `make` in a fresh directory beside it and renamed into place whole, unless it is there already
     (two processes making it at once both succeed; one's copy is kept)."""
     if final.is_dir():
@@ -254,7 +254,7 @@ def fetch_broker() -> Path:
                ["-f", str(_BROKER_POM), f"-Dkafka.version={KAFKA_VERSION}", "dependency:copy-dependencies",
                 f"-DoutputDirectory={into}", "-DincludeScope=runtime"], cwd=into)
 
-    return _into_cache(_broker_dir(), fetch)
+    return into_cache(_broker_dir(), fetch)
 
 
 def tool_argv(main_class: str, *args: str) -> list[str]:
@@ -301,7 +301,7 @@ def build_java_program(project: Path, kafka_version: str | None = None) -> JavaP
         jar.rename(into / "lib" / f"{name}.jar")
         shutil.rmtree(source)
 
-    lib = _into_cache(final, build) / "lib"
+    lib = into_cache(final, build) / "lib"
     return JavaProgram(project, os.pathsep.join(str(p) for p in sorted(lib.glob("*.jar"))))
 
 
