@@ -1208,8 +1208,8 @@ def main() -> None:
                                                           for name in by_name) + " (the mock: of what it kept)")
     print(judged(row("consumer group of 3: join to first record", of, "group_join", "s", "<= 5", 1.2, at_least=False), "group join"))
     if "group" in measures and "kafka" in by_name:
-        print(f"  Kafka's group.initial.rebalance.delay.ms is {KAFKA_GROUP_DELAY_MS:,} ms (its default): a new classic group's first "
-              "rebalance waits that long for more members")
+        print(f"  a new group's first rebalance waits group.initial.rebalance.delay.ms for more members: Kafka's {KAFKA_GROUP_DELAY_MS:,} ms "
+              "(its default), the agent's 1,000 ms (docs/agent.md, Consumer groups)")
     for name, got in clients.items():
         kept_up = got.produced >= got.offered and got.consumed >= got.produced
         line = (f"{args.clients} clients, {name}: {got.produced / max(1, got.offered):.1%} of {offered_rate:,} records/s offered acked, "
