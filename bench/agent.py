@@ -1010,7 +1010,7 @@ def row(measure: str, of: dict[str, dict[str, float]], key: str, unit: str, targ
     agent, kafka = of["agent"][key], of["kafka"][key]
     ratio = agent / kafka if kafka else math.nan
     figures = " ".join(f"{of[name][key]:>12,.1f}" for name in CLUSTERS)
-    judged = "" if ratio_bound is None else f"  agent/Kafka {verdict(ratio, ratio_bound, at_least)}"
+    judged = "" if ratio_bound is None or math.isnan(ratio) else f"  agent/Kafka {verdict(ratio, ratio_bound, at_least)}"
     shown = "     -" if math.isnan(ratio) else f"{ratio:6.2f}"
     return f"{measure:<44} {figures}  {shown}  {unit:<10} {target}{judged}"
 
@@ -1027,9 +1027,9 @@ DURABILITY = (
 def profile_pointer(pids: dict[str, int], missed: list[str]) -> str:
     """Where to look for what binds a missed target: py-spy on the agent (native frames too) while it is measured."""
     how = "py-spy record --native --pid {pid} --duration 30 -o agent-profile.svg".format(pid=pids["agent"])
-    have = "py-spy is on PATH" if shutil.which("py-spy") else "py-spy is not installed here (pip install py-spy)"
-    return (f"missed: {', '.join(missed)}. To profile the agent while one runs: `{how}` during `bench/agent.py --measures ...`"
-            f" ({have}); the broker's side: `jcmd {pids.get('kafka', 'PID')} Thread.print` or async-profiler.")
+    have = "py-spy is on PATH" if shutil.which("py-spy") else "py-spy is not installed here: pip install py-spy"
+    broker = f"; the broker's side: `jcmd {pids['kafka']} Thread.print` or async-profiler" if "kafka" in pids else ""
+    return f"missed: {', '.join(missed)}. To profile the agent while one runs: `{how}` during `bench/agent.py --measures ...` ({have}){broker}."
 
 
 def main() -> None:
@@ -1195,7 +1195,7 @@ def main() -> None:
           f"{of['kafka']['produce_small_cpu']:.2f} s; 1 KiB agent {of['agent']['produce_large_cpu']:.2f} s, Kafka {of['kafka']['produce_large_cpu']:.2f} s")
     print(row(f"ack latency p50, acks=all, {FLUSH_MS} ms flush", of, "latency_p50", "ms", ""))
     p99 = of["agent"]["latency_p99"]
-    print(judged(row(f"ack latency p99, acks=all, {FLUSH_MS} ms flush", of, "latency_p99", "ms", f"agent {verdict(p99, 400, at_least=False)}"),
+    print(judged(row(f"ack latency p99, acks=all, {FLUSH_MS} ms flush", of, "latency_p99", "ms", "" if math.isnan(p99) else f"agent {verdict(p99, 400, at_least=False)}"),
                  "ack p99"))
     print(judged(row("fetch, compacted, from files, 100 B, kcat", of, "fetch_records", "records/s", ">= 1,000,000", 0.9), "fetch 100 B records/s"))
     print(judged(row("fetch, compacted, from files, 100 B, kcat", of, "fetch_mb", "MB/s", "", 0.9), "fetch 100 B MB/s"))
