@@ -86,6 +86,7 @@ airflow: install
 # Each script replaces its command's section of bench/results.md with the figures it printed (bench/results.py).
 bench: install deps kafka
 	$(BIN)/python bench/produce_consume.py
+	$(BIN)/python bench/agent.py
 	$(BIN)/python bench/engine.py
 	$(BIN)/python bench/partitions.py
 	$(BIN)/python bench/planner.py

@@ -1,25 +1,40 @@
-"""`logcompact agent` against its targets, measured with confluent-kafka (librdkafka) against one agent process,
-side by side with librdkafka's built-in mock cluster (`test.mock.num.brokers: 1`), the client's own ceiling here.
+"""`logcompact agent` against its targets and side by side with Apache Kafka itself, measured with confluent-kafka
+(librdkafka): one agent process, one Apache Kafka broker and librdkafka's built-in mock cluster
+(`test.mock.num.brokers: 1`, the client's own ceiling here), the same clients sending the same load to each in one run.
 
-    .venv/bin/python bench/agent.py                  # every measure, 3 repetitions, medians
-    .venv/bin/python bench/agent.py --quick          # fewer records, 1 repetition
+    .venv/bin/python bench/agent.py                  # every measure on agent, Kafka and mock, 3 repetitions, medians
+    .venv/bin/python bench/agent.py --quick          # fewer records, 1 repetition, 10 s of many clients
     .venv/bin/python bench/agent.py --records 200000 --repeat 5
+    .venv/bin/python bench/agent.py --clusters agent,mock   # without Apache Kafka
     .venv/bin/python bench/agent.py --measures txn   # the transactions' targets (about 15 minutes)
     .venv/bin/python bench/agent.py --measures security   # over SASL_SSL against PLAINTEXT (bench/agent_security.py)
     .venv/bin/python bench/agent.py --measures produce --agent-metrics   # the agent serving /metrics, scraped every second
     .venv/bin/python bench/agent.py --measures metrics    # what counting costs a request, in this process
     .venv/bin/python bench/agent.py --measures fetch-compression   # bytes sent and records/s, uncompressed, lz4, zstd
 
+Apache Kafka (KAFKA_VERSION of lab/servers/kafka.py, its jars fetched by Maven into the shared cache by `make kafka`)
+runs as one KRaft node, broker and controller in one JVM, on 127.0.0.1 with the broker's defaults: `log.flush.*`
+unset (an append is acknowledged from the page cache, as Kafka runs), `group.initial.rebalance.delay.ms` 3 s, and a
+1 GiB heap (KAFKA_HEAP, kafka-server-start.sh's own). Each measure runs on every cluster in turn, the first one
+rotating with the repetition, and the agent's ratio to Kafka is printed beside the targets of the comparison:
+produce 100 B and 1 KiB >= 0.8, fetch records/s and MB/s >= 0.9 with the same client, a group of 3 from joining to
+its first record <= 1.2; beside them the agent's own: ack p99 <= 400 ms at its 250 ms flush, and 50 producers at
+1,000 records/s with 50 consumers (`--clients`) all acknowledged and consumed. The output says what differs in
+durability: an agent's acknowledgement waits for the object store and the catalog, Kafka's for its page cache (and,
+with more brokers, its replicas'). A missed target is printed with MISSED and where to profile it.
+
 The agent runs as `logcompact agent` in its own process on 127.0.0.1 (a free port, --flush-ms 250), over a SQLite
 catalog and a local store in a temporary directory. Measures (and targets):
 
-* produce, 100 B values, lz4, acks=all: records/s (>= 500k);
+* produce, 100 B values, lz4, acks=all: records/s (>= 500k), and the server's CPU per million records (the agent's
+  and Kafka's process; the mock runs in this one);
 * produce, 1 KiB values (random, uncompressed), acks=all: MB/s of values (>= 150 MB/s);
 * ack latency at acks=all with the agent's 250 ms flush: p50 and p99 of produce-to-delivery-report at a steady
   5,000 records/s (p99 <= 400 ms);
 * fetch of a compacted topic from files: records produced with repeated keys (100 B values, and 1 KiB values for
   the MB/s), compacted by a full sweep through the library (the engine, as `logcompact compact` runs it) so every
-  record is read from L1+ files, then read from the beginning by Debian's `kcat -C -e` (librdkafka in C, each
+  record is read from L1+ files (Kafka and the mock are given as many records of the same sizes, each key once), then
+  read from the beginning by Debian's `kcat -C -e` (librdkafka in C, each
   record's key and value sizes written to a pipe: the client costs little beside the agent) with 4 MiB per
   partition and 50 MiB per fetch: records/s and MB/s of keys and values (>= 1M records/s, >= 300 MB/s), timed from
   the first record to the end of every partition; kcat reads as many records of the same sizes from the mock
@@ -33,7 +48,9 @@ catalog and a local store in a temporary directory. Measures (and targets):
 * the agent's resident memory after each measure (printed), and its largest while `--clients` (100) clients work
   at once for `--clients-seconds`: half producers (each its own librdkafka instance, acks=all, `--clients-rate`
   records a second), half consumers of one group (a partition each), beside the bounds its settings set; records
-  acked and consumed (the consumers get a third more time to catch up), and when the group's first record came.
+  acked of those offered and consumed (the consumers get a third more time to catch up), and when the group's first
+  record came; the same against Kafka (its resident memory too), not against the mock, whose topics all have 4
+  partitions.
 
 `--measures fetch-compression` measures compressed fetches: `--records` JSON records (about 200 B, a few fields
 varying) produced with lz4 into three topics alike, each with a compression.type of its own (uncompressed, lz4,
@@ -75,6 +92,7 @@ import asyncio
 import json
 import math
 import os
+import shutil
 import socket
 import statistics
 import struct
@@ -87,7 +105,7 @@ import urllib.request
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,6 +115,7 @@ import psutil
 import pyarrow.compute as pc
 from catalog import WIDE_PARTITIONS, WIDE_TOPICS
 from confluent_kafka import OFFSET_END, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 from postgres_server import ThrowAwayPostgres
 from results import recorded
 
@@ -112,6 +131,11 @@ from logcompact.store import LocalStore, open_store
 from logcompact.store.cache import CachedStore
 from logcompact.topics import Topic
 from logcompact.units import wall_clock_ms
+
+# The lab (lab/servers/kafka.py: Apache Kafka's broker) is in the checkout, not in the wheel.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lab.servers.kafka import KAFKA_VERSION, KafkaStartError, start_kafka
 
 PARTITIONS = 4
 FLUSH_MS = 250
@@ -141,8 +165,52 @@ class Cluster:
             self.catalog.create_topic(Topic.create(name, partitions, {"cleanup.policy": cleanup_policy}, now), now)
         else:  # the mock cluster creates a topic when a client first asks for it, with 4 partitions
             found = Producer({"bootstrap.servers": self.bootstrap}).list_topics(name, timeout=10).topics[name]
-            if len(found.partitions) != PARTITIONS:
-                raise SystemExit(f"the mock cluster created {name} with {len(found.partitions)} partitions, not {PARTITIONS}")
+            if len(found.partitions) != partitions:
+                raise SystemExit(f"the mock cluster created {name} with {len(found.partitions)} partitions, not {partitions}")
+
+    @property
+    def creates_any_topic(self) -> bool:
+        """Whether a topic of any partition count can be made (librdkafka's mock cluster answers no CreateTopics)."""
+        return self.catalog is not None
+
+
+@dataclass
+class KafkaCluster(Cluster):
+    """An Apache Kafka broker (lab/servers/kafka.py): one KRaft node on 127.0.0.1 with the broker's defaults, topics
+    made by CreateTopics."""
+
+    def create_topic(self, name: str, cleanup_policy: str, partitions: int = PARTITIONS) -> None:
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        admin.create_topics([NewTopic(name, partitions, 1, config={"cleanup.policy": cleanup_policy})])[name].result(30)
+        deadline = time.monotonic() + 30  # CreateTopics answers once the controller has it; the broker leads it a moment later
+        while any(p.leader < 0 for p in admin.list_topics(name, timeout=10).topics[name].partitions.values()):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"Apache Kafka: {name} has partitions without a leader 30 s after CreateTopics")
+            time.sleep(0.05)
+
+    @property
+    def creates_any_topic(self) -> bool:
+        return True
+
+
+# Kafka's own heap, kafka-server-start.sh's -Xmx1G -Xms1G: with the agent (a few hundred MiB) and the clients it fits
+# this 2-core 24 GiB machine many times over, and the broker's reads are served by the page cache, not the heap.
+KAFKA_HEAP = "1g"
+KAFKA_GROUP_DELAY_MS = 3_000  # group.initial.rebalance.delay.ms, the broker's default (config/server.properties sets 0 for development)
+
+
+@contextmanager
+def kafka_broker(directory: Path) -> Iterator[tuple[KafkaCluster, psutil.Process]]:
+    """Apache Kafka's broker, one KRaft node (broker and controller in one JVM) formatted in `directory`, with its
+    defaults: `log.flush.*` unset, so an append is acknowledged once it is in the page cache."""
+    try:
+        server, stop = start_kafka(directory, heap=KAFKA_HEAP)
+    except KafkaStartError as error:
+        raise SystemExit(f"Apache Kafka did not start: {error}\n(`make kafka` fetches its jars; --clusters agent,mock runs without it)") from None
+    try:
+        yield KafkaCluster("kafka", server.bootstrap_servers), psutil.Process(server.pid)
+    finally:
+        stop()
 
 
 @contextmanager
@@ -711,7 +779,8 @@ def txn_measures(agent: Cluster, directory: Path, quick: bool, repeat: int) -> N
 @dataclass
 class ClientsFigures:
     largest_rss: int
-    produced: int
+    offered: int  # records the producers handed to librdkafka
+    produced: int  # of them, acknowledged
     consumed: int
     first_record_s: float  # from the consumers' start to the group's first record (nan: none)
 
@@ -719,12 +788,12 @@ class ClientsFigures:
 def many_clients(cluster: Cluster, process: psutil.Process, topic: str, clients: int, seconds: float, rate: int) -> ClientsFigures:
     """`clients` // 2 producers (each its own librdkafka instance and connections, `rate` records a second each, to a
     partition of its own) and as many consumers of one group on `topic` (a partition each) for `seconds`, then
-    `seconds` / 3 more for the consumers to catch up: the agent's largest resident memory meanwhile, records acked
-    and consumed. librdkafka sends a Produce request per partition: a producer spreading its records over all 50
+    `seconds` / 3 more for the consumers to catch up: the server's (`process`) largest resident memory meanwhile,
+    records acked and consumed. librdkafka sends a Produce request per partition: a producer spreading its records over all 50
     partitions would ask 50 times the requests for the same records."""
     stop_producing, stop_consuming = threading.Event(), threading.Event()
     counted = threading.Lock()
-    produced, consumed, first_record = [0], [0], [float("nan")]
+    offered, produced, consumed, first_record = [0], [0], [0], [float("nan")]
     started = time.monotonic()
 
     def add(total: list[int], count: int) -> None:
@@ -743,6 +812,7 @@ def many_clients(cluster: Cluster, process: psutil.Process, topic: str, clients:
                 producer.produce(topic, value, b"p%d-%d" % (number, n % 1000), partition=number % partitions, on_delivery=delivered)
             sent = due
             producer.poll(0.05)
+        add(offered, sent)
         producer.flush(60)
 
     def consuming() -> None:
@@ -770,7 +840,7 @@ def many_clients(cluster: Cluster, process: psutil.Process, topic: str, clients:
         stop.set()
         for thread in producers if stop is stop_producing else consumers:
             thread.join(timeout=120)
-    return ClientsFigures(largest, produced[0], consumed[0], first_record[0])
+    return ClientsFigures(largest, offered[0], produced[0], consumed[0], first_record[0])
 
 
 def group_join_to_first_record(cluster: Cluster, topic: str, members: int = 3) -> float:
@@ -1073,9 +1143,35 @@ def machine() -> str:
     return f"{model}, {os.cpu_count()} cores, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
 
 
-def row(measure: str, agent: float, mock: float, unit: str, target: str) -> str:
-    ratio = f"{agent / mock:6.2f}" if mock else "     -"
-    return f"{measure:<44} {agent:>12,.1f} {mock:>12,.1f}  {ratio}  {unit:<10} {target}"
+CLUSTERS = ("agent", "kafka", "mock")
+
+
+def row(measure: str, of: dict[str, dict[str, float]], key: str, unit: str, target: str, ratio_bound: float | None = None,
+        at_least: bool = True) -> str:
+    """A measure's medians on each cluster, the agent's ratio to Kafka, the agent's own target and the ratio's verdict."""
+    agent, kafka = of["agent"][key], of["kafka"][key]
+    ratio = agent / kafka if kafka else math.nan
+    figures = " ".join(f"{of[name][key]:>12,.1f}" for name in CLUSTERS)
+    judged = "" if ratio_bound is None or math.isnan(ratio) else f"  agent/Kafka {verdict(ratio, ratio_bound, at_least)}"
+    shown = "     -" if math.isnan(ratio) else f"{ratio:6.2f}"
+    return f"{measure:<44} {figures}  {shown}  {unit:<10} {target}{judged}"
+
+
+DURABILITY = (
+    "what an acknowledgement means (acks=all): the agent's once the record's L0 file is written to the object store and\n"
+    "  committed to the catalog, so on S3 and PostgreSQL (a PUT the store has made durable, a commit fsynced) it survives\n"
+    "  the agent's machine (here a local-directory store written without fsync and SQLite at synchronous=NORMAL, both\n"
+    "  left to this machine's page cache too); Kafka's once the record is in the leader's page cache (log.flush.* unset, Kafka's\n"
+    "  default) and, with more brokers, in every in-sync replica's page cache: here one broker, no replica, so a crash of\n"
+    "  its machine loses what the kernel had not written yet; the mock cluster keeps records in the client's memory.")
+
+
+def profile_pointer(pids: dict[str, int], missed: list[str]) -> str:
+    """Where to look for what binds a missed target: py-spy on the agent (native frames too) while it is measured."""
+    how = "py-spy record --native --pid {pid} --duration 30 -o agent-profile.svg".format(pid=pids["agent"])
+    have = "py-spy is on PATH" if shutil.which("py-spy") else "py-spy is not installed here: pip install py-spy"
+    broker = f"; the broker's side: `jcmd {pids['kafka']} Thread.print` or async-profiler" if "kafka" in pids else ""
+    return f"missed: {', '.join(missed)}. To profile the agent while one runs: `{how}` during `bench/agent.py --measures ...` ({have}){broker}."
 
 
 def main() -> None:
@@ -1083,9 +1179,10 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=1_000_000, help="records of 100 B per produce measure (1 KiB: a fifth)")
     parser.add_argument("--repeat", type=int, default=3, help="repetitions of each measure; medians are printed")
     parser.add_argument("--latency-seconds", type=float, default=10.0)
-    parser.add_argument("--quick", action="store_true", help="200,000 records, one repetition, 5 s of latency")
+    parser.add_argument("--quick", action="store_true", help="200,000 records, one repetition, 5 s of latency, 10 s of clients")
     parser.add_argument("--measures", default="produce,latency,fetch,group,clients", help="which to run, comma-separated (txn: the transactions' targets; security: TLS, SASL and ACLs'; "
                         "fetch-compression: bytes sent and records/s by compression.type)")
+    parser.add_argument("--clusters", default=",".join(CLUSTERS), help="which of agent, kafka, mock to measure beside the agent (the agent always)")
     parser.add_argument("--agent-metrics", action="store_true", help="the agent serves /metrics (--metrics-listen), scraped every second")
     parser.add_argument("--clients", type=int, default=100, help="producers and consumers at once in the clients measure")
     parser.add_argument("--clients-seconds", type=float, default=30.0)
@@ -1093,10 +1190,15 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.records, args.repeat, args.latency_seconds = min(args.records, 200_000), 1, 5.0
+        args.clients_seconds = min(args.clients_seconds, 10.0)
     small, large = args.records, max(1, args.records // 5)
     measures = set(args.measures.split(","))
-    figures: dict[str, dict[str, list[float]]] = {"agent": {}, "mock": {}}
+    wanted = set(args.clusters.split(",")) | {"agent"}
+    if wanted - set(CLUSTERS):
+        parser.error(f"--clusters: {', '.join(sorted(wanted - set(CLUSTERS)))} is not one of {', '.join(CLUSTERS)}")
+    figures: dict[str, dict[str, list[float]]] = {name: {} for name in CLUSTERS}
     rss: dict[str, int] = {}
+    kafka_rss: dict[str, int] = {}
 
     def note(cluster: Cluster, name: str, value: float) -> None:
         figures[cluster.name].setdefault(name, []).append(value)
@@ -1107,67 +1209,106 @@ def main() -> None:
         if measures == {"metrics"}:
             return
     metrics_port = free_port() if args.agent_metrics else None
-    with tempfile.TemporaryDirectory(prefix="logcompact-bench-agent-") as directory, agent_process(Path(directory), metrics_port=metrics_port) as (agent, process), mock_cluster() as mock:
-        for repetition in range(args.repeat if measures - {"txn", "clients", "security", "fetch-compression"} else 0):
-            for cluster in (agent, mock) if "produce" in measures else ():
-                topic = f"small-{repetition}"
-                cluster.create_topic(topic, "delete")
-                if cluster is agent:  # and the agent's CPU meanwhile, which the machine's load moves less than its rate
-                    took: list[float] = []
-                    cpu_seconds = agent_security.produce_cpu_seconds(process, lambda t=topic, out=took: out.append(produce(agent, t, small, 100, "lz4", keys=small)))
-                    note(agent, "produce_small", small / took[0])
-                    note(agent, "produce_small_cpu", cpu_seconds / small * 1e6)
-                else:
-                    note(cluster, "produce_small", small / produce(cluster, topic, small, 100, "lz4", keys=small))
-                topic = f"large-{repetition}"
-                cluster.create_topic(topic, "delete")
-                note(cluster, "produce_large", large * 1024 / produce(cluster, topic, large, 1024, "none", keys=large) / 1e6)
-            for cluster in (agent, mock) if "latency" in measures else ():
+    comparing = measures - {"txn", "security", "fetch-compression"}
+    with tempfile.TemporaryDirectory(prefix="logcompact-bench-agent-") as directory, ExitStack() as stack:
+        agent, process = stack.enter_context(agent_process(Path(directory), metrics_port=metrics_port))
+        servers: dict[str, psutil.Process] = {"agent": process}
+        clusters: list[Cluster] = [agent]
+        if "kafka" in wanted and comparing:
+            kafka, servers["kafka"] = stack.enter_context(kafka_broker(Path(directory) / "kafka"))
+            clusters.append(kafka)
+            print(f"Apache Kafka {KAFKA_VERSION}: one KRaft node on {kafka.bootstrap}, heap {KAFKA_HEAP}, the broker's defaults "
+                  f"(log.flush.* unset; group.initial.rebalance.delay.ms {KAFKA_GROUP_DELAY_MS:,})", flush=True)
+        if "mock" in wanted:
+            clusters.append(stack.enter_context(mock_cluster()))
+        by_name = {cluster.name: cluster for cluster in clusters}
+
+        def in_turn(repetition: int) -> list[Cluster]:
+            """Every cluster, the first one rotating with the repetition, so no cluster always runs on the load the
+            one before left."""
+            turn = repetition % len(clusters)
+            return clusters[turn:] + clusters[:turn]
+
+        def produce_noting_cpu(cluster: Cluster, name: str, repetition: int, count: int, value_bytes: int, compression: str) -> float:
+            """Seconds of the produce measure; the server's CPU meanwhile noted per million records (none for the mock,
+            which runs in this process)."""
+            topic = f"{name}-{repetition}"
+            cluster.create_topic(topic, "delete")
+            if cluster.name not in servers:
+                return produce(cluster, topic, count, value_bytes, compression, keys=count)
+            took: list[float] = []
+            cpu_seconds = agent_security.produce_cpu_seconds(
+                servers[cluster.name], lambda: took.append(produce(cluster, topic, count, value_bytes, compression, keys=count)))
+            note(cluster, f"produce_{name}_cpu", cpu_seconds / count * 1e6)
+            return took[0]
+
+        for repetition in range(args.repeat if comparing - {"clients"} else 0):
+            for cluster in in_turn(repetition) if "produce" in measures else ():
+                note(cluster, "produce_small", small / produce_noting_cpu(cluster, "small", repetition, small, 100, "lz4"))
+                note(cluster, "produce_large", large * 1024 / produce_noting_cpu(cluster, "large", repetition, large, 1024, "none") / 1e6)
+            for cluster in in_turn(repetition) if "latency" in measures else ():
                 topic = f"latency-{repetition}"
                 cluster.create_topic(topic, "delete")
                 latencies = ack_latencies(cluster, topic, args.latency_seconds)
                 note(cluster, "latency_p50", percentile(latencies, 0.5))
                 note(cluster, "latency_p99", percentile(latencies, 0.99))
             rss["after produce"] = max(rss.get("after produce", 0), process.memory_info().rss)
-            if "fetch" not in measures:
-                continue
-            # Fetch from files: half the keys written twice, compacted away once.
-            for name, count, value_bytes in (("fetch", small, 100), ("fetch_large", large, 1024)):
-                topic = f"compacted-{value_bytes}-{repetition}"
-                agent.create_topic(topic, "compact")
-                produce(agent, topic, count, value_bytes, "lz4", keys=count // 2)
-                assert agent.catalog is not None
-                survivors = compact(agent.catalog, topic)
-                size = key_and_value_bytes(agent.catalog, topic)
-                mock.create_topic(topic, "compact")
-                produce(mock, topic, survivors, value_bytes, "lz4", keys=survivors)
-                for cluster in (agent, mock):
-                    elapsed, records, read = kcat_consume(cluster, topic)
-                    if cluster is agent and (records, read) != (survivors, size):
-                        raise SystemExit(f"kcat read {records} records of {read} bytes from the agent, expected {survivors} of {size}")
-                    note(cluster, f"{name}_records", records / elapsed)
-                    note(cluster, f"{name}_mb", read / elapsed / 1e6)
-                    note(cluster, f"{name}_served", records)
-                elapsed, records = in_process_fetch(agent.catalog, topic)
-                if records != survivors:
-                    raise SystemExit(f"the agent's read path read {records} records, expected {survivors}")
-                note(agent, f"{name}_inproc_records", records / elapsed)
-                note(agent, f"{name}_inproc_mb", size / elapsed / 1e6)
-            rss["after fetch"] = max(rss.get("after fetch", 0), process.memory_info().rss)
-            for cluster in (agent, mock) if "group" in measures else ():
+            if "fetch" in measures:
+                # Fetch from files: half the keys written twice, compacted away once on the agent; Kafka and the mock
+                # are given as many records of the same sizes, each key once (Kafka's cleaner never touches the active
+                # segment), and read from the page cache (Kafka) or memory (the mock).
+                for name, count, value_bytes in (("fetch", small, 100), ("fetch_large", large, 1024)):
+                    topic = f"compacted-{value_bytes}-{repetition}"
+                    agent.create_topic(topic, "compact")
+                    produce(agent, topic, count, value_bytes, "lz4", keys=count // 2)
+                    assert agent.catalog is not None
+                    survivors = compact(agent.catalog, topic)
+                    size = key_and_value_bytes(agent.catalog, topic)
+                    for other in clusters[1:]:
+                        other.create_topic(topic, "compact")
+                        produce(other, topic, survivors, value_bytes, "lz4", keys=survivors)
+                    for cluster in in_turn(repetition):
+                        elapsed, records, read = kcat_consume(cluster, topic)
+                        if cluster is agent and (records, read) != (survivors, size):
+                            raise SystemExit(f"kcat read {records} records of {read} bytes from the agent, expected {survivors} of {size}")
+                        if cluster.name == "kafka" and records != survivors:
+                            raise SystemExit(f"kcat read {records} records from Apache Kafka, expected {survivors}")
+                        note(cluster, f"{name}_records", records / elapsed)
+                        note(cluster, f"{name}_mb", read / elapsed / 1e6)
+                        note(cluster, f"{name}_served", records)
+                    elapsed, records = in_process_fetch(agent.catalog, topic)
+                    if records != survivors:
+                        raise SystemExit(f"the agent's read path read {records} records, expected {survivors}")
+                    note(agent, f"{name}_inproc_records", records / elapsed)
+                    note(agent, f"{name}_inproc_mb", size / elapsed / 1e6)
+                rss["after fetch"] = max(rss.get("after fetch", 0), process.memory_info().rss)
+            for cluster in in_turn(repetition) if "group" in measures else ():
                 topic = f"group-{repetition}"
                 cluster.create_topic(topic, "delete")
                 note(cluster, "group_join", group_join_to_first_record(cluster, topic))
+            if "kafka" in servers:
+                kafka_rss["during the measures"] = max(kafka_rss.get("during the measures", 0), servers["kafka"].memory_info().rss)
             print(f"repetition {repetition + 1} of {args.repeat} done; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
 
-        if "clients" in measures:
-            agent.create_topic("clients", "delete", partitions=args.clients - args.clients // 2)
-            clients = many_clients(agent, process, "clients", args.clients, args.clients_seconds, args.clients_rate)
-            rss[f"with {args.clients} clients"] = clients.largest_rss
-            producers, consumers = args.clients // 2, args.clients - args.clients // 2
-            print(f"{producers} producers at {args.clients_rate:,} records/s each for {args.clients_seconds:.0f} s and {consumers} consumers of one "
-                  f"group: {clients.produced:,} records acked ({clients.produced / args.clients_seconds:,.0f}/s), {clients.consumed:,} consumed "
-                  f"(the group's first record {clients.first_record_s:.1f} s after the start)", flush=True)
+        producers, consumers = args.clients // 2, args.clients - args.clients // 2
+        offered_rate = producers * args.clients_rate
+        clients: dict[str, ClientsFigures] = {}
+        for cluster in clusters if "clients" in measures else ():
+            if not cluster.creates_any_topic:
+                print(f"clients measure: not on {cluster.name}: librdkafka's mock cluster makes every topic with {PARTITIONS} partitions "
+                      f"and answers no CreateTopics, and this measure needs {consumers}", flush=True)
+                continue
+            cluster.create_topic("clients", "delete", partitions=consumers)
+            clients[cluster.name] = many_clients(cluster, servers[cluster.name], "clients", args.clients, args.clients_seconds, args.clients_rate)
+            got = clients[cluster.name]
+            print(f"{cluster.name}: {producers} producers at {args.clients_rate:,} records/s each for {args.clients_seconds:.0f} s and "
+                  f"{consumers} consumers of one group: {got.produced:,} records acked of {got.offered:,} offered "
+                  f"({got.produced / args.clients_seconds:,.0f}/s), {got.consumed:,} consumed (the group's first record "
+                  f"{got.first_record_s:.1f} s after the start); load average {os.getloadavg()[0]:.2f}", flush=True)
+        if "agent" in clients:
+            rss[f"with {args.clients} clients"] = clients["agent"].largest_rss
+        if "kafka" in clients:
+            kafka_rss[f"with {args.clients} clients"] = clients["kafka"].largest_rss
         if "txn" in measures:
             txn_measures(agent, Path(directory), args.quick, args.repeat)
             rss["after transactions"] = process.memory_info().rss
@@ -1175,35 +1316,58 @@ def main() -> None:
             security_measures(Path(directory), small, args.repeat)
         if "fetch-compression" in measures:
             fetch_compression_measures(Path(directory) / "fetch-compression", small, args.repeat)
-    if not measures - {"txn", "security", "fetch-compression"}:
+        pids = {name: server.pid for name, server in servers.items()}
+    if not comparing:
         if "txn" in measures:
             print(f"agent resident memory after the transactions: {rss['after transactions'] / 2**20:,.0f} MiB")
         return
 
-    agent_of = {name: median(values) for name, values in figures["agent"].items()}
-    mock_of = {name: median(values) for name, values in figures["mock"].items()}
     nan = float("nan")
-    agent_of, mock_of = defaultdict(lambda: nan, agent_of), defaultdict(lambda: nan, mock_of)
-    print(f"\nmedians of {args.repeat}; machine: {machine()}")
-    print(f"{'measure':<44} {'agent':>12} {'mock':>12}  {'ratio':>6}  {'unit':<10} target")
-    print(row(f"produce {small:,} x 100 B, lz4, acks=all", agent_of["produce_small"], mock_of["produce_small"], "records/s", ">= 500,000"))
-    print(row(f"produce {large:,} x 1 KiB, acks=all", agent_of["produce_large"], mock_of["produce_large"], "MB/s", ">= 150"))
-    print(f"  the agent's CPU per million of those records: {agent_of['produce_small_cpu']:.2f} s")
-    print(row(f"ack latency p50, acks=all, {FLUSH_MS} ms flush", agent_of["latency_p50"], mock_of["latency_p50"], "ms", ""))
-    print(row(f"ack latency p99, acks=all, {FLUSH_MS} ms flush", agent_of["latency_p99"], mock_of["latency_p99"], "ms", "<= 400"))
-    print(row("fetch, compacted, from files, 100 B, kcat", agent_of["fetch_records"], mock_of["fetch_records"], "records/s", ">= 1,000,000"))
-    print(row("fetch, compacted, from files, 100 B, kcat", agent_of["fetch_mb"], mock_of["fetch_mb"], "MB/s", ""))
-    print(row("fetch, compacted, from files, 1 KiB, kcat", agent_of["fetch_large_records"], mock_of["fetch_large_records"], "records/s", ""))
-    print(row("fetch, compacted, from files, 1 KiB, kcat", agent_of["fetch_large_mb"], mock_of["fetch_large_mb"], "MB/s", ">= 300"))
-    print(row("  the agent's read path alone, 100 B", agent_of["fetch_inproc_records"], 0, "records/s", "(in-process)"))
-    print(row("  the agent's read path alone, 1 KiB", agent_of["fetch_large_inproc_mb"], 0, "MB/s", "(in-process)"))
+    of: dict[str, dict[str, float]] = {
+        name: defaultdict(lambda: nan, {key: median(values) for key, values in figures[name].items()}) for name in CLUSTERS}
+    missed: list[str] = []
+
+    def judged(line: str, name: str) -> str:
+        if "MISSED" in line:
+            missed.append(name)
+        return line
+
+    print(f"\nmedians of {args.repeat}, every measure on each cluster in turn (the first rotating); machine: {machine()}")
+    print(f"{'measure':<44} {'agent':>12} {'Kafka':>12} {'mock':>12}  {'ag/Kf':>6}  {'unit':<10} target")
+    print(judged(row(f"produce {small:,} x 100 B, lz4, acks=all", of, "produce_small", "records/s", ">= 500,000", 0.8), "produce 100 B"))
+    print(judged(row(f"produce {large:,} x 1 KiB, acks=all", of, "produce_large", "MB/s", ">= 150", 0.8), "produce 1 KiB"))
+    print(f"  the server's CPU per million records produced: 100 B agent {of['agent']['produce_small_cpu']:.2f} s, Kafka "
+          f"{of['kafka']['produce_small_cpu']:.2f} s; 1 KiB agent {of['agent']['produce_large_cpu']:.2f} s, Kafka {of['kafka']['produce_large_cpu']:.2f} s")
+    print(row(f"ack latency p50, acks=all, {FLUSH_MS} ms flush", of, "latency_p50", "ms", ""))
+    p99 = of["agent"]["latency_p99"]
+    print(judged(row(f"ack latency p99, acks=all, {FLUSH_MS} ms flush", of, "latency_p99", "ms", "" if math.isnan(p99) else f"agent {verdict(p99, 400, at_least=False)}"),
+                 "ack p99"))
+    print(judged(row("fetch, compacted, from files, 100 B, kcat", of, "fetch_records", "records/s", ">= 1,000,000", 0.9), "fetch 100 B records/s"))
+    print(judged(row("fetch, compacted, from files, 100 B, kcat", of, "fetch_mb", "MB/s", "", 0.9), "fetch 100 B MB/s"))
+    print(judged(row("fetch, compacted, from files, 1 KiB, kcat", of, "fetch_large_records", "records/s", "", 0.9), "fetch 1 KiB records/s"))
+    print(judged(row("fetch, compacted, from files, 1 KiB, kcat", of, "fetch_large_mb", "MB/s", ">= 300", 0.9), "fetch 1 KiB MB/s"))
+    print(row("  the agent's read path alone, 100 B", of, "fetch_inproc_records", "records/s", "(in-process)"))
+    print(row("  the agent's read path alone, 1 KiB", of, "fetch_large_inproc_mb", "MB/s", "(in-process)"))
     if "fetch" in measures:
-        print(f"records kcat read (median): agent {agent_of['fetch_served']:,.0f} and {agent_of['fetch_large_served']:,.0f}, "
-              f"mock {mock_of['fetch_served']:,.0f} and {mock_of['fetch_large_served']:,.0f} (of what it kept)")
-    print(row("consumer group of 3: join to first record", agent_of["group_join"], mock_of["group_join"], "s", "<= 5"))
+        print("records kcat read (median): " + "; ".join(f"{name} {of[name]['fetch_served']:,.0f} and {of[name]['fetch_large_served']:,.0f}"
+                                                          for name in by_name) + " (the mock: of what it kept)")
+    print(judged(row("consumer group of 3: join to first record", of, "group_join", "s", "<= 5", 1.2, at_least=False), "group join"))
+    if "group" in measures and "kafka" in by_name:
+        print(f"  a new group's first rebalance waits group.initial.rebalance.delay.ms for more members: Kafka's {KAFKA_GROUP_DELAY_MS:,} ms "
+              "(its default), the agent's 1,000 ms (docs/agent.md, Consumer groups)")
+    for name, got in clients.items():
+        kept_up = got.produced >= got.offered and got.consumed >= got.produced
+        line = (f"{args.clients} clients, {name}: {got.produced / max(1, got.offered):.1%} of {offered_rate:,} records/s offered acked, "
+                f"{got.consumed / max(1, got.produced):.1%} of them consumed (target: all acked, consumers keep up: {'met' if kept_up else 'MISSED'})")
+        print(judged(line, f"{args.clients} clients ({name})") if name == "agent" else line)
     print("agent resident memory (max): " + ", ".join(f"{rss[name] / 2**20:,.0f} MiB {name}" for name in rss))
     print("  its bounds (settings): the fetch cache 256 MiB, requests read and not answered 1 GiB (128 MiB a connection),"
           " the ingest buffer flush_bytes 8 MiB (a full one flushing while the next fills), 1,000 connections")
+    if kafka_rss:
+        print(f"Kafka resident memory (max, heap {KAFKA_HEAP}): " + ", ".join(f"{kafka_rss[name] / 2**20:,.0f} MiB {name}" for name in kafka_rss))
+    print(DURABILITY)
+    if missed:
+        print(profile_pointer(pids, missed))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,11 @@ on disk at its default durability, fsync on) it runs for --seconds:
   looks again after a second, where the DAG's sensor pokes every minute: the most compaction a scheduler gets.
   Garbage collection (a 6-hourly DAG with a 1 h grace) does not run within the window.
 
+The window of --seconds opens once every agent has committed its first file (a warm-up file of one interval's
+records, not counted) and every compactor has loaded the engine: spawned interpreters import pyarrow, SQLAlchemy
+and the engine and compile numba's loops first, which for ten agents on two busy cores takes over a minute. The
+output says when it opened.
+
 It prints, every 30 s, the live files per level (the L0 backlog first), the files leased to plans in flight,
 the compaction lag and the appends so far; then the appends asked and achieved (per second; one append is one
 interval's records of an agent, committed within the window, a file when the agent keeps up), the latency
@@ -98,7 +103,8 @@ from logcompact.topics import MIN_MAX_COMPACTION_LAG_MS, Topic
 TOPICS = 10
 KEYS = 100  # per partition: each file's record of a partition takes the next of these keys, round the 100
 VALUE_BYTES = 100
-START_DELAY_S = 15  # spawned interpreters import pyarrow, SQLAlchemy and the engine (numba) before the clock starts
+READY_TIMEOUT_S = 900  # for every agent's first file and every compactor's engine, before the window opens
+WINDOW_MARGIN_S = 1.0  # from the last process ready to the window: each reads its start and sleeps until it
 SAMPLE_S = 1.0  # backlog, CPU and PostgreSQL's wait events
 PRINT_S = 30.0  # a backlog and lag line
 IDLE_LOOK_AGAIN_S = 1.0
@@ -169,40 +175,58 @@ def _timed_writes(catalog: Catalog, start_at: float, seconds: float) -> list[flo
     return held
 
 
-def _agent_process(root: str, url: str | None, number: int, load: Load, start_at: float, seconds: float, out) -> None:
+def _await_window(ready, go, window_start, role: str, number: int) -> float:
+    """Tell the monitor this process is ready, then wait for it to open the window: the window's start (epoch s)."""
+    ready.put((role, number))
+    go.wait()
+    return float(window_start.value)
+
+
+def _agent_process(root: str, url: str | None, number: int, load: Load, seconds: float, ready, go, window_start, out) -> None:
     catalog = Catalog(LocalStore(root), url)
-    writes = _timed_writes(catalog, start_at, seconds)
     per_topic = load.partitions // TOPICS
     partitions = np.arange(per_topic, dtype=np.int64)
     keys = [pa.array([b"key-%03d" % k] * per_topic, pa.binary()) for k in range(KEYS)]
     no_timestamps, no_headers = pa.nulls(per_topic, pa.int64()), pa.nulls(per_topic, HEADERS_TYPE)  # the agent's clock stamps them
     rng = np.random.default_rng(number)
-    ticks: list[tuple[float, list[float]]] = []  # per tick: (wall time produced, wall time each batch was committed)
-    failures = 0
+
+    def produce_tick(agent: Agent, sequence: int) -> list:
+        """One interval's records, a record for each partition: the futures of its batches, a topic's each."""
+        values = rng.bytes(VALUE_BYTES * load.partitions)
+        futures = []
+        for n, name in enumerate(topic_names()):
+            chunk = [values[(n * per_topic + p) * VALUE_BYTES:(n * per_topic + p + 1) * VALUE_BYTES] for p in range(per_topic)]
+            columns = pa.RecordBatch.from_arrays([no_timestamps, keys[sequence % KEYS], pa.array(chunk, pa.binary()), no_headers], schema=PRODUCE_SCHEMA)
+            futures.append(agent.produce_columns(name, partitions, columns))
+        return futures
+
     # A background agent, as `logcompact agent` runs one: it writes a file per flush interval and commits every
     # file written by then in one transaction when its commits fall behind (group commit).
     agent = Agent(catalog, flush_interval_ms=load.flush_ms)
     compile_hasher()  # as `logcompact agent` does at start: the key hashes' loop loads before the first flush, not in it
+    for future in produce_tick(agent, 0):  # the first file, written and committed before the window: the warm-up
+        future.result()
+    warm_up_files = agent.files_written
+    start_at = _await_window(ready, go, window_start, "agent", number)
+    writes = _timed_writes(catalog, start_at, seconds)
+    ticks: list[tuple[float, list[float]]] = []  # per tick: (wall time produced, wall time each batch was committed)
+    failures = 0
     time.sleep(max(0.0, start_at - time.time()))
     interval = load.flush_ms / 1000
     tick = time.monotonic()
     end = tick + seconds
-    sequence = 0
+    sequence = 1
     pending = []
     while tick < end and time.monotonic() < end:
-        values = rng.bytes(VALUE_BYTES * load.partitions)
         produced, committed = time.time(), []
         try:
-            for n, name in enumerate(topic_names()):
-                chunk = [values[(n * per_topic + p) * VALUE_BYTES:(n * per_topic + p + 1) * VALUE_BYTES] for p in range(per_topic)]
-                columns = pa.RecordBatch.from_arrays([no_timestamps, keys[sequence % KEYS], pa.array(chunk, pa.binary()), no_headers], schema=PRODUCE_SCHEMA)
-                future = agent.produce_columns(name, partitions, columns)
+            for future in produce_tick(agent, sequence):
                 future.add_done_callback(lambda f, committed=committed: committed.append(time.time() if f.exception() is None else float("nan")))
                 pending.append(future)
         except Exception as exc:  # counted and reported; an agent whose flush failed refuses batches, so a new one goes on
             failures += 1
             print(f"agent {number}: {exc}", file=sys.stderr)
-            agent = Agent(catalog, flush_interval_ms=load.flush_ms)
+            agent, warm_up_files = Agent(catalog, flush_interval_ms=load.flush_ms), 0
         ticks.append((produced, committed))
         sequence += 1
         tick += interval
@@ -214,12 +238,13 @@ def _agent_process(root: str, url: str | None, number: int, load: Load, start_at
         print(f"agent {number}: {exc}", file=sys.stderr)
     failures += sum(1 for future in pending if future.exception() is not None)
     done = [(produced, max(committed)) for produced, committed in ticks if len(committed) == TOPICS and not any(map(math.isnan, committed))]
-    out.put(("agent", number, {"ticks": done, "failures": failures, "files": agent.files_written, "writes_ms": writes}))
+    out.put(("agent", number, {"ticks": done, "failures": failures, "files": agent.files_written - warm_up_files, "writes_ms": writes}))
 
 
-def _compactor_process(root: str, url: str | None, number: int, start_at: float, seconds: float, out) -> None:
-    importlib.import_module("logcompact.engine.cleaner")  # the engine (numba) loads before the clock starts
+def _compactor_process(root: str, url: str | None, number: int, seconds: float, ready, go, window_start, out) -> None:
+    importlib.import_module("logcompact.engine.cleaner")  # the engine (numba) loads before the window opens
     catalog = Catalog(LocalStore(root), url)
+    start_at = _await_window(ready, go, window_start, "compactor", number)
     writes = _timed_writes(catalog, start_at, seconds)
     config = PlannerConfig()
     figures = {"plans": 0, "inputs": 0, "max_lag_plans": 0, "conflicts": 0, "failures": 0, "busy_s": 0.0, "writes_ms": writes}
@@ -453,23 +478,24 @@ def run(name: str, url: str | None, store_root: Path, load: Load, seconds: float
     print(f"\n{name} ({catalog.engine.url.render_as_string()}): {load.describe()}, {seconds:.0f} s; "
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     context = multiprocessing.get_context("spawn")
-    out = context.Queue()
-    start_at = time.time() + START_DELAY_S
+    out, ready, go, window_start = context.Queue(), context.Queue(), context.Event(), context.Value("d", 0.0)
     processes: list[BaseProcess] = [
-        context.Process(target=_agent_process, args=(str(store_root), url, n, load, start_at, seconds, out), daemon=True)
+        context.Process(target=_agent_process, args=(str(store_root), url, n, load, seconds, ready, go, window_start, out), daemon=True)
         for n in range(load.agents)
     ]
     processes += [
-        context.Process(target=_compactor_process, args=(str(store_root), url, n, start_at, seconds, out), daemon=True)
+        context.Process(target=_compactor_process, args=(str(store_root), url, n, seconds, ready, go, window_start, out), daemon=True)
         for n in range(load.compactors)
     ]
     figures = Figures(load, seconds, asked=load.appends_per_s * seconds)
     try:
         for process in processes:
             process.start()
+        start_at = open_window(processes, ready, go, window_start)
         watch(catalog, processes, load, start_at, seconds, postgres, figures)
         results = collect(out, processes)
     finally:
+        go.set()  # a process still waiting for the window goes on to its end (or is stopped below)
         for process in processes:  # stopped by their PIDs, whatever happened
             if process.is_alive():
                 process.terminate()
@@ -492,6 +518,33 @@ def run(name: str, url: str | None, store_root: Path, load: Load, seconds: float
     catalog.engine.dispose()
     report(figures)
     return figures
+
+
+def open_window(processes: list[BaseProcess], ready, go, window_start) -> float:
+    """The window's start (epoch s): a moment after every agent has committed its first file and every compactor has
+    loaded the engine. Spawned interpreters import pyarrow, SQLAlchemy and the engine and compile numba's loops first,
+    which on a busy machine of two cores takes longer than a minute for ten agents: a window opened on a fixed delay
+    measured their start-up, not the regime."""
+    started = time.monotonic()
+    waiting = len(processes)
+    while waiting:
+        try:
+            ready.get(timeout=5)
+            waiting -= 1
+        except queue.Empty:
+            dead = [p for p in processes if not p.is_alive()]
+            if dead:
+                raise SystemExit(f"{len(dead)} of the agent and compactor processes exited (codes {', '.join(str(p.exitcode) for p in dead)}) "
+                                 "before the window opened: see their errors above") from None
+            if time.monotonic() - started > READY_TIMEOUT_S:
+                raise SystemExit(f"{waiting} of {len(processes)} agent and compactor processes not ready after {READY_TIMEOUT_S} s: "
+                                 "the machine is too busy for this load") from None
+    start_at = time.time() + WINDOW_MARGIN_S
+    window_start.value = start_at
+    go.set()
+    print(f"  the window opens {time.monotonic() - started + WINDOW_MARGIN_S:.0f} s after the processes started: when every agent "
+          f"had committed its first file (a warm-up, not counted) and every compactor had loaded the engine", flush=True)
+    return start_at
 
 
 def collect(out, processes: list[BaseProcess]) -> list[tuple[str, int, dict]]:
