@@ -97,6 +97,24 @@ def test_topic_produce_consume_files(env: dict[str, str]) -> None:
     assert run(env, "topic", "describe", "clicks")[0]["next_offsets"] == [0, 0, 0]
 
 
+def test_kafka_topic_configs_not_applied_are_taken_at_kafkas_default_as_the_agent_takes_them(env: dict[str, str]) -> None:
+    """A topic copied from Kafka names configs the product does not apply (topic_configs): at Kafka's default they are
+    taken and left out, as by the agent's CreateTopics and AlterConfigs; another value is the agent's INVALID_CONFIG line."""
+    at_default = ["segment.bytes=1073741824", "retention.bytes=-1", "unclean.leader.election.enable=FALSE", "compression.type=producer"]
+    (created,) = run(env, "topic", "create", "copied", "--partitions", "1", "--config", "cleanup.policy=compact",
+                     *(arg for config in at_default for arg in ("--config", config)))
+    assert created["config"]["cleanup.policy"] == "compact" and not {"segment.bytes", "retention.bytes"} & set(created["config"])
+    (altered,) = run(env, "topic", "alter", "copied", "--config", "segment.bytes=1073741824", "--config", "min.compaction.lag.ms=5")
+    assert altered["config"]["min.compaction.lag.ms"] == 5 and "segment.bytes" not in altered["config"]
+    for command in (["create", "other", "--partitions", "1"], ["alter", "copied"]):
+        (error,) = run(env, "topic", *command, "--config", "segment.bytes=1", expect=1)
+        assert error["error"].endswith(
+            "segment.bytes='1' is not taken: the agent's flushes and the compactions' target sizes make the files; give 1073741824 or leave it out")
+        (error,) = run(env, "topic", *command, "--config", "retention.bytes=1000", expect=1)
+        assert error["error"].endswith("retention.bytes='1000' is not taken: topics here have no size limit; give -1 or leave it out")
+    assert [t["name"] for t in run(env, "topic", "list")] == ["copied"]
+
+
 @pytest.mark.parametrize(
     "args, stdin, message",
     [

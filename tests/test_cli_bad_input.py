@@ -162,7 +162,8 @@ BAD_CONFIGS = [
     ("min.compaction.lag.ms=-1", "is out of range"),
     ("max.compaction.lag.ms=0", "is out of range"),
     (f"max.compaction.lag.ms={10**40}", "is out of range"),
-    ("segment.bytes=1024", "segment.bytes"),
+    ("segment.bytes=1024", "segment.bytes='1024' is not taken: the agent's flushes and the compactions' target sizes make the files; give 1073741824"),
+    ("retention.bytes=1000", "retention.bytes='1000' is not taken: topics here have no size limit; give -1 or leave it out"),
     ("unknown.config=1", "unknown.config"),
 ]
 for config, says in BAD_CONFIGS:

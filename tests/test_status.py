@@ -113,9 +113,13 @@ def test_the_cli_prints_a_table_json_and_a_plot(tmp_path) -> None:
     table = status("--plot", str(tmp_path / "status.png")).splitlines()
     assert "max-dirty-percent: 100.0" in table and "uncleanable-partitions-count: 0" in table
     assert "time-since-last-run-ms: -" in table  # no compaction yet
-    assert table[table.index("") + 1].split() == ["level", "files", "MB"]
+    header = table.index("") + 1
+    assert table[header].split() == ["level", "files", "MiB", "stored"]  # MiB, as every log of the product gives sizes
+    (level,) = document["levels"]
+    assert table[header + 1].split() == [f"L{level['level']}", f"{level['files']:,}", f"{level['bytes'] / 1024**2:.3f}"]
     rows = [line.split() for line in table if line.startswith("orders")]
     assert [row[:2] + row[3:5] for row in rows] == [["orders", "0", "100.0", "3,600"], ["orders", "1", "100.0", "3,600"]]
+    assert [row[2] for row in rows] == [f"{p['bytes'] / 1024**2:.3f}" for p in document["partitions"]]
     assert (tmp_path / "status.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (tmp_path / "status.png").stat().st_size > 10_000
 
 

@@ -8,7 +8,8 @@ import pytest
 
 from logcompact.catalog import Catalog
 from logcompact.exceptions import InvalidTopicError, TopicNotFoundError
-from logcompact.topics import LONG_MAX, Topic, TopicConfig
+from logcompact.topic_configs import TOPIC_CONFIGS
+from logcompact.topics import LONG_MAX, Topic, TopicConfig, ignored_config, kafka_config_names
 
 
 @pytest.mark.parametrize("name", ["orders", "a.b-c_D9", "x" * 249, "..."])
@@ -46,7 +47,9 @@ def test_cleanup_policies(policy: str, normalized: str) -> None:
         ({"min.cleanable.dirty.ratio": "-0.1"}, r"min.cleanable.dirty.ratio='-0.1' is out of range"),
         ({"min.cleanable.dirty.ratio": "NaN"}, r"min.cleanable.dirty.ratio='NaN' is out of range"),
         ({"min.cleanable.dirty.ratio": "half"}, r"min.cleanable.dirty.ratio='half' is not a number: use a decimal from 0 to 1"),
-        ({"segment.bytes": "1"}, "unknown topic config 'segment.bytes': supported are"),
+        ({"segment.bytes": "1"}, "segment.bytes='1' is not taken: .*; give 1073741824 or leave it out"),
+        ({"retention.bytes": "1000"}, "retention.bytes='1000' is not taken: topics here have no size limit; give -1 or leave it out"),
+        ({"segment.size": "1"}, "unknown topic config 'segment.size': supported are"),
         (
             {"min.compaction.lag.ms": "10800000", "max.compaction.lag.ms": "3600000"},
             "max.compaction.lag.ms=3600000 is below min.compaction.lag.ms=10800000",
@@ -56,6 +59,17 @@ def test_cleanup_policies(policy: str, normalized: str) -> None:
 def test_invalid_configs_name_the_config_and_the_range(settings: dict, message: str) -> None:
     with pytest.raises(InvalidTopicError, match=message):
         Topic.create("t", 1, settings, 0)
+
+
+def test_kafka_configs_not_applied_are_taken_at_kafkas_default_and_left_out() -> None:
+    """Every topic config Kafka lists that TopicConfig has no field for (topic_configs) is taken at Kafka's default,
+    as a tool copying a Kafka topic gives them, and left out; the ones it applies are applied."""
+    not_applied = {c.name: c.default for c in TOPIC_CONFIGS if c.name not in kafka_config_names()}
+    assert {"segment.bytes", "retention.bytes", "unclean.leader.election.enable"} <= set(not_applied)
+    assert "compression.type" not in not_applied  # applied by Fetch
+    assert TopicConfig.from_kafka({**not_applied, "segment.bytes": " 1073741824", "unclean.leader.election.enable": "False"}) == TopicConfig()
+    assert TopicConfig.from_kafka({"segment.ms": "604800000", "cleanup.policy": "compact"}).cleanup_policy == "compact"
+    assert ignored_config("retention.bytes", None) and not ignored_config("retention.ms", "1") and not ignored_config("no.such", "1")
 
 
 def test_partition_count_is_bounded() -> None:

@@ -28,6 +28,7 @@ from logcompact.exceptions import LogcompactError
 from logcompact.planner import PlannerConfig
 from logcompact.planner.max_lag import PartitionState, effective_max_lag
 from logcompact.topics import LONG_MAX
+from logcompact.units import MiB, mib_figure
 
 
 @dataclass
@@ -89,20 +90,20 @@ class ClusterStatus:
         lines = [f"{name}: {'-' if value is None else f'{value:,}'}" for name, value in self.gauges.items()]
         lines.append("")
         lines += _table(
-            ("level", "files", "MB"), [(f"L{lv.level}", f"{lv.files:,}", f"{lv.bytes / 1e6:,.1f}") for lv in self.levels]
+            ("level", "files", "MiB stored"), [(f"L{lv.level}", f"{lv.files:,}", mib_figure(lv.bytes)) for lv in self.levels]
         )
         lines.append("")
         if self.worst is not None:
             lines.append(f"the worst {len(self.partitions):,} of {self.partitions_total:,} partitions, by dirty ratio then compaction delay:")
         rows = [
-            (p.topic, str(p.partition), f"{p.bytes / 1e6:,.2f}", f"{p.dirty_percent:.1f}",
+            (p.topic, str(p.partition), mib_figure(p.bytes), f"{p.dirty_percent:.1f}",
              "-" if p.compaction_delay_s is None else f"{p.compaction_delay_s:,.0f}",
              "-" if p.since_last_compaction_s is None else f"{p.since_last_compaction_s:,.0f}",
              f"{p.estimated_duplicates:,}", f"{p.last_stable_offset:,}", f"{p.lso_lag:,}", f"{p.open_transactions:,}",
              "-" if p.oldest_transaction_s is None else f"{p.oldest_transaction_s:,.0f}", "uncleanable" if p.uncleanable else "")
             for p in self.partitions
         ]
-        lines += _table(("topic", "partition", "MB", "dirty %", "delay s", "since compaction s", "est. duplicates", "LSO", "LSO lag",
+        lines += _table(("topic", "partition", "MiB uncompressed", "dirty %", "delay s", "since compaction s", "est. duplicates", "LSO", "LSO lag",
                          "open txns", "oldest txn s", ""), rows)
         return lines
 
@@ -250,13 +251,13 @@ def draw_status(status: ClusterStatus, path: Path) -> None:
     figure, (levels, sizes, dirty) = plt.subplots(1, 3, figsize=(15, 4))
     labels = [f"L{lv.level}" for lv in status.levels]
     levels.bar(labels, [lv.files for lv in status.levels], color="tab:blue")
-    levels.set_title("live files per level (MB above the bars)")
+    levels.set_title("live files per level (MiB stored above the bars)")
     levels.set_ylabel("files")
     for n, lv in enumerate(status.levels):
-        levels.annotate(f"{lv.bytes / 1e6:,.1f}", (n, lv.files), ha="center", va="bottom")
-    sizes.bar(names, [topics[t]["bytes"] / 1e6 for t in names], color="tab:green", label="all")
-    sizes.bar(names, [topics[t]["dirty_bytes"] / 1e6 for t in names], color="tab:red", label="dirty")
-    sizes.set_title("uncompressed MB per compacted topic")
+        levels.annotate(mib_figure(lv.bytes), (n, lv.files), ha="center", va="bottom")
+    sizes.bar(names, [topics[t]["bytes"] / MiB for t in names], color="tab:green", label="all")
+    sizes.bar(names, [topics[t]["dirty_bytes"] / MiB for t in names], color="tab:red", label="dirty")
+    sizes.set_title("uncompressed MiB per compacted topic")
     sizes.legend()
     dirty.bar(names, [topics[t]["dirty_percent"] for t in names], color="tab:red")
     dirty.set_ylim(0, 100)

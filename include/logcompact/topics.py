@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from logcompact.exceptions import InvalidTopicError
+from logcompact.topic_configs import TOPIC_CONFIGS_BY_NAME, refusal
 from logcompact.units import HOUR_MS, INT_MAX, LONG_MAX
 
 log = logging.getLogger(__name__)
@@ -78,8 +79,10 @@ class TopicConfig:
 
     @classmethod
     def from_kafka(cls, settings: Mapping[str, str | int], base: TopicConfig | None = None) -> TopicConfig:
-        """Apply Kafka-named settings ('cleanup.policy': 'compact', 'retention.ms': '3600000', ...) to `base`."""
-        config = replace(base or cls(), **_config_fields(settings))
+        """Apply Kafka-named settings ('cleanup.policy': 'compact', 'retention.ms': '3600000', ...) to `base`; a Kafka
+        topic config the product does not apply is taken at Kafka's default only (`ignored_config`)."""
+        applied = {name: value for name, value in settings.items() if not ignored_config(name, value)}
+        config = replace(base or cls(), **_config_fields(applied))
         max_lag_given = config.max_compaction_lag_ms
         if max_lag_given < config.min_compaction_lag_ms:
             raise InvalidTopicError(
@@ -97,6 +100,19 @@ class TopicConfig:
 def kafka_config_names() -> list[str]:
     """The topic configs a topic takes, by Kafka name, in TopicConfig's order."""
     return list(_KAFKA_NAMES)
+
+
+def ignored_config(name: str, value: str | int | None) -> bool:
+    """Whether topic config `name` is one of Kafka's that the product does not apply (`topic_configs`) given at Kafka's
+    default, or None (deleted): taken and left out, as a tool copying a Kafka topic names them all. Another value of it
+    is InvalidTopicError saying why it is not taken; a config the product applies, or no Kafka config, is False."""
+    kafka = TOPIC_CONFIGS_BY_NAME.get(name)
+    if kafka is None or name in _KAFKA_NAMES:
+        return False
+    refused = None if value is None else refusal(kafka, str(value))
+    if refused is not None:
+        raise InvalidTopicError(refused)
+    return True
 
 
 def _integer(name: str, raw: str | int, low: int, low_text: str, unit: str = "milliseconds", high: int = LONG_MAX) -> int:

@@ -19,8 +19,13 @@ def mib(count: float) -> str:
     """Bytes in MiB, the one unit the logs give sizes in (as the planner's settings are given): `3.0 MiB`, and below
     one MiB three decimals, `0.027 MiB`. Each use says what the bytes count: stored (compressed, as in the store) or
     uncompressed (the records' own bytes, what jobs decode and plans are grouped by)."""
+    return f"{mib_figure(count)} MiB"
+
+
+def mib_figure(count: float) -> str:
+    """`mib`'s number without its unit, for a table whose column header names the unit: `3.0`, `0.027`."""
     value = count / MiB
-    return f"{value:,.1f} MiB" if value >= 1 else f"{value:.3f} MiB"
+    return f"{value:,.1f}" if value >= 1 else f"{value:.3f}"
 
 
 def utc_iso(ms: int) -> str:

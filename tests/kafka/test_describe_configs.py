@@ -22,7 +22,7 @@ from kafka.admin import ConfigResourceType, KafkaAdminClient
 
 from lab.servers.kafka import KafkaServer, kafka_missing_reason, tool_argv
 from logcompact.catalog import Catalog
-from logcompact.kafka.kafka_configs import TOPIC_CONFIGS
+from logcompact.topic_configs import TOPIC_CONFIGS
 from logcompact.topics import kafka_config_names
 from tests.kafka.agents import FAST_CLIENT, MAX_MESSAGE_BYTES, RunningAgent, agent_environment
 from tests.kafka.wire import kio_exchange

@@ -5,6 +5,7 @@ errors per API, connections, flushes, groups and their members, and lag per part
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import socket
 import subprocess
@@ -230,14 +231,19 @@ def test_metrics_listen_taken_is_refused_before_serving(catalog: Catalog) -> Non
 
 
 def test_the_agent_command_serves_metrics(catalog: Catalog) -> None:
-    """`logcompact agent --metrics-listen` as a process: /metrics answers, and SIGTERM stops both."""
+    """`logcompact agent --metrics-listen 127.0.0.1:0` as a process: its startup line reports the port /metrics is
+    served on, /metrics answers there, and SIGTERM stops both."""
     catalog.ensure_created(NOW)
-    port, metrics_port = free_port(), free_port()
-    command = [sys.executable, "-m", "logcompact", "agent", "--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{metrics_port}"]
+    command = [sys.executable, "-m", "logcompact", "agent", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=agent_environment(catalog))
     try:
-        assert process.stdout is not None and process.stdout.readline(), process.stderr.read() if process.stderr else ""
-        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as answer:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line, process.stderr.read() if process.stderr else ""
+        metrics = json.loads(line)["metrics"]
+        host, metrics_port = metrics.rsplit(":", 1)
+        assert host == "127.0.0.1" and int(metrics_port) > 0
+        with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10) as answer:
             families = {family.name for family in text_string_to_metric_families(answer.read().decode())}
         assert {"kafka_server_brokertopicmetrics_bytesin", "kafka_network_requestmetrics_totaltimems",
                 "kafka_coordinator_group_groupmetadatamanager_numgroups", "kafka_log_logflushstats_logflushrateandtimems"} <= families
@@ -246,7 +252,22 @@ def test_the_agent_command_serves_metrics(catalog: Catalog) -> None:
         assert process.wait(timeout=60) == 0
     with socket.socket() as probe:  # nothing listens on the metrics port any more (the scrape's own close may linger in TIME_WAIT)
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        probe.bind(("127.0.0.1", metrics_port))
+        probe.bind(("127.0.0.1", int(metrics_port)))
+
+
+def test_the_agent_command_reports_no_metrics_address_without_the_option(catalog: Catalog) -> None:
+    catalog.ensure_created(NOW)
+    process = subprocess.Popen([sys.executable, "-m", "logcompact", "agent", "--listen", "127.0.0.1:0"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=agent_environment(catalog))
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line, process.stderr.read() if process.stderr else ""
+        started = json.loads(line)
+        assert "metrics" in started and started["metrics"] is None
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
 
 
 def test_a_bad_metrics_address_is_refused_in_one_line(catalog: Catalog) -> None:

@@ -133,7 +133,7 @@ def agent(
     """Serve Kafka's protocol over this cluster (produce, fetch, consumer groups, idempotent and transactional producers, admin; every API
     and version in docs/agent.md) until SIGTERM or SIGINT, then commit what producers sent. Registers in the catalog
     beside the other agents. Prints one JSON line once listening: its first listener's address, every listener's, the advertised
-    address, node id and cluster id. On an empty store (and catalog) it creates the cluster first, as `logcompact cluster create` does,
+    address, node id, cluster id and where /metrics is served (null without --metrics-listen). On an empty store (and catalog) it creates the cluster first, as `logcompact cluster create` does,
     saying so in one line on stderr; a store or catalog of another cluster is refused."""
     from logcompact.kafka.authenticator import parse_mechanisms
     from logcompact.kafka.authorizer import AuthorizerSettings
@@ -168,9 +168,10 @@ def agent(
     if not _cluster_exists(catalog):  # a Kafka quick start's first command: the broker, on empty storage
         cluster_id = catalog.ensure_created(ctx.clock())
         click.echo(f"logcompact: created cluster {cluster_id} in {catalog.store.uri}, which held none (as `logcompact cluster create` does)", err=True)
-    run_agent(catalog, settings, lambda broker, bound: emit({
+    run_agent(catalog, settings, lambda broker, bound, metrics: emit({
         "listening": str(next(iter(bound.values()))), "listeners": {name: str(address) for name, address in bound.items()},
         "advertised": str(broker.advertised), "node_id": broker.node_id, "cluster_id": broker.cluster_id,
+        "metrics": None if metrics is None else str(metrics),
     }))
 
 

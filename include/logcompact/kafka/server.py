@@ -781,8 +781,9 @@ def _peer(writer: asyncio.StreamWriter) -> str:
     return str(Address(peer[0], peer[1])) if peer else "an unknown peer"
 
 
-async def serve(catalog: Catalog, settings: AgentSettings, on_listening: Callable[[Broker, dict[str, Address]], None]) -> None:
-    """Serve until SIGTERM or SIGINT, then stop as `AgentServer.stop` does."""
+async def serve(catalog: Catalog, settings: AgentSettings, on_listening: Callable[[Broker, dict[str, Address], Address | None], None]) -> None:
+    """Serve until SIGTERM or SIGINT, then stop as `AgentServer.stop` does. `on_listening` gets the broker, each listener's bound
+    address by name and where /metrics is served (None when it is not)."""
     server = AgentServer(catalog, settings)
     await server.start()
     stopping = asyncio.Event()
@@ -792,10 +793,10 @@ async def serve(catalog: Catalog, settings: AgentSettings, on_listening: Callabl
     # Python-level handler runs whatever the socket holds.
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, lambda _number, _frame: loop.call_soon_threadsafe(stopping.set))
-    on_listening(server.broker, server.addresses)
+    on_listening(server.broker, server.addresses, server.metrics_address)
     await stopping.wait()
     await server.stop()
 
 
-def run_agent(catalog: Catalog, settings: AgentSettings, on_listening: Callable[[Broker, dict[str, Address]], None]) -> None:
+def run_agent(catalog: Catalog, settings: AgentSettings, on_listening: Callable[[Broker, dict[str, Address], Address | None], None]) -> None:
     asyncio.run(serve(catalog, settings, on_listening))

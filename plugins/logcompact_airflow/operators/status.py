@@ -8,7 +8,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from logcompact.status import ClusterStatus, PartitionStatus, cluster_status
+from logcompact.status import ClusterStatus, PartitionStatus, cluster_status, worst_partitions
 from logcompact.units import mib
 from logcompact_airflow.gauges import emit_gauges
 from logcompact_airflow.hooks.logcompact import LogcompactHook
@@ -40,25 +40,25 @@ class LogcompactMetricsOperator(BaseOperator):
 
 def worst_first(status: ClusterStatus, worst: int) -> list[str]:
     """A headline naming the partitions behind the cleaner's maxima, then `logcompact status`'s table with only the
-    `worst` partitions (by dirty ratio, then compaction delay), then how many were left out."""
-    ranked = sorted(status.partitions, key=lambda p: (-p.dirty_percent, -(p.compaction_delay_s or 0.0), p.topic, p.partition))
-    cleanable = [p for p in ranked if not p.uncleanable]  # as the gauges count them
-    dirtiest = cleanable[0] if cleanable else None
+    `worst` partitions in `logcompact status --worst`'s order (`worst_partitions`), then how many were left out."""
+    cleanable = [p for p in status.partitions if not p.uncleanable]  # as the gauges count them
+    dirtiest = next(iter(worst_partitions(cleanable, 1)), None)
     delayed = max((p for p in cleanable if p.compaction_delay_s), key=lambda p: p.compaction_delay_s or 0.0, default=None)
-    uncleanable = [f"{p.topic}/{p.partition}" for p in ranked if p.uncleanable]
+    set_aside = [p for p in status.partitions if p.uncleanable]
+    uncleanable = [_name(p) for p in worst_partitions(set_aside, 5)]
     headline = [
         "max-dirty-percent "
         + (f"{dirtiest.dirty_percent}% at {_name(dirtiest)} ({mib(dirtiest.dirty_bytes)} of {mib(dirtiest.bytes)} uncompressed not yet "
            "deduplicated)" if dirtiest else "0 (no partition of a compacted topic)"),
         "max-compaction-delay-secs "
         + (f"{delayed.compaction_delay_s:,.0f} at {_name(delayed)}" if delayed else "0 (no partition past its max.compaction.lag.ms)"),
-        f"{len(uncleanable)} uncleanable" + (f" ({', '.join(uncleanable[:5])}{', ...' if len(uncleanable) > 5 else ''})" if uncleanable else ""),
+        f"{len(set_aside)} uncleanable" + (f" ({', '.join(uncleanable)}{', ...' if len(set_aside) > 5 else ''})" if uncleanable else ""),
     ]
-    shown = ranked[:worst]
-    lines = [f"cleaner: {'; '.join(headline)}; {len(ranked):,} partitions of compacted topics, the {len(shown)} worst listed below", ""]
+    shown = worst_partitions(status.partitions, worst)
+    lines = [f"cleaner: {'; '.join(headline)}; {len(status.partitions):,} partitions of compacted topics, the {len(shown)} worst listed below", ""]
     lines += replace(status, partitions=shown).describe()
-    if len(ranked) > len(shown):
-        lines.append(f"... {len(ranked) - len(shown):,} partitions less dirty not listed (`logcompact status` lists every partition)")
+    if len(status.partitions) > len(shown):
+        lines.append(f"... {len(status.partitions) - len(shown):,} partitions less dirty not listed (`logcompact status` lists every partition)")
     return lines
 
 

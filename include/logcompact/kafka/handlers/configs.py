@@ -25,10 +25,11 @@ from logcompact.catalog.acls import CLUSTER_NAME, AclOperation, ResourceType
 from logcompact.exceptions import InvalidTopicError, TopicNotFoundError
 from logcompact.kafka import codec
 from logcompact.kafka.broker import Broker
-from logcompact.kafka.kafka_configs import DEFAULT_CONFIG, DYNAMIC_TOPIC_CONFIG, STATIC_BROKER_CONFIG, TOPIC_CONFIGS, TOPIC_CONFIGS_BY_NAME, refusal
+from logcompact.kafka.kafka_configs import DEFAULT_CONFIG, DYNAMIC_TOPIC_CONFIG, STATIC_BROKER_CONFIG
 from logcompact.kafka.kafka_configs import entry as config_entry
 from logcompact.kafka.session import Session
-from logcompact.topics import Topic, TopicConfig, kafka_config_names, validate_topic_name
+from logcompact.topic_configs import TOPIC_CONFIGS, TOPIC_CONFIGS_BY_NAME
+from logcompact.topics import Topic, TopicConfig, ignored_config, kafka_config_names, validate_topic_name
 from logcompact.units import wall_clock_ms
 
 DESCRIBE_CONFIGS = 32
@@ -74,7 +75,7 @@ def check_authorized(broker: Broker, session: Session, resource: Any, operation:
 
 def topic_configs(broker: Broker, config: TopicConfig, keys: Any, with_synonyms: bool = False, with_documentation: bool = False) -> list[dict[str, Any]]:
     """A topic's configs as DescribeConfigs (and CreateTopics v5+) lists them: every topic config of Kafka's
-    (`kafka_configs.TOPIC_CONFIGS`), those the product applies with the topic's values; only `keys` unless None."""
+    (`topic_configs.TOPIC_CONFIGS`), those the product applies with the topic's values; only `keys` unless None."""
     values, defaults, applied = asdict(config), asdict(TopicConfig()), set(kafka_config_names())
     described = []
     for kafka in TOPIC_CONFIGS:
@@ -168,15 +169,12 @@ def settings_of(entries: Any, null_error: codec.ErrorCode) -> dict[str, str]:
 
 
 def _ignored(name: str, value: str | None) -> bool:
-    """Whether config `name` is one the product does not apply, given at Kafka's default (or None: deleted); another
-    value of it is Refused with INVALID_CONFIG."""
-    kafka = TOPIC_CONFIGS_BY_NAME.get(name)
-    if kafka is None or name in kafka_config_names():
-        return False
-    refused = None if value is None else refusal(kafka, value)
-    if refused is not None:
-        raise Refused(codec.ErrorCode.invalid_config, refused)
-    return True
+    """`topics.ignored_config`: whether config `name` is one the product does not apply, given at Kafka's default (or
+    None: deleted); another value of it is Refused with INVALID_CONFIG."""
+    try:
+        return ignored_config(name, value)
+    except InvalidTopicError as exc:
+        raise Refused(codec.ErrorCode.invalid_config, str(exc)) from None
 
 
 async def alter_configs(broker: Broker, request: codec.Request) -> Any:
