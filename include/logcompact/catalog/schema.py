@@ -153,6 +153,8 @@ Index(
 )
 Index("files_removed", files.c.removed_version)
 
+UNKNOWN_CODEC = -1  # `sections.produced_compression` of records whose Kafka codec is not known
+
 # One row per section (a file holds one per topic-partition): the footer's summary of it plus the offsets the
 # catalog assigned. Small sections share a block, so several may have one byte range. The columns are laid out by
 # width, 64-bit ones first, then 32-bit, 16-bit and the sketch: PostgreSQL aligns each column to its width, and the
@@ -185,10 +187,9 @@ sections = Table(
     # Kafka's codec id (0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd) most of the section's records were produced with, or
     # UNKNOWN_CODEC (records written through the library, rows from before schema 14): what Fetch sends consumers of
     # a topic whose compression.type is `producer`. Last, where an upgrade's ADD COLUMN puts it.
-    Column("produced_compression", SmallInteger, nullable=False, server_default=text("-1")),
+    Column("produced_compression", SmallInteger, nullable=False, server_default=text(str(UNKNOWN_CODEC))),
     sqlite_with_rowid=False,
 )
-UNKNOWN_CODEC = -1
 
 
 # The order a sections row is built, inserted and read by position in (`files.insert_sections`, `Snapshot`), apart
