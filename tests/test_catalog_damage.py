@@ -29,6 +29,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -56,9 +57,10 @@ from logcompact.exceptions import (
 )
 from logcompact.format import read_section
 from logcompact.format.layout import SectionInfo
-from logcompact.ingest import Agent, Record
+from logcompact.ingest import PRODUCE_SCHEMA, Agent, Record
 from logcompact.jobs import commit_plans, prepare_plans, release_abandoned, run_group, run_here
 from logcompact.jobs.explain import explain_run
+from logcompact.kafka.records import GZIP, ZSTD
 from logcompact.keys import abandoned_key, group_key
 from logcompact.planner import PlannerConfig
 from logcompact.plans import read_header
@@ -891,8 +893,16 @@ def _stored_crcs(catalog: Catalog) -> dict[tuple[int, int, int], int]:
         return {(f, t, p): crc for f, t, p, crc in connection.execute(select(sec.file_id, sec.topic_id, sec.partition, sec.crc32))}
 
 
+def _as_schema_13(catalog: Catalog) -> None:
+    """The catalog as schema 13 held it: sections without produced_compression, schema_version 13."""
+    with catalog.engine.begin() as connection:
+        connection.exec_driver_sql("ALTER TABLE sections DROP COLUMN produced_compression")
+        connection.execute(update(schema.catalog_info).values(schema_version=13))
+
+
 def _as_schema_12(catalog: Catalog) -> None:
     """The catalog as schema 12 held it: none of the security tables, schema_version 12."""
+    _as_schema_13(catalog)
     with catalog.engine.begin() as connection:
         for table in reversed(schema.SECURITY_TABLES):
             table.drop(connection)
@@ -987,6 +997,54 @@ def test_a_schema_12_catalog_upgrades_to_empty_security_tables(catalog: Catalog)
         for table in schema.SECURITY_TABLES:
             assert connection.execute(select(func.count()).select_from(table)).scalar_one() == 0
     assert _values(reopened, now=now) == ["2", "3", "4", "5"]
+
+
+def _produce_compressed(catalog: Catalog, codec: int, first: int, count: int) -> None:
+    """`count` records of t/0, keys and values from `first` on, in one L0 file, as Produce hands a batch produced with
+    Kafka's `codec` to the agent."""
+    rows = [{"timestamp": NOW, "key": b"k%d" % n, "value": b"%d" % n, "headers": None} for n in range(first, first + count)]
+    with Agent(catalog, background=False, clock=lambda: NOW) as agent:
+        agent.produce_columns("t", 0, pa.RecordBatch.from_pylist(rows, PRODUCE_SCHEMA), produced_codec=codec)
+        agent.flush()
+
+
+def _produced_compressions(catalog: Catalog) -> dict[int, set[int]]:
+    """By level, the produced codecs the live files' sections record."""
+    sec, files = schema.sections.c, schema.files.c
+    found: dict[int, set[int]] = {}
+    with catalog.engine.connect() as connection:
+        for level, codec in connection.execute(
+            select(sec.level, sec.produced_compression).join(schema.files, files.file_id == sec.file_id).where(files.removed_version.is_(None))
+        ):
+            found.setdefault(level, set()).add(codec)
+    return found
+
+
+def test_a_schema_13_catalog_upgrades_to_sections_whose_produced_codec_is_unknown(catalog: Catalog) -> None:
+    """On each database: a schema-13 catalog (sections without produced_compression) is refused until upgraded, as a
+    schema-13 release refuses a schema-14 catalog; the upgrade adds the column, laid out as a new catalog lays it, its
+    rows not knowing the codec they were produced with (-1), and reads go on as before. Appends after it record
+    theirs, and a compaction the codec of most of its inputs' records where any is known."""
+    create_topic(catalog, "t", partitions=1, cleanup_policy="compact")
+    _produce_compressed(catalog, GZIP, 0, 30)
+    assert _produced_compressions(catalog) == {0: {GZIP}}
+    fresh_layout = _sections_layout(catalog)
+    before = list(read_records(catalog.store, catalog.snapshot(), "t", 0))
+    _as_schema_13(catalog)
+    with pytest.raises(CatalogSchemaError, match=f"has schema version 13, this logcompact uses {schema.SCHEMA_VERSION}: .*upgrade-catalog"):
+        Catalog(catalog.store, catalog.url).snapshot()
+    assert Catalog(catalog.store, catalog.url).upgrade_catalog() == CatalogUpgrade(13, 0)
+    reopened = Catalog(catalog.store, catalog.url)
+    assert _sections_layout(reopened) == fresh_layout
+    assert _produced_compressions(reopened) == {0: {schema.UNKNOWN_CODEC}}
+    assert list(read_records(reopened.store, reopened.snapshot(), "t", 0)) == before
+    _produce_compressed(reopened, ZSTD, 30, 20)
+    _produce_compressed(reopened, GZIP, 50, 10)
+    assert _produced_compressions(reopened) == {0: {schema.UNKNOWN_CODEC, ZSTD, GZIP}}
+    prepared = prepare_plans(reopened, "regular", NOW, PlannerConfig(min_files=(2, 2, 2, 2)))
+    run_here(reopened, prepared.plan_ids, prepared.groups, NOW)
+    assert _produced_compressions(reopened) == {1: {ZSTD}}  # 20 zstd records to 10 gzip, 30 unknown
+    assert [r.key for r in read_records(reopened.store, reopened.snapshot(), "t", 0)] == [b"k%d" % n for n in range(60)]
 
 
 def _as_schema_9(catalog: Catalog) -> None:

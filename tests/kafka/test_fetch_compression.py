@@ -201,11 +201,10 @@ def test_batches_carry_the_codec_the_records_were_produced_with(agent: RunningAg
     found = batches_of(partition)
     assert [batch_codec for batch_codec, _, _ in found] == [CODEC_IDS[codec]] * len(found)
     assert data_records(partition) == sent
-    # The catalog's row keeps the store's codec in its low bits, the producer's above them
+    # The catalog's rows keep the store's codec and the producer's apart
     with catalog.engine.connect() as connection:
-        stored = set(connection.execute(select(s.sections.c.compression)).scalars())
-    assert {s.produced_codec(value) for value in stored} == {CODEC_IDS[codec]}
-    assert {s.store_codec(value) for value in stored} == {1}  # lz4, the agent's L0 files'
+        stored = set(connection.execute(select(s.sections.c.compression, s.sections.c.produced_compression)).all())
+    assert stored == {(1, CODEC_IDS[codec])}  # lz4, the agent's L0 files'
 
 
 def produced_columns(first: int, count: int) -> pa.RecordBatch:

@@ -219,8 +219,10 @@ class Catalog:
         made again and filled); then each row counts its partition's entries in `sections_by_partition` (a column
         schema 8 and 9 lack); then each partition names the newest L0 file holding a section of it (`newest_file`,
         which schema 10 lacks), and from 5 on consumer_groups gets its leader and its rows lose the members schema 10
-        could not restore; last, from every schema, `offset_holes` records each gap between the live sections of a
-        compacted partition (`holes.record_every_gap`). No manifest version is made, the store is not touched. Returns what was done; None
+        could not restore; then, from every schema below 12, `offset_holes` records each gap between the live sections
+        of a compacted partition (`holes.record_every_gap`), and below 13 the security tables are made, empty; last,
+        from every schema, sections get `produced_compression`, unknown (-1) in every row. No manifest version is made,
+        the store is not touched. Returns what was done; None
         when the catalog is at SCHEMA_VERSION already. Another version is a CatalogSchemaError, and no cluster
         ClusterNotFoundError.
         Writers of the older release must be stopped first: they would go on writing what readers then refuse."""

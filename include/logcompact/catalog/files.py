@@ -89,13 +89,12 @@ def produced_codecs(connection: Connection, file_ids: Sequence[int]) -> dict[tup
     sec = s.sections.c
     tallies: dict[tuple[int, int], dict[int, int]] = {}
     rows = connection.execute(
-        select(sec.topic_id, sec.partition, sec.compression, func.sum(sec.record_count))
-        .where(one_of(sec.file_id, file_ids, connection.dialect.name), sec.compression >= s.pack_compression(0, 0))
-        .group_by(sec.topic_id, sec.partition, sec.compression)
+        select(sec.topic_id, sec.partition, sec.produced_compression, func.sum(sec.record_count))
+        .where(one_of(sec.file_id, file_ids, connection.dialect.name), sec.produced_compression != s.UNKNOWN_CODEC)
+        .group_by(sec.topic_id, sec.partition, sec.produced_compression)
     )
-    for topic_id, partition, compression, records in rows:
+    for topic_id, partition, codec, records in rows:
         tally = tallies.setdefault((topic_id, partition), {})
-        codec = s.produced_codec(compression)
         tally[codec] = tally.get(codec, 0) + int(records)
     return {slot: max(sorted(tally), key=tally.__getitem__) for slot, tally in tallies.items()}
 
@@ -126,7 +125,7 @@ def section_rows(
     return list(zip(
         owners, topic_ids, info["partition"], info["byte_offset"], info["byte_length"], info["first_row"], firsts.tolist(),
         lasts.tolist(), info["record_count"], info["min_timestamp"], info["max_timestamp"], info["tombstones"],
-        info["uncompressed_bytes"], [s.pack_compression(COMPRESSIONS.index(name), codec) for name, codec in zip(info["compression"], codecs, strict=True)],
+        info["uncompressed_bytes"], [COMPRESSIONS.index(name) for name in info["compression"]],
         [crc ^ bound for crc, bound in zip(info["crc32"], bindings, strict=True)], info["clean_below_delta"],
-        [sketch or None for sketch in info["key_sketch"]], repeat(None), levels, strict=False,  # live (removed_version null), level
+        [sketch or None for sketch in info["key_sketch"]], repeat(None), levels, codecs, strict=False,  # live (removed_version null)
     ))

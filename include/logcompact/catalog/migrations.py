@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import struct
 
-from sqlalchemy import Connection, bindparam, func, select, tuple_, update
+from sqlalchemy import Connection, bindparam, func, inspect, select, tuple_, update
 from sqlalchemy.engine import Row
 from sqlalchemy.schema import CreateTable
 
@@ -62,7 +62,9 @@ def upgrade(connection: Connection, found: int, batch: int, shown_url: str) -> i
     if found < 12:
         _add_transactions(connection)  # to schema 12
         _record_holes(connection)
-    _add_security_tables(connection)  # to schema 13
+    if found < 13:
+        _add_security_tables(connection)  # to schema 13
+    _record_produced_compression(connection)  # to schema 14
     connection.execute(update(s.catalog_info).values(schema_version=s.SCHEMA_VERSION))
     return rewritten
 
@@ -160,8 +162,8 @@ def _lay_sections_out(connection: Connection) -> None:
         return
     connection.exec_driver_sql("ALTER TABLE sections RENAME TO sections_schema_8")
     connection.exec_driver_sql("ALTER INDEX sections_pkey RENAME TO sections_schema_8_pkey")
-    connection.execute(CreateTable(s.sections))
-    columns = ", ".join(s.SECTION_ROW)
+    connection.execute(CreateTable(s.sections))  # with schema 14's produced_compression, which the rows copied default
+    columns = ", ".join(name for name in s.SECTION_ROW if name != "produced_compression")
     connection.exec_driver_sql(
         f"INSERT INTO sections ({columns}) SELECT {columns} FROM sections_schema_8 ORDER BY file_id, topic_id, partition"
     )
@@ -221,3 +223,15 @@ def _add_security_tables(connection: Connection) -> None:
     made already on an upgrade from 4, whose step makes every table missing), all empty: no agent has registered
     its endpoints yet, no user or quota exists and, with no ACL, authorization allows what it did."""
     s.metadata.create_all(connection, tables=list(s.SECURITY_TABLES), checkfirst=True)
+
+
+# -- schema 13 to 14 ----------------------------------------------------------------------------------------------
+
+
+def _record_produced_compression(connection: Connection) -> None:
+    """To schema 14: `sections.produced_compression`, UNKNOWN_CODEC in every row (schema 13 did not record the codec
+    records were produced with), unless `_lay_sections_out` made the table with it on an upgrade from below 9. A
+    constant default: neither database rewrites the table."""
+    if "produced_compression" in {column["name"] for column in inspect(connection).get_columns("sections")}:
+        return
+    connection.exec_driver_sql(f"ALTER TABLE sections ADD COLUMN produced_compression SMALLINT NOT NULL DEFAULT {s.UNKNOWN_CODEC}")

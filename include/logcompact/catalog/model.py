@@ -37,7 +37,7 @@ class DataFile:
     size: int
     created_ms: int
     sections: tuple[CatalogSection, ...]
-    # Per section, the Kafka codec id its records were produced with (`schema.pack_compression`); () for none known.
+    # Per section, the Kafka codec id its records were produced with (`sections.produced_compression`); () for none known.
     produced_codecs: tuple[int, ...] = ()
 
     @property

@@ -34,12 +34,13 @@ from sqlalchemy import (
     literal_column,
     or_,
     select,
+    text,
     union_all,
 )
 
 # Bump on any change to the tables below or to what their columns hold; a database of another version is refused
 # (CatalogSchemaError), but for UPGRADABLE_FROM, which `Catalog.upgrade_catalog` brings to this one.
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 # What `Catalog.upgrade_catalog` brings to SCHEMA_VERSION, step by step. Schema 3 stored `sections.crc32` raw (the
 # format's CRC, unbound); schema 4 had no log start offsets, no deleted topics and none of the Kafka agents' tables;
 # schema 5 had no sections.level nor partitions.assigned_end, and every section in `sections_by_partition`; schema 6
@@ -49,8 +50,9 @@ SCHEMA_VERSION = 13
 # name the newest file an append gave offsets of them (`newest_file`), and its consumer_groups had no leader and its
 # members no timeouts, protocols nor assignments; schema 11 had none of the transactions' tables nor its files a
 # filtered_version, and it did not record the offsets no record holds (`offset_holes`); schema 12 had none of the
-# security tables (`SECURITY_TABLES`).
-UPGRADABLE_FROM = (3, 4, 5, 6, 7, 8, 9, 10, 11, 12)
+# security tables (`SECURITY_TABLES`); schema 13's sections did not record the codec their records were produced with
+# (`sections.produced_compression`).
+UPGRADABLE_FROM = (3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13)
 
 # SQLite gives auto-numbered keys only to INTEGER PRIMARY KEY (the rowid); PostgreSQL wants BIGINT.
 Identity64 = BigInteger().with_variant(Integer(), "sqlite")
@@ -151,6 +153,8 @@ Index(
 )
 Index("files_removed", files.c.removed_version)
 
+UNKNOWN_CODEC = -1  # `sections.produced_compression` of records whose Kafka codec is not known
+
 # One row per section (a file holds one per topic-partition): the footer's summary of it plus the offsets the
 # catalog assigned. Small sections share a block, so several may have one byte range. The columns are laid out by
 # width, 64-bit ones first, then 32-bit, 16-bit and the sketch: PostgreSQL aligns each column to its width, and the
@@ -177,31 +181,15 @@ sections = Table(
     Column("first_row", Integer, nullable=False),
     Column("record_count", Integer, nullable=False),
     Column("tombstones", Integer, nullable=False),
-    Column("compression", SmallInteger, nullable=False),  # the store's codec and the producer's: `pack_compression`
+    Column("compression", SmallInteger, nullable=False),  # the store's codec of the file's blocks: format.layout.COMPRESSIONS
     Column("level", SmallInteger, nullable=False, server_default="0"),  # its file's: kept here for the partial index
     Column("key_sketch", LargeBinary),  # sketch.encode's packed registers; NULL for a section without keys
+    # Kafka's codec id (0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd) most of the section's records were produced with, or
+    # UNKNOWN_CODEC (records written through the library, rows from before schema 14): what Fetch sends consumers of
+    # a topic whose compression.type is `producer`. Last, where an upgrade's ADD COLUMN puts it.
+    Column("produced_compression", SmallInteger, nullable=False, server_default=text(str(UNKNOWN_CODEC))),
     sqlite_with_rowid=False,
 )
-# `sections.compression` holds two codecs: in its low 4 bits the store's, of the file's blocks (an index into
-# format.layout.COMPRESSIONS), and above them Kafka's codec id (0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd) the section's
-# records were produced with, plus 1: 0 says it is not known (records written through the library, rows from before
-# agents recorded it). Fetch serves that codec to consumers of a topic whose compression.type is `producer`.
-UNKNOWN_CODEC = -1
-_PRODUCED_SHIFT = 4
-_STORE_CODEC_BITS = (1 << _PRODUCED_SHIFT) - 1
-
-
-def pack_compression(store_codec: int, produced_codec: int) -> int:
-    return store_codec | (produced_codec + 1) << _PRODUCED_SHIFT
-
-
-def store_codec(compression: int) -> int:
-    return compression & _STORE_CODEC_BITS
-
-
-def produced_codec(compression: int) -> int:
-    """The Kafka codec id a `compression` value records, or UNKNOWN_CODEC."""
-    return (compression >> _PRODUCED_SHIFT) - 1
 
 
 # The order a sections row is built, inserted and read by position in (`files.insert_sections`, `Snapshot`), apart
@@ -209,7 +197,7 @@ def produced_codec(compression: int) -> int:
 SECTION_ROW = (
     "file_id", "topic_id", "partition", "byte_offset", "byte_length", "first_row", "first_offset", "last_offset",
     "record_count", "min_timestamp", "max_timestamp", "tombstones", "uncompressed_bytes", "compression", "crc32",
-    "clean_below_delta", "key_sketch", "removed_version", "level",
+    "clean_below_delta", "key_sketch", "removed_version", "level", "produced_compression",
 )
 SECTION_ROW_COLUMNS = tuple(sections.c[name] for name in SECTION_ROW)
 # The sections above L0 of one partition from an offset (consume), and of a set of partitions (planners). L0

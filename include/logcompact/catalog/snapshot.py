@@ -180,7 +180,7 @@ class Snapshot:
         crc32 unbound, as `SectionInfo.crc32` holds it), in file order: what a plan's inputs are checked against,
         400,000 sections at a time, without building a section object."""
         sec, files = s.sections.c, s.files.c
-        columns = [c for c in s.SECTION_ROW_COLUMNS if c.name not in ("file_id", "key_sketch", "removed_version")]
+        columns = [c for c in s.SECTION_ROW_COLUMNS if c.name not in ("file_id", "key_sketch", "removed_version", "produced_compression")]
         query = (
             select(files.key, *columns).join(s.files, files.file_id == sec.file_id)
             .where(self._live(), self._key_in(keys), self._planned_section())
@@ -738,7 +738,7 @@ class PartitionSections:
         self.from_offset = from_offset
         self.to_offset = _NO_END if to_offset is None else to_offset
         self._taken: list[tuple[str, CatalogSection]] = []
-        self._produced: list[int] = []  # each taken section's produced codec (`schema.produced_codec`)
+        self._produced: list[int] = []  # each taken section's `produced_compression`
         self._low = from_offset  # every live section ending below this and at or after from_offset is taken
         self._limit = FIRST_PAGE_SECTIONS
         self.done = from_offset >= self.to_offset  # every section wanted is taken
@@ -760,7 +760,7 @@ class PartitionSections:
 
     def produced_codec(self, offset: int) -> int:
         """The Kafka codec id the records of the last section taken that starts at or before `offset` were produced
-        with (`schema.produced_codec`), UNKNOWN_CODEC if none is known."""
+        with (`sections.produced_compression`), UNKNOWN_CODEC if none is known."""
         at = bisect.bisect_right(self._taken, offset, key=_taken_first_offset) - 1
         return self._produced[at] if at >= 0 else s.UNKNOWN_CODEC
 
@@ -808,7 +808,7 @@ class PartitionSections:
         for row, pair in pairs:
             self._check.take(*pair, row.next_offset, row.log_start_offset, dropped, compacted=row.summarized)
             self._taken.append(pair)
-            self._produced.append(s.produced_codec(row.compression))
+            self._produced.append(row.produced_compression)
         self._low = end + 1 if end < _NO_END else _NO_END
         self.done = end >= self.to_offset - 1
 
@@ -1047,7 +1047,7 @@ def _section(row, names: dict[int, str]) -> CatalogSection:
         raise _unreadable_row(file_id, row[1:9]) from None
     info = SectionInfo(
         names[topic_id], partition, record_count, last_offset - first_offset, min_timestamp, max_timestamp, tombstones,
-        uncompressed_bytes, COMPRESSIONS[s.store_codec(compression)], crc32, byte_offset, byte_length, clean_below_delta,
+        uncompressed_bytes, COMPRESSIONS[compression], crc32, byte_offset, byte_length, clean_below_delta,
         bytes(key_sketch or b""), first_row,
     )
     return CatalogSection(info, first_offset)
@@ -1060,7 +1060,7 @@ def _unbound_row(row: tuple) -> tuple:
         crc32 = row[13] ^ s.section_crc_binding(*row[:8])
     except struct.error:
         raise _unreadable_row(None, row[:8]) from None
-    return (*row[:12], s.store_codec(row[12]), crc32, row[14])  # the store's codec, as a plan's sections state it
+    return (*row[:13], crc32, row[14])
 
 
 def _unreadable_row(file_id: int | None, fields: Sequence) -> CorruptDataError:

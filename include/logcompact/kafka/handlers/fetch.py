@@ -6,7 +6,7 @@ partitions (the snapshot is reused while no commit comes; a partition's later pa
 past its byte limit: `Snapshot.sections_from`), and its partitions are read on several threads at once (`read`).
 
 Batches are compressed as the topic's `compression.type` says, as Kafka's broker stores them: `producer` (the
-default) with the codec the records were produced with, as their section records it (`schema.pack_compression`;
+default) with the codec the records were produced with, as their section records it (`sections.produced_compression`;
 where a section holds batches of several, the codec of most of its records), and where that is not known (records
 written through the library, or before agents recorded it) with the agent's `--fetch-compression` (none unless set);
 `uncompressed`, `gzip`, `snappy`, `lz4` or `zstd` with that one. Compressing runs on the reading threads, off the
