@@ -8,6 +8,8 @@ side by side with librdkafka's built-in mock cluster (`test.mock.num.brokers: 1`
     .venv/bin/python bench/agent.py --measures security   # over SASL_SSL against PLAINTEXT (bench/agent_security.py)
     .venv/bin/python bench/agent.py --measures produce --agent-metrics   # the agent serving /metrics, scraped every second
     .venv/bin/python bench/agent.py --measures metrics    # what counting costs a request, in this process
+    .venv/bin/python bench/agent.py --quick --measures produce --agent-processes 2   # `logcompact agent --processes 2`
+      (the agent's CPU and memory printed are then its supervisor's alone)
 
 The agent runs as `logcompact agent` in its own process on 127.0.0.1 (a free port, --flush-ms 250), over a SQLite
 catalog and a local store in a temporary directory. Measures (and targets):
@@ -137,13 +139,14 @@ class Cluster:
 
 
 @contextmanager
-def agent_process(directory: Path, metrics_port: int | None = None) -> Iterator[tuple[Cluster, psutil.Process]]:
+def agent_process(directory: Path, metrics_port: int | None = None, processes: int = 1) -> Iterator[tuple[Cluster, psutil.Process]]:
     """`logcompact agent` in its own process; with `metrics_port`, serving /metrics there, scraped every
     METRICS_SCRAPE_SECONDS meanwhile (Prometheus scrapes every 15 to 60 s: this is the pessimistic case)."""
     store = f"file://{directory / 'store'}"
     catalog = Catalog(open_store(store))
     catalog.ensure_created(int(time.time() * 1000))
-    command = [sys.executable, "-m", "logcompact", "--store", store, "agent", "--listen", "127.0.0.1:0", "--flush-ms", str(FLUSH_MS)]
+    command = [sys.executable, "-m", "logcompact", "--store", store, "agent", "--listen", "127.0.0.1:0", "--flush-ms", str(FLUSH_MS),
+               "--processes", str(processes)]
     if metrics_port is not None:
         command += ["--metrics-listen", f"127.0.0.1:{metrics_port}"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
@@ -944,6 +947,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="200,000 records, one repetition, 5 s of latency")
     parser.add_argument("--measures", default="produce,latency,fetch,group,clients", help="which to run, comma-separated (txn: the transactions' targets; security: TLS, SASL and ACLs')")
     parser.add_argument("--agent-metrics", action="store_true", help="the agent serves /metrics (--metrics-listen), scraped every second")
+    parser.add_argument("--agent-processes", type=int, default=1, help="`logcompact agent --processes`: agent processes, each a broker of its own")
     parser.add_argument("--clients", type=int, default=100, help="producers and consumers at once in the clients measure")
     parser.add_argument("--clients-seconds", type=float, default=30.0)
     parser.add_argument("--clients-rate", type=int, default=1000, help="records a second of each producer in the clients measure")
@@ -964,7 +968,7 @@ def main() -> None:
         if measures == {"metrics"}:
             return
     metrics_port = free_port() if args.agent_metrics else None
-    with tempfile.TemporaryDirectory(prefix="logcompact-bench-agent-") as directory, agent_process(Path(directory), metrics_port) as (agent, process), mock_cluster() as mock:
+    with tempfile.TemporaryDirectory(prefix="logcompact-bench-agent-") as directory, agent_process(Path(directory), metrics_port, args.agent_processes) as (agent, process), mock_cluster() as mock:
         for repetition in range(args.repeat if measures - {"txn", "clients", "security"} else 0):
             for cluster in (agent, mock) if "produce" in measures else ():
                 topic = f"small-{repetition}"
