@@ -90,9 +90,9 @@ def produce(bootstrap: str, topic: str, count: int, prefix: str) -> list[tuple[b
     return acked
 
 
-def consume_all(consumers: list[Consumer], count: int) -> list[tuple[bytes, bytes]]:
+def consume_all(consumers: list[Consumer], count: int) -> list[tuple[Any, Any]]:
     """Poll `consumers` in turn until `count` records have come, then commit each one's offsets."""
-    records: list[tuple[bytes, bytes]] = []
+    records: list[tuple[Any, Any]] = []
     polls = 0
     while len(records) < count:
         polls += 1
