@@ -154,16 +154,20 @@ async def _supervise(jobs: list[Job], budgets: dict[str, int]) -> int:
             how = f"was killed by {signal.Signals(-status).name}" if status < 0 else f"exited with status {status}"
             _say(f"logcompact: {'error' if status else 'info'}: {child.describe()} {how}; stopping the other agent processes")
     started.cancel()
+    stopped = []  # those this process stopped: SIGTERM before they took it (still starting) is a clean stop too
     for child in children:
         if child.process.returncode is None:
+            stopped.append(child)
             try:
                 child.process.send_signal(signal.SIGTERM)
             except ProcessLookupError:
                 pass
     statuses = [await child.process.wait() for child in children]
-    await asyncio.gather(*relays, return_exceptions=True)
+    await asyncio.gather(started, *relays, return_exceptions=True)
     stop.cancel()
-    return 1 if failed or any(statuses) else 0
+    unclean = [child for child, status in zip(children, statuses, strict=True)
+               if status != 0 and not (child in stopped and status == -signal.SIGTERM)]
+    return 1 if failed or unclean else 0
 
 
 async def _start(index: int, job: Job) -> Child:
