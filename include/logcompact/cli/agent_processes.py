@@ -104,7 +104,7 @@ class Job:
     settings: AgentSettings
 
 
-@dataclass
+@dataclass(eq=False)  # each child is itself alone
 class Child:
     index: int
     process: asyncio.subprocess.Process
