@@ -22,6 +22,8 @@ its first record <= 1.2; beside them the agent's own: ack p99 <= 400 ms at its 2
 1,000 records/s with 50 consumers (`--clients`) all acknowledged and consumed. The output says what differs in
 durability: an agent's acknowledgement waits for the object store and the catalog, Kafka's for its page cache (and,
 with more brokers, its replicas'). A missed target is printed with MISSED and where to profile it.
+    .venv/bin/python bench/agent.py --quick --measures produce --agent-processes 2   # `logcompact agent --processes 2`
+      (the agent's CPU and memory printed are then its supervisor's alone)
 
 The agent runs as `logcompact agent` in its own process on 127.0.0.1 (a free port, --flush-ms 250), over a SQLite
 catalog and a local store in a temporary directory. Measures (and targets):
@@ -214,13 +216,14 @@ def kafka_broker(directory: Path) -> Iterator[tuple[KafkaCluster, psutil.Process
 
 
 @contextmanager
-def agent_process(directory: Path, *options: str, metrics_port: int | None = None) -> Iterator[tuple[Cluster, psutil.Process]]:
+def agent_process(directory: Path, *options: str, metrics_port: int | None = None, processes: int = 1) -> Iterator[tuple[Cluster, psutil.Process]]:
     """`logcompact agent` in its own process, with `options` added; with `metrics_port`, serving /metrics there, scraped
     every METRICS_SCRAPE_SECONDS meanwhile (Prometheus scrapes every 15 to 60 s: this is the pessimistic case)."""
     store = f"file://{directory / 'store'}"
     catalog = Catalog(open_store(store))
     catalog.ensure_created(int(time.time() * 1000))
-    command = [sys.executable, "-m", "logcompact", "--store", store, "agent", "--listen", "127.0.0.1:0", "--flush-ms", str(FLUSH_MS), *options]
+    command = [sys.executable, "-m", "logcompact", "--store", store, "agent", "--listen", "127.0.0.1:0", "--flush-ms", str(FLUSH_MS),
+               "--processes", str(processes), *options]
     if metrics_port is not None:
         command += ["--metrics-listen", f"127.0.0.1:{metrics_port}"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
@@ -1184,6 +1187,7 @@ def main() -> None:
                         "fetch-compression: bytes sent and records/s by compression.type)")
     parser.add_argument("--clusters", default=",".join(CLUSTERS), help="which of agent, kafka, mock to measure beside the agent (the agent always)")
     parser.add_argument("--agent-metrics", action="store_true", help="the agent serves /metrics (--metrics-listen), scraped every second")
+    parser.add_argument("--agent-processes", type=int, default=1, help="`logcompact agent --processes`: agent processes, each a broker of its own")
     parser.add_argument("--clients", type=int, default=100, help="producers and consumers at once in the clients measure")
     parser.add_argument("--clients-seconds", type=float, default=30.0)
     parser.add_argument("--clients-rate", type=int, default=1000, help="records a second of each producer in the clients measure")
@@ -1211,7 +1215,7 @@ def main() -> None:
     metrics_port = free_port() if args.agent_metrics else None
     comparing = measures - {"txn", "security", "fetch-compression"}
     with tempfile.TemporaryDirectory(prefix="logcompact-bench-agent-") as directory, ExitStack() as stack:
-        agent, process = stack.enter_context(agent_process(Path(directory), metrics_port=metrics_port))
+        agent, process = stack.enter_context(agent_process(Path(directory), metrics_port=metrics_port, processes=args.agent_processes))
         servers: dict[str, psutil.Process] = {"agent": process}
         clusters: list[Cluster] = [agent]
         if "kafka" in wanted and comparing:

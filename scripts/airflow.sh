@@ -233,7 +233,8 @@ agent_log="$AIRFLOW_HOME/agent.log"
 : >"$agent_log"
 step "$repo/docker/bin/logcompact-agent-certs" "$agent_dir" localhost 127.0.0.1 >/dev/null
 start_component agent "$bin/logcompact" --store "file://$store" agent --listen "$agent_listen" --listen "SASL_SSL://$agent_sasl_listen" \
-  --ssl-certfile "$agent_dir/agent.pem" --ssl-keyfile "$agent_dir/agent.key" --sasl-mechanisms SCRAM-SHA-512
+  --ssl-certfile "$agent_dir/agent.pem" --ssl-keyfile "$agent_dir/agent.key" --sasl-mechanisms SCRAM-SHA-512 \
+  --processes "${LOGCOMPACT_AGENT_PROCESSES:-1}"  # one beside Airflow and Spark; more take each listener's next ports
 until grep -q '"listening"' "$agent_log" 2>/dev/null; do
   if ! kill -0 "${sessions[0]}" 2>/dev/null; then
     echo "logcompact: the Kafka agent did not start (LOGCOMPACT_AGENT_LISTEN=$agent_listen): $(tail -n 1 "$agent_log")" >&2

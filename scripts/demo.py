@@ -120,7 +120,7 @@ def groups_run(dag_id: str, run_id: str) -> int:
 def running_agent(store_uri: str, stderr: TextIO) -> Iterator[str]:
     """`logcompact agent` as a process of its own on a free port of 127.0.0.1, its log lines to `stderr`: its
     address; stopped by SIGTERM."""
-    command = [str(BIN / "logcompact"), "--store", store_uri, "agent", "--listen", "127.0.0.1:0"]
+    command = [str(BIN / "logcompact"), "--store", store_uri, "agent", "--listen", "127.0.0.1:0", "--processes", "1"]
     agent = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True)
     try:
         assert agent.stdout is not None

@@ -58,8 +58,9 @@ class RunningAgent:
 
 def agent_environment(catalog: Catalog) -> dict[str, str]:
     """The environment of a `logcompact` process on `catalog`'s cluster: its store and its catalog database
-    (LOGCOMPACT_CATALOG, which keeps a PostgreSQL URL's password off the command line)."""
-    return {**os.environ, "LOGCOMPACT_STORE": catalog.store.uri, "LOGCOMPACT_CATALOG": catalog.url}
+    (LOGCOMPACT_CATALOG, which keeps a PostgreSQL URL's password off the command line), and one agent process per
+    `logcompact agent` (LOGCOMPACT_AGENT_PROCESSES; the default is a process per core): the tests expect one node each."""
+    return {**os.environ, "LOGCOMPACT_STORE": catalog.store.uri, "LOGCOMPACT_CATALOG": catalog.url, "LOGCOMPACT_AGENT_PROCESSES": "1"}
 
 
 def start_agent_process(catalog: Catalog, port: int, flush_ms: int, log: Path | None = None) -> subprocess.Popen:

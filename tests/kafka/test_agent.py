@@ -297,7 +297,7 @@ def test_the_agent_command_creates_the_cluster_on_an_empty_store_says_so_once_an
     exist yet creates the cluster (one line on stderr with its id), and confluent-kafka creates a topic, produces and
     consumes through it; started again on that store, the agent serves the same cluster and creates nothing."""
     uri = f"file://{tmp_path / 'new-store'}"
-    environment = {**os.environ, "LOGCOMPACT_STORE": uri}
+    environment = {**os.environ, "LOGCOMPACT_STORE": uri, "LOGCOMPACT_AGENT_PROCESSES": "1"}
     command = [sys.executable, "-m", "logcompact", "agent", "--listen", "127.0.0.1:0", "--flush-ms", "50"]
 
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from logcompact.cli.agent_processes import available_cores, check_processes, run_processes
 from logcompact.cli.common import Context, emit, pass_context
 from logcompact.exceptions import ClusterNotFoundError
 from logcompact.limits import (
@@ -21,6 +23,8 @@ from logcompact.topics import MAX_PARTITIONS
 
 if TYPE_CHECKING:
     from logcompact.catalog import Catalog
+    from logcompact.kafka.broker import Broker
+    from logcompact.kafka.cluster import Address
 
 
 @click.command()
@@ -118,9 +122,13 @@ if TYPE_CHECKING:
 @click.option("--metrics-listen", metavar="HOST:PORT", default=None,
               help="Serve Prometheus metrics at http://HOST:PORT/metrics, under the JMX exporter's names of Kafka's MBeans "
                    "(docs/metrics.md); unauthenticated and unencrypted, so keep it on loopback or a private network [default: not served].")
+@click.option("--processes", type=click.IntRange(min=1), default=None, envvar="LOGCOMPACT_AGENT_PROCESSES",
+              help="Agent processes to run, each an agent of the cluster on ports of its own (listeners' ports + 0, 1, ...), the "
+                   "memory budgets divided among them (docs/agent.md) [default: the cores it may run on; env LOGCOMPACT_AGENT_PROCESSES].")
 @pass_context
 def agent(
-    ctx: Context, listen: tuple[str, ...], advertise: tuple[str, ...], allow_insecure_listener: bool, sasl_mechanisms: str, node_id: int | None, rack: str | None, flush_ms: int, flush_bytes: int,
+    ctx: Context, processes: int | None, listen: tuple[str, ...], advertise: tuple[str, ...], allow_insecure_listener: bool, sasl_mechanisms: str,
+    node_id: int | None, rack: str | None, flush_ms: int, flush_bytes: int,
     max_message_bytes: int, fetch_cache_bytes: int, fetch_compression: str, auto_create_topics: bool, num_partitions: int, group_max_size: int,
     group_max_bytes: int, offsets_commit_timeout_ms: int, offsets_retention_minutes: int, offsets_retention_check_interval_ms: int,
     max_connections: int, max_connections_per_ip: int, connections_max_idle_ms: int,
@@ -133,7 +141,9 @@ def agent(
     """Serve Kafka's protocol over this cluster (produce, fetch, consumer groups, idempotent and transactional producers, admin; every API
     and version in docs/agent.md) until SIGTERM or SIGINT, then commit what producers sent. Registers in the catalog
     beside the other agents. Prints one JSON line once listening: its first listener's address, every listener's, the advertised
-    address, node id, cluster id and where /metrics is served (null without --metrics-listen). On an empty store (and catalog) it creates the cluster first, as `logcompact cluster create` does,
+    address, node id, cluster id and where /metrics is served (null without --metrics-listen). With --processes N
+    (default: the cores), N agent processes, each an agent of its own on ports of its own, one log, one JSON line once all
+    listen (its `processes`: each one's). On an empty store (and catalog) it creates the cluster first, as `logcompact cluster create` does,
     saying so in one line on stderr; a store or catalog of another cluster is refused."""
     from logcompact.kafka.authenticator import parse_mechanisms
     from logcompact.kafka.authorizer import AuthorizerSettings
@@ -164,15 +174,29 @@ def agent(
         )
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
+    count = available_cores() if processes is None else processes
+    if count > 1:
+        try:
+            check_processes(settings, count)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--processes") from None
     catalog = ctx.catalog
     if not _cluster_exists(catalog):  # a Kafka quick start's first command: the broker, on empty storage
         cluster_id = catalog.ensure_created(ctx.clock())
         click.echo(f"logcompact: created cluster {cluster_id} in {catalog.store.uri}, which held none (as `logcompact cluster create` does)", err=True)
-    run_agent(catalog, settings, lambda broker, bound, metrics: emit({
+    if count > 1:
+        sys.exit(run_processes(catalog.store.uri, catalog.url, ctx.aws_conn_id, settings, count))
+    run_agent(catalog, settings, lambda broker, bound, metrics: emit(listening_line(broker, bound, metrics)))
+
+
+def listening_line(broker: Broker, bound: dict[str, Address], metrics: Address | None) -> dict[str, Any]:
+    """The JSON line an agent prints once it listens: its first listener's address, every listener's, the advertised
+    address, node id, cluster id and where /metrics is served (None without --metrics-listen)."""
+    return {
         "listening": str(next(iter(bound.values()))), "listeners": {name: str(address) for name, address in bound.items()},
         "advertised": str(broker.advertised), "node_id": broker.node_id, "cluster_id": broker.cluster_id,
         "metrics": None if metrics is None else str(metrics),
-    }))
+    }
 
 
 def _cluster_exists(catalog: Catalog) -> bool:

@@ -29,6 +29,10 @@ class Context:
         self.now_ms = now_ms
 
     @property
+    def aws_conn_id(self) -> str | None:
+        return self._aws_conn_id
+
+    @property
     def store(self) -> ObjectStore:
         if self._store is None:
             if not self._store_uri:

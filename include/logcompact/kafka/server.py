@@ -39,6 +39,7 @@ answered, then closes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import math
@@ -791,8 +792,12 @@ async def serve(catalog: Catalog, settings: AgentSettings, on_listening: Callabl
     # Not loop.add_signal_handler: it learns of a signal through the loop's wakeup socket, which threads' wakeups
     # (a byte per answered ingest call) fill while the loop is busy, and a signal that finds it full is lost. A
     # Python-level handler runs whatever the socket holds.
+    def stop(_number: int, _frame: object) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed: a signal after the stop (a process group's, then its supervisor's)
+            loop.call_soon_threadsafe(stopping.set)
+
     for number in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(number, lambda _number, _frame: loop.call_soon_threadsafe(stopping.set))
+        signal.signal(number, stop)
     on_listening(server.broker, server.addresses, server.metrics_address)
     await stopping.wait()
     await server.stop()
