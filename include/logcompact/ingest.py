@@ -108,6 +108,9 @@ class _WrittenFile:
     done: threading.Event = field(default_factory=threading.Event)  # committed, or failed
 
 
+# The last flushes whose longest sets how early the next one begins (`Agent._left_ms`): about 2 s at a 250 ms interval.
+LEAD_FLUSHES = 8
+
 # The flushes whose times and sizes the agent's metrics take quantiles over: Kafka's histograms keep a reservoir of 1,028.
 RECENT_FLUSHES = 1028
 
@@ -230,7 +233,7 @@ class Agent:
         self.compression = compression
         self.files_written = 0
         self.stats = FlushStats() if stats is None else stats
-        self._flush_ms = 0.0  # how long a flush takes, recently (a moving average)
+        self._recent_flush_ms: deque[float] = deque(maxlen=LEAD_FLUSHES)  # how long the last flushes took, write to commit
         self._topics: dict[str, Topic] = catalog.snapshot().topics
         self._buffer = _Buffer()
         self._buffer_lock = threading.Lock()
@@ -460,7 +463,7 @@ class Agent:
                     self.files_written += 1
                     self._answer(written, firsts, {number: error for (at, number), error in refused.items() if at == index})
                     took_ms = (finished - written.started) * 1000
-                    self._flush_ms += (took_ms - self._flush_ms) / 4
+                    self._recent_flush_ms.append(took_ms)
                     self.stats.committed(written.new_file.size, len(written.order), took_ms)
             except Exception as exc:  # committed, but a batch could not be answered: the rest are told, none waits
                 self._fail([batch for written in committable for batch in written.batches if not batch.future.done()], exc)
@@ -562,9 +565,11 @@ class Agent:
         return _WrittenFile(new_file, sequenced, batches, order, counts, deltas, started)
 
     def _left_ms(self, buffer: _Buffer) -> float:
-        """How long until the buffer's flush is due: early by what a flush takes lately (at most half the interval), so
-        that its file is committed, and its batches answered, when its first batch is flush_interval_ms old."""
-        lead_ms = min(self._flush_ms, self.flush_interval_ms / 2)
+        """How long until the buffer's flush is due: early by the longest of the last LEAD_FLUSHES flushes (at most half
+        the interval), so that its file is committed, and its batches answered, when its first batch is
+        flush_interval_ms old. The longest rather than an average: under load a few flushes take several times the
+        median, and those set the acks' p99; slow flushes come in runs (the machine busy), which the window follows."""
+        lead_ms = min(max(self._recent_flush_ms, default=0.0), self.flush_interval_ms / 2)
         return buffer.started_ms + self.flush_interval_ms - lead_ms - time.monotonic() * 1000
 
     def _flush_periodically(self) -> None:

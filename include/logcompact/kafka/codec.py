@@ -256,9 +256,12 @@ def encode_response(correlation_id: int, response: Any) -> bytes:
     buffer.write(b"\0\0\0\0")
     entity_writer(header_class)(buffer, header_class(correlation_id=correlation_id))
     entity_writer(type(response))(buffer, response)
-    frame = buffer.getbuffer()
-    frame[:4] = (len(frame) - 4).to_bytes(4, "big", signed=True)
-    return bytes(frame)
+    size = buffer.tell() - 4
+    buffer.seek(0)
+    buffer.write(size.to_bytes(4, "big", signed=True))
+    # getvalue hands over BytesIO's own bytes when no view of them is held: a Fetch's frame of tens of MiB is not
+    # copied once more (getbuffer then bytes() did).
+    return buffer.getvalue()
 
 
 def build(entity_class: Any, values: Mapping[str, Any]) -> Any:

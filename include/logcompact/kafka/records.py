@@ -202,6 +202,11 @@ def _snappy_length(block: memoryview) -> int:
 # JSON values gzip 1 compresses ~4x faster than gzip 6 for 25% more bytes, zstd 1 ~3x faster than zstd 3 for as many.
 _FETCH_GZIP_LEVEL = 1
 _FETCH_ZSTD_LEVEL = 1
+# A batch is compressed only when its first PROBE_BYTES shrink by at least 1/MIN_SAVING_SHARE: random or already
+# compressed values (lz4 takes 1 MiB of hex digits to 0.93 of it) would cost the agent a compression and every
+# consumer a decompression for a few percent fewer bytes.
+PROBE_BYTES = 64 * 1024
+MIN_SAVING_SHARE = 8
 _XERIAL_BLOCK_BYTES = 32 * 1024  # the block size Kafka's Java client writes snappy in
 _compressors = threading.local()  # a ZstdCompressor is not to be used by two threads at once
 
@@ -225,6 +230,15 @@ def compress(codec: int, data: memoryview) -> bytes:
             out += [struct.pack(">i", len(block)), block]
         return b"".join(out)
     raise UnsupportedCodecError(f"compression codec id {codec} is not one Fetch compresses with")
+
+
+def worth_compressing(codec: int, data: memoryview) -> bool:
+    """Whether `data` shrinks enough to be sent compressed with `codec`, judged by its first PROBE_BYTES (lz4 and
+    snappy compress in independent blocks of about that size, so the first is a fair sample)."""
+    if len(data) < 2 * PROBE_BYTES:
+        return True  # the probe would cost half the compression it spares
+    probe = compress(codec, data[:PROBE_BYTES])
+    return len(probe) <= PROBE_BYTES - PROBE_BYTES // MIN_SAVING_SHARE
 
 
 def is_transactional(data: bytes | memoryview | None) -> bool:
@@ -594,7 +608,8 @@ class BatchBuffer:
 
     def encode(self, columns: RecordColumns, start: int, max_bytes: int, codec: int = NONE) -> tuple[int, int]:
         """Write after the batches kept one record batch v2 of the records from row `start` on, at most `max_bytes`
-        long before compression, compressed with Kafka codec `codec` unless that would not shrink it, and return its
+        long before compression, compressed with Kafka codec `codec` unless that would not shrink it (or its first
+        PROBE_BYTES would shrink by less than 1/MIN_SAVING_SHARE: `worth_compressing`), and return its
         length as written and the row after its last record; `keep` keeps it, else the next write replaces it. The
         first record is always taken, however large: a fetch must return at least one whole record. Each record keeps
         its offset (base offset + offset delta), so offsets a compaction removed are gaps in the deltas, as in Kafka's
@@ -610,8 +625,8 @@ class BatchBuffer:
                 break
             self._grow(self.size + length)  # sized, not written: written again once it fits
         attributes, self.uncompressed_length = NONE, length
-        if codec != NONE:
-            body = self._data[self.size + EMPTY_BATCH_BYTES : self.size + length]
+        body = self._data[self.size + EMPTY_BATCH_BYTES : self.size + length]
+        if codec != NONE and worth_compressing(codec, body.data):
             compressed = compress(codec, body.data)
             if len(compressed) < len(body):
                 body[: len(compressed)] = np.frombuffer(compressed, dtype=np.uint8)
