@@ -325,7 +325,7 @@ def _properties(settings: Mapping[str, str]) -> str:
     return "".join(f"{escape(k)}={escape(v)}\n" for k, v in settings.items())
 
 
-def _stop_process(process: subprocess.Popen, timeout: float) -> None:
+def stop_process(process: subprocess.Popen, timeout: float) -> None:
     """SIGTERM (Kafka's controlled shutdown), then SIGKILL after `timeout` seconds."""
     if process.poll() is not None:
         return
@@ -419,7 +419,7 @@ class _Node:
             self._stopped = True
             try:
                 if self.process is not None:
-                    _stop_process(self.process, timeout=30)
+                    stop_process(self.process, timeout=30)
             finally:
                 if self._log is not None:
                     self._log.close()

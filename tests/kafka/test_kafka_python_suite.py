@@ -4,13 +4,13 @@ takes the agent for an external Kafka broker of KAFKA_VERSION."""
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from lab.kafka_python_suite import SuiteError, fetch, run
+from lab.servers.kafka import stop_process
 from logcompact.catalog import Catalog
 from logcompact.store.local import LocalStore
 from tests.kafka.agents import FLUSH_MS, free_port, start_agent_process
@@ -48,12 +48,7 @@ def agent_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     try:
         yield f"127.0.0.1:{port}"
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process, timeout=30)
 
 
 @pytest.mark.parametrize("test_id", SELECTED)
