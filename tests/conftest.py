@@ -14,6 +14,8 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -42,6 +44,19 @@ settings.load_profile("logcompact")
 
 BACKENDS = ["file", "s3"]
 DATABASES = ["sqlite", "postgresql"]
+
+
+@pytest.fixture(autouse=True)
+def no_kafka_python_client_left_running() -> Iterator[None]:
+    """A kafka-python 3 client runs its network in a thread (`kafka-io-<client id>`) until closed: one a test leaves
+    open goes on refreshing metadata against a stopped agent and logs into later tests. Each test closes its own."""
+    before = {thread for thread in threading.enumerate() if thread.name.startswith("kafka-io-")}
+    yield
+    deadline = time.monotonic() + 5
+    while left := [t for t in threading.enumerate() if t.name.startswith("kafka-io-") and t not in before and t.is_alive()]:
+        if time.monotonic() > deadline:
+            pytest.fail(f"kafka-python clients left running (close them in the test): {sorted(t.name for t in left)}", pytrace=False)
+        time.sleep(0.05)
 
 
 @pytest.fixture(scope="session")

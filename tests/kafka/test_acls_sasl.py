@@ -104,9 +104,14 @@ def test_only_a_principal_with_describe_on_the_cluster_reads_the_users_credentia
         return KafkaAdminClient(bootstrap_servers=agent.bootstrap, security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-512",
                                 sasl_plain_username=user, sasl_plain_password=PASSWORDS[user])
 
-    assert set(admin_as("admin").describe_user_scram_credentials()) == set(PASSWORDS)
-    with pytest.raises(ClusterAuthorizationFailedError):
-        admin_as("bob").describe_user_scram_credentials()
+    admin, bob_admin = admin_as("admin"), admin_as("bob")
+    try:
+        assert set(admin.describe_user_scram_credentials()) == set(PASSWORDS)
+        with pytest.raises(ClusterAuthorizationFailedError):
+            bob_admin.describe_user_scram_credentials()
+    finally:
+        admin.close()
+        bob_admin.close()
     binding = AclBinding(ResourceType.TOPIC, "*", ResourcePatternType.LITERAL, "User:bob", "*", AclOperation.ALL, AclPermissionType.ALLOW)
     bob = AdminClient(as_user(agent, "bob"))  # kept: a client destroyed fails what it has pending
     (creating,) = bob.create_acls([binding], request_timeout=30).values()
