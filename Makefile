@@ -99,6 +99,7 @@ bench: install deps kafka
 	$(BIN)/python bench/simulator.py --hours 24
 	$(BIN)/python bench/regime.py --seconds 120 --find-load
 	$(BIN)/python bench/regime.py --agents 3 --seconds 600
+	$(BIN)/python bench/regime.py --database postgresql --agents 10 --seconds 180
 
 simulate: install
 	$(BIN)/logcompact simulate --agents 1 --agents 10 --hours 24 --out .simulate
