@@ -43,7 +43,6 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-import weakref
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -56,9 +55,9 @@ from logcompact.catalog.schema import UNKNOWN_CODEC
 from logcompact.catalog.snapshot import PartitionSections
 from logcompact.catalog.topics import LogOffsets
 from logcompact.consume import READ_COMMITTED, READ_UNCOMMITTED, AbortedRange, SectionRef, read_sections
-from logcompact.exceptions import TopicNotFoundError
 from logcompact.kafka import codec, records
 from logcompact.kafka.broker import Broker
+from logcompact.kafka.served_version import served_version
 from logcompact.store.base import ObjectStore
 
 API_KEY = 1
@@ -174,11 +173,11 @@ def read(
     each as if it came first with all of its limit, and each such answer is taken when it is what reading in order
     gives: its limit is whole and, past the response's first records, the answer is within it; else that partition
     is read again in order (which happens only after a record larger than a limit)."""
-    # High watermarks read before the snapshot: every offset below one was committed before it, so an offset the
-    # snapshot does not hold there is one compaction removed, which a batch may cover; records are read below it.
-    # Likewise every transaction with data below a last stable offset read then had ended: its aborted ranges are known.
-    log_offsets = {topic: _log_offsets(catalog, topic) for topic, _ in wanted}
-    snapshot = _snapshot(catalog)
+    # High watermarks as of the snapshot's version or before: every offset below one was committed by then, so an
+    # offset the snapshot does not hold there is one compaction removed, which a batch may cover; records are read below
+    # it. Likewise every transaction with data below a last stable offset read then had ended: its aborted ranges are
+    # known. Both kept per catalog version (served_version.py).
+    snapshot, log_offsets = served_version(catalog).read([topic for topic, _ in wanted])
     plan: list[tuple[str, list[Answer | _ToRead]]] = []
     for topic, partitions in wanted:
         # A topic created between the two reads is not in the snapshot yet: unknown this time.
@@ -289,25 +288,6 @@ def _read_alone(store: ObjectStore, item: _ToRead) -> tuple[Answer, bool]:
 def _answer(store: ObjectStore, item: _ToRead, limit: int, budget: _Budget) -> Answer:
     batches, next_offset = _batches(store, item, limit, budget)
     return Answer(item.asked.partition, codec.ErrorCode.none, item.high_watermark, item.log_start, item.last_stable, batches, next_offset)
-
-
-# The newest snapshot read of each catalog, reused while no commit has come since (a snapshot reads the topics).
-_snapshots: weakref.WeakKeyDictionary[Catalog, Snapshot] = weakref.WeakKeyDictionary()
-
-
-def _snapshot(catalog: Catalog) -> Snapshot:
-    held = _snapshots.get(catalog)
-    if held is not None and held.version == catalog.latest_version():
-        return held
-    _snapshots[catalog] = snapshot = catalog.snapshot()
-    return snapshot
-
-
-def _log_offsets(catalog: Catalog, topic: str) -> list[LogOffsets] | None:
-    try:
-        return catalog.log_offsets(topic)
-    except TopicNotFoundError:
-        return None
 
 
 def _batches(store: ObjectStore, item: _ToRead, limit: int, budget: _Budget) -> tuple[memoryview, int]:
