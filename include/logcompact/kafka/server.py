@@ -64,6 +64,8 @@ from logcompact.kafka.authenticator import (
     check_mechanisms,
 )
 from logcompact.kafka.authorizer import AclAuthorizer, AuthorizerSettings
+from logcompact.kafka.block_cache import DEFAULT_MAX_BYTES as DEFAULT_FETCH_BLOCK_CACHE_BYTES
+from logcompact.kafka.block_cache import DecodedBlocks
 from logcompact.kafka.broker import Broker
 from logcompact.kafka.cluster import Address, AgentDirectory
 from logcompact.kafka.event_loop import CommitWatch
@@ -156,6 +158,7 @@ class AgentSettings:
     offsets_retention_ms: int = OFFSETS_RETENTION_MS  # Kafka's offsets.retention.minutes, in ms
     offsets_retention_check_interval_ms: int = OFFSETS_RETENTION_CHECK_INTERVAL_MS  # Kafka's offsets.retention.check.interval.ms
     fetch_cache_bytes: int = DEFAULT_FETCH_CACHE_BYTES  # file ranges Fetch keeps for consumers reading them again
+    fetch_block_cache_bytes: int = DEFAULT_FETCH_BLOCK_CACHE_BYTES  # decoded blocks Fetch keeps for consumers of the same file
     fetch_compression: int = 0  # the Kafka codec id Fetch sends where a topic says `producer` and the records' is not known
     auto_create_topics: bool = True  # Kafka's auto.create.topics.enable
     num_partitions: int = 1  # Kafka's num.partitions: of a topic created without a count
@@ -417,6 +420,7 @@ class AgentServer:
             self.catalog, cluster_id, agents, advertised, APIS, ingest, settings.max_message_bytes, commits, groups, file_cache,
             transactions, quotas, settings.auto_create_topics, settings.num_partitions, authorizer,
             agent_broker_configs(settings, bound, advertised_at, agents.me.node_id), fetch_compression=settings.fetch_compression,
+            decoded_blocks=DecodedBlocks(settings.fetch_block_cache_bytes),
         )
         quotas.start()
         groups.start(self._broker.coordinates)  # offsets' retention, of the groups this agent coordinates
