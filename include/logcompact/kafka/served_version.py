@@ -32,6 +32,7 @@ class ServedVersion:
         self.catalog = catalog
         self.offsets_reads = 0  # topics' log offsets read from the catalog (Fetch and ListOffsets)
         self._lock = threading.Lock()
+        self._reading = threading.Lock()  # held while offsets are read from the catalog
         self._snapshot: Snapshot | None = None
         self._version = -1  # of the offsets held
         self._offsets: dict[str, TopicOffsets] = {}
@@ -47,21 +48,28 @@ class ServedVersion:
     def read(self, topics: Iterable[str]) -> tuple[Snapshot, dict[str, TopicOffsets]]:
         """The newest snapshot and the log offsets of `topics` as of its version or older (offsets read after the
         snapshot's version moved on come with a newer snapshot)."""
+        topics = list(topics)
         snapshot = self.snapshot()
-        with self._lock:
-            held = self._offsets if self._version == snapshot.version else {}
-            found = {topic: held[topic] for topic in topics if topic in held}
-        missing = [topic for topic in topics if topic not in found]
-        if not missing:
+        found = self._held(snapshot.version, topics)
+        if len(found) == len(topics):
             return snapshot, found
-        read = {topic: self._read_offsets(topic) for topic in missing}
-        if self.catalog.latest_version() == snapshot.version:  # nothing committed meanwhile: these are the version's
-            with self._lock:
-                if self._version != snapshot.version:
-                    self._version, self._offsets = snapshot.version, {}
-                self._offsets.update(read)
-            return snapshot, {**found, **read}
+        # One reader at a time: requests at one version missing the same topic (a client's ListOffsets for the earliest
+        # and the latest offsets come together) read it once.
+        with self._reading:
+            found = self._held(snapshot.version, topics)
+            read = {topic: self._read_offsets(topic) for topic in topics if topic not in found}
+            if self.catalog.latest_version() == snapshot.version:  # nothing committed meanwhile: these are the version's
+                with self._lock:
+                    if self._version != snapshot.version:
+                        self._version, self._offsets = snapshot.version, {}
+                    self._offsets.update(read)
+                return snapshot, {**found, **read}
         return self.snapshot(), {**found, **read}
+
+    def _held(self, version: int, topics: list[str]) -> dict[str, TopicOffsets]:
+        with self._lock:
+            held = self._offsets if self._version == version else {}
+            return {topic: held[topic] for topic in topics if topic in held}
 
     def _read_offsets(self, topic: str) -> TopicOffsets:
         with self._lock:
