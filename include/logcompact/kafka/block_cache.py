@@ -97,7 +97,9 @@ class DecodedBlocks:
                     break
             decoding.wait()  # then held, unless it failed or was evicted at once: decoded here then
         try:
-            batch = next(iter_blocks(key, data, position))[1]
+            # decoded from a copy of its own bytes: a batch read without decompression points into them, and a view of the
+            # section's GET would keep all of it alive for as long as this one block is held
+            batch = next(iter_blocks(key, bytes(data), position))[1]
             self._put(block, batch, max(batch.nbytes, len(data)))
             return batch
         finally:
