@@ -11,6 +11,7 @@
     .venv/bin/python bench/agent.py --measures produce --agent-metrics   # the agent serving /metrics, scraped every second
     .venv/bin/python bench/agent.py --measures metrics    # what counting costs a request, in this process
     .venv/bin/python bench/agent.py --measures fetch-compression   # bytes sent and records/s, uncompressed, lz4, zstd
+    .venv/bin/python bench/agent.py --measures fetch-costs   # Fetch's per-request costs with many consumers, in this process
 
 Apache Kafka (KAFKA_VERSION of lab/servers/kafka.py, its jars fetched by Maven into the shared cache by `make kafka`)
 runs as one KRaft node, broker and controller in one JVM, on 127.0.0.1 with the broker's defaults: `log.flush.*`
@@ -39,8 +40,9 @@ catalog and a local store in a temporary directory. Measures (and targets):
   read from the beginning by Debian's `kcat -C -e` (librdkafka in C, each
   record's key and value sizes written to a pipe: the client costs little beside the agent) with 4 MiB per
   partition and 50 MiB per fetch: records/s and MB/s of keys and values (>= 1M records/s, >= 300 MB/s), timed from
-  the first record to the end of every partition; kcat reads as many records of the same sizes from the mock
-  cluster, which keeps only the newest 5 MiB of batches per partition (about 20,000 of the 1 KiB records: a run too
+  the first record to the end of every partition, the median of WARM_READS (5) reads after an untimed one (which
+  pays for the page cache and the agent's file cache), the clusters in turn each time; kcat reads as many records of
+  the same sizes from the mock cluster, which keeps only the newest 5 MiB of batches per partition (about 20,000 of the 1 KiB records: a run too
   short to be a ceiling; its 100 B figure is the client's). Beside them, the agent's read path alone, in this
   process (`kafka.handlers.fetch.read`, what the Fetch handler runs per request, through a new file cache of the agent's
   default size, with the same limits), so a reader sees what the server takes and what the socket and the client
@@ -61,6 +63,13 @@ own, one run, topics in turn). The agent advertises a relay in this process (spl
 kernel: a loopback hop) that counts the bytes it sends kcat, every response: the bytes on the wire; beside them the
 bytes of the record batches alone (the agent's read path in this process, `kafka.handlers.fetch.read`), kcat's
 records/s and the agent's CPU seconds per million records (user and system, from /proc).
+
+`--measures fetch-costs` times, in this process, Fetch's per-request costs under many consumers, each before and after
+in turn: a consumer of each of 50 partitions reading 20 L0 files of them (250 records of 100 B in each partition of
+each file, as an agent's flushes of 50 producers at 1,000 records/s hold them) through `kafka.handlers.fetch.read`, each
+reader decoding the blocks it needs or all of them sharing the agent's cache of decoded blocks (the blocks decoded
+printed beside); the topic's log offsets for a request, read from the catalog or kept per catalog version; and a Fetch
+response of 4 x 12 MiB of batches encoded into one buffer by kio or as parts.
 
 `--measures txn` measures the transactions' targets, each printed with its target and whether it is met:
 
@@ -91,6 +100,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import json
 import math
 import os
@@ -150,6 +160,7 @@ FETCH_MAX_BYTES, PARTITION_FETCH_BYTES = 52_428_800, 4_194_304
 KCAT = {"fetch.max.bytes": FETCH_MAX_BYTES, "max.partition.fetch.bytes": PARTITION_FETCH_BYTES, "queued.max.messages.kbytes": 262_144,
         "queued.min.messages": 10_000_000, "fetch.error.backoff.ms": 10}
 KCAT_SECONDS = 300
+WARM_READS = 5  # timed kcat reads of each fetch measure per repetition (after an untimed one): their median is noted
 
 
 @dataclass
@@ -786,6 +797,8 @@ class ClientsFigures:
     produced: int  # of them, acknowledged
     consumed: int
     first_record_s: float  # from the consumers' start to the group's first record (nan: none)
+    server_cpu_seconds: float  # the server's (and its children's) user and system CPU over the measure
+    seconds: float  # the measure's own, producing and catching up
 
 
 def many_clients(cluster: Cluster, process: psutil.Process, topic: str, clients: int, seconds: float, rate: int) -> ClientsFigures:
@@ -836,6 +849,7 @@ def many_clients(cluster: Cluster, process: psutil.Process, topic: str, clients:
     for thread in producers + consumers:
         thread.start()
     largest = 0
+    cpu_before = server_cpu_seconds(process)
     for stop, until in ((stop_producing, started + seconds), (stop_consuming, started + seconds * 4 / 3)):
         while time.monotonic() < until:
             largest = max(largest, process.memory_info().rss)
@@ -843,7 +857,18 @@ def many_clients(cluster: Cluster, process: psutil.Process, topic: str, clients:
         stop.set()
         for thread in producers if stop is stop_producing else consumers:
             thread.join(timeout=120)
-    return ClientsFigures(largest, offered[0], produced[0], consumed[0], first_record[0])
+    return ClientsFigures(largest, offered[0], produced[0], consumed[0], first_record[0], server_cpu_seconds(process) - cpu_before,
+                          time.monotonic() - started)
+
+
+def server_cpu_seconds(process: psutil.Process) -> float:
+    """User and system CPU seconds of `process` and its children (an agent of --processes N: its N agents)."""
+    total = 0.0
+    for each in [process, *process.children(recursive=True)]:
+        with suppress(psutil.NoSuchProcess):
+            times = each.cpu_times()
+            total += times.user + times.system
+    return total
 
 
 def group_join_to_first_record(cluster: Cluster, topic: str, members: int = 3) -> float:
@@ -905,6 +930,95 @@ def metrics_measures() -> None:
                 metrics.answered(request, response, started)
             timings.append((time.perf_counter() - started) / runs * 1e6)
         print(f"metrics per request, {name:<28} {median(timings):6.2f} us", flush=True)
+
+
+FETCH_COSTS_PARTITIONS = 50
+FETCH_COSTS_FILES = 20  # L0 files, each 250 records of 100 B in each partition: an agent's flush of 50 producers at 1,000 records/s
+
+
+def fetch_costs_measures(directory: Path, repeat: int) -> None:
+    """`--measures fetch-costs`, in this process: what Fetch's per-request costs under many consumers were and are.
+    A consumer of each of 50 partitions reads FETCH_COSTS_FILES L0 files of them through `fetch.read` (the handler's
+    read path), with and without the cache of decoded blocks (block_cache.py): seconds and blocks decoded; the topic's log
+    offsets as 50 requests at one version read them, from the catalog each time or kept per version (served_version.py);
+    and a Fetch response of 4 partitions of 12 MiB of batches encoded into one bytes object by kio, or as parts."""
+    from kio.serial import entity_writer
+
+    from logcompact.ingest import Agent, Record
+    from logcompact.kafka import codec
+    from logcompact.kafka.block_cache import DecodedBlocks
+    from logcompact.kafka.served_version import ServedVersion
+
+    store = f"file://{directory / 'store'}"
+    catalog = Catalog(open_store(store))
+    now = wall_clock_ms()
+    catalog.ensure_created(now)
+    catalog.create_topic(Topic.create("wide", FETCH_COSTS_PARTITIONS, {}, now), now)
+    value = b"v" * 100
+    for _ in range(FETCH_COSTS_FILES):
+        with Agent(catalog, background=False) as ingest:
+            done = ingest.produce("wide", [Record(p, b"k%d-%d" % (p, n), value, now) for p in range(FETCH_COSTS_PARTITIONS) for n in range(250)])
+        done.result()
+    ends = [offsets.high_watermark for offsets in catalog.log_offsets("wide")]
+
+    def read_all(blocks: DecodedBlocks | None) -> float:
+        """Seconds for a consumer of each partition to read it to its end, 1 MiB a request, one after the other."""
+        files = CachedStore(catalog.store)
+        started = time.perf_counter()
+        for partition in range(FETCH_COSTS_PARTITIONS):
+            position = 0
+            while position < ends[partition]:
+                wanted = [("wide", [fetch.Wanted(partition, position, 1 << 20)])]
+                position = fetch.read(catalog, files, FETCH_MAX_BYTES, wanted, blocks=blocks)[1][0][1][0].next_offset
+        return time.perf_counter() - started
+
+    print(f"fetch costs, in this process: {FETCH_COSTS_PARTITIONS} partitions, {FETCH_COSTS_FILES} L0 files of 250 records of 100 B in each; "
+          f"machine: {machine()}", flush=True)
+    timings: dict[str, list[float]] = defaultdict(list)
+    decoded: dict[str, int] = {}
+    for _ in range(repeat):  # in turn: the load moves
+        timings["decoded per reader"].append(read_all(None))
+        cached = DecodedBlocks()
+        timings["decoded blocks cached"].append(read_all(cached))
+        decoded["decoded blocks cached"] = cached.decoded
+        counting = DecodedBlocks(0)  # what each reader decodes on its own
+        read_all(counting)
+        decoded["decoded per reader"] = counting.decoded
+    for name, values in timings.items():
+        print(f"  {FETCH_COSTS_PARTITIONS} consumers reading one partition each, {name:<22}: {median(values) * 1000:8.1f} ms, "
+              f"{decoded[name]:,} blocks decoded", flush=True)
+
+    served = ServedVersion(catalog)
+    for name, read_offsets in (("from the catalog each time", lambda: catalog.log_offsets("wide")),
+                               ("kept per catalog version", lambda: served.read(["wide"]))):
+        values = []
+        for _ in range(repeat):
+            started = time.perf_counter()
+            for _ in range(FETCH_COSTS_PARTITIONS):
+                read_offsets()
+            values.append((time.perf_counter() - started) / FETCH_COSTS_PARTITIONS * 1e6)
+        print(f"  the topic's log offsets for a request, {name:<26}: {median(values):8.0f} us", flush=True)
+
+    buffers = [bytearray(os.urandom(12 << 20)) for _ in range(4)]
+    response = codec.build(codec.response_class(1, 12), {"throttle_time": 0, "error_code": 0, "session_id": 0, "responses": [{"topic": "wide", "partitions": [
+        {"partition_index": p, "error_code": 0, "high_watermark": 1, "last_stable_offset": 1, "log_start_offset": 0, "aborted_transactions": None,
+         "preferred_read_replica": -1, "records": memoryview(buffers[p])} for p in range(4)]}]})
+
+    def kio_frame() -> bytes:
+        """The frame as the agent encoded it before: kio's writer into one BytesIO."""
+        buffer = io.BytesIO()
+        buffer.write(b"\0\0\0\0")
+        entity_writer(type(response).__header_schema__)(buffer, type(response).__header_schema__(correlation_id=1))
+        entity_writer(type(response))(buffer, response)
+        return buffer.getvalue()
+
+    for name, encode in (("by kio into one buffer", kio_frame), ("as parts", lambda: codec.encode_response_parts(1, response))):
+        values = []
+        for _ in range(max(5, repeat)):
+            started = time.perf_counter()
+            encode()
+            values.append((time.perf_counter() - started) * 1000)
+        print(f"  a Fetch response of 4 x 12 MiB of batches encoded {name:<22}: {median(values):8.2f} ms", flush=True)
 
 
 def security_measures(directory: Path, records: int, repeat: int) -> None:
@@ -1184,7 +1298,7 @@ def main() -> None:
     parser.add_argument("--latency-seconds", type=float, default=10.0)
     parser.add_argument("--quick", action="store_true", help="200,000 records, one repetition, 5 s of latency, 10 s of clients")
     parser.add_argument("--measures", default="produce,latency,fetch,group,clients", help="which to run, comma-separated (txn: the transactions' targets; security: TLS, SASL and ACLs'; "
-                        "fetch-compression: bytes sent and records/s by compression.type)")
+                        "fetch-compression: bytes sent and records/s by compression.type; fetch-costs: Fetch's per-request costs in this process)")
     parser.add_argument("--clusters", default=",".join(CLUSTERS), help="which of agent, kafka, mock to measure beside the agent (the agent always)")
     parser.add_argument("--agent-metrics", action="store_true", help="the agent serves /metrics (--metrics-listen), scraped every second")
     parser.add_argument("--agent-processes", type=int, default=1, help="`logcompact agent --processes`: agent processes, each a broker of its own")
@@ -1213,7 +1327,12 @@ def main() -> None:
         if measures == {"metrics"}:
             return
     metrics_port = free_port() if args.agent_metrics else None
-    comparing = measures - {"txn", "security", "fetch-compression"}
+    if "fetch-costs" in measures:
+        with tempfile.TemporaryDirectory(prefix="logcompact-bench-fetch-costs-") as directory:
+            fetch_costs_measures(Path(directory), args.repeat)
+        if measures == {"fetch-costs"}:
+            return
+    comparing = measures - {"txn", "security", "fetch-compression", "fetch-costs"}
     with tempfile.TemporaryDirectory(prefix="logcompact-bench-agent-") as directory, ExitStack() as stack:
         agent, process = stack.enter_context(agent_process(Path(directory), metrics_port=metrics_port, processes=args.agent_processes))
         servers: dict[str, psutil.Process] = {"agent": process}
@@ -1271,15 +1390,22 @@ def main() -> None:
                     for other in clusters[1:]:
                         other.create_topic(topic, "compact")
                         produce(other, topic, survivors, value_bytes, "lz4", keys=survivors)
-                    for cluster in in_turn(repetition):
-                        elapsed, records, read = kcat_consume(cluster, topic)
-                        if cluster is agent and (records, read) != (survivors, size):
-                            raise SystemExit(f"kcat read {records} records of {read} bytes from the agent, expected {survivors} of {size}")
-                        if cluster.name == "kafka" and records != survivors:
-                            raise SystemExit(f"kcat read {records} records from Apache Kafka, expected {survivors}")
-                        note(cluster, f"{name}_records", records / elapsed)
-                        note(cluster, f"{name}_mb", read / elapsed / 1e6)
-                        note(cluster, f"{name}_served", records)
+                    for cluster in in_turn(repetition):  # untimed: the first read pays for the page cache and the agent's file cache
+                        kcat_consume(cluster, topic)
+                    rates: dict[str, list[tuple[float, float]]] = defaultdict(list)
+                    for read_number in range(WARM_READS):  # the clusters in turn, the first rotating, WARM_READS times
+                        for cluster in in_turn(repetition + read_number):
+                            elapsed, records, read = kcat_consume(cluster, topic)
+                            if cluster is agent and (records, read) != (survivors, size):
+                                raise SystemExit(f"kcat read {records} records of {read} bytes from the agent, expected {survivors} of {size}")
+                            if cluster.name == "kafka" and records != survivors:
+                                raise SystemExit(f"kcat read {records} records from Apache Kafka, expected {survivors}")
+                            rates[cluster.name].append((records / elapsed, read / elapsed / 1e6))
+                            if read_number == 0:
+                                note(cluster, f"{name}_served", records)
+                    for cluster in clusters:
+                        note(cluster, f"{name}_records", median([records for records, _ in rates[cluster.name]]))
+                        note(cluster, f"{name}_mb", median([mb for _, mb in rates[cluster.name]]))
                     elapsed, records = in_process_fetch(agent.catalog, topic)
                     if records != survivors:
                         raise SystemExit(f"the agent's read path read {records} records, expected {survivors}")
@@ -1308,7 +1434,8 @@ def main() -> None:
             print(f"{cluster.name}: {producers} producers at {args.clients_rate:,} records/s each for {args.clients_seconds:.0f} s and "
                   f"{consumers} consumers of one group: {got.produced:,} records acked of {got.offered:,} offered "
                   f"({got.produced / args.clients_seconds:,.0f}/s), {got.consumed:,} consumed (the group's first record "
-                  f"{got.first_record_s:.1f} s after the start); load average {os.getloadavg()[0]:.2f}", flush=True)
+                  f"{got.first_record_s:.1f} s after the start); the server's CPU {got.server_cpu_seconds:.1f} s in {got.seconds:.1f} s "
+                  f"({got.server_cpu_seconds / got.seconds:.2f} cores); load average {os.getloadavg()[0]:.2f}", flush=True)
         if "agent" in clients:
             rss[f"with {args.clients} clients"] = clients["agent"].largest_rss
         if "kafka" in clients:

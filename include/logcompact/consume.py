@@ -16,7 +16,7 @@ become holes, as compaction's): the agent filters, so no reader needs the marker
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from logcompact.catalog import CatalogSection, Snapshot
 from logcompact.exceptions import CorruptDataError, InvalidRecordError
-from logcompact.format import read_section_from
+from logcompact.format import SectionInfo, read_section_from
 from logcompact.format.layout import HEADERS_TYPE, INDEX_COLUMNS, key_hash_words
 from logcompact.keys import DATA_KEY_PATTERN
 from logcompact.sketch import estimate, merge_packed
@@ -110,13 +110,19 @@ def read_batches(
     yield from read_sections(store, snapshot.sections_from(topic, partition, from_offset, to_offset), from_offset, to_offset, aborted)
 
 
+# How a section's rows from an offset delta are read: `format.read_section_from`'s signature.
+SectionReader = Callable[[ObjectStore, str, SectionInfo, int, bool], Iterator[pa.RecordBatch]]
+
+
 def read_sections(
     store: ObjectStore, sections: Iterable[SectionRef], from_offset: int = 0, to_offset: int | None = None, aborted: Sequence[AbortedRange] = (),
+    read_section: SectionReader = read_section_from,
 ) -> Iterator[pa.Table]:
     """The records of given sections of one partition, (file key, section) pairs in first-offset order,
     with from_offset <= offset < to_offset and outside the `aborted` ranges (in offset order, not overlapping):
-    what read_batches reads, for a caller that chose the files (a compaction's inputs) and the ranges."""
-    yield from _read(store, sections, from_offset, to_offset, _RECORD_COLUMNS, aborted)
+    what read_batches reads, for a caller that chose the files (a compaction's inputs) and the ranges. `read_section`
+    reads each section (the agent's Fetch: through its cache of decoded blocks)."""
+    yield from _read(store, sections, from_offset, to_offset, _RECORD_COLUMNS, aborted, read_section)
 
 
 _RECORD_COLUMNS = ("timestamp", "key", "value", "headers")
@@ -124,7 +130,7 @@ _RECORD_COLUMNS = ("timestamp", "key", "value", "headers")
 
 def _read(
     store: ObjectStore, sections: Iterable[SectionRef], from_offset: int, to_offset: int | None, columns: tuple[str, ...],
-    aborted: Sequence[AbortedRange] = (),
+    aborted: Sequence[AbortedRange] = (), read_section: SectionReader = read_section_from,
 ) -> Iterator[pa.Table]:
     firsts = np.array([first for first, _ in aborted], dtype=np.int64)
     lasts = np.array([last for _, last in aborted], dtype=np.int64)
@@ -135,13 +141,13 @@ def _read(
             _check_data_key(key, section)
         if len(run) == 1:
             key, section = run[0]
-            batches = read_section_from(store, key, section.info, max(0, from_offset - section.first_offset), index_only)
+            batches = read_section(store, key, section.info, max(0, from_offset - section.first_offset), index_only)
             tables: Iterable[pa.Table] = _records_table(batches, section.first_offset, columns)
         else:
             whole = [
                 table
                 for key, section in run
-                for table in _records_table(read_section_from(store, key, section.info, 0, index_only), section.first_offset, columns)
+                for table in _records_table(read_section(store, key, section.info, 0, index_only), section.first_offset, columns)
             ]
             tables = [_merged(run, whole)]
         for table in tables:

@@ -69,6 +69,8 @@ if TYPE_CHECKING:
               help="Largest record batch taken (Kafka's message.max.bytes; a topic's max.message.bytes overrides it).")
 @click.option("--fetch-cache-bytes", type=click.IntRange(min=0), default=256 * 1024 * 1024, show_default=True,
               help="Bytes of file ranges kept for consumers that read them again (the tail); 0: no cache.")
+@click.option("--fetch-block-cache-bytes", type=click.IntRange(min=0), default=64 * 1024 * 1024, show_default=True,
+              help="Bytes of decoded blocks kept so consumers of one file decode each block once; 0: no cache.")
 @click.option("--fetch-compression", type=click.Choice(["none", "gzip", "snappy", "lz4", "zstd"]), default="none", show_default=True,
               help="Codec Fetch sends records in where their topic's compression.type is producer (Kafka's default) and the codec "
                    "they were produced with is not known (records written through the library or by an older agent).")
@@ -129,7 +131,7 @@ if TYPE_CHECKING:
 def agent(
     ctx: Context, processes: int | None, listen: tuple[str, ...], advertise: tuple[str, ...], allow_insecure_listener: bool, sasl_mechanisms: str,
     node_id: int | None, rack: str | None, flush_ms: int, flush_bytes: int,
-    max_message_bytes: int, fetch_cache_bytes: int, fetch_compression: str, auto_create_topics: bool, num_partitions: int, group_max_size: int,
+    max_message_bytes: int, fetch_cache_bytes: int, fetch_block_cache_bytes: int, fetch_compression: str, auto_create_topics: bool, num_partitions: int, group_max_size: int,
     group_max_bytes: int, offsets_commit_timeout_ms: int, offsets_retention_minutes: int, offsets_retention_check_interval_ms: int,
     max_connections: int, max_connections_per_ip: int, connections_max_idle_ms: int,
     connection_setup_timeout_ms: int, request_read_timeout_ms: int, transaction_max_timeout_ms: int, transactional_id_expiration_ms: int,
@@ -157,7 +159,7 @@ def agent(
         settings = AgentSettings(
             parse_listeners(listen or ("127.0.0.1:9092",), advertise), allow_insecure_listener, node_id, rack,
             sasl_mechanisms=parse_mechanisms(sasl_mechanisms), flush_interval_ms=flush_ms, flush_bytes=flush_bytes, max_message_bytes=max_message_bytes,
-            fetch_cache_bytes=fetch_cache_bytes, fetch_compression=AGENT_CODECS[fetch_compression],
+            fetch_cache_bytes=fetch_cache_bytes, fetch_block_cache_bytes=fetch_block_cache_bytes, fetch_compression=AGENT_CODECS[fetch_compression],
             auto_create_topics=auto_create_topics, num_partitions=num_partitions,
             group_max_size=group_max_size, group_max_bytes=group_max_bytes, offsets_commit_timeout_ms=offsets_commit_timeout_ms,
             offsets_retention_ms=offsets_retention_minutes * 60_000, offsets_retention_check_interval_ms=offsets_retention_check_interval_ms,

@@ -51,11 +51,11 @@ def available_cores() -> int:
     return os.cpu_count() or 1
 
 
-# Budgets an agent holds whole in its memory, divided among the processes: buffered records, the file cache, requests
+# Budgets an agent holds whole in its memory, divided among the processes: buffered records, the file and block caches, requests
 # read and not handled (and one address's share of them), consumer groups' members. Per-connection and per-group bounds
 # (max_in_flight_bytes, group_max_size), and the connection caps, stay as given: a client connects to each process it
 # uses, so each process holds a connection of every client.
-DIVIDED_BUDGETS = ("flush_bytes", "fetch_cache_bytes", "max_queued_bytes", "max_queued_bytes_per_ip", "group_max_bytes")
+DIVIDED_BUDGETS = ("flush_bytes", "fetch_cache_bytes", "fetch_block_cache_bytes", "max_queued_bytes", "max_queued_bytes_per_ip", "group_max_bytes")
 
 
 def check_processes(settings: AgentSettings, count: int) -> None:

@@ -1,7 +1,7 @@
 """The Broker: what every handler is given, this agent as the clients see it (the catalog, its identity in the
 cluster it serves, the advertised address, the table of served APIs) and the managers that hold the agent's state
 (the ingest thread with the producers' state, the group and transaction coordinators, the commit watch, Fetch's file
-cache, the ACL authorizer); and a
+cache and decoded blocks, the ACL authorizer); and a
 handler's type (`Handler`, and `Api`, the entry of the table in handlers/__init__.py), so the table and its
 handlers both point here."""
 
@@ -16,6 +16,7 @@ from logcompact.catalog import Catalog
 from logcompact.catalog.model import AgentRecord
 from logcompact.kafka import codec
 from logcompact.kafka.authorizer import AclAuthorizer
+from logcompact.kafka.block_cache import DecodedBlocks
 from logcompact.kafka.cluster import Address, AgentDirectory
 from logcompact.kafka.event_loop import CommitWatch
 from logcompact.kafka.group_coordinator import GroupCoordinator
@@ -54,6 +55,8 @@ class Broker:
     broker_configs: tuple[BrokerConfig, ...] = field(default=(), repr=False)
     # The Kafka codec id Fetch compresses with where a topic's compression.type is `producer` and the records' is not known
     fetch_compression: int = 0
+    # Fetch's bounded cache of decoded blocks, so consumers of one file decode each block once (block_cache.py)
+    decoded_blocks: DecodedBlocks = field(default_factory=DecodedBlocks, repr=False)
 
     def __post_init__(self) -> None:
         # A group that moved away leaves memory as soon as the live agents change, not at its next request here:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import io
 import struct
 import typing
 import uuid
@@ -44,7 +43,10 @@ __all__ = [
     "Request",
     "build",
     "decode_request",
+    "FrameParts",
     "encode_response",
+    "encode_response_parts",
+    "frame_size",
     "kio_versions",
     "response_class",
 ]
@@ -250,18 +252,57 @@ def _skip_tags(view: memoryview, at: int) -> int:
 
 
 def encode_response(correlation_id: int, response: Any) -> bytes:
-    """One response frame, its 4-byte size prefix included."""
+    """One response frame, its 4-byte size prefix included, as one bytes object (`encode_response_parts` joined)."""
+    parts = encode_response_parts(correlation_id, response)
+    return bytes(parts[0]) if len(parts) == 1 else b"".join(parts)
+
+
+# A bytes-like value kio writes that is at least this long (a partition's record batches) is kept as a part of the
+# frame of its own rather than copied into it: below it, a copy costs less than one more piece to write.
+OWN_PART_BYTES = 32 * 1024
+
+FrameParts = list[bytes | bytearray | memoryview]  # a frame's bytes in order, to be written one after the other
+
+
+class _Parts:
+    """The writable kio encodes into: its fields go into a growing bytearray, each long value (`OWN_PART_BYTES`)
+    becomes a part of its own, a view of the caller's buffer, never copied."""
+
+    def __init__(self) -> None:
+        self.parts: FrameParts = []
+        self.fields = bytearray(b"\0\0\0\0")  # the size prefix, set once the frame is whole
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        if len(data) < OWN_PART_BYTES:
+            self.fields += data
+            return len(data)
+        view = memoryview(data).cast("B")
+        self.parts.append(self.fields)
+        self.parts.append(view)
+        self.fields = bytearray()
+        return view.nbytes
+
+    def frame(self) -> FrameParts:
+        parts = [*self.parts, self.fields] if self.fields else self.parts
+        size = frame_size(parts) - 4
+        parts[0][:4] = size.to_bytes(4, "big", signed=True)  # type: ignore[index]  # the first part is a bytearray of fields
+        return parts
+
+
+def encode_response_parts(correlation_id: int, response: Any) -> FrameParts:
+    """One response frame, its 4-byte size prefix included, as parts to be written in order: kio encodes the header and
+    the fields, while a Fetch's record batches stay the buffers they were encoded in (kio's own writer would copy
+    every batch into its buffer, tens of MiB a response, and the frame once more as it grows)."""
     header_class = type(response).__header_schema__
-    buffer = io.BytesIO()
-    buffer.write(b"\0\0\0\0")
-    entity_writer(header_class)(buffer, header_class(correlation_id=correlation_id))
-    entity_writer(type(response))(buffer, response)
-    size = buffer.tell() - 4
-    buffer.seek(0)
-    buffer.write(size.to_bytes(4, "big", signed=True))
-    # getvalue hands over BytesIO's own bytes when no view of them is held: a Fetch's frame of tens of MiB is not
-    # copied once more (getbuffer then bytes() did).
-    return buffer.getvalue()
+    buffer = _Parts()
+    # kio's writers call only write(): its type names the streams it is usually given
+    entity_writer(header_class)(buffer, header_class(correlation_id=correlation_id))  # type: ignore[arg-type]
+    entity_writer(type(response))(buffer, response)  # type: ignore[arg-type]
+    return buffer.frame()
+
+
+def frame_size(parts: FrameParts) -> int:
+    return sum(memoryview(part).nbytes for part in parts)
 
 
 def build(entity_class: Any, values: Mapping[str, Any]) -> Any:

@@ -34,6 +34,7 @@ from logcompact.kafka import codec
 from logcompact.kafka.broker import Broker
 from logcompact.kafka.cluster import Address
 from logcompact.kafka.quota_manager import Muted
+from logcompact.kafka.served_version import served_version
 
 log = logging.getLogger(__name__)
 
@@ -242,6 +243,7 @@ class AgentCollector(Collector):
         if broker is None:
             return
         yield from self._flushes(broker)
+        yield from self._fetch_reads(broker)
         try:
             figures = self._catalog_figures(broker)
         except Exception as exc:  # the catalog unreachable: the rest is served, the next scrape tries again
@@ -323,6 +325,22 @@ class AgentCollector(Collector):
                                       "Milliseconds of each catalog commit of L0 files (Catalog.append_files, one or more files)")
         _add_summary(commits, {}, list(stats.recent_commit_ms), stats.commits, stats.commit_total_ms)
         yield from (times, sizes, written, commits)
+
+    @staticmethod
+    def _fetch_reads(broker: Broker) -> Iterator[Metric]:
+        """What Fetch's reads cost and saved (Kafka has no such MBeans): blocks decoded and served decoded from the cache
+        (block_cache.py), and topics' log offsets read from the catalog (served_version.py)."""
+        blocks = broker.decoded_blocks
+        decoded = CounterMetricFamily("logcompact_agent_fetch_blocks_decoded", "Blocks of files decoded for Fetch (checksums, Arrow IPC, decompression)")
+        decoded.add_metric([], blocks.decoded)
+        hits = CounterMetricFamily("logcompact_agent_fetch_block_cache_hits", "Blocks Fetch read from its cache of decoded blocks, not decoded again")
+        hits.add_metric([], blocks.hits)
+        held = GaugeMetricFamily("logcompact_agent_fetch_block_cache_bytes", "Bytes of decoded blocks held (--fetch-block-cache-bytes bounds them)")
+        held.add_metric([], blocks.cached_bytes)
+        reads = CounterMetricFamily("logcompact_agent_log_offsets_reads",
+                                    "Topics' log offsets read from the catalog by Fetch and ListOffsets: once per topic and catalog version")
+        reads.add_metric([], served_version(broker.catalog).offsets_reads)
+        yield from (decoded, hits, held, reads)
 
     def _catalog_figures(self, broker: Broker) -> CatalogFigures:
         with self._read_lock:

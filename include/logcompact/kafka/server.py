@@ -64,9 +64,12 @@ from logcompact.kafka.authenticator import (
     check_mechanisms,
 )
 from logcompact.kafka.authorizer import AclAuthorizer, AuthorizerSettings
+from logcompact.kafka.block_cache import DEFAULT_MAX_BYTES as DEFAULT_FETCH_BLOCK_CACHE_BYTES
+from logcompact.kafka.block_cache import DecodedBlocks
 from logcompact.kafka.broker import Broker
 from logcompact.kafka.cluster import Address, AgentDirectory
 from logcompact.kafka.event_loop import CommitWatch
+from logcompact.kafka.frame_writer import write_frame
 from logcompact.kafka.group_coordinator import (
     DEFAULT_GROUP_MAX_BYTES,
     DEFAULT_GROUP_MAX_SIZE,
@@ -155,6 +158,7 @@ class AgentSettings:
     offsets_retention_ms: int = OFFSETS_RETENTION_MS  # Kafka's offsets.retention.minutes, in ms
     offsets_retention_check_interval_ms: int = OFFSETS_RETENTION_CHECK_INTERVAL_MS  # Kafka's offsets.retention.check.interval.ms
     fetch_cache_bytes: int = DEFAULT_FETCH_CACHE_BYTES  # file ranges Fetch keeps for consumers reading them again
+    fetch_block_cache_bytes: int = DEFAULT_FETCH_BLOCK_CACHE_BYTES  # decoded blocks Fetch keeps for consumers of the same file
     fetch_compression: int = 0  # the Kafka codec id Fetch sends where a topic says `producer` and the records' is not known
     auto_create_topics: bool = True  # Kafka's auto.create.topics.enable
     num_partitions: int = 1  # Kafka's num.partitions: of a topic created without a count
@@ -298,7 +302,7 @@ class Connection:
     in_flight: asyncio.Semaphore
     held: ByteBudget  # bytes of its requests read and of their answers not written, within max_in_flight_bytes
     queued: ByteBudget  # its address's share of the agent's budget
-    responses: asyncio.Queue[tuple[asyncio.Task[bytes | None], int] | None]
+    responses: asyncio.Queue[tuple[asyncio.Task[codec.FrameParts | None], int] | None]
     writer: asyncio.StreamWriter
     accepted_at: float
     answered_at: float = -math.inf
@@ -416,6 +420,7 @@ class AgentServer:
             self.catalog, cluster_id, agents, advertised, APIS, ingest, settings.max_message_bytes, commits, groups, file_cache,
             transactions, quotas, settings.auto_create_topics, settings.num_partitions, authorizer,
             agent_broker_configs(settings, bound, advertised_at, agents.me.node_id), fetch_compression=settings.fetch_compression,
+            decoded_blocks=DecodedBlocks(settings.fetch_block_cache_bytes),
         )
         quotas.start()
         groups.start(self._broker.coordinates)  # offsets' retention, of the groups this agent coordinates
@@ -690,7 +695,7 @@ class AgentServer:
                     if expired.unread:  # its sender waits on answers the client will not take
                         connection.writer.transport.abort()
 
-    async def _answer(self, request: codec.Request, connection: Connection, size: int) -> bytes | None:
+    async def _answer(self, request: codec.Request, connection: Connection, size: int) -> codec.FrameParts | None:
         """The response frame, or None for a request answered with none (Produce with acks=0). The request's bytes
         go back to the agent's budget as its handler ends; the answer's count in its connection's until written."""
         started = time.perf_counter()
@@ -702,15 +707,15 @@ class AgentServer:
             self.metrics.answered(request, response, started)
             if throttle_ms := throttle_ms_of(response):
                 connection.muted_until = max(connection.muted_until, asyncio.get_running_loop().time() + throttle_ms / 1000)
-            frame = None if response is None or isinstance(response, Muted) else codec.encode_response(request.correlation_id, response)
+            frame = None if response is None or isinstance(response, Muted) else codec.encode_response_parts(request.correlation_id, response)
         finally:
             self._handled(connection, size)
         if frame is not None:
-            connection.held.add(len(frame))
+            connection.held.add(codec.frame_size(frame))
         return frame
 
     async def _authentication_step(self, received: codec.Request | bytes, connection: Connection, size: int,
-                                   authenticator: SaslAuthenticator) -> bytes | None:
+                                   authenticator: SaslAuthenticator) -> codec.FrameParts | None:
         """`_answer` for what a connection sends before it authenticated: the authenticator's answer, None to close."""
         started = time.perf_counter()
         try:
@@ -721,7 +726,7 @@ class AgentServer:
             self.metrics.answered(received, None, started)
         if frame is not None:
             connection.held.add(len(frame))
-        return frame
+        return None if frame is None else [frame]
 
     @staticmethod
     def _handled(connection: Connection, size: int) -> None:
@@ -737,7 +742,7 @@ class AgentServer:
             try:
                 frame = await answering
                 if frame is not None:
-                    writer.write(frame)
+                    write_frame(writer.transport, frame)
                     await self._drain(writer, connection)
             except ConnectionError as exc:  # the client stopped with answers unread: ordinary (Kafka logs it at debug)
                 if connection.closed_for is None:  # else aborted by the sweep, which said why
@@ -747,7 +752,7 @@ class AgentServer:
                 log.warning("connection from %s closed: its request failed: %s: %s", connection.peer, type(exc).__name__, exc)
                 break
             connection.in_flight.release()
-            connection.held.give(size + (len(frame) if frame is not None else 0))
+            connection.held.give(size + (codec.frame_size(frame) if frame is not None else 0))
             connection.unanswered -= 1
             connection.answered_at = loop.time()
         _cancel_queued(connection.responses)

@@ -1,9 +1,12 @@
 """Fetch (key 1), v4-12: a partition's records from an offset, as record batches v2, read from the
 catalog's sections at one snapshot through consume's read path, behind the agent's bounded cache of file ranges
-(`Broker.file_cache`), and encoded from their Arrow columns a batch at a time (`records.BatchBuffer`). A request
-reads the catalog's version, each topic's watermarks and, in one query, the first page of the sections of each of its
-partitions (the snapshot is reused while no commit comes; a partition's later pages as its read gets to them, none
-past its byte limit: `Snapshot.sections_from`), and its partitions are read on several threads at once (`read`).
+(`Broker.file_cache`) and its cache of decoded blocks (`Broker.decoded_blocks`: consumers of one file decode each of
+its blocks once), and encoded from their Arrow columns a batch at a time (`records.BatchBuffer`). A request reads the
+catalog's version and, in one query, the first page of the sections of each of its partitions (the snapshot and each
+topic's watermarks are kept while no commit comes: served_version.py; a partition's later pages as its read gets to
+them, none past its byte limit: `Snapshot.sections_from`), and its partitions are read on several threads at once
+(`read`). The response's record batches are written to the socket from the buffers they were encoded in
+(`codec.encode_response_parts`).
 
 Batches are compressed as the topic's `compression.type` says, as Kafka's broker stores them: `producer` (the
 default) with the codec the records were produced with, as their section records it (`sections.produced_compression`;
@@ -43,7 +46,6 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-import weakref
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -55,10 +57,12 @@ from logcompact.catalog.quotas import CONSUMER_BYTE_RATE
 from logcompact.catalog.schema import UNKNOWN_CODEC
 from logcompact.catalog.snapshot import PartitionSections
 from logcompact.catalog.topics import LogOffsets
-from logcompact.consume import READ_COMMITTED, READ_UNCOMMITTED, AbortedRange, SectionRef, read_sections
-from logcompact.exceptions import TopicNotFoundError
+from logcompact.consume import READ_COMMITTED, READ_UNCOMMITTED, AbortedRange, SectionReader, SectionRef, read_sections
+from logcompact.format import read_section_from
 from logcompact.kafka import codec, records
+from logcompact.kafka.block_cache import DecodedBlocks
 from logcompact.kafka.broker import Broker
+from logcompact.kafka.served_version import served_version
 from logcompact.store.base import ObjectStore
 
 API_KEY = 1
@@ -130,7 +134,7 @@ async def handle(broker: Broker, request: codec.Request) -> Any:
         max_bytes = min(max_bytes, int(in_window))  # Kafka's bound: more would be throttled whatever came before
     while True:
         version, topics = await asyncio.to_thread(
-            read, broker.catalog, broker.file_cache, max_bytes, wanted, int(body.isolation_level), broker.fetch_compression,
+            read, broker.catalog, broker.file_cache, max_bytes, wanted, int(body.isolation_level), broker.fetch_compression, broker.decoded_blocks,
         )
         found = sum(len(partition.records) for _, partitions in topics for partition in partitions)
         failed = bool(denied) or any(partition.error != codec.ErrorCode.none for _, partitions in topics for partition in partitions)
@@ -162,23 +166,23 @@ def _within_quota(broker: Broker, request: codec.Request, topics: list[tuple[str
 
 def read(
     catalog: Catalog, store: ObjectStore, max_bytes: int, wanted: list[tuple[str, list[Wanted]]], isolation: int = READ_UNCOMMITTED,
-    default_codec: int = records.NONE,
+    default_codec: int = records.NONE, blocks: DecodedBlocks | None = None,
 ) -> tuple[int, list[tuple[str, list[Answer]]]]:
     """The catalog version read and each partition's answer to a Fetch of `wanted` partitions (topic by topic, in the
     request's order) within `max_bytes` at `isolation` (Kafka's level), reading files through `store`, its batches
     compressed as each topic's compression.type says (`default_codec` where it says `producer` and the produced
-    codec is not known).
+    codec is not known), sections' blocks decoded through `blocks` when given (the agent's cache of decoded blocks).
 
     Partitions are answered in order, each within what the earlier ones left of `max_bytes`. Those whose limits fit
     `max_bytes` together are read at once on PARTITION_READERS threads (decompressing and encoding release the GIL),
     each as if it came first with all of its limit, and each such answer is taken when it is what reading in order
     gives: its limit is whole and, past the response's first records, the answer is within it; else that partition
     is read again in order (which happens only after a record larger than a limit)."""
-    # High watermarks read before the snapshot: every offset below one was committed before it, so an offset the
-    # snapshot does not hold there is one compaction removed, which a batch may cover; records are read below it.
-    # Likewise every transaction with data below a last stable offset read then had ended: its aborted ranges are known.
-    log_offsets = {topic: _log_offsets(catalog, topic) for topic, _ in wanted}
-    snapshot = _snapshot(catalog)
+    # High watermarks as of the snapshot's version or before: every offset below one was committed by then, so an
+    # offset the snapshot does not hold there is one compaction removed, which a batch may cover; records are read below
+    # it. Likewise every transaction with data below a last stable offset read then had ended: its aborted ranges are
+    # known. Both kept per catalog version (served_version.py).
+    snapshot, log_offsets = served_version(catalog).read([topic for topic, _ in wanted])
     plan: list[tuple[str, list[Answer | _ToRead]]] = []
     for topic, partitions in wanted:
         # A topic created between the two reads is not in the snapshot yet: unknown this time.
@@ -189,13 +193,14 @@ def read(
             compression = snapshot.topic(topic).config.compression_type
             sent_codec = None if compression is None else TOPIC_CODECS[compression]
             plan.append((topic, _partitions_plan(snapshot, topic, partitions, offsets, isolation, sent_codec, default_codec)))
+    read_section = read_section_from if blocks is None else blocks.read_section_from
     planned, alone = 0, {}
     to_read = [entry for _, entries in plan for entry in entries if isinstance(entry, _ToRead)]
     for partition in to_read if len(to_read) > 1 else ():
         if planned + partition.asked.max_bytes > max_bytes:
             break
         planned += partition.asked.max_bytes
-        alone[id(partition)] = _PARTITION_READERS.submit(_read_alone, store, partition)
+        alone[id(partition)] = _PARTITION_READERS.submit(_read_alone, store, read_section, partition)
     budget = _Budget(max_bytes)
     answered = []
     for topic, items in plan:
@@ -213,7 +218,7 @@ def read(
                     budget.first_taken = budget.first_taken or took_records
                     answers.append(answer)
                     continue
-            answers.append(_answer(store, item, limit, budget))
+            answers.append(_answer(store, read_section, item, limit, budget))
         answered.append((topic, answers))
     return snapshot.version, answered
 
@@ -280,37 +285,18 @@ def _partitions_plan(
     ]
 
 
-def _read_alone(store: ObjectStore, item: _ToRead) -> tuple[Answer, bool]:
+def _read_alone(store: ObjectStore, read_section: SectionReader, item: _ToRead) -> tuple[Answer, bool]:
     """The partition's answer as the first of a response with all of its limit, and whether it took records."""
     budget = _Budget(item.asked.max_bytes)
-    return _answer(store, item, item.asked.max_bytes, budget), budget.first_taken
+    return _answer(store, read_section, item, item.asked.max_bytes, budget), budget.first_taken
 
 
-def _answer(store: ObjectStore, item: _ToRead, limit: int, budget: _Budget) -> Answer:
-    batches, next_offset = _batches(store, item, limit, budget)
+def _answer(store: ObjectStore, read_section: SectionReader, item: _ToRead, limit: int, budget: _Budget) -> Answer:
+    batches, next_offset = _batches(store, read_section, item, limit, budget)
     return Answer(item.asked.partition, codec.ErrorCode.none, item.high_watermark, item.log_start, item.last_stable, batches, next_offset)
 
 
-# The newest snapshot read of each catalog, reused while no commit has come since (a snapshot reads the topics).
-_snapshots: weakref.WeakKeyDictionary[Catalog, Snapshot] = weakref.WeakKeyDictionary()
-
-
-def _snapshot(catalog: Catalog) -> Snapshot:
-    held = _snapshots.get(catalog)
-    if held is not None and held.version == catalog.latest_version():
-        return held
-    _snapshots[catalog] = snapshot = catalog.snapshot()
-    return snapshot
-
-
-def _log_offsets(catalog: Catalog, topic: str) -> list[LogOffsets] | None:
-    try:
-        return catalog.log_offsets(topic)
-    except TopicNotFoundError:
-        return None
-
-
-def _batches(store: ObjectStore, item: _ToRead, limit: int, budget: _Budget) -> tuple[memoryview, int]:
+def _batches(store: ObjectStore, read_section: SectionReader, item: _ToRead, limit: int, budget: _Budget) -> tuple[memoryview, int]:
     """Record batches of the item's records in [fetch_offset, read_end) outside its aborted ranges within `limit`
     bytes as sent (compressed), or one whole batch of one record when it is the response's first (Kafka's rule, so a
     large record never stalls a consumer), and the offset after them.
@@ -323,7 +309,7 @@ def _batches(store: ObjectStore, item: _ToRead, limit: int, budget: _Budget) -> 
     fetch_offset, read_end = item.asked.fetch_offset, item.end
     out = records.BatchBuffer(min(max(limit, 0), BUFFER_BYTES))
     ratio = 1.0  # bytes before compression per byte sent, of the last batch
-    for table in read_sections(store, item.sections, fetch_offset, read_end, item.aborted):
+    for table in read_sections(store, item.sections, fetch_offset, read_end, item.aborted, read_section):
         for chunk in table.to_batches():
             columns = records.RecordColumns.of(chunk)
             start = 0

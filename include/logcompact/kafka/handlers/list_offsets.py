@@ -1,5 +1,5 @@
 """ListOffsets (key 2), v0-7: a partition's earliest, latest, by-timestamp and max-timestamp offsets, from the
-catalog (one snapshot per request) and, for timestamps, the records of the sections that may hold the answer.
+catalog (the newest snapshot, and the log offsets kept per catalog version: served_version.py) and, for timestamps, the records of the sections that may hold the answer.
 
 Under `isolation_level` read_committed (v2+) the log ends at the partition's last stable offset, as in Kafka: latest
 is the last stable offset, and a timestamp is looked up below it only (the offset of an aborted record may be the
@@ -16,6 +16,7 @@ from logcompact.catalog.acls import AclOperation
 from logcompact.consume import READ_COMMITTED, read_batches
 from logcompact.kafka import codec, records
 from logcompact.kafka.broker import Broker
+from logcompact.kafka.served_version import served_version
 from logcompact.store.base import ObjectStore
 
 API_KEY = 2
@@ -43,7 +44,7 @@ Found = tuple[int, int] | codec.ErrorCode  # (offset, timestamp), or the partiti
 
 
 def _list(broker: Broker, body: Any, denied: set[str]) -> list[tuple[str, list[tuple[int, Found]]]]:
-    snapshot = broker.catalog.snapshot()
+    snapshot, offsets = served_version(broker.catalog).read([topic.name for topic in body.topics if topic.name not in denied])
     committed = getattr(body, "isolation_level", 0) == READ_COMMITTED  # from v2
     answered: list[tuple[str, list[tuple[int, Found]]]] = []
     for topic in body.topics:
@@ -51,13 +52,13 @@ def _list(broker: Broker, body: Any, denied: set[str]) -> list[tuple[str, list[t
             answered.append((topic.name, [(int(entry.partition_index), codec.ErrorCode.topic_authorization_failed) for entry in topic.partitions]))
             continue
         known = snapshot.topics.get(topic.name)
-        log_offsets = broker.catalog.log_offsets(topic.name) if known else []
+        log_offsets = offsets[topic.name] if known else None
         indexes = [int(entry.partition_index) for entry in topic.partitions]
         partitions: list[tuple[int, Found]] = []
         for entry, index in zip(topic.partitions, indexes):
             if indexes.count(index) > 1:  # as Kafka: a partition asked twice is answered with an error, twice
                 partitions.append((index, codec.ErrorCode.invalid_request))
-            elif known is None or not 0 <= index < known.partitions:
+            elif known is None or log_offsets is None or not 0 <= index < min(known.partitions, len(log_offsets)):
                 partitions.append((index, codec.ErrorCode.unknown_topic_or_partition))
             else:
                 log_start, high_watermark, last_stable = log_offsets[index]
