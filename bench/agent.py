@@ -104,7 +104,6 @@ import io
 import json
 import math
 import os
-import shutil
 import socket
 import statistics
 import struct
@@ -117,7 +116,7 @@ import urllib.request
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,6 +128,7 @@ from catalog import WIDE_PARTITIONS, WIDE_TOPICS
 from confluent_kafka import OFFSET_END, Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from postgres_server import ThrowAwayPostgres
+from profiling import Profile, sampled
 from results import recorded
 
 from logcompact.catalog import Catalog, NewFile
@@ -1274,6 +1274,8 @@ def row(measure: str, of: dict[str, dict[str, float]], key: str, unit: str, targ
     return f"{measure:<44} {figures}  {shown}  {unit:<10} {target}{judged}"
 
 
+PROFILE_RATE = 50  # samples a second of py-spy on the agent while it is measured: a small share of one core
+
 DURABILITY = (
     "what an acknowledgement means (acks=all): the agent's once the record's L0 file is written to the object store and\n"
     "  committed to the catalog, so on S3 and PostgreSQL (a PUT the store has made durable, a commit fsynced) it survives\n"
@@ -1281,14 +1283,6 @@ DURABILITY = (
     "  left to this machine's page cache too); Kafka's once the record is in the leader's page cache (log.flush.* unset, Kafka's\n"
     "  default) and, with more brokers, in every in-sync replica's page cache: here one broker, no replica, so a crash of\n"
     "  its machine loses what the kernel had not written yet; the mock cluster keeps records in the client's memory.")
-
-
-def profile_pointer(pids: dict[str, int], missed: list[str]) -> str:
-    """Where to look for what binds a missed target: py-spy on the agent (native frames too) while it is measured."""
-    how = "py-spy record --native --pid {pid} --duration 30 -o agent-profile.svg".format(pid=pids["agent"])
-    have = "py-spy is on PATH" if shutil.which("py-spy") else "py-spy is not installed here: pip install py-spy"
-    broker = f"; the broker's side: `jcmd {pids['kafka']} Thread.print` or async-profiler" if "kafka" in pids else ""
-    return f"missed: {', '.join(missed)}. To profile the agent while one runs: `{how}` during `bench/agent.py --measures ...` ({have}){broker}."
 
 
 def main() -> None:
@@ -1352,6 +1346,15 @@ def main() -> None:
             turn = repetition % len(clusters)
             return clusters[turn:] + clusters[:turn]
 
+        profiles: dict[str, Profile] = {}
+
+        def profiled(cluster: Cluster, measure: str) -> AbstractContextManager[object]:
+            """The agent's runs of a measure sampled by py-spy into one profile, printed if the measure misses."""
+            if cluster is not agent:
+                return nullcontext()
+            profile = profiles.setdefault(measure, Profile(f"the agent during {measure}"))
+            return sampled(process.pid, rate=PROFILE_RATE, subprocesses=args.agent_processes > 1, into=profile)
+
         def produce_noting_cpu(cluster: Cluster, name: str, repetition: int, count: int, value_bytes: int, compression: str) -> float:
             """Seconds of the produce measure; the server's CPU meanwhile noted per million records (none for the mock,
             which runs in this process)."""
@@ -1360,8 +1363,9 @@ def main() -> None:
             if cluster.name not in servers:
                 return produce(cluster, topic, count, value_bytes, compression, keys=count)
             took: list[float] = []
-            cpu_seconds = agent_security.produce_cpu_seconds(
-                servers[cluster.name], lambda: took.append(produce(cluster, topic, count, value_bytes, compression, keys=count)))
+            with profiled(cluster, f"produce_{name}"):
+                cpu_seconds = agent_security.produce_cpu_seconds(
+                    servers[cluster.name], lambda: took.append(produce(cluster, topic, count, value_bytes, compression, keys=count)))
             note(cluster, f"produce_{name}_cpu", cpu_seconds / count * 1e6)
             return took[0]
 
@@ -1372,7 +1376,8 @@ def main() -> None:
             for cluster in in_turn(repetition) if "latency" in measures else ():
                 topic = f"latency-{repetition}"
                 cluster.create_topic(topic, "delete")
-                latencies = ack_latencies(cluster, topic, args.latency_seconds)
+                with profiled(cluster, "latency"):
+                    latencies = ack_latencies(cluster, topic, args.latency_seconds)
                 note(cluster, "latency_p50", percentile(latencies, 0.5))
                 note(cluster, "latency_p99", percentile(latencies, 0.99))
             rss["after produce"] = max(rss.get("after produce", 0), process.memory_info().rss)
@@ -1395,7 +1400,8 @@ def main() -> None:
                     rates: dict[str, list[tuple[float, float]]] = defaultdict(list)
                     for read_number in range(WARM_READS):  # the clusters in turn, the first rotating, WARM_READS times
                         for cluster in in_turn(repetition + read_number):
-                            elapsed, records, read = kcat_consume(cluster, topic)
+                            with profiled(cluster, name):
+                                elapsed, records, read = kcat_consume(cluster, topic)
                             if cluster is agent and (records, read) != (survivors, size):
                                 raise SystemExit(f"kcat read {records} records of {read} bytes from the agent, expected {survivors} of {size}")
                             if cluster.name == "kafka" and records != survivors:
@@ -1415,7 +1421,8 @@ def main() -> None:
             for cluster in in_turn(repetition) if "group" in measures else ():
                 topic = f"group-{repetition}"
                 cluster.create_topic(topic, "delete")
-                note(cluster, "group_join", group_join_to_first_record(cluster, topic))
+                with profiled(cluster, "group_join"):
+                    note(cluster, "group_join", group_join_to_first_record(cluster, topic))
             if "kafka" in servers:
                 kafka_rss["during the measures"] = max(kafka_rss.get("during the measures", 0), servers["kafka"].memory_info().rss)
             print(f"repetition {repetition + 1} of {args.repeat} done; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
@@ -1429,7 +1436,8 @@ def main() -> None:
                       f"and answers no CreateTopics, and this measure needs {consumers}", flush=True)
                 continue
             cluster.create_topic("clients", "delete", partitions=consumers)
-            clients[cluster.name] = many_clients(cluster, servers[cluster.name], "clients", args.clients, args.clients_seconds, args.clients_rate)
+            with profiled(cluster, "clients"):
+                clients[cluster.name] = many_clients(cluster, servers[cluster.name], "clients", args.clients, args.clients_seconds, args.clients_rate)
             got = clients[cluster.name]
             print(f"{cluster.name}: {producers} producers at {args.clients_rate:,} records/s each for {args.clients_seconds:.0f} s and "
                   f"{consumers} consumers of one group: {got.produced:,} records acked of {got.offered:,} offered "
@@ -1447,7 +1455,6 @@ def main() -> None:
             security_measures(Path(directory), small, args.repeat)
         if "fetch-compression" in measures:
             fetch_compression_measures(Path(directory) / "fetch-compression", small, args.repeat)
-        pids = {name: server.pid for name, server in servers.items()}
     if not comparing:
         if "txn" in measures:
             print(f"agent resident memory after the transactions: {rss['after transactions'] / 2**20:,.0f} MiB")
@@ -1456,33 +1463,33 @@ def main() -> None:
     nan = float("nan")
     of: dict[str, dict[str, float]] = {
         name: defaultdict(lambda: nan, {key: median(values) for key, values in figures[name].items()}) for name in CLUSTERS}
-    missed: list[str] = []
+    missed: dict[str, str] = {}  # a missed target's name: the measure whose profile shows what binds it
 
-    def judged(line: str, name: str) -> str:
+    def judged(line: str, name: str, measure: str) -> str:
         if "MISSED" in line:
-            missed.append(name)
+            missed[name] = measure
         return line
 
     print(f"\nmedians of {args.repeat}, every measure on each cluster in turn (the first rotating); machine: {machine()}")
     print(f"{'measure':<44} {'agent':>12} {'Kafka':>12} {'mock':>12}  {'ag/Kf':>6}  {'unit':<10} target")
-    print(judged(row(f"produce {small:,} x 100 B, lz4, acks=all", of, "produce_small", "records/s", ">= 500,000", 0.8), "produce 100 B"))
-    print(judged(row(f"produce {large:,} x 1 KiB, acks=all", of, "produce_large", "MB/s", ">= 150", 0.8), "produce 1 KiB"))
+    print(judged(row(f"produce {small:,} x 100 B, lz4, acks=all", of, "produce_small", "records/s", ">= 500,000", 0.8), "produce 100 B", "produce_small"))
+    print(judged(row(f"produce {large:,} x 1 KiB, acks=all", of, "produce_large", "MB/s", ">= 150", 0.8), "produce 1 KiB", "produce_large"))
     print(f"  the server's CPU per million records produced: 100 B agent {of['agent']['produce_small_cpu']:.2f} s, Kafka "
           f"{of['kafka']['produce_small_cpu']:.2f} s; 1 KiB agent {of['agent']['produce_large_cpu']:.2f} s, Kafka {of['kafka']['produce_large_cpu']:.2f} s")
     print(row(f"ack latency p50, acks=all, {FLUSH_MS} ms flush", of, "latency_p50", "ms", ""))
     p99 = of["agent"]["latency_p99"]
     print(judged(row(f"ack latency p99, acks=all, {FLUSH_MS} ms flush", of, "latency_p99", "ms", "" if math.isnan(p99) else f"agent {verdict(p99, 400, at_least=False)}"),
-                 "ack p99"))
-    print(judged(row("fetch, compacted, from files, 100 B, kcat", of, "fetch_records", "records/s", ">= 1,000,000", 0.9), "fetch 100 B records/s"))
-    print(judged(row("fetch, compacted, from files, 100 B, kcat", of, "fetch_mb", "MB/s", "", 0.9), "fetch 100 B MB/s"))
-    print(judged(row("fetch, compacted, from files, 1 KiB, kcat", of, "fetch_large_records", "records/s", "", 0.9), "fetch 1 KiB records/s"))
-    print(judged(row("fetch, compacted, from files, 1 KiB, kcat", of, "fetch_large_mb", "MB/s", ">= 300", 0.9), "fetch 1 KiB MB/s"))
+                 "ack p99", "latency"))
+    print(judged(row("fetch, compacted, from files, 100 B, kcat", of, "fetch_records", "records/s", ">= 1,000,000", 0.9), "fetch 100 B records/s", "fetch"))
+    print(judged(row("fetch, compacted, from files, 100 B, kcat", of, "fetch_mb", "MB/s", "", 0.9), "fetch 100 B MB/s", "fetch"))
+    print(judged(row("fetch, compacted, from files, 1 KiB, kcat", of, "fetch_large_records", "records/s", "", 0.9), "fetch 1 KiB records/s", "fetch_large"))
+    print(judged(row("fetch, compacted, from files, 1 KiB, kcat", of, "fetch_large_mb", "MB/s", ">= 300", 0.9), "fetch 1 KiB MB/s", "fetch_large"))
     print(row("  the agent's read path alone, 100 B", of, "fetch_inproc_records", "records/s", "(in-process)"))
     print(row("  the agent's read path alone, 1 KiB", of, "fetch_large_inproc_mb", "MB/s", "(in-process)"))
     if "fetch" in measures:
         print("records kcat read (median): " + "; ".join(f"{name} {of[name]['fetch_served']:,.0f} and {of[name]['fetch_large_served']:,.0f}"
                                                           for name in by_name) + " (the mock: of what it kept)")
-    print(judged(row("consumer group of 3: join to first record", of, "group_join", "s", "<= 5", 1.2, at_least=False), "group join"))
+    print(judged(row("consumer group of 3: join to first record", of, "group_join", "s", "<= 5", 1.2, at_least=False), "group join", "group_join"))
     if "group" in measures and "kafka" in by_name:
         print(f"  a new group's first rebalance waits group.initial.rebalance.delay.ms for more members: Kafka's {KAFKA_GROUP_DELAY_MS:,} ms "
               "(its default), the agent's 1,000 ms (docs/agent.md, Consumer groups)")
@@ -1490,7 +1497,7 @@ def main() -> None:
         kept_up = got.produced >= got.offered and got.consumed >= got.produced
         line = (f"{args.clients} clients, {name}: {got.produced / max(1, got.offered):.1%} of {offered_rate:,} records/s offered acked, "
                 f"{got.consumed / max(1, got.produced):.1%} of them consumed (target: all acked, consumers keep up: {'met' if kept_up else 'MISSED'})")
-        print(judged(line, f"{args.clients} clients ({name})") if name == "agent" else line)
+        print(judged(line, f"{args.clients} clients ({name})", "clients") if name == "agent" else line)
     print("agent resident memory (max): " + ", ".join(f"{rss[name] / 2**20:,.0f} MiB {name}" for name in rss))
     print("  its bounds (settings): the fetch cache 256 MiB, requests read and not answered 1 GiB (128 MiB a connection),"
           " the ingest buffer flush_bytes 8 MiB (a full one flushing while the next fills), 1,000 connections")
@@ -1498,7 +1505,10 @@ def main() -> None:
         print(f"Kafka resident memory (max, heap {KAFKA_HEAP}): " + ", ".join(f"{kafka_rss[name] / 2**20:,.0f} MiB {name}" for name in kafka_rss))
     print(DURABILITY)
     if missed:
-        print(profile_pointer(pids, missed))
+        print(f"\nmissed: {', '.join(missed)}; what binds each and what would close it: bench/README.md, Where the misses come from. "
+              f"The agent's runs of each, sampled by py-spy at {PROFILE_RATE} a second without pausing it:")
+        for measure in dict.fromkeys(missed.values()):
+            print(profiles[measure].summary() if measure in profiles else f"no profile of {measure}: the agent did not run it")
 
 
 if __name__ == "__main__":
