@@ -95,8 +95,12 @@ def decode_block(
     payload_batch = _decode(name, position, payload, PAYLOAD_SCHEMA)
     if payload_batch.num_rows != index_batch.num_rows:
         raise CorruptDataError(f"{name}: block at byte {position} holds {index_batch.num_rows} index rows but {payload_batch.num_rows} payload rows; the file is corrupt")
-    columns = {**dict(zip(INDEX_SCHEMA.names, index_batch.columns)), **dict(zip(PAYLOAD_SCHEMA.names, payload_batch.columns))}
-    return pa.RecordBatch.from_arrays([columns[name] for name in SECTION_SCHEMA.names], schema=SECTION_SCHEMA)
+    columns = index_batch.columns + payload_batch.columns
+    return pa.RecordBatch.from_arrays([columns[i] for i in _SECTION_ORDER], schema=SECTION_SCHEMA)
+
+
+# Where each of SECTION_SCHEMA's columns is among a block's index columns followed by its payload columns.
+_SECTION_ORDER = [(*INDEX_SCHEMA.names, *PAYLOAD_SCHEMA.names).index(name) for name in SECTION_SCHEMA.names]
 
 
 def iter_blocks(name: str, data: memoryview | bytes, position: int, index_only: bool = False) -> Iterator[tuple[int, pa.RecordBatch]]:
