@@ -155,14 +155,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--case", choices=["a", "b", "c", "d", "all"], default="all")
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--tmp", metavar="DIR", help="where the files and the engine's output are written (default: the "
-                        "system's temporary directory); /dev/shm where the page cache does not keep them between runs")
     parser.add_argument("--min-lag", default="none", metavar="VARIANTS",
                         help="comma-separated: none, or the share (0 to 1) of each partition's newest records within the lag")
     args = parser.parse_args()
-    if args.tmp:
-        os.environ["TMPDIR"] = args.tmp  # the engine's scratch files too (run_plan's temporary directory)
-        tempfile.tempdir = None
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     pa.set_cpu_count(1)
     pa.set_io_thread_count(1)
