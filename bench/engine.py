@@ -13,7 +13,8 @@ file twice and writes the output's bytes with plain file I/O. The bare two-pass 
 the format's streams (pass 1 the index parts into the same key map, pass 2 whole blocks), with the checks the
 engine's streams make, and writes each key's latest record with the format's writer, and nothing else: no rules,
 no merge, no stats: what the engine costs over the format it reads and writes (run after the engine, before the
-floor, with the collector paused as the engine pauses it). Also printed: how many distinct
+floor, with the collector paused as the engine pauses it). Also printed: the engine's and the floor's CPU time (user and
+system), steadier than their wall time when other work shares the core; how many distinct
 keys the 128 MiB map holds. The process is pinned to one CPU and Arrow to one thread.
   (c) an L0 to L1 copy (`run_plan` of a plan that does not deduplicate) of 32 agents' files, each holding records
       of 1,000 partitions (16,000 keys, 2 records a key, 100-byte values): some 20,000 sections of a record or two,
@@ -178,15 +179,18 @@ def main() -> None:
             files, payload = write_compacted_log(store, "bench", distinct, per_key, value_bytes, PARTITIONS, FILES)
             engine: dict[str, list[float]] = {variant: [] for variant in variants}
             floors, bare, bare_writer, young_kept, outputs = [], [], [], {}, {}
+            engine_cpu, floor_cpu = [], []
             for _ in range(args.repeat):
                 for variant in variants:
                     plan = Plan(
                         plan_id=f"bench-{uuid.uuid4().hex[:8]}", cluster_id="bench", manifest_version=1, now_ms=plan_now,
                         target_level=2, deduplicate=True, inputs=tuple(files), topics={"bench": topics[variant]},
                     )
-                    started = time.perf_counter()
+                    started, cpu = time.perf_counter(), time.process_time()
                     result = run_plan(store, plan)
                     engine[variant].append(time.perf_counter() - started)
+                    if variant == "none":
+                        engine_cpu.append(time.process_time() - cpu)
                     young_kept[variant], outputs[variant] = result.stats.young_kept, len(result.outputs)
                     if variant == "none":
                         assert result.stats.records_out == distinct, result.stats
@@ -194,7 +198,9 @@ def main() -> None:
                         assert written == distinct, written
                         bare.append(seconds)
                         bare_writer.append(in_writer)
+                        cpu = time.process_time()
                         floors.append(io_floor(store, files, result.stats.bytes_out, Path(tmp)))
+                        floor_cpu.append(time.process_time() - cpu)
                     for output in result.outputs:
                         store.delete(output.key)
             size = sum(d.size for d in files)
@@ -216,6 +222,10 @@ def main() -> None:
                     f"{outputs[variant]} output file(s)  (runs: {', '.join(f'{x:.2f}' for x in engine[variant])})",
                     flush=True,
                 )
+            if engine_cpu and floor_cpu:
+                ec, fc = statistics.median(engine_cpu), statistics.median(floor_cpu)
+                print(f"  CPU time (user + system, what the process got of its core): engine {ec:.2f} s, I/O floor {fc:.2f} s, "
+                      f"engine / floor = {ec / fc:.1f}x; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
 
 
 def l0_copy(repeat: int) -> None:

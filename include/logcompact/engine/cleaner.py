@@ -73,11 +73,12 @@ import pyarrow.compute as pc
 from logcompact.catalog import CatalogSection, DataFile, SetAside, TopicPartition
 from logcompact.collector import collector_paused
 from logcompact.engine.copier import CONTENTS, copy_plan
+from logcompact.engine.gather import FULL, OUT_OF_ORDER, BatchColumns, BlockGatherer, int64_values, validity
 from logcompact.engine.offset_map import CompactOffsetMap, OffsetMap
 from logcompact.exceptions import CorruptDataError
 from logcompact.format import SectionStream, SegmentWriter
 from logcompact.format.layout import INDEX_COLUMNS, MAX_OFFSET_SPAN, SECTION_SCHEMA, key_hash_words, record_bytes, row_sizes
-from logcompact.format.writer import BLOCK_BYTES, SectionBuilder
+from logcompact.format.writer import BLOCK_ROWS, SectionBuilder
 from logcompact.plans import CompactionStats, JobResult, Plan
 from logcompact.store.base import ObjectStore
 from logcompact.topics import TopicConfig
@@ -101,16 +102,14 @@ _Piece = tuple[pa.RecordBatch, CatalogSection, str]
 def _with_offsets(pieces: list[_Piece], columns: tuple[str, ...] | None) -> pa.RecordBatch:
     """Batches of consecutive sections as one batch with an `offset` column (first offset + delta) in front,
     checked to increase strictly (each piece's deltas were checked against its catalog row at its ends only)."""
-    batches = [b for b, _, _ in pieces] if columns is None else [b.select(list(columns)) for b, _, _ in pieces]
+    batches = [b if columns is None or b.num_columns == len(columns) else b.select(list(columns)) for b, _, _ in pieces]
     batch = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
-    deltas = batch.column("offset_delta").to_numpy().astype(np.int64)
-    if len(batches) == 1:
-        offsets = deltas + pieces[0][1].first_offset
-    else:
-        offsets = deltas + np.repeat(np.asarray([placed.first_offset for _, placed, _ in pieces], dtype=np.int64), [b.num_rows for b in batches])
-    if len(offsets) > 1 and not (offsets[1:] > offsets[:-1]).all():
-        at = int(np.argmin(offsets[1:] > offsets[:-1])) + 1
-        _, placed, key = pieces[int(np.searchsorted(np.cumsum([b.num_rows for b in batches]), at, side="right"))]
+    firsts = np.asarray([placed.first_offset for _, placed, _ in pieces], dtype=np.int64)
+    counts = np.asarray([b.num_rows for b in batches], dtype=np.int64)
+    offsets = np.empty(batch.num_rows, dtype=np.int64)
+    at = _placed_offsets(batch.column("offset_delta").to_numpy(), firsts, counts, offsets)
+    if at >= 0:
+        _, placed, key = pieces[int(np.searchsorted(np.cumsum(counts), at, side="right"))]
         damage = CorruptDataError(
             f"{key}: section {placed.topic}/{placed.partition} from offset {placed.first_offset}: expected offsets increasing "
             f"as the catalog records, found offset {int(offsets[at])} after {int(offsets[at - 1])}; the file or the catalog "
@@ -119,6 +118,22 @@ def _with_offsets(pieces: list[_Piece], columns: tuple[str, ...] | None) -> pa.R
         damage.key = key
         raise damage
     return batch.add_column(0, _OFFSET_FIELD, pa.array(offsets))
+
+
+@numba.njit(cache=True, nogil=True)
+def _placed_offsets(deltas, firsts, counts, offsets):
+    """Each row's offset (its piece's first offset + its delta) into `offsets`; the first row whose offset does not
+    exceed the one before, or -1."""
+    row = 0
+    bad = -1
+    for piece in range(firsts.shape[0]):
+        first = firsts[piece]
+        for _ in range(counts[piece]):
+            offsets[row] = first + np.int64(deltas[row])
+            if bad < 0 and row > 0 and offsets[row] <= offsets[row - 1]:
+                bad = row
+            row += 1
+    return bad
 
 
 _OFFSET_FIELD = pa.field("offset", pa.int64(), nullable=False)
@@ -202,6 +217,7 @@ class _OutputFiles:
         self._sink: IO[bytes] | None = None  # the file the writer writes: both are set, or neither
         self._first_offsets: list[int] = []  # of the sections of the file being written
         self.files: list[DataFile] = []
+        self.gatherer = BlockGatherer(BLOCK_ROWS)  # the survivors of the partition being written here
 
     def begin_section(self, topic: str, partition: int) -> SectionBuilder:
         if self._writer is not None and self._writer.size >= self._plan.target_file_bytes:
@@ -268,8 +284,9 @@ class _SectionOutput:
 
     A section spans fewer than 2**32 offsets; survivors beyond that go to a new section in a new file
     (a file holds one section per partition). `clean_below` (set before pass 2 starts) is clamped to
-    each section's own range. Survivors gather up to a block's bytes before they go to the section, so the
-    section's bookkeeping runs once a block, not once an input batch.
+    each section's own range. Survivors are copied by a compiled loop (`gather.BlockGatherer`) into the block the
+    section's file is filling, up to the room it has, so the section's bookkeeping runs once an output block, and
+    each survivor is copied once before its block is encoded.
     """
 
     def __init__(self, files: _OutputFiles, topic: str, partition: int) -> None:
@@ -282,50 +299,57 @@ class _SectionOutput:
         self.records = 0
         self.finished = 0  # sections finished (a partition spanning 2**32 offsets has several)
         self.clean_below: int | None = None
-        self._gathered: list[pa.RecordBatch] = []
-        self._gathered_bytes = 0
+        self._gatherer = files.gatherer
+        self._gatherer.begin(-1)
 
-    def write(self, batch: pa.RecordBatch, keep: np.ndarray) -> None:
-        if not keep.any():
-            return
-        kept = batch if keep.all() else batch.filter(pa.array(keep))
-        self._gathered.append(kept)
-        self._gathered_bytes += record_bytes(kept)
-        if self._gathered_bytes >= BLOCK_BYTES:
-            self.flush()
+    def write(self, rows: BatchColumns, keep: np.ndarray, start: int, end: int) -> None:
+        """The kept rows of `start` to `end`."""
+        gatherer = self._gatherer
+        while start < end:
+            builder = self._builder
+            if builder is None:
+                if not keep[start:end].any():
+                    return
+                builder = self._builder = self._files.begin_section(self._topic, self._partition)
+            room_rows, room_bytes = builder.room()
+            start, status = gatherer.gather(rows, keep, start, end, room_rows, room_bytes, builder.block_empty)
+            if status == OUT_OF_ORDER:
+                raise self._out_of_order(int(rows.offsets[start]))
+            if status == FULL:
+                if gatherer.rows:
+                    self.flush()
+                builder.end_block()
+
+    def _out_of_order(self, offset: int) -> CorruptDataError:
+        return CorruptDataError(
+            f"{self._topic}/{self._partition}: the plan's input sections hold offsets out of order or twice (from "
+            f"{offset}): their catalog rows overlap, so one was shifted or relabelled; restore the catalog from a backup"
+        )
 
     def flush(self) -> None:
         """The gathered survivors into the section."""
-        if not self._gathered:
+        if not self._gatherer.rows:
             return
-        rows = self._gathered[0] if len(self._gathered) == 1 else pa.concat_batches(self._gathered)
-        self._gathered, self._gathered_bytes = [], 0
-        self._append(rows.column("offset").to_numpy(), rows)
+        block = self._gatherer.take()
+        self._append(block.offsets, block.columns)
 
-    def _append(self, offsets: np.ndarray, rows: pa.RecordBatch) -> None:
-        if (self._builder is not None and offsets[0] <= self.last_offset) or (
-            len(offsets) > 1 and not (offsets[1:] > offsets[:-1]).all()
-        ):
-            raise CorruptDataError(
-                f"{self._topic}/{self._partition}: the plan's input sections hold offsets out of order or twice (from "
-                f"{int(offsets[0])}): their catalog rows overlap, so one was shifted or relabelled; restore the catalog "
-                "from a backup"
-            )
+    def _append(self, offsets: np.ndarray, columns: list[pa.Array]) -> None:
         builder = self._builder
         if builder is None:
             builder = self._builder = self._files.begin_section(self._topic, self._partition)
+        if self.first_offset < 0:
             self.first_offset = int(offsets[0])
         beyond = int(np.searchsorted(offsets, self.first_offset + MAX_OFFSET_SPAN, side="right"))
-        here = rows.slice(0, beyond)
         if beyond:
             deltas = pa.array(offsets[:beyond] - self.first_offset, pa.uint32())
-            builder.append(pa.RecordBatch.from_arrays([deltas, *(here.column(name) for name in _KEPT)], schema=SECTION_SCHEMA))
+            here = columns if beyond == len(offsets) else [column.slice(0, beyond) for column in columns]
+            builder.append(pa.RecordBatch.from_arrays([deltas, *here], schema=SECTION_SCHEMA))
             self.last_offset = int(offsets[beyond - 1])
             self.records += beyond
         if beyond < len(offsets):
             self._finish(builder)
             self._files.close()
-            self._append(offsets[beyond:], rows.slice(beyond))
+            self._append(offsets[beyond:], [column.slice(beyond) for column in columns])
 
     def _finish(self, builder: SectionBuilder) -> None:
         clean = self.clean_below
@@ -333,6 +357,7 @@ class _SectionOutput:
         builder.finish(clean_below_delta=clean_delta)
         self._files.section_done(self.first_offset)
         self._builder = None
+        self.first_offset = -1
         self.finished += 1
 
     def close(self) -> None:
@@ -345,7 +370,7 @@ class _SectionOutput:
         offsets) cannot be taken back: then the job fails with the damage."""
         if self.finished:
             raise damage
-        self._gathered, self._gathered_bytes = [], 0
+        self._gatherer.reset()
         if self._builder is not None:
             self._builder.abandon()
             self._builder = None
@@ -368,14 +393,13 @@ class _PartitionOutput:
     def clean_below(self, offset: int) -> None:
         self._below.clean_below = self._young.clean_below = offset
 
-    def write(self, batch: pa.RecordBatch, keep: np.ndarray) -> None:
-        cut = batch.num_rows if self.split_at is None else int(np.searchsorted(batch.column("offset").to_numpy(), self.split_at))
-        if cut == batch.num_rows:
-            self._below.write(batch, keep)
-            return
+    def write(self, rows: BatchColumns, keep: np.ndarray) -> None:
+        n = len(keep)
+        cut = n if self.split_at is None else int(np.searchsorted(rows.offsets, self.split_at))
         if cut:
-            self._below.write(batch.slice(0, cut), keep[:cut])
-        self._young.write(batch.slice(cut), keep[cut:])
+            self._below.write(rows, keep, 0, cut)
+        if cut < n:
+            self._young.write(rows, keep, cut, n)
 
     def close(self) -> None:
         # Both flushed before either is finished: damage a flush finds takes back both (a finished section cannot be).
@@ -387,9 +411,6 @@ class _PartitionOutput:
     def abandon(self, damage: CorruptDataError) -> None:
         self._below.abandon(damage)
         self._young.abandon(damage)
-
-
-_KEPT = ("timestamp", "key", "key_hash", "value", "headers", "delete_horizon")
 
 
 # -- the job -----------------------------------------------------------------------------------------
@@ -627,7 +648,7 @@ class _PartitionCleaner:
             for batch in second:
                 self._find_young(batch)
                 out.split_at = self._young_cut()
-                out.write(batch, self._retention_only(batch))
+                out.write(BatchColumns.of(batch), self._retention_only(batch))
             out.close()
             stats.records_out += out.records
             return
@@ -726,23 +747,24 @@ class _PartitionCleaner:
             keep &= ~expired
         return keep
 
-    def _decide(self, batch: pa.RecordBatch) -> tuple[pa.RecordBatch, np.ndarray]:
-        """The batch with the delete horizons its records carry (new only where a tombstone is stamped), and which
-        records survive: Kafka's rules, applied row by row in one compiled pass."""
+    def _decide(self, batch: pa.RecordBatch) -> tuple[BatchColumns, np.ndarray]:
+        """The batch's columns with the delete horizons its records carry (new only where a tombstone is stamped), and
+        which records survive: Kafka's rules, applied row by row in one compiled pass."""
         n = batch.num_rows
         horizon_column = batch.column("delete_horizon")
         keep = np.empty(n, dtype=np.bool_)
         horizons = np.empty(n, dtype=np.int64)
         stamped = np.empty(n, dtype=np.bool_)
         counts = np.zeros(len(_COUNTED), dtype=np.int64)
+        keyed, valued = validity(batch.column("key")), validity(batch.column("value"))
         _decide_rows(
             batch.column("offset").to_numpy(),
             self.key_map.get(key_hash_words(batch.column("key_hash"))),
-            _validity(batch.column("key")),
-            _validity(batch.column("value")),
+            keyed,
+            valued,
             batch.column("timestamp").to_numpy(),
-            _int64_values(horizon_column),
-            _validity(horizon_column),
+            int64_values(horizon_column),
+            validity(horizon_column),
             _NEVER if self.young_from is None else self.young_from,
             _NEVER if self.floor is None else self.floor,
             self.removes_latest,
@@ -759,10 +781,7 @@ class _PartitionCleaner:
             setattr(stats, name, getattr(stats, name) + count)
         if counts[_INVALID]:
             stats.warnings_once(f"{self.topic}/{self.partition}: records without a key in a compacted topic were removed")
-        if counts[_STAMPED]:
-            stamped_column = pa.array(horizons, pa.int64(), mask=~stamped)
-            batch = batch.set_column(batch.schema.get_field_index("delete_horizon"), "delete_horizon", stamped_column)
-        return batch, keep
+        return BatchColumns.of(batch, keyed, valued, horizons, stamped), keep
 
 
 # Sentinels of `_decide_rows` for a bound the partition does not have: no young offset, no floor, no retention.
@@ -771,22 +790,6 @@ _NEVER_EXPIRES = np.iinfo(np.int64).min
 # The stats `_decide_rows` counts, in the order of its `counts`.
 _COUNTED = ("expired_removed", "invalid_records", "duplicates_removed", "tombstones_removed", "tombstones_stamped", "tombstones_kept", "young_kept")
 _EXPIRED, _INVALID, _DUPLICATE, _TOMBSTONE_REMOVED, _STAMPED, _TOMBSTONE_KEPT, _YOUNG_KEPT = range(len(_COUNTED))
-
-
-def _validity(column: pa.Array) -> np.ndarray:
-    """Which rows of the column are not null, as booleans."""
-    if column.null_count == 0:
-        return np.ones(len(column), dtype=np.bool_)
-    if column.null_count == len(column):
-        return np.zeros(len(column), dtype=np.bool_)
-    return np.asarray(column.is_valid())
-
-
-def _int64_values(column: pa.Array) -> np.ndarray:
-    """An int64 column's values without copying; null rows hold whatever their slots hold."""
-    if column.null_count == len(column):
-        return np.zeros(len(column), dtype=np.int64)
-    return np.frombuffer(column.buffers()[1], dtype=np.int64)[column.offset : column.offset + len(column)]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -823,3 +826,24 @@ def _decide_rows(
         counts[_TOMBSTONE_REMOVED] += removed_tombstone
         counts[_TOMBSTONE_KEPT] += tombstone and kept
         counts[_YOUNG_KEPT] += kept and offset >= young_from
+
+
+def compile_kernels() -> None:
+    """Compile (or load from numba's cache) the engine's loops now, not in a job's first partition: a plan of three
+    records (a duplicate, a tombstone, a header) deduplicated in a temporary store."""
+    from logcompact.format.writer import section_table, write_segment
+    from logcompact.store import LocalStore
+    from logcompact.topics import Topic
+
+    with tempfile.TemporaryDirectory(prefix="logcompact-compile-") as root:
+        store = LocalStore(root)
+        table = section_table([0, 1, 2], [1, 2, 3], [b"k", b"k", b"j"], [b"v", None, b"w"], [[("h", b"x")], None, None])
+        blob, infos = write_segment([("compile", 0, table)])
+        key = "data/l1/compile.seg"
+        store.put(key, blob)
+        plan = Plan(
+            plan_id="compile", cluster_id="compile", manifest_version=1, now_ms=10, target_level=2, deduplicate=True,
+            inputs=(DataFile(key, 1, len(blob), 0, (CatalogSection(infos[0], 0),)),),
+            topics={"compile": Topic.create("compile", 1, {"cleanup.policy": "compact"}, 0)},
+        )
+        run_plan(store, plan, workdir=root)

@@ -131,11 +131,16 @@ def row_sizes(table: pa.Table | pa.RecordBatch) -> np.ndarray:
         sizes += pc.binary_length(table.column(name)).fill_null(0).to_numpy()
     headers = table.column("headers")
     if headers.null_count < len(headers):
-        # Each header's row, as `list_flatten` walks them: a null list's range, if any, is left out by both.
-        entries = pc.list_value_length(headers).fill_null(0).to_numpy()
-        owners = np.repeat(np.arange(table.num_rows), entries)
-        sizes += np.bincount(owners, weights=_header_entry_bytes(headers), minlength=table.num_rows).astype(np.int64)
+        sizes += header_row_bytes(headers)
     return sizes
+
+
+def header_row_bytes(headers: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Each row's header bytes (keys, values, offsets; 0 for a null list)."""
+    # Each header's row, as `list_flatten` walks them: a null list's range, if any, is left out by both.
+    entries = pc.list_value_length(headers).fill_null(0).to_numpy()
+    owners = np.repeat(np.arange(len(headers)), entries)
+    return np.bincount(owners, weights=_header_entry_bytes(headers), minlength=len(headers)).astype(np.int64)
 
 
 # A section spans fewer than 2**32 offsets, so its offsets fit a 32-bit roaring bitmap as deltas.

@@ -66,7 +66,7 @@ def _check_schema(name: str, message: bytes) -> None:
         raise CorruptDataError(f"{name}: its record schema is not the one of format version {FORMAT_VERSION}; the file is corrupt")
 
 
-def _check_crc(name: str, position: int, part: str, message: memoryview | bytes, expected: int) -> None:
+def _check_crc(name: str, position: int, part: str, message: memoryview | bytes | pa.Buffer, expected: int) -> None:
     found = crc32(message)
     if found != expected:
         raise CorruptDataError(
@@ -75,15 +75,16 @@ def _check_crc(name: str, position: int, part: str, message: memoryview | bytes,
         )
 
 
-def _decode(name: str, position: int, message: memoryview | bytes, schema: pa.Schema) -> pa.RecordBatch:
+def _decode(name: str, position: int, message: memoryview | bytes | pa.Buffer, schema: pa.Schema) -> pa.RecordBatch:
     try:
-        return pa.ipc.read_record_batch(pa.ipc.read_message(pa.py_buffer(message)), schema)
+        return pa.ipc.read_record_batch(pa.ipc.read_message(message if isinstance(message, pa.Buffer) else pa.py_buffer(message)), schema)
     except (pa.ArrowInvalid, OSError) as exc:
         raise CorruptDataError(f"{name}: block at byte {position} passed its checksums but is not a record batch ({exc})") from None
 
 
 def decode_block(
-    name: str, position: int, index: memoryview | bytes, index_crc: int, payload: memoryview | bytes | None, payload_crc: int
+    name: str, position: int, index: memoryview | bytes | pa.Buffer, index_crc: int, payload: memoryview | bytes | pa.Buffer | None,
+    payload_crc: int,
 ) -> pa.RecordBatch:
     """A block's records once its messages have passed their CRC-32 checks: every column (SECTION_SCHEMA), or
     only the index columns (INDEX_SCHEMA) when `payload` is None."""
@@ -95,8 +96,12 @@ def decode_block(
     payload_batch = _decode(name, position, payload, PAYLOAD_SCHEMA)
     if payload_batch.num_rows != index_batch.num_rows:
         raise CorruptDataError(f"{name}: block at byte {position} holds {index_batch.num_rows} index rows but {payload_batch.num_rows} payload rows; the file is corrupt")
-    columns = {**dict(zip(INDEX_SCHEMA.names, index_batch.columns)), **dict(zip(PAYLOAD_SCHEMA.names, payload_batch.columns))}
-    return pa.RecordBatch.from_arrays([columns[name] for name in SECTION_SCHEMA.names], schema=SECTION_SCHEMA)
+    columns = index_batch.columns + payload_batch.columns
+    return pa.RecordBatch.from_arrays([columns[i] for i in _SECTION_ORDER], schema=SECTION_SCHEMA)
+
+
+# Where each of SECTION_SCHEMA's columns is among a block's index columns followed by its payload columns.
+_SECTION_ORDER = [(*INDEX_SCHEMA.names, *PAYLOAD_SCHEMA.names).index(name) for name in SECTION_SCHEMA.names]
 
 
 def iter_blocks(name: str, data: memoryview | bytes, position: int, index_only: bool = False) -> Iterator[tuple[int, pa.RecordBatch]]:
@@ -508,12 +513,19 @@ class BlockStream:
         them, a network body reads them and drops them."""
         at = self.position
         index_length, index_crc, payload_length, payload_crc = self._prefix()
-        index = self._read_part(index_length, at)
         if index_only:
+            index = self._read_part(index_length, at)
             self._skip_part(payload_length, at)
             payload = None
         else:
-            payload = self._read_part(payload_length, at)
+            # Both parts by one read into an Arrow buffer (from Arrow's pool, which keeps its memory: no page faulted in
+            # for each block), decoded where they lie.
+            both = pa.allocate_buffer(index_length + payload_length)
+            read = self._stream.readinto(both)
+            self.position += read
+            if read != both.size:
+                raise CorruptDataError(f"{self.key}: truncated in the block at byte {at}; the file is incomplete")
+            index, payload = both.slice(0, index_length), both.slice(index_length)
         batch = decode_block(self.key, at, index, index_crc, payload, payload_crc)
         self.index_crc = index_crc
         return batch

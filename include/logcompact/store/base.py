@@ -7,7 +7,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,25 @@ class CountingReader:
         data = self._raw.read(size) if size is not None and size >= 0 else self._raw.read()
         self._counters.add(bytes_read=len(data))
         return data
+
+    def readinto(self, buffer: Any) -> int:
+        """Fill `buffer` (writable: a block's Arrow buffer, so that its bytes are decoded where they were read) with the
+        next bytes; returns how many, fewer only at the end."""
+        view = memoryview(buffer).cast("B")
+        filled = 0
+        readinto = getattr(self._raw, "readinto", None)
+        while filled < len(view):
+            if readinto is not None:
+                got = readinto(view[filled:]) or 0
+            else:  # a body without readinto
+                chunk = self._raw.read(len(view) - filled)
+                got = len(chunk)
+                view[filled : filled + got] = chunk
+            if not got:
+                break
+            filled += got
+        self._counters.add(bytes_read=filled)
+        return filled
 
     def skip(self, size: int) -> int:
         """Go `size` bytes further without handing them out (a file seeks past them, a network body reads them a
