@@ -1,8 +1,8 @@
-"""The two bulk writes of an append, each one statement however many partitions a file holds: advancing the
-partitions' next offsets, and inserting the sections rows (a compaction's outputs' too); and why a partition was
-not advanced, when the append is refused. An agent's file holds a
-section for each of 1,000 topic-partitions or more, and a statement per row cost more than the database's own work
-(115 ms an append on PostgreSQL, where these take a few).
+"""The bulk writes of an append, each one statement however many partitions a file holds: advancing the
+partitions' next offsets, and inserting the sections rows (a compaction's outputs' too); on PostgreSQL, an L0 append
+whole in one round trip (`append_in_one_step`, below); and why a partition was not advanced, when the append is
+refused. An agent's file holds a section for each of 1,000 topic-partitions or more, and a statement per row cost
+more than the database's own work (115 ms an append on PostgreSQL, where these take a few).
 
 PostgreSQL gets arrays (`unnest`) for the partitions and COPY in binary for the sections; SQLite, whose writer
 holds the database's one write lock whatever it does, an `UPDATE ... FROM json_each` and an `executemany`. On
