@@ -249,6 +249,8 @@ WITH staged AS MATERIALIZED (
 )
 SELECT h.firsts, 1 / (h.advanced = %(slots)s)::int FROM handed AS h
 """
+# As errors show it: the statement without its table of 4,096 numbers.
+_APPEND_SHOWN = _APPEND_POSTGRESQL.replace(_OFFSET_CRC, "{...}")
 _LOGGED = "SELECT 1 / count(*) FROM versions AS v JOIN catalog_info AS i ON v.version = i.version WHERE v.commit_id = %(commit_id)s"
 _FILE_ARRAYS = (("file_id", "bigint"), ("key", "text"), ("size", "bigint"), ("created_ms", "bigint"), ("record_count", "bigint"), ("content", "smallint"))
 _FILES_POSTGRESQL = f"""
@@ -375,7 +377,7 @@ def append_in_one_step(
     driver = driver_connection(connection)
     from psycopg.errors import DivisionByZero  # PostgreSQL's driver, loaded with its catalogs only
 
-    with driver_errors(connection, _APPEND_POSTGRESQL), driver.cursor() as append, driver.cursor() as bump:
+    with driver_errors(connection, _APPEND_SHOWN), driver.cursor() as append, driver.cursor() as bump:
         for kind, (cls, oid, _element, _dtype) in _BINARY_ARRAYS.items():
             append.adapters.register_dumper(cls, _binary_dumper(kind, oid))
         try:

@@ -631,8 +631,9 @@ class Catalog:
         their partitions' rows locked only while the database works.
         """
         if (
-            self.engine.dialect.name == "postgresql" and new_files and all(new.level == 0 for new in new_files) and not any(sequenced)
-            and now_ms - self._producers_expired_ms < PRODUCER_EXPIRY_EVERY_MS
+            self.engine.dialect.name == "postgresql" and new_files and all(new.level == 0 and new.sections for new in new_files)
+            and not any(sequenced)
+            and now_ms - self._producers_expired_ms < PRODUCER_EXPIRY_EVERY_MS  # expiring idle producers goes the long way
         ):
             sections = appends.section_columns(new_files)  # before the transaction: none of it needs the offsets
             try:
