@@ -18,6 +18,7 @@ from logcompact.exceptions import (
     CatalogSchemaError,
     ClusterNotFoundError,
     CommitConflictError,
+    CorruptDataError,
     InvalidTopicError,
     ManifestVersionNotFoundError,
     TopicExistsError,
@@ -189,6 +190,42 @@ def test_an_append_of_several_files_places_every_section_and_binds_its_row(catal
                 assert row.produced_compression == (new.produced_codecs[k] if new.produced_codecs else schema.UNKNOWN_CODEC)
     snapshot = catalog.snapshot()
     assert [s.first_offset for _, s in snapshot.sections_of("b", 0)] == [0, wide, wide + 2]
+
+
+def test_a_one_step_append_refused_by_the_database_is_run_the_long_way_which_names_the_row(
+    catalog: Catalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On PostgreSQL the one-step append cannot read the advance's rows before its COMMIT: a lowered partition row, or
+    a lowered version row, makes its statement divide by zero, which rolls it back; the append then runs a statement
+    at a time and refuses naming the row. Nothing of either is written."""
+    if catalog.engine.dialect.name != "postgresql":
+        pytest.skip("SQLite appends a statement at a time")
+    create_topic(catalog, "t", partitions=3)
+    for n in range(3):
+        _append(catalog, _new_file(f"f{n}", ("t", 0, 2), ("t", 1, 2), ("t", 2, 2)))
+    refused, in_one_step = [], appends.append_in_one_step
+
+    def watched(*args):  # type: ignore[no-untyped-def]
+        try:
+            return in_one_step(*args)
+        except appends.Unplaced:
+            refused.append(args)
+            raise
+
+    monkeypatch.setattr(appends, "append_in_one_step", watched)
+    with catalog.engine.begin() as connection:
+        connection.execute(update(schema.partitions).where(schema.partitions.c.partition == 1).values(next_offset=2))
+    with pytest.raises(CorruptDataError, match=r"partitions \('t', partition 1\) has next_offset 2 but the last append assigned offsets up to 5"):
+        _append(catalog, _new_file("lowered-partition", ("t", 0, 1), ("t", 1, 1)))
+    assert len(refused) == 1
+    with catalog.engine.begin() as connection:
+        connection.execute(update(schema.partitions).where(schema.partitions.c.partition == 1).values(next_offset=6))
+        connection.execute(update(schema.catalog_info).values(version=schema.catalog_info.c.version - 1))
+    with pytest.raises(CorruptDataError, match="catalog_info.version is .* but the commit log"):
+        _append(catalog, _new_file("lowered-version", ("t", 0, 1), ("t", 2, 1)))
+    assert len(refused) == 2
+    assert catalog.next_offsets("t") == [6, 6, 6]
+    assert catalog.known_files(["lowered-partition", "lowered-version"]) == set()
 
 
 def schema_content(number: int) -> str:
