@@ -15,6 +15,10 @@ server started from Debian's packages, as the tests do) it prints:
 * agents: 10 agent processes, each writing and committing 4 L0 files a second (a real Agent, a real
   segment written to the store), for --agents-seconds against a 10k-file catalog: commits/s, latency
   of a flush (write + commit) p50/p99, failures;
+* contended appends: 4 processes appending files of a section for each of the same 1,000 partitions back to back
+  for --contention-seconds, each with a Python thread busy beside its appends (as an agent's threads writing its
+  next file are): appends/s and append latency p50/p99. Each append holds the partitions' rows until it commits, so
+  what the appends a second show is how long each holds them on a busy machine;
 * gc under steady ingest: 4 producer processes and 2 compactor processes (plan, lease, run, commit) for
   --gc-seconds while gc runs back to back with a 2 s grace and 5 kept versions: gc runs completed and
   failed, files and objects deleted, and a check that every live file still has its object.
@@ -36,6 +40,7 @@ import random
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -196,6 +201,53 @@ def _agent_process(store_root: str, url: str | None, agent: int, seconds: float,
     out.put((latencies, failures))
 
 
+CONTENDERS = 4
+
+
+def _contender_process(store_root: str, url: str | None, number: int, seconds: float, start_at: float, out) -> None:
+    catalog = Catalog(LocalStore(store_root), url)
+    _data, infos = _segment([(f"wide{t}", p) for t in range(WIDE_TOPICS) for p in range(WIDE_PARTITIONS)], records=1)
+    catalog.append_files([NewFile(f"data/l0/contender-{number}-warm.seg", 0, 1_000_000, NOW, tuple(infos))], NOW)
+    stop = threading.Event()
+
+    def busy() -> None:  # the interpreter's other work, which the committing thread waits on between its statements
+        total = 0
+        while not stop.is_set():
+            total += sum(n * n for n in range(2_000))
+
+    threading.Thread(target=busy, daemon=True).start()
+    time.sleep(max(0.0, start_at - time.time()))
+    latencies, end = [], time.time() + seconds
+    while time.time() < end:
+        started = time.perf_counter()
+        catalog.append_files([NewFile(f"data/l0/contender-{number}-{len(latencies):06d}.seg", 0, 1_000_000, NOW, tuple(infos))], NOW)
+        latencies.append(time.perf_counter() - started)
+    stop.set()
+    out.put(latencies)
+
+
+def contended_appends(url: str | None, root: Path, seconds: float) -> dict:
+    """CONTENDERS processes appending 1,000-partition files to the same partitions, each beside a busy thread."""
+    catalog = Catalog(LocalStore(root / "contended"), url)
+    catalog.ensure_created(NOW)
+    for n in range(WIDE_TOPICS):
+        catalog.create_topic(Topic.create(f"wide{n}", WIDE_PARTITIONS, {"cleanup.policy": "compact"}, NOW), NOW)
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    start_at = time.time() + 20  # spawned interpreters import pyarrow and append a first file
+    processes = [
+        context.Process(target=_contender_process, args=(str(catalog.store.root), catalog.url, n, seconds, start_at, out))
+        for n in range(CONTENDERS)
+    ]
+    for process in processes:
+        process.start()
+    latencies = sorted(latency for _ in processes for latency in out.get(timeout=seconds + 300))
+    for process in processes:
+        process.join()
+    return {"per_s": len(latencies) / seconds, "p50_ms": 1000 * latencies[len(latencies) // 2],
+            "p99_ms": 1000 * latencies[int(len(latencies) * 0.99)]}
+
+
 def agents_run(cluster: Cluster, seconds: float) -> dict:
     context = multiprocessing.get_context("spawn")
     out = context.Queue()
@@ -296,7 +348,9 @@ def gc_under_ingest(cluster: Cluster, seconds: float) -> dict:
             "compactions": sum(c for c, _ in compactions)}
 
 
-def bench(name: str, new_url: Callable[[], str | None], sizes: list[int], agents_seconds: float, gc_seconds: float) -> None:
+def bench(
+    name: str, new_url: Callable[[], str | None], sizes: list[int], agents_seconds: float, gc_seconds: float, contention_seconds: float,
+) -> None:
     with tempfile.TemporaryDirectory(prefix="logcompact-bench-") as tmp:
         cluster = Cluster(new_url(), Path(tmp))
         print(f"\n{name}: {cluster.catalog.engine.url.render_as_string()}")
@@ -327,6 +381,12 @@ def bench(name: str, new_url: Callable[[], str | None], sizes: list[int], agents
               f"{figures['commits_per_s']:.1f} commits/s, flush p50 {figures['p50_ms']:.1f} ms, "
               f"p99 {figures['p99_ms']:.1f} ms (after the first {WARM_UP_S} s; slowest before: {figures['warm_up_max_ms']:.0f} ms), "
               f"{figures['failures']} failures")
+    if contention_seconds:
+        with tempfile.TemporaryDirectory(prefix="logcompact-bench-") as tmp:
+            figures = contended_appends(new_url(), Path(tmp), contention_seconds)
+        print(f"  {CONTENDERS} processes appending files of the same {WIDE_TOPICS * WIDE_PARTITIONS:,} partitions back to back, "
+              f"each beside a busy thread, {contention_seconds:.0f} s: {figures['per_s']:.1f} appends/s, "
+              f"latency p50 {figures['p50_ms']:.0f} ms, p99 {figures['p99_ms']:.0f} ms")
     if gc_seconds:
         with tempfile.TemporaryDirectory(prefix="logcompact-bench-") as tmp:
             cluster = Cluster(new_url(), Path(tmp))
@@ -346,15 +406,16 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 100_000])
     parser.add_argument("--agents-seconds", type=float, default=60, help="0 skips the agents run")
     parser.add_argument("--gc-seconds", type=float, default=30, help="0 skips the gc run")
+    parser.add_argument("--contention-seconds", type=float, default=20, help="0 skips the contended appends")
     args = parser.parse_args()
     for database in args.database or ["sqlite", "postgresql"]:
         if database == "sqlite":
-            bench("SQLite", lambda: None, args.sizes, args.agents_seconds, args.gc_seconds)
+            bench("SQLite", lambda: None, args.sizes, args.agents_seconds, args.gc_seconds, args.contention_seconds)
             continue
         server = ThrowAwayPostgres()
         try:
             server.start()
-            bench("PostgreSQL", partial(_new_database, server), args.sizes, args.agents_seconds, args.gc_seconds)
+            bench("PostgreSQL", partial(_new_database, server), args.sizes, args.agents_seconds, args.gc_seconds, args.contention_seconds)
         finally:
             server.stop()
 

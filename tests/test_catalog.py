@@ -11,19 +11,20 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select, update
 
-from logcompact.catalog import Catalog, CatalogSection, DataFile, NewFile, Snapshot, schema, summaries
+from logcompact.catalog import Catalog, CatalogSection, DataFile, NewFile, Snapshot, appends, schema, summaries
 from logcompact.catalog import snapshot as snapshot_module
 from logcompact.exceptions import (
     CatalogConfigError,
     CatalogSchemaError,
     ClusterNotFoundError,
     CommitConflictError,
+    CorruptDataError,
     InvalidTopicError,
     ManifestVersionNotFoundError,
     TopicExistsError,
     TopicNotFoundError,
 )
-from logcompact.format.layout import SectionInfo
+from logcompact.format.layout import COMPRESSIONS, SectionInfo
 from logcompact.plans import lowest_outside
 from logcompact.store import LocalStore
 from logcompact.store.s3 import S3Store
@@ -125,6 +126,112 @@ def test_concurrent_appenders_never_share_an_offset_nor_leave_a_gap(catalog: Cat
         assert catalog.next_offsets("t")[partition] == taken[-1][1]
         assert [(s.first_offset, s.last_offset + 1) for _, s in snapshot.sections_of("t", partition)] == taken
     assert len(snapshot.file_summaries()) == writers * files_each
+
+
+def test_an_append_of_several_files_places_every_section_and_binds_its_row(catalog: Catalog, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A group commit of three files, partitions repeated across them, sections wide enough that
+    offsets take every byte of their 64 bits' low five: each section gets its partition's next offsets in file, then
+    section, order, and its row holds them with its CRC bound to them (on PostgreSQL computed by the statement that
+    hands the offsets out), its sketch and codec, the file rows their counts under the version."""
+    create_topic(catalog, "a", partitions=3)
+    create_topic(catalog, "b", partitions=2, **{"cleanup.policy": "compact"})
+    wide = 3 << 33
+    layout = [
+        [("a", 2, 5), ("b", 0, wide), ("a", 0, 7)],
+        [("b", 0, 2), ("a", 1, wide + 11)],
+        [("a", 2, 4), ("b", 1, 1), ("b", 0, 3)],
+    ]
+    rng = random.Random(7)
+    new_files = [
+        NewFile(f"group-{n}", 0, 1000 + n, NOW + n, tuple(
+            SectionInfo(topic, partition, min(count, 50), count - 1, 10, 20, 0, 99, "lz4", rng.getrandbits(32), 16 + 100 * k, 50,
+                        clean_below_delta=0, key_sketch=bytes(rng.randrange(256) for _ in range(k % 3 * 4)), first_row=k)
+            for k, (topic, partition, count) in enumerate(sections)
+        ), produced_codecs=tuple(k % 5 for k in range(len(sections))) if n != 1 else ())
+        for n, sections in enumerate(layout)
+    ]
+    _append(catalog, _new_file("before", ("a", 2, 3)))  # a Catalog's first append expires idle producers, the long way
+    one_step, in_one_step = [], appends.append_in_one_step
+    monkeypatch.setattr(appends, "append_in_one_step", lambda *args: one_step.append(args) or in_one_step(*args))
+    version, assigned, refused = catalog.append_files(new_files, NOW + 1)
+    assert not refused
+    assert len(one_step) == (catalog.engine.dialect.name == "postgresql")
+    expected: list[list[int]] = []
+    next_offset: dict[tuple[str, int], int] = {("a", 2): 3}
+    for sections in layout:
+        expected.append([])
+        for topic, partition, count in sections:
+            expected[-1].append(next_offset.get((topic, partition), 0))
+            next_offset[(topic, partition)] = expected[-1][-1] + count
+    assert assigned == expected
+    assert catalog.next_offsets("a") == [next_offset[("a", p)] for p in range(3)]
+    assert catalog.next_offsets("b") == [next_offset[("b", p)] for p in range(2)]
+    sec, files = schema.sections.c, schema.files.c
+    with catalog.engine.connect() as connection:
+        ids = {row.name: row.topic_id for row in connection.execute(select(schema.topics.c.name, schema.topics.c.topic_id))}
+        for new, firsts in zip(new_files, assigned, strict=True):
+            file_row = connection.execute(select(files).where(files.key == new.key)).one()
+            assert (file_row.level, file_row.size, file_row.created_ms, file_row.added_version) == (0, new.size, new.created_ms, version)
+            assert file_row.record_count == sum(info.record_count for info in new.sections)
+            assert schema_content(file_row.content) == ("mixed" if {info.topic for info in new.sections} == {"a", "b"} else "other")
+            rows = {
+                (row.topic_id, row.partition, row.first_offset): row
+                for row in connection.execute(select(schema.sections).where(sec.file_id == file_row.file_id))
+            }
+            assert len(rows) == len(new.sections)
+            for k, (info, first) in enumerate(zip(new.sections, firsts, strict=True)):
+                row = rows[(ids[info.topic], info.partition, first)]
+                assert row.last_offset == first + info.last_delta and row.level == 0 and row.removed_version is None
+                bound = schema.section_crc_binding(ids[info.topic], info.partition, info.byte_offset, info.byte_length, info.first_row,
+                                                   first, first + info.last_delta, info.record_count)
+                assert row.crc32 == info.crc32 ^ bound
+                assert (row.record_count, row.first_row, row.byte_offset, row.compression) == (info.record_count, info.first_row, info.byte_offset, COMPRESSIONS.index("lz4"))
+                assert (row.key_sketch or b"") == info.key_sketch
+                assert row.produced_compression == (new.produced_codecs[k] if new.produced_codecs else schema.UNKNOWN_CODEC)
+    snapshot = catalog.snapshot()
+    assert [s.first_offset for _, s in snapshot.sections_of("b", 0)] == [0, wide, wide + 2]
+
+
+def test_a_one_step_append_refused_by_the_database_is_run_the_long_way_which_names_the_row(
+    catalog: Catalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On PostgreSQL the one-step append cannot read the advance's rows before its COMMIT: a lowered partition row, or
+    a lowered version row, makes its statement divide by zero, which rolls it back; the append then runs a statement
+    at a time and refuses naming the row. Nothing of either is written."""
+    if catalog.engine.dialect.name != "postgresql":
+        pytest.skip("SQLite appends a statement at a time")
+    create_topic(catalog, "t", partitions=3)
+    for n in range(3):
+        _append(catalog, _new_file(f"f{n}", ("t", 0, 2), ("t", 1, 2), ("t", 2, 2)))
+    refused, in_one_step = [], appends.append_in_one_step
+
+    def watched(*args):  # type: ignore[no-untyped-def]
+        try:
+            return in_one_step(*args)
+        except appends.Unplaced:
+            refused.append(args)
+            raise
+
+    monkeypatch.setattr(appends, "append_in_one_step", watched)
+    with catalog.engine.begin() as connection:
+        connection.execute(update(schema.partitions).where(schema.partitions.c.partition == 1).values(next_offset=2))
+    with pytest.raises(CorruptDataError, match=r"partitions \('t', partition 1\) has next_offset 2 but the last append assigned offsets up to 5"):
+        _append(catalog, _new_file("lowered-partition", ("t", 0, 1), ("t", 1, 1)))
+    assert len(refused) == 1
+    with catalog.engine.begin() as connection:
+        connection.execute(update(schema.partitions).where(schema.partitions.c.partition == 1).values(next_offset=6))
+        connection.execute(update(schema.catalog_info).values(version=schema.catalog_info.c.version - 1))
+    with pytest.raises(CorruptDataError, match="catalog_info.version is .* but the commit log"):
+        _append(catalog, _new_file("lowered-version", ("t", 0, 1), ("t", 2, 1)))
+    assert len(refused) == 2
+    assert catalog.next_offsets("t") == [6, 6, 6]
+    assert catalog.known_files(["lowered-partition", "lowered-version"]) == set()
+
+
+def schema_content(number: int) -> str:
+    from logcompact.catalog.model import CONTENTS
+
+    return CONTENTS[number]
 
 
 def test_a_compaction_swaps_its_inputs_and_a_conflict_says_what_it_expected_and_found(catalog: Catalog) -> None:

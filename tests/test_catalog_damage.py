@@ -38,7 +38,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
 from lab.servers.postgres import PostgresServer
-from logcompact.catalog import Catalog, NewFile, schema
+from logcompact.catalog import Catalog, NewFile, appends, schema
 from logcompact.catalog import files as catalog_files
 from logcompact.catalog.database import catalog_errors, redact_url
 from logcompact.catalog.groups import CommittedOffset, GroupRow, StoredMember
@@ -1429,19 +1429,20 @@ def test_an_append_whose_database_goes_away_midway_raises_catalog_unavailable(
     postgres_catalog: tuple[Catalog, PostgresServer, str], monkeypatch: pytest.MonkeyPatch, stage: str
 ) -> None:
     """The database ends the append's session just before the partitions are advanced, or just before the sections
-    are copied in (statements run on the driver's connection, past SQLAlchemy). The append is refused as an
+    are placed (the one-step append's round trip, run on the driver's connection past SQLAlchemy; a Catalog's first
+    append, which expires idle producers, copies them in the long way). The append is refused as an
     unreachable catalog on one line, nothing of it is written, and once the database is back the next append runs on
     a connection of its own (the dropped one left the pool) and takes the offsets the refused one did not."""
     catalog, server, url = postgres_catalog
     offsets = catalog.next_offsets("accounts")
-    hooked = catalog_files.take_file_ids if stage == "advance" else catalog_files.section_rows
+    module, hooked = (catalog_files, catalog_files.take_file_ids) if stage == "advance" else (appends, appends.place)
 
     def going_away(*args, **kwargs):  # type: ignore[no-untyped-def]
         found = hooked(*args, **kwargs)
         _accepting(server, url, False)
         return found
 
-    monkeypatch.setattr(catalog_files, hooked.__name__, going_away)
+    monkeypatch.setattr(module, hooked.__name__, going_away)
     sections = tuple(SectionInfo("accounts", p, 2, 1, NOW, NOW, 0, 100, "none", 0, 0, 100) for p in range(3))
     with pytest.raises(CatalogUnavailableError, match="cannot be reached or read .*; check --catalog") as raised:
         catalog.append_files([NewFile("data/l0/refused.seg", 0, 300, NOW, sections)], NOW)

@@ -626,7 +626,30 @@ class Catalog:
         (`transactions.record_batches`); one whose transaction ended before this append is refused alone: its
         offsets are recorded as an aborted range, and the append goes on. Returns the version created, the first
         offset assigned to each section of each file, and the refused batches' errors by (file, batch) index.
+
+        On PostgreSQL, L0 files without sequenced batches are appended in one step (`appends.append_in_one_step`),
+        their partitions' rows locked only while the database works.
         """
+        if (
+            self.engine.dialect.name == "postgresql" and new_files and all(new.level == 0 and new.sections for new in new_files)
+            and not any(sequenced)
+            and now_ms - self._producers_expired_ms < PRODUCER_EXPIRY_EVERY_MS  # expiring idle producers goes the long way
+        ):
+            sections = appends.section_columns(new_files)  # before the transaction: none of it needs the offsets
+            try:
+                with self._writing() as connection:
+                    topic_rows = topics.rows(connection, set(sections.topics), lock=topics.SHARED)
+                    file_ids = files.take_file_ids(connection, len(new_files))
+                    placement = appends.place(sections, file_ids, topic_rows)
+                    version, firsts = appends.append_in_one_step(connection, new_files, file_ids, sections, placement, now_ms)
+                return Appended(version, appends.first_offsets(placement, firsts, sections.per_file), {})
+            except appends.Unplaced:
+                pass  # the long way names the row that refused it
+        return self._append_files_stepwise(new_files, now_ms, sequenced)
+
+    def _append_files_stepwise(self, new_files: Sequence[NewFile], now_ms: int, sequenced: Sequence[Sequence[PlacedBatch]]) -> Appended:
+        """`append_files` a statement at a time, reading back the offsets handed out to place the sections, record
+        the producers' batches and say which row refused an append."""
         with self._writing() as connection:
             # Locks in one order for every writer: topic rows, partition rows, then the version row, taken last so
             # appends to other partitions, and compactions, run beside this one until its final statements.

@@ -325,7 +325,9 @@ def removal_recorded(removed_version: ColumnElement[int]) -> ColumnElement[bool]
 
 
 # The fields of a sections row that say which records it names and where they are, as `section_crc_binding` packs them.
-_SECTION_PLACE = struct.Struct("<8q")
+SECTION_PLACE = struct.Struct("<8q")
+# Where the first and the last offset are packed in it.
+SECTION_PLACE_OFFSETS = (5 * 8, 6 * 8)
 
 
 def section_crc_binding(
@@ -349,10 +351,10 @@ def section_crc_binding(
     One pack and one CRC per row (zlib's CRC-32 of the eight fields as little-endian 64-bit integers): a planner
     loads hundreds of thousands of rows per pass. A value that is no 64-bit integer (a damaged SQLite row) raises
     struct.error."""
-    return crc32(_SECTION_PLACE.pack(topic_id, partition, byte_offset, byte_length, first_row, first_offset, last_offset, record_count))
+    return crc32(SECTION_PLACE.pack(topic_id, partition, byte_offset, byte_length, first_row, first_offset, last_offset, record_count))
 
 
-# `_SECTION_PLACE` as a numpy row: the same eight little-endian 64-bit integers.
+# `SECTION_PLACE` as a numpy row: the same eight little-endian 64-bit integers.
 _SECTION_PLACE_ROW = np.dtype([(f"f{n}", "<i8") for n in range(8)])
 
 
@@ -363,7 +365,7 @@ def section_crc_bindings(*columns: Sequence[int] | np.ndarray) -> list[int]:
     for n, column in enumerate(columns):
         rows[f"f{n}"] = column
     packed = memoryview(rows.tobytes())
-    size = _SECTION_PLACE.size
+    size = SECTION_PLACE.size
     return [crc32(packed[start:start + size]) for start in range(0, len(packed), size)]
 
 

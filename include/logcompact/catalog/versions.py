@@ -26,13 +26,13 @@ def lock(connection: Connection) -> int:
 # A commit's version: the version row bumped, then the commit logged under it unless the log already holds a version
 # at or past it (the row was lowered). Each statement reads what committed before it, as separate statements do; on
 # PostgreSQL both go in one round trip (a pipeline), past SQLAlchemy: an append's commit is a few milliseconds.
-_BUMP = "UPDATE catalog_info SET version = version + 1 RETURNING version"
+BUMP = "UPDATE catalog_info SET version = version + 1 RETURNING version"
 _LOG = """
 INSERT INTO versions (version, commit_id, created_ms, operation)
 SELECT version, {commit_id}, {created_ms}, {operation} FROM catalog_info AS i
 WHERE NOT EXISTS (SELECT 1 FROM versions AS v WHERE v.version >= i.version) RETURNING version
 """
-_LOG_POSTGRESQL = _LOG.format(commit_id="%(commit_id)s", created_ms="%(created_ms)s", operation="%(operation)s")
+LOG_POSTGRESQL = _LOG.format(commit_id="%(commit_id)s", created_ms="%(created_ms)s", operation="%(operation)s")
 _LOG_SQLITE = _LOG.format(commit_id=":commit_id", created_ms=":created_ms", operation=":operation")
 
 
@@ -41,14 +41,14 @@ def next_version(connection: Connection, operation: str, now_ms: int) -> int:
     log = {"commit_id": str(uuid.uuid4()), "created_ms": now_ms, "operation": operation}
     if connection.dialect.name == "postgresql":
         driver = driver_connection(connection)
-        with driver_errors(connection, _LOG_POSTGRESQL), driver.cursor() as bump, driver.cursor() as logged:
+        with driver_errors(connection, LOG_POSTGRESQL), driver.cursor() as bump, driver.cursor() as logged:
             with driver.pipeline():
-                bump.execute(_BUMP)
-                logged.execute(_LOG_POSTGRESQL, log)
+                bump.execute(BUMP)
+                logged.execute(LOG_POSTGRESQL, log)
             [(version,)] = bump.fetchall()
             written = logged.fetchall()
     else:
-        [(version,)] = connection.exec_driver_sql(_BUMP).all()
+        [(version,)] = connection.exec_driver_sql(BUMP).all()
         written = connection.exec_driver_sql(_LOG_SQLITE, log).all()
     if not written:
         raise version_behind_log(version - 1, connection.execute(select(func.max(s.versions.c.version))).scalar_one())
