@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+TRUNK = 0.9  # a function in this share of the samples or more is on every path: not shown among the product's
 
 
 class Profile:
@@ -59,9 +60,11 @@ class Profile:
                     within[frame] += count
         lines = [f"profile of {self.label}, {total:,} samples by py-spy; own time:"]
         lines += [f"  {count / total:6.1%}  {name}" for name, count in own.most_common(top)]
-        if within:
+        # Below the trunk every sample passes through (the measure's own entry points): where the time divides.
+        branches = [(name, count) for name, count in within.most_common() if count < TRUNK * total][:top]
+        if branches:
             lines.append("  the product's functions, with what they call:")
-            lines += [f"  {count / total:6.1%}  {name}" for name, count in within.most_common(top)]
+            lines += [f"  {count / total:6.1%}  {name}" for name, count in branches]
         return "\n".join(lines)
 
 
@@ -91,6 +94,10 @@ def sampled(pid: int | None = None, label: str = "", rate: int = 100, subprocess
         output = Path(directory) / "stacks.txt"
         argv = [spy, "record", "--pid", str(pid), "--rate", str(rate), "--nonblocking", "--format", "raw", "--output", str(output)]
         sampler = subprocess.Popen(argv + (["--subprocesses"] if subprocesses else []), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        # A script pinned to a core (taskset) would share it with its sampler: the sampler runs on the others.
+        others = set(range(os.cpu_count() or 1)) - os.sched_getaffinity(0)
+        if others:
+            os.sched_setaffinity(sampler.pid, others)
         try:
             yield profile
         finally:

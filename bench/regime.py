@@ -73,6 +73,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -86,6 +87,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "include"))
 
 from postgres_server import ThrowAwayPostgres
+from profiling import Profile, sampled
 from results import recorded
 
 from logcompact.catalog import Catalog
@@ -109,6 +111,7 @@ SAMPLE_S = 1.0  # backlog, CPU and PostgreSQL's wait events
 PRINT_S = 30.0  # a backlog and lag line
 IDLE_LOOK_AGAIN_S = 1.0
 HOLDS_ACHIEVED = 0.95
+PROFILE_RATE = 20  # samples a second of py-spy on one agent and one compactor, printed if the regime does not hold
 HOLDS_P99_MS = 300.0
 CPU_BOUND_BUSY = 0.85
 AGENT_STEPS = (10, 8, 6, 4, 3, 2, 1)
@@ -344,6 +347,7 @@ class Figures:
     live_files: int = 0
     live_sections: int = 0
     section_rows: int = 0
+    profiles: list[Profile] = field(default_factory=list)  # the first agent's and the first compactor's, over the window
 
     def percentile(self, q: float) -> float:
         ordered = sorted(self.latencies_ms)
@@ -492,7 +496,12 @@ def run(name: str, url: str | None, store_root: Path, load: Load, seconds: float
         for process in processes:
             process.start()
         start_at = open_window(processes, ready, go, window_start)
-        watch(catalog, processes, load, start_at, seconds, postgres, figures)
+        with ExitStack() as profiling:
+            sampled_processes = [("agent", processes[0])] + ([("compactor", processes[load.agents])] if load.compactors else [])
+            for role, process in sampled_processes:
+                if process.pid is not None:
+                    figures.profiles.append(profiling.enter_context(sampled(process.pid, f"the first {role} over the window", rate=PROFILE_RATE)))
+            watch(catalog, processes, load, start_at, seconds, postgres, figures)
         results = collect(out, processes)
     finally:
         go.set()  # a process still waiting for the window goes on to its end (or is stopped below)
@@ -652,7 +661,9 @@ def report(f: Figures) -> None:
     print("  verdict: " + ("HOLDS" if f.holds() else "DOES NOT HOLD") + ": " + "; ".join(
         f"{what} {'ok' if ok else 'MISSED'}" for what, ok in f.checks()))
     if not f.holds():
-        print(f"  bound by {f.binding()}")
+        print(f"  bound by {f.binding()}; what would close it: bench/README.md, Where the misses come from")
+        for profile in f.profiles:
+            print("  " + profile.summary().replace("\n", "\n  "))
 
 
 def _spread(milliseconds: list[float]) -> str:
