@@ -55,6 +55,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+from profiling import sampled
 from results import recorded
 
 from logcompact.catalog import Catalog, DataFile, NewFile
@@ -76,6 +77,7 @@ PARTITIONS_PER_TOPIC = 1_000
 CONSUMED_PARTITIONS = 20
 BIG_TOPIC = "big"
 WARM_TOPIC = "warm"  # one record, read first by the latest_values child
+LATEST_VALUES_TARGET_S = 2.5  # 10 million records, of 100 files or of one section
 DEEP_TOPIC = "deep"
 DEEP_LEVEL = 2  # where a partition's many sections are, as compaction leaves them
 DEEP_L0_FILES = 300  # the L0 backlog above them: agents' newest files, each holding every deep partition
@@ -265,8 +267,8 @@ def _memory(field: str) -> int:
     raise SystemExit(f"bench: /proc/self/status has no {field}")
 
 
-def _latest_values_in_child(root: str, cpu: int) -> tuple[float, int, int]:
-    """In a fresh process: seconds of latest_values, growth of the process (bytes), rows returned.
+def _latest_values_in_child(root: str, cpu: int) -> tuple[float, int, int, str]:
+    """In a fresh process: seconds of latest_values, growth of the process (bytes), rows returned, its profile.
 
     A first call on a one-record topic loads what any call loads once (Arrow's kernels); then the peak
     resident size is reset (clear_refs) so the growth is this call's."""
@@ -277,21 +279,27 @@ def _latest_values_in_child(root: str, cpu: int) -> tuple[float, int, int]:
     with open("/proc/self/clear_refs", "w") as clear_refs:
         clear_refs.write("5")
     resident_before = _memory("VmRSS")
-    started = time.perf_counter()
-    view = latest_values(catalog.store, snapshot, BIG_TOPIC, 0)
-    seconds = time.perf_counter() - started
-    return seconds, max(0, _memory("VmHWM") - resident_before), view.num_rows
+    with sampled(label="latest_values") as profile:  # py-spy on the other cores: it takes nothing from this one
+        started = time.perf_counter()
+        view = latest_values(catalog.store, snapshot, BIG_TOPIC, 0)
+        seconds = time.perf_counter() - started
+    return seconds, max(0, _memory("VmHWM") - resident_before), view.num_rows, profile.summary()
 
 
-def _latest_values(root: Path, cpu: int, runs: int, keys: int) -> str:
+def _latest_values(root: Path, cpu: int, runs: int, keys: int, what: str) -> str:
+    """The median time and memory growth of `runs` calls, each in a fresh process; the profile of the last printed
+    when the median misses LATEST_VALUES_TARGET_S."""
     timings, growths = [], []
     for _ in range(runs):
         with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as child:
-            seconds, growth, rows = child.submit(_latest_values_in_child, str(root), cpu).result()
+            seconds, growth, rows, profile = child.submit(_latest_values_in_child, str(root), cpu).result()
         if rows != keys:
             raise SystemExit(f"bench: latest_values returned {rows:,} keys, expected {keys:,}")
         timings.append(seconds)
         growths.append(growth)
+    if statistics.median(timings) > LATEST_VALUES_TARGET_S:
+        print(f"  latest_values {what}: {_duration(statistics.median(timings))}, target <= {LATEST_VALUES_TARGET_S:g} s MISSED; what "
+              f"would close it: bench/README.md, Where the misses come from\n  " + profile.replace("\n", "\n  "), flush=True)
     return f"{_duration(statistics.median(timings))}, +{statistics.median(growths) / 1e6:,.0f} MB"
 
 
@@ -316,7 +324,7 @@ def big_case(records: int, keys: int, files: int, runs: int, cpu: int, work: Pat
     print(f"  big partition: {records:,} records in {files} L0 files, written in {time.perf_counter() - started:.0f} s",
           flush=True)
     distinct = len(np.unique(order))
-    spread = _latest_values(root, cpu, runs, distinct)
+    spread = _latest_values(root, cpu, runs, distinct, f"over {files} files")
 
     (sweep,) = make_plans(catalog.snapshot(), NOW + 1_000, "full")
     run_and_commit(catalog, sweep, NOW + 1_000)
@@ -334,14 +342,14 @@ def big_case(records: int, keys: int, files: int, runs: int, cpu: int, work: Pat
         read.append((store.counters.snapshot() - before).bytes_read)
         if first.column("offset")[0].as_py() < middle:
             raise SystemExit("bench: the read from the middle started before its offset")
-    compacted = _latest_values(root, cpu, runs, distinct)
+    compacted = _latest_values(root, cpu, runs, distinct, "of one section")
     catalog.engine.dispose()
     return [
         (f"consume from the middle of a {distinct:,}-record section: first record, bytes read",
          f"{_duration(statistics.median(timings))}, {statistics.median(read) / 1e6:,.1f} MB", "<= 20 ms, <= 2 MB"),
-        (f"latest_values of {distinct:,} keys in one section: time, memory growth", compacted, "<= 3 s, <= 300 MB"),
+        (f"latest_values of {distinct:,} keys in one section: time, memory growth", compacted, f"<= {LATEST_VALUES_TARGET_S:g} s, <= 300 MB"),
         (f"latest_values of {distinct:,} keys over {files} files ({records:,} records): time, memory growth", spread,
-         "<= 3 s, <= 300 MB"),
+         f"<= {LATEST_VALUES_TARGET_S:g} s, <= 300 MB"),
     ]
 
 
