@@ -77,7 +77,7 @@ def test_a_warpstream_like_cluster_follows_every_record_of_its_1000_partitions()
     assert summary["jobs"] >= 225 + 7 and summary["write_amplification"] >= 2.0
     assert summary["dedup_delay_p50_s"] is not None and summary["live_files_end"] < 32 + 7
     # Every ingested record is either deduplicated (its delay counted once) or still followed in a live file.
-    deduplicated = sum(int(records.sum()) for _, records in simulation.delays)
+    deduplicated = sum(simulation.deduplicated.values())
     followed = sum(int(c.records.sum()) for c in simulation.cohorts.values())
     assert deduplicated + followed == simulation.result.bytes_ingested // workload.record_bytes
     # The live files hold records of every partition of every topic, each followed as its own partition.

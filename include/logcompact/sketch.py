@@ -151,21 +151,24 @@ def decode(packed: bytes) -> np.ndarray:
 
 def encode_rows(registers: np.ndarray) -> list[bytes]:
     """`encode` of each row of a (sketches, REGISTERS) array of uint8, in vectorized steps but the final slicing."""
-    used = np.count_nonzero(registers, axis=1)
     packed = [b""] * len(registers)
-    paired = np.flatnonzero((used > 0) & (2 * used < REGISTERS))
-    if len(paired):
-        rows, columns = np.nonzero(registers[paired])  # row by row, registers in order, as `encode` lists them
-        pairs = np.empty((len(rows), 2), dtype=np.uint8)
-        pairs[:, 0], pairs[:, 1] = columns, registers[paired[rows], columns]
+    cells = np.flatnonzero(registers != 0)  # row by row, registers in order, as `encode` lists them (of booleans: 4x faster)
+    used = np.bincount(cells >> PRECISION, minlength=len(registers))
+    full = 2 * used >= REGISTERS
+    if full.any():
+        cells = cells[~full[cells >> PRECISION]]
+    if len(cells):
+        pairs = np.empty((len(cells), 2), dtype=np.uint8)
+        pairs[:, 0], pairs[:, 1] = cells & (REGISTERS - 1), registers.reshape(-1)[cells]
         blob = pairs.tobytes()
+        paired = np.flatnonzero(~full & (used > 0))
         ends = 2 * np.cumsum(used[paired])
         for row, start, end in zip(paired.tolist(), (ends - 2 * used[paired]).tolist(), ends.tolist()):
             packed[row] = blob[start:end]
-    full = np.flatnonzero(2 * used >= REGISTERS)
-    if len(full):
-        blob = np.ascontiguousarray(registers[full], dtype=np.uint8).tobytes()
-        for number, row in enumerate(full.tolist()):
+    rows = np.flatnonzero(full)
+    if len(rows):
+        blob = np.ascontiguousarray(registers[rows], dtype=np.uint8).tobytes()
+        for number, row in enumerate(rows.tolist()):
             packed[row] = blob[number * REGISTERS : (number + 1) * REGISTERS]
     return packed
 

@@ -103,7 +103,12 @@ def estimate_job(plan: Plan, inputs: Sequence[SimulatedFile] | None = None, layo
     records, uncompressed = summed(column("record_count")), summed(column("uncompressed_bytes"))
     firsts, lasts = summed(first, np.minimum), summed(first + column("last_delta"), np.maximum)
     min_timestamps, max_timestamps = summed(column("min_timestamp"), np.minimum), summed(column("max_timestamp"), np.maximum)
-    registers = np.maximum.reduceat(column("registers")[order], starts, axis=0) if groups else np.zeros((0, sketch.REGISTERS), np.uint8)
+    # Each group's key sketches merged, file by file: a file holds one section a partition, so one of a group at most.
+    group = np.empty(count, dtype=np.int64)
+    group[order] = np.repeat(np.arange(groups), lengths)
+    registers = np.zeros((groups, sketch.REGISTERS), dtype=np.uint8)
+    for data_file, rows in zip(inputs, np.split(group, np.cumsum(counts)[:-1])):
+        registers[rows] = np.maximum(registers[rows], data_file.registers)
     shared = _shared_bytes(inputs, counts, order, starts, lengths)
 
     group_slot = slot[order][starts]

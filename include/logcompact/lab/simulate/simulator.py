@@ -19,6 +19,7 @@ data of the partition (percentiles), and max-lag violations (records first so de
 from __future__ import annotations
 
 import tempfile
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -196,7 +197,9 @@ class Simulation:
         self.lag = max(workload.max_lag_ms, MIN_MAX_COMPACTION_LAG_MS) if workload.max_lag_ms is not None else None
         self.catalog: SimulatedCatalog | None = None  # made by run()
         self.cohorts: dict[str, Cohorts] = {}  # by the key of the live file that holds them
-        self.delays: list[tuple[np.ndarray, np.ndarray]] = []  # (seconds to deduplication, records)
+        # Records first deduplicated, by milliseconds from produce: produce times and passes fall on the batches'
+        # clock, so a day holds about 100,000 delays where it follows 100 million cohorts.
+        self.deduplicated: Counter[int] = Counter()
         self.result = SimulationResult(name, asdict(workload))
         self._sequence = 0
         self._unappended: list[SimulatedFile] = []  # L1 files made since the catalog was last read
@@ -309,7 +312,10 @@ class Simulation:
         return outside < lowest
 
     def _deduplicated(self, cohorts: Cohorts, now: int) -> None:
-        self.delays.append(((now - cohorts.produced_ms) / 1000, cohorts.records))
+        waited, at = np.unique(now - cohorts.produced_ms, return_inverse=True)
+        records = np.zeros(len(waited), dtype=np.int64)
+        np.add.at(records, at, cohorts.records)
+        self.deduplicated.update(dict(zip(waited.tolist(), records.tolist())))
         self.result.max_lag_violations += self._late(cohorts, now)
         if self.lag is not None and cohorts.records.any():
             past_lag = (now - cohorts.produced_ms[cohorts.records > 0] - self.lag).max() / 60_000
@@ -404,9 +410,9 @@ class Simulation:
         result.write_amplification = result.bytes_written / result.bytes_ingested if result.bytes_ingested else 0.0
         result.gets_per_gib = result.gets / gib if gib else 0.0
         result.puts_per_gib = result.puts / gib if gib else 0.0
-        delays = np.concatenate([d for d, _ in self.delays]) if self.delays else np.zeros(0)
-        if len(delays):
-            weights = np.concatenate([n for _, n in self.delays]).astype(np.float64)
+        if self.deduplicated:
+            delays = np.array(list(self.deduplicated), dtype=np.int64) / 1000
+            weights = np.array(list(self.deduplicated.values()), dtype=np.float64)
             result.dedup_delay_s = _percentiles(delays, weights)
             past = np.maximum(delays - self.workload.min_lag_ms / 1000, 0.0)
             result.past_min_lag_s = {**_percentiles(past, weights), "max": round(float(past[weights > 0].max(initial=0.0)), 1)}
@@ -415,8 +421,9 @@ class Simulation:
 def _percentiles(values: np.ndarray, weights: np.ndarray) -> dict[str, float]:
     """p50, p90 and p99 of `values`, each weighing as many records as its weight."""
     order = np.argsort(values)
+    ordered = values[order]
     cumulative = np.cumsum(weights[order]) / weights.sum()
-    return {f"p{q}": round(float(values[order][np.searchsorted(cumulative, q / 100)]), 1) for q in (50, 90, 99)}
+    return {f"p{q}": round(float(ordered[np.searchsorted(cumulative, q / 100)]), 1) for q in (50, 90, 99)}
 
 
 def compare(workload: Workload, runs: dict[str, tuple[PlannerConfig, float]]) -> list[SimulationResult]:
