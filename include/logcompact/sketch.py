@@ -163,8 +163,11 @@ def encode_rows(registers: np.ndarray) -> list[bytes]:
         blob = pairs.tobytes()
         paired = np.flatnonzero(~full & (used > 0))
         ends = 2 * np.cumsum(used[paired])
-        for row, start, end in zip(paired.tolist(), (ends - 2 * used[paired]).tolist(), ends.tolist()):
-            packed[row] = blob[start:end]
+        pieces = map(blob.__getitem__, map(slice, (ends - 2 * used[paired]).tolist(), ends.tolist()))
+        if len(paired) == len(registers):  # every sketch short (a file's sections of a few records each)
+            return list(pieces)
+        for row, piece in zip(paired.tolist(), pieces):
+            packed[row] = piece
     rows = np.flatnonzero(full)
     if len(rows):
         blob = np.ascontiguousarray(registers[rows], dtype=np.uint8).tobytes()

@@ -23,7 +23,7 @@ from logcompact import sketch
 from logcompact.catalog import CommitResult, DataFile, FileSummary, LevelSection, NewFile, PartitionSection, PartitionSummary
 from logcompact.catalog.model import TopicPartition
 from logcompact.exceptions import CommitConflictError, TopicNotFoundError
-from logcompact.lab.simulate.files import Layout, Sections, SimulatedFile
+from logcompact.lab.simulate.files import Layout, Sections, SimulatedFile, merge_sketches
 from logcompact.topics import Topic
 
 CLUSTER_ID = "simulated"
@@ -220,7 +220,8 @@ class MemorySnapshot:
         the base is the section with the lowest first offset."""
         size = self.layout.size
         sections = self._sections()
-        sections = sections.take(sections.level > 0)
+        if (sections.level == 0).any():
+            sections = sections.take(sections.level > 0)
         slot = sections.slot
         count = np.bincount(slot, minlength=size)
 
@@ -244,7 +245,7 @@ class MemorySnapshot:
         registers = np.zeros((size, sketch.REGISTERS), dtype=np.uint8)
         for f in self._files.values():
             if f.level > 0:
-                registers[f.slot] = np.maximum(registers[f.slot], f.registers)
+                merge_sketches(registers, f.slot, f.registers)
         present = np.flatnonzero(count)
         rows = base[present]
         columns = zip(

@@ -26,7 +26,7 @@ import numpy as np
 
 from logcompact import sketch
 from logcompact.catalog import TopicPartition
-from logcompact.lab.simulate.files import Layout, SimulatedFile
+from logcompact.lab.simulate.files import Layout, SimulatedFile, merge_sketches
 from logcompact.plans import Plan
 
 # What a section costs in a file beyond its records' bytes: its footer entry and its share of a block's framing
@@ -108,7 +108,7 @@ def estimate_job(plan: Plan, inputs: Sequence[SimulatedFile] | None = None, layo
     group[order] = np.repeat(np.arange(groups), lengths)
     registers = np.zeros((groups, sketch.REGISTERS), dtype=np.uint8)
     for data_file, rows in zip(inputs, np.split(group, np.cumsum(counts)[:-1])):
-        registers[rows] = np.maximum(registers[rows], data_file.registers)
+        merge_sketches(registers, rows, data_file.registers)
     shared = _shared_bytes(inputs, counts, order, starts, lengths)
 
     group_slot = slot[order][starts]

@@ -33,7 +33,7 @@ from logcompact.collector import collector_paused
 from logcompact.keys import DATA_PREFIX
 from logcompact.lab.simulate.catalog import MemoryCatalog
 from logcompact.lab.simulate.cost import SECTION_OVERHEAD_BYTES, estimate_job
-from logcompact.lab.simulate.files import Layout, SimulatedFile
+from logcompact.lab.simulate.files import Layout, SimulatedFile, merge_sketches
 from logcompact.planner import PlannerConfig, choose_plans
 from logcompact.plans import Plan
 from logcompact.store import LocalStore
@@ -398,7 +398,7 @@ class Simulation:
         registers = np.zeros((self.layout.size, sketch.REGISTERS), dtype=np.uint8)
         for data_file in files:
             records[data_file.slot] += data_file.record_count
-            registers[data_file.slot] = np.maximum(registers[data_file.slot], data_file.registers)
+            merge_sketches(registers, data_file.slot, data_file.registers)
         distinct = np.minimum(records, np.rint(sketch.estimate_rows(registers)).astype(np.int64))
         total = int(records.sum())
         self.result.duplicate_fraction.append((hour, (total - int(distinct.sum())) / total if total else 0.0))
