@@ -124,13 +124,13 @@ class SimulatedFile:
     registers: np.ndarray
     first_row: np.ndarray
     first_offset: np.ndarray | None = None
-    _data_file: DataFile | None = field(default=None, repr=False)
+    _data_file: DataFile | None = field(default=None, init=False, repr=False)  # made by `data_file`
 
     def __len__(self) -> int:
         return len(self.slot)
 
     def placed(self, first_offset: np.ndarray) -> SimulatedFile:
-        return replace(self, first_offset=first_offset, _data_file=None)
+        return replace(self, first_offset=first_offset)
 
     @property
     def offsets(self) -> np.ndarray:
