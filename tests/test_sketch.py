@@ -40,3 +40,16 @@ def test_estimated_duplicates_of_overlapping_sections() -> None:
     assert abs(sketch.estimated_duplicates(12_000, packed) - 10_000) < 3 * 0.09 * 2_000
     assert sketch.estimated_duplicates(12_000, [b"", b""]) == 0  # no section has keys: nothing is known
     assert sketch.estimated_duplicates(10, packed) == 0  # never negative
+
+
+@given(st.lists(st.integers(0, 3_000), max_size=40))
+def test_rows_of_sketches_encode_decode_and_estimate_as_each_one_alone(sizes: list[int]) -> None:
+    """The vectorized forms the simulator uses, for sketches empty, short (pairs) and full: the same bytes and the
+    same floats, bit for bit, as `encode`, `decode` and `estimate` of each row."""
+    rng = np.random.default_rng(len(sizes))
+    rows = np.array([sketch.sketch_words(rng.integers(0, 2**64 - 1, size, dtype=np.uint64)) for size in sizes], dtype=np.uint8)
+    rows = rows.reshape(len(sizes), sketch.REGISTERS)
+    packed = sketch.encode_rows(rows)
+    assert packed == [sketch.encode(row) for row in rows]
+    assert np.array_equal(sketch.decode_rows(packed), rows)
+    assert sketch.estimate_rows(rows).tolist() == [sketch.estimate(row) for row in rows]

@@ -1,12 +1,12 @@
-"""The simulator's catalog: live files held in memory, read by the real planner as it reads the database.
+"""The simulator's catalog: live files held in memory as columns, read by the real planner as it reads the database.
 
 A simulated hour of the WarpStream-like workload appends 4.5 million sections in L1 files alone; the real catalog
-inserts a row for each and the planner loads them back as objects, which took most of a run. This one keeps the
-files as the objects the simulator made (`DataFile`), places offsets as `Catalog.append_files` does, commits all
-or nothing, and answers what planners read of a snapshot (`PlanningSnapshot`) from them as the database answers it:
-the same files in the same order, the same minimums, the same partition summaries (`summaries.of_columns`, over
-columns each file's sections are read into once). `tests/test_simulate.py` checks each answer against the real
-catalog's, and runs the simulator on both catalogs for the same figures.
+inserts a row for each and the planner loads them back as objects. This one keeps the simulator's files as they are
+made (`SimulatedFile`, a file's sections as arrays), places offsets as `Catalog.append_files` does, commits all or
+nothing, and answers what planners read of a snapshot (`PlanningSnapshot`) from those arrays as the database answers
+it: the same files in the same order, the same minimums, the same partition summaries; a file is made into the
+objects planners take (`DataFile`) only when one asks for it, once. `tests/test_simulate.py` checks each answer
+against the real catalog's, and runs the simulator on both catalogs for the same figures.
 
 What it leaves out, the simulator never does: leases (its plans commit at once), partitions set aside as uncleanable,
 topics with time retention, and reading an older version.
@@ -16,59 +16,23 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from operator import itemgetter
-from typing import NamedTuple
 
 import numpy as np
 
-from logcompact.catalog import CatalogSection, CommitResult, DataFile, FileSummary, LevelSection, NewFile, PartitionSection, PartitionSummary, summaries
-from logcompact.catalog.model import CONTENTS, TopicPartition
-from logcompact.exceptions import CommitConflictError, InvalidRecordError, TopicNotFoundError
-from logcompact.format.layout import SectionInfo
+from logcompact import sketch
+from logcompact.catalog import CommitResult, DataFile, FileSummary, LevelSection, NewFile, PartitionSection, PartitionSummary
+from logcompact.catalog.model import TopicPartition
+from logcompact.exceptions import CommitConflictError, TopicNotFoundError
+from logcompact.lab.simulate.files import Layout, Sections, SimulatedFile, merge_sketches
 from logcompact.topics import Topic
 
 CLUSTER_ID = "simulated"
-_PARTITION_OF = itemgetter(0, 1)  # a SectionInfo's (topic, partition)
-
-
-class SectionColumns(NamedTuple):
-    """The sections of a file above L0 as the partition summaries take them (`summaries.of_columns`), one entry a section."""
-
-    topic_ids: np.ndarray
-    partitions: np.ndarray
-    first: np.ndarray
-    level: np.ndarray
-    size: np.ndarray
-    records: np.ndarray
-    min_timestamp: np.ndarray
-    clean: np.ndarray
-    created_ms: np.ndarray
-    sketches: list[bytes]
-
-    @classmethod
-    def of_file(cls, data_file: DataFile, topic_ids: dict[str, int]) -> SectionColumns:
-        count = len(data_file.sections)
-        infos = [section.info for section in data_file.sections]
-        fields = dict(zip(SectionInfo._fields, zip(*infos))) if infos else dict.fromkeys(SectionInfo._fields, ())
-
-        def column(name: str) -> np.ndarray:
-            return np.array(fields[name], dtype=np.int64)
-
-        return cls(
-            np.fromiter(map(topic_ids.__getitem__, fields["topic"]), dtype=np.int64, count=count), column("partition"),
-            np.fromiter(map(itemgetter(1), data_file.sections), dtype=np.int64, count=count), np.full(count, data_file.level, dtype=np.int64),
-            column("uncompressed_bytes"), column("record_count"), column("min_timestamp"), column("clean_below_delta") > column("last_delta"),
-            np.full(count, data_file.created_ms, dtype=np.int64), list(fields["key_sketch"]),
-        )
-
-    @classmethod
-    def concat(cls, parts: Sequence[SectionColumns]) -> SectionColumns:
-        arrays = [np.concatenate([getattr(part, name) for part in parts]) for name in cls._fields[:-1]]
-        return cls._make([*arrays, [packed for part in parts for packed in part.sketches]])
+_NO_OFFSET = np.iinfo(np.int64).max
 
 
 class MemoryCatalog:
-    """What the simulator asks of `Catalog`: topics, appends, a compaction's swap and the newest snapshot."""
+    """What the simulator asks of `Catalog`: topics, appends, a compaction's swap and the newest snapshot; and, for
+    the simulator itself, its live files as columns."""
 
     def __init__(self, topics: Sequence[Topic]) -> None:
         for topic in topics:
@@ -76,36 +40,56 @@ class MemoryCatalog:
                 raise ValueError(f"topic {topic.name!r}: the simulator's catalog keeps no time retention; set retention.ms to -1")
         self.topics = {topic.name: topic for topic in topics}
         self.topic_ids = {topic.name: number for number, topic in enumerate(topics, start=1)}  # as created, from 1
+        self.layout = Layout(topics)
         self.version = 1
-        self._files: dict[str, DataFile] = {}  # live files in the order they were added, as file ids order them
-        self._columns: dict[str, SectionColumns] = {}  # of the live files above L0
-        self._next_offsets: dict[TopicPartition, int] = {}
+        self._files: dict[str, SimulatedFile] = {}  # live files in the order they were added, as file ids order them
+        self._next_offsets = np.zeros(self.layout.size, dtype=np.int64)  # by slot
 
-    def append_files(self, new_files: Sequence[NewFile], now_ms: int) -> tuple[int, list[list[int]]]:
-        """Add ingested files, each section at the next offsets of its partition; returns the version created and each
-        file's sections' first offsets, as `Catalog.append_files` does (`now_ms` dates nothing here: no producer state)."""
-        placed_files, next_offsets = [], dict(self._next_offsets)  # kept only if the commit is
+    # -- the simulator's columns ---------------------------------------------------------------------
+
+    def append(self, new_files: Sequence[SimulatedFile], now_ms: int) -> tuple[int, list[SimulatedFile]]:
+        """Add ingested files, each section at the next offset of its partition, in one commit; returns the version
+        created and the files placed (`now_ms` dates nothing here: no producer state)."""
+        next_offsets = self._next_offsets.copy()  # kept only if the commit is
+        placed = []
         for new in new_files:
-            firsts = []
-            for info, tp in zip(new.sections, map(_PARTITION_OF, new.sections)):
-                first = next_offsets.get(tp)
-                if first is None:  # the partition's first records
-                    if not 0 <= info.partition < self._topic(info.topic).partitions:
-                        raise InvalidRecordError(f"topic {info.topic!r} has partitions 0 to {self.topics[info.topic].partitions - 1}, not {info.partition}")
-                    first = 0
-                next_offsets[tp] = first + info.last_delta + 1
-                firsts.append(first)
-            placed_files.append(DataFile(new.key, new.level, new.size, new.created_ms, tuple(map(CatalogSection, new.sections, firsts))))
-        version = self._commit([], placed_files)
+            _check_one_section_a_partition(new)
+            placed.append(new.placed(next_offsets[new.slot]))
+            next_offsets[new.slot] += new.last_delta + 1
+        version = self._commit([], placed)
         self._next_offsets = next_offsets
-        return version, [[section.first_offset for section in data_file.sections] for data_file in placed_files]
+        return version, placed
 
-    def replace_files(self, removed: Sequence[str], added: Sequence[DataFile], now_ms: int, *, plan_id: str | None = None) -> CommitResult:
+    def replace(self, removed: Sequence[str], added: Sequence[SimulatedFile], now_ms: int, plan_id: str | None = None) -> CommitResult:
         """Swap live files for a compaction's outputs (offsets already assigned), as `Catalog.replace_files` does for a
         plan not committed before (this catalog records neither plans nor the clock)."""
         return CommitResult(self._commit(removed, added), True)
 
-    def _commit(self, removed: Sequence[str], added: Sequence[DataFile]) -> int:
+    def files(self, keys: Iterable[str]) -> list[SimulatedFile]:
+        """The live files among `keys`, in that order."""
+        return [self._files[key] for key in keys if key in self._files]
+
+    def live(self) -> list[SimulatedFile]:
+        return list(self._files.values())
+
+    def level_count(self, level: int) -> int:
+        return sum(1 for f in self._files.values() if f.level == level)
+
+    # -- as `Catalog` -----------------------------------------------------------------------------
+
+    def append_files(self, new_files: Sequence[NewFile], now_ms: int) -> tuple[int, list[list[int]]]:
+        """`append` of files as objects; returns each file's sections' first offsets, as `Catalog.append_files` does."""
+        version, placed = self.append([SimulatedFile.of_new_file(new, self.layout) for new in new_files], now_ms)
+        return version, [f.offsets.tolist() for f in placed]
+
+    def replace_files(self, removed: Sequence[str], added: Sequence[DataFile], now_ms: int, *, plan_id: str | None = None) -> CommitResult:
+        """`replace` with the outputs as objects."""
+        return self.replace(removed, [SimulatedFile.of_data_file(f, self.layout) for f in added], now_ms, plan_id)
+
+    def snapshot(self) -> MemorySnapshot:
+        return MemorySnapshot(self, dict(self._files))
+
+    def _commit(self, removed: Sequence[str], added: Sequence[SimulatedFile]) -> int:
         """Remove `removed` and add `added` in a new version, or change nothing and raise."""
         if len(set(removed)) < len(removed) or len({data_file.key for data_file in added}) < len(added):
             raise ValueError("a commit names a file twice among its inputs or among its outputs; name each once")
@@ -116,43 +100,34 @@ class MemoryCatalog:
         if taken:
             raise CommitConflictError(f"an output file is already in the catalog ({taken[0]}); plan again")
         for data_file in added:
-            for name in data_file.topics:
-                self._topic(name)
-            if len(set(map(_PARTITION_OF, (section.info for section in data_file.sections)))) < len(data_file.sections):
-                raise ValueError(f"file {data_file.key} holds two sections of one partition; a file holds one section a partition")
-        columns = {data_file.key: SectionColumns.of_file(data_file, self.topic_ids) for data_file in added if data_file.level > 0}
+            _check_one_section_a_partition(data_file)
         for key in removed:
             del self._files[key]
-            self._columns.pop(key, None)
         self._files.update((data_file.key, data_file) for data_file in added)
-        self._columns.update(columns)
         self.version += 1
         return self.version
 
-    def snapshot(self) -> MemorySnapshot:
-        return MemorySnapshot(self, dict(self._files), list(self._columns.values()))
 
-    def _topic(self, name: str) -> Topic:
-        try:
-            return self.topics[name]
-        except KeyError:
-            raise TopicNotFoundError(f"topic {name!r} is not one of the simulated topics ({', '.join(self.topics)}); add it to the workload") from None
+def _check_one_section_a_partition(data_file: SimulatedFile) -> None:
+    slots = data_file.slot
+    if len(slots) > 1 and not (slots[1:] > slots[:-1]).all() and len(np.unique(slots)) < len(slots):
+        raise ValueError(f"file {data_file.key} holds two sections of one partition; a file holds one section a partition")
 
 
 class MemorySnapshot:
     """The simulated catalog as of one version: the answers of `Snapshot` that the planners read."""
 
-    def __init__(self, catalog: MemoryCatalog, files: dict[str, DataFile], columns: list[SectionColumns]) -> None:
+    def __init__(self, catalog: MemoryCatalog, files: dict[str, SimulatedFile]) -> None:
         self.cluster_id = CLUSTER_ID
         self.version = catalog.version
         self.topics = dict(catalog.topics)
         self.topic_ids = dict(catalog.topic_ids)
         self.set_aside: frozenset[TopicPartition] = frozenset()
+        self.layout = catalog.layout
         self._files = files
-        self._compacted = {name: topic.config.compacted for name, topic in self.topics.items()}
-        self._columns = columns
-        self._above_l0: dict[TopicPartition, list[tuple[str, int, CatalogSection]]] | None = None
-        self._summaries: dict[tuple[int, int], PartitionSummary] | None = None
+        self._positions = {key: number for number, key in enumerate(files)}
+        self._all: Sections | None = None
+        self._summaries: list[PartitionSummary | None] | None = None
 
     def __repr__(self) -> str:
         return f"MemorySnapshot(version {self.version})"
@@ -180,47 +155,40 @@ class MemorySnapshot:
         return [self._summary(f) for key, f in self._files.items() if key in wanted]
 
     def files(self, level: int | None = None, topics: Iterable[str] | None = None) -> list[DataFile]:
-        named = None if topics is None else set(topics)
-        return [f for f in self._ordered() if (level is None or f.level == level) and (named is None or not named.isdisjoint(f.topics))]
+        numbers = None if topics is None else {self.layout.names.index(name) for name in topics if name in self.layout.bases}
+        return [
+            f.data_file(self.layout) for f in self._ordered()
+            if (level is None or f.level == level) and (numbers is None or not numbers.isdisjoint(f.topic_numbers(self.layout)))
+        ]
 
     def get_files(self, keys: Sequence[str]) -> dict[str, DataFile]:
         wanted = set(keys)
-        return {key: f for key, f in self._files.items() if key in wanted}
+        return {key: f.data_file(self.layout) for key, f in self._files.items() if key in wanted}
 
-    def _ordered(self) -> list[DataFile]:
+    def _ordered(self) -> list[SimulatedFile]:
         return sorted(self._files.values(), key=lambda f: (f.level, f.created_ms, f.key))
 
-    def _summary(self, data_file: DataFile) -> FileSummary:
-        kinds = {self._compacted[topic] for topic in data_file.topics}
-        content = CONTENTS[CONTENTS.index("mixed") if len(kinds) > 1 else int(kinds == {True})]
-        return FileSummary(data_file.key, data_file.level, data_file.size, data_file.created_ms, data_file.record_count, content)
+    def _summary(self, data_file: SimulatedFile) -> FileSummary:
+        return FileSummary(data_file.key, data_file.level, data_file.size, data_file.created_ms, data_file.records, data_file.content(self.layout))
 
     # -- partitions -------------------------------------------------------------------------------------
 
-    def _sections(self, keys: Iterable[str] | None = None) -> Iterable[tuple[DataFile, CatalogSection]]:
-        """(file, section) of every live section, of the files `keys` only when given."""
-        chosen = self._files.values() if keys is None else (self._files[key] for key in keys if key in self._files)
-        return ((f, section) for f in chosen for section in f.sections)
+    def _sections(self) -> Sections:
+        """Every live section, file after file in the catalog's order, built once."""
+        if self._all is None:
+            self._all = Sections.of(list(self._files.values()))
+        return self._all
 
-    def _partitions_above_l0(self) -> dict[TopicPartition, list[tuple[str, int, CatalogSection]]]:
-        """Per partition, (file key, level, section) of its live sections above L0, in first-offset order: the
-        snapshot's `sections_by_partition`, built once."""
-        if self._above_l0 is None:
-            found: dict[TopicPartition, list[tuple[str, int, CatalogSection]]] = {}
-            for f, section in self._sections():
-                if f.level > 0:
-                    found.setdefault((section.info.topic, section.info.partition), []).append((f.key, f.level, section))
-            for held in found.values():
-                held.sort(key=lambda entry: entry[2].first_offset)
-            self._above_l0 = found
-        return self._above_l0
+    def _files_mask(self, keys: Iterable[str]) -> np.ndarray:
+        """A boolean per live file (in the catalog's order): is it one of `keys`?"""
+        chosen = np.zeros(len(self._files), dtype=bool)
+        chosen[[self._positions[key] for key in keys if key in self._positions]] = True
+        return chosen
 
     def lowest_offsets(self, keys: Sequence[str]) -> dict[TopicPartition, int]:
-        found: dict[TopicPartition, int] = {}
-        for _, section in self._sections(dict.fromkeys(keys)):
-            tp = (section.info.topic, section.info.partition)
-            found[tp] = min(section.first_offset, found.get(tp, section.first_offset))
-        return found
+        sections = self._sections()
+        held = sections.take(self._files_mask(keys)[sections.file])
+        return self.layout.lowest(held.slot, held.first_offset)
 
     def outside_floors(self, input_keys: Sequence[str], partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         return self._outside_floors(input_keys, partitions, l0_only=False)
@@ -229,21 +197,69 @@ class MemorySnapshot:
         return self._outside_floors(input_keys, partitions, l0_only=True)
 
     def _outside_floors(self, input_keys: Sequence[str], partitions: Iterable[TopicPartition], l0_only: bool) -> dict[TopicPartition, int]:
-        wanted, inputs = set(partitions), set(input_keys)
-        found: dict[TopicPartition, int] = {}
-        for f, section in self._sections():
-            tp = (section.info.topic, section.info.partition)
-            if tp in wanted and f.key not in inputs and (f.level == 0 or not l0_only):
-                found[tp] = min(section.first_offset, found.get(tp, section.first_offset))
-        return found
+        sections = self._sections()
+        if l0_only and not (sections.level == 0).any():
+            return {}
+        chosen = ~self._files_mask(input_keys)[sections.file] & self.layout.mask(partitions)[sections.slot]
+        if l0_only:
+            chosen &= sections.level == 0
+        held = sections.take(chosen)
+        return self.layout.lowest(held.slot, held.first_offset)
 
     def floors_above_l0(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
         return {tp: None if summary is None else summary.floor for tp, summary in self.summaries_above_l0(partitions).items()}
 
     def summaries_above_l0(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, PartitionSummary | None]:
-        if self._summaries is None:  # every partition's, once: the live files' sections above L0 summed in one step
-            self._summaries = summaries.of_columns(*SectionColumns.concat(self._columns)) if self._columns else {}
-        return {(topic, partition): self._summaries.get((self.topic_ids[topic], partition)) for topic, partition in partitions}
+        if self._summaries is None:  # every partition's, once: the live files' sections above L0 summed in vectorized steps
+            self._summaries = self._summed_above_l0()
+        bases, summed = self.layout.bases, self._summaries
+        return {(topic, partition): summed[bases[topic] + partition] for topic, partition in partitions}
+
+    def _summed_above_l0(self) -> list[PartitionSummary | None]:
+        """Per slot, the summary of its live sections above L0 as `summaries.of_columns` makes it (None: no section):
+        the base is the section with the lowest first offset."""
+        size = self.layout.size
+        sections = self._sections()
+        if (sections.level == 0).any():
+            sections = sections.take(sections.level > 0)
+        slot = sections.slot
+        count = np.bincount(slot, minlength=size)
+
+        def summed(values: np.ndarray) -> np.ndarray:
+            total = np.zeros(size, dtype=np.int64)
+            np.add.at(total, slot, values)
+            return total
+
+        floor = np.full(size, _NO_OFFSET, dtype=np.int64)
+        np.minimum.at(floor, slot, sections.first_offset)
+        # The base: the first section (in the catalog's order) at its partition's floor.
+        at_floor = np.flatnonzero(sections.first_offset == floor[slot])
+        base = np.full(size, len(slot), dtype=np.int64)
+        np.minimum.at(base, slot[at_floor], at_floor)
+        others = np.full(size, _NO_OFFSET, dtype=np.int64)
+        not_base = np.ones(len(slot), dtype=bool)
+        not_base[base[count > 0]] = False
+        np.minimum.at(others, slot[not_base], sections.min_timestamp[not_base])
+        newest = np.full(size, np.iinfo(np.int64).min, dtype=np.int64)
+        np.maximum.at(newest, slot, sections.created_ms)
+        registers = np.zeros((size, sketch.REGISTERS), dtype=np.uint8)
+        for f in self._files.values():
+            if f.level > 0:
+                merge_sketches(registers, f.slot, f.registers)
+        present = np.flatnonzero(count)
+        rows = base[present]
+        columns = zip(
+            count[present].tolist(), summed(sections.uncompressed_bytes)[present].tolist(),
+            summed(np.where(sections.level == 1, sections.uncompressed_bytes, 0))[present].tolist(), summed(sections.record_count)[present].tolist(),
+            floor[present].tolist(), sections.level[rows].tolist(), sections.clean[rows].tolist(), sections.uncompressed_bytes[rows].tolist(),
+            sections.min_timestamp[rows].tolist(), others[present].tolist(), newest[present].tolist(), sketch.encode_rows(registers[present]),
+        )
+        found: list[PartitionSummary | None] = [None] * size
+        for slot_number, (held, total, l1, records, first, level, clean, base_bytes, base_min, others_min, created, packed) in zip(present.tolist(), columns):
+            found[slot_number] = PartitionSummary(
+                held, total, l1, records, first, level, clean, base_bytes, base_min, others_min if held > 1 else None, created, packed
+            )
+        return found
 
     def stable_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         return {}  # the simulator's producers are not transactional
@@ -252,36 +268,43 @@ class MemorySnapshot:
         return {}
 
     def first_uncleanable_offsets(self, partitions: Iterable[TopicPartition], now_ms: int, excluding: Sequence[str] = ()) -> dict[TopicPartition, int]:
-        cuts = {name: now_ms - topic.config.min_compaction_lag_ms for name, topic in self.topics.items() if topic.config.min_compaction_lag_ms > 0}
-        wanted = {tp for tp in partitions if tp[0] in cuts}
-        left_out = set(excluding)
-        found: dict[TopicPartition, int] = {}
-        for f, section in self._sections():
-            tp = (section.info.topic, section.info.partition)
-            if tp in wanted and f.key not in left_out and section.info.max_timestamp > cuts[tp[0]]:
-                found[tp] = min(section.first_offset, found.get(tp, section.first_offset))
-        return found
+        layout = self.layout
+        cuts = np.array([now_ms - topic.config.min_compaction_lag_ms if topic.config.min_compaction_lag_ms > 0 else _NO_OFFSET
+                         for topic in layout.topics], dtype=np.int64)
+        if (cuts == _NO_OFFSET).all():
+            return {}
+        sections = self._sections()
+        slot = sections.slot
+        young = layout.mask(partitions)[slot] & ~self._files_mask(excluding)[sections.file] & (sections.max_timestamp > cuts[layout.topic_of_slot[slot]])
+        held = sections.take(young & (cuts[layout.topic_of_slot[slot]] != _NO_OFFSET))
+        return layout.lowest(held.slot, held.first_offset)
 
     def sections_at_levels(self, partitions: Iterable[TopicPartition], from_level: int) -> list[LevelSection]:
-        by_partition = self._partitions_above_l0()
-        lowest = max(from_level, 1)
-        return [
-            LevelSection(key, tp[0], tp[1], section.first_offset, section.last_offset, section.info.uncompressed_bytes,
-                         section.info.clean_below_delta > section.info.last_delta, section.info.max_timestamp)
-            for tp in sorted(set(partitions), key=lambda tp: (self.topic_ids[tp[0]], tp[1]))
-            for key, level, section in by_partition.get(tp, ()) if level >= lowest
-        ]
+        sections = self._sections()
+        held = sections.take(self.layout.mask(partitions)[sections.slot] & (sections.level >= max(from_level, 1)))
+        order = np.lexsort((held.first_offset, held.slot))  # by (topic id, partition), then offset; ties in file order
+        held = held.take(order)
+        keys = list(self._files)
+        return list(map(LevelSection._make, zip(
+            map(keys.__getitem__, held.file.tolist()), map(self.layout.name_of_slot.__getitem__, held.slot.tolist()),
+            self.layout.partition_of_slot[held.slot].tolist(), held.first_offset.tolist(), held.last_offset.tolist(),
+            held.uncompressed_bytes.tolist(), held.clean.tolist(), held.max_timestamp.tolist(),
+        )))
 
     def partition_sections(self, topics: Iterable[str], in_l0: bool) -> list[PartitionSection]:
-        named = set(topics)
+        layout = self.layout
+        numbers = [layout.names.index(name) for name in set(topics) if name in layout.bases]
+        sections = self._sections()
+        held = sections.take(np.isin(layout.topic_of_slot[sections.slot], numbers) & ((sections.level == 0) == in_l0))
+        keys = list(self._files)
         return [
-            PartitionSection(f.key, f.level, section.info.topic, section.info.partition, section.first_offset, section.info.last_delta,
-                             section.info.clean_below_delta, section.info.min_timestamp)
-            for f, section in self._sections() if section.info.topic in named and (f.level == 0) == in_l0
+            PartitionSection(*row) for row in zip(
+                map(keys.__getitem__, held.file.tolist()), held.level.tolist(), map(layout.name_of_slot.__getitem__, held.slot.tolist()),
+                layout.partition_of_slot[held.slot].tolist(), held.first_offset.tolist(), held.last_delta.tolist(),
+                held.clean_below_delta.tolist(), held.min_timestamp.tolist(),
+            )
         ]
 
     def files_holding(self, partitions: Iterable[TopicPartition]) -> set[str]:
-        wanted = set(partitions)
-        return {f.key for f, section in self._sections() if (section.info.topic, section.info.partition) in wanted}
-
-
+        wanted = self.layout.mask(partitions)
+        return {f.key for f in self._files.values() if wanted[f.slot].any()}

@@ -2,12 +2,13 @@
 
 Agents flush an L0 file every 250 ms; every 32 L0 files (from all agents) are copied into one L1 file
 holding a section per topic-partition that received records, whose key sketches are drawn from the workload
-(keys from a Zipf or uniform distribution over all partitions of all topics, a tombstone rate). Files live in
-a catalog held in memory (`simulate/catalog.py`, checked against the real one, SQLite in a temporary directory,
-which `real_catalog` runs on; no data is written): L1 files are appended as agents append theirs (together, just
-before the catalog is next read, which changes nothing it returns), and the real planner reads its snapshots as
-in production whenever a level reaches its threshold, the max-lag pass runs on its interval and the full sweep
-once a day; each plan's outputs come from the cost model and are committed at once.
+(keys from a Zipf or uniform distribution over all partitions of all topics, a tombstone rate). Files are columns
+(`simulate/files.py`: a file's sections as arrays) and live in a catalog held in memory (`simulate/catalog.py`,
+checked against the real one, SQLite in a temporary directory, which `real_catalog` runs on; no data is written):
+L1 files are appended as agents append theirs (together, just before the catalog is next read, which changes
+nothing it returns), and the real planner reads its snapshots as in production whenever a level reaches its
+threshold, the max-lag pass runs on its interval and the full sweep once a day; each plan's outputs come from the
+cost model, on its inputs' columns, and are committed at once.
 
 Reported: write amplification, GETs and PUTs per ingested GiB, live files per level over time, the
 fraction of duplicate records at rest, the delay from produce to first deduplication against all older
@@ -18,19 +19,21 @@ data of the partition (percentiles), and max-lag violations (records first so de
 from __future__ import annotations
 
 import tempfile
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
-from itertools import repeat
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
 from logcompact import sketch
-from logcompact.catalog import Catalog, NewFile, PlanningSnapshot, TopicPartition
+from logcompact.catalog import Catalog, CommitResult, PlanningSnapshot, TopicPartition
 from logcompact.collector import collector_paused
-from logcompact.format.layout import SectionInfo
 from logcompact.keys import DATA_PREFIX
 from logcompact.lab.simulate.catalog import MemoryCatalog
 from logcompact.lab.simulate.cost import SECTION_OVERHEAD_BYTES, estimate_job
+from logcompact.lab.simulate.files import Layout, SimulatedFile, merge_sketches
 from logcompact.planner import PlannerConfig, choose_plans
 from logcompact.plans import Plan
 from logcompact.store import LocalStore
@@ -63,7 +66,7 @@ class Workload:
 @dataclass
 class Cohorts:
     """Records followed until their first deduplication, one entry per partition and L1 file they were ingested in:
-    the partition's slot (see `Simulation._slot`), when they were produced (on average), how many."""
+    the partition's slot (`Layout`), when they were produced (on average), how many."""
 
     slots: np.ndarray
     produced_ms: np.ndarray
@@ -120,15 +123,44 @@ class SimulationResult:
         return asdict(self)
 
 
-def _partitions_with_older_data_outside(found) -> set[TopicPartition]:
-    """Partitions for which a live file outside the plan holds data older than the plan's: their records
-    were not deduplicated against all older data by this plan."""
-    starts: dict[TopicPartition, int] = {}
-    for data_file in found.inputs:
-        for section in data_file.sections:
-            tp = (section.topic, section.partition)
-            starts[tp] = min(starts.get(tp, 1 << 62), section.first_offset)
-    return {tp for tp, floor in found.outside_floors.items() if floor < starts.get(tp, -1)}
+class SimulatedCatalog(Protocol):
+    """What the simulator asks of its catalog: its files as columns in, planners' snapshots and the live files out."""
+
+    def append(self, new_files: Sequence[SimulatedFile], now_ms: int) -> tuple[int, list[SimulatedFile]]: ...
+    def replace(self, removed: Sequence[str], added: Sequence[SimulatedFile], now_ms: int, plan_id: str) -> CommitResult: ...
+    def files(self, keys: Sequence[str]) -> list[SimulatedFile]: ...
+    def live(self) -> list[SimulatedFile]: ...
+    def level_count(self, level: int) -> int: ...
+    def snapshot(self) -> PlanningSnapshot: ...
+
+
+class OnCatalog:
+    """The simulator on the real catalog: its files made into objects on the way in, and back into columns on the way
+    out. What the catalog in memory is checked against."""
+
+    def __init__(self, catalog: Catalog, layout: Layout) -> None:
+        self.catalog = catalog
+        self.layout = layout
+
+    def append(self, new_files: Sequence[SimulatedFile], now_ms: int) -> tuple[int, list[SimulatedFile]]:
+        appended = self.catalog.append_files([f.new_file(self.layout) for f in new_files], now_ms)
+        return appended.version, [f.placed(np.array(offsets, dtype=np.int64)) for f, offsets in zip(new_files, appended.assigned)]
+
+    def replace(self, removed: Sequence[str], added: Sequence[SimulatedFile], now_ms: int, plan_id: str) -> CommitResult:
+        return self.catalog.replace_files(removed, [f.data_file(self.layout) for f in added], now_ms, plan_id=plan_id)
+
+    def files(self, keys: Sequence[str]) -> list[SimulatedFile]:
+        found = self.catalog.snapshot().get_files(keys)
+        return [SimulatedFile.of_data_file(found[key], self.layout) for key in keys if key in found]
+
+    def live(self) -> list[SimulatedFile]:
+        return [SimulatedFile.of_data_file(f, self.layout) for f in self.catalog.snapshot().files()]
+
+    def level_count(self, level: int) -> int:
+        return self.catalog.snapshot().level_counts().get(level, 0)
+
+    def snapshot(self) -> PlanningSnapshot:
+        return self.catalog.snapshot()
 
 
 def _mix(values: np.ndarray) -> np.ndarray:
@@ -161,15 +193,16 @@ class Simulation:
             settings["max.compaction.lag.ms"] = str(workload.max_lag_ms)
         width = len(str(workload.topics - 1))  # names sort as their numbers, as sections are ordered
         self.topics = [Topic.create(f"t{number:0{width}d}", workload.partitions, settings, 0) for number in range(workload.topics)]
-        self._topic_numbers = {topic.name: number for number, topic in enumerate(self.topics)}
-        self._slot_topics = [topic.name for topic in self.topics for _ in range(workload.partitions)]  # by `_slot`
+        self.layout = Layout(self.topics)  # key k belongs to slot k mod (topics x partitions): topic-major
         self.lag = max(workload.max_lag_ms, MIN_MAX_COMPACTION_LAG_MS) if workload.max_lag_ms is not None else None
-        self.catalog: Catalog | MemoryCatalog | None = None  # made by run()
+        self.catalog: SimulatedCatalog | None = None  # made by run()
         self.cohorts: dict[str, Cohorts] = {}  # by the key of the live file that holds them
-        self.delays: list[tuple[np.ndarray, np.ndarray]] = []  # (seconds to deduplication, records)
+        # Records first deduplicated, by milliseconds from produce: produce times and passes fall on the batches'
+        # clock, so a day holds about 100,000 delays where it follows 100 million cohorts.
+        self.deduplicated: Counter[int] = Counter()
         self.result = SimulationResult(name, asdict(workload))
         self._sequence = 0
-        self._unappended: list[NewFile] = []  # L1 files made since the catalog was last read
+        self._unappended: list[SimulatedFile] = []  # L1 files made since the catalog was last read
         self._l1_appended = 0  # live L1 files in the catalog (the unappended ones are live too)
         if workload.key_skew > 0:
             weights = 1.0 / np.arange(1, workload.keys + 1) ** workload.key_skew
@@ -179,45 +212,46 @@ class Simulation:
 
     # -- ingest ----------------------------------------------------------------------------------
 
-    def _slot(self, tp: TopicPartition) -> int:
-        """A partition's number among all partitions of all topics, topic-major."""
-        return self._topic_numbers[tp[0]] * self.workload.partitions + tp[1]
-
     def _ingest(self, start_ms: int, end_ms: int, records: int) -> None:
         """32 L0 files' worth of records, copied into one L1 file (appended with the next catalog read, which
         places its offsets), and followed as cohorts. Key k belongs to slot k mod (topics x partitions)."""
         w = self.workload
         keys = self.rng.choice(w.keys, size=records, p=self._key_p)
-        slots = keys % (w.topics * w.partitions)
-        order = np.argsort(slots, kind="stable")
-        counts = np.bincount(slots, minlength=w.topics * w.partitions)
-        present = np.flatnonzero(counts)
-        counts = counts[present]
-        sketches = sketch.encode_many(np.repeat(np.arange(len(present)), counts), _mix(keys[order]), len(present))
+        slots = keys % self.layout.size
+        held = np.bincount(slots, minlength=self.layout.size)
+        present = np.flatnonzero(held)
+        counts = held[present]
+        # Each section's key sketch, from its keys' hashes: the highest rank a register of a section gets.
+        row = np.cumsum(held > 0) - 1  # a slot's section
+        index, rank = sketch.register_ranks(_mix(keys))
+        registers = np.zeros((len(present), sketch.REGISTERS), dtype=np.uint8)
+        np.maximum.at(registers.reshape(-1), row[slots] * sketch.REGISTERS + index, rank)
         tombstones = self.rng.binomial(counts, w.tombstone_rate)
         sizes = counts * w.record_bytes + SECTION_OVERHEAD_BYTES
         ends = np.cumsum(sizes)
-        # Built positionally from columns, in SectionInfo's field order: a simulated hour makes 4.5 million.
-        sections = tuple(map(
-            SectionInfo, map(self._slot_topics.__getitem__, present.tolist()), (present % w.partitions).tolist(), counts.tolist(),
-            (counts - 1).tolist(), repeat(start_ms), repeat(end_ms), tombstones.tolist(), (counts * w.record_bytes).tolist(), repeat("lz4"),
-            repeat(0), (ends - sizes).tolist(), sizes.tolist(), repeat(0), sketches,
-        ))
+        zeros = np.zeros(len(present), dtype=np.int64)
         self._sequence += 1
         key = f"{DATA_PREFIX}l1/ingest-{self._sequence:09d}.seg"
-        self._unappended.append(NewFile(key, 1, int(ends[-1]), end_ms, sections))
+        self._unappended.append(SimulatedFile(
+            key, 1, int(ends[-1]), end_ms, present, counts, counts - 1, np.full(len(present), start_ms), np.full(len(present), end_ms),
+            tombstones, counts * w.record_bytes, ["lz4"] * len(present), zeros, ends - sizes, sizes, zeros, registers, zeros,
+        ))
         self.cohorts[key] = Cohorts(present, np.full(len(present), (start_ms + end_ms) // 2), counts)
 
-    def _snapshot(self, now: int) -> PlanningSnapshot:
-        """The catalog as of now: the L1 files made since it was last read are appended first, in one commit."""
+    def _append_ingested(self, now: int) -> None:
+        """The L1 files made since the catalog was last read, appended in one commit."""
         if self._unappended:
-            self._catalog.append_files(self._unappended, now)
+            self._catalog.append(self._unappended, now)
             self._l1_appended += len(self._unappended)
             self._unappended = []
+
+    def _snapshot(self, now: int) -> PlanningSnapshot:
+        """The catalog as of now: the L1 files made since it was last read are appended first."""
+        self._append_ingested(now)
         return self._catalog.snapshot()
 
     @property
-    def _catalog(self) -> Catalog | MemoryCatalog:
+    def _catalog(self) -> SimulatedCatalog:
         if self.catalog is None:
             raise RuntimeError("the simulator's catalog exists only while run() runs")
         return self.catalog
@@ -226,40 +260,62 @@ class Simulation:
 
     def _run(self, mode: str, now: int) -> None:
         for found in choose_plans(self._snapshot(now), now, mode, self.config):
-            cost = estimate_job(found)
+            inputs = self._catalog.files([f.key for f in found.inputs])
+            cost = estimate_job(found, inputs, self.layout)
             result = self.result
             result.jobs += 1
             result.gets += cost.gets
             result.puts += cost.puts
             result.bytes_written += cost.bytes_out
-            carried, young = self._split_young(found, cost.first_uncleanable)
+            carried, young = self._split_young(inputs, cost.first_uncleanable)
             if found.deduplicate:
-                incomplete = [self._slot(tp) for tp in _partitions_with_older_data_outside(found)]
-                done = ~np.isin(carried.slots, incomplete)
+                done = ~self._older_data_outside(found, inputs)[carried.slots]
                 self._deduplicated(carried.take(done), now)
                 carried = carried.take(~done)
-            self._catalog.replace_files([f.key for f in found.inputs], cost.outputs, now, plan_id=found.plan_id)
+            self._catalog.replace([f.key for f in found.inputs], cost.outputs, now, found.plan_id)
             for output in cost.outputs:
-                held = [self._slot((s.topic, s.partition)) for s in output.sections]
+                held = np.zeros(self.layout.size, dtype=bool)
+                held[output.slot] = True
                 followed = young if output.key in cost.young_outputs else carried
-                self.cohorts[output.key] = followed.take(np.isin(followed.slots, held))
-        self._l1_appended = self._catalog.snapshot().level_counts().get(1, 0)
+                self.cohorts[output.key] = followed.take(held[followed.slots])
+        self._l1_appended = self._catalog.level_count(1)
 
-    def _split_young(self, found: Plan, first_uncleanable: dict[TopicPartition, int]) -> tuple[Cohorts, Cohorts]:
+    def _split_young(self, inputs: Sequence[SimulatedFile], first_uncleanable: dict[TopicPartition, int]) -> tuple[Cohorts, Cohorts]:
         """The cohorts of a plan's inputs: those the job deduplicates, and those of the sections it keeps whole for min
         lag (from each partition's first uncleanable offset on), which go to its young files."""
+        cut = np.full(self.layout.size, 1 << 62, dtype=np.int64)
+        for (topic, partition), offset in first_uncleanable.items():
+            cut[self.layout.bases[topic] + partition] = offset
         kept, young = [], []
-        for data_file in found.inputs:
+        for data_file in inputs:
             cohorts = self.cohorts.pop(data_file.key)
-            held_back = [self._slot((s.topic, s.partition)) for s in data_file.sections
-                         if s.first_offset >= first_uncleanable.get((s.topic, s.partition), 1 << 62)]
-            mask = np.isin(cohorts.slots, held_back)
+            held_back = np.zeros(self.layout.size, dtype=bool)
+            held_back[data_file.slot[data_file.offsets >= cut[data_file.slot]]] = True
+            mask = held_back[cohorts.slots]
             kept.append(cohorts.take(~mask))
             young.append(cohorts.take(mask))
         return Cohorts.concat(kept), Cohorts.concat(young)
 
+    def _older_data_outside(self, found: Plan, inputs: Sequence[SimulatedFile]) -> np.ndarray:
+        """Per slot: does a live file outside the plan hold data of the partition older than the plan's? Its records
+        were not deduplicated against all older data by this plan."""
+        lowest = np.full(self.layout.size, -1, dtype=np.int64)  # the plan's lowest offset; none: nothing outside is older
+        if inputs:
+            slots = np.concatenate([f.slot for f in inputs])
+            held = np.full(self.layout.size, 1 << 62, dtype=np.int64)
+            np.minimum.at(held, slots, np.concatenate([f.offsets for f in inputs]))
+            lowest[slots] = held[slots]
+        outside = np.full(self.layout.size, 1 << 62, dtype=np.int64)
+        bases = self.layout.bases
+        for (topic, partition), floor in found.outside_floors.items():
+            outside[bases[topic] + partition] = floor
+        return outside < lowest
+
     def _deduplicated(self, cohorts: Cohorts, now: int) -> None:
-        self.delays.append(((now - cohorts.produced_ms) / 1000, cohorts.records))
+        waited, at = np.unique(now - cohorts.produced_ms, return_inverse=True)
+        records = np.zeros(len(waited), dtype=np.int64)
+        np.add.at(records, at, cohorts.records)
+        self.deduplicated.update(dict(zip(waited.tolist(), records.tolist())))
         self.result.max_lag_violations += self._late(cohorts, now)
         if self.lag is not None and cohorts.records.any():
             past_lag = (now - cohorts.produced_ms[cohorts.records > 0] - self.lag).max() / 60_000
@@ -280,7 +336,8 @@ class Simulation:
                 self.catalog = MemoryCatalog(self.topics)
                 return self._simulate()
             with tempfile.TemporaryDirectory(prefix="logcompact-simulate-") as directory:
-                self.catalog = catalog = Catalog(LocalStore(Path(directory)))
+                catalog = Catalog(LocalStore(Path(directory)))
+                self.catalog = OnCatalog(catalog, self.layout)
                 catalog.ensure_created(0)
                 for topic in self.topics:
                     catalog.create_topic(topic, 0)
@@ -328,23 +385,23 @@ class Simulation:
         return result
 
     def _sample(self, now: int) -> None:
-        files = self._snapshot(now).files()
+        self._append_ingested(now)
+        files = self._catalog.live()
         levels = [0] * 5
         for data_file in files:
             levels[data_file.level] += 1
         levels[0] = L0_BATCH // 2  # L0 files waiting for their batch: half a batch on average
         hour = round(now / HOUR_MS, 3)
         self.result.files_per_level.append((hour, levels))
-        by_partition: dict[TopicPartition, tuple[int, np.ndarray]] = {}
+        # Per partition, its live records and their key sketches merged (a file holds one section a partition).
+        records = np.zeros(self.layout.size, dtype=np.int64)
+        registers = np.zeros((self.layout.size, sketch.REGISTERS), dtype=np.uint8)
         for data_file in files:
-            for section in data_file.sections:
-                tp = (section.topic, section.partition)
-                count, registers = by_partition.get(tp, (0, None))
-                found = sketch.decode(section.info.key_sketch)
-                by_partition[tp] = (count + section.info.record_count, found if registers is None else np.maximum(registers, found))
-        records = sum(count for count, _ in by_partition.values())
-        distinct = sum(min(count, round(sketch.estimate(registers))) for count, registers in by_partition.values())
-        self.result.duplicate_fraction.append((hour, (records - distinct) / records if records else 0.0))
+            records[data_file.slot] += data_file.record_count
+            merge_sketches(registers, data_file.slot, data_file.registers)
+        distinct = np.minimum(records, np.rint(sketch.estimate_rows(registers)).astype(np.int64))
+        total = int(records.sum())
+        self.result.duplicate_fraction.append((hour, (total - int(distinct.sum())) / total if total else 0.0))
 
     def _finish(self, end: int) -> None:
         result = self.result
@@ -353,9 +410,9 @@ class Simulation:
         result.write_amplification = result.bytes_written / result.bytes_ingested if result.bytes_ingested else 0.0
         result.gets_per_gib = result.gets / gib if gib else 0.0
         result.puts_per_gib = result.puts / gib if gib else 0.0
-        delays = np.concatenate([d for d, _ in self.delays]) if self.delays else np.zeros(0)
-        if len(delays):
-            weights = np.concatenate([n for _, n in self.delays]).astype(np.float64)
+        if self.deduplicated:
+            delays = np.array(list(self.deduplicated), dtype=np.int64) / 1000
+            weights = np.array(list(self.deduplicated.values()), dtype=np.float64)
             result.dedup_delay_s = _percentiles(delays, weights)
             past = np.maximum(delays - self.workload.min_lag_ms / 1000, 0.0)
             result.past_min_lag_s = {**_percentiles(past, weights), "max": round(float(past[weights > 0].max(initial=0.0)), 1)}
@@ -364,8 +421,9 @@ class Simulation:
 def _percentiles(values: np.ndarray, weights: np.ndarray) -> dict[str, float]:
     """p50, p90 and p99 of `values`, each weighing as many records as its weight."""
     order = np.argsort(values)
+    ordered = values[order]
     cumulative = np.cumsum(weights[order]) / weights.sum()
-    return {f"p{q}": round(float(values[order][np.searchsorted(cumulative, q / 100)]), 1) for q in (50, 90, 99)}
+    return {f"p{q}": round(float(ordered[np.searchsorted(cumulative, q / 100)]), 1) for q in (50, 90, 99)}
 
 
 def compare(workload: Workload, runs: dict[str, tuple[PlannerConfig, float]]) -> list[SimulationResult]:
