@@ -11,11 +11,16 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import TypeVar
 
+import numpy as np
+
 from logcompact.catalog import DataFile, FileSummary, PlanningSnapshot, TopicPartition
+from logcompact.catalog.columns import SectionColumns
 from logcompact.limits import MAX_LEVEL
+from logcompact.planner.columns import Loader, offsets_by_plan, planned_inputs, read_columns
 from logcompact.planner.config import PlannerConfig
 from logcompact.planner.dirty_ratio import ratio_plan_files
-from logcompact.plans import InputOffsets, Plan, input_offsets, lowest_outside, new_plan_id, split_into_groups
+from logcompact.plans import InputOffsets, Plan, new_plan_id, split_into_groups
+from logcompact.plans.grouping import lowest_outside_of_keys
 
 Sized = TypeVar("Sized", FileSummary, DataFile)
 _NO_OFFSET = 1 << 62
@@ -90,18 +95,17 @@ def plan_full_sweep(
     for name in topics or ():
         snapshot.topic(name)  # an unknown topic is an error, not an empty sweep
     chosen = set(topics) if topics else set(snapshot.topics)
-    if chosen == set(snapshot.topics):
-        # The sweep's plan holds every live file: loading them all is the narrowest read there is.
-        files = snapshot.files()
-        counts = dict(Counter(f.level for f in files))
-    else:
-        files = snapshot.files(topics=sorted(chosen))
-        counts = snapshot.level_counts()
-    inputs = {f.key: f for f in files if f.key not in leased}
+    # The sweep's plan holds every live file (of its topics): reading their columns is the narrowest read there is.
+    every = chosen == set(snapshot.topics)
+    columns, load = read_columns(snapshot, topics=None if every else sorted(chosen))
+    counts = dict(Counter(columns.levels.tolist())) if every else snapshot.level_counts()
+    # In file summaries' order: by level, creation time and key.
+    ordered = sorted(zip(columns.levels.tolist(), columns.created_ms.tolist(), columns.keys))
+    inputs = [key for _, _, key in ordered if key not in leased]
     if not inputs:
         return None
     target = min(MAX_LEVEL, top_level(counts, config))
-    (sweep,) = make_plans(snapshot, [(list(inputs), target)], now_ms, config, "full", inputs)
+    (sweep,) = make_plans(snapshot, [(inputs, target)], now_ms, config, "full", (columns, load))
     return sweep
 
 
@@ -111,26 +115,33 @@ def make_plans(
     now_ms: int,
     config: PlannerConfig,
     mode: str,
-    loaded: dict[str, DataFile] | None = None,
+    read: tuple[SectionColumns, Loader] | None = None,
 ) -> list[Plan]:
-    """One plan per (input keys, target level), split into groups, the inputs of all of them loaded in one read
-    (unless the caller has them). A plan's outside floors come from the other plans' inputs, which are in hand,
-    and from the files no plan takes, which are asked of the catalog (`lowest_outside`)."""
+    """One plan per (input keys, target level), split into groups, from the columns of all their inputs' sections,
+    read at once (unless the caller has them: `read_columns`). A plan's outside floors come from the other plans'
+    inputs, which are in hand, and from the files no plan takes, which are asked of the catalog (`lowest_outside`)."""
     planned = [key for keys, _ in chosen for key in keys]
-    files = loaded if loaded is not None else snapshot.get_files(planned)
-    inputs = [tuple(files[key] for key in keys) for keys, _ in chosen]
+    columns, load = read if read is not None else read_columns(snapshot, planned)
+    entry = {key: n for n, key in enumerate(columns.keys)}
+    plan_of_file = np.full(len(columns.keys), -1, np.int64)
+    entries = []
+    for number, (keys, _) in enumerate(chosen):
+        at = np.fromiter((entry[key] for key in keys), np.int64, len(keys))
+        plan_of_file[at] = number
+        entries.append(at)
     # Per topic with a min lag, the newest timestamp old enough to clean: sections with a newer record are young,
     # judged by section as the catalog's (`Snapshot.first_uncleanable_offsets`); within its own inputs the engine
     # finds the first such record.
     young_after = {name: now_ms - topic.config.min_compaction_lag_ms for name, topic in snapshot.topics.items() if topic.config.min_compaction_lag_ms > 0}
-    offsets = [input_offsets(plan_inputs, young_after) for plan_inputs in inputs]
+    offsets, sections = offsets_by_plan(columns, plan_of_file, len(chosen), young_after)
+    inputs = [planned_inputs(columns, at, count, load) for at, count in zip(entries, sections.tolist())]
     lowest = [o.lowest for o in offsets]
     partitions = set().union(*lowest)
     held_above_l0: dict[TopicPartition, int] = {}
     for of_plan in offsets:
         for tp, first in of_plan.lowest_above_l0.items():
             held_above_l0[tp] = min(first, held_above_l0.get(tp, first))
-    outside = lowest_outside(snapshot, [files[key] for key in planned], partitions, held_above_l0)
+    outside = lowest_outside_of_keys(snapshot, planned, partitions, held_above_l0)
     # A plan's own inputs are never outside it; the other plans' inputs are: what their lowest offsets (floors)
     # and young sections (Kafka's first uncleanable offset) say counts for it, as the files no plan takes do. The
     # catalog's first uncleanable offsets hold each partition's LSO (an open transaction's data is never cleaned).

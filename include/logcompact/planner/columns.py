@@ -1,0 +1,98 @@
+"""What a planning pass reads of the files it plans, as columns: their sections' facts in one read
+(`Snapshot.section_columns`), each plan's offsets and sizes per partition computed over them at once
+(`offsets_by_plan`), and the plans' inputs handed over as `PlannedInputs`, whose sections are loaded only where
+something needs them as objects (a job run in the same process, an estimate, a check). A snapshot held in memory (the
+simulator's) has its files in hand: their columns are taken from them, and its plans' inputs are those files."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from logcompact.catalog import DataFile, PlanningSnapshot
+from logcompact.catalog.columns import SectionColumns
+from logcompact.plans import InputOffsets, PlannedInputs
+
+Loader = Callable[[Sequence[str]], Mapping[str, DataFile]]
+_NONE = np.iinfo(np.int64).max  # no such offset
+
+
+def read_columns(snapshot: PlanningSnapshot, keys: Sequence[str] | None = None, topics: Iterable[str] | None = None) -> tuple[SectionColumns, Loader]:
+    """The columns of the live files among `keys` (or more), or of every live file (holding any of `topics`), and
+    what loads them whole: from the database, one read for all the plans of the pass, when first asked."""
+    read = getattr(snapshot, "section_columns", None)
+    if read is None:
+        if keys is None:
+            files = snapshot.files(topics=topics)
+            by_key = {f.key: f for f in files}
+        else:
+            by_key = dict(snapshot.get_files(keys))
+        return SectionColumns.from_files(by_key.values(), snapshot.topics), lambda _keys: by_key
+    columns: SectionColumns = read(keys, topics)
+    return columns, _OnceLoader(snapshot, columns.keys if keys is None else keys)
+
+
+class _OnceLoader:
+    """Loads the files `keys` with their sections once, when a plan of the pass first needs its inputs whole."""
+
+    def __init__(self, snapshot: PlanningSnapshot, keys: Sequence[str]) -> None:
+        self.snapshot, self.keys = snapshot, list(keys)
+        self.loaded: Mapping[str, DataFile] | None = None
+
+    def __call__(self, _keys: Sequence[str]) -> Mapping[str, DataFile]:
+        if self.loaded is None:
+            self.loaded = self.snapshot.get_files(self.keys)
+        return self.loaded
+
+
+def planned_inputs(columns: SectionColumns, entries: np.ndarray, sections: int, load: Loader) -> PlannedInputs:
+    """The inputs of a plan taking the files at `entries` of `columns`, which hold `sections` sections."""
+    return PlannedInputs(
+        [columns.keys[n] for n in entries.tolist()], columns.levels[entries].tolist(), columns.sizes[entries].tolist(),
+        columns.created_ms[entries].tolist(), sections, load,
+    )
+
+
+def offsets_by_plan(columns: SectionColumns, plan_of_file: np.ndarray, plans: int, young_after: Mapping[str, int]) -> tuple[list[InputOffsets], np.ndarray]:
+    """`input_offsets` of each plan's inputs (`plan_of_file`: each file's plan, -1 for none), all at once over the
+    columns; with each plan's count of sections."""
+    found = [InputOffsets({}, {}, {}, {}, {}) for _ in range(plans)]
+    of_section = plan_of_file[columns.file]
+    taken = of_section >= 0
+    counts = np.bincount(of_section[taken], minlength=plans)
+    if not taken.any():
+        return found, counts
+    plan = of_section[taken]
+    topic, partition, first = columns.topic[taken], columns.partition[taken], columns.first_offset[taken]
+    # Per topic, the newest timestamp old enough to clean (none: no section is young).
+    cuts = np.full(len(columns.topics), _NONE, np.int64)
+    for number, name in enumerate(columns.topics):
+        if name in young_after:
+            cuts[number] = young_after[name]
+    above = np.where(columns.levels[columns.file[taken]] > 0, first, _NONE)
+    young = np.where(columns.max_timestamp[taken] > cuts[topic], first, _NONE)
+    order = np.lexsort((partition, topic, plan))
+    plan, topic, partition = plan[order], topic[order], partition[order]
+    change = np.empty(len(order), bool)
+    change[0] = True
+    change[1:] = (plan[1:] != plan[:-1]) | (topic[1:] != topic[:-1]) | (partition[1:] != partition[:-1])
+    starts = np.flatnonzero(change)
+    lowest = np.minimum.reduceat(first[order], starts)
+    sizes = np.add.reduceat(columns.uncompressed_bytes[taken][order], starts)
+    ends = np.maximum.reduceat(columns.last_offset[taken][order] + 1, starts)
+    lowest_above = np.minimum.reduceat(above[order], starts)
+    first_young = np.minimum.reduceat(young[order], starts)
+    names = columns.topics
+    for number, t, p, low, size, end, up, new in zip(
+        plan[starts].tolist(), topic[starts].tolist(), partition[starts].tolist(), lowest.tolist(), sizes.tolist(), ends.tolist(),
+        lowest_above.tolist(), first_young.tolist(),
+    ):
+        tp = (names[t], p)
+        of_plan = found[number]
+        of_plan.lowest[tp], of_plan.sizes[tp], of_plan.ends[tp] = low, size, end
+        if up != _NONE:
+            of_plan.lowest_above_l0[tp] = up
+        if new != _NONE:
+            of_plan.young[tp] = new
+    return found, counts
