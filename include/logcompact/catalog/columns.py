@@ -10,7 +10,7 @@ from itertools import chain
 
 import numpy as np
 
-from logcompact.catalog.model import DataFile
+from logcompact.catalog.model import CONTENTS, DataFile
 
 # The per-section columns, in the order `Snapshot.section_columns` selects them after the file's id.
 SECTION_FIELDS = ("topic", "partition", "first_offset", "last_offset", "max_timestamp", "uncompressed_bytes")
@@ -18,15 +18,19 @@ SECTION_FIELDS = ("topic", "partition", "first_offset", "last_offset", "max_time
 
 @dataclass(frozen=True, eq=False)
 class SectionColumns:
-    """Live files, an entry each (`keys`, `levels`, `sizes`, `created_ms`), and their planned sections, a row each in no
-    particular order: `file`, the entry of the section's file; `topic`, its topic's place in `topics` (sorted names,
-    so (topic, partition) codes sort as the pairs do); its partition, first and last offsets, newest timestamp and
-    uncompressed bytes. Numpy arrays of int64 but `topics` and `keys`."""
+    """Live files, an entry each (`keys`, `levels`, `sizes`, `created_ms`, `contents`: what each holds, as
+    `FileSummary.content`), and their planned sections, a row each in no particular order: `file`, the entry of the
+    section's file; `topic`, its topic's place in `topics` (sorted names, so (topic, partition) codes sort as the pairs
+    do); its partition, first and last offsets, newest timestamp and uncompressed bytes. Numpy arrays of int64 but
+    `topics`, `keys` and `contents`. `every_live_file`: the entries are every live file of the snapshot that planners
+    may take (the files no plan takes are among them)."""
 
     keys: list[str]
     levels: np.ndarray
     sizes: np.ndarray
     created_ms: np.ndarray
+    contents: list[str] | None
+    every_live_file: bool
     topics: list[str]
     file: np.ndarray
     topic: np.ndarray
@@ -38,11 +42,12 @@ class SectionColumns:
 
     @classmethod
     def from_rows(
-        cls, file_rows: Sequence[tuple[int, str, int, int, int]], section_rows: Sequence[Sequence[int]], topic_ids: dict[str, int]
+        cls, file_rows: Sequence[tuple[int, str, int, int, int, int]], section_rows: Sequence[Sequence[int]], topic_ids: dict[str, int],
+        every_live_file: bool,
     ) -> SectionColumns:
-        """From the files rows (file_id, key, level, size, created_ms) and the sections rows (file_id, topic_id, then
-        the other `SECTION_FIELDS`) of a query: one conversion of all the integers, none per row."""
-        ids, keys, levels, sizes, created = _columns(file_rows, 5)
+        """From the files rows (file_id, key, level, size, created_ms, content) and the sections rows (file_id,
+        topic_id, then the other `SECTION_FIELDS`) of a query: one conversion of all the integers, none per row."""
+        ids, keys, levels, sizes, created, contents = _columns(file_rows, 6)
         file_ids = np.asarray(ids, np.int64)
         order = np.argsort(file_ids, kind="stable")
         count = len(section_rows)
@@ -54,13 +59,13 @@ class SectionColumns:
         ranks[[topic_ids[name] for name in names]] = np.arange(len(names))
         place = order[np.searchsorted(file_ids, values[:, 0], sorter=order)] if count else np.zeros(0, np.int64)
         return cls(
-            list(keys), np.asarray(levels, np.int64), np.asarray(sizes, np.int64), np.asarray(created, np.int64), names,
-            place, ranks[values[:, 1]], *(values[:, n].copy() for n in range(2, width)),
+            list(keys), np.asarray(levels, np.int64), np.asarray(sizes, np.int64), np.asarray(created, np.int64),
+            [CONTENTS[code] for code in contents], every_live_file, names, place, ranks[values[:, 1]], *(values[:, n].copy() for n in range(2, width)),
         )
 
     @classmethod
-    def from_files(cls, files: Iterable[DataFile], topics: Iterable[str]) -> SectionColumns:
-        """The columns of files in hand, their sections in file order."""
+    def from_files(cls, files: Iterable[DataFile], topics: Iterable[str], every_live_file: bool) -> SectionColumns:
+        """The columns of files in hand, their sections in file order (their contents not known)."""
         files = list(files)
         names = sorted(topics)
         rank = {name: n for n, name in enumerate(names)}
@@ -72,7 +77,7 @@ class SectionColumns:
         values = np.array(rows, np.int64).reshape(len(rows), len(SECTION_FIELDS))
         return cls(
             [f.key for f in files], np.array([f.level for f in files], np.int64), np.array([f.size for f in files], np.int64),
-            np.array([f.created_ms for f in files], np.int64), names, np.repeat(np.arange(len(files), dtype=np.int64), counts),
+            np.array([f.created_ms for f in files], np.int64), None, every_live_file, names, np.repeat(np.arange(len(files), dtype=np.int64), counts),
             *(values[:, n].copy() for n in range(len(SECTION_FIELDS))),
         )
 

@@ -177,8 +177,8 @@ class Snapshot:
 
     def section_columns(self, keys: Sequence[str] | None = None, topics: Iterable[str] | None = None) -> SectionColumns:
         """The live files among `keys` (every live file without them, those holding any of `topics` with them), but
-        those planners leave out whole (`_held_files`), with the facts of their planned sections a planning pass weighs,
-        as columns (`SectionColumns`): two queries, the rows fetched as the database driver hands them over and
+        those planners leave out whole (`_held_files`), in `file_summaries`' order, with the facts of their planned
+        sections a planning pass weighs, as columns (`SectionColumns`): two queries, the rows fetched as the database driver hands them over and
         converted to arrays at once, no section object built (400,000 sections in about 0.4 s on SQLite). When the keys
         are most of the live files, every live file is read, as by `get_files`."""
         files, sec = s.files.c, s.sections.c
@@ -195,14 +195,16 @@ class Snapshot:
                 live = select(func.count()).select_from(s.files).where(self._live())
                 if len(keys) <= SHORT_LIST or len(keys) < _MOST_FILES * connection.execute(live).scalar_one():
                     conditions.append(self._key_in(keys))
+            every = len(conditions) == 1 + bool(held)
             file_rows = _driver_rows(connection.execute(
-                select(files.file_id, files.key, files.level, files.size, files.created_ms).where(*conditions)
+                select(files.file_id, files.key, files.level, files.size, files.created_ms, files.content).where(*conditions)
+                .order_by(files.level, files.created_ms, files.key)
             ))
             section_rows = _driver_rows(connection.execute(
                 select(sec.file_id, sec.topic_id, sec.partition, sec.first_offset, sec.last_offset, sec.max_timestamp, sec.uncompressed_bytes)
                 .join(s.files, files.file_id == sec.file_id).where(*conditions, self._planned_section())
             ))
-        return SectionColumns.from_rows(file_rows, section_rows, self.topic_ids)
+        return SectionColumns.from_rows(file_rows, section_rows, self.topic_ids, every)
 
     def section_rows(self, keys: Sequence[str]) -> dict[str, list[tuple]]:
         """By key, the planned sections of the live files among `keys` as the catalog records them, as plain rows
@@ -627,6 +629,8 @@ class Snapshot:
         for topic, partition in partitions:
             if self.topics[topic].config.min_compaction_lag_ms > 0:
                 by_topic.setdefault(topic, set()).add(partition)
+        if not by_topic:
+            return {}
         sec, files = s.sections.c, s.files.c
         outside = [~self._key_in(excluding)] if excluding else []
         cuts = {self.topic_ids[topic]: now_ms - self.topics[topic].config.min_compaction_lag_ms for topic in by_topic}

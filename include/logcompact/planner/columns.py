@@ -7,10 +7,11 @@ simulator's) has its files in hand: their columns are taken from them, and its p
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from logcompact.catalog import DataFile, PlanningSnapshot
+from logcompact.catalog import DataFile, PlanningSnapshot, TopicPartition
 from logcompact.catalog.columns import SectionColumns
 from logcompact.plans import InputOffsets, PlannedInputs
 
@@ -18,18 +19,28 @@ Loader = Callable[[Sequence[str]], Mapping[str, DataFile]]
 _NONE = np.iinfo(np.int64).max  # no such offset
 
 
+@runtime_checkable
+class ReadsColumns(Protocol):
+    """A snapshot that reads its sections as columns (a database's, `Snapshot`), rather than holding its files in hand."""
+
+    def section_columns(self, keys: Sequence[str] | None = None, topics: Iterable[str] | None = None) -> SectionColumns: ...
+
+
+def reads_columns(snapshot: PlanningSnapshot) -> bool:
+    return isinstance(snapshot, ReadsColumns)
+
+
 def read_columns(snapshot: PlanningSnapshot, keys: Sequence[str] | None = None, topics: Iterable[str] | None = None) -> tuple[SectionColumns, Loader]:
     """The columns of the live files among `keys` (or more), or of every live file (holding any of `topics`), and
     what loads them whole: from the database, one read for all the plans of the pass, when first asked."""
-    read = getattr(snapshot, "section_columns", None)
-    if read is None:
+    if not isinstance(snapshot, ReadsColumns):
         if keys is None:
             files = snapshot.files(topics=topics)
             by_key = {f.key: f for f in files}
         else:
             by_key = dict(snapshot.get_files(keys))
-        return SectionColumns.from_files(by_key.values(), snapshot.topics), lambda _keys: by_key
-    columns: SectionColumns = read(keys, topics)
+        return SectionColumns.from_files(by_key.values(), snapshot.topics, keys is None and topics is None), lambda _keys: by_key
+    columns = snapshot.section_columns(keys, topics)
     return columns, _OnceLoader(snapshot, columns.keys if keys is None else keys)
 
 
@@ -52,6 +63,27 @@ def planned_inputs(columns: SectionColumns, entries: np.ndarray, sections: int, 
         [columns.keys[n] for n in entries.tolist()], columns.levels[entries].tolist(), columns.sizes[entries].tolist(),
         columns.created_ms[entries].tolist(), sections, load,
     )
+
+
+def lowest_unplanned(columns: SectionColumns, plan_of_file: np.ndarray, partitions: set[TopicPartition]) -> dict[TopicPartition, int]:
+    """Per partition of `partitions`, the lowest first offset of a section of the files no plan takes, from columns
+    holding every live file (`SectionColumns.every_live_file`): what `lowest_outside` would read of them."""
+    unplanned = plan_of_file[columns.file] < 0
+    if not unplanned.any() or not partitions:
+        return {}
+    codes = (columns.topic[unplanned] << 32) | columns.partition[unplanned]
+    first = columns.first_offset[unplanned]
+    order = np.argsort(codes, kind="stable")
+    codes, first = codes[order], first[order]
+    starts = np.flatnonzero(np.concatenate(([True], codes[1:] != codes[:-1])))
+    lowest = np.minimum.reduceat(first, starts)
+    names = columns.topics
+    found = {}
+    for code, low in zip(codes[starts].tolist(), lowest.tolist()):
+        tp = (names[code >> 32], code & 0xFFFFFFFF)
+        if tp in partitions:
+            found[tp] = low
+    return found
 
 
 def offsets_by_plan(columns: SectionColumns, plan_of_file: np.ndarray, plans: int, young_after: Mapping[str, int]) -> tuple[list[InputOffsets], np.ndarray]:

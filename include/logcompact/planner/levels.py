@@ -1,8 +1,9 @@
 """Regular planning: leveled merges up to the top level, then size tiers, and the partitions past their dirty
 ratio (`dirty_ratio`); the full sweep; and making plans.
 
-Level plans are chosen from file summaries (key, level, size, content: no sections); only the chosen files are
-loaded with their sections, in one read for all the plans of a pass.
+Level plans are chosen from file summaries (key, level, size, content: no sections); the chosen files' sections are
+read as columns, in one read for all the plans of a pass (`planner.columns`), and loaded whole only where something
+needs them as objects.
 """
 
 from __future__ import annotations
@@ -16,13 +17,15 @@ import numpy as np
 from logcompact.catalog import DataFile, FileSummary, PlanningSnapshot, TopicPartition
 from logcompact.catalog.columns import SectionColumns
 from logcompact.limits import MAX_LEVEL
-from logcompact.planner.columns import Loader, offsets_by_plan, planned_inputs, read_columns
+from logcompact.planner.columns import Loader, lowest_unplanned, offsets_by_plan, planned_inputs, read_columns, reads_columns
 from logcompact.planner.config import PlannerConfig
 from logcompact.planner.dirty_ratio import ratio_plan_files
 from logcompact.plans import InputOffsets, Plan, new_plan_id, split_into_groups
 from logcompact.plans.grouping import lowest_outside_of_keys
 
 Sized = TypeVar("Sized", FileSummary, DataFile)
+# A regular pass whose due levels hold this share of the live files reads every live file's columns at once.
+_MOST_FILES = 0.9
 _NO_OFFSET = 1 << 62
 
 
@@ -35,14 +38,23 @@ def top_level(level_counts: dict[int, int], config: PlannerConfig) -> int:
 
 def size_tiers(files: list[Sized], config: PlannerConfig) -> list[list[Sized]]:
     """Runs of files of similar size (within the ratio of the run's smallest) with enough files to merge."""
-    tiers: list[list[Sized]] = []
-    run: list[Sized] = []
-    for data_file in sorted(files, key=lambda f: (f.size, f.key)):
-        if run and data_file.size > run[0].size * config.tier_size_ratio:
+    by_key = {f.key: f for f in files}
+    return [[by_key[key] for key in tier] for tier in _tier_runs(sorted((f.size, f.key) for f in files), config)]
+
+
+def _tier_runs(sized: list[tuple[int, str]], config: PlannerConfig) -> list[list[str]]:
+    """`size_tiers` of (size, key) pairs in (size, key) order: the keys of each tier."""
+    tiers: list[list[str]] = []
+    run: list[str] = []
+    smallest = 0
+    for size, key in sized:
+        if run and size > smallest * config.tier_size_ratio:
             if len(run) >= config.tier_min_files:
                 tiers.append(run)
             run = []
-        run.append(data_file)
+        if not run:
+            smallest = size
+        run.append(key)
     if len(run) >= config.tier_min_files:
         tiers.append(run)
     return tiers
@@ -51,40 +63,53 @@ def size_tiers(files: list[Sized], config: PlannerConfig) -> list[list[Sized]]:
 def plan_regular(snapshot: PlanningSnapshot, now_ms: int, config: PlannerConfig, leased: set[str]) -> list[Plan]:
     """The level merges and size tiers due, and one plan over the partitions past their topic's
     min.cleanable.dirty.ratio (`dirty_ratio`). The files of a level are read only when it holds enough of them to
-    be due: most passes read the few hundred L0 files, not the 100,000 above (bench/planner.py, mode l0)."""
+    be due: most passes read the few hundred L0 files, not the 100,000 above (bench/planner.py, mode l0). When the
+    levels due hold most live files, every live file is read at once with its sections' columns, from which the
+    merges are chosen and planned."""
     counts = snapshot.level_counts()
     top = top_level(counts, config)
     due = [level for level in range(top) if counts.get(level, 0) >= _min_files(level, config)]
     if counts.get(top, 0) >= config.tier_min_files:
         due.append(top)
-    chosen = level_merges(snapshot.file_summaries(*due) if due else [], top, config, leased)
+    read: tuple[SectionColumns, Loader] | None = None
+    if sum(counts.get(level, 0) for level in due) >= _MOST_FILES * sum(counts.values()) and reads_columns(snapshot):
+        read = read_columns(snapshot)
+        columns = read[0]
+        if columns.contents is None:
+            raise AssertionError("a database snapshot's columns carry the files' contents")
+        wanted = set(due)
+        files = [(key, level, size, content) for key, level, size, content
+                 in zip(columns.keys, columns.levels.tolist(), columns.sizes.tolist(), columns.contents) if level in wanted]
+    else:
+        files = [(f.key, f.level, f.size, f.content) for f in (snapshot.file_summaries(*due) if due else [])]
+    chosen = level_merges(files, top, config, leased)
     in_level_plans = {key for keys, _ in chosen for key in keys}
     dirty = ratio_plan_files(snapshot, now_ms, config, leased | in_level_plans)
     if dirty:
         chosen.append((dirty, max(config.dedup_from_level, top)))
+        read = None  # its files may be outside the levels read
     if not chosen:
         return []
-    return make_plans(snapshot, chosen, now_ms, config, "regular")
+    return make_plans(snapshot, chosen, now_ms, config, "regular", read)
 
 
-def level_merges(summaries: Sequence[FileSummary], top: int, config: PlannerConfig, leased: set[str]) -> list[tuple[list[str], int]]:
-    """(input keys, target level) of each level below `top` that reached its threshold (`summaries` holds those
-    levels' files) and each size tier of the top level."""
-    by_level: dict[int, list[FileSummary]] = {}
-    for summary in summaries:
-        if summary.key not in leased:
-            by_level.setdefault(summary.level, []).append(summary)
+def level_merges(files: Sequence[tuple[str, int, int, str]], top: int, config: PlannerConfig, leased: set[str]) -> list[tuple[list[str], int]]:
+    """(input keys, target level) of each level below `top` that reached its threshold (`files`, (key, level,
+    size, content) in `file_summaries`' order, holds those levels' files) and each size tier of the top level."""
+    by_level: dict[int, list[tuple[str, int, str]]] = {}
+    for key, level, size, content in files:
+        if key not in leased:
+            by_level.setdefault(level, []).append((key, size, content))
     chosen: list[tuple[list[str], int]] = []
     for level in range(top):
         at_level = by_level.get(level, [])
         # L0 files mix both kinds (the L0 -> L1 job separates them); above, each kind is merged apart.
         kinds = [at_level] if level == 0 else _by_content(at_level)
-        for files in kinds:
-            if len(files) >= _min_files(level, config):
-                chosen.append(([f.key for f in files], level + 1))
-    for files in _by_content(by_level.get(top, [])):
-        for tier in size_tiers(files, config):
-            chosen.append(([f.key for f in tier], top))
+        for run in kinds:
+            if len(run) >= _min_files(level, config):
+                chosen.append(([key for key, _, _ in run], level + 1))
+    for run in _by_content(by_level.get(top, [])):
+        chosen.extend((tier, top) for tier in _tier_runs(sorted((size, key) for key, size, _ in run), config))
     return chosen
 
 
@@ -141,7 +166,9 @@ def make_plans(
     for of_plan in offsets:
         for tp, first in of_plan.lowest_above_l0.items():
             held_above_l0[tp] = min(first, held_above_l0.get(tp, first))
-    outside = lowest_outside_of_keys(snapshot, planned, partitions, held_above_l0)
+    # Holding every live file's sections, the pass has those of the files no plan takes in hand.
+    in_hand = (lambda wanted: lowest_unplanned(columns, plan_of_file, wanted)) if columns.every_live_file else None
+    outside = lowest_outside_of_keys(snapshot, planned, partitions, held_above_l0, in_hand)
     # A plan's own inputs are never outside it; the other plans' inputs are: what their lowest offsets (floors)
     # and young sections (Kafka's first uncleanable offset) say counts for it, as the files no plan takes do. The
     # catalog's first uncleanable offsets hold each partition's LSO (an open transaction's data is never cleaned).
@@ -234,8 +261,9 @@ def _min_files(level: int, config: PlannerConfig) -> int:
     return config.min_files[min(level, len(config.min_files) - 1)]
 
 
-def _by_content(files: list[FileSummary]) -> list[list[FileSummary]]:
-    kinds: dict[str, list[FileSummary]] = {}
-    for summary in files:
-        kinds.setdefault(summary.content, []).append(summary)
+def _by_content(files: list[tuple[str, int, str]]) -> list[list[tuple[str, int, str]]]:
+    """(key, size, content) of files, by content (in content order), each kind in the order given."""
+    kinds: dict[str, list[tuple[str, int, str]]] = {}
+    for entry in files:
+        kinds.setdefault(entry[2], []).append(entry)
     return [kinds[k] for k in sorted(kinds)]
