@@ -12,9 +12,6 @@ import numpy as np
 
 from logcompact.catalog.model import CONTENTS, DataFile
 
-# The per-section columns, in the order `Snapshot.section_columns` selects them after the file's id.
-SECTION_FIELDS = ("topic", "partition", "first_offset", "last_offset", "max_timestamp", "uncompressed_bytes")
-
 
 @dataclass(frozen=True, eq=False)
 class SectionColumns:
@@ -37,21 +34,22 @@ class SectionColumns:
     partition: np.ndarray
     first_offset: np.ndarray
     last_offset: np.ndarray
-    max_timestamp: np.ndarray
     uncompressed_bytes: np.ndarray
+    max_timestamp: np.ndarray | None  # None: not read (no topic sets min.compaction.lag.ms)
 
     @classmethod
     def from_rows(
         cls, file_rows: Sequence[tuple[int, str, int, int, int, int]], section_rows: Sequence[Sequence[int]], topic_ids: dict[str, int],
         every_live_file: bool,
     ) -> SectionColumns:
-        """From the files rows (file_id, key, level, size, created_ms, content) and the sections rows (file_id,
-        topic_id, then the other `SECTION_FIELDS`) of a query: one conversion of all the integers, none per row."""
+        """From the files rows (file_id, key, level, size, created_ms, content) and the sections rows (file_id, topic_id
+        * 2**32 + partition, first_offset, last_offset, uncompressed_bytes and, when read, max_timestamp) of a query: one
+        conversion of all the integers, none per row."""
         ids, keys, levels, sizes, created, contents = _columns(file_rows, 6)
         file_ids = np.asarray(ids, np.int64)
         order = np.argsort(file_ids, kind="stable")
         count = len(section_rows)
-        width = 1 + len(SECTION_FIELDS)
+        width = len(section_rows[0]) if count else 5
         values = np.fromiter(chain.from_iterable(section_rows), np.int64, count * width).reshape(count, width)
         names = sorted(topic_ids)
         # Topic ids to their names' ranks; a section's file is found among the files' ids.
@@ -60,7 +58,8 @@ class SectionColumns:
         place = order[np.searchsorted(file_ids, values[:, 0], sorter=order)] if count else np.zeros(0, np.int64)
         return cls(
             list(keys), np.asarray(levels, np.int64), np.asarray(sizes, np.int64), np.asarray(created, np.int64),
-            [CONTENTS[code] for code in contents], every_live_file, names, place, ranks[values[:, 1]], *(values[:, n].copy() for n in range(2, width)),
+            [CONTENTS[code] for code in contents], every_live_file, names, place, ranks[values[:, 1] >> 32], values[:, 1] & 0xFFFFFFFF,
+            values[:, 2].copy(), values[:, 3].copy(), values[:, 4].copy(), values[:, 5].copy() if width > 5 else None,
         )
 
     @classmethod
@@ -71,14 +70,14 @@ class SectionColumns:
         rank = {name: n for n, name in enumerate(names)}
         counts = [len(f.sections) for f in files]
         rows = [
-            (rank[info.topic], info.partition, first, first + info.last_delta, info.max_timestamp, info.uncompressed_bytes)
+            (rank[info.topic], info.partition, first, first + info.last_delta, info.uncompressed_bytes, info.max_timestamp)
             for f in files for info, first in f.sections
         ]
-        values = np.array(rows, np.int64).reshape(len(rows), len(SECTION_FIELDS))
+        values = np.array(rows, np.int64).reshape(len(rows), 6)
         return cls(
             [f.key for f in files], np.array([f.level for f in files], np.int64), np.array([f.size for f in files], np.int64),
             np.array([f.created_ms for f in files], np.int64), None, every_live_file, names, np.repeat(np.arange(len(files), dtype=np.int64), counts),
-            *(values[:, n].copy() for n in range(len(SECTION_FIELDS))),
+            *(values[:, n].copy() for n in range(6)),
         )
 
 

@@ -175,12 +175,13 @@ class Snapshot:
             loaded = self._load(connection, [self._live(), self._key_in(keys)])
         return {f.key: f for f in loaded}
 
-    def section_columns(self, keys: Sequence[str] | None = None, topics: Iterable[str] | None = None) -> SectionColumns:
+    def section_columns(self, keys: Sequence[str] | None = None, topics: Iterable[str] | None = None, timestamps: bool = True) -> SectionColumns:
         """The live files among `keys` (every live file without them, those holding any of `topics` with them), but
         those planners leave out whole (`_held_files`), in `file_summaries`' order, with the facts of their planned
         sections a planning pass weighs, as columns (`SectionColumns`): two queries, the rows fetched as the database driver hands them over and
-        converted to arrays at once, no section object built (400,000 sections in about 0.4 s on SQLite). When the keys
-        are most of the live files, every live file is read, as by `get_files`."""
+        converted to arrays at once, no section object built (400,000 sections in about 0.4 s on SQLite); the sections'
+        newest timestamps only with `timestamps`. When the keys are most of the live files, every live file is read,
+        as by `get_files`."""
         files, sec = s.files.c, s.sections.c
         conditions = [self._live()]
         if topics is not None:
@@ -201,7 +202,8 @@ class Snapshot:
                 .order_by(files.level, files.created_ms, files.key)
             ))
             section_rows = _driver_rows(connection.execute(
-                select(sec.file_id, sec.topic_id, sec.partition, sec.first_offset, sec.last_offset, sec.max_timestamp, sec.uncompressed_bytes)
+                select(sec.file_id, sec.topic_id * _TOPIC_CODE + sec.partition, sec.first_offset, sec.last_offset, sec.uncompressed_bytes,
+                       *([sec.max_timestamp] if timestamps else []))
                 .join(s.files, files.file_id == sec.file_id).where(*conditions, self._planned_section())
             ))
         return SectionColumns.from_rows(file_rows, section_rows, self.topic_ids, every)
@@ -723,6 +725,8 @@ class Snapshot:
             return dict(connection.execute(query).all())
 
 
+# A topic id times this, plus a partition number: the pair as one integer (one value to fetch, not two).
+_TOPIC_CODE = 2**32
 # `get_files` reads every live file when asked for at least this share of them.
 _MOST_FILES = 0.9
 _NO_END = 2**63 - 1  # past every offset; as a limit, none

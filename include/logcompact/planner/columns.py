@@ -23,16 +23,19 @@ _NONE = np.iinfo(np.int64).max  # no such offset
 class ReadsColumns(Protocol):
     """A snapshot that reads its sections as columns (a database's, `Snapshot`), rather than holding its files in hand."""
 
-    def section_columns(self, keys: Sequence[str] | None = None, topics: Iterable[str] | None = None) -> SectionColumns: ...
+    def section_columns(self, keys: Sequence[str] | None = None, topics: Iterable[str] | None = None, timestamps: bool = True) -> SectionColumns: ...
 
 
 def reads_columns(snapshot: PlanningSnapshot) -> bool:
     return isinstance(snapshot, ReadsColumns)
 
 
-def read_columns(snapshot: PlanningSnapshot, keys: Sequence[str] | None = None, topics: Iterable[str] | None = None) -> tuple[SectionColumns, Loader]:
+def read_columns(
+    snapshot: PlanningSnapshot, now_ms: int, keys: Sequence[str] | None = None, topics: Iterable[str] | None = None
+) -> tuple[SectionColumns, Loader]:
     """The columns of the live files among `keys` (or more), or of every live file (holding any of `topics`), and
-    what loads them whole: from the database, one read for all the plans of the pass, when first asked."""
+    what loads them whole: from the database, one read for all the plans of the pass, when first asked. The sections'
+    newest timestamps are read only when a topic sets a min lag (`young_after`)."""
     if not isinstance(snapshot, ReadsColumns):
         if keys is None:
             files = snapshot.files(topics=topics)
@@ -40,8 +43,15 @@ def read_columns(snapshot: PlanningSnapshot, keys: Sequence[str] | None = None, 
         else:
             by_key = dict(snapshot.get_files(keys))
         return SectionColumns.from_files(by_key.values(), snapshot.topics, keys is None and topics is None), lambda _keys: by_key
-    columns = snapshot.section_columns(keys, topics)
+    columns = snapshot.section_columns(keys, topics, timestamps=bool(young_after(snapshot, now_ms)))
     return columns, _OnceLoader(snapshot, columns.keys if keys is None else keys)
+
+
+def young_after(snapshot: PlanningSnapshot, now_ms: int) -> dict[str, int]:
+    """Per topic with a min lag, the newest timestamp old enough to clean: sections with a newer record are young,
+    judged by section as the catalog's (`Snapshot.first_uncleanable_offsets`); within its own inputs the engine finds
+    the first such record."""
+    return {name: now_ms - topic.config.min_compaction_lag_ms for name, topic in snapshot.topics.items() if topic.config.min_compaction_lag_ms > 0}
 
 
 class _OnceLoader:
@@ -65,10 +75,21 @@ def planned_inputs(columns: SectionColumns, entries: np.ndarray, sections: int, 
     )
 
 
-def lowest_unplanned(columns: SectionColumns, plan_of_file: np.ndarray, partitions: set[TopicPartition]) -> dict[TopicPartition, int]:
-    """Per partition of `partitions`, the lowest first offset of a section of the files no plan takes, from columns
-    holding every live file (`SectionColumns.every_live_file`): what `lowest_outside` would read of them."""
+def files_holding(columns: SectionColumns, partitions: Iterable[TopicPartition]) -> set[str]:
+    """`Snapshot.files_holding` from the columns: the keys of their files holding a section of any of `partitions`."""
+    rank = {name: n for n, name in enumerate(columns.topics)}
+    wanted = np.array(sorted((rank[topic] << 32) | partition for topic, partition in partitions if topic in rank), np.int64)
+    held = np.isin((columns.topic << 32) | columns.partition, wanted)
+    return {columns.keys[n] for n in np.unique(columns.file[held]).tolist()}
+
+
+def lowest_unplanned(columns: SectionColumns, plan_of_file: np.ndarray, partitions: set[TopicPartition], l0_only: bool) -> dict[TopicPartition, int]:
+    """Per partition of `partitions`, the lowest first offset of a section of the files no plan takes (at L0 only,
+    with `l0_only`), from columns holding every live file (`SectionColumns.every_live_file`): what `lowest_outside`
+    would read of them."""
     unplanned = plan_of_file[columns.file] < 0
+    if l0_only:
+        unplanned &= columns.levels[columns.file] == 0
     if not unplanned.any() or not partitions:
         return {}
     codes = (columns.topic[unplanned] << 32) | columns.partition[unplanned]
@@ -103,7 +124,12 @@ def offsets_by_plan(columns: SectionColumns, plan_of_file: np.ndarray, plans: in
         if name in young_after:
             cuts[number] = young_after[name]
     above = np.where(columns.levels[columns.file[taken]] > 0, first, _NONE)
-    young = np.where(columns.max_timestamp[taken] > cuts[topic], first, _NONE)
+    if not young_after:
+        young = np.full(len(first), _NONE)
+    elif columns.max_timestamp is None:
+        raise ValueError("a topic sets min.compaction.lag.ms, but its sections' timestamps were not read")
+    else:
+        young = np.where(columns.max_timestamp[taken] > cuts[topic], first, _NONE)
     order = np.lexsort((partition, topic, plan))
     plan, topic, partition = plan[order], topic[order], partition[order]
     change = np.empty(len(order), bool)

@@ -17,7 +17,7 @@ import numpy as np
 from logcompact.catalog import DataFile, FileSummary, PlanningSnapshot, TopicPartition
 from logcompact.catalog.columns import SectionColumns
 from logcompact.limits import MAX_LEVEL
-from logcompact.planner.columns import Loader, lowest_unplanned, offsets_by_plan, planned_inputs, read_columns, reads_columns
+from logcompact.planner.columns import Loader, lowest_unplanned, offsets_by_plan, planned_inputs, read_columns, reads_columns, young_after
 from logcompact.planner.config import PlannerConfig
 from logcompact.planner.dirty_ratio import ratio_plan_files
 from logcompact.plans import InputOffsets, Plan, new_plan_id, split_into_groups
@@ -73,7 +73,7 @@ def plan_regular(snapshot: PlanningSnapshot, now_ms: int, config: PlannerConfig,
         due.append(top)
     read: tuple[SectionColumns, Loader] | None = None
     if sum(counts.get(level, 0) for level in due) >= _MOST_FILES * sum(counts.values()) and reads_columns(snapshot):
-        read = read_columns(snapshot)
+        read = read_columns(snapshot, now_ms)
         columns = read[0]
         if columns.contents is None:
             raise AssertionError("a database snapshot's columns carry the files' contents")
@@ -122,7 +122,7 @@ def plan_full_sweep(
     chosen = set(topics) if topics else set(snapshot.topics)
     # The sweep's plan holds every live file (of its topics): reading their columns is the narrowest read there is.
     every = chosen == set(snapshot.topics)
-    columns, load = read_columns(snapshot, topics=None if every else sorted(chosen))
+    columns, load = read_columns(snapshot, now_ms, topics=None if every else sorted(chosen))
     counts = dict(Counter(columns.levels.tolist())) if every else snapshot.level_counts()
     # In file summaries' order: by level, creation time and key.
     ordered = sorted(zip(columns.levels.tolist(), columns.created_ms.tolist(), columns.keys))
@@ -146,7 +146,7 @@ def make_plans(
     read at once (unless the caller has them: `read_columns`). A plan's outside floors come from the other plans'
     inputs, which are in hand, and from the files no plan takes, which are asked of the catalog (`lowest_outside`)."""
     planned = [key for keys, _ in chosen for key in keys]
-    columns, load = read if read is not None else read_columns(snapshot, planned)
+    columns, load = read if read is not None else read_columns(snapshot, now_ms, planned)
     entry = {key: n for n, key in enumerate(columns.keys)}
     plan_of_file = np.full(len(columns.keys), -1, np.int64)
     entries = []
@@ -154,11 +154,7 @@ def make_plans(
         at = np.fromiter((entry[key] for key in keys), np.int64, len(keys))
         plan_of_file[at] = number
         entries.append(at)
-    # Per topic with a min lag, the newest timestamp old enough to clean: sections with a newer record are young,
-    # judged by section as the catalog's (`Snapshot.first_uncleanable_offsets`); within its own inputs the engine
-    # finds the first such record.
-    young_after = {name: now_ms - topic.config.min_compaction_lag_ms for name, topic in snapshot.topics.items() if topic.config.min_compaction_lag_ms > 0}
-    offsets, sections = offsets_by_plan(columns, plan_of_file, len(chosen), young_after)
+    offsets, sections = offsets_by_plan(columns, plan_of_file, len(chosen), young_after(snapshot, now_ms))
     inputs = [planned_inputs(columns, at, count, load) for at, count in zip(entries, sections.tolist())]
     lowest = [o.lowest for o in offsets]
     partitions = set().union(*lowest)
@@ -167,7 +163,7 @@ def make_plans(
         for tp, first in of_plan.lowest_above_l0.items():
             held_above_l0[tp] = min(first, held_above_l0.get(tp, first))
     # Holding every live file's sections, the pass has those of the files no plan takes in hand.
-    in_hand = (lambda wanted: lowest_unplanned(columns, plan_of_file, wanted)) if columns.every_live_file else None
+    in_hand = (lambda wanted, l0_only: lowest_unplanned(columns, plan_of_file, wanted, l0_only)) if columns.every_live_file else None
     outside = lowest_outside_of_keys(snapshot, planned, partitions, held_above_l0, in_hand)
     # A plan's own inputs are never outside it; the other plans' inputs are: what their lowest offsets (floors)
     # and young sections (Kafka's first uncleanable offset) say counts for it, as the files no plan takes do. The

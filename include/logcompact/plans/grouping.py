@@ -50,19 +50,21 @@ def lowest_outside(
 
 def lowest_outside_of_keys(
     snapshot: PlanningSnapshot, keys: Sequence[str], partitions: set[TopicPartition], held: dict[TopicPartition, int],
-    outside_in_hand: Callable[[set[TopicPartition]], dict[TopicPartition, int]] | None = None,
+    outside_in_hand: Callable[[set[TopicPartition], bool], dict[TopicPartition, int]] | None = None,
 ) -> dict[TopicPartition, int]:
-    """`lowest_outside` of the input files `keys`, whose lowest offsets above L0 are `held`; `outside_in_hand`, when
-    the caller holds every live file's sections, gives what would be read of the files outside `keys`."""
+    """`lowest_outside` of the input files `keys`, whose lowest offsets above L0 are `held`. `outside_in_hand`, when
+    the caller holds every live file's sections, gives what would be read of the files outside `keys`: the lowest
+    offsets of the partitions it is given, in every level or (True) in L0 only."""
     if not partitions:
         return {}
     floors = snapshot.floors_above_l0(partitions)
     read = {tp for tp in partitions if tp not in floors or _held_floor(held.get(tp), floors[tp])}
     if outside_in_hand is not None:
-        found = outside_in_hand(read) if read else {}
+        found = outside_in_hand(read, False) if read else {}
+        found.update(outside_in_hand(partitions - read, True))
     else:
         found = _read_outside(snapshot, keys, read) if read else {}
-    found.update(snapshot.outside_floors_in_l0(keys, partitions - read))
+        found.update(snapshot.outside_floors_in_l0(keys, partitions - read))
     for tp in partitions - read:
         floor = floors[tp]
         if floor is not None:
