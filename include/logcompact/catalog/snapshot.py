@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from functools import cache
 from typing import NamedTuple
 
-from sqlalchemy import BindParameter, ColumnElement, CompoundSelect, Connection, CursorResult, Engine, Row, Select, and_, bindparam, func, literal_column, or_, select, union_all
+from sqlalchemy import BigInteger, BindParameter, ColumnElement, CompoundSelect, Connection, CursorResult, Engine, Row, Select, and_, bindparam, cast, func, literal_column, or_, select, union_all
 
 from logcompact.catalog import holes, summaries, topics, transactions
 from logcompact.catalog import schema as s
@@ -202,7 +202,7 @@ class Snapshot:
                 .order_by(files.level, files.created_ms, files.key)
             ))
             section_rows = _driver_rows(connection.execute(
-                select(sec.file_id, sec.topic_id * _TOPIC_CODE + sec.partition, sec.first_offset, sec.last_offset, sec.uncompressed_bytes,
+                select(sec.file_id, cast(sec.topic_id, BigInteger) * _TOPIC_CODE + sec.partition, sec.first_offset, sec.last_offset, sec.uncompressed_bytes,
                        *([sec.max_timestamp] if timestamps else []))
                 .join(s.files, files.file_id == sec.file_id).where(*conditions, self._planned_section())
             ))
