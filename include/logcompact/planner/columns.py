@@ -67,12 +67,9 @@ class _OnceLoader:
         return self.loaded
 
 
-def planned_inputs(columns: SectionColumns, entries: np.ndarray, sections: int, load: Loader) -> PlannedInputs:
-    """The inputs of a plan taking the files at `entries` of `columns`, which hold `sections` sections."""
-    return PlannedInputs(
-        [columns.keys[n] for n in entries.tolist()], columns.levels[entries].tolist(), columns.sizes[entries].tolist(),
-        columns.created_ms[entries].tolist(), sections, load,
-    )
+def planned_inputs(columns: SectionColumns, keys: Sequence[str], entries: np.ndarray, sections: int, load: Loader) -> PlannedInputs:
+    """The inputs of a plan taking the files `keys`, at `entries` of `columns`, which hold `sections` sections."""
+    return PlannedInputs(keys, columns.levels[entries].tolist(), columns.sizes[entries].tolist(), columns.created_ms[entries].tolist(), sections, load)
 
 
 def files_holding(columns: SectionColumns, partitions: Iterable[TopicPartition]) -> set[str]:

@@ -77,12 +77,13 @@ def plan_regular(snapshot: PlanningSnapshot, now_ms: int, config: PlannerConfig,
         columns = read[0]
         if columns.contents is None:
             raise AssertionError("a database snapshot's columns carry the files' contents")
-        wanted = set(due)
-        files = [(key, level, size, content) for key, level, size, content
-                 in zip(columns.keys, columns.levels.tolist(), columns.sizes.tolist(), columns.contents) if level in wanted]
+        chosen = level_merges(columns.keys, columns.levels, columns.sizes, columns.contents, top, config, leased)
     else:
-        files = [(f.key, f.level, f.size, f.content) for f in (snapshot.file_summaries(*due) if due else [])]
-    chosen = level_merges(files, top, config, leased)
+        summaries = snapshot.file_summaries(*due) if due else []
+        chosen = level_merges(
+            [f.key for f in summaries], np.array([f.level for f in summaries], np.int64), np.array([f.size for f in summaries], np.int64),
+            [f.content for f in summaries], top, config, leased,
+        )
     in_level_plans = {key for keys, _ in chosen for key in keys}
     dirty = ratio_plan_files(snapshot, now_ms, config, leased | in_level_plans)
     if dirty:
@@ -93,23 +94,26 @@ def plan_regular(snapshot: PlanningSnapshot, now_ms: int, config: PlannerConfig,
     return make_plans(snapshot, chosen, now_ms, config, "regular", read)
 
 
-def level_merges(files: Sequence[tuple[str, int, int, str]], top: int, config: PlannerConfig, leased: set[str]) -> list[tuple[list[str], int]]:
-    """(input keys, target level) of each level below `top` that reached its threshold (`files`, (key, level,
-    size, content) in `file_summaries`' order, holds those levels' files) and each size tier of the top level."""
-    by_level: dict[int, list[tuple[str, int, str]]] = {}
-    for key, level, size, content in files:
-        if key not in leased:
-            by_level.setdefault(level, []).append((key, size, content))
+def level_merges(
+    keys: Sequence[str], levels: np.ndarray, sizes: np.ndarray, contents: Sequence[str], top: int, config: PlannerConfig, leased: set[str]
+) -> list[tuple[list[str], int]]:
+    """(input keys, target level) of each level below `top` that reached its threshold and each size tier of the top
+    level, from the files' keys, levels, sizes and contents in `file_summaries`' order (those of other levels are
+    passed over)."""
+    free = np.fromiter((key not in leased for key in keys), bool, len(keys)) if leased else np.ones(len(keys), bool)
+    kinds = sorted(set(contents))
+    kind = np.fromiter(map({name: n for n, name in enumerate(kinds)}.__getitem__, contents), np.int64, len(contents))
     chosen: list[tuple[list[str], int]] = []
-    for level in range(top):
-        at_level = by_level.get(level, [])
+    for level in range(top + 1):
+        at_level = free & (levels == level)
         # L0 files mix both kinds (the L0 -> L1 job separates them); above, each kind is merged apart.
-        kinds = [at_level] if level == 0 else _by_content(at_level)
-        for run in kinds:
-            if len(run) >= _min_files(level, config):
-                chosen.append(([key for key, _, _ in run], level + 1))
-    for run in _by_content(by_level.get(top, [])):
-        chosen.extend((tier, top) for tier in _tier_runs(sorted((size, key) for key, size, _ in run), config))
+        runs = [at_level] if level == 0 and level < top else [at_level & (kind == n) for n in range(len(kinds))]
+        for run in map(np.flatnonzero, runs):
+            if level < top and len(run) >= _min_files(level, config):
+                chosen.append(([keys[n] for n in run.tolist()], level + 1))
+            elif level == top:
+                sized = sorted(zip(sizes[run].tolist(), [keys[n] for n in run.tolist()]))
+                chosen.extend((tier, top) for tier in _tier_runs(sized, config))
     return chosen
 
 
@@ -147,15 +151,15 @@ def make_plans(
     inputs, which are in hand, and from the files no plan takes, which are asked of the catalog (`lowest_outside`)."""
     planned = [key for keys, _ in chosen for key in keys]
     columns, load = read if read is not None else read_columns(snapshot, now_ms, planned)
-    entry = {key: n for n, key in enumerate(columns.keys)}
+    entry = dict(zip(columns.keys, range(len(columns.keys))))
     plan_of_file = np.full(len(columns.keys), -1, np.int64)
     entries = []
     for number, (keys, _) in enumerate(chosen):
-        at = np.fromiter((entry[key] for key in keys), np.int64, len(keys))
+        at = np.fromiter(map(entry.__getitem__, keys), np.int64, len(keys))
         plan_of_file[at] = number
         entries.append(at)
     offsets, sections = offsets_by_plan(columns, plan_of_file, len(chosen), young_after(snapshot, now_ms))
-    inputs = [planned_inputs(columns, at, count, load) for at, count in zip(entries, sections.tolist())]
+    inputs = [planned_inputs(columns, keys, at, count, load) for (keys, _), at, count in zip(chosen, entries, sections.tolist())]
     lowest = [o.lowest for o in offsets]
     partitions = set().union(*lowest)
     held_above_l0: dict[TopicPartition, int] = {}
@@ -245,21 +249,14 @@ def _overlapping(aborted: dict[TopicPartition, tuple[tuple[int, int], ...]], of_
 
 def _lowest_of(partitions: dict[TopicPartition, int], *sources: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
     """Per partition of `partitions`, the lowest offset any of `sources` holds (partitions none holds are left out)."""
-    found = {}
-    for tp in partitions:
-        lowest = min((source[tp] for source in sources if tp in source), default=None)
-        if lowest is not None:
-            found[tp] = lowest
+    found: dict[TopicPartition, int] = {}
+    for source in sources:
+        for tp in partitions:
+            offset, held = source.get(tp), found.get(tp)
+            if offset is not None and (held is None or offset < held):
+                found[tp] = offset
     return found
 
 
 def _min_files(level: int, config: PlannerConfig) -> int:
     return config.min_files[min(level, len(config.min_files) - 1)]
-
-
-def _by_content(files: list[tuple[str, int, str]]) -> list[list[tuple[str, int, str]]]:
-    """(key, size, content) of files, by content (in content order), each kind in the order given."""
-    kinds: dict[str, list[tuple[str, int, str]]] = {}
-    for entry in files:
-        kinds.setdefault(entry[2], []).append(entry)
-    return [kinds[k] for k in sorted(kinds)]
