@@ -10,7 +10,10 @@ max lag on half of them, file names and section fields as varied as real ones) i
 in the database --database names (postgresql+psycopg://...), inserting files in batches of 20,000 through
 `Catalog.replace_files`. Then, for each mode:
 
-- times `choose_plans(catalog.snapshot(), ...)`, catalog reads included (target: 1 s at 100,000 files, 3 s at 300,000);
+- times `choose_plans(catalog.snapshot(), ...)`, catalog reads included (target: 1 s at 100,000 files, 3 s at 300,000):
+  the pass reads its files' sections as columns, and its plans hold their inputs unloaded (`PlannedInputs`);
+- times loading the plans' inputs whole, section objects and all, once for the pass (what building the stored
+  documents, an estimate or a job run in the same process needs);
 - writes its plans as a scheduler does (`exchange.write_plan`: a JSON header and an Arrow document per group)
   and prints their size and the time to write them (target for the full plan over 100,000 files: 20 MB, 2 s);
   then what each reader pays: the commit reads the header, a Spark driver a group's bytes per partition, a
@@ -43,7 +46,7 @@ from results import recorded
 
 from logcompact import sketch
 from logcompact.catalog import Catalog, CatalogSection, DataFile
-from logcompact.exceptions import ClusterNotFoundError
+from logcompact.exceptions import ClusterNotFoundError, CorruptDataError
 from logcompact.format.layout import SectionInfo
 from logcompact.jobs import GroupSlice, run_task
 from logcompact.keys import inputs_key, plan_key
@@ -172,10 +175,15 @@ def report_documents(catalog: Catalog, plans: list[Plan], runs: int, scratch: Pa
         header.check_against(snapshot, NOW)
 
     commit_s, _ = medians(runs, commit_check)
-    full_s, _ = medians(runs, lambda: read_plan(store, plan_id).check_against(snapshot, NOW))
+    try:
+        full_s, _ = medians(runs, lambda: read_plan(store, plan_id).check_against(snapshot, NOW))
+        in_full = f"in {full_s:.3f} s"
+    except CorruptDataError as refused:
+        # This catalog's first offsets are drawn, not assigned: the gaps between them are no compaction's holes.
+        in_full = f"refused as the catalog's offsets leave gaps no hole explains ({str(refused)[:90]}...)"
     print(f"  largest plan checked before its commit in {commit_s:.3f} s (documents against their seal, "
           f"{sizes[plan_id] / 1e6:.1f} MB read; header against the catalog); checked in full, as `compact --plan` "
-          f"does, in {full_s:.3f} s ({len(largest.inputs):,} files)")
+          f"does, {in_full} ({len(largest.inputs):,} files)")
 
 
 def catalog_arguments(description: str | None) -> argparse.ArgumentParser:
@@ -225,6 +233,12 @@ def main() -> None:
 
             took = seconds(args.runs, planned)
             print(f"{label:8} planned in {took}: {len(plans)} plans over {sum(len(p.inputs) for p in plans):,} files")
+            # A pass reads its files' sections as columns; they are loaded whole, once for all its plans, only where
+            # something needs them as objects: here the stored documents, built from them.
+            loaded, load_cpu = time.perf_counter(), time.process_time()
+            sections = sum(len(f.sections) for p in plans for f in p.inputs)
+            print(f"  inputs loaded whole ({sections:,} sections) in {time.perf_counter() - loaded:.3f} s "
+                  f"(CPU {time.process_time() - load_cpu:.3f} s), once, when the documents are first built")
             report_documents(catalog, plans, args.runs, Path(scratch))
         catalog.engine.dispose()
 

@@ -20,10 +20,11 @@ from contextlib import contextmanager
 from functools import cache
 from typing import NamedTuple
 
-from sqlalchemy import BindParameter, ColumnElement, CompoundSelect, Connection, Engine, Row, Select, and_, bindparam, func, literal_column, or_, select, union_all
+from sqlalchemy import BigInteger, BindParameter, ColumnElement, CompoundSelect, Connection, CursorResult, Engine, Row, Select, and_, bindparam, cast, func, literal_column, or_, select, union_all
 
 from logcompact.catalog import holes, summaries, topics, transactions
 from logcompact.catalog import schema as s
+from logcompact.catalog.columns import SectionColumns
 from logcompact.catalog.database import SHORT_LIST, catalog_errors, one_of
 from logcompact.catalog.holes import Range
 from logcompact.catalog.model import (
@@ -173,6 +174,39 @@ class Snapshot:
                 return {f.key: f for f in self._load(connection, [self._live()]) if f.key in wanted}
             loaded = self._load(connection, [self._live(), self._key_in(keys)])
         return {f.key: f for f in loaded}
+
+    def section_columns(self, keys: Sequence[str] | None = None, topics: Iterable[str] | None = None, timestamps: bool = True) -> SectionColumns:
+        """The live files among `keys` (every live file without them, those holding any of `topics` with them), but
+        those planners leave out whole (`_held_files`), in `file_summaries`' order, with the facts of their planned
+        sections a planning pass weighs, as columns (`SectionColumns`): two queries, the rows fetched as the database driver hands them over and
+        converted to arrays at once, no section object built (400,000 sections in about 0.4 s on SQLite); the sections'
+        newest timestamps only with `timestamps`. When the keys are most of the live files, every live file is read,
+        as by `get_files`."""
+        files, sec = s.files.c, s.sections.c
+        conditions = [self._live()]
+        if topics is not None:
+            ids = [self.topic_ids[name] for name in topics]
+            holding = select(sec.file_id).where(sec.topic_id.in_(ids), sec.removed_version.is_(None))
+            conditions.append(files.file_id.in_(union_all(*s.by_partition(holding, self.version))))
+        with self._connect() as connection:
+            held = self._held_files(connection)
+            if held:
+                conditions.append(~one_of(files.file_id, held, self.engine.dialect.name))
+            if keys is not None:
+                live = select(func.count()).select_from(s.files).where(self._live())
+                if len(keys) <= SHORT_LIST or len(keys) < _MOST_FILES * connection.execute(live).scalar_one():
+                    conditions.append(self._key_in(keys))
+            every = len(conditions) == 1 + bool(held)
+            file_rows = _driver_rows(connection.execute(
+                select(files.file_id, files.key, files.level, files.size, files.created_ms, files.content).where(*conditions)
+                .order_by(files.level, files.created_ms, files.key)
+            ))
+            section_rows = _driver_rows(connection.execute(
+                select(sec.file_id, cast(sec.topic_id, BigInteger) * _TOPIC_CODE + sec.partition, sec.first_offset, sec.last_offset, sec.uncompressed_bytes,
+                       *([sec.max_timestamp] if timestamps else []))
+                .join(s.files, files.file_id == sec.file_id).where(*conditions, self._planned_section())
+            ))
+        return SectionColumns.from_rows(file_rows, section_rows, self.topic_ids, every)
 
     def section_rows(self, keys: Sequence[str]) -> dict[str, list[tuple]]:
         """By key, the planned sections of the live files among `keys` as the catalog records them, as plain rows
@@ -597,6 +631,8 @@ class Snapshot:
         for topic, partition in partitions:
             if self.topics[topic].config.min_compaction_lag_ms > 0:
                 by_topic.setdefault(topic, set()).add(partition)
+        if not by_topic:
+            return {}
         sec, files = s.sections.c, s.files.c
         outside = [~self._key_in(excluding)] if excluding else []
         cuts = {self.topic_ids[topic]: now_ms - self.topics[topic].config.min_compaction_lag_ms for topic in by_topic}
@@ -689,6 +725,8 @@ class Snapshot:
             return dict(connection.execute(query).all())
 
 
+# A topic id times this, plus a partition number: the pair as one integer (one value to fetch, not two).
+_TOPIC_CODE = 2**32
 # `get_files` reads every live file when asked for at least this share of them.
 _MOST_FILES = 0.9
 _NO_END = 2**63 - 1  # past every offset; as a limit, none
@@ -1051,6 +1089,13 @@ def _section(row, names: dict[int, str]) -> CatalogSection:
         bytes(key_sketch or b""), first_row,
     )
     return CatalogSection(info, first_offset)
+
+
+def _driver_rows(result: CursorResult) -> list[tuple]:
+    """A result's rows as the database driver hands them over: plain tuples, none made a `Row` (what reading
+    400,000 of them as columns would cost as much again)."""
+    with result:
+        return list(result.cursor.fetchall())
 
 
 def _unbound_row(row: tuple) -> tuple:

@@ -1,8 +1,9 @@
 """Regular planning: leveled merges up to the top level, then size tiers, and the partitions past their dirty
 ratio (`dirty_ratio`); the full sweep; and making plans.
 
-Level plans are chosen from file summaries (key, level, size, content: no sections); only the chosen files are
-loaded with their sections, in one read for all the plans of a pass.
+Level plans are chosen from file summaries (key, level, size, content: no sections); the chosen files' sections are
+read as columns, in one read for all the plans of a pass (`planner.columns`), and loaded whole only where something
+needs them as objects.
 """
 
 from __future__ import annotations
@@ -11,13 +12,20 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import TypeVar
 
+import numpy as np
+
 from logcompact.catalog import DataFile, FileSummary, PlanningSnapshot, TopicPartition
+from logcompact.catalog.columns import SectionColumns
 from logcompact.limits import MAX_LEVEL
+from logcompact.planner.columns import Loader, lowest_unplanned, offsets_by_plan, planned_inputs, read_columns, reads_columns, young_after
 from logcompact.planner.config import PlannerConfig
 from logcompact.planner.dirty_ratio import ratio_plan_files
-from logcompact.plans import InputOffsets, Plan, input_offsets, lowest_outside, new_plan_id, split_into_groups
+from logcompact.plans import InputOffsets, Plan, new_plan_id, split_into_groups
+from logcompact.plans.grouping import lowest_outside_of_keys
 
 Sized = TypeVar("Sized", FileSummary, DataFile)
+# A regular pass whose due levels hold this share of the live files reads every live file's columns at once.
+_MOST_FILES = 0.9
 _NO_OFFSET = 1 << 62
 
 
@@ -30,14 +38,23 @@ def top_level(level_counts: dict[int, int], config: PlannerConfig) -> int:
 
 def size_tiers(files: list[Sized], config: PlannerConfig) -> list[list[Sized]]:
     """Runs of files of similar size (within the ratio of the run's smallest) with enough files to merge."""
-    tiers: list[list[Sized]] = []
-    run: list[Sized] = []
-    for data_file in sorted(files, key=lambda f: (f.size, f.key)):
-        if run and data_file.size > run[0].size * config.tier_size_ratio:
+    by_key = {f.key: f for f in files}
+    return [[by_key[key] for key in tier] for tier in _tier_runs(sorted((f.size, f.key) for f in files), config)]
+
+
+def _tier_runs(sized: list[tuple[int, str]], config: PlannerConfig) -> list[list[str]]:
+    """`size_tiers` of (size, key) pairs in (size, key) order: the keys of each tier."""
+    tiers: list[list[str]] = []
+    run: list[str] = []
+    smallest = 0
+    for size, key in sized:
+        if run and size > smallest * config.tier_size_ratio:
             if len(run) >= config.tier_min_files:
                 tiers.append(run)
             run = []
-        run.append(data_file)
+        if not run:
+            smallest = size
+        run.append(key)
     if len(run) >= config.tier_min_files:
         tiers.append(run)
     return tiers
@@ -46,40 +63,57 @@ def size_tiers(files: list[Sized], config: PlannerConfig) -> list[list[Sized]]:
 def plan_regular(snapshot: PlanningSnapshot, now_ms: int, config: PlannerConfig, leased: set[str]) -> list[Plan]:
     """The level merges and size tiers due, and one plan over the partitions past their topic's
     min.cleanable.dirty.ratio (`dirty_ratio`). The files of a level are read only when it holds enough of them to
-    be due: most passes read the few hundred L0 files, not the 100,000 above (bench/planner.py, mode l0)."""
+    be due: most passes read the few hundred L0 files, not the 100,000 above (bench/planner.py, mode l0). When the
+    levels due hold most live files, every live file is read at once with its sections' columns, from which the
+    merges are chosen and planned."""
     counts = snapshot.level_counts()
     top = top_level(counts, config)
     due = [level for level in range(top) if counts.get(level, 0) >= _min_files(level, config)]
     if counts.get(top, 0) >= config.tier_min_files:
         due.append(top)
-    chosen = level_merges(snapshot.file_summaries(*due) if due else [], top, config, leased)
+    read: tuple[SectionColumns, Loader] | None = None
+    if sum(counts.get(level, 0) for level in due) >= _MOST_FILES * sum(counts.values()) and reads_columns(snapshot):
+        read = read_columns(snapshot, now_ms)
+        columns = read[0]
+        if columns.contents is None:
+            raise AssertionError("a database snapshot's columns carry the files' contents")
+        chosen = level_merges(columns.keys, columns.levels, columns.sizes, columns.contents, top, config, leased)
+    else:
+        summaries = snapshot.file_summaries(*due) if due else []
+        chosen = level_merges(
+            [f.key for f in summaries], np.array([f.level for f in summaries], np.int64), np.array([f.size for f in summaries], np.int64),
+            [f.content for f in summaries], top, config, leased,
+        )
     in_level_plans = {key for keys, _ in chosen for key in keys}
     dirty = ratio_plan_files(snapshot, now_ms, config, leased | in_level_plans)
     if dirty:
         chosen.append((dirty, max(config.dedup_from_level, top)))
+        read = None  # its files may be outside the levels read
     if not chosen:
         return []
-    return make_plans(snapshot, chosen, now_ms, config, "regular")
+    return make_plans(snapshot, chosen, now_ms, config, "regular", read)
 
 
-def level_merges(summaries: Sequence[FileSummary], top: int, config: PlannerConfig, leased: set[str]) -> list[tuple[list[str], int]]:
-    """(input keys, target level) of each level below `top` that reached its threshold (`summaries` holds those
-    levels' files) and each size tier of the top level."""
-    by_level: dict[int, list[FileSummary]] = {}
-    for summary in summaries:
-        if summary.key not in leased:
-            by_level.setdefault(summary.level, []).append(summary)
+def level_merges(
+    keys: Sequence[str], levels: np.ndarray, sizes: np.ndarray, contents: Sequence[str], top: int, config: PlannerConfig, leased: set[str]
+) -> list[tuple[list[str], int]]:
+    """(input keys, target level) of each level below `top` that reached its threshold and each size tier of the top
+    level, from the files' keys, levels, sizes and contents in `file_summaries`' order (those of other levels are
+    passed over)."""
+    free = np.fromiter((key not in leased for key in keys), bool, len(keys)) if leased else np.ones(len(keys), bool)
+    kinds = sorted(set(contents))
+    kind = np.fromiter(map({name: n for n, name in enumerate(kinds)}.__getitem__, contents), np.int64, len(contents))
     chosen: list[tuple[list[str], int]] = []
-    for level in range(top):
-        at_level = by_level.get(level, [])
+    for level in range(top + 1):
+        at_level = free & (levels == level)
         # L0 files mix both kinds (the L0 -> L1 job separates them); above, each kind is merged apart.
-        kinds = [at_level] if level == 0 else _by_content(at_level)
-        for files in kinds:
-            if len(files) >= _min_files(level, config):
-                chosen.append(([f.key for f in files], level + 1))
-    for files in _by_content(by_level.get(top, [])):
-        for tier in size_tiers(files, config):
-            chosen.append(([f.key for f in tier], top))
+        runs = [at_level] if level == 0 and level < top else [at_level & (kind == n) for n in range(len(kinds))]
+        for run in map(np.flatnonzero, runs):
+            if level < top and len(run) >= _min_files(level, config):
+                chosen.append(([keys[n] for n in run.tolist()], level + 1))
+            elif level == top:
+                sized = sorted(zip(sizes[run].tolist(), [keys[n] for n in run.tolist()]))
+                chosen.extend((tier, top) for tier in _tier_runs(sized, config))
     return chosen
 
 
@@ -90,18 +124,17 @@ def plan_full_sweep(
     for name in topics or ():
         snapshot.topic(name)  # an unknown topic is an error, not an empty sweep
     chosen = set(topics) if topics else set(snapshot.topics)
-    if chosen == set(snapshot.topics):
-        # The sweep's plan holds every live file: loading them all is the narrowest read there is.
-        files = snapshot.files()
-        counts = dict(Counter(f.level for f in files))
-    else:
-        files = snapshot.files(topics=sorted(chosen))
-        counts = snapshot.level_counts()
-    inputs = {f.key: f for f in files if f.key not in leased}
+    # The sweep's plan holds every live file (of its topics): reading their columns is the narrowest read there is.
+    every = chosen == set(snapshot.topics)
+    columns, load = read_columns(snapshot, now_ms, topics=None if every else sorted(chosen))
+    counts = dict(Counter(columns.levels.tolist())) if every else snapshot.level_counts()
+    # In file summaries' order: by level, creation time and key.
+    ordered = sorted(zip(columns.levels.tolist(), columns.created_ms.tolist(), columns.keys))
+    inputs = [key for _, _, key in ordered if key not in leased]
     if not inputs:
         return None
     target = min(MAX_LEVEL, top_level(counts, config))
-    (sweep,) = make_plans(snapshot, [(list(inputs), target)], now_ms, config, "full", inputs)
+    (sweep,) = make_plans(snapshot, [(inputs, target)], now_ms, config, "full", (columns, load))
     return sweep
 
 
@@ -111,26 +144,31 @@ def make_plans(
     now_ms: int,
     config: PlannerConfig,
     mode: str,
-    loaded: dict[str, DataFile] | None = None,
+    read: tuple[SectionColumns, Loader] | None = None,
 ) -> list[Plan]:
-    """One plan per (input keys, target level), split into groups, the inputs of all of them loaded in one read
-    (unless the caller has them). A plan's outside floors come from the other plans' inputs, which are in hand,
-    and from the files no plan takes, which are asked of the catalog (`lowest_outside`)."""
+    """One plan per (input keys, target level), split into groups, from the columns of all their inputs' sections,
+    read at once (unless the caller has them: `read_columns`). A plan's outside floors come from the other plans'
+    inputs, which are in hand, and from the files no plan takes, which are asked of the catalog (`lowest_outside`)."""
     planned = [key for keys, _ in chosen for key in keys]
-    files = loaded if loaded is not None else snapshot.get_files(planned)
-    inputs = [tuple(files[key] for key in keys) for keys, _ in chosen]
-    # Per topic with a min lag, the newest timestamp old enough to clean: sections with a newer record are young,
-    # judged by section as the catalog's (`Snapshot.first_uncleanable_offsets`); within its own inputs the engine
-    # finds the first such record.
-    young_after = {name: now_ms - topic.config.min_compaction_lag_ms for name, topic in snapshot.topics.items() if topic.config.min_compaction_lag_ms > 0}
-    offsets = [input_offsets(plan_inputs, young_after) for plan_inputs in inputs]
+    columns, load = read if read is not None else read_columns(snapshot, now_ms, planned)
+    entry = dict(zip(columns.keys, range(len(columns.keys))))
+    plan_of_file = np.full(len(columns.keys), -1, np.int64)
+    entries = []
+    for number, (keys, _) in enumerate(chosen):
+        at = np.fromiter(map(entry.__getitem__, keys), np.int64, len(keys))
+        plan_of_file[at] = number
+        entries.append(at)
+    offsets, sections = offsets_by_plan(columns, plan_of_file, len(chosen), young_after(snapshot, now_ms))
+    inputs = [planned_inputs(columns, keys, at, count, load) for (keys, _), at, count in zip(chosen, entries, sections.tolist())]
     lowest = [o.lowest for o in offsets]
     partitions = set().union(*lowest)
     held_above_l0: dict[TopicPartition, int] = {}
     for of_plan in offsets:
         for tp, first in of_plan.lowest_above_l0.items():
             held_above_l0[tp] = min(first, held_above_l0.get(tp, first))
-    outside = lowest_outside(snapshot, [files[key] for key in planned], partitions, held_above_l0)
+    # Holding every live file's sections, the pass has those of the files no plan takes in hand.
+    in_hand = (lambda wanted, l0_only: lowest_unplanned(columns, plan_of_file, wanted, l0_only)) if columns.every_live_file else None
+    outside = lowest_outside_of_keys(snapshot, planned, partitions, held_above_l0, in_hand)
     # A plan's own inputs are never outside it; the other plans' inputs are: what their lowest offsets (floors)
     # and young sections (Kafka's first uncleanable offset) say counts for it, as the files no plan takes do. The
     # catalog's first uncleanable offsets hold each partition's LSO (an open transaction's data is never cleaned).
@@ -211,20 +249,14 @@ def _overlapping(aborted: dict[TopicPartition, tuple[tuple[int, int], ...]], of_
 
 def _lowest_of(partitions: dict[TopicPartition, int], *sources: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
     """Per partition of `partitions`, the lowest offset any of `sources` holds (partitions none holds are left out)."""
-    found = {}
-    for tp in partitions:
-        lowest = min((source[tp] for source in sources if tp in source), default=None)
-        if lowest is not None:
-            found[tp] = lowest
+    found: dict[TopicPartition, int] = {}
+    for source in sources:
+        for tp in partitions:
+            offset, held = source.get(tp), found.get(tp)
+            if offset is not None and (held is None or offset < held):
+                found[tp] = offset
     return found
 
 
 def _min_files(level: int, config: PlannerConfig) -> int:
     return config.min_files[min(level, len(config.min_files) - 1)]
-
-
-def _by_content(files: list[FileSummary]) -> list[list[FileSummary]]:
-    kinds: dict[str, list[FileSummary]] = {}
-    for summary in files:
-        kinds.setdefault(summary.content, []).append(summary)
-    return [kinds[k] for k in sorted(kinds)]

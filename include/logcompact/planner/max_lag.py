@@ -17,6 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from logcompact.catalog import PartitionSection, PartitionSummary, PlanningSnapshot
+from logcompact.catalog.columns import SectionColumns
+from logcompact.planner.columns import Loader, files_holding, read_columns, reads_columns
 from logcompact.planner.config import PlannerConfig
 from logcompact.planner.levels import make_plans, top_level
 from logcompact.plans import Plan
@@ -154,11 +156,20 @@ def plan_max_lag(
     if held:
         states = _states_of_sections(snapshot, held, config)
         due = [tp for tp in due if tp not in held or states[tp].dirty_from < held[tp]]
-    inputs = snapshot.files_holding(due) if due else set()
+    if not due:
+        return None
+    # With most partitions due, the files holding them are most files: every live file's columns are read at once,
+    # and the files picked from them.
+    read: tuple[SectionColumns, Loader] | None = None
+    if 2 * len(due) >= sum(topic.partitions for topic in snapshot.topics.values()) and reads_columns(snapshot):
+        read = read_columns(snapshot, now_ms)
+        inputs = files_holding(read[0], due)
+    else:
+        inputs = snapshot.files_holding(due)
     if not inputs:
         return None
     if not inputs.isdisjoint(leased):
         return None  # an in-flight plan holds some of these files; its commit compacts them first
     target = max(config.dedup_from_level, top_level(snapshot.level_counts(), config))
-    (found,) = make_plans(snapshot, [(sorted(inputs), target)], now_ms, config, "max-lag")
+    (found,) = make_plans(snapshot, [(sorted(inputs), target)], now_ms, config, "max-lag", read)
     return found

@@ -4,10 +4,11 @@ outside floors the catalog sets (`lowest_outside`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, NamedTuple, overload
 
 from logcompact.catalog import DataFile, TopicPartition
+from logcompact.exceptions import CommitConflictError
 
 if TYPE_CHECKING:  # a Spark task reads plans without loading the catalog's database layer
     from logcompact.catalog import PlanningSnapshot
@@ -44,11 +45,26 @@ def lowest_outside(
         return {}
     if held is None:
         held = input_offsets(inputs).lowest_above_l0
+    return lowest_outside_of_keys(snapshot, input_keys(inputs), partitions, held)
+
+
+def lowest_outside_of_keys(
+    snapshot: PlanningSnapshot, keys: Sequence[str], partitions: set[TopicPartition], held: dict[TopicPartition, int],
+    outside_in_hand: Callable[[set[TopicPartition], bool], dict[TopicPartition, int]] | None = None,
+) -> dict[TopicPartition, int]:
+    """`lowest_outside` of the input files `keys`, whose lowest offsets above L0 are `held`. `outside_in_hand`, when
+    the caller holds every live file's sections, gives what would be read of the files outside `keys`: the lowest
+    offsets of the partitions it is given, in every level or (True) in L0 only."""
+    if not partitions:
+        return {}
     floors = snapshot.floors_above_l0(partitions)
     read = {tp for tp in partitions if tp not in floors or _held_floor(held.get(tp), floors[tp])}
-    keys = [data_file.key for data_file in inputs]
-    found = _read_outside(snapshot, keys, read) if read else {}
-    found.update(snapshot.outside_floors_in_l0(keys, partitions - read))
+    if outside_in_hand is not None:
+        found = outside_in_hand(read, False) if read else {}
+        found.update(outside_in_hand(partitions - read, True))
+    else:
+        found = _read_outside(snapshot, keys, read) if read else {}
+        found.update(snapshot.outside_floors_in_l0(keys, partitions - read))
     for tp in partitions - read:
         floor = floors[tp]
         if floor is not None:
@@ -74,6 +90,71 @@ def _read_outside(snapshot: PlanningSnapshot, keys: Sequence[str], partitions: s
 def _held_floor(inputs_lowest: int | None, floor: int | None) -> bool:
     """Do the inputs hold the partition's floor above L0 (their lowest offset there at or below it)?"""
     return inputs_lowest is not None and floor is not None and inputs_lowest <= floor
+
+
+class PlannedInputs(Sequence[DataFile]):
+    """A plan's input files as a planning pass leaves them: their keys, levels, sizes and creation times, with their
+    sections still in the catalog. The planner decides from the sections' columns (`Snapshot.section_columns`), so a
+    pass builds no section object; the files with their sections are loaded on first use (`load`: one read for every
+    plan of the pass) and must hold as many sections as the pass weighed, or the catalog changed under the snapshot.
+    The header (`header_files`), the keys and the count need no load. Pickled or copied, it is the loaded tuple."""
+
+    def __init__(
+        self, keys: Sequence[str], levels: Sequence[int], sizes: Sequence[int], created_ms: Sequence[int], sections: int,
+        load: Callable[[Sequence[str]], Mapping[str, DataFile]],
+    ) -> None:
+        self.keys = list(keys)
+        self._described = (list(levels), list(sizes), list(created_ms))
+        self._sections = sections
+        self._load = load
+        self._files: tuple[DataFile, ...] | None = None
+
+    def header_files(self) -> list[tuple[str, int, int, int]]:
+        """(key, level, size, created_ms) of each file, in order."""
+        return list(zip(self.keys, *self._described))
+
+    def files(self) -> tuple[DataFile, ...]:
+        if self._files is None:
+            loaded = self._load(self.keys)
+            missing = [key for key in self.keys if key not in loaded]
+            files = tuple(loaded[key] for key in self.keys) if not missing else ()
+            if missing or sum(len(f.sections) for f in files) != self._sections:
+                gone = f"file {missing[0]} is no longer live" if missing else "its files' sections changed"
+                raise CommitConflictError(f"a plan's inputs were read as planned, but {gone} in the catalog since; plan again")
+            self._files = files
+        return self._files
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @overload
+    def __getitem__(self, index: int) -> DataFile: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[DataFile, ...]: ...
+    def __getitem__(self, index: int | slice) -> DataFile | tuple[DataFile, ...]:
+        return self.files()[index]
+
+    def __iter__(self) -> Iterator[DataFile]:
+        return iter(self.files())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PlannedInputs):
+            other = other.files()
+        return isinstance(other, tuple) and self.files() == other
+
+    def __hash__(self) -> int:
+        return hash(self.files())
+
+    def __repr__(self) -> str:
+        return f"PlannedInputs({len(self.keys)} files)"
+
+    def __reduce__(self) -> tuple:
+        return (tuple, (self.files(),))
+
+
+def input_keys(inputs: Sequence[DataFile]) -> list[str]:
+    """The keys of a plan's inputs, without loading planned inputs' sections."""
+    return list(inputs.keys) if isinstance(inputs, PlannedInputs) else [f.key for f in inputs]
 
 
 class InputOffsets(NamedTuple):

@@ -29,7 +29,7 @@ from logcompact.limits import (
     MAX_PLAN_AGE_MS,
     MODES,
 )
-from logcompact.plans.grouping import PlanGroup, input_offsets, lowest_outside, split_into_groups
+from logcompact.plans.grouping import PlanGroup, PlannedInputs, input_offsets, lowest_outside, split_into_groups
 from logcompact.topics import Topic
 from logcompact.units import utc_iso
 
@@ -60,7 +60,8 @@ class Plan:
     now_ms: int
     target_level: int
     deduplicate: bool
-    inputs: tuple[DataFile, ...]
+    # The files, each with its sections; a planning pass's plans hold them as `PlannedInputs`, loaded on first use.
+    inputs: Sequence[DataFile]
     topics: dict[str, Topic]
     # Per partition: the smallest offset held by a live file outside this plan. A tombstone at or above
     # it may have older values of its key elsewhere, so it is never removed by this plan.
@@ -124,7 +125,8 @@ class Plan:
         return PlanHeader(
             **{name: getattr(self, name) for name in SETTING_FIELDS},
             topics=self.topics,
-            inputs=tuple(InputFile(f.key, f.level, f.size, f.created_ms) for f in self.inputs),
+            inputs=tuple(map(InputFile._make, self.inputs.header_files())) if isinstance(self.inputs, PlannedInputs)
+            else tuple(InputFile(f.key, f.level, f.size, f.created_ms) for f in self.inputs),
             groups=self.groups,
             set_aside=self.set_aside,
         )

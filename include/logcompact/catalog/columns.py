@@ -1,0 +1,85 @@
+"""The sections of many live files as columns: what a planning pass weighs the files it plans by, read in one query
+without building a section object (`Snapshot.section_columns`), or taken from files in hand (`from_files`, for a
+snapshot held in memory, as the simulator's)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import chain
+
+import numpy as np
+
+from logcompact.catalog.model import CONTENTS, DataFile
+
+
+@dataclass(frozen=True, eq=False)
+class SectionColumns:
+    """Live files, an entry each (`keys`, `levels`, `sizes`, `created_ms`, `contents`: what each holds, as
+    `FileSummary.content`), and their planned sections, a row each in no particular order: `file`, the entry of the
+    section's file; `topic`, its topic's place in `topics` (sorted names, so (topic, partition) codes sort as the pairs
+    do); its partition, first and last offsets, newest timestamp and uncompressed bytes. Numpy arrays of int64 but
+    `topics`, `keys` and `contents`. `every_live_file`: the entries are every live file of the snapshot that planners
+    may take (the files no plan takes are among them)."""
+
+    keys: list[str]
+    levels: np.ndarray
+    sizes: np.ndarray
+    created_ms: np.ndarray
+    contents: list[str] | None
+    every_live_file: bool
+    topics: list[str]
+    file: np.ndarray
+    topic: np.ndarray
+    partition: np.ndarray
+    first_offset: np.ndarray
+    last_offset: np.ndarray
+    uncompressed_bytes: np.ndarray
+    max_timestamp: np.ndarray | None  # None: not read (no topic sets min.compaction.lag.ms)
+
+    @classmethod
+    def from_rows(
+        cls, file_rows: Sequence[tuple[int, str, int, int, int, int]], section_rows: Sequence[Sequence[int]], topic_ids: dict[str, int],
+        every_live_file: bool,
+    ) -> SectionColumns:
+        """From the files rows (file_id, key, level, size, created_ms, content) and the sections rows (file_id, topic_id
+        * 2**32 + partition, first_offset, last_offset, uncompressed_bytes and, when read, max_timestamp) of a query: one
+        conversion of all the integers, none per row."""
+        ids, keys, levels, sizes, created, contents = _columns(file_rows, 6)
+        file_ids = np.asarray(ids, np.int64)
+        order = np.argsort(file_ids, kind="stable")
+        count = len(section_rows)
+        width = len(section_rows[0]) if count else 5
+        values = np.fromiter(chain.from_iterable(section_rows), np.int64, count * width).reshape(count, width)
+        names = sorted(topic_ids)
+        # Topic ids to their names' ranks; a section's file is found among the files' ids.
+        ranks = np.full(max(topic_ids.values(), default=0) + 1, -1, np.int64)
+        ranks[[topic_ids[name] for name in names]] = np.arange(len(names))
+        place = order[np.searchsorted(file_ids, values[:, 0], sorter=order)] if count else np.zeros(0, np.int64)
+        return cls(
+            list(keys), np.asarray(levels, np.int64), np.asarray(sizes, np.int64), np.asarray(created, np.int64),
+            [CONTENTS[code] for code in contents], every_live_file, names, place, ranks[values[:, 1] >> 32], values[:, 1] & 0xFFFFFFFF,
+            values[:, 2].copy(), values[:, 3].copy(), values[:, 4].copy(), values[:, 5].copy() if width > 5 else None,
+        )
+
+    @classmethod
+    def from_files(cls, files: Iterable[DataFile], topics: Iterable[str], every_live_file: bool) -> SectionColumns:
+        """The columns of files in hand, their sections in file order (their contents not known)."""
+        files = list(files)
+        names = sorted(topics)
+        rank = {name: n for n, name in enumerate(names)}
+        counts = [len(f.sections) for f in files]
+        rows = [
+            (rank[info.topic], info.partition, first, first + info.last_delta, info.uncompressed_bytes, info.max_timestamp)
+            for f in files for info, first in f.sections
+        ]
+        values = np.array(rows, np.int64).reshape(len(rows), 6)
+        return cls(
+            [f.key for f in files], np.array([f.level for f in files], np.int64), np.array([f.size for f in files], np.int64),
+            np.array([f.created_ms for f in files], np.int64), None, every_live_file, names, np.repeat(np.arange(len(files), dtype=np.int64), counts),
+            *(values[:, n].copy() for n in range(6)),
+        )
+
+
+def _columns(rows: Sequence[tuple], width: int) -> list[tuple]:
+    return list(zip(*rows)) if rows else [()] * width

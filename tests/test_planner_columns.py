@@ -1,0 +1,169 @@
+"""Planning passes weigh their files from the sections' columns (`Snapshot.section_columns`, `planner.columns`) and hand
+their plans' inputs over unloaded (`PlannedInputs`). On random catalogs, every mode's plans are those a reference
+model makes from the plans' inputs loaded whole, section by section (`input_offsets`, `lowest_outside`, `size_tiers`
+over file summaries), and those of the same snapshot planned from its files in hand (as the simulator's is)."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from logcompact.catalog import Catalog, CatalogSection, DataFile, Snapshot
+from logcompact.exceptions import CommitConflictError
+from logcompact.format.layout import SectionInfo
+from logcompact.planner import PlannerConfig, choose_plans, size_tiers, top_level
+from logcompact.plans import Plan, PlannedInputs, input_offsets, lowest_outside, plan_to_dict, split_into_groups
+from logcompact.store import LocalStore
+from tests.helpers import NOW, create_topic
+
+TOPICS = {
+    "plain": {"cleanup_policy": "compact"},
+    "lagged": {"cleanup_policy": "compact", "max_compaction_lag_ms": str(3 * 3_600_000), "min_compaction_lag_ms": "600000"},
+    "deleted": {"cleanup_policy": "delete"},
+}
+PARTITIONS = 3
+CONFIG = PlannerConfig(min_files=(3, 3, 3, 3), tier_min_files=3, big_cluster_files=8, group_bytes=6_000)
+MODES = {"regular": CONFIG, "full": CONFIG, "max-lag": CONFIG}
+
+# A file: its level, size, age and the (topic, partition, record count, bytes, newest record's age) of its sections.
+sections = st.lists(
+    st.tuples(st.sampled_from(sorted(TOPICS)), st.integers(0, PARTITIONS - 1), st.integers(1, 50), st.integers(100, 3_000),
+              st.sampled_from([60_000, 600_000, 3_600_000, 10 * 3_600_000])),
+    min_size=1, max_size=5, unique_by=lambda s: (s[0], s[1]),
+)
+files = st.lists(
+    st.tuples(st.sampled_from([0, 0, 1, 2, 2, 3, 4]), st.integers(1_000, 100_000), st.integers(0, 10**7), sections), min_size=1, max_size=30
+)
+
+
+def _catalog(directory) -> Catalog:
+    catalog = Catalog(LocalStore(directory))
+    for name, topic_settings in TOPICS.items():
+        create_topic(catalog, name, PARTITIONS, **topic_settings)
+    return catalog
+
+
+def _place(drawn: list) -> list[DataFile]:
+    """The drawn files with offsets: each partition's sections one run after another, in file order."""
+    next_offset: dict[tuple[str, int], int] = {}
+    placed = []
+    for number, (level, size, age, of_file) in enumerate(drawn):
+        created = NOW - 10**8 - age
+        held = []
+        for topic, partition, records, uncompressed, newest_age in sorted(of_file):
+            first = next_offset.get((topic, partition), 0)
+            next_offset[(topic, partition)] = first + records
+            info = SectionInfo(topic, partition, records, records - 1, NOW - newest_age - 10**6, NOW - newest_age, 0, uncompressed,
+                               "lz4", 0, 16 + 100 * len(held), 100, 0)
+            held.append(CatalogSection(info, first))
+        placed.append(DataFile(f"data/l{level}/f{number:04d}.seg", level, size, created, tuple(held)))
+    return placed
+
+
+class _FilesInHand:
+    """The snapshot without `section_columns`: planned from its files in hand, as the simulator's snapshot is."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self._snapshot = snapshot
+
+    def __getattr__(self, name: str):
+        if name == "section_columns":
+            raise AttributeError(name)
+        return getattr(self._snapshot, name)
+
+
+def _documents(plans: Sequence[Plan]) -> list[dict]:
+    found = []
+    for plan in plans:
+        document = plan_to_dict(plan)
+        del document["plan_id"]
+        found.append(document)
+    return found
+
+
+def _reference_level_merges(snapshot: Snapshot, config: PlannerConfig) -> list[list[str]]:
+    """The regular pass's level merges and size tiers from the file summaries (no plan past a dirty ratio here)."""
+    counts = snapshot.level_counts()
+    top = top_level(counts, config)
+    chosen = []
+    for level in range(top):
+        at_level = snapshot.file_summaries(level)
+        kinds = [at_level] if level == 0 else [[f for f in at_level if f.content == c] for c in sorted({f.content for f in at_level})]
+        chosen += [[f.key for f in kind] for kind in kinds if len(kind) >= config.min_files[level]]
+    at_top = snapshot.file_summaries(top)
+    for content in sorted({f.content for f in at_top}):
+        chosen += [[f.key for f in tier] for tier in size_tiers([f for f in at_top if f.content == content], config)]
+    return chosen
+
+
+def _check_against_reference(snapshot: Snapshot, plans: list[Plan], now: int, config: PlannerConfig) -> None:
+    """Each plan's floors, first uncleanable offsets and groups as computed from every plan's inputs loaded whole."""
+    inputs = [tuple(plan.inputs) for plan in plans]
+    assert [[f.key for f in of_plan] for of_plan in inputs] == [list(plan.inputs.keys) for plan in plans if isinstance(plan.inputs, PlannedInputs)]
+    young_after = {name: now - t.config.min_compaction_lag_ms for name, t in snapshot.topics.items() if t.config.min_compaction_lag_ms > 0}
+    offsets = [input_offsets(of_plan, young_after) for of_plan in inputs]
+    every = [f for of_plan in inputs for f in of_plan]
+    partitions = set().union(*(o.lowest for o in offsets))
+    outside = lowest_outside(snapshot, every, partitions)
+    young_outside = snapshot.first_uncleanable_offsets(partitions, now, excluding=[f.key for f in every])
+    for number, (plan, of_plan) in enumerate(zip(plans, offsets)):
+        others = [o for n, o in enumerate(offsets) if n != number]
+        floors, young = {}, {}
+        for tp in of_plan.lowest:
+            if found := [o.lowest[tp] for o in others if tp in o.lowest] + ([outside[tp]] if tp in outside else []):
+                floors[tp] = min(found)
+            if found := [o.young[tp] for o in others if tp in o.young] + ([young_outside[tp]] if tp in young_outside else []):
+                young[tp] = min(found)
+        assert plan.outside_floors == floors
+        assert plan.first_uncleanable == young
+        assert plan.groups == split_into_groups(of_plan.sizes, config.group_bytes)
+        assert sorted(plan.topics) == sorted({topic for topic, _ in of_plan.lowest})
+        assert plan.header().inputs == tuple((f.key, f.level, f.size, f.created_ms) for f in plan.inputs)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(files)
+def test_every_mode_plans_from_columns_as_from_the_files_loaded_whole(tmp_path_factory, drawn: list) -> None:
+    catalog = _catalog(tmp_path_factory.mktemp("columns"))
+    catalog.replace_files([], _place(drawn), NOW)
+    snapshot = catalog.snapshot()
+    for mode, config in MODES.items():
+        plans = choose_plans(snapshot, NOW, mode, config)
+        assert all(isinstance(plan.inputs, PlannedInputs) for plan in plans)
+        in_hand = choose_plans(_FilesInHand(snapshot), NOW, mode, config)  # type: ignore[arg-type]
+        assert _documents(plans) == _documents(in_hand)
+        _check_against_reference(snapshot, plans, NOW, config)
+        if mode == "regular":  # the level merges first, then at most a plan of the partitions past their dirty ratio
+            merges = _reference_level_merges(snapshot, config)
+            taken = [list(plan.inputs.keys) for plan in plans if isinstance(plan.inputs, PlannedInputs)]
+            assert taken[: len(merges)] == merges and len(taken) - len(merges) <= 1
+        if mode == "full" and plans:
+            assert sorted(plans[0].inputs.keys) == sorted(f.key for f in snapshot.file_summaries())  # type: ignore[attr-defined]
+
+
+def test_planned_inputs_load_once_as_the_snapshot_holds_them_and_pickle_as_a_tuple(catalog: Catalog) -> None:
+    create_topic(catalog, "t", 2, cleanup_policy="compact")
+    catalog.replace_files([], _place([(0, 1_000, n, [("t", n % 2, 10, 500, 60_000)]) for n in range(4)]), NOW)
+    snapshot = catalog.snapshot()
+    (plan,) = choose_plans(snapshot, NOW, "full")
+    assert isinstance(plan.inputs, PlannedInputs) and len(plan.inputs) == 4
+    loaded = snapshot.get_files(plan.inputs.keys)
+    assert tuple(plan.inputs) == tuple(loaded[key] for key in plan.inputs.keys)
+    assert plan.inputs == tuple(plan.inputs) and plan.inputs[0] is plan.inputs[0]
+    copied = pickle.loads(pickle.dumps(plan))
+    assert type(copied.inputs) is tuple and copied == plan
+
+
+def test_planned_inputs_whose_files_changed_since_the_pass_are_refused() -> None:
+    info = SectionInfo("t", 0, 1, 0, NOW, NOW, 0, 10, "lz4", 0, 16, 10)
+    data_file = DataFile("data/l0/a.seg", 0, 10, NOW, (CatalogSection(info, 0),))
+    gone = PlannedInputs(["data/l0/a.seg", "data/l0/b.seg"], [0, 0], [10, 10], [NOW, NOW], 2, lambda keys: {"data/l0/a.seg": data_file})
+    with pytest.raises(CommitConflictError, match="file data/l0/b.seg is no longer live in the catalog since; plan again"):
+        list(gone)
+    changed = PlannedInputs(["data/l0/a.seg"], [0], [10], [NOW], 2, lambda keys: {"data/l0/a.seg": data_file})
+    with pytest.raises(CommitConflictError, match="its files' sections changed in the catalog since; plan again"):
+        changed[0]
