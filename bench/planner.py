@@ -42,6 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from profiling import sampled
 from results import recorded
 
 from logcompact import sketch
@@ -64,6 +65,7 @@ PASSES = {
     "full": ("full", PlannerConfig()),
     "l0": ("regular", PlannerConfig(min_files=(32, 10**9, 10**9, 10**9), tier_min_files=10**9)),
 }
+PASS_TARGET_S_PER_FILE = 1 / 100_000  # a planning pass over every file: 1 s at 100,000 files, 3 s at 300,000
 # A task's slice holds 1/8 of its group's partitions, as when spark_apps/compact_group.py deals a group to 8 tasks.
 SLICES_PER_GROUP = 8
 
@@ -231,8 +233,14 @@ def main() -> None:
             def planned(mode: str = mode, config: PlannerConfig = config, plans: list[Plan] = plans) -> None:
                 plans[:] = choose_plans(catalog.snapshot(), NOW, mode, config)
 
-            took = seconds(args.runs, planned)
-            print(f"{label:8} planned in {took}: {len(plans)} plans over {sum(len(p.inputs) for p in plans):,} files")
+            wall, cpu = medians(args.runs, planned)
+            target = args.files * PASS_TARGET_S_PER_FILE
+            print(f"{label:8} planned in {wall:.3f} s (CPU {cpu:.3f} s): {len(plans)} plans over {sum(len(p.inputs) for p in plans):,} files "
+                  f"(target <= {target:g} s: {'met' if wall <= target else 'MISSED'})")
+            if wall > target:
+                with sampled(label=f"one {label} pass", rate=200) as profile:  # py-spy on the other core
+                    planned()
+                print("  what would close it: bench/README.md, Where the misses come from\n  " + profile.summary().replace("\n", "\n  "))
             # A pass reads its files' sections as columns; they are loaded whole, once for all its plans, only where
             # something needs them as objects: here the stored documents, built from them.
             loaded, load_cpu = time.perf_counter(), time.process_time()
