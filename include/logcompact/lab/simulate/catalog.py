@@ -1,12 +1,13 @@
 """The simulator's catalog: live files held in memory as columns, read by the real planner as it reads the database.
 
 A simulated hour of the WarpStream-like workload appends 4.5 million sections in L1 files alone; the real catalog
-inserts a row for each and the planner loads them back as objects. This one keeps the simulator's files as they are
-made (`SimulatedFile`, a file's sections as arrays), places offsets as `Catalog.append_files` does, commits all or
-nothing, and answers what planners read of a snapshot (`PlanningSnapshot`) from those arrays as the database answers
-it: the same files in the same order, the same minimums, the same partition summaries; a file is made into the
-objects planners take (`DataFile`) only when one asks for it, once. `tests/test_simulate.py` checks each answer
-against the real catalog's, and runs the simulator on both catalogs for the same figures.
+inserts a row for each. This one keeps the simulator's files as they are made (`SimulatedFile`, a file's sections as
+arrays), places offsets as `Catalog.append_files` does, commits all or nothing, and answers what planners read of a
+snapshot (`PlanningSnapshot`) from those arrays as the database answers it: the same files in the same order, the same
+minimums, the same partition summaries, the same sections' columns (`section_columns`, the arrays concatenated, which
+planning passes weigh and plan from); a file is made into the objects `get_files` returns (`DataFile`) only when one
+asks for it, once. `tests/test_simulate.py` checks each answer against the real catalog's, and runs the simulator on
+both catalogs for the same figures.
 
 What it leaves out, the simulator never does: leases (its plans commit at once), partitions set aside as uncleanable,
 topics with time retention, and reading an older version.
