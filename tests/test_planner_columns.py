@@ -1,7 +1,7 @@
 """Planning passes weigh their files from the sections' columns (`Snapshot.section_columns`, `planner.columns`) and hand
 their plans' inputs over unloaded (`PlannedInputs`). On random catalogs, every mode's plans are those a reference
 model makes from the plans' inputs loaded whole, section by section (`input_offsets`, `lowest_outside`, `size_tiers`
-over file summaries), and those of the same snapshot planned from its files in hand (as the simulator's is)."""
+over file summaries), and those of the same snapshot planned from its files in hand (a snapshot without `section_columns`)."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def _place(drawn: list) -> list[DataFile]:
 
 
 class _FilesInHand:
-    """The snapshot without `section_columns`: planned from its files in hand, as the simulator's snapshot is."""
+    """The snapshot without `section_columns`: planned from its files in hand."""
 
     def __init__(self, snapshot: Snapshot) -> None:
         self._snapshot = snapshot

@@ -10,6 +10,7 @@ import pytest
 
 from logcompact import sketch
 from logcompact.catalog import Catalog, DataFile, NewFile
+from logcompact.catalog.columns import SectionColumns
 from logcompact.exceptions import CommitConflictError, InvalidRecordError
 from logcompact.format.layout import SectionInfo
 from logcompact.ingest import Agent, Record
@@ -204,3 +205,20 @@ def test_the_catalog_in_memory_answers_each_planning_question_as_the_database(ca
     ):
         assert question(held) == question(real)
     assert held.summaries_above_l0([("b", 1)])[("b", 1)] is not None and held.first_uncleanable_offsets(partitions, now)  # not all empty
+    # The sections' columns: the same files in the same order, the same facts of each section (in no set order).
+    for keys_asked, topics_asked, timestamps in (
+        (None, None, True), (None, None, False), (keys, None, True), (None, ["c"], True), (keys, ["a"], False), (["l0-2", "l1-2", "l1-3", "l2-1", "l2-2"], None, True),
+    ):
+        assert _columns(held.section_columns(keys_asked, topics_asked, timestamps)) == _columns(real.section_columns(keys_asked, topics_asked, timestamps))
+
+
+def _columns(columns: SectionColumns) -> tuple:
+    """`SectionColumns` as plain values, each column's dtype with it, the sections in (file, topic, partition) order."""
+    order = np.lexsort((columns.partition, columns.topic, columns.file))
+    per_file = tuple((array.dtype.str, array.tolist()) for array in (columns.levels, columns.sizes, columns.created_ms))
+    per_section = tuple(
+        None if array is None else (array.dtype.str, array[order].tolist())
+        for array in (columns.file, columns.topic, columns.partition, columns.first_offset, columns.last_offset, columns.uncompressed_bytes,
+                      columns.max_timestamp)
+    )
+    return columns.keys, columns.contents, columns.every_live_file, columns.topics, per_file, per_section

@@ -1,6 +1,6 @@
 """The sections of many live files as columns: what a planning pass weighs the files it plans by, read in one query
-without building a section object (`Snapshot.section_columns`), or taken from files in hand (`from_files`, for a
-snapshot held in memory, as the simulator's)."""
+without building a section object (`Snapshot.section_columns`, and the simulator's catalog in memory from its files'
+arrays), or taken from files in hand (`from_files`, for a snapshot without `section_columns`)."""
 
 from __future__ import annotations
 

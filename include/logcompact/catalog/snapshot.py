@@ -169,7 +169,7 @@ class Snapshot:
         dropped: a list of 100,000 keys costs the database more to match (0.9 s on SQLite) than the few files left."""
         with self._connect() as connection:
             live = select(func.count()).select_from(s.files).where(self._live())
-            if len(keys) > SHORT_LIST and len(keys) >= _MOST_FILES * connection.execute(live).scalar_one():
+            if len(keys) > SHORT_LIST and len(keys) >= MOST_FILES * connection.execute(live).scalar_one():
                 wanted = set(keys)
                 return {f.key: f for f in self._load(connection, [self._live()]) if f.key in wanted}
             loaded = self._load(connection, [self._live(), self._key_in(keys)])
@@ -194,7 +194,7 @@ class Snapshot:
                 conditions.append(~one_of(files.file_id, held, self.engine.dialect.name))
             if keys is not None:
                 live = select(func.count()).select_from(s.files).where(self._live())
-                if len(keys) <= SHORT_LIST or len(keys) < _MOST_FILES * connection.execute(live).scalar_one():
+                if len(keys) <= SHORT_LIST or len(keys) < MOST_FILES * connection.execute(live).scalar_one():
                     conditions.append(self._key_in(keys))
             every = len(conditions) == 1 + bool(held)
             file_rows = _driver_rows(connection.execute(
@@ -727,8 +727,9 @@ class Snapshot:
 
 # A topic id times this, plus a partition number: the pair as one integer (one value to fetch, not two).
 _TOPIC_CODE = 2**32
-# `get_files` reads every live file when asked for at least this share of them.
-_MOST_FILES = 0.9
+# `get_files` and `section_columns` read every live file when asked for at least this share of them (the simulator's
+# catalog in memory answers as they do).
+MOST_FILES = 0.9
 _NO_END = 2**63 - 1  # past every offset; as a limit, none
 # Partitions per query of `sections_of_partitions`: a compound query of at most this many parts (SQLite takes 500), and
 # as many queries kept built.

@@ -1,8 +1,8 @@
 """What a planning pass reads of the files it plans, as columns: their sections' facts in one read
 (`Snapshot.section_columns`), each plan's offsets and sizes per partition computed over them at once
 (`offsets_by_plan`), and the plans' inputs handed over as `PlannedInputs`, whose sections are loaded only where
-something needs them as objects (a job run in the same process, an estimate, a check). A snapshot held in memory (the
-simulator's) has its files in hand: their columns are taken from them, and its plans' inputs are those files."""
+something needs them as objects (a job run in the same process, an estimate, a check). A snapshot without
+`section_columns` has its files in hand: their columns are taken from them, and its plans' inputs are those files."""
 
 from __future__ import annotations
 

@@ -20,8 +20,8 @@ RUNS = {"literal rules": (LITERAL_RULES, 1.0), "logcompact": (LOGCOMPACT, 0.5), 
 
 # A WarpStream-like cluster: 1,000 partitions over 10 topics, 10 agents each writing 4 files a second (every
 # L1 file holds about 1,000 sections), keys spread over all partitions, a 2 h max lag. Three hours reach past
-# the deadline and its 30-minute grace. An hour takes about 10 s a planner on one core (bench/simulator.py), most of
-# it the planner's: it reads each of the 4.5 million sections an hour as an object, made from the files' columns.
+# the deadline and its 30-minute grace. An hour takes about 5 s a planner on one core (bench/simulator.py), half of it
+# the planner's, which reads the 4.5 million sections an hour as the files' columns.
 WARPSTREAM_LIKE = Workload(agents=10, topics=10, partitions=100, keys=1_000_000, hours=3.0, max_lag_ms=2 * HOUR_MS)
 
 __all__ = [

@@ -1,12 +1,13 @@
 """The simulator's catalog: live files held in memory as columns, read by the real planner as it reads the database.
 
 A simulated hour of the WarpStream-like workload appends 4.5 million sections in L1 files alone; the real catalog
-inserts a row for each and the planner loads them back as objects. This one keeps the simulator's files as they are
-made (`SimulatedFile`, a file's sections as arrays), places offsets as `Catalog.append_files` does, commits all or
-nothing, and answers what planners read of a snapshot (`PlanningSnapshot`) from those arrays as the database answers
-it: the same files in the same order, the same minimums, the same partition summaries; a file is made into the
-objects planners take (`DataFile`) only when one asks for it, once. `tests/test_simulate.py` checks each answer
-against the real catalog's, and runs the simulator on both catalogs for the same figures.
+inserts a row for each. This one keeps the simulator's files as they are made (`SimulatedFile`, a file's sections as
+arrays), places offsets as `Catalog.append_files` does, commits all or nothing, and answers what planners read of a
+snapshot (`PlanningSnapshot`) from those arrays as the database answers it: the same files in the same order, the same
+minimums, the same partition summaries, the same sections' columns (`section_columns`, the arrays concatenated, which
+planning passes weigh and plan from); a file is made into the objects `get_files` returns (`DataFile`) only when one
+asks for it, once. `tests/test_simulate.py` checks each answer against the real catalog's, and runs the simulator on
+both catalogs for the same figures.
 
 What it leaves out, the simulator never does: leases (its plans commit at once), partitions set aside as uncleanable,
 topics with time retention, and reading an older version.
@@ -21,7 +22,10 @@ import numpy as np
 
 from logcompact import sketch
 from logcompact.catalog import CommitResult, DataFile, FileSummary, LevelSection, NewFile, PartitionSection, PartitionSummary
+from logcompact.catalog.columns import SectionColumns
+from logcompact.catalog.database import SHORT_LIST
 from logcompact.catalog.model import TopicPartition
+from logcompact.catalog.snapshot import MOST_FILES
 from logcompact.exceptions import CommitConflictError, TopicNotFoundError
 from logcompact.lab.simulate.files import Layout, Sections, SimulatedFile, merge_sketches
 from logcompact.topics import Topic
@@ -164,6 +168,34 @@ class MemorySnapshot:
     def get_files(self, keys: Sequence[str]) -> dict[str, DataFile]:
         wanted = set(keys)
         return {key: f.data_file(self.layout) for key, f in self._files.items() if key in wanted}
+
+    def section_columns(self, keys: Sequence[str] | None = None, topics: Iterable[str] | None = None, timestamps: bool = True) -> SectionColumns:
+        """`Snapshot.section_columns`: the live files among `keys` (every live file without them, those holding any of
+        `topics` with them) in `file_summaries`' order, with their sections' columns, the files' arrays concatenated
+        (their sections in file order); the keys are not matched when they are most of the live files, as there."""
+        layout = self.layout
+        chosen = self._ordered()
+        if topics is not None:
+            wanted_topics = np.zeros(len(layout.names), dtype=bool)
+            wanted_topics[[layout.names.index(self.topic(name).name) for name in topics]] = True
+            chosen = [f for f in chosen if wanted_topics[layout.topic_of_slot[f.slot]].any()]
+        matched = keys is not None and (len(keys) <= SHORT_LIST or len(keys) < MOST_FILES * len(self._files))
+        if matched:
+            wanted = set(keys or ())
+            chosen = [f for f in chosen if f.key in wanted]
+        counts = [len(f) for f in chosen]
+
+        def joined(values: Iterable[np.ndarray]) -> np.ndarray:
+            return np.concatenate(list(values)) if chosen else np.zeros(0, dtype=np.int64)
+
+        slot, first = joined(f.slot for f in chosen), joined(f.offsets for f in chosen)
+        return SectionColumns(
+            [f.key for f in chosen], np.array([f.level for f in chosen], dtype=np.int64), np.array([f.size for f in chosen], dtype=np.int64),
+            np.array([f.created_ms for f in chosen], dtype=np.int64), [f.content(layout) for f in chosen], not matched and topics is None,
+            sorted(layout.names), np.repeat(np.arange(len(chosen), dtype=np.int64), counts), layout.name_rank_of_slot[slot],
+            layout.partition_of_slot[slot], first, first + joined(f.last_delta for f in chosen), joined(f.uncompressed_bytes for f in chosen),
+            joined(f.max_timestamp for f in chosen) if timestamps else None,
+        )
 
     def _ordered(self) -> list[SimulatedFile]:
         return sorted(self._files.values(), key=lambda f: (f.level, f.created_ms, f.key))

@@ -1,8 +1,9 @@
 """The simulator's files as columns: one array a section field, one entry a section, in the file's order.
 
 A simulated hour of the WarpStream-like workload makes 4.5 million sections in L1 files alone; the simulated ingest,
-the catalog in memory, the cost model and the records followed to their deduplication work on these arrays. The
-real planner reads sections as objects (`DataFile`): a file is made into one when a planner first asks for it, once.
+the catalog in memory, the cost model and the records followed to their deduplication work on these arrays, and the
+real planner reads their columns (`MemorySnapshot.section_columns`). A file is made into the object the catalog
+returns (`DataFile`) only when something asks for it whole, once.
 
 Partitions are numbered topic-major (`Layout`): a partition's slot is its topic's first slot plus its number, topics
 in the order the catalog created them (by topic id), so slots sort as the catalog orders partitions.

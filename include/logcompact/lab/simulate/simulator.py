@@ -36,6 +36,7 @@ from logcompact.lab.simulate.cost import SECTION_OVERHEAD_BYTES, estimate_job
 from logcompact.lab.simulate.files import Layout, SimulatedFile, merge_sketches
 from logcompact.planner import PlannerConfig, choose_plans
 from logcompact.plans import Plan
+from logcompact.plans.grouping import input_keys
 from logcompact.store import LocalStore
 from logcompact.topics import MIN_MAX_COMPACTION_LAG_MS, Topic
 from logcompact.units import HOUR_MS, GiB
@@ -260,7 +261,8 @@ class Simulation:
 
     def _run(self, mode: str, now: int) -> None:
         for found in choose_plans(self._snapshot(now), now, mode, self.config):
-            inputs = self._catalog.files([f.key for f in found.inputs])
+            keys = input_keys(found.inputs)  # the planned inputs' sections are never loaded: their columns are in hand
+            inputs = self._catalog.files(keys)
             cost = estimate_job(found, inputs, self.layout)
             result = self.result
             result.jobs += 1
@@ -272,7 +274,7 @@ class Simulation:
                 done = ~self._older_data_outside(found, inputs)[carried.slots]
                 self._deduplicated(carried.take(done), now)
                 carried = carried.take(~done)
-            self._catalog.replace([f.key for f in found.inputs], cost.outputs, now, found.plan_id)
+            self._catalog.replace(keys, cost.outputs, now, found.plan_id)
             for output in cost.outputs:
                 held = np.zeros(self.layout.size, dtype=bool)
                 held[output.slot] = True
