@@ -223,13 +223,18 @@ def read_section(store: ObjectStore, key: str, info: SectionInfo, index_only: bo
     return Section(info, list(section_rows(key, info, _ranged_blocks(store, key, info, index_only))))
 
 
-def _ranged_blocks(store: ObjectStore, key: str, info: SectionInfo, index_only: bool) -> Iterator[pa.RecordBatch]:
-    """The batches of the section's blocks by one ranged GET, its first block the catalog's."""
+def section_bytes(store: ObjectStore, key: str, info: SectionInfo) -> bytes:
+    """The section's bytes by one ranged GET, whole, its first block the catalog's (its blocks not yet checked)."""
     data = store.get_range(key, info.byte_offset, info.byte_length)
     if len(data) != info.byte_length:
         raise CorruptDataError(f"{key}: section {info.topic}/{info.partition} at byte {info.byte_offset} is cut short; the file is incomplete")
     _check_first_block(key, info, BLOCK_PREFIX.unpack_from(data, 0)[1] if len(data) >= BLOCK_PREFIX.size else -1)
-    return (batch for _, batch in iter_blocks(key, data, info.byte_offset, index_only))
+    return data
+
+
+def _ranged_blocks(store: ObjectStore, key: str, info: SectionInfo, index_only: bool) -> Iterator[pa.RecordBatch]:
+    """The batches of the section's blocks by one ranged GET, its first block the catalog's."""
+    return (batch for _, batch in iter_blocks(key, section_bytes(store, key, info), info.byte_offset, index_only))
 
 
 def _check_first_block(name: str, info: SectionInfo, index_crc: int) -> None:

@@ -23,7 +23,7 @@ import pyarrow as pa
 from logcompact.exceptions import CorruptDataError
 from logcompact.format import SectionInfo, read_section_from
 from logcompact.format.layout import BLOCK_PREFIX
-from logcompact.format.reader import SEEK_BYTES, iter_blocks, section_rows
+from logcompact.format.reader import SEEK_BYTES, iter_blocks, section_bytes, section_rows
 from logcompact.store.base import ObjectStore
 
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
@@ -55,16 +55,7 @@ class DecodedBlocks:
     def _short_section_from(self, store: ObjectStore, key: str, info: SectionInfo, from_delta: int) -> Iterator[pa.RecordBatch]:
         """The section by one ranged GET, as the format's reader reads it: its first block the catalog's, checked
         whole (`section_rows`) before a row is yielded."""
-        data = store.get_range(key, info.byte_offset, info.byte_length)
-        if len(data) != info.byte_length:
-            raise CorruptDataError(f"{key}: section {info.topic}/{info.partition} at byte {info.byte_offset} is cut short; the file is incomplete")
-        first_index_crc = BLOCK_PREFIX.unpack_from(data, 0)[1] if len(data) >= BLOCK_PREFIX.size else -1
-        if first_index_crc != info.crc32:
-            raise CorruptDataError(
-                f"{key}: section {info.topic}/{info.partition} at byte {info.byte_offset}: the catalog records a block of "
-                f"index CRC-32 {info.crc32:#010x}, the file holds {first_index_crc:#010x}: the file was replaced or is corrupt, "
-                "or the catalog's row of the section was changed; restore the file from a copy or the catalog database from a backup"
-            )
+        data = section_bytes(store, key, info)
         yield from list(section_rows(key, info, self._blocks_of(key, memoryview(data), info.byte_offset), from_delta=from_delta))
 
     def _blocks_of(self, key: str, view: memoryview, position: int) -> Iterator[pa.RecordBatch]:
