@@ -91,8 +91,8 @@ def stamp() -> str:
     return f"{date}; commit {commit()}; {cpu_model()}; load average {load} (1, 5, 15 min) at the end"
 
 
-def section(command: str, printed: str) -> str:
-    return f"{HEADING}`{command}`\n\n{stamp()}\n\n```\n{printed.rstrip()}\n```\n"
+def section(command: str, printed: str, stamped: str) -> str:
+    return f"{HEADING}`{command}`\n\n{stamped}\n\n```\n{printed.rstrip()}\n```\n"
 
 
 def replace_section(text: str, command: str, new: str) -> str:
@@ -106,10 +106,13 @@ def replace_section(text: str, command: str, new: str) -> str:
     return text[:start] + new + ("\n" + text[end:] if end < len(text) else "")
 
 
-def record(command: str, printed: str, path: Path = RESULTS) -> None:
-    """Replace `command`'s section of the results page with what it printed, stamped now."""
+def record(command: str, printed: str, path: Path = RESULTS) -> str:
+    """Replace `command`'s section of the results page with what it printed, stamped now; the stamp (printed under
+    every script's figures, so that `make bench`'s output carries the CPU model and load beside each)."""
     text = path.read_text() if path.exists() else "# Benchmark results\n"
-    path.write_text(replace_section(text, command, section(command, printed)))
+    stamped = stamp()
+    path.write_text(replace_section(text, command, section(command, printed, stamped)))
+    return stamped
 
 
 @contextlib.contextmanager
@@ -121,5 +124,5 @@ def recorded(path: Path = RESULTS) -> Iterator[None]:
         yield
     finally:
         sys.stdout = tee.stream
-    record(command_line(sys.argv), tee.copy.getvalue(), path)
-    print(f"figures recorded in {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
+    stamped = record(command_line(sys.argv), tee.copy.getvalue(), path)
+    print(f"figures recorded in {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}: {stamped}")

@@ -44,6 +44,7 @@ def test_a_script_records_what_it_printed_only_when_it_succeeds(tmp_path: Path) 
     )
     done = subprocess.run([sys.executable, str(script), "--runs", "1"], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.startswith("figure: 42 ms\n")
+    assert results.cpu_model() in done.stdout.splitlines()[-1] and "load average" in done.stdout.splitlines()[-1]
     command = f"python {script} --runs 1"
     assert f"## `{command}`" in page.read_text() and "```\nfigure: 42 ms\n```" in page.read_text()
     before = page.read_text()
