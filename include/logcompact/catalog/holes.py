@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
+import numpy as np
 from sqlalchemy import BindParameter, ColumnElement, Connection, Select, bindparam, delete, or_, select, update
 
 from logcompact.catalog import schema as s
@@ -99,16 +100,45 @@ def of_partition(connection: Connection, slot: Slot, low: int, high: int, versio
 
 def input_spans(connection: Connection, file_ids: Sequence[int], kept: Iterable[Slot]) -> dict[Slot, list[Range]]:
     """Per partition, the spans of the live sections of a compaction's inputs `file_ids` (those of `kept`
-    partitions, set aside, left out): read before the commit retires them."""
+    partitions, set aside, left out), coalesced: read before the commit retires them, while it holds the version row
+    that every append waits for. Read as the driver hands the rows over and coalesced as arrays (`coalesced_by_slot`):
+    an L0 to L1 copy of 300 agents' files has 300,000 of them, which made a tuple each and grouped in Python held
+    the version row 1.8 s."""
     sec = s.sections.c
-    kept = set(kept)
-    spans: dict[Slot, list[Range]] = {}
     query = select(sec.topic_id, sec.partition, sec.first_offset, sec.last_offset).where(
         one_of(sec.file_id, file_ids, connection.dialect.name), sec.removed_version.is_(None)
     )
-    for topic_id, partition, first, last in connection.execute(query):
-        if (topic_id, partition) not in kept:
-            spans.setdefault((topic_id, partition), []).append((first, last))
+    with connection.execute(query) as result:
+        rows = result.cursor.fetchall()
+    values = np.array(rows, np.int64).reshape(len(rows), 4)
+    if kept := set(kept):  # rare: partitions set aside
+        values = values[np.fromiter(((t, p) not in kept for t, p in values[:, :2].tolist()), bool, len(values))]
+    return coalesced_by_slot(values[:, 0], values[:, 1], values[:, 2], values[:, 3])
+
+
+def coalesced_by_slot(topic_ids: np.ndarray, partitions: np.ndarray, firsts: np.ndarray, lasts: np.ndarray) -> dict[Slot, list[Range]]:
+    """Ranges given as columns, a partition each, `coalesced` per partition: sorted, those that overlap or touch
+    merged. A range starts a run of its own where it begins past the greatest end of the ranges before it in its
+    partition; that running greatest end is one cumulative maximum over (partition's place, rank of the end) packed
+    in an int64, which a later partition's always exceeds."""
+    if not len(firsts):
+        return {}
+    order = np.lexsort((lasts, firsts, partitions, topic_ids))
+    topic_ids, partitions = np.asarray(topic_ids, np.int64)[order], np.asarray(partitions, np.int64)[order]
+    firsts, lasts = np.asarray(firsts, np.int64)[order], np.asarray(lasts, np.int64)[order]
+    new_slot = np.empty(len(firsts), bool)
+    new_slot[0], new_slot[1:] = True, (topic_ids[1:] != topic_ids[:-1]) | (partitions[1:] != partitions[:-1])
+    ends, end_ranks = np.unique(lasts, return_inverse=True)
+    width = int(len(ends)).bit_length()
+    running = np.maximum.accumulate(((np.cumsum(new_slot) - 1) << width) | end_ranks.reshape(-1))
+    greatest_end = ends[running & ((1 << width) - 1)]
+    starts = new_slot.copy()
+    starts[1:] |= firsts[1:] > greatest_end[:-1] + 1
+    at = np.flatnonzero(starts)
+    spans: dict[Slot, list[Range]] = {}
+    runs = zip(topic_ids[at].tolist(), partitions[at].tolist(), firsts[at].tolist(), np.maximum.reduceat(lasts, at).tolist(), strict=True)
+    for topic_id, partition, first, last in runs:
+        spans.setdefault((topic_id, partition), []).append((first, last))
     return spans
 
 
