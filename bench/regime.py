@@ -289,6 +289,31 @@ def _compactor_process(root: str, url: str | None, number: int, seconds: float, 
 # -- watching the run ---------------------------------------------------------------------------------------------
 
 
+class Backends:
+    """PostgreSQL's processes, each the server's child: listed by the kernel's list of the server's children (one small
+    file) rather than psutil's, which reads every process of the machine to find them, each second; their psutil
+    handles kept from one sample to the next."""
+
+    def __init__(self) -> None:
+        self.known: dict[int, psutil.Process] = {}
+
+    def of(self, server: psutil.Process) -> list[psutil.Process]:
+        try:
+            pids = [int(pid) for pid in Path(f"/proc/{server.pid}/task/{server.pid}/children").read_text().split()]
+        except OSError:  # a kernel without the list
+            return server.children(recursive=True)
+        processes = []
+        for pid in pids:
+            process = self.known.get(pid)
+            if process is None:
+                try:
+                    process = self.known[pid] = psutil.Process(pid)
+                except psutil.Error:  # gone already
+                    continue
+            processes.append(process)
+        return processes
+
+
 class CpuGroup:
     """CPU seconds of a group of processes over the window: each process from when the window starts, or from its
     birth for one born later (a PostgreSQL backend); a process that exits keeps what it had at its last sample."""
@@ -582,6 +607,7 @@ def watch(catalog: Catalog, processes: list[BaseProcess], load: Load, start_at: 
     compactors = [psutil.Process(p.pid) for p in processes[load.agents:] if p.pid]
     groups = {name: CpuGroup(start_at) for name in ("agents", "compactors", "database", "monitor")}
     server = psutil.Process(postgres.pid) if postgres is not None and postgres.pid else None
+    backends = Backends()
     me = psutil.Process()
 
     def sample_cpu() -> None:
@@ -589,7 +615,7 @@ def watch(catalog: Catalog, processes: list[BaseProcess], load: Load, start_at: 
         groups["compactors"].sample(compactors)
         groups["monitor"].sample([me])
         if server is not None:
-            groups["database"].sample([server, *server.children(recursive=True)])
+            groups["database"].sample([server, *backends.of(server)])
 
     machine_before = psutil.cpu_times()
     sample_cpu()
