@@ -61,6 +61,7 @@ mid-transaction).
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import math
 import multiprocessing
@@ -191,15 +192,17 @@ def _agent_process(root: str, url: str | None, number: int, load: Load, seconds:
     partitions = np.arange(per_topic, dtype=np.int64)
     keys = [pa.array([b"key-%03d" % k] * per_topic, pa.binary()) for k in range(KEYS)]
     no_timestamps, no_headers = pa.nulls(per_topic, pa.int64()), pa.nulls(per_topic, HEADERS_TYPE)  # the agent's clock stamps them
+    value_offsets = pa.py_buffer(np.arange(0, (per_topic + 1) * VALUE_BYTES, VALUE_BYTES, dtype=np.int32))  # a topic's values
     rng = np.random.default_rng(number)
 
     def produce_tick(agent: Agent, sequence: int) -> list:
-        """One interval's records, a record for each partition: the futures of its batches, a topic's each."""
-        values = rng.bytes(VALUE_BYTES * load.partitions)
+        """One interval's records, a record for each partition: the futures of its batches, a topic's each. The tick's
+        values are one random buffer, each topic's batch a slice of it under the same offsets (no object per record)."""
+        values = pa.py_buffer(rng.bytes(VALUE_BYTES * load.partitions))
         futures = []
         for n, name in enumerate(topic_names()):
-            chunk = [values[(n * per_topic + p) * VALUE_BYTES:(n * per_topic + p + 1) * VALUE_BYTES] for p in range(per_topic)]
-            columns = pa.RecordBatch.from_arrays([no_timestamps, keys[sequence % KEYS], pa.array(chunk, pa.binary()), no_headers], schema=PRODUCE_SCHEMA)
+            chunk = pa.Array.from_buffers(pa.binary(), per_topic, [None, value_offsets, values.slice(n * per_topic * VALUE_BYTES, per_topic * VALUE_BYTES)])
+            columns = pa.RecordBatch.from_arrays([no_timestamps, keys[sequence % KEYS], chunk, no_headers], schema=PRODUCE_SCHEMA)
             futures.append(agent.produce_columns(name, partitions, columns))
         return futures
 
@@ -210,6 +213,10 @@ def _agent_process(root: str, url: str | None, number: int, load: Load, seconds:
     for future in produce_tick(agent, 0):  # the first file, written and committed before the window: the warm-up
         future.result()
     warm_up_files = agent.files_written
+    # As `logcompact agent` does once started: what the process holds for its life (modules, numba's compiled loops,
+    # the catalog's metadata) out of the collector's reach, so its full collections walk only what producing makes.
+    gc.collect()
+    gc.freeze()
     start_at = _await_window(ready, go, window_start, "agent", number)
     writes = _timed_writes(catalog, start_at, seconds)
     ticks: list[tuple[float, list[float]]] = []  # per tick: (wall time produced, wall time each batch was committed)
@@ -219,13 +226,11 @@ def _agent_process(root: str, url: str | None, number: int, load: Load, seconds:
     tick = time.monotonic()
     end = tick + seconds
     sequence = 1
-    pending = []
     while tick < end and time.monotonic() < end:
         produced, committed = time.time(), []
         try:
-            for future in produce_tick(agent, sequence):
+            for future in produce_tick(agent, sequence):  # a batch that failed is committed at NaN, and counted below
                 future.add_done_callback(lambda f, committed=committed: committed.append(time.time() if f.exception() is None else float("nan")))
-                pending.append(future)
         except Exception as exc:  # counted and reported; an agent whose flush failed refuses batches, so a new one goes on
             failures += 1
             print(f"agent {number}: {exc}", file=sys.stderr)
@@ -239,7 +244,7 @@ def _agent_process(root: str, url: str | None, number: int, load: Load, seconds:
     except Exception as exc:
         failures += 1
         print(f"agent {number}: {exc}", file=sys.stderr)
-    failures += sum(1 for future in pending if future.exception() is not None)
+    failures += sum(1 for _, committed in ticks for at in committed if math.isnan(at))
     done = [(produced, max(committed)) for produced, committed in ticks if len(committed) == TOPICS and not any(map(math.isnan, committed))]
     out.put(("agent", number, {"ticks": done, "failures": failures, "files": agent.files_written - warm_up_files, "writes_ms": writes}))
 
@@ -282,6 +287,31 @@ def _compactor_process(root: str, url: str | None, number: int, seconds: float, 
 
 
 # -- watching the run ---------------------------------------------------------------------------------------------
+
+
+class Backends:
+    """PostgreSQL's processes, each the server's child: listed by the kernel's list of the server's children (one small
+    file) rather than psutil's, which reads every process of the machine to find them, each second; their psutil
+    handles kept from one sample to the next."""
+
+    def __init__(self) -> None:
+        self.known: dict[int, psutil.Process] = {}
+
+    def of(self, server: psutil.Process) -> list[psutil.Process]:
+        try:
+            pids = [int(pid) for pid in Path(f"/proc/{server.pid}/task/{server.pid}/children").read_text().split()]
+        except OSError:  # a kernel without the list
+            return server.children(recursive=True)
+        processes = []
+        for pid in pids:
+            process = self.known.get(pid)
+            if process is None:
+                try:
+                    process = self.known[pid] = psutil.Process(pid)
+                except psutil.Error:  # gone already
+                    continue
+            processes.append(process)
+        return processes
 
 
 class CpuGroup:
@@ -577,6 +607,7 @@ def watch(catalog: Catalog, processes: list[BaseProcess], load: Load, start_at: 
     compactors = [psutil.Process(p.pid) for p in processes[load.agents:] if p.pid]
     groups = {name: CpuGroup(start_at) for name in ("agents", "compactors", "database", "monitor")}
     server = psutil.Process(postgres.pid) if postgres is not None and postgres.pid else None
+    backends = Backends()
     me = psutil.Process()
 
     def sample_cpu() -> None:
@@ -584,7 +615,7 @@ def watch(catalog: Catalog, processes: list[BaseProcess], load: Load, start_at: 
         groups["compactors"].sample(compactors)
         groups["monitor"].sample([me])
         if server is not None:
-            groups["database"].sample([server, *server.children(recursive=True)])
+            groups["database"].sample([server, *backends.of(server)])
 
     machine_before = psutil.cpu_times()
     sample_cpu()

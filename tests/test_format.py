@@ -17,6 +17,7 @@ from logcompact.exceptions import CorruptDataError
 from logcompact.format import SectionStream, SegmentWriter, read_footer, read_section, read_section_from, section_table, write_segment
 from logcompact.format.layout import FILE_HEADER, MAGIC, SECTION_SCHEMA, SectionInfo, record_bytes, row_sizes
 from logcompact.format.reader import SEEK_BYTES, BlockStream, iter_blocks, section_rows
+from logcompact.format.writer import PACK_BYTES
 from logcompact.store import LocalStore, ObjectStore
 
 records = st.lists(
@@ -135,6 +136,39 @@ def test_small_sections_share_blocks_and_cost_little(bulk) -> None:
     assert (len(blob) - payload) / len(infos) < 100
 
 
+def test_sections_written_in_bulk_pack_blocks_a_section_at_a_time(tmp_path) -> None:
+    """write_sections places runs of small sections at once (an agent's L0 file of 1,000 partitions) where it stepped
+    section by section: a block still ends after the first section that brings it to PACK_BYTES, whatever the sizes."""
+    rng = np.random.default_rng(11)
+    partitions = [(topic, p) for topic in ("b", "c") for p in range(1500)]
+    tables = []
+    for _ in partitions:
+        rows = int(rng.integers(1, 6))
+        deltas = np.cumsum(rng.integers(1, 3, rows)) - 1
+        deltas -= deltas[0]  # holes in some sections: their offset bitmaps
+        big = rng.random() < 0.01  # now and then a section past PACK_BYTES alone
+        tables.append(section_table(
+            deltas, rng.integers(0, 2**40, rows).tolist(), [None if rng.random() < 0.1 else b"k%d" % rng.integers(9) for _ in range(rows)],
+            [None if rng.random() < 0.2 else rng.bytes(int(rng.integers(0, 300)) + (PACK_BYTES if big else 0)) for _ in range(rows)],
+            [[("h", b"x")] if rng.random() < 0.1 else None for _ in range(rows)],
+        ))
+    blob, infos = _bulk(partitions, tables, "lz4")
+    block, first_row, filled, blocks = 0, 0, 0, []
+    for table, info in zip(tables, infos):
+        blocks.append((block, first_row))
+        first_row, filled = first_row + table.num_rows, filled + record_bytes(table.to_batches()[0])
+        assert info.uncompressed_bytes == record_bytes(table.to_batches()[0])
+        if filled >= PACK_BYTES:
+            block, first_row, filled = block + 1, 0, 0
+    offsets = sorted({info.byte_offset for info in infos})
+    assert [(offsets.index(info.byte_offset), info.first_row) for info in infos] == blocks
+    assert len(offsets) > 10
+    store = LocalStore(tmp_path)
+    store.put("f.seg", blob)
+    for index in rng.choice(len(infos), 40, replace=False).tolist():
+        assert read_section(store, "f.seg", infos[index]).table().equals(tables[index].cast(SECTION_SCHEMA))
+
+
 def test_a_big_section_spans_blocks_indexed_by_offset(tmp_path) -> None:
     store = LocalStore(tmp_path)
     n = 200_000
@@ -236,6 +270,13 @@ def test_writer_enforces_section_order_and_offsets() -> None:
     bulk = SegmentWriter(io.BytesIO())
     with pytest.raises(ValueError, match=r"section t/1: offset deltas must start at 0"):
         bulk.write_sections([("t", 0), ("t", 1)], section_table([0, 1, 1], [1] * 3, [b"k"] * 3, [b"v"] * 3), [1, 2])
+    two = section_table([0, 0], [1, 1], [b"k", b"k"], [b"v", b"v"])
+    with pytest.raises(ValueError, match=r"section t/0 written after t/1"):
+        SegmentWriter(io.BytesIO()).write_sections([("t", 1), ("t", 0)], two, [1, 1])
+    after_one = SegmentWriter(io.BytesIO())
+    after_one.write_section("t", 3, one)
+    with pytest.raises(ValueError, match=r"section t/3 written after t/3"):
+        after_one.write_sections([("t", 3), ("t", 4)], two, [1, 1])
 
 
 def test_trailer_points_at_footer() -> None:

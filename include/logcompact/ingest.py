@@ -328,7 +328,10 @@ class Agent:
                 f"record {bad} of compacted topic {topic!r} has no key; every record of a compacted topic needs one; batch rejected"
             )
         timestamps = columns.column("timestamp")
-        if timestamps.null_count:
+        if timestamps.null_count == rows and rows:  # every record stamped by the agent (as clients mostly leave them)
+            timestamps = pa.array(np.full(rows, self.clock(), dtype=np.int64))
+            columns = columns.set_column(0, PRODUCE_SCHEMA.field(0), timestamps)
+        elif timestamps.null_count:
             timestamps = pc.fill_null(timestamps, self.clock())
             columns = columns.set_column(0, PRODUCE_SCHEMA.field(0), timestamps)
         milliseconds = timestamps.to_numpy()
@@ -532,7 +535,8 @@ class Agent:
         starts = np.flatnonzero(np.diff(sorted_slots, prepend=-1))  # where each (topic, partition) begins
         counts = np.diff(starts, append=len(order))
         deltas = np.arange(len(order), dtype=np.int64) - np.repeat(starts, counts)
-        slots = [(names[int(slot) >> 32], int(slot) & 0xFFFFFFFF) for slot in sorted_slots[starts].tolist()]
+        first_slots = sorted_slots[starts]
+        slots = list(zip(map(names.__getitem__, (first_slots >> 32).tolist()), (first_slots & 0xFFFFFFFF).tolist()))
         keys = produced.column("key")
         table = pa.Table.from_arrays(
             [

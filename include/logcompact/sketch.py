@@ -52,14 +52,15 @@ def encode_many(groups: np.ndarray, words: np.ndarray, count: int) -> list[bytes
     pairs[:, 0], pairs[:, 1] = cell % REGISTERS, rank
     blob = pairs.tobytes()
     bounds = np.searchsorted(owner, np.arange(count + 1))
-    for group in np.flatnonzero(bounds[1:] > bounds[:-1]).tolist():
+    sizes = bounds[1:] - bounds[:-1]
+    as_pairs = (sizes > 0) & (2 * sizes < REGISTERS)
+    for group, start, end in zip(np.flatnonzero(as_pairs).tolist(), (2 * bounds[:-1][as_pairs]).tolist(), (2 * bounds[1:][as_pairs]).tolist()):
+        packed[group] = blob[start:end]
+    for group in np.flatnonzero(2 * sizes >= REGISTERS).tolist():
         start, end = int(bounds[group]), int(bounds[group + 1])
-        if 2 * (end - start) < REGISTERS:
-            packed[group] = blob[2 * start : 2 * end]
-        else:
-            registers = np.zeros(REGISTERS, dtype=np.uint8)
-            registers[pairs[start:end, 0]] = pairs[start:end, 1]
-            packed[group] = registers.tobytes()
+        registers = np.zeros(REGISTERS, dtype=np.uint8)
+        registers[pairs[start:end, 0]] = pairs[start:end, 1]
+        packed[group] = registers.tobytes()
     return packed
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import array
 import io
+import operator
 from collections.abc import Iterable, Sequence
-from itertools import repeat
+from itertools import islice, repeat
 from typing import IO
 
 import numpy as np
@@ -274,8 +275,9 @@ class SegmentWriter:
         self.position = 0
         self._finished = False
         self._open: SectionBuilder | None = None
-        # The sections written, as columns (a file may hold 10,000: no object per section).
-        self._written: dict[str, list] = {name: [] for name in _Section.__slots__}
+        # The sections written, as columns (a file may hold 10,000: no object per section), each a list of chunks: a
+        # list that sections finished one at a time go on, or write_sections' arrays, joined once by `finish`.
+        self._written: dict[str, list[list | np.ndarray]] = {name: [] for name in _Section.__slots__}
         # Blocks: each holds its rows' index columns and payload columns as two record batch messages.
         self._index = _PartEncoder(INDEX_SCHEMA, compression, INDEX_COMPRESSED_RATIO)
         self._payload = _PartEncoder(PAYLOAD_SCHEMA, compression, PAYLOAD_COMPRESSED_RATIO)
@@ -302,7 +304,9 @@ class SegmentWriter:
         if self._finished or self._open is not None:
             raise RuntimeError("a section begun while another is open or after finish")
         index = self._written
-        previous = (index["topic"][-1], index["partition"][-1]) if index["topic"] else None
+        previous = (index["topic"][-1][-1], int(index["partition"][-1][-1])) if index["topic"] else None
+        if not slots or (previous is None or previous < slots[0]) and all(map(operator.lt, slots, islice(slots, 1, None))):
+            return
         for slot in slots:
             if previous is not None and slot <= previous:
                 raise ValueError(
@@ -322,11 +326,19 @@ class SegmentWriter:
     def _section_done(self, section: _Section) -> None:
         # The section's last row is in the pending block, or ended the block just written.
         section.last_block = len(self._blocks["byte_offset"]) - (0 if self._pending_rows else 1)
-        for name, column in self._written.items():
-            column.append(getattr(section, name))
+        for name, chunks in self._written.items():
+            last = chunks[-1] if chunks else None
+            if not isinstance(last, list):
+                last = []
+                chunks.append(last)
+            last.append(getattr(section, name))
         self._open = None
         if self._pending_bytes >= PACK_BYTES:
             self._flush_block()
+
+    def _add_written(self, columns: dict[str, list | np.ndarray]) -> None:
+        for name, chunk in columns.items():
+            self._written[name].append(chunk)
 
     def _mark(self) -> tuple:
         """Where the file stands: its length, its blocks, and the rows waiting for the next block."""
@@ -385,12 +397,31 @@ class SegmentWriter:
 
         self._check_order(slots)
         self._flush_block()  # rows of sections written before end their block: these start the next
-        first_blocks, first_rows, last_blocks = [], [], []
-        starts_list, ends_list, bytes_list = starts.tolist(), ends.tolist(), section_bytes.tolist()
+        count = len(slots)
+        first_blocks = np.empty(count, dtype=np.int64)
+        first_rows = np.empty(count, dtype=np.int64)
+        last_blocks = np.empty(count, dtype=np.int64)
+        # Bytes of the sections before each: a run of sections that neither fills the pending block to PACK_BYTES nor
+        # ends one is placed at once (a file of 1,000 small sections is a few runs, not 1,000 steps). Rows are at
+        # least FIXED_ROW_BYTES each, so a block under PACK_BYTES is never past BLOCK_ROWS either.
+        before = np.zeros(count + 1, dtype=np.int64)
+        np.cumsum(section_bytes, out=before[1:])
         blocks_written = self._blocks["byte_offset"]
         batch_start = 0
         pending_bytes = 0
-        for start, end, size in zip(starts_list, ends_list, bytes_list):
+        section = 0
+        while section < count:
+            # The first section from here that brings the pending block to PACK_BYTES: the ones before it are quiet.
+            filling = int(np.searchsorted(before, before[section] - pending_bytes + PACK_BYTES, side="left")) - 1
+            quiet = min(filling, count)
+            if quiet > section:
+                first_blocks[section:quiet] = last_blocks[section:quiet] = len(blocks_written)
+                first_rows[section:quiet] = starts[section:quiet] - batch_start
+                pending_bytes += int(before[quiet] - before[section])
+                section = quiet
+                if section == count:
+                    break
+            start, end, size = int(starts[section]), int(ends[section]), int(section_bytes[section])
             first_block, first_row = len(blocks_written), start - batch_start
             # Blocks inside a big section, then one at the section's end once the block is full enough.
             pending_bytes += size
@@ -401,30 +432,32 @@ class SegmentWriter:
                 if cut <= start:  # the block filled before this section's first row
                     first_block, first_row = len(blocks_written), start - cut
                 batch_start = cut
-            first_blocks.append(first_block)
-            first_rows.append(first_row)
-            last_blocks.append(len(blocks_written) - (0 if end > batch_start else 1))
+            first_blocks[section], first_rows[section] = first_block, first_row
+            last_blocks[section] = len(blocks_written) - (0 if end > batch_start else 1)
             if pending_bytes >= PACK_BYTES:
                 self._emit_block(table.slice(batch_start, end - batch_start))
                 batch_start, pending_bytes = end, 0
-        index = self._written
-        index["topic"] += [topic for topic, _ in slots]
-        index["partition"] += [partition for _, partition in slots]
-        index["first_block"] += first_blocks
-        index["first_row"] += first_rows
-        index["last_block"] += last_blocks
-        index["record_count"] += counts_array.tolist()
-        index["last_delta"] += deltas[ends - 1].tolist()
-        index["min_timestamp"] += min_ts.tolist()
-        index["max_timestamp"] += max_ts.tolist()
-        index["tombstones"] += tombstones.tolist()
-        index["uncompressed_bytes"] += bytes_list
-        index["clean_below_delta"] += [0] * len(slots)
-        index["key_sketch"] += sketches
-        index["offset_bitmap"] += [
-            b"" if last + 1 == count else _offset_bitmap(deltas[start:end])
-            for last, count, start, end in zip(index["last_delta"][-len(slots):], counts_array.tolist(), starts_list, ends_list)
-        ]
+            section += 1
+        last_deltas = deltas[ends - 1]
+        offset_bitmaps = [b""] * count
+        for holed in np.flatnonzero(last_deltas + 1 != counts_array).tolist():
+            offset_bitmaps[holed] = _offset_bitmap(deltas[starts[holed] : ends[holed]])
+        self._add_written({
+            "topic": [topic for topic, _ in slots],
+            "partition": [partition for _, partition in slots],
+            "first_block": first_blocks,
+            "first_row": first_rows,
+            "last_block": last_blocks,
+            "record_count": counts_array,
+            "last_delta": last_deltas,
+            "min_timestamp": min_ts,
+            "max_timestamp": max_ts,
+            "tombstones": tombstones,
+            "uncompressed_bytes": section_bytes,
+            "clean_below_delta": np.zeros(count, dtype=np.int64),
+            "key_sketch": sketches,
+            "offset_bitmap": offset_bitmaps,
+        })
         if batch_start < table.num_rows:
             self._pending = [table.slice(batch_start).combine_chunks().to_batches()[0]]
             self._pending_rows, self._pending_bytes = table.num_rows - batch_start, pending_bytes
@@ -485,17 +518,19 @@ class SegmentWriter:
         if self._open is not None:
             raise RuntimeError(f"section {self._open._section.topic}/{self._open._section.partition} is still open")
         self._flush_block()
-        blocks, index = self._blocks, self._written
+        blocks = self._blocks
+        index = {name: _joined(chunks, name in _LISTED) for name, chunks in self._written.items()}
         offsets, lengths = np.asarray(blocks["byte_offset"], dtype=np.int64), np.asarray(blocks["byte_length"], dtype=np.int64)
-        first, last = np.asarray(index["first_block"], dtype=np.intp), np.asarray(index["last_block"], dtype=np.intp)
+        first, last = index["first_block"], index["last_block"]
         starts = offsets[first] if len(offsets) else np.zeros(0, dtype=np.int64)
         spans = offsets[last] + lengths[last] - starts if len(offsets) else np.zeros(0, dtype=np.int64)
         crcs = np.asarray(blocks["index_crc32"], dtype=np.int64)[first] if len(offsets) else np.zeros(0, dtype=np.int64)
+        numbers = {name: np.asarray(column).tolist() for name, column in index.items() if name not in _LISTED}
         infos = list(map(SectionInfo._make, zip(
-            index["topic"], index["partition"], index["record_count"], index["last_delta"], index["min_timestamp"],
-            index["max_timestamp"], index["tombstones"], index["uncompressed_bytes"], repeat(self.compression),
-            crcs.tolist(), starts.tolist(), spans.tolist(), index["clean_below_delta"], index["key_sketch"],
-            index["first_row"],
+            index["topic"], numbers["partition"], numbers["record_count"], numbers["last_delta"], numbers["min_timestamp"],
+            numbers["max_timestamp"], numbers["tombstones"], numbers["uncompressed_bytes"], repeat(self.compression),
+            crcs.tolist(), starts.tolist(), spans.tolist(), numbers["clean_below_delta"], index["key_sketch"],
+            numbers["first_row"],
         )))
         footer = _footer(index, blocks)
         footer_position = self.position
@@ -514,7 +549,20 @@ def _cut_row(row_bytes: np.ndarray, start: int, end: int) -> int:
     return start + max(1, int(np.searchsorted(filled, BLOCK_BYTES, side="right")))
 
 
-def _footer(sections: dict[str, list], blocks: dict[str, list[int]]) -> bytes:
+# The section columns that are not numbers, kept as lists.
+_LISTED = frozenset({"topic", "key_sketch", "offset_bitmap"})
+
+
+def _joined(chunks: list[list | np.ndarray], listed: bool) -> list | np.ndarray:
+    """A column of the sections written, from its chunks: a list, or an int64 array for a column of numbers."""
+    if listed:
+        return [value for chunk in chunks for value in chunk] if len(chunks) != 1 else list(chunks[0])
+    if not chunks:
+        return np.zeros(0, dtype=np.int64)
+    return np.concatenate([np.asarray(chunk, dtype=np.int64) for chunk in chunks])
+
+
+def _footer(sections: dict[str, list | np.ndarray], blocks: dict[str, list[int]]) -> bytes:
     """The footer: the section index and the block index, each an Arrow IPC stream compressed with zstd."""
     parts = []
     for schema, columns in ((FOOTER_SECTIONS_SCHEMA, sections), (FOOTER_BLOCKS_SCHEMA, blocks)):
