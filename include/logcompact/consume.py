@@ -301,9 +301,12 @@ def latest_values(store: ObjectStore, snapshot: Snapshot, topic: str, partition:
     for number, piece, table in _read_runs(((n, run) for n, run in runs if n in wanted), 0, last_stable, aborted, read_run):
         start = int(piece_starts[number][piece])
         first, end = np.searchsorted(positions, (start, start + table.num_rows))
-        if end > first:
-            taken = table.take(pa.array(positions[first:end] - start))
-            kept.append(taken.filter(pc.is_valid(taken.column("value"))))
+        rows = positions[first:end] - start
+        values = table.column("value")
+        if values.null_count:  # tombstones: left out before the take, so the view's records are copied once
+            rows = rows[pc.is_valid(values).to_numpy(zero_copy_only=False)[rows]]
+        if len(rows):
+            kept.append(table.take(pa.array(rows)))
     if not kept:
         return RECORD_SCHEMA.empty_table()
     return pa.concat_tables(kept).cast(RECORD_SCHEMA)
