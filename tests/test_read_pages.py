@@ -15,6 +15,9 @@ import logcompact.consume as consume
 from logcompact.catalog import Catalog, Snapshot
 from logcompact.consume import latest_values, read_records
 from logcompact.exceptions import CorruptDataError
+from logcompact.format import read_footer
+from logcompact.format.layout import BLOCK_PREFIX
+from logcompact.format.reader import SEEK_BYTES
 from logcompact.ingest import Record
 from logcompact.store import LocalStore
 from tests.helpers import NOW, create_topic, damage_section, produce_records, rewrite_without
@@ -196,3 +199,60 @@ def test_latest_values_equal_a_reference_over_files_with_tombstones_and_repeated
     expected = _reference_view(produced)
     assert got == expected
     assert len(expected) > 1_100
+
+
+def _view(catalog: Catalog, partition: int) -> list[tuple[int, bytes, bytes]]:
+    view = latest_values(catalog.store, catalog.snapshot(), "t", partition)
+    return list(zip(view.column("offset").to_pylist(), view.column("key").to_pylist(), view.column("value").to_pylist()))
+
+
+def _damage_payload(store: LocalStore, key: str, block: int) -> None:
+    """Flip a byte in the payload of the file's block `block`: only a read of its payload finds it."""
+    path = store.root / key
+    data = bytearray(path.read_bytes())
+    at = int(read_footer(store, key).block_offsets[block])
+    index_length = BLOCK_PREFIX.unpack_from(data, at)[0]
+    data[at + BLOCK_PREFIX.size + index_length + 100] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_latest_values_read_again_only_the_blocks_holding_a_latest_record(tmp_path) -> None:
+    """A long section (read through its file's footer), compacted with holes, whose first blocks hold only keys
+    written again later, its last ones keys with tombstones; then a file whose small sections of four partitions
+    share a block, tombstones among them. Every partition's view is the reference's; a block without a latest record
+    is not read again: its payload damaged, the view is the same (a whole read finds the damage), while damage in a
+    block holding one is found."""
+    catalog = Catalog(LocalStore(tmp_path / "store"))
+    create_topic(catalog, "t", partitions=4)
+    rng = random.Random(8)
+    produced: dict[int, list[tuple[int, bytes | None, bytes | None]]] = {p: [] for p in range(4)}
+    old = [Record(0, b"old-%d" % n, rng.randbytes(300), NOW) for n in range(12_000)]
+    recent = [
+        Record(0, b"key-%d" % rng.randrange(3_000), None if rng.random() < 0.1 else rng.randbytes(300), NOW) for _ in range(12_000)
+    ]
+    first = produce_records(catalog, "t", old + recent)[0]
+    produced[0] = [(first + i, r.key, r.value) for i, r in enumerate(old + recent)]
+    (long_file,) = [f.key for f in catalog.snapshot().file_summaries(0)]
+    dropped = set(rng.sample(range(24_000), 2_000))
+    rewrite_without(catalog.store, catalog, [long_file], drop_offsets=dropped, level=1)
+    produced[0] = [r for r in produced[0] if r[0] not in dropped]
+    again = [Record(0, b"old-%d" % n, None if n % 7 == 0 else b"again-%d" % n, NOW) for n in range(12_000)]
+    small = [Record(p, b"s-%d" % rng.randrange(4), None if rng.random() < 0.2 else b"%d" % n, NOW) for n in range(30) for p in range(1, 4)]
+    offsets = produce_records(catalog, "t", again + small)
+    for record, offset in zip(again + small, offsets):
+        produced[record.partition].append((offset, record.key, record.value))
+    expected = {p: _reference_view(produced[p]) for p in range(4)}
+    assert all(_view(catalog, p) == expected[p] for p in range(4))
+    assert all(expected[p] for p in range(4))
+
+    compacted, section = catalog.snapshot().sections_of("t", 0)[0]  # offsets from 0: the compaction's output
+    assert section.info.byte_length > SEEK_BYTES  # read through the footer
+    blocks = len(read_footer(catalog.store, compacted).block_offsets)
+    assert blocks >= 5
+    _damage_payload(catalog.store, compacted, 0)  # only records of keys written again
+    with pytest.raises(CorruptDataError, match="CRC-32"):
+        list(read_records(catalog.store, catalog.snapshot(), "t", 0))
+    assert _view(catalog, 0) == expected[0]
+    _damage_payload(catalog.store, compacted, blocks - 1)  # latest records of recent keys
+    with pytest.raises(CorruptDataError, match="CRC-32"):
+        latest_values(catalog.store, catalog.snapshot(), "t", 0)

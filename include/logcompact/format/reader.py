@@ -75,25 +75,35 @@ def _check_crc(name: str, position: int, part: str, message: memoryview | bytes 
         )
 
 
-def _decode(name: str, position: int, message: memoryview | bytes | pa.Buffer, schema: pa.Schema) -> pa.RecordBatch:
+def _decode(
+    name: str, position: int, message: memoryview | bytes | pa.Buffer, schema: pa.Schema, memory_pool: pa.MemoryPool | None = None
+) -> pa.RecordBatch:
     try:
-        return pa.ipc.read_record_batch(pa.ipc.read_message(message if isinstance(message, pa.Buffer) else pa.py_buffer(message)), schema)
-    except (pa.ArrowInvalid, OSError) as exc:
+        if memory_pool is None:
+            return pa.ipc.read_record_batch(pa.ipc.read_message(message if isinstance(message, pa.Buffer) else pa.py_buffer(message)), schema)
+        # Only a stream reader takes a pool: the message after its part's schema message (a copy of its bytes).
+        return pa.ipc.open_stream(b"".join((_PART_SCHEMA_MESSAGES[schema.names[0]], message)), memory_pool=memory_pool).read_next_batch()
+    except (pa.ArrowInvalid, OSError, StopIteration) as exc:
         raise CorruptDataError(f"{name}: block at byte {position} passed its checksums but is not a record batch ({exc})") from None
+
+
+# Each part's schema message, by its first column.
+_PART_SCHEMA_MESSAGES = {schema.names[0]: schema.serialize().to_pybytes() for schema in (INDEX_SCHEMA, PAYLOAD_SCHEMA)}
 
 
 def decode_block(
     name: str, position: int, index: memoryview | bytes | pa.Buffer, index_crc: int, payload: memoryview | bytes | pa.Buffer | None,
-    payload_crc: int,
+    payload_crc: int, memory_pool: pa.MemoryPool | None = None,
 ) -> pa.RecordBatch:
     """A block's records once its messages have passed their CRC-32 checks: every column (SECTION_SCHEMA), or
-    only the index columns (INDEX_SCHEMA) when `payload` is None."""
+    only the index columns (INDEX_SCHEMA) when `payload` is None; decompressed into `memory_pool` when given (else
+    Arrow's default pool)."""
     _check_crc(name, position, "index", index, index_crc)
-    index_batch = _decode(name, position, index, INDEX_SCHEMA)
+    index_batch = _decode(name, position, index, INDEX_SCHEMA, memory_pool)
     if payload is None:
         return index_batch
     _check_crc(name, position, "payload", payload, payload_crc)
-    payload_batch = _decode(name, position, payload, PAYLOAD_SCHEMA)
+    payload_batch = _decode(name, position, payload, PAYLOAD_SCHEMA, memory_pool)
     if payload_batch.num_rows != index_batch.num_rows:
         raise CorruptDataError(f"{name}: block at byte {position} holds {index_batch.num_rows} index rows but {payload_batch.num_rows} payload rows; the file is corrupt")
     columns = index_batch.columns + payload_batch.columns
@@ -104,9 +114,11 @@ def decode_block(
 _SECTION_ORDER = [(*INDEX_SCHEMA.names, *PAYLOAD_SCHEMA.names).index(name) for name in SECTION_SCHEMA.names]
 
 
-def iter_blocks(name: str, data: memoryview | bytes, position: int, index_only: bool = False) -> Iterator[tuple[int, pa.RecordBatch]]:
+def iter_blocks(
+    name: str, data: memoryview | bytes, position: int, index_only: bool = False, memory_pool: pa.MemoryPool | None = None
+) -> Iterator[tuple[int, pa.RecordBatch]]:
     """(byte position, batch) of every block in `data`, the bytes of whole blocks from file byte `position`;
-    with `index_only`, the index columns only (payloads neither checked nor decoded)."""
+    with `index_only`, the index columns only (payloads neither checked nor decoded); decoded into `memory_pool`."""
     view = memoryview(data)
     at = 0
     while at < len(view):
@@ -119,7 +131,8 @@ def iter_blocks(name: str, data: memoryview | bytes, position: int, index_only: 
             raise CorruptDataError(f"{name}: block at byte {position + at} runs past the bytes read; the file is incomplete or the catalog is wrong")
         payload_start = index_start + index_length
         yield position + at, decode_block(
-            name, position + at, view[index_start:payload_start], index_crc, None if index_only else view[payload_start:end], payload_crc
+            name, position + at, view[index_start:payload_start], index_crc, None if index_only else view[payload_start:end], payload_crc,
+            memory_pool,
         )
         at = end
 
@@ -232,9 +245,11 @@ def section_bytes(store: ObjectStore, key: str, info: SectionInfo) -> bytes:
     return data
 
 
-def _ranged_blocks(store: ObjectStore, key: str, info: SectionInfo, index_only: bool) -> Iterator[pa.RecordBatch]:
+def _ranged_blocks(
+    store: ObjectStore, key: str, info: SectionInfo, index_only: bool, memory_pool: pa.MemoryPool | None = None
+) -> Iterator[pa.RecordBatch]:
     """The batches of the section's blocks by one ranged GET, its first block the catalog's."""
-    return (batch for _, batch in iter_blocks(key, section_bytes(store, key, info), info.byte_offset, index_only))
+    return (batch for _, batch in iter_blocks(key, section_bytes(store, key, info), info.byte_offset, index_only, memory_pool))
 
 
 def _check_first_block(name: str, info: SectionInfo, index_crc: int) -> None:
@@ -256,7 +271,9 @@ SEEK_BYTES = 4 * 1024 * 1024
 CHUNK_BYTES = 8 * 1024 * 1024
 
 
-def read_section_from(store: ObjectStore, key: str, info: SectionInfo, from_delta: int = 0, index_only: bool = False) -> Iterator[pa.RecordBatch]:
+def read_section_from(
+    store: ObjectStore, key: str, info: SectionInfo, from_delta: int = 0, index_only: bool = False, *, memory_pool: pa.MemoryPool | None = None
+) -> Iterator[pa.RecordBatch]:
     """The section's rows whose offset delta is `from_delta` or more, in order (SECTION_SCHEMA, or the index columns
     with `index_only`), checked against the catalog's record as they pass (`section_rows`): the one read path of a
     section from an offset, by ranged GETs, for consumers (`logcompact consume`, Fetch). The engine reads the same
@@ -264,14 +281,17 @@ def read_section_from(store: ObjectStore, key: str, info: SectionInfo, from_delt
 
     A section up to SEEK_BYTES is one ranged GET, checked whole before a row is yielded. A longer one is read through
     its file's footer (parsed once while a CachedStore holds it) from the block holding `from_delta`, in chunks of
-    about CHUNK_BYTES of blocks, one ranged GET each, so memory stays bounded whatever the section's size."""
+    about CHUNK_BYTES of blocks, one ranged GET each, so memory stays bounded whatever the section's size. Blocks are
+    decoded into `memory_pool` when given."""
     if info.byte_length <= SEEK_BYTES:
-        yield from list(section_rows(key, info, _ranged_blocks(store, key, info, index_only), from_delta=from_delta))
+        yield from list(section_rows(key, info, _ranged_blocks(store, key, info, index_only, memory_pool), from_delta=from_delta))
     else:
-        yield from _long_section_from(store, key, info, from_delta, index_only)
+        yield from _long_section_from(store, key, info, from_delta, index_only, memory_pool)
 
 
-def _long_section_from(store: ObjectStore, key: str, info: SectionInfo, from_delta: int, index_only: bool) -> Iterator[pa.RecordBatch]:
+def _long_section_from(
+    store: ObjectStore, key: str, info: SectionInfo, from_delta: int, index_only: bool, memory_pool: pa.MemoryPool | None
+) -> Iterator[pa.RecordBatch]:
     footer = read_footer(store, key)
     _check_footer_section(key, footer, info)
     blocks = footer.blocks_of(info)
@@ -285,12 +305,13 @@ def _long_section_from(store: ObjectStore, key: str, info: SectionInfo, from_del
     resume = None
     if first > blocks.start:
         resume = (0, info.record_count - int(rows_before[first - blocks.start]), int(footer.block_first_deltas[first]) - 1)
-    batches = _chunked_blocks(store, key, info, footer, blocks, first, index_only)
+    batches = _chunked_blocks(store, key, info, footer, blocks, first, index_only, memory_pool)
     return section_rows(key, info, batches, from_delta=from_delta, resume=resume)
 
 
 def _chunked_blocks(
-    store: ObjectStore, key: str, info: SectionInfo, footer: Footer, blocks: range, first: int, index_only: bool
+    store: ObjectStore, key: str, info: SectionInfo, footer: Footer, blocks: range, first: int, index_only: bool,
+    memory_pool: pa.MemoryPool | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """The batches of the section's blocks (`blocks`, by the footer) from block `first` on, as they are asked for.
 
@@ -308,9 +329,53 @@ def _chunked_blocks(
         length = int(footer.block_offsets[end - 1] + footer.block_lengths[end - 1]) - start
         data = memoryview(store.get_range(key, start, length))
         at = int(footer.block_offsets[block])
-        for _, batch in iter_blocks(key, data[at - start :], at, index_only):
+        for _, batch in iter_blocks(key, data[at - start :], at, index_only, memory_pool):
             yield batch
         block = end
+
+
+def read_section_blocks(
+    store: ObjectStore, key: str, info: SectionInfo, footer: Footer, wanted: Sequence[int] | None = None, index_only: bool = False,
+    memory_pool: pa.MemoryPool | None = None,
+) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """(number, rows) of each of the section's blocks `wanted` (numbered from the section's first block, increasing;
+    None: every block), through its file's `footer` (read once by a caller reading the section twice), with
+    `read_section_from`'s checks (`section_rows`, from the delta before each block the footer records). Consecutive
+    wanted blocks are fetched together, about CHUNK_BYTES per ranged GET; a block not wanted is neither fetched nor
+    decoded, which is what lets pass 2 of a view skip the blocks whose records all have later values. Blocks are
+    decoded into `memory_pool` when given."""
+    _check_footer_section(key, footer, info)
+    blocks = footer.blocks_of(info)
+    numbers = list(range(len(blocks))) if wanted is None else [int(number) for number in wanted]
+    if numbers and (numbers[0] < 0 or numbers[-1] >= len(blocks) or any(b <= a for a, b in zip(numbers, numbers[1:]))):
+        raise ValueError(f"blocks {numbers} of a section of {len(blocks)} blocks: give increasing numbers from 0 to {len(blocks) - 1}")
+    rows_before = np.concatenate(([0], np.cumsum(footer.block_rows[blocks.start : blocks.stop]) - info.first_row))
+    at = 0
+    while at < len(numbers):
+        group = [numbers[at]]
+        start = int(footer.block_offsets[blocks.start + group[0]])
+        end = start + int(footer.block_lengths[blocks.start + group[0]])
+        for number in numbers[at + 1 :]:
+            length = int(footer.block_lengths[blocks.start + number])
+            if number != group[-1] + 1 or end + length - start > CHUNK_BYTES:
+                break
+            group.append(number)
+            end += length
+        at += len(group)
+        data = store.get_range(key, start, end - start)
+        if len(data) != end - start:
+            raise CorruptDataError(f"{key}: section {info.topic}/{info.partition}: its blocks from byte {start} are cut short; the file is incomplete")
+        first = group[0]
+        resume = None if first == 0 else (0, info.record_count - int(rows_before[first]), int(footer.block_first_deltas[blocks.start + first]) - 1)
+        pieces = section_rows(key, info, (batch for _, batch in iter_blocks(key, data, start, index_only, memory_pool)), resume=resume)
+        for number in group:  # a piece per block, none asked for past the group's last
+            piece = next(pieces, None)
+            if piece is None:
+                raise CorruptDataError(
+                    f"{key}: section {info.topic}/{info.partition}: its rows end before block {number} of the {len(blocks)} its "
+                    f"byte range holds: {_REPLACED_OR_CHANGED}"
+                )
+            yield number, piece
 
 
 _CHECKED_FIELDS = ("record_count", "last_delta", "byte_offset", "byte_length", "first_row", "crc32")
@@ -512,10 +577,10 @@ class BlockStream:
         if self.position != position:
             raise CorruptDataError(f"{self.key}: no block starts at byte {position}; the catalog does not match the file")
 
-    def next_batch(self, index_only: bool = False) -> pa.RecordBatch:
+    def next_batch(self, index_only: bool = False, memory_pool: pa.MemoryPool | None = None) -> pa.RecordBatch:
         """The next block's records; with `index_only`, only its index columns, and its payload's bytes are
         skipped without being checked or decoded (pass 1 of a compaction needs nothing else): a file seeks past
-        them, a network body reads them and drops them."""
+        them, a network body reads them and drops them. Decoded into `memory_pool` when given."""
         at = self.position
         index_length, index_crc, payload_length, payload_crc = self._prefix()
         if index_only:
@@ -531,7 +596,7 @@ class BlockStream:
             if read != both.size:
                 raise CorruptDataError(f"{self.key}: truncated in the block at byte {at}; the file is incomplete")
             index, payload = both.slice(0, index_length), both.slice(index_length)
-        batch = decode_block(self.key, at, index, index_crc, payload, payload_crc)
+        batch = decode_block(self.key, at, index, index_crc, payload, payload_crc, memory_pool)
         self.index_crc = index_crc
         return batch
 
@@ -549,15 +614,24 @@ class SectionStream:
     holding no section asked for are skipped without being decoded. Each section's first block must be the one
     the catalog records (its index CRC-32), and, with `size`, the store's object the catalog's size. With
     `index_only`, only the index columns are decoded (payloads skipped unchecked). After damage the stream's place
-    is unknown: the next section is read by a new GET from its own block."""
+    is unknown: the next section is read by a new GET from its own block. With `from_section`, the GET starts at the
+    first section's block, as a ranged read does (the file's header is not read: the section's first block is
+    checked against the catalog), so a reader of one section streams none of the sections before it. Blocks are
+    decoded into `memory_pool` when given."""
 
-    def __init__(self, store: ObjectStore, key: str, size: int | None = None, index_only: bool = False) -> None:
+    def __init__(
+        self, store: ObjectStore, key: str, size: int | None = None, index_only: bool = False, *, from_section: bool = False,
+        memory_pool: pa.MemoryPool | None = None,
+    ) -> None:
         self.key = key
         self._store = store
         self._size = size
         self._index_only = index_only
+        self._memory_pool = memory_pool
         self._stream: BlockStream | None = None
-        self._resume = False  # after damage: reopen at the next section's block, past the header checked before
+        # Open at the next section's block, not the file's start: after damage (the header was checked before), or
+        # `from_section`.
+        self._resume = from_section
         self._batch: pa.RecordBatch | None = None
         self._batch_position = -1
         self._batch_crc = -1
@@ -595,7 +669,7 @@ class SectionStream:
         if position is not None:
             self._stream.advance_to(position)
         self._batch_position = self._stream.position
-        self._batch = self._stream.next_batch(self._index_only)
+        self._batch = self._stream.next_batch(self._index_only, self._memory_pool)
         self._batch_crc = self._stream.index_crc
 
     def close(self) -> None:
