@@ -181,9 +181,10 @@ class Snapshot:
     def section_columns(self, keys: Sequence[str] | None = None, topics: Iterable[str] | None = None, timestamps: bool = True) -> SectionColumns:
         """The live files among `keys` (every live file without them, those holding any of `topics` with them), but
         those planners leave out whole (`_held_files`), in `file_summaries`' order, with the facts of their planned
-        sections a planning pass weighs, as columns (`SectionColumns`): two queries, the rows fetched as the database driver hands them over and
-        converted to arrays at once, no section object built (400,000 sections in about 0.4 s on SQLite); the sections'
-        newest timestamps only with `timestamps`. When the keys are most of the live files, every live file is read,
+        sections a planning pass weighs, as columns (`SectionColumns`): two queries of one row, each column aggregated
+        into one text (`_decimals`) that numpy parses, no row and no section object built in Python (1.2 million
+        sections in about 0.7 s on SQLite, where a tuple a row took twice that); the sections' newest timestamps only
+        with `timestamps`. When the keys are most of the live files, every live file is read,
         as by `get_files`."""
         files, sec = s.files.c, s.sections.c
         conditions = [self._live()]
