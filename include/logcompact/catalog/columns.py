@@ -78,3 +78,21 @@ class SectionColumns:
             *(values[:, n].copy() for n in range(6)),
         )
 
+
+
+def ordered_then_by_key(keys: Sequence[str], *columns: np.ndarray) -> np.ndarray:
+    """The permutation sorting entries by `columns` (the first most significant), then by key as Python and SQLite's
+    BINARY collation compare them (by code point): numpy sorts the integers, Python only the runs of entries alike
+    in all of them (few: sorting 300,000 files by creation time and key took SQLite 0.5 s, this 0.03 s)."""
+    order = np.lexsort(columns[::-1])
+    alike = np.ones(max(len(order) - 1, 0), bool)
+    for column in columns:
+        ranked = column[order]
+        alike &= ranked[1:] == ranked[:-1]
+    if alike.any():
+        starts = np.flatnonzero(np.concatenate(([True], ~alike)))
+        ends = np.append(starts[1:], len(order))
+        several = ends - starts > 1
+        for start, end in zip(starts[several].tolist(), ends[several].tolist()):
+            order[start:end] = sorted(order[start:end].tolist(), key=keys.__getitem__)
+    return order

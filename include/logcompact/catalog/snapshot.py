@@ -27,7 +27,7 @@ from sqlalchemy.types import Text
 
 from logcompact.catalog import holes, summaries, topics, transactions
 from logcompact.catalog import schema as s
-from logcompact.catalog.columns import SectionColumns
+from logcompact.catalog.columns import SectionColumns, ordered_then_by_key
 from logcompact.catalog.database import SHORT_LIST, catalog_errors, one_of
 from logcompact.catalog.holes import Range
 from logcompact.catalog.model import (
@@ -219,7 +219,7 @@ class Snapshot:
         file_ids, levels, sizes, created, contents = _integer_columns(file_numbers, file_count, file_texts)
         keys_read: list[str] = [] if listed_keys is None else json.loads(listed_keys) if isinstance(listed_keys, str) else listed_keys
         if dialect != "postgresql":
-            order = _summaries_order(levels, created, keys_read)
+            order = ordered_then_by_key(keys_read, levels, created)  # as file_summaries orders them
             file_ids, levels, sizes, created, contents = (column[order] for column in (file_ids, levels, sizes, created, contents))
             keys_read = [keys_read[n] for n in order.tolist()]
         return SectionColumns.from_arrays(
@@ -1125,21 +1125,6 @@ def _listed(column: ColumnElement[str], dialect: str) -> ColumnElement:
     if dialect == "postgresql":
         return func.array_agg(column)
     return func.json_group_array(column)
-
-
-def _summaries_order(levels: np.ndarray, created_ms: np.ndarray, keys: Sequence[str]) -> np.ndarray:
-    """The order of files in `file_summaries` (level, creation time, key) as a permutation: numpy sorts by the first
-    two (SQLite took 0.5 s to sort 300,000 files rows), Python the few files alike in both by key, as SQLite's BINARY
-    collation does (by code point)."""
-    order = np.lexsort((created_ms, levels))
-    level, created = levels[order], created_ms[order]
-    alike = (level[1:] == level[:-1]) & (created[1:] == created[:-1])
-    if alike.any():
-        starts = np.flatnonzero(np.concatenate(([True], ~alike)))
-        ends = np.append(starts[1:], len(order))
-        for start, end in zip(starts[ends - starts > 1].tolist(), ends[ends - starts > 1].tolist()):
-            order[start:end] = sorted(order[start:end].tolist(), key=keys.__getitem__)
-    return order
 
 
 def _integer_columns(wanted: Sequence[ColumnElement[int]], count: int, texts: Sequence[str | None]) -> list[np.ndarray]:

@@ -15,7 +15,7 @@ from typing import TypeVar
 import numpy as np
 
 from logcompact.catalog import DataFile, FileSummary, PlanningSnapshot, TopicPartition
-from logcompact.catalog.columns import SectionColumns
+from logcompact.catalog.columns import SectionColumns, ordered_then_by_key
 from logcompact.limits import MAX_LEVEL
 from logcompact.planner.columns import Loader, lowest_unplanned, offsets_by_plan, planned_inputs, read_columns, reads_columns, young_after
 from logcompact.planner.config import PlannerConfig
@@ -38,26 +38,22 @@ def top_level(level_counts: dict[int, int], config: PlannerConfig) -> int:
 
 def size_tiers(files: list[Sized], config: PlannerConfig) -> list[list[Sized]]:
     """Runs of files of similar size (within the ratio of the run's smallest) with enough files to merge."""
-    by_key = {f.key: f for f in files}
-    return [[by_key[key] for key in tier] for tier in _tier_runs(sorted((f.size, f.key) for f in files), config)]
+    order = ordered_then_by_key([f.key for f in files], np.array([f.size for f in files], np.int64))
+    sizes = np.array([files[n].size for n in order.tolist()], np.int64)
+    return [[files[n] for n in order[start:end].tolist()] for start, end in _tier_bounds(sizes, config)]
 
 
-def _tier_runs(sized: list[tuple[int, str]], config: PlannerConfig) -> list[list[str]]:
-    """`size_tiers` of (size, key) pairs in (size, key) order: the keys of each tier."""
-    tiers: list[list[str]] = []
-    run: list[str] = []
-    smallest = 0
-    for size, key in sized:
-        if run and size > smallest * config.tier_size_ratio:
-            if len(run) >= config.tier_min_files:
-                tiers.append(run)
-            run = []
-        if not run:
-            smallest = size
-        run.append(key)
-    if len(run) >= config.tier_min_files:
-        tiers.append(run)
-    return tiers
+def _tier_bounds(sizes: np.ndarray, config: PlannerConfig) -> list[tuple[int, int]]:
+    """`size_tiers` of sizes in increasing order: where each tier starts and ends. A run takes every size up to its
+    smallest times the ratio: one search a run, none a file."""
+    bounds = []
+    start = 0
+    while start < len(sizes):
+        end = max(start + 1, int(np.searchsorted(sizes, sizes[start] * config.tier_size_ratio, side="right")))
+        if end - start >= config.tier_min_files:
+            bounds.append((start, end))
+        start = end
+    return bounds
 
 
 def plan_regular(snapshot: PlanningSnapshot, now_ms: int, config: PlannerConfig, leased: set[str]) -> list[Plan]:
@@ -112,8 +108,8 @@ def level_merges(
             if level < top and len(run) >= _min_files(level, config):
                 chosen.append(([keys[n] for n in run.tolist()], level + 1))
             elif level == top:
-                sized = sorted(zip(sizes[run].tolist(), [keys[n] for n in run.tolist()]))
-                chosen.extend((tier, top) for tier in _tier_runs(sized, config))
+                by_size = run[ordered_then_by_key([keys[n] for n in run.tolist()], sizes[run])]
+                chosen.extend(([keys[n] for n in by_size[start:end].tolist()], top) for start, end in _tier_bounds(sizes[by_size], config))
     return chosen
 
 
