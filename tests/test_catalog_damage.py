@@ -280,6 +280,18 @@ def test_a_section_row_of_no_records_is_corrupt_data_not_an_index_error(two_part
     assert [r.offset for r in read_records(catalog.store, catalog.snapshot(), "t", 1)] == list(range(12))  # the other is fine
 
 
+@pytest.mark.parametrize("column", ["first_offset", "uncompressed_bytes"])
+def test_a_section_row_holding_no_integer_is_corrupt_data_for_a_planning_pass(two_partitions: Catalog, column: str) -> None:
+    """A planning pass reads the sections' columns as the database aggregates them (`Snapshot.section_columns`): a
+    value SQLite kept as text is named, not parsed as a number or passed over."""
+    catalog = two_partitions
+    with catalog.engine.begin() as connection:
+        connection.exec_driver_sql(f"UPDATE sections SET {column} = 'many' WHERE partition = 1")
+    with pytest.raises(CorruptDataError, match=f"sections.{column} that is not a 64-bit integer .*restore the catalog database from a backup"):
+        catalog.snapshot().section_columns()
+    _one_line_error(_cli(catalog, "plan", "--mode", "full"), "not a 64-bit integer")
+
+
 @pytest.mark.parametrize("damage", ["shifted over its neighbour", "shifted past the next offset", "more records than offsets",
                                     "ends before it starts"])
 def test_a_shifted_section_row_is_corrupt_data_not_records_shown_twice(two_partitions: Catalog, damage: str) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from itertools import chain
 
 import numpy as np
 
@@ -38,28 +37,27 @@ class SectionColumns:
     max_timestamp: np.ndarray | None  # None: not read (no topic sets min.compaction.lag.ms)
 
     @classmethod
-    def from_rows(
-        cls, file_rows: Sequence[tuple[int, str, int, int, int, int]], section_rows: Sequence[Sequence[int]], topic_ids: dict[str, int],
-        every_live_file: bool,
+    def from_arrays(
+        cls, file_ids: np.ndarray, keys: list[str], levels: np.ndarray, sizes: np.ndarray, created_ms: np.ndarray, contents: np.ndarray,
+        section_values: Sequence[np.ndarray], topic_ids: dict[str, int], every_live_file: bool,
     ) -> SectionColumns:
-        """From the files rows (file_id, key, level, size, created_ms, content) and the sections rows (file_id, topic_id
-        * 2**32 + partition, first_offset, last_offset, uncompressed_bytes and, when read, max_timestamp) of a query: one
-        conversion of all the integers, none per row."""
-        ids, keys, levels, sizes, created, contents = _columns(file_rows, 6)
-        file_ids = np.asarray(ids, np.int64)
+        """From the columns of a query's files (file_id, key, level, size, created_ms, content code) and of their
+        sections (file_id, topic_id * 2**32 + partition, first_offset, last_offset, uncompressed_bytes and, when read,
+        max_timestamp), arrays of int64 but the keys."""
         order = np.argsort(file_ids, kind="stable")
-        count = len(section_rows)
-        width = len(section_rows[0]) if count else 5
-        values = np.fromiter(chain.from_iterable(section_rows), np.int64, count * width).reshape(count, width)
+        section_file, partition_codes, first, last, uncompressed, *newest = section_values
         names = sorted(topic_ids)
-        # Topic ids to their names' ranks; a section's file is found among the files' ids.
+        # Topic ids to their names' ranks.
         ranks = np.full(max(topic_ids.values(), default=0) + 1, -1, np.int64)
         ranks[[topic_ids[name] for name in names]] = np.arange(len(names))
-        place = order[np.searchsorted(file_ids, values[:, 0], sorter=order)] if count else np.zeros(0, np.int64)
+        # A section's file is found among the files' ids, once for each run of sections of one file (they come by file).
+        runs = np.flatnonzero(np.concatenate(([True], section_file[1:] != section_file[:-1]))) if len(section_file) else np.zeros(0, np.int64)
+        found = order[np.searchsorted(file_ids, section_file[runs], sorter=order)]
+        place = np.repeat(found, np.diff(np.append(runs, len(section_file))))
+        kinds = np.array(CONTENTS, dtype=object)
         return cls(
-            list(keys), np.asarray(levels, np.int64), np.asarray(sizes, np.int64), np.asarray(created, np.int64),
-            [CONTENTS[code] for code in contents], every_live_file, names, place, ranks[values[:, 1] >> 32], values[:, 1] & 0xFFFFFFFF,
-            values[:, 2].copy(), values[:, 3].copy(), values[:, 4].copy(), values[:, 5].copy() if width > 5 else None,
+            keys, levels, sizes, created_ms, kinds[contents].tolist(), every_live_file, names, place, ranks[partition_codes >> 32],
+            partition_codes & 0xFFFFFFFF, first, last, uncompressed, newest[0] if newest else None,
         )
 
     @classmethod
@@ -81,5 +79,20 @@ class SectionColumns:
         )
 
 
-def _columns(rows: Sequence[tuple], width: int) -> list[tuple]:
-    return list(zip(*rows)) if rows else [()] * width
+
+def ordered_then_by_key(keys: Sequence[str], *columns: np.ndarray) -> np.ndarray:
+    """The permutation sorting entries by `columns` (the first most significant), then by key as Python and SQLite's
+    BINARY collation compare them (by code point): numpy sorts the integers, Python only the runs of entries alike
+    in all of them (few: sorting 300,000 files by creation time and key took SQLite 0.5 s, this 0.03 s)."""
+    order = np.lexsort(columns[::-1])
+    alike = np.ones(max(len(order) - 1, 0), bool)
+    for column in columns:
+        ranked = column[order]
+        alike &= ranked[1:] == ranked[:-1]
+    if alike.any():
+        starts = np.flatnonzero(np.concatenate(([True], ~alike)))
+        ends = np.append(starts[1:], len(order))
+        several = ends - starts > 1
+        for start, end in zip(starts[several].tolist(), ends[several].tolist()):
+            order[start:end] = sorted(order[start:end].tolist(), key=keys.__getitem__)
+    return order

@@ -15,7 +15,7 @@ from typing import TypeVar
 import numpy as np
 
 from logcompact.catalog import DataFile, FileSummary, PlanningSnapshot, TopicPartition
-from logcompact.catalog.columns import SectionColumns
+from logcompact.catalog.columns import SectionColumns, ordered_then_by_key
 from logcompact.limits import MAX_LEVEL
 from logcompact.planner.columns import Loader, lowest_unplanned, offsets_by_plan, planned_inputs, read_columns, reads_columns, young_after
 from logcompact.planner.config import PlannerConfig
@@ -38,26 +38,22 @@ def top_level(level_counts: dict[int, int], config: PlannerConfig) -> int:
 
 def size_tiers(files: list[Sized], config: PlannerConfig) -> list[list[Sized]]:
     """Runs of files of similar size (within the ratio of the run's smallest) with enough files to merge."""
-    by_key = {f.key: f for f in files}
-    return [[by_key[key] for key in tier] for tier in _tier_runs(sorted((f.size, f.key) for f in files), config)]
+    order = ordered_then_by_key([f.key for f in files], np.array([f.size for f in files], np.int64))
+    sizes = np.array([files[n].size for n in order.tolist()], np.int64)
+    return [[files[n] for n in order[start:end].tolist()] for start, end in _tier_bounds(sizes, config)]
 
 
-def _tier_runs(sized: list[tuple[int, str]], config: PlannerConfig) -> list[list[str]]:
-    """`size_tiers` of (size, key) pairs in (size, key) order: the keys of each tier."""
-    tiers: list[list[str]] = []
-    run: list[str] = []
-    smallest = 0
-    for size, key in sized:
-        if run and size > smallest * config.tier_size_ratio:
-            if len(run) >= config.tier_min_files:
-                tiers.append(run)
-            run = []
-        if not run:
-            smallest = size
-        run.append(key)
-    if len(run) >= config.tier_min_files:
-        tiers.append(run)
-    return tiers
+def _tier_bounds(sizes: np.ndarray, config: PlannerConfig) -> list[tuple[int, int]]:
+    """`size_tiers` of sizes in increasing order: where each tier starts and ends. A run takes every size up to its
+    smallest times the ratio: one search a run, none a file."""
+    bounds = []
+    start = 0
+    while start < len(sizes):
+        end = max(start + 1, int(np.searchsorted(sizes, sizes[start] * config.tier_size_ratio, side="right")))
+        if end - start >= config.tier_min_files:
+            bounds.append((start, end))
+        start = end
+    return bounds
 
 
 def plan_regular(snapshot: PlanningSnapshot, now_ms: int, config: PlannerConfig, leased: set[str]) -> list[Plan]:
@@ -77,13 +73,15 @@ def plan_regular(snapshot: PlanningSnapshot, now_ms: int, config: PlannerConfig,
         columns = read[0]
         if columns.contents is None:
             raise AssertionError("a database snapshot's columns carry the files' contents")
-        chosen = level_merges(columns.keys, columns.levels, columns.sizes, columns.contents, top, config, leased)
+        keys, merges = columns.keys, level_merges(columns.keys, columns.levels, columns.sizes, columns.contents, top, config, leased)
     else:
         summaries = snapshot.file_summaries(*due) if due else []
-        chosen = level_merges(
-            [f.key for f in summaries], np.array([f.level for f in summaries], np.int64), np.array([f.size for f in summaries], np.int64),
+        keys = [f.key for f in summaries]
+        merges = level_merges(
+            keys, np.array([f.level for f in summaries], np.int64), np.array([f.size for f in summaries], np.int64),
             [f.content for f in summaries], top, config, leased,
         )
+    chosen = [([keys[n] for n in at.tolist()], level) for at, level in merges]
     in_level_plans = {key for keys, _ in chosen for key in keys}
     dirty = ratio_plan_files(snapshot, now_ms, config, leased | in_level_plans)
     if dirty:
@@ -91,29 +89,30 @@ def plan_regular(snapshot: PlanningSnapshot, now_ms: int, config: PlannerConfig,
         read = None  # its files may be outside the levels read
     if not chosen:
         return []
-    return make_plans(snapshot, chosen, now_ms, config, "regular", read)
+    # Merges chosen from the columns read name their files by entry there too: no key is looked up again.
+    return make_plans(snapshot, chosen, now_ms, config, "regular", read, [at for at, _ in merges] if read is not None else None)
 
 
 def level_merges(
     keys: Sequence[str], levels: np.ndarray, sizes: np.ndarray, contents: Sequence[str], top: int, config: PlannerConfig, leased: set[str]
-) -> list[tuple[list[str], int]]:
-    """(input keys, target level) of each level below `top` that reached its threshold and each size tier of the top
+) -> list[tuple[np.ndarray, int]]:
+    """(input files, target level) of each level below `top` that reached its threshold and each size tier of the top
     level, from the files' keys, levels, sizes and contents in `file_summaries`' order (those of other levels are
-    passed over)."""
+    passed over); the files as their entries in those."""
     free = np.fromiter((key not in leased for key in keys), bool, len(keys)) if leased else np.ones(len(keys), bool)
     kinds = sorted(set(contents))
     kind = np.fromiter(map({name: n for n, name in enumerate(kinds)}.__getitem__, contents), np.int64, len(contents))
-    chosen: list[tuple[list[str], int]] = []
+    chosen: list[tuple[np.ndarray, int]] = []
     for level in range(top + 1):
         at_level = free & (levels == level)
         # L0 files mix both kinds (the L0 -> L1 job separates them); above, each kind is merged apart.
         runs = [at_level] if level == 0 and level < top else [at_level & (kind == n) for n in range(len(kinds))]
         for run in map(np.flatnonzero, runs):
             if level < top and len(run) >= _min_files(level, config):
-                chosen.append(([keys[n] for n in run.tolist()], level + 1))
+                chosen.append((run, level + 1))
             elif level == top:
-                sized = sorted(zip(sizes[run].tolist(), [keys[n] for n in run.tolist()]))
-                chosen.extend((tier, top) for tier in _tier_runs(sized, config))
+                by_size = run[ordered_then_by_key([keys[n] for n in run.tolist()], sizes[run])]
+                chosen.extend((by_size[start:end], top) for start, end in _tier_bounds(sizes[by_size], config))
     return chosen
 
 
@@ -129,12 +128,14 @@ def plan_full_sweep(
     columns, load = read_columns(snapshot, now_ms, topics=None if every else sorted(chosen))
     counts = dict(Counter(columns.levels.tolist())) if every else snapshot.level_counts()
     # In file summaries' order: by level, creation time and key.
-    ordered = sorted(zip(columns.levels.tolist(), columns.created_ms.tolist(), columns.keys))
-    inputs = [key for _, _, key in ordered if key not in leased]
-    if not inputs:
+    ordered = ordered_then_by_key(columns.keys, columns.levels, columns.created_ms)
+    if leased:
+        ordered = ordered[np.fromiter((columns.keys[n] not in leased for n in ordered.tolist()), bool, len(ordered))]
+    if not len(ordered):
         return None
+    inputs = [columns.keys[n] for n in ordered.tolist()]
     target = min(MAX_LEVEL, top_level(counts, config))
-    (sweep,) = make_plans(snapshot, [(inputs, target)], now_ms, config, "full", (columns, load))
+    (sweep,) = make_plans(snapshot, [(inputs, target)], now_ms, config, "full", (columns, load), [ordered])
     return sweep
 
 
@@ -145,19 +146,20 @@ def make_plans(
     config: PlannerConfig,
     mode: str,
     read: tuple[SectionColumns, Loader] | None = None,
+    entries: Sequence[np.ndarray] | None = None,
 ) -> list[Plan]:
     """One plan per (input keys, target level), split into groups, from the columns of all their inputs' sections,
-    read at once (unless the caller has them: `read_columns`). A plan's outside floors come from the other plans'
+    read at once (unless the caller has them: `read_columns`, and with them, maybe, each plan's files as `entries`
+    there). A plan's outside floors come from the other plans'
     inputs, which are in hand, and from the files no plan takes, which are asked of the catalog (`lowest_outside`)."""
     planned = [key for keys, _ in chosen for key in keys]
     columns, load = read if read is not None else read_columns(snapshot, now_ms, planned)
-    entry = dict(zip(columns.keys, range(len(columns.keys))))
+    if entries is None:
+        entry = dict(zip(columns.keys, range(len(columns.keys))))
+        entries = [np.fromiter(map(entry.__getitem__, keys), np.int64, len(keys)) for keys, _ in chosen]
     plan_of_file = np.full(len(columns.keys), -1, np.int64)
-    entries = []
-    for number, (keys, _) in enumerate(chosen):
-        at = np.fromiter(map(entry.__getitem__, keys), np.int64, len(keys))
+    for number, at in enumerate(entries):
         plan_of_file[at] = number
-        entries.append(at)
     offsets, sections = offsets_by_plan(columns, plan_of_file, len(chosen), young_after(snapshot, now_ms))
     inputs = [planned_inputs(columns, keys, at, count, load) for (keys, _), at, count in zip(chosen, entries, sections.tolist())]
     lowest = [o.lowest for o in offsets]
