@@ -18,6 +18,7 @@ from logcompact.catalog import CatalogSection, DataFile, TopicPartition
 from logcompact.collector import collector_paused
 from logcompact.exceptions import InvalidPlanError
 from logcompact.format.layout import SectionInfo
+from logcompact.plans.grouping import input_sections
 from logcompact.plans.json_form import SECTION_TYPES, group_metadata_from_json, group_metadata_to_json, header_document, header_from_document, header_to_json
 from logcompact.plans.model import InputFile, Plan, PlanHeader
 from logcompact.topics import Topic
@@ -74,6 +75,40 @@ def decode_header(text: bytes, inputs: bytes, source: str) -> PlanHeader:
 
 
 def encode_groups(plan: Plan) -> list[bytes]:
+    """The plan's group documents, one per group in order: Arrow IPC files (zstd), one row per section, in the
+    plan's file order. The sections are taken as columns (`input_sections`: read for a planned plan, no section
+    object built), then dealt to their groups by their (topic, partition) codes."""
+    sections = input_sections(plan.inputs).table
+    columns = {"file": sections.column("file").combine_chunks(), "first_offset": sections.column("first_offset").combine_chunks()}
+    for name in SECTION_TYPES:
+        if name not in _PLANNER_ONLY:
+            values = sections.column(name).combine_chunks()
+            columns[name] = values.dictionary_encode() if SECTION_TYPES[name] is str else values
+    codes = _partition_codes(columns["topic"], columns["partition"], plan.topics)
+    for column, per_partition in (("outside_floor", plan.outside_floors), ("first_uncleanable", plan.first_uncleanable)):
+        keys = _partition_codes(
+            pa.array([t for t, _ in per_partition], pa.string()), pa.array([p for _, p in per_partition], pa.int64()), plan.topics
+        )
+        columns[column] = _lookup(codes, keys, np.fromiter(per_partition.values(), np.int64, len(per_partition)))
+    aborted = sorted(plan.aborted.items())
+    keys = _partition_codes(pa.array([t for (t, _), _ in aborted], pa.string()), pa.array([p for (_, p), _ in aborted], pa.int64()), plan.topics)
+    places = _lookup(codes, keys, np.arange(len(aborted), dtype=np.int64))
+    for column, end in (("aborted_first", 0), ("aborted_last", 1)):
+        columns[column] = pa.array([[r[end] for r in ranges] for _, ranges in aborted], pa.list_(pa.int64())).take(places)
+    table = pa.table(columns, schema=GROUP_SCHEMA)
+    firsts = [g.first for g in plan.groups[1:] if g.first is not None]  # all of them in a checked plan
+    starts = _partition_codes(pa.array([t for t, _ in firsts], pa.string()), pa.array([p for _, p in firsts], pa.int64()), plan.topics)
+    numbers = np.searchsorted(starts, codes, side="right")
+    documents = []
+    for group in plan.groups:
+        rows = table if len(plan.groups) == 1 else table.filter(pa.array(numbers == group.group))
+        topics = pc.unique(rows.column("topic").combine_chunks().dictionary_decode()).to_pylist() if rows.num_rows else []
+        metadata = group_metadata_to_json(plan, group, topics)
+        documents.append(_arrow_file(rows.replace_schema_metadata({GROUP_METADATA_KEY: metadata})))
+    return documents
+
+
+def encode_groups_objects(plan: Plan) -> list[bytes]:
     """The plan's group documents, one per group in order: Arrow IPC files (zstd), one row per section, in the
     plan's file order. The sections are converted to Arrow once, then dealt to their groups by their
     (topic, partition) codes."""
