@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple, overload
 
+import numpy as np
+
 from logcompact.catalog import DataFile, TopicPartition
 from logcompact.catalog.input_sections import InputSections
 from logcompact.exceptions import CommitConflictError
@@ -176,6 +178,51 @@ def _check_read(keys: Sequence[str], found: Sequence[str], sections: int, planne
 def input_sections(inputs: Sequence[DataFile]) -> InputSections:
     """The sections of a plan's inputs as columns: planned inputs' read in one query, files in hand converted."""
     return inputs.columns() if isinstance(inputs, PlannedInputs) else InputSections.from_files(inputs)
+
+
+class PartitionSpans(NamedTuple):
+    """What `Plan.hidden_offsets` takes from a plan's inputs (`partition_spans`)."""
+
+    gapped: dict[TopicPartition, list[tuple[int, int]]]  # the partitions whose spans may leave offsets unheld, with them
+    lowest_above_l0: dict[TopicPartition, int]  # the lowest first offset of its sections above L0
+
+
+def partition_spans(sections: InputSections, starts: Mapping[TopicPartition, int]) -> PartitionSpans:
+    """Per partition, the (first, last) offsets of the sections of `sections` that count for its holes (all of them at
+    L0; above L0 only of partitions not in `starts`, those never compacted, with their log starts), for the partitions
+    where they may leave offsets unheld: from its log start where `starts` gives one, between them otherwise. Found over
+    the columns by partition (sorted by first offset, a running end each): spans built only for those."""
+    table = sections.table
+    if not table.num_rows:
+        return PartitionSpans({}, {})
+    topics = table.column("topic").combine_chunks().dictionary_encode()
+    names = topics.dictionary.to_pylist()
+    codes = (topics.indices.to_numpy().astype(np.int64) << 32) | sections.integers("partition")
+    first = sections.integers("first_offset")
+    last = first + sections.integers("last_delta")
+    upper = sections.levels[sections.integers("file")] > 0
+    lowest_above: dict[TopicPartition, int] = {}
+    if upper.any():
+        order = np.argsort(codes[upper], kind="stable")
+        above, firsts = codes[upper][order], first[upper][order]
+        heads = np.flatnonzero(np.concatenate(([True], above[1:] != above[:-1])))
+        for code, low in zip(above[heads].tolist(), np.minimum.reduceat(firsts, heads).tolist()):
+            lowest_above[(names[code >> 32], code & 0xFFFFFFFF)] = low
+    start_of = {code: starts.get((names[code >> 32], code & 0xFFFFFFFF)) for code in np.unique(codes).tolist()}
+    never_compacted = np.array([code for code, start in start_of.items() if start is not None], np.int64)
+    counted = ~upper | ~np.isin(codes, never_compacted)
+    codes, first, last = codes[counted], first[counted], last[counted]
+    order = np.lexsort((first, codes))
+    codes, first, last = codes[order], first[order], last[order]
+    heads = np.flatnonzero(np.concatenate(([True], codes[1:] != codes[:-1])))
+    gapped: dict[TopicPartition, list[tuple[int, int]]] = {}
+    for head, end in zip(heads.tolist(), [*heads[1:].tolist(), len(codes)]):
+        firsts, reached = first[head:end], np.maximum.accumulate(last[head:end])
+        start = start_of[int(codes[head])]
+        if (start is not None and start < firsts[0]) or (firsts[1:] > reached[:-1] + 1).any():
+            code = int(codes[head])
+            gapped[(names[code >> 32], code & 0xFFFFFFFF)] = list(zip(firsts.tolist(), last[head:end].tolist()))
+    return PartitionSpans(gapped, lowest_above)
 
 
 def input_keys(inputs: Sequence[DataFile]) -> list[str]:
