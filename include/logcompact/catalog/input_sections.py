@@ -1,5 +1,5 @@
-"""The sections of a plan's input files as Arrow columns, every field a stored plan keeps of them (all but the key
-sketch): what a plan's documents are encoded from and its hidden offsets found in, read in one query without
+"""The sections of a plan's input files as Arrow columns, every field of them: what a plan's documents are encoded
+from (all but the key sketches), its hidden offsets found in and its effect estimated from, read in one query without
 building a section object (`Snapshot.input_sections`), or taken from files in hand (`from_files`)."""
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ from logcompact.exceptions import CorruptDataError
 from logcompact.format.layout import COMPRESSIONS, SectionInfo
 
 _ARROW_TYPES = {str: pa.string(), int: pa.int64(), bytes: pa.binary()}
-# The fields kept: every SectionInfo field but the key sketch, which only the planner's estimates read.
-KEPT_FIELDS = [name for name in SectionInfo._fields if name != "key_sketch"]
 _INFO_TYPES = get_type_hints(SectionInfo)
 _PLACED_STRUCT = pa.struct(
     [
@@ -27,15 +25,16 @@ _PLACED_STRUCT = pa.struct(
         pa.field("first_offset", pa.int64()),
     ]
 )
-# The sections columns read, in `schema.SECTION_ROW` order from file_id to clean_below_delta.
-READ_COLUMNS = s.SECTION_ROW[: s.SECTION_ROW.index("clean_below_delta") + 1]
+# The sections columns read, in `schema.SECTION_ROW` order from file_id to key_sketch: integers but the last.
+READ_COLUMNS = s.SECTION_ROW[: s.SECTION_ROW.index("key_sketch") + 1]
+_INTEGERS = len(READ_COLUMNS) - 1
 
 
 @dataclass(frozen=True, eq=False)
 class InputSections:
     """Input files, an entry each (`keys`, `levels`), and their sections as `table`, a row each in file order and,
     within a file, in the order the catalog loads them (byte offset, first row): `file`, the entry of the section's
-    file (int32), its `first_offset`, then the `KEPT_FIELDS` of its SectionInfo (strings plain, not dictionaries)."""
+    file (int32), its `first_offset`, then the fields of its SectionInfo (strings plain, not dictionaries)."""
 
     keys: list[str]
     levels: np.ndarray
@@ -61,15 +60,16 @@ class InputSections:
         place = {key: n for n, key in enumerate(keys)}
         found = sorted(file_rows, key=lambda row: place[row[1]])
         entry = {file_id: n for n, (file_id, _, _) in enumerate(found)}
-        count, width = len(section_rows), len(READ_COLUMNS)
+        count, width = len(section_rows), _INTEGERS
         try:
-            values = np.fromiter(chain.from_iterable(section_rows), np.int64, count * width).reshape(count, width)
+            values = np.fromiter(chain.from_iterable(row[:width] for row in section_rows), np.int64, count * width).reshape(count, width)
         except (TypeError, ValueError, OverflowError):
             raise _first_unreadable(section_rows) from None
         files = np.fromiter((entry[file_id] for file_id in values[:, 0].tolist()), np.int64, count)
         order = np.argsort(files, kind="stable")  # the rows of each file in the order they were fetched
         values, files = values[order], files[order]
-        column = {name: values[:, n] for n, name in enumerate(READ_COLUMNS)}
+        column = {name: values[:, n] for n, name in enumerate(READ_COLUMNS[:width])}
+        sketches = pa.array([bytes(row[width] or b"") for row in section_rows], pa.binary()).take(pa.array(order))
         crcs = np.asarray(s.section_crc_bindings(*(column[name] for name in READ_COLUMNS[1:9])), np.int64) ^ column["crc32"]
         topic_names = sorted(set(names.values()))
         rank = np.full(max(names, default=0) + 1, -1, np.int64)
@@ -83,10 +83,10 @@ class InputSections:
             "uncompressed_bytes": column["uncompressed_bytes"],
             "compression": pa.array(list(COMPRESSIONS), pa.string()).take(pa.array(column["compression"])),
             "crc32": crcs, "byte_offset": column["byte_offset"], "byte_length": column["byte_length"],
-            "clean_below_delta": column["clean_below_delta"], "first_row": column["first_row"],
+            "clean_below_delta": column["clean_below_delta"], "key_sketch": sketches, "first_row": column["first_row"],
         }
         table = pa.table(
-            {"file": pa.array(files.astype(np.int32)), "first_offset": pa.array(column["first_offset"]), **{name: fields[name] for name in KEPT_FIELDS}}
+            {"file": pa.array(files.astype(np.int32)), "first_offset": pa.array(column["first_offset"]), **{name: fields[name] for name in SectionInfo._fields}}
         )
         return cls([row[1] for row in found], np.array([row[2] for row in found], np.int64), table)
 
@@ -96,9 +96,9 @@ class InputSections:
         counts = [len(f.sections) for f in files]
         placed: list[CatalogSection] = [section for f in files for section in f.sections]
         info, first_offsets = pa.array(placed, _PLACED_STRUCT).flatten()
-        kept = {name: values for name, values in zip(_INFO_TYPES, info.flatten()) if name != "key_sketch"}
+        fields = dict(zip(_INFO_TYPES, info.flatten()))
         table = pa.table(
-            {"file": pa.array(np.repeat(np.arange(len(counts), dtype=np.int32), counts)), "first_offset": first_offsets, **kept}
+            {"file": pa.array(np.repeat(np.arange(len(counts), dtype=np.int32), counts)), "first_offset": first_offsets, **fields}
         )
         return cls([f.key for f in files], np.array([f.level for f in files], np.int64), table)
 

@@ -27,12 +27,6 @@ from logcompact.topics import Topic
 # through. The key sketch is the planner's alone (its estimates): a stored plan's sections go without it.
 _ARROW_TYPES = {str: pa.string(), int: pa.int64(), bytes: pa.binary()}
 _PLANNER_ONLY = {"key_sketch": SectionInfo._field_defaults["key_sketch"]}
-_PLACED_STRUCT = pa.struct(
-    [
-        pa.field("info", pa.struct([pa.field(name, _ARROW_TYPES[kind]) for name, kind in SECTION_TYPES.items()])),
-        pa.field("first_offset", pa.int64()),
-    ]
-)
 
 
 def _column_type(kind: type) -> pa.DataType:
@@ -83,42 +77,6 @@ def encode_groups(plan: Plan) -> list[bytes]:
     for name in SECTION_TYPES:
         if name not in _PLANNER_ONLY:
             values = sections.column(name).combine_chunks()
-            columns[name] = values.dictionary_encode() if SECTION_TYPES[name] is str else values
-    codes = _partition_codes(columns["topic"], columns["partition"], plan.topics)
-    for column, per_partition in (("outside_floor", plan.outside_floors), ("first_uncleanable", plan.first_uncleanable)):
-        keys = _partition_codes(
-            pa.array([t for t, _ in per_partition], pa.string()), pa.array([p for _, p in per_partition], pa.int64()), plan.topics
-        )
-        columns[column] = _lookup(codes, keys, np.fromiter(per_partition.values(), np.int64, len(per_partition)))
-    aborted = sorted(plan.aborted.items())
-    keys = _partition_codes(pa.array([t for (t, _), _ in aborted], pa.string()), pa.array([p for (_, p), _ in aborted], pa.int64()), plan.topics)
-    places = _lookup(codes, keys, np.arange(len(aborted), dtype=np.int64))
-    for column, end in (("aborted_first", 0), ("aborted_last", 1)):
-        columns[column] = pa.array([[r[end] for r in ranges] for _, ranges in aborted], pa.list_(pa.int64())).take(places)
-    table = pa.table(columns, schema=GROUP_SCHEMA)
-    firsts = [g.first for g in plan.groups[1:] if g.first is not None]  # all of them in a checked plan
-    starts = _partition_codes(pa.array([t for t, _ in firsts], pa.string()), pa.array([p for _, p in firsts], pa.int64()), plan.topics)
-    numbers = np.searchsorted(starts, codes, side="right")
-    documents = []
-    for group in plan.groups:
-        rows = table if len(plan.groups) == 1 else table.filter(pa.array(numbers == group.group))
-        topics = pc.unique(rows.column("topic").combine_chunks().dictionary_decode()).to_pylist() if rows.num_rows else []
-        metadata = group_metadata_to_json(plan, group, topics)
-        documents.append(_arrow_file(rows.replace_schema_metadata({GROUP_METADATA_KEY: metadata})))
-    return documents
-
-
-def encode_groups_objects(plan: Plan) -> list[bytes]:
-    """The plan's group documents, one per group in order: Arrow IPC files (zstd), one row per section, in the
-    plan's file order. The sections are converted to Arrow once, then dealt to their groups by their
-    (topic, partition) codes."""
-    with collector_paused():
-        counts = [len(f.sections) for f in plan.inputs]
-        placed = pa.array([s for f in plan.inputs for s in f.sections], _PLACED_STRUCT)
-    info, first_offsets = placed.flatten()
-    columns = {"file": pa.array(np.repeat(np.arange(len(counts), dtype=np.int32), counts)), "first_offset": first_offsets}
-    for name, values in zip(SECTION_TYPES, info.flatten()):
-        if name not in _PLANNER_ONLY:
             columns[name] = values.dictionary_encode() if SECTION_TYPES[name] is str else values
     codes = _partition_codes(columns["topic"], columns["partition"], plan.topics)
     for column, per_partition in (("outside_floor", plan.outside_floors), ("first_uncleanable", plan.first_uncleanable)):
