@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from logcompact.catalog import Catalog, CatalogSection, DataFile
 from logcompact.catalog.input_sections import InputSections
 from logcompact.format.layout import COMPRESSIONS, SectionInfo
-from logcompact.planner import PlannerConfig, choose_plans
+from logcompact.planner import PlannerConfig, choose_plans, expected_effect
 from logcompact.plans import PlannedInputs
 from logcompact.plans.arrow_form import encode_groups
 from logcompact.store import LocalStore
@@ -64,3 +64,22 @@ def test_documents_encoded_from_the_catalogs_columns_are_those_of_the_files_load
             assert read.keys == in_hand.keys and read.levels.tolist() == in_hand.levels.tolist()
             assert read.table.to_pylist() == in_hand.table.to_pylist()
             assert encode_groups(plan) == encode_groups(replace(plan, inputs=tuple(plan.inputs)))
+
+
+def test_sections_read_on_each_database_are_the_files_and_their_documents_estimates_the_same(catalog: Catalog) -> None:
+    for name, topic_settings in TOPICS.items():
+        create_topic(catalog, name, PARTITIONS, **topic_settings)
+    sketches = [b"", b"\x01\x02", bytes(range(40))]
+    drawn = [
+        (level, 10_000 + n, [(topic, partition, 5 + n, 900 + 10 * n, COMPRESSIONS[n % len(COMPRESSIONS)], (n * 2654435761) % 2**32, n % 7, n, sketches[n % 3])
+                             for topic in sorted(TOPICS) for partition in range(n % PARTITIONS, PARTITIONS)])
+        for n, level in enumerate([0, 0, 0, 0, 1, 1, 1, 2])
+    ]
+    catalog.replace_files([], _place(drawn), NOW)
+    snapshot = catalog.snapshot()
+    (plan,) = choose_plans(snapshot, NOW, "full", CONFIG)
+    assert isinstance(plan.inputs, PlannedInputs) and len(plan.groups) > 1
+    in_hand = replace(plan, inputs=tuple(snapshot.get_files(plan.inputs.keys)[key] for key in plan.inputs.keys))
+    assert snapshot.input_sections(plan.inputs.keys).table.to_pylist() == InputSections.from_files(in_hand.inputs).table.to_pylist()
+    assert encode_groups(plan) == encode_groups(in_hand)
+    assert expected_effect(plan) == expected_effect(in_hand)
