@@ -30,6 +30,7 @@ from logcompact.catalog import schema as s
 from logcompact.catalog.columns import SectionColumns, ordered_then_by_key
 from logcompact.catalog.database import SHORT_LIST, catalog_errors, one_of
 from logcompact.catalog.holes import Range
+from logcompact.catalog.input_sections import READ_COLUMNS, InputSections
 from logcompact.catalog.model import (
     CONTENTS,
     CatalogSection,
@@ -225,6 +226,29 @@ class Snapshot:
         return SectionColumns.from_arrays(
             file_ids, keys_read, levels, sizes, created, contents, _integer_columns(wanted, count, texts), self.topic_ids, every
         )
+
+    def input_sections(self, keys: Sequence[str]) -> InputSections:
+        """The live files among `keys`, in their order, with their planned sections as columns (`InputSections`: every
+        field a stored plan keeps): two queries, the rows fetched as the driver hands them over and converted at once,
+        no section object built. When the keys are most of the live files, every live file is read, as by `get_files`."""
+        files, sec = s.files.c, s.sections.c
+        conditions = [self._live()]
+        with self._connect() as connection:
+            live = select(func.count()).select_from(s.files).where(self._live())
+            if len(keys) <= SHORT_LIST or len(keys) < MOST_FILES * connection.execute(live).scalar_one():
+                conditions.append(self._key_in(keys))
+            file_rows = _driver_rows(connection.execute(select(files.file_id, files.key, files.level).where(*conditions)))
+            section_rows = _driver_rows(connection.execute(
+                select(*(sec[name] for name in READ_COLUMNS)).join(s.files, files.file_id == sec.file_id)
+                .where(*conditions, self._planned_section()).order_by(sec.file_id, sec.byte_offset, sec.first_row)
+            ))
+        if len(conditions) == 1:  # every live file read: those not among the keys dropped
+            wanted = set(keys)
+            taken = {row[0] for row in file_rows if row[1] in wanted}
+            file_rows = [row for row in file_rows if row[0] in taken]
+            section_rows = [row for row in section_rows if row[0] in taken]
+        names = {topic_id: name for name, topic_id in self.topic_ids.items()}
+        return InputSections.from_rows(keys, file_rows, section_rows, names)
 
     def section_rows(self, keys: Sequence[str]) -> dict[str, list[tuple]]:
         """By key, the planned sections of the live files among `keys` as the catalog records them, as plain rows
@@ -541,14 +565,13 @@ class Snapshot:
                     found[key].add((names[topic_id], held))
         return found
 
-    def retired_apart(self, inputs: Sequence[DataFile]) -> list[tuple[str, TopicPartition, CatalogSection, str]]:
-        """(file key, partition, section, why in one line) of each section of the live files `inputs` (a plan's, with
-        the sections it takes) that was retired alone at a version no commit retiring sections made
-        (`schema.removal_recorded`): a damaged row hiding records, which compacting the file would drop, and gc
-        then collect with it. Only the files whose row counts more records than their sections taken are read (a
-        retired section's are not taken): one read of the files rows, none of the sections, in a cluster without
-        retired sections."""
-        taken = {f.key: f.record_count for f in inputs}
+    def retired_apart(self, taken: Mapping[str, int]) -> list[tuple[str, TopicPartition, CatalogSection, str]]:
+        """(file key, partition, section, why in one line) of each section of the live files `taken` (a plan's inputs,
+        each with the records of the sections it takes: `InputSections.records_by_file`) that was retired alone at a
+        version no commit retiring sections made (`schema.removal_recorded`): a damaged row hiding records, which
+        compacting the file would drop, and gc then collect with it. Only the files whose row counts more records than
+        their sections taken are read (a retired section's are not taken): one read of the files rows, none of the
+        sections, in a cluster without retired sections."""
         sec, files = s.sections.c, s.files.c
         names = {topic_id: name for name, topic_id in self.topic_ids.items()}
         with self._connect() as connection:

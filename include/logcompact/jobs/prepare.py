@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from logcompact.catalog import Catalog, SetAside, Snapshot, TopicPartition
 from logcompact.jobs.release import give_up, release_abandoned
 from logcompact.planner import PlannerConfig, choose_plans, expected_effect
-from logcompact.plans import Plan, PlanGroup, hidden_offsets_reason, plan_documents
+from logcompact.plans import Plan, PlanGroup, hidden_offsets_reason, input_keys, input_sections, plan_documents
 from logcompact.plans.documents import seal, write_documents
 from logcompact.units import mib
 
@@ -110,7 +110,7 @@ def _hiding(plan: Plan, snapshot: Snapshot) -> list[SetAside]:
     records)."""
     marks: dict[TopicPartition, SetAside] = {}
     hiding: list[tuple[TopicPartition, int, int, dict[str, set[TopicPartition]]]] = []
-    for key, (topic, partition), section, why in snapshot.retired_apart(plan.inputs):
+    for key, (topic, partition), section, why in snapshot.retired_apart(input_sections(plan.inputs).records_by_file()):
         if (topic, partition) not in marks:
             marks[(topic, partition)] = SetAside(topic, partition, why, key)
             low, high = section.first_offset, section.last_offset
@@ -141,7 +141,7 @@ def lease_and_write(catalog: Catalog, plans: list[Plan], now_ms: int, lease_ms: 
     leased: list[Plan] = []
     try:
         for leasing, sealed in zip(plans, [seal(d) for d in documents], strict=True):
-            catalog.lease(leasing.plan_id, [f.key for f in leasing.inputs], now_ms + lease_ms, now_ms, seal=sealed)
+            catalog.lease(leasing.plan_id, input_keys(leasing.inputs), now_ms + lease_ms, now_ms, seal=sealed)
             leased.append(leasing)
         for written in documents:
             write_documents(catalog.store, written)
@@ -155,7 +155,7 @@ def _label(plan: Plan, group: PlanGroup) -> str:
     """A group's map-index label, unique in a run and telling on one line of the grid: the plan (its id's random
     part, as the plan log names it), the group of how many, its partitions, levels and uncompressed bytes, e.g.
     `48ba7f36088b g2 of 4: accounts/50-74 L0>L1, 7.5 MiB uncompressed`."""
-    levels = "+".join(f"L{level}" for level in sorted({f.level for f in plan.inputs}))
+    levels = "+".join(f"L{level}" for level in sorted({f.level for f in plan.header().inputs}))
     return (
         f"{plan.plan_id.rsplit('-', 1)[-1]} g{group.group} of {len(plan.groups)}: {_partitions(group)} "
         f"{levels}>L{plan.target_level}, {mib(group.bytes)} uncompressed"

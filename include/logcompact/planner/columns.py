@@ -11,7 +11,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from logcompact.catalog import DataFile, PlanningSnapshot, TopicPartition
+from logcompact.catalog import DataFile, PlanningSnapshot, Snapshot, TopicPartition
 from logcompact.catalog.columns import SectionColumns
 from logcompact.plans import InputOffsets, PlannedInputs
 
@@ -69,7 +69,9 @@ class _OnceLoader:
 
 def planned_inputs(columns: SectionColumns, keys: Sequence[str], entries: np.ndarray, sections: int, load: Loader) -> PlannedInputs:
     """The inputs of a plan taking the files `keys`, at `entries` of `columns`, which hold `sections` sections."""
-    return PlannedInputs(keys, columns.levels[entries].tolist(), columns.sizes[entries].tolist(), columns.created_ms[entries].tolist(), sections, load)
+    # A catalog's snapshot reads each plan's sections as columns for it alone; others' plans convert their files.
+    read = load.snapshot.input_sections if isinstance(load, _OnceLoader) and isinstance(load.snapshot, Snapshot) else None
+    return PlannedInputs(keys, columns.levels[entries].tolist(), columns.sizes[entries].tolist(), columns.created_ms[entries].tolist(), sections, load, read)
 
 
 def files_holding(columns: SectionColumns, partitions: Iterable[TopicPartition]) -> set[str]:

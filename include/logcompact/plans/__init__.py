@@ -22,7 +22,7 @@ from logcompact.plans.documents import (
     write_group_result,
     write_plan,
 )
-from logcompact.plans.grouping import InputOffsets, PlanGroup, PlannedInputs, input_offsets, lowest_outside, split_into_groups
+from logcompact.plans.grouping import InputOffsets, PlanGroup, PlannedInputs, input_keys, input_offsets, input_sections, lowest_outside, split_into_groups
 from logcompact.plans.json_form import PLAN_FORMAT, file_from_json, file_to_json, plan_from_dict, plan_from_json, plan_to_dict, plan_to_json
 from logcompact.plans.model import InputFile, Plan, PlanHeader, hidden_offsets_reason, new_plan_id
 from logcompact.plans.results import CompactionStats, JobResult, summarize
@@ -45,7 +45,9 @@ __all__ = [
     "file_to_json",
     "group_done",
     "hidden_offsets_reason",
+    "input_keys",
     "input_offsets",
+    "input_sections",
     "lowest_outside",
     "new_plan_id",
     "plan_documents",

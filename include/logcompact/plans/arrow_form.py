@@ -18,6 +18,7 @@ from logcompact.catalog import CatalogSection, DataFile, TopicPartition
 from logcompact.collector import collector_paused
 from logcompact.exceptions import InvalidPlanError
 from logcompact.format.layout import SectionInfo
+from logcompact.plans.grouping import input_sections
 from logcompact.plans.json_form import SECTION_TYPES, group_metadata_from_json, group_metadata_to_json, header_document, header_from_document, header_to_json
 from logcompact.plans.model import InputFile, Plan, PlanHeader
 from logcompact.topics import Topic
@@ -26,12 +27,6 @@ from logcompact.topics import Topic
 # through. The key sketch is the planner's alone (its estimates): a stored plan's sections go without it.
 _ARROW_TYPES = {str: pa.string(), int: pa.int64(), bytes: pa.binary()}
 _PLANNER_ONLY = {"key_sketch": SectionInfo._field_defaults["key_sketch"]}
-_PLACED_STRUCT = pa.struct(
-    [
-        pa.field("info", pa.struct([pa.field(name, _ARROW_TYPES[kind]) for name, kind in SECTION_TYPES.items()])),
-        pa.field("first_offset", pa.int64()),
-    ]
-)
 
 
 def _column_type(kind: type) -> pa.DataType:
@@ -75,15 +70,13 @@ def decode_header(text: bytes, inputs: bytes, source: str) -> PlanHeader:
 
 def encode_groups(plan: Plan) -> list[bytes]:
     """The plan's group documents, one per group in order: Arrow IPC files (zstd), one row per section, in the
-    plan's file order. The sections are converted to Arrow once, then dealt to their groups by their
-    (topic, partition) codes."""
-    with collector_paused():
-        counts = [len(f.sections) for f in plan.inputs]
-        placed = pa.array([s for f in plan.inputs for s in f.sections], _PLACED_STRUCT)
-    info, first_offsets = placed.flatten()
-    columns = {"file": pa.array(np.repeat(np.arange(len(counts), dtype=np.int32), counts)), "first_offset": first_offsets}
-    for name, values in zip(SECTION_TYPES, info.flatten()):
+    plan's file order. The sections are taken as columns (`input_sections`: read for a planned plan, no section
+    object built), then dealt to their groups by their (topic, partition) codes."""
+    sections = input_sections(plan.inputs).table
+    columns = {"file": sections.column("file").combine_chunks(), "first_offset": sections.column("first_offset").combine_chunks()}
+    for name in SECTION_TYPES:
         if name not in _PLANNER_ONLY:
+            values = sections.column(name).combine_chunks()
             columns[name] = values.dictionary_encode() if SECTION_TYPES[name] is str else values
     codes = _partition_codes(columns["topic"], columns["partition"], plan.topics)
     for column, per_partition in (("outside_floor", plan.outside_floors), ("first_uncleanable", plan.first_uncleanable)):

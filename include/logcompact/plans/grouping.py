@@ -7,7 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple, overload
 
+import numpy as np
+
 from logcompact.catalog import DataFile, TopicPartition
+from logcompact.catalog.input_sections import InputSections
 from logcompact.exceptions import CommitConflictError
 
 if TYPE_CHECKING:  # a Spark task reads plans without loading the catalog's database layer
@@ -97,17 +100,21 @@ class PlannedInputs(Sequence[DataFile]):
     sections still in the catalog. The planner decides from the sections' columns (`Snapshot.section_columns`), so a
     pass builds no section object; the files with their sections are loaded on first use (`load`: one read for every
     plan of the pass) and must hold as many sections as the pass weighed, or the catalog changed under the snapshot.
-    The header (`header_files`), the keys and the count need no load. Pickled or copied, it is the loaded tuple."""
+    The header (`header_files`), the keys and the count need no load; the sections as columns (`columns`: what the
+    plan's documents and its hidden offsets are made from) are read by `read` in one query of the plan's files, when
+    given it (files in hand are converted). Pickled or copied, it is the loaded tuple."""
 
     def __init__(
         self, keys: Sequence[str], levels: Sequence[int], sizes: Sequence[int], created_ms: Sequence[int], sections: int,
-        load: Callable[[Sequence[str]], Mapping[str, DataFile]],
+        load: Callable[[Sequence[str]], Mapping[str, DataFile]], read: Callable[[Sequence[str]], InputSections] | None = None,
     ) -> None:
         self.keys = list(keys)
         self._described = (list(levels), list(sizes), list(created_ms))
         self._sections = sections
         self._load = load
+        self._read = read
         self._files: tuple[DataFile, ...] | None = None
+        self._columns: InputSections | None = None
 
     def header_files(self) -> list[tuple[str, int, int, int]]:
         """(key, level, size, created_ms) of each file, in order."""
@@ -116,13 +123,20 @@ class PlannedInputs(Sequence[DataFile]):
     def files(self) -> tuple[DataFile, ...]:
         if self._files is None:
             loaded = self._load(self.keys)
-            missing = [key for key in self.keys if key not in loaded]
-            files = tuple(loaded[key] for key in self.keys) if not missing else ()
-            if missing or sum(len(f.sections) for f in files) != self._sections:
-                gone = f"file {missing[0]} is no longer live" if missing else "its files' sections changed"
-                raise CommitConflictError(f"a plan's inputs were read as planned, but {gone} in the catalog since; plan again")
+            files = tuple(loaded[key] for key in self.keys if key in loaded)
+            _check_read(self.keys, [f.key for f in files], sum(len(f.sections) for f in files), self._sections)
             self._files = files
         return self._files
+
+    def columns(self) -> InputSections:
+        if self._columns is None:
+            if self._read is None or self._files is not None:
+                self._columns = InputSections.from_files(self.files())
+            else:
+                read = self._read(self.keys)
+                _check_read(self.keys, read.keys, len(read), self._sections)
+                self._columns = read
+        return self._columns
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -150,6 +164,65 @@ class PlannedInputs(Sequence[DataFile]):
 
     def __reduce__(self) -> tuple:
         return (tuple, (self.files(),))
+
+
+def _check_read(keys: Sequence[str], found: Sequence[str], sections: int, planned: int) -> None:
+    """The files `keys` read back as `found` with `sections` sections: as planned, or a conflict."""
+    if len(found) != len(keys) or sections != planned:
+        read = set(found)
+        missing = [key for key in keys if key not in read]
+        gone = f"file {missing[0]} is no longer live" if missing else "its files' sections changed"
+        raise CommitConflictError(f"a plan's inputs were read as planned, but {gone} in the catalog since; plan again")
+
+
+def input_sections(inputs: Sequence[DataFile]) -> InputSections:
+    """The sections of a plan's inputs as columns: planned inputs' read in one query, files in hand converted."""
+    return inputs.columns() if isinstance(inputs, PlannedInputs) else InputSections.from_files(inputs)
+
+
+class PartitionSpans(NamedTuple):
+    """What `Plan.hidden_offsets` takes from a plan's inputs (`partition_spans`)."""
+
+    gapped: dict[TopicPartition, list[tuple[int, int]]]  # the partitions whose spans may leave offsets unheld, with them
+    lowest_above_l0: dict[TopicPartition, int]  # the lowest first offset of its sections above L0
+
+
+def partition_spans(sections: InputSections, starts: Mapping[TopicPartition, int]) -> PartitionSpans:
+    """Per partition, the (first, last) offsets of the sections of `sections` that count for its holes (all of them at
+    L0; above L0 only of partitions not in `starts`, those never compacted, with their log starts), for the partitions
+    where they may leave offsets unheld: from its log start where `starts` gives one, between them otherwise. Found over
+    the columns by partition (sorted by first offset, a running end each): spans built only for those."""
+    table = sections.table
+    if not table.num_rows:
+        return PartitionSpans({}, {})
+    topics = table.column("topic").combine_chunks().dictionary_encode()
+    names = topics.dictionary.to_pylist()
+    codes = (topics.indices.to_numpy().astype(np.int64) << 32) | sections.integers("partition")
+    first = sections.integers("first_offset")
+    last = first + sections.integers("last_delta")
+    upper = sections.levels[sections.integers("file")] > 0
+    lowest_above: dict[TopicPartition, int] = {}
+    if upper.any():
+        order = np.argsort(codes[upper], kind="stable")
+        above, firsts = codes[upper][order], first[upper][order]
+        heads = np.flatnonzero(np.concatenate(([True], above[1:] != above[:-1])))
+        for code, low in zip(above[heads].tolist(), np.minimum.reduceat(firsts, heads).tolist()):
+            lowest_above[(names[code >> 32], code & 0xFFFFFFFF)] = low
+    start_of = {code: starts.get((names[code >> 32], code & 0xFFFFFFFF)) for code in np.unique(codes).tolist()}
+    never_compacted = np.array([code for code, start in start_of.items() if start is not None], np.int64)
+    counted = ~upper | ~np.isin(codes, never_compacted)
+    codes, first, last = codes[counted], first[counted], last[counted]
+    order = np.lexsort((first, codes))
+    codes, first, last = codes[order], first[order], last[order]
+    heads = np.flatnonzero(np.concatenate(([True], codes[1:] != codes[:-1])))
+    gapped: dict[TopicPartition, list[tuple[int, int]]] = {}
+    for head, end in zip(heads.tolist(), [*heads[1:].tolist(), len(codes)]):
+        firsts, reached = first[head:end], np.maximum.accumulate(last[head:end])
+        start = start_of[int(codes[head])]
+        if (start is not None and start < firsts[0]) or (firsts[1:] > reached[:-1] + 1).any():
+            code = int(codes[head])
+            gapped[(names[code >> 32], code & 0xFFFFFFFF)] = list(zip(firsts.tolist(), last[head:end].tolist()))
+    return PartitionSpans(gapped, lowest_above)
 
 
 def input_keys(inputs: Sequence[DataFile]) -> list[str]:

@@ -29,7 +29,16 @@ from logcompact.limits import (
     MAX_PLAN_AGE_MS,
     MODES,
 )
-from logcompact.plans.grouping import PlanGroup, PlannedInputs, input_offsets, lowest_outside, split_into_groups
+from logcompact.plans.grouping import (
+    PlanGroup,
+    PlannedInputs,
+    input_keys,
+    input_offsets,
+    input_sections,
+    lowest_outside,
+    partition_spans,
+    split_into_groups,
+)
 from logcompact.topics import Topic
 from logcompact.units import utc_iso
 
@@ -195,7 +204,7 @@ class Plan:
     def check_offsets_held(self, snapshot: Snapshot) -> None:
         """`hidden_offsets` as a refusal, for a plan the user chose: CorruptDataError naming the first partition,
         before anything is leased."""
-        retired = snapshot.retired_apart(self.inputs)
+        retired = snapshot.retired_apart(input_sections(self.inputs).records_by_file())
         if retired:
             raise CorruptDataError(f"plan {self.plan_id}: {retired[0][3]}; compacting it would drop them; nothing was leased")
         hidden = sorted(self.hidden_offsets(snapshot).items())
@@ -218,25 +227,20 @@ class Plan:
         are read only for the partitions whose sections in the plan leave offsets between them (none in a copy of L0
         files), in one query per topic."""
         starts = snapshot.never_compacted(self.topics)
-        held: dict[TopicPartition, list[tuple[int, int]]] = {}
-        for data_file in self.inputs:
-            for info, first in data_file.sections:
-                tp = (info.topic, info.partition)
-                if data_file.level == 0 or tp not in starts:  # above L0, a partition has held a section above L0
-                    held.setdefault(tp, []).append((first, first + info.last_delta))
+        spans = partition_spans(input_sections(self.inputs), starts)
         from_start: dict[TopicPartition, list[tuple[int, int]]] = {}
         unheld: dict[TopicPartition, list[tuple[int, int]]] = {}
-        for tp, sections in held.items():
+        for tp, sections in spans.gapped.items():
             if between := gaps(sections, starts.get(tp)):
                 (from_start if tp in starts else unheld)[tp] = between
         holes = {tp: left[0] for tp, left in snapshot.without_holes(from_start).items()}
         hidden: dict[TopicPartition, HiddenOffsets] = {}
         if holes:
-            outside = lowest_outside(snapshot, self.inputs, set(holes))
+            outside = lowest_outside(snapshot, self.inputs, set(holes), spans.lowest_above_l0)
             # A section outside the plan from at most the hole's last offset may hold them.
             hidden = {tp: HiddenOffsets(low, high, False) for tp, (low, high) in holes.items() if outside.get(tp, high + 1) > high}
         if unheld:
-            unexplained = snapshot.unexplained_gaps(unheld, [f.key for f in self.inputs])
+            unexplained = snapshot.unexplained_gaps(unheld, input_keys(self.inputs))
             hidden.update({tp: HiddenOffsets(low, high, True) for tp, (low, high) in unexplained.items()})
         return hidden
 
