@@ -24,7 +24,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Column, ColumnElement, Connection, Engine, Table, any_, bindparam, create_engine, event, func, select, update
+from sqlalchemy import Column, ColumnElement, Connection, CursorResult, Engine, Table, any_, bindparam, create_engine, event, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import URL, make_url
@@ -216,6 +216,13 @@ def update_rows(connection: Connection, table: Table, key: Sequence[str], rows: 
         {name: bindparam(f"u_{name}") for name in names if name not in key}
     )
     connection.execute(statement, [{f"u_{name}": value for name, value in row.items()} for row in rows])
+
+
+def driver_rows(result: CursorResult) -> list[tuple]:
+    """A result's rows as the database driver hands them over: plain tuples, none made a `Row` (what reading
+    hundreds of thousands of them as columns would cost as much again)."""
+    with result:
+        return list(result.cursor.fetchall())
 
 
 def driver_connection(connection: Connection) -> Any:

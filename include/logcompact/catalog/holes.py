@@ -17,7 +17,7 @@ import numpy as np
 from sqlalchemy import BindParameter, ColumnElement, Connection, Select, bindparam, delete, or_, select, update
 
 from logcompact.catalog import schema as s
-from logcompact.catalog.database import execute_many, one_of
+from logcompact.catalog.database import driver_rows, execute_many, one_of
 
 # A partition, as (topic id, partition); a range of offsets, (first, last), both held.
 Slot = tuple[int, int]
@@ -108,8 +108,7 @@ def input_spans(connection: Connection, file_ids: Sequence[int], kept: Iterable[
     query = select(sec.topic_id, sec.partition, sec.first_offset, sec.last_offset).where(
         one_of(sec.file_id, file_ids, connection.dialect.name), sec.removed_version.is_(None)
     )
-    with connection.execute(query) as result:
-        rows = result.cursor.fetchall()
+    rows = driver_rows(connection.execute(query))
     values = np.array(rows, np.int64).reshape(len(rows), 4)
     if kept := set(kept):  # rare: partitions set aside
         values = values[np.fromiter(((t, p) not in kept for t, p in values[:, :2].tolist()), bool, len(values))]

@@ -28,7 +28,7 @@ from sqlalchemy.types import Text
 from logcompact.catalog import holes, summaries, topics, transactions
 from logcompact.catalog import schema as s
 from logcompact.catalog.columns import SectionColumns, ordered_then_by_key
-from logcompact.catalog.database import SHORT_LIST, catalog_errors, one_of
+from logcompact.catalog.database import SHORT_LIST, catalog_errors, driver_rows, one_of
 from logcompact.catalog.holes import Range
 from logcompact.catalog.input_sections import READ_COLUMNS, InputSections
 from logcompact.catalog.model import (
@@ -237,8 +237,8 @@ class Snapshot:
             live = select(func.count()).select_from(s.files).where(self._live())
             if len(keys) <= SHORT_LIST or len(keys) < MOST_FILES * connection.execute(live).scalar_one():
                 conditions.append(self._key_in(keys))
-            file_rows = _driver_rows(connection.execute(select(files.file_id, files.key, files.level).where(*conditions)))
-            section_rows = _driver_rows(connection.execute(
+            file_rows = driver_rows(connection.execute(select(files.file_id, files.key, files.level).where(*conditions)))
+            section_rows = driver_rows(connection.execute(
                 select(*(sec[name] for name in READ_COLUMNS)).join(s.files, files.file_id == sec.file_id)
                 .where(*conditions, self._planned_section()).order_by(sec.file_id, sec.byte_offset, sec.first_row)
             ))
