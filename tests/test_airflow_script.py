@@ -82,9 +82,14 @@ def _running_script(tmp_path: Path, argv: list[str]) -> Iterator[tuple[subproces
         "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(ports["trigger logs"]),
     }
     output = tmp_path / "output.txt"
-    # A session of its own, as a shell starts a job: its process group is the one a Ctrl-C signals.
+    # A session of its own, as a shell starts a job: its process group is the one a Ctrl-C signals. SIGINT at its
+    # default, as a terminal's job has it, whatever the suite inherited: one started in the background ignores it,
+    # and a shell cannot trap a signal ignored when it started.
     with open(output, "wb") as out:
-        started = subprocess.Popen(argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        started = subprocess.Popen(
+            argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
     tree: list[psutil.Process] = []
     try:
         deadline = time.monotonic() + STARTUP_S
