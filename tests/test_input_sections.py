@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from logcompact.catalog import Catalog, CatalogSection, DataFile
-from logcompact.catalog.input_sections import InputSections
+from logcompact.catalog.input_sections import READ_COLUMNS, InputSections
+from logcompact.exceptions import CorruptDataError
 from logcompact.format.layout import COMPRESSIONS, SectionInfo
 from logcompact.planner import PlannerConfig, choose_plans, expected_effect
 from logcompact.plans import PlannedInputs
@@ -83,3 +85,10 @@ def test_sections_read_on_each_database_are_the_files_and_their_documents_estima
     assert snapshot.input_sections(plan.inputs.keys).table.to_pylist() == InputSections.from_files(in_hand.inputs).table.to_pylist()
     assert encode_groups(plan) == encode_groups(in_hand)
     assert expected_effect(plan) == expected_effect(in_hand)
+
+
+def test_a_damaged_sections_row_is_named_among_sound_ones() -> None:
+    sound = (1, 7, 0, *range(3, len(READ_COLUMNS))) + (b"\x01\x02",)  # integers, then a key sketch
+    damaged = (1, 7, "three", *sound[3:])  # SQLite keeps a partition set as text
+    with pytest.raises(CorruptDataError, match=r"partition 'three' of file_id 1 is damaged"):
+        InputSections.from_rows(["k"], [(1, "k", 0)], [sound, damaged], {1: "t", 7: "u"})

@@ -79,7 +79,6 @@ class SectionColumns:
         )
 
 
-
 def ordered_then_by_key(keys: Sequence[str], *columns: np.ndarray) -> np.ndarray:
     """The permutation sorting entries by `columns` (the first most significant), then by key as Python and SQLite's
     BINARY collation compare them (by code point): numpy sorts the integers, Python only the runs of entries alike

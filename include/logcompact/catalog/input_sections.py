@@ -104,9 +104,10 @@ class InputSections:
 
 
 def _first_unreadable(rows: Sequence[Sequence]) -> CorruptDataError:
-    """The first sections row not all 64-bit integers (SQLite keeps whatever a column is set to), named."""
+    """The first sections row whose integer fields (all but the key sketch) are not all 64-bit integers (SQLite keeps
+    whatever a column is set to), named."""
     for row in rows:
-        if not all(isinstance(value, int) and -(1 << 63) <= value < (1 << 63) for value in row):
+        if not all(isinstance(value, int) and -(1 << 63) <= value < (1 << 63) for value in row[:_INTEGERS]):
             return CorruptDataError(
                 f"catalog row of section topic_id {row[1]!r}, partition {row[2]!r} of file_id {row[0]!r} is damaged: its fields "
                 f"{tuple(row)!r:.200} are not all 64-bit integers; restore the catalog database from a backup"
