@@ -63,9 +63,12 @@ class LocalStore(ObjectStore):
         )
 
     def put(self, key: str, data: bytes) -> None:
-        self.put_parts(key, (data,))
+        self._put(key, (data,))
 
     def put_parts(self, key: str, parts: Sequence[BufferLike]) -> None:
+        self._put(key, parts)
+
+    def _put(self, key: str, parts: Sequence[BufferLike]) -> None:
         path = self._path(key)
         temp = None
         try:
