@@ -323,7 +323,7 @@ def phase_of(stack_sample: str) -> str:
 
     if functions & {"replace_files", "commit_plan", "append_files", "release"}:
         return "committing"
-    if touches("logcompact/format/writer.py") or functions & {"put_file", "put", "_write"}:
+    if touches("logcompact/format/writer.py") or functions & {"put_file", "put", "put_parts", "_write"}:
         return "writing"
     if touches("logcompact/format/reader.py", "logcompact/engine/cleaner.py", "logcompact/engine/offset_map.py"):
         return "reading"

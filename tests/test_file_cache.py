@@ -70,6 +70,10 @@ def test_sizes_are_kept_and_an_object_written_or_deleted_through_it_is_forgotten
     cache.put("a", b"new contents")
     assert cache.cached_bytes == 0
     assert cache.get_range("a", 0, 3) == b"new" and cache.stat("a").size == len(b"new contents")  # type: ignore[union-attr]
+    cache.get_range("a", 0, 12)  # held, as is its size
+    cache.put_parts("a", [b"written ", memoryview(b"in parts")])
+    assert cache.cached_bytes == 0
+    assert cache.get_range("a", 0, 12) == b"written in p" and cache.stat("a").size == 16  # type: ignore[union-attr]
     cache.delete("a")
     assert cache.cached_bytes == 0 and cache.stat("a") is None
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from pyroaring import BitMap
 
 from logcompact.exceptions import CorruptDataError
-from logcompact.format import SectionStream, SegmentWriter, read_footer, read_section, read_section_from, section_table, write_segment
+from logcompact.format import PartsSink, SectionStream, SegmentWriter, read_footer, read_section, read_section_from, section_table, write_segment
 from logcompact.format.layout import FILE_HEADER, MAGIC, SECTION_SCHEMA, SectionInfo, record_bytes, row_sizes
 from logcompact.format.reader import SEEK_BYTES, BlockStream, iter_blocks, section_rows
 from logcompact.format.writer import PACK_BYTES
@@ -89,6 +89,30 @@ def test_round_trip_by_range_get_footer_and_stream(tmp_path_factory, partitions,
         assert info.tombstones == sum(v is None for v in values)
         assert (info.min_timestamp, info.max_timestamp) == (min(timestamps), max(timestamps))
         assert info.compression == compression
+
+
+@settings(max_examples=30, deadline=None)
+@given(topic_partitions, st.data(), st.sampled_from(["none", "lz4", "zstd"]))
+def test_a_file_written_as_parts_is_the_file_written_into_one_buffer(tmp_path_factory, partitions, data, compression) -> None:
+    """An ingest agent's file goes to the store as the writer's parts (PartsSink, put_parts): the same bytes as
+    through one buffer."""
+    tables = [section_table(*_columns(data.draw(records))) for _ in partitions]
+    blob, infos = _bulk(partitions, tables, compression)
+    sink = PartsSink()
+    writer = SegmentWriter(sink, compression)
+    writer.write_sections(partitions, pa.concat_tables(tables), [t.num_rows for t in tables])
+    assert writer.finish() == infos and writer.position == len(blob)
+    store = LocalStore(tmp_path_factory.mktemp("parts"))
+    store.put_parts("f.seg", sink.parts)
+    assert store.get("f.seg") == blob
+
+
+def test_a_section_written_into_parts_cannot_be_abandoned() -> None:
+    section = SegmentWriter(PartsSink(), "none").begin_section("t", 0)
+    section.append(section_table([0], [1], [b"k"], [b"v"]))
+    section.end_block()
+    with pytest.raises(TypeError, match="cannot seek"):
+        section.abandon()
 
 
 def _sample_file(store: ObjectStore, sections: int = 30, records: int = 100) -> list:

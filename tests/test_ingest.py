@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -151,7 +153,7 @@ def test_several_agents_never_hand_out_an_offset_twice(catalog: Catalog) -> None
 
 
 class _FailingStore(LocalStore):
-    def put(self, key: str, data: bytes) -> None:
+    def put_parts(self, key: str, parts: Sequence[Any]) -> None:  # how an agent writes its files
         raise StoreError(f"PUT {key} failed (SlowDown)")
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
+import pyarrow as pa
 import pytest
 
 from logcompact.exceptions import InvalidStoreUriError, ObjectNotFoundError
-from logcompact.store import ObjectStore, open_store
+from logcompact.store import LocalStore, ObjectStore, open_store
 
 
 def test_put_get_stat_delete(store: ObjectStore) -> None:
@@ -21,6 +23,44 @@ def test_put_get_stat_delete(store: ObjectStore) -> None:
     assert store.stat("a/b/one") is None
     with pytest.raises(ObjectNotFoundError, match="a/b/one"):
         store.get("a/b/one")
+
+
+def _parts() -> list:
+    """Buffers of every kind a segment writer hands out, more of them than one writev takes (IOV_MAX, 1024)."""
+    parts: list = [b"header", b"", memoryview(b"a view"), pa.py_buffer(bytes(range(256))).slice(10, 100)]
+    parts += [os.urandom(n % 37) for n in range(3000)]
+    return parts
+
+
+def test_an_object_put_from_parts_is_their_bytes_joined(store: ObjectStore) -> None:
+    parts = _parts()
+    joined = b"".join(parts)
+    store.put("a/parts", b"an older object")
+    before = store.counters.snapshot()
+    store.put_parts("a/parts", parts)
+    spent = store.counters.snapshot() - before
+    assert store.get("a/parts") == joined and store.stat("a/parts").size == len(joined)  # type: ignore[union-attr]
+    assert (spent.put, spent.bytes_written) == (1, len(joined))
+    store.put_parts("a/empty", [])
+    assert store.get("a/empty") == b""
+
+
+def test_a_local_put_from_parts_goes_on_after_partial_writes(tmp_path, monkeypatch) -> None:
+    """writev may write less than it was given (a signal, a pipe, 2 GiB at a time): the rest follows, from inside a
+    part as from its start, never more than IOV_MAX buffers a call."""
+    calls = []
+
+    def short_writev(fd: int, buffers: list) -> int:
+        calls.append(len(buffers))
+        assert len(buffers) <= os.sysconf("SC_IOV_MAX")
+        return os.write(fd, b"".join(buffers)[: 1 + len(calls) % 50])
+
+    store = LocalStore(tmp_path)
+    parts = _parts()
+    monkeypatch.setattr(os, "writev", short_writev)
+    store.put_parts("parts", parts)
+    monkeypatch.undo()
+    assert store.get("parts") == b"".join(parts) and len(calls) > 1000
 
 
 def test_streaming_get_is_one_request_read_in_pieces(store: ObjectStore) -> None:

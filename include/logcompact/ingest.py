@@ -28,7 +28,6 @@ it (its offsets are an aborted range, and its producer's sequences go on from it
 
 from __future__ import annotations
 
-import io
 import threading
 import time
 from collections import deque
@@ -47,7 +46,7 @@ from logcompact.catalog.schema import UNKNOWN_CODEC
 from logcompact.catalog.transactions import TxnError, TxnRefusal
 from logcompact.collector import collector_paused
 from logcompact.exceptions import IngestError, InvalidRecordError
-from logcompact.format import SegmentWriter
+from logcompact.format import PartsSink, SegmentWriter
 from logcompact.format.layout import HEADERS_TYPE, SECTION_SCHEMA
 from logcompact.format.xxh3 import key_hash_array
 from logcompact.keys import l0_key
@@ -550,15 +549,15 @@ class Agent:
             ],
             schema=SECTION_SCHEMA,
         )
-        sink = io.BytesIO()
+        # The file's parts go to the store as encoded: joining them cost two copies of the file into fresh memory.
+        sink = PartsSink()
         writer = SegmentWriter(sink, self.compression)
         writer.write_sections(slots, table, counts.tolist())
         sections = writer.finish()
-        data = sink.getvalue()
         now = self.clock()
         key = l0_key(now)
-        self.store.put(key, data)
-        new_file = NewFile(key=key, level=0, size=len(data), created_ms=now, sections=tuple(sections), produced_codecs=_produced_codecs(batches, rows, order, counts))
+        self.store.put_parts(key, sink.parts)
+        new_file = NewFile(key=key, level=0, size=writer.position, created_ms=now, sections=tuple(sections), produced_codecs=_produced_codecs(batches, rows, order, counts))
         record_deltas = np.empty(len(order), dtype=np.int64)  # each record's offset within its section, buffer order
         record_deltas[order] = deltas
         sequenced = []

@@ -12,6 +12,7 @@ import json
 import signal
 import socket
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -120,15 +121,15 @@ def test_confluent_kafka_idempotent_producer_writes_each_record_once(agent: Runn
 
 
 def test_a_failed_file_is_retried_by_the_idempotent_producer_and_written_once(agent: RunningAgent, catalog: Catalog, monkeypatch: pytest.MonkeyPatch) -> None:
-    put, puts = catalog.store.put, []
+    put_parts, puts = catalog.store.put_parts, []
 
-    def second_put_fails(key: str, data: bytes) -> None:
+    def second_put_fails(key: str, parts: Sequence[Any]) -> None:
         puts.append(key)
         if len(puts) == 2:
             raise OSError("disk full, once")
-        put(key, data)
+        put_parts(key, parts)
 
-    monkeypatch.setattr(catalog.store, "put", second_put_fails)
+    monkeypatch.setattr(catalog.store, "put_parts", second_put_fails)
     producer = Producer({"bootstrap.servers": agent.bootstrap, **IDEMPOTENT_LIBRDKAFKA, "retry.backoff.ms": 20})
     errors: list[Any] = []
     for i in range(600):
@@ -201,16 +202,16 @@ def test_a_sequence_gap_is_out_of_order_and_writes_nothing(agent: RunningAgent, 
 
 
 def test_batches_following_a_failed_file_are_not_written_and_their_retries_are(agent: RunningAgent, catalog: Catalog, monkeypatch: pytest.MonkeyPatch) -> None:
-    put, puts = catalog.store.put, []
+    put_parts, puts = catalog.store.put_parts, []
 
-    def second_put_fails_slowly(key: str, data: bytes) -> None:
+    def second_put_fails_slowly(key: str, parts: Sequence[Any]) -> None:
         puts.append(key)
         if len(puts) == 2:
             time.sleep(0.5)  # the next batch is accepted meanwhile, following this file's
             raise OSError("disk full, once")
-        put(key, data)
+        put_parts(key, parts)
 
-    monkeypatch.setattr(catalog.store, "put", second_put_fails_slowly)
+    monkeypatch.setattr(catalog.store, "put_parts", second_put_fails_slowly)
     producer_id = int(init_producer_id(agent).producer_id)
     assert answer(agent, sequenced_batch(producer_id, 0, 0, [b"a"])) == (NONE, 0)
     address = (agent.server.address.host, agent.server.address.port)

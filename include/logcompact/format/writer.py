@@ -259,6 +259,19 @@ class SectionBuilder:
         self._writer._section_done(section)
 
 
+class PartsSink:
+    """A segment writer's sink that keeps the buffers written (header bytes, Arrow's message buffers, none changed
+    afterwards) instead of copying them into one: `ObjectStore.put_parts` writes them as they are. It cannot seek, so
+    it takes only files written without rewinding (never SectionBuilder.abandon)."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes | memoryview | pa.Buffer] = []
+
+    def write(self, data: bytes | memoryview | pa.Buffer) -> int:
+        self.parts.append(data)
+        return len(data)
+
+
 class SegmentWriter:
     """Streams a segment file into `sink`. Sections come in (topic, partition) order, one each, either one at a
     time (`begin_section`) or many at once from one table (`write_sections`, what an ingest agent does).
@@ -267,7 +280,7 @@ class SegmentWriter:
     decompress with Arrow's vectorized codecs.
     """
 
-    def __init__(self, sink: IO[bytes], compression: str = "lz4") -> None:
+    def __init__(self, sink: IO[bytes] | PartsSink, compression: str = "lz4") -> None:
         if compression not in COMPRESSIONS:
             raise ValueError(f"compression {compression!r} is not one of {', '.join(COMPRESSIONS)}")
         self._sink = sink
@@ -349,6 +362,8 @@ class SegmentWriter:
         seekable, as a compaction's temporary file is) and the rows pending then are pending again."""
         position, blocks, self._pending, self._pending_rows, self._pending_bytes = mark
         if self.position != position:
+            if isinstance(self._sink, PartsSink):
+                raise TypeError("a section written into a PartsSink cannot be abandoned: its sink cannot seek")
             self._sink.seek(position)
             self._sink.truncate()
             self.position = position

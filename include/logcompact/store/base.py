@@ -5,9 +5,12 @@ from __future__ import annotations
 import builtins
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, BinaryIO
+
+# Any object of the buffer protocol: bytes, a memoryview, an Arrow buffer (typing has no name for it before 3.12).
+BufferLike = Any
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,12 @@ class ObjectStore(ABC):
     @abstractmethod
     def put(self, key: str, data: bytes) -> None:
         """Write an object whole, replacing any object of that key."""
+
+    @abstractmethod
+    def put_parts(self, key: str, parts: Sequence[BufferLike]) -> None:
+        """Write an object whole from `parts`, its bytes in order, replacing any object of that key: what
+        `put(key, b"".join(parts))` writes, without joining them where the backend can. The parts must not change
+        until this returns."""
 
     @abstractmethod
     def put_file(self, key: str, path: str) -> None:

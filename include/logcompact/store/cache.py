@@ -14,10 +14,10 @@ from __future__ import annotations
 import builtins
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from logcompact.store.base import CountingReader, ObjectInfo, ObjectStore
+from logcompact.store.base import BufferLike, CountingReader, ObjectInfo, ObjectStore
 
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 MAX_SIZES = 4096  # objects whose size is kept: the files being read, a few hundred bytes each
@@ -128,6 +128,10 @@ class CachedStore(ObjectStore):
     def put(self, key: str, data: bytes) -> None:
         self._drop(key)
         self.store.put(key, data)
+
+    def put_parts(self, key: str, parts: Sequence[BufferLike]) -> None:
+        self._drop(key)
+        self.store.put_parts(key, parts)
 
     def put_file(self, key: str, path: str) -> None:
         self._drop(key)
