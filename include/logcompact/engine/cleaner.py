@@ -73,7 +73,7 @@ import pyarrow.compute as pc
 from logcompact.catalog import CatalogSection, DataFile, SetAside, TopicPartition
 from logcompact.collector import collector_paused
 from logcompact.engine.copier import CONTENTS, copy_plan
-from logcompact.engine.gather import FULL, OUT_OF_ORDER, BatchColumns, BlockGatherer, int64_values, validity
+from logcompact.engine.gather import FULL, OUT_OF_ORDER, BatchColumns, BlockGatherer
 from logcompact.engine.offset_map import CompactOffsetMap, OffsetMap
 from logcompact.exceptions import CorruptDataError
 from logcompact.format import SectionStream, SegmentWriter
@@ -570,6 +570,7 @@ class _PartitionCleaner:
         aborted = plan.aborted.get((topic, partition), ())
         self.aborted_firsts = np.asarray([first for first, _ in aborted], dtype=np.int64)
         self.aborted_lasts = np.asarray([last for _, last in aborted], dtype=np.int64)
+        self.decided_counts = np.zeros(len(_COUNTED), dtype=np.int64)  # `_decide`'s, in `_COUNTED` order
 
     def _records(self, cursors: _Cursors, columns: tuple[str, ...] | None = None) -> _PartitionReader:
         """This pass's reader of the partition in offset order; sections wholly past retention are skipped.
@@ -724,7 +725,11 @@ class _PartitionCleaner:
         return None
 
     def _clean_until(self, reader: _PartitionReader, stop: int | None, out: _PartitionOutput) -> None:
-        """Pass 2: decide every record below `stop` (all when None) against the map, and write survivors."""
+        """Pass 2: decide every record below `stop` (all when None) against the map, write survivors, and count them."""
+        self._decide_until(reader, stop, out)
+        self._count_decided()
+
+    def _decide_until(self, reader: _PartitionReader, stop: int | None, out: _PartitionOutput) -> None:
         for batch in reader:
             if stop is not None:
                 offsets = batch.column("offset").to_numpy()
@@ -749,22 +754,21 @@ class _PartitionCleaner:
 
     def _decide(self, batch: pa.RecordBatch) -> tuple[BatchColumns, np.ndarray]:
         """The batch's columns with the delete horizons its records carry (new only where a tombstone is stamped), and
-        which records survive: Kafka's rules, applied row by row in one compiled pass."""
-        n = batch.num_rows
-        horizon_column = batch.column("delete_horizon")
+        which records survive: Kafka's rules, applied row by row in one compiled pass. The stats it counts wait in
+        `decided_counts` for `_count_decided`."""
+        rows = BatchColumns.of(batch)
+        n = len(rows.offsets)
         keep = np.empty(n, dtype=np.bool_)
         horizons = np.empty(n, dtype=np.int64)
         stamped = np.empty(n, dtype=np.bool_)
-        counts = np.zeros(len(_COUNTED), dtype=np.int64)
-        keyed, valued = validity(batch.column("key")), validity(batch.column("value"))
         _decide_rows(
-            batch.column("offset").to_numpy(),
-            self.key_map.get(key_hash_words(batch.column("key_hash"))),
-            keyed,
-            valued,
-            batch.column("timestamp").to_numpy(),
-            int64_values(horizon_column),
-            validity(horizon_column),
+            rows.offsets,
+            self.key_map.get(rows.hashes),
+            rows.keyed,
+            rows.valued,
+            rows.timestamps,
+            rows.horizons,
+            rows.stamped,
             _NEVER if self.young_from is None else self.young_from,
             _NEVER if self.floor is None else self.floor,
             self.removes_latest,
@@ -774,14 +778,19 @@ class _PartitionCleaner:
             keep,
             horizons,
             stamped,
-            counts,
+            self.decided_counts,
         )
+        return rows._replace(horizons=horizons, stamped=stamped), keep
+
+    def _count_decided(self) -> None:
+        """Add the counts `_decide` gathered to the stats (once a stretch of pass 2, not once a batch)."""
+        counts = self.decided_counts
         stats = self.stats
         for name, count in zip(_COUNTED, counts.tolist()):
             setattr(stats, name, getattr(stats, name) + count)
         if counts[_INVALID]:
             stats.warnings_once(f"{self.topic}/{self.partition}: records without a key in a compacted topic were removed")
-        return BatchColumns.of(batch, keyed, valued, horizons, stamped), keep
+        counts[:] = 0
 
 
 # Sentinels of `_decide_rows` for a bound the partition does not have: no young offset, no floor, no retention.
