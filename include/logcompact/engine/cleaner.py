@@ -840,7 +840,9 @@ def _decide_rows(
 
 def compile_kernels() -> None:
     """Compile (or load from numba's cache) the engine's loops now, not in a job's first partition: a plan of three
-    records (a duplicate, a tombstone, a header) deduplicated in a temporary store."""
+    records (a duplicate, a tombstone, a header) deduplicated in a temporary store, twice over: in partition 0 they
+    are two sections of two files, in partition 1 one section. numba compiles a loop once for read-only arrays (a
+    section's batch as decoded) and once for writable ones (small sections' batches joined), and a job meets both."""
     from logcompact.format.writer import section_table, write_segment
     from logcompact.store import LocalStore
     from logcompact.topics import Topic
@@ -848,12 +850,14 @@ def compile_kernels() -> None:
     with tempfile.TemporaryDirectory(prefix="logcompact-compile-") as root:
         store = LocalStore(root)
         table = section_table([0, 1, 2], [1, 2, 3], [b"k", b"k", b"j"], [b"v", None, b"w"], [[("h", b"x")], None, None])
-        blob, infos = write_segment([("compile", 0, table)])
-        key = "data/l1/compile.seg"
-        store.put(key, blob)
+        inputs = []
+        for name, sections, first_offset in (("first", [("compile", 0, table), ("compile", 1, table)], 0), ("second", [("compile", 0, table)], 3)):
+            blob, infos = write_segment(sections)
+            key = f"data/l1/compile-{name}.seg"
+            store.put(key, blob)
+            inputs.append(DataFile(key, 1, len(blob), 0, tuple(CatalogSection(info, first_offset if info.partition == 0 else 0) for info in infos)))
         plan = Plan(
             plan_id="compile", cluster_id="compile", manifest_version=1, now_ms=10, target_level=2, deduplicate=True,
-            inputs=(DataFile(key, 1, len(blob), 0, (CatalogSection(infos[0], 0),)),),
-            topics={"compile": Topic.create("compile", 1, {"cleanup.policy": "compact"}, 0)},
+            inputs=tuple(inputs), topics={"compile": Topic.create("compile", 2, {"cleanup.policy": "compact"}, 0)},
         )
         run_plan(store, plan, workdir=root)
