@@ -73,7 +73,7 @@ import pyarrow.compute as pc
 from logcompact.catalog import CatalogSection, DataFile, SetAside, TopicPartition
 from logcompact.collector import collector_paused
 from logcompact.engine.copier import CONTENTS, copy_plan
-from logcompact.engine.gather import FULL, OUT_OF_ORDER, BatchColumns, BlockGatherer, int64_values, validity
+from logcompact.engine.gather import FULL, OUT_OF_ORDER, BatchColumns, BlockGatherer
 from logcompact.engine.offset_map import CompactOffsetMap, OffsetMap
 from logcompact.exceptions import CorruptDataError
 from logcompact.format import SectionStream, SegmentWriter
@@ -107,7 +107,7 @@ def _with_offsets(pieces: list[_Piece], columns: tuple[str, ...] | None) -> pa.R
     firsts = np.asarray([placed.first_offset for _, placed, _ in pieces], dtype=np.int64)
     counts = np.asarray([b.num_rows for b in batches], dtype=np.int64)
     offsets = np.empty(batch.num_rows, dtype=np.int64)
-    at = _placed_offsets(batch.column("offset_delta").to_numpy(), firsts, counts, offsets)
+    at = _placed_offsets(batch.column(0).to_numpy(), firsts, counts, offsets)  # offset_delta: every block's first column
     if at >= 0:
         _, placed, key = pieces[int(np.searchsorted(np.cumsum(counts), at, side="right"))]
         damage = CorruptDataError(
@@ -117,7 +117,8 @@ def _with_offsets(pieces: list[_Piece], columns: tuple[str, ...] | None) -> pa.R
         )
         damage.key = key
         raise damage
-    return batch.add_column(0, _OFFSET_FIELD, pa.array(offsets))
+    # From the array's buffer as it is: `pa.array` would inspect the numpy array first (a few µs a batch).
+    return batch.add_column(0, _OFFSET_FIELD, pa.Array.from_buffers(pa.int64(), len(offsets), [None, pa.py_buffer(offsets)]))
 
 
 @numba.njit(cache=True, nogil=True)
@@ -570,6 +571,7 @@ class _PartitionCleaner:
         aborted = plan.aborted.get((topic, partition), ())
         self.aborted_firsts = np.asarray([first for first, _ in aborted], dtype=np.int64)
         self.aborted_lasts = np.asarray([last for _, last in aborted], dtype=np.int64)
+        self.decided_counts = np.zeros(len(_COUNTED), dtype=np.int64)  # `_decide`'s, in `_COUNTED` order
 
     def _records(self, cursors: _Cursors, columns: tuple[str, ...] | None = None) -> _PartitionReader:
         """This pass's reader of the partition in offset order; sections wholly past retention are skipped.
@@ -724,7 +726,11 @@ class _PartitionCleaner:
         return None
 
     def _clean_until(self, reader: _PartitionReader, stop: int | None, out: _PartitionOutput) -> None:
-        """Pass 2: decide every record below `stop` (all when None) against the map, and write survivors."""
+        """Pass 2: decide every record below `stop` (all when None) against the map, write survivors, and count them."""
+        self._decide_until(reader, stop, out)
+        self._count_decided()
+
+    def _decide_until(self, reader: _PartitionReader, stop: int | None, out: _PartitionOutput) -> None:
         for batch in reader:
             if stop is not None:
                 offsets = batch.column("offset").to_numpy()
@@ -749,22 +755,21 @@ class _PartitionCleaner:
 
     def _decide(self, batch: pa.RecordBatch) -> tuple[BatchColumns, np.ndarray]:
         """The batch's columns with the delete horizons its records carry (new only where a tombstone is stamped), and
-        which records survive: Kafka's rules, applied row by row in one compiled pass."""
-        n = batch.num_rows
-        horizon_column = batch.column("delete_horizon")
+        which records survive: Kafka's rules, applied row by row in one compiled pass. The stats it counts wait in
+        `decided_counts` for `_count_decided`."""
+        rows = BatchColumns.of(batch)
+        n = len(rows.offsets)
         keep = np.empty(n, dtype=np.bool_)
         horizons = np.empty(n, dtype=np.int64)
         stamped = np.empty(n, dtype=np.bool_)
-        counts = np.zeros(len(_COUNTED), dtype=np.int64)
-        keyed, valued = validity(batch.column("key")), validity(batch.column("value"))
         _decide_rows(
-            batch.column("offset").to_numpy(),
-            self.key_map.get(key_hash_words(batch.column("key_hash"))),
-            keyed,
-            valued,
-            batch.column("timestamp").to_numpy(),
-            int64_values(horizon_column),
-            validity(horizon_column),
+            rows.offsets,
+            self.key_map.get(rows.hashes),
+            rows.keyed,
+            rows.valued,
+            rows.timestamps,
+            rows.horizons,
+            rows.stamped,
             _NEVER if self.young_from is None else self.young_from,
             _NEVER if self.floor is None else self.floor,
             self.removes_latest,
@@ -774,14 +779,19 @@ class _PartitionCleaner:
             keep,
             horizons,
             stamped,
-            counts,
+            self.decided_counts,
         )
+        return rows._replace(horizons=horizons, stamped=stamped), keep
+
+    def _count_decided(self) -> None:
+        """Add the counts `_decide` gathered to the stats (once a stretch of pass 2, not once a batch)."""
+        counts = self.decided_counts
         stats = self.stats
         for name, count in zip(_COUNTED, counts.tolist()):
             setattr(stats, name, getattr(stats, name) + count)
         if counts[_INVALID]:
             stats.warnings_once(f"{self.topic}/{self.partition}: records without a key in a compacted topic were removed")
-        return BatchColumns.of(batch, keyed, valued, horizons, stamped), keep
+        counts[:] = 0
 
 
 # Sentinels of `_decide_rows` for a bound the partition does not have: no young offset, no floor, no retention.
@@ -830,7 +840,9 @@ def _decide_rows(
 
 def compile_kernels() -> None:
     """Compile (or load from numba's cache) the engine's loops now, not in a job's first partition: a plan of three
-    records (a duplicate, a tombstone, a header) deduplicated in a temporary store."""
+    records (a duplicate, a tombstone, a header) deduplicated in a temporary store, twice over: in partition 0 they
+    are two sections of two files, in partition 1 one section. numba compiles a loop once for read-only arrays (a
+    section's batch as decoded) and once for writable ones (small sections' batches joined), and a job meets both."""
     from logcompact.format.writer import section_table, write_segment
     from logcompact.store import LocalStore
     from logcompact.topics import Topic
@@ -838,12 +850,14 @@ def compile_kernels() -> None:
     with tempfile.TemporaryDirectory(prefix="logcompact-compile-") as root:
         store = LocalStore(root)
         table = section_table([0, 1, 2], [1, 2, 3], [b"k", b"k", b"j"], [b"v", None, b"w"], [[("h", b"x")], None, None])
-        blob, infos = write_segment([("compile", 0, table)])
-        key = "data/l1/compile.seg"
-        store.put(key, blob)
+        inputs = []
+        for name, sections, first_offset in (("first", [("compile", 0, table), ("compile", 1, table)], 0), ("second", [("compile", 0, table)], 3)):
+            blob, infos = write_segment(sections)
+            key = f"data/l1/compile-{name}.seg"
+            store.put(key, blob)
+            inputs.append(DataFile(key, 1, len(blob), 0, tuple(CatalogSection(info, first_offset if info.partition == 0 else 0) for info in infos)))
         plan = Plan(
             plan_id="compile", cluster_id="compile", manifest_version=1, now_ms=10, target_level=2, deduplicate=True,
-            inputs=(DataFile(key, 1, len(blob), 0, (CatalogSection(infos[0], 0),)),),
-            topics={"compile": Topic.create("compile", 1, {"cleanup.policy": "compact"}, 0)},
+            inputs=tuple(inputs), topics={"compile": Topic.create("compile", 2, {"cleanup.policy": "compact"}, 0)},
         )
         run_plan(store, plan, workdir=root)

@@ -71,30 +71,25 @@ class BatchColumns(NamedTuple):
     header_bytes: np.ndarray
 
     @classmethod
-    def of(cls, batch: pa.RecordBatch, keyed: np.ndarray | None = None, valued: np.ndarray | None = None,
-           horizons: np.ndarray | None = None, stamped: np.ndarray | None = None) -> BatchColumns:
-        """The columns of `batch` (an `offset` column and SECTION_SCHEMA's); the validities and the delete horizons
-        where the caller has them (`stamped`: which rows carry a horizon)."""
-        key, value, key_hash, headers = (batch.column(name) for name in ("key", "value", "key_hash", "headers"))
-        if horizons is None or stamped is None:
-            horizon = batch.column("delete_horizon")
-            horizons, stamped = int64_values(horizon), validity(horizon)
+    def of(cls, batch: pa.RecordBatch) -> BatchColumns:
+        """The columns of `batch` (an `offset` column and SECTION_SCHEMA's)."""
+        key, value, key_hash, headers, horizon = (batch.column(name) for name in ("key", "value", "key_hash", "headers", "delete_horizon"))
         key_offsets, key_data = _binary_parts(key)
         value_offsets, value_data = _binary_parts(value)
         with_headers = headers.null_count < len(headers)
         return cls(
             batch.column("offset").to_numpy(),
             batch.column("timestamp").to_numpy(),
-            validity(key) if keyed is None else keyed,
+            validity(key),
             key_offsets,
             key_data,
             validity(key_hash),
             key_hash_words(key_hash),
-            validity(value) if valued is None else valued,
+            validity(value),
             value_offsets,
             value_data,
-            horizons,
-            stamped,
+            int64_values(horizon),
+            validity(horizon),
             headers if with_headers else None,
             header_row_bytes(headers) if with_headers else _NO_HEADER_BYTES,
         )

@@ -170,7 +170,7 @@ def section_rows(
         if skip >= batch.num_rows:
             skip -= batch.num_rows
             continue
-        piece = batch.slice(skip, left)
+        piece = batch if skip == 0 and left >= batch.num_rows else batch.slice(skip, left)  # most blocks: all theirs
         skip = 0
         left -= piece.num_rows
         if check_deltas:
