@@ -5,11 +5,9 @@ live sections, and readers from the log start see the records from it on."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
-from logcompact.catalog import Catalog, compactions, versions
+from logcompact.catalog import Catalog
 from logcompact.catalog.topics import OFFSET_OUT_OF_RANGE, POLICY_VIOLATION, UNKNOWN_PARTITION, RecordsDeleted
 from logcompact.consume import read_records
 from logcompact.exceptions import CommitConflictError
@@ -110,44 +108,3 @@ def test_a_compaction_planned_before_it_is_refused_at_its_commit_then_planned_ag
     assert commit_plans(catalog, again.plan_ids, NOW + 3_600_001).committed == again.plan_ids
     assert min(first for first, _ in live_sections(catalog, "events", 0)) == 20
     assert offsets_read(catalog, "events", 0, 25) == list(range(25, 40))
-
-
-@pytest.mark.parametrize("between", ["append", "delete records"])
-def test_a_commit_reads_its_inputs_again_when_a_commit_in_between_may_have_changed_them(
-    catalog: Catalog, between: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A compaction's commit reads its inputs before it takes the version row (appends wait for that row); a commit
-    landing in between that retires sections (DeleteRecords) makes it read them again under the row, and refuse;
-    appends in between do not. PostgreSQL only: on SQLite the commit holds the database from its start."""
-    if catalog.engine.dialect.name != "postgresql":
-        pytest.skip("SQLite's writer holds the whole database: no commit lands in between")
-    create_topic(catalog, "events", 2, retention_ms="-1")  # no time retention: the commit locks no partition row
-    fill(catalog, "events", files=4, per_partition=10, partitions=2)
-    prepared = prepare_plans(catalog, "full", NOW, PlannerConfig(min_files=(4, 4, 4, 4)))
-    run_all(catalog, prepared.plan_ids)
-    reads = []
-    read_inputs = compactions.read_inputs
-    monkeypatch.setattr(compactions, "read_inputs", lambda *args: reads.append(args) or read_inputs(*args))
-    next_version = versions.next_version
-
-    def another_commit_first(connection, operation: str, now_ms: int) -> int:
-        if operation.startswith("compact"):
-            landing = threading.Thread(target=lambda: (
-                fill(catalog, "events", files=1, per_partition=1, partitions=2) if between == "append"
-                else catalog.delete_records("events", {0: 25}, NOW)
-            ))
-            landing.start()
-            landing.join()
-        return next_version(connection, operation, now_ms)
-
-    monkeypatch.setattr(versions, "next_version", another_commit_first)
-    if between == "append":
-        assert commit_plans(catalog, prepared.plan_ids, NOW).committed == prepared.plan_ids
-        assert len(reads) == 1
-        assert offsets_read(catalog, "events", 0, 0) == list(range(41))
-    else:
-        with pytest.raises(CommitConflictError, match=r"records of events/0 up to offset 19 were deleted \(DeleteRecords\)"):
-            commit_plans(catalog, prepared.plan_ids, NOW)
-        assert len(reads) == 2
-        assert offsets_read(catalog, "events", 0, 25) == list(range(25, 40))
-    assert_summaries_kept(catalog)

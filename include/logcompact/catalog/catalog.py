@@ -101,9 +101,6 @@ PRODUCER_EXPIRY_EVERY_MS = 60_000
 # Commits as frequent as produce requests, which record their version in the store's marker at most every
 # RECORD_APPEND_EVERY_MS (a PUT each would double an agent's PUTs).
 FREQUENT_OPERATIONS = frozenset({"append", transactions.END_TRANSACTION})
-# Commits that never change what a compaction's commit reads of its inputs' live sections (`compactions.read_inputs`):
-# they add files, sections and markers, and retire no section and remove no file.
-INPUTS_KEPT_BY = frozenset({"append", transactions.END_TRANSACTION})
 
 log = logging.getLogger(__name__)
 
@@ -871,23 +868,15 @@ class Catalog:
         inputs lose any mark they had.
         """
         operation = f"compact {plan_id}" if plan_id else "replace files"
-        removed = list(removed)
         try:
             with self._writing() as connection:
                 expiring = compactions.lock_expiring_partitions(connection, removed)
-                # What the commit reads of its inputs, before it takes the version row: appends wait for that row
-                # holding their partitions' rows, so it is held for the writes only. Read again under it if a commit
-                # in between may have changed them (one not INPUTS_KEPT_BY).
-                read_at = versions.newest_version(connection)
-                live = files.live_file_ids(connection, removed)
-                ready = None
-                if len(live) == len(removed) and (plan_id is None or compactions.committed_version(connection, plan_id) is None):
-                    ready = self._prepare_replacement(connection, live, added, kept, expected_version, operation)
                 version = versions.next_version(connection, operation, now_ms)
                 if plan_id is not None:
                     done = compactions.committed_version(connection, plan_id)
                     if done is not None:
                         raise _AlreadyCommitted(done)
+                removed = list(removed)
                 live = files.live_file_ids(connection, removed)
                 missing = [key for key in removed if key not in live]
                 if missing:
@@ -896,11 +885,8 @@ class Catalog:
                         f"expected {len(removed)} input files {as_of}, found {len(missing)} of them gone in version "
                         f"{version - 1} (first: {missing[0]}); re-plan and retry"
                     )
-                if ready is None:  # seen committed or gone before the version row and not now: the rows collected and made again
-                    ready = self._prepare_replacement(connection, live, added, kept, expected_version, operation)
-                elif not versions.only_between(connection, read_at, version, INPUTS_KEPT_BY):
-                    ready = ready._replace(inputs=self._read_inputs(connection, live, added, kept, expected_version, operation))
-                kept_slots, reads = ready.inputs
+                compactions.refuse_deleted_topics(connection, list(live.values()), added, expected_version, operation)
+                compactions.refuse_records_deleted(connection, list(live.values()), added, expected_version, operation)
                 if leased:
                     lost = cleaning.lost_leases(connection, plan_id, live, removed, now_ms)
                     if lost:
@@ -908,6 +894,9 @@ class Catalog:
                             f"plan {plan_id}: its lease on {lost[0]} (and {len(lost) - 1} more) expired or was released "
                             "before the commit; its outputs may be collected, plan again"
                         )
+                kept_slots = {(topics.topic_id(connection, topic), partition) for topic, partition in kept}
+                removing = summaries.touched_by_removal(connection, list(live.values()), kept_slots)
+                spanned = holes.input_spans(connection, list(live.values()), kept_slots)
                 keeping = compactions.retire_sections(connection, live.values(), kept_slots, version) if kept else set()
                 compactions.remove_files(connection, [i for i in live.values() if i not in keeping], version, now_ms)
                 cleaning.release_files(connection, live.values())
@@ -917,11 +906,12 @@ class Catalog:
                     compactions.record_committed(connection, plan_id, version, now_ms)
                 topic_rows = topics.rows(connection, {sec.topic for f in added for sec in f.sections})
                 file_ids = files.take_file_ids(connection, len(added))
-                adding = files.insert_sections(connection, added, topic_rows, file_ids, ready.produced)
+                produced = files.produced_codecs(connection, list(live.values()))
+                adding = files.insert_sections(connection, added, topic_rows, file_ids, produced)
                 # A plan's outputs are filtered of the ranges aborted by its manifest version (`forget_aborted`).
                 files.insert_file_rows(connection, added, file_ids, version, expected_version if plan_id is not None else None)
-                holes.record(connection, reads.spanned, _spans(added, topic_rows), version)
-                summaries.settle(connection, reads.removing, adding, version)
+                holes.record(connection, spanned, _spans(added, topic_rows), version)
+                summaries.settle(connection, removing, adding, version)
                 summaries.settle_emptied(connection, list(live.values()), sum(f.record_count for f in added), kept_slots, version)
                 compactions.raise_log_starts(connection, expiring)
         except _AlreadyCommitted as done:
@@ -929,23 +919,6 @@ class Catalog:
         except IntegrityError as exc:
             raise CommitConflictError(f"{operation}: an output file is already in the catalog ({first_line(exc)}); plan again") from None
         return CommitResult(version, True)
-
-    def _prepare_replacement(
-        self, connection: Connection, live: Mapping[str, int], added: Sequence[DataFile], kept: Collection[TopicPartition],
-        expected_version: int | None, operation: str,
-    ) -> _Replacement:
-        """What a compaction's commit reads of its inputs: their live sections' spans and partitions, and the codecs
-        their records were produced with."""
-        inputs = self._read_inputs(connection, live, added, kept, expected_version, operation)
-        return _Replacement(inputs, files.produced_codecs(connection, list(live.values())))
-
-    @staticmethod
-    def _read_inputs(
-        connection: Connection, live: Mapping[str, int], added: Sequence[DataFile], kept: Collection[TopicPartition],
-        expected_version: int | None, operation: str,
-    ) -> tuple[set[tuple[int, int]], compactions.InputReads]:
-        kept_slots = {(topics.topic_id(connection, topic), partition) for topic, partition in kept}
-        return kept_slots, compactions.read_inputs(connection, list(live.values()), added, kept_slots, expected_version, operation)
 
     def is_committed(self, plan_id: str) -> bool:
         with self._reading() as connection:
@@ -1080,13 +1053,6 @@ def _spans(added: Sequence[DataFile], topic_rows: Mapping[str, tuple[int, int]])
         for section in data_file.sections:
             spans.setdefault((topic_rows[section.topic][0], section.partition), []).append((section.first_offset, section.last_offset))
     return spans
-
-
-class _Replacement(NamedTuple):
-    """What a compaction's commit read of its inputs, before it took the version row (`Catalog._prepare_replacement`)."""
-
-    inputs: tuple[set[tuple[int, int]], compactions.InputReads]  # the kept partitions' slots, what was read of the inputs
-    produced: dict[tuple[int, int], int]  # the inputs' codecs (`files.produced_codecs`)
 
 
 class _AlreadyCommitted(Exception):

@@ -1,40 +1,19 @@
 """A compaction's commit (`Catalog.replace_files`) in the catalog: the plan committed once, its inputs' topics not
-deleted since it read them, what it reads of its inputs (`read_inputs`), the sections of partitions set aside kept
-live, and the log starts retention moves. Functions of a Connection, called by `Catalog` inside its transactions.
+deleted since it read them, the sections of partitions set aside kept live, and the log starts retention moves.
+Functions of a Connection, called by `Catalog` inside its transactions.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
 
 from sqlalchemy import Connection, bindparam, func, insert, select, tuple_, update
 
-from logcompact.catalog import holes, summaries, topics
 from logcompact.catalog import schema as s
+from logcompact.catalog import topics
 from logcompact.catalog.database import execute_many, one_of
 from logcompact.catalog.model import DataFile
 from logcompact.exceptions import CommitConflictError
-
-
-@dataclass(frozen=True)
-class InputReads:
-    """What a compaction's commit reads of its inputs' live sections: the partitions above L0 whose summaries it
-    settles (`removing`), and the offsets each partition's inputs span, for the holes it records (`spanned`)."""
-
-    removing: set[holes.Slot]
-    spanned: dict[holes.Slot, list[holes.Range]]
-
-
-def read_inputs(
-    connection: Connection, file_ids: Sequence[int], added: Sequence[DataFile], kept: Collection[holes.Slot], expected_version: int | None, operation: str
-) -> InputReads:
-    """Read what the commit needs of its live inputs `file_ids`, the `kept` partitions' sections left out; a
-    CommitConflictError when a topic or records of them were deleted since the plan read them (the `refuse_`
-    checks). Only commits that retire sections or remove files change it (`Catalog.replace_files` tells)."""
-    refuse_deleted_topics(connection, file_ids, added, expected_version, operation)
-    refuse_records_deleted(connection, file_ids, added, expected_version, operation)
-    return InputReads(summaries.touched_by_removal(connection, file_ids, kept), holes.input_spans(connection, file_ids, kept))
 
 
 def committed_version(connection: Connection, plan_id: str) -> int | None:

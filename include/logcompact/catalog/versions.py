@@ -6,7 +6,6 @@ transactions.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection
 
 from sqlalchemy import Connection, delete, func, select
 
@@ -55,17 +54,6 @@ def next_version(connection: Connection, operation: str, now_ms: int) -> int:
         raise version_behind_log(version - 1, connection.execute(select(func.max(s.versions.c.version))).scalar_one())
     connection.info[COMMITTED] = (version, operation)
     return version
-
-
-def only_between(connection: Connection, after: int, before: int, operations: Collection[str]) -> bool:
-    """Whether every commit after version `after` and before `before` was one of `operations`, by the commit log (a
-    version missing from it, collected, counts as another operation)."""
-    if before - after <= 1:
-        return True
-    logged = connection.execute(
-        select(s.versions.c.operation).where(s.versions.c.version > after, s.versions.c.version < before)
-    ).scalars().all()
-    return len(logged) == before - after - 1 and all(operation in operations for operation in logged)
 
 
 def newest_version(connection: Connection) -> int:
