@@ -1,0 +1,97 @@
+"""How long a compaction's commit holds the catalog's version row on PostgreSQL, the row every append waits for while
+it holds its partitions' rows: `--files` L0 files of 1,000 partitions each appended (as the regime's agents write
+them), then an L0 to L1 copy of them committed (10 output files of 100 partitions), `--rounds` times on a throw-away
+PostgreSQL server at its default settings (fsync on).
+
+    .venv/bin/python bench/compaction_commit.py                 # 300 files, 3 rounds
+
+Per round: the commit's time (`Catalog.replace_files`, BEGIN to COMMIT) and the version row's hold (from the version
+taken to the COMMIT). No target of its own: the figures behind the regime's produce-to-commit latency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+import uuid
+
+from postgres_server import ThrowAwayPostgres
+from results import recorded
+from sqlalchemy import Connection
+
+from logcompact.catalog import Catalog, NewFile
+from logcompact.catalog import catalog as catalog_module
+from logcompact.catalog.model import CatalogSection, DataFile
+from logcompact.format.layout import SectionInfo
+from logcompact.store import LocalStore
+from logcompact.topics import Topic
+
+PARTITIONS = 1_000
+RECORDS = 10  # a section's, in each L0 file
+NOW = 1_700_000_000_000
+
+
+def _l0_file(key: str) -> NewFile:
+    return NewFile(key, 0, 100_000, NOW, tuple(SectionInfo("t", p, RECORDS, RECORDS - 1, NOW, NOW, 0, 1_000, "none", 0, 0, 100) for p in range(PARTITIONS)))
+
+
+def _copy(round_: int, first: int, last: int) -> list[DataFile]:
+    """The L0 to L1 copy's outputs: each partition's offsets first to last in one section, 100 partitions a file."""
+    count = last - first + 1
+    return [
+        DataFile(f"data/l1/{round_}-{n}.seg", 1, 1_000_000, NOW, tuple(
+            CatalogSection(SectionInfo("t", p, count, count - 1, NOW, NOW, 0, 100 * count, "none", 0, 0, 100), first)
+            for p in range(n * 100, n * 100 + 100)
+        ))
+        for n in range(PARTITIONS // 100)
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--files", type=int, default=300, help="L0 files a round, each of 1,000 partitions")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    locked_at: list[float] = []
+    next_version = catalog_module.versions.next_version
+
+    def noting_the_lock(connection: Connection, operation: str, now_ms: int) -> int:
+        version = next_version(connection, operation, now_ms)
+        locked_at.append(time.perf_counter())
+        return version
+
+    server = ThrowAwayPostgres()
+    server.start()
+    held: list[float] = []
+    took: list[float] = []
+    try:
+        with recorded():
+            catalog = Catalog(LocalStore(tempfile.mkdtemp(prefix="logcompact-bench-commit-")), server.new_database(f"commit_{uuid.uuid4().hex[:12]}"))
+            catalog.ensure_created(NOW)
+            catalog.create_topic(Topic.create("t", PARTITIONS, {"cleanup.policy": "compact"}, NOW), NOW)
+            print(f"an L0 to L1 copy of {args.files} files of {PARTITIONS:,} partitions ({args.files * PARTITIONS:,} sections) committed on PostgreSQL")
+            for round_ in range(args.rounds):
+                keys = [f"data/l0/{round_}-{n}.seg" for n in range(args.files)]
+                for key in keys:
+                    catalog.append_files([_l0_file(key)], NOW)
+                outputs = _copy(round_, round_ * args.files * RECORDS, (round_ + 1) * args.files * RECORDS - 1)
+                snapshot = catalog.snapshot()
+                catalog_module.versions.next_version = noting_the_lock
+                started = time.perf_counter()
+                try:
+                    catalog.replace_files(keys, outputs, NOW, plan_id=f"copy-{round_}", expected_version=snapshot.version)
+                finally:
+                    catalog_module.versions.next_version = next_version
+                ended = time.perf_counter()
+                took.append(ended - started)
+                held.append(ended - locked_at[-1])
+                print(f"  round {round_ + 1}: the commit {took[-1] * 1000:,.0f} ms, the version row held {held[-1] * 1000:,.0f} ms")
+            print(f"medians: the commit {statistics.median(took) * 1000:,.0f} ms, the version row held {statistics.median(held) * 1000:,.0f} ms")
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
