@@ -96,7 +96,7 @@ def response_class(api_key: int, version: int) -> Any:
     return load_response_schema(api_key, version)
 
 
-def decode_request(frame: bytes, served: typing.Callable[[int, int], bool], session: Session = LOCAL) -> Request:
+def decode_request(frame: bytes | memoryview, served: typing.Callable[[int, int], bool], session: Session = LOCAL) -> Request:
     """The header and, when `served(api_key, version)`, the body of one frame (its size prefix removed).
 
     A request that is not served keeps body None: its header alone is enough to answer UNSUPPORTED_VERSION.
@@ -141,7 +141,7 @@ def _produce_classes(version: int) -> tuple[Any, Any, Any]:
     return body, topic, _entity_in(typing.get_type_hints(topic)["partition_data"])
 
 
-def _decode_produce(frame: bytes, version: int, session: Session) -> Request:
+def _decode_produce(frame: bytes | memoryview, version: int, session: Session) -> Request:
     body_class, topic_class, partition_class = _produce_classes(version)
     flexible = body_class.__flexible__
     view = memoryview(frame)

@@ -51,6 +51,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+import numpy as np
+
 from logcompact.catalog import Catalog
 from logcompact.catalog.model import AgentEndpoint
 from logcompact.exceptions import LogcompactError
@@ -112,6 +114,10 @@ DEFAULT_MAX_QUEUED_BYTES_PER_IP = DEFAULT_MAX_QUEUED_BYTES // 2
 # A connection's read buffer stops taking bytes from the socket past twice this until a frame is read out of it:
 # asyncio's 64 KiB default pauses and resumes the socket several times per 1 MB Produce (a selector call each).
 READ_BUFFER_BYTES = 1024 * 1024
+# What one read between frames takes from the socket at most (asyncio's own), into one buffer an agent shares across
+# its connections; a frame with at least DIRECT_READ_BYTES still to arrive is read straight into a buffer of its own.
+SCRATCH_READ_BYTES = 256 * 1024
+DIRECT_READ_BYTES = 64 * 1024
 DEFAULT_MAX_CONNECTIONS = 1000  # Kafka's max.connections is unbounded; each connection costs a reader and a sender task
 # Kafka's max.connections.per.ip is unbounded too: half the agent's connections, so one address (a host of many
 # clients, a NAT, or one client opening sockets in a loop) leaves the other half to everyone else.
@@ -268,26 +274,105 @@ class ByteBudget:
 
 
 class FrameReader(asyncio.StreamReader):
-    """A connection's stream that tells how many bytes it holds and waits for more without taking any, so a frame's
-    bytes are taken from the agent's budget as they arrive and read out in one copy once all are in."""
+    """A connection's stream read as Kafka's NetworkReceive reads one: once a frame's size is known (`start_frame`),
+    the socket reads the rest of a large frame straight into a buffer of that size, handed on as a view once all is in
+    (`end_frame`). asyncio's own stream gave each read a new bytes object, copied it into its buffer and out again
+    (twice: a slice, then bytes), each copy into fresh memory: at 1 KiB records, a fifth of the agent's samples.
+    Bytes between frames (size prefixes, small requests arriving together) are read into the agent's one scratch
+    buffer and kept in the stream's buffer; a frame takes its first bytes from there, and a frame with little left
+    to arrive completes there (a read of its own for each would cost more than the copy). It tells how many bytes it
+    holds and waits for more without taking any, so a frame's bytes are taken from the agent's budget as they
+    arrive."""
 
-    # StreamReader's own state and its wait, which typeshed leaves out
+    # StreamReader's own state and its waits, which typeshed leaves out
     _buffer: bytearray
     _eof: bool
     _wait_for_data: Callable[[str], Awaitable[None]]
+    _wakeup_waiter: Callable[[], None]
+    _maybe_resume_transport: Callable[[], None]
+
+    def __init__(self, limit: int, loop: asyncio.AbstractEventLoop, scratch: memoryview) -> None:
+        super().__init__(limit, loop)
+        self._scratch = scratch  # the event loop's, shared: each read is copied out of it before the next
+        self._size = 0  # of the frame being read
+        self._direct: memoryview | None = None  # its own buffer, when it is read straight into one
+        self._arrived = 0  # of `_direct`
 
     @property
     def buffered(self) -> int:
+        """Bytes between frames held."""
         return len(self._buffer)
 
+    @property
+    def frame_arrived(self) -> int:
+        return self._arrived if self._direct is not None else min(len(self._buffer), self._size)
+
+    def start_frame(self, size: int) -> int:
+        """Read the next `size` bytes as a frame; how many are in. Its own buffer is numpy's uninitialised one, not
+        bytearray's zeroed one: the pages of a large frame are touched only as its bytes arrive."""
+        self._size = size
+        held = len(self._buffer)
+        if size - held < DIRECT_READ_BYTES:
+            return min(held, size)
+        direct = np.empty(size, np.uint8).data
+        with memoryview(self._buffer) as buffer:
+            direct[:held] = buffer
+        self._buffer.clear()
+        self._direct, self._arrived = direct, held
+        self._maybe_resume_transport()
+        return held
+
+    def end_frame(self) -> memoryview:
+        """The frame, all in, read-only."""
+        if (direct := self._direct) is not None:
+            self._direct = None
+            return direct.toreadonly()
+        frame = self._buffer[: self._size]
+        del self._buffer[: self._size]
+        self._maybe_resume_transport()
+        return memoryview(frame).toreadonly()
+
+    def partial_frame(self) -> bytes:
+        return bytes(self._direct[: self._arrived] if self._direct is not None else self._buffer)
+
+    def get_buffer(self) -> memoryview:
+        """Where the transport reads next: the rest of the frame read straight into its buffer, else the scratch."""
+        direct = self._direct
+        if direct is not None and self._arrived < len(direct):
+            return direct[self._arrived :]
+        return self._scratch
+
+    def buffer_updated(self, size: int) -> None:
+        direct = self._direct
+        if direct is not None and self._arrived < len(direct):
+            self._arrived += size
+            self._wakeup_waiter()
+        else:
+            self.feed_data(self._scratch[:size])
+
     async def more(self) -> bool:
-        """Wait for bytes past those buffered (resuming the socket paused at the buffer's limit); False at the end."""
+        """Wait for bytes past those held (resuming the socket paused at the buffer's limit); False at the end."""
         if (exc := self.exception()) is not None:
             raise exc
         if self._eof:
             return False
         await self._wait_for_data("more")
         return True
+
+
+class FrameStreamProtocol(asyncio.StreamReaderProtocol, asyncio.BufferedProtocol):
+    """asyncio's stream protocol whose transport reads into the buffers its FrameReader hands out (a TLS transport
+    too: asyncio's SSL protocol decrypts into them)."""
+
+    _stream_reader: FrameReader | None  # StreamReaderProtocol's, which typeshed leaves out
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        assert self._stream_reader is not None
+        return self._stream_reader.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if (reader := self._stream_reader) is not None:
+            reader.buffer_updated(nbytes)
 
 
 @dataclass
@@ -356,6 +441,7 @@ class AgentServer:
         self._connections: set[asyncio.Task] = set()
         self._per_ip: Counter[str] = Counter()
         self._per_ip_queued: dict[str, ByteBudget] = {}  # each address's share of `_queued`, while it has connections
+        self._scratch = memoryview(bytearray(SCRATCH_READ_BYTES))  # the connections' reads between frames (`FrameReader`)
         self._sweeping: asyncio.Task | None = None
         self._tls_context: ssl.SSLContext | None = None  # of the TLS listeners, made at start
         self._principal_mapper = tls.PrincipalMapper(settings.tls.principal_mapping_rules)
@@ -433,15 +519,16 @@ class AgentServer:
 
     async def _listen(self, listener: Listener) -> None:
         loop = asyncio.get_running_loop()
+        scratch = self._scratch
 
         def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Awaitable[None]:
             return self._connection(listener, reader, writer)
 
         address = listener.address
         try:
-            # asyncio.start_server's own factory, with the reader that tells what it holds
+            # asyncio.start_server's own factory, with the reader that reads frames into their own buffers
             self._servers[listener.name] = await loop.create_server(
-                lambda: asyncio.StreamReaderProtocol(FrameReader(READ_BUFFER_BYTES, loop), accepted, loop), address.host, address.port,
+                lambda: FrameStreamProtocol(FrameReader(READ_BUFFER_BYTES, loop, scratch), accepted, loop), address.host, address.port,
             )
         except OSError as exc:
             for server in self._servers.values():
@@ -589,7 +676,7 @@ class AgentServer:
                 return False
             frame, size = read
             # after SaslHandshake v0 the client sends bare tokens, not requests
-            received = frame if authenticator.unframed else codec.decode_request(frame, self.broker.serves, connection.session)
+            received = bytes(frame) if authenticator.unframed else codec.decode_request(frame, self.broker.serves, connection.session)
             answering = asyncio.create_task(self._authentication_step(received, connection, size, authenticator))
             connection.responses.put_nowait((answering, size))
             await asyncio.wait([answering])  # its failure is the sender's to log
@@ -607,7 +694,7 @@ class AgentServer:
         frame, size = read
         return codec.decode_request(frame, self.broker.serves, connection.session), size
 
-    async def _frame_read(self, reader: FrameReader, connection: Connection, limit: int | None = None) -> tuple[bytes, int] | None:
+    async def _frame_read(self, reader: FrameReader, connection: Connection, limit: int | None = None) -> tuple[memoryview, int] | None:
         """The next frame and its size, its slot and bytes taken; None when the client closed between frames."""
         size = await self._frame_size(reader, connection, limit)
         if size is None:
@@ -643,27 +730,27 @@ class AgentServer:
                              "(Kafka's sasl.server.max.receive.size)")
         return size
 
-    async def _frame(self, reader: FrameReader, connection: Connection, size: int) -> bytes:
-        """The frame's `size` bytes. Its address's share of the agent's budget takes them as they arrive, so a frame
-        that stops arriving holds only what it sent; they are read out of the buffer once all are in, in one copy
-        however many pieces they came in (no join of chunks)."""
+    async def _frame(self, reader: FrameReader, connection: Connection, size: int) -> memoryview:
+        """The frame's `size` bytes, read into a buffer of its own. Its address's share of the agent's budget takes
+        them as they arrive, so a frame that stops arriving holds only what it sent."""
         frame = object()
         taken = 0
+        arrived = reader.start_frame(size)
         try:
             while True:
-                arrived = min(reader.buffered, size)
                 if arrived > taken:
                     await connection.queued.take(arrived - taken, frame)
                     taken = arrived
                 if taken == size:
                     break
                 if not await self._more(reader, connection, "frame"):
-                    raise asyncio.IncompleteReadError(await reader.read(), size)
+                    raise asyncio.IncompleteReadError(reader.partial_frame(), size)
+                arrived = reader.frame_arrived
         except BaseException:
             connection.queued.give(taken, frame)
             raise
         connection.queued.arrived(size, frame)
-        return await reader.readexactly(size)
+        return reader.end_frame()
 
     @staticmethod
     async def _more(reader: FrameReader, connection: Connection, waiting: Literal["request", "frame"]) -> bool:
