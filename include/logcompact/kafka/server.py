@@ -290,6 +290,7 @@ class FrameReader(asyncio.StreamReader):
     _wait_for_data: Callable[[str], Awaitable[None]]
     _wakeup_waiter: Callable[[], None]
     _maybe_resume_transport: Callable[[], None]
+    _paused: bool
 
     def __init__(self, limit: int, loop: asyncio.AbstractEventLoop, scratch: memoryview) -> None:
         super().__init__(limit, loop)
@@ -322,15 +323,16 @@ class FrameReader(asyncio.StreamReader):
         self._maybe_resume_transport()
         return held
 
-    def end_frame(self) -> memoryview:
-        """The frame, all in, read-only."""
+    def end_frame(self) -> bytes | memoryview:
+        """The frame, all in, read-only: a view of its own buffer, or bytes out of the stream's."""
         if (direct := self._direct) is not None:
             self._direct = None
             return direct.toreadonly()
-        frame = self._buffer[: self._size]
+        frame = bytes(self._buffer[: self._size])
         del self._buffer[: self._size]
-        self._maybe_resume_transport()
-        return memoryview(frame).toreadonly()
+        if self._paused:
+            self._maybe_resume_transport()
+        return frame
 
     def partial_frame(self) -> bytes:
         return bytes(self._direct[: self._arrived] if self._direct is not None else self._buffer)
@@ -694,7 +696,7 @@ class AgentServer:
         frame, size = read
         return codec.decode_request(frame, self.broker.serves, connection.session), size
 
-    async def _frame_read(self, reader: FrameReader, connection: Connection, limit: int | None = None) -> tuple[memoryview, int] | None:
+    async def _frame_read(self, reader: FrameReader, connection: Connection, limit: int | None = None) -> tuple[bytes | memoryview, int] | None:
         """The next frame and its size, its slot and bytes taken; None when the client closed between frames."""
         size = await self._frame_size(reader, connection, limit)
         if size is None:
@@ -730,7 +732,7 @@ class AgentServer:
                              "(Kafka's sasl.server.max.receive.size)")
         return size
 
-    async def _frame(self, reader: FrameReader, connection: Connection, size: int) -> memoryview:
+    async def _frame(self, reader: FrameReader, connection: Connection, size: int) -> bytes | memoryview:
         """The frame's `size` bytes, read into a buffer of its own. Its address's share of the agent's budget takes
         them as they arrive, so a frame that stops arriving holds only what it sent."""
         frame = object()
