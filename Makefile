@@ -87,6 +87,7 @@ airflow: install
 bench: install deps kafka
 	$(BIN)/python bench/produce_consume.py
 	$(BIN)/python bench/agent.py
+	$(BIN)/python bench/frame_read.py
 	$(BIN)/python bench/engine.py
 	$(BIN)/python bench/partitions.py
 	$(BIN)/python bench/planner.py
