@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from logcompact.format.layout import FIXED_ROW_BYTES, HEADERS_TYPE, header_row_bytes, key_hash_words
+from logcompact.format.memcopy import copy_bytes
 
 # `gather_rows`' answers: the rows are all gathered, the block is full, or the survivor at the row returned does not come
 # after the last one gathered.
@@ -247,6 +248,8 @@ def gather_rows(
         # A null's range is not its bytes (`row_sizes` counts none): nothing of it is copied.
         key_length = key_offsets[i + 1] - key_offsets[i] if keyed[i] else 0
         value_length = value_offsets[i + 1] - value_offsets[i] if valued[i] else 0
+        if key_offsets[i] + key_length > key_data.shape[0] or value_offsets[i] + value_length > value_data.shape[0]:
+            raise ValueError("a row's key or value runs past its column's data")  # memcpy would read past it
         row_size = FIXED_ROW_BYTES + key_length + value_length
         if with_headers:
             row_size += header_bytes[i]
@@ -264,14 +267,16 @@ def gather_rows(
         out_offsets[rows] = last
         out_timestamps[rows] = timestamps[i]
         out_keyed[rows] = keyed[i]
-        out_key_data[key_bytes : key_bytes + key_length] = key_data[key_offsets[i] : key_offsets[i] + key_length]
+        if key_length:
+            copy_bytes(out_key_data, key_bytes, key_data, key_offsets[i], key_length)
         key_bytes += key_length
         out_key_offsets[rows + 1] = key_bytes
         out_hashed[rows] = hashed[i]
         out_hashes[rows, 0] = hashes[i, 0]
         out_hashes[rows, 1] = hashes[i, 1]
         out_valued[rows] = valued[i]
-        out_value_data[value_bytes : value_bytes + value_length] = value_data[value_offsets[i] : value_offsets[i] + value_length]
+        if value_length:
+            copy_bytes(out_value_data, value_bytes, value_data, value_offsets[i], value_length)
         value_bytes += value_length
         out_value_offsets[rows + 1] = value_bytes
         out_horizons[rows] = horizons[i] if stamped[i] else 0
