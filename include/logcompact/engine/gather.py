@@ -18,7 +18,7 @@ import numba
 import numpy as np
 import pyarrow as pa
 
-from logcompact.format.layout import FIXED_ROW_BYTES, HEADERS_TYPE, header_row_bytes, key_hash_words
+from logcompact.format.layout import FIXED_ROW_BYTES, HEADERS_TYPE, SECTION_SCHEMA, header_row_bytes, key_hash_words
 from logcompact.format.memcopy import copy_bytes
 
 # `gather_rows`' answers: the rows are all gathered, the block is full, or the survivor at the row returned does not come
@@ -29,11 +29,12 @@ DONE, FULL, OUT_OF_ORDER = 0, 1, 2
 _ROWS, _KEY_BYTES, _VALUE_BYTES, _SIZE, _LAST, _ROOM_ROWS, _ROOM_BYTES, _TAKE_ONE = range(8)
 
 
-def validity(column: pa.Array) -> np.ndarray:
-    """Which rows of the column are not null, as booleans."""
-    if column.null_count == 0:
-        return np.ones(len(column), dtype=np.bool_)
-    if column.null_count == len(column):
+def validity(column: pa.Array, every: np.ndarray) -> np.ndarray:
+    """Which rows of the column are not null, as booleans: `every` (all true, as long as the column) when none is."""
+    nulls = column.null_count
+    if nulls == 0:
+        return every
+    if nulls == len(column):
         return np.zeros(len(column), dtype=np.bool_)
     return np.asarray(column.is_valid())
 
@@ -73,29 +74,34 @@ class BatchColumns(NamedTuple):
 
     @classmethod
     def of(cls, batch: pa.RecordBatch) -> BatchColumns:
-        """The columns of `batch` (an `offset` column and SECTION_SCHEMA's)."""
-        key, value, key_hash, headers, horizon = (batch.column(name) for name in ("key", "value", "key_hash", "headers", "delete_horizon"))
+        """The columns of `batch` (an `offset` column, then SECTION_SCHEMA's in its order), each Array taken once by
+        its place: every Arrow call here is a microsecond or more (`batch.columns` ten, `to_numpy` two to three), and
+        pass 2 does this for every block it reads."""
+        offsets, timestamps, key, key_hash, value, headers, horizon = (batch.column(place) for place in _PLACES)
+        every = np.ones(batch.num_rows, dtype=np.bool_)  # shared by the columns without nulls: only read
         key_offsets, key_data = _binary_parts(key)
         value_offsets, value_data = _binary_parts(value)
         with_headers = headers.null_count < len(headers)
         return cls(
-            batch.column("offset").to_numpy(),
-            batch.column("timestamp").to_numpy(),
-            validity(key),
+            int64_values(offsets),
+            int64_values(timestamps),
+            validity(key, every),
             key_offsets,
             key_data,
-            validity(key_hash),
+            validity(key_hash, every),
             key_hash_words(key_hash),
-            validity(value),
+            validity(value, every),
             value_offsets,
             value_data,
             int64_values(horizon),
-            validity(horizon),
+            validity(horizon, every),
             headers if with_headers else None,
             header_row_bytes(headers) if with_headers else _NO_HEADER_BYTES,
         )
 
 
+# The places of the columns `BatchColumns.of` reads in a batch of `offset` and SECTION_SCHEMA's columns.
+_PLACES = (0, *(1 + SECTION_SCHEMA.get_field_index(name) for name in ("timestamp", "key", "key_hash", "value", "headers", "delete_horizon")))
 _NO_HEADER_BYTES = np.zeros(0, dtype=np.int64)
 
 
