@@ -18,7 +18,8 @@ import numba
 import numpy as np
 import pyarrow as pa
 
-from logcompact.format.layout import FIXED_ROW_BYTES, HEADERS_TYPE, header_row_bytes, key_hash_words
+from logcompact.format.layout import FIXED_ROW_BYTES, HEADERS_TYPE, SECTION_SCHEMA, header_row_bytes, key_hash_words
+from logcompact.format.memcopy import copy_bytes
 
 # `gather_rows`' answers: the rows are all gathered, the block is full, or the survivor at the row returned does not come
 # after the last one gathered.
@@ -28,11 +29,12 @@ DONE, FULL, OUT_OF_ORDER = 0, 1, 2
 _ROWS, _KEY_BYTES, _VALUE_BYTES, _SIZE, _LAST, _ROOM_ROWS, _ROOM_BYTES, _TAKE_ONE = range(8)
 
 
-def validity(column: pa.Array) -> np.ndarray:
-    """Which rows of the column are not null, as booleans."""
-    if column.null_count == 0:
-        return np.ones(len(column), dtype=np.bool_)
-    if column.null_count == len(column):
+def validity(column: pa.Array, every: np.ndarray) -> np.ndarray:
+    """Which rows of the column are not null, as booleans: `every` (all true, as long as the column) when none is."""
+    nulls = column.null_count
+    if nulls == 0:
+        return every
+    if nulls == len(column):
         return np.zeros(len(column), dtype=np.bool_)
     return np.asarray(column.is_valid())
 
@@ -72,29 +74,34 @@ class BatchColumns(NamedTuple):
 
     @classmethod
     def of(cls, batch: pa.RecordBatch) -> BatchColumns:
-        """The columns of `batch` (an `offset` column and SECTION_SCHEMA's)."""
-        key, value, key_hash, headers, horizon = (batch.column(name) for name in ("key", "value", "key_hash", "headers", "delete_horizon"))
+        """The columns of `batch` (an `offset` column, then SECTION_SCHEMA's in its order), each Array taken once by
+        its place: every Arrow call here is a microsecond or more (`batch.columns` ten, `to_numpy` two to three), and
+        pass 2 does this for every block it reads."""
+        offsets, timestamps, key, key_hash, value, headers, horizon = (batch.column(place) for place in _PLACES)
+        every = np.ones(batch.num_rows, dtype=np.bool_)  # shared by the columns without nulls: only read
         key_offsets, key_data = _binary_parts(key)
         value_offsets, value_data = _binary_parts(value)
         with_headers = headers.null_count < len(headers)
         return cls(
-            batch.column("offset").to_numpy(),
-            batch.column("timestamp").to_numpy(),
-            validity(key),
+            int64_values(offsets),
+            int64_values(timestamps),
+            validity(key, every),
             key_offsets,
             key_data,
-            validity(key_hash),
+            validity(key_hash, every),
             key_hash_words(key_hash),
-            validity(value),
+            validity(value, every),
             value_offsets,
             value_data,
             int64_values(horizon),
-            validity(horizon),
+            validity(horizon, every),
             headers if with_headers else None,
             header_row_bytes(headers) if with_headers else _NO_HEADER_BYTES,
         )
 
 
+# The places of the columns `BatchColumns.of` reads in a batch of `offset` and SECTION_SCHEMA's columns.
+_PLACES = (0, *(1 + SECTION_SCHEMA.get_field_index(name) for name in ("timestamp", "key", "key_hash", "value", "headers", "delete_horizon")))
 _NO_HEADER_BYTES = np.zeros(0, dtype=np.int64)
 
 
@@ -247,6 +254,8 @@ def gather_rows(
         # A null's range is not its bytes (`row_sizes` counts none): nothing of it is copied.
         key_length = key_offsets[i + 1] - key_offsets[i] if keyed[i] else 0
         value_length = value_offsets[i + 1] - value_offsets[i] if valued[i] else 0
+        if key_offsets[i] + key_length > key_data.shape[0] or value_offsets[i] + value_length > value_data.shape[0]:
+            raise ValueError("a row's key or value runs past its column's data")  # memcpy would read past it
         row_size = FIXED_ROW_BYTES + key_length + value_length
         if with_headers:
             row_size += header_bytes[i]
@@ -264,14 +273,16 @@ def gather_rows(
         out_offsets[rows] = last
         out_timestamps[rows] = timestamps[i]
         out_keyed[rows] = keyed[i]
-        out_key_data[key_bytes : key_bytes + key_length] = key_data[key_offsets[i] : key_offsets[i] + key_length]
+        if key_length:
+            copy_bytes(out_key_data, key_bytes, key_data, key_offsets[i], key_length)
         key_bytes += key_length
         out_key_offsets[rows + 1] = key_bytes
         out_hashed[rows] = hashed[i]
         out_hashes[rows, 0] = hashes[i, 0]
         out_hashes[rows, 1] = hashes[i, 1]
         out_valued[rows] = valued[i]
-        out_value_data[value_bytes : value_bytes + value_length] = value_data[value_offsets[i] : value_offsets[i] + value_length]
+        if value_length:
+            copy_bytes(out_value_data, value_bytes, value_data, value_offsets[i], value_length)
         value_bytes += value_length
         out_value_offsets[rows + 1] = value_bytes
         out_horizons[rows] = horizons[i] if stamped[i] else 0
