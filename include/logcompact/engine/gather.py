@@ -254,7 +254,8 @@ def gather_rows(
         # A null's range is not its bytes (`row_sizes` counts none): nothing of it is copied.
         key_length = key_offsets[i + 1] - key_offsets[i] if keyed[i] else 0
         value_length = value_offsets[i + 1] - value_offsets[i] if valued[i] else 0
-        if key_offsets[i] + key_length > key_data.shape[0] or value_offsets[i] + value_length > value_data.shape[0]:
+        if (key_length < 0 or value_length < 0 or key_offsets[i] + key_length > key_data.shape[0]
+                or value_offsets[i] + value_length > value_data.shape[0]):
             raise ValueError("a row's key or value runs past its column's data")  # memcpy would read past it
         row_size = FIXED_ROW_BYTES + key_length + value_length
         if with_headers:
@@ -273,6 +274,8 @@ def gather_rows(
         out_offsets[rows] = last
         out_timestamps[rows] = timestamps[i]
         out_keyed[rows] = keyed[i]
+        if key_bytes + key_length > out_key_data.shape[0] or value_bytes + value_length > out_value_data.shape[0]:
+            raise ValueError("a row's key or value runs past the block being gathered")  # memcpy would write past it
         if key_length:
             copy_bytes(out_key_data, key_bytes, key_data, key_offsets[i], key_length)
         key_bytes += key_length
