@@ -335,6 +335,7 @@ class FrameReader(asyncio.StreamReader):
         return frame
 
     def partial_frame(self) -> bytes:
+        """The bytes of a frame that will not be all in (the client closed mid-frame)."""
         return bytes(self._direct[: self._arrived] if self._direct is not None else self._buffer)
 
     def get_buffer(self) -> memoryview:
@@ -733,8 +734,9 @@ class AgentServer:
         return size
 
     async def _frame(self, reader: FrameReader, connection: Connection, size: int) -> bytes | memoryview:
-        """The frame's `size` bytes, read into a buffer of its own. Its address's share of the agent's budget takes
-        them as they arrive, so a frame that stops arriving holds only what it sent."""
+        """The frame's `size` bytes (a large frame's read straight into a buffer of its own: `FrameReader`). Its
+        address's share of the agent's budget takes them as they arrive, so a frame that stops arriving holds only
+        what it sent."""
         frame = object()
         taken = 0
         arrived = reader.start_frame(size)
