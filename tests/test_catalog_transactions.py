@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select, update
 
-from logcompact.catalog import Catalog, NewFile, schema
+from logcompact.catalog import Catalog, NewFile, groups, schema
 from logcompact.catalog.catalog import Appended
 from logcompact.catalog.groups import CommittedOffset, GroupRow, StoredMember
 from logcompact.catalog.model import CatalogUpgrade
@@ -160,7 +160,7 @@ def test_a_commit_gives_each_added_partition_a_marker_and_commits_the_pending_of
     txn.add(("t", 0), ("t", 1))
     catalog.add_group_to_transaction("app", txn.producer_id, txn.epoch, "g", NOW)
     catalog.commit_offsets_in_transaction("app", txn.producer_id, txn.epoch, "g", {("in", 1): CommittedOffset(7, 2, "m", NOW), ("in", 0): CommittedOffset(5, 2, "", NOW)})
-    assert catalog.unstable_offsets("g", [("in", 0), ("in", 1), ("in", 2)]) == {("in", 0), ("in", 1)}
+    assert catalog.fetch_offsets("g", None, [("in", 0), ("in", 1), ("in", 2)]) == ({}, {("in", 0), ("in", 1)})
     assert catalog.committed_offsets("g") == {}
     append(catalog, ("t", 0, 2, plain.batch("t", 0, 2)), ("t", 2, 1, None))
     appended = append(catalog, ("t", 0, 3, txn.batch("t", 0, 3)), ("t", 2, 1, None))
@@ -173,11 +173,32 @@ def test_a_commit_gives_each_added_partition_a_marker_and_commits_the_pending_of
     assert ended.state == "CompleteCommit" and ended.markers == {(topic_id, 0): 6, (topic_id, 1): 0} and ended.aborted == 0
     assert catalog.next_offsets("t") == [7, 1, 2] and stable(catalog, "t") == [7, 1, 2]
     assert catalog.committed_offsets("g") == {("in", 0): CommittedOffset(5, 2, "", NOW), ("in", 1): CommittedOffset(7, 2, "m", NOW)}
-    assert catalog.unstable_offsets("g", [("in", 0)]) == set() and aborted(catalog) == []
+    assert catalog.fetch_offsets("g", ["in"], [("in", 0)])[1] == set() and aborted(catalog) == []
     # A retried EndTxn of the same outcome is answered as it was, with no marker; the other outcome is refused.
     assert txn.end(commit=True) == (ended.state, {}, 0) and catalog.next_offsets("t") == [7, 1, 2]
     with refused_with(TxnError.INVALID_TXN_STATE):
         txn.end(commit=False)
+
+
+def test_offsets_fetched_stable_see_one_state_though_a_transaction_commits_between_the_reads(catalog: Catalog, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read apart, a commit between the committed offsets' read and the pending ones' would show the offset the
+    transaction replaced as stable, and a read_committed consumer would start there."""
+    create_topic(catalog, "in")
+    txn = Producer(catalog, "app")
+    catalog.commit_offsets("g", {("in", 0): CommittedOffset(2, 0, "", NOW)})
+    catalog.add_group_to_transaction("app", txn.producer_id, txn.epoch, "g", NOW)
+    catalog.commit_offsets_in_transaction("app", txn.producer_id, txn.epoch, "g", {("in", 0): CommittedOffset(5, 0, "", NOW)})
+    read_committed = groups.committed_offsets
+
+    def committed_then_the_transaction_ends(connection, group_id, topics):
+        committed = read_committed(connection, group_id, topics)
+        txn.end(commit=True)
+        return committed
+
+    monkeypatch.setattr(groups, "committed_offsets", committed_then_the_transaction_ends)
+    assert catalog.fetch_offsets("g", ["in"], [("in", 0)]) == ({("in", 0): CommittedOffset(2, 0, "", NOW)}, {("in", 0)})
+    monkeypatch.undo()
+    assert catalog.fetch_offsets("g", ["in"], [("in", 0)]) == ({("in", 0): CommittedOffset(5, 0, "", NOW)}, set())
 
 
 def test_an_abort_records_its_batches_ranges_as_aborted_and_drops_its_offsets(catalog: Catalog) -> None:
@@ -197,7 +218,7 @@ def test_an_abort_records_its_batches_ranges_as_aborted_and_drops_its_offsets(ca
     pid = txn.producer_id
     assert aborted(catalog) == [(topic_id, 0, 0, 4, pid), (topic_id, 0, 6, 7, pid), (topic_id, 1, 0, 1, pid)]
     assert stable(catalog, "t") == [9, 3] == catalog.next_offsets("t")
-    assert catalog.committed_offsets("g") == {} and catalog.unstable_offsets("g", [("in", 0)]) == set()
+    assert catalog.committed_offsets("g") == {} and catalog.fetch_offsets("g", ["in"], [("in", 0)])[1] == set()
     assert catalog.aborted_ranges({("t", 0): (5, 7), ("t", 1): (2, 3)}) == {("t", 0): [(6, 7)]}
     assert catalog.aborted_ranges({("t", 0): (0, 100)}) == {("t", 0): [(0, 4), (6, 7)]}
     assert catalog.aborted_ranges({("t", 0): (0, 100)}, version=catalog.latest_version() - 1) == {}  # recorded by EndTxn's version

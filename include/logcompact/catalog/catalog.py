@@ -152,6 +152,16 @@ class Catalog:
             yield connection
 
     @contextmanager
+    def _reading_one_state(self) -> Iterator[Connection]:
+        """A read of several statements that all see one committed state: PostgreSQL's default (READ COMMITTED) gives
+        each statement its own, so this transaction is REPEATABLE READ there; SQLite's read transaction is one already."""
+        with self._reading() as connection:
+            if connection.dialect.name == "postgresql":
+                connection.execution_options(isolation_level="REPEATABLE READ")
+            with connection.begin():
+                yield connection
+
+    @contextmanager
     def _writing(self) -> Iterator[Connection]:
         """A write transaction; once it committed a version, the store's marker records it (`_record_version`)."""
         self._check_exists()
@@ -569,6 +579,16 @@ class Catalog:
         with self._reading() as connection:
             return groups.committed_offsets(connection, group_id, topics)
 
+    def fetch_offsets(
+        self, group_id: str, topics: Sequence[str] | None, partitions: Iterable[TopicPartition] | None,
+    ) -> tuple[dict[TopicPartition, CommittedOffset], set[TopicPartition]]:
+        """OffsetFetch with require_stable: a group's committed offsets (of every topic or of those named) and which of
+        `partitions` (None: those committed) have offsets pending in an open transaction, read in one state of the
+        catalog: read apart, a transaction committed between the two reads would show the offset it replaced as stable."""
+        with self._reading_one_state() as connection:
+            committed = groups.committed_offsets(connection, group_id, topics)
+            return committed, transactions.unstable_offsets(connection, group_id, committed if partitions is None else partitions)
+
     def consumer_lags(self, limit: int) -> list[PartitionLag]:
         """At most `limit` committed offsets with their partitions' high watermarks, by group, topic and partition."""
         with self._reading() as connection:
@@ -804,11 +824,6 @@ class Catalog:
         transactional id holds."""
         with self._reading() as connection:
             return transactions.view_of_producer(connection, producer_id)
-
-    def unstable_offsets(self, group_id: str, partitions: Iterable[TopicPartition]) -> set[TopicPartition]:
-        """Of a group's partitions, those with offsets pending in an open transaction (OffsetFetch's require_stable)."""
-        with self._reading() as connection:
-            return transactions.unstable_offsets(connection, group_id, partitions)
 
     def aborted_ranges(self, spans: Mapping[TopicPartition, tuple[int, int]], version: int | None = None) -> dict[TopicPartition, list[tuple[int, int]]]:
         """The aborted ranges overlapping each partition's offsets [a, b), recorded at or before `version` (None: any);

@@ -173,9 +173,11 @@ async def _fetch(
         error = codec.ErrorCode.not_coordinator
     else:
         try:
-            committed = await asyncio.to_thread(broker.groups.catalog.committed_offsets, group_id, names)
             if require_stable:
-                unstable = await asyncio.to_thread(broker.groups.catalog.unstable_offsets, group_id, _asked(wanted, committed))
+                partitions = None if wanted is None else _asked(wanted, committed)  # None: every committed one
+                committed, unstable = await asyncio.to_thread(broker.groups.catalog.fetch_offsets, group_id, names, partitions)
+            else:
+                committed = await asyncio.to_thread(broker.groups.catalog.committed_offsets, group_id, names)
         except CatalogUnavailableError:
             error = codec.ErrorCode.coordinator_not_available
     denied = authorizer.denied_topics(session, AclOperation.DESCRIBE, {name for name, _ in committed} if wanted is None else names or ())
