@@ -58,6 +58,7 @@ from logcompact.catalog.model import AgentEndpoint
 from logcompact.exceptions import LogcompactError
 from logcompact.ingest import DEFAULT_FLUSH_BYTES, DEFAULT_FLUSH_INTERVAL_MS
 from logcompact.kafka import codec, records, tls
+from logcompact.kafka.allocator import keep_freed_memory
 from logcompact.kafka.authenticator import (
     DEFAULT_FAILED_AUTHENTICATION_DELAY_MS,
     DEFAULT_MECHANISMS,
@@ -900,4 +901,5 @@ async def serve(catalog: Catalog, settings: AgentSettings, on_listening: Callabl
 
 
 def run_agent(catalog: Catalog, settings: AgentSettings, on_listening: Callable[[Broker, dict[str, Address], Address | None], None]) -> None:
+    keep_freed_memory()
     asyncio.run(serve(catalog, settings, on_listening))
