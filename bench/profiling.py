@@ -18,6 +18,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 from collections import Counter
 from collections.abc import Iterator
@@ -85,7 +86,8 @@ def sampled(pid: int | None = None, label: str = "", rate: int = 100, subprocess
     adding the samples to `into` where given (a measure repeated: one profile of all its runs)."""
     pid = os.getpid() if pid is None else pid
     profile = into if into is not None else Profile(label or f"process {pid}")
-    spy = shutil.which("py-spy")
+    # The virtualenv's own, which `.venv/bin/python bench/...` runs without the virtualenv on PATH, else PATH's.
+    spy = shutil.which("py-spy", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
     if spy is None:
         profile.failure = "py-spy is not installed: pip install -r requirements.txt"
         yield profile

@@ -98,6 +98,7 @@ from logcompact.format.layout import HEADERS_TYPE
 from logcompact.format.xxh3 import compile_hasher
 from logcompact.ingest import PRODUCE_SCHEMA, Agent
 from logcompact.jobs import prepare_plans, run_here
+from logcompact.kafka.allocator import keep_freed_memory
 from logcompact.planner import PlannerConfig
 from logcompact.planner.max_lag import dirty_partitions, effective_max_lag, max_lag_topics
 from logcompact.store import LocalStore
@@ -208,6 +209,7 @@ def _agent_process(root: str, url: str | None, number: int, load: Load, seconds:
 
     # A background agent, as `logcompact agent` runs one: it writes a file per flush interval and commits every
     # file written by then in one transaction when its commits fall behind (group commit).
+    keep_freed_memory()  # as `logcompact agent` does at start: freed buffers reused, not faulted in again
     agent = Agent(catalog, flush_interval_ms=load.flush_ms)
     compile_hasher()  # as `logcompact agent` does at start: the key hashes' loop loads before the first flush, not in it
     for future in produce_tick(agent, 0):  # the first file, written and committed before the window: the warm-up
