@@ -307,7 +307,8 @@ def _batches(store: ObjectStore, read_section: SectionReader, item: _ToRead, lim
     `read_end` instead of asking for that trailing hole forever, and librdkafka's consumer position reaches
     `read_end` too (it moves past a control record, never past a batch of no records)."""
     fetch_offset, read_end = item.asked.fetch_offset, item.end
-    out = records.BatchBuffer(min(max(limit, 0), BUFFER_BYTES))
+    # Room for a whole batch past the limit: a compressed batch is encoded at its size before compression first.
+    out = records.BatchBuffer(min(max(limit, 0), BUFFER_BYTES) + BATCH_BYTES)
     ratio = 1.0  # bytes before compression per byte sent, of the last batch
     for table in read_sections(store, item.sections, fetch_offset, read_end, item.aborted, read_section):
         for chunk in table.to_batches():
