@@ -26,6 +26,7 @@ from logcompact.format import read_footer
 from logcompact.ingest import Agent, Record
 from logcompact.kafka import codec
 from logcompact.kafka.cluster import Address
+from logcompact.kafka.served_version import ServedVersion
 from tests.helpers import NOW, create_topic
 from tests.kafka.agents import FLUSH_MS, RunningAgent, confluent_consumer, consume
 from tests.kafka.wire import TIMESTAMP, connect, kio_frame, receive_frame
@@ -157,6 +158,27 @@ def test_log_offsets_are_read_once_per_catalog_version_and_follow_each_commit(ag
     assert [m.offset() for m in consume(consumer, 2)] == [6, 7]
     assert metric(agent, "logcompact_agent_log_offsets_reads_total") == reads + 3
     consumer.close()
+
+
+def test_a_version_read_since_the_request_came_is_served_without_asking_the_catalog_again(catalog: Catalog, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a wait, the commit watch's version stands for the catalog's: the snapshot and offsets held at it serve the
+    request with no read of the catalog's version; at a newer one, both are read again."""
+    create_topic(catalog, "orders", 1, cleanup_policy="delete")
+    produce(catalog, "orders", [Record(0, b"k0", b"v0", TIMESTAMP)])
+    served = ServedVersion(catalog)
+    snapshot, offsets = served.read(["orders"])
+    latest_version = catalog.latest_version
+    asked: list[int] = []
+
+    def counted() -> int:
+        asked.append(latest_version())
+        return asked[-1]
+
+    monkeypatch.setattr(catalog, "latest_version", counted)
+    assert served.read(["orders"], snapshot.version) == (snapshot, offsets) and asked == []
+    produce(catalog, "orders", [Record(0, b"k1", b"v1", TIMESTAMP + 1)])
+    newer, newer_offsets = served.read(["orders"], latest_version())
+    assert newer.version > snapshot.version and newer_offsets["orders"] is not None and newer_offsets["orders"][0].high_watermark == 2
 
 
 # -- decoded blocks --------------------------------------------------------------------------------------

@@ -65,6 +65,12 @@ class CommitWatch:
         self._poller: asyncio.Task | None = None
         self._released = False
 
+    @property
+    def newest(self) -> int:
+        """The newest version polled (-1 before the first poll): once `wait_past(version)` returned True, newer than
+        `version` and read after that wait began."""
+        return self._version
+
     async def wait_past(self, version: int, timeout_seconds: float) -> bool:
         """Whether a version newer than `version` is committed within the timeout (False at once once released)."""
         loop = asyncio.get_running_loop()

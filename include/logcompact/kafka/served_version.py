@@ -37,19 +37,21 @@ class ServedVersion:
         self._version = -1  # of the offsets held
         self._offsets: dict[str, TopicOffsets] = {}
 
-    def snapshot(self) -> Snapshot:
-        """The newest snapshot: the one held while the catalog's version has not moved."""
+    def snapshot(self, newest: int | None = None) -> Snapshot:
+        """The newest snapshot: the one held while the catalog's version has not moved. `newest`, a version read from
+        the catalog since the request came, stands for the catalog's: answering at it answers as of a moment within
+        the request (the commit watch read it after the request's first read found nothing new)."""
         held = self._snapshot
-        if held is not None and held.version == self.catalog.latest_version():
+        if held is not None and held.version == (self.catalog.latest_version() if newest is None else newest):
             return held
         self._snapshot = snapshot = self.catalog.snapshot()
         return snapshot
 
-    def read(self, topics: Iterable[str]) -> tuple[Snapshot, dict[str, TopicOffsets]]:
-        """The newest snapshot and the log offsets of `topics` as of its version or older (offsets read after the
-        snapshot's version moved on come with a newer snapshot)."""
+    def read(self, topics: Iterable[str], newest: int | None = None) -> tuple[Snapshot, dict[str, TopicOffsets]]:
+        """The newest snapshot (`newest`: as `snapshot`) and the log offsets of `topics` as of its version or older
+        (offsets read after the snapshot's version moved on come with a newer snapshot)."""
         topics = list(topics)
-        snapshot = self.snapshot()
+        snapshot = self.snapshot(newest)
         found = self._held(snapshot.version, topics)
         if len(found) == len(topics):
             return snapshot, found

@@ -132,14 +132,17 @@ async def handle(broker: Broker, request: codec.Request) -> Any:
     max_bytes = int(body.max_bytes)
     if (in_window := broker.quotas.max_value_in_window(CONSUMER_BYTE_RATE, request.session, request.client_id)) is not None:
         max_bytes = min(max_bytes, int(in_window))  # Kafka's bound: more would be throttled whatever came before
+    newest = None  # after a wait: the version the commit watch read, newer than the request's last read
     while True:
         version, topics = await asyncio.to_thread(
             read, broker.catalog, broker.file_cache, max_bytes, wanted, int(body.isolation_level), broker.fetch_compression, broker.decoded_blocks,
+            newest,
         )
         found = sum(len(partition.records) for _, partitions in topics for partition in partitions)
         failed = bool(denied) or any(partition.error != codec.ErrorCode.none for _, partitions in topics for partition in partitions)
         if found >= body.min_bytes or failed or not await broker.commits.wait_past(version, deadline - time.monotonic()):
             return _within_quota(broker, request, _with_denied(body, topics, denied), found)
+        newest = broker.commits.newest
 
 
 def _with_denied(body: Any, answered: list[tuple[str, list[Answer]]], denied: set[str]) -> list[tuple[str, list[Answer]]]:
@@ -166,12 +169,14 @@ def _within_quota(broker: Broker, request: codec.Request, topics: list[tuple[str
 
 def read(
     catalog: Catalog, store: ObjectStore, max_bytes: int, wanted: list[tuple[str, list[Wanted]]], isolation: int = READ_UNCOMMITTED,
-    default_codec: int = records.NONE, blocks: DecodedBlocks | None = None,
+    default_codec: int = records.NONE, blocks: DecodedBlocks | None = None, newest_version: int | None = None,
 ) -> tuple[int, list[tuple[str, list[Answer]]]]:
     """The catalog version read and each partition's answer to a Fetch of `wanted` partitions (topic by topic, in the
     request's order) within `max_bytes` at `isolation` (Kafka's level), reading files through `store`, its batches
     compressed as each topic's compression.type says (`default_codec` where it says `producer` and the produced
     codec is not known), sections' blocks decoded through `blocks` when given (the agent's cache of decoded blocks).
+    `newest_version`, a version read from the catalog since the request came (the commit watch's, after a wait), is
+    taken as the newest without asking the catalog again (`ServedVersion.read`).
 
     Partitions are answered in order, each within what the earlier ones left of `max_bytes`. Those whose limits fit
     `max_bytes` together are read at once on PARTITION_READERS threads (decompressing and encoding release the GIL),
@@ -182,7 +187,7 @@ def read(
     # offset the snapshot does not hold there is one compaction removed, which a batch may cover; records are read below
     # it. Likewise every transaction with data below a last stable offset read then had ended: its aborted ranges are
     # known. Both kept per catalog version (served_version.py).
-    snapshot, log_offsets = served_version(catalog).read([topic for topic, _ in wanted])
+    snapshot, log_offsets = served_version(catalog).read([topic for topic, _ in wanted], newest_version)
     plan: list[tuple[str, list[Answer | _ToRead]]] = []
     for topic, partitions in wanted:
         # A topic created between the two reads is not in the snapshot yet: unknown this time.
