@@ -23,11 +23,10 @@ its first record <= 1.2; beside them the agent's own: ack p99 <= 400 ms at its 2
 1,000 records/s with 50 consumers (`--clients`) all acknowledged and consumed. The output says what differs in
 durability: an agent's acknowledgement waits for the object store and the catalog, Kafka's for its page cache (and,
 with more brokers, its replicas'). A missed target is printed with MISSED and where to profile it.
-    .venv/bin/python bench/agent.py --quick --measures produce --agent-processes 2   # `logcompact agent --processes 2`
-      (the agent's CPU and memory printed are then its supervisor's alone)
+    .venv/bin/python bench/agent.py --quick --measures produce --agent-processes 1   # `logcompact agent --processes 1`
 
-The agent runs as `logcompact agent` in its own process on 127.0.0.1 (a free port, --flush-ms 250), over a SQLite
-catalog and a local store in a temporary directory. Measures (and targets):
+The agent runs as `logcompact agent` on 127.0.0.1 (free ports, --flush-ms 250), as many processes as it runs by
+default (one per core: `--agent-processes`), over a SQLite catalog and a local store in a temporary directory. Measures (and targets):
 
 * produce, 100 B values, lz4, acks=all: records/s (>= 500k), and the server's CPU per million records (the agent's
   and Kafka's process; the mock runs in this one);
@@ -134,6 +133,7 @@ from results import recorded
 from logcompact.catalog import Catalog, NewFile
 from logcompact.catalog.producers import PlacedBatch, SequencedBatch
 from logcompact.catalog.transactions import MAX_TIMEOUT_MS
+from logcompact.cli.agent_processes import available_cores
 from logcompact.consume import ISOLATION_LEVELS, READ_UNCOMMITTED, read_batches
 from logcompact.format import SectionInfo, section_table, write_segment
 from logcompact.jobs import run_and_commit
@@ -852,13 +852,22 @@ def many_clients(cluster: Cluster, process: psutil.Process, topic: str, clients:
     cpu_before = server_cpu_seconds(process)
     for stop, until in ((stop_producing, started + seconds), (stop_consuming, started + seconds * 4 / 3)):
         while time.monotonic() < until:
-            largest = max(largest, process.memory_info().rss)
+            largest = max(largest, server_rss(process))
             time.sleep(0.5)
         stop.set()
         for thread in producers if stop is stop_producing else consumers:
             thread.join(timeout=120)
     return ClientsFigures(largest, offered[0], produced[0], consumed[0], first_record[0], server_cpu_seconds(process) - cpu_before,
                           time.monotonic() - started)
+
+
+def server_rss(process: psutil.Process) -> int:
+    """Resident bytes of `process` and its children (an agent of --processes N: its supervisor and N agents)."""
+    total = 0
+    for each in [process, *process.children(recursive=True)]:
+        with suppress(psutil.NoSuchProcess):
+            total += each.memory_info().rss
+    return total
 
 
 def server_cpu_seconds(process: psutil.Process) -> float:
@@ -1295,7 +1304,8 @@ def main() -> None:
                         "fetch-compression: bytes sent and records/s by compression.type; fetch-costs: Fetch's per-request costs in this process)")
     parser.add_argument("--clusters", default=",".join(CLUSTERS), help="which of agent, kafka, mock to measure beside the agent (the agent always)")
     parser.add_argument("--agent-metrics", action="store_true", help="the agent serves /metrics (--metrics-listen), scraped every second")
-    parser.add_argument("--agent-processes", type=int, default=1, help="`logcompact agent --processes`: agent processes, each a broker of its own")
+    parser.add_argument("--agent-processes", type=int, default=available_cores(),
+                        help="`logcompact agent --processes`: agent processes, each a broker of its own (default: as the agent's, the cores)")
     parser.add_argument("--clients", type=int, default=100, help="producers and consumers at once in the clients measure")
     parser.add_argument("--clients-seconds", type=float, default=30.0)
     parser.add_argument("--clients-rate", type=int, default=1000, help="records a second of each producer in the clients measure")
@@ -1364,8 +1374,9 @@ def main() -> None:
                 return produce(cluster, topic, count, value_bytes, compression, keys=count)
             took: list[float] = []
             with profiled(cluster, f"produce_{name}"):
-                cpu_seconds = agent_security.produce_cpu_seconds(
-                    servers[cluster.name], lambda: took.append(produce(cluster, topic, count, value_bytes, compression, keys=count)))
+                before = server_cpu_seconds(servers[cluster.name])  # an agent of --processes N: its N agents
+                took.append(produce(cluster, topic, count, value_bytes, compression, keys=count))
+                cpu_seconds = server_cpu_seconds(servers[cluster.name]) - before
             note(cluster, f"produce_{name}_cpu", cpu_seconds / count * 1e6)
             return took[0]
 
@@ -1380,7 +1391,7 @@ def main() -> None:
                     latencies = ack_latencies(cluster, topic, args.latency_seconds)
                 note(cluster, "latency_p50", percentile(latencies, 0.5))
                 note(cluster, "latency_p99", percentile(latencies, 0.99))
-            rss["after produce"] = max(rss.get("after produce", 0), process.memory_info().rss)
+            rss["after produce"] = max(rss.get("after produce", 0), server_rss(process))
             if "fetch" in measures:
                 # Fetch from files: half the keys written twice, compacted away once on the agent; Kafka and the mock
                 # are given as many records of the same sizes, each key once (Kafka's cleaner never touches the active
@@ -1417,7 +1428,7 @@ def main() -> None:
                         raise SystemExit(f"the agent's read path read {records} records, expected {survivors}")
                     note(agent, f"{name}_inproc_records", records / elapsed)
                     note(agent, f"{name}_inproc_mb", size / elapsed / 1e6)
-                rss["after fetch"] = max(rss.get("after fetch", 0), process.memory_info().rss)
+                rss["after fetch"] = max(rss.get("after fetch", 0), server_rss(process))
             for cluster in in_turn(repetition) if "group" in measures else ():
                 topic = f"group-{repetition}"
                 cluster.create_topic(topic, "delete")
@@ -1450,7 +1461,7 @@ def main() -> None:
             kafka_rss[f"with {args.clients} clients"] = clients["kafka"].largest_rss
         if "txn" in measures:
             txn_measures(agent, Path(directory), args.quick, args.repeat)
-            rss["after transactions"] = process.memory_info().rss
+            rss["after transactions"] = server_rss(process)
         if "security" in measures:
             security_measures(Path(directory), small, args.repeat)
         if "fetch-compression" in measures:
