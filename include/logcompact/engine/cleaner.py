@@ -63,12 +63,11 @@ import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import nullcontext
-from typing import IO
+from typing import IO, NamedTuple
 
 import numba
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from logcompact.catalog import CatalogSection, DataFile, SetAside, TopicPartition
 from logcompact.collector import collector_paused
@@ -99,16 +98,37 @@ COALESCE_BYTES = 4 * 1024 * 1024
 _Piece = tuple[pa.RecordBatch, CatalogSection, str]
 
 
-def _with_offsets(pieces: list[_Piece], columns: tuple[str, ...] | None) -> pa.RecordBatch:
-    """Batches of consecutive sections as one batch with an `offset` column (first offset + delta) in front,
-    checked to increase strictly (each piece's deltas were checked against its catalog row at its ends only)."""
+class _Rows(NamedTuple):
+    """Consecutive records of a partition: their columns (SECTION_SCHEMA's, or the index columns in pass 1) and their
+    offsets beside them, in a numpy array of their own, so no pass adds a column to a batch or reads one back."""
+
+    batch: pa.RecordBatch
+    offsets: np.ndarray
+
+    def slice(self, start: int, stop: int | None = None) -> _Rows:
+        end = len(self.offsets) if stop is None else stop
+        return _Rows(self.batch.slice(start, end - start), self.offsets[start:end])
+
+    def filter(self, mask: np.ndarray) -> _Rows:
+        return _Rows(self.batch.filter(pa.array(mask)), self.offsets[mask])
+
+
+def _with_offsets(pieces: list[_Piece], columns: tuple[str, ...] | None) -> _Rows:
+    """Batches of consecutive sections as one batch and its offsets (first offset + delta), checked to increase
+    strictly (each piece's deltas were checked against its catalog row at its ends only)."""
     batches = [b if columns is None or b.num_columns == len(columns) else b.select(list(columns)) for b, _, _ in pieces]
-    batch = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
-    firsts = np.asarray([placed.first_offset for _, placed, _ in pieces], dtype=np.int64)
-    counts = np.asarray([b.num_rows for b in batches], dtype=np.int64)
-    offsets = np.empty(batch.num_rows, dtype=np.int64)
-    at = _placed_offsets(batch.column(0).to_numpy(), firsts, counts, offsets)  # offset_delta: every block's first column
+    if len(batches) == 1:
+        batch = batches[0]
+        offsets = np.empty(batch.num_rows, dtype=np.int64)
+        at = _piece_offsets(batch.column(0).to_numpy(), pieces[0][1].first_offset, offsets)  # offset_delta: first column
+    else:
+        batch = pa.concat_batches(batches)
+        firsts = np.asarray([placed.first_offset for _, placed, _ in pieces], dtype=np.int64)
+        counts = np.asarray([b.num_rows for b in batches], dtype=np.int64)
+        offsets = np.empty(batch.num_rows, dtype=np.int64)
+        at = _placed_offsets(batch.column(0).to_numpy(), firsts, counts, offsets)
     if at >= 0:
+        counts = np.asarray([b.num_rows for b in batches], dtype=np.int64)
         _, placed, key = pieces[int(np.searchsorted(np.cumsum(counts), at, side="right"))]
         damage = CorruptDataError(
             f"{key}: section {placed.topic}/{placed.partition} from offset {placed.first_offset}: expected offsets increasing "
@@ -117,8 +137,7 @@ def _with_offsets(pieces: list[_Piece], columns: tuple[str, ...] | None) -> pa.R
         )
         damage.key = key
         raise damage
-    # From the array's buffer as it is: `pa.array` would inspect the numpy array first (a few µs a batch).
-    return batch.add_column(0, _OFFSET_FIELD, pa.Array.from_buffers(pa.int64(), len(offsets), [None, pa.py_buffer(offsets)]))
+    return _Rows(batch, offsets)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -137,10 +156,18 @@ def _placed_offsets(deltas, firsts, counts, offsets):
     return bad
 
 
-_OFFSET_FIELD = pa.field("offset", pa.int64(), nullable=False)
+@numba.njit(cache=True, nogil=True)
+def _piece_offsets(deltas, first, offsets):
+    """`_placed_offsets` of one piece: the common case of a section's block big enough to go alone."""
+    bad = -1
+    for row in range(deltas.shape[0]):
+        offsets[row] = first + np.int64(deltas[row])
+        if bad < 0 and row > 0 and offsets[row] <= offsets[row - 1]:
+            bad = row
+    return bad
 
 
-def _coalesced(sections: list[tuple[Iterator[pa.RecordBatch], CatalogSection, str]], columns: tuple[str, ...] | None) -> Iterator[pa.RecordBatch]:
+def _coalesced(sections: list[tuple[Iterator[pa.RecordBatch], CatalogSection, str]], columns: tuple[str, ...] | None) -> Iterator[_Rows]:
     """The batches of sections that follow each other in offsets, joined up to COALESCE_ROWS rows and
     COALESCE_BYTES (sized by the catalog's record of each section: no Arrow call per batch)."""
     pending: list[_Piece] = []
@@ -161,48 +188,47 @@ def _coalesced(sections: list[tuple[Iterator[pa.RecordBatch], CatalogSection, st
         yield _with_offsets(pending, columns)
 
 
-def _merged(sources: list[Iterator[pa.RecordBatch]]) -> Iterator[pa.RecordBatch]:
-    """K-way merge by offset of batch streams that are each in offset order, a few batches at a time."""
+def _merged(sources: list[Iterator[_Rows]]) -> Iterator[_Rows]:
+    """K-way merge by offset of streams of rows that are each in offset order, a few batches at a time."""
     if len(sources) == 1:
         yield from sources[0]
         return
-    pending: list[pa.RecordBatch | None] = [next(s, None) for s in sources]
+    pending: list[_Rows | None] = [next(s, None) for s in sources]
     while any(p is not None for p in pending):
         # Rows up to the smallest last offset among the current batches can be emitted in order now.
-        bound = min(p.column("offset")[-1].as_py() for p in pending if p is not None)
+        bound = min(int(p.offsets[-1]) for p in pending if p is not None)
         taken = []
-        for i, batch in enumerate(pending):
-            if batch is None:
+        for i, rows in enumerate(pending):
+            if rows is None:
                 continue
-            offsets = batch.column("offset").to_numpy()
-            cut = int(np.searchsorted(offsets, bound, side="right"))
+            cut = int(np.searchsorted(rows.offsets, bound, side="right"))
             if cut:
-                taken.append(batch.slice(0, cut))
-            rest = batch.slice(cut)
-            pending[i] = rest if rest.num_rows else next(sources[i], None)
-        merged = pa.Table.from_batches(taken).combine_chunks()
-        order = pc.sort_indices(merged.column("offset"))
-        yield from merged.take(order).to_batches()
+                taken.append(rows.slice(0, cut))
+            rest = rows.slice(cut)
+            pending[i] = rest if len(rest.offsets) else next(sources[i], None)
+        offsets = np.concatenate([rows.offsets for rows in taken])
+        order = np.argsort(offsets, kind="stable")
+        yield _Rows(pa.concat_batches([rows.batch for rows in taken]).take(order), offsets[order])
 
 
 class _PartitionReader:
     """One pass over a partition's records in offset order, with a push-back for partial progress."""
 
-    def __init__(self, batches: Iterator[pa.RecordBatch]) -> None:
+    def __init__(self, batches: Iterator[_Rows]) -> None:
         self._batches = batches
-        self._pushed: pa.RecordBatch | None = None
+        self._pushed: _Rows | None = None
 
     def __iter__(self) -> _PartitionReader:
         return self
 
-    def __next__(self) -> pa.RecordBatch:
+    def __next__(self) -> _Rows:
         if self._pushed is not None:
-            batch, self._pushed = self._pushed, None
-            return batch
+            rows, self._pushed = self._pushed, None
+            return rows
         return next(self._batches)
 
-    def push_back(self, batch: pa.RecordBatch) -> None:
-        self._pushed = batch
+    def push_back(self, rows: _Rows) -> None:
+        self._pushed = rows
 
 
 # -- writing: output files per content class, cut at the target size -----------------------------------
@@ -590,7 +616,7 @@ class _PartitionCleaner:
                 runs.append([(data_file, placed)])
             run_end = max(run_end, placed.last_offset)
 
-        def in_order() -> Iterator[pa.RecordBatch]:
+        def in_order() -> Iterator[_Rows]:
             plain: list[tuple[Iterator[pa.RecordBatch], CatalogSection, str]] = []
             for run in runs:
                 if len(run) == 1:
@@ -604,25 +630,25 @@ class _PartitionCleaner:
 
         return _PartitionReader(self._without_aborted(in_order(), count=columns is None) if len(self.aborted_firsts) else in_order())
 
-    def _without_aborted(self, batches: Iterator[pa.RecordBatch], count: bool) -> Iterator[pa.RecordBatch]:
+    def _without_aborted(self, batches: Iterator[_Rows], count: bool) -> Iterator[_Rows]:
         """`batches` without the records of the plan's aborted ranges, for both passes: no aborted key enters the key
         map, so an aborted value never removes a committed one of its key. Pass 2 (`count`) counts them."""
         firsts, lasts = self.aborted_firsts, self.aborted_lasts
-        for batch in batches:
-            offsets = batch.column("offset").to_numpy()
+        for rows in batches:
+            offsets = rows.offsets
             if not len(offsets) or offsets[-1] < firsts[0] or offsets[0] > lasts[-1]:
-                yield batch
+                yield rows
                 continue
             at = np.searchsorted(firsts, offsets, side="right") - 1
             aborted = (at >= 0) & (offsets <= lasts[np.maximum(at, 0)])
             if not aborted.any():
-                yield batch
+                yield rows
                 continue
             if count:
                 self.stats.aborted_removed += int(aborted.sum())
-                self.stats.aborted_bytes_removed += record_bytes(batch.filter(pa.array(aborted)))
+                self.stats.aborted_bytes_removed += record_bytes(rows.batch.filter(pa.array(aborted)))
             if not aborted.all():
-                yield batch.filter(pa.array(~aborted))
+                yield rows.filter(~aborted)
 
     def _expired_section(self, placed: CatalogSection) -> bool:
         """Pass 2 skips a `delete` topic's section whose records are all past retention. Never a compacted
@@ -647,10 +673,10 @@ class _PartitionCleaner:
         stats.expired_removed += sum(s.info.record_count for _, s in self.sections if self._expired_section(s))
         second = self._records(pass2)
         if not self.deduplicate:
-            for batch in second:
-                self._find_young(batch)
+            for rows in second:
+                self._find_young(rows)
                 out.split_at = self._young_cut()
-                out.write(BatchColumns.of(batch), self._retention_only(batch))
+                out.write(BatchColumns.of(*rows), self._retention_only(rows.batch))
             out.close()
             stats.records_out += out.records
             return
@@ -687,37 +713,37 @@ class _PartitionCleaner:
         cuts = [cut for cut in (self.first_young, self.outside_cut) if cut is not None]
         return min(cuts) if cuts else None
 
-    def _find_young(self, batch: pa.RecordBatch) -> None:
+    def _find_young(self, rows: _Rows) -> None:
         """Note the first record within the lag in the inputs (they come in offset order): the first uncleanable
         offset is no higher, and the output's young section starts there."""
         if self.lag_cut is None or self.first_young is not None:
             return
-        young = batch.column("timestamp").to_numpy() > self.lag_cut
+        young = rows.batch.column("timestamp").to_numpy() > self.lag_cut
         if young.any():
-            self.first_young = int(batch.column("offset").to_numpy()[int(np.argmax(young))])
+            self.first_young = int(rows.offsets[int(np.argmax(young))])
             self.young_from = self.first_young if self.young_from is None else min(self.young_from, self.first_young)
 
     def _fill_map(self, reader: _PartitionReader, map_from: int) -> int | None:
         """Pass 1 until the map is full (returns the offset where it stopped) or the partition ends; from the
         first uncleanable offset on there is nothing more to map."""
-        for batch in reader:
-            offsets = batch.column("offset").to_numpy()
-            self._find_young(batch)
+        for rows in reader:
+            offsets = rows.offsets
+            self._find_young(rows)
             # Offsets increase: the rows to map are one run, from `map_from` to the first young row.
             start = int(np.searchsorted(offsets, map_from)) if offsets[0] < map_from else 0
             end = len(offsets) if self.young_from is None else int(np.searchsorted(offsets, self.young_from))
-            key_hash = batch.column("key_hash")
+            key_hash = rows.batch.column("key_hash")
             if key_hash.null_count:  # null exactly when the key is: such records are not mapped
-                rows = start + np.flatnonzero(np.asarray(key_hash.is_valid())[start:end])
-                hashes, mapped = key_hash_words(key_hash)[rows], offsets[rows]
+                keyed = start + np.flatnonzero(np.asarray(key_hash.is_valid())[start:end])
+                hashes, mapped = key_hash_words(key_hash)[keyed], offsets[keyed]
             else:
-                rows = None
+                keyed = None
                 hashes, mapped = key_hash_words(key_hash)[start:end], offsets[start:end]
             if len(mapped):
                 taken = self.key_map.put(hashes, mapped)
                 if taken < len(mapped):
-                    stop_row = start + taken if rows is None else int(rows[taken])
-                    reader.push_back(batch.slice(stop_row))
+                    stop_row = start + taken if keyed is None else int(keyed[taken])
+                    reader.push_back(rows.slice(stop_row))
                     return int(offsets[stop_row])
             if end < len(offsets):
                 for _ in reader:  # the rest is young: pass 1 is done with this partition
@@ -731,17 +757,15 @@ class _PartitionCleaner:
         self._count_decided()
 
     def _decide_until(self, reader: _PartitionReader, stop: int | None, out: _PartitionOutput) -> None:
-        for batch in reader:
+        for rows in reader:
             if stop is not None:
-                offsets = batch.column("offset").to_numpy()
-                cut = int(np.searchsorted(offsets, stop))
-                if cut < batch.num_rows:
-                    reader.push_back(batch.slice(cut))
-                    batch = batch.slice(0, cut)
+                cut = int(np.searchsorted(rows.offsets, stop))
+                if cut < len(rows.offsets):
+                    reader.push_back(rows.slice(cut))
                     if cut:
-                        out.write(*self._decide(batch))
+                        out.write(*self._decide(rows.slice(0, cut)))
                     return
-            out.write(*self._decide(batch))
+            out.write(*self._decide(rows))
 
     def _retention_only(self, batch: pa.RecordBatch) -> np.ndarray:
         """A copy: retention for `delete` topics; a compacted topic's records are all kept (without the key
@@ -753,11 +777,11 @@ class _PartitionCleaner:
             keep &= ~expired
         return keep
 
-    def _decide(self, batch: pa.RecordBatch) -> tuple[BatchColumns, np.ndarray]:
+    def _decide(self, records: _Rows) -> tuple[BatchColumns, np.ndarray]:
         """The batch's columns with the delete horizons its records carry (new only where a tombstone is stamped), and
         which records survive: Kafka's rules, applied row by row in one compiled pass. The stats it counts wait in
         `decided_counts` for `_count_decided`."""
-        rows = BatchColumns.of(batch)
+        rows = BatchColumns.of(*records)
         n = len(rows.offsets)
         keep = np.empty(n, dtype=np.bool_)
         horizons = np.empty(n, dtype=np.int64)

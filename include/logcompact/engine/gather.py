@@ -73,17 +73,17 @@ class BatchColumns(NamedTuple):
     header_bytes: np.ndarray
 
     @classmethod
-    def of(cls, batch: pa.RecordBatch) -> BatchColumns:
-        """The columns of `batch` (an `offset` column, then SECTION_SCHEMA's in its order), each Array taken once by
-        its place: every Arrow call here is a microsecond or more (`batch.columns` ten, `to_numpy` two to three), and
-        pass 2 does this for every block it reads."""
-        offsets, timestamps, key, key_hash, value, headers, horizon = (batch.column(place) for place in _PLACES)
+    def of(cls, batch: pa.RecordBatch, offsets: np.ndarray) -> BatchColumns:
+        """The columns of `batch` (SECTION_SCHEMA's) and its rows' `offsets`, each Array taken once by its place: every
+        Arrow call here is a microsecond or more (`batch.columns` ten, `to_numpy` two to three), and pass 2 does this for
+        every block it reads."""
+        timestamps, key, key_hash, value, headers, horizon = (batch.column(place) for place in _PLACES)
         every = np.ones(batch.num_rows, dtype=np.bool_)  # shared by the columns without nulls: only read
         key_offsets, key_data = _binary_parts(key)
         value_offsets, value_data = _binary_parts(value)
         with_headers = headers.null_count < len(headers)
         return cls(
-            int64_values(offsets),
+            offsets,
             int64_values(timestamps),
             validity(key, every),
             key_offsets,
@@ -100,8 +100,8 @@ class BatchColumns(NamedTuple):
         )
 
 
-# The places of the columns `BatchColumns.of` reads in a batch of `offset` and SECTION_SCHEMA's columns.
-_PLACES = (0, *(1 + SECTION_SCHEMA.get_field_index(name) for name in ("timestamp", "key", "key_hash", "value", "headers", "delete_horizon")))
+# The places of the columns `BatchColumns.of` reads in a batch of SECTION_SCHEMA's columns.
+_PLACES = tuple(SECTION_SCHEMA.get_field_index(name) for name in ("timestamp", "key", "key_hash", "value", "headers", "delete_horizon"))
 _NO_HEADER_BYTES = np.zeros(0, dtype=np.int64)
 
 
