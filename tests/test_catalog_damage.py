@@ -282,14 +282,28 @@ def test_a_section_row_of_no_records_is_corrupt_data_not_an_index_error(two_part
 
 @pytest.mark.parametrize("column", ["first_offset", "uncompressed_bytes"])
 def test_a_section_row_holding_no_integer_is_corrupt_data_for_a_planning_pass(two_partitions: Catalog, column: str) -> None:
-    """A planning pass reads the sections' columns as the database aggregates them (`Snapshot.section_columns`): a
-    value SQLite kept as text is named, not parsed as a number or passed over."""
+    """A planning pass reads the sections' columns of files without a pack (PostgreSQL's appends) as the database
+    aggregates them (`Snapshot.section_columns`): a value SQLite kept as text is named, not parsed as a number or
+    passed over."""
     catalog = two_partitions
     with catalog.engine.begin() as connection:
+        connection.exec_driver_sql("UPDATE files SET sections_packed = NULL")
         connection.exec_driver_sql(f"UPDATE sections SET {column} = 'many' WHERE partition = 1")
     with pytest.raises(CorruptDataError, match=f"sections.{column} that is not a 64-bit integer .*restore the catalog database from a backup"):
         catalog.snapshot().section_columns()
     _one_line_error(_cli(catalog, "plan", "--mode", "full"), "not a 64-bit integer")
+
+
+def test_a_files_row_whose_packed_sections_are_cut_is_corrupt_data_for_a_planning_pass(two_partitions: Catalog) -> None:
+    """A planning pass reads each file's sections from its row's pack (`files.sections_packed`): one not holding whole
+    sections is named by its file, never read as other sections' values."""
+    catalog = two_partitions
+    with catalog.engine.begin() as connection:
+        file_id = connection.exec_driver_sql("SELECT min(file_id) FROM files").scalar_one()  # two sections: 80 bytes
+        connection.exec_driver_sql(f"UPDATE files SET sections_packed = substr(sections_packed, 1, 44) WHERE file_id = {file_id}")
+    with pytest.raises(CorruptDataError, match=f"the files row of file_id {file_id} holds 44 bytes in sections_packed, not whole sections of 40; restore"):
+        catalog.snapshot().section_columns()
+    _one_line_error(_cli(catalog, "plan", "--mode", "full"), "not whole sections")
 
 
 @pytest.mark.parametrize("damage", ["shifted over its neighbour", "shifted past the next offset", "more records than offsets",
@@ -667,6 +681,10 @@ def test_a_partition_whose_rows_hide_offsets_is_set_aside_and_the_other_partitio
     compacted = _cli_of(catalog, "compact", "--full", now=later)
     assert compacted.code == 0 and "Traceback" not in compacted.stderr, compacted
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    # A section moved changed its row under its file's pack (`files.sections_packed`): planned from the rows, and said.
+    unpacked = [message for message in warned if message.startswith("the catalog's sections rows of live files disagree")]
+    warned = [message for message in warned if message not in unpacked]
+    assert bool(unpacked) == (damage == "section moved to another topic"), unpacked
     # (moved to u/0 at offset 1, t/0's record also hides offset 0 of u/0, which is set aside as well)
     assert len(warned) == 1 + (damage == "section moved to another topic") and warned[0].startswith(f"set aside as uncleanable: {says}"), warned
     assert [json.loads(line)["committed"] for line in compacted.stdout.splitlines()] == [True], compacted.stdout
@@ -905,8 +923,17 @@ def _stored_crcs(catalog: Catalog) -> dict[tuple[int, int, int], int]:
         return {(f, t, p): crc for f, t, p, crc in connection.execute(select(sec.file_id, sec.topic_id, sec.partition, sec.crc32))}
 
 
+def _as_schema_14(catalog: Catalog) -> None:
+    """The catalog as schema 14 held it: files without sections_packed, retired sections not indexed, schema_version 14."""
+    with catalog.engine.begin() as connection:
+        connection.exec_driver_sql("DROP INDEX sections_retired")
+        connection.exec_driver_sql("ALTER TABLE files DROP COLUMN sections_packed")
+        connection.execute(update(schema.catalog_info).values(schema_version=14))
+
+
 def _as_schema_13(catalog: Catalog) -> None:
     """The catalog as schema 13 held it: sections without produced_compression, schema_version 13."""
+    _as_schema_14(catalog)
     with catalog.engine.begin() as connection:
         connection.exec_driver_sql("ALTER TABLE sections DROP COLUMN produced_compression")
         connection.execute(update(schema.catalog_info).values(schema_version=13))
@@ -1030,6 +1057,32 @@ def _produced_compressions(catalog: Catalog) -> dict[int, set[int]]:
         ):
             found.setdefault(level, set()).add(codec)
     return found
+
+
+def test_a_schema_14_catalog_upgrades_to_files_whose_sections_planners_read_from_their_rows(catalog: Catalog) -> None:
+    """On each database: a schema-14 catalog (files without their sections packed) is refused until upgraded; the
+    upgrade leaves its files without a pack and indexes the retired sections, planning passes read those files'
+    sections from their rows as they read packed ones (the same columns), and files added after it carry their pack."""
+    create_topic(catalog, "t", partitions=2, cleanup_policy="compact")
+    _produce_compressed(catalog, GZIP, 0, 30)
+    before = catalog.snapshot().section_columns()
+    _as_schema_14(catalog)
+    with pytest.raises(CatalogSchemaError, match=f"has schema version 14, this logcompact uses {schema.SCHEMA_VERSION}: .*upgrade-catalog"):
+        Catalog(catalog.store, catalog.url).snapshot()
+    assert Catalog(catalog.store, catalog.url).upgrade_catalog() == CatalogUpgrade(14, 0)
+    reopened = Catalog(catalog.store, catalog.url)
+    after = reopened.snapshot().section_columns()
+    assert (after.keys, after.file.tolist(), after.partition.tolist(), after.first_offset.tolist(), after.last_offset.tolist()) == (
+        before.keys, before.file.tolist(), before.partition.tolist(), before.first_offset.tolist(), before.last_offset.tolist())
+    _produce_compressed(reopened, ZSTD, 30, 20)
+    prepared = prepare_plans(reopened, "regular", NOW, PlannerConfig(min_files=(2, 2, 2, 2)))
+    run_here(reopened, prepared.plan_ids, prepared.groups, NOW)
+    files = schema.files.c
+    with reopened.engine.connect() as connection:
+        live = connection.execute(select(files.level, files.sections_packed).where(files.removed_version.is_(None))).all()
+    assert [(level, pack is not None) for level, pack in live] == [(1, True)]  # a compaction's output carries its pack
+    compacted = reopened.snapshot().section_columns()
+    assert (compacted.levels.tolist(), compacted.first_offset.tolist(), compacted.last_offset.tolist()) == ([1], [0], [49])
 
 
 def test_a_schema_13_catalog_upgrades_to_sections_whose_produced_codec_is_unknown(catalog: Catalog) -> None:

@@ -450,6 +450,8 @@ def test_a_schema_11_catalog_upgrades_to_the_transactions_tables_and_keeps_what_
             table.drop(connection)
         connection.exec_driver_sql("ALTER TABLE files DROP COLUMN filtered_version")
         connection.exec_driver_sql("ALTER TABLE sections DROP COLUMN produced_compression")
+        connection.exec_driver_sql("DROP INDEX sections_retired")
+        connection.exec_driver_sql("ALTER TABLE files DROP COLUMN sections_packed")
         schema.offset_holes.drop(connection)
         connection.execute(update(schema.catalog_info).values(schema_version=11))
     with pytest.raises(CatalogSchemaError, match=f"has schema version 11, this logcompact uses {schema.SCHEMA_VERSION}: .*upgrade-catalog"):

@@ -5,14 +5,17 @@ over file summaries), and those of the same snapshot planned from its files in h
 
 from __future__ import annotations
 
+import logging
 import pickle
 from collections.abc import Sequence
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sqlalchemy import func, select, update
 
-from logcompact.catalog import Catalog, CatalogSection, DataFile, Snapshot
+from logcompact.catalog import Catalog, CatalogSection, DataFile, Snapshot, schema
+from logcompact.catalog.columns import SectionColumns
 from logcompact.exceptions import CommitConflictError
 from logcompact.format.layout import SectionInfo
 from logcompact.planner import PlannerConfig, choose_plans, size_tiers, top_level
@@ -167,3 +170,48 @@ def test_planned_inputs_whose_files_changed_since_the_pass_are_refused() -> None
     changed = PlannedInputs(["data/l0/a.seg"], [0], [10], [NOW], 2, lambda keys: {"data/l0/a.seg": data_file})
     with pytest.raises(CommitConflictError, match="its files' sections changed in the catalog since; plan again"):
         changed[0]
+
+
+def _section_rows(columns: SectionColumns) -> list[tuple]:
+    return sorted(
+        (columns.keys[f], columns.topics[t], p, first, last, size, newest)
+        for f, t, p, first, last, size, newest in zip(
+            columns.file.tolist(), columns.topic.tolist(), columns.partition.tolist(), columns.first_offset.tolist(),
+            columns.last_offset.tolist(), columns.uncompressed_bytes.tolist(), columns.max_timestamp.tolist(), strict=True,
+        )
+    )
+
+
+def _file(key: str, level: int, *sections: tuple[str, int, int, int]) -> DataFile:
+    held = tuple(
+        CatalogSection(SectionInfo(topic, partition, count, count - 1, NOW - 2_000, NOW - 1_000 + partition, 0, 100 * count, "lz4", 0, 16, 100, 0), first)
+        for topic, partition, first, count in sections
+    )
+    return DataFile(key, level, 10_000, NOW - 10**7, held)
+
+
+def test_sections_read_from_files_packs_are_those_of_their_rows(catalog: Catalog, caplog: pytest.LogCaptureFixture) -> None:
+    """A planning pass reads each file's sections from its pack (`files.sections_packed`), and those of a file without
+    one (PostgreSQL's one-step appends, rows from before schema 15) from its sections rows: the same columns either
+    way, without the sections retired alone by the snapshot's version (a commit that kept a set-aside partition's
+    section of an input) nor those of partitions set aside, and with them in a snapshot older than their retirement."""
+    for name, topic_settings in TOPICS.items():
+        create_topic(catalog, name, PARTITIONS, **topic_settings)
+    catalog.replace_files([], [
+        _file("data/l1/a.seg", 1, ("plain", 0, 0, 10), ("plain", 1, 0, 10), ("lagged", 2, 0, 10)),
+        _file("data/l2/b.seg", 2, ("plain", 0, 10, 10), ("plain", 1, 10, 10)),
+        _file("data/l0/c.seg", 0, ("plain", 2, 0, 5)),
+    ], NOW)
+    older = catalog.snapshot()
+    catalog.replace_files(["data/l1/a.seg"], [_file("data/l2/d.seg", 2, ("plain", 1, 0, 10), ("lagged", 2, 0, 10))], NOW, kept=[("plain", 0)])
+    newer = catalog.snapshot(set_aside=frozenset({("plain", 1)}))
+    packed = [_section_rows(snapshot.section_columns()) for snapshot in (older, newer)]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]  # the rows vouched for the packs: read from them
+    assert [(key, topic, partition) for key, topic, partition, *_ in packed[1]] == [
+        ("data/l0/c.seg", "plain", 2), ("data/l1/a.seg", "plain", 0), ("data/l2/b.seg", "plain", 0), ("data/l2/d.seg", "lagged", 2),
+    ]
+    assert len(packed[0]) == 6
+    with catalog.engine.begin() as connection:
+        assert connection.execute(select(func.count()).where(schema.files.c.sections_packed.is_(None))).scalar_one() == 0
+        connection.execute(update(schema.files).values(sections_packed=None))
+    assert [_section_rows(snapshot.section_columns()) for snapshot in (older, newer)] == packed

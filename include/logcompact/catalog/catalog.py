@@ -230,8 +230,9 @@ class Catalog:
         schema 8 and 9 lack); then each partition names the newest L0 file holding a section of it (`newest_file`,
         which schema 10 lacks), and from 5 on consumer_groups gets its leader and its rows lose the members schema 10
         could not restore; then, from every schema below 12, `offset_holes` records each gap between the live sections
-        of a compacted partition (`holes.record_every_gap`), and below 13 the security tables are made, empty; last,
-        from every schema, sections get `produced_compression`, unknown (-1) in every row. No manifest version is made,
+        of a compacted partition (`holes.record_every_gap`), and below 13 the security tables are made, empty; below
+        14 sections get `produced_compression`, unknown (-1) in every row; last, from every schema, files get
+        `sections_packed`, NULL (their sections rows are read), and the retired sections an index. No manifest version is made,
         the store is not touched. Returns what was done; None
         when the catalog is at SCHEMA_VERSION already. Another version is a CatalogSchemaError, and no cluster
         ClusterNotFoundError.
@@ -720,7 +721,7 @@ class Catalog:
             # is known: inserted with it, never updated to it (an update leaves PostgreSQL a dead row version a file).
             adding = files.insert_sections(connection, placed_files, topic_rows, file_ids)
             version = versions.next_version(connection, "append", now_ms)
-            files.insert_file_rows(connection, placed_files, file_ids, version)
+            files.insert_file_rows(connection, placed_files, file_ids, topic_rows, version)
             summaries.settle(connection, set(), adding, version)  # files above L0: the simulator's
             transactions.insert_aborted(connection, aborted, version)
         return Appended(version, assigned, refused)
@@ -924,7 +925,7 @@ class Catalog:
                 produced = files.produced_codecs(connection, list(live.values()))
                 adding = files.insert_sections(connection, added, topic_rows, file_ids, produced)
                 # A plan's outputs are filtered of the ranges aborted by its manifest version (`forget_aborted`).
-                files.insert_file_rows(connection, added, file_ids, version, expected_version if plan_id is not None else None)
+                files.insert_file_rows(connection, added, file_ids, topic_rows, version, expected_version if plan_id is not None else None)
                 holes.record(connection, spanned, _spans(added, topic_rows), version)
                 summaries.settle(connection, removing, adding, version)
                 summaries.settle_emptied(connection, list(live.values()), sum(f.record_count for f in added), kept_slots, version)

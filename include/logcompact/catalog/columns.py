@@ -4,12 +4,13 @@ arrays), or taken from files in hand (`from_files`, for a snapshot without `sect
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from logcompact.catalog.model import CONTENTS, DataFile
+from logcompact.exceptions import CorruptDataError
 
 
 @dataclass(frozen=True, eq=False)
@@ -77,6 +78,41 @@ class SectionColumns:
             np.array([f.created_ms for f in files], np.int64), None, every_live_file, names, np.repeat(np.arange(len(files), dtype=np.int64), counts),
             *(values[:, n].copy() for n in range(6)),
         )
+
+
+# `files.sections_packed`: five little-endian int64 a section.
+PACKED_DTYPE = np.dtype("<i8")
+PACKED_WIDTH = 5
+TOPIC_CODE = 2**32  # a section's partition code: topic_id * TOPIC_CODE + partition
+
+
+def pack_sections(data_file: DataFile, topic_ids: Mapping[str, int]) -> bytes:
+    """`files.sections_packed` of a file whose sections have their offsets: per section, its partition's code, first and
+    last offset, uncompressed bytes and newest timestamp."""
+    packed = np.array(
+        [(topic_ids[sec.topic] * TOPIC_CODE + sec.partition, first, first + sec.last_delta, sec.uncompressed_bytes, sec.max_timestamp)
+         for sec, first in data_file.sections],
+        PACKED_DTYPE,
+    )
+    return packed.tobytes()
+
+
+def unpack_sections(file_ids: Sequence[int], packs: Sequence[bytes]) -> list[np.ndarray]:
+    """The packed sections of files as `SectionColumns.from_arrays` takes them: file id, partition code, first and last
+    offsets, uncompressed bytes and newest timestamp, one int64 array each (the file's id repeated), in one pass."""
+    section_bytes = PACKED_WIDTH * PACKED_DTYPE.itemsize
+    lengths = np.fromiter((len(pack) for pack in packs), np.int64, len(packs))
+    cut = np.flatnonzero(lengths % section_bytes)
+    if cut.size:
+        at = int(cut[0])
+        raise CorruptDataError(
+            f"the files row of file_id {file_ids[at]} holds {int(lengths[at])} bytes in sections_packed, not whole sections of "
+            f"{section_bytes}; restore the catalog database from a backup"
+        )
+    values = np.frombuffer(b"".join(packs), PACKED_DTYPE).reshape(-1, PACKED_WIDTH)
+    counts = lengths // section_bytes
+    owners = np.repeat(np.asarray(file_ids, np.int64), counts)
+    return [owners, *(values[:, n].astype(np.int64) for n in range(PACKED_WIDTH))]
 
 
 def ordered_then_by_key(keys: Sequence[str], *columns: np.ndarray) -> np.ndarray:

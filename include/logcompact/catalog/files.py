@@ -13,6 +13,7 @@ from sqlalchemy import Connection, func, insert, select
 
 from logcompact.catalog import appends, summaries
 from logcompact.catalog import schema as s
+from logcompact.catalog.columns import pack_sections
 from logcompact.catalog.database import one_of
 from logcompact.catalog.model import CONTENTS, DataFile
 from logcompact.catalog.topics import COMPACTED
@@ -63,14 +64,16 @@ def insert_sections(
 
 
 def insert_file_rows(
-    connection: Connection, data_files: Sequence[DataFile], ids: Sequence[int], version: int, filtered_version: int | None = None
+    connection: Connection, data_files: Sequence[DataFile], ids: Sequence[int], topic_rows: dict[str, tuple[int, int]], version: int,
+    filtered_version: int | None = None,
 ) -> None:
-    """The rows of `data_files`, under the ids their sections were inserted with, added in `version`; a compaction's
-    outputs with the manifest version of its plan (`filtered_version`): they hold no record of a range aborted at or
-    before it."""
+    """The rows of `data_files`, under the ids their sections were inserted with, added in `version`, each with its
+    sections packed for planners (`columns.pack_sections`, by `topic_rows`' ids); a compaction's outputs with the
+    manifest version of its plan (`filtered_version`): they hold no record of a range aborted at or before it."""
     if not data_files:
         return
     compacted = connection.info[COMPACTED]  # set by `topics.rows` for these topics in this transaction
+    topic_ids = {name: row[0] for name, row in topic_rows.items()}
     file_rows = []
     for file_id, data_file in zip(ids, data_files, strict=True):
         kinds = {compacted[topic] for topic in data_file.topics}
@@ -78,7 +81,7 @@ def insert_file_rows(
         file_rows.append({
             "file_id": file_id, "key": data_file.key, "level": data_file.level, "size": data_file.size,
             "created_ms": data_file.created_ms, "record_count": data_file.record_count, "content": content,
-            "added_version": version, "filtered_version": filtered_version,
+            "added_version": version, "filtered_version": filtered_version, "sections_packed": pack_sections(data_file, topic_ids),
         })
     connection.execute(insert(s.files), file_rows)
 

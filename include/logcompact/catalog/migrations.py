@@ -64,7 +64,9 @@ def upgrade(connection: Connection, found: int, batch: int, shown_url: str) -> i
         _record_holes(connection)
     if found < 13:
         _add_security_tables(connection)  # to schema 13
-    _record_produced_compression(connection)  # to schema 14
+    if found < 14:
+        _record_produced_compression(connection)  # to schema 14
+    _pack_files_sections(connection)  # to schema 15
     connection.execute(update(s.catalog_info).values(schema_version=s.SCHEMA_VERSION))
     return rewritten
 
@@ -235,3 +237,11 @@ def _record_produced_compression(connection: Connection) -> None:
     if "produced_compression" in {column["name"] for column in inspect(connection).get_columns("sections")}:
         return
     connection.exec_driver_sql(f"ALTER TABLE sections ADD COLUMN produced_compression SMALLINT NOT NULL DEFAULT {s.UNKNOWN_CODEC}")
+
+
+def _pack_files_sections(connection: Connection) -> None:
+    """To schema 15: `files.sections_packed`, NULL in every row (a planning pass reads those files' sections rows, as
+    before), and the index of retired sections (`sections_retired`)."""
+    kind = "BYTEA" if connection.dialect.name == "postgresql" else "BLOB"
+    connection.exec_driver_sql(f"ALTER TABLE files ADD COLUMN sections_packed {kind}")
+    s.RETIRED_SECTIONS.create(connection)

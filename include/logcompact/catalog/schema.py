@@ -40,7 +40,7 @@ from sqlalchemy import (
 
 # Bump on any change to the tables below or to what their columns hold; a database of another version is refused
 # (CatalogSchemaError), but for UPGRADABLE_FROM, which `Catalog.upgrade_catalog` brings to this one.
-SCHEMA_VERSION = 14
+SCHEMA_VERSION = 15
 # What `Catalog.upgrade_catalog` brings to SCHEMA_VERSION, step by step. Schema 3 stored `sections.crc32` raw (the
 # format's CRC, unbound); schema 4 had no log start offsets, no deleted topics and none of the Kafka agents' tables;
 # schema 5 had no sections.level nor partitions.assigned_end, and every section in `sections_by_partition`; schema 6
@@ -51,8 +51,9 @@ SCHEMA_VERSION = 14
 # members no timeouts, protocols nor assignments; schema 11 had none of the transactions' tables nor its files a
 # filtered_version, and it did not record the offsets no record holds (`offset_holes`); schema 12 had none of the
 # security tables (`SECURITY_TABLES`); schema 13's sections did not record the codec their records were produced with
-# (`sections.produced_compression`).
-UPGRADABLE_FROM = (3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13)
+# (`sections.produced_compression`); schema 14's files did not carry their sections' planning columns
+# (`files.sections_packed`) nor were retired sections indexed (`sections_retired`).
+UPGRADABLE_FROM = (3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14)
 
 # SQLite gives auto-numbered keys only to INTEGER PRIMARY KEY (the rowid); PostgreSQL wants BIGINT.
 Identity64 = BigInteger().with_variant(Integer(), "sqlite")
@@ -142,6 +143,13 @@ files = Table(
     # The plan manifest version a compaction output's records were filtered of aborted transactions' at (NULL: an
     # append's file, or an output of a plan that filtered none): an aborted range recorded later may still be in it.
     Column("filtered_version", BigInteger),
+    # What a planning pass weighs of the file's sections, packed when the file is added (`columns.pack_sections`): per
+    # section in (topic_id, partition) order, five little-endian int64: topic_id * 2**32 + partition, first and last
+    # offset, uncompressed bytes, newest timestamp. A pass over 300,000 files reads their 1.2 million sections as
+    # 300,000 values, while a hash of the sections rows vouches for them (`Snapshot.section_columns`). NULL where the
+    # offsets were handed out inside the database (PostgreSQL's one-step append) and in rows from before schema 15:
+    # their sections rows are read. A section retired alone stays in the pack: `sections_retired` finds it.
+    Column("sections_packed", LargeBinary),
 )
 # The live files of a level (planners, thresholds); and removed files by version (gc).
 Index(
@@ -220,6 +228,16 @@ _PARTITION_INDEXES = {
 def partition_index(dialect: str) -> Index:
     """`sections_by_partition` as the database of `dialect` builds it."""
     return _PARTITION_INDEXES[dialect]
+
+
+# The sections retired while their file stays live (`removed_version` set on the row alone), by version: a planning
+# pass reading its files' packed sections (`files.sections_packed`) leaves these out.
+RETIRED_SECTIONS = Index(
+    "sections_retired",
+    sections.c.removed_version,
+    sqlite_where=sections.c.removed_version.is_not(None),
+    postgresql_where=sections.c.removed_version.is_not(None),
+)
 
 # Per partition, its live sections above L0 summed up (`summaries`: count, bytes, records, the base section's facts,
 # timestamps, key sketches merged; all NULL but the counts when it has none), and the version of the commit that
