@@ -73,15 +73,15 @@ def insert_file_rows(
     if not data_files:
         return
     compacted = connection.info[COMPACTED]  # set by `topics.rows` for these topics in this transaction
-    topic_ids = {name: row[0] for name, row in topic_rows.items()}
+    packs = pack_sections(data_files, {name: row[0] for name, row in topic_rows.items()})
     file_rows = []
-    for file_id, data_file in zip(ids, data_files, strict=True):
+    for file_id, data_file, pack in zip(ids, data_files, packs, strict=True):
         kinds = {compacted[topic] for topic in data_file.topics}
         content = CONTENTS.index("mixed") if len(kinds) > 1 else int(kinds == {True})
         file_rows.append({
             "file_id": file_id, "key": data_file.key, "level": data_file.level, "size": data_file.size,
             "created_ms": data_file.created_ms, "record_count": data_file.record_count, "content": content,
-            "added_version": version, "filtered_version": filtered_version, "sections_packed": pack_sections(data_file, topic_ids),
+            "added_version": version, "filtered_version": filtered_version, "sections_packed": pack,
         })
     connection.execute(insert(s.files), file_rows)
 
