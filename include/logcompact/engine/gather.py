@@ -39,7 +39,7 @@ def validity(column: pa.Array, every: np.ndarray) -> np.ndarray:
     return np.asarray(column.is_valid())
 
 
-def _binary_parts(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+def binary_parts(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """A binary column's value offsets (one more than its rows, from its slice) and its data, without copying."""
     buffers = column.buffers()
     offsets = np.frombuffer(buffers[1], dtype=np.int32)[column.offset : column.offset + len(column) + 1] if len(column) else np.zeros(1, np.int32)
@@ -79,8 +79,8 @@ class BatchColumns(NamedTuple):
         every block it reads."""
         timestamps, key, key_hash, value, headers, horizon = (batch.column(place) for place in _PLACES)
         every = np.ones(batch.num_rows, dtype=np.bool_)  # shared by the columns without nulls: only read
-        key_offsets, key_data = _binary_parts(key)
-        value_offsets, value_data = _binary_parts(value)
+        key_offsets, key_data = binary_parts(key)
+        value_offsets, value_data = binary_parts(value)
         with_headers = headers.null_count < len(headers)
         return cls(
             offsets,
