@@ -649,15 +649,15 @@ class _PartitionCleaner:
             if not len(offsets) or offsets[-1] < firsts[0] or offsets[0] > lasts[-1]:
                 yield rows
                 continue
-            at = np.searchsorted(firsts, offsets, side="right") - 1
-            aborted = (at >= 0) & (offsets <= lasts[np.maximum(at, 0)])
-            if not aborted.any():
+            aborted = np.empty(len(offsets), dtype=np.bool_)
+            marked = _mark_aborted(offsets, firsts, lasts, aborted)
+            if not marked:
                 yield rows
                 continue
             if count:
-                self.stats.aborted_removed += int(aborted.sum())
+                self.stats.aborted_removed += marked
                 self.stats.aborted_bytes_removed += _record_bytes_of(rows.batch, aborted)
-            if not aborted.all():
+            if marked < len(offsets):
                 yield rows._replace(aborted=aborted)
 
     def _expired_section(self, placed: CatalogSection) -> bool:
@@ -884,17 +884,43 @@ def _decide_rows(
         counts[_YOUNG_KEPT] += kept and offset >= young_from
 
 
+@numba.njit(cache=True, nogil=True)
+def _mark_aborted(offsets, firsts, lasts, aborted):
+    """Mark in `aborted` the `offsets` (increasing) inside the ranges `firsts[i]` to `lasts[i]` (increasing, apart);
+    returns how many, walking both at once."""
+    marked = 0
+    at = 0
+    for row in range(offsets.shape[0]):
+        offset = offsets[row]
+        while at < firsts.shape[0] and lasts[at] < offset:
+            at += 1
+        inside = at < firsts.shape[0] and firsts[at] <= offset
+        aborted[row] = inside
+        marked += inside
+    return marked
+
+
 def _record_bytes_of(batch: pa.RecordBatch, rows: np.ndarray) -> int:
     """`record_bytes` of the rows of `batch` where `rows` is true, read off its buffers, not a filtered copy."""
     every = np.ones(batch.num_rows, dtype=np.bool_)
-    size = FIXED_ROW_BYTES * int(rows.sum())
-    for name in ("key", "value"):
-        column = batch.column(name)
-        offsets, _ = binary_parts(column)
-        size += int(np.diff(offsets)[rows & validity(column, every)].sum())  # a null's range is none of its bytes
-    headers = batch.column("headers")
+    key, value, headers = batch.column("key"), batch.column("value"), batch.column("headers")
+    size = _binary_bytes_of(rows, binary_parts(key)[0], validity(key, every), binary_parts(value)[0], validity(value, every))
     if headers.null_count < len(headers):
         size += int(header_row_bytes(headers)[rows].sum())
+    return size
+
+
+@numba.njit(cache=True, nogil=True)
+def _binary_bytes_of(rows, key_offsets, keyed, value_offsets, valued):
+    """The fixed bytes, key bytes and value bytes of the rows marked in `rows` (a null's range is none of its bytes)."""
+    size = 0
+    for row in range(rows.shape[0]):
+        if rows[row]:
+            size += FIXED_ROW_BYTES
+            if keyed[row]:
+                size += key_offsets[row + 1] - key_offsets[row]
+            if valued[row]:
+                size += value_offsets[row + 1] - value_offsets[row]
     return size
 
 
