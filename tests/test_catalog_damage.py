@@ -294,6 +294,16 @@ def test_a_section_row_holding_no_integer_is_corrupt_data_for_a_planning_pass(tw
     _one_line_error(_cli(catalog, "plan", "--mode", "full"), "not a 64-bit integer")
 
 
+def test_a_files_row_holding_no_integer_is_corrupt_data_for_a_planning_pass(two_partitions: Catalog) -> None:
+    """A planning pass reads the files' columns row by row: a size SQLite kept as text is named, not parsed."""
+    catalog = two_partitions
+    with catalog.engine.begin() as connection:
+        connection.exec_driver_sql("UPDATE files SET size = 'many' WHERE file_id = (SELECT min(file_id) FROM files)")
+    with pytest.raises(CorruptDataError, match="files.size that is not a 64-bit integer; restore the catalog database from a backup"):
+        catalog.snapshot().section_columns()
+    _one_line_error(_cli(catalog, "plan", "--mode", "full"), "not a 64-bit integer")
+
+
 def test_a_files_row_whose_packed_sections_are_cut_is_corrupt_data_for_a_planning_pass(two_partitions: Catalog) -> None:
     """A planning pass reads each file's sections from its row's pack (`files.sections_packed`): one not holding whole
     sections is named by its file, never read as other sections' values."""

@@ -90,7 +90,7 @@ TOPIC_CODE = 2**32  # a section's partition code: topic_id * TOPIC_CODE + partit
 def pack_sections(data_files: Sequence[DataFile], topic_ids: Mapping[str, int]) -> list[bytes]:
     """`files.sections_packed` of each file whose sections have their offsets: per section, its partition's code, first
     and last offset, uncompressed bytes and newest timestamp. Built by columns for all the files at once (a file of
-    1,000 sections in 0.2 ms, inside its commit)."""
+    1,000 sections in about 0.6 ms, inside its commit)."""
     sections = [section for data_file in data_files for section in data_file.sections]
     if not sections:
         return [b"" for _ in data_files]

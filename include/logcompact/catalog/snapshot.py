@@ -231,7 +231,7 @@ class Snapshot:
                 ).one()
                 section_values = [np.concatenate(pair) for pair in zip(section_values, _integer_columns(wanted, count, texts), strict=True)]
         by_column = list(zip(*rows, strict=True)) or [()] * 7
-        file_ids, levels, sizes, created, contents = (np.array(by_column[n], np.int64) for n in (0, 2, 3, 4, 5))
+        file_ids, levels, sizes, created, contents = (_file_integers(by_column[n], name) for n, name in _FILE_NUMBERS)
         keys_read = list(by_column[1])
         if dialect != "postgresql":
             order = ordered_then_by_key(keys_read, levels, created)  # as file_summaries orders them
@@ -1206,6 +1206,22 @@ def _decimals(column: ColumnElement[int], dialect: str) -> ColumnElement[str]:
     if dialect == "postgresql":
         return func.string_agg(cast(column, Text), ",")
     return func.group_concat(column, ",")
+
+
+# The integer columns of `section_columns`' file rows, by place.
+_FILE_NUMBERS = ((0, "file_id"), (2, "level"), (3, "size"), (4, "created_ms"), (5, "content"))
+
+
+def _file_integers(values: Sequence[object], name: str) -> np.ndarray:
+    """A column of files rows as int64; a value that is no integer (SQLite keeps whatever a column is set to) is a
+    CorruptDataError, never a number read from text or a float cut short."""
+    array = np.array(values) if values else np.zeros(0, np.int64)
+    if array.dtype.kind != "i":
+        raise CorruptDataError(
+            f"catalog rows of files hold a value of files.{name} that is not a 64-bit integer; restore the catalog database "
+            "from a backup"
+        )
+    return array.astype(np.int64, copy=False)
 
 
 def _integer_columns(wanted: Sequence[ColumnElement[int]], count: int, texts: Sequence[str | None]) -> list[np.ndarray]:
