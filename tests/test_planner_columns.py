@@ -19,6 +19,7 @@ from logcompact.catalog.columns import SectionColumns
 from logcompact.exceptions import CommitConflictError
 from logcompact.format.layout import SectionInfo
 from logcompact.planner import PlannerConfig, choose_plans, size_tiers, top_level
+from logcompact.planner.columns import files_holding
 from logcompact.plans import Plan, PlannedInputs, input_offsets, lowest_outside, plan_to_dict, split_into_groups
 from logcompact.store import LocalStore
 from tests.helpers import NOW, create_topic
@@ -126,6 +127,16 @@ def _check_against_reference(snapshot: Snapshot, plans: list[Plan], now: int, co
         assert plan.groups == split_into_groups(of_plan.sizes, config.group_bytes)
         assert sorted(plan.topics) == sorted({topic for topic, _ in of_plan.lowest})
         assert plan.header().inputs == tuple((f.key, f.level, f.size, f.created_ms) for f in plan.inputs)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(files, st.sets(st.tuples(st.sampled_from([*sorted(TOPICS), "absent"]), st.integers(0, PARTITIONS + 1)), max_size=6))
+def test_files_holding_partitions_from_columns_are_the_snapshots(tmp_path_factory, drawn: list, wanted: set) -> None:
+    catalog = _catalog(tmp_path_factory.mktemp("holding"))
+    catalog.replace_files([], _place(drawn), NOW)
+    snapshot = catalog.snapshot()
+    known = {(topic, partition) for topic, partition in wanted if topic in TOPICS}
+    assert files_holding(snapshot.section_columns(), wanted) == snapshot.files_holding(known)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -77,9 +77,17 @@ def planned_inputs(columns: SectionColumns, keys: Sequence[str], entries: np.nda
 def files_holding(columns: SectionColumns, partitions: Iterable[TopicPartition]) -> set[str]:
     """`Snapshot.files_holding` from the columns: the keys of their files holding a section of any of `partitions`."""
     rank = {name: n for n, name in enumerate(columns.topics)}
-    wanted = np.array(sorted((rank[topic] << 32) | partition for topic, partition in partitions if topic in rank), np.int64)
-    held = np.isin((columns.topic << 32) | columns.partition, wanted)
-    return {columns.keys[n] for n in np.unique(columns.file[held]).tolist()}
+    wanted = [(rank[topic], partition) for topic, partition in partitions if topic in rank]
+    if not wanted or not len(columns.file):
+        return set()
+    # Dense codes (topic rank x the widest partition), so numpy looks each section up in a table of the wanted codes'
+    # range instead of sorting 1 million codes (a max-lag pass over 300,000 files: 0.2 s).
+    width = max(int(columns.partition.max()), max(partition for _, partition in wanted)) + 1
+    codes = columns.topic * width + columns.partition
+    held = np.isin(codes, np.array([topic * width + partition for topic, partition in wanted], np.int64))
+    holding = np.zeros(len(columns.keys), np.bool_)
+    holding[columns.file[held]] = True
+    return {columns.keys[n] for n in np.flatnonzero(holding).tolist()}
 
 
 def lowest_unplanned(columns: SectionColumns, plan_of_file: np.ndarray, partitions: set[TopicPartition], l0_only: bool) -> dict[TopicPartition, int]:
