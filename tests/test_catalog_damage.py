@@ -304,16 +304,51 @@ def test_a_files_row_holding_no_integer_is_corrupt_data_for_a_planning_pass(two_
     _one_line_error(_cli(catalog, "plan", "--mode", "full"), "not a 64-bit integer")
 
 
-def test_a_files_row_whose_packed_sections_are_cut_is_corrupt_data_for_a_planning_pass(two_partitions: Catalog) -> None:
-    """A planning pass reads each file's sections from its row's pack (`files.sections_packed`): one not holding whole
-    sections is named by its file, never read as other sections' values."""
+def _planned_sections(catalog: Catalog) -> list[tuple]:
+    """What a planning pass reads of every live file's sections (`Snapshot.section_columns`), row by row, sorted."""
+    columns = catalog.snapshot().section_columns()
+    return sorted(zip(
+        [columns.keys[f] for f in columns.file.tolist()], columns.topic.tolist(), columns.partition.tolist(), columns.first_offset.tolist(),
+        columns.last_offset.tolist(), columns.uncompressed_bytes.tolist(), columns.max_timestamp.tolist(), strict=True,
+    ))
+
+
+@pytest.mark.parametrize("damage", ["cut short", "a text", "a number"])
+def test_a_damaged_pack_is_said_and_the_pass_plans_from_the_rows(two_partitions: Catalog, damage: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A planning pass reads each file's sections from its row's pack (`files.sections_packed`), which only stands in
+    for its sections rows: a pack not holding whole sections, or holding no bytes at all (SQLite keeps what it is
+    given), is named by its file in the log, and the pass plans from the rows, never from other sections' values."""
     catalog = two_partitions
+    expected = _planned_sections(catalog)
+    value = {"cut short": "substr(sections_packed, 1, 44)", "a text": "'many'", "a number": "7"}[damage]
     with catalog.engine.begin() as connection:
         file_id = connection.exec_driver_sql("SELECT min(file_id) FROM files").scalar_one()  # two sections: 80 bytes
-        connection.exec_driver_sql(f"UPDATE files SET sections_packed = substr(sections_packed, 1, 44) WHERE file_id = {file_id}")
-    with pytest.raises(CorruptDataError, match=f"the files row of file_id {file_id} holds 44 bytes in sections_packed, not whole sections of 40; restore"):
-        catalog.snapshot().section_columns()
-    _one_line_error(_cli(catalog, "plan", "--mode", "full"), "not whole sections")
+        connection.exec_driver_sql(f"UPDATE files SET sections_packed = {value} WHERE file_id = {file_id}")
+    assert _planned_sections(catalog) == expected
+    says = {"cut short": "holds 44 bytes in sections_packed, not whole sections of 40", "a text": "holds str 'many' in sections_packed",
+            "a number": "holds int '7' in sections_packed"}[damage]
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warned == [f"planning from the catalog's sections rows: the files row of file_id {file_id} {says}"
+                      f"{', not packed sections' if damage != 'cut short' else ''}; restore the catalog database from a backup"], warned
+    planned = _cli(catalog, "plan", "--mode", "full")
+    assert planned.code == 0 and planned.stdout and "Traceback" not in planned.stderr, planned
+
+
+def test_packs_traded_between_files_are_not_trusted(two_partitions: Catalog, caplog: pytest.LogCaptureFixture) -> None:
+    """Two files' packs swapped (each file's sections then hold the other's offsets): as many sections, each of the same
+    topic and partitions, the same offsets in all; the sum of the rows' hash still differs from the packs', so the pass
+    plans from the rows and says so."""
+    catalog = two_partitions
+    expected = _planned_sections(catalog)
+    with catalog.engine.begin() as connection:
+        first, second = connection.exec_driver_sql("SELECT file_id FROM files ORDER BY file_id LIMIT 2").scalars().all()
+        connection.exec_driver_sql(
+            f"UPDATE files SET sections_packed = (SELECT sections_packed FROM files AS other WHERE other.file_id = {first + second} - files.file_id) "
+            f"WHERE file_id IN ({first}, {second})"
+        )
+    assert _planned_sections(catalog) == expected
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and warned[0].startswith("the catalog's sections rows of live files disagree with the sections packed"), warned
 
 
 @pytest.mark.parametrize("damage", ["shifted over its neighbour", "shifted past the next offset", "more records than offsets",

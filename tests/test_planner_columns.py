@@ -9,13 +9,15 @@ import logging
 import pickle
 from collections.abc import Sequence
 
+import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select, update
 
 from logcompact.catalog import Catalog, CatalogSection, DataFile, Snapshot, schema
 from logcompact.catalog.columns import SectionColumns
+from logcompact.catalog.snapshot import _section_hashes
 from logcompact.exceptions import CommitConflictError
 from logcompact.format.layout import SectionInfo
 from logcompact.planner import PlannerConfig, choose_plans, size_tiers, top_level
@@ -129,6 +131,21 @@ def _check_against_reference(snapshot: Snapshot, plans: list[Plan], now: int, co
         assert plan.header().inputs == tuple((f.key, f.level, f.size, f.created_ms) for f in plan.inputs)
 
 
+@given(st.integers(1, 2**40), st.integers(1, 2**20), st.lists(st.tuples(st.integers(0, 2**31 - 1), st.integers(0, 2**62), st.integers(0, 2**40)),
+                                                             min_size=2, max_size=2, unique_by=lambda s: s[0]))
+def test_two_sections_trading_offsets_change_the_sum_of_their_hashes(file_id: int, topic_id: int, sections: list) -> None:
+    """What vouches for the packs (`_section_hashes`, summed over sections) sees two sections of one file trade their
+    offsets, which a hash linear in the values (Horner's rule alone) misses in most cases."""
+    (p0, first0, span0), (p1, first1, span1) = sections
+    assume((first0, span0) != (first1, span1))
+
+    def summed(firsts: list[int], spans: list[int]) -> int:
+        columns = [[file_id, file_id], [topic_id, topic_id], [p0, p1], firsts, [f + n for f, n in zip(firsts, spans)]]
+        return int(_section_hashes([np.asarray(column, np.int64) for column in columns]).sum())
+
+    assert summed([first0, first1], [span0, span1]) != summed([first1, first0], [span1, span0])
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(files, st.sets(st.tuples(st.sampled_from([*sorted(TOPICS), "absent"]), st.integers(0, PARTITIONS + 1)), max_size=6))
 def test_files_holding_partitions_from_columns_are_the_snapshots(tmp_path_factory, drawn: list, wanted: set) -> None:
@@ -212,16 +229,20 @@ def test_sections_read_from_files_packs_are_those_of_their_rows(catalog: Catalog
         _file("data/l1/a.seg", 1, ("plain", 0, 0, 10), ("plain", 1, 0, 10), ("lagged", 2, 0, 10)),
         _file("data/l2/b.seg", 2, ("plain", 0, 10, 10), ("plain", 1, 10, 10)),
         _file("data/l0/c.seg", 0, ("plain", 2, 0, 5)),
+        _file("data/l1/e.seg", 1, ("deleted", 0, 0, 10), ("deleted", 1, 0, 10), ("deleted", 2, 0, 10)),
     ], NOW)
     older = catalog.snapshot()
     catalog.replace_files(["data/l1/a.seg"], [_file("data/l2/d.seg", 2, ("plain", 1, 0, 10), ("lagged", 2, 0, 10))], NOW, kept=[("plain", 0)])
-    newer = catalog.snapshot(set_aside=frozenset({("plain", 1)}))
+    # e.seg keeps a section of a partition set aside below (deleted/2) beside one retired alone (deleted/0).
+    catalog.replace_files(["data/l1/e.seg"], [_file("data/l2/f.seg", 2, ("deleted", 0, 0, 10))], NOW, kept=[("deleted", 1), ("deleted", 2)])
+    newer = catalog.snapshot(set_aside=frozenset({("plain", 1), ("deleted", 2)}))
     packed = [_section_rows(snapshot.section_columns()) for snapshot in (older, newer)]
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]  # the rows vouched for the packs: read from them
     assert [(key, topic, partition) for key, topic, partition, *_ in packed[1]] == [
-        ("data/l0/c.seg", "plain", 2), ("data/l1/a.seg", "plain", 0), ("data/l2/b.seg", "plain", 0), ("data/l2/d.seg", "lagged", 2),
+        ("data/l0/c.seg", "plain", 2), ("data/l1/a.seg", "plain", 0), ("data/l1/e.seg", "deleted", 1), ("data/l2/b.seg", "plain", 0),
+        ("data/l2/d.seg", "lagged", 2), ("data/l2/f.seg", "deleted", 0),
     ]
-    assert len(packed[0]) == 6
+    assert len(packed[0]) == 9
     with catalog.engine.begin() as connection:
         assert connection.execute(select(func.count()).where(schema.files.c.sections_packed.is_(None))).scalar_one() == 0
         connection.execute(update(schema.files).values(sections_packed=None))

@@ -110,7 +110,15 @@ def unpack_sections(file_ids: Sequence[int], packs: Sequence[bytes]) -> list[np.
     """The packed sections of files as `SectionColumns.from_arrays` takes them: file id, partition code, first and last
     offsets, uncompressed bytes and newest timestamp, one int64 array each (the file's id repeated), in one pass."""
     section_bytes = PACKED_WIDTH * PACKED_DTYPE.itemsize
-    lengths = np.fromiter((len(pack) for pack in packs), np.int64, len(packs))
+    try:
+        lengths = np.fromiter((len(pack) for pack in packs), np.int64, len(packs))
+        joined = b"".join(packs)
+    except TypeError:  # SQLite keeps what it is given: a number or a text where bytes belong
+        at = next(n for n, pack in enumerate(packs) if not isinstance(pack, bytes | bytearray | memoryview))
+        raise CorruptDataError(
+            f"the files row of file_id {file_ids[at]} holds {type(packs[at]).__name__} {str(packs[at])[:20]!r} in sections_packed, "
+            "not packed sections; restore the catalog database from a backup"
+        ) from None
     cut = np.flatnonzero(lengths % section_bytes)
     if cut.size:
         at = int(cut[0])
@@ -118,7 +126,7 @@ def unpack_sections(file_ids: Sequence[int], packs: Sequence[bytes]) -> list[np.
             f"the files row of file_id {file_ids[at]} holds {int(lengths[at])} bytes in sections_packed, not whole sections of "
             f"{section_bytes}; restore the catalog database from a backup"
         )
-    values = np.frombuffer(b"".join(packs), PACKED_DTYPE).reshape(-1, PACKED_WIDTH)
+    values = np.frombuffer(joined, PACKED_DTYPE).reshape(-1, PACKED_WIDTH)
     counts = lengths // section_bytes
     owners = np.repeat(np.asarray(file_ids, np.int64), counts)
     return [owners, *(values[:, n].astype(np.int64) for n in range(PACKED_WIDTH))]

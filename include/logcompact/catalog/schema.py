@@ -144,7 +144,7 @@ files = Table(
     # append's file, or an output of a plan that filtered none): an aborted range recorded later may still be in it.
     Column("filtered_version", BigInteger),
     # What a planning pass weighs of the file's sections, packed when the file is added (`columns.pack_sections`): per
-    # section in (topic_id, partition) order, five little-endian int64: topic_id * 2**32 + partition, first and last
+    # section in the order the file's sections were given, five little-endian int64: topic_id * 2**32 + partition, first and last
     # offset, uncompressed bytes, newest timestamp. A pass over 300,000 files reads their 1.2 million sections as
     # 300,000 values, while a hash of the sections rows vouches for them (`Snapshot.section_columns`). NULL where the
     # offsets were handed out inside the database (PostgreSQL's one-step append) and in rows from before schema 15:

@@ -27,7 +27,7 @@ from sqlalchemy.types import Text
 
 from logcompact.catalog import holes, summaries, topics, transactions
 from logcompact.catalog import schema as s
-from logcompact.catalog.columns import TOPIC_CODE, SectionColumns, ordered_then_by_key, unpack_sections
+from logcompact.catalog.columns import PACKED_WIDTH, TOPIC_CODE, SectionColumns, ordered_then_by_key, unpack_sections
 from logcompact.catalog.database import SHORT_LIST, catalog_errors, driver_rows, one_of
 from logcompact.catalog.holes import Range
 from logcompact.catalog.input_sections import READ_COLUMNS, InputSections
@@ -195,7 +195,7 @@ class Snapshot:
         conditions = [self._live()]
         if topics is not None:
             ids = [self.topic_ids[name] for name in topics]
-            holding = select(sec.file_id).where(sec.topic_id.in_(ids), sec.removed_version.is_(None))
+            holding = select(sec.file_id).where(sec.topic_id.in_(ids), or_(sec.removed_version.is_(None), sec.removed_version > self.version))
             conditions.append(files.file_id.in_(union_all(*s.by_partition(holding, self.version))))
         with self._connect() as connection:
             held = self._held_files(connection)
@@ -212,14 +212,9 @@ class Snapshot:
                 listed = listed.order_by(files.level, files.created_ms, files.key)
             rows = driver_rows(connection.execute(listed))
             unpacked = [row[0] for row in rows if row[6] is None]
-            section_values = self._packed_sections(connection, [(row[0], row[6]) for row in rows if row[6] is not None])
-            if len(unpacked) < len(rows) and not self._vouched_for(connection, conditions, section_values):
-                log.warning(
-                    "the catalog's sections rows of live files disagree with the sections packed in their files rows "
-                    "(files.sections_packed): one or the other was changed; planning from the rows; restore the catalog "
-                    "database from a backup"
-                )
-                unpacked, section_values = [row[0] for row in rows], [np.zeros(0, np.int64) for _ in section_values]
+            section_values = self._trusted_packs(connection, conditions, [(row[0], row[6]) for row in rows if row[6] is not None])
+            if section_values is None:  # every file's sections from its rows, the catalog's record
+                unpacked, section_values = [row[0] for row in rows], [np.zeros(0, np.int64) for _ in range(PACKED_WIDTH + 1)]
             if unpacked:
                 wanted = [sec.file_id, cast(sec.topic_id, BigInteger) * TOPIC_CODE + sec.partition, sec.first_offset, sec.last_offset,
                           sec.uncompressed_bytes, sec.max_timestamp]
@@ -240,6 +235,24 @@ class Snapshot:
         if not timestamps:
             section_values = section_values[:-1]
         return SectionColumns.from_arrays(file_ids, keys_read, levels, sizes, created, contents, section_values, self.topic_ids, every)
+
+    def _trusted_packs(self, connection: Connection, conditions: list[ColumnElement[bool]], packed: list[tuple[int, bytes]]) -> list[np.ndarray] | None:
+        """The sections of the files packed (`_packed_sections`), or None, said in the log, where a pack is damaged or
+        the sections rows do not vouch for the packs (`_vouched_for`): a pack only stands in for its file's rows, so a
+        pass then plans from the rows, as before packs, and finds there what is damaged."""
+        try:
+            section_values = self._packed_sections(connection, packed)
+        except CorruptDataError as damage:
+            log.warning("planning from the catalog's sections rows: %s", damage)
+            return None
+        if packed and not self._vouched_for(connection, conditions, section_values):
+            log.warning(
+                "the catalog's sections rows of live files disagree with the sections packed in their files rows "
+                "(files.sections_packed): one or the other was changed; planning from the rows; restore the catalog "
+                "database from a backup"
+            )
+            return None
+        return section_values
 
     def _vouched_for(self, connection: Connection, conditions: list[ColumnElement[bool]], section_values: list[np.ndarray]) -> bool:
         """Whether the sections rows of the packed files among those `conditions` select, as planners take them, are the
@@ -269,13 +282,16 @@ class Snapshot:
             aside = [self.topic_ids[topic] * TOPIC_CODE + partition for topic, partition in self.set_aside if topic in self.topic_ids]
             dropped |= np.isin(codes, aside)
         sec = s.sections.c
-        retired = connection.execute(
-            select(sec.file_id, sec.topic_id, sec.partition).where(sec.removed_version.is_not(None), sec.removed_version <= self.version)
+        retired = connection.execute(  # of live files: those of removed files (a deleted topic's) may be many
+            select(sec.file_id, sec.topic_id, sec.partition).join(s.files, s.files.c.file_id == sec.file_id)
+            .where(sec.removed_version.is_not(None), sec.removed_version <= self.version, self._live())
         ).all()
         if retired:
             retired_pairs = {(file_id, topic_id * TOPIC_CODE + partition) for file_id, topic_id, partition in retired}
             holding = np.flatnonzero(np.isin(owners, [file_id for file_id, _ in retired_pairs]))
-            dropped[holding] = [pair in retired_pairs for pair in zip(owners[holding].tolist(), codes[holding].tolist())]
+            dropped[holding] |= np.fromiter(
+                (pair in retired_pairs for pair in zip(owners[holding].tolist(), codes[holding].tolist())), np.bool_, len(holding)
+            )
         return [column[~dropped] for column in values] if dropped.any() else values
 
     def input_sections(self, keys: Sequence[str]) -> InputSections:
@@ -1188,15 +1204,17 @@ _HASH_MULTIPLIER = 1_103_515_245
 
 
 def _section_hashes(columns):
-    """Per section, a hash of its values in `columns`, the same for SQL columns and for numpy arrays: Horner's rule modulo a prime, each value
-    taken modulo it first, the remainder's sign the dividend's as both databases and `np.fmod` take it. Summed over
-    sections, a value moved from one section to another changes the sum (as a plain sum of the columns would not)."""
+    """Per section, a hash of its values in `columns`, the same for SQL columns and for numpy arrays: Horner's rule modulo a
+    prime, each value taken modulo it first, the remainder's sign the dividend's as both databases and `np.fmod` take
+    it, then squared modulo the prime. Horner's rule alone is linear in the values, so its sum over sections stays the
+    same when two sections trade values (two files' packs swapped, two partitions' offsets exchanged); the square's
+    sum does not."""
     sql = not isinstance(columns[0], np.ndarray)
     remainder = (lambda value: value % _HASH_MODULUS) if sql else (lambda value: np.fmod(value, _HASH_MODULUS))
     hashed = remainder(columns[0])
     for column in columns[1:]:
         hashed = remainder(hashed * _HASH_MULTIPLIER + remainder(column))
-    return hashed
+    return remainder(hashed * hashed)
 
 
 def _decimals(column: ColumnElement[int], dialect: str) -> ColumnElement[str]:
