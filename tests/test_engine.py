@@ -583,3 +583,12 @@ def test_gc_removes_what_a_writer_killed_mid_write_left_once_past_the_grace(cata
     report = collect_garbage(catalog, now, grace_ms=3_600_000)
     assert report.abandoned_writes == ["data/l0/.x.seg.0123.tmp-logcompact"]
     assert not old.exists() and young.exists()
+
+
+def test_compile_kernels_compiles_every_loop_of_the_engine() -> None:
+    """A job's first partition never waits for numba: `compile_kernels` (run before jobs and the suite) leaves every
+    compiled loop of the engine with a signature, those marking and sizing aborted records among them."""
+    cleaner.compile_kernels()
+    kernels = {name: value for name, value in vars(cleaner).items() if hasattr(value, "signatures") and hasattr(value, "py_func")}
+    assert {"_mark_aborted", "_binary_bytes_of", "_decide_rows", "_piece_offsets", "_placed_offsets"} <= set(kernels)
+    assert [name for name, kernel in kernels.items() if not kernel.signatures] == []

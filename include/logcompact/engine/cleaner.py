@@ -927,8 +927,9 @@ def _binary_bytes_of(rows, key_offsets, keyed, value_offsets, valued):
 def compile_kernels() -> None:
     """Compile (or load from numba's cache) the engine's loops now, not in a job's first partition: a plan of three
     records (a duplicate, a tombstone, a header) deduplicated in a temporary store, twice over: in partition 0 they
-    are two sections of two files, in partition 1 one section. numba compiles a loop once for read-only arrays (a
-    section's batch as decoded) and once for writable ones (small sections' batches joined), and a job meets both."""
+    are two sections of two files, in partition 1 one section, a record of each in an aborted range (the loops that
+    mark and size aborted records). numba compiles a loop once for read-only arrays (a section's batch as decoded) and
+    once for writable ones (small sections' batches joined), and a job meets both."""
     from logcompact.format.writer import section_table, write_segment
     from logcompact.store import LocalStore
     from logcompact.topics import Topic
@@ -945,5 +946,6 @@ def compile_kernels() -> None:
         plan = Plan(
             plan_id="compile", cluster_id="compile", manifest_version=1, now_ms=10, target_level=2, deduplicate=True,
             inputs=tuple(inputs), topics={"compile": Topic.create("compile", 2, {"cleanup.policy": "compact"}, 0)},
+            aborted={("compile", 0): ((4, 4),), ("compile", 1): ((2, 2),)},
         )
         run_plan(store, plan, workdir=root)
