@@ -211,3 +211,15 @@ def damage_section(catalog: Catalog, key: str, in_partition: int, rebind: bool =
             connection.execute(update(schema.sections).where(sec.file_id == file_id, sec.partition == now_in).values(crc32=crc))
     assert changed == 1
     return key
+
+
+def section_column_rows(columns) -> list[tuple]:
+    """A planning pass's columns (`SectionColumns`) a section a tuple, sorted: file key, topic, partition, first and
+    last offset, uncompressed bytes, newest timestamp."""
+    return sorted(
+        zip(
+            [columns.keys[f] for f in columns.file.tolist()], [columns.topics[t] for t in columns.topic.tolist()], columns.partition.tolist(),
+            columns.first_offset.tolist(), columns.last_offset.tolist(), columns.uncompressed_bytes.tolist(), columns.max_timestamp.tolist(),
+            strict=True,
+        )
+    )

@@ -67,7 +67,7 @@ from logcompact.plans import read_header
 from logcompact.plans.documents import abandoned_plans
 from logcompact.store import LocalStore
 from logcompact.units import wall_clock_ms
-from tests.helpers import BOUND, NOW, assert_summaries_kept, create_topic, damage_section, produce_l0_files
+from tests.helpers import BOUND, NOW, assert_summaries_kept, create_topic, damage_section, produce_l0_files, section_column_rows
 from tests.support.cli_cases import CATALOG, CATALOG_COMMANDS, GOOD_LINE, Outcome, run_in_process, run_process
 
 PLANTED = "s3cr3tPLANTED"
@@ -305,12 +305,8 @@ def test_a_files_row_holding_no_integer_is_corrupt_data_for_a_planning_pass(two_
 
 
 def _planned_sections(catalog: Catalog) -> list[tuple]:
-    """What a planning pass reads of every live file's sections (`Snapshot.section_columns`), row by row, sorted."""
-    columns = catalog.snapshot().section_columns()
-    return sorted(zip(
-        [columns.keys[f] for f in columns.file.tolist()], columns.topic.tolist(), columns.partition.tolist(), columns.first_offset.tolist(),
-        columns.last_offset.tolist(), columns.uncompressed_bytes.tolist(), columns.max_timestamp.tolist(), strict=True,
-    ))
+    """What a planning pass reads of every live file's sections (`Snapshot.section_columns`)."""
+    return section_column_rows(catalog.snapshot().section_columns())
 
 
 @pytest.mark.parametrize("damage", ["cut short", "a text", "a number"])

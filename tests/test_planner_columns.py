@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 from sqlalchemy import func, select, update
 
 from logcompact.catalog import Catalog, CatalogSection, DataFile, Snapshot, schema
-from logcompact.catalog.columns import SectionColumns
 from logcompact.catalog.snapshot import _section_hashes
 from logcompact.exceptions import CommitConflictError
 from logcompact.format.layout import SectionInfo
@@ -24,7 +23,7 @@ from logcompact.planner import PlannerConfig, choose_plans, size_tiers, top_leve
 from logcompact.planner.columns import files_holding
 from logcompact.plans import Plan, PlannedInputs, input_offsets, lowest_outside, plan_to_dict, split_into_groups
 from logcompact.store import LocalStore
-from tests.helpers import NOW, create_topic
+from tests.helpers import NOW, create_topic, section_column_rows
 
 TOPICS = {
     "plain": {"cleanup_policy": "compact"},
@@ -200,16 +199,6 @@ def test_planned_inputs_whose_files_changed_since_the_pass_are_refused() -> None
         changed[0]
 
 
-def _section_rows(columns: SectionColumns) -> list[tuple]:
-    return sorted(
-        (columns.keys[f], columns.topics[t], p, first, last, size, newest)
-        for f, t, p, first, last, size, newest in zip(
-            columns.file.tolist(), columns.topic.tolist(), columns.partition.tolist(), columns.first_offset.tolist(),
-            columns.last_offset.tolist(), columns.uncompressed_bytes.tolist(), columns.max_timestamp.tolist(), strict=True,
-        )
-    )
-
-
 def _file(key: str, level: int, *sections: tuple[str, int, int, int]) -> DataFile:
     held = tuple(
         CatalogSection(SectionInfo(topic, partition, count, count - 1, NOW - 2_000, NOW - 1_000 + partition, 0, 100 * count, "lz4", 0, 16, 100, 0), first)
@@ -236,7 +225,7 @@ def test_sections_read_from_files_packs_are_those_of_their_rows(catalog: Catalog
     # e.seg keeps a section of a partition set aside below (deleted/2) beside one retired alone (deleted/0).
     catalog.replace_files(["data/l1/e.seg"], [_file("data/l2/f.seg", 2, ("deleted", 0, 0, 10))], NOW, kept=[("deleted", 1), ("deleted", 2)])
     newer = catalog.snapshot(set_aside=frozenset({("plain", 1), ("deleted", 2)}))
-    packed = [_section_rows(snapshot.section_columns()) for snapshot in (older, newer)]
+    packed = [section_column_rows(snapshot.section_columns()) for snapshot in (older, newer)]
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]  # the rows vouched for the packs: read from them
     assert [(key, topic, partition) for key, topic, partition, *_ in packed[1]] == [
         ("data/l0/c.seg", "plain", 2), ("data/l1/a.seg", "plain", 0), ("data/l1/e.seg", "deleted", 1), ("data/l2/b.seg", "plain", 0),
@@ -246,4 +235,4 @@ def test_sections_read_from_files_packs_are_those_of_their_rows(catalog: Catalog
     with catalog.engine.begin() as connection:
         assert connection.execute(select(func.count()).where(schema.files.c.sections_packed.is_(None))).scalar_one() == 0
         connection.execute(update(schema.files).values(sections_packed=None))
-    assert [_section_rows(snapshot.section_columns()) for snapshot in (older, newer)] == packed
+    assert [section_column_rows(snapshot.section_columns()) for snapshot in (older, newer)] == packed
