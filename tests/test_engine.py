@@ -20,7 +20,7 @@ from logcompact.engine import cleaner, copier
 from logcompact.engine.cleaner import run_plan
 from logcompact.exceptions import CommitConflictError, InvalidPlanError
 from logcompact.format import section_table, write_segment
-from logcompact.format.reader import read_section
+from logcompact.format.reader import Footer, read_footer, read_section
 from logcompact.ingest import Agent, Record
 from logcompact.jobs import collect_garbage, commit_plan, run_and_commit
 from logcompact.planner import PlannerConfig, choose_plans
@@ -245,6 +245,78 @@ def test_damage_found_among_young_survivors_at_the_end_sets_the_partition_aside(
     result = run_plan(store, plan)
     assert [u["partition"] for u in result.stats.uncleanable] == [0] and "out of order or twice" in result.stats.uncleanable[0]["reason"]
     assert result.outputs == [] and list(store.list("data/l2/")) == []
+
+
+def _superseded_blocks_file(store: ObjectStore) -> tuple[DataFile, Footer]:
+    """One section of 40 records of 100 KB, about ten a block: the first 20 (keys k0 to k19, k5's record keyless and
+    k7's a tombstone) all superseded by the last 20 (k3's latest a tombstone), so the first block holds no survivor."""
+    keys: list[bytes | None] = [b"k%d" % (i % 20) for i in range(40)]
+    keys[5] = None
+    values: list[bytes | None] = [bytes([i]) * 100_000 for i in range(40)]
+    values[7] = values[23] = None
+    blob, (info,) = write_segment([("t", 0, section_table(list(range(40)), [NOW] * 40, keys, values))])
+    store.put("data/l1/superseded.seg", blob)
+    footer = read_footer(store, "data/l1/superseded.seg")
+    assert len(footer.block_offsets) >= 3 and footer.block_rows[0] < 20
+    return DataFile("data/l1/superseded.seg", 1, len(blob), NOW, (CatalogSection(info, 0),)), footer
+
+
+def _damage_payload(store: ObjectStore, key: str, footer: Footer, block: int) -> None:
+    """Flip the last byte of a block's payload, which its CRC-32 then refuses."""
+    data = bytearray(store.get(key))
+    data[int(footer.block_offsets[block] + footer.block_lengths[block]) - 1] ^= 0xFF
+    store.put(key, bytes(data))
+
+
+def _read_everything(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cleaner._PartitionCleaner, "_payload_wanted", lambda self, placed: lambda index: True)
+
+
+def _output_records(store: ObjectStore, result) -> list[tuple[int, bytes | None, bool]]:
+    return [
+        (placed.first_offset + delta, key, value is None)
+        for output in result.outputs
+        for placed in output.sections
+        for delta, key, value in zip(*read_section(store, output.key, placed.info).table(["offset_delta", "key", "value"]).to_pydict().values())
+    ]
+
+
+def test_pass_2_reads_no_payload_of_a_block_none_of_whose_records_survive(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pass 2 judges a block by its index columns first: the first block's records are all superseded (one keyless,
+    one a tombstone), so its payload is never read, and damage there goes unseen, while the same plan reading every
+    payload sets the partition aside. The records written and every figure are the same either way."""
+    store = LocalStore(tmp_path / "store")
+    data_file, footer = _superseded_blocks_file(store)
+    topic = Topic.create("t", 1, {"cleanup.policy": "compact"}, NOW)
+    plan = Plan(plan_id="p-skip", cluster_id="c", manifest_version=1, now_ms=NOW, target_level=2, deduplicate=True,
+                inputs=(data_file,), topics={"t": topic})
+    skipping = run_plan(store, plan)
+    with monkeypatch.context() as patched:
+        _read_everything(patched)
+        reading = run_plan(store, plan)
+    expected = [(20 + i, b"k%d" % i, i == 3) for i in range(20)]
+    assert _output_records(store, skipping) == _output_records(store, reading) == expected
+    figures = ("records_in", "records_out", "duplicates_removed", "invalid_records", "tombstones_stamped", "tombstones_kept", "warnings")
+    assert [getattr(skipping.stats, f) for f in figures] == [getattr(reading.stats, f) for f in figures]
+    assert (skipping.stats.duplicates_removed, skipping.stats.invalid_records) == (19, 1)
+
+    _damage_payload(store, data_file.key, footer, 0)
+    assert _output_records(store, run_plan(store, plan)) == expected
+    with monkeypatch.context() as patched:
+        _read_everything(patched)
+        damaged = run_plan(store, plan)
+    assert damaged.outputs == [] and "CRC-32" in damaged.stats.uncleanable[0]["reason"]
+
+
+def test_pass_2_reads_the_payload_of_a_block_holding_a_survivor(tmp_path) -> None:
+    store = LocalStore(tmp_path / "store")
+    data_file, footer = _superseded_blocks_file(store)
+    _damage_payload(store, data_file.key, footer, len(footer.block_offsets) - 1)
+    topic = Topic.create("t", 1, {"cleanup.policy": "compact"}, NOW)
+    plan = Plan(plan_id="p-read", cluster_id="c", manifest_version=1, now_ms=NOW, target_level=2, deduplicate=True,
+                inputs=(data_file,), topics={"t": topic})
+    result = run_plan(store, plan)
+    assert result.outputs == [] and "CRC-32" in result.stats.uncleanable[0]["reason"]
 
 
 def test_retention_removes_old_records_and_skips_whole_sections(catalog: Catalog) -> None:
@@ -587,8 +659,9 @@ def test_gc_removes_what_a_writer_killed_mid_write_left_once_past_the_grace(cata
 
 def test_compile_kernels_compiles_every_loop_of_the_engine() -> None:
     """A job's first partition never waits for numba: `compile_kernels` (run before jobs and the suite) leaves every
-    compiled loop of the engine with a signature, those marking and sizing aborted records among them."""
+    compiled loop of the engine with a signature, those marking and sizing aborted records and judging a block by its
+    index columns among them."""
     cleaner.compile_kernels()
     kernels = {name: value for name, value in vars(cleaner).items() if hasattr(value, "signatures") and hasattr(value, "py_func")}
-    assert {"_mark_aborted", "_binary_bytes_of", "_decide_rows", "_piece_offsets", "_placed_offsets"} <= set(kernels)
+    assert {"_mark_aborted", "_binary_bytes_of", "_decide_rows", "_none_survive", "_piece_offsets", "_placed_offsets"} <= set(kernels)
     assert [name for name, kernel in kernels.items() if not kernel.signatures] == []

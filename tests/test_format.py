@@ -329,6 +329,39 @@ def test_pass_one_reads_a_blocks_index_and_skips_its_payload_unchecked(tmp_path)
         BlockStream(store, "index.seg").next_batch(index_only=True)
 
 
+def test_a_stream_reads_no_payload_of_a_block_its_caller_refuses_by_the_index(tmp_path) -> None:
+    """`payload_wanted` is shown each block holding the section's rows alone, by its index columns: a refused block's
+    payload is neither read nor checked (damage there goes unseen) and its rows are not yielded, though its deltas are
+    still checked. A block shared with another section is read whole without asking."""
+    store = LocalStore(tmp_path)
+    count = 40
+    big = section_table(list(range(count)), [1] * count, [b"k%d" % i for i in range(count)], [os.urandom(100_000) for _ in range(count)])
+    small = section_table([0, 1], [1, 1], [b"a", b"b"], [b"x", b"y"])
+    blob, (before, info) = write_segment([("t", 0, small), ("t", 1, big)])
+    store.put("f.seg", blob)
+    footer = read_footer(store, "f.seg")
+    shared = int(footer.block_rows[0]) - 2  # the big section's rows in the block it shares with the small one
+    assert len(footer.block_offsets) >= 3 and info.byte_offset == before.byte_offset and shared > 0
+    damaged = bytearray(blob)
+    damaged[int(footer.block_offsets[1] + footer.block_lengths[1]) - 1] ^= 0xFF  # the second block's payload
+    store.put("f.seg", bytes(damaged))
+    shown: list[int] = []
+
+    def refuse_all(index: pa.RecordBatch) -> bool:
+        assert index.schema.names == ["offset_delta", "timestamp", "key_hash"]
+        shown.append(index.num_rows)
+        return False
+
+    stream = SectionStream(store, "f.seg", len(blob))
+    assert pa.Table.from_batches(list(stream.rows(before, payload_wanted=refuse_all))).column("key").to_pylist() == [b"a", b"b"]
+    rows = pa.Table.from_batches(list(stream.rows(info, payload_wanted=refuse_all)))
+    assert shown == [int(n) for n in footer.block_rows[1:]]
+    assert rows.column("offset_delta").to_pylist() == list(range(shared))
+    assert rows.column("value").to_pylist() == big.column("value").to_pylist()[:shared]
+    with pytest.raises(CorruptDataError, match=r"\(payload: expected"):
+        list(SectionStream(store, "f.seg", len(blob)).rows(info))
+
+
 def test_a_forward_stream_and_ranged_gets_yield_a_sections_rows_alike_from_any_delta(tmp_path) -> None:
     """The read path's two ways of fetching blocks: one streaming GET over the file (the compactor's pointer) and
     ranged GETs (consumers), on small sections sharing blocks, a section of two blocks under SEEK_BYTES (one ranged

@@ -72,13 +72,14 @@ import pyarrow as pa
 from logcompact.catalog import CatalogSection, DataFile, SetAside, TopicPartition
 from logcompact.collector import collector_paused
 from logcompact.engine.copier import CONTENTS, copy_plan
-from logcompact.engine.gather import FULL, OUT_OF_ORDER, BatchColumns, BlockGatherer, binary_parts, validity
+from logcompact.engine.gather import FULL, OUT_OF_ORDER, BatchColumns, BlockGatherer, binary_parts, int64_values, validity
 from logcompact.engine.offset_map import CompactOffsetMap, OffsetMap
 from logcompact.exceptions import CorruptDataError
-from logcompact.format import SectionStream, SegmentWriter
+from logcompact.format import PayloadWanted, SectionStream, SegmentWriter
 from logcompact.format.layout import (
     FIXED_ROW_BYTES,
     INDEX_COLUMNS,
+    INDEX_SCHEMA,
     MAX_OFFSET_SPAN,
     SECTION_SCHEMA,
     header_row_bytes,
@@ -544,16 +545,16 @@ class _Cursors:
         self._index_only = index_only
         self._open: dict[str, SectionStream] = {}
 
-    def rows(self, data_file: DataFile, placed: CatalogSection) -> Iterator[pa.RecordBatch]:
-        """The section's records, batch by batch, checked against the catalog's record of it. Damage is a
-        CorruptDataError whose `key` names the file."""
+    def rows(self, data_file: DataFile, placed: CatalogSection, payload_wanted: PayloadWanted | None = None) -> Iterator[pa.RecordBatch]:
+        """The section's records, batch by batch, checked against the catalog's record of it; with `payload_wanted`,
+        not those of blocks it refuses (`SectionStream.rows`). Damage is a CorruptDataError whose `key` names the file."""
         stream = self._open.get(data_file.key)
         if stream is None:
             stream = self._open[data_file.key] = SectionStream(self._store, data_file.key, data_file.size, self._index_only)
         # The order of offsets is checked once per coalesced batch (`_with_offsets`), not per section. Pass 1 only
         # fills the key map: pass 2 reads every section again with every check before a record is written, and a
         # partition failing there is taken back whole.
-        return stream.rows(placed.info, check_order=False, check_deltas=not self._index_only)
+        return stream.rows(placed.info, check_order=False, check_deltas=not self._index_only, payload_wanted=payload_wanted)
 
     def close(self) -> None:
         for stream in self._open.values():
@@ -607,12 +608,16 @@ class _PartitionCleaner:
         self.aborted_firsts = np.asarray([first for first, _ in aborted], dtype=np.int64)
         self.aborted_lasts = np.asarray([last for _, last in aborted], dtype=np.int64)
         self.decided_counts = np.zeros(len(_COUNTED), dtype=np.int64)  # `_decide`'s, in `_COUNTED` order
+        self.stop: int | None = None  # where the stretch pass 2 is cleaning ends (the key map's stop); None: the end
+        # The key map's lookups of the last block `_payload_wanted` let through, for `_decide` (`_latest`).
+        self._looked_up: tuple[pa.Buffer, int, int, np.ndarray] | None = None
 
     def _records(self, cursors: _Cursors, columns: tuple[str, ...] | None = None) -> _PartitionReader:
         """This pass's reader of the partition in offset order; sections wholly past retention are skipped.
 
         Sections whose offset ranges overlap (one spans a hole another fills) are merged by offset; the
-        others are read one after another, coalesced into few batches.
+        others are read one after another, coalesced into few batches. Pass 2 of a deduplication does not read the
+        payload of a block none of whose records survive, nor hand out its rows (`_payload_wanted`).
         """
         runs: list[list[tuple[DataFile, CatalogSection]]] = []
         run_end = -1
@@ -625,16 +630,20 @@ class _PartitionCleaner:
                 runs.append([(data_file, placed)])
             run_end = max(run_end, placed.last_offset)
 
+        skipping = columns is None and self.deduplicate
+
+        def section(data_file: DataFile, placed: CatalogSection) -> tuple[Iterator[pa.RecordBatch], CatalogSection, str]:
+            return cursors.rows(data_file, placed, self._payload_wanted(placed) if skipping else None), placed, data_file.key
+
         def in_order() -> Iterator[_Rows]:
             plain: list[tuple[Iterator[pa.RecordBatch], CatalogSection, str]] = []
             for run in runs:
                 if len(run) == 1:
-                    data_file, placed = run[0]
-                    plain.append((cursors.rows(data_file, placed), placed, data_file.key))
+                    plain.append(section(*run[0]))
                     continue
                 yield from _coalesced(plain, columns)
                 plain = []
-                yield from _merged([_coalesced([(cursors.rows(f, placed), placed, f.key)], columns) for f, placed in run])
+                yield from _merged([_coalesced([section(*pair)], columns) for pair in run])
             yield from _coalesced(plain, columns)
 
         return _PartitionReader(self._marking_aborted(in_order(), count=columns is None) if len(self.aborted_firsts) else in_order())
@@ -697,6 +706,7 @@ class _PartitionCleaner:
         segment = 0
         while True:
             self.key_map.clear(expected_keys)
+            self._looked_up = None
             stop = self._fill_map(first, map_from)
             out.split_at = self._young_cut()  # pass 1 is past the first young record, or pass 2 stops before it
             stats.distinct_keys += self.key_map.size
@@ -705,6 +715,7 @@ class _PartitionCleaner:
                 # Everything below the first stop (and below the young records) will have no key twice.
                 bounds = [b for b in (stop, self.young_from) if b is not None]
                 out.clean_below(min(bounds) if bounds else (1 << 62))
+            self.stop = stop
             self._clean_until(second, stop, out)
             if stop is None:
                 break
@@ -805,7 +816,7 @@ class _PartitionCleaner:
         _decide_rows(
             rows.offsets,
             np.zeros(n, dtype=np.bool_) if records.aborted is None else records.aborted,
-            self.key_map.get(rows.hashes),
+            self._latest(rows.hashes),
             rows.keyed,
             rows.valued,
             rows.timestamps,
@@ -824,6 +835,56 @@ class _PartitionCleaner:
         )
         return rows._replace(horizons=horizons, stamped=stamped), keep
 
+    def _payload_wanted(self, placed: CatalogSection) -> PayloadWanted:
+        """Pass 2's question to a block holding rows of `placed` alone, asked with its index columns before its payload
+        is read: may any of its records survive? None may when each is a duplicate, expired, or without a key, all
+        decided without the payload: then `_decide`'s counts for them are added here and the payload is never read.
+        Every other block is read whole: one with a record at or past this stretch's stop, or in an aborted range
+        (whose bytes are counted), or whose offsets do not increase (`_with_offsets` reports it)."""
+
+        def wanted(index: pa.RecordBatch) -> bool:
+            deltas = index.column(0).to_numpy()  # offset_delta
+            if not len(deltas) or (len(self.aborted_lasts) and self._any_aborted(placed.first_offset, placed.first_offset + int(deltas[-1]))):
+                return True
+            key_hash = index.column(_INDEX_KEY_HASH)
+            hashes = key_hash_words(key_hash)
+            latest = self.key_map.get(hashes)
+            none_survive = _none_survive(
+                deltas,
+                placed.first_offset,
+                _NEVER if self.stop is None else self.stop,
+                latest,
+                validity(key_hash, np.ones(index.num_rows, dtype=np.bool_)),
+                int64_values(index.column(_INDEX_TIMESTAMP)),
+                _NEVER if self.young_from is None else self.young_from,
+                _NEVER if self.floor is None else self.floor,
+                self.removes_latest,
+                _NEVER_EXPIRES if self.expire_before is None else self.expire_before,
+                self.plan.now_ms,
+                self.horizon,
+                self.decided_counts,
+            )
+            if not none_survive:
+                # `_decide` takes these lookups back for the block's rows: they are the same memory while the stash holds its buffer.
+                self._looked_up = (key_hash.buffers()[1], hashes.ctypes.data, len(hashes), latest)
+            return not none_survive
+
+        return wanted
+
+    def _latest(self, hashes: np.ndarray) -> np.ndarray:
+        """The key map's offset of each row's key: the lookups `_payload_wanted` made for these very rows (the block's
+        hashes alone, at the same address and length), or new ones."""
+        looked_up, self._looked_up = self._looked_up, None
+        if looked_up is not None and looked_up[1] == hashes.ctypes.data and looked_up[2] == len(hashes):
+            return looked_up[3]
+        return self.key_map.get(hashes)
+
+    def _any_aborted(self, first: int, last: int) -> bool:
+        """Does an aborted range of the plan hold an offset from `first` to `last`?"""
+        lasts = self.aborted_lasts
+        at = int(np.searchsorted(lasts, first))
+        return at < len(lasts) and int(self.aborted_firsts[at]) <= last
+
     def _count_decided(self) -> None:
         """Add the counts `_decide` gathered to the stats (once a stretch of pass 2, not once a batch)."""
         counts = self.decided_counts
@@ -835,6 +896,9 @@ class _PartitionCleaner:
         counts[:] = 0
 
 
+# The index columns' places (a block's index part, as pass 2's `_payload_wanted` is shown it).
+_INDEX_TIMESTAMP = INDEX_SCHEMA.get_field_index("timestamp")
+_INDEX_KEY_HASH = INDEX_SCHEMA.get_field_index("key_hash")
 # Sentinels of `_decide_rows` for a bound the partition does not have: no young offset, no floor, no retention.
 _NEVER = np.iinfo(np.int64).max
 _NEVER_EXPIRES = np.iinfo(np.int64).min
@@ -885,6 +949,37 @@ def _decide_rows(
 
 
 @numba.njit(cache=True, nogil=True)
+def _none_survive(
+    deltas, first_offset, stop, latest, keyed, timestamps, young_from, floor, removes_latest, expire_before, now, new_horizon,
+    counts,
+):
+    """Whether none of a block's records survives `_decide_rows`, judged from its index columns alone: each a value
+    (a tombstone is removed only as the latest of its key, which survives here too), none aborted. Only a block
+    whose offsets increase and end before `stop` may be judged so; when none survives, its counts are added to
+    `counts` as `_decide_rows` would add them."""
+    n = deltas.shape[0]
+    offsets = np.empty(n, dtype=np.int64)
+    for row in range(n):
+        offsets[row] = first_offset + np.int64(deltas[row])
+        if row > 0 and offsets[row] <= offsets[row - 1]:
+            return False
+    if n == 0 or offsets[n - 1] >= stop:
+        return False
+    unmarked = np.zeros(n, dtype=np.bool_)
+    keep = np.empty(n, dtype=np.bool_)
+    found = np.zeros_like(counts)
+    _decide_rows(
+        offsets, unmarked, latest, keyed, np.ones(n, dtype=np.bool_), timestamps, offsets, unmarked, young_from, floor,
+        removes_latest, expire_before, now, new_horizon, keep, np.empty(n, dtype=np.int64), np.empty(n, dtype=np.bool_), found,
+    )
+    for row in range(n):
+        if keep[row]:
+            return False
+    counts += found
+    return True
+
+
+@numba.njit(cache=True, nogil=True)
 def _mark_aborted(offsets, firsts, lasts, aborted):
     """Mark in `aborted` the `offsets` (increasing) inside the ranges `firsts[i]` to `lasts[i]` (increasing, apart);
     returns how many, walking both at once."""
@@ -927,8 +1022,8 @@ def _binary_bytes_of(rows, key_offsets, keyed, value_offsets, valued):
 def compile_kernels() -> None:
     """Compile (or load from numba's cache) the engine's loops now, not in a job's first partition: a plan of three
     records (a duplicate, a tombstone, a header) deduplicated in a temporary store, twice over: in partition 0 they
-    are two sections of two files, in partition 1 one section, a record of each in an aborted range (the loops that
-    mark and size aborted records). numba compiles a loop once for read-only arrays (a section's batch as decoded) and
+    are two sections of two files (the second alone in its block, which pass 2 judges by its index columns first),
+    in partition 1 one section, a record of each in an aborted range (the loops that mark and size aborted records). numba compiles a loop once for read-only arrays (a section's batch as decoded) and
     once for writable ones (small sections' batches joined), and a job meets both."""
     from logcompact.format.writer import section_table, write_segment
     from logcompact.store import LocalStore
@@ -946,6 +1041,6 @@ def compile_kernels() -> None:
         plan = Plan(
             plan_id="compile", cluster_id="compile", manifest_version=1, now_ms=10, target_level=2, deduplicate=True,
             inputs=tuple(inputs), topics={"compile": Topic.create("compile", 2, {"cleanup.policy": "compact"}, 0)},
-            aborted={("compile", 0): ((4, 4),), ("compile", 1): ((2, 2),)},
+            aborted={("compile", 0): ((1, 1),), ("compile", 1): ((2, 2),)},
         )
         run_plan(store, plan, workdir=root)

@@ -4,7 +4,7 @@ Every block's CRC-32 is checked before any of its bytes are decoded."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -31,6 +31,10 @@ from logcompact.format.layout import (
 )
 from logcompact.store.base import CountingReader, ObjectStore
 from logcompact.store.cache import CachedStore
+
+# Asked, with a block's decoded index columns, whether its payload is wanted: a block's records are read whole only
+# when it answers True.
+PayloadWanted = Callable[[pa.RecordBatch], bool]
 
 _SCHEMA_MESSAGE = SECTION_SCHEMA.serialize().to_pybytes()
 # The tail read first for the footer: the trailer and, in most files, the whole footer.
@@ -98,10 +102,20 @@ def decode_block(
     """A block's records once its messages have passed their CRC-32 checks: every column (SECTION_SCHEMA), or
     only the index columns (INDEX_SCHEMA) when `payload` is None; decompressed into `memory_pool` when given (else
     Arrow's default pool)."""
+    index_batch = _decode_index(name, position, index, index_crc, memory_pool)
+    return index_batch if payload is None else _with_payload(name, position, index_batch, payload, payload_crc, memory_pool)
+
+
+def _decode_index(name: str, position: int, index: memoryview | bytes | pa.Buffer, index_crc: int, memory_pool: pa.MemoryPool | None) -> pa.RecordBatch:
     _check_crc(name, position, "index", index, index_crc)
-    index_batch = _decode(name, position, index, INDEX_SCHEMA, memory_pool)
-    if payload is None:
-        return index_batch
+    return _decode(name, position, index, INDEX_SCHEMA, memory_pool)
+
+
+def _with_payload(
+    name: str, position: int, index_batch: pa.RecordBatch, payload: memoryview | bytes | pa.Buffer, payload_crc: int,
+    memory_pool: pa.MemoryPool | None,
+) -> pa.RecordBatch:
+    """The block's every column: its decoded index columns joined with its payload's, checked and decoded."""
     _check_crc(name, position, "payload", payload, payload_crc)
     payload_batch = _decode(name, position, payload, PAYLOAD_SCHEMA, memory_pool)
     if payload_batch.num_rows != index_batch.num_rows:
@@ -577,31 +591,53 @@ class BlockStream:
         if self.position != position:
             raise CorruptDataError(f"{self.key}: no block starts at byte {position}; the catalog does not match the file")
 
-    def next_batch(self, index_only: bool = False, memory_pool: pa.MemoryPool | None = None) -> pa.RecordBatch:
+    def next_batch(
+        self, index_only: bool = False, memory_pool: pa.MemoryPool | None = None, payload_wanted: PayloadWanted | None = None
+    ) -> pa.RecordBatch:
         """The next block's records; with `index_only`, only its index columns, and its payload's bytes are
         skipped without being checked or decoded (pass 1 of a compaction needs nothing else): a file seeks past
-        them, a network body reads them and drops them. Decoded into `memory_pool` when given."""
+        them, a network body reads them and drops them. With `payload_wanted`, the index columns are decoded first and
+        shown to it: when it answers False (pass 2 of a compaction, for a block none of whose records survive), the
+        payload is skipped as `index_only` skips it and the index columns alone are returned. Decoded into
+        `memory_pool` when given."""
         at = self.position
         index_length, index_crc, payload_length, payload_crc = self._prefix()
         if index_only:
             index = self._read_part(index_length, at)
             self._skip_part(payload_length, at)
-            payload = None
+            batch = decode_block(self.key, at, index, index_crc, None, payload_crc, memory_pool)
+        elif payload_wanted is not None:
+            batch = _decode_index(self.key, at, self._read_part(index_length, at), index_crc, memory_pool)
+            if payload_wanted(batch):
+                batch = _with_payload(self.key, at, batch, self._read_buffer(payload_length, at), payload_crc, memory_pool)
+            else:
+                self._skip_part(payload_length, at)
         else:
-            # Both parts by one read into an Arrow buffer (from Arrow's pool, which keeps its memory: no page faulted in
-            # for each block), decoded where they lie.
-            both = pa.allocate_buffer(index_length + payload_length)
-            read = self._stream.readinto(both)
-            self.position += read
-            if read != both.size:
-                raise CorruptDataError(f"{self.key}: truncated in the block at byte {at}; the file is incomplete")
-            index, payload = both.slice(0, index_length), both.slice(index_length)
-        batch = decode_block(self.key, at, index, index_crc, payload, payload_crc, memory_pool)
+            # Both parts by one read into an Arrow buffer, decoded where they lie.
+            both = self._read_buffer(index_length + payload_length, at)
+            batch = decode_block(self.key, at, both.slice(0, index_length), index_crc, both.slice(index_length), payload_crc, memory_pool)
         self.index_crc = index_crc
         return batch
 
+    def _read_buffer(self, length: int, at: int) -> pa.Buffer:
+        """`length` bytes into a buffer from Arrow's pool, which keeps its memory: no page faulted in for each block."""
+        data = pa.allocate_buffer(length)
+        read = self._stream.readinto(data)
+        self.position += read
+        if read != length:
+            raise CorruptDataError(f"{self.key}: truncated in the block at byte {at}; the file is incomplete")
+        return data
+
     def close(self) -> None:
         self._stream.close()
+
+
+def _alone(payload_wanted: PayloadWanted | None, to_end: int) -> PayloadWanted | None:
+    """`payload_wanted` for a block whose rows are all the section's when it holds at most `to_end` rows; another
+    section's rows in it are always wanted."""
+    if payload_wanted is None:
+        return None
+    return lambda index: index.num_rows > to_end or payload_wanted(index)
 
 
 class SectionStream:
@@ -636,14 +672,23 @@ class SectionStream:
         self._batch_position = -1
         self._batch_crc = -1
 
-    def rows(self, info: SectionInfo, from_delta: int = 0, *, check_order: bool = True, check_deltas: bool = True) -> Iterator[pa.RecordBatch]:
+    def rows(
+        self, info: SectionInfo, from_delta: int = 0, *, check_order: bool = True, check_deltas: bool = True,
+        payload_wanted: PayloadWanted | None = None,
+    ) -> Iterator[pa.RecordBatch]:
         """The section's rows whose offset delta is `from_delta` or more, in order, checked as they pass
         (`section_rows`, whose `check_order` and `check_deltas` these are); sections must be asked for in file
-        order. Damage is a CorruptDataError whose `key` names this file."""
+        order. With `payload_wanted` (of a stream reading every column), a block holding the section's rows alone is
+        shown to it by its index columns first; when it answers False, the block's payload is neither read, checked
+        nor decoded, and its rows, checked as every row is, are not yielded. Damage is a CorruptDataError whose `key`
+        names this file."""
         try:
-            yield from section_rows(
-                self.key, info, self._blocks_from(info), from_delta=from_delta, check_order=check_order, check_deltas=check_deltas
-            )
+            for piece in section_rows(
+                self.key, info, self._blocks_from(info, payload_wanted), from_delta=from_delta, check_order=check_order,
+                check_deltas=check_deltas,
+            ):
+                if piece.num_columns == len(SECTION_SCHEMA) or self._index_only:
+                    yield piece
         except CorruptDataError as damage:
             self._batch_position = -1
             if self._stream is not None:
@@ -653,24 +698,29 @@ class SectionStream:
             damage.key = self.key
             raise
 
-    def _blocks_from(self, info: SectionInfo) -> Iterator[pa.RecordBatch]:
+    def _blocks_from(self, info: SectionInfo, payload_wanted: PayloadWanted | None) -> Iterator[pa.RecordBatch]:
+        # Rows from the start of the block being read to the section's end: a block the section's alone has no more.
+        to_end = info.first_row + info.record_count
         if info.byte_offset != self._batch_position:
-            self._read_block(info.byte_offset)
+            self._read_block(info.byte_offset, _alone(payload_wanted, to_end) if info.first_row == 0 else None)
         _check_first_block(self.key, info, self._batch_crc)
+        batch: pa.RecordBatch = self._batch  # the section's first block, read now or kept from the section before
         while True:
-            yield self._batch
-            self._read_block(None)
+            yield batch
+            to_end -= batch.num_rows
+            batch = self._read_block(None, _alone(payload_wanted, to_end))
 
-    def _read_block(self, position: int | None) -> None:
-        """Decode the block at `position` (None: the next one), skipping the blocks before it."""
+    def _read_block(self, position: int | None, payload_wanted: PayloadWanted | None = None) -> pa.RecordBatch:
+        """Decode the block at `position` (None: the next one), skipping the blocks before it; kept as the one decoded last."""
         if self._stream is None:
             start = position if self._resume and position is not None else 0
             self._stream = BlockStream(self._store, self.key, self._size, start)
         if position is not None:
             self._stream.advance_to(position)
         self._batch_position = self._stream.position
-        self._batch = self._stream.next_batch(self._index_only, self._memory_pool)
+        self._batch = self._stream.next_batch(self._index_only, self._memory_pool, payload_wanted)
         self._batch_crc = self._stream.index_crc
+        return self._batch
 
     def close(self) -> None:
         """End the GET. Blocks past the last one used are not read: nothing of them is needed."""
