@@ -10,7 +10,9 @@ bitmap lists exactly the offsets it holds. Nothing is committed here (see `commi
 Reading. Every input file is read by at most two streaming GETs: the pass-1 stream and the pass-2 stream
 are two pointers that advance independently through the file's sections, which are sorted by
 (topic, partition). Per topic-partition the sections of all inputs are merged by offset, batch by batch,
-so memory is bounded by the key map plus a few batches, whatever the size of the files.
+so memory is bounded by the key map plus a few batches, whatever the size of the files. Pass 1 decodes each
+block's index part only; pass 2 a block holding one section's rows alone index part first, and its payload only
+when a record of it may survive (`_payload_wanted`).
 
 Rules, per record (a compacted topic's rules apply only when the plan deduplicates):
 * retention (`delete` and `compact,delete` topics): a record older than now - retention.ms is removed;
