@@ -71,7 +71,7 @@ lint: install
 # The agent's compiled loops are compiled (into numba's cache beside the sources) before the suite, whose first tests
 # are the agent's: a fresh clone's first agent would otherwise spend most of a test's time bound compiling them.
 test: install deps kafka kafka-python-suite quixstreams lint
-	$(BIN)/python -c "from logcompact.kafka import records; from logcompact.format import xxh3; from logcompact.engine import cleaner; records.compile_decoder(); records.compile_encoder(); xxh3.compile_hasher(); cleaner.compile_kernels()"
+	$(BIN)/python -c "from logcompact.kafka import records; from logcompact.format import xxh3; from logcompact.engine import cleaner; from logcompact import sketch; records.compile_decoder(); records.compile_encoder(); xxh3.compile_hasher(); sketch.compile_sketcher(); cleaner.compile_kernels()"
 	$(BIN)/python -m pytest
 
 # The whole product on a local store: data, the four DAGs through dag.test() with Spark local, a report.

@@ -43,6 +43,7 @@ def _measure(case: str, files: int) -> dict[str, float]:
     from logcompact.format.layout import HEADERS_TYPE
     from logcompact.format.xxh3 import compile_hasher
     from logcompact.ingest import PRODUCE_SCHEMA, Agent, Record
+    from logcompact.sketch import compile_sketcher
     from logcompact.store import LocalStore
     from logcompact.topics import Topic
 
@@ -50,6 +51,7 @@ def _measure(case: str, files: int) -> dict[str, float]:
     pa.set_cpu_count(1)
     pa.set_io_thread_count(1)
     compile_hasher()
+    compile_sketcher()
     now = 1_700_000_000_000
     rng = np.random.default_rng(7)
     with tempfile.TemporaryDirectory(prefix="logcompact-l0-write-") as tmp:

@@ -101,6 +101,7 @@ from logcompact.jobs import prepare_plans, run_here
 from logcompact.kafka.allocator import keep_freed_memory
 from logcompact.planner import PlannerConfig
 from logcompact.planner.max_lag import dirty_partitions, effective_max_lag, max_lag_topics
+from logcompact.sketch import compile_sketcher
 from logcompact.store import LocalStore
 from logcompact.topics import MIN_MAX_COMPACTION_LAG_MS, Topic
 
@@ -211,7 +212,8 @@ def _agent_process(root: str, url: str | None, number: int, load: Load, seconds:
     # file written by then in one transaction when its commits fall behind (group commit).
     keep_freed_memory()  # as `logcompact agent` does at start: freed buffers reused, not faulted in again
     agent = Agent(catalog, flush_interval_ms=load.flush_ms)
-    compile_hasher()  # as `logcompact agent` does at start: the key hashes' loop loads before the first flush, not in it
+    compile_hasher()  # as `logcompact agent` does at start: the key hashes' and sketches' loops load before the first flush
+    compile_sketcher()
     for future in produce_tick(agent, 0):  # the first file, written and committed before the window: the warm-up
         future.result()
     warm_up_files = agent.files_written

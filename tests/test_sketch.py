@@ -33,6 +33,32 @@ def test_merge_by_group_packs_each_group_as_its_own_merge(owned: list[tuple[int,
         own = [one for one, of in zip(packed, groups.tolist()) if of == group]
         assert merged[group] == sketch.encode(sketch.merge_packed(own)), group
 
+def _reference_registers(words: np.ndarray) -> np.ndarray:
+    registers = np.zeros(sketch.REGISTERS, dtype=np.uint8)
+    index, rank = sketch.register_ranks(words)
+    np.maximum.at(registers, index, rank)
+    return registers
+
+
+# Words whose rest (the bits after the register's) converts to a float rounded up to the next power of two, which
+# gives them a rank one lower than their leading zeros would: the compiled loop must round as numpy does.
+_ROUNDED_UP = [(1 << 56) - 1, (1 << 50) - 1, (1 << 57) - 1, (3 << 62) | ((1 << 56) - 1), 0, (1 << 64) - 1]
+
+
+@given(st.lists(st.tuples(st.integers(0, 6), st.one_of(st.integers(0, 2**64 - 1), st.sampled_from(_ROUNDED_UP))), max_size=300))
+def test_a_files_sketches_are_each_groups_registers_packed(owned: list[tuple[int, int]]) -> None:
+    """`encode_many` (the writer's sketches of a file's sections, one compiled pass) against `register_ranks` and a
+    maximum per register of each group's words, packed by `encode`; groups without words are b""; `sketch_words`
+    alike, over a column of a read-only buffer as the writer passes it."""
+    owned.sort(key=lambda pair: pair[0])
+    groups = np.array([group for group, _ in owned], dtype=np.int64)
+    words = np.array([word for _, word in owned], dtype=np.uint64)
+    expected = [sketch.encode(_reference_registers(words[groups == group])) if (groups == group).any() else b"" for group in range(7)]
+    assert sketch.encode_many(groups, words, 7) == expected
+    column = np.frombuffer(np.stack([words, words]).T.tobytes(), dtype=np.uint64).reshape(-1, 2)[:, 1]
+    assert np.array_equal(sketch.sketch_words(column), _reference_registers(words))
+
+
 def test_estimated_duplicates_of_overlapping_sections() -> None:
     # Three sections of 4,000 records over the same 2,000 keys: 10,000 duplicates, within the sketch's ~9%.
     keys = np.random.default_rng(3).integers(0, 2**64 - 1, 2_000, dtype=np.uint64)

@@ -1,6 +1,6 @@
 """A small HyperLogLog of a section's keys, written with the section, so planners can estimate duplicates.
 
-128 registers of one byte (about 9% standard error), built vectorized from the key hashes the file
+128 registers of one byte (about 9% standard error), built by one compiled pass over the key hashes the file
 already holds; sketches of several sections merge by taking the larger register.
 
 Packed form (in files and the catalog): a small section sets few registers, so its sketch is stored as
@@ -9,8 +9,10 @@ Packed form (in files and the catalog): a small section sets few registers, so i
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Sequence
 
+import numba
 import numpy as np
 
 PRECISION = 7
@@ -28,40 +30,72 @@ def register_ranks(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def sketch_words(words: np.ndarray) -> np.ndarray:
     """Registers for 64-bit hash words."""
-    registers = np.zeros(REGISTERS, dtype=np.uint8)
-    if len(words):
-        index, rank = register_ranks(words)
-        np.maximum.at(registers, index, rank)
-    return registers
+    return _group_registers(np.zeros(len(words), dtype=np.int64), words, 1)[0]
 
 
 def encode_many(groups: np.ndarray, words: np.ndarray, count: int) -> list[bytes]:
-    """Packed sketches of `count` groups at once (a file's sections): `groups[i]` is the group of `words[i]`,
-    in non-decreasing order. One vectorized pass however many groups; b"" for a group without words."""
+    """Packed sketches of `count` groups at once (a file's sections): `groups[i]` is the group of `words[i]`. One
+    compiled pass over the words however many groups; b"" for a group without words."""
     packed = [b""] * count
     if not len(words):
         return packed
-    index, rank = register_ranks(words)
-    cell = groups.astype(np.int64) * REGISTERS + index
-    order = np.lexsort((rank, cell))  # by cell, the highest rank last
-    cell, rank = cell[order], rank[order]
-    last = np.flatnonzero(np.append(cell[1:] != cell[:-1], True))
-    cell, rank = cell[last], rank[last]
-    owner = cell // REGISTERS
-    pairs = np.empty((len(cell), 2), dtype=np.uint8)
-    pairs[:, 0], pairs[:, 1] = cell % REGISTERS, rank
-    blob = pairs.tobytes()
-    bounds = np.searchsorted(owner, np.arange(count + 1))
-    sizes = bounds[1:] - bounds[:-1]
-    as_pairs = (sizes > 0) & (2 * sizes < REGISTERS)
-    for group, start, end in zip(np.flatnonzero(as_pairs).tolist(), (2 * bounds[:-1][as_pairs]).tolist(), (2 * bounds[1:][as_pairs]).tolist()):
-        packed[group] = blob[start:end]
+    registers = _group_registers(groups, words, count)
+    sizes, bounds, pairs = _packed_pairs(registers)
+    blob, at = pairs.tobytes(), bounds.tolist()
+    for group in np.flatnonzero(bounds[1:] > bounds[:-1]).tolist():
+        packed[group] = blob[at[group] : at[group + 1]]
     for group in np.flatnonzero(2 * sizes >= REGISTERS).tolist():
-        start, end = int(bounds[group]), int(bounds[group + 1])
-        registers = np.zeros(REGISTERS, dtype=np.uint8)
-        registers[pairs[start:end, 0]] = pairs[start:end, 1]
-        packed[group] = registers.tobytes()
+        packed[group] = registers[group].tobytes()
     return packed
+
+
+def compile_sketcher() -> None:
+    """Compile (or load from numba's cache) the loops now, not in the first flush: for hash words as a writer takes
+    them, a column of the hashes' read-only buffer, and as a copy (a file with keyless records)."""
+    hashes = np.frombuffer(np.arange(8, dtype=np.uint64).tobytes(), dtype=np.uint64).reshape(-1, 2)
+    for words in (hashes[:, 1], hashes[:, 1].copy()):
+        encode_many(np.zeros(len(words), dtype=np.int64), words, 1)
+        sketch_words(words)
+
+
+@numba.njit(cache=True, nogil=True)
+def _group_registers(groups, words, count):
+    """Each group's registers: `register_ranks` of each word, the highest rank kept per register. The rank is taken by
+    `frexp` of the word as a float, as `register_ranks` takes it, so both give the same registers bit for bit."""
+    registers = np.zeros((count, REGISTERS), dtype=np.uint8)
+    for i in range(words.shape[0]):
+        word = np.uint64(words[i])
+        index = np.intp(word >> np.uint64(64 - PRECISION))
+        rest = (word << np.uint64(PRECISION)) | np.uint64(1 << (PRECISION - 1))
+        rank = max(65 - math.frexp(float(rest))[1], 1)
+        group = groups[i]
+        if rank > registers[group, index]:
+            registers[group, index] = rank
+    return registers
+
+
+@numba.njit(cache=True, nogil=True)
+def _packed_pairs(registers):
+    """Per group: its registers set, and for a group whose (register, rank) pairs are shorter than its registers (a
+    sketch's packed form), where its pairs lie in one array of all of them, in register order."""
+    count = registers.shape[0]
+    sizes = np.zeros(count, dtype=np.int64)
+    bounds = np.zeros(count + 1, dtype=np.int64)
+    for group in range(count):
+        for index in range(REGISTERS):
+            sizes[group] += registers[group, index] != 0
+        bounds[group + 1] = bounds[group] + (2 * sizes[group] if 2 * sizes[group] < REGISTERS else 0)
+    pairs = np.empty(bounds[count], dtype=np.uint8)
+    for group in range(count):
+        at = bounds[group]
+        if at == bounds[group + 1]:
+            continue
+        for index in range(REGISTERS):
+            if registers[group, index]:
+                pairs[at] = index
+                pairs[at + 1] = registers[group, index]
+                at += 2
+    return sizes, bounds, pairs
 
 
 def estimated_duplicates(records: int, packed: Collection[bytes]) -> int:

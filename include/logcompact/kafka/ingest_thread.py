@@ -21,6 +21,7 @@ from logcompact.ingest import Agent, FlushStats
 from logcompact.kafka import codec, records
 from logcompact.kafka.event_loop import LoopResults
 from logcompact.kafka.producer_state import ProducerStateError, ProducerStateManager, TransactionViews
+from logcompact.sketch import compile_sketcher
 from logcompact.topics import Topic
 
 # How long an agent trusts what it read of the topics before reading them again for a produce: topics are
@@ -50,6 +51,7 @@ class Ingest:
         self.flushes = FlushStats()  # of every ingest agent this one has had (a failed flush replaces the agent)
         records.compile_decoder()  # seconds on a fresh install: before clients, not in a Produce or a flush
         compile_hasher()
+        compile_sketcher()
         self._agent = self._new_agent()
         self.producers = ProducerStateManager(catalog)  # idempotent producers' state, used on the ingest thread
         self.transactions = TransactionViews(catalog)  # transactional producers' transactions, used on the ingest thread
