@@ -247,12 +247,12 @@ def test_damage_found_among_young_survivors_at_the_end_sets_the_partition_aside(
     assert result.outputs == [] and list(store.list("data/l2/")) == []
 
 
-def _superseded_blocks_file(store: ObjectStore) -> tuple[DataFile, Footer]:
-    """One section of 40 records of 100 KB, about ten a block: the first 20 (keys k0 to k19, k5's record keyless and
-    k7's a tombstone) all superseded by the last 20 (k3's latest a tombstone), so the first block holds no survivor."""
+def _superseded_blocks_file(store: ObjectStore, value_bytes: int = 100_000) -> tuple[DataFile, Footer]:
+    """One section of 40 records of `value_bytes`, about ten a block: the first 20 (keys k0 to k19, k5's record keyless
+    and k7's a tombstone) all superseded by the last 20 (k3's latest a tombstone), so the first block holds no survivor."""
     keys: list[bytes | None] = [b"k%d" % (i % 20) for i in range(40)]
     keys[5] = None
-    values: list[bytes | None] = [bytes([i]) * 100_000 for i in range(40)]
+    values: list[bytes | None] = [bytes([i]) * value_bytes for i in range(40)]
     values[7] = values[23] = None
     blob, (info,) = write_segment([("t", 0, section_table(list(range(40)), [NOW] * 40, keys, values))])
     store.put("data/l1/superseded.seg", blob)
@@ -306,6 +306,21 @@ def test_pass_2_reads_no_payload_of_a_block_none_of_whose_records_survive(tmp_pa
         _read_everything(patched)
         damaged = run_plan(store, plan)
     assert damaged.outputs == [] and "CRC-32" in damaged.stats.uncleanable[0]["reason"]
+
+
+def test_an_aborted_range_early_in_a_section_leaves_its_later_blocks_judged_by_their_index(tmp_path) -> None:
+    """The first block holds an aborted record, so it is read whole (its bytes are counted); the second, all superseded,
+    is still skipped: damage in its payload goes unseen."""
+    store = LocalStore(tmp_path / "store")
+    data_file, footer = _superseded_blocks_file(store, value_bytes=120_000)
+    assert footer.block_rows[0] + footer.block_rows[1] <= 20
+    _damage_payload(store, data_file.key, footer, 1)
+    topic = Topic.create("t", 1, {"cleanup.policy": "compact"}, NOW)
+    plan = Plan(plan_id="p-aborted", cluster_id="c", manifest_version=1, now_ms=NOW, target_level=2, deduplicate=True,
+                inputs=(data_file,), topics={"t": topic}, aborted={("t", 0): ((0, 0),)})
+    result = run_plan(store, plan)
+    assert result.stats.uncleanable == [] and result.stats.aborted_removed == 1
+    assert _output_records(store, result) == [(20 + i, b"k%d" % i, i == 3) for i in range(20)]
 
 
 def test_pass_2_reads_the_payload_of_a_block_holding_a_survivor(tmp_path) -> None:

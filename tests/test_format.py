@@ -362,6 +362,17 @@ def test_a_stream_reads_no_payload_of_a_block_its_caller_refuses_by_the_index(tm
         list(SectionStream(store, "f.seg", len(blob)).rows(info))
 
 
+def test_a_block_read_without_its_payload_is_never_another_sections(tmp_path) -> None:
+    """A catalog giving a second section the block a refused one held alone is damage, not a section without rows."""
+    store = LocalStore(tmp_path)
+    blob, (info,) = write_segment([("t", 0, section_table([0, 1, 2], [1, 1, 1], [b"a", b"b", b"c"], [b"x", b"y", b"z"]))])
+    store.put("f.seg", blob)
+    stream = SectionStream(store, "f.seg", len(blob))
+    assert list(stream.rows(info, payload_wanted=lambda index: False)) == []
+    with pytest.raises(CorruptDataError, match=r"no block starts at byte"):
+        list(stream.rows(info))
+
+
 def test_a_forward_stream_and_ranged_gets_yield_a_sections_rows_alike_from_any_delta(tmp_path) -> None:
     """The read path's two ways of fetching blocks: one streaming GET over the file (the compactor's pointer) and
     ranged GETs (consumers), on small sections sharing blocks, a section of two blocks under SEEK_BYTES (one ranged

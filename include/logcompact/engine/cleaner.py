@@ -824,18 +824,25 @@ class _PartitionCleaner:
             rows.timestamps,
             rows.horizons,
             rows.stamped,
-            _NEVER if self.young_from is None else self.young_from,
-            _NEVER if self.floor is None else self.floor,
-            self.removes_latest,
-            _NEVER_EXPIRES if self.expire_before is None else self.expire_before,
-            self.plan.now_ms,
-            self.horizon,
+            *self._bounds(),
             keep,
             horizons,
             stamped,
             self.decided_counts,
         )
         return rows._replace(horizons=horizons, stamped=stamped), keep
+
+    def _bounds(self) -> tuple[int, int, bool, int, int, int]:
+        """`_decide_rows`'s bounds of the partition now, in its order: the first young offset, the outside floor, whether
+        a key's latest record may go, retention's cut, the clock, the horizon to stamp (sentinels for the ones it lacks)."""
+        return (
+            _NEVER if self.young_from is None else self.young_from,
+            _NEVER if self.floor is None else self.floor,
+            self.removes_latest,
+            _NEVER_EXPIRES if self.expire_before is None else self.expire_before,
+            self.plan.now_ms,
+            self.horizon,
+        )
 
     def _payload_wanted(self, placed: CatalogSection) -> PayloadWanted:
         """Pass 2's question to a block holding rows of `placed` alone, asked with its index columns before its payload
@@ -846,7 +853,9 @@ class _PartitionCleaner:
 
         def wanted(index: pa.RecordBatch) -> bool:
             deltas = index.column(0).to_numpy()  # offset_delta
-            if not len(deltas) or (len(self.aborted_lasts) and self._any_aborted(placed.first_offset, placed.first_offset + int(deltas[-1]))):
+            if not len(deltas):
+                return True
+            if len(self.aborted_lasts) and self._any_aborted(placed.first_offset + int(deltas[0]), placed.first_offset + int(deltas[-1])):
                 return True
             key_hash = index.column(_INDEX_KEY_HASH)
             hashes = key_hash_words(key_hash)
@@ -858,12 +867,7 @@ class _PartitionCleaner:
                 latest,
                 validity(key_hash, np.ones(index.num_rows, dtype=np.bool_)),
                 int64_values(index.column(_INDEX_TIMESTAMP)),
-                _NEVER if self.young_from is None else self.young_from,
-                _NEVER if self.floor is None else self.floor,
-                self.removes_latest,
-                _NEVER_EXPIRES if self.expire_before is None else self.expire_before,
-                self.plan.now_ms,
-                self.horizon,
+                *self._bounds(),
                 self.decided_counts,
             )
             if not none_survive:

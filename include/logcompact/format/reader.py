@@ -683,12 +683,14 @@ class SectionStream:
         nor decoded, and its rows, checked as every row is, are not yielded. Damage is a CorruptDataError whose `key`
         names this file."""
         try:
-            for piece in section_rows(
+            pieces = section_rows(
                 self.key, info, self._blocks_from(info, payload_wanted), from_delta=from_delta, check_order=check_order,
                 check_deltas=check_deltas,
-            ):
-                if piece.num_columns == len(SECTION_SCHEMA) or self._index_only:
-                    yield piece
+            )
+            if payload_wanted is None:
+                yield from pieces
+            else:
+                yield from (piece for piece in pieces if piece.num_columns == len(SECTION_SCHEMA))
         except CorruptDataError as damage:
             self._batch_position = -1
             if self._stream is not None:
@@ -720,6 +722,10 @@ class SectionStream:
         self._batch_position = self._stream.position
         self._batch = self._stream.next_batch(self._index_only, self._memory_pool, payload_wanted)
         self._batch_crc = self._stream.index_crc
+        if not self._index_only and self._batch.num_columns != len(SECTION_SCHEMA):
+            # Read without its payload: never another section's first block (a catalog giving it one is damage: the
+            # stream cannot seek back to it).
+            self._batch_position = -1
         return self._batch
 
     def close(self) -> None:
