@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -79,3 +80,10 @@ def test_rows_of_sketches_encode_decode_and_estimate_as_each_one_alone(sizes: li
     assert packed == [sketch.encode(row) for row in rows]
     assert np.array_equal(sketch.decode_rows(packed), rows)
     assert sketch.estimate_rows(rows).tolist() == [sketch.estimate(row) for row in rows]
+
+
+def test_sketch_groups_outside_the_count_are_refused() -> None:
+    words = np.arange(3, dtype=np.uint64)
+    for groups in ([0, 1, 2], [-1, 0, 0], [0, 0]):
+        with pytest.raises(ValueError, match="sketch groups must be one a word"):
+            sketch.encode_many(np.array(groups, dtype=np.int64), words, 2)

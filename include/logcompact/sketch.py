@@ -39,6 +39,8 @@ def encode_many(groups: np.ndarray, words: np.ndarray, count: int) -> list[bytes
     packed = [b""] * count
     if not len(words):
         return packed
+    if len(groups) != len(words) or groups.min() < 0 or groups.max() >= count:
+        raise ValueError(f"sketch groups must be one a word, from 0 to {count - 1}")  # the loop writes where they say
     registers = _group_registers(groups, words, count)
     sizes, bounds, pairs = _packed_pairs(registers)
     blob, at = pairs.tobytes(), bounds.tolist()
