@@ -20,6 +20,7 @@ from logcompact.engine import cleaner, copier
 from logcompact.engine.cleaner import run_plan
 from logcompact.exceptions import CommitConflictError, InvalidPlanError
 from logcompact.format import section_table, write_segment
+from logcompact.format.layout import record_bytes
 from logcompact.format.reader import Footer, read_footer, read_section
 from logcompact.ingest import Agent, Record
 from logcompact.jobs import collect_garbage, commit_plan, run_and_commit
@@ -99,6 +100,12 @@ def test_a_copy_by_runs_writes_what_the_cleaner_copies_one_partition_at_a_time(c
         for s in data_file.sections:
             lowest[(s.topic, s.partition)] = min(lowest.get((s.topic, s.partition), 1 << 62), s.first_offset)
     plan = replace(plan, first_uncleanable={("state", p): lowest[("state", p)] + 5 for p in range(0, 6, 2)})
+    # Aborted transactions' records here and there, some of them past retention as well (counted as expired by both).
+    highest: dict[tuple[str, int], int] = {}
+    for data_file in plan.inputs:
+        for s in data_file.sections:
+            highest[(s.topic, s.partition)] = max(highest.get((s.topic, s.partition), -1), s.last_offset)
+    plan = replace(plan, aborted={tp: tuple((o, o + 1) for o in range(lowest[tp] + 1, highest[tp], 7)) for tp in lowest})
 
     def written(result) -> tuple[dict, dict]:
         by_content: dict[str, list] = {}
@@ -120,7 +127,7 @@ def test_a_copy_by_runs_writes_what_the_cleaner_copies_one_partition_at_a_time(c
     if run_bytes < copier.COPY_RUN_BYTES:  # runs of several partitions, and partitions the cleaner copies
         assert any(whole and len(partitions) > 1 for partitions, whole in runs) and any(not whole for _, whole in runs)
     assert len(result.outputs) > 3 and {"compacted", "other", "young"} <= set(expected[0])
-    assert expected[1]["expired_removed"] > 0
+    assert expected[1]["expired_removed"] > 0 and expected[1]["aborted_removed"] > 0
     got = written(result)
     assert got == expected
 
@@ -321,6 +328,23 @@ def test_an_aborted_range_early_in_a_section_leaves_its_later_blocks_judged_by_t
     result = run_plan(store, plan)
     assert result.stats.uncleanable == [] and result.stats.aborted_removed == 1
     assert _output_records(store, result) == [(20 + i, b"k%d" % i, i == 3) for i in range(20)]
+
+
+@pytest.mark.parametrize(("policy", "deduplicate"), [("compact,delete", True), ("delete", False)], ids=["deduplicated", "copied"])
+def test_an_aborted_record_past_retention_counts_as_expired(tmp_path, policy: str, deduplicate: bool) -> None:
+    """As the L0 copy counts it (it does not read a section wholly past retention): records 0 and 1 are aborted, 0 and
+    2 past retention; 0 counts as expired, 1 as aborted with its bytes."""
+    store = LocalStore(tmp_path / "store")
+    table = section_table([0, 1, 2, 3], [NOW - 5000, NOW, NOW - 5000, NOW], [b"a", b"b", b"c", b"d"], [b"x" * 10, b"y" * 20, b"z", b"w"])
+    blob, (info,) = write_segment([("t", 0, table)])
+    store.put("data/l1/in.seg", blob)
+    topic = Topic.create("t", 1, {"cleanup.policy": policy, "retention.ms": "1000"}, NOW)
+    plan = Plan(plan_id="p-both", cluster_id="c", manifest_version=1, now_ms=NOW, target_level=2 if deduplicate else 1,
+                deduplicate=deduplicate, inputs=(DataFile("data/l1/in.seg", 1 if deduplicate else 0, len(blob), NOW, (CatalogSection(info, 0),)),),
+                topics={"t": topic}, aborted={("t", 0): ((0, 1),)})
+    stats = run_plan(store, plan).stats
+    assert (stats.expired_removed, stats.aborted_removed, stats.records_out) == (2, 1, 1)
+    assert stats.aborted_bytes_removed == record_bytes(table.slice(1, 1).to_batches()[0])
 
 
 def test_pass_2_reads_the_payload_of_a_block_holding_a_survivor(tmp_path) -> None:

@@ -648,12 +648,14 @@ class _PartitionCleaner:
                 yield from _merged([_coalesced([section(*pair)], columns) for pair in run])
             yield from _coalesced(plain, columns)
 
-        return _PartitionReader(self._marking_aborted(in_order(), count=columns is None) if len(self.aborted_firsts) else in_order())
+        return _PartitionReader(self._marking_aborted(in_order(), pass_2=columns is None) if len(self.aborted_firsts) else in_order())
 
-    def _marking_aborted(self, batches: Iterator[_Rows], count: bool) -> Iterator[_Rows]:
+    def _marking_aborted(self, batches: Iterator[_Rows], pass_2: bool) -> Iterator[_Rows]:
         """`batches` with the records of the plan's aborted ranges marked (`_Rows.aborted`), for both passes to pass
         over: no aborted key enters the key map, so an aborted value never removes a committed one of its key, and no
-        aborted record is written. A batch of aborted records alone is left out. Pass 2 (`count`) counts them."""
+        aborted record is written. Pass 1 leaves out a batch of aborted records alone; pass 2 decides every batch, and
+        counts each aborted record there as aborted, or as expired when retention removes it too (as the L0 copy,
+        which does not read a section wholly past retention, counts it)."""
         firsts, lasts = self.aborted_firsts, self.aborted_lasts
         for rows in batches:
             offsets = rows.offsets
@@ -665,10 +667,7 @@ class _PartitionCleaner:
             if not marked:
                 yield rows
                 continue
-            if count:
-                self.stats.aborted_removed += marked
-                self.stats.aborted_bytes_removed += _record_bytes_of(rows.batch, aborted)
-            if marked < len(offsets):
+            if pass_2 or marked < len(offsets):
                 yield rows._replace(aborted=aborted)
 
     def _expired_section(self, placed: CatalogSection) -> bool:
@@ -801,10 +800,20 @@ class _PartitionCleaner:
         map, removing one could leave an older value of its key as the latest). Aborted records are not."""
         keep = np.ones(len(rows.offsets), dtype=bool) if rows.aborted is None else ~rows.aborted
         if self.expire_before is not None and not self.config.compacted:
-            expired = (rows.batch.column("timestamp").to_numpy() < self.expire_before) & keep
+            expired = rows.batch.column("timestamp").to_numpy() < self.expire_before
             self.stats.expired_removed += int(expired.sum())
             keep &= ~expired
+        else:
+            expired = np.zeros(len(rows.offsets), dtype=bool)
+        if rows.aborted is not None:
+            self._count_aborted(rows.batch, rows.aborted & ~expired)
         return keep
+
+    def _count_aborted(self, batch: pa.RecordBatch, counted: np.ndarray) -> None:
+        """The aborted records of `batch` that `counted` marks (those not expired) and their bytes."""
+        if counted.any():
+            self.stats.aborted_removed += int(counted.sum())
+            self.stats.aborted_bytes_removed += _record_bytes_of(batch, counted)
 
     def _decide(self, records: _Rows) -> tuple[BatchColumns, np.ndarray]:
         """The batch's columns with the delete horizons its records carry (new only where a tombstone is stamped), and
@@ -815,9 +824,11 @@ class _PartitionCleaner:
         keep = np.empty(n, dtype=np.bool_)
         horizons = np.empty(n, dtype=np.int64)
         stamped = np.empty(n, dtype=np.bool_)
+        expired = np.empty(n, dtype=np.bool_)
+        aborted = np.zeros(n, dtype=np.bool_) if records.aborted is None else records.aborted
         _decide_rows(
             rows.offsets,
-            np.zeros(n, dtype=np.bool_) if records.aborted is None else records.aborted,
+            aborted,
             self._latest(rows.hashes),
             rows.keyed,
             rows.valued,
@@ -828,8 +839,11 @@ class _PartitionCleaner:
             keep,
             horizons,
             stamped,
+            expired,
             self.decided_counts,
         )
+        if records.aborted is not None:
+            self._count_aborted(records.batch, aborted & ~expired)
         return rows._replace(horizons=horizons, stamped=stamped), keep
 
     def _bounds(self) -> tuple[int, int, bool, int, int, int]:
@@ -916,21 +930,25 @@ _EXPIRED, _INVALID, _DUPLICATE, _TOMBSTONE_REMOVED, _STAMPED, _TOMBSTONE_KEPT, _
 @numba.njit(cache=True, nogil=True)
 def _decide_rows(
     offsets, aborted, latest, keyed, valued, timestamps, horizons, has_horizon, young_from, floor, removes_latest, expire_before,
-    now, new_horizon, keep, out_horizons, out_stamped, counts,
+    now, new_horizon, keep, out_horizons, out_stamped, out_expired, counts,
 ):
     """The rules of the module docstring for each record: `latest` is the key map's offset of its key (-1: none),
     and a key's latest record may go only below `floor` (the outside floor) and while `removes_latest`; an aborted
-    record goes, counted where it was marked. Fills `keep`, the horizons to write, and `counts` in `_COUNTED` order."""
+    record goes, counted here as expired when retention removes it too. Fills `keep`, the horizons to write, which
+    records retention removes (`out_expired`: the caller counts the other aborted ones, with their bytes), and
+    `counts` in `_COUNTED` order."""
     for i in range(offsets.shape[0]):
+        offset = offsets[i]
+        may_go = removes_latest and offset < floor
+        expired = may_go and timestamps[i] < expire_before
+        out_expired[i] = expired
         if aborted[i]:
             keep[i] = False
             out_horizons[i] = 0
             out_stamped[i] = False
+            counts[_EXPIRED] += expired
             continue
-        offset = offsets[i]
         tombstone = not valued[i]
-        may_go = removes_latest and offset < floor
-        expired = may_go and timestamps[i] < expire_before
         eligible = keyed[i] and offset < young_from
         duplicate = eligible and latest[i] > offset and not expired
         invalid = not keyed[i] and not expired
@@ -976,7 +994,8 @@ def _none_survive(
     found = np.zeros_like(counts)
     _decide_rows(
         offsets, unmarked, latest, keyed, np.ones(n, dtype=np.bool_), timestamps, offsets, unmarked, young_from, floor,
-        removes_latest, expire_before, now, new_horizon, keep, np.empty(n, dtype=np.int64), np.empty(n, dtype=np.bool_), found,
+        removes_latest, expire_before, now, new_horizon, keep, np.empty(n, dtype=np.int64), np.empty(n, dtype=np.bool_),
+        np.empty(n, dtype=np.bool_), found,
     )
     for row in range(n):
         if keep[row]:
