@@ -35,20 +35,12 @@ def sketch_words(words: np.ndarray) -> np.ndarray:
 
 def encode_many(groups: np.ndarray, words: np.ndarray, count: int) -> list[bytes]:
     """Packed sketches of `count` groups at once (a file's sections): `groups[i]` is the group of `words[i]`. One
-    compiled pass over the words however many groups; b"" for a group without words."""
-    packed = [b""] * count
+    compiled pass over the words however many groups, packed as `encode_rows` packs; b"" for a group without words."""
     if not len(words):
-        return packed
+        return [b""] * count
     if len(groups) != len(words) or groups.min() < 0 or groups.max() >= count:
         raise ValueError(f"sketch groups must be one a word, from 0 to {count - 1}")  # the loop writes where they say
-    registers = _group_registers(groups, words, count)
-    sizes, bounds, pairs = _packed_pairs(registers)
-    blob, at = pairs.tobytes(), bounds.tolist()
-    for group in np.flatnonzero(bounds[1:] > bounds[:-1]).tolist():
-        packed[group] = blob[at[group] : at[group + 1]]
-    for group in np.flatnonzero(2 * sizes >= REGISTERS).tolist():
-        packed[group] = registers[group].tobytes()
-    return packed
+    return encode_rows(_group_registers(groups, words, count))
 
 
 def compile_sketcher() -> None:
@@ -74,30 +66,6 @@ def _group_registers(groups, words, count):
         if rank > registers[group, index]:
             registers[group, index] = rank
     return registers
-
-
-@numba.njit(cache=True, nogil=True)
-def _packed_pairs(registers):
-    """Per group: its registers set, and for a group whose (register, rank) pairs are shorter than its registers (a
-    sketch's packed form), where its pairs lie in one array of all of them, in register order."""
-    count = registers.shape[0]
-    sizes = np.zeros(count, dtype=np.int64)
-    bounds = np.zeros(count + 1, dtype=np.int64)
-    for group in range(count):
-        for index in range(REGISTERS):
-            sizes[group] += registers[group, index] != 0
-        bounds[group + 1] = bounds[group] + (2 * sizes[group] if 2 * sizes[group] < REGISTERS else 0)
-    pairs = np.empty(bounds[count], dtype=np.uint8)
-    for group in range(count):
-        at = bounds[group]
-        if at == bounds[group + 1]:
-            continue
-        for index in range(REGISTERS):
-            if registers[group, index]:
-                pairs[at] = index
-                pairs[at + 1] = registers[group, index]
-                at += 2
-    return sizes, bounds, pairs
 
 
 def estimated_duplicates(records: int, packed: Collection[bytes]) -> int:

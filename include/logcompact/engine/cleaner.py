@@ -983,11 +983,7 @@ def _none_survive(
     `counts` as `_decide_rows` would add them."""
     n = deltas.shape[0]
     offsets = np.empty(n, dtype=np.int64)
-    for row in range(n):
-        offsets[row] = first_offset + np.int64(deltas[row])
-        if row > 0 and offsets[row] <= offsets[row - 1]:
-            return False
-    if n == 0 or offsets[n - 1] >= stop:
+    if n == 0 or _piece_offsets(deltas, first_offset, offsets) >= 0 or offsets[n - 1] >= stop:
         return False
     unmarked = np.zeros(n, dtype=np.bool_)
     keep = np.empty(n, dtype=np.bool_)
@@ -997,9 +993,8 @@ def _none_survive(
         removes_latest, expire_before, now, new_horizon, keep, np.empty(n, dtype=np.int64), np.empty(n, dtype=np.bool_),
         np.empty(n, dtype=np.bool_), found,
     )
-    for row in range(n):
-        if keep[row]:
-            return False
+    if keep.any():
+        return False
     counts += found
     return True
 
@@ -1048,8 +1043,9 @@ def compile_kernels() -> None:
     """Compile (or load from numba's cache) the engine's loops now, not in a job's first partition: a plan of three
     records (a duplicate, a tombstone, a header) deduplicated in a temporary store, twice over: in partition 0 they
     are two sections of two files (the second alone in its block, which pass 2 judges by its index columns first),
-    in partition 1 one section, a record of each in an aborted range (the loops that mark and size aborted records). numba compiles a loop once for read-only arrays (a section's batch as decoded) and
-    once for writable ones (small sections' batches joined), and a job meets both."""
+    in partition 1 one section, a record of each in an aborted range (the loops that mark and size aborted records).
+    numba compiles a loop once for read-only arrays (a section's batch as decoded) and once for writable ones (small
+    sections' batches joined), and a job meets both."""
     from logcompact.format.writer import section_table, write_segment
     from logcompact.store import LocalStore
     from logcompact.topics import Topic
