@@ -313,11 +313,15 @@ def test_transactional_ids_unused_past_their_expiration_are_forgotten(catalog: C
             assert set(catalog.describe_transactions(["idle-1"])) == {"idle-1"}  # open: kept, however long
             assert end(wire, "idle-1", producer_id, epoch, True) == NONE
             with caplog.at_level(logging.INFO, logger="logcompact.kafka.transaction_coordinator"):
+                # The sweep logs after its commit returns: wait for both, or the log is missed by a moment.
+                def forgotten_and_logged() -> bool:
+                    return (not catalog.describe_transactions(["idle-1"])
+                            and any("transactional ids forgotten" in message for message in caplog.messages))
                 deadline = time.monotonic() + 15
-                while catalog.describe_transactions(["idle-1"]) and time.monotonic() < deadline:
+                while not forgotten_and_logged() and time.monotonic() < deadline:
                     time.sleep(0.1)
-            assert catalog.describe_transactions(["idle-1"]) == {}
-            assert any("transactional ids forgotten" in message for message in caplog.messages)
+                assert catalog.describe_transactions(["idle-1"]) == {}
+                assert any("transactional ids forgotten" in message for message in caplog.messages)
             assert end(wire, "idle-1", producer_id, epoch, True) == INVALID_PRODUCER_ID_MAPPING
             assert init(wire, "idle-1")[2] == 0  # a new producer of the id starts afresh
         finally:
