@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,16 @@ from logcompact.kafka.server import AgentServer, AgentSettings
 FLUSH_MS = 50
 MAX_MESSAGE_BYTES = 64 * 1024
 FAST_CLIENT = {"socket.timeout.ms": 5000, "socket.connection.setup.timeout.ms": 5000}
+
+
+def eventually(condition: Callable[[], bool], seconds: float = 20) -> bool:
+    """Whether `condition` held within `seconds`, checked every 20 ms."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 class RunningAgent:

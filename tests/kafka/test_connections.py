@@ -13,7 +13,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 
 import pytest
 from confluent_kafka import Producer, TopicPartition
@@ -21,7 +20,7 @@ from confluent_kafka import Producer, TopicPartition
 from logcompact.catalog import Catalog
 from logcompact.kafka.server import AgentSettings, ByteBudget, Connection, sweep_seconds
 from tests.helpers import create_topic
-from tests.kafka.agents import RunningAgent, agent_environment, confluent_consumer, consume
+from tests.kafka.agents import RunningAgent, agent_environment, confluent_consumer, consume, eventually
 from tests.kafka.wire import closed_by_peer, kio_frame, receive_frame, request_frame
 
 pytestmark = pytest.mark.timeout(120)
@@ -69,15 +68,6 @@ def seconds_until_closed(connection: socket.socket, limit: float = 10) -> float:
     connection.settimeout(limit)
     assert closed_by_peer(connection), "the agent sent bytes instead of closing"
     return time.monotonic() - began
-
-
-def eventually(condition: Callable[[], bool], seconds: float = 20) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def closed_lines(caplog: pytest.LogCaptureFixture, words: str) -> list[str]:

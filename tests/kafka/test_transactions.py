@@ -41,7 +41,7 @@ from logcompact.catalog import Catalog
 from logcompact.exceptions import CatalogUnavailableError
 from logcompact.kafka.cluster import Address
 from tests.helpers import create_topic
-from tests.kafka.agents import FAST_CLIENT, FLUSH_MS, RunningAgent, agent_environment, confluent_consumer, consume
+from tests.kafka.agents import FAST_CLIENT, FLUSH_MS, RunningAgent, agent_environment, confluent_consumer, consume, eventually
 from tests.kafka.wire import TIMESTAMP, Wire, produce_request, produce_response, receive_frame, record_batch
 
 pytestmark = pytest.mark.timeout(120)
@@ -95,9 +95,8 @@ def watermarks(agent: RunningAgent, partition: int = 0) -> tuple[int, int]:
     return fetch_watermarks(agent.server.address, TOPIC, partition)
 
 
-def fetch_watermarks(address: Address, topic: str, partition: int) -> tuple[int, int]:
-    """(high watermark, last stable offset) of a partition, as a Fetch v12 to `address` (an agent or a broker)
-    answers them."""
+def fetched(address: Address, topic: str, partition: int) -> Any:
+    """A partition's part of the answer to a Fetch v12 from offset 0 to `address` (an agent or a broker)."""
     body = {
         "cluster_id": None, "replica_id": -1, "replica_state": None, "max_wait": 0, "min_bytes": 0, "max_bytes": 1 << 20, "isolation_level": 0,
         "session_id": 0, "session_epoch": -1, "rack_id": "",
@@ -106,7 +105,13 @@ def fetch_watermarks(address: Address, topic: str, partition: int) -> tuple[int,
         "forgotten_topics_data": [],
     }
     with socket.create_connection((address.host, address.port), timeout=20) as connection:
-        found = Wire.over(connection).call(FETCH, 12, body).responses[0].partitions[0]
+        return Wire.over(connection).call(FETCH, 12, body).responses[0].partitions[0]
+
+
+def fetch_watermarks(address: Address, topic: str, partition: int) -> tuple[int, int]:
+    """(high watermark, last stable offset) of a partition, as a Fetch v12 to `address` (an agent or a broker)
+    answers them."""
+    found = fetched(address, topic, partition)
     return int(found.high_watermark), int(found.last_stable_offset)
 
 
@@ -289,11 +294,10 @@ def test_a_transaction_open_past_its_timeout_is_aborted_by_the_agent(catalog: Ca
         assert producer.flush(20) == 0
         assert watermarks(agent) == (2, 0)
         with caplog.at_level(logging.INFO, logger="logcompact.kafka.transaction_coordinator"):
-            deadline = time.monotonic() + 15
-            while watermarks(agent) != (3, 3) and time.monotonic() < deadline:
-                time.sleep(0.1)
+            # The sweep logs after its abort returns: wait for the log, or it is missed by a moment.
+            assert eventually(lambda: any("transaction 'slow-1' aborted" in message and "past its timeout 1000 ms" in message
+                                          for message in caplog.messages), 15)
         assert watermarks(agent) == (3, 3)  # aborted: its marker at 2, nothing held
-        assert any("transaction 'slow-1' aborted" in message and "past its timeout 1000 ms" in message for message in caplog.messages)
         with pytest.raises(KafkaException) as refused:
             producer.commit_transaction(10)
         assert refused.value.args[0].code() in (KafkaError._FENCED, KafkaError.INVALID_PRODUCER_EPOCH, KafkaError.PRODUCER_FENCED)
@@ -313,15 +317,9 @@ def test_transactional_ids_unused_past_their_expiration_are_forgotten(catalog: C
             assert set(catalog.describe_transactions(["idle-1"])) == {"idle-1"}  # open: kept, however long
             assert end(wire, "idle-1", producer_id, epoch, True) == NONE
             with caplog.at_level(logging.INFO, logger="logcompact.kafka.transaction_coordinator"):
-                # The sweep logs after its commit returns: wait for both, or the log is missed by a moment.
-                def forgotten_and_logged() -> bool:
-                    return (not catalog.describe_transactions(["idle-1"])
-                            and any("transactional ids forgotten" in message for message in caplog.messages))
-                deadline = time.monotonic() + 15
-                while not forgotten_and_logged() and time.monotonic() < deadline:
-                    time.sleep(0.1)
-                assert catalog.describe_transactions(["idle-1"]) == {}
-                assert any("transactional ids forgotten" in message for message in caplog.messages)
+                # The sweep logs after its commit returns: wait for the log, or it is missed by a moment.
+                assert eventually(lambda: any("transactional ids forgotten" in message for message in caplog.messages), 15)
+            assert catalog.describe_transactions(["idle-1"]) == {}
             assert end(wire, "idle-1", producer_id, epoch, True) == INVALID_PRODUCER_ID_MAPPING
             assert init(wire, "idle-1")[2] == 0  # a new producer of the id starts afresh
         finally:
@@ -563,11 +561,9 @@ def test_an_agent_aborts_the_timed_out_transactions_of_an_agent_that_stopped(cat
         two.stop()
         one.server.broker.agents.refresh()
         with caplog.at_level(logging.INFO, logger="logcompact.kafka.transaction_coordinator"):
-            deadline = time.monotonic() + 20
-            while watermarks(one) != (2, 2) and time.monotonic() < deadline:
-                time.sleep(0.1)
+            assert eventually(lambda: any(f"transaction {tid!r} aborted" in message and "past its timeout 3000 ms" in message
+                                          for message in caplog.messages))
         assert watermarks(one) == (2, 2)
-        assert any(f"transaction {tid!r} aborted" in message and "past its timeout 3000 ms" in message for message in caplog.messages)
         assert catalog.aborted_ranges({(TOPIC, 0): (0, 2)}) == {(TOPIC, 0): [(0, 0)]}
     finally:
         one.stop()
@@ -694,5 +690,8 @@ def test_the_coordinators_answers_and_offsets_are_apache_kafkas(agent: RunningAg
     for future in admin.create_topics([NewTopic(topic, 2, 1, config={"cleanup.policy": "compact"})]).values():
         future.result(60)
     host, port = kafka_broker.bootstrap_servers.rsplit(":", 1)
-    expected = scripted(Address(host, int(port)), topic, f"t-{topic}")
+    broker = Address(host, int(port))
+    # A broker answers for a new topic's partitions once each has its leader: NOT_LEADER_OR_FOLLOWER until then.
+    assert eventually(lambda: all(fetched(broker, topic, partition).error_code == NONE for partition in (0, 1)), 30)
+    expected = scripted(broker, topic, f"t-{topic}")
     assert scripted(agent.server.address, TOPIC, f"t-{topic}") == expected
