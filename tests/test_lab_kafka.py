@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec
 
 from lab.servers import kafka as reference
 from lab.servers.kafka import JavaProgram, KafkaServer, KafkaStartError, build_java_program, kafka_missing_reason, start_kafka
@@ -127,6 +127,17 @@ def test_the_broker_is_one_kraft_node_with_kafka_s_defaults_on_127_0_0_1(kafka: 
         probe.connect(("127.0.0.1", kafka.controller_port))
     assert (kafka.workdir / "data" / "meta.properties").read_text().count(f"cluster.id={kafka.cluster_id}") == 1
     assert "Kafka Server started" in kafka.logfile.read_text()
+
+
+def test_a_topic_created_by_the_lab_is_served_by_its_leaders_at_once(kafka: KafkaServer) -> None:
+    """create_topic returns once every partition answers (a new partition is NOT_LEADER_OR_FOLLOWER for a moment)."""
+    kafka.create_topic("ready", 6, {"cleanup.policy": "compact"})
+    latest = {TopicPartition("ready", partition): OffsetSpec.latest() for partition in range(6)}
+    admin = kafka.admin()
+    assert [future.result(30).offset for future in admin.list_offsets(latest, request_timeout=30).values()] == [0] * 6
+    with pytest.raises(KafkaException) as again:
+        kafka.create_topic("ready", 6)
+    assert again.value.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS
 
 
 def test_a_compacted_topic_takes_confluent_kafka_then_the_java_client_in_order(kafka: KafkaServer, java_clients: JavaProgram) -> None:

@@ -62,8 +62,8 @@ from pathlib import Path
 from typing import BinaryIO
 from xml.etree import ElementTree
 
-from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from lab.servers.common import HOST, LOG_TAIL_BYTES, LOG_TAIL_LINES, free_port, log_tail
 
@@ -124,6 +124,12 @@ class KafkaStartError(RuntimeError):
     with its last lines."""
 
 
+# What a new partition answers until its leader has taken it, by librdkafka's names (the client's metadata may lag
+# the broker's: UNKNOWN_LEADER_EPOCH).
+_LEADER_NOT_READY = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
+                     KafkaError.UNKNOWN_LEADER_EPOCH)
+
+
 @dataclass(frozen=True)
 class KafkaServer:
     host: str  # "127.0.0.1"
@@ -146,6 +152,23 @@ class KafkaServer:
     def admin(self, **config: str) -> AdminClient:
         """A confluent-kafka AdminClient for this broker (librdkafka properties as keyword arguments, dots as _)."""
         return AdminClient({"bootstrap.servers": self.bootstrap_servers, **{k.replace("_", "."): v for k, v in config.items()}})
+
+    def create_topic(self, name: str, partitions: int, config: Mapping[str, str] | None = None, timeout_s: float = 60) -> None:
+        """Create a topic and return once every partition's leader answers for it: until then the broker answers
+        Produce and Fetch of a new partition with NOT_LEADER_OR_FOLLOWER."""
+        admin = self.admin()
+        admin.create_topics([NewTopic(name, partitions, 1, config=dict(config or {}))])[name].result(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        latest = {TopicPartition(name, partition): OffsetSpec.latest() for partition in range(partitions)}
+        while True:
+            try:
+                for future in admin.list_offsets(latest, request_timeout=timeout_s).values():
+                    future.result(timeout_s)
+                return
+            except KafkaException as exc:
+                if exc.args[0].code() not in _LEADER_NOT_READY or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,6 @@ import kafka.errors
 import pytest
 from aiokafka import AIOKafkaProducer
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import NewTopic
 from kafka import KafkaProducer
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
@@ -95,8 +94,9 @@ def watermarks(agent: RunningAgent, partition: int = 0) -> tuple[int, int]:
     return fetch_watermarks(agent.server.address, TOPIC, partition)
 
 
-def fetched(address: Address, topic: str, partition: int) -> Any:
-    """A partition's part of the answer to a Fetch v12 from offset 0 to `address` (an agent or a broker)."""
+def fetch_watermarks(address: Address, topic: str, partition: int) -> tuple[int, int]:
+    """(high watermark, last stable offset) of a partition, as a Fetch v12 to `address` (an agent or a broker)
+    answers them."""
     body = {
         "cluster_id": None, "replica_id": -1, "replica_state": None, "max_wait": 0, "min_bytes": 0, "max_bytes": 1 << 20, "isolation_level": 0,
         "session_id": 0, "session_epoch": -1, "rack_id": "",
@@ -105,13 +105,7 @@ def fetched(address: Address, topic: str, partition: int) -> Any:
         "forgotten_topics_data": [],
     }
     with socket.create_connection((address.host, address.port), timeout=20) as connection:
-        return Wire.over(connection).call(FETCH, 12, body).responses[0].partitions[0]
-
-
-def fetch_watermarks(address: Address, topic: str, partition: int) -> tuple[int, int]:
-    """(high watermark, last stable offset) of a partition, as a Fetch v12 to `address` (an agent or a broker)
-    answers them."""
-    found = fetched(address, topic, partition)
+        found = Wire.over(connection).call(FETCH, 12, body).responses[0].partitions[0]
     return int(found.high_watermark), int(found.last_stable_offset)
 
 
@@ -686,12 +680,6 @@ def _relative(found: object) -> object:
 
 def test_the_coordinators_answers_and_offsets_are_apache_kafkas(agent: RunningAgent, kafka_broker: KafkaServer) -> None:
     topic = f"state-{uuid.uuid4().hex[:8]}"  # the broker is the module's: a topic and transactional id of this test's
-    admin = kafka_broker.admin()
-    for future in admin.create_topics([NewTopic(topic, 2, 1, config={"cleanup.policy": "compact"})]).values():
-        future.result(60)
-    host, port = kafka_broker.bootstrap_servers.rsplit(":", 1)
-    broker = Address(host, int(port))
-    # A broker answers for a new topic's partitions once each has its leader: NOT_LEADER_OR_FOLLOWER until then.
-    assert eventually(lambda: all(fetched(broker, topic, partition).error_code == NONE for partition in (0, 1)), 30)
-    expected = scripted(broker, topic, f"t-{topic}")
+    kafka_broker.create_topic(topic, 2, {"cleanup.policy": "compact"})
+    expected = scripted(Address(kafka_broker.host, kafka_broker.port), topic, f"t-{topic}")
     assert scripted(agent.server.address, TOPIC, f"t-{topic}") == expected

@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import NewTopic
 
 from lab.servers.kafka import KafkaServer, tool_argv
 from logcompact.catalog import Catalog
@@ -234,13 +233,11 @@ def test_the_tools_find_and_abort_hung_transactions_as_on_kafka(
 
 def create_kafka_topic(kafka_broker: KafkaServer, name: str) -> None:
     """A topic of 2 partitions on the broker (kept for the module's other tests: made by the first that asks)."""
-    admin = kafka_broker.admin()
-    for future in admin.create_topics([NewTopic(name, 2, 1, config={"cleanup.policy": "compact"})]).values():
-        try:
-            future.result(30)
-        except KafkaException as exc:
-            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise
+    try:
+        kafka_broker.create_topic(name, 2, {"cleanup.policy": "compact"})
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise
 
 
 def _shape(found: Any) -> Any:

@@ -22,7 +22,6 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as AIOTopicPartition
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import NewTopic
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KafkaPythonTopicPartition
 
@@ -305,9 +304,7 @@ def scripted_reads(bootstrap: str, address: Address, topic: str) -> list[tuple[s
 
 def test_read_committed_reads_and_last_stable_offsets_are_apache_kafkas(agent: RunningAgent, catalog: Catalog, kafka_broker: KafkaServer) -> None:
     topic = f"state-{uuid.uuid4().hex[:8]}"  # the broker is the module's: a topic and transactional id of this test's
-    admin = kafka_broker.admin()
-    for future in admin.create_topics([NewTopic(topic, 2, 1, config={"cleanup.policy": "compact"})]).values():
-        future.result(60)
+    kafka_broker.create_topic(topic, 2, {"cleanup.policy": "compact"})
     create_topic(catalog, topic, 2, cleanup_policy="compact")
     expected = scripted_reads(kafka_broker.bootstrap_servers, Address(kafka_broker.host, kafka_broker.port), topic)
     assert expected[0] == ("ended", (12, 12))  # the reference's offsets as the mock cluster's
