@@ -3,12 +3,15 @@ store's tests on each, the S3 store's on PostgreSQL)."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import itertools
 import math
 import os
 import random
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
@@ -28,7 +31,7 @@ from logcompact.planner import PlannerConfig, choose_plans
 from logcompact.plans import Plan, plan_from_dict, plan_from_json, plan_to_dict, plan_to_json
 from logcompact.store import LocalStore, ObjectStore
 from logcompact.topics import Topic
-from tests.helpers import NOW, create_topic, full_sweep, level_plans, recorded_runs
+from tests.helpers import NOW, create_topic, full_sweep, level_plans, produce_l0_files, recorded_runs
 
 SMALL_BUFFER = 1 << 16
 
@@ -164,6 +167,36 @@ def test_a_copy_whose_young_section_would_span_2_32_offsets_writes_the_older_one
     result = _run(catalog, plan)
     assert [s.first_offset for f in result.outputs for s in f.sections if "-compacted-" in f.key] == [0]
     assert [r.key for r in read_records(catalog.store, catalog.snapshot(), "state", 0)] == [b"a", b"b", b"c", b"d", b"e", b"f"]
+
+
+def test_a_plan_s_sections_are_grouped_with_the_collector_paused(catalog: Catalog, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tens of thousands of (file, section) pairs a plan groups by partition would set off collections, full
+    ones among them (0.08 s of a 0.19 s copy of 32 agents' files): run_plan makes them with the collector paused."""
+    create_topic(catalog, "state", 1000, cleanup_policy="compact")
+    produce_l0_files(catalog, "state", files=2, records=1000, keys=1000, partitions=1000)
+    (plan,) = level_plans(catalog.snapshot(), NOW, min_files=2)
+    assert sum(len(f.sections) for f in plan.inputs) == 2000
+    events: list[str] = []
+    paused = cleaner.collector_paused
+
+    @contextlib.contextmanager
+    def pausing() -> Iterator[None]:
+        events.append("paused")
+        with paused():
+            yield
+
+    def collecting(phase: str, info: dict) -> None:
+        if phase == "start":
+            events.append(f"collection of generation {info['generation']}")
+
+    monkeypatch.setattr(cleaner, "collector_paused", pausing)
+    gc.collect()  # the young generation empty: what run_plan allocates before its pause stays under its threshold
+    gc.callbacks.append(collecting)
+    try:
+        run_plan(catalog.store, plan)
+    finally:
+        gc.callbacks.remove(collecting)
+    assert events[0] == "paused", events
 
 
 def test_from_l2_up_older_records_of_a_key_are_removed(store: ObjectStore, catalog_of) -> None:

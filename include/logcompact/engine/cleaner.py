@@ -467,15 +467,14 @@ def run_plan(store: ObjectStore, plan: Plan, offset_map: OffsetMap | None = None
     key_map = offset_map or CompactOffsetMap(plan.buffer_bytes)
     stats.key_capacity = key_map.capacity
 
-    by_partition: dict[TopicPartition, list[tuple[DataFile, CatalogSection]]] = {}
-    for data_file in plan.inputs:
-        for section in data_file.sections:
-            by_partition.setdefault((section.topic, section.partition), []).append((data_file, section))
-
-    # The collector paused as the planner pauses it: a plan's tens of thousands of sections, and the objects a job
-    # makes per section, would set off full collections costing more than a copy's work (0.12 s of 0.26 s for 32
-    # agents' files of 1,000 partitions).
+    # The collector paused as the planner pauses it: a plan's tens of thousands of sections, grouped by partition
+    # below, and the objects a job makes per section, would set off full collections costing more than a copy's work
+    # (0.12 s of 0.26 s for 32 agents' files of 1,000 partitions; 0.08 s of 0.19 s set off by the grouping alone).
     with (nullcontext(workdir) if workdir else tempfile.TemporaryDirectory(prefix="logcompact-")) as scratch, collector_paused():
+        by_partition: dict[TopicPartition, list[tuple[DataFile, CatalogSection]]] = {}
+        for data_file in plan.inputs:
+            for section in data_file.sections:
+                by_partition.setdefault((section.topic, section.partition), []).append((data_file, section))
         outputs = {
             content: _OutputFiles(store, plan, content, scratch) for content in CONTENTS
         }
