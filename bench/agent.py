@@ -289,10 +289,10 @@ def _scrape_metrics(port: int, stop: threading.Event) -> None:
 
 
 @contextmanager
-def mock_cluster() -> Iterator[Cluster]:
+def mock_cluster(rtt_ms: int = 0) -> Iterator[Cluster]:
     """librdkafka's mock cluster lives in a client: an idle producer holds it, and its broker's address serves the
-    measuring clients."""
-    holder = Producer({"test.mock.num.brokers": 1})
+    measuring clients. With `rtt_ms`, its broker answers every request that much later (test.mock.broker.rtt)."""
+    holder = Producer({"test.mock.num.brokers": 1, **({"test.mock.broker.rtt": rtt_ms} if rtt_ms else {})})
     broker = next(iter(holder.list_topics(timeout=10).brokers.values()))
     try:
         yield Cluster("mock", f"{broker.host}:{broker.port}")
@@ -1346,8 +1346,11 @@ def main() -> None:
             clusters.append(kafka)
             print(f"Apache Kafka {KAFKA_VERSION}: one KRaft node on {kafka.bootstrap}, heap {KAFKA_HEAP}, the broker's defaults "
                   f"(log.flush.* unset; group.initial.rebalance.delay.ms {KAFKA_GROUP_DELAY_MS:,})", flush=True)
+        late_mock: Cluster | None = None  # the mock answering as late as the agent flushes
         if "mock" in wanted:
             clusters.append(stack.enter_context(mock_cluster()))
+            if "produce" in measures:
+                late_mock = stack.enter_context(mock_cluster(rtt_ms=FLUSH_MS))
         by_name = {cluster.name: cluster for cluster in clusters}
 
         def in_turn(repetition: int) -> list[Cluster]:
@@ -1365,25 +1368,29 @@ def main() -> None:
             profile = profiles.setdefault(measure, Profile(f"the agent during {measure}"))
             return sampled(process.pid, rate=PROFILE_RATE, subprocesses=args.agent_processes > 1, into=profile)
 
-        def produce_noting_cpu(cluster: Cluster, name: str, repetition: int, count: int, value_bytes: int, compression: str) -> float:
-            """Seconds of the produce measure; the server's CPU meanwhile noted per million records (none for the mock,
-            which runs in this process)."""
-            topic = f"{name}-{repetition}"
+        def produce_noting_cpu(cluster: Cluster, name: str, repetition: int, count: int, value_bytes: int, compression: str,
+                               noted_as: str = "") -> float:
+            """Seconds of the produce measure; this process's CPU meanwhile (the client's: its Python loop and
+            librdkafka's threads, and the mock's broker when measuring the mock) and the server's noted per million
+            records, under `noted_as` after the measure's name."""
+            topic = f"{name}{noted_as}-{repetition}"
             cluster.create_topic(topic, "delete")
-            if cluster.name not in servers:
-                return produce(cluster, topic, count, value_bytes, compression, keys=count)
-            took: list[float] = []
-            with profiled(cluster, f"produce_{name}"):
-                before = server_cpu_seconds(servers[cluster.name])  # an agent of --processes N: its N agents
-                took.append(produce(cluster, topic, count, value_bytes, compression, keys=count))
-                cpu_seconds = server_cpu_seconds(servers[cluster.name]) - before
-            note(cluster, f"produce_{name}_cpu", cpu_seconds / count * 1e6)
-            return took[0]
+            server = servers.get(cluster.name) if not noted_as else None
+            with profiled(cluster, f"produce_{name}") if server else nullcontext():
+                before, client_before = server_cpu_seconds(server) if server else 0.0, time.process_time()
+                took = produce(cluster, topic, count, value_bytes, compression, keys=count)
+                client_seconds = time.process_time() - client_before
+                if server:  # an agent of --processes N: its N agents
+                    note(cluster, f"produce_{name}_cpu", (server_cpu_seconds(server) - before) / count * 1e6)
+            note(cluster, f"produce_{name}{noted_as}_client_cpu", client_seconds / count * 1e6)
+            return took
 
         for repetition in range(args.repeat if comparing - {"clients"} else 0):
             for cluster in in_turn(repetition) if "produce" in measures else ():
                 note(cluster, "produce_small", small / produce_noting_cpu(cluster, "small", repetition, small, 100, "lz4"))
                 note(cluster, "produce_large", large * 1024 / produce_noting_cpu(cluster, "large", repetition, large, 1024, "none") / 1e6)
+                if cluster.name == "mock" and late_mock is not None:  # noted beside the mock's, as "_late"
+                    note(cluster, "produce_small_late", small / produce_noting_cpu(late_mock, "small", repetition, small, 100, "lz4", "_late"))
             for cluster in in_turn(repetition) if "latency" in measures else ():
                 topic = f"latency-{repetition}"
                 cluster.create_topic(topic, "delete")
@@ -1487,6 +1494,15 @@ def main() -> None:
     print(judged(row(f"produce {large:,} x 1 KiB, acks=all", of, "produce_large", "MB/s", ">= 150", 0.8), "produce 1 KiB", "produce_large"))
     print(f"  the server's CPU per million records produced: 100 B agent {of['agent']['produce_small_cpu']:.2f} s, Kafka "
           f"{of['kafka']['produce_small_cpu']:.2f} s; 1 KiB agent {of['agent']['produce_large_cpu']:.2f} s, Kafka {of['kafka']['produce_large_cpu']:.2f} s")
+    print(f"  the client's CPU per million records produced (this process: the Python loop and librdkafka's threads; the mock's broker too): "
+          f"100 B agent {of['agent']['produce_small_client_cpu']:.2f} s, Kafka {of['kafka']['produce_small_client_cpu']:.2f} s, "
+          f"mock {of['mock']['produce_small_client_cpu']:.2f} s; 1 KiB agent {of['agent']['produce_large_client_cpu']:.2f} s, "
+          f"Kafka {of['kafka']['produce_large_client_cpu']:.2f} s, mock {of['mock']['produce_large_client_cpu']:.2f} s")
+    late, prompt = of["mock"]["produce_small_late"], of["mock"]["produce_small"]
+    if not math.isnan(late):
+        print(f"  the mock answering {FLUSH_MS} ms late (test.mock.broker.rtt, the agent's flush interval), 100 B: {late:,.0f} records/s, "
+              f"{late / prompt:.2f} of its prompt answers' rate, the client's CPU {of['mock']['produce_small_late_client_cpu']:.2f} s per "
+              f"million records: what waiting for an acknowledgement alone costs a client on the cores it shares")
     print(row(f"ack latency p50, acks=all, {FLUSH_MS} ms flush", of, "latency_p50", "ms", ""))
     p99 = of["agent"]["latency_p99"]
     print(judged(row(f"ack latency p99, acks=all, {FLUSH_MS} ms flush", of, "latency_p99", "ms", "" if math.isnan(p99) else f"agent {verdict(p99, 400, at_least=False)}"),
