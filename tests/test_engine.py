@@ -98,16 +98,14 @@ def test_a_copy_by_runs_writes_what_the_cleaner_copies_one_partition_at_a_time(c
     (plan,) = level_plans(catalog.snapshot(), NOW, min_files=5, target_file_bytes=3000)
     assert not plan.deduplicate
     # A young section outside the plan that the inputs straddle, for half the state partitions (the cleaner's `outside_cut`).
-    lowest = {}
-    for data_file in plan.inputs:
-        for s in data_file.sections:
-            lowest[(s.topic, s.partition)] = min(lowest.get((s.topic, s.partition), 1 << 62), s.first_offset)
-    plan = replace(plan, first_uncleanable={("state", p): lowest[("state", p)] + 5 for p in range(0, 6, 2)})
-    # Aborted transactions' records here and there, some of them past retention as well (counted as expired by both).
+    lowest: dict[tuple[str, int], int] = {}
     highest: dict[tuple[str, int], int] = {}
     for data_file in plan.inputs:
         for s in data_file.sections:
+            lowest[(s.topic, s.partition)] = min(lowest.get((s.topic, s.partition), 1 << 62), s.first_offset)
             highest[(s.topic, s.partition)] = max(highest.get((s.topic, s.partition), -1), s.last_offset)
+    plan = replace(plan, first_uncleanable={("state", p): lowest[("state", p)] + 5 for p in range(0, 6, 2)})
+    # Aborted transactions' records here and there, some of them past retention as well (counted as expired by both).
     plan = replace(plan, aborted={tp: tuple((o, o + 1) for o in range(lowest[tp] + 1, highest[tp], 7)) for tp in lowest})
 
     def written(result) -> tuple[dict, dict]:
@@ -178,6 +176,7 @@ def test_a_plan_s_sections_are_grouped_with_the_collector_paused(catalog: Catalo
     assert sum(len(f.sections) for f in plan.inputs) == 2000
     events: list[str] = []
     paused = cleaner.collector_paused
+    planning = threading.get_ident()
 
     @contextlib.contextmanager
     def pausing() -> Iterator[None]:
@@ -188,8 +187,6 @@ def test_a_plan_s_sections_are_grouped_with_the_collector_paused(catalog: Catalo
     def collecting(phase: str, info: dict) -> None:
         if phase == "start" and threading.get_ident() == planning:  # not another test's thread left running
             events.append(f"collection of generation {info['generation']}")
-
-    planning = threading.get_ident()
 
     monkeypatch.setattr(cleaner, "collector_paused", pausing)
     gc.collect()  # the young generation empty: what run_plan allocates before its pause stays under its threshold
