@@ -10,6 +10,7 @@ import pytest
 
 from logcompact.exceptions import InvalidStoreUriError, ObjectNotFoundError
 from logcompact.store import LocalStore, ObjectStore, open_store
+from logcompact.store.local import WRITE_BYTES
 
 
 def test_put_get_stat_delete(store: ObjectStore) -> None:
@@ -61,6 +62,27 @@ def test_a_local_put_from_parts_goes_on_after_partial_writes(tmp_path, monkeypat
     store.put_parts("parts", parts)
     monkeypatch.undo()
     assert store.get("parts") == b"".join(parts) and len(calls) > 1000
+
+
+def test_a_local_put_from_parts_writes_at_most_write_bytes_a_call(tmp_path, monkeypatch) -> None:
+    """Parts larger than WRITE_BYTES are written in slices, and small ones gathered up to it: a whole file in one
+    writev would take page-cache folios as large as the file."""
+    sizes = []
+    writev = os.writev
+
+    def counted_writev(fd: int, buffers: list) -> int:
+        sizes.append(sum(memoryview(buffer).nbytes for buffer in buffers))
+        return writev(fd, buffers)
+
+    store = LocalStore(tmp_path)
+    parts = [os.urandom(3 * WRITE_BYTES + 5), b"x" * 100, pa.py_buffer(os.urandom(WRITE_BYTES)), *(os.urandom(1000) for _ in range(600))]
+    monkeypatch.setattr(os, "writev", counted_writev)
+    store.put_parts("big", parts)
+    monkeypatch.undo()
+    assert store.get("big") == b"".join(bytes(part) for part in parts)
+    assert max(sizes) == WRITE_BYTES and sum(sizes) == sum(len(part) for part in parts)
+    # The first part's three slices; its tail with the 100 bytes; the second part; the small parts, 262 a call.
+    assert sizes == [WRITE_BYTES] * 3 + [105, WRITE_BYTES, 262_000, 262_000, 76_000]
 
 
 def test_streaming_get_is_one_request_read_in_pieces(store: ObjectStore) -> None:
