@@ -30,10 +30,11 @@ default (one per core: `--agent-processes`), over a SQLite catalog and a local s
 
 * produce, 100 B values, lz4, acks=all: records/s (>= 500k), and the server's CPU per million records (the agent's
   and Kafka's process; the mock runs in this one);
-* produce, 1 KiB values (random, uncompressed), acks=all: MB/s of values (>= 150 MB/s). As many records as of 100 B
-  (`--records`, 1 GB of values by default): the rate is from the first send to the last acknowledgement, and the
-  agent's last acknowledgements wait out one flush interval, which 200,000 records (a second) made a quarter of the
-  run; a million make it a twentieth, as a sustained rate should (the ack latency is a measure of its own);
+* produce, 1 KiB values (random, uncompressed), acks=all: MB/s of values (>= 150 MB/s). Each produce run sends
+  `--produce-records` (3,000,000) of 100 B or a third as many of 1 KiB, and its rate is from the first send to the
+  last acknowledgement. The agent's last acknowledgement waits out one flush interval (the wait is printed per
+  cluster), which in runs of one or two seconds was a sixth to a quarter of the run; runs of four to six seconds make
+  it a twentieth, as a sustained rate should (the ack latency is a measure of its own);
 * ack latency at acks=all with the agent's 250 ms flush: p50 and p99 of produce-to-delivery-report at a steady
   5,000 records/s (p99 <= 400 ms);
 * fetch of a compacted topic from files: records produced with repeated keys (100 B values, and 1 KiB values for
@@ -306,8 +307,9 @@ def mock_cluster(rtt_ms: int = 0) -> Iterator[Cluster]:
 # -- measures ---------------------------------------------------------------------------------------------
 
 
-def produce(cluster: Cluster, topic: str, count: int, value_bytes: int, compression: str, keys: int) -> float:
-    """Seconds to produce `count` records with acks=all until every delivery report is in."""
+def produce(cluster: Cluster, topic: str, count: int, value_bytes: int, compression: str, keys: int, drains: list[float] | None = None) -> float:
+    """Seconds to produce `count` records with acks=all until every delivery report is in; onto `drains`, the seconds
+    from the last record handed to the producer to the last report."""
     values = [os.urandom(value_bytes // 2).hex().encode()[:value_bytes] if compression != "none" else os.urandom(value_bytes) for _ in range(256)]
     producer = Producer({"bootstrap.servers": cluster.bootstrap, "compression.type": compression, **PRODUCER, **cluster.client})
     failed: list[KafkaError] = []
@@ -327,9 +329,12 @@ def produce(cluster: Cluster, topic: str, count: int, value_bytes: int, compress
                 producer.poll(0.05)
         if n % 10_000 == 0:
             producer.poll(0)
+    sent = time.perf_counter()
     if producer.flush(120):
         raise SystemExit(f"{cluster.name}: records left undelivered after 120 s")
     elapsed = time.perf_counter() - started
+    if drains is not None:
+        drains.append(started + elapsed - sent)
     if failed:
         raise SystemExit(f"{cluster.name}: {len(failed)} deliveries failed, the first: {failed[0]}")
     return elapsed
@@ -1299,7 +1304,8 @@ DURABILITY = (
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--records", type=int, default=1_000_000, help="records of each produce measure (100 B and 1 KiB; the 1 KiB fetch: a fifth)")
+    parser.add_argument("--records", type=int, default=1_000_000, help="records of 100 B in every measure but produce (the 1 KiB fetch: a fifth)")
+    parser.add_argument("--produce-records", type=int, default=3_000_000, help="records of 100 B per produce measure (1 KiB: a third)")
     parser.add_argument("--repeat", type=int, default=3, help="repetitions of each measure; medians are printed")
     parser.add_argument("--latency-seconds", type=float, default=10.0)
     parser.add_argument("--quick", action="store_true", help="200,000 records, one repetition, 5 s of latency, 10 s of clients")
@@ -1315,8 +1321,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.records, args.repeat, args.latency_seconds = min(args.records, 200_000), 1, 5.0
+        args.produce_records = min(args.produce_records, 600_000)
         args.clients_seconds = min(args.clients_seconds, 10.0)
     small, large = args.records, max(1, args.records // 5)
+    produced_small, produced_large = args.produce_records, max(1, args.produce_records // 3)
     measures = set(args.measures.split(","))
     wanted = set(args.clusters.split(",")) | {"agent"}
     if wanted - set(CLUSTERS):
@@ -1381,19 +1389,21 @@ def main() -> None:
             server = servers.get(cluster.name)  # none for a mock: it runs in this process
             with profiled(cluster, f"produce_{name}") if server else nullcontext():
                 before, client_before = server_cpu_seconds(server) if server else 0.0, time.process_time()
-                took = produce(cluster, topic, count, value_bytes, compression, keys=count)
+                drains: list[float] = []
+                took = produce(cluster, topic, count, value_bytes, compression, keys=count, drains=drains)
                 client_seconds = time.process_time() - client_before
                 if server:  # an agent of --processes N: its N agents
                     note(cluster, f"produce_{name}_cpu", (server_cpu_seconds(server) - before) / count * 1e6)
             note(cluster, f"produce_{name}{noted_as}_client_cpu", client_seconds / count * 1e6)
+            note(cluster, f"produce_{name}{noted_as}_drain", drains[0] * 1000)
             return took
 
         for repetition in range(args.repeat if comparing - {"clients"} else 0):
             for cluster in in_turn(repetition) if "produce" in measures else ():
-                note(cluster, "produce_small", small / produce_noting_cpu(cluster, "small", repetition, small, 100, "lz4"))
-                note(cluster, "produce_large", small * 1024 / produce_noting_cpu(cluster, "large", repetition, small, 1024, "none") / 1e6)
+                note(cluster, "produce_small", produced_small / produce_noting_cpu(cluster, "small", repetition, produced_small, 100, "lz4"))
+                note(cluster, "produce_large", produced_large * 1024 / produce_noting_cpu(cluster, "large", repetition, produced_large, 1024, "none") / 1e6)
                 if cluster.name == "mock" and late_mock is not None:  # noted beside the mock's, as "_late"
-                    note(cluster, "produce_small_late", small / produce_noting_cpu(late_mock, "small", repetition, small, 100, "lz4", "_late"))
+                    note(cluster, "produce_small_late", produced_small / produce_noting_cpu(late_mock, "small", repetition, produced_small, 100, "lz4", "_late"))
             for cluster in in_turn(repetition) if "latency" in measures else ():
                 topic = f"latency-{repetition}"
                 cluster.create_topic(topic, "delete")
@@ -1493,8 +1503,11 @@ def main() -> None:
 
     print(f"\nmedians of {args.repeat}, every measure on each cluster in turn (the first rotating); machine: {machine()}")
     print(f"{'measure':<44} {'agent':>12} {'Kafka':>12} {'mock':>12}  {'ag/Kf':>6}  {'unit':<10} target")
-    print(judged(row(f"produce {small:,} x 100 B, lz4, acks=all", of, "produce_small", "records/s", ">= 500,000", 0.8), "produce 100 B", "produce_small"))
-    print(judged(row(f"produce {small:,} x 1 KiB, acks=all", of, "produce_large", "MB/s", ">= 150", 0.8), "produce 1 KiB", "produce_large"))
+    print(judged(row(f"produce {produced_small:,} x 100 B, lz4, acks=all", of, "produce_small", "records/s", ">= 500,000", 0.8), "produce 100 B", "produce_small"))
+    print(judged(row(f"produce {produced_large:,} x 1 KiB, acks=all", of, "produce_large", "MB/s", ">= 150", 0.8), "produce 1 KiB", "produce_large"))
+    print(f"  from the last record sent to its acknowledgement (ms; part of each run above): 100 B agent {of['agent']['produce_small_drain']:.0f}, "
+          f"Kafka {of['kafka']['produce_small_drain']:.0f}, mock {of['mock']['produce_small_drain']:.0f}; 1 KiB agent "
+          f"{of['agent']['produce_large_drain']:.0f}, Kafka {of['kafka']['produce_large_drain']:.0f}, mock {of['mock']['produce_large_drain']:.0f}")
     print(f"  the server's CPU per million records produced: 100 B agent {of['agent']['produce_small_cpu']:.2f} s, Kafka "
           f"{of['kafka']['produce_small_cpu']:.2f} s; 1 KiB agent {of['agent']['produce_large_cpu']:.2f} s, Kafka {of['kafka']['produce_large_cpu']:.2f} s")
     print(f"  the client's CPU per million records produced (this process: the Python loop and librdkafka's threads; the mock's broker too): "
