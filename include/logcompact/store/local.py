@@ -27,8 +27,9 @@ _TEMP_SUFFIX = ".tmp-logcompact"
 _IOV_MAX = os.sysconf("SC_IOV_MAX")  # the most buffers one writev takes (1024 on Linux)
 # The most bytes one writev is given. The page cache backs a write with folios as large as the write is long, and on a
 # virtual machine that hands its free memory back to its host (free page reporting, as Firecracker's balloon does) the
-# large ones come from memory the host must fault in again: 200 MB written 1 MiB a call took 0.48 s of kernel time
-# on this project's Intel Xeon VM, 256 KiB a call 0.04 s. Kafka writes a batch a call, rarely a whole MiB.
+# large ones come from memory the host must fault in again, while small ones come first from the small free blocks
+# the guest still holds: 200 MB written 1 MiB a call took 0.48 s of kernel time on this project's Intel Xeon VM,
+# 256 KiB a call 0.04 s (bench/README.md, Produce against Apache Kafka). Kafka writes a batch a call, under 1 MiB.
 WRITE_BYTES = 256 << 10
 
 
