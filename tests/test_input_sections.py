@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from logcompact.catalog import Catalog, CatalogSection, DataFile
-from logcompact.catalog.input_sections import READ_COLUMNS, InputSections
+from logcompact.catalog.input_sections import InputSections
 from logcompact.exceptions import CorruptDataError
 from logcompact.format.layout import COMPRESSIONS, SectionInfo
 from logcompact.planner import PlannerConfig, choose_plans, expected_effect
@@ -87,8 +87,20 @@ def test_sections_read_on_each_database_are_the_files_and_their_documents_estima
     assert expected_effect(plan) == expected_effect(in_hand)
 
 
-def test_a_damaged_sections_row_is_named_among_sound_ones() -> None:
-    sound = (1, 7, 0, *range(3, len(READ_COLUMNS))) + (b"\x01\x02",)  # integers, then a key sketch
-    damaged = (1, 7, "three", *sound[3:])  # SQLite keeps a partition set as text
-    with pytest.raises(CorruptDataError, match=r"partition 'three' of file_id 1 is damaged"):
-        InputSections.from_rows(["k"], [(1, "k", 0)], [sound, damaged], {1: "t", 7: "u"})
+def test_a_sections_row_holding_no_integer_is_corrupt_data_and_a_sketch_kept_as_text_is_its_bytes(tmp_path) -> None:
+    """SQLite keeps whatever a column is set to: a partition set as text is named as the column's damage, never parsed
+    as a number or passed over; a key sketch set as text (an estimate, bound to nothing) reads as its bytes."""
+    catalog = Catalog(LocalStore(tmp_path))
+    for name, topic_settings in TOPICS.items():
+        create_topic(catalog, name, PARTITIONS, **topic_settings)
+    drawn = [(0, 10_000 + n, [("b-plain", partition, 5, 900, "none", n, 0, 0, b"\x01\x02") for partition in range(PARTITIONS)]) for n in range(3)]
+    catalog.replace_files([], _place(drawn), NOW)
+    keys = [f"data/l0/f{number:04d}.seg" for number in range(3)]
+    with catalog.engine.begin() as connection:
+        connection.exec_driver_sql("UPDATE sections SET key_sketch = 'ab' WHERE partition = 2")
+    sketches = catalog.snapshot().input_sections(keys).table.column("key_sketch").to_pylist()
+    assert sorted(set(sketches)) == [b"\x01\x02", b"ab"] and sketches.count(b"ab") == 3
+    with catalog.engine.begin() as connection:
+        connection.exec_driver_sql("UPDATE sections SET partition = 'three' WHERE partition = 1")
+    with pytest.raises(CorruptDataError, match="sections.partition that is not a 64-bit integer .*restore the catalog database from a backup"):
+        catalog.snapshot().input_sections(keys)

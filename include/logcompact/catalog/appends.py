@@ -354,7 +354,7 @@ def append_in_one_step(
         "file_id": np.repeat(np.asarray(file_ids, np.int64), sections.per_file), "at": placement.at + 1,
         "relative": placement.relative, "last_delta": sections.last_deltas,
         "compression": [_COMPRESSION_IDS[name] for name in fields["compression"]],
-        "crc": [crc ^ bound for crc, bound in zip(fields["crc32"], unbound, strict=True)],
+        "crc": (np.asarray(fields["crc32"], np.int64) ^ unbound).tolist(),
         "produced_compression": sections.codecs,
     }
     params: dict[str, object] = {

