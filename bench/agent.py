@@ -34,7 +34,8 @@ default (one per core: `--agent-processes`), over a SQLite catalog and a local s
   `--produce-records` (3,000,000) of 100 B or a third as many of 1 KiB, and its rate is from the first send to the
   last acknowledgement. The agent's last acknowledgement waits out one flush interval (the wait is printed per
   cluster), which in runs of one or two seconds was a sixth to a quarter of the run; runs of four to six seconds make
-  it a twentieth, as a sustained rate should (the ack latency is a measure of its own);
+  it a twentieth, as a sustained rate should (the ack latency is a measure of its own). Beside each run, how long the
+  server took to answer the producer's requests under that load (librdkafka's `rtt` statistic);
 * ack latency at acks=all with the agent's 250 ms flush: p50 and p99 of produce-to-delivery-report at a steady
   5,000 records/s (p99 <= 400 ms);
 * fetch of a compacted topic from files: records produced with repeated keys (100 B values, and 1 KiB values for
@@ -156,6 +157,7 @@ from lab.servers.kafka import KAFKA_VERSION, KafkaStartError, start_kafka
 PARTITIONS = 4
 FLUSH_MS = 250
 LATENCY_RATE = 5_000  # records/s while ack latency is measured
+STATS_MS = 500  # the producer's statistics window while it produces as fast as it can
 PRODUCER = {"linger.ms": 5, "batch.size": 1_000_000, "queue.buffering.max.messages": 1_000_000, "queue.buffering.max.kbytes": 1_048_576,
             "enable.idempotence": False, "acks": "all"}
 FETCH_MAX_BYTES, PARTITION_FETCH_BYTES = 52_428_800, 4_194_304
@@ -307,11 +309,15 @@ def mock_cluster(rtt_ms: int = 0) -> Iterator[Cluster]:
 # -- measures ---------------------------------------------------------------------------------------------
 
 
-def produce(cluster: Cluster, topic: str, count: int, value_bytes: int, compression: str, keys: int, drains: list[float] | None = None) -> float:
+def produce(cluster: Cluster, topic: str, count: int, value_bytes: int, compression: str, keys: int, drains: list[float] | None = None,
+            answers: list[float] | None = None) -> float:
     """Seconds to produce `count` records with acks=all until every delivery report is in; onto `drains`, the seconds
-    from the last record handed to the producer to the last report."""
+    from the last record handed to the producer to the last report; onto `answers`, the milliseconds the servers took
+    to answer the producer's requests (librdkafka's `rtt`, p50 of each broker and STATS_MS window that had requests)."""
     values = [os.urandom(value_bytes // 2).hex().encode()[:value_bytes] if compression != "none" else os.urandom(value_bytes) for _ in range(256)]
-    producer = Producer({"bootstrap.servers": cluster.bootstrap, "compression.type": compression, **PRODUCER, **cluster.client})
+    windows: list[str] = []  # the producer's statistics, parsed once it is done
+    reporting = {"statistics.interval.ms": STATS_MS, "stats_cb": windows.append} if answers is not None else {}
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "compression.type": compression, **PRODUCER, **cluster.client, **reporting})
     failed: list[KafkaError] = []
 
     def report(error: KafkaError | None, _message: object) -> None:
@@ -335,6 +341,8 @@ def produce(cluster: Cluster, topic: str, count: int, value_bytes: int, compress
     elapsed = time.perf_counter() - started
     if drains is not None:
         drains.append(started + elapsed - sent)
+    if answers is not None:
+        answers += [broker["rtt"]["p50"] / 1000 for window in windows for broker in json.loads(window)["brokers"].values() if broker["rtt"]["cnt"]]
     if failed:
         raise SystemExit(f"{cluster.name}: {len(failed)} deliveries failed, the first: {failed[0]}")
     return elapsed
@@ -1390,12 +1398,14 @@ def main() -> None:
             with profiled(cluster, f"produce_{name}") if server else nullcontext():
                 before, client_before = server_cpu_seconds(server) if server else 0.0, time.process_time()
                 drains: list[float] = []
-                took = produce(cluster, topic, count, value_bytes, compression, keys=count, drains=drains)
+                answers: list[float] = []
+                took = produce(cluster, topic, count, value_bytes, compression, keys=count, drains=drains, answers=answers)
                 client_seconds = time.process_time() - client_before
                 if server:  # an agent of --processes N: its N agents
                     note(cluster, f"produce_{name}_cpu", (server_cpu_seconds(server) - before) / count * 1e6)
             note(cluster, f"produce_{name}{noted_as}_client_cpu", client_seconds / count * 1e6)
             note(cluster, f"produce_{name}{noted_as}_drain", drains[0] * 1000)
+            note(cluster, f"produce_{name}{noted_as}_answer", median(answers) if answers else float("nan"))
             return took
 
         for repetition in range(args.repeat if comparing - {"clients"} else 0):
@@ -1508,6 +1518,10 @@ def main() -> None:
     print(f"  from the last record sent to its acknowledgement (ms; part of each run above): 100 B agent {of['agent']['produce_small_drain']:.0f}, "
           f"Kafka {of['kafka']['produce_small_drain']:.0f}, mock {of['mock']['produce_small_drain']:.0f}; 1 KiB agent "
           f"{of['agent']['produce_large_drain']:.0f}, Kafka {of['kafka']['produce_large_drain']:.0f}, mock {of['mock']['produce_large_drain']:.0f}")
+    print(f"  the server's answer to a Produce request under this load (ms, librdkafka's rtt, the median of its {STATS_MS} ms windows' p50): "
+          f"100 B agent {of['agent']['produce_small_answer']:.0f}, Kafka {of['kafka']['produce_small_answer']:.0f}, mock "
+          f"{of['mock']['produce_small_answer']:.0f}, the late mock {of['mock']['produce_small_late_answer']:.0f}; 1 KiB agent "
+          f"{of['agent']['produce_large_answer']:.0f}, Kafka {of['kafka']['produce_large_answer']:.0f}, mock {of['mock']['produce_large_answer']:.0f}")
     print(f"  the server's CPU per million records produced: 100 B agent {of['agent']['produce_small_cpu']:.2f} s, Kafka "
           f"{of['kafka']['produce_small_cpu']:.2f} s; 1 KiB agent {of['agent']['produce_large_cpu']:.2f} s, Kafka {of['kafka']['produce_large_cpu']:.2f} s")
     print(f"  the client's CPU per million records produced (this process: the Python loop and librdkafka's threads; the mock's broker too): "
