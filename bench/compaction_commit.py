@@ -5,8 +5,10 @@ PostgreSQL server at its default settings (fsync on).
 
     .venv/bin/python bench/compaction_commit.py                 # 300 files, 3 rounds
 
-Per round: the commit's time (`Catalog.replace_files`, BEGIN to COMMIT) and the version row's hold (from the version
-taken to the COMMIT). No target of its own: the figures behind the regime's produce-to-commit latency.
+Per round: the read of the inputs' sections a compaction's preparation makes (`Snapshot.input_sections`: wall time,
+and this process's CPU beside the database's), the commit's time (`Catalog.replace_files`, BEGIN to COMMIT) and the
+version row's hold (from the version taken to the COMMIT). No target of its own: the figures behind the regime's
+produce-to-commit latency.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ def main() -> None:
     server.start()
     held: list[float] = []
     took: list[float] = []
+    reads: list[tuple[float, float]] = []  # the inputs' sections read: seconds of wall time and of this process's CPU
     try:
         with recorded():
             catalog = Catalog(LocalStore(tempfile.mkdtemp(prefix="logcompact-bench-commit-")), server.new_database(f"commit_{uuid.uuid4().hex[:12]}"))
@@ -78,6 +81,9 @@ def main() -> None:
                     catalog.append_files([_l0_file(key)], NOW)
                 outputs = _copy(round_, round_ * args.files * RECORDS, (round_ + 1) * args.files * RECORDS - 1)
                 snapshot = catalog.snapshot()
+                started, cpu = time.perf_counter(), time.process_time()
+                read = len(snapshot.input_sections(keys))
+                reads.append((time.perf_counter() - started, time.process_time() - cpu))
                 catalog_module.versions.next_version = noting_the_lock
                 started = time.perf_counter()
                 try:
@@ -87,8 +93,11 @@ def main() -> None:
                 ended = time.perf_counter()
                 took.append(ended - started)
                 held.append(ended - locked_at[-1])
-                print(f"  round {round_ + 1}: the commit {took[-1] * 1000:,.0f} ms, the version row held {held[-1] * 1000:,.0f} ms")
-            print(f"medians: the commit {statistics.median(took) * 1000:,.0f} ms, the version row held {statistics.median(held) * 1000:,.0f} ms")
+                print(f"  round {round_ + 1}: the inputs' {read:,} sections read in {reads[-1][0] * 1000:,.0f} ms ({reads[-1][1] * 1000:,.0f} ms "
+                      f"of this process's CPU), the commit {took[-1] * 1000:,.0f} ms, the version row held {held[-1] * 1000:,.0f} ms")
+            print(f"medians: the inputs' sections read in {statistics.median(r[0] for r in reads) * 1000:,.0f} ms "
+                  f"({statistics.median(r[1] for r in reads) * 1000:,.0f} ms of this process's CPU), the commit "
+                  f"{statistics.median(took) * 1000:,.0f} ms, the version row held {statistics.median(held) * 1000:,.0f} ms")
     finally:
         server.stop()
 
