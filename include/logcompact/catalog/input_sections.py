@@ -69,9 +69,8 @@ class InputSections:
             )
         ids = np.array([row[0] for row in found], np.int64)
         by_id = np.argsort(ids)
-        at = np.minimum(np.searchsorted(ids[by_id], column["file_id"]), max(len(ids) - 1, 0))
-        taken = np.flatnonzero(ids[by_id][at] == column["file_id"]) if len(ids) else np.zeros(0, np.int64)
-        entries = by_id[at[taken]]
+        taken = np.flatnonzero(np.isin(column["file_id"], ids))  # sections of other files (every live file read) dropped
+        entries = by_id[np.searchsorted(ids[by_id], column["file_id"][taken])]
         order = taken[np.lexsort((column["first_row"][taken], column["byte_offset"][taken], entries))]
         files = np.sort(entries)  # the entries in `order`'s order: it sorts by them first
         column = {name: values[order] for name, values in column.items()}

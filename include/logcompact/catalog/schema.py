@@ -399,6 +399,11 @@ def _crc32_table() -> np.ndarray:
 _CRC32_TABLE = _crc32_table()
 
 
+def compile_crc_bindings() -> None:
+    """Compile (or load from numba's cache) the bindings' loop now, not inside a first commit's transaction."""
+    section_crc_bindings(*([0],) * 8)
+
+
 @numba.njit(cache=True, nogil=True)
 def _crc32_of_rows(rows: np.ndarray, table: np.ndarray) -> np.ndarray:
     """zlib's CRC-32 of each row of a 2-D uint8 array, as int64."""

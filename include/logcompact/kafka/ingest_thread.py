@@ -14,7 +14,7 @@ import pyarrow as pa
 from logcompact.catalog import Catalog
 from logcompact.catalog.model import TopicPartition
 from logcompact.catalog.producers import SequencedBatch
-from logcompact.catalog.schema import UNKNOWN_CODEC
+from logcompact.catalog.schema import UNKNOWN_CODEC, compile_crc_bindings
 from logcompact.exceptions import IngestError
 from logcompact.format.xxh3 import compile_hasher
 from logcompact.ingest import Agent, FlushStats
@@ -52,6 +52,7 @@ class Ingest:
         records.compile_decoder()  # seconds on a fresh install: before clients, not in a Produce or a flush
         compile_hasher()
         compile_sketcher()
+        compile_crc_bindings()
         self._agent = self._new_agent()
         self.producers = ProducerStateManager(catalog)  # idempotent producers' state, used on the ingest thread
         self.transactions = TransactionViews(catalog)  # transactional producers' transactions, used on the ingest thread
