@@ -3,6 +3,7 @@ pinned snapshots and the kept history, the reads planners make, and the errors a
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 from dataclasses import replace
@@ -12,10 +13,13 @@ import pytest
 from sqlalchemy import select, update
 
 from logcompact.catalog import Catalog, CatalogSection, DataFile, NewFile, Snapshot, appends, schema, summaries
+from logcompact.catalog import files as files_module
 from logcompact.catalog import snapshot as snapshot_module
+from logcompact.catalog.columns import pack_sections
 from logcompact.exceptions import (
     CatalogConfigError,
     CatalogSchemaError,
+    CatalogUnavailableError,
     ClusterNotFoundError,
     CommitConflictError,
     CorruptDataError,
@@ -29,7 +33,7 @@ from logcompact.plans import lowest_outside
 from logcompact.store import LocalStore
 from logcompact.store.s3 import S3Store
 from logcompact.units import utc_iso
-from tests.helpers import NOW, assert_summaries_kept, create_topic
+from tests.helpers import NOW, assert_summaries_kept, create_topic, section_column_rows
 
 HOUR = 3_600_000
 
@@ -132,7 +136,8 @@ def test_an_append_of_several_files_places_every_section_and_binds_its_row(catal
     """A group commit of three files, partitions repeated across them, sections wide enough that
     offsets take every byte of their 64 bits' low five: each section gets its partition's next offsets in file, then
     section, order, and its row holds them with its CRC bound to them (on PostgreSQL computed by the statement that
-    hands the offsets out), its sketch and codec, the file rows their counts under the version."""
+    hands the offsets out), its sketch and codec, the file rows their counts under the version and their sections
+    packed for planners (on PostgreSQL stored once the statement has handed the offsets out)."""
     create_topic(catalog, "a", partitions=3)
     create_topic(catalog, "b", partitions=2, **{"cleanup.policy": "compact"})
     wide = 3 << 33
@@ -174,6 +179,8 @@ def test_an_append_of_several_files_places_every_section_and_binds_its_row(catal
             assert (file_row.level, file_row.size, file_row.created_ms, file_row.added_version) == (0, new.size, new.created_ms, version)
             assert file_row.record_count == sum(info.record_count for info in new.sections)
             assert schema_content(file_row.content) == ("mixed" if {info.topic for info in new.sections} == {"a", "b"} else "other")
+            placed = DataFile(new.key, 0, new.size, new.created_ms, tuple(map(CatalogSection, new.sections, firsts)))
+            assert file_row.sections_packed == pack_sections([placed], ids)[0]
             rows = {
                 (row.topic_id, row.partition, row.first_offset): row
                 for row in connection.execute(select(schema.sections).where(sec.file_id == file_row.file_id))
@@ -226,6 +233,32 @@ def test_a_one_step_append_refused_by_the_database_is_run_the_long_way_which_nam
     assert len(refused) == 2
     assert catalog.next_offsets("t") == [6, 6, 6]
     assert catalog.known_files(["lowered-partition", "lowered-version"]) == set()
+
+
+def test_packs_not_stored_after_a_one_step_append_leave_the_append_and_planners_read_the_rows(
+    catalog: Catalog, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On PostgreSQL a one-step append's packed sections are stored after its COMMIT: when that fails, the append
+    stands (its offsets are answered), the failure is logged naming the files, and planning passes read the files'
+    sections rows."""
+    if catalog.engine.dialect.name != "postgresql":
+        pytest.skip("SQLite packs a file's sections in its append's transaction")
+    create_topic(catalog, "t", partitions=2)
+    _append(catalog, _new_file("before", ("t", 0, 3)))  # a Catalog's first append expires idle producers, the long way
+
+    def unreachable(*_args: object) -> None:
+        raise CatalogUnavailableError("catalog postgresql://db cannot be reached or read (connection lost); check --catalog")
+
+    monkeypatch.setattr(files_module, "store_packs", unreachable)
+    assert _append(catalog, _new_file("unpacked", ("t", 0, 2), ("t", 1, 4))) == [3, 0]
+    [warning] = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "appended, but their packed sections could not be stored (planners read their sections rows): catalog postgresql://db" in warning.message
+    with catalog.engine.connect() as connection:
+        packs = dict(connection.execute(select(schema.files.c.key, schema.files.c.sections_packed)).all())
+    assert packs["unpacked"] is None and packs["before"] is not None
+    assert [row[:5] for row in section_column_rows(catalog.snapshot().section_columns())] == [
+        ("before", "t", 0, 0, 2), ("unpacked", "t", 0, 3, 4), ("unpacked", "t", 1, 0, 3),
+    ]
 
 
 def schema_content(number: int) -> str:

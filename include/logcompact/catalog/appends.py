@@ -25,6 +25,7 @@ from sqlalchemy import BigInteger, Connection, Integer, LargeBinary, SmallIntege
 
 from logcompact.catalog import schema as s
 from logcompact.catalog import versions
+from logcompact.catalog.columns import packs_of_columns
 from logcompact.catalog.database import driver_connection, driver_errors
 from logcompact.catalog.model import CONTENTS, NewFile
 from logcompact.catalog.topics import COMPACTED
@@ -334,6 +335,16 @@ def first_offsets(placement: Placement, firsts: np.ndarray, per_file: np.ndarray
     offsets = (firsts[placement.at] + placement.relative).tolist()
     bounds = np.cumsum(per_file).tolist()
     return [offsets[start:end] for start, end in zip([0, *bounds[:-1]], bounds, strict=True)]
+
+
+def packs(sections: SectionColumns, placement: Placement, firsts: np.ndarray) -> list[bytes]:
+    """Each file's `files.sections_packed`, once the one-step append has handed out the first offset of each partition
+    (in lock order): the database hands them out, so the pack follows the commit (`Catalog.append_files`)."""
+    columns = sections.columns
+    return packs_of_columns(
+        placement.topic_ids, sections.partitions, firsts[placement.at] + placement.relative, sections.last_deltas,
+        columns[_FIELD["uncompressed_bytes"]], columns[_FIELD["max_timestamp"]], sections.per_file.tolist(),
+    )
 
 
 def append_in_one_step(

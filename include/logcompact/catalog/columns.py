@@ -96,13 +96,25 @@ def pack_sections(data_files: Sequence[DataFile], topic_ids: Mapping[str, int]) 
         return [b"" for _ in data_files]
     infos, firsts = zip(*sections, strict=True)
     fields = dict(zip(SectionInfo._fields, zip(*infos, strict=True), strict=True))
-    packed = np.empty((len(sections), PACKED_WIDTH), PACKED_DTYPE)
-    packed[:, 0] = np.array([topic_ids[topic] for topic in fields["topic"]], np.int64) * TOPIC_CODE + np.array(fields["partition"], np.int64)
+    return packs_of_columns(
+        np.array([topic_ids[topic] for topic in fields["topic"]], np.int64), np.array(fields["partition"], np.int64),
+        np.array(firsts, np.int64), np.array(fields["last_delta"], np.int64), fields["uncompressed_bytes"], fields["max_timestamp"],
+        [len(data_file.sections) for data_file in data_files],
+    )
+
+
+def packs_of_columns(
+    topic_ids: np.ndarray, partitions: np.ndarray, firsts: np.ndarray, last_deltas: np.ndarray, uncompressed_bytes: Sequence[int],
+    max_timestamps: Sequence[int], per_file: Sequence[int],
+) -> list[bytes]:
+    """`files.sections_packed` of consecutive files holding `per_file` of the sections given as columns."""
+    packed = np.empty((len(firsts), PACKED_WIDTH), PACKED_DTYPE)
+    packed[:, 0] = topic_ids * TOPIC_CODE + partitions
     packed[:, 1] = firsts
-    packed[:, 2] = packed[:, 1] + np.array(fields["last_delta"], np.int64)
-    packed[:, 3] = fields["uncompressed_bytes"]
-    packed[:, 4] = fields["max_timestamp"]
-    ends = np.cumsum([len(data_file.sections) for data_file in data_files]).tolist()
+    packed[:, 2] = packed[:, 1] + last_deltas
+    packed[:, 3] = uncompressed_bytes
+    packed[:, 4] = max_timestamps
+    ends = np.cumsum(per_file).tolist()
     return [packed[start:end].tobytes() for start, end in zip([0, *ends[:-1]], ends, strict=True)]
 
 
