@@ -5,10 +5,11 @@ PostgreSQL server at its default settings (fsync on).
 
     .venv/bin/python bench/compaction_commit.py                 # 300 files, 3 rounds
 
-Per round: the read of the inputs' sections a compaction's preparation makes (`Snapshot.input_sections`: wall time,
-and this process's CPU beside the database's), the commit's time (`Catalog.replace_files`, BEGIN to COMMIT) and the
-version row's hold (from the version taken to the COMMIT). No target of its own: the figures behind the regime's
-produce-to-commit latency.
+Per round: a planning pass's read of the live files' sections (`Snapshot.section_columns`, the L0 files' from the
+packs their appends stored) and the read of the inputs' sections a compaction's preparation makes
+(`Snapshot.input_sections`), each as wall time, this process's CPU and the database server's; the commit's time
+(`Catalog.replace_files`, BEGIN to COMMIT) and the version row's hold (from the version taken to the COMMIT). No target
+of its own: the figures behind the regime's produce-to-commit latency.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ import statistics
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
+from functools import partial
+from typing import TypeVar
 
 from postgres_server import ThrowAwayPostgres
 from results import recorded
@@ -33,6 +37,7 @@ from logcompact.topics import Topic
 PARTITIONS = 1_000
 RECORDS = 10  # a section's, in each L0 file
 NOW = 1_700_000_000_000
+T = TypeVar("T")
 
 
 def _l0_file(key: str) -> NewFile:
@@ -49,6 +54,24 @@ def _copy(round_: int, first: int, last: int) -> list[DataFile]:
         ))
         for n in range(PARTITIONS // 100)
     ]
+
+
+def _timed(server: ThrowAwayPostgres, into: list[tuple[float, float, float]], read: Callable[[], T]) -> T:
+    """`read()`, its seconds of wall time, of this process's CPU and of the database server's noted `into`."""
+    started, cpu, server_cpu = time.perf_counter(), time.process_time(), server.cpu_seconds()
+    result = read()
+    into.append((time.perf_counter() - started, time.process_time() - cpu, server.cpu_seconds() - server_cpu))
+    return result
+
+
+def _medians(timings: list[tuple[float, float, float]]) -> tuple[float, float, float]:
+    wall, cpu, server_cpu = (statistics.median(column) for column in zip(*timings, strict=True))
+    return wall, cpu, server_cpu
+
+
+def _ms(timing: tuple[float, float, float]) -> str:
+    wall, cpu, server_cpu = (1000 * seconds for seconds in timing)
+    return f"{wall:,.0f} ms (CPU {cpu:,.0f} here, {server_cpu:,.0f} in the database)"
 
 
 def main() -> None:
@@ -68,7 +91,8 @@ def main() -> None:
     server.start()
     held: list[float] = []
     took: list[float] = []
-    reads: list[tuple[float, float]] = []  # the inputs' sections read: seconds of wall time and of this process's CPU
+    passes: list[tuple[float, float, float]] = []  # a planning pass's read: seconds of wall time, this process's CPU, the server's
+    reads: list[tuple[float, float, float]] = []  # the inputs' sections read, likewise
     try:
         with recorded():
             catalog = Catalog(LocalStore(tempfile.mkdtemp(prefix="logcompact-bench-commit-")), server.new_database(f"commit_{uuid.uuid4().hex[:12]}"))
@@ -81,9 +105,8 @@ def main() -> None:
                     catalog.append_files([_l0_file(key)], NOW)
                 outputs = _copy(round_, round_ * args.files * RECORDS, (round_ + 1) * args.files * RECORDS - 1)
                 snapshot = catalog.snapshot()
-                started, cpu = time.perf_counter(), time.process_time()
-                read = len(snapshot.input_sections(keys))
-                reads.append((time.perf_counter() - started, time.process_time() - cpu))
+                passed = len(_timed(server, passes, snapshot.section_columns).file)
+                read = len(_timed(server, reads, partial(snapshot.input_sections, keys)))
                 catalog_module.versions.next_version = noting_the_lock
                 started = time.perf_counter()
                 try:
@@ -93,11 +116,11 @@ def main() -> None:
                 ended = time.perf_counter()
                 took.append(ended - started)
                 held.append(ended - locked_at[-1])
-                print(f"  round {round_ + 1}: the inputs' {read:,} sections read in {reads[-1][0] * 1000:,.0f} ms ({reads[-1][1] * 1000:,.0f} ms "
-                      f"of this process's CPU), the commit {took[-1] * 1000:,.0f} ms, the version row held {held[-1] * 1000:,.0f} ms")
-            print(f"medians: the inputs' sections read in {statistics.median(r[0] for r in reads) * 1000:,.0f} ms "
-                  f"({statistics.median(r[1] for r in reads) * 1000:,.0f} ms of this process's CPU), the commit "
-                  f"{statistics.median(took) * 1000:,.0f} ms, the version row held {statistics.median(held) * 1000:,.0f} ms")
+                print(f"  round {round_ + 1}: a planning pass's {passed:,} sections read in {_ms(passes[-1])}, the inputs' {read:,} sections "
+                      f"in {_ms(reads[-1])}, the commit {took[-1] * 1000:,.0f} ms, the version row held {held[-1] * 1000:,.0f} ms")
+            print(f"medians: a planning pass's read {_ms(_medians(passes))}, the inputs' sections read {_ms(_medians(reads))}, the commit "
+                  f"{statistics.median(took) * 1000:,.0f} ms, the version row held {statistics.median(held) * 1000:,.0f} ms "
+                  "(ms of wall time, with this process's CPU and the database server's)")
     finally:
         server.stop()
 

@@ -65,6 +65,19 @@ class ThrowAwayPostgres:
         print(f"  PostgreSQL on disk ({self.data}), pid {self.pid}, port {self.port}: fsync {settings['fsync']}, "
               f"synchronous_commit {settings['synchronous_commit']}")
 
+    def cpu_seconds(self) -> float:
+        """The CPU time, user and system, of the server's processes alive now (its backends among them)."""
+        assert self.pid is not None
+        ticks = os.sysconf("SC_CLK_TCK")
+        total = 0.0
+        for pid in Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text().split():
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # exited since it was listed
+                continue
+            total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime: the 14th and 15th fields
+        return total
+
     def new_database(self, name: str) -> str:
         import psycopg
 
