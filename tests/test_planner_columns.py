@@ -188,6 +188,33 @@ def test_planned_inputs_load_once_as_the_snapshot_holds_them_and_pickle_as_a_tup
     assert type(copied.inputs) is tuple and copied == plan
 
 
+def test_a_pack_stored_during_a_pass_is_read_from_rows_by_that_pass_without_a_disagreement(
+    catalog: Catalog, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A one-step append on PostgreSQL stores its files' packs just after its commit, so a pass may read a file row
+    without its pack and the rows that vouch for the packs after it was stored: the pass reads that file from its rows,
+    vouches for the packs it read, and says nothing is wrong."""
+    create_topic(catalog, "plain", PARTITIONS)
+    catalog.replace_files([], [_file("data/l0/a.seg", 0, ("plain", 0, 0, 5)), _file("data/l0/b.seg", 0, ("plain", 1, 0, 5), ("plain", 2, 0, 3))], NOW)
+    files = schema.files.c
+    with catalog.engine.begin() as connection:
+        b_id, b_pack = connection.execute(select(files.file_id, files.sections_packed).where(files.key == "data/l0/b.seg")).one()
+        connection.execute(update(schema.files).where(files.file_id == b_id).values(sections_packed=None))
+    packed_sections = Snapshot._packed_sections
+
+    def storing_b_meanwhile(self: Snapshot, connection, packed):  # type: ignore[no-untyped-def]
+        with catalog.engine.begin() as other:
+            other.execute(update(schema.files).where(files.file_id == b_id).values(sections_packed=b_pack))
+        return packed_sections(self, connection, packed)
+
+    monkeypatch.setattr(Snapshot, "_packed_sections", storing_b_meanwhile)
+    rows = section_column_rows(catalog.snapshot().section_columns())
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [row[:5] for row in rows] == [
+        ("data/l0/a.seg", "plain", 0, 0, 4), ("data/l0/b.seg", "plain", 1, 0, 4), ("data/l0/b.seg", "plain", 2, 0, 2),
+    ]
+
+
 def test_planned_inputs_whose_files_changed_since_the_pass_are_refused() -> None:
     info = SectionInfo("t", 0, 1, 0, NOW, NOW, 0, 10, "lz4", 0, 16, 10)
     data_file = DataFile("data/l0/a.seg", 0, 10, NOW, (CatalogSection(info, 0),))

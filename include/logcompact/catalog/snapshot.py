@@ -212,7 +212,9 @@ class Snapshot:
                 listed = listed.order_by(files.level, files.created_ms, files.key)
             rows = driver_rows(connection.execute(listed))
             unpacked = [row[0] for row in rows if row[6] is None]
-            section_values = self._trusted_packs(connection, conditions, [(row[0], row[6]) for row in rows if row[6] is not None])
+            # The packs as read: one stored since (a one-step append's, just after its commit) is not vouched for.
+            packed_conditions = [*conditions, ~one_of(files.file_id, unpacked, dialect)] if unpacked else conditions
+            section_values = self._trusted_packs(connection, packed_conditions, [(row[0], row[6]) for row in rows if row[6] is not None])
             if section_values is None:  # every file's sections from its rows, the catalog's record
                 unpacked, section_values = [row[0] for row in rows], [np.zeros(0, np.int64) for _ in range(PACKED_WIDTH + 1)]
             if unpacked:
@@ -255,7 +257,7 @@ class Snapshot:
         return section_values
 
     def _vouched_for(self, connection: Connection, conditions: list[ColumnElement[bool]], section_values: list[np.ndarray]) -> bool:
-        """Whether the sections rows of the packed files among those `conditions` select, as planners take them, are the
+        """Whether the sections rows of the packed files `conditions` select, as planners take them, are the
         sections their packs gave (`section_values`): as many, and the same sum of a hash of what places each one's
         records (`_section_hashes` of its file, topic, partition and offsets), the database hashing its rows as numpy
         hashes the packs. The rows are the catalog's record; a pack only stands in for them, so rows changed since
@@ -265,7 +267,7 @@ class Snapshot:
         hashed = _section_hashes([sec.file_id, sec.topic_id, sec.partition, sec.first_offset, sec.last_offset])
         count, total = connection.execute(
             select(func.count(), func.sum(hashed)).select_from(s.sections.join(s.files, files.file_id == sec.file_id))
-            .where(files.sections_packed.is_not(None), *conditions, self._planned_section())
+            .where(*conditions, self._planned_section())
         ).one()
         owners, codes, firsts, lasts = section_values[:4]
         packed = _section_hashes([owners, codes // TOPIC_CODE, codes % TOPIC_CODE, firsts, lasts])
