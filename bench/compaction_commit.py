@@ -5,7 +5,8 @@ PostgreSQL server at its default settings (fsync on).
 
     .venv/bin/python bench/compaction_commit.py                 # 300 files, 3 rounds
 
-Per round: a planning pass's read of the live files' sections (`Snapshot.section_columns`, the L0 files' from the
+Per round: the L0 files' appends, one a commit as an agent makes them on PostgreSQL (the one-step append, then its
+packed sections stored); a planning pass's read of the live files' sections (`Snapshot.section_columns`, the L0 files' from the
 packs their appends stored) and the read of the inputs' sections a compaction's preparation makes
 (`Snapshot.input_sections`), each as wall time, this process's CPU and the database server's; the commit's time
 (`Catalog.replace_files`, BEGIN to COMMIT) and the version row's hold (from the version taken to the COMMIT). No target
@@ -56,6 +57,11 @@ def _copy(round_: int, first: int, last: int) -> list[DataFile]:
     ]
 
 
+def _append_each(catalog: Catalog, keys: list[str]) -> None:
+    for key in keys:
+        catalog.append_files([_l0_file(key)], NOW)
+
+
 def _timed(server: ThrowAwayPostgres, into: list[tuple[float, float, float]], read: Callable[[], T]) -> T:
     """`read()`, its seconds of wall time, of this process's CPU and of the database server's noted `into`."""
     started, cpu, server_cpu = time.perf_counter(), time.process_time(), server.cpu_seconds()
@@ -69,9 +75,10 @@ def _medians(timings: list[tuple[float, float, float]]) -> tuple[float, float, f
     return wall, cpu, server_cpu
 
 
-def _ms(timing: tuple[float, float, float]) -> str:
+def _ms(timing: tuple[float, ...]) -> str:
     wall, cpu, server_cpu = (1000 * seconds for seconds in timing)
-    return f"{wall:,.0f} ms (CPU {cpu:,.0f} here, {server_cpu:,.0f} in the database)"
+    places = 1 if wall < 100 else 0
+    return f"{wall:,.{places}f} ms (CPU {cpu:,.{places}f} here, {server_cpu:,.{places}f} in the database)"
 
 
 def main() -> None:
@@ -91,6 +98,7 @@ def main() -> None:
     server.start()
     held: list[float] = []
     took: list[float] = []
+    appends: list[tuple[float, float, float]] = []  # the round's appends, one file each: seconds of wall time, this process's CPU, the server's
     passes: list[tuple[float, float, float]] = []  # a planning pass's read: seconds of wall time, this process's CPU, the server's
     reads: list[tuple[float, float, float]] = []  # the inputs' sections read, likewise
     try:
@@ -101,8 +109,7 @@ def main() -> None:
             print(f"an L0 to L1 copy of {args.files} files of {PARTITIONS:,} partitions ({args.files * PARTITIONS:,} sections) committed on PostgreSQL")
             for round_ in range(args.rounds):
                 keys = [f"data/l0/{round_}-{n}.seg" for n in range(args.files)]
-                for key in keys:
-                    catalog.append_files([_l0_file(key)], NOW)
+                _timed(server, appends, partial(_append_each, catalog, keys))
                 outputs = _copy(round_, round_ * args.files * RECORDS, (round_ + 1) * args.files * RECORDS - 1)
                 snapshot = catalog.snapshot()
                 passed = len(_timed(server, passes, snapshot.section_columns).file)
@@ -116,9 +123,10 @@ def main() -> None:
                 ended = time.perf_counter()
                 took.append(ended - started)
                 held.append(ended - locked_at[-1])
-                print(f"  round {round_ + 1}: a planning pass's {passed:,} sections read in {_ms(passes[-1])}, the inputs' {read:,} sections "
+                print(f"  round {round_ + 1}: {args.files} appends in {_ms(appends[-1])}, a planning pass's {passed:,} sections read in {_ms(passes[-1])}, the inputs' {read:,} sections "
                       f"in {_ms(reads[-1])}, the commit {took[-1] * 1000:,.0f} ms, the version row held {held[-1] * 1000:,.0f} ms")
-            print(f"medians: a planning pass's read {_ms(_medians(passes))}, the inputs' sections read {_ms(_medians(reads))}, the commit "
+            each = tuple(seconds / args.files for seconds in _medians(appends))
+            print(f"medians: an append {_ms(each)}, a planning pass's read {_ms(_medians(passes))}, the inputs' sections read {_ms(_medians(reads))}, the commit "
                   f"{statistics.median(took) * 1000:,.0f} ms, the version row held {statistics.median(held) * 1000:,.0f} ms "
                   "(ms of wall time, with this process's CPU and the database server's)")
     finally:

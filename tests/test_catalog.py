@@ -261,6 +261,20 @@ def test_packs_not_stored_after_a_one_step_append_leave_the_append_and_planners_
     ]
 
 
+def test_packed_sections_are_compressed_with_lz4_where_postgresql_has_it(catalog: Catalog) -> None:
+    """A file's packed sections (40 KB for 1,000 sections) are compressed by the database as they are stored: with LZ4
+    on a PostgreSQL server that has it (this one: 15, built with it), not pglz, which took the database 1.5 ms of CPU
+    a file."""
+    if catalog.engine.dialect.name != "postgresql":
+        pytest.skip("SQLite stores values as they are")
+    catalog.ensure_created(NOW)
+    with catalog.engine.connect() as connection:
+        method = connection.exec_driver_sql(
+            "SELECT attcompression FROM pg_attribute WHERE attrelid = 'files'::regclass AND attname = 'sections_packed'"
+        ).scalar_one()
+    assert method == "l"
+
+
 def schema_content(number: int) -> str:
     from logcompact.catalog.model import CONTENTS
 

@@ -17,11 +17,14 @@ import numba
 import numpy as np
 from isal.isal_zlib import crc32  # zlib's CRC-32, computed faster
 from sqlalchemy import (
+    DDL,
     BigInteger,
     BindParameter,
     Column,
     ColumnElement,
     CompoundSelect,
+    Connection,
+    Dialect,
     Float,
     Index,
     Integer,
@@ -32,12 +35,16 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    event,
     literal_column,
     or_,
     select,
     text,
     union_all,
 )
+from sqlalchemy.schema import SchemaItem
+from sqlalchemy.sql.compiler import DDLCompiler
+from sqlalchemy.sql.ddl import BaseDDLElement
 
 # Bump on any change to the tables below or to what their columns hold; a database of another version is refused
 # (CatalogSchemaError), but for UPGRADABLE_FROM, which `Catalog.upgrade_catalog` brings to this one.
@@ -161,6 +168,25 @@ Index(
     postgresql_where=files.c.removed_version.is_(None),
 )
 Index("files_removed", files.c.removed_version)
+
+
+def _lz4_toast(
+    ddl: BaseDDLElement, target: SchemaItem | str, bind: Connection | None, tables: list[Table] | None = None, state: object = None, *,
+    dialect: Dialect | None = None, compiler: DDLCompiler | None = None, checkfirst: bool = False,
+) -> bool:
+    """Whether the PostgreSQL server compresses stored values with LZ4 (14 and on, built with it)."""
+    return bind is not None and bool(bind.exec_driver_sql(
+        "SELECT coalesce(bool_or('lz4' = ANY(enumvals)), false) FROM pg_settings WHERE name = 'default_toast_compression'"
+    ).scalar())
+
+
+# PostgreSQL compresses a value of 2 KB and more before storing it, with pglz unless told otherwise: a file's packed
+# sections (40 KB for 1,000 sections, stored with each agent's file) took it 1.5 ms of CPU a file, LZ4 about 0.1 ms
+# (bench/README.md). Catalogs created before keep pglz: `ALTER TABLE files ALTER COLUMN sections_packed SET COMPRESSION
+# lz4` moves them (the values stored since).
+event.listen(files, "after_create", DDL("ALTER TABLE files ALTER COLUMN sections_packed SET COMPRESSION lz4").execute_if(
+    dialect="postgresql", callable_=_lz4_toast,
+))
 
 UNKNOWN_CODEC = -1  # `sections.produced_compression` of records whose Kafka codec is not known
 
