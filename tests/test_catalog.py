@@ -13,13 +13,11 @@ import pytest
 from sqlalchemy import select, update
 
 from logcompact.catalog import Catalog, CatalogSection, DataFile, NewFile, Snapshot, appends, schema, summaries
-from logcompact.catalog import files as files_module
 from logcompact.catalog import snapshot as snapshot_module
 from logcompact.catalog.columns import pack_sections
 from logcompact.exceptions import (
     CatalogConfigError,
     CatalogSchemaError,
-    CatalogUnavailableError,
     ClusterNotFoundError,
     CommitConflictError,
     CorruptDataError,
@@ -137,7 +135,7 @@ def test_an_append_of_several_files_places_every_section_and_binds_its_row(catal
     offsets take every byte of their 64 bits' low five: each section gets its partition's next offsets in file, then
     section, order, and its row holds them with its CRC bound to them (on PostgreSQL computed by the statement that
     hands the offsets out), its sketch and codec, the file rows their counts under the version and their sections
-    packed for planners (on PostgreSQL stored once the statement has handed the offsets out)."""
+    packed for planners (on PostgreSQL stored by the Catalog's next one-step append)."""
     create_topic(catalog, "a", partitions=3)
     create_topic(catalog, "b", partitions=2, **{"cleanup.policy": "compact"})
     wide = 3 << 33
@@ -171,6 +169,7 @@ def test_an_append_of_several_files_places_every_section_and_binds_its_row(catal
     assert assigned == expected
     assert catalog.next_offsets("a") == [next_offset[("a", p)] for p in range(3)]
     assert catalog.next_offsets("b") == [next_offset[("b", p)] for p in range(2)]
+    _append(catalog, _new_file("after", ("a", 0, 1)))  # stores the packs of a one-step append's files
     sec, files = schema.sections.c, schema.files.c
     with catalog.engine.connect() as connection:
         ids = {row.name: row.topic_id for row in connection.execute(select(schema.topics.c.name, schema.topics.c.topic_id))}
@@ -235,30 +234,44 @@ def test_a_one_step_append_refused_by_the_database_is_run_the_long_way_which_nam
     assert catalog.known_files(["lowered-partition", "lowered-version"]) == set()
 
 
-def test_packs_not_stored_after_a_one_step_append_leave_the_append_and_planners_read_the_rows(
+def test_a_one_step_appends_packs_are_stored_by_the_next_and_planners_read_its_rows_until_then(
     catalog: Catalog, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """On PostgreSQL a one-step append's packed sections are stored after its COMMIT: when that fails, the append
-    stands (its offsets are answered), the failure is logged naming the files, and planning passes read the files'
-    sections rows."""
+    """On PostgreSQL the database hands out a one-step append's offsets, so its files' packed sections are stored by
+    the Catalog's next one-step append, in that append's round trip; an append refused keeps them for the one after.
+    Until then planning passes read those files' sections rows, and say nothing is wrong."""
     if catalog.engine.dialect.name != "postgresql":
         pytest.skip("SQLite packs a file's sections in its append's transaction")
     create_topic(catalog, "t", partitions=2)
-    _append(catalog, _new_file("before", ("t", 0, 3)))  # a Catalog's first append expires idle producers, the long way
+    _append(catalog, _new_file("first", ("t", 0, 3)))  # a Catalog's first append expires idle producers, the long way
+    one_step, in_one_step = [], appends.append_in_one_step
+    monkeypatch.setattr(appends, "append_in_one_step", lambda *args: one_step.append(args) or in_one_step(*args))
+    files = schema.files.c
 
-    def unreachable(*_args: object) -> None:
-        raise CatalogUnavailableError("catalog postgresql://db cannot be reached or read (connection lost); check --catalog")
+    def packs() -> dict[str, bytes | None]:
+        with catalog.engine.connect() as connection:
+            return dict(connection.execute(select(files.key, files.sections_packed)).all())
 
-    monkeypatch.setattr(files_module, "store_packs", unreachable)
-    assert _append(catalog, _new_file("unpacked", ("t", 0, 2), ("t", 1, 4))) == [3, 0]
-    [warning] = [r for r in caplog.records if r.levelno >= logging.WARNING]
-    assert "appended, but their packed sections could not be stored (planners read their sections rows): catalog postgresql://db" in warning.message
-    with catalog.engine.connect() as connection:
-        packs = dict(connection.execute(select(schema.files.c.key, schema.files.c.sections_packed)).all())
-    assert packs["unpacked"] is None and packs["before"] is not None
-    assert [row[:5] for row in section_column_rows(catalog.snapshot().section_columns())] == [
-        ("before", "t", 0, 0, 2), ("unpacked", "t", 0, 3, 4), ("unpacked", "t", 1, 0, 3),
-    ]
+    def planned() -> list[tuple]:
+        return [row[:5] for row in section_column_rows(catalog.snapshot().section_columns())]
+
+    assert _append(catalog, _new_file("second", ("t", 0, 2), ("t", 1, 4))) == [3, 0]
+    assert packs()["first"] is not None and packs()["second"] is None
+    assert planned() == [("first", "t", 0, 0, 2), ("second", "t", 0, 3, 4), ("second", "t", 1, 0, 3)]
+    with catalog.engine.begin() as connection:
+        connection.execute(update(schema.partitions).where(schema.partitions.c.partition == 1).values(next_offset=2))
+    with pytest.raises(CorruptDataError, match=r"partitions \('t', partition 1\) has next_offset 2"):
+        _append(catalog, _new_file("refused", ("t", 1, 1)))
+    assert packs()["second"] is None  # rolled back with the refused append
+    with catalog.engine.begin() as connection:
+        connection.execute(update(schema.partitions).where(schema.partitions.c.partition == 1).values(next_offset=4))
+    assert _append(catalog, _new_file("third", ("t", 0, 1))) == [5]
+    assert len(one_step) == 3
+    topic_ids = {"t": catalog.snapshot().topic_ids["t"]}
+    second = catalog.snapshot().get_files(["second"])["second"]
+    assert packs()["second"] == pack_sections([second], topic_ids)[0] and packs()["third"] is None
+    assert planned() == [("first", "t", 0, 0, 2), ("second", "t", 0, 3, 4), ("second", "t", 1, 0, 3), ("third", "t", 0, 5, 5)]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 def test_packed_sections_are_compressed_with_lz4_where_postgresql_has_it(catalog: Catalog) -> None:

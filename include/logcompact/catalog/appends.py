@@ -260,6 +260,12 @@ SELECT f.file_id, f.key, 0, f.size, f.created_ms, f.record_count, f.content, i.v
 FROM unnest({", ".join(f"%(file_{name})s::{kind}[]" for name, kind in _FILE_ARRAYS)}) AS f({", ".join(name for name, _ in _FILE_ARRAYS)}),
      catalog_info AS i
 """
+# Earlier one-step appends' packed sections (`packs`), stored first in the round trip: before any partition row is
+# locked, so the hold does not grow.
+_STORE_PACKS = """
+UPDATE files AS f SET sections_packed = u.pack FROM unnest(%(pack_file_ids)b::bigint[], %(packs)b::bytea[]) AS u(file_id, pack)
+WHERE f.file_id = u.file_id
+"""
 _COMPRESSION_IDS = {name: number for number, name in enumerate(COMPRESSIONS)}
 _FIELD = {name: number for number, name in enumerate(SectionInfo._fields)}
 
@@ -339,7 +345,7 @@ def first_offsets(placement: Placement, firsts: np.ndarray, per_file: np.ndarray
 
 def packs(sections: SectionColumns, placement: Placement, firsts: np.ndarray) -> list[bytes]:
     """Each file's `files.sections_packed`, once the one-step append has handed out the first offset of each partition
-    (in lock order): the database hands them out, so the pack follows the commit (`Catalog.append_files`)."""
+    (in lock order): the database hands them out, so the next one-step append stores them (`Catalog.append_files`)."""
     columns = sections.columns
     return packs_of_columns(
         placement.topic_ids, sections.partitions, firsts[placement.at] + placement.relative, sections.last_deltas,
@@ -349,11 +355,12 @@ def packs(sections: SectionColumns, placement: Placement, firsts: np.ndarray) ->
 
 def append_in_one_step(
     connection: Connection, new_files: Sequence[NewFile], file_ids: Sequence[int], sections: SectionColumns, placement: Placement,
-    now_ms: int,
+    now_ms: int, packs_due: Sequence[tuple[int, bytes]] = (),
 ) -> tuple[int, np.ndarray]:
-    """Append L0 files and COMMIT, in one round trip: the partitions advanced, the sections inserted at the offsets
-    handed out, the version taken and logged, the file rows inserted under it (see above). Returns the version and the
-    first offset handed out of each partition, in lock order; a refusal is Unplaced, the transaction rolled back."""
+    """Append L0 files and COMMIT, in one round trip: the packed sections of earlier appends' files stored
+    (`packs_due`, (file id, pack) pairs), the partitions advanced, the sections inserted at the offsets handed out,
+    the version taken and logged, the file rows inserted under it (see above). Returns the version and the first
+    offset handed out of each partition, in lock order; a refusal is Unplaced, the transaction rolled back."""
     columns = sections.columns
     fields = {name: columns[number] for name, number in _FIELD.items()}
     zeros = np.zeros(len(placement.at), np.int64)
@@ -388,11 +395,15 @@ def append_in_one_step(
     driver = driver_connection(connection)
     from psycopg.errors import DivisionByZero  # PostgreSQL's driver, loaded with its catalogs only
 
-    with driver_errors(connection, _APPEND_SHOWN), driver.cursor() as append, driver.cursor() as bump:
+    with driver_errors(connection, _APPEND_SHOWN), driver.cursor() as append, driver.cursor() as bump, driver.cursor() as packing:
         for kind, (cls, oid, _element, _dtype) in _BINARY_ARRAYS.items():
             append.adapters.register_dumper(cls, _binary_dumper(kind, oid))
+            packing.adapters.register_dumper(cls, _binary_dumper(kind, oid))
         try:
             with driver.pipeline():
+                if packs_due:
+                    due_ids, due_packs = zip(*packs_due, strict=True)
+                    packing.execute(_STORE_PACKS, {"pack_file_ids": _binary_array(due_ids, "bigint"), "packs": _bytea_array(due_packs)})
                 driver.execute(_KEYED_PLAN)  # SET LOCAL: in force until the COMMIT below
                 append.execute(_APPEND_POSTGRESQL, params)
                 bump.execute(versions.BUMP)

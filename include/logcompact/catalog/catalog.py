@@ -25,12 +25,13 @@ the roles it involves, each a module of functions over that connection (`topics`
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import NamedTuple
 
 from sqlalchemy import Connection, func, inspect, select
-from sqlalchemy.exc import DatabaseError, IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import DatabaseError, IntegrityError
 
 from logcompact.catalog import (
     acls,
@@ -134,6 +135,9 @@ class Catalog:
         # No topic facts are cached: topics are deleted, re-created under their name, given partitions and
         # altered (cleanup.policy too), so each transaction reads those it names (`topics.rows`).
         self._producers_expired_ms = 0  # when an append of this Catalog last expired idle producers' state
+        # (file id, packed sections) of files this Catalog appended in one step, stored by its next one-step append.
+        self._packs_due: list[tuple[int, bytes]] = []
+        self._packs_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"Catalog({self.store.uri}, {self._shown_url})"
@@ -649,7 +653,9 @@ class Catalog:
         offset assigned to each section of each file, and the refused batches' errors by (file, batch) index.
 
         On PostgreSQL, L0 files without sequenced batches are appended in one step (`appends.append_in_one_step`),
-        their partitions' rows locked only while the database works.
+        their partitions' rows locked only while the database works. The database hands their offsets out, so their
+        packed sections (`files.sections_packed`) are stored by this Catalog's next one-step append, in its round trip;
+        until then, and for the last files a Catalog appends, planners read their sections rows.
         """
         if (
             self.engine.dialect.name == "postgresql" and new_files and all(new.level == 0 and new.sections for new in new_files)
@@ -657,29 +663,28 @@ class Catalog:
             and now_ms - self._producers_expired_ms < PRODUCER_EXPIRY_EVERY_MS  # expiring idle producers goes the long way
         ):
             sections = appends.section_columns(new_files)  # before the transaction: none of it needs the offsets
+            with self._packs_lock:
+                due, self._packs_due = self._packs_due, []
             try:
                 with self._writing() as connection:
                     topic_rows = topics.rows(connection, set(sections.topics), lock=topics.SHARED)
                     file_ids = files.take_file_ids(connection, len(new_files))
                     placement = appends.place(sections, file_ids, topic_rows)
-                    version, firsts = appends.append_in_one_step(connection, new_files, file_ids, sections, placement, now_ms)
+                    version, firsts = appends.append_in_one_step(connection, new_files, file_ids, sections, placement, now_ms, due)
             except appends.Unplaced:
-                pass  # the long way names the row that refused it
+                self._defer_packs(due)  # rolled back with the append; the long way names the row that refused it
+            except BaseException:
+                self._defer_packs(due)
+                raise
             else:
-                self._pack_appended(file_ids, appends.packs(sections, placement, firsts))
+                self._defer_packs(zip(file_ids, appends.packs(sections, placement, firsts)))
                 return Appended(version, appends.first_offsets(placement, firsts, sections.per_file), {})
         return self._append_files_stepwise(new_files, now_ms, sequenced)
 
-    def _pack_appended(self, file_ids: Sequence[int], packs: Sequence[bytes]) -> None:
-        """Store the packed sections of files appended in one step, for planning passes to read instead of their 1,000
-        sections rows each (`files.store_packs`). The append stands whatever happens here, so a failure is logged, not
-        raised: planners read those files' rows."""
-        try:
-            with self._writing() as connection:
-                files.store_packs(connection, file_ids, packs)
-        except (LogcompactError, SQLAlchemyError) as exc:
-            log.warning("files %s appended, but their packed sections could not be stored (planners read their sections rows): %s",
-                        ", ".join(map(str, file_ids)), first_line(exc))
+    def _defer_packs(self, packs: Iterable[tuple[int, bytes]]) -> None:
+        """Leave (file id, packed sections) pairs to this Catalog's next one-step append to store."""
+        with self._packs_lock:
+            self._packs_due.extend(packs)
 
     def _append_files_stepwise(self, new_files: Sequence[NewFile], now_ms: int, sequenced: Sequence[Sequence[PlacedBatch]]) -> Appended:
         """`append_files` a statement at a time, reading back the offsets handed out to place the sections, record

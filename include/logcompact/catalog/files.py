@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from itertools import repeat
 
 import numpy as np
-from sqlalchemy import Connection, bindparam, func, insert, select, update
+from sqlalchemy import Connection, func, insert, select
 
 from logcompact.catalog import appends, summaries
 from logcompact.catalog import schema as s
@@ -84,18 +84,6 @@ def insert_file_rows(
             "added_version": version, "filtered_version": filtered_version, "sections_packed": pack,
         })
     connection.execute(insert(s.files), file_rows)
-
-
-def store_packs(connection: Connection, file_ids: Sequence[int], packs: Sequence[bytes]) -> None:
-    """Fill in the `sections_packed` of files committed without one (PostgreSQL's one-step append). The pack only stands
-    in for the sections rows, so its transaction need not wait for its commit to reach the disk: lost in a crash,
-    planners read those files' rows, as before packs."""
-    files = s.files.c
-    connection.exec_driver_sql("SET LOCAL synchronous_commit TO off")
-    connection.execute(
-        update(s.files).where(files.file_id == bindparam("packed_file_id")).values(sections_packed=bindparam("pack")),
-        [{"packed_file_id": file_id, "pack": pack} for file_id, pack in zip(file_ids, packs, strict=True)],
-    )
 
 
 def produced_codecs(connection: Connection, file_ids: Sequence[int]) -> dict[tuple[int, int], int]:

@@ -154,9 +154,9 @@ files = Table(
     # What a planning pass weighs of the file's sections, packed when the file is added (`columns.pack_sections`): per
     # section in the order the file's sections were given, five little-endian int64: topic_id * 2**32 + partition, first and last
     # offset, uncompressed bytes, newest timestamp. A pass over 300,000 files reads their 1.2 million sections as
-    # 300,000 values, while a hash of the sections rows vouches for them (`Snapshot.section_columns`). PostgreSQL's
-    # one-step append stores it just after its commit (its offsets are handed out inside the database). NULL in rows
-    # from before schema 15 and where that store failed: their sections rows are read. A section retired alone stays in the pack: `sections_retired` finds it.
+    # 300,000 values, while a hash of the sections rows vouches for them (`Snapshot.section_columns`). A one-step
+    # append on PostgreSQL (its offsets handed out inside the database) has it stored by the next. NULL until then and
+    # in rows from before schema 15: their sections rows are read. A section retired alone stays in the pack: `sections_retired` finds it.
     Column("sections_packed", LargeBinary),
 )
 # The live files of a level (planners, thresholds); and removed files by version (gc).
