@@ -274,6 +274,33 @@ def test_a_one_step_appends_packs_are_stored_by_the_next_and_planners_read_its_r
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
+def test_packs_stored_by_an_append_wait_for_a_compaction_holding_the_version_row_without_deadlocking_it(catalog: Catalog) -> None:
+    """A compaction takes the version row, then updates its input files' rows; an append storing an earlier file's pack
+    locks that row after its partitions and the version row, in the same order: while a compaction holds the version
+    row and removes the file, the append waits, then stores the pack and commits. (Stored before the partitions, the
+    pack's row lock and the compaction's version row made a deadlock, one of the two aborted.)"""
+    if catalog.engine.dialect.name != "postgresql":
+        pytest.skip("SQLite packs a file's sections in its append's transaction")
+    create_topic(catalog, "t", partitions=2)
+    _append(catalog, _new_file("first", ("t", 0, 1)))  # a Catalog's first append expires idle producers, the long way
+    _append(catalog, _new_file("packed-later", ("t", 0, 1), ("t", 1, 1)))
+    files, info = schema.files.c, schema.catalog_info.c
+    appended: list[list[int]] = []
+    with catalog.engine.connect() as compaction:
+        compaction.exec_driver_sql("SET lock_timeout = '10s'")
+        compaction.execute(update(schema.catalog_info).values(version=info.version + 1))  # the version row, held
+        appending = threading.Thread(target=lambda: appended.append(_append(catalog, _new_file("next", ("t", 1, 1)))))
+        appending.start()
+        appending.join(1.0)  # waiting for the version row, its partitions locked
+        assert appending.is_alive()
+        compaction.execute(update(schema.files).where(files.key == "packed-later").values(removed_ms=NOW))  # no wait
+        compaction.rollback()
+    appending.join(30)
+    assert appended == [[1]]
+    with catalog.engine.connect() as connection:
+        assert connection.execute(select(files.sections_packed).where(files.key == "packed-later")).scalar_one() is not None
+
+
 def test_packed_sections_are_compressed_with_lz4_where_postgresql_has_it(catalog: Catalog) -> None:
     """A file's packed sections (40 KB for 1,000 sections) are compressed by the database as they are stored: with LZ4
     on a PostgreSQL server that has it (this one: 15, built with it), not pglz, which took the database 1.5 ms of CPU
