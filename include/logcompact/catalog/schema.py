@@ -156,7 +156,8 @@ files = Table(
     # offset, uncompressed bytes, newest timestamp. A pass over 300,000 files reads their 1.2 million sections as
     # 300,000 values, while a hash of the sections rows vouches for them (`Snapshot.section_columns`). A one-step
     # append on PostgreSQL (its offsets handed out inside the database) has it stored by the next. NULL until then and
-    # in rows from before schema 15: their sections rows are read. A section retired alone stays in the pack: `sections_retired` finds it.
+    # in rows from before schema 15: their sections rows are read. A section retired alone stays in the pack:
+    # `sections_retired` finds it.
     Column("sections_packed", LargeBinary),
 )
 # The live files of a level (planners, thresholds); and removed files by version (gc).
@@ -181,7 +182,7 @@ def _lz4_toast(
 
 
 # PostgreSQL compresses a value of 2 KB and more before storing it, with pglz unless told otherwise: a file's packed
-# sections (40 KB for 1,000 sections, stored with each agent's file) took it 1.5 ms of CPU a file, LZ4 about 0.1 ms
+# sections (40 KB for 1,000 sections, stored for each agent's file) cost it 1.45 ms of CPU a file so, 0.25 ms with LZ4
 # (bench/README.md). Catalogs created before keep pglz: `ALTER TABLE files ALTER COLUMN sections_packed SET COMPRESSION
 # lz4` moves them (the values stored since).
 event.listen(files, "after_create", DDL("ALTER TABLE files ALTER COLUMN sections_packed SET COMPRESSION lz4").execute_if(
