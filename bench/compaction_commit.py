@@ -6,11 +6,11 @@ PostgreSQL server at its default settings (fsync on).
     .venv/bin/python bench/compaction_commit.py                 # 300 files, 3 rounds
 
 Per round: the L0 files' appends, one a commit as an agent makes them on PostgreSQL (the one-step append, which
-also stores the packed sections of the file before it); a planning pass's read of the live files' sections (`Snapshot.section_columns`, the L0 files' from the
-packs their appends stored) and the read of the inputs' sections a compaction's preparation makes
-(`Snapshot.input_sections`), each as wall time, this process's CPU and the database server's; the commit's time
-(`Catalog.replace_files`, BEGIN to COMMIT) and the version row's hold (from the version taken to the COMMIT). No target
-of its own: the figures behind the regime's produce-to-commit latency.
+also stores the packed sections of the file before it); a planning pass's read of the live files' sections
+(`Snapshot.section_columns`, the L0 files' from their packs); the read of the inputs' sections a compaction's
+preparation makes (`Snapshot.input_sections`); each as wall time, this process's CPU and the database server's. Then
+the commit's time (`Catalog.replace_files`, BEGIN to COMMIT) and the version row's hold (from the version taken to the
+COMMIT). No target of its own: the figures behind the regime's produce-to-commit latency.
 """
 
 from __future__ import annotations

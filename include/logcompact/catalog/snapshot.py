@@ -212,7 +212,7 @@ class Snapshot:
                 listed = listed.order_by(files.level, files.created_ms, files.key)
             rows = driver_rows(connection.execute(listed))
             unpacked = [row[0] for row in rows if row[6] is None]
-            # The packs as read: one stored since (a one-step append's, just after its commit) is not vouched for.
+            # The packs as read: one stored since (a one-step append's, by the next append) is not vouched for.
             packed_conditions = [*conditions, ~one_of(files.file_id, unpacked, dialect)] if unpacked else conditions
             section_values = self._trusted_packs(connection, packed_conditions, [(row[0], row[6]) for row in rows if row[6] is not None])
             if section_values is None:  # every file's sections from its rows, the catalog's record
