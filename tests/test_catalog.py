@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,11 +15,13 @@ import pytest
 from sqlalchemy import select, update
 
 from logcompact.catalog import Catalog, CatalogSection, DataFile, NewFile, Snapshot, appends, schema, summaries
+from logcompact.catalog import catalog as catalog_module
 from logcompact.catalog import snapshot as snapshot_module
 from logcompact.catalog.columns import pack_sections
 from logcompact.exceptions import (
     CatalogConfigError,
     CatalogSchemaError,
+    CatalogUnavailableError,
     ClusterNotFoundError,
     CommitConflictError,
     CorruptDataError,
@@ -25,6 +29,7 @@ from logcompact.exceptions import (
     ManifestVersionNotFoundError,
     TopicExistsError,
     TopicNotFoundError,
+    TransactionRolledBackError,
 )
 from logcompact.format.layout import COMPRESSIONS, SectionInfo
 from logcompact.plans import lowest_outside
@@ -274,11 +279,13 @@ def test_a_one_step_appends_packs_are_stored_by_the_next_and_planners_read_its_r
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
-def test_packs_stored_by_an_append_wait_for_a_compaction_holding_the_version_row_without_deadlocking_it(catalog: Catalog) -> None:
+def test_packs_stored_by_an_append_wait_for_a_compaction_holding_the_version_row_without_deadlocking_it(
+    catalog: Catalog, caplog: pytest.LogCaptureFixture
+) -> None:
     """A compaction takes the version row, then updates its input files' rows; an append storing an earlier file's pack
     locks that row after its partitions and the version row, in the same order: while a compaction holds the version
     row and removes the file, the append waits, then stores the pack and commits. (Stored before the partitions, the
-    pack's row lock and the compaction's version row made a deadlock, one of the two aborted.)"""
+    pack's row lock and the compaction's version row made a deadlock, one of the two aborted and the append run again.)"""
     if catalog.engine.dialect.name != "postgresql":
         pytest.skip("SQLite packs a file's sections in its append's transaction")
     create_topic(catalog, "t", partitions=2)
@@ -297,8 +304,79 @@ def test_packs_stored_by_an_append_wait_for_a_compaction_holding_the_version_row
         compaction.rollback()
     appending.join(30)
     assert appended == [[1]]
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]  # not even run again after a deadlock
     with catalog.engine.connect() as connection:
         assert connection.execute(select(files.sections_packed).where(files.key == "packed-later")).scalar_one() is not None
+
+
+def _deadlock_an_append(catalog: Catalog, new_file: NewFile, topic_partition: tuple[int, int]) -> list[list[int] | BaseException]:
+    """Append `new_file` while another transaction holds the version row, then, once the append has locked its
+    partitions and waits for that row, make the other wait for one of them (`topic_partition`): a cycle, which the
+    append finds first (its deadlock_timeout, 1 s, runs out; the other's is 60 s) and PostgreSQL aborts it. Returns what
+    the append returned or raised."""
+    outcome: list[list[int] | BaseException] = []
+
+    def append() -> None:
+        try:
+            outcome.append(_append(catalog, new_file))
+        except BaseException as exc:  # handed to the test
+            outcome.append(exc)
+
+    info, part = schema.catalog_info.c, schema.partitions.c
+    with catalog.engine.connect() as other, catalog.engine.connect() as watcher:
+        other.exec_driver_sql("SET deadlock_timeout = '60s'")
+        other.execute(update(schema.catalog_info).values(version=info.version + 1))
+        appending = threading.Thread(target=append)
+        appending.start()
+        waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND starts_with(query, 'UPDATE catalog_info')"
+        for _ in range(300):
+            watcher.rollback()
+            if watcher.exec_driver_sql(waiting).scalar_one():
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the append never waited for the version row")
+        topic_id, partition = topic_partition
+        other.execute(update(schema.partitions).where(part.topic_id == topic_id, part.partition == partition).values(next_offset=part.next_offset))
+        other.rollback()
+    appending.join(30)
+    return outcome
+
+
+def test_an_append_rolled_back_as_a_deadlock_victim_runs_again_and_hands_its_offsets_out_once(
+    catalog: Catalog, caplog: pytest.LogCaptureFixture
+) -> None:
+    """PostgreSQL aborts one transaction of a deadlock, and its remedy is running it again: an append it aborted
+    (nothing written) runs again once the cycle is gone, says so in a warning, and its offsets are handed out once."""
+    if catalog.engine.dialect.name != "postgresql":
+        pytest.skip("SQLite's one writer holds the database: its writers never deadlock")
+    create_topic(catalog, "t", partitions=2)
+    _append(catalog, _new_file("first", ("t", 0, 1)))  # a Catalog's first append expires idle producers, the long way
+    topic_id = catalog.snapshot().topic_ids["t"]
+    assert _deadlock_an_append(catalog, _new_file("second", ("t", 0, 2), ("t", 1, 3)), (topic_id, 1)) == [[1, 0]]
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "append_files: catalog" in warning and "rolled a write transaction back for a concurrent one (deadlock detected)" in warning
+    assert "running it again (run 2 of 3)" in warning
+    assert _append(catalog, _new_file("third", ("t", 0, 1), ("t", 1, 1))) == [3, 3]
+
+
+def test_a_write_rolled_back_every_run_says_so_and_writes_nothing(catalog: Catalog, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past its runs, a write the database rolled back is TransactionRolledBackError, which says
+    what happened and that nothing was written, not a catalog that "cannot be reached"."""
+    if catalog.engine.dialect.name != "postgresql":
+        pytest.skip("SQLite's one writer holds the database: its writers never deadlock")
+    monkeypatch.setattr(catalog_module, "ROLLED_BACK_RUNS", 1)
+    create_topic(catalog, "t", partitions=2)
+    _append(catalog, _new_file("first", ("t", 0, 1)))
+    topic_id = catalog.snapshot().topic_ids["t"]
+    [error] = _deadlock_an_append(catalog, _new_file("second", ("t", 0, 2), ("t", 1, 3)), (topic_id, 1))
+    assert isinstance(error, TransactionRolledBackError) and isinstance(error, CatalogUnavailableError)  # answered as retriable
+    assert re.fullmatch(
+        r"catalog postgresql\+psycopg://\S+ rolled a write transaction back for a concurrent one \(deadlock detected\); "
+        r"nothing was written; run it again", str(error),
+    )
+    assert "second" not in {f.key for f in catalog.snapshot().file_summaries()}
+    assert _append(catalog, _new_file("third", ("t", 0, 1), ("t", 1, 1))) == [1, 0]
 
 
 def test_packed_sections_are_compressed_with_lz4_where_postgresql_has_it(catalog: Catalog) -> None:

@@ -54,7 +54,13 @@ class CatalogConfigError(LogcompactError):
 
 
 class CatalogUnavailableError(LogcompactError):
-    """The catalog database cannot be reached or refuses the connection."""
+    """The catalog database cannot be reached or refuses the connection: a retry may succeed."""
+
+
+class TransactionRolledBackError(CatalogUnavailableError):
+    """The catalog database rolled a write transaction back for a concurrent one (a deadlock victim, a serialization
+    failure): nothing was written, and running it again may succeed. A CatalogUnavailableError for those who answer
+    one (a Kafka client is told to retry), though the database is up."""
 
 
 class ClusterMismatchError(LogcompactError):

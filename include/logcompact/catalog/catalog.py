@@ -24,11 +24,14 @@ the roles it involves, each a module of functions over that connection (`topics`
 
 from __future__ import annotations
 
+import functools
 import logging
+import random
 import threading
+import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import NamedTuple
+from typing import NamedTuple, ParamSpec, TypeVar
 
 from sqlalchemy import Connection, func, inspect, select
 from sqlalchemy.exc import DatabaseError, IntegrityError
@@ -89,6 +92,7 @@ from logcompact.exceptions import (
     ManifestVersionNotFoundError,
     StaleCatalogError,
     TopicNotFoundError,
+    TransactionRolledBackError,
 )
 from logcompact.store.base import ObjectStore
 from logcompact.store.local import LocalStore
@@ -103,7 +107,37 @@ PRODUCER_EXPIRY_EVERY_MS = 60_000
 # RECORD_APPEND_EVERY_MS (a PUT each would double an agent's PUTs).
 FREQUENT_OPERATIONS = frozenset({"append", transactions.END_TRANSACTION})
 
+# A write transaction the database rolled back for a concurrent one (a deadlock victim) is run again, after a random
+# pause, up to this many runs in all: PostgreSQL's remedy (`_run_again_if_rolled_back`). Writers take their locks in one
+# order, so none should ever be: each run again is logged as a warning, for a broken order to show.
+ROLLED_BACK_RUNS = 3
+ROLLED_BACK_PAUSE_S = 0.05
+
 log = logging.getLogger(__name__)
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _run_again_if_rolled_back(method: Callable[_P, _R]) -> Callable[_P, _R]:
+    """A Catalog write whose transaction the database rolled back (TransactionRolledBackError: nothing was written)
+    run again, up to ROLLED_BACK_RUNS runs, rather than failed: an agent's append would refuse a produce request's
+    batches, a compactor's commit a plan's work."""
+
+    @functools.wraps(method)
+    def run(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        runs = 1
+        while True:
+            try:
+                return method(*args, **kwargs)
+            except TransactionRolledBackError as exc:
+                if runs == ROLLED_BACK_RUNS:
+                    raise
+                log.warning("%s: %s; running it again (run %d of %d)", method.__name__, exc, runs + 1, ROLLED_BACK_RUNS)
+                time.sleep(random.uniform(0, ROLLED_BACK_PAUSE_S * runs))
+                runs += 1
+
+    return run
 
 
 class Appended(NamedTuple):
@@ -642,6 +676,7 @@ class Catalog:
 
     # -- appends ---------------------------------------------------------------------------------------
 
+    @_run_again_if_rolled_back
     def append_files(self, new_files: Sequence[NewFile], now_ms: int, sequenced: Sequence[Sequence[PlacedBatch]] = ()) -> Appended:
         """Add freshly ingested files, giving each section the next offsets of its partition.
 
@@ -881,6 +916,7 @@ class Catalog:
 
     # -- compactions -----------------------------------------------------------------------------------
 
+    @_run_again_if_rolled_back
     def replace_files(
         self,
         removed: Sequence[str],

@@ -9,7 +9,8 @@ whose agents and compactors run on many machines; an `s3://` store needs one.
 A catalog URL is printed only through `redact_url`, which masks its password whether the URL parses or not, and a
 database's own message about it through `redact_text`. `catalog_errors` turns the database going away (refused,
 lost, closed, a SQLite file that is no longer a database) into one-line CatalogUnavailableError, wherever the
-catalog is read or written after its first connection.
+catalog is read or written after its first connection, and a transaction the database rolled back for a concurrent
+one (a deadlock victim) into TransactionRolledBackError, which running it again remedies.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from sqlalchemy.exc import ArgumentError, DatabaseError, DBAPIError, InterfaceEr
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.sql.dml import UpdateBase
 
-from logcompact.exceptions import CatalogConfigError, CatalogUnavailableError
+from logcompact.exceptions import CatalogConfigError, CatalogUnavailableError, TransactionRolledBackError
 from logcompact.store.base import ObjectStore
 from logcompact.store.local import LocalStore
 
@@ -106,13 +107,21 @@ def redact_text(text: str, url: str | URL) -> str:
     return text
 
 
+def rolled_back(exc: BaseException) -> bool:
+    """Whether the database rolled the transaction back for a concurrent one (SQLSTATE class 40: a deadlock victim, a
+    serialization failure): the catalog is up, and running the transaction again is the remedy PostgreSQL documents.
+    psycopg files these under OperationalError, which `unavailable` would otherwise take for a catalog gone."""
+    sqlstate = getattr(getattr(exc, "orig", None), "sqlstate", None)
+    return isinstance(sqlstate, str) and sqlstate.startswith("40")
+
+
 def unavailable(exc: BaseException) -> bool:
     """Whether a database error means the catalog cannot be reached or read (connection refused or lost, the
     server gone, a timeout, a SQLite file that is not a database), rather than a statement's own failure (a
-    constraint, a programming error), which stays as it is."""
+    constraint, a programming error, a transaction rolled back for a concurrent one), which stays as it is."""
     if isinstance(exc, PoolTimeoutError):
         return True
-    if not isinstance(exc, DBAPIError):
+    if not isinstance(exc, DBAPIError) or rolled_back(exc):
         return False
     return exc.connection_invalidated or isinstance(exc, OperationalError | InterfaceError) or type(exc) is DatabaseError
 
@@ -120,10 +129,16 @@ def unavailable(exc: BaseException) -> bool:
 @contextmanager
 def catalog_errors(url: str | URL) -> Iterator[None]:
     """Turn the connection-level failures of the catalog database met inside (`unavailable`) into one-line
-    CatalogUnavailableError naming the catalog, its password masked; other errors pass unchanged."""
+    CatalogUnavailableError naming the catalog, its password masked, and a transaction the database rolled back for a
+    concurrent one (`rolled_back`) into TransactionRolledBackError; other errors pass unchanged."""
     try:
         yield
     except (DBAPIError, PoolTimeoutError) as exc:
+        if rolled_back(exc):
+            reason = redact_text(first_line(getattr(exc, "orig", None) or exc), url)
+            raise TransactionRolledBackError(
+                f"catalog {redact_url(url)} rolled a write transaction back for a concurrent one ({reason}); nothing was written; run it again"
+            ) from exc
         if not unavailable(exc):
             raise
         raise unavailable_error(url, exc) from exc
