@@ -82,14 +82,10 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pyarrow as pa
-from sqlalchemy import event, text
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "include"))
-
 from postgres_server import ThrowAwayPostgres
 from profiling import Profile, sampled
 from results import recorded
+from sqlalchemy import event, text
 
 from logcompact.catalog import Catalog
 from logcompact.catalog.database import WRITE

@@ -7,9 +7,10 @@ printed there when it ends.
 
 `recorded()` passes the script's standard output through and keeps a copy; when the block ends without an error it
 replaces that command's section of bench/results.md (or adds one) with the output, stamped with the date, the commit
-(`git rev-parse --short HEAD`, `+` when the worktree has changes), the CPU model and core count from /proc/cpuinfo and
-the load average. A section holds one run of one command line: a run with other arguments has a section of its own,
-and earlier figures live in the commit log only.
+(`git rev-parse --short HEAD`, `+` when the worktree has changes), the library measured when it is not this
+checkout's (`PYTHONPATH` naming another), the CPU model and core count from /proc/cpuinfo and the load average. A
+section holds one run of one command line: a run with other arguments has a section of its own, and earlier figures
+live in the commit log only.
 """
 
 from __future__ import annotations
@@ -73,9 +74,9 @@ def cpu_model() -> str:
     return f"{models[0].strip()}, {len(models)} cores" if models else "not recorded"
 
 
-def commit() -> str:
+def commit(checkout: Path = ROOT) -> str:
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(["git", *args], cwd=checkout, capture_output=True, text=True, check=True).stdout.strip()
 
     try:
         head = git("rev-parse", "--short", "HEAD")
@@ -85,10 +86,20 @@ def commit() -> str:
     return head + ("+" if changed else "")
 
 
+def library() -> str:
+    """The library measured, when it is not this checkout's `include/` (`PYTHONPATH=OTHER/include`, to compare two
+    codes alternately): its directory and commit, for the figures to name the code they measured."""
+    module = sys.modules.get("logcompact")
+    if module is None or module.__file__ is None:
+        return ""
+    include = Path(module.__file__).resolve().parents[1]
+    return "" if include == ROOT / "include" else f"; library {include} at commit {commit(include)}"
+
+
 def stamp() -> str:
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    return f"{date}; commit {commit()}; {cpu_model()}; load average {load} (1, 5, 15 min) at the end"
+    return f"{date}; commit {commit()}{library()}; {cpu_model()}; load average {load} (1, 5, 15 min) at the end"
 
 
 def section(command: str, printed: str, stamped: str) -> str:

@@ -50,3 +50,32 @@ def test_a_script_records_what_it_printed_only_when_it_succeeds(tmp_path: Path) 
     before = page.read_text()
     failed = subprocess.run([sys.executable, str(script), "--fail"], capture_output=True, text=True)
     assert failed.returncode == 1 and page.read_text() == before
+
+
+def test_a_run_measuring_another_checkouts_library_names_it_and_its_commit(tmp_path: Path) -> None:
+    """Two codes are compared by running one script alternately with `PYTHONPATH=OTHER/include`: the stamp names the
+    library measured and its commit, not only this checkout's, and without PYTHONPATH names none."""
+    other = tmp_path / "other"
+    (other / "include" / "logcompact").mkdir(parents=True)
+    (other / "include" / "logcompact" / "__init__.py").write_text("")
+    git = ["git", "-C", str(other), "-c", "user.name=bench", "-c", "user.email=bench@example.invalid"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "another library"], check=True)
+    other_head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    page = tmp_path / "results.md"
+    script = tmp_path / "measure.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(ROOT / 'bench')!r})\n"
+        "from pathlib import Path\n"
+        "import logcompact\n"
+        "from results import recorded\n"
+        f"with recorded(Path({str(page)!r})):\n"
+        "    print('figure: 1 ms')\n"
+    )
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(other / "include")}
+    stamp = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True, env=env).stdout.splitlines()[-1]
+    assert f"; library {other / 'include'} at commit {other_head}; " in stamp
+    stamp = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True).stdout.splitlines()[-1]
+    assert "library" not in stamp
