@@ -399,6 +399,40 @@ def schema_content(number: int) -> str:
     return CONTENTS[number]
 
 
+def test_a_compaction_reads_its_inputs_sections_before_the_version_row_and_again_when_a_commit_retired_one_since(
+    catalog: Catalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compaction's commit reads its inputs' sections before it locks a row (under the version row they held every
+    append back for most of the commit); a DeleteRecords committed between that read and the version row retired one,
+    so they are read again: the commit records as holes only the offsets its inputs still held. (Read once, the
+    deleted section's offsets became a hole of the compaction's as well.)"""
+    if catalog.engine.dialect.name != "postgresql":
+        pytest.skip("SQLite's writer holds the database from its first statement: no commit falls between")
+    create_topic(catalog, "t", partitions=2)
+    _append(catalog, _new_file("f1", ("t", 0, 5), ("t", 1, 5)))
+    planned = catalog.latest_version()
+    [section_0] = [s for s in catalog.snapshot().get_files(["f1"])["f1"].sections if s.partition == 0]
+    output = DataFile("l1", 1, 50, NOW, (CatalogSection(section_0.info._replace(byte_offset=16), section_0.first_offset),))
+    lock_expiring = catalog_module.compactions.lock_expiring_partitions
+    reads = []
+
+    def deleting_records_first(connection, removed):  # right after the commit's read of its inputs' sections
+        catalog.delete_records("t", {1: 5}, NOW)
+        return lock_expiring(connection, removed)
+
+    monkeypatch.setattr(catalog_module.compactions, "lock_expiring_partitions", deleting_records_first)
+    input_spans = catalog_module.holes.input_spans
+    monkeypatch.setattr(catalog_module.holes, "input_spans", lambda *args: reads.append(args) or input_spans(*args))
+    assert catalog.replace_files(["f1"], [output], NOW, plan_id="p-1", expected_version=planned).committed
+    assert len(reads) == 2
+    topic_id = catalog.snapshot().topic_ids["t"]
+    holes, part = schema.offset_holes.c, schema.partitions.c
+    with catalog.engine.connect() as connection:
+        assert connection.execute(select(holes.first_offset).where(holes.topic_id == topic_id, holes.partition == 1)).all() == []
+        assert connection.execute(select(part.log_start_offset).where(part.topic_id == topic_id, part.partition == 1)).scalar_one() == 5
+    assert [f.key for f in catalog.snapshot().file_summaries()] == ["l1"]
+
+
 def test_a_compaction_swaps_its_inputs_and_a_conflict_says_what_it_expected_and_found(catalog: Catalog) -> None:
     create_topic(catalog, "t")
     _append(catalog, _new_file("f1", ("t", 0, 5)))

@@ -40,6 +40,18 @@ def remove_files(connection: Connection, file_ids: Iterable[int], version: int, 
     )
 
 
+def sections_retired_since(connection: Connection, file_ids: Sequence[int], version: int) -> bool:
+    """Whether a commit after `version` retired a section of the live files `file_ids` alone (DeleteRecords, a topic's
+    deletion, a compaction setting partitions aside): what was read of their sections at `version` no longer holds.
+    Counted through the index of the sections retired alone, a few rows: asked for one, PostgreSQL walked the inputs'
+    sections by primary key for it (27 ms for 300,000 without one, against 1)."""
+    sec = s.sections.c
+    found = connection.execute(
+        select(func.count()).where(sec.removed_version > version, one_of(sec.file_id, file_ids, connection.dialect.name))
+    )
+    return found.scalar_one() > 0
+
+
 def lock_expiring_partitions(connection: Connection, removed: Sequence[str]) -> list[tuple[int, int]]:
     """The partitions whose log start removing the files `removed` may raise (`raise_log_starts`): those of
     topics with time retention holding a section in them. Their rows are locked here, in order and before the

@@ -100,10 +100,10 @@ def of_partition(connection: Connection, slot: Slot, low: int, high: int, versio
 
 def input_spans(connection: Connection, file_ids: Sequence[int], kept: Iterable[Slot]) -> dict[Slot, list[Range]]:
     """Per partition, the spans of the live sections of a compaction's inputs `file_ids` (those of `kept`
-    partitions, set aside, left out), coalesced: read before the commit retires them, while it holds the version row
-    that every append waits for. Read as the driver hands the rows over and coalesced as arrays (`coalesced_by_slot`):
-    an L0 to L1 copy of 300 agents' files has 300,000 of them, which made a tuple each and grouped in Python held
-    the version row 1.8 s."""
+    partitions, set aside, left out), coalesced: read before the commit retires them, and before it takes the version
+    row that every append waits for (`Catalog.replace_files`). Read as the driver hands the rows over and coalesced as
+    arrays (`coalesced_by_slot`): an L0 to L1 copy of 300 agents' files has 300,000 of them, which made a tuple each
+    and grouped in Python took 1.8 s."""
     sec = s.sections.c
     query = select(sec.topic_id, sec.partition, sec.first_offset, sec.last_offset).where(
         one_of(sec.file_id, file_ids, connection.dialect.name), sec.removed_version.is_(None)
