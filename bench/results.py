@@ -7,7 +7,7 @@ printed there when it ends.
 
 `recorded()` passes the script's standard output through and keeps a copy; when the block ends without an error it
 replaces that command's section of bench/results.md (or adds one) with the output, stamped with the date, the commit
-(`git rev-parse --short HEAD`, `+` when the worktree has changes), the library measured when it is not this
+(`git rev-parse --short HEAD`, `+` when the worktree has changes besides this page), the library measured when it is not this
 checkout's (`PYTHONPATH` naming another), the CPU model and core count from /proc/cpuinfo and the load average. A
 section holds one run of one command line: a run with other arguments has a section of its own, and earlier figures
 live in the commit log only.
@@ -80,7 +80,7 @@ def commit(checkout: Path = ROOT) -> str:
 
     try:
         head = git("rev-parse", "--short", "HEAD")
-        changed = git("status", "--porcelain", "--untracked-files=no")
+        changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results.md")  # a run before this one's figures are no change of code
     except (OSError, subprocess.CalledProcessError):
         return "not recorded"
     return head + ("+" if changed else "")
