@@ -328,7 +328,10 @@ def _deadlock_an_append(catalog: Catalog, new_file: NewFile, topic_partition: tu
         other.execute(update(schema.catalog_info).values(version=info.version + 1))
         appending = threading.Thread(target=append)
         appending.start()
-        waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND starts_with(query, 'UPDATE catalog_info')"
+        waiting = (
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' "
+            "AND starts_with(query, 'UPDATE catalog_info')"
+        )
         for _ in range(300):
             watcher.rollback()
             if watcher.exec_driver_sql(waiting).scalar_one():

@@ -110,7 +110,7 @@ def redact_text(text: str, url: str | URL) -> str:
 def rolled_back(exc: BaseException) -> bool:
     """Whether the database rolled the transaction back for a concurrent one (SQLSTATE class 40: a deadlock victim, a
     serialization failure): the catalog is up, and running the transaction again is the remedy PostgreSQL documents.
-    psycopg files these under OperationalError, which `unavailable` would otherwise take for a catalog gone."""
+    psycopg files these under OperationalError, which `unavailable` takes for a catalog gone: asked first."""
     sqlstate = getattr(getattr(exc, "orig", None), "sqlstate", None)
     return isinstance(sqlstate, str) and sqlstate.startswith("40")
 
@@ -118,10 +118,10 @@ def rolled_back(exc: BaseException) -> bool:
 def unavailable(exc: BaseException) -> bool:
     """Whether a database error means the catalog cannot be reached or read (connection refused or lost, the
     server gone, a timeout, a SQLite file that is not a database), rather than a statement's own failure (a
-    constraint, a programming error, a transaction rolled back for a concurrent one), which stays as it is."""
+    constraint, a programming error), which stays as it is."""
     if isinstance(exc, PoolTimeoutError):
         return True
-    if not isinstance(exc, DBAPIError) or rolled_back(exc):
+    if not isinstance(exc, DBAPIError):
         return False
     return exc.connection_invalidated or isinstance(exc, OperationalError | InterfaceError) or type(exc) is DatabaseError
 
