@@ -309,6 +309,43 @@ def test_packs_stored_by_an_append_wait_for_a_compaction_holding_the_version_row
         assert connection.execute(select(files.sections_packed).where(files.key == "packed-later")).scalar_one() is not None
 
 
+def test_an_append_waits_for_its_turn_before_its_partition_rows_holding_back_no_row_version(catalog: Catalog) -> None:
+    """On PostgreSQL an append takes its turn (`appends.TURN`, a lock only appends and EndTxn's markers take) before
+    it locks a partition row: one arriving while another append is open waits there, on a connection that appended
+    before holding no snapshot (its backend_xmin is NULL, so the row versions the other writes can be pruned the moment
+    it commits), then hands out the offsets after the other's."""
+    if catalog.engine.dialect.name != "postgresql":
+        pytest.skip("SQLite's one write lock is the turn")
+    part = schema.partitions.c
+    appended: list[list[int]] = []
+    # Taken first, so the appends below share one other pooled connection, as an agent's committer does.
+    with catalog.engine.connect() as before, catalog.engine.connect() as watcher:
+        create_topic(catalog, "t", partitions=2)
+        _append(catalog, _new_file("first", ("t", 0, 1)))  # a Catalog's first append expires idle producers, the long way
+        _append(catalog, _new_file("second", ("t", 0, 1)))  # in one step, as the next one
+        topic_id = catalog.snapshot().topic_ids["t"]
+        before.exec_driver_sql(appends.TURN)
+        before.execute(update(schema.partitions).where(part.topic_id == topic_id, part.partition == 0).values(next_offset=part.next_offset + 5))
+        appending = threading.Thread(target=lambda: appended.append(_append(catalog, _new_file("third", ("t", 0, 1), ("t", 1, 1)))))
+        appending.start()
+        waiting = (
+            "SELECT backend_xmin IS NULL FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' "
+            f"AND wait_event = 'relation' AND query = '{appends.TURN}'"
+        )
+        for _ in range(300):
+            watcher.rollback()
+            if found := watcher.exec_driver_sql(waiting).all():
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the append never waited for its turn")
+        assert found == [(True,)]
+        assert appending.is_alive() and not appended
+        before.commit()
+    appending.join(30)
+    assert appended == [[7, 0]]
+
+
 def _deadlock_an_append(catalog: Catalog, new_file: NewFile, topic_partition: tuple[int, int]) -> list[list[int] | BaseException]:
     """Append `new_file` while another transaction holds the version row, then, once the append has locked its
     partitions and waits for that row, make the other wait for one of them (`topic_partition`): a cycle, which the

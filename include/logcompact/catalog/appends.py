@@ -83,6 +83,17 @@ AND {_UNCLAIMED.format(p="partitions", fence="")}
 RETURNING partitions.topic_id, partitions.partition, partitions.next_offset
 """
 
+# Appends take turns on PostgreSQL before locking any partition row (`TURN`). Every agent's file holds a section of
+# the same partitions, so appends queue on those rows anyway; queued on the first row, each waited inside its
+# statement, holding that statement's snapshot, and once given the row re-checked it and every row after it against
+# the versions the append before it wrote (EvalPlanQual), while the waiting snapshots kept those versions from being
+# pruned: an append read 2.8 times the buffers it reads alone, and four processes appended fewer files a second
+# than one. `LOCK` takes no snapshot of the data (only its first lookup of the table's name on a connection reads the
+# system catalogs), and its mode is one no other writer's statement takes: it conflicts with itself, VACUUM and DDL,
+# not with reads or row writes. So waiting appends hold nothing back, and each reads and writes the rows as if alone.
+# On SQLite the one write lock is the turn.
+TURN = "LOCK TABLE partitions IN SHARE UPDATE EXCLUSIVE MODE"
+
 _SECTION_COLUMNS = s.SECTION_ROW
 _COPY_SECTIONS = f"COPY sections ({', '.join(_SECTION_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
 _INSERT_SECTIONS = f"INSERT INTO sections ({', '.join(_SECTION_COLUMNS)}) VALUES ({', '.join('?' for _ in _SECTION_COLUMNS)})"
@@ -96,11 +107,12 @@ def advance_partitions(connection: Connection, counts: Mapping[Slot, int], files
     advanced; a partition is not when its row is missing, when its next_offset is below where the last append's
     offsets ended (the row was lowered), or when a section row claims offsets from its next offset on (`_UNCLAIMED`):
     advancing it would hand offsets out twice. The caller refuses the append then: the rows advanced are rolled
-    back with it."""
+    back with it. On PostgreSQL the append takes its turn first (`TURN`)."""
     if not counts:
         return {}
     slots = sorted(counts)
     if connection.dialect.name == "postgresql":
+        connection.exec_driver_sql(TURN)
         driver = driver_connection(connection)
         arrays = {
             "topics": _array(t for t, _ in slots), "partitions": _array(p for _, p in slots), "counts": _array(counts[slot] for slot in slots),
@@ -402,6 +414,7 @@ def append_in_one_step(
             packing.adapters.register_dumper(cls, _binary_dumper(kind, oid))
         try:
             with driver.pipeline():
+                driver.execute(TURN)
                 driver.execute(_KEYED_PLAN)  # SET LOCAL: in force until the COMMIT below
                 append.execute(_APPEND_POSTGRESQL, params)
                 bump.execute(versions.BUMP)
