@@ -47,11 +47,16 @@ def _alive(process: psutil.Process) -> bool:
         return False
 
 
-def _describe(process: psutil.Process) -> str:
+def _command(process: psutil.Process) -> list[str]:
+    """A process's command line; none for one that exited since the tree was listed (a zombie, or gone)."""
     try:
-        return f"{process.pid} {' '.join(process.cmdline())}"
+        return process.cmdline()
     except psutil.Error:
-        return str(process.pid)
+        return []
+
+
+def _describe(process: psutil.Process) -> str:
+    return f"{process.pid} {' '.join(_command(process))}".rstrip()
 
 
 def _free_udp_port() -> int:
@@ -128,7 +133,7 @@ def test_stopping_the_script_stops_everything_it_started(tmp_path: Path, argv: l
 
         if stop == "TERM to the script":
             # A scheduler that does not heed the TERM (as one was seen ignoring it for 85 s) is killed at 30 s.
-            (scheduler,) = [p for p in tree if p.cmdline()[-1:] == ["scheduler"]]
+            (scheduler,) = [p for p in tree if _command(p)[-1:] == ["scheduler"]]
             scheduler.suspend()
             os.kill(started.pid, signal.SIGTERM)
             expected_status = -signal.SIGTERM
