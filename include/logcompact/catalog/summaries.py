@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
+from typing import NamedTuple
 
 import numpy as np
 from sqlalchemy import ColumnElement, Connection, Select, bindparam, case, func, literal_column, select
@@ -130,19 +131,43 @@ def touched_by_removal(connection: Connection, file_ids: Sequence[int], kept: It
     return {(topic_id, partition) for topic_id, partition in connection.execute(query) if (topic_id, partition) not in kept}
 
 
-def settle(connection: Connection, removed: set[Slot], added: Mapping[Slot, PartitionSummary], version: int) -> None:
+class Added(NamedTuple):
+    """The rows of the partitions a commit only adds sections above L0 to, as they will stand (`added_up`): read and
+    summed before the commit takes the version row, which it then holds for the writes alone."""
+
+    rows: dict[Slot, PartitionSummary]
+    read_at: int  # the newest version when they were read: a row set after it was read again (`settle`)
+
+
+def added_up(connection: Connection, removed: Collection[Slot], added: Mapping[Slot, PartitionSummary], read_at: int) -> Added:
+    """The rows of the partitions of `added` not in `removed`, with `added`'s sections added, as of `read_at`."""
+    only_added = [slot for slot in added if slot not in removed]
+    held = read(connection, only_added)
+    return Added({slot: _add(held[slot], added[slot]) if slot in held else added[slot] for slot in only_added}, read_at)
+
+
+def settle(connection: Connection, removed: set[Slot], added: Mapping[Slot, PartitionSummary], version: int, summed: Added | None = None) -> None:
     """After a commit of `version` removed sections above L0 of the `removed` partitions and added `added`, set
-    their rows as their live sections now stand. The caller holds the version row, as every writer of them does."""
+    their rows as their live sections now stand. The caller holds the version row, as every writer of them does.
+    `summed`: the rows of the partitions only added to, read before it took the row (`added_up`); read again when a
+    commit set any of them since."""
     touched = sorted(removed | set(added))
     if not touched:
         return
-    held = read(connection, [slot for slot in added if slot not in removed])
+    if summed is None or _set_since(connection, summed.rows, summed.read_at):
+        summed = added_up(connection, removed, added, version)
+    held: dict[Slot, PartitionSummary | None] = dict(summed.rows)
     held.update(summed_up(connection, sorted(removed)))  # the outputs, inserted before, with them
-    for slot, summary in added.items():
-        if slot not in removed:
-            held[slot] = _add(held[slot], summary) if slot in held else summary
     indexed = {slot: summary.sections for slot, summary in added.items()}  # removed sections stay indexed until gc
     write(connection, {slot: held.get(slot) for slot in touched}, version, indexed)
+
+
+def _set_since(connection: Connection, slots: Collection[Slot], version: int) -> bool:
+    """Whether a commit after `version` set the row of any of `slots`: one read of their topics' rows by key."""
+    if not slots:
+        return False
+    query = select(_ROWS.topic_id, _ROWS.partition).where(_ROWS.topic_id.in_(sorted({t for t, _ in slots})), _ROWS.version > version)
+    return any((topic_id, partition) in slots for topic_id, partition in connection.execute(query))
 
 
 def settle_emptied(connection: Connection, file_ids: Sequence[int], records_out: int, kept: Collection[Slot], version: int) -> None:
@@ -172,19 +197,44 @@ def settle_emptied(connection: Connection, file_ids: Sequence[int], records_out:
 def write(connection: Connection, rows: Mapping[Slot, PartitionSummary | None], version: int, indexed: Mapping[Slot, int] | None = None) -> None:
     """Set the rows of partitions to their summaries (None: no section above L0), as of `version`, and add `indexed`'s
     count to each one's entries in `sections_by_partition` (the sections above L0 just inserted)."""
+    added = indexed or {}
+    values = [(*slot, version, added.get(slot, 0), *_values(summary)) for slot, summary in rows.items()]
+    if not values:
+        return
+    if connection.dialect.name == "postgresql":
+        columns = list(zip(*values, strict=True))
+        arrays = {name: _text_array(column) for (name, _kind), column in zip(_WRITTEN, columns, strict=True) if name != "key_sketch"}
+        connection.exec_driver_sql(_WRITE_POSTGRESQL, {**arrays, "key_sketch": list(columns[-1])})
+        return
     table = s.partition_summaries
-    statement = upsert(connection, table).values(
-        topic_id=bindparam("t"), partition=bindparam("p"), version=bindparam("v"), indexed=bindparam("i"),
-        **{name: bindparam(name) for name in _COLUMNS},
-    )
+    statement = upsert(connection, table).values(**{name: bindparam(name) for name, _kind in _WRITTEN})
     statement = statement.on_conflict_do_update(
         index_elements=[table.c.topic_id, table.c.partition],
         set_={**{name: statement.excluded[name] for name in ("version", *_COLUMNS)}, "indexed": table.c.indexed + statement.excluded.indexed},
     )
-    added = indexed or {}
-    execute_many(connection, statement, ("t", "p", "v", "i", *_COLUMNS), [
-        (*slot, version, added.get(slot, 0), *_values(summary)) for slot, summary in rows.items()
-    ])
+    execute_many(connection, statement, [name for name, _kind in _WRITTEN], values)
+
+
+# The rows `write` sets, in its values' order, with their types. On PostgreSQL they go in one statement, as arrays
+# (`unnest`), where a statement a row took 13 ms for an L0 to L1 copy's 1,000 partitions (p50, at a load of 5 on 2
+# cores) while its commit held the version row, which every append waits for.
+_WRITTEN = (
+    ("topic_id", "int"), ("partition", "int"), ("version", "bigint"), ("indexed", "bigint"), ("sections", "bigint"), ("bytes", "bigint"),
+    ("l1_bytes", "bigint"), ("records", "bigint"), ("floor", "bigint"), ("base_level", "smallint"), ("base_clean", "smallint"),
+    ("base_bytes", "bigint"), ("base_min_timestamp", "bigint"), ("others_min_timestamp", "bigint"), ("newest_file_ms", "bigint"),
+    ("key_sketch", "bytea"),
+)
+_WRITE_POSTGRESQL = f"""
+INSERT INTO partition_summaries ({", ".join(name for name, _kind in _WRITTEN)})
+SELECT * FROM unnest({", ".join(f"%({name})s::{kind}[]" for name, kind in _WRITTEN)})
+ON CONFLICT (topic_id, partition) DO UPDATE SET {", ".join(f"{name} = excluded.{name}" for name in ("version", *_COLUMNS))},
+                                                indexed = partition_summaries.indexed + excluded.indexed
+"""
+
+
+def _text_array(numbers: Sequence[int | None]) -> str:
+    """A PostgreSQL array literal of integers or NULLs, cast in the statement: psycopg's list dumper costs more."""
+    return "{" + ",".join("NULL" if number is None else str(number) for number in numbers) + "}"
 
 
 def index_entries(connection: Connection, file_ids: Sequence[int] | None = None) -> list[tuple[int, int, int]]:
