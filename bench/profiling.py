@@ -110,7 +110,9 @@ def sampled(pid: int | None = None, label: str = "", rate: int = 100, subprocess
                 sampler.kill()
                 _, errors = sampler.communicate()
             if output.exists():
-                profile.read(output.read_text())
+                # Sampling without pausing the process (--nonblocking), py-spy may read a name as it changes: garbled
+                # bytes are shown replaced rather than losing the run's figures.
+                profile.read(output.read_text(errors="replace"))
             else:
                 last = [line for line in errors.splitlines() if line.strip()]
                 profile.failure = f"py-spy wrote nothing: {last[-1] if last else f'exit code {sampler.returncode}'}"

@@ -2,14 +2,16 @@
 keep up (or do not), on SQLite and on PostgreSQL.
 
     .venv/bin/python bench/regime.py [--database sqlite|postgresql ...] [--agents 10] [--partitions 1000]
-                                     [--flush-ms 250] [--compactors 2] [--seconds 600] [--find-load]
+                                     [--flush-ms 250] [--compactors 2] [--aligned] [--seconds 600] [--find-load]
 
 Quick look (a minute and a half, a fiftieth of the load): `bench/regime.py --database sqlite --agents 2 --partitions 100 --seconds 45`.
 
 For each database (by default both: SQLite in the store's directory, and PostgreSQL 15 on a throw-away server
 on disk at its default durability, fsync on) it runs for --seconds:
 
-* --agents processes, each producing a record for each of --partitions topic-partitions every --flush-ms to a
+* --agents processes, each producing a record for each of --partitions topic-partitions every --flush-ms (at a
+  phase of the interval drawn for each agent, as independent producers' records come; with --aligned, every agent's
+  at once, so that their files reach the catalog together and their appends queue ten deep) to a
   real background `logcompact.ingest.Agent` flushing every --flush-ms, as `logcompact agent` runs one: it writes
   a real L0 segment file to a `file://` store per interval and commits every file written by then in one
   transaction (several when its commits fall behind: group commit); each file holds a record for each of --partitions
@@ -75,7 +77,7 @@ import time
 import uuid
 from collections import Counter
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
@@ -133,6 +135,7 @@ class Load:
     partitions: int
     flush_ms: int
     compactors: int
+    aligned: bool = False  # every agent's ticks at once, not each at a phase of its own
 
     @property
     def appends_per_s(self) -> float:
@@ -143,8 +146,9 @@ class Load:
         return self.appends_per_s * self.partitions
 
     def describe(self) -> str:
+        ticks = "every agent's ticks at once" if self.aligned else "each agent's ticks at a phase of its own"
         return (f"{self.agents} agents x {1000 / self.flush_ms:g} files/s x {self.partitions:,} partitions "
-                f"({TOPICS} topics x {self.partitions // TOPICS}), {self.compactors} compactors")
+                f"({TOPICS} topics x {self.partitions // TOPICS}), {self.compactors} compactors; {ticks}")
 
 
 # -- the agents and the compactors, each a process of its own --------------------------------------------------------
@@ -223,8 +227,11 @@ def _agent_process(root: str, url: str | None, number: int, load: Load, seconds:
     failures = 0
     time.sleep(max(0.0, start_at - time.time()))
     interval = load.flush_ms / 1000
+    end = time.monotonic() + seconds
+    # Independent producers' records reach their agents at any moment of an interval, so each agent ticks at a phase
+    # of its own (drawn from its number); aligned, every agent's file reaches the catalog at once, ten appends queued.
+    time.sleep(0.0 if load.aligned else np.random.default_rng(1_000 + number).uniform(0, interval))
     tick = time.monotonic()
-    end = tick + seconds
     sequence = 1
     while tick < end and time.monotonic() < end:
         produced, committed = time.time(), []
@@ -721,8 +728,8 @@ def bench(database: str, load: Load, seconds: float, find_load: bool) -> None:
         if database == "postgresql":
             postgres = ThrowAwayPostgres()
             postgres.start()
-        steps = [load] + [Load(n, load.partitions, load.flush_ms, load.compactors) for n in AGENT_STEPS if n < load.agents]
-        steps += [Load(1, n, load.flush_ms, load.compactors) for n in PARTITION_STEPS if n < load.partitions]
+        steps = [load] + [replace(load, agents=n) for n in AGENT_STEPS if n < load.agents]
+        steps += [replace(load, agents=1, partitions=n) for n in PARTITION_STEPS if n < load.partitions]
         if not find_load:
             run_step(database, postgres, load, seconds)
             return
@@ -765,6 +772,7 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=1_000, help=f"a multiple of {TOPICS}: {TOPICS} topics share them")
     parser.add_argument("--flush-ms", type=int, default=250, help="each agent writes and commits a file this often")
     parser.add_argument("--compactors", type=int, default=2)
+    parser.add_argument("--aligned", action="store_true", help="every agent ticks at once (their files reach the catalog together)")
     parser.add_argument("--seconds", type=float, default=600, help="the window measured (each step's, with --find-load)")
     parser.add_argument("--find-load", action="store_true", help="step the agents down until the regime holds")
     args = parser.parse_args()
@@ -773,7 +781,7 @@ def main() -> None:
     # A SIGTERM runs the finally blocks and atexit: the processes started here are stopped, the server too.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     print(f"machine: {machine()}")
-    load = Load(args.agents, args.partitions, args.flush_ms, args.compactors)
+    load = Load(args.agents, args.partitions, args.flush_ms, args.compactors, args.aligned)
     for database in args.database or ["sqlite", "postgresql"]:
         bench(database, load, args.seconds, args.find_load)
     print(f"\nmachine at the end: {machine()}")
