@@ -217,7 +217,8 @@ def write(connection: Connection, rows: Mapping[Slot, PartitionSummary | None], 
 
 # The rows `write` sets, in its values' order, with their types. On PostgreSQL they go in one statement, as arrays
 # (`unnest`), where a statement a row took 13 ms for an L0 to L1 copy's 1,000 partitions (p50, at a load of 5 on 2
-# cores) while its commit held the version row, which every append waits for.
+# cores) while its commit held the version row, which every append waits for; on an idle machine 8.9 ms, 3.7 of them
+# the client's CPU, against 11.4 ms, 11.2 (psycopg's executemany builds each row's parameters in Python).
 _WRITTEN = (
     ("topic_id", "int"), ("partition", "int"), ("version", "bigint"), ("indexed", "bigint"), ("sections", "bigint"), ("bytes", "bigint"),
     ("l1_bytes", "bigint"), ("records", "bigint"), ("floor", "bigint"), ("base_level", "smallint"), ("base_clean", "smallint"),
