@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import text
 
 from logcompact.catalog import Catalog, NewFile, appends
+from logcompact.catalog.database import integer_array
 from logcompact.catalog.groups import CommittedOffset
 from logcompact.catalog.producers import PlacedBatch, SequencedBatch
 from logcompact.format.layout import SectionInfo
@@ -165,8 +166,8 @@ def test_an_append_locks_its_partition_rows_in_order_on_postgresql(catalog: Cata
     for analyzed in (False, True):
         for counts in ({(1, 0): 1}, {(1, 0): 1, (1, 1): 3}, {(2, p): 1 for p in range(1000)}):
             slots = sorted(counts)
-            arrays = {"topics": appends._array(t for t, _ in slots), "partitions": appends._array(p for _, p in slots),
-                      "counts": appends._array(counts[slot] for slot in slots), "files": appends._array(1 for _ in slots)}
+            arrays = {"topics": integer_array(t for t, _ in slots), "partitions": integer_array(p for _, p in slots),
+                      "counts": integer_array(counts[slot] for slot in slots), "files": integer_array(1 for _ in slots)}
             with catalog.engine.begin() as connection:
                 if analyzed:
                     connection.exec_driver_sql("ANALYZE partitions")

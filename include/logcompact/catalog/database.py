@@ -201,6 +201,12 @@ def bound_wal(connection: Connection) -> None:
 SHORT_LIST = 500
 
 
+def integer_array(numbers: Iterable[int | None]) -> str:
+    """A PostgreSQL array literal of integers (None: NULL), for a parameter cast in its statement (`%(name)s::bigint[]`):
+    psycopg's list dumper costs more (10 ms for an append's five arrays of 1,000) than the statement it feeds."""
+    return "{" + ",".join("NULL" if number is None else str(number) for number in numbers) + "}"
+
+
 def one_of(column: Column, values: Iterable, dialect: str) -> ColumnElement[bool]:
     """`column` is one of `values`. A long list is bound as one parameter (`= ANY(array)` on PostgreSQL,
     `IN json_each(...)` on SQLite): an IN list needs a parameter per value, and each database limits them."""

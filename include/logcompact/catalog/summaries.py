@@ -30,7 +30,7 @@ from sqlalchemy import ColumnElement, Connection, Select, bindparam, case, func,
 
 from logcompact import sketch
 from logcompact.catalog import schema as s
-from logcompact.catalog.database import execute_many, one_of, upsert
+from logcompact.catalog.database import execute_many, integer_array, one_of, upsert
 from logcompact.catalog.model import PartitionSummary
 
 # A partition, as (topic id, partition).
@@ -203,7 +203,7 @@ def write(connection: Connection, rows: Mapping[Slot, PartitionSummary | None], 
         return
     if connection.dialect.name == "postgresql":
         columns = list(zip(*values, strict=True))
-        arrays = {name: _text_array(column) for (name, _kind), column in zip(_WRITTEN, columns, strict=True) if name != "key_sketch"}
+        arrays = {name: integer_array(column) for (name, _kind), column in zip(_WRITTEN, columns, strict=True) if name != "key_sketch"}
         connection.exec_driver_sql(_WRITE_POSTGRESQL, {**arrays, "key_sketch": list(columns[-1])})
         return
     table = s.partition_summaries
@@ -231,11 +231,6 @@ SELECT * FROM unnest({", ".join(f"%({name})s::{kind}[]" for name, kind in _WRITT
 ON CONFLICT (topic_id, partition) DO UPDATE SET {", ".join(f"{name} = excluded.{name}" for name in ("version", *_COLUMNS))},
                                                 indexed = partition_summaries.indexed + excluded.indexed
 """
-
-
-def _text_array(numbers: Sequence[int | None]) -> str:
-    """A PostgreSQL array literal of integers or NULLs, cast in the statement: psycopg's list dumper costs more."""
-    return "{" + ",".join("NULL" if number is None else str(number) for number in numbers) + "}"
 
 
 def index_entries(connection: Connection, file_ids: Sequence[int] | None = None) -> list[tuple[int, int, int]]:
