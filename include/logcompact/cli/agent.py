@@ -147,6 +147,9 @@ def agent(
     (default: the cores), N agent processes, each an agent of its own on ports of its own, one log, one JSON line once all
     listen (its `processes`: each one's). On an empty store (and catalog) it creates the cluster first, as `logcompact cluster create` does,
     saying so in one line on stderr; a store or catalog of another cluster is refused."""
+    from logcompact.kafka.allocator import arrow_allocates_from_the_system
+
+    arrow_allocates_from_the_system()  # first: Arrow reads its choice of pool as it loads (kafka/allocator.py)
     from logcompact.kafka.authenticator import parse_mechanisms
     from logcompact.kafka.authorizer import AuthorizerSettings
     from logcompact.kafka.cluster import Address
