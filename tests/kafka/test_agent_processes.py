@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -112,6 +113,8 @@ def test_two_processes_serve_producers_and_a_group_across_both_and_keep_what_was
         pids = [child["pid"] for child in listening["processes"]]
         nodes = {child["node_id"]: child["listening"] for child in listening["processes"]}
         assert nodes == {10: f"127.0.0.1:{port}", 11: f"127.0.0.1:{port + 1}"}
+        # Arrow's pool named before pyarrow loaded, and inherited (kafka/allocator.py)
+        assert [psutil.Process(pid).environ().get("ARROW_DEFAULT_MEMORY_POOL") for pid in pids] == ["system", "system"]
         assert listening["listening"] == f"127.0.0.1:{port}" and listening["node_id"] == listening["processes"][0]["node_id"]
         defaults = AgentSettings()
         assert listening["budgets_per_process"] == {name: getattr(defaults, name) // 2 for name in DIVIDED_BUDGETS}

@@ -51,7 +51,7 @@ def arrow_allocates_from_the_system() -> bool:
 
 def keep_freed_memory() -> bool:
     """Set glibc's malloc to keep freed chunks below MMAP_THRESHOLD_BYTES in its arenas, trimming an arena's top only
-    past TRIM_THRESHOLD_BYTES, and Arrow to allocate from it (unless ARROW_DEFAULT_MEMORY_POOL chose a pool); whether
+    past TRIM_THRESHOLD_BYTES, and Arrow to allocate from it (unless ARROW_DEFAULT_MEMORY_POOL names another pool); whether
     it applies: on another C library both allocators are left as they are."""
     if platform.libc_ver()[0] != "glibc":
         return False
