@@ -14,11 +14,10 @@ from hypothesis import strategies as st
 from pyroaring import BitMap
 
 from logcompact.exceptions import CorruptDataError
-from logcompact.format import BlockEncoders, PartsSink, SectionStream, SegmentWriter, read_footer, read_section, read_section_from, section_table, write_segment
-from logcompact.format import writer as writer_module
+from logcompact.format import PartsSink, SectionStream, SegmentWriter, read_footer, read_section, read_section_from, section_table, write_segment
 from logcompact.format.layout import FILE_HEADER, MAGIC, SECTION_SCHEMA, SectionInfo, record_bytes, row_sizes
 from logcompact.format.reader import SEEK_BYTES, BlockStream, iter_blocks, section_rows
-from logcompact.format.writer import BLOCK_BYTES, PACK_BYTES
+from logcompact.format.writer import PACK_BYTES
 from logcompact.store import LocalStore, ObjectStore
 
 records = st.lists(
@@ -423,42 +422,3 @@ def test_a_batchs_bytes_are_the_sum_of_its_rows_however_it_is_sliced(rows: list,
     batch = section_table(range(len(rows)), [0] * len(rows), [b"k"] * len(rows), values, headers).combine_chunks().to_batches()[0]
     start = min(start, len(rows))
     assert record_bytes(batch.slice(start, length)) == int(row_sizes(batch)[start : start + length].sum())
-
-
-def test_files_written_with_one_block_encoders_compress_incompressible_records_only_now_and_then(monkeypatch, tmp_path) -> None:
-    """An ingest agent hands each of its files the encoders of the last (BlockEncoders): after a file whose payloads
-    did not compress, the next file's blocks are stored plain without being compressed first, as a file's own later
-    blocks are, compression being tried again every RETRY_COMPRESSION_EVERY blocks; a writer of fresh encoders
-    tries its first block."""
-    tried: list[int] = []
-    encode = writer_module._MessageEncoder.encode
-
-    def counted(self, batch):
-        if self._options.compression is not None and "value" in batch.schema.names:
-            tried.append(batch.num_rows)
-        return encode(self, batch)
-
-    monkeypatch.setattr(writer_module._MessageEncoder, "encode", counted)
-    rng = np.random.default_rng(5)
-    rows = 2 * BLOCK_BYTES // 1000 + 1  # a section of three blocks of incompressible values
-    table = section_table(range(rows), [1_700_000_000_000] * rows, [b"k%d" % i for i in range(rows)], [rng.bytes(1000) for _ in range(rows)])
-
-    def one_file(encoders=None) -> bytes:
-        sink = io.BytesIO()
-        writer = SegmentWriter(sink, "lz4", encoders)
-        writer.write_sections([("t", 0)], table, [rows])
-        writer.finish()
-        return sink.getvalue()
-
-    one_file()
-    assert len(tried) == 1  # the first block, then stored plain without trying
-    encoders = BlockEncoders("lz4")
-    files = [one_file(encoders) for _ in range(6)]  # 18 blocks
-    assert len(tried) == 1 + 1 + 1  # the first file's first block, and the 17th block (every RETRY_COMPRESSION_EVERY)
-    store = LocalStore(tmp_path)
-    for number, blob in enumerate(files):
-        store.put(f"{number}.seg", blob)
-        (info,) = read_footer(store, f"{number}.seg").sections
-        assert read_section(store, f"{number}.seg", info).table().column("value").equals(table.column("value"))
-    with pytest.raises(ValueError, match="block encoders of compression 'lz4' given to a writer of 'zstd'"):
-        SegmentWriter(io.BytesIO(), "zstd", encoders)

@@ -46,7 +46,7 @@ from logcompact.catalog.schema import UNKNOWN_CODEC
 from logcompact.catalog.transactions import TxnError, TxnRefusal
 from logcompact.collector import collector_paused
 from logcompact.exceptions import IngestError, InvalidRecordError
-from logcompact.format import BlockEncoders, PartsSink, SegmentWriter
+from logcompact.format import PartsSink, SegmentWriter
 from logcompact.format.layout import HEADERS_TYPE, SECTION_SCHEMA
 from logcompact.format.xxh3 import key_hash_array
 from logcompact.keys import l0_key
@@ -230,7 +230,6 @@ class Agent:
         self.flush_bytes = flush_bytes
         self.clock = clock
         self.compression = compression
-        self._encoders = BlockEncoders(compression)  # one file written at a time (_write_lock): each learns from the last
         self.files_written = 0
         self.stats = FlushStats() if stats is None else stats
         self._recent_flush_ms: deque[float] = deque(maxlen=LEAD_FLUSHES)  # how long the last flushes took, write to commit
@@ -552,7 +551,7 @@ class Agent:
         )
         # The file's parts go to the store as encoded: joining them cost two copies of the file into fresh memory.
         sink = PartsSink()
-        writer = SegmentWriter(sink, self.compression, self._encoders)
+        writer = SegmentWriter(sink, self.compression)
         writer.write_sections(slots, table, counts.tolist())
         sections = writer.finish()
         now = self.clock()

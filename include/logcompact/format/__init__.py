@@ -2,12 +2,11 @@
 
 from logcompact.format.layout import FORMAT_VERSION, SECTION_SCHEMA, SectionInfo
 from logcompact.format.reader import Footer, PayloadWanted, Section, SectionStream, read_footer, read_section, read_section_from
-from logcompact.format.writer import BlockEncoders, PartsSink, SegmentWriter, key_hashes, section_table, write_segment
+from logcompact.format.writer import PartsSink, SegmentWriter, key_hashes, section_table, write_segment
 
 __all__ = [
     "FORMAT_VERSION",
     "SECTION_SCHEMA",
-    "BlockEncoders",
     "Footer",
     "PartsSink",
     "PayloadWanted",

@@ -178,20 +178,6 @@ class _PartEncoder:
         return self._plain.encode(part)
 
 
-class BlockEncoders:
-    """The encoders of a block's two parts, for one compression. A writer of many files in a row (an ingest agent)
-    keeps one and hands it to each file's SegmentWriter, so what a file learnt of its records' compressibility holds
-    for the next: a fresh writer compresses its first block whatever came before, and an agent's file of a few
-    blocks of incompressible records then compresses a quarter of them or more in vain."""
-
-    def __init__(self, compression: str) -> None:
-        if compression not in COMPRESSIONS:
-            raise ValueError(f"compression {compression!r} is not one of {', '.join(COMPRESSIONS)}")
-        self.compression = compression
-        self.index = _PartEncoder(INDEX_SCHEMA, compression, INDEX_COMPRESSED_RATIO)
-        self.payload = _PartEncoder(PAYLOAD_SCHEMA, compression, PAYLOAD_COMPRESSED_RATIO)
-
-
 class SectionBuilder:
     """One section being written batch by batch (a compaction's output), so a section of any size takes
     bounded memory: its rows go to the writer's blocks as they come."""
@@ -293,15 +279,12 @@ class SegmentWriter:
     time (`begin_section`) or many at once from one table (`write_sections`, what an ingest agent does).
 
     `compression` is applied per Arrow buffer by the IPC writer (LZ4 frame or Zstandard), so readers
-    decompress with Arrow's vectorized codecs; `encoders`, of that compression, carries what earlier files learnt of
-    their records' compressibility (BlockEncoders).
+    decompress with Arrow's vectorized codecs.
     """
 
-    def __init__(self, sink: IO[bytes] | PartsSink, compression: str = "lz4", encoders: BlockEncoders | None = None) -> None:
-        if encoders is None:
-            encoders = BlockEncoders(compression)
-        elif encoders.compression != compression:
-            raise ValueError(f"block encoders of compression {encoders.compression!r} given to a writer of {compression!r}")
+    def __init__(self, sink: IO[bytes] | PartsSink, compression: str = "lz4") -> None:
+        if compression not in COMPRESSIONS:
+            raise ValueError(f"compression {compression!r} is not one of {', '.join(COMPRESSIONS)}")
         self._sink = sink
         self.compression = compression
         self.position = 0
@@ -311,7 +294,8 @@ class SegmentWriter:
         # list that sections finished one at a time go on, or write_sections' arrays, joined once by `finish`.
         self._written: dict[str, list[list | np.ndarray]] = {name: [] for name in _Section.__slots__}
         # Blocks: each holds its rows' index columns and payload columns as two record batch messages.
-        self._index, self._payload = encoders.index, encoders.payload
+        self._index = _PartEncoder(INDEX_SCHEMA, compression, INDEX_COMPRESSED_RATIO)
+        self._payload = _PartEncoder(PAYLOAD_SCHEMA, compression, PAYLOAD_COMPRESSED_RATIO)
         schema_message = SECTION_SCHEMA.serialize().to_pybytes()
         self._pending: list[pa.RecordBatch] = []
         self._pending_rows = 0
