@@ -39,10 +39,10 @@ ARROW_POOL_ENV = "ARROW_DEFAULT_MEMORY_POOL"
 
 def arrow_allocates_from_the_system() -> bool:
     """Name the system pool as Arrow's default in this process's environment, which the processes it starts inherit,
-    unless ARROW_DEFAULT_MEMORY_POOL names one already; whether Arrow's C++ default is then the system pool in this
-    process (False when pyarrow loaded before: the variable is read once, as it loads). Call it before anything
-    imports pyarrow; this module imports it only in keep_freed_memory. Another C library than glibc is left as it is,
-    as keep_freed_memory leaves it."""
+    unless ARROW_DEFAULT_MEMORY_POOL names one already; whether this call made it the system pool for this process
+    too: False once pyarrow has loaded (the variable is read once, as it loads) or when another pool is named. Call it
+    before anything imports pyarrow; this module imports it only in keep_freed_memory. Another C library than glibc
+    is left as it is, as keep_freed_memory leaves it."""
     if platform.libc_ver()[0] != "glibc":
         return False
     os.environ.setdefault(ARROW_POOL_ENV, "system")
