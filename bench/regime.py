@@ -96,7 +96,7 @@ from logcompact.format.layout import HEADERS_TYPE
 from logcompact.format.xxh3 import compile_hasher
 from logcompact.ingest import PRODUCE_SCHEMA, Agent
 from logcompact.jobs import prepare_plans, run_here
-from logcompact.kafka.allocator import keep_freed_memory
+from logcompact.kafka.allocator import arrow_allocates_from_the_system, keep_freed_memory
 from logcompact.planner import PlannerConfig
 from logcompact.planner.max_lag import dirty_partitions, effective_max_lag, max_lag_topics
 from logcompact.sketch import compile_sketcher
@@ -530,7 +530,15 @@ def run(name: str, url: str | None, store_root: Path, load: Load, seconds: float
     ]
     figures = Figures(load, seconds, asked=load.appends_per_s * seconds)
     try:
-        for process in processes:
+        # The agents' interpreters load pyarrow with Arrow's pool named in their environment, as `logcompact agent`'s
+        # do (kafka/allocator.py); the compactors' with the environment this process was given.
+        given = dict(os.environ)
+        arrow_allocates_from_the_system()
+        for process in processes[: load.agents]:
+            process.start()
+        os.environ.clear()
+        os.environ.update(given)
+        for process in processes[load.agents:]:
             process.start()
         start_at = open_window(processes, ready, go, window_start)
         with ExitStack() as profiling:
