@@ -75,9 +75,9 @@ def gone(pid: int) -> bool:
     return False
 
 
-def produce(bootstrap: str, topic: str, count: int, prefix: str) -> list[tuple[bytes, bytes]]:
-    """`count` keyed records produced with acks=all; those acknowledged."""
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5, **FAST_CLIENT})
+def produce(bootstrap: str, topic: str, count: int, prefix: str, client_id: str = "rdkafka") -> list[tuple[bytes, bytes]]:
+    """`count` keyed records produced with acks=all by a producer of `client_id`; those acknowledged."""
+    producer = Producer({"bootstrap.servers": bootstrap, "client.id": client_id, "acks": "all", "linger.ms": 5, **FAST_CLIENT})
     acked: list[tuple[bytes, bytes]] = []
 
     def delivered(error: Any, message: Any) -> None:
@@ -124,10 +124,16 @@ def test_two_processes_serve_producers_and_a_group_across_both_and_keep_what_was
         brokers = admin.list_topics(timeout=30).brokers
         assert {node_id: f"{broker.host}:{broker.port}" for node_id, broker in brokers.items()} == nodes
         admin.create_topics([NewTopic("orders", 8, 1)])["orders"].result(30)
-        leaders = {partition.leader for partition in admin.list_topics("orders", timeout=30).topics["orders"].partitions.values()}
-        assert leaders == set(nodes), "the partitions' leaders are the two processes"
+        # One process leads every partition for a client, and clients are spread over both by their ids.
+        leaders_of_client = {}
+        for client in (f"client-{n}" for n in range(20)):
+            topics = AdminClient({"bootstrap.servers": bootstrap, "client.id": client, **FAST_CLIENT}).list_topics("orders", timeout=30).topics
+            leaders_of_client[client] = {partition.leader for partition in topics["orders"].partitions.values()}
+        assert all(len(leaders) == 1 for leaders in leaders_of_client.values()), leaders_of_client
+        assert set().union(*leaders_of_client.values()) == set(nodes), "clients are led by both processes"
 
-        acked = produce(bootstrap, "orders", 800, "a")
+        led_by = {node: next(client for client, leaders in leaders_of_client.items() if leaders == {node}) for node in nodes}
+        acked = [record for node, client in led_by.items() for record in produce(bootstrap, "orders", 400, f"{node}-", client)]
         assert len(acked) == 800
         group = {"bootstrap.servers": bootstrap, "group.id": "billing", "auto.offset.reset": "earliest", "enable.auto.commit": False,
                  "session.timeout.ms": 6000, "heartbeat.interval.ms": 500, **FAST_CLIENT}

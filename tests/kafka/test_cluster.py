@@ -1,5 +1,6 @@
 """Several `logcompact agent`s on one catalog (SQLite and PostgreSQL): each registers, Metadata and DescribeCluster
-list the live ones and spread partition leadership over them, and clients bootstrapped on one are served by all."""
+list the live ones, each client is led by one of them for every partition and clients are spread over them, and
+clients bootstrapped on one are served by all."""
 
 from __future__ import annotations
 
@@ -35,28 +36,35 @@ def running_agent(catalog: Catalog) -> Iterator[AgentServer]:
         running.stop()
 
 
-def test_two_agents_on_one_catalog_list_each_other_lead_partitions_and_both_serve(catalog: Catalog) -> None:
+def test_two_agents_on_one_catalog_list_each_other_each_lead_every_partition_for_their_clients_and_both_serve(catalog: Catalog) -> None:
     create_topic(catalog, "orders", PARTITIONS, cleanup_policy="compact")
     # Each agent opens the catalog as a process of its own would.
     with running_agent(Catalog(catalog.store, catalog.url)) as first, running_agent(Catalog(catalog.store, catalog.url)) as second:
         nodes = {first.broker.node_id: first.address.port, second.broker.node_id: second.address.port}
         assert sorted(nodes) == [0, 1]
-        admin = AdminClient({"bootstrap.servers": str(first.address), **FAST_CLIENT})
+        admin = AdminClient({"bootstrap.servers": str(first.address), "client.id": "admin", **FAST_CLIENT})
         metadata = admin.list_topics(timeout=10)
         assert {b.id: b.port for b in metadata.brokers.values()} == nodes
-        leaders = [p.leader for p in metadata.topics["orders"].partitions.values()]
-        assert set(leaders) == {0, 1}, leaders  # leadership spread over both
+        # One leader of every partition for a client, the same on either agent; clients spread over both by their ids.
+        leader_of_client = {client: first.broker.agents.leader_for(client, "127.0.0.1", "PLAINTEXT").node_id for client in (f"client-{n}" for n in range(20))}
+        assert leader_of_client == {client: second.broker.agents.leader_for(client, "127.0.0.1", "PLAINTEXT").node_id for client in leader_of_client}
+        assert {p.leader for p in metadata.topics["orders"].partitions.values()} == {first.broker.agents.leader_for("admin", "127.0.0.1", "PLAINTEXT").node_id}
+        assert set(leader_of_client.values()) == {0, 1}
         cluster = admin.describe_cluster(request_timeout=10).result()
         assert (cluster.controller.id, sorted(n.id for n in cluster.nodes)) == (0, [0, 1])
 
-        # Bootstrapped on the first, the producer sends each partition to its leader: both agents take writes.
-        producer = Producer({"bootstrap.servers": str(first.address), "acks": "all", "linger.ms": 5, **FAST_CLIENT})
+        # Bootstrapped on the first, a producer led by each agent writes every partition there: both agents take writes.
         delivered: list[tuple[int, int]] = []
-        for n in range(600):
-            producer.produce("orders", key=f"k{n}".encode(), value=f"v{n}".encode(), partition=n % PARTITIONS,
-                             on_delivery=lambda err, msg: delivered.append((msg.partition(), msg.offset())) if err is None else None)
-        assert producer.flush(30) == 0
+        for node in (0, 1):
+            client = next(client for client, leader in leader_of_client.items() if leader == node)
+            producer = Producer({"bootstrap.servers": str(first.address), "client.id": client, "acks": "all", "linger.ms": 5, **FAST_CLIENT})
+            assert {p.leader for p in producer.list_topics("orders", timeout=10).topics["orders"].partitions.values()} == {node}
+            for n in range(300 * node, 300 * node + 300):
+                producer.produce("orders", key=f"k{n}".encode(), value=f"v{n}".encode(), partition=n % PARTITIONS,
+                                 on_delivery=lambda err, msg: delivered.append((msg.partition(), msg.offset())) if err is None else None)
+            assert producer.flush(30) == 0
         assert sorted(delivered) == sorted((p, o) for p in range(PARTITIONS) for o in range(100))
+        assert first.broker.ingest.flushes.records == second.broker.ingest.flushes.records == 300
 
         # Bootstrapped on the second, a consumer reads every partition, whichever agent leads it.
         consumer = Consumer({"bootstrap.servers": str(second.address), "group.id": "unused", "enable.auto.commit": False, **FAST_CLIENT})

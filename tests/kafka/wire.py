@@ -89,16 +89,17 @@ def kio_exchange(agent: AgentServer, api_key: int, version: int, body: dict) -> 
 class Wire:
     """One connection sending kio-encoded requests, pipelined if need be, and reading their answers in order."""
 
-    def __init__(self, agent: RunningAgent) -> None:
+    def __init__(self, agent: RunningAgent, client_id: str = "raw") -> None:
         address = agent.server.address
         self.socket = socket.create_connection((address.host, address.port), timeout=10)
         self.sent: list[tuple[int, int, int]] = []
+        self.client_id = client_id
 
     @classmethod
-    def over(cls, connection: socket.socket) -> Wire:
+    def over(cls, connection: socket.socket, client_id: str = "raw") -> Wire:
         """Over a connection of the caller's (to an agent process)."""
         wire = cls.__new__(cls)
-        wire.socket, wire.sent = connection, []
+        wire.socket, wire.sent, wire.client_id = connection, [], client_id
         return wire
 
     def send(self, api_key: int, version: int, body: dict[str, Any]) -> None:
@@ -106,7 +107,7 @@ class Wire:
         header_class = RequestHeaderV2 if request_class.__flexible__ else RequestHeaderV1
         correlation_id = len(self.sent) + 1
         message = io.BytesIO()
-        entity_writer(header_class)(message, header_class(request_api_key=api_key, request_api_version=version, correlation_id=correlation_id, client_id="raw"))
+        entity_writer(header_class)(message, header_class(request_api_key=api_key, request_api_version=version, correlation_id=correlation_id, client_id=self.client_id))
         entity_writer(request_class)(message, build(request_class, body))
         self.socket.sendall(struct.pack(">i", len(message.getvalue())) + message.getvalue())
         self.sent.append((api_key, version, correlation_id))

@@ -2,10 +2,14 @@
 listed by Metadata.
 
 Agents are stateless (WarpStream's model): every agent serves every partition from the shared catalog and store,
-so leadership is only where Metadata sends a client first. It is spread over the live agents by a stable hash of
-the topic and partition, so producers of many partitions use every agent, and it moves when an agent joins or
-falls silent. A request that reaches another agent than the one named is served all the same: no client ever
-sees NOT_LEADER_OR_FOLLOWER because another agent wrote a file.
+so leadership is only where Metadata sends a client. As WarpStream's agents do, each client is told that one agent
+leads every partition: its Produce requests then carry every partition it writes, and one agent writes them into
+one L0 file a flush, where partitions spread over the agents had every agent write a slice of every producer's
+records (more and smaller files for the same records, each costing a write and a commit, and a producer waiting
+for the slowest of several flushes). Clients are spread over the live agents by a stable hash of their client id
+and address, and a client moves when an agent joins or falls silent. A request that reaches another agent than
+the one named is served all the same: no client ever sees NOT_LEADER_OR_FOLLOWER because another agent wrote a
+file.
 """
 
 from __future__ import annotations
@@ -84,9 +88,12 @@ class AgentDirectory:
         """The live agents clients of `listener` can reach (those with that listener), as of the last refresh."""
         return [agent for agent in self._live if agent.endpoint(listener) is not None]
 
-    def leader_of(self, topic: str, partition: int) -> AgentRecord:
-        live = self._live
-        return live[(zlib.crc32(topic.encode()) + partition) % len(live)]
+    def leader_for(self, client_id: str | None, client_host: str, listener: str) -> AgentRecord:
+        """The agent that leads every partition for one client: among the live agents on `listener` (this one always
+        is), the one a stable hash of the client's id and address ranks first. Ranked per agent (rendezvous
+        hashing), so an agent joining or leaving moves only the clients it gains or had, not most of the others."""
+        client = f"{client_id or ''}@{client_host}".encode()
+        return max(self.on(listener), key=lambda agent: zlib.crc32(b"%d/%s" % (agent.node_id, client)))
 
     def coordinator_for(self, key: str) -> AgentRecord:
         """The agent coordinating a consumer group (or any keyed coordinator), by a stable hash of its key."""

@@ -1,11 +1,10 @@
-"""Metadata (key 3): the topics and partitions in the catalog, and the live agents as brokers; each partition's
-leader is the agent `AgentDirectory.leader_of` names (every agent serves every partition all the same). Topics
-are shown to principals with DESCRIBE on them, as Kafka (see `handle`); v8+ answer the authorized operations asked.
+"""Metadata (key 3): the topics and partitions in the catalog, and the live agents as brokers; every partition's
+leader, for the client asking, is the one agent `AgentDirectory.leader_for` names for it (every agent serves every
+partition all the same). Topics are shown to principals with DESCRIBE on them, as Kafka (see `handle`); v8+ answer
+the authorized operations asked.
 
 Brokers are given at their endpoints on the listener the request arrived on, as Kafka does; agents without that
-listener are left out, and a partition whose leader has none is answered as Kafka answers a leader not reachable on
-the listener: LISTENER_NOT_FOUND from v6, LEADER_NOT_AVAILABLE before, no leader, the leader among the offline
-replicas (and no replicas in v0, which leaves out those without an endpoint).
+listener are left out, and never named a leader there.
 
 The leader epoch is -1 everywhere: clients then skip leader-epoch validation (OffsetForLeaderEpoch), which
 an agent that shares every partition's log through the catalog has no use for.
@@ -25,7 +24,6 @@ from logcompact.kafka.handlers.topics_admin import NO_TOPIC_ID
 from logcompact.topics import Topic
 
 API_KEY = 3
-NO_LEADER = -1  # Kafka's MetadataResponse.NO_LEADER_ID
 DESCRIBE = AclOperation.DESCRIBE
 
 
@@ -100,30 +98,20 @@ def _missing(name: str | None, topic_id: Any, error: codec.ErrorCode) -> dict[st
 
 
 def _topic(broker: Broker, topic: Topic, catalog_topic_id: int, request: codec.Request) -> dict[str, Any]:
-    partitions = []
-    listener, version = request.session.listener, request.api_version
-    for index in range(topic.partitions):
-        leader = broker.agents.leader_of(topic.name, index)
-        if leader.endpoint(listener) is None:  # Kafka's KRaftMetadataCache.getPartitionMetadata, leader not on the listener
-            partitions.append({
-                "error_code": codec.ErrorCode.listener_not_found if version >= 6 else codec.ErrorCode.leader_not_available,
-                "partition_index": index,
-                "leader_id": NO_LEADER,
-                "leader_epoch": records.NO_LEADER_EPOCH,
-                "replica_nodes": [] if version == 0 else [leader.node_id],
-                "isr_nodes": [] if version == 0 else [leader.node_id],
-                "offline_replicas": [leader.node_id],
-            })
-            continue
-        partitions.append({
+    session = request.session
+    leader = broker.agents.leader_for(request.client_id, session.client_host, session.listener).node_id
+    partitions = [
+        {
             "error_code": codec.ErrorCode.none,
             "partition_index": index,
-            "leader_id": leader.node_id,
+            "leader_id": leader,
             "leader_epoch": records.NO_LEADER_EPOCH,
-            "replica_nodes": [leader.node_id],
-            "isr_nodes": [leader.node_id],
+            "replica_nodes": [leader],
+            "isr_nodes": [leader],
             "offline_replicas": [],
-        })
+        }
+        for index in range(topic.partitions)
+    ]
     return {
         "error_code": codec.ErrorCode.none,
         "name": topic.name,
