@@ -348,28 +348,6 @@ def produce(cluster: Cluster, topic: str, count: int, value_bytes: int, compress
     return elapsed
 
 
-# Bytes written and deleted before a produce run, per byte of the run's keys and values (`warm_page_cache`).
-WARM_UP_FACTOR = 1.5
-
-
-def warm_page_cache(directory: Path, size: int) -> None:
-    """Write `size` bytes into a file in `directory` and delete it, so that the page-cache writes of the run that
-    follows come from memory this machine holds. A virtual machine that reports its free memory back to its host
-    (free page reporting, as Firecracker's balloon does) faults every page of memory it reported back in from the
-    host at its next first write: 1 GB written after a run like this took 0.17 s of kernel time, three times without
-    it 1.3 to 6.3 s (bench/README.md, Produce against Apache Kafka). Which server's run met the cold memory decided the
-    ratio; on a machine whose memory stays its own every page costs alike, as after this."""
-    chunk = os.urandom(1 << 20)
-    path = directory / f"warm-up-{uuid.uuid4().hex}"
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        for _ in range(-(-size // len(chunk))):
-            os.write(descriptor, chunk)
-    finally:
-        os.close(descriptor)
-        path.unlink()
-
-
 def ack_latencies(cluster: Cluster, topic: str, seconds: float) -> list[float]:
     """Milliseconds from produce() to each delivery report, at LATENCY_RATE records/s with acks=all."""
     producer = Producer({"bootstrap.servers": cluster.bootstrap, "compression.type": "lz4", **PRODUCER})
@@ -1387,9 +1365,6 @@ def main() -> None:
             clusters.append(kafka)
             print(f"Apache Kafka {KAFKA_VERSION}: one KRaft node on {kafka.bootstrap}, heap {KAFKA_HEAP}, the broker's defaults "
                   f"(log.flush.* unset; group.initial.rebalance.delay.ms {KAFKA_GROUP_DELAY_MS:,})", flush=True)
-        if "produce" in measures:
-            print(f"before each server's produce run: {WARM_UP_FACTOR}x the run's bytes written to a file and deleted, so that either server writes "
-                  "into memory this machine holds (warm_page_cache)", flush=True)
         late_mock: Cluster | None = None  # the mock answering as late as the agent flushes
         if "mock" in wanted:
             clusters.append(stack.enter_context(mock_cluster()))
@@ -1420,8 +1395,6 @@ def main() -> None:
             topic = f"{name}{noted_as}-{repetition}"
             cluster.create_topic(topic, "delete")
             server = servers.get(cluster.name)  # none for a mock: it runs in this process
-            if server:  # a server's writes go to this machine's page cache
-                warm_page_cache(Path(directory), int(count * value_bytes * WARM_UP_FACTOR))
             with profiled(cluster, f"produce_{name}") if server else nullcontext():
                 before, client_before = server_cpu_seconds(server) if server else 0.0, time.process_time()
                 drains: list[float] = []
