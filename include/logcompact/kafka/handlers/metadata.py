@@ -33,9 +33,10 @@ async def handle(broker: Broker, request: codec.Request) -> Any:
     authorizer, session, body, version = broker.authorizer, request.session, request.body, request.api_version
     wanted = body.topics
     listener = session.listener
+    leader = broker.agents.leader_for(request.client_id, session.client_host, listener).node_id  # of every partition, for this client
     if wanted is None or (version == 0 and not wanted):  # v0 asks for all with an empty list
         # As Kafka, the listing leaves out the topics the principal may not DESCRIBE.
-        described = [_topic(broker, topic, ids[name], request) for name, topic in sorted(topics.items()) if authorizer.authorize_topic(session, DESCRIBE, name)]
+        described = [_topic(broker, topic, ids[name], leader) for name, topic in sorted(topics.items()) if authorizer.authorize_topic(session, DESCRIBE, name)]
     else:
         entries = _unique(wanted)
         named = [entry.name for entry in entries if entry.name is not None]
@@ -47,7 +48,7 @@ async def handle(broker: Broker, request: codec.Request) -> Any:
             denied |= authorizer.denied_topics(session, AclOperation.CREATE, missing)
         created = await topics_admin.auto_create(broker, request, [name for name in missing if name not in denied])
         by_id = {broker.topic_id(name, ids[name]): topic for name, topic in topics.items()} if version >= 10 else {}
-        described = [_requested(broker, request, topics, ids, by_id, entry, created, denied) for entry in entries]
+        described = [_requested(broker, request, topics, ids, by_id, entry, created, denied, leader) for entry in entries]
     if getattr(body, "include_topic_authorized_operations", False):
         for entry in described:
             if entry["name"] is not None and entry["error_code"] != codec.ErrorCode.topic_authorization_failed:
@@ -76,7 +77,7 @@ def _unique(entries: Any) -> list[Any]:
 
 def _requested(
     broker: Broker, request: codec.Request, topics: dict[str, Topic], ids: dict[str, int], by_id: dict[Any, Topic], entry: Any,
-    created: dict[str, codec.ErrorCode], denied: set[str],
+    created: dict[str, codec.ErrorCode], denied: set[str], leader: int,
 ) -> dict[str, Any]:
     if entry.name is None:  # v10 on: by topic id alone
         topic = by_id.get(entry.topic_id)
@@ -84,22 +85,20 @@ def _requested(
             return _missing(None, entry.topic_id, codec.ErrorCode.unknown_topic_id)
         if not broker.authorizer.authorize_topic(request.session, DESCRIBE, topic.name):  # as Kafka: the id is no secret, the name is
             return _missing(None, entry.topic_id, codec.ErrorCode.topic_authorization_failed)
-        return _topic(broker, topic, ids[topic.name], request)
+        return _topic(broker, topic, ids[topic.name], leader)
     if entry.name in denied:
         return _missing(entry.name, NO_TOPIC_ID, codec.ErrorCode.topic_authorization_failed)
     topic = topics.get(entry.name)
     if topic is None:  # a topic auto-created just now is LEADER_NOT_AVAILABLE this time, as in Kafka
         return _missing(entry.name, None, created.get(entry.name, codec.ErrorCode.unknown_topic_or_partition))
-    return _topic(broker, topic, ids[topic.name], request)
+    return _topic(broker, topic, ids[topic.name], leader)
 
 
 def _missing(name: str | None, topic_id: Any, error: codec.ErrorCode) -> dict[str, Any]:
     return {"error_code": error, "name": name, "topic_id": topic_id, "is_internal": False, "partitions": []}
 
 
-def _topic(broker: Broker, topic: Topic, catalog_topic_id: int, request: codec.Request) -> dict[str, Any]:
-    session = request.session
-    leader = broker.agents.leader_for(request.client_id, session.client_host, session.listener).node_id
+def _topic(broker: Broker, topic: Topic, catalog_topic_id: int, leader: int) -> dict[str, Any]:
     partitions = [
         {
             "error_code": codec.ErrorCode.none,
