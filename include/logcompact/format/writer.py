@@ -580,15 +580,22 @@ def _joined(chunks: list[list | np.ndarray], listed: bool) -> list | np.ndarray:
 
 
 _FOOTER_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd", use_threads=False)
+_PLAIN_FOOTER_OPTIONS = pa.ipc.IpcWriteOptions(use_threads=False)
+# Footer streams of at most this many rows are stored uncompressed: a few KB, which the reader's first tail read holds
+# anyway, where zstd would cost a flush 0.25 ms (Arrow makes a compression context for every buffer) against 0.07 ms.
+PLAIN_FOOTER_ROWS = 32
 
 
 def _footer(sections: dict[str, list | np.ndarray], blocks: dict[str, list[int]]) -> bytes:
-    """The footer: the section index and the block index, each an Arrow IPC stream compressed with zstd."""
+    """The footer: the section index and the block index, each an Arrow IPC stream, its buffers compressed with zstd
+    unless it is short (PLAIN_FOOTER_ROWS)."""
     parts = []
     for schema, columns in ((FOOTER_SECTIONS_SCHEMA, sections), (FOOTER_BLOCKS_SCHEMA, blocks)):
         sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, schema, options=_FOOTER_OPTIONS) as writer:
-            writer.write_batch(pa.record_batch([pa.array(columns[f.name], f.type) for f in schema], schema=schema))
+        batch = pa.record_batch([pa.array(columns[f.name], f.type) for f in schema], schema=schema)
+        options = _PLAIN_FOOTER_OPTIONS if batch.num_rows <= PLAIN_FOOTER_ROWS else _FOOTER_OPTIONS
+        with pa.ipc.new_stream(sink, schema, options=options) as writer:
+            writer.write_batch(batch)
         parts.append(sink.getvalue().to_pybytes())
     return len(parts[0]).to_bytes(4, "little") + parts[0] + parts[1]
 
