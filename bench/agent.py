@@ -361,8 +361,8 @@ def fill_page_cache(directory: Path) -> int:
     """Fill this machine's free memory with the clean page cache of a file in `directory`, kept until the run ends, and
     return its size. On a machine in service the page cache fills the memory and a write takes pages the kernel
     reclaims from it. This VM hands its free memory back to its host (free page reporting, as Firecracker's balloon
-    does), and a first write to memory handed back faults it in again: 1 GB written took 1.2 to 5.8 s of kernel time
-    there against 0.2 to 0.3 s in reclaimed pages (bench/README.md, Produce against Apache Kafka), and whichever
+    does), and a first write to memory handed back faults it in again: 1 GB written took 1.0 to 5.6 s of CPU there
+    against 0.2 to 0.3 s in reclaimed pages (bench/README.md, Produce against Apache Kafka), and whichever
     server's run met that memory lost the comparison."""
     free = next(int(line.split()[1]) * 1024 for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemFree:"))
     size = min(free, shutil.disk_usage(directory).free - DATA_ROOM_BYTES)
