@@ -1504,7 +1504,8 @@ def main() -> None:
                 topic = f"group-{repetition}"
                 cluster.create_topic(topic, "delete")
                 note(cluster, "group_join", group_join_to_first_record(cluster, topic))
-            reruns["group_join"] = lambda: group_join_to_first_record(agent, agent_topic("group-profiled"))
+                if cluster is agent:
+                    reruns["group_join"] = lambda: group_join_to_first_record(agent, agent_topic("group-profiled"))
             if "kafka" in servers:
                 kafka_rss["during the measures"] = max(kafka_rss.get("during the measures", 0), servers["kafka"].memory_info().rss)
             print(f"repetition {repetition + 1} of {args.repeat} done; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)

@@ -15,7 +15,7 @@ from pyroaring import BitMap
 
 from logcompact.exceptions import CorruptDataError
 from logcompact.format import PartsSink, SectionStream, SegmentWriter, read_footer, read_section, read_section_from, section_table, write_segment
-from logcompact.format.layout import FILE_HEADER, MAGIC, SECTION_SCHEMA, SectionInfo, record_bytes, row_sizes
+from logcompact.format.layout import FILE_HEADER, MAGIC, SECTION_SCHEMA, TRAILER, SectionInfo, record_bytes, row_sizes
 from logcompact.format.reader import SEEK_BYTES, BlockStream, iter_blocks, section_rows
 from logcompact.format.writer import PACK_BYTES, PLAIN_FOOTER_ROWS
 from logcompact.store import LocalStore, ObjectStore
@@ -316,8 +316,8 @@ def test_trailer_points_at_footer() -> None:
 def test_a_short_footer_is_stored_plain_and_a_long_one_compressed_both_read_back(tmp_path, sections: int) -> None:
     topic = "a-topic-name-long-enough-to-find-in-the-footer"
     blob, infos = write_segment([(topic, p, section_table([0], [p], [b"k"], [b"v"])) for p in range(sections)], "lz4")
-    footer_position = struct.unpack("<QIHH8s", blob[-24:])[0]
-    footer_bytes = blob[footer_position:-24]
+    footer_position = TRAILER.unpack(blob[-TRAILER.size:])[0]
+    footer_bytes = blob[footer_position:-TRAILER.size]
     # Plain, the footer's string buffer holds the topic once a section; zstd keeps far fewer copies of it.
     assert (footer_bytes.count(topic.encode()) == sections) == (sections <= PLAIN_FOOTER_ROWS)
     store = LocalStore(tmp_path)
