@@ -1601,7 +1601,7 @@ def main() -> None:
             print(judged(line, f"{args.clients} clients ({name})", "clients") if name == "agent" else line)
         print("agent resident memory (max): " + ", ".join(f"{rss[name] / 2**20:,.0f} MiB {name}" for name in rss))
         print("  its bounds (settings): the fetch cache 256 MiB, requests read and not answered 1 GiB (128 MiB a connection),"
-              " the ingest buffer flush_bytes 8 MiB (a full one flushing while the next fills), 1,000 connections")
+              " the ingest buffer flush_bytes 32 MiB (a full one flushing while the next fills), 1,000 connections")
         if kafka_rss:
             print(f"Kafka resident memory (max, heap {KAFKA_HEAP}): " + ", ".join(f"{kafka_rss[name] / 2**20:,.0f} MiB {name}" for name in kafka_rss))
         print(DURABILITY)

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pytest
 from sqlalchemy.exc import OperationalError
 
+from logcompact import ingest
 from logcompact.catalog import Catalog
 from logcompact.catalog.producers import SequencedBatch
 from logcompact.catalog.transactions import TxnRefusal
@@ -62,6 +63,36 @@ def test_the_background_flusher_commits_within_the_interval(catalog: Catalog) ->
     with Agent(catalog, flush_interval_ms=50) as agent:
         offsets = agent.produce("events", [Record(1, b"k", b"v", NOW)]).result(timeout=5)
         assert offsets == [0] and agent.files_written == 1
+
+
+# 1,032 bytes counted toward the size triggers (value and RECORD_OVERHEAD_BYTES), in a file of flush_bytes 40,000 (its
+# quarter, ingest.EARLY_SHARE: 10,000).
+_KIB_RECORD = Record(0, None, b"x" * 1000, NOW)
+
+
+def test_a_buffer_holding_a_quarter_of_flush_bytes_is_written_once_its_first_batch_is_fill_ms_old(catalog: Catalog) -> None:
+    _with_topics(catalog)
+    with Agent(catalog, flush_interval_ms=60_000, flush_bytes=40_000) as agent:
+        below = agent.produce("events", [_KIB_RECORD] * 9)  # 9,288 bytes: below the quarter, kept for the interval
+        time.sleep(4 * ingest.FILL_MS / 1000)
+        assert not below.done() and agent.files_written == 0
+        quarter = agent.produce("events", [_KIB_RECORD] * 2)
+        assert quarter.result(timeout=5) == [9, 10] and below.result() == list(range(9))
+        assert agent.files_written == 1
+        began = time.monotonic()
+        agent.produce("events", [_KIB_RECORD] * 10).result(timeout=5)  # the quarter at once: written FILL_MS after it began
+        assert time.monotonic() - began >= ingest.FILL_MS / 1000 and agent.files_written == 2
+
+
+def test_a_buffer_holding_flush_bytes_is_written_at_once(catalog: Catalog, monkeypatch: pytest.MonkeyPatch) -> None:
+    _with_topics(catalog)
+    monkeypatch.setattr(ingest, "FILL_MS", 60_000)  # a quarter-full buffer waits as long as the interval
+    with Agent(catalog, flush_interval_ms=60_000, flush_bytes=40_000) as agent:
+        quarter = agent.produce("events", [_KIB_RECORD] * 20)
+        time.sleep(0.2)
+        assert not quarter.done() and agent.files_written == 0
+        full = agent.produce("events", [_KIB_RECORD] * 19)  # 40,248 bytes
+        assert full.result(timeout=5) == list(range(20, 39)) and agent.files_written == 1
 
 
 def test_a_topic_created_after_the_agent_started_is_found(catalog: Catalog) -> None:

@@ -1,8 +1,9 @@
 """The ingest agent: buffers produced records and writes them as L0 files, then commits each file.
 
-An agent accepts records for any topics and partitions. Every `flush_interval_ms` (250 ms by default) or
-once `flush_bytes` (8 MiB) are buffered, it writes one L0 file holding a section per topic-partition it
-received, and commits it with one catalog transaction that also assigns the offsets: each section gets the
+An agent accepts records for any topics and partitions. Every `flush_interval_ms` (250 ms by default), or once
+`flush_bytes` (32 MiB) are buffered, or once a quarter of them are and the buffer's first batch is `FILL_MS` old,
+it writes one L0 file holding a section per topic-partition it received, and commits it with one catalog
+transaction that also assigns the offsets: each section gets the
 next offsets of its partition as that transaction reads and advances them, so several agents (threads,
 processes or machines on one catalog database) can never hand out one offset twice. The agent reads only the
 topics from the catalog (partitions, whether compacted), never its files.
@@ -58,6 +59,13 @@ from logcompact.units import LONG_MAX, wall_clock_ms
 MAX_UNCOMMITTED_FILES = 8
 # Bytes counted per record beyond key and value, for the size trigger (offset, timestamp, hash, framing).
 RECORD_OVERHEAD_BYTES = 32
+# A buffer holding 1/EARLY_SHARE of flush_bytes is flushed once its first batch is FILL_MS old, without waiting to be
+# full. Each file costs the agent a few ms of CPU whatever its size (its encoding, the store's write, the catalog's
+# commit), so files filled in a few ms would spend much of a core on that: records arriving that fast fill a file for
+# FILL_MS, up to flush_bytes. Slower ones are flushed at the quarter, so their acks do not wait for a larger file
+# (bench/README.md, Produce against Apache Kafka).
+EARLY_SHARE = 4
+FILL_MS = 30
 
 # A batch as the columns `produce_columns` takes, one row per record; a null timestamp takes the agent's clock, a
 # null value is a tombstone, null headers are none.
@@ -228,6 +236,7 @@ class Agent:
         self.store = catalog.store
         self.flush_interval_ms = flush_interval_ms
         self.flush_bytes = flush_bytes
+        self._early_bytes = max(flush_bytes // EARLY_SHARE, 1)
         self.clock = clock
         self.compression = compression
         self.files_written = 0
@@ -242,7 +251,7 @@ class Agent:
         self._queue = threading.Condition()  # guards _uncommitted; notified when it grows or shrinks
         self._error: Exception | None = None
         self._closed = threading.Event()
-        self._wake = threading.Event()  # the flusher's: a buffer began (its deadline is set) or is full
+        self._wake = threading.Event()  # the flusher's: a buffer began (its deadline is set), holds a quarter or is full
         self._flusher: threading.Thread | None = None
         self._committer: threading.Thread | None = None
         if background:
@@ -355,12 +364,13 @@ class Agent:
             if began:
                 buffer.started_ms = time.monotonic() * 1000
             buffer.batches.append(_PendingBatch(future, topic, partitions, columns, offsets_as_list, sequenced, after, produced_codec))
+            crossed = buffer.size_bytes < self._early_bytes <= buffer.size_bytes + size
             buffer.size_bytes += size
             buffered = buffer.size_bytes
         # A full buffer is the flusher's to write, so the producing thread goes on decoding while the file is written
         # and committed; a producer that fills a second buffer before the flusher takes the first flushes it itself,
         # waiting for the flush in progress: backpressure, and at most two buffers held.
-        if self._flusher is not None and (began or buffered >= self.flush_bytes):
+        if self._flusher is not None and (began or crossed or buffered >= self.flush_bytes):
             self._wake.set()
         if buffered >= (self.flush_bytes if self._flusher is None else 2 * self.flush_bytes):
             self.flush()
@@ -575,23 +585,33 @@ class Agent:
         lead_ms = min(max(self._recent_flush_ms, default=0.0), self.flush_interval_ms / 2)
         return buffer.started_ms + self.flush_interval_ms - lead_ms - time.monotonic() * 1000
 
+    def _due_in_ms(self, buffer: _Buffer) -> float | None:
+        """How long until the buffer's flush is due (0 or less: now); None when nothing is buffered. Due when its
+        first batch is flush_interval_ms old (`_left_ms`), when it is full, or when it holds a quarter (EARLY_SHARE)
+        and its first batch is FILL_MS old."""
+        if not buffer.batches:
+            return None
+        if buffer.size_bytes >= self.flush_bytes:
+            return 0.0
+        left_ms = self._left_ms(buffer)
+        if buffer.size_bytes >= self._early_bytes:
+            return min(left_ms, buffer.started_ms + FILL_MS - time.monotonic() * 1000)
+        return left_ms
+
     def _flush_periodically(self) -> None:
-        """Flush so that the buffer's first batch is committed when it is flush_interval_ms old (`_left_ms`), to the
-        millisecond rather than at the next of periodic checks, or as soon as the buffer is full."""
+        """Flush as soon as the buffer is due (`_due_in_ms`), to the millisecond rather than at the next of periodic
+        checks."""
         timeout_s: float | None = None  # nothing buffered: wait for the first batch
         while not self._closed.is_set():
             self._wake.wait(timeout_s)
             self._wake.clear()
             with self._buffer_lock:
-                buffer = self._buffer
-                left_ms = self._left_ms(buffer)
-                due = bool(buffer.batches) and (buffer.size_bytes >= self.flush_bytes or left_ms <= 0)
-            if due:
+                due_in_ms = self._due_in_ms(self._buffer)
+            if due_in_ms is not None and due_in_ms <= 0:
                 self._write_buffer()
                 with self._buffer_lock:  # batches produced during the flush began the next buffer
-                    buffer = self._buffer
-                    left_ms = self._left_ms(buffer)
-            timeout_s = max(left_ms, 0) / 1000 if buffer.batches else None
+                    due_in_ms = self._due_in_ms(self._buffer)
+            timeout_s = None if due_in_ms is None else max(due_in_ms, 0) / 1000
 
     def _raise_background_error(self) -> None:
         if self._error is not None:

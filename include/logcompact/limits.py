@@ -32,9 +32,10 @@ MAX_BYTE_COUNT = 1 << 50
 MAX_PLAN_AGE_MS = 60 * MINUTE_MS
 MAX_CLOCK_SKEW_MS = 5 * MINUTE_MS
 
-# An agent writes and commits an L0 file this often, or once this many bytes are buffered.
+# An agent writes and commits an L0 file this often, or once this many bytes are buffered (or a quarter of them, filled
+# quickly: ingest.FILL_MS).
 DEFAULT_FLUSH_INTERVAL_MS = 250
-DEFAULT_FLUSH_BYTES = 8 * MiB
+DEFAULT_FLUSH_BYTES = 32 * MiB
 
 # gc keeps unreferenced objects this long (an output of a job still running, a plan not yet committed).
 DEFAULT_GC_GRACE_MS = 60 * MINUTE_MS
