@@ -66,7 +66,7 @@ def test_the_background_flusher_commits_within_the_interval(catalog: Catalog) ->
 
 
 # 1,032 bytes counted toward the size triggers (value and RECORD_OVERHEAD_BYTES), in a file of flush_bytes 40,000 (its
-# quarter, ingest.EARLY_SHARE: 10,000).
+# quarter, limits.EARLY_SHARE: 10,000).
 _KIB_RECORD = Record(0, None, b"x" * 1000, NOW)
 
 

@@ -51,7 +51,7 @@ from logcompact.format import PartsSink, SegmentWriter
 from logcompact.format.layout import HEADERS_TYPE, SECTION_SCHEMA
 from logcompact.format.xxh3 import key_hash_array
 from logcompact.keys import l0_key
-from logcompact.limits import DEFAULT_FLUSH_BYTES, DEFAULT_FLUSH_INTERVAL_MS
+from logcompact.limits import DEFAULT_FLUSH_BYTES, DEFAULT_FLUSH_INTERVAL_MS, EARLY_SHARE, FILL_MS
 from logcompact.topics import Topic
 from logcompact.units import LONG_MAX, wall_clock_ms
 
@@ -59,13 +59,6 @@ from logcompact.units import LONG_MAX, wall_clock_ms
 MAX_UNCOMMITTED_FILES = 8
 # Bytes counted per record beyond key and value, for the size trigger (offset, timestamp, hash, framing).
 RECORD_OVERHEAD_BYTES = 32
-# A buffer holding 1/EARLY_SHARE of flush_bytes is flushed once its first batch is FILL_MS old, without waiting to be
-# full. Each file costs the agent a few ms of CPU whatever its size (its encoding, the store's write, the catalog's
-# commit), so files filled in a few ms would spend much of a core on that: records arriving that fast fill a file for
-# FILL_MS, up to flush_bytes. Slower ones are flushed at the quarter, so their acks do not wait for a larger file
-# (bench/README.md, Produce against Apache Kafka).
-EARLY_SHARE = 4
-FILL_MS = 30
 
 # A batch as the columns `produce_columns` takes, one row per record; a null timestamp takes the agent's clock, a
 # null value is a tombstone, null headers are none.

@@ -32,10 +32,16 @@ MAX_BYTE_COUNT = 1 << 50
 MAX_PLAN_AGE_MS = 60 * MINUTE_MS
 MAX_CLOCK_SKEW_MS = 5 * MINUTE_MS
 
-# An agent writes and commits an L0 file this often, or once this many bytes are buffered (or a quarter of them, filled
-# quickly: ingest.FILL_MS).
+# An agent writes and commits an L0 file this often, or once this many bytes are buffered.
 DEFAULT_FLUSH_INTERVAL_MS = 250
 DEFAULT_FLUSH_BYTES = 32 * MiB
+# A buffer holding 1/EARLY_SHARE of flush_bytes is flushed once its first batch is FILL_MS old, without waiting to be
+# full. Each file costs the agent a few ms of CPU whatever its size (its encoding, the store's write, the catalog's
+# commit), so files filled in a few ms would spend much of a core on that: records arriving that fast fill a file for
+# FILL_MS, up to flush_bytes. Slower ones are flushed at the quarter, so their acks do not wait for a larger file
+# (bench/README.md, Produce against Apache Kafka).
+EARLY_SHARE = 4
+FILL_MS = 30
 
 # gc keeps unreferenced objects this long (an output of a job still running, a plan not yet committed).
 DEFAULT_GC_GRACE_MS = 60 * MINUTE_MS

@@ -230,7 +230,7 @@ def test_a_second_producer_of_the_transactional_id_fences_the_first_as_on_apache
 
 
 class StreamsApp:
-    """One run of CountPerKey: its JSON lines as they come, its stderr in a file.  Its JVM's temporary directory is
+    """One run of CountPerKey: its JSON lines as they come, its stderr in a file. Its JVM's temporary directory is
     beside the state directory: RocksDB unpacks its 13 MB native library there, and a killed JVM never deletes it."""
 
     def __init__(self, java: JavaProgram, bootstrap: str, application_id: str, source: str, sink: str, state_dir: Path, log: Path) -> None:

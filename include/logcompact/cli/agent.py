@@ -17,6 +17,7 @@ from logcompact.limits import (
     DEFAULT_FLUSH_INTERVAL_MS,
     DEFAULT_SSL_HANDSHAKE_TIMEOUT_MS,
     DEFAULT_SSL_PRINCIPAL_MAPPING_RULES,
+    FILL_MS,
     SSL_KEY_PASSWORD_ENV,
 )
 from logcompact.topics import MAX_PARTITIONS
@@ -64,7 +65,8 @@ if TYPE_CHECKING:
 @click.option("--flush-ms", type=click.IntRange(min=1), default=DEFAULT_FLUSH_INTERVAL_MS, show_default=True,
               help="Write and commit an L0 file of what producers sent at least this often; acks wait for it.")
 @click.option("--flush-bytes", type=click.IntRange(min=1), default=DEFAULT_FLUSH_BYTES, show_default=True,
-              help="Or as soon as this many bytes are buffered.")
+              help=f"Or as soon as this many bytes are buffered (divided among the processes), or a quarter of them "
+                   f"within {FILL_MS} ms.")
 @click.option("--max-message-bytes", type=click.IntRange(min=1), default=1_048_588, show_default=True,
               help="Largest record batch taken (Kafka's message.max.bytes; a topic's max.message.bytes overrides it).")
 @click.option("--fetch-cache-bytes", type=click.IntRange(min=0), default=256 * 1024 * 1024, show_default=True,
